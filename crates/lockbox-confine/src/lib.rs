@@ -1,0 +1,1 @@
+//! lockbox-confine (work in progress).

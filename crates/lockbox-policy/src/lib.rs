@@ -1,0 +1,1 @@
+//! lockbox-policy (work in progress).
