@@ -1,0 +1,80 @@
+//! Why a policy was refused.
+
+use std::path::PathBuf;
+
+/// A policy value that no sandbox can honour. Each variant names the field or input.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A size could not be parsed.
+    #[error("invalid size {input:?}: {reason}")]
+    BadSize {
+        /// What the user wrote.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A duration could not be parsed.
+    #[error("invalid duration {input:?}: {reason}")]
+    BadDuration {
+        /// What the user wrote.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A path that must be absolute is not.
+    #[error("{field}: path {path:?} must be absolute")]
+    RelativePath {
+        /// The policy field.
+        field: &'static str,
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// A path that lockbox itself provides cannot be granted.
+    #[error("{field}: {path:?} is provided by lockbox and cannot be granted ({why})")]
+    ReservedPath {
+        /// The policy field.
+        field: &'static str,
+        /// The offending path.
+        path: PathBuf,
+        /// Why it is reserved.
+        why: &'static str,
+    },
+    /// An environment entry is malformed.
+    #[error("environment: {reason}")]
+    BadEnv {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Any other field with an out-of-range value.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The policy field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A TOML profile could not be read.
+    #[error("profile: {message}")]
+    Profile {
+        /// The parser's message (names the key).
+        message: String,
+        /// Byte range in the profile, if known.
+        span: Option<(usize, usize)>,
+    },
+}
+
+impl PolicyError {
+    /// A stable identifier for machines (`SCREAMING_SNAKE`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            PolicyError::BadSize { .. } => "BAD_SIZE",
+            PolicyError::BadDuration { .. } => "BAD_DURATION",
+            PolicyError::RelativePath { .. } => "RELATIVE_PATH",
+            PolicyError::ReservedPath { .. } => "RESERVED_PATH",
+            PolicyError::BadEnv { .. } => "BAD_ENV",
+            PolicyError::Invalid { .. } => "INVALID_POLICY",
+            PolicyError::Profile { .. } => "BAD_PROFILE",
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Filesystem grants: what host paths a sandbox sees, and how.
+
+use crate::error::PolicyError;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Host paths made readable by default: enough to run ordinary programs.
+pub const DEFAULT_READS: [&str; 6] = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"];
+
+/// Entries of `/etc` hidden from the default read set, relative to `/etc`. A trailing `*`
+/// matches any suffix and a leading `*` any prefix within the last component.
+pub const ETC_SECRETS: [&str; 16] = [
+    "shadow",
+    "shadow-",
+    "gshadow",
+    "gshadow-",
+    "sudoers",
+    "sudoers.d",
+    "ssh/*_key",
+    "ssl/private",
+    "krb5.keytab",
+    "security/opasswd",
+    "NetworkManager/system-connections",
+    "wireguard",
+    "ppp/chap-secrets",
+    "ppp/pap-secrets",
+    "libvirt/secrets",
+    ".pwd.lock",
+];
+
+/// Paths that lockbox builds itself inside every sandbox.
+const RESERVED: [(&str, &str); 2] = [
+    (
+        "/proc",
+        "every sandbox gets its own /proc for its pid namespace",
+    ),
+    (
+        "/dev",
+        "every sandbox gets a minimal /dev; grant single devices instead",
+    ),
+];
+
+/// Which host paths the sandbox sees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FsPolicy {
+    /// Include [`DEFAULT_READS`] (with `/etc` minus [`ETC_SECRETS`]).
+    pub default_reads: bool,
+    /// Host paths visible read-only, at the same path.
+    pub read: Vec<PathBuf>,
+    /// Host paths visible read-write, at the same path. Writes reach the host.
+    pub write: Vec<PathBuf>,
+}
+
+impl Default for FsPolicy {
+    fn default() -> Self {
+        FsPolicy {
+            default_reads: true,
+            read: Vec::new(),
+            write: Vec::new(),
+        }
+    }
+}
+
+impl FsPolicy {
+    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
+        for (field, paths) in [("fs.read", &self.read), ("fs.write", &self.write)] {
+            for path in paths {
+                check_grant(field, path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_grant(field: &'static str, path: &Path) -> Result<(), PolicyError> {
+    if !path.is_absolute() {
+        return Err(PolicyError::RelativePath {
+            field,
+            path: path.to_owned(),
+        });
+    }
+    if path == Path::new("/") {
+        return Err(PolicyError::Invalid {
+            field,
+            reason: "granting / would expose the whole host; grant the directories you need".into(),
+        });
+    }
+    for (reserved, why) in RESERVED {
+        if path == Path::new(reserved) {
+            return Err(PolicyError::ReservedPath {
+                field,
+                path: path.to_owned(),
+                why,
+            });
+        }
+    }
+    if path.starts_with("/proc") {
+        return Err(PolicyError::ReservedPath {
+            field,
+            path: path.to_owned(),
+            why: RESERVED[0].1,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_and_root_paths_are_refused_with_reason() {
+        for p in ["/", "/proc", "/proc/1/root", "/dev"] {
+            let fs = FsPolicy {
+                read: vec![p.into()],
+                ..FsPolicy::default()
+            };
+            assert!(fs.validate().is_err(), "{p} accepted");
+        }
+        let fs = FsPolicy {
+            write: vec!["/dev/kvm".into()],
+            ..FsPolicy::default()
+        };
+        fs.validate().unwrap();
+    }
+}

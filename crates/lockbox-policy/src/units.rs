@@ -1,0 +1,222 @@
+//! Sizes and durations as users write them (`64M`, `1.5GiB`, `500ms`, `2m`).
+
+use crate::error::PolicyError;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A size in bytes. Parses `4096`, `512K`, `64M`, `64MiB`, `1.5G`, `2T`; every multiplier is
+/// binary (K = 1024), as for `ulimit` and container runtimes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// The size in bytes.
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &str| PolicyError::BadSize {
+            input: s.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        if num.is_empty() {
+            return Err(bad("expected a number, e.g. 64M"));
+        }
+        let shift = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kb" | "kib" => 10,
+            "m" | "mb" | "mib" => 20,
+            "g" | "gb" | "gib" => 30,
+            "t" | "tb" | "tib" => 40,
+            _ => return Err(bad("unknown unit (use B, K, M, G or T)")),
+        };
+        let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
+        let bytes = value * (1u64 << shift) as f64;
+        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+            return Err(bad("too large"));
+        }
+        Ok(ByteSize(bytes as u64))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u32); 4] = [("T", 40), ("G", 30), ("M", 20), ("K", 10)];
+        for (name, shift) in UNITS {
+            if self.0 >= 1 << shift && self.0 % (1 << shift) == 0 {
+                return write!(f, "{}{name}", self.0 >> shift);
+            }
+        }
+        write!(f, "{}B", self.0)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
+    let bad = |reason: &str| PolicyError::BadDuration {
+        input: s.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(bad("expected a number with a unit, e.g. 500ms, 10s, 2m"));
+    }
+    let secs_per_unit = match unit.trim() {
+        "" | "s" | "sec" | "secs" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "ns" => 1e-9,
+        "m" | "min" | "mins" => 60.0,
+        "h" | "hr" | "hrs" => 3600.0,
+        _ => return Err(bad("unknown unit (use ns, us, ms, s, m or h)")),
+    };
+    let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
+    Duration::try_from_secs_f64(value * secs_per_unit).map_err(|_| bad("out of range"))
+}
+
+/// Formats a duration so that [`parse_duration`] reads it back exactly.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos % 1_000_000_000 == 0 {
+        format!("{}s", d.as_secs())
+    } else if nanos % 1_000_000 == 0 {
+        format!("{}ms", nanos / 1_000_000)
+    } else {
+        format!("{nanos}ns")
+    }
+}
+
+pub(crate) mod duration_serde {
+    //! `Duration` as a human string ("1500ms"); integers are read as seconds.
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(u64),
+        Float(f64),
+        Text(String),
+    }
+
+    pub(crate) fn parse_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(Duration::from_secs(n)),
+            Raw::Float(f) => Duration::try_from_secs_f64(f).map_err(serde::de::Error::custom),
+            Raw::Text(t) => super::parse_duration(&t).map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        parse_raw(d)
+    }
+}
+
+pub(crate) mod opt_duration_serde {
+    //! `Option<Duration>`, absent when `None`.
+    use serde::{Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&super::format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Wrap(#[serde(deserialize_with = "super::duration_serde::parse_raw")] Duration);
+        let wrapped: Option<Wrap> = serde::Deserialize::deserialize(d)?;
+        Ok(wrapped.map(|Wrap(d)| d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!("4096".parse::<ByteSize>().unwrap(), ByteSize(4096));
+        assert_eq!("64M".parse::<ByteSize>().unwrap(), ByteSize(64 << 20));
+        assert_eq!("64MiB".parse::<ByteSize>().unwrap(), ByteSize(64 << 20));
+        assert_eq!("1.5G".parse::<ByteSize>().unwrap(), ByteSize(3 << 29));
+        assert_eq!("2k".parse::<ByteSize>().unwrap(), ByteSize(2048));
+    }
+
+    #[test]
+    fn bad_sizes_say_what_is_wrong() {
+        let err = "64X".parse::<ByteSize>().unwrap_err().to_string();
+        assert!(err.contains("64X") && err.contains("unit"), "{err}");
+        assert!("M".parse::<ByteSize>().is_err());
+        assert!("99999999T".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 fortnights").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn duration_format_round_trips(nanos in 0u64..1 << 50) {
+            let d = Duration::from_nanos(nanos);
+            proptest::prop_assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        }
+
+        #[test]
+        fn size_display_round_trips(n in 0u64..1 << 50) {
+            let s = ByteSize(n);
+            proptest::prop_assert_eq!(s.to_string().parse::<ByteSize>().unwrap(), s);
+        }
+    }
+}
