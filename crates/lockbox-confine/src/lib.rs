@@ -1,1 +1,55 @@
-//! lockbox-confine (work in progress).
+//! Unprivileged confinement: the only crate of lockbox that talks to the kernel about
+//! isolation.
+//!
+//! [`spawn`] starts a command in new user, mount, pid, net, ipc, uts and cgroup namespaces,
+//! on a root built from a [`lockbox_policy::Policy`], behind Landlock and a seccomp filter,
+//! with no capabilities and `no_new_privs`, under resource limits; [`Running`] supervises it
+//! (wait with deadline, signal, stop with grace) and yields an [`Outcome`]. [`run`] does all of
+//! it with the policy's timeout. [`probe`] reports what the kernel supports.
+//!
+//! How it fits together: `resolve` reads the host paths a policy names, `plan` turns them
+//! into a [`SetupPlan`] (pure data, printed by `lockbox check --explain`), `child` carries
+//! the plan out in the new namespaces without allocating, and `report` carries failures
+//! back as fixed-size records. All `unsafe` lives in `sys`.
+//!
+//! Not here: copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and sessions
+//! (`lockbox-runtime`), and command-line parsing (`lockbox-cli`).
+//!
+//! ```no_run
+//! use lockbox_policy::Policy;
+//! let outcome = lockbox_confine::run(&Policy::default(), &["true".into()]).unwrap();
+//! assert_eq!(outcome.exit_code(), 0);
+//! ```
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+mod child;
+mod error;
+mod landlock;
+mod limits;
+mod plan;
+mod probe;
+mod report;
+mod resolve;
+mod seccomp;
+mod signals;
+mod spawn;
+#[allow(unsafe_code)]
+mod sys;
+
+pub use crate::error::SetupError;
+pub use crate::landlock::RuleAccess;
+pub use crate::limits::{LimitMechanisms, Mechanism};
+pub use crate::plan::{Op, SetupPlan};
+pub use crate::probe::{probe, Feature, KernelSupport};
+pub use crate::resolve::{resolve, Access, Resolved};
+pub use crate::seccomp::{denied as denied_syscalls, Denied, When};
+pub use crate::signals::{ReceivedSignal, Signals};
+pub use crate::spawn::{namespaces, run, spawn, Enforcement, Outcome, Running, Status, Waited};
+
+/// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
+pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {
+    policy.validate()?;
+    let cwd = std::env::current_dir().ok();
+    Ok(plan::build(&resolve::resolve(policy, cwd.as_deref())?))
+}

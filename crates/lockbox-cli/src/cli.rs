@@ -1,0 +1,203 @@
+//! Command-line definitions. Flags become a `lockbox_policy::Policy` in one place,
+//! [`PolicyArgs::to_policy`].
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use lockbox_policy::{parse_duration, ByteSize, EnvPolicy, Net, Policy};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const EXIT_CODES: &str = "\
+Exit codes of `lockbox run`:
+  N        the command's own exit code
+  128+N    the command was killed by signal N (137: also when it exceeded --max-memory)
+  124      the timeout expired and the sandbox was stopped
+  125      the sandbox could not be set up (the message names what is missing)
+  126/127  the command could not be executed / was not found inside the sandbox
+  2        usage error";
+
+/// Run untrusted code confined, without privilege.
+#[derive(Debug, Parser)]
+#[command(name = "lockbox", version, about, after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command in a new sandbox.
+    ///
+    /// The sandbox gets its own user, mount, pid, network, ipc, uts and cgroup namespaces, a
+    /// root that holds only what is granted (by default /usr, /bin, /sbin, /lib, /lib64 and
+    /// /etc without its secrets, read-only, plus a private /tmp, a minimal /dev and its own
+    /// /proc), Landlock and seccomp, no capabilities, and no network but loopback.
+    #[command(after_help = EXIT_CODES)]
+    Run(RunArgs),
+    /// Show which kernel features lockbox can use here.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Write a JSON report (exit code, signal, timing, peak memory, mechanisms) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Also print the setup plan (mounts, Landlock rules) for the given policy flags.
+    #[arg(long)]
+    pub explain: bool,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum NetArg {
+    /// Own network namespace with loopback only (default).
+    None,
+    /// The host's network.
+    Host,
+}
+
+/// Flags that make up a policy (shared by `run` and `check --explain`).
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// Load a policy from a TOML profile; flags given here override or add to it.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Make PATH readable (read-only, same path inside). Repeatable.
+    #[arg(short = 'r', long = "read", value_name = "PATH")]
+    pub read: Vec<PathBuf>,
+    /// Make PATH writable (read-write, same path inside; writes reach the host). Repeatable.
+    #[arg(short = 'w', long = "write", value_name = "PATH")]
+    pub write: Vec<PathBuf>,
+    /// Do not grant the default read set (/usr, /bin, /sbin, /lib, /lib64, /etc).
+    #[arg(long)]
+    pub no_default_reads: bool,
+    /// Network access.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub net: Option<NetArg>,
+    /// Memory limit (e.g. 256M, 1G): whole sandbox via cgroup when possible (killed with
+    /// exit 137 when exceeded), else address space per process (allocations fail).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_memory: Option<ByteSize>,
+    /// Maximum number of processes and threads in the sandbox.
+    #[arg(long, value_name = "N")]
+    pub max_processes: Option<u64>,
+    /// CPU time per process (e.g. 10s): SIGXCPU, then SIGKILL a second later.
+    #[arg(long, value_name = "SECS", value_parser = parse_dur)]
+    pub max_cpu_time: Option<Duration>,
+    /// Maximum open file descriptors per process.
+    #[arg(long, value_name = "N")]
+    pub max_open_files: Option<u64>,
+    /// Largest file a process may write (e.g. 100M); beyond it writes fail (SIGXFSZ).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_file_size: Option<ByteSize>,
+    /// Wall-clock limit (e.g. 500ms, 10s, 2m): then SIGTERM to every process in the
+    /// sandbox, SIGKILL after --kill-grace, exit code 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    pub timeout: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL when the sandbox is stopped [default: 2s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    pub kill_grace: Option<Duration>,
+    /// Set an environment variable (NAME=VALUE). Repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Pass the caller's variable NAME through. Repeatable.
+    #[arg(long = "env-pass", value_name = "NAME")]
+    pub env_pass: Vec<String>,
+    /// Start from an empty environment instead of PATH, LANG, LC_ALL, TERM and HOME=/tmp.
+    #[arg(long)]
+    pub clean_env: bool,
+    /// Working directory inside [default: the current directory if visible inside, else /].
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// Hostname inside [default: lockbox].
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
+    /// Hand the caller's file descriptor N to the command (same number). Repeatable.
+    #[arg(long = "pass-fd", value_name = "N")]
+    pub pass_fd: Vec<i32>,
+}
+
+fn parse_size(s: &str) -> Result<ByteSize, String> {
+    s.parse()
+        .map_err(|e: lockbox_policy::PolicyError| e.to_string())
+}
+
+fn parse_dur(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    EnvPolicy::parse_assignment(s).map_err(|e| e.to_string())
+}
+
+impl PolicyArgs {
+    /// The one conversion from flags (and profile) to a policy. Relative paths are taken
+    /// from the current directory.
+    pub fn to_policy(&self) -> anyhow::Result<Policy> {
+        let mut policy = match &self.profile {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading profile {}", path.display()))?;
+                Policy::from_toml(&text)
+                    .with_context(|| format!("in profile {}", path.display()))?
+            }
+            None => Policy::default(),
+        };
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        let abs = |p: &Path| {
+            if p.is_absolute() {
+                p.to_owned()
+            } else {
+                cwd.join(p)
+            }
+        };
+        policy.fs.read.extend(self.read.iter().map(|p| abs(p)));
+        policy.fs.write.extend(self.write.iter().map(|p| abs(p)));
+        if self.no_default_reads {
+            policy.fs.default_reads = false;
+        }
+        if let Some(net) = self.net {
+            policy.net = match net {
+                NetArg::None => Net::None,
+                NetArg::Host => Net::Host,
+            };
+        }
+        let limits = &mut policy.limits;
+        limits.memory = self.max_memory.or(limits.memory);
+        limits.processes = self.max_processes.or(limits.processes);
+        limits.cpu_time = self.max_cpu_time.or(limits.cpu_time);
+        limits.open_files = self.max_open_files.or(limits.open_files);
+        limits.file_size = self.max_file_size.or(limits.file_size);
+        policy.timeout = self.timeout.or(policy.timeout);
+        if let Some(grace) = self.kill_grace {
+            policy.kill_grace = grace;
+        }
+        policy.env.set.extend(self.env.iter().cloned());
+        policy.env.pass.extend(self.env_pass.iter().cloned());
+        policy.env.clean |= self.clean_env;
+        if let Some(dir) = &self.cwd {
+            policy.cwd = Some(abs(dir));
+        }
+        if let Some(name) = &self.hostname {
+            policy.hostname = name.clone();
+        }
+        policy.pass_fds.extend(&self.pass_fd);
+        policy.validate()?;
+        Ok(policy)
+    }
+}

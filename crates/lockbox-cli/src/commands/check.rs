@@ -1,0 +1,78 @@
+//! `lockbox check`: kernel features, what lockbox uses, and (`--explain`) the setup plan.
+
+use super::print_error;
+use crate::cli::CheckArgs;
+
+pub fn run(args: &CheckArgs) -> i32 {
+    let support = lockbox_confine::probe();
+    let policy = match args.policy.to_policy() {
+        Ok(p) => p,
+        Err(e) => {
+            print_error(&format!("{e:#}"), None);
+            return 2;
+        }
+    };
+    // A real sandbox start is the only honest test of the whole stack.
+    let smoke = lockbox_confine::run(&policy, &["true".into()]);
+    let smoke_line = match &smoke {
+        Ok(o) if o.exit_code() == 0 => "ok: a sandbox started and ran `true`".to_owned(),
+        Ok(o) => format!("failed: `true` exited with {}", o.exit_code()),
+        Err(e) => format!("failed: {e}"),
+    };
+    let mechanisms = smoke.as_ref().ok().map(|o| &o.enforcement);
+    if args.json {
+        let plan = if args.explain {
+            lockbox_confine::explain(&policy)
+                .ok()
+                .map(|p| p.to_string())
+        } else {
+            None
+        };
+        let json = serde_json::json!({
+            "kernel": support.kernel,
+            "uid": support.uid,
+            "features": support.features,
+            "sandbox": { "ok": smoke.as_ref().is_ok_and(|o| o.exit_code() == 0), "detail": smoke_line },
+            "enforcement": mechanisms,
+            "plan": plan,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).unwrap_or_default()
+        );
+    } else {
+        println!("kernel {} (uid {})", support.kernel, support.uid);
+        for f in &support.features {
+            let mark = if f.available { "yes" } else { "no " };
+            let detail = if f.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", f.detail)
+            };
+            println!("  [{mark}] {}{detail}\n        {}", f.name, f.used_for);
+        }
+        println!("sandbox: {smoke_line}");
+        if let Some(e) = mechanisms {
+            println!("  namespaces: {}", e.namespaces.join(", "));
+            match e.landlock_abi {
+                Some(abi) => println!("  landlock: ABI {abi}, enforced"),
+                None => println!("  landlock: not available"),
+            }
+            println!(
+                "  seccomp: {} syscall rules deny",
+                e.seccomp_denied_syscalls
+            );
+            println!("  network: {}", e.network);
+        }
+        if args.explain {
+            match lockbox_confine::explain(&policy) {
+                Ok(plan) => println!("\nsetup plan:\n{plan}"),
+                Err(e) => print_error(&e, e.hint()),
+            }
+        }
+    }
+    match smoke {
+        Ok(o) if o.exit_code() == 0 => 0,
+        _ => 125,
+    }
+}

@@ -1,0 +1,12 @@
+//! One module per `lockbox` subcommand; each returns the process exit code.
+
+pub mod check;
+pub mod run;
+
+/// Prints `lockbox: <error>` and its hint on stderr, as every command does.
+pub fn print_error(error: &dyn std::fmt::Display, hint: Option<String>) {
+    eprintln!("lockbox: {error}");
+    if let Some(hint) = hint {
+        eprintln!("hint: {hint}");
+    }
+}

@@ -1,0 +1,125 @@
+//! `lockbox run`: one confined command, supervised until it ends.
+
+use super::print_error;
+use crate::cli::RunArgs;
+use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
+use lockbox_policy::Policy;
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+/// Signals of the supervisor that are passed on to the sandbox.
+const FORWARDED: [i32; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+pub fn run(args: &RunArgs) -> i32 {
+    let policy = match args.policy.to_policy() {
+        Ok(p) => p,
+        Err(e) => {
+            print_error(&format!("{e:#}"), None);
+            return 2;
+        }
+    };
+    let signals = match Signals::block(&FORWARDED) {
+        Ok(s) => s,
+        Err(e) => {
+            print_error(&e, None);
+            return 125;
+        }
+    };
+    let result = lockbox_confine::spawn(&policy, &args.command)
+        .and_then(|mut running| supervise(&mut running, &policy, &signals));
+    drop(signals);
+    match result {
+        Ok(outcome) => {
+            explain_outcome(&outcome, &policy, args);
+            if let Some(path) = &args.report {
+                if let Err(e) = write_report(path, &outcome) {
+                    print_error(&format!("writing report {}: {e}", path.display()), None);
+                }
+            }
+            outcome.exit_code()
+        }
+        Err(e) => {
+            print_error(&e, e.hint());
+            125
+        }
+    }
+}
+
+fn supervise(
+    running: &mut Running,
+    policy: &Policy,
+    signals: &Signals,
+) -> Result<Outcome, lockbox_confine::SetupError> {
+    let deadline = policy.timeout.map(|t| Instant::now() + t);
+    loop {
+        match running.wait(deadline, Some(signals.as_fd()))? {
+            Waited::Exited(outcome) => return Ok(outcome),
+            Waited::Deadline => return running.stop(policy.kill_grace, true),
+            Waited::Extra => {
+                while let Some(sig) = signals.next() {
+                    // Ctrl-C and friends already reached the command through the terminal.
+                    if sig.from_terminal {
+                        continue;
+                    }
+                    if sig.signal == libc::SIGTERM {
+                        return running.stop(policy.kill_grace, false);
+                    }
+                    running.signal(sig.signal)?;
+                }
+            }
+        }
+    }
+}
+
+fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
+    let program = args.command[0].to_string_lossy();
+    if outcome.timed_out {
+        if let Some(t) = policy.timeout {
+            eprintln!("lockbox: timed out after {t:?}; stopped every process in the sandbox");
+        }
+    } else if outcome.oom_killed {
+        let limit = policy
+            .limits
+            .memory
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        eprintln!("lockbox: the sandbox exceeded its memory limit ({limit}) and was killed");
+    } else if let Status::ExecFailed(errno) = outcome.status {
+        let why = std::io::Error::from_raw_os_error(errno);
+        if errno == libc::ENOENT {
+            eprintln!("lockbox: {program}: command not found inside the sandbox");
+            eprintln!("hint: grant its directory with -r, or give its full path");
+        } else {
+            eprintln!("lockbox: {program}: cannot execute: {why}");
+        }
+    }
+}
+
+fn write_report(path: &std::path::Path, outcome: &Outcome) -> std::io::Result<()> {
+    let (signal, code) = match outcome.status {
+        Status::Signaled(sig) => (Some(sig), None),
+        Status::Exited(code) => (None, Some(code)),
+        Status::ExecFailed(_) => (None, None),
+    };
+    let report = serde_json::json!({
+        "exit_code": outcome.exit_code(),
+        "command_exit_code": code,
+        "signal": signal,
+        "timed_out": outcome.timed_out,
+        "oom_killed": outcome.oom_killed,
+        "wall_time_ms": outcome.wall.as_secs_f64() * 1e3,
+        "cpu_time_ms": outcome.cpu.as_secs_f64() * 1e3,
+        "peak_memory_bytes": outcome.peak_memory.map(|(b, _)| b),
+        "peak_memory_source": outcome.peak_memory.map(|(_, s)| s),
+        "enforcement": outcome.enforcement,
+    });
+    let text = serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?;
+    std::fs::write(path, text + "\n")
+}

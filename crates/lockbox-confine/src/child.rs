@@ -1,0 +1,461 @@
+//! The two processes lockbox starts inside the new namespaces.
+//!
+//! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
+//! steps, one function each, and reports a failure as a fixed-size [`Record`]:
+//!
+//! 1. join the limit cgroups (v1), through descriptors the parent opened;
+//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves;
+//! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
+//! 4. make every mount private, so nothing we do propagates to the host;
+//! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
+//!    recursively, while still detached) — before the stage hides `/tmp`;
+//! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`]);
+//! 7. `pivot_root` into the stage and detach the old root, then make `/` read-only;
+//! 8. set the hostname and bring loopback up;
+//! 9. create the Landlock ruleset with the plan's rules (paths now as seen inside);
+//! 10. become non-dumpable (no ptrace, no /proc/1 access from the command), die with the
+//!     parent, close every descriptor not needed, route signals to a signalfd;
+//! 11. fork the command, then reap zombies and forward signals until it exits; report its
+//!     status and exit, which makes the kernel kill everything left in the namespace.
+//!
+//! **The command child** resets signals, sets rlimits, hands over passed descriptors,
+//! changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
+//! installs seccomp (last, so the filter need not allow setup) and executes the command.
+//!
+//! Nothing here allocates, locks, logs or panics: the parent may be multi-threaded, and after
+//! `clone` only the calling thread exists, possibly with a lock held by a vanished thread.
+//! Everything is prepared by the parent in [`Prepared`].
+
+use crate::plan::{Op, SetupPlan};
+use crate::report::{Record, Step};
+use crate::sys::{self, Errno, SigSet};
+use std::ffi::{CStr, CString};
+use std::os::fd::RawFd;
+
+/// A null-terminated array of C strings for `execve`, built before the clone.
+#[derive(Debug)]
+pub struct CStringArray {
+    _owned: Vec<CString>,
+    ptrs: Vec<*const libc::c_char>,
+}
+
+impl CStringArray {
+    /// Builds the array; the strings are owned by it.
+    pub fn new(items: Vec<CString>) -> CStringArray {
+        let mut ptrs: Vec<*const libc::c_char> = items.iter().map(|s| s.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        CStringArray {
+            _owned: items,
+            ptrs,
+        }
+    }
+
+    fn as_ptr(&self) -> *const *const libc::c_char {
+        self.ptrs.as_ptr()
+    }
+}
+
+/// Everything the init and the command child need, computed before the clone.
+#[derive(Debug)]
+pub struct Prepared {
+    pub(crate) plan: SetupPlan,
+    pub(crate) uid_map: Vec<u8>,
+    pub(crate) gid_map: Vec<u8>,
+    pub(crate) cgroup_procs: Vec<RawFd>,
+    pub(crate) new_cgroup_ns: bool,
+    pub(crate) hostname: Vec<u8>,
+    pub(crate) loopback: bool,
+    pub(crate) landlock: Option<(u32, Vec<u8>)>,
+    pub(crate) seccomp: Vec<seccompiler::sock_filter>,
+    pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    pub(crate) pass_fds: Vec<RawFd>,
+    /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
+    pub(crate) keep_fds: Vec<RawFd>,
+    pub(crate) report_fd: RawFd,
+    pub(crate) exec_candidates: Vec<CString>,
+    pub(crate) argv: CStringArray,
+    pub(crate) envp: CStringArray,
+    pub(crate) last_cap: u32,
+    /// Scratch space for captured source descriptors, one slot per plan source.
+    pub(crate) source_fds: Vec<RawFd>,
+}
+
+/// Signals the init forwards to the command (and `SIGCHLD` for reaping).
+pub(crate) const FORWARDED: [libc::c_int; 7] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+];
+
+struct Fail {
+    step: Step,
+    errno: Errno,
+    index: u32,
+}
+
+fn at(step: Step) -> impl Fn(Errno) -> Fail {
+    move |errno| Fail {
+        step,
+        errno,
+        index: 0,
+    }
+}
+
+fn at_index(step: Step, index: usize) -> impl Fn(Errno) -> Fail {
+    move |errno| Fail {
+        step,
+        errno,
+        index: index as u32,
+    }
+}
+
+fn report(fd: RawFd, record: Record) {
+    // A failed report cannot be reported; the parent then sees the init die silently.
+    let _ = sys::write_all(fd, &record.encode());
+}
+
+/// The init's entry point (step numbers as in the module doc). Never returns.
+pub fn init_main(p: &mut Prepared) -> ! {
+    match setup(p) {
+        Ok((signal_fd, ruleset)) => supervise(p, signal_fd, ruleset),
+        Err(fail) => {
+            report(
+                p.report_fd,
+                Record::Failed {
+                    step: fail.step,
+                    errno: fail.errno.0,
+                    index: fail.index,
+                },
+            );
+            sys::exit(125)
+        }
+    }
+}
+
+fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
+    join_cgroups(p)?; // 1
+    map_ids(p)?; // 2
+    if p.new_cgroup_ns {
+        sys::unshare(libc::CLONE_NEWCGROUP).map_err(at(Step::UnshareCgroup))?; // 3
+    }
+    sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(at(Step::MakeMountsPrivate))?; // 4
+    capture_sources(p)?; // 5
+    build_root(p)?; // 6
+    enter_root()?; // 7
+    sys::sethostname(&p.hostname).map_err(at(Step::SetHostname))?; // 8
+    if p.loopback {
+        sys::loopback_up().map_err(at(Step::LoopbackUp))?;
+    }
+    let ruleset = landlock_ruleset(p)?; // 9
+    let signal_fd = harden_init(p, ruleset)?; // 10
+    Ok((signal_fd, ruleset))
+}
+
+fn join_cgroups(p: &Prepared) -> Result<(), Fail> {
+    for &fd in &p.cgroup_procs {
+        sys::write_all(fd, b"0\n").map_err(at(Step::JoinCgroup))?;
+        sys::close(fd);
+    }
+    Ok(())
+}
+
+fn map_ids(p: &Prepared) -> Result<(), Fail> {
+    sys::write_file(c"/proc/self/setgroups", b"deny", 0).map_err(at(Step::WriteSetgroups))?;
+    sys::write_file(c"/proc/self/uid_map", &p.uid_map, 0).map_err(at(Step::WriteUidMap))?;
+    sys::write_file(c"/proc/self/gid_map", &p.gid_map, 0).map_err(at(Step::WriteGidMap))
+}
+
+fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {
+    for (i, source) in p.plan.sources.iter().enumerate() {
+        let fd = sys::open_tree_clone(&source.host).map_err(at_index(Step::CaptureSource, i))?;
+        p.source_fds[i] = fd;
+        if source.readonly {
+            sys::mount_set_readonly(fd, true).map_err(at_index(Step::CaptureSource, i))?;
+        }
+    }
+    Ok(())
+}
+
+fn build_root(p: &mut Prepared) -> Result<(), Fail> {
+    sys::mount(
+        Some(c"lockbox"),
+        c"/tmp",
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(c"mode=0755"),
+    )
+    .map_err(at(Step::MountStage))?;
+    sys::chdir(c"/tmp").map_err(at(Step::MountStage))?;
+    for (i, op) in p.plan.ops.iter().enumerate() {
+        apply(op, &mut p.source_fds).map_err(at_index(Step::Mount, i))?;
+    }
+    Ok(())
+}
+
+fn apply(op: &Op, source_fds: &mut [RawFd]) -> Result<(), Errno> {
+    match op {
+        Op::Mkdir { path, mode } => {
+            sys::mkdir_exist_ok(path, *mode)?;
+            // Best effort: an existing directory (inside a read-only bind) keeps its mode.
+            let _ = sys::chmod(path, *mode);
+            Ok(())
+        }
+        Op::Touch { path } => {
+            let fd = sys::open(path, libc::O_WRONLY | libc::O_CREAT, 0o644)?;
+            sys::close(fd);
+            Ok(())
+        }
+        Op::Symlink { target, path } => sys::symlink_exist_ok(target, path),
+        Op::WriteFile { path, data } => sys::write_file(path, data, 0o644),
+        Op::Whiteout { path } => sys::mknod_whiteout(path),
+        Op::Attach { source, target } => {
+            let fd = source_fds.get(*source).copied().unwrap_or(-1);
+            let result = sys::move_mount_to(fd, target);
+            sys::close(fd);
+            result
+        }
+        Op::Mount {
+            source,
+            target,
+            fstype,
+            flags,
+            data,
+        } => sys::mount(Some(source), target, Some(fstype), *flags, Some(data)),
+        Op::CoverReadonly { path, optional } => match sys::open_tree_clone(path) {
+            Err(Errno(libc::ENOENT)) if *optional => Ok(()),
+            Err(e) => Err(e),
+            Ok(fd) => {
+                let result =
+                    sys::mount_set_readonly(fd, true).and_then(|()| sys::move_mount_to(fd, path));
+                sys::close(fd);
+                result
+            }
+        },
+        Op::CoverWith { with, path } => {
+            match sys::open(path, libc::O_PATH, 0) {
+                Err(Errno(libc::ENOENT)) => return Ok(()),
+                Err(e) => return Err(e),
+                Ok(fd) => sys::close(fd),
+            }
+            let fd = sys::open_tree_clone(with)?;
+            let result = sys::move_mount_to(fd, path);
+            sys::close(fd);
+            result
+        }
+        Op::SetReadonly { path } => set_readonly(path, false),
+        Op::Umount { path } => sys::umount_detach(path),
+        Op::Rmdir { path } => sys::rmdir(path),
+    }
+}
+
+fn set_readonly(path: &CStr, recursive: bool) -> Result<(), Errno> {
+    let fd = sys::open(path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+    let result = sys::mount_set_readonly(fd, recursive);
+    sys::close(fd);
+    result
+}
+
+fn enter_root() -> Result<(), Fail> {
+    // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves only
+    // the new root (pivot_root(2), "NOTES"). No directory for the old root is needed.
+    sys::pivot_root_here().map_err(at(Step::PivotRoot))?;
+    sys::umount_detach(c".").map_err(at(Step::PivotRoot))?;
+    sys::chdir(c"/").map_err(at(Step::PivotRoot))?;
+    set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))
+}
+
+fn landlock_ruleset(p: &Prepared) -> Result<Option<RawFd>, Fail> {
+    let Some((abi, attr)) = &p.landlock else {
+        return Ok(None);
+    };
+    let ruleset = sys::landlock_create_ruleset(Some(attr), 0).map_err(at(Step::LandlockRuleset))?;
+    for (i, rule) in p.plan.rules.iter().enumerate() {
+        let fd = sys::open(&rule.path, libc::O_PATH, 0).map_err(at_index(Step::LandlockRule, i))?;
+        let result = sys::landlock_add_path_rule(ruleset, fd, rule.access.bits(*abi));
+        sys::close(fd);
+        result.map_err(at_index(Step::LandlockRule, i))?;
+    }
+    Ok(Some(ruleset))
+}
+
+fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(at(Step::SetDeathSignal))?;
+    close_other_fds(&p.keep_fds, ruleset);
+    let mut signals = [0; FORWARDED.len() + 1];
+    signals[..FORWARDED.len()].copy_from_slice(&FORWARDED);
+    signals[FORWARDED.len()] = libc::SIGCHLD;
+    let set = SigSet::of(&signals);
+    sys::sigprocmask(libc::SIG_SETMASK, &set).map_err(at(Step::BlockSignals))?;
+    sys::signalfd(&set).map_err(at(Step::BlockSignals))
+}
+
+/// Closes every descriptor but `keep` (sorted) and the Landlock ruleset, so nothing of the
+/// caller's leaks into the sandbox.
+fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>) {
+    let mut next: u32 = 0;
+    let mut close_gap = |fd: RawFd| {
+        let fd = fd as u32;
+        if fd > next {
+            sys::close_range(next, fd - 1);
+        }
+        next = next.max(fd + 1);
+    };
+    // Merge the two sorted sources without allocating.
+    let mut rs = ruleset;
+    for &fd in keep {
+        if let Some(r) = rs {
+            if r < fd {
+                close_gap(r);
+                rs = None;
+            }
+        }
+        close_gap(fd);
+    }
+    if let Some(r) = rs {
+        close_gap(r);
+    }
+    sys::close_range(next, u32::MAX);
+}
+
+fn supervise(p: &Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
+    let command = match sys::fork() {
+        Ok(0) => {
+            sys::close(signal_fd);
+            command_main(p, ruleset)
+        }
+        Ok(pid) => pid,
+        Err(errno) => {
+            report(
+                p.report_fd,
+                Record::Failed {
+                    step: Step::ForkCommand,
+                    errno: errno.0,
+                    index: 0,
+                },
+            );
+            sys::exit(125)
+        }
+    };
+    if let Some(fd) = ruleset {
+        sys::close(fd);
+    }
+    for &fd in &p.pass_fds {
+        sys::close(fd);
+    }
+    loop {
+        let mut fds = [libc::pollfd {
+            fd: signal_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let _ = sys::poll(&mut fds, -1);
+        while let Ok(Some((sig, code, sender))) = sys::read_signalfd(signal_fd) {
+            if sig == libc::SIGCHLD {
+                continue;
+            }
+            forward(command, sig, code, sender);
+        }
+        while let Ok(Some((pid, status))) = sys::reap_any() {
+            if pid == command {
+                let record = if libc::WIFSIGNALED(status) {
+                    Record::Signaled(libc::WTERMSIG(status))
+                } else {
+                    Record::Exited(libc::WEXITSTATUS(status))
+                };
+                report(p.report_fd, record);
+                // Exiting as pid 1 makes the kernel SIGKILL every process left in the
+                // namespace, daemons included (pid_namespaces(7)).
+                sys::exit(0);
+            }
+        }
+    }
+}
+
+/// Forwards a signal the init received. A signal from outside the sandbox (sender pid 0 as
+/// seen from inside) that is SIGTERM stops the whole sandbox: every process gets it, so a
+/// daemon that left the command's process group is asked to stop too. Other signals go to
+/// the command — unless the terminal sent them (`SI_KERNEL`): the terminal already signals
+/// the command's whole foreground process group, and forwarding would deliver twice.
+fn forward(command: libc::pid_t, sig: libc::c_int, code: i32, sender: u32) {
+    if code == libc::SI_KERNEL {
+        return;
+    }
+    if sig == libc::SIGTERM && sender == 0 {
+        let _ = sys::kill(-1, libc::SIGTERM);
+    } else {
+        let _ = sys::kill(command, sig);
+    }
+}
+
+fn command_main(p: &Prepared, ruleset: Option<RawFd>) -> ! {
+    let fail = |step: Step, errno: Errno, index: usize| -> ! {
+        report(
+            p.report_fd,
+            Record::Failed {
+                step,
+                errno: errno.0,
+                index: index as u32,
+            },
+        );
+        sys::exit(if step == Step::Exec {
+            if errno.0 == libc::ENOENT {
+                127
+            } else {
+                126
+            }
+        } else {
+            125
+        })
+    };
+    sys::reset_signal_dispositions();
+    if let Err(e) = sys::sigprocmask(libc::SIG_SETMASK, &SigSet::empty()) {
+        fail(Step::BlockSignals, e, 0);
+    }
+    for (i, &(resource, soft, hard)) in p.rlimits.iter().enumerate() {
+        if let Err(e) = sys::set_rlimit(resource, soft, hard) {
+            fail(Step::SetRlimit, e, i);
+        }
+    }
+    for (i, &fd) in p.pass_fds.iter().enumerate() {
+        if let Err(e) = sys::clear_cloexec(fd) {
+            fail(Step::PassFd, e, i);
+        }
+    }
+    if let Err(e) = sys::chdir(&p.plan.cwd) {
+        fail(Step::Chdir, e, 0);
+    }
+    if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
+        fail(Step::NoNewPrivs, e, 0);
+    }
+    if let Err(e) = sys::drop_all_capabilities(p.last_cap) {
+        fail(Step::DropCapabilities, e, 0);
+    }
+    if let Some(fd) = ruleset {
+        if let Err(e) = sys::landlock_restrict_self(fd) {
+            fail(Step::LandlockRestrict, e, 0);
+        }
+        sys::close(fd);
+    }
+    if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
+        fail(Step::SeccompFilter, e, 0);
+    }
+    // Like execvp: try each PATH candidate; remember the most telling error.
+    let mut error = Errno(libc::ENOENT);
+    for (i, candidate) in p.exec_candidates.iter().enumerate() {
+        let e = sys::execve(candidate, p.argv.as_ptr(), p.envp.as_ptr());
+        if e.0 != libc::ENOENT && e.0 != libc::ENOTDIR {
+            error = e;
+            if e.0 != libc::EACCES {
+                fail(Step::Exec, e, i);
+            }
+        }
+    }
+    fail(Step::Exec, error, 0)
+}

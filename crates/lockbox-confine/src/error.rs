@@ -1,0 +1,159 @@
+//! Why a sandbox could not be set up. Every such failure makes `lockbox run` exit 125.
+
+use crate::report::Step;
+use crate::sys::Errno;
+use std::path::PathBuf;
+
+/// A sandbox that could not be set up, with the step, path or kernel feature at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The policy itself is invalid.
+    #[error(transparent)]
+    Policy(#[from] lockbox_policy::PolicyError),
+    /// A host path named by the policy is unusable.
+    #[error("{what} {path}: {source}")]
+    Path {
+        /// The path.
+        path: PathBuf,
+        /// What lockbox was doing with it.
+        what: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A kernel feature lockbox needs is missing or disabled.
+    #[error("{feature} {problem} (needed for {needed_for})")]
+    FeatureMissing {
+        /// The feature.
+        feature: &'static str,
+        /// What is wrong with it, e.g. "is disabled (sysctl user.max_user_namespaces=0)".
+        problem: String,
+        /// What lockbox uses it for.
+        needed_for: &'static str,
+    },
+    /// The clone into new namespaces failed for another reason.
+    #[error("creating the sandbox namespaces: {0}")]
+    Clone(Errno),
+    /// A step inside the new namespaces failed.
+    #[error("{step}{detail}: {errno}")]
+    Step {
+        /// The step, described.
+        step: &'static str,
+        /// The path or mount involved, if any (with a leading space).
+        detail: String,
+        /// The errno.
+        errno: Errno,
+        /// The step code.
+        code: Step,
+    },
+    /// The sandbox init died before reporting (killed from outside, or a bug).
+    #[error("the sandbox init died during setup ({0})")]
+    InitDied(String),
+    /// The seccomp filter could not be built.
+    #[error("building the seccomp filter: {0}")]
+    Seccomp(String),
+    /// Setting up cgroup limits failed.
+    #[error("cgroup {path}: {what}: {source}")]
+    Cgroup {
+        /// The cgroup file or directory.
+        path: PathBuf,
+        /// What lockbox was doing.
+        what: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A pipe, signalfd or wait failed in the supervising process.
+    #[error("{what}: {errno}")]
+    Supervise {
+        /// What lockbox was doing.
+        what: &'static str,
+        /// The errno.
+        errno: Errno,
+    },
+}
+
+impl SetupError {
+    /// A stable identifier for machines.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SetupError::Policy(e) => e.code(),
+            SetupError::Path { .. } => "BAD_PATH",
+            SetupError::FeatureMissing { .. } => "FEATURE_MISSING",
+            SetupError::Clone(_) => "CLONE_FAILED",
+            SetupError::Step { .. } => "SETUP_STEP_FAILED",
+            SetupError::InitDied(_) => "INIT_DIED",
+            SetupError::Seccomp(_) => "SECCOMP_BUILD_FAILED",
+            SetupError::Cgroup { .. } => "CGROUP_FAILED",
+            SetupError::Supervise { .. } => "SUPERVISE_FAILED",
+        }
+    }
+
+    /// A hint for the user, where there is one.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            SetupError::Step {
+                code: Step::Mount | Step::CaptureSource,
+                errno: Errno(libc::EPERM),
+                ..
+            } => Some("this often means /proc or /sys is partly hidden on the host (e.g. inside a container); run `lockbox check`".into()),
+            SetupError::Step { code: Step::Chdir, .. } => {
+                Some("the working directory must be inside a granted path; grant it with -r/-w or pick one with --cwd".into())
+            }
+            SetupError::FeatureMissing { .. } => Some("run `lockbox check` to see what this kernel supports".into()),
+            _ => None,
+        }
+    }
+}
+
+/// Turns a failed clone's errno into the missing feature, as bubblewrap does.
+pub fn explain_clone_error(errno: Errno) -> SetupError {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).ok();
+    let needed_for = "confining without privilege";
+    match errno.0 {
+        libc::EPERM | libc::EACCES | libc::ENOSPC => {
+            if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+                return SetupError::FeatureMissing {
+                    feature: "user namespaces",
+                    problem: "are disabled (sysctl user.max_user_namespaces=0)".into(),
+                    needed_for,
+                };
+            }
+            if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+                return SetupError::FeatureMissing {
+                    feature: "user namespaces",
+                    problem: "are disabled for unprivileged users (sysctl kernel.unprivileged_userns_clone=0)".into(),
+                    needed_for,
+                };
+            }
+            if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
+                == Some("1")
+            {
+                return SetupError::FeatureMissing {
+                    feature: "user namespaces",
+                    problem: "are restricted by AppArmor (sysctl kernel.apparmor_restrict_unprivileged_userns=1)".into(),
+                    needed_for,
+                };
+            }
+            if errno.0 == libc::ENOSPC {
+                return SetupError::FeatureMissing {
+                    feature: "namespaces",
+                    problem: "hit a max_*_namespaces limit (see /proc/sys/user/)".into(),
+                    needed_for,
+                };
+            }
+            SetupError::Clone(errno)
+        }
+        libc::ENOSYS => SetupError::FeatureMissing {
+            feature: "clone3",
+            problem: "is not available (Linux 5.3 or newer is required)".into(),
+            needed_for: "starting the sandbox",
+        },
+        libc::EINVAL => SetupError::FeatureMissing {
+            feature: "namespaces",
+            problem: "are not all supported by this kernel (user, mount, pid, net, ipc, uts)"
+                .into(),
+            needed_for,
+        },
+        _ => SetupError::Clone(errno),
+    }
+}

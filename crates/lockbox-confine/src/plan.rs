@@ -1,0 +1,604 @@
+//! [`SetupPlan`]: every mount and file the sandbox root is built from, as plain data.
+//!
+//! `build` makes no syscalls; `child` only carries the plan out. The root is built on a
+//! tmpfs (the *stage*, mounted over `/tmp` in the sandbox's private mount namespace) with
+//! paths relative to it, then becomes `/` by `pivot_root`. Host trees are captured with
+//! `open_tree(OPEN_TREE_CLONE)` *before* the stage hides `/tmp`, so a grant under `/tmp`
+//! works, then attached in path order so that a parent is always mounted before anything
+//! inside it.
+
+use crate::landlock::RuleAccess;
+use crate::resolve::{Access, Resolved};
+use std::ffi::CString;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// A host tree captured before the stage is mounted.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// Absolute host path.
+    pub host: CString,
+    /// Made read-only (recursively) while still detached.
+    pub readonly: bool,
+}
+
+/// One primitive step of building the root. Paths are relative to the stage.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub enum Op {
+    /// `mkdir`, then `chmod` (existing directories are left alone).
+    Mkdir {
+        path: CString,
+        mode: u32,
+    },
+    /// An empty file to mount a file over.
+    Touch {
+        path: CString,
+    },
+    Symlink {
+        target: CString,
+        path: CString,
+    },
+    WriteFile {
+        path: CString,
+        data: Vec<u8>,
+    },
+    /// An overlayfs whiteout: hides the entry of the same name in lower layers.
+    Whiteout {
+        path: CString,
+    },
+    /// Attach captured source number `source` at `target`.
+    Attach {
+        source: usize,
+        target: CString,
+    },
+    Mount {
+        source: CString,
+        target: CString,
+        fstype: CString,
+        flags: libc::c_ulong,
+        data: CString,
+    },
+    /// Bind `path` over itself read-only (`optional`: skip if it does not exist).
+    CoverReadonly {
+        path: CString,
+        optional: bool,
+    },
+    /// Bind the file `with` over `path` (masking it), if `path` exists.
+    CoverWith {
+        with: CString,
+        path: CString,
+    },
+    /// Make the mount at `path` read-only (not its submounts).
+    SetReadonly {
+        path: CString,
+    },
+    Umount {
+        path: CString,
+    },
+    Rmdir {
+        path: CString,
+    },
+}
+
+/// A Landlock rule, applied after `pivot_root` (paths are absolute inside the sandbox).
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// Absolute path inside the sandbox.
+    pub path: CString,
+    /// What is allowed beneath it.
+    pub access: RuleAccess,
+}
+
+/// Everything the sandbox init needs to build the root, computed before the clone.
+#[derive(Debug, Clone, Default)]
+pub struct SetupPlan {
+    /// Host trees, captured first.
+    pub sources: Vec<Source>,
+    /// Root-building steps, in order.
+    pub ops: Vec<Op>,
+    /// Landlock rules.
+    pub rules: Vec<Rule>,
+    /// Working directory of the command (absolute, inside).
+    pub cwd: CString,
+}
+
+const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
+
+/// Entries of `/proc` that stay visible but read-only: writing them reconfigures the whole
+/// machine, and the uid-0 caller's sandbox runs as the host's uid 0 (bubblewrap and Docker
+/// cover the same list).
+const PROC_READONLY: [&str; 5] = ["sys", "sysrq-trigger", "irq", "bus", "fs"];
+/// Entries of `/proc` replaced by an empty file: host-wide kernel state (Docker masks them).
+const PROC_MASKED: [&str; 4] = ["kcore", "timer_list", "sched_debug", "latency_stats"];
+
+/// What goes at one path of the root, before it is turned into ops.
+#[derive(Debug)]
+enum Node {
+    Bind { is_dir: bool, access: Access },
+    Tmpfs,
+    Dev,
+    Proc,
+    Etc,
+    Symlink(std::ffi::OsString),
+}
+
+/// Builds the plan. Pure: no syscalls.
+pub fn build(resolved: &Resolved) -> SetupPlan {
+    let mut nodes: Vec<(PathBuf, Node)> = resolved
+        .grants
+        .iter()
+        .map(|g| {
+            (
+                g.path.clone(),
+                Node::Bind {
+                    is_dir: g.is_dir,
+                    access: g.access,
+                },
+            )
+        })
+        .collect();
+    let granted = |p: &str| nodes.iter().any(|(path, _)| path == Path::new(p));
+    if !granted("/tmp") {
+        nodes.push(("/tmp".into(), Node::Tmpfs));
+    }
+    nodes.push(("/dev".into(), Node::Dev));
+    nodes.push(("/proc".into(), Node::Proc));
+    if resolved.etc_hidden.is_some() {
+        nodes.push(("/etc".into(), Node::Etc));
+    }
+    for (link, target) in &resolved.symlinks {
+        if !nodes.iter().any(|(p, _)| p == link) {
+            nodes.push((link.clone(), Node::Symlink(target.clone())));
+        }
+    }
+    // Path order puts every parent before its children.
+    nodes.sort_by(|a, b| a.0.cmp(&b.0));
+
+    let mut plan = SetupPlan {
+        cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
+        ..SetupPlan::default()
+    };
+    plan.rules.push(Rule {
+        path: cstring(b"/"),
+        access: RuleAccess::ListDir,
+    });
+    let mut made_dirs: Vec<PathBuf> = Vec::new();
+    for (path, node) in &nodes {
+        ensure_parents(&mut plan, &mut made_dirs, path);
+        let rel = relative(path);
+        match node {
+            Node::Bind { is_dir, access } => {
+                plan.sources.push(Source {
+                    host: cstring(path.as_os_str().as_bytes()),
+                    readonly: *access == Access::ReadOnly,
+                });
+                plan.ops.push(if *is_dir {
+                    Op::Mkdir {
+                        path: rel.clone(),
+                        mode: 0o755,
+                    }
+                } else {
+                    Op::Touch { path: rel.clone() }
+                });
+                plan.ops.push(Op::Attach {
+                    source: plan.sources.len() - 1,
+                    target: rel,
+                });
+                plan.rules.push(Rule {
+                    path: cstring(path.as_os_str().as_bytes()),
+                    access: match (access, is_dir) {
+                        (Access::ReadOnly, _) => RuleAccess::Read,
+                        (Access::ReadWrite, true) => RuleAccess::Full,
+                        (Access::ReadWrite, false) => RuleAccess::ReadWriteFile,
+                    },
+                });
+            }
+            Node::Tmpfs => {
+                tmpfs(&mut plan, "tmp", "mode=1777");
+                plan.rules.push(Rule {
+                    path: cstring(b"/tmp"),
+                    access: RuleAccess::Full,
+                });
+            }
+            Node::Dev => dev(&mut plan, resolved),
+            Node::Proc => proc(&mut plan),
+            Node::Etc => etc(&mut plan, resolved),
+            Node::Symlink(target) => plan.ops.push(Op::Symlink {
+                target: cstring(target.as_bytes()),
+                path: rel,
+            }),
+        }
+    }
+    plan
+}
+
+fn ensure_parents(plan: &mut SetupPlan, made: &mut Vec<PathBuf>, path: &Path) {
+    let mut ancestors: Vec<&Path> = path
+        .ancestors()
+        .skip(1)
+        .filter(|a| *a != Path::new("/"))
+        .collect();
+    ancestors.reverse();
+    for dir in ancestors {
+        if !made.iter().any(|m| m == dir) {
+            made.push(dir.to_owned());
+            plan.ops.push(Op::Mkdir {
+                path: relative(dir),
+                mode: 0o755,
+            });
+        }
+    }
+    made.push(path.to_owned());
+}
+
+fn tmpfs(plan: &mut SetupPlan, rel: &str, data: &str) {
+    plan.ops.push(Op::Mkdir {
+        path: cstring(rel.as_bytes()),
+        mode: 0o755,
+    });
+    plan.ops.push(Op::Mount {
+        source: cstring(b"tmpfs"),
+        target: cstring(rel.as_bytes()),
+        fstype: cstring(b"tmpfs"),
+        flags: NOSUID_NODEV,
+        data: cstring(data.as_bytes()),
+    });
+}
+
+/// A minimal /dev: a tmpfs with the host's harmless character devices bound in, a private
+/// devpts instance (so the sandbox cannot reach the host's terminals by name), /dev/shm.
+fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
+    tmpfs(plan, "dev", "mode=0755,size=64k");
+    plan.rules.push(Rule {
+        path: cstring(b"/dev"),
+        access: RuleAccess::ListDir,
+    });
+    for name in &resolved.devices {
+        let rel = format!("dev/{name}");
+        plan.sources.push(Source {
+            host: cstring(format!("/dev/{name}").as_bytes()),
+            readonly: false,
+        });
+        plan.ops.push(Op::Touch {
+            path: cstring(rel.as_bytes()),
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: cstring(rel.as_bytes()),
+        });
+        plan.rules.push(Rule {
+            path: cstring(format!("/{rel}").as_bytes()),
+            access: RuleAccess::Device,
+        });
+    }
+    plan.ops.push(Op::Mkdir {
+        path: cstring(b"dev/pts"),
+        mode: 0o755,
+    });
+    plan.ops.push(Op::Mount {
+        source: cstring(b"devpts"),
+        target: cstring(b"dev/pts"),
+        fstype: cstring(b"devpts"),
+        flags: libc::MS_NOSUID | libc::MS_NOEXEC,
+        data: cstring(b"newinstance,ptmxmode=0666,mode=620"),
+    });
+    plan.rules.push(Rule {
+        path: cstring(b"/dev/pts"),
+        access: RuleAccess::DeviceDir,
+    });
+    tmpfs(plan, "dev/shm", "mode=1777");
+    plan.rules.push(Rule {
+        path: cstring(b"/dev/shm"),
+        access: RuleAccess::Full,
+    });
+    for (target, link) in [
+        ("pts/ptmx", "dev/ptmx"),
+        ("/proc/self/fd", "dev/fd"),
+        ("/proc/self/fd/0", "dev/stdin"),
+        ("/proc/self/fd/1", "dev/stdout"),
+        ("/proc/self/fd/2", "dev/stderr"),
+    ] {
+        plan.ops.push(Op::Symlink {
+            target: cstring(target.as_bytes()),
+            path: cstring(link.as_bytes()),
+        });
+    }
+    plan.ops.push(Op::SetReadonly {
+        path: cstring(b"dev"),
+    });
+}
+
+/// A fresh /proc for the sandbox's pid namespace, with host-wide knobs read-only or masked.
+fn proc(plan: &mut SetupPlan) {
+    plan.ops.push(Op::Mkdir {
+        path: cstring(b"proc"),
+        mode: 0o555,
+    });
+    plan.ops.push(Op::Mount {
+        source: cstring(b"proc"),
+        target: cstring(b"proc"),
+        fstype: cstring(b"proc"),
+        flags: NOSUID_NODEV | libc::MS_NOEXEC,
+        data: cstring(b""),
+    });
+    for name in PROC_READONLY {
+        plan.ops.push(Op::CoverReadonly {
+            path: cstring(format!("proc/{name}").as_bytes()),
+            optional: true,
+        });
+    }
+    for name in PROC_MASKED {
+        plan.ops.push(Op::CoverWith {
+            with: cstring(b"dev/null"),
+            path: cstring(format!("proc/{name}").as_bytes()),
+        });
+    }
+    plan.rules.push(Rule {
+        path: cstring(b"/proc"),
+        access: RuleAccess::Read,
+    });
+}
+
+/// The host's /etc through a read-only overlay whose top layer (a small tmpfs) holds
+/// whiteouts for the secrets, so they do not exist inside, plus lockbox's own files
+/// (hostname, hosts).
+fn etc(plan: &mut SetupPlan, resolved: &Resolved) {
+    const TOP: &str = ".lockbox-etc";
+    tmpfs(plan, TOP, "mode=0755");
+    let hidden = resolved.etc_hidden.as_deref().unwrap_or_default();
+    let mut dirs: Vec<&Path> = hidden
+        .iter()
+        .filter_map(|h| h.parent())
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        plan.ops.push(Op::Mkdir {
+            path: cstring(Path::new(TOP).join(dir).as_os_str().as_bytes()),
+            mode: 0o755,
+        });
+    }
+    for entry in hidden {
+        plan.ops.push(Op::Whiteout {
+            path: cstring(Path::new(TOP).join(entry).as_os_str().as_bytes()),
+        });
+    }
+    for (name, data) in &resolved.etc_files {
+        plan.ops.push(Op::WriteFile {
+            path: cstring(format!("{TOP}/{name}").as_bytes()),
+            data: data.clone(),
+        });
+    }
+    plan.ops.push(Op::Mkdir {
+        path: cstring(b"etc"),
+        mode: 0o755,
+    });
+    plan.ops.push(Op::Mount {
+        source: cstring(b"overlay"),
+        target: cstring(b"etc"),
+        fstype: cstring(b"overlay"),
+        flags: NOSUID_NODEV | libc::MS_RDONLY,
+        data: cstring(format!("lowerdir={TOP}:/etc,userxattr").as_bytes()),
+    });
+    plan.ops.push(Op::Umount {
+        path: cstring(TOP.as_bytes()),
+    });
+    plan.ops.push(Op::Rmdir {
+        path: cstring(TOP.as_bytes()),
+    });
+    plan.rules.push(Rule {
+        path: cstring(b"/etc"),
+        access: RuleAccess::Read,
+    });
+}
+
+fn relative(path: &Path) -> CString {
+    let bytes = path.as_os_str().as_bytes();
+    cstring(bytes.strip_prefix(b"/").unwrap_or(bytes))
+}
+
+/// Paths come from `Path`s and literals, which hold no NUL bytes except by a bug upstream;
+/// such a byte is dropped rather than panicking.
+pub(crate) fn cstring(bytes: &[u8]) -> CString {
+    CString::new(
+        bytes
+            .iter()
+            .copied()
+            .filter(|b| *b != 0)
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap_or_default()
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = |c: &CString| format!("/{}", c.to_string_lossy());
+        match self {
+            Op::Mkdir { path, mode } => write!(f, "mkdir {} (mode {mode:o})", p(path)),
+            Op::Touch { path } => write!(f, "create mount point {}", p(path)),
+            Op::Symlink { target, path } => {
+                write!(f, "symlink {} -> {}", p(path), target.to_string_lossy())
+            }
+            Op::WriteFile { path, data } => write!(f, "write {} ({} bytes)", p(path), data.len()),
+            Op::Whiteout { path } => write!(f, "hide {}", p(path)),
+            Op::Attach { source, target } => write!(f, "bind source #{source} at {}", p(target)),
+            Op::Mount {
+                fstype,
+                target,
+                data,
+                flags,
+                ..
+            } => {
+                let ro = if flags & libc::MS_RDONLY != 0 {
+                    " read-only"
+                } else {
+                    ""
+                };
+                write!(
+                    f,
+                    "mount {}{ro} on {} ({})",
+                    fstype.to_string_lossy(),
+                    p(target),
+                    data.to_string_lossy()
+                )
+            }
+            Op::CoverReadonly { path, .. } => write!(f, "make {} read-only", p(path)),
+            Op::CoverWith { with, path } => write!(f, "mask {} with {}", p(path), p(with)),
+            Op::SetReadonly { path } => write!(f, "make mount {} read-only", p(path)),
+            Op::Umount { path } => write!(f, "unmount {}", p(path)),
+            Op::Rmdir { path } => write!(f, "remove {}", p(path)),
+        }
+    }
+}
+
+impl fmt::Display for SetupPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.sources.iter().enumerate() {
+            let mode = if s.readonly {
+                "read-only"
+            } else {
+                "read-write"
+            };
+            writeln!(f, "source #{i}: {} ({mode})", s.host.to_string_lossy())?;
+        }
+        for op in &self.ops {
+            writeln!(f, "{op}")?;
+        }
+        for rule in &self.rules {
+            writeln!(
+                f,
+                "landlock: {:?} beneath {}",
+                rule.access,
+                rule.path.to_string_lossy()
+            )?;
+        }
+        write!(f, "cwd: {}", self.cwd.to_string_lossy())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resolve::Grant;
+
+    fn grant(path: &str, access: Access) -> Grant {
+        Grant {
+            path: path.into(),
+            is_dir: true,
+            access,
+        }
+    }
+
+    fn resolved(grants: Vec<Grant>) -> Resolved {
+        Resolved {
+            grants,
+            devices: vec!["null"],
+            cwd: "/".into(),
+            ..Resolved::default()
+        }
+    }
+
+    fn attach_targets(plan: &SetupPlan) -> Vec<String> {
+        plan.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Attach { target, .. } => Some(target.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parents_are_mounted_before_children() {
+        let plan = build(&resolved(vec![
+            grant("/work/a/b", Access::ReadWrite),
+            grant("/work", Access::ReadOnly),
+            grant("/usr", Access::ReadOnly),
+        ]));
+        assert_eq!(
+            attach_targets(&plan),
+            ["dev/null", "usr", "work", "work/a/b"]
+        );
+    }
+
+    #[test]
+    fn grant_under_tmp_is_attached_after_the_private_tmp() {
+        let plan = build(&resolved(vec![grant("/tmp/job", Access::ReadWrite)]));
+        let tmp_mount = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, Op::Mount { target, .. } if target.as_bytes() == b"tmp"))
+            .unwrap();
+        let attach = plan
+            .ops
+            .iter()
+            .position(
+                |op| matches!(op, Op::Attach { target, .. } if target.as_bytes() == b"tmp/job"),
+            )
+            .unwrap();
+        assert!(tmp_mount < attach);
+    }
+
+    #[test]
+    fn granting_tmp_replaces_the_private_tmpfs() {
+        let plan = build(&resolved(vec![grant("/tmp", Access::ReadWrite)]));
+        assert!(!plan
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Mount { target, .. } if target.as_bytes() == b"tmp")));
+        assert!(attach_targets(&plan).contains(&"tmp".to_owned()));
+    }
+
+    #[test]
+    fn read_grants_are_readonly_sources_and_rules() {
+        let plan = build(&resolved(vec![
+            grant("/usr", Access::ReadOnly),
+            grant("/data", Access::ReadWrite),
+        ]));
+        let usr = plan
+            .sources
+            .iter()
+            .find(|s| s.host.as_bytes() == b"/usr")
+            .unwrap();
+        assert!(usr.readonly);
+        let data = plan
+            .sources
+            .iter()
+            .find(|s| s.host.as_bytes() == b"/data")
+            .unwrap();
+        assert!(!data.readonly);
+        let rule = |p: &[u8]| {
+            plan.rules
+                .iter()
+                .find(|r| r.path.as_bytes() == p)
+                .unwrap()
+                .access
+        };
+        assert_eq!(rule(b"/usr"), RuleAccess::Read);
+        assert_eq!(rule(b"/data"), RuleAccess::Full);
+    }
+
+    #[test]
+    fn etc_overlay_hides_secrets_with_whiteouts() {
+        let mut r = resolved(vec![]);
+        r.etc_hidden = Some(vec!["shadow".into(), "ssh/ssh_host_rsa_key".into()]);
+        let plan = build(&r);
+        let whiteouts: Vec<_> = plan
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Whiteout { path } => Some(path.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            whiteouts,
+            [".lockbox-etc/shadow", ".lockbox-etc/ssh/ssh_host_rsa_key"]
+        );
+        let text = plan.to_string();
+        assert!(text.contains("mount overlay read-only on /etc"), "{text}");
+    }
+}

@@ -1,0 +1,201 @@
+//! The child-to-parent protocol: fixed-size records on a close-on-exec pipe.
+//!
+//! The sandbox init and the command child cannot allocate (see `sys`), so they report with
+//! a 16-byte record instead of a message string; the parent turns it into an error that
+//! names the step and path. The pipe is close-on-exec, so the sandboxed command never
+//! holds it and cannot forge a record.
+
+/// What a record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// A setup step failed: `step` (a [`Step`] code), `errno`, and the index of the plan
+    /// item or path involved.
+    Failed {
+        /// Which step.
+        step: Step,
+        /// The errno.
+        errno: i32,
+        /// Index into the plan (meaning depends on the step).
+        index: u32,
+    },
+    /// The command exited with this code.
+    Exited(i32),
+    /// The command was killed by this signal.
+    Signaled(i32),
+}
+
+/// Setup steps of the init and the command child, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum Step {
+    JoinCgroup = 1,
+    WriteSetgroups,
+    WriteUidMap,
+    WriteGidMap,
+    UnshareCgroup,
+    MakeMountsPrivate,
+    CaptureSource,
+    MountStage,
+    Mount,
+    PivotRoot,
+    RemountRootReadonly,
+    SetHostname,
+    LoopbackUp,
+    LandlockRuleset,
+    LandlockRule,
+    SetDumpable,
+    SetDeathSignal,
+    BlockSignals,
+    ForkCommand,
+    SetRlimit,
+    PassFd,
+    Chdir,
+    NoNewPrivs,
+    DropCapabilities,
+    LandlockRestrict,
+    SeccompFilter,
+    Exec,
+}
+
+impl Step {
+    const ALL: [Step; 27] = [
+        Step::JoinCgroup,
+        Step::WriteSetgroups,
+        Step::WriteUidMap,
+        Step::WriteGidMap,
+        Step::UnshareCgroup,
+        Step::MakeMountsPrivate,
+        Step::CaptureSource,
+        Step::MountStage,
+        Step::Mount,
+        Step::PivotRoot,
+        Step::RemountRootReadonly,
+        Step::SetHostname,
+        Step::LoopbackUp,
+        Step::LandlockRuleset,
+        Step::LandlockRule,
+        Step::SetDumpable,
+        Step::SetDeathSignal,
+        Step::BlockSignals,
+        Step::ForkCommand,
+        Step::SetRlimit,
+        Step::PassFd,
+        Step::Chdir,
+        Step::NoNewPrivs,
+        Step::DropCapabilities,
+        Step::LandlockRestrict,
+        Step::SeccompFilter,
+        Step::Exec,
+    ];
+
+    fn from_code(code: u32) -> Option<Step> {
+        Step::ALL.iter().copied().find(|s| *s as u32 == code)
+    }
+
+    /// A short lowercase description for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::JoinCgroup => "joining the sandbox cgroup",
+            Step::WriteSetgroups => "writing /proc/self/setgroups",
+            Step::WriteUidMap => "writing the uid map",
+            Step::WriteGidMap => "writing the gid map",
+            Step::UnshareCgroup => "creating the cgroup namespace",
+            Step::MakeMountsPrivate => "making mounts private",
+            Step::CaptureSource => "binding",
+            Step::MountStage => "mounting the new root (a tmpfs on /tmp)",
+            Step::Mount => "building the root",
+            Step::PivotRoot => "pivot_root into the new root",
+            Step::RemountRootReadonly => "making the new root read-only",
+            Step::SetHostname => "setting the hostname",
+            Step::LoopbackUp => "bringing up loopback",
+            Step::LandlockRuleset => "creating the landlock ruleset",
+            Step::LandlockRule => "adding a landlock rule for",
+            Step::SetDumpable => "making the init non-dumpable",
+            Step::SetDeathSignal => "setting the parent-death signal",
+            Step::BlockSignals => "setting up signal forwarding",
+            Step::ForkCommand => "forking the command",
+            Step::SetRlimit => "setting a resource limit",
+            Step::PassFd => "passing file descriptor",
+            Step::Chdir => "changing to the working directory",
+            Step::NoNewPrivs => "setting no_new_privs",
+            Step::DropCapabilities => "dropping capabilities",
+            Step::LandlockRestrict => "enforcing landlock",
+            Step::SeccompFilter => "installing the seccomp filter",
+            Step::Exec => "executing",
+        }
+    }
+}
+
+const KIND_FAILED: u32 = 1;
+const KIND_EXITED: u32 = 2;
+const KIND_SIGNALED: u32 = 3;
+
+/// Size of an encoded record.
+pub const RECORD_LEN: usize = 16;
+
+impl Record {
+    /// Encodes to the wire form (native endian; both ends are the same machine).
+    pub fn encode(self) -> [u8; RECORD_LEN] {
+        let (kind, a, b, c) = match self {
+            Record::Failed { step, errno, index } => {
+                (KIND_FAILED, step as u32, errno as u32, index)
+            }
+            Record::Exited(code) => (KIND_EXITED, code as u32, 0, 0),
+            Record::Signaled(sig) => (KIND_SIGNALED, sig as u32, 0, 0),
+        };
+        let mut out = [0u8; RECORD_LEN];
+        for (i, word) in [kind, a, b, c].into_iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        out
+    }
+
+    /// Decodes the wire form; `None` for garbage.
+    pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<Record> {
+        let word = |i: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
+            u32::from_ne_bytes(w)
+        };
+        match word(0) {
+            KIND_FAILED => Some(Record::Failed {
+                step: Step::from_code(word(1))?,
+                errno: word(2) as i32,
+                index: word(3),
+            }),
+            KIND_EXITED => Some(Record::Exited(word(1) as i32)),
+            KIND_SIGNALED => Some(Record::Signaled(word(1) as i32)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        for r in [
+            Record::Exited(0),
+            Record::Exited(255),
+            Record::Signaled(9),
+            Record::Failed {
+                step: Step::Exec,
+                errno: libc::ENOENT,
+                index: 3,
+            },
+        ] {
+            assert_eq!(Record::decode(&r.encode()), Some(r));
+        }
+        assert_eq!(Record::decode(&[0xff; RECORD_LEN]), None);
+    }
+
+    #[test]
+    fn every_step_code_decodes() {
+        for step in Step::ALL {
+            assert_eq!(Step::from_code(step as u32), Some(step));
+        }
+    }
+}

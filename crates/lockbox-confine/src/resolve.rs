@@ -1,0 +1,279 @@
+//! Turns a [`Policy`]'s paths into facts about this host: canonical paths, their kinds,
+//! which `/etc` secrets exist. The only part of planning that reads the filesystem.
+
+use crate::error::SetupError;
+use lockbox_policy::{Net, Policy, DEFAULT_READS, ETC_SECRETS};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Read-only or read-write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// Read and execute.
+    ReadOnly,
+    /// Everything.
+    ReadWrite,
+}
+
+/// A host path made visible at the same path inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Canonical host path (also the path inside).
+    pub path: PathBuf,
+    /// Directory or not.
+    pub is_dir: bool,
+    /// How it is visible.
+    pub access: Access,
+}
+
+/// The host facts a plan is built from.
+#[derive(Debug, Clone, Default)]
+pub struct Resolved {
+    /// Bind grants, deduplicated (read-write wins), in no particular order.
+    pub grants: Vec<Grant>,
+    /// Symlinks to recreate inside (e.g. `/bin -> usr/bin` on merged-/usr systems).
+    pub symlinks: Vec<(PathBuf, OsString)>,
+    /// `/etc` shown through an overlay that hides these entries (relative to /etc).
+    pub etc_hidden: Option<Vec<PathBuf>>,
+    /// Extra files to show in the overlaid `/etc` (name, contents).
+    pub etc_files: Vec<(String, Vec<u8>)>,
+    /// Devices of the host bound into the minimal /dev.
+    pub devices: Vec<&'static str>,
+    /// Working directory inside.
+    pub cwd: PathBuf,
+}
+
+/// Device nodes bound from the host into the sandbox's `/dev` (those that exist).
+pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Resolves `policy` against the host. `caller_cwd` is the default working directory when
+/// it is visible inside.
+pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, SetupError> {
+    let mut out = Resolved::default();
+    let mut add = |grant: Grant| {
+        if let Some(existing) = out.grants.iter_mut().find(|g| g.path == grant.path) {
+            existing.access = existing.access.max(grant.access);
+        } else {
+            out.grants.push(grant);
+        }
+    };
+    let explicit_etc = policy
+        .fs
+        .read
+        .iter()
+        .chain(&policy.fs.write)
+        .any(|p| p == Path::new("/etc"));
+    if policy.fs.default_reads {
+        for path in DEFAULT_READS {
+            let path = Path::new(path);
+            let Ok(meta) = std::fs::symlink_metadata(path) else {
+                continue; // e.g. no /lib64 on this architecture
+            };
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(path).map_err(|e| SetupError::Path {
+                    path: path.to_owned(),
+                    what: "reading symlink",
+                    source: e,
+                })?;
+                out.symlinks
+                    .push((path.to_owned(), target.into_os_string()));
+                if let Ok(canonical) = std::fs::canonicalize(path) {
+                    add(Grant {
+                        path: canonical,
+                        is_dir: true,
+                        access: Access::ReadOnly,
+                    });
+                }
+            } else if path == Path::new("/etc") && !explicit_etc {
+                out.etc_hidden = Some(etc_secrets_present(path));
+            } else {
+                add(Grant {
+                    path: path.to_owned(),
+                    is_dir: meta.is_dir(),
+                    access: Access::ReadOnly,
+                });
+            }
+        }
+    }
+    for (paths, access) in [
+        (&policy.fs.read, Access::ReadOnly),
+        (&policy.fs.write, Access::ReadWrite),
+    ] {
+        for path in paths {
+            add(resolve_grant(path, access, &mut out.symlinks)?);
+        }
+    }
+    out.devices = DEVICES
+        .into_iter()
+        .filter(|d| Path::new("/dev").join(d).exists())
+        .collect();
+    out.etc_files = etc_files(policy);
+    out.cwd = match &policy.cwd {
+        Some(cwd) => cwd.clone(),
+        None => caller_cwd
+            .filter(|cwd| visible_inside(&out, cwd))
+            .map_or_else(|| PathBuf::from("/"), Path::to_owned),
+    };
+    Ok(out)
+}
+
+fn resolve_grant(
+    path: &Path,
+    access: Access,
+    symlinks: &mut Vec<(PathBuf, OsString)>,
+) -> Result<Grant, SetupError> {
+    let canonical = std::fs::canonicalize(path).map_err(|e| SetupError::Path {
+        path: path.to_owned(),
+        what: if access == Access::ReadOnly {
+            "granting read access to"
+        } else {
+            "granting write access to"
+        },
+        source: e,
+    })?;
+    let meta = std::fs::metadata(&canonical).map_err(|e| SetupError::Path {
+        path: canonical.clone(),
+        what: "reading metadata of",
+        source: e,
+    })?;
+    if canonical == Path::new("/") || canonical.starts_with("/proc") {
+        return Err(SetupError::Path {
+            path: path.to_owned(),
+            what: "granting",
+            source: std::io::Error::other(format!(
+                "it resolves to {}, which cannot be granted",
+                canonical.display()
+            )),
+        });
+    }
+    // A granted symlink is recreated too, so both names work inside.
+    if canonical != path {
+        if let Ok(target) = std::fs::read_link(path) {
+            symlinks.push((path.to_owned(), target.into_os_string()));
+        }
+    }
+    Ok(Grant {
+        path: canonical,
+        is_dir: meta.is_dir(),
+        access,
+    })
+}
+
+/// Entries of [`ETC_SECRETS`] that exist under `etc`, expanding `*` in the last component.
+pub fn etc_secrets_present(etc: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for pattern in ETC_SECRETS {
+        let pattern = Path::new(pattern);
+        let (dir, name) = match (pattern.parent(), pattern.file_name()) {
+            (Some(dir), Some(name)) => (dir, name.to_string_lossy()),
+            _ => continue,
+        };
+        if let Some((prefix, suffix)) = name.split_once('*') {
+            let Ok(entries) = std::fs::read_dir(etc.join(dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let file_name = entry.file_name();
+                let n = file_name.to_string_lossy();
+                if n.len() >= prefix.len() + suffix.len()
+                    && n.starts_with(prefix)
+                    && n.ends_with(suffix)
+                {
+                    found.push(dir.join(&file_name));
+                }
+            }
+        } else if std::fs::symlink_metadata(etc.join(pattern)).is_ok() {
+            found.push(pattern.to_owned());
+        }
+    }
+    found.sort();
+    found
+}
+
+fn etc_files(policy: &Policy) -> Vec<(String, Vec<u8>)> {
+    let name = &policy.hostname;
+    let mut files = vec![("hostname".to_owned(), format!("{name}\n").into_bytes())];
+    let hosts = match policy.net {
+        // Without a network only loopback exists: say so, and resolve our own name.
+        Net::None => format!(
+            "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
+        .into_bytes(),
+        Net::Host => {
+            let mut hosts = std::fs::read("/etc/hosts").unwrap_or_default();
+            hosts.extend_from_slice(format!("127.0.1.1\t{name}\n").as_bytes());
+            if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
+                // The host's may be a bind mount the overlay cannot see through.
+                files.push(("resolv.conf".to_owned(), resolv));
+            }
+            hosts
+        }
+    };
+    files.push(("hosts".to_owned(), hosts));
+    files
+}
+
+fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
+    path.starts_with("/tmp")
+        || resolved.grants.iter().any(|g| path.starts_with(&g.path))
+        || (resolved.etc_hidden.is_some() && path.starts_with("/etc"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_grant_is_an_error_naming_the_path() {
+        let mut policy = Policy::default();
+        policy.fs.read.push("/definitely/not/here".into());
+        let err = resolve(&policy, None).unwrap_err().to_string();
+        assert!(err.contains("/definitely/not/here"), "{err}");
+    }
+
+    #[test]
+    fn write_wins_over_read_for_the_same_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut policy = Policy::default();
+        policy.fs.default_reads = false;
+        policy.fs.read.push(dir.path().into());
+        policy.fs.write.push(dir.path().into());
+        let r = resolve(&policy, None).unwrap();
+        assert_eq!(r.grants.len(), 1);
+        assert_eq!(r.grants[0].access, Access::ReadWrite);
+    }
+
+    #[test]
+    fn secret_patterns_expand_against_a_fake_etc() {
+        let etc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(etc.path().join("ssh")).unwrap();
+        for f in [
+            "shadow",
+            "ssh/ssh_host_rsa_key",
+            "ssh/ssh_host_rsa_key.pub",
+            "passwd",
+        ] {
+            std::fs::write(etc.path().join(f), "x").unwrap();
+        }
+        let found = etc_secrets_present(etc.path());
+        assert_eq!(
+            found,
+            vec![
+                PathBuf::from("shadow"),
+                PathBuf::from("ssh/ssh_host_rsa_key")
+            ]
+        );
+    }
+
+    #[test]
+    fn cwd_defaults_to_caller_cwd_only_when_visible() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let mut policy = Policy::default();
+        let r = resolve(&policy, Some(dir.path())).unwrap();
+        assert_eq!(r.cwd, Path::new("/"));
+        policy.fs.read.push(dir.path().into());
+        let r = resolve(&policy, Some(dir.path())).unwrap();
+        assert_eq!(r.cwd, std::fs::canonicalize(dir.path()).unwrap());
+    }
+}

@@ -1,0 +1,475 @@
+//! The seccomp filter: a deny list of syscalls an unprivileged sandbox never needs and
+//! that widen the kernel's attack surface or escape the other walls.
+//!
+//! Each entry of [`DENIED`] says why. Denied calls fail with `EPERM` (so programs see a
+//! clear error); `clone3` fails with `ENOSYS` because its flags live in memory a filter
+//! cannot read, and libc then falls back to `clone`, whose flags we can check. On x86_64,
+//! x32-ABI and 32-bit entry points kill the process: a deny list keyed on 64-bit numbers
+//! would not see them.
+//!
+//! The filter is built with `seccompiler` before the clone and installed last, right before
+//! `execve`, so it need not allow any setup step.
+
+use crate::error::SetupError;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+use std::collections::BTreeMap;
+
+/// A denied syscall and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Denied {
+    /// Syscall name.
+    pub name: &'static str,
+    /// Syscall number on this architecture.
+    pub nr: i64,
+    /// Only when the arguments match (documented in `why`); `None` means always.
+    pub when: Option<When>,
+    /// Why it is denied.
+    pub why: &'static str,
+}
+
+/// Argument conditions for a conditional denial.
+#[derive(Debug, Clone, Copy)]
+pub enum When {
+    /// Flags argument `arg` has `CLONE_NEWUSER` set.
+    NewUserNs {
+        /// Argument index.
+        arg: u8,
+    },
+    /// ioctl request (argument 1, compared as the kernel's 32-bit int) equals this.
+    IoctlRequest(u64),
+    /// personality(2) with anything but the harmless values.
+    PersonalityChange,
+}
+
+macro_rules! deny {
+    ($name:ident, $why:expr) => {
+        Denied {
+            name: stringify!($name),
+            nr: paste_nr!($name),
+            when: None,
+            why: $why,
+        }
+    };
+    ($name:ident if $when:expr, $why:expr) => {
+        Denied {
+            name: stringify!($name),
+            nr: paste_nr!($name),
+            when: Some($when),
+            why: $why,
+        }
+    };
+}
+
+macro_rules! paste_nr {
+    (mount) => {
+        libc::SYS_mount
+    };
+    (umount2) => {
+        libc::SYS_umount2
+    };
+    (pivot_root) => {
+        libc::SYS_pivot_root
+    };
+    (chroot) => {
+        libc::SYS_chroot
+    };
+    (open_tree) => {
+        libc::SYS_open_tree
+    };
+    (move_mount) => {
+        libc::SYS_move_mount
+    };
+    (fsopen) => {
+        libc::SYS_fsopen
+    };
+    (fsconfig) => {
+        libc::SYS_fsconfig
+    };
+    (fsmount) => {
+        libc::SYS_fsmount
+    };
+    (fspick) => {
+        libc::SYS_fspick
+    };
+    (mount_setattr) => {
+        libc::SYS_mount_setattr
+    };
+    (setns) => {
+        libc::SYS_setns
+    };
+    (unshare) => {
+        libc::SYS_unshare
+    };
+    (clone) => {
+        libc::SYS_clone
+    };
+    (kexec_load) => {
+        libc::SYS_kexec_load
+    };
+    (kexec_file_load) => {
+        libc::SYS_kexec_file_load
+    };
+    (init_module) => {
+        libc::SYS_init_module
+    };
+    (finit_module) => {
+        libc::SYS_finit_module
+    };
+    (delete_module) => {
+        libc::SYS_delete_module
+    };
+    (bpf) => {
+        libc::SYS_bpf
+    };
+    (perf_event_open) => {
+        libc::SYS_perf_event_open
+    };
+    (keyctl) => {
+        libc::SYS_keyctl
+    };
+    (add_key) => {
+        libc::SYS_add_key
+    };
+    (request_key) => {
+        libc::SYS_request_key
+    };
+    (userfaultfd) => {
+        libc::SYS_userfaultfd
+    };
+    (io_uring_setup) => {
+        libc::SYS_io_uring_setup
+    };
+    (io_uring_enter) => {
+        libc::SYS_io_uring_enter
+    };
+    (io_uring_register) => {
+        libc::SYS_io_uring_register
+    };
+    (open_by_handle_at) => {
+        libc::SYS_open_by_handle_at
+    };
+    (name_to_handle_at) => {
+        libc::SYS_name_to_handle_at
+    };
+    (ioctl) => {
+        libc::SYS_ioctl
+    };
+    (personality) => {
+        libc::SYS_personality
+    };
+    (acct) => {
+        libc::SYS_acct
+    };
+    (swapon) => {
+        libc::SYS_swapon
+    };
+    (swapoff) => {
+        libc::SYS_swapoff
+    };
+    (reboot) => {
+        libc::SYS_reboot
+    };
+    (settimeofday) => {
+        libc::SYS_settimeofday
+    };
+    (clock_settime) => {
+        libc::SYS_clock_settime
+    };
+    (clock_adjtime) => {
+        libc::SYS_clock_adjtime
+    };
+    (adjtimex) => {
+        libc::SYS_adjtimex
+    };
+    (syslog) => {
+        libc::SYS_syslog
+    };
+    (quotactl) => {
+        libc::SYS_quotactl
+    };
+    (lookup_dcookie) => {
+        libc::SYS_lookup_dcookie
+    };
+    (fanotify_init) => {
+        libc::SYS_fanotify_init
+    };
+    (vhangup) => {
+        libc::SYS_vhangup
+    };
+    (mbind) => {
+        libc::SYS_mbind
+    };
+    (set_mempolicy) => {
+        libc::SYS_set_mempolicy
+    };
+    (migrate_pages) => {
+        libc::SYS_migrate_pages
+    };
+    (move_pages) => {
+        libc::SYS_move_pages
+    };
+    (kcmp) => {
+        libc::SYS_kcmp
+    };
+    (process_vm_writev) => {
+        libc::SYS_process_vm_writev
+    };
+    (iopl) => {
+        libc::SYS_iopl
+    };
+    (ioperm) => {
+        libc::SYS_ioperm
+    };
+    (uselib) => {
+        libc::SYS_uselib
+    };
+    (ustat) => {
+        libc::SYS_ustat
+    };
+    (sysfs) => {
+        libc::SYS_sysfs
+    };
+    (_sysctl) => {
+        libc::SYS__sysctl
+    };
+    (nfsservctl) => {
+        libc::SYS_nfsservctl
+    };
+}
+
+const TIOCSTI: u64 = 0x5412;
+const TIOCLINUX: u64 = 0x541C;
+
+/// Every denied syscall, with the reason. `docs/security.md` is generated from the same
+/// reasons.
+pub fn denied() -> Vec<Denied> {
+    #[allow(unused_mut)]
+    let mut list = vec![
+        deny!(
+            mount,
+            "changes the mount tree after setup (the root is fixed once built)"
+        ),
+        deny!(umount2, "could uncover what lockbox's mounts hide"),
+        deny!(pivot_root, "changes the root after setup"),
+        deny!(
+            chroot,
+            "changes the root; a classic step in escapes from nested roots"
+        ),
+        deny!(open_tree, "new mount API: same power as mount"),
+        deny!(move_mount, "new mount API: same power as mount"),
+        deny!(fsopen, "new mount API: creates filesystems"),
+        deny!(fsconfig, "new mount API: configures filesystems"),
+        deny!(fsmount, "new mount API: same power as mount"),
+        deny!(fspick, "new mount API: reconfigures existing mounts"),
+        deny!(mount_setattr, "could make read-only mounts writable"),
+        deny!(
+            setns,
+            "joins other namespaces through inherited or /proc descriptors"
+        ),
+        deny!(unshare if When::NewUserNs { arg: 0 }, "a new user namespace regains every capability and re-exposes kernel attack surface (most kernel privilege escalations start here)"),
+        deny!(clone if When::NewUserNs { arg: 0 }, "same as unshare(CLONE_NEWUSER)"),
+        deny!(kexec_load, "replaces the running kernel"),
+        deny!(kexec_file_load, "replaces the running kernel"),
+        deny!(init_module, "loads kernel code"),
+        deny!(finit_module, "loads kernel code"),
+        deny!(delete_module, "unloads kernel code"),
+        deny!(
+            bpf,
+            "eBPF programs and maps: large kernel attack surface, frequent CVEs"
+        ),
+        deny!(
+            perf_event_open,
+            "kernel profiling: side channels and a history of CVEs"
+        ),
+        deny!(
+            keyctl,
+            "kernel keyrings are not namespaced: reaches the host user's keys"
+        ),
+        deny!(add_key, "kernel keyrings are not namespaced"),
+        deny!(request_key, "kernel keyrings are not namespaced"),
+        deny!(
+            userfaultfd,
+            "lets an attacker pause the kernel mid-copy: a staple of race exploits"
+        ),
+        deny!(
+            io_uring_setup,
+            "io_uring bypasses seccomp for the operations it performs and has a long CVE record"
+        ),
+        deny!(io_uring_enter, "io_uring (see io_uring_setup)"),
+        deny!(io_uring_register, "io_uring (see io_uring_setup)"),
+        deny!(
+            open_by_handle_at,
+            "opens files by handle, bypassing path-based walls (the 'shocker' container escape)"
+        ),
+        deny!(
+            name_to_handle_at,
+            "companion of open_by_handle_at; leaks file handles"
+        ),
+        deny!(ioctl if When::IoctlRequest(TIOCSTI), "TIOCSTI pushes keystrokes into a shared terminal: commands run outside the sandbox"),
+        deny!(ioctl if When::IoctlRequest(TIOCLINUX), "TIOCLINUX can read and inject console contents"),
+        deny!(personality if When::PersonalityChange, "personality flags such as READ_IMPLIES_EXEC or ADDR_NO_RANDOMIZE weaken exploit mitigations"),
+        deny!(acct, "process accounting is host-wide"),
+        deny!(swapon, "host-wide memory configuration"),
+        deny!(swapoff, "host-wide memory configuration"),
+        deny!(reboot, "host-wide"),
+        deny!(settimeofday, "the clock is host-wide"),
+        deny!(clock_settime, "the clock is host-wide"),
+        deny!(clock_adjtime, "the clock is host-wide"),
+        deny!(adjtimex, "the clock is host-wide"),
+        deny!(
+            syslog,
+            "the kernel log leaks host information and addresses"
+        ),
+        deny!(quotactl, "filesystem quotas are host-wide"),
+        deny!(lookup_dcookie, "kernel profiling interface"),
+        deny!(fanotify_init, "filesystem-wide monitoring"),
+        deny!(
+            vhangup,
+            "hangs up the terminal, which may be shared with the caller"
+        ),
+        deny!(mbind, "NUMA policy can degrade the host"),
+        deny!(set_mempolicy, "NUMA policy can degrade the host"),
+        deny!(
+            migrate_pages,
+            "moves other processes' memory between NUMA nodes"
+        ),
+        deny!(
+            move_pages,
+            "moves other processes' memory between NUMA nodes"
+        ),
+        deny!(
+            kcmp,
+            "compares kernel objects: leaks kernel pointer ordering"
+        ),
+        deny!(
+            process_vm_writev,
+            "writes another process's memory; debuggers use ptrace instead"
+        ),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    list.extend([
+        deny!(iopl, "raw I/O port access"),
+        deny!(ioperm, "raw I/O port access"),
+        deny!(uselib, "obsolete loader interface"),
+        deny!(ustat, "obsolete; leaks filesystem information"),
+        deny!(sysfs, "obsolete"),
+        deny!(_sysctl, "obsolete sysctl interface"),
+        deny!(nfsservctl, "obsolete NFS server control"),
+    ]);
+    list
+}
+
+/// `personality(2)` values that stay allowed: PER_LINUX, PER_LINUX32, UNAME26 variants, and
+/// the query 0xffffffff (Docker's default profile allows the same).
+const PERSONALITY_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+
+fn rule_for(when: When) -> Result<SeccompRule, seccompiler::BackendError> {
+    let conditions = match when {
+        When::NewUserNs { arg } => vec![SeccompCondition::new(
+            arg,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(libc::CLONE_NEWUSER as u64),
+            libc::CLONE_NEWUSER as u64,
+        )?],
+        When::IoctlRequest(req) => vec![SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            req,
+        )?],
+        When::PersonalityChange => PERSONALITY_ALLOWED
+            .iter()
+            .map(|v| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *v))
+            .collect::<Result<_, _>>()?,
+    };
+    SeccompRule::new(conditions)
+}
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+
+/// Builds the BPF program.
+pub fn build() -> Result<BpfProgram, SetupError> {
+    let err = |e: &dyn std::fmt::Display| SetupError::Seccomp(e.to_string());
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for d in denied() {
+        let entry = rules.entry(d.nr).or_default();
+        if let Some(when) = d.when {
+            entry.push(rule_for(when).map_err(|e| err(&e))?);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    let arch = seccompiler::TargetArch::x86_64;
+    #[cfg(target_arch = "aarch64")]
+    let arch = seccompiler::TargetArch::aarch64;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    let body: BpfProgram = filter.try_into().map_err(|e| err(&e))?;
+    let mut program = prologue();
+    program.extend(body);
+    Ok(program)
+}
+
+/// Runs before seccompiler's program: kill on a foreign architecture (32-bit entry) or an
+/// x32 syscall number, and `ENOSYS` for clone3.
+fn prologue() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const ARCH_OFFSET: u32 = 4;
+    const NR_OFFSET: u32 = 0;
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        ins(LD_W_ABS, 0, 0, ARCH_OFFSET),
+        ins(JEQ_K, 1, 0, AUDIT_ARCH),
+        ins(RET_K, 0, 0, RET_KILL_PROCESS),
+        ins(LD_W_ABS, 0, 0, NR_OFFSET),
+        // x32 syscalls are the x86_64 numbers with bit 30 set (__X32_SYSCALL_BIT).
+        ins(JGE_K, 0, 1, 0x4000_0000),
+        ins(RET_K, 0, 0, RET_KILL_PROCESS),
+        ins(JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        ins(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_builds_and_fits_the_kernel_limit() {
+        let program = build().unwrap();
+        assert!(program.len() < 4096, "{} instructions", program.len());
+    }
+
+    #[test]
+    fn every_denial_has_a_reason_and_no_duplicates() {
+        let list = denied();
+        for d in &list {
+            assert!(!d.why.is_empty(), "{}", d.name);
+        }
+        let mut unconditional: Vec<_> = list
+            .iter()
+            .filter(|d| d.when.is_none())
+            .map(|d| d.nr)
+            .collect();
+        let n = unconditional.len();
+        unconditional.sort();
+        unconditional.dedup();
+        assert_eq!(unconditional.len(), n);
+    }
+}

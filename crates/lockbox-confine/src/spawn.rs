@@ -1,0 +1,550 @@
+//! Starting a confined command and supervising it: [`spawn`], [`Running`], [`Outcome`].
+
+use crate::child::{self, CStringArray, Prepared};
+use crate::error::{explain_clone_error, SetupError};
+use crate::landlock;
+use crate::limits::{self, LimitMechanisms, LimitPlan};
+use crate::plan::{self, cstring, SetupPlan};
+use crate::report::{Record, Step, RECORD_LEN};
+use crate::resolve;
+use crate::seccomp;
+use crate::sys::{self, Errno, Forked};
+use lockbox_policy::{Net, Policy, DEFAULT_PATH};
+use serde::Serialize;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What confines a running sandbox, for reports and `lockbox check`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Enforcement {
+    /// Namespaces the sandbox lives in.
+    pub namespaces: Vec<&'static str>,
+    /// The uid and gid inside (the caller's, mapped to themselves).
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Landlock ABI in force, `None` when the kernel has no Landlock.
+    pub landlock_abi: Option<u32>,
+    /// Number of syscall rules of the seccomp filter.
+    pub seccomp_denied_syscalls: usize,
+    /// `no_new_privs` is set and every capability is dropped.
+    pub no_new_privs: bool,
+    /// How each requested limit is enforced.
+    pub limits: LimitMechanisms,
+    /// "none (loopback only)" or "host".
+    pub network: &'static str,
+}
+
+/// How the command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+    /// Could not be executed (`errno`: ENOENT = not found).
+    ExecFailed(i32),
+}
+
+/// The result of a sandboxed command.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// How the command ended.
+    pub status: Status,
+    /// Stopped because the timeout expired.
+    pub timed_out: bool,
+    /// Killed by the memory cgroup's OOM killer.
+    pub oom_killed: bool,
+    /// Wall-clock time from spawn to the end of the sandbox.
+    pub wall: Duration,
+    /// User + system CPU time of every process that was reaped in the sandbox.
+    pub cpu: Duration,
+    /// Peak memory in bytes, and what measured it.
+    pub peak_memory: Option<(u64, &'static str)>,
+    /// What confined it.
+    pub enforcement: Enforcement,
+}
+
+impl Outcome {
+    /// The exit code `lockbox run` uses: the command's own; 128+N for signal N; 124 on
+    /// timeout; 126 not executable; 127 not found.
+    pub fn exit_code(&self) -> i32 {
+        if self.timed_out {
+            return 124;
+        }
+        match self.status {
+            Status::Exited(code) => code,
+            Status::Signaled(sig) => 128 + sig,
+            Status::ExecFailed(libc::ENOENT) => 127,
+            Status::ExecFailed(_) => 126,
+        }
+    }
+}
+
+/// What [`Running::wait`] saw first.
+#[derive(Debug)]
+pub enum Waited {
+    /// The sandbox ended.
+    Exited(Outcome),
+    /// The deadline passed; the sandbox still runs.
+    Deadline,
+    /// The extra descriptor became readable; the sandbox still runs.
+    Extra,
+}
+
+/// A sandbox that has been started. Dropping it kills everything in it.
+#[derive(Debug)]
+pub struct Running {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    report: OwnedFd,
+    started: Instant,
+    plan: SetupPlan,
+    program: String,
+    limits: LimitPlan,
+    enforcement: Enforcement,
+    failure: Option<Record>,
+    status: Option<Record>,
+    timed_out: bool,
+    done: bool,
+}
+
+/// Starts `argv` confined by `policy`. Returns as soon as the sandbox init runs; setup
+/// failures inside the namespaces are reported by [`Running::wait`].
+pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> {
+    policy.validate()?;
+    let program = argv.first().ok_or_else(|| SetupError::Path {
+        path: "".into(),
+        what: "running",
+        source: std::io::Error::other("no command given"),
+    })?;
+    let caller_cwd = std::env::current_dir().ok();
+    let resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
+    let plan = plan::build(&resolved);
+    let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
+    let landlock_abi = landlock::abi_version();
+    let (uid, gid) = sys::ids();
+    for &fd in &policy.pass_fds {
+        if !Path::new(&format!("/proc/self/fd/{fd}")).exists() {
+            return Err(SetupError::Path {
+                path: format!("fd {fd}").into(),
+                what: "passing",
+                source: std::io::Error::from_raw_os_error(libc::EBADF),
+            });
+        }
+    }
+    let env = policy.env.build(|k| std::env::var(k).ok());
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
+    let (report_rd, report_wr) = sys::pipe_cloexec().map_err(|errno| SetupError::Supervise {
+        what: "creating the report pipe",
+        errno,
+    })?;
+    let report_rd = sys::owned(report_rd);
+    let report_wr = sys::owned(report_wr);
+
+    let cgroup_fds = limits
+        .cgroups
+        .as_ref()
+        .map(|c| c.procs_fds())
+        .unwrap_or_default();
+    let mut keep: Vec<RawFd> = vec![0, 1, 2, report_wr.as_raw_fd()];
+    keep.extend(&cgroup_fds);
+    keep.extend(&policy.pass_fds);
+    keep.sort_unstable();
+    keep.dedup();
+    let mut pass_fds = policy.pass_fds.clone();
+    pass_fds.sort_unstable();
+    let enforcement = Enforcement {
+        namespaces: namespaces(policy.net),
+        uid,
+        gid,
+        landlock_abi,
+        seccomp_denied_syscalls: seccomp::denied().len(),
+        no_new_privs: true,
+        limits: limits.mechanisms.clone(),
+        network: match policy.net {
+            Net::None => "none (loopback only)",
+            Net::Host => "host",
+        },
+    };
+    let mut prepared = Prepared {
+        source_fds: vec![-1; plan.sources.len()],
+        plan,
+        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        cgroup_procs: cgroup_fds,
+        new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
+        hostname: policy.hostname.as_bytes().to_vec(),
+        loopback: policy.net == Net::None,
+        landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
+        seccomp: seccomp::build()?,
+        rlimits: limits.rlimits.clone(),
+        pass_fds,
+        keep_fds: keep,
+        report_fd: report_wr.as_raw_fd(),
+        exec_candidates: exec_candidates(program, path_var),
+        argv: CStringArray::new(argv.iter().map(|a| cstring(a.as_bytes())).collect()),
+        envp: CStringArray::new(
+            env.iter()
+                .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
+                .collect(),
+        ),
+        last_cap: last_cap(),
+    };
+
+    let mut flags = (libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS) as u64;
+    if policy.net == Net::None {
+        flags |= libc::CLONE_NEWNET as u64;
+    }
+    let started = Instant::now();
+    tracing::debug!(flags, "clone3 into new namespaces");
+    match sys::clone3_fork(flags) {
+        Err(errno) => Err(explain_clone_error(errno)),
+        Ok(Forked::Child) => child::init_main(&mut prepared),
+        Ok(Forked::Parent { pid, pidfd }) => {
+            drop(report_wr);
+            let mut limits = limits;
+            if let Some(c) = limits.cgroups.as_mut() {
+                c.release_fds();
+            }
+            Ok(Running {
+                pid,
+                pidfd: sys::owned(pidfd),
+                report: report_rd,
+                started,
+                plan: prepared.plan,
+                program: program.to_string_lossy().into_owned(),
+                limits,
+                enforcement,
+                failure: None,
+                status: None,
+                timed_out: false,
+                done: false,
+            })
+        }
+    }
+}
+
+/// Runs `argv` to completion under `policy`, enforcing its timeout.
+pub fn run(policy: &Policy, argv: &[OsString]) -> Result<Outcome, SetupError> {
+    let mut running = spawn(policy, argv)?;
+    let deadline = policy.timeout.map(|t| running.started + t);
+    match running.wait(deadline, None)? {
+        Waited::Exited(outcome) => Ok(outcome),
+        Waited::Deadline | Waited::Extra => running.stop(policy.kill_grace, true),
+    }
+}
+
+impl Running {
+    /// The pid of the sandbox's init, as seen by the caller.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// What confines this sandbox.
+    pub fn enforcement(&self) -> &Enforcement {
+        &self.enforcement
+    }
+
+    /// Sends `sig` to the sandbox. The init forwards it to the command; SIGTERM goes to
+    /// every process in the sandbox.
+    pub fn signal(&self, sig: libc::c_int) -> Result<(), SetupError> {
+        sys::pidfd_send_signal(self.pidfd.as_raw_fd(), sig).map_err(|errno| SetupError::Supervise {
+            what: "signalling the sandbox",
+            errno,
+        })
+    }
+
+    /// Waits until the sandbox ends, `deadline` passes or `extra` becomes readable.
+    /// `Err` means the sandbox could not be set up.
+    pub fn wait(
+        &mut self,
+        deadline: Option<Instant>,
+        extra: Option<BorrowedFd<'_>>,
+    ) -> Result<Waited, SetupError> {
+        loop {
+            let timeout_ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(Waited::Deadline);
+                    }
+                    // Round up so we never wake just before the deadline.
+                    left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
+                }
+            };
+            let mut fds = [
+                pollfd(self.pidfd.as_raw_fd()),
+                pollfd(self.report.as_raw_fd()),
+                pollfd(extra.map_or(-1, |fd| fd.as_raw_fd())),
+            ];
+            match sys::poll(&mut fds, timeout_ms) {
+                Err(Errno(libc::EINTR)) => continue,
+                Err(errno) => {
+                    return Err(SetupError::Supervise {
+                        what: "waiting for the sandbox",
+                        errno,
+                    })
+                }
+                Ok(_) => {}
+            }
+            if fds[1].revents != 0 {
+                self.read_records();
+            }
+            if fds[0].revents != 0 {
+                return self.finish().map(Waited::Exited);
+            }
+            if fds[2].revents != 0 {
+                return Ok(Waited::Extra);
+            }
+        }
+    }
+
+    /// Stops the sandbox: SIGTERM to every process in it, SIGKILL after `grace`.
+    /// `timed_out` marks the outcome as a timeout.
+    pub fn stop(&mut self, grace: Duration, timed_out: bool) -> Result<Outcome, SetupError> {
+        self.timed_out |= timed_out;
+        let _ = self.signal(libc::SIGTERM);
+        if let Waited::Exited(outcome) = self.wait(Some(Instant::now() + grace), None)? {
+            return Ok(outcome);
+        }
+        // Killing pid 1 of the namespace kills every process in it.
+        let _ = self.signal(libc::SIGKILL);
+        match self.wait(None, None)? {
+            Waited::Exited(outcome) => Ok(outcome),
+            Waited::Deadline | Waited::Extra => {
+                Err(SetupError::InitDied("did not exit after SIGKILL".into()))
+            }
+        }
+    }
+
+    fn read_records(&mut self) {
+        let mut buf = [0u8; RECORD_LEN];
+        while let Ok(RECORD_LEN) = sys::read(self.report.as_raw_fd(), &mut buf) {
+            match Record::decode(&buf) {
+                Some(r @ Record::Failed { .. }) => {
+                    self.failure.get_or_insert(r);
+                }
+                Some(r) => self.status = Some(r),
+                None => {}
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<Outcome, SetupError> {
+        let (init_status, usage) = sys::wait4(self.pid).map_err(|errno| SetupError::Supervise {
+            what: "reaping the sandbox init",
+            errno,
+        })?;
+        self.done = true;
+        let wall = self.started.elapsed();
+        // The init has exited, so the pipe is at EOF after whatever it wrote.
+        self.read_records();
+        let oom_killed = self.limits.cgroups.as_ref().is_some_and(|c| c.oom_killed());
+        let peak_memory = match self.limits.cgroups.as_ref().and_then(|c| c.peak_memory()) {
+            Some(bytes) => Some((bytes, "cgroup")),
+            None if usage.ru_maxrss > 0 => Some((usage.ru_maxrss as u64 * 1024, "max-rss")),
+            None => None,
+        };
+        if let Some(c) = self.limits.cgroups.as_mut() {
+            c.remove();
+        }
+        let status = match (self.failure, self.status) {
+            (
+                Some(Record::Failed {
+                    step: Step::Exec,
+                    errno,
+                    ..
+                }),
+                _,
+            ) => Status::ExecFailed(errno),
+            (Some(Record::Failed { step, errno, index }), _) => {
+                return Err(self.setup_error(step, Errno(errno), index as usize))
+            }
+            (_, Some(Record::Exited(code))) => Status::Exited(code),
+            (_, Some(Record::Signaled(sig))) => Status::Signaled(sig),
+            _ if oom_killed => Status::Signaled(libc::SIGKILL),
+            _ if libc::WIFSIGNALED(init_status) && self.timed_out => {
+                Status::Signaled(libc::WTERMSIG(init_status))
+            }
+            _ if libc::WIFSIGNALED(init_status) => {
+                // The sandbox was killed from outside (or by the OOM killer without a v1
+                // counter): report the signal like a command killed by it.
+                Status::Signaled(libc::WTERMSIG(init_status))
+            }
+            _ => {
+                return Err(SetupError::InitDied(format!(
+                    "exit status {}",
+                    libc::WEXITSTATUS(init_status)
+                )))
+            }
+        };
+        let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        Ok(Outcome {
+            status,
+            timed_out: self.timed_out,
+            oom_killed,
+            wall,
+            cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+            peak_memory,
+            enforcement: self.enforcement.clone(),
+        })
+    }
+
+    fn setup_error(&self, step: Step, errno: Errno, index: usize) -> SetupError {
+        let detail = match step {
+            Step::CaptureSource => self
+                .plan
+                .sources
+                .get(index)
+                .map(|s| format!(" {}", s.host.to_string_lossy())),
+            Step::Mount => self.plan.ops.get(index).map(|op| format!(" ({op})")),
+            Step::LandlockRule => self
+                .plan
+                .rules
+                .get(index)
+                .map(|r| format!(" {}", r.path.to_string_lossy())),
+            Step::Chdir => Some(format!(" {}", self.plan.cwd.to_string_lossy())),
+            Step::Exec => Some(format!(" {}", self.program)),
+            _ => None,
+        };
+        if step == Step::Mount && errno.0 == libc::EINVAL {
+            if let Some(crate::plan::Op::Mount { fstype, .. }) = self.plan.ops.get(index) {
+                if fstype.as_bytes() == b"overlay" {
+                    return SetupError::FeatureMissing {
+                        feature: "overlayfs in user namespaces",
+                        problem: "is not available (Linux 5.11 or newer is required)".into(),
+                        needed_for: "hiding the secrets of /etc (or use --no-default-reads)",
+                    };
+                }
+            }
+        }
+        if matches!(step, Step::CaptureSource) && errno.0 == libc::ENOSYS {
+            return SetupError::FeatureMissing {
+                feature: "the new mount API (open_tree, mount_setattr)",
+                problem: "is not available (Linux 5.12 or newer is required)".into(),
+                needed_for: "building the sandbox root",
+            };
+        }
+        SetupError::Step {
+            step: step.describe(),
+            detail: detail.unwrap_or_default(),
+            errno,
+            code: step,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+            let _ = sys::wait4(self.pid);
+        }
+    }
+}
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Namespaces a sandbox gets under `net`.
+pub fn namespaces(net: Net) -> Vec<&'static str> {
+    let mut ns = vec!["user", "mount", "pid", "ipc", "uts"];
+    if net == Net::None {
+        ns.push("net");
+    }
+    if Path::new("/proc/self/ns/cgroup").exists() {
+        ns.push("cgroup");
+    }
+    ns
+}
+
+/// Where `execve` looks for `program`, in order (as execvp does with `PATH`).
+fn exec_candidates(program: &OsStr, path_var: &str) -> Vec<CString> {
+    if program.as_bytes().contains(&b'/') {
+        return vec![cstring(program.as_bytes())];
+    }
+    path_var
+        .split(':')
+        .map(|dir| if dir.is_empty() { "." } else { dir })
+        .map(|dir| {
+            let mut bytes = dir.as_bytes().to_vec();
+            bytes.push(b'/');
+            bytes.extend_from_slice(program.as_bytes());
+            cstring(&bytes)
+        })
+        .collect()
+}
+
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_candidates_follow_path_order() {
+        let c = exec_candidates(OsStr::new("ls"), "/usr/local/bin:/usr/bin");
+        assert_eq!(
+            c,
+            vec![c"/usr/local/bin/ls".to_owned(), c"/usr/bin/ls".to_owned()]
+        );
+        let c = exec_candidates(OsStr::new("./run.sh"), "/usr/bin");
+        assert_eq!(c, vec![c"./run.sh".to_owned()]);
+    }
+
+    #[test]
+    fn exit_codes_follow_the_conventions() {
+        let outcome = |status, timed_out| Outcome {
+            status,
+            timed_out,
+            oom_killed: false,
+            wall: Duration::ZERO,
+            cpu: Duration::ZERO,
+            peak_memory: None,
+            enforcement: Enforcement {
+                namespaces: vec![],
+                uid: 0,
+                gid: 0,
+                landlock_abi: None,
+                seccomp_denied_syscalls: 0,
+                no_new_privs: true,
+                limits: LimitMechanisms::default(),
+                network: "",
+            },
+        };
+        assert_eq!(outcome(Status::Exited(3), false).exit_code(), 3);
+        assert_eq!(outcome(Status::Signaled(9), false).exit_code(), 137);
+        assert_eq!(outcome(Status::Signaled(15), true).exit_code(), 124);
+        assert_eq!(
+            outcome(Status::ExecFailed(libc::ENOENT), false).exit_code(),
+            127
+        );
+        assert_eq!(
+            outcome(Status::ExecFailed(libc::EACCES), false).exit_code(),
+            126
+        );
+    }
+}

@@ -1,0 +1,659 @@
+//! The raw syscall layer: the only module of lockbox that uses `unsafe`.
+//!
+//! One small safe function per kernel call. Every function here is safe to call in the
+//! child of a `clone` made by a multi-threaded process: none allocates, locks or logs.
+//! Paths are `&CStr` built by the caller before the clone.
+
+use std::ffi::CStr;
+use std::os::fd::RawFd;
+use std::ptr;
+
+/// An `errno` value returned by a failed syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    fn last() -> Errno {
+        // SAFETY: __errno_location returns this thread's errno slot, always valid.
+        Errno(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+    }
+}
+
+fn check(rc: libc::c_long) -> Result<libc::c_long, Errno> {
+    if rc < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn check_int(rc: libc::c_int) -> Result<libc::c_int, Errno> {
+    if rc < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn opt_ptr(s: Option<&CStr>) -> *const libc::c_char {
+    s.map_or(ptr::null(), CStr::as_ptr)
+}
+
+/// Result of [`clone3_fork`].
+#[derive(Debug)]
+pub enum Forked {
+    /// We are the new child.
+    Child,
+    /// We are the parent; the child has this pid and pidfd.
+    Parent {
+        /// The child's pid (in our pid namespace).
+        pid: libc::pid_t,
+        /// A pidfd for the child, close-on-exec.
+        pidfd: RawFd,
+    },
+}
+
+/// `clone3(2)` with fork semantics (no new stack) and `CLONE_PIDFD`.
+pub fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
+    let mut pidfd: libc::c_int = -1;
+    let mut args: libc::clone_args = libc::clone_args {
+        flags: flags | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: 0,
+        stack_size: 0,
+        tls: 0,
+        set_tid: 0,
+        set_tid_size: 0,
+        cgroup: 0,
+    };
+    // SAFETY: `args` is a valid clone_args of the size passed; with no stack the child
+    // continues on a copy of our stack, like fork(2). `pidfd` outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    match check(rc)? {
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent {
+            pid: pid as libc::pid_t,
+            pidfd,
+        }),
+    }
+}
+
+/// `fork(2)`: returns 0 in the child.
+pub fn fork() -> Result<libc::pid_t, Errno> {
+    // SAFETY: called from a single-threaded process (the sandbox init).
+    check_int(unsafe { libc::fork() })
+}
+
+/// `mount(2)`.
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> Result<(), Errno> {
+    // SAFETY: all pointers are live C strings or null; mount(2) does not keep them.
+    let rc = unsafe {
+        libc::mount(
+            opt_ptr(source),
+            target.as_ptr(),
+            opt_ptr(fstype),
+            flags,
+            opt_ptr(data).cast(),
+        )
+    };
+    check_int(rc).map(drop)
+}
+
+/// `umount2(target, MNT_DETACH)`.
+pub fn umount_detach(target: &CStr) -> Result<(), Errno> {
+    // SAFETY: `target` is a live C string.
+    check_int(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// `open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy of the mount tree at `path`.
+pub fn open_tree_clone(path: &CStr) -> Result<RawFd, Errno> {
+    // SAFETY: `path` is a live C string; the returned fd is owned by the caller.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    check(rc).map(|fd| fd as RawFd)
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH [| AT_RECURSIVE])` making the mount(s) read-only,
+/// nosuid and nodev.
+pub fn mount_set_readonly(fd: RawFd, recursive: bool) -> Result<(), Errno> {
+    let mut attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = libc::AT_EMPTY_PATH as libc::c_uint | if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: `attr` is a valid mount_attr of the size passed; "" is a static C string.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            c"".as_ptr(),
+            flags,
+            &mut attr as *mut MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(rc).map(drop)
+}
+
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a detached tree.
+pub fn move_mount_to(fd: RawFd, target: &CStr) -> Result<(), Errno> {
+    // SAFETY: pointers are live C strings; `fd` is a mount fd owned by the caller.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    check(rc).map(drop)
+}
+
+/// `pivot_root(".", ".")`: the current directory becomes the root, the old root is stacked
+/// on top of it and must then be detached with `umount2(".", MNT_DETACH)`.
+pub fn pivot_root_here() -> Result<(), Errno> {
+    // SAFETY: static C strings.
+    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    check(rc).map(drop)
+}
+
+/// `open(path, flags, mode)`.
+pub fn open(path: &CStr, flags: libc::c_int, mode: libc::mode_t) -> Result<RawFd, Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+}
+
+/// `mkdir(path, mode)`; an existing entry is not an error.
+pub fn mkdir_exist_ok(path: &CStr, mode: libc::mode_t) -> Result<(), Errno> {
+    // SAFETY: `path` is a live C string.
+    match check_int(unsafe { libc::mkdir(path.as_ptr(), mode) }) {
+        Err(Errno(libc::EEXIST)) | Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// `chmod(path, mode)` (mkdir's mode is filtered by the umask; this is not).
+pub fn chmod(path: &CStr, mode: libc::mode_t) -> Result<(), Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::chmod(path.as_ptr(), mode) }).map(drop)
+}
+
+/// `rmdir(path)`.
+pub fn rmdir(path: &CStr) -> Result<(), Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::rmdir(path.as_ptr()) }).map(drop)
+}
+
+/// Creates an overlayfs whiteout (a 0/0 character device; unprivileged since Linux 5.8).
+pub fn mknod_whiteout(path: &CStr) -> Result<(), Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR, 0) }).map(drop)
+}
+
+/// `symlink(target, path)`; an existing entry is not an error.
+pub fn symlink_exist_ok(target: &CStr, path: &CStr) -> Result<(), Errno> {
+    // SAFETY: both are live C strings.
+    match check_int(unsafe { libc::symlink(target.as_ptr(), path.as_ptr()) }) {
+        Err(Errno(libc::EEXIST)) | Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes all of `data` to `fd`.
+pub fn write_all(fd: RawFd, mut data: &[u8]) -> Result<(), Errno> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a live slice of the given length.
+        let rc = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        match check(rc as libc::c_long) {
+            Ok(n) => data = &data[n as usize..],
+            Err(Errno(libc::EINTR)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Creates (or truncates) `path` with `mode` and writes `data` to it.
+pub fn write_file(path: &CStr, data: &[u8], mode: libc::mode_t) -> Result<(), Errno> {
+    let fd = open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, mode)?;
+    let result = write_all(fd, data);
+    close(fd);
+    result
+}
+
+/// `read(2)` into `buf`, retrying on EINTR.
+pub fn read(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
+    loop {
+        // SAFETY: `buf` is a live, writable slice of the given length.
+        let rc = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        match check(rc as libc::c_long) {
+            Err(Errno(libc::EINTR)) => continue,
+            other => return other.map(|n| n as usize),
+        }
+    }
+}
+
+/// `close(2)`, ignoring errors (there is nothing useful to do about them).
+pub fn close(fd: RawFd) {
+    // SAFETY: the caller owns `fd` and does not use it afterwards.
+    unsafe { libc::close(fd) };
+}
+
+/// `close_range(first, last, 0)`; falls back to closing one by one on kernels before 5.9.
+pub fn close_range(first: u32, last: u32) {
+    // SAFETY: closing descriptors we do not use; no pointer arguments.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    if rc < 0 {
+        for fd in first..=last.min(4096) {
+            close(fd as RawFd);
+        }
+    }
+}
+
+/// `pipe2(O_CLOEXEC)`: (read end, write end).
+pub fn pipe_cloexec() -> Result<(RawFd, RawFd), Errno> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    Ok((fds[0], fds[1]))
+}
+
+/// Clears `FD_CLOEXEC` so that `fd` survives `execve`.
+pub fn clear_cloexec(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: fcntl on a descriptor number; no pointers.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
+}
+
+/// `chdir(path)`.
+pub fn chdir(path: &CStr) -> Result<(), Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
+}
+
+/// `sethostname(name)`.
+pub fn sethostname(name: &[u8]) -> Result<(), Errno> {
+    // SAFETY: `name` is a live slice of the given length.
+    check_int(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// `unshare(flags)`.
+pub fn unshare(flags: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: no pointer arguments.
+    check_int(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> Result<(), Errno> {
+    // SAFETY: creating a socket; no pointers.
+    let sock = check_int(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+    })?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: `req` is a valid ifreq naming "lo"; SIOCSIFFLAGS reads it.
+    let rc = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &mut req as *mut libc::ifreq) };
+    close(sock);
+    check_int(rc).map(drop)
+}
+
+/// `prctl(option, arg2, 0, 0, 0)`.
+pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> Result<libc::c_int, Errno> {
+    // SAFETY: the options used by lockbox take integer arguments only.
+    check_int(unsafe {
+        libc::prctl(
+            option,
+            arg2,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    })
+}
+
+/// Drops every capability: bounding set, ambient set, and the effective, permitted and
+/// inheritable sets, and locks securebits so that an `execve` as uid 0 regains none.
+pub fn drop_all_capabilities(last_cap: u32) -> Result<(), Errno> {
+    for cap in 0..=last_cap {
+        match prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong) {
+            Ok(_) | Err(Errno(libc::EINVAL)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+    )?;
+    // SECBIT_NOROOT | SECBIT_NO_SETUID_FIXUP | SECBIT_KEEP_CAPS_LOCKED |
+    // SECBIT_NO_CAP_AMBIENT_RAISE and each one's lock bit (capabilities(7)).
+    const SECUREBITS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+    prctl(libc::PR_SET_SECUREBITS, SECUREBITS)?;
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = CapHeader {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [
+        CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+        CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and the two data words are valid for capset(2) version 3.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    check(rc).map(drop)
+}
+
+/// `setrlimit(resource, {value, value})`.
+pub fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Result<(), Errno> {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: `limit` is a valid rlimit.
+    check_int(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+}
+
+/// `landlock_create_ruleset(attr, size, flags)`.
+pub fn landlock_create_ruleset(attr: Option<&[u8]>, flags: u32) -> Result<RawFd, Errno> {
+    let (ptr, len) = attr.map_or((ptr::null(), 0), |a| (a.as_ptr(), a.len()));
+    // SAFETY: `ptr` is null or a live buffer of `len` bytes holding a landlock_ruleset_attr.
+    let rc = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, ptr, len, flags) };
+    check(rc).map(|fd| fd as RawFd)
+}
+
+/// `landlock_add_rule(ruleset, LANDLOCK_RULE_PATH_BENEATH, {access, parent_fd})`.
+pub fn landlock_add_path_rule(ruleset: RawFd, parent: RawFd, access: u64) -> Result<(), Errno> {
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    let attr = PathBeneath {
+        allowed_access: access,
+        parent_fd: parent,
+    };
+    // SAFETY: `attr` is a valid, packed landlock_path_beneath_attr.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            1,
+            &attr as *const PathBeneath,
+            0,
+        )
+    };
+    check(rc).map(drop)
+}
+
+/// `landlock_restrict_self(ruleset, 0)`.
+pub fn landlock_restrict_self(ruleset: RawFd) -> Result<(), Errno> {
+    // SAFETY: no pointer arguments.
+    let rc = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0) };
+    check(rc).map(drop)
+}
+
+/// Installs a seccomp BPF filter on the calling thread.
+pub fn seccomp_set_filter(program: &[seccompiler::sock_filter]) -> Result<(), Errno> {
+    let prog = libc::sock_fprog {
+        len: program.len() as libc::c_ushort,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: seccompiler's sock_filter has the kernel's layout; `prog` points into a live
+    // slice; the kernel copies the program.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    check(rc).map(drop)
+}
+
+/// `seccomp(SECCOMP_GET_ACTION_AVAIL, action)`: whether the kernel knows a filter action.
+pub fn seccomp_action_available(action: u32) -> bool {
+    // SAFETY: `action` outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_GET_ACTION_AVAIL,
+            0,
+            &action as *const u32,
+        )
+    };
+    rc == 0
+}
+
+/// `execve(path, argv, envp)`; returns only on failure.
+pub fn execve(
+    path: &CStr,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> Errno {
+    // SAFETY: `path` is a live C string; `argv`/`envp` are null-terminated arrays of live
+    // C strings built before the fork (see `CStringArray`).
+    unsafe { libc::execve(path.as_ptr(), argv, envp) };
+    Errno::last()
+}
+
+/// `_exit(code)`: leaves without running destructors or atexit handlers (which may lock).
+pub fn exit(code: i32) -> ! {
+    // SAFETY: _exit never returns and is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}
+
+/// A set of signals.
+#[derive(Clone, Copy)]
+pub struct SigSet(libc::sigset_t);
+
+impl std::fmt::Debug for SigSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigSet")
+    }
+}
+
+impl SigSet {
+    /// A set holding `signals`.
+    pub fn of(signals: &[libc::c_int]) -> SigSet {
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t.
+        unsafe { libc::sigemptyset(&mut set) };
+        for &sig in signals {
+            // SAFETY: `set` is initialised; invalid signal numbers only return EINVAL.
+            unsafe { libc::sigaddset(&mut set, sig) };
+        }
+        SigSet(set)
+    }
+
+    /// The empty set.
+    pub fn empty() -> SigSet {
+        SigSet::of(&[])
+    }
+}
+
+/// `sigprocmask(how, set)`; returns the previous mask.
+pub fn sigprocmask(how: libc::c_int, set: &SigSet) -> Result<SigSet, Errno> {
+    let mut old = SigSet::empty();
+    // SAFETY: both sets are valid sigset_t values.
+    let rc = unsafe { libc::pthread_sigmask(how, &set.0, &mut old.0) };
+    if rc != 0 {
+        return Err(Errno(rc));
+    }
+    Ok(old)
+}
+
+/// Resets every signal disposition that a handler may have changed to the default.
+pub fn reset_signal_dispositions() {
+    for sig in 1..libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: setting SIG_DFL is always valid; errors for reserved signals are ignored.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// `signalfd(-1, set, SFD_CLOEXEC)`.
+pub fn signalfd(set: &SigSet) -> Result<RawFd, Errno> {
+    // SAFETY: `set` is a valid sigset_t.
+    check_int(unsafe { libc::signalfd(-1, &set.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })
+}
+
+/// A signal read from a signalfd: (signal number, si_code, sender pid).
+pub fn read_signalfd(fd: RawFd) -> Result<Option<(i32, i32, u32)>, Errno> {
+    // SAFETY: signalfd_siginfo is plain data.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a writable buffer of its own size.
+    let buf = unsafe {
+        std::slice::from_raw_parts_mut(
+            (&mut info as *mut libc::signalfd_siginfo).cast::<u8>(),
+            std::mem::size_of::<libc::signalfd_siginfo>(),
+        )
+    };
+    match read(fd, buf) {
+        Ok(0) | Err(Errno(libc::EAGAIN)) => Ok(None),
+        Ok(_) => Ok(Some((info.ssi_signo as i32, info.ssi_code, info.ssi_pid))),
+        Err(e) => Err(e),
+    }
+}
+
+/// `kill(pid, sig)`.
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: no pointer arguments.
+    check_int(unsafe { libc::kill(pid, sig) }).map(drop)
+}
+
+/// `pidfd_send_signal(pidfd, sig, NULL, 0)`.
+pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: a null siginfo is allowed; no other pointers.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd,
+            sig,
+            ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    check(rc).map(drop)
+}
+
+/// `waitpid(-1, WNOHANG)`: Some((pid, status)) for a reaped child.
+pub fn reap_any() -> Result<Option<(libc::pid_t, libc::c_int)>, Errno> {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out pointer.
+    match check_int(unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) })? {
+        0 => Ok(None),
+        pid => Ok(Some((pid, status))),
+    }
+}
+
+/// `wait4(pid, 0)`: blocks until `pid` exits; returns its status and resource usage
+/// (which includes every descendant it waited for).
+pub fn wait4(pid: libc::pid_t) -> Result<(libc::c_int, libc::rusage), Errno> {
+    let mut status = 0;
+    // SAFETY: rusage is plain data.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: both out pointers are valid.
+        match check_int(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }) {
+            Err(Errno(libc::EINTR)) => continue,
+            Err(e) => return Err(e),
+            Ok(_) => return Ok((status, usage)),
+        }
+    }
+}
+
+/// `poll(fds, timeout_ms)`, retrying on EINTR is left to the caller.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> Result<usize, Errno> {
+    // SAFETY: `fds` is a live, writable slice of pollfd.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    check_int(rc).map(|n| n as usize)
+}
+
+/// `getuid()` and `getgid()`.
+pub fn ids() -> (u32, u32) {
+    // SAFETY: getuid/getgid cannot fail.
+    unsafe { (libc::getuid(), libc::getgid()) }
+}
+
+/// Takes ownership of a descriptor just returned by the kernel.
+pub fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: every caller passes a descriptor it just received from the kernel and owns.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
