@@ -19,6 +19,8 @@ pub enum RuleAccess {
     ListDir,
     /// Read files, list directories, execute.
     Read,
+    /// Read and execute one file (a granted read-only file).
+    ReadFile,
     /// Everything the kernel's ABI knows.
     Full,
     /// Read and write one file (a granted writable file).
@@ -71,6 +73,7 @@ impl RuleAccess {
         let bits = match self {
             RuleAccess::ListDir => READ_DIR,
             RuleAccess::Read => READ_FILE | READ_DIR | EXECUTE,
+            RuleAccess::ReadFile => READ_FILE | EXECUTE,
             RuleAccess::Full => handled,
             RuleAccess::ReadWriteFile => READ_FILE | WRITE_FILE | EXECUTE | TRUNCATE,
             RuleAccess::Device => READ_FILE | WRITE_FILE | IOCTL_DEV | TRUNCATE,
@@ -121,6 +124,7 @@ mod tests {
             for access in [
                 RuleAccess::ListDir,
                 RuleAccess::Read,
+                RuleAccess::ReadFile,
                 RuleAccess::Full,
                 RuleAccess::ReadWriteFile,
                 RuleAccess::Device,

@@ -189,7 +189,8 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
                 plan.rules.push(Rule {
                     path: cstring(path.as_os_str().as_bytes()),
                     access: match (access, is_dir) {
-                        (Access::ReadOnly, _) => RuleAccess::Read,
+                        (Access::ReadOnly, true) => RuleAccess::Read,
+                        (Access::ReadOnly, false) => RuleAccess::ReadFile,
                         (Access::ReadWrite, true) => RuleAccess::Full,
                         (Access::ReadWrite, false) => RuleAccess::ReadWriteFile,
                     },

@@ -215,7 +215,7 @@ fn etc_files(policy: &Policy) -> Vec<(String, Vec<u8>)> {
 }
 
 fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
-    path.starts_with("/tmp")
+    path == Path::new("/tmp")
         || resolved.grants.iter().any(|g| path.starts_with(&g.path))
         || (resolved.etc_hidden.is_some() && path.starts_with("/etc"))
 }
