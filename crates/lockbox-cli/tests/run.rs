@@ -1,5 +1,6 @@
 //! End-to-end tests of `lockbox run` on the real kernel. Each test runs as the current user
 //! and, when that is root, again as uid 65534 to prove no privilege is needed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
@@ -15,7 +16,6 @@ enum User {
 }
 
 fn users() -> Vec<User> {
-    // SAFETY-free: reading our uid from /proc avoids unsafe in tests.
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let root = status
         .lines()
@@ -29,13 +29,31 @@ fn users() -> Vec<User> {
 
 /// A scratch directory every test user can write to.
 fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new().prefix("lockbox-test-").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("lockbox-test-")
+        .tempdir()
+        .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     dir
 }
 
+/// The binary, copied where uid 65534 can execute it (the checkout may be under a
+/// directory only root can enter).
+fn binary() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lockbox-test-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("lockbox");
+        std::fs::copy(env!("CARGO_BIN_EXE_lockbox"), &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    })
+}
+
 fn lockbox(user: User, dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockbox"));
+    let mut cmd = Command::new(binary());
     cmd.args(args).current_dir(dir);
     if let User::Nobody = user {
         cmd.uid(65534).gid(65534);
@@ -66,12 +84,34 @@ fn ungranted_host_file_does_not_exist_and_granted_is_readable() {
     for user in users() {
         let out = lockbox(user, outside.path(), &["run", "--", "cat", secret]);
         assert_eq!(out.status.code(), Some(1), "{user:?} {}", text(&out));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("No such file"), "{}", text(&out));
-        let out = lockbox(user, outside.path(), &["run", "-r", secret, "--", "cat", secret]);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("No such file"),
+            "{}",
+            text(&out)
+        );
+        let out = lockbox(
+            user,
+            outside.path(),
+            &["run", "-r", secret, "--", "cat", secret],
+        );
         assert_eq!(out.stdout, b"top secret", "{user:?} {}", text(&out));
         // /etc secrets are hidden even though /etc is readable.
-        let out = lockbox(user, outside.path(), &["run", "--", "sh", "-c", "test -e /etc/shadow || echo hidden; cat /etc/passwd | head -1"]);
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("hidden\nroot:"), "{}", text(&out));
+        let out = lockbox(
+            user,
+            outside.path(),
+            &[
+                "run",
+                "--",
+                "sh",
+                "-c",
+                "test -e /etc/shadow || echo hidden; cat /etc/passwd | head -1",
+            ],
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("hidden\nroot:"),
+            "{}",
+            text(&out)
+        );
     }
 }
 
@@ -83,10 +123,24 @@ fn writes_reach_the_host_only_inside_writable_paths() {
         let w = work.path().to_str().unwrap();
         let r = ro.path().to_str().unwrap();
         let script = format!("echo data > {w}/out && echo no > {r}/out; echo rc=$?; echo x > /usr/evil; echo x > /evil");
-        let out = lockbox(user, work.path(), &["run", "-w", w, "-r", r, "--", "sh", "-c", &script]);
-        assert_eq!(std::fs::read_to_string(work.path().join("out")).unwrap(), "data\n", "{user:?} {}", text(&out));
+        let out = lockbox(
+            user,
+            work.path(),
+            &["run", "-w", w, "-r", r, "--", "sh", "-c", &script],
+        );
+        assert_eq!(
+            std::fs::read_to_string(work.path().join("out")).unwrap(),
+            "data\n",
+            "{user:?} {}",
+            text(&out)
+        );
         assert!(!ro.path().join("out").exists(), "{}", text(&out));
-        assert!(String::from_utf8_lossy(&out.stdout).contains("rc=1") || String::from_utf8_lossy(&out.stdout).contains("rc=2"), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("rc=1")
+                || String::from_utf8_lossy(&out.stdout).contains("rc=2"),
+            "{}",
+            text(&out)
+        );
         assert!(!Path::new("/usr/evil").exists() && !Path::new("/evil").exists());
     }
 }
@@ -98,14 +152,35 @@ fn no_network_by_default_even_to_host_loopback() {
     let probe = "import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2)\n print('connected')\nexcept OSError as e:\n print('refused', e)";
     for user in users() {
         let dir = scratch();
-        let out = lockbox(user, dir.path(), &["run", "--", "python3", "-c", probe, &port]);
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("refused"), "{user:?} {}", text(&out));
-        let out = lockbox(user, dir.path(), &["run", "--net", "host", "--", "python3", "-c", probe, &port]);
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("connected"), "{user:?} {}", text(&out));
+        let out = lockbox(
+            user,
+            dir.path(),
+            &["run", "--", "python3", "-c", probe, &port],
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("refused"),
+            "{user:?} {}",
+            text(&out)
+        );
+        let out = lockbox(
+            user,
+            dir.path(),
+            &["run", "--net", "host", "--", "python3", "-c", probe, &port],
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("connected"),
+            "{user:?} {}",
+            text(&out)
+        );
         // Loopback inside the sandbox works.
         let inner = "import socket\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\nc=socket.create_connection(s.getsockname()); print('loopback ok')";
         let out = lockbox(user, dir.path(), &["run", "--", "python3", "-c", inner]);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "loopback ok\n", "{}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "loopback ok\n",
+            "{}",
+            text(&out)
+        );
     }
 }
 
@@ -115,7 +190,10 @@ fn host_processes_with(marker: &str) -> Vec<String> {
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if cmdline.contains(marker) && !cmdline.contains("lockbox run") {
-                found.push(format!("{}: {cmdline}", entry.file_name().to_string_lossy()));
+                found.push(format!(
+                    "{}: {cmdline}",
+                    entry.file_name().to_string_lossy()
+                ));
             }
         }
     }
@@ -127,14 +205,31 @@ fn timeout_kills_a_double_forked_setsid_daemon_that_ignores_sigterm() {
     for user in users() {
         let dir = scratch();
         let marker = format!("lockbox-daemon-marker-{}-{user:?}", std::process::id());
-        let script = format!(
-            "(setsid sh -c 'trap \"\" TERM; sleep 1000; echo {marker}' &); sleep 1000"
-        );
+        let script =
+            format!("(setsid sh -c 'trap \"\" TERM; sleep 1000; echo {marker}' &); sleep 1000");
         let started = Instant::now();
-        let out = lockbox(user, dir.path(), &["run", "--timeout", "500ms", "--kill-grace", "300ms", "--", "sh", "-c", &script]);
+        let out = lockbox(
+            user,
+            dir.path(),
+            &[
+                "run",
+                "--timeout",
+                "500ms",
+                "--kill-grace",
+                "300ms",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
         assert_eq!(out.status.code(), Some(124), "{user:?} {}", text(&out));
         assert!(started.elapsed() < Duration::from_secs(20));
-        assert!(host_processes_with(&marker).is_empty(), "{:?}", host_processes_with(&marker));
+        assert!(
+            host_processes_with(&marker).is_empty(),
+            "{:?}",
+            host_processes_with(&marker)
+        );
     }
 }
 
@@ -156,9 +251,26 @@ fn memory_bomb_is_stopped() {
     for user in users() {
         let dir = scratch();
         let report = dir.path().join("report.json");
-        let out = lockbox(user, dir.path(), &["run", "--max-memory", "128M", "--timeout", "60s", "--report", report.to_str().unwrap(), "--", "python3", "-c", bomb]);
+        let out = lockbox(
+            user,
+            dir.path(),
+            &[
+                "run",
+                "--max-memory",
+                "128M",
+                "--timeout",
+                "60s",
+                "--report",
+                report.to_str().unwrap(),
+                "--",
+                "python3",
+                "-c",
+                bomb,
+            ],
+        );
         let code = out.status.code();
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
         match json["enforcement"]["limits"]["memory"].as_str() {
             // The whole sandbox is limited: the OOM killer kills it.
             Some("cgroup-v1") => {
@@ -168,7 +280,11 @@ fn memory_bomb_is_stopped() {
             // Per-process address space: the allocation fails.
             Some("rlimit") => {
                 assert_eq!(code, Some(1), "{user:?} {}", text(&out));
-                assert!(String::from_utf8_lossy(&out.stderr).contains("MemoryError"), "{}", text(&out));
+                assert!(
+                    String::from_utf8_lossy(&out.stderr).contains("MemoryError"),
+                    "{}",
+                    text(&out)
+                );
             }
             other => panic!("unexpected mechanism {other:?}"),
         }
@@ -181,7 +297,21 @@ fn fork_bomb_is_stopped_by_the_process_limit() {
     let bomb = "import os, time\nn = 0\nfor i in range(500):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\nprint(n)";
     for user in users() {
         let dir = scratch();
-        let out = lockbox(user, dir.path(), &["run", "--max-processes", "20", "--timeout", "60s", "--", "python3", "-c", bomb]);
+        let out = lockbox(
+            user,
+            dir.path(),
+            &[
+                "run",
+                "--max-processes",
+                "20",
+                "--timeout",
+                "60s",
+                "--",
+                "python3",
+                "-c",
+                bomb,
+            ],
+        );
         assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
         let forked: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
         assert!(forked < 20, "{user:?} forked {forked}");
@@ -198,9 +328,17 @@ fn exit_codes_and_signals_map_as_documented() {
         assert_eq!(code(&["run", "--", "sh", "-c", "kill -KILL $$"]), Some(137));
         assert_eq!(code(&["run", "--", "no-such-command"]), Some(127));
         assert_eq!(code(&["run", "--bogus-flag", "--", "true"]), Some(2));
-        let out = lockbox(user, dir.path(), &["run", "-r", "/no/such/path", "--", "true"]);
+        let out = lockbox(
+            user,
+            dir.path(),
+            &["run", "-r", "/no/such/path", "--", "true"],
+        );
         assert_eq!(out.status.code(), Some(125));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/path"), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("/no/such/path"),
+            "{}",
+            text(&out)
+        );
     }
 }
 
@@ -215,9 +353,30 @@ fn denied_syscalls_fail_with_eperm() {
         let out = lockbox(user, dir.path(), &["run", "--", "python3", "-c", probe]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         for name in ["unshare-user", "bpf", "keyctl", "mount"] {
-            assert!(stdout.contains(&format!("{name} -1 1\n")), "{user:?} {name}: {}", text(&out));
+            assert!(
+                stdout.contains(&format!("{name} -1 1\n")),
+                "{user:?} {name}: {}",
+                text(&out)
+            );
         }
     }
+}
+
+/// Runs `lockbox ARGS` with the test's descriptor `src` duplicated onto fd 7, which is
+/// therefore open (and not close-on-exec) in lockbox.
+fn lockbox_with_fd7(dir: &Path, src: i32, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockbox"));
+    cmd.args(args).current_dir(dir);
+    // SAFETY: dup2 is async-signal-safe and touches only descriptors.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(src, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().unwrap()
 }
 
 #[test]
@@ -225,35 +384,30 @@ fn no_caller_descriptor_leaks_in_unless_passed() {
     let dir = scratch();
     let file = std::fs::File::open("/etc/hostname").unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-    // The test harness's descriptor is not close-on-exec in the child we start.
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockbox"));
-    let fd_s = fd.to_string();
-    cmd.args(["run", "--", "sh", "-c", "ls /proc/self/fd | tr '\\n' ' '"]).current_dir(dir.path());
-    let pass = file.try_clone().unwrap();
-    let _ = &pass;
-    // Clear CLOEXEC by dup-ing onto a fixed number in the child.
-    let target = 7;
-    let src = fd;
-    // SAFETY-free alternative is impossible here; use pre_exec with libc::dup2 in tests only.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::dup2(src, target);
-            Ok(())
-        });
-    }
-    let out = cmd.output().unwrap();
+    let out = lockbox_with_fd7(
+        dir.path(),
+        fd,
+        &["run", "--", "sh", "-c", "ls /proc/self/fd | tr '\\n' ' '"],
+    );
+    // 0-2 are stdio, 3 is the directory `ls` opened; the caller's 7 is gone.
     let listed = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(listed.split_whitespace().collect::<Vec<_>>(), ["0", "1", "2", "3"], "{}", text(&out));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockbox"));
-    cmd.args(["run", "--pass-fd", "7", "--", "sh", "-c", "cat <&7"]).current_dir(dir.path());
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::dup2(src, target);
-            Ok(())
-        });
-    }
-    let out = cmd.output().unwrap();
-    assert_eq!(out.stdout, std::fs::read("/etc/hostname").unwrap(), "{} {fd_s}", text(&out));
+    assert_eq!(
+        listed.split_whitespace().collect::<Vec<_>>(),
+        ["0", "1", "2", "3"],
+        "{}",
+        text(&out)
+    );
+    let out = lockbox_with_fd7(
+        dir.path(),
+        fd,
+        &["run", "--pass-fd", "7", "--", "sh", "-c", "cat <&7"],
+    );
+    assert_eq!(
+        out.stdout,
+        std::fs::read("/etc/hostname").unwrap(),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -261,9 +415,29 @@ fn report_names_the_mechanisms_in_force() {
     for user in users() {
         let dir = scratch();
         let report: PathBuf = dir.path().join("r.json");
-        let out = lockbox(user, dir.path(), &["run", "--report", report.to_str().unwrap(), "--max-open-files", "64", "--", "sh", "-c", "ulimit -n"]);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "64\n", "{}", text(&out));
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let out = lockbox(
+            user,
+            dir.path(),
+            &[
+                "run",
+                "--report",
+                report.to_str().unwrap(),
+                "--max-open-files",
+                "64",
+                "--",
+                "sh",
+                "-c",
+                "ulimit -n",
+            ],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "64\n",
+            "{}",
+            text(&out)
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
         assert_eq!(json["exit_code"], 0);
         assert_eq!(json["enforcement"]["limits"]["open_files"], "rlimit");
         assert_eq!(json["enforcement"]["no_new_privs"], true);
