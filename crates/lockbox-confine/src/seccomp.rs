@@ -473,3 +473,15 @@ mod tests {
         assert_eq!(unconditional.len(), n);
     }
 }
+
+#[cfg(test)]
+mod doc_tests {
+    #[test]
+    fn security_doc_lists_every_denied_syscall() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/security.md"))
+            .unwrap();
+        for d in super::denied() {
+            assert!(doc.contains(&format!("| `{}` |", d.name)), "docs/security.md lacks {}", d.name);
+        }
+    }
+}
