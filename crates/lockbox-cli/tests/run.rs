@@ -447,3 +447,198 @@ fn report_names_the_mechanisms_in_force() {
         }
     }
 }
+
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_command() {
+    // A real pseudo-terminal: lockbox runs as its session leader's foreground job, as in
+    // an interactive shell, and ^C is typed into it.
+    let driver = r#"
+import os, pty, sys, time, select
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "run", "--", "sh", "-c", "echo ready; sleep 30"])
+buf = b""
+deadline = time.time() + 20
+while b"ready" not in buf and time.time() < deadline:
+    if select.select([fd], [], [], 0.5)[0]:
+        try:
+            buf += os.read(fd, 1024)
+        except OSError:
+            break
+time.sleep(0.2)
+os.write(fd, b"\x03")
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", driver, binary().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "130",
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn sigterm_to_lockbox_stops_the_whole_sandbox() {
+    for user in users() {
+        let dir = scratch();
+        let marker = format!("lockbox-term-marker-{}-{user:?}", std::process::id());
+        let script = format!("(setsid sh -c 'sleep 1000; echo {marker}' &); sleep 1000");
+        let mut cmd = Command::new(binary());
+        cmd.args(["run", "--kill-grace", "300ms", "--", "sh", "-c", &script])
+            .current_dir(dir.path());
+        if let User::Nobody = user {
+            cmd.uid(65534).gid(65534);
+        }
+        let child = cmd.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(143), "{user:?} {}", text(&out));
+        assert!(host_processes_with(&marker).is_empty());
+    }
+}
+
+#[test]
+fn profile_env_cwd_and_hostname_apply() {
+    for user in users() {
+        let dir = scratch();
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let profile = dir.path().join("p.toml");
+        std::fs::write(
+            &profile,
+            format!(
+                "hostname = \"job\"\n[fs]\nwrite = [\"{}\"]\n[env]\nset = {{ GREETING = \"hi\" }}\n",
+                work.display()
+            ),
+        )
+        .unwrap();
+        let out = lockbox(
+            user,
+            dir.path(),
+            &[
+                "run", "--profile", profile.to_str().unwrap(), "--cwd", work.to_str().unwrap(),
+                "--env", "EXTRA=1", "--", "sh", "-c",
+                "echo $GREETING $EXTRA $HOME $(hostname) $(cat /etc/hostname); pwd; touch made-here; env | grep -c SECRET_FROM_CALLER",
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with("hi 1 /tmp job job\n"),
+            "{user:?} {}",
+            text(&out)
+        );
+        assert!(
+            stdout.contains(&format!("{}\n0", work.display())),
+            "{}",
+            text(&out)
+        );
+        assert!(work.join("made-here").exists());
+    }
+}
+
+#[test]
+fn caller_environment_does_not_leak_by_default() {
+    let dir = scratch();
+    let out = Command::new(binary())
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo ${LOCKBOX_TEST_SECRET:-absent}",
+        ])
+        .env("LOCKBOX_TEST_SECRET", "hunter2")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "absent\n");
+    let out = Command::new(binary())
+        .args([
+            "run",
+            "--env-pass",
+            "LOCKBOX_TEST_SECRET",
+            "--",
+            "sh",
+            "-c",
+            "echo $LOCKBOX_TEST_SECRET",
+        ])
+        .env("LOCKBOX_TEST_SECRET", "hunter2")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hunter2\n");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_a_distinct_code() {
+    let dir = scratch();
+    let cases: [(&[&str], i32, &str); 5] = [
+        (
+            &["run", "--max-memory", "lots", "--", "true"],
+            2,
+            "invalid size",
+        ),
+        (
+            &["run", "--timeout", "soon", "--", "true"],
+            2,
+            "invalid duration",
+        ),
+        (&["run", "-r", "/proc", "--", "true"], 2, "/proc"),
+        (&["run", "--env", "NOVALUE", "--", "true"], 2, "NAME=VALUE"),
+        (
+            &["run", "--cwd", "/nonexistent-dir", "--", "true"],
+            125,
+            "/nonexistent-dir",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = lockbox(User::Current, dir.path(), args);
+        assert_eq!(out.status.code(), Some(code), "{args:?} {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(needle),
+            "{args:?} {}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn check_reports_features_as_json() {
+    let dir = scratch();
+    let out = lockbox(User::Current, dir.path(), &["check", "--json", "--explain"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["sandbox"]["ok"], true);
+    let names: Vec<_> = json["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_owned())
+        .collect();
+    for want in [
+        "user namespaces",
+        "landlock",
+        "seccomp filter",
+        "seccomp user notification",
+        "overlayfs in user namespaces",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+    assert!(json["plan"]
+        .as_str()
+        .unwrap()
+        .contains("mount overlay read-only on /etc"));
+}

@@ -478,10 +478,17 @@ mod tests {
 mod doc_tests {
     #[test]
     fn security_doc_lists_every_denied_syscall() {
-        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/security.md"))
-            .unwrap();
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/security.md"
+        ))
+        .unwrap();
         for d in super::denied() {
-            assert!(doc.contains(&format!("| `{}` |", d.name)), "docs/security.md lacks {}", d.name);
+            assert!(
+                doc.contains(&format!("| `{}` |", d.name)),
+                "docs/security.md lacks {}",
+                d.name
+            );
         }
     }
 }

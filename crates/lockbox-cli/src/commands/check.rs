@@ -4,7 +4,7 @@ use super::print_error;
 use crate::cli::CheckArgs;
 
 pub fn run(args: &CheckArgs) -> i32 {
-    let support = lockbox_confine::probe();
+    let mut support = lockbox_confine::probe();
     let policy = match args.policy.to_policy() {
         Ok(p) => p,
         Err(e) => {
@@ -20,6 +20,18 @@ pub fn run(args: &CheckArgs) -> i32 {
         Err(e) => format!("failed: {e}"),
     };
     let mechanisms = smoke.as_ref().ok().map(|o| &o.enforcement);
+    // The default policy mounts /etc through an overlay, so a started sandbox proves it.
+    let smoke_ok = smoke.as_ref().is_ok_and(|o| o.exit_code() == 0);
+    support.features.push(lockbox_confine::Feature {
+        name: "overlayfs in user namespaces",
+        available: smoke_ok && policy.fs.default_reads,
+        detail: if policy.fs.default_reads {
+            "tested by starting a sandbox".into()
+        } else {
+            "not tested (--no-default-reads)".into()
+        },
+        used_for: "the default /etc view without secrets; copy-on-write workspaces",
+    });
     if args.json {
         let plan = if args.explain {
             lockbox_confine::explain(&policy)
