@@ -642,3 +642,30 @@ fn check_reports_features_as_json() {
         .unwrap()
         .contains("mount overlay read-only on /etc"));
 }
+
+#[test]
+fn kill_9_of_lockbox_leaves_no_sandbox_process_behind() {
+    for user in users() {
+        let dir = scratch();
+        let marker = format!("lockbox-kill9-marker-{}-{user:?}", std::process::id());
+        let script = format!("(setsid sh -c 'sleep 1000; echo {marker}' &); sleep 1000; echo {marker}");
+        let mut cmd = Command::new(binary());
+        cmd.args(["run", "--", "sh", "-c", &script]).current_dir(dir.path());
+        if let User::Nobody = user {
+            cmd.uid(65534).gid(65534);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!host_processes_with(&marker).is_empty(), "sandbox never started");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(host_processes_with(&marker).is_empty(), "{:?}", host_processes_with(&marker));
+    }
+}
