@@ -369,13 +369,24 @@ fn supervise(p: &Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
                 } else {
                     Record::Exited(libc::WEXITSTATUS(status))
                 };
-                report(p.report_fd, record);
-                // Exiting as pid 1 makes the kernel SIGKILL every process left in the
-                // namespace, daemons included (pid_namespaces(7)).
-                sys::exit(0);
+                finish(p, record)
             }
         }
     }
+}
+
+/// Ends the sandbox once the command has ended: kill and reap every process left (daemons
+/// included), report usage and the command's status, exit. Reporting only after the last
+/// process is reaped lets the supervisor return without waiting for the kernel to tear the
+/// namespaces down, while keeping the promise that nothing of the sandbox still runs.
+fn finish(p: &Prepared, status: Record) -> ! {
+    let _ = sys::kill(-1, libc::SIGKILL);
+    // Until ECHILD: nothing is left.
+    while let Ok(_) | Err(Errno(libc::EINTR)) = sys::wait_any() {}
+    let (cpu_us, max_rss_kb) = sys::children_usage();
+    report(p.report_fd, Record::Usage { cpu_us, max_rss_kb });
+    report(p.report_fd, status);
+    sys::exit(0)
 }
 
 /// Forwards a signal the init received. A signal from outside the sandbox (sender pid 0 as

@@ -22,6 +22,14 @@ pub enum Record {
     Exited(i32),
     /// The command was killed by this signal.
     Signaled(i32),
+    /// Resource usage of every process reaped in the sandbox. Sent right before the status,
+    /// once the init has killed and reaped everything left.
+    Usage {
+        /// User + system CPU time in microseconds.
+        cpu_us: u64,
+        /// Largest resident set of one process, in KiB.
+        max_rss_kb: u32,
+    },
 }
 
 /// Setup steps of the init and the command child, in the order they run.
@@ -130,6 +138,7 @@ impl Step {
 const KIND_FAILED: u32 = 1;
 const KIND_EXITED: u32 = 2;
 const KIND_SIGNALED: u32 = 3;
+const KIND_USAGE: u32 = 4;
 
 /// Size of an encoded record.
 pub const RECORD_LEN: usize = 16;
@@ -143,6 +152,9 @@ impl Record {
             }
             Record::Exited(code) => (KIND_EXITED, code as u32, 0, 0),
             Record::Signaled(sig) => (KIND_SIGNALED, sig as u32, 0, 0),
+            Record::Usage { cpu_us, max_rss_kb } => {
+                (KIND_USAGE, cpu_us as u32, (cpu_us >> 32) as u32, max_rss_kb)
+            }
         };
         let mut out = [0u8; RECORD_LEN];
         for (i, word) in [kind, a, b, c].into_iter().enumerate() {
@@ -166,6 +178,10 @@ impl Record {
             }),
             KIND_EXITED => Some(Record::Exited(word(1) as i32)),
             KIND_SIGNALED => Some(Record::Signaled(word(1) as i32)),
+            KIND_USAGE => Some(Record::Usage {
+                cpu_us: u64::from(word(1)) | (u64::from(word(2)) << 32),
+                max_rss_kb: word(3),
+            }),
             _ => None,
         }
     }
@@ -181,6 +197,10 @@ mod tests {
             Record::Exited(0),
             Record::Exited(255),
             Record::Signaled(9),
+            Record::Usage {
+                cpu_us: (7 << 32) + 5,
+                max_rss_kb: 1234,
+            },
             Record::Failed {
                 step: Step::Exec,
                 errno: libc::ENOENT,

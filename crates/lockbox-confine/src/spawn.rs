@@ -109,8 +109,12 @@ pub struct Running {
     enforcement: Enforcement,
     failure: Option<Record>,
     status: Option<Record>,
+    usage: Option<(u64, u32)>,
     timed_out: bool,
+    /// The sandbox has ended (an outcome was produced).
     done: bool,
+    /// The init has been waited for.
+    reaped: bool,
 }
 
 /// Starts `argv` confined by `policy`. Returns as soon as the sandbox init runs; setup
@@ -147,6 +151,11 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
         errno,
     })?;
     let report_rd = sys::owned(report_rd);
+    // Records are read as they come; the init may still be exiting after the last one.
+    sys::set_nonblocking(report_rd.as_raw_fd()).map_err(|errno| SetupError::Supervise {
+        what: "creating the report pipe",
+        errno,
+    })?;
     let report_wr = sys::owned(report_wr);
 
     let cgroup_fds = limits
@@ -229,8 +238,10 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
                 enforcement,
                 failure: None,
                 status: None,
+                usage: None,
                 timed_out: false,
                 done: false,
+                reaped: false,
             })
         }
     }
@@ -302,9 +313,28 @@ impl Running {
             }
             if fds[1].revents != 0 {
                 self.read_records();
+                // The init reports the status only after reaping every process, so the
+                // sandbox is over; its namespaces are torn down while we go on. With
+                // cgroups we wait for that, to read their counters and remove them.
+                if self.status.is_some() && self.limits.cgroups.is_none() {
+                    return self.finish(None).map(Waited::Exited);
+                }
             }
             if fds[0].revents != 0 {
-                return self.finish().map(Waited::Exited);
+                let (status, usage) =
+                    sys::wait4(self.pid).map_err(|errno| SetupError::Supervise {
+                        what: "reaping the sandbox init",
+                        errno,
+                    })?;
+                self.reaped = true;
+                // The init has exited, so the pipe is at EOF after whatever it wrote.
+                self.read_records();
+                let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+                self.usage.get_or_insert((
+                    tv(usage.ru_utime) + tv(usage.ru_stime),
+                    usage.ru_maxrss.max(0) as u32,
+                ));
+                return self.finish(Some(status)).map(Waited::Exited);
             }
             if fds[2].revents != 0 {
                 return Ok(Waited::Extra);
@@ -337,67 +367,58 @@ impl Running {
                 Some(r @ Record::Failed { .. }) => {
                     self.failure.get_or_insert(r);
                 }
+                Some(Record::Usage { cpu_us, max_rss_kb }) => {
+                    self.usage = Some((cpu_us, max_rss_kb))
+                }
                 Some(r) => self.status = Some(r),
                 None => {}
             }
         }
     }
 
-    fn finish(&mut self) -> Result<Outcome, SetupError> {
-        let (init_status, usage) = sys::wait4(self.pid).map_err(|errno| SetupError::Supervise {
-            what: "reaping the sandbox init",
-            errno,
-        })?;
+    /// Builds the outcome from the records (and the init's wait status, once reaped).
+    fn finish(&mut self, init_status: Option<libc::c_int>) -> Result<Outcome, SetupError> {
         self.done = true;
         let wall = self.started.elapsed();
-        // The init has exited, so the pipe is at EOF after whatever it wrote.
-        self.read_records();
         let oom_killed = self.limits.cgroups.as_ref().is_some_and(|c| c.oom_killed());
+        let (cpu_us, max_rss_kb) = self.usage.unwrap_or_default();
         let peak_memory = match self.limits.cgroups.as_ref().and_then(|c| c.peak_memory()) {
             Some(bytes) => Some((bytes, "cgroup")),
-            None if usage.ru_maxrss > 0 => Some((usage.ru_maxrss as u64 * 1024, "max-rss")),
+            None if max_rss_kb > 0 => Some((u64::from(max_rss_kb) * 1024, "max-rss")),
             None => None,
         };
         if let Some(c) = self.limits.cgroups.as_mut() {
             c.remove();
         }
-        let status = match (self.failure, self.status) {
-            (
-                Some(Record::Failed {
-                    step: Step::Exec,
-                    errno,
-                    ..
-                }),
-                _,
-            ) => Status::ExecFailed(errno),
-            (Some(Record::Failed { step, errno, index }), _) => {
+        let killed_by = init_status
+            .filter(|s| libc::WIFSIGNALED(*s))
+            .map(|s| libc::WTERMSIG(s));
+        let status = match (self.failure, self.status, killed_by) {
+            (Some(Record::Failed { step: Step::Exec, errno, .. }), _, _) => {
+                Status::ExecFailed(errno)
+            }
+            (Some(Record::Failed { step, errno, index }), _, _) => {
                 return Err(self.setup_error(step, Errno(errno), index as usize))
             }
-            (_, Some(Record::Exited(code))) => Status::Exited(code),
-            (_, Some(Record::Signaled(sig))) => Status::Signaled(sig),
+            (_, Some(Record::Exited(code)), _) => Status::Exited(code),
+            (_, Some(Record::Signaled(sig)), _) => Status::Signaled(sig),
+            // Killed from outside before the command ended: after the stop's grace period,
+            // or by the OOM killer, which may pick any process of the sandbox.
             _ if oom_killed => Status::Signaled(libc::SIGKILL),
-            _ if libc::WIFSIGNALED(init_status) && self.timed_out => {
-                Status::Signaled(libc::WTERMSIG(init_status))
-            }
-            _ if libc::WIFSIGNALED(init_status) => {
-                // The sandbox was killed from outside (or by the OOM killer without a v1
-                // counter): report the signal like a command killed by it.
-                Status::Signaled(libc::WTERMSIG(init_status))
-            }
+            (_, _, Some(sig)) => Status::Signaled(sig),
             _ => {
                 return Err(SetupError::InitDied(format!(
                     "exit status {}",
-                    libc::WEXITSTATUS(init_status)
+                    init_status.map_or(-1, |s| libc::WEXITSTATUS(s))
                 )))
             }
         };
-        let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
         Ok(Outcome {
             status,
             timed_out: self.timed_out,
             oom_killed,
             wall,
-            cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+            cpu: Duration::from_micros(cpu_us),
             peak_memory,
             enforcement: self.enforcement.clone(),
         })
@@ -449,9 +470,24 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
         if !self.done {
+            // Killing pid 1 of the namespace kills every process in it.
             let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
-            let _ = sys::wait4(self.pid);
+        }
+        if sys::try_reap(self.pid) {
+            return;
+        }
+        // The init is exiting (the kernel is tearing its namespaces down); reap it without
+        // making the caller wait. If the process exits first, the zombie goes to its reaper.
+        let pid = self.pid;
+        let reaper = std::thread::Builder::new()
+            .name("lockbox-reap".into())
+            .spawn(move || sys::wait4(pid));
+        if reaper.is_err() {
+            let _ = sys::wait4(pid);
         }
     }
 }

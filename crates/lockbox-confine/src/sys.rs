@@ -304,6 +304,14 @@ pub fn pipe_cloexec() -> Result<(RawFd, RawFd), Errno> {
     Ok((fds[0], fds[1]))
 }
 
+/// Sets `O_NONBLOCK` on `fd`.
+pub fn set_nonblocking(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: fcntl on a descriptor number; no pointers.
+    let flags = check_int(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(drop)
+}
+
 /// Clears `FD_CLOEXEC` so that `fd` survives `execve`.
 pub fn clear_cloexec(fd: RawFd) -> Result<(), Errno> {
     // SAFETY: fcntl on a descriptor number; no pointers.
@@ -620,6 +628,32 @@ pub fn reap_any() -> Result<Option<(libc::pid_t, libc::c_int)>, Errno> {
         0 => Ok(None),
         pid => Ok(Some((pid, status))),
     }
+}
+
+/// `waitpid(-1, 0)`: blocks until any child exits; `ECHILD` when none is left.
+pub fn wait_any() -> Result<libc::pid_t, Errno> {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out pointer.
+    check_int(unsafe { libc::waitpid(-1, &mut status, 0) })
+}
+
+/// `getrusage(RUSAGE_CHILDREN)`: (user + system microseconds, max RSS in KiB) of every
+/// child waited for.
+pub fn children_usage() -> (u64, u32) {
+    // SAFETY: rusage is plain data.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(usage.ru_utime) + us(usage.ru_stime), usage.ru_maxrss as u32)
+}
+
+/// `waitpid(pid, WNOHANG)`: whether `pid` has been reaped now.
+pub fn try_reap(pid: libc::pid_t) -> bool {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out pointer.
+    let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    rc == pid || rc < 0
 }
 
 /// `wait4(pid, 0)`: blocks until `pid` exits; returns its status and resource usage
