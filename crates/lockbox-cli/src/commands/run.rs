@@ -34,7 +34,9 @@ pub fn run(args: &RunArgs) -> i32 {
     };
     let result = lockbox_confine::spawn(&policy, &args.command)
         .and_then(|mut running| supervise(&mut running, &policy, &signals));
-    drop(signals);
+    // The process exits next. Unblocking now would deliver a ^C that raced the command's
+    // end and turn its exit status into our own death by SIGINT, so the signals stay blocked.
+    std::mem::forget(signals);
     match result {
         Ok(outcome) => {
             explain_outcome(&outcome, &policy, args);
