@@ -648,9 +648,11 @@ fn kill_9_of_lockbox_leaves_no_sandbox_process_behind() {
     for user in users() {
         let dir = scratch();
         let marker = format!("lockbox-kill9-marker-{}-{user:?}", std::process::id());
-        let script = format!("(setsid sh -c 'sleep 1000; echo {marker}' &); sleep 1000; echo {marker}");
+        let script =
+            format!("(setsid sh -c 'sleep 1000; echo {marker}' &); sleep 1000; echo {marker}");
         let mut cmd = Command::new(binary());
-        cmd.args(["run", "--", "sh", "-c", &script]).current_dir(dir.path());
+        cmd.args(["run", "--", "sh", "-c", &script])
+            .current_dir(dir.path());
         if let User::Nobody = user {
             cmd.uid(65534).gid(65534);
         }
@@ -659,13 +661,76 @@ fn kill_9_of_lockbox_leaves_no_sandbox_process_behind() {
         while host_processes_with(&marker).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(!host_processes_with(&marker).is_empty(), "sandbox never started");
+        assert!(
+            !host_processes_with(&marker).is_empty(),
+            "sandbox never started"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !host_processes_with(&marker).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(host_processes_with(&marker).is_empty(), "{:?}", host_processes_with(&marker));
+        assert!(
+            host_processes_with(&marker).is_empty(),
+            "{:?}",
+            host_processes_with(&marker)
+        );
+    }
+}
+
+#[test]
+fn host_wide_proc_knobs_are_read_only_even_for_root() {
+    for user in users() {
+        let dir = scratch();
+        // 'h' only prints help to the kernel log, should the wall ever fail.
+        let script = "echo h > /proc/sysrq-trigger; echo rc=$?; echo 1 > /proc/sys/kernel/ns_last_pid; echo rc=$?; test -s /proc/kcore; echo kcore=$?";
+        let out = lockbox(user, dir.path(), &["run", "--", "sh", "-c", script]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("rc=0"), "{user:?} {}", text(&out));
+        assert!(stdout.contains("kcore=1"), "{user:?} {}", text(&out));
+        let out = lockbox(user, dir.path(), &["run", "-r", "/sys", "--", "sh", "-c", "ls /sys/kernel >/dev/null && echo listed; echo x > /sys/kernel/uevent_helper; echo rc=$?"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with("listed\n") && !stdout.contains("rc=0"),
+            "{user:?} {}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn x32_syscalls_kill_and_clone3_is_unavailable() {
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    for user in users() {
+        let dir = scratch();
+        // x32 getpid: __X32_SYSCALL_BIT | 39.
+        let out = lockbox(
+            user,
+            dir.path(),
+            &[
+                "run",
+                "--",
+                "python3",
+                "-c",
+                "import ctypes; ctypes.CDLL(None).syscall(0x40000027)",
+            ],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(128 + libc::SIGSYS),
+            "{user:?} {}",
+            text(&out)
+        );
+        let probe = "import ctypes; libc = ctypes.CDLL(None, use_errno=True); print(libc.syscall(435, 0, 0), ctypes.get_errno())";
+        let out = lockbox(user, dir.path(), &["run", "--", "python3", "-c", probe]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "-1 38\n",
+            "{user:?} {}",
+            text(&out)
+        );
     }
 }

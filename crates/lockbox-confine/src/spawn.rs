@@ -394,9 +394,15 @@ impl Running {
             .filter(|s| libc::WIFSIGNALED(*s))
             .map(|s| libc::WTERMSIG(s));
         let status = match (self.failure, self.status, killed_by) {
-            (Some(Record::Failed { step: Step::Exec, errno, .. }), _, _) => {
-                Status::ExecFailed(errno)
-            }
+            (
+                Some(Record::Failed {
+                    step: Step::Exec,
+                    errno,
+                    ..
+                }),
+                _,
+                _,
+            ) => Status::ExecFailed(errno),
             (Some(Record::Failed { step, errno, index }), _, _) => {
                 return Err(self.setup_error(step, Errno(errno), index as usize))
             }

@@ -645,7 +645,10 @@ pub fn children_usage() -> (u64, u32) {
     // SAFETY: `usage` is a valid out pointer.
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (us(usage.ru_utime) + us(usage.ru_stime), usage.ru_maxrss as u32)
+    (
+        us(usage.ru_utime) + us(usage.ru_stime),
+        usage.ru_maxrss as u32,
+    )
 }
 
 /// `waitpid(pid, WNOHANG)`: whether `pid` has been reaped now.

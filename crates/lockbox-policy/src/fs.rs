@@ -69,6 +69,16 @@ impl FsPolicy {
                 check_grant(field, path)?;
             }
         }
+        // Writing /sys reconfigures the host's kernel and devices.
+        if let Some(path) = self.write.iter().find(|p| p.starts_with("/sys")) {
+            return Err(PolicyError::Invalid {
+                field: "fs.write",
+                reason: format!(
+                    "{} is under /sys, which can only be granted read-only",
+                    path.display()
+                ),
+            });
+        }
         Ok(())
     }
 }
@@ -118,6 +128,11 @@ mod tests {
             };
             assert!(fs.validate().is_err(), "{p} accepted");
         }
+        let fs = FsPolicy {
+            write: vec!["/sys/class".into()],
+            ..FsPolicy::default()
+        };
+        assert!(fs.validate().is_err(), "writable /sys accepted");
         let fs = FsPolicy {
             write: vec!["/dev/kvm".into()],
             ..FsPolicy::default()
