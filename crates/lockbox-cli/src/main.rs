@@ -9,13 +9,15 @@ use clap::Parser;
 
 fn main() {
     let args = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOCKBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Debug logs of each setup step on request (LOCKBOX_LOG=debug); errors are printed by
+    // the commands themselves, so without it no subscriber is needed (and none is built,
+    // which keeps start-up short).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("LOCKBOX_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let code = match args.command {
         cli::Command::Run(run) => commands::run::run(&run),
         cli::Command::Check(check) => commands::check::run(&check),
