@@ -15,8 +15,9 @@
 //! 9. create the Landlock ruleset with the plan's rules (paths now as seen inside);
 //! 10. become non-dumpable (no ptrace, no /proc/1 access from the command), die with the
 //!     parent, close every descriptor not needed, route signals to a signalfd;
-//! 11. fork the command, then reap zombies and forward signals until it exits; report its
-//!     status and exit, which makes the kernel kill everything left in the namespace.
+//! 11. start the command (vfork-style: the child shares the init's memory until it execs, so
+//!     no page tables are copied), then reap zombies and forward signals until it exits;
+//!     then kill and reap everything left, report usage and the status, and exit.
 //!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
 //! changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
@@ -78,6 +79,8 @@ pub struct Prepared {
     pub(crate) last_cap: u32,
     /// Scratch space for captured source descriptors, one slot per plan source.
     pub(crate) source_fds: Vec<RawFd>,
+    /// Stack of the command child, which starts sharing the init's memory.
+    pub(crate) command_stack: Vec<u8>,
 }
 
 /// Signals the init forwards to the command (and `SIGCHLD` for reaping).
@@ -324,12 +327,25 @@ fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>) {
     sys::close_range(next, u32::MAX);
 }
 
-fn supervise(p: &Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
-    let command = match sys::fork() {
-        Ok(0) => {
-            sys::close(signal_fd);
-            command_main(p, ruleset)
-        }
+/// What the command child needs.
+struct CommandStart<'a> {
+    prepared: &'a Prepared,
+    ruleset: Option<RawFd>,
+}
+
+fn command_entry(start: &CommandStart<'_>) -> ! {
+    command_main(start.prepared, start.ruleset)
+}
+
+fn supervise(p: &mut Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
+    // The command child shares the init's memory until it execs; the signalfd it inherits
+    // is close-on-exec.
+    let mut stack = std::mem::take(&mut p.command_stack);
+    let start = CommandStart {
+        prepared: p,
+        ruleset,
+    };
+    let command = match sys::spawn_vfork(&mut stack, command_entry, &start) {
         Ok(pid) => pid,
         Err(errno) => {
             report(

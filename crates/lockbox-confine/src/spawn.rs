@@ -17,6 +17,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// Stack size of the command child until it execs (it runs a few small functions).
+const COMMAND_STACK: usize = 256 * 1024;
+
 /// What confines a running sandbox, for reports and `lockbox check`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Enforcement {
@@ -185,6 +188,7 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
     };
     let mut prepared = Prepared {
         source_fds: vec![-1; plan.sources.len()],
+        command_stack: vec![0; COMMAND_STACK],
         plan,
         uid_map: format!("{uid} {uid} 1\n").into_bytes(),
         gid_map: format!("{gid} {gid} 1\n").into_bytes(),

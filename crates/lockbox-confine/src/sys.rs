@@ -93,10 +93,37 @@ pub fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
     }
 }
 
-/// `fork(2)`: returns 0 in the child.
-pub fn fork() -> Result<libc::pid_t, Errno> {
-    // SAFETY: called from a single-threaded process (the sandbox init).
-    check_int(unsafe { libc::fork() })
+/// Runs `run(arg)` in a child that shares our memory, on `stack`, while we are suspended
+/// until it calls `execve` or exits (`CLONE_VM | CLONE_VFORK`, as posix_spawn does): no page
+/// tables are copied. Returns the child's pid.
+///
+/// `run` must end in `execve` or [`exit`], and write nothing but its own stack (and errno).
+pub fn spawn_vfork<T>(stack: &mut [u8], run: fn(&T) -> !, arg: &T) -> Result<libc::pid_t, Errno> {
+    struct Start<'a, T> {
+        run: fn(&T) -> !,
+        arg: &'a T,
+    }
+    extern "C" fn entry<T>(start: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `start` points to the `Start` below, on the parent's stack, which stays
+        // intact while the parent is suspended (CLONE_VFORK).
+        let start = unsafe { &*(start as *const Start<'_, T>) };
+        (start.run)(start.arg)
+    }
+    let start = Start { run, arg };
+    // The stack grows down on every architecture lockbox supports; align the top to 16.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // SAFETY: `top` is the aligned end of a live, writable buffer that outlives the child's
+    // use of it (we are suspended until the child execs or exits); `start` lives until
+    // clone returns, which is after that.
+    let rc = unsafe {
+        libc::clone(
+            entry::<T>,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &start as *const Start<'_, T> as *mut libc::c_void,
+        )
+    };
+    check_int(rc)
 }
 
 /// `mount(2)`.
