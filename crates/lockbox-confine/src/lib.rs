@@ -42,7 +42,7 @@ pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::plan::{Op, SetupPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
-pub use crate::resolve::{resolve, Access, Resolved};
+pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
 pub use crate::seccomp::{denied as denied_syscalls, Denied, When};
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{namespaces, run, spawn, Enforcement, Outcome, Running, Status, Waited};

@@ -102,6 +102,8 @@ pub struct SetupPlan {
     pub rules: Vec<Rule>,
     /// Working directory of the command (absolute, inside).
     pub cwd: CString,
+    /// Copy-on-write views mounted by [`Op::MountOverlay`].
+    pub overlays: Vec<crate::resolve::ResolvedOverlay>,
 }
 
 const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
@@ -122,6 +124,7 @@ enum Node {
     Proc,
     Etc,
     Symlink(std::ffi::OsString),
+    Overlay(usize),
 }
 
 /// Builds the plan. Pure: no syscalls.
@@ -148,6 +151,10 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     if resolved.etc_hidden.is_some() {
         nodes.push(("/etc".into(), Node::Etc));
     }
+    for (i, overlay) in resolved.overlays.iter().enumerate() {
+        nodes.retain(|(p, _)| p != &overlay.target);
+        nodes.push((overlay.target.clone(), Node::Overlay(i)));
+    }
     for (link, target) in &resolved.symlinks {
         if !nodes.iter().any(|(p, _)| p == link) {
             nodes.push((link.clone(), Node::Symlink(target.clone())));
@@ -158,6 +165,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
 
     let mut plan = SetupPlan {
         cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
+        overlays: resolved.overlays.clone(),
         ..SetupPlan::default()
     };
     plan.rules.push(Rule {
@@ -206,6 +214,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             Node::Dev => dev(&mut plan, resolved),
             Node::Proc => proc(&mut plan),
             Node::Etc => etc(&mut plan, resolved),
+            Node::Overlay(i) => overlay(&mut plan, &resolved.overlays[*i], rel),
             Node::Symlink(target) => plan.ops.push(Op::Symlink {
                 target: cstring(target.as_bytes()),
                 path: rel,
@@ -213,6 +222,92 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
         }
     }
     plan
+}
+
+/// Where overlay layers are attached while the overlay is mounted (relative to the stage).
+const LAYERS: &str = ".lockbox-layers";
+
+/// A copy-on-write view. Each layer is captured like a bind source and attached under
+/// [`LAYERS`], because overlayfs only takes layers from the mount namespace that mounts it;
+/// once the overlay is mounted (it keeps private clones of its layers) they are detached.
+/// overlayfs needs two lower layers when it has no upper one, so a read-only view of a
+/// single directory is a read-only bind instead.
+fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, rel: CString) {
+    plan.ops.push(Op::Mkdir {
+        path: rel.clone(),
+        mode: 0o755,
+    });
+    plan.rules.push(Rule {
+        path: cstring(o.target.as_os_str().as_bytes()),
+        access: if o.upper.is_some() {
+            RuleAccess::Full
+        } else {
+            RuleAccess::Read
+        },
+    });
+    if o.upper.is_none() && o.lowers.len() == 1 {
+        plan.sources.push(Source {
+            host: cstring(o.lowers[0].as_os_str().as_bytes()),
+            readonly: true,
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: rel,
+        });
+        return;
+    }
+    plan.ops.push(Op::Mkdir {
+        path: cstring(LAYERS.as_bytes()),
+        mode: 0o700,
+    });
+    let attach = |plan: &mut SetupPlan, host: &Path, readonly: bool| -> String {
+        plan.sources.push(Source {
+            host: cstring(host.as_os_str().as_bytes()),
+            readonly,
+        });
+        let at = format!("{LAYERS}/{}", plan.sources.len() - 1);
+        plan.ops.push(Op::Mkdir {
+            path: cstring(at.as_bytes()),
+            mode: 0o700,
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: cstring(at.as_bytes()),
+        });
+        at
+    };
+    let lowers: Vec<String> = o.lowers.iter().map(|l| attach(plan, l, true)).collect();
+    let mut data = format!("lowerdir={}", lowers.join(":"));
+    let mut attached = lowers;
+    if let Some(upper) = &o.upper {
+        // upper and work must be on one mount: attach their common parent.
+        let at = attach(plan, &upper.parent, false);
+        data.push_str(&format!(
+            ",upperdir={at}/{},workdir={at}/{}",
+            upper.upper_name, upper.work_name
+        ));
+        attached.push(at);
+    }
+    // Unprivileged overlays keep their metadata in user.* xattrs (Linux >= 5.11).
+    data.push_str(",userxattr");
+    plan.ops.push(Op::Mount {
+        source: cstring(b"overlay"),
+        target: rel,
+        fstype: cstring(b"overlay"),
+        flags: NOSUID_NODEV,
+        data: cstring(data.as_bytes()),
+    });
+    for at in attached {
+        plan.ops.push(Op::Umount {
+            path: cstring(at.as_bytes()),
+        });
+        plan.ops.push(Op::Rmdir {
+            path: cstring(at.as_bytes()),
+        });
+    }
+    plan.ops.push(Op::Rmdir {
+        path: cstring(LAYERS.as_bytes()),
+    });
 }
 
 fn ensure_parents(plan: &mut SetupPlan, made: &mut Vec<PathBuf>, path: &Path) {
@@ -475,6 +570,14 @@ impl fmt::Display for SetupPlan {
                 rule.access,
                 rule.path.to_string_lossy()
             )?;
+        }
+        for (i, o) in self.overlays.iter().enumerate() {
+            let lowers: Vec<_> = o.lowers.iter().map(|l| l.display().to_string()).collect();
+            write!(f, "overlay #{i}: lower {}", lowers.join(":"))?;
+            match &o.upper {
+                Some(u) => writeln!(f, ", upper {}", u.parent.join(&u.upper_name).display())?,
+                None => writeln!(f, ", read-only")?,
+            }
         }
         write!(f, "cwd: {}", self.cwd.to_string_lossy())
     }

@@ -40,8 +40,33 @@ pub struct Resolved {
     pub etc_files: Vec<(String, Vec<u8>)>,
     /// Devices of the host bound into the minimal /dev.
     pub devices: Vec<&'static str>,
+    /// Copy-on-write views, with canonical layer paths.
+    pub overlays: Vec<ResolvedOverlay>,
     /// Working directory inside.
     pub cwd: PathBuf,
+}
+
+/// An overlay of [`lockbox_policy::Overlay`] with canonical paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedOverlay {
+    /// Path inside the sandbox.
+    pub target: PathBuf,
+    /// Lower layers, top first.
+    pub lowers: Vec<PathBuf>,
+    /// The writable layer, if any.
+    pub upper: Option<ResolvedUpper>,
+}
+
+/// The upper and work directories of an overlay: siblings under `parent` (overlayfs needs
+/// both on one mount, and lockbox attaches their parent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedUpper {
+    /// Canonical common parent.
+    pub parent: PathBuf,
+    /// File name of the upper directory.
+    pub upper_name: String,
+    /// File name of the work directory.
+    pub work_name: String,
 }
 
 /// Device nodes bound from the host into the sandbox's `/dev` (those that exist).
@@ -104,6 +129,39 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             add(resolve_grant(path, access, &mut out.symlinks)?);
         }
     }
+    for overlay in &policy.fs.overlays {
+        let dir = |p: &Path, what| {
+            let canonical = std::fs::canonicalize(p).map_err(|e| SetupError::Path {
+                path: p.to_owned(),
+                what,
+                source: e,
+            })?;
+            if !canonical.is_dir() {
+                return Err(SetupError::Path {
+                    path: p.to_owned(),
+                    what,
+                    source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+                });
+            }
+            Ok(canonical)
+        };
+        out.overlays.push(ResolvedOverlay {
+            target: std::fs::canonicalize(&overlay.target)
+                .unwrap_or_else(|_| overlay.target.clone()),
+            lowers: overlay
+                .lowers
+                .iter()
+                .map(|l| dir(l, "using as an overlay layer"))
+                .collect::<Result<_, _>>()?,
+            upper: match &overlay.upper {
+                None => None,
+                Some(u) => Some(resolve_upper(
+                    &dir(&u.upper, "using as an overlay upper layer")?,
+                    &dir(&u.work, "using as an overlay work directory")?,
+                )?),
+            },
+        });
+    }
     out.devices = DEVICES
         .into_iter()
         .filter(|d| Path::new("/dev").join(d).exists())
@@ -116,6 +174,42 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
     Ok(out)
+}
+
+fn resolve_upper(upper: &Path, work: &Path) -> Result<ResolvedUpper, SetupError> {
+    let bad = |why: &str| SetupError::Path {
+        path: upper.to_owned(),
+        what: "using as an overlay upper layer",
+        source: std::io::Error::other(why.to_owned()),
+    };
+    let (Some(parent), Some(upper_name), Some(work_name)) =
+        (upper.parent(), upper.file_name(), work.file_name())
+    else {
+        return Err(bad("the upper directory needs a parent"));
+    };
+    if work.parent() != Some(parent) {
+        return Err(bad(
+            "the work directory must be a sibling of the upper directory",
+        ));
+    }
+    let plain = |n: &std::ffi::OsStr| {
+        n.to_str()
+            .filter(|n| {
+                n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            })
+            .map(str::to_owned)
+    };
+    match (plain(upper_name), plain(work_name)) {
+        (Some(upper_name), Some(work_name)) => Ok(ResolvedUpper {
+            parent: parent.to_owned(),
+            upper_name,
+            work_name,
+        }),
+        _ => Err(bad(
+            "upper and work directory names may only use letters, digits, '.', '_', '-'",
+        )),
+    }
 }
 
 fn resolve_grant(
@@ -217,6 +311,10 @@ fn etc_files(policy: &Policy) -> Vec<(String, Vec<u8>)> {
 fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
     path == Path::new("/tmp")
         || resolved.grants.iter().any(|g| path.starts_with(&g.path))
+        || resolved
+            .overlays
+            .iter()
+            .any(|o| path.starts_with(&o.target))
         || (resolved.etc_hidden.is_some() && path.starts_with("/etc"))
 }
 

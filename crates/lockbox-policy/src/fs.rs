@@ -50,6 +50,33 @@ pub struct FsPolicy {
     pub read: Vec<PathBuf>,
     /// Host paths visible read-write, at the same path. Writes reach the host.
     pub write: Vec<PathBuf>,
+    /// Copy-on-write views: an overlay of host directories mounted at `target`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overlays: Vec<Overlay>,
+}
+
+/// A copy-on-write view inside the sandbox: `lowers` (top first) merged at `target`, with
+/// every write landing in `upper`. Without `upper` the view is read-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overlay {
+    /// Where the view appears inside the sandbox (usually the first lower's own path).
+    pub target: PathBuf,
+    /// Read-only layers, top first; the last is usually the real directory.
+    pub lowers: Vec<PathBuf>,
+    /// The writable layer, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upper: Option<OverlayUpper>,
+}
+
+/// The writable layer of an [`Overlay`]: two empty directories on the same filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlayUpper {
+    /// Receives every write (files, whiteouts, opaque directories).
+    pub upper: PathBuf,
+    /// overlayfs's scratch directory.
+    pub work: PathBuf,
 }
 
 impl Default for FsPolicy {
@@ -58,6 +85,7 @@ impl Default for FsPolicy {
             default_reads: true,
             read: Vec::new(),
             write: Vec::new(),
+            overlays: Vec::new(),
         }
     }
 }
@@ -67,6 +95,27 @@ impl FsPolicy {
         for (field, paths) in [("fs.read", &self.read), ("fs.write", &self.write)] {
             for path in paths {
                 check_grant(field, path)?;
+            }
+        }
+        for overlay in &self.overlays {
+            check_grant("fs.overlays.target", &overlay.target)?;
+            if overlay.lowers.is_empty() {
+                return Err(PolicyError::Invalid {
+                    field: "fs.overlays.lowers",
+                    reason: format!(
+                        "the overlay at {} needs at least one lower layer",
+                        overlay.target.display()
+                    ),
+                });
+            }
+            let upper = overlay.upper.iter().flat_map(|u| [&u.upper, &u.work]);
+            for path in overlay.lowers.iter().chain(upper) {
+                if !path.is_absolute() {
+                    return Err(PolicyError::RelativePath {
+                        field: "fs.overlays",
+                        path: path.clone(),
+                    });
+                }
             }
         }
         // Writing /sys reconfigures the host's kernel and devices.

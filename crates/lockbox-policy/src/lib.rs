@@ -30,7 +30,7 @@ mod units;
 
 pub use crate::env::{EnvPolicy, DEFAULT_PATH};
 pub use crate::error::PolicyError;
-pub use crate::fs::{FsPolicy, DEFAULT_READS, ETC_SECRETS};
+pub use crate::fs::{FsPolicy, Overlay, OverlayUpper, DEFAULT_READS, ETC_SECRETS};
 pub use crate::limits::Limits;
 pub use crate::units::{parse_duration, ByteSize};
 
