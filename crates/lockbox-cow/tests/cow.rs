@@ -1,6 +1,8 @@
 //! Real-kernel tests of branches, change sets and commit: each builds the upper layer by
 //! running shell commands inside an actual overlayfs mount in a user namespace.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
+
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
