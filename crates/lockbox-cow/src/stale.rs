@@ -11,7 +11,9 @@
 //!   goes away (deleted or replaced), any entry of its subtree;
 //! - `Added` of an entry copied up from the workdir (`overlay.origin`) that is gone from it
 //!   now: the workdir parent directory's ctime (the host removed or renamed the entry, or a
-//!   sibling). A plain `Added` (new on both sides is caught as `Modified`) is never stale.
+//!   sibling). If that parent is missing from the workdir, the parent is itself a change and
+//!   carries the check. A plain `Added` (new on both sides is caught as `Modified`) is never
+//!   stale.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
@@ -48,8 +50,10 @@ pub(crate) fn is_stale(
                 let st = rustix::fs::fstat(&fd).map_err(|e| err(e.into()))?;
                 Ok(newer(st.st_ctime, st.st_ctime_nsec as i64, base))
             }
-            // The parent itself is gone or replaced: certainly changed.
-            Err(_) => Ok(true),
+            // No lower parent: the branch made it (a rename keeps `origin`) or the host removed
+            // or replaced it. In the latter case the parent is itself a change (`Added` with
+            // `origin`, or `TypeChanged`) and is checked on its own account.
+            Err(_) => Ok(false),
         };
     };
     if newer(lower.ctime.0, lower.ctime.1, base) {
