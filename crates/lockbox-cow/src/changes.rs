@@ -217,6 +217,9 @@ impl Walker {
         if overlay::is_whiteout(&ust, &abs) {
             return Ok(lst.map(|l| deleted(rel, &l)));
         }
+        if let Some(feature) = overlay::unsupported_feature(&abs) {
+            return Err(CowError::UnsupportedOverlay { path: abs, feature });
+        }
         let utype = FileType::of(&ust);
         let kind = match (&lst, utype) {
             (None, _) => Some(ChangeKind::Added),

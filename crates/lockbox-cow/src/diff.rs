@@ -107,22 +107,30 @@ impl Branch {
     /// The branch side, or `None` when the upper layer does not have the path (unchanged, or
     /// below an unchanged directory).
     fn upper_side(&self, path: &Path) -> Result<Option<Content>, CowError> {
-        let abs = self.upper_dir().join(path);
-        let st = match rustix::fs::lstat(&abs) {
-            Ok(st) => st,
-            Err(_) => return Ok(None),
+        let upper = self.upper_dir();
+        let abs = upper.join(path);
+        let err = |source| CowError::ReadUpper {
+            path: abs.clone(),
+            source,
+        };
+        let root = beneath::open_root(&upper).map_err(err)?;
+        let (parent, name) = split(path);
+        let dir = match beneath::open_dir_beneath(root.as_fd(), parent) {
+            Ok(d) => d,
+            // Not in the upper: unchanged (the lower side shows through).
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {
+                return Ok(None)
+            }
+            // A parent is a file or symlink in the branch: nothing is at this path there.
+            Err(_) => return Ok(Some(Content::Side(Side::Absent))),
+        };
+        let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
+            return Ok(None);
         };
         if overlay::is_whiteout(&st, &abs) {
             return Ok(Some(Content::Side(Side::Absent)));
         }
-        let read = || -> std::io::Result<Content> {
-            let (parent, name) = split(path);
-            let dir = beneath::open_root(&self.upper_dir().join(parent))?;
-            content(dir.as_fd(), name, &st)
-        };
-        read()
-            .map(Some)
-            .map_err(|source| CowError::ReadUpper { path: abs, source })
+        content(dir.as_fd(), name, &st).map(Some).map_err(err)
     }
 }
 

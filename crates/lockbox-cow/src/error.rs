@@ -202,6 +202,15 @@ pub enum CowError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The upper layer uses an overlayfs feature the change set cannot represent
+    /// (`metacopy`: the data stays in the lower file; `redirect`: a renamed directory).
+    #[error("branch entry {path} uses overlayfs {feature}, which lockbox does not support (mount without it)")]
+    UnsupportedOverlay {
+        /// The path inside the upper layer.
+        path: PathBuf,
+        /// `metacopy` or `redirect`.
+        feature: &'static str,
+    },
     /// The path asked for in a diff is not a plain relative path.
     #[error("bad path {path}: must be relative, without `..`")]
     BadPath {
@@ -252,6 +261,7 @@ impl CowError {
             CowError::Delete { .. } => "COMMIT_DELETE",
             CowError::SetMeta { .. } => "COMMIT_SET_META",
             CowError::Fsync { .. } => "FSYNC",
+            CowError::UnsupportedOverlay { .. } => "UNSUPPORTED_OVERLAY",
             CowError::BadPath { .. } => "BAD_PATH",
         }
     }

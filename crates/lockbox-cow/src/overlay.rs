@@ -39,6 +39,15 @@ pub(crate) fn has_origin(abs: &Path) -> bool {
     path_has_xattr(abs, "origin")
 }
 
+/// The overlayfs feature an upper entry depends on that a change set cannot represent:
+/// `metacopy` (a file whose data is still in the lower layer) or `redirect` (a directory
+/// renamed without copying). Both are off in the unprivileged mounts lockbox makes.
+pub(crate) fn unsupported_feature(abs: &Path) -> Option<&'static str> {
+    ["metacopy", "redirect"]
+        .into_iter()
+        .find(|f| path_has_xattr(abs, f))
+}
+
 fn path_has_xattr(abs: &Path, suffix: &str) -> bool {
     PREFIXES.iter().any(|p| {
         let mut buf = [0u8; 1];

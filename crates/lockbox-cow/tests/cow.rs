@@ -640,6 +640,7 @@ fn key_scenarios_pass_as_uid_65534() {
             "unrelated_host",
             "orphan_after",
             "leftover_staging",
+            "xattr_whiteouts",
         ])
         .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
@@ -647,4 +648,76 @@ fn key_scenarios_pass_as_uid_65534() {
         .status()
         .unwrap();
     assert!(st.success(), "scenarios failed as uid 65534: {st}");
+}
+
+#[test]
+fn xattr_whiteouts_and_unsupported_features() {
+    // Upper layers written by hand the way newer kernels write them.
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > gone; mkdir d; echo b > d/x; echo c > meta");
+    let b = s.branch();
+    let up = b.upper_dir();
+    // Linux >= 6.7 xattr whiteout: an empty file with overlay.whiteout.
+    std::fs::write(up.join("gone"), "").unwrap();
+    rustix::fs::lsetxattr(
+        up.join("gone"),
+        "user.overlay.whiteout",
+        b"",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    std::fs::create_dir(up.join("d")).unwrap();
+    rustix::fs::lsetxattr(
+        up.join("d"),
+        "user.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(
+        kinds(&b),
+        vec![
+            ("d/x".to_string(), 'D', FileType::File),
+            ("gone".to_string(), 'D', FileType::File)
+        ]
+    );
+    // A metacopy upper keeps the data in the lower file: refused, nothing applied.
+    std::fs::write(up.join("meta"), "").unwrap();
+    rustix::fs::lsetxattr(
+        up.join("meta"),
+        "user.overlay.metacopy",
+        b"",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    let before = hash_tree(&s.wd);
+    let e = b.commit(&FORCE).unwrap_err();
+    assert_eq!(e.code(), "UNSUPPORTED_OVERLAY", "{e}");
+    assert_eq!(hash_tree(&s.wd), before);
+}
+
+#[test]
+fn trusted_overlay_xattrs_are_understood_when_root() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIP: setting trusted.* xattrs needs CAP_SYS_ADMIN");
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "mkdir d; echo b > d/x; echo y > d/y");
+    let b = s.branch();
+    let up = b.upper_dir();
+    std::fs::create_dir(up.join("d")).unwrap();
+    std::fs::write(up.join("d/y"), "new\n").unwrap();
+    rustix::fs::lsetxattr(
+        up.join("d"),
+        "trusted.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    b.commit(&FORCE).unwrap();
+    assert_eq!(
+        snapshot(&s.wd).keys().cloned().collect::<Vec<_>>(),
+        vec![PathBuf::from("d"), PathBuf::from("d/y")]
+    );
 }
