@@ -214,10 +214,11 @@ impl Walker {
             .map_err(read_upper)?
             .ok_or_else(|| read_upper(std::io::ErrorKind::NotFound.into()))?;
         let lst = self.lower_stat(name, &rel)?;
-        if overlay::is_whiteout(&ust, &abs) {
+        let xattrs = overlay::OverlayXattrs::of(&abs);
+        if overlay::is_whiteout(&ust, &xattrs) {
             return Ok(lst.map(|l| deleted(rel, &l)));
         }
-        if let Some(feature) = overlay::unsupported_feature(&abs) {
+        if let Some(feature) = xattrs.unsupported_feature() {
             return Err(CowError::UnsupportedOverlay { path: abs, feature });
         }
         let utype = FileType::of(&ust);
@@ -252,7 +253,7 @@ impl Walker {
                 (ust.st_mtime, ust.st_mtime_nsec as i64),
             ],
             lower: lst.as_ref().map(LowerEntry::of),
-            origin: lst.is_none() && overlay::has_origin(&abs),
+            origin: lst.is_none() && xattrs.has_origin(),
         });
         if utype == FileType::Dir {
             self.descend(name, rel, &abs, lst.as_ref())?;

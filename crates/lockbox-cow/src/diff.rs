@@ -127,7 +127,7 @@ impl Branch {
         let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
             return Ok(None);
         };
-        if overlay::is_whiteout(&st, &abs) {
+        if overlay::is_whiteout(&st, &overlay::OverlayXattrs::of(&abs)) {
             return Ok(Some(Content::Side(Side::Absent)));
         }
         content(dir.as_fd(), name, &st).map(Some).map_err(err)
