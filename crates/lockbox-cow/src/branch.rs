@@ -73,6 +73,16 @@ impl Branch {
                 path: branches.clone(),
                 source,
             })?;
+        let real_branches = fs::canonicalize(&branches).map_err(|source| CowError::StateDir {
+            path: branches.clone(),
+            source,
+        })?;
+        if real_branches.starts_with(&workdir) || workdir.starts_with(&real_branches) {
+            return Err(CowError::Overlap {
+                state: state_dir.to_owned(),
+                workdir,
+            });
+        }
         let dir = branches.join(id.as_str());
         DirBuilder::new()
             .mode(0o700)

@@ -57,6 +57,15 @@ pub enum CowError {
         /// The workdir passed in.
         given: PathBuf,
     },
+    /// The state directory and the workdir overlap: overlayfs refuses overlapping layers
+    /// (`ELOOP`), and a commit would copy the branch into itself.
+    #[error("state dir {state} and workdir {workdir} overlap; put the state dir elsewhere")]
+    Overlap {
+        /// The state directory.
+        state: PathBuf,
+        /// The workdir.
+        workdir: PathBuf,
+    },
     /// Writing `meta.json` (temp file, fsync, rename, directory fsync) failed.
     #[error("write branch meta {path}: {source}")]
     WriteMeta {
@@ -243,6 +252,7 @@ impl CowError {
             CowError::BranchNotFound { .. } => "BRANCH_NOT_FOUND",
             CowError::OpenWorkdir { .. } => "OPEN_WORKDIR",
             CowError::WorkdirMismatch { .. } => "WORKDIR_MISMATCH",
+            CowError::Overlap { .. } => "STATE_WORKDIR_OVERLAP",
             CowError::WriteMeta { .. } => "WRITE_BRANCH_META",
             CowError::ReadMeta { .. } => "READ_BRANCH_META",
             CowError::CorruptMeta { .. } => "CORRUPT_BRANCH_META",

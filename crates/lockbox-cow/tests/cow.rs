@@ -340,6 +340,30 @@ fn abort_and_dry_run_leave_workdir_byte_identical() {
     assert_eq!(list(&s.state).unwrap().len(), 1, "dry run keeps the branch");
     b.abort().unwrap();
     assert_eq!(hash_tree(&s.wd), before, "abort changed the workdir");
+    // A command killed by a signal half-way: same.
+    let b = s.branch();
+    assert!(!run_in_branch(
+        &b,
+        "echo A > f; rm -r d; echo n > new; kill -9 $$"
+    ));
+    assert!(!b.change_set().unwrap().is_empty());
+    b.abort().unwrap();
+    assert_eq!(
+        hash_tree(&s.wd),
+        before,
+        "abort after SIGKILL changed the workdir"
+    );
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+#[test]
+fn state_dir_inside_workdir_refused() {
+    let s = Scratch::new();
+    let e = Branch::create(&s.wd.join(".lockbox"), &s.wd, serde_json::Value::Null).unwrap_err();
+    assert_eq!(e.code(), "STATE_WORKDIR_OVERLAP");
+    std::fs::create_dir(s.state.join("branches")).unwrap();
+    let e = Branch::create(&s.state, &s.state.join("branches"), serde_json::Value::Null);
+    assert_eq!(e.unwrap_err().code(), "STATE_WORKDIR_OVERLAP");
 }
 
 #[test]
