@@ -221,7 +221,9 @@ impl Branch {
     }
 
     /// Commits the branch into its own workdir (see [`crate::commit`]) and, unless it was a
-    /// dry run, removes the branch.
+    /// dry run, removes the branch. If the commit succeeded but removing the branch failed,
+    /// the error is [`CowError::RemoveBranch`]: the workdir is fully committed and the branch
+    /// is left in state `committing` ([`abort_id`] removes it).
     pub fn commit(mut self, opts: &CommitOptions) -> Result<CommitReport, CowError> {
         let workdir = self.meta.workdir.clone();
         let report = commit::commit(&mut self, &workdir, opts)?;
