@@ -12,8 +12,8 @@ use common::{require_overlay, run_direct, run_in_branch, sh, snapshot, tick};
 use lockbox_cow::{Branch, CommitOptions};
 use proptest::prelude::*;
 
-const PATHS: [&str; 10] = [
-    "a", "b", "d", "d/a", "d/b", "d/e", "d/e/f", "e", "e/a", "e/d",
+const PATHS: [&str; 12] = [
+    "a", "b", "d", "d/a", "d/b", "d/e", "d/e/f", "e", "e/a", "e/d", "sp ace", "d/ü",
 ];
 const LINK_TARGETS: [&str; 6] = ["a", "d", "d/e", "missing", "e/a", "."];
 /// Directory-safe modes (owner keeps rwx, so the tree stays walkable without privilege).
@@ -56,26 +56,30 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+fn q(p: &str) -> String {
+    format!("'{p}'")
+}
+
 fn to_sh(ops: &[Op]) -> String {
     let mut s = String::new();
     for op in ops {
         let line = match op {
-            Op::Write(p, t) => format!("printf '%s\\n' '{t}' > {}", PATHS[*p]),
-            Op::Append(p, t) => format!("printf '%s' '{t}' >> {}", PATHS[*p]),
-            Op::Truncate(p, n) => format!("truncate -s {n} {}", PATHS[*p]),
-            Op::Chmod(p, m) => format!("chmod {:o} {}", MODES[*m], PATHS[*p]),
+            Op::Write(p, t) => format!("printf '%s\\n' '{t}' > {}", q(PATHS[*p])),
+            Op::Append(p, t) => format!("printf '%s' '{t}' >> {}", q(PATHS[*p])),
+            Op::Truncate(p, n) => format!("truncate -s {n} {}", q(PATHS[*p])),
+            Op::Chmod(p, m) => format!("chmod {:o} {}", MODES[*m], q(PATHS[*p])),
             Op::ReadOnlyFile(p) => {
-                let p = PATHS[*p];
+                let p = q(PATHS[*p]);
                 format!("[ -f {p} ] && [ ! -L {p} ] && chmod 444 {p}")
             }
-            Op::Touch(p) => format!("touch -h -d @1000000000 {}", PATHS[*p]),
-            Op::Mkdir(p) => format!("mkdir {}", PATHS[*p]),
-            Op::Rmdir(p) => format!("rmdir {}", PATHS[*p]),
-            Op::RmR(p) => format!("rm -rf {}", PATHS[*p]),
-            Op::Mv(a, b) => format!("mv {} {}", PATHS[*a], PATHS[*b]),
-            Op::Symlink(t, p) => format!("ln -s {} {}", LINK_TARGETS[*t], PATHS[*p]),
-            Op::DirToFile(p) => format!("rm -rf {0} && printf 'was dir\\n' > {0}", PATHS[*p]),
-            Op::FileToDir(p) => format!("rm -f {0} && mkdir {0}", PATHS[*p]),
+            Op::Touch(p) => format!("touch -h -d @1000000000 {}", q(PATHS[*p])),
+            Op::Mkdir(p) => format!("mkdir {}", q(PATHS[*p])),
+            Op::Rmdir(p) => format!("rmdir {}", q(PATHS[*p])),
+            Op::RmR(p) => format!("rm -rf {}", q(PATHS[*p])),
+            Op::Mv(a, b) => format!("mv {} {}", q(PATHS[*a]), q(PATHS[*b])),
+            Op::Symlink(t, p) => format!("ln -s {} {}", LINK_TARGETS[*t], q(PATHS[*p])),
+            Op::DirToFile(p) => format!("rm -rf {0} && printf 'was dir\\n' > {0}", q(PATHS[*p])),
+            Op::FileToDir(p) => format!("rm -f {0} && mkdir {0}", q(PATHS[*p])),
         };
         s.push_str(&format!("{{ {line}; }} 2>/dev/null\n"));
     }
