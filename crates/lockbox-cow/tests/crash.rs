@@ -129,3 +129,38 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
         "no kill landed inside a commit; the test did not test anything"
     );
 }
+
+/// The crash test again as uid/gid 65534 (when we are root).
+#[test]
+fn sigkill_during_commit_as_uid_65534() {
+    if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIP: not root, so this whole run is already unprivileged");
+        return;
+    }
+    if !require_overlay() {
+        return;
+    }
+    let st = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sigkill_during_commit_never_tears_and_recommit_finishes",
+        ])
+        .env("LOCKBOX_COW_AS_NOBODY", "1")
+        .env("TMPDIR", "/tmp")
+        .env("HOME", "/tmp")
+        .status()
+        .unwrap();
+    assert!(st.success(), "crash test failed as uid 65534: {st}");
+}
