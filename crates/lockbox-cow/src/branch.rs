@@ -1,0 +1,326 @@
+//! [`Branch`]: one copy-on-write branch of a workdir, stored in the state directory.
+//!
+//! Layout (documented in `docs/cow.md`):
+//!
+//! ```text
+//! STATE/branches/<id>/            0700, one per branch
+//! STATE/branches/<id>/upper/      overlayfs upperdir: the branch's writes (mode of the workdir)
+//! STATE/branches/<id>/work/       overlayfs workdir (scratch for the kernel)
+//! STATE/branches/<id>/meta.json   BranchMeta, versioned and checksummed
+//! ```
+//!
+//! `meta.json` is written last at creation, so a directory without it is a creation that
+//! was interrupted; [`list`] reports it as damaged and [`abort_id`] removes it.
+
+use std::ffi::OsStr;
+use std::fs::{self, DirBuilder};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::meta::{self, BranchMeta, BranchState, Timestamp};
+use crate::{
+    beneath, commit, durable, BranchId, ChangeIter, ChangeSet, CommitOptions, CommitReport,
+    CowError,
+};
+
+/// The directory holding all branches of a state directory.
+pub fn branches_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("branches")
+}
+
+/// A branch on disk: its directory and its verified `meta.json`.
+#[derive(Debug, Clone)]
+pub struct Branch {
+    dir: PathBuf,
+    meta: BranchMeta,
+}
+
+impl Branch {
+    /// Creates a branch of `workdir` under `state_dir` with a fresh id. Call it right before
+    /// the sandbox starts: the creation time is the stale-base reference. `context` is stored
+    /// as-is (policy, command, ...).
+    pub fn create(
+        state_dir: &Path,
+        workdir: &Path,
+        context: serde_json::Value,
+    ) -> Result<Branch, CowError> {
+        Branch::create_with_id(state_dir, BranchId::generate(), workdir, context)
+    }
+
+    /// Like [`Branch::create`], with a caller-chosen id (fails if it exists).
+    pub fn create_with_id(
+        state_dir: &Path,
+        id: BranchId,
+        workdir: &Path,
+        context: serde_json::Value,
+    ) -> Result<Branch, CowError> {
+        let workdir = fs::canonicalize(workdir).map_err(|source| CowError::OpenWorkdir {
+            path: workdir.to_owned(),
+            source,
+        })?;
+        let wd_meta = fs::metadata(&workdir).map_err(|source| CowError::OpenWorkdir {
+            path: workdir.clone(),
+            source,
+        })?;
+        let branches = branches_dir(state_dir);
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&branches)
+            .map_err(|source| CowError::StateDir {
+                path: branches.clone(),
+                source,
+            })?;
+        let real_branches = fs::canonicalize(&branches).map_err(|source| CowError::StateDir {
+            path: branches.clone(),
+            source,
+        })?;
+        if real_branches.starts_with(&workdir) || workdir.starts_with(&real_branches) {
+            return Err(CowError::Overlap {
+                state: state_dir.to_owned(),
+                workdir,
+            });
+        }
+        let dir = branches.join(id.as_str());
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| CowError::CreateBranchDir {
+                path: dir.clone(),
+                source,
+            })?;
+        let made = Branch::fill_new(&dir, id, workdir, wd_meta.mode(), context);
+        if made.is_err() {
+            // Best effort: the error that matters is the one returned.
+            let _ = remove_dir_robust(&branches, OsStr::new(dir.file_name().unwrap_or_default()));
+        }
+        let branch = made?;
+        durable::fsync_dir(&branches).map_err(|source| CowError::StateDir {
+            path: branches,
+            source,
+        })?;
+        Ok(branch)
+    }
+
+    fn fill_new(
+        dir: &Path,
+        id: BranchId,
+        workdir: PathBuf,
+        workdir_mode: u32,
+        context: serde_json::Value,
+    ) -> Result<Branch, CowError> {
+        let upper = dir.join("upper");
+        let work = dir.join("work");
+        for (path, mode) in [(&upper, workdir_mode & 0o7777), (&work, 0o700)] {
+            let mk = || -> std::io::Result<()> {
+                fs::create_dir(path)?;
+                // The overlay's root takes its attributes from the upper root.
+                fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            };
+            mk().map_err(|source| CowError::CreateBranchDir {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        let st = fs::symlink_metadata(&upper).map_err(|source| CowError::CreateBranchDir {
+            path: upper.clone(),
+            source,
+        })?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let meta = BranchMeta {
+            id,
+            workdir,
+            created: Timestamp {
+                secs: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
+                nanos: i64::from(now.subsec_nanos()),
+            },
+            base_ctime: Timestamp {
+                secs: st.ctime(),
+                nanos: st.ctime_nsec(),
+            },
+            state: BranchState::Active,
+            owner_pid: std::process::id(),
+            context,
+        };
+        meta::write(dir, &meta)?;
+        Ok(Branch {
+            dir: dir.to_owned(),
+            meta,
+        })
+    }
+
+    /// Opens an existing branch, verifying its `meta.json`.
+    pub fn open(state_dir: &Path, id: &BranchId) -> Result<Branch, CowError> {
+        let dir = branches_dir(state_dir).join(id.as_str());
+        if !dir.is_dir() {
+            return Err(CowError::BranchNotFound {
+                id: id.to_string(),
+                path: branches_dir(state_dir),
+            });
+        }
+        let meta = meta::read(&dir)?;
+        Ok(Branch { dir, meta })
+    }
+
+    /// The branch id.
+    pub fn id(&self) -> &BranchId {
+        &self.meta.id
+    }
+
+    /// The recorded metadata.
+    pub fn meta(&self) -> &BranchMeta {
+        &self.meta
+    }
+
+    /// The workdir this branch is a branch of (canonical path).
+    pub fn workdir(&self) -> &Path {
+        &self.meta.workdir
+    }
+
+    /// `STATE/branches/<id>`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The overlayfs `upperdir=` for this branch.
+    pub fn upper_dir(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+
+    /// The overlayfs `workdir=` for this branch (not to be confused with the lockbox workdir,
+    /// which is the overlay's `lowerdir=`).
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    /// Streams the change set against the workdir.
+    pub fn changes(&self) -> Result<ChangeIter, CowError> {
+        ChangeIter::new(&self.upper_dir(), &self.meta.workdir)
+    }
+
+    /// Collects the whole change set against the workdir.
+    pub fn change_set(&self) -> Result<ChangeSet, CowError> {
+        ChangeSet::compute(&self.upper_dir(), &self.meta.workdir)
+    }
+
+    /// Marks the branch as kept for review (durably).
+    pub fn keep(&mut self) -> Result<(), CowError> {
+        self.set_state(BranchState::Kept)
+    }
+
+    pub(crate) fn set_state(&mut self, state: BranchState) -> Result<(), CowError> {
+        let mut meta = self.meta.clone();
+        meta.state = state;
+        meta::write(&self.dir, &meta)?;
+        self.meta = meta;
+        Ok(())
+    }
+
+    /// Commits the branch into its own workdir (see [`crate::commit`]) and, unless it was a
+    /// dry run, removes the branch. If the commit succeeded but removing the branch failed,
+    /// the error is [`CowError::RemoveBranch`]: the workdir is fully committed and the branch
+    /// is left in state `committing` ([`abort_id`] removes it).
+    pub fn commit(mut self, opts: &CommitOptions) -> Result<CommitReport, CowError> {
+        let workdir = self.meta.workdir.clone();
+        let report = commit::commit(&mut self, &workdir, opts)?;
+        if !opts.dry_run {
+            self.abort()?;
+        }
+        Ok(report)
+    }
+
+    /// Discards the branch: removes its directory, including unreadable or unwritable
+    /// entries (the kernel's `work/work` is mode 000).
+    pub fn abort(self) -> Result<(), CowError> {
+        let parent = self.dir.parent().map(Path::to_owned).unwrap_or_default();
+        let name = self.dir.file_name().unwrap_or_default().to_owned();
+        remove_dir_robust(&parent, &name)
+    }
+}
+
+/// Removes the branch `id` whatever state it is in (even without a readable `meta.json`).
+pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
+    let branches = branches_dir(state_dir);
+    if !branches.join(id.as_str()).exists() {
+        return Err(CowError::BranchNotFound {
+            id: id.to_string(),
+            path: branches,
+        });
+    }
+    remove_dir_robust(&branches, OsStr::new(id.as_str()))
+}
+
+fn remove_dir_robust(parent: &Path, name: &OsStr) -> Result<(), CowError> {
+    let err = |source| CowError::RemoveBranch {
+        path: parent.join(name),
+        source,
+    };
+    let fd = beneath::open_root(parent).map_err(err)?;
+    beneath::remove_tree_at(fd.as_fd(), name).map_err(err)?;
+    rustix::fs::fsync(&fd).map_err(|e| err(e.into()))
+}
+
+/// One entry of [`list`].
+#[derive(Debug, Clone)]
+pub struct ListedBranch {
+    /// The branch id.
+    pub id: BranchId,
+    /// `STATE/branches/<id>`.
+    pub dir: PathBuf,
+    /// The verified metadata, or why it could not be read (a damaged or half-created
+    /// branch; it can still be removed with [`abort_id`]).
+    pub meta: Result<BranchMeta, String>,
+}
+
+impl ListedBranch {
+    /// True for an `Active` branch whose creating process is gone (lockbox was killed), and
+    /// for a damaged one: nobody will finish it, so it is effectively kept. Best effort: the
+    /// pid may have been reused.
+    pub fn is_orphan(&self) -> bool {
+        match &self.meta {
+            Ok(m) => {
+                m.state != BranchState::Kept
+                    && !Path::new("/proc").join(m.owner_pid.to_string()).exists()
+            }
+            Err(_) => true,
+        }
+    }
+}
+
+/// Lists all branches of a state directory, sorted by id. Entries whose names are not valid
+/// ids are skipped (they are not branches lockbox made).
+pub fn list(state_dir: &Path) -> Result<Vec<ListedBranch>, CowError> {
+    let branches = branches_dir(state_dir);
+    let rd = match fs::read_dir(&branches) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(CowError::ListBranches {
+                path: branches,
+                source,
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|source| CowError::ListBranches {
+            path: branches.clone(),
+            source,
+        })?;
+        let Some(Ok(id)) = entry.file_name().to_str().map(BranchId::parse) else {
+            continue;
+        };
+        let dir = entry.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let meta = meta::read(&dir).map_err(|e| e.to_string());
+        out.push(ListedBranch { id, dir, meta });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}

@@ -1,0 +1,436 @@
+//! [`commit`]: applies a branch's change set to the real workdir, safely and durably.
+//!
+//! Algorithm (crash argument in `docs/cow.md`):
+//! 1. **Validate** (nothing written): walk the whole change set; refuse special files and
+//!    reserved names; collect stale paths (see [`crate::stale`]) and refuse unless `force`.
+//!    A dry run stops here.
+//! 2. Mark the branch `Committing` in `meta.json` (durable).
+//! 3. **Stage**: copy every new file and symlink into `DIR/.lockbox-commit-<id>/` (same
+//!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set;
+//!    then one `syncfs(2)`: all new data is durable before any of it becomes visible.
+//! 4. **Apply** in change-set order (parents first): `renameat` staged entries over their
+//!    targets, `mkdirat` new directories, remove deleted entries and trees. Each parent is
+//!    resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, and the last component
+//!    is only touched by calls that do not follow it, so no symlink (in DIR or in the branch)
+//!    can make a commit write outside DIR.
+//! 5. Set directory modes and mtimes deepest first, `syncfs` again (all renames, unlinks and
+//!    directory updates durable), remove the staging directory.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
+use rustix::io::Errno;
+
+use crate::beneath::{self, lstat_at, open_dir_beneath, remove_tree_at, split};
+use crate::changes::{ChangeKind, FileType, Item, Walker};
+use crate::meta::BranchState;
+use crate::{stale, Branch, CowError};
+
+/// The prefix of the staging directory at the top of the workdir. A branch may not create a
+/// top-level entry with this prefix.
+pub const STAGING_PREFIX: &str = ".lockbox-commit-";
+
+/// How to commit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitOptions {
+    /// Commit even if paths the branch changes were changed in the workdir since the branch
+    /// began (their workdir edits are overwritten).
+    pub force: bool,
+    /// Validate and count only; write nothing.
+    pub dry_run: bool,
+}
+
+/// What a commit did (or, for a dry run, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CommitReport {
+    /// Paths added.
+    pub added: u64,
+    /// Paths modified.
+    pub modified: u64,
+    /// Paths deleted (a directory counts once).
+    pub deleted: u64,
+    /// Paths whose type changed.
+    pub type_changed: u64,
+    /// Bytes of regular-file content written.
+    pub bytes: u64,
+    /// True if nothing was written.
+    pub dry_run: bool,
+    /// Stale paths overwritten because of `force`.
+    pub forced_stale: Vec<PathBuf>,
+}
+
+/// Applies `branch` to `workdir` (which must be the branch's own workdir). The branch is left
+/// in place; [`Branch::commit`] also removes it.
+///
+/// Not atomic across paths: a crash in step 4 leaves some paths new and some old (each path
+/// is whole, never torn) and the branch in state `Committing`; committing it again finishes.
+pub fn commit(
+    branch: &mut Branch,
+    workdir: &Path,
+    opts: &CommitOptions,
+) -> Result<CommitReport, CowError> {
+    let given = std::fs::canonicalize(workdir).map_err(|source| CowError::OpenWorkdir {
+        path: workdir.to_owned(),
+        source,
+    })?;
+    if given != branch.workdir() {
+        return Err(CowError::WorkdirMismatch {
+            expected: branch.workdir().to_owned(),
+            given,
+        });
+    }
+    let root = beneath::open_root(&given).map_err(|source| CowError::OpenWorkdir {
+        path: given.clone(),
+        source,
+    })?;
+    let mut report = validate(branch, root.as_fd(), opts)?;
+    if opts.dry_run {
+        report.dry_run = true;
+        return Ok(report);
+    }
+    branch.set_state(BranchState::Committing)?;
+    let staging_name = format!("{STAGING_PREFIX}{}", branch.id());
+    let plan = stage(branch, root.as_fd(), OsStr::new(&staging_name))?;
+    apply(root.as_fd(), &plan)?;
+    finish(root.as_fd(), &plan)?;
+    remove_tree_at(root.as_fd(), OsStr::new(&staging_name)).map_err(|source| CowError::Delete {
+        path: staging_name.clone().into(),
+        source,
+    })?;
+    rustix::fs::fsync(&root).map_err(|e| CowError::Fsync {
+        path: given,
+        source: e.into(),
+    })?;
+    Ok(report)
+}
+
+fn validate(
+    branch: &Branch,
+    root: BorrowedFd<'_>,
+    opts: &CommitOptions,
+) -> Result<CommitReport, CowError> {
+    let resuming = branch.meta().state == BranchState::Committing;
+    let base = branch.meta().base_ctime;
+    let mut report = CommitReport::default();
+    let (mut special, mut stale_paths) = (Vec::new(), Vec::new());
+    for item in Walker::new(&branch.upper_dir(), branch.workdir())? {
+        let item = item?;
+        let c = &item.change;
+        if c.path.components().count() == 1 && c.path.to_string_lossy().starts_with(STAGING_PREFIX)
+        {
+            return Err(CowError::ReservedName {
+                path: c.path.clone(),
+            });
+        }
+        if c.file_type == FileType::Special && c.kind != ChangeKind::Deleted {
+            special.push(c.path.clone());
+        }
+        match c.kind {
+            ChangeKind::Added => report.added += 1,
+            ChangeKind::Modified => report.modified += 1,
+            ChangeKind::Deleted => report.deleted += 1,
+            ChangeKind::TypeChanged => report.type_changed += 1,
+        }
+        if c.kind != ChangeKind::Deleted && c.file_type == FileType::File {
+            report.bytes += c.size;
+        }
+        if !resuming && stale::is_stale(root, &item, base)? {
+            stale_paths.push(c.path.clone());
+        }
+    }
+    if !special.is_empty() {
+        return Err(CowError::SpecialFiles { paths: special });
+    }
+    if !stale_paths.is_empty() {
+        if !opts.force {
+            return Err(CowError::StaleBase { paths: stale_paths });
+        }
+        report.forced_stale = stale_paths;
+    }
+    Ok(report)
+}
+
+enum Op {
+    /// Rename staged entry number `seq` to `path`.
+    Place { path: PathBuf, seq: u64 },
+    /// Make directory `path` (replacing a non-directory).
+    MakeDir { path: PathBuf },
+    /// Remove `path` (a whole tree for a directory).
+    Delete { path: PathBuf },
+}
+
+struct Plan {
+    staging: OwnedFd,
+    ops: Vec<Op>,
+    /// Directories whose mode and times are set at the end, deepest last in this list.
+    dirs: Vec<(PathBuf, u32, Timestamps)>,
+}
+
+fn timestamps(item: &Item) -> Timestamps {
+    let ts = |(s, n): (i64, i64)| Timespec {
+        tv_sec: s,
+        tv_nsec: n as _,
+    };
+    Timestamps {
+        last_access: ts(item.times[0]),
+        last_modification: ts(item.times[1]),
+    }
+}
+
+/// Setuid/setgid bits are dropped on commit: the branch was written by untrusted code, and
+/// the committed file belongs to the (possibly privileged) invoking user.
+fn file_mode(mode: u32) -> u32 {
+    mode & 0o1777
+}
+
+fn stage(branch: &Branch, root: BorrowedFd<'_>, staging_name: &OsStr) -> Result<Plan, CowError> {
+    let stage_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source: io::Error| CowError::Stage { path, source }
+    };
+    // A leftover from an interrupted commit of this branch is discarded.
+    remove_tree_at(root, staging_name).map_err(stage_err(Path::new(staging_name)))?;
+    rustix::fs::mkdirat(root, staging_name, Mode::from_raw_mode(0o700))
+        .map_err(|e| stage_err(Path::new(staging_name))(e.into()))?;
+    let staging =
+        beneath::open_child_dir(root, staging_name).map_err(stage_err(Path::new(staging_name)))?;
+    let upper = branch.upper_dir();
+    let mut plan = Plan {
+        staging,
+        ops: Vec::new(),
+        dirs: Vec::new(),
+    };
+    let mut seq = 0u64;
+    for item in Walker::new(&upper, branch.workdir())? {
+        let item = item?;
+        let c = &item.change;
+        let path = c.path.clone();
+        match (c.kind, c.file_type) {
+            (ChangeKind::Deleted, _) => plan.ops.push(Op::Delete { path }),
+            (_, FileType::Dir) => {
+                if c.kind != ChangeKind::Modified {
+                    plan.ops.push(Op::MakeDir { path: path.clone() });
+                }
+                plan.dirs.push((path, c.mode, timestamps(&item)));
+            }
+            (_, FileType::File | FileType::Symlink) => {
+                seq += 1;
+                stage_entry(&upper, plan.staging.as_fd(), seq, &item).map_err(stage_err(&path))?;
+                plan.ops.push(Op::Place { path, seq });
+            }
+            (_, FileType::Special) => {
+                return Err(CowError::SpecialFiles { paths: vec![path] });
+            }
+        }
+    }
+    rustix::fs::syncfs(&plan.staging).map_err(|e| CowError::SyncFs {
+        path: staging_name.into(),
+        source: e.into(),
+    })?;
+    Ok(plan)
+}
+
+fn stage_entry(upper: &Path, staging: BorrowedFd<'_>, seq: u64, item: &Item) -> io::Result<()> {
+    let src = upper.join(&item.change.path);
+    let name = seq.to_string();
+    let times = timestamps(item);
+    if item.change.file_type == FileType::Symlink {
+        let target = rustix::fs::readlink(&src, Vec::new())?;
+        rustix::fs::symlinkat(target.as_c_str(), staging, &name)?;
+        return Ok(rustix::fs::utimensat(
+            staging,
+            &name,
+            &times,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?);
+    }
+    let mut from = File::from(rustix::fs::open(
+        &src,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?);
+    let mut to = File::from(rustix::fs::openat(
+        staging,
+        &name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?);
+    io::copy(&mut from, &mut to)?;
+    rustix::fs::fchmod(&to, Mode::from_raw_mode(file_mode(item.change.mode)))?;
+    Ok(rustix::fs::futimens(&to, &times)?)
+}
+
+/// Caches the last parent directory: consecutive changes usually share it.
+struct Parents<'a> {
+    root: BorrowedFd<'a>,
+    last: Option<(PathBuf, OwnedFd)>,
+}
+
+impl Parents<'_> {
+    fn get(&mut self, parent: &Path) -> Result<BorrowedFd<'_>, CowError> {
+        let hit = matches!(&self.last, Some((p, _)) if p == parent);
+        if !hit {
+            let fd =
+                open_dir_beneath(self.root, parent).map_err(|source| CowError::ResolveBeneath {
+                    path: parent.to_owned(),
+                    source,
+                })?;
+            self.last = Some((parent.to_owned(), fd));
+        }
+        match &self.last {
+            Some((_, fd)) => Ok(fd.as_fd()),
+            None => Err(CowError::ResolveBeneath {
+                path: parent.to_owned(),
+                source: Errno::NOENT.into(),
+            }),
+        }
+    }
+}
+
+fn apply(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+    let mut parents = Parents { root, last: None };
+    for op in &plan.ops {
+        match op {
+            Op::Place { path, seq } => {
+                let (parent, name) = split(path);
+                let dir = parents.get(parent)?;
+                place(plan.staging.as_fd(), *seq, dir, name, path)?;
+            }
+            Op::MakeDir { path } => {
+                let (parent, name) = split(path);
+                let dir = parents.get(parent)?;
+                make_dir(dir, name, path)?;
+            }
+            Op::Delete { path } => {
+                let (parent, name) = split(path);
+                let dir = parents.get(parent)?;
+                remove_tree_at(dir, name).map_err(|source| CowError::Delete {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn place(
+    staging: BorrowedFd<'_>,
+    seq: u64,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+) -> Result<(), CowError> {
+    let existing = lstat_at(dir, name).map_err(|source| CowError::Rename {
+        path: path.to_owned(),
+        source,
+    })?;
+    if existing.is_some_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir()) {
+        remove_tree_at(dir, name).map_err(|source| CowError::Delete {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    let staged = seq.to_string();
+    match rustix::fs::renameat(staging, &staged, dir, name) {
+        Ok(()) => Ok(()),
+        Err(Errno::XDEV) => place_across_devices(staging, &staged, dir, name),
+        Err(e) => Err(e.into()),
+    }
+    .map_err(|source| CowError::Rename {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// DIR has another filesystem mounted below it: the staged copy cannot be renamed there, so
+/// it is copied to a temp file in the target directory, fsynced, renamed, and the directory
+/// fsynced (the classic per-file protocol; `syncfs` of DIR does not cover that filesystem).
+fn place_across_devices(
+    staging: BorrowedFd<'_>,
+    staged: &str,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+) -> io::Result<()> {
+    let tmp = format!(".lockbox-tmp-{}-{staged}", std::process::id());
+    let st = rustix::fs::statat(staging, staged, AtFlags::SYMLINK_NOFOLLOW)?;
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec as _,
+        },
+        last_modification: Timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec as _,
+        },
+    };
+    let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
+        let target = rustix::fs::readlinkat(staging, staged, Vec::new())?;
+        rustix::fs::symlinkat(target.as_c_str(), dir, &tmp)?;
+        rustix::fs::utimensat(dir, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    } else {
+        let mut from = beneath::open_child_file(staging, OsStr::new(staged))?;
+        let mut to = File::from(rustix::fs::openat(
+            dir,
+            &tmp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?);
+        io::copy(&mut from, &mut to)?;
+        rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
+        rustix::fs::futimens(&to, &times)?;
+        to.sync_all()?;
+    }
+    rustix::fs::renameat(dir, &tmp, dir, name)?;
+    rustix::fs::unlinkat(staging, staged, AtFlags::empty())?;
+    let d = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(rustix::fs::fsync(d)?)
+}
+
+fn make_dir(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), CowError> {
+    let err = |source: io::Error| CowError::Mkdir {
+        path: path.to_owned(),
+        source,
+    };
+    match lstat_at(dir, name).map_err(err)? {
+        Some(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => return Ok(()),
+        Some(_) => rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(|e| err(e.into()))?,
+        None => {}
+    }
+    // 0700 until the end: the final mode may forbid writing the entries still to come.
+    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700)).map_err(|e| err(e.into()))
+}
+
+fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+    for (path, mode, times) in plan.dirs.iter().rev() {
+        let set = || -> io::Result<()> {
+            let fd = rustix::fs::openat2(
+                root,
+                path,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                beneath::RESOLVE,
+            )?;
+            beneath::chmod_fd(fd.as_fd(), *mode)?;
+            beneath::set_times_fd(fd.as_fd(), times)
+        };
+        set().map_err(|source| CowError::SetMeta {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    rustix::fs::syncfs(root).map_err(|e| CowError::SyncFs {
+        path: PathBuf::new(),
+        source: e.into(),
+    })
+}

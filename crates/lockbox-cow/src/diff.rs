@@ -1,0 +1,216 @@
+//! [`FileDiff`]: what `lockbox branch diff` prints for one path: a unified diff for text,
+//! a summary for anything else.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::{Component, Path};
+
+use rustix::fs::FileType as RawType;
+
+use crate::beneath::{self, lstat_at, split};
+use crate::{overlay, Branch, CowError};
+
+/// Files larger than this are summarised, not diffed.
+pub const MAX_DIFF_BYTES: u64 = 8 * 1024 * 1024;
+
+/// One side of a diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Side {
+    /// Nothing at this path.
+    Absent,
+    /// A regular file of this size.
+    File {
+        /// Size in bytes.
+        size: u64,
+    },
+    /// A directory.
+    Dir,
+    /// A symlink with this target.
+    Symlink {
+        /// The link target, lossily decoded.
+        target: String,
+    },
+    /// A device, FIFO or socket.
+    Special,
+}
+
+/// The difference at one path between the workdir (old) and the branch (new).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileDiff {
+    /// Both sides are text (or absent): a unified diff with `a/PATH` and `b/PATH` headers;
+    /// empty if they are equal.
+    Text {
+        /// The unified diff.
+        unified: String,
+    },
+    /// At least one side is binary, too large, or not a regular file.
+    Summary {
+        /// The workdir side.
+        old: Side,
+        /// The branch side.
+        new: Side,
+    },
+}
+
+impl std::fmt::Display for FileDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileDiff::Text { unified } => f.write_str(unified),
+            FileDiff::Summary { old, new } => write!(f, "{} -> {}", describe(old), describe(new)),
+        }
+    }
+}
+
+fn describe(s: &Side) -> String {
+    match s {
+        Side::Absent => "absent".into(),
+        Side::File { size } => format!("binary file, {size} bytes"),
+        Side::Dir => "directory".into(),
+        Side::Symlink { target } => format!("symlink to {target}"),
+        Side::Special => "special file".into(),
+    }
+}
+
+enum Content {
+    Side(Side),
+    Bytes(Vec<u8>),
+}
+
+impl Branch {
+    /// Diffs one path (relative to the workdir) between the workdir and the branch. A path
+    /// the branch does not touch compares equal.
+    pub fn diff(&self, path: &Path) -> Result<FileDiff, CowError> {
+        if path.as_os_str().is_empty()
+            || !path.components().all(|c| matches!(c, Component::Normal(_)))
+        {
+            return Err(CowError::BadPath {
+                path: path.to_owned(),
+            });
+        }
+        let new = self.upper_side(path)?;
+        let old = lower_side(self.workdir(), path)?;
+        let new = match new {
+            Some(n) => n,
+            None => lower_side(self.workdir(), path)?,
+        };
+        Ok(match (old, new) {
+            (Content::Bytes(a), Content::Bytes(b)) => text_or_summary(path, a, b),
+            (Content::Side(Side::Absent), Content::Bytes(b)) => text_or_summary(path, vec![], b),
+            (Content::Bytes(a), Content::Side(Side::Absent)) => text_or_summary(path, a, vec![]),
+            (o, n) => FileDiff::Summary {
+                old: side_of(&o),
+                new: side_of(&n),
+            },
+        })
+    }
+
+    /// The branch side, or `None` when the upper layer does not have the path (unchanged, or
+    /// below an unchanged directory).
+    fn upper_side(&self, path: &Path) -> Result<Option<Content>, CowError> {
+        let upper = self.upper_dir();
+        let abs = upper.join(path);
+        let err = |source| CowError::ReadUpper {
+            path: abs.clone(),
+            source,
+        };
+        let root = beneath::open_root(&upper).map_err(err)?;
+        let (parent, name) = split(path);
+        let dir = match beneath::open_dir_beneath(root.as_fd(), parent) {
+            Ok(d) => d,
+            // Not in the upper: unchanged (the lower side shows through).
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {
+                return Ok(None)
+            }
+            // A parent is a file or symlink in the branch: nothing is at this path there.
+            Err(_) => return Ok(Some(Content::Side(Side::Absent))),
+        };
+        let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
+            return Ok(None);
+        };
+        if overlay::is_whiteout(&st, &overlay::OverlayXattrs::of(&abs)) {
+            return Ok(Some(Content::Side(Side::Absent)));
+        }
+        content(dir.as_fd(), name, &st).map(Some).map_err(err)
+    }
+}
+
+fn lower_side(workdir: &Path, path: &Path) -> Result<Content, CowError> {
+    let err = |source| CowError::ReadLower {
+        path: path.to_owned(),
+        source,
+    };
+    let root = beneath::open_root(workdir).map_err(err)?;
+    let (parent, name) = split(path);
+    let dir = match beneath::open_dir_beneath(root.as_fd(), parent) {
+        Ok(d) => d,
+        Err(_) => return Ok(Content::Side(Side::Absent)),
+    };
+    match lstat_at(dir.as_fd(), name).map_err(err)? {
+        None => Ok(Content::Side(Side::Absent)),
+        Some(st) => content(dir.as_fd(), name, &st).map_err(err),
+    }
+}
+
+fn content(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    st: &rustix::fs::Stat,
+) -> std::io::Result<Content> {
+    Ok(Content::Side(match RawType::from_raw_mode(st.st_mode) {
+        RawType::RegularFile if st.st_size as u64 <= MAX_DIFF_BYTES => {
+            let mut bytes = Vec::new();
+            beneath::open_child_file(dir, name)?.read_to_end(&mut bytes)?;
+            return Ok(Content::Bytes(bytes));
+        }
+        RawType::RegularFile => Side::File {
+            size: st.st_size as u64,
+        },
+        RawType::Directory => Side::Dir,
+        RawType::Symlink => Side::Symlink {
+            target: rustix::fs::readlinkat(dir, name, Vec::new())?
+                .to_string_lossy()
+                .into_owned(),
+        },
+        _ => Side::Special,
+    }))
+}
+
+fn side_of(c: &Content) -> Side {
+    match c {
+        Content::Side(s) => s.clone(),
+        Content::Bytes(b) => Side::File {
+            size: b.len() as u64,
+        },
+    }
+}
+
+fn is_text(b: &[u8]) -> bool {
+    !b.contains(&0) && std::str::from_utf8(b).is_ok()
+}
+
+fn text_or_summary(path: &Path, old: Vec<u8>, new: Vec<u8>) -> FileDiff {
+    if !(is_text(&old) && is_text(&new)) {
+        return FileDiff::Summary {
+            old: Side::File {
+                size: old.len() as u64,
+            },
+            new: Side::File {
+                size: new.len() as u64,
+            },
+        };
+    }
+    let (a, b) = (
+        String::from_utf8_lossy(&old).into_owned(),
+        String::from_utf8_lossy(&new).into_owned(),
+    );
+    let p = path.to_string_lossy();
+    let unified = if a == b {
+        String::new()
+    } else {
+        similar::TextDiff::from_lines(&a, &b)
+            .unified_diff()
+            .header(&format!("a/{p}"), &format!("b/{p}"))
+            .to_string()
+    };
+    FileDiff::Text { unified }
+}

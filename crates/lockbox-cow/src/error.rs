@@ -1,0 +1,290 @@
+//! The crate's error type: one variant per failed step, each naming the path or id involved.
+//!
+//! Library code classifies ([`CowError::code`], [`CowError::exit_code`]); front ends map once.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `lockbox-cow`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CowError {
+    /// A branch id failed validation.
+    #[error("invalid branch id {id:?}: {reason}")]
+    InvalidBranchId {
+        /// The rejected text.
+        id: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The state directory (or its `branches/` subdirectory) could not be created or opened.
+    #[error("state dir {path}: {source}")]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A branch directory (or its `upper/` / `work/`) could not be created.
+    #[error("create branch dir {path}: {source}")]
+    CreateBranchDir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// No branch with this id exists in the state directory.
+    #[error("branch {id} not found in {path}")]
+    BranchNotFound {
+        /// The id looked up.
+        id: String,
+        /// The `branches/` directory searched.
+        path: PathBuf,
+    },
+    /// The workdir could not be resolved or opened.
+    #[error("workdir {path}: {source}")]
+    OpenWorkdir {
+        /// The workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The workdir given to commit is not the one the branch was made from.
+    #[error("branch was made from {expected}, not {given}")]
+    WorkdirMismatch {
+        /// The workdir recorded in the branch.
+        expected: PathBuf,
+        /// The workdir passed in.
+        given: PathBuf,
+    },
+    /// The state directory and the workdir overlap: overlayfs refuses overlapping layers
+    /// (`ELOOP`), and a commit would copy the branch into itself.
+    #[error("state dir {state} and workdir {workdir} overlap; put the state dir elsewhere")]
+    Overlap {
+        /// The state directory.
+        state: PathBuf,
+        /// The workdir.
+        workdir: PathBuf,
+    },
+    /// Writing `meta.json` (temp file, fsync, rename, directory fsync) failed.
+    #[error("write branch meta {path}: {source}")]
+    WriteMeta {
+        /// The meta file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Reading `meta.json` failed.
+    #[error("read branch meta {path}: {source}")]
+    ReadMeta {
+        /// The meta file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// `meta.json` is not valid, has the wrong checksum or an unknown format version.
+    #[error("corrupt branch meta {path}: {reason}")]
+    CorruptMeta {
+        /// The meta file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Removing a branch directory failed.
+    #[error("remove branch {path}: {source}")]
+    RemoveBranch {
+        /// The branch directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Listing the branches of a state directory failed.
+    #[error("list branches in {path}: {source}")]
+    ListBranches {
+        /// The `branches/` directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Reading the upper layer (the branch) failed.
+    #[error("read branch entry {path}: {source}")]
+    ReadUpper {
+        /// The path inside the upper layer.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Reading the lower layer (the workdir) failed.
+    #[error("read workdir entry {path}: {source}")]
+    ReadLower {
+        /// The path inside the workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The branch holds devices, FIFOs or sockets; nothing was applied.
+    #[error(
+        "branch holds special files (devices, fifos or sockets), nothing applied: {}",
+        list(paths)
+    )]
+    SpecialFiles {
+        /// The offending paths, relative to the workdir.
+        paths: Vec<PathBuf>,
+    },
+    /// The branch holds a name lockbox reserves for its own staging; nothing was applied.
+    #[error("branch uses reserved name {path}, nothing applied")]
+    ReservedName {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Paths the branch changes were changed in the workdir after the branch began.
+    #[error(
+        "stale base: changed in the workdir since the branch began: {}",
+        list(paths)
+    )]
+    StaleBase {
+        /// The paths changed on both sides, relative to the workdir.
+        paths: Vec<PathBuf>,
+    },
+    /// Resolving a path beneath the workdir failed (for example because a component is a
+    /// symlink, which commit never follows).
+    #[error("resolve {path} beneath the workdir: {source}")]
+    ResolveBeneath {
+        /// The path, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error (`ELOOP` for a symlink, `EXDEV` for an escape).
+        source: io::Error,
+    },
+    /// Creating or filling the staging area failed.
+    #[error("stage {path}: {source}")]
+    Stage {
+        /// The path being staged, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// `syncfs` failed.
+    #[error("syncfs on {path}: {source}")]
+    SyncFs {
+        /// The directory whose filesystem was synced.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Renaming a staged file into place failed.
+    #[error("rename into {path}: {source}")]
+    Rename {
+        /// The destination, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Creating a directory failed.
+    #[error("mkdir {path}: {source}")]
+    Mkdir {
+        /// The directory, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Deleting a file or a directory tree failed.
+    #[error("delete {path}: {source}")]
+    Delete {
+        /// The path, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Setting a mode or timestamps failed.
+    #[error("set mode/times of {path}: {source}")]
+    SetMeta {
+        /// The path, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Fsyncing a directory failed.
+    #[error("fsync {path}: {source}")]
+    Fsync {
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The upper layer uses an overlayfs feature the change set cannot represent
+    /// (`metacopy`: the data stays in the lower file; `redirect`: a renamed directory).
+    #[error("branch entry {path} uses overlayfs {feature}, which lockbox does not support (mount without it)")]
+    UnsupportedOverlay {
+        /// The path inside the upper layer.
+        path: PathBuf,
+        /// `metacopy` or `redirect`.
+        feature: &'static str,
+    },
+    /// The path asked for in a diff is not a plain relative path.
+    #[error("bad path {path}: must be relative, without `..`")]
+    BadPath {
+        /// The rejected path.
+        path: PathBuf,
+    },
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    const SHOWN: usize = 20;
+    let mut s = paths
+        .iter()
+        .take(SHOWN)
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > SHOWN {
+        s.push_str(&format!(" and {} more", paths.len() - SHOWN));
+    }
+    s
+}
+
+impl CowError {
+    /// A stable, `SCREAMING_SNAKE` code for the wire (HTTP, JSON reports).
+    pub fn code(&self) -> &'static str {
+        match self {
+            CowError::InvalidBranchId { .. } => "INVALID_BRANCH_ID",
+            CowError::StateDir { .. } => "STATE_DIR",
+            CowError::CreateBranchDir { .. } => "CREATE_BRANCH_DIR",
+            CowError::BranchNotFound { .. } => "BRANCH_NOT_FOUND",
+            CowError::OpenWorkdir { .. } => "OPEN_WORKDIR",
+            CowError::WorkdirMismatch { .. } => "WORKDIR_MISMATCH",
+            CowError::Overlap { .. } => "STATE_WORKDIR_OVERLAP",
+            CowError::WriteMeta { .. } => "WRITE_BRANCH_META",
+            CowError::ReadMeta { .. } => "READ_BRANCH_META",
+            CowError::CorruptMeta { .. } => "CORRUPT_BRANCH_META",
+            CowError::RemoveBranch { .. } => "REMOVE_BRANCH",
+            CowError::ListBranches { .. } => "LIST_BRANCHES",
+            CowError::ReadUpper { .. } => "READ_BRANCH_ENTRY",
+            CowError::ReadLower { .. } => "READ_WORKDIR_ENTRY",
+            CowError::SpecialFiles { .. } => "SPECIAL_FILES",
+            CowError::ReservedName { .. } => "RESERVED_NAME",
+            CowError::StaleBase { .. } => "STALE_BASE",
+            CowError::ResolveBeneath { .. } => "RESOLVE_BENEATH",
+            CowError::Stage { .. } => "COMMIT_STAGE",
+            CowError::SyncFs { .. } => "COMMIT_SYNCFS",
+            CowError::Rename { .. } => "COMMIT_RENAME",
+            CowError::Mkdir { .. } => "COMMIT_MKDIR",
+            CowError::Delete { .. } => "COMMIT_DELETE",
+            CowError::SetMeta { .. } => "COMMIT_SET_META",
+            CowError::Fsync { .. } => "FSYNC",
+            CowError::UnsupportedOverlay { .. } => "UNSUPPORTED_OVERLAY",
+            CowError::BadPath { .. } => "BAD_PATH",
+        }
+    }
+
+    /// The process exit code a front end should use: 5 for a stale base, 2 for a bad id or
+    /// path (usage), 4 for every other failure (commit/branch operation failed).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CowError::StaleBase { .. } => 5,
+            CowError::InvalidBranchId { .. }
+            | CowError::BranchNotFound { .. }
+            | CowError::BadPath { .. } => 2,
+            _ => 4,
+        }
+    }
+}

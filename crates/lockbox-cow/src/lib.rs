@@ -1,0 +1,57 @@
+//! Copy-on-write branches of a directory.
+//!
+//! A sandbox sees a workdir through an overlayfs mount (lower = the real workdir, upper = a
+//! [`Branch`]'s `upper/`). Afterwards the branch's [`ChangeSet`] says what it would do, and
+//! [`commit`] applies it to the real workdir, safely (never outside it, never through a
+//! symlink, special files refused up front) and durably (staged, `syncfs`, renamed). Or the
+//! branch is aborted ([`Branch::abort`]) or kept ([`Branch::keep`]) for review.
+//!
+//! Brief overview:
+//! - [`Branch`]: `STATE/branches/<id>/{upper,work,meta.json}`; [`list`], [`abort_id`];
+//! - [`ChangeSet`] / [`ChangeIter`] of [`Change`]s (`Added | Modified | Deleted |
+//!   TypeChanged`); [`Branch::diff`] gives a [`FileDiff`] per path;
+//! - [`commit`] with [`CommitOptions`] (`force`, `dry_run`) returns a [`CommitReport`], or
+//!   [`CowError::StaleBase`] (exit code 5) when the workdir changed under the branch.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), lockbox_cow::CowError> {
+//! use lockbox_cow::{Branch, CommitOptions};
+//! use std::path::Path;
+//! let branch = Branch::create(Path::new("/var/lib/lockbox"), Path::new("/home/me/repo"),
+//!     serde_json::json!({"command": ["make"]}))?;
+//! // mount -t overlay overlay -o lowerdir=/home/me/repo,upperdir={upper},workdir={work},userxattr
+//! let (_upper, _work) = (branch.upper_dir(), branch.work_dir());
+//! // ... run the sandbox ...
+//! for change in branch.changes()? {
+//!     let change = change?;
+//!     println!("{} {}", change.kind.letter(), change.path.display());
+//! }
+//! let report = branch.commit(&CommitOptions::default())?;
+//! # let _ = report; Ok(()) }
+//! ```
+//!
+//! Not here: mounting the overlay and running processes (`lockbox-confine`, the CLI),
+//! transactions over several branches and their WAL (`lockbox-txn`).
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub use crate::branch::{abort_id, branches_dir, list, Branch, ListedBranch};
+pub use crate::changes::{Change, ChangeIter, ChangeKind, ChangeSet, FileType};
+pub use crate::commit::{commit, CommitOptions, CommitReport, STAGING_PREFIX};
+pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
+pub use crate::error::CowError;
+pub use crate::id::BranchId;
+pub use crate::meta::{BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
+
+mod beneath;
+mod branch;
+mod changes;
+mod commit;
+mod diff;
+mod durable;
+mod error;
+mod id;
+mod meta;
+mod overlay;
+mod stale;

@@ -1,0 +1,165 @@
+//! `meta.json`: the durable record of a branch.
+//!
+//! On disk: `{"format_version": 1, "checksum": "crc32:XXXXXXXX", "meta": {...}}` where the
+//! checksum is a CRC-32 (IEEE) of the canonical JSON of `meta` (serde_json with sorted object
+//! keys). Written temp + fsync + rename + fsync of the directory.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{durable, BranchId, CowError};
+
+/// The current `meta.json` format version.
+pub const META_FORMAT_VERSION: u32 = 1;
+pub(crate) const META_FILE: &str = "meta.json";
+
+/// A point in time as seconds and nanoseconds since the Unix epoch (a file timestamp or a
+/// wall-clock reading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Seconds since the epoch.
+    pub secs: i64,
+    /// Nanoseconds within the second.
+    pub nanos: i64,
+}
+
+/// Where a branch is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BranchState {
+    /// Created; a sandbox may be writing into it (or its owner died: see
+    /// [`crate::ListedBranch::is_orphan`]).
+    Active,
+    /// Kept for review (`--on-exit keep`).
+    Kept,
+    /// A commit started. If lockbox died during it, committing again finishes the job
+    /// (the stale-base check is skipped then, as the half-applied commit itself changed the
+    /// workdir).
+    Committing,
+}
+
+/// What `meta.json` records about a branch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchMeta {
+    /// The branch id (also its directory name).
+    pub id: BranchId,
+    /// The workdir (lower layer), canonicalised at creation.
+    pub workdir: PathBuf,
+    /// Wall-clock creation time.
+    pub created: Timestamp,
+    /// The stale-base reference: the ctime the kernel gave the branch's `upper/` directory
+    /// when it was made. Any later change to a workdir entry gets a ctime `>=` this.
+    pub base_ctime: Timestamp,
+    /// Where the branch is in its life.
+    pub state: BranchState,
+    /// The pid of the process that created the branch (for orphan detection).
+    pub owner_pid: u32,
+    /// Opaque caller data: typically the policy and the command that made the branch.
+    pub context: serde_json::Value,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MetaFile {
+    format_version: u32,
+    checksum: String,
+    meta: serde_json::Value,
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn checksum_of(meta: &serde_json::Value) -> Result<String, serde_json::Error> {
+    Ok(format!("crc32:{:08x}", crc32(&serde_json::to_vec(meta)?)))
+}
+
+/// Writes `meta` into `branch_dir/meta.json` durably.
+pub(crate) fn write(branch_dir: &Path, meta: &BranchMeta) -> Result<(), CowError> {
+    let path = branch_dir.join(META_FILE);
+    let err = |source| CowError::WriteMeta {
+        path: path.clone(),
+        source,
+    };
+    let json = (|| {
+        let value = serde_json::to_value(meta)?;
+        let file = MetaFile {
+            format_version: META_FORMAT_VERSION,
+            checksum: checksum_of(&value)?,
+            meta: value,
+        };
+        serde_json::to_vec_pretty(&file)
+    })()
+    .map_err(|e| err(e.into()))?;
+    durable::write_atomic(branch_dir, META_FILE, &json).map_err(err)
+}
+
+/// Reads and verifies `branch_dir/meta.json`.
+pub(crate) fn read(branch_dir: &Path) -> Result<BranchMeta, CowError> {
+    let path = branch_dir.join(META_FILE);
+    let bytes = std::fs::read(&path).map_err(|source| CowError::ReadMeta {
+        path: path.clone(),
+        source,
+    })?;
+    let corrupt = |reason: String| CowError::CorruptMeta {
+        path: path.clone(),
+        reason,
+    };
+    let file: MetaFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    if file.format_version != META_FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "format version {} (this lockbox reads {META_FORMAT_VERSION})",
+            file.format_version
+        )));
+    }
+    let sum = checksum_of(&file.meta).map_err(|e| corrupt(e.to_string()))?;
+    if sum != file.checksum {
+        return Err(corrupt(format!(
+            "checksum mismatch: recorded {}, computed {sum}",
+            file.checksum
+        )));
+    }
+    serde_json::from_value(file.meta).map_err(|e| corrupt(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_matches_reference() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn round_trip_and_tamper_detection() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = BranchMeta {
+            id: BranchId::parse("b1").unwrap(),
+            workdir: "/x".into(),
+            created: Timestamp { secs: 1, nanos: 2 },
+            base_ctime: Timestamp { secs: 3, nanos: 4 },
+            state: BranchState::Active,
+            owner_pid: 7,
+            context: serde_json::json!({"command": ["sh", "-c", "true"], "z": 1.5, "a": null}),
+        };
+        write(dir.path(), &meta).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), meta);
+        let p = dir.path().join(META_FILE);
+        let text = std::fs::read_to_string(&p).unwrap().replace("/x", "/y");
+        std::fs::write(&p, text).unwrap();
+        let err = read(dir.path()).unwrap_err();
+        assert_eq!(err.code(), "CORRUPT_BRANCH_META", "{err}");
+    }
+}

@@ -1,0 +1,747 @@
+//! Real-kernel tests of branches, change sets and commit: each builds the upper layer by
+//! running shell commands inside an actual overlayfs mount in a user namespace.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use common::{hash_tree, require_overlay, run_in_branch, sh, snapshot, tick, Scratch};
+use lockbox_cow::{
+    abort_id, list, Branch, BranchId, BranchState, Change, CommitOptions, CowError, FileDiff,
+    FileType,
+};
+
+fn kinds(branch: &Branch) -> Vec<(String, char, FileType)> {
+    branch
+        .change_set()
+        .unwrap()
+        .into_iter()
+        .map(|c: Change| (c.path.display().to_string(), c.kind.letter(), c.file_type))
+        .collect()
+}
+
+const FORCE: CommitOptions = CommitOptions {
+    force: true,
+    dry_run: false,
+};
+
+#[test]
+fn branch_layout_meta_and_list() {
+    let s = Scratch::new();
+    std::fs::set_permissions(&s.wd, std::fs::Permissions::from_mode(0o751)).unwrap();
+    let ctx = serde_json::json!({"policy": {"net": "deny"}, "command": ["make", "-j2"]});
+    let b = Branch::create(&s.state, &s.wd, ctx.clone()).unwrap();
+    let dir = s.state.join("branches").join(b.id().as_str());
+    assert_eq!(b.dir(), dir);
+    assert!(dir.join("upper").is_dir() && dir.join("work").is_dir());
+    assert!(dir.join("meta.json").is_file());
+    // The overlay root takes its mode from the upper root.
+    let up = std::fs::metadata(b.upper_dir()).unwrap();
+    assert_eq!(up.mode() & 0o7777, 0o751);
+    let m = b.meta();
+    assert_eq!(m.workdir, std::fs::canonicalize(&s.wd).unwrap());
+    assert_eq!(m.context, ctx);
+    assert_eq!(m.state, BranchState::Active);
+    assert_eq!(m.owner_pid, std::process::id());
+    let reopened = Branch::open(&s.state, b.id()).unwrap();
+    assert_eq!(reopened.meta(), b.meta());
+    let listed = list(&s.state).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(&listed[0].id, b.id());
+    assert!(!listed[0].is_orphan(), "our own live branch is no orphan");
+    let mut b = b;
+    b.keep().unwrap();
+    assert_eq!(
+        Branch::open(&s.state, b.id()).unwrap().meta().state,
+        BranchState::Kept
+    );
+    let missing = BranchId::parse("nope").unwrap();
+    let e = Branch::open(&s.state, &missing).unwrap_err();
+    assert_eq!((e.code(), e.exit_code()), ("BRANCH_NOT_FOUND", 2));
+}
+
+#[test]
+fn abort_removes_branch_even_with_unwritable_entries() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo hi > f; mkdir d; echo x > d/g");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "mkdir -p n/m && echo y > n/m/z && chmod 000 n/m && chmod 500 n && echo z > d/g && chmod 000 d/g && rm f"
+    ));
+    // The kernel leaves work/work at mode 000.
+    let ww = b.work_dir().join("work");
+    assert_eq!(std::fs::metadata(&ww).unwrap().mode() & 0o777, 0);
+    let dir = b.dir().to_owned();
+    b.abort().unwrap();
+    assert!(!dir.exists());
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+#[test]
+fn damaged_branch_is_listed_and_can_be_aborted() {
+    let s = Scratch::new();
+    let b = Branch::create(&s.state, &s.wd, serde_json::Value::Null).unwrap();
+    // Half-created branch: no meta.json.
+    let half = s.state.join("branches").join("half");
+    std::fs::create_dir_all(half.join("upper")).unwrap();
+    // Corrupted meta.
+    let meta = b.dir().join("meta.json");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    std::fs::write(&meta, text.replace("\"active\"", "\"kept\"")).unwrap();
+    let listed = list(&s.state).unwrap();
+    assert_eq!(listed.len(), 2);
+    for l in &listed {
+        assert!(l.meta.is_err(), "{:?}", l.meta);
+        assert!(l.is_orphan());
+    }
+    let e = Branch::open(&s.state, b.id()).unwrap_err();
+    assert_eq!(e.code(), "CORRUPT_BRANCH_META");
+    abort_id(&s.state, b.id()).unwrap();
+    abort_id(&s.state, &BranchId::parse("half").unwrap()).unwrap();
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+/// Set by [`orphan_after_kill_9_is_listed_and_aborted`] for the child it re-executes.
+const HELPER_ENV: &str = "LOCKBOX_COW_TEST_HELPER_STATE";
+
+#[test]
+fn helper_create_branch_then_die() {
+    let (Ok(state), Ok(wd)) = (
+        std::env::var(HELPER_ENV),
+        std::env::var("LOCKBOX_COW_TEST_HELPER_WD"),
+    ) else {
+        return; // only does something when re-executed by the test below
+    };
+    let _b = Branch::create(Path::new(&state), Path::new(&wd), serde_json::json!("x")).unwrap();
+    let me = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &me])
+        .status();
+    std::thread::sleep(std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn orphan_after_kill_9_is_listed_and_aborted() {
+    let s = Scratch::new();
+    let st = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "helper_create_branch_then_die", "--nocapture"])
+        .env(HELPER_ENV, &s.state)
+        .env("LOCKBOX_COW_TEST_HELPER_WD", &s.wd)
+        .status()
+        .unwrap();
+    assert!(!st.success(), "helper should have been killed");
+    let listed = list(&s.state).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].meta.is_ok());
+    assert!(listed[0].is_orphan(), "owner died, so it is an orphan");
+    let b = Branch::open(&s.state, &listed[0].id).unwrap();
+    b.abort().unwrap();
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+#[test]
+fn change_set_semantics() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(
+        &s.wd,
+        "echo a > mod; echo b > chm; echo c > touched; echo d > del; echo e > same; \
+         mkdir -p gone/sub && echo f > gone/sub/x; \
+         mkdir -p opq/keep opq/old && echo g > opq/keep/k && echo h > opq/old/o && echo i > opq/f; \
+         echo j > f2d; mkdir d2f && echo k > d2f/x; ln -s mod link; echo m > mvsrc; \
+         mkdir -p dirmode",
+    );
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo more >> mod; chmod 600 chm; touch -d @1000000 touched; rm del; rm -r gone; \
+         cat same > /dev/null; : >> same; \
+         rm -rf opq; mkdir -p opq/keep; echo new > opq/keep/k; echo n > opq/added; \
+         rm f2d; mkdir f2d; echo y > f2d/in; rm -r d2f; echo z > d2f; \
+         ln -sf chm link; mv mvsrc mvdst; chmod 700 dirmode; mkfifo fifo; \
+         mkdir -p new/deep && echo q > new/deep/file && ln -s ../../outside new/esc"
+    ));
+    let got = kinds(&b);
+    use FileType::*;
+    let want: Vec<(String, char, FileType)> = [
+        ("chm", 'M', File),
+        ("d2f", 'T', File),
+        ("del", 'D', File),
+        ("dirmode", 'M', Dir),
+        ("f2d", 'T', Dir),
+        ("f2d/in", 'A', File),
+        ("fifo", 'A', Special),
+        ("gone", 'D', Dir),
+        ("link", 'M', Symlink),
+        ("mod", 'M', File),
+        ("mvdst", 'A', File),
+        ("mvsrc", 'D', File),
+        ("new", 'A', Dir),
+        ("new/deep", 'A', Dir),
+        ("new/deep/file", 'A', File),
+        ("new/esc", 'A', Symlink),
+        ("opq/added", 'A', File),
+        ("opq/f", 'D', File),
+        ("opq/keep/k", 'M', File),
+        ("opq/old", 'D', Dir),
+        ("touched", 'M', File),
+    ]
+    .into_iter()
+    .map(|(p, k, t)| (p.to_string(), k, t))
+    .collect();
+    assert_eq!(got, want);
+    // Streaming and collecting agree; order is Path order.
+    let streamed: Vec<Change> = b.changes().unwrap().map(|c| c.unwrap()).collect();
+    assert_eq!(streamed, b.change_set().unwrap().changes());
+    let mut sorted: Vec<PathBuf> = streamed.iter().map(|c| c.path.clone()).collect();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        streamed.iter().map(|c| c.path.clone()).collect::<Vec<_>>()
+    );
+    let chm = streamed
+        .iter()
+        .find(|c| c.path == Path::new("chm"))
+        .unwrap();
+    assert_eq!((chm.mode, chm.size), (0o600, 2));
+    assert!(b.change_set().unwrap().to_lines().contains("D del\n"));
+}
+
+#[test]
+fn diff_text_and_binary() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(
+        &s.wd,
+        "printf 'one\\ntwo\\nthree\\n' > t; printf 'a\\0b' > bin",
+    );
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "printf 'one\\n2\\nthree\\n' > t; printf 'a\\0bc' > bin; echo new > n"
+    ));
+    let FileDiff::Text { unified } = b.diff(Path::new("t")).unwrap() else {
+        panic!("text expected")
+    };
+    assert!(
+        unified.contains("--- a/t") && unified.contains("+++ b/t"),
+        "{unified}"
+    );
+    assert!(unified.contains("-two\n+2\n"), "{unified}");
+    let d = b.diff(Path::new("bin")).unwrap();
+    assert!(matches!(d, FileDiff::Summary { .. }), "{d:?}");
+    assert_eq!(
+        d.to_string(),
+        "binary file, 3 bytes -> binary file, 4 bytes"
+    );
+    let FileDiff::Text { unified } = b.diff(Path::new("n")).unwrap() else {
+        panic!()
+    };
+    assert!(unified.contains("+new"), "{unified}");
+    let e = b.diff(Path::new("../t")).unwrap_err();
+    assert_eq!(e.code(), "BAD_PATH");
+}
+
+#[test]
+fn commit_applies_and_preserves_modes_times_links() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(
+        &s.wd,
+        "echo a > f; mkdir d; echo b > d/x; ln -s f l; echo c > gone",
+    );
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo A > f; chmod 640 f; touch -d @1234567890 f; rm gone; mkdir -p n/m; \
+         echo z > n/m/z; chmod 555 n; ln -s /etc/passwd abs; rm l; ln -s d l; \
+         printf 'x' > s; chmod 4755 s; echo h > hl1; ln hl1 hl2"
+    ));
+    let upper_snap = snapshot(&b.upper_dir());
+    let report = b.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(report.deleted, 1);
+    let snap = snapshot(&s.wd);
+    use common::Node;
+    assert_eq!(snap[Path::new("f")], Node::File(0o640, b"A\n".to_vec()));
+    assert_eq!(
+        std::fs::metadata(s.wd.join("f")).unwrap().mtime(),
+        1234567890
+    );
+    assert!(!snap.contains_key(Path::new("gone")));
+    assert_eq!(snap[Path::new("n")], Node::Dir(0o555));
+    assert_eq!(snap[Path::new("n/m/z")], Node::File(0o644, b"z\n".to_vec()));
+    assert_eq!(snap[Path::new("abs")], Node::Symlink("/etc/passwd".into()));
+    assert_eq!(snap[Path::new("l")], Node::Symlink("d".into()));
+    // setuid is dropped on commit.
+    assert_eq!(snap[Path::new("s")], Node::File(0o755, b"x".to_vec()));
+    // Hard links become independent files.
+    let (h1, h2) = (
+        std::fs::metadata(s.wd.join("hl1")).unwrap(),
+        std::fs::metadata(s.wd.join("hl2")).unwrap(),
+    );
+    assert_ne!(h1.ino(), h2.ino());
+    assert_eq!(snap[Path::new("hl2")], Node::File(0o644, b"h\n".to_vec()));
+    assert!(upper_snap.contains_key(Path::new("hl2")));
+    // Branch and staging are gone; owner is us.
+    assert!(list(&s.state).unwrap().is_empty());
+    let names: Vec<_> = std::fs::read_dir(&s.wd)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with(".lockbox")),
+        "{names:?}"
+    );
+    assert_eq!(
+        std::fs::metadata(s.wd.join("n/m/z")).unwrap().uid(),
+        rustix::process::geteuid().as_raw()
+    );
+    std::fs::set_permissions(s.wd.join("n"), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn abort_and_dry_run_leave_workdir_byte_identical() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > f; mkdir -p d/e; echo b > d/e/x; ln -s f l");
+    let before = hash_tree(&s.wd);
+    let b = s.branch();
+    // The command fails half-way: what it wrote is still only in the branch.
+    assert!(!run_in_branch(
+        &b,
+        "echo A > f; rm -r d; mkdir d; echo n > new; chmod 700 f; exit 3"
+    ));
+    let dry = CommitOptions {
+        force: false,
+        dry_run: true,
+    };
+    let mut b = b;
+    let r = lockbox_cow::commit(&mut b, &s.wd, &dry).unwrap();
+    assert!(r.dry_run);
+    assert_eq!((r.added, r.modified, r.deleted), (1, 1, 1));
+    assert_eq!(hash_tree(&s.wd), before, "dry run changed the workdir");
+    let r2 = b.clone().commit(&dry).unwrap();
+    assert_eq!(r, r2);
+    assert_eq!(list(&s.state).unwrap().len(), 1, "dry run keeps the branch");
+    b.abort().unwrap();
+    assert_eq!(hash_tree(&s.wd), before, "abort changed the workdir");
+    // A command killed by a signal half-way: same.
+    let b = s.branch();
+    assert!(!run_in_branch(
+        &b,
+        "echo A > f; rm -r d; echo n > new; kill -9 $$"
+    ));
+    assert!(!b.change_set().unwrap().is_empty());
+    b.abort().unwrap();
+    assert_eq!(
+        hash_tree(&s.wd),
+        before,
+        "abort after SIGKILL changed the workdir"
+    );
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+#[test]
+fn state_dir_inside_workdir_refused() {
+    let s = Scratch::new();
+    let e = Branch::create(&s.wd.join(".lockbox"), &s.wd, serde_json::Value::Null).unwrap_err();
+    assert_eq!(e.code(), "STATE_WORKDIR_OVERLAP");
+    std::fs::create_dir(s.state.join("branches")).unwrap();
+    let e = Branch::create(&s.state, &s.state.join("branches"), serde_json::Value::Null);
+    assert_eq!(e.unwrap_err().code(), "STATE_WORKDIR_OVERLAP");
+}
+
+#[test]
+fn special_files_refused_and_nothing_applied() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > f; echo b > g");
+    let before = hash_tree(&s.wd);
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo A > f; rm g; echo new > aaa; mkfifo zz-fifo; \
+         python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"zz-sock\")' || true"
+    ));
+    let e = b.clone().commit(&FORCE).unwrap_err();
+    assert_eq!(e.code(), "SPECIAL_FILES");
+    let CowError::SpecialFiles { paths } = &e else {
+        panic!()
+    };
+    assert!(paths.contains(&PathBuf::from("zz-fifo")), "{paths:?}");
+    assert!(e.to_string().contains("zz-fifo"));
+    assert_eq!(hash_tree(&s.wd), before, "something was applied");
+    assert_eq!(
+        list(&s.state).unwrap().len(),
+        1,
+        "branch kept after refusal"
+    );
+}
+
+#[test]
+fn stale_base_refused_then_forced() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(
+        &s.wd,
+        "echo base > f; echo base > other; echo base > rm-me; mkdir d; echo 1 > d/x",
+    );
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo branch > f; echo branch > rm-me; rm -r d"
+    ));
+    tick();
+    // The host edits f, deletes rm-me and adds into d while the branch exists.
+    sh(&s.wd, "echo host > f; rm rm-me; echo host > d/y");
+    let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
+    assert_eq!((e.code(), e.exit_code()), ("STALE_BASE", 5));
+    let CowError::StaleBase { paths } = &e else {
+        panic!()
+    };
+    assert_eq!(
+        paths,
+        &vec![
+            PathBuf::from("d"),
+            PathBuf::from("f"),
+            PathBuf::from("rm-me")
+        ]
+    );
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "host\n");
+    let r = b.commit(&FORCE).unwrap();
+    assert_eq!(r.forced_stale.len(), 3);
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "branch\n");
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("rm-me")).unwrap(),
+        "branch\n"
+    );
+    assert!(!s.wd.join("d").exists());
+}
+
+#[test]
+fn unrelated_host_edits_and_renames_are_not_stale() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > f; echo b > other; echo c > mv-me; mkdir d");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo A > f; mv mv-me moved; echo n > d/new"
+    ));
+    tick();
+    sh(&s.wd, "echo host > other; echo host > d/hostfile");
+    b.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(std::fs::read_to_string(s.wd.join("moved")).unwrap(), "c\n");
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("other")).unwrap(),
+        "host\n"
+    );
+    assert!(s.wd.join("d/hostfile").exists() && s.wd.join("d/new").exists());
+    assert!(!s.wd.join("mv-me").exists());
+}
+
+fn outside_untouched(s: &Scratch) {
+    let names: Vec<_> = std::fs::read_dir(&s.outside)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("secret")]);
+    assert_eq!(
+        std::fs::read_to_string(s.outside.join("secret")).unwrap(),
+        "outside\n"
+    );
+}
+
+#[test]
+fn escape_symlink_in_workdir_replaced_by_branch_dir() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    std::os::unix::fs::symlink(&s.outside, s.wd.join("link")).unwrap();
+    let b = s.branch();
+    // Inside the sandbox the link is replaced by a real directory with a file named like the
+    // outside file.
+    assert!(run_in_branch(
+        &b,
+        "rm link; mkdir link; echo pwned > link/secret"
+    ));
+    b.commit(&CommitOptions::default()).unwrap();
+    outside_untouched(&s);
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("link/secret")).unwrap(),
+        "pwned\n"
+    );
+    assert!(!std::fs::symlink_metadata(s.wd.join("link"))
+        .unwrap()
+        .is_symlink());
+}
+
+#[test]
+fn escape_directory_swapped_for_symlink_between_runs() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "mkdir sub; echo a > sub/secret; echo f > file");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo pwned > sub/secret; echo pwned > file"
+    ));
+    tick();
+    // Between the run and the commit, the host turns sub into a symlink to outside, and
+    // the file into a symlink to the outside file.
+    std::fs::remove_dir_all(s.wd.join("sub")).unwrap();
+    std::os::unix::fs::symlink(&s.outside, s.wd.join("sub")).unwrap();
+    std::fs::remove_file(s.wd.join("file")).unwrap();
+    std::os::unix::fs::symlink(s.outside.join("secret"), s.wd.join("file")).unwrap();
+    let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
+    assert_eq!(e.code(), "STALE_BASE");
+    outside_untouched(&s);
+    b.commit(&FORCE).unwrap();
+    outside_untouched(&s);
+    assert!(s.wd.join("sub").is_dir() && !s.wd.join("sub").is_symlink());
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("sub/secret")).unwrap(),
+        "pwned\n"
+    );
+    assert!(!s.wd.join("file").is_symlink());
+}
+
+#[test]
+fn escape_symlinks_made_in_branch_are_committed_as_links() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "mkdir d");
+    let out = s.outside.display().to_string();
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        &format!(
+            "ln -s {out} esc; ln -s ../../outside d/up; ln -s .. dotdot; ln -s {out}/secret s"
+        )
+    ));
+    b.commit(&CommitOptions::default()).unwrap();
+    outside_untouched(&s);
+    assert_eq!(std::fs::read_link(s.wd.join("esc")).unwrap(), s.outside);
+    assert_eq!(
+        std::fs::read_link(s.wd.join("d/up")).unwrap(),
+        Path::new("../../outside")
+    );
+}
+
+#[test]
+fn escape_handcrafted_upper_cannot_write_through_workdir_symlink() {
+    // An upper layer is just a directory: a hostile one may hold `link/x` where the workdir
+    // has `link -> outside`, with no opaque mark (as a buggy or malicious writer could leave).
+    let s = Scratch::new();
+    std::os::unix::fs::symlink(&s.outside, s.wd.join("link")).unwrap();
+    std::fs::create_dir(s.wd.join("real")).unwrap();
+    std::os::unix::fs::symlink(&s.outside, s.wd.join("real/inner")).unwrap();
+    let b = s.branch();
+    let up = b.upper_dir();
+    std::fs::create_dir_all(up.join("link")).unwrap();
+    std::fs::write(up.join("link/secret"), "pwned").unwrap();
+    std::fs::create_dir_all(up.join("real/inner")).unwrap();
+    std::fs::write(up.join("real/inner/new"), "pwned").unwrap();
+    std::fs::write(up.join("..."), "dots").unwrap();
+    b.commit(&FORCE).unwrap();
+    outside_untouched(&s);
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("link/secret")).unwrap(),
+        "pwned"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("real/inner/new")).unwrap(),
+        "pwned"
+    );
+    assert_eq!(std::fs::read_to_string(s.wd.join("...")).unwrap(), "dots");
+}
+
+#[test]
+fn reserved_staging_name_refused() {
+    let s = Scratch::new();
+    let b = s.branch();
+    std::fs::write(b.upper_dir().join(".lockbox-commit-x"), "x").unwrap();
+    let e = b.commit(&FORCE).unwrap_err();
+    assert_eq!(e.code(), "RESERVED_NAME");
+    assert!(snapshot(&s.wd).is_empty());
+}
+
+#[test]
+fn leftover_staging_and_partial_apply_are_finished_by_recommit() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > f; echo b > g");
+    let b = s.branch();
+    assert!(run_in_branch(&b, "echo A > f; echo B > g; echo n > new"));
+    // What a crash in the middle of applying leaves: f already renamed into place, and a
+    // staging directory with a staged file.
+    std::fs::write(s.wd.join("f"), "A\n").unwrap();
+    let staging = s.wd.join(format!(".lockbox-commit-{}", b.id()));
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::write(staging.join("1"), "junk").unwrap();
+    let r = b.commit(&FORCE).unwrap();
+    assert_eq!((r.added, r.modified), (1, 2));
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "A\n");
+    assert_eq!(std::fs::read_to_string(s.wd.join("g")).unwrap(), "B\n");
+    assert_eq!(std::fs::read_to_string(s.wd.join("new")).unwrap(), "n\n");
+    assert!(!staging.exists());
+}
+
+#[test]
+fn workdir_mismatch_refused() {
+    let s = Scratch::new();
+    let mut b = s.branch();
+    let e = lockbox_cow::commit(&mut b, &s.outside, &CommitOptions::default()).unwrap_err();
+    assert_eq!(e.code(), "WORKDIR_MISMATCH");
+}
+
+/// Re-runs the key scenarios above as uid/gid 65534 (when we are root), to prove nothing
+/// needs privilege.
+#[test]
+fn key_scenarios_pass_as_uid_65534() {
+    if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
+        return; // we are the re-executed child
+    }
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIP: not root, so this whole run is already unprivileged");
+        return;
+    }
+    if !require_overlay() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    // The test binary must be reachable by uid 65534.
+    let st = std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(&exe)
+        .args([
+            "--test-threads",
+            "2",
+            "abort_",
+            "branch_layout",
+            "change_set_semantics",
+            "commit_applies",
+            "damaged_branch",
+            "diff_text",
+            "escape_",
+            "special_files",
+            "stale_base",
+            "unrelated_host",
+            "orphan_after",
+            "leftover_staging",
+            "xattr_whiteouts",
+        ])
+        .env("LOCKBOX_COW_AS_NOBODY", "1")
+        .env("TMPDIR", "/tmp")
+        .env("HOME", "/tmp")
+        .status()
+        .unwrap();
+    assert!(st.success(), "scenarios failed as uid 65534: {st}");
+}
+
+#[test]
+fn xattr_whiteouts_and_unsupported_features() {
+    // Upper layers written by hand the way newer kernels write them.
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > gone; mkdir d; echo b > d/x; echo c > meta");
+    let b = s.branch();
+    let up = b.upper_dir();
+    // Linux >= 6.7 xattr whiteout: an empty file with overlay.whiteout.
+    std::fs::write(up.join("gone"), "").unwrap();
+    rustix::fs::lsetxattr(
+        up.join("gone"),
+        "user.overlay.whiteout",
+        b"",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    std::fs::create_dir(up.join("d")).unwrap();
+    rustix::fs::lsetxattr(
+        up.join("d"),
+        "user.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(
+        kinds(&b),
+        vec![
+            ("d/x".to_string(), 'D', FileType::File),
+            ("gone".to_string(), 'D', FileType::File)
+        ]
+    );
+    // A metacopy upper keeps the data in the lower file: refused, nothing applied.
+    std::fs::write(up.join("meta"), "").unwrap();
+    rustix::fs::lsetxattr(
+        up.join("meta"),
+        "user.overlay.metacopy",
+        b"",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    let before = hash_tree(&s.wd);
+    let e = b.commit(&FORCE).unwrap_err();
+    assert_eq!(e.code(), "UNSUPPORTED_OVERLAY", "{e}");
+    assert_eq!(hash_tree(&s.wd), before);
+}
+
+#[test]
+fn trusted_overlay_xattrs_are_understood_when_root() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIP: setting trusted.* xattrs needs CAP_SYS_ADMIN");
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "mkdir d; echo b > d/x; echo y > d/y");
+    let b = s.branch();
+    let up = b.upper_dir();
+    std::fs::create_dir(up.join("d")).unwrap();
+    std::fs::write(up.join("d/y"), "new\n").unwrap();
+    rustix::fs::lsetxattr(
+        up.join("d"),
+        "trusted.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    b.commit(&FORCE).unwrap();
+    assert_eq!(
+        snapshot(&s.wd).keys().cloned().collect::<Vec<_>>(),
+        vec![PathBuf::from("d"), PathBuf::from("d/y")]
+    );
+}

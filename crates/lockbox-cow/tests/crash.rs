@@ -1,0 +1,166 @@
+//! Crash safety: SIGKILL a process in the middle of a commit, at many points; every path must
+//! hold its old or its new content (never torn, never empty), and committing the branch again
+//! (or aborting a half-removed branch) must give exactly the intended tree.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{require_overlay, run_direct, run_in_branch, sh, snapshot, Node, Scratch};
+use lockbox_cow::{abort_id, list, Branch, BranchId, CommitOptions};
+
+const ENV: &str = "LOCKBOX_COW_CRASH_HELPER";
+
+/// Commits the branch named in the environment; the parent kills us somewhere inside.
+#[test]
+fn helper_commit_until_killed() {
+    let Ok(spec) = std::env::var(ENV) else {
+        return;
+    };
+    let (state, id) = spec.split_once('\n').unwrap();
+    let branch = Branch::open(Path::new(state), &BranchId::parse(id).unwrap()).unwrap();
+    branch.commit(&CommitOptions::default()).unwrap();
+}
+
+const FILES: usize = 100;
+
+fn setup() -> String {
+    format!("mkdir -p d/sub gone; for i in $(seq 1 {FILES}); do echo old-$i > f$i; echo x > gone/g$i; done; echo s > d/sub/s")
+}
+
+fn script() -> String {
+    format!(
+        "for i in $(seq 1 {FILES}); do echo new-new-new-$i > f$i; echo n > n$i; done; \
+         rm -r gone; rm -r d; mkdir d; echo fresh > d/new; chmod 600 f1"
+    )
+}
+
+#[test]
+fn sigkill_during_commit_never_tears_and_recommit_finishes() {
+    if !require_overlay() {
+        return;
+    }
+    let mut outcomes = Vec::new();
+    for delay_ms in [0u64, 5, 20, 50, 100, 200, 400, 800, 1600, 3200] {
+        let s = Scratch::new();
+        sh(&s.wd, &setup());
+        let expected_dir = s.tmp.path().join("expected");
+        std::fs::create_dir(&expected_dir).unwrap();
+        sh(&expected_dir, &setup());
+        assert!(run_direct(&expected_dir, &script()));
+        let branch = s.branch();
+        assert!(run_in_branch(&branch, &script()));
+        let old = snapshot(&s.wd);
+        let expected = snapshot(&expected_dir);
+
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "helper_commit_until_killed",
+                "--test-threads",
+                "1",
+            ])
+            .env(ENV, format!("{}\n{}", s.state.display(), branch.id()))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill(); // SIGKILL
+        let finished = child.wait().unwrap().success();
+        let staged = std::fs::read_dir(&s.wd).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".lockbox-commit-")
+        });
+        let state = Branch::open(&s.state, branch.id()).map(|b| b.meta().state);
+        let applied = snapshot(&s.wd)
+            .iter()
+            .filter(|(p, n)| old.get(*p) != Some(n))
+            .count();
+        outcomes.push(format!(
+            "{delay_ms}ms: finished={finished} state={state:?} staging={staged} changed={applied}",
+            state = state.as_ref().map_err(|e| e.code()),
+        ));
+
+        // Every path is old or new, whole.
+        for (path, node) in snapshot(&s.wd) {
+            if path.to_string_lossy().starts_with(".lockbox-commit-") {
+                continue; // the staging area (removed by the re-commit below)
+            }
+            // Content and mode travel together in one staged inode.
+            let ok = old.get(&path) == Some(&node) || expected.get(&path) == Some(&node);
+            assert!(
+                ok,
+                "delay {delay_ms}ms: {} is neither old nor new: {node:?}",
+                path.display()
+            );
+            if let Node::File(_, c) = &node {
+                assert!(!c.is_empty(), "empty file {}", path.display());
+            }
+        }
+
+        // Recover: finish the commit, or clean up a half-removed branch.
+        match Branch::open(&s.state, branch.id()) {
+            Ok(b) => {
+                b.commit(&CommitOptions::default())
+                    .unwrap_or_else(|e| panic!("delay {delay_ms}ms: re-commit failed: {e}"));
+            }
+            Err(_) => {
+                if list(&s.state).unwrap().iter().any(|l| &l.id == branch.id()) {
+                    abort_id(&s.state, branch.id()).unwrap();
+                }
+            }
+        }
+        assert!(list(&s.state).unwrap().is_empty());
+        assert_eq!(
+            snapshot(&s.wd),
+            expected,
+            "delay {delay_ms}ms: final tree differs"
+        );
+    }
+    eprintln!("{}", outcomes.join("\n"));
+    assert!(
+        outcomes.iter().any(|o| o.contains("finished=false")),
+        "no kill landed inside a commit; the test did not test anything"
+    );
+}
+
+/// The crash test again as uid/gid 65534 (when we are root).
+#[test]
+fn sigkill_during_commit_as_uid_65534() {
+    if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIP: not root, so this whole run is already unprivileged");
+        return;
+    }
+    if !require_overlay() {
+        return;
+    }
+    let st = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sigkill_during_commit_never_tears_and_recommit_finishes",
+        ])
+        .env("LOCKBOX_COW_AS_NOBODY", "1")
+        .env("TMPDIR", "/tmp")
+        .env("HOME", "/tmp")
+        .status()
+        .unwrap();
+    assert!(st.success(), "crash test failed as uid 65534: {st}");
+}
