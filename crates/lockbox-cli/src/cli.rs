@@ -11,6 +11,8 @@ use std::time::Duration;
 const EXIT_CODES: &str = "\
 Exit codes of `lockbox run`:
   N        the command's own exit code
+  4        with --workdir: committing the branch failed (it is kept)
+  5        with --workdir: stale base, the workdir changed under the branch (it is kept)
   128+N    the command was killed by signal N (137: also when it exceeded --max-memory)
   124      the timeout expired and the sandbox was stopped
   125      the sandbox could not be set up (the message names what is missing)
@@ -37,12 +39,141 @@ pub enum Command {
     Run(RunArgs),
     /// Show which kernel features lockbox can use here.
     Check(CheckArgs),
+    /// Review, commit or abort kept copy-on-write branches (from `run --workdir`).
+    #[command(after_help = BRANCH_EXIT_CODES)]
+    Branch(BranchArgs),
+}
+
+const BRANCH_EXIT_CODES: &str = "\
+Exit codes of `lockbox branch`:
+  0  done
+  2  usage error, unknown branch id
+  4  commit failed (the branch is kept)
+  5  stale base: the workdir changed under the branch since it began (use --force)";
+
+#[derive(Debug, Args)]
+pub struct BranchArgs {
+    #[command(subcommand)]
+    pub command: BranchCommand,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BranchCommand {
+    /// List branches (kept ones, and orphans left by a killed lockbox).
+    List,
+    /// Show a branch's record and its change set.
+    Show { id: String },
+    /// Show what a branch changes: unified diffs for text, a summary for binary files.
+    Diff {
+        id: String,
+        /// Only this path (relative to the workdir).
+        path: Option<PathBuf>,
+    },
+    /// Apply a branch to its workdir, then remove it.
+    Commit {
+        id: String,
+        /// Commit even if the workdir changed the same paths since the branch began.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Discard a branch.
+    Abort { id: String },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StateArgs {
+    /// lockbox's state directory (branches live in it) [default: $LOCKBOX_STATE_DIR, else
+    /// /var/lib/lockbox for root, else $XDG_STATE_HOME/lockbox or ~/.local/state/lockbox].
+    #[arg(long, value_name = "DIR", global = true)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl StateArgs {
+    /// The state directory to use.
+    pub fn resolve(&self) -> anyhow::Result<PathBuf> {
+        if let Some(dir) = &self.state_dir {
+            return Ok(dir.clone());
+        }
+        if let Some(dir) = std::env::var_os("LOCKBOX_STATE_DIR") {
+            return Ok(dir.into());
+        }
+        let uid_is_root = std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false);
+        if uid_is_root {
+            return Ok("/var/lib/lockbox".into());
+        }
+        if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+            return Ok(PathBuf::from(dir).join("lockbox"));
+        }
+        match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+            Some(home) => Ok(PathBuf::from(home).join(".local/state/lockbox")),
+            None => anyhow::bail!("no state directory: set --state-dir or LOCKBOX_STATE_DIR"),
+        }
+    }
+}
+
+/// What happens to a `--workdir` branch when the sandbox ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BranchAction {
+    /// Apply the changes to the workdir.
+    Commit,
+    /// Discard the changes.
+    Abort,
+    /// Keep the branch for review (`lockbox branch`).
+    Keep,
+}
+
+/// Copy-on-write workspace flags of `lockbox run`.
+#[derive(Debug, Args)]
+pub struct WorkspaceArgs {
+    /// Show DIR inside at its own path (and as the default cwd) as a copy-on-write view:
+    /// writes go to a branch in the state directory; DIR changes only on commit.
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+    /// What to do with the branch when the command succeeds.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "commit",
+        value_name = "ACTION",
+        requires = "workdir"
+    )]
+    pub on_exit: BranchAction,
+    /// What to do when it fails (non-zero exit, signal or timeout).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "abort",
+        value_name = "ACTION",
+        requires = "workdir"
+    )]
+    pub on_error: BranchAction,
+    /// Print the change set (`A path`, `M path`, `D path`, `T path`) to stderr (or into
+    /// --report) and discard it.
+    #[arg(long, requires = "workdir")]
+    pub dry_run: bool,
+    /// Commit even if the workdir changed the same paths while the sandbox ran.
+    #[arg(long, requires = "workdir")]
+    pub force: bool,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub workspace: WorkspaceArgs,
     /// Write a JSON report (exit code, signal, timing, peak memory, mechanisms) to FILE.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,

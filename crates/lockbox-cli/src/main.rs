@@ -21,6 +21,7 @@ fn main() {
     let code = match args.command {
         cli::Command::Run(run) => commands::run::run(&run),
         cli::Command::Check(check) => commands::check::run(&check),
+        cli::Command::Branch(branch) => commands::branch::run(&branch),
     };
     std::process::exit(code);
 }

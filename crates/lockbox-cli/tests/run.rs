@@ -2,73 +2,15 @@
 //! and, when that is root, again as uid 65534 to prove no privilege is needed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{binary, lockbox, scratch, text, users, User};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, Copy)]
-enum User {
-    Current,
-    Nobody,
-}
-
-fn users() -> Vec<User> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let root = status
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    if root {
-        vec![User::Current, User::Nobody]
-    } else {
-        vec![User::Current]
-    }
-}
-
-/// A scratch directory every test user can write to.
-fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("lockbox-test-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir
-}
-
-/// The binary, copied where uid 65534 can execute it (the checkout may be under a
-/// directory only root can enter).
-fn binary() -> &'static Path {
-    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lockbox-test-bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let bin = dir.join("lockbox");
-        std::fs::copy(env!("CARGO_BIN_EXE_lockbox"), &bin).unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        bin
-    })
-}
-
-fn lockbox(user: User, dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(binary());
-    cmd.args(args).current_dir(dir);
-    if let User::Nobody = user {
-        cmd.uid(65534).gid(65534);
-    }
-    cmd.output().unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 #[test]
 fn ungranted_host_file_does_not_exist_and_granted_is_readable() {

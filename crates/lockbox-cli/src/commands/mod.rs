@@ -1,7 +1,9 @@
 //! One module per `lockbox` subcommand; each returns the process exit code.
 
+pub mod branch;
 pub mod check;
 pub mod run;
+pub mod workdir;
 
 /// Prints `lockbox: <error>` and its hint on stderr, as every command does.
 pub fn print_error(error: &dyn std::fmt::Display, hint: Option<String>) {

@@ -1,6 +1,6 @@
 //! `lockbox run`: one confined command, supervised until it ends.
 
-use super::print_error;
+use super::{print_error, workdir};
 use crate::cli::RunArgs;
 use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
 use lockbox_policy::Policy;
@@ -18,17 +18,27 @@ const FORWARDED: [i32; 6] = [
 ];
 
 pub fn run(args: &RunArgs) -> i32 {
-    let policy = match args.policy.to_policy() {
+    let mut policy = match args.policy.to_policy() {
         Ok(p) => p,
         Err(e) => {
             print_error(&format!("{e:#}"), None);
             return 2;
         }
     };
+    let workspace = match workdir::begin(&args.workspace, &mut policy, &args.command) {
+        Ok(w) => w,
+        Err(e) => {
+            print_error(&format!("{e:#}"), None);
+            return 125;
+        }
+    };
     let signals = match Signals::block(&FORWARDED) {
         Ok(s) => s,
         Err(e) => {
             print_error(&e, None);
+            if let Some(w) = workspace {
+                w.discard();
+            }
             return 125;
         }
     };
@@ -40,15 +50,28 @@ pub fn run(args: &RunArgs) -> i32 {
     match result {
         Ok(outcome) => {
             explain_outcome(&outcome, &policy, args);
+            let finished = workspace.map(|w| {
+                w.finish(
+                    &args.workspace,
+                    outcome.exit_code() != 0,
+                    args.report.is_some(),
+                )
+            });
             if let Some(path) = &args.report {
-                if let Err(e) = write_report(path, &outcome) {
+                let extra = finished.as_ref().map(|f| &f.report);
+                if let Err(e) = write_report(path, &outcome, extra) {
                     print_error(&format!("writing report {}: {e}", path.display()), None);
                 }
             }
-            outcome.exit_code()
+            finished
+                .and_then(|f| f.exit_code)
+                .unwrap_or_else(|| outcome.exit_code())
         }
         Err(e) => {
             print_error(&e, e.hint());
+            if let Some(w) = workspace {
+                w.discard();
+            }
             125
         }
     }
@@ -104,13 +127,17 @@ fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
     }
 }
 
-fn write_report(path: &std::path::Path, outcome: &Outcome) -> std::io::Result<()> {
+fn write_report(
+    path: &std::path::Path,
+    outcome: &Outcome,
+    extra: Option<&serde_json::Value>,
+) -> std::io::Result<()> {
     let (signal, code) = match outcome.status {
         Status::Signaled(sig) => (Some(sig), None),
         Status::Exited(code) => (None, Some(code)),
         Status::ExecFailed(_) => (None, None),
     };
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "exit_code": outcome.exit_code(),
         "command_exit_code": code,
         "signal": signal,
@@ -122,6 +149,9 @@ fn write_report(path: &std::path::Path, outcome: &Outcome) -> std::io::Result<()
         "peak_memory_source": outcome.peak_memory.map(|(_, s)| s),
         "enforcement": outcome.enforcement,
     });
+    if let (Some(map), Some(serde_json::Value::Object(extra))) = (report.as_object_mut(), extra) {
+        map.extend(extra.clone());
+    }
     let text = serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?;
     std::fs::write(path, text + "\n")
 }

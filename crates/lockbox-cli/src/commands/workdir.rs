@@ -1,0 +1,147 @@
+//! The copy-on-write branch around `lockbox run --workdir`: created before the sandbox,
+//! committed, aborted or kept after it.
+
+use crate::cli::{BranchAction, WorkspaceArgs};
+use lockbox_cow::{Branch, ChangeSet, CommitOptions, CowError};
+use lockbox_policy::{Overlay, OverlayUpper, Policy};
+use serde_json::{json, Value};
+use std::ffi::OsString;
+
+/// A branch whose sandbox is running.
+pub struct Workspace {
+    branch: Branch,
+}
+
+/// What happened to the branch.
+pub struct Finished {
+    /// Overrides the command's exit code (4 commit failed, 5 stale base).
+    pub exit_code: Option<i32>,
+    /// `branch` and `changes` for the JSON report.
+    pub report: Value,
+}
+
+/// Creates the branch and mounts it over the workdir in `policy`. The branch's creation time
+/// is the stale-base reference, so this runs right before the sandbox starts.
+pub fn begin(
+    args: &WorkspaceArgs,
+    policy: &mut Policy,
+    argv: &[OsString],
+) -> anyhow::Result<Option<Workspace>> {
+    let Some(workdir) = &args.workdir else {
+        return Ok(None);
+    };
+    let state_dir = args.state.resolve()?;
+    std::fs::create_dir_all(&state_dir)
+        .map_err(|e| anyhow::anyhow!("creating state directory {}: {e}", state_dir.display()))?;
+    let command: Vec<String> = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let context = json!({ "command": command, "policy": policy });
+    let branch = Branch::create(&state_dir, workdir, context)?;
+    let dir = branch.workdir().to_owned();
+    policy.fs.overlays.push(Overlay {
+        target: dir.clone(),
+        lowers: vec![dir.clone()],
+        upper: Some(OverlayUpper {
+            upper: branch.upper_dir(),
+            work: branch.work_dir(),
+        }),
+    });
+    policy.cwd.get_or_insert(dir);
+    Ok(Some(Workspace { branch }))
+}
+
+impl Workspace {
+    /// Applies `--on-exit`/`--on-error`/`--dry-run` once the sandbox has ended (`failed`:
+    /// non-zero exit, signal or timeout). Messages go to stderr.
+    pub fn finish(self, args: &WorkspaceArgs, failed: bool, to_report: bool) -> Finished {
+        let id = self.branch.id().as_str().to_owned();
+        let changes = match self.branch.change_set() {
+            Ok(set) => set,
+            Err(e) => {
+                eprintln!("lockbox: reading the changes of branch {id}: {e}; the branch is kept");
+                return Finished {
+                    exit_code: Some(4),
+                    report: json!({ "branch": { "id": id, "action": "kept" } }),
+                };
+            }
+        };
+        let action = if args.dry_run {
+            if !to_report {
+                eprint!("{}", changes.to_lines());
+            }
+            BranchAction::Abort
+        } else if failed {
+            args.on_error
+        } else {
+            args.on_exit
+        };
+        let (done, exit_code) = self.apply(action, args.force, &changes);
+        let done = if args.dry_run { "dry-run" } else { done };
+        Finished {
+            exit_code,
+            report: json!({
+                "branch": { "id": id, "action": done },
+                "changes": changes.changes(),
+            }),
+        }
+    }
+
+    fn apply(
+        mut self,
+        action: BranchAction,
+        force: bool,
+        changes: &ChangeSet,
+    ) -> (&'static str, Option<i32>) {
+        let id = self.branch.id().as_str().to_owned();
+        let result = match action {
+            BranchAction::Commit => {
+                let opts = CommitOptions {
+                    force,
+                    dry_run: false,
+                };
+                return match self.branch.commit(&opts) {
+                    Ok(_) => ("committed", None),
+                    Err(e) => {
+                        explain_commit_error(&e, &id);
+                        ("kept", Some(i32::from(e.exit_code())))
+                    }
+                };
+            }
+            BranchAction::Abort => self.branch.abort().map(|()| "aborted"),
+            BranchAction::Keep => self.branch.keep().map(|()| {
+                eprintln!(
+                    "lockbox: kept branch {id} ({} changes); see `lockbox branch diff {id}`",
+                    changes.len()
+                );
+                "kept"
+            }),
+        };
+        match result {
+            Ok(done) => (done, None),
+            Err(e) => {
+                eprintln!("lockbox: branch {id}: {e}");
+                ("kept", Some(4))
+            }
+        }
+    }
+
+    /// Discards the branch after a sandbox that never ran.
+    pub fn discard(self) {
+        let id = self.branch.id().as_str().to_owned();
+        if let Err(e) = self.branch.abort() {
+            eprintln!("lockbox: removing branch {id}: {e}");
+        }
+    }
+}
+
+/// Prints why a commit failed and what to do; the branch stays for review.
+pub fn explain_commit_error(e: &CowError, id: &str) {
+    eprintln!("lockbox: committing branch {id}: {e}");
+    if let CowError::StaleBase { .. } = e {
+        eprintln!("hint: review with `lockbox branch diff {id}`; `lockbox branch commit {id} --force` overwrites them");
+    } else {
+        eprintln!("hint: the branch is kept; retry with `lockbox branch commit {id}`");
+    }
+}

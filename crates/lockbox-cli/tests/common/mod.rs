@@ -1,0 +1,130 @@
+//! Helpers shared by the end-to-end tests: the lockbox binary, test users, scratch
+//! directories, tree snapshots.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+#[derive(Debug, Clone, Copy)]
+pub enum User {
+    Current,
+    Nobody,
+}
+
+pub fn users() -> Vec<User> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let root = status
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    if root {
+        vec![User::Current, User::Nobody]
+    } else {
+        vec![User::Current]
+    }
+}
+
+/// A scratch directory every test user can write to.
+pub fn scratch() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("lockbox-test-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// The binary, copied where uid 65534 can execute it (the checkout may be under a
+/// directory only root can enter).
+pub fn binary() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lockbox-test-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("lockbox");
+        std::fs::copy(env!("CARGO_BIN_EXE_lockbox"), &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    })
+}
+
+pub fn lockbox(user: User, dir: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(binary());
+    cmd.args(args).current_dir(dir);
+    if let User::Nobody = user {
+        cmd.uid(65534).gid(65534);
+    }
+    cmd.output().unwrap()
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// One entry of a tree snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    /// Mode and content.
+    File(u32, Vec<u8>),
+    /// Mode.
+    Dir(u32),
+    /// Target.
+    Symlink(PathBuf),
+    /// File type bits of anything else.
+    Other(u32),
+}
+
+/// Type, mode, content and symlink target of everything below `root` (symlinks not followed).
+pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Node>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_owned();
+            let mode = meta.permissions().mode() & 0o7777;
+            let node = if meta.file_type().is_symlink() {
+                Node::Symlink(std::fs::read_link(&path).unwrap())
+            } else if meta.is_dir() {
+                walk(root, &path, out);
+                Node::Dir(mode)
+            } else if meta.is_file() {
+                Node::File(mode, std::fs::read(&path).unwrap_or_default())
+            } else {
+                Node::Other(meta.permissions().mode() & 0o170000)
+            };
+            out.insert(rel, node);
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Makes `dir` and everything in it belong to `user` (so uid 65534 can work in it).
+pub fn give(dir: &Path, user: User) {
+    if let User::Nobody = user {
+        let st = Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}
+
+/// Runs a command as `user`.
+pub fn command_as(user: User) -> Command {
+    let mut cmd = Command::new(binary());
+    if let User::Nobody = user {
+        cmd.uid(65534).gid(65534);
+    }
+    cmd
+}

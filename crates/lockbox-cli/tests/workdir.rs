@@ -1,0 +1,332 @@
+//! End-to-end tests of `lockbox run --workdir` and `lockbox branch` on the real kernel, as
+//! the current user and (when root) as uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "../../lockbox-cow/tests/common/script.rs"]
+mod script;
+
+use common::{command_as, give, scratch, snapshot, text, users, User};
+use proptest::prelude::*;
+use std::path::Path;
+use std::process::Output;
+
+/// A workdir and a state directory owned by `user`.
+struct Setup {
+    _tmp: tempfile::TempDir,
+    work: std::path::PathBuf,
+    state: std::path::PathBuf,
+    user: User,
+}
+
+impl Setup {
+    fn new(user: User) -> Setup {
+        let tmp = scratch();
+        let (work, state) = (tmp.path().join("work"), tmp.path().join("state"));
+        std::fs::create_dir(&work).unwrap();
+        std::fs::write(work.join("a.txt"), "original\n").unwrap();
+        std::fs::write(work.join("gone.txt"), "delete me\n").unwrap();
+        give(tmp.path(), user);
+        Setup {
+            _tmp: tmp,
+            work,
+            state,
+            user,
+        }
+    }
+
+    fn run(&self, extra: &[&str], script: &str) -> Output {
+        let mut cmd = command_as(self.user);
+        cmd.arg("run")
+            .args(["--workdir", self.work.to_str().unwrap()])
+            .args(["--state-dir", self.state.to_str().unwrap()])
+            .args(extra)
+            .args(["--", "sh", "-c", script])
+            .current_dir("/");
+        cmd.output().unwrap()
+    }
+
+    fn branch(&self, args: &[&str]) -> Output {
+        let mut cmd = command_as(self.user);
+        cmd.arg("branch")
+            .args(args)
+            .args(["--state-dir", self.state.to_str().unwrap()]);
+        cmd.output().unwrap()
+    }
+
+    fn branch_ids(&self) -> Vec<String> {
+        let out = self.branch(&["list", "--json"]);
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+const EDIT: &str = "echo changed > a.txt && rm gone.txt && mkdir -p sub && echo new > sub/new.txt";
+
+#[test]
+fn success_commits_and_the_cwd_is_the_workdir() {
+    for user in users() {
+        let s = Setup::new(user);
+        let out = s.run(&[], &format!("pwd && {EDIT}"));
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            s.work.to_str().unwrap()
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "changed\n"
+        );
+        assert!(!s.work.join("gone.txt").exists());
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("sub/new.txt")).unwrap(),
+            "new\n"
+        );
+        assert!(s.branch_ids().is_empty(), "branch left behind");
+    }
+}
+
+#[test]
+fn failure_timeout_kill_and_dry_run_leave_the_workdir_byte_identical() {
+    for user in users() {
+        let s = Setup::new(user);
+        let before = snapshot(&s.work);
+        let cases: [(&[&str], String); 4] = [
+            (&[], format!("{EDIT}; exit 3")),
+            (&["--timeout", "300ms"], format!("{EDIT}; sleep 100")),
+            (&[], format!("{EDIT}; kill -9 $$")),
+            (&["--dry-run"], EDIT.to_owned()),
+        ];
+        for (extra, script) in cases {
+            let out = s.run(extra, &script);
+            assert_eq!(
+                snapshot(&s.work),
+                before,
+                "{user:?} {extra:?} {}",
+                text(&out)
+            );
+            assert!(
+                s.branch_ids().is_empty(),
+                "branch left behind after {extra:?}"
+            );
+        }
+        let out = s.run(&["--dry-run"], EDIT);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("M a.txt\nD gone.txt\nA sub\nA sub/new.txt\n"),
+            "{}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn kept_branch_can_be_reviewed_then_committed() {
+    for user in users() {
+        let s = Setup::new(user);
+        let out = s.run(&["--on-exit", "keep"], EDIT);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "original\n"
+        );
+        let ids = s.branch_ids();
+        assert_eq!(ids.len(), 1);
+        let diff = s.branch(&["diff", &ids[0], "a.txt"]);
+        assert!(
+            String::from_utf8_lossy(&diff.stdout).contains("-original\n+changed\n"),
+            "{}",
+            text(&diff)
+        );
+        let out = s.branch(&["commit", &ids[0]]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "changed\n"
+        );
+        assert!(s.branch_ids().is_empty());
+    }
+}
+
+#[test]
+fn stale_base_refuses_with_exit_5_and_force_overrides() {
+    for user in users() {
+        let s = Setup::new(user);
+        // The host edits a.txt while the sandbox edits it too.
+        let host_edit = format!("echo host > {}/a.txt", s.work.display());
+        let mut cmd = command_as(user);
+        cmd.args([
+            "run",
+            "-w",
+            s.work.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &host_edit,
+        ]);
+        let child = {
+            let mut c = command_as(user);
+            c.arg("run")
+                .args([
+                    "--workdir",
+                    s.work.to_str().unwrap(),
+                    "--state-dir",
+                    s.state.to_str().unwrap(),
+                ])
+                .args(["--", "sh", "-c", "sleep 1; echo sandbox > a.txt"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            c.spawn().unwrap()
+        };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(cmd.status().unwrap().success());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(5), "{user:?} {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("a.txt"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "host\n"
+        );
+        let ids = s.branch_ids();
+        assert_eq!(ids.len(), 1, "the refused branch is kept");
+        let out = s.branch(&["commit", &ids[0]]);
+        assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+        let out = s.branch(&["commit", &ids[0], "--force"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "sandbox\n"
+        );
+    }
+}
+
+#[test]
+fn symlinks_never_let_a_commit_write_outside_the_workdir() {
+    for user in users() {
+        let s = Setup::new(user);
+        let outside = scratch();
+        give(outside.path(), user);
+        std::os::unix::fs::symlink(outside.path(), s.work.join("link")).unwrap();
+        let o = outside.path().display();
+        let script = format!(
+            "echo x > link/escaped; mkdir -p made && ln -s {o} made/out && echo y > made/out/escaped2; ln -s {o}/evil newlink; true"
+        );
+        let out = s.run(&[], &script);
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            std::fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "something escaped: {}",
+            text(&out)
+        );
+        // The branch's symlink is committed as a symlink, never followed.
+        assert_eq!(
+            std::fs::read_link(s.work.join("newlink")).unwrap(),
+            outside.path().join("evil")
+        );
+    }
+}
+
+#[test]
+fn report_lists_branch_and_changes() {
+    let s = Setup::new(User::Current);
+    let report = s.work.parent().unwrap().join("report.json");
+    let out = s.run(&["--dry-run", "--report", report.to_str().unwrap()], EDIT);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        out.stderr.is_empty(),
+        "dry run with --report prints nothing: {}",
+        text(&out)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(json["branch"]["action"], "dry-run");
+    let kinds: Vec<_> = json["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_owned(),
+                c["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds[0],
+        ("a.txt".to_owned(), "modified".to_owned()),
+        "{json}"
+    );
+}
+
+fn sandbox_sh(user: User, grant: &[&str], dir: &Path, script: &str) -> Output {
+    let mut cmd = command_as(user);
+    cmd.arg("run")
+        .args(grant)
+        .args(["--cwd", dir.to_str().unwrap(), "--", "sh", "-c", script]);
+    cmd.output().unwrap()
+}
+
+fn check(user: User, setup: &[script::Op], ops: &[script::Op]) -> Result<(), TestCaseError> {
+    let tmp = scratch();
+    let (a, b, state) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("state"),
+    );
+    for d in [&a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    give(tmp.path(), user);
+    let (setup_sh, ops_sh) = (script::to_sh(setup), script::to_sh(ops));
+    for d in [&a, &b] {
+        let ds = d.to_str().unwrap();
+        sandbox_sh(user, &["-w", ds], d, &setup_sh);
+    }
+    prop_assert_eq!(snapshot(&a), snapshot(&b));
+    // The same script, once through a copy-on-write branch then committed, once directly.
+    // --force: the setup just wrote these files, and a change in the same clock tick as the
+    // branch's creation counts as stale by design.
+    let (aw, st) = (a.to_str().unwrap(), state.to_str().unwrap());
+    let out = sandbox_sh(
+        user,
+        &["--workdir", aw, "--state-dir", st, "--force"],
+        &a,
+        &ops_sh,
+    );
+    prop_assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    sandbox_sh(user, &["-w", b.to_str().unwrap()], &b, &ops_sh);
+    prop_assert_eq!(snapshot(&a), snapshot(&b), "script:\n{}", ops_sh);
+    Ok(())
+}
+
+#[test]
+fn workdir_commit_equals_running_directly() {
+    for user in users() {
+        let cases = match user {
+            User::Current => 64,
+            User::Nobody => 24,
+        };
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases,
+            max_shrink_iters: 100,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        let strategy = (
+            proptest::collection::vec(script::op(), 0..12),
+            proptest::collection::vec(script::op(), 1..14),
+        );
+        if let Err(e) = runner.run(&strategy, |(setup, ops)| check(user, &setup, &ops)) {
+            panic!("{user:?}: {e}");
+        }
+    }
+}
