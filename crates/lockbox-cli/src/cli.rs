@@ -164,6 +164,10 @@ pub struct WorkspaceArgs {
     /// Commit even if the workdir changed the same paths while the sandbox ran.
     #[arg(long, requires = "workdir")]
     pub force: bool,
+    /// Bound the branch (e.g. 1G): writes beyond it fail inside with ENOSPC. The branch is
+    /// held in memory (a tmpfs) while the sandbox runs, then stored in the state directory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "workdir")]
+    pub max_disk: Option<ByteSize>,
     #[command(flatten)]
     pub state: StateArgs,
 }

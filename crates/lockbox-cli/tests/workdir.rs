@@ -275,7 +275,12 @@ fn sandbox_sh(user: User, grant: &[&str], dir: &Path, script: &str) -> Output {
     cmd.output().unwrap()
 }
 
-fn check(user: User, setup: &[script::Op], ops: &[script::Op]) -> Result<(), TestCaseError> {
+fn check(
+    user: User,
+    setup: &[script::Op],
+    ops: &[script::Op],
+    bounded: bool,
+) -> Result<(), TestCaseError> {
     let tmp = scratch();
     let (a, b, state) = (
         tmp.path().join("a"),
@@ -296,12 +301,12 @@ fn check(user: User, setup: &[script::Op], ops: &[script::Op]) -> Result<(), Tes
     // --force: the setup just wrote these files, and a change in the same clock tick as the
     // branch's creation counts as stale by design.
     let (aw, st) = (a.to_str().unwrap(), state.to_str().unwrap());
-    let out = sandbox_sh(
-        user,
-        &["--workdir", aw, "--state-dir", st, "--force"],
-        &a,
-        &ops_sh,
-    );
+    // Half the cases go through a bounded (tmpfs) upper imported afterwards.
+    let mut flags = vec!["--workdir", aw, "--state-dir", st, "--force"];
+    if bounded {
+        flags.extend(["--max-disk", "64M"]);
+    }
+    let out = sandbox_sh(user, &flags, &a, &ops_sh);
     prop_assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     sandbox_sh(user, &["-w", b.to_str().unwrap()], &b, &ops_sh);
     prop_assert_eq!(snapshot(&a), snapshot(&b), "script:\n{}", ops_sh);
@@ -324,9 +329,37 @@ fn workdir_commit_equals_running_directly() {
         let strategy = (
             proptest::collection::vec(script::op(), 0..12),
             proptest::collection::vec(script::op(), 1..14),
+            proptest::bool::ANY,
         );
-        if let Err(e) = runner.run(&strategy, |(setup, ops)| check(user, &setup, &ops)) {
+        if let Err(e) = runner.run(&strategy, |(setup, ops, bounded)| {
+            check(user, &setup, &ops, bounded)
+        }) {
             panic!("{user:?}: {e}");
         }
+    }
+}
+
+#[test]
+fn max_disk_gives_enospc_inside_and_leaves_the_host_alone() {
+    for user in users() {
+        let s = Setup::new(user);
+        let out = s.run(
+            &["--max-disk", "1M", "--on-error", "keep"],
+            "head -c 4000000 /dev/zero > big; echo rc=$?; echo small > small.txt; exit 1",
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("rc=1"), "{user:?} {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("No space left"),
+            "{}",
+            text(&out)
+        );
+        assert!(!s.work.join("big").exists());
+        // The kept branch holds what fitted, bounded by the limit, on disk.
+        let ids = s.branch_ids();
+        assert_eq!(ids.len(), 1, "{}", text(&out));
+        let upper = s.state.join("branches").join(&ids[0]).join("upper");
+        let big = std::fs::metadata(upper.join("big")).unwrap().len();
+        assert!(big <= 1 << 20, "branch grew to {big} bytes");
     }
 }

@@ -195,12 +195,12 @@ fn build_root(p: &mut Prepared) -> Result<(), Fail> {
     .map_err(at(Step::MountStage))?;
     sys::chdir(c"/tmp").map_err(at(Step::MountStage))?;
     for (i, op) in p.plan.ops.iter().enumerate() {
-        apply(op, &mut p.source_fds).map_err(at_index(Step::Mount, i))?;
+        apply(op, &mut p.source_fds, p.report_fd).map_err(at_index(Step::Mount, i))?;
     }
     Ok(())
 }
 
-fn apply(op: &Op, source_fds: &mut [RawFd]) -> Result<(), Errno> {
+fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errno> {
     match op {
         Op::Mkdir { path, mode } => {
             sys::mkdir_exist_ok(path, *mode)?;
@@ -229,6 +229,15 @@ fn apply(op: &Op, source_fds: &mut [RawFd]) -> Result<(), Errno> {
             flags,
             data,
         } => sys::mount(Some(source), target, Some(fstype), *flags, Some(data)),
+        Op::HandOver { path, overlay } => {
+            let fd = sys::open_tree_clone(path)?;
+            let record = Record::Upper {
+                overlay: *overlay as u32,
+            };
+            let result = sys::send_with_fd(report_fd, &record.encode(), fd);
+            sys::close(fd);
+            result
+        }
         Op::CoverReadonly { path, optional } => match sys::open_tree_clone(path) {
             Err(Errno(libc::ENOENT)) if *optional => Ok(()),
             Err(e) => Err(e),

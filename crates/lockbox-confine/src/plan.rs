@@ -65,6 +65,12 @@ pub enum Op {
         path: CString,
         optional: bool,
     },
+    /// Hand a detached copy of the mount at `path` (a bounded upper tmpfs) to the
+    /// supervisor, for overlay number `overlay`.
+    HandOver {
+        path: CString,
+        overlay: usize,
+    },
     /// Bind the file `with` over `path` (masking it), if `path` exists.
     CoverWith {
         with: CString,
@@ -214,7 +220,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             Node::Dev => dev(&mut plan, resolved),
             Node::Proc => proc(&mut plan),
             Node::Etc => etc(&mut plan, resolved),
-            Node::Overlay(i) => overlay(&mut plan, &resolved.overlays[*i], rel),
+            Node::Overlay(i) => overlay(&mut plan, &resolved.overlays[*i], *i, rel),
             Node::Symlink(target) => plan.ops.push(Op::Symlink {
                 target: cstring(target.as_bytes()),
                 path: rel,
@@ -232,7 +238,7 @@ const LAYERS: &str = ".lockbox-layers";
 /// once the overlay is mounted (it keeps private clones of its layers) they are detached.
 /// overlayfs needs two lower layers when it has no upper one, so a read-only view of a
 /// single directory is a read-only bind instead.
-fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, rel: CString) {
+fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usize, rel: CString) {
     plan.ops.push(Op::Mkdir {
         path: rel.clone(),
         mode: 0o755,
@@ -279,7 +285,26 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, rel: CStri
     let lowers: Vec<String> = o.lowers.iter().map(|l| attach(plan, l, true)).collect();
     let mut data = format!("lowerdir={}", lowers.join(":"));
     let mut attached = lowers;
-    if let Some(upper) = &o.upper {
+    let mut bounded = None;
+    if let Some(upper) = o.upper.as_ref().filter(|u| u.max_size.is_some()) {
+        // A tmpfs of the given size holds upper and work; handed to lockbox afterwards.
+        let at = format!(".lockbox-upper-{index}");
+        tmpfs(
+            plan,
+            &at,
+            &format!("size={},mode=0700", upper.max_size.unwrap_or(0)),
+        );
+        plan.ops.push(Op::Mkdir {
+            path: cstring(format!("{at}/upper").as_bytes()),
+            mode: upper.mode,
+        });
+        plan.ops.push(Op::Mkdir {
+            path: cstring(format!("{at}/work").as_bytes()),
+            mode: 0o700,
+        });
+        data.push_str(&format!(",upperdir={at}/upper,workdir={at}/work"));
+        bounded = Some(at);
+    } else if let Some(upper) = &o.upper {
         // upper and work must be on one mount: attach their common parent.
         let at = attach(plan, &upper.parent, false);
         data.push_str(&format!(
@@ -297,6 +322,13 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, rel: CStri
         flags: NOSUID_NODEV,
         data: cstring(data.as_bytes()),
     });
+    if let Some(at) = bounded {
+        plan.ops.push(Op::HandOver {
+            path: cstring(at.as_bytes()),
+            overlay: index,
+        });
+        attached.push(at);
+    }
     for at in attached {
         plan.ops.push(Op::Umount {
             path: cstring(at.as_bytes()),
@@ -539,6 +571,13 @@ impl fmt::Display for Op {
                     fstype.to_string_lossy(),
                     p(target),
                     data.to_string_lossy()
+                )
+            }
+            Op::HandOver { path, overlay } => {
+                write!(
+                    f,
+                    "hand {} (overlay #{overlay}'s upper) to lockbox",
+                    p(path)
                 )
             }
             Op::CoverReadonly { path, .. } => write!(f, "make {} read-only", p(path)),

@@ -1,4 +1,5 @@
-//! The child-to-parent protocol: fixed-size records on a close-on-exec pipe.
+//! The child-to-parent protocol: fixed-size records on a close-on-exec seqpacket socket
+//! (a socket, so a record can carry a descriptor).
 //!
 //! The sandbox init and the command child cannot allocate (see `sys`), so they report with
 //! a 16-byte record instead of a message string; the parent turns it into an error that
@@ -22,6 +23,12 @@ pub enum Record {
     Exited(i32),
     /// The command was killed by this signal.
     Signaled(i32),
+    /// A detached mount of overlay number `overlay`'s bounded upper tmpfs travels with this
+    /// record (`SCM_RIGHTS`).
+    Upper {
+        /// Index of the overlay in the plan.
+        overlay: u32,
+    },
     /// Resource usage of every process reaped in the sandbox. Sent right before the status,
     /// once the init has killed and reaped everything left.
     Usage {
@@ -139,6 +146,7 @@ const KIND_FAILED: u32 = 1;
 const KIND_EXITED: u32 = 2;
 const KIND_SIGNALED: u32 = 3;
 const KIND_USAGE: u32 = 4;
+const KIND_UPPER: u32 = 5;
 
 /// Size of an encoded record.
 pub const RECORD_LEN: usize = 16;
@@ -152,6 +160,7 @@ impl Record {
             }
             Record::Exited(code) => (KIND_EXITED, code as u32, 0, 0),
             Record::Signaled(sig) => (KIND_SIGNALED, sig as u32, 0, 0),
+            Record::Upper { overlay } => (KIND_UPPER, overlay, 0, 0),
             Record::Usage { cpu_us, max_rss_kb } => {
                 (KIND_USAGE, cpu_us as u32, (cpu_us >> 32) as u32, max_rss_kb)
             }
@@ -178,6 +187,7 @@ impl Record {
             }),
             KIND_EXITED => Some(Record::Exited(word(1) as i32)),
             KIND_SIGNALED => Some(Record::Signaled(word(1) as i32)),
+            KIND_UPPER => Some(Record::Upper { overlay: word(1) }),
             KIND_USAGE => Some(Record::Usage {
                 cpu_us: u64::from(word(1)) | (u64::from(word(2)) << 32),
                 max_rss_kb: word(3),
@@ -197,6 +207,7 @@ mod tests {
             Record::Exited(0),
             Record::Exited(255),
             Record::Signaled(9),
+            Record::Upper { overlay: 2 },
             Record::Usage {
                 cpu_us: (7 << 32) + 5,
                 max_rss_kb: 1234,

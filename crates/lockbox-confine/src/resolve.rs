@@ -67,6 +67,10 @@ pub struct ResolvedUpper {
     pub upper_name: String,
     /// File name of the work directory.
     pub work_name: String,
+    /// Bounded (tmpfs) upper of this many bytes, see `OverlayUpper::max_size`.
+    pub max_size: Option<u64>,
+    /// Permission bits of the upper directory (the overlay's root takes them).
+    pub mode: u32,
 }
 
 /// Device nodes bound from the host into the sandbox's `/dev` (those that exist).
@@ -155,10 +159,14 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
                 .collect::<Result<_, _>>()?,
             upper: match &overlay.upper {
                 None => None,
-                Some(u) => Some(resolve_upper(
-                    &dir(&u.upper, "using as an overlay upper layer")?,
-                    &dir(&u.work, "using as an overlay work directory")?,
-                )?),
+                Some(u) => {
+                    let mut upper = resolve_upper(
+                        &dir(&u.upper, "using as an overlay upper layer")?,
+                        &dir(&u.work, "using as an overlay work directory")?,
+                    )?;
+                    upper.max_size = u.max_size.map(|m| m.0);
+                    Some(upper)
+                }
             },
         });
     }
@@ -205,6 +213,10 @@ fn resolve_upper(upper: &Path, work: &Path) -> Result<ResolvedUpper, SetupError>
             parent: parent.to_owned(),
             upper_name,
             work_name,
+            max_size: None,
+            mode: std::fs::metadata(upper)
+                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+                .unwrap_or(0o755),
         }),
         _ => Err(bad(
             "upper and work directory names may only use letters, digits, '.', '_', '-'",

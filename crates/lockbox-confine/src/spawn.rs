@@ -70,6 +70,25 @@ pub struct Outcome {
     pub peak_memory: Option<(u64, &'static str)>,
     /// What confined it.
     pub enforcement: Enforcement,
+    /// The bounded (tmpfs) upper layers of overlays with `max_size`, still mounted, for the
+    /// caller to copy into their `upper` directories (see [`UpperMount::upper`]).
+    #[serde(skip)]
+    pub upper_mounts: Vec<UpperMount>,
+}
+
+/// A detached mount of a bounded upper tmpfs, alive while this value is.
+#[derive(Debug, Clone)]
+pub struct UpperMount {
+    /// Index of the overlay in `Policy::fs.overlays`.
+    pub overlay: usize,
+    mount: std::sync::Arc<OwnedFd>,
+}
+
+impl UpperMount {
+    /// Path of the upper layer (readable by this process while `self` lives).
+    pub fn upper(&self) -> std::path::PathBuf {
+        format!("/proc/self/fd/{}/upper", self.mount.as_raw_fd()).into()
+    }
 }
 
 impl Outcome {
@@ -113,6 +132,7 @@ pub struct Running {
     failure: Option<Record>,
     status: Option<Record>,
     usage: Option<(u64, u32)>,
+    upper_mounts: Vec<UpperMount>,
     timed_out: bool,
     /// The sandbox has ended (an outcome was produced).
     done: bool,
@@ -149,7 +169,7 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
         .iter()
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
-    let (report_rd, report_wr) = sys::pipe_cloexec().map_err(|errno| SetupError::Supervise {
+    let (report_rd, report_wr) = sys::seqpacket_pair().map_err(|errno| SetupError::Supervise {
         what: "creating the report pipe",
         errno,
     })?;
@@ -243,6 +263,7 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
                 failure: None,
                 status: None,
                 usage: None,
+                upper_mounts: Vec::new(),
                 timed_out: false,
                 done: false,
                 reaped: false,
@@ -366,8 +387,17 @@ impl Running {
 
     fn read_records(&mut self) {
         let mut buf = [0u8; RECORD_LEN];
-        while let Ok(RECORD_LEN) = sys::read(self.report.as_raw_fd(), &mut buf) {
+        while let Ok((RECORD_LEN, fd)) = sys::recv_with_fd(self.report.as_raw_fd(), &mut buf) {
+            let fd = fd.map(sys::owned);
             match Record::decode(&buf) {
+                Some(Record::Upper { overlay }) => {
+                    if let Some(mount) = fd {
+                        self.upper_mounts.push(UpperMount {
+                            overlay: overlay as usize,
+                            mount: std::sync::Arc::new(mount),
+                        });
+                    }
+                }
                 Some(r @ Record::Failed { .. }) => {
                     self.failure.get_or_insert(r);
                 }
@@ -431,6 +461,7 @@ impl Running {
             cpu: Duration::from_micros(cpu_us),
             peak_memory,
             enforcement: self.enforcement.clone(),
+            upper_mounts: std::mem::take(&mut self.upper_mounts),
         })
     }
 
@@ -580,6 +611,7 @@ mod tests {
                 limits: LimitMechanisms::default(),
                 network: "",
             },
+            upper_mounts: Vec::new(),
         };
         assert_eq!(outcome(Status::Exited(3), false).exit_code(), 3);
         assert_eq!(outcome(Status::Signaled(9), false).exit_code(), 137);

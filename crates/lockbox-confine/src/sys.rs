@@ -323,12 +323,84 @@ pub fn close_range(first: u32, last: u32) {
     }
 }
 
-/// `pipe2(O_CLOEXEC)`: (read end, write end).
-pub fn pipe_cloexec() -> Result<(RawFd, RawFd), Errno> {
+/// A connected `AF_UNIX`/`SOCK_SEQPACKET` pair, close-on-exec: records keep their
+/// boundaries and may carry descriptors; reads see EOF once every peer has closed.
+pub fn seqpacket_pair() -> Result<(RawFd, RawFd), Errno> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` has room for the two descriptors.
-    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    check_int(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
     Ok((fds[0], fds[1]))
+}
+
+/// Room for one `SCM_RIGHTS` control message with one descriptor, suitably aligned.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 32]);
+
+/// Sends `data` with descriptor `fd` attached (`SCM_RIGHTS`).
+pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> Result<(), Errno> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cmsg = CmsgBuf([0; 32]);
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.0.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
+    // SAFETY: msg_control points to `cmsg`, large and aligned enough for one header and
+    // one int; CMSG_FIRSTHDR/CMSG_DATA stay within it.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+    }
+    // SAFETY: `msg` and everything it points to are live for the call.
+    let rc = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    check(rc as libc::c_long).map(drop)
+}
+
+/// Receives one record into `buf`, and the descriptor it carries, if any (close-on-exec).
+pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> Result<(usize, Option<RawFd>), Errno> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cmsg = CmsgBuf([0; 32]);
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.0.as_mut_ptr().cast();
+    msg.msg_controllen = cmsg.0.len() as _;
+    // SAFETY: `msg` points to live buffers of the sizes given.
+    let n =
+        check(unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) } as libc::c_long)?;
+    let mut fd = None;
+    // SAFETY: the kernel filled msg_control with well-formed headers within controllen.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if !header.is_null()
+            && (*header).cmsg_level == libc::SOL_SOCKET
+            && (*header).cmsg_type == libc::SCM_RIGHTS
+        {
+            fd = Some(std::ptr::read_unaligned(
+                libc::CMSG_DATA(header).cast::<RawFd>(),
+            ));
+        }
+    }
+    Ok((n as usize, fd))
 }
 
 /// Sets `O_NONBLOCK` on `fd`.

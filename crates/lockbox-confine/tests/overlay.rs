@@ -29,6 +29,7 @@ fn writes_to_an_overlay_land_in_the_upper_layer_only() {
         upper: Some(OverlayUpper {
             upper: branch.join("upper"),
             work: branch.join("work"),
+            max_size: None,
         }),
     });
     let w = work.display();

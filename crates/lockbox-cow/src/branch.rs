@@ -124,9 +124,11 @@ impl Branch {
                 source,
             })?;
         }
-        let st = fs::symlink_metadata(&upper).map_err(|source| CowError::CreateBranchDir {
-            path: upper.clone(),
-            source,
+        let st = next_tick(&upper, workdir_mode & 0o7777).map_err(|source| {
+            CowError::CreateBranchDir {
+                path: upper.clone(),
+                source,
+            }
         })?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -239,6 +241,27 @@ impl Branch {
         let parent = self.dir.parent().map(Path::to_owned).unwrap_or_default();
         let name = self.dir.file_name().unwrap_or_default().to_owned();
         remove_dir_robust(&parent, &name)
+    }
+}
+
+/// Stamps `upper` again (a chmod to its own mode changes its ctime) until the kernel's file
+/// clock has moved past the tick of its creation, and returns its metadata then. File
+/// timestamps are coarse (one clock tick, 1-4 ms): a workdir file written in the same tick
+/// as the branch's creation would carry the same ctime and look changed *after* the branch
+/// began. Waiting one tick makes `base_ctime` strictly newer than anything written before
+/// the branch was created, so an agent that writes a file and starts a sandbox right away
+/// gets no false stale-base refusal.
+fn next_tick(upper: &Path, mode: u32) -> std::io::Result<fs::Metadata> {
+    let stamp = |m: &fs::Metadata| (m.ctime(), m.ctime_nsec());
+    let first = stamp(&fs::symlink_metadata(upper)?);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    loop {
+        fs::set_permissions(upper, fs::Permissions::from_mode(mode))?;
+        let st = fs::symlink_metadata(upper)?;
+        if stamp(&st) > first || std::time::Instant::now() > deadline {
+            return Ok(st);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(250));
     }
 }
 

@@ -49,6 +49,14 @@ pub enum CowError {
         /// The underlying error.
         source: io::Error,
     },
+    /// Copying a bounded upper layer into the branch failed.
+    #[error("importing upper layer entry {path}: {source}")]
+    ImportUpper {
+        /// The entry, in the source layer.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
     /// The workdir given to commit is not the one the branch was made from.
     #[error("branch was made from {expected}, not {given}")]
     WorkdirMismatch {
@@ -251,6 +259,7 @@ impl CowError {
             CowError::CreateBranchDir { .. } => "CREATE_BRANCH_DIR",
             CowError::BranchNotFound { .. } => "BRANCH_NOT_FOUND",
             CowError::OpenWorkdir { .. } => "OPEN_WORKDIR",
+            CowError::ImportUpper { .. } => "IMPORT_UPPER",
             CowError::WorkdirMismatch { .. } => "WORKDIR_MISMATCH",
             CowError::Overlap { .. } => "STATE_WORKDIR_OVERLAP",
             CowError::WriteMeta { .. } => "WRITE_BRANCH_META",

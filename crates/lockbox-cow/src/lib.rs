@@ -42,6 +42,7 @@ pub use crate::commit::{commit, CommitOptions, CommitReport, STAGING_PREFIX};
 pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
 pub use crate::error::CowError;
 pub use crate::id::BranchId;
+pub use crate::import::import_upper;
 pub use crate::meta::{BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 
 mod beneath;
@@ -52,6 +53,7 @@ mod diff;
 mod durable;
 mod error;
 mod id;
+mod import;
 mod meta;
 mod overlay;
 mod stale;

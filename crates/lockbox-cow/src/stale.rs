@@ -1,8 +1,9 @@
 //! Stale-base detection: did the workdir change, after the branch began, at a path the branch
 //! changes?
 //!
-//! Rule: the branch records `base_ctime`, the ctime the kernel stamped on its fresh `upper/`
-//! directory. The kernel stamps every later inode change (content, mode, rename, link count,
+//! Rule: the branch records `base_ctime`, a ctime the kernel stamped on its fresh `upper/`
+//! directory one clock tick after its creation (see `branch::next_tick`), so anything written
+//! before the branch began is strictly older. The kernel stamps every later inode change (content, mode, rename, link count,
 //! entry added or removed in a directory) with a ctime `>=` that value, and userspace cannot
 //! set ctime. So a workdir entry is *changed since the base* iff its ctime `>= base_ctime`;
 //! `>=` makes changes in the same clock tick count (false positives are possible, lost updates

@@ -77,6 +77,11 @@ pub struct OverlayUpper {
     pub upper: PathBuf,
     /// overlayfs's scratch directory.
     pub work: PathBuf,
+    /// Bound the writable layer: writes land in a tmpfs of this size inside the sandbox
+    /// (writing beyond it fails with ENOSPC) whose contents the caller copies into `upper`
+    /// afterwards (see `lockbox_confine::Outcome::upper_mounts`). Uses memory, not disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<crate::ByteSize>,
 }
 
 impl Default for FsPolicy {

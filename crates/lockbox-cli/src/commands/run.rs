@@ -50,13 +50,8 @@ pub fn run(args: &RunArgs) -> i32 {
     match result {
         Ok(outcome) => {
             explain_outcome(&outcome, &policy, args);
-            let finished = workspace.map(|w| {
-                w.finish(
-                    &args.workspace,
-                    outcome.exit_code() != 0,
-                    args.report.is_some(),
-                )
-            });
+            let finished =
+                workspace.map(|w| w.finish(&args.workspace, &outcome, args.report.is_some()));
             if let Some(path) = &args.report {
                 let extra = finished.as_ref().map(|f| &f.report);
                 if let Err(e) = write_report(path, &outcome, extra) {

@@ -2,7 +2,7 @@
 //! committed, aborted or kept after it.
 
 use crate::cli::{BranchAction, WorkspaceArgs};
-use lockbox_cow::{Branch, ChangeSet, CommitOptions, CowError};
+use lockbox_cow::{import_upper, Branch, ChangeSet, CommitOptions, CowError};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -46,6 +46,7 @@ pub fn begin(
         upper: Some(OverlayUpper {
             upper: branch.upper_dir(),
             work: branch.work_dir(),
+            max_size: args.max_disk,
         }),
     });
     policy.cwd.get_or_insert(dir);
@@ -55,9 +56,20 @@ pub fn begin(
 impl Workspace {
     /// Applies `--on-exit`/`--on-error`/`--dry-run` once the sandbox has ended (`failed`:
     /// non-zero exit, signal or timeout). Messages go to stderr.
-    pub fn finish(self, args: &WorkspaceArgs, failed: bool, to_report: bool) -> Finished {
+    pub fn finish(
+        self,
+        args: &WorkspaceArgs,
+        outcome: &lockbox_confine::Outcome,
+        to_report: bool,
+    ) -> Finished {
         let id = self.branch.id().as_str().to_owned();
-        let changes = match self.branch.change_set() {
+        let failed = outcome.exit_code() != 0;
+        // With --max-disk the changes are in a tmpfs the sandbox left us: store them.
+        let imported = outcome
+            .upper_mounts
+            .iter()
+            .try_for_each(|m| import_upper(&m.upper(), &self.branch.upper_dir()).map(drop));
+        let changes = match imported.and_then(|()| self.branch.change_set()) {
             Ok(set) => set,
             Err(e) => {
                 eprintln!("lockbox: reading the changes of branch {id}: {e}; the branch is kept");

@@ -1,0 +1,93 @@
+//! Importing an upper layer that was written elsewhere (a size-bounded tmpfs inside the
+//! sandbox, `lockbox run --max-disk`) into a branch's `upper/`, faithfully: file contents,
+//! modes and times, symlinks, whiteouts and the `overlay.*` xattrs that mark opaque
+//! directories.
+
+use crate::error::CowError;
+use rustix::fs::{AtFlags, FileType, Mode, Timespec, Timestamps, CWD};
+use std::path::Path;
+
+/// Copies the upper layer at `src` into the (empty) directory `dst`; returns the bytes of
+/// file data copied. Special files other than whiteouts are refused, as in a commit.
+pub fn import_upper(src: &Path, dst: &Path) -> Result<u64, CowError> {
+    copy_dir(src, dst, true)
+}
+
+fn err(path: &Path) -> impl Fn(std::io::Error) -> CowError + '_ {
+    move |source| CowError::ImportUpper {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn copy_dir(src: &Path, dst: &Path, is_root: bool) -> Result<u64, CowError> {
+    if !is_root {
+        std::fs::create_dir(dst).map_err(err(src))?;
+    }
+    let mut bytes = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(src)
+        .map_err(err(src))?
+        .collect::<Result<_, _>>()
+        .map_err(err(src))?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        let st = rustix::fs::lstat(&from).map_err(|e| err(&from)(e.into()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => bytes += copy_dir(&from, &to, false)?,
+            FileType::RegularFile => bytes += std::fs::copy(&from, &to).map_err(err(&from))?,
+            FileType::Symlink => {
+                let target = std::fs::read_link(&from).map_err(err(&from))?;
+                std::os::unix::fs::symlink(target, &to).map_err(err(&from))?;
+            }
+            // A whiteout: unprivileged users may create 0/0 character devices (Linux >= 5.8).
+            FileType::CharacterDevice if st.st_rdev == 0 => {
+                rustix::fs::mknodat(CWD, &to, FileType::CharacterDevice, Mode::empty(), 0)
+                    .map_err(|e| err(&from)(e.into()))?;
+            }
+            _ => {
+                return Err(err(&from)(std::io::Error::other(
+                    "special files cannot be part of a branch",
+                )))
+            }
+        }
+        finish_entry(&from, &to, &st)?;
+    }
+    if is_root {
+        let st = rustix::fs::lstat(src).map_err(|e| err(src)(e.into()))?;
+        finish_entry(src, dst, &st)?;
+    }
+    Ok(bytes)
+}
+
+/// Copies the `overlay.*` xattrs, the mode (not for symlinks) and the times of `from`.
+fn finish_entry(from: &Path, to: &Path, st: &rustix::fs::Stat) -> Result<(), CowError> {
+    let fail = |e: rustix::io::Errno| err(from)(e.into());
+    let mut names = vec![0u8; 4096];
+    let n = rustix::fs::llistxattr(from, &mut names[..]).unwrap_or(0);
+    for name in names[..n]
+        .split(|&b| b == 0)
+        .filter(|n| n.starts_with(b"user.overlay."))
+    {
+        let name = String::from_utf8_lossy(name).into_owned();
+        let mut value = vec![0u8; 4096];
+        let len = rustix::fs::lgetxattr(from, &name, &mut value[..]).map_err(fail)?;
+        rustix::fs::lsetxattr(to, &name, &value[..len], rustix::fs::XattrFlags::empty())
+            .map_err(fail)?;
+    }
+    let file_type = FileType::from_raw_mode(st.st_mode);
+    if file_type != FileType::Symlink {
+        rustix::fs::chmod(to, Mode::from_raw_mode(st.st_mode & 0o7777)).map_err(fail)?;
+    }
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec as _,
+        },
+        last_modification: Timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec as _,
+        },
+    };
+    rustix::fs::utimensat(CWD, to, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(fail)
+}
