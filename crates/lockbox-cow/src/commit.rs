@@ -7,14 +7,17 @@
 //! 2. Mark the branch `Committing` in `meta.json` (durable).
 //! 3. **Stage**: copy every new file and symlink into `DIR/.lockbox-commit-<id>/` (same
 //!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set;
-//!    then one `syncfs(2)`: all new data is durable before any of it becomes visible.
+//!    then one `syncfs(2)`: all new data is durable before any of it becomes visible. (Up
+//!    to [`SMALL`] changes, each staged file is fsynced instead: `syncfs` also flushes other
+//!    processes' dirty data, which dominates a small commit on a busy disk.)
 //! 4. **Apply** in change-set order (parents first): `renameat` staged entries over their
 //!    targets, `mkdirat` new directories, remove deleted entries and trees. Each parent is
 //!    resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, and the last component
 //!    is only touched by calls that do not follow it, so no symlink (in DIR or in the branch)
 //!    can make a commit write outside DIR.
 //! 5. Set directory modes and mtimes deepest first, `syncfs` again (all renames, unlinks and
-//!    directory updates durable), remove the staging directory.
+//!    directory updates durable; small commits fsync each touched directory), remove the
+//!    staging directory. An empty change set writes nothing at all.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -92,9 +95,18 @@ pub fn commit(
         report.dry_run = true;
         return Ok(report);
     }
+    let total = report.added + report.modified + report.deleted + report.type_changed;
+    if total == 0 {
+        return Ok(report);
+    }
     branch.set_state(BranchState::Committing)?;
     let staging_name = format!("{STAGING_PREFIX}{}", branch.id());
-    let plan = stage(branch, root.as_fd(), OsStr::new(&staging_name))?;
+    let plan = stage(
+        branch,
+        root.as_fd(),
+        OsStr::new(&staging_name),
+        total <= SMALL,
+    )?;
     apply(root.as_fd(), &plan)?;
     finish(root.as_fd(), &plan)?;
     remove_tree_at(root.as_fd(), OsStr::new(&staging_name)).map_err(|source| CowError::Delete {
@@ -163,8 +175,15 @@ enum Op {
     Delete { path: PathBuf },
 }
 
+/// Up to this many changes, durability comes from fsyncing each staged file and each touched
+/// directory rather than from `syncfs`: `syncfs` also writes back every other process's dirty
+/// data on the filesystem, which dominates the cost of a small commit on a busy disk.
+const SMALL: u64 = 64;
+
 struct Plan {
     staging: OwnedFd,
+    /// Use per-file and per-directory fsync instead of `syncfs` (see [`SMALL`]).
+    small: bool,
     ops: Vec<Op>,
     /// Directories whose mode and times are set at the end, deepest last in this list.
     dirs: Vec<(PathBuf, u32, Timestamps)>,
@@ -187,7 +206,12 @@ fn file_mode(mode: u32) -> u32 {
     mode & 0o1777
 }
 
-fn stage(branch: &Branch, root: BorrowedFd<'_>, staging_name: &OsStr) -> Result<Plan, CowError> {
+fn stage(
+    branch: &Branch,
+    root: BorrowedFd<'_>,
+    staging_name: &OsStr,
+    small: bool,
+) -> Result<Plan, CowError> {
     let stage_err = |path: &Path| {
         let path = path.to_owned();
         move |source: io::Error| CowError::Stage { path, source }
@@ -201,6 +225,7 @@ fn stage(branch: &Branch, root: BorrowedFd<'_>, staging_name: &OsStr) -> Result<
     let upper = branch.upper_dir();
     let mut plan = Plan {
         staging,
+        small,
         ops: Vec::new(),
         dirs: Vec::new(),
     };
@@ -219,7 +244,8 @@ fn stage(branch: &Branch, root: BorrowedFd<'_>, staging_name: &OsStr) -> Result<
             }
             (_, FileType::File | FileType::Symlink) => {
                 seq += 1;
-                stage_entry(&upper, plan.staging.as_fd(), seq, &item).map_err(stage_err(&path))?;
+                stage_entry(&upper, plan.staging.as_fd(), seq, &item, small)
+                    .map_err(stage_err(&path))?;
                 plan.ops.push(Op::Place { path, seq });
             }
             (_, FileType::Special) => {
@@ -227,14 +253,27 @@ fn stage(branch: &Branch, root: BorrowedFd<'_>, staging_name: &OsStr) -> Result<
             }
         }
     }
-    rustix::fs::syncfs(&plan.staging).map_err(|e| CowError::SyncFs {
+    // Every staged file is durable before any becomes visible: each was fsynced (small) or
+    // one syncfs covers them all.
+    let synced = if small {
+        rustix::fs::fsync(&plan.staging)
+    } else {
+        rustix::fs::syncfs(&plan.staging)
+    };
+    synced.map_err(|e| CowError::SyncFs {
         path: staging_name.into(),
         source: e.into(),
     })?;
     Ok(plan)
 }
 
-fn stage_entry(upper: &Path, staging: BorrowedFd<'_>, seq: u64, item: &Item) -> io::Result<()> {
+fn stage_entry(
+    upper: &Path,
+    staging: BorrowedFd<'_>,
+    seq: u64,
+    item: &Item,
+    fsync: bool,
+) -> io::Result<()> {
     let src = upper.join(&item.change.path);
     let name = seq.to_string();
     let times = timestamps(item);
@@ -261,7 +300,11 @@ fn stage_entry(upper: &Path, staging: BorrowedFd<'_>, seq: u64, item: &Item) -> 
     )?);
     io::copy(&mut from, &mut to)?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(file_mode(item.change.mode)))?;
-    Ok(rustix::fs::futimens(&to, &times)?)
+    rustix::fs::futimens(&to, &times)?;
+    if fsync {
+        to.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Caches the last parent directory: consecutive changes usually share it.
@@ -429,8 +472,56 @@ fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
             source,
         })?;
     }
+    if plan.small {
+        return fsync_touched_dirs(root, plan);
+    }
     rustix::fs::syncfs(root).map_err(|e| CowError::SyncFs {
         path: PathBuf::new(),
         source: e.into(),
     })
+}
+
+/// The small-commit equivalent of the final `syncfs`: fsync every directory an operation
+/// added, renamed or removed an entry in, and every directory whose mode or times were set.
+/// (Symlinks staged small were not fsynced as files, but a rename makes their inode durable
+/// with the directory on every journalling filesystem lockbox targets.)
+fn fsync_touched_dirs(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+    let mut dirs: Vec<PathBuf> = plan
+        .ops
+        .iter()
+        .map(|op| match op {
+            Op::Place { path, .. } | Op::MakeDir { path } | Op::Delete { path } => {
+                path.parent().map(Path::to_owned).unwrap_or_default()
+            }
+        })
+        .chain(plan.dirs.iter().map(|(path, _, _)| path.clone()))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        let fsync = || -> io::Result<()> {
+            let fd = if dir.as_os_str().is_empty() {
+                rustix::fs::openat(
+                    root,
+                    ".",
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?
+            } else {
+                rustix::fs::openat2(
+                    root,
+                    &dir,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    beneath::RESOLVE,
+                )?
+            };
+            Ok(rustix::fs::fsync(&fd)?)
+        };
+        fsync().map_err(|source| CowError::Fsync {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }
