@@ -211,6 +211,15 @@ impl Branch {
 
     /// Marks the branch as kept for review (durably).
     pub fn keep(&mut self) -> Result<(), CowError> {
+        // What the sandbox wrote is only in the page cache: make it durable before the
+        // record says the branch is kept (one syncfs: the upper can hold many files).
+        let upper = self.upper_dir();
+        let synced = fs::File::open(&upper)
+            .and_then(|dir| rustix::fs::syncfs(&dir).map_err(std::io::Error::from));
+        synced.map_err(|source| CowError::SyncFs {
+            path: upper,
+            source,
+        })?;
         self.set_state(BranchState::Kept)
     }
 
