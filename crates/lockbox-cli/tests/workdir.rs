@@ -363,3 +363,57 @@ fn max_disk_gives_enospc_inside_and_leaves_the_host_alone() {
         assert!(big <= 1 << 20, "branch grew to {big} bytes");
     }
 }
+
+#[test]
+fn kill_9_of_lockbox_leaves_an_orphan_branch_that_abort_removes() {
+    for user in users() {
+        let s = Setup::new(user);
+        let before = snapshot(&s.work);
+        let mut cmd = command_as(user);
+        cmd.arg("run")
+            .args([
+                "--workdir",
+                s.work.to_str().unwrap(),
+                "--state-dir",
+                s.state.to_str().unwrap(),
+            ])
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "echo changed > a.txt; touch started; sleep 1000",
+            ]);
+        let mut child = cmd.spawn().unwrap();
+        // Wait until the sandbox has written into its branch.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !s.state.join("branches").exists()
+            || s.branch_ids().iter().all(|id| {
+                !s.state
+                    .join("branches")
+                    .join(id)
+                    .join("upper/started")
+                    .exists()
+            })
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sandbox never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(snapshot(&s.work), before, "{user:?}: the workdir changed");
+        let list = s.branch(&["list", "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        assert_eq!(json[0]["orphan"], true, "{json}");
+        let ids = s.branch_ids();
+        let out = s.branch(&["abort", &ids[0]]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert!(s.branch_ids().is_empty());
+        assert_eq!(
+            std::fs::read_dir(s.state.join("branches")).unwrap().count(),
+            0
+        );
+    }
+}

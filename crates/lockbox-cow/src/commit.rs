@@ -4,6 +4,8 @@
 //! 1. **Validate** (nothing written): walk the whole change set; refuse special files and
 //!    reserved names; collect stale paths (see [`crate::stale`]) and refuse unless `force`.
 //!    A dry run stops here.
+//!    All of it under the per-workdir commit lock ([`WorkdirLock`]), so commits into one
+//!    workdir never interleave.
 //! 2. Mark the branch `Committing` in `meta.json` (durable).
 //! 3. **Stage**: copy every new file and symlink into `DIR/.lockbox-commit-<id>/` (same
 //!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set;
@@ -30,6 +32,7 @@ use rustix::io::Errno;
 
 use crate::beneath::{self, lstat_at, open_dir_beneath, remove_tree_at, split};
 use crate::changes::{ChangeKind, FileType, Item, Walker};
+use crate::lock::WorkdirLock;
 use crate::meta::BranchState;
 use crate::{stale, Branch, CowError};
 
@@ -90,6 +93,9 @@ pub fn commit(
         path: given.clone(),
         source,
     })?;
+    // STATE/branches/<id> -> STATE. Held until the commit is complete.
+    let state_dir = branch.dir().ancestors().nth(2).unwrap_or(Path::new("/"));
+    let _lock = WorkdirLock::acquire(state_dir, &given)?;
     let mut report = validate(branch, root.as_fd(), opts)?;
     if opts.dry_run {
         report.dry_run = true;

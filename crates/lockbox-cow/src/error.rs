@@ -49,6 +49,14 @@ pub enum CowError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The per-workdir commit lock could not be taken.
+    #[error("workdir lock {path}: {source}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
     /// Copying a bounded upper layer into the branch failed.
     #[error("importing upper layer entry {path}: {source}")]
     ImportUpper {
@@ -260,6 +268,7 @@ impl CowError {
             CowError::BranchNotFound { .. } => "BRANCH_NOT_FOUND",
             CowError::OpenWorkdir { .. } => "OPEN_WORKDIR",
             CowError::ImportUpper { .. } => "IMPORT_UPPER",
+            CowError::Lock { .. } => "WORKDIR_LOCK",
             CowError::WorkdirMismatch { .. } => "WORKDIR_MISMATCH",
             CowError::Overlap { .. } => "STATE_WORKDIR_OVERLAP",
             CowError::WriteMeta { .. } => "WRITE_BRANCH_META",

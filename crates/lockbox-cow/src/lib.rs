@@ -43,6 +43,7 @@ pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
 pub use crate::error::CowError;
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
+pub use crate::lock::WorkdirLock;
 pub use crate::meta::{BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 
 mod beneath;
@@ -54,6 +55,7 @@ mod durable;
 mod error;
 mod id;
 mod import;
+mod lock;
 mod meta;
 mod overlay;
 mod stale;
