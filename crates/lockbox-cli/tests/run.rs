@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{binary, lockbox, scratch, text, users, User};
+use common::{binary, command_as, lockbox, scratch, text, users, User};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -430,13 +430,11 @@ fn sigterm_to_lockbox_stops_the_whole_sandbox() {
         let dir = scratch();
         let marker = format!("lockbox-term-marker-{}-{user:?}", std::process::id());
         let script = format!("(setsid sh -c 'sleep 1000; echo {marker}' &); sleep 1000");
-        let mut cmd = Command::new(binary());
-        cmd.args(["run", "--kill-grace", "300ms", "--", "sh", "-c", &script])
-            .current_dir(dir.path());
-        if let User::Nobody = user {
-            cmd.uid(65534).gid(65534);
-        }
-        let child = cmd.spawn().unwrap();
+        let child = command_as(user)
+            .args(["run", "--kill-grace", "300ms", "--", "sh", "-c", &script])
+            .current_dir(dir.path())
+            .spawn()
+            .unwrap();
         std::thread::sleep(Duration::from_millis(500));
         Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -592,13 +590,11 @@ fn kill_9_of_lockbox_leaves_no_sandbox_process_behind() {
         let marker = format!("lockbox-kill9-marker-{}-{user:?}", std::process::id());
         let script =
             format!("(setsid sh -c 'sleep 1000; echo {marker}' &); sleep 1000; echo {marker}");
-        let mut cmd = Command::new(binary());
-        cmd.args(["run", "--", "sh", "-c", &script])
-            .current_dir(dir.path());
-        if let User::Nobody = user {
-            cmd.uid(65534).gid(65534);
-        }
-        let mut child = cmd.spawn().unwrap();
+        let mut child = command_as(user)
+            .args(["run", "--", "sh", "-c", &script])
+            .current_dir(dir.path())
+            .spawn()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while host_processes_with(&marker).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));

@@ -26,11 +26,7 @@ impl FromStr for ByteSize {
             input: s.to_owned(),
             reason: reason.to_owned(),
         };
-        let t = s.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
+        let (num, unit) = split_number(s);
         if num.is_empty() {
             return Err(bad("expected a number, e.g. 64M"));
         }
@@ -84,17 +80,22 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// Splits `"1.5G"` into the number and the unit (`("1.5", "G")`), ignoring surrounding space.
+fn split_number(s: &str) -> (&str, &str) {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    t.split_at(split)
+}
+
 /// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us`; a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
     let bad = |reason: &str| PolicyError::BadDuration {
         input: s.to_owned(),
         reason: reason.to_owned(),
     };
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = split_number(s);
     if num.is_empty() {
         return Err(bad("expected a number with a unit, e.g. 500ms, 10s, 2m"));
     }

@@ -52,12 +52,11 @@ pub fn binary() -> &'static Path {
 }
 
 pub fn lockbox(user: User, dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(binary());
-    cmd.args(args).current_dir(dir);
-    if let User::Nobody = user {
-        cmd.uid(65534).gid(65534);
-    }
-    cmd.output().unwrap()
+    command_as(user)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
 }
 
 pub fn text(out: &Output) -> String {
