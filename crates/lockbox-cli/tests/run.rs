@@ -672,3 +672,18 @@ fn x32_syscalls_kill_and_clone3_is_unavailable() {
         );
     }
 }
+
+#[test]
+fn sigpipe_is_not_ignored_inside() {
+    // The Rust runtime ignores SIGPIPE; that must not leak into sandboxed programs, or
+    // `producer | head` pipelines would spin on EPIPE instead of ending.
+    let dir = scratch();
+    let out = lockbox(
+        User::Current,
+        dir.path(),
+        &["run", "--", "grep", "SigIgn", "/proc/self/status"],
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let mask = u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "{line}");
+}

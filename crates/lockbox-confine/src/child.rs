@@ -450,7 +450,7 @@ fn command_main(p: &Prepared, ruleset: Option<RawFd>) -> ! {
             125
         })
     };
-    sys::reset_signal_dispositions();
+    sys::reset_sigpipe();
     if let Err(e) = sys::sigprocmask(libc::SIG_SETMASK, &SigSet::empty()) {
         fail(Step::BlockSignals, e, 0);
     }

@@ -135,9 +135,8 @@ enum Node {
 
 /// Builds the plan. Pure: no syscalls.
 pub fn build(resolved: &Resolved) -> SetupPlan {
-    let mut nodes: Vec<(PathBuf, Node)> = resolved
-        .grants
-        .iter()
+    let mut nodes: Vec<(PathBuf, Node)> = needed_grants(&resolved.grants)
+        .into_iter()
         .map(|g| {
             (
                 g.path.clone(),
@@ -340,6 +339,24 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     plan.ops.push(Op::Rmdir {
         path: cstring(LAYERS.as_bytes()),
     });
+}
+
+/// The grants that need a mount of their own: a grant inside another with the same access
+/// is already visible through it (binds are recursive), e.g. `/usr/bin` (the target of the
+/// `/bin` symlink on merged-/usr systems) inside `/usr`. A grant inside one with different
+/// access (a read-only directory inside a writable one) keeps its own mount.
+fn needed_grants(grants: &[crate::resolve::Grant]) -> Vec<&crate::resolve::Grant> {
+    let mut sorted: Vec<&crate::resolve::Grant> = grants.iter().collect();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut kept: Vec<&crate::resolve::Grant> = Vec::new();
+    for grant in sorted {
+        // Sorted by path, so the nearest enclosing grant is the last kept ancestor.
+        let nearest = kept.iter().rev().find(|k| grant.path.starts_with(&k.path));
+        if nearest.is_none_or(|k| k.access != grant.access) {
+            kept.push(grant);
+        }
+    }
+    kept
 }
 
 fn ensure_parents(plan: &mut SetupPlan, made: &mut Vec<PathBuf>, path: &Path) {
@@ -664,6 +681,22 @@ mod tests {
         assert_eq!(
             attach_targets(&plan),
             ["dev/null", "usr", "work", "work/a/b"]
+        );
+    }
+
+    #[test]
+    fn nested_grants_with_the_same_access_share_the_outer_mount() {
+        let plan = build(&resolved(vec![
+            grant("/usr", Access::ReadOnly),
+            grant("/usr/bin", Access::ReadOnly),
+            grant("/w", Access::ReadWrite),
+            grant("/w/ro", Access::ReadOnly),
+            grant("/w/ro/rw", Access::ReadWrite),
+            grant("/w/ro/rw/more", Access::ReadWrite),
+        ]));
+        assert_eq!(
+            attach_targets(&plan),
+            ["dev/null", "usr", "w", "w/ro", "w/ro/rw"]
         );
     }
 

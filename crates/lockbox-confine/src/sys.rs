@@ -663,15 +663,12 @@ pub fn sigprocmask(how: libc::c_int, set: &SigSet) -> Result<SigSet, Errno> {
     Ok(old)
 }
 
-/// Resets every signal disposition that a handler may have changed to the default.
-pub fn reset_signal_dispositions() {
-    for sig in 1..libc::SIGRTMAX() {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        // SAFETY: setting SIG_DFL is always valid; errors for reserved signals are ignored.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
-    }
+/// Resets `SIGPIPE` to its default. `execve` resets caught signals itself but keeps ignored
+/// ones, and the Rust runtime ignores `SIGPIPE`; signals the caller ignored on purpose (as
+/// `nohup` does with `SIGHUP`) stay ignored, as with any exec.
+pub fn reset_sigpipe() {
+    // SAFETY: setting SIG_DFL is always valid.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 /// `signalfd(-1, set, SFD_CLOEXEC)`.
