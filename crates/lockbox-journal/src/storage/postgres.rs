@@ -1,0 +1,224 @@
+//! PostgreSQL backend: runs on many machines share one journal.
+//!
+//! Tables `lockbox_journal_runs` (session counter and length per run) and
+//! `lockbox_journal_entries`, in the connection's schema or one named with
+//! [`PostgresStorage::connect_in_schema`]. An append is one `INSERT … SELECT` whose
+//! `WHERE` clause checks session and offset against the run row locked `FOR UPDATE`, followed by
+//! the length bump, in one transaction: a concurrent `acquire_session` (an `UPDATE` of the same
+//! row) is ordered before or after it, never between check and write. One client pipelines
+//! the statements of concurrent callers over one connection.
+
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+use super::Storage;
+use crate::entry::RawEntry;
+use crate::error::StorageError;
+use crate::id::RunId;
+
+/// A journal in a PostgreSQL database.
+#[derive(Debug)]
+pub struct PostgresStorage {
+    client: Mutex<Client>,
+    runs: String,
+    entries: String,
+}
+
+fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StorageError {
+    move |source| StorageError::Postgres { op, source }
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl PostgresStorage {
+    /// Connects with a libpq-style URL (`postgres://user@host:port/db`) and creates the tables
+    /// in the default schema if missing.
+    pub async fn connect(url: &str) -> Result<Self, StorageError> {
+        Self::setup(url, None).await
+    }
+
+    /// Like [`PostgresStorage::connect`], but keeps the tables in `schema` (created if
+    /// missing). `schema` must be a plain lowercase identifier (`[a-z_][a-z0-9_]*`).
+    pub async fn connect_in_schema(url: &str, schema: &str) -> Result<Self, StorageError> {
+        Self::setup(url, Some(schema)).await
+    }
+
+    async fn setup(url: &str, schema: Option<&str>) -> Result<Self, StorageError> {
+        let (client, connection) = tokio_postgres::connect(url, NoTls)
+            .await
+            .map_err(pg("connect"))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "postgres connection closed");
+            }
+        });
+        let prefix = match schema {
+            Some(s) => {
+                let plain = !s.is_empty()
+                    && s.len() <= 63
+                    && s.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                    && s.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                if !plain {
+                    return Err(StorageError::InvalidSchema {
+                        schema: s.to_owned(),
+                    });
+                }
+                client
+                    .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {s}"))
+                    .await
+                    .map_err(pg("create schema"))?;
+                format!("{s}.")
+            }
+            None => String::new(),
+        };
+        let runs = format!("{prefix}lockbox_journal_runs");
+        let entries = format!("{prefix}lockbox_journal_entries");
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {runs} (
+                    run_id      TEXT PRIMARY KEY,
+                    session     BIGINT NOT NULL,
+                    next_offset BIGINT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS {entries} (
+                    run_id       TEXT NOT NULL,
+                    entry_offset BIGINT NOT NULL,
+                    session      BIGINT NOT NULL,
+                    line         TEXT NOT NULL,
+                    PRIMARY KEY (run_id, entry_offset)
+                 );"
+            ))
+            .await
+            .map_err(pg("create tables"))?;
+        Ok(Self {
+            client: Mutex::new(client),
+            runs,
+            entries,
+        })
+    }
+}
+
+#[async_trait]
+impl Storage for PostgresStorage {
+    async fn acquire_session(&self, run: &RunId) -> Result<u64, StorageError> {
+        let client = self.client.lock().await;
+        let row = client
+            .query_one(
+                &format!(
+                    "INSERT INTO {} (run_id, session, next_offset) VALUES ($1, 1, 0)
+                     ON CONFLICT (run_id) DO UPDATE SET session = {}.session + 1
+                     RETURNING session",
+                    self.runs, self.runs
+                ),
+                &[&run.as_str()],
+            )
+            .await
+            .map_err(pg("acquire session"))?;
+        Ok(to_u64(row.get(0)))
+    }
+
+    async fn append(&self, run: &RunId, entry: RawEntry) -> Result<(), StorageError> {
+        let mut client = self.client.lock().await;
+        let txn = client.transaction().await.map_err(pg("begin"))?;
+        let current = txn
+            .query_opt(
+                &format!(
+                    "SELECT session, next_offset FROM {} WHERE run_id = $1 FOR UPDATE",
+                    self.runs
+                ),
+                &[&run.as_str()],
+            )
+            .await
+            .map_err(pg("read run"))?;
+        let (session, len) = current.map_or((0, 0), |row| {
+            (to_u64(row.get::<_, i64>(0)), to_u64(row.get::<_, i64>(1)))
+        });
+        if entry.session != session {
+            return Err(StorageError::Fenced {
+                run_id: run.clone(),
+                session: entry.session,
+                current: session,
+            });
+        }
+        if entry.offset != len {
+            return Err(StorageError::OffsetConflict {
+                run_id: run.clone(),
+                offset: entry.offset,
+                len,
+            });
+        }
+        txn.execute(
+            &format!(
+                "INSERT INTO {} (run_id, entry_offset, session, line) VALUES ($1, $2, $3, $4)",
+                self.entries
+            ),
+            &[
+                &run.as_str(),
+                &to_i64(entry.offset),
+                &to_i64(entry.session),
+                &entry.line,
+            ],
+        )
+        .await
+        .map_err(pg("insert entry"))?;
+        txn.execute(
+            &format!(
+                "UPDATE {} SET next_offset = next_offset + 1 WHERE run_id = $1",
+                self.runs
+            ),
+            &[&run.as_str()],
+        )
+        .await
+        .map_err(pg("advance offset"))?;
+        txn.commit().await.map_err(pg("commit"))
+    }
+
+    async fn read(&self, run: &RunId, from: u64) -> Result<Vec<RawEntry>, StorageError> {
+        let client = self.client.lock().await;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT entry_offset, session, line FROM {}
+                     WHERE run_id = $1 AND entry_offset >= $2 ORDER BY entry_offset",
+                    self.entries
+                ),
+                &[&run.as_str(), &to_i64(from)],
+            )
+            .await
+            .map_err(pg("read entries"))?;
+        Ok(rows
+            .iter()
+            .map(|row| RawEntry {
+                offset: to_u64(row.get(0)),
+                session: to_u64(row.get(1)),
+                line: row.get(2),
+            })
+            .collect())
+    }
+
+    async fn list_runs(&self) -> Result<Vec<RunId>, StorageError> {
+        let client = self.client.lock().await;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT run_id FROM {} WHERE next_offset > 0 ORDER BY run_id",
+                    self.runs
+                ),
+                &[],
+            )
+            .await
+            .map_err(pg("list runs"))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| RunId::parse(row.get::<_, &str>(0)).ok())
+            .collect())
+    }
+}
