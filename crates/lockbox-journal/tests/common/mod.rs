@@ -119,6 +119,7 @@ macro_rules! conformance_suite {
             journaled_error_replays_as_same_error,
             retryable_error_is_not_journaled,
             replay_mismatch_carries_fields,
+            replay_mismatch_on_foreign_name,
             version_and_metadata_mismatch,
             terminal_run_cannot_start,
             stale_session_is_fenced,

@@ -236,6 +236,61 @@ pub async fn replay_mismatch_carries_fields(f: &Fixture) {
     }
 }
 
+/// A journal written by other code (another naming scheme, a hand edit) holds a step whose
+/// stored name differs from the name that produces its id now.
+pub async fn replay_mismatch_on_foreign_name(f: &Fixture) {
+    let j = journal(f);
+    let r = id("foreign");
+    let session = f.storage.acquire_session(&r).await.unwrap();
+    for (offset, body) in [
+        EntryBody::Start {
+            version: None,
+            metadata: serde_json::Value::Null,
+        },
+        EntryBody::Step {
+            step_id: StepId::parse("fetch").unwrap(),
+            name: "fetch_v1".into(),
+            outcome: StepOutcome::Ok(json!(1)),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let entry = lockbox_journal::Entry {
+            format: lockbox_journal::FORMAT_VERSION,
+            run: r.clone(),
+            offset: offset as u64,
+            session,
+            at_ms: 0,
+            body,
+        };
+        f.storage
+            .append(&r, lockbox_journal::entry::encode(&entry).unwrap())
+            .await
+            .unwrap();
+    }
+    let run = j.start(&r, opts()).await.unwrap();
+    let err = run
+        .record("fetch", || async { Ok::<u8, ()>(2) })
+        .await
+        .unwrap_err();
+    match err {
+        StepError::Journal(JournalError::ReplayMismatch {
+            step_id,
+            journaled_name,
+            called_name,
+            offset,
+            ..
+        }) => {
+            assert_eq!(step_id.as_str(), "fetch");
+            assert_eq!(journaled_name, "fetch_v1");
+            assert_eq!(called_name, "fetch");
+            assert_eq!(offset, 1);
+        }
+        other => panic!("expected ReplayMismatch, got {other:?}"),
+    }
+}
+
 pub async fn version_and_metadata_mismatch(f: &Fixture) {
     let j = journal(f);
     let r = id("ver");
