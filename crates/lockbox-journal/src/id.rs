@@ -128,6 +128,13 @@ impl fmt::Display for StepId {
     }
 }
 
+impl std::str::FromStr for StepId {
+    type Err = JournalError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
 /// Checks a step name as passed to `record` (before or after branch prefixing).
 pub(crate) fn validate_step_name(name: &str) -> Result<(), JournalError> {
     let reason = if name.is_empty() {
