@@ -51,7 +51,9 @@ pub use crate::journal::{
     ForkPoint, Journal, RunState, RunStatus, StartOptions, DEFAULT_MAX_ENTRY_BYTES,
 };
 pub use crate::run::{Branches, RecordOptions, Run, Suspension};
-pub use crate::storage::{FileStorage, PostgresStorage, SqliteStorage, Storage, StorageUrl};
+pub use crate::storage::{
+    FileStorage, PostgresStorage, SqliteStats, SqliteStorage, Storage, StorageUrl,
+};
 pub use crate::txn::{TxnId, TxnOutcome, TxnOutcomeStore, TxnStoreError};
 
 pub mod entry;

@@ -23,7 +23,7 @@ mod sqlite;
 
 pub use file::FileStorage;
 pub use postgres::PostgresStorage;
-pub use sqlite::SqliteStorage;
+pub use sqlite::{SqliteStats, SqliteStorage};
 
 /// Durable storage of runs. Every method is atomic; every `Ok` from `append` or
 /// `acquire_session` means the change survives a crash of the process (and, as far as the

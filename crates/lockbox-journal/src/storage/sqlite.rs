@@ -8,6 +8,7 @@
 //! them run while the writer commits.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,22 @@ pub struct SqliteStorage {
     path: PathBuf,
     writer: mpsc::Sender<Request>,
     reader: Arc<Mutex<Connection>>,
+    stats: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commits: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// How well group commit is doing: requests (appends and session changes) per commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteStats {
+    /// Transactions committed by the writer thread.
+    pub commits: u64,
+    /// Requests applied in them.
+    pub requests: u64,
 }
 
 enum Request {
@@ -103,9 +120,11 @@ impl SqliteStorage {
         let reader = connect(&path)?;
         let (tx, rx) = mpsc::channel();
         let thread_path = path.clone();
+        let stats = Arc::new(Counters::default());
+        let thread_stats = Arc::clone(&stats);
         std::thread::Builder::new()
             .name("lockbox-journal-sqlite".into())
-            .spawn(move || writer_loop(write_conn, &thread_path, &rx))
+            .spawn(move || writer_loop(write_conn, &thread_path, &rx, &thread_stats))
             .map_err(|source| StorageError::Io {
                 op: "spawn writer thread for",
                 path: path.clone(),
@@ -115,7 +134,16 @@ impl SqliteStorage {
             path,
             writer: tx,
             reader: Arc::new(Mutex::new(reader)),
+            stats,
         })
+    }
+
+    /// Commits and requests so far, for benchmarks and tests of group commit.
+    pub fn stats(&self) -> SqliteStats {
+        SqliteStats {
+            commits: self.stats.commits.load(Ordering::Relaxed),
+            requests: self.stats.requests.load(Ordering::Relaxed),
+        }
     }
 
     /// The database file.
@@ -147,7 +175,7 @@ impl SqliteStorage {
     }
 }
 
-fn writer_loop(mut conn: Connection, path: &Path, rx: &mpsc::Receiver<Request>) {
+fn writer_loop(mut conn: Connection, path: &Path, rx: &mpsc::Receiver<Request>, stats: &Counters) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -157,6 +185,10 @@ fn writer_loop(mut conn: Connection, path: &Path, rx: &mpsc::Receiver<Request>) 
             }
         }
         let outcomes = apply_batch(&mut conn, path, &batch);
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .requests
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         for (req, outcome) in batch.into_iter().zip(outcomes) {
             // A caller that went away no longer wants its answer.
             match req {
@@ -347,5 +379,77 @@ impl Storage for SqliteStorage {
                 .collect())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{encode, Entry, EntryBody, FORMAT_VERSION};
+
+    fn entry(run: &RunId, offset: u64, session: u64) -> RawEntry {
+        encode(&Entry {
+            format: FORMAT_VERSION,
+            run: run.clone(),
+            offset,
+            session,
+            at_ms: 0,
+            body: EntryBody::Cancel {
+                reason: String::new(),
+            },
+        })
+        .unwrap()
+    }
+
+    /// One batch, one commit: a fenced append in the middle fails alone, its neighbours land.
+    #[test]
+    fn batch_failure_is_isolated_by_savepoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut conn = connect(&path).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        let (a, b, c) = (
+            RunId::parse("a").unwrap(),
+            RunId::parse("b").unwrap(),
+            RunId::parse("c").unwrap(),
+        );
+        let mut batch = vec![];
+        for run in [&a, &b, &c] {
+            let (reply, _rx) = oneshot::channel();
+            batch.push(Request::Acquire {
+                run: run.clone(),
+                reply,
+            });
+        }
+        for (run, session) in [(&a, 1), (&b, 7), (&c, 1)] {
+            let (reply, _rx) = oneshot::channel();
+            batch.push(Request::Append {
+                run: run.clone(),
+                entry: entry(run, 0, session),
+                reply,
+            });
+        }
+        let outcomes = apply_batch(&mut conn, &path, &batch);
+        let codes: Vec<_> = outcomes
+            .iter()
+            .map(|o| o.as_ref().map_err(StorageError::code).copied())
+            .collect();
+        assert_eq!(codes, [Ok(1), Ok(1), Ok(1), Ok(0), Err("FENCED"), Ok(0)]);
+        let rows: Vec<String> = conn
+            .prepare("SELECT run_id FROM lockbox_entries ORDER BY run_id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows, ["a", "c"]);
+        let len_b: i64 = conn
+            .query_row(
+                "SELECT next_offset FROM lockbox_runs WHERE run_id = 'b'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(len_b, 0, "failed append advanced the run");
     }
 }
