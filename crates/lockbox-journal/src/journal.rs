@@ -124,6 +124,15 @@ impl History {
         self.entries.len() as u64
     }
 
+    fn ensure_exists(&self, run_id: &RunId) -> Result<(), JournalError> {
+        if self.entries.is_empty() {
+            return Err(JournalError::RunNotFound {
+                run_id: run_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
     fn ensure_live(&self, run_id: &RunId) -> Result<(), JournalError> {
         match self.terminal {
             Some(state) => Err(JournalError::TerminalRun {
@@ -205,12 +214,9 @@ impl Journal {
     /// handle that replays its journaled steps and records new ones. Any older session of the
     /// run is fenced from then on.
     pub async fn start(&self, run_id: &RunId, opts: StartOptions) -> Result<Run, JournalError> {
-        let before = self.history(run_id).await?;
-        check_start(run_id, &before, &opts)?;
-        let session = self.storage.acquire_session(run_id).await?;
-        // Entries appended by the previous session between our read and the fence.
-        let history = self.history(run_id).await?;
-        check_start(run_id, &history, &opts)?;
+        let (session, history) = self
+            .take_session(run_id, |h| check_start(run_id, h, &opts))
+            .await?;
         let offset = history.len();
         let start = EntryBody::Start {
             version: opts.version,
@@ -227,6 +233,28 @@ impl Journal {
         ))
     }
 
+    /// Reads and checks the run, takes a new session (fencing the previous one), then checks
+    /// again including whatever the previous session appended before the fence. Checking
+    /// before taking the session keeps a refused call from fencing a live writer.
+    async fn take_session<F>(
+        &self,
+        run_id: &RunId,
+        check: F,
+    ) -> Result<(u64, History), JournalError>
+    where
+        F: Fn(&History) -> Result<(), JournalError>,
+    {
+        let before = self.history(run_id).await?;
+        check(&before)?;
+        let session = self.storage.acquire_session(run_id).await?;
+        let mut entries = before.entries;
+        let tail = self.entries(run_id, entries.len() as u64).await?;
+        entries.extend(tail);
+        let history = History::fold(entries);
+        check(&history)?;
+        Ok((session, history))
+    }
+
     /// Delivers `value` to the run's pending suspension. The next `start` replays up to the
     /// matching `suspend` call, which then returns [`Suspension::Resumed`](crate::Suspension).
     pub async fn resume<V: Serialize>(
@@ -235,14 +263,18 @@ impl Journal {
         value: &V,
     ) -> Result<(), JournalError> {
         let value = to_json(run_id, "resume", value)?;
-        let session = self.storage.acquire_session(run_id).await?;
-        let history = self.history(run_id).await?;
-        if history.entries.is_empty() {
-            return Err(JournalError::RunNotFound {
-                run_id: run_id.clone(),
-            });
-        }
-        history.ensure_live(run_id)?;
+        let (session, history) = self
+            .take_session(run_id, |h| {
+                h.ensure_exists(run_id)?;
+                h.ensure_live(run_id)?;
+                match h.pending_suspend {
+                    Some(_) => Ok(()),
+                    None => Err(JournalError::NotSuspended {
+                        run_id: run_id.clone(),
+                    }),
+                }
+            })
+            .await?;
         let Some((step_id, _event)) = history.pending_suspend.clone() else {
             return Err(JournalError::NotSuspended {
                 run_id: run_id.clone(),
@@ -255,14 +287,12 @@ impl Journal {
 
     /// Cancels the run from outside (a dispatcher giving up). Fences any live session.
     pub async fn cancel(&self, run_id: &RunId, reason: &str) -> Result<(), JournalError> {
-        let session = self.storage.acquire_session(run_id).await?;
-        let history = self.history(run_id).await?;
-        if history.entries.is_empty() {
-            return Err(JournalError::RunNotFound {
-                run_id: run_id.clone(),
-            });
-        }
-        history.ensure_live(run_id)?;
+        let (session, history) = self
+            .take_session(run_id, |h| {
+                h.ensure_exists(run_id)?;
+                h.ensure_live(run_id)
+            })
+            .await?;
         let body = EntryBody::Cancel {
             reason: reason.to_owned(),
         };
@@ -304,12 +334,17 @@ impl Journal {
                     step_id: wanted.clone(),
                 })?,
         };
-        let session = self.storage.acquire_session(new_run_id).await?;
-        if !self.storage.read(new_run_id, 0).await?.is_empty() {
-            return Err(JournalError::RunExists {
-                run_id: new_run_id.clone(),
-            });
-        }
+        let (session, _) = self
+            .take_session(new_run_id, |h| {
+                if h.entries.is_empty() {
+                    Ok(())
+                } else {
+                    Err(JournalError::RunExists {
+                        run_id: new_run_id.clone(),
+                    })
+                }
+            })
+            .await?;
         for e in source.into_iter().take_while(|e| e.offset < cut) {
             self.append(new_run_id, session, e.offset, e.body, "fork")
                 .await?;
@@ -342,11 +377,7 @@ impl Journal {
     /// A summary of the run.
     pub async fn status(&self, run_id: &RunId) -> Result<RunStatus, JournalError> {
         let history = self.history(run_id).await?;
-        if history.entries.is_empty() {
-            return Err(JournalError::RunNotFound {
-                run_id: run_id.clone(),
-            });
-        }
+        history.ensure_exists(run_id)?;
         let state = match (&history.terminal, &history.pending_suspend) {
             (Some(outcome), _) => RunState::Finished { outcome: *outcome },
             (None, Some((_, event))) => RunState::Suspended {

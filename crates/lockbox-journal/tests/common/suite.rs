@@ -408,6 +408,54 @@ pub async fn stale_session_is_fenced(f: &Fixture) {
     assert_eq!(step_ids(&j, &r).await, ["a", "b"]);
 }
 
+/// A duplicate resume event, a fork onto a live run or a mismatched start must not take a
+/// session: that would fence the writer that is driving the run.
+pub async fn refused_calls_do_not_fence_the_live_session(f: &Fixture) {
+    let j = journal(f);
+    let live = id("live");
+    let run = j
+        .start(
+            &live,
+            StartOptions {
+                version: Some("v1".into()),
+                ..opts()
+            },
+        )
+        .await
+        .unwrap();
+    let _: u8 = run.record("a", || async { Ok::<_, ()>(1) }).await.unwrap();
+    assert_eq!(
+        j.resume(&live, &1).await.unwrap_err().code(),
+        "NOT_SUSPENDED"
+    );
+    let other = id("other");
+    drop(j.start(&other, opts()).await.unwrap());
+    assert_eq!(
+        j.fork(&other, &ForkPoint::Offset(1), &live)
+            .await
+            .unwrap_err()
+            .code(),
+        "RUN_EXISTS"
+    );
+    assert_eq!(
+        j.start(&live, opts()).await.unwrap_err().code(),
+        "VERSION_MISMATCH"
+    );
+    assert_eq!(
+        j.resume(&id("ghost"), &1).await.unwrap_err().code(),
+        "RUN_NOT_FOUND"
+    );
+    let _: u8 = run.record("b", || async { Ok::<_, ()>(2) }).await.unwrap();
+    assert_eq!(step_ids(&j, &live).await, ["a", "b"]);
+    // An accepted cancel does fence it.
+    j.cancel(&live, "operator").await.unwrap();
+    let err = run
+        .record("c", || async { Ok::<u8, ()>(3) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "FENCED");
+}
+
 /// Spec: "Concurrent calls with distinct names will also be safe".
 pub async fn distinct_name_concurrency_replays_correctly(f: &Fixture) {
     let j = journal(f);
