@@ -31,8 +31,26 @@ const SESSION_WIDTH: usize = 20;
 #[derive(Debug, Clone)]
 pub struct FileStorage {
     dir: PathBuf,
-    /// Per run: what this process last saw of the file, so appends need not rescan it.
-    tails: Arc<Mutex<HashMap<RunId, Tail>>>,
+    /// Open files per run, so an append costs no `open(2)`. Bounded by [`MAX_OPEN_RUNS`].
+    open: Arc<Mutex<HashMap<RunId, Arc<Mutex<RunFiles>>>>>,
+}
+
+/// Most runs whose files stay open; past it the cache is emptied (files close when unused).
+const MAX_OPEN_RUNS: usize = 256;
+
+#[derive(Debug)]
+struct RunFiles {
+    lock: File,
+    lock_path: PathBuf,
+    data: DataFile,
+}
+
+#[derive(Debug)]
+struct DataFile {
+    file: File,
+    path: PathBuf,
+    /// What this handle last saw of the file, so appends need not rescan it.
+    tail: Option<Tail>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +59,27 @@ struct Tail {
     len: u64,
     /// Number of entries in it.
     count: u64,
+}
+
+/// Holds `flock(LOCK_EX)` on a run's lock file; unlocks on drop (the descriptor stays open).
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn exclusive(file: &'a File, path: &Path) -> Result<Self, StorageError> {
+        flock(file, FlockOperation::LockExclusive).map_err(|e| StorageError::Io {
+            op: "flock",
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
+        Ok(Self(file))
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        // Closing the descriptor would release it too; an error here leaves nothing to undo.
+        let _ = flock(self.0, FlockOperation::Unlock);
+    }
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
@@ -58,7 +97,7 @@ impl FileStorage {
         std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
         Ok(Self {
             dir,
-            tails: Arc::default(),
+            open: Arc::default(),
         })
     }
 
@@ -71,30 +110,49 @@ impl FileStorage {
         self.dir.join(format!("{run}.jsonl"))
     }
 
-    fn lock_path(&self, run: &RunId) -> PathBuf {
-        self.dir.join(format!("{run}.lock"))
-    }
-
-    /// Opens and exclusively locks `RUN.lock`; the lock is released when the file is dropped.
-    fn lock(&self, run: &RunId) -> Result<(File, PathBuf), StorageError> {
-        let path = self.lock_path(run);
-        let existed = path.exists();
-        let file = OpenOptions::new()
+    /// The run's open files, opening (and creating) them on first use.
+    fn files(&self, run: &RunId) -> Result<Arc<Mutex<RunFiles>>, StorageError> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(files) = open.get(run) {
+            return Ok(Arc::clone(files));
+        }
+        let lock_path = self.dir.join(format!("{run}.lock"));
+        let data_path = self.data_path(run);
+        let created = !lock_path.exists() || !data_path.exists();
+        let lock = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
-            .map_err(io("open", &path))?;
-        flock(&file, FlockOperation::LockExclusive).map_err(|e| StorageError::Io {
-            op: "flock",
-            path: path.clone(),
-            source: e.into(),
-        })?;
-        if !existed {
+            .open(&lock_path)
+            .map_err(io("open", &lock_path))?;
+        let data = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&data_path)
+            .map_err(io("open", &data_path))?;
+        if created {
+            // The new names must survive a crash along with the first fsynced write.
             self.sync_dir()?;
         }
-        Ok((file, path))
+        if open.len() >= MAX_OPEN_RUNS {
+            open.clear();
+        }
+        let files = Arc::new(Mutex::new(RunFiles {
+            lock,
+            lock_path,
+            data: DataFile {
+                file: data,
+                path: data_path,
+                tail: None,
+            },
+        }));
+        open.insert(run.clone(), Arc::clone(&files));
+        Ok(files)
     }
 
     fn sync_dir(&self) -> Result<(), StorageError> {
@@ -103,35 +161,33 @@ impl FileStorage {
             .map_err(io("fsync directory", &self.dir))
     }
 
-    fn read_session(file: &File, path: &Path) -> Result<u64, StorageError> {
-        let mut buf = [0u8; SESSION_WIDTH];
-        let n = file.read_at(&mut buf, 0).map_err(io("read", path))?;
-        if n == 0 {
-            return Ok(0);
-        }
-        std::str::from_utf8(&buf[..n])
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| StorageError::Io {
-                op: "parse session counter",
-                path: path.to_owned(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a number"),
-            })
-    }
-
     fn acquire_blocking(&self, run: &RunId) -> Result<u64, StorageError> {
-        let (file, path) = self.lock(run)?;
-        let next = Self::read_session(&file, &path)? + 1;
+        let files = self.files(run)?;
+        let files = files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _flock = Flock::exclusive(&files.lock, &files.lock_path)?;
+        let next = files.read_session()? + 1;
         let text = format!("{next:0width$}", width = SESSION_WIDTH);
-        file.write_all_at(text.as_bytes(), 0)
-            .map_err(io("write", &path))?;
-        file.sync_data().map_err(io("fsync", &path))?;
+        files
+            .lock
+            .write_all_at(text.as_bytes(), 0)
+            .map_err(io("write", &files.lock_path))?;
+        files
+            .lock
+            .sync_data()
+            .map_err(io("fsync", &files.lock_path))?;
         Ok(next)
     }
 
     fn append_blocking(&self, run: &RunId, entry: &RawEntry) -> Result<(), StorageError> {
-        let (lock, lock_path) = self.lock(run)?;
-        let current = Self::read_session(&lock, &lock_path)?;
+        let files = self.files(run)?;
+        let mut files = files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let files = &mut *files;
+        let _flock = Flock::exclusive(&files.lock, &files.lock_path)?;
+        let current = files.read_session()?;
         if entry.session != current {
             return Err(StorageError::Fenced {
                 run_id: run.clone(),
@@ -139,18 +195,8 @@ impl FileStorage {
                 current,
             });
         }
-        let path = self.data_path(run);
-        let existed = path.exists();
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(io("open", &path))?;
-        if !existed {
-            self.sync_dir()?;
-        }
-        let tail = self.valid_tail(run, &mut file, &path)?;
+        let data = &mut files.data;
+        let tail = data.valid_tail(run)?;
         if entry.offset != tail.count {
             return Err(StorageError::OffsetConflict {
                 run_id: run.clone(),
@@ -162,48 +208,16 @@ impl FileStorage {
         line.extend_from_slice(entry.line.as_bytes());
         line.push(b'\n');
         // One write for the whole line: a crash leaves it whole or torn at the end.
-        file.write_all(&line).map_err(io("write", &path))?;
-        file.sync_data().map_err(io("fsync", &path))?;
-        let new_tail = Tail {
+        data.tail = None;
+        data.file
+            .write_all(&line)
+            .map_err(io("write", &data.path))?;
+        data.file.sync_data().map_err(io("fsync", &data.path))?;
+        data.tail = Some(Tail {
             len: tail.len + line.len() as u64,
             count: tail.count + 1,
-        };
-        self.set_tail(run, new_tail);
-        drop(lock);
+        });
         Ok(())
-    }
-
-    fn set_tail(&self, run: &RunId, tail: Tail) {
-        if let Ok(mut tails) = self.tails.lock() {
-            tails.insert(run.clone(), tail);
-        }
-    }
-
-    /// The valid part of the file under the lock. Uses the cached tail when the file length
-    /// still matches it; otherwise rescans, truncating a torn last line.
-    fn valid_tail(&self, run: &RunId, file: &mut File, path: &Path) -> Result<Tail, StorageError> {
-        let len = file.metadata().map_err(io("stat", path))?.len();
-        let cached = self.tails.lock().ok().and_then(|t| t.get(run).copied());
-        if let Some(tail) = cached {
-            if tail.len == len {
-                return Ok(tail);
-            }
-        }
-        let mut bytes = Vec::new();
-        let mut reader = File::open(path).map_err(io("open", path))?;
-        reader.read_to_end(&mut bytes).map_err(io("read", path))?;
-        let scan = scan(run, &bytes, 0)?;
-        if scan.valid_len != bytes.len() as u64 {
-            tracing::debug!(run = %run, ?path, torn_at = scan.valid_len, "truncating torn last line");
-            file.set_len(scan.valid_len).map_err(io("truncate", path))?;
-            file.sync_data().map_err(io("fsync", path))?;
-        }
-        let tail = Tail {
-            len: scan.valid_len,
-            count: scan.entries.len() as u64,
-        };
-        self.set_tail(run, tail);
-        Ok(tail)
     }
 
     fn read_blocking(&self, run: &RunId, from: u64) -> Result<Vec<RawEntry>, StorageError> {
@@ -249,8 +263,62 @@ impl FileStorage {
     }
 }
 
+impl RunFiles {
+    fn read_session(&self) -> Result<u64, StorageError> {
+        let mut buf = [0u8; SESSION_WIDTH];
+        let n = self
+            .lock
+            .read_at(&mut buf, 0)
+            .map_err(io("read", &self.lock_path))?;
+        if n == 0 {
+            return Ok(0);
+        }
+        std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| StorageError::Io {
+                op: "parse session counter",
+                path: self.lock_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a number"),
+            })
+    }
+}
+
+impl DataFile {
+    /// The valid part of the data file, under the flock. Uses the cached tail while the file
+    /// length still matches it (no other process appended); otherwise rescans, truncating a
+    /// torn last line left by a crash.
+    fn valid_tail(&mut self, run: &RunId) -> Result<Tail, StorageError> {
+        let len = self.file.metadata().map_err(io("stat", &self.path))?.len();
+        if let Some(tail) = self.tail.filter(|t| t.len == len) {
+            return Ok(tail);
+        }
+        let mut bytes = Vec::new();
+        let mut reader = File::open(&self.path).map_err(io("open", &self.path))?;
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(io("read", &self.path))?;
+        let scan = scan(run, &bytes, u64::MAX)?;
+        if scan.valid_len != bytes.len() as u64 {
+            tracing::debug!(run = %run, path = ?self.path, torn_at = scan.valid_len, "truncating torn last line");
+            self.file
+                .set_len(scan.valid_len)
+                .map_err(io("truncate", &self.path))?;
+            self.file.sync_data().map_err(io("fsync", &self.path))?;
+        }
+        let tail = Tail {
+            len: scan.valid_len,
+            count: scan.count,
+        };
+        self.tail = Some(tail);
+        Ok(tail)
+    }
+}
+
 struct Scan {
     entries: Vec<RawEntry>,
+    /// Number of complete entries in the file.
+    count: u64,
     /// Byte length of the complete lines.
     valid_len: u64,
 }
@@ -291,6 +359,7 @@ fn scan(run: &RunId, bytes: &[u8], from: u64) -> Result<Scan, StorageError> {
     }
     Ok(Scan {
         entries,
+        count: expected,
         valid_len: pos as u64,
     })
 }

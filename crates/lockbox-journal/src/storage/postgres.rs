@@ -9,7 +9,6 @@
 //! the statements of concurrent callers over one connection.
 
 use async_trait::async_trait;
-use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
 use super::Storage;
@@ -20,9 +19,10 @@ use crate::id::RunId;
 /// A journal in a PostgreSQL database.
 #[derive(Debug)]
 pub struct PostgresStorage {
-    client: Mutex<Client>,
+    client: Client,
     runs: String,
     entries: String,
+    append_sql: String,
 }
 
 fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StorageError {
@@ -98,10 +98,28 @@ impl PostgresStorage {
             ))
             .await
             .map_err(pg("create tables"))?;
+        // One statement, one round trip: lock the run row, insert only if session and offset
+        // match, bump the length only if the insert happened, and report what was found.
+        let append_sql = format!(
+            "WITH cur AS (
+                 SELECT session, next_offset FROM {runs} WHERE run_id = $1 FOR UPDATE
+             ), ins AS (
+                 INSERT INTO {entries} (run_id, entry_offset, session, line)
+                 SELECT $1, $2, $3, $4 FROM cur
+                 WHERE cur.session = $3 AND cur.next_offset = $2
+                 RETURNING 1
+             ), bump AS (
+                 UPDATE {runs} SET next_offset = next_offset + 1
+                 WHERE run_id = $1 AND EXISTS (SELECT 1 FROM ins)
+                 RETURNING 1
+             )
+             SELECT cur.session, cur.next_offset, EXISTS (SELECT 1 FROM ins) FROM cur"
+        );
         Ok(Self {
-            client: Mutex::new(client),
+            client,
             runs,
             entries,
+            append_sql,
         })
     }
 }
@@ -109,8 +127,8 @@ impl PostgresStorage {
 #[async_trait]
 impl Storage for PostgresStorage {
     async fn acquire_session(&self, run: &RunId) -> Result<u64, StorageError> {
-        let client = self.client.lock().await;
-        let row = client
+        let row = self
+            .client
             .query_one(
                 &format!(
                     "INSERT INTO {} (run_id, session, next_offset) VALUES ($1, 1, 0)
@@ -126,21 +144,29 @@ impl Storage for PostgresStorage {
     }
 
     async fn append(&self, run: &RunId, entry: RawEntry) -> Result<(), StorageError> {
-        let mut client = self.client.lock().await;
-        let txn = client.transaction().await.map_err(pg("begin"))?;
-        let current = txn
+        let row = self
+            .client
             .query_opt(
-                &format!(
-                    "SELECT session, next_offset FROM {} WHERE run_id = $1 FOR UPDATE",
-                    self.runs
-                ),
-                &[&run.as_str()],
+                &self.append_sql,
+                &[
+                    &run.as_str(),
+                    &to_i64(entry.offset),
+                    &to_i64(entry.session),
+                    &entry.line,
+                ],
             )
             .await
-            .map_err(pg("read run"))?;
-        let (session, len) = current.map_or((0, 0), |row| {
-            (to_u64(row.get::<_, i64>(0)), to_u64(row.get::<_, i64>(1)))
+            .map_err(pg("append"))?;
+        let (session, len, inserted) = row.map_or((0, 0, false), |row| {
+            (
+                to_u64(row.get::<_, i64>(0)),
+                to_u64(row.get::<_, i64>(1)),
+                row.get::<_, bool>(2),
+            )
         });
+        if inserted {
+            return Ok(());
+        }
         if entry.session != session {
             return Err(StorageError::Fenced {
                 run_id: run.clone(),
@@ -148,42 +174,16 @@ impl Storage for PostgresStorage {
                 current: session,
             });
         }
-        if entry.offset != len {
-            return Err(StorageError::OffsetConflict {
-                run_id: run.clone(),
-                offset: entry.offset,
-                len,
-            });
-        }
-        txn.execute(
-            &format!(
-                "INSERT INTO {} (run_id, entry_offset, session, line) VALUES ($1, $2, $3, $4)",
-                self.entries
-            ),
-            &[
-                &run.as_str(),
-                &to_i64(entry.offset),
-                &to_i64(entry.session),
-                &entry.line,
-            ],
-        )
-        .await
-        .map_err(pg("insert entry"))?;
-        txn.execute(
-            &format!(
-                "UPDATE {} SET next_offset = next_offset + 1 WHERE run_id = $1",
-                self.runs
-            ),
-            &[&run.as_str()],
-        )
-        .await
-        .map_err(pg("advance offset"))?;
-        txn.commit().await.map_err(pg("commit"))
+        Err(StorageError::OffsetConflict {
+            run_id: run.clone(),
+            offset: entry.offset,
+            len,
+        })
     }
 
     async fn read(&self, run: &RunId, from: u64) -> Result<Vec<RawEntry>, StorageError> {
-        let client = self.client.lock().await;
-        let rows = client
+        let rows = self
+            .client
             .query(
                 &format!(
                     "SELECT entry_offset, session, line FROM {}
@@ -205,8 +205,8 @@ impl Storage for PostgresStorage {
     }
 
     async fn list_runs(&self) -> Result<Vec<RunId>, StorageError> {
-        let client = self.client.lock().await;
-        let rows = client
+        let rows = self
+            .client
             .query(
                 &format!(
                     "SELECT run_id FROM {} WHERE next_offset > 0 ORDER BY run_id",

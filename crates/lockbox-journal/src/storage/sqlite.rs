@@ -256,13 +256,12 @@ fn apply_batch(
 }
 
 fn acquire(conn: &Connection, path: &Path, run: &RunId) -> Result<u64, StorageError> {
-    conn.query_row(
+    conn.prepare_cached(
         "INSERT INTO lockbox_runs (run_id, session, next_offset) VALUES (?1, 1, 0)
          ON CONFLICT (run_id) DO UPDATE SET session = session + 1
          RETURNING session",
-        params![run.as_str()],
-        |row| row.get::<_, i64>(0),
     )
+    .and_then(|mut stmt| stmt.query_row(params![run.as_str()], |row| row.get::<_, i64>(0)))
     .map(to_u64)
     .map_err(sql("acquire session", path))
 }
@@ -274,12 +273,11 @@ fn append(
     entry: &RawEntry,
 ) -> Result<(), StorageError> {
     let current: Option<(i64, i64)> = conn
-        .query_row(
-            "SELECT session, next_offset FROM lockbox_runs WHERE run_id = ?1",
-            params![run.as_str()],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
-        .optional()
+        .prepare_cached("SELECT session, next_offset FROM lockbox_runs WHERE run_id = ?1")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![run.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
         .map_err(sql("read run", path))?;
     let (session, len) = current.map_or((0, 0), |(s, n)| (to_u64(s), to_u64(n)));
     if entry.session != session {
@@ -296,21 +294,21 @@ fn append(
             len,
         });
     }
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO lockbox_entries (run_id, entry_offset, session, line) VALUES (?1, ?2, ?3, ?4)",
-        params![
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
             run.as_str(),
             to_i64(entry.offset),
             to_i64(entry.session),
             entry.line
-        ],
-    )
+        ])
+    })
     .map_err(sql("insert entry", path))?;
-    conn.execute(
-        "UPDATE lockbox_runs SET next_offset = next_offset + 1 WHERE run_id = ?1",
-        params![run.as_str()],
-    )
-    .map_err(sql("advance offset", path))?;
+    conn.prepare_cached("UPDATE lockbox_runs SET next_offset = next_offset + 1 WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.execute(params![run.as_str()]))
+        .map_err(sql("advance offset", path))?;
     Ok(())
 }
 

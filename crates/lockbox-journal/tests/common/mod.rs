@@ -123,6 +123,7 @@ macro_rules! conformance_suite {
             version_and_metadata_mismatch,
             terminal_run_cannot_start,
             stale_session_is_fenced,
+            fencing_holds_across_storage_handles,
             refused_calls_do_not_fence_the_live_session,
             distinct_name_concurrency_replays_correctly,
             same_name_concurrency_via_parallel_replays_by_key,

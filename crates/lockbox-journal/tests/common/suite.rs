@@ -408,6 +408,42 @@ pub async fn stale_session_is_fenced(f: &Fixture) {
     assert_eq!(step_ids(&j, &r).await, ["a", "b"]);
 }
 
+/// Two handles on one journal, as two processes would have: the newer session wins and each
+/// handle sees the other's appends.
+pub async fn fencing_holds_across_storage_handles(f: &Fixture) {
+    let j1 = journal(f);
+    let j2 = Journal::open(f.reopen().await);
+    let r = id("two-procs");
+    let old = j1.start(&r, opts()).await.unwrap();
+    let _: u8 = old.record("a", || async { Ok::<_, ()>(1) }).await.unwrap();
+    let new = j2.start(&r, opts()).await.unwrap();
+    let err = old
+        .record("b", || async { Ok::<u8, ()>(2) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "FENCED");
+    let a: u8 = new.record("a", || async { Ok::<_, ()>(9) }).await.unwrap();
+    assert_eq!(a, 1, "handle 2 did not see handle 1's step");
+    let _: u8 = new.record("b", || async { Ok::<_, ()>(3) }).await.unwrap();
+    // Handle 1 starts again (session 3) after handle 2 appended: it sees b and appends after it.
+    let again = j1.start(&r, opts()).await.unwrap();
+    let _: u8 = again
+        .record("a", || async { Ok::<_, ()>(0) })
+        .await
+        .unwrap();
+    let b: u8 = again
+        .record("b", || async { Ok::<_, ()>(0) })
+        .await
+        .unwrap();
+    assert_eq!(b, 3);
+    let _: u8 = again
+        .record("c", || async { Ok::<_, ()>(4) })
+        .await
+        .unwrap();
+    assert_eq!(step_ids(&j2, &r).await, ["a", "b", "c"]);
+    assert_eq!(again.session(), 3);
+}
+
 /// A duplicate resume event, a fork onto a live run or a mismatched start must not take a
 /// session: that would fence the writer that is driving the run.
 pub async fn refused_calls_do_not_fence_the_live_session(f: &Fixture) {
