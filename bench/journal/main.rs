@@ -38,7 +38,8 @@ fn args() -> Args {
     a
 }
 
-fn row(what: &str, samples: &mut [Duration], wall: Duration) {
+/// Prints one table row and returns the p50 in µs.
+fn row(what: &str, samples: &mut [Duration], wall: Duration) -> f64 {
     samples.sort();
     let pct = |p: f64| {
         let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
@@ -51,6 +52,7 @@ fn row(what: &str, samples: &mut [Duration], wall: Duration) {
         pct(0.99),
         samples.len() as f64 / wall.as_secs_f64()
     );
+    pct(0.5)
 }
 
 fn line() -> Vec<u8> {
@@ -60,95 +62,106 @@ fn line() -> Vec<u8> {
     l
 }
 
-fn raw_file(dir: &std::path::Path, n: usize) {
-    let path = dir.join("raw.jsonl");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    let l = line();
-    let mut samples = Vec::with_capacity(n);
-    let wall = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        f.write_all(&l).unwrap();
-        f.sync_data().unwrap();
-        samples.push(t.elapsed());
-    }
-    row("raw file write + fdatasync", &mut samples, wall.elapsed());
+/// The raw durable write a backend's append is compared with.
+enum Raw {
+    /// `write(2)` of one line + `fdatasync`, on one open file.
+    File(std::fs::File),
+    /// One autocommit `INSERT` (WAL, `synchronous=FULL`).
+    Sqlite(rusqlite::Connection),
+    /// One `INSERT` round trip into a logged table (commit waits for the WAL flush).
+    Postgres(tokio_postgres::Client),
 }
 
-fn raw_sqlite(dir: &std::path::Path, n: usize) {
+impl Raw {
+    async fn write(&mut self, l: &[u8]) {
+        match self {
+            Self::File(f) => {
+                f.write_all(l).unwrap();
+                f.sync_data().unwrap();
+            }
+            Self::Sqlite(c) => {
+                c.execute(
+                    "INSERT INTO t (line) VALUES (?1)",
+                    [std::str::from_utf8(l).unwrap()],
+                )
+                .unwrap();
+            }
+            Self::Postgres(c) => {
+                let l = std::str::from_utf8(l).unwrap();
+                c.execute("INSERT INTO lockbox_bench_raw (line) VALUES ($1)", &[&l])
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn raw_file(dir: &std::path::Path) -> Raw {
+    Raw::File(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("raw.jsonl"))
+            .unwrap(),
+    )
+}
+
+fn raw_sqlite(dir: &std::path::Path) -> Raw {
     let conn = rusqlite::Connection::open(dir.join("raw.db")).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
     conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, line TEXT NOT NULL)")
         .unwrap();
-    let l = String::from_utf8(line()).unwrap();
-    let mut samples = Vec::with_capacity(n);
-    let wall = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        conn.execute("INSERT INTO t (line) VALUES (?1)", [&l])
-            .unwrap();
-        samples.push(t.elapsed());
-    }
-    row(
-        "raw sqlite INSERT (WAL, synchronous=FULL)",
-        &mut samples,
-        wall.elapsed(),
-    );
+    Raw::Sqlite(conn)
 }
 
-async fn raw_postgres(url: &str, n: usize) {
+async fn raw_postgres(url: &str) -> Raw {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
     client
-        .batch_execute("CREATE TEMP TABLE t (k BIGSERIAL PRIMARY KEY, line TEXT NOT NULL)")
+        .batch_execute(
+            "DROP TABLE IF EXISTS lockbox_bench_raw;
+             CREATE TABLE lockbox_bench_raw (k BIGSERIAL PRIMARY KEY, line TEXT NOT NULL)",
+        )
         .await
         .unwrap();
-    let l = String::from_utf8(line()).unwrap();
-    let mut samples = Vec::with_capacity(n);
-    let wall = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        client
-            .execute("INSERT INTO t (line) VALUES ($1)", &[&l])
-            .await
-            .unwrap();
-        samples.push(t.elapsed());
-    }
-    row(
-        "raw postgres INSERT round trip",
-        &mut samples,
-        wall.elapsed(),
-    );
+    Raw::Postgres(client)
 }
 
-async fn one_writer(name: &str, storage: Arc<dyn Storage>, n: usize) {
+/// One writer, `record()` and the raw write alternating sample by sample, so both see the
+/// same disk weather on a shared machine.
+async fn one_writer(name: &str, storage: Arc<dyn Storage>, mut raw: Raw, n: usize) {
     let j = Journal::open(storage);
     let run = j
         .start(&RunId::parse("one").unwrap(), StartOptions::default())
         .await
         .unwrap();
     let payload = "x".repeat(100);
-    let mut samples = Vec::with_capacity(n);
-    let wall = Instant::now();
+    let l = line();
+    let (mut rec, mut base) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut rec_wall, mut base_wall) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..n {
+        let t = Instant::now();
+        raw.write(&l).await;
+        let d = t.elapsed();
+        base.push(d);
+        base_wall += d;
         let t = Instant::now();
         let _: String = run
             .record("llm", || async { Ok::<_, ()>(payload.clone()) })
             .await
             .unwrap();
-        samples.push(t.elapsed());
+        let d = t.elapsed();
+        rec.push(d);
+        rec_wall += d;
     }
-    row(
-        &format!("{name}: record(), 1 writer"),
-        &mut samples,
-        wall.elapsed(),
+    let base_p50 = row(&format!("{name}: raw durable write"), &mut base, base_wall);
+    let rec_p50 = row(&format!("{name}: record(), 1 writer"), &mut rec, rec_wall);
+    println!(
+        "| {name}: record() p50 / raw p50 | | {:.2}x | | |",
+        rec_p50 / base_p50
     );
 }
 
@@ -241,14 +254,18 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     println!("| what | samples | p50 µs | p99 µs | ops/s |");
     println!("|---|---|---|---|---|");
-    raw_file(dir.path(), a.steps);
     let file: Arc<dyn Storage> = Arc::new(FileStorage::open(dir.path().join("runs")).unwrap());
-    one_writer("file", Arc::clone(&file), a.steps).await;
+    one_writer("file", Arc::clone(&file), raw_file(dir.path()), a.steps).await;
     sixteen_runs("file", Arc::clone(&file), a.steps).await;
 
-    raw_sqlite(dir.path(), a.steps);
     let sqlite = SqliteStorage::open(dir.path().join("j.db")).unwrap();
-    one_writer("sqlite", Arc::new(sqlite.clone()), a.steps).await;
+    one_writer(
+        "sqlite",
+        Arc::new(sqlite.clone()),
+        raw_sqlite(dir.path()),
+        a.steps,
+    )
+    .await;
     let before = sqlite.stats();
     sixteen_runs("sqlite", Arc::new(sqlite.clone()), a.steps).await;
     let after = sqlite.stats();
@@ -261,14 +278,19 @@ async fn main() {
     replay("file", file, a.replay).await;
 
     if let Ok(url) = std::env::var("LOCKBOX_TEST_POSTGRES_URL") {
-        raw_postgres(&url, a.steps).await;
         let schema = format!("lockbox_bench_{}", std::process::id());
         let pg: Arc<dyn Storage> = Arc::new(
             PostgresStorage::connect_in_schema(&url, &schema)
                 .await
                 .unwrap(),
         );
-        one_writer("postgres", Arc::clone(&pg), a.steps).await;
+        one_writer(
+            "postgres",
+            Arc::clone(&pg),
+            raw_postgres(&url).await,
+            a.steps,
+        )
+        .await;
         sixteen_runs("postgres", Arc::clone(&pg), a.steps).await;
         replay("postgres", pg, a.replay.min(5_000)).await;
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -276,7 +298,9 @@ async fn main() {
             .unwrap();
         tokio::spawn(conn);
         client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .batch_execute(&format!(
+                "DROP SCHEMA {schema} CASCADE; DROP TABLE IF EXISTS lockbox_bench_raw"
+            ))
             .await
             .unwrap();
     } else {

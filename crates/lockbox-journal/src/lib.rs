@@ -53,6 +53,7 @@ pub use crate::journal::{
 pub use crate::run::{Branches, RecordOptions, Run, Suspension};
 pub use crate::storage::{
     FileStorage, PostgresStorage, SqliteStats, SqliteStorage, Storage, StorageUrl,
+    DEFAULT_POSTGRES_CONNECTIONS,
 };
 pub use crate::txn::{TxnId, TxnOutcome, TxnOutcomeStore, TxnStoreError};
 

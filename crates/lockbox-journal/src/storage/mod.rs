@@ -22,7 +22,7 @@ mod postgres;
 mod sqlite;
 
 pub use file::FileStorage;
-pub use postgres::PostgresStorage;
+pub use postgres::{PostgresStorage, DEFAULT_POSTGRES_CONNECTIONS};
 pub use sqlite::{SqliteStats, SqliteStorage};
 
 /// Durable storage of runs. Every method is atomic; every `Ok` from `append` or

@@ -19,7 +19,9 @@ use crate::id::RunId;
 /// A journal in a PostgreSQL database.
 #[derive(Debug)]
 pub struct PostgresStorage {
-    client: Client,
+    /// A few connections; a run always uses the same one. PostgreSQL runs one statement at
+    /// a time per connection, so more connections let commits of different runs overlap.
+    clients: Vec<Client>,
     runs: String,
     entries: String,
     append_sql: String,
@@ -37,20 +39,46 @@ fn to_u64(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// Connections opened by [`PostgresStorage::connect`] and
+/// [`PostgresStorage::connect_in_schema`].
+pub const DEFAULT_POSTGRES_CONNECTIONS: usize = 4;
+
 impl PostgresStorage {
+    fn client(&self, run: &RunId) -> &Client {
+        // FNV-1a: stable and cheap; only spreads runs over connections.
+        let hash = run
+            .as_str()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let i = usize::try_from(hash % self.clients.len() as u64).unwrap_or(0);
+        &self.clients[i]
+    }
+
     /// Connects with a libpq-style URL (`postgres://user@host:port/db`) and creates the tables
     /// in the default schema if missing.
     pub async fn connect(url: &str) -> Result<Self, StorageError> {
-        Self::setup(url, None).await
+        Self::setup(url, None, DEFAULT_POSTGRES_CONNECTIONS).await
     }
 
     /// Like [`PostgresStorage::connect`], but keeps the tables in `schema` (created if
     /// missing). `schema` must be a plain lowercase identifier (`[a-z_][a-z0-9_]*`).
     pub async fn connect_in_schema(url: &str, schema: &str) -> Result<Self, StorageError> {
-        Self::setup(url, Some(schema)).await
+        Self::setup(url, Some(schema), DEFAULT_POSTGRES_CONNECTIONS).await
     }
 
-    async fn setup(url: &str, schema: Option<&str>) -> Result<Self, StorageError> {
+    /// Like [`PostgresStorage::connect_in_schema`] (`schema` `None`: the default schema) with
+    /// `connections` connections (at least 1).
+    pub async fn connect_with(
+        url: &str,
+        schema: Option<&str>,
+        connections: usize,
+    ) -> Result<Self, StorageError> {
+        Self::setup(url, schema, connections).await
+    }
+
+    async fn open_client(url: &str) -> Result<Client, StorageError> {
         let (client, connection) = tokio_postgres::connect(url, NoTls)
             .await
             .map_err(pg("connect"))?;
@@ -59,6 +87,15 @@ impl PostgresStorage {
                 tracing::debug!(error = %e, "postgres connection closed");
             }
         });
+        Ok(client)
+    }
+
+    async fn setup(
+        url: &str,
+        schema: Option<&str>,
+        connections: usize,
+    ) -> Result<Self, StorageError> {
+        let client = Self::open_client(url).await?;
         let prefix = match schema {
             Some(s) => {
                 let plain = !s.is_empty()
@@ -115,8 +152,12 @@ impl PostgresStorage {
              )
              SELECT cur.session, cur.next_offset, EXISTS (SELECT 1 FROM ins) FROM cur"
         );
+        let mut clients = vec![client];
+        while clients.len() < connections {
+            clients.push(Self::open_client(url).await?);
+        }
         Ok(Self {
-            client,
+            clients,
             runs,
             entries,
             append_sql,
@@ -128,7 +169,7 @@ impl PostgresStorage {
 impl Storage for PostgresStorage {
     async fn acquire_session(&self, run: &RunId) -> Result<u64, StorageError> {
         let row = self
-            .client
+            .client(run)
             .query_one(
                 &format!(
                     "INSERT INTO {} (run_id, session, next_offset) VALUES ($1, 1, 0)
@@ -145,7 +186,7 @@ impl Storage for PostgresStorage {
 
     async fn append(&self, run: &RunId, entry: RawEntry) -> Result<(), StorageError> {
         let row = self
-            .client
+            .client(run)
             .query_opt(
                 &self.append_sql,
                 &[
@@ -183,7 +224,7 @@ impl Storage for PostgresStorage {
 
     async fn read(&self, run: &RunId, from: u64) -> Result<Vec<RawEntry>, StorageError> {
         let rows = self
-            .client
+            .client(run)
             .query(
                 &format!(
                     "SELECT entry_offset, session, line FROM {}
@@ -205,8 +246,7 @@ impl Storage for PostgresStorage {
     }
 
     async fn list_runs(&self) -> Result<Vec<RunId>, StorageError> {
-        let rows = self
-            .client
+        let rows = self.clients[0]
             .query(
                 &format!(
                     "SELECT run_id FROM {} WHERE next_offset > 0 ORDER BY run_id",
