@@ -304,7 +304,7 @@ impl Run {
         let (full, step_id) = self.next_step_id(event)?;
         if let Some(memo) = self.inner.memo.get(&step_id) {
             let resumed = match &memo.kind {
-                MemoKind::Suspend(resumed) if memo.name == full => resumed.clone(),
+                MemoKind::Suspend(resumed) if memo.name == full => resumed.as_ref(),
                 _ => return Err(self.mismatch(&step_id, memo, &full, "suspend")),
             };
             tokio::task::yield_now().await;
@@ -382,14 +382,14 @@ impl Run {
     }
 
     /// Checks that a memo hit is a step with the called name and returns its outcome.
-    pub(crate) fn replayed_step(
+    pub(crate) fn replayed_step<'m>(
         &self,
         step_id: &StepId,
         full: &str,
-        memo: &Memo,
-    ) -> Result<StepOutcome, JournalError> {
+        memo: &'m Memo,
+    ) -> Result<&'m StepOutcome, JournalError> {
         match &memo.kind {
-            MemoKind::Step(outcome) if memo.name == full => Ok(outcome.clone()),
+            MemoKind::Step(outcome) if memo.name == full => Ok(outcome),
             _ => Err(self.mismatch(step_id, memo, full, "step")),
         }
     }
@@ -427,9 +427,9 @@ impl Run {
         &self,
         step_id: &StepId,
         offset: u64,
-        value: serde_json::Value,
+        value: &serde_json::Value,
     ) -> Result<V, JournalError> {
-        serde_json::from_value(value).map_err(|source| JournalError::DecodeValue {
+        V::deserialize(value).map_err(|source| JournalError::DecodeValue {
             run_id: self.inner.run_id.clone(),
             step_id: step_id.as_str().to_owned(),
             offset,

@@ -99,12 +99,12 @@ impl Run {
         let outcome = match known {
             Some(TxnOutcome::Committed(v)) => {
                 tracing::debug!(%txn, "transaction already committed; journaling its outcome");
-                let value: T = self.decode(&step_id, 0, v.clone())?;
+                let value: T = self.decode(&step_id, 0, &v)?;
                 self.append_step(step_id, full, StepOutcome::Ok(v)).await?;
                 return Ok(value);
             }
             Some(TxnOutcome::Aborted(v)) => {
-                let err: E = self.decode(&step_id, 0, v.clone())?;
+                let err: E = self.decode(&step_id, 0, &v)?;
                 self.append_step(step_id, full, StepOutcome::Err(v)).await?;
                 return Err(StepError::Failed(err));
             }
