@@ -92,7 +92,8 @@ fn kill_loop(spec: &str) {
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(n) = line.strip_prefix("ack ") {
+                // The first ack shares its line with libtest's "test crash_child ... ".
+                if let Some(n) = line.find("ack ").map(|i| &line[i + 4..]) {
                     let n: i64 = n.parse().unwrap();
                     let _ = first.compare_exchange(-1, n, Ordering::SeqCst, Ordering::SeqCst);
                     acked.fetch_max(n, Ordering::SeqCst);
