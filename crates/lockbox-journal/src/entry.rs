@@ -258,4 +258,35 @@ mod tests {
         let raw = encode(&e).unwrap();
         assert_eq!(decode(&raw.line), Err(DecodeFailure::Format(2)));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_step_value_round_trips(text in ".*", n in proptest::num::i64::ANY, offset in 0u64..1_000_000) {
+            let mut e = sample();
+            e.offset = offset;
+            e.body = EntryBody::Step {
+                step_id: StepId::new("s", 1),
+                name: "s".into(),
+                outcome: StepOutcome::Ok(serde_json::json!({"text": text, "n": n})),
+            };
+            let raw = encode(&e).unwrap();
+            proptest::prop_assert!(!raw.line.contains('\n'));
+            proptest::prop_assert_eq!(decode(&raw.line).unwrap(), e);
+        }
+
+        /// Changing any one byte of a stored line never yields another valid entry.
+        #[test]
+        fn any_single_byte_change_is_detected(pos in 0usize..10_000, byte in 0x20u8..0x7f) {
+            let raw = encode(&sample()).unwrap();
+            let mut bytes = raw.line.clone().into_bytes();
+            let pos = pos % bytes.len();
+            proptest::prop_assume!(bytes[pos] != byte);
+            bytes[pos] = byte;
+            let line = String::from_utf8(bytes).unwrap();
+            match decode(&line) {
+                Err(_) => {}
+                Ok(e) => proptest::prop_assert_eq!(e, sample()),
+            }
+        }
+    }
 }

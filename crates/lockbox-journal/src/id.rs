@@ -253,4 +253,21 @@ mod tests {
         }
         assert!(BranchKey::parse("item-42").is_ok());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn run_id_accepts_exactly_the_documented_set(s in "[a-zA-Z0-9._/ -]{0,130}") {
+            let ok = !s.is_empty()
+                && s.len() <= MAX_RUN_ID_LEN
+                && !s.starts_with('.')
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            proptest::prop_assert_eq!(RunId::parse(&s).is_ok(), ok);
+        }
+
+        #[test]
+        fn step_ids_parse_back(name in "[a-z][a-z:_ ]{0,20}", n in 1u32..10_000) {
+            let id = StepId::new(&name, n);
+            proptest::prop_assert_eq!(StepId::parse(id.as_str()).unwrap(), id);
+        }
+    }
 }
