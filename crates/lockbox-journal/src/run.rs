@@ -248,7 +248,12 @@ impl Run {
                     .await?;
                 Ok(value)
             }
-            Err(err) if (opts.retryable)(&err) => Err(StepError::Failed(err)),
+            Err(err) if (opts.retryable)(&err) => {
+                // Not journaled, so the id is not used up: the retry gets the same id, and a
+                // replay finds the retry's result under it.
+                self.release_step_id(&full, &step_id);
+                Err(StepError::Failed(err))
+            }
             Err(err) => {
                 let json = to_json(&self.inner.run_id, step_id.as_str(), &err)?;
                 self.append_step(step_id, full, StepOutcome::Err(json))
@@ -375,6 +380,21 @@ impl Run {
         };
         let step_id = StepId::new(&full, occurrence);
         Ok((full, step_id))
+    }
+
+    /// Gives back the id `next_step_id` just handed out for `full`, if no later call with the
+    /// same name took one since (same-name concurrency is unsafe anyway; see the module doc).
+    fn release_step_id(&self, full: &str, step_id: &StepId) {
+        let mut counters = self
+            .inner
+            .counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = counters.get_mut(full) {
+            if StepId::new(full, *n) == *step_id {
+                *n -= 1;
+            }
+        }
     }
 
     pub(crate) fn memo(&self, step_id: &StepId) -> Option<&Memo> {

@@ -118,6 +118,7 @@ macro_rules! conformance_suite {
             hash_in_step_name_is_rejected,
             journaled_error_replays_as_same_error,
             retryable_error_is_not_journaled,
+            retry_in_session_reuses_the_step_id,
             replay_mismatch_carries_fields,
             replay_mismatch_on_foreign_name,
             version_and_metadata_mismatch,

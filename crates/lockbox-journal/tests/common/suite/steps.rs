@@ -164,6 +164,44 @@ pub async fn retryable_error_is_not_journaled(f: &Fixture) {
     assert_eq!(step_ids(&j, &r).await, ["llm"]);
 }
 
+/// A retry loop in one session: the failed attempts do not use up the id, so the attempt that
+/// succeeds is journaled as `llm` and a replay's first `record("llm")` finds it.
+pub async fn retry_in_session_reuses_the_step_id(f: &Fixture) {
+    let j = journal(f);
+    let r = id("retry-loop");
+    let retry = RecordOptions::retry_when(|e: &ToolError| *e == ToolError::RateLimited);
+    let run = j.start(&r, opts()).await.unwrap();
+    let attempts = AtomicU32::new(0);
+    let value = loop {
+        let result = run
+            .record_with("llm", retry, || async {
+                if attempts.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(ToolError::RateLimited)
+                } else {
+                    Ok::<u32, ToolError>(42)
+                }
+            })
+            .await;
+        match result {
+            Ok(v) => break v,
+            Err(e) => assert_eq!(e.into_failed(), Some(ToolError::RateLimited)),
+        }
+    };
+    assert_eq!(value, 42);
+    let _: u32 = run
+        .record("llm", || async { Ok::<_, ToolError>(7) })
+        .await
+        .unwrap();
+    assert_eq!(step_ids(&j, &r).await, ["llm", "llm#2"]);
+    drop(run);
+    let run = j.start(&r, opts()).await.unwrap();
+    let replayed: u32 = run
+        .record_with("llm", retry, || async { Err(ToolError::RateLimited) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 42);
+}
+
 pub async fn replay_mismatch_carries_fields(f: &Fixture) {
     let j = journal(f);
     let r = id("mismatch");
