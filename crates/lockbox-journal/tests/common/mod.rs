@@ -136,6 +136,7 @@ macro_rules! conformance_suite {
             step_too_large_is_refused,
             entries_survive_reopen_and_runs_are_listed,
             storage_enforces_offsets_and_sessions,
+            fencing_is_atomic_with_appends,
             concurrent_runs_all_land,
             record_txn_does_not_commit_twice,
         );

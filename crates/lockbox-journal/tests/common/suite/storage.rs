@@ -59,6 +59,48 @@ pub async fn storage_enforces_offsets_and_sessions(f: &Fixture) {
     assert_eq!(got, [raw(&r, 1, 2)]);
 }
 
+/// A writer appends as fast as it can while a second handle takes a new session: every append
+/// the writer saw succeed is in the run, and none lands after the new session read it.
+pub async fn fencing_is_atomic_with_appends(f: &Fixture) {
+    let other = f.reopen().await;
+    for round in 0..8u64 {
+        let r = id(&format!("race{round}"));
+        let s1 = Arc::clone(&f.storage);
+        let session = s1.acquire_session(&r).await.unwrap();
+        let (r1, started) = (r.clone(), Arc::new(tokio::sync::Notify::new()));
+        let notify = Arc::clone(&started);
+        let writer = tokio::spawn(async move {
+            let mut offset = 0;
+            loop {
+                match s1.append(&r1, raw(&r1, offset, session)).await {
+                    Ok(()) => offset += 1,
+                    Err(e) => {
+                        assert_eq!(e.code(), "FENCED", "{e}");
+                        return offset;
+                    }
+                }
+                if offset == 1 {
+                    notify.notify_one();
+                }
+            }
+        });
+        started.notified().await;
+        tokio::time::sleep(Duration::from_millis(round * 3)).await;
+        let newer = other.acquire_session(&r).await.unwrap();
+        assert!(newer > session);
+        let seen = other.read(&r, 0).await.unwrap();
+        let acknowledged = writer.await.unwrap();
+        assert!(acknowledged >= 1);
+        assert_eq!(seen.len() as u64, acknowledged, "round {round}");
+        let after = other.read(&r, 0).await.unwrap();
+        assert_eq!(
+            after, seen,
+            "an append landed after the fence (round {round})"
+        );
+        assert!(after.iter().all(|e| e.session == session));
+    }
+}
+
 /// Sixteen runs append at once (the SQLite backend group-commits them).
 pub async fn concurrent_runs_all_land(f: &Fixture) {
     let j = journal(f);
