@@ -51,6 +51,16 @@ impl RunId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The default name of a fork of this run made at `unix_ms`: `RUN.fork-<unix_ms>`, with
+    /// `RUN` shortened so the result stays within [`MAX_RUN_ID_LEN`].
+    pub fn fork_name(&self, unix_ms: u64) -> Result<Self, JournalError> {
+        let suffix = format!(".fork-{unix_ms}");
+        let keep = MAX_RUN_ID_LEN
+            .saturating_sub(suffix.len())
+            .min(self.0.len());
+        Self::parse(&format!("{}{suffix}", &self.0[..keep]))
+    }
 }
 
 impl fmt::Display for RunId {
@@ -222,6 +232,16 @@ mod tests {
             assert_eq!(err.code(), "INVALID_RUN_ID", "{bad:?}");
         }
         assert_eq!(RunId::parse("run-1.a_b").unwrap().as_str(), "run-1.a_b");
+    }
+
+    #[test]
+    fn fork_names_stay_valid() {
+        let short = RunId::parse("r1").unwrap();
+        assert_eq!(short.fork_name(42).unwrap().as_str(), "r1.fork-42");
+        let long = RunId::parse(&"x".repeat(MAX_RUN_ID_LEN)).unwrap();
+        let fork = long.fork_name(1_700_000_000_000).unwrap();
+        assert_eq!(fork.as_str().len(), MAX_RUN_ID_LEN);
+        assert!(fork.as_str().ends_with(".fork-1700000000000"));
     }
 
     #[test]

@@ -301,14 +301,19 @@ impl Journal {
     }
 
     /// Copies the entries of `run_id` before `at` into the new run `new_run_id` (which must
-    /// not exist). The source is not touched. Starting the fork replays the copied steps and
+    /// not exist; `None` names it `RUN.fork-<unix ms>`) and returns the new run's id. The source is not touched. Starting the fork replays the copied steps and
     /// runs everything from the cut on again.
     pub async fn fork(
         &self,
         run_id: &RunId,
         at: &ForkPoint,
-        new_run_id: &RunId,
-    ) -> Result<(), JournalError> {
+        new_run_id: Option<&RunId>,
+    ) -> Result<RunId, JournalError> {
+        let new_run_id = match new_run_id {
+            Some(id) => id.clone(),
+            None => run_id.fork_name(entry::now_ms())?,
+        };
+        let new_run_id = &new_run_id;
         let source = self.entries(run_id, 0).await?;
         if source.is_empty() {
             return Err(JournalError::RunNotFound {
@@ -349,7 +354,7 @@ impl Journal {
             self.append(new_run_id, session, e.offset, e.body, "fork")
                 .await?;
         }
-        Ok(())
+        Ok(new_run_id.clone())
     }
 
     /// Every run with at least one entry, sorted.

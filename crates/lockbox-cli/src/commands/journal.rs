@@ -130,16 +130,7 @@ async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
                 (None, Some(offset)) => ForkPoint::Offset(*offset),
                 (None, None) => anyhow::bail!("give --from-step ID or --from-offset N"),
             };
-            let target = match to {
-                Some(to) => to.clone(),
-                None => {
-                    let ms = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)?
-                        .as_millis();
-                    RunId::parse(&format!("{run}.fork-{ms}"))?
-                }
-            };
-            journal.fork(run, &at, &target).await?;
+            let target = journal.fork(run, &at, to.as_ref()).await?;
             writeln!(out, "{target}")?;
         }
     }

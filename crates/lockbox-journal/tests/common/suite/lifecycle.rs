@@ -122,7 +122,7 @@ pub async fn refused_calls_do_not_fence_the_live_session(f: &Fixture) {
     let other = id("other");
     drop(j.start(&other, opts()).await.unwrap());
     assert_eq!(
-        j.fork(&other, &ForkPoint::Offset(1), &live)
+        j.fork(&other, &ForkPoint::Offset(1), Some(&live))
             .await
             .unwrap_err()
             .code(),
@@ -230,14 +230,15 @@ pub async fn fork_copies_prefix_and_leaves_source(f: &Fixture) {
     run.complete(&"done").await.unwrap();
     let before = j.raw_entries(&src, 0).await.unwrap();
 
-    let fork = id("src-fork");
-    j.fork(
-        &src,
-        &ForkPoint::Step(StepId::parse("llm#3").unwrap()),
-        &fork,
-    )
-    .await
-    .unwrap();
+    let fork = j
+        .fork(
+            &src,
+            &ForkPoint::Step(StepId::parse("llm#3").unwrap()),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(fork.as_str().starts_with("src.fork-"), "{fork}");
     assert_eq!(
         j.raw_entries(&src, 0).await.unwrap(),
         before,
@@ -257,19 +258,21 @@ pub async fn fork_copies_prefix_and_leaves_source(f: &Fixture) {
     assert_eq!(got, [0, 1, 100]);
 
     let at_offset = id("src-at2");
-    j.fork(&src, &ForkPoint::Offset(2), &at_offset)
+    let named = j
+        .fork(&src, &ForkPoint::Offset(2), Some(&at_offset))
         .await
         .unwrap();
+    assert_eq!(named, at_offset);
     assert_eq!(j.entries(&at_offset, 0).await.unwrap().len(), 2);
     assert_eq!(
-        j.fork(&src, &ForkPoint::Offset(2), &at_offset)
+        j.fork(&src, &ForkPoint::Offset(2), Some(&at_offset))
             .await
             .unwrap_err()
             .code(),
         "RUN_EXISTS"
     );
     assert_eq!(
-        j.fork(&src, &ForkPoint::Offset(99), &id("x"))
+        j.fork(&src, &ForkPoint::Offset(99), Some(&id("x")))
             .await
             .unwrap_err()
             .code(),
@@ -279,7 +282,7 @@ pub async fn fork_copies_prefix_and_leaves_source(f: &Fixture) {
         j.fork(
             &src,
             &ForkPoint::Step(StepId::parse("nope").unwrap()),
-            &id("y")
+            Some(&id("y"))
         )
         .await
         .unwrap_err()
