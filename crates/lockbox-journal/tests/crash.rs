@@ -11,16 +11,26 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockbox_journal::{
-    EntryBody, FileStorage, Journal, RunId, SqliteStorage, StartOptions, StepOutcome, Storage,
+    EntryBody, FileStorage, Journal, PostgresStorage, RunId, SqliteStorage, StartOptions,
+    StepOutcome, Storage,
 };
 
 const CHILD_ENV: &str = "LOCKBOX_JOURNAL_CRASH_CHILD";
 const KILLS: usize = 40;
+const POSTGRES_URL_ENV: &str = "LOCKBOX_TEST_POSTGRES_URL";
 
-fn open(spec: &str) -> Arc<dyn Storage> {
+async fn open(spec: &str) -> Arc<dyn Storage> {
     match spec.split_once(':').unwrap() {
         ("sqlite", path) => Arc::new(SqliteStorage::open(path).unwrap()),
         ("file", dir) => Arc::new(FileStorage::open(dir).unwrap()),
+        ("postgres", schema) => {
+            let url = std::env::var(POSTGRES_URL_ENV).unwrap();
+            Arc::new(
+                PostgresStorage::connect_in_schema(&url, schema)
+                    .await
+                    .unwrap(),
+            )
+        }
         other => panic!("unknown backend {other:?}"),
     }
 }
@@ -33,7 +43,7 @@ async fn crash_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let j = Journal::open(open(&spec));
+    let j = Journal::open(open(&spec).await);
     let run = j
         .start(&RunId::parse("crash").unwrap(), StartOptions::default())
         .await
@@ -129,7 +139,7 @@ fn kill_loop(spec: &str) {
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let j = Journal::open(open(spec));
+        let j = Journal::open(open(spec).await);
         let entries = j.entries(&RunId::parse("crash").unwrap(), 0).await.unwrap();
         let values: Vec<u64> = entries
             .iter()
@@ -176,4 +186,32 @@ fn sigkilled_sqlite_writer_keeps_every_acknowledged_step() {
     }
     let dir = tempfile::tempdir().unwrap();
     kill_loop(&format!("sqlite:{}", dir.path().join("j.db").display()));
+}
+
+#[test]
+fn sigkilled_postgres_writer_keeps_every_acknowledged_step() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    if std::env::var(POSTGRES_URL_ENV).is_err() {
+        assert!(
+            std::env::var("LOCKBOX_TEST_REQUIRE").as_deref() != Ok("all"),
+            "LOCKBOX_TEST_REQUIRE=all but {POSTGRES_URL_ENV} is unset"
+        );
+        // Straight to stderr, past libtest's capture, so the skip shows in every run.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP: postgres crash test skipped: {POSTGRES_URL_ENV} is unset \
+             (run `eval \"$(scripts/start-postgres.sh)\"`)"
+        );
+        return;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    kill_loop(&format!(
+        "postgres:lbt_crash_{}_{nanos}",
+        std::process::id()
+    ));
 }

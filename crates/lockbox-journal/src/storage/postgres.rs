@@ -27,6 +27,9 @@ pub struct PostgresStorage {
     append_sql: String,
 }
 
+/// Advisory lock key taken while creating tables ("lockbox" in ASCII).
+const SCHEMA_LOCK_KEY: i64 = 0x006c_6f63_6b62_6f78;
+
 fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StorageError {
     move |source| StorageError::Postgres { op, source }
 }
@@ -108,19 +111,23 @@ impl PostgresStorage {
                         schema: s.to_owned(),
                     });
                 }
-                client
-                    .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {s}"))
-                    .await
-                    .map_err(pg("create schema"))?;
                 format!("{s}.")
             }
             None => String::new(),
         };
         let runs = format!("{prefix}lockbox_journal_runs");
         let entries = format!("{prefix}lockbox_journal_entries");
+        let create_schema = schema
+            .map(|s| format!("CREATE SCHEMA IF NOT EXISTS {s};"))
+            .unwrap_or_default();
+        // Concurrent `CREATE … IF NOT EXISTS` of one table can still fail on a catalog unique
+        // index; an advisory lock makes processes starting at once create the tables in turn.
         client
             .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {runs} (
+                "BEGIN;
+                 SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY});
+                 {create_schema}
+                 CREATE TABLE IF NOT EXISTS {runs} (
                     run_id      TEXT PRIMARY KEY,
                     session     BIGINT NOT NULL,
                     next_offset BIGINT NOT NULL
@@ -131,7 +138,8 @@ impl PostgresStorage {
                     session      BIGINT NOT NULL,
                     line         TEXT NOT NULL,
                     PRIMARY KEY (run_id, entry_offset)
-                 );"
+                 );
+                 COMMIT;"
             ))
             .await
             .map_err(pg("create tables"))?;
