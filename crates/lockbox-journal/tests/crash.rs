@@ -210,8 +210,17 @@ fn sigkilled_postgres_writer_keeps_every_acknowledged_step() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    kill_loop(&format!(
-        "postgres:lbt_crash_{}_{nanos}",
-        std::process::id()
-    ));
+    let schema = format!("lbt_crash_{}_{nanos}", std::process::id());
+    kill_loop(&format!("postgres:{schema}"));
+    let url = std::env::var(POSTGRES_URL_ENV).unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    });
 }

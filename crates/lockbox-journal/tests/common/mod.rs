@@ -18,6 +18,34 @@ pub struct Fixture {
     pub storage: Arc<dyn Storage>,
     reopen: Reopen,
     _dir: Option<tempfile::TempDir>,
+    /// PostgreSQL: `(url, schema)` to drop afterwards, so a shared server stays tidy.
+    drop_schema: Option<(String, String)>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let Some((url, schema)) = self.drop_schema.take() else {
+            return;
+        };
+        // Drop runs inside the test's runtime: do the async cleanup on a thread of its own.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                if let Ok((client, conn)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(conn);
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                        .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
 }
 
 impl Fixture {
@@ -39,6 +67,7 @@ pub async fn sqlite() -> Option<Fixture> {
             )
         }),
         _dir: Some(dir),
+        drop_schema: None,
     })
 }
 
@@ -53,6 +82,7 @@ pub async fn file() -> Option<Fixture> {
             Box::pin(async move { Arc::new(FileStorage::open(&path).unwrap()) as Arc<dyn Storage> })
         }),
         _dir: Some(dir),
+        drop_schema: None,
     })
 }
 
@@ -91,8 +121,10 @@ pub async fn postgres() -> Option<Fixture> {
             .await
             .unwrap(),
     );
+    let drop_schema = Some((url.clone(), schema.clone()));
     Some(Fixture {
         storage,
+        drop_schema,
         reopen: Box::new(move || {
             let (url, schema) = (url.clone(), schema.clone());
             Box::pin(async move {
