@@ -163,6 +163,7 @@ macro_rules! conformance_suite {
             raw_same_name_concurrency_misassigns_and_parallel_fixes_it,
             parallel_validates_keys_and_orders_results,
             nested_parallel_prefixes_names,
+            replay_yields_so_branches_interleave,
             suspend_resume_complete_lifecycle,
             fork_copies_prefix_and_leaves_source,
             step_too_large_is_refused,

@@ -194,3 +194,40 @@ pub async fn nested_parallel_prefixes_names(f: &Fixture) {
     .unwrap();
     assert_eq!(step_ids(&j, &r).await, ["outer:inner:leaf"]);
 }
+
+/// Spec, "microtask yield on replay": memo hits yield, so branches replaying together take
+/// turns as they did when the steps ran, instead of the first branch replaying to its end.
+pub async fn replay_yields_so_branches_interleave(f: &Fixture) {
+    let j = journal(f);
+    let r = id("yield");
+    let branches = |log: Arc<Mutex<Vec<String>>>| {
+        ["a", "b"]
+            .into_iter()
+            .map(move |key| {
+                let log = Arc::clone(&log);
+                (key, move |ctx: lockbox_journal::Run| async move {
+                    for _ in 0..3 {
+                        let _: u8 = ctx
+                            .record("step", || async {
+                                tokio::task::yield_now().await;
+                                Ok::<_, ()>(1)
+                            })
+                            .await
+                            .unwrap();
+                        log.lock().unwrap().push(key.to_owned());
+                    }
+                })
+            })
+            .collect::<Branches<'_, ()>>()
+    };
+    let run = j.start(&r, opts()).await.unwrap();
+    let first = Arc::new(Mutex::new(Vec::new()));
+    run.parallel(branches(Arc::clone(&first))).await.unwrap();
+    drop(run);
+    let run = j.start(&r, opts()).await.unwrap();
+    let replayed = Arc::new(Mutex::new(Vec::new()));
+    run.parallel(branches(Arc::clone(&replayed))).await.unwrap();
+    let replayed = replayed.lock().unwrap().clone();
+    assert_eq!(replayed, ["a", "b", "a", "b", "a", "b"]);
+    assert_eq!(replayed, *first.lock().unwrap());
+}
