@@ -60,7 +60,16 @@ pub enum JournalCommand {
 /// Runs `lockbox journal`; returns the process exit code.
 pub fn run(args: &JournalArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    rt.block_on(run_async(args))
+    match rt.block_on(run_async(args)) {
+        // `lockbox journal dump RUN | head`: the reader left, which is not our failure.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(0)
+        }
+        other => other,
+    }
 }
 
 async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
