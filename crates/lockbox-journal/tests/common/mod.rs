@@ -96,13 +96,18 @@ pub async fn postgres() -> Option<Fixture> {
             "LOCKBOX_TEST_REQUIRE=all but LOCKBOX_TEST_POSTGRES_URL is unset: \
              run `eval \"$(scripts/start-postgres.sh)\"` first"
         );
-        // Straight to stderr, past libtest's capture, so the skip shows in every run.
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP: postgres conformance test skipped: LOCKBOX_TEST_POSTGRES_URL is unset \
-             (run `eval \"$(scripts/start-postgres.sh)\"`; LOCKBOX_TEST_REQUIRE=all makes this a failure)"
-        );
+        // Straight to stderr, past libtest's capture, so the skip shows in every run; once per
+        // test binary rather than once per test.
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIP: postgres conformance tests skipped: LOCKBOX_TEST_POSTGRES_URL is unset \
+                 (run `eval \"$(scripts/start-postgres.sh)\"`; LOCKBOX_TEST_REQUIRE=all makes \
+                 this a failure)"
+            );
+        });
         return None;
     };
     static NEXT: AtomicU64 = AtomicU64::new(0);
