@@ -1,0 +1,147 @@
+//! `lockbox journal list | status RUN | dump RUN | fork RUN`: inspect and fork durable step
+//! journals. Parsing of `--journal` lives in `lockbox_journal::StorageUrl`; this file only
+//! translates arguments into one journal call and prints the result.
+//!
+//! Needs in lockbox-cli's Cargo.toml: `lockbox-journal`, `serde_json`, and `tokio` with the
+//! `rt-multi-thread` feature.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use lockbox_journal::{EntryBody, ForkPoint, Journal, RunId, StepId, StepOutcome, StorageUrl};
+
+/// Arguments of `lockbox journal`.
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    /// Where the journal lives: sqlite:PATH, file:DIR or postgres://USER@HOST:PORT/DB
+    #[arg(long, value_name = "URL")]
+    pub journal: StorageUrl,
+    #[command(subcommand)]
+    pub command: JournalCommand,
+}
+
+/// The `lockbox journal` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JournalCommand {
+    /// List the runs in the journal
+    List,
+    /// Show where a run stands (running, suspended, finished) as JSON
+    Status { run: RunId },
+    /// Print a run's entries
+    Dump {
+        run: RunId,
+        /// First entry to print
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Print the stored lines exactly (JSON with checksums) instead of a summary
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a run's entries before a step or offset into a new run (the source is untouched)
+    Fork {
+        run: RunId,
+        /// Cut before this step id (e.g. llm#3): it runs again in the fork
+        #[arg(
+            long,
+            conflicts_with = "from_offset",
+            required_unless_present = "from_offset"
+        )]
+        from_step: Option<StepId>,
+        /// Keep entries 0..N
+        #[arg(long)]
+        from_offset: Option<u64>,
+        /// Id of the new run (default: RUN.fork-<unix-ms>)
+        #[arg(long)]
+        to: Option<RunId>,
+    },
+}
+
+/// Runs `lockbox journal`; returns the process exit code.
+pub fn run(args: &JournalArgs) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    match rt.block_on(run_async(args)) {
+        // `lockbox journal dump RUN | head`: the reader left, which is not our failure.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(0)
+        }
+        other => other,
+    }
+}
+
+async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
+    let storage = args
+        .journal
+        .open()
+        .await
+        .with_context(|| format!("opening {}", args.journal))?;
+    let journal = Journal::open(storage);
+    let mut out = std::io::stdout().lock();
+    match &args.command {
+        JournalCommand::List => {
+            for run in journal.list().await? {
+                writeln!(out, "{run}")?;
+            }
+        }
+        JournalCommand::Status { run } => {
+            let status = journal.status(run).await?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&status)?)?;
+        }
+        JournalCommand::Dump { run, offset, json } if *json => {
+            for raw in journal.raw_entries(run, *offset).await? {
+                writeln!(out, "{}", raw.line)?;
+            }
+        }
+        JournalCommand::Dump { run, offset, .. } => {
+            for e in journal.entries(run, *offset).await? {
+                let detail = match &e.body {
+                    EntryBody::Step {
+                        step_id,
+                        outcome: StepOutcome::Ok(v),
+                        ..
+                    } => format!("{step_id} ok {v}"),
+                    EntryBody::Step {
+                        step_id,
+                        outcome: StepOutcome::Err(v),
+                        ..
+                    } => format!("{step_id} err {v}"),
+                    EntryBody::Start { version, metadata } => {
+                        format!("version={version:?} metadata={metadata}")
+                    }
+                    EntryBody::Suspend {
+                        step_id, payload, ..
+                    } => format!("{step_id} {payload}"),
+                    EntryBody::Resume { step_id, value } => format!("{step_id} {value}"),
+                    EntryBody::Complete { value } => value.to_string(),
+                    EntryBody::Error { error } => error.to_string(),
+                    EntryBody::Cancel { reason } => reason.clone(),
+                };
+                writeln!(
+                    out,
+                    "{:>6}  session {:<4} {:<8} {detail}",
+                    e.offset,
+                    e.session,
+                    e.body.kind()
+                )?;
+            }
+        }
+        JournalCommand::Fork {
+            run,
+            from_step,
+            from_offset,
+            to,
+        } => {
+            let at = match (from_step, from_offset) {
+                (Some(step), _) => ForkPoint::Step(step.clone()),
+                (None, Some(offset)) => ForkPoint::Offset(*offset),
+                (None, None) => anyhow::bail!("give --from-step ID or --from-offset N"),
+            };
+            let target = journal.fork(run, &at, to.as_ref()).await?;
+            writeln!(out, "{target}")?;
+        }
+    }
+    Ok(0)
+}

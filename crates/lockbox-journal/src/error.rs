@@ -1,0 +1,469 @@
+//! Errors: [`JournalError`] for everything the journal API returns, [`StorageError`] for what a
+//! backend reports, and [`StepError`] which a `record` call returns (the step's own failure or a
+//! journal failure). Each has a stable `code()`; `docs/journal.md` says what a dispatcher should
+//! do with each.
+
+use std::path::PathBuf;
+
+use crate::id::{RunId, StepId};
+
+/// Why a run is finished and cannot be started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TerminalState {
+    /// `complete` was journaled.
+    Completed,
+    /// `error` was journaled.
+    Failed,
+    /// `cancel` was journaled.
+    Cancelled,
+}
+
+impl std::fmt::Display for TerminalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// An error from the journal API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// A run id failed validation.
+    #[error("invalid run id {input:?}: {reason}")]
+    InvalidRunId {
+        /// The rejected text.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A step name (or step id) failed validation.
+    #[error("invalid step name {name:?}: {reason}")]
+    InvalidStepName {
+        /// The rejected name.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A `parallel` branch key failed validation.
+    #[error("invalid branch key {key:?}: {reason}")]
+    InvalidBranchKey {
+        /// The rejected key.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Two `parallel` branches share a key.
+    #[error("duplicate branch key {key:?}")]
+    DuplicateBranchKey {
+        /// The repeated key.
+        key: String,
+    },
+    /// On replay, the step journaled under this id had another name than the current call:
+    /// the code changed or branches ran in another order.
+    #[error(
+        "replay mismatch in run {run_id} at step {step_id} (entry offset {offset}): \
+         journaled {journaled_name:?}, called {called_name:?}"
+    )]
+    ReplayMismatch {
+        /// The run.
+        run_id: RunId,
+        /// The step id both calls produced.
+        step_id: StepId,
+        /// The name stored in the journal.
+        journaled_name: String,
+        /// The name the current code passed.
+        called_name: String,
+        /// Offset of the journaled entry in the run.
+        offset: u64,
+    },
+    /// `start` was given another version than the run's first start.
+    #[error("version mismatch for run {run_id}: journaled {journaled:?}, requested {requested:?}")]
+    VersionMismatch {
+        /// The run.
+        run_id: RunId,
+        /// The version of the first start.
+        journaled: Option<String>,
+        /// The version passed now.
+        requested: Option<String>,
+    },
+    /// `start` was given other metadata than the run's first start.
+    #[error("metadata mismatch for run {run_id}: journaled {journaled}, requested {requested}")]
+    MetadataMismatch {
+        /// The run.
+        run_id: RunId,
+        /// The metadata of the first start.
+        journaled: serde_json::Value,
+        /// The metadata passed now.
+        requested: serde_json::Value,
+    },
+    /// The run already finished; it can be read or forked but not continued.
+    #[error("run {run_id} is {state}; it cannot be continued (fork it instead)")]
+    TerminalRun {
+        /// The run.
+        run_id: RunId,
+        /// How it finished.
+        state: TerminalState,
+    },
+    /// A newer session of the run started; this handle may no longer write.
+    #[error("run {run_id}: session {session} is fenced by newer session {current}")]
+    Fenced {
+        /// The run.
+        run_id: RunId,
+        /// The session of the rejected append.
+        session: u64,
+        /// The newest session.
+        current: u64,
+    },
+    /// An append did not land at the end of the run (another writer raced this one).
+    #[error("run {run_id}: append at offset {offset} but the run has {len} entries")]
+    OffsetConflict {
+        /// The run.
+        run_id: RunId,
+        /// Where the append was meant to go.
+        offset: u64,
+        /// How many entries the run holds.
+        len: u64,
+    },
+    /// Stored data is damaged (bad checksum, bad JSON, gap in offsets).
+    #[error("journal corruption in run {run_id} at offset {offset}: {detail}")]
+    JournalCorruption {
+        /// The run.
+        run_id: RunId,
+        /// Byte offset in the run file (file backend) or entry offset (database backends).
+        offset: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// An entry was written in a format this build does not read.
+    #[error(
+        "run {run_id} entry {offset} has format version {found}; this build reads {supported}"
+    )]
+    UnsupportedFormat {
+        /// The run.
+        run_id: RunId,
+        /// Entry offset.
+        offset: u64,
+        /// The entry's format version.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// A step's journaled value exceeds the configured limit; it was not journaled.
+    #[error(
+        "step {step_id} of run {run_id}: entry is {size} bytes, over the limit of {limit} bytes"
+    )]
+    StepTooLarge {
+        /// The run.
+        run_id: RunId,
+        /// The step.
+        step_id: StepId,
+        /// Size of the encoded entry.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A value could not be turned into JSON.
+    #[error("step {step_id} of run {run_id}: cannot encode value: {source}")]
+    EncodeValue {
+        /// The run.
+        run_id: RunId,
+        /// The step (or lifecycle event).
+        step_id: String,
+        /// The serde error.
+        source: serde_json::Error,
+    },
+    /// A journaled value does not decode into the type the current code asks for.
+    #[error("step {step_id} of run {run_id} (entry offset {offset}): cannot decode journaled value: {source}")]
+    DecodeValue {
+        /// The run.
+        run_id: RunId,
+        /// The step.
+        step_id: String,
+        /// Offset of the entry.
+        offset: u64,
+        /// The serde error.
+        source: serde_json::Error,
+    },
+    /// The run has no entries.
+    #[error("run {run_id} not found")]
+    RunNotFound {
+        /// The run.
+        run_id: RunId,
+    },
+    /// A fork target already has entries.
+    #[error("run {run_id} already exists")]
+    RunExists {
+        /// The run.
+        run_id: RunId,
+    },
+    /// `fork --from-step` named a step the run does not have.
+    #[error("run {run_id} has no step {step_id}")]
+    StepNotFound {
+        /// The run.
+        run_id: RunId,
+        /// The missing step.
+        step_id: StepId,
+    },
+    /// `fork --from-offset` named an offset past the end of the run.
+    #[error("run {run_id} has {len} entries; cannot fork at offset {offset}")]
+    OffsetOutOfRange {
+        /// The run.
+        run_id: RunId,
+        /// The requested offset.
+        offset: u64,
+        /// How many entries the run holds.
+        len: u64,
+    },
+    /// `resume` found no suspension waiting for a value.
+    #[error("run {run_id} is not suspended")]
+    NotSuspended {
+        /// The run.
+        run_id: RunId,
+    },
+    /// The transaction store could not say whether a transaction committed.
+    #[error("run {run_id}: cannot look up outcome of transaction {txn_id}: {source}")]
+    TxnOutcomeLookup {
+        /// The run.
+        run_id: RunId,
+        /// The transaction.
+        txn_id: String,
+        /// The store's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The storage URL could not be parsed.
+    #[error("invalid journal url {input:?}: {reason} (expected sqlite:PATH, file:DIR or postgres://...)")]
+    InvalidStorageUrl {
+        /// The rejected text.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The storage backend failed.
+    #[error(transparent)]
+    Storage(StorageError),
+}
+
+impl JournalError {
+    /// A stable `SCREAMING_SNAKE` code for the wire and for dispatchers.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidRunId { .. } => "INVALID_RUN_ID",
+            Self::InvalidStepName { .. } => "INVALID_STEP_NAME",
+            Self::InvalidBranchKey { .. } => "INVALID_BRANCH_KEY",
+            Self::DuplicateBranchKey { .. } => "DUPLICATE_BRANCH_KEY",
+            Self::ReplayMismatch { .. } => "REPLAY_MISMATCH",
+            Self::VersionMismatch { .. } => "VERSION_MISMATCH",
+            Self::MetadataMismatch { .. } => "METADATA_MISMATCH",
+            Self::TerminalRun { .. } => "TERMINAL_RUN",
+            Self::Fenced { .. } => "FENCED",
+            Self::OffsetConflict { .. } => "OFFSET_CONFLICT",
+            Self::JournalCorruption { .. } => "JOURNAL_CORRUPTION",
+            Self::UnsupportedFormat { .. } => "UNSUPPORTED_FORMAT",
+            Self::StepTooLarge { .. } => "STEP_TOO_LARGE",
+            Self::EncodeValue { .. } => "ENCODE_VALUE",
+            Self::DecodeValue { .. } => "DECODE_VALUE",
+            Self::RunNotFound { .. } => "RUN_NOT_FOUND",
+            Self::RunExists { .. } => "RUN_EXISTS",
+            Self::StepNotFound { .. } => "STEP_NOT_FOUND",
+            Self::OffsetOutOfRange { .. } => "OFFSET_OUT_OF_RANGE",
+            Self::NotSuspended { .. } => "NOT_SUSPENDED",
+            Self::TxnOutcomeLookup { .. } => "TXN_OUTCOME_LOOKUP",
+            Self::InvalidStorageUrl { .. } => "INVALID_STORAGE_URL",
+            Self::Storage(e) => e.code(),
+        }
+    }
+
+    /// Whether trying the same operation again later may succeed (storage outages). Everything
+    /// else needs a code change, a fork or a human.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Storage(e) => e.is_transient(),
+            Self::TxnOutcomeLookup { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<StorageError> for JournalError {
+    /// Lifts the conditions the journal API names itself (fencing, races, corruption) out of the
+    /// backend error so callers match one variant whatever the backend.
+    fn from(e: StorageError) -> Self {
+        match e {
+            StorageError::Fenced {
+                run_id,
+                session,
+                current,
+            } => Self::Fenced {
+                run_id,
+                session,
+                current,
+            },
+            StorageError::OffsetConflict {
+                run_id,
+                offset,
+                len,
+            } => Self::OffsetConflict {
+                run_id,
+                offset,
+                len,
+            },
+            StorageError::Corruption {
+                run_id,
+                offset,
+                detail,
+            } => Self::JournalCorruption {
+                run_id,
+                offset,
+                detail,
+            },
+            other => Self::Storage(other),
+        }
+    }
+}
+
+/// An error reported by a [`Storage`](crate::Storage) backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// The append's session is older than the run's newest session.
+    #[error("run {run_id}: session {session} is fenced by newer session {current}")]
+    Fenced {
+        /// The run.
+        run_id: RunId,
+        /// The session of the rejected append.
+        session: u64,
+        /// The newest session.
+        current: u64,
+    },
+    /// The append's offset is not the run's length.
+    #[error("run {run_id}: append at offset {offset} but the run has {len} entries")]
+    OffsetConflict {
+        /// The run.
+        run_id: RunId,
+        /// Where the append was meant to go.
+        offset: u64,
+        /// How many entries the run holds.
+        len: u64,
+    },
+    /// Stored data is damaged.
+    #[error("journal corruption in run {run_id} at offset {offset}: {detail}")]
+    Corruption {
+        /// The run.
+        run_id: RunId,
+        /// Byte offset (file backend) or entry offset (database backends).
+        offset: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done (`open`, `fsync`, …).
+        op: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// An SQLite call failed.
+    #[error("sqlite {op} on {path}: {source}")]
+    Sqlite {
+        /// What was being done.
+        op: &'static str,
+        /// The database file.
+        path: PathBuf,
+        /// The SQLite error.
+        source: rusqlite::Error,
+    },
+    /// A batched SQLite transaction failed; every request in the batch failed with it.
+    #[error("sqlite {op} on {path}: {detail}")]
+    SqliteBatch {
+        /// What was being done (`begin`, `commit`).
+        op: &'static str,
+        /// The database file.
+        path: PathBuf,
+        /// The SQLite error, as text (one error is shared by the whole batch).
+        detail: String,
+    },
+    /// A PostgreSQL call failed.
+    #[error("postgres {op}: {source}")]
+    Postgres {
+        /// What was being done.
+        op: &'static str,
+        /// The driver error.
+        source: tokio_postgres::Error,
+    },
+    /// A PostgreSQL schema name is not a plain identifier.
+    #[error("invalid postgres schema {schema:?}: must match [a-z_][a-z0-9_]*")]
+    InvalidSchema {
+        /// The rejected name.
+        schema: String,
+    },
+    /// The backend's worker thread or task is gone (it panicked or the runtime shut down).
+    #[error("{backend} storage worker stopped")]
+    WorkerGone {
+        /// Which backend.
+        backend: &'static str,
+    },
+}
+
+impl StorageError {
+    /// A stable `SCREAMING_SNAKE` code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Fenced { .. } => "FENCED",
+            Self::OffsetConflict { .. } => "OFFSET_CONFLICT",
+            Self::Corruption { .. } => "JOURNAL_CORRUPTION",
+            Self::Io { .. } => "STORAGE_IO",
+            Self::Sqlite { .. } | Self::SqliteBatch { .. } => "STORAGE_SQLITE",
+            Self::Postgres { .. } => "STORAGE_POSTGRES",
+            Self::InvalidSchema { .. } => "INVALID_SCHEMA",
+            Self::WorkerGone { .. } => "STORAGE_WORKER_GONE",
+        }
+    }
+
+    /// Whether the operation may succeed if tried again (I/O, lock timeouts, lost connections).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Io { .. }
+                | Self::Sqlite { .. }
+                | Self::SqliteBatch { .. }
+                | Self::Postgres { .. }
+        )
+    }
+}
+
+/// What `record` returns when it does not return the step's value.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError<E> {
+    /// The step itself failed (now, or when it was first run and journaled).
+    #[error("step failed: {0}")]
+    Failed(E),
+    /// The journal failed; the step's outcome may not be recorded.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+impl<E> StepError<E> {
+    /// A stable code: `STEP_FAILED` or the journal error's code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Failed(_) => "STEP_FAILED",
+            Self::Journal(e) => e.code(),
+        }
+    }
+
+    /// The step's own error, if that is what this is.
+    pub fn into_failed(self) -> Option<E> {
+        match self {
+            Self::Failed(e) => Some(e),
+            Self::Journal(_) => None,
+        }
+    }
+}
