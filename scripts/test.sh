@@ -19,9 +19,20 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-# In CI a skipped kernel feature is a failure, not a skip.
+# In CI a skipped test (kernel feature, PostgreSQL) is a failure, not a skip.
 if [ "${CI:-}" = true ]; then
   export LOCKBOX_TEST_REQUIRE=all
+fi
+
+# The journal's PostgreSQL backend is tested against a real server: a throwaway cluster on
+# 127.0.0.1 (installed from Debian's packages if missing, which needs root), stopped at exit.
+if [ "$(id -u)" = 0 ] || [ -d /usr/lib/postgresql ]; then
+  echo "== starting PostgreSQL"
+  eval "$(bash scripts/start-postgres.sh)"
+  export LOCKBOX_TEST_POSTGRES_URL
+  trap 'bash scripts/start-postgres.sh --stop' EXIT
+else
+  echo "== no PostgreSQL (not root, not installed): its journal tests will say SKIP"
 fi
 
 echo "== cargo fmt --check"

@@ -42,6 +42,8 @@ pub enum Command {
     /// Review, commit or abort kept copy-on-write branches (from `run --workdir`).
     #[command(after_help = BRANCH_EXIT_CODES)]
     Branch(BranchArgs),
+    /// Inspect and fork durable step journals of agent runs.
+    Journal(crate::commands::journal::JournalArgs),
 }
 
 const BRANCH_EXIT_CODES: &str = "\

@@ -22,6 +22,13 @@ fn main() {
         cli::Command::Run(run) => commands::run::run(&run),
         cli::Command::Check(check) => commands::check::run(&check),
         cli::Command::Branch(branch) => commands::branch::run(&branch),
+        cli::Command::Journal(journal) => match commands::journal::run(&journal) {
+            Ok(code) => code,
+            Err(e) => {
+                commands::print_error(&format!("{e:#}"), None);
+                1
+            }
+        },
     };
     std::process::exit(code);
 }

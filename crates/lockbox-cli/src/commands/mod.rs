@@ -2,6 +2,7 @@
 
 pub mod branch;
 pub mod check;
+pub mod journal;
 pub mod run;
 pub mod workdir;
 
