@@ -21,15 +21,32 @@ async fn list_status_dump_and_fork_a_recorded_run() {
     let db = dir.path().join("j.db");
     {
         let journal = Journal::open(Arc::new(SqliteStorage::open(&db).unwrap()));
-        let run = journal.start(&RunId::parse("agent-1").unwrap(), StartOptions::default()).await.unwrap();
-        let _: u32 = run.record("llm", || async { Ok::<_, String>(1) }).await.unwrap();
-        let _: u32 = run.record("llm", || async { Ok::<_, String>(2) }).await.unwrap();
-        let _: String = run.record("tool", || async { Ok::<_, String>("done".into()) }).await.unwrap();
+        let run = journal
+            .start(&RunId::parse("agent-1").unwrap(), StartOptions::default())
+            .await
+            .unwrap();
+        let _: u32 = run
+            .record("llm", || async { Ok::<_, String>(1) })
+            .await
+            .unwrap();
+        let _: u32 = run
+            .record("llm", || async { Ok::<_, String>(2) })
+            .await
+            .unwrap();
+        let _: String = run
+            .record("tool", || async { Ok::<_, String>("done".into()) })
+            .await
+            .unwrap();
     }
     let url = format!("sqlite:{}", db.display());
 
     let out = journal_cli(&url, &["list"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "agent-1", "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "agent-1",
+        "{}",
+        text(&out)
+    );
 
     let out = journal_cli(&url, &["status", "agent-1"]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -38,12 +55,21 @@ async fn list_status_dump_and_fork_a_recorded_run() {
 
     let out = journal_cli(&url, &["dump", "agent-1"]);
     let dump = String::from_utf8_lossy(&out.stdout);
-    assert!(dump.contains("llm#2") && dump.contains("tool"), "{}", text(&out));
+    assert!(
+        dump.contains("llm#2") && dump.contains("tool"),
+        "{}",
+        text(&out)
+    );
 
     let out = journal_cli(&url, &["fork", "agent-1", "--from-step", "tool"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = journal_cli(&url, &["list"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2, "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        2,
+        "{}",
+        text(&out)
+    );
 
     let out = journal_cli(&url, &["status", "no-such-run"]);
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
