@@ -45,7 +45,9 @@ pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
 pub use crate::seccomp::{denied as denied_syscalls, Denied, When};
 pub use crate::signals::{ReceivedSignal, Signals};
-pub use crate::spawn::{namespaces, run, spawn, Enforcement, Outcome, Running, Status, Waited};
+pub use crate::spawn::{
+    namespaces, run, spawn, spawn_with, Enforcement, Outcome, Running, Status, Stdio, Waited,
+};
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
 pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {
