@@ -45,7 +45,7 @@ pub struct CommitOptions {
 }
 
 /// What a commit did (or, for a dry run, would do).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CommitReport {
     /// Paths added.
     pub added: u64,
