@@ -27,7 +27,12 @@ use crate::store::{self, ListedTxn, TxnDir};
 use crate::{TxnError, TxnId};
 
 /// Commits a prepared transaction (its `merged/` holds the union of its layers).
-pub(crate) fn commit(txn: &mut TxnDir, holding_lock: bool) -> Result<CommitReport, TxnError> {
+/// `force` skips the optimistic base check.
+pub(crate) fn commit(
+    txn: &mut TxnDir,
+    holding_lock: bool,
+    force: bool,
+) -> Result<CommitReport, TxnError> {
     let _lock = if holding_lock {
         None
     } else {
@@ -40,7 +45,7 @@ pub(crate) fn commit(txn: &mut TxnDir, holding_lock: bool) -> Result<CommitRepor
         &txn.merged_dir(),
         txn.workdir(),
         &key,
-        Some(txn.record.base_ctime),
+        (!force).then_some(txn.record.base_ctime),
         &CommitOptions::default(),
     );
     let (plan, report) = match staged {

@@ -88,12 +88,22 @@ impl PreparedTxn {
     /// Applies the union of the layers to the workdir as one unit (see [`crate::recover`]
     /// for the crash guarantees). A transaction that did not prepare cleanly returns its
     /// outcome uncommitted.
-    pub fn commit(mut self) -> Result<TxnOutcome, TxnError> {
+    pub fn commit(self) -> Result<TxnOutcome, TxnError> {
+        self.commit_inner(false)
+    }
+
+    /// Like [`PreparedTxn::commit`], but without the optimistic base check: paths the
+    /// transaction changes that were changed in the workdir since it began are overwritten.
+    pub fn commit_forced(self) -> Result<TxnOutcome, TxnError> {
+        self.commit_inner(true)
+    }
+
+    fn commit_inner(mut self, force: bool) -> Result<TxnOutcome, TxnError> {
         let Some(mut txn) = self.txn.take() else {
             return Ok(self.outcome.clone());
         };
         let holding = self.lock.is_some();
-        let result = commit::commit(&mut txn, holding);
+        let result = commit::commit(&mut txn, holding, force);
         self.lock.take();
         let report = result?;
         let mut outcome = self.outcome.clone();

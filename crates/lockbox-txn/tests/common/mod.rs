@@ -60,7 +60,12 @@ pub fn staging_leftovers(dir: &Path) -> Vec<PathBuf> {
 
 /// A fresh (state dir, workdir) pair under one temp dir, accessible to the current user.
 pub fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
+    dirs_in(&std::env::temp_dir())
+}
+
+/// Like [`dirs`], under `base`.
+pub fn dirs_in(base: &Path) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let state = tmp.path().join("state");
     let work = tmp.path().join("work");
@@ -77,6 +82,11 @@ pub fn settle() {
 }
 
 const AS_NOBODY: &str = "LOCKBOX_TXN_TEST_AS_NOBODY";
+
+/// True inside the uid-65534 re-run of [`rerun_as_nobody`].
+pub fn is_nobody_rerun() -> bool {
+    std::env::var_os(AS_NOBODY).is_some()
+}
 
 /// When running as root, re-runs the test `name` of this test binary as uid/gid 65534 with
 /// `setpriv` and asserts it passes. A no-op (returns false) when not root or already
