@@ -5,6 +5,9 @@
 //! - [`Pipeline`]: sequential [`Stage`]s; stage N sees the writes of stages 1..N-1
 //!   (read-committed, each stage its own overlayfs upper layer) and reads stage N-1's
 //!   stdout; the last stdout is the pipeline's;
+//! - [`Gather`]: named sources in parallel on snapshots of the workdir, merged under a
+//!   [`ConflictPolicy`] ([`MergeConflict`]s, [`Marker`]s), then a consumer on the merged
+//!   view reading `$LOCKBOX_INPUTS/<name>`;
 //! - [`TxnOutcome`]: `committed`, every [`StageResult`] (even when aborted), the union of
 //!   changes, the [`AbortReason`]; [`TxnOutcome::exit_code`] follows the CLI conventions;
 //! - [`PreparedTxn`]: `prepare()` runs everything and keeps the layers; `commit()`,
@@ -37,6 +40,7 @@
 pub use crate::capture::{Output, DEFAULT_MEMORY_BOUND, STDERR_TAIL};
 pub use crate::commit::{recover, RecoveryReport};
 pub use crate::error::TxnError;
+pub use crate::gather::{ConflictPolicy, Gather};
 pub use crate::id::TxnId;
 pub use crate::lock::LockPolicy;
 pub use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
@@ -49,6 +53,7 @@ pub use crate::store::{list, txns_dir, ListedTxn};
 mod capture;
 mod commit;
 mod error;
+mod gather;
 mod id;
 mod lock;
 mod outcome;

@@ -139,6 +139,7 @@ impl Pipeline {
                 &spill,
                 self.memory_bound,
                 &[],
+                &[],
             )?;
             remove_tree(&work)?;
             txn.record.stages.push(ran.result.clone());

@@ -81,6 +81,8 @@ impl StageResult {
 /// Where a stage's stdin comes from.
 #[derive(Debug)]
 pub(crate) enum Input<'a> {
+    /// `/dev/null`.
+    Null,
     /// The bytes of an earlier output.
     Output(&'a Output),
 }
@@ -99,7 +101,8 @@ pub(crate) struct Ran {
 }
 
 /// Runs `stage` on `view`, stdin from `input`, stdout captured (spilling to `spill`),
-/// stderr's tail kept. Extra environment variables are added to the stage's policy.
+/// stderr's tail kept. `extra_env` is added to the stage's environment and `extra_reads`
+/// to the paths it may read.
 pub(crate) fn run(
     stage: &Stage,
     view: &View<'_>,
@@ -107,6 +110,7 @@ pub(crate) fn run(
     spill: &Path,
     memory_bound: usize,
     extra_env: &[(String, String)],
+    extra_reads: &[PathBuf],
 ) -> Result<Ran, TxnError> {
     let io_err = |source| TxnError::Stdio {
         stage: stage.name.clone(),
@@ -121,12 +125,14 @@ pub(crate) fn run(
             work: view.work.clone(),
         }),
     });
+    policy.fs.read.extend(extra_reads.iter().cloned());
     for (k, v) in extra_env {
         policy.env.set.insert(k.clone(), v.clone());
     }
     let (out_r, out_w) = capture::pipe().map_err(io_err)?;
     let (err_r, err_w) = capture::pipe().map_err(io_err)?;
     let (stdin, feeder): (OwnedFd, Option<(OwnedFd, &[u8])>) = match input {
+        Input::Null => (File::open("/dev/null").map_err(io_err)?.into(), None),
         Input::Output(Output::File { path, .. }) => {
             (File::open(path).map_err(io_err)?.into(), None)
         }
