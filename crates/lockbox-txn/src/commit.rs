@@ -215,3 +215,132 @@ fn recover_locked(
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Recovery from each state a crash can leave, built by hand (the SIGKILL torture test
+    //! in `tests/crash.rs` reaches them at random).
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::record::TxnKind;
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        state: PathBuf,
+        work: PathBuf,
+        txn: TxnDir,
+    }
+
+    /// A prepared transaction whose merged layer adds `new` and replaces `old`.
+    fn prepared() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::write(work.join("old"), "old").unwrap();
+        let mut txn = TxnDir::begin(&state, &work, TxnKind::Pipeline).unwrap();
+        let merged = txn.merged_dir();
+        std::fs::create_dir(&merged).unwrap();
+        std::fs::write(merged.join("new"), "new").unwrap();
+        std::fs::write(merged.join("old"), "replaced").unwrap();
+        txn.set_state(TxnState::Prepared).unwrap();
+        let work = std::fs::canonicalize(work).unwrap();
+        Fixture {
+            _tmp: tmp,
+            state,
+            work,
+            txn,
+        }
+    }
+
+    /// Stages and (optionally) writes the intent, as a commit killed right after would.
+    fn crash_after_staging(f: &mut Fixture, intent: bool) {
+        f.txn.set_state(TxnState::Committing).unwrap();
+        let id = f.txn.id().as_str().to_owned();
+        let (plan, _) = lockbox_cow::stage_upper(
+            &f.txn.merged_dir(),
+            &f.work,
+            &id,
+            None,
+            &CommitOptions::default(),
+        )
+        .unwrap();
+        if intent {
+            let intent = Intent {
+                id: f.txn.id().clone(),
+                workdir: f.work.clone(),
+                plan,
+            };
+            record::write(&f.txn.dir, INTENT_FILE, "intent", &intent).unwrap();
+        }
+    }
+
+    fn state_of(f: &Fixture) -> TxnState {
+        TxnDir::open(&f.state, f.txn.id()).unwrap().record.state
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn staged_but_no_intent_rolls_back() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, false);
+        assert_eq!(names(&f.work).len(), 2, "staging exists");
+        let report = recover(&f.state, Some(&f.work)).unwrap();
+        assert_eq!(report.rolled_back, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["old"]);
+        assert_eq!(std::fs::read_to_string(f.work.join("old")).unwrap(), "old");
+        assert_eq!(state_of(&f), TxnState::Aborted);
+    }
+
+    #[test]
+    fn a_torn_intent_counts_as_absent_and_rolls_back() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, true);
+        let path = f.txn.dir.join(INTENT_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.rolled_back.len(), 1);
+        assert_eq!(names(&f.work), ["old"]);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_durable_intent_rolls_forward() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, true);
+        let report = recover(&f.state, Some(&f.work)).unwrap();
+        assert_eq!(report.rolled_forward, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["new", "old"]);
+        assert_eq!(
+            std::fs::read_to_string(f.work.join("old")).unwrap(),
+            "replaced"
+        );
+        assert_eq!(state_of(&f), TxnState::Committed);
+        assert!(!f.txn.dir.join(INTENT_FILE).exists());
+        // Recovering again changes nothing.
+        assert_eq!(recover(&f.state, None).unwrap(), RecoveryReport::default());
+    }
+
+    #[test]
+    fn a_running_transaction_of_a_dead_owner_is_abandoned_but_a_prepared_one_is_kept() {
+        let mut f = prepared();
+        f.txn.record.owner_pid = u32::MAX;
+        f.txn.set_state(TxnState::Prepared).unwrap();
+        assert_eq!(recover(&f.state, None).unwrap(), RecoveryReport::default());
+        f.txn.set_state(TxnState::Running).unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.abandoned, [f.txn.id().clone()]);
+        assert_eq!(state_of(&f), TxnState::Aborted);
+        assert!(!f.txn.merged_dir().exists());
+        assert_eq!(names(&f.work), ["old"]);
+    }
+}
