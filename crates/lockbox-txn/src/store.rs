@@ -54,7 +54,11 @@ impl TxnDir {
             .mode(0o700)
             .create(&txns)
             .map_err(store_err(&txns))?;
-        let real = fs::canonicalize(&txns).map_err(store_err(&txns))?;
+        // Canonical from here on: layer paths go into sandbox policies, which want them
+        // absolute.
+        let state_dir = fs::canonicalize(state_dir).map_err(store_err(state_dir))?;
+        let txns = txns_dir(&state_dir);
+        let real = txns.clone();
         if real.starts_with(&workdir) || workdir.starts_with(&real) {
             return Err(TxnError::Usage {
                 reason: format!(
@@ -87,7 +91,7 @@ impl TxnDir {
             report: None,
         };
         let txn = TxnDir {
-            state_dir: state_dir.to_owned(),
+            state_dir,
             dir,
             record,
         };
@@ -98,6 +102,10 @@ impl TxnDir {
 
     /// Opens an existing transaction.
     pub(crate) fn open(state_dir: &Path, id: &TxnId) -> Result<TxnDir, TxnError> {
+        let state_dir = &fs::canonicalize(state_dir).map_err(|_| TxnError::NotFound {
+            id: id.clone(),
+            state_dir: state_dir.to_owned(),
+        })?;
         let dir = txns_dir(state_dir).join(id.as_str());
         let record: Option<TxnRecord> = record::read(&dir.join(RECORD_FILE), "txn")?;
         let record = record.ok_or_else(|| TxnError::NotFound {
