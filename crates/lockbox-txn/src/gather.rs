@@ -20,8 +20,8 @@ use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
 use crate::pipeline::{empty_outcome, finish_prepare, hold_lock, keep_stdout};
 use crate::prepared::PreparedTxn;
 use crate::record::TxnKind;
-use crate::stage::{self, Input, Ran, Stage, View};
-use crate::store::{remove_tree, TxnDir};
+use crate::stage::{self, Input, Job, Ran, Stage};
+use crate::store::TxnDir;
 use crate::{commit, TxnError};
 
 /// What to do when gather sources change the same path.
@@ -161,29 +161,26 @@ impl Gather {
     fn run_all(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
         let workdir = txn.workdir().to_owned();
         let mut outcome = empty_outcome(txn);
-        let mut views = Vec::new();
-        for i in 0..self.sources.len() {
-            let (upper, work) = txn.new_layer(i)?;
-            views.push(View {
-                workdir: &workdir,
-                lowers: vec![workdir.clone()],
-                upper,
-                work,
-            });
-        }
         let out_dir = txn.out_dir();
         let bound = self.memory_bound;
-        let ran: Vec<Result<Ran, TxnError>> = std::thread::scope(|scope| {
+        let layers: &TxnDir = txn;
+        let ran: Vec<Result<(Ran, PathBuf), TxnError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .sources
                 .iter()
-                .zip(&views)
                 .enumerate()
-                .map(|(i, (source, view))| {
-                    let spill = out_dir.join(i.to_string());
-                    scope.spawn(move || {
-                        stage::run(source, view, Input::Null, &spill, bound, &[], &[])
-                    })
+                .map(|(i, source)| {
+                    let job = Job {
+                        stage: source,
+                        workdir: &workdir,
+                        lowers: vec![workdir.clone()],
+                        input: Input::Null,
+                        spill: out_dir.join(i.to_string()),
+                        memory_bound: bound,
+                        env: &[],
+                        reads: &[],
+                    };
+                    scope.spawn(move || stage::run_with_retries(&job, || layers.new_layer(i)))
                 })
                 .collect();
             handles
@@ -198,16 +195,15 @@ impl Gather {
                 .collect()
         });
         let mut outputs = Vec::new();
+        let mut uppers = Vec::new();
         for r in ran {
-            let r = r?;
+            let (r, upper) = r?;
             txn.record.stages.push(r.result.clone());
             outcome.stages.push(r.result);
             outputs.push(r.stdout);
+            uppers.push(upper);
         }
         txn.save()?;
-        for view in &views {
-            remove_tree(&view.work)?;
-        }
         if let Some(reason) = outcome
             .stages
             .iter()
@@ -217,7 +213,6 @@ impl Gather {
             outcome.abort_reason = Some(reason);
             return Ok((outcome, false));
         }
-        let uppers: Vec<PathBuf> = views.iter().map(|v| v.upper.clone()).collect();
         let mut sets = Vec::new();
         for upper in &uppers {
             sets.push(ChangeSet::compute(upper, &workdir)?);
@@ -259,13 +254,6 @@ impl Gather {
         let mut layers = Vec::new();
         if let Some(consumer) = &self.consumer {
             let i = self.sources.len();
-            let (upper, work) = txn.new_layer(i)?;
-            let view = View {
-                workdir: &workdir,
-                lowers: vec![merged.clone(), workdir.clone()],
-                upper: upper.clone(),
-                work: work.clone(),
-            };
             let mut consumer = consumer.clone();
             if consumer.name.is_empty() {
                 consumer.name = "consumer".into();
@@ -275,17 +263,18 @@ impl Gather {
                 ("LOCKBOX_INPUTS".to_owned(), inputs.display().to_string()),
                 ("LOCKBOX_INPUT_NAMES".to_owned(), names.join(" ")),
             ];
-            let spill = txn.out_dir().join(i.to_string());
-            let ran = stage::run(
-                &consumer,
-                &view,
-                Input::Null,
-                &spill,
-                bound,
-                &env,
-                std::slice::from_ref(&inputs),
-            )?;
-            remove_tree(&work)?;
+            let job = Job {
+                stage: &consumer,
+                workdir: &workdir,
+                lowers: vec![merged.clone(), workdir.clone()],
+                input: Input::Null,
+                spill: txn.out_dir().join(i.to_string()),
+                memory_bound: bound,
+                env: &env,
+                reads: std::slice::from_ref(&inputs),
+            };
+            let store: &TxnDir = txn;
+            let (ran, upper) = stage::run_with_retries(&job, || store.new_layer(i))?;
             txn.record.stages.push(ran.result.clone());
             txn.save()?;
             outcome.stages.push(ran.result.clone());

@@ -13,8 +13,8 @@ use crate::lock::{LockPolicy, WorkdirLock};
 use crate::outcome::{AbortReason, TxnOutcome};
 use crate::prepared::PreparedTxn;
 use crate::record::{TxnKind, TxnState};
-use crate::stage::{self, Input, Stage, View};
-use crate::store::{remove_tree, TxnDir};
+use crate::stage::{self, Input, Job, Stage};
+use crate::store::TxnDir;
 use crate::{commit, TxnError};
 
 /// A transactional pipeline over one workdir.
@@ -122,26 +122,20 @@ impl Pipeline {
             if stage.name.is_empty() {
                 stage.name = format!("stage-{}", i + 1);
             }
-            let (upper, work) = txn.new_layer(i)?;
             let mut lowers: Vec<PathBuf> = uppers.iter().rev().cloned().collect();
             lowers.push(workdir.clone());
-            let view = View {
+            let job = Job {
+                stage: &stage,
                 workdir: &workdir,
                 lowers,
-                upper: upper.clone(),
-                work: work.clone(),
+                input: Input::Output(&previous),
+                spill: txn.out_dir().join(i.to_string()),
+                memory_bound: self.memory_bound,
+                env: &[],
+                reads: &[],
             };
-            let spill = txn.out_dir().join(i.to_string());
-            let ran = stage::run(
-                &stage,
-                &view,
-                Input::Output(&previous),
-                &spill,
-                self.memory_bound,
-                &[],
-                &[],
-            )?;
-            remove_tree(&work)?;
+            let layers: &TxnDir = txn;
+            let (ran, upper) = stage::run_with_retries(&job, || layers.new_layer(i))?;
             txn.record.stages.push(ran.result.clone());
             txn.save()?;
             outcome.stages.push(ran.result.clone());

@@ -24,6 +24,9 @@ pub struct Stage {
     pub policy: Policy,
     /// The command.
     pub argv: Vec<OsString>,
+    /// How many times a failed run is retried, each time on a fresh upper layer (the failed
+    /// attempt's writes are discarded) and with the same stdin.
+    pub retries: u32,
 }
 
 impl Stage {
@@ -33,6 +36,7 @@ impl Stage {
             name: String::new(),
             policy,
             argv,
+            retries: 0,
         }
     }
 
@@ -44,6 +48,12 @@ impl Stage {
     /// Sets the name.
     pub fn named(mut self, name: &str) -> Stage {
         self.name = name.to_owned();
+        self
+    }
+
+    /// Sets how many times a failed run is retried.
+    pub fn retries(mut self, retries: u32) -> Stage {
+        self.retries = retries;
         self
     }
 }
@@ -69,6 +79,8 @@ pub struct StageResult {
     pub stdout_len: u64,
     /// The setup error, when the sandbox could not be set up (exit code 125).
     pub setup_error: Option<String>,
+    /// How many times it ran (1 + retries used).
+    pub attempts: u32,
 }
 
 impl StageResult {
@@ -79,7 +91,7 @@ impl StageResult {
 }
 
 /// Where a stage's stdin comes from.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum Input<'a> {
     /// `/dev/null`.
     Null,
@@ -196,10 +208,57 @@ pub(crate) fn run(
                 stderr_tail: String::from_utf8_lossy(&tail).into_owned(),
                 stdout_len: stdout.len(),
                 setup_error: None,
+                attempts: 1,
             },
             stdout,
         })
     })
+}
+
+/// What a stage run needs besides its layer.
+pub(crate) struct Job<'a> {
+    pub(crate) stage: &'a Stage,
+    pub(crate) workdir: &'a Path,
+    pub(crate) lowers: Vec<PathBuf>,
+    pub(crate) input: Input<'a>,
+    pub(crate) spill: PathBuf,
+    pub(crate) memory_bound: usize,
+    pub(crate) env: &'a [(String, String)],
+    pub(crate) reads: &'a [PathBuf],
+}
+
+/// Runs `job` up to 1 + `retries` times until it succeeds, each attempt on a fresh layer
+/// made by `layer` (which discards the previous attempt's). The work directory is removed
+/// after each attempt. Returns the last run and its upper layer.
+pub(crate) fn run_with_retries(
+    job: &Job<'_>,
+    layer: impl Fn() -> Result<(PathBuf, PathBuf), TxnError>,
+) -> Result<(Ran, PathBuf), TxnError> {
+    let mut attempts = 0;
+    loop {
+        let (upper, work) = layer()?;
+        let view = View {
+            workdir: job.workdir,
+            lowers: job.lowers.clone(),
+            upper: upper.clone(),
+            work: work.clone(),
+        };
+        let mut ran = run(
+            job.stage,
+            &view,
+            job.input,
+            &job.spill,
+            job.memory_bound,
+            job.env,
+            job.reads,
+        )?;
+        crate::store::remove_tree(&work)?;
+        attempts += 1;
+        ran.result.attempts = attempts;
+        if ran.result.succeeded() || attempts > job.stage.retries {
+            return Ok((ran, upper));
+        }
+    }
 }
 
 fn join<T>(r: std::thread::Result<std::io::Result<T>>) -> std::io::Result<T> {
@@ -216,5 +275,6 @@ fn setup_failed(stage: &Stage, started: Instant, e: &lockbox_confine::SetupError
         stderr_tail: String::new(),
         stdout_len: 0,
         setup_error: Some(e.to_string()),
+        attempts: 1,
     }
 }

@@ -184,3 +184,35 @@ fn gather_dry_run_reports_the_merged_changes_and_commits_nothing() {
     assert_eq!(outcome.changes.to_lines(), "A x\nA y\n");
     assert_eq!(tree_hash(&work), before);
 }
+
+#[test]
+fn a_gather_source_is_retried_on_a_fresh_layer() {
+    let (tmp, state, work) = dirs();
+    let counter = tmp.path().join("counter");
+    std::fs::create_dir(&counter).unwrap();
+    let policy = lockbox_policy::Policy {
+        fs: lockbox_policy::FsPolicy {
+            write: vec![counter.clone()],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (w, c) = (work.display(), counter.display());
+    let flaky = lockbox_txn::Stage::sh(
+        policy,
+        &format!(
+            "cd '{w}' && n=$(cat '{c}/count' 2>/dev/null || echo 0) && echo $((n+1)) > '{c}/count' \
+             && echo $n > try-$n && [ $n -ge 1 ]"
+        ),
+    )
+    .retries(1);
+    let outcome = Gather::new(&state, &work)
+        .source("steady", stage(&work, "echo s > s"))
+        .source("flaky", flaky)
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{:?}", outcome.stages);
+    assert_eq!(outcome.stages[1].attempts, 2);
+    assert!(!work.join("try-0").exists());
+    assert!(work.join("try-1").exists() && work.join("s").exists());
+}

@@ -277,3 +277,61 @@ fn fail_if_busy_refuses_a_second_transaction_on_a_locked_workdir() {
     );
     assert!(work.join("one").exists() && work.join("two").exists());
 }
+
+/// A stage that fails on its first `fail_times` attempts, counting attempts in `counter_dir`
+/// (outside the workdir, so the count survives a discarded attempt).
+fn flaky(work: &std::path::Path, counter_dir: &std::path::Path, fail_times: u32) -> Stage {
+    let policy = Policy {
+        fs: lockbox_policy::FsPolicy {
+            write: vec![counter_dir.to_owned()],
+            ..Default::default()
+        },
+        ..Policy::default()
+    };
+    let (w, c) = (work.display(), counter_dir.display());
+    Stage::sh(
+        policy,
+        &format!(
+            "cd '{w}' && n=$(cat '{c}/count' 2>/dev/null || echo 0) && echo $((n+1)) > '{c}/count' \
+             && cat > got-$n && [ $n -ge {fail_times} ]"
+        ),
+    )
+}
+
+#[test]
+fn a_retried_stage_runs_on_a_fresh_layer_with_the_same_stdin() {
+    let (tmp, state, work) = dirs();
+    let counter = tmp.path().join("counter");
+    std::fs::create_dir(&counter).unwrap();
+    let outcome = Pipeline::new(&state, &work)
+        .stage(stage(&work, "echo hello"))
+        .stage(flaky(&work, &counter, 1).retries(2))
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{:?}", outcome.stages);
+    assert_eq!(outcome.stages[1].attempts, 2);
+    assert!(
+        !work.join("got-0").exists(),
+        "the failed attempt's writes are discarded"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("got-1")).unwrap(),
+        "hello\n"
+    );
+}
+
+#[test]
+fn a_stage_failing_every_retry_aborts_after_the_last_attempt() {
+    let (tmp, state, work) = dirs();
+    let counter = tmp.path().join("counter");
+    std::fs::create_dir(&counter).unwrap();
+    let before = tree_hash(&work);
+    let outcome = Pipeline::new(&state, &work)
+        .stage(flaky(&work, &counter, 10).retries(2))
+        .run()
+        .unwrap();
+    assert!(!outcome.committed);
+    assert_eq!(outcome.stages[0].attempts, 3);
+    assert_eq!(outcome.exit_code(), 1);
+    assert_eq!(tree_hash(&work), before);
+}
