@@ -92,7 +92,11 @@ pub fn is_nobody_rerun() -> bool {
 /// `setpriv` and asserts it passes. A no-op (returns false) when not root or already
 /// re-run; prints why it skips if `setpriv` is missing.
 pub fn rerun_as_nobody(name: &str) -> bool {
-    if std::env::var_os(AS_NOBODY).is_some() || rustix::process::geteuid().as_raw() != 0 {
+    if std::env::var_os(AS_NOBODY).is_some() {
+        return false;
+    }
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIP {name} as uid 65534: not root (already unprivileged)");
         return false;
     }
     let exe = std::env::current_exe().unwrap();
