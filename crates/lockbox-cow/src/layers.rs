@@ -215,3 +215,105 @@ fn place_leaf(
     rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
     Ok(rustix::fs::futimens(&to, &times)?)
 }
+
+/// Narrows an upper layer (typically a flattened one) so that its change set keeps only the
+/// changes at or below an `only` path (all of them when `only` is empty), plus the
+/// directories on the way there, and none at or below an `exclude` path. Paths are relative
+/// to the workdir. Refused ([`CowError::BadPath`]) when a path is not plain and relative,
+/// or lies below a directory the layer deletes, replaces or makes opaque (keeping it
+/// unchanged would need that directory's change, which is all or nothing).
+pub fn restrict(upper: &Path, only: &[PathBuf], exclude: &[PathBuf]) -> Result<(), CowError> {
+    for p in only.iter().chain(exclude) {
+        let plain = p.components().count() > 0
+            && p.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(CowError::BadPath { path: p.clone() });
+        }
+    }
+    let root = beneath::open_root(upper).map_err(|source| CowError::ReadUpper {
+        path: upper.to_owned(),
+        source,
+    })?;
+    for p in exclude {
+        let (parent, name) = beneath::split(p);
+        if let Some(dir) = open_ancestors(root.as_fd(), upper, parent, p)? {
+            remove_tree_at(dir.as_fd(), name).map_err(|source| CowError::Stage {
+                path: upper.join(p),
+                source,
+            })?;
+        }
+    }
+    if !only.is_empty() {
+        prune(root.as_fd(), upper, Path::new(""), only)?;
+    }
+    Ok(())
+}
+
+/// Opens `parent` in the upper layer, refusing an opaque or non-directory ancestor of
+/// `wanted`; `None` if the layer has no such directory (nothing to narrow there).
+fn open_ancestors(
+    root: BorrowedFd<'_>,
+    upper: &Path,
+    parent: &Path,
+    wanted: &Path,
+) -> Result<Option<std::os::fd::OwnedFd>, CowError> {
+    let read_err = |source| CowError::ReadUpper {
+        path: upper.join(parent),
+        source,
+    };
+    let mut dir = beneath::open_dir_beneath(root, Path::new("")).map_err(read_err)?;
+    for part in parent.components() {
+        let name = part.as_os_str();
+        match lstat_at(dir.as_fd(), name).map_err(read_err)? {
+            None => return Ok(None),
+            Some(st) if RawType::from_raw_mode(st.st_mode) == RawType::Directory => {
+                let child = open_child_dir(dir.as_fd(), name).map_err(read_err)?;
+                if overlay::is_opaque(child.as_fd()) {
+                    return Err(CowError::BadPath {
+                        path: wanted.to_owned(),
+                    });
+                }
+                dir = child;
+            }
+            Some(_) => {
+                return Err(CowError::BadPath {
+                    path: wanted.to_owned(),
+                })
+            }
+        }
+    }
+    Ok(Some(dir))
+}
+
+fn prune(dir: BorrowedFd<'_>, upper: &Path, rel: &Path, only: &[PathBuf]) -> Result<(), CowError> {
+    let err = |path: PathBuf| move |source| CowError::Stage { path, source };
+    for name in sorted_names(dir).map_err(err(upper.join(rel)))? {
+        let q = rel.join(&name);
+        if only.iter().any(|o| q.starts_with(o)) {
+            continue;
+        }
+        if !only.iter().any(|o| o.starts_with(&q)) {
+            remove_tree_at(dir, &name).map_err(err(upper.join(&q)))?;
+            continue;
+        }
+        // An ancestor of a selected path: keep the directory, narrow inside it.
+        let st = lstat_at(dir, &name).map_err(err(upper.join(&q)))?;
+        let is_dir = st.is_some_and(|st| RawType::from_raw_mode(st.st_mode) == RawType::Directory);
+        let wanted = || {
+            only.iter()
+                .find(|o| o.starts_with(&q))
+                .cloned()
+                .unwrap_or_else(|| q.clone())
+        };
+        if !is_dir {
+            return Err(CowError::BadPath { path: wanted() });
+        }
+        let child = open_child_dir(dir, &name).map_err(err(upper.join(&q)))?;
+        if overlay::is_opaque(child.as_fd()) {
+            return Err(CowError::BadPath { path: wanted() });
+        }
+        prune(child.as_fd(), upper, &q, only)?;
+    }
+    Ok(())
+}

@@ -48,7 +48,7 @@ pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
 pub use crate::durable::{fsync_dir, write_atomic};
 pub use crate::error::CowError;
 pub use crate::id::BranchId;
-pub use crate::layers::{copy_entry, flatten};
+pub use crate::layers::{copy_entry, flatten, restrict};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 

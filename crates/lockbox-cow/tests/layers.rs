@@ -140,3 +140,48 @@ fn a_directory_over_a_whiteout_hides_the_old_contents() {
     let lines = ChangeSet::compute(&merged, &work).unwrap().to_lines();
     assert_eq!(lines, "A d/new\nD d/old\n");
 }
+
+fn layer_with(root: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let work = root.join("work");
+    fs::create_dir_all(work.join("src")).unwrap();
+    fs::write(work.join("src/lib"), "old").unwrap();
+    let up = root.join("up");
+    fs::create_dir_all(up.join("src")).unwrap();
+    fs::write(up.join("src/lib"), "new").unwrap();
+    fs::write(up.join("src/extra"), "x").unwrap();
+    fs::create_dir_all(up.join("out/deep")).unwrap();
+    fs::write(up.join("out/deep/a"), "a").unwrap();
+    fs::write(up.join("scratch"), "s").unwrap();
+    (work, up)
+}
+
+#[test]
+fn restrict_keeps_only_the_selected_paths_and_their_new_parents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (work, up) = layer_with(tmp.path());
+    lockbox_cow::restrict(&up, &["out/deep/a".into(), "src/lib".into()], &[]).unwrap();
+    let lines = ChangeSet::compute(&up, &work).unwrap().to_lines();
+    assert_eq!(lines, "A out\nA out/deep\nA out/deep/a\nM src/lib\n");
+}
+
+#[test]
+fn restrict_drops_excluded_subtrees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (work, up) = layer_with(tmp.path());
+    lockbox_cow::restrict(&up, &[], &["out".into(), "src/extra".into()]).unwrap();
+    let lines = ChangeSet::compute(&up, &work).unwrap().to_lines();
+    assert_eq!(lines, "A scratch\nM src/lib\n");
+}
+
+#[test]
+fn restrict_refuses_a_path_below_a_deleted_or_opaque_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let up = tmp.path().join("up");
+    fs::create_dir_all(&up).unwrap();
+    whiteout(&up.join("gone"));
+    let err = lockbox_cow::restrict(&up, &[], &["gone/x".into()]).unwrap_err();
+    assert_eq!(err.code(), "BAD_PATH", "{err}");
+    let err = lockbox_cow::restrict(&up, &["gone/x".into()], &[]).unwrap_err();
+    assert_eq!(err.code(), "BAD_PATH", "{err}");
+    assert!(lockbox_cow::restrict(&up, &["../x".into()], &[]).is_err());
+}

@@ -18,7 +18,7 @@ use crate::capture::DEFAULT_MEMORY_BOUND;
 use crate::lock::LockPolicy;
 use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
 use crate::pipeline::{empty_outcome, finish_prepare, hold_lock, keep_stdout};
-use crate::prepared::PreparedTxn;
+use crate::prepared::{PreparedTxn, Selection};
 use crate::record::TxnKind;
 use crate::stage::{self, Input, Job, Ran, Stage};
 use crate::store::TxnDir;
@@ -50,6 +50,7 @@ pub struct Gather {
     policy: ConflictPolicy,
     memory_bound: usize,
     lock: LockPolicy,
+    selection: Selection,
 }
 
 impl Gather {
@@ -63,6 +64,7 @@ impl Gather {
             policy: ConflictPolicy::default(),
             memory_bound: DEFAULT_MEMORY_BOUND,
             lock: LockPolicy::default(),
+            selection: Selection::default(),
         }
     }
 
@@ -87,6 +89,12 @@ impl Gather {
     /// How many bytes of each stdout are kept in memory before spilling to a file.
     pub fn memory_bound(mut self, bytes: usize) -> Gather {
         self.memory_bound = bytes;
+        self
+    }
+
+    /// Commit only part of the changes (see [`Selection`]).
+    pub fn select(mut self, selection: Selection) -> Gather {
+        self.selection = selection;
         self
     }
 
@@ -122,7 +130,14 @@ impl Gather {
         let lock = hold_lock(&self.state_dir, &self.workdir, self.lock)?;
         let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, TxnKind::Gather)?;
         match self.run_all(&mut txn) {
-            Ok((outcome, true)) => Ok(PreparedTxn::new(Some(txn), outcome, lock)),
+            Ok((outcome, true)) => {
+                let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);
+                if !self.selection.is_all() {
+                    // On error the prepared transaction is dropped, which aborts it.
+                    prepared.select(&self.selection)?;
+                }
+                Ok(prepared)
+            }
             Ok((outcome, false)) => {
                 commit::abort(&mut txn)?;
                 Ok(PreparedTxn::new(None, outcome, None))

@@ -15,6 +15,7 @@
 //! - the commit protocol (module `commit`): staging + `syncfs`, a checksummed WAL intent as
 //!   the commit point, apply by renames; [`recover`] rolls interrupted transactions forward
 //!   or back; the durable store is `STATE/txns/<id>/` ([`list`], [`TxnRecord`]);
+//! - [`Selection`]: commit only part of the changes (`only` / `exclude` paths);
 //! - [`LockPolicy`]: optimistic base check at commit (exit 5) or a workdir lock held for the
 //!   whole transaction.
 //!
@@ -45,7 +46,7 @@ pub use crate::id::TxnId;
 pub use crate::lock::LockPolicy;
 pub use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
 pub use crate::pipeline::Pipeline;
-pub use crate::prepared::PreparedTxn;
+pub use crate::prepared::{PreparedTxn, Selection};
 pub use crate::record::{Intent, TxnKind, TxnRecord, TxnState, RECORD_FORMAT_VERSION};
 pub use crate::stage::{Stage, StageResult};
 pub use crate::store::{list, txns_dir, ListedTxn};

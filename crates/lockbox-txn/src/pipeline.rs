@@ -11,7 +11,7 @@ use lockbox_cow::ChangeSet;
 use crate::capture::{Output, DEFAULT_MEMORY_BOUND};
 use crate::lock::{LockPolicy, WorkdirLock};
 use crate::outcome::{AbortReason, TxnOutcome};
-use crate::prepared::PreparedTxn;
+use crate::prepared::{PreparedTxn, Selection};
 use crate::record::{TxnKind, TxnState};
 use crate::stage::{self, Input, Job, Stage};
 use crate::store::TxnDir;
@@ -26,6 +26,7 @@ pub struct Pipeline {
     stdin: Vec<u8>,
     memory_bound: usize,
     lock: LockPolicy,
+    selection: Selection,
 }
 
 impl Pipeline {
@@ -38,6 +39,7 @@ impl Pipeline {
             stdin: Vec::new(),
             memory_bound: DEFAULT_MEMORY_BOUND,
             lock: LockPolicy::default(),
+            selection: Selection::default(),
         }
     }
 
@@ -56,6 +58,12 @@ impl Pipeline {
     /// How many bytes of a stage's stdout are kept in memory before spilling to a file.
     pub fn memory_bound(mut self, bytes: usize) -> Pipeline {
         self.memory_bound = bytes;
+        self
+    }
+
+    /// Commit only part of the changes (see [`Selection`]).
+    pub fn select(mut self, selection: Selection) -> Pipeline {
+        self.selection = selection;
         self
     }
 
@@ -97,7 +105,14 @@ impl Pipeline {
         let lock = hold_lock(&self.state_dir, &self.workdir, self.lock)?;
         let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, TxnKind::Pipeline)?;
         match self.run_stages(&mut txn) {
-            Ok((outcome, true)) => Ok(PreparedTxn::new(Some(txn), outcome, lock)),
+            Ok((outcome, true)) => {
+                let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);
+                if !self.selection.is_all() {
+                    // On error the prepared transaction is dropped, which aborts it.
+                    prepared.select(&self.selection)?;
+                }
+                Ok(prepared)
+            }
             Ok((outcome, false)) => {
                 commit::abort(&mut txn)?;
                 Ok(PreparedTxn::new(None, outcome, None))

@@ -3,7 +3,7 @@
 //! forgotten commit never commits; [`PreparedTxn::keep`] leaves it in the store for a later
 //! [`PreparedTxn::open`] (another process, after a reboot).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use lockbox_cow::ChangeSet;
 
@@ -13,6 +13,25 @@ use crate::outcome::{AbortReason, TxnOutcome};
 use crate::record::TxnState;
 use crate::store::TxnDir;
 use crate::{Output, TxnError, TxnId};
+
+/// Which part of a transaction's changes to commit (selective commit): only the changes at
+/// or below an `only` path (all when empty), plus new directories on the way to them, and
+/// none at or below an `exclude` path. Paths are relative to the workdir. The rest is
+/// discarded with the transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Keep only changes at or below these paths (all when empty).
+    pub only: Vec<PathBuf>,
+    /// Drop changes at or below these paths.
+    pub exclude: Vec<PathBuf>,
+}
+
+impl Selection {
+    /// True if it selects everything.
+    pub fn is_all(&self) -> bool {
+        self.only.is_empty() && self.exclude.is_empty()
+    }
+}
 
 /// A prepared (or, if a stage failed, already aborted) transaction.
 #[derive(Debug)]
@@ -83,6 +102,22 @@ impl PreparedTxn {
     /// Some gather sources wrote the same paths.
     pub fn has_conflicts(&self) -> bool {
         !self.outcome.conflicts.is_empty()
+    }
+
+    /// Narrows what [`PreparedTxn::commit`] will apply (and `outcome().changes`) to
+    /// `selection`. Refused for a path below a directory the transaction deletes, replaces
+    /// or makes opaque (see [`lockbox_cow::restrict`]).
+    pub fn select(&mut self, selection: &Selection) -> Result<(), TxnError> {
+        let Some(txn) = &self.txn else {
+            return Err(TxnError::WrongState {
+                id: self.outcome.id.clone(),
+                state: "aborted",
+                operation: "select changes of it",
+            });
+        };
+        lockbox_cow::restrict(&txn.merged_dir(), &selection.only, &selection.exclude)?;
+        self.outcome.changes = ChangeSet::compute(&txn.merged_dir(), txn.workdir())?;
+        Ok(())
     }
 
     /// Applies the union of the layers to the workdir as one unit (see [`crate::recover`]

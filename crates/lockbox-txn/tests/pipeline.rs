@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{dirs, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_policy::Policy;
-use lockbox_txn::{AbortReason, LockPolicy, Output, Pipeline, PreparedTxn, Stage, TxnState};
+use lockbox_txn::{
+    AbortReason, LockPolicy, Output, Pipeline, PreparedTxn, Selection, Stage, TxnState,
+};
 
 #[test]
 fn phase1_acceptance_three_stages_commit_both_files() {
@@ -334,4 +336,46 @@ fn a_stage_failing_every_retry_aborts_after_the_last_attempt() {
     assert_eq!(outcome.stages[0].attempts, 3);
     assert_eq!(outcome.exit_code(), 1);
     assert_eq!(tree_hash(&work), before);
+}
+
+#[test]
+fn selective_commit_applies_only_the_selected_paths() {
+    let (_tmp, state, work) = dirs();
+    let outcome = Pipeline::new(&state, &work)
+        .stage(stage(
+            &work,
+            "mkdir -p out scratch && echo o > out/o && echo s > scratch/s && echo n > notes",
+        ))
+        .select(Selection {
+            only: vec!["out".into(), "notes".into()],
+            exclude: vec![],
+        })
+        .run()
+        .unwrap();
+    assert!(outcome.committed);
+    assert_eq!(outcome.changes.to_lines(), "A notes\nA out\nA out/o\n");
+    assert!(work.join("out/o").exists() && work.join("notes").exists());
+    assert!(!work.join("scratch").exists());
+}
+
+#[test]
+fn excluded_paths_are_discarded_at_commit_of_a_prepared_transaction() {
+    let (_tmp, state, work) = dirs();
+    let mut prepared = Pipeline::new(&state, &work)
+        .stage(stage(
+            &work,
+            "mkdir -p out scratch && echo o > out/o && echo s > scratch/s",
+        ))
+        .prepare()
+        .unwrap();
+    prepared
+        .select(&Selection {
+            only: vec![],
+            exclude: vec!["scratch".into()],
+        })
+        .unwrap();
+    assert_eq!(prepared.outcome().changes.to_lines(), "A out\nA out/o\n");
+    assert!(prepared.commit().unwrap().committed);
+    assert!(work.join("out/o").exists());
+    assert!(!work.join("scratch").exists());
 }
