@@ -228,32 +228,10 @@ impl Gather {
             outcome.abort_reason = Some(reason);
             return Ok((outcome, false));
         }
-        let mut sets = Vec::new();
-        for upper in &uppers {
-            sets.push(ChangeSet::compute(upper, &workdir)?);
-        }
-        outcome.conflicts = conflicts(&self.sources, &sets);
-        if self.policy == ConflictPolicy::Fail && !outcome.conflicts.is_empty() {
-            outcome.abort_reason = Some(AbortReason::Conflicts {
-                count: outcome.conflicts.len(),
-            });
+        if !merge(txn, &self.sources, &uppers, self.policy, &mut outcome)? {
             return Ok((outcome, false));
         }
         let merged = txn.merged_dir();
-        std::fs::create_dir(&merged).map_err(|source| TxnError::Store {
-            path: merged.clone(),
-            source,
-        })?;
-        // `flatten` takes the top first: the winner of every conflict goes on top (the first
-        // source, except under last-writer-wins).
-        let mut top_first = uppers.clone();
-        if self.policy == ConflictPolicy::LastWriterWins {
-            top_first.reverse();
-        }
-        lockbox_cow::flatten(&top_first, &merged)?;
-        if self.policy == ConflictPolicy::Markers {
-            outcome.markers = self.keep_markers(&outcome.conflicts, &uppers, &sets, &merged)?;
-        }
         let inputs = txn.dir.join("inputs");
         std::fs::create_dir_all(&inputs).map_err(|source| TxnError::Store {
             path: inputs.clone(),
@@ -303,51 +281,90 @@ impl Gather {
         finish_prepare(txn, &layers, &mut outcome)?;
         Ok((outcome, true))
     }
+}
 
-    /// Copies every losing, non-deleting version of a conflicting path into the merged
-    /// layer as `PATH.lockbox-<source>`.
-    fn keep_markers(
-        &self,
-        conflicts: &[MergeConflict],
-        uppers: &[PathBuf],
-        sets: &[ChangeSet],
-        merged: &Path,
-    ) -> Result<Vec<Marker>, TxnError> {
-        let mut markers = Vec::new();
-        for c in conflicts {
-            for name in c.stages.iter().skip(1) {
-                let Some(i) = self.sources.iter().position(|s| &s.name == name) else {
-                    continue;
-                };
-                let deleted = sets[i]
-                    .changes()
-                    .iter()
-                    .any(|ch| ch.path == c.path && ch.kind == ChangeKind::Deleted);
-                let upper_entry = uppers[i].join(&c.path);
-                if deleted || upper_entry.symlink_metadata().is_err() {
-                    continue;
-                }
-                let parent = c.path.parent().unwrap_or(Path::new(""));
-                let Some(file) = c.path.file_name() else {
-                    continue;
-                };
-                let mut kept: OsString = file.to_owned();
-                kept.push(format!(".lockbox-{name}"));
-                let dst_dir = merged.join(parent);
-                std::fs::create_dir_all(&dst_dir).map_err(|source| TxnError::Store {
-                    path: dst_dir.clone(),
-                    source,
-                })?;
-                lockbox_cow::copy_entry(&uppers[i].join(parent), file, &dst_dir, &kept)?;
-                markers.push(Marker {
-                    path: c.path.clone(),
-                    kept_as: parent.join(&kept),
-                    source: name.clone(),
-                });
-            }
-        }
-        Ok(markers)
+/// Merges sibling layers (each over the workdir) into `merged/` under `policy`, recording
+/// conflicts and markers in `outcome`. `Ok(false)`: unresolved conflicts (policy `Fail`),
+/// `abort_reason` set, nothing merged.
+pub(crate) fn merge(
+    txn: &TxnDir,
+    sources: &[Stage],
+    uppers: &[PathBuf],
+    policy: ConflictPolicy,
+    outcome: &mut TxnOutcome,
+) -> Result<bool, TxnError> {
+    let mut sets = Vec::new();
+    for upper in uppers {
+        sets.push(ChangeSet::compute(upper, txn.workdir())?);
     }
+    outcome.conflicts = conflicts(sources, &sets);
+    if policy == ConflictPolicy::Fail && !outcome.conflicts.is_empty() {
+        outcome.abort_reason = Some(AbortReason::Conflicts {
+            count: outcome.conflicts.len(),
+        });
+        return Ok(false);
+    }
+    let merged = txn.merged_dir();
+    std::fs::create_dir(&merged).map_err(|source| TxnError::Store {
+        path: merged.clone(),
+        source,
+    })?;
+    // `flatten` takes the top first: the winner of every conflict goes on top (the first
+    // source, except under last-writer-wins).
+    let mut top_first = uppers.to_vec();
+    if policy == ConflictPolicy::LastWriterWins {
+        top_first.reverse();
+    }
+    lockbox_cow::flatten(&top_first, &merged)?;
+    if policy == ConflictPolicy::Markers {
+        outcome.markers = keep_markers(sources, &outcome.conflicts, uppers, &sets, &merged)?;
+    }
+    Ok(true)
+}
+
+/// Copies every losing, non-deleting version of a conflicting path into the merged
+/// layer as `PATH.lockbox-<source>`.
+fn keep_markers(
+    sources: &[Stage],
+    conflicts: &[MergeConflict],
+    uppers: &[PathBuf],
+    sets: &[ChangeSet],
+    merged: &Path,
+) -> Result<Vec<Marker>, TxnError> {
+    let mut markers = Vec::new();
+    for c in conflicts {
+        for name in c.stages.iter().skip(1) {
+            let Some(i) = sources.iter().position(|s| &s.name == name) else {
+                continue;
+            };
+            let deleted = sets[i]
+                .changes()
+                .iter()
+                .any(|ch| ch.path == c.path && ch.kind == ChangeKind::Deleted);
+            let upper_entry = uppers[i].join(&c.path);
+            if deleted || upper_entry.symlink_metadata().is_err() {
+                continue;
+            }
+            let parent = c.path.parent().unwrap_or(Path::new(""));
+            let Some(file) = c.path.file_name() else {
+                continue;
+            };
+            let mut kept: OsString = file.to_owned();
+            kept.push(format!(".lockbox-{name}"));
+            let dst_dir = merged.join(parent);
+            std::fs::create_dir_all(&dst_dir).map_err(|source| TxnError::Store {
+                path: dst_dir.clone(),
+                source,
+            })?;
+            lockbox_cow::copy_entry(&uppers[i].join(parent), file, &dst_dir, &kept)?;
+            markers.push(Marker {
+                path: c.path.clone(),
+                kept_as: parent.join(&kept),
+                source: name.clone(),
+            });
+        }
+    }
+    Ok(markers)
 }
 
 /// True if the change removes a directory that was there (so nothing below it survives).

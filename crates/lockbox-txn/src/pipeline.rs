@@ -8,13 +8,15 @@ use std::path::{Path, PathBuf};
 
 use lockbox_cow::ChangeSet;
 
+use crate::capture::pipe;
 use crate::capture::{Output, DEFAULT_MEMORY_BOUND};
+use crate::gather::{merge, ConflictPolicy};
 use crate::lock::{LockPolicy, WorkdirLock};
 use crate::outcome::{AbortReason, TxnOutcome};
 use crate::prepared::{PreparedTxn, Selection};
 use crate::record::{TxnKind, TxnState};
-use crate::stage::{self, Input, Job, Stage};
-use crate::store::TxnDir;
+use crate::stage::{self, Input, Io, Job, Ran, Stage, View};
+use crate::store::{remove_tree, TxnDir};
 use crate::{commit, TxnError};
 
 /// A transactional pipeline over one workdir.
@@ -27,6 +29,7 @@ pub struct Pipeline {
     memory_bound: usize,
     lock: LockPolicy,
     selection: Selection,
+    stream: Option<ConflictPolicy>,
 }
 
 impl Pipeline {
@@ -40,6 +43,7 @@ impl Pipeline {
             memory_bound: DEFAULT_MEMORY_BOUND,
             lock: LockPolicy::default(),
             selection: Selection::default(),
+            stream: None,
         }
     }
 
@@ -58,6 +62,15 @@ impl Pipeline {
     /// How many bytes of a stage's stdout are kept in memory before spilling to a file.
     pub fn memory_bound(mut self, bytes: usize) -> Pipeline {
         self.memory_bound = bytes;
+        self
+    }
+
+    /// Runs the stages concurrently with live pipes between them instead of one after
+    /// another. Every stage then sees the pre-transaction workdir (snapshot), and their
+    /// layers are merged like gather siblings under `conflicts`. Retries do not apply (a
+    /// live pipe cannot be replayed).
+    pub fn stream(mut self, conflicts: ConflictPolicy) -> Pipeline {
+        self.stream = Some(conflicts);
         self
     }
 
@@ -104,7 +117,11 @@ impl Pipeline {
         }
         let lock = hold_lock(&self.state_dir, &self.workdir, self.lock)?;
         let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, TxnKind::Pipeline)?;
-        match self.run_stages(&mut txn) {
+        let ran = match self.stream {
+            Some(policy) => self.run_streamed(&mut txn, policy),
+            None => self.run_stages(&mut txn),
+        };
+        match ran {
             Ok((outcome, true)) => {
                 let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);
                 if !self.selection.is_all() {
@@ -165,6 +182,110 @@ impl Pipeline {
         outcome.stdout = keep_stdout(txn, previous)?;
         let top_first: Vec<PathBuf> = uppers.into_iter().rev().collect();
         finish_prepare(txn, &top_first, &mut outcome)?;
+        Ok((outcome, true))
+    }
+}
+
+impl Pipeline {
+    fn named_stages(&self) -> Vec<Stage> {
+        let mut stages = self.stages.clone();
+        for (i, s) in stages.iter_mut().enumerate() {
+            if s.name.is_empty() {
+                s.name = format!("stage-{}", i + 1);
+            }
+        }
+        stages
+    }
+
+    /// `--stream`: all stages at once, stdout of each piped live into the next.
+    fn run_streamed(
+        &self,
+        txn: &mut TxnDir,
+        policy: ConflictPolicy,
+    ) -> Result<(TxnOutcome, bool), TxnError> {
+        let workdir = txn.workdir().to_owned();
+        let mut outcome = empty_outcome(txn);
+        let stages = self.named_stages();
+        let io_err = |source| TxnError::Stdio {
+            stage: "pipeline".into(),
+            source,
+        };
+        let mut views = Vec::new();
+        for i in 0..stages.len() {
+            let (upper, work) = txn.new_layer(i)?;
+            views.push(View {
+                workdir: &workdir,
+                lowers: vec![workdir.clone()],
+                upper,
+                work,
+            });
+        }
+        // Stage i reads stdins[i] and writes stdouts[i] (the next stage's stdin; the last
+        // stage's stdout is captured). The pipeline's stdin is fed into the first pipe.
+        let (first_r, first_w) = pipe().map_err(io_err)?;
+        let mut feeder = Some((first_w, self.stdin.as_slice()));
+        let mut stdins = vec![first_r];
+        let mut stdouts = Vec::new();
+        for _ in 1..stages.len() {
+            let (r, w) = pipe().map_err(io_err)?;
+            stdins.push(r);
+            stdouts.push(Some(w));
+        }
+        stdouts.push(None);
+        let ios = stdins.into_iter().zip(stdouts);
+        let spill = txn.out_dir().join((stages.len() - 1).to_string());
+        let bound = self.memory_bound;
+        let ran: Vec<Result<Ran, TxnError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ios
+                .into_iter()
+                .enumerate()
+                .map(|(i, (stdin, stdout))| {
+                    let io = Io {
+                        stdin,
+                        feeder: if i == 0 { feeder.take() } else { None },
+                        stdout,
+                    };
+                    let (stage, view, spill) = (&stages[i], &views[i], &spill);
+                    scope.spawn(move || stage::run_io(stage, view, io, spill, bound, &[], &[]))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TxnError::Usage {
+                            reason: "a stage thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut last = Output::default();
+        for r in ran {
+            let r = r?;
+            txn.record.stages.push(r.result.clone());
+            outcome.stages.push(r.result);
+            last = r.stdout;
+        }
+        txn.save()?;
+        for view in &views {
+            remove_tree(&view.work)?;
+        }
+        outcome.stdout = keep_stdout(txn, last)?;
+        if let Some(reason) = outcome
+            .stages
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| AbortReason::of_stage(i, r))
+        {
+            outcome.abort_reason = Some(reason);
+            return Ok((outcome, false));
+        }
+        let uppers: Vec<PathBuf> = views.iter().map(|v| v.upper.clone()).collect();
+        if !merge(txn, &stages, &uppers, policy, &mut outcome)? {
+            return Ok((outcome, false));
+        }
+        finish_prepare(txn, &[], &mut outcome)?;
         Ok((outcome, true))
     }
 }

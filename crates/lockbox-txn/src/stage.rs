@@ -128,6 +128,51 @@ pub(crate) fn run(
         stage: stage.name.clone(),
         source,
     };
+    let (stdin, feeder): (OwnedFd, Option<(OwnedFd, &[u8])>) = match input {
+        Input::Null => (File::open("/dev/null").map_err(io_err)?.into(), None),
+        Input::Output(Output::File { path, .. }) => {
+            (File::open(path).map_err(io_err)?.into(), None)
+        }
+        Input::Output(Output::Memory(bytes)) => {
+            let (r, w) = capture::pipe().map_err(io_err)?;
+            (r, Some((w, bytes.as_slice())))
+        }
+    };
+    let io = Io {
+        stdin,
+        feeder,
+        stdout: None,
+    };
+    run_io(stage, view, io, spill, memory_bound, extra_env, extra_reads)
+}
+
+/// A stage's stdin (and the bytes a thread feeds into it, if it is a pipe from memory), and
+/// where its stdout goes (`None`: captured).
+pub(crate) struct Io<'a> {
+    pub(crate) stdin: OwnedFd,
+    pub(crate) feeder: Option<(OwnedFd, &'a [u8])>,
+    pub(crate) stdout: Option<OwnedFd>,
+}
+
+/// Runs `stage` with the given stdio; stdout is captured unless `io.stdout` is given.
+pub(crate) fn run_io(
+    stage: &Stage,
+    view: &View<'_>,
+    io: Io<'_>,
+    spill: &Path,
+    memory_bound: usize,
+    extra_env: &[(String, String)],
+    extra_reads: &[PathBuf],
+) -> Result<Ran, TxnError> {
+    let io_err = |source| TxnError::Stdio {
+        stage: stage.name.clone(),
+        source,
+    };
+    let Io {
+        stdin,
+        feeder,
+        stdout: stdout_to,
+    } = io;
     let mut policy = stage.policy.clone();
     policy.fs.overlays.push(Overlay {
         target: view.workdir.to_owned(),
@@ -141,18 +186,14 @@ pub(crate) fn run(
     for (k, v) in extra_env {
         policy.env.set.insert(k.clone(), v.clone());
     }
-    let (out_r, out_w) = capture::pipe().map_err(io_err)?;
-    let (err_r, err_w) = capture::pipe().map_err(io_err)?;
-    let (stdin, feeder): (OwnedFd, Option<(OwnedFd, &[u8])>) = match input {
-        Input::Null => (File::open("/dev/null").map_err(io_err)?.into(), None),
-        Input::Output(Output::File { path, .. }) => {
-            (File::open(path).map_err(io_err)?.into(), None)
-        }
-        Input::Output(Output::Memory(bytes)) => {
+    let (out_r, out_w) = match stdout_to {
+        Some(fd) => (None, fd),
+        None => {
             let (r, w) = capture::pipe().map_err(io_err)?;
-            (r, Some((w, bytes.as_slice())))
+            (Some(r), w)
         }
     };
+    let (err_r, err_w) = capture::pipe().map_err(io_err)?;
     let started = Instant::now();
     let stdio = Stdio {
         stdin: Some(stdin),
@@ -172,7 +213,7 @@ pub(crate) fn run(
     let deadline = policy.timeout.map(|t| started + t);
     std::thread::scope(|scope| {
         let feeding = feeder.map(|(w, bytes)| scope.spawn(move || capture::feed(w, bytes)));
-        let stdout = scope.spawn(move || capture::capture(out_r, memory_bound, spill));
+        let stdout = out_r.map(|r| scope.spawn(move || capture::capture(r, memory_bound, spill)));
         let stderr = scope.spawn(move || capture::tail(err_r));
         let waited = match running.wait(deadline, None) {
             Ok(Waited::Exited(o)) => Ok(o),
@@ -180,7 +221,10 @@ pub(crate) fn run(
             Err(e) => Err(e),
         };
         drop(running);
-        let stdout = join(stdout.join()).map_err(io_err)?;
+        let stdout = match stdout {
+            Some(h) => join(h.join()).map_err(io_err)?,
+            None => Output::default(),
+        };
         let tail = join(stderr.join()).map_err(io_err)?;
         if let Some(f) = feeding {
             join(f.join()).map_err(io_err)?;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::{dirs, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_policy::Policy;
 use lockbox_txn::{
-    AbortReason, LockPolicy, Output, Pipeline, PreparedTxn, Selection, Stage, TxnState,
+    AbortReason, ConflictPolicy, LockPolicy, Output, Pipeline, PreparedTxn, Selection, Stage,
+    TxnState,
 };
 
 #[test]
@@ -378,4 +379,36 @@ fn excluded_paths_are_discarded_at_commit_of_a_prepared_transaction() {
     assert!(prepared.commit().unwrap().committed);
     assert!(work.join("out/o").exists());
     assert!(!work.join("scratch").exists());
+}
+
+#[test]
+fn a_streamed_pipeline_pipes_live_and_merges_snapshot_layers() {
+    let (_tmp, state, work) = dirs();
+    let input: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let outcome = Pipeline::new(&state, &work)
+        .stream(ConflictPolicy::Fail)
+        .memory_bound(32 * 1024)
+        .stdin(input.clone())
+        // Snapshot: stage 2 does not see stage 1's file even though they run together.
+        .stage(stage(&work, "echo one > one && cat"))
+        .stage(stage(&work, "test ! -e one && echo two > two && cat"))
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{:?}", outcome.stages);
+    assert_eq!(outcome.stdout.read_all().unwrap(), input);
+    assert!(work.join("one").exists() && work.join("two").exists());
+}
+
+#[test]
+fn streamed_stages_writing_the_same_path_conflict() {
+    let (_tmp, state, work) = dirs();
+    let outcome = Pipeline::new(&state, &work)
+        .stream(ConflictPolicy::Fail)
+        .stage(stage(&work, "echo one > f"))
+        .stage(stage(&work, "echo two > f"))
+        .run()
+        .unwrap();
+    assert!(!outcome.committed);
+    assert_eq!(outcome.exit_code(), 3);
+    assert!(!work.join("f").exists());
 }
