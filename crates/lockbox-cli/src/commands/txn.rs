@@ -11,9 +11,11 @@ use super::print_error;
 use crate::cli::PolicyArgs;
 use clap::{Args, Subcommand, ValueEnum};
 use lockbox_policy::parse_duration;
-use lockbox_txn::{ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Stage, TxnId};
+use lockbox_txn::{
+    ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage, TxnId,
+};
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Flags shared by `pipeline` and `gather`.
 #[derive(Debug, Args)]
@@ -33,6 +35,24 @@ pub struct TxnFlags {
     /// Hold the workdir lock for the whole transaction: `fail-if-busy`, `wait` or `wait:DURATION`.
     #[arg(long, value_name = "MODE", value_parser = parse_lock)]
     pub lock: Option<LockPolicy>,
+    /// Commit only changes at or below PATH (relative to the workdir). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub only: Vec<PathBuf>,
+    /// Discard changes at or below PATH (relative to the workdir). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub exclude: Vec<PathBuf>,
+    /// Rerun a failed stage up to N more times, each on a fresh layer.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub retries: u32,
+}
+
+impl TxnFlags {
+    fn selection(&self) -> Selection {
+        Selection {
+            only: self.only.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -44,6 +64,10 @@ pub struct PipelineArgs {
     /// A stage (shell command). Repeatable, in order; stdout feeds the next stage's stdin.
     #[arg(long = "stage", value_name = "CMD", required = true)]
     pub stages: Vec<String>,
+    /// Run the stages at once with live pipes; each sees the pre-transaction workdir and
+    /// their changes merge like gather sources (conflicts fail).
+    #[arg(long)]
+    pub stream: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -138,7 +162,8 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn stage_of(policy: &PolicyArgs, workdir: &Path, cmd: &str) -> Result<Stage, i32> {
+fn stage_of(flags: &TxnFlags, policy: &PolicyArgs, cmd: &str) -> Result<Stage, i32> {
+    let workdir = &flags.workdir;
     let mut p = policy.to_policy().map_err(|e| {
         print_error(&format!("{e:#}"), None);
         2
@@ -148,7 +173,7 @@ fn stage_of(policy: &PolicyArgs, workdir: &Path, cmd: &str) -> Result<Stage, i32
         2
     })?;
     p.cwd.get_or_insert(workdir);
-    Ok(Stage::sh(p, cmd))
+    Ok(Stage::sh(p, cmd).retries(flags.retries))
 }
 
 /// Prints the outcome (stage summary and changes on stderr, the last stdout on stdout) and
@@ -208,9 +233,13 @@ fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
 
 pub fn pipeline(args: &PipelineArgs) -> i32 {
     let flags = &args.txn;
-    let mut p = Pipeline::new(&state_dir(&flags.state_dir), &flags.workdir);
+    let mut p =
+        Pipeline::new(&state_dir(&flags.state_dir), &flags.workdir).select(flags.selection());
+    if args.stream {
+        p = p.stream(ConflictPolicy::Fail);
+    }
     for cmd in &args.stages {
-        match stage_of(&args.policy, &flags.workdir, cmd) {
+        match stage_of(flags, &args.policy, cmd) {
             Ok(s) => p = p.stage(s),
             Err(code) => return code,
         }
@@ -229,15 +258,17 @@ pub fn gather(args: &GatherArgs) -> i32 {
         ConflictArg::LastWriterWins => ConflictPolicy::LastWriterWins,
         ConflictArg::Markers => ConflictPolicy::Markers,
     };
-    let mut g = Gather::new(&state_dir(&flags.state_dir), &flags.workdir).conflict_policy(policy);
+    let mut g = Gather::new(&state_dir(&flags.state_dir), &flags.workdir)
+        .conflict_policy(policy)
+        .select(flags.selection());
     for (name, cmd) in &args.sources {
-        match stage_of(&args.policy, &flags.workdir, cmd) {
+        match stage_of(flags, &args.policy, cmd) {
             Ok(s) => g = g.source(name, s),
             Err(code) => return code,
         }
     }
     if let Some(cmd) = &args.consumer {
-        match stage_of(&args.policy, &flags.workdir, cmd) {
+        match stage_of(flags, &args.policy, cmd) {
             Ok(s) => g = g.consumer(s),
             Err(code) => return code,
         }
