@@ -174,44 +174,10 @@ impl Gather {
     }
 
     fn run_all(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
-        let workdir = txn.workdir().to_owned();
         let mut outcome = empty_outcome(txn);
-        let out_dir = txn.out_dir();
-        let bound = self.memory_bound;
-        let layers: &TxnDir = txn;
-        let ran: Vec<Result<(Ran, PathBuf), TxnError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .sources
-                .iter()
-                .enumerate()
-                .map(|(i, source)| {
-                    let job = Job {
-                        stage: source,
-                        workdir: &workdir,
-                        lowers: vec![workdir.clone()],
-                        input: Input::Null,
-                        spill: out_dir.join(i.to_string()),
-                        memory_bound: bound,
-                        env: &[],
-                        reads: &[],
-                    };
-                    scope.spawn(move || stage::run_with_retries(&job, || layers.new_layer(i)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(TxnError::Usage {
-                            reason: "a source thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
-        });
         let mut outputs = Vec::new();
         let mut uppers = Vec::new();
-        for r in ran {
+        for r in self.run_sources(txn) {
             let (r, upper) = r?;
             txn.record.stages.push(r.result.clone());
             outcome.stages.push(r.result);
@@ -231,7 +197,6 @@ impl Gather {
         if !merge(txn, &self.sources, &uppers, self.policy, &mut outcome)? {
             return Ok((outcome, false));
         }
-        let merged = txn.merged_dir();
         let inputs = txn.dir.join("inputs");
         std::fs::create_dir_all(&inputs).map_err(|source| TxnError::Store {
             path: inputs.clone(),
@@ -247,27 +212,7 @@ impl Gather {
         let mut layers = Vec::new();
         if let Some(consumer) = &self.consumer {
             let i = self.sources.len();
-            let mut consumer = consumer.clone();
-            if consumer.name.is_empty() {
-                consumer.name = "consumer".into();
-            }
-            let names: Vec<&str> = self.sources.iter().map(|s| s.name.as_str()).collect();
-            let env = [
-                ("LOCKBOX_INPUTS".to_owned(), inputs.display().to_string()),
-                ("LOCKBOX_INPUT_NAMES".to_owned(), names.join(" ")),
-            ];
-            let job = Job {
-                stage: &consumer,
-                workdir: &workdir,
-                lowers: vec![merged.clone(), workdir.clone()],
-                input: Input::Null,
-                spill: txn.out_dir().join(i.to_string()),
-                memory_bound: bound,
-                env: &env,
-                reads: std::slice::from_ref(&inputs),
-            };
-            let store: &TxnDir = txn;
-            let (ran, upper) = stage::run_with_retries(&job, || store.new_layer(i))?;
+            let (ran, upper) = self.run_consumer(txn, consumer, &inputs)?;
             txn.record.stages.push(ran.result.clone());
             txn.save()?;
             outcome.stages.push(ran.result.clone());
@@ -280,6 +225,75 @@ impl Gather {
         }
         finish_prepare(txn, &layers, &mut outcome)?;
         Ok((outcome, true))
+    }
+
+    /// Runs every source at once, each on a snapshot of the workdir; results in
+    /// declaration order.
+    fn run_sources(&self, txn: &TxnDir) -> Vec<Result<(Ran, PathBuf), TxnError>> {
+        let workdir = txn.workdir();
+        let out_dir = txn.out_dir();
+        let bound = self.memory_bound;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .sources
+                .iter()
+                .enumerate()
+                .map(|(i, source)| {
+                    let job = Job {
+                        stage: source,
+                        workdir,
+                        lowers: vec![workdir.to_owned()],
+                        input: Input::Null,
+                        spill: out_dir.join(i.to_string()),
+                        memory_bound: bound,
+                        env: &[],
+                        reads: &[],
+                    };
+                    scope.spawn(move || stage::run_with_retries(&job, || txn.new_layer(i)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TxnError::Usage {
+                            reason: "a source thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Runs the consumer on the merged view with the sources' outputs in `inputs`.
+    fn run_consumer(
+        &self,
+        txn: &TxnDir,
+        consumer: &Stage,
+        inputs: &Path,
+    ) -> Result<(Ran, PathBuf), TxnError> {
+        let i = self.sources.len();
+        let mut consumer = consumer.clone();
+        if consumer.name.is_empty() {
+            consumer.name = "consumer".into();
+        }
+        let names: Vec<&str> = self.sources.iter().map(|s| s.name.as_str()).collect();
+        let env = [
+            ("LOCKBOX_INPUTS".to_owned(), inputs.display().to_string()),
+            ("LOCKBOX_INPUT_NAMES".to_owned(), names.join(" ")),
+        ];
+        let reads = [inputs.to_owned()];
+        let job = Job {
+            stage: &consumer,
+            workdir: txn.workdir(),
+            lowers: vec![txn.merged_dir(), txn.workdir().to_owned()],
+            input: Input::Null,
+            spill: txn.out_dir().join(i.to_string()),
+            memory_bound: self.memory_bound,
+            env: &env,
+            reads: &reads,
+        };
+        stage::run_with_retries(&job, || txn.new_layer(i))
     }
 }
 

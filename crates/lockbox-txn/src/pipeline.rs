@@ -206,10 +206,6 @@ impl Pipeline {
         let workdir = txn.workdir().to_owned();
         let mut outcome = empty_outcome(txn);
         let stages = self.named_stages();
-        let io_err = |source| TxnError::Stdio {
-            stage: "pipeline".into(),
-            source,
-        };
         let mut views = Vec::new();
         for i in 0..stages.len() {
             let (upper, work) = txn.new_layer(i)?;
@@ -220,46 +216,8 @@ impl Pipeline {
                 work,
             });
         }
-        // Stage i reads stdins[i] and writes stdouts[i] (the next stage's stdin; the last
-        // stage's stdout is captured). The pipeline's stdin is fed into the first pipe.
-        let (first_r, first_w) = pipe().map_err(io_err)?;
-        let mut feeder = Some((first_w, self.stdin.as_slice()));
-        let mut stdins = vec![first_r];
-        let mut stdouts = Vec::new();
-        for _ in 1..stages.len() {
-            let (r, w) = pipe().map_err(io_err)?;
-            stdins.push(r);
-            stdouts.push(Some(w));
-        }
-        stdouts.push(None);
-        let ios = stdins.into_iter().zip(stdouts);
         let spill = txn.out_dir().join((stages.len() - 1).to_string());
-        let bound = self.memory_bound;
-        let ran: Vec<Result<Ran, TxnError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = ios
-                .into_iter()
-                .enumerate()
-                .map(|(i, (stdin, stdout))| {
-                    let io = Io {
-                        stdin,
-                        feeder: if i == 0 { feeder.take() } else { None },
-                        stdout,
-                    };
-                    let (stage, view, spill) = (&stages[i], &views[i], &spill);
-                    scope.spawn(move || stage::run_io(stage, view, io, spill, bound, &[], &[]))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(TxnError::Usage {
-                            reason: "a stage thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
-        });
+        let ran = self.spawn_streamed(&stages, &views, &spill)?;
         let mut last = Output::default();
         for r in ran {
             let r = r?;
@@ -287,6 +245,57 @@ impl Pipeline {
         }
         finish_prepare(txn, &[], &mut outcome)?;
         Ok((outcome, true))
+    }
+
+    /// Runs all `stages` at once on their `views`: stage i reads the pipe stage i-1 writes
+    /// (the first reads the pipeline's stdin, fed by a thread); the last stdout is captured.
+    fn spawn_streamed(
+        &self,
+        stages: &[Stage],
+        views: &[View<'_>],
+        spill: &Path,
+    ) -> Result<Vec<Result<Ran, TxnError>>, TxnError> {
+        let io_err = |source| TxnError::Stdio {
+            stage: "pipeline".into(),
+            source,
+        };
+        let (first_r, first_w) = pipe().map_err(io_err)?;
+        let mut feeder = Some((first_w, self.stdin.as_slice()));
+        let mut stdins = vec![first_r];
+        let mut stdouts = Vec::new();
+        for _ in 1..stages.len() {
+            let (r, w) = pipe().map_err(io_err)?;
+            stdins.push(r);
+            stdouts.push(Some(w));
+        }
+        stdouts.push(None);
+        let bound = self.memory_bound;
+        Ok(std::thread::scope(|scope| {
+            let handles: Vec<_> = stdins
+                .into_iter()
+                .zip(stdouts)
+                .enumerate()
+                .map(|(i, (stdin, stdout))| {
+                    let io = Io {
+                        stdin,
+                        feeder: if i == 0 { feeder.take() } else { None },
+                        stdout,
+                    };
+                    let (stage, view) = (&stages[i], &views[i]);
+                    scope.spawn(move || stage::run_io(stage, view, io, spill, bound, &[], &[]))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TxnError::Usage {
+                            reason: "a stage thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        }))
     }
 }
 
