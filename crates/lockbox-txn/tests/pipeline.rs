@@ -245,6 +245,7 @@ fn a_workdir_change_under_the_transaction_is_refused_with_exit_5() {
     );
     assert!(!work.join("a.txt").exists());
     assert!(staging_leftovers(&work).is_empty());
+    rerun_as_nobody("a_workdir_change_under_the_transaction_is_refused_with_exit_5");
 }
 
 #[test]
@@ -321,6 +322,7 @@ fn a_retried_stage_runs_on_a_fresh_layer_with_the_same_stdin() {
         std::fs::read_to_string(work.join("got-1")).unwrap(),
         "hello\n"
     );
+    rerun_as_nobody("a_retried_stage_runs_on_a_fresh_layer_with_the_same_stdin");
 }
 
 #[test]
@@ -357,6 +359,7 @@ fn selective_commit_applies_only_the_selected_paths() {
     assert_eq!(outcome.changes.to_lines(), "A notes\nA out\nA out/o\n");
     assert!(work.join("out/o").exists() && work.join("notes").exists());
     assert!(!work.join("scratch").exists());
+    rerun_as_nobody("selective_commit_applies_only_the_selected_paths");
 }
 
 #[test]
@@ -397,6 +400,7 @@ fn a_streamed_pipeline_pipes_live_and_merges_snapshot_layers() {
     assert!(outcome.committed, "{:?}", outcome.stages);
     assert_eq!(outcome.stdout.read_all().unwrap(), input);
     assert!(work.join("one").exists() && work.join("two").exists());
+    rerun_as_nobody("a_streamed_pipeline_pipes_live_and_merges_snapshot_layers");
 }
 
 #[test]
