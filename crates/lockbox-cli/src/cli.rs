@@ -44,6 +44,14 @@ pub enum Command {
     Branch(BranchArgs),
     /// Inspect and fork durable step journals of agent runs.
     Journal(crate::commands::journal::JournalArgs),
+    /// Run shell stages in order, each in its own sandbox on the writes of the ones before,
+    /// stdout piped to the next; commit all their writes to the workdir or none.
+    Pipeline(crate::commands::txn::PipelineArgs),
+    /// Run named sources in parallel sandboxes, merge their writes under a conflict policy,
+    /// run a consumer on the merged view; commit all or none.
+    Gather(crate::commands::txn::GatherArgs),
+    /// List, show, commit, abort or recover transactions.
+    Txn(crate::commands::txn::TxnArgs),
 }
 
 const BRANCH_EXIT_CODES: &str = "\

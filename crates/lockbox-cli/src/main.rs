@@ -22,6 +22,9 @@ fn main() {
         cli::Command::Run(run) => commands::run::run(&run),
         cli::Command::Check(check) => commands::check::run(&check),
         cli::Command::Branch(branch) => commands::branch::run(&branch),
+        cli::Command::Pipeline(args) => commands::txn::pipeline(&args),
+        cli::Command::Gather(args) => commands::txn::gather(&args),
+        cli::Command::Txn(args) => commands::txn::txn(&args),
         cli::Command::Journal(journal) => match commands::journal::run(&journal) {
             Ok(code) => code,
             Err(e) => {

@@ -3,6 +3,7 @@
 //! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
 //! steps, one function each, and reports a failure as a fixed-size [`Record`]:
 //!
+//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
 //! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves;
 //! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
@@ -73,6 +74,8 @@ pub struct Prepared {
     /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
     pub(crate) keep_fds: Vec<RawFd>,
     pub(crate) report_fd: RawFd,
+    /// Descriptors to install as 0, 1, 2 (`-1`: keep the caller's); all `>= 3`.
+    pub(crate) stdio: [RawFd; 3],
     pub(crate) exec_candidates: Vec<CString>,
     pub(crate) argv: CStringArray,
     pub(crate) envp: CStringArray,
@@ -140,6 +143,7 @@ pub fn init_main(p: &mut Prepared) -> ! {
 }
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
+    redirect_stdio(p)?; // 0
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
     if p.new_cgroup_ns {
@@ -157,6 +161,17 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     let ruleset = landlock_ruleset(p)?; // 9
     let signal_fd = harden_init(p, ruleset)?; // 10
     Ok((signal_fd, ruleset))
+}
+
+/// Installs the caller's per-sandbox stdio as 0/1/2. The sources are `>= 3` (ensured by the
+/// parent), so no dup2 clobbers a later source; step 10 closes the originals.
+fn redirect_stdio(p: &Prepared) -> Result<(), Fail> {
+    for (target, &fd) in p.stdio.iter().enumerate() {
+        if fd >= 0 {
+            sys::dup2(fd, target as RawFd).map_err(at(Step::RedirectStdio))?;
+        }
+    }
+    Ok(())
 }
 
 fn join_cgroups(p: &Prepared) -> Result<(), Fail> {

@@ -71,10 +71,11 @@ pub enum Step {
     LandlockRestrict,
     SeccompFilter,
     Exec,
+    RedirectStdio,
 }
 
 impl Step {
-    const ALL: [Step; 27] = [
+    const ALL: [Step; 28] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -102,6 +103,7 @@ impl Step {
         Step::LandlockRestrict,
         Step::SeccompFilter,
         Step::Exec,
+        Step::RedirectStdio,
     ];
 
     fn from_code(code: u32) -> Option<Step> {
@@ -138,6 +140,7 @@ impl Step {
             Step::LandlockRestrict => "enforcing landlock",
             Step::SeccompFilter => "installing the seccomp filter",
             Step::Exec => "executing",
+            Step::RedirectStdio => "redirecting standard input/output",
         }
     }
 }

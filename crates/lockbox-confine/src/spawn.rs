@@ -140,10 +140,57 @@ pub struct Running {
     reaped: bool,
 }
 
+/// Per-sandbox standard input, output and error. `None` keeps the caller's descriptor.
+#[derive(Debug, Default)]
+pub struct Stdio {
+    /// Becomes descriptor 0 in the sandbox.
+    pub stdin: Option<OwnedFd>,
+    /// Becomes descriptor 1 in the sandbox.
+    pub stdout: Option<OwnedFd>,
+    /// Becomes descriptor 2 in the sandbox.
+    pub stderr: Option<OwnedFd>,
+}
+
+impl Stdio {
+    /// Raw numbers for the init, each `>= 3` (a source below 3 is duplicated upward, so the
+    /// init's `dup2` onto 0..=2 never overwrites a source it still needs). The returned
+    /// descriptors must stay open until the clone.
+    fn prepare(self) -> Result<([RawFd; 3], Vec<OwnedFd>), SetupError> {
+        let mut raw = [-1; 3];
+        let mut held = Vec::new();
+        for (i, fd) in [self.stdin, self.stdout, self.stderr]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(fd) = fd else { continue };
+            // `try_clone` is `F_DUPFD_CLOEXEC` with a minimum of 3.
+            let fd = if fd.as_raw_fd() < 3 {
+                fd.try_clone().map_err(|source| SetupError::Path {
+                    path: format!("fd {}", fd.as_raw_fd()).into(),
+                    what: "redirecting stdio to",
+                    source,
+                })?
+            } else {
+                fd
+            };
+            raw[i] = fd.as_raw_fd();
+            held.push(fd);
+        }
+        Ok((raw, held))
+    }
+}
+
 /// Starts `argv` confined by `policy`. Returns as soon as the sandbox init runs; setup
 /// failures inside the namespaces are reported by [`Running::wait`].
 pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> {
+    spawn_with(policy, argv, Stdio::default())
+}
+
+/// Like [`spawn`], with the sandbox's stdin, stdout and stderr taken from `stdio`. The
+/// descriptors are closed in the caller once the sandbox has started.
+pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Running, SetupError> {
     policy.validate()?;
+    let (stdio_fds, stdio_held) = stdio.prepare()?;
     let program = argv.first().ok_or_else(|| SetupError::Path {
         path: "".into(),
         what: "running",
@@ -222,6 +269,7 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
+        stdio: stdio_fds,
         exec_candidates: exec_candidates(program, path_var),
         argv: CStringArray::new(argv.iter().map(|a| cstring(a.as_bytes())).collect()),
         envp: CStringArray::new(
@@ -247,6 +295,7 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
             drop(report_wr);
+            drop(stdio_held);
             let mut limits = limits;
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();

@@ -306,6 +306,12 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
     }
 }
 
+/// `dup2(old, new)`: `new` becomes a copy of `old` without `FD_CLOEXEC`.
+pub fn dup2(old: RawFd, new: RawFd) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers only; no pointers.
+    check_int(unsafe { libc::dup2(old, new) }).map(drop)
+}
+
 /// `close(2)`, ignoring errors (there is nothing useful to do about them).
 pub fn close(fd: RawFd) {
     // SAFETY: the caller owns `fd` and does not use it afterwards.

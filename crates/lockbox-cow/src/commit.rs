@@ -4,8 +4,6 @@
 //! 1. **Validate** (nothing written): walk the whole change set; refuse special files and
 //!    reserved names; collect stale paths (see [`crate::stale`]) and refuse unless `force`.
 //!    A dry run stops here.
-//!    All of it under the per-workdir commit lock ([`WorkdirLock`]), so commits into one
-//!    workdir never interleave.
 //! 2. Mark the branch `Committing` in `meta.json` (durable).
 //! 3. **Stage**: copy every new file and symlink into `DIR/.lockbox-commit-<id>/` (same
 //!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set;
@@ -20,6 +18,8 @@
 //! 5. Set directory modes and mtimes deepest first, `syncfs` again (all renames, unlinks and
 //!    directory updates durable; small commits fsync each touched directory), remove the
 //!    staging directory. An empty change set writes nothing at all.
+//!
+//! Steps 1-5 run under the per-workdir commit lock ([`WorkdirLock`]).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -33,7 +33,7 @@ use rustix::io::Errno;
 use crate::beneath::{self, lstat_at, open_dir_beneath, remove_tree_at, split};
 use crate::changes::{ChangeKind, FileType, Item, Walker};
 use crate::lock::WorkdirLock;
-use crate::meta::BranchState;
+use crate::meta::{BranchState, Timestamp};
 use crate::{stale, Branch, CowError};
 
 /// The prefix of the staging directory at the top of the workdir. A branch may not create a
@@ -51,7 +51,7 @@ pub struct CommitOptions {
 }
 
 /// What a commit did (or, for a dry run, would do).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CommitReport {
     /// Paths added.
     pub added: u64,
@@ -96,7 +96,10 @@ pub fn commit(
     // STATE/branches/<id> -> STATE. Held until the commit is complete.
     let state_dir = branch.dir().ancestors().nth(2).unwrap_or(Path::new("/"));
     let _lock = WorkdirLock::acquire(state_dir, &given)?;
-    let mut report = validate(branch, root.as_fd(), opts)?;
+    let resuming = branch.meta().state == BranchState::Committing;
+    let base = (!resuming).then_some(branch.meta().base_ctime);
+    let upper = branch.upper_dir();
+    let mut report = validate(&upper, branch.workdir(), root.as_fd(), base, opts)?;
     if opts.dry_run {
         report.dry_run = true;
         return Ok(report);
@@ -108,12 +111,13 @@ pub fn commit(
     branch.set_state(BranchState::Committing)?;
     let staging_name = format!("{STAGING_PREFIX}{}", branch.id());
     let plan = stage(
-        branch,
+        &upper,
+        branch.workdir(),
         root.as_fd(),
         OsStr::new(&staging_name),
         total <= SMALL,
     )?;
-    apply(root.as_fd(), &plan)?;
+    apply(root.as_fd(), &plan, false)?;
     finish(root.as_fd(), &plan)?;
     remove_tree_at(root.as_fd(), OsStr::new(&staging_name)).map_err(|source| CowError::Delete {
         path: staging_name.clone().into(),
@@ -126,16 +130,17 @@ pub fn commit(
     Ok(report)
 }
 
-fn validate(
-    branch: &Branch,
+/// Step 1. `base` is the stale-base reference (`None`: skip the check, as when resuming).
+pub(crate) fn validate(
+    upper: &Path,
+    workdir: &Path,
     root: BorrowedFd<'_>,
+    base: Option<Timestamp>,
     opts: &CommitOptions,
 ) -> Result<CommitReport, CowError> {
-    let resuming = branch.meta().state == BranchState::Committing;
-    let base = branch.meta().base_ctime;
     let mut report = CommitReport::default();
     let (mut special, mut stale_paths) = (Vec::new(), Vec::new());
-    for item in Walker::new(&branch.upper_dir(), branch.workdir())? {
+    for item in Walker::new(upper, workdir)? {
         let item = item?;
         let c = &item.change;
         if c.path.components().count() == 1 && c.path.to_string_lossy().starts_with(STAGING_PREFIX)
@@ -156,8 +161,10 @@ fn validate(
         if c.kind != ChangeKind::Deleted && c.file_type == FileType::File {
             report.bytes += c.size;
         }
-        if !resuming && stale::is_stale(root, &item, base)? {
-            stale_paths.push(c.path.clone());
+        if let Some(base) = base {
+            if stale::is_stale(root, &item, base)? {
+                stale_paths.push(c.path.clone());
+            }
         }
     }
     if !special.is_empty() {
@@ -172,13 +179,49 @@ fn validate(
     Ok(report)
 }
 
-enum Op {
+/// One step of applying a staged commit, in change-set order (parents first).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanOp {
     /// Rename staged entry number `seq` to `path`.
-    Place { path: PathBuf, seq: u64 },
+    Place {
+        /// The target, relative to the workdir.
+        path: PathBuf,
+        /// The staged entry's name in the staging directory.
+        seq: u64,
+    },
     /// Make directory `path` (replacing a non-directory).
-    MakeDir { path: PathBuf },
+    MakeDir {
+        /// The directory, relative to the workdir.
+        path: PathBuf,
+    },
     /// Remove `path` (a whole tree for a directory).
-    Delete { path: PathBuf },
+    Delete {
+        /// The path, relative to the workdir.
+        path: PathBuf,
+    },
+}
+
+/// A directory whose mode and times are set once every [`PlanOp`] is done.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlanDir {
+    /// The directory, relative to the workdir.
+    pub path: PathBuf,
+    /// Its final permission bits.
+    pub mode: u32,
+    /// Its final (atime, mtime) as (secs, nsecs).
+    pub times: [(i64, i64); 2],
+}
+
+/// What applying a staged commit does, after its data is staged and durable: the record a
+/// write-ahead log keeps so that the apply can be redone after a crash
+/// ([`crate::apply_staged`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CommitPlan {
+    /// The steps, in order.
+    pub ops: Vec<PlanOp>,
+    /// Directories whose mode and times are set at the end, deepest last in this list.
+    pub dirs: Vec<PlanDir>,
 }
 
 /// Up to this many changes, durability comes from fsyncing each staged file and each touched
@@ -186,23 +229,25 @@ enum Op {
 /// data on the filesystem, which dominates the cost of a small commit on a busy disk.
 const SMALL: u64 = 64;
 
-struct Plan {
-    staging: OwnedFd,
+pub(crate) struct Plan {
+    pub(crate) staging: OwnedFd,
+    pub(crate) plan: CommitPlan,
     /// Use per-file and per-directory fsync instead of `syncfs` (see [`SMALL`]).
-    small: bool,
-    ops: Vec<Op>,
-    /// Directories whose mode and times are set at the end, deepest last in this list.
-    dirs: Vec<(PathBuf, u32, Timestamps)>,
+    pub(crate) small: bool,
 }
 
 fn timestamps(item: &Item) -> Timestamps {
+    to_timestamps(&item.times)
+}
+
+fn to_timestamps(times: &[(i64, i64); 2]) -> Timestamps {
     let ts = |(s, n): (i64, i64)| Timespec {
         tv_sec: s,
         tv_nsec: n as _,
     };
     Timestamps {
-        last_access: ts(item.times[0]),
-        last_modification: ts(item.times[1]),
+        last_access: ts(times[0]),
+        last_modification: ts(times[1]),
     }
 }
 
@@ -212,8 +257,11 @@ fn file_mode(mode: u32) -> u32 {
     mode & 0o1777
 }
 
-fn stage(
-    branch: &Branch,
+/// Step 3: stages `upper`'s new entries in `root/staging_name` and makes them durable
+/// (`small`: file by file, see [`SMALL`]).
+pub(crate) fn stage(
+    upper: &Path,
+    workdir: &Path,
     root: BorrowedFd<'_>,
     staging_name: &OsStr,
     small: bool,
@@ -228,31 +276,33 @@ fn stage(
         .map_err(|e| stage_err(Path::new(staging_name))(e.into()))?;
     let staging =
         beneath::open_child_dir(root, staging_name).map_err(stage_err(Path::new(staging_name)))?;
-    let upper = branch.upper_dir();
     let mut plan = Plan {
         staging,
+        plan: CommitPlan::default(),
         small,
-        ops: Vec::new(),
-        dirs: Vec::new(),
     };
     let mut seq = 0u64;
-    for item in Walker::new(&upper, branch.workdir())? {
+    for item in Walker::new(upper, workdir)? {
         let item = item?;
         let c = &item.change;
         let path = c.path.clone();
         match (c.kind, c.file_type) {
-            (ChangeKind::Deleted, _) => plan.ops.push(Op::Delete { path }),
+            (ChangeKind::Deleted, _) => plan.plan.ops.push(PlanOp::Delete { path }),
             (_, FileType::Dir) => {
                 if c.kind != ChangeKind::Modified {
-                    plan.ops.push(Op::MakeDir { path: path.clone() });
+                    plan.plan.ops.push(PlanOp::MakeDir { path: path.clone() });
                 }
-                plan.dirs.push((path, c.mode, timestamps(&item)));
+                plan.plan.dirs.push(PlanDir {
+                    path,
+                    mode: c.mode,
+                    times: item.times,
+                });
             }
             (_, FileType::File | FileType::Symlink) => {
                 seq += 1;
-                stage_entry(&upper, plan.staging.as_fd(), seq, &item, small)
+                stage_entry(upper, plan.staging.as_fd(), seq, &item, small)
                     .map_err(stage_err(&path))?;
-                plan.ops.push(Op::Place { path, seq });
+                plan.plan.ops.push(PlanOp::Place { path, seq });
             }
             (_, FileType::Special) => {
                 return Err(CowError::SpecialFiles { paths: vec![path] });
@@ -340,21 +390,26 @@ impl Parents<'_> {
     }
 }
 
-fn apply(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+/// Step 4. With `replay` (redoing an apply a crash interrupted), a staged entry that is gone
+/// was already placed and is skipped; every other step is idempotent anyway.
+pub(crate) fn apply(root: BorrowedFd<'_>, plan: &Plan, replay: bool) -> Result<(), CowError> {
     let mut parents = Parents { root, last: None };
-    for op in &plan.ops {
+    for op in &plan.plan.ops {
         match op {
-            Op::Place { path, seq } => {
+            PlanOp::Place { path, seq } => {
+                if replay && !staged_exists(plan.staging.as_fd(), *seq, path)? {
+                    continue;
+                }
                 let (parent, name) = split(path);
                 let dir = parents.get(parent)?;
                 place(plan.staging.as_fd(), *seq, dir, name, path)?;
             }
-            Op::MakeDir { path } => {
+            PlanOp::MakeDir { path } => {
                 let (parent, name) = split(path);
                 let dir = parents.get(parent)?;
                 make_dir(dir, name, path)?;
             }
-            Op::Delete { path } => {
+            PlanOp::Delete { path } => {
                 let (parent, name) = split(path);
                 let dir = parents.get(parent)?;
                 remove_tree_at(dir, name).map_err(|source| CowError::Delete {
@@ -365,6 +420,15 @@ fn apply(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
         }
     }
     Ok(())
+}
+
+fn staged_exists(staging: BorrowedFd<'_>, seq: u64, path: &Path) -> Result<bool, CowError> {
+    lstat_at(staging, OsStr::new(&seq.to_string()))
+        .map(|st| st.is_some())
+        .map_err(|source| CowError::Rename {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 fn place(
@@ -460,8 +524,10 @@ fn make_dir(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), CowErr
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700)).map_err(|e| err(e.into()))
 }
 
-fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
-    for (path, mode, times) in plan.dirs.iter().rev() {
+/// Step 5 (without removing the staging directory).
+pub(crate) fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+    for PlanDir { path, mode, times } in plan.plan.dirs.iter().rev() {
+        let times = &to_timestamps(times);
         let set = || -> io::Result<()> {
             let fd = rustix::fs::openat2(
                 root,
@@ -489,18 +555,19 @@ fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
 
 /// The small-commit equivalent of the final `syncfs`: fsync every directory an operation
 /// added, renamed or removed an entry in, and every directory whose mode or times were set.
-/// (Symlinks staged small were not fsynced as files, but a rename makes their inode durable
-/// with the directory on every journalling filesystem lockbox targets.)
+/// (Symlinks staged in small mode are not fsynced as files: the rename makes their inode
+/// durable with the directory on the journalling filesystems lockbox targets.)
 fn fsync_touched_dirs(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
     let mut dirs: Vec<PathBuf> = plan
+        .plan
         .ops
         .iter()
         .map(|op| match op {
-            Op::Place { path, .. } | Op::MakeDir { path } | Op::Delete { path } => {
+            PlanOp::Place { path, .. } | PlanOp::MakeDir { path } | PlanOp::Delete { path } => {
                 path.parent().map(Path::to_owned).unwrap_or_default()
             }
         })
-        .chain(plan.dirs.iter().map(|(path, _, _)| path.clone()))
+        .chain(plan.plan.dirs.iter().map(|d| d.path.clone()))
         .collect();
     dirs.sort();
     dirs.dedup();

@@ -8,7 +8,7 @@ use std::path::Path;
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content or
 /// all of `bytes`.
-pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -29,6 +29,6 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
 }
 
 /// Fsyncs a directory so entries created, renamed or removed in it are durable.
-pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
+pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }

@@ -11,7 +11,10 @@
 //! - [`ChangeSet`] / [`ChangeIter`] of [`Change`]s (`Added | Modified | Deleted |
 //!   TypeChanged`); [`Branch::diff`] gives a [`FileDiff`] per path;
 //! - [`commit`] with [`CommitOptions`] (`force`, `dry_run`) returns a [`CommitReport`], or
-//!   [`CowError::StaleBase`] (exit code 5) when the workdir changed under the branch.
+//!   [`CowError::StaleBase`] (exit code 5) when the workdir changed under the branch;
+//! - for callers with their own write-ahead log (`lockbox-txn`): [`flatten`] a stack of
+//!   upper layers into one, [`stage_upper`] (validate + stage, durable) returning a
+//!   [`CommitPlan`], then [`apply_staged`] (redo-safe) or [`discard_staging`].
 //!
 //! ```no_run
 //! # fn main() -> Result<(), lockbox_cow::CowError> {
@@ -38,13 +41,18 @@
 
 pub use crate::branch::{abort_id, branches_dir, list, Branch, ListedBranch};
 pub use crate::changes::{Change, ChangeIter, ChangeKind, ChangeSet, FileType};
-pub use crate::commit::{commit, CommitOptions, CommitReport, STAGING_PREFIX};
+pub use crate::commit::{
+    commit, CommitOptions, CommitPlan, CommitReport, PlanDir, PlanOp, STAGING_PREFIX,
+};
 pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
+pub use crate::durable::{fsync_dir, write_atomic};
 pub use crate::error::CowError;
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
-pub use crate::lock::WorkdirLock;
-pub use crate::meta::{BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
+pub use crate::layers::{copy_entry, flatten, restrict};
+pub use crate::lock::{lock_path, WorkdirLock};
+pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
+pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 
 mod beneath;
 mod branch;
@@ -55,7 +63,9 @@ mod durable;
 mod error;
 mod id;
 mod import;
+mod layers;
 mod lock;
 mod meta;
 mod overlay;
+mod staged;
 mod stale;

@@ -1,11 +1,13 @@
 //! The per-workdir commit lock: commits into one workdir run one at a time, whichever
-//! process makes them (`flock` on `STATE/locks/<hash of the workdir>.lock`; released when
-//! the holder exits, even by `kill -9`).
+//! process makes them, branch commits and transactions alike (`flock` on
+//! `STATE/locks/<crc32 of the workdir>.lock`; released when the holder exits, even by
+//! `kill -9`).
 
 use crate::error::CowError;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Held while committing into a workdir.
 #[derive(Debug)]
@@ -16,34 +18,64 @@ pub struct WorkdirLock {
 impl WorkdirLock {
     /// Blocks until no other commit into `workdir` (canonical) runs.
     pub fn acquire(state_dir: &Path, workdir: &Path) -> Result<WorkdirLock, CowError> {
-        let dir = state_dir.join("locks");
-        let path = dir.join(format!(
-            "{:016x}.lock",
-            fnv1a(workdir.as_os_str().as_encoded_bytes())
-        ));
-        let err = |source| CowError::Lock {
-            path: path.clone(),
-            source,
-        };
-        fs::create_dir_all(&dir).map_err(err)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(err)?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| err(e.into()))?;
+        let (file, path) = open(state_dir, workdir)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
+            CowError::Lock {
+                path,
+                source: e.into(),
+            }
+        })?;
         Ok(WorkdirLock { _file: file })
+    }
+
+    /// Like [`WorkdirLock::acquire`], but gives up after `wait` (zero: do not wait) with
+    /// `Ok(None)`.
+    pub fn acquire_within(
+        state_dir: &Path,
+        workdir: &Path,
+        wait: Duration,
+    ) -> Result<Option<WorkdirLock>, CowError> {
+        let (file, path) = open(state_dir, workdir)?;
+        let until = Instant::now() + wait;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(Some(WorkdirLock { _file: file })),
+                Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+                Err(e) => {
+                    return Err(CowError::Lock {
+                        path,
+                        source: e.into(),
+                    })
+                }
+            }
+        }
     }
 }
 
-/// FNV-1a: a stable name for the lock file (a collision only serialises two workdirs).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+fn open(state_dir: &Path, workdir: &Path) -> Result<(File, PathBuf), CowError> {
+    let path = lock_path(state_dir, workdir);
+    let err = |source| CowError::Lock {
+        path: path.clone(),
+        source,
+    };
+    fs::create_dir_all(state_dir.join("locks")).map_err(err)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(err)?;
+    Ok((file, path))
+}
+
+/// The lock file of `workdir` (canonical) under `state_dir`.
+pub fn lock_path(state_dir: &Path, workdir: &Path) -> PathBuf {
+    let sum = crate::meta::crc32(workdir.as_os_str().as_encoded_bytes());
+    state_dir.join("locks").join(format!("{sum:08x}.lock"))
 }
 
 #[cfg(test)]

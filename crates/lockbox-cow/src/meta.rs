@@ -66,7 +66,8 @@ struct MetaFile {
     meta: serde_json::Value,
 }
 
-fn crc32(bytes: &[u8]) -> u32 {
+/// CRC-32 (IEEE) of `bytes`: the checksum of lockbox's durable records.
+pub fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = 0xFFFF_FFFFu32;
     for &b in bytes {
         crc ^= u32::from(b);

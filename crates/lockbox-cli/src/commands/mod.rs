@@ -4,6 +4,7 @@ pub mod branch;
 pub mod check;
 pub mod journal;
 pub mod run;
+pub mod txn;
 pub mod workdir;
 
 /// Prints `lockbox: <error>` and its hint on stderr, as every command does.

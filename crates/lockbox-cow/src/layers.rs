@@ -1,0 +1,319 @@
+//! Layer chains: [`flatten`] turns a stack of overlayfs upper layers (a pipeline's stage
+//! uppers, or gather siblings stacked in priority order) into one upper layer with the same
+//! view over the same lower. The result is an ordinary upper directory, so [`crate::ChangeSet`]
+//! and the commit engine apply to the union of the layers unchanged.
+//!
+//! Rules, applying each layer onto the result from the bottom of the stack up:
+//! - a whiteout removes what the result has at that path and leaves a whiteout (a 0/0
+//!   character device: creating one needs no privilege since Linux 5.8);
+//! - a file or symlink replaces what the result has at that path (hard-linked when possible,
+//!   copied otherwise; mode and times kept);
+//! - a directory merges into a result directory; it replaces a result entry that is not a
+//!   directory, and then becomes opaque (`user.overlay.opaque=y`), because in the stack that
+//!   entry hid everything below; an opaque directory replaces the result's directory and stays
+//!   opaque. Its mode and times are the top-most layer's.
+//!
+//! Entries are read without following symlinks; a device, FIFO or socket, and the overlayfs
+//! features a change set cannot represent (`metacopy`, `redirect`) are refused.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType as RawType, Mode, OFlags, Stat, Timespec, Timestamps};
+
+use crate::beneath::{self, lstat_at, open_child_dir, remove_tree_at, sorted_names};
+use crate::overlay;
+use crate::CowError;
+
+/// Applies `layers` (top first, as in an overlayfs `lowerdir=` list) onto the directory
+/// `into` (empty, or an upper layer that lies below all of them), so that `into` alone shows
+/// over the common lower what the whole stack shows.
+pub fn flatten(layers: &[PathBuf], into: &Path) -> Result<(), CowError> {
+    let dst = beneath::open_root(into).map_err(|source| CowError::Stage {
+        path: into.to_owned(),
+        source,
+    })?;
+    for layer in layers.iter().rev() {
+        let src = beneath::open_root(layer).map_err(|source| CowError::ReadUpper {
+            path: layer.clone(),
+            source,
+        })?;
+        merge_dir(src.as_fd(), layer, dst.as_fd(), into)?;
+    }
+    Ok(())
+}
+
+/// Copies the entry `name` of directory `src` (at `src_abs`) to `dst_dir/dst_name` as it is
+/// (a whole tree for a directory, without overlay marks), replacing what is there. Used to
+/// keep a losing version of a conflicting path under another name.
+pub fn copy_entry(
+    src_dir: &Path,
+    name: &OsStr,
+    dst_dir: &Path,
+    dst_name: &OsStr,
+) -> Result<(), CowError> {
+    let src = beneath::open_root(src_dir).map_err(|source| CowError::ReadUpper {
+        path: src_dir.to_owned(),
+        source,
+    })?;
+    let dst = beneath::open_root(dst_dir).map_err(|source| CowError::Stage {
+        path: dst_dir.to_owned(),
+        source,
+    })?;
+    let abs = src_dir.join(name);
+    let st = lstat_at(src.as_fd(), name)
+        .and_then(|st| st.ok_or_else(|| io::ErrorKind::NotFound.into()))
+        .map_err(|source| CowError::ReadUpper {
+            path: abs.clone(),
+            source,
+        })?;
+    let err = |source| CowError::Stage {
+        path: dst_dir.join(dst_name),
+        source,
+    };
+    remove_tree_at(dst.as_fd(), dst_name).map_err(err)?;
+    match RawType::from_raw_mode(st.st_mode) {
+        RawType::Directory => {
+            rustix::fs::mkdirat(dst.as_fd(), dst_name, Mode::from_raw_mode(0o700))
+                .map_err(|e| err(e.into()))?;
+            let s = open_child_dir(src.as_fd(), name).map_err(|source| CowError::ReadUpper {
+                path: abs.clone(),
+                source,
+            })?;
+            let d = open_child_dir(dst.as_fd(), dst_name).map_err(err)?;
+            merge_dir(s.as_fd(), &abs, d.as_fd(), &dst_dir.join(dst_name))?;
+            set_dir_meta(d.as_fd(), &st).map_err(err)
+        }
+        RawType::RegularFile | RawType::Symlink => {
+            place_leaf(src.as_fd(), name, &st, dst.as_fd(), dst_name).map_err(err)
+        }
+        _ => Err(CowError::SpecialFiles { paths: vec![abs] }),
+    }
+}
+
+fn merge_dir(
+    src: BorrowedFd<'_>,
+    src_abs: &Path,
+    dst: BorrowedFd<'_>,
+    dst_abs: &Path,
+) -> Result<(), CowError> {
+    let read_err = |path: PathBuf| move |source| CowError::ReadUpper { path, source };
+    for name in sorted_names(src).map_err(read_err(src_abs.to_owned()))? {
+        let abs = src_abs.join(&name);
+        let st = lstat_at(src, &name)
+            .and_then(|st| st.ok_or_else(|| io::ErrorKind::NotFound.into()))
+            .map_err(read_err(abs.clone()))?;
+        let xattrs = overlay::OverlayXattrs::of(&abs);
+        if let Some(feature) = xattrs.unsupported_feature() {
+            return Err(CowError::UnsupportedOverlay { path: abs, feature });
+        }
+        let out = dst_abs.join(&name);
+        let write_err = |source| CowError::Stage {
+            path: out.clone(),
+            source,
+        };
+        let existing = lstat_at(dst, &name).map_err(write_err)?;
+        if overlay::is_whiteout(&st, &xattrs) {
+            if existing.is_some() {
+                remove_tree_at(dst, &name).map_err(write_err)?;
+            }
+            rustix::fs::mknodat(dst, &name, RawType::CharacterDevice, Mode::empty(), 0)
+                .map_err(|e| write_err(e.into()))?;
+            continue;
+        }
+        match RawType::from_raw_mode(st.st_mode) {
+            RawType::Directory => {
+                let sub_src = open_child_dir(src, &name).map_err(read_err(abs.clone()))?;
+                let opaque = overlay::is_opaque(sub_src.as_fd());
+                let existing_dir = existing
+                    .as_ref()
+                    .is_some_and(|e| RawType::from_raw_mode(e.st_mode) == RawType::Directory);
+                if opaque || !existing_dir {
+                    if existing.is_some() {
+                        remove_tree_at(dst, &name).map_err(write_err)?;
+                    }
+                    rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(0o700))
+                        .map_err(|e| write_err(e.into()))?;
+                }
+                let sub_dst = open_child_dir(dst, &name).map_err(write_err)?;
+                if opaque || (existing.is_some() && !existing_dir) {
+                    rustix::fs::fsetxattr(
+                        &sub_dst,
+                        "user.overlay.opaque",
+                        b"y",
+                        rustix::fs::XattrFlags::empty(),
+                    )
+                    .map_err(|e| write_err(e.into()))?;
+                }
+                merge_dir(sub_src.as_fd(), &abs, sub_dst.as_fd(), &out)?;
+                set_dir_meta(sub_dst.as_fd(), &st).map_err(write_err)?;
+            }
+            RawType::RegularFile | RawType::Symlink => {
+                if existing.is_some() {
+                    remove_tree_at(dst, &name).map_err(write_err)?;
+                }
+                place_leaf(src, &name, &st, dst, &name).map_err(write_err)?;
+            }
+            _ => return Err(CowError::SpecialFiles { paths: vec![abs] }),
+        }
+    }
+    Ok(())
+}
+
+fn times_of(st: &Stat) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec as _,
+        },
+        last_modification: Timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec as _,
+        },
+    }
+}
+
+fn set_dir_meta(dir: BorrowedFd<'_>, st: &Stat) -> io::Result<()> {
+    beneath::chmod_fd(dir, st.st_mode & 0o7777)?;
+    beneath::set_times_fd(dir, &times_of(st))
+}
+
+/// Puts a file or symlink at `dst/dst_name` (which must not exist): a hard link when the
+/// filesystem allows it (same inode: content, mode and times come along), else a copy.
+fn place_leaf(
+    src: BorrowedFd<'_>,
+    name: &OsStr,
+    st: &Stat,
+    dst: BorrowedFd<'_>,
+    dst_name: &OsStr,
+) -> io::Result<()> {
+    if rustix::fs::linkat(src, name, dst, dst_name, AtFlags::empty()).is_ok() {
+        return Ok(());
+    }
+    let times = times_of(st);
+    if RawType::from_raw_mode(st.st_mode) == RawType::Symlink {
+        let target = rustix::fs::readlinkat(src, name, Vec::new())?;
+        rustix::fs::symlinkat(target.as_c_str(), dst, dst_name)?;
+        return Ok(rustix::fs::utimensat(
+            dst,
+            dst_name,
+            &times,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?);
+    }
+    let mut from = beneath::open_child_file(src, name)?;
+    let mut to = File::from(rustix::fs::openat(
+        dst,
+        dst_name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?);
+    io::copy(&mut from, &mut to)?;
+    rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
+    Ok(rustix::fs::futimens(&to, &times)?)
+}
+
+/// Narrows an upper layer (typically a flattened one) so that its change set keeps only the
+/// changes at or below an `only` path (all of them when `only` is empty), plus the
+/// directories on the way there, and none at or below an `exclude` path. Paths are relative
+/// to the workdir. Refused ([`CowError::BadPath`]) when a path is not plain and relative,
+/// or lies below a directory the layer deletes, replaces or makes opaque (keeping it
+/// unchanged would need that directory's change, which is all or nothing).
+pub fn restrict(upper: &Path, only: &[PathBuf], exclude: &[PathBuf]) -> Result<(), CowError> {
+    for p in only.iter().chain(exclude) {
+        let plain = p.components().count() > 0
+            && p.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(CowError::BadPath { path: p.clone() });
+        }
+    }
+    let root = beneath::open_root(upper).map_err(|source| CowError::ReadUpper {
+        path: upper.to_owned(),
+        source,
+    })?;
+    for p in exclude {
+        let (parent, name) = beneath::split(p);
+        if let Some(dir) = open_ancestors(root.as_fd(), upper, parent, p)? {
+            remove_tree_at(dir.as_fd(), name).map_err(|source| CowError::Stage {
+                path: upper.join(p),
+                source,
+            })?;
+        }
+    }
+    if !only.is_empty() {
+        prune(root.as_fd(), upper, Path::new(""), only)?;
+    }
+    Ok(())
+}
+
+/// Opens `parent` in the upper layer, refusing an opaque or non-directory ancestor of
+/// `wanted`; `None` if the layer has no such directory (nothing to narrow there).
+fn open_ancestors(
+    root: BorrowedFd<'_>,
+    upper: &Path,
+    parent: &Path,
+    wanted: &Path,
+) -> Result<Option<std::os::fd::OwnedFd>, CowError> {
+    let read_err = |source| CowError::ReadUpper {
+        path: upper.join(parent),
+        source,
+    };
+    let mut dir = beneath::open_dir_beneath(root, Path::new("")).map_err(read_err)?;
+    for part in parent.components() {
+        let name = part.as_os_str();
+        match lstat_at(dir.as_fd(), name).map_err(read_err)? {
+            None => return Ok(None),
+            Some(st) if RawType::from_raw_mode(st.st_mode) == RawType::Directory => {
+                let child = open_child_dir(dir.as_fd(), name).map_err(read_err)?;
+                if overlay::is_opaque(child.as_fd()) {
+                    return Err(CowError::BadPath {
+                        path: wanted.to_owned(),
+                    });
+                }
+                dir = child;
+            }
+            Some(_) => {
+                return Err(CowError::BadPath {
+                    path: wanted.to_owned(),
+                })
+            }
+        }
+    }
+    Ok(Some(dir))
+}
+
+fn prune(dir: BorrowedFd<'_>, upper: &Path, rel: &Path, only: &[PathBuf]) -> Result<(), CowError> {
+    let err = |path: PathBuf| move |source| CowError::Stage { path, source };
+    for name in sorted_names(dir).map_err(err(upper.join(rel)))? {
+        let q = rel.join(&name);
+        if only.iter().any(|o| q.starts_with(o)) {
+            continue;
+        }
+        if !only.iter().any(|o| o.starts_with(&q)) {
+            remove_tree_at(dir, &name).map_err(err(upper.join(&q)))?;
+            continue;
+        }
+        // An ancestor of a selected path: keep the directory, narrow inside it.
+        let st = lstat_at(dir, &name).map_err(err(upper.join(&q)))?;
+        let is_dir = st.is_some_and(|st| RawType::from_raw_mode(st.st_mode) == RawType::Directory);
+        let wanted = || {
+            only.iter()
+                .find(|o| o.starts_with(&q))
+                .cloned()
+                .unwrap_or_else(|| q.clone())
+        };
+        if !is_dir {
+            return Err(CowError::BadPath { path: wanted() });
+        }
+        let child = open_child_dir(dir, &name).map_err(err(upper.join(&q)))?;
+        if overlay::is_opaque(child.as_fd()) {
+            return Err(CowError::BadPath { path: wanted() });
+        }
+        prune(child.as_fd(), upper, &q, only)?;
+    }
+    Ok(())
+}

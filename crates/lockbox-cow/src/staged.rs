@@ -1,0 +1,116 @@
+//! A commit split at its commit point, for callers that keep their own write-ahead log
+//! (`lockbox-txn`): [`stage_upper`] does steps 1 and 3 of [`crate::commit`] (validate, stage,
+//! `syncfs`) and returns the [`CommitPlan`]; the caller makes the plan durable (its commit
+//! point) and then calls [`apply_staged`], which does steps 4 and 5 and can be redone after a
+//! crash any number of times; [`discard_staging`] rolls back a commit that never reached its
+//! commit point.
+//!
+//! The staging directory is `WORKDIR/.lockbox-commit-<key>`, so the existing reserved-name
+//! rule keeps it out of every change set.
+
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use crate::beneath::{self, remove_tree_at};
+use crate::commit::{self, CommitPlan, Plan, STAGING_PREFIX};
+use crate::meta::Timestamp;
+use crate::{CommitOptions, CommitReport, CowError};
+
+fn staging_name(key: &str) -> String {
+    format!("{STAGING_PREFIX}{key}")
+}
+
+fn open_workdir(workdir: &Path) -> Result<std::os::fd::OwnedFd, CowError> {
+    beneath::open_root(workdir).map_err(|source| CowError::OpenWorkdir {
+        path: workdir.to_owned(),
+        source,
+    })
+}
+
+/// Validates the change set of `upper` (an overlayfs upper layer, or a flattened stack of
+/// them: [`crate::flatten`]) against `workdir`, refusing special files, reserved names and,
+/// when `base` is given and `opts.force` is not, paths changed in the workdir since `base`
+/// ([`CowError::StaleBase`]). Unless `opts.dry_run`, then stages every new file and symlink
+/// in the staging directory named by `key` and makes it durable. Nothing in the workdir
+/// outside the staging directory changes.
+pub fn stage_upper(
+    upper: &Path,
+    workdir: &Path,
+    key: &str,
+    base: Option<Timestamp>,
+    opts: &CommitOptions,
+) -> Result<(CommitPlan, CommitReport), CowError> {
+    let root = open_workdir(workdir)?;
+    let mut report = commit::validate(upper, workdir, root.as_fd(), base, opts)?;
+    if opts.dry_run {
+        report.dry_run = true;
+        return Ok((CommitPlan::default(), report));
+    }
+    // Transactions stage whole layer unions: one syncfs (see `commit::SMALL`).
+    let plan = commit::stage(
+        upper,
+        workdir,
+        root.as_fd(),
+        OsStr::new(&staging_name(key)),
+        false,
+    )?;
+    Ok((plan.plan, report))
+}
+
+/// Applies a plan staged by [`stage_upper`] with the same `key`: renames the staged entries
+/// into place, makes and removes directories, sets directory metadata, `syncfs`, removes the
+/// staging directory and fsyncs the workdir. Safe to call again after a crash at any point of
+/// an earlier call (a staged entry already renamed is skipped). Once the staging directory
+/// is gone, calling it again is a no-op.
+pub fn apply_staged(workdir: &Path, key: &str, plan: &CommitPlan) -> Result<(), CowError> {
+    let root = open_workdir(workdir)?;
+    let name = staging_name(key);
+    let staging = match beneath::open_child_dir(root.as_fd(), OsStr::new(&name)) {
+        Ok(fd) => fd,
+        // Gone: a previous apply finished (the staging directory is removed last).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(CowError::Stage {
+                path: name.into(),
+                source,
+            })
+        }
+    };
+    let plan = Plan {
+        staging,
+        plan: plan.clone(),
+        small: false,
+    };
+    commit::apply(root.as_fd(), &plan, true)?;
+    commit::finish(root.as_fd(), &plan)?;
+    drop(plan);
+    remove_tree_at(root.as_fd(), OsStr::new(&name)).map_err(|source| CowError::Delete {
+        path: name.clone().into(),
+        source,
+    })?;
+    rustix::fs::fsync(&root).map_err(|e| CowError::Fsync {
+        path: workdir.to_owned(),
+        source: e.into(),
+    })
+}
+
+/// Removes the staging directory of `key` (a commit rolled back before its commit point) and
+/// fsyncs the workdir. A missing staging directory is not an error.
+pub fn discard_staging(workdir: &Path, key: &str) -> Result<(), CowError> {
+    let root = open_workdir(workdir)?;
+    let name = staging_name(key);
+    remove_tree_at(root.as_fd(), OsStr::new(&name)).map_err(|source| CowError::Delete {
+        path: name.into(),
+        source,
+    })?;
+    rustix::fs::fsync(&root).map_err(|e| CowError::Fsync {
+        path: workdir.to_owned(),
+        source: e.into(),
+    })
+}
+
+/// True if the staging directory of `key` exists in `workdir`.
+pub fn staging_exists(workdir: &Path, key: &str) -> bool {
+    workdir.join(staging_name(key)).symlink_metadata().is_ok()
+}

@@ -1,0 +1,346 @@
+//! The commit protocol and recovery.
+//!
+//! Commit (under the workdir lock):
+//! 1. record state `committing` (durable);
+//! 2. **stage**: validate the flattened union against the workdir (optimistic base check),
+//!    copy every new file and symlink into `WORKDIR/.lockbox-commit-<id>/`, `syncfs`
+//!    ([`lockbox_cow::stage_upper`]);
+//! 3. **intent**: write the checksummed [`Intent`] (the plan) to `intent.json`, durable —
+//!    *the commit point*;
+//! 4. **apply** by renames, then directory metadata, `syncfs`, remove staging
+//!    ([`lockbox_cow::apply_staged`], redo-safe);
+//! 5. record state `committed`, remove the intent and the layers.
+//!
+//! A crash before 3 leaves at most a staging directory (and state `committing`): recovery
+//! removes it and marks the transaction aborted (roll back). A crash after 3 leaves a valid
+//! intent: recovery redoes 4 and 5 (roll forward). A torn intent fails its checksum and
+//! counts as absent — and since its rename is the last step of writing it, a torn one can
+//! only exist before the commit point.
+
+use std::path::{Path, PathBuf};
+
+use lockbox_cow::{CommitOptions, CommitReport};
+
+use crate::lock;
+use crate::record::{self, Intent, TxnState, INTENT_FILE};
+use crate::store::{self, ListedTxn, TxnDir};
+use crate::{TxnError, TxnId};
+
+/// Commits a prepared transaction (its `merged/` holds the union of its layers).
+/// `force` skips the optimistic base check.
+pub(crate) fn commit(
+    txn: &mut TxnDir,
+    holding_lock: bool,
+    force: bool,
+) -> Result<CommitReport, TxnError> {
+    let _lock = if holding_lock {
+        None
+    } else {
+        Some(lock::acquire(&txn.state_dir, txn.workdir(), None)?)
+    };
+    recover_locked(&txn.state_dir, txn.workdir(), Some(txn.id()))?;
+    txn.set_state(TxnState::Committing)?;
+    let key = txn.id().as_str().to_owned();
+    let staged = lockbox_cow::stage_upper(
+        &txn.merged_dir(),
+        txn.workdir(),
+        &key,
+        (!force).then_some(txn.record.base_ctime),
+        &CommitOptions::default(),
+    );
+    let (plan, report) = match staged {
+        Ok(s) => s,
+        Err(e) => {
+            roll_back(txn)?;
+            return Err(e.into());
+        }
+    };
+    let intent = Intent {
+        id: txn.id().clone(),
+        workdir: txn.workdir().to_owned(),
+        plan,
+    };
+    if let Err(e) = record::write(&txn.dir, INTENT_FILE, "intent", &intent) {
+        roll_back(txn)?;
+        return Err(e);
+    }
+    // The commit point has passed: from here on, failures are finished by recovery.
+    lockbox_cow::apply_staged(txn.workdir(), &key, &intent.plan).map_err(|source| {
+        TxnError::Apply {
+            id: txn.id().clone(),
+            source,
+        }
+    })?;
+    mark_committed(txn, Some(report.clone()))?;
+    Ok(report)
+}
+
+fn mark_committed(txn: &mut TxnDir, report: Option<CommitReport>) -> Result<(), TxnError> {
+    if report.is_some() {
+        txn.record.report = report;
+    }
+    txn.set_state(TxnState::Committed)?;
+    remove_intent(txn)?;
+    txn.discard_data()
+}
+
+fn remove_intent(txn: &TxnDir) -> Result<(), TxnError> {
+    let path = txn.dir.join(INTENT_FILE);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(TxnError::WriteRecord { path, source: e })
+        }
+        _ => {}
+    }
+    lockbox_cow::fsync_dir(&txn.dir).map_err(|source| TxnError::WriteRecord {
+        path: txn.dir.clone(),
+        source,
+    })
+}
+
+/// Rolls back a commit that did not reach (or undoes a failed write of) its commit point:
+/// the intent goes first (durably), then the staging directory, so a crash in between can
+/// never leave an intent without its staged data.
+fn roll_back(txn: &mut TxnDir) -> Result<(), TxnError> {
+    remove_intent(txn)?;
+    lockbox_cow::discard_staging(txn.workdir(), txn.id().as_str())?;
+    abort(txn)
+}
+
+/// Marks a transaction that never touched the workdir aborted and frees its data.
+pub(crate) fn abort(txn: &mut TxnDir) -> Result<(), TxnError> {
+    txn.set_state(TxnState::Aborted)?;
+    txn.discard_data()
+}
+
+/// What [`recover`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RecoveryReport {
+    /// Interrupted after the commit point: applied.
+    pub rolled_forward: Vec<TxnId>,
+    /// Interrupted before the commit point: staging removed, aborted.
+    pub rolled_back: Vec<TxnId>,
+    /// Running when their owner died: aborted (they never touched the workdir).
+    pub abandoned: Vec<TxnId>,
+    /// Directories without a readable record (left alone).
+    pub damaged: Vec<PathBuf>,
+}
+
+/// Finishes or rolls back every interrupted transaction in `state_dir` (only those over
+/// `workdir`, if given): after the commit point → roll forward; before → roll back (remove
+/// staging). Transactions that are prepared, or running in a live process, are left alone.
+pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryReport, TxnError> {
+    let filter = match workdir {
+        Some(w) => Some(std::fs::canonicalize(w).map_err(|source| TxnError::Store {
+            path: w.to_owned(),
+            source,
+        })?),
+        None => None,
+    };
+    let mut report = RecoveryReport::default();
+    let mut workdirs: Vec<PathBuf> = Vec::new();
+    for listed in store::list(state_dir)? {
+        match listed {
+            ListedTxn::Ok(r) => {
+                if filter.as_ref().is_none_or(|w| *w == r.workdir) && !workdirs.contains(&r.workdir)
+                {
+                    workdirs.push(r.workdir);
+                }
+            }
+            ListedTxn::Damaged { dir, .. } => report.damaged.push(dir),
+        }
+    }
+    for w in workdirs {
+        let _lock = lock::acquire(state_dir, &w, None)?;
+        let one = recover_locked(state_dir, &w, None)?;
+        report.rolled_forward.extend(one.rolled_forward);
+        report.rolled_back.extend(one.rolled_back);
+        report.abandoned.extend(one.abandoned);
+    }
+    Ok(report)
+}
+
+fn owner_alive(pid: u32) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Recovery of one workdir's transactions; the caller holds its lock, so no live commit
+/// runs on it. `skip` is the caller's own transaction.
+fn recover_locked(
+    state_dir: &Path,
+    workdir: &Path,
+    skip: Option<&TxnId>,
+) -> Result<RecoveryReport, TxnError> {
+    let mut report = RecoveryReport::default();
+    for listed in store::list(state_dir)? {
+        let ListedTxn::Ok(r) = listed else { continue };
+        if r.workdir != workdir || Some(&r.id) == skip {
+            continue;
+        }
+        let mut txn = TxnDir::open(state_dir, &r.id)?;
+        match txn.record.state {
+            TxnState::Committing => {
+                let intent: Option<Intent> =
+                    record::read(&txn.dir.join(INTENT_FILE), "intent").unwrap_or(None);
+                match intent {
+                    Some(intent) if intent.id == r.id => {
+                        lockbox_cow::apply_staged(workdir, r.id.as_str(), &intent.plan).map_err(
+                            |source| TxnError::Apply {
+                                id: r.id.clone(),
+                                source,
+                            },
+                        )?;
+                        mark_committed(&mut txn, None)?;
+                        report.rolled_forward.push(r.id);
+                    }
+                    _ => {
+                        roll_back(&mut txn)?;
+                        report.rolled_back.push(r.id);
+                    }
+                }
+            }
+            TxnState::Running if !owner_alive(r.owner_pid) => {
+                abort(&mut txn)?;
+                report.abandoned.push(r.id);
+            }
+            TxnState::Committed | TxnState::Aborted => {
+                // Leftovers of a cleanup that a crash interrupted.
+                if txn.dir.join(INTENT_FILE).exists() {
+                    remove_intent(&txn)?;
+                }
+                txn.discard_data()?;
+            }
+            TxnState::Running | TxnState::Prepared => {}
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Recovery from each state a crash can leave, built by hand (the SIGKILL torture test
+    //! in `tests/crash.rs` reaches them at random).
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::record::TxnKind;
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        state: PathBuf,
+        work: PathBuf,
+        txn: TxnDir,
+    }
+
+    /// A prepared transaction whose merged layer adds `new` and replaces `old`.
+    fn prepared() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::write(work.join("old"), "old").unwrap();
+        let mut txn = TxnDir::begin(&state, &work, TxnKind::Pipeline).unwrap();
+        let merged = txn.merged_dir();
+        std::fs::create_dir(&merged).unwrap();
+        std::fs::write(merged.join("new"), "new").unwrap();
+        std::fs::write(merged.join("old"), "replaced").unwrap();
+        txn.set_state(TxnState::Prepared).unwrap();
+        let work = std::fs::canonicalize(work).unwrap();
+        Fixture {
+            _tmp: tmp,
+            state,
+            work,
+            txn,
+        }
+    }
+
+    /// Stages and (optionally) writes the intent, as a commit killed right after would.
+    fn crash_after_staging(f: &mut Fixture, intent: bool) {
+        f.txn.set_state(TxnState::Committing).unwrap();
+        let id = f.txn.id().as_str().to_owned();
+        let (plan, _) = lockbox_cow::stage_upper(
+            &f.txn.merged_dir(),
+            &f.work,
+            &id,
+            None,
+            &CommitOptions::default(),
+        )
+        .unwrap();
+        if intent {
+            let intent = Intent {
+                id: f.txn.id().clone(),
+                workdir: f.work.clone(),
+                plan,
+            };
+            record::write(&f.txn.dir, INTENT_FILE, "intent", &intent).unwrap();
+        }
+    }
+
+    fn state_of(f: &Fixture) -> TxnState {
+        TxnDir::open(&f.state, f.txn.id()).unwrap().record.state
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn staged_but_no_intent_rolls_back() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, false);
+        assert_eq!(names(&f.work).len(), 2, "staging exists");
+        let report = recover(&f.state, Some(&f.work)).unwrap();
+        assert_eq!(report.rolled_back, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["old"]);
+        assert_eq!(std::fs::read_to_string(f.work.join("old")).unwrap(), "old");
+        assert_eq!(state_of(&f), TxnState::Aborted);
+    }
+
+    #[test]
+    fn a_torn_intent_counts_as_absent_and_rolls_back() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, true);
+        let path = f.txn.dir.join(INTENT_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.rolled_back.len(), 1);
+        assert_eq!(names(&f.work), ["old"]);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_durable_intent_rolls_forward() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, true);
+        let report = recover(&f.state, Some(&f.work)).unwrap();
+        assert_eq!(report.rolled_forward, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["new", "old"]);
+        assert_eq!(
+            std::fs::read_to_string(f.work.join("old")).unwrap(),
+            "replaced"
+        );
+        assert_eq!(state_of(&f), TxnState::Committed);
+        assert!(!f.txn.dir.join(INTENT_FILE).exists());
+        // Recovering again changes nothing.
+        assert_eq!(recover(&f.state, None).unwrap(), RecoveryReport::default());
+    }
+
+    #[test]
+    fn a_running_transaction_of_a_dead_owner_is_abandoned_but_a_prepared_one_is_kept() {
+        let mut f = prepared();
+        f.txn.record.owner_pid = u32::MAX;
+        f.txn.set_state(TxnState::Prepared).unwrap();
+        assert_eq!(recover(&f.state, None).unwrap(), RecoveryReport::default());
+        f.txn.set_state(TxnState::Running).unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.abandoned, [f.txn.id().clone()]);
+        assert_eq!(state_of(&f), TxnState::Aborted);
+        assert!(!f.txn.merged_dir().exists());
+        assert_eq!(names(&f.work), ["old"]);
+    }
+}

@@ -1,0 +1,362 @@
+//! [`Pipeline`]: sequential stages, read-committed. Stage N runs on an overlay of the
+//! workdir with lowers `[stage N-1 upper, ..., stage 1 upper, workdir]` (finished layers
+//! only, so overlayfs never sees a lower layer change) and its own upper; its stdout is
+//! captured and becomes stage N+1's stdin. If every stage succeeds, the layers are flattened
+//! into one and committed as one unit; otherwise nothing is.
+
+use std::path::{Path, PathBuf};
+
+use lockbox_cow::ChangeSet;
+
+use crate::capture::pipe;
+use crate::capture::{Output, DEFAULT_MEMORY_BOUND};
+use crate::gather::{merge, ConflictPolicy};
+use crate::lock::{self, LockPolicy, WorkdirLock};
+use crate::outcome::{AbortReason, TxnOutcome};
+use crate::prepared::{PreparedTxn, Selection};
+use crate::record::{TxnKind, TxnState};
+use crate::stage::{self, Input, Io, Job, Ran, Stage, View};
+use crate::store::{remove_tree, TxnDir};
+use crate::{commit, TxnError};
+
+/// A transactional pipeline over one workdir.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    state_dir: PathBuf,
+    workdir: PathBuf,
+    stages: Vec<Stage>,
+    stdin: Vec<u8>,
+    memory_bound: usize,
+    lock: LockPolicy,
+    selection: Selection,
+    stream: Option<ConflictPolicy>,
+}
+
+impl Pipeline {
+    /// An empty pipeline over `workdir`, keeping its records in `state_dir`.
+    pub fn new(state_dir: &Path, workdir: &Path) -> Pipeline {
+        Pipeline {
+            state_dir: state_dir.to_owned(),
+            workdir: workdir.to_owned(),
+            stages: Vec::new(),
+            stdin: Vec::new(),
+            memory_bound: DEFAULT_MEMORY_BOUND,
+            lock: LockPolicy::default(),
+            selection: Selection::default(),
+            stream: None,
+        }
+    }
+
+    /// Appends a stage.
+    pub fn stage(mut self, stage: Stage) -> Pipeline {
+        self.stages.push(stage);
+        self
+    }
+
+    /// The first stage's stdin (default: empty).
+    pub fn stdin(mut self, bytes: Vec<u8>) -> Pipeline {
+        self.stdin = bytes;
+        self
+    }
+
+    /// How many bytes of a stage's stdout are kept in memory before spilling to a file.
+    pub fn memory_bound(mut self, bytes: usize) -> Pipeline {
+        self.memory_bound = bytes;
+        self
+    }
+
+    /// Runs the stages concurrently with live pipes between them instead of one after
+    /// another. Every stage then sees the pre-transaction workdir (snapshot), and their
+    /// layers are merged like gather siblings under `conflicts`. Retries do not apply (a
+    /// live pipe cannot be replayed).
+    pub fn stream(mut self, conflicts: ConflictPolicy) -> Pipeline {
+        self.stream = Some(conflicts);
+        self
+    }
+
+    /// Commit only part of the changes (see [`Selection`]).
+    pub fn select(mut self, selection: Selection) -> Pipeline {
+        self.selection = selection;
+        self
+    }
+
+    /// Concurrency control against other transactions on the workdir.
+    pub fn lock(mut self, lock: LockPolicy) -> Pipeline {
+        self.lock = lock;
+        self
+    }
+
+    /// Runs every stage and commits on success.
+    pub fn run(&self) -> Result<TxnOutcome, TxnError> {
+        let prepared = self.prepare()?;
+        if prepared.all_succeeded() {
+            prepared.commit()
+        } else {
+            Ok(prepared.outcome().clone())
+        }
+    }
+
+    /// Runs every stage, reports the union of changes, commits nothing.
+    pub fn dry_run(&self) -> Result<TxnOutcome, TxnError> {
+        let mut prepared = self.prepare()?;
+        if prepared.all_succeeded() {
+            prepared.abort_with(AbortReason::DryRun)
+        } else {
+            Ok(prepared.outcome().clone())
+        }
+    }
+
+    /// Runs every stage and keeps the layers: the returned [`PreparedTxn`] commits or aborts
+    /// (and aborts when dropped). If a stage fails the transaction is aborted at once and
+    /// the prepared value only carries the outcome.
+    pub fn prepare(&self) -> Result<PreparedTxn, TxnError> {
+        if self.stages.is_empty() {
+            return Err(TxnError::Usage {
+                reason: "a pipeline needs at least one stage".into(),
+            });
+        }
+        let lock = hold_lock(&self.state_dir, &self.workdir, self.lock)?;
+        let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, TxnKind::Pipeline)?;
+        let ran = match self.stream {
+            Some(policy) => self.run_streamed(&mut txn, policy),
+            None => self.run_stages(&mut txn),
+        };
+        match ran {
+            Ok((outcome, true)) => {
+                let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);
+                if !self.selection.is_all() {
+                    // On error the prepared transaction is dropped, which aborts it.
+                    prepared.select(&self.selection)?;
+                }
+                Ok(prepared)
+            }
+            Ok((outcome, false)) => {
+                commit::abort(&mut txn)?;
+                Ok(PreparedTxn::new(None, outcome, None))
+            }
+            Err(e) => {
+                // The error that matters is `e`; the record stays `running` if this fails
+                // too, and recovery aborts it once this process is gone.
+                let _ = commit::abort(&mut txn);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the stages; `Ok((outcome, prepared))`.
+    fn run_stages(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
+        let workdir = txn.workdir().to_owned();
+        let mut outcome = empty_outcome(txn);
+        let mut uppers: Vec<PathBuf> = Vec::new();
+        let mut previous = Output::Memory(self.stdin.clone());
+        for (i, stage) in self.stages.iter().enumerate() {
+            let mut stage = stage.clone();
+            if stage.name.is_empty() {
+                stage.name = format!("stage-{}", i + 1);
+            }
+            let mut lowers: Vec<PathBuf> = uppers.iter().rev().cloned().collect();
+            lowers.push(workdir.clone());
+            let job = Job {
+                stage: &stage,
+                workdir: &workdir,
+                lowers,
+                input: Input::Output(&previous),
+                spill: txn.out_dir().join(i.to_string()),
+                memory_bound: self.memory_bound,
+                env: &[],
+                reads: &[],
+            };
+            let layers: &TxnDir = txn;
+            let (ran, upper) = stage::run_with_retries(&job, || layers.new_layer(i))?;
+            txn.record.stages.push(ran.result.clone());
+            txn.save()?;
+            outcome.stages.push(ran.result.clone());
+            if let Some(reason) = AbortReason::of_stage(i, &ran.result) {
+                outcome.abort_reason = Some(reason);
+                outcome.stdout = keep_stdout(txn, ran.stdout)?;
+                return Ok((outcome, false));
+            }
+            uppers.push(upper);
+            previous = ran.stdout;
+        }
+        outcome.stdout = keep_stdout(txn, previous)?;
+        let top_first: Vec<PathBuf> = uppers.into_iter().rev().collect();
+        finish_prepare(txn, &top_first, &mut outcome)?;
+        Ok((outcome, true))
+    }
+}
+
+impl Pipeline {
+    fn named_stages(&self) -> Vec<Stage> {
+        let mut stages = self.stages.clone();
+        for (i, s) in stages.iter_mut().enumerate() {
+            if s.name.is_empty() {
+                s.name = format!("stage-{}", i + 1);
+            }
+        }
+        stages
+    }
+
+    /// `--stream`: all stages at once, stdout of each piped live into the next.
+    fn run_streamed(
+        &self,
+        txn: &mut TxnDir,
+        policy: ConflictPolicy,
+    ) -> Result<(TxnOutcome, bool), TxnError> {
+        let workdir = txn.workdir().to_owned();
+        let mut outcome = empty_outcome(txn);
+        let stages = self.named_stages();
+        let mut views = Vec::new();
+        for i in 0..stages.len() {
+            let (upper, work) = txn.new_layer(i)?;
+            views.push(View {
+                workdir: &workdir,
+                lowers: vec![workdir.clone()],
+                upper,
+                work,
+            });
+        }
+        let spill = txn.out_dir().join((stages.len() - 1).to_string());
+        let ran = self.spawn_streamed(&stages, &views, &spill)?;
+        let mut last = Output::default();
+        for r in ran {
+            let r = r?;
+            txn.record.stages.push(r.result.clone());
+            outcome.stages.push(r.result);
+            last = r.stdout;
+        }
+        txn.save()?;
+        for view in &views {
+            remove_tree(&view.work)?;
+        }
+        outcome.stdout = keep_stdout(txn, last)?;
+        if let Some(reason) = outcome
+            .stages
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| AbortReason::of_stage(i, r))
+        {
+            outcome.abort_reason = Some(reason);
+            return Ok((outcome, false));
+        }
+        let uppers: Vec<PathBuf> = views.iter().map(|v| v.upper.clone()).collect();
+        if !merge(txn, &stages, &uppers, policy, &mut outcome)? {
+            return Ok((outcome, false));
+        }
+        finish_prepare(txn, &[], &mut outcome)?;
+        Ok((outcome, true))
+    }
+
+    /// Runs all `stages` at once on their `views`: stage i reads the pipe stage i-1 writes
+    /// (the first reads the pipeline's stdin, fed by a thread); the last stdout is captured.
+    fn spawn_streamed(
+        &self,
+        stages: &[Stage],
+        views: &[View<'_>],
+        spill: &Path,
+    ) -> Result<Vec<Result<Ran, TxnError>>, TxnError> {
+        let io_err = |source| TxnError::Stdio {
+            stage: "pipeline".into(),
+            source,
+        };
+        let (first_r, first_w) = pipe().map_err(io_err)?;
+        let mut feeder = Some((first_w, self.stdin.as_slice()));
+        let mut stdins = vec![first_r];
+        let mut stdouts = Vec::new();
+        for _ in 1..stages.len() {
+            let (r, w) = pipe().map_err(io_err)?;
+            stdins.push(r);
+            stdouts.push(Some(w));
+        }
+        stdouts.push(None);
+        let bound = self.memory_bound;
+        Ok(std::thread::scope(|scope| {
+            let handles: Vec<_> = stdins
+                .into_iter()
+                .zip(stdouts)
+                .enumerate()
+                .map(|(i, (stdin, stdout))| {
+                    let io = Io {
+                        stdin,
+                        feeder: if i == 0 { feeder.take() } else { None },
+                        stdout,
+                    };
+                    let (stage, view) = (&stages[i], &views[i]);
+                    scope.spawn(move || stage::run_io(stage, view, io, spill, bound, &[], &[]))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TxnError::Usage {
+                            reason: "a stage thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        }))
+    }
+}
+
+pub(crate) fn empty_outcome(txn: &TxnDir) -> TxnOutcome {
+    TxnOutcome {
+        id: txn.id().clone(),
+        committed: false,
+        stages: Vec::new(),
+        changes: ChangeSet::default(),
+        conflicts: Vec::new(),
+        markers: Vec::new(),
+        abort_reason: None,
+        report: None,
+        stdout: Output::default(),
+    }
+}
+
+/// Flattens `layers` (top first) into `merged/`, computes the change set, records
+/// `prepared`.
+pub(crate) fn finish_prepare(
+    txn: &mut TxnDir,
+    layers: &[PathBuf],
+    outcome: &mut TxnOutcome,
+) -> Result<(), TxnError> {
+    let merged = txn.merged_dir();
+    if !merged.exists() {
+        std::fs::create_dir(&merged).map_err(|source| TxnError::Store {
+            path: merged.clone(),
+            source,
+        })?;
+    }
+    lockbox_cow::flatten(layers, &merged)?;
+    outcome.changes = ChangeSet::compute(&merged, txn.workdir())?;
+    txn.set_state(TxnState::Prepared)
+}
+
+/// A spilled final stdout is moved next to the record, so it outlives the layers.
+pub(crate) fn keep_stdout(txn: &TxnDir, out: Output) -> Result<Output, TxnError> {
+    match out {
+        Output::Memory(_) => Ok(out),
+        Output::File { .. } => {
+            let to = txn.dir.join("stdout");
+            out.persist(&to)
+                .map_err(|source| TxnError::Store { path: to, source })
+        }
+    }
+}
+
+pub(crate) fn hold_lock(
+    state_dir: &Path,
+    workdir: &Path,
+    policy: LockPolicy,
+) -> Result<Option<WorkdirLock>, TxnError> {
+    let wait = match policy {
+        LockPolicy::Optimistic => return Ok(None),
+        LockPolicy::FailIfBusy => Some(std::time::Duration::ZERO),
+        LockPolicy::Wait(d) => d,
+    };
+    let workdir = std::fs::canonicalize(workdir).map_err(|source| TxnError::Store {
+        path: workdir.to_owned(),
+        source,
+    })?;
+    lock::acquire(state_dir, &workdir, wait).map(Some)
+}

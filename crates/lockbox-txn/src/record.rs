@@ -1,0 +1,200 @@
+//! Durable records of the transaction store: the transaction record (`record.json`) and the
+//! write-ahead-log intent (`intent.json`).
+//!
+//! On disk both are `{"format_version": 1, "kind": "...", "checksum": "crc32:XXXXXXXX",
+//! "record": {...}}`, the checksum being a CRC-32 of the canonical JSON of `record` (sorted
+//! keys), written temp file + fsync + rename + fsync of the directory. A record that fails
+//! to parse, has another version or kind, or whose checksum does not match is refused as a
+//! whole: a torn write can never be mistaken for a valid one.
+
+use std::path::{Path, PathBuf};
+
+use lockbox_cow::{CommitPlan, CommitReport, Timestamp};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::{StageResult, TxnError, TxnId};
+
+/// The format version of every record this crate writes.
+pub const RECORD_FORMAT_VERSION: u32 = 1;
+
+/// The file name of the transaction record.
+pub(crate) const RECORD_FILE: &str = "record.json";
+/// The file name of the WAL intent: its durable presence is the commit point.
+pub(crate) const INTENT_FILE: &str = "intent.json";
+
+/// Where a transaction is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnState {
+    /// Stages are running (or the owner died while they were).
+    Running,
+    /// Every stage ran; the layers are kept until `commit` or `abort`.
+    Prepared,
+    /// A commit started (staging may exist in the workdir; the intent may be written).
+    Committing,
+    /// Applied to the workdir.
+    Committed,
+    /// Rolled back; the workdir was never touched.
+    Aborted,
+}
+
+impl TxnState {
+    /// The lowercase name used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnState::Running => "running",
+            TxnState::Prepared => "prepared",
+            TxnState::Committing => "committing",
+            TxnState::Committed => "committed",
+            TxnState::Aborted => "aborted",
+        }
+    }
+}
+
+/// What kind of group of sandboxes a transaction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnKind {
+    /// Sequential stages (read-committed).
+    Pipeline,
+    /// Parallel sources on snapshots, then a consumer.
+    Gather,
+}
+
+/// The durable description of a transaction (`STATE/txns/<id>/record.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TxnRecord {
+    /// The id (also the directory name).
+    pub id: TxnId,
+    /// Pipeline or gather.
+    pub kind: TxnKind,
+    /// The workdir, canonical.
+    pub workdir: PathBuf,
+    /// Where the transaction is in its life.
+    pub state: TxnState,
+    /// The optimistic-concurrency reference: ctime the kernel gave the transaction's fresh
+    /// `base/` directory when it began. A workdir entry with a ctime `>=` this changed since.
+    pub base_ctime: Timestamp,
+    /// The process that runs the transaction (for detecting a dead owner).
+    pub owner_pid: u32,
+    /// Every stage's result so far.
+    pub stages: Vec<StageResult>,
+    /// What the commit did, once committed.
+    pub report: Option<CommitReport>,
+}
+
+/// The write-ahead-log intent: everything needed to redo the apply after a crash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intent {
+    /// The transaction.
+    pub id: TxnId,
+    /// The workdir the plan applies to.
+    pub workdir: PathBuf,
+    /// The staged plan (staging directory `.lockbox-commit-<id>` in the workdir).
+    pub plan: CommitPlan,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    format_version: u32,
+    kind: String,
+    checksum: String,
+    record: serde_json::Value,
+}
+
+fn checksum(value: &serde_json::Value) -> Result<String, serde_json::Error> {
+    Ok(format!(
+        "crc32:{:08x}",
+        lockbox_cow::crc32(&serde_json::to_vec(value)?)
+    ))
+}
+
+/// Writes `record` as `dir/name` durably.
+pub(crate) fn write<T: Serialize>(
+    dir: &Path,
+    name: &str,
+    kind: &str,
+    record: &T,
+) -> Result<(), TxnError> {
+    let path = dir.join(name);
+    let err = |source| TxnError::WriteRecord {
+        path: path.clone(),
+        source,
+    };
+    let bytes = (|| {
+        let value = serde_json::to_value(record)?;
+        serde_json::to_vec_pretty(&Envelope {
+            format_version: RECORD_FORMAT_VERSION,
+            kind: kind.to_owned(),
+            checksum: checksum(&value)?,
+            record: value,
+        })
+    })()
+    .map_err(|e| err(e.into()))?;
+    lockbox_cow::write_atomic(dir, name, &bytes).map_err(err)
+}
+
+/// Reads and verifies `path`; `Ok(None)` if it does not exist.
+pub(crate) fn read<T: DeserializeOwned>(path: &Path, kind: &str) -> Result<Option<T>, TxnError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(TxnError::ReadRecord {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    let corrupt = |reason: String| TxnError::CorruptRecord {
+        path: path.to_owned(),
+        reason,
+    };
+    let env: Envelope = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    if env.format_version != RECORD_FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "format version {} (this lockbox reads {RECORD_FORMAT_VERSION})",
+            env.format_version
+        )));
+    }
+    if env.kind != kind {
+        return Err(corrupt(format!("a {} record, expected {kind}", env.kind)));
+    }
+    let sum = checksum(&env.record).map_err(|e| corrupt(e.to_string()))?;
+    if sum != env.checksum {
+        return Err(corrupt(format!(
+            "checksum mismatch: recorded {}, computed {sum}",
+            env.checksum
+        )));
+    }
+    serde_json::from_value(env.record)
+        .map(Some)
+        .map_err(|e| corrupt(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tampered_or_torn_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let intent = Intent {
+            id: TxnId::generate(),
+            workdir: "/w".into(),
+            plan: CommitPlan::default(),
+        };
+        write(dir.path(), INTENT_FILE, "intent", &intent).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join(INTENT_FILE);
+        let back: Option<Intent> = read(&path, "intent").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, Some(intent));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, text.replace("/w", "/x")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(read::<Intent>(&path, "intent").is_err());
+        std::fs::write(&path, &text.as_bytes()[..text.len() / 2]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(read::<Intent>(&path, "intent").is_err());
+        assert!(read::<Intent>(&dir.path().join("none"), "intent")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_none());
+    }
+}

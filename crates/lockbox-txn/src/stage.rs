@@ -1,0 +1,325 @@
+//! Running one stage (or gather source, or consumer) of a transaction: its sandbox on an
+//! overlay of the workdir, its stdio, its [`StageResult`].
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lockbox_confine::{Status, Stdio, Waited};
+use lockbox_policy::{Overlay, OverlayUpper, Policy};
+
+use crate::capture::{self, Output};
+use crate::TxnError;
+
+/// One command of a transaction: a name, its policy and its argv. The coordinator adds the
+/// workdir overlay to the policy; everything else (reads, limits, timeout, env) is the
+/// caller's.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// A name for reports (`stage-1`, ... unless set; for gather sources the source name).
+    pub name: String,
+    /// The sandbox policy.
+    pub policy: Policy,
+    /// The command.
+    pub argv: Vec<OsString>,
+    /// How many times a failed run is retried, each time on a fresh upper layer (the failed
+    /// attempt's writes are discarded) and with the same stdin.
+    pub retries: u32,
+}
+
+impl Stage {
+    /// A stage running `argv` under `policy`.
+    pub fn new(policy: Policy, argv: Vec<OsString>) -> Stage {
+        Stage {
+            name: String::new(),
+            policy,
+            argv,
+            retries: 0,
+        }
+    }
+
+    /// A stage running `/bin/sh -c script` under `policy`.
+    pub fn sh(policy: Policy, script: &str) -> Stage {
+        Stage::new(policy, vec!["/bin/sh".into(), "-c".into(), script.into()])
+    }
+
+    /// Sets the name.
+    pub fn named(mut self, name: &str) -> Stage {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Sets how many times a failed run is retried.
+    pub fn retries(mut self, retries: u32) -> Stage {
+        self.retries = retries;
+        self
+    }
+}
+
+/// How one stage ended. Always present for every stage that ran, even when the transaction
+/// aborted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StageResult {
+    /// The stage's name.
+    pub name: String,
+    /// The exit code as `lockbox run` gives it (128+N for signal N, 124 timeout, 125 setup
+    /// failure, 127 not found).
+    pub exit_code: i32,
+    /// The signal that killed the command, if any.
+    pub signal: Option<i32>,
+    /// Stopped because its policy's timeout expired.
+    pub timed_out: bool,
+    /// Wall-clock time.
+    pub duration: Duration,
+    /// The last bytes of its stderr ([`crate::STDERR_TAIL`]), lossily decoded.
+    pub stderr_tail: String,
+    /// Bytes it wrote to stdout.
+    pub stdout_len: u64,
+    /// The setup error, when the sandbox could not be set up (exit code 125).
+    pub setup_error: Option<String>,
+    /// How many times it ran (1 + retries used).
+    pub attempts: u32,
+}
+
+impl StageResult {
+    /// Exited 0 in time.
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == 0 && !self.timed_out && self.setup_error.is_none()
+    }
+}
+
+/// Where a stage's stdin comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Input<'a> {
+    /// `/dev/null`.
+    Null,
+    /// The bytes of an earlier output.
+    Output(&'a Output),
+}
+
+/// The overlay a stage sees: `lowers` top first (ending with the workdir), its own upper.
+pub(crate) struct View<'a> {
+    pub(crate) workdir: &'a Path,
+    pub(crate) lowers: Vec<PathBuf>,
+    pub(crate) upper: PathBuf,
+    pub(crate) work: PathBuf,
+}
+
+pub(crate) struct Ran {
+    pub(crate) result: StageResult,
+    pub(crate) stdout: Output,
+}
+
+/// Runs `stage` on `view`, stdin from `input`, stdout captured (spilling to `spill`),
+/// stderr's tail kept. `extra_env` is added to the stage's environment and `extra_reads`
+/// to the paths it may read.
+pub(crate) fn run(
+    stage: &Stage,
+    view: &View<'_>,
+    input: Input<'_>,
+    spill: &Path,
+    memory_bound: usize,
+    extra_env: &[(String, String)],
+    extra_reads: &[PathBuf],
+) -> Result<Ran, TxnError> {
+    let io_err = |source| TxnError::Stdio {
+        stage: stage.name.clone(),
+        source,
+    };
+    let (stdin, feeder): (OwnedFd, Option<(OwnedFd, &[u8])>) = match input {
+        Input::Null => (File::open("/dev/null").map_err(io_err)?.into(), None),
+        Input::Output(Output::File { path, .. }) => {
+            (File::open(path).map_err(io_err)?.into(), None)
+        }
+        Input::Output(Output::Memory(bytes)) => {
+            let (r, w) = capture::pipe().map_err(io_err)?;
+            (r, Some((w, bytes.as_slice())))
+        }
+    };
+    let io = Io {
+        stdin,
+        feeder,
+        stdout: None,
+    };
+    run_io(stage, view, io, spill, memory_bound, extra_env, extra_reads)
+}
+
+/// A stage's stdin (and the bytes a thread feeds into it, if it is a pipe from memory), and
+/// where its stdout goes (`None`: captured).
+pub(crate) struct Io<'a> {
+    pub(crate) stdin: OwnedFd,
+    pub(crate) feeder: Option<(OwnedFd, &'a [u8])>,
+    pub(crate) stdout: Option<OwnedFd>,
+}
+
+/// Runs `stage` with the given stdio; stdout is captured unless `io.stdout` is given.
+pub(crate) fn run_io(
+    stage: &Stage,
+    view: &View<'_>,
+    io: Io<'_>,
+    spill: &Path,
+    memory_bound: usize,
+    extra_env: &[(String, String)],
+    extra_reads: &[PathBuf],
+) -> Result<Ran, TxnError> {
+    let io_err = |source| TxnError::Stdio {
+        stage: stage.name.clone(),
+        source,
+    };
+    let Io {
+        stdin,
+        feeder,
+        stdout: stdout_to,
+    } = io;
+    let mut policy = stage.policy.clone();
+    policy.fs.overlays.push(Overlay {
+        target: view.workdir.to_owned(),
+        lowers: view.lowers.clone(),
+        upper: Some(OverlayUpper {
+            upper: view.upper.clone(),
+            work: view.work.clone(),
+            max_size: None,
+        }),
+    });
+    policy.fs.read.extend(extra_reads.iter().cloned());
+    for (k, v) in extra_env {
+        policy.env.set.insert(k.clone(), v.clone());
+    }
+    let (out_r, out_w) = match stdout_to {
+        Some(fd) => (None, fd),
+        None => {
+            let (r, w) = capture::pipe().map_err(io_err)?;
+            (Some(r), w)
+        }
+    };
+    let (err_r, err_w) = capture::pipe().map_err(io_err)?;
+    let started = Instant::now();
+    let stdio = Stdio {
+        stdin: Some(stdin),
+        stdout: Some(out_w),
+        stderr: Some(err_w),
+    };
+    let spawned = lockbox_confine::spawn_with(&policy, &stage.argv, stdio);
+    let mut running = match spawned {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(Ran {
+                result: setup_failed(stage, started, &e),
+                stdout: Output::default(),
+            })
+        }
+    };
+    let deadline = policy.timeout.map(|t| started + t);
+    std::thread::scope(|scope| {
+        let feeding = feeder.map(|(w, bytes)| scope.spawn(move || capture::feed(w, bytes)));
+        let stdout = out_r.map(|r| scope.spawn(move || capture::capture(r, memory_bound, spill)));
+        let stderr = scope.spawn(move || capture::tail(err_r));
+        let waited = match running.wait(deadline, None) {
+            Ok(Waited::Exited(o)) => Ok(o),
+            Ok(Waited::Deadline | Waited::Extra) => running.stop(policy.kill_grace, true),
+            Err(e) => Err(e),
+        };
+        drop(running);
+        let stdout = match stdout {
+            Some(h) => join(h.join()).map_err(io_err)?,
+            None => Output::default(),
+        };
+        let tail = join(stderr.join()).map_err(io_err)?;
+        if let Some(f) = feeding {
+            join(f.join()).map_err(io_err)?;
+        }
+        let outcome = match waited {
+            Ok(o) => o,
+            Err(e) => {
+                return Ok(Ran {
+                    result: setup_failed(stage, started, &e),
+                    stdout: Output::default(),
+                })
+            }
+        };
+        let signal = match outcome.status {
+            Status::Signaled(s) => Some(s),
+            _ => None,
+        };
+        Ok(Ran {
+            result: StageResult {
+                name: stage.name.clone(),
+                exit_code: outcome.exit_code(),
+                signal,
+                timed_out: outcome.timed_out,
+                duration: started.elapsed(),
+                stderr_tail: String::from_utf8_lossy(&tail).into_owned(),
+                stdout_len: stdout.len(),
+                setup_error: None,
+                attempts: 1,
+            },
+            stdout,
+        })
+    })
+}
+
+/// What a stage run needs besides its layer.
+pub(crate) struct Job<'a> {
+    pub(crate) stage: &'a Stage,
+    pub(crate) workdir: &'a Path,
+    pub(crate) lowers: Vec<PathBuf>,
+    pub(crate) input: Input<'a>,
+    pub(crate) spill: PathBuf,
+    pub(crate) memory_bound: usize,
+    pub(crate) env: &'a [(String, String)],
+    pub(crate) reads: &'a [PathBuf],
+}
+
+/// Runs `job` up to 1 + `retries` times until it succeeds, each attempt on a fresh layer
+/// made by `layer` (which discards the previous attempt's). The work directory is removed
+/// after each attempt. Returns the last run and its upper layer.
+pub(crate) fn run_with_retries(
+    job: &Job<'_>,
+    layer: impl Fn() -> Result<(PathBuf, PathBuf), TxnError>,
+) -> Result<(Ran, PathBuf), TxnError> {
+    let mut attempts = 0;
+    loop {
+        let (upper, work) = layer()?;
+        let view = View {
+            workdir: job.workdir,
+            lowers: job.lowers.clone(),
+            upper: upper.clone(),
+            work: work.clone(),
+        };
+        let mut ran = run(
+            job.stage,
+            &view,
+            job.input,
+            &job.spill,
+            job.memory_bound,
+            job.env,
+            job.reads,
+        )?;
+        crate::store::remove_tree(&work)?;
+        attempts += 1;
+        ran.result.attempts = attempts;
+        if ran.result.succeeded() || attempts > job.stage.retries {
+            return Ok((ran, upper));
+        }
+    }
+}
+
+fn join<T>(r: std::thread::Result<std::io::Result<T>>) -> std::io::Result<T> {
+    r.unwrap_or_else(|_| Err(std::io::Error::other("capture thread panicked")))
+}
+
+fn setup_failed(stage: &Stage, started: Instant, e: &lockbox_confine::SetupError) -> StageResult {
+    StageResult {
+        name: stage.name.clone(),
+        exit_code: 125,
+        signal: None,
+        timed_out: false,
+        duration: started.elapsed(),
+        stderr_tail: String::new(),
+        stdout_len: 0,
+        setup_error: Some(e.to_string()),
+        attempts: 1,
+    }
+}

@@ -1,0 +1,263 @@
+//! The durable transaction store: `STATE/txns/<id>/`, one directory per transaction.
+//!
+//! ```text
+//! STATE/txns/<id>/record.json       TxnRecord, versioned and checksummed (written last at creation)
+//! STATE/txns/<id>/base/             empty; its ctime is the optimistic-concurrency base
+//! STATE/txns/<id>/layers/<n>/upper  stage n's (or source n's) overlayfs upper layer
+//! STATE/txns/<id>/layers/<n>/work   its overlayfs work directory (removed after the stage)
+//! STATE/txns/<id>/merged/           the union of all layers, flattened (what commit applies)
+//! STATE/txns/<id>/out/<n>           a stage's stdout, spilled beyond the memory bound
+//! STATE/txns/<id>/intent.json       the WAL intent; durable = the commit point
+//! STATE/txns/<id>/inputs/<name>     a gather source's stdout, for the consumer
+//! ```
+
+use std::fs::{self, DirBuilder};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use lockbox_cow::Timestamp;
+
+use crate::record::{self, TxnKind, TxnRecord, TxnState, RECORD_FILE};
+use crate::{TxnError, TxnId};
+
+/// The directory holding every transaction of a state directory.
+pub fn txns_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("txns")
+}
+
+fn store_err(path: &Path) -> impl Fn(std::io::Error) -> TxnError + '_ {
+    move |source| TxnError::Store {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// An open transaction directory and its record.
+#[derive(Debug)]
+pub(crate) struct TxnDir {
+    pub(crate) state_dir: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) record: TxnRecord,
+}
+
+impl TxnDir {
+    /// Creates the directory of a new transaction over `workdir`, in state `Running`.
+    pub(crate) fn begin(
+        state_dir: &Path,
+        workdir: &Path,
+        kind: TxnKind,
+    ) -> Result<TxnDir, TxnError> {
+        let workdir = fs::canonicalize(workdir).map_err(store_err(workdir))?;
+        let txns = txns_dir(state_dir);
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&txns)
+            .map_err(store_err(&txns))?;
+        // Canonical from here on: layer paths go into sandbox policies, which want them
+        // absolute.
+        let state_dir = fs::canonicalize(state_dir).map_err(store_err(state_dir))?;
+        let txns = txns_dir(&state_dir);
+        let real = txns.clone();
+        if real.starts_with(&workdir) || workdir.starts_with(&real) {
+            return Err(TxnError::Usage {
+                reason: format!(
+                    "state directory {} and workdir {} overlap",
+                    state_dir.display(),
+                    workdir.display()
+                ),
+            });
+        }
+        let id = TxnId::generate();
+        let dir = txns.join(id.as_str());
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(store_err(&dir))?;
+        let base = dir.join("base");
+        fs::create_dir(&base).map_err(store_err(&base))?;
+        let st = fs::symlink_metadata(&base).map_err(store_err(&base))?;
+        let record = TxnRecord {
+            id,
+            kind,
+            workdir,
+            state: TxnState::Running,
+            base_ctime: Timestamp {
+                secs: st.ctime(),
+                nanos: st.ctime_nsec(),
+            },
+            owner_pid: std::process::id(),
+            stages: Vec::new(),
+            report: None,
+        };
+        let txn = TxnDir {
+            state_dir,
+            dir,
+            record,
+        };
+        txn.save()?;
+        lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+        Ok(txn)
+    }
+
+    /// Opens an existing transaction.
+    pub(crate) fn open(state_dir: &Path, id: &TxnId) -> Result<TxnDir, TxnError> {
+        let state_dir = &fs::canonicalize(state_dir).map_err(|_| TxnError::NotFound {
+            id: id.clone(),
+            state_dir: state_dir.to_owned(),
+        })?;
+        let dir = txns_dir(state_dir).join(id.as_str());
+        let record: Option<TxnRecord> = record::read(&dir.join(RECORD_FILE), "txn")?;
+        let record = record.ok_or_else(|| TxnError::NotFound {
+            id: id.clone(),
+            state_dir: state_dir.to_owned(),
+        })?;
+        Ok(TxnDir {
+            state_dir: state_dir.to_owned(),
+            dir,
+            record,
+        })
+    }
+
+    pub(crate) fn id(&self) -> &TxnId {
+        &self.record.id
+    }
+
+    pub(crate) fn workdir(&self) -> &Path {
+        &self.record.workdir
+    }
+
+    /// Writes the record durably.
+    pub(crate) fn save(&self) -> Result<(), TxnError> {
+        record::write(&self.dir, RECORD_FILE, "txn", &self.record)
+    }
+
+    pub(crate) fn set_state(&mut self, state: TxnState) -> Result<(), TxnError> {
+        self.record.state = state;
+        self.save()
+    }
+
+    /// Creates `layers/<n>/{upper,work}` (upper with the workdir's mode: the overlay's root
+    /// takes its attributes from the upper root).
+    pub(crate) fn new_layer(&self, n: usize) -> Result<(PathBuf, PathBuf), TxnError> {
+        let layer = self.dir.join("layers").join(n.to_string());
+        let (upper, work) = (layer.join("upper"), layer.join("work"));
+        let mode = fs::metadata(self.workdir())
+            .map_err(store_err(self.workdir()))?
+            .mode();
+        remove_tree(&layer)?;
+        for p in [&upper, &work] {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(p)
+                .map_err(store_err(p))?;
+        }
+        fs::set_permissions(&upper, fs::Permissions::from_mode(mode & 0o7777))
+            .map_err(store_err(&upper))?;
+        Ok((upper, work))
+    }
+
+    pub(crate) fn merged_dir(&self) -> PathBuf {
+        self.dir.join("merged")
+    }
+
+    pub(crate) fn out_dir(&self) -> PathBuf {
+        self.dir.join("out")
+    }
+
+    /// Removes the layers, the merged view and spilled output (after commit or abort).
+    pub(crate) fn discard_data(&self) -> Result<(), TxnError> {
+        for name in ["layers", "merged", "out", "inputs"] {
+            remove_tree(&self.dir.join(name))?;
+        }
+        Ok(())
+    }
+}
+
+/// Removes a tree, including directories of mode 000 (overlayfs's `work/work`), which their
+/// owner may chmod without privilege. A missing tree is not an error.
+pub(crate) fn remove_tree(path: &Path) -> Result<(), TxnError> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(TxnError::Store {
+                path: path.to_owned(),
+                source,
+            })
+        }
+        Ok(_) => {}
+    }
+    if fs::remove_dir_all(path).is_ok() {
+        return Ok(());
+    }
+    make_accessible(path);
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TxnError::Store {
+            path: path.to_owned(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn make_accessible(path: &Path) {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return;
+    };
+    if !meta.is_dir() {
+        return;
+    }
+    let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = fs::read_dir(path) {
+        for entry in entries.flatten() {
+            make_accessible(&entry.path());
+        }
+    }
+}
+
+/// One entry of [`list`]: a readable record, or the reason it is not.
+#[derive(Debug)]
+pub enum ListedTxn {
+    /// A valid record.
+    Ok(TxnRecord),
+    /// A directory whose record is missing (creation interrupted) or damaged.
+    Damaged {
+        /// The directory.
+        dir: PathBuf,
+        /// Why it cannot be read.
+        error: TxnError,
+    },
+}
+
+/// Every transaction in the store, sorted by id (works across processes).
+pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
+    let txns = txns_dir(state_dir);
+    let entries = match fs::read_dir(&txns) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(TxnError::Store { path: txns, source }),
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    Ok(dirs
+        .into_iter()
+        .map(
+            |dir| match record::read::<TxnRecord>(&dir.join(RECORD_FILE), "txn") {
+                Ok(Some(r)) => ListedTxn::Ok(r),
+                Ok(None) => ListedTxn::Damaged {
+                    error: TxnError::CorruptRecord {
+                        path: dir.join(RECORD_FILE),
+                        reason: "missing (creation interrupted)".into(),
+                    },
+                    dir,
+                },
+                Err(error) => ListedTxn::Damaged { dir, error },
+            },
+        )
+        .collect())
+}

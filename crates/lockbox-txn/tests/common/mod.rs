@@ -1,0 +1,115 @@
+//! Shared helpers of the lockbox-txn integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use lockbox_policy::Policy;
+use lockbox_txn::Stage;
+
+/// A stage running `cd WORKDIR && script` with the default policy.
+pub fn stage(workdir: &Path, script: &str) -> Stage {
+    Stage::sh(
+        Policy::default(),
+        &format!("cd '{}' && {script}", workdir.display()),
+    )
+}
+
+/// A hash of a whole tree: every path, type, permission bits, file content and link target.
+pub fn tree_hash(root: &Path) -> u64 {
+    let mut h = DefaultHasher::new();
+    hash_dir(root, Path::new(""), &mut h);
+    h.finish()
+}
+
+fn hash_dir(root: &Path, rel: &Path, h: &mut DefaultHasher) {
+    let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    for name in names {
+        let rel = rel.join(&name);
+        let abs = root.join(&rel);
+        let meta = std::fs::symlink_metadata(&abs).unwrap();
+        rel.hash(h);
+        (meta.mode() & 0o170777).hash(h);
+        if meta.is_dir() {
+            hash_dir(root, &rel, h);
+        } else if meta.file_type().is_symlink() {
+            std::fs::read_link(&abs).unwrap().hash(h);
+        } else {
+            std::fs::read(&abs).unwrap().hash(h);
+        }
+    }
+}
+
+/// Top-level entries of `dir` that are commit staging directories.
+pub fn staging_leftovers(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".lockbox-commit-"))
+        })
+        .collect()
+}
+
+/// A fresh (state dir, workdir) pair under one temp dir, accessible to the current user.
+pub fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    dirs_in(&std::env::temp_dir())
+}
+
+/// Like [`dirs`], under `base`.
+pub fn dirs_in(base: &Path) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = tmp.path().join("state");
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    (tmp, state, work)
+}
+
+/// Waits past the filesystem's timestamp granularity, so that files set up by a test are
+/// older than the transaction that follows (the base check counts a change in the same
+/// clock tick as the transaction's start as a change after it).
+pub fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(20));
+}
+
+const AS_NOBODY: &str = "LOCKBOX_TXN_TEST_AS_NOBODY";
+
+/// True inside the uid-65534 re-run of [`rerun_as_nobody`].
+pub fn is_nobody_rerun() -> bool {
+    std::env::var_os(AS_NOBODY).is_some()
+}
+
+/// When running as root, re-runs the test `name` of this test binary as uid/gid 65534 with
+/// `setpriv` and asserts it passes. A no-op (returns false) when not root or already
+/// re-run; prints why it skips if `setpriv` is missing.
+pub fn rerun_as_nobody(name: &str) -> bool {
+    if std::env::var_os(AS_NOBODY).is_some() {
+        return false;
+    }
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIP {name} as uid 65534: not root (already unprivileged)");
+        return false;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(AS_NOBODY, "1")
+        .env("TMPDIR", "/tmp")
+        .status();
+    match status {
+        Ok(s) => assert!(s.success(), "{name} as uid 65534: {s}"),
+        Err(e) => eprintln!("SKIP {name} as uid 65534: setpriv: {e}"),
+    }
+    true
+}
