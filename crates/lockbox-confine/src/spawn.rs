@@ -202,32 +202,13 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let landlock_abi = landlock::abi_version();
     let (uid, gid) = sys::ids();
-    for &fd in &policy.pass_fds {
-        if !Path::new(&format!("/proc/self/fd/{fd}")).exists() {
-            return Err(SetupError::Path {
-                path: format!("fd {fd}").into(),
-                what: "passing",
-                source: std::io::Error::from_raw_os_error(libc::EBADF),
-            });
-        }
-    }
+    check_pass_fds(&policy.pass_fds)?;
     let env = policy.env.build(|k| std::env::var(k).ok());
     let path_var = env
         .iter()
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
-    let (report_rd, report_wr) = sys::seqpacket_pair().map_err(|errno| SetupError::Supervise {
-        what: "creating the report pipe",
-        errno,
-    })?;
-    let report_rd = sys::owned(report_rd);
-    // Records are read as they come; the init may still be exiting after the last one.
-    sys::set_nonblocking(report_rd.as_raw_fd()).map_err(|errno| SetupError::Supervise {
-        what: "creating the report pipe",
-        errno,
-    })?;
-    let report_wr = sys::owned(report_wr);
-
+    let (report_rd, report_wr) = report_channel()?;
     let cgroup_fds = limits
         .cgroups
         .as_ref()
@@ -280,22 +261,15 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         last_cap: last_cap(),
     };
 
-    let mut flags = (libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS) as u64;
-    if policy.net == Net::None {
-        flags |= libc::CLONE_NEWNET as u64;
-    }
+    let flags = clone_flags(policy.net);
     let started = Instant::now();
     tracing::debug!(flags, "clone3 into new namespaces");
     match sys::clone3_fork(flags) {
         Err(errno) => Err(explain_clone_error(errno)),
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
-            drop(report_wr);
-            drop(stdio_held);
+            // The init has its own copies now.
+            drop((report_wr, stdio_held));
             let mut limits = limits;
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();
@@ -319,6 +293,47 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
             })
         }
     }
+}
+
+/// Every descriptor to hand in must be open in the caller.
+fn check_pass_fds(fds: &[RawFd]) -> Result<(), SetupError> {
+    match fds
+        .iter()
+        .find(|fd| !Path::new(&format!("/proc/self/fd/{fd}")).exists())
+    {
+        Some(fd) => Err(SetupError::Path {
+            path: format!("fd {fd}").into(),
+            what: "passing",
+            source: std::io::Error::from_raw_os_error(libc::EBADF),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The report socket: (our non-blocking read end, the init's write end).
+fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
+    let err = |errno| SetupError::Supervise {
+        what: "creating the report socket",
+        errno,
+    };
+    let (rd, wr) = sys::seqpacket_pair().map_err(err)?;
+    let (rd, wr) = (sys::owned(rd), sys::owned(wr));
+    // Records are read as they come; the init may still be exiting after the last one.
+    sys::set_nonblocking(rd.as_raw_fd()).map_err(err)?;
+    Ok((rd, wr))
+}
+
+/// The namespaces of a new sandbox (cgroup is entered later, after joining the cgroups).
+fn clone_flags(net: Net) -> u64 {
+    let mut flags = (libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS) as u64;
+    if net == Net::None {
+        flags |= libc::CLONE_NEWNET as u64;
+    }
+    flags
 }
 
 /// Runs `argv` to completion under `policy`, enforcing its timeout.
