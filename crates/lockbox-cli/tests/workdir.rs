@@ -417,3 +417,33 @@ fn kill_9_of_lockbox_leaves_an_orphan_branch_that_abort_removes() {
         );
     }
 }
+
+#[test]
+fn max_disk_branch_keeps_read_only_entries() {
+    for user in users() {
+        let s = Setup::new(user);
+        // A read-only copy-up carries overlay xattrs: the import must set them before the
+        // mode (found by the property test). Directories get a read-only mode too.
+        let script = "chmod 444 a.txt; mkdir locked && echo x > locked/f && chmod 555 locked";
+        let out = s.run(&["--max-disk", "8M"], script);
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let mode = |p: &str| {
+            std::os::unix::fs::PermissionsExt::mode(
+                &std::fs::symlink_metadata(s.work.join(p))
+                    .unwrap()
+                    .permissions(),
+            ) & 0o7777
+        };
+        assert_eq!(mode("a.txt"), 0o444);
+        assert_eq!(mode("locked"), 0o555);
+        std::fs::set_permissions(
+            s.work.join("locked"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("locked/f")).unwrap(),
+            "x\n"
+        );
+    }
+}

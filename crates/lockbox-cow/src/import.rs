@@ -25,6 +25,7 @@ fn copy_dir(src: &Path, dst: &Path, is_root: bool) -> Result<u64, CowError> {
         std::fs::create_dir(dst).map_err(err(src))?;
     }
     let mut bytes = 0;
+    readable(src, 0o500).map_err(err(src))?;
     let mut entries: Vec<_> = std::fs::read_dir(src)
         .map_err(err(src))?
         .collect::<Result<_, _>>()
@@ -35,7 +36,7 @@ fn copy_dir(src: &Path, dst: &Path, is_root: bool) -> Result<u64, CowError> {
         let st = rustix::fs::lstat(&from).map_err(|e| err(&from)(e.into()))?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => bytes += copy_dir(&from, &to, false)?,
-            FileType::RegularFile => bytes += std::fs::copy(&from, &to).map_err(err(&from))?,
+            FileType::RegularFile => bytes += copy_file(&from, &to).map_err(err(&from))?,
             FileType::Symlink => {
                 let target = std::fs::read_link(&from).map_err(err(&from))?;
                 std::os::unix::fs::symlink(target, &to).map_err(err(&from))?;
@@ -60,7 +61,36 @@ fn copy_dir(src: &Path, dst: &Path, is_root: bool) -> Result<u64, CowError> {
     Ok(bytes)
 }
 
-/// Copies the `overlay.*` xattrs, the mode (not for symlinks) and the times of `from`.
+/// Grants the owner `bits` on a source entry that lacks them (a sandbox may `chmod 000`
+/// what it wrote). The source is lockbox's private copy of the layer, discarded after the
+/// import, and the destination gets the original mode from the `Stat` taken before.
+fn readable(path: &Path, bits: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(path)?.permissions().mode();
+    if mode & bits != bits {
+        std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode((mode | bits) & 0o7777),
+        )?;
+    }
+    Ok(())
+}
+
+/// Copies a file's data into a new file that stays writable until [`finish_entry`] has set
+/// its xattrs (setting `user.*` xattrs needs write access) and then its real mode.
+fn copy_file(from: &Path, to: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::OpenOptionsExt;
+    readable(from, 0o400)?;
+    let mut src = std::fs::File::open(from)?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    std::io::copy(&mut src, &mut dst)
+}
+
+/// Copies the `overlay.*` xattrs (first, while the entry is still writable), the mode (not for symlinks) and the times of `from`.
 fn finish_entry(from: &Path, to: &Path, st: &rustix::fs::Stat) -> Result<(), CowError> {
     let fail = |e: rustix::io::Errno| err(from)(e.into());
     let mut names = vec![0u8; 4096];
