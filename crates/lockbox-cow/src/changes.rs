@@ -80,7 +80,7 @@ impl FileType {
 }
 
 /// One entry of a change set.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Change {
     /// The path relative to the workdir.
     pub path: PathBuf,
@@ -462,7 +462,8 @@ impl Iterator for ChangeIter {
 }
 
 /// All changes of a branch, sorted (see the module doc). For huge sets prefer [`ChangeIter`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+// Deserialize: a change set travels in reports (e.g. a journaled transaction outcome).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct ChangeSet {
     changes: Vec<Change>,

@@ -39,7 +39,7 @@ pub(crate) enum MemoKind {
 /// Options of [`Run::record_with`].
 #[derive(Debug)]
 pub struct RecordOptions<E> {
-    retryable: fn(&E) -> bool,
+    pub(crate) retryable: fn(&E) -> bool,
 }
 
 impl<E> Clone for RecordOptions<E> {
@@ -384,7 +384,7 @@ impl Run {
 
     /// Gives back the id `next_step_id` just handed out for `full`, if no later call with the
     /// same name took one since (same-name concurrency is unsafe anyway; see the module doc).
-    fn release_step_id(&self, full: &str, step_id: &StepId) {
+    pub(crate) fn release_step_id(&self, full: &str, step_id: &StepId) {
         let mut counters = self
             .inner
             .counters

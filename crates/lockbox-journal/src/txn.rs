@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::entry::StepOutcome;
 use crate::error::{JournalError, StepError};
 use crate::journal::to_json;
-use crate::run::Run;
+use crate::run::{RecordOptions, Run};
 
 /// The key of a journaled transaction: `RUN/STEP_ID`, identical on every replay.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +76,26 @@ impl Run {
         F: FnOnce(TxnId) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.record_txn_with(name, store, RecordOptions::default(), f)
+            .await
+    }
+
+    /// [`Run::record_txn`] with options: errors for which `opts` says retryable are returned
+    /// but not journaled (e.g. the transaction engine failed before committing anything).
+    pub async fn record_txn_with<T, E, F, Fut, S>(
+        &self,
+        name: &str,
+        store: &S,
+        opts: RecordOptions<E>,
+        f: F,
+    ) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Serialize + DeserializeOwned,
+        S: TxnOutcomeStore + ?Sized,
+        F: FnOnce(TxnId) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         let (full, step_id) = self.next_step_id(name)?;
         if let Some(memo) = self.memo(&step_id) {
             let outcome = self.replayed_step(&step_id, &full, memo)?;
@@ -116,6 +136,10 @@ impl Run {
                 self.append_step(step_id, full, StepOutcome::Ok(json))
                     .await?;
                 Ok(value)
+            }
+            Err(err) if (opts.retryable)(&err) => {
+                self.release_step_id(&full, &step_id);
+                Err(StepError::Failed(err))
             }
             Err(err) => {
                 let json = to_json(self.id(), step_id.as_str(), &err)?;

@@ -160,7 +160,30 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
     Ok(report)
 }
 
-fn owner_alive(pid: u32) -> bool {
+/// The sweep a command that touches `workdir` runs first: finishes or rolls back the
+/// workdir's interrupted transactions (as [`recover`]). If its lock is held, a live
+/// transaction or branch commit is at work there — it recovers the workdir itself before its
+/// commit — and the sweep is skipped: `Ok(None)`.
+pub fn recover_workdir(
+    state_dir: &Path,
+    workdir: &Path,
+) -> Result<Option<RecoveryReport>, TxnError> {
+    if !store::txns_dir(state_dir).is_dir() {
+        return Ok(Some(RecoveryReport::default()));
+    }
+    let workdir = std::fs::canonicalize(workdir).map_err(|source| TxnError::Store {
+        path: workdir.to_owned(),
+        source,
+    })?;
+    let lock =
+        lockbox_cow::WorkdirLock::acquire_within(state_dir, &workdir, std::time::Duration::ZERO)?;
+    match lock {
+        Some(_held) => recover_locked(state_dir, &workdir, None).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn owner_alive(pid: u32) -> bool {
     pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
 }
 
@@ -238,7 +261,7 @@ mod tests {
         let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
         std::fs::create_dir_all(&work).unwrap();
         std::fs::write(work.join("old"), "old").unwrap();
-        let mut txn = TxnDir::begin(&state, &work, TxnKind::Pipeline).unwrap();
+        let mut txn = TxnDir::begin(&state, &work, TxnKind::Pipeline, None).unwrap();
         let merged = txn.merged_dir();
         std::fs::create_dir(&merged).unwrap();
         std::fs::write(merged.join("new"), "new").unwrap();

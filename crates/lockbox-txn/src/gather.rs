@@ -14,15 +14,14 @@ use std::path::{Path, PathBuf};
 
 use lockbox_cow::{Change, ChangeKind, ChangeSet, FileType};
 
-use crate::capture::DEFAULT_MEMORY_BOUND;
-use crate::lock::LockPolicy;
+use crate::options::{option_setters, TxnOptions};
 use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
-use crate::pipeline::{empty_outcome, finish_prepare, hold_lock, keep_stdout};
-use crate::prepared::{PreparedTxn, Selection};
+use crate::pipeline::{empty_outcome, finish_prepare, keep_stdout};
+use crate::prepared::PreparedTxn;
 use crate::record::TxnKind;
 use crate::stage::{self, Input, Job, Ran, Stage};
 use crate::store::TxnDir;
-use crate::{commit, TxnError};
+use crate::TxnError;
 
 /// What to do when gather sources change the same path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -43,30 +42,24 @@ pub enum ConflictPolicy {
 /// A transactional gather over one workdir.
 #[derive(Debug, Clone)]
 pub struct Gather {
-    state_dir: PathBuf,
-    workdir: PathBuf,
+    options: TxnOptions,
     sources: Vec<Stage>,
     consumer: Option<Stage>,
     policy: ConflictPolicy,
-    memory_bound: usize,
-    lock: LockPolicy,
-    selection: Selection,
 }
 
 impl Gather {
     /// An empty gather over `workdir`, keeping its records in `state_dir`.
     pub fn new(state_dir: &Path, workdir: &Path) -> Gather {
         Gather {
-            state_dir: state_dir.to_owned(),
-            workdir: workdir.to_owned(),
+            options: TxnOptions::new(state_dir, workdir),
             sources: Vec::new(),
             consumer: None,
             policy: ConflictPolicy::default(),
-            memory_bound: DEFAULT_MEMORY_BOUND,
-            lock: LockPolicy::default(),
-            selection: Selection::default(),
         }
     }
+
+    option_setters!(Gather);
 
     /// Adds a source named `name` (letters, digits, `-`, `_`, `.`; unique).
     pub fn source(mut self, name: &str, stage: Stage) -> Gather {
@@ -86,67 +79,11 @@ impl Gather {
         self
     }
 
-    /// How many bytes of each stdout are kept in memory before spilling to a file.
-    pub fn memory_bound(mut self, bytes: usize) -> Gather {
-        self.memory_bound = bytes;
-        self
-    }
-
-    /// Commit only part of the changes (see [`Selection`]).
-    pub fn select(mut self, selection: Selection) -> Gather {
-        self.selection = selection;
-        self
-    }
-
-    /// Concurrency control against other transactions on the workdir.
-    pub fn lock(mut self, lock: LockPolicy) -> Gather {
-        self.lock = lock;
-        self
-    }
-
-    /// Runs everything and commits on success.
-    pub fn run(&self) -> Result<TxnOutcome, TxnError> {
-        let prepared = self.prepare()?;
-        if prepared.all_succeeded() {
-            prepared.commit()
-        } else {
-            Ok(prepared.outcome().clone())
-        }
-    }
-
-    /// Runs everything, reports the union of changes, commits nothing.
-    pub fn dry_run(&self) -> Result<TxnOutcome, TxnError> {
-        let mut prepared = self.prepare()?;
-        if prepared.all_succeeded() {
-            prepared.abort_with(AbortReason::DryRun)
-        } else {
-            Ok(prepared.outcome().clone())
-        }
-    }
-
     /// Runs everything and keeps the layers (see [`crate::Pipeline::prepare`]).
     pub fn prepare(&self) -> Result<PreparedTxn, TxnError> {
         self.validate()?;
-        let lock = hold_lock(&self.state_dir, &self.workdir, self.lock)?;
-        let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, TxnKind::Gather)?;
-        match self.run_all(&mut txn) {
-            Ok((outcome, true)) => {
-                let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);
-                if !self.selection.is_all() {
-                    // On error the prepared transaction is dropped, which aborts it.
-                    prepared.select(&self.selection)?;
-                }
-                Ok(prepared)
-            }
-            Ok((outcome, false)) => {
-                commit::abort(&mut txn)?;
-                Ok(PreparedTxn::new(None, outcome, None))
-            }
-            Err(e) => {
-                let _ = commit::abort(&mut txn);
-                Err(e)
-            }
-        }
+        self.options
+            .prepare(TxnKind::Gather, |txn| self.run_all(txn))
     }
 
     fn validate(&self) -> Result<(), TxnError> {
@@ -232,7 +169,7 @@ impl Gather {
     fn run_sources(&self, txn: &TxnDir) -> Vec<Result<(Ran, PathBuf), TxnError>> {
         let workdir = txn.workdir();
         let out_dir = txn.out_dir();
-        let bound = self.memory_bound;
+        let bound = self.options.memory_bound;
         std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .sources
@@ -289,7 +226,7 @@ impl Gather {
             lowers: vec![txn.merged_dir(), txn.workdir().to_owned()],
             input: Input::Null,
             spill: txn.out_dir().join(i.to_string()),
-            memory_bound: self.memory_bound,
+            memory_bound: self.options.memory_bound,
             env: &env,
             reads: &reads,
         };

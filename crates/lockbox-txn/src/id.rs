@@ -47,6 +47,18 @@ impl TxnId {
         TxnId(format!("t{micros:x}-{:x}-{n:x}", std::process::id()))
     }
 
+    /// The id of the transaction keyed `key` (any text, e.g. a journal's `run/step#2`):
+    /// `k` + 32 hex digits of its SHA-256, the same in every process.
+    pub fn for_key(key: &str) -> TxnId {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(key.as_bytes());
+        let mut id = String::from("k");
+        for b in &digest[..16] {
+            id.push_str(&format!("{b:02x}"));
+        }
+        TxnId(id)
+    }
+
     /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -85,5 +97,9 @@ mod tests {
         let (a, b) = (TxnId::generate(), TxnId::generate());
         assert_ne!(a, b);
         assert!(TxnId::parse(a.as_str()).is_ok());
+        let k = TxnId::for_key("run/step#2");
+        assert_eq!(k, TxnId::for_key("run/step#2"));
+        assert_ne!(k, TxnId::for_key("run/step#3"));
+        assert!(TxnId::parse(k.as_str()).is_ok());
     }
 }

@@ -17,7 +17,10 @@
 //!   or back; the durable store is `STATE/txns/<id>/` ([`list`], [`TxnRecord`]);
 //! - [`Selection`]: commit only part of the changes (`only` / `exclude` paths);
 //! - [`LockPolicy`]: optimistic base check at commit (exit 5) or a workdir lock held for the
-//!   whole transaction.
+//!   whole transaction; [`TxnOptions`]: everything a pipeline or gather is configured with
+//!   besides its stages; [`Transaction`]: either of them;
+//! - [`journaled`]: journal steps that run a sandbox ([`record_exec`]) or a transaction,
+//!   exactly once ([`record_transaction`], [`TxnStore`]).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), lockbox_txn::TxnError> {
@@ -39,27 +42,33 @@
 #![deny(missing_docs)]
 
 pub use crate::capture::{Output, DEFAULT_MEMORY_BOUND, STDERR_TAIL};
-pub use crate::commit::{recover, RecoveryReport};
+pub use crate::commit::{recover, recover_workdir, RecoveryReport};
 pub use crate::error::TxnError;
 pub use crate::gather::{ConflictPolicy, Gather};
 pub use crate::id::TxnId;
+pub use crate::journaled::{record_exec, record_transaction, ExecResult, JournaledError, TxnStore};
 pub use crate::lock::LockPolicy;
+pub use crate::options::TxnOptions;
 pub use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
 pub use crate::pipeline::Pipeline;
 pub use crate::prepared::{PreparedTxn, Selection};
 pub use crate::record::{Intent, TxnKind, TxnRecord, TxnState, RECORD_FORMAT_VERSION};
 pub use crate::stage::{Stage, StageResult};
 pub use crate::store::{list, txns_dir, ListedTxn};
+pub use crate::transaction::Transaction;
 
 mod capture;
 mod commit;
 mod error;
 mod gather;
 mod id;
+pub mod journaled;
 mod lock;
+mod options;
 mod outcome;
 mod pipeline;
 mod prepared;
 mod record;
 mod stage;
 mod store;
+mod transaction;

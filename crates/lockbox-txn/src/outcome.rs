@@ -8,7 +8,7 @@ use crate::capture::Output;
 use crate::{StageResult, TxnId};
 
 /// Why a transaction did not commit.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum AbortReason {
     /// A stage exited non-zero (or was killed by a signal).
@@ -60,7 +60,28 @@ impl AbortReason {
         }
     }
 
-    pub(crate) fn of_stage(stage: usize, r: &StageResult) -> Option<AbortReason> {
+    /// One sentence for people (`lockbox txn show`).
+    pub fn explain(&self) -> String {
+        match self {
+            AbortReason::StageFailed {
+                name, exit_code, ..
+            } => format!("aborted: stage {name} exited {exit_code}; nothing committed"),
+            AbortReason::TimedOut { name, .. } => {
+                format!("aborted: stage {name} timed out; nothing committed")
+            }
+            AbortReason::SetupFailed { name, message, .. } => {
+                format!("aborted: the sandbox of stage {name} could not be set up: {message}")
+            }
+            AbortReason::Conflicts { count } => {
+                format!("aborted: {count} merge conflicts under the fail policy; nothing committed")
+            }
+            AbortReason::DryRun => "dry run: changes computed and discarded".into(),
+            AbortReason::Aborted => "aborted by its caller before commit".into(),
+        }
+    }
+
+    /// Why a stage's result aborts the transaction (`stage` is its index), if it does.
+    pub fn of_stage(stage: usize, r: &StageResult) -> Option<AbortReason> {
         if let Some(message) = &r.setup_error {
             return Some(AbortReason::SetupFailed {
                 stage,
@@ -83,7 +104,7 @@ impl AbortReason {
 }
 
 /// A path written by more than one gather source.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MergeConflict {
     /// The path, relative to the workdir.
     pub path: PathBuf,
@@ -93,7 +114,7 @@ pub struct MergeConflict {
 }
 
 /// A losing version kept under another name by [`crate::ConflictPolicy::Markers`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Marker {
     /// The conflicting path (it holds the first source's version).
     pub path: PathBuf,
@@ -103,8 +124,9 @@ pub struct Marker {
     pub source: String,
 }
 
-/// What a transaction did.
-#[derive(Debug, Clone)]
+/// What a transaction did. Serialised (`--json`, `--report`, a journaled transaction's
+/// value) without `stdout`, which only the process that ran it has.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TxnOutcome {
     /// The transaction's id (its record stays in the store).
     pub id: TxnId,
@@ -123,6 +145,7 @@ pub struct TxnOutcome {
     /// The commit's counts, when it committed.
     pub report: Option<CommitReport>,
     /// The last stage's (consumer's) stdout.
+    #[serde(skip)]
     pub stdout: Output,
 }
 

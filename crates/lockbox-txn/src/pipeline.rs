@@ -8,27 +8,22 @@ use std::path::{Path, PathBuf};
 
 use lockbox_cow::ChangeSet;
 
-use crate::capture::pipe;
-use crate::capture::{Output, DEFAULT_MEMORY_BOUND};
+use crate::capture::{pipe, Output};
 use crate::gather::{merge, ConflictPolicy};
-use crate::lock::{self, LockPolicy, WorkdirLock};
+use crate::options::{option_setters, TxnOptions};
 use crate::outcome::{AbortReason, TxnOutcome};
-use crate::prepared::{PreparedTxn, Selection};
+use crate::prepared::PreparedTxn;
 use crate::record::{TxnKind, TxnState};
 use crate::stage::{self, Input, Io, Job, Ran, Stage, View};
 use crate::store::{remove_tree, TxnDir};
-use crate::{commit, TxnError};
+use crate::TxnError;
 
 /// A transactional pipeline over one workdir.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
-    state_dir: PathBuf,
-    workdir: PathBuf,
+    options: TxnOptions,
     stages: Vec<Stage>,
     stdin: Vec<u8>,
-    memory_bound: usize,
-    lock: LockPolicy,
-    selection: Selection,
     stream: Option<ConflictPolicy>,
 }
 
@@ -36,16 +31,14 @@ impl Pipeline {
     /// An empty pipeline over `workdir`, keeping its records in `state_dir`.
     pub fn new(state_dir: &Path, workdir: &Path) -> Pipeline {
         Pipeline {
-            state_dir: state_dir.to_owned(),
-            workdir: workdir.to_owned(),
+            options: TxnOptions::new(state_dir, workdir),
             stages: Vec::new(),
             stdin: Vec::new(),
-            memory_bound: DEFAULT_MEMORY_BOUND,
-            lock: LockPolicy::default(),
-            selection: Selection::default(),
             stream: None,
         }
     }
+
+    option_setters!(Pipeline);
 
     /// Appends a stage.
     pub fn stage(mut self, stage: Stage) -> Pipeline {
@@ -59,12 +52,6 @@ impl Pipeline {
         self
     }
 
-    /// How many bytes of a stage's stdout are kept in memory before spilling to a file.
-    pub fn memory_bound(mut self, bytes: usize) -> Pipeline {
-        self.memory_bound = bytes;
-        self
-    }
-
     /// Runs the stages concurrently with live pipes between them instead of one after
     /// another. Every stage then sees the pre-transaction workdir (snapshot), and their
     /// layers are merged like gather siblings under `conflicts`. Retries do not apply (a
@@ -72,38 +59,6 @@ impl Pipeline {
     pub fn stream(mut self, conflicts: ConflictPolicy) -> Pipeline {
         self.stream = Some(conflicts);
         self
-    }
-
-    /// Commit only part of the changes (see [`Selection`]).
-    pub fn select(mut self, selection: Selection) -> Pipeline {
-        self.selection = selection;
-        self
-    }
-
-    /// Concurrency control against other transactions on the workdir.
-    pub fn lock(mut self, lock: LockPolicy) -> Pipeline {
-        self.lock = lock;
-        self
-    }
-
-    /// Runs every stage and commits on success.
-    pub fn run(&self) -> Result<TxnOutcome, TxnError> {
-        let prepared = self.prepare()?;
-        if prepared.all_succeeded() {
-            prepared.commit()
-        } else {
-            Ok(prepared.outcome().clone())
-        }
-    }
-
-    /// Runs every stage, reports the union of changes, commits nothing.
-    pub fn dry_run(&self) -> Result<TxnOutcome, TxnError> {
-        let mut prepared = self.prepare()?;
-        if prepared.all_succeeded() {
-            prepared.abort_with(AbortReason::DryRun)
-        } else {
-            Ok(prepared.outcome().clone())
-        }
     }
 
     /// Runs every stage and keeps the layers: the returned [`PreparedTxn`] commits or aborts
@@ -115,32 +70,11 @@ impl Pipeline {
                 reason: "a pipeline needs at least one stage".into(),
             });
         }
-        let lock = hold_lock(&self.state_dir, &self.workdir, self.lock)?;
-        let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, TxnKind::Pipeline)?;
-        let ran = match self.stream {
-            Some(policy) => self.run_streamed(&mut txn, policy),
-            None => self.run_stages(&mut txn),
-        };
-        match ran {
-            Ok((outcome, true)) => {
-                let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);
-                if !self.selection.is_all() {
-                    // On error the prepared transaction is dropped, which aborts it.
-                    prepared.select(&self.selection)?;
-                }
-                Ok(prepared)
-            }
-            Ok((outcome, false)) => {
-                commit::abort(&mut txn)?;
-                Ok(PreparedTxn::new(None, outcome, None))
-            }
-            Err(e) => {
-                // The error that matters is `e`; the record stays `running` if this fails
-                // too, and recovery aborts it once this process is gone.
-                let _ = commit::abort(&mut txn);
-                Err(e)
-            }
-        }
+        self.options
+            .prepare(TxnKind::Pipeline, |txn| match self.stream {
+                Some(policy) => self.run_streamed(txn, policy),
+                None => self.run_stages(txn),
+            })
     }
 
     /// Runs the stages; `Ok((outcome, prepared))`.
@@ -162,7 +96,7 @@ impl Pipeline {
                 lowers,
                 input: Input::Output(&previous),
                 spill: txn.out_dir().join(i.to_string()),
-                memory_bound: self.memory_bound,
+                memory_bound: self.options.memory_bound,
                 env: &[],
                 reads: &[],
             };
@@ -255,10 +189,7 @@ impl Pipeline {
         views: &[View<'_>],
         spill: &Path,
     ) -> Result<Vec<Result<Ran, TxnError>>, TxnError> {
-        let io_err = |source| TxnError::Stdio {
-            stage: "pipeline".into(),
-            source,
-        };
+        let io_err = stage::stdio_err("pipeline");
         let (first_r, first_w) = pipe().map_err(io_err)?;
         let mut feeder = Some((first_w, self.stdin.as_slice()));
         let mut stdins = vec![first_r];
@@ -269,7 +200,7 @@ impl Pipeline {
             stdouts.push(Some(w));
         }
         stdouts.push(None);
-        let bound = self.memory_bound;
+        let bound = self.options.memory_bound;
         Ok(std::thread::scope(|scope| {
             let handles: Vec<_> = stdins
                 .into_iter()
@@ -282,7 +213,8 @@ impl Pipeline {
                         stdout,
                     };
                     let (stage, view) = (&stages[i], &views[i]);
-                    scope.spawn(move || stage::run_io(stage, view, io, spill, bound, &[], &[]))
+                    scope
+                        .spawn(move || stage::run_io(stage, Some(view), io, spill, bound, &[], &[]))
                 })
                 .collect();
             handles
@@ -342,21 +274,4 @@ pub(crate) fn keep_stdout(txn: &TxnDir, out: Output) -> Result<Output, TxnError>
                 .map_err(|source| TxnError::Store { path: to, source })
         }
     }
-}
-
-pub(crate) fn hold_lock(
-    state_dir: &Path,
-    workdir: &Path,
-    policy: LockPolicy,
-) -> Result<Option<WorkdirLock>, TxnError> {
-    let wait = match policy {
-        LockPolicy::Optimistic => return Ok(None),
-        LockPolicy::FailIfBusy => Some(std::time::Duration::ZERO),
-        LockPolicy::Wait(d) => d,
-    };
-    let workdir = std::fs::canonicalize(workdir).map_err(|source| TxnError::Store {
-        path: workdir.to_owned(),
-        source,
-    })?;
-    lock::acquire(state_dir, &workdir, wait).map(Some)
 }

@@ -89,6 +89,11 @@ impl PreparedTxn {
         &self.outcome.id
     }
 
+    /// The workdir it commits to (canonical; `None` once resolved or if it aborted).
+    pub fn workdir(&self) -> Option<&Path> {
+        self.txn.as_ref().map(|t| t.workdir())
+    }
+
     /// Stages, changes, conflicts so far (`committed` is false).
     pub fn outcome(&self) -> &TxnOutcome {
         &self.outcome
@@ -127,6 +132,17 @@ impl PreparedTxn {
         self.commit_inner(false)
     }
 
+    /// Like [`PreparedTxn::commit`], and records `value` durably with the commit: it is in
+    /// the transaction record before the commit point, so whoever finds the transaction
+    /// committed (this process, or recovery after a crash) finds the value too. Used for a
+    /// journaled step's result ([`crate::journaled`]).
+    pub fn commit_recording(mut self, value: serde_json::Value) -> Result<TxnOutcome, TxnError> {
+        if let Some(txn) = &mut self.txn {
+            txn.record.value = Some(value);
+        }
+        self.commit_inner(false)
+    }
+
     /// Like [`PreparedTxn::commit`], but without the optimistic base check: paths the
     /// transaction changes that were changed in the workdir since it began are overwritten.
     pub fn commit_forced(self) -> Result<TxnOutcome, TxnError> {
@@ -154,6 +170,7 @@ impl PreparedTxn {
 
     pub(crate) fn abort_with(&mut self, reason: AbortReason) -> Result<TxnOutcome, TxnError> {
         if let Some(mut txn) = self.txn.take() {
+            txn.record.abort_reason = Some(reason.clone());
             commit::abort(&mut txn)?;
             self.outcome.abort_reason = Some(reason);
         }

@@ -81,6 +81,16 @@ pub struct TxnRecord {
     pub stages: Vec<StageResult>,
     /// What the commit did, once committed.
     pub report: Option<CommitReport>,
+    /// The caller's key, for a transaction run under [`TxnId::for_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Why it aborted, when known (a failed stage, conflicts, a dry run, the caller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort_reason: Option<crate::AbortReason>,
+    /// A value the caller recorded with the commit ([`crate::PreparedTxn::commit_recording`]),
+    /// durable before the commit point: a journaled step's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
 }
 
 /// The write-ahead-log intent: everything needed to redo the apply after a crash.

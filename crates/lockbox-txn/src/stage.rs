@@ -112,22 +112,19 @@ pub(crate) struct Ran {
     pub(crate) stdout: Output,
 }
 
-/// Runs `stage` on `view`, stdin from `input`, stdout captured (spilling to `spill`),
+/// Runs `stage` on `view` (none: the policy as it is), stdin from `input`, stdout captured (spilling to `spill`),
 /// stderr's tail kept. `extra_env` is added to the stage's environment and `extra_reads`
 /// to the paths it may read.
 pub(crate) fn run(
     stage: &Stage,
-    view: &View<'_>,
+    view: Option<&View<'_>>,
     input: Input<'_>,
     spill: &Path,
     memory_bound: usize,
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
 ) -> Result<Ran, TxnError> {
-    let io_err = |source| TxnError::Stdio {
-        stage: stage.name.clone(),
-        source,
-    };
+    let io_err = stdio_err(&stage.name);
     let (stdin, feeder): (OwnedFd, Option<(OwnedFd, &[u8])>) = match input {
         Input::Null => (File::open("/dev/null").map_err(io_err)?.into(), None),
         Input::Output(Output::File { path, .. }) => {
@@ -157,32 +154,31 @@ pub(crate) struct Io<'a> {
 /// Runs `stage` with the given stdio; stdout is captured unless `io.stdout` is given.
 pub(crate) fn run_io(
     stage: &Stage,
-    view: &View<'_>,
+    view: Option<&View<'_>>,
     io: Io<'_>,
     spill: &Path,
     memory_bound: usize,
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
 ) -> Result<Ran, TxnError> {
-    let io_err = |source| TxnError::Stdio {
-        stage: stage.name.clone(),
-        source,
-    };
+    let io_err = stdio_err(&stage.name);
     let Io {
         stdin,
         feeder,
         stdout: stdout_to,
     } = io;
     let mut policy = stage.policy.clone();
-    policy.fs.overlays.push(Overlay {
-        target: view.workdir.to_owned(),
-        lowers: view.lowers.clone(),
-        upper: Some(OverlayUpper {
-            upper: view.upper.clone(),
-            work: view.work.clone(),
-            max_size: None,
-        }),
-    });
+    if let Some(view) = view {
+        policy.fs.overlays.push(Overlay {
+            target: view.workdir.to_owned(),
+            lowers: view.lowers.clone(),
+            upper: Some(OverlayUpper {
+                upper: view.upper.clone(),
+                work: view.work.clone(),
+                max_size: None,
+            }),
+        });
+    }
     policy.fs.read.extend(extra_reads.iter().cloned());
     for (k, v) in extra_env {
         policy.env.set.insert(k.clone(), v.clone());
@@ -290,7 +286,7 @@ pub(crate) fn run_with_retries(
         };
         let mut ran = run(
             job.stage,
-            &view,
+            Some(&view),
             job.input,
             &job.spill,
             job.memory_bound,
@@ -303,6 +299,14 @@ pub(crate) fn run_with_retries(
         if ran.result.succeeded() || attempts > job.stage.retries {
             return Ok((ran, upper));
         }
+    }
+}
+
+/// The error of a failed stdio operation of the stage named `stage`.
+pub(crate) fn stdio_err(stage: &str) -> impl Fn(std::io::Error) -> TxnError + Copy + '_ {
+    move |source| TxnError::Stdio {
+        stage: stage.to_owned(),
+        source,
     }
 }
 

@@ -41,11 +41,13 @@ pub(crate) struct TxnDir {
 }
 
 impl TxnDir {
-    /// Creates the directory of a new transaction over `workdir`, in state `Running`.
+    /// Creates the directory of a new transaction over `workdir`, in state `Running`, under
+    /// a fresh id or the id of `key` (replacing an earlier attempt that did not commit).
     pub(crate) fn begin(
         state_dir: &Path,
         workdir: &Path,
         kind: TxnKind,
+        key: Option<&str>,
     ) -> Result<TxnDir, TxnError> {
         let workdir = fs::canonicalize(workdir).map_err(store_err(workdir))?;
         let txns = txns_dir(state_dir);
@@ -68,7 +70,14 @@ impl TxnDir {
                 ),
             });
         }
-        let id = TxnId::generate();
+        let id = match key {
+            Some(key) => {
+                let id = TxnId::for_key(key);
+                replace_earlier_attempt(&state_dir, &id)?;
+                id
+            }
+            None => TxnId::generate(),
+        };
         let dir = txns.join(id.as_str());
         DirBuilder::new()
             .mode(0o700)
@@ -89,6 +98,9 @@ impl TxnDir {
             owner_pid: std::process::id(),
             stages: Vec::new(),
             report: None,
+            key: key.map(str::to_owned),
+            abort_reason: None,
+            value: None,
         };
         let txn = TxnDir {
             state_dir,
@@ -173,6 +185,37 @@ impl TxnDir {
         }
         Ok(())
     }
+}
+
+/// Makes way for a keyed transaction `id`: an earlier attempt that never reached its commit
+/// (aborted, or running/prepared by a process that is gone, or a damaged record) is removed.
+fn replace_earlier_attempt(state_dir: &Path, id: &TxnId) -> Result<(), TxnError> {
+    let dir = txns_dir(state_dir).join(id.as_str());
+    if !dir.exists() {
+        return Ok(());
+    }
+    let refuse = |state: TxnState, operation| {
+        Err(TxnError::WrongState {
+            id: id.clone(),
+            state: state.name(),
+            operation,
+        })
+    };
+    if let Ok(Some(r)) = record::read::<TxnRecord>(&dir.join(RECORD_FILE), "txn") {
+        let live = crate::commit::owner_alive(r.owner_pid);
+        match r.state {
+            TxnState::Committed => return refuse(r.state, "run it again under the same key"),
+            TxnState::Committing => {
+                return refuse(r.state, "run it again before recovery finishes it")
+            }
+            TxnState::Running | TxnState::Prepared if live => {
+                return refuse(r.state, "run it again while its owner process lives")
+            }
+            TxnState::Running | TxnState::Prepared | TxnState::Aborted => {}
+        }
+    }
+    remove_tree(&dir)?;
+    lockbox_cow::fsync_dir(&txns_dir(state_dir)).map_err(store_err(state_dir))
 }
 
 /// Removes a tree, including directories of mode 000 (overlayfs's `work/work`), which their
