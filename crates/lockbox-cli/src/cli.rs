@@ -294,6 +294,12 @@ impl PolicyArgs {
     /// The one conversion from flags (and profile) to a policy. Relative paths are taken
     /// from the current directory.
     pub fn to_policy(&self) -> anyhow::Result<Policy> {
+        self.to_policy_over(None)
+    }
+
+    /// Like [`PolicyArgs::to_policy`], starting from `base` instead of the default policy
+    /// unless a profile is given (a transaction stage's own options over the shared ones).
+    pub fn to_policy_over(&self, base: Option<&Policy>) -> anyhow::Result<Policy> {
         let mut policy = match &self.profile {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -301,7 +307,7 @@ impl PolicyArgs {
                 Policy::from_toml(&text)
                     .with_context(|| format!("in profile {}", path.display()))?
             }
-            None => Policy::default(),
+            None => base.cloned().unwrap_or_default(),
         };
         let cwd = std::env::current_dir().context("reading the current directory")?;
         let abs = |p: &Path| {

@@ -144,3 +144,268 @@ fn prepared_transaction_is_committed_by_a_second_command() {
         );
     }
 }
+
+#[test]
+fn stage_opts_give_one_stage_its_own_policy() {
+    for user in users() {
+        let (_tmp, w, s) = dirs(user);
+        let out = lockbox_in(
+            user,
+            &[
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--env",
+                "SHARED=all",
+                "--stage-opts",
+                "1:--env 'ONLY=first stage'",
+                "--stage",
+                "echo \"$SHARED $ONLY\" > a.txt",
+                "--stage",
+                "echo \"$SHARED ${ONLY:-unset}\" > b.txt",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let read = |f: &str| std::fs::read_to_string(Path::new(&w).join(f)).unwrap();
+        assert_eq!(read("a.txt"), "all first stage\n");
+        assert_eq!(read("b.txt"), "all unset\n");
+
+        // Only the second source gets a timeout, and only it times out.
+        let out = lockbox_in(
+            user,
+            &[
+                "gather",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--json",
+                "--stage-opts",
+                "slow:--timeout 200ms --kill-grace 100ms",
+                "--source",
+                "quick=sleep 1; echo q",
+                "--source",
+                "slow=sleep 30",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(124), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["stages"][0]["name"], "quick");
+        assert_eq!(v["stages"][0]["exit_code"], 0, "{v}");
+        assert_eq!(v["stages"][1]["timed_out"], true, "{v}");
+        assert_eq!(v["abort_reason"]["reason"], "timed_out");
+
+        let bad = lockbox_in(
+            user,
+            &[
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--stage-opts",
+                "3:--net host",
+                "--stage",
+                "true",
+            ],
+        );
+        assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+        assert!(
+            text(&bad).contains("--stage-opts 3: no such stage"),
+            "{}",
+            text(&bad)
+        );
+        let bad = lockbox_in(
+            user,
+            &[
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--stage-opts",
+                "1:--no-such-flag",
+                "--stage",
+                "true",
+            ],
+        );
+        assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    }
+}
+
+#[test]
+fn json_and_report_carry_every_stage_changes_and_the_abort_reason() {
+    for user in users() {
+        let (tmp, w, s) = dirs(user);
+        let report = tmp.path().join("report.json");
+        let report_s = report.to_str().unwrap();
+        let out = lockbox_in(
+            user,
+            &[
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--report",
+                report_s,
+                "--stage",
+                "echo a > a.txt; echo out",
+                "--stage",
+                "cat; echo oops >&2; exit 7",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1), "{user:?} {}", text(&out));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(v["committed"], false);
+        assert_eq!(v["action"], "aborted");
+        assert_eq!(v["exit_code"], 1);
+        assert_eq!(v["stages"].as_array().unwrap().len(), 2);
+        assert_eq!(v["stages"][1]["exit_code"], 7);
+        assert_eq!(v["stages"][1]["stderr_tail"], "oops\n");
+        assert_eq!(
+            v["abort_reason"],
+            serde_json::json!({"reason": "stage_failed", "stage": 1, "name": "stage-2", "exit_code": 7})
+        );
+        // The id leads to the record, which says what the exit code meant.
+        let id = v["id"].as_str().unwrap();
+        let show = lockbox_in(user, &["txn", "--state-dir", &s, "show", id]);
+        let rec: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+        assert_eq!(rec["state"], "aborted");
+        assert_eq!(rec["exit_code"], 1);
+        assert!(
+            rec["meaning"]
+                .as_str()
+                .unwrap()
+                .contains("stage-2 exited 7"),
+            "{rec}"
+        );
+
+        let out = lockbox_in(
+            user,
+            &[
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--json",
+                "--stage",
+                "mkdir d && echo a > d/a.txt && echo done",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["committed"], true);
+        assert_eq!(v["action"], "committed");
+        assert_eq!(v["stdout"], "done\n");
+        let paths: Vec<&str> = v["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["d", "d/a.txt"]);
+        assert_eq!(v["changes"][1]["kind"], "added", "{v}");
+        assert!(v["report"].is_object(), "{v}");
+
+        let list = lockbox_in(user, &["txn", "--state-dir", &s, "--json", "list"]);
+        let all: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        assert_eq!(all.as_array().unwrap().len(), 2, "{all}");
+    }
+}
+
+/// A transaction over 2,000 files whose `txn commit` is SIGKILLed while its staging
+/// directory exists (between staging and the end of the apply); the next lockbox command on
+/// the workdir — here `lockbox run --workdir` — finds it and finishes or rolls it back
+/// first, so that command sees the pre-state or the post-state, never a half.
+#[test]
+fn a_commit_killed_with_sigkill_is_recovered_by_the_next_command_on_the_workdir() {
+    let user = users()[0];
+    for attempt in 0..20 {
+        let (_tmp, w, s) = dirs(user);
+        let out = lockbox_in(
+            user,
+            &[
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--prepare",
+                "--stage",
+                "mkdir many && for i in $(seq 2000); do echo $i > many/$i; done",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let mut commit = command_as(user)
+            .args(["txn", "--state-dir", &s, "commit", &id])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let staging = Path::new(&w).join(format!(".lockbox-commit-{id}"));
+        let caught = loop {
+            if staging.exists() {
+                commit.kill().unwrap();
+                commit.wait().unwrap();
+                break true;
+            }
+            if commit.try_wait().unwrap().is_some() {
+                break false;
+            }
+        };
+        if !caught {
+            continue;
+        }
+        let record = || {
+            let show = lockbox_in(user, &["txn", "--state-dir", &s, "show", &id]);
+            serde_json::from_slice::<serde_json::Value>(&show.stdout).unwrap()["state"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(
+            record(),
+            "committing",
+            "the kill left an interrupted commit"
+        );
+        let out = lockbox_in(
+            user,
+            &[
+                "run",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--on-exit",
+                "abort",
+                "--",
+                "/bin/sh",
+                "-c",
+                "ls many 2>/dev/null | wc -l",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let seen = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let state = record();
+        match state.as_str() {
+            "committed" => assert_eq!(seen, "2000", "{}", text(&out)),
+            "aborted" => assert_eq!(seen, "0", "{}", text(&out)),
+            other => panic!("not recovered: {other} {}", text(&out)),
+        }
+        assert!(
+            text(&out).contains(&format!("transaction {id}")),
+            "the sweep says what it did: {}",
+            text(&out)
+        );
+        assert!(!staging.exists(), "staging left behind");
+        eprintln!("killed during commit on attempt {attempt}; recovered as {state}");
+        return;
+    }
+    panic!("never caught a commit in flight in 20 attempts");
+}

@@ -123,6 +123,7 @@ fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Resul
 
 fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), CowError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
+    super::txn::recover_sweep(state_dir, branch.workdir());
     match branch.commit(&CommitOptions {
         force,
         dry_run: false,

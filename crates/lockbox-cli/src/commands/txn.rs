@@ -1,17 +1,19 @@
 //! `lockbox pipeline`, `lockbox gather` and `lockbox txn ...`: transactions over sandboxes
 //! (`lockbox-txn`). Each stage command is a shell string run by `/bin/sh -c` in the workdir,
-//! under the policy given by the shared policy flags.
-//!
+//! under the policy given by the shared policy flags and that stage's `--stage-opts`.
+//! `--json` / `--report` give the outcome as JSON (schema in docs/transactions.md).
 
 use super::print_error;
 use crate::cli::PolicyArgs;
-use clap::{Args, Subcommand, ValueEnum};
-use lockbox_policy::parse_duration;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use lockbox_policy::{parse_duration, Policy};
 use lockbox_txn::{
-    ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage, TxnId,
+    AbortReason, ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage,
+    TxnId, TxnOptions, TxnRecord, TxnState,
 };
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
-use std::path::PathBuf;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
 /// Flags shared by `pipeline` and `gather`.
 #[derive(Debug, Args)]
@@ -40,6 +42,19 @@ pub struct TxnFlags {
     /// Rerun a failed stage up to N more times, each on a fresh layer.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub retries: u32,
+    /// Policy options for one stage, on top of the shared ones: SEL is a stage number
+    /// (pipeline, from 1), a source name or `consumer` (gather); OPTIONS are policy options
+    /// as on this command line, e.g. '2:--net host --timeout 30s'. A --profile among them
+    /// replaces the shared policy for that stage. Repeatable.
+    #[arg(long = "stage-opts", value_name = "SEL:OPTIONS", value_parser = parse_stage_opts)]
+    pub stage_opts: Vec<(String, Vec<String>)>,
+    /// Print the outcome as JSON on stdout (the last stage's stdout becomes its "stdout"
+    /// field) instead of the summary on stderr.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the outcome as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
 }
 
 impl TxnFlags {
@@ -48,6 +63,15 @@ impl TxnFlags {
             only: self.only.clone(),
             exclude: self.exclude.clone(),
         }
+    }
+
+    fn options(&self, state_dir: &Path) -> TxnOptions {
+        let mut options = TxnOptions::new(state_dir, &self.workdir);
+        options.selection = self.selection();
+        if let Some(lock) = self.lock {
+            options.lock = lock;
+        }
+        options
     }
 }
 
@@ -96,6 +120,9 @@ pub struct TxnArgs {
     /// Where transaction records live.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Print JSON (list: an array of records; show/commit/abort: one object).
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: TxnCommand,
 }
@@ -104,10 +131,18 @@ pub struct TxnArgs {
 pub enum TxnCommand {
     /// List transactions (id, state, kind, workdir).
     List,
-    /// Show one transaction's record as JSON.
+    /// Show one transaction's record as JSON, with its exit code and what it means.
     Show { id: String },
-    /// Commit a prepared transaction.
-    Commit { id: String },
+    /// Commit a prepared transaction (all of it, or the --only/--exclude part).
+    Commit {
+        id: String,
+        /// Commit only changes at or below PATH (relative to the workdir). Repeatable.
+        #[arg(long, value_name = "PATH")]
+        only: Vec<PathBuf>,
+        /// Discard changes at or below PATH. Repeatable.
+        #[arg(long, value_name = "PATH")]
+        exclude: Vec<PathBuf>,
+    },
     /// Abort a prepared transaction.
     Abort { id: String },
     /// Finish or roll back interrupted transactions.
@@ -115,6 +150,26 @@ pub enum TxnCommand {
         #[arg(long, value_name = "DIR")]
         workdir: Option<PathBuf>,
     },
+}
+
+/// The policy options of one `--stage-opts`, parsed like the command line's.
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true, name = "--stage-opts")]
+struct StagePolicyArgs {
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+fn parse_stage_opts(s: &str) -> Result<(String, Vec<String>), String> {
+    let (sel, opts) = s
+        .split_once(':')
+        .ok_or("expected SEL:OPTIONS, e.g. '2:--net host'")?;
+    if sel.is_empty() {
+        return Err("empty stage selector before ':'".into());
+    }
+    let words = shlex::split(opts).ok_or("unbalanced quotes in the options")?;
+    StagePolicyArgs::try_parse_from(&words).map_err(|e| e.to_string())?;
+    Ok((sel.to_owned(), words))
 }
 
 fn parse_lock(s: &str) -> Result<LockPolicy, String> {
@@ -145,31 +200,173 @@ fn state_dir(given: &Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|_| std::env::temp_dir().join("lockbox-state"))
 }
 
-fn stage_of(flags: &TxnFlags, policy: &PolicyArgs, cmd: &str) -> Result<Stage, i32> {
-    let workdir = &flags.workdir;
-    let mut p = policy.to_policy().map_err(|e| {
-        print_error(&format!("{e:#}"), None);
+/// Recovers the interrupted transactions of `workdir` before a command touches it, saying
+/// on stderr what it did. A failure is a warning: the command goes on (its own commit, if
+/// any, recovers again and fails clearly).
+pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
+    match lockbox_txn::recover_workdir(state_dir, workdir) {
+        Ok(Some(r)) => {
+            for id in &r.rolled_forward {
+                eprintln!("lockbox: finished transaction {id}, interrupted after its commit point");
+            }
+            for id in &r.rolled_back {
+                eprintln!(
+                    "lockbox: rolled back transaction {id}, interrupted before its commit point"
+                );
+            }
+            for id in &r.abandoned {
+                eprintln!("lockbox: aborted transaction {id}: its process died while it ran");
+            }
+        }
+        // Busy: a live commit holds the lock and recovers the workdir itself.
+        Ok(None) => {}
+        Err(e) => eprintln!(
+            "lockbox: warning: recovering transactions of {}: {e}",
+            workdir.display()
+        ),
+    }
+}
+
+/// The policy of the stage selected by `sel`: the shared one with its `--stage-opts`.
+fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Stage, i32> {
+    let usage = |msg: String| {
+        print_error(&msg, None);
         2
-    })?;
-    let workdir = std::fs::canonicalize(workdir).map_err(|e| {
-        print_error(&format!("workdir {}: {e}", workdir.display()), None);
-        2
-    })?;
+    };
+    let mut p = base.clone();
+    for (_, words) in flags.stage_opts.iter().filter(|(s, _)| s == sel) {
+        let args = StagePolicyArgs::try_parse_from(words)
+            .map_err(|e| usage(format!("--stage-opts {sel}: {e}")))?;
+        p = args
+            .policy
+            .to_policy_over(Some(&p))
+            .map_err(|e| usage(format!("--stage-opts {sel}: {e:#}")))?;
+    }
+    let workdir = std::fs::canonicalize(&flags.workdir)
+        .map_err(|e| usage(format!("workdir {}: {e}", flags.workdir.display())))?;
     p.cwd.get_or_insert(workdir);
     Ok(Stage::sh(p, cmd).retries(flags.retries))
 }
 
-/// Prints the outcome (stage summary and changes on stderr, the last stdout on stdout) and
-/// returns the exit code.
-fn finish(result: Result<TxnOutcome, TxnError>) -> i32 {
+/// Checks that every `--stage-opts` selects an existing stage.
+fn check_selectors(flags: &TxnFlags, known: &[String]) -> Result<(), i32> {
+    for (sel, _) in &flags.stage_opts {
+        if !known.contains(sel) {
+            print_error(
+                &format!(
+                    "--stage-opts {sel}: no such stage (known: {})",
+                    known.join(", ")
+                ),
+                None,
+            );
+            return Err(2);
+        }
+    }
+    Ok(())
+}
+
+fn base_policy(policy: &PolicyArgs) -> Result<Policy, i32> {
+    policy.to_policy().map_err(|e| {
+        print_error(&format!("{e:#}"), None);
+        2
+    })
+}
+
+/// What the command did with the transaction, for the JSON's `action`.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Committed,
+    Aborted,
+    DryRun,
+    Prepared,
+}
+
+impl Action {
+    fn name(self) -> &'static str {
+        match self {
+            Action::Committed => "committed",
+            Action::Aborted => "aborted",
+            Action::DryRun => "dry_run",
+            Action::Prepared => "prepared",
+        }
+    }
+}
+
+/// How the outcome is printed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Output<'a> {
+    json: bool,
+    report: Option<&'a Path>,
+}
+
+impl<'a> Output<'a> {
+    fn of(flags: &'a TxnFlags) -> Output<'a> {
+        Output {
+            json: flags.json,
+            report: flags.report.as_deref(),
+        }
+    }
+
+    /// Writes `value` to the report file and, with `--json`, to stdout. A report that
+    /// cannot be written turns a success into exit 125.
+    fn emit(&self, value: &Value, code: i32) -> i32 {
+        if self.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(value).unwrap_or_default()
+            );
+        }
+        if let Some(path) = self.report {
+            let text = serde_json::to_string_pretty(value).unwrap_or_default() + "\n";
+            if let Err(e) = std::fs::write(path, text) {
+                print_error(&format!("writing report {}: {e}", path.display()), None);
+                return if code == 0 { 125 } else { code };
+            }
+        }
+        code
+    }
+}
+
+fn error_json(e: &TxnError) -> Value {
+    json!({
+        "committed": false,
+        "exit_code": e.exit_code(),
+        "error": { "code": e.code(), "message": e.to_string() },
+    })
+}
+
+/// The outcome as JSON (schema in docs/transactions.md).
+fn outcome_json(outcome: &TxnOutcome, action: Action, with_stdout: bool) -> Value {
+    let mut v = serde_json::to_value(outcome).unwrap_or_else(|_| json!({}));
+    v["action"] = json!(action.name());
+    v["exit_code"] = json!(outcome.exit_code());
+    if with_stdout {
+        let bytes = outcome.stdout.read_all().unwrap_or_default();
+        v["stdout"] = json!(String::from_utf8_lossy(&bytes));
+    }
+    v
+}
+
+/// Prints the outcome — summary and changes on stderr, the last stdout on stdout; or JSON —
+/// and returns the exit code.
+fn finish(result: Result<TxnOutcome, TxnError>, action: Action, out: Output<'_>) -> i32 {
     let outcome = match result {
         Ok(o) => o,
         Err(e) => {
             let hint = (e.exit_code() == 4).then(|| "run `lockbox txn recover`".to_owned());
             print_error(&e, hint);
-            return i32::from(e.exit_code());
+            return out.emit(&error_json(&e), i32::from(e.exit_code()));
         }
     };
+    let action = if outcome.abort_reason.is_some() && !matches!(action, Action::DryRun) {
+        Action::Aborted
+    } else {
+        action
+    };
+    let code = i32::from(outcome.exit_code());
+    if out.json {
+        return out.emit(&outcome_json(&outcome, action, true), code);
+    }
     for s in &outcome.stages {
         eprintln!(
             "lockbox: {}: exit {} in {:?}",
@@ -183,90 +380,169 @@ fn finish(result: Result<TxnOutcome, TxnError>) -> i32 {
             c.stages.join(", ")
         );
     }
-    if let Some(reason) = &outcome.abort_reason {
-        eprintln!("lockbox: not committed: {reason:?}");
+    match (&outcome.abort_reason, action) {
+        (Some(_), Action::DryRun) => print!("{}", outcome.changes.to_lines()),
+        (Some(reason), _) => eprintln!("lockbox: not committed: {reason:?}"),
+        (None, _) => {}
     }
-    eprint!("{}", outcome.changes.to_lines());
-    if let Ok(bytes) = outcome.stdout.read_all() {
-        use std::io::Write;
-        let _ = std::io::stdout().write_all(&bytes);
+    if !matches!(action, Action::DryRun) {
+        eprint!("{}", outcome.changes.to_lines());
+        if let Ok(bytes) = outcome.stdout.read_all() {
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(&bytes);
+        }
     }
-    i32::from(outcome.exit_code())
+    out.emit(&outcome_json(&outcome, action, false), code)
 }
 
 fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
+    let out = Output::of(flags);
     let prepared = match prepared {
         Ok(p) => p,
-        Err(e) => return finish(Err(e)),
+        Err(e) => return finish(Err(e), Action::Aborted, out),
     };
     if !prepared.all_succeeded() {
-        return finish(Ok(prepared.outcome().clone()));
+        return finish(Ok(prepared.outcome().clone()), Action::Aborted, out);
     }
     if flags.dry_run {
-        print!("{}", prepared.outcome().changes.to_lines());
-        return prepared.abort().map_or_else(|e| finish(Err(e)), |_| 0);
+        let aborted = prepared.abort().map(|mut o| {
+            o.abort_reason = Some(AbortReason::DryRun);
+            o
+        });
+        return finish(aborted, Action::DryRun, out);
     }
     if flags.prepare {
+        let outcome = prepared.outcome().clone();
         let id = prepared.keep();
-        println!("{id}");
-        return 0;
+        if !out.json {
+            println!("{id}");
+        }
+        return out.emit(&outcome_json(&outcome, Action::Prepared, false), 0);
     }
-    finish(prepared.commit())
+    finish(prepared.commit(), Action::Committed, out)
 }
 
 pub fn pipeline(args: &PipelineArgs) -> i32 {
     let flags = &args.txn;
-    let mut p =
-        Pipeline::new(&state_dir(&flags.state_dir), &flags.workdir).select(flags.selection());
+    let state = state_dir(&flags.state_dir);
+    recover_sweep(&state, &flags.workdir);
+    let known: Vec<String> = (1..=args.stages.len()).map(|i| i.to_string()).collect();
+    let base = match check_selectors(flags, &known).and_then(|()| base_policy(&args.policy)) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let mut p = Pipeline::new(&state, &flags.workdir).options(flags.options(&state));
     if args.stream {
         p = p.stream(ConflictPolicy::Fail);
     }
-    for cmd in &args.stages {
-        match stage_of(flags, &args.policy, cmd) {
+    for (cmd, sel) in args.stages.iter().zip(&known) {
+        match stage_of(flags, &base, sel, cmd) {
             Ok(s) => p = p.stage(s),
             Err(code) => return code,
         }
-    }
-    if let Some(lock) = flags.lock {
-        p = p.lock(lock);
     }
     resolve(p.prepare(), flags)
 }
 
 pub fn gather(args: &GatherArgs) -> i32 {
     let flags = &args.txn;
+    let state = state_dir(&flags.state_dir);
+    recover_sweep(&state, &flags.workdir);
     let policy = match args.conflict {
         ConflictArg::Fail => ConflictPolicy::Fail,
         ConflictArg::FirstWriterWins => ConflictPolicy::FirstWriterWins,
         ConflictArg::LastWriterWins => ConflictPolicy::LastWriterWins,
         ConflictArg::Markers => ConflictPolicy::Markers,
     };
-    let mut g = Gather::new(&state_dir(&flags.state_dir), &flags.workdir)
-        .conflict_policy(policy)
-        .select(flags.selection());
+    let mut known: Vec<String> = args.sources.iter().map(|(n, _)| n.clone()).collect();
+    if args.consumer.is_some() {
+        known.push("consumer".into());
+    }
+    let base = match check_selectors(flags, &known).and_then(|()| base_policy(&args.policy)) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let mut g = Gather::new(&state, &flags.workdir)
+        .options(flags.options(&state))
+        .conflict_policy(policy);
     for (name, cmd) in &args.sources {
-        match stage_of(flags, &args.policy, cmd) {
+        match stage_of(flags, &base, name, cmd) {
             Ok(s) => g = g.source(name, s),
             Err(code) => return code,
         }
     }
     if let Some(cmd) = &args.consumer {
-        match stage_of(flags, &args.policy, cmd) {
+        match stage_of(flags, &base, "consumer", cmd) {
             Ok(s) => g = g.consumer(s),
             Err(code) => return code,
         }
     }
-    if let Some(lock) = flags.lock {
-        g = g.lock(lock);
-    }
     resolve(g.prepare(), flags)
+}
+
+/// The exit code a finished transaction's command returned, and what it means.
+fn explain(r: &TxnRecord) -> (u8, String) {
+    let failed = r
+        .stages
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| AbortReason::of_stage(i, s));
+    match (r.state, r.abort_reason.clone(), failed) {
+        (TxnState::Committed, _, _) => (0, "committed".into()),
+        (TxnState::Prepared, _, _) => (
+            0,
+            "prepared: finish it with `lockbox txn commit|abort ID`".into(),
+        ),
+        (TxnState::Running, _, _) => (
+            0,
+            "running (or its process died: see `lockbox txn recover`)".into(),
+        ),
+        (TxnState::Committing, _, _) => (
+            4,
+            "interrupted during its commit: `lockbox txn recover` finishes or rolls it back".into(),
+        ),
+        (TxnState::Aborted, Some(reason), _) | (TxnState::Aborted, None, Some(reason)) => {
+            (reason.exit_code(), reason.explain())
+        }
+        (TxnState::Aborted, None, None) => (
+            4,
+            "aborted before its commit point: the commit was refused (stale base, busy \
+             workdir, bad change) or its process died"
+                .into(),
+        ),
+    }
+}
+
+fn record_json(r: &TxnRecord) -> Value {
+    let (code, meaning) = explain(r);
+    let mut v = serde_json::to_value(r).unwrap_or_else(|_| json!({}));
+    v["exit_code"] = json!(code);
+    v["meaning"] = json!(meaning);
+    v
 }
 
 pub fn txn(args: &TxnArgs) -> i32 {
     let state = state_dir(&args.state_dir);
+    let out = Output {
+        json: args.json,
+        report: None,
+    };
     let id = |s: &str| TxnId::parse(s);
     let result: Result<i32, TxnError> = match &args.command {
         TxnCommand::List => lockbox_txn::list(&state).map(|all| {
+            if args.json {
+                let v: Vec<Value> = all
+                    .iter()
+                    .map(|t| match t {
+                        ListedTxn::Ok(r) => record_json(r),
+                        ListedTxn::Damaged { dir, error } => json!({
+                            "dir": dir, "state": "damaged", "error": error.to_string()
+                        }),
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                return 0;
+            }
             for t in all {
                 match t {
                     ListedTxn::Ok(r) => println!(
@@ -291,7 +567,8 @@ pub fn txn(args: &TxnArgs) -> i32 {
             });
             match rec {
                 Some(r) => {
-                    println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                    let v = record_json(&r);
+                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
                     Ok(0)
                 }
                 None => Err(TxnError::NotFound {
@@ -300,12 +577,27 @@ pub fn txn(args: &TxnArgs) -> i32 {
                 }),
             }
         }),
-        TxnCommand::Commit { id: s } => id(s)
-            .and_then(|id| PreparedTxn::open(&state, &id))
-            .map(|p| finish(p.commit())),
+        TxnCommand::Commit {
+            id: s,
+            only,
+            exclude,
+        } => id(s).and_then(|id| {
+            let mut p = PreparedTxn::open(&state, &id)?;
+            if let Some(workdir) = p.workdir() {
+                recover_sweep(&state, workdir);
+            }
+            let selection = Selection {
+                only: only.clone(),
+                exclude: exclude.clone(),
+            };
+            if !selection.is_all() {
+                p.select(&selection)?;
+            }
+            Ok(finish(p.commit(), Action::Committed, out))
+        }),
         TxnCommand::Abort { id: s } => id(s)
             .and_then(|id| PreparedTxn::open(&state, &id))
-            .map(|p| finish(p.abort())),
+            .map(|p| finish(p.abort(), Action::Aborted, out)),
         TxnCommand::Recover { workdir } => {
             lockbox_txn::recover(&state, workdir.as_deref()).map(|r| {
                 println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
@@ -315,6 +607,9 @@ pub fn txn(args: &TxnArgs) -> i32 {
     };
     result.unwrap_or_else(|e| {
         print_error(&e, None);
+        if args.json {
+            println!("{}", error_json(&e));
+        }
         i32::from(e.exit_code())
     })
 }

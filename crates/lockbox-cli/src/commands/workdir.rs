@@ -33,6 +33,7 @@ pub fn begin(
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .map_err(|e| anyhow::anyhow!("creating state directory {}: {e}", state_dir.display()))?;
+    super::txn::recover_sweep(&state_dir, workdir);
     let command: Vec<String> = argv
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
