@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v setpriv >/dev/null || need+=(util-linux)
+# The documented transaction examples (tests/docs.rs) apply a patch with git inside a
+# sandbox and read the JSON outcome with jq.
+[ -x /usr/bin/git ] || [ -x /usr/local/bin/git ] || need+=(git)
+command -v jq >/dev/null || need+=(jq)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"

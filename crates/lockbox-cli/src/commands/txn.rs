@@ -88,6 +88,9 @@ pub struct PipelineArgs {
     /// their changes merge like gather sources (conflicts fail).
     #[arg(long)]
     pub stream: bool,
+    /// The first stage's stdin: FILE, or `-` for lockbox's own stdin [default: empty].
+    #[arg(long, value_name = "FILE")]
+    pub stdin: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -432,6 +435,21 @@ pub fn pipeline(args: &PipelineArgs) -> i32 {
         Err(code) => return code,
     };
     let mut p = Pipeline::new(&state, &flags.workdir).options(flags.options(&state));
+    if let Some(path) = &args.stdin {
+        let read = if path.as_os_str() == "-" {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map(|_| bytes)
+        } else {
+            std::fs::read(path)
+        };
+        match read {
+            Ok(bytes) => p = p.stdin(bytes),
+            Err(e) => {
+                print_error(&format!("--stdin {}: {e}", path.display()), None);
+                return 2;
+            }
+        }
+    }
     if args.stream {
         p = p.stream(ConflictPolicy::Fail);
     }
