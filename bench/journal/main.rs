@@ -68,8 +68,9 @@ enum Raw {
     File(std::fs::File),
     /// One autocommit `INSERT` (WAL, `synchronous=FULL`).
     Sqlite(rusqlite::Connection),
-    /// One `INSERT` round trip into a logged table (commit waits for the WAL flush).
-    Postgres(tokio_postgres::Client),
+    /// One `INSERT` round trip (a prepared statement, as the journal's append) into a
+    /// logged table (commit waits for the WAL flush).
+    Postgres(tokio_postgres::Client, tokio_postgres::Statement),
 }
 
 impl Raw {
@@ -86,11 +87,9 @@ impl Raw {
                 )
                 .unwrap();
             }
-            Self::Postgres(c) => {
+            Self::Postgres(c, insert) => {
                 let l = std::str::from_utf8(l).unwrap();
-                c.execute("INSERT INTO lockbox_bench_raw (line) VALUES ($1)", &[&l])
-                    .await
-                    .unwrap();
+                c.execute(insert, &[&l]).await.unwrap();
             }
         }
     }
@@ -127,7 +126,11 @@ async fn raw_postgres(url: &str) -> Raw {
         )
         .await
         .unwrap();
-    Raw::Postgres(client)
+    let insert = client
+        .prepare("INSERT INTO lockbox_bench_raw (line) VALUES ($1)")
+        .await
+        .unwrap();
+    Raw::Postgres(client, insert)
 }
 
 /// One writer, `record()` and the raw write alternating sample by sample, so both see the

@@ -404,6 +404,12 @@ pub enum StorageError {
         /// The rejected name.
         schema: String,
     },
+    /// The storage was asked for something this build does not do (e.g. TLS to PostgreSQL).
+    #[error("not supported: {what}")]
+    Unsupported {
+        /// What, and what to do instead.
+        what: String,
+    },
     /// The backend's worker thread or task is gone (it panicked or the runtime shut down).
     #[error("{backend} storage worker stopped")]
     WorkerGone {
@@ -423,6 +429,7 @@ impl StorageError {
             Self::Sqlite { .. } | Self::SqliteBatch { .. } => "STORAGE_SQLITE",
             Self::Postgres { .. } => "STORAGE_POSTGRES",
             Self::InvalidSchema { .. } => "INVALID_SCHEMA",
+            Self::Unsupported { .. } => "STORAGE_UNSUPPORTED",
             Self::WorkerGone { .. } => "STORAGE_WORKER_GONE",
         }
     }
