@@ -46,13 +46,28 @@ pub enum Command {
     Journal(crate::commands::journal::JournalArgs),
     /// Run shell stages in order, each in its own sandbox on the writes of the ones before,
     /// stdout piped to the next; commit all their writes to the workdir or none.
+    #[command(after_help = TXN_EXIT_CODES)]
     Pipeline(crate::commands::txn::PipelineArgs),
     /// Run named sources in parallel sandboxes, merge their writes under a conflict policy,
     /// run a consumer on the merged view; commit all or none.
+    #[command(after_help = TXN_EXIT_CODES)]
     Gather(crate::commands::txn::GatherArgs),
     /// List, show, commit, abort or recover transactions.
+    #[command(after_help = TXN_EXIT_CODES)]
     Txn(crate::commands::txn::TxnArgs),
 }
+
+const TXN_EXIT_CODES: &str = "\
+Exit codes of `lockbox pipeline`, `lockbox gather` and `lockbox txn commit|abort`:
+  0    committed (or --dry-run / --prepare / abort succeeded)
+  1    a stage failed; nothing committed
+  3    merge conflict under --conflict fail; nothing committed
+  4    commit failed; if past its commit point, `lockbox txn recover` finishes it
+  5    workdir busy (--lock) or stale base (the workdir changed the same paths)
+  124  a stage timed out; nothing committed
+  125  a stage's sandbox (or the transaction store) could not be set up
+  2    usage error, unknown id, wrong state
+`lockbox txn show ID` says which one a finished transaction returned and why.";
 
 const BRANCH_EXIT_CODES: &str = "\
 Exit codes of `lockbox branch`:

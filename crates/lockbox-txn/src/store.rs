@@ -3,7 +3,7 @@
 //! ```text
 //! STATE/txns/<id>/record.json       TxnRecord, versioned and checksummed (written last at creation)
 //! STATE/txns/<id>/base/             empty; its ctime is the optimistic-concurrency base
-//! STATE/txns/<id>/layers/<n>/upper  stage n's (or source n's) overlayfs upper layer
+//! STATE/txns/<id>/layers/<n>/upper  stage n's (or source n's) overlayfs upper layer (until prepared)
 //! STATE/txns/<id>/layers/<n>/work   its overlayfs work directory (removed after the stage)
 //! STATE/txns/<id>/merged/           the union of all layers, flattened (what commit applies)
 //! STATE/txns/<id>/out/<n>           a stage's stdout, spilled beyond the memory bound
