@@ -16,6 +16,13 @@ fn lockbox_in(user: User, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `lockbox KIND --workdir W --state-dir S ARGS...` as `user`.
+fn txn_in(user: User, kind: &str, w: &str, s: &str, args: &[&str]) -> Output {
+    let mut all = vec![kind, "--workdir", w, "--state-dir", s];
+    all.extend_from_slice(args);
+    lockbox_in(user, &all)
+}
+
 fn dirs(user: User) -> (tempfile::TempDir, String, String) {
     let tmp = scratch();
     std::fs::create_dir(tmp.path().join("work")).unwrap();
@@ -149,14 +156,12 @@ fn prepared_transaction_is_committed_by_a_second_command() {
 fn stage_opts_give_one_stage_its_own_policy() {
     for user in users() {
         let (_tmp, w, s) = dirs(user);
-        let out = lockbox_in(
+        let out = txn_in(
             user,
+            "pipeline",
+            &w,
+            &s,
             &[
-                "pipeline",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
                 "--env",
                 "SHARED=all",
                 "--stage-opts",
@@ -173,14 +178,12 @@ fn stage_opts_give_one_stage_its_own_policy() {
         assert_eq!(read("b.txt"), "all unset\n");
 
         // Only the second source gets a timeout, and only it times out.
-        let out = lockbox_in(
+        let out = txn_in(
             user,
+            "gather",
+            &w,
+            &s,
             &[
-                "gather",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
                 "--json",
                 "--stage-opts",
                 "slow:--timeout 200ms --kill-grace 100ms",
@@ -197,19 +200,12 @@ fn stage_opts_give_one_stage_its_own_policy() {
         assert_eq!(v["stages"][1]["timed_out"], true, "{v}");
         assert_eq!(v["abort_reason"]["reason"], "timed_out");
 
-        let bad = lockbox_in(
+        let bad = txn_in(
             user,
-            &[
-                "pipeline",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
-                "--stage-opts",
-                "3:--net host",
-                "--stage",
-                "true",
-            ],
+            "pipeline",
+            &w,
+            &s,
+            &["--stage-opts", "3:--net host", "--stage", "true"],
         );
         assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
         assert!(
@@ -217,19 +213,12 @@ fn stage_opts_give_one_stage_its_own_policy() {
             "{}",
             text(&bad)
         );
-        let bad = lockbox_in(
+        let bad = txn_in(
             user,
-            &[
-                "pipeline",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
-                "--stage-opts",
-                "1:--no-such-flag",
-                "--stage",
-                "true",
-            ],
+            "pipeline",
+            &w,
+            &s,
+            &["--stage-opts", "1:--no-such-flag", "--stage", "true"],
         );
         assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     }
@@ -241,14 +230,12 @@ fn json_and_report_carry_every_stage_changes_and_the_abort_reason() {
         let (tmp, w, s) = dirs(user);
         let report = tmp.path().join("report.json");
         let report_s = report.to_str().unwrap();
-        let out = lockbox_in(
+        let out = txn_in(
             user,
+            "pipeline",
+            &w,
+            &s,
             &[
-                "pipeline",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
                 "--report",
                 report_s,
                 "--stage",
@@ -284,14 +271,12 @@ fn json_and_report_carry_every_stage_changes_and_the_abort_reason() {
             "{rec}"
         );
 
-        let out = lockbox_in(
+        let out = txn_in(
             user,
+            "pipeline",
+            &w,
+            &s,
             &[
-                "pipeline",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
                 "--json",
                 "--stage",
                 "mkdir d && echo a > d/a.txt && echo done",
@@ -327,14 +312,12 @@ fn a_commit_killed_with_sigkill_is_recovered_by_the_next_command_on_the_workdir(
     let user = users()[0];
     for attempt in 0..20 {
         let (_tmp, w, s) = dirs(user);
-        let out = lockbox_in(
+        let out = txn_in(
             user,
+            "pipeline",
+            &w,
+            &s,
             &[
-                "pipeline",
-                "--workdir",
-                &w,
-                "--state-dir",
-                &s,
                 "--prepare",
                 "--stage",
                 "mkdir many && for i in $(seq 2000); do echo $i > many/$i; done",

@@ -81,12 +81,19 @@ pub async fn record_exec(
     let retry_all = RecordOptions::retry_when(|_: &JournaledError| true);
     run.record_with(name, retry_all, || async move {
         let stage = Stage::new(policy, argv).named(name);
-        tokio::task::spawn_blocking(move || exec(&stage))
-            .await
-            .map_err(task_died)?
-            .map_err(JournaledError::from)
+        blocking(move || exec(&stage)).await
     })
     .await
+}
+
+/// Runs blocking sandbox work off the async runtime's threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, TxnError> + Send + 'static,
+) -> Result<T, JournaledError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(task_died)?
+        .map_err(JournaledError::from)
 }
 
 fn exec(stage: &Stage) -> Result<ExecResult, TxnError> {
@@ -131,10 +138,7 @@ pub async fn record_transaction(
     let retry_all = RecordOptions::retry_when(|_: &JournaledError| true);
     run.record_txn_with(name, &store, retry_all, |key| async move {
         let txn = txn.key(key.as_str());
-        tokio::task::spawn_blocking(move || prepare_and_commit(&txn))
-            .await
-            .map_err(task_died)?
-            .map_err(JournaledError::from)
+        blocking(move || prepare_and_commit(&txn)).await
     })
     .await
 }
