@@ -207,6 +207,10 @@ fn state_dir(given: &Option<PathBuf>) -> PathBuf {
 /// on stderr what it did. A failure is a warning: the command goes on (its own commit, if
 /// any, recovers again and fails clearly).
 pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
+    if !workdir.is_dir() {
+        // Nothing to recover into; the command itself reports the bad workdir.
+        return;
+    }
     match lockbox_txn::recover_workdir(state_dir, workdir) {
         Ok(Some(r)) => {
             for id in &r.rolled_forward {
