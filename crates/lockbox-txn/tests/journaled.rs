@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use common::{dirs, stage, staging_leftovers};
+use common::{dirs, rerun_as_nobody, stage, staging_leftovers};
 use lockbox_journal::{
     EntryBody, Journal, RawEntry, RunId, SqliteStorage, StartOptions, Storage, StorageError,
 };
@@ -133,6 +133,7 @@ async fn journaled_transaction_is_exactly_once_across_a_crash_after_commit() {
     assert!(matches!(&records[0], lockbox_txn::ListedTxn::Ok(r)
         if r.state == TxnState::Committed && r.key.as_deref() == Some("agent/apply")));
     assert!(staging_leftovers(&work).is_empty());
+    rerun_as_nobody("journaled_transaction_is_exactly_once_across_a_crash_after_commit");
 }
 
 #[tokio::test]
@@ -201,4 +202,5 @@ async fn a_journaled_exec_replays_without_running_again() {
         "ran\n",
         "the command ran once"
     );
+    rerun_as_nobody("a_journaled_exec_replays_without_running_again");
 }
