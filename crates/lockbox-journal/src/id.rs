@@ -53,7 +53,7 @@ impl RunId {
     }
 
     /// The default name of a fork of this run made at `unix_ms`: `RUN.fork-<unix_ms>`, with
-    /// `RUN` shortened so the result stays within [`MAX_RUN_ID_LEN`].
+    /// `RUN` shortened so the result stays within `MAX_RUN_ID_LEN`.
     pub fn fork_name(&self, unix_ms: u64) -> Result<Self, JournalError> {
         let suffix = format!(".fork-{unix_ms}");
         let keep = MAX_RUN_ID_LEN
