@@ -383,7 +383,7 @@ pub fn denied() -> Vec<Denied> {
         deny!(fchmodat if When::SetIdMode { arg: 2 }, SETID_WHY),
         deny!(fchmodat2 if When::SetIdMode { arg: 2 }, SETID_WHY),
         deny!(openat if When::SetIdMode { arg: 3 }, SETID_WHY),
-        deny!(mknodat if When::SetIdMode { arg: 3 }, SETID_WHY),
+        deny!(mknodat if When::SetIdMode { arg: 2 }, SETID_WHY),
         deny!(ioctl if When::IoctlRequest(TIOCSTI), "TIOCSTI pushes keystrokes into a shared terminal: commands run outside the sandbox"),
         deny!(ioctl if When::IoctlRequest(TIOCLINUX), "TIOCLINUX can read and inject console contents"),
         deny!(personality if When::PersonalityChange, "personality flags such as READ_IMPLIES_EXEC or ADDR_NO_RANDOMIZE weaken exploit mitigations"),
