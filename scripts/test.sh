@@ -41,3 +41,12 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+
+# Fuzzing: each cargo-fuzz target for a short time (5 targets x 30 s in CI; longer runs by
+# hand, docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is set.
+if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
+  echo "== fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-30})"
+  bash scripts/fuzz.sh "${LOCKBOX_FUZZ_SECONDS:-30}"
+else
+  echo "== fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
+fi

@@ -333,7 +333,9 @@ impl Fixture {
         }
         let setid = setid_files(&self.fx().join("work"));
         if !setid.is_empty() {
-            problems.push(format!("setuid/setgid files in the grant: {setid:?}"));
+            problems.push(format!(
+                "setuid/setgid/capability files in the grant: {setid:?}"
+            ));
         }
     }
 }
@@ -380,12 +382,32 @@ fn processes_marked(token: &str) -> Vec<String> {
     }
 }
 
+/// Files in `dir` the host would run with more privilege than their runner: setuid or setgid
+/// bits, or a file capability.
 fn setid_files(dir: &Path) -> Vec<PathBuf> {
     snapshot(dir)
         .into_iter()
-        .filter(|(_, n)| matches!(n, Node::File(mode, _) if mode & 0o6000 != 0))
+        .filter(|(p, n)| match n {
+            Node::File(mode, _) => mode & 0o6000 != 0 || has_file_capability(&dir.join(p)),
+            _ => false,
+        })
         .map(|(p, _)| p)
         .collect()
+}
+
+fn has_file_capability(path: &Path) -> bool {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: both strings are NUL-terminated and live across the call; a null buffer of
+    // size 0 asks only for the value's size.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    n >= 0
 }
 
 /// Runs a command in a new pseudo-terminal, copying its output; exits with its code.
