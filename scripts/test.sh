@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v setpriv >/dev/null || need+=(util-linux)
+# The escape corpus (tests/escape) compiles its C attacks; they include kernel uapi headers.
+command -v gcc >/dev/null || need+=(gcc)
+[ -e /usr/include/linux/bpf.h ] || need+=(libc6-dev linux-libc-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"
