@@ -30,7 +30,7 @@ fi
 if [ "$toolchain" = nightly ]; then
   fuzz=(cargo +nightly fuzz)
 else
-  echo "== no nightly toolchain: stable with RUSTC_BOOTSTRAP=1"
+  echo "== stable toolchain with RUSTC_BOOTSTRAP=1 (no nightly installed, or LOCKBOX_FUZZ_TOOLCHAIN=stable)"
   export RUSTC_BOOTSTRAP=1
   fuzz=(cargo +stable fuzz)
 fi
