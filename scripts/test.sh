@@ -14,6 +14,9 @@ command -v setpriv >/dev/null || need+=(util-linux)
 # sandbox and read the JSON outcome with jq.
 [ -x /usr/bin/git ] || [ -x /usr/local/bin/git ] || need+=(git)
 command -v jq >/dev/null || need+=(jq)
+# The escape corpus (tests/escape) compiles its C attacks; they include kernel uapi headers.
+command -v gcc >/dev/null || need+=(gcc)
+[ -e /usr/include/linux/bpf.h ] || need+=(libc6-dev linux-libc-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"
@@ -45,3 +48,12 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+
+# Fuzzing: each cargo-fuzz target for a short time (6 targets x 30 s = 3 min in CI; longer runs by
+# hand, docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is set.
+if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
+  echo "== fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-30})"
+  bash scripts/fuzz.sh "${LOCKBOX_FUZZ_SECONDS:-30}"
+else
+  echo "== fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
+fi

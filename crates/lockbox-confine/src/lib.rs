@@ -43,7 +43,9 @@ pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::plan::{Op, SetupPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
-pub use crate::seccomp::{denied as denied_syscalls, Denied, When};
+pub use crate::seccomp::{
+    denied as denied_syscalls, Allowed, Denied, When, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,
+};
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
     namespaces, run, spawn, spawn_with, Enforcement, Outcome, Running, Status, Stdio, UpperMount,

@@ -210,7 +210,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
                 });
             }
             Node::Tmpfs => {
-                tmpfs(&mut plan, "tmp", "mode=1777");
+                tmpfs(&mut plan, "tmp", &scratch_options(resolved));
                 plan.rules.push(Rule {
                     path: cstring(b"/tmp"),
                     access: RuleAccess::Full,
@@ -392,6 +392,16 @@ fn tmpfs(plan: &mut SetupPlan, rel: &str, data: &str) {
     });
 }
 
+/// Mount options of the sandbox's own writable tmpfs mounts: bounded by `--max-memory` when
+/// set (otherwise the kernel's default, half of RAM). Without a memory cgroup, `RLIMIT_AS`
+/// does not count tmpfs files, so this bound is what keeps `/tmp` from taking host memory.
+fn scratch_options(resolved: &Resolved) -> String {
+    match resolved.scratch_size {
+        Some(bytes) => format!("mode=1777,size={bytes}"),
+        None => "mode=1777".to_owned(),
+    }
+}
+
 /// A minimal /dev: a tmpfs with the host's harmless character devices bound in, a private
 /// devpts instance (so the sandbox cannot reach the host's terminals by name), /dev/shm.
 fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
@@ -433,7 +443,7 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
         path: cstring(b"/dev/pts"),
         access: RuleAccess::DeviceDir,
     });
-    tmpfs(plan, "dev/shm", "mode=1777");
+    tmpfs(plan, "dev/shm", &scratch_options(resolved));
     plan.rules.push(Rule {
         path: cstring(b"/dev/shm"),
         access: RuleAccess::Full,
@@ -669,6 +679,32 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    fn mount_data(plan: &SetupPlan, target: &str) -> Option<String> {
+        plan.ops.iter().find_map(|op| match op {
+            Op::Mount {
+                target: t, data, ..
+            } if t.to_bytes() == target.as_bytes() => Some(data.to_string_lossy().into_owned()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn max_memory_bounds_tmp_and_dev_shm() {
+        let unbounded = build(&resolved(vec![]));
+        assert_eq!(mount_data(&unbounded, "tmp").as_deref(), Some("mode=1777"));
+        let bounded = build(&Resolved {
+            scratch_size: Some(64 << 20),
+            ..resolved(vec![])
+        });
+        for target in ["tmp", "dev/shm"] {
+            assert_eq!(
+                mount_data(&bounded, target).as_deref(),
+                Some("mode=1777,size=67108864"),
+                "{target}"
+            );
+        }
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Resolved {
     pub overlays: Vec<ResolvedOverlay>,
     /// Working directory inside.
     pub cwd: PathBuf,
+    /// Size bound of the sandbox's own tmpfs mounts (`/tmp`, `/dev/shm`): `--max-memory`,
+    /// since their files are memory that `RLIMIT_AS` does not count.
+    pub scratch_size: Option<u64>,
 }
 
 /// An overlay of [`lockbox_policy::Overlay`] with canonical paths.
@@ -175,6 +178,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         .filter(|d| Path::new("/dev").join(d).exists())
         .collect();
     out.etc_files = etc_files(policy);
+    out.scratch_size = policy.limits.memory.map(|m| m.bytes());
     out.cwd = match &policy.cwd {
         Some(cwd) => cwd.clone(),
         None => caller_cwd

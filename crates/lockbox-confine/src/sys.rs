@@ -796,3 +796,13 @@ pub fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
     // SAFETY: every caller passes a descriptor it just received from the kernel and owns.
     unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }
+
+/// Whether this kernel implements syscall `nr`: called with every argument -1 (a bad
+/// descriptor, pointer and flags), an implemented syscall fails with something else than
+/// `ENOSYS` before doing anything.
+#[cfg(test)]
+pub fn syscall_exists(nr: i64) -> bool {
+    // SAFETY: only invalid arguments are passed; nothing is read or written through them.
+    let rc = unsafe { libc::syscall(nr, -1i64, -1i64, -1i64, -1i64, -1i64, -1i64) };
+    rc != -1 || Errno::last().0 != libc::ENOSYS
+}

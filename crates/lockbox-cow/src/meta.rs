@@ -113,25 +113,34 @@ pub(crate) fn read(branch_dir: &Path) -> Result<BranchMeta, CowError> {
         path: path.clone(),
         source,
     })?;
-    let corrupt = |reason: String| CowError::CorruptMeta {
-        path: path.clone(),
-        reason,
-    };
-    let file: MetaFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    if file.format_version != META_FORMAT_VERSION {
-        return Err(corrupt(format!(
-            "format version {} (this lockbox reads {META_FORMAT_VERSION})",
-            file.format_version
-        )));
+    BranchMeta::decode(&path, &bytes)
+}
+
+impl BranchMeta {
+    /// Decodes and verifies the bytes of a branch's `meta.json` (format version, checksum,
+    /// fields); `path` only names the file in errors. Any damage is
+    /// [`CowError::CorruptMeta`], never a panic (fuzzed: `fuzz/fuzz_targets/branch_meta.rs`).
+    pub fn decode(path: &Path, bytes: &[u8]) -> Result<BranchMeta, CowError> {
+        let corrupt = |reason: String| CowError::CorruptMeta {
+            path: path.to_owned(),
+            reason,
+        };
+        let file: MetaFile = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+        if file.format_version != META_FORMAT_VERSION {
+            return Err(corrupt(format!(
+                "format version {} (this lockbox reads {META_FORMAT_VERSION})",
+                file.format_version
+            )));
+        }
+        let sum = checksum_of(&file.meta).map_err(|e| corrupt(e.to_string()))?;
+        if sum != file.checksum {
+            return Err(corrupt(format!(
+                "checksum mismatch: recorded {}, computed {sum}",
+                file.checksum
+            )));
+        }
+        serde_json::from_value(file.meta).map_err(|e| corrupt(e.to_string()))
     }
-    let sum = checksum_of(&file.meta).map_err(|e| corrupt(e.to_string()))?;
-    if sum != file.checksum {
-        return Err(corrupt(format!(
-            "checksum mismatch: recorded {}, computed {sum}",
-            file.checksum
-        )));
-    }
-    serde_json::from_value(file.meta).map_err(|e| corrupt(e.to_string()))
 }
 
 #[cfg(test)]

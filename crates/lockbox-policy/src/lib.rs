@@ -181,6 +181,16 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_survives_its_own_serialisation() {
+        // Found by fuzz/fuzz_targets/policy_toml.rs: a long duration read through f64 came
+        // back different once the policy was written out and read again.
+        let text = "timeout = \"30s\"\nkill_grace = \"00000002001229505426ms\"\nhostname = \"job\"\n[fs]\nread = [\"/_KEY\"]\n";
+        let policy = Policy::from_toml(text).unwrap();
+        let again = toml::to_string(&policy).unwrap();
+        assert_eq!(Policy::from_toml(&again).unwrap(), policy, "{again}");
+    }
+
+    #[test]
     fn toml_profile_parses_all_sections() {
         let p = Policy::from_toml(
             r#"

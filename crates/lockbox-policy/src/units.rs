@@ -38,12 +38,10 @@ impl FromStr for ByteSize {
             "t" | "tb" | "tib" => 40,
             _ => return Err(bad("unknown unit (use B, K, M, G or T)")),
         };
-        let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
-        let bytes = value * (1u64 << shift) as f64;
-        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-            return Err(bad("too large"));
-        }
-        Ok(ByteSize(bytes as u64))
+        let bytes = scale_decimal(num, 1u128 << shift).ok_or_else(|| bad("not a number"))?;
+        u64::try_from(bytes)
+            .map(ByteSize)
+            .map_err(|_| bad("too large"))
     }
 }
 
@@ -89,7 +87,33 @@ fn split_number(s: &str) -> (&str, &str) {
     t.split_at(split)
 }
 
-/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us`; a bare number is seconds.
+/// Most digits after the point that count: beyond them a fraction changes less than a
+/// nanosecond or a byte for every unit here, and `10^24 * unit` still fits a `u128`.
+const MAX_FRACTION_DIGITS: usize = 24;
+
+/// `num` (ASCII digits with at most one `.`, as [`split_number`] yields) times `unit`,
+/// exactly, rounded down; `None` if malformed or beyond `u128`. Exact, unlike `f64`: a value
+/// that is printed and parsed again must come back unchanged (found by fuzzing, see
+/// docs/fuzzing.md).
+fn scale_decimal(num: &str, unit: u128) -> Option<u128> {
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return None;
+    }
+    let digits = |s: &str| -> Option<u128> {
+        s.bytes().try_fold(0u128, |acc, b| {
+            acc.checked_mul(10)?
+                .checked_add(u128::from(b.checked_sub(b'0').filter(|d| *d < 10)?))
+        })
+    };
+    let frac = &frac[..frac.len().min(MAX_FRACTION_DIGITS)];
+    let scale = 10u128.checked_pow(u32::try_from(frac.len()).ok()?)?;
+    let whole = digits(int)?.checked_mul(unit)?;
+    whole.checked_add(digits(frac)?.checked_mul(unit)? / scale)
+}
+
+/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us`; a bare number is seconds. Exact to the
+/// nanosecond (finer fractions are rounded down).
 pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
     let bad = |reason: &str| PolicyError::BadDuration {
         input: s.to_owned(),
@@ -99,17 +123,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, PolicyError> {
     if num.is_empty() {
         return Err(bad("expected a number with a unit, e.g. 500ms, 10s, 2m"));
     }
-    let secs_per_unit = match unit.trim() {
-        "" | "s" | "sec" | "secs" => 1.0,
-        "ms" => 1e-3,
-        "us" | "µs" => 1e-6,
-        "ns" => 1e-9,
-        "m" | "min" | "mins" => 60.0,
-        "h" | "hr" | "hrs" => 3600.0,
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    let nanos_per_unit: u128 = match unit.trim() {
+        "" | "s" | "sec" | "secs" => NANOS_PER_SEC,
+        "ms" => 1_000_000,
+        "us" | "µs" => 1_000,
+        "ns" => 1,
+        "m" | "min" | "mins" => 60 * NANOS_PER_SEC,
+        "h" | "hr" | "hrs" => 3600 * NANOS_PER_SEC,
         _ => return Err(bad("unknown unit (use ns, us, ms, s, m or h)")),
     };
-    let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
-    Duration::try_from_secs_f64(value * secs_per_unit).map_err(|_| bad("out of range"))
+    let nanos = scale_decimal(num, nanos_per_unit).ok_or_else(|| bad("not a number"))?;
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).map_err(|_| bad("out of range"))?;
+    // The remainder is below 10^9, so it fits.
+    Ok(Duration::new(secs, (nanos % NANOS_PER_SEC) as u32))
 }
 
 /// Formats a duration so that [`parse_duration`] reads it back exactly.
@@ -207,15 +234,43 @@ mod tests {
         assert!(parse_duration("-1s").is_err());
     }
 
+    #[test]
+    fn values_beyond_float_precision_parse_exactly() {
+        // The fuzzer's finding: 2001229505426ms went through f64 and came back as another
+        // duration once printed and parsed again.
+        let d = parse_duration("00000002001229505426ms").unwrap();
+        assert_eq!(d, Duration::from_millis(2_001_229_505_426));
+        assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        let max = Duration::new(u64::MAX, 999_999_999);
+        assert_eq!(parse_duration(&format_duration(max)).unwrap(), max);
+        assert!(parse_duration("18446744073709551616s").is_err());
+        assert_eq!(
+            parse_duration("0.0000000019s").unwrap(),
+            Duration::from_nanos(1)
+        );
+        assert_eq!(
+            "9007199254740993".parse::<ByteSize>().unwrap(),
+            ByteSize(9_007_199_254_740_993)
+        );
+        assert_eq!(
+            ByteSize(u64::MAX).to_string().parse::<ByteSize>().unwrap(),
+            ByteSize(u64::MAX)
+        );
+        assert!("16777216T".parse::<ByteSize>().is_err());
+        assert!(".".parse::<ByteSize>().is_err());
+        assert!("1.2.3K".parse::<ByteSize>().is_err());
+        assert_eq!(".5K".parse::<ByteSize>().unwrap(), ByteSize(512));
+    }
+
     proptest::proptest! {
         #[test]
-        fn duration_format_round_trips(nanos in 0u64..1 << 50) {
-            let d = Duration::from_nanos(nanos);
+        fn duration_format_round_trips(secs in proptest::num::u64::ANY, nanos in 0u32..1_000_000_000) {
+            let d = Duration::new(secs, nanos);
             proptest::prop_assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
         }
 
         #[test]
-        fn size_display_round_trips(n in 0u64..1 << 50) {
+        fn size_display_round_trips(n in proptest::num::u64::ANY) {
             let s = ByteSize(n);
             proptest::prop_assert_eq!(s.to_string().parse::<ByteSize>().unwrap(), s);
         }

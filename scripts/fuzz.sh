@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target in fuzz/ for SECONDS each (default 30); exits non-zero on the
+# first crash, naming the reproducer. docs/fuzzing.md explains the targets and longer runs.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
+#
+# cargo-fuzz needs a nightly compiler (sanitizer flags). With no nightly toolchain installed,
+# the stable one is used with RUSTC_BOOTSTRAP=1, which unlocks the same flags
+# (LOCKBOX_FUZZ_TOOLCHAIN=stable forces that path; =nightly forces nightly).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-30}
+shift || true
+targets=("$@")
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "== installing cargo-fuzz (cargo install cargo-fuzz --locked)"
+  cargo install cargo-fuzz --locked
+fi
+
+toolchain=${LOCKBOX_FUZZ_TOOLCHAIN:-}
+if [ -z "$toolchain" ]; then
+  if rustup run nightly rustc --version >/dev/null 2>&1; then
+    toolchain=nightly
+  else
+    toolchain=stable
+  fi
+fi
+if [ "$toolchain" = nightly ]; then
+  fuzz=(cargo +nightly fuzz)
+else
+  echo "== stable toolchain with RUSTC_BOOTSTRAP=1 (no nightly installed, or LOCKBOX_FUZZ_TOOLCHAIN=stable)"
+  export RUSTC_BOOTSTRAP=1
+  fuzz=(cargo +stable fuzz)
+fi
+
+# The fuzz crate has its own target directory unless the caller chose one.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/fuzz/target}/fuzz
+
+if [ ${#targets[@]} -eq 0 ]; then
+  mapfile -t targets < <("${fuzz[@]}" list)
+fi
+echo "== building the fuzz targets ($toolchain)"
+"${fuzz[@]}" build -O
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for target in "${targets[@]}"; do
+  echo "== fuzz $target for ${seconds}s"
+  mkdir -p "fuzz/corpus/$target"
+  # The committed seeds (valid examples) start the search; new inputs go to fuzz/corpus.
+  status=0
+  "${fuzz[@]}" run -O "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1 || status=$?
+  grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units|SUMMARY|Failing input|Test unit written)|panicked at' "$log" || true
+  if [ "$status" != 0 ]; then
+    tail -n 40 "$log" >&2
+    echo "fuzz target $target failed: see fuzz/artifacts/$target/ (reproduce: cargo fuzz run $target ARTIFACT)" >&2
+    exit 1
+  fi
+done
+echo "== fuzzing done: ${#targets[@]} targets, ${seconds}s each, no crash"
