@@ -104,29 +104,47 @@ pub fn probe() -> Result<u64, SetupError> {
             "is not available (Linux 5.9 or newer is required)",
         ));
     }
-    let sock = sysnet::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)
-        .map_err(|errno| SetupError::Supervise {
+    let sock = sysnet::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).map_err(|errno| {
+        SetupError::Supervise {
             what: "creating a probe socket",
             errno,
-        })?;
-    let cookie = sysnet::netns_cookie(&sock)
-        .map_err(|_| missing("SO_NETNS_COOKIE", "is not available (Linux 5.14 or newer is required)"))?;
-    let me = sysnet::pidfd_open(std::process::id() as libc::pid_t, false)
-        .map_err(|_| missing("pidfd_open", "is not available (Linux 5.3 or newer is required)"))?;
-    sysnet::pidfd_getfd(&me, sock.as_raw_fd())
-        .map_err(|_| missing("pidfd_getfd", "is not available (Linux 5.6 or newer is required)"))?;
+        }
+    })?;
+    let cookie = sysnet::netns_cookie(&sock).map_err(|_| {
+        missing(
+            "SO_NETNS_COOKIE",
+            "is not available (Linux 5.14 or newer is required)",
+        )
+    })?;
+    let me = sysnet::pidfd_open(std::process::id() as libc::pid_t, false).map_err(|_| {
+        missing(
+            "pidfd_open",
+            "is not available (Linux 5.3 or newer is required)",
+        )
+    })?;
+    sysnet::pidfd_getfd(&me, sock.as_raw_fd()).map_err(|_| {
+        missing(
+            "pidfd_getfd",
+            "is not available (Linux 5.6 or newer is required)",
+        )
+    })?;
     Ok(cookie)
 }
 
 /// Starts the supervisor thread. `channel` is our end of the socket on which the command
 /// child announces its listener.
-pub fn start(rules: NetRules, host_cookie: u64, channel: OwnedFd) -> Result<Supervisor, SetupError> {
+pub fn start(
+    rules: NetRules,
+    host_cookie: u64,
+    channel: OwnedFd,
+) -> Result<Supervisor, SetupError> {
     let err = |errno| SetupError::Supervise {
         what: "starting the network supervisor",
         errno,
     };
     sysnet::set_passcred(&channel).map_err(err)?;
-    let (stop, stop_rx) = UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
+    let (stop, stop_rx) =
+        UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
     let report = Arc::new(Mutex::new(NetReport::default()));
     let shared = Arc::new(Shared {
         rules,
@@ -256,6 +274,7 @@ struct Sock {
 }
 
 /// What to do with a call.
+#[derive(Debug)]
 enum Action {
     Continue,
     Fail(i32),
@@ -297,6 +316,15 @@ fn handle(shared: &Arc<Shared>, listener: &Arc<OwnedFd>, notif: Notif) {
     }
     let stable = single_threaded(tid);
     let (action, dest) = decide(shared, &sock, &call, stable);
+    tracing::debug!(
+        tid,
+        stable,
+        host = sock.host,
+        ?dest,
+        ?action,
+        nr = notif.nr,
+        "net call"
+    );
     match action {
         Action::Continue => {
             let _ = sysnet::notif_respond(listener, notif.id, Ok(0), true);
@@ -333,8 +361,7 @@ fn handle(shared: &Arc<Shared>, listener: &Arc<OwnedFd>, notif: Notif) {
 
 fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Sock, i32> {
     let file = sysnet::pidfd_getfd(pidfd, fd).map_err(|e| e.0)?;
-    let domain =
-        sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(|e| e.0)?;
+    let domain = sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(|e| e.0)?;
     let ty = sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_TYPE).map_err(|e| e.0)?;
     let protocol =
         sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(|e| e.0)?;
@@ -402,7 +429,12 @@ fn read_call(tid: libc::pid_t, n: &Notif) -> Result<Call, i32> {
     }
 }
 
-fn read_msghdr(tid: libc::pid_t, at: u64, flags: i32, mmsg_len_at: Option<u64>) -> Result<Call, i32> {
+fn read_msghdr(
+    tid: libc::pid_t,
+    at: u64,
+    flags: i32,
+    mmsg_len_at: Option<u64>,
+) -> Result<Call, i32> {
     // struct msghdr on 64-bit: name, namelen(+pad), iov, iovlen, control, controllen, flags.
     let h = read_bytes(tid, at, std::mem::size_of::<libc::msghdr>())?;
     let (name_ptr, name_len) = (word(&h, 0), word(&h, 8) & 0xffff_ffff);
@@ -457,7 +489,13 @@ pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
 
 fn decide(shared: &Shared, sock: &Sock, call: &Call, stable: bool) -> (Action, Option<SocketAddr>) {
     let inet = sock.domain == libc::AF_INET || sock.domain == libc::AF_INET6;
-    let local_or_own = |stable: bool| if stable { Action::Continue } else { Action::Perform };
+    let local_or_own = |stable: bool| {
+        if stable {
+            Action::Continue
+        } else {
+            Action::Perform
+        }
+    };
     if !inet {
         // Unix, netlink...: never the host's network (the socket is the sandbox's).
         if sock.host {
@@ -510,7 +548,10 @@ fn decide(shared: &Shared, sock: &Sock, call: &Call, stable: bool) -> (Action, O
             (local_or_own(stable), None)
         };
     };
-    let action = match (route(shared.rules.kind, &shared.rules.rules, proto, dest), sock.host) {
+    let action = match (
+        route(shared.rules.kind, &shared.rules.rules, proto, dest),
+        sock.host,
+    ) {
         (Route::Denied, _) | (Route::Inside, true) => Action::Fail(libc::EACCES),
         (Route::Inside, false) => local_or_own(stable),
         (Route::Host, true) => Action::Perform,
@@ -520,12 +561,15 @@ fn decide(shared: &Shared, sock: &Sock, call: &Call, stable: bool) -> (Action, O
 }
 
 fn record_denied(shared: &Shared, call: &Call, sock: &Sock, dest: Option<SocketAddr>) {
-    let Ok(mut r) = shared.report.lock() else { return };
+    let Ok(mut r) = shared.report.lock() else {
+        return;
+    };
     r.denied += 1;
     if r.denied_first.len() < DENIED_LISTED {
         let proto = if sock.stream { "tcp" } else { "udp" };
         let dest = dest.map_or("(no address)".to_owned(), |d| d.to_string());
-        r.denied_first.push(format!("{} {proto} {dest}", call.name()));
+        r.denied_first
+            .push(format!("{} {proto} {dest}", call.name()));
     }
 }
 
@@ -605,7 +649,9 @@ impl Job {
         if self.sock.stream {
             // Options set before connect would be lost with the old socket; keep the
             // one latency-sensitive clients set.
-            if let Ok(v) = sysnet::sockopt_int(&self.sock.file, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
+            if let Ok(v) =
+                sysnet::sockopt_int(&self.sock.file, libc::IPPROTO_TCP, libc::TCP_NODELAY)
+            {
                 let _ = sysnet::set_sockopt_int(&s, libc::IPPROTO_TCP, libc::TCP_NODELAY, v);
             }
         }

@@ -3,8 +3,8 @@
 
 use crate::error::SetupError;
 use lockbox_policy::{ListKind, Net, NetHost, NetRule, Policy, DEFAULT_READS, ETC_SECRETS};
-use std::net::{IpAddr, ToSocketAddrs};
 use std::ffi::OsString;
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 /// Read-only or read-write.

@@ -9,7 +9,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 fn check(rc: libc::c_long) -> Result<libc::c_long, Errno> {
     if rc < 0 {
-        Err(Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)))
+        Err(Errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ))
     } else {
         Ok(rc)
     }
@@ -173,7 +177,13 @@ pub fn notif_respond(
 pub fn notif_id_valid(listener: &OwnedFd, id: u64) -> bool {
     let mut id = id;
     // SAFETY: `id` is a live u64.
-    let rc = unsafe { libc::ioctl(listener.as_raw_fd(), IOCTL_NOTIF_ID_VALID, &mut id as *mut u64) };
+    let rc = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            IOCTL_NOTIF_ID_VALID,
+            &mut id as *mut u64,
+        )
+    };
     rc == 0
 }
 
@@ -232,7 +242,8 @@ pub fn vm_read(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> Result<(), Errno>
     };
     // SAFETY: `local` describes our live, writable `buf`; the remote address is only
     // interpreted in the other process by the kernel.
-    let n = check(unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) } as libc::c_long)?;
+    let n =
+        check(unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) } as libc::c_long)?;
     if n as usize == buf.len() {
         Ok(())
     } else {
@@ -325,7 +336,9 @@ pub fn status_flags(fd: &OwnedFd) -> Result<i32, Errno> {
 pub fn connect(fd: &OwnedFd, addr: &[u8]) -> Result<(), Errno> {
     // SAFETY: sockaddr_storage is plain data; all-zero is valid.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = addr.len().min(std::mem::size_of::<libc::sockaddr_storage>());
+    let len = addr
+        .len()
+        .min(std::mem::size_of::<libc::sockaddr_storage>());
     // SAFETY: both regions are valid for `len` bytes and do not overlap.
     unsafe {
         std::ptr::copy_nonoverlapping(
@@ -401,8 +414,9 @@ pub fn recv_with_pid(fd: &OwnedFd, buf: &mut [u8]) -> Result<(usize, Option<libc
     msg.msg_control = cmsg.0.as_mut_ptr().cast();
     msg.msg_controllen = cmsg.0.len() as _;
     // SAFETY: `msg` points to live buffers of the sizes given.
-    let n = check(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) }
-        as libc::c_long)?;
+    let n = check(
+        unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) } as libc::c_long,
+    )?;
     let mut pid = None;
     // SAFETY: the kernel filled msg_control with well-formed headers within controllen.
     unsafe {
