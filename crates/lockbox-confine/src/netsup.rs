@@ -631,7 +631,7 @@ impl Job {
                 r.host_connections += 1;
             }
         }
-        result.map(|n| n as i64)
+        result
     }
 
     /// A socket like the sandbox's, in the host's namespace.

@@ -73,7 +73,7 @@ pub struct Outcome {
     pub enforcement: Enforcement,
     /// What the network supervisor saw (`--net-allow` / `--net-deny` only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub net: Option<NetReport>,
+    pub net: Option<Box<NetReport>>,
     /// The bounded (tmpfs) upper layers of overlays with `max_size`, still mounted, for the
     /// caller to copy into their `upper` directories (see [`UpperMount::upper`]).
     #[serde(skip)]
@@ -556,7 +556,7 @@ impl Running {
             cpu: Duration::from_micros(cpu_us),
             peak_memory,
             enforcement: self.enforcement.clone(),
-            net: self.net.take().map(Supervisor::finish),
+            net: self.net.take().map(|s| Box::new(s.finish())),
             upper_mounts: std::mem::take(&mut self.upper_mounts),
         })
     }
