@@ -314,11 +314,10 @@ fn handle(shared: &Arc<Shared>, listener: &Arc<OwnedFd>, notif: Notif) {
     if !sysnet::notif_id_valid(listener, notif.id) {
         return;
     }
-    let stable = single_threaded(tid);
-    let (action, dest) = decide(shared, &sock, &call, stable);
+    let stable = || single_threaded(tid);
+    let (action, dest) = decide(shared, &sock, &call, &stable);
     tracing::debug!(
         tid,
-        stable,
         host = sock.host,
         ?dest,
         ?action,
@@ -346,7 +345,9 @@ fn handle(shared: &Arc<Shared>, listener: &Arc<OwnedFd>, notif: Notif) {
             };
             // A blocking socket may block the call for long: do it off the supervisor's
             // thread, so other sandboxed threads are not held up.
-            if job.sock.nonblocking {
+            if job.replace && matches!(job.call, Call::Connect { .. }) {
+                job.connect_replacement();
+            } else if job.sock.nonblocking {
                 job.run();
             } else if std::thread::Builder::new()
                 .name("lockbox-net-call".into())
@@ -487,30 +488,38 @@ pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
     }
 }
 
-fn decide(shared: &Shared, sock: &Sock, call: &Call, stable: bool) -> (Action, Option<SocketAddr>) {
+/// `stable` says whether the caller's descriptor table cannot change meanwhile (asked only
+/// when it matters: it reads `/proc`).
+fn decide(
+    shared: &Shared,
+    sock: &Sock,
+    call: &Call,
+    stable: &dyn Fn() -> bool,
+) -> (Action, Option<SocketAddr>) {
     let inet = sock.domain == libc::AF_INET || sock.domain == libc::AF_INET6;
-    let local_or_own = |stable: bool| {
-        if stable {
+    let local_or_own = |stable: &dyn Fn() -> bool| {
+        if stable() {
             Action::Continue
         } else {
             Action::Perform
         }
     };
     if !inet {
-        // Unix, netlink...: never the host's network (the socket is the sandbox's).
-        if sock.host {
+        // Unix, netlink...: no route to the host's network, but a unix socket of the host's
+        // namespace (an inherited one) would name the host's abstract sockets.
+        let (named, control) = match call {
+            Call::Connect { .. } => (true, false),
+            Call::Send { name, control, .. } => (name.is_some(), !control.is_empty()),
+        };
+        if sock.host && named {
             return (Action::Fail(libc::EACCES), None);
         }
-        if stable {
+        if stable() {
             return (Action::Continue, None);
         }
         // Unix addresses are paths in the sandbox's mount namespace, and control
         // messages carry its descriptors: only the kernel can do these for the caller.
-        let unix_only = match call {
-            Call::Connect { .. } => true,
-            Call::Send { name, control, .. } => name.is_some() || !control.is_empty(),
-        };
-        if sock.domain == libc::AF_UNIX && unix_only {
+        if sock.domain == libc::AF_UNIX && (named || control) {
             return (Action::Fail(libc::EACCES), None);
         }
         return (Action::Perform, None);
@@ -586,13 +595,75 @@ struct Job {
 impl Job {
     fn run(self) {
         let result = self.perform();
+        self.respond(result);
+    }
+
+    fn respond(&self, result: Result<i64, i32>) {
         let _ = sysnet::notif_respond(&self.listener, self.notif.id, result, false);
+    }
+
+    /// Connects a new host socket to the copied address and installs it. The connect is
+    /// non-blocking, so a connection that completes at once (loopback, or refused) is
+    /// answered right here; only a blocking caller waiting for a slow handshake gets a
+    /// thread of its own.
+    fn connect_replacement(self) {
+        let Call::Connect { addr } = &self.call else {
+            return;
+        };
+        let fresh = match self.host_socket(true) {
+            Ok(s) => s,
+            Err(e) => return self.respond(Err(e)),
+        };
+        match sysnet::connect(&fresh, addr) {
+            Ok(()) => self.install(fresh, Ok(0)),
+            Err(Errno(libc::EINPROGRESS)) if self.sock.nonblocking => {
+                self.install(fresh, Err(libc::EINPROGRESS))
+            }
+            Err(Errno(libc::EINPROGRESS)) => match wait_connected(&fresh, 0) {
+                Some(done) => self.finish_blocking(fresh, done),
+                None => {
+                    let (listener, id) = (self.listener.clone(), self.notif.id);
+                    let spawned = std::thread::Builder::new()
+                        .name("lockbox-net-connect".into())
+                        .spawn(move || {
+                            let done = wait_connected(&fresh, -1).unwrap_or(Err(libc::EIO));
+                            self.finish_blocking(fresh, done)
+                        });
+                    if spawned.is_err() {
+                        let _ = sysnet::notif_respond(&listener, id, Err(libc::EAGAIN), false);
+                    }
+                }
+            },
+            Err(e) => self.respond(Err(e.0)),
+        }
+    }
+
+    fn finish_blocking(&self, fresh: OwnedFd, done: Result<(), i32>) {
+        match done.and_then(|()| sysnet::set_blocking(&fresh).map_err(|e| e.0)) {
+            Ok(()) => self.install(fresh, Ok(0)),
+            Err(e) => self.respond(Err(e)),
+        }
+    }
+
+    /// Installs `fresh` as the caller's descriptor, then answers with `result`.
+    fn install(&self, fresh: OwnedFd, result: Result<i64, i32>) {
+        let tid = self.notif.pid as libc::pid_t;
+        let fd = self.notif.args[0] as RawFd;
+        match sysnet::notif_addfd(&self.listener, self.notif.id, &fresh, fd, cloexec(tid, fd)) {
+            Ok(()) => {
+                if let Ok(mut r) = self.shared.report.lock() {
+                    r.host_connections += 1;
+                }
+                self.respond(result)
+            }
+            Err(e) => self.respond(Err(e.0)),
+        }
     }
 
     fn perform(&self) -> Result<i64, i32> {
         let tid = self.notif.pid as libc::pid_t;
         let target = if self.replace {
-            let fresh = self.host_socket()?;
+            let fresh = self.host_socket(self.sock.nonblocking)?;
             Some(fresh)
         } else {
             None
@@ -635,16 +706,12 @@ impl Job {
     }
 
     /// A socket like the sandbox's, in the host's namespace.
-    fn host_socket(&self) -> Result<OwnedFd, i32> {
+    fn host_socket(&self, nonblocking: bool) -> Result<OwnedFd, i32> {
         let ty = if self.sock.stream {
             libc::SOCK_STREAM
         } else {
             libc::SOCK_DGRAM
-        } | if self.sock.nonblocking {
-            libc::SOCK_NONBLOCK
-        } else {
-            0
-        };
+        } | if nonblocking { libc::SOCK_NONBLOCK } else { 0 };
         let s = sysnet::socket(self.sock.domain, ty, 0).map_err(|e| e.0)?;
         if self.sock.stream {
             // Options set before connect would be lost with the old socket; keep the
@@ -657,6 +724,30 @@ impl Job {
         }
         Ok(s)
     }
+}
+
+/// Whether a non-blocking connect has finished within `timeout_ms` (`-1`: wait), and how.
+fn wait_connected(fd: &OwnedFd, timeout_ms: i32) -> Option<Result<(), i32>> {
+    let mut fds = [libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    }];
+    loop {
+        match crate::sys::poll(&mut fds, timeout_ms) {
+            Err(Errno(libc::EINTR)) => continue,
+            Err(e) => return Some(Err(e.0)),
+            Ok(0) => return None,
+            Ok(_) => break,
+        }
+    }
+    Some(
+        match sysnet::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
+            Ok(0) => Ok(()),
+            Ok(e) => Err(e),
+            Err(e) => Err(e.0),
+        },
+    )
 }
 
 /// Copies the caller's data (at most [`MAX_SEND`] bytes).
@@ -792,6 +883,88 @@ mod tests {
         assert_eq!(parse_sockaddr(&v6[..20]), None);
         assert_eq!(parse_sockaddr(&[0, 0]), None);
         assert_eq!(parse_sockaddr(&[]), None);
+    }
+
+    fn v4(addr: &str) -> Vec<u8> {
+        let a: SocketAddr = addr.parse().unwrap();
+        let SocketAddr::V4(a) = a else { panic!() };
+        let mut b = vec![0u8; 16];
+        b[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        b[2..4].copy_from_slice(&a.port().to_be_bytes());
+        b[4..8].copy_from_slice(&a.ip().octets());
+        b
+    }
+
+    /// A real socket; `host` says whether the decision treats it as a host socket.
+    fn sock(domain: i32, ty: i32, host: bool) -> Sock {
+        let file = sysnet::socket(domain, ty, 0).unwrap();
+        Sock {
+            file,
+            domain,
+            stream: ty == libc::SOCK_STREAM,
+            plain: domain != libc::AF_UNIX,
+            host,
+            nonblocking: false,
+        }
+    }
+
+    fn name(a: &Action) -> String {
+        format!("{a:?}")
+    }
+
+    #[test]
+    fn decisions_continue_only_sandbox_sockets_of_single_threaded_callers() {
+        let shared = Shared {
+            rules: NetRules {
+                kind: ListKind::Allow,
+                rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
+                    .unwrap()
+                    .rules(&[]),
+            },
+            host_cookie: 0,
+            report: Arc::default(),
+        };
+        let connect = |a: &str| Call::Connect { addr: v4(a) };
+        let send = |a: Option<&str>| Call::Send {
+            name: a.map(v4),
+            iov: Vec::new(),
+            control: Vec::new(),
+            flags: 0,
+            mmsg_len_at: None,
+        };
+        let yes = || true;
+        let no = || false;
+        let tcp = |host| sock(libc::AF_INET, libc::SOCK_STREAM, host);
+        let udp = |host| sock(libc::AF_INET, libc::SOCK_DGRAM, host);
+        let unix = |host| sock(libc::AF_UNIX, libc::SOCK_STREAM, host);
+        let cases: Vec<(Sock, Call, &dyn Fn() -> bool, &str)> = vec![
+            (tcp(false), connect("127.0.0.2:80"), &yes, "Replace"),
+            (tcp(false), connect("127.0.0.2:80"), &no, "Replace"),
+            (tcp(false), connect("127.0.0.3:80"), &yes, "Continue"),
+            (tcp(false), connect("127.0.0.3:80"), &no, "Perform"),
+            (tcp(false), connect("192.0.2.1:80"), &yes, "Fail(13)"),
+            (tcp(true), connect("127.0.0.2:80"), &yes, "Perform"),
+            (tcp(true), connect("127.0.0.3:80"), &yes, "Fail(13)"),
+            (
+                tcp(true),
+                Call::Connect { addr: vec![0, 0] },
+                &yes,
+                "Fail(13)",
+            ),
+            (tcp(true), send(None), &yes, "Continue"),
+            (tcp(true), send(None), &no, "Perform"),
+            (udp(true), send(None), &yes, "Perform"),
+            (udp(true), send(Some("192.0.2.1:53")), &yes, "Fail(13)"),
+            (udp(false), send(Some("127.0.0.2:80")), &yes, "Replace"),
+            (unix(false), connect("127.0.0.2:80"), &yes, "Continue"),
+            (unix(false), connect("127.0.0.2:80"), &no, "Fail(13)"),
+            (unix(false), send(None), &no, "Perform"),
+            (unix(true), connect("127.0.0.2:80"), &yes, "Fail(13)"),
+        ];
+        for (i, (s, c, stable, want)) in cases.iter().enumerate() {
+            let (action, _) = decide(&shared, s, c, *stable);
+            assert_eq!(name(&action), *want, "case {i}");
+        }
     }
 
     #[test]

@@ -332,6 +332,14 @@ pub fn status_flags(fd: &OwnedFd) -> Result<i32, Errno> {
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }.into()).map(|f| f as i32)
 }
 
+/// Clears `O_NONBLOCK`.
+pub fn set_blocking(fd: &OwnedFd) -> Result<(), Errno> {
+    let flags = status_flags(fd)?;
+    // SAFETY: no pointer arguments.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) }.into())
+        .map(drop)
+}
+
 /// `connect(fd, addr)`, `addr` being the bytes of a sockaddr (at most 128).
 pub fn connect(fd: &OwnedFd, addr: &[u8]) -> Result<(), Errno> {
     // SAFETY: sockaddr_storage is plain data; all-zero is valid.
