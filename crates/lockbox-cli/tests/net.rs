@@ -392,3 +392,62 @@ fn bad_specs_are_usage_errors_that_name_the_spec() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("::1:80") && err.contains("brackets"), "{err}");
 }
+
+#[test]
+fn real_clients_connect_through_the_allow_list_non_blocking_and_threaded() {
+    let a = Server::tcp("127.0.0.2", "hello");
+    let b = Server::tcp("127.0.0.3", "denied");
+    for user in users() {
+        let allow = format!("tcp://127.0.0.2:{}", a.port());
+        // asyncio: a non-blocking connect (EINPROGRESS, then poll) on the event loop; a
+        // thread pool makes the process multi-threaded as well.
+        let script = format!(
+            r#"
+import asyncio, concurrent.futures, socket
+async def fetch(port):
+    r, w = await asyncio.open_connection("127.0.0.2", port)
+    w.write(b"ping"); await w.drain()
+    return (await r.read(16)).decode()
+def blocking(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            s.sendall(b"ping"); return s.recv(16).decode()
+    except OSError as e:
+        return "refused"
+print(asyncio.run(fetch({a})))
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    print(sorted(set(pool.map(lambda h: blocking(h, {a} if h == "127.0.0.2" else {b}), ["127.0.0.2", "127.0.0.3"] * 4))))
+"#,
+            a = a.port(),
+            b = b.port()
+        );
+        let out = lockbox(
+            user,
+            Path::new("/"),
+            &["run", "--net-allow", &allow, "--", "python3", "-c", &script],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello\n['hello', 'refused']\n",
+            "{user:?} {}",
+            text(&out)
+        );
+        if Path::new("/usr/bin/curl").exists() {
+            let cmd = format!(
+                "echo ping | curl -sS --max-time 3 telnet://127.0.0.2:{}",
+                a.port()
+            );
+            let out = lockbox(
+                user,
+                Path::new("/"),
+                &["run", "--net-allow", &allow, "--", "sh", "-c", &cmd],
+            );
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains("hello"),
+                "{user:?} {}",
+                text(&out)
+            );
+        }
+    }
+    assert_eq!(b.count(), 0);
+}
