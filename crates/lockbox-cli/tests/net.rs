@@ -350,6 +350,18 @@ fn racing_the_address_from_a_thread_and_a_process_never_reaches_a_denied_server(
 }
 
 #[test]
+fn the_sandbox_cannot_install_a_supervisor_of_its_own() {
+    for user in users() {
+        let lines = run_probe(
+            user,
+            &["--net-allow", "tcp://127.0.0.2:1"],
+            &[&["listener"]],
+        );
+        assert_eq!(lines[0], "err EBUSY", "{user:?}");
+    }
+}
+
+#[test]
 fn report_counts_denied_attempts() {
     let dir = scratch();
     let report = dir.path().join("report.json");

@@ -9,6 +9,7 @@
  *                        process sharing the memory keep rewriting the address to BAD:PORTB;
  *                        prints "connected C good G reached-bad K" (K: replies from BAD's server)
  *   race1 ...            the same with only the process rewriting (a single-threaded caller)
+ *   listener             try to install a seccomp filter with a listener of our own
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -21,7 +22,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,9 +159,20 @@ static int race(const char *g, const char *b, int pg, int pb, int n, int threade
     return 0;
 }
 
+static int listener(void) {
+    struct sock_filter allow = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF);
+    struct sock_fprog prog = {1, &allow};
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    long fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+    if (fd < 0) return fail();
+    printf("ok listener\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 2 && !strcmp(argv[1], "inside")) return inside();
+    if (argc == 2 && !strcmp(argv[1], "listener")) return listener();
     if (argc == 4 && !strcmp(argv[1], "tcp")) return tcp(argv[2], atoi(argv[3]), 0);
     if (argc == 4 && !strcmp(argv[1], "tcpnb")) return tcp(argv[2], atoi(argv[3]), 1);
     if (argc == 4 && !strcmp(argv[1], "udp")) return udp(argv[2], atoi(argv[3]), 0);
