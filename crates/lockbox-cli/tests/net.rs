@@ -144,6 +144,7 @@ fn allow_list_connects_exactly_the_allowed_address_port_pairs() {
                 &["tcp", &b.ip(), &b.port()],
                 &["tcp", "::1", &c.port()],
                 &["tcpnb", "::1", &c.port()],
+                &["tcpmsg", &a.ip(), &a.port()],
                 &["tcp", "::ffff:127.0.0.3", &b.port()],
                 &["tcp", "192.0.2.1", "80"],
             ],
@@ -154,8 +155,9 @@ fn allow_list_connects_exactly_the_allowed_address_port_pairs() {
         assert!(lines[3].starts_with("err"), "{user:?} {lines:?}");
         assert!(ok(&lines[4], "c"), "{user:?} {lines:?}");
         assert!(ok(&lines[5], "c"), "{user:?} {lines:?}");
-        assert!(lines[6].starts_with("err"), "{user:?} {lines:?}");
-        assert_eq!(lines[7], "err EACCES", "{user:?} {lines:?}");
+        assert!(ok(&lines[6], "a"), "{user:?} {lines:?}");
+        assert!(lines[7].starts_with("err"), "{user:?} {lines:?}");
+        assert_eq!(lines[8], "err EACCES", "{user:?} {lines:?}");
     }
     assert_eq!(
         a_other_port.count(),
@@ -323,6 +325,40 @@ fn deny_list_refuses_listed_destinations_and_never_opens_the_hosts_loopback() {
         0,
         "the host's loopback was reached under a deny-list"
     );
+}
+
+/// A global (non-loopback) IPv4 address of this host, if it has one.
+fn host_address() -> Option<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)?;
+    Some(field.split('/').next()?.to_owned())
+}
+
+#[test]
+fn deny_list_lets_other_destinations_through_the_host_network() {
+    let Some(ip) = host_address() else {
+        eprintln!("SKIP deny_list_lets_other_destinations_through_the_host_network: no global IPv4 address");
+        return;
+    };
+    let open = Server::tcp(&ip, "open");
+    let closed = Server::tcp(&ip, "closed");
+    for user in users() {
+        let deny = format!("tcp://{ip}:{}", closed.port());
+        let lines = run_probe(
+            user,
+            &["--net-deny", &deny],
+            &[&["tcp", &ip, &open.port()], &["tcp", &ip, &closed.port()]],
+        );
+        assert_eq!(lines, ["ok open", "err EACCES"], "{user:?}");
+    }
+    assert_eq!(closed.count(), 0);
 }
 
 #[test]

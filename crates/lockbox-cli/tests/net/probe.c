@@ -2,7 +2,10 @@
  * "ok <reply>" or "err <errno name>".
  *   tcp HOST PORT        blocking connect, send "ping", print the server's reply
  *   tcpnb HOST PORT      the same with a non-blocking connect (EINPROGRESS + poll)
- *   udp HOST PORT        sendto "ping", wait 2 s for a reply
+ *   udp HOST PORT        sendto "ping" twice (the second on the installed host socket),
+ *                        wait 2 s for a reply
+ *   tcpmsg HOST PORT     from a process with two threads: connect, then "ping" with sendmsg
+ *                        in two iovecs (calls the supervisor performs itself)
  *   udpc HOST PORT       connect, send, wait 2 s for a reply
  *   inside               serve TCP on 127.0.0.1 inside the sandbox and connect to it
  *   race GOOD BAD PORTG PORTB N   N connects to GOOD:PORTG while another thread and a
@@ -88,9 +91,30 @@ static int udp(const char *host, int port, int connected) {
     if (connected) {
         if (connect(s, (void *)&ss, len) < 0) return fail();
         if (send(s, "ping", 4, 0) < 0) return fail();
-    } else if (sendto(s, "ping", 4, 0, (void *)&ss, len) < 0) {
+    } else if (sendto(s, "ping", 4, 0, (void *)&ss, len) < 0 ||
+               sendto(s, "ping", 4, 0, (void *)&ss, len) < 0) {
         return fail();
     }
+    return reply(s);
+}
+
+static void *sleeper(void *arg) {
+    (void)arg;
+    sleep(60);
+    return NULL;
+}
+
+static int tcpmsg(const char *host, int port) {
+    pthread_t t;
+    pthread_create(&t, NULL, sleeper, NULL);
+    struct sockaddr_storage ss;
+    socklen_t len = addr_of(host, port, &ss);
+    int s = socket(ss.ss_family, SOCK_STREAM, 0);
+    if (connect(s, (void *)&ss, len) < 0) return fail();
+    struct iovec iov[2] = {{"pi", 2}, {"ng", 2}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    ssize_t n = sendmsg(s, &msg, 0);
+    if (n != 4) { if (n >= 0) errno = EMSGSIZE; return fail(); }
     return reply(s);
 }
 
@@ -176,6 +200,7 @@ int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "tcp")) return tcp(argv[2], atoi(argv[3]), 0);
     if (argc == 4 && !strcmp(argv[1], "tcpnb")) return tcp(argv[2], atoi(argv[3]), 1);
     if (argc == 4 && !strcmp(argv[1], "udp")) return udp(argv[2], atoi(argv[3]), 0);
+    if (argc == 4 && !strcmp(argv[1], "tcpmsg")) return tcpmsg(argv[2], atoi(argv[3]));
     if (argc == 4 && !strcmp(argv[1], "udpc")) return udp(argv[2], atoi(argv[3]), 1);
     if (argc == 7 && !strcmp(argv[1], "race"))
         return race(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), 1);
