@@ -172,12 +172,21 @@ fn udp_rules_allow_only_the_listed_datagram_destinations() {
     let tcp_b = Server::tcp("127.0.0.3", "tcp-b");
     let a = Server::udp("127.0.0.2", "ua");
     let b = Server::udp("127.0.0.3", "ub");
+    let v6 = Server::udp("::1", "u6");
     for user in users() {
         let allow = format!("udp://127.0.0.3:{}", b.port());
         let tcp_same_port = format!("udp://127.0.0.3:{}", tcp_b.port());
+        let allow_v6 = format!("udp://[::1]:{}", v6.port());
         let lines = run_probe(
             user,
-            &["--net-allow", &allow, "--net-allow", &tcp_same_port],
+            &[
+                "--net-allow",
+                &allow,
+                "--net-allow",
+                &tcp_same_port,
+                "--net-allow",
+                &allow_v6,
+            ],
             &[
                 &["udp", &b.ip(), &b.port()],
                 &["udpc", &b.ip(), &b.port()],
@@ -185,6 +194,8 @@ fn udp_rules_allow_only_the_listed_datagram_destinations() {
                 &["udpc", &a.ip(), &a.port()],
                 &["tcp", &tcp_b.ip(), &tcp_b.port()],
                 &["udp", "192.0.2.1", "53"],
+                &["udp", "::1", &v6.port()],
+                &["udpc", "::1", &v6.port()],
             ],
         );
         assert!(ok(&lines[0], "ub"), "{user:?} {lines:?}");
@@ -196,6 +207,8 @@ fn udp_rules_allow_only_the_listed_datagram_destinations() {
             "a udp rule let tcp through: {lines:?}"
         );
         assert_eq!(lines[5], "err EACCES", "{user:?} {lines:?}");
+        assert!(ok(&lines[6], "u6"), "{user:?} {lines:?}");
+        assert!(ok(&lines[7], "u6"), "{user:?} {lines:?}");
     }
     assert_eq!(a.count(), 0);
     assert_eq!(tcp_b.count(), 0);
