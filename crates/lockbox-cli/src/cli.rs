@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lockbox_policy::{parse_duration, ByteSize, EnvPolicy, Net, Policy};
+use lockbox_policy::{parse_duration, ByteSize, EnvPolicy, Net, NetSpec, Policy};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -246,9 +246,21 @@ pub struct PolicyArgs {
     /// Do not grant the default read set (/usr, /bin, /sbin, /lib, /lib64, /etc).
     #[arg(long)]
     pub no_default_reads: bool,
-    /// Network access.
-    #[arg(long, value_enum, value_name = "MODE")]
+    /// Network access: `none` (own namespace, loopback only; the default) or `host` (the
+    /// host's network, unfiltered).
+    #[arg(long, value_enum, value_name = "MODE", conflicts_with_all = ["net_allow", "net_deny"])]
     pub net: Option<NetArg>,
+    /// Let the sandbox reach SPEC on the host's network; everything else stays refused
+    /// (loopback inside always works). SPEC: [tcp://|udp://]HOST:PORT, HOST a name
+    /// (resolved once at start and pinned in the sandbox's /etc/hosts), an IPv4 address or
+    /// CIDR block, or [IPv6] / [IPv6/prefix]; PORT a number, A-B or *. No scheme = TCP and
+    /// UDP. Repeatable. Refused attempts fail with EACCES and are counted in --report.
+    #[arg(long = "net-allow", value_name = "SPEC", value_parser = parse_net_spec, conflicts_with = "net_deny")]
+    pub net_allow: Vec<NetSpec>,
+    /// Let the sandbox reach the host's network except SPEC (same form as --net-allow; the
+    /// host's loopback is never reachable this way). Repeatable.
+    #[arg(long = "net-deny", value_name = "SPEC", value_parser = parse_net_spec)]
+    pub net_deny: Vec<NetSpec>,
     /// Memory limit (e.g. 256M, 1G): whole sandbox via cgroup when possible (killed with
     /// exit 137 when exceeded), else address space per process (allocations fail).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -301,6 +313,10 @@ fn parse_dur(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
+fn parse_net_spec(s: &str) -> Result<NetSpec, String> {
+    NetSpec::parse(s).map_err(|e| e.to_string())
+}
+
 fn parse_env(s: &str) -> Result<(String, String), String> {
     EnvPolicy::parse_assignment(s).map_err(|e| e.to_string())
 }
@@ -342,6 +358,22 @@ impl PolicyArgs {
                 NetArg::None => Net::None,
                 NetArg::Host => Net::Host,
             };
+        }
+        if !self.net_allow.is_empty() {
+            let mut specs = match std::mem::take(&mut policy.net) {
+                Net::Allow(specs) => specs,
+                _ => Vec::new(),
+            };
+            specs.extend(self.net_allow.iter().cloned());
+            policy.net = Net::Allow(specs);
+        }
+        if !self.net_deny.is_empty() {
+            let mut specs = match std::mem::take(&mut policy.net) {
+                Net::Deny(specs) => specs,
+                _ => Vec::new(),
+            };
+            specs.extend(self.net_deny.iter().cloned());
+            policy.net = Net::Deny(specs);
         }
         let limits = &mut policy.limits;
         limits.memory = self.max_memory.or(limits.memory);

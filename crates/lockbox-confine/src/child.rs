@@ -69,6 +69,8 @@ pub struct Prepared {
     pub(crate) loopback: bool,
     pub(crate) landlock: Option<(u32, Vec<u8>)>,
     pub(crate) seccomp: Vec<seccompiler::sock_filter>,
+    /// The network filter and the socket its listener is announced on (see `netsup`).
+    pub(crate) net: Option<(Vec<seccompiler::sock_filter>, RawFd)>,
     pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     pub(crate) pass_fds: Vec<RawFd>,
     /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
@@ -389,6 +391,9 @@ fn supervise(p: &mut Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
     for &fd in &p.pass_fds {
         sys::close(fd);
     }
+    if let Some((_, fd)) = &p.net {
+        sys::close(*fd);
+    }
     loop {
         let mut fds = [libc::pollfd {
             fd: signal_fd,
@@ -445,6 +450,31 @@ fn forward(command: libc::pid_t, sig: libc::c_int, code: i32, sender: u32) {
     }
 }
 
+/// Installs the network filter and lets the supervisor take its listener: we announce the
+/// listener's number with `write` (the filter intercepts `sendmsg`, so no `SCM_RIGHTS`), the
+/// supervisor copies it with `pidfd_getfd` (our pid arrives as `SCM_CREDENTIALS`) and
+/// acknowledges. Until then we are made dumpable, so an unprivileged supervisor may
+/// copy it; the shared memory is the suspended init's, which is made non-dumpable again.
+fn hand_over_net_filter(
+    filter: &[seccompiler::sock_filter],
+    fd: RawFd,
+) -> Result<(), (Step, Errno)> {
+    let listener = crate::sysnet::seccomp_listener(filter).map_err(|e| (Step::NetFilter, e))?;
+    let handed = sys::prctl(libc::PR_SET_DUMPABLE, 1)
+        .and_then(|_| sys::write_all(fd, &listener.to_ne_bytes()))
+        .and_then(|()| {
+            let mut ack = [0u8; 1];
+            match sys::read(fd, &mut ack)? {
+                1 => Ok(()),
+                _ => Err(Errno(libc::ECONNRESET)),
+            }
+        });
+    let _ = sys::prctl(libc::PR_SET_DUMPABLE, 0);
+    sys::close(listener);
+    sys::close(fd);
+    handed.map_err(|e| (Step::NetHandover, e))
+}
+
 fn command_main(p: &Prepared, ruleset: Option<RawFd>) -> ! {
     let fail = |step: Step, errno: Errno, index: usize| -> ! {
         report(
@@ -493,6 +523,11 @@ fn command_main(p: &Prepared, ruleset: Option<RawFd>) -> ! {
             fail(Step::LandlockRestrict, e, 0);
         }
         sys::close(fd);
+    }
+    if let Some((filter, fd)) = &p.net {
+        if let Err((step, e)) = hand_over_net_filter(filter, *fd) {
+            fail(step, e, 0);
+        }
     }
     if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
         fail(Step::SeccompFilter, e, 0);

@@ -31,6 +31,14 @@ pub enum SetupError {
         /// What lockbox uses it for.
         needed_for: &'static str,
     },
+    /// A hostname of a network list could not be resolved at sandbox start.
+    #[error("resolving network spec {spec:?}: {source}")]
+    NetName {
+        /// The spec naming the host.
+        spec: String,
+        /// The resolver's error.
+        source: std::io::Error,
+    },
     /// The clone into new namespaces failed for another reason.
     #[error("creating the sandbox namespaces: {0}")]
     Clone(Errno),
@@ -79,6 +87,7 @@ impl SetupError {
             SetupError::Policy(e) => e.code(),
             SetupError::Path { .. } => "BAD_PATH",
             SetupError::FeatureMissing { .. } => "FEATURE_MISSING",
+            SetupError::NetName { .. } => "NET_NAME_UNRESOLVED",
             SetupError::Clone(_) => "CLONE_FAILED",
             SetupError::Step { .. } => "SETUP_STEP_FAILED",
             SetupError::InitDied(_) => "INIT_DIED",

@@ -27,6 +27,7 @@ mod child;
 mod error;
 mod landlock;
 mod limits;
+mod netsup;
 mod plan;
 mod probe;
 mod report;
@@ -36,10 +37,13 @@ mod signals;
 mod spawn;
 #[allow(unsafe_code)]
 mod sys;
+#[allow(unsafe_code)]
+mod sysnet;
 
 pub use crate::error::SetupError;
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
+pub use crate::netsup::{parse_sockaddr, NetReport};
 pub use crate::plan::{Op, SetupPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};

@@ -110,6 +110,8 @@ pub struct SetupPlan {
     pub cwd: CString,
     /// Copy-on-write views mounted by [`Op::MountOverlay`].
     pub overlays: Vec<crate::resolve::ResolvedOverlay>,
+    /// How the network list is enforced, one line each (empty without a list).
+    pub net: Vec<String>,
 }
 
 const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
@@ -131,6 +133,31 @@ enum Node {
     Etc,
     Symlink(std::ffi::OsString),
     Overlay(usize),
+}
+
+/// The network lines of `lockbox check --explain`: mechanism, pinned names, rules.
+fn net_lines(resolved: &Resolved) -> Vec<String> {
+    let Some((kind, rules)) = &resolved.net_rules else {
+        return Vec::new();
+    };
+    let mut lines = vec![
+        match kind {
+            lockbox_policy::ListKind::Allow => "allow-list: own namespace (loopback); listed destinations through the host",
+            lockbox_policy::ListKind::Deny => "deny-list: own namespace (loopback); every other destination through the host",
+        }
+        .to_owned(),
+        "enforced by: seccomp user notification of connect/sendto/sendmsg/sendmmsg; the supervisor decides on its own copies and installs host sockets (SECCOMP_IOCTL_NOTIF_ADDFD)".to_owned(),
+    ];
+    for (name, addrs) in &resolved.net_pins {
+        let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        lines.push(format!("pinned {name} = {}", addrs.join(", ")));
+    }
+    let verb = match kind {
+        lockbox_policy::ListKind::Allow => "allow",
+        lockbox_policy::ListKind::Deny => "deny",
+    };
+    lines.extend(rules.iter().map(|r| format!("{verb} {r}")));
+    lines
 }
 
 /// Builds the plan. Pure: no syscalls.
@@ -171,6 +198,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     let mut plan = SetupPlan {
         cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
         overlays: resolved.overlays.clone(),
+        net: net_lines(resolved),
         ..SetupPlan::default()
     };
     plan.rules.push(Rule {
@@ -644,6 +672,9 @@ impl fmt::Display for SetupPlan {
                 Some(u) => writeln!(f, ", upper {}", u.parent.join(&u.upper_name).display())?,
                 None => writeln!(f, ", read-only")?,
             }
+        }
+        for line in &self.net {
+            writeln!(f, "network: {line}")?;
         }
         write!(f, "cwd: {}", self.cwd.to_string_lossy())
     }

@@ -77,11 +77,15 @@ pub fn probe() -> KernelSupport {
         detail: String::new(),
         used_for: "required: denies dangerous syscalls",
     });
+    let net = crate::netsup::probe();
     features.push(Feature {
         name: "seccomp user notification",
-        available: sys::seccomp_action_available(0x7fc0_0000),
-        detail: String::new(),
-        used_for: "not used yet (network allow-lists)",
+        available: net.is_ok(),
+        detail: match &net {
+            Ok(_) => "with ADDFD, pidfd_getfd and SO_NETNS_COOKIE".to_owned(),
+            Err(e) => e.to_string(),
+        },
+        used_for: "required for --net-allow/--net-deny (the network supervisor)",
     });
     features.push(cgroup_v1(
         "memory",

@@ -72,10 +72,12 @@ pub enum Step {
     SeccompFilter,
     Exec,
     RedirectStdio,
+    NetFilter,
+    NetHandover,
 }
 
 impl Step {
-    const ALL: [Step; 28] = [
+    const ALL: [Step; 30] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -104,6 +106,8 @@ impl Step {
         Step::SeccompFilter,
         Step::Exec,
         Step::RedirectStdio,
+        Step::NetFilter,
+        Step::NetHandover,
     ];
 
     fn from_code(code: u32) -> Option<Step> {
@@ -141,6 +145,8 @@ impl Step {
             Step::SeccompFilter => "installing the seccomp filter",
             Step::Exec => "executing",
             Step::RedirectStdio => "redirecting standard input/output",
+            Step::NetFilter => "installing the network seccomp filter",
+            Step::NetHandover => "handing the network filter to the supervisor",
         }
     }
 }

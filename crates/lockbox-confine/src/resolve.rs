@@ -2,8 +2,9 @@
 //! which `/etc` secrets exist. The only part of planning that reads the filesystem.
 
 use crate::error::SetupError;
-use lockbox_policy::{Net, Policy, DEFAULT_READS, ETC_SECRETS};
+use lockbox_policy::{ListKind, Net, NetHost, NetRule, Policy, DEFAULT_READS, ETC_SECRETS};
 use std::ffi::OsString;
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 /// Read-only or read-write.
@@ -47,6 +48,10 @@ pub struct Resolved {
     /// Size bound of the sandbox's own tmpfs mounts (`/tmp`, `/dev/shm`): `--max-memory`,
     /// since their files are memory that `RLIMIT_AS` does not count.
     pub scratch_size: Option<u64>,
+    /// Hostnames of the network lists, resolved once and pinned (shown in `/etc/hosts`).
+    pub net_pins: Vec<(String, Vec<IpAddr>)>,
+    /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
+    pub net_rules: Option<(ListKind, Vec<NetRule>)>,
 }
 
 /// An overlay of [`lockbox_policy::Overlay`] with canonical paths.
@@ -177,8 +182,35 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         .into_iter()
         .filter(|d| Path::new("/dev").join(d).exists())
         .collect();
-    out.etc_files = etc_files(policy);
     out.scratch_size = policy.limits.memory.map(|m| m.bytes());
+    out.net_pins = pin_names(&policy.net)?;
+    out.net_rules = match &policy.net {
+        Net::Allow(specs) | Net::Deny(specs) => {
+            let kind = if matches!(policy.net, Net::Allow(_)) {
+                ListKind::Allow
+            } else {
+                ListKind::Deny
+            };
+            let rules = specs
+                .iter()
+                .flat_map(|spec| {
+                    let addrs = match &spec.host {
+                        NetHost::Name(n) => out
+                            .net_pins
+                            .iter()
+                            .find(|(name, _)| name == n)
+                            .map(|(_, a)| a.clone())
+                            .unwrap_or_default(),
+                        NetHost::Block(_) => Vec::new(),
+                    };
+                    spec.rules(&addrs)
+                })
+                .collect();
+            Some((kind, rules))
+        }
+        Net::None | Net::Host => None,
+    };
+    out.etc_files = etc_files(policy, &out.net_pins);
     out.cwd = match &policy.cwd {
         Some(cwd) => cwd.clone(),
         None => caller_cwd
@@ -301,15 +333,58 @@ pub fn etc_secrets_present(etc: &Path) -> Vec<PathBuf> {
     found
 }
 
-fn etc_files(policy: &Policy) -> Vec<(String, Vec<u8>)> {
+/// Resolves the hostnames of a network list once (the system resolver, as the caller
+/// would), so the sandbox's rules and `/etc/hosts` agree for its whole life.
+fn pin_names(net: &Net) -> Result<Vec<(String, Vec<IpAddr>)>, SetupError> {
+    let mut pins: Vec<(String, Vec<IpAddr>)> = Vec::new();
+    for spec in net.specs() {
+        let NetHost::Name(name) = &spec.host else {
+            continue;
+        };
+        if pins.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let mut addrs: Vec<IpAddr> = (name.as_str(), 0)
+            .to_socket_addrs()
+            .map_err(|source| SetupError::NetName {
+                spec: spec.to_string(),
+                source,
+            })?
+            .map(|a| a.ip())
+            .collect();
+        addrs.sort();
+        addrs.dedup();
+        pins.push((name.clone(), addrs));
+    }
+    Ok(pins)
+}
+
+fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Vec<u8>)> {
     let name = &policy.hostname;
     let mut files = vec![("hostname".to_owned(), format!("{name}\n").into_bytes())];
-    let hosts = match policy.net {
+    let loopback = format!(
+        "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    );
+    let hosts = match &policy.net {
         // Without a network only loopback exists: say so, and resolve our own name.
-        Net::None => format!(
-            "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-        )
-        .into_bytes(),
+        Net::None => loopback.into_bytes(),
+        // Names of the list are pinned: the addresses the rules were made from come first,
+        // so lookups inside agree with the rules (there is no DNS inside an allow-list).
+        Net::Allow(_) | Net::Deny(_) => {
+            let mut hosts = String::from("# names of the network policy, pinned by lockbox\n");
+            for (host, addrs) in pins {
+                for a in addrs {
+                    hosts.push_str(&format!("{a}\t{host}\n"));
+                }
+            }
+            hosts.push_str(&loopback);
+            if matches!(policy.net, Net::Deny(_)) {
+                if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
+                    files.push(("resolv.conf".to_owned(), resolv));
+                }
+            }
+            hosts.into_bytes()
+        }
         Net::Host => {
             let mut hosts = std::fs::read("/etc/hosts").unwrap_or_default();
             hosts.extend_from_slice(format!("127.0.1.1\t{name}\n").as_bytes());

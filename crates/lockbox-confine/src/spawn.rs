@@ -4,6 +4,7 @@ use crate::child::{self, CStringArray, Prepared};
 use crate::error::{explain_clone_error, SetupError};
 use crate::landlock;
 use crate::limits::{self, LimitMechanisms, LimitPlan};
+use crate::netsup::{self, NetReport, NetRules, Supervisor};
 use crate::plan::{self, cstring, SetupPlan};
 use crate::report::{Record, Step, RECORD_LEN};
 use crate::resolve;
@@ -37,7 +38,7 @@ pub struct Enforcement {
     pub no_new_privs: bool,
     /// How each requested limit is enforced.
     pub limits: LimitMechanisms,
-    /// "none (loopback only)" or "host".
+    /// "none (loopback only)", "host", or how a network list is enforced.
     pub network: &'static str,
 }
 
@@ -70,6 +71,9 @@ pub struct Outcome {
     pub peak_memory: Option<(u64, &'static str)>,
     /// What confined it.
     pub enforcement: Enforcement,
+    /// What the network supervisor saw (`--net-allow` / `--net-deny` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub net: Option<Box<NetReport>>,
     /// The bounded (tmpfs) upper layers of overlays with `max_size`, still mounted, for the
     /// caller to copy into their `upper` directories (see [`UpperMount::upper`]).
     #[serde(skip)]
@@ -133,6 +137,7 @@ pub struct Running {
     status: Option<Record>,
     usage: Option<(u64, u32)>,
     upper_mounts: Vec<UpperMount>,
+    net: Option<Supervisor>,
     timed_out: bool,
     /// The sandbox has ended (an outcome was produced).
     done: bool,
@@ -209,12 +214,14 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
+    let (supervisor, net_child) = start_net_supervisor(resolved.net_rules.clone())?;
     let cgroup_fds = limits
         .cgroups
         .as_ref()
         .map(|c| c.procs_fds())
         .unwrap_or_default();
     let mut keep: Vec<RawFd> = vec![0, 1, 2, report_wr.as_raw_fd()];
+    keep.extend(net_child.as_ref().map(AsRawFd::as_raw_fd));
     keep.extend(&cgroup_fds);
     keep.extend(&policy.pass_fds);
     keep.sort_unstable();
@@ -222,7 +229,7 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
     let mut pass_fds = policy.pass_fds.clone();
     pass_fds.sort_unstable();
     let enforcement = Enforcement {
-        namespaces: namespaces(policy.net),
+        namespaces: namespaces(&policy.net),
         uid,
         gid,
         landlock_abi,
@@ -232,6 +239,8 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         network: match policy.net {
             Net::None => "none (loopback only)",
             Net::Host => "host",
+            Net::Allow(_) => "allow-list (own namespace; seccomp user notification, host sockets installed by the supervisor)",
+            Net::Deny(_) => "deny-list (own namespace; seccomp user notification, host sockets installed by the supervisor)",
         },
     };
     let mut prepared = Prepared {
@@ -243,9 +252,12 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         cgroup_procs: cgroup_fds,
         new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
         hostname: policy.hostname.as_bytes().to_vec(),
-        loopback: policy.net == Net::None,
+        loopback: policy.net.own_namespace(),
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
         seccomp: seccomp::build()?,
+        net: net_child
+            .as_ref()
+            .map(|fd| (netsup::filter(), fd.as_raw_fd())),
         rlimits: limits.rlimits.clone(),
         pass_fds,
         keep_fds: keep,
@@ -261,7 +273,7 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         last_cap: last_cap(),
     };
 
-    let flags = clone_flags(policy.net);
+    let flags = clone_flags(&policy.net);
     let started = Instant::now();
     tracing::debug!(flags, "clone3 into new namespaces");
     match sys::clone3_fork(flags) {
@@ -269,7 +281,7 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
             // The init has its own copies now.
-            drop((report_wr, stdio_held));
+            drop((report_wr, stdio_held, net_child));
             let mut limits = limits;
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();
@@ -287,6 +299,7 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
                 status: None,
                 usage: None,
                 upper_mounts: Vec::new(),
+                net: supervisor,
                 timed_out: false,
                 done: false,
                 reaped: false,
@@ -323,14 +336,32 @@ fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
     Ok((rd, wr))
 }
 
+/// For a network list: checks the kernel, starts the supervisor thread, and returns it
+/// with the child's end of the socket the command announces its filter on.
+fn start_net_supervisor(
+    rules: Option<(lockbox_policy::ListKind, Vec<lockbox_policy::NetRule>)>,
+) -> Result<(Option<Supervisor>, Option<OwnedFd>), SetupError> {
+    let Some((kind, rules)) = rules else {
+        return Ok((None, None));
+    };
+    let host_cookie = netsup::probe()?;
+    let (ours, theirs) = sys::seqpacket_pair().map_err(|errno| SetupError::Supervise {
+        what: "creating the network supervisor socket",
+        errno,
+    })?;
+    let (ours, theirs) = (sys::owned(ours), sys::owned(theirs));
+    let supervisor = netsup::start(NetRules { kind, rules }, host_cookie, ours)?;
+    Ok((Some(supervisor), Some(theirs)))
+}
+
 /// The namespaces of a new sandbox (cgroup is entered later, after joining the cgroups).
-fn clone_flags(net: Net) -> u64 {
+fn clone_flags(net: &Net) -> u64 {
     let mut flags = (libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS) as u64;
-    if net == Net::None {
+    if net.own_namespace() {
         flags |= libc::CLONE_NEWNET as u64;
     }
     flags
@@ -525,6 +556,7 @@ impl Running {
             cpu: Duration::from_micros(cpu_us),
             peak_memory,
             enforcement: self.enforcement.clone(),
+            net: self.net.take().map(|s| Box::new(s.finish())),
             upper_mounts: std::mem::take(&mut self.upper_mounts),
         })
     }
@@ -606,9 +638,9 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 }
 
 /// Namespaces a sandbox gets under `net`.
-pub fn namespaces(net: Net) -> Vec<&'static str> {
+pub fn namespaces(net: &Net) -> Vec<&'static str> {
     let mut ns = vec!["user", "mount", "pid", "ipc", "uts"];
-    if net == Net::None {
+    if net.own_namespace() {
         ns.push("net");
     }
     if Path::new("/proc/self/ns/cgroup").exists() {
@@ -675,6 +707,7 @@ mod tests {
                 limits: LimitMechanisms::default(),
                 network: "",
             },
+            net: None,
             upper_mounts: Vec::new(),
         };
         assert_eq!(outcome(Status::Exited(3), false).exit_code(), 3);

@@ -54,6 +54,14 @@ pub enum PolicyError {
         /// What is wrong.
         reason: String,
     },
+    /// A `--net-allow`/`--net-deny` destination could not be parsed.
+    #[error("network spec {spec:?}: {reason}")]
+    BadNetSpec {
+        /// What the user wrote.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A TOML profile could not be read.
     #[error("profile: {message}")]
     Profile {
@@ -74,6 +82,7 @@ impl PolicyError {
             PolicyError::ReservedPath { .. } => "RESERVED_PATH",
             PolicyError::BadEnv { .. } => "BAD_ENV",
             PolicyError::Invalid { .. } => "INVALID_POLICY",
+            PolicyError::BadNetSpec { .. } => "BAD_NET_SPEC",
             PolicyError::Profile { .. } => "BAD_PROFILE",
         }
     }

@@ -1,7 +1,7 @@
 //! The plain data of a lockbox sandbox.
 //!
 //! A [`Policy`] says what a confined process may see and use: which host paths are readable
-//! ([`FsPolicy`]), whether it has a network ([`Net`]), its resource [`Limits`], its
+//! ([`FsPolicy`]), which network it reaches ([`Net`], [`NetSpec`]), its resource [`Limits`], its
 //! environment ([`EnvPolicy`]), its timeout and its working directory. Every front end (CLI
 //! flags, a TOML profile, HTTP JSON, Python keyword arguments) turns into the same `Policy`
 //! through one conversion, and [`Policy::validate`] checks it.
@@ -26,12 +26,16 @@ mod env;
 mod error;
 mod fs;
 mod limits;
+mod net;
 mod units;
 
 pub use crate::env::{EnvPolicy, DEFAULT_PATH};
 pub use crate::error::PolicyError;
 pub use crate::fs::{FsPolicy, Overlay, OverlayUpper, DEFAULT_READS, ETC_SECRETS};
 pub use crate::limits::Limits;
+pub use crate::net::{
+    canonical, route, IpNet, ListKind, Net, NetHost, NetRule, NetSpec, Ports, Proto, Route,
+};
 pub use crate::units::{parse_duration, ByteSize};
 
 use serde::{Deserialize, Serialize};
@@ -43,17 +47,6 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Default hostname inside a sandbox.
 pub const DEFAULT_HOSTNAME: &str = "lockbox";
-
-/// Network access of a sandbox.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Net {
-    /// A private network namespace with only loopback (the default).
-    #[default]
-    None,
-    /// The host's network, unchanged.
-    Host,
-}
 
 /// Everything that decides how a sandbox is confined.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -143,6 +143,7 @@ fn write_report(
         "peak_memory_bytes": outcome.peak_memory.map(|(b, _)| b),
         "peak_memory_source": outcome.peak_memory.map(|(_, s)| s),
         "enforcement": outcome.enforcement,
+        "network": outcome.net,
     });
     if let (Some(map), Some(serde_json::Value::Object(extra))) = (report.as_object_mut(), extra) {
         map.extend(extra.clone());

@@ -1,0 +1,514 @@
+//! End-to-end tests of the network policy (`--net-allow`, `--net-deny`, `--net`): servers
+//! started here on distinct loopback addresses of the host, and a C probe (`net/probe.c`,
+//! compiled here) that connects from inside the sandbox. Each scenario runs as the current
+//! user and, when that is root, as uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{lockbox, scratch, text, users, User};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A TCP server on the host that answers every connection with its label and counts them.
+struct Server {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl Server {
+    fn tcp(ip: &str, label: &'static str) -> Server {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 4];
+                let _ = conn.read(&mut buf);
+                let _ = conn.write_all(label.as_bytes());
+            }
+        });
+        Server { addr, accepted }
+    }
+
+    fn udp(ip: &str, label: &'static str) -> Server {
+        let sock = UdpSocket::bind((ip, 0)).unwrap();
+        let addr = sock.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while let Ok((_, from)) = sock.recv_from(&mut buf) {
+                count.fetch_add(1, Ordering::SeqCst);
+                let _ = sock.send_to(label.as_bytes(), from);
+            }
+        });
+        Server { addr, accepted }
+    }
+
+    fn ip(&self) -> String {
+        self.addr.ip().to_string()
+    }
+
+    fn port(&self) -> String {
+        self.addr.port().to_string()
+    }
+
+    fn count(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// The probe, compiled once into a directory every test user can read.
+fn probe() -> &'static Path {
+    static PROBE: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    &PROBE
+        .get_or_init(|| {
+            let dir = scratch();
+            let bin = dir.path().join("probe");
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net/probe.c");
+            let out = std::process::Command::new("cc")
+                .args(["-O1", "-pthread", "-o"])
+                .arg(&bin)
+                .arg(&src)
+                .output()
+                .expect("a C compiler (cc) is needed for the network tests");
+            assert!(out.status.success(), "{}", text(&out));
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+            (dir, bin)
+        })
+        .1
+}
+
+/// Runs the probe in a sandbox with `net` flags; returns its output lines.
+fn run_probe(user: User, net: &[&str], checks: &[&[&str]]) -> Vec<String> {
+    let probe = probe().to_str().unwrap();
+    let dir = probe_dir();
+    let mut script = String::new();
+    for check in checks {
+        script.push_str(probe);
+        for a in *check {
+            script.push(' ');
+            script.push_str(a);
+        }
+        script.push('\n');
+    }
+    let mut args = vec!["run", "-r", dir.as_str()];
+    args.extend_from_slice(net);
+    args.extend_from_slice(&["--", "sh", "-c", &script]);
+    let out = lockbox(user, Path::new("/"), &args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{user:?} {net:?}: {}",
+        text(&out)
+    );
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), checks.len(), "{}", text(&out));
+    lines
+}
+
+fn probe_dir() -> String {
+    probe().parent().unwrap().to_str().unwrap().to_owned()
+}
+
+fn ok(line: &str, label: &str) -> bool {
+    line == format!("ok {label}")
+}
+
+#[test]
+fn allow_list_connects_exactly_the_allowed_address_port_pairs() {
+    let a = Server::tcp("127.0.0.2", "a");
+    let a_other_port = Server::tcp("127.0.0.2", "a2");
+    let b = Server::tcp("127.0.0.3", "b");
+    let c = Server::tcp("::1", "c");
+    for user in users() {
+        let allow_a = format!("127.0.0.2:{}", a.port());
+        let allow_c = format!("tcp://[::1]:{}", c.port());
+        let lines = run_probe(
+            user,
+            &["--net-allow", &allow_a, "--net-allow", &allow_c],
+            &[
+                &["tcp", &a.ip(), &a.port()],
+                &["tcpnb", &a.ip(), &a.port()],
+                &["tcp", &a_other_port.ip(), &a_other_port.port()],
+                &["tcp", &b.ip(), &b.port()],
+                &["tcp", "::1", &c.port()],
+                &["tcpnb", "::1", &c.port()],
+                &["tcpmsg", &a.ip(), &a.port()],
+                &["tcp", "::ffff:127.0.0.3", &b.port()],
+                &["tcp", "192.0.2.1", "80"],
+            ],
+        );
+        assert!(ok(&lines[0], "a"), "{user:?} {lines:?}");
+        assert!(ok(&lines[1], "a"), "{user:?} {lines:?}");
+        assert!(lines[2].starts_with("err"), "{user:?} {lines:?}");
+        assert!(lines[3].starts_with("err"), "{user:?} {lines:?}");
+        assert!(ok(&lines[4], "c"), "{user:?} {lines:?}");
+        assert!(ok(&lines[5], "c"), "{user:?} {lines:?}");
+        assert!(ok(&lines[6], "a"), "{user:?} {lines:?}");
+        assert!(lines[7].starts_with("err"), "{user:?} {lines:?}");
+        assert_eq!(lines[8], "err EACCES", "{user:?} {lines:?}");
+    }
+    assert_eq!(
+        a_other_port.count(),
+        0,
+        "the allowed host's other port was reached"
+    );
+    assert_eq!(b.count(), 0, "a host that is not allowed was reached");
+}
+
+#[test]
+fn udp_rules_allow_only_the_listed_datagram_destinations() {
+    let tcp_b = Server::tcp("127.0.0.3", "tcp-b");
+    let a = Server::udp("127.0.0.2", "ua");
+    let b = Server::udp("127.0.0.3", "ub");
+    let v6 = Server::udp("::1", "u6");
+    for user in users() {
+        let allow = format!("udp://127.0.0.3:{}", b.port());
+        let tcp_same_port = format!("udp://127.0.0.3:{}", tcp_b.port());
+        let allow_v6 = format!("udp://[::1]:{}", v6.port());
+        let lines = run_probe(
+            user,
+            &[
+                "--net-allow",
+                &allow,
+                "--net-allow",
+                &tcp_same_port,
+                "--net-allow",
+                &allow_v6,
+            ],
+            &[
+                &["udp", &b.ip(), &b.port()],
+                &["udpc", &b.ip(), &b.port()],
+                &["udp", &a.ip(), &a.port()],
+                &["udpc", &a.ip(), &a.port()],
+                &["tcp", &tcp_b.ip(), &tcp_b.port()],
+                &["udp", "192.0.2.1", "53"],
+                &["udp", "::1", &v6.port()],
+                &["udpc", "::1", &v6.port()],
+            ],
+        );
+        assert!(ok(&lines[0], "ub"), "{user:?} {lines:?}");
+        assert!(ok(&lines[1], "ub"), "{user:?} {lines:?}");
+        assert!(lines[2].starts_with("err"), "{user:?} {lines:?}");
+        assert!(lines[3].starts_with("err"), "{user:?} {lines:?}");
+        assert!(
+            lines[4].starts_with("err"),
+            "a udp rule let tcp through: {lines:?}"
+        );
+        assert_eq!(lines[5], "err EACCES", "{user:?} {lines:?}");
+        assert!(ok(&lines[6], "u6"), "{user:?} {lines:?}");
+        assert!(ok(&lines[7], "u6"), "{user:?} {lines:?}");
+    }
+    assert_eq!(a.count(), 0);
+    assert_eq!(tcp_b.count(), 0);
+}
+
+#[test]
+fn hostnames_are_pinned_at_start_and_shown_in_etc_hosts() {
+    let server = Server::tcp("127.0.0.1", "pinned");
+    for user in users() {
+        let allow = format!("tcp://localhost:{}", server.port());
+        let dir = probe_dir();
+        let script = format!(
+            "grep -A1 pinned /etc/hosts; {} tcp 127.0.0.1 {}",
+            probe().display(),
+            server.port()
+        );
+        let out = lockbox(
+            user,
+            Path::new("/"),
+            &[
+                "run",
+                "-r",
+                &dir,
+                "--net-allow",
+                &allow,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("127.0.0.1\tlocalhost"),
+            "{user:?} {}",
+            text(&out)
+        );
+        assert!(stdout.ends_with("ok pinned\n"), "{user:?} {}", text(&out));
+        let out = lockbox(
+            user,
+            Path::new("/"),
+            &["check", "--explain", "--net-allow", &allow],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("pinned localhost = 127.0.0.1"),
+            "{}",
+            text(&out)
+        );
+        assert!(
+            stdout.contains("seccomp user notification"),
+            "{}",
+            text(&out)
+        );
+    }
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &[
+            "run",
+            "--net-allow",
+            "no-such-host.invalid:443",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such-host.invalid:443"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn loopback_inside_the_sandbox_works_under_every_network_mode() {
+    let spec = "tcp://127.0.0.2:1";
+    for user in users() {
+        for net in [
+            &[][..],
+            &["--net", "none"][..],
+            &["--net", "host"][..],
+            &["--net-allow", spec][..],
+            &["--net-deny", spec][..],
+        ] {
+            let lines = run_probe(user, net, &[&["inside"]]);
+            assert_eq!(lines[0], "ok inside", "{user:?} {net:?}");
+        }
+    }
+}
+
+#[test]
+fn net_host_reaches_every_host_server_and_none_reaches_none() {
+    let a = Server::tcp("127.0.0.2", "a");
+    let c = Server::tcp("::1", "c");
+    let u = Server::udp("127.0.0.3", "u");
+    for user in users() {
+        let checks: &[&[&str]] = &[
+            &["tcp", &a.ip(), &a.port()],
+            &["tcp", "::1", &c.port()],
+            &["udp", &u.ip(), &u.port()],
+        ];
+        let lines = run_probe(user, &["--net", "host"], checks);
+        assert_eq!(lines, ["ok a", "ok c", "ok u"], "{user:?}");
+        let lines = run_probe(user, &[], checks);
+        assert!(
+            lines.iter().all(|l| l.starts_with("err")),
+            "{user:?} {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn deny_list_refuses_listed_destinations_and_never_opens_the_hosts_loopback() {
+    let a = Server::tcp("127.0.0.2", "a");
+    for user in users() {
+        let lines = run_probe(
+            user,
+            &["--net-deny", "192.0.2.0/24:*"],
+            &[&["tcp", "192.0.2.1", "80"], &["tcp", &a.ip(), &a.port()]],
+        );
+        assert_eq!(lines[0], "err EACCES", "{user:?} {lines:?}");
+        assert!(lines[1].starts_with("err"), "{user:?} {lines:?}");
+    }
+    assert_eq!(
+        a.count(),
+        0,
+        "the host's loopback was reached under a deny-list"
+    );
+}
+
+/// A global (non-loopback) IPv4 address of this host, if it has one.
+fn host_address() -> Option<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)?;
+    Some(field.split('/').next()?.to_owned())
+}
+
+#[test]
+fn deny_list_lets_other_destinations_through_the_host_network() {
+    let Some(ip) = host_address() else {
+        eprintln!("SKIP deny_list_lets_other_destinations_through_the_host_network: no global IPv4 address");
+        return;
+    };
+    let open = Server::tcp(&ip, "open");
+    let closed = Server::tcp(&ip, "closed");
+    for user in users() {
+        let deny = format!("tcp://{ip}:{}", closed.port());
+        let lines = run_probe(
+            user,
+            &["--net-deny", &deny],
+            &[&["tcp", &ip, &open.port()], &["tcp", &ip, &closed.port()]],
+        );
+        assert_eq!(lines, ["ok open", "err EACCES"], "{user:?}");
+    }
+    assert_eq!(closed.count(), 0);
+}
+
+#[test]
+fn racing_the_address_from_a_thread_and_a_process_never_reaches_a_denied_server() {
+    let good = Server::tcp("127.0.0.2", "good");
+    let bad = Server::tcp("127.0.0.3", "bad");
+    for user in users() {
+        let allow = format!("tcp://127.0.0.2:{}", good.port());
+        let (g, b, gp, bp) = (good.ip(), bad.ip(), good.port(), bad.port());
+        let lines = run_probe(
+            user,
+            &["--net-allow", &allow],
+            &[
+                &["race", &g, &b, &gp, &bp, "300"],
+                &["race1", &g, &b, &gp, &bp, "300"],
+            ],
+        );
+        for line in &lines {
+            assert!(line.ends_with("reached-bad 0"), "{user:?} {lines:?}");
+            // The allowed destination stays reachable under the race.
+            assert!(!line.contains(" good 0 "), "{user:?} {lines:?}");
+        }
+    }
+    assert_eq!(bad.count(), 0, "a racing sandbox reached the denied server");
+}
+
+#[test]
+fn the_sandbox_cannot_install_a_supervisor_of_its_own() {
+    for user in users() {
+        let lines = run_probe(
+            user,
+            &["--net-allow", "tcp://127.0.0.2:1"],
+            &[&["listener"]],
+        );
+        assert_eq!(lines[0], "err EBUSY", "{user:?}");
+    }
+}
+
+#[test]
+fn report_counts_denied_attempts() {
+    let dir = scratch();
+    let report = dir.path().join("report.json");
+    let out = lockbox(
+        User::Current,
+        dir.path(),
+        &[
+            "run",
+            "-r",
+            &probe_dir(),
+            "--net-allow",
+            "tcp://127.0.0.2:1",
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            probe().to_str().unwrap(),
+            "tcp",
+            "192.0.2.7",
+            "443",
+        ],
+    );
+    assert_eq!(out.stdout, b"err EACCES\n", "{}", text(&out));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(json["network"]["denied"], 1, "{json}");
+    assert_eq!(
+        json["network"]["denied_first"][0], "connect tcp 192.0.2.7:443",
+        "{json}"
+    );
+}
+
+#[test]
+fn bad_specs_are_usage_errors_that_name_the_spec() {
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &["run", "--net-allow", "::1:80", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("::1:80") && err.contains("brackets"), "{err}");
+}
+
+#[test]
+fn real_clients_connect_through_the_allow_list_non_blocking_and_threaded() {
+    let a = Server::tcp("127.0.0.2", "hello");
+    let b = Server::tcp("127.0.0.3", "denied");
+    for user in users() {
+        let allow = format!("tcp://127.0.0.2:{}", a.port());
+        // asyncio: a non-blocking connect (EINPROGRESS, then poll) on the event loop; a
+        // thread pool makes the process multi-threaded as well.
+        let script = format!(
+            r#"
+import asyncio, concurrent.futures, socket
+async def fetch(port):
+    r, w = await asyncio.open_connection("127.0.0.2", port)
+    w.write(b"ping"); await w.drain()
+    return (await r.read(16)).decode()
+def blocking(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            s.sendall(b"ping"); return s.recv(16).decode()
+    except OSError as e:
+        return "refused"
+print(asyncio.run(fetch({a})))
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    print(sorted(set(pool.map(lambda h: blocking(h, {a} if h == "127.0.0.2" else {b}), ["127.0.0.2", "127.0.0.3"] * 4))))
+"#,
+            a = a.port(),
+            b = b.port()
+        );
+        let out = lockbox(
+            user,
+            Path::new("/"),
+            &["run", "--net-allow", &allow, "--", "python3", "-c", &script],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello\n['hello', 'refused']\n",
+            "{user:?} {}",
+            text(&out)
+        );
+        if Path::new("/usr/bin/curl").exists() {
+            let cmd = format!(
+                "echo ping | curl -sS --max-time 3 telnet://127.0.0.2:{}",
+                a.port()
+            );
+            let out = lockbox(
+                user,
+                Path::new("/"),
+                &["run", "--net-allow", &allow, "--", "sh", "-c", &cmd],
+            );
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains("hello"),
+                "{user:?} {}",
+                text(&out)
+            );
+        }
+    }
+    assert_eq!(b.count(), 0);
+}
