@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine;
 use futures_util::{Stream, StreamExt};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,12 +96,4 @@ pub fn data_fields(bytes: &[u8]) -> Map<String, Value> {
 /// An SSE event named `name` with a JSON payload.
 pub fn json_event(name: &str, data: &Value) -> Event {
     Event::default().event(name).data(data.to_string())
-}
-
-/// The `error` event that ends a stream that failed after it started.
-pub fn error_event(e: ApiError) -> Event {
-    json_event(
-        "error",
-        &json!({ "code": e.code, "message": e.message, "details": e.details }),
-    )
 }

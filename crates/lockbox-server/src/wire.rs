@@ -3,6 +3,7 @@
 //! (the only place units are bare numbers).
 
 use crate::error::ApiError;
+use crate::openapi::{MAX_GRACE_MS, MAX_LOG_BYTES, MAX_MS};
 use base64::Engine;
 use lockbox_policy::{ByteSize, Net, Policy, PolicyError};
 use lockbox_runtime::{
@@ -80,6 +81,9 @@ impl CreateSandbox {
         if let Some(hostname) = self.hostname {
             policy.hostname = hostname;
         }
+        check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
+        check_ms("kill_grace_ms", self.kill_grace_ms, MAX_GRACE_MS)?;
+        check_ms("idle_timeout_ms", self.idle_timeout_ms, MAX_MS)?;
         policy.validate().map_err(policy_error)?;
         if let Some(workdir) = &self.workdir {
             if !workdir.is_absolute() {
@@ -102,6 +106,18 @@ impl CreateSandbox {
             idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             labels: self.labels,
         })
+    }
+}
+
+/// Refuses a duration beyond `max` milliseconds (a deadline that far is a client bug, and
+/// would overflow clock arithmetic further down).
+pub fn check_ms(field: &str, value: Option<u64>, max: u64) -> Result<(), ApiError> {
+    match value {
+        Some(ms) if ms > max => Err(ApiError::invalid(
+            field,
+            format!("{field}: {ms} is more than the maximum {max}"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -191,6 +207,7 @@ impl Exec {
                 "timeout_ms: must be greater than zero",
             ));
         }
+        check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
         let stdin = match (self.stdin_b64, self.stdin) {
             (Some(_), Some(_)) => {
                 return Err(ApiError::invalid(
@@ -301,6 +318,7 @@ impl StartProcess {
                 "log_bytes: must be greater than zero",
             ));
         }
+        check_ms("log_bytes", self.log_bytes.map(|b| b as u64), MAX_LOG_BYTES)?;
         Ok(ProcessSpec {
             command,
             cwd: self.cwd,
@@ -511,6 +529,8 @@ pub struct Commit {
     pub only: Vec<String>,
     /// Not these paths.
     pub exclude: Vec<String>,
+    /// Commit even where the workdir changed under the branch at those paths.
+    pub force: bool,
 }
 
 impl Commit {
@@ -519,6 +539,7 @@ impl Commit {
         Selection {
             only: self.only,
             exclude: self.exclude,
+            force: self.force,
         }
     }
 }

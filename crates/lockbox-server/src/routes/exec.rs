@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
-use crate::streams::{data_fields, error_event, json_event};
+use crate::streams::{data_fields, json_event};
 use crate::wire::Exec;
 use crate::AppState;
 use axum::extract::State;
@@ -40,9 +40,14 @@ fn exit_json(r: &ExecResult) -> Value {
     json!({
         "exit_code": r.exit_code,
         "timed_out": r.timed_out,
-        "duration_ms": r.duration.as_secs_f64() * 1000.0,
+        "duration_ms": ms(r.duration),
         "session": r.session,
     })
+}
+
+/// Milliseconds with microsecond precision (a warm exec takes well under one).
+fn ms(d: std::time::Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
 }
 
 pub async fn stream(
@@ -55,10 +60,21 @@ pub async fn stream(
     let sandbox = app.runtime.sandbox(&id).await?;
     let events = sandbox.exec_stream(request).await?.map(|event| match event {
         ExecEvent::Start { session } => json_event("start", &json!({ "session": session })),
-        ExecEvent::Stdout(bytes) => json_event("stdout", &Value::Object(data_fields(&bytes))),
-        ExecEvent::Stderr(bytes) => json_event("stderr", &Value::Object(data_fields(&bytes))),
-        ExecEvent::Exit(result) => json_event("exit", &exit_json(&result)),
-        ExecEvent::Error(e) => error_event(e.into()),
+        ExecEvent::Stdout { data } => json_event("stdout", &Value::Object(data_fields(&data))),
+        ExecEvent::Stderr { data } => json_event("stderr", &Value::Object(data_fields(&data))),
+        ExecEvent::Exit(exit) => json_event(
+            "exit",
+            &json!({
+                "exit_code": exit.exit_code,
+                "timed_out": exit.timed_out,
+                "duration_ms": ms(exit.duration),
+                "session": exit.session,
+            }),
+        ),
+        ExecEvent::Error { code, message } => json_event(
+            "error",
+            &json!({ "code": code, "message": message, "details": {} }),
+        ),
     });
     Ok(app.streams.sse(slot, events))
 }

@@ -71,7 +71,10 @@ pub async fn get(
         Some(spec) => {
             let size = sandbox.stat(&query.path).await?.size;
             match resolve(spec, size) {
-                Some((start, end)) => Some(ByteRange { start, end }),
+                Some((start, end)) => Some(ByteRange {
+                    start,
+                    end: Some(end),
+                }),
                 None => return Ok(unsatisfiable(&query.path, size)),
             }
         }
@@ -118,7 +121,7 @@ pub async fn put(
     let sandbox = app.runtime.sandbox(&id).await?;
     let stream = req.into_body().into_data_stream().map_err(std::io::Error::other);
     let options = WriteOptions {
-        mode,
+        mode: mode.unwrap_or(WriteOptions::default().mode),
         create_parents: true,
     };
     let stat = sandbox

@@ -3,8 +3,9 @@
 
 use crate::error::ApiError;
 use crate::extract::{parse_json, ApiJson, ApiPath, ApiQuery};
-use crate::streams::{data_fields, error_event, json_event};
-use crate::wire::{decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery};
+use crate::streams::{data_fields, json_event};
+use crate::openapi::MAX_GRACE_MS;
+use crate::wire::{check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
@@ -63,6 +64,7 @@ pub async fn kill(
     ApiPath((id, pid)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<KillQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    check_ms("grace_ms", query.grace_ms, MAX_GRACE_MS)?;
     let grace = query.grace_ms.map_or(DEFAULT_GRACE, Duration::from_millis);
     let sandbox = app.runtime.sandbox(&id).await?;
     Ok(Json(sandbox.kill_process(&pid, grace).await?))
@@ -169,12 +171,9 @@ pub async fn logs(
         None => query.since.unwrap_or(0),
     };
     let slot = app.streams.open()?;
-    let events = sandbox.follow_logs(&pid, since).await?.flat_map(|item| {
-        let events = match item {
-            Ok(chunk) => chunk_events(chunk),
-            Err(e) => vec![error_event(e.into())],
-        };
-        futures_util::stream::iter(events)
-    });
+    let events = sandbox
+        .follow_logs(&pid, since)
+        .await?
+        .flat_map(|chunk| futures_util::stream::iter(chunk_events(chunk)));
     Ok(app.streams.sse(slot, events).into_response())
 }
