@@ -52,6 +52,9 @@ pub enum Command {
     Gather(crate::commands::txn::GatherArgs),
     /// List, show, commit, abort or recover transactions.
     Txn(crate::commands::txn::TxnArgs),
+    /// Serve long-lived sandboxes over HTTP (REST + JSON, SSE, WebSocket), with sessions,
+    /// background processes, PTYs, files and workspace branches.
+    Serve(crate::commands::serve::ServeArgs),
 }
 
 const BRANCH_EXIT_CODES: &str = "\

@@ -25,6 +25,7 @@ fn main() {
         cli::Command::Pipeline(args) => commands::txn::pipeline(&args),
         cli::Command::Gather(args) => commands::txn::gather(&args),
         cli::Command::Txn(args) => commands::txn::txn(&args),
+        cli::Command::Serve(args) => commands::serve::run(&args),
         cli::Command::Journal(journal) => match commands::journal::run(&journal) {
             Ok(code) => code,
             Err(e) => {

@@ -146,7 +146,11 @@ impl Sandbox {
     }
 
     /// TERM, `grace`, KILL of the process's whole tree; waits until it is gone.
-    pub async fn kill_process(&self, id: &str, grace: Duration) -> Result<ProcessInfo, RuntimeError> {
+    pub async fn kill_process(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> Result<ProcessInfo, RuntimeError> {
         let _ = (id, grace);
         not_yet()
     }

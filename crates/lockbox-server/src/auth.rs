@@ -196,7 +196,10 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let (again, _) = Token::load_or_create(dir.path()).unwrap();
-        assert!(again.matches(token.secret().as_bytes()), "reused on restart");
+        assert!(
+            again.matches(token.secret().as_bytes()),
+            "reused on restart"
+        );
     }
 
     #[test]

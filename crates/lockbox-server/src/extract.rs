@@ -45,6 +45,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         bytes
     };
+    // serde would read a struct from an array too; the API's bodies are objects only.
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid(
+            "",
+            "invalid JSON body: expected a JSON object",
+        ));
+    }
     let mut de = serde_json::Deserializer::from_slice(text);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = field_of(&e.path().to_string(), &e.inner().to_string());
@@ -69,7 +76,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// for `missing field` / `unknown field` errors reported on the parent, the parent's path
 /// plus the name in backquotes.
 fn field_of(path: &str, message: &str) -> String {
-    let parent = if path == "." { "" } else { path };
+    // `?` marks a position serde_path_to_error could not name (a syntax error).
+    let known: Vec<&str> = path
+        .split('.')
+        .filter(|s| !s.is_empty() && *s != "?")
+        .collect();
+    let joined = known.join(".");
+    let parent = joined.as_str();
     let named = ["missing field `", "unknown field `"]
         .iter()
         .find_map(|prefix| message.strip_prefix(prefix))
@@ -94,7 +107,10 @@ pub fn body_rejection(e: BytesRejection) -> ApiError {
             "the request body exceeds the server's limit (--max-body)",
         )
     } else {
-        ApiError::new("INVALID_REQUEST", format!("reading the body: {}", e.body_text()))
+        ApiError::new(
+            "INVALID_REQUEST",
+            format!("reading the body: {}", e.body_text()),
+        )
     }
 }
 
@@ -130,7 +146,10 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
             .await
             .map(|Path(v)| ApiPath(v))
             .map_err(|e: PathRejection| {
-                ApiError::new("INVALID_REQUEST", format!("invalid path: {}", e.body_text()))
+                ApiError::new(
+                    "INVALID_REQUEST",
+                    format!("invalid path: {}", e.body_text()),
+                )
             })
     }
 }
@@ -164,10 +183,16 @@ mod tests {
 
     #[test]
     fn bad_bodies_name_the_field() {
-        assert_eq!(field(r#"{"command": "x", "timeout_ms": "soon"}"#), "timeout_ms");
+        assert_eq!(
+            field(r#"{"command": "x", "timeout_ms": "soon"}"#),
+            "timeout_ms"
+        );
         assert_eq!(field(r#"{"timeout_ms": 5}"#), "command");
         assert_eq!(field(r#"{"command": "x", "bogus": 1}"#), "bogus");
-        assert_eq!(field(r#"{"command": "x", "inner": {"cols": -1}}"#), "inner.cols");
+        assert_eq!(
+            field(r#"{"command": "x", "inner": {"cols": -1}}"#),
+            "inner.cols"
+        );
         assert_eq!(field(r#"{"command": "x", "inner": {}}"#), "inner.cols");
         assert_eq!(field(r#"{"command": "x""#), "");
         assert_eq!(field(r#"{"command": "x"} trailing"#), "");

@@ -123,17 +123,23 @@ pub fn check_ms(field: &str, value: Option<u64>, max: u64) -> Result<(), ApiErro
 
 /// A refused policy as `INVALID_REQUEST`, naming the field as the client spelled it.
 fn policy_error(e: PolicyError) -> ApiError {
-    let field = match &e {
+    let message = e.to_string();
+    let (field, message) = match &e {
         PolicyError::RelativePath { field, .. }
         | PolicyError::ReservedPath { field, .. }
-        | PolicyError::Invalid { field, .. } => wire_field(field),
-        PolicyError::BadEnv { .. } => "env",
-        _ => "",
+        | PolicyError::Invalid { field, .. } => {
+            let wire = wire_field(field);
+            // The policy names its own field (`fs.write: ...`); say it as the client did.
+            let rest = message.strip_prefix(field).unwrap_or(&message);
+            (wire, format!("{wire}{rest}"))
+        }
+        PolicyError::BadEnv { .. } => ("env", message),
+        _ => ("", message),
     };
-    ApiError::invalid(field, e.to_string())
+    ApiError::invalid(field, message)
 }
 
-fn wire_field(policy_field: &str) -> &'static str {
+fn wire_field(policy_field: &'static str) -> &'static str {
     match policy_field {
         "fs.read" => "fs_readable",
         "fs.write" => "fs_writable",
@@ -145,7 +151,7 @@ fn wire_field(policy_field: &str) -> &'static str {
         "limits.processes" => "max_processes",
         "limits.open_files" => "max_open_files",
         "limits.file_size" => "max_file_size",
-        _ => "",
+        other => other,
     }
 }
 
@@ -288,30 +294,29 @@ pub struct StartProcess {
 impl StartProcess {
     /// The runtime's spec.
     pub fn into_spec(self) -> Result<ProcessSpec, ApiError> {
-        let command = match (self.argv, self.command) {
-            (Some(argv), None) => {
-                if argv.is_empty() || argv[0].is_empty() {
-                    return Err(ApiError::invalid("argv", "argv: needs a program name"));
+        let command =
+            match (self.argv, self.command) {
+                (Some(argv), None) => {
+                    if argv.is_empty() || argv[0].is_empty() {
+                        return Err(ApiError::invalid("argv", "argv: needs a program name"));
+                    }
+                    if self.session.is_some() {
+                        return Err(ApiError::invalid(
+                            "session",
+                            "session applies to `command`, not to `argv`",
+                        ));
+                    }
+                    ProcessCommand::Argv(argv)
                 }
-                if self.session.is_some() {
-                    return Err(ApiError::invalid(
-                        "session",
-                        "session applies to `command`, not to `argv`",
-                    ));
-                }
-                ProcessCommand::Argv(argv)
-            }
-            (None, Some(script)) => ProcessCommand::Shell {
-                script,
-                session: self.session,
-            },
-            _ => {
-                return Err(ApiError::invalid(
+                (None, Some(script)) => ProcessCommand::Shell {
+                    script,
+                    session: self.session,
+                },
+                _ => return Err(ApiError::invalid(
                     "argv",
                     "give exactly one of argv (program and arguments) and command (a shell line)",
-                ))
-            }
-        };
+                )),
+            };
         if self.log_bytes == Some(0) {
             return Err(ApiError::invalid(
                 "log_bytes",

@@ -58,23 +58,26 @@ pub async fn stream(
     let request = body.into_request()?;
     let slot = app.streams.open()?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    let events = sandbox.exec_stream(request).await?.map(|event| match event {
-        ExecEvent::Start { session } => json_event("start", &json!({ "session": session })),
-        ExecEvent::Stdout { data } => json_event("stdout", &Value::Object(data_fields(&data))),
-        ExecEvent::Stderr { data } => json_event("stderr", &Value::Object(data_fields(&data))),
-        ExecEvent::Exit(exit) => json_event(
-            "exit",
-            &json!({
-                "exit_code": exit.exit_code,
-                "timed_out": exit.timed_out,
-                "duration_ms": ms(exit.duration),
-                "session": exit.session,
-            }),
-        ),
-        ExecEvent::Error { code, message } => json_event(
-            "error",
-            &json!({ "code": code, "message": message, "details": {} }),
-        ),
-    });
+    let events = sandbox
+        .exec_stream(request)
+        .await?
+        .map(|event| match event {
+            ExecEvent::Start { session } => json_event("start", &json!({ "session": session })),
+            ExecEvent::Stdout { data } => json_event("stdout", &Value::Object(data_fields(&data))),
+            ExecEvent::Stderr { data } => json_event("stderr", &Value::Object(data_fields(&data))),
+            ExecEvent::Exit(exit) => json_event(
+                "exit",
+                &json!({
+                    "exit_code": exit.exit_code,
+                    "timed_out": exit.timed_out,
+                    "duration_ms": ms(exit.duration),
+                    "session": exit.session,
+                }),
+            ),
+            ExecEvent::Error { code, message } => json_event(
+                "error",
+                &json!({ "code": code, "message": message, "details": {} }),
+            ),
+        });
     Ok(app.streams.sse(slot, events))
 }

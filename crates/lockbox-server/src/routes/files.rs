@@ -36,7 +36,11 @@ fn parse_range(header: &str) -> Option<RangeSpec> {
         return b.parse().ok().map(RangeSpec::Suffix);
     }
     let start = a.parse().ok()?;
-    let last = if b.is_empty() { None } else { Some(b.parse().ok()?) };
+    let last = if b.is_empty() {
+        None
+    } else {
+        Some(b.parse().ok()?)
+    };
     if last.is_some_and(|last| last < start) {
         return None;
     }
@@ -83,7 +87,10 @@ pub async fn get(
     let (start, end) = read.range;
     let mut response = Response::new(Body::from_stream(ReaderStream::new(read.body)));
     let h = response.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(CONTENT_LENGTH, HeaderValue::from(end - start));
     if range.is_some() {
@@ -119,7 +126,10 @@ pub async fn put(
 ) -> Result<impl IntoResponse, ApiError> {
     let mode = query.mode()?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    let stream = req.into_body().into_data_stream().map_err(std::io::Error::other);
+    let stream = req
+        .into_body()
+        .into_data_stream()
+        .map_err(std::io::Error::other);
     let options = WriteOptions {
         mode: mode.unwrap_or(WriteOptions::default().mode),
         create_parents: true,
@@ -145,7 +155,9 @@ pub async fn list(
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    let entries = sandbox.list(&query.path, query.recursive, query.hidden).await?;
+    let entries = sandbox
+        .list(&query.path, query.recursive, query.hidden)
+        .await?;
     Ok(Json(json!({ "entries": entries })))
 }
 
@@ -164,7 +176,9 @@ pub async fn rename(
     ApiJson(body): ApiJson<Move>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.rename(&body.from, &body.to, body.overwrite).await?))
+    Ok(Json(
+        sandbox.rename(&body.from, &body.to, body.overwrite).await?,
+    ))
 }
 
 pub async fn remove(
@@ -189,7 +203,11 @@ mod tests {
         assert_eq!(r("bytes=-3", 10), Some(Some((7, 10))));
         assert_eq!(r("bytes=-30", 10), Some(Some((0, 10))));
         assert_eq!(r("bytes=8-100", 10), Some(Some((8, 10))));
-        assert_eq!(r("bytes=10-", 10), Some(None), "start at the end is unsatisfiable");
+        assert_eq!(
+            r("bytes=10-", 10),
+            Some(None),
+            "start at the end is unsatisfiable"
+        );
         assert_eq!(r("bytes=-0", 10), Some(None));
         assert_eq!(r("bytes=0-0", 0), Some(None));
         assert_eq!(r("bytes=3-1", 10), None, "invalid: ignored");

@@ -22,7 +22,10 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
-        .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
         .route(sandbox, get(sandboxes::show).delete(sandboxes::delete))
         .route(
             &format!("{sandbox}/sessions"),

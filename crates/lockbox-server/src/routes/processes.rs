@@ -3,9 +3,11 @@
 
 use crate::error::ApiError;
 use crate::extract::{parse_json, ApiJson, ApiPath, ApiQuery};
-use crate::streams::{data_fields, json_event};
 use crate::openapi::MAX_GRACE_MS;
-use crate::wire::{check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery};
+use crate::streams::{data_fields, json_event};
+use crate::wire::{
+    check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery,
+};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
@@ -29,7 +31,10 @@ pub async fn start(
 ) -> Result<impl IntoResponse, ApiError> {
     let spec = body.into_spec()?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok((StatusCode::CREATED, Json(sandbox.start_process(spec).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox.start_process(spec).await?),
+    ))
 }
 
 pub async fn list(
@@ -82,7 +87,11 @@ pub async fn stdin(
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("application/json"));
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
     let body = Bytes::from_request(req, &())
         .await
         .map_err(crate::extract::body_rejection)?;
@@ -90,7 +99,10 @@ pub async fn stdin(
         let stdin: Stdin = parse_json(&body)?;
         let data = match (stdin.data, stdin.data_b64) {
             (Some(_), Some(_)) => {
-                return Err(ApiError::invalid("data", "give either data or data_b64, not both"))
+                return Err(ApiError::invalid(
+                    "data",
+                    "give either data or data_b64, not both",
+                ))
             }
             (Some(text), None) => Bytes::from(text),
             (None, Some(b64)) => decode_b64("data_b64", &b64)?.into(),
@@ -138,7 +150,10 @@ fn chunk_events(chunk: LogChunk) -> Vec<Event> {
     }
     for segment in &chunk.segments {
         let end = segment.offset + segment.data.len() as u64;
-        let name = segment_json(segment)["stream"].as_str().unwrap_or("stdout").to_owned();
+        let name = segment_json(segment)["stream"]
+            .as_str()
+            .unwrap_or("stdout")
+            .to_owned();
         events.push(json_event(&name, &segment_json(segment)).id(end.to_string()));
     }
     if chunk.eof {
@@ -155,12 +170,20 @@ pub async fn logs(
 ) -> Result<Response, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
     if !query.follow {
-        let max = query.max_bytes.unwrap_or(app.config.max_log_read).clamp(1, app.config.max_log_read);
-        let chunk = sandbox.read_logs(&pid, query.since.unwrap_or(0), max).await?;
+        let max = query
+            .max_bytes
+            .unwrap_or(app.config.max_log_read)
+            .clamp(1, app.config.max_log_read);
+        let chunk = sandbox
+            .read_logs(&pid, query.since.unwrap_or(0), max)
+            .await?;
         return Ok(Json(chunk_json(&chunk)).into_response());
     }
     // A reconnecting EventSource sends the last `id:` it saw: resume right after it.
-    let since = match headers.get("last-event-id").map(|v| v.to_str().map(str::parse::<u64>)) {
+    let since = match headers
+        .get("last-event-id")
+        .map(|v| v.to_str().map(str::parse::<u64>))
+    {
         Some(Ok(Ok(cursor))) => cursor,
         Some(_) => {
             return Err(ApiError::invalid(

@@ -137,7 +137,10 @@ impl Link {
     async fn input(&self, bytes: Bytes) -> Result<(), ApiError> {
         match &self.input {
             Input::Pty(sender) => sender.send(bytes).await.map_err(|_| {
-                ApiError::new("PROCESS_NOT_RUNNING", format!("process {}: the terminal is closed", self.pid))
+                ApiError::new(
+                    "PROCESS_NOT_RUNNING",
+                    format!("process {}: the terminal is closed", self.pid),
+                )
             }),
             Input::Stdin => Ok(self.sandbox.write_stdin(&self.pid, bytes).await?),
         }
@@ -154,7 +157,9 @@ impl Link {
         };
         if let Some(size) = control.resize {
             let size = size.check("resize")?;
-            self.sandbox.resize_pty(&self.pid, size.cols, size.rows).await?;
+            self.sandbox
+                .resize_pty(&self.pid, size.cols, size.rows)
+                .await?;
         }
         if control.close_stdin {
             self.sandbox.close_stdin(&self.pid).await?;
