@@ -79,13 +79,14 @@ pub fn also_as_nobody(name: &str) {
     if !is_root() || std::env::var_os("LOCKBOX_RT_TEST_NOBODY").is_some() {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let dir = agent_exe().parent().unwrap();
-    let copy = dir.join(exe.file_name().unwrap());
-    if !copy.exists() {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let copy = COPY.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let copy = agent_exe().parent().unwrap().join(exe.file_name().unwrap());
         std::fs::copy(&exe, &copy).unwrap();
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+        copy
+    });
     let out = std::process::Command::new(&copy)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env("LOCKBOX_RT_TEST_NOBODY", "1")
