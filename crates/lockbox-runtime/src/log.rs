@@ -64,6 +64,10 @@ impl ProcessLog {
         // Keep only what can be retained.
         let keep = &data[data.len().saturating_sub(self.cap as usize)..];
         let skipped = (data.len() - keep.len()) as u64;
+        if skipped > 0 {
+            // This append alone fills the bound: everything older goes.
+            g.segments.clear();
+        }
         let merged = match g.segments.back_mut() {
             Some(last)
                 if last.stream == stream
@@ -86,9 +90,7 @@ impl ProcessLog {
             });
         }
         g.end = offset + data.len() as u64;
-        if skipped > 0 {
-            g.start = g.start.max(offset + skipped);
-        }
+        g.start = g.segments.front().map_or(g.end, |first| first.offset);
         // Evict from the front.
         while g.end - g.start > self.cap {
             let excess = g.end - g.start - self.cap;
@@ -105,9 +107,7 @@ impl ProcessLog {
                 g.start = front.offset;
             }
         }
-        if let Some(first) = g.segments.front() {
-            g.start = first.offset;
-        }
+        g.start = g.segments.front().map_or(g.end, |first| first.offset);
         let end = g.end;
         // Sent under the lock so a viewer subscribing under it sees no gap and no repeat.
         let _ = self.live.send(Bytes::copy_from_slice(data));
@@ -242,6 +242,18 @@ mod tests {
         let fresh = log.read(25, 100);
         assert!(!fresh.truncated);
         assert_eq!(bytes(&fresh), b"88999");
+    }
+
+    #[test]
+    fn a_large_append_after_small_ones_evicts_them_all() {
+        let log = ProcessLog::new(4);
+        log.append(OutputStream::Stdout, b"xy");
+        log.append(OutputStream::Stderr, b"abcdefgh");
+        log.append(OutputStream::Stderr, b"Z");
+        let c = log.read(0, 100);
+        assert!(c.truncated);
+        assert_eq!(bytes(&c), b"fghZ");
+        assert_eq!(c.segments[0].offset, 7);
     }
 
     #[test]
