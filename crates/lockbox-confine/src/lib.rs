@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod agent;
 mod child;
 mod error;
 mod landlock;

@@ -1,0 +1,203 @@
+//! Sessions: persistent bash state, per-call cwd/env, serialisation, parallelism, timeouts,
+//! byte-exact output, termination, stdin.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_state_persists_across_calls() {
+    also_as_nobody("session_state_persists_across_calls");
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "cd /tmp && export GREETING=hello && greet() { echo \"$GREETING $1\"; } && alias hi='echo alias-works'").await;
+    let r = run(&sb, "pwd; greet world; hi").await;
+    assert_eq!(out(&r), "/tmp\nhello world\nalias-works\n", "{r:?}");
+    assert_eq!(r.exit_code, 0);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_call_cwd_and_env_do_not_leak() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "cd / && export KEEP=1 && unset ONLY").await;
+    let mut r = req("pwd; echo \"$ONLY $KEEP\"; ONLY=changed");
+    r.cwd = Some("/tmp".into());
+    r.env.insert("ONLY".into(), "for-this-call".into());
+    r.env.insert("KEEP".into(), "overridden".into());
+    let got = sb.exec(r).await.unwrap();
+    assert_eq!(out(&got), "/tmp\nfor-this-call overridden\n");
+    let after = run(&sb, "pwd; echo \"${ONLY-unset} $KEEP\"").await;
+    assert_eq!(out(&after), "/\nunset 1\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_execs_on_one_session_run_one_at_a_time_with_unmixed_output() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "echo 0 > /tmp/running").await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let sb = sb.clone();
+        tasks.push(tokio::spawn(async move {
+            // Each command checks that no other is inside its critical section.
+            let cmd = format!(
+                "read n < /tmp/running; [ \"$n\" = 0 ] || echo OVERLAP; echo 1 > /tmp/running; \
+                 for j in 1 2 3; do echo \"cmd{i} line$j\"; sleep 0.01; done; echo 0 > /tmp/running"
+            );
+            sb.exec(req(&cmd)).await.unwrap()
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        assert_eq!(
+            out(&r),
+            format!("cmd{i} line1\ncmd{i} line2\ncmd{i} line3\n"),
+            "{r:?}"
+        );
+    }
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_run_in_parallel() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    for id in ["a", "b"] {
+        sb.create_session(lockbox_runtime::SessionOptions {
+            id: Some(id.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    run(&sb, "mkfifo /tmp/a2b /tmp/b2a").await;
+    // A rendezvous: each side blocks until the other has started. Serialised sessions
+    // would deadlock here (bounded by the timeout, which would then report timed_out).
+    let mut a = req("echo ping > /tmp/a2b; read x < /tmp/b2a; echo \"a got $x\"");
+    a.session = Some("a".into());
+    a.timeout = Some(std::time::Duration::from_secs(20));
+    let mut b = req("read x < /tmp/a2b; echo pong > /tmp/b2a; echo \"b got $x\"");
+    b.session = Some("b".into());
+    b.timeout = Some(std::time::Duration::from_secs(20));
+    let (ra, rb) = tokio::join!(sb.exec(a), sb.exec(b));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(!ra.timed_out && !rb.timed_out);
+    assert_eq!(out(&ra), "a got pong\n");
+    assert_eq!(out(&rb), "b got ping\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_command_and_children_and_session_keeps_state() {
+    also_as_nobody("timeout_kills_command_and_children_and_session_keeps_state");
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "cd /tmp; export MARK=kept").await;
+    let mut r = req(
+        "trap '' TERM; (trap '' TERM; sleep 300) & setsid sh -c 'trap \"\" TERM; sleep 300' & \
+         echo started; sleep 300",
+    );
+    r.timeout = Some(std::time::Duration::from_millis(300));
+    let got = sb.exec(r).await.unwrap();
+    assert!(got.timed_out);
+    assert_eq!(got.exit_code, 124);
+    assert_eq!(out(&got), "started\n");
+    let after = run(&sb, "pwd; echo $MARK; ps -eo comm= | grep -c '^sleep$' || true").await;
+    assert_eq!(out(&after), "/tmp\nkept\n0\n", "{after:?}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_is_byte_exact_binary_and_large() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    // 10 MB of every byte value, NULs included, no trailing newline; stderr separate.
+    let r = run(
+        &sb,
+        "head -c 10000000 /dev/urandom > /tmp/blob; cat /tmp/blob; printf 'e\\0rr' >&2",
+    )
+    .await;
+    assert_eq!(r.stdout.len(), 10_000_000);
+    assert_eq!(&r.stderr[..], b"e\0rr");
+    let sum = run(&sb, "sha256sum < /tmp/blob").await;
+    let ours = sha256_hex(&r.stdout);
+    assert!(out(&sum).starts_with(&ours), "{} vs {ours}", out(&sum));
+    let partial = run(&sb, "printf 'no newline \\377\\376'").await;
+    assert_eq!(&partial.stdout[..], b"no newline \xff\xfe");
+    rt.shutdown().await;
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap()[..64].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_terminates_the_session_and_the_next_call_gets_a_fresh_one() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "export OLD=1").await;
+    let err = sb.exec(req("echo bye; exit 3")).await.unwrap_err();
+    assert_eq!(err.code(), "SESSION_TERMINATED", "{err}");
+    let fresh = run(&sb, "echo \"${OLD-fresh}\"").await;
+    assert_eq!(out(&fresh), "fresh\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heredocs_quotes_and_stdin_bytes_work() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let r = run(&sb, "cat <<'EOF'\nline 'one'\n\"two\" $HOME\nEOF\necho after").await;
+    assert_eq!(out(&r), "line 'one'\n\"two\" $HOME\nafter\n");
+    // An unterminated quote is a syntax error of that command only.
+    let bad = run(&sb, "echo 'unterminated").await;
+    assert_ne!(bad.exit_code, 0);
+    assert_eq!(out(&run(&sb, "echo still-fine").await), "still-fine\n");
+    // stdin: exact bytes, then EOF; default stdin is empty.
+    let mut with_stdin = req("wc -c; cat /dev/stdin | od -An -c | head -1");
+    with_stdin.stdin = Some(bytes::Bytes::from_static(b"a\0b\n"));
+    let got = sb.exec(with_stdin).await.unwrap();
+    assert_eq!(out(&got).lines().next(), Some("4"));
+    let none = run(&sb, "cat; echo done").await;
+    assert_eq!(out(&none), "done\n");
+    let mut big = req("wc -c");
+    big.stdin = Some(bytes::Bytes::from(vec![7u8; 1_000_000]));
+    assert_eq!(out(&sb.exec(big).await.unwrap()), "1000000\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_stops_the_running_command_without_waiting_for_the_queue() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "true").await; // the default session exists
+    let sb2 = sb.clone();
+    let long = tokio::spawn(async move { sb2.exec(req("sleep 300")).await });
+    // Wait until the command runs; the queue of the session is not involved.
+    while !sb.list_sessions().await.iter().any(|s| s.busy) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    loop {
+        sb.interrupt("default", libc::SIGINT).await.unwrap();
+        if long.is_finished() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = long.await.unwrap().unwrap();
+    assert_eq!(r.exit_code, 130, "{r:?}");
+    assert!(!r.timed_out);
+    assert_eq!(out(&run(&sb, "echo alive").await), "alive\n");
+    rt.shutdown().await;
+}
