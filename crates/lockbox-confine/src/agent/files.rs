@@ -92,10 +92,16 @@ impl Target<'_> {
         } else {
             comps.join("/")
         };
+        // openat2 refuses O_PATH with flags other than O_DIRECTORY/O_NOFOLLOW/O_CLOEXEC.
+        let extra = if oflags.contains(OFlags::PATH) {
+            OFlags::CLOEXEC
+        } else {
+            OFlags::CLOEXEC | OFlags::NOCTTY
+        };
         openat2(
             self.base,
             rel.as_str(),
-            oflags | OFlags::CLOEXEC | OFlags::NOCTTY,
+            oflags | extra,
             Mode::empty(),
             self.flags,
         )
