@@ -112,6 +112,9 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     tokio.block_on(async {
+        // Handlers first: a signal that arrives right after the address is printed must
+        // stop the server cleanly, not kill it with the default action.
+        let stop = stop_signal().context("installing SIGTERM/SIGINT handlers")?;
         let runtime = Runtime::open(runtime_config)
             .await
             .with_context(|| format!("opening state directory {}", state_dir.display()))?;
@@ -131,30 +134,24 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         if !addr.ip().is_loopback() {
             eprintln!("lockbox: warning: {addr} is not loopback and the API is plain HTTP");
         }
-        lockbox_server::serve(listener, runtime, token, server_config, stop_signal())
+        lockbox_server::serve(listener, runtime, token, server_config, stop)
             .await
             .context("serving")
     })
 }
 
-/// Resolves at the first SIGTERM or SIGINT.
-async fn stop_signal() {
+/// Installs SIGTERM and SIGINT handlers; the future resolves at the first of them.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (term, int) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    );
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-        // Without signal handlers the default action (exit) still stops the server.
-        _ => std::future::pending().await,
-    }
-    eprintln!("lockbox: stopping: deleting every sandbox");
+        eprintln!("lockbox: stopping: deleting every sandbox");
+    })
 }
 
 fn warn_if_readable_by_others(path: &std::path::Path) {

@@ -19,7 +19,13 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::{SinkExt, StreamExt};
-use lockbox_runtime::Sandbox;
+use lockbox_runtime::{ProcessState, Sandbox};
+use std::time::Duration;
+
+/// How often an attachment checks whether its process exited.
+const EXIT_POLL: Duration = Duration::from_millis(200);
+/// How long output may keep arriving after the exit was seen.
+const DRAIN: Duration = Duration::from_millis(100);
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -96,8 +102,22 @@ impl Link {
         if !first.is_empty() && tx.send(Message::Binary(first)).await.is_err() {
             return;
         }
+        // A PTY's output stream does not end when the process exits (viewers of a log can
+        // attach later), so the exit is polled.
+        let mut tick = tokio::time::interval(EXIT_POLL);
         let reason = loop {
             tokio::select! {
+                _ = tick.tick() => {
+                    if self.exited().await {
+                        // Output written just before the exit may still be on its way.
+                        while let Ok(Some(bytes)) = tokio::time::timeout(DRAIN, output.next()).await {
+                            if tx.send(Message::Binary(bytes)).await.is_err() {
+                                return;
+                            }
+                        }
+                        break "process exited";
+                    }
+                }
                 out = output.next() => match out {
                     Some(bytes) => {
                         if tx.send(Message::Binary(bytes)).await.is_err() {
@@ -132,6 +152,13 @@ impl Link {
             reason: reason.into(),
         };
         let _ = tx.send(Message::Close(Some(close))).await;
+    }
+
+    async fn exited(&self) -> bool {
+        match self.sandbox.process(&self.pid).await {
+            Ok(info) => info.state == ProcessState::Exited,
+            Err(_) => true,
+        }
     }
 
     async fn input(&self, bytes: Bytes) -> Result<(), ApiError> {
