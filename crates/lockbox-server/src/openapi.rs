@@ -244,6 +244,8 @@ fn build() -> Value {
         }
     });
 
+    let mut paths = paths;
+    add_links(&mut paths);
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -258,6 +260,63 @@ fn build() -> Value {
             "schemas": schemas()
         }
     })
+}
+
+/// OpenAPI links from the operations that create things to those that use them, so a
+/// stateful client (and schemathesis' stateful phase) can follow ids it was given.
+fn add_links(paths: &mut Value) {
+    let Some(map) = paths.as_object_mut() else {
+        return;
+    };
+    let mut sandbox_links = Map::new();
+    let mut process_links = Map::new();
+    let mut session_links = Map::new();
+    for (path, item) in map.iter() {
+        let Some(methods) = item.as_object() else {
+            continue;
+        };
+        for method in methods.keys() {
+            let name = format!("{method}{}", path.replace(['/', '{', '}'], "_"));
+            let op_ref = format!(
+                "#/paths/{}/{method}",
+                path.replace('~', "~0").replace('/', "~1")
+            );
+            if path.starts_with("/v1/sandboxes/{id}/processes/{pid}") {
+                process_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$request.path.id", "pid": "$response.body#/id" } }),
+                );
+            } else if path == "/v1/sandboxes/{id}/sessions/{sid}" {
+                session_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$request.path.id", "sid": "$response.body#/id" } }),
+                );
+            } else if path.starts_with("/v1/sandboxes/{id}")
+                && !path.contains("{pid}")
+                && !path.contains("{sid}")
+            {
+                sandbox_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$response.body#/id" } }),
+                );
+            }
+        }
+    }
+    for (path, links) in [
+        ("/v1/sandboxes", sandbox_links),
+        ("/v1/sandboxes/{id}/processes", process_links),
+        ("/v1/sandboxes/{id}/sessions", session_links),
+    ] {
+        if let Some(created) = map
+            .get_mut(path)
+            .and_then(|item| item.pointer_mut("/post/responses/201"))
+        {
+            created["links"] = Value::Object(links);
+        }
+    }
 }
 
 fn schemas() -> Value {
@@ -408,5 +467,7 @@ mod tests {
             );
         }
         assert!(operations().len() >= 30, "{:?}", operations());
+        let links = &doc["paths"]["/v1/sandboxes"]["post"]["responses"]["201"]["links"];
+        assert!(links.as_object().unwrap().len() >= 15, "{links}");
     }
 }
