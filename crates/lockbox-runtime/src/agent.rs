@@ -19,7 +19,6 @@ pub(crate) struct ExitStatus {
     pub signal: Option<i32>,
 }
 
-
 type Pending = oneshot::Sender<(Result<Body, AgentError>, Vec<OwnedFd>)>;
 
 #[derive(Debug, Default)]
@@ -61,7 +60,10 @@ impl AgentClient {
     }
 
     /// Sends `op` and waits for its reply.
-    pub async fn call(&self, op: Op) -> Result<(Result<Body, AgentError>, Vec<OwnedFd>), RuntimeError> {
+    pub async fn call(
+        &self,
+        op: Op,
+    ) -> Result<(Result<Body, AgentError>, Vec<OwnedFd>), RuntimeError> {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {

@@ -191,7 +191,9 @@ impl RuntimeError {
                 json!({ "field": field, "message": message })
             }
             RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
-            RuntimeError::SetupFailed(_) | RuntimeError::Conflict(_) | RuntimeError::Internal(_) => {
+            RuntimeError::SetupFailed(_)
+            | RuntimeError::Conflict(_)
+            | RuntimeError::Internal(_) => {
                 json!({})
             }
         }

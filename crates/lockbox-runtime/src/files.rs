@@ -73,7 +73,10 @@ fn unexpected(b: Body) -> RuntimeError {
 
 fn check_path(path: &str) -> Result<(), RuntimeError> {
     if path.is_empty() || path.contains('\0') {
-        return Err(RuntimeError::invalid("path", "empty, or contains a NUL byte"));
+        return Err(RuntimeError::invalid(
+            "path",
+            "empty, or contains a NUL byte",
+        ));
     }
     Ok(())
 }
@@ -124,7 +127,10 @@ pub(crate) async fn write_file(
 ) -> Result<FileStat, RuntimeError> {
     check_path(path)?;
     if opts.mode > 0o7777 {
-        return Err(RuntimeError::invalid("mode", "permission bits are at most 0o7777"));
+        return Err(RuntimeError::invalid(
+            "mode",
+            "permission bits are at most 0o7777",
+        ));
     }
     let op = Op::WriteBegin {
         path: path.into(),
@@ -148,14 +154,29 @@ pub(crate) async fn write_file(
     .await;
     drop(file);
     if let Err(e) = copied {
-        let _ = agent.call(Op::WriteEnd { token, commit: false }).await;
+        let _ = agent
+            .call(Op::WriteEnd {
+                token,
+                commit: false,
+            })
+            .await;
         return Err(if e.kind() == std::io::ErrorKind::StorageFull {
             RuntimeError::invalid("body", format!("{path}: no space left in the sandbox"))
         } else {
             RuntimeError::internal(format!("writing {path}: {e}"))
         });
     }
-    match call(agent, Op::WriteEnd { token, commit: true }, path, true).await? {
+    match call(
+        agent,
+        Op::WriteEnd {
+            token,
+            commit: true,
+        },
+        path,
+        true,
+    )
+    .await?
+    {
         (Body::Stat(st), _) => Ok(stat_of(st)),
         (b, _) => Err(unexpected(b)),
     }
@@ -248,7 +269,9 @@ pub(crate) async fn rename(
         Ok((Body::Stat(st), _)) => Ok(stat_of(st)),
         Ok((b, _)) => Err(unexpected(b)),
         // The destination is what exists.
-        Err(RuntimeError::AlreadyExists { .. }) => Err(RuntimeError::AlreadyExists { path: to.into() }),
+        Err(RuntimeError::AlreadyExists { .. }) => {
+            Err(RuntimeError::AlreadyExists { path: to.into() })
+        }
         Err(e) => Err(e),
     }
 }

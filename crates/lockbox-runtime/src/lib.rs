@@ -116,18 +116,21 @@ impl Runtime {
 
     async fn create_inner(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         if let Some(w) = &spec.workdir {
-            let abs = std::fs::canonicalize(w).map_err(|e| {
-                RuntimeError::invalid("workdir", format!("{}: {e}", w.display()))
-            })?;
+            let abs = std::fs::canonicalize(w)
+                .map_err(|e| RuntimeError::invalid("workdir", format!("{}: {e}", w.display())))?;
             spec.workdir = Some(abs);
         }
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
         let id = format!("sb-{}", util::random_id());
-        let instance =
-            start_instance(&spec, &self.inner.config.state_dir, &self.inner.agent_exe, &id)
-                .await?;
+        let instance = start_instance(
+            &spec,
+            &self.inner.config.state_dir,
+            &self.inner.agent_exe,
+            &id,
+        )
+        .await?;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),
             created_at: util::now_rfc3339(),
@@ -349,7 +352,9 @@ impl Sandbox {
     /// its end even if this future is dropped.
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecResult, RuntimeError> {
         let inst = self.live()?;
-        let session = inst.session(req.session.as_deref(), self.inner.grace()).await?;
+        let session = inst
+            .session(req.session.as_deref(), self.inner.grace())
+            .await?;
         let task = tokio::spawn(async move { session.exec(&req, None).await });
         task.await.map_err(RuntimeError::internal)?
     }
@@ -358,7 +363,9 @@ impl Sandbox {
     /// the command.
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, RuntimeError> {
         let inst = self.live()?;
-        let session = inst.session(req.session.as_deref(), self.inner.grace()).await?;
+        let session = inst
+            .session(req.session.as_deref(), self.inner.grace())
+            .await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             if let Err(e) = session.exec(&req, Some(&tx)).await {
@@ -368,9 +375,11 @@ impl Sandbox {
                 });
             }
         });
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|e| (e, rx))
-        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
+            );
         Ok(ExecStream {
             inner: Box::pin(stream),
         })
@@ -429,7 +438,11 @@ impl Sandbox {
     }
 
     /// TERM, `grace`, KILL of the process's whole tree; waits until it is gone.
-    pub async fn kill_process(&self, id: &str, grace: Duration) -> Result<ProcessInfo, RuntimeError> {
+    pub async fn kill_process(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> Result<ProcessInfo, RuntimeError> {
         let inst = self.live()?;
         let p = inst.process(id)?;
         inst.kill_process(&p, grace).await?;
@@ -590,8 +603,7 @@ impl Sandbox {
                 return Err(None);
             };
             let base = *lock(&inst.base);
-            let (summary, new_base) =
-                workspace::commit(&state_dir, b, base, &sel).map_err(Some)?;
+            let (summary, new_base) = workspace::commit(&state_dir, b, base, &sel).map_err(Some)?;
             *lock(&inst.base) = Some(new_base);
             Ok(summary)
         })
@@ -609,7 +621,8 @@ impl Sandbox {
             return Err(self.no_workdir());
         }
         old.stop(self.inner.grace()).await;
-        if let Some(b) = lock(&old.branch).take() {
+        let branch = lock(&old.branch).take();
+        if let Some(b) = branch {
             tokio::task::spawn_blocking(move || b.abort())
                 .await
                 .map_err(RuntimeError::internal)?
@@ -631,7 +644,10 @@ fn check_signal(signal: i32) -> Result<(), RuntimeError> {
     if (1..=64).contains(&signal) {
         Ok(())
     } else {
-        Err(RuntimeError::invalid("signal", format!("{signal} is not a signal number")))
+        Err(RuntimeError::invalid(
+            "signal",
+            format!("{signal} is not a signal number"),
+        ))
     }
 }
 

@@ -11,6 +11,7 @@ use crate::log::ProcessLog;
 use crate::types::{OutputStream, ProcessInfo, ProcessState};
 use crate::util::drain;
 use crate::RuntimeError;
+use lockbox_confine::agent::Io;
 
 /// One background process.
 #[derive(Debug)]
@@ -27,16 +28,15 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    /// Wraps a started process and starts its reader task. `fds` as [`Io`]
-    /// (lockbox_confine::agent::Io) sends them.
+    /// Wraps a started process and starts its reader task; `fds` as the agent sent them
+    /// for `io`.
     pub fn start(
         agent: &AgentClient,
         id: String,
         pid: i32,
         command: Vec<String>,
         fds: Vec<OwnedFd>,
-        stdin: bool,
-        pty: bool,
+        io: Io,
         log_bytes: usize,
     ) -> Result<Arc<Process>, RuntimeError> {
         let mut fds = fds.into_iter();
@@ -46,11 +46,19 @@ impl Process {
                 .ok_or_else(|| RuntimeError::internal("agent sent too few descriptors"))?;
             Ok(Arc::new(crate::util::async_fd(fd)?))
         };
-        let (input, outputs, master) = if pty {
+        let (input, outputs, master) = if let Io::Pty { .. } = io {
             let m = next()?;
-            (Some(m.clone()), vec![(OutputStream::Pty, m.clone())], Some(m))
+            (
+                Some(m.clone()),
+                vec![(OutputStream::Pty, m.clone())],
+                Some(m),
+            )
         } else {
-            let input = if stdin { Some(next()?) } else { None };
+            let input = if let Io::Pipes { stdin: true } = io {
+                Some(next()?)
+            } else {
+                None
+            };
             let out = next()?;
             let err = next()?;
             (
@@ -222,10 +230,13 @@ impl Process {
     }
 
     pub fn resize(&self, cols: u16, rows: u16) -> Result<(), RuntimeError> {
-        let master = self.pty.as_ref().ok_or_else(|| RuntimeError::NotSupported {
-            id: self.id.clone(),
-            what: "it has no PTY".into(),
-        })?;
+        let master = self
+            .pty
+            .as_ref()
+            .ok_or_else(|| RuntimeError::NotSupported {
+                id: self.id.clone(),
+                what: "it has no PTY".into(),
+            })?;
         let size = rustix::termios::Winsize {
             ws_row: rows,
             ws_col: cols,

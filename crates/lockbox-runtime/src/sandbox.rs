@@ -244,7 +244,16 @@ impl Instance {
                 return Err(RuntimeError::SessionNotFound { id: id.to_owned() });
             }
         };
-        let s = Arc::new(Session::start(&self.agent, id.to_owned(), opts.cwd.clone(), &opts.env, grace).await?);
+        let s = Arc::new(
+            Session::start(
+                &self.agent,
+                id.to_owned(),
+                opts.cwd.clone(),
+                &opts.env,
+                grace,
+            )
+            .await?,
+        );
         sessions.insert(id.to_owned(), (s.clone(), opts));
         Ok(s)
     }
@@ -266,7 +275,10 @@ impl Instance {
         };
         for k in opts.env.keys() {
             if !crate::util::valid_env_name(k) {
-                return Err(RuntimeError::invalid("env", format!("{k:?} is not a valid variable name")));
+                return Err(RuntimeError::invalid(
+                    "env",
+                    format!("{k:?} is not a valid variable name"),
+                ));
             }
         }
         let mut sessions = self.sessions.lock().await;
@@ -275,7 +287,9 @@ impl Instance {
                 return Err(RuntimeError::SessionExists { id });
             }
         }
-        let s = Arc::new(Session::start(&self.agent, id.clone(), opts.cwd.clone(), &opts.env, grace).await?);
+        let s = Arc::new(
+            Session::start(&self.agent, id.clone(), opts.cwd.clone(), &opts.env, grace).await?,
+        );
         let info = s.info();
         sessions.insert(id, (s, opts));
         Ok(info)
@@ -290,7 +304,10 @@ impl Instance {
     ) -> Result<ProcessInfo, RuntimeError> {
         for k in spec.env.keys() {
             if !crate::util::valid_env_name(k) {
-                return Err(RuntimeError::invalid("env", format!("{k:?} is not a valid variable name")));
+                return Err(RuntimeError::invalid(
+                    "env",
+                    format!("{k:?} is not a valid variable name"),
+                ));
             }
         }
         let (argv, cwd, env_clear, mut env) = match &spec.command {
@@ -336,8 +353,7 @@ impl Instance {
             pid,
             argv,
             fds,
-            spec.stdin,
-            spec.pty.is_some(),
+            io,
             spec.log_bytes.unwrap_or(log_bytes),
         )?;
         let info = p.info();
@@ -365,7 +381,9 @@ impl Instance {
                 spare_main: false,
             })
             .await?;
-        result.map(drop).map_err(|_| RuntimeError::ProcessNotRunning { id: p.id.clone() })
+        result
+            .map(drop)
+            .map_err(|_| RuntimeError::ProcessNotRunning { id: p.id.clone() })
     }
 
     /// TERM, grace, KILL of the whole tree; returns when it is gone and logged.
@@ -393,4 +411,3 @@ impl Instance {
         Ok(())
     }
 }
-

@@ -112,7 +112,12 @@ impl Session {
         let pid = match result {
             Ok(Body::Spawned { pid }) => pid,
             Ok(other) => return Err(RuntimeError::internal(format!("agent replied {other:?}"))),
-            Err(e) => return Err(RuntimeError::SetupFailed(format!("starting bash: {}", e.message))),
+            Err(e) => {
+                return Err(RuntimeError::SetupFailed(format!(
+                    "starting bash: {}",
+                    e.message
+                )))
+            }
         };
         let mut fds = fds.into_iter();
         let mut next = || {
@@ -454,7 +459,10 @@ fn build_line(id: u64, req: &ExecRequest) -> Result<(u64, String), RuntimeError>
             ));
         }
         if v.contains('\0') {
-            return Err(RuntimeError::invalid("env", format!("{k}: contains a NUL byte")));
+            return Err(RuntimeError::invalid(
+                "env",
+                format!("{k}: contains a NUL byte"),
+            ));
         }
         line.push(' ');
         line.push_str(k);

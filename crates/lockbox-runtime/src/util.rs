@@ -81,7 +81,9 @@ pub(crate) fn valid_env_name(s: &str) -> bool {
 
 /// Registers `fd` with tokio's reactor.
 #[allow(deprecated)] // `AsyncFd::new` is sound for `OwnedFd`: the AsyncFd owns the descriptor.
-pub(crate) fn async_fd(fd: std::os::fd::OwnedFd) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, crate::RuntimeError> {
+pub(crate) fn async_fd(
+    fd: std::os::fd::OwnedFd,
+) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, crate::RuntimeError> {
     rustix::io::ioctl_fionbio(&fd, true).map_err(crate::RuntimeError::internal)?;
     tokio::io::unix::AsyncFd::new(fd).map_err(crate::RuntimeError::internal)
 }

@@ -52,7 +52,9 @@ pub(crate) fn commit(
     let workdir = branch.workdir().to_owned();
     let _lock = WorkdirLock::acquire(state_dir, &workdir).map_err(cow_error)?;
     // A snapshot of the upper layer, narrowed to the selection.
-    let snap = branch.dir().join(format!("commit-{}", crate::util::random_id()));
+    let snap = branch
+        .dir()
+        .join(format!("commit-{}", crate::util::random_id()));
     std::fs::create_dir(&snap).map_err(RuntimeError::internal)?;
     let result = (|| {
         flatten(&[branch.upper_dir()], &snap).map_err(cow_error)?;
@@ -64,8 +66,7 @@ pub(crate) fn commit(
             force: sel.force,
             dry_run: false,
         };
-        let (plan, report) =
-            stage_upper(&snap, &workdir, &key, base, &opts).map_err(cow_error)?;
+        let (plan, report) = stage_upper(&snap, &workdir, &key, base, &opts).map_err(cow_error)?;
         if let Err(e) = apply_staged(&workdir, &key, &plan) {
             let _ = discard_staging(&workdir, &key);
             return Err(cow_error(e));

@@ -66,7 +66,10 @@ async fn kill_leaves_nothing_of_the_tree_alive() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(before, "3\n", "the tree runs");
-    let info = sb.kill_process(&p.id, Duration::from_millis(200)).await.unwrap();
+    let info = sb
+        .kill_process(&p.id, Duration::from_millis(200))
+        .await
+        .unwrap();
     assert_eq!(info.state, ProcessState::Exited);
     assert_eq!(info.signal, Some(libc::SIGKILL));
     let after = run(&sb, "ps -eo args= | grep -c '^sleep 30[123]$' || true").await;
@@ -79,7 +82,9 @@ async fn logs_resume_exactly_by_cursor_and_keep_exit_code() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     let p = sb
-        .start_process(shell("for i in $(seq 1 1000); do echo \"line $i\"; done; echo err >&2; exit 7"))
+        .start_process(shell(
+            "for i in $(seq 1 1000); do echo \"line $i\"; done; echo err >&2; exit 7",
+        ))
         .await
         .unwrap();
     let info = wait_exit(&sb, &p.id).await;
@@ -89,7 +94,10 @@ async fn logs_resume_exactly_by_cursor_and_keep_exit_code() {
     loop {
         let c = sb.read_logs(&p.id, cursor, 777).await.unwrap();
         assert!(!c.truncated);
-        assert_eq!(c.segments.first().map(|s| s.offset).unwrap_or(cursor), cursor);
+        assert_eq!(
+            c.segments.first().map(|s| s.offset).unwrap_or(cursor),
+            cursor
+        );
         all.extend(bytes_of(&c));
         cursor = c.next;
         if c.eof {
@@ -118,7 +126,11 @@ async fn eviction_marks_truncated_and_nothing_is_lost_without_a_reader() {
     assert_eq!(info.log_end, 300_003);
     let c = sb.read_logs(&p.id, 0, 1 << 20).await.unwrap();
     assert!(c.truncated);
-    let layout: Vec<(u64, usize)> = c.segments.iter().map(|s| (s.offset, s.data.len())).collect();
+    let layout: Vec<(u64, usize)> = c
+        .segments
+        .iter()
+        .map(|s| (s.offset, s.data.len()))
+        .collect();
     assert_eq!(c.segments[0].offset, 200_003, "{layout:?}");
     let data = bytes_of(&c);
     assert_eq!(data.len(), 100_000);
@@ -145,14 +157,19 @@ async fn stdin_round_trip_and_close() {
     let mut spec = argv(&["cat"]);
     spec.stdin = true;
     let p = sb.start_process(spec).await.unwrap();
-    sb.write_stdin(&p.id, Bytes::from_static(b"one\0two\n")).await.unwrap();
+    sb.write_stdin(&p.id, Bytes::from_static(b"one\0two\n"))
+        .await
+        .unwrap();
     let mut follow = sb.follow_logs(&p.id, 0).await.unwrap();
     let c = follow.next().await.unwrap();
     assert_eq!(bytes_of(&c), b"one\0two\n");
     sb.close_stdin(&p.id).await.unwrap();
     let info = wait_exit(&sb, &p.id).await;
     assert_eq!(info.exit_code, Some(0));
-    let err = sb.write_stdin(&p.id, Bytes::from_static(b"late")).await.unwrap_err();
+    let err = sb
+        .write_stdin(&p.id, Bytes::from_static(b"late"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "PROCESS_NOT_RUNNING");
     rt.shutdown().await;
 }
@@ -180,7 +197,10 @@ async fn a_pty_drives_an_interactive_shell() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     sb.resize_pty(&p.id, 100, 30).await.unwrap();
-    att.input.send(Bytes::from_static(b"stty size\n")).await.unwrap();
+    att.input
+        .send(Bytes::from_static(b"stty size\n"))
+        .await
+        .unwrap();
     while !seen.contains("30 100") {
         let chunk = tokio::time::timeout(Duration::from_secs(20), output.next())
             .await
@@ -191,7 +211,10 @@ async fn a_pty_drives_an_interactive_shell() {
     // A second viewer gets the scrollback.
     let second = sb.attach_pty(&p.id).await.unwrap();
     assert!(String::from_utf8_lossy(&second.scrollback).contains("42x"));
-    att.input.send(Bytes::from_static(b"exit 5\n")).await.unwrap();
+    att.input
+        .send(Bytes::from_static(b"exit 5\n"))
+        .await
+        .unwrap();
     let info = wait_exit(&sb, &p.id).await;
     assert_eq!(info.exit_code, Some(5));
     rt.shutdown().await;
@@ -202,11 +225,17 @@ async fn a_shell_process_starts_in_the_session_cwd_and_env() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "cd /tmp; export FROM_SESSION=yes").await;
-    let p = sb.start_process(shell("pwd; echo $FROM_SESSION")).await.unwrap();
+    let p = sb
+        .start_process(shell("pwd; echo $FROM_SESSION"))
+        .await
+        .unwrap();
     wait_exit(&sb, &p.id).await;
     let c = sb.read_logs(&p.id, 0, 1000).await.unwrap();
     assert_eq!(bytes_of(&c), b"/tmp\nyes\n");
-    let missing = sb.start_process(argv(&["/no/such/program"])).await.unwrap_err();
+    let missing = sb
+        .start_process(argv(&["/no/such/program"]))
+        .await
+        .unwrap_err();
     assert_eq!(missing.code(), "INVALID_REQUEST", "{missing}");
     rt.shutdown().await;
 }

@@ -105,7 +105,11 @@ async fn timeout_kills_command_and_children_and_session_keeps_state() {
     assert!(got.timed_out);
     assert_eq!(got.exit_code, 124);
     assert_eq!(out(&got), "started\n");
-    let after = run(&sb, "pwd; echo $MARK; ps -eo comm= | grep -c '^sleep$' || true").await;
+    let after = run(
+        &sb,
+        "pwd; echo $MARK; ps -eo comm= | grep -c '^sleep$' || true",
+    )
+    .await;
     assert_eq!(out(&after), "/tmp\nkept\n0\n", "{after:?}");
     rt.shutdown().await;
 }
@@ -158,7 +162,11 @@ async fn exit_terminates_the_session_and_the_next_call_gets_a_fresh_one() {
 async fn heredocs_quotes_and_stdin_bytes_work() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
-    let r = run(&sb, "cat <<'EOF'\nline 'one'\n\"two\" $HOME\nEOF\necho after").await;
+    let r = run(
+        &sb,
+        "cat <<'EOF'\nline 'one'\n\"two\" $HOME\nEOF\necho after",
+    )
+    .await;
     assert_eq!(out(&r), "line 'one'\n\"two\" $HOME\nafter\n");
     // An unterminated quote is a syntax error of that command only.
     let bad = run(&sb, "echo 'unterminated").await;

@@ -7,8 +7,8 @@
 //! would for any process in it. Errors are `errno`s; `EXDEV` means "outside".
 
 use rustix::fs::{
-    fstat, mkdirat, openat2, readlinkat, renameat_with, statat, unlinkat, AtFlags, Dir,
-    FileType, Mode, OFlags, RenameFlags, ResolveFlags, Stat,
+    fstat, mkdirat, openat2, readlinkat, renameat_with, statat, unlinkat, AtFlags, Dir, FileType,
+    Mode, OFlags, RenameFlags, ResolveFlags, Stat,
 };
 use rustix::io::Errno;
 use std::io::Write;

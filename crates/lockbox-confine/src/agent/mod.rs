@@ -38,7 +38,9 @@ pub fn main_if_agent() {
             server::run(crate::sys::owned(fd))
         }
         _ => {
-            eprintln!("lockbox: {AGENT_ARG} is internal: it serves lockbox-runtime inside a sandbox");
+            eprintln!(
+                "lockbox: {AGENT_ARG} is internal: it serves lockbox-runtime inside a sandbox"
+            );
             2
         }
     };

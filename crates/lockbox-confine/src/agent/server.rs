@@ -203,14 +203,15 @@ impl Agent {
                 }
                 None => (Err(fail(Errno::SRCH, "signal")), Vec::new()),
             },
-            Op::KillTree { pid, spare_main } => match self.children.iter().find(|c| c.main == pid)
-            {
-                Some(c) => {
-                    tree::kill_tree(c.shim, c.main, spare_main, Duration::from_secs(10));
-                    (Ok(Body::Done), Vec::new())
+            Op::KillTree { pid, spare_main } => {
+                match self.children.iter().find(|c| c.main == pid) {
+                    Some(c) => {
+                        tree::kill_tree(c.shim, c.main, spare_main, Duration::from_secs(10));
+                        (Ok(Body::Done), Vec::new())
+                    }
+                    None => (Ok(Body::Done), Vec::new()),
                 }
-                None => (Ok(Body::Done), Vec::new()),
-            },
+            }
             Op::Open { path } => match files::open_read(&self.roots, &path) {
                 Ok((fd, size)) => (Ok(Body::Opened { size }), vec![fd]),
                 Err(e) => (Err(fail(e, &path)), Vec::new()),
@@ -260,13 +261,12 @@ impl Agent {
                 recursive,
                 hidden,
             } => {
-                let memfd = match rustix::fs::memfd_create(
-                    "lockbox-list",
-                    rustix::fs::MemfdFlags::CLOEXEC,
-                ) {
-                    Ok(fd) => fd,
-                    Err(e) => return (Err(fail(e, "memfd")), Vec::new()),
-                };
+                let memfd =
+                    match rustix::fs::memfd_create("lockbox-list", rustix::fs::MemfdFlags::CLOEXEC)
+                    {
+                        Ok(fd) => fd,
+                        Err(e) => return (Err(fail(e, "memfd")), Vec::new()),
+                    };
                 let file = std::fs::File::from(memfd);
                 let mut out = std::io::BufWriter::new(&file);
                 let result = files::list(&self.roots, &path, recursive, hidden, &mut out);
@@ -287,12 +287,8 @@ impl Agent {
         if spec.argv.is_empty() {
             return Err(err(Errno::INVAL, "empty command"));
         }
-        let null = rustix::fs::open(
-            "/dev/null",
-            OFlags::RDWR | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| err(e, "/dev/null"))?;
+        let null = rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| err(e, "/dev/null"))?;
         let pipe = || pipe_with(PipeFlags::CLOEXEC).map_err(|e| err(e, "pipe"));
         // `slots` stay with the child; `back` goes to the runtime.
         let mut slots: Vec<OwnedFd> = Vec::new();

@@ -69,7 +69,11 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
             let _ = sys::write_all(report, &(-errno).to_le_bytes());
-            let _ = writeln!(std::io::stderr(), "lockbox: cannot run {:?}: {e}", shim.argv[0]);
+            let _ = writeln!(
+                std::io::stderr(),
+                "lockbox: cannot run {:?}: {e}",
+                shim.argv[0]
+            );
             return Err(());
         }
     };

@@ -13,7 +13,11 @@ pub fn descendants(root: i32) -> Vec<i32> {
         return Vec::new();
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         if let Some((ppid, zombie)) = parent_of(pid) {

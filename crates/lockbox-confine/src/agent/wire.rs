@@ -1,8 +1,8 @@
 //! Sending and receiving one record with descriptors over a `SOCK_SEQPACKET` socket.
 
 use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
 };
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -20,7 +20,12 @@ pub fn send(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Re
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::other("too many descriptors for one record"));
     }
-    let n = sendmsg(sock, &[IoSlice::new(data)], &mut control, SendFlags::NOSIGNAL)?;
+    let n = sendmsg(
+        sock,
+        &[IoSlice::new(data)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     if n != data.len() {
         return Err(io::Error::other("record sent partially"));
     }

@@ -87,7 +87,7 @@ pub fn also_as_nobody(name: &str) {
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
         copy
     });
-    let out = std::process::Command::new(&copy)
+    let out = std::process::Command::new(copy)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env("LOCKBOX_RT_TEST_NOBODY", "1")
         .env("TMPDIR", "/tmp")
