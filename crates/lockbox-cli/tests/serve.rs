@@ -648,7 +648,7 @@ fn limits_answer_429_and_413() {
         assert_eq!(open.status(), StatusCode::OK);
         let (status, error) = server.json(Method::GET, &logs, json!(null)).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
-        assert_eq!(error["details"]["limit"], "max_streams");
+        assert_eq!(error["details"]["what"], "max_streams");
         drop(open);
 
         let (status, error) = server

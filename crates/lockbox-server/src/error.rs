@@ -79,13 +79,13 @@ impl ApiError {
         ApiError::new("INVALID_REQUEST", message).with_details(json!({ "field": field }))
     }
 
-    /// `LIMIT_REACHED` naming the limit.
-    pub fn limit(limit: &str, value: usize) -> ApiError {
+    /// `LIMIT_REACHED` naming the limit (details as the runtime's: `{what, limit}`).
+    pub fn limit(what: &str, limit: usize) -> ApiError {
         ApiError::new(
             "LIMIT_REACHED",
-            format!("{limit} reached ({value}); retry later"),
+            format!("{what} reached ({limit}); retry later"),
         )
-        .with_details(json!({ "limit": limit, "value": value }))
+        .with_details(json!({ "what": what, "limit": limit }))
     }
 
     /// The HTTP status of this error.

@@ -19,7 +19,11 @@ pub async fn exec(
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body.into_request()?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    let result = sandbox.exec(request).await?;
+    // Its own task: a client that disconnects must not cancel the command half-way through
+    // the session protocol; it runs to its end (or timeout) and the session stays usable.
+    let result = tokio::spawn(async move { sandbox.exec(request).await })
+        .await
+        .map_err(|e| ApiError::new("INTERNAL", format!("exec task: {e}")))??;
     Ok(Json(result_json(&result)))
 }
 

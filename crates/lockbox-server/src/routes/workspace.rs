@@ -31,11 +31,6 @@ pub async fn abort(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    // Adapter: `Sandbox::abort`'s future is not `Send` (it holds a std mutex guard across
-    // an await), so it cannot run on a request task; drive it on a blocking thread.
-    let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || handle.block_on(sandbox.abort()))
-        .await
-        .map_err(|e| ApiError::new("INTERNAL", format!("abort task: {e}")))??;
+    sandbox.abort().await?;
     Ok(Json(json!({ "aborted": true })))
 }
