@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v setpriv >/dev/null || need+=(util-linux)
+# The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"

@@ -779,7 +779,7 @@ fn sleepers(marker: &str) -> usize {
 #[test]
 fn schemathesis_fuzz_finds_no_server_error() {
     let has_python = std::process::Command::new("python3")
-        .args(["-c", "import venv"])
+        .args(["-c", "import venv, ensurepip"])
         .status()
         .is_ok_and(|s| s.success());
     if !has_python {
@@ -798,4 +798,72 @@ fn schemathesis_fuzz_finds_no_server_error() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", common::text(&out));
+}
+
+#[test]
+fn pipe_process_stdin_over_websocket_and_truncated_logs() {
+    let state = state_dir(User::Current);
+    let server = Served::start(User::Current, state.path(), &[]);
+    tokio().block_on(async {
+        let id = server.sandbox(json!({})).await;
+        let (status, process) = server
+            .json(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes"),
+                json!({ "argv": ["tr", "a-z", "A-Z"], "stdin": true }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{process}");
+        let pid = process["id"].as_str().unwrap();
+        let url = format!(
+            "{}/v1/sandboxes/{id}/processes/{pid}/ws",
+            server.base.replace("http://", "ws://")
+        );
+        let mut request = url.as_str().into_client_request().unwrap();
+        request.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", server.token).parse().unwrap(),
+        );
+        let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        ws.send(Message::Binary(b"hello\n".to_vec().into())).await.unwrap();
+        let mut screen = Vec::new();
+        read_until(&mut ws, &mut screen, "HELLO").await;
+        ws.send(Message::Text(r#"{"close_stdin": true}"#.into())).await.unwrap();
+        let exited = loop {
+            match tokio::time::timeout(Duration::from_secs(20), ws.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) if text.contains("exited") => {
+                    break serde_json::from_str::<Value>(&text).unwrap();
+                }
+                Ok(Some(Ok(_))) => continue,
+                other => panic!("no exit frame: {other:?}"),
+            }
+        };
+        assert_eq!(exited["exited"]["exit_code"], 0, "{exited}");
+
+        // A log bound smaller than the output: the oldest bytes are gone, and a reader
+        // from cursor 0 is told so.
+        let (_, process) = server
+            .json(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes"),
+                json!({ "command": "seq 1 5000", "log_bytes": 1000 }),
+            )
+            .await;
+        let pid = process["id"].as_str().unwrap();
+        let logs = format!("/v1/sandboxes/{id}/processes/{pid}/logs");
+        let response = server
+            .request(Method::GET, &format!("{logs}?follow=true&since=0"))
+            .send()
+            .await
+            .unwrap();
+        let events = read_sse(response, |e| e.event == "eof").await;
+        assert_eq!(events.iter().filter(|e| e.event == "truncated").count(), 1);
+        let text: String = events
+            .iter()
+            .filter(|e| e.event == "stdout")
+            .map(|e| serde_json::from_str::<Value>(&e.data).unwrap()["data"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(text.ends_with("4999\n5000\n"), "{text}");
+        assert!(text.len() <= 1000, "{}", text.len());
+    });
 }

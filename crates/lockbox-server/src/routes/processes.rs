@@ -150,11 +150,9 @@ fn chunk_events(chunk: LogChunk) -> Vec<Event> {
     }
     for segment in &chunk.segments {
         let end = segment.offset + segment.data.len() as u64;
-        let name = segment_json(segment)["stream"]
-            .as_str()
-            .unwrap_or("stdout")
-            .to_owned();
-        events.push(json_event(&name, &segment_json(segment)).id(end.to_string()));
+        let body = segment_json(segment);
+        let name = body["stream"].as_str().unwrap_or("stdout").to_owned();
+        events.push(json_event(&name, &body).id(end.to_string()));
     }
     if chunk.eof {
         events.push(json_event("eof", &json!({ "next": chunk.next })).id(chunk.next.to_string()));
