@@ -176,7 +176,7 @@ async fn spawn_agent(
     let stdin = std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(RuntimeError::internal)?;
-    let mut running = tokio::task::spawn_blocking(move || {
+    let mut running = on_spawner_thread(move || {
         let r = lockbox_confine::spawn_with(
             &policy,
             &argv,
@@ -189,8 +189,7 @@ async fn spawn_agent(
         drop(theirs);
         r
     })
-    .await
-    .map_err(RuntimeError::internal)?
+    .await?
     .map_err(setup_failed)?;
     let agent = AgentClient::new(ours)?;
     match agent.call(Op::Hello).await {
@@ -212,6 +211,46 @@ async fn spawn_agent(
             Err(RuntimeError::SetupFailed(why))
         }
     }
+}
+
+/// Runs `f` on the runtime's spawner thread, which lives as long as the process.
+///
+/// The sandbox init has `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it
+/// exits; tokio's blocking threads exit after 10 s idle, which would kill every sandbox
+/// they had started. So all sandboxes are started from one thread that never exits.
+async fn on_spawner_thread<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RuntimeError> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static SPAWNER: Mutex<Option<std::sync::mpsc::Sender<Job>>> = Mutex::new(None);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: Job = Box::new(move || {
+        let _ = tx.send(f());
+    });
+    {
+        let mut spawner = lock(&SPAWNER);
+        let sender = match spawner.as_ref() {
+            Some(s) => s.clone(),
+            None => {
+                let (s, jobs) = std::sync::mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name("lockbox-spawner".into())
+                    .spawn(move || {
+                        while let Ok(job) = jobs.recv() {
+                            job();
+                        }
+                    })
+                    .map_err(RuntimeError::internal)?;
+                *spawner = Some(s.clone());
+                s
+            }
+        };
+        sender
+            .send(job)
+            .map_err(|_| RuntimeError::internal("the sandbox spawner thread is gone"))?;
+    }
+    rx.await
+        .map_err(|_| RuntimeError::internal("the sandbox spawner thread failed"))
 }
 
 fn setup_failed(e: lockbox_confine::SetupError) -> RuntimeError {
