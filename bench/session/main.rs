@@ -200,7 +200,10 @@ async fn main() {
     let wall = start.elapsed();
     let total = a.sessions * a.commands;
     row(
-        &format!("{} sessions × {} commands, concurrent", a.sessions, a.commands),
+        &format!(
+            "{} sessions × {} commands, concurrent",
+            a.sessions, a.commands
+        ),
         all,
         &format!(
             "{:.0} commands/s, {errors} errors, wall {:.2} s",
@@ -221,7 +224,11 @@ async fn main() {
         assert_eq!(&r.stdout[..], b"hi\n");
         rt.delete_sandbox(&info.id).await.unwrap();
     }
-    row("create sandbox → first exec result", samples, "default policy, no workdir");
+    row(
+        "create sandbox → first exec result",
+        samples,
+        "default policy, no workdir",
+    );
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
     println!("load average after: {}", load.trim());

@@ -109,7 +109,12 @@ pub(crate) async fn start_instance(
             }
             let branch = Branch::create(state_dir, dir, context)
                 .map_err(|e| RuntimeError::SetupFailed(format!("creating the branch: {e}")))?;
-            lockbox_cow_overlay(&mut policy, &branch);
+            policy.mount_copy_on_write(
+                branch.workdir(),
+                branch.upper_dir(),
+                branch.work_dir(),
+                None,
+            );
             Some(branch)
         }
         None => None,
@@ -133,21 +138,6 @@ pub(crate) async fn start_instance(
         sessions: tokio::sync::Mutex::new(HashMap::new()),
         processes: Mutex::new(BTreeMap::new()),
     })
-}
-
-/// Mounts `branch` over its workdir in `policy` and makes it the working directory.
-fn lockbox_cow_overlay(policy: &mut lockbox_policy::Policy, branch: &Branch) {
-    let dir = branch.workdir().to_owned();
-    policy.fs.overlays.push(lockbox_policy::Overlay {
-        target: dir.clone(),
-        lowers: vec![dir.clone()],
-        upper: Some(lockbox_policy::OverlayUpper {
-            upper: branch.upper_dir(),
-            work: branch.work_dir(),
-            max_size: None,
-        }),
-    });
-    policy.cwd.get_or_insert(dir);
 }
 
 async fn spawn_agent(

@@ -217,7 +217,9 @@ async fn exec_stream_sends_output_as_it_comes_then_exit() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     let mut stream = sb
-        .exec_stream(req("echo one; echo two >&2; sleep 0.2; printf three; (exit 4)"))
+        .exec_stream(req(
+            "echo one; echo two >&2; sleep 0.2; printf three; (exit 4)",
+        ))
         .await
         .unwrap();
     let mut out_bytes = Vec::new();
@@ -269,7 +271,10 @@ async fn sessions_are_named_listed_and_deleted() {
         env: [("MODE".to_string(), "fast".to_string())].into(),
     };
     sb.create_session(opts.clone()).await.unwrap();
-    assert_eq!(sb.create_session(opts).await.unwrap_err().code(), "ALREADY_EXISTS");
+    assert_eq!(
+        sb.create_session(opts).await.unwrap_err().code(),
+        "ALREADY_EXISTS"
+    );
     let mut r = req("pwd; echo $MODE");
     r.session = Some("build".into());
     assert_eq!(out(&sb.exec(r.clone()).await.unwrap()), "/tmp\nfast\n");
