@@ -257,6 +257,14 @@ impl Instance {
         self.agent.closed().await;
     }
 
+    /// True while a session runs a command.
+    pub fn any_session_busy(&self) -> bool {
+        match self.sessions.try_lock() {
+            Ok(s) => s.values().any(|(s, _)| s.info().busy),
+            Err(_) => true, // being changed right now: activity
+        }
+    }
+
     /// A session by id; the default session (and a terminated session) is created on use.
     pub async fn session(
         &self,
