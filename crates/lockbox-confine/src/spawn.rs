@@ -188,6 +188,10 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
 
 /// Like [`spawn`], with the sandbox's stdin, stdout and stderr taken from `stdio`. The
 /// descriptors are closed in the caller once the sandbox has started.
+///
+/// The sandbox's init has a parent-death signal (SIGKILL), which the kernel ties to the
+/// *thread* that called this: a sandbox meant to outlive the calling thread (a thread pool's
+/// worker) must be spawned from a thread that lives as long (see `lockbox-runtime`).
 pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Running, SetupError> {
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;

@@ -187,6 +187,10 @@ pub struct ExecResult {
     pub stderr: Bytes,
     /// The timeout killed it.
     pub timed_out: bool,
+    /// stdout or stderr was longer than a buffered exec keeps (256 MiB each) and was cut
+    /// there; use `exec_stream` for such outputs.
+    #[serde(default)]
+    pub output_truncated: bool,
     /// Wall time of the call.
     #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
