@@ -153,23 +153,19 @@ async fn spawn_agent(
     )
     .map_err(RuntimeError::internal)?;
     let mut policy = policy.clone();
-    // The agent binary must be visible (read + execute) inside.
-    if !policy.fs.read.iter().any(|p| p == agent_exe) {
-        policy.fs.read.push(agent_exe.to_owned());
-    }
     policy.pass_fds.push(theirs.as_raw_fd());
-    let argv: Vec<std::ffi::OsString> = vec![
-        agent_exe.into(),
-        AGENT_ARG.into(),
-        theirs.as_raw_fd().to_string().into(),
-    ];
+    let args: Vec<std::ffi::OsString> =
+        vec![AGENT_ARG.into(), theirs.as_raw_fd().to_string().into()];
+    let agent_exe = agent_exe.to_owned();
     let stdin = std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(RuntimeError::internal)?;
     let mut running = on_spawner_thread(move || {
-        let r = lockbox_confine::spawn_with(
+        // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
+        let r = lockbox_confine::spawn_agent(
             &policy,
-            &argv,
+            &agent_exe,
+            &args,
             lockbox_confine::Stdio {
                 stdin: Some(stdin),
                 stdout: None,

@@ -315,3 +315,20 @@ async fn idle_sandboxes_are_deleted_and_the_limit_is_enforced() {
     let again = rt.create_sandbox(Default::default()).await.unwrap();
     rt.delete_sandbox(&again.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_is_bound_read_only_at_a_fixed_path_not_its_host_path() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let host = agent_exe().display().to_string();
+    let r = run(
+        &sb,
+        &format!(
+            "test -x /dev/.lockbox-agent && echo bound; test -e '{host}' || echo host-path-hidden; \
+             echo x 2>/dev/null > /dev/.lockbox-agent || echo read-only"
+        ),
+    )
+    .await;
+    assert_eq!(out(&r), "bound\nhost-path-hidden\nread-only\n", "{r:?}");
+    rt.shutdown().await;
+}
