@@ -108,7 +108,7 @@ pub struct SetupPlan {
     pub rules: Vec<Rule>,
     /// Working directory of the command (absolute, inside).
     pub cwd: CString,
-    /// Copy-on-write views mounted by [`Op::MountOverlay`].
+    /// Copy-on-write views (mounted by an [`Op::Mount`] of type `overlay`).
     pub overlays: Vec<crate::resolve::ResolvedOverlay>,
 }
 

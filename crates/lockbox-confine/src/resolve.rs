@@ -44,7 +44,7 @@ pub struct Resolved {
     pub overlays: Vec<ResolvedOverlay>,
     /// Working directory inside.
     pub cwd: PathBuf,
-    /// A host executable bound at [`crate::plan::HELPER_PATH`] (the runtime's agent).
+    /// A host executable bound at [`crate::agent::AGENT_PATH`] (the runtime's agent).
     pub helper: Option<PathBuf>,
 }
 

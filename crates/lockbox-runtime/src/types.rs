@@ -25,7 +25,7 @@ pub struct RuntimeConfig {
     pub default_log_bytes: usize,
     /// Idle timeout when [`SandboxSpec::idle_timeout`] is not given; `None` = never.
     pub default_idle_timeout: Option<Duration>,
-    /// The executable run as the in-sandbox agent with argv[1] = `__lockbox_agent`
+    /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
     /// (see [`lockbox_confine::agent`]). `None` = the current executable, which must then
     /// dispatch to [`lockbox_confine::agent::main_if_agent`] first thing in `main`.
     pub agent_exe: Option<PathBuf>,
