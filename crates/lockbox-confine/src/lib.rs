@@ -47,8 +47,8 @@ pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpp
 pub use crate::seccomp::{denied as denied_syscalls, Denied, When};
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, spawn, spawn_with, Enforcement, Outcome, Running, Status, Stdio, UpperMount,
-    Waited,
+    namespaces, run, spawn, spawn_agent, spawn_with, Enforcement, Outcome, Running, Status, Stdio,
+    UpperMount, Waited,
 };
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).

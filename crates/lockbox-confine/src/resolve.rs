@@ -44,6 +44,8 @@ pub struct Resolved {
     pub overlays: Vec<ResolvedOverlay>,
     /// Working directory inside.
     pub cwd: PathBuf,
+    /// A host executable bound at [`crate::agent::AGENT_PATH`] (the runtime's agent).
+    pub helper: Option<PathBuf>,
 }
 
 /// An overlay of [`lockbox_policy::Overlay`] with canonical paths.

@@ -163,6 +163,10 @@ impl Runtime {
             let Some(sb) = lock(&self.inner.sandboxes).get(&id).cloned() else {
                 return;
             };
+            // A command still running counts as activity.
+            if sb.instance().any_session_busy() {
+                sb.touch();
+            }
             let last = *lock(&sb.last_used);
             drop(sb);
             let due = last + idle;

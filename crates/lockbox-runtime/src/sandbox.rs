@@ -109,7 +109,12 @@ pub(crate) async fn start_instance(
             }
             let branch = Branch::create(state_dir, dir, context)
                 .map_err(|e| RuntimeError::SetupFailed(format!("creating the branch: {e}")))?;
-            lockbox_cow_overlay(&mut policy, &branch);
+            policy.mount_copy_on_write(
+                branch.workdir(),
+                branch.upper_dir(),
+                branch.work_dir(),
+                None,
+            );
             Some(branch)
         }
         None => None,
@@ -135,21 +140,6 @@ pub(crate) async fn start_instance(
     })
 }
 
-/// Mounts `branch` over its workdir in `policy` and makes it the working directory.
-fn lockbox_cow_overlay(policy: &mut lockbox_policy::Policy, branch: &Branch) {
-    let dir = branch.workdir().to_owned();
-    policy.fs.overlays.push(lockbox_policy::Overlay {
-        target: dir.clone(),
-        lowers: vec![dir.clone()],
-        upper: Some(lockbox_policy::OverlayUpper {
-            upper: branch.upper_dir(),
-            work: branch.work_dir(),
-            max_size: None,
-        }),
-    });
-    policy.cwd.get_or_insert(dir);
-}
-
 async fn spawn_agent(
     policy: &lockbox_policy::Policy,
     agent_exe: &Path,
@@ -163,23 +153,19 @@ async fn spawn_agent(
     )
     .map_err(RuntimeError::internal)?;
     let mut policy = policy.clone();
-    // The agent binary must be visible (read + execute) inside.
-    if !policy.fs.read.iter().any(|p| p == agent_exe) {
-        policy.fs.read.push(agent_exe.to_owned());
-    }
     policy.pass_fds.push(theirs.as_raw_fd());
-    let argv: Vec<std::ffi::OsString> = vec![
-        agent_exe.into(),
-        AGENT_ARG.into(),
-        theirs.as_raw_fd().to_string().into(),
-    ];
+    let args: Vec<std::ffi::OsString> =
+        vec![AGENT_ARG.into(), theirs.as_raw_fd().to_string().into()];
+    let agent_exe = agent_exe.to_owned();
     let stdin = std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
         .map_err(RuntimeError::internal)?;
-    let mut running = tokio::task::spawn_blocking(move || {
-        let r = lockbox_confine::spawn_with(
+    let mut running = on_spawner_thread(move || {
+        // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
+        let r = lockbox_confine::spawn_agent(
             &policy,
-            &argv,
+            &agent_exe,
+            &args,
             lockbox_confine::Stdio {
                 stdin: Some(stdin),
                 stdout: None,
@@ -189,8 +175,7 @@ async fn spawn_agent(
         drop(theirs);
         r
     })
-    .await
-    .map_err(RuntimeError::internal)?
+    .await?
     .map_err(setup_failed)?;
     let agent = AgentClient::new(ours)?;
     match agent.call(Op::Hello).await {
@@ -214,6 +199,46 @@ async fn spawn_agent(
     }
 }
 
+/// Runs `f` on the runtime's spawner thread, which lives as long as the process.
+///
+/// The sandbox init has `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it
+/// exits; tokio's blocking threads exit after 10 s idle, which would kill every sandbox
+/// they had started. So all sandboxes are started from one thread that never exits.
+async fn on_spawner_thread<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RuntimeError> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static SPAWNER: Mutex<Option<std::sync::mpsc::Sender<Job>>> = Mutex::new(None);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: Job = Box::new(move || {
+        let _ = tx.send(f());
+    });
+    {
+        let mut spawner = lock(&SPAWNER);
+        let sender = match spawner.as_ref() {
+            Some(s) => s.clone(),
+            None => {
+                let (s, jobs) = std::sync::mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name("lockbox-spawner".into())
+                    .spawn(move || {
+                        while let Ok(job) = jobs.recv() {
+                            job();
+                        }
+                    })
+                    .map_err(RuntimeError::internal)?;
+                *spawner = Some(s.clone());
+                s
+            }
+        };
+        sender
+            .send(job)
+            .map_err(|_| RuntimeError::internal("the sandbox spawner thread is gone"))?;
+    }
+    rx.await
+        .map_err(|_| RuntimeError::internal("the sandbox spawner thread failed"))
+}
+
 fn setup_failed(e: lockbox_confine::SetupError) -> RuntimeError {
     RuntimeError::SetupFailed(e.to_string())
 }
@@ -226,6 +251,14 @@ impl Instance {
             let _ = tokio::task::spawn_blocking(move || running.stop(grace, false)).await;
         }
         self.agent.closed().await;
+    }
+
+    /// True while a session runs a command.
+    pub fn any_session_busy(&self) -> bool {
+        match self.sessions.try_lock() {
+            Ok(s) => s.values().any(|(s, _)| s.info().busy),
+            Err(_) => true, // being changed right now: activity
+        }
     }
 
     /// A session by id; the default session (and a terminated session) is created on use.

@@ -246,6 +246,7 @@ impl Session {
         let stdin = req.stdin.as_ref().unwrap_or(&empty);
         let mut stdin_left: &[u8] = stdin;
         let mut timed_out = false;
+        let mut truncated = false;
         // Running → TERM sent → KILL sent → give up.
         let mut phase = 0u8;
         let mut alarm = req.timeout.map(|t| start + t);
@@ -277,12 +278,14 @@ impl Session {
                     out_eof = drain(g.get_inner(), &mut out);
                     g.clear_ready();
                     emit(events, &mut out, false);
+                    truncated |= cap(&mut out);
                 }
                 r = stderr.readable(), if !err_eof => {
                     let mut g = r.map_err(RuntimeError::internal)?;
                     err_eof = drain(g.get_inner(), &mut err);
                     g.clear_ready();
                     emit(events, &mut err, true);
+                    truncated |= cap(&mut err);
                 }
                 r = script.writable(), if !script_left.is_empty() => {
                     let mut g = r.map_err(RuntimeError::internal)?;
@@ -324,6 +327,7 @@ impl Session {
         };
         // Everything written before the status is in the pipes now.
         flush(stdout, stderr, &mut out, &mut err, events);
+        truncated |= cap(&mut out) | cap(&mut err);
         let exit_code = if timed_out { TIMEOUT_EXIT } else { code };
         let duration = start.elapsed();
         if let Some(tx) = events {
@@ -339,6 +343,7 @@ impl Session {
             stdout: Bytes::from(out),
             stderr: Bytes::from(err),
             timed_out,
+            output_truncated: truncated,
             duration,
             session: self.id.clone(),
         })
@@ -373,6 +378,20 @@ impl Session {
             })
             .collect();
         Ok((cwd, env))
+    }
+}
+
+/// Most bytes of stdout, and of stderr, a buffered exec keeps (the rest is read and dropped,
+/// so the command never blocks on a full pipe). Stream larger outputs with `exec_stream`.
+pub(crate) const MAX_BUFFERED_OUTPUT: usize = 256 << 20;
+
+/// Drops what a buffered exec collected beyond [`MAX_BUFFERED_OUTPUT`]; true if it did.
+fn cap(buf: &mut Vec<u8>) -> bool {
+    if buf.len() > MAX_BUFFERED_OUTPUT {
+        buf.truncate(MAX_BUFFERED_OUTPUT);
+        true
+    } else {
+        false
     }
 }
 

@@ -25,7 +25,7 @@ pub struct RuntimeConfig {
     pub default_log_bytes: usize,
     /// Idle timeout when [`SandboxSpec::idle_timeout`] is not given; `None` = never.
     pub default_idle_timeout: Option<Duration>,
-    /// The executable run as the in-sandbox agent with argv[1] = `__lockbox_agent`
+    /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
     /// (see [`lockbox_confine::agent`]). `None` = the current executable, which must then
     /// dispatch to [`lockbox_confine::agent::main_if_agent`] first thing in `main`.
     pub agent_exe: Option<PathBuf>,
@@ -187,6 +187,10 @@ pub struct ExecResult {
     pub stderr: Bytes,
     /// The timeout killed it.
     pub timed_out: bool,
+    /// stdout or stderr was longer than a buffered exec keeps (256 MiB each) and was cut
+    /// there; use `exec_stream` for such outputs.
+    #[serde(default)]
+    pub output_truncated: bool,
     /// Wall time of the call.
     #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,

@@ -317,3 +317,33 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
         "SANDBOX_NOT_FOUND"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_over_a_workdir_edited_meanwhile_is_a_conflict_unless_forced() {
+    let state = scratch();
+    let work = scratch();
+    std::fs::write(work.path().join("f.txt"), b"base").unwrap();
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
+    run(&sb, "echo sandbox > f.txt").await;
+    // Someone edits the same file on the host after the branch began.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(work.path().join("f.txt"), b"host edit").unwrap();
+    let err = sb.commit(Selection::default()).await.unwrap_err();
+    assert_eq!(err.code(), "CONFLICT", "{err}");
+    assert!(err.to_string().contains("f.txt"));
+    assert_eq!(
+        std::fs::read(work.path().join("f.txt")).unwrap(),
+        b"host edit"
+    );
+    sb.commit(Selection {
+        force: true,
+        ..Selection::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read(work.path().join("f.txt")).unwrap(),
+        b"sandbox\n"
+    );
+    rt.shutdown().await;
+}

@@ -274,3 +274,14 @@ fn host_sleepers() -> usize {
         .filter(|c| c.starts_with(b"sleep\x0040"))
         .count()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_outlive_idle_runtime_threads() {
+    // tokio retires idle blocking threads after 10 s; a sandbox started from one must not
+    // die with it (the init's parent-death signal is per thread).
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(out(&run(&sb, "echo alive").await), "alive\n");
+    rt.shutdown().await;
+}

@@ -209,3 +209,126 @@ async fn interrupt_stops_the_running_command_without_waiting_for_the_queue() {
     assert_eq!(out(&run(&sb, "echo alive").await), "alive\n");
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_stream_sends_output_as_it_comes_then_exit() {
+    use futures_util::StreamExt;
+    use lockbox_runtime::ExecEvent;
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let mut stream = sb
+        .exec_stream(req(
+            "echo one; echo two >&2; sleep 0.2; printf three; (exit 4)",
+        ))
+        .await
+        .unwrap();
+    let mut out_bytes = Vec::new();
+    let mut err_bytes = Vec::new();
+    let mut events = Vec::new();
+    while let Some(e) = stream.next().await {
+        match &e {
+            ExecEvent::Stdout { data } => out_bytes.extend_from_slice(data),
+            ExecEvent::Stderr { data } => err_bytes.extend_from_slice(data),
+            _ => {}
+        }
+        events.push(e);
+    }
+    assert!(matches!(events.first(), Some(ExecEvent::Start { session }) if session == "default"));
+    match events.last() {
+        Some(ExecEvent::Exit(x)) => assert_eq!(x.exit_code, 4),
+        other => panic!("last event {other:?}"),
+    }
+    assert_eq!(out_bytes, b"one\nthree");
+    assert_eq!(err_bytes, b"two\n");
+    // "one" arrived before the sleep ended: in its own event before "three".
+    let first_out = events
+        .iter()
+        .position(|e| matches!(e, ExecEvent::Stdout { .. }))
+        .unwrap();
+    assert!(matches!(&events[first_out], ExecEvent::Stdout { data } if &data[..] == b"one\n"));
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_that_never_returns_from_a_timeout_ends_the_session() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let mut r = req("while :; do :; done");
+    r.timeout = Some(std::time::Duration::from_millis(200));
+    let err = sb.exec(r).await.unwrap_err();
+    assert_eq!(err.code(), "SESSION_TERMINATED", "{err}");
+    assert_eq!(out(&run(&sb, "echo fresh").await), "fresh\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_named_listed_and_deleted() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let opts = lockbox_runtime::SessionOptions {
+        id: Some("build".into()),
+        cwd: Some("/tmp".into()),
+        env: [("MODE".to_string(), "fast".to_string())].into(),
+    };
+    sb.create_session(opts.clone()).await.unwrap();
+    assert_eq!(
+        sb.create_session(opts).await.unwrap_err().code(),
+        "ALREADY_EXISTS"
+    );
+    let mut r = req("pwd; echo $MODE");
+    r.session = Some("build".into());
+    assert_eq!(out(&sb.exec(r.clone()).await.unwrap()), "/tmp\nfast\n");
+    let ids: Vec<String> = sb.list_sessions().await.into_iter().map(|s| s.id).collect();
+    assert_eq!(ids, ["build"]);
+    sb.delete_session("build").await.unwrap();
+    assert_eq!(sb.exec(r).await.unwrap_err().code(), "SESSION_NOT_FOUND");
+    let mut bad = req("true");
+    bad.env.insert("NOT VALID".into(), "x".into());
+    assert_eq!(sb.exec(bad).await.unwrap_err().code(), "INVALID_REQUEST");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sandboxes_are_deleted_and_the_limit_is_enforced() {
+    let state = scratch();
+    let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
+    config.agent_exe = Some(agent_exe().to_owned());
+    config.max_sandboxes = 1;
+    let rt = lockbox_runtime::Runtime::open(config).await.unwrap();
+    let spec = lockbox_runtime::SandboxSpec {
+        idle_timeout: Some(std::time::Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let info = rt.create_sandbox(spec).await.unwrap();
+    let err = rt.create_sandbox(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), "LIMIT_REACHED");
+    let mut state_now = rt.sandbox_info(&info.id).await.unwrap().state;
+    for _ in 0..100 {
+        if state_now == lockbox_runtime::SandboxState::Stopped {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        state_now = rt.sandbox_info(&info.id).await.unwrap().state;
+    }
+    assert_eq!(state_now, lockbox_runtime::SandboxState::Stopped);
+    // The slot is free again.
+    let again = rt.create_sandbox(Default::default()).await.unwrap();
+    rt.delete_sandbox(&again.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_is_bound_read_only_at_a_fixed_path_not_its_host_path() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let host = agent_exe().display().to_string();
+    let r = run(
+        &sb,
+        &format!(
+            "test -x /dev/.lockbox-agent && echo bound; test -e '{host}' || echo host-path-hidden; \
+             echo x 2>/dev/null > /dev/.lockbox-agent || echo read-only"
+        ),
+    )
+    .await;
+    assert_eq!(out(&r), "bound\nhost-path-hidden\nread-only\n", "{r:?}");
+    rt.shutdown().await;
+}

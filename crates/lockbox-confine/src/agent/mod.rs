@@ -22,10 +22,13 @@ pub use proto::{AgentError, Body, EntryStat, Io, Message, Op, Reply, Request, Sp
 
 use std::ffi::OsStr;
 
-/// argv[1] that makes the binary the agent.
+/// The first argument (`argv[1]`) that makes the binary the agent.
 pub const AGENT_ARG: &str = "__lockbox_agent";
 
-/// If argv[1] is [`AGENT_ARG`], runs the agent and exits the process; otherwise returns at
+/// Where [`crate::spawn_agent`] makes the agent executable visible inside the sandbox.
+pub const AGENT_PATH: &str = crate::plan::HELPER_PATH;
+
+/// If `argv[1]` is [`AGENT_ARG`], runs the agent and exits the process; otherwise returns at
 /// once. Call it before anything else in `main` (before threads are started).
 pub fn main_if_agent() {
     let mut args = std::env::args_os();
