@@ -55,7 +55,9 @@ struct Api {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -67,7 +69,13 @@ fn start() -> Server {
     });
     let state = tempfile::tempdir().unwrap();
     let mut child = Command::new(&bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--print-token", "--state-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--print-token",
+            "--state-dir",
+        ])
         .arg(state.path())
         .args(["--max-streams", "1024"])
         .stdout(Stdio::piped())

@@ -825,10 +825,14 @@ fn pipe_process_stdin_over_websocket_and_truncated_logs() {
             format!("Bearer {}", server.token).parse().unwrap(),
         );
         let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
-        ws.send(Message::Binary(b"hello\n".to_vec().into())).await.unwrap();
+        ws.send(Message::Binary(b"hello\n".to_vec().into()))
+            .await
+            .unwrap();
         let mut screen = Vec::new();
         read_until(&mut ws, &mut screen, "HELLO").await;
-        ws.send(Message::Text(r#"{"close_stdin": true}"#.into())).await.unwrap();
+        ws.send(Message::Text(r#"{"close_stdin": true}"#.into()))
+            .await
+            .unwrap();
         let exited = loop {
             match tokio::time::timeout(Duration::from_secs(20), ws.next()).await {
                 Ok(Some(Ok(Message::Text(text)))) if text.contains("exited") => {
@@ -861,7 +865,12 @@ fn pipe_process_stdin_over_websocket_and_truncated_logs() {
         let text: String = events
             .iter()
             .filter(|e| e.event == "stdout")
-            .map(|e| serde_json::from_str::<Value>(&e.data).unwrap()["data"].as_str().unwrap().to_owned())
+            .map(|e| {
+                serde_json::from_str::<Value>(&e.data).unwrap()["data"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
             .collect();
         assert!(text.ends_with("4999\n5000\n"), "{text}");
         assert!(text.len() <= 1000, "{}", text.len());
