@@ -810,7 +810,7 @@ fn pipe_process_stdin_over_websocket_and_truncated_logs() {
             .json(
                 Method::POST,
                 &format!("/v1/sandboxes/{id}/processes"),
-                json!({ "argv": ["tr", "a-z", "A-Z"], "stdin": true }),
+                json!({ "argv": ["sed", "-u", "s/hello/HELLO/"], "stdin": true }),
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{process}");
