@@ -103,11 +103,13 @@ impl Link {
             return;
         }
         // A PTY's output stream does not end when the process exits (viewers of a log can
-        // attach later), so the exit is polled.
+        // attach later), so its exit is polled; a pipe process's log stream ends by itself
+        // after the last byte.
+        let poll_exit = matches!(self.input, Input::Pty(_));
         let mut tick = tokio::time::interval(EXIT_POLL);
         let reason = loop {
             tokio::select! {
-                _ = tick.tick() => {
+                _ = tick.tick(), if poll_exit => {
                     if self.exited().await {
                         // Output written just before the exit may still be on its way.
                         while let Ok(Some(bytes)) = tokio::time::timeout(DRAIN, output.next()).await {
