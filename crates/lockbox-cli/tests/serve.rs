@@ -854,6 +854,21 @@ fn pipe_process_stdin_over_websocket_and_truncated_logs() {
             )
             .await;
         let pid = process["id"].as_str().unwrap();
+        // Read only once it is done, so exactly one eviction lies between cursor 0 and the
+        // log (a follower racing the writer may be overtaken several times).
+        for _ in 0..200 {
+            let (_, info) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/processes/{pid}"),
+                    json!(null),
+                )
+                .await;
+            if info["state"] == "exited" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let logs = format!("/v1/sandboxes/{id}/processes/{pid}/logs");
         let response = server
             .request(Method::GET, &format!("{logs}?follow=true&since=0"))
