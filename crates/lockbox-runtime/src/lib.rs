@@ -56,6 +56,8 @@ pub struct Runtime {
 
 #[derive(Debug)]
 struct RuntimeInner {
+    /// Held while the runtime lives: one runtime per state directory.
+    _state_lock: std::fs::File,
     config: RuntimeConfig,
     agent_exe: PathBuf,
     store: store::Store,
@@ -83,9 +85,11 @@ impl Runtime {
         let agent_exe = std::fs::canonicalize(&agent_exe).map_err(|e| {
             RuntimeError::SetupFailed(format!("agent executable {}: {e}", agent_exe.display()))
         })?;
+        let state_lock = lock_state_dir(&config.state_dir)?;
         let store = store::Store::open(&config.state_dir)?;
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
+                _state_lock: state_lock,
                 config,
                 agent_exe,
                 store,
@@ -268,6 +272,29 @@ impl Runtime {
         let ids: Vec<String> = lock(&self.inner.sandboxes).keys().cloned().collect();
         let deletes = ids.iter().map(|id| self.delete_sandbox(id));
         futures_util::future::join_all(deletes).await;
+    }
+}
+
+/// Takes `STATE/runtime.lock`: a second runtime on the same state directory would mark the
+/// first one's running sandboxes `lost`.
+fn lock_state_dir(state_dir: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
+    let path = state_dir.join("runtime.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| RuntimeError::SetupFailed(format!("{}: {e}", path.display())))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(RuntimeError::SetupFailed(format!(
+            "the state directory {} is in use by another lockbox runtime (lockbox serve)",
+            state_dir.display()
+        ))),
+        Err(e) => Err(RuntimeError::SetupFailed(format!(
+            "{}: {e}",
+            path.display()
+        ))),
     }
 }
 

@@ -36,27 +36,28 @@ const SHELL_RETURN_GRACE: Duration = Duration::from_secs(2);
 
 const PRELUDE: &str = r#"__lb_pre() {
   __lb_in=/dev/null; __lb_owd=; __lb_sv=()
-  if [ "$1" != -1 ]; then
-    __lb_in=$(mktemp "${TMPDIR:-/tmp}/.lockbox-stdin.XXXXXX" 2>/dev/null) || __lb_in=
-    head -c "$1" <&4 >"${__lb_in:-/dev/null}"
-    if [ -z "$__lb_in" ]; then __lb_in=/dev/null; builtin echo "lockbox: cannot store stdin in ${TMPDIR:-/tmp}" >&2; return 1; fi
+  if [[ "$1" != -1 ]]; then
+    __lb_in=$(command mktemp "${TMPDIR:-/tmp}/.lockbox-stdin.XXXXXX" 2>/dev/null) || __lb_in=
+    command head -c "$1" <&4 >"${__lb_in:-/dev/null}"
+    if [[ -z "$__lb_in" ]]; then __lb_in=/dev/null; builtin echo "lockbox: cannot store stdin in ${TMPDIR:-/tmp}" >&2; return 1; fi
   fi
-  if [ -n "$2" ]; then __lb_owd=$PWD; builtin cd -- "$2" >/dev/null || return 1; fi
-  shift 2
-  while [ "$#" -ge 2 ]; do
-    if [ -n "${!1+x}" ]; then __lb_sv+=("$1" 1 "${!1}"); else __lb_sv+=("$1" 0 ""); fi
-    builtin export "$1=$2"; shift 2
+  if [[ -n "$2" ]]; then __lb_owd=$PWD; builtin cd -- "$2" >/dev/null || return 1; fi
+  builtin shift 2
+  while [[ "$#" -ge 2 ]]; do
+    if [[ -n "${!1+x}" ]]; then __lb_sv+=("$1" 1 "${!1}"); else __lb_sv+=("$1" 0 ""); fi
+    builtin export "$1=$2"; builtin shift 2
   done
 }
 __lb_post() {
-  local __lb_i
+  builtin local __lb_i
   for ((__lb_i=0; __lb_i<${#__lb_sv[@]}; __lb_i+=3)); do
-    if [ "${__lb_sv[__lb_i+1]}" = 1 ]; then builtin export "${__lb_sv[__lb_i]}=${__lb_sv[__lb_i+2]}"; else builtin unset "${__lb_sv[__lb_i]}"; fi
+    if [[ "${__lb_sv[__lb_i+1]}" = 1 ]]; then builtin export "${__lb_sv[__lb_i]}=${__lb_sv[__lb_i+2]}"; else builtin unset "${__lb_sv[__lb_i]}"; fi
   done
-  if [ -n "$__lb_owd" ]; then builtin cd -- "$__lb_owd" >/dev/null 2>&1; fi
-  if [ "$__lb_in" != /dev/null ]; then rm -f -- "$__lb_in"; fi
+  if [[ -n "$__lb_owd" ]]; then builtin cd -- "$__lb_owd" >/dev/null 2>&1; fi
+  if [[ "$__lb_in" != /dev/null ]]; then command rm -f -- "$__lb_in"; fi
   builtin printf '%s %s\n' "$1" "$2" >&3
 }
+builtin readonly -f __lb_pre __lb_post
 shopt -s expand_aliases
 "#;
 
@@ -459,7 +460,7 @@ fn build_line(id: u64, req: &ExecRequest) -> Result<(u64, String), RuntimeError>
     let mut line = String::with_capacity(req.command.len() + 128);
     line.push_str("__lb_c=");
     line.push_str(&ansi_c_quote(req.command.as_bytes()));
-    line.push_str("; __lb_pre ");
+    line.push_str("; \\__lb_pre ");
     match &req.stdin {
         Some(b) => line.push_str(&b.len().to_string()),
         None => line.push_str("-1"),
@@ -488,7 +489,7 @@ fn build_line(id: u64, req: &ExecRequest) -> Result<(u64, String), RuntimeError>
         line.push(' ');
         line.push_str(&ansi_c_quote(v.as_bytes()));
     }
-    line.push_str(" && eval \"$__lb_c\" 3>&- 4<&- 5<&- <\"$__lb_in\"; __lb_post ");
+    line.push_str(" && \\builtin eval \"$__lb_c\" 3>&- 4<&- 5<&- <\"$__lb_in\"; \\__lb_post ");
     line.push_str(&id.to_string());
     line.push_str(" $?\n");
     Ok((id, line))

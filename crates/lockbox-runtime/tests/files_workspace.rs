@@ -265,6 +265,7 @@ async fn workspace_changes_commit_and_abort() {
     assert_eq!(out(&run(&sb, "ls").await), "a.txt\nb.txt\nkeep.txt\n");
     assert!(!work.path().join("tmp.txt").exists());
     rt.shutdown().await;
+    drop(rt); // one runtime per state directory
 
     // Without a workdir there is no branch.
     let (rt, plain) = sandbox(state.path()).await;
@@ -287,6 +288,17 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
         std::fs::read(work.path().join("result.txt")).unwrap(),
         b"done\n"
     );
+
+    // One runtime per state directory.
+    let second = lockbox_runtime::Runtime::open({
+        let mut c = lockbox_runtime::RuntimeConfig::new(state.path());
+        c.agent_exe = Some(agent_exe().to_owned());
+        c
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(second.code(), "SETUP_FAILED");
+    drop(rt);
 
     // A sandbox whose runtime disappears is `lost` for the next runtime; its branch stays.
     let (rt2, kept) = sandbox_with(state.path(), workdir_spec(work.path())).await;
@@ -313,7 +325,7 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
     assert_eq!(first.state, SandboxState::Stopped);
     assert_eq!(first.labels.get("owner").map(String::as_str), Some("test"));
     assert_eq!(
-        rt.sandbox("sb-nope").await.unwrap_err().code(),
+        rt3.sandbox("sb-nope").await.unwrap_err().code(),
         "SANDBOX_NOT_FOUND"
     );
 }

@@ -332,3 +332,23 @@ async fn the_agent_is_bound_read_only_at_a_fixed_path_not_its_host_path() {
     assert_eq!(out(&r), "bound\nhost-path-hidden\nread-only\n", "{r:?}");
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_functions_and_aliases_cannot_break_the_protocol() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "rm() { echo fake-rm; }; head() { echo fake-head; }; alias printf='echo nope'; [() { :; }; \
+         alias eval='echo broken'; alias __lb_post='echo broken'; eval() { echo broken; }").await;
+    let redefine = run(&sb, "__lb_post() { :; }").await;
+    assert_ne!(
+        redefine.exit_code, 0,
+        "the protocol's functions are read-only"
+    );
+    let mut r = req("cat; pwd");
+    r.stdin = Some(bytes::Bytes::from_static(b"in\n"));
+    r.cwd = Some("/tmp".into());
+    let got = sb.exec(r).await.unwrap();
+    assert_eq!(out(&got), "in\n/tmp\n", "{got:?}");
+    assert_eq!(out(&run(&sb, "echo ok").await), "ok\n");
+    rt.shutdown().await;
+}

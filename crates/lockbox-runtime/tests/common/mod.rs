@@ -17,19 +17,37 @@ pub fn scratch() -> tempfile::TempDir {
     dir
 }
 
+/// A copy of `src` that every user can execute, shared by test runs of the same build (named
+/// by size and mtime, so nothing piles up in the temporary directory).
+fn executable_copy(src: &Path, name: &str) -> PathBuf {
+    let md = std::fs::metadata(src).unwrap();
+    let mtime = md
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let dir = std::env::temp_dir().join("lockbox-rt-bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Made by root in the first run; uid 65534 re-runs find it ready.
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    let bin = dir.join(format!("{name}-{}-{}", md.len(), mtime.as_nanos()));
+    if !bin.exists() {
+        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+        std::fs::copy(src, &tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &bin).unwrap();
+    }
+    bin
+}
+
 /// The agent binary, copied where uid 65534 can execute it.
 pub fn agent_exe() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lockbox-rt-bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let bin = dir.join("lockbox-agent");
-        if !bin.exists() {
-            std::fs::copy(env!("CARGO_BIN_EXE_lockbox-agent"), &bin).unwrap();
-            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        bin
+        executable_copy(
+            Path::new(env!("CARGO_BIN_EXE_lockbox-agent")),
+            "lockbox-agent",
+        )
     })
 }
 
@@ -82,10 +100,8 @@ pub fn also_as_nobody(name: &str) {
     static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let copy = COPY.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
-        let copy = agent_exe().parent().unwrap().join(exe.file_name().unwrap());
-        std::fs::copy(&exe, &copy).unwrap();
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-        copy
+        let name = exe.file_name().unwrap().to_string_lossy().into_owned();
+        executable_copy(&exe, &name)
     });
     let out = std::process::Command::new(copy)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
