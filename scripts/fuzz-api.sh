@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes lockbox's HTTP API from its own OpenAPI document with schemathesis: starts
-# `lockbox serve` on a free port with a scratch state directory, runs `schemathesis run`
-# with the not_a_server_error check, and fails on any 5xx or on a request that hangs
-# (--request-timeout). As root the server runs as uid 65534, so no fuzzed grant or path
+# `lockbox serve` on a free port with a scratch state directory, runs `schemathesis run`,
+# and fails on any 5xx, on a request that hangs (--request-timeout), or on a response whose
+# status, content type or body the document does not describe (FUZZ_CHECKS overrides the
+# list of checks). As root the server runs as uid 65534, so no fuzzed grant or path
 # can touch what only root may.
 #
 # Environment: LOCKBOX_BIN (default: build lockbox-cli), FUZZ_MAX_EXAMPLES (default 50),
@@ -60,7 +61,7 @@ PY
 status=0
 "$venv/bin/schemathesis" run "$work/openapi.json" --url "http://$listen" \
   -H "Authorization: Bearer $token" \
-  --checks not_a_server_error \
+  --checks "${FUZZ_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance}" \
   --max-examples "${FUZZ_MAX_EXAMPLES:-50}" \
   --request-timeout 60 \
   --workers 2 \

@@ -88,9 +88,21 @@ fn optional_json(name: &str) -> Option<Value> {
     Some(body)
 }
 
+/// The schema of one SSE event (clients such as schemathesis validate each event with it).
+fn sse_event(names: &[&str]) -> Value {
+    json!({ "type": "object", "required": ["data"],
+            "properties": {
+                "event": { "type": "string", "enum": names },
+                "data": { "type": "string", "description": "a JSON document" },
+                "id": { "type": "string", "description": "the log cursor after this event" } } })
+}
+
+const EXEC_EVENTS: &[&str] = &["start", "stdout", "stderr", "exit", "error"];
+const LOG_EVENTS: &[&str] = &["stdout", "stderr", "pty", "truncated", "eof"];
+
 fn sse(description: &str) -> Value {
     json!({ "description": description,
-            "content": { "text/event-stream": { "schema": { "type": "string" } } } })
+            "content": { "text/event-stream": { "schema": sse_event(EXEC_EVENTS) } } })
 }
 
 fn build() -> Value {
@@ -172,7 +184,7 @@ fn build() -> Value {
                 &[("200", json!({ "description": "a chunk (JSON), or events (SSE) when following",
                     "content": {
                         "application/json": { "schema": schema("LogChunk") },
-                        "text/event-stream": { "schema": { "type": "string" } } } }))])
+                        "text/event-stream": { "schema": sse_event(LOG_EVENTS) } } }))])
         },
         "/v1/sandboxes/{id}/processes/{pid}/stdin": {
             "post": op("Write to the process's stdin (raw body, or JSON {data|data_b64, close})",
