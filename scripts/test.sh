@@ -17,6 +17,8 @@ command -v jq >/dev/null || need+=(jq)
 # The escape corpus (tests/escape) compiles its C attacks; they include kernel uapi headers.
 command -v gcc >/dev/null || need+=(gcc)
 [ -e /usr/include/linux/bpf.h ] || need+=(libc6-dev linux-libc-dev)
+# The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"

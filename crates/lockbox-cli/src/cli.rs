@@ -55,6 +55,9 @@ pub enum Command {
     /// List, show, commit, abort or recover transactions.
     #[command(after_help = TXN_EXIT_CODES)]
     Txn(crate::commands::txn::TxnArgs),
+    /// Serve long-lived sandboxes over HTTP (REST + JSON, SSE, WebSocket), with sessions,
+    /// background processes, PTYs, files and workspace branches.
+    Serve(crate::commands::serve::ServeArgs),
 }
 
 const TXN_EXIT_CODES: &str = "\

@@ -8,6 +8,8 @@ mod commands;
 use clap::Parser;
 
 fn main() {
+    // A long-lived sandbox's agent is this binary re-executed inside it (lockbox-runtime).
+    lockbox_confine::agent::main_if_agent();
     let args = cli::Cli::parse();
     // Debug logs of each setup step on request (LOCKBOX_LOG=debug); errors are printed by
     // the commands themselves, so without it no subscriber is needed (and none is built,
@@ -25,6 +27,7 @@ fn main() {
         cli::Command::Pipeline(args) => commands::txn::pipeline(&args),
         cli::Command::Gather(args) => commands::txn::gather(&args),
         cli::Command::Txn(args) => commands::txn::txn(&args),
+        cli::Command::Serve(args) => commands::serve::run(&args),
         cli::Command::Journal(journal) => match commands::journal::run(&journal) {
             Ok(code) => code,
             Err(e) => {

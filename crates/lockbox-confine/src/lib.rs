@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod agent;
 mod child;
 mod error;
 mod landlock;
@@ -52,8 +53,8 @@ pub use crate::seccomp::{
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, spawn, spawn_with, Enforcement, Outcome, Running, Status, Stdio, UpperMount,
-    Waited,
+    namespaces, run, spawn, spawn_agent, spawn_with, Enforcement, Outcome, Running, Status, Stdio,
+    UpperMount, Waited,
 };
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).

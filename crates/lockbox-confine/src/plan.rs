@@ -108,7 +108,7 @@ pub struct SetupPlan {
     pub rules: Vec<Rule>,
     /// Working directory of the command (absolute, inside).
     pub cwd: CString,
-    /// Copy-on-write views mounted by [`Op::MountOverlay`].
+    /// Copy-on-write views (mounted by an [`Op::Mount`] of type `overlay`).
     pub overlays: Vec<crate::resolve::ResolvedOverlay>,
     /// How the network list is enforced, one line each (empty without a list).
     pub net: Vec<String>,
@@ -255,6 +255,31 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
         }
     }
     plan
+}
+
+/// Where [`add_helper`] binds a host executable: in lockbox's own `/dev` tmpfs, which no
+/// policy can grant from the host, so the bind never lands on a host directory.
+pub const HELPER_PATH: &str = "/dev/.lockbox-agent";
+
+/// Binds the host file `host` read-only at [`HELPER_PATH`], readable and executable under
+/// Landlock (the long-lived sandbox's agent), while `/dev` is still writable.
+fn add_helper(plan: &mut SetupPlan, host: &Path) {
+    let rel = &HELPER_PATH[1..];
+    plan.sources.push(Source {
+        host: cstring(host.as_os_str().as_bytes()),
+        readonly: true,
+    });
+    plan.ops.push(Op::Touch {
+        path: cstring(rel.as_bytes()),
+    });
+    plan.ops.push(Op::Attach {
+        source: plan.sources.len() - 1,
+        target: cstring(rel.as_bytes()),
+    });
+    plan.rules.push(Rule {
+        path: cstring(HELPER_PATH.as_bytes()),
+        access: RuleAccess::ReadFile,
+    });
 }
 
 /// Where overlay layers are attached while the overlay is mounted (relative to the stage).
@@ -455,6 +480,9 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
             path: cstring(format!("/{rel}").as_bytes()),
             access: RuleAccess::Device,
         });
+    }
+    if let Some(host) = &resolved.helper {
+        add_helper(plan, host);
     }
     plan.ops.push(Op::Mkdir {
         path: cstring(b"dev/pts"),
@@ -700,6 +728,22 @@ mod tests {
             cwd: "/".into(),
             ..Resolved::default()
         }
+    }
+
+    #[test]
+    fn the_helper_is_bound_read_only_and_executable_in_dev() {
+        let mut r = resolved(vec![]);
+        r.helper = Some("/opt/lockbox/bin/lockbox".into());
+        let plan = build(&r);
+        assert!(attach_targets(&plan).contains(&"dev/.lockbox-agent".to_owned()));
+        let src = plan
+            .sources
+            .iter()
+            .find(|s| s.host.as_bytes() == b"/opt/lockbox/bin/lockbox");
+        assert!(src.is_some_and(|s| s.readonly));
+        assert!(plan.rules.iter().any(
+            |r| r.path.as_bytes() == HELPER_PATH.as_bytes() && r.access == RuleAccess::ReadFile
+        ));
     }
 
     fn attach_targets(plan: &SetupPlan) -> Vec<String> {

@@ -52,6 +52,8 @@ pub struct Resolved {
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
     /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
+    /// A host executable bound at [`crate::agent::AGENT_PATH`] (the runtime's agent).
+    pub helper: Option<PathBuf>,
 }
 
 /// An overlay of [`lockbox_policy::Overlay`] with canonical paths.

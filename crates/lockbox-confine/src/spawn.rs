@@ -193,7 +193,46 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
 
 /// Like [`spawn`], with the sandbox's stdin, stdout and stderr taken from `stdio`. The
 /// descriptors are closed in the caller once the sandbox has started.
+///
+/// The sandbox's init has a parent-death signal (SIGKILL), which the kernel ties to the
+/// *thread* that called this: a sandbox meant to outlive the calling thread (a thread pool's
+/// worker) must be spawned from a thread that lives as long (see `lockbox-runtime`).
 pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Running, SetupError> {
+    spawn_inner(policy, argv, stdio, None)
+}
+
+/// Like [`spawn_with`], running the host executable `exe` (bound read-only at
+/// [`crate::agent::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy grants)
+/// with arguments `args`: how `lockbox-runtime` starts its in-sandbox agent.
+pub fn spawn_agent(
+    policy: &Policy,
+    exe: &Path,
+    args: &[OsString],
+    stdio: Stdio,
+) -> Result<Running, SetupError> {
+    let host = std::fs::canonicalize(exe).map_err(|source| SetupError::Path {
+        path: exe.to_owned(),
+        what: "binding the agent",
+        source,
+    })?;
+    if !host.is_file() {
+        return Err(SetupError::Path {
+            path: host,
+            what: "binding the agent",
+            source: std::io::Error::other("not a regular file"),
+        });
+    }
+    let mut argv = vec![OsString::from(plan::HELPER_PATH)];
+    argv.extend_from_slice(args);
+    spawn_inner(policy, &argv, stdio, Some(&host))
+}
+
+fn spawn_inner(
+    policy: &Policy,
+    argv: &[OsString],
+    stdio: Stdio,
+    helper: Option<&Path>,
+) -> Result<Running, SetupError> {
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;
     let program = argv.first().ok_or_else(|| SetupError::Path {
@@ -202,7 +241,8 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
         source: std::io::Error::other("no command given"),
     })?;
     let caller_cwd = std::env::current_dir().ok();
-    let resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
+    let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
+    resolved.helper = helper.map(Path::to_owned);
     let plan = plan::build(&resolved);
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let landlock_abi = landlock::abi_version();

@@ -806,3 +806,35 @@ pub fn syscall_exists(nr: i64) -> bool {
     let rc = unsafe { libc::syscall(nr, -1i64, -1i64, -1i64, -1i64, -1i64, -1i64) };
     rc != -1 || Errno::last().0 != libc::ENOSYS
 }
+
+/// Result of [`fork`].
+#[derive(Debug)]
+pub enum Fork {
+    /// We are the new child.
+    Child,
+    /// We are the parent of this pid.
+    Parent(libc::pid_t),
+}
+
+/// `fork(2)`. Only for single-threaded callers (the sandbox agent): the child may then
+/// allocate and run ordinary Rust code.
+pub fn fork() -> Result<Fork, Errno> {
+    // SAFETY: the agent is single-threaded, so the child inherits no lock held by another
+    // thread; no pointers are involved.
+    match check_int(unsafe { libc::fork() })? {
+        0 => Ok(Fork::Child),
+        pid => Ok(Fork::Parent(pid)),
+    }
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, min)`: a close-on-exec copy of `fd` numbered `>= min`.
+pub fn dup_above(fd: RawFd, min: RawFd) -> Result<RawFd, Errno> {
+    // SAFETY: descriptor numbers only; no pointers.
+    check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })
+}
+
+/// `fcntl(fd, F_SETFD, FD_CLOEXEC)`.
+pub fn set_cloexec(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers only; no pointers.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
+}

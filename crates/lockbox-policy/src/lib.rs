@@ -105,6 +105,28 @@ impl Policy {
         Ok(policy)
     }
 
+    /// Shows `workdir` through a copy-on-write layer (`upper`, overlayfs scratch `work`, both
+    /// empty directories on one filesystem) and makes it the working directory unless one is
+    /// set: how `lockbox run --workdir` and long-lived sandboxes mount a branch.
+    pub fn mount_copy_on_write(
+        &mut self,
+        workdir: &std::path::Path,
+        upper: PathBuf,
+        work: PathBuf,
+        max_size: Option<ByteSize>,
+    ) {
+        self.fs.overlays.push(Overlay {
+            target: workdir.to_owned(),
+            lowers: vec![workdir.to_owned()],
+            upper: Some(OverlayUpper {
+                upper,
+                work,
+                max_size,
+            }),
+        });
+        self.cwd.get_or_insert_with(|| workdir.to_owned());
+    }
+
     /// Checks the policy for values no sandbox can honour. Pure: no filesystem access.
     pub fn validate(&self) -> Result<(), PolicyError> {
         self.fs.validate()?;

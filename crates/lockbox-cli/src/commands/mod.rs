@@ -4,6 +4,7 @@ pub mod branch;
 pub mod check;
 pub mod journal;
 pub mod run;
+pub mod serve;
 pub mod txn;
 pub mod workdir;
 

@@ -3,7 +3,7 @@
 
 use crate::cli::{BranchAction, WorkspaceArgs};
 use lockbox_cow::{import_upper, Branch, ChangeSet, CommitOptions, CowError};
-use lockbox_policy::{Overlay, OverlayUpper, Policy};
+use lockbox_policy::Policy;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 
@@ -40,17 +40,12 @@ pub fn begin(
         .collect();
     let context = json!({ "command": command, "policy": policy });
     let branch = Branch::create(&state_dir, workdir, context)?;
-    let dir = branch.workdir().to_owned();
-    policy.fs.overlays.push(Overlay {
-        target: dir.clone(),
-        lowers: vec![dir.clone()],
-        upper: Some(OverlayUpper {
-            upper: branch.upper_dir(),
-            work: branch.work_dir(),
-            max_size: args.max_disk,
-        }),
-    });
-    policy.cwd.get_or_insert(dir);
+    policy.mount_copy_on_write(
+        branch.workdir(),
+        branch.upper_dir(),
+        branch.work_dir(),
+        args.max_disk,
+    );
     Ok(Some(Workspace { branch }))
 }
 

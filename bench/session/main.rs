@@ -1,0 +1,235 @@
+//! `bench/session`: session exec round trip through the Rust API against a baseline that
+//! drives a warm bash with the seed's FIFO-and-labeler script, many sessions at once, and
+//! sandbox create → first exec latency.
+//!
+//! ```text
+//! cargo bench -p lockbox-runtime --bench session -- [--rounds N] [--sessions S] [--commands C] [--creates K]
+//! ```
+//!
+//! Prints a Markdown table; asserts no timings (numbers go to docs/benchmarks.md with the
+//! command that made them).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark binary, not library code
+
+use lockbox_runtime::{ExecRequest, Runtime, RuntimeConfig, SandboxSpec, SessionOptions};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+struct Args {
+    rounds: usize,
+    sessions: usize,
+    commands: usize,
+    creates: usize,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        rounds: 2000,
+        sessions: 50,
+        commands: 200,
+        creates: 20,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut num = || it.next().unwrap().parse().unwrap();
+        match flag.as_str() {
+            "--rounds" => a.rounds = num(),
+            "--sessions" => a.sessions = num(),
+            "--commands" => a.commands = num(),
+            "--creates" => a.creates = num(),
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    a
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn row(name: &str, mut samples: Vec<Duration>, extra: &str) {
+    samples.sort();
+    println!(
+        "| {name} | {} | {} | {} | {} | {extra} |",
+        samples.len(),
+        ms(pct(&samples, 0.5)),
+        ms(pct(&samples, 0.95)),
+        ms(pct(&samples, 0.99)),
+    );
+}
+
+fn echo_hi() -> ExecRequest {
+    ExecRequest {
+        command: "echo hi".into(),
+        ..ExecRequest::default()
+    }
+}
+
+/// The seed's FIFO-and-labeler wrapper around one command, run by a warm bash reading its
+/// stdin; completion is the exit-code file appearing (polled every 50 µs, which favours the
+/// baseline).
+fn baseline(rounds: usize, dir: &Path) -> Vec<Duration> {
+    use std::process::{Command, Stdio};
+    let mut bash = Command::new("bash")
+        .args(["--norc", "--noprofile"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = bash.stdin.take().unwrap();
+    let d = dir.display();
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let exit = dir.join(format!("exit-{i}"));
+        let script = format!(
+            r#"{{
+  log={d}/log-{i}
+  sp={d}/out-{i}.fifo
+  ep={d}/err-{i}.fifo
+  cleanup() {{ rm -f "$sp" "$ep"; }}
+  trap 'cleanup' EXIT HUP INT TERM
+  rm -f "$sp" "$ep" && mkfifo "$sp" "$ep" || exit 1
+  (while IFS= read -r line || [[ -n "$line" ]]; do printf '\x01\x01\x01%s\n' "$line"; done < "$sp") >> "$log" & r1=$!
+  (while IFS= read -r line || [[ -n "$line" ]]; do printf '\x02\x02\x02%s\n' "$line"; done < "$ep") >> "$log" & r2=$!
+  {{ echo hi; }} > "$sp" 2> "$ep"
+  EXIT_CODE=$?
+  wait "$r1" "$r2"
+  echo "$EXIT_CODE" > {exit}.tmp && mv {exit}.tmp {exit}
+  cleanup
+}}
+"#,
+            exit = exit.display()
+        );
+        let start = Instant::now();
+        stdin.write_all(script.as_bytes()).unwrap();
+        while !exit.exists() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let log = std::fs::read(dir.join(format!("log-{i}"))).unwrap();
+        samples.push(start.elapsed());
+        assert_eq!(log, b"\x01\x01\x01hi\n");
+    }
+    drop(stdin);
+    let _ = bash.wait();
+    samples
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let a = args();
+    let state = tempfile::tempdir().unwrap();
+    let mut config = RuntimeConfig::new(state.path());
+    config.agent_exe = Some(env!("CARGO_BIN_EXE_lockbox-agent").into());
+    config.max_sandboxes = 1024;
+    let rt = Runtime::open(config).await.unwrap();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average before: {}", load.trim());
+    println!();
+    println!("| measurement | n | p50 | p95 | p99 | notes |");
+    println!("|---|---|---|---|---|---|");
+
+    // 1. Warm session round trip.
+    let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
+    let sb = rt.sandbox(&info.id).await.unwrap();
+    for _ in 0..50 {
+        sb.exec(echo_hi()).await.unwrap();
+    }
+    let mut samples = Vec::with_capacity(a.rounds);
+    for _ in 0..a.rounds {
+        let t = Instant::now();
+        let r = sb.exec(echo_hi()).await.unwrap();
+        samples.push(t.elapsed());
+        assert_eq!(&r.stdout[..], b"hi\n");
+    }
+    row("exec(\"echo hi\"), warm session, Rust API", samples, "");
+
+    // 2. Baseline: the seed's script on a warm bash (on the host, no sandbox).
+    let dir = tempfile::tempdir().unwrap();
+    let base = baseline(a.rounds.min(500), dir.path());
+    row(
+        "baseline: FIFO + labelers script, warm bash",
+        base,
+        "host bash, exit file polled every 50 µs",
+    );
+
+    // 3. Many sessions at once.
+    let mut ids = Vec::new();
+    for i in 0..a.sessions {
+        let id = format!("s{i}");
+        sb.create_session(SessionOptions {
+            id: Some(id.clone()),
+            ..SessionOptions::default()
+        })
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for id in ids {
+        let sb = sb.clone();
+        let n = a.commands;
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(n);
+            let mut errors = 0;
+            for _ in 0..n {
+                let mut req = echo_hi();
+                req.session = Some(id.clone());
+                let t = Instant::now();
+                match sb.exec(req).await {
+                    Ok(r) if &r.stdout[..] == b"hi\n" => lat.push(t.elapsed()),
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (lat, e) = t.await.unwrap();
+        all.extend(lat);
+        errors += e;
+    }
+    let wall = start.elapsed();
+    let total = a.sessions * a.commands;
+    row(
+        &format!(
+            "{} sessions × {} commands, concurrent",
+            a.sessions, a.commands
+        ),
+        all,
+        &format!(
+            "{:.0} commands/s, {errors} errors, wall {:.2} s",
+            total as f64 / wall.as_secs_f64(),
+            wall.as_secs_f64()
+        ),
+    );
+    rt.delete_sandbox(&info.id).await.unwrap();
+
+    // 4. Create → first exec result.
+    let mut samples = Vec::new();
+    for _ in 0..a.creates {
+        let t = Instant::now();
+        let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
+        let sb = rt.sandbox(&info.id).await.unwrap();
+        let r = sb.exec(echo_hi()).await.unwrap();
+        samples.push(t.elapsed());
+        assert_eq!(&r.stdout[..], b"hi\n");
+        rt.delete_sandbox(&info.id).await.unwrap();
+    }
+    row(
+        "create sandbox → first exec result",
+        samples,
+        "default policy, no workdir",
+    );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!();
+    println!("load average after: {}", load.trim());
+}

@@ -1,0 +1,392 @@
+//! File operations inside the sandbox, resolved so that nothing leaves it: the path is
+//! normalised lexically (a `..` above the start is refused), then opened with `openat2`:
+//! relative paths `RESOLVE_BENEATH` the working directory (a symlink pointing out of it is
+//! refused), absolute paths `RESOLVE_IN_ROOT` of the sandbox's root (absolute symlinks
+//! stay inside). Magic links (`/proc/*/fd`, `/proc/*/root`) are never followed. The agent
+//! runs behind the sandbox's Landlock rules, so writes to read-only places fail as they
+//! would for any process in it. Errors are `errno`s; `EXDEV` means "outside".
+
+use rustix::fs::{
+    fstat, mkdirat, openat2, readlinkat, renameat_with, statat, unlinkat, AtFlags, Dir, FileType,
+    Mode, OFlags, RenameFlags, ResolveFlags, Stat,
+};
+use rustix::io::Errno;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::proto::EntryStat;
+
+/// The two starting points of resolution.
+pub(super) struct Roots {
+    root: OwnedFd,
+    work: OwnedFd,
+    work_path: String,
+}
+
+/// A resolved path: where to start, how, and the components below it.
+struct Target<'a> {
+    base: BorrowedFd<'a>,
+    flags: ResolveFlags,
+    comps: Vec<String>,
+    display: String,
+}
+
+impl Roots {
+    pub fn open() -> Result<Roots, Errno> {
+        let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let work_path = std::env::current_dir()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "/".to_owned());
+        Ok(Roots {
+            root: rustix::fs::open("/", dir, Mode::empty())?,
+            work: rustix::fs::open(".", dir, Mode::empty())?,
+            work_path,
+        })
+    }
+
+    pub fn work_path(&self) -> &str {
+        &self.work_path
+    }
+
+    fn target(&self, path: &str) -> Result<Target<'_>, Errno> {
+        if path.is_empty() || path.contains('\0') {
+            return Err(Errno::INVAL);
+        }
+        let absolute = path.starts_with('/');
+        let mut comps: Vec<String> = Vec::new();
+        for c in path.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => {
+                    if comps.pop().is_none() {
+                        return Err(Errno::XDEV);
+                    }
+                }
+                c => comps.push(c.to_owned()),
+            }
+        }
+        let magic = ResolveFlags::NO_MAGICLINKS;
+        let (base, flags, prefix) = if absolute {
+            (self.root.as_fd(), ResolveFlags::IN_ROOT | magic, "")
+        } else {
+            (
+                self.work.as_fd(),
+                ResolveFlags::BENEATH | magic,
+                self.work_path.trim_end_matches('/'),
+            )
+        };
+        let display = format!("{prefix}/{}", comps.join("/"));
+        Ok(Target {
+            base,
+            flags,
+            comps,
+            display,
+        })
+    }
+}
+
+impl Target<'_> {
+    fn open(&self, comps: &[String], oflags: OFlags) -> Result<OwnedFd, Errno> {
+        let rel = if comps.is_empty() {
+            ".".to_owned()
+        } else {
+            comps.join("/")
+        };
+        // openat2 refuses O_PATH with flags other than O_DIRECTORY/O_NOFOLLOW/O_CLOEXEC.
+        let extra = if oflags.contains(OFlags::PATH) {
+            OFlags::CLOEXEC
+        } else {
+            OFlags::CLOEXEC | OFlags::NOCTTY
+        };
+        openat2(
+            self.base,
+            rel.as_str(),
+            oflags | extra,
+            Mode::empty(),
+            self.flags,
+        )
+    }
+
+    /// The parent directory (`O_PATH`) and the last name. The root itself has no name.
+    fn parent(&self, create: bool) -> Result<(OwnedFd, &str), Errno> {
+        let (name, dirs) = self.comps.split_last().ok_or(Errno::INVAL)?;
+        let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+        if !create {
+            return Ok((self.open(dirs, dir_flags)?, name));
+        }
+        for i in 0..dirs.len() {
+            match self.open(&dirs[..=i], dir_flags) {
+                Ok(_) => {}
+                Err(Errno::NOENT) => {
+                    let parent = self.open(&dirs[..i], dir_flags)?;
+                    match mkdirat(&parent, dirs[i].as_str(), Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((self.open(dirs, dir_flags)?, name))
+    }
+}
+
+/// Opens a regular file for reading: (file, size).
+pub(super) fn open_read(roots: &Roots, path: &str) -> Result<(OwnedFd, u64), Errno> {
+    let t = roots.target(path)?;
+    let fd = t.open(&t.comps, OFlags::RDONLY | OFlags::NONBLOCK)?;
+    let st = fstat(&fd)?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => Ok((fd, st.st_size as u64)),
+        FileType::Directory => Err(Errno::ISDIR),
+        _ => Err(Errno::INVAL),
+    }
+}
+
+/// A write in progress: the temporary file's directory and names.
+pub(super) struct PendingWrite {
+    dir: OwnedFd,
+    tmp: String,
+    name: String,
+    display: String,
+}
+
+/// Creates the temporary file of an atomic write.
+pub(super) fn write_begin(
+    roots: &Roots,
+    path: &str,
+    mode: u32,
+    create_parents: bool,
+    token: u64,
+) -> Result<(OwnedFd, PendingWrite), Errno> {
+    let t = roots.target(path)?;
+    let (dir, name) = t.parent(create_parents)?;
+    if let Ok(st) = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            return Err(Errno::ISDIR);
+        }
+    }
+    let tmp = format!(".{name}.lockbox-{token}.tmp");
+    // An O_PATH descriptor cannot be a base for creating files: reopen the directory.
+    let dir = rustix::fs::openat(
+        &dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let file = rustix::fs::openat(
+        &dir,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::from_raw_mode(mode & 0o7777),
+    )?;
+    // The umask narrowed the mode; set exactly what was asked.
+    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o7777))?;
+    let pending = PendingWrite {
+        dir,
+        tmp,
+        name: name.to_owned(),
+        display: t.display.clone(),
+    };
+    Ok((file, pending))
+}
+
+/// Renames the temporary file into place, or removes it.
+pub(super) fn write_end(w: PendingWrite, commit: bool) -> Result<Option<EntryStat>, Errno> {
+    if !commit {
+        unlinkat(&w.dir, w.tmp.as_str(), AtFlags::empty())?;
+        return Ok(None);
+    }
+    if let Err(e) = renameat_with(
+        &w.dir,
+        w.tmp.as_str(),
+        &w.dir,
+        w.name.as_str(),
+        RenameFlags::empty(),
+    ) {
+        let _ = unlinkat(&w.dir, w.tmp.as_str(), AtFlags::empty());
+        return Err(e);
+    }
+    let st = statat(&w.dir, w.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(Some(entry(&w.dir, &w.name, w.display, &st)))
+}
+
+/// Stats a path without following a final symlink.
+pub(super) fn stat(roots: &Roots, path: &str) -> Result<EntryStat, Errno> {
+    let t = roots.target(path)?;
+    if t.comps.is_empty() {
+        let fd = t.open(&[], OFlags::PATH | OFlags::DIRECTORY)?;
+        let st = fstat(&fd)?;
+        return Ok(entry(&fd, "", t.display.clone(), &st));
+    }
+    let (dir, name) = t.parent(false)?;
+    let st = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(entry(&dir, name, t.display.clone(), &st))
+}
+
+/// Creates a directory.
+pub(super) fn mkdir(roots: &Roots, path: &str, parents: bool) -> Result<EntryStat, Errno> {
+    let t = roots.target(path)?;
+    let (dir, name) = t.parent(parents)?;
+    match mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) => {}
+        Err(Errno::EXIST) if parents => {
+            let st = statat(&dir, name, AtFlags::empty())?;
+            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                return Err(Errno::EXIST);
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let st = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(entry(&dir, name, t.display.clone(), &st))
+}
+
+/// Removes an entry (a directory only if empty or `recursive`).
+pub(super) fn remove(roots: &Roots, path: &str, recursive: bool) -> Result<(), Errno> {
+    let t = roots.target(path)?;
+    let (dir, name) = t.parent(false)?;
+    let dir = rustix::fs::openat(
+        &dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return unlinkat(&dir, name, AtFlags::empty());
+    }
+    if recursive {
+        remove_contents(&dir, name)?;
+    }
+    unlinkat(&dir, name, AtFlags::REMOVEDIR)
+}
+
+fn remove_contents(parent: &OwnedFd, name: &str) -> Result<(), Errno> {
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let names = dir_names(&fd)?;
+    for n in names {
+        let st = statat(&fd, n.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            remove_contents(&fd, &n)?;
+            unlinkat(&fd, n.as_str(), AtFlags::REMOVEDIR)?;
+        } else {
+            unlinkat(&fd, n.as_str(), AtFlags::empty())?;
+        }
+    }
+    Ok(())
+}
+
+/// Renames `from` to `to`.
+pub(super) fn rename(
+    roots: &Roots,
+    from: &str,
+    to: &str,
+    overwrite: bool,
+) -> Result<EntryStat, Errno> {
+    let f = roots.target(from)?;
+    let t = roots.target(to)?;
+    let (fdir, fname) = f.parent(false)?;
+    let (tdir, tname) = t.parent(false)?;
+    let flags = if overwrite {
+        RenameFlags::empty()
+    } else {
+        RenameFlags::NOREPLACE
+    };
+    renameat_with(&fdir, fname, &tdir, tname, flags)?;
+    let st = statat(&tdir, tname, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(entry(&tdir, tname, t.display.clone(), &st))
+}
+
+/// Lists a directory into `out` as JSON lines; returns the count.
+pub(super) fn list(
+    roots: &Roots,
+    path: &str,
+    recursive: bool,
+    hidden: bool,
+    out: &mut impl Write,
+) -> Result<u64, Errno> {
+    let t = roots.target(path)?;
+    let fd = t.open(&t.comps, OFlags::RDONLY | OFlags::DIRECTORY)?;
+    let mut count = 0;
+    list_dir(&fd, &t.display, recursive, hidden, out, &mut count)?;
+    Ok(count)
+}
+
+fn list_dir(
+    fd: &OwnedFd,
+    display: &str,
+    recursive: bool,
+    hidden: bool,
+    out: &mut impl Write,
+    count: &mut u64,
+) -> Result<(), Errno> {
+    let mut names = dir_names(fd)?;
+    names.sort();
+    for name in names {
+        if !hidden && name.starts_with('.') {
+            continue;
+        }
+        let Ok(st) = statat(fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+            continue; // removed meanwhile
+        };
+        let path = format!("{}/{name}", display.trim_end_matches('/'));
+        let e = entry(fd, &name, path.clone(), &st);
+        let line = serde_json::to_vec(&e).map_err(|_| Errno::INVAL)?;
+        out.write_all(&line)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        *count += 1;
+        if recursive && e.kind == "dir" {
+            if let Ok(sub) = rustix::fs::openat(
+                fd,
+                name.as_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                list_dir(&sub, &path, recursive, hidden, out, count)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn dir_names(fd: &OwnedFd) -> Result<Vec<String>, Errno> {
+    let mut names = Vec::new();
+    for e in Dir::read_from(fd)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name != "." && name != ".." {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+fn entry(dir: &impl AsFd, name: &str, path: String, st: &Stat) -> EntryStat {
+    let ft = FileType::from_raw_mode(st.st_mode);
+    let kind = match ft {
+        FileType::RegularFile => "file",
+        FileType::Directory => "dir",
+        FileType::Symlink => "symlink",
+        _ => "other",
+    };
+    let target = (ft == FileType::Symlink)
+        .then(|| readlinkat(dir, name, Vec::new()).ok())
+        .flatten()
+        .map(|t| t.to_string_lossy().into_owned());
+    EntryStat {
+        path,
+        kind: kind.to_owned(),
+        size: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        mtime: st.st_mtime,
+        mtime_nsec: st.st_mtime_nsec as u32,
+        target,
+    }
+}

@@ -1,0 +1,232 @@
+//! The messages between the runtime and the agent: one JSON document per `SOCK_SEQPACKET`
+//! record, descriptors attached with `SCM_RIGHTS`.
+
+use serde::{Deserialize, Serialize};
+
+/// A request to the agent. Replies carry the same `id`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the caller; echoed in the [`Reply`].
+    pub id: u64,
+    /// What to do.
+    pub op: Op,
+}
+
+/// The operations of the agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Replies [`Body::Hello`]: the agent's pid and working directory.
+    Hello,
+    /// Starts a command under a subreaper shim; replies [`Body::Spawned`] with descriptors
+    /// (see [`Io`]).
+    Spawn(SpawnSpec),
+    /// Sends `signal` to every live process of the tree of `pid` (a pid from
+    /// [`Body::Spawned`]): the command and everything it started, however detached.
+    Signal {
+        /// The command's pid.
+        pid: i32,
+        /// The signal number.
+        signal: i32,
+        /// Leave the command itself alone (a session's shell).
+        spare_main: bool,
+    },
+    /// SIGKILLs the tree of `pid` until nothing of it is left alive; replies when done.
+    KillTree {
+        /// The command's pid.
+        pid: i32,
+        /// Leave the command itself alone (a session's shell).
+        spare_main: bool,
+    },
+    /// Opens a regular file for reading; replies [`Body::Opened`] with the descriptor.
+    Open {
+        /// Path inside the sandbox (absolute, or relative to the working directory).
+        path: String,
+    },
+    /// Creates a temporary file beside `path` for an atomic write; replies
+    /// [`Body::WriteStarted`] with its descriptor. Finish with [`Op::WriteEnd`].
+    WriteBegin {
+        /// The final path.
+        path: String,
+        /// Permission bits.
+        mode: u32,
+        /// Create missing parent directories.
+        create_parents: bool,
+    },
+    /// Renames the temporary file over its path (`commit`) or removes it; replies
+    /// [`Body::Stat`] (or [`Body::Done`]).
+    WriteEnd {
+        /// From [`Body::WriteStarted`].
+        token: u64,
+        /// Rename into place (true) or discard.
+        commit: bool,
+    },
+    /// Replies [`Body::Stat`] (symlinks not followed).
+    Stat {
+        /// The path.
+        path: String,
+    },
+    /// Lists a directory into a memfd of JSON lines ([`EntryStat`]); replies
+    /// [`Body::Listed`] with the memfd.
+    List {
+        /// The directory.
+        path: String,
+        /// Descend into subdirectories (never through symlinks).
+        recursive: bool,
+        /// Include names starting with `.`.
+        hidden: bool,
+    },
+    /// Creates a directory; replies [`Body::Stat`].
+    Mkdir {
+        /// The path.
+        path: String,
+        /// Create missing parents; an existing directory is fine.
+        parents: bool,
+    },
+    /// Removes a file, symlink or (with `recursive`, or if empty) a directory.
+    Remove {
+        /// The path.
+        path: String,
+        /// Remove a directory's contents too.
+        recursive: bool,
+    },
+    /// Renames `from` to `to`; replies [`Body::Stat`] of `to`.
+    Rename {
+        /// Source.
+        from: String,
+        /// Destination.
+        to: String,
+        /// Replace an existing destination.
+        overwrite: bool,
+    },
+}
+
+/// How to start a command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnSpec {
+    /// The command (PATH searched).
+    pub argv: Vec<String>,
+    /// Working directory (default: the agent's).
+    pub cwd: Option<String>,
+    /// Start from an empty environment instead of the agent's.
+    pub env_clear: bool,
+    /// Variables to set.
+    pub env: Vec<(String, String)>,
+    /// Its standard descriptors.
+    pub io: Io,
+}
+
+/// The descriptors of a spawned command, and those sent back (in this order).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Io {
+    /// stdin from a pipe (`stdin: true`; its write end is sent first) or `/dev/null`;
+    /// stdout and stderr to pipes whose read ends are sent next.
+    Pipes {
+        /// Keep stdin as a pipe.
+        stdin: bool,
+    },
+    /// A new PTY of this size in the sandbox's devpts is the controlling terminal and
+    /// stdio; the master is sent.
+    Pty {
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+    /// A session shell: fd 0 `/dev/null`, 1 stdout, 2 stderr, 3 status (write), 4 stdin
+    /// data (read), 5 script (read). Sent: stdout, stderr and status read ends, then the
+    /// data and script write ends.
+    Session,
+}
+
+/// A reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reply {
+    /// The request's id.
+    pub id: u64,
+    /// What happened.
+    pub result: Result<Body, AgentError>,
+}
+
+/// A successful reply's content.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Body {
+    /// Nothing to say.
+    Done,
+    /// See [`Op::Hello`].
+    Hello {
+        /// The agent's pid in the sandbox.
+        pid: i32,
+        /// Its working directory (the sandbox's).
+        cwd: String,
+    },
+    /// The command runs with this pid.
+    Spawned {
+        /// The command's pid in the sandbox.
+        pid: i32,
+    },
+    /// A file opened for reading.
+    Opened {
+        /// Its size.
+        size: u64,
+    },
+    /// A temporary file for [`Op::WriteBegin`].
+    WriteStarted {
+        /// For [`Op::WriteEnd`].
+        token: u64,
+    },
+    /// An entry.
+    Stat(EntryStat),
+    /// The memfd holds this many JSON lines.
+    Listed {
+        /// Entries.
+        count: u64,
+    },
+}
+
+/// A failure, with the `errno` that explains it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentError {
+    /// The errno (`EXDEV` = the path would leave the sandbox's root or working tree).
+    pub errno: i32,
+    /// What failed.
+    pub message: String,
+}
+
+/// A filesystem entry as the agent sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryStat {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time: seconds since the epoch.
+    pub mtime: i64,
+    /// Nanoseconds of the modification time.
+    pub mtime_nsec: u32,
+    /// A symlink's target.
+    pub target: Option<String>,
+}
+
+/// What the agent sends: replies, and exits of spawned commands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Message {
+    /// A reply to a request.
+    Reply(Reply),
+    /// A spawned command ended (and its whole tree is gone).
+    Exit {
+        /// Its pid.
+        pid: i32,
+        /// Exit code, if it exited.
+        code: Option<i32>,
+        /// Signal, if one killed it.
+        signal: Option<i32>,
+    },
+}

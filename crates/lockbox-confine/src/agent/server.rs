@@ -1,0 +1,417 @@
+//! The agent's loop: one thread polling the control socket and the report pipes of the
+//! shims it started.
+
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::pipe::{pipe_with, PipeFlags};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use super::files::{self, PendingWrite, Roots};
+use super::proto::{AgentError, Body, Io, Message, Op, Reply, Request, SpawnSpec};
+use super::shim::{self, Shim};
+use super::{tree, wire};
+use crate::sys;
+
+/// A command the agent started.
+struct Child {
+    shim: i32,
+    main: i32,
+    report: OwnedFd,
+}
+
+struct Agent {
+    ctl: OwnedFd,
+    roots: Roots,
+    children: Vec<Child>,
+    writes: HashMap<u64, PendingWrite>,
+    next_token: u64,
+}
+
+/// Serves the runtime on `ctl` until it hangs up; then kills everything it started.
+pub(super) fn run(ctl: OwnedFd) -> i32 {
+    let roots = match Roots::open() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lockbox agent: opening the sandbox root: {e}");
+            return 1;
+        }
+    };
+    let mut agent = Agent {
+        ctl,
+        roots,
+        children: Vec::new(),
+        writes: HashMap::new(),
+        next_token: 1,
+    };
+    let code = agent.serve();
+    for c in &agent.children {
+        tree::kill_tree(c.shim, c.main, false, Duration::from_secs(5));
+    }
+    code
+}
+
+impl Agent {
+    fn serve(&mut self) -> i32 {
+        let mut buf = vec![0u8; wire::MAX_RECORD];
+        loop {
+            let ready = match self.wait_ready() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("lockbox agent: poll: {e}");
+                    return 1;
+                }
+            };
+            for i in ready.exited {
+                self.finish_child(i);
+            }
+            if !ready.ctl {
+                continue;
+            }
+            match wire::recv(self.ctl.as_fd(), &mut buf) {
+                Ok(None) => return 0,
+                Ok(Some((n, _fds))) => {
+                    let reply = match serde_json::from_slice::<Request>(&buf[..n]) {
+                        Ok(req) => {
+                            let (result, fds) = self.handle(req.op);
+                            (Reply { id: req.id, result }, fds)
+                        }
+                        Err(e) => (
+                            Reply {
+                                id: 0,
+                                result: Err(AgentError {
+                                    errno: libc::EINVAL,
+                                    message: format!("bad request: {e}"),
+                                }),
+                            },
+                            Vec::new(),
+                        ),
+                    };
+                    if self.send(&Message::Reply(reply.0), &reply.1).is_err() {
+                        return 0;
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    eprintln!("lockbox agent: reading the control socket: {e}");
+                    return 1;
+                }
+            }
+        }
+    }
+
+    fn send(&self, msg: &Message, fds: &[OwnedFd]) -> std::io::Result<()> {
+        let data = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        wire::send(self.ctl.as_fd(), &data, &borrowed)
+    }
+
+    fn wait_ready(&self) -> rustix::io::Result<Ready> {
+        let mut fds = Vec::with_capacity(1 + self.children.len());
+        fds.push(PollFd::new(&self.ctl, PollFlags::IN));
+        for c in &self.children {
+            fds.push(PollFd::new(&c.report, PollFlags::IN));
+        }
+        loop {
+            match poll(&mut fds, None) {
+                Ok(_) => break,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let ctl = !fds[0].revents().is_empty();
+        let mut exited: Vec<usize> = fds[1..]
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !f.revents().is_empty())
+            .map(|(i, _)| i)
+            .collect();
+        exited.reverse(); // removed by index, highest first
+        Ok(Ready { ctl, exited })
+    }
+
+    /// A shim reported (or died): reap it and tell the runtime.
+    fn finish_child(&mut self, index: usize) {
+        let child = self.children.swap_remove(index);
+        let mut record = [0u8; 8];
+        let got = read_full(child.report.as_raw_fd(), &mut record);
+        let status = rustix::process::waitpid(
+            rustix::process::Pid::from_raw(child.shim),
+            rustix::process::WaitOptions::empty(),
+        );
+        let (code, signal) = if got {
+            let code = i32::from_le_bytes([record[0], record[1], record[2], record[3]]);
+            let signal = i32::from_le_bytes([record[4], record[5], record[6], record[7]]);
+            (
+                (signal == 0 && code >= 0).then_some(code),
+                (signal != 0).then_some(signal),
+            )
+        } else {
+            // The shim itself was killed: its command's tree may be alive; end it.
+            tree::kill_tree(child.shim, child.main, false, Duration::from_secs(5));
+            let sig = status
+                .ok()
+                .flatten()
+                .and_then(|(_, s)| s.terminating_signal())
+                .unwrap_or(libc::SIGKILL);
+            (None, Some(sig))
+        };
+        let _ = self.send(
+            &Message::Exit {
+                pid: child.main,
+                code,
+                signal,
+            },
+            &[],
+        );
+    }
+
+    fn handle(&mut self, op: Op) -> (Result<Body, AgentError>, Vec<OwnedFd>) {
+        let fail = |errno: Errno, what: &str| AgentError {
+            errno: errno.raw_os_error(),
+            message: format!("{what}: {errno}"),
+        };
+        match op {
+            Op::Hello => (
+                Ok(Body::Hello {
+                    pid: rustix::process::getpid().as_raw_nonzero().get(),
+                    cwd: self.roots.work_path().to_owned(),
+                }),
+                Vec::new(),
+            ),
+            Op::Spawn(spec) => match self.spawn(&spec) {
+                Ok((pid, fds)) => (Ok(Body::Spawned { pid }), fds),
+                Err(e) => (Err(e), Vec::new()),
+            },
+            Op::Signal {
+                pid,
+                signal,
+                spare_main,
+            } => match self.children.iter().find(|c| c.main == pid) {
+                Some(c) => {
+                    tree::signal_tree(c.shim, c.main, signal, spare_main);
+                    (Ok(Body::Done), Vec::new())
+                }
+                None => (Err(fail(Errno::SRCH, "signal")), Vec::new()),
+            },
+            Op::KillTree { pid, spare_main } => {
+                match self.children.iter().find(|c| c.main == pid) {
+                    Some(c) => {
+                        tree::kill_tree(c.shim, c.main, spare_main, Duration::from_secs(10));
+                        (Ok(Body::Done), Vec::new())
+                    }
+                    None => (Ok(Body::Done), Vec::new()),
+                }
+            }
+            Op::Open { path } => match files::open_read(&self.roots, &path) {
+                Ok((fd, size)) => (Ok(Body::Opened { size }), vec![fd]),
+                Err(e) => (Err(fail(e, &path)), Vec::new()),
+            },
+            Op::WriteBegin {
+                path,
+                mode,
+                create_parents,
+            } => {
+                let token = self.next_token;
+                self.next_token += 1;
+                match files::write_begin(&self.roots, &path, mode, create_parents, token) {
+                    Ok((fd, pending)) => {
+                        self.writes.insert(token, pending);
+                        (Ok(Body::WriteStarted { token }), vec![fd])
+                    }
+                    Err(e) => (Err(fail(e, &path)), Vec::new()),
+                }
+            }
+            Op::WriteEnd { token, commit } => match self.writes.remove(&token) {
+                Some(w) => match files::write_end(w, commit) {
+                    Ok(Some(st)) => (Ok(Body::Stat(st)), Vec::new()),
+                    Ok(None) => (Ok(Body::Done), Vec::new()),
+                    Err(e) => (Err(fail(e, "rename into place")), Vec::new()),
+                },
+                None => (Err(fail(Errno::INVAL, "unknown write")), Vec::new()),
+            },
+            Op::Stat { path } => one(files::stat(&self.roots, &path).map(Body::Stat), &path),
+            Op::Mkdir { path, parents } => one(
+                files::mkdir(&self.roots, &path, parents).map(Body::Stat),
+                &path,
+            ),
+            Op::Remove { path, recursive } => one(
+                files::remove(&self.roots, &path, recursive).map(|()| Body::Done),
+                &path,
+            ),
+            Op::Rename {
+                from,
+                to,
+                overwrite,
+            } => one(
+                files::rename(&self.roots, &from, &to, overwrite).map(Body::Stat),
+                &from,
+            ),
+            Op::List {
+                path,
+                recursive,
+                hidden,
+            } => {
+                let memfd =
+                    match rustix::fs::memfd_create("lockbox-list", rustix::fs::MemfdFlags::CLOEXEC)
+                    {
+                        Ok(fd) => fd,
+                        Err(e) => return (Err(fail(e, "memfd")), Vec::new()),
+                    };
+                let file = std::fs::File::from(memfd);
+                let mut out = std::io::BufWriter::new(&file);
+                let result = files::list(&self.roots, &path, recursive, hidden, &mut out);
+                drop(out);
+                match result {
+                    Ok(count) => (Ok(Body::Listed { count }), vec![OwnedFd::from(file)]),
+                    Err(e) => (Err(fail(e, &path)), Vec::new()),
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self, spec: &SpawnSpec) -> Result<(i32, Vec<OwnedFd>), AgentError> {
+        let err = |errno: Errno, what: &str| AgentError {
+            errno: errno.raw_os_error(),
+            message: format!("{what}: {errno}"),
+        };
+        if spec.argv.is_empty() {
+            return Err(err(Errno::INVAL, "empty command"));
+        }
+        let null = rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| err(e, "/dev/null"))?;
+        let pipe = || pipe_with(PipeFlags::CLOEXEC).map_err(|e| err(e, "pipe"));
+        // `slots` stay with the child; `back` goes to the runtime.
+        let mut slots: Vec<OwnedFd> = Vec::new();
+        let mut back: Vec<OwnedFd> = Vec::new();
+        let mut tty = false;
+        match spec.io {
+            Io::Pipes { stdin } => {
+                if stdin {
+                    let (r, w) = pipe()?;
+                    slots.push(r);
+                    back.push(w);
+                } else {
+                    slots.push(null.try_clone().map_err(|_| err(Errno::MFILE, "dup"))?);
+                }
+                for _ in 0..2 {
+                    let (r, w) = pipe()?;
+                    slots.push(w);
+                    back.push(r);
+                }
+            }
+            Io::Pty { cols, rows } => {
+                use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+                let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
+                    .map_err(|e| err(e, "opening /dev/ptmx"))?;
+                grantpt(&master).map_err(|e| err(e, "grantpt"))?;
+                unlockpt(&master).map_err(|e| err(e, "unlockpt"))?;
+                let name = ptsname(&master, Vec::new()).map_err(|e| err(e, "ptsname"))?;
+                let size = rustix::termios::Winsize {
+                    ws_row: rows,
+                    ws_col: cols,
+                    ws_xpixel: 0,
+                    ws_ypixel: 0,
+                };
+                let _ = rustix::termios::tcsetwinsize(&master, size);
+                let slave = rustix::fs::open(
+                    name.as_c_str(),
+                    OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| err(e, "opening the pty"))?;
+                for _ in 0..3 {
+                    slots.push(slave.try_clone().map_err(|_| err(Errno::MFILE, "dup"))?);
+                }
+                back.push(master);
+                tty = true;
+            }
+            Io::Session => {
+                slots.push(null.try_clone().map_err(|_| err(Errno::MFILE, "dup"))?);
+                for _ in 0..3 {
+                    let (r, w) = pipe()?;
+                    slots.push(w);
+                    back.push(r);
+                }
+                for _ in 0..2 {
+                    let (r, w) = pipe()?;
+                    slots.push(r);
+                    back.push(w);
+                }
+            }
+        }
+        let (report_r, report_w) = pipe()?;
+        let raw_slots: Vec<RawFd> = slots.iter().map(|f| f.as_raw_fd()).collect();
+        match sys::fork() {
+            Err(e) => Err(err(Errno::from_raw_os_error(e.0), "fork")),
+            Ok(sys::Fork::Child) => shim::run(Shim {
+                slots: raw_slots,
+                report: report_w.as_raw_fd(),
+                argv: &spec.argv,
+                cwd: spec.cwd.as_deref(),
+                env_clear: spec.env_clear,
+                env: &spec.env,
+                controlling_tty: tty,
+            }),
+            Ok(sys::Fork::Parent(shim)) => {
+                drop((slots, report_w));
+                let mut first = [0u8; 4];
+                let main = if read_full(report_r.as_raw_fd(), &mut first) {
+                    i32::from_le_bytes(first)
+                } else {
+                    -libc::EIO
+                };
+                if main <= 0 {
+                    let _ = rustix::process::waitpid(
+                        rustix::process::Pid::from_raw(shim),
+                        rustix::process::WaitOptions::empty(),
+                    );
+                    let errno = Errno::from_raw_os_error(-main);
+                    return Err(err(errno, &format!("starting {:?}", spec.argv[0])));
+                }
+                self.children.push(Child {
+                    shim,
+                    main,
+                    report: report_r,
+                });
+                Ok((main, back))
+            }
+        }
+    }
+}
+
+struct Ready {
+    ctl: bool,
+    exited: Vec<usize>,
+}
+
+fn one(result: Result<Body, Errno>, path: &str) -> (Result<Body, AgentError>, Vec<OwnedFd>) {
+    (
+        result.map_err(|e| AgentError {
+            errno: e.raw_os_error(),
+            message: format!("{path}: {e}"),
+        }),
+        Vec::new(),
+    )
+}
+
+/// Reads exactly `buf.len()` bytes (blocking); false at EOF or error.
+fn read_full(fd: RawFd, buf: &mut [u8]) -> bool {
+    let mut got = 0;
+    while got < buf.len() {
+        match sys::read(fd, &mut buf[got..]) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got += n,
+        }
+    }
+    true
+}

@@ -1,0 +1,85 @@
+//! Process trees from `/proc`: every live descendant of a pid, found by parent links. A
+//! subreaper root keeps orphans (double forks, `setsid` daemons) among its descendants.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::sys;
+
+/// Live (non-zombie) descendants of `root`, parents before children.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Some((ppid, zombie)) = parent_of(pid) {
+            if !zombie {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = vec![root];
+    while let Some(p) = queue.pop() {
+        if let Some(kids) = children.get(&p) {
+            for &k in kids {
+                out.push(k);
+                queue.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// (parent pid, is a zombie) from `/proc/PID/stat`.
+fn parent_of(pid: i32) -> Option<(i32, bool)> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain anything, including ')': fields follow the last one.
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    let mut fields = rest.split(' ');
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((ppid, state == "Z" || state == "X"))
+}
+
+/// Sends `signal` to `main` (unless `spare_main`) and every live descendant of `shim`
+/// except `main`... i.e. to the whole tree below the shim.
+pub fn signal_tree(shim: i32, main: i32, signal: i32, spare_main: bool) {
+    for pid in descendants(shim) {
+        if spare_main && pid == main {
+            continue;
+        }
+        let _ = sys::kill(pid, signal);
+    }
+}
+
+/// SIGKILLs the tree below `shim` (sparing `main` if asked) until none of it is alive, or
+/// `limit` passes (a process stuck in the kernel). Returns whether the tree is gone.
+pub fn kill_tree(shim: i32, main: i32, spare_main: bool, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        let alive: Vec<i32> = descendants(shim)
+            .into_iter()
+            .filter(|&p| !(spare_main && p == main))
+            .collect();
+        if alive.is_empty() {
+            return true;
+        }
+        for &pid in &alive {
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

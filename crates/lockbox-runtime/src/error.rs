@@ -1,0 +1,212 @@
+//! The runtime's errors, each with a stable machine code (`code()`) and structured
+//! `details()` that the HTTP layer turns into `{code, message, details}`.
+
+use serde_json::{json, Value};
+
+/// Everything the runtime can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// No sandbox with this id (running or recorded).
+    #[error("no sandbox with id {id:?}")]
+    SandboxNotFound {
+        /// The id asked for.
+        id: String,
+    },
+    /// The sandbox is recorded but not running (stopped, or lost with a previous server).
+    #[error("sandbox {id} is {state}, not running")]
+    SandboxNotRunning {
+        /// The sandbox.
+        id: String,
+        /// Its state (`stopped` or `lost`).
+        state: String,
+    },
+    /// No session with this id in the sandbox.
+    #[error("no session {id:?} in this sandbox")]
+    SessionNotFound {
+        /// The session id asked for.
+        id: String,
+    },
+    /// A session with this id exists already.
+    #[error("session {id:?} exists already")]
+    SessionExists {
+        /// The session id.
+        id: String,
+    },
+    /// The session's shell ended (`exit` in a command, killed, or it stopped answering);
+    /// the session is gone and the next call may create a fresh one under the same id.
+    #[error("session {id:?} terminated: {reason}")]
+    SessionTerminated {
+        /// The session id.
+        id: String,
+        /// What happened.
+        reason: String,
+    },
+    /// No process with this id in the sandbox.
+    #[error("no process {id:?} in this sandbox")]
+    ProcessNotFound {
+        /// The process id asked for.
+        id: String,
+    },
+    /// The process has exited (stdin writes, PTY resize, ...).
+    #[error("process {id} is not running")]
+    ProcessNotRunning {
+        /// The process id.
+        id: String,
+    },
+    /// The process has no PTY (attach, resize) or no open stdin (write).
+    #[error("process {id}: {what}")]
+    NotSupported {
+        /// The process id.
+        id: String,
+        /// What is not available.
+        what: String,
+    },
+    /// The path does not exist inside the sandbox.
+    #[error("{path}: no such file or directory")]
+    FileNotFound {
+        /// The path as given.
+        path: String,
+    },
+    /// The path (after `..` and symlinks) would leave the sandbox's root.
+    #[error("{path}: resolves outside the sandbox")]
+    PathOutsideSandbox {
+        /// The path as given.
+        path: String,
+    },
+    /// A path component or the target is not a directory.
+    #[error("{path}: not a directory")]
+    NotADirectory {
+        /// The path as given.
+        path: String,
+    },
+    /// The target is a directory where a file was expected (or a non-empty directory
+    /// removed without `recursive`).
+    #[error("{path}: is a directory")]
+    IsADirectory {
+        /// The path as given.
+        path: String,
+    },
+    /// The target exists already.
+    #[error("{path}: already exists")]
+    AlreadyExists {
+        /// The path as given.
+        path: String,
+    },
+    /// The path is on a read-only part of the sandbox.
+    #[error("{path}: read-only in this sandbox")]
+    ReadOnly {
+        /// The path as given.
+        path: String,
+    },
+    /// Permission denied inside the sandbox.
+    #[error("{path}: permission denied")]
+    PermissionDenied {
+        /// The path as given.
+        path: String,
+    },
+    /// The sandbox was created without a workdir, so it has no branch.
+    #[error("sandbox {id} has no workdir (no copy-on-write branch)")]
+    NoWorkdir {
+        /// The sandbox.
+        id: String,
+    },
+    /// A request field is invalid.
+    #[error("invalid {field}: {message}")]
+    InvalidRequest {
+        /// The field (`command`, `session`, `range`, `policy.fs`...).
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// A configured limit (max sandboxes) is reached.
+    #[error("limit reached: {what} ({limit})")]
+    LimitReached {
+        /// Which limit.
+        what: String,
+        /// Its value.
+        limit: usize,
+    },
+    /// The sandbox could not be set up (kernel feature, policy, agent).
+    #[error("sandbox setup failed: {0}")]
+    SetupFailed(String),
+    /// Commit refused: the workdir changed under the branch (stale base).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// A bug or an unexpected OS error.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl RuntimeError {
+    /// The stable machine code, e.g. `SESSION_TERMINATED`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RuntimeError::SandboxNotFound { .. } => "SANDBOX_NOT_FOUND",
+            RuntimeError::SandboxNotRunning { .. } => "SANDBOX_NOT_RUNNING",
+            RuntimeError::SessionNotFound { .. } => "SESSION_NOT_FOUND",
+            RuntimeError::SessionExists { .. } => "ALREADY_EXISTS",
+            RuntimeError::SessionTerminated { .. } => "SESSION_TERMINATED",
+            RuntimeError::ProcessNotFound { .. } => "PROCESS_NOT_FOUND",
+            RuntimeError::ProcessNotRunning { .. } => "PROCESS_NOT_RUNNING",
+            RuntimeError::NotSupported { .. } => "NOT_SUPPORTED",
+            RuntimeError::FileNotFound { .. } => "FILE_NOT_FOUND",
+            RuntimeError::PathOutsideSandbox { .. } => "PATH_OUTSIDE_SANDBOX",
+            RuntimeError::NotADirectory { .. } => "NOT_A_DIRECTORY",
+            RuntimeError::IsADirectory { .. } => "IS_A_DIRECTORY",
+            RuntimeError::AlreadyExists { .. } => "ALREADY_EXISTS",
+            RuntimeError::ReadOnly { .. } => "READ_ONLY",
+            RuntimeError::PermissionDenied { .. } => "PERMISSION_DENIED",
+            RuntimeError::NoWorkdir { .. } => "NO_WORKDIR",
+            RuntimeError::InvalidRequest { .. } => "INVALID_REQUEST",
+            RuntimeError::LimitReached { .. } => "LIMIT_REACHED",
+            RuntimeError::SetupFailed(_) => "SETUP_FAILED",
+            RuntimeError::Conflict(_) => "CONFLICT",
+            RuntimeError::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// Structured details for machines (`{"id": ...}`, `{"path": ...}`, `{"field": ...}`).
+    pub fn details(&self) -> Value {
+        match self {
+            RuntimeError::SandboxNotFound { id }
+            | RuntimeError::SessionNotFound { id }
+            | RuntimeError::SessionExists { id }
+            | RuntimeError::ProcessNotFound { id }
+            | RuntimeError::ProcessNotRunning { id }
+            | RuntimeError::NoWorkdir { id } => json!({ "id": id }),
+            RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
+            RuntimeError::SessionTerminated { id, reason } => {
+                json!({ "id": id, "reason": reason })
+            }
+            RuntimeError::NotSupported { id, what } => json!({ "id": id, "what": what }),
+            RuntimeError::FileNotFound { path }
+            | RuntimeError::PathOutsideSandbox { path }
+            | RuntimeError::NotADirectory { path }
+            | RuntimeError::IsADirectory { path }
+            | RuntimeError::AlreadyExists { path }
+            | RuntimeError::ReadOnly { path }
+            | RuntimeError::PermissionDenied { path } => json!({ "path": path }),
+            RuntimeError::InvalidRequest { field, message } => {
+                json!({ "field": field, "message": message })
+            }
+            RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
+            RuntimeError::SetupFailed(_)
+            | RuntimeError::Conflict(_)
+            | RuntimeError::Internal(_) => {
+                json!({})
+            }
+        }
+    }
+
+    pub(crate) fn internal(what: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::Internal(what.to_string())
+    }
+
+    pub(crate) fn invalid(field: &str, message: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::InvalidRequest {
+            field: field.to_owned(),
+            message: message.to_string(),
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! File operations: the agent resolves and opens inside the sandbox (see
+//! `lockbox_confine::agent`), the runtime streams the bytes through the descriptors it
+//! sends back, so no host privilege touches a sandbox path and nothing is buffered whole.
+
+use lockbox_confine::agent::{AgentError, Body, EntryStat, Op};
+use std::io::SeekFrom;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::agent::AgentClient;
+use crate::streams::FileRead;
+use crate::types::{ByteRange, FileKind, FileStat, WriteOptions};
+use crate::RuntimeError;
+
+/// Maps an agent failure on `path` to the API's errors. `writing`: a refusal by Landlock
+/// or a read-only mount is `READ_ONLY`.
+fn map_error(e: AgentError, path: &str, writing: bool) -> RuntimeError {
+    let path = path.to_owned();
+    match e.errno {
+        libc::ENOENT => RuntimeError::FileNotFound { path },
+        libc::EXDEV => RuntimeError::PathOutsideSandbox { path },
+        libc::ENOTDIR => RuntimeError::NotADirectory { path },
+        libc::EISDIR => RuntimeError::IsADirectory { path },
+        libc::EEXIST => RuntimeError::AlreadyExists { path },
+        libc::ENOTEMPTY => RuntimeError::invalid(
+            "recursive",
+            format!("{path}: directory not empty (remove it with recursive)"),
+        ),
+        libc::EROFS => RuntimeError::ReadOnly { path },
+        libc::EACCES | libc::EPERM if writing => RuntimeError::ReadOnly { path },
+        libc::EACCES | libc::EPERM => RuntimeError::PermissionDenied { path },
+        libc::ELOOP => RuntimeError::invalid(
+            "path",
+            format!("{path}: too many symlinks, or a /proc magic link"),
+        ),
+        libc::EINVAL => RuntimeError::invalid("path", format!("{path}: {}", e.message)),
+        _ => RuntimeError::internal(e.message),
+    }
+}
+
+fn stat_of(e: EntryStat) -> FileStat {
+    FileStat {
+        path: e.path,
+        kind: match e.kind.as_str() {
+            "file" => FileKind::File,
+            "dir" => FileKind::Dir,
+            "symlink" => FileKind::Symlink,
+            _ => FileKind::Other,
+        },
+        size: e.size,
+        mode: e.mode,
+        modified: crate::util::rfc3339(e.mtime, e.mtime_nsec),
+        target: e.target,
+    }
+}
+
+async fn call(
+    agent: &AgentClient,
+    op: Op,
+    path: &str,
+    writing: bool,
+) -> Result<(Body, Vec<OwnedFd>), RuntimeError> {
+    let (result, fds) = agent.call(op).await?;
+    result
+        .map(|b| (b, fds))
+        .map_err(|e| map_error(e, path, writing))
+}
+
+fn unexpected(b: Body) -> RuntimeError {
+    RuntimeError::internal(format!("unexpected agent reply {b:?}"))
+}
+
+fn check_path(path: &str) -> Result<(), RuntimeError> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(RuntimeError::invalid(
+            "path",
+            "empty, or contains a NUL byte",
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) async fn read_file(
+    agent: &AgentClient,
+    path: &str,
+    range: Option<ByteRange>,
+) -> Result<FileRead, RuntimeError> {
+    check_path(path)?;
+    let (body, fds) = call(agent, Op::Open { path: path.into() }, path, false).await?;
+    let Body::Opened { size } = body else {
+        return Err(unexpected(body));
+    };
+    let fd = fds
+        .into_iter()
+        .next()
+        .ok_or_else(|| RuntimeError::internal("no descriptor"))?;
+    let (start, end) = match range {
+        None => (0, size),
+        Some(r) => {
+            let end = r.end.unwrap_or(size).min(size);
+            if r.start > end || (r.start >= size && size > 0) {
+                return Err(RuntimeError::invalid(
+                    "range",
+                    format!("{}-{:?} is outside the file's {size} bytes", r.start, r.end),
+                ));
+            }
+            (r.start, end)
+        }
+    };
+    let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
+    file.seek(SeekFrom::Start(start))
+        .await
+        .map_err(RuntimeError::internal)?;
+    Ok(FileRead {
+        size,
+        range: (start, end),
+        body: Box::pin(file.take(end - start)),
+    })
+}
+
+pub(crate) async fn write_file(
+    agent: &AgentClient,
+    path: &str,
+    mut body: Pin<Box<dyn AsyncRead + Send>>,
+    opts: WriteOptions,
+) -> Result<FileStat, RuntimeError> {
+    check_path(path)?;
+    if opts.mode > 0o7777 {
+        return Err(RuntimeError::invalid(
+            "mode",
+            "permission bits are at most 0o7777",
+        ));
+    }
+    let op = Op::WriteBegin {
+        path: path.into(),
+        mode: opts.mode,
+        create_parents: opts.create_parents,
+    };
+    let (b, fds) = call(agent, op, path, true).await?;
+    let Body::WriteStarted { token } = b else {
+        return Err(unexpected(b));
+    };
+    let fd = fds
+        .into_iter()
+        .next()
+        .ok_or_else(|| RuntimeError::internal("no descriptor"))?;
+    let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
+    let copied = async {
+        tokio::io::copy(&mut body, &mut file).await?;
+        file.flush().await?;
+        file.sync_data().await
+    }
+    .await;
+    drop(file);
+    if let Err(e) = copied {
+        let _ = agent
+            .call(Op::WriteEnd {
+                token,
+                commit: false,
+            })
+            .await;
+        return Err(if e.kind() == std::io::ErrorKind::StorageFull {
+            RuntimeError::invalid("body", format!("{path}: no space left in the sandbox"))
+        } else {
+            RuntimeError::internal(format!("writing {path}: {e}"))
+        });
+    }
+    match call(
+        agent,
+        Op::WriteEnd {
+            token,
+            commit: true,
+        },
+        path,
+        true,
+    )
+    .await?
+    {
+        (Body::Stat(st), _) => Ok(stat_of(st)),
+        (b, _) => Err(unexpected(b)),
+    }
+}
+
+pub(crate) async fn stat(agent: &AgentClient, path: &str) -> Result<FileStat, RuntimeError> {
+    check_path(path)?;
+    match call(agent, Op::Stat { path: path.into() }, path, false).await? {
+        (Body::Stat(st), _) => Ok(stat_of(st)),
+        (b, _) => Err(unexpected(b)),
+    }
+}
+
+pub(crate) async fn list(
+    agent: &AgentClient,
+    path: &str,
+    recursive: bool,
+    hidden: bool,
+) -> Result<Vec<FileStat>, RuntimeError> {
+    check_path(path)?;
+    let op = Op::List {
+        path: path.into(),
+        recursive,
+        hidden,
+    };
+    let (b, fds) = call(agent, op, path, false).await?;
+    let Body::Listed { .. } = b else {
+        return Err(unexpected(b));
+    };
+    let fd = fds
+        .into_iter()
+        .next()
+        .ok_or_else(|| RuntimeError::internal("no descriptor"))?;
+    let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
+    file.seek(SeekFrom::Start(0))
+        .await
+        .map_err(RuntimeError::internal)?;
+    let mut lines = tokio::io::BufReader::new(file).lines();
+    let mut out = Vec::new();
+    while let Some(line) = lines.next_line().await.map_err(RuntimeError::internal)? {
+        let e: EntryStat = serde_json::from_str(&line).map_err(RuntimeError::internal)?;
+        out.push(stat_of(e));
+    }
+    Ok(out)
+}
+
+pub(crate) async fn mkdir(
+    agent: &AgentClient,
+    path: &str,
+    parents: bool,
+) -> Result<FileStat, RuntimeError> {
+    check_path(path)?;
+    let op = Op::Mkdir {
+        path: path.into(),
+        parents,
+    };
+    match call(agent, op, path, true).await? {
+        (Body::Stat(st), _) => Ok(stat_of(st)),
+        (b, _) => Err(unexpected(b)),
+    }
+}
+
+pub(crate) async fn remove(
+    agent: &AgentClient,
+    path: &str,
+    recursive: bool,
+) -> Result<(), RuntimeError> {
+    check_path(path)?;
+    let op = Op::Remove {
+        path: path.into(),
+        recursive,
+    };
+    call(agent, op, path, true).await.map(drop)
+}
+
+pub(crate) async fn rename(
+    agent: &AgentClient,
+    from: &str,
+    to: &str,
+    overwrite: bool,
+) -> Result<FileStat, RuntimeError> {
+    check_path(from)?;
+    check_path(to)?;
+    let op = Op::Rename {
+        from: from.into(),
+        to: to.into(),
+        overwrite,
+    };
+    match call(agent, op, from, true).await {
+        Ok((Body::Stat(st), _)) => Ok(stat_of(st)),
+        Ok((b, _)) => Err(unexpected(b)),
+        // The destination is what exists.
+        Err(RuntimeError::AlreadyExists { .. }) => {
+            Err(RuntimeError::AlreadyExists { path: to.into() })
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,446 @@
+//! One sandbox: its confine spawn (init + agent), its branch, sessions and processes.
+//!
+//! State lives in an [`Instance`] behind an `Arc` that operations clone: a workspace
+//! `abort` replaces the instance (a fresh branch needs a fresh overlay mount), everything
+//! else works on the instance it started with.
+
+use lockbox_confine::agent::{Body, Io, Op, SpawnSpec, AGENT_ARG};
+use lockbox_cow::{Branch, Timestamp};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::agent::AgentClient;
+use crate::process::Process;
+use crate::session::Session;
+use crate::types::*;
+use crate::RuntimeError;
+
+/// The default session's id.
+pub(crate) const DEFAULT_SESSION: &str = "default";
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running confine spawn and what lives in it.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    pub agent: AgentClient,
+    running: Mutex<Option<lockbox_confine::Running>>,
+    pub branch: Mutex<Option<Branch>>,
+    /// The stale-base reference of the next commit (moves after each commit).
+    pub base: Mutex<Option<Timestamp>>,
+    pub sessions: tokio::sync::Mutex<HashMap<String, (Arc<Session>, SessionOptions)>>,
+    pub processes: Mutex<BTreeMap<String, Arc<Process>>>,
+}
+
+/// Everything about a sandbox; shared by its handles.
+#[derive(Debug)]
+pub(crate) struct SandboxInner {
+    pub id: String,
+    pub created_at: String,
+    pub spec: SandboxSpec,
+    pub state_dir: PathBuf,
+    pub agent_exe: PathBuf,
+    pub default_log_bytes: usize,
+    pub instance: Mutex<Arc<Instance>>,
+    pub next_process: AtomicU64,
+    pub last_used: Mutex<Instant>,
+    pub stopped: AtomicBool,
+    /// Serialises workspace operations (commit, abort) and deletion.
+    pub lifecycle: tokio::sync::Mutex<()>,
+}
+
+impl SandboxInner {
+    pub fn instance(&self) -> Arc<Instance> {
+        lock(&self.instance).clone()
+    }
+
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    pub fn grace(&self) -> Duration {
+        self.spec.policy.kill_grace
+    }
+
+    pub fn info(&self, state: SandboxState, branch_action: Option<String>) -> SandboxInfo {
+        let inst = self.instance();
+        let sessions = inst.sessions.try_lock().map(|s| s.len()).unwrap_or(0);
+        let processes = lock(&inst.processes).len();
+        let branch = lock(&inst.branch)
+            .as_ref()
+            .map(|b| b.id().as_str().to_owned());
+        SandboxInfo {
+            id: self.id.clone(),
+            state,
+            created_at: self.created_at.clone(),
+            workdir: self.spec.workdir.clone(),
+            branch,
+            branch_action,
+            labels: self.spec.labels.clone(),
+            sessions,
+            processes,
+        }
+    }
+}
+
+/// Starts a sandbox instance: branch (if a workdir), confine spawn of the agent, handshake.
+pub(crate) async fn start_instance(
+    spec: &SandboxSpec,
+    state_dir: &Path,
+    agent_exe: &Path,
+    sandbox_id: &str,
+) -> Result<Instance, RuntimeError> {
+    let mut policy = spec.policy.clone();
+    policy.timeout = None; // a long-lived sandbox ends by delete or idle timeout
+    let branch = match &spec.workdir {
+        Some(dir) => {
+            let context = serde_json::json!({ "sandbox": sandbox_id, "policy": &spec.policy });
+            if !dir.is_dir() {
+                return Err(RuntimeError::invalid(
+                    "workdir",
+                    format!("{} is not a directory", dir.display()),
+                ));
+            }
+            let branch = Branch::create(state_dir, dir, context)
+                .map_err(|e| RuntimeError::SetupFailed(format!("creating the branch: {e}")))?;
+            policy.mount_copy_on_write(
+                branch.workdir(),
+                branch.upper_dir(),
+                branch.work_dir(),
+                None,
+            );
+            Some(branch)
+        }
+        None => None,
+    };
+    let started = spawn_agent(&policy, agent_exe).await;
+    let (running, agent) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            if let Some(b) = branch {
+                let _ = b.abort();
+            }
+            return Err(e);
+        }
+    };
+    let base = branch.as_ref().map(|b| b.meta().base_ctime);
+    Ok(Instance {
+        agent,
+        running: Mutex::new(Some(running)),
+        branch: Mutex::new(branch),
+        base: Mutex::new(base),
+        sessions: tokio::sync::Mutex::new(HashMap::new()),
+        processes: Mutex::new(BTreeMap::new()),
+    })
+}
+
+async fn spawn_agent(
+    policy: &lockbox_policy::Policy,
+    agent_exe: &Path,
+) -> Result<(lockbox_confine::Running, AgentClient), RuntimeError> {
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(RuntimeError::internal)?;
+    let mut policy = policy.clone();
+    policy.pass_fds.push(theirs.as_raw_fd());
+    let args: Vec<std::ffi::OsString> =
+        vec![AGENT_ARG.into(), theirs.as_raw_fd().to_string().into()];
+    let agent_exe = agent_exe.to_owned();
+    let stdin = std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(RuntimeError::internal)?;
+    let mut running = on_spawner_thread(move || {
+        // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
+        let r = lockbox_confine::spawn_agent(
+            &policy,
+            &agent_exe,
+            &args,
+            lockbox_confine::Stdio {
+                stdin: Some(stdin),
+                stdout: None,
+                stderr: None,
+            },
+        );
+        drop(theirs);
+        r
+    })
+    .await?
+    .map_err(setup_failed)?;
+    let agent = AgentClient::new(ours)?;
+    match agent.call(Op::Hello).await {
+        Ok((Ok(Body::Hello { .. }), _)) => Ok((running, agent)),
+        other => {
+            // The agent never answered: the sandbox failed to set up. Its report says why.
+            let why = tokio::task::spawn_blocking(move || {
+                match running.wait(Some(Instant::now() + Duration::from_secs(5)), None) {
+                    Err(e) => e.to_string(),
+                    Ok(lockbox_confine::Waited::Exited(o)) => {
+                        format!("the sandbox agent exited with status {}", o.exit_code())
+                    }
+                    Ok(_) => "the sandbox agent did not answer".to_owned(),
+                }
+            })
+            .await
+            .unwrap_or_else(|e| e.to_string());
+            tracing::debug!(?other, "agent handshake failed");
+            Err(RuntimeError::SetupFailed(why))
+        }
+    }
+}
+
+/// Runs `f` on the runtime's spawner thread, which lives as long as the process.
+///
+/// The sandbox init has `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it
+/// exits; tokio's blocking threads exit after 10 s idle, which would kill every sandbox
+/// they had started. So all sandboxes are started from one thread that never exits.
+async fn on_spawner_thread<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RuntimeError> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static SPAWNER: Mutex<Option<std::sync::mpsc::Sender<Job>>> = Mutex::new(None);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: Job = Box::new(move || {
+        let _ = tx.send(f());
+    });
+    {
+        let mut spawner = lock(&SPAWNER);
+        let sender = match spawner.as_ref() {
+            Some(s) => s.clone(),
+            None => {
+                let (s, jobs) = std::sync::mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name("lockbox-spawner".into())
+                    .spawn(move || {
+                        while let Ok(job) = jobs.recv() {
+                            job();
+                        }
+                    })
+                    .map_err(RuntimeError::internal)?;
+                *spawner = Some(s.clone());
+                s
+            }
+        };
+        sender
+            .send(job)
+            .map_err(|_| RuntimeError::internal("the sandbox spawner thread is gone"))?;
+    }
+    rx.await
+        .map_err(|_| RuntimeError::internal("the sandbox spawner thread failed"))
+}
+
+fn setup_failed(e: lockbox_confine::SetupError) -> RuntimeError {
+    RuntimeError::SetupFailed(e.to_string())
+}
+
+impl Instance {
+    /// Kills everything in the instance (its init kills every process of the sandbox).
+    pub async fn stop(&self, grace: Duration) {
+        let running = lock(&self.running).take();
+        if let Some(mut running) = running {
+            let _ = tokio::task::spawn_blocking(move || running.stop(grace, false)).await;
+        }
+        self.agent.closed().await;
+    }
+
+    /// True while a session runs a command.
+    pub fn any_session_busy(&self) -> bool {
+        match self.sessions.try_lock() {
+            Ok(s) => s.values().any(|(s, _)| s.info().busy),
+            Err(_) => true, // being changed right now: activity
+        }
+    }
+
+    /// A session by id; the default session (and a terminated session) is created on use.
+    pub async fn session(
+        &self,
+        id: Option<&str>,
+        grace: Duration,
+    ) -> Result<Arc<Session>, RuntimeError> {
+        let id = id.unwrap_or(DEFAULT_SESSION);
+        let mut sessions = self.sessions.lock().await;
+        let opts = match sessions.get(id) {
+            Some((s, _)) if !s.is_dead() => return Ok(s.clone()),
+            Some((_, opts)) => opts.clone(),
+            None if id == DEFAULT_SESSION => SessionOptions::default(),
+            None => {
+                return Err(RuntimeError::SessionNotFound { id: id.to_owned() });
+            }
+        };
+        let s = Arc::new(
+            Session::start(
+                &self.agent,
+                id.to_owned(),
+                opts.cwd.clone(),
+                &opts.env,
+                grace,
+            )
+            .await?,
+        );
+        sessions.insert(id.to_owned(), (s.clone(), opts));
+        Ok(s)
+    }
+
+    pub async fn create_session(
+        &self,
+        opts: SessionOptions,
+        grace: Duration,
+    ) -> Result<SessionInfo, RuntimeError> {
+        let id = match &opts.id {
+            Some(id) if !crate::util::valid_id(id) => {
+                return Err(RuntimeError::invalid(
+                    "id",
+                    "a session id is 1 to 64 characters of A-Z a-z 0-9 _ . -",
+                ))
+            }
+            Some(id) => id.clone(),
+            None => format!("s-{}", crate::util::random_id()),
+        };
+        for k in opts.env.keys() {
+            if !crate::util::valid_env_name(k) {
+                return Err(RuntimeError::invalid(
+                    "env",
+                    format!("{k:?} is not a valid variable name"),
+                ));
+            }
+        }
+        let mut sessions = self.sessions.lock().await;
+        if let Some((s, _)) = sessions.get(&id) {
+            if !s.is_dead() {
+                return Err(RuntimeError::SessionExists { id });
+            }
+        }
+        let s = Arc::new(
+            Session::start(&self.agent, id.clone(), opts.cwd.clone(), &opts.env, grace).await?,
+        );
+        let info = s.info();
+        sessions.insert(id, (s, opts));
+        Ok(info)
+    }
+
+    pub async fn start_process(
+        &self,
+        id: String,
+        spec: ProcessSpec,
+        log_bytes: usize,
+        grace: Duration,
+    ) -> Result<ProcessInfo, RuntimeError> {
+        for k in spec.env.keys() {
+            if !crate::util::valid_env_name(k) {
+                return Err(RuntimeError::invalid(
+                    "env",
+                    format!("{k:?} is not a valid variable name"),
+                ));
+            }
+        }
+        let (argv, cwd, env_clear, mut env) = match &spec.command {
+            ProcessCommand::Argv(argv) => {
+                if argv.is_empty() {
+                    return Err(RuntimeError::invalid("command", "the argv is empty"));
+                }
+                (argv.clone(), spec.cwd.clone(), false, Vec::new())
+            }
+            ProcessCommand::Shell { script, session } => {
+                let s = self.session(session.as_deref(), grace).await?;
+                let (cwd, env) = s.snapshot().await?;
+                let argv = vec!["bash".to_owned(), "-c".to_owned(), script.clone()];
+                (argv, Some(spec.cwd.clone().unwrap_or(cwd)), true, env)
+            }
+        };
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let io = match spec.pty {
+            Some(p) => Io::Pty {
+                cols: p.cols,
+                rows: p.rows,
+            },
+            None => Io::Pipes { stdin: spec.stdin },
+        };
+        let (result, fds) = self
+            .agent
+            .call(Op::Spawn(SpawnSpec {
+                argv: argv.clone(),
+                cwd,
+                env_clear,
+                env,
+                io,
+            }))
+            .await?;
+        let pid = match result {
+            Ok(Body::Spawned { pid }) => pid,
+            Ok(other) => return Err(RuntimeError::internal(format!("agent replied {other:?}"))),
+            Err(e) => return Err(RuntimeError::invalid("command", e.message)),
+        };
+        let p = Process::start(
+            &self.agent,
+            id.clone(),
+            pid,
+            argv,
+            fds,
+            io,
+            spec.log_bytes.unwrap_or(log_bytes),
+        )?;
+        let info = p.info();
+        lock(&self.processes).insert(id, p);
+        Ok(info)
+    }
+
+    pub fn process(&self, id: &str) -> Result<Arc<Process>, RuntimeError> {
+        lock(&self.processes)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::ProcessNotFound { id: id.to_owned() })
+    }
+
+    /// Signals a process's whole tree.
+    pub async fn signal_process(&self, p: &Process, signal: i32) -> Result<(), RuntimeError> {
+        if p.status().is_some() {
+            return Err(RuntimeError::ProcessNotRunning { id: p.id.clone() });
+        }
+        let (result, _) = self
+            .agent
+            .call(Op::Signal {
+                pid: p.pid,
+                signal,
+                spare_main: false,
+            })
+            .await?;
+        result
+            .map(drop)
+            .map_err(|_| RuntimeError::ProcessNotRunning { id: p.id.clone() })
+    }
+
+    /// TERM, grace, KILL of the whole tree; returns when it is gone and logged.
+    pub async fn kill_process(&self, p: &Process, grace: Duration) -> Result<(), RuntimeError> {
+        if p.status().is_none() {
+            let _ = self
+                .agent
+                .call(Op::Signal {
+                    pid: p.pid,
+                    signal: libc::SIGTERM,
+                    spare_main: false,
+                })
+                .await;
+            if tokio::time::timeout(grace, p.wait()).await.is_err() {
+                let _ = self
+                    .agent
+                    .call(Op::KillTree {
+                        pid: p.pid,
+                        spare_main: false,
+                    })
+                    .await;
+            }
+        }
+        p.wait().await;
+        Ok(())
+    }
+}

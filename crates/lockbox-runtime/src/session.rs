@@ -1,0 +1,496 @@
+//! Sessions: a persistent `bash --norc --noprofile` per session, driven by a line protocol.
+//!
+//! The shell reads its script from a pipe (fd 5, not stdin). Each command is sent as ONE
+//! line: the command text ANSI-C quoted into a variable (so heredocs, quotes or a stray
+//! `'` cannot break the protocol), `__lb_pre` (stdin, per-call cwd/env), `eval` at top
+//! level (so `cd`, `export`, functions and aliases persist) with stdin from `/dev/null` or
+//! exactly N bytes read from the data pipe (fd 4) and the protocol descriptors closed, then
+//! `__lb_post` restores cwd/env and writes `ID STATUS` to the status pipe (fd 3).
+//!
+//! stdout and stderr are persistent pipes read directly by the runtime. When the status
+//! line arrives, every byte the command wrote is already in the pipes, so both are read to
+//! `EAGAIN` before the exit code is published. A timeout TERMs, then after the grace KILLs,
+//! every process of the session's tree except the shell (the shim above the shell is a
+//! subreaper, so detached children are found too); the shell then reports and the session
+//! keeps its state (exit 124, `timed_out`). A shell that exits, dies or does not return
+//! ends the session: `SESSION_TERMINATED`.
+
+use bytes::Bytes;
+use lockbox_confine::agent::{Body, Io, Op, SpawnSpec};
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::agent::AgentClient;
+use crate::types::{ExecEvent, ExecExit, ExecRequest, ExecResult, SessionInfo};
+use crate::util::{ansi_c_quote, drain};
+use crate::RuntimeError;
+
+/// Exit code reported for a command killed by its timeout (as coreutils `timeout`).
+pub(crate) const TIMEOUT_EXIT: i32 = 124;
+/// How long a shell has to report after its command's tree was killed.
+const SHELL_RETURN_GRACE: Duration = Duration::from_secs(2);
+
+const PRELUDE: &str = r#"__lb_pre() {
+  __lb_in=/dev/null; __lb_owd=; __lb_sv=()
+  if [[ "$1" != -1 ]]; then
+    __lb_in=$(command mktemp "${TMPDIR:-/tmp}/.lockbox-stdin.XXXXXX" 2>/dev/null) || __lb_in=
+    command head -c "$1" <&4 >"${__lb_in:-/dev/null}"
+    if [[ -z "$__lb_in" ]]; then __lb_in=/dev/null; builtin echo "lockbox: cannot store stdin in ${TMPDIR:-/tmp}" >&2; return 1; fi
+  fi
+  if [[ -n "$2" ]]; then __lb_owd=$PWD; builtin cd -- "$2" >/dev/null || return 1; fi
+  builtin shift 2
+  while [[ "$#" -ge 2 ]]; do
+    if [[ -n "${!1+x}" ]]; then __lb_sv+=("$1" 1 "${!1}"); else __lb_sv+=("$1" 0 ""); fi
+    builtin export "$1=$2"; builtin shift 2
+  done
+}
+__lb_post() {
+  builtin local __lb_i
+  for ((__lb_i=0; __lb_i<${#__lb_sv[@]}; __lb_i+=3)); do
+    if [[ "${__lb_sv[__lb_i+1]}" = 1 ]]; then builtin export "${__lb_sv[__lb_i]}=${__lb_sv[__lb_i+2]}"; else builtin unset "${__lb_sv[__lb_i]}"; fi
+  done
+  if [[ -n "$__lb_owd" ]]; then builtin cd -- "$__lb_owd" >/dev/null 2>&1; fi
+  if [[ "$__lb_in" != /dev/null ]]; then command rm -f -- "$__lb_in"; fi
+  builtin printf '%s %s\n' "$1" "$2" >&3
+}
+builtin readonly -f __lb_pre __lb_post
+shopt -s expand_aliases
+"#;
+
+/// The host ends of a session's pipes.
+#[derive(Debug)]
+struct Pipes {
+    stdout: AsyncFd<OwnedFd>,
+    stderr: AsyncFd<OwnedFd>,
+    status: AsyncFd<OwnedFd>,
+    data: AsyncFd<OwnedFd>,
+    script: AsyncFd<OwnedFd>,
+    status_buf: Vec<u8>,
+}
+
+/// One session. Commands are serialised by the async mutex around its pipes.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub id: String,
+    /// The shell's pid in the sandbox.
+    pub pid: i32,
+    pub created_at: String,
+    agent: AgentClient,
+    pipes: tokio::sync::Mutex<Pipes>,
+    busy: AtomicBool,
+    dead: AtomicBool,
+    next: AtomicU64,
+    grace: Duration,
+}
+
+fn nonblocking(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, RuntimeError> {
+    crate::util::async_fd(fd)
+}
+
+impl Session {
+    /// Starts the shell and sends it the protocol's functions.
+    pub async fn start(
+        agent: &AgentClient,
+        id: String,
+        cwd: Option<String>,
+        env: &BTreeMap<String, String>,
+        grace: Duration,
+    ) -> Result<Session, RuntimeError> {
+        let spec = SpawnSpec {
+            argv: ["bash", "--norc", "--noprofile", "/proc/self/fd/5"]
+                .map(String::from)
+                .to_vec(),
+            cwd,
+            env_clear: false,
+            env: env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            io: Io::Session,
+        };
+        let (result, fds) = agent.call(Op::Spawn(spec)).await?;
+        let pid = match result {
+            Ok(Body::Spawned { pid }) => pid,
+            Ok(other) => return Err(RuntimeError::internal(format!("agent replied {other:?}"))),
+            Err(e) => {
+                return Err(RuntimeError::SetupFailed(format!(
+                    "starting bash: {}",
+                    e.message
+                )))
+            }
+        };
+        let mut fds = fds.into_iter();
+        let mut next = || {
+            fds.next()
+                .ok_or_else(|| RuntimeError::internal("agent sent too few descriptors"))
+                .and_then(nonblocking)
+        };
+        let pipes = Pipes {
+            stdout: next()?,
+            stderr: next()?,
+            status: next()?,
+            data: next()?,
+            script: next()?,
+            status_buf: Vec::new(),
+        };
+        write_all(&pipes.script, PRELUDE.as_bytes()).await?;
+        Ok(Session {
+            id,
+            pid,
+            created_at: crate::util::now_rfc3339(),
+            agent: agent.clone(),
+            pipes: tokio::sync::Mutex::new(pipes),
+            busy: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
+            next: AtomicU64::new(1),
+            grace,
+        })
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        SessionInfo {
+            id: self.id.clone(),
+            pid: self.pid,
+            created_at: self.created_at.clone(),
+            busy: self.busy.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed) || self.agent.exit_of(self.pid).is_some()
+    }
+
+    fn terminated(&self, reason: &str) -> RuntimeError {
+        RuntimeError::SessionTerminated {
+            id: self.id.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// Sends `signal` to the running command's whole tree (not the shell). No queueing.
+    pub async fn interrupt(&self, signal: i32) -> Result<(), RuntimeError> {
+        let (result, _) = self
+            .agent
+            .call(Op::Signal {
+                pid: self.pid,
+                signal,
+                spare_main: true,
+            })
+            .await?;
+        result.map(drop).map_err(|e| self.terminated(&e.message))
+    }
+
+    /// Kills the shell and everything in the session.
+    pub async fn kill(&self) {
+        self.dead.store(true, Ordering::Relaxed);
+        let _ = self
+            .agent
+            .call(Op::KillTree {
+                pid: self.pid,
+                spare_main: false,
+            })
+            .await;
+        let _ = self.agent.wait_exit(self.pid).await;
+        self.agent.forget(self.pid);
+    }
+
+    /// Runs one command. With `events`, output goes there as it comes (and the result's
+    /// output is empty); otherwise it is collected.
+    pub async fn exec(
+        &self,
+        req: &ExecRequest,
+        events: Option<&UnboundedSender<ExecEvent>>,
+    ) -> Result<ExecResult, RuntimeError> {
+        let line = build_line(self.next.fetch_add(1, Ordering::Relaxed), req)?;
+        let mut pipes = self.pipes.lock().await;
+        if self.is_dead() {
+            return Err(self.terminated("the shell has exited"));
+        }
+        self.busy.store(true, Ordering::Relaxed);
+        let result = self.run(&mut pipes, &line, req, events).await;
+        self.busy.store(false, Ordering::Relaxed);
+        if result.is_err() {
+            self.dead.store(true, Ordering::Relaxed);
+            drop(pipes);
+            self.kill().await;
+        }
+        result
+    }
+
+    async fn run(
+        &self,
+        pipes: &mut Pipes,
+        line: &(u64, String),
+        req: &ExecRequest,
+        events: Option<&UnboundedSender<ExecEvent>>,
+    ) -> Result<ExecResult, RuntimeError> {
+        let (id, line) = line;
+        let Pipes {
+            stdout,
+            stderr,
+            status,
+            data,
+            script,
+            status_buf,
+        } = pipes;
+        let start = Instant::now();
+        if let Some(tx) = events {
+            let _ = tx.send(ExecEvent::Start {
+                session: self.id.clone(),
+            });
+        }
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let mut script_left: &[u8] = line.as_bytes();
+        let empty = Bytes::new();
+        let stdin = req.stdin.as_ref().unwrap_or(&empty);
+        let mut stdin_left: &[u8] = stdin;
+        let mut timed_out = false;
+        let mut truncated = false;
+        // Running → TERM sent → KILL sent → give up.
+        let mut phase = 0u8;
+        let mut alarm = req.timeout.map(|t| start + t);
+        let mut out_eof = false;
+        let mut err_eof = false;
+        let code = loop {
+            let wake = async {
+                match alarm {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                r = status.readable() => {
+                    let mut g = r.map_err(RuntimeError::internal)?;
+                    let eof = drain(g.get_inner(), status_buf);
+                    g.clear_ready();
+                    if let Some(code) = take_status(status_buf, *id) {
+                        break code;
+                    }
+                    if eof {
+                        flush(stdout, stderr, &mut out, &mut err, events);
+                        return Err(self.terminated("the shell exited (`exit`, or it was killed)"));
+                    }
+                }
+                r = stdout.readable(), if !out_eof => {
+                    let mut g = r.map_err(RuntimeError::internal)?;
+                    out_eof = drain(g.get_inner(), &mut out);
+                    g.clear_ready();
+                    emit(events, &mut out, false);
+                    truncated |= cap(&mut out);
+                }
+                r = stderr.readable(), if !err_eof => {
+                    let mut g = r.map_err(RuntimeError::internal)?;
+                    err_eof = drain(g.get_inner(), &mut err);
+                    g.clear_ready();
+                    emit(events, &mut err, true);
+                    truncated |= cap(&mut err);
+                }
+                r = script.writable(), if !script_left.is_empty() => {
+                    let mut g = r.map_err(RuntimeError::internal)?;
+                    match rustix::io::write(g.get_inner(), script_left) {
+                        Ok(n) => script_left = &script_left[n..],
+                        Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
+                        Err(e) => return Err(self.terminated(&format!("writing to the shell: {e}"))),
+                    }
+                }
+                r = data.writable(), if !stdin_left.is_empty() && script_left.is_empty() => {
+                    let mut g = r.map_err(RuntimeError::internal)?;
+                    match rustix::io::write(g.get_inner(), stdin_left) {
+                        Ok(n) => stdin_left = &stdin_left[n..],
+                        Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
+                        Err(e) => return Err(self.terminated(&format!("writing stdin: {e}"))),
+                    }
+                }
+                () = wake => {
+                    timed_out = true;
+                    let now = Instant::now();
+                    match phase {
+                        0 => {
+                            phase = 1;
+                            alarm = Some(now + self.grace);
+                            self.signal_command(libc::SIGTERM).await;
+                        }
+                        1 => {
+                            phase = 2;
+                            alarm = Some(now + SHELL_RETURN_GRACE);
+                            let _ = self.agent.call(Op::KillTree { pid: self.pid, spare_main: true }).await;
+                        }
+                        _ => {
+                            flush(stdout, stderr, &mut out, &mut err, events);
+                            return Err(self.terminated("the shell did not return after its command timed out (a shell builtin loop?)"));
+                        }
+                    }
+                }
+            }
+        };
+        // Everything written before the status is in the pipes now.
+        flush(stdout, stderr, &mut out, &mut err, events);
+        truncated |= cap(&mut out) | cap(&mut err);
+        let exit_code = if timed_out { TIMEOUT_EXIT } else { code };
+        let duration = start.elapsed();
+        if let Some(tx) = events {
+            let _ = tx.send(ExecEvent::Exit(ExecExit {
+                exit_code,
+                timed_out,
+                duration,
+                session: self.id.clone(),
+            }));
+        }
+        Ok(ExecResult {
+            exit_code,
+            stdout: Bytes::from(out),
+            stderr: Bytes::from(err),
+            timed_out,
+            output_truncated: truncated,
+            duration,
+            session: self.id.clone(),
+        })
+    }
+
+    async fn signal_command(&self, signal: i32) {
+        let _ = self
+            .agent
+            .call(Op::Signal {
+                pid: self.pid,
+                signal,
+                spare_main: true,
+            })
+            .await;
+    }
+
+    /// The shell's current directory and exported environment (for processes started
+    /// "in" the session).
+    pub async fn snapshot(&self) -> Result<(String, Vec<(String, String)>), RuntimeError> {
+        let req = ExecRequest {
+            command: "builtin printf '%s\\0' \"$PWD\"; env -0".into(),
+            ..ExecRequest::default()
+        };
+        let r = self.exec(&req, None).await?;
+        let mut parts = r.stdout.split(|&b| b == 0);
+        let cwd = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+        let env = parts
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        Ok((cwd, env))
+    }
+}
+
+/// Most bytes of stdout, and of stderr, a buffered exec keeps (the rest is read and dropped,
+/// so the command never blocks on a full pipe). Stream larger outputs with `exec_stream`.
+pub(crate) const MAX_BUFFERED_OUTPUT: usize = 256 << 20;
+
+/// Drops what a buffered exec collected beyond [`MAX_BUFFERED_OUTPUT`]; true if it did.
+fn cap(buf: &mut Vec<u8>) -> bool {
+    if buf.len() > MAX_BUFFERED_OUTPUT {
+        buf.truncate(MAX_BUFFERED_OUTPUT);
+        true
+    } else {
+        false
+    }
+}
+
+/// Sends collected output as events (when streaming).
+fn emit(events: Option<&UnboundedSender<ExecEvent>>, buf: &mut Vec<u8>, is_err: bool) {
+    if let Some(tx) = events {
+        if !buf.is_empty() {
+            let data = Bytes::from(std::mem::take(buf));
+            let _ = tx.send(if is_err {
+                ExecEvent::Stderr { data }
+            } else {
+                ExecEvent::Stdout { data }
+            });
+        }
+    }
+}
+
+/// Reads both output pipes to `EAGAIN`.
+fn flush(
+    stdout: &AsyncFd<OwnedFd>,
+    stderr: &AsyncFd<OwnedFd>,
+    out: &mut Vec<u8>,
+    err: &mut Vec<u8>,
+    events: Option<&UnboundedSender<ExecEvent>>,
+) {
+    drain(stdout.get_ref(), out);
+    drain(stderr.get_ref(), err);
+    emit(events, out, false);
+    emit(events, err, true);
+}
+
+/// Finds `ID STATUS\n` for command `id` in the status buffer (older lines are dropped).
+fn take_status(buf: &mut Vec<u8>, id: u64) -> Option<i32> {
+    while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+        let line: Vec<u8> = buf.drain(..=nl).collect();
+        let text = String::from_utf8_lossy(&line);
+        let mut it = text.split_whitespace();
+        let (Some(got), Some(code)) = (it.next(), it.next()) else {
+            continue;
+        };
+        if got.parse::<u64>().ok() == Some(id) {
+            return code.parse().ok();
+        }
+    }
+    None
+}
+
+async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> Result<(), RuntimeError> {
+    while !data.is_empty() {
+        let mut g = fd.writable().await.map_err(RuntimeError::internal)?;
+        match rustix::io::write(g.get_inner(), data) {
+            Ok(n) => data = &data[n..],
+            Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
+            Err(e) => return Err(RuntimeError::internal(format!("writing to the shell: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// The protocol line for one command.
+fn build_line(id: u64, req: &ExecRequest) -> Result<(u64, String), RuntimeError> {
+    if req.command.contains('\0') {
+        return Err(RuntimeError::invalid("command", "contains a NUL byte"));
+    }
+    let mut line = String::with_capacity(req.command.len() + 128);
+    line.push_str("__lb_c=");
+    line.push_str(&ansi_c_quote(req.command.as_bytes()));
+    line.push_str("; \\__lb_pre ");
+    match &req.stdin {
+        Some(b) => line.push_str(&b.len().to_string()),
+        None => line.push_str("-1"),
+    }
+    line.push(' ');
+    let cwd = req.cwd.as_deref().unwrap_or("");
+    if cwd.contains('\0') {
+        return Err(RuntimeError::invalid("cwd", "contains a NUL byte"));
+    }
+    line.push_str(&ansi_c_quote(cwd.as_bytes()));
+    for (k, v) in &req.env {
+        if !crate::util::valid_env_name(k) {
+            return Err(RuntimeError::invalid(
+                "env",
+                format!("{k:?} is not a valid variable name"),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(RuntimeError::invalid(
+                "env",
+                format!("{k}: contains a NUL byte"),
+            ));
+        }
+        line.push(' ');
+        line.push_str(k);
+        line.push(' ');
+        line.push_str(&ansi_c_quote(v.as_bytes()));
+    }
+    line.push_str(" && \\builtin eval \"$__lb_c\" 3>&- 4<&- 5<&- <\"$__lb_in\"; \\__lb_post ");
+    line.push_str(&id.to_string());
+    line.push_str(" $?\n");
+    Ok((id, line))
+}

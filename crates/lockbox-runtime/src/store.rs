@@ -1,0 +1,128 @@
+//! Sandbox metadata in SQLite (`STATE/sandboxes.sqlite`): what was created, when, with
+//! which workdir and branch, and how it ended. Rows still `running` when a runtime opens
+//! were left by a previous one that died: they become `lost` (their branches are kept).
+
+use rusqlite::{params, Connection};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::types::{SandboxInfo, SandboxState};
+use crate::RuntimeError;
+
+#[derive(Debug)]
+pub(crate) struct Store {
+    conn: Mutex<Connection>,
+}
+
+fn db_error(e: rusqlite::Error) -> RuntimeError {
+    RuntimeError::Internal(format!("sandbox database: {e}"))
+}
+
+fn state_name(s: SandboxState) -> &'static str {
+    match s {
+        SandboxState::Running => "running",
+        SandboxState::Stopped => "stopped",
+        SandboxState::Lost => "lost",
+    }
+}
+
+impl Store {
+    /// Opens (creating) the database and marks rows of a previous runtime `lost`.
+    pub fn open(state_dir: &Path) -> Result<Store, RuntimeError> {
+        let conn = Connection::open(state_dir.join("sandboxes.sqlite")).map_err(db_error)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA busy_timeout = 5000;
+             CREATE TABLE IF NOT EXISTS sandboxes (
+                 id TEXT PRIMARY KEY,
+                 state TEXT NOT NULL,
+                 created_at TEXT NOT NULL,
+                 workdir TEXT,
+                 branch TEXT,
+                 branch_action TEXT,
+                 labels TEXT NOT NULL,
+                 spec TEXT NOT NULL
+             );
+             UPDATE sandboxes SET state = 'lost', branch_action = 'kept' WHERE state = 'running';",
+        )
+        .map_err(db_error)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn insert(&self, info: &SandboxInfo, spec: &serde_json::Value) -> Result<(), RuntimeError> {
+        let labels = serde_json::to_string(&info.labels).map_err(RuntimeError::internal)?;
+        self.conn()
+            .execute(
+                "INSERT INTO sandboxes (id, state, created_at, workdir, branch, branch_action, labels, spec)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7)",
+                params![
+                    info.id,
+                    state_name(info.state),
+                    info.created_at,
+                    info.workdir.as_ref().map(|p| p.to_string_lossy().into_owned()),
+                    info.branch,
+                    labels,
+                    spec.to_string(),
+                ],
+            )
+            .map(drop)
+            .map_err(db_error)
+    }
+
+    pub fn update(
+        &self,
+        id: &str,
+        state: SandboxState,
+        branch: Option<&str>,
+        branch_action: Option<&str>,
+    ) -> Result<(), RuntimeError> {
+        self.conn()
+            .execute(
+                "UPDATE sandboxes SET state = ?2, branch = ?3, branch_action = ?4 WHERE id = ?1",
+                params![id, state_name(state), branch, branch_action],
+            )
+            .map(drop)
+            .map_err(db_error)
+    }
+
+    /// Every recorded sandbox, oldest first (sessions/processes 0: not running here).
+    pub fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, state, created_at, workdir, branch, branch_action, labels
+                 FROM sandboxes ORDER BY created_at, id",
+            )
+            .map_err(db_error)?;
+        let rows = stmt
+            .query_map([], |r| {
+                let state: String = r.get(1)?;
+                let labels: String = r.get(6)?;
+                Ok(SandboxInfo {
+                    id: r.get(0)?,
+                    state: match state.as_str() {
+                        "running" => SandboxState::Running,
+                        "stopped" => SandboxState::Stopped,
+                        _ => SandboxState::Lost,
+                    },
+                    created_at: r.get(2)?,
+                    workdir: r.get::<_, Option<String>>(3)?.map(PathBuf::from),
+                    branch: r.get(4)?,
+                    branch_action: r.get(5)?,
+                    labels: serde_json::from_str::<BTreeMap<String, String>>(&labels)
+                        .unwrap_or_default(),
+                    sessions: 0,
+                    processes: 0,
+                })
+            })
+            .map_err(db_error)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(db_error)
+    }
+}

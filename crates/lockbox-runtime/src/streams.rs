@@ -1,0 +1,79 @@
+//! The stream types the API hands out: streamed exec events, followed logs, PTY output,
+//! and file reads.
+
+use crate::types::{ExecEvent, LogChunk};
+use bytes::Bytes;
+use futures_util::Stream;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::AsyncRead;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
+
+/// The events of [`crate::Sandbox::exec_stream`]: `Start`, output, then `Exit` (or `Error`).
+pub struct ExecStream {
+    pub(crate) inner: BoxStream<ExecEvent>,
+}
+
+/// The chunks of [`crate::Sandbox::follow_logs`]: replay, then live; ends after the process
+/// exited and all its output was sent (the last chunk has `eof: true`).
+pub struct LogStream {
+    pub(crate) inner: BoxStream<LogChunk>,
+}
+
+/// Live PTY output for one viewer. A viewer too slow to keep up skips what it missed
+/// (the log keeps it: read it with [`crate::Sandbox::read_logs`]).
+pub struct PtyOutput {
+    pub(crate) inner: BoxStream<Bytes>,
+}
+
+macro_rules! forward_stream {
+    ($t:ty, $item:ty, $name:literal) => {
+        impl Stream for $t {
+            type Item = $item;
+            fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<$item>> {
+                self.inner.as_mut().poll_next(cx)
+            }
+        }
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str($name)
+            }
+        }
+    };
+}
+
+forward_stream!(ExecStream, ExecEvent, "ExecStream");
+forward_stream!(LogStream, LogChunk, "LogStream");
+forward_stream!(PtyOutput, Bytes, "PtyOutput");
+
+/// An attachment to a process's PTY.
+#[derive(Debug)]
+pub struct PtyAttachment {
+    /// What the PTY printed so far (the retained part of the log).
+    pub scrollback: Bytes,
+    /// Live output from the end of the scrollback on.
+    pub output: PtyOutput,
+    /// Keystrokes for the PTY.
+    pub input: tokio::sync::mpsc::Sender<Bytes>,
+}
+
+/// An open file for reading.
+pub struct FileRead {
+    /// The file's whole size.
+    pub size: u64,
+    /// The bytes `body` yields: `start..end` (end exclusive).
+    pub range: (u64, u64),
+    /// The bytes.
+    pub body: Pin<Box<dyn AsyncRead + Send>>,
+}
+
+impl fmt::Debug for FileRead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileRead")
+            .field("size", &self.size)
+            .field("range", &self.range)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,484 @@
+//! The data types of the runtime's API (the HTTP layer serialises most of them as they are).
+//!
+//! Durations cross serde as integer milliseconds in fields named `*_ms`; byte strings are
+//! [`Bytes`] (the HTTP layer chooses base64 or raw bodies).
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default bound of a process's output log.
+pub const DEFAULT_LOG_BYTES: usize = 4 << 20;
+/// Default maximum number of running sandboxes.
+pub const DEFAULT_MAX_SANDBOXES: usize = 64;
+
+/// How the runtime is set up.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Holds `sandboxes.sqlite` and the copy-on-write branches (`branches/`).
+    pub state_dir: PathBuf,
+    /// Running sandboxes at most; more is `LIMIT_REACHED`.
+    pub max_sandboxes: usize,
+    /// Per-process log bound when [`ProcessSpec::log_bytes`] is not given.
+    pub default_log_bytes: usize,
+    /// Idle timeout when [`SandboxSpec::idle_timeout`] is not given; `None` = never.
+    pub default_idle_timeout: Option<Duration>,
+    /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
+    /// (see [`lockbox_confine::agent`]). `None` = the current executable, which must then
+    /// dispatch to [`lockbox_confine::agent::main_if_agent`] first thing in `main`.
+    pub agent_exe: Option<PathBuf>,
+}
+
+impl RuntimeConfig {
+    /// A config with the defaults for `state_dir`.
+    pub fn new(state_dir: impl Into<PathBuf>) -> RuntimeConfig {
+        RuntimeConfig {
+            state_dir: state_dir.into(),
+            max_sandboxes: DEFAULT_MAX_SANDBOXES,
+            default_log_bytes: DEFAULT_LOG_BYTES,
+            default_idle_timeout: None,
+            agent_exe: None,
+        }
+    }
+}
+
+/// What to do with a sandbox's branch when the sandbox is deleted (or idles out, or the
+/// server stops).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExit {
+    /// Keep the branch for review (`lockbox branch ...`): nothing is lost.
+    #[default]
+    Keep,
+    /// Commit it to the workdir (kept if the commit fails).
+    Commit,
+    /// Discard it.
+    Abort,
+}
+
+/// How to create a sandbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// The confinement policy (what is visible, network, limits, env).
+    #[serde(default)]
+    pub policy: lockbox_policy::Policy,
+    /// A host directory seen through a copy-on-write branch (the sandbox's working directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<PathBuf>,
+    /// What happens to the branch at the end.
+    #[serde(default)]
+    pub on_exit: OnExit,
+    /// Delete the sandbox after this long without API calls.
+    #[serde(
+        default,
+        rename = "idle_timeout_ms",
+        with = "opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub idle_timeout: Option<Duration>,
+    /// Free-form labels, returned in [`SandboxInfo`].
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A sandbox's life state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Its init runs; all operations work.
+    Running,
+    /// Deleted (or idled out); kept in the list with its branch's fate.
+    Stopped,
+    /// It was running when a previous runtime (server) ended; its branch is kept.
+    Lost,
+}
+
+/// What a sandbox is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// Its id.
+    pub id: String,
+    /// Running, stopped or lost.
+    pub state: SandboxState,
+    /// Creation time, RFC 3339 UTC.
+    pub created_at: String,
+    /// The host workdir behind its branch, if any.
+    pub workdir: Option<PathBuf>,
+    /// The branch id (see `lockbox branch list`).
+    pub branch: Option<String>,
+    /// What happened to the branch when it stopped (`kept`, `committed`, `aborted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch_action: Option<String>,
+    /// Labels from the spec.
+    pub labels: BTreeMap<String, String>,
+    /// Live sessions.
+    pub sessions: usize,
+    /// Processes (running or exited, still listed).
+    pub processes: usize,
+}
+
+/// How to create a session.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOptions {
+    /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Initial working directory (inside the sandbox).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Initial extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Its id.
+    pub id: String,
+    /// Pid of its shell (in the sandbox's pid namespace).
+    pub pid: i32,
+    /// Creation time, RFC 3339 UTC.
+    pub created_at: String,
+    /// True while a command runs.
+    pub busy: bool,
+}
+
+/// One command for a session.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Shell text, run by the session's bash as if typed (any text: heredocs, quotes...).
+    pub command: String,
+    /// The session; `None` = the sandbox's default session (created on first use).
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Working directory for this call only.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Environment for this call only.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kill the command (TERM, grace, KILL of its whole tree) after this long: exit 124.
+    #[serde(
+        default,
+        rename = "timeout_ms",
+        with = "opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<Duration>,
+    /// Bytes for the command's stdin; `None` = `/dev/null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<Bytes>,
+}
+
+/// The result of a finished command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Exit status as bash reports it (128+N after signal N, 124 after a timeout).
+    pub exit_code: i32,
+    /// All of stdout, byte-exact.
+    pub stdout: Bytes,
+    /// All of stderr, byte-exact.
+    pub stderr: Bytes,
+    /// The timeout killed it.
+    pub timed_out: bool,
+    /// stdout or stderr was longer than a buffered exec keeps (256 MiB each) and was cut
+    /// there; use `exec_stream` for such outputs.
+    #[serde(default)]
+    pub output_truncated: bool,
+    /// Wall time of the call.
+    #[serde(rename = "duration_ms", with = "ms")]
+    pub duration: Duration,
+    /// The session it ran in.
+    pub session: String,
+}
+
+/// How a command of [`crate::ExecStream`] ended (an [`ExecResult`] without its output).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecExit {
+    /// As [`ExecResult::exit_code`].
+    pub exit_code: i32,
+    /// As [`ExecResult::timed_out`].
+    pub timed_out: bool,
+    /// As [`ExecResult::duration`].
+    #[serde(rename = "duration_ms", with = "ms")]
+    pub duration: Duration,
+    /// As [`ExecResult::session`].
+    pub session: String,
+}
+
+/// One event of a streamed command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ExecEvent {
+    /// The command started in this session.
+    Start {
+        /// The session.
+        session: String,
+    },
+    /// Bytes on stdout.
+    Stdout {
+        /// The bytes.
+        data: Bytes,
+    },
+    /// Bytes on stderr.
+    Stderr {
+        /// The bytes.
+        data: Bytes,
+    },
+    /// The command ended (all output was sent before).
+    Exit(ExecExit),
+    /// The command could not finish (e.g. `SESSION_TERMINATED`); the last event.
+    Error {
+        /// [`crate::RuntimeError::code`].
+        code: String,
+        /// The message.
+        message: String,
+    },
+}
+
+/// A PTY's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// What a background process runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessCommand {
+    /// An argv, executed directly (PATH searched).
+    Argv(Vec<String>),
+    /// A shell string, run by bash in the named session's current cwd and exported env
+    /// (the default session when `None`).
+    Shell {
+        /// The script.
+        script: String,
+        /// The session whose cwd/env it inherits.
+        #[serde(default)]
+        session: Option<String>,
+    },
+}
+
+/// How to start a background process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessSpec {
+    /// What to run.
+    pub command: ProcessCommand,
+    /// Working directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Run on a new PTY of this size (stdout and stderr are then one `pty` stream).
+    #[serde(default)]
+    pub pty: Option<PtySize>,
+    /// Bound of its output log in bytes (default [`RuntimeConfig::default_log_bytes`]).
+    #[serde(default)]
+    pub log_bytes: Option<usize>,
+    /// Keep stdin open for [`crate::Sandbox::write_stdin`]; false = `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+/// A process's life state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    /// Running.
+    Running,
+    /// Exited (or killed); exit code and log are retained.
+    Exited,
+}
+
+/// A background process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Its id (`p1`, `p2`, ...).
+    pub id: String,
+    /// Its pid in the sandbox's pid namespace.
+    pub pid: i32,
+    /// Its argv (for a shell string: `["bash", "-c", script]`).
+    pub command: Vec<String>,
+    /// Running or exited.
+    pub state: ProcessState,
+    /// The exit code, once exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+    /// Start time, RFC 3339 UTC.
+    pub started_at: String,
+    /// Runs on a PTY.
+    pub pty: bool,
+    /// Total bytes ever logged (the cursor a reader at the end would use).
+    pub log_end: u64,
+}
+
+/// Which output a log segment came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+    /// The PTY (stdout and stderr together).
+    Pty,
+}
+
+/// Contiguous bytes of one stream in a process's log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogSegment {
+    /// Which stream.
+    pub stream: OutputStream,
+    /// Cursor of its first byte.
+    pub offset: u64,
+    /// The bytes.
+    pub data: Bytes,
+}
+
+/// A read of a process's log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogChunk {
+    /// Segments in order, contiguous from the first offset.
+    pub segments: Vec<LogSegment>,
+    /// The cursor for the next read.
+    pub next: u64,
+    /// Bytes asked for were evicted; the read resumed at the oldest retained byte.
+    pub truncated: bool,
+    /// The process exited and everything it wrote is in the log up to `next`.
+    pub eof: bool,
+}
+
+/// A byte range of a file: `start..end` (end exclusive; `None` = to the end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte; `None` = end of file.
+    pub end: Option<u64>,
+}
+
+/// How to write a file.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteOptions {
+    /// Permission bits of the new file (default 0o644).
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+    /// Create missing parent directories (0o755).
+    #[serde(default = "default_true")]
+    pub create_parents: bool,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            mode: default_mode(),
+            create_parents: true,
+        }
+    }
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The type of a filesystem entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (not followed).
+    Symlink,
+    /// Device, FIFO or socket.
+    Other,
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Type.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    /// Modification time, RFC 3339 UTC.
+    pub modified: String,
+    /// For a symlink, its target.
+    pub target: Option<String>,
+}
+
+/// Which changes a commit takes (paths relative to the workdir; a directory covers its
+/// subtree). Empty `only` = all.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selection {
+    /// Take only these.
+    #[serde(default)]
+    pub only: Vec<String>,
+    /// Leave these in the branch.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Commit even if the workdir changed under the branch at those paths.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// What a workspace commit did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommitSummary {
+    /// The commit engine's report.
+    pub report: lockbox_cow::CommitReport,
+    /// Changes left in the branch (not selected).
+    pub remaining: usize,
+}
+
+mod ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+mod opt_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}

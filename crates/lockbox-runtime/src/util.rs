@@ -1,0 +1,124 @@
+//! Small helpers: RFC 3339 times, ids, bash quoting, raw non-blocking reads.
+
+use std::os::fd::AsFd;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// `secs` since the epoch as RFC 3339 UTC with milliseconds.
+pub(crate) fn rfc3339(secs: i64, nanos: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        nanos / 1_000_000
+    )
+}
+
+/// The current time as RFC 3339.
+pub(crate) fn now_rfc3339() -> String {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// A random id of 12 hex digits.
+pub(crate) fn random_id() -> String {
+    let mut b = [0u8; 6];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b.copy_from_slice(&t.to_le_bytes()[..6]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `text` as one bash ANSI-C quoted word (`$'...'`): no newline, quote or control byte of
+/// the text can end it, so any command text travels as one line. NUL cannot be carried.
+pub(crate) fn ansi_c_quote(text: &[u8]) -> String {
+    let mut out = String::with_capacity(text.len() + 3);
+    out.push_str("$'");
+    for &b in text {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\'' => out.push_str("\\'"),
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// A valid identifier for ids of sessions: `[A-Za-z0-9_.-]{1,64}`.
+pub(crate) fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// A valid environment variable name for bash.
+pub(crate) fn valid_env_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Registers `fd` with tokio's reactor.
+#[allow(deprecated)] // `AsyncFd::new` is sound for `OwnedFd`: the AsyncFd owns the descriptor.
+pub(crate) fn async_fd(
+    fd: std::os::fd::OwnedFd,
+) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, crate::RuntimeError> {
+    rustix::io::ioctl_fionbio(&fd, true).map_err(crate::RuntimeError::internal)?;
+    tokio::io::unix::AsyncFd::new(fd).map_err(crate::RuntimeError::internal)
+}
+
+/// Reads what `fd` (non-blocking) holds right now into `out`, up to EAGAIN or EOF.
+/// Returns true at EOF.
+pub(crate) fn drain(fd: impl AsFd, out: &mut Vec<u8>) -> bool {
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        match rustix::io::read(fd.as_fd(), &mut buf) {
+            Ok(0) => return true,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(rustix::io::Errno::INTR) => continue,
+            // EAGAIN: empty for now; EIO: a PTY whose other side is closed.
+            Err(rustix::io::Errno::AGAIN) => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_of_known_instants() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_825_600, 5_000_000), "2000-02-29T12:00:00.005Z");
+        assert_eq!(rfc3339(1_795_000_000, 0), "2026-11-18T11:06:40.000Z");
+    }
+
+    #[test]
+    fn quoting_keeps_every_byte_on_one_line() {
+        let q = ansi_c_quote(b"a'b\\c\nd\xff");
+        assert_eq!(q, "$'a\\'b\\\\c\\x0ad\\xff'");
+        assert!(!q.contains('\n'));
+    }
+}

@@ -1,0 +1,124 @@
+//! Helpers of the runtime's end-to-end tests: a runtime over a scratch state directory with
+//! the package's `lockbox-agent` binary, and re-running a test as uid 65534.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use lockbox_runtime::{ExecRequest, ExecResult, Runtime, RuntimeConfig, Sandbox, SandboxSpec};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+/// A scratch directory every test user can write to.
+pub fn scratch() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("lockbox-rt-test-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// A copy of `src` that every user can execute, shared by test runs of the same build (named
+/// by size and mtime, so nothing piles up in the temporary directory).
+fn executable_copy(src: &Path, name: &str) -> PathBuf {
+    let md = std::fs::metadata(src).unwrap();
+    let mtime = md
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let dir = std::env::temp_dir().join("lockbox-rt-bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Made by root in the first run; uid 65534 re-runs find it ready.
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    let bin = dir.join(format!("{name}-{}-{}", md.len(), mtime.as_nanos()));
+    if !bin.exists() {
+        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+        std::fs::copy(src, &tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &bin).unwrap();
+    }
+    bin
+}
+
+/// The agent binary, copied where uid 65534 can execute it.
+pub fn agent_exe() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        executable_copy(
+            Path::new(env!("CARGO_BIN_EXE_lockbox-agent")),
+            "lockbox-agent",
+        )
+    })
+}
+
+pub async fn runtime(state: &Path) -> Runtime {
+    let mut config = RuntimeConfig::new(state);
+    config.agent_exe = Some(agent_exe().to_owned());
+    Runtime::open(config).await.unwrap()
+}
+
+/// A runtime and a running sandbox with the default policy.
+pub async fn sandbox(state: &Path) -> (Runtime, Sandbox) {
+    sandbox_with(state, SandboxSpec::default()).await
+}
+
+pub async fn sandbox_with(state: &Path, spec: SandboxSpec) -> (Runtime, Sandbox) {
+    let rt = runtime(state).await;
+    let info = rt.create_sandbox(spec).await.unwrap();
+    let sb = rt.sandbox(&info.id).await.unwrap();
+    (rt, sb)
+}
+
+pub fn req(command: &str) -> ExecRequest {
+    ExecRequest {
+        command: command.into(),
+        ..ExecRequest::default()
+    }
+}
+
+pub async fn run(sb: &Sandbox, command: &str) -> ExecResult {
+    sb.exec(req(command)).await.unwrap()
+}
+
+pub fn out(r: &ExecResult) -> String {
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// When run as root, runs the test `name` again as uid 65534 (in a copy of this test
+/// binary it can execute) and asserts it passed. Does nothing in that re-run.
+pub fn also_as_nobody(name: &str) {
+    if !is_root() || std::env::var_os("LOCKBOX_RT_TEST_NOBODY").is_some() {
+        return;
+    }
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let copy = COPY.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_string_lossy().into_owned();
+        executable_copy(&exe, &name)
+    });
+    let out = std::process::Command::new(copy)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("LOCKBOX_RT_TEST_NOBODY", "1")
+        .env("TMPDIR", "/tmp")
+        .current_dir("/")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "as uid 65534: {text}"
+    );
+}

@@ -1,0 +1,215 @@
+//! Bearer-token authentication: the [`Token`] (given in a file, or generated into the state
+//! directory with mode 0600) and the middleware that checks it on every route but
+//! `/healthz`, in constant time.
+
+use crate::error::ApiError;
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::fmt;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+/// Name of the generated token file in the state directory.
+pub const TOKEN_FILE: &str = "server.token";
+
+/// A token shorter than this is refused: it could be guessed.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// Why a token could not be loaded or created.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The token file could not be read.
+    #[error("reading token file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The token in the file is too short or has characters a header cannot carry.
+    #[error("token file {path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The generated token could not be written.
+    #[error("writing token file {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The OS random generator failed.
+    #[error("generating a token: {0}")]
+    Random(String),
+}
+
+/// The secret a client must send as `Authorization: Bearer <token>`. Its `Debug` does
+/// not show it.
+#[derive(Clone)]
+pub struct Token(Arc<str>);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+impl Token {
+    /// Uses `secret` as the token (checked like a token file's content).
+    pub fn new(secret: &str) -> Result<Token, String> {
+        let secret = secret.trim();
+        if secret.len() < MIN_TOKEN_LEN {
+            return Err(format!(
+                "the token has {} characters; at least {MIN_TOKEN_LEN} are needed",
+                secret.len()
+            ));
+        }
+        if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the token must be printable ASCII without spaces".into());
+        }
+        Ok(Token(secret.into()))
+    }
+
+    /// 32 bytes from the OS random generator, hex-encoded.
+    pub fn generate() -> Result<Token, TokenError> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| TokenError::Random(e.to_string()))?;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Token(hex.into()))
+    }
+
+    /// Reads the token from `path` (surrounding whitespace ignored).
+    pub fn from_file(path: &Path) -> Result<Token, TokenError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Token::new(&text).map_err(|reason| TokenError::Invalid {
+            path: path.to_owned(),
+            reason,
+        })
+    }
+
+    /// The token of `<state_dir>/server.token`: read when it exists (so clients keep
+    /// working across restarts), else generated and written there with mode 0600.
+    /// Returns the token and the file's path.
+    pub fn load_or_create(state_dir: &Path) -> Result<(Token, PathBuf), TokenError> {
+        let path = state_dir.join(TOKEN_FILE);
+        if path.exists() {
+            return Ok((Token::from_file(&path)?, path));
+        }
+        let token = Token::generate()?;
+        write_private(&path, token.secret().as_bytes()).map_err(|source| TokenError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        Ok((token, path))
+    }
+
+    /// The secret itself (to print on request, never by default).
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `candidate` is the token; takes the same time wherever they differ.
+    pub fn matches(&self, candidate: &[u8]) -> bool {
+        self.0.as_bytes().ct_eq(candidate).into()
+    }
+}
+
+/// Writes `data` to `path` with mode 0600 atomically (temp file, fsync, rename), so a
+/// crash leaves no half-written token and no moment where others can read it.
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{TOKEN_FILE}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // The umask cannot widen 0600, but a pre-set ACL default could: be explicit.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(data)?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Middleware: answers 401 `UNAUTHORIZED` unless the request carries the token
+/// (`/healthz` excepted, so load balancers need no secret).
+pub async fn require_token(State(token): State<Token>, req: Request, next: Next) -> Response {
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        Some(secret) if token.matches(secret.as_bytes()) => next.run(req).await,
+        Some(_) => unauthorized("the bearer token is wrong"),
+        None => unauthorized("missing `Authorization: Bearer <token>` header"),
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut response = ApiError::new("UNAUTHORIZED", message).into_response();
+    response
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_token_is_64_hex_chars_and_written_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (token, path) = Token::load_or_create(dir.path()).unwrap();
+        assert_eq!(token.secret().len(), 64);
+        assert!(token.secret().bytes().all(|b| b.is_ascii_hexdigit()));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let (again, _) = Token::load_or_create(dir.path()).unwrap();
+        assert!(
+            again.matches(token.secret().as_bytes()),
+            "reused on restart"
+        );
+    }
+
+    #[test]
+    fn wrong_or_prefix_tokens_do_not_match() {
+        let token = Token::new("0123456789abcdef0123").unwrap();
+        assert!(token.matches(b"0123456789abcdef0123"));
+        assert!(!token.matches(b"0123456789abcdef012"));
+        assert!(!token.matches(b"0123456789abcdef01234"));
+        assert!(!token.matches(b""));
+        assert!(Token::new("short").is_err());
+        assert!(Token::new("has a space in the middle").is_err());
+    }
+}

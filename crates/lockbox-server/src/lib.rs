@@ -1,0 +1,133 @@
+//! The HTTP front end of lockbox's long-lived sandboxes (`lockbox serve`): REST + JSON,
+//! SSE for streams, WebSocket for PTYs and interactive stdin, bearer-token auth.
+//!
+//! - [`serve`] runs the API on a listener until a shutdown future resolves, then stops the
+//!   runtime (every sandbox is deleted, its branch's on-exit policy applied);
+//! - [`app`] is the same API as a [`Router`] (for tests and embedding);
+//! - [`Token`] is the secret clients send; [`ServerConfig`] the limits;
+//! - [`openapi::document`] is the OpenAPI 3 description of every route.
+//!
+//! Handlers only translate: a request becomes one call of [`lockbox_runtime`], the result
+//! or [`RuntimeError`](lockbox_runtime::RuntimeError) a response (errors are
+//! `{code, message, details}`, see [`ApiError`]).
+//!
+//! Not here: sandboxes, sessions, logs, files (the runtime); the command line (lockbox-cli).
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod auth;
+mod error;
+mod extract;
+pub mod openapi;
+mod routes;
+mod streams;
+mod wire;
+
+pub use crate::auth::{Token, TokenError, TOKEN_FILE};
+pub use crate::error::{status_of, ApiError, CODES};
+
+use crate::streams::Streams;
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+use lockbox_runtime::Runtime;
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Limits and intervals of the server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// SSE keepalive comment interval (default 10 s, under the 15 s proxies commonly allow).
+    pub keepalive: Duration,
+    /// Largest buffered request body (JSON, stdin); file uploads stream and are not bound
+    /// by it. Default 16 MiB.
+    pub max_body: usize,
+    /// Open SSE and WebSocket streams at most; more is 429 `LIMIT_REACHED`. Default 256.
+    pub max_streams: usize,
+    /// Most log bytes in one non-follow `logs` reply. Default 1 MiB.
+    pub max_log_read: usize,
+    /// How long a stop waits for requests in flight before the runtime is shut down
+    /// anyway (which ends them). Default 5 s.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            keepalive: Duration::from_secs(10),
+            max_body: 16 << 20,
+            max_streams: 256,
+            max_log_read: 1 << 20,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What every handler gets.
+#[derive(Debug, Clone)]
+pub(crate) struct AppState {
+    pub runtime: Runtime,
+    pub streams: Streams,
+    pub config: Arc<ServerConfig>,
+}
+
+/// The API as a router: every route, auth, body limit, JSON errors for unknown routes.
+pub fn app(runtime: Runtime, token: Token, config: ServerConfig) -> Router {
+    build(runtime, token, config, CancellationToken::new())
+}
+
+fn build(
+    runtime: Runtime,
+    token: Token,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) -> Router {
+    let state = AppState {
+        runtime,
+        streams: Streams::new(config.max_streams, config.keepalive, shutdown),
+        config: Arc::new(config.clone()),
+    };
+    routes::router()
+        .layer(DefaultBodyLimit::max(config.max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            token,
+            auth::require_token,
+        ))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves; then ends open streams, waits
+/// up to [`ServerConfig::shutdown_grace`] for requests in flight, and shuts the runtime
+/// down.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    runtime: Runtime,
+    token: Token,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let cancel = CancellationToken::new();
+    let grace = config.shutdown_grace;
+    let router = build(runtime.clone(), token, config, cancel.clone());
+    let stop = cancel.clone();
+    let server = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            stop.cancel();
+        })
+        .into_future();
+    let deadline = async move {
+        cancel.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    let result = tokio::select! {
+        result = server => result,
+        () = deadline => {
+            tracing::warn!(?grace, "requests still in flight after the grace period; stopping");
+            Ok(())
+        }
+    };
+    runtime.shutdown().await;
+    result
+}

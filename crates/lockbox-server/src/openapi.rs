@@ -1,0 +1,485 @@
+//! The OpenAPI 3.0 description of the API, served at `GET /openapi.json`. Written by hand
+//! next to the route table (`routes::router`); a test checks that every path and method
+//! here is routed, and the schemathesis fuzz run (`scripts/fuzz-api.sh`) drives the API
+//! from it.
+
+use serde_json::{json, Map, Value};
+use std::sync::OnceLock;
+
+/// The document (built once).
+pub fn document() -> &'static Value {
+    static DOC: OnceLock<Value> = OnceLock::new();
+    DOC.get_or_init(build)
+}
+
+/// Every `(METHOD, path)` the document describes, e.g. `("GET", "/v1/sandboxes/{id}")`.
+pub fn operations() -> Vec<(String, String)> {
+    let mut ops = Vec::new();
+    if let Some(paths) = document()["paths"].as_object() {
+        for (path, item) in paths {
+            if let Some(methods) = item.as_object() {
+                for method in methods.keys().filter(|m| *m != "parameters") {
+                    ops.push((method.to_ascii_uppercase(), path.clone()));
+                }
+            }
+        }
+    }
+    ops
+}
+
+/// Longest duration any `*_ms` field accepts: 30 days.
+pub const MAX_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Largest `grace_ms` of a kill: one minute.
+pub const MAX_GRACE_MS: u64 = 60_000;
+/// Largest per-process log bound: 1 GiB.
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+
+fn schema(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn json_body(name: &str) -> Value {
+    json!({ "content": { "application/json": { "schema": schema(name) } } })
+}
+
+fn reply(description: &str, name: &str) -> Value {
+    let mut body = json_body(name);
+    body["description"] = json!(description);
+    body
+}
+
+fn path_param(name: &str, what: &str) -> Value {
+    json!({ "name": name, "in": "path", "required": true, "description": what,
+            "schema": { "type": "string" } })
+}
+
+fn query(name: &str, required: bool, what: &str, schema: Value) -> Value {
+    json!({ "name": name, "in": "query", "required": required, "description": what,
+            "schema": schema })
+}
+
+/// An operation: summary, parameters, optional request body, success responses; every
+/// operation also answers `4XX` with the error schema.
+fn op(summary: &str, params: Vec<Value>, body: Option<Value>, ok: &[(&str, Value)]) -> Value {
+    let mut responses = Map::new();
+    for (status, response) in ok {
+        responses.insert((*status).to_owned(), response.clone());
+    }
+    responses.insert(
+        "4XX".into(),
+        reply("error (see `code`; 401 without a valid token)", "Error"),
+    );
+    let mut operation = json!({ "summary": summary, "parameters": params, "responses": responses });
+    if let Some(body) = body {
+        operation["requestBody"] = body;
+    }
+    operation
+}
+
+fn required_json(name: &str) -> Option<Value> {
+    let mut body = json_body(name);
+    body["required"] = json!(true);
+    Some(body)
+}
+
+fn optional_json(name: &str) -> Option<Value> {
+    let mut body = json_body(name);
+    body["required"] = json!(false);
+    Some(body)
+}
+
+/// The schema of one SSE event (clients such as schemathesis validate each event with it).
+fn sse_event(names: &[&str]) -> Value {
+    json!({ "type": "object", "required": ["data"],
+            "properties": {
+                "event": { "type": "string", "enum": names },
+                "data": { "type": "string", "description": "a JSON document" },
+                "id": { "type": "string", "description": "the log cursor after this event" } } })
+}
+
+const EXEC_EVENTS: &[&str] = &["start", "stdout", "stderr", "exit", "error"];
+const LOG_EVENTS: &[&str] = &["stdout", "stderr", "pty", "truncated", "eof"];
+
+fn sse(description: &str) -> Value {
+    json!({ "description": description,
+            "content": { "text/event-stream": { "schema": sse_event(EXEC_EVENTS) } } })
+}
+
+fn build() -> Value {
+    let id = || path_param("id", "sandbox id");
+    let pid = || path_param("pid", "process id (`p1`, ...)");
+    let sid = || path_param("sid", "session id");
+    let fpath = |what: &str| query("path", true, what, json!({ "type": "string" }));
+    let boolean = json!({ "type": "boolean" });
+    let no_content = json!({ "description": "done" });
+
+    let paths = json!({
+        "/healthz": {
+            "get": {
+                "summary": "Liveness (no token needed)",
+                "security": [],
+                "responses": { "200": reply("alive", "Health") }
+            }
+        },
+        "/openapi.json": {
+            "get": op("This document", vec![], None,
+                &[("200", json!({ "description": "OpenAPI 3.0 document",
+                    "content": { "application/json": { "schema": { "type": "object" } } } }))])
+        },
+        "/v1/sandboxes": {
+            "post": op("Create a sandbox", vec![], optional_json("CreateSandbox"),
+                &[("201", reply("created", "Sandbox"))]),
+            "get": op("List sandboxes (running, stopped and lost)", vec![], None,
+                &[("200", reply("the sandboxes", "SandboxList"))])
+        },
+        "/v1/sandboxes/{id}": {
+            "get": op("Show a sandbox", vec![id()], None, &[("200", reply("the sandbox", "Sandbox"))]),
+            "delete": op("Delete a sandbox: kill everything in it, apply on_exit to its branch",
+                vec![id()], None, &[("200", reply("the stopped sandbox", "Sandbox"))])
+        },
+        "/v1/sandboxes/{id}/sessions": {
+            "post": op("Create a session (a persistent bash)", vec![id()], optional_json("CreateSession"),
+                &[("201", reply("created", "Session"))]),
+            "get": op("List sessions", vec![id()], None, &[("200", reply("the sessions", "SessionList"))])
+        },
+        "/v1/sandboxes/{id}/sessions/{sid}": {
+            "delete": op("Delete a session (kills what runs in it)", vec![id(), sid()], None,
+                &[("204", no_content.clone())])
+        },
+        "/v1/sandboxes/{id}/exec": {
+            "post": op("Run a command in a session and wait for it", vec![id()], required_json("ExecRequest"),
+                &[("200", reply("how it ended, with all output", "ExecResult"))])
+        },
+        "/v1/sandboxes/{id}/exec/stream": {
+            "post": op("Run a command in a session, streaming its output (SSE events start, stdout, stderr, exit, error)",
+                vec![id()], required_json("ExecRequest"),
+                &[("200", sse("events; `stdout`/`stderr` carry {data_b64, data?}, `exit` {exit_code, timed_out, duration_ms, session}"))])
+        },
+        "/v1/sandboxes/{id}/processes": {
+            "post": op("Start a background process", vec![id()], required_json("StartProcess"),
+                &[("201", reply("started", "Process"))]),
+            "get": op("List processes", vec![id()], None, &[("200", reply("the processes", "ProcessList"))])
+        },
+        "/v1/sandboxes/{id}/processes/{pid}": {
+            "get": op("Show a process", vec![id(), pid()], None, &[("200", reply("the process", "Process"))]),
+            "delete": op("Kill a process tree (TERM, grace, KILL) and wait for it",
+                vec![id(), pid(), query("grace_ms", false, "SIGTERM → SIGKILL delay (default 2000)",
+                    json!({ "type": "integer", "minimum": 0, "maximum": MAX_GRACE_MS }))],
+                None, &[("200", reply("the exited process", "Process"))])
+        },
+        "/v1/sandboxes/{id}/processes/{pid}/signal": {
+            "post": op("Send a signal to the whole process tree", vec![id(), pid()], required_json("SignalRequest"),
+                &[("200", reply("the process", "Process"))])
+        },
+        "/v1/sandboxes/{id}/processes/{pid}/logs": {
+            "get": op("Read the output log from a cursor; with follow=true an SSE stream (id: = cursor, Last-Event-ID resumes)",
+                vec![id(), pid(),
+                    query("since", false, "cursor (0 = oldest retained byte)", json!({ "type": "integer", "minimum": 0 })),
+                    query("follow", false, "stream live after the replay (SSE)", boolean.clone()),
+                    query("max_bytes", false, "most bytes in a non-follow reply", json!({ "type": "integer", "minimum": 1 })),
+                    json!({ "name": "Last-Event-ID", "in": "header", "required": false,
+                            "description": "resume a followed stream after this cursor",
+                            "schema": { "type": "string", "pattern": "^[0-9]{1,19}$" } })],
+                None,
+                &[("200", json!({ "description": "a chunk (JSON), or events (SSE) when following",
+                    "content": {
+                        "application/json": { "schema": schema("LogChunk") },
+                        "text/event-stream": { "schema": sse_event(LOG_EVENTS) } } }))])
+        },
+        "/v1/sandboxes/{id}/processes/{pid}/stdin": {
+            "post": op("Write to the process's stdin (raw body, or JSON {data|data_b64, close})",
+                vec![id(), pid(), query("close", false, "close stdin after writing", boolean.clone())],
+                Some(json!({ "required": false, "content": {
+                    "application/octet-stream": { "schema": { "type": "string", "format": "binary" } },
+                    "application/json": { "schema": schema("StdinRequest") } } })),
+                &[("200", reply("written", "StdinResult"))])
+        },
+        "/v1/sandboxes/{id}/processes/{pid}/pty": {
+            "get": op("WebSocket to a PTY process (binary frames both ways, {\"resize\":{cols,rows}} text frames, scrollback on attach); for a pipe process stdin and merged output",
+                vec![id(), pid()], None, &[("101", json!({ "description": "switching to WebSocket" }))])
+        },
+        "/v1/sandboxes/{id}/processes/{pid}/ws": {
+            "get": op("The same WebSocket as /pty (the name for interactive stdin of pipe processes)",
+                vec![id(), pid()], None, &[("101", json!({ "description": "switching to WebSocket" }))])
+        },
+        "/v1/sandboxes/{id}/files": {
+            "get": op("Read a file (Range: bytes=a-b gives 206, 416 when outside the file)",
+                vec![id(), fpath("the file"),
+                    json!({ "name": "Range", "in": "header", "required": false,
+                            "schema": { "type": "string" }, "description": "one byte range" })],
+                None,
+                &[("200", json!({ "description": "the bytes",
+                        "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } })),
+                  ("206", json!({ "description": "the range",
+                        "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }))]),
+            "put": op("Write a file atomically from the raw body (parents created)",
+                vec![id(), fpath("the file"),
+                    query("mode", false, "octal permission bits (default 644)",
+                        json!({ "type": "string", "pattern": "^[0-7]{1,4}$" }))],
+                Some(json!({ "required": false, "content": {
+                    "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } })),
+                &[("200", reply("the written file", "FileStat"))])
+        },
+        "/v1/sandboxes/{id}/fs/list": {
+            "get": op("List a directory", vec![id(), fpath("the directory"),
+                    query("recursive", false, "descend", boolean.clone()),
+                    query("hidden", false, "include dot files", boolean.clone())],
+                None, &[("200", reply("entries", "FileList"))])
+        },
+        "/v1/sandboxes/{id}/fs/stat": {
+            "get": op("Stat a path (symlinks not followed)", vec![id(), fpath("the path")], None,
+                &[("200", reply("the entry", "FileStat"))])
+        },
+        "/v1/sandboxes/{id}/fs/mkdir": {
+            "post": op("Create a directory", vec![id()], required_json("MkdirRequest"),
+                &[("200", reply("the directory", "FileStat"))])
+        },
+        "/v1/sandboxes/{id}/fs/move": {
+            "post": op("Move or rename", vec![id()], required_json("MoveRequest"),
+                &[("200", reply("the destination", "FileStat"))])
+        },
+        "/v1/sandboxes/{id}/fs/remove": {
+            "post": op("Remove a file or directory", vec![id()], required_json("RemoveRequest"),
+                &[("204", no_content.clone())])
+        },
+        "/v1/sandboxes/{id}/changes": {
+            "get": op("What committing the sandbox's branch would do", vec![id()], None,
+                &[("200", reply("the change set", "ChangeList"))])
+        },
+        "/v1/sandboxes/{id}/commit": {
+            "post": op("Commit the branch (all, or only/exclude paths) to the workdir", vec![id()],
+                optional_json("CommitRequest"), &[("200", reply("what was applied", "CommitSummary"))])
+        },
+        "/v1/sandboxes/{id}/abort": {
+            "post": op("Discard the branch's changes", vec![id()], None,
+                &[("200", reply("done", "AbortResult"))])
+        }
+    });
+
+    let mut paths = paths;
+    add_links(&mut paths);
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "lockbox",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches. Every route but /healthz needs `Authorization: Bearer <token>`. Errors are {code, message, details}; see docs/server.md."
+        },
+        "security": [ { "bearer": [] } ],
+        "paths": paths,
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": schemas()
+        }
+    })
+}
+
+/// OpenAPI links from the operations that create things to those that use them, so a
+/// stateful client (and schemathesis' stateful phase) can follow ids it was given.
+fn add_links(paths: &mut Value) {
+    let Some(map) = paths.as_object_mut() else {
+        return;
+    };
+    let mut sandbox_links = Map::new();
+    let mut process_links = Map::new();
+    let mut session_links = Map::new();
+    for (path, item) in map.iter() {
+        let Some(methods) = item.as_object() else {
+            continue;
+        };
+        for method in methods.keys() {
+            let name = format!("{method}{}", path.replace(['/', '{', '}'], "_"));
+            let op_ref = format!(
+                "#/paths/{}/{method}",
+                path.replace('~', "~0").replace('/', "~1")
+            );
+            if path.starts_with("/v1/sandboxes/{id}/processes/{pid}") {
+                process_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$request.path.id", "pid": "$response.body#/id" } }),
+                );
+            } else if path == "/v1/sandboxes/{id}/sessions/{sid}" {
+                session_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$request.path.id", "sid": "$response.body#/id" } }),
+                );
+            } else if path.starts_with("/v1/sandboxes/{id}")
+                && !path.contains("{pid}")
+                && !path.contains("{sid}")
+            {
+                sandbox_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$response.body#/id" } }),
+                );
+            }
+        }
+    }
+    for (path, links) in [
+        ("/v1/sandboxes", sandbox_links),
+        ("/v1/sandboxes/{id}/processes", process_links),
+        ("/v1/sandboxes/{id}/sessions", session_links),
+    ] {
+        if let Some(created) = map
+            .get_mut(path)
+            .and_then(|item| item.pointer_mut("/post/responses/201"))
+        {
+            created["links"] = Value::Object(links);
+        }
+    }
+}
+
+fn schemas() -> Value {
+    let string = json!({ "type": "string" });
+    let strings = json!({ "type": "array", "items": { "type": "string" } });
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    let boolean = json!({ "type": "boolean" });
+    let count = json!({ "type": "integer", "minimum": 0 });
+    let ms = json!({ "type": "integer", "minimum": 1, "maximum": MAX_MS });
+    let size = json!({ "oneOf": [ { "type": "integer", "minimum": 0 },
+                                  { "type": "string", "example": "512M" } ] });
+    let b64 = json!({ "type": "string", "format": "byte" });
+    let nullable = |t: &str| json!({ "type": t, "nullable": true });
+    let object = |props: Value, required: &[&str]| {
+        let mut o = json!({ "type": "object", "properties": props, "additionalProperties": false });
+        if !required.is_empty() {
+            o["required"] = json!(required);
+        }
+        o
+    };
+    json!({
+        "Error": {
+            "type": "object",
+            "required": ["code", "message", "details"],
+            "properties": {
+                "code": { "type": "string", "enum": crate::error::CODES.iter().map(|(c, _)| *c).collect::<Vec<_>>() },
+                "message": string,
+                "details": { "type": "object" }
+            }
+        },
+        "Health": { "type": "object", "properties": { "status": string, "version": string } },
+        "CreateSandbox": object(json!({
+            "fs_readable": strings, "fs_writable": strings, "default_reads": boolean,
+            "net": { "type": "string", "enum": ["none", "host"] },
+            "max_memory": size, "max_processes": { "type": "integer", "minimum": 1 },
+            "max_open_files": { "type": "integer", "minimum": 1 }, "max_file_size": size,
+            "timeout_ms": ms, "kill_grace_ms": { "type": "integer", "minimum": 0, "maximum": MAX_GRACE_MS },
+            "env": string_map, "clean_env": boolean, "cwd": string, "hostname": string,
+            "workdir": string, "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"] },
+            "idle_timeout_ms": ms, "labels": string_map
+        }), &[]),
+        "Sandbox": {
+            "type": "object",
+            "required": ["id", "state", "created_at", "labels", "sessions", "processes"],
+            "properties": {
+                "id": string, "state": { "type": "string", "enum": ["running", "stopped", "lost"] },
+                "created_at": string, "workdir": nullable("string"), "branch": nullable("string"),
+                "branch_action": { "type": "string", "enum": ["kept", "committed", "aborted"] },
+                "labels": string_map, "sessions": count, "processes": count
+            }
+        },
+        "SandboxList": { "type": "object", "required": ["sandboxes"],
+            "properties": { "sandboxes": { "type": "array", "items": schema("Sandbox") } } },
+        "CreateSession": object(json!({
+            "id": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" }, "cwd": string, "env": string_map
+        }), &[]),
+        "Session": { "type": "object", "required": ["id", "pid", "created_at", "busy"],
+            "properties": { "id": string, "pid": { "type": "integer" }, "created_at": string, "busy": boolean } },
+        "SessionList": { "type": "object", "required": ["sessions"],
+            "properties": { "sessions": { "type": "array", "items": schema("Session") } } },
+        "ExecRequest": object(json!({
+            "command": string, "session": string, "cwd": string, "env": string_map,
+            "timeout_ms": ms, "stdin_b64": b64, "stdin": string
+        }), &["command"]),
+        "ExecResult": { "type": "object",
+            "required": ["exit_code", "stdout_b64", "stderr_b64", "timed_out", "duration_ms", "session"],
+            "properties": {
+                "exit_code": { "type": "integer" }, "stdout_b64": b64, "stderr_b64": b64,
+                "stdout": string, "stderr": string, "timed_out": boolean,
+                "duration_ms": { "type": "number" }, "session": string
+            } },
+        "PtySize": object(json!({
+            "cols": { "type": "integer", "minimum": 1, "maximum": 65535 },
+            "rows": { "type": "integer", "minimum": 1, "maximum": 65535 }
+        }), &["cols", "rows"]),
+        "StartProcess": object(json!({
+            "argv": { "type": "array", "items": { "type": "string" }, "minItems": 1 },
+            "command": string, "session": string, "cwd": string, "env": string_map,
+            "pty": schema("PtySize"),
+            "log_bytes": { "type": "integer", "minimum": 1, "maximum": MAX_LOG_BYTES },
+            "stdin": boolean
+        }), &[]),
+        "Process": { "type": "object",
+            "required": ["id", "pid", "command", "state", "started_at", "pty", "log_end"],
+            "properties": {
+                "id": string, "pid": { "type": "integer" }, "command": strings,
+                "state": { "type": "string", "enum": ["running", "exited"] },
+                "exit_code": nullable("integer"), "signal": nullable("integer"),
+                "started_at": string, "pty": boolean, "log_end": count
+            } },
+        "ProcessList": { "type": "object", "required": ["processes"],
+            "properties": { "processes": { "type": "array", "items": schema("Process") } } },
+        "SignalRequest": object(json!({
+            "signal": { "oneOf": [ { "type": "integer", "minimum": 1, "maximum": 64 },
+                                   { "type": "string", "example": "TERM" } ] }
+        }), &["signal"]),
+        "LogSegment": { "type": "object", "required": ["stream", "offset", "data_b64"],
+            "properties": {
+                "stream": { "type": "string", "enum": ["stdout", "stderr", "pty"] },
+                "offset": count, "data_b64": b64, "data": string
+            } },
+        "LogChunk": { "type": "object", "required": ["segments", "next", "truncated", "eof"],
+            "properties": {
+                "segments": { "type": "array", "items": schema("LogSegment") },
+                "next": count, "truncated": boolean, "eof": boolean
+            } },
+        "StdinRequest": object(json!({ "data": string, "data_b64": b64, "close": boolean }), &[]),
+        "StdinResult": { "type": "object", "properties": { "written": count, "closed": boolean } },
+        "FileStat": { "type": "object", "required": ["path", "kind", "size", "mode", "modified"],
+            "properties": {
+                "path": string, "kind": { "type": "string", "enum": ["file", "dir", "symlink", "other"] },
+                "size": count, "mode": count, "modified": string, "target": nullable("string")
+            } },
+        "FileList": { "type": "object", "required": ["entries"],
+            "properties": { "entries": { "type": "array", "items": schema("FileStat") } } },
+        "MkdirRequest": object(json!({ "path": string, "parents": boolean }), &["path"]),
+        "MoveRequest": object(json!({ "from": string, "to": string, "overwrite": boolean }), &["from", "to"]),
+        "RemoveRequest": object(json!({ "path": string, "recursive": boolean }), &["path"]),
+        "Change": { "type": "object",
+            "properties": {
+                "path": string,
+                "kind": { "type": "string", "enum": ["added", "modified", "deleted", "type_changed"] },
+                "file_type": { "type": "string", "enum": ["file", "dir", "symlink", "special"] },
+                "size": count, "mode": count
+            } },
+        "ChangeList": { "type": "object", "required": ["changes"],
+            "properties": { "changes": { "type": "array", "items": schema("Change") } } },
+        "CommitRequest": object(json!({ "only": strings, "exclude": strings, "force": boolean }), &[]),
+        "CommitSummary": { "type": "object", "required": ["report", "remaining"],
+            "properties": { "report": { "type": "object" }, "remaining": count } },
+        "AbortResult": { "type": "object", "properties": { "aborted": boolean } }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_schema_reference_resolves() {
+        let doc = document();
+        let text = doc.to_string();
+        for piece in text.split("#/components/schemas/").skip(1) {
+            let name: String = piece.chars().take_while(|c| c.is_alphanumeric()).collect();
+            assert!(
+                doc["components"]["schemas"].get(&name).is_some(),
+                "dangling $ref {name}"
+            );
+        }
+        assert!(operations().len() >= 30, "{:?}", operations());
+        let links = &doc["paths"]["/v1/sandboxes"]["post"]["responses"]["201"]["links"];
+        assert!(links.as_object().unwrap().len() >= 15, "{links}");
+    }
+}

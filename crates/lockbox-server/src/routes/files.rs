@@ -1,0 +1,217 @@
+//! Files in a sandbox's view: raw read (HTTP Range) and atomic streamed write, stat, list,
+//! mkdir, move, remove. Paths are resolved by the runtime beneath the sandbox root.
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::wire::{ListQuery, Mkdir, Move, PathQuery, PutQuery, Remove};
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::TryStreamExt;
+use lockbox_runtime::{ByteRange, WriteOptions};
+use serde_json::json;
+use tokio_util::io::{ReaderStream, StreamReader};
+
+/// A single `bytes=` range as written: `a-b`, `a-` or `-n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RangeSpec {
+    From { start: u64, last: Option<u64> },
+    Suffix(u64),
+}
+
+/// Parses a `Range` header. `None`: no usable single byte range, so the whole file is
+/// sent (RFC 9110 lets a server ignore a Range it does not support, e.g. several ranges).
+fn parse_range(header: &str) -> Option<RangeSpec> {
+    let spec = header.trim().strip_prefix("bytes=")?.trim();
+    if spec.contains(',') {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let (a, b) = (a.trim(), b.trim());
+    if a.is_empty() {
+        return b.parse().ok().map(RangeSpec::Suffix);
+    }
+    let start = a.parse().ok()?;
+    let last = if b.is_empty() {
+        None
+    } else {
+        Some(b.parse().ok()?)
+    };
+    if last.is_some_and(|last| last < start) {
+        return None;
+    }
+    Some(RangeSpec::From { start, last })
+}
+
+/// `[start, end)` of the range within a file of `size` bytes, or `None` when unsatisfiable.
+fn resolve(spec: RangeSpec, size: u64) -> Option<(u64, u64)> {
+    match spec {
+        RangeSpec::From { start, .. } if start >= size => None,
+        RangeSpec::From { start, last } => {
+            Some((start, last.map_or(size, |l| l.saturating_add(1).min(size))))
+        }
+        RangeSpec::Suffix(0) => None,
+        RangeSpec::Suffix(n) => Some((size.saturating_sub(n), size)),
+    }
+}
+
+pub async fn get(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    let spec = headers
+        .get(RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_range);
+    let range = match spec {
+        None => None,
+        Some(spec) => {
+            let size = sandbox.stat(&query.path).await?.size;
+            match resolve(spec, size) {
+                Some((start, end)) => Some(ByteRange {
+                    start,
+                    end: Some(end),
+                }),
+                None => return Ok(unsatisfiable(&query.path, size)),
+            }
+        }
+    };
+    let read = sandbox.read_file(&query.path, range).await?;
+    let (start, end) = read.range;
+    let mut response = Response::new(Body::from_stream(ReaderStream::new(read.body)));
+    let h = response.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(CONTENT_LENGTH, HeaderValue::from(end - start));
+    if range.is_some() {
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+        let value = format!("bytes {start}-{}/{}", end.saturating_sub(1), read.size);
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(CONTENT_RANGE, value);
+        }
+    }
+    Ok(response)
+}
+
+fn unsatisfiable(path: &str, size: u64) -> Response {
+    let mut response = ApiError::new(
+        "RANGE_NOT_SATISFIABLE",
+        format!("{path}: the range is outside the file ({size} bytes)"),
+    )
+    .with_details(json!({ "path": path, "size": size }))
+    .into_response();
+    if let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}")) {
+        response.headers_mut().insert(CONTENT_RANGE, value);
+    }
+    response
+}
+
+/// Streams the body into the file (no buffering, so no size cap from memory); the runtime
+/// writes a temporary file and renames it, so readers see the old or the new file.
+pub async fn put(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PutQuery>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let mode = query.mode()?;
+    let sandbox = app.runtime.sandbox(&id).await?;
+    let stream = req
+        .into_body()
+        .into_data_stream()
+        .map_err(std::io::Error::other);
+    let options = WriteOptions {
+        mode: mode.unwrap_or(WriteOptions::default().mode),
+        create_parents: true,
+    };
+    let stat = sandbox
+        .write_file(&query.path, Box::pin(StreamReader::new(stream)), options)
+        .await?;
+    Ok(Json(stat))
+}
+
+pub async fn stat(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(sandbox.stat(&query.path).await?))
+}
+
+pub async fn list(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    let entries = sandbox
+        .list(&query.path, query.recursive, query.hidden)
+        .await?;
+    Ok(Json(json!({ "entries": entries })))
+}
+
+pub async fn mkdir(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<Mkdir>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(sandbox.mkdir(&body.path, body.parents).await?))
+}
+
+pub async fn rename(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<Move>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(
+        sandbox.rename(&body.from, &body.to, body.overwrite).await?,
+    ))
+}
+
+pub async fn remove(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<Remove>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    sandbox.remove(&body.path, body.recursive).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_resolve_like_rfc_9110() {
+        let r = |h: &str, size| parse_range(h).map(|s| resolve(s, size));
+        assert_eq!(r("bytes=0-3", 10), Some(Some((0, 4))));
+        assert_eq!(r("bytes=5-", 10), Some(Some((5, 10))));
+        assert_eq!(r("bytes=-3", 10), Some(Some((7, 10))));
+        assert_eq!(r("bytes=-30", 10), Some(Some((0, 10))));
+        assert_eq!(r("bytes=8-100", 10), Some(Some((8, 10))));
+        assert_eq!(
+            r("bytes=10-", 10),
+            Some(None),
+            "start at the end is unsatisfiable"
+        );
+        assert_eq!(r("bytes=-0", 10), Some(None));
+        assert_eq!(r("bytes=0-0", 0), Some(None));
+        assert_eq!(r("bytes=3-1", 10), None, "invalid: ignored");
+        assert_eq!(r("bytes=0-1,4-5", 10), None, "several ranges: whole file");
+        assert_eq!(r("items=0-1", 10), None);
+    }
+}

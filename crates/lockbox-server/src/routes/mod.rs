@@ -1,0 +1,82 @@
+//! The route table: one line per route, handlers in one module per resource.
+
+mod exec;
+mod files;
+mod processes;
+mod pty;
+mod sandboxes;
+mod workspace;
+
+use crate::error::ApiError;
+use crate::AppState;
+use axum::http::{Method, Uri};
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+/// Every route of the API (also what `openapi.json` describes).
+pub fn router() -> Router<AppState> {
+    let sandbox = "/v1/sandboxes/{id}";
+    let process = "/v1/sandboxes/{id}/processes/{pid}";
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route(sandbox, get(sandboxes::show).delete(sandboxes::delete))
+        .route(
+            &format!("{sandbox}/sessions"),
+            post(sandboxes::create_session).get(sandboxes::list_sessions),
+        )
+        .route(
+            &format!("{sandbox}/sessions/{{sid}}"),
+            delete(sandboxes::delete_session),
+        )
+        .route(&format!("{sandbox}/exec"), post(exec::exec))
+        .route(&format!("{sandbox}/exec/stream"), post(exec::stream))
+        .route(
+            &format!("{sandbox}/processes"),
+            post(processes::start).get(processes::list),
+        )
+        .route(process, get(processes::show).delete(processes::kill))
+        .route(&format!("{process}/signal"), post(processes::signal))
+        .route(&format!("{process}/logs"), get(processes::logs))
+        .route(&format!("{process}/stdin"), post(processes::stdin))
+        .route(&format!("{process}/pty"), get(pty::attach))
+        .route(&format!("{process}/ws"), get(pty::attach))
+        .route(&format!("{sandbox}/files"), get(files::get).put(files::put))
+        .route(&format!("{sandbox}/fs/list"), get(files::list))
+        .route(&format!("{sandbox}/fs/stat"), get(files::stat))
+        .route(&format!("{sandbox}/fs/mkdir"), post(files::mkdir))
+        .route(&format!("{sandbox}/fs/move"), post(files::rename))
+        .route(&format!("{sandbox}/fs/remove"), post(files::remove))
+        .route(&format!("{sandbox}/changes"), get(workspace::changes))
+        .route(&format!("{sandbox}/commit"), post(workspace::commit))
+        .route(&format!("{sandbox}/abort"), post(workspace::abort))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn healthz() -> impl IntoResponse {
+    Json(json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
+}
+
+async fn openapi() -> impl IntoResponse {
+    Json(crate::openapi::document().clone())
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::new("NOT_FOUND", format!("no route {}", uri.path()))
+        .with_details(json!({ "path": uri.path() }))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        "METHOD_NOT_ALLOWED",
+        format!("{} does not take {method}", uri.path()),
+    )
+    .with_details(json!({ "path": uri.path(), "method": method.as_str() }))
+}

@@ -1,0 +1,200 @@
+//! Background processes: start, list, status, signal, kill, stdin, and their output log
+//! (a JSON chunk, or SSE with `id:` = cursor so `Last-Event-ID` resumes).
+
+use crate::error::ApiError;
+use crate::extract::{parse_json, ApiJson, ApiPath, ApiQuery};
+use crate::openapi::MAX_GRACE_MS;
+use crate::streams::{data_fields, json_event};
+use crate::wire::{
+    check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery,
+};
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use lockbox_runtime::{LogChunk, LogSegment};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Default SIGTERM → SIGKILL delay of `DELETE .../processes/{pid}`.
+const DEFAULT_GRACE: Duration = Duration::from_secs(2);
+
+pub async fn start(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<StartProcess>,
+) -> Result<impl IntoResponse, ApiError> {
+    let spec = body.into_spec()?;
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox.start_process(spec).await?),
+    ))
+}
+
+pub async fn list(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(json!({ "processes": sandbox.list_processes().await })))
+}
+
+pub async fn show(
+    State(app): State<AppState>,
+    ApiPath((id, pid)): ApiPath<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(sandbox.process(&pid).await?))
+}
+
+pub async fn signal(
+    State(app): State<AppState>,
+    ApiPath((id, pid)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<Signal>,
+) -> Result<impl IntoResponse, ApiError> {
+    let signal = body.signal.number()?;
+    let sandbox = app.runtime.sandbox(&id).await?;
+    sandbox.signal_process(&pid, signal).await?;
+    Ok(Json(sandbox.process(&pid).await?))
+}
+
+pub async fn kill(
+    State(app): State<AppState>,
+    ApiPath((id, pid)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<KillQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    check_ms("grace_ms", query.grace_ms, MAX_GRACE_MS)?;
+    let grace = query.grace_ms.map_or(DEFAULT_GRACE, Duration::from_millis);
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(sandbox.kill_process(&pid, grace).await?))
+}
+
+/// Writes the body to the process's stdin: raw bytes (`?close=true` closes afterwards),
+/// or with `Content-Type: application/json` `{data | data_b64, close}`.
+pub async fn stdin(
+    State(app): State<AppState>,
+    ApiPath((id, pid)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<StdinQuery>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let is_json = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    let body = Bytes::from_request(req, &())
+        .await
+        .map_err(crate::extract::body_rejection)?;
+    let (data, close) = if is_json {
+        let stdin: Stdin = parse_json(&body)?;
+        let data = match (stdin.data, stdin.data_b64) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "data",
+                    "give either data or data_b64, not both",
+                ))
+            }
+            (Some(text), None) => Bytes::from(text),
+            (None, Some(b64)) => decode_b64("data_b64", &b64)?.into(),
+            (None, None) => Bytes::new(),
+        };
+        (data, stdin.close || query.close)
+    } else {
+        (body, query.close)
+    };
+    let sandbox = app.runtime.sandbox(&id).await?;
+    if !data.is_empty() {
+        sandbox.write_stdin(&pid, data.clone()).await?;
+    }
+    if close {
+        sandbox.close_stdin(&pid).await?;
+    }
+    Ok(Json(json!({ "written": data.len(), "closed": close })))
+}
+
+/// One log chunk as JSON: `{segments: [{stream, offset, data_b64, data?}], next, truncated, eof}`.
+pub fn chunk_json(chunk: &LogChunk) -> Value {
+    let segments: Vec<Value> = chunk.segments.iter().map(segment_json).collect();
+    json!({
+        "segments": segments,
+        "next": chunk.next,
+        "truncated": chunk.truncated,
+        "eof": chunk.eof,
+    })
+}
+
+fn segment_json(segment: &LogSegment) -> Value {
+    let mut fields = data_fields(&segment.data);
+    fields.insert("stream".into(), json!(segment.stream));
+    fields.insert("offset".into(), json!(segment.offset));
+    Value::Object(fields)
+}
+
+/// SSE events of one chunk: `truncated` when bytes asked for were evicted, then one event
+/// per segment named after its stream with `id:` = the cursor after it, then `eof`.
+fn chunk_events(chunk: LogChunk) -> Vec<Event> {
+    let mut events = Vec::new();
+    if chunk.truncated {
+        let first = chunk.segments.first().map_or(chunk.next, |s| s.offset);
+        events.push(json_event("truncated", &json!({ "resumed_at": first })));
+    }
+    for segment in &chunk.segments {
+        let end = segment.offset + segment.data.len() as u64;
+        let body = segment_json(segment);
+        let name = body["stream"].as_str().unwrap_or("stdout").to_owned();
+        events.push(json_event(&name, &body).id(end.to_string()));
+    }
+    if chunk.eof {
+        events.push(json_event("eof", &json!({ "next": chunk.next })).id(chunk.next.to_string()));
+    }
+    events
+}
+
+pub async fn logs(
+    State(app): State<AppState>,
+    ApiPath((id, pid)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<LogsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    if !query.follow {
+        let max = query
+            .max_bytes
+            .unwrap_or(app.config.max_log_read)
+            .clamp(1, app.config.max_log_read);
+        let chunk = sandbox
+            .read_logs(&pid, query.since.unwrap_or(0), max)
+            .await?;
+        return Ok(Json(chunk_json(&chunk)).into_response());
+    }
+    // A reconnecting EventSource sends the last `id:` it saw: resume right after it.
+    let since = match headers
+        .get("last-event-id")
+        .map(|v| v.to_str().map(str::parse::<u64>))
+    {
+        Some(Ok(Ok(cursor))) => cursor,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Last-Event-ID",
+                "Last-Event-ID: expected a cursor (a number) from an earlier event",
+            ))
+        }
+        None => query.since.unwrap_or(0),
+    };
+    let slot = app.streams.open()?;
+    let events = sandbox
+        .follow_logs(&pid, since)
+        .await?
+        .flat_map(|chunk| futures_util::stream::iter(chunk_events(chunk)));
+    Ok(app.streams.sse(slot, events).into_response())
+}

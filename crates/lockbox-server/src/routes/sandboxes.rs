@@ -1,0 +1,64 @@
+//! Sandboxes and their sessions: create, list, show, delete.
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath};
+use crate::wire::{CreateSandbox, CreateSession};
+use crate::AppState;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::json;
+
+pub async fn create(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<CreateSandbox>,
+) -> Result<impl IntoResponse, ApiError> {
+    let info = app.runtime.create_sandbox(body.into_spec()?).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+pub async fn list(State(app): State<AppState>) -> impl IntoResponse {
+    Json(json!({ "sandboxes": app.runtime.list_sandboxes().await }))
+}
+
+pub async fn show(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(app.runtime.sandbox_info(&id).await?))
+}
+
+pub async fn delete(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(app.runtime.delete_sandbox(&id).await?))
+}
+
+pub async fn create_session(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<CreateSession>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    let info = sandbox.create_session(body.into_options()).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+pub async fn list_sessions(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(json!({ "sessions": sandbox.list_sessions().await })))
+}
+
+pub async fn delete_session(
+    State(app): State<AppState>,
+    ApiPath((id, sid)): ApiPath<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    sandbox.delete_session(&sid).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,36 @@
+//! The sandbox's copy-on-write branch: what it changes, commit (all or a selection), abort.
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath};
+use crate::wire::Commit;
+use crate::AppState;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::json;
+
+pub async fn changes(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(json!({ "changes": sandbox.changes().await? })))
+}
+
+pub async fn commit(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<Commit>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    Ok(Json(sandbox.commit(body.into_selection()).await?))
+}
+
+pub async fn abort(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    sandbox.abort().await?;
+    Ok(Json(json!({ "aborted": true })))
+}

@@ -1,0 +1,550 @@
+//! Request bodies and query strings of the API, and their one conversion each into the
+//! runtime's types. Unknown fields are refused everywhere; `*_ms` fields are milliseconds
+//! (the only place units are bare numbers).
+
+use crate::error::ApiError;
+use crate::openapi::{MAX_GRACE_MS, MAX_LOG_BYTES, MAX_MS};
+use base64::Engine;
+use lockbox_policy::{ByteSize, Net, Policy, PolicyError};
+use lockbox_runtime::{
+    ExecRequest, OnExit, ProcessCommand, ProcessSpec, PtySize, SandboxSpec, Selection,
+    SessionOptions,
+};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Extra read-only host paths (absolute).
+    pub fs_readable: Vec<PathBuf>,
+    /// Read-write host paths (absolute); writes reach the host.
+    pub fs_writable: Vec<PathBuf>,
+    /// Grant /usr, /bin, /sbin, /lib, /lib64 and /etc (minus secrets) read-only.
+    pub default_reads: Option<bool>,
+    /// `none` (loopback only, default) or `host`.
+    pub net: Option<Net>,
+    /// Memory limit, bytes or `512M`.
+    pub max_memory: Option<ByteSize>,
+    /// Processes and threads.
+    pub max_processes: Option<u64>,
+    /// Descriptors per process.
+    pub max_open_files: Option<u64>,
+    /// Largest file written, bytes or `100M`.
+    pub max_file_size: Option<ByteSize>,
+    /// Wall-clock lifetime of the sandbox.
+    pub timeout_ms: Option<u64>,
+    /// SIGTERM → SIGKILL delay when processes are stopped.
+    pub kill_grace_ms: Option<u64>,
+    /// Variables set in every session and process.
+    pub env: BTreeMap<String, String>,
+    /// Start from an empty environment instead of PATH, LANG, LC_ALL, TERM, HOME=/tmp.
+    pub clean_env: bool,
+    /// Working directory inside (absolute).
+    pub cwd: Option<PathBuf>,
+    /// Hostname inside.
+    pub hostname: Option<String>,
+    /// A host directory seen through a copy-on-write branch.
+    pub workdir: Option<PathBuf>,
+    /// What deleting the sandbox does with the branch: `keep` (default), `commit`, `abort`.
+    pub on_exit: Option<OnExit>,
+    /// Delete the sandbox after this long without a request.
+    pub idle_timeout_ms: Option<u64>,
+    /// Free-form labels, returned as given.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl CreateSandbox {
+    /// The one conversion from the HTTP body to a policy and a sandbox spec.
+    pub fn into_spec(self) -> Result<SandboxSpec, ApiError> {
+        let mut policy = Policy::default();
+        policy.fs.read = self.fs_readable;
+        policy.fs.write = self.fs_writable;
+        if let Some(default_reads) = self.default_reads {
+            policy.fs.default_reads = default_reads;
+        }
+        policy.net = self.net.unwrap_or_default();
+        policy.limits.memory = self.max_memory;
+        policy.limits.processes = self.max_processes;
+        policy.limits.open_files = self.max_open_files;
+        policy.limits.file_size = self.max_file_size;
+        policy.timeout = self.timeout_ms.map(Duration::from_millis);
+        if let Some(ms) = self.kill_grace_ms {
+            policy.kill_grace = Duration::from_millis(ms);
+        }
+        policy.env.set = self.env;
+        policy.env.clean = self.clean_env;
+        policy.cwd = self.cwd;
+        if let Some(hostname) = self.hostname {
+            policy.hostname = hostname;
+        }
+        check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
+        check_ms("kill_grace_ms", self.kill_grace_ms, MAX_GRACE_MS)?;
+        check_ms("idle_timeout_ms", self.idle_timeout_ms, MAX_MS)?;
+        policy.validate().map_err(policy_error)?;
+        if let Some(workdir) = &self.workdir {
+            if !workdir.is_absolute() {
+                return Err(ApiError::invalid(
+                    "workdir",
+                    format!("workdir: path {workdir:?} must be absolute"),
+                ));
+            }
+        }
+        if self.idle_timeout_ms == Some(0) {
+            return Err(ApiError::invalid(
+                "idle_timeout_ms",
+                "idle_timeout_ms: must be greater than zero (leave it out for none)",
+            ));
+        }
+        Ok(SandboxSpec {
+            policy,
+            workdir: self.workdir,
+            on_exit: self.on_exit.unwrap_or_default(),
+            idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
+            labels: self.labels,
+        })
+    }
+}
+
+/// Refuses a duration beyond `max` milliseconds (a deadline that far is a client bug, and
+/// would overflow clock arithmetic further down).
+pub fn check_ms(field: &str, value: Option<u64>, max: u64) -> Result<(), ApiError> {
+    match value {
+        Some(ms) if ms > max => Err(ApiError::invalid(
+            field,
+            format!("{field}: {ms} is more than the maximum {max}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A refused policy as `INVALID_REQUEST`, naming the field as the client spelled it.
+fn policy_error(e: PolicyError) -> ApiError {
+    let message = e.to_string();
+    let (field, message) = match &e {
+        PolicyError::RelativePath { field, .. }
+        | PolicyError::ReservedPath { field, .. }
+        | PolicyError::Invalid { field, .. } => {
+            let wire = wire_field(field);
+            // The policy names its own field (`fs.write: ...`); say it as the client did.
+            let rest = message.strip_prefix(field).unwrap_or(&message);
+            (wire, format!("{wire}{rest}"))
+        }
+        PolicyError::BadEnv { .. } => ("env", message),
+        _ => ("", message),
+    };
+    ApiError::invalid(field, message)
+}
+
+fn wire_field(policy_field: &'static str) -> &'static str {
+    match policy_field {
+        "fs.read" => "fs_readable",
+        "fs.write" => "fs_writable",
+        "timeout" => "timeout_ms",
+        "kill_grace" => "kill_grace_ms",
+        "cwd" => "cwd",
+        "hostname" => "hostname",
+        "limits.memory" => "max_memory",
+        "limits.processes" => "max_processes",
+        "limits.open_files" => "max_open_files",
+        "limits.file_size" => "max_file_size",
+        other => other,
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/sessions`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CreateSession {
+    /// The session's id (generated when absent).
+    pub id: Option<String>,
+    /// Initial working directory.
+    pub cwd: Option<String>,
+    /// Variables exported in the session.
+    pub env: BTreeMap<String, String>,
+}
+
+impl CreateSession {
+    /// The runtime's options.
+    pub fn into_options(self) -> SessionOptions {
+        SessionOptions {
+            id: self.id,
+            cwd: self.cwd,
+            env: self.env,
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exec {
+    /// A bash command line, run in the session.
+    pub command: String,
+    /// The session (the sandbox's default session when absent).
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Working directory for this call only.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Variables for this call only.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kill the command (TERM, grace, KILL of its tree) after this long; exit 124.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Bytes for the command's stdin (closed when absent).
+    #[serde(default)]
+    pub stdin_b64: Option<String>,
+    /// Text for the command's stdin (alternative to `stdin_b64`).
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+impl Exec {
+    /// The runtime's request.
+    pub fn into_request(self) -> Result<ExecRequest, ApiError> {
+        if self.timeout_ms == Some(0) {
+            return Err(ApiError::invalid(
+                "timeout_ms",
+                "timeout_ms: must be greater than zero",
+            ));
+        }
+        check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
+        let stdin = match (self.stdin_b64, self.stdin) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "stdin",
+                    "give either stdin or stdin_b64, not both",
+                ))
+            }
+            (Some(b64), None) => Some(decode_b64("stdin_b64", &b64)?.into()),
+            (None, Some(text)) => Some(text.into_bytes().into()),
+            (None, None) => None,
+        };
+        Ok(ExecRequest {
+            command: self.command,
+            session: self.session,
+            cwd: self.cwd,
+            env: self.env,
+            timeout: self.timeout_ms.map(Duration::from_millis),
+            stdin,
+        })
+    }
+}
+
+/// Decodes standard base64, naming the field on error.
+pub fn decode_b64(field: &str, text: &str) -> Result<Vec<u8>, ApiError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| ApiError::invalid(field, format!("{field}: invalid base64: {e}")))
+}
+
+/// PTY size.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Size {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+impl Size {
+    /// Refuses a zero dimension.
+    pub fn check(self, field: &str) -> Result<PtySize, ApiError> {
+        if self.cols == 0 || self.rows == 0 {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field}: cols and rows must be at least 1"),
+            ));
+        }
+        Ok(PtySize {
+            cols: self.cols,
+            rows: self.rows,
+        })
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/processes`: exactly one of `argv` and `command`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StartProcess {
+    /// Program and arguments, run directly.
+    pub argv: Option<Vec<String>>,
+    /// A bash command line, run with the cwd and environment of `session`.
+    pub command: Option<String>,
+    /// The session whose state `command` starts from.
+    pub session: Option<String>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Extra variables.
+    pub env: BTreeMap<String, String>,
+    /// Run on a pseudo-terminal of this size.
+    pub pty: Option<Size>,
+    /// Bound of the output log in bytes (default: the server's).
+    pub log_bytes: Option<usize>,
+    /// Keep stdin open for writes (default: stdin is /dev/null).
+    pub stdin: bool,
+}
+
+impl StartProcess {
+    /// The runtime's spec.
+    pub fn into_spec(self) -> Result<ProcessSpec, ApiError> {
+        let command =
+            match (self.argv, self.command) {
+                (Some(argv), None) => {
+                    if argv.is_empty() || argv[0].is_empty() {
+                        return Err(ApiError::invalid("argv", "argv: needs a program name"));
+                    }
+                    if self.session.is_some() {
+                        return Err(ApiError::invalid(
+                            "session",
+                            "session applies to `command`, not to `argv`",
+                        ));
+                    }
+                    ProcessCommand::Argv(argv)
+                }
+                (None, Some(script)) => ProcessCommand::Shell {
+                    script,
+                    session: self.session,
+                },
+                _ => return Err(ApiError::invalid(
+                    "argv",
+                    "give exactly one of argv (program and arguments) and command (a shell line)",
+                )),
+            };
+        if self.log_bytes == Some(0) {
+            return Err(ApiError::invalid(
+                "log_bytes",
+                "log_bytes: must be greater than zero",
+            ));
+        }
+        check_ms("log_bytes", self.log_bytes.map(|b| b as u64), MAX_LOG_BYTES)?;
+        Ok(ProcessSpec {
+            command,
+            cwd: self.cwd,
+            env: self.env,
+            pty: self.pty.map(|s| s.check("pty")).transpose()?,
+            log_bytes: self.log_bytes,
+            stdin: self.stdin,
+        })
+    }
+}
+
+/// A signal by name (`TERM`, `SIGTERM`) or number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SignalName {
+    /// `15`.
+    Number(i32),
+    /// `"TERM"`, `"SIGTERM"`.
+    Name(String),
+}
+
+const SIGNALS: &[(&str, i32)] = &[
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("KILL", libc::SIGKILL),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("CONT", libc::SIGCONT),
+    ("STOP", libc::SIGSTOP),
+    ("TSTP", libc::SIGTSTP),
+    ("WINCH", libc::SIGWINCH),
+];
+
+impl SignalName {
+    /// The signal number, refusing unknown names and numbers outside 1..=64.
+    pub fn number(&self) -> Result<i32, ApiError> {
+        let n = match self {
+            SignalName::Number(n) => *n,
+            SignalName::Name(name) => {
+                let bare = name.strip_prefix("SIG").unwrap_or(name);
+                match SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(bare)) {
+                    Some((_, n)) => *n,
+                    None => {
+                        return Err(ApiError::invalid(
+                            "signal",
+                            format!("signal: unknown signal name {name:?}"),
+                        ))
+                    }
+                }
+            }
+        };
+        if !(1..=64).contains(&n) {
+            return Err(ApiError::invalid(
+                "signal",
+                format!("signal: {n} is not a signal number (1-64)"),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// `POST .../processes/{pid}/signal`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signal {
+    /// The signal, to the whole process tree.
+    pub signal: SignalName,
+}
+
+/// `DELETE .../processes/{pid}?grace_ms=`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KillQuery {
+    /// SIGTERM → SIGKILL delay (default 2000).
+    pub grace_ms: Option<u64>,
+}
+
+/// `GET .../processes/{pid}/logs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogsQuery {
+    /// Cursor to read from (0: the oldest byte kept).
+    pub since: Option<u64>,
+    /// Stream live (SSE) after the replay.
+    pub follow: bool,
+    /// Most bytes in one (non-follow) reply.
+    pub max_bytes: Option<usize>,
+}
+
+/// `POST .../processes/{pid}/stdin` with a JSON body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Stdin {
+    /// Text to write.
+    pub data: Option<String>,
+    /// Bytes to write.
+    pub data_b64: Option<String>,
+    /// Close stdin after writing.
+    pub close: bool,
+}
+
+/// `POST .../processes/{pid}/stdin?close=` with a raw body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StdinQuery {
+    /// Close stdin after writing.
+    pub close: bool,
+}
+
+/// `?path=` of `GET/PUT files` and `fs/stat`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// Absolute inside the sandbox, or relative to its working directory.
+    pub path: String,
+}
+
+/// `PUT files?path=&mode=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutQuery {
+    /// Where to write.
+    pub path: String,
+    /// Permission bits, octal text (`644`, `0755`).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+impl PutQuery {
+    /// The mode as a number.
+    pub fn mode(&self) -> Result<Option<u32>, ApiError> {
+        self.mode
+            .as_deref()
+            .map(|m| {
+                u32::from_str_radix(m, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o7777)
+                    .ok_or_else(|| {
+                        ApiError::invalid("mode", format!("mode: {m:?} is not octal bits (0644)"))
+                    })
+            })
+            .transpose()
+    }
+}
+
+/// `GET fs/list`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// The directory.
+    pub path: String,
+    /// Descend into subdirectories.
+    #[serde(default)]
+    pub recursive: bool,
+    /// Include names starting with `.`.
+    #[serde(default)]
+    pub hidden: bool,
+}
+
+/// `POST fs/mkdir`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mkdir {
+    /// The directory to create.
+    pub path: String,
+    /// Create missing parents (default true); an existing directory is then fine.
+    #[serde(default = "yes")]
+    pub parents: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST fs/move`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Move {
+    /// Source.
+    pub from: String,
+    /// Destination.
+    pub to: String,
+    /// Replace an existing destination.
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+/// `POST fs/remove`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Remove {
+    /// What to remove.
+    pub path: String,
+    /// Remove a directory with its contents.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `POST commit`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Commit {
+    /// Only these paths (relative to the workdir; a directory covers what is below it).
+    pub only: Vec<String>,
+    /// Not these paths.
+    pub exclude: Vec<String>,
+    /// Commit even where the workdir changed under the branch at those paths.
+    pub force: bool,
+}
+
+impl Commit {
+    /// The runtime's selection.
+    pub fn into_selection(self) -> Selection {
+        Selection {
+            only: self.only,
+            exclude: self.exclude,
+            force: self.force,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Fuzzes lockbox's HTTP API from its own OpenAPI document with schemathesis: starts
+# `lockbox serve` on a free port with a scratch state directory, runs `schemathesis run`,
+# and fails on any 5xx, on a request that hangs (--request-timeout), or on a response whose
+# status, content type or body the document does not describe (FUZZ_CHECKS overrides the
+# list of checks). As root the server runs as uid 65534, so no fuzzed grant or path
+# can touch what only root may.
+#
+# Environment: LOCKBOX_BIN (default: build lockbox-cli), FUZZ_MAX_EXAMPLES (default 50),
+# FUZZ_VENV (default $CARGO_TARGET_DIR/fuzz-venv or target/fuzz-venv; schemathesis is
+# pip-installed there on first use).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=${CARGO_TARGET_DIR:-$PWD/target}
+bin=${LOCKBOX_BIN:-}
+if [ -z "$bin" ]; then
+  cargo build -q -p lockbox-cli
+  bin=$target/debug/lockbox
+fi
+venv=${FUZZ_VENV:-$target/fuzz-venv}
+if [ ! -x "$venv/bin/schemathesis" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q 'schemathesis>=4,<5'
+fi
+
+work=$(mktemp -d /tmp/lockbox-fuzz.XXXXXX)
+chmod 755 "$work"
+cp "$bin" "$work/lockbox"
+run_as=()
+if [ "$(id -u)" = 0 ]; then
+  mkdir "$work/state"
+  chown 65534:65534 "$work/state"
+  run_as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+fi
+"${run_as[@]}" "$work/lockbox" serve --listen 127.0.0.1:0 --state-dir "$work/state" \
+  --print-token --max-sandboxes 8 >"$work/out" 2>"$work/err" &
+server=$!
+cleanup() {
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+for _ in $(seq 300); do
+  [ -s "$work/out" ] && break
+  kill -0 "$server" 2>/dev/null || { cat "$work/err" >&2; exit 1; }
+  sleep 0.1
+done
+field() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())[sys.argv[2]])' "$work/out" "$1"; }
+listen=$(field listen)
+token=$(field token)
+python3 - "$listen" "$token" "$work/openapi.json" <<'PY'
+import sys, urllib.request
+req = urllib.request.Request(f"http://{sys.argv[1]}/openapi.json",
+                             headers={"Authorization": f"Bearer {sys.argv[2]}"})
+open(sys.argv[3], "wb").write(urllib.request.urlopen(req).read())
+PY
+
+status=0
+"$venv/bin/schemathesis" run "$work/openapi.json" --url "http://$listen" \
+  -H "Authorization: Bearer $token" \
+  --checks "${FUZZ_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance}" \
+  --max-examples "${FUZZ_MAX_EXAMPLES:-50}" \
+  --request-timeout 60 \
+  --workers 2 \
+  --seed 1 \
+  --no-color || status=$?
+if ! kill -0 "$server" 2>/dev/null; then
+  echo "fuzz-api: the server died" >&2
+  status=1
+fi
+if [ "$status" != 0 ]; then
+  echo "--- server stderr" >&2
+  tail -50 "$work/err" >&2
+fi
+exit "$status"
