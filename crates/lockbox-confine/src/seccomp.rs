@@ -3,7 +3,7 @@
 //!
 //! Each entry of [`denied`] says why, and so does each entry of [`REVIEWED_ALLOWED`] (calls a
 //! reader would expect denied, and every call since Linux 5.1). Denied calls fail with
-//! `EPERM` (so programs see a clear error); `clone3` and `openat2` fail with `ENOSYS`
+//! `EPERM` (so programs see a clear error); `clone3` fails with `ENOSYS`
 //! because their arguments live in memory a filter cannot read, and libc then falls back to
 //! `clone` and `openat`, whose arguments we can check. On x86_64,
 //! x32-ABI and 32-bit entry points kill the process: a deny list keyed on 64-bit numbers
@@ -486,6 +486,7 @@ pub const REVIEWED_ALLOWED: &[Allowed] = &[
     Allowed { name: "pidfd_send_signal", nr: Some(424), why: "as kill: pid namespace plus Landlock signal scope" },
     Allowed { name: "pidfd_open", nr: Some(434), why: "only names processes visible in the sandbox's pid namespace" },
     Allowed { name: "close_range", nr: Some(436), why: "closes the caller's own descriptors" },
+    Allowed { name: "openat2", nr: Some(437), why: "the runtime's in-sandbox agent resolves file paths with it; its O_CREAT mode is in memory, so a setuid mode through it is not refused (known gap)" },
     Allowed { name: "pidfd_getfd", nr: Some(438), why: "needs PTRACE_MODE_ATTACH on the target: only the sandbox's own, dumpable processes" },
     Allowed { name: "faccessat2", nr: Some(439), why: "as faccessat" },
     Allowed { name: "process_madvise", nr: Some(440), why: "needs PTRACE_MODE_READ on the target (the sandbox's own processes) and CAP_SYS_NICE for the destructive advice" },
@@ -588,7 +589,7 @@ pub fn build() -> Result<BpfProgram, SetupError> {
 /// Syscalls answered `ENOSYS` before the deny list: their arguments live in memory a filter
 /// cannot read (clone3's flags, openat2's mode), and callers fall back to the older call
 /// (clone, openat), whose arguments the list checks.
-pub const ENOSYS_CALLS: [i64; 2] = [libc::SYS_clone3, libc::SYS_openat2];
+pub const ENOSYS_CALLS: [i64; 1] = [libc::SYS_clone3];
 
 /// Runs before seccompiler's program: kill on a foreign architecture (32-bit entry) or an
 /// x32 syscall number, and `ENOSYS` for the calls in [`ENOSYS_CALLS`].
@@ -611,8 +612,7 @@ fn prologue() -> BpfProgram {
         // x32 syscalls are the x86_64 numbers with bit 30 set (__X32_SYSCALL_BIT).
         ins(JGE_K, 0, 1, 0x4000_0000),
         ins(RET_K, 0, 0, RET_KILL_PROCESS),
-        ins(JEQ_K, 1, 0, ENOSYS_CALLS[0] as u32),
-        ins(JEQ_K, 0, 1, ENOSYS_CALLS[1] as u32),
+        ins(JEQ_K, 0, 1, ENOSYS_CALLS[0] as u32),
         ins(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
     ]
 }
