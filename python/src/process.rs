@@ -59,7 +59,8 @@ fn outcome_json(o: &Outcome) -> Value {
 
 /// Starts `argv` in a sandbox confined by `policy` (JSON). With `result_pipe`, a pipe's
 /// write end is handed to the command as descriptor `result_fd` (>= 3) and its read end
-/// is readable from Python as `Process.result_fd`.
+/// is readable from Python as `Process.result_fd`; an argument `{result_fd}` is replaced
+/// by the descriptor's number.
 #[pyfunction]
 #[pyo3(signature = (policy, argv, stdin="null", stdout="null", stderr="null", result_pipe=false))]
 pub(crate) fn spawn(
@@ -82,7 +83,17 @@ pub(crate) fn spawn(
     } else {
         None
     };
-    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    // `{result_fd}` in argv names the result pipe's descriptor inside the sandbox.
+    let child_fd = result
+        .as_ref()
+        .map(|(_, w)| std::os::fd::AsRawFd::as_raw_fd(w).to_string());
+    let argv: Vec<OsString> = argv
+        .into_iter()
+        .map(|a| match (&child_fd, a.as_str()) {
+            (Some(fd), "{result_fd}") => fd.into(),
+            _ => a.into(),
+        })
+        .collect();
     let stdio = Stdio {
         stdin: in_child,
         stdout: out_child,
