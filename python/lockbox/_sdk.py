@@ -257,6 +257,15 @@ class Cmd:
         """What this command would change in its workdir; nothing is applied."""
         return Pipeline([self]).dry_run()
 
+    def prepare(self) -> PreparedTxn:
+        """Runs this command as a one-stage transaction and keeps its layer (see
+        :meth:`Pipeline.prepare`)."""
+        return Pipeline([self]).prepare()
+
+    def transaction(self) -> contextlib.AbstractContextManager[Transaction]:
+        """A one-stage :meth:`Pipeline.transaction`."""
+        return Pipeline([self]).transaction()
+
 
 class _Txn:
     """What pipelines and gathers share: the workdir, the state directory, the spec."""
