@@ -2,7 +2,8 @@
 no file of lockbox has to be visible there). Kept dependency-free: stdlib plus cloudpickle
 when the parent used it.
 
-Protocol: stdin carries one frame ``<8-byte big-endian length><pickle of (fn, args,
+Protocol: the interpreter writes ``R`` to the result descriptor once it is ready; stdin
+carries one frame ``<8-byte big-endian length><pickle of (fn, args,
 kwargs)>``; the result goes to descriptor ``argv[1]`` as ``<1-byte status><8-byte
 length><pickle>``, status ``o`` (value) or ``e`` (dict: type, message, traceback). The
 interpreter starts (and imports the pickler) before the frame arrives, which is what makes
@@ -35,6 +36,7 @@ def _send(status, data):
         n = os.write(fd, view)
         view = view[n:]
 
+os.write(fd, b"R")  # ready: imports done, waiting for the payload
 (n,) = struct.unpack(">Q", _read_exact(8))
 payload = _read_exact(n)
 if sys.argv[3] == "devnull":

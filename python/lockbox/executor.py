@@ -290,7 +290,27 @@ def wait_for_cleanup() -> None:
     _reaper.join()
 
 
-def _run_call(proc: Any, payload: bytes, timeout: float | None, max_result: int, trusted: bool) -> ExecutionResult:
+def _wait_ready(proc: Any, timeout: float) -> bool:
+    """Waits for the interpreter's ready byte; False if it died or took too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        why = proc.wait(max(0.0, deadline - time.monotonic()), watch_result=True)
+        if why != "result":
+            return False
+        try:
+            return os.read(proc.result_fd, 1) == b"R"
+        except BlockingIOError:
+            continue
+
+
+def _run_call(
+    proc: Any,
+    payload: bytes,
+    timeout: float | None,
+    max_result: int,
+    trusted: bool,
+    ready_consumed: bool = False,
+) -> ExecutionResult:
     """Sends ``payload`` to a started interpreter and supervises it to the end; the
     sandbox is dead when this returns."""
     started = time.monotonic()
@@ -303,6 +323,7 @@ def _run_call(proc: Any, payload: bytes, timeout: float | None, max_result: int,
         threading.Thread(target=_write_all, args=(proc.stdin_fd, payload), daemon=True).start()
     buf = bytearray()
     header = 9
+    ready_seen = [ready_consumed]
 
     def frame() -> tuple[bytes, bytes] | None:
         if len(buf) < header:
@@ -322,6 +343,9 @@ def _run_call(proc: Any, payload: bytes, timeout: float | None, max_result: int,
             if not chunk:
                 return False
             buf.extend(chunk)
+            if not ready_seen[0] and buf:
+                del buf[:1]  # the interpreter's ready byte
+                ready_seen[0] = True
             if len(buf) > header + max_result:
                 return False
 
@@ -470,10 +494,15 @@ class SandboxPool(SandboxExecutor):
 
     def _start_one(self) -> None:
         proc = self._spec.spawn()
-        if self._closed:
-            _discard(proc)
-        else:
-            self._ready.put(proc)
+
+        def when_ready() -> None:
+            # Only interpreters that finished starting are handed out: that is the warmth.
+            if not _wait_ready(proc, 120) or self._closed:
+                _discard(proc)
+            else:
+                self._ready.put(proc)
+
+        threading.Thread(target=when_ready, daemon=True).start()
 
     def _refill(self) -> None:
         # A sandbox dies with the thread that started it (PR_SET_PDEATHSIG), so every
@@ -488,9 +517,14 @@ class SandboxPool(SandboxExecutor):
             raise UsageError("this SandboxPool is closed")
         payload = self._spec.dumps(self._target(fn), args, kwargs)
         proc = self._ready.get()
-        if not self._closed:
-            self._refill()
-        return _run_call(proc, payload, self.timeout, self.max_result_bytes, self.trusted_results)
+        try:
+            return _run_call(proc, payload, self.timeout, self.max_result_bytes,
+                             self.trusted_results, ready_consumed=True)
+        finally:
+            # Replace it after the call, so the new interpreter's start-up does not compete
+            # with the call for the CPU.
+            if not self._closed:
+                self._refill()
 
     def close(self) -> None:
         """Kills every waiting interpreter."""
