@@ -443,7 +443,15 @@ class SandboxExecutor:
     def secure_execute(self, fn: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> ExecutionResult:
         """Runs ``fn(*args, **kwargs)`` (or ``worker.fn(...)`` on a copy when ``fn`` is a
         method name) in a new sandboxed interpreter; the GIL is released while waiting."""
-        payload = self._spec.dumps(self._target(fn), args, kwargs)
+        return self.execute_payload(self.payload(fn, *args, **kwargs))
+
+    def payload(self, fn: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> bytes:
+        """The framed, pickled call (what :meth:`execute_payload` runs; the Ray backend
+        ships it to a worker)."""
+        return self._spec.dumps(self._target(fn), args, kwargs)
+
+    def execute_payload(self, payload: bytes) -> ExecutionResult:
+        """Runs a call made by :meth:`payload` in a new sandboxed interpreter."""
         proc = self._spec.spawn()
         return _run_call(proc, payload, self.timeout, self.max_result_bytes, self.trusted_results)
 
@@ -511,11 +519,10 @@ class SandboxPool(SandboxExecutor):
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [fut]
 
-    def secure_execute(self, fn: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> ExecutionResult:
-        """Runs ``fn(*args, **kwargs)`` in a pre-started sandboxed interpreter."""
+    def execute_payload(self, payload: bytes) -> ExecutionResult:
+        """Runs a call made by :meth:`payload` in a pre-started sandboxed interpreter."""
         if self._closed:
             raise UsageError("this SandboxPool is closed")
-        payload = self._spec.dumps(self._target(fn), args, kwargs)
         proc = self._ready.get()
         try:
             return _run_call(proc, payload, self.timeout, self.max_result_bytes,
