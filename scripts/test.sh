@@ -44,14 +44,17 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace
 
-# The Python SDK (python/): a virtualenv of the system's python3 under the target directory,
-# the extension built in debug mode into it by maturin (reusing cargo's target directory, so
-# this costs one more crate, not a release build), then pytest. In CI a missing dependency
-# (cloudpickle, PostgreSQL, root) fails the suite instead of skipping.
+# The Python SDK (python/): a virtualenv of the system's python3 (outside the checkout, which
+# uid 65534 may not be able to enter), the extension built in debug mode by maturin (reusing
+# cargo's target directory: one more crate, not a release build) and installed as a wheel,
+# then pytest. In CI a missing dependency (cloudpickle, Ray, PostgreSQL, root) fails the suite
+# instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
 echo "== python SDK"
-pyvenv="${CARGO_TARGET_DIR:-target}/python-venv"
+pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
 [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
-"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'cloudpickle>=2'
-VIRTUAL_ENV="$(cd "$pyvenv" && pwd)" "$pyvenv/bin/maturin" develop -q -m python/Cargo.toml
+"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'cloudpickle>=2' 'ray>=2'
+rm -rf "$pyvenv/wheels"
+"$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
+"$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$pyvenv"/wheels/lockbox-*.whl
 chmod -R a+rX "$pyvenv"
-"$pyvenv/bin/python" -m pytest -q -rs python/tests
+"$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests

@@ -93,10 +93,11 @@ def test_ok_returns_the_value():
 def test_error_carries_the_remote_traceback():
     r = SandboxExecutor(timeout=30).secure_execute(raises)
     assert r.status == "error" and r.error == "builtins.ValueError: bad input"
-    assert "raise ValueError" in r.traceback
+    # The test's source is not visible inside the sandbox: frames, without source lines.
+    assert ", in raises\n" in r.traceback and r.traceback.endswith("ValueError: bad input\n")
     with pytest.raises(RemoteError) as e:
         r.unwrap()
-    assert "raise ValueError" in e.value.traceback
+    assert e.value.traceback == r.traceback
 
 
 def test_timeout_kills_the_call():
