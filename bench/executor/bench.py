@@ -83,8 +83,7 @@ def main():
 
         def refilled():
             wait_for_cleanup()
-            while pool._ready.qsize() < pool.size:  # noqa: SLF001 - wait for the refill (see doc)
-                time.sleep(0.01)
+            pool.wait_ready()
 
         w = measure("lockbox warm pool", lambda: pool.secure_execute(trivial, 1, 2).result, n, refilled)
     print(f"warm pool vs baseline: {base / w:.1f}x faster")
@@ -97,7 +96,9 @@ def main():
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rp = RaySandboxPool(1, timeout=30)
-    measure("ray + lockbox", lambda: rp.secure_execute(trivial, 1, 2).result, n)
+    measure("ray + lockbox (warm actor)", lambda: rp.secure_execute(trivial, 1, 2).result, n, rp.wait_ready)
+    rp.close()
+    ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -533,6 +533,12 @@ class SandboxPool(SandboxExecutor):
             if not self._closed:
                 self._refill()
 
+    def wait_ready(self, poll: float = 0.01) -> None:
+        """Blocks until all ``size`` interpreters are started and ready (after a burst of
+        calls, each replacement takes a sandbox start)."""
+        while self._ready.qsize() < self.size and not self._closed:
+            time.sleep(poll)
+
     def close(self) -> None:
         """Kills every waiting interpreter."""
         self._closed = True

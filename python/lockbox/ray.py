@@ -57,7 +57,9 @@ class _Worker:
     def run(self, payload: bytes) -> ExecutionResult:
         return self.pool.execute_payload(payload)
 
-    def ping(self) -> bool:
+    def wait_ready(self) -> bool:
+        """Blocks until every interpreter of the actor's pool is started and ready."""
+        self.pool.wait_ready()
         return True
 
 
@@ -122,6 +124,13 @@ class RaySandboxPool:
         finally:
             self._idle.put(actor)
         return result
+
+    def wait_ready(self) -> None:
+        """Blocks until every idle actor's interpreters are started (after a burst of calls,
+        refills take a sandbox start each)."""
+        ray = _require_ray()
+        actors = list(self._idle.queue)
+        ray.get([a.wait_ready.remote() for a in actors])
 
     def close(self) -> None:
         """Kills every actor (and so every sandbox they hold)."""
