@@ -20,6 +20,7 @@ Example::
 """
 
 from . import errors
+from .client import AsyncClient, Client
 from ._lockbox import __version__
 from ._sdk import Cmd, Gather, Pipeline, PreparedTxn, Sandbox, Transaction, default_state_dir
 from ._types import (
@@ -46,6 +47,8 @@ from .errors import (
 __all__ = [
     "__version__",
     "errors",
+    "Client",
+    "AsyncClient",
     "Sandbox",
     "Cmd",
     "Pipeline",

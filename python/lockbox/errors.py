@@ -30,6 +30,7 @@ Exceptions mean the machinery itself failed, or you asked for something impossib
     │   ├── NotSerializable (also TypeError) a step value is not JSON-serialisable
     │   ├── StepFailed                       a step's exception was journaled (journal_errors=True)
     │   ├── RunNotFound / RunExists / StepTooLarge / StorageError
+    ├── ServerError                          an error answered by ``lockbox serve`` (``status``)
     └── ExecutorError                        a sandboxed function did not return a value
         ├── RemoteError                      it raised (``traceback`` holds the remote one)
         ├── TimeoutError (also builtins.TimeoutError)  it ran out of time
@@ -66,6 +67,7 @@ __all__ = [
     "RunExists",
     "StepTooLarge",
     "StorageError",
+    "ServerError",
     "ExecutorError",
     "RemoteError",
     "TimeoutError",
@@ -211,6 +213,15 @@ class StepTooLarge(JournalError):
 
 class StorageError(JournalError):
     """The journal's storage (SQLite, files, PostgreSQL) failed."""
+
+
+class ServerError(LockboxError):
+    """An error answered by ``lockbox serve``: ``code``, ``message``, ``details`` as sent,
+    and the HTTP ``status`` (0 when the server could not be reached)."""
+
+    def __init__(self, message: str, *, status: int = 0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.status = status
 
 
 class ExecutorError(LockboxError):
