@@ -202,7 +202,6 @@ def test_warm_pool_reuses_nothing_between_calls():
         results = [pool.secure_execute(count) for _ in range(4)]
         assert [r.result for r in results] == [1, 1, 1, 1]
         assert pool.secure_execute(add, 1, 2).result == 3
-        assert pool.secure_execute(sleeps).status == "timeout" if pool.timeout else True
 
 
 def test_pool_timeout_and_crash_do_not_break_the_pool():
