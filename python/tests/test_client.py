@@ -71,7 +71,7 @@ def test_processes_logs_files_and_errors(server):
         assert p.logs().text == "hello\n"
         box.files.write("/tmp/d/f.txt", b"\x00bytes")
         assert box.files.read("/tmp/d/f.txt") == b"\x00bytes"
-        assert any(e["name"] == "f.txt" for e in box.files.list("/tmp/d"))
+        assert [e["path"] for e in box.files.list("/tmp/d")] == ["/tmp/d/f.txt"]
         with pytest.raises(ServerError) as e:
             box.files.read("/../../etc/shadow")
         assert e.value.status in (403, 404) and e.value.code
