@@ -22,7 +22,7 @@ Example::
 from . import errors
 from .client import AsyncClient, Client
 from ._lockbox import __version__
-from ._sdk import Cmd, Gather, Pipeline, PreparedTxn, Sandbox, Transaction, default_state_dir
+from ._sdk import Cmd, Gather, Pipeline, PreparedTxn, Sandbox, Transaction, default_state_dir, recover
 from ._types import (
     AbortReason,
     Change,
@@ -56,6 +56,7 @@ __all__ = [
     "PreparedTxn",
     "Transaction",
     "default_state_dir",
+    "recover",
     "AbortReason",
     "Change",
     "ConflictPolicy",

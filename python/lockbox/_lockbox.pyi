@@ -18,7 +18,7 @@ def prepare_txn(spec: str, stdin: bytes | None = None) -> PreparedTxn:
     """Runs every stage of a transaction spec and keeps the layers."""
 
 def recover(state_dir: str, workdir: str | None = None) -> str:
-    """Rolls interrupted transactions forward or back; returns the report."""
+    """Rolls interrupted transactions forward or back; returns the report as JSON."""
 
 def run_plain(stages: str, stdin: bytes | None = None) -> tuple[str, bytes]:
     """Runs stages as a streaming pipeline without a transaction."""

@@ -20,7 +20,9 @@ from ._types import (
 )
 from .errors import ConflictError, StageFailedError, UnsupportedError, UsageError
 
-__all__ = ["Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir"]
+__all__ = [
+    "Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir", "recover",
+]
 
 PathLike = str | os.PathLike[str]
 
@@ -38,6 +40,16 @@ def default_state_dir() -> str:
     if xdg:
         return os.path.join(xdg, "lockbox")
     return os.path.join(os.path.expanduser("~"), ".local", "state", "lockbox")
+
+
+def recover(workdir: PathLike | None = None, *, state_dir: PathLike | None = None) -> dict[str, Any]:
+    """Finishes or rolls back transactions interrupted by a crash (of ``workdir``, or of every
+    workdir): after their commit point they are applied, before it aborted. Returns
+    ``{rolled_forward, rolled_back, abandoned, damaged}``. Every commit already does this for
+    its own workdir; call it at start-up to clean up the others."""
+    state = _abs(state_dir) if state_dir is not None else default_state_dir()
+    wd = _abs(workdir) if workdir is not None else None
+    return json.loads(_lockbox.recover(state, wd))
 
 
 def _abs(p: PathLike) -> str:

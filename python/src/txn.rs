@@ -236,7 +236,7 @@ pub(crate) fn recover(
     let report = py
         .detach(move || lockbox_txn::recover(&state_dir, workdir.as_deref()))
         .map_err(|e| errors::txn(&e))?;
-    Ok(format!("{report:?}"))
+    serde_json::to_string(&report).map_err(|e| errors::usage(e.to_string()))
 }
 
 /// A transaction whose stages ran and whose layers are kept: `commit()` or `abort()` it.

@@ -251,3 +251,11 @@ def test_errors_form_one_hierarchy():
     for cls in (lockbox.SetupError, lockbox.ConflictError, lockbox.CommitError, lockbox.errors.ReplayMismatch,
                 lockbox.errors.VersionMismatch, lockbox.errors.Fenced, lockbox.errors.TimeoutError):
         assert issubclass(cls, lockbox.LockboxError)
+
+
+def test_recover_after_a_kept_prepared_transaction_reports_nothing_to_do(ws):
+    box = Sandbox(workdir=ws, timeout=30)
+    kept = sh(box, "echo k > kept.txt").prepare().keep()
+    report = lockbox.recover(ws)
+    assert report == {"rolled_forward": [], "rolled_back": [], "abandoned": [], "damaged": []}
+    assert kept and not (ws / "kept.txt").exists(), "prepared transactions are left alone"
