@@ -28,4 +28,10 @@ def tool(name: str) -> list[str]:
 
 
 def workspace_from_argv() -> str:
-    return sys.argv[1] if len(sys.argv) > 1 else make_workspace()
+    """The workspace given as the first argument, else a new temporary one (printed, so
+    you can look at what the example did and remove it)."""
+    if len(sys.argv) > 1:
+        return sys.argv[1]
+    ws = make_workspace()
+    print(f"workspace: {ws} (state: {os.environ['LOCKBOX_STATE_DIR']})")
+    return ws
