@@ -18,7 +18,8 @@ def make_workspace() -> str:
     os.mkdir(ws)
     with open(os.path.join(ws, "calc.py"), "w") as f:
         f.write("def add(a, b):\n    return a + b\n")
-    os.environ.setdefault("LOCKBOX_STATE_DIR", os.path.join(root, "state"))
+    if not os.environ.get("LOCKBOX_STATE_DIR"):
+        os.environ["LOCKBOX_STATE_DIR"] = os.path.join(root, "state")
     return ws
 
 
