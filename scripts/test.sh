@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 # python under /root: the system's own python3 is needed.
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
+# The Python SDK's tests run in a virtualenv of the system's python3 (so uid 65534 can run it).
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v setpriv >/dev/null || need+=(util-linux)
 # The documented transaction examples (tests/docs.rs) apply a patch with git inside a
 # sandbox and read the JSON outcome with jq.
@@ -59,3 +61,17 @@ if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
 else
   echo "== fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
 fi
+# The Python SDK (python/): a virtualenv of the system's python3 (outside the checkout, which
+# uid 65534 may not be able to enter), the extension built in debug mode by maturin (reusing
+# cargo's target directory: one more crate, not a release build) and installed as a wheel,
+# then pytest. In CI a missing dependency (cloudpickle, Ray, PostgreSQL, root) fails the suite
+# instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
+echo "== python SDK"
+pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
+[ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
+"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'cloudpickle>=2' 'ray>=2'
+rm -rf "$pyvenv/wheels"
+"$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
+"$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$pyvenv"/wheels/lockbox-*.whl
+chmod -R a+rX "$pyvenv"
+"$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests

@@ -1,0 +1,607 @@
+"""Sandboxes, commands, pipelines and gathers: the shape of the RFC's Python API, over the
+native module (``lockbox-confine`` and ``lockbox-txn``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from . import _lockbox
+from ._types import (
+    ConflictPolicy,
+    PipelineResult,
+    TxnOutcome,
+    _outcome,
+    _stage,
+)
+from .errors import ConflictError, StageFailedError, UnsupportedError, UsageError
+
+__all__ = [
+    "Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir", "recover",
+]
+
+PathLike = str | os.PathLike[str]
+
+
+def default_state_dir() -> str:
+    """lockbox's state directory, as the CLI picks it: ``$LOCKBOX_STATE_DIR``, else
+    ``/var/lib/lockbox`` for root, else ``$XDG_STATE_HOME/lockbox`` or
+    ``~/.local/state/lockbox``."""
+    env = os.environ.get("LOCKBOX_STATE_DIR")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/var/lib/lockbox"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg:
+        return os.path.join(xdg, "lockbox")
+    return os.path.join(os.path.expanduser("~"), ".local", "state", "lockbox")
+
+
+def recover(workdir: PathLike | None = None, *, state_dir: PathLike | None = None) -> dict[str, Any]:
+    """Finishes or rolls back transactions interrupted by a crash (of ``workdir``, or of every
+    workdir): after their commit point they are applied, before it aborted. Returns
+    ``{rolled_forward, rolled_back, abandoned, damaged}``. Every commit already does this for
+    its own workdir; call it at start-up to clean up the others."""
+    state = _abs(state_dir) if state_dir is not None else default_state_dir()
+    wd = _abs(workdir) if workdir is not None else None
+    return json.loads(_lockbox.recover(state, wd))
+
+
+def _abs(p: PathLike) -> str:
+    return os.path.abspath(os.fspath(p))
+
+
+def _size(v: int | str | None) -> int | str | None:
+    return v if v is None or isinstance(v, int) else str(v)
+
+
+def _duration(v: float | int | str | None) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    if v <= 0:
+        raise UsageError(f"timeout must be greater than zero, not {v!r}", code="INVALID_POLICY")
+    return f"{max(1, round(v * 1000))}ms"
+
+
+def _below(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+class Sandbox:
+    """A sandbox policy: what commands run under it may see and use.
+
+    Nothing runs when you create one; ``cmd()`` makes a command, and commands run alone
+    (``.run()``), in pipelines (``a | b | c``) or gathers, with or without a transaction.
+
+    Args:
+        workdir: the directory the commands work in (their current directory). In a
+            transaction its writes land in copy-on-write layers and reach it only at commit;
+            every stage of one transaction must have the same workdir.
+        fs_readable: extra host paths visible read-only (``/usr``, ``/bin``, ``/sbin``,
+            ``/lib``, ``/lib64`` and ``/etc`` without its secrets are always readable unless
+            ``default_reads=False``).
+        fs_writable: host paths visible read-write. Outside transactions writes reach the
+            host directly. Inside a transaction paths within the workdir are provided by the
+            transaction's layer (every stage can write the whole workdir, into its layer);
+            other writable paths are written directly.
+        net_allow: ``host:port`` destinations to allow. Network allow-lists are not in this
+            build: a non-empty list raises :class:`~lockbox.errors.UnsupportedError`.
+        net: ``"none"`` (loopback only, the default) or ``"host"`` (the host's network).
+        max_memory: memory limit (bytes, or a size such as ``"512M"``, ``"1G"``).
+        max_processes: limit on processes and threads in the sandbox.
+        timeout: wall-clock limit in seconds (or a duration such as ``"30s"``); then every
+            process in the sandbox is stopped and the exit code is 124.
+        env: variables to set.
+        env_pass: names of this process's variables to pass through.
+        clean_env: start from an empty environment (otherwise ``PATH``, ``LANG``,
+            ``LC_ALL``, ``TERM`` are inherited and ``HOME=/tmp``).
+        cwd: the current directory inside (default: the workdir).
+        max_cpu_time: CPU seconds per process. ``max_open_files``, ``max_file_size``: limits.
+        default_reads: include the default read-only system paths.
+        hostname: the hostname inside.
+        kill_grace: seconds between SIGTERM and SIGKILL when stopped.
+        state_dir: where transactions keep their layers and records (default:
+            :func:`default_state_dir`).
+    """
+
+    def __init__(
+        self,
+        workdir: PathLike | None = None,
+        *,
+        fs_readable: Sequence[PathLike] = (),
+        fs_writable: Sequence[PathLike] = (),
+        net_allow: Sequence[str] = (),
+        net: str = "none",
+        max_memory: int | str | None = None,
+        max_processes: int | None = None,
+        timeout: float | str | None = None,
+        env: Mapping[str, str] | None = None,
+        env_pass: Sequence[str] = (),
+        clean_env: bool = False,
+        cwd: PathLike | None = None,
+        max_cpu_time: float | str | None = None,
+        max_open_files: int | None = None,
+        max_file_size: int | str | None = None,
+        default_reads: bool = True,
+        hostname: str | None = None,
+        kill_grace: float | None = None,
+        state_dir: PathLike | None = None,
+    ) -> None:
+        if net_allow:
+            raise UnsupportedError(
+                "net_allow (network allow-lists) is not available in this build of lockbox; "
+                "use net='host' for the host's network or leave net_allow empty",
+                code="UNSUPPORTED",
+            )
+        if net not in ("none", "host"):
+            raise UsageError(f"net must be 'none' or 'host', not {net!r}", code="INVALID_POLICY")
+        self.workdir = _abs(workdir) if workdir is not None else None
+        self.fs_readable = [_abs(p) for p in fs_readable]
+        self.fs_writable = [_abs(p) for p in fs_writable]
+        self.net_allow = list(net_allow)
+        self.net = net
+        self.max_memory = max_memory
+        self.max_processes = max_processes
+        self.timeout = timeout
+        self.env = dict(env or {})
+        self.env_pass = list(env_pass)
+        self.clean_env = clean_env
+        self.cwd = _abs(cwd) if cwd is not None else None
+        self.max_cpu_time = max_cpu_time
+        self.max_open_files = max_open_files
+        self.max_file_size = max_file_size
+        self.default_reads = default_reads
+        self.hostname = hostname
+        self.kill_grace = kill_grace
+        self.state_dir = _abs(state_dir) if state_dir is not None else None
+        # Validate now, so a bad keyword fails where it was written.
+        _lockbox.check_policy(json.dumps(self.policy()))
+
+    def __repr__(self) -> str:
+        return f"Sandbox(workdir={self.workdir!r})"
+
+    def policy(self, *, transaction_workdir: str | None = None) -> dict[str, Any]:
+        """The JSON form of the ``lockbox_policy::Policy`` this sandbox stands for (the same
+        fields as a ``lockbox run --profile`` file). In a transaction, grants at or below
+        its workdir are left to the transaction's copy-on-write view."""
+        read = list(self.fs_readable)
+        write = list(self.fs_writable)
+        cwd = self.cwd or self.workdir
+        if transaction_workdir is not None:
+            read = [p for p in read if not _below(p, transaction_workdir)]
+            write = [p for p in write if not _below(p, transaction_workdir)]
+        elif self.workdir is not None and not any(
+            _below(self.workdir, p) for p in read + write
+        ):
+            read.append(self.workdir)
+        limits: dict[str, Any] = {}
+        if self.max_memory is not None:
+            limits["memory"] = _size(self.max_memory)
+        if self.max_processes is not None:
+            limits["processes"] = self.max_processes
+        if self.max_cpu_time is not None:
+            limits["cpu_time"] = _duration(self.max_cpu_time)
+        if self.max_open_files is not None:
+            limits["open_files"] = self.max_open_files
+        if self.max_file_size is not None:
+            limits["file_size"] = _size(self.max_file_size)
+        policy: dict[str, Any] = {
+            "fs": {"default_reads": self.default_reads, "read": read, "write": write},
+            "net": self.net,
+            "limits": limits,
+            "env": {"clean": self.clean_env, "set": self.env, "pass": self.env_pass},
+        }
+        if self.timeout is not None:
+            policy["timeout"] = _duration(self.timeout)
+        if self.kill_grace is not None:
+            policy["kill_grace"] = f"{max(0, round(self.kill_grace * 1000))}ms"
+        if cwd is not None:
+            policy["cwd"] = cwd
+        if self.hostname is not None:
+            policy["hostname"] = self.hostname
+        return policy
+
+    def cmd(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        name: str | None = None,
+        retries: int = 0,
+    ) -> Cmd:
+        """A command to run under this sandbox. ``stdin`` feeds the first stage of a
+        pipeline; ``retries`` reruns a failed stage of a transaction on a fresh layer."""
+        if isinstance(argv, (str, bytes)):
+            raise UsageError("argv must be a list of strings, e.g. ['sh', '-c', 'make']")
+        return Cmd(self, [os.fspath(a) for a in argv], stdin=stdin, name=name, retries=retries)
+
+
+class Cmd:
+    """A command bound to a :class:`Sandbox`. ``a | b`` makes a :class:`Pipeline`."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        name: str | None = None,
+        retries: int = 0,
+    ) -> None:
+        if not argv:
+            raise UsageError("a command needs at least a program name")
+        self.sandbox = sandbox
+        self.argv = argv
+        self.stdin = stdin
+        self.name = name
+        self.retries = retries
+
+    def __repr__(self) -> str:
+        return f"Cmd({self.argv!r})"
+
+    def __or__(self, other: Cmd | Pipeline) -> Pipeline:
+        return Pipeline([self]) | other
+
+    def _spec(self, default_name: str, txn_workdir: str | None) -> dict[str, Any]:
+        return {
+            "name": self.name or default_name,
+            "policy": self.sandbox.policy(transaction_workdir=txn_workdir),
+            "argv": self.argv,
+            "retries": self.retries,
+        }
+
+    def run(self) -> PipelineResult:
+        """Runs this command alone, without a transaction."""
+        return Pipeline([self]).run()
+
+    def run_transactional(self) -> TxnOutcome:
+        """Runs this command as a one-stage transaction over its sandbox's workdir."""
+        return Pipeline([self]).run_transactional()
+
+    def dry_run(self) -> TxnOutcome:
+        """What this command would change in its workdir; nothing is applied."""
+        return Pipeline([self]).dry_run()
+
+    def prepare(self) -> PreparedTxn:
+        """Runs this command as a one-stage transaction and keeps its layer (see
+        :meth:`Pipeline.prepare`)."""
+        return Pipeline([self]).prepare()
+
+    def transaction(self) -> contextlib.AbstractContextManager[Transaction]:
+        """A one-stage :meth:`Pipeline.transaction`."""
+        return Pipeline([self]).transaction()
+
+
+class _Txn:
+    """What pipelines and gathers share: the workdir, the state directory, the spec."""
+
+    def _workdir(self, cmds: list[Cmd]) -> str:
+        workdirs = {c.sandbox.workdir for c in cmds}
+        if None in workdirs:
+            raise UsageError("every sandbox of a transaction needs a workdir= (the directory it changes)")
+        if len(workdirs) != 1:
+            raise UsageError(f"the sandboxes of one transaction must share their workdir, got {sorted(workdirs)}")  # type: ignore[type-var]
+        return workdirs.pop()  # type: ignore[return-value]
+
+    def _state_dir(self, cmds: list[Cmd]) -> str:
+        dirs = {c.sandbox.state_dir for c in cmds if c.sandbox.state_dir is not None}
+        if len(dirs) > 1:
+            raise UsageError(f"the sandboxes of one transaction must share their state_dir, got {sorted(dirs)}")
+        state = dirs.pop() if dirs else default_state_dir()
+        os.makedirs(state, exist_ok=True)
+        return state
+
+    def _spec(self) -> tuple[str, bytes | None]:
+        raise NotImplementedError
+
+    def run_transactional(self) -> TxnOutcome:
+        """Runs every stage, then commits all of their writes to the workdir if every stage
+        succeeded (and, for a gather, no conflict is left), or none. Stage failures and
+        conflicts are reported in the outcome; machinery failures raise
+        :class:`~lockbox.errors.TxnError`. The GIL is released while the sandboxes run."""
+        spec, stdin = self._spec()
+        return _outcome(_lockbox.run_txn(spec, stdin, "run"))
+
+    def dry_run(self) -> TxnOutcome:
+        """Runs every stage and reports the union of changes; nothing is committed
+        (``abort_reason.reason == "dry_run"``)."""
+        spec, stdin = self._spec()
+        return _outcome(_lockbox.run_txn(spec, stdin, "dry_run"))
+
+    def prepare(self) -> PreparedTxn:
+        """Runs every stage and keeps their layers: the returned :class:`PreparedTxn` must
+        be committed or aborted (it aborts, with a ``ResourceWarning``, when garbage
+        collected unresolved)."""
+        spec, stdin = self._spec()
+        return PreparedTxn(_lockbox.prepare_txn(spec, stdin))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """A context manager: call ``txn.run()`` inside, inspect ``txn.changes``, call
+        ``txn.commit()`` to ask for the commit. Leaving the block normally commits if
+        ``commit()`` was called and aborts otherwise; an exception always aborts."""
+        txn = Transaction(self)
+        try:
+            yield txn
+        except BaseException:
+            txn._resolve(commit=False)
+            raise
+        txn._resolve(commit=txn._wants_commit)
+
+
+class Pipeline(_Txn):
+    """Commands that run in order, each reading the previous one's stdout.
+
+    ``run()`` streams them like a shell pipeline, each under its own policy, without a
+    transaction. ``run_transactional()``, ``dry_run()``, ``prepare()`` and
+    ``transaction()`` run them as one transaction over their shared workdir: stage N sees
+    the writes of stages 1..N-1 (read-committed), and all writes commit together or not
+    at all.
+    """
+
+    def __init__(self, cmds: Sequence[Cmd] = ()) -> None:
+        self.cmds: list[Cmd] = list(cmds)
+        self.conflict_policy: ConflictPolicy | None = None
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.cmds!r})"
+
+    def __or__(self, other: Cmd | Pipeline) -> Pipeline:
+        more = other.cmds if isinstance(other, Pipeline) else [other]
+        return Pipeline(self.cmds + list(more))
+
+    def _stdin(self) -> bytes | None:
+        for c in self.cmds[1:]:
+            if c.stdin is not None:
+                raise UsageError(f"only the first stage of a pipeline takes stdin= ({c!r} reads the previous stage)")
+        return self.cmds[0].stdin if self.cmds else None
+
+    def _spec(self) -> tuple[str, bytes | None]:
+        if not self.cmds:
+            raise UsageError("a pipeline needs at least one stage")
+        workdir = self._workdir(self.cmds)
+        spec = {
+            "kind": "pipeline",
+            "state_dir": self._state_dir(self.cmds),
+            "workdir": workdir,
+            "stages": [c._spec(f"stage-{i + 1}", workdir) for i, c in enumerate(self.cmds)],
+        }
+        return json.dumps(spec), self._stdin()
+
+    def run(self) -> PipelineResult:
+        """Runs the stages at once, connected by pipes, each under its own sandbox and
+        without a transaction (writes go wherever each policy allows). Returns every
+        stage's result and the last stage's stdout."""
+        if not self.cmds:
+            raise UsageError("a pipeline needs at least one stage")
+        stages = [c._spec(f"stage-{i + 1}", None) for i, c in enumerate(self.cmds)]
+        text, stdout = _lockbox.run_plain(json.dumps(stages), self._stdin())
+        d = json.loads(text)
+        return PipelineResult(stages=[_stage(s) for s in d["stages"]], stdout=stdout)
+
+
+class Gather(_Txn):
+    """Named sources that run in parallel on snapshots of the workdir, then an optional
+    consumer on their merged writes (reading each source's stdout from
+    ``$LOCKBOX_INPUTS/<name>``). Conflicting writes follow the :class:`ConflictPolicy`
+    (``FAIL`` by default)."""
+
+    def __init__(self) -> None:
+        self.sources: list[tuple[str, Cmd]] = []
+        self.consumer_cmd: Cmd | None = None
+        self.conflict_policy = ConflictPolicy.FAIL
+
+    def __repr__(self) -> str:
+        return f"Gather(sources={[n for n, _ in self.sources]!r})"
+
+    def source(self, name: str, cmd: Cmd) -> Gather:
+        """Adds a source (names: letters, digits, ``-``, ``_``, ``.``)."""
+        self.sources.append((name, cmd))
+        return self
+
+    def consumer(self, cmd: Cmd) -> Gather:
+        """Sets the consumer, which runs after the sources on their merged writes."""
+        self.consumer_cmd = cmd
+        return self
+
+    def with_conflict_policy(self, policy: ConflictPolicy) -> Gather:
+        """Sets what happens when sources change the same path."""
+        self.conflict_policy = ConflictPolicy(policy)
+        return self
+
+    def _spec(self) -> tuple[str, bytes | None]:
+        cmds = [c for _, c in self.sources] + ([self.consumer_cmd] if self.consumer_cmd else [])
+        if not self.sources:
+            raise UsageError("a gather needs at least one source")
+        workdir = self._workdir(cmds)
+        spec = {
+            "kind": "gather",
+            "state_dir": self._state_dir(cmds),
+            "workdir": workdir,
+            "sources": [c._spec(n, workdir) for n, c in self.sources],
+            "consumer": self.consumer_cmd._spec("consumer", workdir) if self.consumer_cmd else None,
+            "conflict": self.conflict_policy.value,
+        }
+        return json.dumps(spec), None
+
+
+class PreparedTxn:
+    """A transaction whose stages ran and whose layers are kept; nothing is applied yet.
+
+    Resolve it with :meth:`commit` or :meth:`abort` (or :meth:`keep` it for
+    ``lockbox txn commit ID``). Garbage collected unresolved, it aborts and warns with a
+    ``ResourceWarning``: a forgotten commit never silently commits.
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self._outcome = _outcome(native.outcome())
+
+    @property
+    def id(self) -> str:
+        """The transaction id."""
+        return self._outcome.id
+
+    @property
+    def stages(self) -> list[Any]:
+        """Every stage's :class:`~lockbox.StageResult`."""
+        return self._outcome.stages
+
+    @property
+    def changes(self) -> list[Any]:
+        """The union of changes the commit would apply (:class:`~lockbox.Change`)."""
+        return self._outcome.changes
+
+    @property
+    def conflicts(self) -> list[Any]:
+        """Gather conflicts (:class:`~lockbox.MergeConflict`)."""
+        return self._outcome.conflicts
+
+    @property
+    def outcome(self) -> TxnOutcome:
+        """The outcome so far (after commit/abort: the final one)."""
+        return self._outcome
+
+    @property
+    def pending(self) -> bool:
+        """Neither committed, aborted nor kept yet."""
+        return bool(self._native.pending)
+
+    def all_succeeded(self) -> bool:
+        """Every stage succeeded and no unresolved conflict is left: commit can apply."""
+        return self._outcome.abort_reason is None
+
+    def has_conflicts(self) -> bool:
+        """Gather sources changed the same paths."""
+        return bool(self._outcome.conflicts)
+
+    def select(self, only: Sequence[str] = (), exclude: Sequence[str] = ()) -> None:
+        """Narrows the commit to changes at or below ``only`` paths and not at or below
+        ``exclude`` paths (relative to the workdir); the rest is discarded."""
+        self._native.select([os.fspath(p) for p in only], [os.fspath(p) for p in exclude])
+        self._outcome = _outcome(self._native.outcome())
+
+    def commit(self, *, force: bool = False) -> TxnOutcome:
+        """Applies every change to the workdir as one unit. Raises
+        :class:`~lockbox.errors.ConflictError` (unresolved conflicts) or
+        :class:`~lockbox.errors.StageFailedError` (a stage failed) — and aborts — when it
+        cannot commit; :class:`~lockbox.errors.StaleBaseError` when the workdir changed
+        under it (unless ``force``)."""
+        reason = self._outcome.abort_reason
+        if reason is not None:
+            self.abort()
+            if reason.reason == "conflicts":
+                raise ConflictError(f"cannot commit {self.id}: {reason}", code="MERGE_CONFLICT",
+                                    exit_code=3, conflicts=self._outcome.conflicts)
+            raise StageFailedError(f"cannot commit {self.id}: {reason}", code="STAGE_FAILED",
+                                   exit_code=reason_exit(reason.reason), abort_reason=reason)
+        self._outcome = _outcome(self._native.commit(force))
+        return self._outcome
+
+    def abort(self) -> TxnOutcome:
+        """Discards every change; the workdir is untouched. Aborting twice is harmless."""
+        if self._native.pending:
+            self._outcome = _outcome(self._native.abort())
+        return self._outcome
+
+    def keep(self) -> str:
+        """Leaves it prepared in the state directory and returns its id."""
+        return str(self._native.keep())
+
+    def __enter__(self) -> PreparedTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.abort()
+
+    def __del__(self) -> None:
+        native = getattr(self, "_native", None)
+        if native is not None and native.pending:
+            warnings.warn(
+                f"lockbox transaction {self._outcome.id} was garbage collected without commit() "
+                "or abort(); it was aborted",
+                ResourceWarning,
+                stacklevel=2,
+            )
+            with contextlib.suppress(Exception):
+                native.abort()
+
+
+def reason_exit(reason: str) -> int:
+    """The CLI exit code of an abort reason."""
+    return {"stage_failed": 1, "timed_out": 124, "setup_failed": 125, "conflicts": 3}.get(reason, 0)
+
+
+class Transaction:
+    """The object of ``with pipeline.transaction() as txn``: ``run()`` it, look at
+    ``changes``, ``commit()`` to ask for the commit at the end of the block."""
+
+    def __init__(self, group: _Txn) -> None:
+        self._group = group
+        self._prepared: PreparedTxn | None = None
+        self._wants_commit = False
+        self.outcome: TxnOutcome | None = None
+        """The final outcome, once the ``with`` block is left."""
+
+    def run(self) -> Transaction:
+        """Runs every stage (their writes are kept in layers, nothing is applied)."""
+        if self._prepared is not None:
+            raise UsageError("this transaction already ran")
+        self._prepared = self._group.prepare()
+        return self
+
+    def _need(self) -> PreparedTxn:
+        if self._prepared is None:
+            raise UsageError("call txn.run() first")
+        return self._prepared
+
+    @property
+    def stages(self) -> list[Any]:
+        """Every stage's result."""
+        return self._need().stages
+
+    @property
+    def changes(self) -> list[Any]:
+        """What the commit would apply."""
+        return self._need().changes
+
+    @property
+    def conflicts(self) -> list[Any]:
+        """Gather conflicts."""
+        return self._need().conflicts
+
+    def all_succeeded(self) -> bool:
+        """Every stage succeeded and no conflict is left."""
+        return self._need().all_succeeded()
+
+    def has_conflicts(self) -> bool:
+        """Gather sources changed the same paths."""
+        return self._need().has_conflicts()
+
+    def commit(self) -> None:
+        """Asks for the commit: it happens when the ``with`` block ends without an
+        exception."""
+        self._need()
+        self._wants_commit = True
+
+    def abort(self) -> None:
+        """Withdraws a ``commit()`` request: the block's end aborts."""
+        self._wants_commit = False
+
+    def _resolve(self, commit: bool) -> None:
+        p = self._prepared
+        if p is None:
+            return
+        if commit:
+            self.outcome = p.commit()
+        else:
+            self.outcome = p.abort()
+
+

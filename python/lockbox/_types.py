@@ -1,0 +1,214 @@
+"""The value types of transactions: outcomes, stage results, changes, conflicts."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "AbortReason",
+    "Change",
+    "ConflictPolicy",
+    "Marker",
+    "MergeConflict",
+    "PipelineResult",
+    "StageResult",
+    "TxnOutcome",
+    "DryRunOutcome",
+]
+
+
+class ConflictPolicy(enum.Enum):
+    """What a gather does when two sources change the same path.
+
+    ``FAIL`` (the default) aborts the transaction and lists the conflicts;
+    ``FIRST_WRITER_WINS`` / ``LAST_WRITER_WINS`` keep the earlier / later declared source's
+    version; ``MARKERS`` keeps the first source's version at the path and every other
+    source's as ``PATH.lockbox-<source>``.
+    """
+
+    FAIL = "fail"
+    FIRST_WRITER_WINS = "first-writer-wins"
+    LAST_WRITER_WINS = "last-writer-wins"
+    MARKERS = "markers"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One path a transaction changes (or, for a dry run, would change).
+
+    ``kind`` is ``"added"``, ``"modified"``, ``"deleted"`` or ``"type_changed"``;
+    ``path`` is relative to the workdir; ``file_type`` is ``"file"``, ``"dir"``,
+    ``"symlink"`` or ``"special"``.
+    """
+
+    kind: str
+    path: str
+    file_type: str = "file"
+    size: int = 0
+    mode: int = 0
+
+    @property
+    def letter(self) -> str:
+        """The one-letter code of ``lockbox ... --dry-run``: ``A``, ``M``, ``D`` or ``T``."""
+        return {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}[self.kind]
+
+    def __str__(self) -> str:
+        return f"{self.letter} {self.path}"
+
+
+@dataclass(frozen=True)
+class MergeConflict:
+    """A path changed by more than one gather source (``stages``, in declaration order)."""
+
+    path: str
+    stages: list[str]
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A losing version kept under another name by ``ConflictPolicy.MARKERS``."""
+
+    path: str
+    kept_as: str
+    source: str
+
+
+@dataclass(frozen=True)
+class AbortReason:
+    """Why a transaction did not commit.
+
+    ``reason`` is one of ``"stage_failed"``, ``"timed_out"``, ``"setup_failed"``,
+    ``"conflicts"``, ``"dry_run"`` or ``"aborted"``; ``stage``/``name`` say which stage (for
+    the first three), ``exit_code`` its exit code, ``message`` the setup error, ``count``
+    the number of conflicting paths.
+    """
+
+    reason: str
+    stage: int | None = None
+    name: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    count: int | None = None
+
+    def __str__(self) -> str:
+        if self.reason == "stage_failed":
+            return f"stage {self.name} failed with exit code {self.exit_code}"
+        if self.reason == "timed_out":
+            return f"stage {self.name} timed out"
+        if self.reason == "setup_failed":
+            return f"stage {self.name} could not be set up: {self.message}"
+        if self.reason == "conflicts":
+            return f"{self.count} conflicting path(s)"
+        if self.reason == "dry_run":
+            return "dry run"
+        return "aborted"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """How one stage ended.
+
+    ``exit_code`` follows ``lockbox run``: the command's own, ``128+N`` when killed by signal
+    ``N``, ``124`` timeout, ``125`` setup failure, ``127`` not found. ``stderr`` holds its
+    standard error (for transactional runs the last 8 KiB).
+    """
+
+    name: str
+    exit_code: int
+    signal: int | None = None
+    timed_out: bool = False
+    duration: float = 0.0
+    stderr: str = ""
+    stdout_len: int = 0
+    setup_error: str | None = None
+    attempts: int = 1
+
+    @property
+    def succeeded(self) -> bool:
+        """Exited 0 in time."""
+        return self.exit_code == 0 and not self.timed_out and self.setup_error is None
+
+
+@dataclass
+class PipelineResult:
+    """What a non-transactional ``Pipeline.run()`` (or ``Cmd.run()``) did."""
+
+    stages: list[StageResult]
+    stdout: bytes = b""
+
+    @property
+    def returncode(self) -> int:
+        """The last stage's exit code (like a shell pipeline without ``pipefail``)."""
+        return self.stages[-1].exit_code if self.stages else 0
+
+    @property
+    def succeeded(self) -> bool:
+        """Every stage exited 0 in time."""
+        return all(s.succeeded for s in self.stages)
+
+
+@dataclass
+class TxnOutcome:
+    """What a transaction did. ``stages`` holds every stage that ran, also when it aborted.
+
+    ``changes`` is the union of changes (what was, or for a dry run would be, committed);
+    ``conflicts`` the gather conflicts (resolved or not); ``abort_reason`` is ``None`` when
+    it committed. ``stdout`` is the last stage's (the consumer's) standard output.
+    """
+
+    committed: bool
+    stages: list[StageResult]
+    changes: list[Change]
+    conflicts: list[MergeConflict]
+    abort_reason: AbortReason | None
+    id: str = ""
+    markers: list[Marker] = field(default_factory=list)
+    exit_code: int = 0
+    stdout: bytes = b""
+
+    def all_succeeded(self) -> bool:
+        """Every stage exited 0 in time."""
+        return all(s.succeeded for s in self.stages)
+
+
+#: The outcome of ``dry_run()``: a :class:`TxnOutcome` with ``committed=False`` and
+#: ``abort_reason.reason == "dry_run"``.
+DryRunOutcome = TxnOutcome
+
+
+def _stage(d: dict[str, Any]) -> StageResult:
+    return StageResult(
+        name=d.get("name", ""),
+        exit_code=d["exit_code"],
+        signal=d.get("signal"),
+        timed_out=d.get("timed_out", False),
+        duration=d.get("duration", 0.0),
+        stderr=d.get("stderr_tail", d.get("stderr", "")),
+        stdout_len=d.get("stdout_len", 0),
+        setup_error=d.get("setup_error"),
+        attempts=d.get("attempts", 1),
+    )
+
+
+def _outcome(raw: tuple[str, bytes | None, str | None]) -> TxnOutcome:
+    text, stdout, stdout_path = raw
+    d = json.loads(text)
+    if stdout is None and stdout_path is not None:
+        with open(stdout_path, "rb") as f:
+            stdout = f.read()
+    reason = d.get("abort_reason")
+    return TxnOutcome(
+        committed=d["committed"],
+        stages=[_stage(s) for s in d["stages"]],
+        changes=[Change(kind=c["kind"], path=c["path"], file_type=c["file_type"],
+                        size=c["size"], mode=c["mode"]) for c in d["changes"]],
+        conflicts=[MergeConflict(path=c["path"], stages=list(c["stages"])) for c in d["conflicts"]],
+        abort_reason=AbortReason(**reason) if reason else None,
+        id=d["id"],
+        markers=[Marker(**m) for m in d.get("markers", [])],
+        exit_code=d.get("exit_code", 0),
+        stdout=stdout or b"",
+    )

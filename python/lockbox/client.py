@@ -1,0 +1,542 @@
+"""A client for ``lockbox serve``: long-lived sandboxes over HTTP (``docs/server.md`` on the
+server side).
+
+::
+
+    from lockbox import Client
+
+    client = Client("http://127.0.0.1:7070", token)
+    with client.create(workdir="/home/me/repo", max_memory="1G") as box:   # deleted at the end
+        sh = box.session("build", cwd="/tmp")
+        sh.exec("export A=1")
+        print(sh.exec("echo $A").stdout)                      # "1\\n": the session keeps state
+        for ev in box.exec_stream("for i in 1 2 3; do echo $i; done"):
+            print(ev.event, ev.data)                          # start, stdout..., exit
+        p = box.start_process(argv=["python3", "-m", "http.server"])
+        print(p.logs().text)                                  # cursor-addressed, bounded logs
+        box.files.write("notes.txt", b"hi")
+        print(box.changes())                                  # the copy-on-write branch
+        box.commit(exclude=["scratch"])
+
+Every method maps to one route; errors are :class:`~lockbox.errors.ServerError` with the
+server's ``code``, ``message``, ``details`` and HTTP ``status``. Streams (``exec_stream``,
+``Process.follow``) are iterators of :class:`Event`. :class:`AsyncClient` has the same methods
+as coroutines (and async iterators), running the blocking calls in a thread.
+
+Only the standard library is used (``urllib``); PTYs and interactive stdin over WebSocket
+are not wrapped (use any WebSocket client on ``Process.pty_url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._types import Change
+from .errors import ServerError
+
+__all__ = ["Client", "AsyncClient", "RemoteSandbox", "Session", "Process", "Files", "ExecResult", "Event", "LogChunk"]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The result of ``exec``: exact output bytes, exit code (124 when timed out)."""
+
+    exit_code: int
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    timed_out: bool = False
+    duration_ms: float = 0.0
+    session: str | None = None
+
+    @property
+    def stdout(self) -> str:
+        """stdout decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """stderr decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: ``event`` name, decoded JSON ``data``, ``id`` (a log cursor)."""
+
+    event: str
+    data: Any
+    id: str | None = None
+
+    @property
+    def bytes(self) -> bytes:
+        """The output bytes of a ``stdout``/``stderr``/``pty`` event."""
+        if isinstance(self.data, dict) and "data_b64" in self.data:
+            return base64.b64decode(self.data["data_b64"])
+        return b""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """A slice of a process's log: ``segments`` from the cursor, ``next`` cursor,
+    ``truncated`` (bytes asked for were evicted), ``eof`` (exited, all sent)."""
+
+    segments: list[dict[str, Any]]
+    next: int
+    truncated: bool
+    eof: bool
+
+    @property
+    def data(self) -> bytes:
+        """Every segment's bytes, in order."""
+        return b"".join(base64.b64decode(s["data_b64"]) for s in self.segments)
+
+    @property
+    def text(self) -> str:
+        """:attr:`data` decoded as UTF-8."""
+        return self.data.decode("utf-8", "replace")
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else max(0, round(seconds * 1000))
+
+
+def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class Client:
+    """A connection to ``lockbox serve`` at ``url`` with bearer ``token``."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = 300.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        raw: bytes | None = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        stream: bool = False,
+    ) -> Any:
+        url = self.url + path
+        if query:
+            q = {k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None}
+            url += "?" + urllib.parse.urlencode(q)
+        h = {"Authorization": f"Bearer {self.token}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        elif raw is not None:
+            data = raw
+            h["Content-Type"] = "application/octet-stream"
+        h.update(headers or {})
+        req = urllib.request.Request(url, data=data, method=method, headers=h)
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)  # noqa: S310 - the caller's URL
+        except urllib.error.HTTPError as e:
+            raise _error(e) from None
+        except urllib.error.URLError as e:
+            raise ServerError(f"cannot reach {self.url}: {e.reason}", code="UNREACHABLE", status=0) from None
+        if stream:
+            return resp
+        with resp:
+            payload = resp.read()
+            ctype = resp.headers.get("Content-Type", "")
+        if not payload:
+            return None
+        if "json" in ctype:
+            return json.loads(payload)
+        return payload
+
+    def _events(self, resp: Any) -> Iterator[Event]:
+        """Parses ``text/event-stream`` into events until the server ends it."""
+        with resp:
+            name, data, ev_id = "message", [], None
+            for raw_line in resp:
+                line = raw_line.decode("utf-8").rstrip("\r\n")
+                if not line:
+                    if data:
+                        text = "\n".join(data)
+                        try:
+                            value: Any = json.loads(text)
+                        except ValueError:
+                            value = text
+                        yield Event(name, value, ev_id)
+                    name, data = "message", []
+                    continue
+                if line.startswith(":"):
+                    continue  # keepalive comment
+                key, _, value_s = line.partition(":")
+                value_s = value_s[1:] if value_s.startswith(" ") else value_s
+                if key == "event":
+                    name = value_s
+                elif key == "data":
+                    data.append(value_s)
+                elif key == "id":
+                    ev_id = value_s
+
+    # -- sandboxes ------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``{status, version}``."""
+        return self._request("GET", "/healthz")
+
+    def create(
+        self,
+        *,
+        workdir: str | None = None,
+        fs_readable: Sequence[str] | None = None,
+        fs_writable: Sequence[str] | None = None,
+        net: str | None = None,
+        max_memory: int | str | None = None,
+        max_processes: int | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_exit: str | None = None,
+        idle_timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        **more: Any,
+    ) -> RemoteSandbox:
+        """Creates a sandbox (``POST /v1/sandboxes``); keywords as ``lockbox.Sandbox``'s,
+        times in seconds, plus ``on_exit`` (``keep``/``commit``/``abort``), ``idle_timeout``,
+        ``labels``, and any other field of the route."""
+        body = _drop_none({
+            "workdir": workdir, "fs_readable": fs_readable, "fs_writable": fs_writable, "net": net,
+            "max_memory": max_memory, "max_processes": max_processes, "timeout_ms": _ms(timeout),
+            "env": dict(env) if env else None, "on_exit": on_exit, "idle_timeout_ms": _ms(idle_timeout),
+            "labels": dict(labels) if labels else None,
+        }) | more
+        info = self._request("POST", "/v1/sandboxes", body=body)
+        return RemoteSandbox(self, info)
+
+    def sandbox(self, id: str) -> RemoteSandbox:  # noqa: A002 - the server's name
+        """A handle on an existing sandbox."""
+        return RemoteSandbox(self, self._request("GET", f"/v1/sandboxes/{id}"))
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every sandbox (running, stopped and lost)."""
+        return self._request("GET", "/v1/sandboxes")["sandboxes"]
+
+
+class RemoteSandbox:
+    """A long-lived sandbox on a server: sessions, exec, processes, files, its branch."""
+
+    def __init__(self, client: Client, info: dict[str, Any]) -> None:
+        self.client = client
+        self.id: str = info["id"]
+        self.info = info
+        self.files = Files(self)
+        """File operations inside the sandbox (:class:`Files`)."""
+
+    def __repr__(self) -> str:
+        return f"RemoteSandbox({self.id!r})"
+
+    def _p(self, rest: str = "") -> str:
+        return f"/v1/sandboxes/{self.id}{rest}"
+
+    def refresh(self) -> dict[str, Any]:
+        """The sandbox's current info (state, sessions, processes, branch...)."""
+        self.info = self.client._request("GET", self._p())
+        return self.info
+
+    def session(self, id: str | None = None, *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> Session:  # noqa: A002
+        """Creates a persistent shell session (its cwd and exported variables persist)."""
+        info = self.client._request("POST", self._p("/sessions"), body=_drop_none({"id": id, "cwd": cwd, "env": dict(env) if env else None}))
+        return Session(self, info["id"])
+
+    def exec(
+        self,
+        command: str,
+        *,
+        session: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Runs a bash command in a session (the default one unless ``session``)."""
+        body = _drop_none({
+            "command": command, "session": session, "cwd": cwd, "env": dict(env) if env else None,
+            "timeout_ms": _ms(timeout), "stdin_b64": base64.b64encode(stdin).decode() if stdin is not None else None,
+        })
+        r = self.client._request("POST", self._p("/exec"), body=body)
+        return ExecResult(
+            exit_code=r["exit_code"], stdout_bytes=base64.b64decode(r.get("stdout_b64", "")),
+            stderr_bytes=base64.b64decode(r.get("stderr_b64", "")), timed_out=r.get("timed_out", False),
+            duration_ms=r.get("duration_ms", 0.0), session=r.get("session"),
+        )
+
+    def exec_stream(self, command: str, *, session: str | None = None, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None, timeout: float | None = None) -> Iterator[Event]:
+        """Runs a command and yields its events as they come: ``start``, ``stdout`` /
+        ``stderr`` (``Event.bytes``), then ``exit`` or ``error``."""
+        body = _drop_none({"command": command, "session": session, "cwd": cwd,
+                           "env": dict(env) if env else None, "timeout_ms": _ms(timeout)})
+        return self.client._events(self.client._request("POST", self._p("/exec/stream"), body=body, stream=True))
+
+    def start_process(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        command: str | None = None,
+        session: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        log_bytes: int | None = None,
+        pty: tuple[int, int] | None = None,
+    ) -> Process:
+        """Starts a background process (exactly one of ``argv`` and ``command``)."""
+        body = _drop_none({
+            "argv": list(argv) if argv is not None else None, "command": command, "session": session,
+            "cwd": cwd, "env": dict(env) if env else None, "stdin": stdin or None, "log_bytes": log_bytes,
+            "pty": {"cols": pty[0], "rows": pty[1]} if pty else None,
+        })
+        info = self.client._request("POST", self._p("/processes"), body=body)
+        return Process(self, info)
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every process of the sandbox."""
+        return self.client._request("GET", self._p("/processes"))["processes"]
+
+    def changes(self) -> list[Change]:
+        """The changes of the sandbox's copy-on-write branch (sandboxes with a workdir)."""
+        r = self.client._request("GET", self._p("/changes"))
+        return [Change(kind=c["kind"], path=c["path"], file_type=c.get("file_type", "file"),
+                       size=c.get("size", 0), mode=c.get("mode", 0)) for c in r["changes"]]
+
+    def commit(self, *, only: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
+               force: bool = False) -> dict[str, Any]:
+        """Applies the branch (or part of it) to the workdir; ``{report, remaining}``."""
+        body = _drop_none({"only": list(only) if only else None, "exclude": list(exclude) if exclude else None,
+                           "force": force or None})
+        return self.client._request("POST", self._p("/commit"), body=body)
+
+    def abort(self) -> dict[str, Any]:
+        """Discards the branch's changes."""
+        return self.client._request("POST", self._p("/abort"))
+
+    def delete(self) -> dict[str, Any]:
+        """Kills everything in the sandbox and removes it (its ``on_exit`` applies)."""
+        return self.client._request("DELETE", self._p())
+
+    def __enter__(self) -> RemoteSandbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.delete()
+        except ServerError as e:
+            if e.status != 404:
+                raise
+
+
+class Session:
+    """A persistent shell session of a :class:`RemoteSandbox`."""
+
+    def __init__(self, sandbox: RemoteSandbox, id: str) -> None:  # noqa: A002
+        self.sandbox = sandbox
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    def exec(self, command: str, **kw: Any) -> ExecResult:
+        """Runs a command in this session."""
+        return self.sandbox.exec(command, session=self.id, **kw)
+
+    def exec_stream(self, command: str, **kw: Any) -> Iterator[Event]:
+        """Streams a command's events in this session."""
+        return self.sandbox.exec_stream(command, session=self.id, **kw)
+
+    def close(self) -> None:
+        """Ends the session."""
+        self.sandbox.client._request("DELETE", self.sandbox._p(f"/sessions/{self.id}"))
+
+
+class Process:
+    """A background process of a :class:`RemoteSandbox`."""
+
+    def __init__(self, sandbox: RemoteSandbox, info: dict[str, Any]) -> None:
+        self.sandbox = sandbox
+        self.id = str(info["id"])
+        self.info_ = info
+
+    def __repr__(self) -> str:
+        return f"Process({self.id!r})"
+
+    def _p(self, rest: str = "") -> str:
+        return self.sandbox._p(f"/processes/{self.id}{rest}")
+
+    @property
+    def pty_url(self) -> str:
+        """The WebSocket URL of its PTY (or interactive stdin)."""
+        return self.sandbox.client.url.replace("http", "ws", 1) + self._p("/pty")
+
+    def info(self) -> dict[str, Any]:
+        """Its current state (running, exit code...)."""
+        self.info_ = self.sandbox.client._request("GET", self._p())
+        return self.info_
+
+    def logs(self, since: int = 0) -> LogChunk:
+        """Its output from cursor ``since`` (read again from ``.next``)."""
+        r = self.sandbox.client._request("GET", self._p("/logs"), query={"since": since})
+        return LogChunk(r["segments"], r["next"], r.get("truncated", False), r.get("eof", False))
+
+    def follow(self, since: int | None = None) -> Iterator[Event]:
+        """Its output as events while it runs (``stdout``/``stderr``/``pty``, then ``eof``);
+        each ``Event.id`` is the cursor to resume from."""
+        headers = {"Last-Event-ID": str(since)} if since is not None else None
+        resp = self.sandbox.client._request("GET", self._p("/logs"), query={"follow": True}, headers=headers, stream=True)
+        return self.sandbox.client._events(resp)
+
+    def write(self, data: bytes, *, close: bool = False) -> dict[str, Any]:
+        """Writes to its stdin (started with ``stdin=True``); ``close`` closes it after."""
+        body = {"data_b64": base64.b64encode(data).decode(), "close": close}
+        return self.sandbox.client._request("POST", self._p("/stdin"), body=body)
+
+    def signal(self, sig: str | int) -> dict[str, Any]:
+        """Sends a signal (``"TERM"``, ``"INT"``, or a number)."""
+        return self.sandbox.client._request("POST", self._p("/signal"), body={"signal": sig})
+
+    def kill(self, grace: float | None = None) -> dict[str, Any]:
+        """SIGTERM, ``grace`` seconds, SIGKILL of its whole tree; waits for it."""
+        return self.sandbox.client._request("DELETE", self._p(), query={"grace_ms": _ms(grace)})
+
+
+class Files:
+    """Files inside a sandbox: paths absolute inside it or relative to its working directory."""
+
+    def __init__(self, sandbox: RemoteSandbox) -> None:
+        self.sandbox = sandbox
+
+    def _req(self, method: str, path: str, **kw: Any) -> Any:
+        return self.sandbox.client._request(method, self.sandbox._p(path), **kw)
+
+    def read(self, path: str) -> bytes:
+        """The file's bytes."""
+        data = self._req("GET", "/files", query={"path": path})
+        return data if isinstance(data, bytes) else json.dumps(data).encode() if data is not None else b""
+
+    def write(self, path: str, data: bytes, *, mode: int = 0o644) -> dict[str, Any]:
+        """Writes the file atomically (creating parents)."""
+        return self._req("PUT", "/files", raw=data, query={"path": path, "mode": f"{mode:o}"})
+
+    def stat(self, path: str) -> dict[str, Any]:
+        """The entry's metadata."""
+        return self._req("GET", "/fs/stat", query={"path": path})
+
+    def list(self, path: str = ".", *, recursive: bool = False, hidden: bool = False) -> list[dict[str, Any]]:
+        """A directory's entries."""
+        return self._req("GET", "/fs/list", query={"path": path, "recursive": recursive, "hidden": hidden})["entries"]
+
+    def mkdir(self, path: str, *, parents: bool = False) -> dict[str, Any]:
+        """Makes a directory."""
+        return self._req("POST", "/fs/mkdir", body={"path": path, "parents": parents})
+
+    def move(self, src: str, dst: str) -> dict[str, Any]:
+        """Renames an entry."""
+        return self._req("POST", "/fs/move", body={"from": src, "to": dst})
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes an entry."""
+        self._req("POST", "/fs/remove", body={"path": path, "recursive": recursive})
+
+
+def _error(e: urllib.error.HTTPError) -> ServerError:
+    try:
+        body = json.loads(e.read() or b"{}")
+    except ValueError:
+        body = {}
+    return ServerError(body.get("message") or f"HTTP {e.code}", code=body.get("code", "HTTP_ERROR"),
+                       status=e.code, details=body.get("details") or {})
+
+
+@dataclass
+class AsyncClient:
+    """:class:`Client` for asyncio: ``await client.create(...)`` returns an
+    :class:`AsyncSandbox` whose methods are coroutines and whose streams are async
+    iterators (the blocking HTTP calls run in a worker thread)."""
+
+    url: str
+    token: str
+    timeout: float = 300.0
+    _sync: Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._sync = Client(self.url, self.token, timeout=self.timeout)
+
+    async def create(self, **kw: Any) -> AsyncSandbox:
+        """See :meth:`Client.create`."""
+        return AsyncSandbox(await asyncio.to_thread(self._sync.create, **kw))
+
+    async def list(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.list`."""
+        return await asyncio.to_thread(self._sync.list)
+
+
+class AsyncSandbox:
+    """:class:`RemoteSandbox` for asyncio."""
+
+    def __init__(self, sync: RemoteSandbox) -> None:
+        self.sync = sync
+        self.id = sync.id
+
+    async def exec(self, command: str, **kw: Any) -> ExecResult:
+        """See :meth:`RemoteSandbox.exec`."""
+        return await asyncio.to_thread(self.sync.exec, command, **kw)
+
+    async def exec_stream(self, command: str, **kw: Any) -> AsyncIterator[Event]:
+        """See :meth:`RemoteSandbox.exec_stream`."""
+        it = await asyncio.to_thread(self.sync.exec_stream, command, **kw)
+        sentinel = object()
+        while True:
+            ev = await asyncio.to_thread(next, it, sentinel)
+            if ev is sentinel:
+                return
+            yield ev  # type: ignore[misc]
+
+    async def start_process(self, *args: Any, **kw: Any) -> Process:
+        """See :meth:`RemoteSandbox.start_process` (the process handle is synchronous)."""
+        return await asyncio.to_thread(self.sync.start_process, *args, **kw)
+
+    async def changes(self) -> list[Change]:
+        """See :meth:`RemoteSandbox.changes`."""
+        return await asyncio.to_thread(self.sync.changes)
+
+    async def commit(self, **kw: Any) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.commit`."""
+        return await asyncio.to_thread(self.sync.commit, **kw)
+
+    async def abort(self) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.abort`."""
+        return await asyncio.to_thread(self.sync.abort)
+
+    async def delete(self) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.delete`."""
+        return await asyncio.to_thread(self.sync.delete)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.to_thread(self.sync.__exit__, *exc)

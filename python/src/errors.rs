@@ -1,0 +1,91 @@
+//! Rust errors to Python exceptions. The classes live in `lockbox.errors` (pure Python, so
+//! they can be subclassed and documented there); `lockbox.errors._from_rust` picks the class
+//! from the error's stable code.
+
+use pyo3::prelude::*;
+use serde_json::Value;
+
+/// Which family an error comes from; selects the base class when the code is unknown.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Family {
+    Policy,
+    Setup,
+    Txn,
+    Journal,
+}
+
+impl Family {
+    fn name(self) -> &'static str {
+        match self {
+            Family::Policy => "policy",
+            Family::Setup => "setup",
+            Family::Txn => "txn",
+            Family::Journal => "journal",
+        }
+    }
+}
+
+/// Builds the `lockbox.errors` exception for an error of `family` with `code`, the Rust
+/// error's message, its exit code and details (JSON object).
+pub(crate) fn make(
+    family: Family,
+    code: &str,
+    message: String,
+    exit_code: Option<u8>,
+    details: Value,
+) -> PyErr {
+    Python::attach(|py| {
+        let built = (|| -> PyResult<PyErr> {
+            let module = py.import("lockbox.errors")?;
+            let exc = module.getattr("_from_rust")?.call1((
+                family.name(),
+                code,
+                message.clone(),
+                exit_code,
+                details.to_string(),
+            ))?;
+            Ok(PyErr::from_value(exc))
+        })();
+        built.unwrap_or_else(|e| e)
+    })
+}
+
+pub(crate) fn policy(e: &lockbox_policy::PolicyError) -> PyErr {
+    make(
+        Family::Policy,
+        e.code(),
+        e.to_string(),
+        Some(125),
+        Value::Null,
+    )
+}
+
+pub(crate) fn setup(e: &lockbox_confine::SetupError) -> PyErr {
+    let details = serde_json::json!({ "hint": e.hint() });
+    make(Family::Setup, e.code(), e.to_string(), Some(125), details)
+}
+
+pub(crate) fn txn(e: &lockbox_txn::TxnError) -> PyErr {
+    make(
+        Family::Txn,
+        e.code(),
+        e.to_string(),
+        Some(e.exit_code()),
+        Value::Null,
+    )
+}
+
+pub(crate) fn journal(e: &lockbox_journal::JournalError) -> PyErr {
+    make(
+        Family::Journal,
+        e.code(),
+        e.to_string(),
+        None,
+        serde_json::json!({ "transient": e.is_transient() }),
+    )
+}
+
+/// A usage error found by this layer (bad spec from the Python half).
+pub(crate) fn usage(message: String) -> PyErr {
+    make(Family::Txn, "TXN_USAGE", message, Some(2), Value::Null)
+}

@@ -1,0 +1,167 @@
+//! A pipeline without a transaction (`Pipeline.run()`): every stage starts at once, stage N's
+//! stdout feeding stage N+1's stdin like a shell pipeline, each under its own policy; writes
+//! go wherever each policy lets them (no layers, no commit).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+use lockbox_confine::{Running, Status, Stdio, Waited};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use serde_json::{json, Value};
+
+use crate::txn::StageSpec;
+use crate::{errors, policy};
+
+/// Output kept per stream; the rest is read and dropped so no stage blocks on a full pipe.
+const KEEP: usize = 64 << 20;
+
+fn pipe() -> PyResult<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| errors::usage(format!("creating a pipe: {e}")))
+}
+
+/// Reads `from` to its end, keeping the first [`KEEP`] bytes.
+fn drain(from: OwnedFd) -> Vec<u8> {
+    let mut from = File::from(from);
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                let room = KEEP.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+struct Started {
+    running: Option<Running>,
+    started: Instant,
+    timeout: Option<std::time::Duration>,
+    grace: std::time::Duration,
+    setup_error: Option<String>,
+}
+
+/// Runs `stages` (JSON list) as a streaming pipeline with `stdin`. Returns (JSON with every
+/// stage's result and stderr, last stdout).
+#[pyfunction]
+#[pyo3(signature = (stages, stdin=None))]
+pub(crate) fn run_plain(
+    py: Python<'_>,
+    stages: &str,
+    stdin: Option<Vec<u8>>,
+) -> PyResult<(String, Py<PyBytes>)> {
+    let specs: Vec<StageSpec> =
+        serde_json::from_str(stages).map_err(|e| errors::usage(format!("stages: {e}")))?;
+    if specs.is_empty() {
+        return Err(errors::usage("a pipeline needs at least one stage".into()));
+    }
+    let mut built = Vec::new();
+    for s in &specs {
+        built.push((policy::parse(&s.policy.to_string())?, s));
+    }
+    let (stdin_r, stdin_w) = pipe()?;
+    let mut next_in = Some(stdin_r);
+    let mut stderr_readers = Vec::new();
+    let mut started = Vec::new();
+    let mut last_out = None;
+    for (i, (policy, spec)) in built.iter().enumerate() {
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let stdio = Stdio {
+            stdin: next_in.take(),
+            stdout: Some(out_w),
+            stderr: Some(err_w),
+        };
+        let argv: Vec<std::ffi::OsString> = spec.argv.iter().map(Into::into).collect();
+        let t0 = Instant::now();
+        let (running, setup_error) = match lockbox_confine::spawn_with(policy, &argv, stdio) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        started.push(Started {
+            running,
+            started: t0,
+            timeout: policy.timeout,
+            grace: policy.kill_grace,
+            setup_error,
+        });
+        stderr_readers.push(err_r);
+        if i + 1 == built.len() {
+            last_out = Some(out_r);
+        } else {
+            next_in = Some(out_r);
+        }
+    }
+    let stdin_bytes = stdin.unwrap_or_default();
+    let (results, stdout) = py.detach(move || {
+        std::thread::scope(|scope| {
+            let feeder = scope.spawn(move || {
+                let mut w = File::from(stdin_w);
+                // A stage that exits without reading its stdin is not an error.
+                let _ = w.write_all(&stdin_bytes);
+            });
+            let out = last_out.map(|r| scope.spawn(move || drain(r)));
+            let errs: Vec<_> = stderr_readers
+                .into_iter()
+                .map(|r| scope.spawn(move || drain(r)))
+                .collect();
+            let mut results = Vec::new();
+            for s in &mut started {
+                results.push(finish(s));
+            }
+            drop(started);
+            let _ = feeder.join();
+            let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
+            let stderrs: Vec<Vec<u8>> = errs
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect();
+            (results, (stdout, stderrs))
+        })
+    });
+    let (stdout, stderrs) = stdout;
+    let stages: Vec<Value> = results
+        .into_iter()
+        .zip(specs.iter())
+        .zip(stderrs)
+        .map(|((mut r, spec), err)| {
+            r["name"] = json!(spec.name);
+            r["stderr"] = json!(String::from_utf8_lossy(&err));
+            r
+        })
+        .collect();
+    let json = json!({ "stages": stages }).to_string();
+    Ok((json, PyBytes::new(py, &stdout).unbind()))
+}
+
+/// Waits for one stage until its own deadline, stopping it then.
+fn finish(s: &mut Started) -> Value {
+    let Some(running) = s.running.as_mut() else {
+        return json!({ "exit_code": 125, "signal": null, "timed_out": false,
+            "duration": 0.0, "setup_error": s.setup_error });
+    };
+    let deadline = s.timeout.map(|t| s.started + t);
+    let waited = match running.wait(deadline, None) {
+        Ok(Waited::Exited(o)) => Ok(o),
+        Ok(Waited::Deadline | Waited::Extra) => running.stop(s.grace, true),
+        Err(e) => Err(e),
+    };
+    s.running = None;
+    match waited {
+        Ok(o) => json!({
+            "exit_code": o.exit_code(),
+            "signal": match o.status { Status::Signaled(n) => Some(n), _ => None },
+            "timed_out": o.timed_out,
+            "duration": s.started.elapsed().as_secs_f64(),
+            "setup_error": null,
+        }),
+        Err(e) => json!({ "exit_code": 125, "signal": null, "timed_out": false,
+            "duration": s.started.elapsed().as_secs_f64(), "setup_error": e.to_string() }),
+    }
+}

@@ -1,0 +1,29 @@
+//! The one conversion from the Python keyword arguments (as the JSON form of a policy, built
+//! by `lockbox._policy`) to [`Policy`].
+
+use lockbox_policy::Policy;
+use pyo3::prelude::*;
+
+use crate::errors;
+
+/// Parses and validates the JSON form of a policy.
+pub(crate) fn parse(json: &str) -> PyResult<Policy> {
+    let policy: Policy = serde_json::from_str(json).map_err(|e| {
+        errors::make(
+            errors::Family::Policy,
+            "BAD_POLICY",
+            format!("policy: {e}"),
+            Some(125),
+            serde_json::Value::Null,
+        )
+    })?;
+    policy.validate().map_err(|e| errors::policy(&e))?;
+    Ok(policy)
+}
+
+/// Validates a policy (JSON) and returns its normalised JSON form.
+#[pyfunction]
+pub(crate) fn check_policy(json: &str) -> PyResult<String> {
+    let policy = parse(json)?;
+    serde_json::to_string(&policy).map_err(|e| errors::usage(e.to_string()))
+}
