@@ -339,6 +339,7 @@ impl PreparedTxn {
 
     /// Leaves the transaction prepared in the store (for `lockbox txn commit ID`).
     fn keep(&self) -> PyResult<String> {
-        Ok(self.take("keep")?.keep().to_string())
+        let id = self.take("keep")?.keep().map_err(|e| errors::txn(&e))?;
+        Ok(id.to_string())
     }
 }

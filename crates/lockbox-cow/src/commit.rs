@@ -115,7 +115,7 @@ pub fn commit(
         branch.workdir(),
         root.as_fd(),
         OsStr::new(&staging_name),
-        total <= SMALL,
+        is_small(total),
     )?;
     apply(root.as_fd(), &plan, false)?;
     finish(root.as_fd(), &plan)?;
@@ -228,6 +228,11 @@ pub struct CommitPlan {
 /// directory rather than from `syncfs`: `syncfs` also writes back every other process's dirty
 /// data on the filesystem, which dominates the cost of a small commit on a busy disk.
 const SMALL: u64 = 64;
+
+/// Whether a commit of `changes` changes uses the per-file protocol (see [`SMALL`]).
+pub(crate) fn is_small(changes: u64) -> bool {
+    changes <= SMALL
+}
 
 pub(crate) struct Plan {
     pub(crate) staging: OwnedFd,

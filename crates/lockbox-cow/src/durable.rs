@@ -9,6 +9,17 @@ use std::path::Path;
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content or
 /// all of `bytes`.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    write_replacing(dir, name, bytes, true)
+}
+
+/// Replaces `dir/name` with `bytes` by a rename, so readers see the old or the new content,
+/// never a mix, but without waiting for the disk: after a power loss the file may hold the
+/// old content (or be empty). For records whose loss recovery tolerates.
+pub fn write_replace(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    write_replacing(dir, name, bytes, false)
+}
+
+fn write_replacing(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -18,9 +29,14 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
         fs::rename(&tmp, dir.join(name))?;
-        fsync_dir(dir)
+        if durable {
+            fsync_dir(dir)?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

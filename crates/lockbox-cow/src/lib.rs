@@ -45,7 +45,7 @@ pub use crate::commit::{
     commit, CommitOptions, CommitPlan, CommitReport, PlanDir, PlanOp, STAGING_PREFIX,
 };
 pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
-pub use crate::durable::{fsync_dir, write_atomic};
+pub use crate::durable::{fsync_dir, write_atomic, write_replace};
 pub use crate::error::CowError;
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;

@@ -1,6 +1,6 @@
 //! A commit split at its commit point, for callers that keep their own write-ahead log
 //! (`lockbox-txn`): [`stage_upper`] does steps 1 and 3 of [`crate::commit`] (validate, stage,
-//! `syncfs`) and returns the [`CommitPlan`]; the caller makes the plan durable (its commit
+//! make durable) and returns the [`CommitPlan`]; the caller makes the plan durable (its commit
 //! point) and then calls [`apply_staged`], which does steps 4 and 5 and can be redone after a
 //! crash any number of times; [`discard_staging`] rolls back a commit that never reached its
 //! commit point.
@@ -47,19 +47,20 @@ pub fn stage_upper(
         report.dry_run = true;
         return Ok((CommitPlan::default(), report));
     }
-    // Transactions stage whole layer unions: one syncfs (see `commit::SMALL`).
+    let total = report.added + report.modified + report.deleted + report.type_changed;
     let plan = commit::stage(
         upper,
         workdir,
         root.as_fd(),
         OsStr::new(&staging_name(key)),
-        false,
+        commit::is_small(total),
     )?;
     Ok((plan.plan, report))
 }
 
 /// Applies a plan staged by [`stage_upper`] with the same `key`: renames the staged entries
-/// into place, makes and removes directories, sets directory metadata, `syncfs`, removes the
+/// into place, makes and removes directories, sets directory metadata, makes it durable
+/// (`syncfs`, or fsyncs of the touched directories for a small plan), removes the
 /// staging directory and fsyncs the workdir. Safe to call again after a crash at any point of
 /// an earlier call (a staged entry already renamed is skipped). Once the staging directory
 /// is gone, calling it again is a no-op.
@@ -77,10 +78,13 @@ pub fn apply_staged(workdir: &Path, key: &str, plan: &CommitPlan) -> Result<(), 
             })
         }
     };
+    // Decided from the plan alone, so a redo after a crash makes the same choice. (Either
+    // is safe: a small plan's staged files were fsynced one by one; a large one's by syncfs.)
+    let small = commit::is_small((plan.ops.len() + plan.dirs.len()) as u64);
     let plan = Plan {
         staging,
         plan: plan.clone(),
-        small: false,
+        small,
     };
     commit::apply(root.as_fd(), &plan, true)?;
     commit::finish(root.as_fd(), &plan)?;

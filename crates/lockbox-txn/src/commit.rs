@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use lockbox_cow::{CommitOptions, CommitReport};
 
 use crate::lock;
-use crate::record::{self, Intent, TxnState, INTENT_FILE};
+use crate::record::{self, Durability, Intent, TxnState, INTENT_FILE};
 use crate::store::{self, ListedTxn, TxnDir};
 use crate::{TxnError, TxnId};
 
@@ -39,7 +39,8 @@ pub(crate) fn commit(
         Some(lock::acquire(&txn.state_dir, txn.workdir(), None)?)
     };
     recover_locked(&txn.state_dir, txn.workdir(), Some(txn.id()))?;
-    txn.set_state(TxnState::Committing)?;
+    txn.record.state = TxnState::Committing;
+    txn.make_durable()?;
     let key = txn.id().as_str().to_owned();
     let staged = lockbox_cow::stage_upper(
         &txn.merged_dir(),
@@ -60,7 +61,13 @@ pub(crate) fn commit(
         workdir: txn.workdir().to_owned(),
         plan,
     };
-    if let Err(e) = record::write(&txn.dir, INTENT_FILE, "intent", &intent) {
+    if let Err(e) = record::write(
+        &txn.dir,
+        INTENT_FILE,
+        "intent",
+        &intent,
+        Durability::Durable,
+    ) {
         roll_back(txn)?;
         return Err(e);
     }
@@ -81,7 +88,8 @@ fn mark_committed(txn: &mut TxnDir, report: Option<CommitReport>) -> Result<(), 
     }
     txn.set_state(TxnState::Committed)?;
     remove_intent(txn)?;
-    txn.discard_data()
+    txn.discard_data()?;
+    txn.retire()
 }
 
 fn remove_intent(txn: &TxnDir) -> Result<(), TxnError> {
@@ -110,7 +118,8 @@ fn roll_back(txn: &mut TxnDir) -> Result<(), TxnError> {
 /// Marks a transaction that never touched the workdir aborted and frees its data.
 pub(crate) fn abort(txn: &mut TxnDir) -> Result<(), TxnError> {
     txn.set_state(TxnState::Aborted)?;
-    txn.discard_data()
+    txn.discard_data()?;
+    txn.retire()
 }
 
 /// What [`recover`] did.
@@ -195,36 +204,49 @@ fn recover_locked(
     skip: Option<&TxnId>,
 ) -> Result<RecoveryReport, TxnError> {
     let mut report = RecoveryReport::default();
-    for listed in store::list(state_dir)? {
-        let ListedTxn::Ok(r) = listed else { continue };
-        if r.workdir != workdir || Some(&r.id) == skip {
+    for id in store::live(state_dir)? {
+        if Some(&id) == skip {
             continue;
         }
-        let mut txn = TxnDir::open(state_dir, &r.id)?;
+        // A record that cannot be read never became durable (`committing` is written
+        // durably before the workdir is touched): nothing to recover; `txn list` shows it.
+        let Ok(mut txn) = TxnDir::open(state_dir, &id) else {
+            continue;
+        };
+        if txn.record.workdir != workdir {
+            continue;
+        }
+        let owner_pid = txn.record.owner_pid;
         match txn.record.state {
             TxnState::Committing => {
                 let intent: Option<Intent> =
                     record::read(&txn.dir.join(INTENT_FILE), "intent").unwrap_or(None);
                 match intent {
-                    Some(intent) if intent.id == r.id => {
-                        lockbox_cow::apply_staged(workdir, r.id.as_str(), &intent.plan).map_err(
+                    Some(intent) if intent.id == id => {
+                        lockbox_cow::apply_staged(workdir, id.as_str(), &intent.plan).map_err(
                             |source| TxnError::Apply {
-                                id: r.id.clone(),
+                                id: id.clone(),
                                 source,
                             },
                         )?;
                         mark_committed(&mut txn, None)?;
-                        report.rolled_forward.push(r.id);
+                        report.rolled_forward.push(id);
                     }
                     _ => {
                         roll_back(&mut txn)?;
-                        report.rolled_back.push(r.id);
+                        report.rolled_back.push(id);
                     }
                 }
             }
-            TxnState::Running if !owner_alive(r.owner_pid) => {
+            // A prepared transaction that was not kept belonged to its process: gone with
+            // it, like a dropped one.
+            TxnState::Running if !owner_alive(owner_pid) => {
                 abort(&mut txn)?;
-                report.abandoned.push(r.id);
+                report.abandoned.push(id);
+            }
+            TxnState::Prepared if txn.record.held && !owner_alive(owner_pid) => {
+                abort(&mut txn)?;
+                report.abandoned.push(id);
             }
             TxnState::Committed | TxnState::Aborted => {
                 // Leftovers of a cleanup that a crash interrupted.
@@ -232,6 +254,7 @@ fn recover_locked(
                     remove_intent(&txn)?;
                 }
                 txn.discard_data()?;
+                txn.retire()?;
             }
             TxnState::Running | TxnState::Prepared => {}
         }
@@ -294,7 +317,14 @@ mod tests {
                 workdir: f.work.clone(),
                 plan,
             };
-            record::write(&f.txn.dir, INTENT_FILE, "intent", &intent).unwrap();
+            record::write(
+                &f.txn.dir,
+                INTENT_FILE,
+                "intent",
+                &intent,
+                Durability::Durable,
+            )
+            .unwrap();
         }
     }
 
@@ -365,5 +395,33 @@ mod tests {
         assert_eq!(state_of(&f), TxnState::Aborted);
         assert!(!f.txn.merged_dir().exists());
         assert_eq!(names(&f.work), ["old"]);
+        // Finished: recovery no longer has to read its record.
+        assert!(names(&f.state.join("txns/.live")).is_empty());
+    }
+
+    #[test]
+    fn a_prepared_transaction_held_by_a_dead_process_is_aborted() {
+        let mut f = prepared();
+        f.txn.record.owner_pid = u32::MAX;
+        f.txn.record.held = true;
+        f.txn.set_state(TxnState::Prepared).unwrap();
+        let report = recover(&f.state, Some(&f.work)).unwrap();
+        assert_eq!(report.abandoned, [f.txn.id().clone()]);
+        assert_eq!(state_of(&f), TxnState::Aborted);
+        assert_eq!(names(&f.work), ["old"]);
+    }
+
+    #[test]
+    fn a_store_from_before_live_markers_is_indexed_then_recovered() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, true);
+        // The layout of earlier versions: no `.live`.
+        std::fs::remove_dir_all(f.state.join("txns/.live")).unwrap();
+        let report = recover_workdir(&f.state, &f.work).unwrap().unwrap();
+        assert_eq!(report.rolled_forward, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["new", "old"]);
+        assert!(names(&f.state.join("txns/.live")).is_empty());
+        // No leftover of building the index.
+        assert_eq!(names(&f.state.join("txns")), [".live", f.txn.id().as_str()]);
     }
 }

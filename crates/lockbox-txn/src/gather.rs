@@ -121,7 +121,7 @@ impl Gather {
             outputs.push(r.stdout);
             uppers.push(upper);
         }
-        txn.save()?;
+        txn.save_lazily()?;
         if let Some(reason) = outcome
             .stages
             .iter()
@@ -151,7 +151,7 @@ impl Gather {
             let i = self.sources.len();
             let (ran, upper) = self.run_consumer(txn, consumer, &inputs)?;
             txn.record.stages.push(ran.result.clone());
-            txn.save()?;
+            txn.save_lazily()?;
             outcome.stages.push(ran.result.clone());
             outcome.stdout = keep_stdout(txn, ran.stdout)?;
             if let Some(reason) = AbortReason::of_stage(i, &ran.result) {

@@ -160,7 +160,7 @@ impl Pipeline {
             outcome.stages.push(r.result);
             last = r.stdout;
         }
-        txn.save()?;
+        txn.save_lazily()?;
         for view in &views {
             remove_tree(&view.work)?;
         }
@@ -265,7 +265,10 @@ pub(crate) fn finish_prepare(
     // `merged/` holds everything now: the layers go before the commit, which then has one
     // tree less to remove (and a kept prepared transaction takes half the inodes).
     remove_tree(&txn.dir.join("layers"))?;
-    txn.set_state(TxnState::Prepared)
+    // Durable only once kept ([`PreparedTxn::keep`]) or committing.
+    txn.record.state = TxnState::Prepared;
+    txn.record.held = true;
+    txn.save_lazily()
 }
 
 /// A spilled final stdout is moved next to the record, so it outlives the layers.

@@ -49,7 +49,7 @@ impl PreparedTxn {
 
     /// Opens a transaction another process prepared and kept.
     pub fn open(state_dir: &Path, id: &TxnId) -> Result<PreparedTxn, TxnError> {
-        let mut txn = TxnDir::open(state_dir, id)?;
+        let txn = TxnDir::open(state_dir, id)?;
         if txn.record.state != TxnState::Prepared {
             return Err(TxnError::WrongState {
                 id: id.clone(),
@@ -58,10 +58,6 @@ impl PreparedTxn {
             });
         }
         let changes = ChangeSet::compute(&txn.merged_dir(), txn.workdir())?;
-        // This process now owns it (a dead owner must not make recovery discard it: it is
-        // prepared, which recovery leaves alone anyway).
-        txn.record.owner_pid = std::process::id();
-        txn.save()?;
         let stdout_file = txn.dir.join("stdout");
         let stdout = match std::fs::metadata(&stdout_file) {
             Ok(m) => Output::File {
@@ -178,10 +174,19 @@ impl PreparedTxn {
         Ok(self.outcome.clone())
     }
 
-    /// Leaves the transaction prepared in the store, to be committed or aborted later by id.
-    pub fn keep(mut self) -> TxnId {
-        self.txn.take();
-        self.outcome.id.clone()
+    /// Leaves the transaction prepared in the store, to be committed or aborted later by id
+    /// (from any process; it survives this one, and a crash). Until kept, a prepared
+    /// transaction belongs to this process: dropped, or left behind by a crash, it is aborted.
+    pub fn keep(mut self) -> Result<TxnId, TxnError> {
+        if let Some(mut txn) = self.txn.take() {
+            txn.record.held = false;
+            if let Err(e) = txn.make_durable() {
+                // Dropping `self` with it aborts the transaction.
+                self.txn = Some(txn);
+                return Err(e);
+            }
+        }
+        Ok(self.outcome.id.clone())
     }
 }
 

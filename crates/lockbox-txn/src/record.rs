@@ -91,6 +91,10 @@ pub struct TxnRecord {
     /// durable before the commit point: a journaled step's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<serde_json::Value>,
+    /// Prepared but not kept ([`crate::PreparedTxn::keep`]): it belongs to its owner process,
+    /// and recovery aborts it once that process is gone (as dropping it would have).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// The write-ahead-log intent: everything needed to redo the apply after a crash.
@@ -119,12 +123,23 @@ fn checksum(value: &serde_json::Value) -> Result<String, serde_json::Error> {
     ))
 }
 
-/// Writes `record` as `dir/name` durably.
+/// Whether a record write waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// fsynced (file and directory) before returning: survives a crash.
+    Durable,
+    /// Replaced atomically but not fsynced: a crash may bring back the previous record.
+    /// Only for states recovery handles either way (see [`crate::store::TxnDir::save`]).
+    Lazy,
+}
+
+/// Writes `record` as `dir/name`.
 pub(crate) fn write<T: Serialize>(
     dir: &Path,
     name: &str,
     kind: &str,
     record: &T,
+    durability: Durability,
 ) -> Result<(), TxnError> {
     let path = dir.join(name);
     let err = |source| TxnError::WriteRecord {
@@ -141,7 +156,11 @@ pub(crate) fn write<T: Serialize>(
         })
     })()
     .map_err(|e| err(e.into()))?;
-    lockbox_cow::write_atomic(dir, name, &bytes).map_err(err)
+    match durability {
+        Durability::Durable => lockbox_cow::write_atomic(dir, name, &bytes),
+        Durability::Lazy => lockbox_cow::write_replace(dir, name, &bytes),
+    }
+    .map_err(err)
 }
 
 /// Reads and verifies `path`; `Ok(None)` if it does not exist.
@@ -214,7 +233,14 @@ mod tests {
             workdir: "/w".into(),
             plan: CommitPlan::default(),
         };
-        write(dir.path(), INTENT_FILE, "intent", &intent).unwrap_or_else(|e| panic!("{e}"));
+        write(
+            dir.path(),
+            INTENT_FILE,
+            "intent",
+            &intent,
+            Durability::Durable,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let path = dir.path().join(INTENT_FILE);
         let back: Option<Intent> = read(&path, "intent").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, Some(intent));

@@ -9,7 +9,12 @@
 //! STATE/txns/<id>/out/<n>           a stage's stdout, spilled beyond the memory bound
 //! STATE/txns/<id>/intent.json       the WAL intent; durable = the commit point
 //! STATE/txns/<id>/inputs/<name>     a gather source's stdout, for the consumer
+//! STATE/txns/.live/<id>              empty: the transaction may still need recovery
 //! ```
+//!
+//! `.live` holds one marker per transaction from its creation until it is committed or
+//! aborted and its data is gone, so the recovery sweep that every command touching a workdir
+//! runs reads those few records, not every transaction the state directory ever ran.
 
 use std::fs::{self, DirBuilder};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -17,12 +22,67 @@ use std::path::{Path, PathBuf};
 
 use lockbox_cow::Timestamp;
 
-use crate::record::{self, TxnKind, TxnRecord, TxnState, RECORD_FILE};
+use crate::record::{self, Durability, TxnKind, TxnRecord, TxnState, RECORD_FILE};
 use crate::{TxnError, TxnId};
 
 /// The directory holding every transaction of a state directory.
 pub fn txns_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("txns")
+}
+
+/// The markers of transactions that may still need recovery (see the module doc).
+const LIVE: &str = ".live";
+
+fn live_dir(state_dir: &Path) -> PathBuf {
+    txns_dir(state_dir).join(LIVE)
+}
+
+/// The ids of the transactions that may still need recovery. A store written before `.live`
+/// existed gets its markers now, from one full scan (built aside, then renamed into place).
+pub(crate) fn live(state_dir: &Path) -> Result<Vec<TxnId>, TxnError> {
+    let dir = live_dir(state_dir);
+    if !dir.is_dir() {
+        if !txns_dir(state_dir).is_dir() {
+            return Ok(Vec::new());
+        }
+        build_live(state_dir)?;
+    }
+    let entries = fs::read_dir(&dir).map_err(store_err(&dir))?;
+    let mut ids: Vec<TxnId> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().and_then(|n| TxnId::parse(n).ok()))
+        .collect();
+    ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    Ok(ids)
+}
+
+fn build_live(state_dir: &Path) -> Result<(), TxnError> {
+    let txns = txns_dir(state_dir);
+    // Unique per call: threads of one process may race here too.
+    let tmp = txns.join(format!(".live.tmp-{}", TxnId::generate()));
+    DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .map_err(store_err(&tmp))?;
+    for listed in list(state_dir)? {
+        let ListedTxn::Ok(r) = listed else { continue };
+        let dir = txns.join(r.id.as_str());
+        let finished = matches!(r.state, TxnState::Committed | TxnState::Aborted)
+            && ["layers", "merged", crate::record::INTENT_FILE]
+                .iter()
+                .all(|n| !dir.join(n).exists());
+        if !finished {
+            let marker = tmp.join(r.id.as_str());
+            fs::File::create(&marker).map_err(store_err(&marker))?;
+        }
+    }
+    lockbox_cow::fsync_dir(&tmp).map_err(store_err(&tmp))?;
+    match fs::rename(&tmp, live_dir(state_dir)) {
+        // Another process built it first: theirs is as good.
+        Err(_) if live_dir(state_dir).is_dir() => remove_tree(&tmp),
+        Err(source) => Err(TxnError::Store { path: tmp, source }),
+        Ok(()) => lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns)),
+    }
 }
 
 fn store_err(path: &Path) -> impl Fn(std::io::Error) -> TxnError + '_ {
@@ -78,6 +138,11 @@ impl TxnDir {
             }
             None => TxnId::generate(),
         };
+        if !live_dir(&state_dir).is_dir() {
+            build_live(&state_dir)?;
+        }
+        let marker = live_dir(&state_dir).join(id.as_str());
+        fs::File::create(&marker).map_err(store_err(&marker))?;
         let dir = txns.join(id.as_str());
         DirBuilder::new()
             .mode(0o700)
@@ -101,14 +166,16 @@ impl TxnDir {
             key: key.map(str::to_owned),
             abort_reason: None,
             value: None,
+            held: false,
         };
         let txn = TxnDir {
             state_dir,
             dir,
             record,
         };
-        txn.save()?;
-        lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+        // Not durable yet: until the transaction touches the workdir (`committing`, see
+        // [`TxnDir::make_durable`]) or is kept, losing it in a crash loses nothing.
+        txn.save_lazily()?;
         Ok(txn)
     }
 
@@ -141,12 +208,54 @@ impl TxnDir {
 
     /// Writes the record durably.
     pub(crate) fn save(&self) -> Result<(), TxnError> {
-        record::write(&self.dir, RECORD_FILE, "txn", &self.record)
+        record::write(
+            &self.dir,
+            RECORD_FILE,
+            "txn",
+            &self.record,
+            Durability::Durable,
+        )
+    }
+
+    /// Writes the record without waiting for the disk: for the states recovery treats the
+    /// same whether or not they survive a crash (running, and prepared in a process that
+    /// commits or aborts it itself — both are aborted once their owner is gone).
+    pub(crate) fn save_lazily(&self) -> Result<(), TxnError> {
+        record::write(
+            &self.dir,
+            RECORD_FILE,
+            "txn",
+            &self.record,
+            Durability::Lazy,
+        )
+    }
+
+    /// Makes the transaction's existence durable (its directory and `.live` marker), then
+    /// its record. Required before it touches the workdir or outlives this process.
+    pub(crate) fn make_durable(&self) -> Result<(), TxnError> {
+        let txns = txns_dir(&self.state_dir);
+        let live = live_dir(&self.state_dir);
+        lockbox_cow::fsync_dir(&live).map_err(store_err(&live))?;
+        lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+        self.save()
     }
 
     pub(crate) fn set_state(&mut self, state: TxnState) -> Result<(), TxnError> {
         self.record.state = state;
         self.save()
+    }
+
+    /// Removes the `.live` marker of a transaction that is committed or aborted and whose
+    /// data is gone. Not fsynced: a marker that comes back costs recovery one record read.
+    pub(crate) fn retire(&self) -> Result<(), TxnError> {
+        let marker = live_dir(&self.state_dir).join(self.id().as_str());
+        match fs::remove_file(&marker) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TxnError::Store {
+                path: marker,
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Creates `layers/<n>/{upper,work}` (upper with the workdir's mode: the overlay's root
@@ -215,7 +324,14 @@ fn replace_earlier_attempt(state_dir: &Path, id: &TxnId) -> Result<(), TxnError>
         }
     }
     remove_tree(&dir)?;
-    lockbox_cow::fsync_dir(&txns_dir(state_dir)).map_err(store_err(state_dir))
+    lockbox_cow::fsync_dir(&txns_dir(state_dir)).map_err(store_err(state_dir))?;
+    match fs::remove_file(live_dir(state_dir).join(id.as_str())) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TxnError::Store {
+            path: live_dir(state_dir),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Removes a tree, including directories of mode 000 (overlayfs's `work/work`), which their
@@ -283,6 +399,7 @@ pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
     };
     let mut dirs: Vec<PathBuf> = entries
         .filter_map(Result::ok)
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
         .map(|e| e.path())
         .filter(|p| p.is_dir())
         .collect();

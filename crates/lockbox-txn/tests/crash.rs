@@ -98,7 +98,7 @@ fn prepare(state: &Path, work: &Path, adds: usize) -> TxnId {
         "{}",
         prepared.outcome().changes.len()
     );
-    prepared.keep()
+    prepared.keep().unwrap()
 }
 
 fn torture(adds: usize, trials: usize) {

@@ -188,7 +188,7 @@ fn prepare_then_commit_by_id_after_the_first_handle_is_gone() {
         .unwrap();
     assert!(prepared.all_succeeded());
     assert_eq!(prepared.outcome().changes.to_lines(), "A a.txt\n");
-    let id = prepared.keep();
+    let id = prepared.keep().unwrap();
     assert!(!work.join("a.txt").exists());
     let again = PreparedTxn::open(&state, &id).unwrap();
     let outcome = again.commit().unwrap();

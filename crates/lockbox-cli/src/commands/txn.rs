@@ -420,7 +420,10 @@ fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
     }
     if flags.prepare {
         let outcome = prepared.outcome().clone();
-        let id = prepared.keep();
+        let id = match prepared.keep() {
+            Ok(id) => id,
+            Err(e) => return finish(Err(e), Action::Prepared, out),
+        };
         if !out.json {
             println!("{id}");
         }
