@@ -204,6 +204,12 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
 /// Like [`spawn_with`], running the host executable `exe` (bound read-only at
 /// [`crate::agent::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy grants)
 /// with arguments `args`: how `lockbox-runtime` starts its in-sandbox agent.
+///
+/// The agent is the one command whose seccomp filter allows `openat2` (its file operations
+/// resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a binary that
+/// calls [`crate::agent::main_if_agent`], which stacks a filter answering `openat2` with
+/// `ENOSYS` on every command it starts, and makes itself non-dumpable so that no command
+/// can ptrace it into making the call.
 pub fn spawn_agent(
     policy: &Policy,
     exe: &Path,
@@ -294,7 +300,12 @@ fn spawn_inner(
         hostname: policy.hostname.as_bytes().to_vec(),
         loopback: policy.net.own_namespace(),
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
-        seccomp: seccomp::build()?,
+        // Only the agent resolves paths with openat2; it denies it again to what it runs.
+        seccomp: seccomp::build(if helper.is_some() {
+            seccomp::Openat2::Agent
+        } else {
+            seccomp::Openat2::Enosys
+        })?,
         net: net_child
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
