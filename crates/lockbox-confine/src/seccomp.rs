@@ -571,8 +571,38 @@ pub enum Openat2 {
     Agent,
 }
 
-/// Builds the BPF program.
-pub fn build(openat2: Openat2) -> Result<BpfProgram, SetupError> {
+/// A socket family refused by `socket(2)` with `EAFNOSUPPORT` (the answer of a kernel
+/// without it, so programs fall back as they would there), and why.
+#[derive(Debug, Clone, Copy)]
+pub struct RefusedFamily {
+    /// `AF_*` name.
+    pub name: &'static str,
+    /// Its number.
+    pub family: u32,
+    /// Refused under `--net host` too.
+    pub with_net_host: bool,
+    /// Why.
+    pub why: &'static str,
+}
+
+/// Socket families the filter refuses. Checked from `docs/security.md`.
+pub const REFUSED_FAMILIES: [RefusedFamily; 2] = [
+    RefusedFamily {
+        name: "AF_VSOCK",
+        family: libc::AF_VSOCK as u32,
+        with_net_host: false,
+        why: "vsock is not network-namespaced: on a VM it reaches the hypervisor and its host services, and on a host the VMs' (refused unless --net host, which gives the host's reach anyway)",
+    },
+    RefusedFamily {
+        name: "AF_ALG",
+        family: libc::AF_ALG as u32,
+        with_net_host: true,
+        why: "the kernel crypto API is shared by the whole host and has a record of privilege escalations; nothing sandboxed needs it (OpenSSL and libkcapi users fall back to user-space crypto)",
+    },
+];
+
+/// Builds the BPF program. `net_host`: the sandbox shares the host's network (`--net host`).
+pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for d in denied() {
@@ -599,8 +629,39 @@ pub fn build(openat2: Openat2) -> Result<BpfProgram, SetupError> {
         .filter(|&nr| !(openat2 == Openat2::Agent && nr == libc::SYS_openat2))
         .collect();
     let mut program = prologue(&enosys);
+    let families: Vec<u32> = REFUSED_FAMILIES
+        .iter()
+        .filter(|f| f.with_net_host || !net_host)
+        .map(|f| f.family)
+        .collect();
+    program.extend(refuse_families(&families));
     program.extend(body);
     Ok(program)
+}
+
+/// `socket(family, ...)` answers `EAFNOSUPPORT` for `families`. Runs after [`prologue`]
+/// (the accumulator holds the syscall number, and still does after this block).
+fn refuse_families(families: &[u32]) -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    // seccomp_data.args[0], low half on a little-endian machine: the kernel reads the
+    // family as an int.
+    const ARG0_LOW: u32 = 16;
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    let skip = (2 * families.len() + 2) as u8;
+    let mut program = vec![
+        ins(JEQ_K, 0, skip, libc::SYS_socket as u32),
+        ins(LD_W_ABS, 0, 0, ARG0_LOW),
+    ];
+    for &family in families {
+        program.push(ins(JEQ_K, 0, 1, family));
+        program.push(ins(RET_K, 0, 0, RET_ERRNO | libc::EAFNOSUPPORT as u32));
+    }
+    program.push(ins(LD_W_ABS, 0, 0, 0));
+    program
 }
 
 /// The filter the agent stacks on each command it starts (in the command's shim, before
@@ -660,8 +721,8 @@ mod tests {
 
     #[test]
     fn filter_builds_and_fits_the_kernel_limit() {
-        for openat2 in [Openat2::Enosys, Openat2::Agent] {
-            let program = build(openat2).unwrap();
+        for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
+            let program = build(openat2, host).unwrap();
             assert!(program.len() < 4096, "{} instructions", program.len());
         }
     }
@@ -738,6 +799,13 @@ mod doc_tests {
                 doc.contains(&format!("| `{}` |", d.name)),
                 "docs/security.md lacks {}",
                 d.name
+            );
+        }
+        for f in super::REFUSED_FAMILIES {
+            assert!(
+                doc.contains(&format!("| `{}` | `EAFNOSUPPORT` |", f.name)),
+                "docs/security.md lacks the socket family {}",
+                f.name
             );
         }
         for (name, _) in super::ENOSYS_CALLS {

@@ -301,11 +301,14 @@ fn spawn_inner(
         loopback: policy.net.own_namespace(),
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
         // Only the agent resolves paths with openat2; it denies it again to what it runs.
-        seccomp: seccomp::build(if helper.is_some() {
-            seccomp::Openat2::Agent
-        } else {
-            seccomp::Openat2::Enosys
-        })?,
+        seccomp: seccomp::build(
+            if helper.is_some() {
+                seccomp::Openat2::Agent
+            } else {
+                seccomp::Openat2::Enosys
+            },
+            !policy.net.own_namespace(),
+        )?,
         net: net_child
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
