@@ -469,13 +469,22 @@ mod tests {
             let rules = s.rules(&[]);
             for dest in ["10.0.0.1:80", "[::ffff:10.0.0.1]:80"] {
                 let dest: SocketAddr = dest.parse().unwrap();
-                assert!(rules.iter().any(|r| r.matches(Proto::Tcp, dest)), "{text} {dest}");
-                assert_eq!(route(ListKind::Deny, &rules, Proto::Tcp, dest), Route::Denied);
+                assert!(
+                    rules.iter().any(|r| r.matches(Proto::Tcp, dest)),
+                    "{text} {dest}"
+                );
+                assert_eq!(
+                    route(ListKind::Deny, &rules, Proto::Tcp, dest),
+                    Route::Denied
+                );
             }
             assert_eq!(spec(&s.to_string()), s);
         }
         assert_eq!(spec("[::ffff:10.0.0.1]:80").to_string(), "10.0.0.1:80");
-        assert_eq!(spec("[::ffff:10.0.0.0/120]:80").to_string(), "10.0.0.0/24:80");
+        assert_eq!(
+            spec("[::ffff:10.0.0.0/120]:80").to_string(),
+            "10.0.0.0/24:80"
+        );
         // Below /96 it is an IPv6 block, as written.
         assert_eq!(spec("[::ffff:0:0/95]:80").to_string(), "[::fffe:0:0/95]:80");
     }
