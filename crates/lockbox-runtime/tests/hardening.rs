@@ -106,3 +106,45 @@ async fn commands_get_enosys_from_openat2_and_cannot_reach_the_agent_while_files
     assert_eq!(sb.stat("/tmp/d/f.txt").await.unwrap().size, 4);
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_still_works() {
+    also_as_nobody(
+        "an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_still_works",
+    );
+    let allowed = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+    let other = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+    other.set_nonblocking(true).unwrap();
+    let (a, o) = (
+        allowed.local_addr().unwrap().port(),
+        other.local_addr().unwrap().port(),
+    );
+    let mut policy = lockbox_policy::Policy::default();
+    policy.net = lockbox_policy::Net::Allow(vec![lockbox_policy::NetSpec::parse(&format!(
+        "tcp://127.0.0.2:{a}"
+    ))
+    .unwrap()]);
+    let state = scratch();
+    let spec = lockbox_runtime::SandboxSpec {
+        policy,
+        ..Default::default()
+    };
+    let (rt, sb) = sandbox_with(state.path(), spec).await;
+    let probe = format!(
+        "/usr/bin/python3 -c \"import socket\nfor p in ({a}, {o}):\n    try:\n        socket.create_connection(('127.0.0.2', p), 5); print(p, 'ok')\n    except OSError as e: print(p, e.errno)\""
+    );
+    let r = run(&sb, &probe).await;
+    assert_eq!(
+        out(&r),
+        format!("{a} ok\n{o} {}\n", libc::ECONNREFUSED),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(other.accept().is_err(), "the other port got a connection");
+    let body = Box::pin(std::io::Cursor::new(b"net".to_vec()));
+    sb.write_file("/tmp/n.txt", body, WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sb.stat("/tmp/n.txt").await.unwrap().size, 3);
+    rt.shutdown().await;
+}
