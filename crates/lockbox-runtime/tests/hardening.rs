@@ -119,11 +119,11 @@ async fn an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_sti
         allowed.local_addr().unwrap().port(),
         other.local_addr().unwrap().port(),
     );
-    let mut policy = lockbox_policy::Policy::default();
-    policy.net = lockbox_policy::Net::Allow(vec![lockbox_policy::NetSpec::parse(&format!(
-        "tcp://127.0.0.2:{a}"
-    ))
-    .unwrap()]);
+    let spec = lockbox_policy::NetSpec::parse(&format!("tcp://127.0.0.2:{a}")).unwrap();
+    let policy = lockbox_policy::Policy {
+        net: lockbox_policy::Net::Allow(vec![spec]),
+        ..Default::default()
+    };
     let state = scratch();
     let spec = lockbox_runtime::SandboxSpec {
         policy,
