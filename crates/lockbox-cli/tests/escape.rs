@@ -669,6 +669,7 @@ fn fixture_checks_see_a_changed_host() {
     .unwrap();
     let _ = std::net::TcpStream::connect(fixture.tcp4.local_addr().unwrap());
     let _ = std::os::unix::net::UnixStream::connect(fixture.fx().join("host.sock"));
+    fixture.net.reach_the_denied_ones();
     let _ = Command::new("kill")
         .arg(fixture.victim.id().to_string())
         .status();
@@ -682,6 +683,10 @@ fn fixture_checks_see_a_changed_host() {
         "127.0.0.1 TCP",
         "path unix socket",
         "victim process died",
+        "127.0.0.2 TCP service on a port no rule names",
+        "127.0.0.3 TCP service",
+        "127.0.0.3 UDP service",
+        "0.0.0.0 UDP service",
     ] {
         assert!(all.contains(want), "{want} not detected: {all}");
     }

@@ -83,6 +83,25 @@ impl NetServices {
             .replace("{udp_any}", &uport(&self.udp_any).to_string())
     }
 
+    /// Reaches every service no policy allows, from the host, as an escape would (for the
+    /// test of the checks themselves).
+    pub fn reach_the_denied_ones(&self) {
+        for l in [&self.deny_port, &self.deny_tcp] {
+            let _ = std::net::TcpStream::connect(l.local_addr().unwrap());
+        }
+        let out = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for u in [&self.deny_udp, &self.udp_any] {
+            let port = uport(u);
+            let ip = u.local_addr().unwrap().ip();
+            let ip = if ip.is_unspecified() {
+                "127.0.0.1".parse().unwrap()
+            } else {
+                ip
+            };
+            out.send_to(b"x", (ip, port)).unwrap();
+        }
+    }
+
     /// One message per service that was reached although no policy allows it.
     pub fn check(&self, problems: &mut Vec<String>) {
         let reached =
