@@ -637,7 +637,8 @@ impl Running {
                 if fstype.as_bytes() == b"overlay" {
                     return SetupError::FeatureMissing {
                         feature: "overlayfs in user namespaces",
-                        problem: "is not available (Linux 5.11 or newer is required)".into(),
+                        // EINVAL is both "too old" and "a layer holds a file bind mount".
+                        problem: "refused the mount (Linux 5.11 or newer is required, and no file may be bind-mounted inside a layer, as Docker does with /etc/hosts)".into(),
                         needed_for: "hiding the secrets of /etc (or use --no-default-reads)",
                     };
                 }
