@@ -53,7 +53,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace
 
-# Fuzzing: each cargo-fuzz target for a short time (6 targets x 30 s = 3 min in CI; longer runs by
+# Fuzzing: each cargo-fuzz target for a short time (8 targets x 30 s = 4 min in CI; longer runs by
 # hand, docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is set.
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
   echo "== fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-30})"

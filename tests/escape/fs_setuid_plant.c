@@ -18,7 +18,14 @@ int main(void) {
     MUST_FAIL("creat 2755", EPERM, creat("o3", 02755));
     MUST_FAIL("mknod S_IFREG|4755", EPERM, mknod("o4", S_IFREG | 04755, 0));
     MUST_FAIL("mknodat S_IFREG|2755", EPERM, mknodat(AT_FDCWD, "o5", S_IFREG | 02755, 0));
-    /* openat2 with a setuid mode is a known open gap (docs/security.md): not tested here. */
+    /* openat2's mode is in a struct the filter cannot read: the call answers ENOSYS (for a
+       command of the runtime's agent too, which is the one process allowed openat2). */
+    struct { unsigned long long flags, mode, resolve; } how = { O_CREAT | O_WRONLY, 04755, 0 };
+    MUST_FAIL("openat2 O_CREAT 4755 (mode in memory)", ENOSYS,
+              syscall(437, AT_FDCWD, "o6", &how, sizeof how));
+    how.mode = 0755;
+    MUST_FAIL("openat2 O_CREAT 0755 (any openat2)", ENOSYS,
+              syscall(437, AT_FDCWD, "o7", &how, sizeof how));
     close(fd);
     unlink("plain");
     return finish();

@@ -35,3 +35,25 @@ def finish():
 
 def env(name):
     return os.environ[name]
+
+
+def must_work(desc, fn):
+    """A control step: the allowed path must work, or the attack proves nothing."""
+    global wrong
+    try:
+        result = fn()
+    except OSError as e:
+        print(f"WRONG: control {desc} failed: {e}")
+        wrong = True
+        return None
+    print(f"ok: control {desc} works")
+    return result
+
+
+def connect(family, addr, sock=None):
+    """Connects a new (or the given) TCP socket; returns the peer address."""
+    import socket
+    s = sock or socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(addr)
+    return s.getpeername()

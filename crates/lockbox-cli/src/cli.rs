@@ -302,7 +302,10 @@ pub struct PolicyArgs {
     /// Hostname inside [default: lockbox].
     #[arg(long, value_name = "NAME")]
     pub hostname: Option<String>,
-    /// Hand the caller's file descriptor N to the command (same number). Repeatable.
+    /// Hand the caller's file descriptor N to the command (same number). Repeatable. The
+    /// command gets whatever the descriptor reaches: a host socket keeps the host's network
+    /// (under --net-allow/--net-deny its connects and sends are still checked against the
+    /// list; under --net none nothing checks them). See docs/security.md.
     #[arg(long = "pass-fd", value_name = "N")]
     pub pass_fd: Vec<i32>,
 }

@@ -8,8 +8,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod escape_net;
 
 use common::{binary, give, scratch, snapshot, users, Node, User};
+use escape_net::{NetServices, PreExec, Rebinder};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -43,6 +45,13 @@ struct Attack {
     tty: bool,
     #[serde(default)]
     workdir: bool,
+    /// lockbox resolves from a hosts file the test rewrites while the sandbox runs
+    /// (`escape_net::REBIND_NAME`).
+    #[serde(default)]
+    rebind: bool,
+    /// Unconnected host TCP and UDP sockets are passed with `--pass-fd 10 --pass-fd 11`.
+    #[serde(default)]
+    pass_sockets: bool,
     arch: Option<String>,
 }
 
@@ -160,6 +169,7 @@ struct Fixture {
     udp4: UdpSocket,
     unix_path: UnixListener,
     unix_abstract: UnixListener,
+    net: NetServices,
 }
 
 fn token() -> String {
@@ -229,6 +239,7 @@ impl Fixture {
             udp4,
             unix_path,
             unix_abstract,
+            net: NetServices::new(),
             victim,
             token,
             dir,
@@ -242,14 +253,15 @@ impl Fixture {
     /// The fixture tree, without the grant the attack may write.
     fn outside_snapshot(&self) -> BTreeMap<PathBuf, Node> {
         let mut s = snapshot(self.fx());
-        s.retain(|p, _| !p.starts_with("work") && !p.starts_with("state"));
+        s.retain(|p, _| !p.starts_with("work") && !p.starts_with("state") && !p.starts_with("etc"));
         s
     }
 
     fn env(&self, bin: &Path) -> Vec<(String, String)> {
         let fx = self.fx().to_str().unwrap().to_owned();
         let port = |l: &TcpListener| l.local_addr().unwrap().port().to_string();
-        vec![
+        let mut env = self.net.env();
+        env.extend([
             ("ESCAPE_MARK".into(), self.token.clone()),
             ("BIN".into(), bin.to_str().unwrap().into()),
             ("FX".into(), fx.clone()),
@@ -270,7 +282,20 @@ impl Fixture {
             ("SOCK".into(), format!("{fx}/host.sock")),
             ("ABSTRACT".into(), format!("lockbox-escape-{}", self.token)),
             ("HOSTIP".into(), host_ip()),
-        ]
+            ("HOSTIP6".into(), host_ip6()),
+        ]);
+        env
+    }
+
+    /// A manifest option with its placeholders filled in.
+    fn expand(&self, arg: &str) -> String {
+        let fx = self.fx().to_str().unwrap();
+        let tcp_any = self.tcp_any.local_addr().unwrap().port().to_string();
+        self.net
+            .expand(arg)
+            .replace("{fx}", fx)
+            .replace("{hostip}", &host_ip())
+            .replace("{tcp_any}", &tcp_any)
     }
 
     /// Everything the host must still look like; one message per difference.
@@ -324,6 +349,7 @@ impl Fixture {
         if accepted(self.unix_abstract.accept().map(drop)) {
             problems.push("the host's abstract unix socket got a connection".into());
         }
+        self.net.check(problems);
         let left = processes_marked(&self.token);
         if !left.is_empty() {
             for pid in &left {
@@ -352,6 +378,17 @@ fn host_ip() -> String {
     UdpSocket::bind("0.0.0.0:0")
         .and_then(|s| {
             s.connect("1.1.1.1:53")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default()
+}
+
+/// The host's IPv6 source address towards the internet, if it has a route.
+fn host_ip6() -> String {
+    UdpSocket::bind("[::]:0")
+        .and_then(|s| {
+            s.connect("[2001:4860:4860::8888]:53")?;
             s.local_addr()
         })
         .map(|a| a.ip().to_string())
@@ -436,7 +473,12 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
     if !attack.lockbox.iter().any(|a| a == "--timeout") {
         args.extend(["--timeout".into(), "30s".into()]);
     }
-    args.extend(attack.lockbox.iter().map(|a| a.replace("{fx}", &fx)));
+    args.extend(attack.lockbox.iter().map(|a| fixture.expand(a)));
+    if attack.pass_sockets {
+        for fd in [escape_net::PASSED_TCP, escape_net::PASSED_UDP] {
+            args.extend(["--pass-fd".into(), fd.to_string()]);
+        }
+    }
     args.push("--".into());
     let program = bin.join(&attack.name).to_str().unwrap().to_owned();
     match attack.lang {
@@ -453,7 +495,19 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
         c.args(&args);
         c
     };
-    if let User::Nobody = user {
+    let etc = attack.rebind.then(|| escape_net::etc_copy(fixture.fx()));
+    let pre = PreExec {
+        etc: etc.as_ref().map(|(dir, _)| {
+            (
+                std::ffi::CString::new(dir.to_str().unwrap()).unwrap(),
+                std::ffi::CString::new("/etc").unwrap(),
+            )
+        }),
+        pass_sockets: attack.pass_sockets,
+        // Mounting over /etc/hosts needs root: the drop to uid 65534 comes after it.
+        drop_to_nobody: attack.rebind && matches!(user, User::Nobody),
+    };
+    if let (User::Nobody, false) = (user, pre.drop_to_nobody) {
         cmd.uid(65534).gid(65534);
     }
     let leak = std::fs::File::open(fixture.fx()).unwrap();
@@ -470,12 +524,15 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
             if libc::dup2(leak_fd, LEAKED_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(())
+            pre.apply()
         });
     }
     let child = cmd.spawn().unwrap();
     drop(leak);
-    let out = wait_with_deadline(child, Duration::from_secs(90))?;
+    let rebinder = etc.map(|(_, h)| Rebinder::start(h, PathBuf::from(&work), host_ip()));
+    let out = wait_with_deadline(child, Duration::from_secs(90));
+    let rebound = rebinder.map(Rebinder::finish);
+    let out = out?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let code = out.status.code();
@@ -488,6 +545,9 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
     };
     if !ok {
         problems.push(format!("expected {:?}, got exit {code:?}", attack.expect));
+    }
+    if rebound == Some(false) {
+        problems.push("the attack never asked for the host's hosts file to change".into());
     }
     if stdout.contains("ESCAPED") {
         problems.push("the attack reports an escape".into());
@@ -547,6 +607,14 @@ fn every_escape_attack_fails_and_leaves_the_host_unchanged() {
         .into_iter()
         .filter(|a| a.arch.as_deref().is_none_or(|x| x == arch))
         .filter(|a| only.as_ref().is_none_or(|o| o.contains(&a.name)))
+        .filter(|a| {
+            let needs_host_ip = a.rebind || a.lockbox.iter().any(|o| o.contains("{hostip}"));
+            if needs_host_ip && host_ip().is_empty() {
+                eprintln!("SKIP {}: the host has no address with a route", a.name);
+                return false;
+            }
+            true
+        })
         .collect();
     let bin = build_corpus(&attacks);
     let mounts = mount_table();
@@ -601,6 +669,7 @@ fn fixture_checks_see_a_changed_host() {
     .unwrap();
     let _ = std::net::TcpStream::connect(fixture.tcp4.local_addr().unwrap());
     let _ = std::os::unix::net::UnixStream::connect(fixture.fx().join("host.sock"));
+    fixture.net.reach_the_denied_ones();
     let _ = Command::new("kill")
         .arg(fixture.victim.id().to_string())
         .status();
@@ -614,6 +683,10 @@ fn fixture_checks_see_a_changed_host() {
         "127.0.0.1 TCP",
         "path unix socket",
         "victim process died",
+        "127.0.0.2 TCP service on a port no rule names",
+        "127.0.0.3 TCP service",
+        "127.0.0.3 UDP service",
+        "0.0.0.0 UDP service",
     ] {
         assert!(all.contains(want), "{want} not detected: {all}");
     }

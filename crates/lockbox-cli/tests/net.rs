@@ -512,3 +512,39 @@ with concurrent.futures.ThreadPoolExecutor(4) as pool:
     }
     assert_eq!(b.count(), 0);
 }
+
+#[test]
+fn vsock_sockets_exist_only_under_net_host() {
+    // vsock is not network-namespaced; the filter refuses it unless the sandbox has the
+    // host's network anyway.
+    const PROBE: &str = "import socket\ntry:\n    socket.socket(40, socket.SOCK_STREAM)\n    print('made')\nexcept OSError as e:\n    print('errno', e.errno)";
+    let host = std::process::Command::new("python3")
+        .args(["-c", PROBE])
+        .output()
+        .unwrap();
+    if String::from_utf8_lossy(&host.stdout).trim() != "made" {
+        eprintln!("SKIP: this host has no vsock support");
+        return;
+    }
+    for user in users() {
+        for (net, want) in [
+            (&["--net", "host"][..], "made".to_owned()),
+            (&[][..], format!("errno {}", libc::EAFNOSUPPORT)),
+            (
+                &["--net-allow", "tcp://127.0.0.2:1"][..],
+                format!("errno {}", libc::EAFNOSUPPORT),
+            ),
+        ] {
+            let mut args = vec!["run"];
+            args.extend_from_slice(net);
+            args.extend(["--", "python3", "-c", PROBE]);
+            let out = lockbox(user, Path::new("/"), &args);
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                want,
+                "{user:?} {net:?} {}",
+                text(&out)
+            );
+        }
+    }
+}

@@ -49,7 +49,8 @@ pub use crate::plan::{Op, SetupPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
 pub use crate::seccomp::{
-    denied as denied_syscalls, Allowed, Denied, When, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,
+    denied as denied_syscalls, Allowed, Denied, RefusedFamily, When,
+    REFUSED_FAMILIES as REFUSED_SOCKET_FAMILIES, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{

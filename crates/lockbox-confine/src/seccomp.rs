@@ -3,9 +3,11 @@
 //!
 //! Each entry of [`denied`] says why, and so does each entry of [`REVIEWED_ALLOWED`] (calls a
 //! reader would expect denied, and every call since Linux 5.1). Denied calls fail with
-//! `EPERM` (so programs see a clear error); `clone3` fails with `ENOSYS`
+//! `EPERM` (so programs see a clear error); `clone3` and `openat2` fail with `ENOSYS`
 //! because their arguments live in memory a filter cannot read, and libc then falls back to
-//! `clone` and `openat`, whose arguments we can check. On x86_64,
+//! `clone` and `openat`, whose arguments we can check. The one exception is the runtime's
+//! agent ([`Openat2::Agent`]), which resolves paths with `openat2` and stacks
+//! [`openat2_enosys`] on every command it starts. On x86_64,
 //! x32-ABI and 32-bit entry points kill the process: a deny list keyed on 64-bit numbers
 //! would not see them.
 //!
@@ -479,15 +481,14 @@ pub struct Allowed {
 /// 424 (Linux 5.1) up is either here or in [`denied`] (a unit test checks the running kernel
 /// has no other), plus older calls a reader would expect to see denied.
 pub const REVIEWED_ALLOWED: &[Allowed] = &[
-    Allowed { name: "ptrace", nr: None, why: "debuggers and strace work inside; Landlock limits tracing to the sandbox's own processes, the init is non-dumpable, and host processes are not in the pid namespace" },
+    Allowed { name: "ptrace", nr: None, why: "debuggers and strace work inside; Landlock limits tracing to the sandbox's own processes, the init and the runtime's agent are non-dumpable, and host processes are not in the pid namespace" },
     Allowed { name: "process_vm_readv", nr: None, why: "same access check as ptrace (PTRACE_MODE_ATTACH), so the same walls apply" },
     Allowed { name: "kill", nr: None, why: "the pid namespace hides host processes; Landlock's signal scope refuses signals to processes outside the sandbox (including through the shared process group, kill(0, ...))" },
     Allowed { name: "sethostname", nr: None, why: "the sandbox has its own UTS namespace and no capability (EPERM anyway)" },
     Allowed { name: "pidfd_send_signal", nr: Some(424), why: "as kill: pid namespace plus Landlock signal scope" },
     Allowed { name: "pidfd_open", nr: Some(434), why: "only names processes visible in the sandbox's pid namespace" },
     Allowed { name: "close_range", nr: Some(436), why: "closes the caller's own descriptors" },
-    Allowed { name: "openat2", nr: Some(437), why: "the runtime's in-sandbox agent resolves file paths with it; its O_CREAT mode is in memory, so a setuid mode through it is not refused (known gap)" },
-    Allowed { name: "pidfd_getfd", nr: Some(438), why: "needs PTRACE_MODE_ATTACH on the target: only the sandbox's own, dumpable processes" },
+    Allowed { name: "pidfd_getfd", nr: Some(438), why: "needs PTRACE_MODE_ATTACH on the target: only the sandbox's own, dumpable processes (not the init, not the runtime's agent)" },
     Allowed { name: "faccessat2", nr: Some(439), why: "as faccessat" },
     Allowed { name: "process_madvise", nr: Some(440), why: "needs PTRACE_MODE_READ on the target (the sandbox's own processes) and CAP_SYS_NICE for the destructive advice" },
     Allowed { name: "epoll_pwait2", nr: Some(441), why: "as epoll_pwait" },
@@ -559,8 +560,49 @@ const AUDIT_ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
 
-/// Builds the BPF program.
-pub fn build() -> Result<BpfProgram, SetupError> {
+/// Whether the filter lets `openat2` through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Openat2 {
+    /// `ENOSYS`, like `clone3`: every plain command (`lockbox run`, transaction stages).
+    Enosys,
+    /// Allowed: only for the runtime's in-sandbox agent, which resolves file paths with
+    /// `openat2` (never with `O_CREAT`) and installs [`openat2_enosys`] in every command it
+    /// starts before the command's code runs.
+    Agent,
+}
+
+/// A socket family refused by `socket(2)` with `EAFNOSUPPORT` (the answer of a kernel
+/// without it, so programs fall back as they would there), and why.
+#[derive(Debug, Clone, Copy)]
+pub struct RefusedFamily {
+    /// `AF_*` name.
+    pub name: &'static str,
+    /// Its number.
+    pub family: u32,
+    /// Refused under `--net host` too.
+    pub with_net_host: bool,
+    /// Why.
+    pub why: &'static str,
+}
+
+/// Socket families the filter refuses. Checked from `docs/security.md`.
+pub const REFUSED_FAMILIES: [RefusedFamily; 2] = [
+    RefusedFamily {
+        name: "AF_VSOCK",
+        family: libc::AF_VSOCK as u32,
+        with_net_host: false,
+        why: "vsock is not network-namespaced: on a VM it reaches the hypervisor and its host services, and on a host the VMs' (refused unless --net host, which gives the host's reach anyway)",
+    },
+    RefusedFamily {
+        name: "AF_ALG",
+        family: libc::AF_ALG as u32,
+        with_net_host: true,
+        why: "the kernel crypto API is shared by the whole host and has a record of privilege escalations; nothing sandboxed needs it (OpenSSL and libkcapi users fall back to user-space crypto)",
+    },
+];
+
+/// Builds the BPF program. `net_host`: the sandbox shares the host's network (`--net host`).
+pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for d in denied() {
@@ -581,19 +623,72 @@ pub fn build() -> Result<BpfProgram, SetupError> {
     )
     .map_err(|e| err(&e))?;
     let body: BpfProgram = filter.try_into().map_err(|e| err(&e))?;
-    let mut program = prologue();
+    let enosys: Vec<i64> = ENOSYS_CALLS
+        .into_iter()
+        .map(|(_, nr)| nr)
+        .filter(|&nr| !(openat2 == Openat2::Agent && nr == libc::SYS_openat2))
+        .collect();
+    let mut program = prologue(&enosys);
+    let families: Vec<u32> = REFUSED_FAMILIES
+        .iter()
+        .filter(|f| f.with_net_host || !net_host)
+        .map(|f| f.family)
+        .collect();
+    program.extend(refuse_families(&families));
     program.extend(body);
     Ok(program)
+}
+
+/// `socket(family, ...)` answers `EAFNOSUPPORT` for `families`. Runs after [`prologue`]
+/// (the accumulator holds the syscall number, and still does after this block).
+fn refuse_families(families: &[u32]) -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    // seccomp_data.args[0], low half on a little-endian machine: the kernel reads the
+    // family as an int.
+    const ARG0_LOW: u32 = 16;
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    let skip = (2 * families.len() + 2) as u8;
+    let mut program = vec![
+        ins(JEQ_K, 0, skip, libc::SYS_socket as u32),
+        ins(LD_W_ABS, 0, 0, ARG0_LOW),
+    ];
+    for &family in families {
+        program.push(ins(JEQ_K, 0, 1, family));
+        program.push(ins(RET_K, 0, 0, RET_ERRNO | libc::EAFNOSUPPORT as u32));
+    }
+    program.push(ins(LD_W_ABS, 0, 0, 0));
+    program
+}
+
+/// The filter the agent stacks on each command it starts (in the command's shim, before
+/// `execve`): `openat2` answers `ENOSYS`, everything else is left to the base filter. The
+/// kernel runs every filter of the chain and the strictest answer wins, so a command of
+/// the agent is held exactly like a `lockbox run` command, and so is anything it executes
+/// (the agent binary included).
+pub fn openat2_enosys() -> BpfProgram {
+    let mut program = prologue(&[libc::SYS_openat2]);
+    program.push(seccompiler::sock_filter {
+        code: 0x06, // BPF_RET | BPF_K
+        jt: 0,
+        jf: 0,
+        k: 0x7fff_0000, // SECCOMP_RET_ALLOW
+    });
+    program
 }
 
 /// Syscalls answered `ENOSYS` before the deny list: their arguments live in memory a filter
 /// cannot read (clone3's flags, openat2's mode), and callers fall back to the older call
 /// (clone, openat), whose arguments the list checks.
-pub const ENOSYS_CALLS: [i64; 1] = [libc::SYS_clone3];
+pub const ENOSYS_CALLS: [(&str, i64); 2] =
+    [("clone3", libc::SYS_clone3), ("openat2", libc::SYS_openat2)];
 
 /// Runs before seccompiler's program: kill on a foreign architecture (32-bit entry) or an
-/// x32 syscall number, and `ENOSYS` for the calls in [`ENOSYS_CALLS`].
-fn prologue() -> BpfProgram {
+/// x32 syscall number, and `ENOSYS` for the calls in `enosys`.
+fn prologue(enosys: &[i64]) -> BpfProgram {
     use seccompiler::sock_filter;
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
@@ -604,7 +699,7 @@ fn prologue() -> BpfProgram {
     const ARCH_OFFSET: u32 = 4;
     const NR_OFFSET: u32 = 0;
     let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
-    vec![
+    let mut program = vec![
         ins(LD_W_ABS, 0, 0, ARCH_OFFSET),
         ins(JEQ_K, 1, 0, AUDIT_ARCH),
         ins(RET_K, 0, 0, RET_KILL_PROCESS),
@@ -612,9 +707,12 @@ fn prologue() -> BpfProgram {
         // x32 syscalls are the x86_64 numbers with bit 30 set (__X32_SYSCALL_BIT).
         ins(JGE_K, 0, 1, 0x4000_0000),
         ins(RET_K, 0, 0, RET_KILL_PROCESS),
-        ins(JEQ_K, 0, 1, ENOSYS_CALLS[0] as u32),
-        ins(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
-    ]
+    ];
+    for &nr in enosys {
+        program.push(ins(JEQ_K, 0, 1, nr as u32));
+        program.push(ins(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32));
+    }
+    program
 }
 
 #[cfg(test)]
@@ -623,8 +721,10 @@ mod tests {
 
     #[test]
     fn filter_builds_and_fits_the_kernel_limit() {
-        let program = build().unwrap();
-        assert!(program.len() < 4096, "{} instructions", program.len());
+        for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
+            let program = build(openat2, host).unwrap();
+            assert!(program.len() < 4096, "{} instructions", program.len());
+        }
     }
 
     #[test]
@@ -653,7 +753,7 @@ mod review_tests {
     const FIRST_GENERIC: i64 = 424;
 
     fn classified(nr: i64) -> bool {
-        ENOSYS_CALLS.contains(&nr)
+        ENOSYS_CALLS.iter().any(|&(_, n)| n == nr)
             || denied().iter().any(|d| d.nr == nr)
             || REVIEWED_ALLOWED.iter().any(|a| a.nr == Some(nr))
     }
@@ -699,6 +799,19 @@ mod doc_tests {
                 doc.contains(&format!("| `{}` |", d.name)),
                 "docs/security.md lacks {}",
                 d.name
+            );
+        }
+        for f in super::REFUSED_FAMILIES {
+            assert!(
+                doc.contains(&format!("| `{}` | `EAFNOSUPPORT` |", f.name)),
+                "docs/security.md lacks the socket family {}",
+                f.name
+            );
+        }
+        for (name, _) in super::ENOSYS_CALLS {
+            assert!(
+                doc.contains(&format!("| `{name}` | `ENOSYS` |")),
+                "docs/security.md lacks the ENOSYS row of {name}"
             );
         }
         for a in super::REVIEWED_ALLOWED {

@@ -204,6 +204,12 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
 /// Like [`spawn_with`], running the host executable `exe` (bound read-only at
 /// [`crate::agent::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy grants)
 /// with arguments `args`: how `lockbox-runtime` starts its in-sandbox agent.
+///
+/// The agent is the one command whose seccomp filter allows `openat2` (its file operations
+/// resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a binary that
+/// calls [`crate::agent::main_if_agent`], which stacks a filter answering `openat2` with
+/// `ENOSYS` on every command it starts, and makes itself non-dumpable so that no command
+/// can ptrace it into making the call.
 pub fn spawn_agent(
     policy: &Policy,
     exe: &Path,
@@ -294,7 +300,15 @@ fn spawn_inner(
         hostname: policy.hostname.as_bytes().to_vec(),
         loopback: policy.net.own_namespace(),
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
-        seccomp: seccomp::build()?,
+        // Only the agent resolves paths with openat2; it denies it again to what it runs.
+        seccomp: seccomp::build(
+            if helper.is_some() {
+                seccomp::Openat2::Agent
+            } else {
+                seccomp::Openat2::Enosys
+            },
+            !policy.net.own_namespace(),
+        )?,
         net: net_child
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
@@ -623,7 +637,8 @@ impl Running {
                 if fstype.as_bytes() == b"overlay" {
                     return SetupError::FeatureMissing {
                         feature: "overlayfs in user namespaces",
-                        problem: "is not available (Linux 5.11 or newer is required)".into(),
+                        // EINVAL is both "too old" and "a layer holds a file bind mount".
+                        problem: "refused the mount (Linux 5.11 or newer is required, and no file may be bind-mounted inside a layer, as Docker does with /etc/hosts)".into(),
                         needed_for: "hiding the secrets of /etc (or use --no-default-reads)",
                     };
                 }

@@ -98,16 +98,30 @@ pub struct IpNet {
 
 impl IpNet {
     /// A block; `None` if `prefix` is longer than the address.
+    /// An IPv4-mapped IPv6 block (`[::ffff:10.0.0.1]`, prefix ≥ 96) is the IPv4 block it
+    /// maps: destinations are compared in their canonical form, so as an IPv6 block it would
+    /// match nothing (and a deny rule written that way would deny nothing).
     pub fn new(addr: IpAddr, prefix: u8) -> Option<IpNet> {
         let bits = if addr.is_ipv4() { 32 } else { 128 };
-        (prefix <= bits).then(|| IpNet {
+        if prefix > bits {
+            return None;
+        }
+        let (addr, prefix) = match addr {
+            IpAddr::V6(a) if prefix >= 96 => match a.to_ipv4_mapped() {
+                Some(v4) => (IpAddr::V4(v4), prefix - 96),
+                None => (addr, prefix),
+            },
+            _ => (addr, prefix),
+        };
+        Some(IpNet {
             addr: mask(addr, prefix),
             prefix,
         })
     }
 
-    /// One address.
+    /// One address (an IPv4-mapped one as its IPv4 address).
     pub fn host(addr: IpAddr) -> IpNet {
+        let addr = canonical(addr);
         IpNet {
             addr,
             prefix: if addr.is_ipv4() { 32 } else { 128 },
@@ -443,6 +457,36 @@ mod tests {
             spec("[2001:db8::/32]:*").host,
             NetHost::Block(IpNet::new("2001:db8::".parse().unwrap(), 32).unwrap())
         );
+    }
+
+    #[test]
+    fn a_mapped_ipv6_spec_is_its_ipv4_destination() {
+        // Found with the net_spec fuzz target's property: `[::ffff:10.0.0.1]` stayed an IPv6
+        // block, which no (canonicalised) destination matched, so `--net-deny` of it denied
+        // nothing.
+        for text in ["[::ffff:10.0.0.1]:80", "[::ffff:10.0.0.0/120]:80"] {
+            let s = spec(text);
+            let rules = s.rules(&[]);
+            for dest in ["10.0.0.1:80", "[::ffff:10.0.0.1]:80"] {
+                let dest: SocketAddr = dest.parse().unwrap();
+                assert!(
+                    rules.iter().any(|r| r.matches(Proto::Tcp, dest)),
+                    "{text} {dest}"
+                );
+                assert_eq!(
+                    route(ListKind::Deny, &rules, Proto::Tcp, dest),
+                    Route::Denied
+                );
+            }
+            assert_eq!(spec(&s.to_string()), s);
+        }
+        assert_eq!(spec("[::ffff:10.0.0.1]:80").to_string(), "10.0.0.1:80");
+        assert_eq!(
+            spec("[::ffff:10.0.0.0/120]:80").to_string(),
+            "10.0.0.0/24:80"
+        );
+        // Below /96 it is an IPv6 block, as written.
+        assert_eq!(spec("[::ffff:0:0/95]:80").to_string(), "[::fffe:0:0/95]:80");
     }
 
     #[test]

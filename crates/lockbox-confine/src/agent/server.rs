@@ -25,6 +25,8 @@ struct Child {
 struct Agent {
     ctl: OwnedFd,
     roots: Roots,
+    /// Stacked on every command (see [`crate::seccomp::openat2_enosys`]).
+    command_filter: Vec<seccompiler::sock_filter>,
     children: Vec<Child>,
     writes: HashMap<u64, PendingWrite>,
     next_token: u64,
@@ -32,6 +34,14 @@ struct Agent {
 
 /// Serves the runtime on `ctl` until it hangs up; then kills everything it started.
 pub(super) fn run(ctl: OwnedFd) -> i32 {
+    // The agent's filter allows openat2, its commands' filters do not: a command that could
+    // ptrace the agent (same uid, same Landlock domain), write its /proc/PID/mem or take its
+    // descriptors with pidfd_getfd could make it call openat2 (or anything else) on its
+    // behalf. Non-dumpable closes all of those to a process without capabilities.
+    if let Err(e) = sys::prctl(libc::PR_SET_DUMPABLE, 0) {
+        eprintln!("lockbox agent: making the agent non-dumpable: {e}");
+        return 1;
+    }
     let roots = match Roots::open() {
         Ok(r) => r,
         Err(e) => {
@@ -42,6 +52,7 @@ pub(super) fn run(ctl: OwnedFd) -> i32 {
     let mut agent = Agent {
         ctl,
         roots,
+        command_filter: crate::seccomp::openat2_enosys(),
         children: Vec::new(),
         writes: HashMap::new(),
         next_token: 1,
@@ -361,6 +372,7 @@ impl Agent {
                 env_clear: spec.env_clear,
                 env: &spec.env,
                 controlling_tty: tty,
+                filter: &self.command_filter,
             }),
             Ok(sys::Fork::Parent(shim)) => {
                 drop((slots, report_w));

@@ -21,6 +21,8 @@ pub(super) struct Shim<'a> {
     pub env_clear: bool,
     pub env: &'a [(String, String)],
     pub controlling_tty: bool,
+    /// Stacked on the shim (and so on the command) before anything else.
+    pub filter: &'a [seccompiler::sock_filter],
 }
 
 /// Runs the shim in the forked child. Never returns.
@@ -33,6 +35,12 @@ pub(super) fn run(shim: Shim<'_>) -> ! {
 }
 
 fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
+    // First, so that no code of the command ever runs without it; the shim itself needs
+    // no openat2. On failure the command is not started (its start reports the errno).
+    if let Err(e) = sys::seccomp_set_filter(shim.filter) {
+        let _ = sys::write_all(shim.report, &(-e.0).to_le_bytes());
+        return Err(());
+    }
     let _ = rustix::process::setsid();
     let _ = sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
     // Put the slots in place: first above every target, then onto 0..n.

@@ -97,6 +97,8 @@ pub fn also_as_nobody(name: &str) {
     if !is_root() || std::env::var_os("LOCKBOX_RT_TEST_NOBODY").is_some() {
         return;
     }
+    // The re-run cannot create the agent's copy in a directory root made.
+    agent_exe();
     static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let copy = COPY.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
