@@ -27,6 +27,13 @@ pub struct Stage {
     /// How many times a failed run is retried, each time on a fresh upper layer (the failed
     /// attempt's writes are discarded) and with the same stdin.
     pub retries: u32,
+    /// Where in the workdir the stage may write: `None` anywhere; `Some(paths)` only at or
+    /// below these directories (relative to the workdir, or absolute inside it; missing
+    /// ones are created, empty, in the stage's layer); `Some(vec![])` nowhere (a read-only
+    /// view). Enforced by Landlock (see [`lockbox_policy::Overlay::writable`]): a stage
+    /// with a restriction fails to start (exit 125) where Landlock is missing, or when the
+    /// workdir lies below a path the stage may write, such as `/tmp`.
+    pub writable: Option<Vec<PathBuf>>,
 }
 
 impl Stage {
@@ -37,6 +44,7 @@ impl Stage {
             policy,
             argv,
             retries: 0,
+            writable: None,
         }
     }
 
@@ -55,6 +63,18 @@ impl Stage {
     pub fn retries(mut self, retries: u32) -> Stage {
         self.retries = retries;
         self
+    }
+
+    /// Lets the stage write only at or below `paths` (directories relative to the workdir,
+    /// or absolute inside it); an empty list makes its view of the workdir read-only.
+    pub fn writable<P: Into<PathBuf>>(mut self, paths: impl IntoIterator<Item = P>) -> Stage {
+        self.writable = Some(paths.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Makes the stage's view of the workdir read-only (it may still write its own `/tmp`).
+    pub fn read_only(self) -> Stage {
+        self.writable(Vec::<PathBuf>::new())
     }
 }
 
@@ -177,6 +197,10 @@ pub(crate) fn run_io(
                 work: view.work.clone(),
                 max_size: None,
             }),
+            writable: stage
+                .writable
+                .as_ref()
+                .map(|paths| paths.iter().map(|p| view.workdir.join(p)).collect()),
         });
     }
     policy.fs.read.extend(extra_reads.iter().cloned());
