@@ -101,12 +101,20 @@ pub struct StageResult {
     pub setup_error: Option<String>,
     /// How many times it ran (1 + retries used).
     pub attempts: u32,
+    /// What a stage restricted by [`Stage::writable`] changed outside its writable paths
+    /// (relative to the workdir): metadata changes (chmod, chown, utimes, xattrs), which
+    /// Landlock does not stop. Any fails the stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside_writable: Vec<PathBuf>,
 }
 
 impl StageResult {
     /// Exited 0 in time.
     pub fn succeeded(&self) -> bool {
-        self.exit_code == 0 && !self.timed_out && self.setup_error.is_none()
+        self.exit_code == 0
+            && !self.timed_out
+            && self.setup_error.is_none()
+            && self.outside_writable.is_empty()
     }
 }
 
@@ -274,9 +282,31 @@ pub(crate) fn run_io(
                 stdout_len: stdout.len(),
                 setup_error: None,
                 attempts: 1,
+                outside_writable: Vec::new(),
             },
             stdout,
         })
+    })
+    .and_then(|mut ran| {
+        if let (Some(view), Some(writable), true) = (view, &stage.writable, ran.result.succeeded())
+        {
+            ran.result.outside_writable = outside_writable(view, writable)?;
+        }
+        Ok(ran)
+    })
+}
+
+/// What the stage changed in its layer outside `writable` (see [`crate::scope`]).
+fn outside_writable(view: &View<'_>, writable: &[PathBuf]) -> Result<Vec<PathBuf>, TxnError> {
+    let relative: Vec<PathBuf> = writable
+        .iter()
+        .map(|w| w.strip_prefix(view.workdir).unwrap_or(w).to_owned())
+        .collect();
+    crate::scope::changes_outside(&view.upper, &view.lowers, &relative).map_err(|source| {
+        TxnError::Store {
+            path: view.upper.clone(),
+            source,
+        }
     })
 }
 
@@ -349,5 +379,6 @@ fn setup_failed(stage: &Stage, started: Instant, e: &lockbox_confine::SetupError
         stdout_len: 0,
         setup_error: Some(e.to_string()),
         attempts: 1,
+        outside_writable: Vec::new(),
     }
 }

@@ -225,3 +225,36 @@ fn a_restriction_of_a_workdir_under_tmp_is_refused_rather_than_ignored() {
     );
     assert!(!work.join("y").exists());
 }
+
+#[test]
+fn a_restricted_stage_changing_metadata_outside_its_paths_aborts_naming_them() {
+    let (_tmp, state, work) = project();
+    let before = tree_hash(&work);
+    for (script, changed) in [
+        ("chmod 600 api/main", "api/main"),
+        ("touch -d 2001-01-01 api/main", "api/main"),
+        ("chmod 700 api", "api"),
+    ] {
+        for streamed in [false, true] {
+            let mut p = Pipeline::new(&state, &work)
+                .stage(stage(&work, &format!("echo ok > web/ok && {script}")).writable(["web"]));
+            if streamed {
+                p = p.stream(ConflictPolicy::Fail);
+            }
+            let outcome = p.run().unwrap();
+            assert!(!outcome.committed, "{script} committed");
+            assert_eq!(outcome.exit_code(), 1);
+            assert_eq!(
+                outcome.abort_reason,
+                Some(AbortReason::OutsideWritable {
+                    stage: 0,
+                    name: "stage-1".into(),
+                    paths: vec![changed.into()],
+                }),
+                "{script} (streamed: {streamed})"
+            );
+        }
+    }
+    assert_eq!(tree_hash(&work), before, "the workdir changed");
+    rerun_as_nobody("a_restricted_stage_changing_metadata_outside_its_paths_aborts_naming_them");
+}
