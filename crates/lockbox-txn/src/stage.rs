@@ -377,7 +377,10 @@ fn setup_failed(stage: &Stage, started: Instant, e: &lockbox_confine::SetupError
         duration: started.elapsed(),
         stderr_tail: String::new(),
         stdout_len: 0,
-        setup_error: Some(e.to_string()),
+        setup_error: Some(match e.hint() {
+            Some(hint) => format!("{e} (hint: {hint})"),
+            None => e.to_string(),
+        }),
         attempts: 1,
         outside_writable: Vec::new(),
     }
