@@ -392,3 +392,100 @@ fn a_commit_killed_with_sigkill_is_recovered_by_the_next_command_on_the_workdir(
     }
     panic!("never caught a commit in flight in 20 attempts");
 }
+
+/// (temp dir, workdir, state dir) under /var/tmp, for `user`: below the sandbox's own
+/// writable /tmp a write restriction cannot hold. The workdir holds `web/` and `api/main`.
+fn project(user: User) -> (tempfile::TempDir, String, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::Builder::new()
+        .prefix("lockbox-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    for d in ["work/web", "work/api", "state"] {
+        std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+    }
+    std::fs::write(tmp.path().join("work/api/main"), "api\n").unwrap();
+    give(tmp.path(), user);
+    // Past the timestamp granularity: the files above predate the transactions.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let w = tmp.path().join("work").to_str().unwrap().to_owned();
+    let s = tmp.path().join("state").to_str().unwrap().to_owned();
+    (tmp, w, s)
+}
+
+#[test]
+fn stage_opts_writable_confines_each_agent_to_its_part_of_the_workdir() {
+    for user in users() {
+        // The RFC's example 4: two agents on disjoint subsystems, a read-only tester.
+        let (_tmp, w, s) = project(user);
+        let out = txn_in(
+            user,
+            "gather",
+            &w,
+            &s,
+            &[
+                "--stage-opts",
+                "frontend:--writable web",
+                "--stage-opts",
+                &format!("backend:--writable {w}/api"),
+                "--stage-opts",
+                "consumer:--read-only",
+                "--source",
+                "frontend=echo page > web/index.html",
+                "--source",
+                "backend=echo route >> api/main",
+                "--consumer",
+                "cat web/index.html api/main > /tmp/seen && cat /tmp/seen",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "page\napi\nroute\n");
+
+        // A stage writing outside its part: EACCES, exit 1, the workdir untouched.
+        let before = snapshot(Path::new(&w));
+        for (opts, script) in [
+            ("1:--writable web", "echo ok > web/ok && echo y > api/y"),
+            ("1:--read-only", "echo y > web/y"),
+        ] {
+            let out = txn_in(
+                user,
+                "pipeline",
+                &w,
+                &s,
+                &["--json", "--stage-opts", opts, "--stage", script],
+            );
+            assert_eq!(out.status.code(), Some(1), "{opts}: {}", text(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let tail = v["stages"][0]["stderr_tail"].as_str().unwrap_or_default();
+            assert!(tail.contains("Permission denied"), "{opts}: {v}");
+        }
+        assert_eq!(
+            snapshot(Path::new(&w)),
+            before,
+            "{user:?}: the workdir changed"
+        );
+
+        // A path outside the workdir is a usage error naming it.
+        for bad in ["/etc", "../elsewhere"] {
+            let out = txn_in(
+                user,
+                "pipeline",
+                &w,
+                &s,
+                &[
+                    "--stage-opts",
+                    &format!("1:--writable {bad}"),
+                    "--stage",
+                    "true",
+                ],
+            );
+            assert_eq!(out.status.code(), Some(2), "{bad}: {}", text(&out));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!("--writable {bad}: not inside the workdir")),
+                "{stderr}"
+            );
+        }
+    }
+}

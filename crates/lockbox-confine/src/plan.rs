@@ -295,14 +295,23 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         path: rel.clone(),
         mode: 0o755,
     });
+    // A restricted view is read-only under Landlock except below its writable paths (rules
+    // add up along the path, so Full on `web/` under Read on the view writes only there).
+    let whole_view_writable = o.upper.is_some() && o.writable.is_none();
     plan.rules.push(Rule {
         path: cstring(o.target.as_os_str().as_bytes()),
-        access: if o.upper.is_some() {
+        access: if whole_view_writable {
             RuleAccess::Full
         } else {
             RuleAccess::Read
         },
     });
+    for path in o.writable.iter().flatten() {
+        plan.rules.push(Rule {
+            path: cstring(path.as_os_str().as_bytes()),
+            access: RuleAccess::Full,
+        });
+    }
     if o.upper.is_none() && o.lowers.len() == 1 {
         plan.sources.push(Source {
             host: cstring(o.lowers[0].as_os_str().as_bytes()),
@@ -374,6 +383,14 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         flags: NOSUID_NODEV,
         data: cstring(data.as_bytes()),
     });
+    // Writable directories the view lacks: made now, through the overlay, so they land in
+    // the upper layer and the Landlock rules below them have something to hold on to.
+    for dir in &o.create {
+        plan.ops.push(Op::Mkdir {
+            path: relative(dir),
+            mode: 0o755,
+        });
+    }
     if let Some(at) = bounded {
         plan.ops.push(Op::HandOver {
             path: cstring(at.as_bytes()),
@@ -392,6 +409,28 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     plan.ops.push(Op::Rmdir {
         path: cstring(LAYERS.as_bytes()),
     });
+}
+
+/// Why a write restriction of a view could not hold: Landlock rules add up along the path,
+/// so a writable rule above a restricted view (the private `/tmp`, a `-w` grant) makes all
+/// of it writable. Returns the view and the writable path above it.
+pub fn unenforceable_restriction(plan: &SetupPlan) -> Option<(PathBuf, PathBuf)> {
+    let writes = |a: RuleAccess| {
+        !matches!(
+            a,
+            RuleAccess::ListDir | RuleAccess::Read | RuleAccess::ReadFile
+        )
+    };
+    plan.overlays
+        .iter()
+        .filter(|o| o.writable.is_some())
+        .find_map(|o| {
+            plan.rules.iter().find_map(|r| {
+                let above = Path::new(std::ffi::OsStr::from_bytes(r.path.as_bytes()));
+                (writes(r.access) && o.target.starts_with(above) && o.target != above)
+                    .then(|| (o.target.clone(), above.to_owned()))
+            })
+        })
 }
 
 /// The grants that need a mount of their own: a grant inside another with the same access
@@ -697,8 +736,16 @@ impl fmt::Display for SetupPlan {
             let lowers: Vec<_> = o.lowers.iter().map(|l| l.display().to_string()).collect();
             write!(f, "overlay #{i}: lower {}", lowers.join(":"))?;
             match &o.upper {
-                Some(u) => writeln!(f, ", upper {}", u.parent.join(&u.upper_name).display())?,
-                None => writeln!(f, ", read-only")?,
+                Some(u) => write!(f, ", upper {}", u.parent.join(&u.upper_name).display())?,
+                None => write!(f, ", read-only")?,
+            }
+            match &o.writable {
+                Some(w) if w.is_empty() => writeln!(f, ", nothing writable")?,
+                Some(w) => {
+                    let w: Vec<_> = w.iter().map(|p| p.display().to_string()).collect();
+                    writeln!(f, ", writable only below {}", w.join(", "))?
+                }
+                None => writeln!(f)?,
             }
         }
         for line in &self.net {
@@ -866,6 +913,82 @@ mod tests {
         };
         assert_eq!(rule(b"/usr"), RuleAccess::Read);
         assert_eq!(rule(b"/data"), RuleAccess::Full);
+    }
+
+    fn restricted(target: &str, writable: &[&str], create: &[&str]) -> Resolved {
+        let mut r = resolved(vec![]);
+        r.overlays.push(crate::resolve::ResolvedOverlay {
+            target: target.into(),
+            lowers: vec![target.into()],
+            upper: Some(crate::resolve::ResolvedUpper {
+                parent: "/var/lib/b".into(),
+                upper_name: "upper".into(),
+                work_name: "work".into(),
+                max_size: None,
+                mode: 0o755,
+            }),
+            writable: Some(writable.iter().map(PathBuf::from).collect()),
+            create: create.iter().map(PathBuf::from).collect(),
+        });
+        r
+    }
+
+    #[test]
+    fn a_restricted_view_is_read_only_but_below_its_writable_paths() {
+        let plan = build(&restricted("/w", &["/w/web", "/w/out"], &["/w/out"]));
+        let rules: Vec<(String, RuleAccess)> = plan
+            .rules
+            .iter()
+            .filter(|r| r.path.as_bytes().starts_with(b"/w"))
+            .map(|r| (r.path.to_string_lossy().into_owned(), r.access))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                ("/w".to_owned(), RuleAccess::Read),
+                ("/w/web".to_owned(), RuleAccess::Full),
+                ("/w/out".to_owned(), RuleAccess::Full),
+            ]
+        );
+        // The missing directory is made through the mounted overlay, not before it.
+        let mount = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, Op::Mount { target, .. } if target.as_bytes() == b"w"));
+        let mkdir = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, Op::Mkdir { path, .. } if path.as_bytes() == b"w/out"));
+        assert!(mount.is_some() && mkdir > mount, "{plan}");
+        assert!(plan
+            .to_string()
+            .contains("writable only below /w/web, /w/out"));
+        assert_eq!(unenforceable_restriction(&plan), None);
+
+        let read_only = build(&restricted("/w", &[], &[]));
+        assert!(read_only
+            .rules
+            .iter()
+            .filter(|r| r.path.as_bytes().starts_with(b"/w"))
+            .all(|r| r.access == RuleAccess::Read));
+    }
+
+    #[test]
+    fn a_restricted_view_under_a_writable_path_is_unenforceable() {
+        let plan = build(&restricted("/tmp/job/w", &["/tmp/job/w/web"], &[]));
+        assert_eq!(
+            unenforceable_restriction(&plan),
+            Some(("/tmp/job/w".into(), "/tmp".into()))
+        );
+        let mut r = restricted("/data/w", &[], &[]);
+        r.grants.push(grant("/data", Access::ReadWrite));
+        assert_eq!(
+            unenforceable_restriction(&build(&r)),
+            Some(("/data/w".into(), "/data".into()))
+        );
+        let mut r = restricted("/data/w", &[], &[]);
+        r.grants.push(grant("/data", Access::ReadOnly));
+        assert_eq!(unenforceable_restriction(&build(&r)), None);
     }
 
     #[test]

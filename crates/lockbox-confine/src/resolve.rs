@@ -65,6 +65,12 @@ pub struct ResolvedOverlay {
     pub lowers: Vec<PathBuf>,
     /// The writable layer, if any.
     pub upper: Option<ResolvedUpper>,
+    /// `None`: the whole view is writable (with an upper). `Some`: only at or below these
+    /// paths (inside `target`), see [`lockbox_policy::Overlay::writable`].
+    pub writable: Option<Vec<PathBuf>>,
+    /// Directories among (or above) `writable` that the view lacks, parents first: created
+    /// in the upper layer before the Landlock rules are added.
+    pub create: Vec<PathBuf>,
 }
 
 /// The upper and work directories of an overlay: siblings under `parent` (overlayfs needs
@@ -159,7 +165,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             }
             Ok(canonical)
         };
-        out.overlays.push(ResolvedOverlay {
+        let mut resolved = ResolvedOverlay {
             target: std::fs::canonicalize(&overlay.target)
                 .unwrap_or_else(|_| overlay.target.clone()),
             lowers: overlay
@@ -178,7 +184,13 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
                     Some(upper)
                 }
             },
-        });
+            writable: None,
+            create: Vec::new(),
+        };
+        if let Some(paths) = &overlay.writable {
+            resolve_writable(&mut resolved, &overlay.target, paths)?;
+        }
+        out.overlays.push(resolved);
     }
     out.devices = DEVICES
         .into_iter()
@@ -220,6 +232,80 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
     Ok(out)
+}
+
+/// What a path of an overlay view is, judged from its layers (top first).
+#[derive(Debug, PartialEq, Eq)]
+enum InView {
+    Dir,
+    Missing,
+    NotDir,
+}
+
+/// Looks `rel` up through `layers`, top first, as overlayfs would: the first layer holding
+/// it decides; a whiteout (a 0:0 character device) hides it. Opaque directories are not
+/// considered: a path they hide counts as present, and the Landlock rule made for it then
+/// fails to open it, naming it.
+fn in_view(layers: &[PathBuf], rel: &Path) -> InView {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for layer in layers {
+        match std::fs::symlink_metadata(layer.join(rel)) {
+            Ok(m) if m.is_dir() => return InView::Dir,
+            Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => return InView::Missing,
+            Ok(_) => return InView::NotDir,
+            Err(_) => continue,
+        }
+    }
+    InView::Missing
+}
+
+/// Fills `overlay.writable` (paths inside the canonical target) and `overlay.create` (the
+/// directories to make first). `target` is the policy's own spelling, which the paths were
+/// validated against. A writable path must be a directory: a symlink could lead a write
+/// rule out of the view.
+fn resolve_writable(
+    overlay: &mut ResolvedOverlay,
+    target: &Path,
+    paths: &[PathBuf],
+) -> Result<(), SetupError> {
+    let mut layers: Vec<PathBuf> = overlay
+        .upper
+        .iter()
+        .filter(|u| u.max_size.is_none())
+        .map(|u| u.parent.join(&u.upper_name))
+        .collect();
+    layers.extend(overlay.lowers.iter().cloned());
+    let mut writable = Vec::new();
+    for path in paths {
+        let rel = path.strip_prefix(target).unwrap_or(Path::new(""));
+        let mut prefix = PathBuf::new();
+        let mut missing = false;
+        for component in rel.components() {
+            prefix.push(component);
+            let inside = overlay.target.join(&prefix);
+            if !missing {
+                match in_view(&layers, &prefix) {
+                    InView::Dir => continue,
+                    InView::Missing => missing = true,
+                    InView::NotDir => {
+                        return Err(SetupError::Path {
+                            path: inside,
+                            what: "making writable inside the copy-on-write view",
+                            source: std::io::Error::other(
+                                "not a directory (a writable path must be a directory of the view, not a file or symlink)",
+                            ),
+                        })
+                    }
+                }
+            }
+            if !overlay.create.contains(&inside) {
+                overlay.create.push(inside);
+            }
+        }
+        writable.push(overlay.target.join(rel));
+    }
+    overlay.writable = Some(writable);
+    Ok(())
 }
 
 fn resolve_upper(upper: &Path, work: &Path) -> Result<ResolvedUpper, SetupError> {
@@ -414,6 +500,53 @@ fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn restricted_view(work: &Path, writable: &[&str]) -> Policy {
+        let upper = work.parent().unwrap().join("upper");
+        let scratch = work.parent().unwrap().join("work-dir");
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::create_dir_all(&scratch).unwrap();
+        let mut policy = Policy::default();
+        policy.fs.overlays.push(lockbox_policy::Overlay {
+            target: work.to_owned(),
+            lowers: vec![work.to_owned()],
+            upper: Some(lockbox_policy::OverlayUpper {
+                upper,
+                work: scratch,
+                max_size: None,
+            }),
+            writable: Some(writable.iter().map(|w| work.join(w)).collect()),
+        });
+        policy
+    }
+
+    #[test]
+    fn missing_writable_directories_are_planned_parents_first_and_files_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("w");
+        std::fs::create_dir_all(work.join("web")).unwrap();
+        std::fs::write(work.join("file"), "x").unwrap();
+        let r = resolve(&restricted_view(&work, &["web", "out/dist"]), None).unwrap();
+        let o = &r.overlays[0];
+        let work = std::fs::canonicalize(&work).unwrap();
+        assert_eq!(
+            o.writable.as_deref().unwrap(),
+            [work.join("web"), work.join("out/dist")]
+        );
+        assert_eq!(o.create, [work.join("out"), work.join("out/dist")]);
+
+        std::os::unix::fs::symlink("/etc", work.join("link")).unwrap();
+        for bad in ["file", "file/below", "link"] {
+            let err = resolve(&restricted_view(&work, &[bad]), None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&*work.join(bad.split('/').next().unwrap()).to_string_lossy()),
+                "{err}"
+            );
+            assert!(err.contains("not a directory"), "{err}");
+        }
+    }
 
     #[test]
     fn missing_grant_is_an_error_naming_the_path() {

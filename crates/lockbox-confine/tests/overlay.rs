@@ -4,7 +4,7 @@
 
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn sh(policy: &Policy, script: &str) -> i32 {
     let argv = ["sh".into(), "-c".into(), script.into()];
@@ -31,6 +31,7 @@ fn writes_to_an_overlay_land_in_the_upper_layer_only() {
             work: branch.join("work"),
             max_size: None,
         }),
+        writable: None,
     });
     let w = work.display();
     let script = format!(
@@ -73,6 +74,7 @@ fn a_stack_of_lowers_shows_the_top_layer_first_and_is_read_only_without_upper() 
         target: base.clone(),
         lowers: vec![layer.clone(), base.clone()],
         upper: None,
+        writable: None,
     });
     let b = base.display();
     assert_eq!(
@@ -93,7 +95,91 @@ fn a_missing_layer_is_an_error_naming_it() {
         target: "/nonexistent-target".into(),
         lowers: vec!["/nonexistent-lower".into()],
         upper: None,
+        writable: None,
     });
     let err = lockbox_confine::run(&policy, &["true".into()]).unwrap_err();
     assert!(err.to_string().contains("/nonexistent-lower"), "{err}");
+}
+
+/// A view of `work` (under a fresh directory of `base`) whose upper is `branch/upper`,
+/// writable only at `writable` (relative to the view).
+fn restricted_view(base: &str, writable: &[&str]) -> (tempfile::TempDir, PathBuf, Policy) {
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let work = dir.path().join("project");
+    let branch = dir.path().join("branch");
+    std::fs::create_dir_all(work.join("web")).unwrap();
+    std::fs::create_dir_all(work.join("api")).unwrap();
+    std::fs::write(work.join("api/main"), "api").unwrap();
+    std::fs::create_dir_all(branch.join("upper")).unwrap();
+    std::fs::create_dir_all(branch.join("work")).unwrap();
+    let mut policy = Policy::default();
+    policy.fs.overlays.push(Overlay {
+        target: work.clone(),
+        lowers: vec![work.clone()],
+        upper: Some(OverlayUpper {
+            upper: branch.join("upper"),
+            work: branch.join("work"),
+            max_size: None,
+        }),
+        writable: Some(writable.iter().map(|w| work.join(w)).collect()),
+    });
+    policy.cwd = Some(work.clone());
+    (dir, work, policy)
+}
+
+/// A shell snippet that runs `script` and exits 0 only if it failed with EACCES.
+fn denied(script: &str) -> String {
+    format!("out=$( ({script}) 2>&1 ) && exit 1; case \"$out\" in *'Permission denied'*) exit 0;; *) echo \"$out\" >&2; exit 1;; esac")
+}
+
+#[test]
+fn a_restricted_view_is_writable_only_below_its_writable_paths() {
+    let (_dir, work, policy) = restricted_view("/var/tmp", &["web", "out/dist"]);
+    let wrote =
+        "cat api/main && echo x > web/x && echo d > out/dist/d && echo t > /tmp/t && cat /tmp/t";
+    assert_eq!(sh(&policy, wrote), 0);
+    for script in [
+        "echo y > api/y",
+        "echo y > top",
+        "echo y >> api/main",
+        "rm api/main",
+        "mv web/x api/x",
+        "mkdir web2",
+        "rmdir web",
+    ] {
+        assert_eq!(sh(&policy, &denied(script)), 0, "{script} was not denied");
+    }
+    assert_eq!(
+        std::fs::read_to_string(work.join("api/main")).unwrap(),
+        "api"
+    );
+    // The writes, and the missing directory made for them, are in the upper layer only.
+    let upper = work.parent().unwrap().join("branch/upper");
+    assert_eq!(std::fs::read_to_string(upper.join("web/x")).unwrap(), "x\n");
+    assert_eq!(
+        std::fs::read_to_string(upper.join("out/dist/d")).unwrap(),
+        "d\n"
+    );
+    assert!(!work.join("out").exists());
+}
+
+#[test]
+fn a_view_with_no_writable_paths_is_read_only_and_tmp_stays_writable() {
+    let (_dir, _work, policy) = restricted_view("/var/tmp", &[]);
+    assert_eq!(sh(&policy, "cat api/main && echo t > /tmp/t"), 0);
+    for script in ["echo y > web/y", "echo y > api/main", "touch new"] {
+        assert_eq!(sh(&policy, &denied(script)), 0, "{script} was not denied");
+    }
+}
+
+#[test]
+fn a_restricted_view_under_tmp_is_refused_rather_than_left_writable() {
+    let (_dir, work, policy) = restricted_view("/tmp", &["web"]);
+    let err = lockbox_confine::run(&policy, &["true".into()]).unwrap_err();
+    assert_eq!(err.code(), "UNENFORCEABLE_WRITE_RESTRICTION");
+    let text = err.to_string();
+    assert!(
+        text.contains(&*work.to_string_lossy()) && text.contains("/tmp"),
+        "{text}"
+    );
 }

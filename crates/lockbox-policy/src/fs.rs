@@ -67,6 +67,13 @@ pub struct Overlay {
     /// The writable layer, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upper: Option<OverlayUpper>,
+    /// Where inside the view the sandbox may write (needs an `upper`). `None`: anywhere.
+    /// `Some(paths)`: the view is readable, and writable only at or below these absolute
+    /// paths inside `target` (missing directories among them are created, empty, in the
+    /// upper layer before the command starts); `Some(vec![])`: a read-only view. Enforced
+    /// by Landlock, so a sandbox with a restriction fails to start on a kernel without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writable: Option<Vec<PathBuf>>,
 }
 
 /// The writable layer of an [`Overlay`]: two empty directories on the same filesystem.
@@ -122,6 +129,7 @@ impl FsPolicy {
                     });
                 }
             }
+            overlay.validate_writable()?;
         }
         // Writing /sys reconfigures the host's kernel and devices.
         if let Some(path) = self.write.iter().find(|p| p.starts_with("/sys")) {
@@ -132,6 +140,47 @@ impl FsPolicy {
                     path.display()
                 ),
             });
+        }
+        Ok(())
+    }
+}
+
+impl Overlay {
+    fn validate_writable(&self) -> Result<(), PolicyError> {
+        const FIELD: &str = "fs.overlays.writable";
+        let Some(paths) = &self.writable else {
+            return Ok(());
+        };
+        if self.upper.is_none() {
+            return Err(PolicyError::Invalid {
+                field: FIELD,
+                reason: format!(
+                    "the overlay at {} has no upper layer, so it is read-only already",
+                    self.target.display()
+                ),
+            });
+        }
+        for path in paths {
+            if !path.is_absolute() {
+                return Err(PolicyError::RelativePath {
+                    field: FIELD,
+                    path: path.clone(),
+                });
+            }
+            // Lexical check: `..` could climb out of the view after `starts_with` said yes.
+            let climbs = path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+            if climbs || !path.starts_with(&self.target) {
+                return Err(PolicyError::Invalid {
+                    field: FIELD,
+                    reason: format!(
+                        "{} is not inside the view {}",
+                        path.display(),
+                        self.target.display()
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -172,6 +221,41 @@ fn check_grant(field: &'static str, path: &Path) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(writable: Option<Vec<PathBuf>>, with_upper: bool) -> FsPolicy {
+        FsPolicy {
+            overlays: vec![Overlay {
+                target: "/w".into(),
+                lowers: vec!["/w".into()],
+                upper: with_upper.then(|| OverlayUpper {
+                    upper: "/s/upper".into(),
+                    work: "/s/work".into(),
+                    max_size: None,
+                }),
+                writable,
+            }],
+            ..FsPolicy::default()
+        }
+    }
+
+    #[test]
+    fn writable_paths_must_lie_inside_the_view_and_are_named_when_not() {
+        view(None, true).validate().unwrap();
+        view(Some(vec![]), true).validate().unwrap();
+        view(Some(vec!["/w/web".into(), "/w".into()]), true)
+            .validate()
+            .unwrap();
+        for bad in ["/web", "/w/../etc", "/wx", "w/web"] {
+            let err = view(Some(vec![bad.into()]), true).validate().unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains("fs.overlays.writable"), "{text}");
+            assert!(text.contains(bad), "{text}");
+        }
+        let err = view(Some(vec!["/w/web".into()]), false)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("no upper layer"), "{err}");
+    }
 
     #[test]
     fn reserved_and_root_paths_are_refused_with_reason() {

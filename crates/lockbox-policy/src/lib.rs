@@ -123,6 +123,7 @@ impl Policy {
                 work,
                 max_size,
             }),
+            writable: None,
         });
         self.cwd.get_or_insert_with(|| workdir.to_owned());
     }

@@ -69,6 +69,7 @@ mod outcome;
 mod pipeline;
 mod prepared;
 mod record;
+mod scope;
 mod stage;
 mod store;
 mod transaction;

@@ -20,6 +20,16 @@ pub enum AbortReason {
         /// Its exit code.
         exit_code: i32,
     },
+    /// A stage restricted to part of the workdir changed something outside it (metadata:
+    /// chmod, chown, utimes, xattrs, which Landlock does not stop).
+    OutsideWritable {
+        /// Its index.
+        stage: usize,
+        /// Its name.
+        name: String,
+        /// What it changed, relative to the workdir.
+        paths: Vec<PathBuf>,
+    },
     /// A stage's timeout expired.
     TimedOut {
         /// Its index.
@@ -52,7 +62,7 @@ impl AbortReason {
     /// explicit abort.
     pub fn exit_code(&self) -> u8 {
         match self {
-            AbortReason::StageFailed { .. } => 1,
+            AbortReason::StageFailed { .. } | AbortReason::OutsideWritable { .. } => 1,
             AbortReason::TimedOut { .. } => 124,
             AbortReason::SetupFailed { .. } => 125,
             AbortReason::Conflicts { .. } => 3,
@@ -68,6 +78,13 @@ impl AbortReason {
             } => format!("aborted: stage {name} exited {exit_code}; nothing committed"),
             AbortReason::TimedOut { name, .. } => {
                 format!("aborted: stage {name} timed out; nothing committed")
+            }
+            AbortReason::OutsideWritable { name, paths, .. } => {
+                let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                format!(
+                    "aborted: stage {name} changed {} outside its writable paths; nothing committed",
+                    paths.join(", ")
+                )
             }
             AbortReason::SetupFailed { name, message, .. } => {
                 format!("aborted: the sandbox of stage {name} could not be set up: {message}")
@@ -93,6 +110,13 @@ impl AbortReason {
             return Some(AbortReason::TimedOut {
                 stage,
                 name: r.name.clone(),
+            });
+        }
+        if r.exit_code == 0 && !r.outside_writable.is_empty() {
+            return Some(AbortReason::OutsideWritable {
+                stage,
+                name: r.name.clone(),
+                paths: r.outside_writable.clone(),
             });
         }
         (r.exit_code != 0).then(|| AbortReason::StageFailed {

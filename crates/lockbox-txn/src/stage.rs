@@ -27,6 +27,13 @@ pub struct Stage {
     /// How many times a failed run is retried, each time on a fresh upper layer (the failed
     /// attempt's writes are discarded) and with the same stdin.
     pub retries: u32,
+    /// Where in the workdir the stage may write: `None` anywhere; `Some(paths)` only at or
+    /// below these directories (relative to the workdir, or absolute inside it; missing
+    /// ones are created, empty, in the stage's layer); `Some(vec![])` nowhere (a read-only
+    /// view). Enforced by Landlock (see [`lockbox_policy::Overlay::writable`]): a stage
+    /// with a restriction fails to start (exit 125) where Landlock is missing, or when the
+    /// workdir lies below a path the stage may write, such as `/tmp`.
+    pub writable: Option<Vec<PathBuf>>,
 }
 
 impl Stage {
@@ -37,6 +44,7 @@ impl Stage {
             policy,
             argv,
             retries: 0,
+            writable: None,
         }
     }
 
@@ -55,6 +63,18 @@ impl Stage {
     pub fn retries(mut self, retries: u32) -> Stage {
         self.retries = retries;
         self
+    }
+
+    /// Lets the stage write only at or below `paths` (directories relative to the workdir,
+    /// or absolute inside it); an empty list makes its view of the workdir read-only.
+    pub fn writable<P: Into<PathBuf>>(mut self, paths: impl IntoIterator<Item = P>) -> Stage {
+        self.writable = Some(paths.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Makes the stage's view of the workdir read-only (it may still write its own `/tmp`).
+    pub fn read_only(self) -> Stage {
+        self.writable(Vec::<PathBuf>::new())
     }
 }
 
@@ -81,12 +101,20 @@ pub struct StageResult {
     pub setup_error: Option<String>,
     /// How many times it ran (1 + retries used).
     pub attempts: u32,
+    /// What a stage restricted by [`Stage::writable`] changed outside its writable paths
+    /// (relative to the workdir): metadata changes (chmod, chown, utimes, xattrs), which
+    /// Landlock does not stop. Any fails the stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside_writable: Vec<PathBuf>,
 }
 
 impl StageResult {
     /// Exited 0 in time.
     pub fn succeeded(&self) -> bool {
-        self.exit_code == 0 && !self.timed_out && self.setup_error.is_none()
+        self.exit_code == 0
+            && !self.timed_out
+            && self.setup_error.is_none()
+            && self.outside_writable.is_empty()
     }
 }
 
@@ -177,6 +205,10 @@ pub(crate) fn run_io(
                 work: view.work.clone(),
                 max_size: None,
             }),
+            writable: stage
+                .writable
+                .as_ref()
+                .map(|paths| paths.iter().map(|p| view.workdir.join(p)).collect()),
         });
     }
     policy.fs.read.extend(extra_reads.iter().cloned());
@@ -250,9 +282,31 @@ pub(crate) fn run_io(
                 stdout_len: stdout.len(),
                 setup_error: None,
                 attempts: 1,
+                outside_writable: Vec::new(),
             },
             stdout,
         })
+    })
+    .and_then(|mut ran| {
+        if let (Some(view), Some(writable), true) = (view, &stage.writable, ran.result.succeeded())
+        {
+            ran.result.outside_writable = outside_writable(view, writable)?;
+        }
+        Ok(ran)
+    })
+}
+
+/// What the stage changed in its layer outside `writable` (see [`crate::scope`]).
+fn outside_writable(view: &View<'_>, writable: &[PathBuf]) -> Result<Vec<PathBuf>, TxnError> {
+    let relative: Vec<PathBuf> = writable
+        .iter()
+        .map(|w| w.strip_prefix(view.workdir).unwrap_or(w).to_owned())
+        .collect();
+    crate::scope::changes_outside(&view.upper, &view.lowers, &relative).map_err(|source| {
+        TxnError::Store {
+            path: view.upper.clone(),
+            source,
+        }
     })
 }
 
@@ -323,7 +377,11 @@ fn setup_failed(stage: &Stage, started: Instant, e: &lockbox_confine::SetupError
         duration: started.elapsed(),
         stderr_tail: String::new(),
         stdout_len: 0,
-        setup_error: Some(e.to_string()),
+        setup_error: Some(match e.hint() {
+            Some(hint) => format!("{e} (hint: {hint})"),
+            None => e.to_string(),
+        }),
         attempts: 1,
+        outside_writable: Vec::new(),
     }
 }

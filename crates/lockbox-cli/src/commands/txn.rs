@@ -45,7 +45,11 @@ pub struct TxnFlags {
     /// Policy options for one stage, on top of the shared ones: SEL is a stage number
     /// (pipeline, from 1), a source name or `consumer` (gather); OPTIONS are policy options
     /// as on this command line, e.g. '2:--net host --timeout 30s'. A --profile among them
-    /// replaces the shared policy for that stage. Repeatable.
+    /// replaces the shared policy for that stage. Two more options confine the stage's
+    /// writes to the workdir: '--writable DIR' (repeatable; relative to the workdir or
+    /// absolute inside it; created if missing) lets it write only at or below DIR, and
+    /// '--read-only' nowhere (its /tmp stays writable); e.g. 'frontend:--writable web'.
+    /// They need Landlock and a workdir outside /tmp. Repeatable.
     #[arg(long = "stage-opts", value_name = "SEL:OPTIONS", value_parser = parse_stage_opts)]
     pub stage_opts: Vec<(String, Vec<String>)>,
     /// Print the outcome as JSON on stdout (the last stage's stdout becomes its "stdout"
@@ -161,6 +165,40 @@ pub enum TxnCommand {
 struct StagePolicyArgs {
     #[command(flatten)]
     policy: PolicyArgs,
+    /// Let the stage write only at or below DIR of the workdir. Repeatable.
+    #[arg(long, value_name = "DIR")]
+    writable: Vec<PathBuf>,
+    /// Make the stage's view of the workdir read-only.
+    #[arg(long, conflicts_with = "writable")]
+    read_only: bool,
+}
+
+/// `--writable DIR` as a path relative to the workdir (`given` as on the command line,
+/// `canonical` resolved): relative paths must stay inside it, absolute ones lie inside it.
+fn writable_in(dir: &Path, given: &Path, canonical: &Path) -> Result<PathBuf, String> {
+    let outside = || {
+        format!(
+            "--writable {}: not inside the workdir {}",
+            dir.display(),
+            given.display()
+        )
+    };
+    let rel = if dir.is_absolute() {
+        dir.strip_prefix(canonical)
+            .or_else(|_| dir.strip_prefix(given))
+            .map_err(|_| outside())?
+    } else {
+        dir
+    };
+    let mut clean = PathBuf::new();
+    for c in rel.components() {
+        match c {
+            std::path::Component::Normal(name) => clean.push(name),
+            std::path::Component::CurDir => {}
+            _ => return Err(outside()),
+        }
+    }
+    Ok(clean)
 }
 
 fn parse_stage_opts(s: &str) -> Result<(String, Vec<String>), String> {
@@ -240,7 +278,10 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
         print_error(&msg, None);
         2
     };
+    let workdir = std::fs::canonicalize(&flags.workdir)
+        .map_err(|e| usage(format!("workdir {}: {e}", flags.workdir.display())))?;
     let mut p = base.clone();
+    let mut writable: Option<Vec<PathBuf>> = None;
     for (_, words) in flags.stage_opts.iter().filter(|(s, _)| s == sel) {
         let args = StagePolicyArgs::try_parse_from(words)
             .map_err(|e| usage(format!("--stage-opts {sel}: {e}")))?;
@@ -248,11 +289,21 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
             .policy
             .to_policy_over(Some(&p))
             .map_err(|e| usage(format!("--stage-opts {sel}: {e:#}")))?;
+        if args.read_only || !args.writable.is_empty() {
+            let list = writable.get_or_insert_with(Vec::new);
+            for dir in &args.writable {
+                let rel = writable_in(dir, &flags.workdir, &workdir)
+                    .map_err(|e| usage(format!("--stage-opts {sel}: {e}")))?;
+                list.push(rel);
+            }
+        }
     }
-    let workdir = std::fs::canonicalize(&flags.workdir)
-        .map_err(|e| usage(format!("workdir {}: {e}", flags.workdir.display())))?;
     p.cwd.get_or_insert(workdir);
-    Ok(Stage::sh(p, cmd).retries(flags.retries))
+    let stage = Stage::sh(p, cmd).retries(flags.retries);
+    Ok(match writable {
+        Some(paths) => stage.writable(paths),
+        None => stage,
+    })
 }
 
 /// Checks that every `--stage-opts` selects an existing stage.
