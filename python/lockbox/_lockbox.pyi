@@ -11,6 +11,9 @@ _Outcome = tuple[str, bytes | None, str | None]
 def check_policy(json: str) -> str:
     """Validates a policy (JSON form of ``lockbox_policy::Policy``); returns it normalised."""
 
+def net_spec_error(spec: str) -> str | None:
+    """Why ``spec`` is not a network destination spec (the message names it), or ``None``."""
+
 def run_txn(spec: str, stdin: bytes | None = None, mode: str = "run") -> _Outcome:
     """Runs a transaction spec (``mode``: ``"run"`` or ``"dry_run"``); GIL released."""
 

@@ -18,7 +18,7 @@ from ._types import (
     _outcome,
     _stage,
 )
-from .errors import ConflictError, StageFailedError, UnsupportedError, UsageError
+from .errors import ConflictError, StageFailedError, UsageError
 
 __all__ = [
     "Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir", "recover",
@@ -70,6 +70,30 @@ def _duration(v: float | int | str | None) -> str | None:
     return f"{max(1, round(v * 1000))}ms"
 
 
+def _net_specs(field: str, specs: Sequence[str]) -> list[str]:
+    """Checks each destination spec now (``NetSpec::parse``), so a typo fails where it was
+    written, naming the spec."""
+    if isinstance(specs, (str, bytes)):
+        raise UsageError(f"{field} must be a list of specs, e.g. ['pypi.org:443']", code="INVALID_POLICY")
+    out = []
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise UsageError(f"{field}: {spec!r} is not a string", code="INVALID_POLICY")
+        problem = _lockbox.net_spec_error(spec)
+        if problem is not None:
+            raise UsageError(f"{field}: {problem}", code="BAD_NET_SPEC")
+        out.append(spec)
+    return out
+
+
+def _net_json(net: str, allow: list[str], deny: list[str]) -> Any:
+    if allow:
+        return {"allow": allow}
+    if deny:
+        return {"deny": deny}
+    return net
+
+
 def _below(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -91,9 +115,17 @@ class Sandbox:
             host directly. Inside a transaction paths within the workdir are provided by the
             transaction's layer (every stage can write the whole workdir, into its layer);
             other writable paths are written directly.
-        net_allow: ``host:port`` destinations to allow. Network allow-lists are not in this
-            build: a non-empty list raises :class:`~lockbox.errors.UnsupportedError`.
-        net: ``"none"`` (loopback only, the default) or ``"host"`` (the host's network).
+        net_allow: destinations on the host's network the sandbox may reach; everything else
+            stays refused (loopback inside the sandbox always works). Each spec is
+            ``[tcp://|udp://]HOST:PORTS`` as for ``lockbox run --net-allow``: HOST a name
+            (resolved once at start and pinned), an IPv4 address or CIDR block, or
+            ``[IPv6]`` / ``[IPv6/prefix]``; PORTS a number, ``A-B`` or ``*``; no scheme
+            means TCP and UDP. A bad spec raises :class:`~lockbox.errors.UsageError`
+            naming it, here.
+        net_deny: the opposite: the host's network except these destinations (and never
+            the host's loopback). At most one of ``net_allow`` and ``net_deny``.
+        net: ``"none"`` (loopback only, the default) or ``"host"`` (the host's network);
+            leave it at ``"none"`` with ``net_allow``/``net_deny``.
         max_memory: memory limit (bytes, or a size such as ``"512M"``, ``"1G"``).
         max_processes: limit on processes and threads in the sandbox.
         timeout: wall-clock limit in seconds (or a duration such as ``"30s"``); then every
@@ -118,6 +150,7 @@ class Sandbox:
         fs_readable: Sequence[PathLike] = (),
         fs_writable: Sequence[PathLike] = (),
         net_allow: Sequence[str] = (),
+        net_deny: Sequence[str] = (),
         net: str = "none",
         max_memory: int | str | None = None,
         max_processes: int | None = None,
@@ -134,18 +167,19 @@ class Sandbox:
         kill_grace: float | None = None,
         state_dir: PathLike | None = None,
     ) -> None:
-        if net_allow:
-            raise UnsupportedError(
-                "net_allow (network allow-lists) is not available in this build of lockbox; "
-                "use net='host' for the host's network or leave net_allow empty",
-                code="UNSUPPORTED",
-            )
         if net not in ("none", "host"):
             raise UsageError(f"net must be 'none' or 'host', not {net!r}", code="INVALID_POLICY")
+        net_allow, net_deny = _net_specs("net_allow", net_allow), _net_specs("net_deny", net_deny)
+        if net_allow and net_deny:
+            raise UsageError("give net_allow or net_deny, not both", code="INVALID_POLICY")
+        if (net_allow or net_deny) and net != "none":
+            which = "net_allow" if net_allow else "net_deny"
+            raise UsageError(f"{which} replaces net={net!r}: leave net out", code="INVALID_POLICY")
         self.workdir = _abs(workdir) if workdir is not None else None
         self.fs_readable = [_abs(p) for p in fs_readable]
         self.fs_writable = [_abs(p) for p in fs_writable]
-        self.net_allow = list(net_allow)
+        self.net_allow = net_allow
+        self.net_deny = net_deny
         self.net = net
         self.max_memory = max_memory
         self.max_processes = max_processes
@@ -194,7 +228,7 @@ class Sandbox:
             limits["file_size"] = _size(self.max_file_size)
         policy: dict[str, Any] = {
             "fs": {"default_reads": self.default_reads, "read": read, "write": write},
-            "net": self.net,
+            "net": _net_json(self.net, self.net_allow, self.net_deny),
             "limits": limits,
             "env": {"clean": self.clean_env, "set": self.env, "pass": self.env_pass},
         }

@@ -29,6 +29,7 @@ mod txn;
 fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(policy::check_policy, m)?)?;
+    m.add_function(wrap_pyfunction!(policy::net_spec_error, m)?)?;
     m.add_function(wrap_pyfunction!(txn::run_txn, m)?)?;
     m.add_function(wrap_pyfunction!(txn::prepare_txn, m)?)?;
     m.add_function(wrap_pyfunction!(txn::recover, m)?)?;
