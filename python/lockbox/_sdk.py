@@ -8,7 +8,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _lockbox
 from ._types import (
@@ -19,6 +19,9 @@ from ._types import (
     _stage,
 )
 from .errors import ConflictError, StageFailedError, UsageError
+
+if TYPE_CHECKING:
+    from .local import LocalSandbox
 
 __all__ = [
     "Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir", "recover",
@@ -92,6 +95,16 @@ def _net_json(net: str, allow: list[str], deny: list[str]) -> Any:
     if deny:
         return {"deny": deny}
     return net
+
+
+def _ms(v: float | int | str | None) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return _lockbox.duration_ms(v)
+    if v < 0:
+        raise UsageError(f"a duration must not be negative, not {v!r}", code="INVALID_POLICY")
+    return max(1, round(v * 1000))
 
 
 def _below(path: str, root: str) -> bool:
@@ -241,6 +254,76 @@ class Sandbox:
         if self.hostname is not None:
             policy["hostname"] = self.hostname
         return policy
+
+    @classmethod
+    def open(
+        cls,
+        workdir: PathLike | None = None,
+        *,
+        on_exit: str = "keep",
+        idle_timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        state_dir: PathLike | None = None,
+        agent_exe: PathLike | None = None,
+        **policy: Any,
+    ) -> LocalSandbox:
+        """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
+        persistent shell sessions, background processes with streamed logs, files, and (with
+        a ``workdir``) a copy-on-write branch to inspect, commit or abort. It has the methods
+        of a sandbox of :class:`lockbox.Client` (``lockbox serve``), so the same code runs
+        locally and remotely; use it as a context manager (leaving kills it).
+
+        Args:
+            workdir: a host directory the sandbox sees through a copy-on-write branch at the
+                same path (its current directory); ``changes()``, ``commit()`` and
+                ``abort()`` act on the branch.
+            on_exit: what closing does with the branch: ``"keep"`` (default, reviewable
+                with ``lockbox branch``), ``"commit"`` or ``"abort"``.
+            idle_timeout: delete the sandbox after this many seconds without a call.
+            labels: free-form labels, returned in its ``info``.
+            state_dir: the runtime's state directory (default: a free one of
+                ``<default_state_dir()>/sdk/N``; docs/python.md).
+            agent_exe: the in-sandbox agent executable (default: ``$LOCKBOX_AGENT``, else the
+                one embedded in this package).
+            **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
+                ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
+                ``max_cpu_time`` is not available for long-lived sandboxes.
+        """
+        from .local import LocalClient
+
+        if policy.get("max_cpu_time") is not None:
+            raise UsageError("max_cpu_time is not available for long-lived sandboxes (use timeout= per exec)",
+                             code="INVALID_POLICY")
+        sb = cls(workdir, **policy)
+        client = LocalClient(state_dir, agent_exe=os.fspath(agent_exe) if agent_exe is not None else None)
+        return client.create(**sb._create_body(), on_exit=on_exit,
+                             idle_timeout=idle_timeout, labels=labels)
+
+    def _create_body(self) -> dict[str, Any]:
+        """The fields of ``POST /v1/sandboxes`` for this policy (``open()`` and the server
+        share one conversion, ``lockbox-server``'s)."""
+        env = dict(self.env)
+        for name in self.env_pass:
+            if name in os.environ:
+                env.setdefault(name, os.environ[name])
+        body: dict[str, Any] = {
+            "workdir": self.workdir,
+            "fs_readable": self.fs_readable or None,
+            "fs_writable": self.fs_writable or None,
+            "default_reads": self.default_reads,
+            "net": _net_json(self.net, self.net_allow, self.net_deny),
+            "max_memory": _size(self.max_memory),
+            "max_processes": self.max_processes,
+            "max_open_files": self.max_open_files,
+            "max_file_size": _size(self.max_file_size),
+            "timeout_ms": _ms(self.timeout),
+            "kill_grace_ms": _ms(self.kill_grace),
+            "env": env or None,
+            "clean_env": self.clean_env or None,
+            "cwd": self.cwd,
+            "hostname": self.hostname,
+        }
+        return {k: v for k, v in body.items() if v is not None}
 
     def cmd(
         self,

@@ -36,3 +36,10 @@ pub(crate) fn net_spec_error(spec: &str) -> Option<String> {
         .err()
         .map(|e| e.to_string())
 }
+
+/// A duration (`"500ms"`, `"2m"`) in whole milliseconds; a `PolicyError` naming it otherwise.
+#[pyfunction]
+pub(crate) fn duration_ms(text: &str) -> PyResult<u64> {
+    let d = lockbox_policy::parse_duration(text).map_err(|e| errors::policy(&e))?;
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
