@@ -21,6 +21,7 @@ from ._types import (
 from .errors import ConflictError, StageFailedError, UsageError
 
 if TYPE_CHECKING:
+    from .client import AsyncSandbox
     from .local import LocalSandbox
 
 __all__ = [
@@ -298,6 +299,17 @@ class Sandbox:
         client = LocalClient(state_dir, agent_exe=os.fspath(agent_exe) if agent_exe is not None else None)
         return client.create(**sb._create_body(), on_exit=on_exit,
                              idle_timeout=idle_timeout, labels=labels)
+
+    @classmethod
+    async def open_async(cls, workdir: PathLike | None = None, **kw: Any) -> AsyncSandbox:
+        """:meth:`open` for asyncio: an :class:`~lockbox.client.AsyncSandbox` (coroutines and
+        async iterators, as :class:`lockbox.AsyncClient`'s); the blocking calls run in a
+        worker thread and release the GIL."""
+        import asyncio
+
+        from .client import AsyncSandbox
+
+        return AsyncSandbox(await asyncio.to_thread(cls.open, workdir, **kw))
 
     def _create_body(self) -> dict[str, Any]:
         """The fields of ``POST /v1/sandboxes`` for this policy (``open()`` and the server
