@@ -36,8 +36,13 @@ fn main() {
         .env("CARGO_PROFILE_DEV_DEBUG", "0")
         .env("CARGO_PROFILE_DEV_STRIP", "symbols")
         .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
-    let status = cmd.status().unwrap_or_else(|e| panic!("running cargo for the agent: {e}"));
-    assert!(status.success(), "building the agent (python/agent) failed: {status}");
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("running cargo for the agent: {e}"));
+    assert!(
+        status.success(),
+        "building the agent (python/agent) failed: {status}"
+    );
 
     let mut built = target_dir;
     if target != host {

@@ -81,10 +81,8 @@ fn held_elsewhere(state_dir: &Path) -> bool {
     let Ok(file) = std::fs::File::open(state_dir.join("runtime.lock")) else {
         return false;
     };
-    rustix::fs::flock(
-        &file,
-        rustix::fs::FlockOperation::NonBlockingLockExclusive,
-    ) == Err(rustix::io::Errno::WOULDBLOCK)
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        == Err(rustix::io::Errno::WOULDBLOCK)
 }
 
 async fn open_runtime(state_dir: &Path, agent_exe: Option<&Path>) -> PyResult<Runtime> {

@@ -8,6 +8,8 @@
 
 fn main() {
     lockbox_confine::agent::main_if_agent();
-    eprintln!("lockbox-sdk-agent: the in-sandbox agent of lockbox's Python SDK; not for direct use");
+    eprintln!(
+        "lockbox-sdk-agent: the in-sandbox agent of lockbox's Python SDK; not for direct use"
+    );
     std::process::exit(2);
 }
