@@ -22,7 +22,7 @@ server's router) and requests are calls into it. So code written against
 methods, return types, streaming iterators and errors
 (:class:`~lockbox.errors.ServerError` with the same ``code`` and ``status``).
 
-State directory: one runtime per directory (it ``flock``\\ s ``runtime.lock``). By default
+State directory: one runtime per directory (it takes a ``flock`` on ``runtime.lock``). By default
 each Python process takes the first free one of ``<default_state_dir()>/sdk/0``, ``/1``, ...,
 so processes never collide and a directory is reused after its process ends (whatever it
 left, e.g. a branch kept by ``on_exit="keep"``, is recovered there and reviewable with
