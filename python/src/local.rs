@@ -28,8 +28,13 @@ static AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lockbox-sdk-agen
 /// Default state directories tried (`BASE/0`, `BASE/1`, ...) before giving up.
 const SLOTS: u32 = 64;
 
+/// Runs `fut` to completion: on the SDK's runtime, or nested in place when called from one
+/// of its threads (a journal step running on it, say), where `block_on` would panic.
 fn block<F: std::future::Future>(fut: F) -> F::Output {
-    pyo3_async_runtimes::tokio::get_runtime().block_on(fut)
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => tokio::task::block_in_place(|| handle.block_on(fut)),
+        Err(_) => pyo3_async_runtimes::tokio::get_runtime().block_on(fut),
+    }
 }
 
 fn setup_error(message: String) -> PyErr {
