@@ -12,7 +12,7 @@ import tempfile
 import time
 
 import pytest
-from conftest import need, settle, tree
+from conftest import need, tree
 from test_client import server  # noqa: F401 - the live `lockbox serve` fixture
 
 from lockbox import Client, LocalSandbox, Sandbox
@@ -222,3 +222,25 @@ def test_open_works_as_uid_65534():
             assert f.read() == "hi\n"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_gil_is_released_while_a_call_waits(tmp_path):
+    import threading
+
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            stop.wait(0.01)
+
+    with Sandbox.open(state_dir=tmp_path / "state") as box:
+        t = threading.Thread(target=spin)
+        t.start()
+        ticks.clear()
+        r = box.exec("sleep 0.5")
+        during = len(ticks)
+        stop.set()
+        t.join()
+    assert r.exit_code == 0 and during > 0
