@@ -64,7 +64,9 @@ fi
 # The Python SDK (python/): a virtualenv of the system's python3 (outside the checkout, which
 # uid 65534 may not be able to enter), the extension built in debug mode by maturin (reusing
 # cargo's target directory: one more crate, not a release build) and installed as a wheel,
-# then pytest. In CI a missing dependency (cloudpickle, Ray, PostgreSQL, root) fails the suite
+# then pytest. (The extension's build script also compiles the in-sandbox agent of
+# Sandbox.open, python/agent, with a nested cargo build under OUT_DIR, and embeds it.)
+# In CI a missing dependency (cloudpickle, Ray, PostgreSQL, root) fails the suite
 # instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
 echo "== python SDK"
 pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"

@@ -5,6 +5,8 @@ A thin Python layer over lockbox's Rust crates:
 - :class:`Sandbox` (a policy), :meth:`Sandbox.cmd` (a command), ``a | b | c``
   (:class:`Pipeline`) and :class:`Gather`, run alone or as all-or-nothing transactions
   (``run_transactional()``, ``dry_run()``, ``prepare()``, ``transaction()``);
+- :meth:`Sandbox.open`: a long-lived sandbox in this process (sessions, processes, files,
+  its copy-on-write branch), with the methods of :class:`Client`'s (``lockbox serve``);
 - :mod:`lockbox.journal`: a durable step journal (record/replay of an agent's steps);
 - :mod:`lockbox.executor`: run a Python function in a sandboxed interpreter
   (``@sandbox_run``, :class:`~lockbox.executor.SandboxExecutor`,
@@ -21,6 +23,7 @@ Example::
 
 from . import errors
 from .client import AsyncClient, Client
+from .local import LocalClient, LocalSandbox
 from ._lockbox import __version__
 from ._sdk import Cmd, Gather, Pipeline, PreparedTxn, Sandbox, Transaction, default_state_dir, recover
 from ._types import (
@@ -49,6 +52,8 @@ __all__ = [
     "errors",
     "Client",
     "AsyncClient",
+    "LocalClient",
+    "LocalSandbox",
     "Sandbox",
     "Cmd",
     "Pipeline",

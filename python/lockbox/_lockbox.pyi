@@ -11,6 +11,9 @@ _Outcome = tuple[str, bytes | None, str | None]
 def check_policy(json: str) -> str:
     """Validates a policy (JSON form of ``lockbox_policy::Policy``); returns it normalised."""
 
+def net_spec_error(spec: str) -> str | None:
+    """Why ``spec`` is not a network destination spec (the message names it), or ``None``."""
+
 def run_txn(spec: str, stdin: bytes | None = None, mode: str = "run") -> _Outcome:
     """Runs a transaction spec (``mode``: ``"run"`` or ``"dry_run"``); GIL released."""
 
@@ -103,3 +106,34 @@ class Run:
     def complete(self, value: str) -> None: ...
     def fail(self, error: str) -> None: ...
     def cancel(self, reason: str) -> None: ...
+
+def duration_ms(text: str) -> int:
+    """A duration (``"500ms"``, ``"2m"``) in milliseconds; ``PolicyError`` naming it otherwise."""
+
+def open_local(state_dir: str, slots: bool, agent_exe: str | None = None) -> LocalApi:
+    """Opens a ``lockbox-runtime`` on ``state_dir`` (with ``slots``: the first free of
+    ``state_dir/0``, ``/1``, ...) and ``lockbox serve``'s router over it, in this process."""
+
+class LocalApi:
+    """``lockbox serve``'s API in process (see ``lockbox.local``)."""
+
+    @property
+    def token(self) -> str:
+        """The bearer token requests must carry."""
+    @property
+    def state_dir(self) -> str:
+        """The state directory the runtime holds."""
+    def request(self, method: str, uri: str, headers: list[tuple[str, str]], body: bytes | None = None) -> tuple[int, str, LocalBody]:
+        """One request: ``(status, content type, body)``; releases the GIL."""
+    def shutdown(self) -> None:
+        """Deletes every sandbox of the runtime."""
+
+class LocalBody:
+    """A response body."""
+
+    def next_chunk(self) -> bytes | None:
+        """The next chunk, ``None`` at the end; releases the GIL while waiting."""
+    def read_all(self) -> bytes:
+        """Every remaining byte."""
+    def close(self) -> None:
+        """Drops the stream."""

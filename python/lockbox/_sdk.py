@@ -8,7 +8,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _lockbox
 from ._types import (
@@ -18,7 +18,11 @@ from ._types import (
     _outcome,
     _stage,
 )
-from .errors import ConflictError, StageFailedError, UnsupportedError, UsageError
+from .errors import ConflictError, StageFailedError, UsageError
+
+if TYPE_CHECKING:
+    from .client import AsyncSandbox
+    from .local import LocalSandbox
 
 __all__ = [
     "Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir", "recover",
@@ -70,6 +74,40 @@ def _duration(v: float | int | str | None) -> str | None:
     return f"{max(1, round(v * 1000))}ms"
 
 
+def _net_specs(field: str, specs: Sequence[str]) -> list[str]:
+    """Checks each destination spec now (``NetSpec::parse``), so a typo fails where it was
+    written, naming the spec."""
+    if isinstance(specs, (str, bytes)):
+        raise UsageError(f"{field} must be a list of specs, e.g. ['pypi.org:443']", code="INVALID_POLICY")
+    out = []
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise UsageError(f"{field}: {spec!r} is not a string", code="INVALID_POLICY")
+        problem = _lockbox.net_spec_error(spec)
+        if problem is not None:
+            raise UsageError(f"{field}: {problem}", code="BAD_NET_SPEC")
+        out.append(spec)
+    return out
+
+
+def _net_json(net: str, allow: list[str], deny: list[str]) -> Any:
+    if allow:
+        return {"allow": allow}
+    if deny:
+        return {"deny": deny}
+    return net
+
+
+def _ms(v: float | int | str | None) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return _lockbox.duration_ms(v)
+    if v < 0:
+        raise UsageError(f"a duration must not be negative, not {v!r}", code="INVALID_POLICY")
+    return max(1, round(v * 1000))
+
+
 def _below(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -91,9 +129,17 @@ class Sandbox:
             host directly. Inside a transaction paths within the workdir are provided by the
             transaction's layer (every stage can write the whole workdir, into its layer);
             other writable paths are written directly.
-        net_allow: ``host:port`` destinations to allow. Network allow-lists are not in this
-            build: a non-empty list raises :class:`~lockbox.errors.UnsupportedError`.
-        net: ``"none"`` (loopback only, the default) or ``"host"`` (the host's network).
+        net_allow: destinations on the host's network the sandbox may reach; everything else
+            stays refused (loopback inside the sandbox always works). Each spec is
+            ``[tcp://|udp://]HOST:PORTS`` as for ``lockbox run --net-allow``: HOST a name
+            (resolved once at start and pinned), an IPv4 address or CIDR block, or
+            ``[IPv6]`` / ``[IPv6/prefix]``; PORTS a number, ``A-B`` or ``*``; no scheme
+            means TCP and UDP. A bad spec raises :class:`~lockbox.errors.UsageError`
+            naming it, here.
+        net_deny: the opposite: the host's network except these destinations (and never
+            the host's loopback). At most one of ``net_allow`` and ``net_deny``.
+        net: ``"none"`` (loopback only, the default) or ``"host"`` (the host's network);
+            leave it at ``"none"`` with ``net_allow``/``net_deny``.
         max_memory: memory limit (bytes, or a size such as ``"512M"``, ``"1G"``).
         max_processes: limit on processes and threads in the sandbox.
         timeout: wall-clock limit in seconds (or a duration such as ``"30s"``); then every
@@ -118,6 +164,7 @@ class Sandbox:
         fs_readable: Sequence[PathLike] = (),
         fs_writable: Sequence[PathLike] = (),
         net_allow: Sequence[str] = (),
+        net_deny: Sequence[str] = (),
         net: str = "none",
         max_memory: int | str | None = None,
         max_processes: int | None = None,
@@ -134,18 +181,19 @@ class Sandbox:
         kill_grace: float | None = None,
         state_dir: PathLike | None = None,
     ) -> None:
-        if net_allow:
-            raise UnsupportedError(
-                "net_allow (network allow-lists) is not available in this build of lockbox; "
-                "use net='host' for the host's network or leave net_allow empty",
-                code="UNSUPPORTED",
-            )
         if net not in ("none", "host"):
             raise UsageError(f"net must be 'none' or 'host', not {net!r}", code="INVALID_POLICY")
+        net_allow, net_deny = _net_specs("net_allow", net_allow), _net_specs("net_deny", net_deny)
+        if net_allow and net_deny:
+            raise UsageError("give net_allow or net_deny, not both", code="INVALID_POLICY")
+        if (net_allow or net_deny) and net != "none":
+            which = "net_allow" if net_allow else "net_deny"
+            raise UsageError(f"{which} replaces net={net!r}: leave net out", code="INVALID_POLICY")
         self.workdir = _abs(workdir) if workdir is not None else None
         self.fs_readable = [_abs(p) for p in fs_readable]
         self.fs_writable = [_abs(p) for p in fs_writable]
-        self.net_allow = list(net_allow)
+        self.net_allow = net_allow
+        self.net_deny = net_deny
         self.net = net
         self.max_memory = max_memory
         self.max_processes = max_processes
@@ -194,7 +242,7 @@ class Sandbox:
             limits["file_size"] = _size(self.max_file_size)
         policy: dict[str, Any] = {
             "fs": {"default_reads": self.default_reads, "read": read, "write": write},
-            "net": self.net,
+            "net": _net_json(self.net, self.net_allow, self.net_deny),
             "limits": limits,
             "env": {"clean": self.clean_env, "set": self.env, "pass": self.env_pass},
         }
@@ -207,6 +255,87 @@ class Sandbox:
         if self.hostname is not None:
             policy["hostname"] = self.hostname
         return policy
+
+    @classmethod
+    def open(
+        cls,
+        workdir: PathLike | None = None,
+        *,
+        on_exit: str = "keep",
+        idle_timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        state_dir: PathLike | None = None,
+        agent_exe: PathLike | None = None,
+        **policy: Any,
+    ) -> LocalSandbox:
+        """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
+        persistent shell sessions, background processes with streamed logs, files, and (with
+        a ``workdir``) a copy-on-write branch to inspect, commit or abort. It has the methods
+        of a sandbox of :class:`lockbox.Client` (``lockbox serve``), so the same code runs
+        locally and remotely; use it as a context manager (leaving kills it).
+
+        Args:
+            workdir: a host directory the sandbox sees through a copy-on-write branch at the
+                same path (its current directory); ``changes()``, ``commit()`` and
+                ``abort()`` act on the branch.
+            on_exit: what closing does with the branch: ``"keep"`` (default, reviewable
+                with ``lockbox branch``), ``"commit"`` or ``"abort"``.
+            idle_timeout: delete the sandbox after this many seconds without a call.
+            labels: free-form labels, returned in its ``info``.
+            state_dir: the runtime's state directory (default: a free one of
+                ``<default_state_dir()>/sdk/N``; docs/python.md).
+            agent_exe: the in-sandbox agent executable (default: ``$LOCKBOX_AGENT``, else the
+                one embedded in this package).
+            **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
+                ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
+                ``max_cpu_time`` is not available for long-lived sandboxes.
+        """
+        from .local import LocalClient
+
+        if policy.get("max_cpu_time") is not None:
+            raise UsageError("max_cpu_time is not available for long-lived sandboxes (use timeout= per exec)",
+                             code="INVALID_POLICY")
+        sb = cls(workdir, **policy)
+        client = LocalClient(state_dir, agent_exe=os.fspath(agent_exe) if agent_exe is not None else None)
+        return client.create(**sb._create_body(), on_exit=on_exit,
+                             idle_timeout=idle_timeout, labels=labels)
+
+    @classmethod
+    async def open_async(cls, workdir: PathLike | None = None, **kw: Any) -> AsyncSandbox:
+        """:meth:`open` for asyncio: an :class:`~lockbox.client.AsyncSandbox` (coroutines and
+        async iterators, as :class:`lockbox.AsyncClient`'s); the blocking calls run in a
+        worker thread and release the GIL."""
+        import asyncio
+
+        from .client import AsyncSandbox
+
+        return AsyncSandbox(await asyncio.to_thread(cls.open, workdir, **kw))
+
+    def _create_body(self) -> dict[str, Any]:
+        """The fields of ``POST /v1/sandboxes`` for this policy (``open()`` and the server
+        share one conversion, ``lockbox-server``'s)."""
+        env = dict(self.env)
+        for name in self.env_pass:
+            if name in os.environ:
+                env.setdefault(name, os.environ[name])
+        body: dict[str, Any] = {
+            "workdir": self.workdir,
+            "fs_readable": self.fs_readable or None,
+            "fs_writable": self.fs_writable or None,
+            "default_reads": self.default_reads,
+            "net": _net_json(self.net, self.net_allow, self.net_deny),
+            "max_memory": _size(self.max_memory),
+            "max_processes": self.max_processes,
+            "max_open_files": self.max_open_files,
+            "max_file_size": _size(self.max_file_size),
+            "timeout_ms": _ms(self.timeout),
+            "kill_grace_ms": _ms(self.kill_grace),
+            "env": env or None,
+            "clean_env": self.clean_env or None,
+            "cwd": self.cwd,
+            "hostname": self.hostname,
+        }
+        return {k: v for k, v in body.items() if v is not None}
 
     def cmd(
         self,

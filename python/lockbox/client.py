@@ -136,10 +136,9 @@ class Client:
         headers: Mapping[str, str] | None = None,
         stream: bool = False,
     ) -> Any:
-        url = self.url + path
         if query:
             q = {k: ("true" if v is True else "false" if v is False else v) for k, v in query.items() if v is not None}
-            url += "?" + urllib.parse.urlencode(q)
+            path += "?" + urllib.parse.urlencode(q)
         h = {"Authorization": f"Bearer {self.token}"}
         data = None
         if body is not None:
@@ -149,23 +148,28 @@ class Client:
             data = raw
             h["Content-Type"] = "application/octet-stream"
         h.update(headers or {})
-        req = urllib.request.Request(url, data=data, method=method, headers=h)
-        try:
-            resp = urllib.request.urlopen(req, timeout=self.timeout)  # noqa: S310 - the caller's URL
-        except urllib.error.HTTPError as e:
-            raise _error(e) from None
-        except urllib.error.URLError as e:
-            raise ServerError(f"cannot reach {self.url}: {e.reason}", code="UNREACHABLE", status=0) from None
+        resp, ctype = self._send(method, path, h, data)
         if stream:
             return resp
         with resp:
             payload = resp.read()
-            ctype = resp.headers.get("Content-Type", "")
         if not payload:
             return None
         if "json" in ctype:
             return json.loads(payload)
         return payload
+
+    def _send(self, method: str, path: str, headers: dict[str, str], data: bytes | None) -> tuple[Any, str]:
+        """The transport: sends one request, returns the open response (a context manager
+        iterating lines, with ``read()``) and its content type, or raises ``ServerError``."""
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)  # noqa: S310 - the caller's URL
+        except urllib.error.HTTPError as e:
+            raise _error(e.code, e.read()) from None
+        except urllib.error.URLError as e:
+            raise ServerError(f"cannot reach {self.url}: {e.reason}", code="UNREACHABLE", status=0) from None
+        return resp, resp.headers.get("Content-Type", "")
 
     def _events(self, resp: Any) -> Iterator[Event]:
         """Parses ``text/event-stream`` into events until the server ends it."""
@@ -207,6 +211,8 @@ class Client:
         fs_readable: Sequence[str] | None = None,
         fs_writable: Sequence[str] | None = None,
         net: str | None = None,
+        net_allow: Sequence[str] | None = None,
+        net_deny: Sequence[str] | None = None,
         max_memory: int | str | None = None,
         max_processes: int | None = None,
         timeout: float | None = None,
@@ -218,7 +224,12 @@ class Client:
     ) -> RemoteSandbox:
         """Creates a sandbox (``POST /v1/sandboxes``); keywords as ``lockbox.Sandbox``'s,
         times in seconds, plus ``on_exit`` (``keep``/``commit``/``abort``), ``idle_timeout``,
-        ``labels``, and any other field of the route."""
+        ``labels``, and any other field of the route. ``net_allow``/``net_deny`` are
+        destination lists as for ``lockbox.Sandbox`` (the server checks them)."""
+        if net_allow:
+            net = {"allow": list(net_allow)}  # type: ignore[assignment]
+        elif net_deny:
+            net = {"deny": list(net_deny)}  # type: ignore[assignment]
         body = _drop_none({
             "workdir": workdir, "fs_readable": fs_readable, "fs_writable": fs_writable, "net": net,
             "max_memory": max_memory, "max_processes": max_processes, "timeout_ms": _ms(timeout),
@@ -339,15 +350,19 @@ class RemoteSandbox:
         """Kills everything in the sandbox and removes it (its ``on_exit`` applies)."""
         return self.client._request("DELETE", self._p())
 
-    def __enter__(self) -> RemoteSandbox:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
+        """Deletes the sandbox unless it is already gone (what leaving ``with`` does)."""
         try:
             self.delete()
         except ServerError as e:
             if e.status != 404:
                 raise
+
+    def __enter__(self) -> RemoteSandbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class Session:
@@ -462,13 +477,16 @@ class Files:
         self._req("POST", "/fs/remove", body={"path": path, "recursive": recursive})
 
 
-def _error(e: urllib.error.HTTPError) -> ServerError:
+def _error(status: int, payload: bytes) -> ServerError:
+    """The server's error body (``{code, message, details}``) as a ``ServerError``."""
     try:
-        body = json.loads(e.read() or b"{}")
+        body = json.loads(payload or b"{}")
     except ValueError:
         body = {}
-    return ServerError(body.get("message") or f"HTTP {e.code}", code=body.get("code", "HTTP_ERROR"),
-                       status=e.code, details=body.get("details") or {})
+    if not isinstance(body, dict):
+        body = {}
+    return ServerError(body.get("message") or f"HTTP {status}", code=body.get("code", "HTTP_ERROR"),
+                       status=status, details=body.get("details") or {})
 
 
 @dataclass

@@ -6,7 +6,8 @@
 //! - `txn`: transactional pipelines and gathers (`lockbox-txn`), prepared transactions;
 //! - `plain`: a pipeline without a transaction (stages streaming into each other);
 //! - `process`: one sandbox with pipes, supervised from Python (the function executor);
-//! - `journal`: the step journal (`lockbox-journal`), sync and asyncio.
+//! - `journal`: the step journal (`lockbox-journal`), sync and asyncio;
+//! - `local`: long-lived sandboxes in this process (`lockbox serve`'s API without a socket).
 //!
 //! Every call that runs a sandbox or waits for storage releases the GIL.
 //!
@@ -19,6 +20,7 @@ use pyo3::prelude::*;
 
 mod errors;
 mod journal;
+mod local;
 mod plain;
 mod policy;
 mod process;
@@ -29,6 +31,7 @@ mod txn;
 fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(policy::check_policy, m)?)?;
+    m.add_function(wrap_pyfunction!(policy::net_spec_error, m)?)?;
     m.add_function(wrap_pyfunction!(txn::run_txn, m)?)?;
     m.add_function(wrap_pyfunction!(txn::prepare_txn, m)?)?;
     m.add_function(wrap_pyfunction!(txn::recover, m)?)?;
@@ -36,6 +39,10 @@ fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plain::run_plain, m)?)?;
     m.add_function(wrap_pyfunction!(process::spawn, m)?)?;
     m.add_class::<process::Process>()?;
+    m.add_function(wrap_pyfunction!(local::open_local, m)?)?;
+    m.add_class::<local::LocalApi>()?;
+    m.add_class::<local::LocalBody>()?;
+    m.add_function(wrap_pyfunction!(policy::duration_ms, m)?)?;
     m.add_function(wrap_pyfunction!(journal::open_journal, m)?)?;
     m.add_class::<journal::Journal>()?;
     m.add_class::<journal::Run>()?;

@@ -27,3 +27,19 @@ pub(crate) fn check_policy(json: &str) -> PyResult<String> {
     let policy = parse(json)?;
     serde_json::to_string(&policy).map_err(|e| errors::usage(e.to_string()))
 }
+
+/// Why `spec` is not a network destination (`[tcp://|udp://]HOST:PORTS`), or `None` if it
+/// is one: the message of `NetSpec::parse`, which names the spec.
+#[pyfunction]
+pub(crate) fn net_spec_error(spec: &str) -> Option<String> {
+    lockbox_policy::NetSpec::parse(spec)
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// A duration (`"500ms"`, `"2m"`) in whole milliseconds; a `PolicyError` naming it otherwise.
+#[pyfunction]
+pub(crate) fn duration_ms(text: &str) -> PyResult<u64> {
+    let d = lockbox_policy::parse_duration(text).map_err(|e| errors::policy(&e))?;
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

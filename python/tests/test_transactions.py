@@ -15,7 +15,6 @@ from lockbox.errors import (
     PolicyError,
     StageFailedError,
     StaleBaseError,
-    UnsupportedError,
     UsageError,
 )
 
@@ -229,13 +228,6 @@ def test_bad_policy_values_raise_policy_error_naming_the_field():
     assert "12Q" in str(e.value)
     with pytest.raises(PolicyError):
         Sandbox(max_memory="10K")
-
-
-def test_net_allow_is_refused_until_allow_lists_exist():
-    with pytest.raises(UnsupportedError) as e:
-        Sandbox(net_allow=["api.openai.com:443"])
-    assert isinstance(e.value, NotImplementedError)
-    Sandbox(net_allow=[])
 
 
 def test_stages_of_one_transaction_must_share_the_workdir(tmp_path, ws):

@@ -1,0 +1,246 @@
+"""Long-lived sandboxes in process (`Sandbox.open`): sessions, streamed processes, files, the
+copy-on-write branch, timeouts, clean close; the same scenario against `lockbox serve`
+through `lockbox.Client`, since both must behave alike."""
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from conftest import need, tree
+from test_client import server  # noqa: F401 - the live `lockbox serve` fixture
+
+from lockbox import Client, LocalSandbox, Sandbox
+from lockbox.client import ExecResult, RemoteSandbox
+from lockbox.errors import ServerError, SetupError
+
+
+@pytest.fixture(params=["local", "remote"])
+def open_box(request, tmp_path):
+    """Opens a sandbox on `workdir` in process or on a live `lockbox serve`."""
+    if request.param == "local":
+        return lambda **kw: Sandbox.open(state_dir=tmp_path / "state", **kw)
+    url, token = request.getfixturevalue("server")
+    return lambda **kw: Client(url, token).create(**kw)
+
+
+def test_session_process_files_and_commit_work_alike_locally_and_remotely(open_box, ws):
+    with open_box(workdir=str(ws), env={"GREETING": "hi"}) as box:
+        assert isinstance(box, RemoteSandbox)
+        sh = box.session("build")
+        assert sh.exec("mkdir -p sub && cd sub && export A=1").exit_code == 0
+        r = sh.exec('echo "$PWD $A $GREETING"')
+        assert isinstance(r, ExecResult)
+        assert r.stdout == f"{ws}/sub 1 hi\n"
+
+        p = box.start_process(command="for i in 1 2 3; do echo line$i; sleep 0.05; done; echo oops >&2")
+        events = list(p.follow())
+        assert b"".join(e.bytes for e in events if e.event == "stdout") == b"line1\nline2\nline3\n"
+        assert b"".join(e.bytes for e in events if e.event == "stderr") == b"oops\n"
+        assert events[-1].event == "eof"
+        assert p.logs().text == "line1\nline2\nline3\noops\n"
+
+        box.files.write("sub/new.txt", b"\x00new\n")
+        assert box.files.read("sub/new.txt") == b"\x00new\n"
+        assert sh.exec("cat new.txt").stdout_bytes == b"\x00new\n"
+        assert not (ws / "sub").exists()  # nothing reaches the workdir before a commit
+
+        changes = {c.path: c.kind for c in box.changes()}
+        assert changes.get("sub/new.txt") == "added", changes
+        box.commit()
+        assert (ws / "sub" / "new.txt").read_bytes() == b"\x00new\n"
+        assert (ws / "base.txt").read_text() == "base\n"
+
+
+def test_abort_leaves_the_workdir_byte_identical(open_box, ws):
+    before = tree(ws)
+    with open_box(workdir=str(ws)) as box:
+        assert box.exec("echo changed > base.txt; rm calc.py; echo x > extra.txt").exit_code == 0
+        assert len(box.changes()) == 3
+        box.abort()
+        assert box.changes() == []
+        assert box.exec("cat base.txt").stdout == "base\n"
+    assert tree(ws) == before
+
+
+def test_timeout_kills_the_command_tree_and_the_session_survives(open_box):
+    with open_box() as box:
+        sh = box.session("s")
+        sh.exec("export KEPT=yes")
+        r = sh.exec("(sleep 300 &) ; sleep 300", timeout=0.5)
+        assert r.timed_out and r.exit_code == 124
+        assert sh.exec("echo $KEPT").stdout == "yes\n"
+        assert "sleep 300" not in sh.exec("ps -eo args").stdout
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def test_closing_leaves_no_process_and_no_temp_dir(tmp_path, ws, monkeypatch):
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    before = descendants(os.getpid())
+    with Sandbox.open(workdir=ws, on_exit="abort", state_dir=tmp_path / "state") as box:
+        box.start_process(argv=["sleep", "4242"])
+        box.session("other").exec("(setsid sleep 4243 &)")
+        running = descendants(os.getpid()) - before
+        assert running, "the sandbox's processes are children of this process"
+    deadline = time.monotonic() + 10
+    while descendants(os.getpid()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert descendants(os.getpid()) - before == set()
+    assert os.listdir(private_tmp) == []
+    branches = tmp_path / "state" / "branches"
+    assert not branches.exists() or os.listdir(branches) == []
+    with pytest.raises(ServerError) as e:
+        box.exec("true")
+    assert e.value.status in (404, 409, 410)
+
+
+def test_errors_are_the_servers_codes(tmp_path):
+    with Sandbox.open(state_dir=tmp_path / "state") as box:
+        assert isinstance(box, LocalSandbox)
+        with pytest.raises(ServerError) as e:
+            box.files.read("/tmp/missing")
+        assert e.value.status == 404 and e.value.code == "FILE_NOT_FOUND"
+        with pytest.raises(ServerError) as e:
+            box.start_process()
+        assert e.value.status == 400 and e.value.code == "INVALID_REQUEST"
+
+
+def test_net_allow_reaches_only_the_listed_destination(tmp_path):
+    from test_net import PROBE, Server
+
+    a, b = Server("hello-a"), Server("hello-b")
+    try:
+        with Sandbox.open(net_allow=[f"127.0.0.2:{a.port}"], state_dir=tmp_path / "state") as box:
+            box.files.write("/tmp/probe.py", PROBE.encode())
+            assert box.exec(f"python3 /tmp/probe.py {a.port}").stdout.strip() == "hello-a"
+            assert box.exec(f"python3 /tmp/probe.py {b.port}").stdout.strip().startswith("refused")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_state_dir_held_by_another_process_is_refused_and_the_default_takes_a_free_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCKBOX_STATE_DIR", str(tmp_path / "base"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom lockbox import Sandbox\nb = Sandbox.open()\n"
+         "print(b.client.state_dir, flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = child.stdout.readline().strip()
+        assert held == str(tmp_path / "base" / "sdk" / "0")
+        with pytest.raises(SetupError) as e:
+            Sandbox.open(state_dir=held)
+        assert "in use by another lockbox runtime" in str(e.value)
+        with Sandbox.open() as box:
+            assert box.client.state_dir == str(tmp_path / "base" / "sdk" / "1")
+            assert box.exec("echo ok").stdout == "ok\n"
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    assert child.returncode == 0
+
+
+def test_async_open(tmp_path):
+    async def main():
+        box = await Sandbox.open_async(state_dir=tmp_path / "state")
+        r = await box.exec("echo async")
+        events = [e async for e in box.exec_stream("echo streamed")]
+        await box.delete()
+        return r.stdout, b"".join(e.bytes for e in events if e.event == "stdout")
+
+    assert asyncio.run(main()) == ("async\n", b"streamed\n")
+
+
+def test_bad_arguments_fail_before_anything_starts(tmp_path):
+    from lockbox.errors import PolicyError, UsageError
+
+    with pytest.raises(UsageError):
+        Sandbox.open(net_allow=["nope"], state_dir=tmp_path / "state")
+    with pytest.raises(UsageError):
+        Sandbox.open(max_cpu_time=1, state_dir=tmp_path / "state")
+    with pytest.raises(PolicyError):
+        Sandbox.open(timeout="soon", state_dir=tmp_path / "state")
+
+
+NOBODY = r"""
+import json, sys
+from lockbox import Sandbox
+ws, state = sys.argv[1], sys.argv[2]
+with Sandbox.open(workdir=ws, state_dir=state) as box:
+    sh = box.session("s")
+    sh.exec("cd /tmp && export A=1")
+    who = sh.exec("echo $(id -u) $PWD $A").stdout.strip()
+    box.exec("echo hi > made.txt")
+    box.commit()
+print(json.dumps({"who": who}))
+"""
+
+
+def test_open_works_as_uid_65534():
+    need(os.geteuid() == 0, "root (the test re-runs as uid 65534)")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    probe = subprocess.run(as_nobody + [sys.executable, "-c", "import lockbox"], capture_output=True)
+    need(probe.returncode == 0, f"a Python with lockbox that uid 65534 can run ({sys.executable})")
+    root = tempfile.mkdtemp(prefix="lockbox-nobody-open-")
+    try:
+        ws = os.path.join(root, "repo")
+        os.mkdir(ws)
+        for p in (root, ws):
+            os.chown(p, 65534, 65534)
+        res = subprocess.run(as_nobody + [sys.executable, "-c", NOBODY, ws, os.path.join(root, "state")],
+                             capture_output=True, text=True, cwd=root, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout.strip().splitlines()[-1]) == {"who": "65534 /tmp 1"}
+        with open(os.path.join(ws, "made.txt")) as f:
+            assert f.read() == "hi\n"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_gil_is_released_while_a_call_waits(tmp_path):
+    import threading
+
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            stop.wait(0.01)
+
+    with Sandbox.open(state_dir=tmp_path / "state") as box:
+        t = threading.Thread(target=spin)
+        t.start()
+        ticks.clear()
+        r = box.exec("sleep 0.5")
+        during = len(ticks)
+        stop.set()
+        t.join()
+    assert r.exit_code == 0 and during > 0
