@@ -6,11 +6,15 @@ from _common import BASE_READ, NO_PYC, tool, workspace_from_argv
 from lockbox import ConflictPolicy, Gather, Sandbox, TxnOutcome
 
 
-def main(workspace: str, backend_file: str = "main.txt") -> TxnOutcome:
+def main(workspace: str, backend_file: str = "main.txt", backend_part: str = "api") -> TxnOutcome:
+    # Each agent may write only its own part of the workspace (a write elsewhere fails).
     frontend = Sandbox(workdir=workspace, fs_readable=BASE_READ, fs_writable=[f"{workspace}/web"])
-    backend = Sandbox(workdir=workspace, fs_readable=BASE_READ, fs_writable=[f"{workspace}/api"])
+    backend = Sandbox(workdir=workspace, fs_readable=BASE_READ,
+                      fs_writable=[f"{workspace}/{backend_part}"])
     test = Sandbox(workdir=workspace, fs_readable=BASE_READ + [workspace], env=NO_PYC)
-    # With backend_file="../web/main.txt" both agents write web/main.txt: a conflict.
+    # backend_file="../web/main.txt" makes the backend agent stray into web/: refused, the
+    # transaction aborts. Allowed everywhere (backend_part="."), both agents write
+    # web/main.txt: a conflict.
     result = (
         Gather()
         .source("frontend_agent", frontend.cmd(tool("agent.py") + ["web"]))

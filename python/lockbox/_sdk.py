@@ -108,6 +108,21 @@ def _ms(v: float | int | str | None) -> int | None:
     return max(1, round(v * 1000))
 
 
+def _writable_parts(grants: list[str], workdir: str) -> list[str] | None:
+    """The RFC's per-stage ``fs_writable`` inside a transaction's workdir: ``None`` (the
+    whole view writable) unless every writable grant that reaches into the workdir lies
+    strictly below it — then the stage may write only those parts (relative paths)."""
+    root = os.path.realpath(workdir)
+    inside = []
+    for g in grants:
+        real = os.path.realpath(g)
+        if _below(root, real):
+            return None  # the workdir itself (or a parent) is writable
+        if _below(real, root):
+            inside.append(os.path.relpath(real, root))
+    return inside or None
+
+
 def _below(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -379,12 +394,17 @@ class Cmd:
         return Pipeline([self]) | other
 
     def _spec(self, default_name: str, txn_workdir: str | None) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "name": self.name or default_name,
             "policy": self.sandbox.policy(transaction_workdir=txn_workdir),
             "argv": self.argv,
             "retries": self.retries,
         }
+        if txn_workdir is not None:
+            writable = _writable_parts(self.sandbox.fs_writable, txn_workdir)
+            if writable is not None:
+                spec["writable"] = writable
+        return spec
 
     def run(self) -> PipelineResult:
         """Runs this command alone, without a transaction."""
@@ -665,7 +685,8 @@ class PreparedTxn:
 
 def reason_exit(reason: str) -> int:
     """The CLI exit code of an abort reason."""
-    return {"stage_failed": 1, "timed_out": 124, "setup_failed": 125, "conflicts": 3}.get(reason, 0)
+    return {"stage_failed": 1, "outside_writable": 1, "timed_out": 124, "setup_failed": 125,
+            "conflicts": 3}.get(reason, 0)
 
 
 class Transaction:

@@ -80,10 +80,12 @@ class Marker:
 class AbortReason:
     """Why a transaction did not commit.
 
-    ``reason`` is one of ``"stage_failed"``, ``"timed_out"``, ``"setup_failed"``,
-    ``"conflicts"``, ``"dry_run"`` or ``"aborted"``; ``stage``/``name`` say which stage (for
-    the first three), ``exit_code`` its exit code, ``message`` the setup error, ``count``
-    the number of conflicting paths.
+    ``reason`` is one of ``"stage_failed"``, ``"outside_writable"``, ``"timed_out"``,
+    ``"setup_failed"``, ``"conflicts"``, ``"dry_run"`` or ``"aborted"``; ``stage``/``name``
+    say which stage (for the first four), ``exit_code`` its exit code, ``message`` the setup
+    error, ``count`` the number of conflicting paths, ``paths`` what a stage restricted by
+    ``fs_writable`` changed outside its writable parts (file modes, times: writes themselves
+    fail with ``EACCES``).
     """
 
     reason: str
@@ -92,10 +94,17 @@ class AbortReason:
     exit_code: int | None = None
     message: str | None = None
     count: int | None = None
+    paths: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.paths is not None and not isinstance(self.paths, tuple):
+            object.__setattr__(self, "paths", tuple(self.paths))
 
     def __str__(self) -> str:
         if self.reason == "stage_failed":
             return f"stage {self.name} failed with exit code {self.exit_code}"
+        if self.reason == "outside_writable":
+            return f"stage {self.name} changed paths outside its fs_writable: {', '.join(self.paths or ())}"
         if self.reason == "timed_out":
             return f"stage {self.name} timed out"
         if self.reason == "setup_failed":

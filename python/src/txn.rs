@@ -24,6 +24,9 @@ pub(crate) struct StageSpec {
     pub(crate) argv: Vec<String>,
     #[serde(default)]
     pub(crate) retries: u32,
+    /// Only these parts of the workdir (relative) are writable; absent: all of it.
+    #[serde(default)]
+    pub(crate) writable: Option<Vec<std::path::PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,11 +79,13 @@ enum Built {
 impl StageSpec {
     pub(crate) fn build(&self) -> PyResult<Stage> {
         let policy = policy::parse(&self.policy.to_string())?;
-        Ok(
-            Stage::new(policy, self.argv.iter().map(Into::into).collect())
-                .named(&self.name)
-                .retries(self.retries),
-        )
+        let stage = Stage::new(policy, self.argv.iter().map(Into::into).collect())
+            .named(&self.name)
+            .retries(self.retries);
+        Ok(match &self.writable {
+            Some(parts) => stage.writable(parts.clone()),
+            None => stage,
+        })
     }
 }
 

@@ -47,9 +47,18 @@ def test_example4_parallel_agents_merge_disjoint_work(ws):
     assert os.path.exists(ws / "web" / "main.txt") and os.path.exists(ws / "api" / "main.txt")
 
 
-def test_example4_parallel_agents_report_a_conflict(ws, capsys):
+def test_example4_an_agent_straying_outside_its_part_is_refused(ws, capsys):
     before = tree(ws)
     out = example4_parallel_agents.main(str(ws), backend_file="../web/main.txt")
+    assert not out.committed and not out.conflicts
+    assert out.abort_reason.reason == "stage_failed" and out.abort_reason.name == "backend_agent"
+    assert "Read-only file system" in out.stages[1].stderr
+    assert tree(ws) == before
+
+
+def test_example4_parallel_agents_report_a_conflict(ws, capsys):
+    before = tree(ws)
+    out = example4_parallel_agents.main(str(ws), backend_file="../web/main.txt", backend_part=".")
     assert not out.committed and [c.path for c in out.conflicts] == ["web/main.txt"]
     assert "CONFLICT web/main.txt written by ['frontend_agent', 'backend_agent']" in capsys.readouterr().out
     assert tree(ws) == before

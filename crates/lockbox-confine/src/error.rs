@@ -31,15 +31,6 @@ pub enum SetupError {
         /// What lockbox uses it for.
         needed_for: &'static str,
     },
-    /// A copy-on-write view's write restriction cannot be enforced: a writable path above
-    /// the view would make all of it writable (Landlock rules add up along the path).
-    #[error("cannot keep the view {view} read-only outside its writable paths: it lies below {above}, which the sandbox may write")]
-    UnenforceableRestriction {
-        /// The view (overlay target).
-        view: PathBuf,
-        /// The writable path above it.
-        above: PathBuf,
-    },
     /// A hostname of a network list could not be resolved at sandbox start.
     #[error("resolving network spec {spec:?}: {source}")]
     NetName {
@@ -96,7 +87,6 @@ impl SetupError {
             SetupError::Policy(e) => e.code(),
             SetupError::Path { .. } => "BAD_PATH",
             SetupError::FeatureMissing { .. } => "FEATURE_MISSING",
-            SetupError::UnenforceableRestriction { .. } => "UNENFORCEABLE_WRITE_RESTRICTION",
             SetupError::NetName { .. } => "NET_NAME_UNRESOLVED",
             SetupError::Clone(_) => "CLONE_FAILED",
             SetupError::Step { .. } => "SETUP_STEP_FAILED",
@@ -119,12 +109,6 @@ impl SetupError {
                 Some("the working directory must be inside a granted path; grant it with -r/-w or pick one with --cwd".into())
             }
             SetupError::FeatureMissing { .. } => Some("run `lockbox check` to see what this kernel supports".into()),
-            SetupError::UnenforceableRestriction { above, .. } if above == std::path::Path::new("/tmp") => Some(
-                "the sandbox's own /tmp is writable; put the directory outside /tmp (e.g. under /var/tmp or $HOME)".into(),
-            ),
-            SetupError::UnenforceableRestriction { .. } => Some(
-                "drop the writable grant above the view, or restrict writes another way".into(),
-            ),
             _ => None,
         }
     }

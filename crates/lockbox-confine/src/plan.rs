@@ -378,7 +378,7 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     data.push_str(",userxattr");
     plan.ops.push(Op::Mount {
         source: cstring(b"overlay"),
-        target: rel,
+        target: rel.clone(),
         fstype: cstring(b"overlay"),
         flags: NOSUID_NODEV,
         data: cstring(data.as_bytes()),
@@ -390,6 +390,19 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
             path: relative(dir),
             mode: 0o755,
         });
+    }
+    // The restriction itself: each writable directory becomes a bind mount of itself, then
+    // the view's own mount is made read-only (not recursively, so the binds stay writable).
+    // Writes elsewhere, chmod and utimes included, fail with EROFS — whatever Landlock
+    // allows above the view (the private /tmp, a -w grant), and on kernels without Landlock.
+    if let Some(writable) = &o.writable {
+        for path in writable {
+            plan.ops.push(Op::CoverWith {
+                with: relative(path),
+                path: relative(path),
+            });
+        }
+        plan.ops.push(Op::SetReadonly { path: rel.clone() });
     }
     if let Some(at) = bounded {
         plan.ops.push(Op::HandOver {
@@ -409,28 +422,6 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     plan.ops.push(Op::Rmdir {
         path: cstring(LAYERS.as_bytes()),
     });
-}
-
-/// Why a write restriction of a view could not hold: Landlock rules add up along the path,
-/// so a writable rule above a restricted view (the private `/tmp`, a `-w` grant) makes all
-/// of it writable. Returns the view and the writable path above it.
-pub fn unenforceable_restriction(plan: &SetupPlan) -> Option<(PathBuf, PathBuf)> {
-    let writes = |a: RuleAccess| {
-        !matches!(
-            a,
-            RuleAccess::ListDir | RuleAccess::Read | RuleAccess::ReadFile
-        )
-    };
-    plan.overlays
-        .iter()
-        .filter(|o| o.writable.is_some())
-        .find_map(|o| {
-            plan.rules.iter().find_map(|r| {
-                let above = Path::new(std::ffi::OsStr::from_bytes(r.path.as_bytes()));
-                (writes(r.access) && o.target.starts_with(above) && o.target != above)
-                    .then(|| (o.target.clone(), above.to_owned()))
-            })
-        })
 }
 
 /// The grants that need a mount of their own: a grant inside another with the same access
@@ -963,7 +954,6 @@ mod tests {
         assert!(plan
             .to_string()
             .contains("writable only below /w/web, /w/out"));
-        assert_eq!(unenforceable_restriction(&plan), None);
 
         let read_only = build(&restricted("/w", &[], &[]));
         assert!(read_only
@@ -974,21 +964,22 @@ mod tests {
     }
 
     #[test]
-    fn a_restricted_view_under_a_writable_path_is_unenforceable() {
+    fn a_restricted_view_is_a_read_only_mount_with_writable_binds() {
         let plan = build(&restricted("/tmp/job/w", &["/tmp/job/w/web"], &[]));
-        assert_eq!(
-            unenforceable_restriction(&plan),
-            Some(("/tmp/job/w".into(), "/tmp".into()))
+        let at = |want: &dyn Fn(&Op) -> bool| plan.ops.iter().position(|op| want(op));
+        let mount =
+            at(&|op| matches!(op, Op::Mount { target, .. } if target.as_bytes() == b"tmp/job/w"));
+        let bind = at(
+            &|op| matches!(op, Op::CoverWith { path, with } if path.as_bytes() == b"tmp/job/w/web" && with == path),
         );
-        let mut r = restricted("/data/w", &[], &[]);
-        r.grants.push(grant("/data", Access::ReadWrite));
-        assert_eq!(
-            unenforceable_restriction(&build(&r)),
-            Some(("/data/w".into(), "/data".into()))
-        );
-        let mut r = restricted("/data/w", &[], &[]);
-        r.grants.push(grant("/data", Access::ReadOnly));
-        assert_eq!(unenforceable_restriction(&build(&r)), None);
+        let readonly =
+            at(&|op| matches!(op, Op::SetReadonly { path } if path.as_bytes() == b"tmp/job/w"));
+        assert!(mount.is_some() && bind > mount && readonly > bind, "{plan}");
+        let read_only = build(&restricted("/w", &[], &[]));
+        assert!(read_only
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::SetReadonly { path } if path.as_bytes() == b"w")));
     }
 
     #[test]

@@ -233,25 +233,6 @@ pub fn spawn_agent(
     spawn_inner(policy, &argv, stdio, Some(&host))
 }
 
-/// A view restricted to some writable paths relies on Landlock alone (elsewhere Landlock is
-/// a second wall behind the mounts), so it is refused rather than silently left writable.
-fn check_write_restrictions(plan: &SetupPlan, landlock_abi: Option<u32>) -> Result<(), SetupError> {
-    if !plan.overlays.iter().any(|o| o.writable.is_some()) {
-        return Ok(());
-    }
-    if landlock_abi.is_none() {
-        return Err(SetupError::FeatureMissing {
-            feature: "landlock",
-            problem: "is not available (kernel < 5.13 or not in lsm=)".into(),
-            needed_for: "restricting writes to part of a copy-on-write view (--writable)",
-        });
-    }
-    match plan::unenforceable_restriction(plan) {
-        Some((view, above)) => Err(SetupError::UnenforceableRestriction { view, above }),
-        None => Ok(()),
-    }
-}
-
 fn spawn_inner(
     policy: &Policy,
     argv: &[OsString],
@@ -270,7 +251,6 @@ fn spawn_inner(
     resolved.helper = helper.map(Path::to_owned);
     let plan = plan::build(&resolved);
     let landlock_abi = landlock::abi_version();
-    check_write_restrictions(&plan, landlock_abi)?;
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let (uid, gid) = sys::ids();
     check_pass_fds(&policy.pass_fds)?;
