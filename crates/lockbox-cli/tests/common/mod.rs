@@ -37,16 +37,36 @@ pub fn scratch() -> tempfile::TempDir {
 }
 
 /// The binary, copied where uid 65534 can execute it (the checkout may be under a
-/// directory only root can enter).
+/// directory only root can enter). One copy per build, named by size and mtime and shared by
+/// every test process; copies of older builds are removed, so nothing piles up in /tmp.
 pub fn binary() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lockbox-test-bin-{}", std::process::id()));
+        let src = Path::new(env!("CARGO_BIN_EXE_lockbox"));
+        let md = std::fs::metadata(src).unwrap();
+        let mtime = md
+            .modified()
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let dir = std::env::temp_dir().join("lockbox-test-bin");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let bin = dir.join("lockbox");
-        std::fs::copy(env!("CARGO_BIN_EXE_lockbox"), &bin).unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Made by root in the first run; uid 65534 re-runs find it ready.
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+        let name = format!("lockbox-{}-{}", md.len(), mtime.as_nanos());
+        let bin = dir.join(&name);
+        if !bin.exists() {
+            let tmp = dir.join(format!("lockbox.{}.tmp", std::process::id()));
+            std::fs::copy(src, &tmp).unwrap();
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::rename(&tmp, &bin).unwrap();
+            for old in std::fs::read_dir(&dir).unwrap().flatten() {
+                let n = old.file_name();
+                if n != name.as_str() && n.to_string_lossy().starts_with("lockbox-") {
+                    let _ = std::fs::remove_file(old.path());
+                }
+            }
+        }
         bin
     })
 }

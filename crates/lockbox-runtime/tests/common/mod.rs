@@ -18,7 +18,7 @@ pub fn scratch() -> tempfile::TempDir {
 }
 
 /// A copy of `src` that every user can execute, shared by test runs of the same build (named
-/// by size and mtime, so nothing piles up in the temporary directory).
+/// by size and mtime; older builds' copies are removed, so nothing piles up).
 fn executable_copy(src: &Path, name: &str) -> PathBuf {
     let md = std::fs::metadata(src).unwrap();
     let mtime = md
@@ -36,6 +36,13 @@ fn executable_copy(src: &Path, name: &str) -> PathBuf {
         std::fs::copy(src, &tmp).unwrap();
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&tmp, &bin).unwrap();
+        // Copies of older builds go: one per build would pile up in /tmp.
+        let prefix = format!("{name}-");
+        for old in std::fs::read_dir(&dir).unwrap().flatten() {
+            if old.path() != bin && old.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(old.path());
+            }
+        }
     }
     bin
 }
