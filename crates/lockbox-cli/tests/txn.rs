@@ -458,7 +458,7 @@ fn stage_opts_writable_confines_each_agent_to_its_part_of_the_workdir() {
             assert_eq!(out.status.code(), Some(1), "{opts}: {}", text(&out));
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             let tail = v["stages"][0]["stderr_tail"].as_str().unwrap_or_default();
-            assert!(refused(&tail), "{opts}: {v}");
+            assert!(refused(tail), "{opts}: {v}");
         }
         assert_eq!(
             snapshot(Path::new(&w)),
