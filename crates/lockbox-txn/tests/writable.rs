@@ -100,7 +100,7 @@ fn a_read_only_stage_cannot_write_anywhere_in_the_view_even_when_streamed() {
                 "{script} (streamed: {streamed}) committed"
             );
             let tail = &outcome.stages[1].stderr_tail;
-            assert!(refused(&tail), "{script}: {tail}");
+            assert!(refused(tail), "{script}: {tail}");
             assert!(outcome.stages[0].succeeded(), "{:?}", outcome.stages[0]);
         }
     }
