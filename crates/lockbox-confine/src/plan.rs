@@ -966,7 +966,7 @@ mod tests {
     #[test]
     fn a_restricted_view_is_a_read_only_mount_with_writable_binds() {
         let plan = build(&restricted("/tmp/job/w", &["/tmp/job/w/web"], &[]));
-        let at = |want: &dyn Fn(&Op) -> bool| plan.ops.iter().position(|op| want(op));
+        let at = |want: &dyn Fn(&Op) -> bool| plan.ops.iter().position(want);
         let mount =
             at(&|op| matches!(op, Op::Mount { target, .. } if target.as_bytes() == b"tmp/job/w"));
         let bind = at(
