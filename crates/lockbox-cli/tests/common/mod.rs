@@ -37,8 +37,9 @@ pub fn scratch() -> tempfile::TempDir {
 }
 
 /// The binary, copied where uid 65534 can execute it (the checkout may be under a
-/// directory only root can enter). One copy per build, named by size and mtime and shared by
-/// every test process; copies of older builds are removed, so nothing piles up in /tmp.
+/// directory only root can enter), as `lockbox` in a directory of its own (tests put it on
+/// PATH). One copy per build, named by size and mtime and shared by every test process;
+/// copies of older builds are removed, so nothing piles up in /tmp.
 pub fn binary() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
@@ -49,21 +50,29 @@ pub fn binary() -> &'static Path {
             .unwrap()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap();
-        let dir = std::env::temp_dir().join("lockbox-test-bin");
-        std::fs::create_dir_all(&dir).unwrap();
-        // Made by root in the first run; uid 65534 re-runs find it ready.
-        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
-        let name = format!("lockbox-{}-{}", md.len(), mtime.as_nanos());
-        let bin = dir.join(&name);
+        let root = std::env::temp_dir().join("lockbox-test-bin");
+        let build = format!("{}-{}", md.len(), mtime.as_nanos());
+        let dir = root.join(&build);
+        let bin = dir.join("lockbox");
         if !bin.exists() {
-            let tmp = dir.join(format!("lockbox.{}.tmp", std::process::id()));
-            std::fs::copy(src, &tmp).unwrap();
+            std::fs::create_dir_all(&root).unwrap();
+            // Made by root in the first run; uid 65534 re-runs find it ready.
+            let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
+            let tmp = root.join(format!(".{build}.{}.tmp", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            std::fs::create_dir(&tmp).unwrap();
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
-            std::fs::rename(&tmp, &bin).unwrap();
-            for old in std::fs::read_dir(&dir).unwrap().flatten() {
-                let n = old.file_name();
-                if n != name.as_str() && n.to_string_lossy().starts_with("lockbox-") {
-                    let _ = std::fs::remove_file(old.path());
+            std::fs::copy(src, tmp.join("lockbox")).unwrap();
+            std::fs::set_permissions(tmp.join("lockbox"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            // Another test process may have won the race: its copy is as good.
+            if std::fs::rename(&tmp, &dir).is_err() {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            for old in std::fs::read_dir(&root).unwrap().flatten() {
+                let name = old.file_name();
+                if name != build.as_str() && !name.to_string_lossy().starts_with('.') {
+                    let _ = std::fs::remove_dir_all(old.path());
                 }
             }
         }
