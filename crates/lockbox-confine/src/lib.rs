@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+mod bpf;
 mod child;
 mod error;
 mod landlock;

@@ -642,15 +642,10 @@ pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError>
 /// `socket(family, ...)` answers `EAFNOSUPPORT` for `families`. Runs after [`prologue`]
 /// (the accumulator holds the syscall number, and still does after this block).
 fn refuse_families(families: &[u32]) -> BpfProgram {
-    use seccompiler::sock_filter;
-    const LD_W_ABS: u16 = 0x20;
-    const JEQ_K: u16 = 0x15;
-    const RET_K: u16 = 0x06;
-    const RET_ERRNO: u32 = 0x0005_0000;
+    use crate::bpf::{ins, JEQ_K, LD_W_ABS, RET_ERRNO, RET_K};
     // seccomp_data.args[0], low half on a little-endian machine: the kernel reads the
     // family as an int.
     const ARG0_LOW: u32 = 16;
-    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     let skip = (2 * families.len() + 2) as u8;
     let mut program = vec![
         ins(JEQ_K, 0, skip, libc::SYS_socket as u32),
@@ -671,12 +666,12 @@ fn refuse_families(families: &[u32]) -> BpfProgram {
 /// (the agent binary included).
 pub fn openat2_enosys() -> BpfProgram {
     let mut program = prologue(&[libc::SYS_openat2]);
-    program.push(seccompiler::sock_filter {
-        code: 0x06, // BPF_RET | BPF_K
-        jt: 0,
-        jf: 0,
-        k: 0x7fff_0000, // SECCOMP_RET_ALLOW
-    });
+    program.push(crate::bpf::ins(
+        crate::bpf::RET_K,
+        0,
+        0,
+        crate::bpf::RET_ALLOW,
+    ));
     program
 }
 
@@ -689,16 +684,9 @@ pub const ENOSYS_CALLS: [(&str, i64); 2] =
 /// Runs before seccompiler's program: kill on a foreign architecture (32-bit entry) or an
 /// x32 syscall number, and `ENOSYS` for the calls in `enosys`.
 fn prologue(enosys: &[i64]) -> BpfProgram {
-    use seccompiler::sock_filter;
-    const LD_W_ABS: u16 = 0x20;
-    const JEQ_K: u16 = 0x15;
-    const JGE_K: u16 = 0x35;
-    const RET_K: u16 = 0x06;
-    const RET_KILL_PROCESS: u32 = 0x8000_0000;
-    const RET_ERRNO: u32 = 0x0005_0000;
+    use crate::bpf::{ins, JEQ_K, JGE_K, LD_W_ABS, RET_ERRNO, RET_K, RET_KILL_PROCESS};
     const ARCH_OFFSET: u32 = 4;
     const NR_OFFSET: u32 = 0;
-    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     let mut program = vec![
         ins(LD_W_ABS, 0, 0, ARCH_OFFSET),
         ins(JEQ_K, 1, 0, AUDIT_ARCH),

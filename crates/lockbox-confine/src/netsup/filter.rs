@@ -4,18 +4,12 @@ use crate::sysnet;
 
 /// The filter of the sandboxed command: which calls reach the supervisor.
 pub fn filter() -> Vec<seccompiler::sock_filter> {
+    use crate::bpf::{ins, JEQ_K, JSET_K, LD_W_ABS, RET_ALLOW as ALLOW, RET_ERRNO as ERRNO, RET_K};
     use seccompiler::sock_filter;
-    const LD_W_ABS: u16 = 0x20;
-    const JEQ_K: u16 = 0x15;
-    const JSET_K: u16 = 0x45;
-    const RET_K: u16 = 0x06;
-    const ALLOW: u32 = 0x7fff_0000;
-    const ERRNO: u32 = 0x0005_0000;
     const NOTIF: u32 = sysnet::RET_USER_NOTIF;
     const FASTOPEN: u32 = 0x2000_0000; // MSG_FASTOPEN: connects from a send
     let arg_lo = |i: u32| 16 + 8 * i;
     let arg_hi = |i: u32| 16 + 8 * i + 4;
-    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     let ld = |k| ins(LD_W_ABS, 0, 0, k);
     let ret = |k| ins(RET_K, 0, 0, k);
     // Refuse fast open (its address is in memory we cannot pin), else notify.
