@@ -10,6 +10,7 @@
 //! STATE/txns/<id>/intent.json       the WAL intent; durable = the commit point
 //! STATE/txns/<id>/inputs/<name>     a gather source's stdout, for the consumer
 //! STATE/txns/.live/<id>              empty: the transaction may still need recovery
+//! STATE/txns/.live/.complete         empty: `.live` is complete (written once)
 //! ```
 //!
 //! `.live` holds one marker per transaction from its creation until it is committed or
@@ -38,15 +39,13 @@ fn live_dir(state_dir: &Path) -> PathBuf {
 }
 
 /// The ids of the transactions that may still need recovery. A store written before `.live`
-/// existed gets its markers now, from one full scan (built aside, then renamed into place).
+/// existed gets its markers now, from one full scan.
 pub(crate) fn live(state_dir: &Path) -> Result<Vec<TxnId>, TxnError> {
-    let dir = live_dir(state_dir);
-    if !dir.is_dir() {
-        if !txns_dir(state_dir).is_dir() {
-            return Ok(Vec::new());
-        }
-        build_live(state_dir)?;
+    if !txns_dir(state_dir).is_dir() {
+        return Ok(Vec::new());
     }
+    ensure_live(state_dir)?;
+    let dir = live_dir(state_dir);
     let entries = fs::read_dir(&dir).map_err(store_err(&dir))?;
     let mut ids: Vec<TxnId> = entries
         .filter_map(Result::ok)
@@ -56,33 +55,45 @@ pub(crate) fn live(state_dir: &Path) -> Result<Vec<TxnId>, TxnError> {
     Ok(ids)
 }
 
-fn build_live(state_dir: &Path) -> Result<(), TxnError> {
+/// Written once `.live` holds a marker for every transaction that may need recovery.
+const LIVE_COMPLETE: &str = ".complete";
+
+/// Makes sure `.live` is complete. The directory is only ever created in place (never
+/// renamed over: a rename replacing an empty `.live` would make a concurrent marker creation
+/// fail), and filled idempotently, so any number of threads and processes may race here. A
+/// marker added for a transaction that finishes meanwhile costs recovery one record read.
+fn ensure_live(state_dir: &Path) -> Result<(), TxnError> {
+    let dir = live_dir(state_dir);
+    if dir.join(LIVE_COMPLETE).exists() {
+        return Ok(());
+    }
+    match DirBuilder::new().mode(0o700).create(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(TxnError::Store {
+                path: dir,
+                source: e,
+            })
+        }
+        _ => {}
+    }
     let txns = txns_dir(state_dir);
-    // Unique per call: threads of one process may race here too.
-    let tmp = txns.join(format!(".live.tmp-{}", TxnId::generate()));
-    DirBuilder::new()
-        .mode(0o700)
-        .create(&tmp)
-        .map_err(store_err(&tmp))?;
     for listed in list(state_dir)? {
         let ListedTxn::Ok(r) = listed else { continue };
-        let dir = txns.join(r.id.as_str());
+        let txn = txns.join(r.id.as_str());
         let finished = matches!(r.state, TxnState::Committed | TxnState::Aborted)
             && ["layers", "merged", crate::record::INTENT_FILE]
                 .iter()
-                .all(|n| !dir.join(n).exists());
+                .all(|n| !txn.join(n).exists());
         if !finished {
-            let marker = tmp.join(r.id.as_str());
+            let marker = dir.join(r.id.as_str());
             fs::File::create(&marker).map_err(store_err(&marker))?;
         }
     }
-    lockbox_cow::fsync_dir(&tmp).map_err(store_err(&tmp))?;
-    match fs::rename(&tmp, live_dir(state_dir)) {
-        // Another process built it first: theirs is as good.
-        Err(_) if live_dir(state_dir).is_dir() => remove_tree(&tmp),
-        Err(source) => Err(TxnError::Store { path: tmp, source }),
-        Ok(()) => lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns)),
-    }
+    lockbox_cow::fsync_dir(&dir).map_err(store_err(&dir))?;
+    lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+    let complete = dir.join(LIVE_COMPLETE);
+    fs::File::create(&complete).map_err(store_err(&complete))?;
+    lockbox_cow::fsync_dir(&dir).map_err(store_err(&dir))
 }
 
 fn store_err(path: &Path) -> impl Fn(std::io::Error) -> TxnError + '_ {
@@ -138,9 +149,7 @@ impl TxnDir {
             }
             None => TxnId::generate(),
         };
-        if !live_dir(&state_dir).is_dir() {
-            build_live(&state_dir)?;
-        }
+        ensure_live(&state_dir)?;
         let marker = live_dir(&state_dir).join(id.as_str());
         fs::File::create(&marker).map_err(store_err(&marker))?;
         let dir = txns.join(id.as_str());
