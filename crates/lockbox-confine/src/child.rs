@@ -3,20 +3,24 @@
 //! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
 //! steps, one function each, and reports a failure as a fixed-size [`Record`]:
 //!
-//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2;
+//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2 and close
+//!    every other descriptor of the caller's;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
 //! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves;
 //! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
 //! 4. make every mount private, so nothing we do propagates to the host;
 //! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
 //!    recursively, while still detached) — before the stage hides `/tmp`;
-//! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`]);
-//! 7. `pivot_root` into the stage and detach the old root, then make `/` read-only;
+//! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`])
+//!    up to the gate, if any (`Op::Gate`: all of them otherwise);
+//! 7. `pivot_root` into the stage and detach the old root;
 //! 8. set the hostname and bring loopback up;
-//! 9. create the Landlock ruleset with the plan's rules (paths now as seen inside);
-//! 10. become non-dumpable (no ptrace, no /proc/1 access from the command), die with the
+//! 9. carry out the ops from the gate on: a gated sandbox first waits there for the
+//!    supervisor's go, then mounts its copy-on-write views; then make `/` read-only;
+//! 10. create the Landlock ruleset with the plan's rules (paths now as seen inside);
+//! 11. become non-dumpable (no ptrace, no /proc/1 access from the command), die with the
 //!     parent, close every descriptor not needed, route signals to a signalfd;
-//! 11. start the command (vfork-style: the child shares the init's memory until it execs, so
+//! 12. start the command (vfork-style: the child shares the init's memory until it execs, so
 //!     no page tables are copied), then reap zombies and forward signals until it exits;
 //!     then kill and reap everything left, report usage and the status, and exit.
 //!
@@ -146,6 +150,10 @@ pub fn init_main(p: &mut Prepared) -> ! {
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     redirect_stdio(p)?; // 0
+                        // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
+                        // setup opened) matters for a gated sandbox, which may wait long while holding copies
+                        // of the caller's pipes (the previous pipeline stage's stdin, say).
+    close_other_fds(&p.keep_fds, None);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
     if p.new_cgroup_ns {
@@ -154,19 +162,29 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(at(Step::MakeMountsPrivate))?; // 4
     capture_sources(p)?; // 5
-    build_root(p)?; // 6
+                         // A gated sandbox does all it can before the gate: the views come after.
+    let gate = p
+        .plan
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::Gate))
+        .unwrap_or(p.plan.ops.len());
+    mount_stage()?; // 6
+    apply_ops(p, 0, gate)?;
     enter_root()?; // 7
     sys::sethostname(&p.hostname).map_err(at(Step::SetHostname))?; // 8
     if p.loopback {
         sys::loopback_up().map_err(at(Step::LoopbackUp))?;
     }
-    let ruleset = landlock_ruleset(p)?; // 9
-    let signal_fd = harden_init(p, ruleset)?; // 10
+    apply_ops(p, gate, p.plan.ops.len())?; // 9
+    set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
+    let ruleset = landlock_ruleset(p)?; // 10
+    let signal_fd = harden_init(p, ruleset)?; // 11
     Ok((signal_fd, ruleset))
 }
 
 /// Installs the caller's per-sandbox stdio as 0/1/2. The sources are `>= 3` (ensured by the
-/// parent), so no dup2 clobbers a later source; step 10 closes the originals.
+/// parent), so no dup2 clobbers a later source; the originals are closed right after.
 fn redirect_stdio(p: &Prepared) -> Result<(), Fail> {
     for (target, &fd) in p.stdio.iter().enumerate() {
         if fd >= 0 {
@@ -201,7 +219,7 @@ fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {
     Ok(())
 }
 
-fn build_root(p: &mut Prepared) -> Result<(), Fail> {
+fn mount_stage() -> Result<(), Fail> {
     sys::mount(
         Some(c"lockbox"),
         c"/tmp",
@@ -210,9 +228,14 @@ fn build_root(p: &mut Prepared) -> Result<(), Fail> {
         Some(c"mode=0755"),
     )
     .map_err(at(Step::MountStage))?;
-    sys::chdir(c"/tmp").map_err(at(Step::MountStage))?;
-    for (i, op) in p.plan.ops.iter().enumerate() {
-        apply(op, &mut p.source_fds, p.report_fd).map_err(at_index(Step::Mount, i))?;
+    sys::chdir(c"/tmp").map_err(at(Step::MountStage))
+}
+
+/// Carries out ops `from..to` of the plan. Their paths are relative to the current
+/// directory: the stage before `pivot_root`, the same tree as `/` after it.
+fn apply_ops(p: &mut Prepared, from: usize, to: usize) -> Result<(), Fail> {
+    for i in from..to {
+        apply(&p.plan.ops[i], &mut p.source_fds, p.report_fd).map_err(at_index(Step::Mount, i))?;
     }
     Ok(())
 }
@@ -279,6 +302,28 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         Op::SetReadonly { path } => set_readonly(path, false),
         Op::Umount { path } => sys::umount_detach(path),
         Op::Rmdir { path } => sys::rmdir(path),
+        Op::Gate => await_go(report_fd),
+    }
+}
+
+/// Blocks until the supervisor says go on the report socket; a descriptor sent along
+/// becomes stdin. The supervisor closing its end (it gave up on this sandbox) cancels.
+fn await_go(report_fd: RawFd) -> Result<(), Errno> {
+    let mut buf = [0u8; 1];
+    let received = loop {
+        match sys::recv_with_fd(report_fd, &mut buf) {
+            Err(Errno(libc::EINTR)) => continue,
+            other => break other?,
+        }
+    };
+    match received {
+        (0, _) => Err(Errno(libc::ECANCELED)),
+        (_, None) => Ok(()),
+        (_, Some(fd)) => {
+            let result = sys::dup2(fd, 0);
+            sys::close(fd);
+            result
+        }
     }
 }
 
@@ -294,8 +339,7 @@ fn enter_root() -> Result<(), Fail> {
     // the new root (pivot_root(2), "NOTES"). No directory for the old root is needed.
     sys::pivot_root_here().map_err(at(Step::PivotRoot))?;
     sys::umount_detach(c".").map_err(at(Step::PivotRoot))?;
-    sys::chdir(c"/").map_err(at(Step::PivotRoot))?;
-    set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))
+    sys::chdir(c"/").map_err(at(Step::PivotRoot))
 }
 
 fn landlock_ruleset(p: &Prepared) -> Result<Option<RawFd>, Fail> {
@@ -428,6 +472,12 @@ fn finish(p: &Prepared, status: Record) -> ! {
     let _ = sys::kill(-1, libc::SIGKILL);
     // Until ECHILD: nothing is left.
     while let Ok(_) | Err(Errno(libc::EINTR)) = sys::wait_any() {}
+    // Our copies of the sandbox's stdio go before the status: a supervisor reading the
+    // command's output through pipes then sees their end no later than the status, rather
+    // than when the kernel gets round to closing an exiting namespace init's files.
+    for fd in (0..3).filter(|&fd| fd != p.report_fd) {
+        sys::close(fd);
+    }
     let (cpu_us, max_rss_kb) = sys::children_usage();
     report(p.report_fd, Record::Usage { cpu_us, max_rss_kb });
     report(p.report_fd, status);

@@ -55,8 +55,8 @@ pub use crate::seccomp::{
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, spawn, spawn_agent, spawn_with, Enforcement, Outcome, Running, Status, Stdio,
-    UpperMount, Waited,
+    namespaces, run, spawn, spawn_agent, spawn_gated, spawn_with, Enforcement, Gated, Outcome,
+    Running, Status, Stdio, UpperMount, Waited,
 };
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).

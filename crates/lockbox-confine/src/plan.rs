@@ -86,6 +86,9 @@ pub enum Op {
     Rmdir {
         path: CString,
     },
+    /// Wait for the supervisor's go (and the stdin it may carry) before going on: see
+    /// [`crate::spawn_gated`].
+    Gate,
 }
 
 /// A Landlock rule, applied after `pivot_root` (paths are absolute inside the sandbox).
@@ -112,6 +115,9 @@ pub struct SetupPlan {
     pub overlays: Vec<crate::resolve::ResolvedOverlay>,
     /// How the network list is enforced, one line each (empty without a list).
     pub net: Vec<String>,
+    /// Index of the first op of the copy-on-write views and what lies inside them (the
+    /// last ops), if there are views.
+    pub views_from: Option<usize>,
 }
 
 const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
@@ -192,8 +198,12 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             nodes.push((link.clone(), Node::Symlink(target.clone())));
         }
     }
-    // Path order puts every parent before its children.
+    // Path order puts every parent before its children; the views and what lies inside
+    // them go last (a stable sort keeps their order), so that a gated sandbox can build
+    // everything else before its gate (see [`SetupPlan::insert_gate`]).
     nodes.sort_by(|a, b| a.0.cmp(&b.0));
+    let in_view = |p: &Path| resolved.overlays.iter().any(|o| p.starts_with(&o.target));
+    nodes.sort_by_key(|(p, _)| in_view(p));
 
     let mut plan = SetupPlan {
         cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
@@ -207,6 +217,9 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     });
     let mut made_dirs: Vec<PathBuf> = Vec::new();
     for (path, node) in &nodes {
+        if plan.views_from.is_none() && in_view(path) {
+            plan.views_from = Some(plan.ops.len());
+        }
         ensure_parents(&mut plan, &mut made_dirs, path);
         let rel = relative(path);
         match node {
@@ -255,6 +268,17 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
         }
     }
     plan
+}
+
+impl SetupPlan {
+    /// Inserts an [`Op::Gate`] before the copy-on-write views (whose layers may still
+    /// change until the go), else after the last op. Everything before it is done ahead;
+    /// the ops after it run after `pivot_root` (see `child`), which they can: views only
+    /// use layers captured before, and paths relative to the root.
+    pub(crate) fn insert_gate(&mut self) {
+        let at = self.views_from.unwrap_or(self.ops.len());
+        self.ops.insert(at, Op::Gate);
+    }
 }
 
 /// Where [`add_helper`] binds a host executable: in lockbox's own `/dev` tmpfs, which no
@@ -323,10 +347,9 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         });
         return;
     }
-    plan.ops.push(Op::Mkdir {
-        path: cstring(LAYERS.as_bytes()),
-        mode: 0o700,
-    });
+    // The layers are attached inside a tmpfs of their own, so that one (lazy) unmount of it
+    // detaches them all: each unmount waits for an RCU grace period.
+    tmpfs(plan, LAYERS, "mode=0700,size=4k");
     let attach = |plan: &mut SetupPlan, host: &Path, readonly: bool| -> String {
         plan.sources.push(Source {
             host: cstring(host.as_os_str().as_bytes()),
@@ -345,7 +368,6 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     };
     let lowers: Vec<String> = o.lowers.iter().map(|l| attach(plan, l, true)).collect();
     let mut data = format!("lowerdir={}", lowers.join(":"));
-    let mut attached = lowers;
     let mut bounded = None;
     if let Some(upper) = o.upper.as_ref().filter(|u| u.max_size.is_some()) {
         // A tmpfs of the given size holds upper and work; handed to lockbox afterwards.
@@ -372,7 +394,6 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
             ",upperdir={at}/{},workdir={at}/{}",
             upper.upper_name, upper.work_name
         ));
-        attached.push(at);
     }
     // Unprivileged overlays keep their metadata in user.* xattrs (Linux >= 5.11).
     data.push_str(",userxattr");
@@ -404,14 +425,15 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         }
         plan.ops.push(Op::SetReadonly { path: rel.clone() });
     }
+    let mut detach = vec![LAYERS.to_owned()];
     if let Some(at) = bounded {
         plan.ops.push(Op::HandOver {
             path: cstring(at.as_bytes()),
             overlay: index,
         });
-        attached.push(at);
+        detach.push(at);
     }
-    for at in attached {
+    for at in detach {
         plan.ops.push(Op::Umount {
             path: cstring(at.as_bytes()),
         });
@@ -419,9 +441,6 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
             path: cstring(at.as_bytes()),
         });
     }
-    plan.ops.push(Op::Rmdir {
-        path: cstring(LAYERS.as_bytes()),
-    });
 }
 
 /// The grants that need a mount of their own: a grant inside another with the same access
@@ -698,6 +717,7 @@ impl fmt::Display for Op {
             Op::SetReadonly { path } => write!(f, "make mount {} read-only", p(path)),
             Op::Umount { path } => write!(f, "unmount {}", p(path)),
             Op::Rmdir { path } => write!(f, "remove {}", p(path)),
+            Op::Gate => write!(f, "wait for the go of lockbox"),
         }
     }
 }

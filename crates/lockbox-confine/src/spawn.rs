@@ -198,7 +198,56 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
 /// *thread* that called this: a sandbox meant to outlive the calling thread (a thread pool's
 /// worker) must be spawned from a thread that lives as long (see `lockbox-runtime`).
 pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Running, SetupError> {
-    spawn_inner(policy, argv, stdio, None)
+    spawn_inner(policy, argv, stdio, None, false)
+}
+
+/// Like [`spawn_with`], but the sandbox stops short of its command: it sets up the
+/// namespaces, the root and captures every layer, then waits, before mounting its
+/// copy-on-write views, until [`Gated::release`] says go. What the sandbox sees of a
+/// view's layers is thus fixed at the go, not at the spawn: a pipeline starts stage N+1's
+/// sandbox while stage N still writes the layer N+1 will read, and only pays the rest of the
+/// setup (the view, `pivot_root`, Landlock, the exec) once stage N is done.
+///
+/// Dropping the [`Gated`] kills the waiting sandbox.
+pub fn spawn_gated(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Gated, SetupError> {
+    spawn_inner(policy, argv, stdio, None, true).map(|running| Gated { running })
+}
+
+/// A sandbox started by [`spawn_gated`], waiting for its go.
+#[derive(Debug)]
+pub struct Gated {
+    running: Running,
+}
+
+impl Gated {
+    /// The pid of the waiting sandbox's init, as seen by the caller.
+    pub fn pid(&self) -> libc::pid_t {
+        self.running.pid
+    }
+
+    /// Lets the sandbox go on, with `stdin` (if given) as its command's descriptor 0. The
+    /// returned [`Running`] measures its wall time from now. A sandbox that failed while
+    /// waiting reports that failure from [`Running::wait`].
+    pub fn release(self, stdin: Option<OwnedFd>) -> Result<Running, SetupError> {
+        let mut running = self.running;
+        let fd = running.report.as_raw_fd();
+        let sent = match &stdin {
+            Some(stdin) => sys::send_with_fd(fd, b"g", stdin.as_raw_fd()),
+            None => sys::send(fd, b"g"),
+        };
+        match sent {
+            // The init is gone: `wait` tells why.
+            Ok(()) | Err(Errno(libc::EPIPE | libc::ECONNRESET)) => {}
+            Err(errno) => {
+                return Err(SetupError::Supervise {
+                    what: "releasing the gated sandbox",
+                    errno,
+                })
+            }
+        }
+        running.started = Instant::now();
+        Ok(running)
+    }
 }
 
 /// Like [`spawn_with`], running the host executable `exe` (bound read-only at
@@ -230,7 +279,7 @@ pub fn spawn_agent(
     }
     let mut argv = vec![OsString::from(plan::HELPER_PATH)];
     argv.extend_from_slice(args);
-    spawn_inner(policy, &argv, stdio, Some(&host))
+    spawn_inner(policy, &argv, stdio, Some(&host), false)
 }
 
 fn spawn_inner(
@@ -238,6 +287,7 @@ fn spawn_inner(
     argv: &[OsString],
     stdio: Stdio,
     helper: Option<&Path>,
+    gated: bool,
 ) -> Result<Running, SetupError> {
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;
@@ -249,7 +299,10 @@ fn spawn_inner(
     let caller_cwd = std::env::current_dir().ok();
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     resolved.helper = helper.map(Path::to_owned);
-    let plan = plan::build(&resolved);
+    let mut plan = plan::build(&resolved);
+    if gated {
+        plan.insert_gate();
+    }
     let landlock_abi = landlock::abi_version();
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let (uid, gid) = sys::ids();

@@ -377,6 +377,13 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> Result<(), Errno> {
     check(rc as libc::c_long).map(drop)
 }
 
+/// Sends one record on a socket; a closed peer is `EPIPE`, never `SIGPIPE`.
+pub fn send(sock: RawFd, data: &[u8]) -> Result<(), Errno> {
+    // SAFETY: `data` is a live slice of the given length.
+    let rc = unsafe { libc::send(sock, data.as_ptr().cast(), data.len(), libc::MSG_NOSIGNAL) };
+    check(rc as libc::c_long).map(drop)
+}
+
 /// Receives one record into `buf`, and the descriptor it carries, if any (close-on-exec).
 pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> Result<(usize, Option<RawFd>), Errno> {
     let mut iov = libc::iovec {
