@@ -87,18 +87,23 @@ fn mark_committed(txn: &mut TxnDir, report: Option<CommitReport>) -> Result<(), 
         txn.record.report = report;
     }
     txn.set_state(TxnState::Committed)?;
-    remove_intent(txn)?;
+    // Not synced: an intent that comes back next to a `committed` record is only removed
+    // again by recovery.
+    remove_intent(txn, false)?;
     txn.discard_data()?;
     txn.retire()
 }
 
-fn remove_intent(txn: &TxnDir) -> Result<(), TxnError> {
+fn remove_intent(txn: &TxnDir, durably: bool) -> Result<(), TxnError> {
     let path = txn.dir.join(INTENT_FILE);
     match std::fs::remove_file(&path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(TxnError::WriteRecord { path, source: e })
         }
         _ => {}
+    }
+    if !durably {
+        return Ok(());
     }
     lockbox_cow::fsync_dir(&txn.dir).map_err(|source| TxnError::WriteRecord {
         path: txn.dir.clone(),
@@ -110,7 +115,7 @@ fn remove_intent(txn: &TxnDir) -> Result<(), TxnError> {
 /// the intent goes first (durably), then the staging directory, so a crash in between can
 /// never leave an intent without its staged data.
 fn roll_back(txn: &mut TxnDir) -> Result<(), TxnError> {
-    remove_intent(txn)?;
+    remove_intent(txn, true)?;
     lockbox_cow::discard_staging(txn.workdir(), txn.id().as_str())?;
     abort(txn)
 }
@@ -251,7 +256,7 @@ fn recover_locked(
             TxnState::Committed | TxnState::Aborted => {
                 // Leftovers of a cleanup that a crash interrupted.
                 if txn.dir.join(INTENT_FILE).exists() {
-                    remove_intent(&txn)?;
+                    remove_intent(&txn, false)?;
                 }
                 txn.discard_data()?;
                 txn.retire()?;

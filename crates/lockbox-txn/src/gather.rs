@@ -186,7 +186,9 @@ impl Gather {
                         env: &[],
                         reads: &[],
                     };
-                    scope.spawn(move || stage::run_with_retries(&job, || txn.new_layer(i)))
+                    scope.spawn(move || {
+                        stage::run_with_retries(&job, || txn.new_layer(i), None, || {})
+                    })
                 })
                 .collect();
             handles
@@ -230,7 +232,7 @@ impl Gather {
             env: &env,
             reads: &reads,
         };
-        stage::run_with_retries(&job, || txn.new_layer(i))
+        stage::run_with_retries(&job, || txn.new_layer(i), None, || {})
     }
 }
 

@@ -63,6 +63,7 @@ impl TxnOptions {
     ) -> Result<PreparedTxn, TxnError> {
         let lock = self.hold_lock()?;
         let mut txn = TxnDir::begin(&self.state_dir, &self.workdir, kind, self.key.as_deref())?;
+        tracing::debug!(id = %txn.id(), "transaction begun");
         match stages(&mut txn) {
             Ok((outcome, true)) => {
                 let mut prepared = PreparedTxn::new(Some(txn), outcome, lock);

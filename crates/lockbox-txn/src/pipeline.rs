@@ -4,6 +4,7 @@
 //! captured and becomes stage N+1's stdin. If every stage succeeds, the layers are flattened
 //! into one and committed as one unit; otherwise nothing is.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use lockbox_cow::ChangeSet;
@@ -14,7 +15,7 @@ use crate::options::{option_setters, TxnOptions};
 use crate::outcome::{AbortReason, TxnOutcome};
 use crate::prepared::PreparedTxn;
 use crate::record::{TxnKind, TxnState};
-use crate::stage::{self, Input, Io, Job, Ran, Stage, View};
+use crate::stage::{self, ArmedJob, Input, Io, Job, Ran, Stage, View};
 use crate::store::{remove_tree, TxnDir};
 use crate::TxnError;
 
@@ -77,31 +78,54 @@ impl Pipeline {
             })
     }
 
-    /// Runs the stages; `Ok((outcome, prepared))`.
+    /// Runs the stages; `Ok((outcome, prepared))`. While stage N runs, the sandboxes of the
+    /// next [`ARM_AHEAD`] stages are armed on their layers (whose lowers exist by then,
+    /// though stage N still writes one of them) and wait at their gates; each mounts its
+    /// view only when released, once the stages before it are done. Never past a stage that
+    /// may be retried: a retry replaces the layer the armed sandboxes captured.
     fn run_stages(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
         let workdir = txn.workdir().to_owned();
         let mut outcome = empty_outcome(txn);
-        let mut uppers: Vec<PathBuf> = Vec::new();
+        let stages = self.named_stages();
         let mut previous = Output::Memory(self.stdin.clone());
-        for (i, stage) in self.stages.iter().enumerate() {
-            let mut stage = stage.clone();
-            if stage.name.is_empty() {
-                stage.name = format!("stage-{}", i + 1);
-            }
-            let mut lowers: Vec<PathBuf> = uppers.iter().rev().cloned().collect();
-            lowers.push(workdir.clone());
-            let job = Job {
-                stage: &stage,
+        // The armed sandboxes of the stages after the current one, in order.
+        let mut armed: VecDeque<Result<ArmedJob, TxnError>> = VecDeque::new();
+        for i in 0..stages.len() {
+            let layers: &TxnDir = txn;
+            // Stage j reads the uppers of stages j-1, ..., 1 (top first), then the workdir.
+            let job = |j: usize, input| Job {
+                stage: &stages[j],
                 workdir: &workdir,
-                lowers,
-                input: Input::Output(&previous),
-                spill: txn.out_dir().join(i.to_string()),
+                lowers: (0..j)
+                    .rev()
+                    .map(|k| layers.layer_upper(k))
+                    .chain([workdir.clone()])
+                    .collect(),
+                input,
+                spill: layers.out_dir().join(j.to_string()),
                 memory_bound: self.options.memory_bound,
                 env: &[],
                 reads: &[],
             };
-            let layers: &TxnDir = txn;
-            let (ran, upper) = stage::run_with_retries(&job, || layers.new_layer(i))?;
+            let first = armed.pop_front().transpose()?;
+            let (ran, _) = stage::run_with_retries(
+                &job(i, Input::Output(&previous)),
+                || layers.new_layer(i),
+                first,
+                || {
+                    for j in i + 1 + armed.len()..stages.len().min(i + 1 + ARM_AHEAD) {
+                        if stages[i..j].iter().any(|s| s.retries > 0) {
+                            break;
+                        }
+                        let next = stage::arm_job(&job(j, Input::Null), || layers.new_layer(j));
+                        let failed = next.is_err();
+                        armed.push_back(next);
+                        if failed {
+                            break;
+                        }
+                    }
+                },
+            )?;
             // Saved with the next state change (prepared or aborted): a durable write per
             // stage would cost two fsyncs each and recovery does not read stage results.
             txn.record.stages.push(ran.result.clone());
@@ -111,15 +135,22 @@ impl Pipeline {
                 outcome.stdout = keep_stdout(txn, ran.stdout)?;
                 return Ok((outcome, false));
             }
-            uppers.push(upper);
             previous = ran.stdout;
         }
         outcome.stdout = keep_stdout(txn, previous)?;
-        let top_first: Vec<PathBuf> = uppers.into_iter().rev().collect();
+        let top_first: Vec<PathBuf> = (0..stages.len())
+            .rev()
+            .map(|k| txn.layer_upper(k))
+            .collect();
         finish_prepare(txn, &top_first, &mut outcome)?;
         Ok((outcome, true))
     }
 }
+
+/// How many stages of a pipeline are armed ahead of the one running (see
+/// [`Pipeline::run_stages`]): enough that a short stage does not wait for the next
+/// sandbox's set-up, few enough that a pipeline does not hold many idle sandboxes.
+const ARM_AHEAD: usize = 2;
 
 impl Pipeline {
     fn named_stages(&self) -> Vec<Stage> {
@@ -214,8 +245,7 @@ impl Pipeline {
                         stdout,
                     };
                     let (stage, view) = (&stages[i], &views[i]);
-                    scope
-                        .spawn(move || stage::run_io(stage, Some(view), io, spill, bound, &[], &[]))
+                    scope.spawn(move || stage::run_io(stage, Some(view), io, spill, bound))
                 })
                 .collect();
             handles
@@ -262,6 +292,7 @@ pub(crate) fn finish_prepare(
     }
     lockbox_cow::flatten(layers, &merged)?;
     outcome.changes = ChangeSet::compute(&merged, txn.workdir())?;
+    tracing::debug!(changes = outcome.changes.len(), "layers flattened");
     // `merged/` holds everything now: the layers go before the commit, which then has one
     // tree less to remove (and a kept prepared transaction takes half the inodes).
     remove_tree(&txn.dir.join("layers"))?;

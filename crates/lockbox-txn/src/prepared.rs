@@ -153,6 +153,7 @@ impl PreparedTxn {
         let result = commit::commit(&mut txn, holding, force);
         self.lock.take();
         let report = result?;
+        tracing::debug!(id = %self.outcome.id, "transaction committed");
         let mut outcome = self.outcome.clone();
         outcome.committed = true;
         outcome.report = Some(report);

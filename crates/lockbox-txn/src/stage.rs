@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockbox_confine::{Status, Stdio, Waited};
+use lockbox_confine::{Gated, SetupError, Status, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 
 use crate::capture::{self, Output};
@@ -140,9 +140,9 @@ pub(crate) struct Ran {
     pub(crate) stdout: Output,
 }
 
-/// Runs `stage` on `view` (none: the policy as it is), stdin from `input`, stdout captured (spilling to `spill`),
-/// stderr's tail kept. `extra_env` is added to the stage's environment and `extra_reads`
-/// to the paths it may read.
+/// Runs `stage` on `view` (none: the policy as it is), stdin from `input`, stdout captured
+/// (spilling to `spill`), stderr's tail kept. `extra_env` is added to the stage's environment
+/// and `extra_reads` to the paths it may read.
 pub(crate) fn run(
     stage: &Stage,
     view: Option<&View<'_>>,
@@ -152,8 +152,15 @@ pub(crate) fn run(
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
 ) -> Result<Ran, TxnError> {
+    let armed = arm(stage, view, None, extra_env, extra_reads)?;
+    let io = reading(stage, input)?;
+    fire(stage, view, armed, io, spill, memory_bound, || {})
+}
+
+/// The stdio of a stage reading `input`, its stdout captured.
+fn reading<'a>(stage: &Stage, input: Input<'a>) -> Result<Io<'a>, TxnError> {
     let io_err = stdio_err(&stage.name);
-    let (stdin, feeder): (OwnedFd, Option<(OwnedFd, &[u8])>) = match input {
+    let (stdin, feeder) = match input {
         Input::Null => (File::open("/dev/null").map_err(io_err)?.into(), None),
         Input::Output(Output::File { path, .. }) => {
             (File::open(path).map_err(io_err)?.into(), None)
@@ -163,12 +170,11 @@ pub(crate) fn run(
             (r, Some((w, bytes.as_slice())))
         }
     };
-    let io = Io {
+    Ok(Io {
         stdin,
         feeder,
         stdout: None,
-    };
-    run_io(stage, view, io, spill, memory_bound, extra_env, extra_reads)
+    })
 }
 
 /// A stage's stdin (and the bytes a thread feeds into it, if it is a pipe from memory), and
@@ -186,15 +192,34 @@ pub(crate) fn run_io(
     io: Io<'_>,
     spill: &Path,
     memory_bound: usize,
+) -> Result<Ran, TxnError> {
+    let armed = arm(stage, view, io.stdout, &[], &[])?;
+    let io = Io { stdout: None, ..io };
+    fire(stage, view, armed, io, spill, memory_bound, || {})
+}
+
+/// A stage's sandbox started up to its view and waiting for its stdin
+/// ([`lockbox_confine::spawn_gated`]), with the read ends of its stdout (unless it goes
+/// elsewhere) and stderr. A pipeline arms stage N+1 while stage N runs, so that only the
+/// last steps of a sandbox start lie between two stages.
+pub(crate) struct Armed {
+    gated: Result<Gated, SetupError>,
+    stdout: Option<OwnedFd>,
+    stderr: OwnedFd,
+    timeout: Option<Duration>,
+    kill_grace: Duration,
+}
+
+/// Starts `stage`'s sandbox on `view` up to the gate (see [`Armed`]); stdout goes to
+/// `stdout_to`, or is captured.
+pub(crate) fn arm(
+    stage: &Stage,
+    view: Option<&View<'_>>,
+    stdout_to: Option<OwnedFd>,
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
-) -> Result<Ran, TxnError> {
+) -> Result<Armed, TxnError> {
     let io_err = stdio_err(&stage.name);
-    let Io {
-        stdin,
-        feeder,
-        stdout: stdout_to,
-    } = io;
     let mut policy = stage.policy.clone();
     if let Some(view) = view {
         policy.fs.overlays.push(Overlay {
@@ -215,22 +240,51 @@ pub(crate) fn run_io(
     for (k, v) in extra_env {
         policy.env.set.insert(k.clone(), v.clone());
     }
-    let (out_r, out_w) = match stdout_to {
+    let (stdout, out_w) = match stdout_to {
         Some(fd) => (None, fd),
         None => {
             let (r, w) = capture::pipe().map_err(io_err)?;
             (Some(r), w)
         }
     };
-    let (err_r, err_w) = capture::pipe().map_err(io_err)?;
-    let started = Instant::now();
+    let (stderr, err_w) = capture::pipe().map_err(io_err)?;
+    tracing::debug!(stage = %stage.name, "arming the stage's sandbox");
     let stdio = Stdio {
-        stdin: Some(stdin),
+        stdin: None,
         stdout: Some(out_w),
         stderr: Some(err_w),
     };
-    let spawned = lockbox_confine::spawn_with(&policy, &stage.argv, stdio);
-    let mut running = match spawned {
+    Ok(Armed {
+        gated: lockbox_confine::spawn_gated(&policy, &stage.argv, stdio),
+        stdout,
+        stderr,
+        timeout: policy.timeout,
+        kill_grace: policy.kill_grace,
+    })
+}
+
+/// Lets `armed` go with `io`'s stdin, calls `meanwhile` while the stage runs, waits for it
+/// (enforcing its timeout) and collects its result.
+pub(crate) fn fire(
+    stage: &Stage,
+    view: Option<&View<'_>>,
+    armed: Armed,
+    io: Io<'_>,
+    spill: &Path,
+    memory_bound: usize,
+    meanwhile: impl FnOnce(),
+) -> Result<Ran, TxnError> {
+    let io_err = stdio_err(&stage.name);
+    let Armed {
+        gated,
+        stdout: out_r,
+        stderr: err_r,
+        timeout,
+        kill_grace,
+    } = armed;
+    let Io { stdin, feeder, .. } = io;
+    let started = Instant::now();
+    let mut running = match gated.and_then(|g| g.release(Some(stdin))) {
         Ok(r) => r,
         Err(e) => {
             return Ok(Ran {
@@ -239,17 +293,20 @@ pub(crate) fn run_io(
             })
         }
     };
-    let deadline = policy.timeout.map(|t| started + t);
+    tracing::debug!(stage = %stage.name, "stage released");
+    let deadline = timeout.map(|t| started + t);
     std::thread::scope(|scope| {
         let feeding = feeder.map(|(w, bytes)| scope.spawn(move || capture::feed(w, bytes)));
         let stdout = out_r.map(|r| scope.spawn(move || capture::capture(r, memory_bound, spill)));
         let stderr = scope.spawn(move || capture::tail(err_r));
+        meanwhile();
         let waited = match running.wait(deadline, None) {
             Ok(Waited::Exited(o)) => Ok(o),
-            Ok(Waited::Deadline | Waited::Extra) => running.stop(policy.kill_grace, true),
+            Ok(Waited::Deadline | Waited::Extra) => running.stop(kill_grace, true),
             Err(e) => Err(e),
         };
         drop(running);
+        tracing::debug!(stage = %stage.name, "stage ended");
         let stdout = match stdout {
             Some(h) => join(h.join()).map_err(io_err)?,
             None => Output::default(),
@@ -322,36 +379,73 @@ pub(crate) struct Job<'a> {
     pub(crate) reads: &'a [PathBuf],
 }
 
+/// A job's sandbox armed on a fresh layer (upper, work).
+pub(crate) struct ArmedJob {
+    armed: Armed,
+    upper: PathBuf,
+    work: PathBuf,
+}
+
+/// Makes `job`'s layer with `layer` and arms its sandbox on it (see [`Armed`]).
+pub(crate) fn arm_job(
+    job: &Job<'_>,
+    layer: impl FnOnce() -> Result<(PathBuf, PathBuf), TxnError>,
+) -> Result<ArmedJob, TxnError> {
+    let (upper, work) = layer()?;
+    let view = View {
+        workdir: job.workdir,
+        lowers: job.lowers.clone(),
+        upper,
+        work,
+    };
+    let armed = arm(job.stage, Some(&view), None, job.env, job.reads)?;
+    Ok(ArmedJob {
+        armed,
+        upper: view.upper,
+        work: view.work,
+    })
+}
+
 /// Runs `job` up to 1 + `retries` times until it succeeds, each attempt on a fresh layer
-/// made by `layer` (which discards the previous attempt's). The work directory is removed
-/// after each attempt. Returns the last run and its upper layer.
+/// made by `layer` (which discards the previous attempt's); the first attempt uses `armed`
+/// if given. `meanwhile` is called once, while the first attempt runs. The work directory is removed after each attempt. Returns the last run and its
+/// upper layer.
 pub(crate) fn run_with_retries(
     job: &Job<'_>,
     layer: impl Fn() -> Result<(PathBuf, PathBuf), TxnError>,
+    armed: Option<ArmedJob>,
+    meanwhile: impl FnOnce(),
 ) -> Result<(Ran, PathBuf), TxnError> {
     let mut attempts = 0;
+    let mut next = armed;
+    let mut meanwhile = Some(meanwhile);
     loop {
-        let (upper, work) = layer()?;
+        let ArmedJob { armed, upper, work } = match next.take() {
+            Some(a) => a,
+            None => arm_job(job, &layer)?,
+        };
         let view = View {
             workdir: job.workdir,
             lowers: job.lowers.clone(),
-            upper: upper.clone(),
-            work: work.clone(),
+            upper,
+            work,
         };
-        let mut ran = run(
+        let io = reading(job.stage, job.input)?;
+        let first = meanwhile.take();
+        let mut ran = fire(
             job.stage,
             Some(&view),
-            job.input,
+            armed,
+            io,
             &job.spill,
             job.memory_bound,
-            job.env,
-            job.reads,
+            || first.map_or((), |f| f()),
         )?;
-        crate::store::remove_tree(&work)?;
+        crate::store::remove_tree(&view.work)?;
         attempts += 1;
         ran.result.attempts = attempts;
         if ran.result.succeeded() || attempts > job.stage.retries {
-            return Ok((ran, upper));
+            return Ok((ran, view.upper));
         }
     }
 }

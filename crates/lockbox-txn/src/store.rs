@@ -109,6 +109,9 @@ pub(crate) struct TxnDir {
     pub(crate) state_dir: PathBuf,
     pub(crate) dir: PathBuf,
     pub(crate) record: TxnRecord,
+    /// Makes the new directory and `.live` marker durable while the stages run (see
+    /// [`TxnDir::make_durable`]); `None` once joined, or for an opened transaction.
+    entries_synced: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
 impl TxnDir {
@@ -177,10 +180,20 @@ impl TxnDir {
             value: None,
             held: false,
         };
+        // The directory syncs wait on the disk, not the CPU: they overlap the stages.
+        let (live, synced) = (live_dir(&state_dir), txns.clone());
+        let entries_synced = std::thread::Builder::new()
+            .name("lockbox-txn-sync".into())
+            .spawn(move || {
+                lockbox_cow::fsync_dir(&live)?;
+                lockbox_cow::fsync_dir(&synced)
+            })
+            .ok();
         let txn = TxnDir {
             state_dir,
             dir,
             record,
+            entries_synced,
         };
         // Not durable yet: until the transaction touches the workdir (`committing`, see
         // [`TxnDir::make_durable`]) or is kept, losing it in a crash loses nothing.
@@ -201,6 +214,7 @@ impl TxnDir {
             state_dir: state_dir.to_owned(),
         })?;
         Ok(TxnDir {
+            entries_synced: None,
             state_dir: state_dir.to_owned(),
             dir,
             record,
@@ -241,11 +255,14 @@ impl TxnDir {
 
     /// Makes the transaction's existence durable (its directory and `.live` marker), then
     /// its record. Required before it touches the workdir or outlives this process.
-    pub(crate) fn make_durable(&self) -> Result<(), TxnError> {
-        let txns = txns_dir(&self.state_dir);
-        let live = live_dir(&self.state_dir);
-        lockbox_cow::fsync_dir(&live).map_err(store_err(&live))?;
-        lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+    pub(crate) fn make_durable(&mut self) -> Result<(), TxnError> {
+        let synced = self.entries_synced.take().map(|h| h.join());
+        if !matches!(synced, Some(Ok(Ok(())))) {
+            let txns = txns_dir(&self.state_dir);
+            let live = live_dir(&self.state_dir);
+            lockbox_cow::fsync_dir(&live).map_err(store_err(&live))?;
+            lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+        }
         self.save()
     }
 
@@ -270,7 +287,7 @@ impl TxnDir {
     /// Creates `layers/<n>/{upper,work}` (upper with the workdir's mode: the overlay's root
     /// takes its attributes from the upper root).
     pub(crate) fn new_layer(&self, n: usize) -> Result<(PathBuf, PathBuf), TxnError> {
-        let layer = self.dir.join("layers").join(n.to_string());
+        let layer = self.layer_dir(n);
         let (upper, work) = (layer.join("upper"), layer.join("work"));
         let mode = fs::metadata(self.workdir())
             .map_err(store_err(self.workdir()))?
@@ -286,6 +303,15 @@ impl TxnDir {
         fs::set_permissions(&upper, fs::Permissions::from_mode(mode & 0o7777))
             .map_err(store_err(&upper))?;
         Ok((upper, work))
+    }
+
+    /// The upper directory of layer `n` ([`TxnDir::new_layer`]).
+    pub(crate) fn layer_upper(&self, n: usize) -> PathBuf {
+        self.layer_dir(n).join("upper")
+    }
+
+    fn layer_dir(&self, n: usize) -> PathBuf {
+        self.dir.join("layers").join(n.to_string())
     }
 
     pub(crate) fn merged_dir(&self) -> PathBuf {
