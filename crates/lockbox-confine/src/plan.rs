@@ -271,12 +271,21 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
 }
 
 impl SetupPlan {
-    /// Inserts an [`Op::Gate`] before the copy-on-write views (whose layers may still
-    /// change until the go), else after the last op. Everything before it is done ahead;
-    /// the ops after it run after `pivot_root` (see `child`), which they can: views only
-    /// use layers captured before, and paths relative to the root.
+    /// Inserts an [`Op::Gate`] right before the first copy-on-write view is mounted (its
+    /// layers may still change until the go; attaching them before is fine), else after
+    /// the last op. Everything before it is done ahead; the ops after it run after
+    /// `pivot_root` (see `child`), which they can: they are the views' (`views_from`), which
+    /// only use layers captured before and paths relative to the root.
     pub(crate) fn insert_gate(&mut self) {
-        let at = self.views_from.unwrap_or(self.ops.len());
+        let at = match self.views_from {
+            Some(from) => self.ops[from..]
+                .iter()
+                .position(
+                    |op| matches!(op, Op::Mount { fstype, .. } if fstype.as_bytes() == b"overlay"),
+                )
+                .map_or(from, |i| from + i),
+            None => self.ops.len(),
+        };
         self.ops.insert(at, Op::Gate);
     }
 }
