@@ -150,9 +150,10 @@ pub fn init_main(p: &mut Prepared) -> ! {
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     redirect_stdio(p)?; // 0
-                        // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
-                        // setup opened) matters for a gated sandbox, which may wait long while holding copies
-                        // of the caller's pipes (the previous pipeline stage's stdin, say).
+
+    // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
+    // setup opened) matters for a gated sandbox, which may wait long while holding copies
+    // of the caller's pipes (the previous pipeline stage's stdin, say).
     close_other_fds(&p.keep_fds, None);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
@@ -162,7 +163,8 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(at(Step::MakeMountsPrivate))?; // 4
     capture_sources(p)?; // 5
-                         // A gated sandbox does all it can before the gate: the views come after.
+
+    // A gated sandbox does all it can before the gate: the views come after.
     let gate = p
         .plan
         .ops

@@ -206,7 +206,7 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
 /// copy-on-write views, until [`Gated::release`] says go. What the sandbox sees of a
 /// view's layers is thus fixed at the go, not at the spawn: a pipeline starts stage N+1's
 /// sandbox while stage N still writes the layer N+1 will read, and only pays the rest of the
-/// setup (the view, `pivot_root`, Landlock, the exec) once stage N is done.
+/// setup (mounting the view, Landlock, the exec) once stage N is done.
 ///
 /// Dropping the [`Gated`] kills the waiting sandbox.
 pub fn spawn_gated(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Gated, SetupError> {
