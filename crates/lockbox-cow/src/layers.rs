@@ -41,37 +41,51 @@ pub fn flatten(layers: &[PathBuf], into: &Path) -> Result<(), CowError> {
             path: layer.clone(),
             source,
         })?;
-        merge_dir(src.as_fd(), layer, dst.as_fd(), into)?;
+        merge_dir(src.as_fd(), layer, dst.as_fd(), into, Merge::FLATTEN)?;
     }
     Ok(())
 }
 
-/// Copies the entry `name` of directory `src` (at `src_abs`) to `dst_dir/dst_name` as it is
-/// (a whole tree for a directory, without overlay marks), replacing what is there. Used to
-/// keep a losing version of a conflicting path under another name.
-pub fn copy_entry(
-    src_dir: &Path,
-    name: &OsStr,
+/// Copies what an overlay of `upper` over `lower` shows at `rel` to `dst_dir/dst_name`, as
+/// plain files and directories: a directory of the upper that is not opaque shows the
+/// lower's directory with the upper's changes applied (a whiteout removes, an opaque
+/// directory replaces), without overlay marks. Files of the lower are copied, never linked
+/// (a link would tie the copy to the lower's file). Keeps a losing version of a
+/// conflicting path under another name; `rel` must not be a whiteout in `upper`.
+pub fn copy_view(
+    upper: &Path,
+    lower: &Path,
+    rel: &Path,
     dst_dir: &Path,
     dst_name: &OsStr,
 ) -> Result<(), CowError> {
-    let src = beneath::open_root(src_dir).map_err(|source| CowError::ReadUpper {
-        path: src_dir.to_owned(),
+    let (parent, name) = match (rel.parent(), rel.file_name()) {
+        (Some(parent), Some(name)) => (parent, name),
+        _ => {
+            return Err(CowError::BadPath {
+                path: rel.to_owned(),
+            })
+        }
+    };
+    let src_dir = upper.join(parent);
+    let src = beneath::open_root(&src_dir).map_err(|source| CowError::ReadUpper {
+        path: src_dir.clone(),
         source,
     })?;
     let dst = beneath::open_root(dst_dir).map_err(|source| CowError::Stage {
         path: dst_dir.to_owned(),
         source,
     })?;
-    let abs = src_dir.join(name);
+    let abs = upper.join(rel);
     let st = lstat_at(src.as_fd(), name)
         .and_then(|st| st.ok_or_else(|| io::ErrorKind::NotFound.into()))
         .map_err(|source| CowError::ReadUpper {
             path: abs.clone(),
             source,
         })?;
+    let out = dst_dir.join(dst_name);
     let err = |source| CowError::Stage {
-        path: dst_dir.join(dst_name),
+        path: out.clone(),
         source,
     };
     remove_tree_at(dst.as_fd(), dst_name).map_err(err)?;
@@ -84,14 +98,51 @@ pub fn copy_entry(
                 source,
             })?;
             let d = open_child_dir(dst.as_fd(), dst_name).map_err(err)?;
-            merge_dir(s.as_fd(), &abs, d.as_fd(), &dst_dir.join(dst_name))?;
+            let below = lower.join(rel);
+            if !overlay::is_opaque(s.as_fd()) && below.is_dir() {
+                let l = beneath::open_root(&below).map_err(|source| CowError::ReadUpper {
+                    path: below.clone(),
+                    source,
+                })?;
+                merge_dir(l.as_fd(), &below, d.as_fd(), &out, Merge::COPY)?;
+            }
+            merge_dir(s.as_fd(), &abs, d.as_fd(), &out, Merge::RESOLVE)?;
             set_dir_meta(d.as_fd(), &st).map_err(err)
         }
         RawType::RegularFile | RawType::Symlink => {
-            place_leaf(src.as_fd(), name, &st, dst.as_fd(), dst_name).map_err(err)
+            place_leaf(src.as_fd(), name, &st, dst.as_fd(), dst_name, true).map_err(err)
         }
         _ => Err(CowError::SpecialFiles { paths: vec![abs] }),
     }
+}
+
+/// How [`merge_dir`] applies a layer.
+#[derive(Debug, Clone, Copy)]
+struct Merge {
+    /// Keep overlay marks: a whiteout stays a whiteout, a directory that replaces becomes
+    /// opaque (a layer over a lower); without them, a whiteout only removes and the result is
+    /// a plain tree.
+    marks: bool,
+    /// Hard-link files where the filesystem allows it, instead of copying them.
+    link: bool,
+}
+
+impl Merge {
+    /// Stacking layers into one ([`flatten`]).
+    const FLATTEN: Merge = Merge {
+        marks: true,
+        link: true,
+    };
+    /// Applying a layer's changes to a plain copy ([`copy_view`]).
+    const RESOLVE: Merge = Merge {
+        marks: false,
+        link: true,
+    };
+    /// Copying a plain tree that is not ours to link to (the workdir).
+    const COPY: Merge = Merge {
+        marks: false,
+        link: false,
+    };
 }
 
 fn merge_dir(
@@ -99,6 +150,7 @@ fn merge_dir(
     src_abs: &Path,
     dst: BorrowedFd<'_>,
     dst_abs: &Path,
+    how: Merge,
 ) -> Result<(), CowError> {
     let read_err = |path: PathBuf| move |source| CowError::ReadUpper { path, source };
     for name in sorted_names(src).map_err(read_err(src_abs.to_owned()))? {
@@ -120,8 +172,10 @@ fn merge_dir(
             if existing.is_some() {
                 remove_tree_at(dst, &name).map_err(write_err)?;
             }
-            rustix::fs::mknodat(dst, &name, RawType::CharacterDevice, Mode::empty(), 0)
-                .map_err(|e| write_err(e.into()))?;
+            if how.marks {
+                rustix::fs::mknodat(dst, &name, RawType::CharacterDevice, Mode::empty(), 0)
+                    .map_err(|e| write_err(e.into()))?;
+            }
             continue;
         }
         match RawType::from_raw_mode(st.st_mode) {
@@ -139,7 +193,7 @@ fn merge_dir(
                         .map_err(|e| write_err(e.into()))?;
                 }
                 let sub_dst = open_child_dir(dst, &name).map_err(write_err)?;
-                if opaque || (existing.is_some() && !existing_dir) {
+                if how.marks && (opaque || (existing.is_some() && !existing_dir)) {
                     rustix::fs::fsetxattr(
                         &sub_dst,
                         "user.overlay.opaque",
@@ -148,14 +202,14 @@ fn merge_dir(
                     )
                     .map_err(|e| write_err(e.into()))?;
                 }
-                merge_dir(sub_src.as_fd(), &abs, sub_dst.as_fd(), &out)?;
+                merge_dir(sub_src.as_fd(), &abs, sub_dst.as_fd(), &out, how)?;
                 set_dir_meta(sub_dst.as_fd(), &st).map_err(write_err)?;
             }
             RawType::RegularFile | RawType::Symlink => {
                 if existing.is_some() {
                     remove_tree_at(dst, &name).map_err(write_err)?;
                 }
-                place_leaf(src, &name, &st, dst, &name).map_err(write_err)?;
+                place_leaf(src, &name, &st, dst, &name, how.link).map_err(write_err)?;
             }
             _ => return Err(CowError::SpecialFiles { paths: vec![abs] }),
         }
@@ -181,16 +235,18 @@ fn set_dir_meta(dir: BorrowedFd<'_>, st: &Stat) -> io::Result<()> {
     beneath::set_times_fd(dir, &times_of(st))
 }
 
-/// Puts a file or symlink at `dst/dst_name` (which must not exist): a hard link when the
-/// filesystem allows it (same inode: content, mode and times come along), else a copy.
+/// Puts a file or symlink at `dst/dst_name` (which must not exist): with `link`, a hard link
+/// when the filesystem allows it (same inode: content, mode and times come along), else a
+/// copy.
 fn place_leaf(
     src: BorrowedFd<'_>,
     name: &OsStr,
     st: &Stat,
     dst: BorrowedFd<'_>,
     dst_name: &OsStr,
+    link: bool,
 ) -> io::Result<()> {
-    if rustix::fs::linkat(src, name, dst, dst_name, AtFlags::empty()).is_ok() {
+    if link && rustix::fs::linkat(src, name, dst, dst_name, AtFlags::empty()).is_ok() {
         return Ok(());
     }
     let times = times_of(st);

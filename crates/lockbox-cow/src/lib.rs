@@ -49,7 +49,7 @@ pub use crate::durable::{fsync_dir, write_atomic, write_replace};
 pub use crate::error::CowError;
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
-pub use crate::layers::{copy_entry, flatten, restrict};
+pub use crate::layers::{copy_view, flatten, restrict};
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};

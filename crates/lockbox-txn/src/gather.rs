@@ -270,18 +270,27 @@ pub(crate) fn merge(
     }
     lockbox_cow::flatten(&top_first, &merged)?;
     if policy == ConflictPolicy::Markers {
-        outcome.markers = keep_markers(sources, &outcome.conflicts, uppers, &sets, &merged)?;
+        outcome.markers = keep_markers(
+            sources,
+            &outcome.conflicts,
+            uppers,
+            &sets,
+            txn.workdir(),
+            &merged,
+        )?;
     }
     Ok(true)
 }
 
 /// Copies every losing, non-deleting version of a conflicting path into the merged
-/// layer as `PATH.lockbox-<source>`.
+/// layer as `PATH.lockbox-<source>`: what that source saw there (for a directory, the
+/// workdir's with the source's changes), as plain files.
 fn keep_markers(
     sources: &[Stage],
     conflicts: &[MergeConflict],
     uppers: &[PathBuf],
     sets: &[ChangeSet],
+    workdir: &Path,
     merged: &Path,
 ) -> Result<Vec<Marker>, TxnError> {
     let mut markers = Vec::new();
@@ -309,7 +318,7 @@ fn keep_markers(
                 path: dst_dir.clone(),
                 source,
             })?;
-            lockbox_cow::copy_entry(&uppers[i].join(parent), file, &dst_dir, &kept)?;
+            lockbox_cow::copy_view(&uppers[i], workdir, &c.path, &dst_dir, &kept)?;
             markers.push(Marker {
                 path: c.path.clone(),
                 kept_as: parent.join(&kept),

@@ -132,6 +132,56 @@ fn same_path_under_markers_keeps_every_version() {
 }
 
 #[test]
+fn a_marker_of_a_directory_is_the_losing_sources_whole_version_of_it() {
+    let (_tmp, state, work) = dirs();
+    std::fs::create_dir_all(work.join("d/sub")).unwrap();
+    std::fs::write(work.join("d/a"), "a").unwrap();
+    std::fs::write(work.join("d/b"), "b").unwrap();
+    std::fs::write(work.join("d/sub/s"), "s").unwrap();
+    let outcome = Gather::new(&state, &work)
+        .conflict_policy(ConflictPolicy::Markers)
+        .source("one", stage(&work, "rm -r d"))
+        .source(
+            "two",
+            stage(&work, "rm d/a && echo y > d/y && echo changed > d/sub/s"),
+        )
+        .consumer(stage(&work, "ls -A d.lockbox-two"))
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{outcome:?}");
+    // The first source's deletion keeps the path; the second's directory is kept whole:
+    // the workdir's entries it left alone, its changes, and not what it deleted.
+    assert!(!work.join("d").exists());
+    let kept = work.join("d.lockbox-two");
+    let mut names: Vec<_> = walk(&kept);
+    names.sort();
+    assert_eq!(names, ["b", "sub", "sub/s", "y"]);
+    assert_eq!(read(&kept, "b"), "b");
+    assert_eq!(read(&kept, "sub/s"), "changed\n");
+    assert_eq!(read(&kept, "y"), "y\n");
+    assert_eq!(outcome.stdout, Output::Memory(b"b\nsub\ny\n".to_vec()));
+    // Copied, not linked: the kept version is not tied to a file the workdir had.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(kept.join("b")).unwrap().nlink(), 1);
+    assert!(staging_leftovers(&work).is_empty());
+    rerun_as_nobody("a_marker_of_a_directory_is_the_losing_sources_whole_version_of_it");
+}
+
+/// Every path below `dir`, relative to it.
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()).into_iter().map(|p| format!("{name}/{p}")));
+        }
+        out.push(name);
+    }
+    out
+}
+
+#[test]
 fn delete_versus_write_of_the_same_path_is_a_conflict() {
     let (_tmp, state, work) = dirs();
     std::fs::write(work.join("f"), "f").unwrap();
