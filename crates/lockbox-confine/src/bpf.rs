@@ -14,6 +14,8 @@ pub(crate) const JGE_K: u16 = 0x35;
 pub(crate) const JSET_K: u16 = 0x45;
 /// `BPF_RET | BPF_K`.
 pub(crate) const RET_K: u16 = 0x06;
+/// `BPF_JMP | BPF_JA`: jump forward by `k` (32 bits, unlike the 8-bit conditional jumps).
+pub(crate) const JA: u16 = 0x05;
 
 /// `SECCOMP_RET_ALLOW`.
 pub(crate) const RET_ALLOW: u32 = 0x7fff_0000;
@@ -25,4 +27,60 @@ pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
 /// One instruction.
 pub(crate) fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
     sock_filter { code, jt, jf, k }
+}
+
+/// What [`dispatch`] does with a number it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Return this (a `SECCOMP_RET_*` value).
+    Return(u32),
+    /// Go on to the instruction right after the block.
+    Next,
+}
+
+/// Up to this many numbers are compared one by one at a leaf of [`dispatch`].
+const LEAF: usize = 4;
+
+/// A binary search for the accumulator (a syscall number) among `sorted` (ascending,
+/// distinct numbers, each with what to do when found); a number not among them returns
+/// `miss`. A filter whose every syscall walks a chain of comparisons costs the kernel, when
+/// installed, a run of that chain per syscall number (the seccomp action cache emulates the
+/// filter for each), and every call not in the cache the walk: the search makes it a dozen
+/// instructions.
+pub(crate) fn dispatch(sorted: &[(u32, Found)], miss: u32) -> Vec<sock_filter> {
+    let mut out = Vec::new();
+    let mut next = Vec::new();
+    search(sorted, miss, &mut out, &mut next);
+    let end = out.len();
+    for at in next {
+        out[at].k = (end - at - 1) as u32;
+    }
+    out
+}
+
+/// Emits the search of `sorted`; `next` collects the jumps to patch to the block's end.
+fn search(sorted: &[(u32, Found)], miss: u32, out: &mut Vec<sock_filter>, next: &mut Vec<usize>) {
+    if sorted.len() <= LEAF {
+        for &(n, found) in sorted {
+            // Equal: the action right after; else skip it.
+            out.push(ins(JEQ_K, 0, 1, n));
+            match found {
+                Found::Return(k) => out.push(ins(RET_K, 0, 0, k)),
+                Found::Next => {
+                    next.push(out.len());
+                    out.push(ins(JA, 0, 0, 0));
+                }
+            }
+        }
+        out.push(ins(RET_K, 0, 0, miss));
+        return;
+    }
+    let (low, high) = sorted.split_at(sorted.len() / 2);
+    // A >= high[0]: take the jump over the lower half; else skip the jump.
+    out.push(ins(JGE_K, 0, 1, high[0].0));
+    let over = out.len();
+    out.push(ins(JA, 0, 0, 0));
+    search(low, miss, out, next);
+    out[over].k = (out.len() - over - 1) as u32;
+    search(high, miss, out, next);
 }

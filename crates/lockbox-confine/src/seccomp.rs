@@ -603,6 +603,19 @@ pub const REFUSED_FAMILIES: [RefusedFamily; 2] = [
 
 /// Builds the BPF program. `net_host`: the sandbox shares the host's network (`--net host`).
 pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError> {
+    program(openat2, net_host, true)
+}
+
+/// [`build`], or (`search` false, for tests, which check that both decide the same) the
+/// plain form: seccompiler's chain of every rule.
+///
+/// The filter: the [`prologue`] (architecture, ENOSYS calls), the socket families, then a
+/// binary search over the denied calls ([`crate::bpf::dispatch`]): an unconditional denial
+/// returns `EPERM` at once, a conditional one goes on to seccompiler's chain of the
+/// conditional rules only, and every other call is allowed. A short filter is cheap to
+/// install (the kernel translates, JIT-compiles and emulates it for each syscall number
+/// every time a sandbox command starts) and to run.
+fn program(openat2: Openat2, net_host: bool, search: bool) -> Result<BpfProgram, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for d in denied() {
@@ -611,12 +624,21 @@ pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError>
             entry.extend(rules_for(when).map_err(|e| err(&e))?);
         }
     }
+    let chained: BTreeMap<i64, Vec<SeccompRule>> = if search {
+        rules
+            .iter()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(nr, r)| (*nr, r.clone()))
+            .collect()
+    } else {
+        rules.clone()
+    };
     #[cfg(target_arch = "x86_64")]
     let arch = seccompiler::TargetArch::x86_64;
     #[cfg(target_arch = "aarch64")]
     let arch = seccompiler::TargetArch::aarch64;
     let filter = SeccompFilter::new(
-        rules,
+        chained,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
@@ -635,6 +657,21 @@ pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError>
         .map(|f| f.family)
         .collect();
     program.extend(refuse_families(&families));
+    if search {
+        use crate::bpf::{Found, RET_ALLOW, RET_ERRNO};
+        let sorted: Vec<(u32, Found)> = rules
+            .iter()
+            .map(|(&nr, r)| {
+                let found = if r.is_empty() {
+                    Found::Return(RET_ERRNO | libc::EPERM as u32)
+                } else {
+                    Found::Next
+                };
+                (nr as u32, found)
+            })
+            .collect();
+        program.extend(crate::bpf::dispatch(&sorted, RET_ALLOW));
+    }
     program.extend(body);
     Ok(program)
 }
@@ -712,6 +749,85 @@ mod tests {
         for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
             let program = build(openat2, host).unwrap();
             assert!(program.len() < 4096, "{} instructions", program.len());
+        }
+    }
+
+    /// Runs a classic BPF seccomp program on (nr, args) as the kernel would, for the
+    /// instructions lockbox's filters use.
+    /// Returns the action and how many instructions ran.
+    fn run(program: &[seccompiler::sock_filter], nr: u32, args: [u64; 6]) -> (u32, usize) {
+        let word = |offset: u32| -> u32 {
+            match offset {
+                0 => nr,
+                4 => AUDIT_ARCH,
+                8 | 12 => 0, // instruction pointer
+                o => {
+                    let arg = args[((o - 16) / 8) as usize];
+                    if (o - 16) % 8 == 0 {
+                        arg as u32
+                    } else {
+                        (arg >> 32) as u32
+                    }
+                }
+            }
+        };
+        let (mut a, mut pc, mut steps) = (0u32, 0usize, 0usize);
+        loop {
+            let i = &program[pc];
+            pc += 1;
+            steps += 1;
+            let jump = |cond: bool| if cond { i.jt as usize } else { i.jf as usize };
+            match i.code {
+                0x20 => a = word(i.k),            // LD W ABS
+                0x54 => a &= i.k,                 // ALU AND K
+                0x05 => pc += i.k as usize,       // JA
+                0x15 => pc += jump(a == i.k),     // JEQ K
+                0x25 => pc += jump(a > i.k),      // JGT K
+                0x35 => pc += jump(a >= i.k),     // JGE K
+                0x45 => pc += jump(a & i.k != 0), // JSET K
+                0x06 => return (i.k, steps),      // RET K
+                code => panic!("instruction {code:#x} not emulated"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_binary_search_decides_every_call_as_the_chain_does() {
+        let set_id = u64::from(libc::S_ISUID | libc::S_ISGID);
+        let mut arg_sets = vec![[0u64; 6], [u64::MAX; 6], [set_id; 6]];
+        for i in 0..6 {
+            let mut args = [0u64; 6];
+            args[i] = libc::CLONE_NEWUSER as u64;
+            arg_sets.push(args);
+        }
+        for d in denied() {
+            if let Some(When::IoctlRequest(req)) = d.when {
+                arg_sets.push([0, req, 0, 0, 0, 0]);
+            }
+        }
+        for v in PERSONALITY_ALLOWED {
+            arg_sets.push([v, 0, 0, 0, 0, 0]);
+        }
+        for f in REFUSED_FAMILIES {
+            arg_sets.push([u64::from(f.family), 0, 0, 0, 0, 0]);
+        }
+        for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
+            let fast = program(openat2, host, true).unwrap();
+            let chain = program(openat2, host, false).unwrap();
+            for nr in (0..1024).chain([0x4000_0000, u32::MAX]) {
+                for args in &arg_sets {
+                    assert_eq!(
+                        run(&fast, nr, *args).0,
+                        run(&chain, nr, *args).0,
+                        "syscall {nr} with {args:x?}"
+                    );
+                }
+            }
+            // What an allowed call walks (and the kernel emulates for each syscall number
+            // when the filter is installed): a few dozen instructions, not the chain.
+            let (action, steps) = run(&fast, libc::SYS_read as u32, [0; 6]);
+            assert_eq!(action, crate::bpf::RET_ALLOW);
+            assert!(steps <= 40, "{steps} instructions for read(2)");
         }
     }
 
