@@ -24,9 +24,19 @@
 //!     no page tables are copied), then reap zombies and forward signals until it exits;
 //!     then kill and reap everything left, report usage and the status, and exit.
 //!
+//! A sequence sandbox ([`crate::spawn_sequence`]) does not exit after its first command:
+//! while a command runs, the init enters a fresh IPC namespace for the next; once it is over
+//! (and everything it left is killed and reaped), the init replaces the stdio by
+//! `/dev/null`, reports, forks the next command's process and carries out that command's
+//! ops ([`crate::plan::StepPlan`]: the previous views unmounted, fresh scratch, its views),
+//! then wakes it; and so on until the last command, after which it exits as above.
+//!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
 //! changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
 //! installs seccomp (last, so the filter need not allow setup) and executes the command.
+//! The later commands of a sequence do the same in another order: what does not depend on
+//! their views first (capabilities, seccomp, while the init mounts the views), then
+//! Landlock and the directory, then they wait for the supervisor's go with their stdio.
 //!
 //! Nothing here allocates, locks, logs or panics: the parent may be multi-threaded, and after
 //! `clone` only the calling thread exists, possibly with a lock held by a vanished thread.
@@ -82,14 +92,22 @@ pub struct Prepared {
     pub(crate) report_fd: RawFd,
     /// Descriptors to install as 0, 1, 2 (`-1`: keep the caller's); all `>= 3`.
     pub(crate) stdio: [RawFd; 3],
-    pub(crate) exec_candidates: Vec<CString>,
-    pub(crate) argv: CStringArray,
+    /// The command, or the commands of a sequence (one per step, see
+    /// [`SetupPlan::steps`]).
+    pub(crate) commands: Vec<Command>,
     pub(crate) envp: CStringArray,
     pub(crate) last_cap: u32,
     /// Scratch space for captured source descriptors, one slot per plan source.
     pub(crate) source_fds: Vec<RawFd>,
     /// Stack of the command child, which starts sharing the init's memory.
     pub(crate) command_stack: Vec<u8>,
+}
+
+/// One command to execute: its argv and where `execve` looks for it, in order.
+#[derive(Debug)]
+pub struct Command {
+    pub(crate) exec_candidates: Vec<CString>,
+    pub(crate) argv: CStringArray,
 }
 
 /// Signals the init forwards to the command (and `SIGCHLD` for reaping).
@@ -131,21 +149,51 @@ fn report(fd: RawFd, record: Record) {
 }
 
 /// The init's entry point (step numbers as in the module doc). Never returns.
+///
+/// A sequence sandbox ([`SetupPlan::steps`]) runs its commands one after another: after
+/// each but the last, the init reports its status, gives the next command its own views
+/// (see [`crate::plan::StepPlan`]) and waits for the go again.
 pub fn init_main(p: &mut Prepared) -> ! {
-    match setup(p) {
-        Ok((signal_fd, ruleset)) => supervise(p, signal_fd, ruleset),
-        Err(fail) => {
-            report(
-                p.report_fd,
-                Record::Failed {
-                    step: fail.step,
-                    errno: fail.errno.0,
-                    index: fail.index,
-                },
-            );
-            sys::exit(125)
+    let (signal_fd, ruleset) = match setup(p) {
+        Ok(ready) => ready,
+        Err(fail) => fail_exit(p, fail),
+    };
+    let mut step = 0;
+    let mut start = Start::Spawn(ruleset);
+    loop {
+        let status = run_command(p, step, signal_fd, start);
+        if step == p.plan.steps.len() {
+            finish(p, status)
         }
+        if let Err(fail) = end_step(p, status) {
+            fail_exit(p, fail)
+        }
+        step += 1;
+        start = match start_next(p, step, signal_fd) {
+            Ok(pid) => Start::Started(pid),
+            Err(fail) => fail_exit(p, fail),
+        };
     }
+}
+
+/// How [`run_command`] gets its command going.
+enum Start {
+    /// Spawn it (vfork), confined by this Landlock ruleset.
+    Spawn(Option<RawFd>),
+    /// Already forked by [`start_next`].
+    Started(libc::pid_t),
+}
+
+fn fail_exit(p: &Prepared, fail: Fail) -> ! {
+    report(
+        p.report_fd,
+        Record::Failed {
+            step: fail.step,
+            errno: fail.errno.0,
+            index: fail.index,
+        },
+    );
+    sys::exit(125)
 }
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
@@ -154,7 +202,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
     // setup opened) matters for a gated sandbox, which may wait long while holding copies
     // of the caller's pipes (the previous pipeline stage's stdin, say).
-    close_other_fds(&p.keep_fds, None);
+    close_other_fds(&p.keep_fds, None, &[]);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
     if p.new_cgroup_ns {
@@ -180,7 +228,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     }
     apply_ops(p, gate, p.plan.ops.len())?; // 9
     set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
-    let ruleset = landlock_ruleset(p)?; // 10
+    let ruleset = landlock_ruleset(p, &p.plan.rules)?; // 10
     let signal_fd = harden_init(p, ruleset)?; // 11
     Ok((signal_fd, ruleset))
 }
@@ -242,6 +290,67 @@ fn apply_ops(p: &mut Prepared, from: usize, to: usize) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Between two commands of a sequence: the previous command's stdio goes (its readers see
+/// the end), replaced by `/dev/null` so that no descriptor opened later lands on 0..=2;
+/// then its usage and status are reported.
+fn end_step(p: &Prepared, status: Record) -> Result<(), Fail> {
+    let null = sys::open(c"/dev/null", libc::O_RDWR, 0).map_err(at(Step::RedirectStdio))?;
+    for target in 0..3 {
+        if null != target {
+            sys::dup2(null, target).map_err(at(Step::RedirectStdio))?;
+        }
+    }
+    if null > 2 {
+        sys::close(null);
+    }
+    let (cpu_us, max_rss_kb) = sys::children_usage();
+    report(p.report_fd, Record::Usage { cpu_us, max_rss_kb });
+    report(p.report_fd, status);
+    Ok(())
+}
+
+/// Starts command `step` (>= 1) of a sequence. Its process is forked first and confines
+/// itself (capabilities, `no_new_privs`, seccomp) while the init carries out the step's ops
+/// (the previous views down, fresh scratch, this command's views); once they are done, the
+/// init wakes it through a pipe, and it adds Landlock (whose rules hold the new views),
+/// takes the stdio of the supervisor's go and executes. Signals that arrived for the
+/// previous command are dropped. A failure of the ops is reported against the step's ops.
+fn start_next(p: &mut Prepared, step: usize, signal_fd: RawFd) -> Result<libc::pid_t, Fail> {
+    while let Ok(Some(_)) = sys::read_signalfd(signal_fd) {}
+    let (wake_r, wake_w) = sys::pipe().map_err(at(Step::ForkCommand))?;
+    // A raw clone, not libc's fork: the init is a copy of a multi-threaded process, whose
+    // vanished threads may hold the locks fork(3) takes.
+    let pid = match sys::clone3_fork(0).map_err(at(Step::ForkCommand))? {
+        sys::Forked::Child => {
+            sys::close(wake_w);
+            preforked_main(p, step, wake_r)
+        }
+        sys::Forked::Parent { pid, pidfd } => {
+            sys::close(pidfd);
+            pid
+        }
+    };
+    sys::close(wake_r);
+    let mut done = Ok(());
+    for i in 0..p.plan.steps[step - 1].ops.len() {
+        done = apply(
+            &p.plan.steps[step - 1].ops[i],
+            &mut p.source_fds,
+            p.report_fd,
+        )
+        .map_err(at_index(Step::Mount, i));
+        if done.is_err() {
+            break;
+        }
+    }
+    if done.is_ok() {
+        done = sys::write_all(wake_w, b"w").map_err(at(Step::ForkCommand));
+    }
+    // On failure the command sees the pipe's end and exits, and the sandbox ends with us.
+    sys::close(wake_w);
+    done.map(|()| pid)
+}
+
 fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errno> {
     match op {
         Op::Mkdir { path, mode } => {
@@ -259,7 +368,11 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         Op::WriteFile { path, data } => sys::write_file(path, data, 0o644),
         Op::Whiteout { path } => sys::mknod_whiteout(path),
         Op::Attach { source, target } => {
-            let fd = source_fds.get(*source).copied().unwrap_or(-1);
+            let Some(slot) = source_fds.get_mut(*source) else {
+                return Err(Errno(libc::EBADF));
+            };
+            // Each captured source is attached once; the slot no longer names a descriptor.
+            let fd = std::mem::replace(slot, -1);
             let result = sys::move_mount_to(fd, target);
             sys::close(fd);
             result
@@ -303,30 +416,56 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         }
         Op::SetReadonly { path } => set_readonly(path, false),
         Op::Umount { path } => sys::umount_detach(path),
+        Op::Unmount { path } => match sys::umount(path) {
+            // Not a mount point (an optional cover that was skipped), or gone.
+            Err(Errno(libc::EINVAL | libc::ENOENT)) => Ok(()),
+            other => other,
+        },
+        Op::Renew {
+            target,
+            mode,
+            mount,
+        } => {
+            if sys::is_empty_dir_with_mode(target, *mode)? {
+                return Ok(());
+            }
+            sys::umount_detach(target)?;
+            apply(mount, source_fds, report_fd)
+        }
         Op::Rmdir { path } => sys::rmdir(path),
         Op::Gate => await_go(report_fd),
     }
 }
 
-/// Blocks until the supervisor says go on the report socket; a descriptor sent along
-/// becomes stdin. The supervisor closing its end (it gave up on this sandbox) cancels.
+/// Blocks until the supervisor says go on the report socket. The go (`g` and a mask)
+/// carries the command's new stdio: bit N of the mask set means the next descriptor sent
+/// along becomes descriptor N. The supervisor closing its end (it gave up on this sandbox)
+/// cancels.
 fn await_go(report_fd: RawFd) -> Result<(), Errno> {
-    let mut buf = [0u8; 1];
-    let received = loop {
-        match sys::recv_with_fd(report_fd, &mut buf) {
+    let mut buf = [0u8; 2];
+    let mut fds = [-1; sys::MAX_FDS];
+    let (len, count) = loop {
+        match sys::recv_with_fds(report_fd, &mut buf, &mut fds) {
             Err(Errno(libc::EINTR)) => continue,
             other => break other?,
         }
     };
-    match received {
-        (0, _) => Err(Errno(libc::ECANCELED)),
-        (_, None) => Ok(()),
-        (_, Some(fd)) => {
-            let result = sys::dup2(fd, 0);
-            sys::close(fd);
-            result
+    if len == 0 {
+        return Err(Errno(libc::ECANCELED));
+    }
+    let mask = if len > 1 { buf[1] } else { 0 };
+    let mut result = Ok(());
+    let mut next = 0;
+    for target in 0..3 {
+        if mask & (1 << target) != 0 && next < count {
+            result = result.and(sys::dup2(fds[next], target));
+            next += 1;
         }
     }
+    for &fd in &fds[..count] {
+        sys::close(fd);
+    }
+    result
 }
 
 fn set_readonly(path: &CStr, recursive: bool) -> Result<(), Errno> {
@@ -344,12 +483,12 @@ fn enter_root() -> Result<(), Fail> {
     sys::chdir(c"/").map_err(at(Step::PivotRoot))
 }
 
-fn landlock_ruleset(p: &Prepared) -> Result<Option<RawFd>, Fail> {
+fn landlock_ruleset(p: &Prepared, rules: &[crate::plan::Rule]) -> Result<Option<RawFd>, Fail> {
     let Some((abi, attr)) = &p.landlock else {
         return Ok(None);
     };
     let ruleset = sys::landlock_create_ruleset(Some(attr), 0).map_err(at(Step::LandlockRuleset))?;
-    for (i, rule) in p.plan.rules.iter().enumerate() {
+    for (i, rule) in rules.iter().enumerate() {
         let fd = sys::open(&rule.path, libc::O_PATH, 0).map_err(at_index(Step::LandlockRule, i))?;
         let result = sys::landlock_add_path_rule(ruleset, fd, rule.access.bits(*abi));
         sys::close(fd);
@@ -362,7 +501,7 @@ fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
         .map_err(at(Step::SetDeathSignal))?;
-    close_other_fds(&p.keep_fds, ruleset);
+    close_other_fds(&p.keep_fds, ruleset, &p.source_fds);
     let mut signals = [0; FORWARDED.len() + 1];
     signals[..FORWARDED.len()].copy_from_slice(&FORWARDED);
     signals[FORWARDED.len()] = libc::SIGCHLD;
@@ -371,30 +510,27 @@ fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
     sys::signalfd(&set).map_err(at(Step::BlockSignals))
 }
 
-/// Closes every descriptor but `keep` (sorted) and the Landlock ruleset, so nothing of the
+/// Closes every descriptor but `keep` (sorted), the Landlock ruleset and the captured
+/// sources still to be attached (by the later commands of a sequence), so nothing of the
 /// caller's leaks into the sandbox.
-fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>) {
+fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>, sources: &[RawFd]) {
+    let kept = |fd: RawFd| keep.contains(&fd) || ruleset == Some(fd) || sources.contains(&fd);
+    let highest = keep
+        .iter()
+        .chain(ruleset.iter())
+        .chain(sources.iter())
+        .copied()
+        .max()
+        .unwrap_or(-1);
+    // Close the gaps between kept descriptors, without allocating.
     let mut next: u32 = 0;
-    let mut close_gap = |fd: RawFd| {
-        let fd = fd as u32;
-        if fd > next {
-            sys::close_range(next, fd - 1);
-        }
-        next = next.max(fd + 1);
-    };
-    // Merge the two sorted sources without allocating.
-    let mut rs = ruleset;
-    for &fd in keep {
-        if let Some(r) = rs {
-            if r < fd {
-                close_gap(r);
-                rs = None;
+    for fd in 0..=highest {
+        if kept(fd) {
+            if fd as u32 > next {
+                sys::close_range(next, fd as u32 - 1);
             }
+            next = fd as u32 + 1;
         }
-        close_gap(fd);
-    }
-    if let Some(r) = rs {
-        close_gap(r);
     }
     sys::close_range(next, u32::MAX);
 }
@@ -402,43 +538,74 @@ fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>) {
 /// What the command child needs.
 struct CommandStart<'a> {
     prepared: &'a Prepared,
+    command: &'a Command,
     ruleset: Option<RawFd>,
 }
 
 fn command_entry(start: &CommandStart<'_>) -> ! {
-    command_main(start.prepared, start.ruleset)
+    command_main(start.prepared, start.command, start.ruleset)
 }
 
-fn supervise(p: &mut Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
-    // The command child shares the init's memory until it execs; the signalfd it inherits
-    // is close-on-exec.
-    let mut stack = std::mem::take(&mut p.command_stack);
-    let start = CommandStart {
-        prepared: p,
-        ruleset,
-    };
-    let command = match sys::spawn_vfork(&mut stack, command_entry, &start) {
-        Ok(pid) => pid,
-        Err(errno) => {
-            report(
-                p.report_fd,
-                Record::Failed {
-                    step: Step::ForkCommand,
-                    errno: errno.0,
-                    index: 0,
-                },
-            );
-            sys::exit(125)
+/// Starts command number `step` (or takes the one [`start_next`] started) and forwards
+/// signals to it until it exits; then kills and reaps every process left (daemons
+/// included) and returns its status.
+fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) -> Record {
+    let command = match start {
+        Start::Started(pid) => pid,
+        Start::Spawn(ruleset) => {
+            // The command child shares the init's memory until it execs; the signalfd it
+            // inherits is close-on-exec.
+            let mut stack = std::mem::take(&mut p.command_stack);
+            let spawned = match p.commands.get(step) {
+                Some(command) => {
+                    let start = CommandStart {
+                        prepared: p,
+                        command,
+                        ruleset,
+                    };
+                    sys::spawn_vfork(&mut stack, command_entry, &start)
+                }
+                None => Err(Errno(libc::ENOENT)),
+            };
+            p.command_stack = stack;
+            if let Some(fd) = ruleset {
+                sys::close(fd);
+            }
+            match spawned {
+                Ok(pid) => pid,
+                Err(errno) => fail_exit(
+                    p,
+                    Fail {
+                        step: Step::ForkCommand,
+                        errno,
+                        index: 0,
+                    },
+                ),
+            }
         }
     };
-    if let Some(fd) = ruleset {
-        sys::close(fd);
+    if step == 0 {
+        for &fd in &p.pass_fds {
+            sys::close(fd);
+        }
+        if let Some((_, fd)) = &p.net {
+            sys::close(*fd);
+        }
     }
-    for &fd in &p.pass_fds {
-        sys::close(fd);
-    }
-    if let Some((_, fd)) = &p.net {
-        sys::close(*fd);
+    // The next command of a sequence gets an IPC namespace of its own (no System V object
+    // or POSIX message queue of this one's): entered now, while this command runs and the
+    // init has nothing else to do; the command keeps the one it was started in.
+    if step < p.plan.steps.len() {
+        if let Err(errno) = sys::unshare(libc::CLONE_NEWIPC) {
+            fail_exit(
+                p,
+                Fail {
+                    step: Step::UnshareIpc,
+                    errno,
+                    index: 0,
+                },
+            )
+        }
     }
     loop {
         let mut fds = [libc::pollfd {
@@ -455,25 +622,24 @@ fn supervise(p: &mut Prepared, signal_fd: RawFd, ruleset: Option<RawFd>) -> ! {
         }
         while let Ok(Some((pid, status))) = sys::reap_any() {
             if pid == command {
-                let record = if libc::WIFSIGNALED(status) {
+                let _ = sys::kill(-1, libc::SIGKILL);
+                // Until ECHILD: nothing is left.
+                while let Ok(_) | Err(Errno(libc::EINTR)) = sys::wait_any() {}
+                return if libc::WIFSIGNALED(status) {
                     Record::Signaled(libc::WTERMSIG(status))
                 } else {
                     Record::Exited(libc::WEXITSTATUS(status))
                 };
-                finish(p, record)
             }
         }
     }
 }
 
-/// Ends the sandbox once the command has ended: kill and reap every process left (daemons
-/// included), report usage and the command's status, exit. Reporting only after the last
-/// process is reaped lets the supervisor return without waiting for the kernel to tear the
-/// namespaces down, while keeping the promise that nothing of the sandbox still runs.
+/// Ends the sandbox once its (last) command has ended and nothing of it is left: report
+/// usage and the command's status, exit. Reporting only after the last process is reaped
+/// lets the supervisor return without waiting for the kernel to tear the namespaces down,
+/// while keeping the promise that nothing of the sandbox still runs.
 fn finish(p: &Prepared, status: Record) -> ! {
-    let _ = sys::kill(-1, libc::SIGKILL);
-    // Until ECHILD: nothing is left.
-    while let Ok(_) | Err(Errno(libc::EINTR)) = sys::wait_any() {}
     // Our copies of the sandbox's stdio go before the status: a supervisor reading the
     // command's output through pipes then sees their end no later than the status, rather
     // than when the kernel gets round to closing an exiting namespace init's files.
@@ -527,73 +693,131 @@ fn hand_over_net_filter(
     handed.map_err(|e| (Step::NetHandover, e))
 }
 
-fn command_main(p: &Prepared, ruleset: Option<RawFd>) -> ! {
-    let fail = |step: Step, errno: Errno, index: usize| -> ! {
-        report(
-            p.report_fd,
-            Record::Failed {
-                step,
-                errno: errno.0,
-                index: index as u32,
-            },
-        );
-        sys::exit(if step == Step::Exec {
-            if errno.0 == libc::ENOENT {
-                127
-            } else {
-                126
-            }
+/// Reports a failure of the command child's `step` and exits (127/126 for exec failures,
+/// 125 for the rest).
+fn command_fail(p: &Prepared, step: Step, errno: Errno, index: usize) -> ! {
+    report(
+        p.report_fd,
+        Record::Failed {
+            step,
+            errno: errno.0,
+            index: index as u32,
+        },
+    );
+    sys::exit(if step == Step::Exec {
+        if errno.0 == libc::ENOENT {
+            127
         } else {
-            125
-        })
-    };
+            126
+        }
+    } else {
+        125
+    })
+}
+
+/// The start of every command child: default signals, rlimits, passed descriptors.
+fn command_basics(p: &Prepared) {
     sys::reset_sigpipe();
     if let Err(e) = sys::sigprocmask(libc::SIG_SETMASK, &SigSet::empty()) {
-        fail(Step::BlockSignals, e, 0);
+        command_fail(p, Step::BlockSignals, e, 0);
     }
     for (i, &(resource, soft, hard)) in p.rlimits.iter().enumerate() {
         if let Err(e) = sys::set_rlimit(resource, soft, hard) {
-            fail(Step::SetRlimit, e, i);
+            command_fail(p, Step::SetRlimit, e, i);
         }
     }
     for (i, &fd) in p.pass_fds.iter().enumerate() {
         if let Err(e) = sys::clear_cloexec(fd) {
-            fail(Step::PassFd, e, i);
+            command_fail(p, Step::PassFd, e, i);
         }
     }
-    if let Err(e) = sys::chdir(&p.plan.cwd) {
-        fail(Step::Chdir, e, 0);
-    }
+}
+
+/// `no_new_privs`, then every capability dropped.
+fn drop_privileges(p: &Prepared) {
     if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
-        fail(Step::NoNewPrivs, e, 0);
+        command_fail(p, Step::NoNewPrivs, e, 0);
     }
     if let Err(e) = sys::drop_all_capabilities(p.last_cap) {
-        fail(Step::DropCapabilities, e, 0);
+        command_fail(p, Step::DropCapabilities, e, 0);
     }
+}
+
+fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
+    command_basics(p);
+    if let Err(e) = sys::chdir(&p.plan.cwd) {
+        command_fail(p, Step::Chdir, e, 0);
+    }
+    drop_privileges(p);
     if let Some(fd) = ruleset {
         if let Err(e) = sys::landlock_restrict_self(fd) {
-            fail(Step::LandlockRestrict, e, 0);
+            command_fail(p, Step::LandlockRestrict, e, 0);
         }
         sys::close(fd);
     }
     if let Some((filter, fd)) = &p.net {
         if let Err((step, e)) = hand_over_net_filter(filter, *fd) {
-            fail(step, e, 0);
+            command_fail(p, step, e, 0);
         }
     }
     if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
-        fail(Step::SeccompFilter, e, 0);
+        command_fail(p, Step::SeccompFilter, e, 0);
     }
-    // Like execvp: try each PATH candidate; remember the most telling error.
+    execute(p, command)
+}
+
+/// Command `step` (>= 1) of a sequence, forked by [`start_next`]: confined as far as it can
+/// be before its views exist, it waits for the init's wake-up (the pipe's end instead: the
+/// init failed), adds Landlock, waits for the supervisor's go with its stdio, executes.
+/// (Sequences have no network list and no passed descriptors.)
+fn preforked_main(p: &Prepared, step: usize, wake: RawFd) -> ! {
+    command_basics(p);
+    drop_privileges(p);
+    if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
+        command_fail(p, Step::SeccompFilter, e, 0);
+    }
+    let mut byte = [0u8; 1];
+    if !matches!(sys::read(wake, &mut byte), Ok(1)) {
+        sys::exit(125)
+    }
+    sys::close(wake);
+    let rules = p.plan.steps.get(step - 1).map_or(&[][..], |s| &s.rules);
+    match landlock_ruleset(p, rules) {
+        Ok(Some(ruleset)) => {
+            if let Err(e) = sys::landlock_restrict_self(ruleset) {
+                command_fail(p, Step::LandlockRestrict, e, 0);
+            }
+            sys::close(ruleset);
+        }
+        Ok(None) => {}
+        Err(f) => command_fail(p, f.step, f.errno, f.index as usize),
+    }
+    if let Err(e) = sys::chdir(&p.plan.cwd) {
+        command_fail(p, Step::Chdir, e, 0);
+    }
+    match await_go(p.report_fd) {
+        Ok(()) => {}
+        // The supervisor gave up on the sandbox.
+        Err(Errno(libc::ECANCELED)) => sys::exit(125),
+        Err(e) => command_fail(p, Step::RedirectStdio, e, 0),
+    }
+    match p.commands.get(step) {
+        Some(command) => execute(p, command),
+        None => command_fail(p, Step::Exec, Errno(libc::ENOENT), 0),
+    }
+}
+
+/// Like execvp: tries each PATH candidate, remembers the most telling error.
+fn execute(p: &Prepared, command: &Command) -> ! {
     let mut error = Errno(libc::ENOENT);
-    for (i, candidate) in p.exec_candidates.iter().enumerate() {
-        let e = sys::execve(candidate, p.argv.as_ptr(), p.envp.as_ptr());
+    for (i, candidate) in command.exec_candidates.iter().enumerate() {
+        let e = sys::execve(candidate, command.argv.as_ptr(), p.envp.as_ptr());
         if e.0 != libc::ENOENT && e.0 != libc::ENOTDIR {
             error = e;
             if e.0 != libc::EACCES {
-                fail(Step::Exec, e, i);
+                command_fail(p, Step::Exec, e, i);
             }
         }
     }
-    fail(Step::Exec, error, 0)
+    command_fail(p, Step::Exec, error, 0)
 }

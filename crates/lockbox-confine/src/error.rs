@@ -70,6 +70,12 @@ pub enum SetupError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Several commands cannot share one sandbox ([`crate::spawn_sequence`]).
+    #[error("cannot run the commands in one sandbox: {reason}")]
+    Sequence {
+        /// Why not.
+        reason: &'static str,
+    },
     /// A pipe, signalfd or wait failed in the supervising process.
     #[error("{what}: {errno}")]
     Supervise {
@@ -93,6 +99,7 @@ impl SetupError {
             SetupError::InitDied(_) => "INIT_DIED",
             SetupError::Seccomp(_) => "SECCOMP_BUILD_FAILED",
             SetupError::Cgroup { .. } => "CGROUP_FAILED",
+            SetupError::Sequence { .. } => "SEQUENCE_UNSUPPORTED",
             SetupError::Supervise { .. } => "SUPERVISE_FAILED",
         }
     }

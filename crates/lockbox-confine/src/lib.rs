@@ -46,17 +46,20 @@ pub use crate::error::SetupError;
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{parse_sockaddr, NetReport};
-pub use crate::plan::{Op, SetupPlan};
+pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
-pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
+pub use crate::resolve::{
+    resolve, resolve_overlays, Access, Resolved, ResolvedOverlay, ResolvedUpper,
+};
 pub use crate::seccomp::{
     denied as denied_syscalls, Allowed, Denied, RefusedFamily, When,
     REFUSED_FAMILIES as REFUSED_SOCKET_FAMILIES, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, spawn, spawn_agent, spawn_gated, spawn_with, Enforcement, Gated, Outcome,
-    Running, Status, Stdio, UpperMount, Waited,
+    namespaces, run, sequence_unsupported, spawn, spawn_agent, spawn_gated, spawn_sequence,
+    spawn_with, Enforcement, Gated, Outcome, Running, SequenceStep, Status, Stdio, UpperMount,
+    Waited,
 };
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).

@@ -218,10 +218,10 @@ impl Cgroups {
         self.procs.clear();
     }
 
-    /// Whether the OOM killer killed a process of the sandbox.
-    pub fn oom_killed(&self) -> bool {
+    /// How many processes of the sandbox the OOM killer has killed.
+    pub fn oom_kills(&self) -> u64 {
         let Some(dir) = &self.memory else {
-            return false;
+            return 0;
         };
         fs::read_to_string(dir.join("memory.oom_control"))
             .ok()
@@ -230,7 +230,7 @@ impl Cgroups {
                     .find_map(|l| l.strip_prefix("oom_kill "))
                     .and_then(|n| n.trim().parse::<u64>().ok())
             })
-            .is_some_and(|n| n > 0)
+            .unwrap_or(0)
     }
 
     /// Peak memory of the whole sandbox.

@@ -8,7 +8,7 @@
 //! inside it.
 
 use crate::landlock::RuleAccess;
-use crate::resolve::{Access, Resolved};
+use crate::resolve::{Access, Resolved, ResolvedOverlay};
 use std::ffi::CString;
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
@@ -80,8 +80,21 @@ pub enum Op {
     SetReadonly {
         path: CString,
     },
+    /// Unmount lazily (`MNT_DETACH`).
     Umount {
         path: CString,
+    },
+    /// Unmount and wait for the filesystem to be gone (an overlay must be, before one of
+    /// its layers is used by another); nothing mounted there is not an error.
+    Unmount {
+        path: CString,
+    },
+    /// Unless the tmpfs at `target` is still as new (empty, with permission bits `mode`),
+    /// unmount it and carry out `mount` (an [`Op::Mount`] of a new one).
+    Renew {
+        target: CString,
+        mode: u32,
+        mount: Box<Op>,
     },
     Rmdir {
         path: CString,
@@ -118,6 +131,26 @@ pub struct SetupPlan {
     /// Index of the first op of the copy-on-write views and what lies inside them (the
     /// last ops), if there are views.
     pub views_from: Option<usize>,
+    /// The later commands of a sequence sandbox ([`crate::spawn_sequence`]); empty otherwise.
+    pub steps: Vec<StepPlan>,
+    /// Where the views' sources and rules begin (the views' ops begin at `views_from`).
+    view_sources_from: usize,
+    view_rules_from: usize,
+    /// The mounts of the sandbox's own scratch tmpfs (`/tmp` unless granted, `/dev/shm`).
+    scratch: Vec<Op>,
+}
+
+/// What a sandbox of several commands ([`crate::spawn_sequence`]) does before one of its
+/// later commands: its ops (take the previous command's views down, fresh scratch, mount
+/// this command's views; carried out as soon as the previous command is over) and its
+/// Landlock rules. (The init enters the fresh IPC namespace of the next command while the
+/// previous one runs, and the command waits for the go itself.)
+#[derive(Debug, Clone, Default)]
+pub struct StepPlan {
+    /// Carried out in order, once everything of the previous command has ended.
+    pub ops: Vec<Op>,
+    /// The Landlock rules of this command.
+    pub rules: Vec<Rule>,
 }
 
 const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
@@ -206,6 +239,8 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     nodes.sort_by_key(|(p, _)| in_view(p));
 
     let mut plan = SetupPlan {
+        view_sources_from: usize::MAX,
+        view_rules_from: usize::MAX,
         cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
         overlays: resolved.overlays.clone(),
         net: net_lines(resolved),
@@ -219,6 +254,8 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     for (path, node) in &nodes {
         if plan.views_from.is_none() && in_view(path) {
             plan.views_from = Some(plan.ops.len());
+            plan.view_sources_from = plan.sources.len();
+            plan.view_rules_from = plan.rules.len();
         }
         ensure_parents(&mut plan, &mut made_dirs, path);
         let rel = relative(path);
@@ -252,6 +289,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             }
             Node::Tmpfs => {
                 tmpfs(&mut plan, "tmp", &scratch_options(resolved));
+                plan.scratch.extend(plan.ops.last().cloned());
                 plan.rules.push(Rule {
                     path: cstring(b"/tmp"),
                     access: RuleAccess::Full,
@@ -267,10 +305,134 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             }),
         }
     }
+    if plan.views_from.is_none() {
+        plan.view_sources_from = plan.sources.len();
+        plan.view_rules_from = plan.rules.len();
+    }
     plan
 }
 
+/// Builds the plan of a sandbox that runs commands one after another
+/// ([`crate::spawn_sequence`]): `resolved` holds the first command's views, `later` the
+/// views of each later command (the same targets, other layers). The first command's plan
+/// is the plan of a gated sandbox; each later one gets a [`StepPlan`] whose sources are
+/// appended to the plan's, all captured at the start. Mount points of the views are kept
+/// (the root is read-only by the time a later command mounts its views). Pure: no syscalls.
+pub fn build_sequence(resolved: &Resolved, later: &[Vec<ResolvedOverlay>]) -> SetupPlan {
+    let mut plan = build(resolved);
+    plan.insert_gate();
+    let views_from = plan.views_from.unwrap_or(plan.ops.len());
+    plan.ops = drop_rmdirs(std::mem::take(&mut plan.ops), views_from);
+    let base_rules = plan.rules[..plan.view_rules_from].to_vec();
+    let resets = plan.scratch_resets(views_from);
+    let mut previous = plan.ops[views_from..].to_vec();
+    for overlays in later {
+        let step = build(&Resolved {
+            overlays: overlays.clone(),
+            ..resolved.clone()
+        });
+        let from = step.views_from.unwrap_or(step.ops.len());
+        let shift = |source: usize| source - step.view_sources_from + plan.sources.len();
+        let views: Vec<Op> = step.ops[from..]
+            .iter()
+            .map(|op| match op {
+                Op::Attach { source, target } => Op::Attach {
+                    source: shift(*source),
+                    target: target.clone(),
+                },
+                op => op.clone(),
+            })
+            .collect();
+        plan.sources
+            .extend_from_slice(&step.sources[step.view_sources_from..]);
+        let mut ops = unmount_views(&previous);
+        ops.extend(resets.iter().cloned());
+        // No gate: the previous command is done, so are the layers; the command's own
+        // process waits for the go (see `child`).
+        let views = drop_rmdirs(views, 0);
+        ops.extend(views.iter().cloned());
+        let mut rules = base_rules.clone();
+        rules.extend_from_slice(&step.rules[step.view_rules_from..]);
+        plan.steps.push(StepPlan { ops, rules });
+        previous = views;
+    }
+    plan
+}
+
+/// `ops` without the `Rmdir`s from `from` on (the views' mount points, kept in a sequence).
+fn drop_rmdirs(ops: Vec<Op>, from: usize) -> Vec<Op> {
+    ops.into_iter()
+        .enumerate()
+        .filter(|(i, op)| *i < from || !matches!(op, Op::Rmdir { .. }))
+        .map(|(_, op)| op)
+        .collect()
+}
+
+/// Where an op mounts something, if it does.
+fn mount_target(op: &Op) -> Option<&CString> {
+    match op {
+        Op::Mount { target, .. } | Op::Attach { target, .. } => Some(target),
+        Op::CoverWith { path, .. } | Op::CoverReadonly { path, .. } => Some(path),
+        _ => None,
+    }
+}
+
+/// Whether stage-relative `path` is `dir` or lies below it.
+fn at_or_below(path: &CString, dir: &CString) -> bool {
+    let (path, dir) = (path.as_bytes(), dir.as_bytes());
+    path.strip_prefix(dir)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
+}
+
+/// Unmounts what the ops of a command's views left mounted, innermost first: everything
+/// they mounted except below what they detached themselves (the layers).
+fn unmount_views(views: &[Op]) -> Vec<Op> {
+    let detached: Vec<&CString> = views
+        .iter()
+        .filter_map(|op| match op {
+            Op::Umount { path } => Some(path),
+            _ => None,
+        })
+        .collect();
+    views
+        .iter()
+        .rev()
+        .filter_map(mount_target)
+        .filter(|t| !detached.iter().any(|d| at_or_below(t, d)))
+        .map(|t| Op::Unmount { path: t.clone() })
+        .collect()
+}
+
 impl SetupPlan {
+    /// Ops that give a later command of a sequence fresh scratch tmpfs mounts, unless
+    /// something else of the root (before the views, which are taken down first) lies
+    /// inside one.
+    fn scratch_resets(&self, views_from: usize) -> Vec<Op> {
+        let path_of = |op: &Op| match op {
+            Op::Mkdir { path, .. }
+            | Op::Touch { path }
+            | Op::Symlink { path, .. }
+            | Op::WriteFile { path, .. }
+            | Op::Whiteout { path } => Some(path.clone()),
+            op => mount_target(op).cloned(),
+        };
+        self.scratch
+            .iter()
+            .filter_map(|mount| {
+                let target = mount_target(mount)?;
+                let holds_more = self.ops[..views_from]
+                    .iter()
+                    .filter_map(path_of)
+                    .any(|p| p != *target && at_or_below(&p, target));
+                (!holds_more).then(|| Op::Renew {
+                    target: target.clone(),
+                    mode: SCRATCH_MODE,
+                    mount: Box::new(mount.clone()),
+                })
+            })
+            .collect()
+    }
+
     /// Inserts an [`Op::Gate`] right before the first copy-on-write view is mounted (its
     /// layers may still change until the go; attaching them before is fine), else after
     /// the last op. Everything before it is done ahead; the ops after it run after
@@ -406,6 +568,12 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     }
     // Unprivileged overlays keep their metadata in user.* xattrs (Linux >= 5.11).
     data.push_str(",userxattr");
+    // An upper layer is lockbox's to make durable (a kept branch is synced, a commit fsyncs
+    // what it stages): without `volatile`, unmounting the view (the sandbox's end) syncs the
+    // whole host filesystem of the upper, and a sandboxed fsync() does the same.
+    if o.upper.as_ref().is_some_and(|u| u.max_size.is_none()) {
+        data.push_str(",volatile");
+    }
     plan.ops.push(Op::Mount {
         source: cstring(b"overlay"),
         target: rel.clone(),
@@ -508,10 +676,13 @@ fn tmpfs(plan: &mut SetupPlan, rel: &str, data: &str) {
 /// does not count tmpfs files, so this bound is what keeps `/tmp` from taking host memory.
 fn scratch_options(resolved: &Resolved) -> String {
     match resolved.scratch_size {
-        Some(bytes) => format!("mode=1777,size={bytes}"),
-        None => "mode=1777".to_owned(),
+        Some(bytes) => format!("mode={SCRATCH_MODE:o},size={bytes}"),
+        None => format!("mode={SCRATCH_MODE:o}"),
     }
 }
+
+/// The permission bits of the sandbox's own scratch tmpfs mounts.
+const SCRATCH_MODE: u32 = 0o1777;
 
 /// A minimal /dev: a tmpfs with the host's harmless character devices bound in, a private
 /// devpts instance (so the sandbox cannot reach the host's terminals by name), /dev/shm.
@@ -558,6 +729,7 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
         access: RuleAccess::DeviceDir,
     });
     tmpfs(plan, "dev/shm", &scratch_options(resolved));
+    plan.scratch.extend(plan.ops.last().cloned());
     plan.rules.push(Rule {
         path: cstring(b"/dev/shm"),
         access: RuleAccess::Full,
@@ -725,6 +897,14 @@ impl fmt::Display for Op {
             Op::CoverWith { with, path } => write!(f, "mask {} with {}", p(path), p(with)),
             Op::SetReadonly { path } => write!(f, "make mount {} read-only", p(path)),
             Op::Umount { path } => write!(f, "unmount {}", p(path)),
+            Op::Unmount { path } => write!(f, "unmount {} and wait for it", p(path)),
+            Op::Renew { target, mount, .. } => {
+                write!(
+                    f,
+                    "unless untouched, replace {} by a new {mount}",
+                    p(target)
+                )
+            }
             Op::Rmdir { path } => write!(f, "remove {}", p(path)),
             Op::Gate => write!(f, "wait for the go of lockbox"),
         }
@@ -1009,6 +1189,91 @@ mod tests {
             .ops
             .iter()
             .any(|op| matches!(op, Op::SetReadonly { path } if path.as_bytes() == b"w")));
+    }
+
+    /// A view of `/w` over `lowers` with its upper in `/s/<n>`.
+    fn step_view(n: usize, lowers: &[&str]) -> crate::resolve::ResolvedOverlay {
+        crate::resolve::ResolvedOverlay {
+            target: "/w".into(),
+            lowers: lowers.iter().map(PathBuf::from).collect(),
+            upper: Some(crate::resolve::ResolvedUpper {
+                parent: format!("/s/{n}").into(),
+                upper_name: "upper".into(),
+                work_name: "work".into(),
+                max_size: None,
+                mode: 0o755,
+            }),
+            writable: None,
+            create: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_later_command_of_a_sequence_takes_the_views_down_then_mounts_its_own() {
+        let mut r = resolved(vec![grant("/usr", Access::ReadOnly)]);
+        r.overlays.push(step_view(0, &["/w"]));
+        let plan = build_sequence(&r, &[vec![step_view(1, &["/s/0/upper", "/w"])]]);
+        assert!(plan.ops.iter().any(|op| matches!(op, Op::Gate)));
+        assert_eq!(plan.steps.len(), 1);
+        let ops = &plan.steps[0].ops;
+        let text: Vec<String> = ops.iter().map(ToString::to_string).collect();
+        // The previous view first, waited for; then fresh scratch; then the new view.
+        assert_eq!(text[0], "unmount /w and wait for it", "{text:#?}");
+        let renew = |t: &str| {
+            text.iter()
+                .position(|o| o.starts_with("unless untouched, replace") && o.contains(t))
+        };
+        assert!(
+            renew("/tmp").is_some() && renew("/dev/shm").is_some(),
+            "{text:#?}"
+        );
+        let mount = ops
+            .iter()
+            .position(
+                |op| matches!(op, Op::Mount { fstype, .. } if fstype.as_bytes() == b"overlay"),
+            )
+            .unwrap();
+        assert!(renew("/tmp") < Some(mount));
+        assert!(
+            !ops.iter()
+                .any(|op| matches!(op, Op::Gate | Op::Rmdir { .. })),
+            "{text:#?}"
+        );
+        // Its layers are sources of its own, appended and attached by their new numbers.
+        let attached: Vec<&Source> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Attach { source, .. } => Some(&plan.sources[*source]),
+                _ => None,
+            })
+            .collect();
+        let hosts: Vec<&[u8]> = attached.iter().map(|s| s.host.as_bytes()).collect();
+        assert_eq!(hosts, [&b"/s/0/upper"[..], b"/w", b"/s/1"]);
+        // Its Landlock rules: the root's, then its view's.
+        assert!(plan.steps[0]
+            .rules
+            .iter()
+            .any(|r| r.path.as_bytes() == b"/usr"));
+        assert!(plan.steps[0]
+            .rules
+            .iter()
+            .any(|r| r.path.as_bytes() == b"/w"));
+    }
+
+    #[test]
+    fn a_scratch_tmpfs_holding_a_grant_is_not_renewed_between_commands() {
+        let mut r = resolved(vec![grant("/tmp/job", Access::ReadWrite)]);
+        r.overlays.push(step_view(0, &["/w"]));
+        let plan = build_sequence(&r, &[vec![step_view(1, &["/s/0/upper", "/w"])]]);
+        let text: Vec<String> = plan.steps[0].ops.iter().map(ToString::to_string).collect();
+        assert!(
+            !text.iter().any(|o| o.contains("replace /tmp ")),
+            "the grant below /tmp would be lost: {text:#?}"
+        );
+        assert!(
+            text.iter().any(|o| o.contains("replace /dev/shm ")),
+            "{text:#?}"
+        );
     }
 
     #[test]

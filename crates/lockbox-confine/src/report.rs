@@ -74,10 +74,11 @@ pub enum Step {
     RedirectStdio,
     NetFilter,
     NetHandover,
+    UnshareIpc,
 }
 
 impl Step {
-    const ALL: [Step; 30] = [
+    const ALL: [Step; 31] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -108,6 +109,7 @@ impl Step {
         Step::RedirectStdio,
         Step::NetFilter,
         Step::NetHandover,
+        Step::UnshareIpc,
     ];
 
     fn from_code(code: u32) -> Option<Step> {
@@ -147,6 +149,7 @@ impl Step {
             Step::RedirectStdio => "redirecting standard input/output",
             Step::NetFilter => "installing the network seccomp filter",
             Step::NetHandover => "handing the network filter to the supervisor",
+            Step::UnshareIpc => "creating the next command's IPC namespace",
         }
     }
 }

@@ -149,7 +149,56 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             add(resolve_grant(path, access, &mut out.symlinks)?);
         }
     }
-    for overlay in &policy.fs.overlays {
+    out.overlays = resolve_overlays(&policy.fs.overlays)?;
+    out.devices = DEVICES
+        .into_iter()
+        .filter(|d| Path::new("/dev").join(d).exists())
+        .collect();
+    out.scratch_size = policy.limits.memory.map(|m| m.bytes());
+    out.net_pins = pin_names(&policy.net)?;
+    out.net_rules = match &policy.net {
+        Net::Allow(specs) | Net::Deny(specs) => {
+            let kind = if matches!(policy.net, Net::Allow(_)) {
+                ListKind::Allow
+            } else {
+                ListKind::Deny
+            };
+            let rules = specs
+                .iter()
+                .flat_map(|spec| {
+                    let addrs = match &spec.host {
+                        NetHost::Name(n) => out
+                            .net_pins
+                            .iter()
+                            .find(|(name, _)| name == n)
+                            .map(|(_, a)| a.clone())
+                            .unwrap_or_default(),
+                        NetHost::Block(_) => Vec::new(),
+                    };
+                    spec.rules(&addrs)
+                })
+                .collect();
+            Some((kind, rules))
+        }
+        Net::None | Net::Host => None,
+    };
+    out.etc_files = etc_files(policy, &out.net_pins);
+    out.cwd = match &policy.cwd {
+        Some(cwd) => cwd.clone(),
+        None => caller_cwd
+            .filter(|cwd| visible_inside(&out, cwd))
+            .map_or_else(|| PathBuf::from("/"), Path::to_owned),
+    };
+    Ok(out)
+}
+
+/// Resolves copy-on-write views: canonical layers, checked to be directories, and their
+/// writable paths (see [`ResolvedOverlay::writable`]).
+pub fn resolve_overlays(
+    overlays: &[lockbox_policy::Overlay],
+) -> Result<Vec<ResolvedOverlay>, SetupError> {
+    let mut out = Vec::with_capacity(overlays.len());
+    for overlay in overlays {
         let dir = |p: &Path, what| {
             let canonical = std::fs::canonicalize(p).map_err(|e| SetupError::Path {
                 path: p.to_owned(),
@@ -190,47 +239,8 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         if let Some(paths) = &overlay.writable {
             resolve_writable(&mut resolved, &overlay.target, paths)?;
         }
-        out.overlays.push(resolved);
+        out.push(resolved);
     }
-    out.devices = DEVICES
-        .into_iter()
-        .filter(|d| Path::new("/dev").join(d).exists())
-        .collect();
-    out.scratch_size = policy.limits.memory.map(|m| m.bytes());
-    out.net_pins = pin_names(&policy.net)?;
-    out.net_rules = match &policy.net {
-        Net::Allow(specs) | Net::Deny(specs) => {
-            let kind = if matches!(policy.net, Net::Allow(_)) {
-                ListKind::Allow
-            } else {
-                ListKind::Deny
-            };
-            let rules = specs
-                .iter()
-                .flat_map(|spec| {
-                    let addrs = match &spec.host {
-                        NetHost::Name(n) => out
-                            .net_pins
-                            .iter()
-                            .find(|(name, _)| name == n)
-                            .map(|(_, a)| a.clone())
-                            .unwrap_or_default(),
-                        NetHost::Block(_) => Vec::new(),
-                    };
-                    spec.rules(&addrs)
-                })
-                .collect();
-            Some((kind, rules))
-        }
-        Net::None | Net::Host => None,
-    };
-    out.etc_files = etc_files(policy, &out.net_pins);
-    out.cwd = match &policy.cwd {
-        Some(cwd) => cwd.clone(),
-        None => caller_cwd
-            .filter(|cwd| visible_inside(&out, cwd))
-            .map_or_else(|| PathBuf::from("/"), Path::to_owned),
-    };
     Ok(out)
 }
 

@@ -130,7 +130,8 @@ pub struct Running {
     report: OwnedFd,
     started: Instant,
     plan: SetupPlan,
-    program: String,
+    /// Each command's program, for messages (one per step of a sequence).
+    programs: Vec<String>,
     limits: LimitPlan,
     enforcement: Enforcement,
     failure: Option<Record>,
@@ -139,10 +140,17 @@ pub struct Running {
     upper_mounts: Vec<UpperMount>,
     net: Option<Supervisor>,
     timed_out: bool,
-    /// The sandbox has ended (an outcome was produced).
+    /// The sandbox (or, in a sequence, the current command) has ended: an outcome was
+    /// produced.
     done: bool,
     /// The init has been waited for.
     reaped: bool,
+    /// The current command of a sequence sandbox (0 otherwise), and how many follow it.
+    step: usize,
+    steps_left: usize,
+    /// CPU time and OOM kills counted before the current command of a sequence.
+    cpu_before: u64,
+    oom_kills_before: u64,
 }
 
 /// Per-sandbox standard input, output and error. `None` keeps the caller's descriptor.
@@ -198,7 +206,7 @@ pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> 
 /// *thread* that called this: a sandbox meant to outlive the calling thread (a thread pool's
 /// worker) must be spawned from a thread that lives as long (see `lockbox-runtime`).
 pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Running, SetupError> {
-    spawn_inner(policy, argv, stdio, None, false)
+    spawn_inner(policy, argv, stdio, None, None)
 }
 
 /// Like [`spawn_with`], but the sandbox stops short of its command: it sets up the
@@ -210,7 +218,7 @@ pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Ru
 ///
 /// Dropping the [`Gated`] kills the waiting sandbox.
 pub fn spawn_gated(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Gated, SetupError> {
-    spawn_inner(policy, argv, stdio, None, true).map(|running| Gated { running })
+    spawn_inner(policy, argv, stdio, None, Some(&[])).map(|running| Gated { running })
 }
 
 /// A sandbox started by [`spawn_gated`], waiting for its go.
@@ -225,17 +233,25 @@ impl Gated {
         self.running.pid
     }
 
-    /// Lets the sandbox go on, with `stdin` (if given) as its command's descriptor 0. The
-    /// returned [`Running`] measures its wall time from now. A sandbox that failed while
-    /// waiting reports that failure from [`Running::wait`].
-    pub fn release(self, stdin: Option<OwnedFd>) -> Result<Running, SetupError> {
+    /// Lets the sandbox go on. Each descriptor of `stdio` that is given becomes the
+    /// command's 0, 1 or 2, replacing what the sandbox was started with (`/dev/null` for
+    /// the commands of a sequence). The returned [`Running`] measures its wall time from
+    /// now. A sandbox that failed while waiting reports that failure from
+    /// [`Running::wait`].
+    pub fn release(self, stdio: Stdio) -> Result<Running, SetupError> {
         let mut running = self.running;
-        let fd = running.report.as_raw_fd();
-        let sent = match &stdin {
-            Some(stdin) => sys::send_with_fd(fd, b"g", stdin.as_raw_fd()),
-            None => sys::send(fd, b"g"),
-        };
-        match sent {
+        let mut mask = 0u8;
+        let mut fds = Vec::with_capacity(3);
+        for (i, fd) in [&stdio.stdin, &stdio.stdout, &stdio.stderr]
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(fd) = fd {
+                mask |= 1 << i;
+                fds.push(fd.as_raw_fd());
+            }
+        }
+        match sys::send_with_fds(running.report.as_raw_fd(), &[b'g', mask], &fds) {
             // The init is gone: `wait` tells why.
             Ok(()) | Err(Errno(libc::EPIPE | libc::ECONNRESET)) => {}
             Err(errno) => {
@@ -246,8 +262,104 @@ impl Gated {
             }
         }
         running.started = Instant::now();
+        running.oom_kills_before = running.oom_kills();
         Ok(running)
     }
+}
+
+/// One command of a [`spawn_sequence`] sandbox and the copy-on-write views it sees.
+#[derive(Debug, Clone)]
+pub struct SequenceStep {
+    /// The command.
+    pub argv: Vec<OsString>,
+    /// Its views, added to the policy's: the same targets for every step, each with its
+    /// own layers.
+    pub overlays: Vec<lockbox_policy::Overlay>,
+}
+
+/// Starts one sandbox that runs the commands of `steps` one after another — a pipeline's
+/// stages, say — each on views of its own, as if each had a sandbox of its own but for
+/// the set-up, which is paid once (namespaces, root, network namespace).
+///
+/// It starts gated ([`spawn_gated`]): every layer of every step is captured now, and the
+/// first command's views are mounted when it is released; each later command's views once
+/// the command before it is over, so a step may read the layers the steps before it wrote.
+/// Between two commands the init kills and reaps everything the previous one left,
+/// unmounts its views (waiting until overlayfs is done with their layers), gives the next
+/// one a fresh `/tmp` and `/dev/shm` (the sandbox's own tmpfs mounts, if used) and a fresh
+/// IPC namespace, and mounts its views; the next command then waits for its go. What the
+/// commands share: the network namespace (loopback), the hostname, the cgroup and pid
+/// namespaces, and limits enforced by a cgroup, which count the sandbox as a whole.
+///
+/// [`Gated::release`] runs the next command with the stdio it is given (`/dev/null`
+/// otherwise); once [`Running::wait`] has its outcome, [`Running::next`] gives the gated
+/// sandbox of the step after it. Not for policies with a network allow- or deny-list,
+/// passed descriptors or bounded upper layers (see [`sequence_unsupported`]).
+pub fn spawn_sequence(policy: &Policy, steps: &[SequenceStep]) -> Result<Gated, SetupError> {
+    if let Some(reason) = sequence_unsupported(policy) {
+        return Err(SetupError::Sequence { reason });
+    }
+    let (first, later) = steps.split_first().ok_or(SetupError::Sequence {
+        reason: "no command given",
+    })?;
+    let targets = |step: &SequenceStep| -> Vec<std::path::PathBuf> {
+        step.overlays.iter().map(|o| o.target.clone()).collect()
+    };
+    for step in steps {
+        if step
+            .overlays
+            .iter()
+            .any(|o| o.upper.as_ref().is_some_and(|u| u.max_size.is_some()))
+        {
+            return Err(SetupError::Sequence {
+                reason: "a bounded upper layer (max_size) cannot be handed over between commands",
+            });
+        }
+        if targets(step) != targets(first) {
+            return Err(SetupError::Sequence {
+                reason: "every command's views must have the same targets",
+            });
+        }
+    }
+    let mut first_policy = policy.clone();
+    first_policy
+        .fs
+        .overlays
+        .extend(first.overlays.iter().cloned());
+    let null = std::fs::File::open("/dev/null").map_err(|source| SetupError::Path {
+        path: "/dev/null".into(),
+        what: "opening",
+        source,
+    })?;
+    let null = OwnedFd::from(null);
+    let stdio = Stdio {
+        stdin: Some(null.try_clone().map_err(null_err)?),
+        stdout: Some(null.try_clone().map_err(null_err)?),
+        stderr: Some(null),
+    };
+    spawn_inner(&first_policy, &first.argv, stdio, None, Some(later))
+        .map(|running| Gated { running })
+}
+
+fn null_err(source: std::io::Error) -> SetupError {
+    SetupError::Path {
+        path: "/dev/null".into(),
+        what: "opening",
+        source,
+    }
+}
+
+/// Why `policy` cannot run several commands in one sandbox ([`spawn_sequence`]), if so:
+/// a network list (its supervisor serves one command's filter), or passed descriptors
+/// (the first command would take them).
+pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
+    if matches!(policy.net, Net::Allow(_) | Net::Deny(_)) {
+        return Some("a network allow- or deny-list is enforced for one command only");
+    }
+    if !policy.pass_fds.is_empty() {
+        return Some("passed descriptors can only go to one command");
+    }
+    None
 }
 
 /// Like [`spawn_with`], running the host executable `exe` (bound read-only at
@@ -279,30 +391,45 @@ pub fn spawn_agent(
     }
     let mut argv = vec![OsString::from(plan::HELPER_PATH)];
     argv.extend_from_slice(args);
-    spawn_inner(policy, &argv, stdio, Some(&host), false)
+    spawn_inner(policy, &argv, stdio, Some(&host), None)
 }
 
+/// Starts the sandbox; `gated` holds the later steps of a gated sandbox (empty: one
+/// command), `None` for a sandbox that runs its command at once.
 fn spawn_inner(
     policy: &Policy,
     argv: &[OsString],
     stdio: Stdio,
     helper: Option<&Path>,
-    gated: bool,
+    gated: Option<&[SequenceStep]>,
 ) -> Result<Running, SetupError> {
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;
-    let program = argv.first().ok_or_else(|| SetupError::Path {
-        path: "".into(),
-        what: "running",
-        source: std::io::Error::other("no command given"),
-    })?;
+    let later = gated.unwrap_or_default();
+    if argv.is_empty() || later.iter().any(|step| step.argv.is_empty()) {
+        return Err(no_command());
+    }
     let caller_cwd = std::env::current_dir().ok();
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     resolved.helper = helper.map(Path::to_owned);
-    let mut plan = plan::build(&resolved);
-    if gated {
-        plan.insert_gate();
+    let later_views = later
+        .iter()
+        .map(|step| resolve::resolve_overlays(&step.overlays))
+        .collect::<Result<Vec<_>, _>>()?;
+    for overlay in resolved.overlays.iter().chain(later_views.iter().flatten()) {
+        clear_volatile_mark(overlay)?;
     }
+    let mut plan = match gated {
+        None => plan::build(&resolved),
+        Some([]) => {
+            let mut plan = plan::build(&resolved);
+            plan.insert_gate();
+            plan
+        }
+        Some(_) => plan::build_sequence(&resolved, &later_views),
+    };
+    // Only the first command's views are shown: the others have the same targets.
+    plan.overlays.truncate(resolved.overlays.len());
     let landlock_abi = landlock::abi_version();
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let (uid, gid) = sys::ids();
@@ -370,8 +497,10 @@ fn spawn_inner(
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
         stdio: stdio_fds,
-        exec_candidates: exec_candidates(program, path_var),
-        argv: CStringArray::new(argv.iter().map(|a| cstring(a.as_bytes())).collect()),
+        commands: std::iter::once(argv)
+            .chain(later.iter().map(|step| step.argv.as_slice()))
+            .map(|argv| command(argv, path_var))
+            .collect::<Result<_, _>>()?,
         envp: CStringArray::new(
             env.iter()
                 .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
@@ -399,7 +528,11 @@ fn spawn_inner(
                 report: report_rd,
                 started,
                 plan: prepared.plan,
-                program: program.to_string_lossy().into_owned(),
+                programs: std::iter::once(argv)
+                    .chain(later.iter().map(|step| step.argv.as_slice()))
+                    .map(|argv| argv.first().map(|p| p.to_string_lossy().into_owned()))
+                    .map(Option::unwrap_or_default)
+                    .collect(),
                 limits,
                 enforcement,
                 failure: None,
@@ -410,8 +543,51 @@ fn spawn_inner(
                 timed_out: false,
                 done: false,
                 reaped: false,
+                step: 0,
+                steps_left: later.len(),
+                cpu_before: 0,
+                oom_kills_before: 0,
             })
         }
+    }
+}
+
+/// The command `argv` as the child executes it.
+fn command(argv: &[OsString], path_var: &str) -> Result<child::Command, SetupError> {
+    let program = argv.first().ok_or_else(no_command)?;
+    Ok(child::Command {
+        exec_candidates: exec_candidates(program, path_var),
+        argv: CStringArray::new(argv.iter().map(|a| cstring(a.as_bytes())).collect()),
+    })
+}
+
+/// Views are mounted `volatile` (see `plan`): overlayfs then refuses a later mount of the
+/// same upper and work directories until the mark it leaves in the work directory is gone.
+/// The work directory is overlayfs's scratch space, and what the upper holds is as durable
+/// as its user made it (a kept branch is synced), so lockbox removes the mark.
+fn clear_volatile_mark(overlay: &resolve::ResolvedOverlay) -> Result<(), SetupError> {
+    let Some(upper) = overlay.upper.as_ref().filter(|u| u.max_size.is_none()) else {
+        return Ok(());
+    };
+    let mark = upper
+        .parent
+        .join(&upper.work_name)
+        .join("work/incompat/volatile");
+    match std::fs::remove_dir_all(&mark) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(SetupError::Path {
+            path: mark,
+            what: "clearing overlayfs's volatile mark",
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn no_command() -> SetupError {
+    SetupError::Path {
+        path: "".into(),
+        what: "running",
+        source: std::io::Error::other("no command given"),
     }
 }
 
@@ -541,9 +717,10 @@ impl Running {
             if fds[1].revents != 0 {
                 self.read_records();
                 // The init reports the status only after reaping every process, so the
-                // sandbox is over; its namespaces are torn down while we go on. With
-                // cgroups we wait for that, to read their counters and remove them.
-                if self.status.is_some() && self.limits.cgroups.is_none() {
+                // sandbox (or the command of a sequence) is over; its namespaces are torn
+                // down while we go on. With cgroups we wait for that, to read their
+                // counters and remove them — unless more commands follow.
+                if self.status.is_some() && (self.limits.cgroups.is_none() || self.steps_left > 0) {
                     return self.finish(None).map(Waited::Exited);
                 }
             }
@@ -606,25 +783,74 @@ impl Running {
                 Some(Record::Usage { cpu_us, max_rss_kb }) => {
                     self.usage = Some((cpu_us, max_rss_kb))
                 }
-                Some(r) => self.status = Some(r),
+                Some(r) => {
+                    // What follows a status belongs to the next command of a sequence.
+                    self.status = Some(r);
+                    return;
+                }
                 None => {}
             }
         }
     }
 
+    /// The ops of the current command ([`SetupPlan::steps`] for a sequence's later ones).
+    fn ops(&self) -> &[crate::plan::Op] {
+        match self.step {
+            0 => &self.plan.ops,
+            n => self.plan.steps.get(n - 1).map_or(&[], |s| &s.ops),
+        }
+    }
+
+    /// The Landlock rules of the current command.
+    fn rules(&self) -> &[crate::plan::Rule] {
+        match self.step {
+            0 => &self.plan.rules,
+            n => self.plan.steps.get(n - 1).map_or(&[], |s| &s.rules),
+        }
+    }
+
+    /// After the outcome of a command of a [`spawn_sequence`] sandbox: the sandbox, its
+    /// next command waiting for the go, or `None` if no command follows or the sandbox has
+    /// ended (killed after a stop's grace). A sandbox that failed between two commands
+    /// reports it from the next command's [`Running::wait`].
+    pub fn next(mut self) -> Option<Gated> {
+        if !self.done || self.reaped || self.steps_left == 0 {
+            return None;
+        }
+        self.step += 1;
+        self.steps_left -= 1;
+        self.cpu_before = self.usage.map_or(self.cpu_before, |(cpu, _)| cpu);
+        self.done = false;
+        self.timed_out = false;
+        self.failure = None;
+        self.status = None;
+        Some(Gated { running: self })
+    }
+
+    /// How many processes of the sandbox the OOM killer has killed so far (cgroup only).
+    fn oom_kills(&self) -> u64 {
+        self.limits.cgroups.as_ref().map_or(0, |c| c.oom_kills())
+    }
+
     /// Builds the outcome from the records (and the init's wait status, once reaped).
+    /// In a sequence, of the current command: its CPU time and OOM kills; the peak memory
+    /// is the sandbox's so far.
     fn finish(&mut self, init_status: Option<libc::c_int>) -> Result<Outcome, SetupError> {
         self.done = true;
         let wall = self.started.elapsed();
-        let oom_killed = self.limits.cgroups.as_ref().is_some_and(|c| c.oom_killed());
+        let oom_killed = self.oom_kills() > self.oom_kills_before;
         let (cpu_us, max_rss_kb) = self.usage.unwrap_or_default();
+        let cpu_us = cpu_us.saturating_sub(self.cpu_before);
         let peak_memory = match self.limits.cgroups.as_ref().and_then(|c| c.peak_memory()) {
             Some(bytes) => Some((bytes, "cgroup")),
             None if max_rss_kb > 0 => Some((u64::from(max_rss_kb) * 1024, "max-rss")),
             None => None,
         };
-        if let Some(c) = self.limits.cgroups.as_mut() {
-            c.remove();
+        // A sequence whose init lives on keeps its cgroups for the next command.
+        if self.steps_left == 0 || init_status.is_some() {
+            if let Some(c) = self.limits.cgroups.as_mut() {
+                c.remove();
+            }
         }
         let killed_by = init_status
             .filter(|s| libc::WIFSIGNALED(*s))
@@ -675,18 +901,17 @@ impl Running {
                 .sources
                 .get(index)
                 .map(|s| format!(" {}", s.host.to_string_lossy())),
-            Step::Mount => self.plan.ops.get(index).map(|op| format!(" ({op})")),
+            Step::Mount => self.ops().get(index).map(|op| format!(" ({op})")),
             Step::LandlockRule => self
-                .plan
-                .rules
+                .rules()
                 .get(index)
                 .map(|r| format!(" {}", r.path.to_string_lossy())),
             Step::Chdir => Some(format!(" {}", self.plan.cwd.to_string_lossy())),
-            Step::Exec => Some(format!(" {}", self.program)),
+            Step::Exec => self.programs.get(self.step).map(|p| format!(" {p}")),
             _ => None,
         };
         if step == Step::Mount && errno.0 == libc::EINVAL {
-            if let Some(crate::plan::Op::Mount { fstype, .. }) = self.plan.ops.get(index) {
+            if let Some(crate::plan::Op::Mount { fstype, .. }) = self.ops().get(index) {
                 if fstype.as_bytes() == b"overlay" {
                     return SetupError::FeatureMissing {
                         feature: "overlayfs in user namespaces",
@@ -718,7 +943,8 @@ impl Drop for Running {
         if self.reaped {
             return;
         }
-        if !self.done {
+        // A sequence between two commands waits for a go that will not come.
+        if !self.done || self.steps_left > 0 {
             // Killing pid 1 of the namespace kills every process in it.
             let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
         }

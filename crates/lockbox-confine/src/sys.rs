@@ -147,6 +147,13 @@ pub fn mount(
     check_int(rc).map(drop)
 }
 
+/// `umount2(target, 0)`: returns once the filesystem is unmounted (and, if nothing else
+/// uses it, gone).
+pub fn umount(target: &CStr) -> Result<(), Errno> {
+    // SAFETY: `target` is a live C string.
+    check_int(unsafe { libc::umount2(target.as_ptr(), 0) }).map(drop)
+}
+
 /// `umount2(target, MNT_DETACH)`.
 pub fn umount_detach(target: &CStr) -> Result<(), Errno> {
     // SAFETY: `target` is a live C string.
@@ -318,6 +325,36 @@ pub fn close(fd: RawFd) {
     unsafe { libc::close(fd) };
 }
 
+/// Whether the directory `path` is empty and has permission bits `mode` (`stat` and one
+/// `getdents64`).
+pub fn is_empty_dir_with_mode(path: &CStr, mode: libc::mode_t) -> Result<bool, Errno> {
+    let fd = open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    // SAFETY: stat is plain data; `st` is a valid out pointer for fstat on our descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let stat = check_int(unsafe { libc::fstat(fd, &mut st) });
+    // Room for ".", ".." and one more entry: a third entry means not empty.
+    let mut buf = [0u8; 1024];
+    // SAFETY: `buf` is a live, writable buffer of the given length.
+    let read =
+        check(unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) });
+    close(fd);
+    stat?;
+    let len = read? as usize;
+    let mut entries = 0;
+    let mut at = 0;
+    while at + 19 <= len {
+        // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
+        let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+        if reclen == 0 {
+            break;
+        }
+        entries += 1;
+        at += reclen;
+    }
+    Ok(entries <= 2 && st.st_mode & 0o7777 == mode)
+}
+
 /// `close_range(first, last, 0)`; falls back to closing one by one on kernels before 5.9.
 pub fn close_range(first: u32, last: u32) {
     // SAFETY: closing descriptors we do not use; no pointer arguments.
@@ -327,6 +364,14 @@ pub fn close_range(first: u32, last: u32) {
             close(fd as RawFd);
         }
     }
+}
+
+/// `pipe2(O_CLOEXEC)`: (read end, write end).
+pub fn pipe() -> Result<(RawFd, RawFd), Errno> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    Ok((fds[0], fds[1]))
 }
 
 /// A connected `AF_UNIX`/`SOCK_SEQPACKET` pair, close-on-exec: records keep their
@@ -345,32 +390,52 @@ pub fn seqpacket_pair() -> Result<(RawFd, RawFd), Errno> {
     Ok((fds[0], fds[1]))
 }
 
-/// Room for one `SCM_RIGHTS` control message with one descriptor, suitably aligned.
+/// Room for one `SCM_RIGHTS` control message with up to [`MAX_FDS`] descriptors, suitably
+/// aligned (`CMSG_SPACE(3 * 4)` is 32 on 64-bit Linux).
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 32]);
 
+/// The most descriptors one message carries (a command's stdin, stdout and stderr).
+pub const MAX_FDS: usize = 3;
+
 /// Sends `data` with descriptor `fd` attached (`SCM_RIGHTS`).
 pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> Result<(), Errno> {
+    send_with_fds(sock, data, &[fd])
+}
+
+/// Sends `data` with up to [`MAX_FDS`] descriptors attached (`SCM_RIGHTS`; none: a plain
+/// send).
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> Result<(), Errno> {
+    if fds.len() > MAX_FDS {
+        return Err(Errno(libc::EINVAL));
+    }
+    if fds.is_empty() {
+        return send(sock, data);
+    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
     let mut cmsg = CmsgBuf([0; 32]);
+    let payload = std::mem::size_of_val(fds) as u32;
     // SAFETY: msghdr is plain data; all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cmsg.0.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE only computes a size.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
+    // SAFETY: CMSG_SPACE only computes a size (at most 32 for MAX_FDS descriptors).
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as _;
     // SAFETY: msg_control points to `cmsg`, large and aligned enough for one header and
-    // one int; CMSG_FIRSTHDR/CMSG_DATA stay within it.
+    // MAX_FDS ints; CMSG_FIRSTHDR/CMSG_DATA stay within it.
     unsafe {
         let header = libc::CMSG_FIRSTHDR(&msg);
         (*header).cmsg_level = libc::SOL_SOCKET;
         (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+        (*header).cmsg_len = libc::CMSG_LEN(payload) as _;
+        let data = libc::CMSG_DATA(header).cast::<RawFd>();
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(i), *fd);
+        }
     }
     // SAFETY: `msg` and everything it points to are live for the call.
     let rc = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
@@ -386,6 +451,21 @@ pub fn send(sock: RawFd, data: &[u8]) -> Result<(), Errno> {
 
 /// Receives one record into `buf`, and the descriptor it carries, if any (close-on-exec).
 pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> Result<(usize, Option<RawFd>), Errno> {
+    let mut fds = [-1; MAX_FDS];
+    let (n, count) = recv_with_fds(sock, buf, &mut fds)?;
+    for &extra in fds.iter().take(count).skip(1) {
+        close(extra);
+    }
+    Ok((n, (count > 0).then_some(fds[0])))
+}
+
+/// Receives one record into `buf` and the descriptors it carries into `fds` (close-on-exec);
+/// returns the record's length and how many descriptors came.
+pub fn recv_with_fds(
+    sock: RawFd,
+    buf: &mut [u8],
+    fds: &mut [RawFd; MAX_FDS],
+) -> Result<(usize, usize), Errno> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -400,20 +480,29 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> Result<(usize, Option<RawFd>
     // SAFETY: `msg` points to live buffers of the sizes given.
     let n =
         check(unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) } as libc::c_long)?;
-    let mut fd = None;
-    // SAFETY: the kernel filled msg_control with well-formed headers within controllen.
+    let mut count = 0;
+    // SAFETY: the kernel filled msg_control with well-formed headers within controllen; the
+    // header's length bounds the descriptors read, and `fds` bounds how many are kept.
     unsafe {
         let header = libc::CMSG_FIRSTHDR(&msg);
         if !header.is_null()
             && (*header).cmsg_level == libc::SOL_SOCKET
             && (*header).cmsg_type == libc::SCM_RIGHTS
         {
-            fd = Some(std::ptr::read_unaligned(
-                libc::CMSG_DATA(header).cast::<RawFd>(),
-            ));
+            let len = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+            let data = libc::CMSG_DATA(header).cast::<RawFd>();
+            for i in 0..len / std::mem::size_of::<RawFd>() {
+                let fd = std::ptr::read_unaligned(data.add(i));
+                if count < MAX_FDS {
+                    fds[count] = fd;
+                    count += 1;
+                } else {
+                    close(fd);
+                }
+            }
         }
     }
-    Ok((n as usize, fd))
+    Ok((n as usize, count))
 }
 
 /// Sets `O_NONBLOCK` on `fd`.

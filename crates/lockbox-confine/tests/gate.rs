@@ -73,7 +73,12 @@ fn the_command_runs_only_after_release_and_sees_the_layers_as_released() {
         let mut w = stdin_w;
         w.write_all(b"stdin given at the release\n").unwrap();
     }
-    let mut running = gated.release(Some(OwnedFd::from(stdin_r))).unwrap();
+    let mut running = gated
+        .release(Stdio {
+            stdin: Some(OwnedFd::from(stdin_r)),
+            ..Stdio::default()
+        })
+        .unwrap();
     let mut out = String::new();
     out_r.read_to_string(&mut out).unwrap();
     let Waited::Exited(outcome) = running.wait(None, None).unwrap() else {
@@ -118,7 +123,7 @@ fn the_sandbox_holds_none_of_the_callers_descriptors_while_it_waits() {
         matches!(read, Ok(Ok(()))),
         "no EOF while the gated sandbox waits: {read:?}"
     );
-    let mut running = gated.release(None).unwrap();
+    let mut running = gated.release(Stdio::default()).unwrap();
     assert!(matches!(running.wait(None, None).unwrap(), Waited::Exited(o) if o.exit_code() == 0));
 }
 
@@ -132,7 +137,7 @@ fn a_view_that_cannot_be_mounted_at_the_release_is_a_setup_error() {
     // view is mounted, after the release.
     std::thread::sleep(Duration::from_millis(100));
     std::fs::remove_dir(layer.join("upper")).unwrap();
-    let mut running = gated.release(None).unwrap();
+    let mut running = gated.release(Stdio::default()).unwrap();
     let err = running.wait(None, None).unwrap_err().to_string();
     assert!(err.contains("overlay"), "{err}");
 }
@@ -154,7 +159,7 @@ fn a_view_whose_path_sorts_before_proc_is_gated_too() {
     };
     let script = format!("cat {}/a.txt && test -r /proc/self/status", work.display());
     let gated = spawn_gated(&policy, &sh(&script), stdio).unwrap();
-    let mut running = gated.release(None).unwrap();
+    let mut running = gated.release(Stdio::default()).unwrap();
     let mut out = String::new();
     out_r.read_to_string(&mut out).unwrap();
     let Waited::Exited(outcome) = running.wait(None, None).unwrap() else {

@@ -5,6 +5,7 @@
 //! into one and committed as one unit; otherwise nothing is.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use lockbox_cow::ChangeSet;
@@ -15,7 +16,7 @@ use crate::options::{option_setters, TxnOptions};
 use crate::outcome::{AbortReason, TxnOutcome};
 use crate::prepared::PreparedTxn;
 use crate::record::{TxnKind, TxnState};
-use crate::stage::{self, ArmedJob, Input, Io, Job, Ran, Stage, View};
+use crate::stage::{self, Input, Io, Job, Ran, Stage, View};
 use crate::store::{remove_tree, TxnDir};
 use crate::TxnError;
 
@@ -78,19 +79,23 @@ impl Pipeline {
             })
     }
 
-    /// Runs the stages; `Ok((outcome, prepared))`. While stage N runs, the sandboxes of the
-    /// next [`ARM_AHEAD`] stages are armed on their layers (whose lowers exist by then,
-    /// though stage N still writes one of them) and wait at their gates; each mounts its
-    /// view only when released, once the stages before it are done. Never past a stage that
-    /// may be retried: a retry replaces the layer the armed sandboxes captured.
+    /// Runs the stages; `Ok((outcome, prepared))`. Consecutive stages that can share a
+    /// sandbox ([`stage::can_share`], no retries) run in one, one after another
+    /// ([`lockbox_confine::spawn_sequence`]): each mounts its view only when released, once
+    /// the stages before it are done. While the first stage of such a unit runs, the
+    /// sandboxes of the next [`ARM_AHEAD`] units are armed on their layers (whose lowers
+    /// exist by then, though still being written). Never past a stage that may be retried:
+    /// a retry replaces the layer the armed sandboxes captured.
     fn run_stages(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
         let workdir = txn.workdir().to_owned();
         let mut outcome = empty_outcome(txn);
         let stages = self.named_stages();
+        let units = units(&stages);
         let mut previous = Output::Memory(self.stdin.clone());
-        // The armed sandboxes of the stages after the current one, in order.
-        let mut armed: VecDeque<Result<ArmedJob, TxnError>> = VecDeque::new();
-        for i in 0..stages.len() {
+        // The armed sandboxes of the units after the current one, in order, with their
+        // layers.
+        let mut armed: VecDeque<Result<ArmedUnit, TxnError>> = VecDeque::new();
+        for (u, unit) in units.iter().enumerate() {
             let layers: &TxnDir = txn;
             // Stage j reads the uppers of stages j-1, ..., 1 (top first), then the workdir.
             let job = |j: usize, input| Job {
@@ -107,35 +112,89 @@ impl Pipeline {
                 env: &[],
                 reads: &[],
             };
-            let first = armed.pop_front().transpose()?;
-            let (ran, _) = stage::run_with_retries(
-                &job(i, Input::Output(&previous)),
-                || layers.new_layer(i),
-                first,
-                || {
-                    for j in i + 1 + armed.len()..stages.len().min(i + 1 + ARM_AHEAD) {
-                        if stages[i..j].iter().any(|s| s.retries > 0) {
-                            break;
-                        }
-                        let next = stage::arm_job(&job(j, Input::Null), || layers.new_layer(j));
-                        let failed = next.is_err();
-                        armed.push_back(next);
-                        if failed {
-                            break;
-                        }
+            let arm_unit = |unit: &Range<usize>| -> Result<ArmedUnit, TxnError> {
+                let layers = unit
+                    .clone()
+                    .map(|j| layers.new_layer(j))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let jobs: Vec<Job<'_>> = unit.clone().map(|j| job(j, Input::Null)).collect();
+                let views: Vec<View<'_>> = jobs
+                    .iter()
+                    .zip(&layers)
+                    .map(|(job, layer)| job.view(layer.clone()))
+                    .collect();
+                let stages: Vec<_> = jobs
+                    .iter()
+                    .zip(&views)
+                    .map(|(j, v)| (j.stage, Some(v)))
+                    .collect();
+                Ok(ArmedUnit {
+                    armed: stage::arm(&stages, &[], &[]),
+                    layers,
+                })
+            };
+            let current = match armed.pop_front() {
+                Some(a) => Some(a?),
+                None => None,
+            };
+            let arm_ahead = || {
+                let ahead = units.iter().take(u + 1 + ARM_AHEAD);
+                for next in ahead.skip(u + 1 + armed.len()) {
+                    if stages[unit.start..next.start].iter().any(|s| s.retries > 0) {
+                        break;
                     }
-                },
-            )?;
-            // Saved with the next state change (prepared or aborted): a durable write per
-            // stage would cost two fsyncs each and recovery does not read stage results.
-            txn.record.stages.push(ran.result.clone());
-            outcome.stages.push(ran.result.clone());
-            if let Some(reason) = AbortReason::of_stage(i, &ran.result) {
-                outcome.abort_reason = Some(reason);
-                outcome.stdout = keep_stdout(txn, ran.stdout)?;
-                return Ok((outcome, false));
+                    let next = arm_unit(next);
+                    let failed = next.is_err();
+                    armed.push_back(next);
+                    if failed {
+                        break;
+                    }
+                }
+            };
+            let mut results = Vec::new();
+            let last = if stages[unit.start].retries > 0 {
+                let first = current.map(|a| {
+                    let layer = a.layers.into_iter().next();
+                    (a.armed, layer.unwrap_or_default())
+                });
+                let (ran, _) = stage::run_with_retries(
+                    &job(unit.start, Input::Output(&previous)),
+                    || layers.new_layer(unit.start),
+                    first,
+                    arm_ahead,
+                )?;
+                results.push(ran.result.clone());
+                ran
+            } else {
+                let ArmedUnit {
+                    armed: sandbox,
+                    layers: unit_layers,
+                } = match current {
+                    Some(a) => a,
+                    None => arm_unit(unit)?,
+                };
+                let mut jobs: Vec<Job<'_>> = unit.clone().map(|j| job(j, Input::Null)).collect();
+                jobs[0].input = Input::Output(&previous);
+                let last = stage::run_in_one(&jobs, sandbox, unit_layers, arm_ahead, |ran| {
+                    results.push(ran.result.clone())
+                })?;
+                last.ok_or_else(|| TxnError::Usage {
+                    reason: "a pipeline unit without stages".into(),
+                })?
+            };
+            for (k, result) in results.into_iter().enumerate() {
+                // Saved with the next state change (prepared or aborted): a durable write
+                // per stage would cost two fsyncs each and recovery does not read stage
+                // results.
+                txn.record.stages.push(result.clone());
+                outcome.stages.push(result.clone());
+                if let Some(reason) = AbortReason::of_stage(unit.start + k, &result) {
+                    outcome.abort_reason = Some(reason);
+                    outcome.stdout = keep_stdout(txn, last.stdout)?;
+                    return Ok((outcome, false));
+                }
             }
-            previous = ran.stdout;
+            previous = last.stdout;
         }
         outcome.stdout = keep_stdout(txn, previous)?;
         let top_first: Vec<PathBuf> = (0..stages.len())
@@ -147,7 +206,33 @@ impl Pipeline {
     }
 }
 
-/// How many stages of a pipeline are armed ahead of the one running (see
+/// A unit's sandbox armed ahead, with the layers (upper, work) of its stages.
+struct ArmedUnit {
+    armed: stage::Armed,
+    layers: Vec<(PathBuf, PathBuf)>,
+}
+
+/// The stages, in runs that share a sandbox: consecutive stages that can
+/// ([`stage::can_share`]) and have no retries (a retried stage runs alone, each attempt in
+/// a fresh sandbox).
+fn units(stages: &[Stage]) -> Vec<Range<usize>> {
+    let mut units: Vec<Range<usize>> = Vec::new();
+    for (i, s) in stages.iter().enumerate() {
+        match units.last_mut() {
+            Some(u)
+                if s.retries == 0
+                    && stages[u.start].retries == 0
+                    && stage::can_share(&stages[u.start], s) =>
+            {
+                u.end = i + 1
+            }
+            _ => units.push(i..i + 1),
+        }
+    }
+    units
+}
+
+/// How many units of a pipeline are armed ahead of the one running (see
 /// [`Pipeline::run_stages`]): enough that a short stage does not wait for the next
 /// sandbox's set-up, few enough that a pipeline does not hold many idle sandboxes.
 const ARM_AHEAD: usize = 2;

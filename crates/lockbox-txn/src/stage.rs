@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockbox_confine::{Gated, SetupError, Status, Stdio, Waited};
+use lockbox_confine::{Gated, SequenceStep, SetupError, Status, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 
 use crate::capture::{self, Output};
@@ -30,9 +30,8 @@ pub struct Stage {
     /// Where in the workdir the stage may write: `None` anywhere; `Some(paths)` only at or
     /// below these directories (relative to the workdir, or absolute inside it; missing
     /// ones are created, empty, in the stage's layer); `Some(vec![])` nowhere (a read-only
-    /// view). Enforced by Landlock (see [`lockbox_policy::Overlay::writable`]): a stage
-    /// with a restriction fails to start (exit 125) where Landlock is missing, or when the
-    /// workdir lies below a path the stage may write, such as `/tmp`.
+    /// view). Enforced by mounts, Landlock and a check of the layer afterwards (see
+    /// [`lockbox_policy::Overlay::writable`]).
     pub writable: Option<Vec<PathBuf>>,
 }
 
@@ -152,9 +151,9 @@ pub(crate) fn run(
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
 ) -> Result<Ran, TxnError> {
-    let armed = arm(stage, view, None, extra_env, extra_reads)?;
+    let armed = arm(&[(stage, view)], extra_env, extra_reads);
     let io = reading(stage, input)?;
-    fire(stage, view, armed, io, spill, memory_bound, || {})
+    fire(stage, view, armed, io, spill, memory_bound, || {}).map(|(ran, _)| ran)
 }
 
 /// The stdio of a stage reading `input`, its stdout captured.
@@ -193,78 +192,76 @@ pub(crate) fn run_io(
     spill: &Path,
     memory_bound: usize,
 ) -> Result<Ran, TxnError> {
-    let armed = arm(stage, view, io.stdout, &[], &[])?;
-    let io = Io { stdout: None, ..io };
-    fire(stage, view, armed, io, spill, memory_bound, || {})
+    let armed = arm(&[(stage, view)], &[], &[]);
+    fire(stage, view, armed, io, spill, memory_bound, || {}).map(|(ran, _)| ran)
 }
 
-/// A stage's sandbox started up to its view and waiting for its stdin
-/// ([`lockbox_confine::spawn_gated`]), with the read ends of its stdout (unless it goes
-/// elsewhere) and stderr. A pipeline arms stage N+1 while stage N runs, so that only the
-/// last steps of a sandbox start lie between two stages.
-pub(crate) struct Armed {
-    gated: Result<Gated, SetupError>,
-    stdout: Option<OwnedFd>,
-    stderr: OwnedFd,
-    timeout: Option<Duration>,
-    kill_grace: Duration,
+/// A sandbox started ahead for one stage, or for several that run one after another in it
+/// ([`lockbox_confine::spawn_sequence`]), waiting at the gate of its next stage: only the
+/// last steps of a sandbox start (mounting the stage's view, Landlock, the exec) lie between
+/// a release and the command.
+pub(crate) type Armed = Result<Gated, SetupError>;
+
+/// The copy-on-write view of `stage` on `view`, with its write restriction.
+fn overlay(stage: &Stage, view: &View<'_>) -> Overlay {
+    Overlay {
+        target: view.workdir.to_owned(),
+        lowers: view.lowers.clone(),
+        upper: Some(OverlayUpper {
+            upper: view.upper.clone(),
+            work: view.work.clone(),
+            max_size: None,
+        }),
+        writable: stage
+            .writable
+            .as_ref()
+            .map(|paths| paths.iter().map(|p| view.workdir.join(p)).collect()),
+    }
 }
 
-/// Starts `stage`'s sandbox on `view` up to the gate (see [`Armed`]); stdout goes to
-/// `stdout_to`, or is captured.
+/// Whether stages `a` and `b` can run one after the other in one sandbox: the same policy
+/// but for the timeouts (which lockbox enforces from outside), one the kernel lets share.
+pub(crate) fn can_share(a: &Stage, b: &Stage) -> bool {
+    let setup = |s: &Stage| Policy {
+        timeout: None,
+        kill_grace: Duration::ZERO,
+        ..s.policy.clone()
+    };
+    setup(a) == setup(b) && lockbox_confine::sequence_unsupported(&a.policy).is_none()
+}
+
+/// Starts the sandbox of `stages` (each on its view, if any), which run in it one after
+/// another: their policies must be equal (see [`can_share`]); the first one's is used, with
+/// `extra_env` and `extra_reads` added.
 pub(crate) fn arm(
-    stage: &Stage,
-    view: Option<&View<'_>>,
-    stdout_to: Option<OwnedFd>,
+    stages: &[(&Stage, Option<&View<'_>>)],
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
-) -> Result<Armed, TxnError> {
-    let io_err = stdio_err(&stage.name);
-    let mut policy = stage.policy.clone();
-    if let Some(view) = view {
-        policy.fs.overlays.push(Overlay {
-            target: view.workdir.to_owned(),
-            lowers: view.lowers.clone(),
-            upper: Some(OverlayUpper {
-                upper: view.upper.clone(),
-                work: view.work.clone(),
-                max_size: None,
-            }),
-            writable: stage
-                .writable
-                .as_ref()
-                .map(|paths| paths.iter().map(|p| view.workdir.join(p)).collect()),
+) -> Armed {
+    let Some((first, _)) = stages.first() else {
+        return Err(SetupError::Sequence {
+            reason: "no stage given",
         });
-    }
+    };
+    let mut policy = first.policy.clone();
     policy.fs.read.extend(extra_reads.iter().cloned());
     for (k, v) in extra_env {
         policy.env.set.insert(k.clone(), v.clone());
     }
-    let (stdout, out_w) = match stdout_to {
-        Some(fd) => (None, fd),
-        None => {
-            let (r, w) = capture::pipe().map_err(io_err)?;
-            (Some(r), w)
-        }
-    };
-    let (stderr, err_w) = capture::pipe().map_err(io_err)?;
-    tracing::debug!(stage = %stage.name, "arming the stage's sandbox");
-    let stdio = Stdio {
-        stdin: None,
-        stdout: Some(out_w),
-        stderr: Some(err_w),
-    };
-    Ok(Armed {
-        gated: lockbox_confine::spawn_gated(&policy, &stage.argv, stdio),
-        stdout,
-        stderr,
-        timeout: policy.timeout,
-        kill_grace: policy.kill_grace,
-    })
+    let steps: Vec<SequenceStep> = stages
+        .iter()
+        .map(|(stage, view)| SequenceStep {
+            argv: stage.argv.clone(),
+            overlays: view.iter().map(|v| overlay(stage, v)).collect(),
+        })
+        .collect();
+    tracing::debug!(stage = %first.name, stages = steps.len(), "arming a sandbox");
+    lockbox_confine::spawn_sequence(&policy, &steps)
 }
 
-/// Lets `armed` go with `io`'s stdin, calls `meanwhile` while the stage runs, waits for it
-/// (enforcing its timeout) and collects its result.
+/// Lets `armed` run `stage` with `io`'s stdin (and stdout, if given; captured otherwise),
+/// calls `meanwhile` while the stage runs, waits for it (enforcing its timeout) and collects
+/// its result. Also returns the sandbox, gated again, if a next stage is to run in it.
 pub(crate) fn fire(
     stage: &Stage,
     view: Option<&View<'_>>,
@@ -273,39 +270,49 @@ pub(crate) fn fire(
     spill: &Path,
     memory_bound: usize,
     meanwhile: impl FnOnce(),
-) -> Result<Ran, TxnError> {
+) -> Result<(Ran, Option<Gated>), TxnError> {
     let io_err = stdio_err(&stage.name);
-    let Armed {
-        gated,
-        stdout: out_r,
-        stderr: err_r,
-        timeout,
-        kill_grace,
-    } = armed;
-    let Io { stdin, feeder, .. } = io;
+    let Io {
+        stdin,
+        feeder,
+        stdout: stdout_to,
+    } = io;
+    let (out_r, out_w) = match stdout_to {
+        Some(fd) => (None, fd),
+        None => {
+            let (r, w) = capture::pipe().map_err(io_err)?;
+            (Some(r), w)
+        }
+    };
+    let (err_r, err_w) = capture::pipe().map_err(io_err)?;
+    let stdio = Stdio {
+        stdin: Some(stdin),
+        stdout: Some(out_w),
+        stderr: Some(err_w),
+    };
     let started = Instant::now();
-    let mut running = match gated.and_then(|g| g.release(Some(stdin))) {
+    let mut running = match armed.and_then(|g| g.release(stdio)) {
         Ok(r) => r,
         Err(e) => {
-            return Ok(Ran {
+            let ran = Ran {
                 result: setup_failed(stage, started, &e),
                 stdout: Output::default(),
-            })
+            };
+            return Ok((ran, None));
         }
     };
     tracing::debug!(stage = %stage.name, "stage released");
-    let deadline = timeout.map(|t| started + t);
-    std::thread::scope(|scope| {
+    let deadline = stage.policy.timeout.map(|t| started + t);
+    let (ran, next) = std::thread::scope(|scope| {
         let feeding = feeder.map(|(w, bytes)| scope.spawn(move || capture::feed(w, bytes)));
         let stdout = out_r.map(|r| scope.spawn(move || capture::capture(r, memory_bound, spill)));
         let stderr = scope.spawn(move || capture::tail(err_r));
         meanwhile();
         let waited = match running.wait(deadline, None) {
             Ok(Waited::Exited(o)) => Ok(o),
-            Ok(Waited::Deadline | Waited::Extra) => running.stop(kill_grace, true),
+            Ok(Waited::Deadline | Waited::Extra) => running.stop(stage.policy.kill_grace, true),
             Err(e) => Err(e),
         };
-        drop(running);
         tracing::debug!(stage = %stage.name, "stage ended");
         let stdout = match stdout {
             Some(h) => join(h.join()).map_err(io_err)?,
@@ -318,17 +325,18 @@ pub(crate) fn fire(
         let outcome = match waited {
             Ok(o) => o,
             Err(e) => {
-                return Ok(Ran {
+                let ran = Ran {
                     result: setup_failed(stage, started, &e),
                     stdout: Output::default(),
-                })
+                };
+                return Ok((ran, None));
             }
         };
         let signal = match outcome.status {
             Status::Signaled(s) => Some(s),
             _ => None,
         };
-        Ok(Ran {
+        let ran = Ran {
             result: StageResult {
                 name: stage.name.clone(),
                 exit_code: outcome.exit_code(),
@@ -342,15 +350,14 @@ pub(crate) fn fire(
                 outside_writable: Vec::new(),
             },
             stdout,
-        })
-    })
-    .and_then(|mut ran| {
-        if let (Some(view), Some(writable), true) = (view, &stage.writable, ran.result.succeeded())
-        {
-            ran.result.outside_writable = outside_writable(view, writable)?;
-        }
-        Ok(ran)
-    })
+        };
+        Ok::<_, TxnError>((ran, running.next()))
+    })?;
+    let mut ran = ran;
+    if let (Some(view), Some(writable), true) = (view, &stage.writable, ran.result.succeeded()) {
+        ran.result.outside_writable = outside_writable(view, writable)?;
+    }
+    Ok((ran, next))
 }
 
 /// What the stage changed in its layer outside `writable` (see [`crate::scope`]).
@@ -379,60 +386,43 @@ pub(crate) struct Job<'a> {
     pub(crate) reads: &'a [PathBuf],
 }
 
-/// A job's sandbox armed on a fresh layer (upper, work).
-pub(crate) struct ArmedJob {
-    armed: Armed,
-    upper: PathBuf,
-    work: PathBuf,
+impl Job<'_> {
+    /// The job's view on the layer (upper, work).
+    pub(crate) fn view(&self, (upper, work): (PathBuf, PathBuf)) -> View<'_> {
+        View {
+            workdir: self.workdir,
+            lowers: self.lowers.clone(),
+            upper,
+            work,
+        }
+    }
 }
 
-/// Makes `job`'s layer with `layer` and arms its sandbox on it (see [`Armed`]).
-pub(crate) fn arm_job(
-    job: &Job<'_>,
-    layer: impl FnOnce() -> Result<(PathBuf, PathBuf), TxnError>,
-) -> Result<ArmedJob, TxnError> {
-    let (upper, work) = layer()?;
-    let view = View {
-        workdir: job.workdir,
-        lowers: job.lowers.clone(),
-        upper,
-        work,
-    };
-    let armed = arm(job.stage, Some(&view), None, job.env, job.reads)?;
-    Ok(ArmedJob {
-        armed,
-        upper: view.upper,
-        work: view.work,
-    })
-}
-
-/// Runs `job` up to 1 + `retries` times until it succeeds, each attempt on a fresh layer
-/// made by `layer` (which discards the previous attempt's); the first attempt uses `armed`
-/// if given. `meanwhile` is called once, while the first attempt runs. The work directory is removed after each attempt. Returns the last run and its
-/// upper layer.
+/// Runs `job` up to 1 + `retries` times until it succeeds, each attempt in a sandbox of
+/// its own on a fresh layer made by `layer` (which discards the previous attempt's); the
+/// first attempt uses `armed` (a sandbox armed on the layer `layer` made last) if given.
+/// `meanwhile` is called once, while the first attempt runs. The work directory is
+/// removed after each attempt. Returns the last run and its upper layer.
 pub(crate) fn run_with_retries(
     job: &Job<'_>,
     layer: impl Fn() -> Result<(PathBuf, PathBuf), TxnError>,
-    armed: Option<ArmedJob>,
+    armed: Option<(Armed, (PathBuf, PathBuf))>,
     meanwhile: impl FnOnce(),
 ) -> Result<(Ran, PathBuf), TxnError> {
     let mut attempts = 0;
     let mut next = armed;
     let mut meanwhile = Some(meanwhile);
     loop {
-        let ArmedJob { armed, upper, work } = match next.take() {
-            Some(a) => a,
-            None => arm_job(job, &layer)?,
-        };
-        let view = View {
-            workdir: job.workdir,
-            lowers: job.lowers.clone(),
-            upper,
-            work,
+        let (armed, view) = match next.take() {
+            Some((armed, layer)) => (armed, job.view(layer)),
+            None => {
+                let view = job.view(layer()?);
+                (arm(&[(job.stage, Some(&view))], job.env, job.reads), view)
+            }
         };
         let io = reading(job.stage, job.input)?;
         let first = meanwhile.take();
-        let mut ran = fire(
+        let (mut ran, _) = fire(
             job.stage,
             Some(&view),
             armed,
@@ -448,6 +438,55 @@ pub(crate) fn run_with_retries(
             return Ok((ran, view.upper));
         }
     }
+}
+
+/// Runs the job of each of `stages` in the sandbox `armed` (armed for exactly these stages,
+/// on `layers`), one after another, while the stage before it is done: the first reads
+/// `input`, each next one the previous one's output. Stops after a stage that failed.
+/// `meanwhile` is called once, while the first stage runs; `done` sees each stage's run.
+/// Returns the last run.
+pub(crate) fn run_in_one<'a>(
+    jobs: &[Job<'a>],
+    armed: Armed,
+    layers: Vec<(PathBuf, PathBuf)>,
+    meanwhile: impl FnOnce(),
+    mut done: impl FnMut(&Ran),
+) -> Result<Option<Ran>, TxnError> {
+    let mut gated = Some(armed);
+    let mut meanwhile = Some(meanwhile);
+    let mut last: Option<Ran> = None;
+    for (job, layer) in jobs.iter().zip(layers) {
+        let view = job.view(layer);
+        let io = match &last {
+            Some(previous) => reading(job.stage, Input::Output(&previous.stdout))?,
+            None => reading(job.stage, job.input)?,
+        };
+        // A sandbox that ended early (killed after its grace) cannot run the next stage.
+        let armed = gated.take().unwrap_or_else(|| {
+            Err(SetupError::Sequence {
+                reason: "the sandbox ended with the previous stage",
+            })
+        });
+        let first = meanwhile.take();
+        let (ran, next) = fire(
+            job.stage,
+            Some(&view),
+            armed,
+            io,
+            &job.spill,
+            job.memory_bound,
+            || first.map_or((), |f| f()),
+        )?;
+        // The work directory (overlayfs's scratch) goes with the layers, after the stages.
+        done(&ran);
+        let failed = !ran.result.succeeded();
+        last = Some(ran);
+        if failed {
+            break;
+        }
+        gated = next.map(Ok);
+    }
+    Ok(last)
 }
 
 /// The error of a failed stdio operation of the stage named `stage`.

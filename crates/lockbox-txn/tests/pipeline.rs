@@ -416,3 +416,57 @@ fn streamed_stages_writing_the_same_path_conflict() {
     assert_eq!(outcome.exit_code(), 3);
     assert!(!work.join("f").exists());
 }
+
+/// The stage's pid namespace: each sandbox has its own.
+const PID_NS: &str = "readlink /proc/self/ns/pid";
+
+#[test]
+fn stages_with_one_policy_share_a_sandbox_and_nothing_else() {
+    let (_tmp, state, work) = dirs();
+    // Stage 1 leaves scratch files, an IPC queue and a daemon; stage 2 must see none of
+    // them, but the layer of stage 1 (read-committed).
+    let first = format!(
+        "{PID_NS} > ns1 && echo left > /tmp/left && echo left > /dev/shm/left && \
+         ipcmk -Q > /dev/null && (setsid sleep 600 < /dev/null > /dev/null 2>&1 &) && echo one > one"
+    );
+    let second = format!(
+        "{PID_NS} > ns2 && cat one && ! test -e /tmp/left && ! test -e /dev/shm/left && \
+         test \"$(ipcs -q | grep -c '^0x')\" = 0 && \
+         ! grep -qx sleep /proc/[0-9]*/comm"
+    );
+    let outcome = Pipeline::new(&state, &work)
+        .stage(stage(&work, &first))
+        .stage(stage(&work, &second))
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{outcome:?}");
+    assert_eq!(outcome.stdout, Output::Memory(b"one\n".to_vec()));
+    let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
+    assert_eq!(ns("ns1"), ns("ns2"), "one sandbox for both stages");
+    rerun_as_nobody("stages_with_one_policy_share_a_sandbox_and_nothing_else");
+}
+
+#[test]
+fn stages_with_other_policies_run_in_sandboxes_of_their_own() {
+    let (_tmp, state, work) = dirs();
+    let with_env = |value: &str, script: &str| {
+        let mut s = stage(&work, script);
+        s.policy.env.set.insert("WHICH".into(), value.into());
+        s
+    };
+    let outcome = Pipeline::new(&state, &work)
+        .stage(with_env("a", &format!("{PID_NS} > ns1 && echo $WHICH > w")))
+        .stage(with_env(
+            "b",
+            &format!("{PID_NS} > ns2 && cat w && echo $WHICH >> w"),
+        ))
+        .stage(with_env("b", &format!("{PID_NS} > ns3 && cat w")))
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{outcome:?}");
+    assert_eq!(outcome.stdout, Output::Memory(b"a\nb\n".to_vec()));
+    let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
+    assert_ne!(ns("ns1"), ns("ns2"), "another policy, another sandbox");
+    assert_eq!(ns("ns2"), ns("ns3"));
+    rerun_as_nobody("stages_with_other_policies_run_in_sandboxes_of_their_own");
+}
