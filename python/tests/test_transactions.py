@@ -249,5 +249,11 @@ def test_recover_after_a_kept_prepared_transaction_reports_nothing_to_do(ws):
     box = Sandbox(workdir=ws, timeout=30)
     kept = sh(box, "echo k > kept.txt").prepare().keep()
     report = lockbox.recover(ws)
-    assert report == {"rolled_forward": [], "rolled_back": [], "abandoned": [], "damaged": []}
+    assert report == {
+        "rolled_forward": [],
+        "rolled_back": [],
+        "abandoned": [],
+        "left_prepared": [],
+        "damaged": [],
+    }
     assert kept and not (ws / "kept.txt").exists(), "prepared transactions are left alone"

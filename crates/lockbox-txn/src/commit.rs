@@ -1,21 +1,24 @@
 //! The commit protocol and recovery.
 //!
 //! Commit (under the workdir lock):
-//! 1. record state `committing` (durable);
+//! 1. make the transaction's directory and `.live` marker durable (the marker names the
+//!    workdir; the syncs ran on a thread during the stages);
 //! 2. **stage**: validate the flattened union against the workdir (optimistic base check),
-//!    copy every new file and symlink into `WORKDIR/.lockbox-commit-<id>/`, `syncfs`
-//!    ([`lockbox_cow::stage_upper`]);
-//! 3. **intent**: write the checksummed [`Intent`] (the plan) to `intent.json`, durable —
-//!    *the commit point*;
-//! 4. **apply** by renames, then directory metadata, `syncfs`, remove staging
-//!    ([`lockbox_cow::apply_staged`], redo-safe);
-//! 5. record state `committed`, remove the intent and the layers.
+//!    copy every new file and symlink into `WORKDIR/.lockbox-commit-<id>/`, make them
+//!    durable ([`lockbox_cow::stage_upper`]);
+//! 3. **intent**: write the checksummed [`Intent`] — the plan, and the record as of the
+//!    commit point — to `intent.json`, durable: *the commit point*;
+//! 4. **apply** by renames, then directory metadata, make it durable, remove staging
+//!    ([`lockbox_cow::apply_staged`], redo-safe, and a no-op once staging is gone);
+//! 5. record state `committed` (durable), remove the intent and the layers.
 //!
-//! A crash before 3 leaves at most a staging directory (and state `committing`): recovery
-//! removes it and marks the transaction aborted (roll back). A crash after 3 leaves a valid
-//! intent: recovery redoes 4 and 5 (roll forward). A torn intent fails its checksum and
-//! counts as absent — and since its rename is the last step of writing it, a torn one can
-//! only exist before the commit point.
+//! Until the commit point the record file is written lazily (a crash may lose or tear it):
+//! nothing in it is needed to roll back. A crash before 3 leaves at most a staging directory:
+//! recovery removes it (found through the record, or the marker if the record is gone) and
+//! aborts the transaction. A crash after 3 leaves a valid intent: recovery redoes 4 and 5,
+//! restoring the record from the intent (roll forward). A torn intent fails its checksum
+//! and counts as absent: the intent is written in full before the commit point, so a torn
+//! one can only exist before it.
 
 use std::path::{Path, PathBuf};
 
@@ -39,8 +42,14 @@ pub(crate) fn commit(
         Some(lock::acquire(&txn.state_dir, txn.workdir(), None)?)
     };
     recover_locked(&txn.state_dir, txn.workdir(), Some(txn.id()))?;
-    txn.record.state = TxnState::Committing;
-    txn.make_durable()?;
+    // A kept transaction whose commit (from another process) a crash interrupted: past its
+    // commit point, finish that commit; before it, drop what it staged and start over.
+    if let Some(intent) = read_intent(&txn.state_dir, txn.id()) {
+        roll_forward(txn, Some(&intent))?;
+        return Ok(txn.record.report.clone().unwrap_or_default());
+    }
+    discard_staging(txn.workdir(), txn.id())?;
+    txn.make_entries_durable()?;
     let key = txn.id().as_str().to_owned();
     let staged = lockbox_cow::stage_upper(
         &txn.merged_dir(),
@@ -56,17 +65,19 @@ pub(crate) fn commit(
             return Err(e.into());
         }
     };
+    txn.record.state = TxnState::Committing;
     let intent = Intent {
         id: txn.id().clone(),
         workdir: txn.workdir().to_owned(),
         plan,
+        record: Some(txn.record.clone()),
     };
     if let Err(e) = record::write(
         &txn.dir,
         INTENT_FILE,
         "intent",
         &intent,
-        Durability::Durable,
+        Durability::InPlace,
     ) {
         roll_back(txn)?;
         return Err(e);
@@ -112,17 +123,23 @@ fn remove_intent(txn: &TxnDir, durably: bool) -> Result<(), TxnError> {
 }
 
 /// Rolls back a commit that did not reach (or undoes a failed write of) its commit point:
-/// the intent goes first (durably), then the staging directory, so a crash in between can
-/// never leave an intent without its staged data.
+/// the intent goes first (durably), then the staging directory ([`abort`]), so a crash in
+/// between can never leave an intent without its staged data.
 fn roll_back(txn: &mut TxnDir) -> Result<(), TxnError> {
     remove_intent(txn, true)?;
-    lockbox_cow::discard_staging(txn.workdir(), txn.id().as_str())?;
     abort(txn)
 }
 
-/// Marks a transaction that never touched the workdir aborted and frees its data.
+/// Marks a transaction that did not reach its commit point aborted and frees its data,
+/// the staging directory a commit may have left in the workdir included.
 pub(crate) fn abort(txn: &mut TxnDir) -> Result<(), TxnError> {
-    txn.set_state(TxnState::Aborted)?;
+    txn.record.state = TxnState::Aborted;
+    txn.save()?;
+    // A torn intent (a crash while writing it) is no intent; it goes with the rest.
+    if txn.dir.join(INTENT_FILE).exists() {
+        remove_intent(txn, false)?;
+    }
+    discard_staging(txn.workdir(), txn.id())?;
     txn.discard_data()?;
     txn.retire()
 }
@@ -136,6 +153,9 @@ pub struct RecoveryReport {
     pub rolled_back: Vec<TxnId>,
     /// Running when their owner died: aborted (they never touched the workdir).
     pub abandoned: Vec<TxnId>,
+    /// Kept transactions whose commit was interrupted before its commit point: what it
+    /// staged is removed, they are still prepared (commit them again, or abort them).
+    pub left_prepared: Vec<TxnId>,
     /// Directories without a readable record (left alone).
     pub damaged: Vec<PathBuf>,
 }
@@ -152,16 +172,25 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
         None => None,
     };
     let mut report = RecoveryReport::default();
-    let mut workdirs: Vec<PathBuf> = Vec::new();
     for listed in store::list(state_dir)? {
-        match listed {
-            ListedTxn::Ok(r) => {
-                if filter.as_ref().is_none_or(|w| *w == r.workdir) && !workdirs.contains(&r.workdir)
-                {
-                    workdirs.push(r.workdir);
-                }
+        if let ListedTxn::Damaged { dir, .. } = listed {
+            report.damaged.push(dir);
+        }
+    }
+    // The workdirs of the transactions that may need recovery: their record's, or, where
+    // the record was lost, their intent's or marker's.
+    let mut workdirs: Vec<PathBuf> = Vec::new();
+    for id in store::live(state_dir)? {
+        let w = match TxnDir::open(state_dir, &id) {
+            Ok(txn) => Some(txn.record.workdir),
+            Err(_) => read_intent(state_dir, &id)
+                .map(|i| i.workdir)
+                .or_else(|| store::marker_workdir(state_dir, &id)),
+        };
+        if let Some(w) = w {
+            if filter.as_ref().is_none_or(|f| *f == w) && !workdirs.contains(&w) {
+                workdirs.push(w);
             }
-            ListedTxn::Damaged { dir, .. } => report.damaged.push(dir),
         }
     }
     for w in workdirs {
@@ -170,8 +199,30 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
         report.rolled_forward.extend(one.rolled_forward);
         report.rolled_back.extend(one.rolled_back);
         report.abandoned.extend(one.abandoned);
+        report.left_prepared.extend(one.left_prepared);
     }
     Ok(report)
+}
+
+/// Removes the staging directory transaction `id` may have left in `workdir` (a workdir
+/// that is gone holds none); whether there was one.
+fn discard_staging(workdir: &Path, id: &TxnId) -> Result<bool, TxnError> {
+    if !lockbox_cow::staging_exists(workdir, id.as_str()) {
+        return Ok(false);
+    }
+    lockbox_cow::discard_staging(workdir, id.as_str())?;
+    Ok(true)
+}
+
+/// The valid intent of transaction `id`, if it has one.
+fn read_intent(state_dir: &Path, id: &TxnId) -> Option<Intent> {
+    let path = store::txns_dir(state_dir)
+        .join(id.as_str())
+        .join(INTENT_FILE);
+    record::read::<Intent>(&path, "intent")
+        .ok()
+        .flatten()
+        .filter(|i| i.id == *id)
 }
 
 /// The sweep a command that touches `workdir` runs first: finishes or rolls back the
@@ -202,7 +253,8 @@ pub(crate) fn owner_alive(pid: u32) -> bool {
 }
 
 /// Recovery of one workdir's transactions; the caller holds its lock, so no live commit
-/// runs on it. `skip` is the caller's own transaction.
+/// runs on it (a staging directory of a transaction without a valid intent is a leftover).
+/// `skip` is the caller's own transaction.
 fn recover_locked(
     state_dir: &Path,
     workdir: &Path,
@@ -213,35 +265,36 @@ fn recover_locked(
         if Some(&id) == skip {
             continue;
         }
-        // A record that cannot be read never became durable (`committing` is written
-        // durably before the workdir is touched): nothing to recover; `txn list` shows it.
-        let Ok(mut txn) = TxnDir::open(state_dir, &id) else {
-            continue;
+        let intent = read_intent(state_dir, &id).filter(|i| i.workdir == workdir);
+        let mut txn = match TxnDir::open(state_dir, &id) {
+            Ok(txn) if txn.record.workdir == workdir => txn,
+            Ok(_) => continue,
+            Err(_) => {
+                // The record was lost (a crash tore its lazy write, or creation was cut
+                // short). Past the commit point the intent holds it; before, only staging
+                // may be left, and the marker says where.
+                if let Some(record) = intent.as_ref().and_then(|i| i.record.clone()) {
+                    let mut txn = TxnDir::restore(state_dir, record)?;
+                    roll_forward(&mut txn, intent.as_ref())?;
+                    report.rolled_forward.push(id);
+                } else if store::marker_workdir(state_dir, &id).as_deref() == Some(workdir) {
+                    discard_staging(workdir, &id)?;
+                    store::retire(state_dir, &id)?;
+                }
+                continue;
+            }
         };
-        if txn.record.workdir != workdir {
-            continue;
-        }
         let owner_pid = txn.record.owner_pid;
         match txn.record.state {
+            TxnState::Running | TxnState::Prepared | TxnState::Committing if intent.is_some() => {
+                roll_forward(&mut txn, intent.as_ref())?;
+                report.rolled_forward.push(id);
+            }
+            // Committing without an intent: written by an earlier version of lockbox, which
+            // recorded `committing` before staging.
             TxnState::Committing => {
-                let intent: Option<Intent> =
-                    record::read(&txn.dir.join(INTENT_FILE), "intent").unwrap_or(None);
-                match intent {
-                    Some(intent) if intent.id == id => {
-                        lockbox_cow::apply_staged(workdir, id.as_str(), &intent.plan).map_err(
-                            |source| TxnError::Apply {
-                                id: id.clone(),
-                                source,
-                            },
-                        )?;
-                        mark_committed(&mut txn, None)?;
-                        report.rolled_forward.push(id);
-                    }
-                    _ => {
-                        roll_back(&mut txn)?;
-                        report.rolled_back.push(id);
-                    }
-                }
+                roll_back(&mut txn)?;
+                report.rolled_back.push(id);
             }
             // A prepared transaction that was not kept belonged to its process: gone with
             // it, like a dropped one.
@@ -258,13 +311,38 @@ fn recover_locked(
                 if txn.dir.join(INTENT_FILE).exists() {
                     remove_intent(&txn, false)?;
                 }
+                discard_staging(workdir, &id)?;
                 txn.discard_data()?;
                 txn.retire()?;
             }
-            TxnState::Running | TxnState::Prepared => {}
+            // Alive, or kept: a commit that did not reach its commit point may have left
+            // staging (nobody commits now: we hold the lock).
+            TxnState::Running | TxnState::Prepared => {
+                if discard_staging(workdir, &id)? {
+                    report.left_prepared.push(id);
+                }
+            }
         }
     }
     Ok(report)
+}
+
+/// Finishes a transaction interrupted after its commit point: redoes the apply (a no-op if
+/// it was done), records it committed with the record the intent carries.
+fn roll_forward(txn: &mut TxnDir, intent: Option<&Intent>) -> Result<(), TxnError> {
+    let Some(intent) = intent else {
+        return Ok(());
+    };
+    lockbox_cow::apply_staged(&intent.workdir, txn.id().as_str(), &intent.plan).map_err(
+        |source| TxnError::Apply {
+            id: txn.id().clone(),
+            source,
+        },
+    )?;
+    if let Some(record) = &intent.record {
+        txn.record = record.clone();
+    }
+    mark_committed(txn, None)
 }
 
 #[cfg(test)]
@@ -304,9 +382,12 @@ mod tests {
         }
     }
 
-    /// Stages and (optionally) writes the intent, as a commit killed right after would.
+    /// Stages and (optionally) writes the intent, as a commit killed right after would. The
+    /// owner is gone and had not kept it (a process that died committing).
     fn crash_after_staging(f: &mut Fixture, intent: bool) {
-        f.txn.set_state(TxnState::Committing).unwrap();
+        f.txn.record.owner_pid = u32::MAX;
+        f.txn.record.held = true;
+        f.txn.set_state(TxnState::Prepared).unwrap();
         let id = f.txn.id().as_str().to_owned();
         let (plan, _) = lockbox_cow::stage_upper(
             &f.txn.merged_dir(),
@@ -317,10 +398,13 @@ mod tests {
         )
         .unwrap();
         if intent {
+            let mut record = f.txn.record.clone();
+            record.state = TxnState::Committing;
             let intent = Intent {
                 id: f.txn.id().clone(),
                 workdir: f.work.clone(),
                 plan,
+                record: Some(record),
             };
             record::write(
                 &f.txn.dir,
@@ -352,7 +436,7 @@ mod tests {
         crash_after_staging(&mut f, false);
         assert_eq!(names(&f.work).len(), 2, "staging exists");
         let report = recover(&f.state, Some(&f.work)).unwrap();
-        assert_eq!(report.rolled_back, [f.txn.id().clone()]);
+        assert_eq!(report.abandoned, [f.txn.id().clone()]);
         assert_eq!(names(&f.work), ["old"]);
         assert_eq!(std::fs::read_to_string(f.work.join("old")).unwrap(), "old");
         assert_eq!(state_of(&f), TxnState::Aborted);
@@ -366,7 +450,7 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
         let report = recover(&f.state, None).unwrap();
-        assert_eq!(report.rolled_back.len(), 1);
+        assert_eq!(report.abandoned.len(), 1);
         assert_eq!(names(&f.work), ["old"]);
         assert!(!path.exists());
     }
@@ -386,6 +470,79 @@ mod tests {
         assert!(!f.txn.dir.join(INTENT_FILE).exists());
         // Recovering again changes nothing.
         assert_eq!(recover(&f.state, None).unwrap(), RecoveryReport::default());
+    }
+
+    #[test]
+    fn a_lost_record_past_the_commit_point_is_restored_from_the_intent() {
+        let mut f = prepared();
+        f.txn.record.value = Some(serde_json::json!({"step": "result"}));
+        crash_after_staging(&mut f, true);
+        // A power loss tore the record's last lazy write.
+        std::fs::write(f.txn.dir.join(crate::record::RECORD_FILE), b"{\"torn").unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.rolled_forward, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["new", "old"]);
+        let back = TxnDir::open(&f.state, f.txn.id()).unwrap().record;
+        assert_eq!(back.state, TxnState::Committed);
+        assert_eq!(back.value, Some(serde_json::json!({"step": "result"})));
+        assert_eq!(names(&f.state.join("txns/.live")), [".complete"]);
+    }
+
+    #[test]
+    fn a_lost_record_before_the_commit_point_leaves_no_staging_behind() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, false);
+        std::fs::remove_file(f.txn.dir.join(crate::record::RECORD_FILE)).unwrap();
+        // Found through the marker, which names the workdir.
+        recover_workdir(&f.state, &f.work).unwrap();
+        assert_eq!(names(&f.work), ["old"]);
+        assert_eq!(names(&f.state.join("txns/.live")), [".complete"]);
+    }
+
+    #[test]
+    fn a_kept_transaction_loses_the_staging_of_a_failed_commit_but_stays_prepared() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, false);
+        f.txn.record.held = false;
+        f.txn.set_state(TxnState::Prepared).unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.left_prepared, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["old"]);
+        assert_eq!(state_of(&f), TxnState::Prepared);
+        // And it still commits.
+        let mut txn = TxnDir::open(&f.state, f.txn.id()).unwrap();
+        commit(&mut txn, false, true).unwrap();
+        assert_eq!(names(&f.work), ["new", "old"]);
+    }
+
+    #[test]
+    fn an_interrupted_commit_of_a_kept_transaction_is_listed_committing_and_finished() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, true);
+        f.txn.record.held = false;
+        f.txn.record.owner_pid = std::process::id();
+        f.txn.set_state(TxnState::Prepared).unwrap();
+        let listed = store::list(&f.state).unwrap();
+        assert!(
+            matches!(&listed[..], [ListedTxn::Ok(r)] if r.state == TxnState::Committing),
+            "{listed:?}"
+        );
+        // Committing it again (another process resuming it) finishes the first commit.
+        let mut txn = TxnDir::open(&f.state, f.txn.id()).unwrap();
+        commit(&mut txn, false, false).unwrap();
+        assert_eq!(names(&f.work), ["new", "old"]);
+        assert_eq!(state_of(&f), TxnState::Committed);
+    }
+
+    #[test]
+    fn committing_without_an_intent_from_an_earlier_version_rolls_back() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, false);
+        f.txn.set_state(TxnState::Committing).unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.rolled_back, [f.txn.id().clone()]);
+        assert_eq!(names(&f.work), ["old"]);
+        assert_eq!(state_of(&f), TxnState::Aborted);
     }
 
     #[test]

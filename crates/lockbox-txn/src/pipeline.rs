@@ -378,9 +378,9 @@ pub(crate) fn finish_prepare(
     lockbox_cow::flatten(layers, &merged)?;
     outcome.changes = ChangeSet::compute(&merged, txn.workdir())?;
     tracing::debug!(changes = outcome.changes.len(), "layers flattened");
-    // `merged/` holds everything now: the layers go before the commit, which then has one
-    // tree less to remove (and a kept prepared transaction takes half the inodes).
-    remove_tree(&txn.dir.join("layers"))?;
+    // `merged/` holds everything now: the layers go while the commit waits for the disk
+    // (and a kept prepared transaction takes half the inodes).
+    txn.remove_meanwhile(txn.dir.join("layers"));
     // Durable only once kept ([`PreparedTxn::keep`]) or committing.
     txn.record.state = TxnState::Prepared;
     txn.record.held = true;

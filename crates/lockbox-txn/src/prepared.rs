@@ -181,7 +181,7 @@ impl PreparedTxn {
     pub fn keep(mut self) -> Result<TxnId, TxnError> {
         if let Some(mut txn) = self.txn.take() {
             txn.record.held = false;
-            if let Err(e) = txn.make_durable() {
+            if let Err(e) = txn.settle().and_then(|()| txn.make_durable()) {
                 // Dropping `self` with it aborts the transaction.
                 self.txn = Some(txn);
                 return Err(e);

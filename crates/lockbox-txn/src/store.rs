@@ -7,7 +7,7 @@
 //! STATE/txns/<id>/layers/<n>/work   its overlayfs work directory (removed after the stage)
 //! STATE/txns/<id>/merged/           the union of all layers, flattened (what commit applies)
 //! STATE/txns/<id>/out/<n>           a stage's stdout, spilled beyond the memory bound
-//! STATE/txns/<id>/intent.json       the WAL intent; durable = the commit point
+//! STATE/txns/<id>/intent.json       the WAL intent: empty until the commit writes it in place; durable = the commit point
 //! STATE/txns/<id>/inputs/<name>     a gather source's stdout, for the consumer
 //! STATE/txns/.live/<id>              empty: the transaction may still need recovery
 //! STATE/txns/.live/.complete         empty: `.live` is complete (written once)
@@ -18,6 +18,7 @@
 //! runs reads those few records, not every transaction the state directory ever ran.
 
 use std::fs::{self, DirBuilder};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +37,27 @@ const LIVE: &str = ".live";
 
 fn live_dir(state_dir: &Path) -> PathBuf {
     txns_dir(state_dir).join(LIVE)
+}
+
+/// Removes the `.live` marker of transaction `id`: recovery no longer looks at it. Not
+/// fsynced: a marker that comes back costs recovery one record read.
+pub(crate) fn retire(state_dir: &Path, id: &TxnId) -> Result<(), TxnError> {
+    let marker = live_dir(state_dir).join(id.as_str());
+    match fs::remove_file(&marker) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TxnError::Store {
+            path: marker,
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The workdir a transaction's `.live` marker names (markers written before they named one
+/// are empty: `None`).
+pub(crate) fn marker_workdir(state_dir: &Path, id: &TxnId) -> Option<PathBuf> {
+    let bytes = fs::read(live_dir(state_dir).join(id.as_str())).ok()?;
+    let path = PathBuf::from(std::ffi::OsString::from_vec(bytes));
+    path.is_absolute().then_some(path)
 }
 
 /// The ids of the transactions that may still need recovery. A store written before `.live`
@@ -112,6 +134,11 @@ pub(crate) struct TxnDir {
     /// Makes the new directory and `.live` marker durable while the stages run (see
     /// [`TxnDir::make_durable`]); `None` once joined, or for an opened transaction.
     entries_synced: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// The directory and `.live` marker are known to be durable.
+    entries_durable: bool,
+    /// Removes a tree this transaction no longer needs while it goes on (see
+    /// [`TxnDir::remove_meanwhile`]); joined before the transaction's data is discarded.
+    removing: Option<std::thread::JoinHandle<Result<(), TxnError>>>,
 }
 
 impl TxnDir {
@@ -153,8 +180,10 @@ impl TxnDir {
             None => TxnId::generate(),
         };
         ensure_live(&state_dir)?;
+        // The marker names the workdir: after a crash, recovery finds a commit's staging
+        // directory through it even if the (lazily written) record was lost.
         let marker = live_dir(&state_dir).join(id.as_str());
-        fs::File::create(&marker).map_err(store_err(&marker))?;
+        fs::write(&marker, workdir.as_os_str().as_encoded_bytes()).map_err(store_err(&marker))?;
         let dir = txns.join(id.as_str());
         DirBuilder::new()
             .mode(0o700)
@@ -162,6 +191,9 @@ impl TxnDir {
             .map_err(store_err(&dir))?;
         let base = dir.join("base");
         fs::create_dir(&base).map_err(store_err(&base))?;
+        // Empty until the commit writes it in place (see `record::Durability::InPlace`).
+        let intent = dir.join(crate::record::INTENT_FILE);
+        fs::File::create(&intent).map_err(store_err(&intent))?;
         let st = fs::symlink_metadata(&base).map_err(store_err(&base))?;
         let record = TxnRecord {
             id,
@@ -180,13 +212,15 @@ impl TxnDir {
             value: None,
             held: false,
         };
-        // The directory syncs wait on the disk, not the CPU: they overlap the stages.
-        let (live, synced) = (live_dir(&state_dir), txns.clone());
+        // The syncs wait on the disk, not the CPU: they overlap the stages.
+        let (live, synced, marked, own) = (live_dir(&state_dir), txns.clone(), marker, dir.clone());
         let entries_synced = std::thread::Builder::new()
             .name("lockbox-txn-sync".into())
             .spawn(move || {
+                fs::File::open(&marked)?.sync_all()?;
                 lockbox_cow::fsync_dir(&live)?;
-                lockbox_cow::fsync_dir(&synced)
+                lockbox_cow::fsync_dir(&synced)?;
+                lockbox_cow::fsync_dir(&own)
             })
             .ok();
         let txn = TxnDir {
@@ -194,6 +228,8 @@ impl TxnDir {
             dir,
             record,
             entries_synced,
+            entries_durable: false,
+            removing: None,
         };
         // Not durable yet: until the transaction touches the workdir (`committing`, see
         // [`TxnDir::make_durable`]) or is kept, losing it in a crash loses nothing.
@@ -215,9 +251,26 @@ impl TxnDir {
         })?;
         Ok(TxnDir {
             entries_synced: None,
+            // Whoever left it to be opened made it durable (kept, or committing).
+            entries_durable: true,
+            removing: None,
             state_dir: state_dir.to_owned(),
             dir,
             record,
+        })
+    }
+
+    /// The transaction of `record`, whose record file was lost (recovery restores it from
+    /// the intent).
+    pub(crate) fn restore(state_dir: &Path, record: TxnRecord) -> Result<TxnDir, TxnError> {
+        let state_dir = fs::canonicalize(state_dir).map_err(store_err(state_dir))?;
+        Ok(TxnDir {
+            dir: txns_dir(&state_dir).join(record.id.as_str()),
+            state_dir,
+            record,
+            entries_synced: None,
+            entries_durable: true,
+            removing: None,
         })
     }
 
@@ -254,16 +307,34 @@ impl TxnDir {
     }
 
     /// Makes the transaction's existence durable (its directory and `.live` marker), then
-    /// its record. Required before it touches the workdir or outlives this process.
+    /// its record: required before it outlives this process.
     pub(crate) fn make_durable(&mut self) -> Result<(), TxnError> {
+        self.make_entries_durable()?;
+        self.save()
+    }
+
+    /// Makes the transaction's directory, its entries (the empty intent among them) and its
+    /// `.live` marker (with its workdir) durable: required before a commit stages anything
+    /// in the workdir.
+    pub(crate) fn make_entries_durable(&mut self) -> Result<(), TxnError> {
+        if self.entries_durable {
+            return Ok(());
+        }
         let synced = self.entries_synced.take().map(|h| h.join());
         if !matches!(synced, Some(Ok(Ok(())))) {
+            let marker = live_dir(&self.state_dir).join(self.id().as_str());
+            // A marker from before markers named their workdir is empty: it gets the name.
+            fs::write(&marker, self.record.workdir.as_os_str().as_encoded_bytes())
+                .and_then(|()| fs::File::open(&marker)?.sync_all())
+                .map_err(store_err(&marker))?;
             let txns = txns_dir(&self.state_dir);
             let live = live_dir(&self.state_dir);
             lockbox_cow::fsync_dir(&live).map_err(store_err(&live))?;
             lockbox_cow::fsync_dir(&txns).map_err(store_err(&txns))?;
+            lockbox_cow::fsync_dir(&self.dir).map_err(store_err(&self.dir))?;
         }
-        self.save()
+        self.entries_durable = true;
+        Ok(())
     }
 
     pub(crate) fn set_state(&mut self, state: TxnState) -> Result<(), TxnError> {
@@ -272,16 +343,9 @@ impl TxnDir {
     }
 
     /// Removes the `.live` marker of a transaction that is committed or aborted and whose
-    /// data is gone. Not fsynced: a marker that comes back costs recovery one record read.
+    /// data is gone (see [`retire`]).
     pub(crate) fn retire(&self) -> Result<(), TxnError> {
-        let marker = live_dir(&self.state_dir).join(self.id().as_str());
-        match fs::remove_file(&marker) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TxnError::Store {
-                path: marker,
-                source: e,
-            }),
-            _ => Ok(()),
-        }
+        retire(&self.state_dir, self.id())
     }
 
     /// Creates `layers/<n>/{upper,work}` (upper with the workdir's mode: the overlay's root
@@ -322,8 +386,37 @@ impl TxnDir {
         self.dir.join("out")
     }
 
+    /// Removes `tree` on a thread of its own: a commit spends most of its time waiting for
+    /// the disk, and the removal (after prepare, of the layers flattened into `merged/`)
+    /// needs the CPU. [`TxnDir::settle`] waits for it.
+    pub(crate) fn remove_meanwhile(&mut self, tree: PathBuf) {
+        let spawned = std::thread::Builder::new()
+            .name("lockbox-txn-rm".into())
+            .spawn({
+                let tree = tree.clone();
+                move || remove_tree(&tree)
+            });
+        // Without a thread, `discard_data` removes it.
+        if let Ok(handle) = spawned {
+            self.removing = Some(handle);
+        }
+    }
+
+    /// Waits for a removal started by [`TxnDir::remove_meanwhile`].
+    pub(crate) fn settle(&mut self) -> Result<(), TxnError> {
+        match self.removing.take().map(|h| h.join()) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(TxnError::Usage {
+                reason: "the thread removing the transaction's layers panicked".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Removes the layers, the merged view and spilled output (after commit or abort).
-    pub(crate) fn discard_data(&self) -> Result<(), TxnError> {
+    pub(crate) fn discard_data(&mut self) -> Result<(), TxnError> {
+        // A failed background removal is retried below.
+        let _ = self.settle();
         for name in ["layers", "merged", "out", "inputs"] {
             remove_tree(&self.dir.join(name))?;
         }
@@ -345,6 +438,15 @@ fn replace_earlier_attempt(state_dir: &Path, id: &TxnId) -> Result<(), TxnError>
             operation,
         })
     };
+    // Past its commit point (whatever its record file says): recovery finishes it.
+    let intent =
+        record::read::<crate::record::Intent>(&dir.join(crate::record::INTENT_FILE), "intent");
+    if matches!(intent, Ok(Some(i)) if i.id == *id) {
+        return refuse(
+            TxnState::Committing,
+            "run it again before recovery finishes it",
+        );
+    }
     if let Ok(Some(r)) = record::read::<TxnRecord>(&dir.join(RECORD_FILE), "txn") {
         let live = crate::commit::owner_alive(r.owner_pid);
         match r.state {
@@ -424,7 +526,9 @@ pub enum ListedTxn {
     },
 }
 
-/// Every transaction in the store, sorted by id (works across processes).
+/// Every transaction in the store, sorted by id (works across processes). A transaction
+/// past its commit point but not finished (its commit was interrupted; recovery finishes it)
+/// is listed in state `committing`, with the record its intent carries.
 pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
     let txns = txns_dir(state_dir);
     let entries = match fs::read_dir(&txns) {
@@ -441,18 +545,38 @@ pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
     dirs.sort();
     Ok(dirs
         .into_iter()
-        .map(
-            |dir| match record::read::<TxnRecord>(&dir.join(RECORD_FILE), "txn") {
-                Ok(Some(r)) => ListedTxn::Ok(r),
-                Ok(None) => ListedTxn::Damaged {
-                    error: TxnError::CorruptRecord {
-                        path: dir.join(RECORD_FILE),
-                        reason: "missing (creation interrupted)".into(),
-                    },
-                    dir,
+        .map(|dir| {
+            let read = record::read::<TxnRecord>(&dir.join(RECORD_FILE), "txn");
+            let intent = record::read::<crate::record::Intent>(
+                &dir.join(crate::record::INTENT_FILE),
+                "intent",
+            );
+            let unfinished = match (&read, intent) {
+                (Ok(Some(r)), _) if matches!(r.state, TxnState::Committed | TxnState::Aborted) => {
+                    None
+                }
+                (Ok(Some(r)), Ok(Some(i))) if i.id == r.id => {
+                    Some(i.record.unwrap_or_else(|| TxnRecord {
+                        state: TxnState::Committing,
+                        ..r.clone()
+                    }))
+                }
+                (Err(_) | Ok(None), Ok(Some(i))) => i.record,
+                _ => None,
+            };
+            (dir, read, unfinished)
+        })
+        .map(|(dir, read, unfinished)| match (unfinished, read) {
+            (Some(r), _) => ListedTxn::Ok(r),
+            (None, Ok(Some(r))) => ListedTxn::Ok(r),
+            (None, Ok(None)) => ListedTxn::Damaged {
+                error: TxnError::CorruptRecord {
+                    path: dir.join(RECORD_FILE),
+                    reason: "missing (creation interrupted)".into(),
                 },
-                Err(error) => ListedTxn::Damaged { dir, error },
+                dir,
             },
-        )
+            (None, Err(error)) => ListedTxn::Damaged { dir, error },
+        })
         .collect())
 }

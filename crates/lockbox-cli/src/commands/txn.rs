@@ -262,6 +262,11 @@ pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
             for id in &r.abandoned {
                 eprintln!("lockbox: aborted transaction {id}: its process died while it ran");
             }
+            for id in &r.left_prepared {
+                eprintln!(
+                    "lockbox: transaction {id} is still prepared: its commit was interrupted before its commit point"
+                );
+            }
         }
         // Busy: a live commit holds the lock and recovers the workdir itself.
         Ok(None) => {}
