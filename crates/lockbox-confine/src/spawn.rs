@@ -293,19 +293,20 @@ pub struct SequenceStep {
 ///
 /// [`Gated::release`] runs the next command with the stdio it is given (`/dev/null`
 /// otherwise); once [`Running::wait`] has its outcome, [`Running::next`] gives the gated
-/// sandbox of the step after it. Not for policies with a network allow- or deny-list,
-/// passed descriptors or bounded upper layers (see [`sequence_unsupported`]).
+/// sandbox of the step after it. More than one command is refused for policies with a
+/// network allow- or deny-list or passed descriptors ([`sequence_unsupported`]), and for
+/// bounded upper layers; one command is a gated sandbox whose stdio comes at the release.
 pub fn spawn_sequence(policy: &Policy, steps: &[SequenceStep]) -> Result<Gated, SetupError> {
-    if let Some(reason) = sequence_unsupported(policy) {
-        return Err(SetupError::Sequence { reason });
-    }
     let (first, later) = steps.split_first().ok_or(SetupError::Sequence {
         reason: "no command given",
     })?;
+    if let Some(reason) = sequence_unsupported(policy).filter(|_| !later.is_empty()) {
+        return Err(SetupError::Sequence { reason });
+    }
     let targets = |step: &SequenceStep| -> Vec<std::path::PathBuf> {
         step.overlays.iter().map(|o| o.target.clone()).collect()
     };
-    for step in steps {
+    for step in steps.iter().filter(|_| !later.is_empty()) {
         if step
             .overlays
             .iter()

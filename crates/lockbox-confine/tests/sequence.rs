@@ -268,3 +268,16 @@ fn a_command_that_outlives_its_grace_ends_the_sandbox() {
     assert!(running.next().is_none(), "the sandbox is gone");
     assert!(names(&c.upper(1)).is_empty());
 }
+
+#[test]
+fn one_command_may_have_a_network_list() {
+    // A sequence of one is a gated sandbox: what it cannot share, it need not.
+    let c = chain(1);
+    let policy = Policy {
+        net: lockbox_policy::Net::Allow(vec!["127.0.0.1:9".parse().unwrap()]),
+        ..Policy::default()
+    };
+    let gated = spawn_sequence(&policy, &[c.step(0, "echo alone")]).unwrap();
+    let (outcome, out, _) = run_step(gated, b"");
+    assert_eq!((outcome.exit_code(), out.as_str()), (0, "alone\n"));
+}

@@ -387,6 +387,25 @@ pub(crate) struct Job<'a> {
 }
 
 impl Job<'_> {
+    /// Runs the job's stage in `armed` on `view` (see [`fire`]).
+    fn fire(
+        &self,
+        view: &View<'_>,
+        armed: Armed,
+        io: Io<'_>,
+        meanwhile: impl FnOnce(),
+    ) -> Result<(Ran, Option<Gated>), TxnError> {
+        fire(
+            self.stage,
+            Some(view),
+            armed,
+            io,
+            &self.spill,
+            self.memory_bound,
+            meanwhile,
+        )
+    }
+
     /// The job's view on the layer (upper, work).
     pub(crate) fn view(&self, (upper, work): (PathBuf, PathBuf)) -> View<'_> {
         View {
@@ -422,15 +441,7 @@ pub(crate) fn run_with_retries(
         };
         let io = reading(job.stage, job.input)?;
         let first = meanwhile.take();
-        let (mut ran, _) = fire(
-            job.stage,
-            Some(&view),
-            armed,
-            io,
-            &job.spill,
-            job.memory_bound,
-            || first.map_or((), |f| f()),
-        )?;
+        let (mut ran, _) = job.fire(&view, armed, io, || first.map_or((), |f| f()))?;
         crate::store::remove_tree(&view.work)?;
         attempts += 1;
         ran.result.attempts = attempts;
@@ -468,15 +479,7 @@ pub(crate) fn run_in_one<'a>(
             })
         });
         let first = meanwhile.take();
-        let (ran, next) = fire(
-            job.stage,
-            Some(&view),
-            armed,
-            io,
-            &job.spill,
-            job.memory_bound,
-            || first.map_or((), |f| f()),
-        )?;
+        let (ran, next) = job.fire(&view, armed, io, || first.map_or((), |f| f()))?;
         // The work directory (overlayfs's scratch) goes with the layers, after the stages.
         done(&ran);
         let failed = !ran.result.succeeded();

@@ -470,3 +470,23 @@ fn stages_with_other_policies_run_in_sandboxes_of_their_own() {
     assert_eq!(ns("ns2"), ns("ns3"));
     rerun_as_nobody("stages_with_other_policies_run_in_sandboxes_of_their_own");
 }
+
+#[test]
+fn stages_with_a_network_list_run_each_in_a_sandbox_of_its_own() {
+    let (_tmp, state, work) = dirs();
+    let listed = |script: &str| {
+        let mut s = stage(&work, script);
+        s.policy.net = lockbox_policy::Net::Allow(vec!["127.0.0.1:9".parse().unwrap()]);
+        s
+    };
+    let outcome = Pipeline::new(&state, &work)
+        .stage(listed(&format!("{PID_NS} > ns1 && echo one > one")))
+        .stage(listed(&format!("{PID_NS} > ns2 && cat one")))
+        .run()
+        .unwrap();
+    assert!(outcome.committed, "{outcome:?}");
+    assert_eq!(outcome.stdout, Output::Memory(b"one\n".to_vec()));
+    let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
+    assert_ne!(ns("ns1"), ns("ns2"));
+    rerun_as_nobody("stages_with_a_network_list_run_each_in_a_sandbox_of_its_own");
+}
