@@ -151,8 +151,8 @@ fn report(fd: RawFd, record: Record) {
 /// The init's entry point (step numbers as in the module doc). Never returns.
 ///
 /// A sequence sandbox ([`SetupPlan::steps`]) runs its commands one after another: after
-/// each but the last, the init reports its status, gives the next command its own views
-/// (see [`crate::plan::StepPlan`]) and waits for the go again.
+/// each but the last, the init reports its status, starts the next command's process and
+/// gives it its own views (see [`start_next`]); that process waits for the go itself.
 pub fn init_main(p: &mut Prepared) -> ! {
     let (signal_fd, ruleset) = match setup(p) {
         Ok(ready) => ready,

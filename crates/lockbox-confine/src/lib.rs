@@ -48,9 +48,7 @@ pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{parse_sockaddr, NetReport};
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
-pub use crate::resolve::{
-    resolve, resolve_overlays, Access, Resolved, ResolvedOverlay, ResolvedUpper,
-};
+pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
 pub use crate::seccomp::{
     denied as denied_syscalls, Allowed, Denied, RefusedFamily, When,
     REFUSED_FAMILIES as REFUSED_SOCKET_FAMILIES, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,

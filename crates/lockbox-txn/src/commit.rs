@@ -136,9 +136,7 @@ pub(crate) fn abort(txn: &mut TxnDir) -> Result<(), TxnError> {
     txn.record.state = TxnState::Aborted;
     txn.save()?;
     // A torn intent (a crash while writing it) is no intent; it goes with the rest.
-    if txn.dir.join(INTENT_FILE).exists() {
-        remove_intent(txn, false)?;
-    }
+    remove_intent(txn, false)?;
     discard_staging(txn.workdir(), txn.id())?;
     txn.discard_data()?;
     txn.retire()
@@ -216,13 +214,7 @@ fn discard_staging(workdir: &Path, id: &TxnId) -> Result<bool, TxnError> {
 
 /// The valid intent of transaction `id`, if it has one.
 fn read_intent(state_dir: &Path, id: &TxnId) -> Option<Intent> {
-    let path = store::txns_dir(state_dir)
-        .join(id.as_str())
-        .join(INTENT_FILE);
-    record::read::<Intent>(&path, "intent")
-        .ok()
-        .flatten()
-        .filter(|i| i.id == *id)
+    record::intent_in(&store::txns_dir(state_dir).join(id.as_str()), id)
 }
 
 /// The sweep a command that touches `workdir` runs first: finishes or rolls back the
@@ -308,9 +300,7 @@ fn recover_locked(
             }
             TxnState::Committed | TxnState::Aborted => {
                 // Leftovers of a cleanup that a crash interrupted.
-                if txn.dir.join(INTENT_FILE).exists() {
-                    remove_intent(&txn, false)?;
-                }
+                remove_intent(&txn, false)?;
                 discard_staging(workdir, &id)?;
                 txn.discard_data()?;
                 txn.retire()?;

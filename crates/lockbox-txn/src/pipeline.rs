@@ -153,9 +153,9 @@ impl Pipeline {
             };
             let mut results = Vec::new();
             let last = if stages[unit.start].retries > 0 {
-                let first = current.map(|a| {
-                    let layer = a.layers.into_iter().next();
-                    (a.armed, layer.unwrap_or_default())
+                // A retried stage's unit is that stage alone: one layer.
+                let first = current.and_then(|ArmedUnit { armed, layers }| {
+                    layers.into_iter().next().map(|layer| (armed, layer))
                 });
                 let (ran, _) = stage::run_with_retries(
                     &job(unit.start, Input::Output(&previous)),

@@ -235,6 +235,15 @@ impl TxnRecord {
     }
 }
 
+/// The valid intent of transaction `id` in its directory `dir`, if it has one: an empty
+/// (not yet written), torn or foreign `intent.json` is none.
+pub(crate) fn intent_in(dir: &Path, id: &TxnId) -> Option<Intent> {
+    read::<Intent>(&dir.join(INTENT_FILE), "intent")
+        .ok()
+        .flatten()
+        .filter(|i| i.id == *id)
+}
+
 impl Intent {
     /// Decodes and verifies the bytes of a commit intent (the WAL record), like
     /// [`TxnRecord::decode`].

@@ -439,9 +439,7 @@ fn replace_earlier_attempt(state_dir: &Path, id: &TxnId) -> Result<(), TxnError>
         })
     };
     // Past its commit point (whatever its record file says): recovery finishes it.
-    let intent =
-        record::read::<crate::record::Intent>(&dir.join(crate::record::INTENT_FILE), "intent");
-    if matches!(intent, Ok(Some(i)) if i.id == *id) {
+    if record::intent_in(&dir, id).is_some() {
         return refuse(
             TxnState::Committing,
             "run it again before recovery finishes it",
@@ -547,36 +545,35 @@ pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
         .into_iter()
         .map(|dir| {
             let read = record::read::<TxnRecord>(&dir.join(RECORD_FILE), "txn");
-            let intent = record::read::<crate::record::Intent>(
-                &dir.join(crate::record::INTENT_FILE),
-                "intent",
-            );
-            let unfinished = match (&read, intent) {
-                (Ok(Some(r)), _) if matches!(r.state, TxnState::Committed | TxnState::Aborted) => {
-                    None
-                }
-                (Ok(Some(r)), Ok(Some(i))) if i.id == r.id => {
-                    Some(i.record.unwrap_or_else(|| TxnRecord {
-                        state: TxnState::Committing,
-                        ..r.clone()
-                    }))
-                }
-                (Err(_) | Ok(None), Ok(Some(i))) => i.record,
-                _ => None,
-            };
-            (dir, read, unfinished)
-        })
-        .map(|(dir, read, unfinished)| match (unfinished, read) {
-            (Some(r), _) => ListedTxn::Ok(r),
-            (None, Ok(Some(r))) => ListedTxn::Ok(r),
-            (None, Ok(None)) => ListedTxn::Damaged {
-                error: TxnError::CorruptRecord {
-                    path: dir.join(RECORD_FILE),
-                    reason: "missing (creation interrupted)".into(),
+            let finished =
+                matches!(&read, Ok(Some(r)) if matches!(r.state, TxnState::Committed | TxnState::Aborted));
+            let pending = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| TxnId::parse(n).ok())
+                .filter(|_| !finished)
+                .and_then(|id| record::intent_in(&dir, &id));
+            match (pending, read) {
+                (Some(intent), Ok(Some(r))) => ListedTxn::Ok(intent.record.unwrap_or(TxnRecord {
+                    state: TxnState::Committing,
+                    ..r
+                })),
+                (
+                    Some(crate::record::Intent {
+                        record: Some(r), ..
+                    }),
+                    _,
+                ) => ListedTxn::Ok(r),
+                (_, Ok(Some(r))) => ListedTxn::Ok(r),
+                (_, Ok(None)) => ListedTxn::Damaged {
+                    error: TxnError::CorruptRecord {
+                        path: dir.join(RECORD_FILE),
+                        reason: "missing (creation interrupted)".into(),
+                    },
+                    dir,
                 },
-                dir,
-            },
-            (None, Err(error)) => ListedTxn::Damaged { dir, error },
+                (_, Err(error)) => ListedTxn::Damaged { dir, error },
+            }
         })
         .collect())
 }
