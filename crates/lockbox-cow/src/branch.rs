@@ -286,12 +286,27 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
     remove_dir_robust(&branches, OsStr::new(id.as_str()))
 }
 
+/// Removes a branch directory, its `meta.json` first: a removal that a crash interrupts must
+/// leave a directory [`Branch::open`] refuses, never a branch whose upper is half gone (a
+/// re-commit of that would apply an emptied opaque directory as deletions). The unlink needs
+/// no fsync of its own: the filesystems lockbox targets journal metadata in order, so no later
+/// removal can survive a crash that the unlink did not.
 fn remove_dir_robust(parent: &Path, name: &OsStr) -> Result<(), CowError> {
     let err = |source| CowError::RemoveBranch {
         path: parent.join(name),
         source,
     };
     let fd = beneath::open_root(parent).map_err(err)?;
+    match beneath::open_child_dir(fd.as_fd(), name) {
+        Ok(dir) => {
+            match rustix::fs::unlinkat(&dir, meta::META_FILE, rustix::fs::AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(err(e.into())),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
     beneath::remove_tree_at(fd.as_fd(), name).map_err(err)?;
     rustix::fs::fsync(&fd).map_err(|e| err(e.into()))
 }

@@ -73,7 +73,8 @@ pub struct CommitReport {
 /// in place; [`Branch::commit`] also removes it.
 ///
 /// Not atomic across paths: a crash in step 4 leaves some paths new and some old (each path
-/// is whole, never torn) and the branch in state `Committing`; committing it again finishes.
+/// is whole, never torn) and the branch in state `Committing`; committing it again finishes
+/// (and removes the staging directory and syncs even if nothing was left to apply).
 pub fn commit(
     branch: &mut Branch,
     workdir: &Path,
@@ -105,17 +106,23 @@ pub fn commit(
         return Ok(report);
     }
     let total = report.added + report.modified + report.deleted + report.type_changed;
-    if total == 0 {
+    // A resumed commit always runs to the end, even with nothing left to apply: the
+    // interrupted run may have left its staging directory, and its renames may not be durable.
+    if total == 0 && !resuming {
         return Ok(report);
     }
-    branch.set_state(BranchState::Committing)?;
+    if !resuming {
+        branch.set_state(BranchState::Committing)?;
+    }
     let staging_name = format!("{STAGING_PREFIX}{}", branch.id());
+    // Resumed: `syncfs`, since the operations the interrupted run already did are not in this
+    // plan, so fsyncing only the directories it touches would not cover them.
     let plan = stage(
         &upper,
         branch.workdir(),
         root.as_fd(),
         OsStr::new(&staging_name),
-        is_small(total),
+        is_small(total) && !resuming,
     )?;
     apply(root.as_fd(), &plan, false)?;
     finish(root.as_fd(), &plan)?;

@@ -130,6 +130,102 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
     );
 }
 
+/// A kill after every change is applied but before the staging directory is gone (during
+/// the final `syncfs`, say) leaves nothing to apply: committing again must still finish and
+/// remove the staging directory, not return early and leave it in the workdir.
+#[test]
+fn recommit_with_nothing_left_to_apply_removes_staging() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, &setup());
+    let mut branch = s.branch();
+    assert!(run_in_branch(&branch, &script()));
+    // Applies everything and leaves the branch `committing`, as a kill after the commit
+    // would; then the staging directory the kill left behind.
+    lockbox_cow::commit(&mut branch, &s.wd.clone(), &CommitOptions::default()).unwrap();
+    let committed = snapshot(&s.wd);
+    let staging = s.wd.join(format!(".lockbox-commit-{}", branch.id()));
+    std::fs::create_dir(&staging).unwrap();
+
+    let again = Branch::open(&s.state, branch.id()).unwrap();
+    assert_eq!(again.meta().state, lockbox_cow::BranchState::Committing);
+    let report = again.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(report.added + report.modified + report.deleted, 0);
+    assert!(!staging.exists(), "staging directory left in the workdir");
+    assert_eq!(snapshot(&s.wd), committed);
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+const REMOVE_ENV: &str = "LOCKBOX_COW_REMOVE_HELPER";
+
+/// In a user+mount namespace: mounts a tmpfs on the branch's `upper/d`, so removing the
+/// branch fails in the middle (`rmdir` of a mount point is EBUSY), as a crash would stop it.
+#[test]
+fn helper_remove_until_stuck() {
+    let Ok(spec) = std::env::var(REMOVE_ENV) else {
+        return;
+    };
+    let (state, id) = spec.split_once('\n').unwrap();
+    let branch = Branch::open(Path::new(state), &BranchId::parse(id).unwrap()).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(branch.upper_dir().join("d"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs: {st}");
+    let err = branch.abort().unwrap_err();
+    assert_eq!(err.code(), "REMOVE_BRANCH", "{err}");
+}
+
+/// A committed branch whose removal stops half-way must not open again: its upper is partly
+/// gone (here the opaque `d` lost its `new`), and committing it again would delete `d/new`
+/// from the workdir. It is listed as damaged, and `abort_id` finishes the removal.
+#[test]
+fn interrupted_removal_of_committed_branch_never_recommits() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, &setup());
+    let mut branch = s.branch();
+    assert!(run_in_branch(&branch, &script()));
+    lockbox_cow::commit(&mut branch, &s.wd.clone(), &CommitOptions::default()).unwrap();
+    let committed = snapshot(&s.wd);
+    assert!(committed.contains_key(Path::new("d/new")));
+
+    let st = Command::new("unshare")
+        .args(["-Urm", "--propagation", "private"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_remove_until_stuck",
+            "--test-threads",
+            "1",
+        ])
+        .env(
+            REMOVE_ENV,
+            format!("{}\n{}", s.state.display(), branch.id()),
+        )
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "removal helper failed: {st}");
+
+    let reopened = Branch::open(&s.state, branch.id());
+    assert!(
+        reopened.is_err(),
+        "a half-removed branch opened again (and could be re-committed)"
+    );
+    let listed = list(&s.state).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].meta.is_err(), "listed as intact: {:?}", listed[0]);
+    abort_id(&s.state, branch.id()).unwrap();
+    assert!(list(&s.state).unwrap().is_empty());
+    assert_eq!(snapshot(&s.wd), committed);
+}
+
 /// The crash test again as uid/gid 65534 (when we are root).
 #[test]
 fn sigkill_during_commit_as_uid_65534() {
