@@ -27,16 +27,16 @@
 //! A sequence sandbox ([`crate::spawn_sequence`]) does not exit after its first command:
 //! while a command runs, the init enters a fresh IPC namespace for the next; once it is over
 //! (and everything it left is killed and reaped), the init replaces the stdio by
-//! `/dev/null`, reports, forks the next command's process and carries out that command's
-//! ops ([`crate::plan::StepPlan`]: the previous views unmounted, fresh scratch, its views),
-//! then wakes it; and so on until the last command, after which it exits as above.
+//! `/dev/null`, reports, carries out the next command's ops ([`crate::plan::StepPlan`]:
+//! fresh scratch; the views stay) and forks its process; and so on until the last command,
+//! after which it exits as above. The Landlock ruleset is kept for all the commands.
 //!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
 //! changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
 //! installs seccomp (last, so the filter need not allow setup) and executes the command.
-//! The later commands of a sequence do the same in another order: what does not depend on
-//! their views first (capabilities, seccomp, while the init mounts the views), then
-//! Landlock and the directory, then they wait for the supervisor's go with their stdio.
+//! The later commands of a sequence do the same in another order, ready before the
+//! supervisor's go, which brings their stdio: capabilities, seccomp, Landlock, the
+//! directory, then they wait for the go.
 //!
 //! Nothing here allocates, locks, logs or panics: the parent may be multi-threaded, and after
 //! `clone` only the calling thread exists, possibly with a lock held by a vanished thread.
@@ -169,7 +169,7 @@ pub fn init_main(p: &mut Prepared) -> ! {
             fail_exit(p, fail)
         }
         step += 1;
-        start = match start_next(p, step, signal_fd) {
+        start = match start_next(p, step, signal_fd, ruleset) {
             Ok(pid) => Start::Started(pid),
             Err(fail) => fail_exit(p, fail),
         };
@@ -309,46 +309,35 @@ fn end_step(p: &Prepared, status: Record) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Starts command `step` (>= 1) of a sequence. Its process is forked first and confines
-/// itself (capabilities, `no_new_privs`, seccomp) while the init carries out the step's ops
-/// (the previous views down, fresh scratch, this command's views); once they are done, the
-/// init wakes it through a pipe, and it adds Landlock (whose rules hold the new views),
-/// takes the stdio of the supervisor's go and executes. Signals that arrived for the
-/// previous command are dropped. A failure of the ops is reported against the step's ops.
-fn start_next(p: &mut Prepared, step: usize, signal_fd: RawFd) -> Result<libc::pid_t, Fail> {
+/// Starts command `step` (>= 1) of a sequence: carries out the step's ops (fresh scratch),
+/// then forks the command's process, which confines itself (capabilities, `no_new_privs`,
+/// seccomp, Landlock by `ruleset`) and waits for the supervisor's go. Signals that arrived
+/// for the previous command are dropped. A failure of the ops is reported against the
+/// step's ops.
+fn start_next(
+    p: &mut Prepared,
+    step: usize,
+    signal_fd: RawFd,
+    ruleset: Option<RawFd>,
+) -> Result<libc::pid_t, Fail> {
     while let Ok(Some(_)) = sys::read_signalfd(signal_fd) {}
-    let (wake_r, wake_w) = sys::pipe().map_err(at(Step::ForkCommand))?;
-    // A raw clone, not libc's fork: the init is a copy of a multi-threaded process, whose
-    // vanished threads may hold the locks fork(3) takes.
-    let pid = match sys::clone3_fork(0).map_err(at(Step::ForkCommand))? {
-        sys::Forked::Child => {
-            sys::close(wake_w);
-            preforked_main(p, step, wake_r)
-        }
-        sys::Forked::Parent { pid, pidfd } => {
-            sys::close(pidfd);
-            pid
-        }
-    };
-    sys::close(wake_r);
-    let mut done = Ok(());
     for i in 0..p.plan.steps[step - 1].ops.len() {
-        done = apply(
+        apply(
             &p.plan.steps[step - 1].ops[i],
             &mut p.source_fds,
             p.report_fd,
         )
-        .map_err(at_index(Step::Mount, i));
-        if done.is_err() {
-            break;
+        .map_err(at_index(Step::Mount, i))?;
+    }
+    // A raw clone, not libc's fork: the init is a copy of a multi-threaded process, whose
+    // vanished threads may hold the locks fork(3) takes.
+    match sys::clone3_fork(0).map_err(at(Step::ForkCommand))? {
+        sys::Forked::Child => preforked_main(p, step, ruleset),
+        sys::Forked::Parent { pid, pidfd } => {
+            sys::close(pidfd);
+            Ok(pid)
         }
     }
-    if done.is_ok() {
-        done = sys::write_all(wake_w, b"w").map_err(at(Step::ForkCommand));
-    }
-    // On failure the command sees the pipe's end and exits, and the sandbox ends with us.
-    sys::close(wake_w);
-    done.map(|()| pid)
 }
 
 fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errno> {
@@ -416,11 +405,6 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         }
         Op::SetReadonly { path } => set_readonly(path, false),
         Op::Umount { path } => sys::umount_detach(path),
-        Op::Unmount { path } => match sys::umount(path) {
-            // Not a mount point (an optional cover that was skipped), or gone.
-            Err(Errno(libc::EINVAL | libc::ENOENT)) => Ok(()),
-            other => other,
-        },
         Op::Renew {
             target,
             mode,
@@ -568,7 +552,8 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
                 None => Err(Errno(libc::ENOENT)),
             };
             p.command_stack = stack;
-            if let Some(fd) = ruleset {
+            // A sequence's later commands are confined by the same ruleset.
+            if let (Some(fd), true) = (ruleset, p.plan.steps.is_empty()) {
                 sys::close(fd);
             }
             match spawned {
@@ -766,31 +751,20 @@ fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
     execute(p, command)
 }
 
-/// Command `step` (>= 1) of a sequence, forked by [`start_next`]: confined as far as it can
-/// be before its views exist, it waits for the init's wake-up (the pipe's end instead: the
-/// init failed), adds Landlock, waits for the supervisor's go with its stdio, executes.
-/// (Sequences have no network list and no passed descriptors.)
-fn preforked_main(p: &Prepared, step: usize, wake: RawFd) -> ! {
+/// Command `step` (>= 1) of a sequence, forked by [`start_next`]: confines itself, waits for
+/// the supervisor's go with its stdio, executes. (Sequences have no network list and no
+/// passed descriptors.)
+fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
     command_basics(p);
     drop_privileges(p);
     if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
         command_fail(p, Step::SeccompFilter, e, 0);
     }
-    let mut byte = [0u8; 1];
-    if !matches!(sys::read(wake, &mut byte), Ok(1)) {
-        sys::exit(125)
-    }
-    sys::close(wake);
-    let rules = p.plan.steps.get(step - 1).map_or(&[][..], |s| &s.rules);
-    match landlock_ruleset(p, rules) {
-        Ok(Some(ruleset)) => {
-            if let Err(e) = sys::landlock_restrict_self(ruleset) {
-                command_fail(p, Step::LandlockRestrict, e, 0);
-            }
-            sys::close(ruleset);
+    if let Some(fd) = ruleset {
+        if let Err(e) = sys::landlock_restrict_self(fd) {
+            command_fail(p, Step::LandlockRestrict, e, 0);
         }
-        Ok(None) => {}
-        Err(f) => command_fail(p, f.step, f.errno, f.index as usize),
+        sys::close(fd);
     }
     if let Err(e) = sys::chdir(&p.plan.cwd) {
         command_fail(p, Step::Chdir, e, 0);

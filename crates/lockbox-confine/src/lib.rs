@@ -56,8 +56,7 @@ pub use crate::seccomp::{
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
     namespaces, run, sequence_unsupported, spawn, spawn_agent, spawn_gated, spawn_sequence,
-    spawn_with, Enforcement, Gated, Outcome, Running, SequenceStep, Status, Stdio, UpperMount,
-    Waited,
+    spawn_with, Enforcement, Gated, Outcome, Running, Status, Stdio, UpperMount, Waited,
 };
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).

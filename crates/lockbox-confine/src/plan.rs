@@ -8,7 +8,7 @@
 //! inside it.
 
 use crate::landlock::RuleAccess;
-use crate::resolve::{Access, Resolved, ResolvedOverlay};
+use crate::resolve::{Access, Resolved};
 use std::ffi::CString;
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
@@ -84,11 +84,6 @@ pub enum Op {
     Umount {
         path: CString,
     },
-    /// Unmount and wait for the filesystem to be gone (an overlay must be, before one of
-    /// its layers is used by another); nothing mounted there is not an error.
-    Unmount {
-        path: CString,
-    },
     /// Unless the tmpfs at `target` is still as new (empty, with permission bits `mode`),
     /// unmount it and carry out `mount` (an [`Op::Mount`] of a new one).
     Renew {
@@ -133,24 +128,18 @@ pub struct SetupPlan {
     pub views_from: Option<usize>,
     /// The later commands of a sequence sandbox ([`crate::spawn_sequence`]); empty otherwise.
     pub steps: Vec<StepPlan>,
-    /// Where the views' sources and rules begin (the views' ops begin at `views_from`).
-    view_sources_from: usize,
-    view_rules_from: usize,
     /// The mounts of the sandbox's own scratch tmpfs (`/tmp` unless granted, `/dev/shm`).
     scratch: Vec<Op>,
 }
 
 /// What a sandbox of several commands ([`crate::spawn_sequence`]) does before one of its
-/// later commands: its ops (take the previous command's views down, fresh scratch, mount
-/// this command's views; carried out as soon as the previous command is over) and its
-/// Landlock rules. (The init enters the fresh IPC namespace of the next command while the
+/// later commands, once everything of the previous one has ended: fresh scratch. (The
+/// views stay; the init enters the fresh IPC namespace of the next command while the
 /// previous one runs, and the command waits for the go itself.)
 #[derive(Debug, Clone, Default)]
 pub struct StepPlan {
-    /// Carried out in order, once everything of the previous command has ended.
+    /// Carried out in order.
     pub ops: Vec<Op>,
-    /// The Landlock rules of this command.
-    pub rules: Vec<Rule>,
 }
 
 const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
@@ -239,8 +228,6 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     nodes.sort_by_key(|(p, _)| in_view(p));
 
     let mut plan = SetupPlan {
-        view_sources_from: usize::MAX,
-        view_rules_from: usize::MAX,
         cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
         overlays: resolved.overlays.clone(),
         net: net_lines(resolved),
@@ -254,8 +241,6 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     for (path, node) in &nodes {
         if plan.views_from.is_none() && in_view(path) {
             plan.views_from = Some(plan.ops.len());
-            plan.view_sources_from = plan.sources.len();
-            plan.view_rules_from = plan.rules.len();
         }
         ensure_parents(&mut plan, &mut made_dirs, path);
         let rel = relative(path);
@@ -305,67 +290,21 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             }),
         }
     }
-    if plan.views_from.is_none() {
-        plan.view_sources_from = plan.sources.len();
-        plan.view_rules_from = plan.rules.len();
-    }
     plan
 }
 
-/// Builds the plan of a sandbox that runs commands one after another
-/// ([`crate::spawn_sequence`]): `resolved` holds the first command's views, `later` the
-/// views of each later command (the same targets, other layers). The first command's plan
-/// is the plan of a gated sandbox; each later one gets a [`StepPlan`] whose sources are
-/// appended to the plan's, all captured at the start. Mount points of the views are kept
-/// (the root is read-only by the time a later command mounts its views). Pure: no syscalls.
-pub fn build_sequence(resolved: &Resolved, later: &[Vec<ResolvedOverlay>]) -> SetupPlan {
+/// Builds the plan of a sandbox that runs `later` more commands after its first, one after
+/// another, on the same views ([`crate::spawn_sequence`]): the plan of a gated sandbox,
+/// and for each later command a [`StepPlan`] that renews the scratch tmpfs mounts. Pure:
+/// no syscalls.
+pub fn build_sequence(resolved: &Resolved, later: usize) -> SetupPlan {
     let mut plan = build(resolved);
     plan.insert_gate();
-    let views_from = plan.views_from.unwrap_or(plan.ops.len());
-    plan.ops = drop_rmdirs(std::mem::take(&mut plan.ops), views_from);
-    let base_rules = plan.rules[..plan.view_rules_from].to_vec();
-    let resets = plan.scratch_resets(views_from);
-    let mut previous = plan.ops[views_from..].to_vec();
-    for overlays in later {
-        let step = build(&Resolved {
-            overlays: overlays.clone(),
-            ..resolved.clone()
-        });
-        let from = step.views_from.unwrap_or(step.ops.len());
-        let shift = |source: usize| source - step.view_sources_from + plan.sources.len();
-        let views: Vec<Op> = step.ops[from..]
-            .iter()
-            .map(|op| match op {
-                Op::Attach { source, target } => Op::Attach {
-                    source: shift(*source),
-                    target: target.clone(),
-                },
-                op => op.clone(),
-            })
-            .collect();
-        plan.sources
-            .extend_from_slice(&step.sources[step.view_sources_from..]);
-        let mut ops = unmount_views(&previous);
-        ops.extend(resets.iter().cloned());
-        // No gate: the previous command is done, so are the layers; the command's own
-        // process waits for the go (see `child`).
-        let views = drop_rmdirs(views, 0);
-        ops.extend(views.iter().cloned());
-        let mut rules = base_rules.clone();
-        rules.extend_from_slice(&step.rules[step.view_rules_from..]);
-        plan.steps.push(StepPlan { ops, rules });
-        previous = views;
+    if later > 0 {
+        let ops = plan.scratch_resets();
+        plan.steps = vec![StepPlan { ops }; later];
     }
     plan
-}
-
-/// `ops` without the `Rmdir`s from `from` on (the views' mount points, kept in a sequence).
-fn drop_rmdirs(ops: Vec<Op>, from: usize) -> Vec<Op> {
-    ops.into_iter()
-        .enumerate()
-        .filter(|(i, op)| *i < from || !matches!(op, Op::Rmdir { .. }))
-        .map(|(_, op)| op)
-        .collect()
 }
 
 /// Where an op mounts something, if it does.
@@ -384,30 +323,10 @@ fn at_or_below(path: &CString, dir: &CString) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
 }
 
-/// Unmounts what the ops of a command's views left mounted, innermost first: everything
-/// they mounted except below what they detached themselves (the layers).
-fn unmount_views(views: &[Op]) -> Vec<Op> {
-    let detached: Vec<&CString> = views
-        .iter()
-        .filter_map(|op| match op {
-            Op::Umount { path } => Some(path),
-            _ => None,
-        })
-        .collect();
-    views
-        .iter()
-        .rev()
-        .filter_map(mount_target)
-        .filter(|t| !detached.iter().any(|d| at_or_below(t, d)))
-        .map(|t| Op::Unmount { path: t.clone() })
-        .collect()
-}
-
 impl SetupPlan {
     /// Ops that give a later command of a sequence fresh scratch tmpfs mounts, unless
-    /// something else of the root (before the views, which are taken down first) lies
-    /// inside one.
-    fn scratch_resets(&self, views_from: usize) -> Vec<Op> {
+    /// something else of the root (a grant, a view) lies inside one.
+    fn scratch_resets(&self) -> Vec<Op> {
         let path_of = |op: &Op| match op {
             Op::Mkdir { path, .. }
             | Op::Touch { path }
@@ -420,7 +339,8 @@ impl SetupPlan {
             .iter()
             .filter_map(|mount| {
                 let target = mount_target(mount)?;
-                let holds_more = self.ops[..views_from]
+                let holds_more = self
+                    .ops
                     .iter()
                     .filter_map(path_of)
                     .any(|p| p != *target && at_or_below(&p, target));
@@ -897,7 +817,6 @@ impl fmt::Display for Op {
             Op::CoverWith { with, path } => write!(f, "mask {} with {}", p(path), p(with)),
             Op::SetReadonly { path } => write!(f, "make mount {} read-only", p(path)),
             Op::Umount { path } => write!(f, "unmount {}", p(path)),
-            Op::Unmount { path } => write!(f, "unmount {} and wait for it", p(path)),
             Op::Renew { target, mount, .. } => {
                 write!(
                     f,
@@ -1209,62 +1128,32 @@ mod tests {
     }
 
     #[test]
-    fn a_later_command_of_a_sequence_takes_the_views_down_then_mounts_its_own() {
+    fn a_later_command_of_a_sequence_keeps_the_views_and_gets_fresh_scratch() {
         let mut r = resolved(vec![grant("/usr", Access::ReadOnly)]);
         r.overlays.push(step_view(0, &["/w"]));
-        let plan = build_sequence(&r, &[vec![step_view(1, &["/s/0/upper", "/w"])]]);
+        let plan = build_sequence(&r, 2);
         assert!(plan.ops.iter().any(|op| matches!(op, Op::Gate)));
-        assert_eq!(plan.steps.len(), 1);
-        let ops = &plan.steps[0].ops;
-        let text: Vec<String> = ops.iter().map(ToString::to_string).collect();
-        // The previous view first, waited for; then fresh scratch; then the new view.
-        assert_eq!(text[0], "unmount /w and wait for it", "{text:#?}");
-        let renew = |t: &str| {
+        assert_eq!(plan.steps.len(), 2);
+        let text: Vec<String> = plan.steps[1].ops.iter().map(ToString::to_string).collect();
+        let renews = |t: &str| {
             text.iter()
-                .position(|o| o.starts_with("unless untouched, replace") && o.contains(t))
+                .any(|o| o.starts_with("unless untouched, replace") && o.contains(t))
         };
+        assert!(renews("/tmp") && renews("/dev/shm"), "{text:#?}");
         assert!(
-            renew("/tmp").is_some() && renew("/dev/shm").is_some(),
-            "{text:#?}"
+            !plan.steps[1].ops.iter().any(|op| matches!(
+                op,
+                Op::Gate | Op::Rmdir { .. } | Op::Umount { .. } | Op::Attach { .. }
+            ) || matches!(op, Op::Mount { fstype, .. } if fstype.as_bytes() == b"overlay")),
+            "the views stay: {text:#?}"
         );
-        let mount = ops
-            .iter()
-            .position(
-                |op| matches!(op, Op::Mount { fstype, .. } if fstype.as_bytes() == b"overlay"),
-            )
-            .unwrap();
-        assert!(renew("/tmp") < Some(mount));
-        assert!(
-            !ops.iter()
-                .any(|op| matches!(op, Op::Gate | Op::Rmdir { .. })),
-            "{text:#?}"
-        );
-        // Its layers are sources of its own, appended and attached by their new numbers.
-        let attached: Vec<&Source> = ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::Attach { source, .. } => Some(&plan.sources[*source]),
-                _ => None,
-            })
-            .collect();
-        let hosts: Vec<&[u8]> = attached.iter().map(|s| s.host.as_bytes()).collect();
-        assert_eq!(hosts, [&b"/s/0/upper"[..], b"/w", b"/s/1"]);
-        // Its Landlock rules: the root's, then its view's.
-        assert!(plan.steps[0]
-            .rules
-            .iter()
-            .any(|r| r.path.as_bytes() == b"/usr"));
-        assert!(plan.steps[0]
-            .rules
-            .iter()
-            .any(|r| r.path.as_bytes() == b"/w"));
     }
 
     #[test]
-    fn a_scratch_tmpfs_holding_a_grant_is_not_renewed_between_commands() {
+    fn a_scratch_tmpfs_holding_a_grant_or_a_view_is_not_renewed_between_commands() {
         let mut r = resolved(vec![grant("/tmp/job", Access::ReadWrite)]);
         r.overlays.push(step_view(0, &["/w"]));
-        let plan = build_sequence(&r, &[vec![step_view(1, &["/s/0/upper", "/w"])]]);
+        let plan = build_sequence(&r, 1);
         let text: Vec<String> = plan.steps[0].ops.iter().map(ToString::to_string).collect();
         assert!(
             !text.iter().any(|o| o.contains("replace /tmp ")),
@@ -1273,6 +1162,16 @@ mod tests {
         assert!(
             text.iter().any(|o| o.contains("replace /dev/shm ")),
             "{text:#?}"
+        );
+        let mut r = resolved(vec![]);
+        let mut view = step_view(0, &["/tmp/w"]);
+        view.target = "/tmp/w".into();
+        r.overlays.push(view);
+        let plan = build_sequence(&r, 1);
+        let text: Vec<String> = plan.steps[0].ops.iter().map(ToString::to_string).collect();
+        assert!(
+            !text.iter().any(|o| o.contains("replace /tmp ")),
+            "the view below /tmp would be lost: {text:#?}"
         );
     }
 

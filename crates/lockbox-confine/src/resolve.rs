@@ -194,7 +194,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
 
 /// Resolves copy-on-write views: canonical layers, checked to be directories, and their
 /// writable paths (see [`ResolvedOverlay::writable`]).
-pub fn resolve_overlays(
+fn resolve_overlays(
     overlays: &[lockbox_policy::Overlay],
 ) -> Result<Vec<ResolvedOverlay>, SetupError> {
     let mut out = Vec::with_capacity(overlays.len());

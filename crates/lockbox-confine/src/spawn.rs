@@ -267,66 +267,31 @@ impl Gated {
     }
 }
 
-/// One command of a [`spawn_sequence`] sandbox and the copy-on-write views it sees.
-#[derive(Debug, Clone)]
-pub struct SequenceStep {
-    /// The command.
-    pub argv: Vec<OsString>,
-    /// Its views, added to the policy's: the same targets for every step, each with its
-    /// own layers.
-    pub overlays: Vec<lockbox_policy::Overlay>,
-}
-
-/// Starts one sandbox that runs the commands of `steps` one after another — a pipeline's
-/// stages, say — each on views of its own, as if each had a sandbox of its own but for
-/// the set-up, which is paid once (namespaces, root, network namespace).
+/// Starts one sandbox that runs `commands` one after another — a pipeline's stages, say —
+/// as if each had a sandbox of its own but for the set-up, which is paid once (namespaces,
+/// root, views, network namespace).
 ///
-/// It starts gated ([`spawn_gated`]): every layer of every step is captured now, and the
-/// first command's views are mounted when it is released; each later command's views once
-/// the command before it is over, so a step may read the layers the steps before it wrote.
-/// Between two commands the init kills and reaps everything the previous one left,
-/// unmounts its views (waiting until overlayfs is done with their layers), gives the next
-/// one a fresh `/tmp` and `/dev/shm` (the sandbox's own tmpfs mounts, if used) and a fresh
-/// IPC namespace, and mounts its views; the next command then waits for its go. What the
-/// commands share: the network namespace (loopback), the hostname, the cgroup and pid
-/// namespaces, and limits enforced by a cgroup, which count the sandbox as a whole.
+/// It starts gated ([`spawn_gated`]): the policy's views are mounted when the first command
+/// is released and stay for all of them, so a command reads what the commands before it
+/// wrote, in the same upper layers. Between two commands the init kills and reaps
+/// everything the previous one left, gives the next one a fresh `/tmp` and `/dev/shm` (the
+/// sandbox's own tmpfs mounts, if used) and a fresh IPC namespace; the next command then
+/// waits for its go. What the commands share: the views, the network namespace (loopback),
+/// the hostname, the cgroup and pid namespaces, and limits enforced by a cgroup, which
+/// count the sandbox as a whole.
 ///
 /// [`Gated::release`] runs the next command with the stdio it is given (`/dev/null`
 /// otherwise); once [`Running::wait`] has its outcome, [`Running::next`] gives the gated
-/// sandbox of the step after it. More than one command is refused for policies with a
-/// network allow- or deny-list or passed descriptors ([`sequence_unsupported`]), and for
-/// bounded upper layers; one command is a gated sandbox whose stdio comes at the release.
-pub fn spawn_sequence(policy: &Policy, steps: &[SequenceStep]) -> Result<Gated, SetupError> {
-    let (first, later) = steps.split_first().ok_or(SetupError::Sequence {
+/// sandbox of the command after it. More than one command is refused for policies with a
+/// network allow- or deny-list or passed descriptors ([`sequence_unsupported`]); one
+/// command is a gated sandbox whose stdio comes at the release.
+pub fn spawn_sequence(policy: &Policy, commands: &[Vec<OsString>]) -> Result<Gated, SetupError> {
+    let (first, later) = commands.split_first().ok_or(SetupError::Sequence {
         reason: "no command given",
     })?;
     if let Some(reason) = sequence_unsupported(policy).filter(|_| !later.is_empty()) {
         return Err(SetupError::Sequence { reason });
     }
-    let targets = |step: &SequenceStep| -> Vec<std::path::PathBuf> {
-        step.overlays.iter().map(|o| o.target.clone()).collect()
-    };
-    for step in steps.iter().filter(|_| !later.is_empty()) {
-        if step
-            .overlays
-            .iter()
-            .any(|o| o.upper.as_ref().is_some_and(|u| u.max_size.is_some()))
-        {
-            return Err(SetupError::Sequence {
-                reason: "a bounded upper layer (max_size) cannot be handed over between commands",
-            });
-        }
-        if targets(step) != targets(first) {
-            return Err(SetupError::Sequence {
-                reason: "every command's views must have the same targets",
-            });
-        }
-    }
-    let mut first_policy = policy.clone();
-    first_policy
-        .fs
-        .overlays
-        .extend(first.overlays.iter().cloned());
     let null = std::fs::File::open("/dev/null").map_err(|source| SetupError::Path {
         path: "/dev/null".into(),
         what: "opening",
@@ -338,8 +303,7 @@ pub fn spawn_sequence(policy: &Policy, steps: &[SequenceStep]) -> Result<Gated, 
         stdout: Some(null.try_clone().map_err(null_err)?),
         stderr: Some(null),
     };
-    spawn_inner(&first_policy, &first.argv, stdio, None, Some(later))
-        .map(|running| Gated { running })
+    spawn_inner(policy, first, stdio, None, Some(later)).map(|running| Gated { running })
 }
 
 fn null_err(source: std::io::Error) -> SetupError {
@@ -395,42 +359,31 @@ pub fn spawn_agent(
     spawn_inner(policy, &argv, stdio, Some(&host), None)
 }
 
-/// Starts the sandbox; `gated` holds the later steps of a gated sandbox (empty: one
+/// Starts the sandbox; `gated` holds the later commands of a gated sandbox (empty: one
 /// command), `None` for a sandbox that runs its command at once.
 fn spawn_inner(
     policy: &Policy,
     argv: &[OsString],
     stdio: Stdio,
     helper: Option<&Path>,
-    gated: Option<&[SequenceStep]>,
+    gated: Option<&[Vec<OsString>]>,
 ) -> Result<Running, SetupError> {
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;
     let later = gated.unwrap_or_default();
-    if argv.is_empty() || later.iter().any(|step| step.argv.is_empty()) {
+    if argv.is_empty() || later.iter().any(Vec::is_empty) {
         return Err(no_command());
     }
     let caller_cwd = std::env::current_dir().ok();
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     resolved.helper = helper.map(Path::to_owned);
-    let later_views = later
-        .iter()
-        .map(|step| resolve::resolve_overlays(&step.overlays))
-        .collect::<Result<Vec<_>, _>>()?;
-    for overlay in resolved.overlays.iter().chain(later_views.iter().flatten()) {
+    for overlay in &resolved.overlays {
         clear_volatile_mark(overlay)?;
     }
-    let mut plan = match gated {
+    let plan = match gated {
         None => plan::build(&resolved),
-        Some([]) => {
-            let mut plan = plan::build(&resolved);
-            plan.insert_gate();
-            plan
-        }
-        Some(_) => plan::build_sequence(&resolved, &later_views),
+        Some(later) => plan::build_sequence(&resolved, later.len()),
     };
-    // Only the first command's views are shown: the others have the same targets.
-    plan.overlays.truncate(resolved.overlays.len());
     let landlock_abi = landlock::abi_version();
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let (uid, gid) = sys::ids();
@@ -499,7 +452,7 @@ fn spawn_inner(
         report_fd: report_wr.as_raw_fd(),
         stdio: stdio_fds,
         commands: std::iter::once(argv)
-            .chain(later.iter().map(|step| step.argv.as_slice()))
+            .chain(later.iter().map(Vec::as_slice))
             .map(|argv| command(argv, path_var))
             .collect::<Result<_, _>>()?,
         envp: CStringArray::new(
@@ -530,7 +483,7 @@ fn spawn_inner(
                 started,
                 plan: prepared.plan,
                 programs: std::iter::once(argv)
-                    .chain(later.iter().map(|step| step.argv.as_slice()))
+                    .chain(later.iter().map(Vec::as_slice))
                     .map(|argv| argv.first().map(|p| p.to_string_lossy().into_owned()))
                     .map(Option::unwrap_or_default)
                     .collect(),
@@ -802,12 +755,9 @@ impl Running {
         }
     }
 
-    /// The Landlock rules of the current command.
+    /// The Landlock rules of the current command (the same for every command).
     fn rules(&self) -> &[crate::plan::Rule] {
-        match self.step {
-            0 => &self.plan.rules,
-            n => self.plan.steps.get(n - 1).map_or(&[], |s| &s.rules),
-        }
+        &self.plan.rules
     }
 
     /// After the outcome of a command of a [`spawn_sequence`] sandbox: the sandbox, its

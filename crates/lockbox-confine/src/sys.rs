@@ -147,13 +147,6 @@ pub fn mount(
     check_int(rc).map(drop)
 }
 
-/// `umount2(target, 0)`: returns once the filesystem is unmounted (and, if nothing else
-/// uses it, gone).
-pub fn umount(target: &CStr) -> Result<(), Errno> {
-    // SAFETY: `target` is a live C string.
-    check_int(unsafe { libc::umount2(target.as_ptr(), 0) }).map(drop)
-}
-
 /// `umount2(target, MNT_DETACH)`.
 pub fn umount_detach(target: &CStr) -> Result<(), Errno> {
     // SAFETY: `target` is a live C string.
@@ -364,14 +357,6 @@ pub fn close_range(first: u32, last: u32) {
             close(fd as RawFd);
         }
     }
-}
-
-/// `pipe2(O_CLOEXEC)`: (read end, write end).
-pub fn pipe() -> Result<(RawFd, RawFd), Errno> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors.
-    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    Ok((fds[0], fds[1]))
 }
 
 /// A connected `AF_UNIX`/`SOCK_SEQPACKET` pair, close-on-exec: records keep their

@@ -1,68 +1,69 @@
 //! Sequence sandboxes ([`lockbox_confine::spawn_sequence`]): several commands, one after
-//! another, in one sandbox, each on views of its own and with nothing of the previous
-//! command left: its processes, scratch files and IPC objects are gone.
+//! another, in one sandbox, on the same views, with nothing of the previous command left:
+//! its processes, scratch files and IPC objects are gone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lockbox_confine::{spawn_sequence, Gated, Outcome, SequenceStep, Stdio, Waited};
+use lockbox_confine::{spawn_sequence, Gated, Outcome, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-fn sh(script: &str) -> Vec<std::ffi::OsString> {
-    vec!["sh".into(), "-c".into(), script.into()]
-}
-
-/// Three layers over `work`: step n writes layer n and reads layers n-1..1 over `work`
-/// (a pipeline's read-committed chain).
-struct Chain {
+/// A workdir `work` and one layer (`layer/upper`, `layer/work`) for a view of it.
+struct View {
     _tmp: tempfile::TempDir,
     work: PathBuf,
-    layers: Vec<PathBuf>,
+    layer: PathBuf,
 }
 
-fn chain(n: usize) -> Chain {
-    let tmp = tempfile::tempdir().unwrap();
+fn view() -> View {
+    view_in(&std::env::temp_dir())
+}
+
+/// A [`view`] whose workdir lies below `base`.
+fn view_in(base: &Path) -> View {
+    let tmp = tempfile::tempdir_in(base).unwrap();
     let work = tmp.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let layers = (0..n)
-        .map(|i| {
-            let layer = tmp.path().join(format!("layer{i}"));
-            std::fs::create_dir_all(layer.join("upper")).unwrap();
-            std::fs::create_dir_all(layer.join("work")).unwrap();
-            layer
-        })
-        .collect();
-    Chain {
+    let layer = tmp.path().join("layer");
+    for d in [&work, &layer.join("upper"), &layer.join("work")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    View {
         _tmp: tmp,
         work,
-        layers,
+        layer,
     }
 }
 
-impl Chain {
-    fn step(&self, i: usize, script: &str) -> SequenceStep {
-        let mut lowers: Vec<PathBuf> = (0..i).rev().map(|j| self.layers[j].join("upper")).collect();
-        lowers.push(self.work.clone());
-        SequenceStep {
-            argv: sh(&format!("cd '{}' && {script}", self.work.display())),
-            overlays: vec![Overlay {
-                target: self.work.clone(),
-                lowers,
-                upper: Some(OverlayUpper {
-                    upper: self.layers[i].join("upper"),
-                    work: self.layers[i].join("work"),
-                    max_size: None,
-                }),
-                writable: None,
-            }],
-        }
+impl View {
+    /// The default policy with this view, writes limited to `writable` if given.
+    fn policy(&self, writable: Option<&[&str]>) -> Policy {
+        let mut policy = Policy::default();
+        policy.fs.overlays.push(Overlay {
+            target: self.work.clone(),
+            lowers: vec![self.work.clone()],
+            upper: Some(OverlayUpper {
+                upper: self.upper(),
+                work: self.layer.join("work"),
+                max_size: None,
+            }),
+            writable: writable.map(|w| w.iter().map(|p| self.work.join(p)).collect()),
+        });
+        policy
     }
 
-    fn upper(&self, i: usize) -> PathBuf {
-        self.layers[i].join("upper")
+    /// `sh -c` running `script` in the view.
+    fn sh(&self, script: &str) -> Vec<OsString> {
+        let script = format!("cd '{}' && {script}", self.work.display());
+        vec!["sh".into(), "-c".into(), script.into()]
+    }
+
+    fn upper(&self) -> PathBuf {
+        self.layer.join("upper")
     }
 }
 
@@ -97,15 +98,15 @@ fn names(dir: &Path) -> Vec<String> {
 }
 
 #[test]
-fn each_command_reads_the_layers_before_it_and_writes_only_its_own() {
-    let c = chain(3);
-    std::fs::write(c.work.join("base.txt"), "base\n").unwrap();
-    let steps = [
-        c.step(0, "echo one > a.txt && cat"),
-        c.step(1, "cat a.txt > b.txt && echo two >> b.txt && cat"),
-        c.step(2, "cat base.txt a.txt b.txt && rm base.txt"),
+fn each_command_reads_what_the_commands_before_it_wrote() {
+    let v = view();
+    std::fs::write(v.work.join("base.txt"), "base\n").unwrap();
+    let commands = [
+        v.sh("echo one > a.txt && cat"),
+        v.sh("cat a.txt > b.txt && echo two >> b.txt && cat"),
+        v.sh("cat base.txt a.txt b.txt && rm base.txt"),
     ];
-    let gated = spawn_sequence(&Policy::default(), &steps).unwrap();
+    let gated = spawn_sequence(&v.policy(None), &commands).unwrap();
     let (o1, out1, running) = run_step(gated, b"first stdin\n");
     assert_eq!((o1.exit_code(), out1.as_str()), (0, "first stdin\n"));
     let (o2, out2, running) = run_step(running.next().unwrap(), b"second stdin\n");
@@ -113,17 +114,46 @@ fn each_command_reads_the_layers_before_it_and_writes_only_its_own() {
     let (o3, out3, running) = run_step(running.next().unwrap(), b"");
     assert_eq!(o3.exit_code(), 0, "{out3}");
     assert_eq!(out3, "base\none\none\ntwo\n");
-    assert!(running.next().is_none(), "three steps only");
-    assert_eq!(names(&c.upper(0)), ["a.txt"]);
-    assert_eq!(names(&c.upper(1)), ["b.txt"]);
-    assert_eq!(names(&c.upper(2)), ["base.txt"], "the deletion's whiteout");
+    assert!(running.next().is_none(), "three commands only");
+    // One upper layer holds what all of them did, the deletion's whiteout included.
+    assert_eq!(names(&v.upper()), ["a.txt", "b.txt", "base.txt"]);
+    assert!(std::fs::symlink_metadata(v.upper().join("base.txt"))
+        .unwrap()
+        .file_type()
+        .is_char_device());
     // The real directory is untouched.
-    assert_eq!(names(&c.work), ["base.txt"]);
+    assert_eq!(names(&v.work), ["base.txt"]);
+}
+
+#[test]
+fn later_commands_are_confined_like_the_first() {
+    let v = view();
+    std::fs::create_dir(v.work.join("out")).unwrap();
+    // Landlock limits writes to out/; seccomp, no_new_privs and no capabilities.
+    let script = |n: u32| {
+        v.sh(&format!(
+            "echo {n} > out/{n}.txt; echo {n} > top{n}.txt 2>/dev/null && echo wrote-top; \
+             grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status"
+        ))
+    };
+    let gated = spawn_sequence(&v.policy(Some(&["out"])), &[script(1), script(2)]).unwrap();
+    let (o1, out1, running) = run_step(gated, b"");
+    let (o2, out2, _) = run_step(running.next().unwrap(), b"");
+    assert_eq!((o1.exit_code(), o2.exit_code()), (0, 0), "{out1}{out2}");
+    assert!(!out2.contains("wrote-top"), "{out2}");
+    assert_eq!(out1, out2, "the second command is confined otherwise");
+    assert!(
+        out2.contains("Seccomp:\t2") && out2.contains("NoNewPrivs:\t1"),
+        "{out2}"
+    );
+    assert!(out2.contains("CapEff:\t0000000000000000"), "{out2}");
+    assert_eq!(names(&v.upper().join("out")), ["1.txt", "2.txt"]);
 }
 
 #[test]
 fn nothing_of_a_command_is_left_for_the_next() {
-    let c = chain(2);
+    // Outside /tmp: a view inside the scratch /tmp keeps it (see below).
+    let v = view_in(Path::new("/var/tmp"));
     // The first command leaves a daemon, scratch files and a message queue behind.
     // Shell builtins only where processes are listed, so that none is ours.
     let list = "for f in /proc/[0-9]*/comm; do read c < $f && echo $c; done";
@@ -135,8 +165,7 @@ fn nothing_of_a_command_is_left_for_the_next() {
         "{list}; test -e /tmp/left && echo tmp-left; test -e /dev/shm/left && echo shm-left; \
          echo \"queues=$(ipcs -q | grep -c '^0x')\""
     );
-    let gated =
-        spawn_sequence(&Policy::default(), &[c.step(0, &first), c.step(1, &second)]).unwrap();
+    let gated = spawn_sequence(&v.policy(None), &[v.sh(&first), v.sh(&second)]).unwrap();
     let (o1, out1, running) = run_step(gated, b"");
     assert_eq!(o1.exit_code(), 0, "{out1}");
     // The daemon is `setsid` until it has executed `sleep`.
@@ -156,14 +185,31 @@ fn nothing_of_a_command_is_left_for_the_next() {
 }
 
 #[test]
-fn a_failed_command_ends_only_itself() {
-    let c = chain(2);
+fn a_view_inside_the_scratch_tmp_keeps_it_between_commands() {
+    // Renewing /tmp would take the view below it along: the commands share /tmp (as they
+    // would with a grant below it), while /dev/shm is renewed.
+    let v = view_in(Path::new("/tmp"));
     let gated = spawn_sequence(
-        &Policy::default(),
+        &v.policy(None),
         &[
-            c.step(0, "echo partial > p.txt; exit 3"),
-            c.step(1, "cat p.txt"),
+            v.sh("echo left > /tmp/left && echo left > /dev/shm/left"),
+            v.sh("cat /tmp/left; test -e /dev/shm/left && echo shm-left; echo ok > ok.txt"),
         ],
+    )
+    .unwrap();
+    let (o1, _, running) = run_step(gated, b"");
+    assert_eq!(o1.exit_code(), 0);
+    let (o2, out2, _) = run_step(running.next().unwrap(), b"");
+    assert_eq!((o2.exit_code(), out2.as_str()), (0, "left\n"));
+    assert_eq!(names(&v.upper()), ["ok.txt"]);
+}
+
+#[test]
+fn a_failed_command_ends_only_itself() {
+    let v = view();
+    let gated = spawn_sequence(
+        &v.policy(None),
+        &[v.sh("echo partial > p.txt; exit 3"), v.sh("cat p.txt")],
     )
     .unwrap();
     let (o1, _, running) = run_step(gated, b"");
@@ -174,12 +220,8 @@ fn a_failed_command_ends_only_itself() {
 
 #[test]
 fn a_stopped_command_is_killed_and_the_next_one_still_runs() {
-    let c = chain(2);
-    let gated = spawn_sequence(
-        &Policy::default(),
-        &[c.step(0, "sleep 600"), c.step(1, "echo after")],
-    )
-    .unwrap();
+    let v = view();
+    let gated = spawn_sequence(&v.policy(None), &[v.sh("sleep 600"), v.sh("echo after")]).unwrap();
     let mut running = gated.release(Stdio::default()).unwrap();
     assert!(matches!(
         running.wait(Some(Instant::now() + Duration::from_millis(200)), None),
@@ -195,12 +237,9 @@ fn a_stopped_command_is_killed_and_the_next_one_still_runs() {
 
 #[test]
 fn dropping_the_sandbox_between_commands_kills_it() {
-    let c = chain(2);
-    let gated = spawn_sequence(
-        &Policy::default(),
-        &[c.step(0, "true"), c.step(1, "echo ran > ran.txt")],
-    )
-    .unwrap();
+    let v = view();
+    let gated =
+        spawn_sequence(&v.policy(None), &[v.sh("true"), v.sh("echo ran > ran.txt")]).unwrap();
     let pid = gated.pid();
     let (_, _, running) = run_step(gated, b"");
     let next = running.next().unwrap();
@@ -211,54 +250,28 @@ fn dropping_the_sandbox_between_commands_kills_it() {
         assert!(Instant::now() < deadline, "the init outlived its Gated");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(
-        names(&c.upper(1)).is_empty(),
-        "the second command never ran"
-    );
+    assert!(names(&v.upper()).is_empty(), "the second command never ran");
 }
 
 #[test]
-fn a_later_view_that_cannot_be_mounted_fails_that_command_only() {
-    let c = chain(2);
-    let gated = spawn_sequence(
-        &Policy::default(),
-        &[c.step(0, "echo one"), c.step(1, "echo two")],
-    )
-    .unwrap();
-    let (o1, out1, running) = run_step(gated, b"");
-    assert_eq!((o1.exit_code(), out1.as_str()), (0, "one\n"));
-    // The second layer vanishes before its command mounts it.
-    std::fs::remove_dir(c.upper(1)).unwrap();
-    let mut running = running.next().unwrap().release(Stdio::default()).unwrap();
-    let err = running.wait(None, None).unwrap_err().to_string();
-    assert!(err.contains("overlay"), "{err}");
-}
-
-#[test]
-fn commands_with_other_targets_or_a_network_list_are_refused() {
-    let c = chain(2);
-    let d = chain(1);
-    let mut other = d.step(0, "true");
-    other.overlays[0].upper = c.step(1, "true").overlays[0].upper.clone();
-    let err = spawn_sequence(&Policy::default(), &[c.step(0, "true"), other]).unwrap_err();
+fn several_commands_with_a_network_list_are_refused() {
+    let v = view();
+    let mut policy = v.policy(None);
+    policy.net = lockbox_policy::Net::Allow(vec!["127.0.0.1:80".parse().unwrap()]);
+    let err = spawn_sequence(&policy, &[v.sh("true"), v.sh("true")]).unwrap_err();
     assert_eq!(err.code(), "SEQUENCE_UNSUPPORTED", "{err}");
-    let policy = Policy {
-        net: lockbox_policy::Net::Allow(vec!["127.0.0.1:80".parse().unwrap()]),
-        ..Policy::default()
-    };
-    let err = spawn_sequence(&policy, &[c.step(0, "true"), c.step(1, "true")]).unwrap_err();
     assert!(err.to_string().contains("network"), "{err}");
 }
 
 #[test]
 fn a_command_that_outlives_its_grace_ends_the_sandbox() {
-    let c = chain(2);
+    let v = view();
     // Children inherit the ignored SIGTERM: only the SIGKILL of the whole sandbox ends it.
     let gated = spawn_sequence(
-        &Policy::default(),
+        &v.policy(None),
         &[
-            c.step(0, "trap '' TERM; sleep 600"),
-            c.step(1, "echo never > never.txt"),
+            v.sh("trap '' TERM; sleep 600"),
+            v.sh("echo never > never.txt"),
         ],
     )
     .unwrap();
@@ -266,18 +279,16 @@ fn a_command_that_outlives_its_grace_ends_the_sandbox() {
     let outcome = running.stop(Duration::from_millis(100), true).unwrap();
     assert_eq!(outcome.exit_code(), 124);
     assert!(running.next().is_none(), "the sandbox is gone");
-    assert!(names(&c.upper(1)).is_empty());
+    assert!(names(&v.upper()).is_empty());
 }
 
 #[test]
 fn one_command_may_have_a_network_list() {
     // A sequence of one is a gated sandbox: what it cannot share, it need not.
-    let c = chain(1);
-    let policy = Policy {
-        net: lockbox_policy::Net::Allow(vec!["127.0.0.1:9".parse().unwrap()]),
-        ..Policy::default()
-    };
-    let gated = spawn_sequence(&policy, &[c.step(0, "echo alone")]).unwrap();
+    let v = view();
+    let mut policy = v.policy(None);
+    policy.net = lockbox_policy::Net::Allow(vec!["127.0.0.1:9".parse().unwrap()]);
+    let gated = spawn_sequence(&policy, &[v.sh("echo alone")]).unwrap();
     let (outcome, out, _) = run_step(gated, b"");
     assert_eq!((outcome.exit_code(), out.as_str()), (0, "alone\n"));
 }

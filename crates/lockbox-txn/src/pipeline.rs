@@ -81,9 +81,10 @@ impl Pipeline {
 
     /// Runs the stages; `Ok((outcome, prepared))`. Consecutive stages that can share a
     /// sandbox ([`stage::can_share`], no retries) run in one, one after another
-    /// ([`lockbox_confine::spawn_sequence`]): each mounts its view only when released, once
-    /// the stages before it are done. While the first stage of such a unit runs, the
-    /// sandboxes of the next [`ARM_AHEAD`] units are armed on their layers (whose lowers
+    /// ([`lockbox_confine::spawn_sequence`]), on one view and layer: a unit, whose layer is
+    /// numbered after its first stage. The view is mounted when the unit's first stage is
+    /// released, once the units before it are done. While the first stage of a unit runs,
+    /// the sandboxes of the next [`ARM_AHEAD`] units are armed on their layers (whose lowers
     /// exist by then, though still being written). Never past a stage that may be retried:
     /// a retry replaces the layer the armed sandboxes captured.
     fn run_stages(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
@@ -97,13 +98,16 @@ impl Pipeline {
         let mut armed: VecDeque<Result<ArmedUnit, TxnError>> = VecDeque::new();
         for (u, unit) in units.iter().enumerate() {
             let layers: &TxnDir = txn;
-            // Stage j reads the uppers of stages j-1, ..., 1 (top first), then the workdir.
+            // The stages of unit `v` read the layers of units v-1, ..., 1 (top first), then
+            // the workdir.
+            let unit_of = |j: usize| units.iter().position(|u| u.contains(&j)).unwrap_or(0);
             let job = |j: usize, input| Job {
                 stage: &stages[j],
                 workdir: &workdir,
-                lowers: (0..j)
+                lowers: units[..unit_of(j)]
+                    .iter()
                     .rev()
-                    .map(|k| layers.layer_upper(k))
+                    .map(|v| layers.layer_upper(v.start))
                     .chain([workdir.clone()])
                     .collect(),
                 input,
@@ -113,24 +117,13 @@ impl Pipeline {
                 reads: &[],
             };
             let arm_unit = |unit: &Range<usize>| -> Result<ArmedUnit, TxnError> {
-                let layers = unit
-                    .clone()
-                    .map(|j| layers.new_layer(j))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let jobs: Vec<Job<'_>> = unit.clone().map(|j| job(j, Input::Null)).collect();
-                let views: Vec<View<'_>> = jobs
-                    .iter()
-                    .zip(&layers)
-                    .map(|(job, layer)| job.view(layer.clone()))
-                    .collect();
-                let stages: Vec<_> = jobs
-                    .iter()
-                    .zip(&views)
-                    .map(|(j, v)| (j.stage, Some(v)))
-                    .collect();
+                let layer = layers.new_layer(unit.start)?;
+                let first = job(unit.start, Input::Null);
+                let view = first.view(layer.clone());
+                let stages: Vec<&Stage> = stages[unit.clone()].iter().collect();
                 Ok(ArmedUnit {
-                    armed: stage::arm(&stages, &[], &[]),
-                    layers,
+                    armed: stage::arm(&stages, Some(&view), &[], &[]),
+                    layer,
                 })
             };
             let current = match armed.pop_front() {
@@ -154,9 +147,7 @@ impl Pipeline {
             let mut results = Vec::new();
             let last = if stages[unit.start].retries > 0 {
                 // A retried stage's unit is that stage alone: one layer.
-                let first = current.and_then(|ArmedUnit { armed, layers }| {
-                    layers.into_iter().next().map(|layer| (armed, layer))
-                });
+                let first = current.map(|ArmedUnit { armed, layer }| (armed, layer));
                 let (ran, _) = stage::run_with_retries(
                     &job(unit.start, Input::Output(&previous)),
                     || layers.new_layer(unit.start),
@@ -168,14 +159,14 @@ impl Pipeline {
             } else {
                 let ArmedUnit {
                     armed: sandbox,
-                    layers: unit_layers,
+                    layer,
                 } = match current {
                     Some(a) => a,
                     None => arm_unit(unit)?,
                 };
                 let mut jobs: Vec<Job<'_>> = unit.clone().map(|j| job(j, Input::Null)).collect();
                 jobs[0].input = Input::Output(&previous);
-                let last = stage::run_in_one(&jobs, sandbox, unit_layers, arm_ahead, |ran| {
+                let last = stage::run_in_one(&jobs, sandbox, layer, arm_ahead, |ran| {
                     results.push(ran.result.clone())
                 })?;
                 last.ok_or_else(|| TxnError::Usage {
@@ -197,19 +188,20 @@ impl Pipeline {
             previous = last.stdout;
         }
         outcome.stdout = keep_stdout(txn, previous)?;
-        let top_first: Vec<PathBuf> = (0..stages.len())
+        let top_first: Vec<PathBuf> = units
+            .iter()
             .rev()
-            .map(|k| txn.layer_upper(k))
+            .map(|unit| txn.layer_upper(unit.start))
             .collect();
         finish_prepare(txn, &top_first, &mut outcome)?;
         Ok((outcome, true))
     }
 }
 
-/// A unit's sandbox armed ahead, with the layers (upper, work) of its stages.
+/// A unit's sandbox armed ahead, with the layer (upper, work) its stages share.
 struct ArmedUnit {
     armed: stage::Armed,
-    layers: Vec<(PathBuf, PathBuf)>,
+    layer: (PathBuf, PathBuf),
 }
 
 /// The stages, in runs that share a sandbox: consecutive stages that can

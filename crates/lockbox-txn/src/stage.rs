@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockbox_confine::{Gated, SequenceStep, SetupError, Status, Stdio, Waited};
+use lockbox_confine::{Gated, SetupError, Status, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 
 use crate::capture::{self, Output};
@@ -151,7 +151,7 @@ pub(crate) fn run(
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
 ) -> Result<Ran, TxnError> {
-    let armed = arm(&[(stage, view)], extra_env, extra_reads);
+    let armed = arm(&[stage], view, extra_env, extra_reads);
     let io = reading(stage, input)?;
     fire(stage, view, armed, io, spill, memory_bound, || {}).map(|(ran, _)| ran)
 }
@@ -192,14 +192,14 @@ pub(crate) fn run_io(
     spill: &Path,
     memory_bound: usize,
 ) -> Result<Ran, TxnError> {
-    let armed = arm(&[(stage, view)], &[], &[]);
+    let armed = arm(&[stage], view, &[], &[]);
     fire(stage, view, armed, io, spill, memory_bound, || {}).map(|(ran, _)| ran)
 }
 
 /// A sandbox started ahead for one stage, or for several that run one after another in it
-/// ([`lockbox_confine::spawn_sequence`]), waiting at the gate of its next stage: only the
-/// last steps of a sandbox start (mounting the stage's view, Landlock, the exec) lie between
-/// a release and the command.
+/// on one view ([`lockbox_confine::spawn_sequence`]), waiting at the gate of its next stage:
+/// only the last steps of a sandbox start (mounting the view for the first stage, Landlock,
+/// the exec) lie between a release and the command.
 pub(crate) type Armed = Result<Gated, SetupError>;
 
 /// The copy-on-write view of `stage` on `view`, with its write restriction.
@@ -219,26 +219,32 @@ fn overlay(stage: &Stage, view: &View<'_>) -> Overlay {
     }
 }
 
-/// Whether stages `a` and `b` can run one after the other in one sandbox: the same policy
-/// but for the timeouts (which lockbox enforces from outside), one the kernel lets share.
+/// Whether stages `a` and `b` can run one after the other in one sandbox, on one view: the
+/// same policy but for the timeouts (which lockbox enforces from outside), one the kernel
+/// lets share, and no `writable` scope (what a stage wrote outside it is checked in its
+/// own layer).
 pub(crate) fn can_share(a: &Stage, b: &Stage) -> bool {
     let setup = |s: &Stage| Policy {
         timeout: None,
         kill_grace: Duration::ZERO,
         ..s.policy.clone()
     };
-    setup(a) == setup(b) && lockbox_confine::sequence_unsupported(&a.policy).is_none()
+    setup(a) == setup(b)
+        && a.writable.is_none()
+        && b.writable.is_none()
+        && lockbox_confine::sequence_unsupported(&a.policy).is_none()
 }
 
-/// Starts the sandbox of `stages` (each on its view, if any), which run in it one after
-/// another: their policies must be equal (see [`can_share`]); the first one's is used, with
+/// Starts the sandbox of `stages`, which run in it one after another on `view` (if any):
+/// their policies must be equal (see [`can_share`]); the first one's is used, with
 /// `extra_env` and `extra_reads` added.
 pub(crate) fn arm(
-    stages: &[(&Stage, Option<&View<'_>>)],
+    stages: &[&Stage],
+    view: Option<&View<'_>>,
     extra_env: &[(String, String)],
     extra_reads: &[PathBuf],
 ) -> Armed {
-    let Some((first, _)) = stages.first() else {
+    let Some(first) = stages.first() else {
         return Err(SetupError::Sequence {
             reason: "no stage given",
         });
@@ -248,15 +254,10 @@ pub(crate) fn arm(
     for (k, v) in extra_env {
         policy.env.set.insert(k.clone(), v.clone());
     }
-    let steps: Vec<SequenceStep> = stages
-        .iter()
-        .map(|(stage, view)| SequenceStep {
-            argv: stage.argv.clone(),
-            overlays: view.iter().map(|v| overlay(stage, v)).collect(),
-        })
-        .collect();
-    tracing::debug!(stage = %first.name, stages = steps.len(), "arming a sandbox");
-    lockbox_confine::spawn_sequence(&policy, &steps)
+    policy.fs.overlays.extend(view.map(|v| overlay(first, v)));
+    let commands: Vec<Vec<std::ffi::OsString>> = stages.iter().map(|s| s.argv.clone()).collect();
+    tracing::debug!(stage = %first.name, stages = commands.len(), "arming a sandbox");
+    lockbox_confine::spawn_sequence(&policy, &commands)
 }
 
 /// Lets `armed` run `stage` with `io`'s stdin (and stdout, if given; captured otherwise),
@@ -436,7 +437,7 @@ pub(crate) fn run_with_retries(
             Some((armed, layer)) => (armed, job.view(layer)),
             None => {
                 let view = job.view(layer()?);
-                (arm(&[(job.stage, Some(&view))], job.env, job.reads), view)
+                (arm(&[job.stage], Some(&view), job.env, job.reads), view)
             }
         };
         let io = reading(job.stage, job.input)?;
@@ -452,22 +453,22 @@ pub(crate) fn run_with_retries(
 }
 
 /// Runs the job of each of `stages` in the sandbox `armed` (armed for exactly these stages,
-/// on `layers`), one after another, while the stage before it is done: the first reads
-/// `input`, each next one the previous one's output. Stops after a stage that failed.
+/// on a view of `layer`), one after another, while the stage before it is done: the first
+/// reads `input`, each next one the previous one's output. Stops after a stage that failed.
 /// `meanwhile` is called once, while the first stage runs; `done` sees each stage's run.
 /// Returns the last run.
 pub(crate) fn run_in_one<'a>(
     jobs: &[Job<'a>],
     armed: Armed,
-    layers: Vec<(PathBuf, PathBuf)>,
+    layer: (PathBuf, PathBuf),
     meanwhile: impl FnOnce(),
     mut done: impl FnMut(&Ran),
 ) -> Result<Option<Ran>, TxnError> {
     let mut gated = Some(armed);
     let mut meanwhile = Some(meanwhile);
     let mut last: Option<Ran> = None;
-    for (job, layer) in jobs.iter().zip(layers) {
-        let view = job.view(layer);
+    for job in jobs {
+        let view = job.view(layer.clone());
         let io = match &last {
             Some(previous) => reading(job.stage, Input::Output(&previous.stdout))?,
             None => reading(job.stage, job.input)?,

@@ -3,13 +3,14 @@
 //! ```text
 //! STATE/txns/<id>/record.json       TxnRecord, versioned and checksummed (written last at creation)
 //! STATE/txns/<id>/base/             empty; its ctime is the optimistic-concurrency base
-//! STATE/txns/<id>/layers/<n>/upper  stage n's (or source n's) overlayfs upper layer (until prepared)
+//! STATE/txns/<id>/layers/<n>/upper  the upper layer of the pipeline unit that begins with stage n
+//!                                   (or of gather source n), until prepared
 //! STATE/txns/<id>/layers/<n>/work   its overlayfs work directory (removed after the stage)
 //! STATE/txns/<id>/merged/           the union of all layers, flattened (what commit applies)
 //! STATE/txns/<id>/out/<n>           a stage's stdout, spilled beyond the memory bound
 //! STATE/txns/<id>/intent.json       the WAL intent: empty until the commit writes it in place; durable = the commit point
 //! STATE/txns/<id>/inputs/<name>     a gather source's stdout, for the consumer
-//! STATE/txns/.live/<id>              empty: the transaction may still need recovery
+//! STATE/txns/.live/<id>              its workdir's path: the transaction may still need recovery
 //! STATE/txns/.live/.complete         empty: `.live` is complete (written once)
 //! ```
 //!

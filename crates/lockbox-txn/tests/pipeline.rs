@@ -4,9 +4,10 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
-use common::{dirs, rerun_as_nobody, stage, staging_leftovers, tree_hash};
+use common::{dirs, dirs_in, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_policy::Policy;
 use lockbox_txn::{
     AbortReason, ConflictPolicy, LockPolicy, Output, Pipeline, PreparedTxn, Selection, Stage,
@@ -422,9 +423,10 @@ const PID_NS: &str = "readlink /proc/self/ns/pid";
 
 #[test]
 fn stages_with_one_policy_share_a_sandbox_and_nothing_else() {
-    let (_tmp, state, work) = dirs();
+    // Outside /tmp: a workdir inside the sandbox's scratch /tmp keeps it for all stages.
+    let (_tmp, state, work) = dirs_in(Path::new("/var/tmp"));
     // Stage 1 leaves scratch files, an IPC queue and a daemon; stage 2 must see none of
-    // them, but the layer of stage 1 (read-committed).
+    // them, but what stage 1 wrote (read-committed).
     let first = format!(
         "{PID_NS} > ns1 && echo left > /tmp/left && echo left > /dev/shm/left && \
          ipcmk -Q > /dev/null && (setsid sleep 600 < /dev/null > /dev/null 2>&1 &) && echo one > one"
