@@ -151,8 +151,9 @@ fn report(fd: RawFd, record: Record) {
 /// The init's entry point (step numbers as in the module doc). Never returns.
 ///
 /// A sequence sandbox ([`SetupPlan::steps`]) runs its commands one after another: after
-/// each but the last, the init reports its status, starts the next command's process and
-/// gives it its own views (see [`start_next`]); that process waits for the go itself.
+/// each but the last, the init reports its status, renews scratch and starts the next
+/// command's process on the same views (see [`start_next`]); that process waits for the go
+/// itself.
 pub fn init_main(p: &mut Prepared) -> ! {
     let (signal_fd, ruleset) = match setup(p) {
         Ok(ready) => ready,

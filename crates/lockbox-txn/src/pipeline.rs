@@ -1,8 +1,9 @@
-//! [`Pipeline`]: sequential stages, read-committed. Stage N runs on an overlay of the
-//! workdir with lowers `[stage N-1 upper, ..., stage 1 upper, workdir]` (finished layers
-//! only, so overlayfs never sees a lower layer change) and its own upper; its stdout is
-//! captured and becomes stage N+1's stdin. If every stage succeeds, the layers are flattened
-//! into one and committed as one unit; otherwise nothing is.
+//! [`Pipeline`]: sequential stages, read-committed. Consecutive stages that can share a
+//! sandbox form a unit, which runs on an overlay of the workdir with lowers `[upper of the
+//! unit before, ..., upper of the first unit, workdir]` (finished layers only, so overlayfs
+//! never sees a lower layer change) and one upper of its own, written by its stages in turn.
+//! Stage N's stdout is captured and becomes stage N+1's stdin. If every stage succeeds, the
+//! layers are flattened into one and committed as one unit; otherwise nothing is.
 
 use std::collections::VecDeque;
 use std::ops::Range;

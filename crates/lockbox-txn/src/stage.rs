@@ -126,7 +126,8 @@ pub(crate) enum Input<'a> {
     Output(&'a Output),
 }
 
-/// The overlay a stage sees: `lowers` top first (ending with the workdir), its own upper.
+/// The overlay a stage sees: `lowers` top first (ending with the workdir), and the upper it
+/// writes (its own, or its unit's).
 pub(crate) struct View<'a> {
     pub(crate) workdir: &'a Path,
     pub(crate) lowers: Vec<PathBuf>,
