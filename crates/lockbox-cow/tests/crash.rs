@@ -130,6 +130,17 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
     );
 }
 
+/// A branch of `s` that ran [`script`] and was committed by [`lockbox_cow::commit`], which
+/// applies everything and leaves the branch in state `committing`, as a kill right after
+/// the commit would.
+fn committed_but_kept(s: &Scratch) -> Branch {
+    sh(&s.wd, &setup());
+    let mut branch = s.branch();
+    assert!(run_in_branch(&branch, &script()));
+    lockbox_cow::commit(&mut branch, &s.wd.clone(), &CommitOptions::default()).unwrap();
+    branch
+}
+
 /// A kill after every change is applied but before the staging directory is gone (during
 /// the final `syncfs`, say) leaves nothing to apply: committing again must still finish and
 /// remove the staging directory, not return early and leave it in the workdir.
@@ -139,13 +150,9 @@ fn recommit_with_nothing_left_to_apply_removes_staging() {
         return;
     }
     let s = Scratch::new();
-    sh(&s.wd, &setup());
-    let mut branch = s.branch();
-    assert!(run_in_branch(&branch, &script()));
-    // Applies everything and leaves the branch `committing`, as a kill after the commit
-    // would; then the staging directory the kill left behind.
-    lockbox_cow::commit(&mut branch, &s.wd.clone(), &CommitOptions::default()).unwrap();
+    let branch = committed_but_kept(&s);
     let committed = snapshot(&s.wd);
+    // The staging directory a kill after the last rename leaves behind.
     let staging = s.wd.join(format!(".lockbox-commit-{}", branch.id()));
     std::fs::create_dir(&staging).unwrap();
 
@@ -180,18 +187,16 @@ fn helper_remove_until_stuck() {
 }
 
 /// A committed branch whose removal stops half-way must not open again: its upper is partly
-/// gone (here the opaque `d` lost its `new`), and committing it again would delete `d/new`
-/// from the workdir. It is listed as damaged, and `abort_id` finishes the removal.
+/// gone, and committing it again would apply what is left (an opaque directory emptied by
+/// the removal would delete its files from the workdir). It is listed as damaged, and
+/// `abort_id` finishes the removal.
 #[test]
 fn interrupted_removal_of_committed_branch_never_recommits() {
     if !require_overlay() {
         return;
     }
     let s = Scratch::new();
-    sh(&s.wd, &setup());
-    let mut branch = s.branch();
-    assert!(run_in_branch(&branch, &script()));
-    lockbox_cow::commit(&mut branch, &s.wd.clone(), &CommitOptions::default()).unwrap();
+    let branch = committed_but_kept(&s);
     let committed = snapshot(&s.wd);
     assert!(committed.contains_key(Path::new("d/new")));
 
