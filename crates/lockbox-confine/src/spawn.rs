@@ -283,8 +283,9 @@ impl Gated {
 /// [`Gated::release`] runs the next command with the stdio it is given (`/dev/null`
 /// otherwise); once [`Running::wait`] has its outcome, [`Running::next`] gives the gated
 /// sandbox of the command after it. More than one command is refused for policies with a
-/// network allow- or deny-list or passed descriptors ([`sequence_unsupported`]); one
-/// command is a gated sandbox whose stdio comes at the release.
+/// network allow- or deny-list, passed descriptors or a bounded upper layer
+/// ([`sequence_unsupported`]); one command is a gated sandbox whose stdio comes at the
+/// release.
 pub fn spawn_sequence(policy: &Policy, commands: &[Vec<OsString>]) -> Result<Gated, SetupError> {
     let (first, later) = commands.split_first().ok_or(SetupError::Sequence {
         reason: "no command given",
@@ -315,14 +316,20 @@ fn null_err(source: std::io::Error) -> SetupError {
 }
 
 /// Why `policy` cannot run several commands in one sandbox ([`spawn_sequence`]), if so:
-/// a network list (its supervisor serves one command's filter), or passed descriptors
-/// (the first command would take them).
+/// a network list (its supervisor serves one command's filter), passed descriptors (the
+/// first command would take them), or a bounded upper layer (handed to lockbox once, for
+/// one command's outcome).
 pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
     if matches!(policy.net, Net::Allow(_) | Net::Deny(_)) {
         return Some("a network allow- or deny-list is enforced for one command only");
     }
     if !policy.pass_fds.is_empty() {
         return Some("passed descriptors can only go to one command");
+    }
+    let bounded =
+        |o: &lockbox_policy::Overlay| o.upper.as_ref().is_some_and(|u| u.max_size.is_some());
+    if policy.fs.overlays.iter().any(bounded) {
+        return Some("a bounded upper layer (max_size) serves one command only");
     }
     None
 }

@@ -254,13 +254,19 @@ fn dropping_the_sandbox_between_commands_kills_it() {
 }
 
 #[test]
-fn several_commands_with_a_network_list_are_refused() {
+fn several_commands_with_a_network_list_or_a_bounded_upper_are_refused() {
     let v = view();
     let mut policy = v.policy(None);
     policy.net = lockbox_policy::Net::Allow(vec!["127.0.0.1:80".parse().unwrap()]);
     let err = spawn_sequence(&policy, &[v.sh("true"), v.sh("true")]).unwrap_err();
     assert_eq!(err.code(), "SEQUENCE_UNSUPPORTED", "{err}");
     assert!(err.to_string().contains("network"), "{err}");
+    let mut policy = v.policy(None);
+    if let Some(upper) = policy.fs.overlays[0].upper.as_mut() {
+        upper.max_size = Some(lockbox_policy::ByteSize(1 << 20));
+    }
+    let err = spawn_sequence(&policy, &[v.sh("true"), v.sh("true")]).unwrap_err();
+    assert!(err.to_string().contains("bounded upper"), "{err}");
 }
 
 #[test]
