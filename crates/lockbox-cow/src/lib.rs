@@ -53,6 +53,7 @@ pub use crate::layers::{copy_view, flatten, restrict};
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
+pub use crate::stale::stamp_base;
 
 mod beneath;
 mod branch;
