@@ -42,7 +42,7 @@
 #![deny(missing_docs)]
 
 pub use crate::capture::{Output, DEFAULT_MEMORY_BOUND, STDERR_TAIL};
-pub use crate::commit::{recover, recover_workdir, RecoveryReport};
+pub use crate::commit::{recover, recover_workdir, remove_damaged, RecoveryReport};
 pub use crate::error::TxnError;
 pub use crate::gather::{ConflictPolicy, Gather};
 pub use crate::id::TxnId;
