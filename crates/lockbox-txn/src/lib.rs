@@ -61,6 +61,8 @@ mod capture;
 mod commit;
 mod error;
 mod gather;
+#[cfg(test)]
+mod history;
 mod id;
 pub mod journaled;
 mod lock;
