@@ -675,3 +675,89 @@ pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// Set by [`sigkill_during_begin_leaves_nothing_half_made`] for the child it runs.
+    const BEGIN_LOOP_ENV: &str = "LOCKBOX_TXN_TEST_BEGIN_LOOP";
+
+    #[test]
+    fn helper_begin_until_killed() {
+        let Ok(spec) = std::env::var(BEGIN_LOOP_ENV) else {
+            return;
+        };
+        let (state, work) = spec.split_once('\n').unwrap();
+        loop {
+            TxnDir::begin(Path::new(state), Path::new(work), TxnKind::Pipeline, None).unwrap();
+        }
+    }
+
+    /// Issue 15: a SIGKILL early in a transaction left `txns/<id>` without a record, listed
+    /// as damaged forever. A process that does nothing but begin transactions is killed at
+    /// many moments: no transaction is ever listed half-made, and recovery leaves nothing
+    /// behind but finished records.
+    #[test]
+    fn sigkill_during_begin_leaves_nothing_half_made() {
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let tmp = tempfile::tempdir_in(base).unwrap();
+        let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+        fs::create_dir_all(&work).unwrap();
+        for delay_ms in [3u64, 5, 7, 11, 13, 17, 19, 23, 29, 31] {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "store::tests::helper_begin_until_killed"])
+                .env(
+                    BEGIN_LOOP_ENV,
+                    format!("{}\n{}", state.display(), work.display()),
+                )
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        let damaged = |listed: Vec<ListedTxn>| -> Vec<PathBuf> {
+            listed
+                .into_iter()
+                .filter_map(|t| match t {
+                    ListedTxn::Damaged { dir, .. } => Some(dir),
+                    ListedTxn::Ok(_) => None,
+                })
+                .collect()
+        };
+        let listed = list(&state).unwrap();
+        let begun = listed.len();
+        let half_made = damaged(listed);
+        assert!(
+            half_made.is_empty(),
+            "{} of {begun} half-made: {half_made:?}",
+            half_made.len()
+        );
+        let report = crate::recover(&state, None).unwrap();
+        assert!(report.damaged.is_empty(), "{report:?}");
+        assert!(damaged(list(&state).unwrap()).is_empty());
+        assert_eq!(
+            fs::read_dir(txns_dir(&state).join(UNFINISHED))
+                .unwrap()
+                .count(),
+            0
+        );
+        let live: Vec<_> = fs::read_dir(live_dir(&state))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(live, [LIVE_COMPLETE], "every marker retired");
+        eprintln!(
+            "{begun} transactions begun, {} recovered",
+            report.abandoned.len()
+        );
+    }
+}
