@@ -413,8 +413,16 @@ fn kill_9_of_lockbox_leaves_an_orphan_branch_that_abort_removes() {
         let out = s.branch(&["abort", &ids[0]]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         assert!(s.branch_ids().is_empty());
+        // Nothing left but the (empty) directory branches are built in.
+        let left: Vec<_> = std::fs::read_dir(s.state.join("branches"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [".new"]);
         assert_eq!(
-            std::fs::read_dir(s.state.join("branches")).unwrap().count(),
+            std::fs::read_dir(s.state.join("branches/.new"))
+                .unwrap()
+                .count(),
             0
         );
     }
