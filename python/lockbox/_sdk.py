@@ -50,8 +50,8 @@ def recover(workdir: PathLike | None = None, *, state_dir: PathLike | None = Non
     """Finishes or rolls back transactions interrupted by a crash (of ``workdir``, or of every
     workdir): after their commit point they are applied, before it aborted (a kept prepared
     transaction stays prepared). Returns
-    ``{rolled_forward, rolled_back, abandoned, left_prepared, damaged}``. Every commit already
-    does this for its own workdir; call it at start-up to clean up the others."""
+    ``{rolled_forward, rolled_back, abandoned, left_prepared, removed, damaged}``. Every commit
+    already does this for its own workdir; call it at start-up to clean up the others."""
     state = _abs(state_dir) if state_dir is not None else default_state_dir()
     wd = _abs(workdir) if workdir is not None else None
     return json.loads(_lockbox.recover(state, wd))

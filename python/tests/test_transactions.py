@@ -254,6 +254,7 @@ def test_recover_after_a_kept_prepared_transaction_reports_nothing_to_do(ws):
         "rolled_back": [],
         "abandoned": [],
         "left_prepared": [],
+        "removed": [],
         "damaged": [],
     }
     assert kept and not (ws / "kept.txt").exists(), "prepared transactions are left alone"

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{command_as, give, scratch, snapshot, text, users, User};
+use common::{
+    command_as, give, scratch, snapshot, text, users, wait_for_file, User, EQUAL_BYTES_RACER,
+};
 use std::path::Path;
 use std::process::Output;
 
@@ -496,4 +498,93 @@ fn stage_opts_writable_confines_each_agent_to_its_part_of_the_workdir() {
 /// the view (EACCES where Landlock refuses first).
 fn refused(stderr: &str) -> bool {
     stderr.contains("Read-only file system") || stderr.contains("Permission denied")
+}
+
+/// Issue 15's lost update, deterministic: pipeline A reads the counter (0), pipeline B
+/// reads 0 and commits 1, then A writes 1 too, with the same mtime: A's write equals the
+/// workdir's now, but it read a stale value. A must be refused (exit 5), not exit 0.
+#[test]
+fn issue_15_a_pipeline_writing_the_bytes_a_rival_committed_is_refused_not_lost() {
+    for user in users() {
+        let (tmp, w, s) = dirs(user);
+        let sync = tmp.path().join("sync");
+        std::fs::create_dir(&sync).unwrap();
+        std::fs::write(Path::new(&w).join("counter"), "0\n").unwrap();
+        give(tmp.path(), user);
+        let sync_dir = sync.to_str().unwrap();
+        let racer = |id: &str, go: &str| {
+            let mut c = command_as(user);
+            c.args([
+                "pipeline",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--write",
+                sync_dir,
+            ])
+            .args([
+                "--env",
+                &format!("SYNC={sync_dir}"),
+                "--env",
+                &format!("ID={id}"),
+            ])
+            .args(["--env", &format!("GO={go}"), "--stage", EQUAL_BYTES_RACER])
+            .current_dir("/")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+            c
+        };
+        let mut a = racer("A", &format!("{sync_dir}/go")).spawn().unwrap();
+        wait_for_file(&sync.join("read-A"), &mut a);
+        let b = racer("B", "/").output().unwrap();
+        assert_eq!(b.status.code(), Some(0), "{user:?} B: {}", text(&b));
+        std::fs::write(sync.join("go"), "").unwrap();
+        let a = a.wait_with_output().unwrap();
+        assert_eq!(a.status.code(), Some(5), "{user:?} A: {}", text(&a));
+        assert!(
+            String::from_utf8_lossy(&a.stderr).contains("counter"),
+            "{}",
+            text(&a)
+        );
+        let w = Path::new(&w);
+        assert_eq!(std::fs::read_to_string(w.join("counter")).unwrap(), "1\n");
+        assert!(w.join("log_B").exists() && !w.join("log_A").exists());
+    }
+}
+
+/// A transaction whose record a power loss tore is listed as damaged with the command
+/// that removes it, and `txn abort ID` does (it used to say "not found").
+#[test]
+fn a_damaged_transaction_is_listed_with_its_remedy_and_abort_removes_it() {
+    let user = users()[0];
+    let (_tmp, w, s) = dirs(user);
+    let out = txn_in(
+        user,
+        "pipeline",
+        &w,
+        &s,
+        &["--prepare", "--stage", "echo x > f"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let record = Path::new(&s).join("txns").join(&id).join("record.json");
+    std::fs::write(&record, "{\"torn").unwrap();
+    let out = lockbox_in(user, &["txn", "--state-dir", &s, "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        listed.contains("damaged") && listed.contains("lockbox txn abort ID"),
+        "{}",
+        text(&out)
+    );
+    let out = lockbox_in(user, &["txn", "--state-dir", &s, "abort", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = lockbox_in(user, &["txn", "--state-dir", &s, "--json", "list"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[]",
+        "{}",
+        text(&out)
+    );
+    assert!(!Path::new(&w).join("f").exists());
 }

@@ -6,7 +6,9 @@ mod common;
 #[path = "../../lockbox-cow/tests/common/script.rs"]
 mod script;
 
-use common::{command_as, give, scratch, snapshot, text, users, User};
+use common::{
+    command_as, give, scratch, snapshot, text, users, wait_for_file, User, EQUAL_BYTES_RACER,
+};
 use proptest::prelude::*;
 use std::path::Path;
 use std::process::Output;
@@ -411,8 +413,16 @@ fn kill_9_of_lockbox_leaves_an_orphan_branch_that_abort_removes() {
         let out = s.branch(&["abort", &ids[0]]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         assert!(s.branch_ids().is_empty());
+        // Nothing left but the (empty) directory branches are built in.
+        let left: Vec<_> = std::fs::read_dir(s.state.join("branches"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [".new"]);
         assert_eq!(
-            std::fs::read_dir(s.state.join("branches")).unwrap().count(),
+            std::fs::read_dir(s.state.join("branches/.new"))
+                .unwrap()
+                .count(),
             0
         );
     }
@@ -445,5 +455,84 @@ fn max_disk_branch_keeps_read_only_entries() {
             std::fs::read_to_string(s.work.join("locked/f")).unwrap(),
             "x\n"
         );
+    }
+}
+
+/// Issue 15's lost update through `run --workdir`: branch A reads the counter (0), B reads
+/// 0 and commits 1, then A writes 1 with the same mtime. A is refused (exit 5) and its
+/// branch is kept in state `stale`, listed with what to do.
+#[test]
+fn issue_15_run_writing_the_bytes_a_rival_committed_is_refused_and_listed_stale() {
+    for user in users() {
+        let s = Setup::new(user);
+        let sync = s._tmp.path().join("sync");
+        std::fs::create_dir(&sync).unwrap();
+        std::fs::write(s.work.join("counter"), "0\n").unwrap();
+        give(s._tmp.path(), user);
+        let sync_dir = sync.to_str().unwrap();
+        let racer = |id: &str, go: &str| {
+            let mut c = command_as(user);
+            c.arg("run")
+                .args(["--workdir", s.work.to_str().unwrap()])
+                .args([
+                    "--state-dir",
+                    s.state.to_str().unwrap(),
+                    "--write",
+                    sync_dir,
+                ])
+                .args([
+                    "--env",
+                    &format!("SYNC={sync_dir}"),
+                    "--env",
+                    &format!("ID={id}"),
+                ])
+                .args([
+                    "--env",
+                    &format!("GO={go}"),
+                    "--",
+                    "sh",
+                    "-c",
+                    EQUAL_BYTES_RACER,
+                ])
+                .current_dir("/")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            c
+        };
+        let mut a = racer("A", &format!("{sync_dir}/go")).spawn().unwrap();
+        wait_for_file(&sync.join("read-A"), &mut a);
+        let b = racer("B", "/").output().unwrap();
+        assert_eq!(b.status.code(), Some(0), "{user:?} B: {}", text(&b));
+        std::fs::write(sync.join("go"), "").unwrap();
+        let a = a.wait_with_output().unwrap();
+        assert_eq!(a.status.code(), Some(5), "{user:?} A: {}", text(&a));
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("counter")).unwrap(),
+            "1\n"
+        );
+        assert!(s.work.join("log_B").exists() && !s.work.join("log_A").exists());
+
+        let ids = s.branch_ids();
+        assert_eq!(ids.len(), 1, "the refused branch is kept");
+        let id = &ids[0];
+        let out = s.branch(&["list", "--json"]);
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(listed[0]["meta"]["state"], "stale", "{}", text(&out));
+        assert_eq!(listed[0]["orphan"], false);
+        let out = s.branch(&["list"]);
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        for want in [
+            "stale".to_owned(),
+            format!("lockbox branch diff {id}"),
+            format!("lockbox branch commit --force {id}"),
+            format!("lockbox branch abort {id}"),
+        ] {
+            assert!(line.contains(&want), "{line:?} lacks {want:?}");
+        }
+        assert!(!line.contains("orphan"), "{line:?}");
+        let out = s.branch(&["commit", "--force", id]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert!(s.work.join("log_A").exists());
+        assert!(s.branch_ids().is_empty());
     }
 }

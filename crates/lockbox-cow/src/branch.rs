@@ -9,8 +9,11 @@
 //! STATE/branches/<id>/meta.json   BranchMeta, versioned and checksummed
 //! ```
 //!
-//! `meta.json` is written last at creation, so a directory without it is a creation that
-//! was interrupted; [`list`] reports it as damaged and [`abort_id`] removes it.
+//! A branch is built aside, in `STATE/branches/.new/<pid>-<id>/` (`meta.json` written last),
+//! and renamed into place: a kill during [`Branch::create`] leaves nothing [`list`] shows,
+//! and the next creation removes what a dead creator left there. A directory without a
+//! readable `meta.json` (a power loss, a removal cut short) is listed as damaged and
+//! [`abort_id`] removes it.
 
 use std::ffi::OsStr;
 use std::fs::{self, DirBuilder};
@@ -18,6 +21,9 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustix::fs::RenameFlags;
+use rustix::io::Errno;
 
 use crate::meta::{self, BranchMeta, BranchState, Timestamp};
 use crate::{
@@ -29,6 +35,10 @@ use crate::{
 pub fn branches_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("branches")
 }
+
+/// Where branches are built before they are renamed into place (not a valid [`BranchId`], so
+/// never listed).
+const UNFINISHED: &str = ".new";
 
 /// A branch on disk: its directory and its verified `meta.json`.
 #[derive(Debug, Clone)]
@@ -84,17 +94,29 @@ impl Branch {
             });
         }
         let dir = branches.join(id.as_str());
+        let unfinished = branches.join(UNFINISHED);
+        sweep_unfinished(&unfinished);
+        let aside_name = format!("{}-{}", std::process::id(), id.as_str());
+        let aside = unfinished.join(&aside_name);
         DirBuilder::new()
+            .recursive(true)
             .mode(0o700)
-            .create(&dir)
+            .create(&aside)
             .map_err(|source| CowError::CreateBranchDir {
-                path: dir.clone(),
+                path: aside.clone(),
                 source,
             })?;
-        let made = Branch::fill_new(&dir, id, workdir, wd_meta.mode(), context);
+        let made =
+            Branch::fill_new(&aside, id, workdir, wd_meta.mode(), context).and_then(|branch| {
+                rename_noreplace(&aside, &dir).map_err(|source| CowError::CreateBranchDir {
+                    path: dir.clone(),
+                    source,
+                })?;
+                Ok(Branch { dir, ..branch })
+            });
         if made.is_err() {
             // Best effort: the error that matters is the one returned.
-            let _ = remove_dir_robust(&branches, OsStr::new(dir.file_name().unwrap_or_default()));
+            let _ = remove_dir_robust(&unfinished, OsStr::new(&aside_name));
         }
         let branch = made?;
         durable::fsync_dir(&branches).map_err(|source| CowError::StateDir {
@@ -124,11 +146,9 @@ impl Branch {
                 source,
             })?;
         }
-        let st = next_tick(&upper, workdir_mode & 0o7777).map_err(|source| {
-            CowError::CreateBranchDir {
-                path: upper.clone(),
-                source,
-            }
+        let base_ctime = crate::stamp_base(&upper).map_err(|source| CowError::CreateBranchDir {
+            path: upper.clone(),
+            source,
         })?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -140,13 +160,11 @@ impl Branch {
                 secs: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
                 nanos: i64::from(now.subsec_nanos()),
             },
-            base_ctime: Timestamp {
-                secs: st.ctime(),
-                nanos: st.ctime_nsec(),
-            },
+            base_ctime,
             state: BranchState::Active,
             owner_pid: std::process::id(),
             context,
+            failure: None,
         };
         meta::write(dir, &meta)?;
         Ok(Branch {
@@ -211,16 +229,21 @@ impl Branch {
 
     /// Marks the branch as kept for review (durably).
     pub fn keep(&mut self) -> Result<(), CowError> {
-        // What the sandbox wrote is only in the page cache: make it durable before the
-        // record says the branch is kept (one syncfs: the upper can hold many files).
+        self.sync_upper()?;
+        self.set_state(BranchState::Kept)
+    }
+
+    /// What the sandbox wrote is only in the page cache (views are `volatile`): made
+    /// durable before a record says the branch outlives its process (one syncfs: the upper
+    /// can hold many files).
+    fn sync_upper(&self) -> Result<(), CowError> {
         let upper = self.upper_dir();
         let synced = fs::File::open(&upper)
             .and_then(|dir| rustix::fs::syncfs(&dir).map_err(std::io::Error::from));
         synced.map_err(|source| CowError::SyncFs {
             path: upper,
             source,
-        })?;
-        self.set_state(BranchState::Kept)
+        })
     }
 
     pub(crate) fn set_state(&mut self, state: BranchState) -> Result<(), CowError> {
@@ -235,13 +258,43 @@ impl Branch {
     /// dry run, removes the branch. If the commit succeeded but removing the branch failed,
     /// the error is [`CowError::RemoveBranch`]: the workdir is fully committed and the branch
     /// is left in state `committing` ([`abort_id`] removes it).
+    ///
+    /// A failed commit is recorded in the branch's state (see [`Branch::record_failure`]), so
+    /// that [`list`] can say what happened and what to do.
     pub fn commit(mut self, opts: &CommitOptions) -> Result<CommitReport, CowError> {
         let workdir = self.meta.workdir.clone();
-        let report = commit::commit(&mut self, &workdir, opts)?;
+        let report = match commit::commit(&mut self, &workdir, opts) {
+            Ok(report) => report,
+            Err(e) => {
+                // Best effort: the error that matters is the commit's.
+                let _ = self.record_failure(&e);
+                return Err(e);
+            }
+        };
         if !opts.dry_run {
             self.abort()?;
         }
         Ok(report)
+    }
+
+    /// Records that committing (or reading) the branch failed with `error`: state `stale`
+    /// for [`CowError::StaleBase`], `commit_failed` otherwise, or, for a commit that had
+    /// begun to change the workdir, still `committing` (committing again finishes it); the
+    /// error's text goes into `failure`. The branch now outlives its process, so its upper
+    /// layer is made durable first (as [`Branch::keep`] does).
+    pub fn record_failure(&mut self, error: &CowError) -> Result<(), CowError> {
+        let state = match (self.meta.state, error) {
+            (BranchState::Committing, _) => BranchState::Committing,
+            (_, CowError::StaleBase { .. }) => BranchState::Stale,
+            _ => BranchState::CommitFailed,
+        };
+        self.sync_upper()?;
+        let mut meta = self.meta.clone();
+        meta.state = state;
+        meta.failure = Some(bounded(error.to_string()));
+        meta::write(&self.dir, &meta)?;
+        self.meta = meta;
+        Ok(())
     }
 
     /// Discards the branch: removes its directory, including unreadable or unwritable
@@ -253,25 +306,38 @@ impl Branch {
     }
 }
 
-/// Stamps `upper` again (a chmod to its own mode changes its ctime) until the kernel's file
-/// clock has moved past the tick of its creation, and returns its metadata then. File
-/// timestamps are coarse (one clock tick, 1-4 ms): a workdir file written in the same tick
-/// as the branch's creation would carry the same ctime and look changed *after* the branch
-/// began. Waiting one tick makes `base_ctime` strictly newer than anything written before
-/// the branch was created, so an agent that writes a file and starts a sandbox right away
-/// gets no false stale-base refusal.
-fn next_tick(upper: &Path, mode: u32) -> std::io::Result<fs::Metadata> {
-    let stamp = |m: &fs::Metadata| (m.ctime(), m.ctime_nsec());
-    let first = stamp(&fs::symlink_metadata(upper)?);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
-    loop {
-        fs::set_permissions(upper, fs::Permissions::from_mode(mode))?;
-        let st = fs::symlink_metadata(upper)?;
-        if stamp(&st) > first || std::time::Instant::now() > deadline {
-            return Ok(st);
-        }
-        std::thread::sleep(std::time::Duration::from_micros(250));
+/// `rename(from, to)` that fails with `EEXIST` rather than replace `to` (an empty directory
+/// would be replaced silently). Filesystems without `RENAME_NOREPLACE` get a plain rename:
+/// `from` is never empty, so it cannot replace a directory that holds anything.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    let cwd = rustix::fs::CWD;
+    match rustix::fs::renameat_with(cwd, from, cwd, to, RenameFlags::NOREPLACE) {
+        Err(Errno::INVAL) => fs::rename(from, to),
+        r => Ok(r?),
     }
+}
+
+/// Removes what creators that died left in `STATE/branches/.new/` (`<pid>-<id>`, the pid
+/// gone). Best effort: a leftover costs a few empty directories until the next creation.
+fn sweep_unfinished(unfinished: &Path) {
+    let Ok(entries) = fs::read_dir(unfinished) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !pid_alive(pid)) {
+            let _ = remove_dir_robust(unfinished, &name);
+        }
+    }
+}
+
+/// Best effort: a pid may have been reused.
+fn pid_alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Removes the branch `id` whatever state it is in (even without a readable `meta.json`).
@@ -324,18 +390,77 @@ pub struct ListedBranch {
 }
 
 impl ListedBranch {
-    /// True for an `Active` branch whose creating process is gone (lockbox was killed), and
-    /// for a damaged one: nobody will finish it, so it is effectively kept. Best effort: the
-    /// pid may have been reused.
+    /// True for an `active` or `committing` branch whose creating process is gone (lockbox
+    /// was killed), and for a damaged one: nobody will finish it, so it is effectively kept.
+    /// Best effort: the pid may have been reused.
     pub fn is_orphan(&self) -> bool {
         match &self.meta {
             Ok(m) => {
-                m.state != BranchState::Kept
-                    && !Path::new("/proc").join(m.owner_pid.to_string()).exists()
+                matches!(m.state, BranchState::Active | BranchState::Committing)
+                    && !pid_alive(m.owner_pid)
             }
             Err(_) => true,
         }
     }
+
+    /// What happened to the branch, in words, and what to do about it (the `lockbox branch`
+    /// commands that resolve it).
+    pub fn status(&self) -> String {
+        let id = self.id.as_str();
+        let review = format!("review it with `lockbox branch diff {id}`");
+        let (m, orphan) = match &self.meta {
+            Ok(m) => (m, self.is_orphan()),
+            Err(why) => {
+                return format!(
+                    "unreadable record ({why}): a creation or removal was cut short; remove it \
+                     with `lockbox branch abort {id}`"
+                )
+            }
+        };
+        let failure = m.failure.as_deref().unwrap_or("reason not recorded");
+        match m.state {
+            BranchState::Active if !orphan => format!("in use by process {}", m.owner_pid),
+            BranchState::Active => format!(
+                "orphan: its lockbox died before finishing it; {review}, then \
+                 `lockbox branch commit {id}` or `lockbox branch abort {id}`"
+            ),
+            BranchState::Kept => format!(
+                "kept for review: {review}, then `lockbox branch commit {id}` or \
+                 `lockbox branch abort {id}`"
+            ),
+            BranchState::Stale => format!(
+                "commit refused, the workdir changed under it ({failure}); {review}, then \
+                 `lockbox branch commit --force {id}` (overwrites those paths) or \
+                 `lockbox branch abort {id}`"
+            ),
+            BranchState::CommitFailed => format!(
+                "commit failed ({failure}); fix the cause and retry with `lockbox branch \
+                 commit {id}`, or `lockbox branch abort {id}`"
+            ),
+            BranchState::Committing if !orphan && m.failure.is_none() => {
+                format!("being committed by process {}", m.owner_pid)
+            }
+            BranchState::Committing => format!(
+                "commit interrupted part-way ({}); finish it with `lockbox branch commit \
+                 {id}` (aborting leaves the workdir half-committed)",
+                m.failure.as_deref().unwrap_or("its lockbox died")
+            ),
+        }
+    }
+}
+
+/// Bounds a failure message kept in `meta.json` (a stale base can name many paths).
+fn bounded(mut text: String) -> String {
+    const MAX: usize = 2048;
+    if text.len() > MAX {
+        let mut cut = MAX;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    text
 }
 
 /// Lists all branches of a state directory, sorted by id. Entries whose names are not valid

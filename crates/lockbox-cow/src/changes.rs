@@ -14,6 +14,12 @@
 //! - a directory whose permission bits are unchanged is not itself a change (its mtime only
 //!   reflects entry changes, which are listed themselves), but is walked.
 //!
+//! Entries the branch wrote that change nothing *now* — a file or symlink equal to the
+//! workdir's, a whiteout over nothing, an opaque directory with the workdir's mode — are not
+//! changes, but they are writes: the walk of a commit's validation ([`Walker::witnesses`])
+//! yields them as `unchanged` items for the stale-base check alone (a rival may have written
+//! the same bytes first: see `stale.rs`).
+//!
 //! Order: depth first, entries of a directory sorted bytewise, so a parent always comes before
 //! its children and the order is the same as sorting the paths with `Path`'s `Ord`.
 
@@ -105,6 +111,10 @@ pub(crate) struct Item {
     pub lower: Option<LowerEntry>,
     /// The upper entry was copied up from a lower entry (`overlay.origin`).
     pub origin: bool,
+    /// The branch wrote this entry but it holds what the workdir holds now (see the module
+    /// doc): nothing to apply, only a stale-base check to make. Only from
+    /// [`Walker::witnesses`].
+    pub unchanged: bool,
 }
 
 /// The lower (workdir) entry a change replaces.
@@ -135,6 +145,8 @@ struct Frame {
 pub(crate) struct Walker {
     upper_root: PathBuf,
     stack: Vec<Frame>,
+    /// Also yield `unchanged` items (see [`Walker::witnesses`]).
+    witnesses: bool,
 }
 
 impl Walker {
@@ -152,7 +164,15 @@ impl Walker {
         Ok(Walker {
             upper_root: upper.to_owned(),
             stack: vec![frame],
+            witnesses: false,
         })
+    }
+
+    /// Also yields the entries the branch wrote that change nothing now, as `unchanged`
+    /// items: what the stale-base check must see besides the changes (see the module doc).
+    pub(crate) fn witnesses(mut self) -> Walker {
+        self.witnesses = true;
+        self
     }
 
     fn step(&mut self) -> Option<Result<Item, CowError>> {
@@ -216,26 +236,51 @@ impl Walker {
         let lst = self.lower_stat(name, &rel)?;
         let xattrs = overlay::OverlayXattrs::of(&abs);
         if overlay::is_whiteout(&ust, &xattrs) {
-            return Ok(lst.map(|l| deleted(rel, &l)));
+            return Ok(match lst {
+                Some(l) => Some(deleted(rel, &l)),
+                // Overlayfs leaves a whiteout only over an entry the layers below had: the
+                // workdir's (removed since the branch deleted it), or an earlier stage's.
+                None if self.witnesses && frame.lower.is_some() => Some(Item {
+                    unchanged: true,
+                    ..deleted_nothing(rel)
+                }),
+                None => None,
+            });
         }
         if let Some(feature) = xattrs.unsupported_feature() {
             return Err(CowError::UnsupportedOverlay { path: abs, feature });
         }
         let utype = FileType::of(&ust);
-        let kind = match (&lst, utype) {
+        // `unchanged`: an entry the branch wrote with what the workdir holds now.
+        let mut unchanged = false;
+        let mut kind = match (&lst, utype) {
             (None, _) => Some(ChangeKind::Added),
             (Some(l), t) if FileType::of(l) != t => Some(ChangeKind::TypeChanged),
             (Some(l), FileType::Dir) => {
                 (l.st_mode & 0o7777 != ust.st_mode & 0o7777).then_some(ChangeKind::Modified)
             }
             (Some(l), _) => {
-                if self.same_content(name, &rel, &ust, l, utype)? {
-                    None
-                } else {
+                if !self.same_content(name, &rel, &ust, l, utype)? {
                     Some(ChangeKind::Modified)
+                } else if self.witnesses {
+                    unchanged = true;
+                    Some(ChangeKind::Modified)
+                } else {
+                    None
                 }
             }
         };
+        let replaces_dir = utype == FileType::Dir
+            && self.descend(name, rel.clone(), &abs, lst.as_ref())?
+            && lst
+                .as_ref()
+                .is_some_and(|l| FileType::of(l) == FileType::Dir);
+        // An opaque directory over the workdir's (`rm -r d; mkdir d`) replaced it, whatever
+        // its mode.
+        if kind.is_none() && replaces_dir && self.witnesses {
+            unchanged = true;
+            kind = Some(ChangeKind::Modified);
+        }
         let item = kind.map(|kind| Item {
             change: Change {
                 path: rel.clone(),
@@ -254,22 +299,22 @@ impl Walker {
             ],
             lower: lst.as_ref().map(LowerEntry::of),
             origin: lst.is_none() && xattrs.has_origin(),
+            unchanged,
         });
-        if utype == FileType::Dir {
-            self.descend(name, rel, &abs, lst.as_ref())?;
-        }
         Ok(item)
     }
 
+    /// Pushes the frame of the upper directory `name`; whether it is opaque (marked, or below
+    /// an opaque directory).
     fn descend(
         &mut self,
         name: &OsString,
         rel: PathBuf,
         abs: &Path,
         lst: Option<&Stat>,
-    ) -> Result<(), CowError> {
+    ) -> Result<bool, CowError> {
         let Some(frame) = self.top() else {
-            return Ok(());
+            return Ok(false);
         };
         let upper =
             open_child_dir(frame.upper.as_fd(), name).map_err(|source| CowError::ReadUpper {
@@ -291,7 +336,7 @@ impl Walker {
         let opaque = frame.opaque || overlay::is_opaque(upper.as_fd());
         let new = make_frame(abs, rel, upper, lower, opaque)?;
         self.stack.push(new);
-        Ok(())
+        Ok(opaque)
     }
 
     /// True when a lower and an upper entry of the same type (file or symlink) hold the same
@@ -386,6 +431,24 @@ fn deleted(rel: PathBuf, lst: &Stat) -> Item {
         times: [(0, 0); 2],
         lower: Some(LowerEntry::of(lst)),
         origin: false,
+        unchanged: false,
+    }
+}
+
+/// A deletion of an entry that is already gone from the workdir (its type unknown).
+fn deleted_nothing(rel: PathBuf) -> Item {
+    Item {
+        change: Change {
+            path: rel,
+            kind: ChangeKind::Deleted,
+            file_type: FileType::File,
+            size: 0,
+            mode: 0,
+        },
+        times: [(0, 0); 2],
+        lower: None,
+        origin: false,
+        unchanged: false,
     }
 }
 

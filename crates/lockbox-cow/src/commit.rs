@@ -147,9 +147,20 @@ pub(crate) fn validate(
 ) -> Result<CommitReport, CowError> {
     let mut report = CommitReport::default();
     let (mut special, mut stale_paths) = (Vec::new(), Vec::new());
-    for item in Walker::new(upper, workdir)? {
+    for item in Walker::new(upper, workdir)?.witnesses() {
         let item = item?;
         let c = &item.change;
+        let stale = match base {
+            Some(base) => stale::is_stale(root, &item, base)?,
+            None => false,
+        };
+        if stale {
+            stale_paths.push(c.path.clone());
+        }
+        // Written, but nothing to apply: there only for the stale-base check.
+        if item.unchanged {
+            continue;
+        }
         if c.path.components().count() == 1 && c.path.to_string_lossy().starts_with(STAGING_PREFIX)
         {
             return Err(CowError::ReservedName {
@@ -167,11 +178,6 @@ pub(crate) fn validate(
         }
         if c.kind != ChangeKind::Deleted && c.file_type == FileType::File {
             report.bytes += c.size;
-        }
-        if let Some(base) = base {
-            if stale::is_stale(root, &item, base)? {
-                stale_paths.push(c.path.clone());
-            }
         }
     }
     if !special.is_empty() {

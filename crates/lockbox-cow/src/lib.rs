@@ -11,7 +11,11 @@
 //! - [`ChangeSet`] / [`ChangeIter`] of [`Change`]s (`Added | Modified | Deleted |
 //!   TypeChanged`); [`Branch::diff`] gives a [`FileDiff`] per path;
 //! - [`commit`] with [`CommitOptions`] (`force`, `dry_run`) returns a [`CommitReport`], or
-//!   [`CowError::StaleBase`] (exit code 5) when the workdir changed under the branch;
+//!   [`CowError::StaleBase`] (exit code 5) when the workdir changed, since the base, at a
+//!   path the branch writes (also one it wrote with what the workdir holds now); the base is
+//!   taken by [`stamp_base`], the one rule branches and transactions share; a failed
+//!   [`Branch::commit`] is recorded in the branch's state ([`ListedBranch::status`] says what
+//!   to do);
 //! - for callers with their own write-ahead log (`lockbox-txn`): [`flatten`] a stack of
 //!   upper layers into one, [`stage_upper`] (validate + stage, durable) returning a
 //!   [`CommitPlan`], then [`apply_staged`] (redo-safe) or [`discard_staging`].
@@ -53,6 +57,7 @@ pub use crate::layers::{copy_view, flatten, restrict};
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
+pub use crate::stale::stamp_base;
 
 mod beneath;
 mod branch;

@@ -35,8 +35,28 @@ pub enum BranchState {
     Kept,
     /// A commit started. If lockbox died during it, committing again finishes the job
     /// (the stale-base check is skipped then, as the half-applied commit itself changed the
-    /// workdir).
+    /// workdir). A commit that failed part-way stays here, with its `failure`.
     Committing,
+    /// A commit was refused: the workdir changed, since the branch began, at paths it
+    /// writes (exit 5; `failure` names them). Kept for review: commit it with `force`, or
+    /// abort it.
+    Stale,
+    /// A commit failed before changing the workdir (`failure` says why); kept to be
+    /// committed again or aborted.
+    CommitFailed,
+}
+
+impl BranchState {
+    /// The lowercase name used in messages (`active`, `kept`, ..., as in `meta.json`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BranchState::Active => "active",
+            BranchState::Kept => "kept",
+            BranchState::Committing => "committing",
+            BranchState::Stale => "stale",
+            BranchState::CommitFailed => "commit_failed",
+        }
+    }
 }
 
 /// What `meta.json` records about a branch.
@@ -57,6 +77,9 @@ pub struct BranchMeta {
     pub owner_pid: u32,
     /// Opaque caller data: typically the policy and the command that made the branch.
     pub context: serde_json::Value,
+    /// Why the last commit failed (states `stale`, `commit_failed`, `committing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -163,6 +186,7 @@ mod tests {
             state: BranchState::Active,
             owner_pid: 7,
             context: serde_json::json!({"command": ["sh", "-c", "true"], "z": 1.5, "a": null}),
+            failure: None,
         };
         write(dir.path(), &meta).unwrap();
         assert_eq!(read(dir.path()).unwrap(), meta);

@@ -1,23 +1,33 @@
-//! Stale-base detection: did the workdir change, after the branch began, at a path the branch
-//! changes?
+//! Stale-base detection: did the workdir change, after the branch (or transaction) began, at a
+//! path it writes? One rule for branches (`lockbox run --workdir`) and transactions
+//! (`lockbox pipeline` / `gather`, which call [`stamp_base`] and the same check).
 //!
-//! Rule: the branch records `base_ctime`, a ctime the kernel stamped on its fresh `upper/`
-//! directory one clock tick after its creation (see `branch::next_tick`), so anything written
-//! before the branch began is strictly older. The kernel stamps every later inode change (content, mode, rename, link count,
-//! entry added or removed in a directory) with a ctime `>=` that value, and userspace cannot
-//! set ctime. So a workdir entry is *changed since the base* iff its ctime `>= base_ctime`;
-//! `>=` makes changes in the same clock tick count (false positives are possible, lost updates
-//! are not). Per change:
+//! Rule: the branch records a base, a ctime the kernel stamped on a fresh directory of its
+//! own one clock tick after its creation ([`stamp_base`]), so anything written before the
+//! branch began is strictly older. The kernel stamps every later inode change (content, mode,
+//! rename, link count, entry added or removed in a directory) with a ctime `>=` that value,
+//! and userspace cannot set ctime. So a workdir entry is *changed since the base* iff its
+//! ctime `>= base`; `>=` makes changes in the same clock tick count (false positives are
+//! possible, lost updates are not). Per entry the branch wrote:
 //! - `Modified` / `TypeChanged` / `Deleted`: the workdir entry's ctime; for a directory that
 //!   goes away (deleted or replaced), any entry of its subtree;
 //! - `Added` of an entry copied up from the workdir (`overlay.origin`) that is gone from it
 //!   now: the workdir parent directory's ctime (the host removed or renamed the entry, or a
 //!   sibling). If that parent is missing from the workdir, the parent is itself a change and
 //!   carries the check. A plain `Added` (new on both sides is caught as `Modified`) is never
-//!   stale.
+//!   stale;
+//! - an entry the branch wrote that holds what the workdir holds *now* (the same bytes and
+//!   mtime, a whiteout over nothing, an opaque directory with the same mode): no change to
+//!   apply, but a write all the same. If the workdir entry changed since the base, a rival
+//!   wrote it first and this branch's write was based on what it read before: stale (a
+//!   lost update otherwise). The workdir entry's ctime decides; for a whiteout over nothing,
+//!   its parent directory's (the entry was removed from it).
 
+use std::fs;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use rustix::fs::{FileType as RawType, Mode, OFlags};
 use rustix::io::Errno;
@@ -26,6 +36,36 @@ use crate::beneath::{self, lstat_at, sorted_names, split};
 use crate::changes::{ChangeKind, FileType, Item};
 use crate::meta::Timestamp;
 use crate::CowError;
+
+/// Stamps the fresh directory `dir` again (a chmod to its own mode changes its ctime) until
+/// the kernel's file clock has moved past the tick of its creation, and returns its ctime
+/// then: the base of a branch or transaction, taken right before its sandboxes start.
+///
+/// File timestamps are coarse (one clock tick, 1-4 ms): a workdir file written in the same
+/// tick as the base would carry the same ctime and look changed *after* the base (`>=`).
+/// Waiting one tick makes the base strictly newer than anything written before `dir` was
+/// made, so an agent that writes a file and starts a sandbox right away gets no false
+/// stale-base refusal. (About 2 ms on average; with multigrain timestamps the kernel gives
+/// the re-stamp a fine-grained ctime and the first chmod suffices.) Gives up waiting after
+/// 100 ms (a clock that does not move): the base is then as coarse as the clock.
+pub fn stamp_base(dir: &Path) -> std::io::Result<Timestamp> {
+    let ctime = |m: &fs::Metadata| Timestamp {
+        secs: m.ctime(),
+        nanos: m.ctime_nsec(),
+    };
+    let made = fs::symlink_metadata(dir)?;
+    let first = ctime(&made);
+    let mode = fs::Permissions::from_mode(made.mode() & 0o7777);
+    let deadline = Instant::now() + Duration::from_millis(100);
+    loop {
+        fs::set_permissions(dir, mode.clone())?;
+        let now = ctime(&fs::symlink_metadata(dir)?);
+        if now > first || Instant::now() > deadline {
+            return Ok(now);
+        }
+        std::thread::sleep(Duration::from_micros(250));
+    }
+}
 
 fn newer(secs: i64, nanos: i64, base: Timestamp) -> bool {
     (secs, nanos) >= (base.secs, base.nanos)
@@ -42,7 +82,9 @@ pub(crate) fn is_stale(
         source,
     };
     let Some(lower) = item.lower else {
-        if !item.origin {
+        // A whiteout over nothing (`unchanged`): the entry was in the workdir when the branch
+        // deleted it, and was removed from its parent since.
+        if !item.origin && !item.unchanged {
             return Ok(false);
         }
         let (parent, _) = split(&c.path);

@@ -461,6 +461,266 @@ fn unrelated_host_edits_and_renames_are_not_stale() {
     assert!(!s.wd.join("mv-me").exists());
 }
 
+/// The issue-15 lost update: the branch reads `counter`, a rival commits the value the
+/// branch then writes (same bytes, and the same mtime: `touch -d`), so the branch's upper
+/// equals the workdir *now*. It is still a write over a change made since the base.
+#[test]
+fn stale_base_when_writing_the_bytes_a_rival_committed_meanwhile() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo 0 > counter");
+    let bump = "n=$(cat counter); echo $((n+1)) > counter; touch -d @1700000000 counter";
+    let b = s.branch();
+    assert!(run_in_branch(&b, &format!("{bump}; echo x > log_b")));
+    tick();
+    // The rival's commit: the same read, the same write.
+    sh(&s.wd, bump);
+    let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
+    assert_eq!((e.code(), e.exit_code()), ("STALE_BASE", 5), "{e}");
+    let CowError::StaleBase { paths } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(paths, &[PathBuf::from("counter")]);
+    assert!(!s.wd.join("log_b").exists(), "nothing applied");
+    // The change set lists what would change: not `counter`, equal now.
+    assert_eq!(kinds(&b), [("log_b".into(), 'A', FileType::File)]);
+    // Forced, the equal write is counted as forced and applies nothing to it.
+    let r = b.commit(&FORCE).unwrap();
+    assert_eq!((r.added, r.modified), (1, 0));
+    assert_eq!(r.forced_stale, [PathBuf::from("counter")]);
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("counter")).unwrap(),
+        "1\n"
+    );
+}
+
+#[test]
+fn stale_base_when_deleting_what_a_rival_deleted_meanwhile() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "mkdir jobs; echo job > jobs/j1; echo job > jobs/j2");
+    // Both claim job j1 by removing it.
+    let b = s.branch();
+    assert!(run_in_branch(&b, "rm jobs/j1; echo j1 > claimed"));
+    tick();
+    sh(&s.wd, "rm jobs/j1");
+    let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
+    let CowError::StaleBase { paths } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(paths, &[PathBuf::from("jobs/j1")]);
+    // A whiteout over nothing is no change to list or apply.
+    assert_eq!(kinds(&b), [("claimed".into(), 'A', FileType::File)]);
+    b.commit(&FORCE).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("jobs/j2")).unwrap(),
+        "job\n"
+    );
+}
+
+#[test]
+fn stale_base_when_replacing_a_directory_a_rival_changed_meanwhile() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "mkdir d; echo 1 > d/x; echo 1 > d/y");
+    // `rm -r d; mkdir d` leaves an opaque d with d's mode: not itself a change.
+    let b = s.branch();
+    assert!(run_in_branch(&b, "rm -r d; mkdir d; echo new > d/y"));
+    tick();
+    sh(&s.wd, "rm d/x");
+    let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
+    let CowError::StaleBase { paths } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(paths, &[PathBuf::from("d")]);
+}
+
+/// A copy-up that writes nothing (`touch -r f f`) changes nothing and is not stale by
+/// itself; over a rival's change it is: the idiom that makes a read a dependency of an
+/// optimistic commit (docs/transactions.md).
+#[test]
+fn stale_base_only_for_a_pure_copy_up_of_a_file_changed_meanwhile() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo 1 > config; echo 1 > other");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "touch -r config config; cat config > out"
+    ));
+    assert!(b.upper_dir().join("config").exists(), "copied up");
+    assert_eq!(kinds(&b), [("out".into(), 'A', FileType::File)]);
+    tick();
+    sh(&s.wd, "echo 2 > other");
+    let r = b.commit(&CommitOptions::default()).unwrap();
+    assert_eq!((r.added, r.modified, r.forced_stale.len()), (1, 0, 0));
+
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "touch -r config config; cat config > out"
+    ));
+    tick();
+    sh(&s.wd, "echo 2 > config");
+    let e = b.commit(&CommitOptions::default()).unwrap_err();
+    let CowError::StaleBase { paths } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(paths, &[PathBuf::from("config")]);
+}
+
+/// A file written in the same clock tick as the branch's creation is older than its base
+/// (`stamp_base`): no false stale base for an agent that writes and starts at once.
+#[test]
+fn stale_base_not_reported_for_a_file_written_just_before_the_branch() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    for round in 0..5 {
+        common::at_tick_start();
+        std::fs::write(s.wd.join("f"), format!("{round}\n")).unwrap();
+        let b = Branch::create(&s.state, &s.wd, serde_json::Value::Null).unwrap();
+        assert!(run_in_branch(&b, "echo more >> f"));
+        b.commit(&CommitOptions::default())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+}
+
+#[test]
+fn a_refused_or_failed_commit_is_recorded_and_listed_with_its_remedy() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo 0 > f");
+    let b = s.branch();
+    assert!(run_in_branch(&b, "echo 1 > f"));
+    tick();
+    sh(&s.wd, "echo host > f");
+    let id = b.id().clone();
+    b.commit(&CommitOptions::default()).unwrap_err();
+    let listed = list(&s.state).unwrap();
+    let m = listed[0].meta.as_ref().unwrap();
+    assert_eq!(m.state, BranchState::Stale);
+    assert!(m.failure.as_deref().unwrap().contains('f'), "{m:?}");
+    assert!(!listed[0].is_orphan());
+    let status = listed[0].status();
+    for want in [
+        "the workdir changed".to_owned(),
+        format!("lockbox branch diff {id}"),
+        format!("lockbox branch commit --force {id}"),
+        format!("lockbox branch abort {id}"),
+    ] {
+        assert!(status.contains(&want), "{status:?} lacks {want:?}");
+    }
+    // Reopened, it commits with force.
+    Branch::open(&s.state, &id).unwrap().commit(&FORCE).unwrap();
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "1\n");
+
+    // A commit refused for another reason: commit_failed.
+    let b = s.branch();
+    assert!(run_in_branch(&b, "mkfifo pipe"));
+    let id = b.id().clone();
+    assert_eq!(b.commit(&FORCE).unwrap_err().code(), "SPECIAL_FILES");
+    let listed = list(&s.state).unwrap();
+    assert_eq!(
+        listed[0].meta.as_ref().unwrap().state,
+        BranchState::CommitFailed
+    );
+    let status = listed[0].status();
+    assert!(
+        status.contains("commit failed") && status.contains(&format!("lockbox branch abort {id}")),
+        "{status:?}"
+    );
+}
+
+/// What a SIGKILL during `Branch::create` leaves (the branch built aside, not yet renamed)
+/// is never listed, and the next creation removes it.
+#[test]
+fn a_creation_cut_short_is_never_listed_and_is_swept() {
+    let s = Scratch::new();
+    let aside = s
+        .state
+        .join("branches/.new")
+        .join(format!("{}-b1", u32::MAX));
+    std::fs::create_dir_all(aside.join("upper")).unwrap();
+    std::fs::create_dir_all(aside.join("work")).unwrap();
+    assert!(list(&s.state).unwrap().is_empty());
+    let b = Branch::create(&s.state, &s.wd, serde_json::Value::Null).unwrap();
+    assert!(!aside.exists(), "swept");
+    let left: Vec<_> = std::fs::read_dir(s.state.join("branches/.new"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(list(&s.state).unwrap().len(), 1);
+    b.abort().unwrap();
+}
+
+/// Set by [`sigkill_during_creation_leaves_only_whole_branches`] for the child it runs.
+const CREATE_LOOP_ENV: &str = "LOCKBOX_COW_TEST_CREATE_LOOP";
+
+#[test]
+fn helper_create_branches_until_killed() {
+    let Ok(spec) = std::env::var(CREATE_LOOP_ENV) else {
+        return;
+    };
+    let (state, wd) = spec.split_once('\n').unwrap();
+    loop {
+        Branch::create(Path::new(state), Path::new(wd), serde_json::Value::Null).unwrap();
+    }
+}
+
+/// SIGKILLs a process that does nothing but create branches, at many moments: every branch
+/// listed afterwards is whole (a creation takes about one clock tick, most of it inside the
+/// window where the old layout had a directory without `meta.json`).
+#[test]
+fn sigkill_during_creation_leaves_only_whole_branches() {
+    let s = Scratch::new();
+    for delay_ms in [3u64, 5, 7, 11, 13, 17, 19, 23, 29, 31] {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "helper_create_branches_until_killed"])
+            .env(
+                CREATE_LOOP_ENV,
+                format!("{}\n{}", s.state.display(), s.wd.display()),
+            )
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let listed = list(&s.state).unwrap();
+    let damaged: Vec<_> = listed
+        .iter()
+        .filter(|l| l.meta.is_err())
+        .map(|l| l.id.as_str())
+        .collect();
+    assert!(
+        damaged.is_empty(),
+        "{} of {} half-made: {damaged:?}",
+        damaged.len(),
+        listed.len()
+    );
+    // The next creation sweeps what the killed creators left aside.
+    Branch::create(&s.state, &s.wd, serde_json::Value::Null).unwrap();
+    assert_eq!(
+        std::fs::read_dir(s.state.join("branches/.new"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
 fn outside_untouched(s: &Scratch) {
     let names: Vec<_> = std::fs::read_dir(&s.outside)
         .unwrap()
@@ -661,6 +921,7 @@ fn key_scenarios_pass_as_uid_65534() {
             "escape_",
             "special_files",
             "stale_base",
+            "a_refused_or_failed_commit",
             "unrelated_host",
             "orphan_after",
             "leftover_staging",

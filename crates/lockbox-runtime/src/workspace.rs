@@ -75,22 +75,21 @@ pub(crate) fn commit(
     })();
     let _ = std::fs::remove_dir_all(&snap);
     let report = result?;
-    let new_base = now_ctime(branch.dir())?;
+    let new_base = next_base(branch.dir())?;
     let remaining = ChangeSet::compute(&branch.upper_dir(), &workdir)
         .map_err(cow_error)?
         .len();
     Ok((CommitSummary { report, remaining }, new_base))
 }
 
-/// The kernel's current ctime clock, read from a fresh marker file.
-fn now_ctime(dir: &Path) -> Result<Timestamp, RuntimeError> {
-    use std::os::unix::fs::MetadataExt;
-    let marker = dir.join(".commit-base");
-    std::fs::write(&marker, b"").map_err(RuntimeError::internal)?;
-    let md = std::fs::metadata(&marker).map_err(RuntimeError::internal)?;
-    let _ = std::fs::remove_file(&marker);
-    Ok(Timestamp {
-        secs: md.ctime(),
-        nanos: md.ctime_nsec(),
-    })
+/// The next stale-base reference, by lockbox-cow's one rule (`stamp_base`: a fresh directory
+/// re-stamped one file-clock tick after its creation), so that this commit's own writes are
+/// strictly older than it: they stay in the upper layer, equal to the workdir, and the base
+/// check sees them again at the next commit.
+fn next_base(dir: &Path) -> Result<Timestamp, RuntimeError> {
+    let marker = dir.join(format!(".commit-base-{}", crate::util::random_id()));
+    std::fs::create_dir(&marker).map_err(RuntimeError::internal)?;
+    let base = lockbox_cow::stamp_base(&marker);
+    let _ = std::fs::remove_dir(&marker);
+    base.map_err(RuntimeError::internal)
 }

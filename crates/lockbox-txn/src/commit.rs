@@ -154,7 +154,12 @@ pub struct RecoveryReport {
     /// Kept transactions whose commit was interrupted before its commit point: what it
     /// staged is removed, they are still prepared (commit them again, or abort them).
     pub left_prepared: Vec<TxnId>,
-    /// Directories without a readable record (left alone).
+    /// What a crash left half-made (a creation or removal cut short: a directory without a
+    /// record or intent): removed.
+    pub removed: Vec<PathBuf>,
+    /// Directories whose record is unreadable (torn by a power loss, damaged, or of another
+    /// version): left alone; `lockbox txn abort ID` ([`crate::remove_damaged`]) removes
+    /// one.
     pub damaged: Vec<PathBuf>,
 }
 
@@ -169,12 +174,10 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
         })?),
         None => None,
     };
-    let mut report = RecoveryReport::default();
-    for listed in store::list(state_dir)? {
-        if let ListedTxn::Damaged { dir, .. } = listed {
-            report.damaged.push(dir);
-        }
-    }
+    let mut report = RecoveryReport {
+        removed: store::sweep_unfinished(state_dir)?,
+        ..RecoveryReport::default()
+    };
     // The workdirs of the transactions that may need recovery: their record's, or, where
     // the record was lost, their intent's or marker's.
     let mut workdirs: Vec<PathBuf> = Vec::new();
@@ -198,8 +201,67 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
         report.rolled_back.extend(one.rolled_back);
         report.abandoned.extend(one.abandoned);
         report.left_prepared.extend(one.left_prepared);
+        report.removed.extend(one.removed);
+    }
+    for listed in store::list(state_dir)? {
+        let ListedTxn::Damaged { dir, .. } = listed else {
+            continue;
+        };
+        // Without a record, intent or marker, nothing refers to it (its staging, if it
+        // ever had one, went with its marker).
+        let id = dir.file_name().and_then(|n| n.to_str()).map(TxnId::parse);
+        match id {
+            Some(Ok(id)) if store::half_made(&dir, &id) && !store::is_live(state_dir, &id) => {
+                store::remove_tree(&dir)?;
+                report.removed.push(dir);
+            }
+            _ => report.damaged.push(dir),
+        }
     }
     Ok(report)
+}
+
+/// Removes transaction `id` whose record cannot be read (`lockbox txn abort ID` of a
+/// transaction [`crate::list`] shows as damaged): the staging directory it may have left in
+/// its workdir (found through its `.live` marker; under the workdir's lock), then its
+/// directory. Refused for a readable record (abort it as usual) and past the commit point (a
+/// valid intent: [`recover`] finishes that commit).
+pub fn remove_damaged(state_dir: &Path, id: &TxnId) -> Result<(), TxnError> {
+    let dir = store::txns_dir(state_dir).join(id.as_str());
+    let not_found = || TxnError::NotFound {
+        id: id.clone(),
+        state_dir: state_dir.to_owned(),
+    };
+    if !dir.is_dir() {
+        return Err(not_found());
+    }
+    let refuse = |state, operation| TxnError::WrongState {
+        id: id.clone(),
+        state,
+        operation,
+    };
+    if let Ok(Some(r)) = record::read::<crate::TxnRecord>(&dir.join(record::RECORD_FILE), "txn") {
+        return Err(refuse(
+            r.state.name(),
+            "remove it as damaged (its record is readable)",
+        ));
+    }
+    if read_intent(state_dir, id).is_some() {
+        return Err(refuse(
+            "committing",
+            "remove it: it passed its commit point (`lockbox txn recover` finishes it)",
+        ));
+    }
+    if let Some(workdir) = store::marker_workdir(state_dir, id).filter(|w| w.is_dir()) {
+        let _lock = lock::acquire(state_dir, &workdir, None)?;
+        discard_staging(&workdir, id)?;
+    }
+    store::remove_tree(&dir)?;
+    lockbox_cow::fsync_dir(&store::txns_dir(state_dir)).map_err(|source| TxnError::Store {
+        path: store::txns_dir(state_dir),
+        source,
+    })?;
+    store::retire(state_dir, id)
 }
 
 /// Removes the staging directory transaction `id` may have left in `workdir` (a workdir
@@ -252,7 +314,10 @@ fn recover_locked(
     workdir: &Path,
     skip: Option<&TxnId>,
 ) -> Result<RecoveryReport, TxnError> {
-    let mut report = RecoveryReport::default();
+    let mut report = RecoveryReport {
+        removed: store::sweep_unfinished(state_dir)?,
+        ..RecoveryReport::default()
+    };
     for id in store::live(state_dir)? {
         if Some(&id) == skip {
             continue;
@@ -270,7 +335,18 @@ fn recover_locked(
                     roll_forward(&mut txn, intent.as_ref())?;
                     report.rolled_forward.push(id);
                 } else if store::marker_workdir(state_dir, &id).as_deref() == Some(workdir) {
+                    // A creation in progress has its marker before its directory (checked
+                    // again after: it may have been renamed into place meanwhile).
+                    if store::being_created(state_dir, &id) || TxnDir::open(state_dir, &id).is_ok()
+                    {
+                        continue;
+                    }
                     discard_staging(workdir, &id)?;
+                    let dir = store::txns_dir(state_dir).join(id.as_str());
+                    if dir.exists() && store::half_made(&dir, &id) {
+                        store::remove_tree(&dir)?;
+                        report.removed.push(dir);
+                    }
                     store::retire(state_dir, &id)?;
                 }
                 continue;
@@ -573,6 +649,117 @@ mod tests {
         assert_eq!(report.rolled_forward, [f.txn.id().clone()]);
         assert_eq!(names(&f.work), ["new", "old"]);
         assert_eq!(names(&f.state.join("txns/.live")), [".complete"]);
-        assert_eq!(names(&f.state.join("txns")), [".live", f.txn.id().as_str()]);
+        assert_eq!(
+            names(&f.state.join("txns")),
+            [".live", ".new", f.txn.id().as_str()]
+        );
+    }
+
+    /// A state dir and workdir, and the `.live` marker a transaction `id` writes before
+    /// its directory is renamed into place.
+    fn store_with_marker(id: &str) -> (tempfile::TempDir, PathBuf, PathBuf, TxnId) {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+        std::fs::create_dir_all(&work).unwrap();
+        let work = std::fs::canonicalize(work).unwrap();
+        // A finished transaction makes the store (and `.live`).
+        let mut other = TxnDir::begin(&state, &work, TxnKind::Pipeline, None).unwrap();
+        abort(&mut other).unwrap();
+        let id = TxnId::parse(id).unwrap();
+        std::fs::write(
+            state.join("txns/.live").join(id.as_str()),
+            work.as_os_str().as_encoded_bytes(),
+        )
+        .unwrap();
+        (tmp, state, work, id)
+    }
+
+    fn damaged(state: &Path) -> Vec<PathBuf> {
+        store::list(state)
+            .unwrap()
+            .into_iter()
+            .filter_map(|t| match t {
+                ListedTxn::Damaged { dir, .. } => Some(dir),
+                ListedTxn::Ok(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_creation_killed_before_its_rename_leaves_nothing_recovery_keeps() {
+        // What a SIGKILL during `TxnDir::begin` leaves now: the aside directory of a dead
+        // creator (base, empty intent, maybe the record) and its marker.
+        let (_tmp, state, work, id) = store_with_marker("t1-dead");
+        let aside = state.join("txns/.new").join(format!("{}-{id}", u32::MAX));
+        std::fs::create_dir_all(aside.join("base")).unwrap();
+        std::fs::write(aside.join(INTENT_FILE), b"").unwrap();
+        assert!(damaged(&state).is_empty(), "never listed");
+        let report = recover_workdir(&state, &work).unwrap().unwrap();
+        assert_eq!(report.removed, [aside]);
+        assert!(names(&state.join("txns/.new")).is_empty());
+        assert_eq!(names(&state.join("txns/.live")), [".complete"]);
+    }
+
+    #[test]
+    fn a_creation_in_progress_is_left_alone_by_recovery() {
+        let (_tmp, state, work, id) = store_with_marker("t1-alive");
+        let aside = state
+            .join("txns/.new")
+            .join(format!("{}-{id}", std::process::id()));
+        std::fs::create_dir_all(aside.join("base")).unwrap();
+        let report = recover(&state, None).unwrap();
+        assert_eq!(report, RecoveryReport::default());
+        recover_workdir(&state, &work).unwrap().unwrap();
+        assert!(aside.is_dir());
+        assert_eq!(names(&state.join("txns/.live")), [".complete", id.as_str()]);
+    }
+
+    #[test]
+    fn a_directory_without_a_record_is_removed_by_recovery() {
+        // What a kill during creation left before creation was atomic (the directory was made
+        // before its record), with and without its marker.
+        let (_tmp, state, work, id) = store_with_marker("t1-old");
+        let dir = state.join("txns").join(id.as_str());
+        std::fs::create_dir_all(dir.join("base")).unwrap();
+        std::fs::write(dir.join(INTENT_FILE), b"").unwrap();
+        assert_eq!(damaged(&state), std::slice::from_ref(&dir));
+        let report = recover_workdir(&state, &work).unwrap().unwrap();
+        assert_eq!(report.removed, std::slice::from_ref(&dir));
+        assert!(damaged(&state).is_empty());
+        assert_eq!(names(&state.join("txns/.live")), [".complete"]);
+        // An earlier recovery retired its marker: `recover` finds it by listing.
+        std::fs::create_dir_all(dir.join("base")).unwrap();
+        let report = recover(&state, None).unwrap();
+        assert_eq!((report.removed, report.damaged), (vec![dir], vec![]));
+        assert!(damaged(&state).is_empty());
+    }
+
+    #[test]
+    fn a_torn_record_is_listed_damaged_until_removed_with_its_staging() {
+        let mut f = prepared();
+        crash_after_staging(&mut f, false);
+        // A power loss tore the lazily written record; the marker names the workdir.
+        std::fs::write(f.txn.dir.join(crate::record::RECORD_FILE), b"{\"torn").unwrap();
+        let report = recover(&f.state, None).unwrap();
+        assert_eq!(report.damaged, [f.txn.dir.clone()]);
+        assert_eq!(damaged(&f.state), [f.txn.dir.clone()]);
+        remove_damaged(&f.state, f.txn.id()).unwrap();
+        assert!(damaged(&f.state).is_empty());
+        assert_eq!(names(&f.work), ["old"], "its staging went too");
+        assert_eq!(names(&f.state.join("txns/.live")), [".complete"]);
+        let again = remove_damaged(&f.state, f.txn.id()).unwrap_err();
+        assert_eq!(again.code(), "TXN_NOT_FOUND");
+    }
+
+    #[test]
+    fn remove_damaged_refuses_a_readable_record_and_a_commit_past_its_point() {
+        let mut f = prepared();
+        let e = remove_damaged(&f.state, f.txn.id()).unwrap_err();
+        assert_eq!(e.code(), "TXN_WRONG_STATE", "{e}");
+        crash_after_staging(&mut f, true);
+        std::fs::write(f.txn.dir.join(crate::record::RECORD_FILE), b"{\"torn").unwrap();
+        let e = remove_damaged(&f.state, f.txn.id()).unwrap_err();
+        assert_eq!(e.code(), "TXN_WRONG_STATE", "{e}");
+        assert_eq!(recover(&f.state, None).unwrap().rolled_forward.len(), 1);
     }
 }

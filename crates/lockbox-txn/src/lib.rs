@@ -14,10 +14,12 @@
 //!   `abort()`, or dropped = aborted; [`PreparedTxn::open`] resumes one from another process;
 //! - the commit protocol (module `commit`): staging + `syncfs`, a checksummed WAL intent as
 //!   the commit point, apply by renames; [`recover`] rolls interrupted transactions forward
-//!   or back; the durable store is `STATE/txns/<id>/` ([`list`], [`TxnRecord`]);
+//!   or back and removes what a crash left half-made; the durable store is
+//!   `STATE/txns/<id>/`, built aside and renamed into place ([`list`], [`TxnRecord`],
+//!   [`remove_damaged`] for a record a power loss tore);
 //! - [`Selection`]: commit only part of the changes (`only` / `exclude` paths);
-//! - [`LockPolicy`]: optimistic base check at commit (exit 5) or a workdir lock held for the
-//!   whole transaction; [`TxnOptions`]: everything a pipeline or gather is configured with
+//! - [`LockPolicy`]: optimistic base check at commit (exit 5: write-write conflicts; reads
+//!   are not tracked) or a workdir lock held for the whole transaction; [`TxnOptions`]: everything a pipeline or gather is configured with
 //!   besides its stages; [`Transaction`]: either of them;
 //! - [`journaled`]: journal steps that run a sandbox ([`record_exec`]) or a transaction,
 //!   exactly once ([`record_transaction`], [`TxnStore`]).
@@ -42,7 +44,7 @@
 #![deny(missing_docs)]
 
 pub use crate::capture::{Output, DEFAULT_MEMORY_BOUND, STDERR_TAIL};
-pub use crate::commit::{recover, recover_workdir, RecoveryReport};
+pub use crate::commit::{recover, recover_workdir, remove_damaged, RecoveryReport};
 pub use crate::error::TxnError;
 pub use crate::gather::{ConflictPolicy, Gather};
 pub use crate::id::TxnId;
@@ -61,6 +63,8 @@ mod capture;
 mod commit;
 mod error;
 mod gather;
+#[cfg(test)]
+mod history;
 mod id;
 pub mod journaled;
 mod lock;

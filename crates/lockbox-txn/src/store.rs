@@ -1,8 +1,9 @@
 //! The durable transaction store: `STATE/txns/<id>/`, one directory per transaction.
 //!
 //! ```text
-//! STATE/txns/<id>/record.json       TxnRecord, versioned and checksummed (written last at creation)
+//! STATE/txns/<id>/record.json       TxnRecord, versioned and checksummed
 //! STATE/txns/<id>/base/             empty; its ctime is the optimistic-concurrency base
+//!                                   (`lockbox_cow::stamp_base`, the rule branches use)
 //! STATE/txns/<id>/layers/<n>/upper  the upper layer of the pipeline unit that begins with stage n
 //!                                   (or of gather source n), until prepared
 //! STATE/txns/<id>/layers/<n>/work   its overlayfs work directory (removed after the stage)
@@ -12,7 +13,13 @@
 //! STATE/txns/<id>/inputs/<name>     a gather source's stdout, for the consumer
 //! STATE/txns/.live/<id>              its workdir's path: the transaction may still need recovery
 //! STATE/txns/.live/.complete         empty: `.live` is complete (written once)
+//! STATE/txns/.new/<pid>-<id>/        a transaction being created, renamed to `<id>` once whole
 //! ```
+//!
+//! A transaction's directory is built aside in `.new/` (base, empty intent, record) and
+//! renamed into place, so a kill during creation leaves no `txns/<id>` without a record:
+//! only a leftover in `.new/`, which recovery removes once its creator is gone
+//! ([`sweep_unfinished`]).
 //!
 //! `.live` holds one marker per transaction from its creation until it is committed or
 //! aborted and its data is gone, so the recovery sweep that every command touching a workdir
@@ -38,6 +45,62 @@ const LIVE: &str = ".live";
 
 fn live_dir(state_dir: &Path) -> PathBuf {
     txns_dir(state_dir).join(LIVE)
+}
+
+/// Transactions being created (see the module doc).
+const UNFINISHED: &str = ".new";
+
+/// Removes what creators that died left in `.new/` (a kill during [`TxnDir::begin`]); the
+/// directories removed. Their `.live` markers are retired by recovery like any marker
+/// without a record.
+pub(crate) fn sweep_unfinished(state_dir: &Path) -> Result<Vec<PathBuf>, TxnError> {
+    let dir = txns_dir(state_dir).join(UNFINISHED);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(TxnError::Store { path: dir, source }),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(store_err(&dir))?.path();
+        let pid = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !crate::commit::owner_alive(pid)) {
+            remove_tree(&path)?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// True if transaction `id` has a `.live` marker (it may still need recovery).
+pub(crate) fn is_live(state_dir: &Path, id: &TxnId) -> bool {
+    live_dir(state_dir).join(id.as_str()).exists()
+}
+
+/// True while a live process builds transaction `id` aside (see [`TxnDir::begin`]): its
+/// marker exists before its directory does.
+pub(crate) fn being_created(state_dir: &Path, id: &TxnId) -> bool {
+    let Ok(entries) = fs::read_dir(txns_dir(state_dir).join(UNFINISHED)) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let Some((pid, of)) = name.to_str().and_then(|n| n.split_once('-')) else {
+            return false;
+        };
+        of == id.as_str() && pid.parse::<u32>().is_ok_and(crate::commit::owner_alive)
+    })
+}
+
+/// True if the transaction directory `dir` holds no record file at all: a creation by an
+/// earlier version of lockbox (which made the directory before its record) or a removal
+/// that was cut short. Nothing in it can be needed unless it has a valid intent.
+pub(crate) fn half_made(dir: &Path, id: &TxnId) -> bool {
+    !dir.join(RECORD_FILE).exists() && record::intent_in(dir, id).is_none()
 }
 
 /// Removes the `.live` marker of transaction `id`: recovery no longer looks at it. Not
@@ -181,30 +244,16 @@ impl TxnDir {
             None => TxnId::generate(),
         };
         ensure_live(&state_dir)?;
-        // The marker names the workdir: after a crash, recovery finds a commit's staging
-        // directory through it even if the (lazily written) record was lost.
         let marker = live_dir(&state_dir).join(id.as_str());
-        fs::write(&marker, workdir.as_os_str().as_encoded_bytes()).map_err(store_err(&marker))?;
         let dir = txns.join(id.as_str());
-        DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(store_err(&dir))?;
-        let base = dir.join("base");
-        fs::create_dir(&base).map_err(store_err(&base))?;
-        // Empty until the commit writes it in place (see `record::Durability::InPlace`).
-        let intent = dir.join(crate::record::INTENT_FILE);
-        fs::File::create(&intent).map_err(store_err(&intent))?;
-        let st = fs::symlink_metadata(&base).map_err(store_err(&base))?;
+        let unfinished = txns.join(UNFINISHED);
+        let aside = unfinished.join(format!("{}-{}", std::process::id(), id.as_str()));
         let record = TxnRecord {
             id,
             kind,
             workdir,
             state: TxnState::Running,
-            base_ctime: Timestamp {
-                secs: st.ctime(),
-                nanos: st.ctime_nsec(),
-            },
+            base_ctime: Timestamp { secs: 0, nanos: 0 },
             owner_pid: std::process::id(),
             stages: Vec::new(),
             report: None,
@@ -212,6 +261,26 @@ impl TxnDir {
             abort_reason: None,
             value: None,
             held: false,
+        };
+        // Built aside, then marked live, then renamed into place. The marker names the
+        // workdir: after a crash, recovery finds a commit's staging directory through it
+        // even if the (lazily written) record was lost. Written while the aside directory
+        // exists, so that recovery can tell a creation in progress from one a kill cut
+        // short ([`being_created`]).
+        let made = build_aside(&aside, record).and_then(|record| {
+            fs::write(&marker, record.workdir.as_os_str().as_encoded_bytes())
+                .map_err(store_err(&marker))?;
+            rename_noreplace(&aside, &dir).map_err(store_err(&dir))?;
+            Ok(record)
+        });
+        let record = match made {
+            Ok(record) => record,
+            Err(e) => {
+                // Best effort: the error that matters is `e`. A marker written is retired by
+                // recovery (it may also be a keyed rival's, which won the rename).
+                let _ = remove_tree(&aside);
+                return Err(e);
+            }
         };
         // The syncs wait on the disk, not the CPU: they overlap the stages.
         let (live, synced, marked, own) = (live_dir(&state_dir), txns.clone(), marker, dir.clone());
@@ -232,9 +301,6 @@ impl TxnDir {
             entries_durable: false,
             removing: None,
         };
-        // Not durable yet: until the transaction touches the workdir (`committing`, see
-        // [`TxnDir::make_durable`]) or is kept, losing it in a crash loses nothing.
-        txn.save_lazily()?;
         Ok(txn)
     }
 
@@ -425,6 +491,37 @@ impl TxnDir {
     }
 }
 
+/// Fills the directory `aside` of a new transaction: `base/` (stamped: the record's
+/// `base_ctime`), the empty intent and the record, written lazily: until the transaction
+/// touches the workdir (`committing`, see [`TxnDir::make_durable`]) or is kept, losing it in
+/// a crash loses nothing.
+fn build_aside(aside: &Path, mut record: TxnRecord) -> Result<TxnRecord, TxnError> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(aside)
+        .map_err(store_err(aside))?;
+    let base = aside.join("base");
+    fs::create_dir(&base).map_err(store_err(&base))?;
+    // Empty until the commit writes it in place (see `record::Durability::InPlace`).
+    let intent = aside.join(crate::record::INTENT_FILE);
+    fs::File::create(&intent).map_err(store_err(&intent))?;
+    record.base_ctime = lockbox_cow::stamp_base(&base).map_err(store_err(&base))?;
+    record::write(aside, RECORD_FILE, "txn", &record, Durability::Lazy)?;
+    Ok(record)
+}
+
+/// `rename(from, to)` that fails with `EEXIST` rather than replace an empty directory `to`
+/// (filesystems without `RENAME_NOREPLACE` get a plain rename: `from` is never empty, so it
+/// cannot replace a directory that holds anything).
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    let cwd = rustix::fs::CWD;
+    match rustix::fs::renameat_with(cwd, from, cwd, to, rustix::fs::RenameFlags::NOREPLACE) {
+        Err(rustix::io::Errno::INVAL) => fs::rename(from, to),
+        r => Ok(r?),
+    }
+}
+
 /// Makes way for a keyed transaction `id`: an earlier attempt that never reached its commit
 /// (aborted, or running/prepared by a process that is gone, or a damaged record) is removed.
 fn replace_earlier_attempt(state_dir: &Path, id: &TxnId) -> Result<(), TxnError> {
@@ -569,7 +666,7 @@ pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
                 (_, Ok(None)) => ListedTxn::Damaged {
                     error: TxnError::CorruptRecord {
                         path: dir.join(RECORD_FILE),
-                        reason: "missing (creation interrupted)".into(),
+                        reason: "missing (a creation or removal was cut short)".into(),
                     },
                     dir,
                 },
@@ -577,4 +674,90 @@ pub fn list(state_dir: &Path) -> Result<Vec<ListedTxn>, TxnError> {
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// Set by [`sigkill_during_begin_leaves_nothing_half_made`] for the child it runs.
+    const BEGIN_LOOP_ENV: &str = "LOCKBOX_TXN_TEST_BEGIN_LOOP";
+
+    #[test]
+    fn helper_begin_until_killed() {
+        let Ok(spec) = std::env::var(BEGIN_LOOP_ENV) else {
+            return;
+        };
+        let (state, work) = spec.split_once('\n').unwrap();
+        loop {
+            TxnDir::begin(Path::new(state), Path::new(work), TxnKind::Pipeline, None).unwrap();
+        }
+    }
+
+    /// Issue 15: a SIGKILL early in a transaction left `txns/<id>` without a record, listed
+    /// as damaged forever. A process that does nothing but begin transactions is killed at
+    /// many moments: no transaction is ever listed half-made, and recovery leaves nothing
+    /// behind but finished records.
+    #[test]
+    fn sigkill_during_begin_leaves_nothing_half_made() {
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let tmp = tempfile::tempdir_in(base).unwrap();
+        let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+        fs::create_dir_all(&work).unwrap();
+        for delay_ms in [3u64, 5, 7, 11, 13, 17, 19, 23, 29, 31] {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "store::tests::helper_begin_until_killed"])
+                .env(
+                    BEGIN_LOOP_ENV,
+                    format!("{}\n{}", state.display(), work.display()),
+                )
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        let damaged = |listed: Vec<ListedTxn>| -> Vec<PathBuf> {
+            listed
+                .into_iter()
+                .filter_map(|t| match t {
+                    ListedTxn::Damaged { dir, .. } => Some(dir),
+                    ListedTxn::Ok(_) => None,
+                })
+                .collect()
+        };
+        let listed = list(&state).unwrap();
+        let begun = listed.len();
+        let half_made = damaged(listed);
+        assert!(
+            half_made.is_empty(),
+            "{} of {begun} half-made: {half_made:?}",
+            half_made.len()
+        );
+        let report = crate::recover(&state, None).unwrap();
+        assert!(report.damaged.is_empty(), "{report:?}");
+        assert!(damaged(list(&state).unwrap()).is_empty());
+        assert_eq!(
+            fs::read_dir(txns_dir(&state).join(UNFINISHED))
+                .unwrap()
+                .count(),
+            0
+        );
+        let live: Vec<_> = fs::read_dir(live_dir(&state))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(live, [LIVE_COMPLETE], "every marker retired");
+        eprintln!(
+            "{begun} transactions begun, {} recovered",
+            report.abandoned.len()
+        );
+    }
 }

@@ -81,7 +81,6 @@ fn prepare(state: &Path, work: &Path, adds: usize) -> TxnId {
     for f in 0..50 {
         std::fs::write(work.join(format!("doomed/f{f}")), "doomed").unwrap();
     }
-    common::settle();
     let per_dir = adds / 20;
     let create = format!(
         "for d in $(seq 0 19); do mkdir -p new$d; i=0; while [ $i -lt {per_dir} ]; do echo \"new $d $i\" > new$d/f$i; i=$((i+1)); done; done"

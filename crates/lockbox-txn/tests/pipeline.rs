@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::{dirs, dirs_in, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_policy::Policy;
 use lockbox_txn::{
-    AbortReason, ConflictPolicy, LockPolicy, Output, Pipeline, PreparedTxn, Selection, Stage,
-    TxnState,
+    AbortReason, ConflictPolicy, Gather, LockPolicy, Output, Pipeline, PreparedTxn, Selection,
+    Stage, TxnState,
 };
 
 #[test]
@@ -142,7 +142,6 @@ fn a_stage_deleting_and_a_later_stage_recreating_commit_the_final_view() {
     std::fs::create_dir(work.join("d")).unwrap();
     std::fs::write(work.join("d/old"), "old").unwrap();
     std::fs::write(work.join("f"), "f").unwrap();
-    common::settle();
     let outcome = Pipeline::new(&state, &work)
         .stage(stage(&work, "rm -r d && rm f"))
         .stage(stage(
@@ -491,4 +490,33 @@ fn stages_with_a_network_list_run_each_in_a_sandbox_of_its_own() {
     let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
     assert_ne!(ns("ns1"), ns("ns2"));
     rerun_as_nobody("stages_with_a_network_list_run_each_in_a_sandbox_of_its_own");
+}
+
+/// Issue 15: a file written just before a pipeline or gather began (same clock tick) was
+/// reported as changed since (false stale base, exit 5, in 2-5 of 10 runs). The test starts
+/// each round at a tick of the file clock, writes the file and begins at once, so the old
+/// base (the ctime of a fresh directory) always fell in the same tick.
+#[test]
+fn a_file_written_just_before_the_transaction_is_no_stale_base() {
+    let (_tmp, state, work) = dirs();
+    for round in 0..4 {
+        common::at_tick_start();
+        std::fs::write(work.join("f"), format!("{round}\n")).unwrap();
+        let outcome = Pipeline::new(&state, &work)
+            .stage(stage(&work, "echo pipeline >> f"))
+            .run()
+            .unwrap_or_else(|e| panic!("pipeline, round {round}: {e}"));
+        assert!(outcome.committed);
+        common::at_tick_start();
+        std::fs::write(work.join("f"), format!("{round}\n")).unwrap();
+        let outcome = Gather::new(&state, &work)
+            .source("a", stage(&work, "echo gather >> f"))
+            .run()
+            .unwrap_or_else(|e| panic!("gather, round {round}: {e}"));
+        assert!(outcome.committed);
+        assert_eq!(
+            std::fs::read_to_string(work.join("f")).unwrap(),
+            format!("{round}\ngather\n")
+        );
+    }
 }

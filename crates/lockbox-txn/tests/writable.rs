@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{dirs_in, rerun_as_nobody, settle, stage, staging_leftovers, tree_hash};
+use common::{dirs_in, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_txn::{AbortReason, ConflictPolicy, Gather, Output, Pipeline};
 
 /// (temp dir, state dir, workdir) under /var/tmp, the workdir holding `web/`, `api/main`.
@@ -15,7 +15,6 @@ fn project() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     std::fs::create_dir(work.join("web")).unwrap();
     std::fs::create_dir(work.join("api")).unwrap();
     std::fs::write(work.join("api/main"), "api").unwrap();
-    settle();
     (tmp, state, work)
 }
 

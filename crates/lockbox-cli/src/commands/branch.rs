@@ -45,8 +45,12 @@ fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CowError> {
         let items: Vec<_> = branches
             .iter()
             .map(|b| match &b.meta {
-                Ok(meta) => json!({ "id": b.id, "orphan": b.is_orphan(), "meta": meta }),
-                Err(why) => json!({ "id": b.id, "orphan": true, "error": why }),
+                Ok(meta) => json!({
+                    "id": b.id, "orphan": b.is_orphan(), "meta": meta, "status": b.status()
+                }),
+                Err(why) => {
+                    json!({ "id": b.id, "orphan": true, "error": why, "status": b.status() })
+                }
             })
             .collect();
         println!("{}", serde_json::Value::Array(items));
@@ -54,20 +58,14 @@ fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CowError> {
     }
     for b in &branches {
         match &b.meta {
-            Ok(meta) => {
-                let orphan = if b.is_orphan() {
-                    " (orphan: its lockbox died)"
-                } else {
-                    ""
-                };
-                println!(
-                    "{}  {:?}  {}{orphan}",
-                    b.id.as_str(),
-                    meta.state,
-                    meta.workdir.display()
-                );
-            }
-            Err(why) => println!("{}  unreadable record ({why})", b.id.as_str()),
+            Ok(meta) => println!(
+                "{}  {}  {}  ({})",
+                b.id.as_str(),
+                meta.state.name(),
+                meta.workdir.display(),
+                b.status()
+            ),
+            Err(_) => println!("{}  damaged  ({})", b.id.as_str(), b.status()),
         }
     }
     Ok(())

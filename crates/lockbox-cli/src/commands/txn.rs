@@ -262,6 +262,12 @@ pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
             for id in &r.abandoned {
                 eprintln!("lockbox: aborted transaction {id}: its process died while it ran");
             }
+            for dir in &r.removed {
+                eprintln!(
+                    "lockbox: removed {}: a crash left it half-made",
+                    dir.display()
+                );
+            }
             for id in &r.left_prepared {
                 eprintln!(
                     "lockbox: transaction {id} is still prepared: its commit was interrupted before its commit point"
@@ -633,9 +639,10 @@ pub fn txn(args: &TxnArgs) -> i32 {
                         r.kind,
                         r.workdir.display()
                     ),
-                    ListedTxn::Damaged { dir, error } => {
-                        println!("{}\tdamaged\t{error}", dir.display())
-                    }
+                    ListedTxn::Damaged { dir, error } => println!(
+                        "{}\tdamaged\t{error}; remove it with `lockbox txn abort ID`",
+                        dir.display()
+                    ),
                 }
             }
             0
@@ -676,9 +683,20 @@ pub fn txn(args: &TxnArgs) -> i32 {
             }
             Ok(finish(p.commit(), Action::Committed, out))
         }),
-        TxnCommand::Abort { id: s } => id(s)
-            .and_then(|id| PreparedTxn::open(&state, &id))
-            .map(|p| finish(p.abort(), Action::Aborted, out)),
+        TxnCommand::Abort { id: s } => id(s).and_then(|id| match PreparedTxn::open(&state, &id) {
+            Ok(p) => Ok(finish(p.abort(), Action::Aborted, out)),
+            // No readable record (listed as damaged): removed as it is.
+            Err(TxnError::NotFound { .. } | TxnError::CorruptRecord { .. }) => {
+                lockbox_txn::remove_damaged(&state, &id)?;
+                if args.json {
+                    println!("{}", json!({ "id": id, "action": "removed" }));
+                } else {
+                    eprintln!("lockbox: removed transaction {id}, whose record was unreadable");
+                }
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }),
         TxnCommand::Recover { workdir } => {
             lockbox_txn::recover(&state, workdir.as_deref()).map(|r| {
                 println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());

@@ -68,6 +68,9 @@ impl Workspace {
         let changes = match imported.and_then(|()| self.branch.change_set()) {
             Ok(set) => set,
             Err(e) => {
+                let mut branch = self.branch;
+                // Best effort: listed as an orphan otherwise.
+                let _ = branch.record_failure(&e);
                 eprintln!("lockbox: reading the changes of branch {id}: {e}; the branch is kept");
                 return Finished {
                     exit_code: Some(4),
@@ -148,7 +151,10 @@ impl Workspace {
 pub fn explain_commit_error(e: &CowError, id: &str) {
     eprintln!("lockbox: committing branch {id}: {e}");
     if let CowError::StaleBase { .. } = e {
-        eprintln!("hint: review with `lockbox branch diff {id}`; `lockbox branch commit {id} --force` overwrites them");
+        eprintln!(
+            "hint: the branch is kept (state `stale`): review with `lockbox branch diff {id}`, \
+             then `lockbox branch commit --force {id}` overwrites them or `lockbox branch abort {id}` drops it"
+        );
     } else {
         eprintln!("hint: the branch is kept; retry with `lockbox branch commit {id}`");
     }

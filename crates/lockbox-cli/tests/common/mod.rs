@@ -156,3 +156,32 @@ pub fn command_as(user: User) -> Command {
     }
     cmd
 }
+
+/// Issue 15's read-modify-write racer, made deterministic: reads `counter`, says so by
+/// creating `$SYNC/read-$ID`, waits until `$GO` exists, then writes counter + 1 with a fixed
+/// mtime (so two racers that read the same value write the same bytes and mtime) and
+/// `log_$ID`. Run in the workdir with `--write $SYNC` and `--env SYNC=.. ID=.. GO=..`.
+pub const EQUAL_BYTES_RACER: &str = "n=$(cat counter) && touch \"$SYNC/read-$ID\" && \
+     while [ ! -e \"$GO\" ]; do sleep 0.01; done && echo $((n+1)) > counter && \
+     touch -d @1700000000 counter && echo x > log_$ID";
+
+/// Waits (up to a minute) until `path` exists, while `child` runs; panics with the child's
+/// output if it ends first.
+pub fn wait_for_file(path: &Path, child: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !path.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("ended ({status}) before {}: {err}", path.display());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -224,3 +224,14 @@ impl Scratch {
 pub fn tick() {
     std::thread::sleep(std::time::Duration::from_millis(15));
 }
+
+/// Waits until the coarse clock behind file timestamps (`CLOCK_REALTIME_COARSE`) has just
+/// ticked, so that what follows within well under a tick (1-4 ms) gets one timestamp: the
+/// clock edge a "written just before" test needs, made deterministic.
+pub fn at_tick_start() {
+    use rustix::time::{clock_gettime, ClockId};
+    let first = clock_gettime(ClockId::RealtimeCoarse);
+    while clock_gettime(ClockId::RealtimeCoarse) == first {
+        std::hint::spin_loop();
+    }
+}

@@ -74,11 +74,15 @@ pub fn dirs_in(base: &Path) -> (tempfile::TempDir, PathBuf, PathBuf) {
     (tmp, state, work)
 }
 
-/// Waits past the filesystem's timestamp granularity, so that files set up by a test are
-/// older than the transaction that follows (the base check counts a change in the same
-/// clock tick as the transaction's start as a change after it).
-pub fn settle() {
-    std::thread::sleep(std::time::Duration::from_millis(20));
+/// Waits until the coarse clock behind file timestamps (`CLOCK_REALTIME_COARSE`) has just
+/// ticked, so that what follows within well under a tick (1-4 ms) gets one timestamp: the
+/// clock edge of "a file written just before the transaction", made deterministic.
+pub fn at_tick_start() {
+    use rustix::time::{clock_gettime, ClockId};
+    let first = clock_gettime(ClockId::RealtimeCoarse);
+    while clock_gettime(ClockId::RealtimeCoarse) == first {
+        std::hint::spin_loop();
+    }
 }
 
 const AS_NOBODY: &str = "LOCKBOX_TXN_TEST_AS_NOBODY";
