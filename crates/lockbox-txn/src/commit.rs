@@ -155,6 +155,7 @@ pub struct RecoveryReport {
     /// staged is removed, they are still prepared (commit them again, or abort them).
     pub left_prepared: Vec<TxnId>,
     /// Directories without a readable record (left alone).
+    #[serde(with = "lockbox_policy::name::json::vec")]
     pub damaged: Vec<PathBuf>,
 }
 
