@@ -42,8 +42,9 @@ pub fn quoted<N: AsRef<OsStr> + ?Sized>(name: &N) -> Quoted<'_> {
 /// Characters a terminal or a text layout acts on instead of showing: C0 and C1 controls
 /// and DEL (newline, carriage return, escape, CSI...), and the Unicode controls that reorder
 /// or break lines (bidirectional embeddings, overrides and isolates, line and paragraph
-/// separators: "Trojan Source", CVE-2021-42574).
-fn acts_on_terminal(c: char) -> bool {
+/// separators: "Trojan Source", CVE-2021-42574). All of them are in the Basic Multilingual
+/// Plane (a JSON `\uXXXX` escape holds each).
+pub fn acts_on_terminal(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
