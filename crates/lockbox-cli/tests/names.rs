@@ -524,7 +524,26 @@ fn journal_and_serve_with_a_closed_stdout_do_not_panic() {
             .record("llm", || async { Ok::<_, String>(1) })
             .await
             .unwrap();
+        // A recorded value is the agent's: a C1 CSI (U+009B) and a right-to-left override
+        // in it must not reach the terminal raw (serde_json escapes only C0).
+        let _: String = run
+            .record("tool", || async {
+                Ok::<_, String>("a\u{9b}2Jb\u{202e}c".into())
+            })
+            .await
+            .unwrap();
     });
+    let dump = command_as(User::Current)
+        .args(["journal", "--journal", &url, "dump", "r1"])
+        .output()
+        .unwrap();
+    assert_exit(&dump, 0, "journal dump");
+    let shown = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        !shown.contains('\u{9b}') && !shown.contains('\u{202e}'),
+        "{shown}"
+    );
+    assert!(shown.contains(r"a\302\2332Jb\342\200\256c"), "{shown}");
     for args in [
         vec!["journal", "--journal", &url, "list"],
         vec!["journal", "--journal", &url, "status", "r1"],

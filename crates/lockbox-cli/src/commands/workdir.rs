@@ -36,9 +36,10 @@ pub fn begin(
     std::fs::create_dir_all(&state_dir)
         .map_err(|e| anyhow::anyhow!("creating state directory {}: {e}", quoted(&state_dir)))?;
     super::txn::recover_sweep(&state_dir, workdir);
-    let command: Vec<String> = argv
+    // Arguments are bytes like names: the same lossless JSON form.
+    let command: Vec<_> = argv
         .iter()
-        .map(|a| a.to_string_lossy().into_owned())
+        .map(|a| lockbox_policy::name::Encoded(std::path::Path::new(a)))
         .collect();
     let context = json!({ "command": command, "policy": policy });
     let branch = Branch::create(&state_dir, workdir, context)?;
