@@ -25,6 +25,7 @@ from . import errors
 from .client import AsyncClient, Client
 from .local import LocalClient, LocalSandbox
 from ._lockbox import __version__
+from ._names import quote as quote_name
 from ._sdk import Cmd, Gather, Pipeline, PreparedTxn, Sandbox, Transaction, default_state_dir, recover
 from ._types import (
     AbortReason,
@@ -62,6 +63,7 @@ __all__ = [
     "Transaction",
     "default_state_dir",
     "recover",
+    "quote_name",
     "AbortReason",
     "Change",
     "ConflictPolicy",

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _lockbox
+from ._names import from_json, to_json
 from ._types import (
     ConflictPolicy,
     PipelineResult,
@@ -54,7 +55,9 @@ def recover(workdir: PathLike | None = None, *, state_dir: PathLike | None = Non
     already does this for its own workdir; call it at start-up to clean up the others."""
     state = _abs(state_dir) if state_dir is not None else default_state_dir()
     wd = _abs(workdir) if workdir is not None else None
-    return json.loads(_lockbox.recover(state, wd))
+    report = json.loads(_lockbox.recover(state, wd))
+    report["damaged"] = [from_json(p) for p in report.get("damaged", [])]
+    return report
 
 
 def _abs(p: PathLike) -> str:
@@ -256,8 +259,10 @@ class Sandbox:
             limits["open_files"] = self.max_open_files
         if self.max_file_size is not None:
             limits["file_size"] = _size(self.max_file_size)
+        # Paths in lockbox's JSON form: a name that is not UTF-8 is {"bytes": base64}.
         policy: dict[str, Any] = {
-            "fs": {"default_reads": self.default_reads, "read": read, "write": write},
+            "fs": {"default_reads": self.default_reads, "read": [to_json(p) for p in read],
+                   "write": [to_json(p) for p in write]},
             "net": _net_json(self.net, self.net_allow, self.net_deny),
             "limits": limits,
             "env": {"clean": self.clean_env, "set": self.env, "pass": self.env_pass},
@@ -267,7 +272,7 @@ class Sandbox:
         if self.kill_grace is not None:
             policy["kill_grace"] = f"{max(0, round(self.kill_grace * 1000))}ms"
         if cwd is not None:
-            policy["cwd"] = cwd
+            policy["cwd"] = to_json(cwd)
         if self.hostname is not None:
             policy["hostname"] = self.hostname
         return policy
@@ -335,7 +340,7 @@ class Sandbox:
             if name in os.environ:
                 env.setdefault(name, os.environ[name])
         body: dict[str, Any] = {
-            "workdir": self.workdir,
+            "workdir": to_json(self.workdir) if self.workdir is not None else None,
             "fs_readable": self.fs_readable or None,
             "fs_writable": self.fs_writable or None,
             "default_reads": self.default_reads,
@@ -404,7 +409,7 @@ class Cmd:
         if txn_workdir is not None:
             writable = _writable_parts(self.sandbox.fs_writable, txn_workdir)
             if writable is not None:
-                spec["writable"] = writable
+                spec["writable"] = [to_json(p) for p in writable]
         return spec
 
     def run(self) -> PipelineResult:
@@ -519,8 +524,8 @@ class Pipeline(_Txn):
         workdir = self._workdir(self.cmds)
         spec = {
             "kind": "pipeline",
-            "state_dir": self._state_dir(self.cmds),
-            "workdir": workdir,
+            "state_dir": to_json(self._state_dir(self.cmds)),
+            "workdir": to_json(workdir),
             "stages": [c._spec(f"stage-{i + 1}", workdir) for i, c in enumerate(self.cmds)],
         }
         return json.dumps(spec), self._stdin()
@@ -573,8 +578,8 @@ class Gather(_Txn):
         workdir = self._workdir(cmds)
         spec = {
             "kind": "gather",
-            "state_dir": self._state_dir(cmds),
-            "workdir": workdir,
+            "state_dir": to_json(self._state_dir(cmds)),
+            "workdir": to_json(workdir),
             "sources": [c._spec(n, workdir) for n, c in self.sources],
             "consumer": self.consumer_cmd._spec("consumer", workdir) if self.consumer_cmd else None,
             "conflict": self.conflict_policy.value,

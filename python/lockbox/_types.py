@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._names import from_json, quote
+
 __all__ = [
     "AbortReason",
     "Change",
@@ -40,8 +42,11 @@ class Change:
     """One path a transaction changes (or, for a dry run, would change).
 
     ``kind`` is ``"added"``, ``"modified"``, ``"deleted"`` or ``"type_changed"``;
-    ``path`` is relative to the workdir; ``file_type`` is ``"file"``, ``"dir"``,
-    ``"symlink"`` or ``"special"``.
+    ``path`` is relative to the workdir (a ``str`` as ``os.fsdecode`` gives it: a name that
+    is not UTF-8 holds lone surrogates, and ``os.fsencode(path)`` is its exact bytes);
+    ``file_type`` is ``"file"``, ``"dir"``, ``"symlink"`` or ``"special"``. ``str(change)``
+    is the ``--dry-run`` line, the path quoted if it holds control characters or bytes that
+    are not UTF-8 (:func:`lockbox.quote_name`).
     """
 
     kind: str
@@ -56,7 +61,7 @@ class Change:
         return {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}[self.kind]
 
     def __str__(self) -> str:
-        return f"{self.letter} {self.path}"
+        return f"{self.letter} {quote(self.path)}"
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class AbortReason:
         if self.reason == "stage_failed":
             return f"stage {self.name} failed with exit code {self.exit_code}"
         if self.reason == "outside_writable":
-            return f"stage {self.name} changed paths outside its fs_writable: {', '.join(self.paths or ())}"
+            return f"stage {self.name} changed paths outside its fs_writable: {', '.join(map(quote, self.paths or ()))}"
         if self.reason == "timed_out":
             return f"stage {self.name} timed out"
         if self.reason == "setup_failed":
@@ -202,6 +207,12 @@ def _stage(d: dict[str, Any]) -> StageResult:
     )
 
 
+def _change(c: dict[str, Any]) -> Change:
+    """A change from its JSON form (paths as ``lockbox_policy::name`` encodes them)."""
+    return Change(kind=c["kind"], path=from_json(c["path"]), file_type=c.get("file_type", "file"),
+                  size=c.get("size", 0), mode=c.get("mode", 0))
+
+
 def _outcome(raw: tuple[str, bytes | None, str | None]) -> TxnOutcome:
     text, stdout, stdout_path = raw
     d = json.loads(text)
@@ -209,15 +220,17 @@ def _outcome(raw: tuple[str, bytes | None, str | None]) -> TxnOutcome:
         with open(stdout_path, "rb") as f:
             stdout = f.read()
     reason = d.get("abort_reason")
+    if reason and reason.get("paths") is not None:
+        reason = {**reason, "paths": [from_json(p) for p in reason["paths"]]}
     return TxnOutcome(
         committed=d["committed"],
         stages=[_stage(s) for s in d["stages"]],
-        changes=[Change(kind=c["kind"], path=c["path"], file_type=c["file_type"],
-                        size=c["size"], mode=c["mode"]) for c in d["changes"]],
-        conflicts=[MergeConflict(path=c["path"], stages=list(c["stages"])) for c in d["conflicts"]],
+        changes=[_change(c) for c in d["changes"]],
+        conflicts=[MergeConflict(path=from_json(c["path"]), stages=list(c["stages"])) for c in d["conflicts"]],
         abort_reason=AbortReason(**reason) if reason else None,
         id=d["id"],
-        markers=[Marker(**m) for m in d.get("markers", [])],
+        markers=[Marker(path=from_json(m["path"]), kept_as=from_json(m["kept_as"]), source=m["source"])
+                 for m in d.get("markers", [])],
         exit_code=d.get("exit_code", 0),
         stdout=stdout or b"",
     )

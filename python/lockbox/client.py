@@ -39,7 +39,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._types import Change
+from ._names import to_json
+from ._types import Change, _change
 from .errors import ServerError
 
 __all__ = ["Client", "AsyncClient", "RemoteSandbox", "Session", "Process", "Files", "ExecResult", "Event", "LogChunk"]
@@ -332,13 +333,13 @@ class RemoteSandbox:
     def changes(self) -> list[Change]:
         """The changes of the sandbox's copy-on-write branch (sandboxes with a workdir)."""
         r = self.client._request("GET", self._p("/changes"))
-        return [Change(kind=c["kind"], path=c["path"], file_type=c.get("file_type", "file"),
-                       size=c.get("size", 0), mode=c.get("mode", 0)) for c in r["changes"]]
+        return [_change(c) for c in r["changes"]]
 
     def commit(self, *, only: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
                force: bool = False) -> dict[str, Any]:
         """Applies the branch (or part of it) to the workdir; ``{report, remaining}``."""
-        body = _drop_none({"only": list(only) if only else None, "exclude": list(exclude) if exclude else None,
+        body = _drop_none({"only": [to_json(p) for p in only] if only else None,
+                           "exclude": [to_json(p) for p in exclude] if exclude else None,
                            "force": force or None})
         return self.client._request("POST", self._p("/commit"), body=body)
 

@@ -25,7 +25,7 @@ pub(crate) struct StageSpec {
     #[serde(default)]
     pub(crate) retries: u32,
     /// Only these parts of the workdir (relative) are writable; absent: all of it.
-    #[serde(default)]
+    #[serde(default, with = "lockbox_policy::name::json::option_vec")]
     pub(crate) writable: Option<Vec<std::path::PathBuf>>,
 }
 
@@ -44,11 +44,14 @@ enum LockSpec {
     Wait { timeout: Option<f64> },
 }
 
-/// A transaction as the Python half describes it.
+/// A transaction as the Python half describes it. Paths in the JSON form of
+/// `lockbox_policy::name` (a string, or `{"bytes": base64}` for a name that is not UTF-8).
 #[derive(Debug, Deserialize)]
 struct TxnSpec {
     kind: Kind,
+    #[serde(with = "lockbox_policy::name::json")]
     state_dir: PathBuf,
+    #[serde(with = "lockbox_policy::name::json")]
     workdir: PathBuf,
     #[serde(default)]
     stages: Vec<StageSpec>,
@@ -62,9 +65,9 @@ struct TxnSpec {
     stream: bool,
     #[serde(default)]
     lock: Option<LockSpec>,
-    #[serde(default)]
+    #[serde(default, with = "lockbox_policy::name::json::vec")]
     only: Vec<PathBuf>,
-    #[serde(default)]
+    #[serde(default, with = "lockbox_policy::name::json::vec")]
     exclude: Vec<PathBuf>,
     #[serde(default)]
     memory_bound: Option<usize>,

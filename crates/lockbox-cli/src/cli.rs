@@ -70,6 +70,7 @@ Exit codes of `lockbox pipeline`, `lockbox gather` and `lockbox txn commit|abort
   124  a stage timed out; nothing committed
   125  a stage's sandbox (or the transaction store) could not be set up
   2    usage error, unknown id, wrong state
+  74   done, but stdout could not be written (a closed pipe is not an error)
 `lockbox txn show ID` says which one a finished transaction returned and why.";
 
 const BRANCH_EXIT_CODES: &str = "\
@@ -77,7 +78,8 @@ Exit codes of `lockbox branch`:
   0  done
   2  usage error, unknown branch id
   4  commit failed (the branch is kept)
-  5  stale base: the workdir changed under the branch since it began (use --force)";
+  5  stale base: the workdir changed under the branch since it began (use --force)
+  74 done, but stdout could not be written (a closed pipe is not an error)";
 
 #[derive(Debug, Args)]
 pub struct BranchArgs {

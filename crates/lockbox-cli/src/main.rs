@@ -1,9 +1,12 @@
 //! The `lockbox` command. Parsing lives in `cli`, one file per command in `commands/`;
 //! this file only turns results into exit codes.
 #![forbid(unsafe_code)]
+// Every print goes through `output`'s macros: the std ones panic on a closed pipe.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod cli;
 mod commands;
+mod output;
 
 use clap::Parser;
 
@@ -36,5 +39,5 @@ fn main() {
             }
         },
     };
-    std::process::exit(code);
+    std::process::exit(output::finish(code));
 }

@@ -28,6 +28,7 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use lockbox_policy::name::quoted;
 use rustix::fs::{FileType as RawType, Stat};
 
 use crate::beneath::{self, lstat_at, open_child_dir, open_child_file, sorted_names};
@@ -88,7 +89,9 @@ impl FileType {
 /// One entry of a change set.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Change {
-    /// The path relative to the workdir.
+    /// The path relative to the workdir (in JSON: a string, or `{"bytes": base64}` when it
+    /// is not UTF-8; see `lockbox_policy::name`).
+    #[serde(with = "lockbox_policy::name::json")]
     pub path: PathBuf,
     /// What happens to it.
     pub kind: ChangeKind,
@@ -555,14 +558,13 @@ impl ChangeSet {
         self.changes.is_empty()
     }
 
-    /// `A path` / `M path` / `D path` / `T path`, one per line (the `--dry-run` format).
+    /// `A path` / `M path` / `D path` / `T path`, one per line (the `--dry-run` format), each
+    /// path quoted when it holds anything a terminal acts on (`lockbox_policy::name::quoted`):
+    /// one line per change, whatever the names.
     pub fn to_lines(&self) -> String {
         let mut out = String::new();
         for c in &self.changes {
-            out.push(c.kind.letter());
-            out.push(' ');
-            out.push_str(&c.path.to_string_lossy());
-            out.push('\n');
+            out.push_str(&format!("{} {}\n", c.kind.letter(), quoted(&c.path)));
         }
         out
     }

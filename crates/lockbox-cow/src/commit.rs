@@ -66,6 +66,7 @@ pub struct CommitReport {
     /// True if nothing was written.
     pub dry_run: bool,
     /// Stale paths overwritten because of `force`.
+    #[serde(with = "lockbox_policy::name::json::vec")]
     pub forced_stale: Vec<PathBuf>,
 }
 
@@ -161,7 +162,11 @@ pub(crate) fn validate(
         if item.unchanged {
             continue;
         }
-        if c.path.components().count() == 1 && c.path.to_string_lossy().starts_with(STAGING_PREFIX)
+        if c.path.components().count() == 1
+            && c.path
+                .as_os_str()
+                .as_encoded_bytes()
+                .starts_with(STAGING_PREFIX.as_bytes())
         {
             return Err(CowError::ReservedName {
                 path: c.path.clone(),
@@ -199,6 +204,7 @@ pub enum PlanOp {
     /// Rename staged entry number `seq` to `path`.
     Place {
         /// The target, relative to the workdir.
+        #[serde(with = "lockbox_policy::name::json")]
         path: PathBuf,
         /// The staged entry's name in the staging directory.
         seq: u64,
@@ -206,11 +212,13 @@ pub enum PlanOp {
     /// Make directory `path` (replacing a non-directory).
     MakeDir {
         /// The directory, relative to the workdir.
+        #[serde(with = "lockbox_policy::name::json")]
         path: PathBuf,
     },
     /// Remove `path` (a whole tree for a directory).
     Delete {
         /// The path, relative to the workdir.
+        #[serde(with = "lockbox_policy::name::json")]
         path: PathBuf,
     },
 }
@@ -219,6 +227,7 @@ pub enum PlanOp {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlanDir {
     /// The directory, relative to the workdir.
+    #[serde(with = "lockbox_policy::name::json")]
     pub path: PathBuf,
     /// Its final permission bits.
     pub mode: u32,

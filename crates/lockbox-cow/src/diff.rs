@@ -1,9 +1,17 @@
 //! [`FileDiff`]: what `lockbox branch diff` prints for one path: a unified diff for text,
 //! a summary for anything else.
+//!
+//! Shown to a person (`Display`), names are quoted and control characters of the text are
+//! escaped (`lockbox_policy::name`): neither a file name nor a file's content can forge or
+//! erase a line of the review.
 
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::path::{Component, Path};
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Component, Path, PathBuf};
+
+use lockbox_policy::name::{printable_text, quoted};
 
 use rustix::fs::FileType as RawType;
 
@@ -27,8 +35,8 @@ pub enum Side {
     Dir,
     /// A symlink with this target.
     Symlink {
-        /// The link target, lossily decoded.
-        target: String,
+        /// The link target, as the kernel has it (bytes).
+        target: PathBuf,
     },
     /// A device, FIFO or socket.
     Special,
@@ -37,10 +45,10 @@ pub enum Side {
 /// The difference at one path between the workdir (old) and the branch (new).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileDiff {
-    /// Both sides are text (or absent): a unified diff with `a/PATH` and `b/PATH` headers;
-    /// empty if they are equal.
+    /// Both sides are text (or absent): a unified diff with `a/PATH` and `b/PATH` headers
+    /// (quoted as `"a/PATH"` when PATH needs quotes, as git does); empty if they are equal.
     Text {
-        /// The unified diff.
+        /// The unified diff, raw (the `Display` form escapes control characters).
         unified: String,
     },
     /// At least one side is binary, too large, or not a regular file.
@@ -55,7 +63,7 @@ pub enum FileDiff {
 impl std::fmt::Display for FileDiff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FileDiff::Text { unified } => f.write_str(unified),
+            FileDiff::Text { unified } => f.write_str(&printable_text(unified)),
             FileDiff::Summary { old, new } => write!(f, "{} -> {}", describe(old), describe(new)),
         }
     }
@@ -66,7 +74,7 @@ fn describe(s: &Side) -> String {
         Side::Absent => "absent".into(),
         Side::File { size } => format!("binary file, {size} bytes"),
         Side::Dir => "directory".into(),
-        Side::Symlink { target } => format!("symlink to {target}"),
+        Side::Symlink { target } => format!("symlink to {}", quoted(target)),
         Side::Special => "special file".into(),
     }
 }
@@ -167,9 +175,9 @@ fn content(
         },
         RawType::Directory => Side::Dir,
         RawType::Symlink => Side::Symlink {
-            target: rustix::fs::readlinkat(dir, name, Vec::new())?
-                .to_string_lossy()
-                .into_owned(),
+            target: PathBuf::from(OsString::from_vec(
+                rustix::fs::readlinkat(dir, name, Vec::new())?.into_bytes(),
+            )),
         },
         _ => Side::Special,
     }))
@@ -203,13 +211,13 @@ fn text_or_summary(path: &Path, old: Vec<u8>, new: Vec<u8>) -> FileDiff {
         String::from_utf8_lossy(&old).into_owned(),
         String::from_utf8_lossy(&new).into_owned(),
     );
-    let p = path.to_string_lossy();
+    let header = |side: &str| quoted(&Path::new(side).join(path)).to_string();
     let unified = if a == b {
         String::new()
     } else {
         similar::TextDiff::from_lines(&a, &b)
             .unified_diff()
-            .header(&format!("a/{p}"), &format!("b/{p}"))
+            .header(&header("a"), &header("b"))
             .to_string()
     };
     FileDiff::Text { unified }

@@ -1,9 +1,14 @@
 //! The crate's error type: one variant per failed step, each naming the path or id involved.
 //!
+//! Paths are shown quoted where they hold control characters or bytes that are not UTF-8
+//! (`lockbox_policy::name::quoted`): a name the sandbox chose cannot forge a message.
+//!
 //! Library code classifies ([`CowError::code`], [`CowError::exit_code`]); front ends map once.
 
 use std::io;
 use std::path::PathBuf;
+
+use lockbox_policy::name::quoted;
 
 /// Everything that can go wrong in `lockbox-cow`.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +23,7 @@ pub enum CowError {
         reason: &'static str,
     },
     /// The state directory (or its `branches/` subdirectory) could not be created or opened.
-    #[error("state dir {path}: {source}")]
+    #[error("state dir {}: {source}", quoted(.path))]
     StateDir {
         /// The directory.
         path: PathBuf,
@@ -26,7 +31,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// A branch directory (or its `upper/` / `work/`) could not be created.
-    #[error("create branch dir {path}: {source}")]
+    #[error("create branch dir {}: {source}", quoted(.path))]
     CreateBranchDir {
         /// The directory.
         path: PathBuf,
@@ -34,7 +39,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// No branch with this id exists in the state directory.
-    #[error("branch {id} not found in {path}")]
+    #[error("branch {id} not found in {}", quoted(.path))]
     BranchNotFound {
         /// The id looked up.
         id: String,
@@ -42,7 +47,7 @@ pub enum CowError {
         path: PathBuf,
     },
     /// The workdir could not be resolved or opened.
-    #[error("workdir {path}: {source}")]
+    #[error("workdir {}: {source}", quoted(.path))]
     OpenWorkdir {
         /// The workdir.
         path: PathBuf,
@@ -50,7 +55,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// The per-workdir commit lock could not be taken.
-    #[error("workdir lock {path}: {source}")]
+    #[error("workdir lock {}: {source}", quoted(.path))]
     Lock {
         /// The lock file.
         path: PathBuf,
@@ -58,7 +63,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Copying a bounded upper layer into the branch failed.
-    #[error("importing upper layer entry {path}: {source}")]
+    #[error("importing upper layer entry {}: {source}", quoted(.path))]
     ImportUpper {
         /// The entry, in the source layer.
         path: PathBuf,
@@ -66,7 +71,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// The workdir given to commit is not the one the branch was made from.
-    #[error("branch was made from {expected}, not {given}")]
+    #[error("branch was made from {}, not {}", quoted(.expected), quoted(.given))]
     WorkdirMismatch {
         /// The workdir recorded in the branch.
         expected: PathBuf,
@@ -75,7 +80,7 @@ pub enum CowError {
     },
     /// The state directory and the workdir overlap: overlayfs refuses overlapping layers
     /// (`ELOOP`), and a commit would copy the branch into itself.
-    #[error("state dir {state} and workdir {workdir} overlap; put the state dir elsewhere")]
+    #[error("state dir {} and workdir {} overlap; put the state dir elsewhere", quoted(.state), quoted(.workdir))]
     Overlap {
         /// The state directory.
         state: PathBuf,
@@ -83,7 +88,7 @@ pub enum CowError {
         workdir: PathBuf,
     },
     /// Writing `meta.json` (temp file, fsync, rename, directory fsync) failed.
-    #[error("write branch meta {path}: {source}")]
+    #[error("write branch meta {}: {source}", quoted(.path))]
     WriteMeta {
         /// The meta file.
         path: PathBuf,
@@ -91,7 +96,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Reading `meta.json` failed.
-    #[error("read branch meta {path}: {source}")]
+    #[error("read branch meta {}: {source}", quoted(.path))]
     ReadMeta {
         /// The meta file.
         path: PathBuf,
@@ -99,7 +104,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// `meta.json` is not valid, has the wrong checksum or an unknown format version.
-    #[error("corrupt branch meta {path}: {reason}")]
+    #[error("corrupt branch meta {}: {reason}", quoted(.path))]
     CorruptMeta {
         /// The meta file.
         path: PathBuf,
@@ -107,7 +112,7 @@ pub enum CowError {
         reason: String,
     },
     /// Removing a branch directory failed.
-    #[error("remove branch {path}: {source}")]
+    #[error("remove branch {}: {source}", quoted(.path))]
     RemoveBranch {
         /// The branch directory.
         path: PathBuf,
@@ -115,7 +120,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Listing the branches of a state directory failed.
-    #[error("list branches in {path}: {source}")]
+    #[error("list branches in {}: {source}", quoted(.path))]
     ListBranches {
         /// The `branches/` directory.
         path: PathBuf,
@@ -123,7 +128,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Reading the upper layer (the branch) failed.
-    #[error("read branch entry {path}: {source}")]
+    #[error("read branch entry {}: {source}", quoted(.path))]
     ReadUpper {
         /// The path inside the upper layer.
         path: PathBuf,
@@ -131,7 +136,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Reading the lower layer (the workdir) failed.
-    #[error("read workdir entry {path}: {source}")]
+    #[error("read workdir entry {}: {source}", quoted(.path))]
     ReadLower {
         /// The path inside the workdir.
         path: PathBuf,
@@ -148,7 +153,7 @@ pub enum CowError {
         paths: Vec<PathBuf>,
     },
     /// The branch holds a name lockbox reserves for its own staging; nothing was applied.
-    #[error("branch uses reserved name {path}, nothing applied")]
+    #[error("branch uses reserved name {}, nothing applied", quoted(.path))]
     ReservedName {
         /// The offending path.
         path: PathBuf,
@@ -164,7 +169,7 @@ pub enum CowError {
     },
     /// Resolving a path beneath the workdir failed (for example because a component is a
     /// symlink, which commit never follows).
-    #[error("resolve {path} beneath the workdir: {source}")]
+    #[error("resolve {} beneath the workdir: {source}", quoted(.path))]
     ResolveBeneath {
         /// The path, relative to the workdir.
         path: PathBuf,
@@ -172,7 +177,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Creating or filling the staging area failed.
-    #[error("stage {path}: {source}")]
+    #[error("stage {}: {source}", quoted(.path))]
     Stage {
         /// The path being staged, relative to the workdir.
         path: PathBuf,
@@ -180,7 +185,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// `syncfs` failed.
-    #[error("syncfs on {path}: {source}")]
+    #[error("syncfs on {}: {source}", quoted(.path))]
     SyncFs {
         /// The directory whose filesystem was synced.
         path: PathBuf,
@@ -188,7 +193,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Renaming a staged file into place failed.
-    #[error("rename into {path}: {source}")]
+    #[error("rename into {}: {source}", quoted(.path))]
     Rename {
         /// The destination, relative to the workdir.
         path: PathBuf,
@@ -196,7 +201,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Creating a directory failed.
-    #[error("mkdir {path}: {source}")]
+    #[error("mkdir {}: {source}", quoted(.path))]
     Mkdir {
         /// The directory, relative to the workdir.
         path: PathBuf,
@@ -204,7 +209,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Deleting a file or a directory tree failed.
-    #[error("delete {path}: {source}")]
+    #[error("delete {}: {source}", quoted(.path))]
     Delete {
         /// The path, relative to the workdir.
         path: PathBuf,
@@ -212,7 +217,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Setting a mode or timestamps failed.
-    #[error("set mode/times of {path}: {source}")]
+    #[error("set mode/times of {}: {source}", quoted(.path))]
     SetMeta {
         /// The path, relative to the workdir.
         path: PathBuf,
@@ -220,7 +225,7 @@ pub enum CowError {
         source: io::Error,
     },
     /// Fsyncing a directory failed.
-    #[error("fsync {path}: {source}")]
+    #[error("fsync {}: {source}", quoted(.path))]
     Fsync {
         /// The path.
         path: PathBuf,
@@ -229,7 +234,7 @@ pub enum CowError {
     },
     /// The upper layer uses an overlayfs feature the change set cannot represent
     /// (`metacopy`: the data stays in the lower file; `redirect`: a renamed directory).
-    #[error("branch entry {path} uses overlayfs {feature}, which lockbox does not support (mount without it)")]
+    #[error("branch entry {} uses overlayfs {feature}, which lockbox does not support (mount without it)", quoted(.path))]
     UnsupportedOverlay {
         /// The path inside the upper layer.
         path: PathBuf,
@@ -237,7 +242,7 @@ pub enum CowError {
         feature: &'static str,
     },
     /// The path asked for in a diff is not a plain relative path.
-    #[error("bad path {path}: must be relative, without `..`")]
+    #[error("bad path {}: must be relative, without `..`", quoted(.path))]
     BadPath {
         /// The rejected path.
         path: PathBuf,
@@ -249,7 +254,7 @@ fn list(paths: &[PathBuf]) -> String {
     let mut s = paths
         .iter()
         .take(SHOWN)
-        .map(|p| p.display().to_string())
+        .map(|p| quoted(p).to_string())
         .collect::<Vec<_>>()
         .join(", ");
     if paths.len() > SHOWN {

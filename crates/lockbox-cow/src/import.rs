@@ -5,6 +5,7 @@
 
 use crate::error::CowError;
 use rustix::fs::{AtFlags, FileType, Mode, Timespec, Timestamps, CWD};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Copies the upper layer at `src` into the (empty) directory `dst`; returns the bytes of
@@ -99,10 +100,11 @@ fn finish_entry(from: &Path, to: &Path, st: &rustix::fs::Stat) -> Result<(), Cow
         .split(|&b| b == 0)
         .filter(|n| n.starts_with(b"user.overlay."))
     {
-        let name = String::from_utf8_lossy(name).into_owned();
+        // The exact bytes: a lossy copy would name another attribute.
+        let name = std::ffi::OsStr::from_bytes(name);
         let mut value = vec![0u8; 4096];
-        let len = rustix::fs::lgetxattr(from, &name, &mut value[..]).map_err(fail)?;
-        rustix::fs::lsetxattr(to, &name, &value[..len], rustix::fs::XattrFlags::empty())
+        let len = rustix::fs::lgetxattr(from, name, &mut value[..]).map_err(fail)?;
+        rustix::fs::lsetxattr(to, name, &value[..len], rustix::fs::XattrFlags::empty())
             .map_err(fail)?;
     }
     let file_type = FileType::from_raw_mode(st.st_mode);

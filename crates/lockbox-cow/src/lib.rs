@@ -31,7 +31,8 @@
 //! // ... run the sandbox ...
 //! for change in branch.changes()? {
 //!     let change = change?;
-//!     println!("{} {}", change.kind.letter(), change.path.display());
+//!     // Quoted: a name with a newline or an escape sequence cannot forge a line.
+//!     println!("{} {}", change.kind.letter(), lockbox_policy::name::quoted(&change.path));
 //! }
 //! let report = branch.commit(&CommitOptions::default())?;
 //! # let _ = report; Ok(()) }

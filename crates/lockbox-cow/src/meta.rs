@@ -65,6 +65,7 @@ pub struct BranchMeta {
     /// The branch id (also its directory name).
     pub id: BranchId,
     /// The workdir (lower layer), canonicalised at creation.
+    #[serde(with = "lockbox_policy::name::json")]
     pub workdir: PathBuf,
     /// Wall-clock creation time.
     pub created: Timestamp,

@@ -1006,3 +1006,67 @@ fn trusted_overlay_xattrs_are_understood_when_root() {
         vec![PathBuf::from("d"), PathBuf::from("d/y")]
     );
 }
+
+/// Issue 15 (items 7 and 8): names are bytes. A name that is not UTF-8 and names holding
+/// newlines or escape sequences travel through JSON exactly and print one quoted line each.
+#[test]
+fn hostile_names_round_trip_through_json_and_print_one_quoted_line_each() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo keep > important.txt");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        r#"printf x > "$(printf 'caf\351.txt')"
+           printf y > "$(printf 'a\nM forged.txt')"
+           printf z > "$(printf 'x\033[1A\033[2K\rD')"
+           ln -s "$(printf 'to\nthere')" link
+           printf 'ok\n\033[2Kline\n' > t
+           rm important.txt"#
+    ));
+    let set = b.change_set().unwrap();
+    let lines = set.to_lines();
+    assert_eq!(lines.lines().count(), set.len(), "{lines}");
+    assert!(lines.contains("A \"caf\\351.txt\"\n"), "{lines}");
+    assert!(lines.contains("A \"a\\nM forged.txt\"\n"), "{lines}");
+    assert!(lines.contains("A \"x\\033[1A\\033[2K\\rD\"\n"), "{lines}");
+    assert!(lines.contains("D important.txt\n"), "{lines}");
+    assert!(
+        !lines.contains('\u{1b}') && !lines.contains('\r'),
+        "{lines}"
+    );
+
+    let json = serde_json::to_value(&set).unwrap();
+    let latin1 = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"].is_object())
+        .unwrap();
+    assert_eq!(latin1["path"], serde_json::json!({"bytes": "Y2Fm6S50eHQ="}));
+    let back: lockbox_cow::ChangeSet = serde_json::from_value(json).unwrap();
+    assert_eq!(back, set);
+
+    let FileDiff::Text { unified } = b
+        .diff(Path::new(OsStr::from_bytes(b"caf\xe9.txt")))
+        .unwrap()
+    else {
+        panic!("text expected")
+    };
+    assert!(unified.contains("--- \"a/caf\\351.txt\""), "{unified}");
+    let shown = b.diff(Path::new("t")).unwrap().to_string();
+    assert!(shown.contains("+\\033[2Kline"), "{shown}");
+    let link = b.diff(Path::new("link")).unwrap().to_string();
+    assert_eq!(link, "absent -> symlink to \"to\\nthere\"");
+
+    b.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(
+        std::fs::read(s.wd.join(OsStr::from_bytes(b"caf\xe9.txt"))).unwrap(),
+        b"x"
+    );
+    assert!(s.wd.join(OsStr::from_bytes(b"a\nM forged.txt")).is_file());
+}

@@ -47,8 +47,10 @@ pub struct FsPolicy {
     /// Include [`DEFAULT_READS`] (with `/etc` minus [`ETC_SECRETS`]).
     pub default_reads: bool,
     /// Host paths visible read-only, at the same path.
+    #[serde(with = "crate::name::json::vec")]
     pub read: Vec<PathBuf>,
     /// Host paths visible read-write, at the same path. Writes reach the host.
+    #[serde(with = "crate::name::json::vec")]
     pub write: Vec<PathBuf>,
     /// Copy-on-write views: an overlay of host directories mounted at `target`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -61,8 +63,10 @@ pub struct FsPolicy {
 #[serde(deny_unknown_fields)]
 pub struct Overlay {
     /// Where the view appears inside the sandbox (usually the first lower's own path).
+    #[serde(with = "crate::name::json")]
     pub target: PathBuf,
     /// Read-only layers, top first; the last is usually the real directory.
+    #[serde(with = "crate::name::json::vec")]
     pub lowers: Vec<PathBuf>,
     /// The writable layer, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -72,7 +76,11 @@ pub struct Overlay {
     /// paths inside `target` (missing directories among them are created, empty, in the
     /// upper layer before the command starts); `Some(vec![])`: a read-only view. Enforced
     /// by Landlock, so a sandbox with a restriction fails to start on a kernel without it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::name::json::option_vec"
+    )]
     pub writable: Option<Vec<PathBuf>>,
 }
 
@@ -81,8 +89,10 @@ pub struct Overlay {
 #[serde(deny_unknown_fields)]
 pub struct OverlayUpper {
     /// Receives every write (files, whiteouts, opaque directories).
+    #[serde(with = "crate::name::json")]
     pub upper: PathBuf,
     /// overlayfs's scratch directory.
+    #[serde(with = "crate::name::json")]
     pub work: PathBuf,
     /// Bound the writable layer: writes land in a tmpfs of this size inside the sandbox
     /// (writing beyond it fails with ENOSPC) whose contents the caller copies into `upper`

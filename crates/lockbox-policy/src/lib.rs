@@ -9,6 +9,10 @@
 //! Units live in types: [`ByteSize`] and [`std::time::Duration`] (parsed by
 //! [`parse_duration`]).
 //!
+//! File names are bytes: [`name`] gives their lossless JSON form (`#[serde(with =
+//! "lockbox_policy::name::json")]`, used for every path lockbox serialises) and their
+//! quoted form for people ([`name::quoted`]).
+//!
 //! Not here: anything that touches the kernel or the filesystem (canonicalising paths,
 //! probing features, mounting). That is `lockbox-confine`.
 //!
@@ -26,6 +30,7 @@ mod env;
 mod error;
 mod fs;
 mod limits;
+pub mod name;
 mod net;
 mod units;
 
@@ -70,7 +75,10 @@ pub struct Policy {
     #[serde(with = "units::duration_serde")]
     pub kill_grace: Duration,
     /// Working directory of the command inside the sandbox.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "crate::name::json::option"
+    )]
     pub cwd: Option<PathBuf>,
     /// Hostname inside the sandbox.
     pub hostname: String,

@@ -4,6 +4,7 @@
 
 use rusqlite::{params, Connection};
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -13,6 +14,16 @@ use crate::RuntimeError;
 #[derive(Debug)]
 pub(crate) struct Store {
     conn: Mutex<Connection>,
+}
+
+/// The workdir column: bytes (or, as written by earlier versions, text).
+fn workdir_of(v: rusqlite::types::ValueRef<'_>) -> Option<PathBuf> {
+    match v {
+        rusqlite::types::ValueRef::Blob(b) | rusqlite::types::ValueRef::Text(b) => {
+            Some(PathBuf::from(std::ffi::OsStr::from_bytes(b)))
+        }
+        _ => None,
+    }
 }
 
 fn db_error(e: rusqlite::Error) -> RuntimeError {
@@ -66,7 +77,8 @@ impl Store {
                     info.id,
                     state_name(info.state),
                     info.created_at,
-                    info.workdir.as_ref().map(|p| p.to_string_lossy().into_owned()),
+                    // Bytes, not text: a lossy copy would name another directory.
+                    info.workdir.as_ref().map(|p| p.as_os_str().as_bytes().to_vec()),
                     info.branch,
                     labels,
                     spec.to_string(),
@@ -113,7 +125,7 @@ impl Store {
                         _ => SandboxState::Lost,
                     },
                     created_at: r.get(2)?,
-                    workdir: r.get::<_, Option<String>>(3)?.map(PathBuf::from),
+                    workdir: workdir_of(r.get_ref(3)?),
                     branch: r.get(4)?,
                     branch_action: r.get(5)?,
                     labels: serde_json::from_str::<BTreeMap<String, String>>(&labels)

@@ -66,7 +66,11 @@ pub struct SandboxSpec {
     #[serde(default)]
     pub policy: lockbox_policy::Policy,
     /// A host directory seen through a copy-on-write branch (the sandbox's working directory).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "lockbox_policy::name::json::option"
+    )]
     pub workdir: Option<PathBuf>,
     /// What happens to the branch at the end.
     #[serde(default)]
@@ -106,6 +110,7 @@ pub struct SandboxInfo {
     /// Creation time, RFC 3339 UTC.
     pub created_at: String,
     /// The host workdir behind its branch, if any.
+    #[serde(default, with = "lockbox_policy::name::json::option")]
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
     pub branch: Option<String>,
@@ -434,12 +439,13 @@ pub struct FileStat {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Selection {
-    /// Take only these.
-    #[serde(default)]
-    pub only: Vec<String>,
+    /// Take only these (in JSON: strings, or `{"bytes": base64}` for names that are not
+    /// UTF-8, as everywhere: `lockbox_policy::name`).
+    #[serde(default, with = "lockbox_policy::name::json::vec")]
+    pub only: Vec<PathBuf>,
     /// Leave these in the branch.
-    #[serde(default)]
-    pub exclude: Vec<String>,
+    #[serde(default, with = "lockbox_policy::name::json::vec")]
+    pub exclude: Vec<PathBuf>,
     /// Commit even if the workdir changed under the branch at those paths.
     #[serde(default)]
     pub force: bool,

@@ -14,7 +14,8 @@ use lockbox_cow::{
     apply_staged, discard_staging, flatten, restrict, stage_upper, Branch, Change, ChangeSet,
     CommitOptions, CowError, Timestamp, WorkdirLock,
 };
-use std::path::{Path, PathBuf};
+use lockbox_policy::name::quoted;
+use std::path::Path;
 
 use crate::types::{CommitSummary, Selection};
 use crate::RuntimeError;
@@ -26,13 +27,13 @@ pub(crate) fn cow_error(e: CowError) -> RuntimeError {
             if paths.len() == 1 { "this path" } else { "these paths" },
             paths
                 .iter()
-                .map(|p| p.display().to_string())
+                .map(|p| quoted(p).to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         )),
         CowError::BadPath { path } => RuntimeError::invalid(
             "only/exclude",
-            format!("{}: not a plain relative path of the workdir, or below a directory the branch replaces", path.display()),
+            format!("{}: not a plain relative path of the workdir, or below a directory the branch replaces", quoted(&path)),
         ),
         e => RuntimeError::Internal(e.to_string()),
     }
@@ -58,9 +59,7 @@ pub(crate) fn commit(
     std::fs::create_dir(&snap).map_err(RuntimeError::internal)?;
     let result = (|| {
         flatten(&[branch.upper_dir()], &snap).map_err(cow_error)?;
-        let only: Vec<PathBuf> = sel.only.iter().map(PathBuf::from).collect();
-        let exclude: Vec<PathBuf> = sel.exclude.iter().map(PathBuf::from).collect();
-        restrict(&snap, &only, &exclude).map_err(cow_error)?;
+        restrict(&snap, &sel.only, &sel.exclude).map_err(cow_error)?;
         let key = format!("rt-{}", crate::util::random_id());
         let opts = CommitOptions {
             force: sel.force,

@@ -341,6 +341,13 @@ fn schemas() -> Value {
     let size = json!({ "oneOf": [ { "type": "integer", "minimum": 0 },
                                   { "type": "string", "example": "512M" } ] });
     let b64 = json!({ "type": "string", "format": "byte" });
+    // A file name is bytes (lockbox_policy::name): a string when it is UTF-8, else its bytes.
+    let name = json!({ "oneOf": [
+        { "type": "string" },
+        { "type": "object", "required": ["bytes"], "additionalProperties": false,
+          "properties": { "bytes": b64 },
+          "description": "a name that is not UTF-8: its bytes, base64" } ] });
+    let names = json!({ "type": "array", "items": name });
     let nullable = |t: &str| json!({ "type": t, "nullable": true });
     let object = |props: Value, required: &[&str]| {
         let mut o = json!({ "type": "object", "properties": props, "additionalProperties": false });
@@ -367,7 +374,7 @@ fn schemas() -> Value {
             "max_open_files": { "type": "integer", "minimum": 1 }, "max_file_size": size,
             "timeout_ms": ms, "kill_grace_ms": { "type": "integer", "minimum": 0, "maximum": MAX_GRACE_MS },
             "env": string_map, "clean_env": boolean, "cwd": string, "hostname": string,
-            "workdir": string, "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"] },
+            "workdir": name, "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"] },
             "idle_timeout_ms": ms, "labels": string_map
         }), &[]),
         "Sandbox": {
@@ -449,14 +456,14 @@ fn schemas() -> Value {
         "RemoveRequest": object(json!({ "path": string, "recursive": boolean }), &["path"]),
         "Change": { "type": "object",
             "properties": {
-                "path": string,
+                "path": name,
                 "kind": { "type": "string", "enum": ["added", "modified", "deleted", "type_changed"] },
                 "file_type": { "type": "string", "enum": ["file", "dir", "symlink", "special"] },
                 "size": count, "mode": count
             } },
         "ChangeList": { "type": "object", "required": ["changes"],
             "properties": { "changes": { "type": "array", "items": schema("Change") } } },
-        "CommitRequest": object(json!({ "only": strings, "exclude": strings, "force": boolean }), &[]),
+        "CommitRequest": object(json!({ "only": names, "exclude": names, "force": boolean }), &[]),
         "CommitSummary": { "type": "object", "required": ["report", "remaining"],
             "properties": { "report": { "type": "object" }, "remaining": count } },
         "AbortResult": { "type": "object", "properties": { "aborted": boolean } }

@@ -48,6 +48,7 @@ pub struct CreateSandbox {
     /// Hostname inside.
     pub hostname: Option<String>,
     /// A host directory seen through a copy-on-write branch.
+    #[serde(with = "lockbox_policy::name::json::option")]
     pub workdir: Option<PathBuf>,
     /// What deleting the sandbox does with the branch: `keep` (default), `commit`, `abort`.
     pub on_exit: Option<OnExit>,
@@ -530,10 +531,13 @@ pub struct Remove {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Commit {
-    /// Only these paths (relative to the workdir; a directory covers what is below it).
-    pub only: Vec<String>,
+    /// Only these paths (relative to the workdir; a directory covers what is below it). A
+    /// name that is not UTF-8 is `{"bytes": base64}` (`lockbox_policy::name`).
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    pub only: Vec<PathBuf>,
     /// Not these paths.
-    pub exclude: Vec<String>,
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    pub exclude: Vec<PathBuf>,
     /// Commit even where the workdir changed under the branch at those paths.
     pub force: bool,
 }

@@ -156,10 +156,12 @@ pub struct RecoveryReport {
     pub left_prepared: Vec<TxnId>,
     /// What a crash left half-made (a creation or removal cut short: a directory without a
     /// record or intent): removed.
+    #[serde(with = "lockbox_policy::name::json::vec")]
     pub removed: Vec<PathBuf>,
     /// Directories whose record is unreadable (torn by a power loss, damaged, or of another
     /// version): left alone; `lockbox txn abort ID` ([`crate::remove_damaged`]) removes
     /// one.
+    #[serde(with = "lockbox_policy::name::json::vec")]
     pub damaged: Vec<PathBuf>,
 }
 

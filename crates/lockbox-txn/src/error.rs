@@ -3,6 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use lockbox_policy::name::quoted;
+
 use crate::TxnId;
 
 /// A failure of the transaction machinery (a stage that fails is not an error: it aborts the
@@ -19,7 +21,7 @@ pub enum TxnError {
         reason: &'static str,
     },
     /// No transaction with this id in the state directory.
-    #[error("transaction {id} not found in {state_dir}")]
+    #[error("transaction {id} not found in {}", quoted(.state_dir))]
     NotFound {
         /// The id asked for.
         id: TxnId,
@@ -43,7 +45,7 @@ pub enum TxnError {
         operation: &'static str,
     },
     /// Creating or reading the transaction store failed.
-    #[error("transaction store {path}: {source}")]
+    #[error("transaction store {}: {source}", quoted(.path))]
     Store {
         /// The directory or file.
         path: PathBuf,
@@ -51,7 +53,7 @@ pub enum TxnError {
         source: io::Error,
     },
     /// Writing a durable record (transaction record or WAL intent) failed.
-    #[error("write {path}: {source}")]
+    #[error("write {}: {source}", quoted(.path))]
     WriteRecord {
         /// The record file.
         path: PathBuf,
@@ -59,7 +61,7 @@ pub enum TxnError {
         source: io::Error,
     },
     /// A durable record could not be read.
-    #[error("read {path}: {source}")]
+    #[error("read {}: {source}", quoted(.path))]
     ReadRecord {
         /// The record file.
         path: PathBuf,
@@ -67,7 +69,7 @@ pub enum TxnError {
         source: io::Error,
     },
     /// A durable record is damaged or of an unknown format version.
-    #[error("corrupt record {path}: {reason}")]
+    #[error("corrupt record {}: {reason}", quoted(.path))]
     CorruptRecord {
         /// The record file.
         path: PathBuf,
@@ -84,7 +86,7 @@ pub enum TxnError {
     },
     /// Another transaction holds the workdir lock (`LockPolicy::FailIfBusy`, or the wait
     /// timed out).
-    #[error("workdir {workdir} is busy: another transaction holds its lock")]
+    #[error("workdir {} is busy: another transaction holds its lock", quoted(.workdir))]
     Busy {
         /// The workdir.
         workdir: PathBuf,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use lockbox_cow::{ChangeSet, CommitReport};
+use lockbox_policy::name::quoted;
 
 use crate::capture::Output;
 use crate::{StageResult, TxnId};
@@ -28,6 +29,7 @@ pub enum AbortReason {
         /// Its name.
         name: String,
         /// What it changed, relative to the workdir.
+        #[serde(with = "lockbox_policy::name::json::vec")]
         paths: Vec<PathBuf>,
     },
     /// A stage's timeout expired.
@@ -80,7 +82,7 @@ impl AbortReason {
                 format!("aborted: stage {name} timed out; nothing committed")
             }
             AbortReason::OutsideWritable { name, paths, .. } => {
-                let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                let paths: Vec<String> = paths.iter().map(|p| quoted(p).to_string()).collect();
                 format!(
                     "aborted: stage {name} changed {} outside its writable paths; nothing committed",
                     paths.join(", ")
@@ -131,6 +133,7 @@ impl AbortReason {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MergeConflict {
     /// The path, relative to the workdir.
+    #[serde(with = "lockbox_policy::name::json")]
     pub path: PathBuf,
     /// The sources that changed it (or, for a deleted directory, something below it), in
     /// declaration order.
@@ -141,8 +144,10 @@ pub struct MergeConflict {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Marker {
     /// The conflicting path (it holds the first source's version).
+    #[serde(with = "lockbox_policy::name::json")]
     pub path: PathBuf,
     /// Where the other source's version was kept (`PATH.lockbox-<source>`).
+    #[serde(with = "lockbox_policy::name::json")]
     pub kept_as: PathBuf,
     /// That source.
     pub source: String,

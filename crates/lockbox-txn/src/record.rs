@@ -69,6 +69,7 @@ pub struct TxnRecord {
     /// Pipeline or gather.
     pub kind: TxnKind,
     /// The workdir, canonical.
+    #[serde(with = "lockbox_policy::name::json")]
     pub workdir: PathBuf,
     /// Where the transaction is in its life.
     pub state: TxnState,
@@ -105,6 +106,7 @@ pub struct Intent {
     /// The transaction.
     pub id: TxnId,
     /// The workdir the plan applies to.
+    #[serde(with = "lockbox_policy::name::json")]
     pub workdir: PathBuf,
     /// The staged plan (staging directory `.lockbox-commit-<id>` in the workdir).
     pub plan: CommitPlan,
@@ -284,5 +286,50 @@ mod tests {
         assert!(read::<Intent>(&dir.path().join("none"), "intent")
             .unwrap_or_else(|e| panic!("{e}"))
             .is_none());
+    }
+
+    /// Issue 15: the WAL replays the intent, so every name in it must come back exactly,
+    /// whatever its bytes (serde's own form of a path failed on non-UTF-8: exit 4).
+    #[test]
+    fn an_intent_with_names_that_are_not_utf8_round_trips_exactly() {
+        use lockbox_cow::{PlanDir, PlanOp};
+        use std::os::unix::ffi::OsStrExt;
+        let name = |b: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(b));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let intent = Intent {
+            id: TxnId::generate(),
+            workdir: name(b"/w/\xff\xfe"),
+            plan: CommitPlan {
+                ops: vec![
+                    PlanOp::Place {
+                        path: name(b"caf\xe9.txt"),
+                        seq: 1,
+                    },
+                    PlanOp::MakeDir {
+                        path: name(b"d\n\x1b[2K"),
+                    },
+                    PlanOp::Delete {
+                        path: name(b"x/\x80"),
+                    },
+                ],
+                dirs: vec![PlanDir {
+                    path: name(b"d\n\x1b[2K"),
+                    mode: 0o755,
+                    times: [(1, 2), (3, 4)],
+                }],
+            },
+            record: None,
+        };
+        write(
+            dir.path(),
+            INTENT_FILE,
+            "intent",
+            &intent,
+            Durability::Durable,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let back: Option<Intent> =
+            read(&dir.path().join(INTENT_FILE), "intent").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, Some(intent));
     }
 }

@@ -103,7 +103,11 @@ pub struct StageResult {
     /// What a stage restricted by [`Stage::writable`] changed outside its writable paths
     /// (relative to the workdir): metadata changes (chmod, chown, utimes, xattrs), which
     /// Landlock does not stop. Any fails the stage.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "lockbox_policy::name::json::vec"
+    )]
     pub outside_writable: Vec<PathBuf>,
 }
 

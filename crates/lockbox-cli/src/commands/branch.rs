@@ -3,7 +3,10 @@
 use super::print_error;
 use super::workdir::explain_commit_error;
 use crate::cli::{BranchArgs, BranchCommand};
-use lockbox_cow::{abort_id, list, Branch, BranchId, CommitOptions, CowError};
+use crate::output::json;
+use crate::output::{out, outln};
+use lockbox_cow::{abort_id, list, Branch, BranchId, CommitOptions, CowError, FileDiff};
+use lockbox_policy::name::{quoted, Encoded};
 use serde_json::json;
 use std::path::Path;
 
@@ -23,7 +26,7 @@ pub fn run(args: &BranchArgs) -> i32 {
         BranchCommand::Abort { id } => BranchId::parse(id).and_then(|id| {
             abort_id(&state_dir, &id)?;
             if args.json {
-                println!("{}", json!({ "id": id, "action": "aborted" }));
+                outln!("{}", json(&json!({ "id": id, "action": "aborted" }), false));
             }
             Ok(())
         }),
@@ -53,19 +56,19 @@ fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CowError> {
                 }
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        outln!("{}", json(&items, false));
         return Ok(());
     }
     for b in &branches {
         match &b.meta {
-            Ok(meta) => println!(
+            Ok(meta) => outln!(
                 "{}  {}  {}  ({})",
                 b.id.as_str(),
                 meta.state.name(),
-                meta.workdir.display(),
+                quoted(&meta.workdir),
                 b.status()
             ),
-            Err(_) => println!("{}  damaged  ({})", b.id.as_str(), b.status()),
+            Err(_) => outln!("{}  damaged  ({})", b.id.as_str(), b.status()),
         }
     }
     Ok(())
@@ -75,20 +78,23 @@ fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CowError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
     let changes = branch.change_set()?;
     if as_json {
-        println!(
+        outln!(
             "{}",
-            json!({ "meta": branch.meta(), "changes": changes.changes() })
+            json(
+                &json!({ "meta": branch.meta(), "changes": changes.changes() }),
+                false
+            )
         );
     } else {
         let meta = branch.meta();
-        println!(
+        outln!(
             "branch {}\nworkdir {}\nstate {:?}\ncontext {}",
             meta.id.as_str(),
-            meta.workdir.display(),
+            quoted(&meta.workdir),
             meta.state,
-            meta.context
+            json(&meta.context, false)
         );
-        print!("{}", changes.to_lines());
+        out!("{}", changes.to_lines());
     }
     Ok(())
 }
@@ -108,13 +114,23 @@ fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Resul
     for p in &paths {
         let d = branch.diff(p)?;
         if as_json {
-            items.push(json!({ "path": p, "diff": d.to_string() }));
+            // The raw diff: JSON strings escape what a terminal would act on.
+            let diff = match &d {
+                FileDiff::Text { unified } => unified.clone(),
+                summary => summary.to_string(),
+            };
+            items.push(json!({ "path": Encoded(p), "diff": diff }));
         } else {
-            print!("{d}");
+            // Quoted names and escaped control characters (FileDiff's Display). A text diff
+            // names its path in its headers; a summary gets a line of its own.
+            match &d {
+                FileDiff::Text { .. } => out!("{d}"),
+                summary => outln!("{}: {summary}", quoted(p)),
+            }
         }
     }
     if as_json {
-        println!("{}", serde_json::Value::Array(items));
+        outln!("{}", json(&items, false));
     }
     Ok(())
 }
@@ -128,9 +144,12 @@ fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), 
     }) {
         Ok(report) => {
             if as_json {
-                println!(
+                outln!(
                     "{}",
-                    json!({ "id": id, "action": "committed", "report": report })
+                    json(
+                        &json!({ "id": id, "action": "committed", "report": report }),
+                        false
+                    )
                 );
             }
             Ok(())

@@ -2,6 +2,7 @@
 
 use super::print_error;
 use crate::cli::CheckArgs;
+use crate::output::outln;
 
 pub fn run(args: &CheckArgs) -> i32 {
     let mut support = lockbox_confine::probe();
@@ -48,12 +49,9 @@ pub fn run(args: &CheckArgs) -> i32 {
             "enforcement": mechanisms,
             "plan": plan,
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json).unwrap_or_default()
-        );
+        outln!("{}", crate::output::json(&json, true));
     } else {
-        println!("kernel {} (uid {})", support.kernel, support.uid);
+        outln!("kernel {} (uid {})", support.kernel, support.uid);
         for f in &support.features {
             let mark = if f.available { "yes" } else { "no " };
             let detail = if f.detail.is_empty() {
@@ -61,24 +59,24 @@ pub fn run(args: &CheckArgs) -> i32 {
             } else {
                 format!(" ({})", f.detail)
             };
-            println!("  [{mark}] {}{detail}\n        {}", f.name, f.used_for);
+            outln!("  [{mark}] {}{detail}\n        {}", f.name, f.used_for);
         }
-        println!("sandbox: {smoke_line}");
+        outln!("sandbox: {smoke_line}");
         if let Some(e) = mechanisms {
-            println!("  namespaces: {}", e.namespaces.join(", "));
+            outln!("  namespaces: {}", e.namespaces.join(", "));
             match e.landlock_abi {
-                Some(abi) => println!("  landlock: ABI {abi}, enforced"),
-                None => println!("  landlock: not available"),
+                Some(abi) => outln!("  landlock: ABI {abi}, enforced"),
+                None => outln!("  landlock: not available"),
             }
-            println!(
+            outln!(
                 "  seccomp: {} syscall rules deny",
                 e.seccomp_denied_syscalls
             );
-            println!("  network: {}", e.network);
+            outln!("  network: {}", e.network);
         }
         if args.explain {
             match lockbox_confine::explain(&policy) {
-                Ok(plan) => println!("\nsetup plan:\n{plan}"),
+                Ok(plan) => outln!("\nsetup plan:\n{plan}"),
                 Err(e) => print_error(&e, e.hint()),
             }
         }

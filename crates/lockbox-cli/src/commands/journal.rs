@@ -119,12 +119,15 @@ async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
                     EntryBody::Error { error } => error.to_string(),
                     EntryBody::Cancel { reason } => reason.clone(),
                 };
+                // Recorded values come from the agent: control characters in them are
+                // escaped, so they cannot rewrite earlier lines on a terminal.
                 writeln!(
                     out,
-                    "{:>6}  session {:<4} {:<8} {detail}",
+                    "{:>6}  session {:<4} {:<8} {}",
                     e.offset,
                     e.session,
-                    e.body.kind()
+                    e.body.kind(),
+                    lockbox_policy::name::printable_text(&detail)
                 )?;
             }
         }

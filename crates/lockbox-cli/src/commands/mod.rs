@@ -1,5 +1,6 @@
 //! One module per `lockbox` subcommand; each returns the process exit code.
 
+use crate::output::eoutln;
 pub mod branch;
 pub mod check;
 pub mod journal;
@@ -10,8 +11,8 @@ pub mod workdir;
 
 /// Prints `lockbox: <error>` and its hint on stderr, as every command does.
 pub fn print_error(error: &dyn std::fmt::Display, hint: Option<String>) {
-    eprintln!("lockbox: {error}");
+    eoutln!("lockbox: {error}");
     if let Some(hint) = hint {
-        eprintln!("hint: {hint}");
+        eoutln!("hint: {hint}");
     }
 }

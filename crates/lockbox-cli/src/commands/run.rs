@@ -2,7 +2,9 @@
 
 use super::{print_error, workdir};
 use crate::cli::RunArgs;
+use crate::output::eoutln;
 use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
+use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use std::os::fd::AsFd;
 use std::time::Instant;
@@ -55,7 +57,7 @@ pub fn run(args: &RunArgs) -> i32 {
             if let Some(path) = &args.report {
                 let extra = finished.as_ref().map(|f| &f.report);
                 if let Err(e) = write_report(path, &outcome, extra) {
-                    print_error(&format!("writing report {}: {e}", path.display()), None);
+                    print_error(&format!("writing report {}: {e}", quoted(path)), None);
                 }
             }
             finished
@@ -99,10 +101,10 @@ fn supervise(
 }
 
 fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
-    let program = args.command[0].to_string_lossy();
+    let program = quoted(&args.command[0]);
     if outcome.timed_out {
         if let Some(t) = policy.timeout {
-            eprintln!("lockbox: timed out after {t:?}; stopped every process in the sandbox");
+            eoutln!("lockbox: timed out after {t:?}; stopped every process in the sandbox");
         }
     } else if outcome.oom_killed {
         let limit = policy
@@ -110,14 +112,14 @@ fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
             .memory
             .map(|m| m.to_string())
             .unwrap_or_default();
-        eprintln!("lockbox: the sandbox exceeded its memory limit ({limit}) and was killed");
+        eoutln!("lockbox: the sandbox exceeded its memory limit ({limit}) and was killed");
     } else if let Status::ExecFailed(errno) = outcome.status {
         let why = std::io::Error::from_raw_os_error(errno);
         if errno == libc::ENOENT {
-            eprintln!("lockbox: {program}: command not found inside the sandbox");
-            eprintln!("hint: grant its directory with -r, or give its full path");
+            eoutln!("lockbox: {program}: command not found inside the sandbox");
+            eoutln!("hint: grant its directory with -r, or give its full path");
         } else {
-            eprintln!("lockbox: {program}: cannot execute: {why}");
+            eoutln!("lockbox: {program}: cannot execute: {why}");
         }
     }
 }
@@ -148,6 +150,6 @@ fn write_report(
     if let (Some(map), Some(serde_json::Value::Object(extra))) = (report.as_object_mut(), extra) {
         map.extend(extra.clone());
     }
-    let text = serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?;
+    let text = crate::output::json(&report, true);
     std::fs::write(path, text + "\n")
 }

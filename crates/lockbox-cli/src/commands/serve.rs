@@ -1,6 +1,7 @@
 //! `lockbox serve`: the HTTP API of long-lived sandboxes (lockbox-server) on a listener,
 //! until SIGTERM or SIGINT; then every sandbox is deleted (its branch's on-exit applied).
 
+use crate::output::{eoutln, outln};
 use anyhow::Context;
 use clap::Args;
 use lockbox_policy::ByteSize;
@@ -122,17 +123,20 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let addr = listener.local_addr().context("reading the bound address")?;
-        let mut line = serde_json::json!({ "listen": addr.to_string(), "token_file": token_file });
+        let mut line = serde_json::json!({
+            "listen": addr.to_string(),
+            "token_file": lockbox_policy::name::Encoded(&token_file),
+        });
         if args.print_token {
             line["token"] = token.secret().into();
         }
-        println!("{line}");
-        eprintln!(
+        outln!("{}", crate::output::json(&line, false));
+        eoutln!(
             "lockbox: serving http://{addr} (token in {}; API at /openapi.json)",
             token_file.display()
         );
         if !addr.ip().is_loopback() {
-            eprintln!("lockbox: warning: {addr} is not loopback and the API is plain HTTP");
+            eoutln!("lockbox: warning: {addr} is not loopback and the API is plain HTTP");
         }
         lockbox_server::serve(listener, runtime, token, server_config, stop)
             .await
@@ -150,14 +154,14 @@ fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
-        eprintln!("lockbox: stopping: deleting every sandbox");
+        eoutln!("lockbox: stopping: deleting every sandbox");
     })
 }
 
 fn warn_if_readable_by_others(path: &std::path::Path) {
     if let Ok(meta) = std::fs::metadata(path) {
         if meta.permissions().mode() & 0o077 != 0 {
-            eprintln!(
+            eoutln!(
                 "lockbox: warning: token file {} is accessible to other users (chmod 600 it)",
                 path.display()
             );

@@ -5,7 +5,10 @@
 
 use super::print_error;
 use crate::cli::PolicyArgs;
+use crate::output::json;
+use crate::output::{eout, eoutln, out, outln};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lockbox_policy::name::{quoted, Encoded};
 use lockbox_policy::{parse_duration, Policy};
 use lockbox_txn::{
     AbortReason, ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage,
@@ -179,8 +182,8 @@ fn writable_in(dir: &Path, given: &Path, canonical: &Path) -> Result<PathBuf, St
     let outside = || {
         format!(
             "--writable {}: not inside the workdir {}",
-            dir.display(),
-            given.display()
+            quoted(dir),
+            quoted(given)
         )
     };
     let rel = if dir.is_absolute() {
@@ -252,33 +255,33 @@ pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
     match lockbox_txn::recover_workdir(state_dir, workdir) {
         Ok(Some(r)) => {
             for id in &r.rolled_forward {
-                eprintln!("lockbox: finished transaction {id}, interrupted after its commit point");
+                eoutln!("lockbox: finished transaction {id}, interrupted after its commit point");
             }
             for id in &r.rolled_back {
-                eprintln!(
+                eoutln!(
                     "lockbox: rolled back transaction {id}, interrupted before its commit point"
                 );
             }
             for id in &r.abandoned {
-                eprintln!("lockbox: aborted transaction {id}: its process died while it ran");
+                eoutln!("lockbox: aborted transaction {id}: its process died while it ran");
             }
             for dir in &r.removed {
-                eprintln!(
+                eoutln!(
                     "lockbox: removed {}: a crash left it half-made",
-                    dir.display()
+                    quoted(dir)
                 );
             }
             for id in &r.left_prepared {
-                eprintln!(
+                eoutln!(
                     "lockbox: transaction {id} is still prepared: its commit was interrupted before its commit point"
                 );
             }
         }
         // Busy: a live commit holds the lock and recovers the workdir itself.
         Ok(None) => {}
-        Err(e) => eprintln!(
+        Err(e) => eoutln!(
             "lockbox: warning: recovering transactions of {}: {e}",
-            workdir.display()
+            quoted(workdir)
         ),
     }
 }
@@ -290,7 +293,7 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
         2
     };
     let workdir = std::fs::canonicalize(&flags.workdir)
-        .map_err(|e| usage(format!("workdir {}: {e}", flags.workdir.display())))?;
+        .map_err(|e| usage(format!("workdir {}: {e}", quoted(&flags.workdir))))?;
     let mut p = base.clone();
     let mut writable: Option<Vec<PathBuf>> = None;
     for (_, words) in flags.stage_opts.iter().filter(|(s, _)| s == sel) {
@@ -380,15 +383,12 @@ impl<'a> Output<'a> {
     /// cannot be written turns a success into exit 125.
     fn emit(&self, value: &Value, code: i32) -> i32 {
         if self.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(value).unwrap_or_default()
-            );
+            outln!("{}", json(value, true));
         }
         if let Some(path) = self.report {
-            let text = serde_json::to_string_pretty(value).unwrap_or_default() + "\n";
+            let text = json(value, true) + "\n";
             if let Err(e) = std::fs::write(path, text) {
-                print_error(&format!("writing report {}: {e}", path.display()), None);
+                print_error(&format!("writing report {}: {e}", quoted(path)), None);
                 return if code == 0 { 125 } else { code };
             }
         }
@@ -437,28 +437,29 @@ fn finish(result: Result<TxnOutcome, TxnError>, action: Action, out: Output<'_>)
         return out.emit(&outcome_json(&outcome, action, true), code);
     }
     for s in &outcome.stages {
-        eprintln!(
+        eoutln!(
             "lockbox: {}: exit {} in {:?}",
-            s.name, s.exit_code, s.duration
+            s.name,
+            s.exit_code,
+            s.duration
         );
     }
     for c in &outcome.conflicts {
-        eprintln!(
+        eoutln!(
             "lockbox: conflict: {} written by {}",
-            c.path.display(),
+            quoted(&c.path),
             c.stages.join(", ")
         );
     }
     match (&outcome.abort_reason, action) {
-        (Some(_), Action::DryRun) => print!("{}", outcome.changes.to_lines()),
-        (Some(reason), _) => eprintln!("lockbox: not committed: {reason:?}"),
+        (Some(_), Action::DryRun) => out!("{}", outcome.changes.to_lines()),
+        (Some(reason), _) => eoutln!("lockbox: not committed: {reason:?}"),
         (None, _) => {}
     }
     if !matches!(action, Action::DryRun) {
-        eprint!("{}", outcome.changes.to_lines());
+        eout!("{}", outcome.changes.to_lines());
         if let Ok(bytes) = outcome.stdout.read_all() {
-            use std::io::Write;
-            let _ = std::io::stdout().write_all(&bytes);
+            crate::output::stdout_bytes(&bytes);
         }
     }
     out.emit(&outcome_json(&outcome, action, false), code)
@@ -487,7 +488,7 @@ fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
             Err(e) => return finish(Err(e), Action::Prepared, out),
         };
         if !out.json {
-            println!("{id}");
+            outln!("{id}");
         }
         return out.emit(&outcome_json(&outcome, Action::Prepared, false), 0);
     }
@@ -514,7 +515,7 @@ pub fn pipeline(args: &PipelineArgs) -> i32 {
         match read {
             Ok(bytes) => p = p.stdin(bytes),
             Err(e) => {
-                print_error(&format!("--stdin {}: {e}", path.display()), None);
+                print_error(&format!("--stdin {}: {e}", quoted(path)), None);
                 return 2;
             }
         }
@@ -623,25 +624,25 @@ pub fn txn(args: &TxnArgs) -> i32 {
                     .map(|t| match t {
                         ListedTxn::Ok(r) => record_json(r),
                         ListedTxn::Damaged { dir, error } => json!({
-                            "dir": dir, "state": "damaged", "error": error.to_string()
+                            "dir": Encoded(dir), "state": "damaged", "error": error.to_string()
                         }),
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                outln!("{}", json(&v, true));
                 return 0;
             }
             for t in all {
                 match t {
-                    ListedTxn::Ok(r) => println!(
+                    ListedTxn::Ok(r) => outln!(
                         "{}\t{}\t{:?}\t{}",
                         r.id,
                         r.state.name(),
                         r.kind,
-                        r.workdir.display()
+                        quoted(&r.workdir)
                     ),
-                    ListedTxn::Damaged { dir, error } => println!(
+                    ListedTxn::Damaged { dir, error } => outln!(
                         "{}\tdamaged\t{error}; remove it with `lockbox txn abort ID`",
-                        dir.display()
+                        quoted(&dir)
                     ),
                 }
             }
@@ -655,8 +656,7 @@ pub fn txn(args: &TxnArgs) -> i32 {
             });
             match rec {
                 Some(r) => {
-                    let v = record_json(&r);
-                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                    outln!("{}", json(&record_json(&r), true));
                     Ok(0)
                 }
                 None => Err(TxnError::NotFound {
@@ -689,9 +689,9 @@ pub fn txn(args: &TxnArgs) -> i32 {
             Err(TxnError::NotFound { .. } | TxnError::CorruptRecord { .. }) => {
                 lockbox_txn::remove_damaged(&state, &id)?;
                 if args.json {
-                    println!("{}", json!({ "id": id, "action": "removed" }));
+                    outln!("{}", json(&json!({ "id": id, "action": "removed" }), false));
                 } else {
-                    eprintln!("lockbox: removed transaction {id}, whose record was unreadable");
+                    eoutln!("lockbox: removed transaction {id}, whose record was unreadable");
                 }
                 Ok(0)
             }
@@ -699,7 +699,7 @@ pub fn txn(args: &TxnArgs) -> i32 {
         }),
         TxnCommand::Recover { workdir } => {
             lockbox_txn::recover(&state, workdir.as_deref()).map(|r| {
-                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                outln!("{}", json(&r, true));
                 0
             })
         }
@@ -707,7 +707,7 @@ pub fn txn(args: &TxnArgs) -> i32 {
     result.unwrap_or_else(|e| {
         print_error(&e, None);
         if args.json {
-            println!("{}", error_json(&e));
+            outln!("{}", json(&error_json(&e), false));
         }
         i32::from(e.exit_code())
     })

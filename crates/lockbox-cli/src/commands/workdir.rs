@@ -2,7 +2,9 @@
 //! committed, aborted or kept after it.
 
 use crate::cli::{BranchAction, WorkspaceArgs};
+use crate::output::{eout, eoutln};
 use lockbox_cow::{import_upper, Branch, ChangeSet, CommitOptions, CowError};
+use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -32,11 +34,12 @@ pub fn begin(
     };
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
-        .map_err(|e| anyhow::anyhow!("creating state directory {}: {e}", state_dir.display()))?;
+        .map_err(|e| anyhow::anyhow!("creating state directory {}: {e}", quoted(&state_dir)))?;
     super::txn::recover_sweep(&state_dir, workdir);
-    let command: Vec<String> = argv
+    // Arguments are bytes like names: the same lossless JSON form.
+    let command: Vec<_> = argv
         .iter()
-        .map(|a| a.to_string_lossy().into_owned())
+        .map(|a| lockbox_policy::name::Encoded(std::path::Path::new(a)))
         .collect();
     let context = json!({ "command": command, "policy": policy });
     let branch = Branch::create(&state_dir, workdir, context)?;
@@ -71,7 +74,7 @@ impl Workspace {
                 let mut branch = self.branch;
                 // Best effort: listed as an orphan otherwise.
                 let _ = branch.record_failure(&e);
-                eprintln!("lockbox: reading the changes of branch {id}: {e}; the branch is kept");
+                eoutln!("lockbox: reading the changes of branch {id}: {e}; the branch is kept");
                 return Finished {
                     exit_code: Some(4),
                     report: json!({ "branch": { "id": id, "action": "kept" } }),
@@ -80,7 +83,7 @@ impl Workspace {
         };
         let action = if args.dry_run {
             if !to_report {
-                eprint!("{}", changes.to_lines());
+                eout!("{}", changes.to_lines());
             }
             BranchAction::Abort
         } else if failed {
@@ -122,7 +125,7 @@ impl Workspace {
             }
             BranchAction::Abort => self.branch.abort().map(|()| "aborted"),
             BranchAction::Keep => self.branch.keep().map(|()| {
-                eprintln!(
+                eoutln!(
                     "lockbox: kept branch {id} ({} changes); see `lockbox branch diff {id}`",
                     changes.len()
                 );
@@ -132,7 +135,7 @@ impl Workspace {
         match result {
             Ok(done) => (done, None),
             Err(e) => {
-                eprintln!("lockbox: branch {id}: {e}");
+                eoutln!("lockbox: branch {id}: {e}");
                 ("kept", Some(4))
             }
         }
@@ -142,20 +145,20 @@ impl Workspace {
     pub fn discard(self) {
         let id = self.branch.id().as_str().to_owned();
         if let Err(e) = self.branch.abort() {
-            eprintln!("lockbox: removing branch {id}: {e}");
+            eoutln!("lockbox: removing branch {id}: {e}");
         }
     }
 }
 
 /// Prints why a commit failed and what to do; the branch stays for review.
 pub fn explain_commit_error(e: &CowError, id: &str) {
-    eprintln!("lockbox: committing branch {id}: {e}");
+    eoutln!("lockbox: committing branch {id}: {e}");
     if let CowError::StaleBase { .. } = e {
-        eprintln!(
+        eoutln!(
             "hint: the branch is kept (state `stale`): review with `lockbox branch diff {id}`, \
              then `lockbox branch commit --force {id}` overwrites them or `lockbox branch abort {id}` drops it"
         );
     } else {
-        eprintln!("hint: the branch is kept; retry with `lockbox branch commit {id}`");
+        eoutln!("hint: the branch is kept; retry with `lockbox branch commit {id}`");
     }
 }
