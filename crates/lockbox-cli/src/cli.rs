@@ -280,6 +280,11 @@ pub struct PolicyArgs {
     /// Largest file a process may write (e.g. 100M); beyond it writes fail (SIGXFSZ).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_file_size: Option<ByteSize>,
+    /// Most inodes (files, directories, symlinks, hard links) in each tmpfs the sandbox
+    /// can write: /tmp, /dev/shm and a --max-disk branch (which also holds at most one per
+    /// 4K of --max-disk) [default: 262144, or one per 1K of --max-memory if fewer].
+    #[arg(long, value_name = "N")]
+    pub max_inodes: Option<u64>,
     /// Wall-clock limit (e.g. 500ms, 10s, 2m): then SIGTERM to every process in the
     /// sandbox, SIGKILL after --kill-grace, exit code 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
@@ -387,6 +392,7 @@ impl PolicyArgs {
         limits.cpu_time = self.max_cpu_time.or(limits.cpu_time);
         limits.open_files = self.max_open_files.or(limits.open_files);
         limits.file_size = self.max_file_size.or(limits.file_size);
+        limits.inodes = self.max_inodes.or(limits.inodes);
         policy.timeout = self.timeout.or(policy.timeout);
         if let Some(grace) = self.kill_grace {
             policy.kill_grace = grace;

@@ -527,7 +527,7 @@ fn command(argv: &[OsString], path_var: &str) -> Result<child::Command, SetupErr
 /// The work directory is overlayfs's scratch space, and what the upper holds is as durable
 /// as its user made it (a kept branch is synced), so lockbox removes the mark.
 fn clear_volatile_mark(overlay: &resolve::ResolvedOverlay) -> Result<(), SetupError> {
-    let Some(upper) = overlay.upper.as_ref().filter(|u| u.max_size.is_none()) else {
+    let Some(upper) = overlay.upper.as_ref().filter(|u| u.bound.is_none()) else {
         return Ok(());
     };
     let mark = upper
