@@ -6,7 +6,8 @@
 //! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2 and close
 //!    every other descriptor of the caller's;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
-//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves;
+//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves; then,
+//!    when the host's root is mapped, the namespace's own per-user limits (`quotas`);
 //! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
 //! 4. make every mount private, so nothing we do propagates to the host;
 //! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
@@ -86,6 +87,8 @@ pub struct Prepared {
     /// The network filter and the socket its listener is announced on (see `netsup`).
     pub(crate) net: Option<(Vec<seccompiler::sock_filter>, RawFd)>,
     pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    /// (path, value) of the user namespace's own limits of per-user quotas (see `quotas`).
+    pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     pub(crate) pass_fds: Vec<RawFd>,
     /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
     pub(crate) keep_fds: Vec<RawFd>,
@@ -206,6 +209,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     close_other_fds(&p.keep_fds, None, &[]);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
+    limit_user_quotas(p)?;
     if p.new_cgroup_ns {
         sys::unshare(libc::CLONE_NEWCGROUP).map_err(at(Step::UnshareCgroup))?; // 3
     }
@@ -257,6 +261,16 @@ fn map_ids(p: &Prepared) -> Result<(), Fail> {
     sys::write_file(c"/proc/self/setgroups", b"deny", 0).map_err(at(Step::WriteSetgroups))?;
     sys::write_file(c"/proc/self/uid_map", &p.uid_map, 0).map_err(at(Step::WriteUidMap))?;
     sys::write_file(c"/proc/self/gid_map", &p.gid_map, 0).map_err(at(Step::WriteGidMap))
+}
+
+/// Writes the sandbox user namespace's own limits (the host's `/proc` is still mounted, and
+/// the kernel picks the writer's namespace), so that the caller keeps the rest of its
+/// per-user quotas. Needs the host's uid 0 mapped, which the parent checked.
+fn limit_user_quotas(p: &Prepared) -> Result<(), Fail> {
+    for (i, (path, value)) in p.user_sysctls.iter().enumerate() {
+        sys::write_file(path, value, 0).map_err(at_index(Step::LimitUserQuota, i))?;
+    }
+    Ok(())
 }
 
 fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {

@@ -38,6 +38,8 @@ pub struct Enforcement {
     pub no_new_privs: bool,
     /// How each requested limit is enforced.
     pub limits: LimitMechanisms,
+    /// The most the sandbox may hold of the caller's per-user kernel quotas.
+    pub user_quotas: Box<crate::quotas::UserQuotas>,
     /// "none (loopback only)", "host", or how a network list is enforced.
     pub network: &'static str,
 }
@@ -423,6 +425,7 @@ fn spawn_inner(
         seccomp_denied_syscalls: seccomp::denied().len(),
         no_new_privs: true,
         limits: limits.mechanisms.clone(),
+        user_quotas: Box::new(limits.user_quotas.clone()),
         network: match policy.net {
             Net::None => "none (loopback only)",
             Net::Host => "host",
@@ -454,6 +457,7 @@ fn spawn_inner(
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
         rlimits: limits.rlimits.clone(),
+        user_sysctls: limits.user_sysctls.clone(),
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
@@ -865,6 +869,11 @@ impl Running {
                 .get(index)
                 .map(|r| format!(" {}", r.path.to_string_lossy())),
             Step::Chdir => Some(format!(" {}", self.plan.cwd.to_string_lossy())),
+            Step::LimitUserQuota => self
+                .limits
+                .user_sysctls
+                .get(index)
+                .map(|(path, _)| format!(" {}", path.to_string_lossy())),
             Step::Exec => self.programs.get(self.step).map(|p| format!(" {p}")),
             _ => None,
         };
@@ -997,6 +1006,7 @@ mod tests {
                 seccomp_denied_syscalls: 0,
                 no_new_privs: true,
                 limits: LimitMechanisms::default(),
+                user_quotas: Box::default(),
                 network: "",
             },
             net: None,

@@ -619,6 +619,17 @@ pub fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> 
     check_int(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
 }
 
+/// `getrlimit(resource)`: (soft, hard), `RLIM_INFINITY` for none.
+pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), Errno> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a live, writable rlimit.
+    check_int(unsafe { libc::getrlimit(resource, &mut limit) })?;
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
 /// `landlock_create_ruleset(attr, size, flags)`.
 pub fn landlock_create_ruleset(attr: Option<&[u8]>, flags: u32) -> Result<RawFd, Errno> {
     let (ptr, len) = attr.map_or((ptr::null(), 0), |a| (a.as_ptr(), a.len()));
