@@ -3,8 +3,10 @@
 //! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
 //! steps, one function each, and reports a failure as a fixed-size [`Record`]:
 //!
-//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2 and close
-//!    every other descriptor of the caller's;
+//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2, wipe the
+//!    caller's command line and environment from our copy of its memory (`proctitle`: the
+//!    command would read them in `/proc/1/cmdline`), and close every other descriptor of
+//!    the caller's;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
 //! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves; then,
 //!    when the host's root is mapped, the namespace's own per-user limits (`quotas`);
@@ -104,6 +106,11 @@ pub struct Prepared {
     pub(crate) source_fds: Vec<RawFd>,
     /// Stack of the command child, which starts sharing the init's memory.
     pub(crate) command_stack: Vec<u8>,
+    /// The caller's memory layout, whose argument and environment areas the init wipes.
+    pub(crate) layout: crate::proctitle::Layout,
+    /// [`crate::proctitle::TITLE`] on the heap: `/proc/PID/cmdline` reads only anonymous
+    /// memory.
+    pub(crate) title: Vec<u8>,
 }
 
 /// One command to execute: its argv and where `execve` looks for it, in order.
@@ -202,6 +209,7 @@ fn fail_exit(p: &Prepared, fail: Fail) -> ! {
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     redirect_stdio(p)?; // 0
+    hide_command_line(p)?;
 
     // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
     // setup opened) matters for a gated sandbox, which may wait long while holding copies
@@ -246,6 +254,21 @@ fn redirect_stdio(p: &Prepared) -> Result<(), Fail> {
             sys::dup2(fd, target as RawFd).map_err(at(Step::RedirectStdio))?;
         }
     }
+    Ok(())
+}
+
+/// Forgets the caller's command line and environment (see `proctitle`): wipes both areas
+/// in our copy of the caller's memory, with the title at the start of the first, then,
+/// where the kernel allows, points `/proc/1/cmdline` at the title alone.
+fn hide_command_line(p: &Prepared) -> Result<(), Fail> {
+    sys::wipe_exec_strings(&p.layout, &p.title);
+    let name = CStr::from_bytes_with_nul(&p.title)
+        .map_err(|_| Errno(libc::EINVAL))
+        .map_err(at(Step::HideCommandLine))?;
+    sys::set_name(name).map_err(at(Step::HideCommandLine))?;
+    // Cosmetic (the NUL padding goes): kernels without CONFIG_CHECKPOINT_RESTORE refuse it,
+    // and the wipe above already removed everything of the caller's.
+    let _ = sys::set_mm_map(&p.layout.with_title(&p.title, sys::current_brk()));
     Ok(())
 }
 

@@ -76,10 +76,11 @@ pub enum Step {
     NetHandover,
     UnshareIpc,
     LimitUserQuota,
+    HideCommandLine,
 }
 
 impl Step {
-    const ALL: [Step; 32] = [
+    const ALL: [Step; 33] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -112,6 +113,7 @@ impl Step {
         Step::NetHandover,
         Step::UnshareIpc,
         Step::LimitUserQuota,
+        Step::HideCommandLine,
     ];
 
     fn from_code(code: u32) -> Option<Step> {
@@ -153,6 +155,7 @@ impl Step {
             Step::NetHandover => "handing the network filter to the supervisor",
             Step::UnshareIpc => "creating the next command's IPC namespace",
             Step::LimitUserQuota => "limiting the sandbox's share of a per-user quota:",
+            Step::HideCommandLine => "hiding the caller's command line from the sandbox",
         }
     }
 }

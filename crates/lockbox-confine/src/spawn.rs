@@ -433,7 +433,10 @@ fn spawn_inner(
             Net::Deny(_) => "deny-list (own namespace; seccomp user notification, host sockets installed by the supervisor)",
         },
     };
+    let layout = crate::proctitle::Layout::of_self()?;
     let mut prepared = Prepared {
+        title: crate::proctitle::TITLE.to_vec(),
+        layout,
         source_fds: vec![-1; plan.sources.len()],
         command_stack: vec![0; COMMAND_STACK],
         plan,
