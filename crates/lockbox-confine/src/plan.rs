@@ -649,7 +649,14 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
         target: cstring(b"dev/pts"),
         fstype: cstring(b"devpts"),
         flags: libc::MS_NOSUID | libc::MS_NOEXEC,
-        data: cstring(b"newinstance,ptmxmode=0666,mode=620"),
+        // `max`: the sandbox's share of the pseudo-terminals all instances draw from.
+        data: cstring(
+            format!(
+                "newinstance,ptmxmode=0666,mode=620,max={}",
+                resolved.ptys.max(1)
+            )
+            .as_bytes(),
+        ),
     });
     plan.rules.push(Rule {
         path: cstring(b"/dev/pts"),
@@ -900,6 +907,7 @@ mod tests {
             devices: vec!["null"],
             cwd: "/".into(),
             scratch_inodes: lockbox_policy::DEFAULT_TMPFS_INODES,
+            ptys: 768,
             ..Resolved::default()
         }
     }
@@ -968,6 +976,15 @@ mod tests {
         assert_eq!(
             mount_data(&never_unlimited, "tmp").as_deref(),
             Some("mode=1777,nr_inodes=1")
+        );
+    }
+
+    #[test]
+    fn the_devpts_instance_holds_the_sandboxs_share_of_ptys() {
+        let plan = build(&resolved(vec![]));
+        assert_eq!(
+            mount_data(&plan, "dev/pts").as_deref(),
+            Some("newinstance,ptmxmode=0666,mode=620,max=768")
         );
     }
 

@@ -52,6 +52,9 @@ pub struct Resolved {
     /// Without it every empty file, directory or symlink would pin unreclaimable kernel
     /// memory that nothing else counts.
     pub scratch_inodes: u64,
+    /// Most pseudo-terminals the sandbox's devpts instance may hold (its `max=`), see
+    /// [`pty_share`].
+    pub ptys: u64,
     /// Hostnames of the network lists, resolved once and pinned (shown in `/etc/hosts`).
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
     /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
@@ -169,6 +172,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         .collect();
     out.scratch_size = policy.limits.memory.map(|m| m.bytes());
     out.scratch_inodes = policy.limits.tmpfs_inodes();
+    out.ptys = pty_share(Path::new("/proc/sys/kernel/pty"));
     out.net_pins = pin_names(&policy.net)?;
     out.net_rules = match &policy.net {
         Net::Allow(specs) | Net::Deny(specs) => {
@@ -204,6 +208,22 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
     Ok(out)
+}
+
+/// The sandbox's share of the pseudo-terminals every devpts instance but the host's
+/// initial one draws from (`kernel.pty.max` minus `kernel.pty.reserve`, 4096 - 1024 by
+/// default): a quarter ([`crate::SHARE_DIVISOR`]), so that one sandbox cannot leave the
+/// others, or the host's containers, without any. Read from `dir` (`/proc/sys/kernel/pty`);
+/// the kernel's defaults when it cannot be read.
+pub fn pty_share(dir: &Path) -> u64 {
+    let read = |name: &str, default: u64| {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    let shared = read("max", 4096).saturating_sub(read("reserve", 1024));
+    (shared / crate::SHARE_DIVISOR).max(1)
 }
 
 /// Resolves copy-on-write views: canonical layers, checked to be directories, and their
@@ -528,6 +548,17 @@ fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_gets_a_quarter_of_the_shared_ptys() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(pty_share(dir.path()), 768);
+        std::fs::write(dir.path().join("max"), "2048\n").unwrap();
+        std::fs::write(dir.path().join("reserve"), "1024\n").unwrap();
+        assert_eq!(pty_share(dir.path()), 256);
+        std::fs::write(dir.path().join("max"), "1024\n").unwrap();
+        assert_eq!(pty_share(dir.path()), 1);
+    }
 
     fn restricted_view(work: &Path, writable: &[&str]) -> Policy {
         let upper = work.parent().unwrap().join("upper");
