@@ -194,7 +194,9 @@ pub struct WorkspaceArgs {
     pub force: bool,
     /// Bound the branch (e.g. 1G): writes beyond it fail inside with ENOSPC. The branch is
     /// held in memory (a tmpfs) while the sandbox runs, then stored in the state directory.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "workdir")]
+    /// It holds at most one inode (file, directory, symlink, hard link) per 4K of SIZE, and
+    /// no more than --max-inodes.
+    #[arg(long, value_name = "SIZE", value_parser = parse_disk_size, requires = "workdir")]
     pub max_disk: Option<ByteSize>,
     #[command(flatten)]
     pub state: StateArgs,
@@ -318,6 +320,14 @@ pub struct PolicyArgs {
 fn parse_size(s: &str) -> Result<ByteSize, String> {
     s.parse()
         .map_err(|e: lockbox_policy::PolicyError| e.to_string())
+}
+
+/// A `--max-disk` size: 0 would be no bound at all to the kernel's tmpfs.
+fn parse_disk_size(s: &str) -> Result<ByteSize, String> {
+    match parse_size(s)? {
+        ByteSize(0) => Err("must be greater than zero".into()),
+        size => Ok(size),
+    }
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
