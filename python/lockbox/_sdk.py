@@ -169,6 +169,9 @@ class Sandbox:
             ``LC_ALL``, ``TERM`` are inherited and ``HOME=/tmp``).
         cwd: the current directory inside (default: the workdir).
         max_cpu_time: CPU seconds per process. ``max_open_files``, ``max_file_size``: limits.
+        max_inodes: files, directories and symlinks each of the sandbox's own tmpfs mounts
+            (``/tmp``, ``/dev/shm``) may hold (default 262144, or one per KiB of
+            ``max_memory`` if fewer; docs/security.md).
         default_reads: include the default read-only system paths.
         hostname: the hostname inside.
         kill_grace: seconds between SIGTERM and SIGKILL when stopped.
@@ -195,6 +198,7 @@ class Sandbox:
         max_cpu_time: float | str | None = None,
         max_open_files: int | None = None,
         max_file_size: int | str | None = None,
+        max_inodes: int | None = None,
         default_reads: bool = True,
         hostname: str | None = None,
         kill_grace: float | None = None,
@@ -224,6 +228,7 @@ class Sandbox:
         self.max_cpu_time = max_cpu_time
         self.max_open_files = max_open_files
         self.max_file_size = max_file_size
+        self.max_inodes = max_inodes
         self.default_reads = default_reads
         self.hostname = hostname
         self.kill_grace = kill_grace
@@ -259,6 +264,8 @@ class Sandbox:
             limits["open_files"] = self.max_open_files
         if self.max_file_size is not None:
             limits["file_size"] = _size(self.max_file_size)
+        if self.max_inodes is not None:
+            limits["inodes"] = self.max_inodes
         # Paths in lockbox's JSON form: a name that is not UTF-8 is {"bytes": base64}.
         policy: dict[str, Any] = {
             "fs": {"default_reads": self.default_reads, "read": [to_json(p) for p in read],
@@ -349,6 +356,7 @@ class Sandbox:
             "max_processes": self.max_processes,
             "max_open_files": self.max_open_files,
             "max_file_size": _size(self.max_file_size),
+            "max_inodes": self.max_inodes,
             "timeout_ms": _ms(self.timeout),
             "kill_grace_ms": _ms(self.kill_grace),
             "env": env or None,

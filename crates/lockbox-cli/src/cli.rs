@@ -196,7 +196,9 @@ pub struct WorkspaceArgs {
     pub force: bool,
     /// Bound the branch (e.g. 1G): writes beyond it fail inside with ENOSPC. The branch is
     /// held in memory (a tmpfs) while the sandbox runs, then stored in the state directory.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "workdir")]
+    /// It holds at most one inode (file, directory, symlink, hard link) per 4K of SIZE, and
+    /// no more than --max-inodes.
+    #[arg(long, value_name = "SIZE", value_parser = parse_disk_size, requires = "workdir")]
     pub max_disk: Option<ByteSize>,
     #[command(flatten)]
     pub state: StateArgs,
@@ -282,6 +284,11 @@ pub struct PolicyArgs {
     /// Largest file a process may write (e.g. 100M); beyond it writes fail (SIGXFSZ).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_file_size: Option<ByteSize>,
+    /// Most inodes (files, directories, symlinks, hard links) in each tmpfs the sandbox
+    /// can write: /tmp, /dev/shm and a --max-disk branch (which also holds at most one per
+    /// 4K of --max-disk) [default: 262144, or one per 1K of --max-memory if fewer].
+    #[arg(long, value_name = "N")]
+    pub max_inodes: Option<u64>,
     /// Wall-clock limit (e.g. 500ms, 10s, 2m): then SIGTERM to every process in the
     /// sandbox, SIGKILL after --kill-grace, exit code 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
@@ -315,6 +322,14 @@ pub struct PolicyArgs {
 fn parse_size(s: &str) -> Result<ByteSize, String> {
     s.parse()
         .map_err(|e: lockbox_policy::PolicyError| e.to_string())
+}
+
+/// A `--max-disk` size: 0 would be no bound at all to the kernel's tmpfs.
+fn parse_disk_size(s: &str) -> Result<ByteSize, String> {
+    match parse_size(s)? {
+        ByteSize(0) => Err("must be greater than zero".into()),
+        size => Ok(size),
+    }
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -389,6 +404,7 @@ impl PolicyArgs {
         limits.cpu_time = self.max_cpu_time.or(limits.cpu_time);
         limits.open_files = self.max_open_files.or(limits.open_files);
         limits.file_size = self.max_file_size.or(limits.file_size);
+        limits.inodes = self.max_inodes.or(limits.inodes);
         policy.timeout = self.timeout.or(policy.timeout);
         if let Some(grace) = self.kill_grace {
             policy.kill_grace = grace;

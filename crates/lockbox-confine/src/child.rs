@@ -3,10 +3,13 @@
 //! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
 //! steps, one function each, and reports a failure as a fixed-size [`Record`]:
 //!
-//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2 and close
-//!    every other descriptor of the caller's;
+//! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2, wipe the
+//!    caller's command line and environment from our copy of its memory (`proctitle`: the
+//!    command would read them in `/proc/1/cmdline`), and close every other descriptor of
+//!    the caller's;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
-//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves;
+//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves; then,
+//!    when the host's root is mapped, the namespace's own per-user limits (`quotas`);
 //! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
 //! 4. make every mount private, so nothing we do propagates to the host;
 //! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
@@ -86,6 +89,8 @@ pub struct Prepared {
     /// The network filter and the socket its listener is announced on (see `netsup`).
     pub(crate) net: Option<(Vec<seccompiler::sock_filter>, RawFd)>,
     pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    /// (path, value) of the user namespace's own limits of per-user quotas (see `quotas`).
+    pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     pub(crate) pass_fds: Vec<RawFd>,
     /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
     pub(crate) keep_fds: Vec<RawFd>,
@@ -101,6 +106,11 @@ pub struct Prepared {
     pub(crate) source_fds: Vec<RawFd>,
     /// Stack of the command child, which starts sharing the init's memory.
     pub(crate) command_stack: Vec<u8>,
+    /// The caller's memory layout, whose argument and environment areas the init wipes.
+    pub(crate) layout: crate::proctitle::Layout,
+    /// [`crate::proctitle::TITLE`] on the heap: `/proc/PID/cmdline` reads only anonymous
+    /// memory.
+    pub(crate) title: Vec<u8>,
 }
 
 /// One command to execute: its argv and where `execve` looks for it, in order.
@@ -199,6 +209,7 @@ fn fail_exit(p: &Prepared, fail: Fail) -> ! {
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     redirect_stdio(p)?; // 0
+    hide_command_line(p)?;
 
     // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
     // setup opened) matters for a gated sandbox, which may wait long while holding copies
@@ -206,6 +217,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     close_other_fds(&p.keep_fds, None, &[]);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
+    limit_user_quotas(p)?;
     if p.new_cgroup_ns {
         sys::unshare(libc::CLONE_NEWCGROUP).map_err(at(Step::UnshareCgroup))?; // 3
     }
@@ -245,6 +257,21 @@ fn redirect_stdio(p: &Prepared) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Forgets the caller's command line and environment (see `proctitle`): wipes both areas
+/// in our copy of the caller's memory, with the title at the start of the first, then,
+/// where the kernel allows, points `/proc/1/cmdline` at the title alone.
+fn hide_command_line(p: &Prepared) -> Result<(), Fail> {
+    sys::wipe_exec_strings(&p.layout, &p.title);
+    let name = CStr::from_bytes_with_nul(&p.title)
+        .map_err(|_| Errno(libc::EINVAL))
+        .map_err(at(Step::HideCommandLine))?;
+    sys::set_name(name).map_err(at(Step::HideCommandLine))?;
+    // Cosmetic (the NUL padding goes): kernels without CONFIG_CHECKPOINT_RESTORE refuse it,
+    // and the wipe above already removed everything of the caller's.
+    let _ = sys::set_mm_map(&p.layout.with_title(&p.title, sys::current_brk()));
+    Ok(())
+}
+
 fn join_cgroups(p: &Prepared) -> Result<(), Fail> {
     for &fd in &p.cgroup_procs {
         sys::write_all(fd, b"0\n").map_err(at(Step::JoinCgroup))?;
@@ -257,6 +284,16 @@ fn map_ids(p: &Prepared) -> Result<(), Fail> {
     sys::write_file(c"/proc/self/setgroups", b"deny", 0).map_err(at(Step::WriteSetgroups))?;
     sys::write_file(c"/proc/self/uid_map", &p.uid_map, 0).map_err(at(Step::WriteUidMap))?;
     sys::write_file(c"/proc/self/gid_map", &p.gid_map, 0).map_err(at(Step::WriteGidMap))
+}
+
+/// Writes the sandbox user namespace's own limits (the host's `/proc` is still mounted, and
+/// the kernel picks the writer's namespace), so that the caller keeps the rest of its
+/// per-user quotas. Needs the host's uid 0 mapped, which the parent checked.
+fn limit_user_quotas(p: &Prepared) -> Result<(), Fail> {
+    for (i, (path, value)) in p.user_sysctls.iter().enumerate() {
+        sys::write_file(path, value, 0).map_err(at_index(Step::LimitUserQuota, i))?;
+    }
+    Ok(())
 }
 
 fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {

@@ -32,6 +32,8 @@ mod limits;
 mod netsup;
 mod plan;
 mod probe;
+mod proctitle;
+mod quotas;
 mod report;
 mod resolve;
 mod seccomp;
@@ -48,6 +50,8 @@ pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{parse_sockaddr, NetReport};
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
+pub use crate::proctitle::TITLE as INIT_TITLE;
+pub use crate::quotas::{UserQuotas, SHARE_DIVISOR};
 pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
 pub use crate::seccomp::{
     denied as denied_syscalls, Allowed, Denied, RefusedFamily, When,

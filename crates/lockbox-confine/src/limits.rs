@@ -9,6 +9,7 @@
 //! detected by `lockbox check` but not used yet.
 
 use crate::error::SetupError;
+use crate::quotas::{self, UserQuotas};
 use lockbox_policy::Limits;
 use serde::Serialize;
 use std::fs;
@@ -55,7 +56,8 @@ pub struct Cgroups {
     procs: Vec<OwnedFd>,
 }
 
-/// The decided limits: rlimits for the command, cgroups to join, and the report.
+/// The decided limits: rlimits for the command, cgroups to join, the sandbox's share of
+/// the caller's per-user quotas, and the report.
 #[derive(Debug)]
 pub struct LimitPlan {
     /// (resource, soft, hard) for `setrlimit` in the command child.
@@ -64,6 +66,10 @@ pub struct LimitPlan {
     pub cgroups: Option<Cgroups>,
     /// What enforces what.
     pub mechanisms: LimitMechanisms,
+    /// (path, value) of the user namespace's own limits the init writes (see `quotas`).
+    pub user_sysctls: Vec<(std::ffi::CString, Vec<u8>)>,
+    /// What the sandbox may hold of the caller's per-user quotas.
+    pub user_quotas: UserQuotas,
 }
 
 /// Decides how to enforce `limits` and creates the cgroups. `cgroup_root` is normally
@@ -73,6 +79,8 @@ pub fn prepare(limits: &Limits, cgroup_root: &Path) -> Result<LimitPlan, SetupEr
         rlimits: Vec::new(),
         cgroups: None,
         mechanisms: LimitMechanisms::default(),
+        user_sysctls: Vec::new(),
+        user_quotas: UserQuotas::default(),
     };
     if limits.memory.is_some() || limits.processes.is_some() {
         plan.cgroups = Cgroups::create_v1(limits, cgroup_root)?;
@@ -122,6 +130,12 @@ pub fn prepare(limits: &Limits, cgroup_root: &Path) -> Result<LimitPlan, SetupEr
         plan.rlimits.push((libc::RLIMIT_FSIZE, size.0, size.0));
         plan.mechanisms.file_size = Some(Mechanism::Rlimit);
     }
+    let uid = crate::sys::ids().0;
+    let host = quotas::HostQuotas::read(Path::new("/proc"), uid);
+    let share = quotas::prepare(&host, uid, limits.processes.is_some());
+    plan.rlimits.extend(share.rlimits);
+    plan.user_sysctls = share.sysctls;
+    plan.user_quotas = share.report;
     Ok(plan)
 }
 

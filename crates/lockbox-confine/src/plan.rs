@@ -460,13 +460,15 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     let lowers: Vec<String> = o.lowers.iter().map(|l| attach(plan, l, true)).collect();
     let mut data = format!("lowerdir={}", lowers.join(":"));
     let mut bounded = None;
-    if let Some(upper) = o.upper.as_ref().filter(|u| u.max_size.is_some()) {
-        // A tmpfs of the given size holds upper and work; handed to lockbox afterwards.
+    if let Some((upper, bound)) = o.upper.as_ref().and_then(|u| Some((u, u.bound?))) {
+        // A tmpfs of the given size holds upper and work; handed to lockbox afterwards. Its
+        // inode bound counts what `size` does not (directories, empty files, short
+        // symlinks, hard links), all of which lockbox later stores on the host's disk.
         let at = format!(".lockbox-upper-{index}");
         tmpfs(
             plan,
             &at,
-            &format!("size={},mode=0700", upper.max_size.unwrap_or(0)),
+            &format!("size={},nr_inodes={},mode=0700", bound.bytes, bound.inodes),
         );
         plan.ops.push(Op::Mkdir {
             path: cstring(format!("{at}/upper").as_bytes()),
@@ -491,7 +493,7 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
     // An upper layer is lockbox's to make durable (a kept branch is synced, a commit fsyncs
     // what it stages): without `volatile`, unmounting the view (the sandbox's end) syncs the
     // whole host filesystem of the upper, and a sandboxed fsync() does the same.
-    if o.upper.as_ref().is_some_and(|u| u.max_size.is_none()) {
+    if o.upper.as_ref().is_some_and(|u| u.bound.is_none()) {
         data.push_str(",volatile");
     }
     plan.ops.push(Op::Mount {
@@ -594,10 +596,15 @@ fn tmpfs(plan: &mut SetupPlan, rel: &str, data: &str) {
 /// Mount options of the sandbox's own writable tmpfs mounts: bounded by `--max-memory` when
 /// set (otherwise the kernel's default, half of RAM). Without a memory cgroup, `RLIMIT_AS`
 /// does not count tmpfs files, so this bound is what keeps `/tmp` from taking host memory.
+///
+/// `size` does not count directories, empty files, short symlinks or hard links, each of
+/// which pins about 1 KiB of kernel memory: `nr_inodes` bounds them (0 would mean no bound
+/// to the kernel, so it is never written).
 fn scratch_options(resolved: &Resolved) -> String {
+    let inodes = resolved.scratch_inodes.max(1);
     match resolved.scratch_size {
-        Some(bytes) => format!("mode={SCRATCH_MODE:o},size={bytes}"),
-        None => format!("mode={SCRATCH_MODE:o}"),
+        Some(bytes) => format!("mode={SCRATCH_MODE:o},size={bytes},nr_inodes={inodes}"),
+        None => format!("mode={SCRATCH_MODE:o},nr_inodes={inodes}"),
     }
 }
 
@@ -642,7 +649,14 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
         target: cstring(b"dev/pts"),
         fstype: cstring(b"devpts"),
         flags: libc::MS_NOSUID | libc::MS_NOEXEC,
-        data: cstring(b"newinstance,ptmxmode=0666,mode=620"),
+        // `max`: the sandbox's share of the pseudo-terminals all instances draw from.
+        data: cstring(
+            format!(
+                "newinstance,ptmxmode=0666,mode=620,max={}",
+                resolved.ptys.max(1)
+            )
+            .as_bytes(),
+        ),
     });
     plan.rules.push(Rule {
         path: cstring(b"/dev/pts"),
@@ -892,6 +906,8 @@ mod tests {
             grants,
             devices: vec!["null"],
             cwd: "/".into(),
+            scratch_inodes: lockbox_policy::DEFAULT_TMPFS_INODES,
+            ptys: 768,
             ..Resolved::default()
         }
     }
@@ -932,20 +948,63 @@ mod tests {
     }
 
     #[test]
-    fn max_memory_bounds_tmp_and_dev_shm() {
+    fn tmp_and_dev_shm_are_bounded_in_inodes_and_by_max_memory_in_size() {
         let unbounded = build(&resolved(vec![]));
-        assert_eq!(mount_data(&unbounded, "tmp").as_deref(), Some("mode=1777"));
+        for target in ["tmp", "dev/shm"] {
+            assert_eq!(
+                mount_data(&unbounded, target).as_deref(),
+                Some("mode=1777,nr_inodes=262144"),
+                "{target}"
+            );
+        }
         let bounded = build(&Resolved {
             scratch_size: Some(64 << 20),
+            scratch_inodes: 65536,
             ..resolved(vec![])
         });
         for target in ["tmp", "dev/shm"] {
             assert_eq!(
                 mount_data(&bounded, target).as_deref(),
-                Some("mode=1777,size=67108864"),
+                Some("mode=1777,size=67108864,nr_inodes=65536"),
                 "{target}"
             );
         }
+        let never_unlimited = build(&Resolved {
+            scratch_inodes: 0,
+            ..resolved(vec![])
+        });
+        assert_eq!(
+            mount_data(&never_unlimited, "tmp").as_deref(),
+            Some("mode=1777,nr_inodes=1")
+        );
+    }
+
+    #[test]
+    fn the_devpts_instance_holds_the_sandboxs_share_of_ptys() {
+        let plan = build(&resolved(vec![]));
+        assert_eq!(
+            mount_data(&plan, "dev/pts").as_deref(),
+            Some("newinstance,ptmxmode=0666,mode=620,max=768")
+        );
+    }
+
+    #[test]
+    fn a_bounded_upper_is_bounded_in_bytes_and_inodes() {
+        let mut r = resolved(vec![]);
+        let mut view = step_view(0, &["/w"]);
+        if let Some(upper) = view.upper.as_mut() {
+            upper.bound = Some(crate::resolve::TmpfsBound {
+                bytes: 1 << 20,
+                inodes: 264,
+            });
+        }
+        r.overlays.push(view);
+        let plan = build(&r);
+        assert_eq!(
+            mount_data(&plan, ".lockbox-upper-0").as_deref(),
+            Some("size=1048576,nr_inodes=264,mode=0700"),
+            "{plan}"
+        );
     }
 
     #[test]
@@ -1043,7 +1102,7 @@ mod tests {
                 parent: "/var/lib/b".into(),
                 upper_name: "upper".into(),
                 work_name: "work".into(),
-                max_size: None,
+                bound: None,
                 mode: 0o755,
             }),
             writable: Some(writable.iter().map(PathBuf::from).collect()),
@@ -1119,7 +1178,7 @@ mod tests {
                 parent: format!("/s/{n}").into(),
                 upper_name: "upper".into(),
                 work_name: "work".into(),
-                max_size: None,
+                bound: None,
                 mode: 0o755,
             }),
             writable: None,

@@ -75,10 +75,12 @@ pub enum Step {
     NetFilter,
     NetHandover,
     UnshareIpc,
+    LimitUserQuota,
+    HideCommandLine,
 }
 
 impl Step {
-    const ALL: [Step; 31] = [
+    const ALL: [Step; 33] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -110,6 +112,8 @@ impl Step {
         Step::NetFilter,
         Step::NetHandover,
         Step::UnshareIpc,
+        Step::LimitUserQuota,
+        Step::HideCommandLine,
     ];
 
     fn from_code(code: u32) -> Option<Step> {
@@ -150,6 +154,8 @@ impl Step {
             Step::NetFilter => "installing the network seccomp filter",
             Step::NetHandover => "handing the network filter to the supervisor",
             Step::UnshareIpc => "creating the next command's IPC namespace",
+            Step::LimitUserQuota => "limiting the sandbox's share of a per-user quota:",
+            Step::HideCommandLine => "hiding the caller's command line from the sandbox",
         }
     }
 }

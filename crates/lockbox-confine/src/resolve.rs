@@ -48,6 +48,13 @@ pub struct Resolved {
     /// Size bound of the sandbox's own tmpfs mounts (`/tmp`, `/dev/shm`): `--max-memory`,
     /// since their files are memory that `RLIMIT_AS` does not count.
     pub scratch_size: Option<u64>,
+    /// Inode bound of the same mounts (`nr_inodes`): [`lockbox_policy::Limits::tmpfs_inodes`].
+    /// Without it every empty file, directory or symlink would pin unreclaimable kernel
+    /// memory that nothing else counts.
+    pub scratch_inodes: u64,
+    /// Most pseudo-terminals the sandbox's devpts instance may hold (its `max=`), see
+    /// [`pty_share`].
+    pub ptys: u64,
     /// Hostnames of the network lists, resolved once and pinned (shown in `/etc/hosts`).
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
     /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
@@ -83,10 +90,19 @@ pub struct ResolvedUpper {
     pub upper_name: String,
     /// File name of the work directory.
     pub work_name: String,
-    /// Bounded (tmpfs) upper of this many bytes, see `OverlayUpper::max_size`.
-    pub max_size: Option<u64>,
+    /// A bounded upper: a tmpfs of this size, see `OverlayUpper::max_size`.
+    pub bound: Option<TmpfsBound>,
     /// Permission bits of the upper directory (the overlay's root takes them).
     pub mode: u32,
+}
+
+/// The size of a bounded (tmpfs) upper layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TmpfsBound {
+    /// Bytes of data (`size`): `OverlayUpper::max_size`.
+    pub bytes: u64,
+    /// Inodes (`nr_inodes`): [`lockbox_policy::Limits::upper_inodes`] of `bytes`.
+    pub inodes: u64,
 }
 
 /// Device nodes bound from the host into the sandbox's `/dev` (those that exist).
@@ -149,12 +165,14 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             add(resolve_grant(path, access, &mut out.symlinks)?);
         }
     }
-    out.overlays = resolve_overlays(&policy.fs.overlays)?;
+    out.overlays = resolve_overlays(&policy.fs.overlays, &policy.limits)?;
     out.devices = DEVICES
         .into_iter()
         .filter(|d| Path::new("/dev").join(d).exists())
         .collect();
     out.scratch_size = policy.limits.memory.map(|m| m.bytes());
+    out.scratch_inodes = policy.limits.tmpfs_inodes();
+    out.ptys = pty_share(Path::new("/proc/sys/kernel/pty"));
     out.net_pins = pin_names(&policy.net)?;
     out.net_rules = match &policy.net {
         Net::Allow(specs) | Net::Deny(specs) => {
@@ -192,10 +210,27 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
     Ok(out)
 }
 
+/// The sandbox's share of the pseudo-terminals every devpts instance but the host's
+/// initial one draws from (`kernel.pty.max` minus `kernel.pty.reserve`, 4096 - 1024 by
+/// default): a quarter ([`crate::SHARE_DIVISOR`]), so that one sandbox cannot leave the
+/// others, or the host's containers, without any. Read from `dir` (`/proc/sys/kernel/pty`);
+/// the kernel's defaults when it cannot be read.
+pub fn pty_share(dir: &Path) -> u64 {
+    let read = |name: &str, default: u64| {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    let shared = read("max", 4096).saturating_sub(read("reserve", 1024));
+    (shared / crate::SHARE_DIVISOR).max(1)
+}
+
 /// Resolves copy-on-write views: canonical layers, checked to be directories, and their
 /// writable paths (see [`ResolvedOverlay::writable`]).
 fn resolve_overlays(
     overlays: &[lockbox_policy::Overlay],
+    limits: &lockbox_policy::Limits,
 ) -> Result<Vec<ResolvedOverlay>, SetupError> {
     let mut out = Vec::with_capacity(overlays.len());
     for overlay in overlays {
@@ -229,7 +264,10 @@ fn resolve_overlays(
                         &dir(&u.upper, "using as an overlay upper layer")?,
                         &dir(&u.work, "using as an overlay work directory")?,
                     )?;
-                    upper.max_size = u.max_size.map(|m| m.0);
+                    upper.bound = u.max_size.map(|m| TmpfsBound {
+                        bytes: m.0,
+                        inodes: limits.upper_inodes(m),
+                    });
                     Some(upper)
                 }
             },
@@ -281,7 +319,7 @@ fn resolve_writable(
     let mut layers: Vec<PathBuf> = overlay
         .upper
         .iter()
-        .filter(|u| u.max_size.is_none())
+        .filter(|u| u.bound.is_none())
         .map(|u| u.parent.join(&u.upper_name))
         .collect();
     layers.extend(overlay.lowers.iter().cloned());
@@ -347,7 +385,7 @@ fn resolve_upper(upper: &Path, work: &Path) -> Result<ResolvedUpper, SetupError>
             parent: parent.to_owned(),
             upper_name,
             work_name,
-            max_size: None,
+            bound: None,
             mode: std::fs::metadata(upper)
                 .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
                 .unwrap_or(0o755),
@@ -510,6 +548,17 @@ fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_gets_a_quarter_of_the_shared_ptys() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(pty_share(dir.path()), 768);
+        std::fs::write(dir.path().join("max"), "2048\n").unwrap();
+        std::fs::write(dir.path().join("reserve"), "1024\n").unwrap();
+        assert_eq!(pty_share(dir.path()), 256);
+        std::fs::write(dir.path().join("max"), "1024\n").unwrap();
+        assert_eq!(pty_share(dir.path()), 1);
+    }
 
     fn restricted_view(work: &Path, writable: &[&str]) -> Policy {
         let upper = work.parent().unwrap().join("upper");

@@ -38,6 +38,8 @@ pub struct Enforcement {
     pub no_new_privs: bool,
     /// How each requested limit is enforced.
     pub limits: LimitMechanisms,
+    /// The most the sandbox may hold of the caller's per-user kernel quotas.
+    pub user_quotas: Box<crate::quotas::UserQuotas>,
     /// "none (loopback only)", "host", or how a network list is enforced.
     pub network: &'static str,
 }
@@ -423,6 +425,7 @@ fn spawn_inner(
         seccomp_denied_syscalls: seccomp::denied().len(),
         no_new_privs: true,
         limits: limits.mechanisms.clone(),
+        user_quotas: Box::new(limits.user_quotas.clone()),
         network: match policy.net {
             Net::None => "none (loopback only)",
             Net::Host => "host",
@@ -430,7 +433,10 @@ fn spawn_inner(
             Net::Deny(_) => "deny-list (own namespace; seccomp user notification, host sockets installed by the supervisor)",
         },
     };
+    let layout = crate::proctitle::Layout::of_self()?;
     let mut prepared = Prepared {
+        title: crate::proctitle::TITLE.to_vec(),
+        layout,
         source_fds: vec![-1; plan.sources.len()],
         command_stack: vec![0; COMMAND_STACK],
         plan,
@@ -454,6 +460,7 @@ fn spawn_inner(
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
         rlimits: limits.rlimits.clone(),
+        user_sysctls: limits.user_sysctls.clone(),
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
@@ -527,7 +534,7 @@ fn command(argv: &[OsString], path_var: &str) -> Result<child::Command, SetupErr
 /// The work directory is overlayfs's scratch space, and what the upper holds is as durable
 /// as its user made it (a kept branch is synced), so lockbox removes the mark.
 fn clear_volatile_mark(overlay: &resolve::ResolvedOverlay) -> Result<(), SetupError> {
-    let Some(upper) = overlay.upper.as_ref().filter(|u| u.max_size.is_none()) else {
+    let Some(upper) = overlay.upper.as_ref().filter(|u| u.bound.is_none()) else {
         return Ok(());
     };
     let mark = upper
@@ -865,6 +872,11 @@ impl Running {
                 .get(index)
                 .map(|r| format!(" {}", r.path.to_string_lossy())),
             Step::Chdir => Some(format!(" {}", self.plan.cwd.to_string_lossy())),
+            Step::LimitUserQuota => self
+                .limits
+                .user_sysctls
+                .get(index)
+                .map(|(path, _)| format!(" {}", path.to_string_lossy())),
             Step::Exec => self.programs.get(self.step).map(|p| format!(" {p}")),
             _ => None,
         };
@@ -997,6 +1009,7 @@ mod tests {
                 seccomp_denied_syscalls: 0,
                 no_new_privs: true,
                 limits: LimitMechanisms::default(),
+                user_quotas: Box::default(),
                 network: "",
             },
             net: None,

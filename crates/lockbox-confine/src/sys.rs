@@ -554,6 +554,48 @@ pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> Result<libc::c_int, Er
     })
 }
 
+/// `prctl(PR_SET_NAME, name)`: this thread's `comm` (at most 15 bytes are kept).
+pub fn set_name(name: &CStr) -> Result<(), Errno> {
+    // SAFETY: `name` is a live NUL-terminated string; the kernel copies at most 16 bytes.
+    check_int(unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) }).map(drop)
+}
+
+/// Wipes the argument and environment strings the kernel put on our stack at `execve`
+/// (where `layout`, read from `/proc/self/stat`, says they are), writing `title` (without
+/// its NUL, truncated to leave the area's last byte a NUL) at the start of the first.
+pub fn wipe_exec_strings(layout: &crate::proctitle::Layout, title: &[u8]) {
+    let title = title.strip_suffix(b"\0").unwrap_or(title);
+    for ((start, len), text) in [(layout.args(), title), (layout.env(), &[][..])] {
+        let shown = text.len().min(len.saturating_sub(1));
+        let at = start as usize as *mut u8;
+        // SAFETY: a `Layout` is only made from /proc/self/stat, so these are the ranges of
+        // our stack mapping that hold the execve strings (mapped writable for the life of
+        // the process; a fork's copy keeps them). Nothing Rust owns lives there, and no
+        // reference into them exists (std keeps raw argv pointers, which callers of this
+        // function never read again). `text` is on the heap or in .rodata: no overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), at, shown);
+            std::ptr::write_bytes(at.add(shown), 0, len - shown);
+        }
+    }
+}
+
+/// The current program break (`brk(0)`, which changes nothing).
+pub fn current_brk() -> u64 {
+    // SAFETY: brk(0) is below any valid break, so the kernel leaves the break where it is
+    // and returns it.
+    unsafe { libc::syscall(libc::SYS_brk, 0usize) as u64 }
+}
+
+/// `prctl(PR_SET_MM, PR_SET_MM_MAP, map)`: replaces the memory-layout fields the kernel
+/// shows in `/proc` (no privilege needed unless `map.exe_fd` is set).
+pub fn set_mm_map(map: &rustix::process::PrctlMmMap) -> Result<(), Errno> {
+    // SAFETY: `map` is a live, fully initialised PrctlMmMap; the kernel copies it and
+    // changes no mapping (only the addresses /proc reports, and where brk(2) starts from).
+    unsafe { rustix::process::configure_virtual_memory_map(map) }
+        .map_err(|e| Errno(e.raw_os_error()))
+}
+
 /// Drops every capability: bounding set, ambient set, and the effective, permitted and
 /// inheritable sets, and locks securebits so that an `execve` as uid 0 regains none.
 pub fn drop_all_capabilities(last_cap: u32) -> Result<(), Errno> {
@@ -617,6 +659,17 @@ pub fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> 
     };
     // SAFETY: `limit` is a valid rlimit.
     check_int(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+}
+
+/// `getrlimit(resource)`: (soft, hard), `RLIM_INFINITY` for none.
+pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), Errno> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a live, writable rlimit.
+    check_int(unsafe { libc::getrlimit(resource, &mut limit) })?;
+    Ok((limit.rlim_cur, limit.rlim_max))
 }
 
 /// `landlock_create_ruleset(attr, size, flags)`.

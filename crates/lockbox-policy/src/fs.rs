@@ -140,6 +140,17 @@ impl FsPolicy {
                 }
             }
             overlay.validate_writable()?;
+            if overlay
+                .upper
+                .as_ref()
+                .is_some_and(|u| u.max_size == Some(crate::ByteSize(0)))
+            {
+                return Err(PolicyError::Invalid {
+                    field: "fs.overlays.upper.max_size",
+                    reason: "must be greater than zero (0 would mean no bound to the kernel)"
+                        .into(),
+                });
+            }
         }
         // Writing /sys reconfigures the host's kernel and devices.
         if let Some(path) = self.write.iter().find(|p| p.starts_with("/sys")) {
@@ -265,6 +276,16 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("no upper layer"), "{err}");
+    }
+
+    #[test]
+    fn a_zero_sized_upper_is_refused_rather_than_unbounded() {
+        let mut fs = view(None, true);
+        if let Some(upper) = fs.overlays[0].upper.as_mut() {
+            upper.max_size = Some(crate::ByteSize(0));
+        }
+        let err = fs.validate().unwrap_err();
+        assert!(err.to_string().contains("max_size"), "{err}");
     }
 
     #[test]

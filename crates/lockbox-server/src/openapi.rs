@@ -372,6 +372,7 @@ fn schemas() -> Value {
             "net": { "type": "string", "enum": ["none", "host"] },
             "max_memory": size, "max_processes": { "type": "integer", "minimum": 1 },
             "max_open_files": { "type": "integer", "minimum": 1 }, "max_file_size": size,
+            "max_inodes": { "type": "integer", "minimum": 1 },
             "timeout_ms": ms, "kill_grace_ms": { "type": "integer", "minimum": 0, "maximum": MAX_GRACE_MS },
             "env": string_map, "clean_env": boolean, "cwd": string, "hostname": string,
             "workdir": name, "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"] },

@@ -35,6 +35,8 @@ pub struct CreateSandbox {
     pub max_open_files: Option<u64>,
     /// Largest file written, bytes or `100M`.
     pub max_file_size: Option<ByteSize>,
+    /// Inodes per writable tmpfs (`/tmp`, `/dev/shm`, a bounded branch).
+    pub max_inodes: Option<u64>,
     /// Wall-clock lifetime of the sandbox.
     pub timeout_ms: Option<u64>,
     /// SIGTERM → SIGKILL delay when processes are stopped.
@@ -72,6 +74,7 @@ impl CreateSandbox {
         policy.limits.processes = self.max_processes;
         policy.limits.open_files = self.max_open_files;
         policy.limits.file_size = self.max_file_size;
+        policy.limits.inodes = self.max_inodes;
         policy.timeout = self.timeout_ms.map(Duration::from_millis);
         if let Some(ms) = self.kill_grace_ms {
             policy.kill_grace = Duration::from_millis(ms);
@@ -152,6 +155,7 @@ fn wire_field(policy_field: &'static str) -> &'static str {
         "limits.processes" => "max_processes",
         "limits.open_files" => "max_open_files",
         "limits.file_size" => "max_file_size",
+        "limits.inodes" => "max_inodes",
         other => other,
     }
 }

@@ -224,6 +224,7 @@ async fn malformed_or_invalid_json_is_400_naming_the_field() {
         ("/v1/sandboxes/x/exec", r#"[1, 2"#, ""),
         ("/v1/sandboxes", r#"{"max_memory": "lots"}"#, "max_memory"),
         ("/v1/sandboxes", r#"{"net": "internet"}"#, "net"),
+        ("/v1/sandboxes", r#"{"max_inodes": 0}"#, "max_inodes"),
         (
             "/v1/sandboxes",
             r#"{"fs_writable": ["relative/dir"]}"#,
