@@ -239,9 +239,11 @@ fn a_max_disk_branch_holds_one_inode_per_4k_and_costs_the_host_about_twice_max_d
         // 1M / 4K = 256 inodes for the sandbox, 128 of them directories.
         assert_eq!(lines[1], "128 ENOSPC", "{user:?} {}", text(&out));
         let branches = state.join("branches");
+        // `.new` is where branches are built before they are renamed into place.
         let ids: Vec<PathBuf> = std::fs::read_dir(&branches)
             .unwrap()
             .map(|e| e.unwrap().path())
+            .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
             .collect();
         assert_eq!(ids.len(), 1, "{user:?}: {ids:?}");
         let (bytes, entries) = disk_use(&ids[0].join("upper"));
