@@ -793,3 +793,20 @@ fn performed_sends_wait_for_room_deliver_every_byte_and_honour_sndtimeo() {
         assert_eq!(out, "err EAGAIN\n", "{user:?}");
     }
 }
+
+/// More callers blocked for good in sends than the supervisor has slots for (they are
+/// parked) hold up neither a connect to an allowed host nor another process's sends on a
+/// socket that drains.
+#[test]
+fn sends_blocked_beyond_the_slots_starve_neither_connects_nor_other_sends() {
+    let server = Server::tcp("127.0.0.2", "alive");
+    for user in users() {
+        let allow = format!("tcp://127.0.0.2:{}", server.port());
+        let out = probe_output(
+            user,
+            &["--net-allow", &allow],
+            &["starve", "40", &server.ip(), &server.port()],
+        );
+        assert_eq!(out, "ok alive\nsent 262144 received\n", "{user:?}");
+    }
+}

@@ -29,6 +29,10 @@
  *                        starts late; prints the reader's "read N HASH", then "sent N HASH"
  *   sndtimeo             from a process with two threads, sendmsg on a full socket with a
  *                        200 ms SO_SNDTIMEO: "err EAGAIN" once the time is up
+ *   starve N HOST PORT   N live children (two threads each) block in sendmsg on a full
+ *                        socket inside, more than the supervisor has slots for; meanwhile a
+ *                        process with two threads connects to HOST:PORT ("tcp" line) and
+ *                        sends 256 KiB in sendmsg calls to a reader inside ("sent N")
  *   unixcred             from a process with two threads, sendmsg on a unix datagram
  *                        socketpair whose receiver has SO_PASSCRED: "err <errno>", or
  *                        "pid mine" / "pid other" for the pid the receiver got
@@ -427,6 +431,67 @@ static int sndtimeo(void) {
     return 0;
 }
 
+static int starve(int n, const char *host, int port) {
+    struct sockaddr_in a, b;
+    int l = listen_inside(&a, 1), l2 = listen_inside(&b, 1);
+    if (l < 0 || l2 < 0) return fail();
+    int full = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(full, (void *)&a, sizeof a) < 0) return fail();
+    static char chunk[1 << 16];
+    while (send(full, chunk, sizeof chunk, MSG_DONTWAIT) > 0) {}
+    pid_t *children = calloc(n, sizeof *children);
+    for (int i = 0; i < n; i++) {
+        int p[2];
+        if (pipe(p) < 0) return fail();
+        children[i] = fork();
+        if (children[i] == 0) {
+            pthread_t t;
+            pthread_create(&t, NULL, sleeper, NULL);
+            write(p[1], "x", 1);
+            struct iovec iov = {chunk, sizeof chunk};
+            struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+            sendmsg(full, &m, 0);
+            _exit(0);
+        }
+        char x;
+        read(p[0], &x, 1);
+        close(p[0]);
+        close(p[1]);
+    }
+    usleep(200000);
+    pid_t reader = fork();
+    if (reader == 0) {
+        int s = accept(l2, NULL, NULL);
+        unsigned long got = 0;
+        ssize_t r;
+        while ((r = read(s, chunk, sizeof chunk)) > 0) got += r;
+        _exit(got == 256 << 10 ? 0 : 1);
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, sleeper, NULL);
+    tcp(host, port, 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (void *)&b, sizeof b) < 0) return fail();
+    static char data[256 << 10];
+    size_t off = 0;
+    while (off < sizeof data) {
+        struct iovec iov = {data + off, sizeof data - off};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+        ssize_t k = sendmsg(c, &m, 0);
+        if (k <= 0) return fail();
+        off += k;
+    }
+    close(c);
+    int status = 1;
+    waitpid(reader, &status, 0);
+    printf("sent %zu %s\n", off, status == 0 ? "received" : "lost");
+    for (int i = 0; i < n; i++) {
+        kill(children[i], SIGKILL);
+        waitpid(children[i], NULL, 0);
+    }
+    return 0;
+}
+
 static int unixcred(void) {
     int sv[2], on = 1;
     if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) < 0) return fail();
@@ -458,6 +523,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "sndtimeo")) return sndtimeo();
     if (argc == 5 && !strcmp(argv[1], "flood")) return flood(atoi(argv[2]), argv[3], atoi(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "cmsg")) return cmsgs(argv[2], atoi(argv[3]));
+    if (argc == 5 && !strcmp(argv[1], "starve")) return starve(atoi(argv[2]), argv[3], atoi(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "tcp")) return tcp(argv[2], atoi(argv[3]), 0);
     if (argc == 4 && !strcmp(argv[1], "tcpnb")) return tcp(argv[2], atoi(argv[3]), 1);
     if (argc == 4 && !strcmp(argv[1], "udp")) return udp(argv[2], atoi(argv[3]), 0);
