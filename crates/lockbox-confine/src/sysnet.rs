@@ -251,26 +251,6 @@ pub fn vm_read(pid: libc::pid_t, addr: u64, buf: &mut [u8]) -> Result<(), Errno>
     }
 }
 
-/// Writes `data` at `addr` of process `pid`.
-pub fn vm_write(pid: libc::pid_t, addr: u64, data: &[u8]) -> Result<(), Errno> {
-    let local = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: `local` describes our live `data`, only read by the kernel.
-    let n =
-        check(unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) } as libc::c_long)?;
-    if n as usize == data.len() {
-        Ok(())
-    } else {
-        Err(Errno(libc::EFAULT))
-    }
-}
-
 /// `socket(domain, type | SOCK_CLOEXEC, protocol)`.
 pub fn socket(domain: i32, ty: i32, protocol: i32) -> Result<OwnedFd, Errno> {
     // SAFETY: no pointer arguments.
@@ -332,12 +312,38 @@ pub fn status_flags(fd: &OwnedFd) -> Result<i32, Errno> {
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }.into()).map(|f| f as i32)
 }
 
-/// Clears `O_NONBLOCK`.
-pub fn set_blocking(fd: &OwnedFd) -> Result<(), Errno> {
+/// Sets or clears `O_NONBLOCK` (of the open file description: every copy sees it).
+pub fn set_nonblocking(fd: &OwnedFd, on: bool) -> Result<(), Errno> {
     let flags = status_flags(fd)?;
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
     // SAFETY: no pointer arguments.
-    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) }.into())
-        .map(drop)
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) }.into()).map(drop)
+}
+
+/// `getsockopt(SOL_SOCKET, SO_SNDTIMEO)`: the socket's send (and connect) timeout, if set.
+pub fn send_timeout(fd: &OwnedFd) -> Result<Option<std::time::Duration>, Errno> {
+    let mut v = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are live and sized as declared.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&mut v as *mut libc::timeval).cast(),
+            &mut len,
+        )
+    };
+    check(rc.into())?;
+    let d = std::time::Duration::new(v.tv_sec.max(0) as u64, (v.tv_usec.max(0) as u32) * 1000);
+    Ok((!d.is_zero()).then_some(d))
 }
 
 /// `connect(fd, addr)`, `addr` being the bytes of a sockaddr (at most 128).
@@ -441,4 +447,50 @@ pub fn recv_with_pid(fd: &OwnedFd, buf: &mut [u8]) -> Result<(usize, Option<libc
         }
     }
     Ok((n as usize, pid))
+}
+
+/// Empties the calling thread's capability sets but for the capabilities in `keep` (when it
+/// has them): capabilities are per thread (`capset(2)` with pid 0), so the rest of the
+/// process keeps its own.
+pub fn drop_thread_capabilities(keep: &[u32]) -> Result<(), Errno> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: header and the two data words are valid for capget(2) version 3.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut Header,
+            data.as_mut_ptr(),
+        )
+    })?;
+    let mut kept = [0u32; 2];
+    for &cap in keep {
+        let (word, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
+        if let Some(w) = kept.get_mut(word) {
+            *w |= bit;
+        }
+    }
+    for (d, k) in data.iter_mut().zip(kept) {
+        d.permitted &= k;
+        d.effective = d.permitted;
+        d.inheritable = 0;
+    }
+    // SAFETY: as above; the kernel only reads `data`.
+    check(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) })
+        .map(drop)
 }

@@ -8,6 +8,8 @@ pub fn filter() -> Vec<seccompiler::sock_filter> {
     use seccompiler::sock_filter;
     const NOTIF: u32 = sysnet::RET_USER_NOTIF;
     const FASTOPEN: u32 = 0x2000_0000; // MSG_FASTOPEN: connects from a send
+                                       // Sets sticky options (a routing header among them) from a control-message buffer.
+    const IPV6_2292PKTOPTIONS: u32 = 6;
     let arg_lo = |i: u32| 16 + 8 * i;
     let arg_hi = |i: u32| 16 + 8 * i + 4;
     let ld = |k| ins(LD_W_ABS, 0, 0, k);
@@ -38,6 +40,25 @@ pub fn filter() -> Vec<seccompiler::sock_filter> {
                 ins(JEQ_K, 1, 0, 0),
                 ret(NOTIF),
                 ret(ALLOW),
+            ],
+        ),
+        (
+            libc::SYS_setsockopt,
+            vec![
+                // Sticky IP options (a source route) and IPv6 routing headers send a host
+                // socket's packets to an address of their own choosing first, not to the
+                // destination the supervisor checked; an IPv6 routing header needs no
+                // privilege. Level and name are ints: compare their low 32 bits.
+                ld(arg_lo(1)),
+                ins(JEQ_K, 0, 3, libc::IPPROTO_IPV6 as u32),
+                ld(arg_lo(2)),
+                ins(JEQ_K, 5, 0, libc::IPV6_RTHDR as u32),
+                ins(JEQ_K, 4, 3, IPV6_2292PKTOPTIONS),
+                ins(JEQ_K, 0, 2, libc::IPPROTO_IP as u32),
+                ld(arg_lo(2)),
+                ins(JEQ_K, 1, 0, libc::IP_OPTIONS as u32),
+                ret(ALLOW),
+                ret(ERRNO | libc::EPERM as u32),
             ],
         ),
         (

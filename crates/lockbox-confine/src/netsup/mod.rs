@@ -5,7 +5,7 @@
 //! `sendmsg` and `sendmmsg` to this supervisor, a thread of the parent. For each call the
 //! supervisor takes its own copy of the socket (`pidfd_getfd`) and of the address
 //! (`process_vm_readv`, then `SECCOMP_IOCTL_NOTIF_ID_VALID`), decides on those copies with
-//! [`lockbox_policy::route`], and acts on them itself:
+//! [`lockbox_policy::route`] ([`decide`]), and acts on them itself ([`perform`]):
 //!
 //! - to an allowed destination it connects a new socket in the host's namespace and
 //!   installs it in place of the sandbox's descriptor (`SECCOMP_IOCTL_NOTIF_ADDFD`); from
@@ -19,22 +19,32 @@
 //! single thread (clones sharing the descriptor table are refused by the filter), so no
 //! one can swap a host socket under the descriptor number meanwhile. Otherwise the
 //! supervisor performs the call itself on its copies.
+//!
+//! **Bounded.** One thread does everything ([`serve`]): every socket operation it performs
+//! is non-blocking, and a call that must wait (a blocking `connect` in progress, a blocking
+//! send on a full socket) waits in a bounded set polled with the listener, together with
+//! the caller's pidfd, so it is dropped the moment its caller dies. It copies at most
+//! [`MAX_SEND`] bytes of data per call, into one buffer. What it can hold at most does not
+//! depend on what the command does: see [`SEND_SLOTS`], [`CONNECT_SLOTS`], [`MAX_PARKED`].
+//!
+//! **Nothing borrowed.** The thread drops its capabilities before it takes the first call,
+//! and forwards only the control messages and flags that need no privilege ([`control`]).
 
 mod call;
+mod control;
+mod decide;
 mod filter;
 mod perform;
+mod serve;
 
 pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
 
-use self::call::{read_call, Call};
-use self::perform::Job;
 use crate::error::SetupError;
 use crate::sys::Errno;
-use crate::sysnet::{self, Notif};
-use lockbox_policy::{route, ListKind, NetRule, Proto, Route};
+use crate::sysnet;
+use lockbox_policy::{ListKind, NetRule};
 use serde::Serialize;
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
@@ -42,13 +52,33 @@ use std::thread::JoinHandle;
 
 /// How many denied attempts a report lists (the count covers all).
 const DENIED_LISTED: usize = 8;
-/// Largest payload the supervisor sends for one intercepted call; a stream send may be
-/// short, as the kernel's may be.
-const MAX_SEND: usize = 1 << 20;
+/// Largest payload the supervisor copies and sends for one intercepted call. A stream send
+/// may be short, as the kernel's may be (callers loop); a datagram larger than this is
+/// refused with `EMSGSIZE`, as the kernel refuses any UDP datagram over 65,507 bytes.
+pub const MAX_SEND: usize = 64 << 10;
 /// Largest `msg_controllen` copied.
 const MAX_CONTROL: usize = 4096;
 /// Largest iovec count (`UIO_MAXIOV`).
 const MAX_IOV: usize = 1024;
+/// Blocking sends waiting for room at once. Each holds two descriptors (its socket, the
+/// caller's pidfd) and its copied arguments (at most 16 KiB of iovecs, 4 KiB of control);
+/// its data is copied only when the socket can take it.
+pub const SEND_SLOTS: usize = 32;
+/// Blocking connects in progress at once, each holding two descriptors. Separate from
+/// [`SEND_SLOTS`], so sends that never complete cannot starve connects.
+pub const CONNECT_SLOTS: usize = 32;
+/// Blocking calls received while their kind's slots are full: they wait, as a notification
+/// and nothing else (80 bytes, no descriptor), and are started in order as slots free
+/// (sends are also retried every [`RETRY`], so one whose socket drained goes through even
+/// while the slots stay taken). Beyond this many, further calls wait in the kernel's queue.
+pub const MAX_PARKED: usize = 1024;
+/// How often waiting calls are checked for a caller that went away without its pidfd
+/// saying so (a signal interrupted the call: the notification is gone, the thread lives).
+const SWEEP: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often parked sends are tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// `CAP_SYS_PTRACE` (capability.h).
+const CAP_SYS_PTRACE: u32 = 19;
 
 /// What the supervisor saw, for the run report.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -155,19 +185,41 @@ pub fn start(
     let (stop, stop_rx) =
         UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
     let report = Arc::new(Mutex::new(NetReport::default()));
-    let shared = Arc::new(Shared {
+    let shared = Shared {
         rules,
         host_cookie,
         report: report.clone(),
-    });
+    };
+    let (dropped_tx, dropped_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name("lockbox-net".into())
         .spawn(move || {
+            // The kernel checks what this thread sends (control messages, netlink
+            // requests, credentials) against *its* capabilities: keep none but
+            // CAP_SYS_PTRACE, which reading a caller's memory and descriptors may need
+            // (Yama's ptrace_scope 2). Root's capabilities stay with the other threads.
+            let dropped = sysnet::drop_thread_capabilities(&[CAP_SYS_PTRACE]);
+            let ok = dropped.is_ok();
+            let _ = dropped_tx.send(dropped);
+            if !ok {
+                return;
+            }
             if let Some(listener) = accept_listener(&channel, &stop_rx) {
-                serve(shared, Arc::new(listener), &stop_rx);
+                serve::serve(shared, listener, &stop_rx);
             }
         })
         .map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EAGAIN))))?;
+    match dropped_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(errno)) => {
+            let _ = thread.join();
+            return Err(SetupError::Supervise {
+                what: "dropping the network supervisor's capabilities",
+                errno,
+            });
+        }
+        Err(_) => return Err(err(Errno(libc::EIO))),
+    }
     Ok(Supervisor {
         stop: Some(stop),
         thread: Some(thread),
@@ -221,333 +273,4 @@ fn accept_listener(channel: &OwnedFd, stop: &UnixStream) -> Option<OwnedFd> {
     let _ = sysnet::notif_sync_wakeup(&listener);
     crate::sys::write_all(channel.as_raw_fd(), b"k").ok()?;
     Some(listener)
-}
-
-fn serve(shared: Arc<Shared>, listener: Arc<OwnedFd>, stop: &UnixStream) {
-    loop {
-        let Some((ready, stopped)) = poll2(listener.as_raw_fd(), stop.as_raw_fd()) else {
-            return;
-        };
-        if stopped != 0 {
-            return;
-        }
-        if ready & libc::POLLIN != 0 {
-            match sysnet::notif_recv(&listener) {
-                Ok(notif) => handle(&shared, &listener, notif),
-                // The caller died or was interrupted before we got it.
-                Err(Errno(libc::ENOENT | libc::EINTR)) => {}
-                Err(_) => return,
-            }
-        } else if ready != 0 {
-            // POLLHUP: every process under the filter is gone.
-            return;
-        }
-    }
-}
-
-/// The socket behind the descriptor, as the supervisor's own copy.
-struct Sock {
-    file: OwnedFd,
-    domain: i32,
-    stream: bool,
-    /// TCP or UDP proper (not raw, SCTP, MPTCP...).
-    plain: bool,
-    host: bool,
-    nonblocking: bool,
-}
-
-/// What to do with a call.
-#[derive(Debug)]
-enum Action {
-    Continue,
-    Fail(i32),
-    /// Run the call ourselves on the sandbox's own socket.
-    Perform,
-    /// Connect or send through a new host socket installed in place of the descriptor.
-    Replace,
-}
-
-fn handle(shared: &Arc<Shared>, listener: &Arc<OwnedFd>, notif: Notif) {
-    let respond = |r: Result<i64, i32>| {
-        let _ = sysnet::notif_respond(listener, notif.id, r, false);
-    };
-    let tid = notif.pid as libc::pid_t;
-    let fd = notif.args[0] as i32;
-    let pidfd = match sysnet::pidfd_open(tid, true).or_else(|e| {
-        // Before Linux 6.9 only a thread-group leader has a pidfd.
-        if tgid(tid) == Some(tid) {
-            sysnet::pidfd_open(tid, false)
-        } else {
-            Err(e)
-        }
-    }) {
-        Ok(p) => p,
-        Err(_) => return respond(Err(libc::EACCES)),
-    };
-    let sock = match inspect(shared, &pidfd, fd) {
-        Ok(s) => s,
-        Err(errno) => return respond(Err(errno)),
-    };
-    let call = match read_call(tid, &notif) {
-        Ok(c) => c,
-        Err(errno) => return respond(Err(errno)),
-    };
-    // The thread may have died and its id been reused while we read: only now are the
-    // copies known to be the caller's.
-    if !sysnet::notif_id_valid(listener, notif.id) {
-        return;
-    }
-    let stable = || single_threaded(tid);
-    let (action, dest) = decide(shared, &sock, &call, &stable);
-    tracing::debug!(
-        tid,
-        host = sock.host,
-        ?dest,
-        ?action,
-        nr = notif.nr,
-        "net call"
-    );
-    match action {
-        Action::Continue => {
-            let _ = sysnet::notif_respond(listener, notif.id, Ok(0), true);
-        }
-        Action::Fail(errno) => {
-            if errno == libc::EACCES {
-                record_denied(shared, &call, &sock, dest);
-            }
-            respond(Err(errno))
-        }
-        Action::Perform | Action::Replace => {
-            let job = Job {
-                shared: shared.clone(),
-                listener: listener.clone(),
-                notif,
-                sock,
-                call,
-                replace: matches!(action, Action::Replace),
-            };
-            job.start(respond);
-        }
-    }
-}
-
-fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Sock, i32> {
-    let file = sysnet::pidfd_getfd(pidfd, fd).map_err(|e| e.0)?;
-    let domain = sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(|e| e.0)?;
-    let ty = sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_TYPE).map_err(|e| e.0)?;
-    let protocol =
-        sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(|e| e.0)?;
-    let host = sysnet::netns_cookie(&file).map_err(|e| e.0)? == shared.host_cookie;
-    let nonblocking = sysnet::status_flags(&file).map_err(|e| e.0)? & libc::O_NONBLOCK != 0;
-    let stream = ty == libc::SOCK_STREAM;
-    let plain = (stream && protocol == libc::IPPROTO_TCP)
-        || (ty == libc::SOCK_DGRAM && protocol == libc::IPPROTO_UDP);
-    Ok(Sock {
-        file,
-        domain,
-        stream,
-        plain,
-        host,
-        nonblocking,
-    })
-}
-
-/// `stable` says whether the caller's descriptor table cannot change meanwhile (asked only
-/// when it matters: it reads `/proc`).
-fn decide(
-    shared: &Shared,
-    sock: &Sock,
-    call: &Call,
-    stable: &dyn Fn() -> bool,
-) -> (Action, Option<SocketAddr>) {
-    let inet = sock.domain == libc::AF_INET || sock.domain == libc::AF_INET6;
-    let local_or_own = |stable: &dyn Fn() -> bool| {
-        if stable() {
-            Action::Continue
-        } else {
-            Action::Perform
-        }
-    };
-    if !inet {
-        // Unix, netlink...: no route to the host's network, but a unix socket of the host's
-        // namespace (an inherited one) would name the host's abstract sockets.
-        let (named, control) = match call {
-            Call::Connect { .. } => (true, false),
-            Call::Send { name, control, .. } => (name.is_some(), !control.is_empty()),
-        };
-        if sock.host && named {
-            return (Action::Fail(libc::EACCES), None);
-        }
-        if stable() {
-            return (Action::Continue, None);
-        }
-        // Unix addresses are paths in the sandbox's mount namespace, and control
-        // messages carry its descriptors: only the kernel can do these for the caller.
-        if sock.domain == libc::AF_UNIX && (named || control) {
-            return (Action::Fail(libc::EACCES), None);
-        }
-        return (Action::Perform, None);
-    }
-    if !sock.plain {
-        // Raw, SCTP, MPTCP...: only inside the sandbox.
-        return (
-            if sock.host {
-                Action::Fail(libc::EACCES)
-            } else {
-                local_or_own(stable)
-            },
-            None,
-        );
-    }
-    let proto = if sock.stream { Proto::Tcp } else { Proto::Udp };
-    let addr = match call {
-        Call::Connect { addr } => Some(addr.as_slice()),
-        // Stream sockets ignore the address (fast open is refused by the filter).
-        Call::Send { name, .. } if !sock.stream => name.as_deref(),
-        Call::Send { .. } => None,
-    };
-    let Some(addr) = addr else {
-        // A send on a connected socket: wherever it was allowed to connect to.
-        return match (sock.host, sock.stream) {
-            (false, _) | (true, true) => (local_or_own(stable), None),
-            (true, false) => (Action::Perform, None),
-        };
-    };
-    let Some(dest) = parse_sockaddr(addr) else {
-        // AF_UNSPEC (disconnect) or garbage: a host socket keeps its allowed peer.
-        return if sock.host {
-            (Action::Fail(libc::EACCES), None)
-        } else {
-            (local_or_own(stable), None)
-        };
-    };
-    let action = match (
-        route(shared.rules.kind, &shared.rules.rules, proto, dest),
-        sock.host,
-    ) {
-        (Route::Denied, _) | (Route::Inside, true) => Action::Fail(libc::EACCES),
-        (Route::Inside, false) => local_or_own(stable),
-        (Route::Host, true) => Action::Perform,
-        (Route::Host, false) => Action::Replace,
-    };
-    (action, Some(dest))
-}
-
-fn record_denied(shared: &Shared, call: &Call, sock: &Sock, dest: Option<SocketAddr>) {
-    let Ok(mut r) = shared.report.lock() else {
-        return;
-    };
-    r.denied += 1;
-    if r.denied_first.len() < DENIED_LISTED {
-        let proto = if sock.stream { "tcp" } else { "udp" };
-        let dest = dest.map_or("(no address)".to_owned(), |d| d.to_string());
-        r.denied_first
-            .push(format!("{} {proto} {dest}", call.name()));
-    }
-}
-
-fn status_field(tid: libc::pid_t, field: &str) -> Option<i64> {
-    std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-fn tgid(tid: libc::pid_t) -> Option<libc::pid_t> {
-    status_field(tid, "Tgid:").map(|v| v as libc::pid_t)
-}
-
-/// Whether the caller is its process's only thread: then nothing can change its
-/// descriptor table while it waits for us (the filter refuses `CLONE_FILES` without
-/// `CLONE_THREAD`).
-fn single_threaded(tid: libc::pid_t) -> bool {
-    status_field(tid, "Threads:") == Some(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn v4(addr: &str) -> Vec<u8> {
-        let a: SocketAddr = addr.parse().unwrap();
-        let SocketAddr::V4(a) = a else { panic!() };
-        let mut b = vec![0u8; 16];
-        b[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-        b[2..4].copy_from_slice(&a.port().to_be_bytes());
-        b[4..8].copy_from_slice(&a.ip().octets());
-        b
-    }
-
-    /// A real socket; `host` says whether the decision treats it as a host socket.
-    fn sock(domain: i32, ty: i32, host: bool) -> Sock {
-        let file = sysnet::socket(domain, ty, 0).unwrap();
-        Sock {
-            file,
-            domain,
-            stream: ty == libc::SOCK_STREAM,
-            plain: domain != libc::AF_UNIX,
-            host,
-            nonblocking: false,
-        }
-    }
-
-    fn name(a: &Action) -> String {
-        format!("{a:?}")
-    }
-
-    #[test]
-    fn decisions_continue_only_sandbox_sockets_of_single_threaded_callers() {
-        let shared = Shared {
-            rules: NetRules {
-                kind: ListKind::Allow,
-                rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
-                    .unwrap()
-                    .rules(&[]),
-            },
-            host_cookie: 0,
-            report: Arc::default(),
-        };
-        let connect = |a: &str| Call::Connect { addr: v4(a) };
-        let send = |a: Option<&str>| Call::Send {
-            name: a.map(v4),
-            iov: Vec::new(),
-            control: Vec::new(),
-            flags: 0,
-            mmsg_len_at: None,
-        };
-        let yes = || true;
-        let no = || false;
-        let tcp = |host| sock(libc::AF_INET, libc::SOCK_STREAM, host);
-        let udp = |host| sock(libc::AF_INET, libc::SOCK_DGRAM, host);
-        let unix = |host| sock(libc::AF_UNIX, libc::SOCK_STREAM, host);
-        let cases: Vec<(Sock, Call, &dyn Fn() -> bool, &str)> = vec![
-            (tcp(false), connect("127.0.0.2:80"), &yes, "Replace"),
-            (tcp(false), connect("127.0.0.2:80"), &no, "Replace"),
-            (tcp(false), connect("127.0.0.3:80"), &yes, "Continue"),
-            (tcp(false), connect("127.0.0.3:80"), &no, "Perform"),
-            (tcp(false), connect("192.0.2.1:80"), &yes, "Fail(13)"),
-            (tcp(true), connect("127.0.0.2:80"), &yes, "Perform"),
-            (tcp(true), connect("127.0.0.3:80"), &yes, "Fail(13)"),
-            (
-                tcp(true),
-                Call::Connect { addr: vec![0, 0] },
-                &yes,
-                "Fail(13)",
-            ),
-            (tcp(true), send(None), &yes, "Continue"),
-            (tcp(true), send(None), &no, "Perform"),
-            (udp(true), send(None), &yes, "Perform"),
-            (udp(true), send(Some("192.0.2.1:53")), &yes, "Fail(13)"),
-            (udp(false), send(Some("127.0.0.2:80")), &yes, "Replace"),
-            (unix(false), connect("127.0.0.2:80"), &yes, "Continue"),
-            (unix(false), connect("127.0.0.2:80"), &no, "Fail(13)"),
-            (unix(false), send(None), &no, "Perform"),
-            (unix(true), connect("127.0.0.2:80"), &yes, "Fail(13)"),
-        ];
-        for (i, (s, c, stable, want)) in cases.iter().enumerate() {
-            let (action, _) = decide(&shared, s, c, *stable);
-            assert_eq!(name(&action), *want, "case {i}");
-        }
-    }
 }

@@ -1,0 +1,257 @@
+//! The decision on one call: what the socket is ([`inspect`]) and what to do with the call
+//! ([`decide`]), on the supervisor's own copies.
+
+use super::call::{parse_sockaddr, Call};
+use super::{Shared, DENIED_LISTED};
+use crate::sysnet;
+use lockbox_policy::{route, Proto, Route};
+use std::net::SocketAddr;
+use std::os::fd::{OwnedFd, RawFd};
+
+/// The socket behind the descriptor, as the supervisor's own copy.
+pub(super) struct Sock {
+    pub(super) file: OwnedFd,
+    pub(super) domain: i32,
+    pub(super) stream: bool,
+    /// TCP or UDP proper (not raw, SCTP, MPTCP...).
+    pub(super) plain: bool,
+    pub(super) host: bool,
+    pub(super) nonblocking: bool,
+}
+
+/// What to do with a call.
+#[derive(Debug)]
+pub(super) enum Action {
+    Continue,
+    Fail(i32),
+    /// Run the call ourselves on the sandbox's own socket.
+    Perform,
+    /// Connect or send through a new host socket installed in place of the descriptor.
+    Replace,
+}
+
+pub(super) fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Sock, i32> {
+    let file = sysnet::pidfd_getfd(pidfd, fd).map_err(|e| e.0)?;
+    let domain = sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(|e| e.0)?;
+    let ty = sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_TYPE).map_err(|e| e.0)?;
+    let protocol =
+        sysnet::sockopt_int(&file, libc::SOL_SOCKET, libc::SO_PROTOCOL).map_err(|e| e.0)?;
+    let host = sysnet::netns_cookie(&file).map_err(|e| e.0)? == shared.host_cookie;
+    let nonblocking = sysnet::status_flags(&file).map_err(|e| e.0)? & libc::O_NONBLOCK != 0;
+    let stream = ty == libc::SOCK_STREAM;
+    let plain = (stream && protocol == libc::IPPROTO_TCP)
+        || (ty == libc::SOCK_DGRAM && protocol == libc::IPPROTO_UDP);
+    Ok(Sock {
+        file,
+        domain,
+        stream,
+        plain,
+        host,
+        nonblocking,
+    })
+}
+
+/// `stable` says whether the caller's descriptor table cannot change meanwhile (asked only
+/// when it matters: it reads `/proc`).
+pub(super) fn decide(
+    shared: &Shared,
+    sock: &Sock,
+    call: &Call,
+    stable: &dyn Fn() -> bool,
+) -> (Action, Option<SocketAddr>) {
+    let inet = sock.domain == libc::AF_INET || sock.domain == libc::AF_INET6;
+    let local_or_own = |stable: &dyn Fn() -> bool| {
+        if stable() {
+            Action::Continue
+        } else {
+            Action::Perform
+        }
+    };
+    if !inet {
+        // Unix, netlink...: no route to the host's network, but a unix socket of the host's
+        // namespace (an inherited one) would name the host's abstract sockets.
+        let named = match call {
+            Call::Connect { .. } => true,
+            Call::Send { name, .. } => name.is_some(),
+        };
+        if sock.host && named {
+            return (Action::Fail(libc::EACCES), None);
+        }
+        if stable() {
+            return (Action::Continue, None);
+        }
+        // Only the kernel can do a unix call for the caller: addresses are paths in the
+        // sandbox's mount namespace, control messages carry its descriptors, and every
+        // message carries its sender's pid, uid and gid (SCM_CREDENTIALS, SO_PASSPIDFD)
+        // and security label to a receiver that asks — sent by us, lockbox's.
+        if sock.domain == libc::AF_UNIX {
+            return (Action::Fail(libc::EACCES), None);
+        }
+        return (Action::Perform, None);
+    }
+    if !sock.plain {
+        // Raw, SCTP, MPTCP...: only inside the sandbox.
+        return (
+            if sock.host {
+                Action::Fail(libc::EACCES)
+            } else {
+                local_or_own(stable)
+            },
+            None,
+        );
+    }
+    let proto = if sock.stream { Proto::Tcp } else { Proto::Udp };
+    let addr = match call {
+        Call::Connect { addr } => Some(addr.as_slice()),
+        // Stream sockets ignore the address (fast open is refused by the filter).
+        Call::Send { name, .. } if !sock.stream => name.as_deref(),
+        Call::Send { .. } => None,
+    };
+    let Some(addr) = addr else {
+        // A send on a connected socket: wherever it was allowed to connect to.
+        return match (sock.host, sock.stream) {
+            (false, _) | (true, true) => (local_or_own(stable), None),
+            (true, false) => (Action::Perform, None),
+        };
+    };
+    let Some(dest) = parse_sockaddr(addr) else {
+        // AF_UNSPEC (disconnect) or garbage: a host socket keeps its allowed peer.
+        return if sock.host {
+            (Action::Fail(libc::EACCES), None)
+        } else {
+            (local_or_own(stable), None)
+        };
+    };
+    let action = match (
+        route(shared.rules.kind, &shared.rules.rules, proto, dest),
+        sock.host,
+    ) {
+        (Route::Denied, _) | (Route::Inside, true) => Action::Fail(libc::EACCES),
+        (Route::Inside, false) => local_or_own(stable),
+        (Route::Host, true) => Action::Perform,
+        (Route::Host, false) => Action::Replace,
+    };
+    (action, Some(dest))
+}
+
+pub(super) fn record_denied(shared: &Shared, call: &Call, sock: &Sock, dest: Option<SocketAddr>) {
+    let Ok(mut r) = shared.report.lock() else {
+        return;
+    };
+    r.denied += 1;
+    if r.denied_first.len() < DENIED_LISTED {
+        let proto = if sock.stream { "tcp" } else { "udp" };
+        let dest = dest.map_or("(no address)".to_owned(), |d| d.to_string());
+        r.denied_first
+            .push(format!("{} {proto} {dest}", call.name()));
+    }
+}
+
+fn status_field(tid: libc::pid_t, field: &str) -> Option<i64> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub(super) fn tgid(tid: libc::pid_t) -> Option<libc::pid_t> {
+    status_field(tid, "Tgid:").map(|v| v as libc::pid_t)
+}
+
+/// Whether the caller is its process's only thread: then nothing can change its
+/// descriptor table while it waits for us (the filter refuses `CLONE_FILES` without
+/// `CLONE_THREAD`).
+pub(super) fn single_threaded(tid: libc::pid_t) -> bool {
+    status_field(tid, "Threads:") == Some(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::NetRules;
+    use super::*;
+    use lockbox_policy::ListKind;
+    use std::sync::Arc;
+
+    fn v4(addr: &str) -> Vec<u8> {
+        let a: SocketAddr = addr.parse().unwrap();
+        let SocketAddr::V4(a) = a else { panic!() };
+        let mut b = vec![0u8; 16];
+        b[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        b[2..4].copy_from_slice(&a.port().to_be_bytes());
+        b[4..8].copy_from_slice(&a.ip().octets());
+        b
+    }
+
+    /// A real socket; `host` says whether the decision treats it as a host socket.
+    fn sock(domain: i32, ty: i32, host: bool) -> Sock {
+        let file = sysnet::socket(domain, ty, 0).unwrap();
+        Sock {
+            file,
+            domain,
+            stream: ty == libc::SOCK_STREAM,
+            plain: domain != libc::AF_UNIX,
+            host,
+            nonblocking: false,
+        }
+    }
+
+    fn name(a: &Action) -> String {
+        format!("{a:?}")
+    }
+
+    #[test]
+    fn decisions_continue_only_sandbox_sockets_of_single_threaded_callers() {
+        let shared = Shared {
+            rules: NetRules {
+                kind: ListKind::Allow,
+                rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
+                    .unwrap()
+                    .rules(&[]),
+            },
+            host_cookie: 0,
+            report: Arc::default(),
+        };
+        let connect = |a: &str| Call::Connect { addr: v4(a) };
+        let send = |a: Option<&str>| Call::Send {
+            name: a.map(v4),
+            iov: Vec::new(),
+            control: Vec::new(),
+            flags: 0,
+            mmsg_len_at: None,
+        };
+        let yes = || true;
+        let no = || false;
+        let tcp = |host| sock(libc::AF_INET, libc::SOCK_STREAM, host);
+        let udp = |host| sock(libc::AF_INET, libc::SOCK_DGRAM, host);
+        let unix = |host| sock(libc::AF_UNIX, libc::SOCK_STREAM, host);
+        let cases: Vec<(Sock, Call, &dyn Fn() -> bool, &str)> = vec![
+            (tcp(false), connect("127.0.0.2:80"), &yes, "Replace"),
+            (tcp(false), connect("127.0.0.2:80"), &no, "Replace"),
+            (tcp(false), connect("127.0.0.3:80"), &yes, "Continue"),
+            (tcp(false), connect("127.0.0.3:80"), &no, "Perform"),
+            (tcp(false), connect("192.0.2.1:80"), &yes, "Fail(13)"),
+            (tcp(true), connect("127.0.0.2:80"), &yes, "Perform"),
+            (tcp(true), connect("127.0.0.3:80"), &yes, "Fail(13)"),
+            (
+                tcp(true),
+                Call::Connect { addr: vec![0, 0] },
+                &yes,
+                "Fail(13)",
+            ),
+            (tcp(true), send(None), &yes, "Continue"),
+            (tcp(true), send(None), &no, "Perform"),
+            (udp(true), send(None), &yes, "Perform"),
+            (udp(true), send(Some("192.0.2.1:53")), &yes, "Fail(13)"),
+            (udp(false), send(Some("127.0.0.2:80")), &yes, "Replace"),
+            (unix(false), connect("127.0.0.2:80"), &yes, "Continue"),
+            (unix(false), connect("127.0.0.2:80"), &no, "Fail(13)"),
+            (unix(false), send(None), &no, "Fail(13)"),
+            (unix(true), connect("127.0.0.2:80"), &yes, "Fail(13)"),
+        ];
+        for (i, (s, c, stable, want)) in cases.iter().enumerate() {
+            let (action, _) = decide(&shared, s, c, *stable);
+            assert_eq!(name(&action), *want, "case {i}");
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The supervisor's loop: one thread takes every notification, answers what can be answered
+//! at once, and keeps the calls that must wait in a bounded set it polls together with the
+//! listener and each caller's pidfd.
+//!
+//! Bounds, whatever the command does: one thread; one data buffer of [`MAX_SEND`] bytes;
+//! at most [`SEND_SLOTS`] + [`CONNECT_SLOTS`] waiting calls (two descriptors and a few KiB
+//! of copied arguments each); at most [`MAX_PARKED`] parked notifications (80 bytes each).
+//! A waiting call is dropped as soon as its caller cannot take the answer any more: its
+//! pidfd becomes readable when the thread exits, and a sweep every [`SWEEP`] checks
+//! `SECCOMP_IOCTL_NOTIF_ID_VALID` for the rest (a signal interrupting the call on a kernel
+//! without killable waits).
+
+use super::call::{read_call, Call};
+use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action};
+use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
+use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
+use crate::sys::Errno;
+use crate::sysnet::{self, Notif};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
+
+/// Runs until `stop` is closed or every process under the filter is gone.
+pub(super) fn serve(shared: Shared, listener: OwnedFd, stop: &UnixStream) {
+    let mut calls = Calls {
+        shared,
+        listener,
+        waiting: Vec::new(),
+        parked: VecDeque::new(),
+        buf: vec![0; MAX_SEND],
+        next_sweep: None,
+        next_retry: None,
+    };
+    let mut fds = Vec::new();
+    loop {
+        calls.expire(Instant::now());
+        let timeout = calls.timeout(Instant::now());
+        fds.clear();
+        fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
+        let accepting = calls.parked.len() < MAX_PARKED;
+        fds.push(pollfd(
+            calls.listener.as_raw_fd(),
+            if accepting { libc::POLLIN } else { 0 },
+        ));
+        for w in &calls.waiting {
+            fds.push(pollfd(w.fd(), libc::POLLOUT));
+            fds.push(pollfd(w.pidfd.as_raw_fd(), libc::POLLIN));
+        }
+        match crate::sys::poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno(libc::EINTR)) => {}
+            Err(_) => return,
+        }
+        if fds[0].revents != 0 {
+            return;
+        }
+        let ready: Vec<(bool, bool)> = fds[2..]
+            .chunks_exact(2)
+            .map(|p| (p[0].revents != 0, p[1].revents != 0))
+            .collect();
+        calls.progress(&ready);
+        let listener = fds[1].revents;
+        if listener & libc::POLLIN != 0 {
+            match sysnet::notif_recv(&calls.listener) {
+                Ok(notif) => calls.handle(notif, Instant::now()),
+                // The caller died or was interrupted before we got it.
+                Err(Errno(libc::ENOENT | libc::EINTR)) => {}
+                Err(_) => return,
+            }
+        } else if listener != 0 {
+            // POLLHUP: every process under the filter is gone.
+            return;
+        }
+    }
+}
+
+fn pollfd(fd: i32, events: i16) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// A blocking call received while the slots of its kind were taken: only the notification
+/// is kept (no descriptor, no copy); it starts over from the beginning later.
+struct Parked {
+    notif: Notif,
+    kind: Kind,
+    since: Instant,
+    deadline: Option<Instant>,
+}
+
+struct Calls {
+    shared: Shared,
+    listener: OwnedFd,
+    waiting: Vec<Waiting>,
+    parked: VecDeque<Parked>,
+    /// The one buffer data is copied into.
+    buf: Vec<u8>,
+    next_sweep: Option<Instant>,
+    next_retry: Option<Instant>,
+}
+
+/// What [`Calls::start`] makes of a notification.
+enum Start {
+    Continue,
+    Outcome(Outcome),
+    /// Wait for a slot of this kind.
+    Park(Kind, Option<Instant>),
+}
+
+impl Calls {
+    fn respond(&self, id: u64, result: Result<i64, i32>) {
+        // Fails only when the caller is gone meanwhile.
+        let _ = sysnet::notif_respond(&self.listener, id, result, false);
+    }
+
+    fn free(&self, kind: Kind) -> bool {
+        let slots = match kind {
+            Kind::Send => SEND_SLOTS,
+            Kind::Connect => CONNECT_SLOTS,
+        };
+        self.waiting.iter().filter(|w| w.kind() == kind).count() < slots
+    }
+
+    /// Takes one notification: `since` is when it first arrived (a parked one keeps it,
+    /// for the caller's `SO_SNDTIMEO`).
+    fn handle(&mut self, notif: Notif, since: Instant) {
+        match self.start(&notif, since) {
+            Start::Continue => {
+                let _ = sysnet::notif_respond(&self.listener, notif.id, Ok(0), true);
+            }
+            Start::Park(kind, deadline) => self.parked.push_back(Parked {
+                notif,
+                kind,
+                since,
+                deadline,
+            }),
+            Start::Outcome(outcome) => self.settle(notif.id, outcome, since),
+        }
+    }
+
+    fn settle(&mut self, id: u64, outcome: Outcome, since: Instant) {
+        match outcome {
+            Outcome::Answer(result) => self.respond(id, result),
+            Outcome::Gone => {}
+            Outcome::Wait(w) if self.free(w.kind()) => {
+                self.waiting.push(*w);
+                self.next_sweep
+                    .get_or_insert_with(|| Instant::now() + SWEEP);
+            }
+            // Only a send comes back without its slot checked first: answer what was sent,
+            // or park it (nothing was sent, so it can start over).
+            Outcome::Wait(w) => {
+                let (notif, deadline) = (w.notif, w.deadline);
+                match (*w).give_up(&self.shared, &self.listener) {
+                    Outcome::Answer(Err(libc::EAGAIN)) => self.parked.push_back(Parked {
+                        notif,
+                        kind: Kind::Send,
+                        since,
+                        deadline,
+                    }),
+                    other => self.settle(id, other, since),
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, notif: &Notif, since: Instant) -> Start {
+        let tid = notif.pid as libc::pid_t;
+        let fd = notif.args[0] as i32;
+        let Ok(pidfd) = sysnet::pidfd_open(tid, true).or_else(|e| {
+            // Before Linux 6.9 only a thread-group leader has a pidfd.
+            if tgid(tid) == Some(tid) {
+                sysnet::pidfd_open(tid, false)
+            } else {
+                Err(e)
+            }
+        }) else {
+            return Start::Outcome(Outcome::Answer(Err(libc::EACCES)));
+        };
+        let sock = match inspect(&self.shared, &pidfd, fd) {
+            Ok(s) => s,
+            Err(errno) => return Start::Outcome(Outcome::Answer(Err(errno))),
+        };
+        let call = match read_call(tid, notif) {
+            Ok(c) => c,
+            Err(errno) => return Start::Outcome(Outcome::Answer(Err(errno))),
+        };
+        // The thread may have died and its id been reused while we read: only now are the
+        // copies known to be the caller's.
+        if !sysnet::notif_id_valid(&self.listener, notif.id) {
+            return Start::Outcome(Outcome::Gone);
+        }
+        let (action, dest) = decide(&self.shared, &sock, &call, &|| single_threaded(tid));
+        tracing::debug!(
+            tid,
+            host = sock.host,
+            ?dest,
+            ?action,
+            nr = notif.nr,
+            "net call"
+        );
+        let replace = match action {
+            Action::Continue => return Start::Continue,
+            Action::Fail(errno) => {
+                if errno == libc::EACCES {
+                    record_denied(&self.shared, &call, &sock, dest);
+                }
+                return Start::Outcome(Outcome::Answer(Err(errno)));
+            }
+            Action::Perform => false,
+            Action::Replace => true,
+        };
+        // A blocking socket's SO_SNDTIMEO bounds a send's and a connect's wait, counted
+        // from the call's arrival.
+        let deadline = if sock.nonblocking {
+            None
+        } else {
+            sysnet::send_timeout(&sock.file)
+                .ok()
+                .flatten()
+                .map(|t| since + t)
+        };
+        let wait = !sock.nonblocking && deadline.is_none_or(|d| Instant::now() < d);
+        let kind = match call {
+            Call::Connect { .. } => Kind::Connect,
+            Call::Send { .. } => Kind::Send,
+        };
+        // Only a stream connect can take long; it must find a slot before it starts (the
+        // caller's own socket cannot be un-started).
+        if wait && kind == Kind::Connect && sock.stream && !self.free(kind) {
+            return Start::Park(kind, deadline);
+        }
+        let job = Job {
+            caller: Caller {
+                shared: &self.shared,
+                listener: &self.listener,
+                notif,
+            },
+            pidfd,
+            sock,
+            deadline,
+            wait,
+        };
+        Start::Outcome(match call {
+            Call::Connect { addr } if replace => job.connect_replacement(&addr),
+            Call::Connect { addr } => job.connect_own(&addr),
+            call @ Call::Send { .. } => match Send::new(call, &job.sock) {
+                Ok(send) => job.send(send, replace, &mut self.buf),
+                Err(errno) => Outcome::Answer(Err(errno)),
+            },
+        })
+    }
+
+    /// Moves on the waiting calls: `ready[i]` is (socket ready, caller exited) for
+    /// `waiting[i]`.
+    fn progress(&mut self, ready: &[(bool, bool)]) {
+        if !ready.iter().any(|&(r, e)| r || e) {
+            return;
+        }
+        let mut freed = Vec::new();
+        let waiting = std::mem::take(&mut self.waiting);
+        for (w, &(ready, exited)) in waiting.into_iter().zip(ready) {
+            let kind = w.kind();
+            if exited {
+                // Its thread exited: the notification went with it.
+                freed.push(kind);
+                continue;
+            }
+            if !ready {
+                self.waiting.push(w);
+                continue;
+            }
+            let id = w.notif.id;
+            match w.progress(&self.shared, &self.listener, &mut self.buf) {
+                Outcome::Wait(w) => self.waiting.push(*w),
+                Outcome::Answer(result) => {
+                    self.respond(id, result);
+                    freed.push(kind);
+                }
+                Outcome::Gone => freed.push(kind),
+            }
+        }
+        for kind in freed {
+            self.unpark(kind);
+        }
+    }
+
+    /// Starts parked calls of `kind` in order while a slot is free.
+    fn unpark(&mut self, kind: Kind) {
+        let mut tries = self.parked.len();
+        while tries > 0 && self.free(kind) {
+            tries -= 1;
+            let Some(at) = self.parked.iter().position(|p| p.kind == kind) else {
+                return;
+            };
+            if let Some(p) = self.parked.remove(at) {
+                self.handle(p.notif, p.since);
+            }
+        }
+    }
+
+    /// Deadlines, the validity sweep, and the retry of parked sends.
+    fn expire(&mut self, now: Instant) {
+        if self
+            .waiting
+            .iter()
+            .any(|w| w.deadline.is_some_and(|d| d <= now))
+        {
+            let mut freed = Vec::new();
+            for w in std::mem::take(&mut self.waiting) {
+                if w.deadline.is_some_and(|d| d <= now) {
+                    let (id, kind) = (w.notif.id, w.kind());
+                    match w.give_up(&self.shared, &self.listener) {
+                        Outcome::Answer(result) => self.respond(id, result),
+                        Outcome::Wait(_) | Outcome::Gone => {}
+                    }
+                    freed.push(kind);
+                } else {
+                    self.waiting.push(w);
+                }
+            }
+            for kind in freed {
+                self.unpark(kind);
+            }
+        }
+        if self
+            .parked
+            .iter()
+            .any(|p| p.deadline.is_some_and(|d| d <= now))
+        {
+            // Started now, they find their time up: a connect goes on in the background
+            // (EINPROGRESS), a send that still finds no room gets EAGAIN.
+            for p in std::mem::take(&mut self.parked) {
+                if p.deadline.is_some_and(|d| d <= now) {
+                    self.handle(p.notif, p.since);
+                } else {
+                    self.parked.push_back(p);
+                }
+            }
+        }
+        if self.next_sweep.is_some_and(|t| t <= now) {
+            self.sweep();
+            self.next_sweep =
+                (!self.waiting.is_empty() || !self.parked.is_empty()).then(|| now + SWEEP);
+        }
+        if self.parked.is_empty() {
+            self.next_retry = None;
+        } else if self.next_retry.is_none() {
+            self.next_retry = Some(now + RETRY);
+        } else if self.next_retry.is_some_and(|t| t <= now) {
+            self.retry_parked();
+            self.next_retry = (!self.parked.is_empty()).then(|| now + RETRY);
+        }
+        if self.next_sweep.is_none() && !self.parked.is_empty() {
+            self.next_sweep = Some(now + SWEEP);
+        }
+    }
+
+    /// Drops waiting and parked calls whose notification is gone.
+    fn sweep(&mut self) {
+        let listener = &self.listener;
+        let before = self.waiting.len();
+        let mut freed = Vec::new();
+        self.waiting.retain(|w| {
+            let valid = sysnet::notif_id_valid(listener, w.notif.id);
+            if !valid {
+                freed.push(w.kind());
+            }
+            valid
+        });
+        debug_assert!(self.waiting.len() + freed.len() == before);
+        self.parked
+            .retain(|p| sysnet::notif_id_valid(listener, p.notif.id));
+        for kind in freed {
+            self.unpark(kind);
+        }
+    }
+
+    /// Tries the parked sends again: one whose socket has room now goes through even
+    /// while every send slot is held by sends that never complete.
+    fn retry_parked(&mut self) {
+        for p in std::mem::take(&mut self.parked) {
+            if p.kind == Kind::Send {
+                self.handle(p.notif, p.since);
+            } else {
+                self.parked.push_back(p);
+            }
+        }
+    }
+
+    /// How long the loop may sleep: until the next deadline, sweep or retry.
+    fn timeout(&self, now: Instant) -> libc::c_int {
+        let next = self
+            .waiting
+            .iter()
+            .filter_map(|w| w.deadline)
+            .chain(self.parked.iter().filter_map(|p| p.deadline))
+            .chain(self.next_sweep)
+            .chain(self.next_retry)
+            .min();
+        match next {
+            None => -1,
+            Some(t) => {
+                let ms = t.saturating_duration_since(now).as_millis();
+                // Round up, so the loop does not wake just before the time.
+                libc::c_int::try_from(ms + 1).unwrap_or(libc::c_int::MAX)
+            }
+        }
+    }
+}
