@@ -190,10 +190,21 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
                 .map(|i| i.workdir)
                 .or_else(|| store::marker_workdir(state_dir, &id)),
         };
-        if let Some(w) = w {
-            if filter.as_ref().is_none_or(|f| *f == w) && !workdirs.contains(&w) {
-                workdirs.push(w);
+        match w {
+            Some(w) => {
+                if filter.as_ref().is_none_or(|f| *f == w) && !workdirs.contains(&w) {
+                    workdirs.push(w);
+                }
             }
+            // An empty marker and no directory: a kill between creating the marker and
+            // writing it. Checked in this order: a creator renames its directory into place
+            // after writing the marker.
+            None if !store::being_created(state_dir, &id)
+                && !store::txns_dir(state_dir).join(id.as_str()).exists() =>
+            {
+                store::retire(state_dir, &id)?;
+            }
+            None => {}
         }
     }
     for w in workdirs {
@@ -336,7 +347,12 @@ fn recover_locked(
                     let mut txn = TxnDir::restore(state_dir, record)?;
                     roll_forward(&mut txn, intent.as_ref())?;
                     report.rolled_forward.push(id);
-                } else if store::marker_workdir(state_dir, &id).as_deref() == Some(workdir) {
+                } else if match store::marker_workdir(state_dir, &id) {
+                    Some(marked) => marked == workdir,
+                    // Empty: a kill between creating the marker and writing it (or a marker
+                    // of an earlier version). Without its directory it guards nothing.
+                    None => !store::txns_dir(state_dir).join(id.as_str()).exists(),
+                } {
                     // A creation in progress has its marker before its directory (checked
                     // again after: it may have been renamed into place meanwhile).
                     if store::being_created(state_dir, &id) || TxnDir::open(state_dir, &id).is_ok()
@@ -699,6 +715,23 @@ mod tests {
         let report = recover_workdir(&state, &work).unwrap().unwrap();
         assert_eq!(report.removed, [aside]);
         assert!(names(&state.join("txns/.new")).is_empty());
+        assert_eq!(names(&state.join("txns/.live")), [".complete"]);
+    }
+
+    #[test]
+    fn a_creation_killed_while_writing_its_marker_leaves_nothing_recovery_keeps() {
+        // A kill between creating the marker and writing the workdir into it: an empty
+        // marker, and the aside directory of a dead creator.
+        let (_tmp, state, work, id) = store_with_marker("t1-empty");
+        std::fs::write(state.join("txns/.live").join(id.as_str()), b"").unwrap();
+        let aside = state.join("txns/.new").join(format!("{}-{id}", u32::MAX));
+        std::fs::create_dir_all(aside.join("base")).unwrap();
+        recover_workdir(&state, &work).unwrap().unwrap();
+        assert!(names(&state.join("txns/.new")).is_empty());
+        assert_eq!(names(&state.join("txns/.live")), [".complete"]);
+        // And by the full recovery, which finds no workdir to visit for it.
+        std::fs::write(state.join("txns/.live").join(id.as_str()), b"").unwrap();
+        recover(&state, None).unwrap();
         assert_eq!(names(&state.join("txns/.live")), [".complete"]);
     }
 
