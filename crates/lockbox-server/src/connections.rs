@@ -1,9 +1,11 @@
 //! The connections of the server: what a client can hold open, and for how long.
 //!
-//! - **A cap** (`--max-connections`): a connection beyond it is accepted, answered
-//!   `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns at once that
-//!   the server is full instead of waiting in the kernel's backlog. The cap holds for the
-//!   connection's whole life, upgraded WebSockets included.
+//! - **A cap** (`--max-connections`): a connection beyond it is accepted, its request head
+//!   read, answered `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns
+//!   at once that the server is full instead of waiting in the kernel's backlog. The cap
+//!   holds for the connection's whole life, upgraded WebSockets included. At most
+//!   [`REFUSING_AT_ONCE`] refusals are open at once (each for at most [`REFUSAL_TIME`]);
+//!   one more closes the oldest.
 //! - **The header timeout** (`--header-timeout`): a connection must deliver a complete
 //!   request head within this long of being opened or of its previous response ending, or
 //!   it is closed. This ends half-sent heads (slowloris) and idle keep-alive connections
@@ -38,13 +40,16 @@ use tokio_util::task::TaskTracker;
 /// a half-open connection makes the server buffer.
 pub const MAX_HEAD: usize = 64 * 1024;
 
-/// Refusals being written at once; beyond it a refused connection is closed without
-/// an answer (the refusal itself must not become the thing a flood exhausts).
+/// Refused connections open at once. One more closes the oldest of them (most likely one
+/// that sends nothing), so refusals hold a bounded number of descriptors and a client that
+/// sends its request promptly still gets its answer during a flood.
 const REFUSING_AT_ONCE: usize = 64;
 
-/// How long a refusal may take (writing it, and reading what the client sent so that
-/// closing does not reset the connection before the client reads the answer).
-const REFUSAL_TIME: Duration = Duration::from_secs(1);
+/// How long a refusal may take: reading the request head (an answer written before the
+/// client sent its request is an error to HTTP clients), writing the answer, and reading
+/// what else the client sent (closing a socket with unread data resets the connection,
+/// which can destroy the answer before the client reads it).
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
 
 /// How long to wait before accepting again after `accept` failed (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -65,7 +70,7 @@ pub struct Limits {
 /// flight and close, and returns when all have.
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
-    let refusing = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
+    let refusing = Arc::new(Refusals::default());
     let busy = busy_answer(limits.max_connections);
     let connections = TaskTracker::new();
     let mut builder = http1::Builder::new();
@@ -91,8 +96,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
             }
         };
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
-            let refusal = Arc::clone(&refusing).try_acquire_owned().ok();
-            tokio::spawn(refuse(stream, busy.clone(), refusal));
+            tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
             continue;
         };
         let io = TokioIo::new(Guarded {
@@ -140,18 +144,43 @@ fn busy_answer(max: usize) -> bytes::Bytes {
     ))
 }
 
-/// Answers a refused connection, within [`REFUSAL_TIME`]; without a `permit` (too many
-/// refusals at once) it only tries one write that does not wait.
-async fn refuse(mut stream: TcpStream, answer: bytes::Bytes, permit: Option<OwnedSemaphorePermit>) {
-    if permit.is_none() {
-        let _ = stream.try_write(&answer);
-        return;
+/// The refused connections being answered, oldest first.
+#[derive(Debug, Default)]
+struct Refusals {
+    pending: std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Refusals {
+    /// Registers a refusal, closing the oldest one beyond [`REFUSING_AT_ONCE`].
+    fn admit(&self) -> (u64, CancellationToken) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = CancellationToken::new();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.push_back((id, token.clone()));
+        if pending.len() > REFUSING_AT_ONCE {
+            if let Some((_, oldest)) = pending.pop_front() {
+                oldest.cancel();
+            }
+        }
+        (id, token)
     }
-    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+
+    fn done(&self, id: u64) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.retain(|(i, _)| *i != id);
+    }
+}
+
+/// Answers a refused connection: after its request head, within [`REFUSAL_TIME`], unless
+/// newer refusals push it out first.
+async fn refuse(mut stream: TcpStream, answer: bytes::Bytes, refusals: Arc<Refusals>) {
+    let (id, pushed_out) = refusals.admit();
+    let answered = async {
+        read_head(&mut stream).await?;
         stream.write_all(&answer).await?;
         stream.shutdown().await?;
-        // Read (and drop) what the client sent: closing a socket with unread data sends a
-        // reset, which can destroy the answer before the client reads it.
+        // Read (and drop) what else the client sent, until it closes.
         let mut sink = [0u8; 4096];
         let mut left = MAX_HEAD;
         while left > 0 {
@@ -162,9 +191,30 @@ async fn refuse(mut stream: TcpStream, answer: bytes::Bytes, permit: Option<Owne
             left = left.saturating_sub(n);
         }
         io::Result::Ok(())
-    })
-    .await;
-    drop(permit);
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(REFUSAL_TIME, answered) => {}
+        () = pushed_out.cancelled() => {}
+    }
+    refusals.done(id);
+}
+
+/// Reads until the end of a request head (an empty line), at most [`MAX_HEAD`] bytes.
+async fn read_head(stream: &mut TcpStream) -> io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while head.len() < MAX_HEAD {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&buf[..n]);
+        if head[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// A connection's socket, holding its place under the cap, with the stall timeout on
