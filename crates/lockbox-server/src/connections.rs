@@ -77,6 +77,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        .max_header_size(MAX_HEAD)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true);
     let service = TowerToHyperService::new(router);
