@@ -16,9 +16,9 @@ pub const DEFAULT_MAX_SANDBOXES: usize = 64;
 /// Default bound of each of stdout and stderr kept by a buffered exec.
 pub const DEFAULT_MAX_EXEC_OUTPUT: usize = 16 << 20;
 /// Default maximum number of sessions of one sandbox.
-pub const DEFAULT_MAX_SESSIONS: usize = 32;
+pub const DEFAULT_MAX_SESSIONS: usize = 16;
 /// Default maximum number of process records (running or exited) of one sandbox.
-pub const DEFAULT_MAX_PROCESSES: usize = 256;
+pub const DEFAULT_MAX_PROCESSES: usize = 64;
 /// Default bound of all process logs of a runtime together.
 pub const DEFAULT_MAX_LOG_MEMORY: usize = 1 << 30;
 

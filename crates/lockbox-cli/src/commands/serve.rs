@@ -102,6 +102,25 @@ fn default_max_connections(nofile: Option<u64>) -> usize {
     half.clamp(1, 512)
 }
 
+/// Descriptors the server may need at most: its own, the connections and refusals, and
+/// per sandbox 3, 5 per session and up to 3 per process record (measured; see
+/// docs/server.md, "Limits").
+fn descriptors_needed(args: &ServeArgs, max_connections: usize) -> u64 {
+    let per_sandbox = 3 + 5 * args.max_sessions as u64 + 3 * args.max_processes as u64;
+    32 + max_connections as u64 + 64 + args.max_sandboxes as u64 * per_sandbox
+}
+
+fn warn_if_descriptors_short(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) {
+    let needed = descriptors_needed(args, max_connections);
+    if let Some(limit) = nofile.filter(|&limit| limit < needed) {
+        eprintln!(
+            "lockbox: warning: with these limits the server may need {needed} open files but \
+             may have {limit}: raise the hard limit (ulimit -Hn) or lower --max-sandboxes, \
+             --max-sessions or --max-processes"
+        );
+    }
+}
+
 /// Raises the soft limit on open descriptors to the hard one (connections, sessions'
 /// pipes and sandboxes all hold descriptors); the soft limit now in force (`None`: no
 /// limit). Sandboxes inherit it unless their policy sets `max_open_files`.
@@ -171,6 +190,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         None => default_max_connections(nofile),
     };
+    warn_if_descriptors_short(args, max_connections, nofile);
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
