@@ -264,8 +264,13 @@ impl Session {
                     if read == Read::Empty {
                         g.clear_ready();
                     }
-                    if let Some(code) = take_status(status_buf, *id) {
-                        break code;
+                    match take_status(status_buf, *id) {
+                        Ok(Some(code)) => break code,
+                        Ok(None) => {}
+                        Err(Foreign) => {
+                            sink.finish(stdout, stderr).await;
+                            return Err(self.terminated("the shell's status pipe carried a line that was not this command's status (written by the command through a descriptor bash saved?)"));
+                        }
                     }
                     if read == Read::Eof {
                         sink.finish(stdout, stderr).await;
@@ -274,6 +279,28 @@ impl Session {
                     if status_buf.len() > STATUS_LINE_MAX {
                         sink.finish(stdout, stderr).await;
                         return Err(self.terminated("the shell's status pipe carried something else than status lines"));
+                    }
+                }
+                // Before the readers: a writer that keeps a pipe always readable must not
+                // keep the timeout from being seen.
+                () = wake => {
+                    timed_out = true;
+                    let now = Instant::now();
+                    match phase {
+                        0 => {
+                            phase = 1;
+                            alarm = Some(now + self.grace);
+                            self.signal_command(libc::SIGTERM).await;
+                        }
+                        1 => {
+                            phase = 2;
+                            alarm = Some(now + SHELL_RETURN_GRACE);
+                            let _ = self.agent.call(Op::KillTree { pid: self.pid, spare_main: true }).await;
+                        }
+                        _ => {
+                            sink.finish(stdout, stderr).await;
+                            return Err(self.terminated("the shell did not return after its command timed out (a shell builtin loop?)"));
+                        }
                     }
                 }
                 permit = reserve => sink.slot(permit),
@@ -307,26 +334,6 @@ impl Session {
                         Ok(n) => stdin_left = &stdin_left[n..],
                         Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
                         Err(e) => return Err(self.terminated(&format!("writing stdin: {e}"))),
-                    }
-                }
-                () = wake => {
-                    timed_out = true;
-                    let now = Instant::now();
-                    match phase {
-                        0 => {
-                            phase = 1;
-                            alarm = Some(now + self.grace);
-                            self.signal_command(libc::SIGTERM).await;
-                        }
-                        1 => {
-                            phase = 2;
-                            alarm = Some(now + SHELL_RETURN_GRACE);
-                            let _ = self.agent.call(Op::KillTree { pid: self.pid, spare_main: true }).await;
-                        }
-                        _ => {
-                            sink.finish(stdout, stderr).await;
-                            return Err(self.terminated("the shell did not return after its command timed out (a shell builtin loop?)"));
-                        }
                     }
                 }
             }
@@ -384,20 +391,28 @@ const STATUS_LINE_MAX: usize = 4096;
 /// Most bytes of a session's cwd and environment read to start a process "in" it.
 const SNAPSHOT_MAX: usize = 4 << 20;
 
-/// Finds `ID STATUS\n` for command `id` in the status buffer (older lines are dropped).
-fn take_status(buf: &mut Vec<u8>, id: u64) -> Option<i32> {
-    while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-        let line: Vec<u8> = buf.drain(..=nl).collect();
-        let text = String::from_utf8_lossy(&line);
-        let mut it = text.split_whitespace();
-        let (Some(got), Some(code)) = (it.next(), it.next()) else {
-            continue;
-        };
-        if got.parse::<u64>().ok() == Some(id) {
-            return code.parse().ok();
-        }
+/// A line on the status pipe that is not the running command's status: only the
+/// command itself can have written it (bash keeps the pipe's descriptor, saved while
+/// the command runs, where builtins can reach it), so the session cannot be trusted.
+struct Foreign;
+
+/// Takes `ID STATUS\n` for command `id` from the status buffer: its status when complete,
+/// `Foreign` for any other line.
+fn take_status(buf: &mut Vec<u8>, id: u64) -> Result<Option<i32>, Foreign> {
+    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    let line: Vec<u8> = buf.drain(..=nl).collect();
+    let text = String::from_utf8_lossy(&line);
+    let mut it = text.split_whitespace();
+    match (
+        it.next().map(str::parse::<u64>),
+        it.next().map(str::parse::<i32>),
+        it.next(),
+    ) {
+        (Some(Ok(got)), Some(Ok(code)), None) if got == id => Ok(Some(code)),
+        _ => Err(Foreign),
     }
-    None
 }
 
 async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> Result<(), RuntimeError> {
