@@ -9,11 +9,12 @@
 //!
 //! stdout and stderr are persistent pipes read directly by the runtime into a [`Sink`]
 //! (bounded: see `output`). When the status line arrives, every byte the command wrote is
-//! already in the pipes, so what they hold then is read before the exit code is published. A timeout TERMs, then after the grace KILLs,
-//! every process of the session's tree except the shell (the shim above the shell is a
-//! subreaper, so detached children are found too); the shell then reports and the session
-//! keeps its state (exit 124, `timed_out`). A shell that exits, dies or does not return
-//! ends the session: `SESSION_TERMINATED`.
+//! already in the pipes, so what they hold then is read before the exit code is published.
+//! A timeout TERMs, then after the grace KILLs, every process of the session's tree except
+//! the shell (the shim above the shell is a subreaper, so detached children are found too);
+//! the shell then reports and the session keeps its state (exit 124, `timed_out`). A shell
+//! that exits, dies or does not return ends the session: `SESSION_TERMINATED`, and so does
+//! a status line that is not the running command's.
 
 use bytes::Bytes;
 use lockbox_confine::agent::{Body, Io, Op, SpawnSpec};
