@@ -46,9 +46,18 @@ from .errors import ServerError
 __all__ = ["Client", "AsyncClient", "RemoteSandbox", "Session", "Process", "Files", "ExecResult", "Event", "LogChunk"]
 
 
+def _bytes(obj: Mapping[str, Any], name: str) -> bytes:
+    """Output bytes the server sent once: as text (``name``) or as base64 (``name_b64``)."""
+    if name in obj:
+        return str(obj[name]).encode("utf-8")
+    return base64.b64decode(obj.get(name + "_b64", ""))
+
+
 @dataclass(frozen=True)
 class ExecResult:
-    """The result of ``exec``: exact output bytes, exit code (124 when timed out)."""
+    """The result of ``exec``: exact output bytes, exit code (124 when timed out).
+    ``stdout_truncated``/``stderr_truncated``: the stream was longer than the server keeps
+    for a buffered exec and was cut there (use ``exec_stream`` for large outputs)."""
 
     exit_code: int
     stdout_bytes: bytes
@@ -56,6 +65,8 @@ class ExecResult:
     timed_out: bool = False
     duration_ms: float = 0.0
     session: str | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
 
     @property
     def stdout(self) -> str:
@@ -79,8 +90,8 @@ class Event:
     @property
     def bytes(self) -> bytes:
         """The output bytes of a ``stdout``/``stderr``/``pty`` event."""
-        if isinstance(self.data, dict) and "data_b64" in self.data:
-            return base64.b64decode(self.data["data_b64"])
+        if isinstance(self.data, dict):
+            return _bytes(self.data, "data")
         return b""
 
 
@@ -97,7 +108,7 @@ class LogChunk:
     @property
     def data(self) -> bytes:
         """Every segment's bytes, in order."""
-        return b"".join(base64.b64decode(s["data_b64"]) for s in self.segments)
+        return b"".join(_bytes(s, "data") for s in self.segments)
 
     @property
     def text(self) -> str:
@@ -292,9 +303,9 @@ class RemoteSandbox:
         })
         r = self.client._request("POST", self._p("/exec"), body=body)
         return ExecResult(
-            exit_code=r["exit_code"], stdout_bytes=base64.b64decode(r.get("stdout_b64", "")),
-            stderr_bytes=base64.b64decode(r.get("stderr_b64", "")), timed_out=r.get("timed_out", False),
-            duration_ms=r.get("duration_ms", 0.0), session=r.get("session"),
+            exit_code=r["exit_code"], stdout_bytes=_bytes(r, "stdout"), stderr_bytes=_bytes(r, "stderr"),
+            timed_out=r.get("timed_out", False), duration_ms=r.get("duration_ms", 0.0), session=r.get("session"),
+            stdout_truncated=r.get("stdout_truncated", False), stderr_truncated=r.get("stderr_truncated", False),
         )
 
     def exec_stream(self, command: str, *, session: str | None = None, cwd: str | None = None,

@@ -59,6 +59,10 @@ def test_sessions_keep_state_and_exec_streams(server):
         assert events[0].event == "start" and events[-1].event == "exit"
         out = b"".join(e.bytes for e in events if e.event == "stdout")
         assert out == b"one\n" and events[-1].data["exit_code"] == 0
+        # Each stream travels once, as text or as base64: both read back exactly.
+        r = box.exec("printf 'h\\303\\251llo\\n'; printf 'a\\000b\\377' >&2")
+        assert r.stdout_bytes == "héllo\n".encode() and r.stderr_bytes == b"a\x00b\xff"
+        assert not r.stdout_truncated and not r.stderr_truncated
 
 
 def test_processes_logs_files_and_errors(server):

@@ -4,177 +4,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod serve_support;
 
 use base64::Engine;
-use common::{command_as, give, scratch, users, User};
+use common::{command_as, users, User};
 use futures_util::{SinkExt, StreamExt};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+use serve_support::{output_bytes, read_sse, state_dir, tokio, Served, B64};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
-
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-/// A running `lockbox serve`; SIGTERMed and reaped on drop.
-struct Served {
-    child: Child,
-    base: String,
-    token: String,
-    client: reqwest::Client,
-}
-
-impl Served {
-    fn start(user: User, state: &Path, extra: &[&str]) -> Served {
-        let mut child = command_as(user)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--print-token",
-                "--state-dir",
-            ])
-            .arg(state)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let info: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("first stdout line {line:?}: {e}"));
-        Served {
-            child,
-            base: format!("http://{}", info["listen"].as_str().unwrap()),
-            token: info["token"].as_str().unwrap().to_owned(),
-            client: reqwest::Client::new(),
-        }
-    }
-
-    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-    }
-
-    async fn json(&self, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
-        let response = self.request(method, path).json(&body).send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
-        };
-        (status, value)
-    }
-
-    /// Creates a sandbox; its id.
-    async fn sandbox(&self, body: Value) -> String {
-        let (status, info) = self.json(Method::POST, "/v1/sandboxes", body).await;
-        assert_eq!(status, StatusCode::CREATED, "{info}");
-        assert_eq!(info["state"], "running");
-        info["id"].as_str().unwrap().to_owned()
-    }
-
-    async fn exec(&self, id: &str, body: Value) -> Value {
-        let (status, result) = self
-            .json(Method::POST, &format!("/v1/sandboxes/{id}/exec"), body)
-            .await;
-        assert_eq!(status, StatusCode::OK, "{result}");
-        result
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
-            .args(["-s", signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the server to exit; its exit code.
-    fn wait(&mut self) -> Option<i32> {
-        for _ in 0..600 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("lockbox serve did not exit within 30 s");
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = std::process::Command::new("kill")
-                .arg(self.child.id().to_string())
-                .status();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A state directory `user` owns.
-fn state_dir(user: User) -> tempfile::TempDir {
-    let dir = scratch();
-    give(dir.path(), user);
-    dir
-}
-
-/// One parsed SSE item: a comment (`: text`) or an event.
-#[derive(Debug, Clone, Default)]
-struct Sse {
-    comment: Option<String>,
-    event: String,
-    data: String,
-    id: Option<String>,
-}
-
-/// Reads SSE items from a response until `stop` says so (or the stream ends).
-async fn read_sse(response: reqwest::Response, mut stop: impl FnMut(&Sse) -> bool) -> Vec<Sse> {
-    let mut body = response.bytes_stream();
-    let mut buffer = String::new();
-    let mut items = Vec::new();
-    while let Some(chunk) = body.next().await {
-        buffer.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            let mut item = Sse::default();
-            for line in block.lines() {
-                if let Some(c) = line.strip_prefix(':') {
-                    item.comment = Some(c.trim().to_owned());
-                } else if let Some(v) = line.strip_prefix("event:") {
-                    item.event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    item.data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                } else if let Some(v) = line.strip_prefix("id:") {
-                    item.id = Some(v.trim().to_owned());
-                }
-            }
-            let done = stop(&item);
-            items.push(item);
-            if done {
-                return items;
-            }
-        }
-    }
-    items
-}
-
-fn tokio() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn exec_over_http_is_byte_exact_and_keeps_session_state() {
@@ -253,7 +96,7 @@ fn exec_stream_sends_start_output_and_exit_events() {
         let mut stderr = Vec::new();
         for event in &events {
             let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
-            let bytes = || B64.decode(data["data_b64"].as_str().unwrap()).unwrap();
+            let bytes = || output_bytes(&data, "data");
             match event.event.as_str() {
                 "stdout" => stdout.extend(bytes()),
                 "stderr" => stderr.extend(bytes()),

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::agent::AgentClient;
-use crate::streams::FileRead;
+use crate::streams::{FileList, FileRead};
 use crate::types::{ByteRange, FileKind, FileStat, WriteOptions};
 use crate::RuntimeError;
 
@@ -190,12 +190,16 @@ pub(crate) async fn stat(agent: &AgentClient, path: &str) -> Result<FileStat, Ru
     }
 }
 
+/// Longest line of a listing (one entry, mostly its path) the runtime reads; a longer
+/// one ends the listing with an error instead of growing a buffer.
+const MAX_ENTRY_LINE: usize = 64 * 1024;
+
 pub(crate) async fn list(
     agent: &AgentClient,
     path: &str,
     recursive: bool,
     hidden: bool,
-) -> Result<Vec<FileStat>, RuntimeError> {
+) -> Result<FileList, RuntimeError> {
     check_path(path)?;
     let op = Op::List {
         path: path.into(),
@@ -214,13 +218,33 @@ pub(crate) async fn list(
     file.seek(SeekFrom::Start(0))
         .await
         .map_err(RuntimeError::internal)?;
-    let mut lines = tokio::io::BufReader::new(file).lines();
-    let mut out = Vec::new();
-    while let Some(line) = lines.next_line().await.map_err(RuntimeError::internal)? {
-        let e: EntryStat = serde_json::from_str(&line).map_err(RuntimeError::internal)?;
-        out.push(stat_of(e));
-    }
-    Ok(out)
+    // The agent wrote the entries as JSON lines into a memfd: read them one at a time, so
+    // a directory of a million entries never sits in the runtime's memory whole.
+    let reader = tokio::io::BufReader::new(file);
+    let entries = futures_util::stream::try_unfold(reader, |mut reader| async move {
+        let mut line = Vec::new();
+        let n = (&mut reader)
+            .take(MAX_ENTRY_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(RuntimeError::internal)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if line.len() > MAX_ENTRY_LINE {
+            return Err(RuntimeError::invalid(
+                "path",
+                format!(
+                    "an entry's path is longer than {MAX_ENTRY_LINE} bytes; list a subdirectory"
+                ),
+            ));
+        }
+        let e: EntryStat = serde_json::from_slice(&line).map_err(RuntimeError::internal)?;
+        Ok(Some((stat_of(e), reader)))
+    });
+    Ok(FileList {
+        inner: Box::pin(entries),
+    })
 }
 
 pub(crate) async fn mkdir(

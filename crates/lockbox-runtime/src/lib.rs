@@ -23,6 +23,7 @@ mod agent;
 mod error;
 mod files;
 mod log;
+mod output;
 mod process;
 mod sandbox;
 mod session;
@@ -33,11 +34,11 @@ mod util;
 mod workspace;
 
 pub use crate::error::RuntimeError;
-pub use crate::streams::{ExecStream, FileRead, LogStream, PtyAttachment, PtyOutput};
+pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
 pub use crate::types::*;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -64,6 +65,8 @@ struct RuntimeInner {
     sandboxes: Mutex<HashMap<String, Arc<SandboxInner>>>,
     /// Sandboxes being created (counted against the limit).
     starting: AtomicU64,
+    /// What all process logs may reserve together.
+    log_budget: Arc<sandbox::LogBudget>,
 }
 
 impl Runtime {
@@ -90,11 +93,12 @@ impl Runtime {
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 _state_lock: state_lock,
-                config,
                 agent_exe,
                 store,
                 sandboxes: Mutex::new(HashMap::new()),
                 starting: AtomicU64::new(0),
+                log_budget: sandbox::LogBudget::new(config.max_log_memory),
+                config,
             }),
         })
     }
@@ -135,13 +139,21 @@ impl Runtime {
             &id,
         )
         .await?;
+        let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),
             created_at: util::now_rfc3339(),
             spec,
             state_dir: self.inner.config.state_dir.clone(),
             agent_exe: self.inner.agent_exe.clone(),
-            default_log_bytes: self.inner.config.default_log_bytes,
+            limits: sandbox::Limits {
+                grace,
+                default_log_bytes: self.inner.config.default_log_bytes,
+                max_exec_output: self.inner.config.max_exec_output,
+                max_sessions: self.inner.config.max_sessions,
+                max_processes: self.inner.config.max_processes,
+                log_budget: Arc::clone(&self.inner.log_budget),
+            },
             instance: Mutex::new(Arc::new(instance)),
             next_process: AtomicU64::new(1),
             last_used: Mutex::new(Instant::now()),
@@ -348,7 +360,7 @@ impl Sandbox {
 
     /// Starts a session (a persistent bash). `ALREADY_EXISTS` if the id is taken.
     pub async fn create_session(&self, opts: SessionOptions) -> Result<SessionInfo, RuntimeError> {
-        self.live()?.create_session(opts, self.inner.grace()).await
+        self.live()?.create_session(opts, &self.inner.limits).await
     }
 
     /// Ends a session, killing what runs in it.
@@ -379,31 +391,41 @@ impl Sandbox {
         out
     }
 
-    /// Runs a command in a session and returns its buffered result. The command runs to
-    /// its end even if this future is dropped.
+    /// Runs a command in a session and returns its buffered result: each of stdout and
+    /// stderr up to [`RuntimeConfig::max_exec_output`] (flagged when cut). The command runs
+    /// to its end even if this future is dropped.
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecResult, RuntimeError> {
         let inst = self.live()?;
         let session = inst
-            .session(req.session.as_deref(), self.inner.grace())
+            .session(req.session.as_deref(), &self.inner.limits)
             .await?;
-        let task = tokio::spawn(async move { session.exec(&req, None).await });
+        let mut sink = output::Sink::buffer(self.inner.limits.max_exec_output);
+        let task = tokio::spawn(async move {
+            let exit = session.exec(&req, &mut sink).await?;
+            Ok(sink.into_result(exit))
+        });
         task.await.map_err(RuntimeError::internal)?
     }
 
-    /// Runs a command in a session, streaming its output. Dropping the stream does not kill
-    /// the command.
+    /// Runs a command in a session, streaming its output. Output is read as fast as the
+    /// stream is consumed (a few events are queued): a slow consumer slows the command down.
+    /// Dropping the stream does not kill the command (its output is then read and dropped).
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, RuntimeError> {
         let inst = self.live()?;
         let session = inst
-            .session(req.session.as_deref(), self.inner.grace())
+            .session(req.session.as_deref(), &self.inner.limits)
             .await?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = tokio::sync::mpsc::channel(output::EVENT_QUEUE);
         tokio::spawn(async move {
-            if let Err(e) = session.exec(&req, Some(&tx)).await {
-                let _ = tx.send(ExecEvent::Error {
-                    code: e.code().to_owned(),
-                    message: e.to_string(),
-                });
+            let mut sink = output::Sink::events(tx.clone());
+            if let Err(e) = session.exec(&req, &mut sink).await {
+                drop(sink);
+                let _ = tx
+                    .send(ExecEvent::Error {
+                        code: e.code().to_owned(),
+                        message: e.to_string(),
+                    })
+                    .await;
             }
         });
         let stream =
@@ -437,13 +459,8 @@ impl Sandbox {
     pub async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessInfo, RuntimeError> {
         let inst = self.live()?;
         let n = self.inner.next_process.fetch_add(1, Ordering::Relaxed);
-        inst.start_process(
-            format!("p{n}"),
-            spec,
-            self.inner.default_log_bytes,
-            self.inner.grace(),
-        )
-        .await
+        inst.start_process(format!("p{n}"), spec, &self.inner.limits)
+            .await
     }
 
     /// All processes, running and exited.
@@ -523,7 +540,9 @@ impl Sandbox {
         }
         let (scrollback, rx) = p.log.subscribe();
         let output = tokio_stream_from_broadcast(rx);
-        let (tx, mut input) = tokio::sync::mpsc::channel::<Bytes>(64);
+        // A few messages in flight: a program that does not read its terminal holds the
+        // sender (and the client's socket) back instead of queueing input in the server.
+        let (tx, mut input) = tokio::sync::mpsc::channel::<Bytes>(8);
         let writer = p.clone();
         tokio::spawn(async move {
             while let Some(data) = input.recv().await {
@@ -581,6 +600,17 @@ impl Sandbox {
         recursive: bool,
         hidden: bool,
     ) -> Result<Vec<FileStat>, RuntimeError> {
+        let entries = self.list_stream(path, recursive, hidden).await?;
+        entries.try_collect().await
+    }
+
+    /// As [`Sandbox::list`], one entry at a time (a large tree is never held whole).
+    pub async fn list_stream(
+        &self,
+        path: &str,
+        recursive: bool,
+        hidden: bool,
+    ) -> Result<FileList, RuntimeError> {
         files::list(&self.live()?.agent, path, recursive, hidden).await
     }
 

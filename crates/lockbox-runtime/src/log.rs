@@ -12,7 +12,13 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use tokio::sync::{broadcast, watch};
 
+use crate::sandbox::LogReservation;
 use crate::types::{LogChunk, LogSegment, OutputStream};
+
+/// Live chunks kept for a PTY viewer that has not caught up (each at most
+/// [`crate::util::READ_CHUNK`] bytes, so at most 4 MiB a process); a viewer further behind
+/// skips ahead, and the log still has every byte.
+const LIVE_BACKLOG: usize = 64;
 
 #[derive(Debug)]
 struct Inner {
@@ -29,6 +35,8 @@ struct Inner {
 pub(crate) struct ProcessLog {
     inner: Mutex<Inner>,
     cap: u64,
+    /// The bytes of the runtime's log budget this log may fill; given back with the log.
+    _reserved: Option<LogReservation>,
     /// `end`, and whether the log is complete: wakes followers.
     changed: watch::Sender<(u64, bool)>,
     /// Live bytes for PTY viewers.
@@ -36,8 +44,17 @@ pub(crate) struct ProcessLog {
 }
 
 impl ProcessLog {
-    pub fn new(cap: usize) -> ProcessLog {
+    /// A log of the bytes `reserved` (at least one).
+    pub fn new(reserved: LogReservation) -> ProcessLog {
+        let mut log = ProcessLog::unreserved(reserved.bytes());
+        log._reserved = Some(reserved);
+        log
+    }
+
+    /// A log of `cap` bytes outside any budget.
+    fn unreserved(cap: usize) -> ProcessLog {
         ProcessLog {
+            _reserved: None,
             inner: Mutex::new(Inner {
                 segments: VecDeque::new(),
                 start: 0,
@@ -46,7 +63,7 @@ impl ProcessLog {
             }),
             cap: cap.max(1) as u64,
             changed: watch::channel((0, false)).0,
-            live: broadcast::channel(1024).0,
+            live: broadcast::channel(LIVE_BACKLOG).0,
         }
     }
 
@@ -212,7 +229,7 @@ mod tests {
 
     #[test]
     fn reads_resume_exactly_at_the_cursor() {
-        let log = ProcessLog::new(1024);
+        let log = ProcessLog::unreserved(1024);
         log.append(OutputStream::Stdout, b"hello ");
         log.append(OutputStream::Stderr, b"err");
         log.append(OutputStream::Stdout, b"world");
@@ -230,7 +247,7 @@ mod tests {
 
     #[test]
     fn eviction_keeps_the_newest_bytes_and_marks_truncated_reads() {
-        let log = ProcessLog::new(10);
+        let log = ProcessLog::unreserved(10);
         for i in 0..10u8 {
             log.append(OutputStream::Stdout, &[b'0' + i; 3]);
         }
@@ -246,7 +263,7 @@ mod tests {
 
     #[test]
     fn a_large_append_after_small_ones_evicts_them_all() {
-        let log = ProcessLog::new(4);
+        let log = ProcessLog::unreserved(4);
         log.append(OutputStream::Stdout, b"xy");
         log.append(OutputStream::Stderr, b"abcdefgh");
         log.append(OutputStream::Stderr, b"Z");
@@ -258,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_single_append_larger_than_the_bound_keeps_its_tail() {
-        let log = ProcessLog::new(4);
+        let log = ProcessLog::unreserved(4);
         log.append(OutputStream::Stdout, b"abcdefgh");
         let c = log.read(0, 100);
         assert!(c.truncated);

@@ -8,8 +8,9 @@ use tokio::sync::watch;
 
 use crate::agent::{AgentClient, ExitStatus};
 use crate::log::ProcessLog;
+use crate::sandbox::LogReservation;
 use crate::types::{OutputStream, ProcessInfo, ProcessState};
-use crate::util::drain;
+use crate::util::{read_pending, read_some, Read, READ_CHUNK};
 use crate::RuntimeError;
 use lockbox_confine::agent::Io;
 
@@ -37,7 +38,7 @@ impl Process {
         command: Vec<String>,
         fds: Vec<OwnedFd>,
         io: Io,
-        log_bytes: usize,
+        log: LogReservation,
     ) -> Result<Arc<Process>, RuntimeError> {
         let mut fds = fds.into_iter();
         let mut next = || -> Result<Arc<AsyncFd<OwnedFd>>, RuntimeError> {
@@ -72,7 +73,7 @@ impl Process {
             pid,
             command,
             started_at: crate::util::now_rfc3339(),
-            log: Arc::new(ProcessLog::new(log_bytes)),
+            log: Arc::new(ProcessLog::new(log)),
             input: Mutex::new(input),
             pty: master,
             exit: watch::channel(None).0,
@@ -109,11 +110,13 @@ impl Process {
                     let (i, ready) = r;
                     match ready {
                         Ok(mut g) => {
-                            let eof = drain(g.get_inner(), &mut buf);
-                            g.clear_ready();
+                            let read = read_some(g.get_inner(), READ_CHUNK, |d| buf.extend_from_slice(d));
+                            if read == Read::Empty {
+                                g.clear_ready();
+                            }
                             self.log.append(outputs[i].0, &buf);
                             buf.clear();
-                            if eof {
+                            if read == Read::Eof {
                                 open[i] = false;
                             }
                         }
@@ -122,10 +125,11 @@ impl Process {
                 }
             }
         };
-        // The tree is gone: what it wrote is in the pipes.
+        // The tree is gone: what it wrote is in the pipes (only that: a descriptor it passed
+        // on to another process of the sandbox must not keep this task reading).
         for (i, (stream, fd)) in outputs.iter().enumerate() {
             if open[i] {
-                drain(fd.get_ref(), &mut buf);
+                read_pending(fd.get_ref(), &mut buf);
                 self.log.append(*stream, &buf);
                 buf.clear();
             }
@@ -142,6 +146,11 @@ impl Process {
         }
         *self.input.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.log.finish();
+    }
+
+    /// Its number (`p12` is 12): the order processes were started in.
+    pub fn number(&self) -> u64 {
+        self.id.trim_start_matches('p').parse().unwrap_or(0)
     }
 
     pub fn status(&self) -> Option<ExitStatus> {

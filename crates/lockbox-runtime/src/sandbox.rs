@@ -36,6 +36,70 @@ pub(crate) struct Instance {
     pub base: Mutex<Option<Timestamp>>,
     pub sessions: tokio::sync::Mutex<HashMap<String, (Arc<Session>, SessionOptions)>>,
     pub processes: Mutex<BTreeMap<String, Arc<Process>>>,
+    /// Held from the check of the process bounds to the record's insertion.
+    starting: tokio::sync::Mutex<()>,
+}
+
+/// The runtime's bounds, as each sandbox applies them.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// The sandbox's SIGTERM → SIGKILL delay.
+    pub grace: Duration,
+    pub default_log_bytes: usize,
+    pub max_exec_output: usize,
+    pub max_sessions: usize,
+    pub max_processes: usize,
+    /// Shared by every sandbox of the runtime.
+    pub log_budget: Arc<LogBudget>,
+}
+
+/// The bytes all process logs may reserve together (`RuntimeConfig::max_log_memory`).
+#[derive(Debug)]
+pub(crate) struct LogBudget {
+    max: usize,
+    used: Mutex<usize>,
+}
+
+/// `bytes` of a [`LogBudget`], given back when dropped (with the log that holds it).
+#[derive(Debug)]
+pub(crate) struct LogReservation {
+    budget: Arc<LogBudget>,
+    bytes: usize,
+}
+
+impl LogBudget {
+    pub fn new(max: usize) -> Arc<LogBudget> {
+        Arc::new(LogBudget {
+            max,
+            used: Mutex::new(0),
+        })
+    }
+
+    fn reserve(self: &Arc<Self>, bytes: usize) -> Option<LogReservation> {
+        let mut used = lock(&self.used);
+        if self.max - *used < bytes {
+            return None;
+        }
+        *used += bytes;
+        Some(LogReservation {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+}
+
+impl LogReservation {
+    /// How many bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for LogReservation {
+    fn drop(&mut self) {
+        let mut used = lock(&self.budget.used);
+        *used = used.saturating_sub(self.bytes);
+    }
 }
 
 /// Everything about a sandbox; shared by its handles.
@@ -46,7 +110,7 @@ pub(crate) struct SandboxInner {
     pub spec: SandboxSpec,
     pub state_dir: PathBuf,
     pub agent_exe: PathBuf,
-    pub default_log_bytes: usize,
+    pub limits: Limits,
     pub instance: Mutex<Arc<Instance>>,
     pub next_process: AtomicU64,
     pub last_used: Mutex<Instant>,
@@ -137,6 +201,7 @@ pub(crate) async fn start_instance(
         base: Mutex::new(base),
         sessions: tokio::sync::Mutex::new(HashMap::new()),
         processes: Mutex::new(BTreeMap::new()),
+        starting: tokio::sync::Mutex::new(()),
     })
 }
 
@@ -265,14 +330,18 @@ impl Instance {
     pub async fn session(
         &self,
         id: Option<&str>,
-        grace: Duration,
+        limits: &Limits,
     ) -> Result<Arc<Session>, RuntimeError> {
         let id = id.unwrap_or(DEFAULT_SESSION);
+        let grace = limits.grace;
         let mut sessions = self.sessions.lock().await;
         let opts = match sessions.get(id) {
             Some((s, _)) if !s.is_dead() => return Ok(s.clone()),
             Some((_, opts)) => opts.clone(),
-            None if id == DEFAULT_SESSION => SessionOptions::default(),
+            None if id == DEFAULT_SESSION => {
+                check_sessions(sessions.len(), limits)?;
+                SessionOptions::default()
+            }
             None => {
                 return Err(RuntimeError::SessionNotFound { id: id.to_owned() });
             }
@@ -294,8 +363,9 @@ impl Instance {
     pub async fn create_session(
         &self,
         opts: SessionOptions,
-        grace: Duration,
+        limits: &Limits,
     ) -> Result<SessionInfo, RuntimeError> {
+        let grace = limits.grace;
         let id = match &opts.id {
             Some(id) if !crate::util::valid_id(id) => {
                 return Err(RuntimeError::invalid(
@@ -315,10 +385,10 @@ impl Instance {
             }
         }
         let mut sessions = self.sessions.lock().await;
-        if let Some((s, _)) = sessions.get(&id) {
-            if !s.is_dead() {
-                return Err(RuntimeError::SessionExists { id });
-            }
+        match sessions.get(&id) {
+            Some((s, _)) if !s.is_dead() => return Err(RuntimeError::SessionExists { id }),
+            Some(_) => {} // a terminated one is replaced
+            None => check_sessions(sessions.len(), limits)?,
         }
         let s = Arc::new(
             Session::start(&self.agent, id.clone(), opts.cwd.clone(), &opts.env, grace).await?,
@@ -332,9 +402,18 @@ impl Instance {
         &self,
         id: String,
         spec: ProcessSpec,
-        log_bytes: usize,
-        grace: Duration,
+        limits: &Limits,
     ) -> Result<ProcessInfo, RuntimeError> {
+        let log_bytes = spec.log_bytes.unwrap_or(limits.default_log_bytes);
+        if log_bytes > limits.log_budget.max {
+            return Err(RuntimeError::invalid(
+                "log_bytes",
+                format!(
+                    "{log_bytes} is more than all process logs may hold together ({})",
+                    limits.log_budget.max
+                ),
+            ));
+        }
         for k in spec.env.keys() {
             if !crate::util::valid_env_name(k) {
                 return Err(RuntimeError::invalid(
@@ -351,7 +430,7 @@ impl Instance {
                 (argv.clone(), spec.cwd.clone(), false, Vec::new())
             }
             ProcessCommand::Shell { script, session } => {
-                let s = self.session(session.as_deref(), grace).await?;
+                let s = self.session(session.as_deref(), limits).await?;
                 let (cwd, env) = s.snapshot().await?;
                 let argv = vec!["bash".to_owned(), "-c".to_owned(), script.clone()];
                 (argv, Some(spec.cwd.clone().unwrap_or(cwd)), true, env)
@@ -365,6 +444,8 @@ impl Instance {
             },
             None => Io::Pipes { stdin: spec.stdin },
         };
+        let _starting = self.starting.lock().await;
+        let reservation = self.make_room(log_bytes, limits)?;
         let (result, fds) = self
             .agent
             .call(Op::Spawn(SpawnSpec {
@@ -380,18 +461,47 @@ impl Instance {
             Ok(other) => return Err(RuntimeError::internal(format!("agent replied {other:?}"))),
             Err(e) => return Err(RuntimeError::invalid("command", e.message)),
         };
-        let p = Process::start(
-            &self.agent,
-            id.clone(),
-            pid,
-            argv,
-            fds,
-            io,
-            spec.log_bytes.unwrap_or(log_bytes),
-        )?;
+        let p = Process::start(&self.agent, id.clone(), pid, argv, fds, io, reservation)?;
         let info = p.info();
         lock(&self.processes).insert(id, p);
         Ok(info)
+    }
+
+    /// Makes room for one more process with a log of `log_bytes`: forgets the oldest
+    /// exited processes while the sandbox is at its count or the logs at their budget.
+    fn make_room(&self, log_bytes: usize, limits: &Limits) -> Result<LogReservation, RuntimeError> {
+        let mut procs = lock(&self.processes);
+        loop {
+            let counted = procs.len() < limits.max_processes;
+            if counted {
+                if let Some(reservation) = limits.log_budget.reserve(log_bytes) {
+                    return Ok(reservation);
+                }
+            }
+            let oldest = procs
+                .values()
+                .filter(|p| p.status().is_some())
+                .min_by_key(|p| p.number())
+                .map(|p| p.id.clone());
+            match oldest {
+                Some(id) => {
+                    tracing::debug!(process = %id, "forgetting the oldest exited process to make room");
+                    procs.remove(&id);
+                }
+                None if !counted => {
+                    return Err(RuntimeError::LimitReached {
+                        what: "max_processes".into(),
+                        limit: limits.max_processes,
+                    })
+                }
+                None => {
+                    return Err(RuntimeError::LimitReached {
+                        what: "max_log_memory".into(),
+                        limit: limits.log_budget.max,
+                    })
+                }
+            }
+        }
     }
 
     pub fn process(&self, id: &str) -> Result<Arc<Process>, RuntimeError> {
@@ -443,4 +553,15 @@ impl Instance {
         p.wait().await;
         Ok(())
     }
+}
+
+/// `LIMIT_REACHED` when a sandbox with `open` sessions may not start another.
+fn check_sessions(open: usize, limits: &Limits) -> Result<(), RuntimeError> {
+    if open >= limits.max_sessions {
+        return Err(RuntimeError::LimitReached {
+            what: "max_sessions".into(),
+            limit: limits.max_sessions,
+        });
+    }
+    Ok(())
 }

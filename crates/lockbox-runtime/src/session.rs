@@ -7,13 +7,14 @@
 //! exactly N bytes read from the data pipe (fd 4) and the protocol descriptors closed, then
 //! `__lb_post` restores cwd/env and writes `ID STATUS` to the status pipe (fd 3).
 //!
-//! stdout and stderr are persistent pipes read directly by the runtime. When the status
-//! line arrives, every byte the command wrote is already in the pipes, so both are read to
-//! `EAGAIN` before the exit code is published. A timeout TERMs, then after the grace KILLs,
-//! every process of the session's tree except the shell (the shim above the shell is a
-//! subreaper, so detached children are found too); the shell then reports and the session
-//! keeps its state (exit 124, `timed_out`). A shell that exits, dies or does not return
-//! ends the session: `SESSION_TERMINATED`.
+//! stdout and stderr are persistent pipes read directly by the runtime into a [`Sink`]
+//! (bounded: see `output`). When the status line arrives, every byte the command wrote is
+//! already in the pipes, so what they hold then is read before the exit code is published.
+//! A timeout TERMs, then after the grace KILLs, every process of the session's tree except
+//! the shell (the shim above the shell is a subreaper, so detached children are found too);
+//! the shell then reports and the session keeps its state (exit 124, `timed_out`). A shell
+//! that exits, dies or does not return ends the session: `SESSION_TERMINATED`, and so does
+//! a status line that is not the running command's.
 
 use bytes::Bytes;
 use lockbox_confine::agent::{Body, Io, Op, SpawnSpec};
@@ -22,11 +23,11 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::agent::AgentClient;
-use crate::types::{ExecEvent, ExecExit, ExecRequest, ExecResult, SessionInfo};
-use crate::util::{ansi_c_quote, drain};
+use crate::output::{Pipe, Sink};
+use crate::types::{ExecExit, ExecRequest, SessionInfo};
+use crate::util::{ansi_c_quote, read_some, Read};
 use crate::RuntimeError;
 
 /// Exit code reported for a command killed by its timeout (as coreutils `timeout`).
@@ -195,20 +196,15 @@ impl Session {
         self.agent.forget(self.pid);
     }
 
-    /// Runs one command. With `events`, output goes there as it comes (and the result's
-    /// output is empty); otherwise it is collected.
-    pub async fn exec(
-        &self,
-        req: &ExecRequest,
-        events: Option<&UnboundedSender<ExecEvent>>,
-    ) -> Result<ExecResult, RuntimeError> {
+    /// Runs one command, its output into `sink`.
+    pub async fn exec(&self, req: &ExecRequest, sink: &mut Sink) -> Result<ExecExit, RuntimeError> {
         let line = build_line(self.next.fetch_add(1, Ordering::Relaxed), req)?;
         let mut pipes = self.pipes.lock().await;
         if self.is_dead() {
             return Err(self.terminated("the shell has exited"));
         }
         self.busy.store(true, Ordering::Relaxed);
-        let result = self.run(&mut pipes, &line, req, events).await;
+        let result = self.run(&mut pipes, &line, req, sink).await;
         self.busy.store(false, Ordering::Relaxed);
         if result.is_err() {
             self.dead.store(true, Ordering::Relaxed);
@@ -223,8 +219,8 @@ impl Session {
         pipes: &mut Pipes,
         line: &(u64, String),
         req: &ExecRequest,
-        events: Option<&UnboundedSender<ExecEvent>>,
-    ) -> Result<ExecResult, RuntimeError> {
+        sink: &mut Sink,
+    ) -> Result<ExecExit, RuntimeError> {
         let (id, line) = line;
         let Pipes {
             stdout,
@@ -235,19 +231,12 @@ impl Session {
             status_buf,
         } = pipes;
         let start = Instant::now();
-        if let Some(tx) = events {
-            let _ = tx.send(ExecEvent::Start {
-                session: self.id.clone(),
-            });
-        }
-        let mut out = Vec::new();
-        let mut err = Vec::new();
+        sink.start(&self.id).await;
         let mut script_left: &[u8] = line.as_bytes();
         let empty = Bytes::new();
         let stdin = req.stdin.as_ref().unwrap_or(&empty);
         let mut stdin_left: &[u8] = stdin;
         let mut timed_out = false;
-        let mut truncated = false;
         // Running → TERM sent → KILL sent → give up.
         let mut phase = 0u8;
         let mut alarm = req.timeout.map(|t| start + t);
@@ -260,33 +249,77 @@ impl Session {
                     None => std::future::pending().await,
                 }
             };
+            let slot = sink.wants_slot();
+            let reserve = async move {
+                match slot {
+                    Some(tx) => tx.reserve_owned().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let may_read = sink.may_read();
             tokio::select! {
                 biased;
                 r = status.readable() => {
                     let mut g = r.map_err(RuntimeError::internal)?;
-                    let eof = drain(g.get_inner(), status_buf);
-                    g.clear_ready();
-                    if let Some(code) = take_status(status_buf, *id) {
-                        break code;
+                    let read = read_some(g.get_inner(), STATUS_LINE_MAX, |d| status_buf.extend_from_slice(d));
+                    if read == Read::Empty {
+                        g.clear_ready();
                     }
-                    if eof {
-                        flush(stdout, stderr, &mut out, &mut err, events);
+                    match take_status(status_buf, *id) {
+                        Ok(Some(code)) => break code,
+                        Ok(None) => {}
+                        Err(Foreign) => {
+                            sink.finish(stdout, stderr).await;
+                            return Err(self.terminated("the shell's status pipe carried a line that was not this command's status (written by the command through a descriptor bash saved?)"));
+                        }
+                    }
+                    if read == Read::Eof {
+                        sink.finish(stdout, stderr).await;
                         return Err(self.terminated("the shell exited (`exit`, or it was killed)"));
                     }
+                    if status_buf.len() > STATUS_LINE_MAX {
+                        sink.finish(stdout, stderr).await;
+                        return Err(self.terminated("the shell's status pipe carried something else than status lines"));
+                    }
                 }
-                r = stdout.readable(), if !out_eof => {
-                    let mut g = r.map_err(RuntimeError::internal)?;
-                    out_eof = drain(g.get_inner(), &mut out);
-                    g.clear_ready();
-                    emit(events, &mut out, false);
-                    truncated |= cap(&mut out);
+                // Before the readers: a writer that keeps a pipe always readable must not
+                // keep the timeout from being seen.
+                () = wake => {
+                    timed_out = true;
+                    let now = Instant::now();
+                    match phase {
+                        0 => {
+                            phase = 1;
+                            alarm = Some(now + self.grace);
+                            self.signal_command(libc::SIGTERM).await;
+                        }
+                        1 => {
+                            phase = 2;
+                            alarm = Some(now + SHELL_RETURN_GRACE);
+                            let _ = self.agent.call(Op::KillTree { pid: self.pid, spare_main: true }).await;
+                        }
+                        _ => {
+                            sink.finish(stdout, stderr).await;
+                            return Err(self.terminated("the shell did not return after its command timed out (a shell builtin loop?)"));
+                        }
+                    }
                 }
-                r = stderr.readable(), if !err_eof => {
+                permit = reserve => sink.slot(permit),
+                r = stdout.readable(), if !out_eof && may_read => {
                     let mut g = r.map_err(RuntimeError::internal)?;
-                    err_eof = drain(g.get_inner(), &mut err);
-                    g.clear_ready();
-                    emit(events, &mut err, true);
-                    truncated |= cap(&mut err);
+                    match sink.read(g.get_inner(), Pipe::Stdout) {
+                        Read::Empty => g.clear_ready(),
+                        Read::More => {}
+                        Read::Eof => out_eof = true,
+                    }
+                }
+                r = stderr.readable(), if !err_eof && may_read => {
+                    let mut g = r.map_err(RuntimeError::internal)?;
+                    match sink.read(g.get_inner(), Pipe::Stderr) {
+                        Read::Empty => g.clear_ready(),
+                        Read::More => {}
+                        Read::Eof => err_eof = true,
+                    }
                 }
                 r = script.writable(), if !script_left.is_empty() => {
                     let mut g = r.map_err(RuntimeError::internal)?;
@@ -304,50 +337,18 @@ impl Session {
                         Err(e) => return Err(self.terminated(&format!("writing stdin: {e}"))),
                     }
                 }
-                () = wake => {
-                    timed_out = true;
-                    let now = Instant::now();
-                    match phase {
-                        0 => {
-                            phase = 1;
-                            alarm = Some(now + self.grace);
-                            self.signal_command(libc::SIGTERM).await;
-                        }
-                        1 => {
-                            phase = 2;
-                            alarm = Some(now + SHELL_RETURN_GRACE);
-                            let _ = self.agent.call(Op::KillTree { pid: self.pid, spare_main: true }).await;
-                        }
-                        _ => {
-                            flush(stdout, stderr, &mut out, &mut err, events);
-                            return Err(self.terminated("the shell did not return after its command timed out (a shell builtin loop?)"));
-                        }
-                    }
-                }
             }
         };
         // Everything written before the status is in the pipes now.
-        flush(stdout, stderr, &mut out, &mut err, events);
-        truncated |= cap(&mut out) | cap(&mut err);
-        let exit_code = if timed_out { TIMEOUT_EXIT } else { code };
-        let duration = start.elapsed();
-        if let Some(tx) = events {
-            let _ = tx.send(ExecEvent::Exit(ExecExit {
-                exit_code,
-                timed_out,
-                duration,
-                session: self.id.clone(),
-            }));
-        }
-        Ok(ExecResult {
-            exit_code,
-            stdout: Bytes::from(out),
-            stderr: Bytes::from(err),
+        sink.finish(stdout, stderr).await;
+        let exit = ExecExit {
+            exit_code: if timed_out { TIMEOUT_EXIT } else { code },
             timed_out,
-            output_truncated: truncated,
-            duration,
+            duration: start.elapsed(),
             session: self.id.clone(),
-        })
+        };
+        sink.exit(&exit).await;
+        Ok(exit)
     }
 
     async fn signal_command(&self, signal: i32) {
@@ -368,7 +369,9 @@ impl Session {
             command: "builtin printf '%s\\0' \"$PWD\"; env -0".into(),
             ..ExecRequest::default()
         };
-        let r = self.exec(&req, None).await?;
+        let mut sink = Sink::buffer(SNAPSHOT_MAX);
+        let exit = self.exec(&req, &mut sink).await?;
+        let r = sink.into_result(exit);
         let mut parts = r.stdout.split(|&b| b == 0);
         let cwd = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
         let env = parts
@@ -382,62 +385,35 @@ impl Session {
     }
 }
 
-/// Most bytes of stdout, and of stderr, a buffered exec keeps (the rest is read and dropped,
-/// so the command never blocks on a full pipe). Stream larger outputs with `exec_stream`.
-pub(crate) const MAX_BUFFERED_OUTPUT: usize = 256 << 20;
+/// Most bytes of the status pipe kept without a complete line (a status line is
+/// `ID STATUS`, a few bytes); more ends the session rather than grow the buffer.
+const STATUS_LINE_MAX: usize = 4096;
 
-/// Drops what a buffered exec collected beyond [`MAX_BUFFERED_OUTPUT`]; true if it did.
-fn cap(buf: &mut Vec<u8>) -> bool {
-    if buf.len() > MAX_BUFFERED_OUTPUT {
-        buf.truncate(MAX_BUFFERED_OUTPUT);
-        true
-    } else {
-        false
+/// Most bytes of a session's cwd and environment read to start a process "in" it.
+const SNAPSHOT_MAX: usize = 4 << 20;
+
+/// A line on the status pipe that is not the running command's status: only the
+/// command itself can have written it (bash keeps the pipe's descriptor, saved while
+/// the command runs, where builtins can reach it), so the session cannot be trusted.
+struct Foreign;
+
+/// Takes `ID STATUS\n` for command `id` from the status buffer: its status when complete,
+/// `Foreign` for any other line.
+fn take_status(buf: &mut Vec<u8>, id: u64) -> Result<Option<i32>, Foreign> {
+    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    let line: Vec<u8> = buf.drain(..=nl).collect();
+    let text = String::from_utf8_lossy(&line);
+    let mut it = text.split_whitespace();
+    match (
+        it.next().map(str::parse::<u64>),
+        it.next().map(str::parse::<i32>),
+        it.next(),
+    ) {
+        (Some(Ok(got)), Some(Ok(code)), None) if got == id => Ok(Some(code)),
+        _ => Err(Foreign),
     }
-}
-
-/// Sends collected output as events (when streaming).
-fn emit(events: Option<&UnboundedSender<ExecEvent>>, buf: &mut Vec<u8>, is_err: bool) {
-    if let Some(tx) = events {
-        if !buf.is_empty() {
-            let data = Bytes::from(std::mem::take(buf));
-            let _ = tx.send(if is_err {
-                ExecEvent::Stderr { data }
-            } else {
-                ExecEvent::Stdout { data }
-            });
-        }
-    }
-}
-
-/// Reads both output pipes to `EAGAIN`.
-fn flush(
-    stdout: &AsyncFd<OwnedFd>,
-    stderr: &AsyncFd<OwnedFd>,
-    out: &mut Vec<u8>,
-    err: &mut Vec<u8>,
-    events: Option<&UnboundedSender<ExecEvent>>,
-) {
-    drain(stdout.get_ref(), out);
-    drain(stderr.get_ref(), err);
-    emit(events, out, false);
-    emit(events, err, true);
-}
-
-/// Finds `ID STATUS\n` for command `id` in the status buffer (older lines are dropped).
-fn take_status(buf: &mut Vec<u8>, id: u64) -> Option<i32> {
-    while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-        let line: Vec<u8> = buf.drain(..=nl).collect();
-        let text = String::from_utf8_lossy(&line);
-        let mut it = text.split_whitespace();
-        let (Some(got), Some(code)) = (it.next(), it.next()) else {
-            continue;
-        };
-        if got.parse::<u64>().ok() == Some(id) {
-            return code.parse().ok();
-        }
-    }
-    None
 }
 
 async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> Result<(), RuntimeError> {

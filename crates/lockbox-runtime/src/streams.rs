@@ -22,6 +22,11 @@ pub struct LogStream {
     pub(crate) inner: BoxStream<LogChunk>,
 }
 
+/// The entries of [`crate::Sandbox::list_stream`], read one at a time.
+pub struct FileList {
+    pub(crate) inner: BoxStream<Result<crate::types::FileStat, crate::RuntimeError>>,
+}
+
 /// Live PTY output for one viewer. A viewer too slow to keep up skips what it missed
 /// (the log keeps it: read it with [`crate::Sandbox::read_logs`]).
 pub struct PtyOutput {
@@ -47,6 +52,11 @@ macro_rules! forward_stream {
 forward_stream!(ExecStream, ExecEvent, "ExecStream");
 forward_stream!(LogStream, LogChunk, "LogStream");
 forward_stream!(PtyOutput, Bytes, "PtyOutput");
+forward_stream!(
+    FileList,
+    Result<crate::types::FileStat, crate::RuntimeError>,
+    "FileList"
+);
 
 /// An attachment to a process's PTY.
 #[derive(Debug)]

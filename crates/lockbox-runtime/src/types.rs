@@ -13,6 +13,14 @@ use std::time::Duration;
 pub const DEFAULT_LOG_BYTES: usize = 4 << 20;
 /// Default maximum number of running sandboxes.
 pub const DEFAULT_MAX_SANDBOXES: usize = 64;
+/// Default bound of each of stdout and stderr kept by a buffered exec.
+pub const DEFAULT_MAX_EXEC_OUTPUT: usize = 16 << 20;
+/// Default maximum number of sessions of one sandbox.
+pub const DEFAULT_MAX_SESSIONS: usize = 16;
+/// Default maximum number of process records (running or exited) of one sandbox.
+pub const DEFAULT_MAX_PROCESSES: usize = 64;
+/// Default bound of all process logs of a runtime together.
+pub const DEFAULT_MAX_LOG_MEMORY: usize = 1 << 30;
 
 /// How the runtime is set up.
 #[derive(Debug, Clone)]
@@ -23,6 +31,21 @@ pub struct RuntimeConfig {
     pub max_sandboxes: usize,
     /// Per-process log bound when [`ProcessSpec::log_bytes`] is not given.
     pub default_log_bytes: usize,
+    /// Most bytes of stdout, and of stderr, a buffered exec keeps (the rest is read and
+    /// dropped; [`ExecResult::stdout_truncated`] says so). `exec_stream` has no such bound:
+    /// it reads only as fast as its receiver takes events.
+    pub max_exec_output: usize,
+    /// Sessions of one sandbox at most (live or terminated, until deleted); more is
+    /// `LIMIT_REACHED`. Each holds a shell and five descriptors in the runtime.
+    pub max_sessions: usize,
+    /// Processes one sandbox keeps at most, running or exited. Starting one more forgets
+    /// the oldest exited one (and its log); when all are running it is `LIMIT_REACHED`.
+    pub max_processes: usize,
+    /// The bound of all process logs together: each process reserves its `log_bytes`
+    /// while its record (or a reader of its log) lives. Starting a process whose log would
+    /// not fit forgets the sandbox's oldest exited processes first, then is
+    /// `LIMIT_REACHED`.
+    pub max_log_memory: usize,
     /// Idle timeout when [`SandboxSpec::idle_timeout`] is not given; `None` = never.
     pub default_idle_timeout: Option<Duration>,
     /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
@@ -38,6 +61,10 @@ impl RuntimeConfig {
             state_dir: state_dir.into(),
             max_sandboxes: DEFAULT_MAX_SANDBOXES,
             default_log_bytes: DEFAULT_LOG_BYTES,
+            max_exec_output: DEFAULT_MAX_EXEC_OUTPUT,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_processes: DEFAULT_MAX_PROCESSES,
+            max_log_memory: DEFAULT_MAX_LOG_MEMORY,
             default_idle_timeout: None,
             agent_exe: None,
         }
@@ -186,16 +213,19 @@ pub struct ExecRequest {
 pub struct ExecResult {
     /// Exit status as bash reports it (128+N after signal N, 124 after a timeout).
     pub exit_code: i32,
-    /// All of stdout, byte-exact.
+    /// stdout, byte-exact: all of it, or its first [`RuntimeConfig::max_exec_output`] bytes.
     pub stdout: Bytes,
-    /// All of stderr, byte-exact.
+    /// stderr, likewise.
     pub stderr: Bytes,
     /// The timeout killed it.
     pub timed_out: bool,
-    /// stdout or stderr was longer than a buffered exec keeps (256 MiB each) and was cut
-    /// there; use `exec_stream` for such outputs.
+    /// stdout was longer than a buffered exec keeps and was cut there (the rest was read
+    /// and dropped, so the command did not block); use `exec_stream` for such outputs.
     #[serde(default)]
-    pub output_truncated: bool,
+    pub stdout_truncated: bool,
+    /// Likewise for stderr.
+    #[serde(default)]
+    pub stderr_truncated: bool,
     /// Wall time of the call.
     #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,

@@ -1,4 +1,4 @@
-//! Small helpers: RFC 3339 times, ids, bash quoting, raw non-blocking reads.
+//! Small helpers: RFC 3339 times, ids, bash quoting, bounded non-blocking reads.
 
 use std::os::fd::AsFd;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -88,20 +88,57 @@ pub(crate) fn async_fd(
     tokio::io::unix::AsyncFd::new(fd).map_err(crate::RuntimeError::internal)
 }
 
-/// Reads what `fd` (non-blocking) holds right now into `out`, up to EAGAIN or EOF.
-/// Returns true at EOF.
-pub(crate) fn drain(fd: impl AsFd, out: &mut Vec<u8>) -> bool {
-    let mut buf = [0u8; 64 * 1024];
-    loop {
-        match rustix::io::read(fd.as_fd(), &mut buf) {
-            Ok(0) => return true,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
+/// Most bytes one wakeup reads from an output pipe or PTY. A writer faster than its reader
+/// (`yes`, `cat /dev/zero`) would otherwise keep one task reading forever and grow its
+/// buffer without bound: after this many bytes the reader yields, keeping the readiness.
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
+
+/// What a bounded read of a non-blocking descriptor found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// Nothing more for now (`EAGAIN`): wait for readiness again.
+    Empty,
+    /// Stopped at the bound; more may be waiting.
+    More,
+    /// End of file (or `EIO`: a PTY whose other side is closed).
+    Eof,
+}
+
+/// Reads at most `max` bytes of what `fd` (non-blocking) holds now, handing each piece to
+/// `sink`; stops early at `EAGAIN` or end of file.
+pub(crate) fn read_some(fd: impl AsFd, max: usize, mut sink: impl FnMut(&[u8])) -> Read {
+    let mut buf = [0u8; 16 * 1024];
+    let mut left = max;
+    while left > 0 {
+        let want = buf.len().min(left);
+        match rustix::io::read(fd.as_fd(), &mut buf[..want]) {
+            Ok(0) => return Read::Eof,
+            Ok(n) => {
+                sink(&buf[..n]);
+                left -= n;
+            }
             Err(rustix::io::Errno::INTR) => continue,
-            // EAGAIN: empty for now; EIO: a PTY whose other side is closed.
-            Err(rustix::io::Errno::AGAIN) => return false,
-            Err(_) => return true,
+            Err(rustix::io::Errno::AGAIN) => return Read::Empty,
+            Err(_) => return Read::Eof,
         }
     }
+    Read::More
+}
+
+/// Bytes waiting in a pipe or PTY now (`FIONREAD`). Reading exactly these after a command
+/// ended takes everything it wrote, while a writer it passed the descriptor on to cannot
+/// keep the reader going (0 when the descriptor cannot tell).
+pub(crate) fn pending(fd: impl AsFd) -> usize {
+    rustix::io::ioctl_fionread(fd.as_fd())
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+/// Reads what `fd` holds now, at most [`pending`] bytes, into `out`.
+pub(crate) fn read_pending(fd: impl AsFd, out: &mut Vec<u8>) {
+    let n = pending(fd.as_fd());
+    read_some(fd, n, |data| out.extend_from_slice(data));
 }
 
 #[cfg(test)]

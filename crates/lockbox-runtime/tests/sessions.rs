@@ -352,3 +352,32 @@ async fn user_functions_and_aliases_cannot_break_the_protocol() {
     assert_eq!(out(&run(&sb, "echo ok").await), "ok\n");
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_flooding_the_status_pipe_ends_its_session_not_the_runtime() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    // While a command runs, bash keeps the status pipe's descriptor saved above 9, where
+    // builtins reach it: write forged status lines (and more) to every such descriptor.
+    let flood = "for fd in $(ls /proc/$$/fd); do [ \"$fd\" -ge 10 ] && \
+                 { for i in $(seq 2000); do echo \"999 0\"; done >&\"$fd\"; } 2>/dev/null; done; sleep 1";
+    let err = sb.exec(req(flood)).await.unwrap_err();
+    assert_eq!(err.code(), "SESSION_TERMINATED", "{err}");
+    assert_eq!(out(&run(&sb, "echo fresh").await), "fresh\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_output_keeps_the_first_bytes_and_says_it_was_cut() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let cap = lockbox_runtime::DEFAULT_MAX_EXEC_OUTPUT;
+    let r = run(&sb, "seq 1 10000000; echo err >&2").await;
+    assert_eq!(r.stdout.len(), cap);
+    assert!(r.stdout.starts_with(b"1\n2\n3\n"));
+    assert!(r.stdout_truncated && !r.stderr_truncated);
+    assert_eq!(&r.stderr[..], b"err\n");
+    let small = run(&sb, "echo ok").await;
+    assert!(!small.stdout_truncated);
+    rt.shutdown().await;
+}

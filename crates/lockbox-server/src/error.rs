@@ -34,6 +34,7 @@ pub const CODES: &[(&str, StatusCode)] = &[
     ("PROCESS_NOT_FOUND", StatusCode::NOT_FOUND),
     ("FILE_NOT_FOUND", StatusCode::NOT_FOUND),
     ("METHOD_NOT_ALLOWED", StatusCode::METHOD_NOT_ALLOWED),
+    ("REQUEST_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
     ("SANDBOX_NOT_RUNNING", StatusCode::CONFLICT),
     ("SESSION_TERMINATED", StatusCode::CONFLICT),
     ("PROCESS_NOT_RUNNING", StatusCode::CONFLICT),
@@ -47,6 +48,7 @@ pub const CODES: &[(&str, StatusCode)] = &[
     ("SETUP_FAILED", StatusCode::UNPROCESSABLE_ENTITY),
     ("LIMIT_REACHED", StatusCode::TOO_MANY_REQUESTS),
     ("INTERNAL", StatusCode::INTERNAL_SERVER_ERROR),
+    ("SERVER_BUSY", StatusCode::SERVICE_UNAVAILABLE),
 ];
 
 /// The HTTP status of a code.
@@ -86,6 +88,14 @@ impl ApiError {
             format!("{what} reached ({limit}); retry later"),
         )
         .with_details(json!({ "what": what, "limit": limit }))
+    }
+
+    /// `REQUEST_TIMEOUT`: the request body delivered nothing for `--io-timeout`.
+    pub fn body_stalled() -> ApiError {
+        ApiError::new(
+            "REQUEST_TIMEOUT",
+            "the request body stopped arriving (--io-timeout)",
+        )
     }
 
     /// The HTTP status of this error.

@@ -99,9 +99,12 @@ fn field_of(path: &str, message: &str) -> String {
     }
 }
 
-/// Maps a failure to read the body (too large, connection broken) to our error format.
+/// Maps a failure to read the body (too large, stalled, connection broken) to our error
+/// format.
 pub fn body_rejection(e: BytesRejection) -> ApiError {
-    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+    if body_stalled(&e) {
+        ApiError::body_stalled()
+    } else if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             "PAYLOAD_TOO_LARGE",
             "the request body exceeds the server's limit (--max-body)",
@@ -112,6 +115,18 @@ pub fn body_rejection(e: BytesRejection) -> ApiError {
             format!("reading the body: {}", e.body_text()),
         )
     }
+}
+
+/// Whether the body failed because it stopped arriving (`--io-timeout`).
+pub fn body_stalled(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// A query string. Unknown parameters are refused when `T` says `deny_unknown_fields`.

@@ -4,7 +4,8 @@
 //! - [`serve`] runs the API on a listener until a shutdown future resolves, then stops the
 //!   runtime (every sandbox is deleted, its branch's on-exit policy applied);
 //! - [`app`] is the same API as a [`Router`] (for tests and embedding);
-//! - [`Token`] is the secret clients send; [`ServerConfig`] the limits;
+//! - [`Token`] is the secret clients send; [`ServerConfig`] the limits (connections and
+//!   their timeouts in `connections`, bodies, streams, exec output in `output`);
 //! - [`openapi::document`] is the OpenAPI 3 description of every route.
 //!
 //! Handlers only translate: a request becomes one call of [`lockbox_runtime`], the result
@@ -16,24 +17,28 @@
 #![deny(missing_docs)]
 
 mod auth;
+mod connections;
 mod error;
 mod extract;
 pub mod openapi;
+mod output;
 mod routes;
 mod streams;
 mod wire;
 
 pub use crate::auth::{Token, TokenError, TOKEN_FILE};
+pub use crate::connections::MAX_HEAD;
 pub use crate::error::{status_of, ApiError, CODES};
 
 use crate::streams::Streams;
 use axum::extract::DefaultBodyLimit;
 use axum::Router;
 use lockbox_runtime::Runtime;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 /// Limits and intervals of the server.
 #[derive(Debug, Clone)]
@@ -50,6 +55,16 @@ pub struct ServerConfig {
     /// How long a stop waits for requests in flight before the runtime is shut down
     /// anyway (which ends them). Default 5 s.
     pub shutdown_grace: Duration,
+    /// Connections open at once; one more is answered 503 `SERVER_BUSY` and closed.
+    /// Default 512.
+    pub max_connections: usize,
+    /// How long a connection may take to send a complete request head, counted from its
+    /// opening or from the end of its previous response (so idle keep-alive connections
+    /// close after it too). Default 10 s.
+    pub header_timeout: Duration,
+    /// How long a request body may deliver nothing, or a response go unread, before the
+    /// connection is ended. Default 60 s.
+    pub io_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +75,9 @@ impl Default for ServerConfig {
             max_streams: 256,
             max_log_read: 1 << 20,
             shutdown_grace: Duration::from_secs(5),
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -90,6 +108,8 @@ fn build(
     };
     routes::router()
         .layer(DefaultBodyLimit::max(config.max_body))
+        // A body that stops arriving ends its request (408) instead of holding it forever.
+        .layer(RequestBodyTimeoutLayer::new(config.io_timeout))
         .layer(axum::middleware::from_fn_with_state(
             token,
             auth::require_token,
@@ -99,7 +119,7 @@ fn build(
 
 /// Serves the API on `listener` until `shutdown` resolves; then ends open streams, waits
 /// up to [`ServerConfig::shutdown_grace`] for requests in flight, and shuts the runtime
-/// down.
+/// down. Connections are bounded as `connections` describes.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     runtime: Runtime,
@@ -109,25 +129,28 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let cancel = CancellationToken::new();
     let grace = config.shutdown_grace;
+    let limits = connections::Limits {
+        max_connections: config.max_connections,
+        header_timeout: config.header_timeout,
+        io_timeout: config.io_timeout,
+    };
     let router = build(runtime.clone(), token, config, cancel.clone());
     let stop = cancel.clone();
-    let server = axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stop.cancel();
-        })
-        .into_future();
+    tokio::spawn(async move {
+        shutdown.await;
+        stop.cancel();
+    });
+    let server = connections::serve(listener, router, limits, cancel.clone());
     let deadline = async move {
         cancel.cancelled().await;
         tokio::time::sleep(grace).await;
     };
-    let result = tokio::select! {
-        result = server => result,
+    tokio::select! {
+        () = server => {}
         () = deadline => {
             tracing::warn!(?grace, "requests still in flight after the grace period; stopping");
-            Ok(())
         }
-    };
+    }
     runtime.shutdown().await;
-    result
+    Ok(())
 }

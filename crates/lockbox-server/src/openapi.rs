@@ -153,7 +153,7 @@ fn build() -> Value {
         "/v1/sandboxes/{id}/exec/stream": {
             "post": op("Run a command in a session, streaming its output (SSE events start, stdout, stderr, exit, error)",
                 vec![id()], required_json("ExecRequest"),
-                &[("200", sse("events; `stdout`/`stderr` carry {data_b64, data?}, `exit` {exit_code, timed_out, duration_ms, session}"))])
+                &[("200", sse("events; `stdout`/`stderr` carry {data} (UTF-8 text) or {data_b64}, `exit` {exit_code, timed_out, duration_ms, session}"))])
         },
         "/v1/sandboxes/{id}/processes": {
             "post": op("Start a background process", vec![id()], required_json("StartProcess"),
@@ -331,6 +331,11 @@ fn add_links(paths: &mut Value) {
     }
 }
 
+/// Exactly one of `name` (text) and `name_b64` (see `output.rs`).
+fn one_of_fields(name: &str) -> Value {
+    json!({ "oneOf": [ { "required": [name] }, { "required": [format!("{name}_b64")] } ] })
+}
+
 fn schemas() -> Value {
     let string = json!({ "type": "string" });
     let strings = json!({ "type": "array", "items": { "type": "string" } });
@@ -401,13 +406,17 @@ fn schemas() -> Value {
             "command": string, "session": string, "cwd": string, "env": string_map,
             "timeout_ms": ms, "stdin_b64": b64, "stdin": string
         }), &["command"]),
+        // Each stream once: text when UTF-8 and no longer than base64, else base64.
         "ExecResult": { "type": "object",
-            "required": ["exit_code", "stdout_b64", "stderr_b64", "timed_out", "duration_ms", "session"],
+            "required": ["exit_code", "timed_out", "duration_ms", "session",
+                         "stdout_truncated", "stderr_truncated"],
             "properties": {
                 "exit_code": { "type": "integer" }, "stdout_b64": b64, "stderr_b64": b64,
                 "stdout": string, "stderr": string, "timed_out": boolean,
-                "duration_ms": { "type": "number" }, "session": string
-            } },
+                "duration_ms": { "type": "number" }, "session": string,
+                "stdout_truncated": boolean, "stderr_truncated": boolean
+            },
+            "allOf": [ one_of_fields("stdout"), one_of_fields("stderr") ] },
         "PtySize": object(json!({
             "cols": { "type": "integer", "minimum": 1, "maximum": 65535 },
             "rows": { "type": "integer", "minimum": 1, "maximum": 65535 }
@@ -433,11 +442,12 @@ fn schemas() -> Value {
             "signal": { "oneOf": [ { "type": "integer", "minimum": 1, "maximum": 64 },
                                    { "type": "string", "example": "TERM" } ] }
         }), &["signal"]),
-        "LogSegment": { "type": "object", "required": ["stream", "offset", "data_b64"],
+        "LogSegment": { "type": "object", "required": ["stream", "offset"],
             "properties": {
                 "stream": { "type": "string", "enum": ["stdout", "stderr", "pty"] },
                 "offset": count, "data_b64": b64, "data": string
-            } },
+            },
+            "oneOf": one_of_fields("data")["oneOf"] },
         "LogChunk": { "type": "object", "required": ["segments", "next", "truncated", "eof"],
             "properties": {
                 "segments": { "type": "array", "items": schema("LogSegment") },

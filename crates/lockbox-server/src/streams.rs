@@ -4,9 +4,8 @@
 
 use crate::error::ApiError;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use base64::Engine;
 use futures_util::{Stream, StreamExt};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,19 +77,6 @@ impl Streams {
             .take_until(stop);
         Sse::new(events).keep_alive(KeepAlive::new().interval(self.keepalive).text("keepalive"))
     }
-}
-
-/// `{"data_b64": ..., "data": ...}`: the bytes in base64, and as text when they are UTF-8.
-pub fn data_fields(bytes: &[u8]) -> Map<String, Value> {
-    let mut map = Map::new();
-    map.insert(
-        "data_b64".into(),
-        Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
-    );
-    if let Ok(text) = std::str::from_utf8(bytes) {
-        map.insert("data".into(), Value::String(text.to_owned()));
-    }
-    map
 }
 
 /// An SSE event named `name` with a JSON payload.

@@ -18,7 +18,13 @@ with --print-token); the token itself is never printed otherwise. Every route bu
 needs `Authorization: Bearer <token>`. The API is described at /openapi.json and in
 docs/server.md. SIGTERM or SIGINT stops the server: open streams end, requests in flight get
 a few seconds, then every sandbox is deleted (on_exit applied; branches are kept by default).
-Sandboxes of a server that died without stopping are listed as `lost` by the next one.";
+Sandboxes of a server that died without stopping are listed as `lost` by the next one.
+
+What a client or a sandbox can make the server hold is bounded by the flags above: the soft
+open-files limit is raised to the hard one at start; connections beyond --max-connections
+are refused at once; a slow or idle connection is closed after --header-timeout, a stalled
+body or unread response after --io-timeout; an exec's reply holds at most --max-exec-output
+of each stream (stream larger outputs with exec/stream); process logs share --max-log-memory.";
 
 /// Flags of `lockbox serve`.
 #[derive(Debug, Args)]
@@ -57,6 +63,82 @@ pub struct ServeArgs {
     /// Interval of the SSE keepalive comment.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_dur)]
     pub keepalive: Duration,
+    /// Connections open at once; one more is answered 503 SERVER_BUSY (Retry-After: 1) and
+    /// closed. SSE and WebSocket streams count too [default: 512, or half the descriptor
+    /// limit if that is lower].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// A connection must send a complete request head within this long of opening, or of
+    /// its previous response ending, or it is closed (this also closes idle keep-alive
+    /// connections).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_dur)]
+    pub header_timeout: Duration,
+    /// A request body that sends nothing, or a response the client does not read, for this
+    /// long ends the connection (408 REQUEST_TIMEOUT for the body). Requests being handled
+    /// and open streams are never cut for being quiet.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_dur)]
+    pub io_timeout: Duration,
+    /// Most bytes of stdout, and of stderr, one `exec` returns; the rest is read and
+    /// dropped, and the reply says stdout_truncated / stderr_truncated. exec/stream has no
+    /// such bound.
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_size)]
+    pub max_exec_output: ByteSize,
+    /// Sessions of one sandbox at most; more answers 429 LIMIT_REACHED.
+    #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_SESSIONS)]
+    pub max_sessions: usize,
+    /// Processes one sandbox keeps, running or exited; starting one more forgets the
+    /// oldest exited one, or answers 429 LIMIT_REACHED when all are running.
+    #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_PROCESSES)]
+    pub max_processes: usize,
+    /// All process logs together (each process reserves its log size); starting a process
+    /// whose log does not fit forgets its sandbox's oldest exited processes, or answers 429.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    pub max_log_memory: ByteSize,
+}
+
+/// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
+/// from the descriptor limit: half of them.
+fn default_max_connections(nofile: Option<u64>) -> usize {
+    let half = nofile.map_or(usize::MAX, |n| usize::try_from(n / 2).unwrap_or(usize::MAX));
+    half.clamp(1, 512)
+}
+
+/// Descriptors the server may need at most: its own, the connections and refusals, and
+/// per sandbox 3, 5 per session and up to 3 per process record (measured; see
+/// docs/server.md, "Limits").
+fn descriptors_needed(args: &ServeArgs, max_connections: usize) -> u64 {
+    let per_sandbox = 3 + 5 * args.max_sessions as u64 + 3 * args.max_processes as u64;
+    32 + max_connections as u64 + 64 + args.max_sandboxes as u64 * per_sandbox
+}
+
+fn warn_if_descriptors_short(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) {
+    let needed = descriptors_needed(args, max_connections);
+    if let Some(limit) = nofile.filter(|&limit| limit < needed) {
+        eprintln!(
+            "lockbox: warning: with these limits the server may need {needed} open files but \
+             may have {limit}: raise the hard limit (ulimit -Hn) or lower --max-sandboxes, \
+             --max-sessions or --max-processes"
+        );
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard one (connections, sessions'
+/// pipes and sandboxes all hold descriptors); the soft limit now in force (`None`: no
+/// limit). Sandboxes inherit it unless their policy sets `max_open_files`.
+fn raise_nofile() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            eprintln!("lockbox: warning: cannot raise the open-files limit to its hard limit: {e}");
+            return limit.current;
+        }
+    }
+    limit.maximum
 }
 
 fn parse_size(s: &str) -> Result<ByteSize, String> {
@@ -84,9 +166,32 @@ pub fn run(args: &ServeArgs) -> i32 {
 }
 
 fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    if args.max_sandboxes == 0 || args.max_streams == 0 {
-        anyhow::bail!("--max-sandboxes and --max-streams must be at least 1");
+    if args.max_sandboxes == 0
+        || args.max_streams == 0
+        || args.max_connections == Some(0)
+        || args.max_sessions == 0
+        || args.max_processes == 0
+    {
+        anyhow::bail!(
+            "--max-sandboxes, --max-streams, --max-connections, --max-sessions and \
+             --max-processes must be at least 1"
+        );
     }
+    let nofile = raise_nofile();
+    let max_connections = match args.max_connections {
+        Some(n) => {
+            if nofile.is_some_and(|limit| n as u64 > limit / 2) {
+                eprintln!(
+                    "lockbox: warning: --max-connections {n} leaves few of the {} open \
+                     files this process may have for sandboxes",
+                    nofile.unwrap_or_default()
+                );
+            }
+            n
+        }
+        None => default_max_connections(nofile),
+    };
+    warn_if_descriptors_short(args, max_connections, nofile);
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
@@ -102,10 +207,19 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime_config.default_idle_timeout = args.idle_timeout;
     runtime_config.default_log_bytes = usize::try_from(args.log_bytes.bytes())
         .context("--log-bytes is larger than this machine's address space")?;
+    runtime_config.max_exec_output = usize::try_from(args.max_exec_output.bytes())
+        .context("--max-exec-output is larger than this machine's address space")?;
+    runtime_config.max_log_memory = usize::try_from(args.max_log_memory.bytes())
+        .context("--max-log-memory is larger than this machine's address space")?;
+    runtime_config.max_sessions = args.max_sessions;
+    runtime_config.max_processes = args.max_processes;
     let server_config = ServerConfig {
         keepalive: args.keepalive,
         max_body: usize::try_from(args.max_body.bytes()).unwrap_or(usize::MAX),
         max_streams: args.max_streams,
+        max_connections,
+        header_timeout: args.header_timeout,
+        io_timeout: args.io_timeout,
         ..ServerConfig::default()
     };
     let tokio = tokio::runtime::Builder::new_multi_thread()

@@ -11,9 +11,12 @@ use axum::http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_T
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::TryStreamExt;
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
 use lockbox_runtime::{ByteRange, WriteOptions};
 use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use tokio_util::io::{ReaderStream, StreamReader};
 
 /// A single `bytes=` range as written: `a-b`, `a-` or `-n`.
@@ -126,18 +129,27 @@ pub async fn put(
 ) -> Result<impl IntoResponse, ApiError> {
     let mode = query.mode()?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    let stream = req
-        .into_body()
-        .into_data_stream()
-        .map_err(std::io::Error::other);
+    // The runtime sees an I/O error; remember whether it was the body stalling, to answer
+    // 408 rather than 500.
+    let stalled = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&stalled);
+    let stream = req.into_body().into_data_stream().map_err(move |e| {
+        if crate::extract::body_stalled(&e) {
+            seen.store(true, Ordering::Relaxed);
+        }
+        std::io::Error::other(e)
+    });
     let options = WriteOptions {
         mode: mode.unwrap_or(WriteOptions::default().mode),
         create_parents: true,
     };
-    let stat = sandbox
+    let written = sandbox
         .write_file(&query.path, Box::pin(StreamReader::new(stream)), options)
-        .await?;
-    Ok(Json(stat))
+        .await;
+    match written {
+        Err(_) if stalled.load(Ordering::Relaxed) => Err(ApiError::body_stalled()),
+        written => Ok(Json(written?)),
+    }
 }
 
 pub async fn stat(
@@ -156,9 +168,37 @@ pub async fn list(
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
     let entries = sandbox
-        .list(&query.path, query.recursive, query.hidden)
+        .list_stream(&query.path, query.recursive, query.hidden)
         .await?;
-    Ok(Json(json!({ "entries": entries })))
+    Ok(json_array_body("entries", entries))
+}
+
+/// `{"<name>": [...]}` written one entry at a time as the client reads, so a listing of a
+/// large tree is never held whole (an error after the first byte cuts the body short,
+/// which a client sees as invalid JSON).
+fn json_array_body<T, E>(
+    name: &'static str,
+    entries: impl futures_util::Stream<Item = Result<T, E>> + Send + 'static,
+) -> Response
+where
+    T: serde::Serialize,
+    E: std::fmt::Display,
+{
+    let open = futures_util::stream::once(async move {
+        Ok::<_, std::io::Error>(Bytes::from(format!("{{\"{name}\":[")))
+    });
+    let items = entries.enumerate().map(|(i, entry)| {
+        let entry = entry.map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut line = if i == 0 { Vec::new() } else { vec![b','] };
+        serde_json::to_writer(&mut line, &entry).map_err(std::io::Error::other)?;
+        Ok(Bytes::from(line))
+    });
+    let close = futures_util::stream::once(async { Ok(Bytes::from_static(b"]}")) });
+    let mut response = Response::new(Body::from_stream(open.chain(items).chain(close)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 pub async fn mkdir(

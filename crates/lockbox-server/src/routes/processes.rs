@@ -4,7 +4,8 @@
 use crate::error::ApiError;
 use crate::extract::{parse_json, ApiJson, ApiPath, ApiQuery};
 use crate::openapi::MAX_GRACE_MS;
-use crate::streams::{data_fields, json_event};
+use crate::output::data_fields;
+use crate::streams::json_event;
 use crate::wire::{
     check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery,
 };
@@ -122,7 +123,7 @@ pub async fn stdin(
     Ok(Json(json!({ "written": data.len(), "closed": close })))
 }
 
-/// One log chunk as JSON: `{segments: [{stream, offset, data_b64, data?}], next, truncated, eof}`.
+/// One log chunk as JSON: `{segments: [{stream, offset, data | data_b64}], next, truncated, eof}`.
 pub fn chunk_json(chunk: &LogChunk) -> Value {
     let segments: Vec<Value> = chunk.segments.iter().map(segment_json).collect();
     json!({

@@ -26,6 +26,12 @@ use std::time::Duration;
 const EXIT_POLL: Duration = Duration::from_millis(200);
 /// How long output may keep arriving after the exit was seen.
 const DRAIN: Duration = Duration::from_millis(100);
+/// Largest message a client may send (keystrokes, stdin): the WebSocket library buffers a
+/// whole message before handing it over, 64 MiB by default.
+pub const MAX_MESSAGE: usize = 1 << 20;
+/// Largest frame the server sends: the scrollback goes in pieces of this size rather than
+/// as one message as large as the log.
+const FRAME: usize = 64 * 1024;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -53,12 +59,15 @@ pub async fn attach(
 ) -> Result<Response, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
     let info = sandbox.process(&pid).await?;
-    let upgrade = upgrade.map_err(|e| {
-        ApiError::new(
-            "INVALID_REQUEST",
-            format!("this route is a WebSocket: {}", e.body_text()),
-        )
-    })?;
+    let upgrade = upgrade
+        .map_err(|e| {
+            ApiError::new(
+                "INVALID_REQUEST",
+                format!("this route is a WebSocket: {}", e.body_text()),
+            )
+        })?
+        .max_message_size(MAX_MESSAGE)
+        .max_frame_size(MAX_MESSAGE);
     let slot = app.streams.open()?;
     let (first, output, input): (Bytes, BoxStream<'static, Bytes>, Input) = if info.pty {
         let attachment = sandbox.attach_pty(&pid).await?;
@@ -99,8 +108,11 @@ impl Link {
         slot: StreamSlot,
     ) {
         let (mut tx, mut rx) = socket.split();
-        if !first.is_empty() && tx.send(Message::Binary(first)).await.is_err() {
-            return;
+        for at in (0..first.len()).step_by(FRAME) {
+            let piece = first.slice(at..(at + FRAME).min(first.len()));
+            if tx.send(Message::Binary(piece)).await.is_err() {
+                return;
+            }
         }
         // A PTY's output stream does not end when the process exits (viewers of a log can
         // attach later), so its exit is polled; a pipe process's log stream ends by itself

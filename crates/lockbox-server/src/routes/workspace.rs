@@ -14,7 +14,15 @@ pub async fn changes(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "changes": sandbox.changes().await? })))
+    // Serialised straight from the list: a `json!` value would be a second, larger copy
+    // of every change.
+    #[derive(serde::Serialize)]
+    struct Changes<T> {
+        changes: T,
+    }
+    Ok(Json(Changes {
+        changes: sandbox.changes().await?,
+    }))
 }
 
 pub async fn commit(

@@ -1,0 +1,304 @@
+//! The connections of the server: what a client can hold open, and for how long.
+//!
+//! - **A cap** (`--max-connections`): a connection beyond it is accepted, its request head
+//!   read, answered `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns
+//!   at once that the server is full instead of waiting in the kernel's backlog. The cap
+//!   holds for the connection's whole life, upgraded WebSockets included. At most
+//!   [`REFUSING_AT_ONCE`] refusals are open at once (each for at most [`REFUSAL_TIME`]);
+//!   one more closes the oldest.
+//! - **The header timeout** (`--header-timeout`): a connection must deliver a complete
+//!   request head within this long of being opened or of its previous response ending, or
+//!   it is closed. This ends half-sent heads (slowloris) and idle keep-alive connections
+//!   alike: a connection that carries no request costs a descriptor like any other.
+//! - **The stall timeout** (`--io-timeout`): a response the client does not read (nothing
+//!   written for this long) ends the connection, and so does a request body that delivers
+//!   nothing for this long (see [`crate::build`]). A request that is being handled
+//!   (a long `exec`, an SSE or WebSocket stream, which have their own keepalives) is never
+//!   cut for being quiet.
+//!
+//! Heads larger than [`MAX_HEAD`] are refused by hyper (431), so a half-open connection
+//! holds at most that much memory.
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Largest request head (request line and headers) a connection may send; also the most
+/// a half-open connection makes the server buffer.
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// Refused connections open at once. One more closes the oldest of them (most likely one
+/// that sends nothing), so refusals hold a bounded number of descriptors and a client that
+/// sends its request promptly still gets its answer during a flood.
+const REFUSING_AT_ONCE: usize = 64;
+
+/// How long a refusal may take: reading the request head (an answer written before the
+/// client sent its request is an error to HTTP clients), writing the answer, and reading
+/// what else the client sent (closing a socket with unread data resets the connection,
+/// which can destroy the answer before the client reads it).
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+/// How long to wait before accepting again after `accept` failed (out of descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The bounds of [`serve`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// See the module documentation.
+    pub header_timeout: Duration,
+    /// See the module documentation.
+    pub io_timeout: Duration,
+}
+
+/// Accepts connections on `listener` and serves `router` on them until `stop` is
+/// cancelled; then stops accepting, asks every connection to finish its request in
+/// flight and close, and returns when all have.
+pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let refusing = Arc::new(Refusals::default());
+    let busy = busy_answer(limits.max_connections);
+    let connections = TaskTracker::new();
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(MAX_HEAD)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(true);
+    let service = TowerToHyperService::new(router);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE/ENFILE and the like: the connection waits in the backlog; do not
+                // spin on it.
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
+            continue;
+        };
+        let io = TokioIo::new(Guarded {
+            stream,
+            stall: limits.io_timeout,
+            stalled: None,
+            _permit: permit,
+        });
+        let conn = builder
+            .serve_connection(io, service.clone())
+            .with_upgrades();
+        let stop = stop.clone();
+        connections.spawn(async move {
+            tokio::pin!(conn);
+            let ended = tokio::select! {
+                ended = conn.as_mut() => ended,
+                () = stop.cancelled() => {
+                    // Finish the request in flight, then close.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+}
+
+/// The answer to a connection beyond the cap: 503 `SERVER_BUSY`, `Retry-After: 1`, close.
+fn busy_answer(max: usize) -> bytes::Bytes {
+    let body = serde_json::json!({
+        "code": "SERVER_BUSY",
+        "message": format!("the server has its maximum of {max} connections open (--max-connections); retry later"),
+        "details": { "what": "max_connections", "limit": max },
+    })
+    .to_string();
+    bytes::Bytes::from(format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+}
+
+/// The refused connections being answered, oldest first.
+#[derive(Debug, Default)]
+struct Refusals {
+    pending: std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Refusals {
+    /// Registers a refusal, closing the oldest one beyond [`REFUSING_AT_ONCE`].
+    fn admit(&self) -> (u64, CancellationToken) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = CancellationToken::new();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.push_back((id, token.clone()));
+        if pending.len() > REFUSING_AT_ONCE {
+            if let Some((_, oldest)) = pending.pop_front() {
+                oldest.cancel();
+            }
+        }
+        (id, token)
+    }
+
+    fn done(&self, id: u64) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.retain(|(i, _)| *i != id);
+    }
+}
+
+/// Answers a refused connection: after its request head, within [`REFUSAL_TIME`], unless
+/// newer refusals push it out first.
+async fn refuse(mut stream: TcpStream, answer: bytes::Bytes, refusals: Arc<Refusals>) {
+    let (id, pushed_out) = refusals.admit();
+    let answered = async {
+        read_head(&mut stream).await?;
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        // Read (and drop) what else the client sent, until it closes.
+        let mut sink = [0u8; 4096];
+        let mut left = MAX_HEAD;
+        while left > 0 {
+            let n = stream.read(&mut sink).await?;
+            if n == 0 {
+                break;
+            }
+            left = left.saturating_sub(n);
+        }
+        io::Result::Ok(())
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(REFUSAL_TIME, answered) => {}
+        () = pushed_out.cancelled() => {}
+    }
+    refusals.done(id);
+}
+
+/// Reads until the end of a request head (an empty line), at most [`MAX_HEAD`] bytes.
+async fn read_head(stream: &mut TcpStream) -> io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while head.len() < MAX_HEAD {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&buf[..n]);
+        if head[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// A connection's socket, holding its place under the cap, with the stall timeout on
+/// writes.
+#[derive(Debug)]
+struct Guarded {
+    stream: TcpStream,
+    stall: Duration,
+    /// Running while a write waits for the client to read.
+    stalled: Option<Pin<Box<Sleep>>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Guarded {
+    /// A write could not proceed: fails once it has waited [`Guarded::stall`].
+    fn poll_stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let stall = self.stall;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {stall:?} (--io-timeout)"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progress<T>(
+        &mut self,
+        polled: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Pending => self.poll_stalled(cx),
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.progress(polled, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.progress(polled, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.stream).poll_flush(cx);
+        self.progress(polled, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
