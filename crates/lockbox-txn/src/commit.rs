@@ -191,11 +191,10 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
                 .or_else(|| store::marker_workdir(state_dir, &id)),
         };
         match w {
-            Some(w) => {
-                if filter.as_ref().is_none_or(|f| *f == w) && !workdirs.contains(&w) {
-                    workdirs.push(w);
-                }
+            Some(w) if filter.as_ref().is_none_or(|f| *f == w) && !workdirs.contains(&w) => {
+                workdirs.push(w);
             }
+            Some(_) => {}
             // An empty marker and no directory: a kill between creating the marker and
             // writing it. Checked in this order: a creator renames its directory into place
             // after writing the marker.

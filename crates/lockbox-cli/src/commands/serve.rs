@@ -114,7 +114,7 @@ fn descriptors_needed(args: &ServeArgs, max_connections: usize) -> u64 {
 fn warn_if_descriptors_short(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) {
     let needed = descriptors_needed(args, max_connections);
     if let Some(limit) = nofile.filter(|&limit| limit < needed) {
-        eprintln!(
+        eoutln!(
             "lockbox: warning: with these limits the server may need {needed} open files but \
              may have {limit}: raise the hard limit (ulimit -Hn) or lower --max-sandboxes, \
              --max-sessions or --max-processes"
@@ -134,7 +134,7 @@ fn raise_nofile() -> Option<u64> {
             maximum: limit.maximum,
         };
         if let Err(e) = setrlimit(Resource::Nofile, raised) {
-            eprintln!("lockbox: warning: cannot raise the open-files limit to its hard limit: {e}");
+            eoutln!("lockbox: warning: cannot raise the open-files limit to its hard limit: {e}");
             return limit.current;
         }
     }
@@ -181,7 +181,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let max_connections = match args.max_connections {
         Some(n) => {
             if nofile.is_some_and(|limit| n as u64 > limit / 2) {
-                eprintln!(
+                eoutln!(
                     "lockbox: warning: --max-connections {n} leaves few of the {} open \
                      files this process may have for sandboxes",
                     nofile.unwrap_or_default()
