@@ -41,13 +41,29 @@ pub(crate) fn open_dir_beneath(root: BorrowedFd<'_>, rel: &Path) -> io::Result<O
 
 /// Like [`open_dir_beneath`], opened for reading (listing, `fsync`).
 pub(crate) fn open_dir_read_beneath(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
-    let parent = open_dir_beneath(root, rel)?;
+    reopen_dir(open_dir_beneath(root, rel)?.as_fd())
+}
+
+/// The directory behind `dir` (possibly `O_PATH`), opened again for reading.
+pub(crate) fn reopen_dir(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
-        parent,
+        dir,
         ".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
+}
+
+/// The (atime, mtime) of a `Stat`, to set on a copy.
+pub(crate) fn times_of(st: &Stat) -> rustix::fs::Timestamps {
+    let ts = |tv_sec, tv_nsec| rustix::fs::Timespec {
+        tv_sec,
+        tv_nsec: tv_nsec as _,
+    };
+    rustix::fs::Timestamps {
+        last_access: ts(st.st_atime, st.st_atime_nsec),
+        last_modification: ts(st.st_mtime, st.st_mtime_nsec),
+    }
 }
 
 /// One component below `dir`, as an `O_PATH` directory, never through a symlink.
@@ -378,20 +394,14 @@ impl OwnDir {
         }
         let mode = st.st_mode & 0o7777;
         chmod_fd(pinned.as_fd(), mode | need)?;
-        let opened = rustix::fs::openat(
-            &pinned,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        );
-        match opened {
+        match reopen_dir(pinned.as_fd()) {
             Ok(fd) => Ok(OwnDir {
                 fd,
                 restore: Some(mode),
             }),
             Err(e) => {
                 let _ = chmod_fd(pinned.as_fd(), mode);
-                Err(e.into())
+                Err(e)
             }
         }
     }

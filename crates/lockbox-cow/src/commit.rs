@@ -28,7 +28,6 @@
 //! Steps 1-5 run under the per-workdir commit lock ([`WorkdirLock`]).
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -38,7 +37,7 @@ use rustix::io::Errno;
 
 use crate::beneath::{self, lstat_at, remove_tree_at, split, DirCursor};
 use crate::changes::{ChangeKind, FileType, Item, Walker};
-use crate::data::copy_data;
+use crate::data::copy_into;
 use crate::lock::WorkdirLock;
 use crate::meta::{BranchState, Timestamp};
 use crate::{stale, Branch, CowError};
@@ -530,13 +529,7 @@ fn stage_entry(
         )?);
     }
     let from = beneath::open_own_file(dir, src)?;
-    let to = File::from(rustix::fs::openat(
-        staging,
-        &name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?);
-    copy_data(&from, &to)?;
+    let (to, _) = copy_into(&from, staging, OsStr::new(&name))?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(file_mode(item.change.mode)))?;
     rustix::fs::futimens(&to, &times)?;
     if fsync {
@@ -644,16 +637,7 @@ fn place_across_devices(
 ) -> io::Result<()> {
     let tmp = format!(".lockbox-tmp-{}-{staged}", std::process::id());
     let st = rustix::fs::statat(staging, staged, AtFlags::SYMLINK_NOFOLLOW)?;
-    let times = Timestamps {
-        last_access: Timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec as _,
-        },
-        last_modification: Timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec as _,
-        },
-    };
+    let times = beneath::times_of(&st);
     let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
     if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
         let target = rustix::fs::readlinkat(staging, staged, Vec::new())?;
@@ -661,13 +645,7 @@ fn place_across_devices(
         rustix::fs::utimensat(dir, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW)?;
     } else {
         let from = beneath::open_child_file(staging, OsStr::new(staged))?;
-        let to = File::from(rustix::fs::openat(
-            dir,
-            &tmp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )?);
-        copy_data(&from, &to)?;
+        let (to, _) = copy_into(&from, dir, OsStr::new(&tmp))?;
         rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
         rustix::fs::futimens(&to, &times)?;
         to.sync_all()?;
@@ -763,14 +741,7 @@ fn open_touched_dirs(
     let mut cursor = DirCursor::new(root);
     let mut open = Vec::with_capacity(dirs.len());
     for dir in dirs {
-        let opened = cursor.open(&dir).and_then(|fd| {
-            Ok(rustix::fs::openat(
-                fd,
-                ".",
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?)
-        });
+        let opened = cursor.open(&dir).and_then(beneath::reopen_dir);
         match opened {
             Ok(fd) => open.push((dir, fd)),
             Err(e) if Errno::from_io_error(&e) == Some(Errno::ACCESS) => return Ok(None),

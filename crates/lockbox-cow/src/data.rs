@@ -1,7 +1,7 @@
 //! Copying a regular file's data as it is stored: only the ranges that hold data, so a file
 //! with holes stays sparse. A sandbox's `truncate -s 100G f` costs the host 100 GiB of holes,
 //! not 100 GiB of zeros, when it is imported, flattened, staged or committed. Every copy of
-//! file data in this crate goes through [`copy_data`].
+//! file data in this crate goes through [`copy_into`].
 //!
 //! The data ranges come from `lseek(SEEK_DATA / SEEK_HOLE)` (lseek(2); ext4, xfs, btrfs and
 //! tmpfs report holes exactly, at block granularity; a filesystem without support reports the
@@ -11,11 +11,13 @@
 //! filesystems of different types: `EXDEV`). Data the sandbox wrote, zeros included, stays
 //! allocated: the copy allocates what the source allocated, no more, no less.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
 
-use rustix::fs::SeekFrom;
+use rustix::fs::{Mode, OFlags, SeekFrom};
 use rustix::io::Errno;
 
 /// The largest range handed to one `copy_file_range` call (the kernel caps a call anyway).
@@ -26,7 +28,7 @@ const BUF: usize = 256 * 1024;
 /// Copies the data of `from` into `to`, which must be empty, preserving holes, and sets the
 /// length of `to` to that of `from`. Returns the bytes of data copied (holes not counted).
 /// Fails with `UnexpectedEof` if `from` shrinks during the copy.
-pub(crate) fn copy_data(from: &File, to: &File) -> io::Result<u64> {
+fn copy_data(from: &File, to: &File) -> io::Result<u64> {
     let len = from.metadata()?.len();
     let mut copier = Copier::default();
     let mut pos = 0;
@@ -40,6 +42,20 @@ pub(crate) fn copy_data(from: &File, to: &File) -> io::Result<u64> {
     }
     to.set_len(len)?;
     Ok(copier.copied)
+}
+
+/// Creates the regular file `dir/name` (which must not exist; mode 0600 until the caller sets
+/// the real one) holding the data of `from`, holes kept; returns it and the bytes of data
+/// copied.
+pub(crate) fn copy_into(from: &File, dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<(File, u64)> {
+    let to = File::from(rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?);
+    let copied = copy_data(from, &to)?;
+    Ok((to, copied))
 }
 
 /// The start of the first data range at or after `pos`, `None` if only a hole is left.

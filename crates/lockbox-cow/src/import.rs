@@ -8,15 +8,14 @@
 //! leaves `dst` empty.
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat, Timespec, Timestamps};
+use rustix::fs::{AtFlags, FileType, Mode, Stat};
 
-use crate::beneath::{self, fd_path, lstat_at, sorted_names, OwnDir};
-use crate::data::copy_data;
+use crate::beneath::{self, fd_path, lstat_at, sorted_names, times_of, OwnDir};
+use crate::data::copy_into;
 use crate::error::CowError;
 use crate::overlay;
 
@@ -111,13 +110,7 @@ fn copy_dir(from: BorrowedFd<'_>, from_abs: &Path, to: BorrowedFd<'_>) -> Result
 /// (setting `user.*` xattrs needs write access), then sets its mode and times.
 fn copy_file(from: BorrowedFd<'_>, name: &OsStr, to: BorrowedFd<'_>, st: &Stat) -> io::Result<u64> {
     let src = beneath::open_own_file(from, name)?;
-    let dst = File::from(rustix::fs::openat(
-        to,
-        name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?);
-    let bytes = copy_data(&src, &dst)?;
+    let (dst, bytes) = copy_into(&src, to, name)?;
     copy_marks(from, name, to, name)?;
     rustix::fs::fchmod(&dst, Mode::from_raw_mode(st.st_mode & 0o7777))?;
     rustix::fs::futimens(&dst, &times_of(st))?;
@@ -151,17 +144,4 @@ fn set_times_at(dir: BorrowedFd<'_>, name: &OsStr, st: &Stat) -> io::Result<()> 
         &times_of(st),
         AtFlags::SYMLINK_NOFOLLOW,
     )?)
-}
-
-fn times_of(st: &Stat) -> Timestamps {
-    Timestamps {
-        last_access: Timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec as _,
-        },
-        last_modification: Timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec as _,
-        },
-    }
 }

@@ -17,15 +17,16 @@
 //! features a change set cannot represent (`metacopy`, `redirect`) are refused.
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType as RawType, Mode, OFlags, Stat, Timespec, Timestamps};
+use rustix::fs::{AtFlags, FileType as RawType, Mode, Stat};
 
-use crate::beneath::{self, lstat_at, open_child_dir, remove_tree_at, sorted_names, OwnDir};
-use crate::data::copy_data;
+use crate::beneath::{
+    self, lstat_at, open_child_dir, remove_tree_at, sorted_names, times_of, OwnDir,
+};
+use crate::data::copy_into;
 use crate::overlay;
 use crate::CowError;
 
@@ -260,19 +261,6 @@ fn merge_dir(
     Ok(())
 }
 
-fn times_of(st: &Stat) -> Timestamps {
-    Timestamps {
-        last_access: Timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec as _,
-        },
-        last_modification: Timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec as _,
-        },
-    }
-}
-
 /// Times now, the mode now or when `dir`'s grant ends (see [`OwnDir::set_mode`]).
 fn set_dir_meta(dir: &mut OwnDir, st: &Stat) -> io::Result<()> {
     beneath::set_times_fd(dir.as_fd(), &times_of(st))?;
@@ -309,13 +297,7 @@ fn place_leaf(
     } else {
         beneath::open_child_file(src, name)?
     };
-    let to = File::from(rustix::fs::openat(
-        dst,
-        dst_name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?);
-    copy_data(&from, &to)?;
+    let (to, _) = copy_into(&from, dst, dst_name)?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
     Ok(rustix::fs::futimens(&to, &times)?)
 }
