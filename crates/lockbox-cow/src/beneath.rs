@@ -1,8 +1,10 @@
 //! Directory-fd helpers that never follow a symlink and never leave the directory they start
-//! from: every path below the workdir is resolved with `openat2(RESOLVE_BENEATH |
-//! RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` (openat2(2)), and the last component is only
-//! ever touched through `*at` calls that do not follow it (`renameat`, `unlinkat`, `mkdirat`,
-//! `symlinkat`, `fstatat(AT_SYMLINK_NOFOLLOW)`, `openat(O_NOFOLLOW)`).
+//! from: every path below the workdir is resolved one component at a time, each with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` (openat2(2)), so
+//! paths longer than `PATH_MAX` work, and the last component is only ever touched through
+//! `*at` calls that do not follow it (`renameat`, `unlinkat`, `mkdirat`, `symlinkat`,
+//! `fstatat(AT_SYMLINK_NOFOLLOW)`, `openat(O_NOFOLLOW)`). [`OwnDir`] and [`open_own_file`]
+//! read what a sandbox made unreadable in a layer only lockbox writes now.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
