@@ -463,10 +463,18 @@ fn sparse_files_stay_sparse_in_bounded_branches_and_in_the_workdir() {
         assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
         let ids = s.branch_ids();
         let upper = s.state.join("branches").join(&ids[0]).join("upper");
-        assert_eq!(blocks(&upper.join("sparse.img")), 0, "{user:?}: dense branch");
+        assert_eq!(
+            blocks(&upper.join("sparse.img")),
+            0,
+            "{user:?}: dense branch"
+        );
         let out = s.branch(&["commit", &ids[0]]);
         assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
-        assert_eq!(blocks(&s.work.join("sparse.img")), 0, "{user:?}: dense commit");
+        assert_eq!(
+            blocks(&s.work.join("sparse.img")),
+            0,
+            "{user:?}: dense commit"
+        );
         let out = s.run(&[], "truncate -s 100G huge.img");
         assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
         let huge = std::fs::metadata(s.work.join("huge.img")).unwrap();
@@ -491,7 +499,10 @@ fn unreadable_directories_and_paths_longer_than_path_max_commit_whole() {
              echo z > zlast.txt";
         let out = s.run(&[], script);
         assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
-        assert_eq!((mode(&s.work.join("d")), mode(&s.work.join("e"))), (0o000, 0o300));
+        assert_eq!(
+            (mode(&s.work.join("d")), mode(&s.work.join("e"))),
+            (0o000, 0o300)
+        );
         assert!(s.work.join("zlast.txt").exists() && s.work.join("0first.txt").exists());
         let deep = std::process::Command::new("find")
             .arg(&s.work)
@@ -507,7 +518,10 @@ fn unreadable_directories_and_paths_longer_than_path_max_commit_whole() {
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert!(!names.iter().any(|n| n.starts_with(".lockbox")), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with(".lockbox")),
+            "{names:?}"
+        );
         // Let the scratch directory be removed.
         for d in ["d", "e"] {
             std::fs::set_permissions(s.work.join(d), std::fs::Permissions::from_mode(0o700))

@@ -53,8 +53,15 @@ fn a_pipeline_commits_long_paths_unreadable_directories_and_holes_whole() {
     let mode = |p: &str| std::fs::symlink_metadata(work.join(p)).unwrap().mode() & 0o7777;
     assert_eq!((mode("d"), mode("e")), (0o300, 0o000));
     let meta = |p: &str| std::fs::metadata(work.join(p)).unwrap();
-    assert_eq!((meta("sparse.img").len(), meta("sparse.img").blocks()), (1 << 30, 0));
-    assert!(meta("holey").blocks() <= 8, "holey: {} blocks", meta("holey").blocks());
+    assert_eq!(
+        (meta("sparse.img").len(), meta("sparse.img").blocks()),
+        (1 << 30, 0)
+    );
+    assert!(
+        meta("holey").blocks() <= 8,
+        "holey: {} blocks",
+        meta("holey").blocks()
+    );
     assert!(staging_leftovers(&work).is_empty());
     for d in ["d", "d/sub", "e"] {
         std::fs::set_permissions(work.join(d), std::fs::Permissions::from_mode(0o700)).unwrap();
