@@ -536,3 +536,85 @@ fn issue_15_run_writing_the_bytes_a_rival_committed_is_refused_and_listed_stale(
         assert!(s.branch_ids().is_empty());
     }
 }
+
+/// Issue 15: a file of holes costs the host nothing, whether the branch is bounded
+/// (`--max-disk`: imported from the tmpfs) or not, kept or committed.
+#[test]
+fn sparse_files_stay_sparse_in_bounded_branches_and_in_the_workdir() {
+    use std::os::unix::fs::MetadataExt;
+    let blocks = |p: &Path| std::fs::metadata(p).unwrap().blocks();
+    for user in users() {
+        let s = Setup::new(user);
+        let out = s.run(
+            &["--max-disk", "64M", "--on-exit", "keep"],
+            "truncate -s 1G sparse.img",
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let ids = s.branch_ids();
+        let upper = s.state.join("branches").join(&ids[0]).join("upper");
+        assert_eq!(
+            blocks(&upper.join("sparse.img")),
+            0,
+            "{user:?}: dense branch"
+        );
+        let out = s.branch(&["commit", &ids[0]]);
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            blocks(&s.work.join("sparse.img")),
+            0,
+            "{user:?}: dense commit"
+        );
+        let out = s.run(&[], "truncate -s 100G huge.img");
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let huge = std::fs::metadata(s.work.join("huge.img")).unwrap();
+        assert_eq!((huge.len(), huge.blocks()), (100 << 30, 0), "{user:?}");
+    }
+}
+
+/// Issue 15: what a command may do to names it owns commits whole: directories it made
+/// unreadable (exit 4 before) and paths longer than `PATH_MAX` (half-committed before, with
+/// a staging directory left and the branch stuck in `committing`).
+#[test]
+fn unreadable_directories_and_paths_longer_than_path_max_commit_whole() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    for user in users() {
+        let s = Setup::new(user);
+        let script = "N=$(printf '%0200d' 0 | tr 0 x); P=.; i=0; \
+             while [ $i -lt 21 ]; do P=$P/$N; i=$((i+1)); done; \
+             echo first > 0first.txt && mkdir -p \"$P\" && \
+             (i=0; while [ $i -lt 21 ]; do cd -P $N; i=$((i+1)); done; echo deep > f) && \
+             mkdir d e && echo x > d/f && echo y > e/g && chmod 000 d && chmod 300 e && \
+             echo z > zlast.txt";
+        let out = s.run(&[], script);
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            (mode(&s.work.join("d")), mode(&s.work.join("e"))),
+            (0o000, 0o300)
+        );
+        assert!(s.work.join("zlast.txt").exists() && s.work.join("0first.txt").exists());
+        let deep = std::process::Command::new("find")
+            .arg(&s.work)
+            .args(["-name", "f"])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&deep.stdout).len() > 4096,
+            "{user:?}: the deep file was not committed"
+        );
+        assert!(s.branch_ids().is_empty(), "{user:?}: branch left");
+        let names: Vec<_> = std::fs::read_dir(&s.work)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with(".lockbox")),
+            "{names:?}"
+        );
+        // Let the scratch directory be removed.
+        for d in ["d", "e"] {
+            std::fs::set_permissions(s.work.join(d), std::fs::Permissions::from_mode(0o700))
+                .unwrap();
+        }
+    }
+}

@@ -25,13 +25,13 @@
 
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use lockbox_policy::name::quoted;
 use rustix::fs::{FileType as RawType, Stat};
 
-use crate::beneath::{self, lstat_at, open_child_dir, open_child_file, sorted_names};
+use crate::beneath::{self, lstat_at, open_child_dir, open_child_file, sorted_names, OwnDir};
 use crate::overlay;
 use crate::CowError;
 
@@ -138,7 +138,8 @@ impl LowerEntry {
 
 struct Frame {
     rel: PathBuf,
-    upper: OwnedFd,
+    /// Held with access granted if the sandbox took it away (see [`OwnDir`]).
+    upper: OwnDir,
     lower: Option<OwnedFd>,
     opaque: bool,
     pending: std::vec::IntoIter<(OsString, bool)>,
@@ -154,10 +155,11 @@ pub(crate) struct Walker {
 
 impl Walker {
     pub(crate) fn new(upper: &Path, workdir: &Path) -> Result<Walker, CowError> {
-        let upper_fd = beneath::open_root(upper).map_err(|source| CowError::ReadUpper {
-            path: upper.to_owned(),
-            source,
-        })?;
+        let upper_fd =
+            OwnDir::open_root(upper, beneath::READ).map_err(|source| CowError::ReadUpper {
+                path: upper.to_owned(),
+                source,
+            })?;
         let lower_fd = beneath::open_root(workdir).map_err(|source| CowError::OpenWorkdir {
             path: workdir.to_owned(),
             source,
@@ -206,6 +208,12 @@ impl Walker {
         self.stack.last()
     }
 
+    /// The upper directory the walk is in. Right after a file or symlink was returned, that is
+    /// the directory holding it (only a directory is descended into).
+    pub(crate) fn upper_dir(&self) -> Option<BorrowedFd<'_>> {
+        self.top().map(|f| f.upper.as_fd())
+    }
+
     fn lower_stat(&self, name: &OsString, rel: &Path) -> Result<Option<Stat>, CowError> {
         match self.top().and_then(|f| f.lower.as_ref()) {
             Some(lower) => lstat_at(lower.as_fd(), name).map_err(|source| CowError::ReadLower {
@@ -237,7 +245,7 @@ impl Walker {
             .map_err(read_upper)?
             .ok_or_else(|| read_upper(std::io::ErrorKind::NotFound.into()))?;
         let lst = self.lower_stat(name, &rel)?;
-        let xattrs = overlay::OverlayXattrs::of(&abs);
+        let xattrs = overlay::OverlayXattrs::at(frame.upper.as_fd(), name).map_err(read_upper)?;
         if overlay::is_whiteout(&ust, &xattrs) {
             return Ok(match lst {
                 Some(l) => Some(deleted(rel, &l)),
@@ -320,9 +328,11 @@ impl Walker {
             return Ok(false);
         };
         let upper =
-            open_child_dir(frame.upper.as_fd(), name).map_err(|source| CowError::ReadUpper {
-                path: abs.to_owned(),
-                source,
+            OwnDir::open_child(frame.upper.as_fd(), name, beneath::READ).map_err(|source| {
+                CowError::ReadUpper {
+                    path: abs.to_owned(),
+                    source,
+                }
             })?;
         let lower_is_dir = lst.is_some_and(|l| FileType::of(l) == FileType::Dir);
         let lower = match (&frame.lower, lower_is_dir) {
@@ -382,7 +392,7 @@ impl Walker {
                 {
                     return Ok(false);
                 }
-                let u = open_child_file(frame.upper.as_fd(), name).map_err(up_err)?;
+                let u = beneath::open_own_file(frame.upper.as_fd(), name).map_err(up_err)?;
                 let l = open_child_file(lower.as_fd(), name).map_err(low_err)?;
                 same_bytes(u, l).map_err(up_err)
             }
@@ -458,7 +468,7 @@ fn deleted_nothing(rel: PathBuf) -> Item {
 fn make_frame(
     abs: &Path,
     rel: PathBuf,
-    upper: OwnedFd,
+    upper: OwnDir,
     lower: Option<OwnedFd>,
     opaque: bool,
 ) -> Result<Frame, CowError> {

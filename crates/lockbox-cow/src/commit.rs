@@ -2,27 +2,32 @@
 //!
 //! Algorithm (crash argument in `docs/cow.md`):
 //! 1. **Validate** (nothing written): walk the whole change set; refuse special files and
-//!    reserved names; collect stale paths (see [`crate::stale`]) and refuse unless `force`.
-//!    A dry run stops here.
+//!    reserved names; refuse workdir directories the apply step could not write, search or
+//!    empty (see [`WorkdirCheck`]); collect stale paths (see [`crate::stale`]) and refuse
+//!    unless `force`. A dry run stops here.
 //! 2. Mark the branch `Committing` in `meta.json` (durable).
 //! 3. **Stage**: copy every new file and symlink into `DIR/.lockbox-commit-<id>/` (same
-//!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set;
-//!    then one `syncfs(2)`: all new data is durable before any of it becomes visible. (Up
-//!    to [`SMALL`] changes, each staged file is fsynced instead: `syncfs` also flushes other
-//!    processes' dirty data, which dominates a small commit on a busy disk.)
+//!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set, holes
+//!    kept ([`crate::data`]); then one `syncfs(2)`: all new data is durable before any of it
+//!    becomes visible. (Up to [`SMALL`] changes, each staged file is fsynced instead:
+//!    `syncfs` also flushes other processes' dirty data, which dominates a small commit on a
+//!    busy disk.) A failure here removes the staging directory and gives the branch its state
+//!    back: nothing was applied.
 //! 4. **Apply** in change-set order (parents first): `renameat` staged entries over their
-//!    targets, `mkdirat` new directories, remove deleted entries and trees. Each parent is
-//!    resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, and the last component
-//!    is only touched by calls that do not follow it, so no symlink (in DIR or in the branch)
-//!    can make a commit write outside DIR.
-//! 5. Set directory modes and mtimes deepest first, `syncfs` again (all renames, unlinks and
-//!    directory updates durable; small commits fsync each touched directory), remove the
-//!    staging directory. An empty change set writes nothing at all.
+//!    targets, `mkdirat` new directories (mode 0700 for now), remove deleted entries and
+//!    trees. Each parent is resolved one component at a time with `openat2(RESOLVE_BENEATH |
+//!    RESOLVE_NO_SYMLINKS)` ([`DirCursor`]: no path is ever passed whole, so paths longer
+//!    than `PATH_MAX` work), and the last component is only touched by calls that do not
+//!    follow it, so no symlink (in DIR or in the branch) can make a commit write outside DIR.
+//! 5. Set directory modes and mtimes deepest first (last of all, so a mode such as 000 the
+//!    sandbox left forbids nothing the commit still does), `syncfs` again (all renames,
+//!    unlinks and directory updates durable; small commits fsync each touched directory,
+//!    opened before its final mode is set), remove the staging directory. An empty change
+//!    set writes nothing at all.
 //!
 //! Steps 1-5 run under the per-workdir commit lock ([`WorkdirLock`]).
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -30,8 +35,9 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
-use crate::beneath::{self, lstat_at, open_dir_beneath, remove_tree_at, split};
+use crate::beneath::{self, lstat_at, remove_tree_at, split, DirCursor};
 use crate::changes::{ChangeKind, FileType, Item, Walker};
+use crate::data::copy_into;
 use crate::lock::WorkdirLock;
 use crate::meta::{BranchState, Timestamp};
 use crate::{stale, Branch, CowError};
@@ -112,19 +118,33 @@ pub fn commit(
     if total == 0 && !resuming {
         return Ok(report);
     }
+    let prior = branch.meta().state;
     if !resuming {
         branch.set_state(BranchState::Committing)?;
     }
     let staging_name = format!("{STAGING_PREFIX}{}", branch.id());
     // Resumed: `syncfs`, since the operations the interrupted run already did are not in this
     // plan, so fsyncing only the directories it touches would not cover them.
-    let plan = stage(
+    let staged = stage(
         &upper,
         branch.workdir(),
         root.as_fd(),
         OsStr::new(&staging_name),
         is_small(total) && !resuming,
-    )?;
+    );
+    let plan = match staged {
+        Ok(plan) => plan,
+        Err(e) => {
+            // Nothing was applied and the staging directory is gone: the branch is as it
+            // was, and committing it again starts afresh. (Best effort: the error that
+            // matters is the one returned. A resumed commit stays `committing`: the
+            // interrupted run may have applied part of it.)
+            if !resuming {
+                let _ = branch.set_state(prior);
+            }
+            return Err(e);
+        }
+    };
     apply(root.as_fd(), &plan, false)?;
     finish(root.as_fd(), &plan)?;
     remove_tree_at(root.as_fd(), OsStr::new(&staging_name)).map_err(|source| CowError::Delete {
@@ -148,6 +168,7 @@ pub(crate) fn validate(
 ) -> Result<CommitReport, CowError> {
     let mut report = CommitReport::default();
     let (mut special, mut stale_paths) = (Vec::new(), Vec::new());
+    let mut access = WorkdirCheck::new(root);
     for item in Walker::new(upper, workdir)?.witnesses() {
         let item = item?;
         let c = &item.change;
@@ -162,6 +183,7 @@ pub(crate) fn validate(
         if item.unchanged {
             continue;
         }
+        access.check(&item)?;
         if c.path.components().count() == 1
             && c.path
                 .as_os_str()
@@ -195,6 +217,130 @@ pub(crate) fn validate(
         report.forced_stale = stale_paths;
     }
     Ok(report)
+}
+
+/// Step 1's check that the apply step will be allowed to do what it must in the workdir, so
+/// that a permission problem refuses the commit before anything is written instead of
+/// stopping it half-way. Root passes every check. For each change:
+/// - its workdir parent, if it exists (else the commit makes it), must be writable and
+///   searchable by us (a `renameat`, `mkdirat` or `unlinkat` in it);
+/// - a workdir directory whose mode or times the commit sets must be ours;
+/// - a workdir directory that goes away (deleted, or replaced by a file or symlink) must be
+///   removable: every directory in it ours (we can give ourselves access) or writable,
+///   searchable and readable by us.
+struct WorkdirCheck<'a> {
+    cursor: DirCursor<'a>,
+    /// The parent checked last: consecutive changes usually share it.
+    last_parent: Option<PathBuf>,
+    euid: u32,
+}
+
+impl<'a> WorkdirCheck<'a> {
+    fn new(root: BorrowedFd<'a>) -> WorkdirCheck<'a> {
+        WorkdirCheck {
+            cursor: DirCursor::new(root),
+            last_parent: None,
+            euid: rustix::process::geteuid().as_raw(),
+        }
+    }
+
+    fn check(&mut self, item: &Item) -> Result<(), CowError> {
+        if self.euid == 0 {
+            return Ok(());
+        }
+        let c = &item.change;
+        let (parent, name) = split(&c.path);
+        let denied = |path: &Path| {
+            let path = path.to_owned();
+            move |source: io::Error| CowError::WorkdirPermission { path, source }
+        };
+        let dir = match self.cursor.open(parent) {
+            Ok(dir) => dir,
+            // Missing, a file or a symlink in the workdir: the commit makes that parent (it
+            // is a change of its own, checked on its own account).
+            Err(e) if is_replaced(&e) => return Ok(()),
+            Err(e) => return Err(denied(parent)(e)),
+        };
+        if self.last_parent.as_deref() != Some(parent) {
+            // `.` is looked up in the directory itself: that checks search permission too.
+            rustix::fs::accessat(
+                dir,
+                ".",
+                rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+                AtFlags::EACCESS,
+            )
+            .map_err(|e| denied(parent)(e.into()))?;
+            self.last_parent = Some(parent.to_owned());
+        }
+        let Some(lower) = item.lower else {
+            return Ok(());
+        };
+        if lower.file_type != FileType::Dir {
+            return Ok(());
+        }
+        let goes_away = matches!(c.kind, ChangeKind::Deleted | ChangeKind::TypeChanged);
+        let gets_meta = c.kind == ChangeKind::Modified && c.file_type == FileType::Dir;
+        if !(goes_away || gets_meta) {
+            return Ok(());
+        }
+        let Some(st) = lstat_at(dir, name).map_err(denied(&c.path))? else {
+            return Ok(());
+        };
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+            return Ok(());
+        }
+        if gets_meta && st.st_uid != self.euid {
+            return Err(denied(&c.path)(Errno::PERM.into()));
+        }
+        if goes_away {
+            removable(dir, name, &st, self.euid).map_err(denied(&c.path))?;
+        }
+        Ok(())
+    }
+}
+
+/// The errors that say a workdir path is not a directory the commit must enter as it is.
+fn is_replaced(e: &io::Error) -> bool {
+    matches!(
+        Errno::from_io_error(e),
+        Some(Errno::NOENT | Errno::NOTDIR | Errno::LOOP)
+    )
+}
+
+/// Whether [`remove_tree_at`] can remove the directory `name` of `dir` (see [`WorkdirCheck`]).
+/// A directory of ours that we cannot read is not looked into: what it holds was put there
+/// by us, or by someone we let in.
+fn removable(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    st: &rustix::fs::Stat,
+    euid: u32,
+) -> io::Result<()> {
+    if st.st_uid != euid {
+        rustix::fs::accessat(
+            dir,
+            name,
+            rustix::fs::Access::READ_OK
+                | rustix::fs::Access::WRITE_OK
+                | rustix::fs::Access::EXEC_OK,
+            AtFlags::EACCESS,
+        )?;
+    }
+    let sub = match beneath::open_child_dir(dir, name) {
+        Ok(sub) => sub,
+        Err(e) if st.st_uid == euid && Errno::from_io_error(&e) == Some(Errno::ACCESS) => {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
+    };
+    for child in beneath::sorted_names(sub.as_fd())? {
+        if let Some(cst) = lstat_at(sub.as_fd(), &child)? {
+            if rustix::fs::FileType::from_raw_mode(cst.st_mode) == rustix::fs::FileType::Directory {
+                removable(sub.as_fd(), &child, &cst, euid)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One step of applying a staged commit, in change-set order (parents first).
@@ -301,25 +447,55 @@ pub(crate) fn stage(
     remove_tree_at(root, staging_name).map_err(stage_err(Path::new(staging_name)))?;
     rustix::fs::mkdirat(root, staging_name, Mode::from_raw_mode(0o700))
         .map_err(|e| stage_err(Path::new(staging_name))(e.into()))?;
-    let staging =
-        beneath::open_child_dir(root, staging_name).map_err(stage_err(Path::new(staging_name)))?;
-    let mut plan = Plan {
-        staging,
-        plan: CommitPlan::default(),
-        small,
-    };
+    let filled = beneath::open_child_dir(root, staging_name)
+        .map_err(stage_err(Path::new(staging_name)))
+        .and_then(|staging| {
+            let plan = fill_staging(upper, workdir, staging.as_fd(), small)?;
+            // Every staged file is durable before any becomes visible: each was fsynced
+            // (small) or one syncfs covers them all.
+            let synced = if small {
+                rustix::fs::fsync(&staging)
+            } else {
+                rustix::fs::syncfs(&staging)
+            };
+            synced.map_err(|e| CowError::SyncFs {
+                path: staging_name.into(),
+                source: e.into(),
+            })?;
+            Ok(Plan {
+                staging,
+                plan,
+                small,
+            })
+        });
+    if filled.is_err() {
+        // Nothing was applied: leave no staging directory behind. (Best effort: the error
+        // that matters is the one returned; a later commit discards a leftover anyway.)
+        let _ = remove_tree_at(root, staging_name);
+    }
+    filled
+}
+
+fn fill_staging(
+    upper: &Path,
+    workdir: &Path,
+    staging: BorrowedFd<'_>,
+    small: bool,
+) -> Result<CommitPlan, CowError> {
+    let mut plan = CommitPlan::default();
     let mut seq = 0u64;
-    for item in Walker::new(upper, workdir)? {
+    let mut walker = Walker::new(upper, workdir)?;
+    while let Some(item) = walker.next() {
         let item = item?;
         let c = &item.change;
         let path = c.path.clone();
         match (c.kind, c.file_type) {
-            (ChangeKind::Deleted, _) => plan.plan.ops.push(PlanOp::Delete { path }),
+            (ChangeKind::Deleted, _) => plan.ops.push(PlanOp::Delete { path }),
             (_, FileType::Dir) => {
                 if c.kind != ChangeKind::Modified {
-                    plan.plan.ops.push(PlanOp::MakeDir { path: path.clone() });
+                    plan.ops.push(PlanOp::MakeDir { path: path.clone() });
                 }
-                plan.plan.dirs.push(PlanDir {
+                plan.dirs.push(PlanDir {
                     path,
                     mode: c.mode,
                     times: item.times,
@@ -327,41 +503,38 @@ pub(crate) fn stage(
             }
             (_, FileType::File | FileType::Symlink) => {
                 seq += 1;
-                stage_entry(upper, plan.staging.as_fd(), seq, &item, small)
-                    .map_err(stage_err(&path))?;
-                plan.plan.ops.push(PlanOp::Place { path, seq });
+                let staged = match walker.upper_dir() {
+                    Some(dir) => stage_entry(dir, staging, seq, &item, small),
+                    None => Err(Errno::NOENT.into()),
+                };
+                staged.map_err(|source| CowError::Stage {
+                    path: path.clone(),
+                    source,
+                })?;
+                plan.ops.push(PlanOp::Place { path, seq });
             }
             (_, FileType::Special) => {
                 return Err(CowError::SpecialFiles { paths: vec![path] });
             }
         }
     }
-    // Every staged file is durable before any becomes visible: each was fsynced (small) or
-    // one syncfs covers them all.
-    let synced = if small {
-        rustix::fs::fsync(&plan.staging)
-    } else {
-        rustix::fs::syncfs(&plan.staging)
-    };
-    synced.map_err(|e| CowError::SyncFs {
-        path: staging_name.into(),
-        source: e.into(),
-    })?;
     Ok(plan)
 }
 
+/// Copies the file or symlink of `item` from `dir`, the upper directory holding it, to
+/// `staging/<seq>`.
 fn stage_entry(
-    upper: &Path,
+    dir: BorrowedFd<'_>,
     staging: BorrowedFd<'_>,
     seq: u64,
     item: &Item,
     fsync: bool,
 ) -> io::Result<()> {
-    let src = upper.join(&item.change.path);
+    let (_, src) = split(&item.change.path);
     let name = seq.to_string();
     let times = timestamps(item);
     if item.change.file_type == FileType::Symlink {
-        let target = rustix::fs::readlink(&src, Vec::new())?;
+        let target = rustix::fs::readlinkat(dir, src, Vec::new())?;
         rustix::fs::symlinkat(target.as_c_str(), staging, &name)?;
         return Ok(rustix::fs::utimensat(
             staging,
@@ -370,18 +543,8 @@ fn stage_entry(
             AtFlags::SYMLINK_NOFOLLOW,
         )?);
     }
-    let mut from = File::from(rustix::fs::open(
-        &src,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?);
-    let mut to = File::from(rustix::fs::openat(
-        staging,
-        &name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?);
-    io::copy(&mut from, &mut to)?;
+    let from = beneath::open_own_file(dir, src)?;
+    let (to, _) = copy_into(&from, staging, OsStr::new(&name))?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(file_mode(item.change.mode)))?;
     rustix::fs::futimens(&to, &times)?;
     if fsync {
@@ -390,37 +553,28 @@ fn stage_entry(
     Ok(())
 }
 
-/// Caches the last parent directory: consecutive changes usually share it.
+/// The workdir directories of the plan's paths, opened one component at a time.
 struct Parents<'a> {
-    root: BorrowedFd<'a>,
-    last: Option<(PathBuf, OwnedFd)>,
+    cursor: DirCursor<'a>,
 }
 
 impl Parents<'_> {
     fn get(&mut self, parent: &Path) -> Result<BorrowedFd<'_>, CowError> {
-        let hit = matches!(&self.last, Some((p, _)) if p == parent);
-        if !hit {
-            let fd =
-                open_dir_beneath(self.root, parent).map_err(|source| CowError::ResolveBeneath {
-                    path: parent.to_owned(),
-                    source,
-                })?;
-            self.last = Some((parent.to_owned(), fd));
-        }
-        match &self.last {
-            Some((_, fd)) => Ok(fd.as_fd()),
-            None => Err(CowError::ResolveBeneath {
+        self.cursor
+            .open(parent)
+            .map_err(|source| CowError::ResolveBeneath {
                 path: parent.to_owned(),
-                source: Errno::NOENT.into(),
-            }),
-        }
+                source,
+            })
     }
 }
 
 /// Step 4. With `replay` (redoing an apply a crash interrupted), a staged entry that is gone
 /// was already placed and is skipped; every other step is idempotent anyway.
 pub(crate) fn apply(root: BorrowedFd<'_>, plan: &Plan, replay: bool) -> Result<(), CowError> {
-    let mut parents = Parents { root, last: None };
+    let mut parents = Parents {
+        cursor: DirCursor::new(root),
+    };
     for op in &plan.plan.ops {
         match op {
             PlanOp::Place { path, seq } => {
@@ -498,30 +652,15 @@ fn place_across_devices(
 ) -> io::Result<()> {
     let tmp = format!(".lockbox-tmp-{}-{staged}", std::process::id());
     let st = rustix::fs::statat(staging, staged, AtFlags::SYMLINK_NOFOLLOW)?;
-    let times = Timestamps {
-        last_access: Timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec as _,
-        },
-        last_modification: Timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec as _,
-        },
-    };
+    let times = beneath::times_of(&st);
     let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
     if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
         let target = rustix::fs::readlinkat(staging, staged, Vec::new())?;
         rustix::fs::symlinkat(target.as_c_str(), dir, &tmp)?;
         rustix::fs::utimensat(dir, &tmp, &times, AtFlags::SYMLINK_NOFOLLOW)?;
     } else {
-        let mut from = beneath::open_child_file(staging, OsStr::new(staged))?;
-        let mut to = File::from(rustix::fs::openat(
-            dir,
-            &tmp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )?);
-        io::copy(&mut from, &mut to)?;
+        let from = beneath::open_child_file(staging, OsStr::new(staged))?;
+        let (to, _) = copy_into(&from, dir, OsStr::new(&tmp))?;
         rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
         rustix::fs::futimens(&to, &times)?;
         to.sync_all()?;
@@ -553,38 +692,54 @@ fn make_dir(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), CowErr
 
 /// Step 5 (without removing the staging directory).
 pub(crate) fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+    // Opened before the final modes are set: a directory left at mode 000 by the sandbox
+    // cannot be opened by its owner afterwards, and fsync needs a readable descriptor.
+    let to_fsync = if plan.small {
+        open_touched_dirs(root, plan)?
+    } else {
+        None
+    };
+    let mut cursor = DirCursor::new(root);
+    // Deepest first: a directory's final mode may forbid looking up its entries.
     for PlanDir { path, mode, times } in plan.plan.dirs.iter().rev() {
         let times = &to_timestamps(times);
-        let set = || -> io::Result<()> {
-            let fd = rustix::fs::openat2(
-                root,
-                path,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-                beneath::RESOLVE,
-            )?;
-            beneath::chmod_fd(fd.as_fd(), *mode)?;
-            beneath::set_times_fd(fd.as_fd(), times)
+        let mut set = || -> io::Result<()> {
+            let fd = cursor.open(path)?;
+            beneath::chmod_fd(fd, *mode)?;
+            beneath::set_times_fd(fd, times)
         };
         set().map_err(|source| CowError::SetMeta {
             path: path.clone(),
             source,
         })?;
     }
-    if plan.small {
-        return fsync_touched_dirs(root, plan);
+    match to_fsync {
+        Some(dirs) => {
+            for (path, fd) in dirs {
+                rustix::fs::fsync(&fd).map_err(|e| CowError::Fsync {
+                    path,
+                    source: e.into(),
+                })?;
+            }
+            Ok(())
+        }
+        None => rustix::fs::syncfs(root).map_err(|e| CowError::SyncFs {
+            path: PathBuf::new(),
+            source: e.into(),
+        }),
     }
-    rustix::fs::syncfs(root).map_err(|e| CowError::SyncFs {
-        path: PathBuf::new(),
-        source: e.into(),
-    })
 }
 
-/// The small-commit equivalent of the final `syncfs`: fsync every directory an operation
-/// added, renamed or removed an entry in, and every directory whose mode or times were set.
-/// (Symlinks staged in small mode are not fsynced as files: the rename makes their inode
-/// durable with the directory on the journalling filesystems lockbox targets.)
-fn fsync_touched_dirs(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+/// The small-commit equivalent of the final `syncfs`: every directory an operation added,
+/// renamed or removed an entry in, and every directory whose mode or times are set, opened
+/// for an fsync. `None` when one of them cannot be read by us (a workdir directory of mode
+/// 0300, say): `syncfs` then covers them all. (Symlinks staged in small mode are not fsynced
+/// as files: the rename makes their inode durable with the directory on the journalling
+/// filesystems lockbox targets.)
+fn open_touched_dirs(
+    root: BorrowedFd<'_>,
+    plan: &Plan,
+) -> Result<Option<Vec<(PathBuf, OwnedFd)>>, CowError> {
     let mut dirs: Vec<PathBuf> = plan
         .plan
         .ops
@@ -598,30 +753,15 @@ fn fsync_touched_dirs(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError>
         .collect();
     dirs.sort();
     dirs.dedup();
+    let mut cursor = DirCursor::new(root);
+    let mut open = Vec::with_capacity(dirs.len());
     for dir in dirs {
-        let fsync = || -> io::Result<()> {
-            let fd = if dir.as_os_str().is_empty() {
-                rustix::fs::openat(
-                    root,
-                    ".",
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?
-            } else {
-                rustix::fs::openat2(
-                    root,
-                    &dir,
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                    beneath::RESOLVE,
-                )?
-            };
-            Ok(rustix::fs::fsync(&fd)?)
-        };
-        fsync().map_err(|source| CowError::Fsync {
-            path: dir.clone(),
-            source,
-        })?;
+        let opened = cursor.open(&dir).and_then(beneath::reopen_dir);
+        match opened {
+            Ok(fd) => open.push((dir, fd)),
+            Err(e) if Errno::from_io_error(&e) == Some(Errno::ACCESS) => return Ok(None),
+            Err(source) => return Err(CowError::Fsync { path: dir, source }),
+        }
     }
-    Ok(())
+    Ok(Some(open))
 }

@@ -15,8 +15,9 @@ use lockbox_policy::name::{printable_text, quoted};
 
 use rustix::fs::FileType as RawType;
 
-use crate::beneath::{self, lstat_at, split};
+use crate::beneath::{self, lstat_at, split, OwnDir};
 use crate::{overlay, Branch, CowError};
+use rustix::io::Errno;
 
 /// Files larger than this are summarised, not diffed.
 pub const MAX_DIFF_BYTES: u64 = 8 * 1024 * 1024;
@@ -121,24 +122,31 @@ impl Branch {
             path: abs.clone(),
             source,
         };
-        let root = beneath::open_root(&upper).map_err(err)?;
         let (parent, name) = split(path);
-        let dir = match beneath::open_dir_beneath(root.as_fd(), parent) {
+        // One component at a time, with access to what the sandbox made unreadable.
+        let dir = match OwnDir::open_path(&upper, parent) {
             Ok(d) => d,
-            // Not in the upper: unchanged (the lower side shows through).
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {
-                return Ok(None)
+            Err(e) => {
+                return match Errno::from_io_error(&e) {
+                    // Not in the upper: unchanged (the lower side shows through).
+                    Some(Errno::NOENT) => Ok(None),
+                    // A parent is a file, symlink or whiteout in the branch: nothing is at
+                    // this path there.
+                    Some(Errno::NOTDIR | Errno::LOOP) => Ok(Some(Content::Side(Side::Absent))),
+                    _ => Err(err(e)),
+                };
             }
-            // A parent is a file or symlink in the branch: nothing is at this path there.
-            Err(_) => return Ok(Some(Content::Side(Side::Absent))),
         };
         let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
             return Ok(None);
         };
-        if overlay::is_whiteout(&st, &overlay::OverlayXattrs::of(&abs)) {
+        let marks = overlay::OverlayXattrs::at(dir.as_fd(), name).map_err(err)?;
+        if overlay::is_whiteout(&st, &marks) {
             return Ok(Some(Content::Side(Side::Absent)));
         }
-        content(dir.as_fd(), name, &st).map(Some).map_err(err)
+        content(dir.as_fd(), name, &st, beneath::open_own_file)
+            .map(Some)
+            .map_err(err)
     }
 }
 
@@ -155,19 +163,21 @@ fn lower_side(workdir: &Path, path: &Path) -> Result<Content, CowError> {
     };
     match lstat_at(dir.as_fd(), name).map_err(err)? {
         None => Ok(Content::Side(Side::Absent)),
-        Some(st) => content(dir.as_fd(), name, &st).map_err(err),
+        Some(st) => content(dir.as_fd(), name, &st, beneath::open_child_file).map_err(err),
     }
 }
 
+/// What `dir/name` holds; `open` opens a regular file (granting access in the upper).
 fn content(
     dir: std::os::fd::BorrowedFd<'_>,
     name: &std::ffi::OsStr,
     st: &rustix::fs::Stat,
+    open: fn(std::os::fd::BorrowedFd<'_>, &std::ffi::OsStr) -> std::io::Result<std::fs::File>,
 ) -> std::io::Result<Content> {
     Ok(Content::Side(match RawType::from_raw_mode(st.st_mode) {
         RawType::RegularFile if st.st_size as u64 <= MAX_DIFF_BYTES => {
             let mut bytes = Vec::new();
-            beneath::open_child_file(dir, name)?.read_to_end(&mut bytes)?;
+            open(dir, name)?.read_to_end(&mut bytes)?;
             return Ok(Content::Bytes(bytes));
         }
         RawType::RegularFile => Side::File {

@@ -167,6 +167,17 @@ pub enum CowError {
         /// The paths changed on both sides, relative to the workdir.
         paths: Vec<PathBuf>,
     },
+    /// The committing user may not change a workdir directory as the commit must (write or
+    /// search it, remove it with its contents, or set its mode); nothing was applied.
+    #[error(
+        "workdir directory {path} cannot be changed as the commit needs, nothing applied: {source}"
+    )]
+    WorkdirPermission {
+        /// The directory, relative to the workdir.
+        path: PathBuf,
+        /// The underlying error (`EACCES`, or `EPERM` for a directory of another user).
+        source: io::Error,
+    },
     /// Resolving a path beneath the workdir failed (for example because a component is a
     /// symlink, which commit never follows).
     #[error("resolve {} beneath the workdir: {source}", quoted(.path))]
@@ -286,6 +297,7 @@ impl CowError {
             CowError::SpecialFiles { .. } => "SPECIAL_FILES",
             CowError::ReservedName { .. } => "RESERVED_NAME",
             CowError::StaleBase { .. } => "STALE_BASE",
+            CowError::WorkdirPermission { .. } => "WORKDIR_PERMISSION",
             CowError::ResolveBeneath { .. } => "RESOLVE_BENEATH",
             CowError::Stage { .. } => "COMMIT_STAGE",
             CowError::SyncFs { .. } => "COMMIT_SYNCFS",

@@ -17,14 +17,16 @@
 //! features a change set cannot represent (`metacopy`, `redirect`) are refused.
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType as RawType, Mode, OFlags, Stat, Timespec, Timestamps};
+use rustix::fs::{AtFlags, FileType as RawType, Mode, Stat};
 
-use crate::beneath::{self, lstat_at, open_child_dir, remove_tree_at, sorted_names};
+use crate::beneath::{
+    self, lstat_at, open_child_dir, remove_tree_at, sorted_names, times_of, OwnDir,
+};
+use crate::data::copy_into;
 use crate::overlay;
 use crate::CowError;
 
@@ -32,15 +34,16 @@ use crate::CowError;
 /// `into` (empty, or an upper layer that lies below all of them), so that `into` alone shows
 /// over the common lower what the whole stack shows.
 pub fn flatten(layers: &[PathBuf], into: &Path) -> Result<(), CowError> {
-    let dst = beneath::open_root(into).map_err(|source| CowError::Stage {
+    let dst = OwnDir::open_root(into, beneath::WRITE).map_err(|source| CowError::Stage {
         path: into.to_owned(),
         source,
     })?;
     for layer in layers.iter().rev() {
-        let src = beneath::open_root(layer).map_err(|source| CowError::ReadUpper {
-            path: layer.clone(),
-            source,
-        })?;
+        let src =
+            OwnDir::open_root(layer, beneath::READ).map_err(|source| CowError::ReadUpper {
+                path: layer.clone(),
+                source,
+            })?;
         merge_dir(src.as_fd(), layer, dst.as_fd(), into, Merge::FLATTEN)?;
     }
     Ok(())
@@ -67,9 +70,8 @@ pub fn copy_view(
             })
         }
     };
-    let src_dir = upper.join(parent);
-    let src = beneath::open_root(&src_dir).map_err(|source| CowError::ReadUpper {
-        path: src_dir.clone(),
+    let src = OwnDir::open_path(upper, parent).map_err(|source| CowError::ReadUpper {
+        path: upper.join(parent),
         source,
     })?;
     let dst = beneath::open_root(dst_dir).map_err(|source| CowError::Stage {
@@ -93,26 +95,55 @@ pub fn copy_view(
         RawType::Directory => {
             rustix::fs::mkdirat(dst.as_fd(), dst_name, Mode::from_raw_mode(0o700))
                 .map_err(|e| err(e.into()))?;
-            let s = open_child_dir(src.as_fd(), name).map_err(|source| CowError::ReadUpper {
-                path: abs.clone(),
-                source,
-            })?;
-            let d = open_child_dir(dst.as_fd(), dst_name).map_err(err)?;
-            let below = lower.join(rel);
-            if !overlay::is_opaque(s.as_fd()) && below.is_dir() {
-                let l = beneath::open_root(&below).map_err(|source| CowError::ReadUpper {
-                    path: below.clone(),
+            let s = OwnDir::open_child(src.as_fd(), name, beneath::READ).map_err(|source| {
+                CowError::ReadUpper {
+                    path: abs.clone(),
                     source,
-                })?;
-                merge_dir(l.as_fd(), &below, d.as_fd(), &out, Merge::COPY)?;
+                }
+            })?;
+            let mut d = OwnDir::open_child(dst.as_fd(), dst_name, beneath::WRITE).map_err(err)?;
+            if !overlay::is_opaque(s.as_fd()) {
+                if let Some(l) = lower_dir(lower, rel)? {
+                    merge_dir(l.as_fd(), &lower.join(rel), d.as_fd(), &out, Merge::COPY)?;
+                }
             }
             merge_dir(s.as_fd(), &abs, d.as_fd(), &out, Merge::RESOLVE)?;
-            set_dir_meta(d.as_fd(), &st).map_err(err)
+            set_dir_meta(&mut d, &st).map_err(err)
         }
-        RawType::RegularFile | RawType::Symlink => {
-            place_leaf(src.as_fd(), name, &st, dst.as_fd(), dst_name, true).map_err(err)
-        }
+        RawType::RegularFile | RawType::Symlink => place_leaf(
+            src.as_fd(),
+            name,
+            &st,
+            dst.as_fd(),
+            dst_name,
+            Merge::RESOLVE,
+        )
+        .map_err(err),
         _ => Err(CowError::SpecialFiles { paths: vec![abs] }),
+    }
+}
+
+/// The workdir's directory at `rel` opened for reading, `None` if there is none (missing, not
+/// a directory, or a symlink, which is never followed).
+fn lower_dir(lower: &Path, rel: &Path) -> Result<Option<std::os::fd::OwnedFd>, CowError> {
+    let err = |source| CowError::ReadLower {
+        path: rel.to_owned(),
+        source,
+    };
+    let root = beneath::open_root(lower).map_err(err)?;
+    match beneath::open_dir_read_beneath(root.as_fd(), rel) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(e)
+            if matches!(
+                rustix::io::Errno::from_io_error(&e),
+                Some(
+                    rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP
+                )
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(err(e)),
     }
 }
 
@@ -125,6 +156,9 @@ struct Merge {
     marks: bool,
     /// Hard-link files where the filesystem allows it, instead of copying them.
     link: bool,
+    /// The source is a layer only lockbox writes now: grant ourselves access to what the
+    /// sandbox made unreadable ([`OwnDir`]). Never for the workdir.
+    own: bool,
 }
 
 impl Merge {
@@ -132,16 +166,19 @@ impl Merge {
     const FLATTEN: Merge = Merge {
         marks: true,
         link: true,
+        own: true,
     };
     /// Applying a layer's changes to a plain copy ([`copy_view`]).
     const RESOLVE: Merge = Merge {
         marks: false,
         link: true,
+        own: true,
     };
     /// Copying a plain tree that is not ours to link to (the workdir).
     const COPY: Merge = Merge {
         marks: false,
         link: false,
+        own: false,
     };
 }
 
@@ -158,7 +195,7 @@ fn merge_dir(
         let st = lstat_at(src, &name)
             .and_then(|st| st.ok_or_else(|| io::ErrorKind::NotFound.into()))
             .map_err(read_err(abs.clone()))?;
-        let xattrs = overlay::OverlayXattrs::of(&abs);
+        let xattrs = overlay::OverlayXattrs::at(src, &name).map_err(read_err(abs.clone()))?;
         if let Some(feature) = xattrs.unsupported_feature() {
             return Err(CowError::UnsupportedOverlay { path: abs, feature });
         }
@@ -180,7 +217,12 @@ fn merge_dir(
         }
         match RawType::from_raw_mode(st.st_mode) {
             RawType::Directory => {
-                let sub_src = open_child_dir(src, &name).map_err(read_err(abs.clone()))?;
+                let sub_src = if how.own {
+                    OwnDir::open_child(src, &name, beneath::READ)
+                } else {
+                    open_child_dir(src, &name).map(OwnDir::from)
+                }
+                .map_err(read_err(abs.clone()))?;
                 let opaque = overlay::is_opaque(sub_src.as_fd());
                 let existing_dir = existing
                     .as_ref()
@@ -192,7 +234,9 @@ fn merge_dir(
                     rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(0o700))
                         .map_err(|e| write_err(e.into()))?;
                 }
-                let sub_dst = open_child_dir(dst, &name).map_err(write_err)?;
+                // Ours; a lower layer merged before may have given it a mode such as 000.
+                let mut sub_dst =
+                    OwnDir::open_child(dst, &name, beneath::WRITE).map_err(write_err)?;
                 if how.marks && (opaque || (existing.is_some() && !existing_dir)) {
                     rustix::fs::fsetxattr(
                         &sub_dst,
@@ -203,13 +247,13 @@ fn merge_dir(
                     .map_err(|e| write_err(e.into()))?;
                 }
                 merge_dir(sub_src.as_fd(), &abs, sub_dst.as_fd(), &out, how)?;
-                set_dir_meta(sub_dst.as_fd(), &st).map_err(write_err)?;
+                set_dir_meta(&mut sub_dst, &st).map_err(write_err)?;
             }
             RawType::RegularFile | RawType::Symlink => {
                 if existing.is_some() {
                     remove_tree_at(dst, &name).map_err(write_err)?;
                 }
-                place_leaf(src, &name, &st, dst, &name, how.link).map_err(write_err)?;
+                place_leaf(src, &name, &st, dst, &name, how).map_err(write_err)?;
             }
             _ => return Err(CowError::SpecialFiles { paths: vec![abs] }),
         }
@@ -217,36 +261,24 @@ fn merge_dir(
     Ok(())
 }
 
-fn times_of(st: &Stat) -> Timestamps {
-    Timestamps {
-        last_access: Timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec as _,
-        },
-        last_modification: Timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec as _,
-        },
-    }
+/// Times now, the mode now or when `dir`'s grant ends (see [`OwnDir::set_mode`]).
+fn set_dir_meta(dir: &mut OwnDir, st: &Stat) -> io::Result<()> {
+    beneath::set_times_fd(dir.as_fd(), &times_of(st))?;
+    dir.set_mode(st.st_mode & 0o7777)
 }
 
-fn set_dir_meta(dir: BorrowedFd<'_>, st: &Stat) -> io::Result<()> {
-    beneath::chmod_fd(dir, st.st_mode & 0o7777)?;
-    beneath::set_times_fd(dir, &times_of(st))
-}
-
-/// Puts a file or symlink at `dst/dst_name` (which must not exist): with `link`, a hard link
-/// when the filesystem allows it (same inode: content, mode and times come along), else a
-/// copy.
+/// Puts a file or symlink at `dst/dst_name` (which must not exist): with `how.link`, a hard
+/// link when the filesystem allows it (same inode: content, mode and times come along), else
+/// a copy (holes kept).
 fn place_leaf(
     src: BorrowedFd<'_>,
     name: &OsStr,
     st: &Stat,
     dst: BorrowedFd<'_>,
     dst_name: &OsStr,
-    link: bool,
+    how: Merge,
 ) -> io::Result<()> {
-    if link && rustix::fs::linkat(src, name, dst, dst_name, AtFlags::empty()).is_ok() {
+    if how.link && rustix::fs::linkat(src, name, dst, dst_name, AtFlags::empty()).is_ok() {
         return Ok(());
     }
     let times = times_of(st);
@@ -260,14 +292,12 @@ fn place_leaf(
             AtFlags::SYMLINK_NOFOLLOW,
         )?);
     }
-    let mut from = beneath::open_child_file(src, name)?;
-    let mut to = File::from(rustix::fs::openat(
-        dst,
-        dst_name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?);
-    io::copy(&mut from, &mut to)?;
+    let from = if how.own {
+        beneath::open_own_file(src, name)?
+    } else {
+        beneath::open_child_file(src, name)?
+    };
+    let (to, _) = copy_into(&from, dst, dst_name)?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
     Ok(rustix::fs::futimens(&to, &times)?)
 }
@@ -287,13 +317,13 @@ pub fn restrict(upper: &Path, only: &[PathBuf], exclude: &[PathBuf]) -> Result<(
             return Err(CowError::BadPath { path: p.clone() });
         }
     }
-    let root = beneath::open_root(upper).map_err(|source| CowError::ReadUpper {
+    let root = OwnDir::open_root(upper, beneath::WRITE).map_err(|source| CowError::ReadUpper {
         path: upper.to_owned(),
         source,
     })?;
     for p in exclude {
         let (parent, name) = beneath::split(p);
-        if let Some(dir) = open_ancestors(root.as_fd(), upper, parent, p)? {
+        if let Some(dir) = open_ancestors(upper, parent, p)? {
             remove_tree_at(dir.as_fd(), name).map_err(|source| CowError::Stage {
                 path: upper.join(p),
                 source,
@@ -308,23 +338,19 @@ pub fn restrict(upper: &Path, only: &[PathBuf], exclude: &[PathBuf]) -> Result<(
 
 /// Opens `parent` in the upper layer, refusing an opaque or non-directory ancestor of
 /// `wanted`; `None` if the layer has no such directory (nothing to narrow there).
-fn open_ancestors(
-    root: BorrowedFd<'_>,
-    upper: &Path,
-    parent: &Path,
-    wanted: &Path,
-) -> Result<Option<std::os::fd::OwnedFd>, CowError> {
+fn open_ancestors(upper: &Path, parent: &Path, wanted: &Path) -> Result<Option<OwnDir>, CowError> {
     let read_err = |source| CowError::ReadUpper {
         path: upper.join(parent),
         source,
     };
-    let mut dir = beneath::open_dir_beneath(root, Path::new("")).map_err(read_err)?;
+    let mut dir = OwnDir::open_root(upper, beneath::WRITE).map_err(read_err)?;
     for part in parent.components() {
         let name = part.as_os_str();
         match lstat_at(dir.as_fd(), name).map_err(read_err)? {
             None => return Ok(None),
             Some(st) if RawType::from_raw_mode(st.st_mode) == RawType::Directory => {
-                let child = open_child_dir(dir.as_fd(), name).map_err(read_err)?;
+                let child =
+                    OwnDir::open_child(dir.as_fd(), name, beneath::WRITE).map_err(read_err)?;
                 if overlay::is_opaque(child.as_fd()) {
                     return Err(CowError::BadPath {
                         path: wanted.to_owned(),
@@ -365,7 +391,7 @@ fn prune(dir: BorrowedFd<'_>, upper: &Path, rel: &Path, only: &[PathBuf]) -> Res
         if !is_dir {
             return Err(CowError::BadPath { path: wanted() });
         }
-        let child = open_child_dir(dir, &name).map_err(err(upper.join(&q)))?;
+        let child = OwnDir::open_child(dir, &name, beneath::WRITE).map_err(err(upper.join(&q)))?;
         if overlay::is_opaque(child.as_fd()) {
             return Err(CowError::BadPath { path: wanted() });
         }

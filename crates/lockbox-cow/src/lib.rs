@@ -64,6 +64,7 @@ mod beneath;
 mod branch;
 mod changes;
 mod commit;
+mod data;
 mod diff;
 mod durable;
 mod error;

@@ -3,11 +3,15 @@
 //! With `userxattr` (the only choice in an unprivileged user namespace) the xattrs live in the
 //! `user.overlay.` namespace; `trusted.overlay.` is accepted too for uppers made by root.
 
+use std::ffi::OsStr;
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use rustix::fs::{FileType, Stat};
 use rustix::io::Errno;
+
+use crate::beneath;
 
 const PREFIXES: [&str; 2] = ["user.overlay.", "trusted.overlay."];
 
@@ -17,26 +21,17 @@ const PREFIXES: [&str; 2] = ["user.overlay.", "trusted.overlay."];
 pub(crate) struct OverlayXattrs(Vec<String>);
 
 impl OverlayXattrs {
-    pub(crate) fn of(abs: &Path) -> OverlayXattrs {
-        let mut buf = vec![0u8; 1024];
-        let n = match rustix::fs::llistxattr(abs, &mut buf[..]) {
-            Ok(n) => n,
-            Err(Errno::RANGE) => match rustix::fs::llistxattr(abs, &mut [0u8; 0][..]) {
-                Ok(size) => {
-                    buf = vec![0u8; size];
-                    rustix::fs::llistxattr(abs, &mut buf[..]).unwrap_or(0)
-                }
-                Err(_) => 0,
-            },
-            Err(_) => 0,
-        };
-        let names = buf[..n.min(buf.len())]
+    /// The marks of the entry `name` of the directory open as `dir` (not followed). Read
+    /// through a short `/proc/self/fd` path, whatever the length of the entry's own path.
+    pub(crate) fn at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OverlayXattrs> {
+        let list = list_xattrs(&beneath::fd_path(dir, name))?;
+        let names = list
             .split(|&b| b == 0)
             .filter_map(|name| std::str::from_utf8(name).ok())
             .filter_map(|name| PREFIXES.iter().find_map(|p| name.strip_prefix(p)))
             .map(str::to_owned)
             .collect();
-        OverlayXattrs(names)
+        Ok(OverlayXattrs(names))
     }
 
     fn has(&self, suffix: &str) -> bool {
@@ -77,4 +72,43 @@ pub(crate) fn is_opaque(dir: BorrowedFd<'_>) -> bool {
             Ok(1) if buf[0] == b'y'
         )
     })
+}
+
+/// The NUL-separated names of the xattrs of `path` (not followed), whatever their total size
+/// (a sandbox may set many `user.*` xattrs; a short read would hide the overlay's marks).
+/// A filesystem without xattrs has none.
+pub(crate) fn list_xattrs(path: &Path) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        match rustix::fs::llistxattr(path, &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => {
+                let size = rustix::fs::llistxattr(path, &mut [0u8; 0][..])?;
+                buf = vec![0u8; size.max(buf.len() * 2)];
+            }
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The value of the xattr `name` of `path` (not followed), whatever its size.
+pub(crate) fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        match rustix::fs::lgetxattr(path, name, &mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => {
+                let size = rustix::fs::lgetxattr(path, name, &mut [0u8; 0][..])?;
+                buf = vec![0u8; size.max(buf.len() * 2)];
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }

@@ -29,7 +29,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rustix::fs::{FileType as RawType, Mode, OFlags};
+use rustix::fs::FileType as RawType;
 use rustix::io::Errno;
 
 use crate::beneath::{self, lstat_at, sorted_names, split};
@@ -110,16 +110,17 @@ pub(crate) fn is_stale(
 }
 
 fn subtree_changed(root: BorrowedFd<'_>, rel: &Path, base: Timestamp) -> std::io::Result<bool> {
-    let dir = match rustix::fs::openat2(
-        root,
-        rel,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        beneath::RESOLVE,
-    ) {
+    let dir = match beneath::open_dir_read_beneath(root, rel) {
         Ok(fd) => fd,
-        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => return Ok(true),
-        Err(e) => return Err(e.into()),
+        Err(e)
+            if matches!(
+                Errno::from_io_error(&e),
+                Some(Errno::NOENT | Errno::NOTDIR | Errno::LOOP)
+            ) =>
+        {
+            return Ok(true)
+        }
+        Err(e) => return Err(e),
     };
     changed_below(dir.as_fd(), base)
 }

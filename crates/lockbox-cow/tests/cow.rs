@@ -926,6 +926,13 @@ fn key_scenarios_pass_as_uid_65534() {
             "orphan_after",
             "leftover_staging",
             "xattr_whiteouts",
+            "paths_longer_than_path_max",
+            "directories_made_unreadable",
+            "sparse_files_stay_sparse",
+            "import_keeps_holes",
+            "a_failed_staging",
+            "workdir_directories_the_committer",
+            "branches_deeper_than",
         ])
         .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
@@ -1069,4 +1076,326 @@ fn hostile_names_round_trip_through_json_and_print_one_quoted_line_each() {
         b"x"
     );
     assert!(s.wd.join(OsStr::from_bytes(b"a\nM forged.txt")).is_file());
+}
+
+/// A second workdir next to `s.wd` for the direct run: same setup, script run straight on it.
+fn direct(
+    s: &Scratch,
+    setup: &str,
+    script: &str,
+) -> std::collections::BTreeMap<PathBuf, common::Node> {
+    let dir = s.tmp.path().join("direct");
+    std::fs::create_dir(&dir).unwrap();
+    sh(&dir, setup);
+    assert!(common::run_direct(&dir, script), "direct run failed");
+    snapshot(&dir)
+}
+
+fn staging_left(wd: &Path) -> bool {
+    std::fs::read_dir(wd).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(lockbox_cow::STAGING_PREFIX.as_bytes())
+    })
+}
+
+/// Shell prelude: `$N` is one 200-byte name; `godeep L` enters `deep/` and L levels below
+/// it with `cd -P` (a whole path that long is refused by the kernel: ENAMETOOLONG).
+const DEEP: &str = "N=$(printf '%0200d' 0 | tr 0 x)\n\
+    godeep() { cd -P deep || return 1; i=0; while [ $i -lt $1 ]; do cd -P $N || return 1; i=$((i+1)); done; }\n\
+    P=deep; i=0; while [ $i -lt 21 ]; do P=$P/$N; i=$((i+1)); done\n";
+
+#[test]
+fn paths_longer_than_path_max_commit_fully() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    // 21 levels of 200 bytes: 4,221 bytes, longer than PATH_MAX (4,096).
+    let setup = format!(
+        "{DEEP}mkdir -p \"$P\" && (godeep 21 && echo old > f && echo gone > g) && \
+         (godeep 10 && mkdir -p doomed/a/b && echo x > doomed/a/b/y) && echo keep > keep.txt"
+    );
+    let script = format!(
+        "{DEEP}echo a > first.txt && (godeep 21 && echo new > f && rm g && mkdir -p n/$N && \
+         echo added > n/$N/h) && (godeep 10 && rm -r doomed && chmod 700 $N) && \
+         (godeep 20 && ln -s ../$N link) && echo z > zlast.txt"
+    );
+    sh(&s.wd, &setup);
+    let expected = direct(&s, &setup, &script);
+    let b = s.branch();
+    assert!(run_in_branch(&b, &script));
+    let set = b.change_set().unwrap();
+    assert!(
+        set.changes()
+            .iter()
+            .any(|c| c.path.as_os_str().len() > 4096),
+        "no change deeper than PATH_MAX: {set:?}"
+    );
+    b.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(snapshot(&s.wd), expected);
+    assert!(!staging_left(&s.wd));
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+#[test]
+fn directories_made_unreadable_commit_with_their_final_modes() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    let setup = "mkdir x && echo x > x/old && echo f > ro.txt";
+    // What a command may do to what it owns: directories its owner may not list (300), not
+    // enter (600), neither (000); a file it may not read.
+    let script = "mkdir -p d/sub && echo f > d/f && echo g > d/sub/g && chmod 000 d/sub && \
+                  chmod 000 d && mkdir e && echo h > e/h && chmod 300 e && \
+                  mkdir m && echo k > m/k && chmod 600 m && \
+                  echo new > x/new && rm x/old && chmod 100 x && chmod 000 ro.txt";
+    sh(&s.wd, setup);
+    let expected = direct(&s, setup, script);
+    let b = s.branch();
+    assert!(run_in_branch(&b, script));
+    // Review works on it: change set, diff of a file below a mode-000 directory.
+    let kinds = kinds(&b);
+    assert!(
+        kinds.contains(&("d/sub/g".into(), 'A', FileType::File)),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&("x/old".into(), 'D', FileType::File)),
+        "{kinds:?}"
+    );
+    let FileDiff::Text { unified } = b.diff(Path::new("d/sub/g")).unwrap() else {
+        panic!("text expected")
+    };
+    assert!(unified.contains("+g"), "{unified}");
+    // Reading gave the upper its modes back.
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&b.upper_dir().join("d")), 0o000);
+    assert_eq!(mode(&b.upper_dir().join("e")), 0o300);
+    b.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(snapshot(&s.wd), expected);
+    assert_eq!(mode(&s.wd.join("d")), 0o000);
+    assert!(!staging_left(&s.wd));
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+#[test]
+fn sparse_files_stay_sparse_when_committed() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "truncate -s 1M lower.img");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "truncate -s 1G big.img && printf x | dd of=holey bs=1 seek=100000000 status=none && \
+         head -c 8192 /dev/zero > zeros && printf y | dd of=lower.img bs=1 seek=5000 conv=notrunc status=none"
+    ));
+    b.commit(&CommitOptions::default()).unwrap();
+    let blocks = |p: &str| std::fs::metadata(s.wd.join(p)).unwrap().blocks();
+    let len = |p: &str| std::fs::metadata(s.wd.join(p)).unwrap().len();
+    assert_eq!((len("big.img"), blocks("big.img")), (1 << 30, 0));
+    assert_eq!(len("holey"), 100_000_001);
+    // One 4 KiB block (8 sectors), not 95 MiB of zeros.
+    assert!(blocks("holey") <= 8, "holey: {} blocks", blocks("holey"));
+    assert!(
+        blocks("lower.img") <= 8,
+        "lower.img: {} blocks",
+        blocks("lower.img")
+    );
+    // Zeros the command wrote are data: they stay allocated.
+    assert_eq!(blocks("zeros"), 16);
+}
+
+/// A tmpfs like the `--max-disk` upper, if the host has one at /dev/shm.
+fn tmpfs_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let is_tmpfs = rustix::fs::statfs(shm).is_ok_and(|f| f.f_type == 0x0102_1994);
+    if is_tmpfs {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        eprintln!("no tmpfs at /dev/shm: importing from a directory of the temp dir");
+        tempfile::tempdir().unwrap()
+    }
+}
+
+#[test]
+fn import_keeps_holes_long_paths_unreadable_directories_and_marks() {
+    let s = Scratch::new();
+    let src = tmpfs_dir();
+    let setup = format!(
+        "{DEEP}mkdir -p \"$P\" && (godeep 21 && echo deep > f) && \
+         truncate -s 1G sparse.img && printf x | dd of=holey bs=1 seek=50000000 status=none && \
+         mkdir -p locked/in && echo l > locked/in/f && chmod 000 locked/in && chmod 000 locked && \
+         mkdir wx && echo w > wx/f && chmod 300 wx && echo r > unreadable && chmod 000 unreadable && \
+         mkdir opaque && ln -s locked link"
+    );
+    sh(src.path(), &setup);
+    let opaque = src.path().join("opaque");
+    rustix::fs::setxattr(
+        &opaque,
+        "user.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    let b = s.branch();
+    let copied = lockbox_cow::import_upper(src.path(), &b.upper_dir()).unwrap();
+    assert!(copied < 1 << 20, "copied {copied} bytes of data");
+    assert_eq!(
+        common::snapshot_with_extents(&b.upper_dir()),
+        common::snapshot_with_extents(src.path())
+    );
+    let blocks = |p: &str| std::fs::metadata(b.upper_dir().join(p)).unwrap().blocks();
+    assert_eq!(blocks("sparse.img"), 0);
+    assert!(blocks("holey") <= 8, "holey: {} blocks", blocks("holey"));
+    let mut value = [0u8; 4];
+    let n = rustix::fs::getxattr(
+        b.upper_dir().join("opaque"),
+        "user.overlay.opaque",
+        &mut value,
+    )
+    .unwrap();
+    assert_eq!(&value[..n], b"y");
+    // The source keeps its modes (access was only granted while reading).
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&src.path().join("locked")), 0o000);
+    assert_eq!(mode(&src.path().join("unreadable")), 0o000);
+    b.abort().unwrap();
+    assert!(list(&s.state).unwrap().is_empty());
+}
+
+/// Set by [`a_failed_staging_applies_nothing_and_the_branch_commits_later`] for the commit it
+/// runs under a file size limit.
+const FSIZE_HELPER: &str = "LOCKBOX_COW_TEST_FSIZE_STATE";
+
+#[test]
+fn helper_commit_under_a_file_size_limit() {
+    let Ok(spec) = std::env::var(FSIZE_HELPER) else {
+        return; // only does something when re-executed by the test below
+    };
+    let (state, id) = spec.split_once('\n').unwrap();
+    let b = Branch::open(Path::new(state), &BranchId::parse(id).unwrap()).unwrap();
+    let e = b.commit(&CommitOptions::default()).unwrap_err();
+    assert_eq!(e.code(), "COMMIT_STAGE", "{e}");
+}
+
+#[test]
+fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > a.txt");
+    let before = hash_tree(&s.wd);
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo A > a.txt && head -c 1000000 /dev/urandom > big && echo z > z.txt"
+    ));
+    // Staging `big` fails (EFBIG: 16 KiB at most per file; SIGXFSZ ignored), after
+    // validation and after the branch was marked committing.
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(
+            "trap '' XFSZ; ulimit -f 32; exec \"$0\" --exact helper_commit_under_a_file_size_limit",
+        )
+        .arg(std::env::current_exe().unwrap())
+        .env(FSIZE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
+        .status()
+        .unwrap();
+    assert!(st.success(), "helper: {st}");
+    // Every entry as it was (only the workdir's own mtime tells a staging directory came
+    // and went).
+    let entries = |mut t: std::collections::BTreeMap<PathBuf, _>| {
+        t.remove(Path::new("."));
+        t
+    };
+    assert_eq!(
+        entries(hash_tree(&s.wd)),
+        entries(before),
+        "something was applied"
+    );
+    assert!(!staging_left(&s.wd), "staging directory left behind");
+    let again = Branch::open(&s.state, b.id()).unwrap();
+    assert_eq!(again.meta().state, BranchState::Active, "branch stuck");
+    again.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(std::fs::read_to_string(s.wd.join("a.txt")).unwrap(), "A\n");
+    assert_eq!(
+        std::fs::metadata(s.wd.join("big")).unwrap().len(),
+        1_000_000
+    );
+}
+
+#[test]
+fn workdir_directories_the_committer_cannot_change_refuse_the_commit_up_front() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(
+        &s.wd,
+        "echo a > a.txt && mkdir ro && echo r > ro/r && chmod 555 ro",
+    );
+    let before = hash_tree(&s.wd);
+    let b = s.branch();
+    // Inside, the command is root of its namespace and may write into `ro`.
+    assert!(run_in_branch(&b, "echo A > a.txt && echo n > ro/new"));
+    let result = b.commit(&CommitOptions::default());
+    if rustix::process::geteuid().is_root() {
+        result.unwrap();
+        assert_eq!(std::fs::read_to_string(s.wd.join("ro/new")).unwrap(), "n\n");
+        return;
+    }
+    // `a.txt` sorts before `ro/new`: a commit that found out while applying would have
+    // replaced it already.
+    let e = result.unwrap_err();
+    assert_eq!((e.code(), e.exit_code()), ("WORKDIR_PERMISSION", 4), "{e}");
+    assert!(e.to_string().contains("ro"), "{e}");
+    assert_eq!(hash_tree(&s.wd), before, "something was applied");
+    assert!(!staging_left(&s.wd));
+    let listed = list(&s.state).unwrap();
+    assert_eq!(listed[0].meta.as_ref().unwrap().state, BranchState::Active);
+    std::fs::set_permissions(s.wd.join("ro"), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Set by [`branches_deeper_than_the_descriptor_limit_are_removed`] for the abort it runs
+/// with few descriptors.
+const NOFILE_HELPER: &str = "LOCKBOX_COW_TEST_NOFILE_STATE";
+
+#[test]
+fn helper_abort_with_few_descriptors() {
+    let Ok(spec) = std::env::var(NOFILE_HELPER) else {
+        return; // only does something when re-executed by the test below
+    };
+    let (state, id) = spec.split_once('\n').unwrap();
+    abort_id(Path::new(state), &BranchId::parse(id).unwrap()).unwrap();
+}
+
+#[test]
+fn branches_deeper_than_the_descriptor_limit_are_removed() {
+    let s = Scratch::new();
+    let b = s.branch();
+    // 600 levels, some of them mode 000, under a limit of 128 descriptors.
+    sh(
+        &b.upper_dir(),
+        "i=0; while [ $i -lt 600 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo x > f",
+    );
+    sh(
+        &b.upper_dir(),
+        "i=0; while [ $i -lt 300 ]; do cd d; i=$((i+1)); done; chmod 000 d; cd ..; chmod 000 d",
+    );
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 128; exec \"$0\" --exact helper_abort_with_few_descriptors")
+        .arg(std::env::current_exe().unwrap())
+        .env(NOFILE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
+        .status()
+        .unwrap();
+    assert!(st.success(), "helper: {st}");
+    assert!(!b.dir().exists());
+    assert!(list(&s.state).unwrap().is_empty());
 }

@@ -4,9 +4,15 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::ffi::{OsStr, OsString};
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use lockbox_cow::Branch;
 
@@ -49,27 +55,32 @@ pub fn run_in_branch(branch: &Branch, script: &str) -> bool {
         sh_quote(&branch.upper_dir()),
         sh_quote(&branch.work_dir()),
     );
-    let st = Command::new("unshare")
-        .args(["-Urm", "sh", "-c", &full])
+    let st = Command::new("timeout")
+        .args([SCRIPT_TIMEOUT, "unshare", "-Urm", "sh", "-c", &full])
         .status()
         .unwrap();
     assert!(
         !matches!(st.code(), Some(98 | 99)),
         "overlay setup failed: {st}"
     );
+    assert_ne!(st.code(), Some(124), "script timed out:\n{script}");
     st.success()
 }
 
 /// Runs `script` directly in `dir`, as root of a user namespace (same privileges as in
 /// [`run_in_branch`], without the overlay).
 pub fn run_direct(dir: &Path, script: &str) -> bool {
-    Command::new("unshare")
-        .args(["-Ur", "sh", "-c"])
+    let st = Command::new("timeout")
+        .args([SCRIPT_TIMEOUT, "unshare", "-Ur", "sh", "-c"])
         .arg(format!("cd {} || exit 98\n{script}", sh_quote(dir)))
         .status()
-        .unwrap()
-        .success()
+        .unwrap();
+    assert_ne!(st.code(), Some(124), "script timed out:\n{script}");
+    st.success()
 }
+
+/// A script that blocks (on a FIFO, say) fails its test instead of hanging it.
+const SCRIPT_TIMEOUT: &str = "120";
 
 /// Runs `script` in `dir` as the current user (no namespace).
 pub fn sh(dir: &Path, script: &str) {
@@ -97,28 +108,74 @@ pub enum Node {
 /// Content, type, mode and symlink targets of every entry below `root` (not following
 /// symlinks). The root itself is not included.
 pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
-    let mut out = BTreeMap::new();
-    walk(root, Path::new(""), &mut out, false);
+    entries(root)
+        .into_iter()
+        .map(|(p, e)| (p, e.node))
+        .collect()
+}
+
+/// Every entry with, for a regular file, its data ranges.
+pub type Tree = BTreeMap<PathBuf, (Node, Vec<(u64, u64)>)>;
+
+/// Like [`snapshot`], with the data ranges of every regular file (`SEEK_DATA`/`SEEK_HOLE`),
+/// so that a file with holes only equals a file with the same holes.
+pub fn snapshot_with_extents(root: &Path) -> Tree {
+    entries(root)
+        .into_iter()
+        .map(|(p, e)| (p, (e.node, e.extents)))
+        .collect()
+}
+
+/// The paths at which two [`snapshot_with_extents`] trees differ, each with a short
+/// description of both sides (file contents by length and first bytes): readable where a
+/// whole tree of multi-megabyte files would not be.
+pub fn tree_diff(got: &Tree, want: &Tree) -> String {
+    let show = |e: Option<&(Node, Vec<(u64, u64)>)>| match e {
+        None => "absent".to_string(),
+        Some((Node::File(mode, c), ext)) => format!(
+            "file {mode:o}, {} bytes {:?}..., data {ext:?}",
+            c.len(),
+            &c[..c.len().min(16)]
+        ),
+        Some((n, _)) => format!("{n:?}"),
+    };
+    let mut out = String::new();
+    for path in got
+        .keys()
+        .chain(want.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let (g, w) = (got.get(path), want.get(path));
+        if g != w {
+            out.push_str(&format!(
+                "{}: got {}, want {}\n",
+                path.display(),
+                show(g),
+                show(w)
+            ));
+        }
+    }
     out
 }
 
 /// Like [`snapshot`] but also records mtimes, ctimes, inode numbers and link counts: for
-/// "nothing at all changed" checks.
+/// "nothing at all changed" checks. (An unreadable directory is made readable for the walk
+/// and restored, which changes its ctime: keep those out of such checks.)
 pub fn hash_tree(root: &Path) -> BTreeMap<PathBuf, (Node, String)> {
     let mut out = BTreeMap::new();
-    for (p, n) in snapshot(root) {
-        let md = std::fs::symlink_metadata(root.join(&p)).unwrap();
+    for (p, e) in entries(root) {
+        let st = &e.stat;
         let extra = format!(
             "mtime={}.{} ctime={}.{} ino={} nlink={} uid={}",
-            md.mtime(),
-            md.mtime_nsec(),
-            md.ctime(),
-            md.ctime_nsec(),
-            md.ino(),
-            md.nlink(),
-            md.uid()
+            st.st_mtime,
+            st.st_mtime_nsec,
+            st.st_ctime,
+            st.st_ctime_nsec,
+            st.st_ino,
+            st.st_nlink,
+            st.st_uid
         );
-        out.insert(p, (n, extra));
+        out.insert(p, (e.node, extra));
     }
     let md = std::fs::symlink_metadata(root).unwrap();
     out.insert(
@@ -131,53 +188,121 @@ pub fn hash_tree(root: &Path) -> BTreeMap<PathBuf, (Node, String)> {
     out
 }
 
-fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Node>, _: bool) {
-    let dir = root.join(rel);
-    // Make unreadable dirs readable for the snapshot, restoring the mode after.
-    let md = std::fs::symlink_metadata(&dir).unwrap();
-    let mode = md.mode() & 0o7777;
-    let fixed = mode & 0o500 != 0o500;
-    if fixed {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode | 0o700)).unwrap();
-    }
-    let mut names: Vec<_> = std::fs::read_dir(&dir)
+/// What the walk records of one entry.
+pub struct Entry {
+    pub node: Node,
+    /// As found, before the walk made anything readable.
+    pub stat: rustix::fs::Stat,
+    /// Data ranges of a regular file.
+    pub extents: Vec<(u64, u64)>,
+}
+
+/// Every entry below `root`, walked with directory descriptors one component at a time
+/// (paths may be longer than `PATH_MAX`). Directories and files their owner may not read are
+/// made readable for the walk and restored after it.
+pub fn entries(root: &Path) -> BTreeMap<PathBuf, Entry> {
+    let mut out = BTreeMap::new();
+    let fd = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    walk(fd.as_fd(), Path::new(""), &mut out);
+    out
+}
+
+fn walk(dir: BorrowedFd<'_>, rel: &Path, out: &mut BTreeMap<PathBuf, Entry>) {
+    let mut names: Vec<OsString> = rustix::fs::Dir::read_from(dir)
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| OsStr::from_bytes(e.unwrap().file_name().to_bytes()).to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
         .collect();
     names.sort();
     for name in names {
         let r = rel.join(&name);
-        let p = root.join(&r);
-        let md = std::fs::symlink_metadata(&p).unwrap();
-        let ft = md.file_type();
-        let node = if ft.is_symlink() {
-            Node::Symlink(std::fs::read_link(&p).unwrap())
-        } else if ft.is_dir() {
-            Node::Dir(md.mode() & 0o7777)
-        } else if ft.is_file() {
-            let mode = md.mode() & 0o7777;
-            let content = if mode & 0o400 == 0 {
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o400))
-                    .unwrap();
-                let c = std::fs::read(&p).unwrap();
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-                c
-            } else {
-                std::fs::read(&p).unwrap()
-            };
-            Node::File(mode, content)
-        } else {
-            Node::Other(md.mode() & 0o170000)
+        let st = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+        let mode = st.st_mode & 0o7777;
+        let mut extents = Vec::new();
+        let node = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => Node::Symlink(PathBuf::from(OsString::from_vec(
+                rustix::fs::readlinkat(dir, &name, Vec::new())
+                    .unwrap()
+                    .into_bytes(),
+            ))),
+            FileType::Directory => Node::Dir(mode),
+            FileType::RegularFile => {
+                let grant = mode & 0o400 == 0;
+                if grant {
+                    chmodat(dir, &name, mode | 0o400);
+                }
+                let fd = rustix::fs::openat(
+                    dir,
+                    &name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .unwrap();
+                if grant {
+                    chmodat(dir, &name, mode);
+                }
+                let mut f = std::fs::File::from(fd);
+                let mut content = Vec::new();
+                f.read_to_end(&mut content).unwrap();
+                extents = data_extents(&f);
+                Node::File(mode, content)
+            }
+            _ => Node::Other(st.st_mode & 0o170000),
         };
         let is_dir = matches!(node, Node::Dir(_));
-        out.insert(r.clone(), node);
+        out.insert(
+            r.clone(),
+            Entry {
+                node,
+                stat: st,
+                extents,
+            },
+        );
         if is_dir {
-            walk(root, &r, out, false);
+            let grant = mode & 0o500 != 0o500;
+            if grant {
+                chmodat(dir, &name, mode | 0o700);
+            }
+            let child = rustix::fs::openat(
+                dir,
+                &name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            walk(child.as_fd(), &r, out);
+            if grant {
+                chmodat(dir, &name, mode);
+            }
         }
     }
-    if fixed {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn chmodat(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) {
+    rustix::fs::chmodat(dir, name, Mode::from_raw_mode(mode), AtFlags::empty()).unwrap();
+}
+
+/// The data ranges of a file, as `SEEK_DATA`/`SEEK_HOLE` report them.
+pub fn data_extents(f: &std::fs::File) -> Vec<(u64, u64)> {
+    let len = f.metadata().unwrap().len();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < len {
+        let start = match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(pos)) {
+            Ok(s) => s,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => panic!("SEEK_DATA: {e}"),
+        };
+        let end = rustix::fs::seek(f, rustix::fs::SeekFrom::Hole(start)).unwrap();
+        out.push((start, end));
+        pos = end;
     }
+    out
 }
 
 /// A scratch area: a state dir, a workdir `wd` and an `outside` dir next to it (which no
