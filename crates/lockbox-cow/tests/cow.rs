@@ -1305,9 +1305,16 @@ fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
         )
         .arg(std::env::current_exe().unwrap())
         .env(FSIZE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
-        .status()
+        // Piped: the file-size limit would also hold for a log file the test's output goes to.
+        .output()
         .unwrap();
-    assert!(st.success(), "helper: {st}");
+    assert!(
+        st.status.success(),
+        "helper: {} {}{}",
+        st.status,
+        String::from_utf8_lossy(&st.stdout),
+        String::from_utf8_lossy(&st.stderr)
+    );
     // Every entry as it was (only the workdir's own mtime tells a staging directory came
     // and went).
     let entries = |mut t: std::collections::BTreeMap<PathBuf, _>| {
@@ -1320,8 +1327,10 @@ fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
         "something was applied"
     );
     assert!(!staging_left(&s.wd), "staging directory left behind");
+    // Not stuck in `committing`: recorded as failed (listed with its remedy), and
+    // committable again.
     let again = Branch::open(&s.state, b.id()).unwrap();
-    assert_eq!(again.meta().state, BranchState::Active, "branch stuck");
+    assert_eq!(again.meta().state, BranchState::CommitFailed, "branch stuck");
     again.commit(&CommitOptions::default()).unwrap();
     assert_eq!(std::fs::read_to_string(s.wd.join("a.txt")).unwrap(), "A\n");
     assert_eq!(
@@ -1358,7 +1367,10 @@ fn workdir_directories_the_committer_cannot_change_refuse_the_commit_up_front() 
     assert_eq!(hash_tree(&s.wd), before, "something was applied");
     assert!(!staging_left(&s.wd));
     let listed = list(&s.state).unwrap();
-    assert_eq!(listed[0].meta.as_ref().unwrap().state, BranchState::Active);
+    assert_eq!(
+        listed[0].meta.as_ref().unwrap().state,
+        BranchState::CommitFailed
+    );
     std::fs::set_permissions(s.wd.join("ro"), std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
