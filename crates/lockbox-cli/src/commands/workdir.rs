@@ -68,7 +68,19 @@ impl Workspace {
             .upper_mounts
             .iter()
             .try_for_each(|m| import_upper(&m.upper(), &self.branch.upper_dir()).map(drop));
-        let changes = match imported.and_then(|()| self.branch.change_set()) {
+        if let Err(e) = imported {
+            // Nothing of the sandbox's changes is left to keep: the import empties the upper
+            // again when it fails, and the tmpfs goes with the sandbox.
+            let _ = self.branch.abort();
+            eoutln!(
+                "lockbox: storing the changes of branch {id}: {e}; they are lost and the branch is removed"
+            );
+            return Finished {
+                exit_code: Some(4),
+                report: json!({ "branch": { "id": id, "action": "aborted" } }),
+            };
+        }
+        let changes = match self.branch.change_set() {
             Ok(set) => set,
             Err(e) => {
                 let mut branch = self.branch;
