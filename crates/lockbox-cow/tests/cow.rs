@@ -1330,7 +1330,11 @@ fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
     // Not stuck in `committing`: recorded as failed (listed with its remedy), and
     // committable again.
     let again = Branch::open(&s.state, b.id()).unwrap();
-    assert_eq!(again.meta().state, BranchState::CommitFailed, "branch stuck");
+    assert_eq!(
+        again.meta().state,
+        BranchState::CommitFailed,
+        "branch stuck"
+    );
     again.commit(&CommitOptions::default()).unwrap();
     assert_eq!(std::fs::read_to_string(s.wd.join("a.txt")).unwrap(), "A\n");
     assert_eq!(
