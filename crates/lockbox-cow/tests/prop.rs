@@ -150,7 +150,7 @@ fn check_hostile(setup: &[Op], script: &[Op]) -> Result<(), TestCaseError> {
                 tree_diff(&got, &before)
             );
             let left = Branch::open(&state, &id).unwrap();
-            prop_assert_eq!(left.meta().state, BranchState::Active);
+            prop_assert_eq!(left.meta().state, BranchState::CommitFailed);
             left.abort().unwrap();
             prop_assert!(lockbox_cow::list(&state).unwrap().is_empty());
         }
