@@ -39,7 +39,8 @@ pub fn scratch() -> tempfile::TempDir {
 /// The binary, copied where uid 65534 can execute it (the checkout may be under a
 /// directory only root can enter), as `lockbox` in a directory of its own (tests put it on
 /// PATH). One copy per build, named by size and mtime and shared by every test process;
-/// copies of older builds are removed, so nothing piles up in /tmp.
+/// copies of older builds are removed after a day, so nothing piles up in /tmp (and test
+/// runs of other builds going on at the same time keep theirs).
 pub fn binary() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
@@ -71,7 +72,10 @@ pub fn binary() -> &'static Path {
             }
             for old in std::fs::read_dir(&root).unwrap().flatten() {
                 let name = old.file_name();
-                if name != build.as_str() && !name.to_string_lossy().starts_with('.') {
+                if name != build.as_str()
+                    && !name.to_string_lossy().starts_with('.')
+                    && stale_copy(&old.path())
+                {
                     let _ = std::fs::remove_dir_all(old.path());
                 }
             }
@@ -184,4 +188,14 @@ pub fn wait_for_file(path: &Path, child: &mut std::process::Child) {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// Whether a copy of another build was made more than a day ago: a run of that build
+/// going on now (another checkout's) would have made it within its own run.
+pub fn stale_copy(path: &Path) -> bool {
+    std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > std::time::Duration::from_secs(24 * 3600))
 }

@@ -18,7 +18,7 @@ pub fn scratch() -> tempfile::TempDir {
 }
 
 /// A copy of `src` that every user can execute, shared by test runs of the same build (named
-/// by size and mtime; older builds' copies are removed, so nothing piles up).
+/// by size and mtime; older builds' copies are removed after a day, so nothing piles up).
 fn executable_copy(src: &Path, name: &str) -> PathBuf {
     let md = std::fs::metadata(src).unwrap();
     let mtime = md
@@ -36,10 +36,14 @@ fn executable_copy(src: &Path, name: &str) -> PathBuf {
         std::fs::copy(src, &tmp).unwrap();
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&tmp, &bin).unwrap();
-        // Copies of older builds go: one per build would pile up in /tmp.
+        // Copies of older builds go after a day: one per build would pile up in /tmp, and a
+        // run of another build going on now keeps its own.
         let prefix = format!("{name}-");
         for old in std::fs::read_dir(&dir).unwrap().flatten() {
-            if old.path() != bin && old.file_name().to_string_lossy().starts_with(&prefix) {
+            if old.path() != bin
+                && old.file_name().to_string_lossy().starts_with(&prefix)
+                && stale_copy(&old.path())
+            {
                 let _ = std::fs::remove_file(old.path());
             }
         }
@@ -130,4 +134,13 @@ pub fn also_as_nobody(name: &str) {
         out.status.success() && text.contains("1 passed"),
         "as uid 65534: {text}"
     );
+}
+
+/// Whether a copy of another build was made more than a day ago (see [`executable_copy`]).
+fn stale_copy(path: &Path) -> bool {
+    std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > std::time::Duration::from_secs(24 * 3600))
 }
