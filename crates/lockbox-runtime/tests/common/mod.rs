@@ -102,6 +102,18 @@ fn is_root() -> bool {
         .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
 }
 
+/// The re-run's temporary directory: ours when everyone may write to it (it holds the
+/// agent's copy made above), else `/tmp`.
+fn nobody_tmp() -> PathBuf {
+    let ours = std::env::temp_dir();
+    let shared = std::fs::metadata(&ours).is_ok_and(|m| m.permissions().mode() & 0o1777 == 0o1777);
+    if shared {
+        ours
+    } else {
+        PathBuf::from("/tmp")
+    }
+}
+
 /// When run as root, runs the test `name` again as uid 65534 (in a copy of this test
 /// binary it can execute) and asserts it passed. Does nothing in that re-run.
 pub fn also_as_nobody(name: &str) {
@@ -119,7 +131,7 @@ pub fn also_as_nobody(name: &str) {
     let out = std::process::Command::new(copy)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env("LOCKBOX_RT_TEST_NOBODY", "1")
-        .env("TMPDIR", "/tmp")
+        .env("TMPDIR", nobody_tmp())
         .current_dir("/")
         .uid(65534)
         .gid(65534)
