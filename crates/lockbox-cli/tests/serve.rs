@@ -75,6 +75,31 @@ fn exec_over_http_is_byte_exact_and_keeps_session_state() {
 }
 
 #[test]
+fn exec_of_exit_n_replies_n_and_the_next_exec_gets_a_fresh_session() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            server.exec(&id, json!({ "command": "export OLD=1" })).await;
+            let result = server
+                .exec(&id, json!({ "command": "echo bye; exit 3" }))
+                .await;
+            assert_eq!(result["exit_code"], 3, "{user:?} {result}");
+            assert_eq!(result["stdout"], "bye\n", "{user:?} {result}");
+            let result = server
+                .exec(&id, json!({ "command": "sh -c 'exit 4'" }))
+                .await;
+            assert_eq!(result["exit_code"], 4, "{user:?} {result}");
+            let result = server
+                .exec(&id, json!({ "command": "echo \"${OLD-fresh}\"" }))
+                .await;
+            assert_eq!(result["stdout"], "fresh\n", "{user:?} {result}");
+        });
+    }
+}
+
+#[test]
 fn exec_stream_sends_start_output_and_exit_events() {
     let state = state_dir(User::Current);
     let server = Served::start(User::Current, state.path(), &[]);
