@@ -531,6 +531,41 @@ fn limits_answer_429_and_413() {
 }
 
 #[test]
+fn listen_takes_a_host_name_and_names_the_flag_on_a_bad_value() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start_listening(user, "localhost:0", state.path());
+        let addr: std::net::SocketAddr = server.addr().parse().unwrap();
+        assert!(addr.ip().is_loopback(), "{user:?} {addr}");
+        tokio().block_on(async {
+            let (status, health) = server.json(Method::GET, "/healthz", json!(null)).await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {health}");
+            let id = server.sandbox(json!({})).await;
+            let result = server.exec(&id, json!({ "command": "echo hi" })).await;
+            assert_eq!(result["stdout"], "hi\n", "{user:?}");
+        });
+    }
+    let state = state_dir(User::Current);
+    for (bad, says) in [
+        ("localhost", "HOST:PORT"),
+        ("localhost:http", "port"),
+        ("localhost:70000", "port"),
+        (":7070", "host is missing"),
+        ("no-such-host.invalid:7070", "no-such-host.invalid"),
+    ] {
+        let out = command_as(User::Current)
+            .args(["serve", "--listen", bad, "--state-dir"])
+            .arg(state.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--listen"), "{bad}: {stderr}");
+        assert!(stderr.contains(says), "{bad}: {stderr}");
+    }
+}
+
+#[test]
 fn generated_token_is_private_and_never_printed() {
     let state = state_dir(User::Current);
     let mut child = command_as(User::Current)
