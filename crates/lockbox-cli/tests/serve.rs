@@ -300,6 +300,70 @@ fn files_put_get_and_range_round_trip() {
 }
 
 #[test]
+fn file_modes_are_octal_text_in_both_directions() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let files = format!("/v1/sandboxes/{id}/files");
+            let response = server
+                .request(Method::PUT, &format!("{files}?path=/tmp/run.sh&mode=0750"))
+                .body("echo hi")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{user:?}");
+            let written: Value = response.json().await.unwrap();
+            assert_eq!(written["mode"], "0750", "{user:?} {written}");
+            let result = server
+                .exec(&id, json!({ "command": "stat -c %a /tmp/run.sh" }))
+                .await;
+            assert_eq!(result["stdout"], "750\n", "{user:?}");
+
+            let (status, stat) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/fs/stat?path=/tmp/run.sh"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{stat}");
+            assert_eq!(stat["mode"], "0750", "{user:?} {stat}");
+            let (status, listing) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/fs/list?path=/tmp"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{listing}");
+            let entry = listing["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["path"] == "/tmp/run.sh")
+                .cloned()
+                .unwrap_or_else(|| panic!("{listing}"));
+            assert_eq!(entry["mode"], "0750", "{user:?} {entry}");
+
+            let (status, error) = server
+                .json(
+                    Method::PUT,
+                    &format!("{files}?path=/tmp/x&mode=rwx"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            assert!(
+                error["message"].as_str().unwrap().contains("mode"),
+                "{error}"
+            );
+        });
+    }
+}
+
+#[test]
 fn path_traversal_is_refused_with_path_outside_sandbox() {
     let state = state_dir(User::Current);
     let server = Served::start(User::Current, state.path(), &[]);

@@ -458,7 +458,10 @@ fn schemas() -> Value {
         "FileStat": { "type": "object", "required": ["path", "kind", "size", "mode", "modified"],
             "properties": {
                 "path": string, "kind": { "type": "string", "enum": ["file", "dir", "symlink", "other"] },
-                "size": count, "mode": count, "modified": string, "target": nullable("string")
+                "size": count,
+                "mode": { "type": "string", "pattern": "^[0-7]{4}$",
+                          "description": "permission bits, octal (\"0644\")" },
+                "modified": string, "target": nullable("string")
             } },
         "FileList": { "type": "object", "required": ["entries"],
             "properties": { "entries": { "type": "array", "items": schema("FileStat") } } },
