@@ -7,7 +7,7 @@ mod common;
 mod serve_support;
 
 use base64::Engine;
-use common::{command_as, users, User};
+use common::{command_as, give, users, User};
 use futures_util::{SinkExt, StreamExt};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -592,6 +592,71 @@ fn limits_answer_429_and_413() {
             .await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
     });
+}
+
+/// `lockbox branch list --json` of a state directory: the branches' ids.
+fn branches(user: User, state: &Path) -> Vec<String> {
+    let out = command_as(user)
+        .args(["branch", "list", "--json", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn abort_and_delete_leave_no_empty_branch_behind() {
+    for user in users() {
+        let state = state_dir(user);
+        let work = state_dir(user);
+        std::fs::write(work.path().join("f"), "a").unwrap();
+        give(work.path(), user);
+        let server = Served::start(user, state.path(), &[]);
+        let workdir = work.path().to_str().unwrap();
+        tokio().block_on(async {
+            // Written, aborted (a fresh branch), deleted: nothing to keep.
+            let id = server.sandbox(json!({ "workdir": workdir })).await;
+            server.exec(&id, json!({ "command": "echo b > f" })).await;
+            let (status, reply) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/abort"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {reply}");
+            let (status, info) = server
+                .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {info}");
+            assert_eq!(info["branch_action"], "empty", "{user:?} {info}");
+            assert_eq!(
+                branches(user, state.path()),
+                Vec::<String>::new(),
+                "{user:?}"
+            );
+
+            // A branch with a change is still kept for review.
+            let id = server.sandbox(json!({ "workdir": workdir })).await;
+            server.exec(&id, json!({ "command": "echo c > f" })).await;
+            let (status, info) = server
+                .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {info}");
+            assert_eq!(info["branch_action"], "kept", "{user:?} {info}");
+            assert_eq!(
+                branches(user, state.path()),
+                vec![info["branch"].as_str().unwrap()]
+            );
+        });
+        assert_eq!(std::fs::read_to_string(work.path().join("f")).unwrap(), "a");
+    }
 }
 
 #[test]

@@ -328,6 +328,15 @@ fn finish_branch(mut b: lockbox_cow::Branch, on_exit: OnExit) -> String {
                 "kept".into()
             }
         },
+        // A branch without changes has nothing to review: removed rather than left in
+        // `lockbox branch list` (after an abort, the fresh branch is always empty).
+        OnExit::Keep if b.changes().is_ok_and(|mut c| c.next().is_none()) => match b.abort() {
+            Ok(()) => "empty".into(),
+            Err(e) => {
+                tracing::warn!(branch = %id, "removing an empty branch failed: {e}");
+                "kept".into()
+            }
+        },
         OnExit::Keep => {
             let _ = b.keep();
             "kept".into()

@@ -141,7 +141,8 @@ pub struct SandboxInfo {
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
     pub branch: Option<String>,
-    /// What happened to the branch when it stopped (`kept`, `committed`, `aborted`).
+    /// What happened to the branch when it stopped (`kept`, `committed`, `aborted`, or
+    /// `empty`: it had no changes and was removed instead of kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch_action: Option<String>,
     /// Labels from the spec.

@@ -389,7 +389,7 @@ fn schemas() -> Value {
             "properties": {
                 "id": string, "state": { "type": "string", "enum": ["running", "stopped", "lost"] },
                 "created_at": string, "workdir": nullable("string"), "branch": nullable("string"),
-                "branch_action": { "type": "string", "enum": ["kept", "committed", "aborted"] },
+                "branch_action": { "type": "string", "enum": ["kept", "committed", "aborted", "empty"] },
                 "labels": string_map, "sessions": count, "processes": count
             }
         },
