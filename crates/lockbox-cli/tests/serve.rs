@@ -660,6 +660,61 @@ fn abort_and_delete_leave_no_empty_branch_behind() {
 }
 
 #[test]
+fn stopped_sandboxes_are_kept_up_to_keep_stopped_and_state_filters_the_list() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &["--keep-stopped", "3"]);
+        tokio().block_on(async {
+            let live = server
+                .sandbox(json!({ "labels": { "role": "live" } }))
+                .await;
+            let mut stopped = Vec::new();
+            for _ in 0..6 {
+                let id = server.sandbox(json!({})).await;
+                let (status, info) = server
+                    .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{info}");
+                stopped.push(id);
+            }
+            let ids = |list: &Value, state: &str| -> Vec<String> {
+                list["sandboxes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| state.is_empty() || s["state"] == state)
+                    .map(|s| s["id"].as_str().unwrap().to_owned())
+                    .collect()
+            };
+            let (status, all) = server.json(Method::GET, "/v1/sandboxes", json!(null)).await;
+            assert_eq!(status, StatusCode::OK, "{all}");
+            assert_eq!(ids(&all, "stopped"), stopped[3..], "{user:?} {all}");
+            assert_eq!(ids(&all, "running"), [live.clone()], "{user:?} {all}");
+
+            let (status, running) = server
+                .json(Method::GET, "/v1/sandboxes?state=running", json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{running}");
+            assert_eq!(ids(&running, ""), [live.clone()], "{user:?} {running}");
+            let (status, only_stopped) = server
+                .json(Method::GET, "/v1/sandboxes?state=stopped", json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{only_stopped}");
+            assert_eq!(ids(&only_stopped, ""), stopped[3..], "{user:?}");
+
+            let (status, error) = server
+                .json(Method::GET, "/v1/sandboxes?state=alive", json!(null))
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            assert!(
+                error["message"].as_str().unwrap().contains("state"),
+                "{error}"
+            );
+        });
+    }
+}
+
+#[test]
 fn listen_takes_a_host_name_and_names_the_flag_on_a_bad_value() {
     for user in users() {
         let state = state_dir(user);

@@ -90,6 +90,7 @@ impl Runtime {
         })?;
         let state_lock = lock_state_dir(&config.state_dir)?;
         let store = store::Store::open(&config.state_dir)?;
+        store.prune_stopped(config.keep_stopped)?;
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 _state_lock: state_lock,
@@ -195,7 +196,8 @@ impl Runtime {
         }
     }
 
-    /// All sandboxes, running and recorded (stopped, lost), oldest first.
+    /// All sandboxes, running and recorded (stopped, lost: the last
+    /// [`RuntimeConfig::keep_stopped`] stopped ones), oldest first.
     pub async fn list_sandboxes(&self) -> Vec<SandboxInfo> {
         let live: HashMap<String, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
         let mut out = self.inner.store.list().unwrap_or_default();
@@ -275,6 +277,13 @@ impl Runtime {
             branch_id.as_deref(),
             action.as_deref(),
         );
+        if let Err(e) = self
+            .inner
+            .store
+            .prune_stopped(self.inner.config.keep_stopped)
+        {
+            tracing::warn!("forgetting old stopped sandboxes: {e}");
+        }
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)
     }

@@ -129,7 +129,10 @@ fn build() -> Value {
         "/v1/sandboxes": {
             "post": op("Create a sandbox", vec![], optional_json("CreateSandbox"),
                 &[("201", reply("created", "Sandbox"))]),
-            "get": op("List sandboxes (running, stopped and lost)", vec![], None,
+            "get": op("List sandboxes (running, the last --keep-stopped stopped ones, and lost)",
+                vec![query("state", false, "only sandboxes in this state (running: the live ones)",
+                    json!({ "type": "string", "enum": ["running", "stopped", "lost"] }))],
+                None,
                 &[("200", reply("the sandboxes", "SandboxList"))])
         },
         "/v1/sandboxes/{id}": {

@@ -9,7 +9,7 @@ use base64::Engine;
 use lockbox_policy::{ByteSize, Net, Policy, PolicyError};
 use lockbox_runtime::{
     ExecRequest, FileKind, FileStat, OnExit, ProcessCommand, ProcessSpec, PtySize, SandboxSpec,
-    Selection, SessionOptions,
+    SandboxState, Selection, SessionOptions,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -503,6 +503,14 @@ impl From<FileStat> for FileInfo {
             target: stat.target,
         }
     }
+}
+
+/// `GET /v1/sandboxes?state=`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListSandboxes {
+    /// Only sandboxes in this state (`running`: the live ones).
+    pub state: Option<SandboxState>,
 }
 
 /// `GET fs/list`.

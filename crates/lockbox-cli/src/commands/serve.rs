@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// Open SSE and WebSocket streams at most; more answers 429 LIMIT_REACHED.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_streams: usize,
+    /// Stopped sandboxes kept in `GET /v1/sandboxes` (the most recently created; older
+    /// ones are forgotten as sandboxes stop). Running and lost ones are always listed.
+    #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_KEEP_STOPPED)]
+    pub keep_stopped: usize,
     /// Delete a sandbox after this long without a request (a sandbox's own
     /// idle_timeout_ms overrides it) [default: never].
     #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
@@ -247,6 +251,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .context("--max-log-memory is larger than this machine's address space")?;
     runtime_config.max_sessions = args.max_sessions;
     runtime_config.max_processes = args.max_processes;
+    runtime_config.keep_stopped = args.keep_stopped;
     let server_config = ServerConfig {
         keepalive: args.keepalive,
         max_body: usize::try_from(args.max_body.bytes()).unwrap_or(usize::MAX),
