@@ -689,13 +689,13 @@ fn stopped_sandboxes_are_kept_up_to_keep_stopped_and_state_filters_the_list() {
             let (status, all) = server.json(Method::GET, "/v1/sandboxes", json!(null)).await;
             assert_eq!(status, StatusCode::OK, "{all}");
             assert_eq!(ids(&all, "stopped"), stopped[3..], "{user:?} {all}");
-            assert_eq!(ids(&all, "running"), [live.clone()], "{user:?} {all}");
+            assert_eq!(ids(&all, "running"), vec![live.clone()], "{user:?} {all}");
 
             let (status, running) = server
                 .json(Method::GET, "/v1/sandboxes?state=running", json!(null))
                 .await;
             assert_eq!(status, StatusCode::OK, "{running}");
-            assert_eq!(ids(&running, ""), [live.clone()], "{user:?} {running}");
+            assert_eq!(ids(&running, ""), vec![live.clone()], "{user:?} {running}");
             let (status, only_stopped) = server
                 .json(Method::GET, "/v1/sandboxes?state=stopped", json!(null))
                 .await;
