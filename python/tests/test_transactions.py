@@ -230,6 +230,13 @@ def test_bad_policy_values_raise_policy_error_naming_the_field():
         Sandbox(max_memory="10K")
 
 
+def test_a_missing_program_names_itself_with_exit_127_as_lockbox_run_does():
+    res = Sandbox(timeout=30).cmd(["nosuchprog", "arg"]).run()
+    assert res.returncode == 127
+    assert res.stages[0].stderr.startswith("lockbox: nosuchprog: command not found inside the sandbox\n"), \
+        res.stages[0].stderr
+
+
 def test_stages_of_one_transaction_must_share_the_workdir(tmp_path, ws):
     other = tmp_path / "other"
     other.mkdir()
