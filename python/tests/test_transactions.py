@@ -230,6 +230,17 @@ def test_bad_policy_values_raise_policy_error_naming_the_field():
         Sandbox(max_memory="10K")
 
 
+def test_policy_errors_name_the_keyword_and_value_not_the_internal_json():
+    with pytest.raises(PolicyError) as e:
+        Sandbox(max_processes="ten")
+    assert str(e.value).startswith("max_processes: "), str(e.value)
+    assert '"ten"' in str(e.value) and "line 1" not in str(e.value), str(e.value)
+    assert e.value.details["field"] == "max_processes"
+    with pytest.raises(PolicyError) as e:
+        Sandbox(env={"A": 1})
+    assert str(e.value).startswith("env: ") and "column" not in str(e.value), str(e.value)
+
+
 def test_a_missing_program_names_itself_with_exit_127_as_lockbox_run_does():
     res = Sandbox(timeout=30).cmd(["nosuchprog", "arg"]).run()
     assert res.returncode == 127
