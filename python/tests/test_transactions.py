@@ -241,6 +241,17 @@ def test_policy_errors_name_the_keyword_and_value_not_the_internal_json():
     assert str(e.value).startswith("env: ") and "column" not in str(e.value), str(e.value)
 
 
+def test_sandbox_workdir_is_checked_when_the_sandbox_is_made(tmp_path):
+    with pytest.raises(PolicyError) as e:
+        Sandbox(workdir=tmp_path / "absent")
+    assert str(e.value) == f"workdir {tmp_path / 'absent'}: no such directory"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PolicyError) as e:
+        Sandbox.open(workdir=tmp_path / "file")
+    assert str(e.value) == f"workdir {tmp_path / 'file'}: not a directory"
+    assert e.value.details == {"field": "workdir", "path": str(tmp_path / "file")}
+
+
 def test_a_missing_program_names_itself_with_exit_127_as_lockbox_run_does():
     res = Sandbox(timeout=30).cmd(["nosuchprog", "arg"]).run()
     assert res.returncode == 127
