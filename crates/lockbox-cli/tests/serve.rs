@@ -644,7 +644,22 @@ fn abort_and_delete_leave_no_empty_branch_behind() {
 
             // A branch with a change is still kept for review.
             let id = server.sandbox(json!({ "workdir": workdir })).await;
-            server.exec(&id, json!({ "command": "echo c > f" })).await;
+            server
+                .exec(&id, json!({ "command": "echo c > f && chmod 640 f" }))
+                .await;
+            let (status, changes) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/changes"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {changes}");
+            assert_eq!(changes["changes"][0]["path"], "f", "{changes}");
+            assert_eq!(
+                changes["changes"][0]["mode"], "0640",
+                "modes are octal text: {changes}"
+            );
             let (status, info) = server
                 .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
                 .await;

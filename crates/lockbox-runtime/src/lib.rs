@@ -36,6 +36,8 @@ mod workspace;
 pub use crate::error::RuntimeError;
 pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
 pub use crate::types::*;
+/// What [`Sandbox::changes`] lists.
+pub use lockbox_cow::Change;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
@@ -659,7 +661,7 @@ impl Sandbox {
     }
 
     /// The changes of the sandbox's branch against its workdir.
-    pub async fn changes(&self) -> Result<Vec<lockbox_cow::Change>, RuntimeError> {
+    pub async fn changes(&self) -> Result<Vec<Change>, RuntimeError> {
         let inst = self.live()?;
         tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
             Some(b) => Ok(workspace::changes(b)),

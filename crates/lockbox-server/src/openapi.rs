@@ -476,7 +476,9 @@ fn schemas() -> Value {
                 "path": name,
                 "kind": { "type": "string", "enum": ["added", "modified", "deleted", "type_changed"] },
                 "file_type": { "type": "string", "enum": ["file", "dir", "symlink", "special"] },
-                "size": count, "mode": count
+                "size": count,
+                "mode": { "type": "string", "pattern": "^[0-7]{4}$",
+                          "description": "permission bits, octal (\"0644\")" }
             } },
         "ChangeList": { "type": "object", "required": ["changes"],
             "properties": { "changes": { "type": "array", "items": schema("Change") } } },

@@ -505,6 +505,25 @@ impl From<FileStat> for FileInfo {
     }
 }
 
+/// The changes of `GET changes`, each with its `mode` as octal text as [`FileInfo`] has it.
+/// Serialised one change at a time: a `json!` value of the whole list would be a second,
+/// larger copy of every change.
+#[derive(Debug)]
+pub struct ChangeList(pub Vec<lockbox_runtime::Change>);
+
+impl Serialize for ChangeList {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for change in &self.0 {
+            let mut value = serde_json::to_value(change).map_err(S::Error::custom)?;
+            value["mode"] = format!("{:04o}", change.mode & 0o7777).into();
+            seq.serialize_element(&value)?;
+        }
+        seq.end()
+    }
+}
+
 /// `GET /v1/sandboxes?state=`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
