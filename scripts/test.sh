@@ -66,14 +66,15 @@ fi
 # cargo's target directory: one more crate, not a release build) and installed as a wheel,
 # then pytest. (The extension's build script also compiles the in-sandbox agent of
 # Sandbox.open, python/agent, with a nested cargo build under OUT_DIR, and embeds it.)
-# In CI a missing dependency (cloudpickle, Ray, PostgreSQL, root) fails the suite
+# The wheel is installed with its dependencies (cloudpickle), as `pip install ./python` does.
+# In CI a missing dependency (Ray, PostgreSQL, root) fails the suite
 # instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
 echo "== python SDK"
 pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
 [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
-"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'cloudpickle>=2' 'ray>=2'
+"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2'
 rm -rf "$pyvenv/wheels"
 "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
-"$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$pyvenv"/wheels/lockbox-*.whl
+"$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
 chmod -R a+rX "$pyvenv"
 "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests

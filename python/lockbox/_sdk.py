@@ -19,7 +19,7 @@ from ._types import (
     _outcome,
     _stage,
 )
-from .errors import ConflictError, StageFailedError, UsageError
+from .errors import ConflictError, PolicyError, StageFailedError, UsageError
 
 if TYPE_CHECKING:
     from .client import AsyncSandbox
@@ -127,6 +127,19 @@ def _writable_parts(grants: list[str], workdir: str) -> list[str] | None:
     return inside or None
 
 
+def _checked_workdir(workdir: PathLike) -> str:
+    """The workdir as an absolute path, refused now (before anything runs) when it is not an
+    existing directory, as ``lockbox run --workdir`` refuses it."""
+    path = _abs(workdir)
+    if not os.path.exists(path):
+        raise PolicyError(f"workdir {path}: no such directory", code="WORKDIR_NOT_FOUND",
+                          exit_code=125, details={"field": "workdir", "path": path})
+    if not os.path.isdir(path):
+        raise PolicyError(f"workdir {path}: not a directory", code="WORKDIR_NOT_A_DIRECTORY",
+                          exit_code=125, details={"field": "workdir", "path": path})
+    return path
+
+
 def _below(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -212,7 +225,7 @@ class Sandbox:
         if (net_allow or net_deny) and net != "none":
             which = "net_allow" if net_allow else "net_deny"
             raise UsageError(f"{which} replaces net={net!r}: leave net out", code="INVALID_POLICY")
-        self.workdir = _abs(workdir) if workdir is not None else None
+        self.workdir = _checked_workdir(workdir) if workdir is not None else None
         self.fs_readable = [_abs(p) for p in fs_readable]
         self.fs_writable = [_abs(p) for p in fs_writable]
         self.net_allow = net_allow

@@ -209,8 +209,9 @@ def _stage(d: dict[str, Any]) -> StageResult:
 
 def _change(c: dict[str, Any]) -> Change:
     """A change from its JSON form (paths as ``lockbox_policy::name`` encodes them)."""
+    mode = c.get("mode", 0)  # octal text from the HTTP API ("0644"), a number from the CLI's JSON
     return Change(kind=c["kind"], path=from_json(c["path"]), file_type=c.get("file_type", "file"),
-                  size=c.get("size", 0), mode=c.get("mode", 0))
+                  size=c.get("size", 0), mode=int(mode, 8) if isinstance(mode, str) else mode)
 
 
 def _outcome(raw: tuple[str, bytes | None, str | None]) -> TxnOutcome:

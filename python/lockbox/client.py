@@ -255,9 +255,10 @@ class Client:
         """A handle on an existing sandbox."""
         return RemoteSandbox(self, self._request("GET", f"/v1/sandboxes/{id}"))
 
-    def list(self) -> list[dict[str, Any]]:
-        """Every sandbox (running, stopped and lost)."""
-        return self._request("GET", "/v1/sandboxes")["sandboxes"]
+    def list(self, state: str | None = None) -> list[dict[str, Any]]:
+        """The sandboxes: running, the server's last ``--keep-stopped`` stopped ones, and
+        lost ones; ``state="running"`` (or ``"stopped"``, ``"lost"``) only those."""
+        return self._request("GET", "/v1/sandboxes", query={"state": state})["sandboxes"]
 
 
 class RemoteSandbox:
@@ -519,9 +520,9 @@ class AsyncClient:
         """See :meth:`Client.create`."""
         return AsyncSandbox(await asyncio.to_thread(self._sync.create, **kw))
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self, state: str | None = None) -> list[dict[str, Any]]:
         """See :meth:`Client.list`."""
-        return await asyncio.to_thread(self._sync.list)
+        return await asyncio.to_thread(self._sync.list, state)
 
 
 class AsyncSandbox:

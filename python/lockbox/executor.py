@@ -16,9 +16,9 @@
     res = pool.secure_execute(score.__wrapped__, "...")
 
 How it works. The function and its arguments are pickled — by value with ``cloudpickle``
-when it is installed (so functions and classes of your own modules and ``__main__`` need
-not be importable inside), else with the standard ``pickle`` (by reference: their module
-must be importable by the sandboxed interpreter). A sandbox (:class:`lockbox.Sandbox`
+(a dependency of lockbox; so functions and classes of your own modules and ``__main__``
+need not be importable inside), or with the standard ``pickle`` for another interpreter
+(``python=``; by reference: their module must be importable by the sandboxed interpreter). A sandbox (:class:`lockbox.Sandbox`
 policy: no network, only the interpreter's own directories readable, a private ``/tmp``)
 runs the interpreter — by default this process's (``sys.executable``; its prefix and
 site-packages are made visible read-only), or ``python=`` (e.g. ``/usr/bin/python3``).
@@ -77,10 +77,7 @@ DEFAULT_MAX_RESULT_BYTES = 64 << 20
 
 Status = Literal["ok", "error", "timeout", "crashed"]
 
-try:  # cloudpickle pickles functions and classes by value
-    import cloudpickle as _cloudpickle
-except ImportError:  # pragma: no cover - depends on the environment
-    _cloudpickle = None
+import cloudpickle as _cloudpickle  # a dependency: pickles functions and classes by value
 
 
 @dataclass
@@ -184,11 +181,9 @@ class _Spec:
     ) -> None:
         self.python = os.path.abspath(python or sys.executable)
         if pickler is None:
-            pickler = "cloudpickle" if _cloudpickle is not None and self.python == os.path.abspath(sys.executable) else "pickle"
+            pickler = "cloudpickle" if self.python == os.path.abspath(sys.executable) else "pickle"
         if pickler not in ("cloudpickle", "pickle"):
             raise UsageError(f"pickler must be 'cloudpickle' or 'pickle', not {pickler!r}")
-        if pickler == "cloudpickle" and _cloudpickle is None:
-            raise UsageError("pickler='cloudpickle' but cloudpickle is not installed (pip install cloudpickle)")
         if output not in ("devnull", "inherit"):
             raise UsageError(f"output must be 'devnull' or 'inherit', not {output!r}")
         self.pickler = pickler
@@ -214,7 +209,6 @@ class _Spec:
 
     def dumps(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         if self.pickler == "cloudpickle":
-            assert _cloudpickle is not None
             _register_by_value(fn)
             data = _cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         else:
@@ -233,7 +227,6 @@ def _register_by_value(fn: Any) -> None:
     path = getattr(mod, "__file__", None) or ""
     roots = [p for p in site.getsitepackages() + [sys.base_prefix, sys.prefix] if p]
     if path and not any(os.path.abspath(path).startswith(os.path.abspath(r) + "/") for r in roots):
-        assert _cloudpickle is not None
         _cloudpickle.register_pickle_by_value(mod)
 
 
@@ -398,8 +391,8 @@ class SandboxExecutor:
             network, system directories read-only); the interpreter's directories are added
             read-only. Its ``timeout`` is ignored (use ``timeout=``).
         python: the interpreter (default ``sys.executable``).
-        pickler: ``"cloudpickle"`` (default when installed and ``python`` is this
-            interpreter) or ``"pickle"``.
+        pickler: ``"cloudpickle"`` (default when ``python`` is this interpreter) or
+            ``"pickle"`` (default for another interpreter, which may lack cloudpickle).
         max_result_bytes: larger results are an ``error``.
         output: ``"devnull"`` (default) or ``"inherit"`` for the function's stdout/stderr.
         trusted_results: unpickle results of any class (see the module doc).

@@ -99,6 +99,7 @@ pub(crate) fn run_plain(
         }
     }
     let stdin_bytes = stdin.unwrap_or_default();
+    let stage_specs = &specs;
     let (results, stdout) = py.detach(move || {
         std::thread::scope(|scope| {
             let feeder = scope.spawn(move || {
@@ -112,8 +113,8 @@ pub(crate) fn run_plain(
                 .map(|r| scope.spawn(move || drain(r)))
                 .collect();
             let mut results = Vec::new();
-            for s in &mut started {
-                results.push(finish(s));
+            for (s, spec) in started.iter_mut().zip(stage_specs) {
+                results.push(finish(s, spec));
             }
             drop(started);
             let _ = feeder.join();
@@ -130,9 +131,9 @@ pub(crate) fn run_plain(
         .into_iter()
         .zip(specs.iter())
         .zip(stderrs)
-        .map(|((mut r, spec), err)| {
+        .map(|(((mut r, said), spec), err)| {
             r["name"] = json!(spec.name);
-            r["stderr"] = json!(String::from_utf8_lossy(&err));
+            r["stderr"] = json!(format!("{said}{}", String::from_utf8_lossy(&err)));
             r
         })
         .collect();
@@ -140,11 +141,14 @@ pub(crate) fn run_plain(
     Ok((json, PyBytes::new(py, &stdout).unbind()))
 }
 
-/// Waits for one stage until its own deadline, stopping it then.
-fn finish(s: &mut Started) -> Value {
+/// Waits for one stage until its own deadline, stopping it then: its result, and what
+/// lockbox says on its stderr (as `lockbox run` does: a program that could not be run is
+/// exit 127 or 126 and names itself, not an empty stderr).
+fn finish(s: &mut Started, spec: &StageSpec) -> (Value, String) {
     let Some(running) = s.running.as_mut() else {
-        return json!({ "exit_code": 125, "signal": null, "timed_out": false,
+        let result = json!({ "exit_code": 125, "signal": null, "timed_out": false,
             "duration": 0.0, "setup_error": s.setup_error });
+        return (result, String::new());
     };
     let deadline = s.timeout.map(|t| s.started + t);
     let waited = match running.wait(deadline, None) {
@@ -154,14 +158,38 @@ fn finish(s: &mut Started) -> Value {
     };
     s.running = None;
     match waited {
-        Ok(o) => json!({
-            "exit_code": o.exit_code(),
-            "signal": match o.status { Status::Signaled(n) => Some(n), _ => None },
-            "timed_out": o.timed_out,
-            "duration": s.started.elapsed().as_secs_f64(),
-            "setup_error": null,
-        }),
-        Err(e) => json!({ "exit_code": 125, "signal": null, "timed_out": false,
-            "duration": s.started.elapsed().as_secs_f64(), "setup_error": e.to_string() }),
+        Ok(o) => {
+            let said = match o.status {
+                Status::ExecFailed(errno) => exec_failed(spec, errno),
+                _ => String::new(),
+            };
+            let result = json!({
+                "exit_code": o.exit_code(),
+                "signal": match o.status { Status::Signaled(n) => Some(n), _ => None },
+                "timed_out": o.timed_out,
+                "duration": s.started.elapsed().as_secs_f64(),
+                "setup_error": null,
+            });
+            (result, said)
+        }
+        Err(e) => {
+            let result = json!({ "exit_code": 125, "signal": null, "timed_out": false,
+                "duration": s.started.elapsed().as_secs_f64(), "setup_error": e.to_string() });
+            (result, String::new())
+        }
+    }
+}
+
+/// `lockbox run`'s words for a program that could not be executed.
+fn exec_failed(spec: &StageSpec, errno: i32) -> String {
+    let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+    if errno == rustix::io::Errno::NOENT.raw_os_error() {
+        format!(
+            "lockbox: {program}: command not found inside the sandbox\n\
+             hint: grant its directory with fs_readable=, or give its full path\n"
+        )
+    } else {
+        let why = std::io::Error::from_raw_os_error(errno);
+        format!("lockbox: {program}: cannot execute: {why}\n")
     }
 }

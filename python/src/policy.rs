@@ -6,15 +6,65 @@ use pyo3::prelude::*;
 
 use crate::errors;
 
+/// Fields of the policy's JSON form and the `Sandbox` keyword each comes from.
+const KEYWORDS: &[(&str, &str)] = &[
+    ("limits.memory", "max_memory"),
+    ("limits.processes", "max_processes"),
+    ("limits.cpu_time", "max_cpu_time"),
+    ("limits.open_files", "max_open_files"),
+    ("limits.file_size", "max_file_size"),
+    ("limits.inodes", "max_inodes"),
+    ("fs.read", "fs_readable"),
+    ("fs.write", "fs_writable"),
+    ("fs.default_reads", "default_reads"),
+    ("env.set", "env"),
+    ("env.pass", "env_pass"),
+    ("env.clean", "clean_env"),
+    ("net", "net"),
+];
+
+/// The `Sandbox` keyword a field of the policy's JSON form comes from (`limits.memory` is
+/// `max_memory`, `env.set.A` is `env`), so an error names what the user wrote, not the
+/// internal JSON.
+fn keyword(path: &str) -> &str {
+    let field = path.split(['[', '?']).next().unwrap_or(path);
+    KEYWORDS
+        .iter()
+        .find(|(json, _)| {
+            field == *json
+                || field
+                    .strip_prefix(json)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        })
+        .map_or(field, |(_, keyword)| keyword)
+}
+
+/// serde_json's message without its position in the JSON text (which the user never saw).
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
 /// Parses and validates the JSON form of a policy.
 pub(crate) fn parse(json: &str) -> PyResult<Policy> {
-    let policy: Policy = serde_json::from_str(json).map_err(|e| {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    let policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = keyword(&path);
+        let message = if path == "." {
+            format!("policy: {}", without_position(e.inner()))
+        } else {
+            format!("{field}: {}", without_position(e.inner()))
+        };
         errors::make(
             errors::Family::Policy,
             "BAD_POLICY",
-            format!("policy: {e}"),
+            message,
             Some(125),
-            serde_json::Value::Null,
+            serde_json::json!({ "field": field }),
         )
     })?;
     policy.validate().map_err(|e| errors::policy(&e))?;

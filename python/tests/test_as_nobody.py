@@ -18,11 +18,12 @@ ws = sys.argv[1]
 box = Sandbox(workdir=ws, timeout=30, state_dir=os.path.join(os.path.dirname(ws), "state"))
 out = (box.cmd(["sh", "-c", "id -u > who; echo a > a.txt"]) | box.cmd(["sh", "-c", "exit 0"])).run_transactional()
 bad = box.cmd(["sh", "-c", "echo b > b.txt; exit 1"]).run_transactional()
+missing = box.cmd(["nosuchprog"]).run()
 ex = SandboxExecutor(timeout=2, python="/usr/bin/python3", pickler="pickle")
 ok = ex.secure_execute(operator.add, 1, 2)
 slow = ex.secure_execute(time.sleep, 30)
 print(json.dumps({"committed": out.committed, "bad": bad.committed, "ok": [ok.status, ok.result],
-                  "slow": slow.status}))
+                  "slow": slow.status, "missing": [missing.returncode, missing.stages[0].stderr.splitlines()[0]]}))
 """
 
 
@@ -43,7 +44,8 @@ def test_transactions_and_the_executor_work_as_uid_65534():
                              text=True, cwd=root, timeout=300)
         assert res.returncode == 0, res.stderr
         got = json.loads(res.stdout.strip().splitlines()[-1])
-        assert got == {"committed": True, "bad": False, "ok": ["ok", 3], "slow": "timeout"}
+        assert got == {"committed": True, "bad": False, "ok": ["ok", 3], "slow": "timeout",
+                       "missing": [127, "lockbox: nosuchprog: command not found inside the sandbox"]}
         with open(os.path.join(ws, "who")) as f:
             assert f.read().strip() == "65534"
         assert not os.path.exists(os.path.join(ws, "b.txt"))

@@ -84,6 +84,17 @@ def test_processes_logs_files_and_errors(server):
     assert e.value.status == 404
 
 
+def test_list_filters_by_state(server):
+    client = Client(*server)
+    with client.create() as live:
+        gone = client.create()
+        gone.delete()
+        running = [s["id"] for s in client.list(state="running")]
+        assert live.id in running and gone.id not in running
+        assert gone.id in [s["id"] for s in client.list(state="stopped")]
+        assert {live.id, gone.id} <= {s["id"] for s in client.list()}
+
+
 def test_workdir_branch_changes_commit_and_async(server, tmp_path):
     ws = tmp_path / "repo"
     ws.mkdir()

@@ -3,27 +3,17 @@ timeout / crashed told apart, the whole tree killed, results bounded and unpickl
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
 import pytest
-from conftest import need
 
 from lockbox import Sandbox
 from lockbox.errors import CrashedError, RemoteError, TimeoutError
 from lockbox.executor import SandboxExecutor, SandboxPool, sandbox_run, wait_for_cleanup
-
-try:
-    import cloudpickle  # noqa: F401
-
-    HAVE_CLOUDPICKLE = True
-except ImportError:
-    HAVE_CLOUDPICKLE = False
-
-
-@pytest.fixture(autouse=True)
-def _cloudpickle():
-    need(HAVE_CLOUDPICKLE, "cloudpickle (functions of test modules are pickled by value)")
 
 
 def add(a, b):
@@ -209,3 +199,23 @@ def test_pool_timeout_and_crash_do_not_break_the_pool():
         assert pool.secure_execute(sleeps).status == "timeout"
         assert pool.secure_execute(exits).status == "crashed"
         assert pool.secure_execute(add, 2, 2).result == 4
+
+
+def test_sandbox_run_works_for_a_function_of_main_with_only_lockbox_installed(tmp_path):
+    # cloudpickle comes with lockbox (a dependency), so a script's own function pickles by
+    # value; with plain pickle it would be a PicklingError (__main__ is not importable inside).
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        from lockbox.executor import sandbox_run
+
+        @sandbox_run(timeout=60)
+        def double(x):
+            return 2 * x
+
+        if __name__ == "__main__":
+            r = double(21)
+            print(r.status, r.result, r.error)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok 42 None", done.stdout + done.stderr

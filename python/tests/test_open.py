@@ -52,6 +52,9 @@ def test_session_process_files_and_commit_work_alike_locally_and_remotely(open_b
 
         changes = {c.path: c.kind for c in box.changes()}
         assert changes.get("sub/new.txt") == "added", changes
+        # Modes: octal text on the wire, a number in Change.mode.
+        assert box.files.stat("sub/new.txt")["mode"] == "0644"
+        assert {c.path: c.mode for c in box.changes()}["sub/new.txt"] == 0o644
         box.commit()
         assert (ws / "sub" / "new.txt").read_bytes() == b"\x00new\n"
         assert (ws / "base.txt").read_text() == "base\n"

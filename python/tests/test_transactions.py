@@ -230,6 +230,35 @@ def test_bad_policy_values_raise_policy_error_naming_the_field():
         Sandbox(max_memory="10K")
 
 
+def test_policy_errors_name_the_keyword_and_value_not_the_internal_json():
+    with pytest.raises(PolicyError) as e:
+        Sandbox(max_processes="ten")
+    assert str(e.value).startswith("max_processes: "), str(e.value)
+    assert '"ten"' in str(e.value) and "line 1" not in str(e.value), str(e.value)
+    assert e.value.details["field"] == "max_processes"
+    with pytest.raises(PolicyError) as e:
+        Sandbox(env={"A": 1})
+    assert str(e.value).startswith("env: ") and "column" not in str(e.value), str(e.value)
+
+
+def test_sandbox_workdir_is_checked_when_the_sandbox_is_made(tmp_path):
+    with pytest.raises(PolicyError) as e:
+        Sandbox(workdir=tmp_path / "absent")
+    assert str(e.value) == f"workdir {tmp_path / 'absent'}: no such directory"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PolicyError) as e:
+        Sandbox.open(workdir=tmp_path / "file")
+    assert str(e.value) == f"workdir {tmp_path / 'file'}: not a directory"
+    assert e.value.details == {"field": "workdir", "path": str(tmp_path / "file")}
+
+
+def test_a_missing_program_names_itself_with_exit_127_as_lockbox_run_does():
+    res = Sandbox(timeout=30).cmd(["nosuchprog", "arg"]).run()
+    assert res.returncode == 127
+    assert res.stages[0].stderr.startswith("lockbox: nosuchprog: command not found inside the sandbox\n"), \
+        res.stages[0].stderr
+
+
 def test_stages_of_one_transaction_must_share_the_workdir(tmp_path, ws):
     other = tmp_path / "other"
     other.mkdir()

@@ -7,7 +7,7 @@ mod common;
 mod serve_support;
 
 use base64::Engine;
-use common::{command_as, users, User};
+use common::{command_as, give, users, User};
 use futures_util::{SinkExt, StreamExt};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -70,6 +70,31 @@ fn exec_over_http_is_byte_exact_and_keeps_session_state() {
                 )
                 .await;
             assert!(status.is_client_error(), "{error}");
+        });
+    }
+}
+
+#[test]
+fn exec_of_exit_n_replies_n_and_the_next_exec_gets_a_fresh_session() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            server.exec(&id, json!({ "command": "export OLD=1" })).await;
+            let result = server
+                .exec(&id, json!({ "command": "echo bye; exit 3" }))
+                .await;
+            assert_eq!(result["exit_code"], 3, "{user:?} {result}");
+            assert_eq!(result["stdout"], "bye\n", "{user:?} {result}");
+            let result = server
+                .exec(&id, json!({ "command": "sh -c 'exit 4'" }))
+                .await;
+            assert_eq!(result["exit_code"], 4, "{user:?} {result}");
+            let result = server
+                .exec(&id, json!({ "command": "echo \"${OLD-fresh}\"" }))
+                .await;
+            assert_eq!(result["stdout"], "fresh\n", "{user:?} {result}");
         });
     }
 }
@@ -270,6 +295,70 @@ fn files_put_get_and_range_round_trip() {
                 .await;
             assert_eq!(status, StatusCode::NOT_FOUND);
             assert_eq!(error["code"], "FILE_NOT_FOUND");
+        });
+    }
+}
+
+#[test]
+fn file_modes_are_octal_text_in_both_directions() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let files = format!("/v1/sandboxes/{id}/files");
+            let response = server
+                .request(Method::PUT, &format!("{files}?path=/tmp/run.sh&mode=0750"))
+                .body("echo hi")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{user:?}");
+            let written: Value = response.json().await.unwrap();
+            assert_eq!(written["mode"], "0750", "{user:?} {written}");
+            let result = server
+                .exec(&id, json!({ "command": "stat -c %a /tmp/run.sh" }))
+                .await;
+            assert_eq!(result["stdout"], "750\n", "{user:?}");
+
+            let (status, stat) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/fs/stat?path=/tmp/run.sh"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{stat}");
+            assert_eq!(stat["mode"], "0750", "{user:?} {stat}");
+            let (status, listing) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/fs/list?path=/tmp"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{listing}");
+            let entry = listing["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["path"] == "/tmp/run.sh")
+                .cloned()
+                .unwrap_or_else(|| panic!("{listing}"));
+            assert_eq!(entry["mode"], "0750", "{user:?} {entry}");
+
+            let (status, error) = server
+                .json(
+                    Method::PUT,
+                    &format!("{files}?path=/tmp/x&mode=rwx"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            assert!(
+                error["message"].as_str().unwrap().contains("mode"),
+                "{error}"
+            );
         });
     }
 }
@@ -503,6 +592,176 @@ fn limits_answer_429_and_413() {
             .await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
     });
+}
+
+/// `lockbox branch list --json` of a state directory: the branches' ids.
+fn branches(user: User, state: &Path) -> Vec<String> {
+    let out = command_as(user)
+        .args(["branch", "list", "--json", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn abort_and_delete_leave_no_empty_branch_behind() {
+    for user in users() {
+        let state = state_dir(user);
+        let work = state_dir(user);
+        std::fs::write(work.path().join("f"), "a").unwrap();
+        give(work.path(), user);
+        let server = Served::start(user, state.path(), &[]);
+        let workdir = work.path().to_str().unwrap();
+        tokio().block_on(async {
+            // Written, aborted (a fresh branch), deleted: nothing to keep.
+            let id = server.sandbox(json!({ "workdir": workdir })).await;
+            server.exec(&id, json!({ "command": "echo b > f" })).await;
+            let (status, reply) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/abort"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {reply}");
+            let (status, info) = server
+                .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {info}");
+            assert_eq!(info["branch_action"], "empty", "{user:?} {info}");
+            assert_eq!(
+                branches(user, state.path()),
+                Vec::<String>::new(),
+                "{user:?}"
+            );
+
+            // A branch with a change is still kept for review.
+            let id = server.sandbox(json!({ "workdir": workdir })).await;
+            server
+                .exec(&id, json!({ "command": "echo c > f && chmod 640 f" }))
+                .await;
+            let (status, changes) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/changes"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {changes}");
+            assert_eq!(changes["changes"][0]["path"], "f", "{changes}");
+            assert_eq!(
+                changes["changes"][0]["mode"], "0640",
+                "modes are octal text: {changes}"
+            );
+            let (status, info) = server
+                .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {info}");
+            assert_eq!(info["branch_action"], "kept", "{user:?} {info}");
+            assert_eq!(
+                branches(user, state.path()),
+                vec![info["branch"].as_str().unwrap()]
+            );
+        });
+        assert_eq!(std::fs::read_to_string(work.path().join("f")).unwrap(), "a");
+    }
+}
+
+#[test]
+fn stopped_sandboxes_are_kept_up_to_keep_stopped_and_state_filters_the_list() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &["--keep-stopped", "3"]);
+        tokio().block_on(async {
+            let live = server
+                .sandbox(json!({ "labels": { "role": "live" } }))
+                .await;
+            let mut stopped = Vec::new();
+            for _ in 0..6 {
+                let id = server.sandbox(json!({})).await;
+                let (status, info) = server
+                    .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{info}");
+                stopped.push(id);
+            }
+            let ids = |list: &Value, state: &str| -> Vec<String> {
+                list["sandboxes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| state.is_empty() || s["state"] == state)
+                    .map(|s| s["id"].as_str().unwrap().to_owned())
+                    .collect()
+            };
+            let (status, all) = server.json(Method::GET, "/v1/sandboxes", json!(null)).await;
+            assert_eq!(status, StatusCode::OK, "{all}");
+            assert_eq!(ids(&all, "stopped"), stopped[3..], "{user:?} {all}");
+            assert_eq!(ids(&all, "running"), vec![live.clone()], "{user:?} {all}");
+
+            let (status, running) = server
+                .json(Method::GET, "/v1/sandboxes?state=running", json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{running}");
+            assert_eq!(ids(&running, ""), vec![live.clone()], "{user:?} {running}");
+            let (status, only_stopped) = server
+                .json(Method::GET, "/v1/sandboxes?state=stopped", json!(null))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{only_stopped}");
+            assert_eq!(ids(&only_stopped, ""), stopped[3..], "{user:?}");
+
+            let (status, error) = server
+                .json(Method::GET, "/v1/sandboxes?state=alive", json!(null))
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            assert!(
+                error["message"].as_str().unwrap().contains("state"),
+                "{error}"
+            );
+        });
+    }
+}
+
+#[test]
+fn listen_takes_a_host_name_and_names_the_flag_on_a_bad_value() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start_listening(user, "localhost:0", state.path());
+        let addr: std::net::SocketAddr = server.addr().parse().unwrap();
+        assert!(addr.ip().is_loopback(), "{user:?} {addr}");
+        tokio().block_on(async {
+            let (status, health) = server.json(Method::GET, "/healthz", json!(null)).await;
+            assert_eq!(status, StatusCode::OK, "{user:?} {health}");
+            let id = server.sandbox(json!({})).await;
+            let result = server.exec(&id, json!({ "command": "echo hi" })).await;
+            assert_eq!(result["stdout"], "hi\n", "{user:?}");
+        });
+    }
+    let state = state_dir(User::Current);
+    for (bad, says) in [
+        ("localhost", "HOST:PORT"),
+        ("localhost:http", "port"),
+        ("localhost:70000", "port"),
+        (":7070", "host is missing"),
+        ("no-such-host.invalid:7070", "no-such-host.invalid"),
+    ] {
+        let out = command_as(User::Current)
+            .args(["serve", "--listen", bad, "--state-dir"])
+            .arg(state.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--listen"), "{bad}: {stderr}");
+        assert!(stderr.contains(says), "{bad}: {stderr}");
+    }
 }
 
 #[test]

@@ -36,6 +36,8 @@ mod workspace;
 pub use crate::error::RuntimeError;
 pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
 pub use crate::types::*;
+/// What [`Sandbox::changes`] lists.
+pub use lockbox_cow::Change;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
@@ -90,6 +92,7 @@ impl Runtime {
         })?;
         let state_lock = lock_state_dir(&config.state_dir)?;
         let store = store::Store::open(&config.state_dir)?;
+        store.prune_stopped(config.keep_stopped)?;
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 _state_lock: state_lock,
@@ -195,7 +198,8 @@ impl Runtime {
         }
     }
 
-    /// All sandboxes, running and recorded (stopped, lost), oldest first.
+    /// All sandboxes, running and recorded (stopped, lost: the last
+    /// [`RuntimeConfig::keep_stopped`] stopped ones), oldest first.
     pub async fn list_sandboxes(&self) -> Vec<SandboxInfo> {
         let live: HashMap<String, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
         let mut out = self.inner.store.list().unwrap_or_default();
@@ -275,6 +279,13 @@ impl Runtime {
             branch_id.as_deref(),
             action.as_deref(),
         );
+        if let Err(e) = self
+            .inner
+            .store
+            .prune_stopped(self.inner.config.keep_stopped)
+        {
+            tracing::warn!("forgetting old stopped sandboxes: {e}");
+        }
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)
     }
@@ -325,6 +336,15 @@ fn finish_branch(mut b: lockbox_cow::Branch, on_exit: OnExit) -> String {
             Ok(()) => "aborted".into(),
             Err(e) => {
                 tracing::warn!(branch = %id, "abort on exit failed: {e}");
+                "kept".into()
+            }
+        },
+        // A branch without changes has nothing to review: removed rather than left in
+        // `lockbox branch list` (after an abort, the fresh branch is always empty).
+        OnExit::Keep if b.changes().is_ok_and(|mut c| c.next().is_none()) => match b.abort() {
+            Ok(()) => "empty".into(),
+            Err(e) => {
+                tracing::warn!(branch = %id, "removing an empty branch failed: {e}");
                 "kept".into()
             }
         },
@@ -641,7 +661,7 @@ impl Sandbox {
     }
 
     /// The changes of the sandbox's branch against its workdir.
-    pub async fn changes(&self) -> Result<Vec<lockbox_cow::Change>, RuntimeError> {
+    pub async fn changes(&self) -> Result<Vec<Change>, RuntimeError> {
         let inst = self.live()?;
         tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
             Some(b) => Ok(workspace::changes(b)),

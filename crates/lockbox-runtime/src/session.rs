@@ -12,9 +12,10 @@
 //! already in the pipes, so what they hold then is read before the exit code is published.
 //! A timeout TERMs, then after the grace KILLs, every process of the session's tree except
 //! the shell (the shim above the shell is a subreaper, so detached children are found too);
-//! the shell then reports and the session keeps its state (exit 124, `timed_out`). A shell
-//! that exits, dies or does not return ends the session: `SESSION_TERMINATED`, and so does
-//! a status line that is not the running command's.
+//! the shell then reports and the session keeps its state (exit 124, `timed_out`). `exit N`
+//! in a command ends the session and the command, whose exit code is N (the next call gets
+//! a fresh session). A shell that dies by a signal or does not return ends the session:
+//! `SESSION_TERMINATED`, and so does a status line that is not the running command's.
 
 use bytes::Bytes;
 use lockbox_confine::agent::{Body, Io, Op, SpawnSpec};
@@ -206,7 +207,7 @@ impl Session {
         self.busy.store(true, Ordering::Relaxed);
         let result = self.run(&mut pipes, &line, req, sink).await;
         self.busy.store(false, Ordering::Relaxed);
-        if result.is_err() {
+        if result.is_err() || self.dead.load(Ordering::Relaxed) {
             self.dead.store(true, Ordering::Relaxed);
             drop(pipes);
             self.kill().await;
@@ -275,7 +276,26 @@ impl Session {
                     }
                     if read == Read::Eof {
                         sink.finish(stdout, stderr).await;
-                        return Err(self.terminated("the shell exited (`exit`, or it was killed)"));
+                        // `exit N` in the command: the command ended with N, as in a shell
+                        // script (the session ends with it; the next call gets a fresh one).
+                        // A shell killed by a signal did not choose to end: terminated.
+                        self.dead.store(true, Ordering::Relaxed);
+                        let code = tokio::time::timeout(SHELL_RETURN_GRACE, self.agent.wait_exit(self.pid))
+                            .await
+                            .ok()
+                            .and_then(Result::ok)
+                            .and_then(|s| if s.signal.is_none() { s.code } else { None });
+                        let Some(code) = code else {
+                            return Err(self.terminated("the shell was killed"));
+                        };
+                        let exit = ExecExit {
+                            exit_code: code,
+                            timed_out,
+                            duration: start.elapsed(),
+                            session: self.id.clone(),
+                        };
+                        sink.exit(&exit).await;
+                        return Ok(exit);
                     }
                     if status_buf.len() > STATUS_LINE_MAX {
                         sink.finish(stdout, stderr).await;

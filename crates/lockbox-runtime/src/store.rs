@@ -104,6 +104,21 @@ impl Store {
             .map_err(db_error)
     }
 
+    /// Forgets all `stopped` rows but the `keep` most recently created ones (rowid: the
+    /// insertion order, which a millisecond `created_at` may not tell apart).
+    pub fn prune_stopped(&self, keep: usize) -> Result<(), RuntimeError> {
+        let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        self.conn()
+            .execute(
+                "DELETE FROM sandboxes WHERE state = 'stopped' AND id NOT IN
+                   (SELECT id FROM sandboxes WHERE state = 'stopped'
+                    ORDER BY rowid DESC LIMIT ?1)",
+                params![keep],
+            )
+            .map(drop)
+            .map_err(db_error)
+    }
+
     /// Every recorded sandbox, oldest first (sessions/processes 0: not running here).
     pub fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
         let conn = self.conn();

@@ -21,6 +21,8 @@ pub const DEFAULT_MAX_SESSIONS: usize = 16;
 pub const DEFAULT_MAX_PROCESSES: usize = 64;
 /// Default bound of all process logs of a runtime together.
 pub const DEFAULT_MAX_LOG_MEMORY: usize = 1 << 30;
+/// Default number of stopped sandboxes kept in the list (the newest).
+pub const DEFAULT_KEEP_STOPPED: usize = 100;
 
 /// How the runtime is set up.
 #[derive(Debug, Clone)]
@@ -48,6 +50,10 @@ pub struct RuntimeConfig {
     pub max_log_memory: usize,
     /// Idle timeout when [`SandboxSpec::idle_timeout`] is not given; `None` = never.
     pub default_idle_timeout: Option<Duration>,
+    /// Stopped sandboxes kept in the list (and the database), the most recently created
+    /// ones; older stopped rows are forgotten when a sandbox stops and when the runtime
+    /// opens. `lost` ones are kept (their branches wait for review).
+    pub keep_stopped: usize,
     /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
     /// (see [`lockbox_confine::agent`]). `None` = the current executable, which must then
     /// dispatch to [`lockbox_confine::agent::main_if_agent`] first thing in `main`.
@@ -66,6 +72,7 @@ impl RuntimeConfig {
             max_processes: DEFAULT_MAX_PROCESSES,
             max_log_memory: DEFAULT_MAX_LOG_MEMORY,
             default_idle_timeout: None,
+            keep_stopped: DEFAULT_KEEP_STOPPED,
             agent_exe: None,
         }
     }
@@ -141,7 +148,8 @@ pub struct SandboxInfo {
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
     pub branch: Option<String>,
-    /// What happened to the branch when it stopped (`kept`, `committed`, `aborted`).
+    /// What happened to the branch when it stopped (`kept`, `committed`, `aborted`, or
+    /// `empty`: it had no changes and was removed instead of kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch_action: Option<String>,
     /// Labels from the spec.

@@ -147,12 +147,14 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exit_terminates_the_session_and_the_next_call_gets_a_fresh_one() {
+async fn exit_returns_its_code_ends_the_session_and_the_next_call_gets_a_fresh_one() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "export OLD=1").await;
-    let err = sb.exec(req("echo bye; exit 3")).await.unwrap_err();
-    assert_eq!(err.code(), "SESSION_TERMINATED", "{err}");
+    let ended = sb.exec(req("echo bye; exit 3")).await.unwrap();
+    assert_eq!(ended.exit_code, 3);
+    assert_eq!(out(&ended), "bye\n");
+    assert!(!ended.timed_out);
     let fresh = run(&sb, "echo \"${OLD-fresh}\"").await;
     assert_eq!(out(&fresh), "fresh\n");
     rt.shutdown().await;

@@ -129,7 +129,10 @@ fn build() -> Value {
         "/v1/sandboxes": {
             "post": op("Create a sandbox", vec![], optional_json("CreateSandbox"),
                 &[("201", reply("created", "Sandbox"))]),
-            "get": op("List sandboxes (running, stopped and lost)", vec![], None,
+            "get": op("List sandboxes (running, the last --keep-stopped stopped ones, and lost)",
+                vec![query("state", false, "only sandboxes in this state (running: the live ones)",
+                    json!({ "type": "string", "enum": ["running", "stopped", "lost"] }))],
+                None,
                 &[("200", reply("the sandboxes", "SandboxList"))])
         },
         "/v1/sandboxes/{id}": {
@@ -389,7 +392,7 @@ fn schemas() -> Value {
             "properties": {
                 "id": string, "state": { "type": "string", "enum": ["running", "stopped", "lost"] },
                 "created_at": string, "workdir": nullable("string"), "branch": nullable("string"),
-                "branch_action": { "type": "string", "enum": ["kept", "committed", "aborted"] },
+                "branch_action": { "type": "string", "enum": ["kept", "committed", "aborted", "empty"] },
                 "labels": string_map, "sessions": count, "processes": count
             }
         },
@@ -458,7 +461,10 @@ fn schemas() -> Value {
         "FileStat": { "type": "object", "required": ["path", "kind", "size", "mode", "modified"],
             "properties": {
                 "path": string, "kind": { "type": "string", "enum": ["file", "dir", "symlink", "other"] },
-                "size": count, "mode": count, "modified": string, "target": nullable("string")
+                "size": count,
+                "mode": { "type": "string", "pattern": "^[0-7]{4}$",
+                          "description": "permission bits, octal (\"0644\")" },
+                "modified": string, "target": nullable("string")
             } },
         "FileList": { "type": "object", "required": ["entries"],
             "properties": { "entries": { "type": "array", "items": schema("FileStat") } } },
@@ -470,7 +476,9 @@ fn schemas() -> Value {
                 "path": name,
                 "kind": { "type": "string", "enum": ["added", "modified", "deleted", "type_changed"] },
                 "file_type": { "type": "string", "enum": ["file", "dir", "symlink", "special"] },
-                "size": count, "mode": count
+                "size": count,
+                "mode": { "type": "string", "pattern": "^[0-7]{4}$",
+                          "description": "permission bits, octal (\"0644\")" }
             } },
         "ChangeList": { "type": "object", "required": ["changes"],
             "properties": { "changes": { "type": "array", "items": schema("Change") } } },

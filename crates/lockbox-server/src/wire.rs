@@ -1,16 +1,17 @@
 //! Request bodies and query strings of the API, and their one conversion each into the
 //! runtime's types. Unknown fields are refused everywhere; `*_ms` fields are milliseconds
-//! (the only place units are bare numbers).
+//! (the only place units are bare numbers). Also the replies whose wire form differs from
+//! the runtime's type ([`FileInfo`]: permission bits as octal text, as they are given).
 
 use crate::error::ApiError;
 use crate::openapi::{MAX_GRACE_MS, MAX_LOG_BYTES, MAX_MS};
 use base64::Engine;
 use lockbox_policy::{ByteSize, Net, Policy, PolicyError};
 use lockbox_runtime::{
-    ExecRequest, OnExit, ProcessCommand, ProcessSpec, PtySize, SandboxSpec, Selection,
-    SessionOptions,
+    ExecRequest, FileKind, FileStat, OnExit, ProcessCommand, ProcessSpec, PtySize, SandboxSpec,
+    SandboxState, Selection, SessionOptions,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -476,6 +477,59 @@ impl PutQuery {
             })
             .transpose()
     }
+}
+
+/// A file's metadata as `fs/stat`, `fs/list` and `PUT files` send it.
+#[derive(Debug, Serialize)]
+pub struct FileInfo {
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits as octal text (`"0644"`, `"4755"`): what `PUT files?mode=` takes,
+    /// not the decimal 420 a client would have to convert.
+    pub mode: String,
+    pub modified: String,
+    pub target: Option<String>,
+}
+
+impl From<FileStat> for FileInfo {
+    fn from(stat: FileStat) -> FileInfo {
+        FileInfo {
+            path: stat.path,
+            kind: stat.kind,
+            size: stat.size,
+            mode: format!("{:04o}", stat.mode & 0o7777),
+            modified: stat.modified,
+            target: stat.target,
+        }
+    }
+}
+
+/// The changes of `GET changes`, each with its `mode` as octal text as [`FileInfo`] has it.
+/// Serialised one change at a time: a `json!` value of the whole list would be a second,
+/// larger copy of every change.
+#[derive(Debug)]
+pub struct ChangeList(pub Vec<lockbox_runtime::Change>);
+
+impl Serialize for ChangeList {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for change in &self.0 {
+            let mut value = serde_json::to_value(change).map_err(S::Error::custom)?;
+            value["mode"] = format!("{:04o}", change.mode & 0o7777).into();
+            seq.serialize_element(&value)?;
+        }
+        seq.end()
+    }
+}
+
+/// `GET /v1/sandboxes?state=`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListSandboxes {
+    /// Only sandboxes in this state (`running`: the live ones).
+    pub state: Option<SandboxState>,
 }
 
 /// `GET fs/list`.

@@ -30,10 +30,11 @@ of each stream (stream larger outputs with exec/stream); process logs share --ma
 #[derive(Debug, Args)]
 #[command(after_help = ABOUT)]
 pub struct ServeArgs {
-    /// Address and port to listen on (port 0: any free port, see the JSON line on stdout).
-    /// Plain HTTP: keep it on loopback or put a TLS proxy in front.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
-    pub listen: SocketAddr,
+    /// HOST:PORT to listen on: an IP address or a host name (`localhost:7070`,
+    /// `[::1]:7070`); port 0: any free port, see the JSON line on stdout. Plain HTTP: keep
+    /// it on loopback or put a TLS proxy in front.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070", value_parser = parse_listen)]
+    pub listen: Listen,
     #[command(flatten)]
     pub state: crate::cli::StateArgs,
     /// Read the bearer token from FILE [default: <state-dir>/server.token, generated
@@ -53,6 +54,10 @@ pub struct ServeArgs {
     /// Open SSE and WebSocket streams at most; more answers 429 LIMIT_REACHED.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_streams: usize,
+    /// Stopped sandboxes kept in `GET /v1/sandboxes` (the most recently created; older
+    /// ones are forgotten as sandboxes stop). Running and lost ones are always listed.
+    #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_KEEP_STOPPED)]
+    pub keep_stopped: usize,
     /// Delete a sandbox after this long without a request (a sandbox's own
     /// idle_timeout_ms overrides it) [default: never].
     #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
@@ -141,6 +146,39 @@ fn raise_nofile() -> Option<u64> {
     limit.maximum
 }
 
+/// `--listen`: what was given and the addresses it resolved to (tried in order).
+#[derive(Debug, Clone)]
+pub struct Listen {
+    text: String,
+    addrs: Vec<SocketAddr>,
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err("expected HOST:PORT (e.g. 127.0.0.1:7070 or localhost:7070)".into());
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("port {port:?} is not a number from 0 to 65535"))?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return Err("expected HOST:PORT: the host is missing".into());
+    }
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map_err(|e| format!("cannot resolve host {host:?}: {e}"))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("host {host:?} has no address"));
+    }
+    Ok(Listen {
+        text: s.to_owned(),
+        addrs,
+    })
+}
+
 fn parse_size(s: &str) -> Result<ByteSize, String> {
     s.parse()
         .map_err(|e: lockbox_policy::PolicyError| e.to_string())
@@ -213,6 +251,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .context("--max-log-memory is larger than this machine's address space")?;
     runtime_config.max_sessions = args.max_sessions;
     runtime_config.max_processes = args.max_processes;
+    runtime_config.keep_stopped = args.keep_stopped;
     let server_config = ServerConfig {
         keepalive: args.keepalive,
         max_body: usize::try_from(args.max_body.bytes()).unwrap_or(usize::MAX),
@@ -233,9 +272,9 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         let runtime = Runtime::open(runtime_config)
             .await
             .with_context(|| format!("opening state directory {}", state_dir.display()))?;
-        let listener = tokio::net::TcpListener::bind(args.listen)
+        let listener = tokio::net::TcpListener::bind(&args.listen.addrs[..])
             .await
-            .with_context(|| format!("listening on {}", args.listen))?;
+            .with_context(|| format!("--listen {}: cannot listen", args.listen.text))?;
         let addr = listener.local_addr().context("reading the bound address")?;
         let mut line = serde_json::json!({
             "listen": addr.to_string(),

@@ -39,7 +39,12 @@ pub struct Served {
 
 impl Served {
     pub fn start(user: User, state: &Path, extra: &[&str]) -> Served {
-        Served::spawn(command_as(user), state, extra)
+        Served::spawn(command_as(user), "127.0.0.1:0", state, extra)
+    }
+
+    /// As [`Served::start`], on `--listen listen`.
+    pub fn start_listening(user: User, listen: &str, state: &Path) -> Served {
+        Served::spawn(command_as(user), listen, state, &[])
     }
 
     /// As [`Served::start`], with soft and hard limits of `nofile` open files.
@@ -52,18 +57,12 @@ impl Served {
         if let User::Nobody = user {
             command.uid(65534).gid(65534);
         }
-        Served::spawn(command, state, extra)
+        Served::spawn(command, "127.0.0.1:0", state, extra)
     }
 
-    fn spawn(mut command: Command, state: &Path, extra: &[&str]) -> Served {
+    fn spawn(mut command: Command, listen: &str, state: &Path, extra: &[&str]) -> Served {
         let mut child = command
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--print-token",
-                "--state-dir",
-            ])
+            .args(["serve", "--listen", listen, "--print-token", "--state-dir"])
             .arg(state)
             .args(extra)
             .stdout(Stdio::piped())

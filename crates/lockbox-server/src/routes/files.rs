@@ -3,7 +3,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{ListQuery, Mkdir, Move, PathQuery, PutQuery, Remove};
+use crate::wire::{FileInfo, ListQuery, Mkdir, Move, PathQuery, PutQuery, Remove};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -148,7 +148,7 @@ pub async fn put(
         .await;
     match written {
         Err(_) if stalled.load(Ordering::Relaxed) => Err(ApiError::body_stalled()),
-        written => Ok(Json(written?)),
+        written => Ok(Json(FileInfo::from(written?))),
     }
 }
 
@@ -158,7 +158,7 @@ pub async fn stat(
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.stat(&query.path).await?))
+    Ok(Json(FileInfo::from(sandbox.stat(&query.path).await?)))
 }
 
 pub async fn list(
@@ -169,7 +169,8 @@ pub async fn list(
     let sandbox = app.runtime.sandbox(&id).await?;
     let entries = sandbox
         .list_stream(&query.path, query.recursive, query.hidden)
-        .await?;
+        .await?
+        .map_ok(FileInfo::from);
     Ok(json_array_body("entries", entries))
 }
 
@@ -207,7 +208,9 @@ pub async fn mkdir(
     ApiJson(body): ApiJson<Mkdir>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.mkdir(&body.path, body.parents).await?))
+    Ok(Json(FileInfo::from(
+        sandbox.mkdir(&body.path, body.parents).await?,
+    )))
 }
 
 pub async fn rename(
@@ -216,9 +219,9 @@ pub async fn rename(
     ApiJson(body): ApiJson<Move>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(
+    Ok(Json(FileInfo::from(
         sandbox.rename(&body.from, &body.to, body.overwrite).await?,
-    ))
+    )))
 }
 
 pub async fn remove(

@@ -1,8 +1,8 @@
 //! Sandboxes and their sessions: create, list, show, delete.
 
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiPath};
-use crate::wire::{CreateSandbox, CreateSession};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::wire::{CreateSandbox, CreateSession, ListSandboxes};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -18,8 +18,13 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-pub async fn list(State(app): State<AppState>) -> impl IntoResponse {
-    Json(json!({ "sandboxes": app.runtime.list_sandboxes().await }))
+pub async fn list(
+    State(app): State<AppState>,
+    ApiQuery(query): ApiQuery<ListSandboxes>,
+) -> impl IntoResponse {
+    let mut sandboxes = app.runtime.list_sandboxes().await;
+    sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state));
+    Json(json!({ "sandboxes": sandboxes }))
 }
 
 pub async fn show(

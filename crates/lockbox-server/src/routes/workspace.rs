@@ -14,14 +14,12 @@ pub async fn changes(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    // Serialised straight from the list: a `json!` value would be a second, larger copy
-    // of every change.
     #[derive(serde::Serialize)]
-    struct Changes<T> {
-        changes: T,
+    struct Changes {
+        changes: crate::wire::ChangeList,
     }
     Ok(Json(Changes {
-        changes: sandbox.changes().await?,
+        changes: crate::wire::ChangeList(sandbox.changes().await?),
     }))
 }
 
