@@ -51,7 +51,7 @@ pub use crate::id::TxnId;
 pub use crate::journaled::{record_exec, record_transaction, ExecResult, JournaledError, TxnStore};
 pub use crate::lock::LockPolicy;
 pub use crate::options::TxnOptions;
-pub use crate::outcome::{AbortReason, Marker, MergeConflict, TxnOutcome};
+pub use crate::outcome::{stage_label, AbortReason, Marker, MergeConflict, TxnOutcome};
 pub use crate::pipeline::Pipeline;
 pub use crate::prepared::{PreparedTxn, Selection};
 pub use crate::record::{Intent, TxnKind, TxnRecord, TxnState, RECORD_FORMAT_VERSION};

@@ -9,7 +9,7 @@ use crate::output::json;
 use crate::output::{eout, eoutln, out, outln};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lockbox_policy::name::{quoted, Encoded};
-use lockbox_policy::{parse_duration, Policy};
+use lockbox_policy::{parse_duration, HumanDuration, Policy};
 use lockbox_txn::{
     AbortReason, ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage,
     TxnId, TxnOptions, TxnRecord, TxnState,
@@ -59,7 +59,7 @@ pub struct TxnFlags {
     /// field) instead of the summary on stderr.
     #[arg(long)]
     pub json: bool,
-    /// Also write the outcome as JSON to FILE.
+    /// Also write the outcome as JSON to FILE (`-`: stdout, like --json).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
 }
@@ -127,8 +127,8 @@ pub struct GatherArgs {
 
 #[derive(Debug, Args)]
 pub struct TxnArgs {
-    /// Where transaction records live.
-    #[arg(long, value_name = "DIR")]
+    /// Where transaction records live (default: $XDG_STATE_HOME/lockbox, root: /var/lib/lockbox).
+    #[arg(long, value_name = "DIR", global = true)]
     pub state_dir: Option<PathBuf>,
     /// Print JSON (list: an array of records; show/commit/abort: one object).
     #[arg(long, global = true)]
@@ -142,9 +142,13 @@ pub enum TxnCommand {
     /// List transactions (id, state, kind, workdir).
     List,
     /// Show one transaction's record as JSON, with its exit code and what it means.
-    Show { id: String },
+    Show {
+        /// The transaction's id (from `lockbox txn list`).
+        id: String,
+    },
     /// Commit a prepared transaction (all of it, or the --only/--exclude part).
     Commit {
+        /// The prepared transaction's id (printed by `--prepare`).
         id: String,
         /// Commit only changes at or below PATH (relative to the workdir). Repeatable.
         #[arg(long, value_name = "PATH")]
@@ -154,9 +158,13 @@ pub enum TxnCommand {
         exclude: Vec<PathBuf>,
     },
     /// Abort a prepared transaction.
-    Abort { id: String },
+    Abort {
+        /// The prepared transaction's id (printed by `--prepare`).
+        id: String,
+    },
     /// Finish or roll back interrupted transactions.
     Recover {
+        /// Only those of this workdir [default: every workdir with transactions].
         #[arg(long, value_name = "DIR")]
         workdir: Option<PathBuf>,
     },
@@ -302,7 +310,7 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
         p = args
             .policy
             .to_policy_over(Some(&p))
-            .map_err(|e| usage(format!("--stage-opts {sel}: {e:#}")))?;
+            .map_err(|e| usage(format!("--stage-opts {sel}: {}", super::chain(&e))))?;
         if args.read_only || !args.writable.is_empty() {
             let list = writable.get_or_insert_with(Vec::new);
             for dir in &args.writable {
@@ -339,7 +347,7 @@ fn check_selectors(flags: &TxnFlags, known: &[String]) -> Result<(), i32> {
 
 fn base_policy(policy: &PolicyArgs) -> Result<Policy, i32> {
     policy.to_policy().map_err(|e| {
-        print_error(&format!("{e:#}"), None);
+        print_error(&super::chain(&e), None);
         2
     })
 }
@@ -373,9 +381,11 @@ struct Output<'a> {
 
 impl<'a> Output<'a> {
     fn of(flags: &'a TxnFlags) -> Output<'a> {
+        // `--report -` is `--json`: the outcome on stdout.
+        let dash = flags.report.as_deref() == Some(Path::new("-"));
         Output {
-            json: flags.json,
-            report: flags.report.as_deref(),
+            json: flags.json || dash,
+            report: flags.report.as_deref().filter(|_| !dash),
         }
     }
 
@@ -388,7 +398,8 @@ impl<'a> Output<'a> {
         if let Some(path) = self.report {
             let text = json(value, true) + "\n";
             if let Err(e) = std::fs::write(path, text) {
-                print_error(&format!("writing report {}: {e}", quoted(path)), None);
+                let why = super::os_error(&e);
+                print_error(&format!("writing report {}: {why}", quoted(path)), None);
                 return if code == 0 { 125 } else { code };
             }
         }
@@ -436,12 +447,12 @@ fn finish(result: Result<TxnOutcome, TxnError>, action: Action, out: Output<'_>)
     if out.json {
         return out.emit(&outcome_json(&outcome, action, true), code);
     }
-    for s in &outcome.stages {
+    for (i, s) in outcome.stages.iter().enumerate() {
         eoutln!(
-            "lockbox: {}: exit {} in {:?}",
-            s.name,
+            "lockbox: {}: exit {} in {}",
+            lockbox_txn::stage_label(i, &s.name),
             s.exit_code,
-            s.duration
+            HumanDuration(s.duration)
         );
     }
     for c in &outcome.conflicts {
@@ -453,7 +464,7 @@ fn finish(result: Result<TxnOutcome, TxnError>, action: Action, out: Output<'_>)
     }
     match (&outcome.abort_reason, action) {
         (Some(_), Action::DryRun) => out!("{}", outcome.changes.to_lines()),
-        (Some(reason), _) => eoutln!("lockbox: not committed: {reason:?}"),
+        (Some(_), _) => eoutln!("lockbox: {outcome}"),
         (None, _) => {}
     }
     if !matches!(action, Action::DryRun) {
@@ -497,6 +508,10 @@ fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
 
 pub fn pipeline(args: &PipelineArgs) -> i32 {
     let flags = &args.txn;
+    if let Err(msg) = super::check_workdir(&flags.workdir) {
+        print_error(&msg, None);
+        return 2;
+    }
     let state = state_dir(&flags.state_dir);
     recover_sweep(&state, &flags.workdir);
     let known: Vec<String> = (1..=args.stages.len()).map(|i| i.to_string()).collect();
@@ -534,6 +549,10 @@ pub fn pipeline(args: &PipelineArgs) -> i32 {
 
 pub fn gather(args: &GatherArgs) -> i32 {
     let flags = &args.txn;
+    if let Err(msg) = super::check_workdir(&flags.workdir) {
+        print_error(&msg, None);
+        return 2;
+    }
     let state = state_dir(&flags.state_dir);
     recover_sweep(&state, &flags.workdir);
     let policy = match args.conflict {
@@ -698,6 +717,10 @@ pub fn txn(args: &TxnArgs) -> i32 {
             Err(e) => Err(e),
         }),
         TxnCommand::Recover { workdir } => {
+            if let Some(Err(msg)) = workdir.as_deref().map(super::check_workdir) {
+                print_error(&msg, None);
+                return 2;
+            }
             lockbox_txn::recover(&state, workdir.as_deref()).map(|r| {
                 outln!("{}", json(&r, true));
                 0
