@@ -236,30 +236,16 @@ pub struct StateArgs {
 }
 
 impl StateArgs {
-    /// The state directory to use.
+    /// The state directory to use (`lockbox_cow::default_state_dir`'s rule).
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
-        if let Some(dir) = &self.state_dir {
-            return Ok(dir.clone());
-        }
-        if let Some(dir) = std::env::var_os("LOCKBOX_STATE_DIR") {
-            return Ok(dir.into());
-        }
-        let uid_is_root = std::fs::read_to_string("/proc/self/status")
-            .map(|s| {
-                s.lines()
-                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        self.state_dir
+            .clone()
+            .or_else(lockbox_cow::default_state_dir)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no state directory: no home directory was found; set --state-dir or LOCKBOX_STATE_DIR"
+                )
             })
-            .unwrap_or(false);
-        if uid_is_root {
-            return Ok("/var/lib/lockbox".into());
-        }
-        if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-            return Ok(PathBuf::from(dir).join("lockbox"));
-        }
-        match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-            Some(home) => Ok(PathBuf::from(home).join(".local/state/lockbox")),
-            None => anyhow::bail!("no state directory: set --state-dir or LOCKBOX_STATE_DIR"),
-        }
     }
 }
 

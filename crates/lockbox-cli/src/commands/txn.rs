@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use lockbox_policy::name::{quoted, Encoded};
 use lockbox_policy::{parse_duration, HumanDuration, Policy};
 use lockbox_txn::{
-    AbortReason, ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage,
-    TxnId, TxnOptions, TxnRecord, TxnState,
+    AbortReason, ConflictPolicy, LockPolicy, PreparedTxn, Selection, StageSpec, TxnId, TxnKind,
+    TxnRecord, TxnSpec, TxnState,
 };
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
 use serde_json::{json, Value};
@@ -65,20 +65,15 @@ pub struct TxnFlags {
 }
 
 impl TxnFlags {
-    fn selection(&self) -> Selection {
-        Selection {
-            only: self.only.clone(),
-            exclude: self.exclude.clone(),
-        }
-    }
-
-    fn options(&self, state_dir: &Path) -> TxnOptions {
-        let mut options = TxnOptions::new(state_dir, &self.workdir);
-        options.selection = self.selection();
+    /// The spec of a `kind` transaction, without its stages.
+    fn spec(&self, kind: TxnKind, state_dir: &Path) -> TxnSpec {
+        let mut spec = TxnSpec::new(kind, state_dir.to_owned(), self.workdir.clone());
+        spec.only = self.only.clone();
+        spec.exclude = self.exclude.clone();
         if let Some(lock) = self.lock {
-            options.lock = lock;
+            spec.lock = lock;
         }
-        options
+        spec
     }
 }
 
@@ -243,13 +238,16 @@ fn parse_source(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| "expected NAME=CMD".into())
 }
 
-/// The state directory, as every lockbox command resolves it (see `StateArgs`).
-fn state_dir(given: &Option<PathBuf>) -> PathBuf {
+/// The state directory, as every lockbox command resolves it (see `StateArgs`); an error is
+/// printed and becomes exit 2.
+fn state_dir(given: &Option<PathBuf>) -> Result<PathBuf, i32> {
     let args = crate::cli::StateArgs {
         state_dir: given.clone(),
     };
-    args.resolve()
-        .unwrap_or_else(|_| std::env::temp_dir().join("lockbox-state"))
+    args.resolve().map_err(|e| {
+        print_error(&e, None);
+        2
+    })
 }
 
 /// Recovers the interrupted transactions of `workdir` before a command touches it, saying
@@ -295,7 +293,7 @@ pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
 }
 
 /// The policy of the stage selected by `sel`: the shared one with its `--stage-opts`.
-fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Stage, i32> {
+fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<StageSpec, i32> {
     let usage = |msg: String| {
         print_error(&msg, None);
         2
@@ -321,11 +319,10 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
         }
     }
     p.cwd.get_or_insert(workdir);
-    let stage = Stage::sh(p, cmd).retries(flags.retries);
-    Ok(match writable {
-        Some(paths) => stage.writable(paths),
-        None => stage,
-    })
+    let mut stage = StageSpec::sh(p, cmd);
+    stage.retries = flags.retries;
+    stage.writable = writable;
+    Ok(stage)
 }
 
 /// Checks that every `--stage-opts` selects an existing stage.
@@ -512,14 +509,18 @@ pub fn pipeline(args: &PipelineArgs) -> i32 {
         print_error(&msg, None);
         return 2;
     }
-    let state = state_dir(&flags.state_dir);
+    let state = match state_dir(&flags.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     recover_sweep(&state, &flags.workdir);
     let known: Vec<String> = (1..=args.stages.len()).map(|i| i.to_string()).collect();
     let base = match check_selectors(flags, &known).and_then(|()| base_policy(&args.policy)) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let mut p = Pipeline::new(&state, &flags.workdir).options(flags.options(&state));
+    let mut spec = flags.spec(TxnKind::Pipeline, &state);
+    let mut stdin = None;
     if let Some(path) = &args.stdin {
         let read = if path.as_os_str() == "-" {
             let mut bytes = Vec::new();
@@ -528,23 +529,22 @@ pub fn pipeline(args: &PipelineArgs) -> i32 {
             std::fs::read(path)
         };
         match read {
-            Ok(bytes) => p = p.stdin(bytes),
+            Ok(bytes) => stdin = Some(bytes),
             Err(e) => {
-                print_error(&format!("--stdin {}: {e}", quoted(path)), None);
+                let why = super::os_error(&e);
+                print_error(&format!("--stdin {}: {why}", quoted(path)), None);
                 return 2;
             }
         }
     }
-    if args.stream {
-        p = p.stream(ConflictPolicy::Fail);
-    }
+    spec.stream = args.stream;
     for (cmd, sel) in args.stages.iter().zip(&known) {
         match stage_of(flags, &base, sel, cmd) {
-            Ok(s) => p = p.stage(s),
+            Ok(s) => spec.stages.push(s),
             Err(code) => return code,
         }
     }
-    resolve(p.prepare(), flags)
+    resolve(spec.build(stdin).and_then(|t| t.prepare()), flags)
 }
 
 pub fn gather(args: &GatherArgs) -> i32 {
@@ -553,7 +553,10 @@ pub fn gather(args: &GatherArgs) -> i32 {
         print_error(&msg, None);
         return 2;
     }
-    let state = state_dir(&flags.state_dir);
+    let state = match state_dir(&flags.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     recover_sweep(&state, &flags.workdir);
     let policy = match args.conflict {
         ConflictArg::Fail => ConflictPolicy::Fail,
@@ -569,22 +572,24 @@ pub fn gather(args: &GatherArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let mut g = Gather::new(&state, &flags.workdir)
-        .options(flags.options(&state))
-        .conflict_policy(policy);
+    let mut spec = flags.spec(TxnKind::Gather, &state);
+    spec.conflict = policy;
     for (name, cmd) in &args.sources {
         match stage_of(flags, &base, name, cmd) {
-            Ok(s) => g = g.source(name, s),
+            Ok(mut s) => {
+                s.name = name.clone();
+                spec.sources.push(s);
+            }
             Err(code) => return code,
         }
     }
     if let Some(cmd) = &args.consumer {
         match stage_of(flags, &base, "consumer", cmd) {
-            Ok(s) => g = g.consumer(s),
+            Ok(s) => spec.consumer = Some(s),
             Err(code) => return code,
         }
     }
-    resolve(g.prepare(), flags)
+    resolve(spec.build(None).and_then(|t| t.prepare()), flags)
 }
 
 /// The exit code a finished transaction's command returned, and what it means.
@@ -629,7 +634,10 @@ fn record_json(r: &TxnRecord) -> Value {
 }
 
 pub fn txn(args: &TxnArgs) -> i32 {
-    let state = state_dir(&args.state_dir);
+    let state = match state_dir(&args.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let out = Output {
         json: args.json,
         report: None,
