@@ -33,18 +33,10 @@ PathLike = str | os.PathLike[str]
 
 
 def default_state_dir() -> str:
-    """lockbox's state directory, as the CLI picks it: ``$LOCKBOX_STATE_DIR``, else
-    ``/var/lib/lockbox`` for root, else ``$XDG_STATE_HOME/lockbox`` or
-    ``~/.local/state/lockbox``."""
-    env = os.environ.get("LOCKBOX_STATE_DIR")
-    if env:
-        return env
-    if os.geteuid() == 0:
-        return "/var/lib/lockbox"
-    xdg = os.environ.get("XDG_STATE_HOME")
-    if xdg:
-        return os.path.join(xdg, "lockbox")
-    return os.path.join(os.path.expanduser("~"), ".local", "state", "lockbox")
+    """lockbox's state directory, as the CLI and ``lockbox serve`` pick it (one rule, in
+    Rust): ``$LOCKBOX_STATE_DIR``, else ``/var/lib/lockbox`` for root, else
+    ``$XDG_STATE_HOME/lockbox`` or ``~/.local/state/lockbox``."""
+    return os.fspath(_lockbox.default_state_dir())
 
 
 def recover(workdir: PathLike | None = None, *, state_dir: PathLike | None = None) -> dict[str, Any]:

@@ -35,6 +35,7 @@ fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txn::run_txn, m)?)?;
     m.add_function(wrap_pyfunction!(txn::prepare_txn, m)?)?;
     m.add_function(wrap_pyfunction!(txn::recover, m)?)?;
+    m.add_function(wrap_pyfunction!(txn::default_state_dir, m)?)?;
     m.add_class::<txn::PreparedTxn>()?;
     m.add_function(wrap_pyfunction!(plain::run_plain, m)?)?;
     m.add_function(wrap_pyfunction!(process::spawn, m)?)?;

@@ -12,8 +12,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde_json::{json, Value};
 
-use crate::txn::StageSpec;
-use crate::{errors, policy};
+use crate::errors;
+use crate::txn::check_policies;
+use lockbox_txn::StageSpec;
 
 /// Output kept per stream; the rest is read and dropped so no stage blocks on a full pipe.
 const KEEP: usize = 64 << 20;
@@ -56,15 +57,14 @@ pub(crate) fn run_plain(
     stages: &str,
     stdin: Option<Vec<u8>>,
 ) -> PyResult<(String, Py<PyBytes>)> {
-    let specs: Vec<StageSpec> =
-        serde_json::from_str(stages).map_err(|e| errors::usage(format!("stages: {e}")))?;
+    let bad = |e: serde_json::Error| errors::usage(format!("stages: {e}"));
+    let raw: serde_json::Value = serde_json::from_str(stages).map_err(bad)?;
+    check_policies(&raw)?;
+    let specs: Vec<StageSpec> = serde_json::from_value(raw).map_err(bad)?;
     if specs.is_empty() {
         return Err(errors::usage("a pipeline needs at least one stage".into()));
     }
-    let mut built = Vec::new();
-    for s in &specs {
-        built.push((policy::parse(&s.policy.to_string())?, s));
-    }
+    let built: Vec<_> = specs.iter().map(|s| (&s.policy, s)).collect();
     let (stdin_r, stdin_w) = pipe()?;
     let mut next_in = Some(stdin_r);
     let mut stderr_readers = Vec::new();

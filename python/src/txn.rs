@@ -1,147 +1,45 @@
-//! Transactional pipelines and gathers (`lockbox-txn`): a spec from the Python half becomes a
-//! [`Pipeline`] or [`Gather`]; outcomes go back as JSON plus the last stage's stdout.
+//! Transactional pipelines and gathers (`lockbox-txn`): the Python half builds a
+//! [`TxnSpec`] (as JSON), which `lockbox_txn` turns into a pipeline or gather; outcomes go back
+//! as JSON plus the last stage's stdout.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
 
-use lockbox_txn::{
-    ConflictPolicy, Gather, LockPolicy, Output, Pipeline, Selection, Stage, TxnOutcome,
-};
+use lockbox_txn::{Output, Selection, Txn, TxnOutcome, TxnSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{errors, policy};
 
-/// One stage as the Python half describes it.
-#[derive(Debug, Deserialize)]
-pub(crate) struct StageSpec {
-    pub(crate) name: String,
-    /// The JSON form of the stage's policy.
-    pub(crate) policy: Value,
-    pub(crate) argv: Vec<String>,
-    #[serde(default)]
-    pub(crate) retries: u32,
-    /// Only these parts of the workdir (relative) are writable; absent: all of it.
-    #[serde(default, with = "lockbox_policy::name::json::option_vec")]
-    pub(crate) writable: Option<Vec<std::path::PathBuf>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Kind {
-    Pipeline,
-    Gather,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode")]
-enum LockSpec {
-    Optimistic,
-    FailIfBusy,
-    Wait { timeout: Option<f64> },
-}
-
-/// A transaction as the Python half describes it. Paths in the JSON form of
-/// `lockbox_policy::name` (a string, or `{"bytes": base64}` for a name that is not UTF-8).
-#[derive(Debug, Deserialize)]
-struct TxnSpec {
-    kind: Kind,
-    #[serde(with = "lockbox_policy::name::json")]
-    state_dir: PathBuf,
-    #[serde(with = "lockbox_policy::name::json")]
-    workdir: PathBuf,
-    #[serde(default)]
-    stages: Vec<StageSpec>,
-    #[serde(default)]
-    sources: Vec<StageSpec>,
-    #[serde(default)]
-    consumer: Option<StageSpec>,
-    #[serde(default)]
-    conflict: ConflictPolicy,
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    lock: Option<LockSpec>,
-    #[serde(default, with = "lockbox_policy::name::json::vec")]
-    only: Vec<PathBuf>,
-    #[serde(default, with = "lockbox_policy::name::json::vec")]
-    exclude: Vec<PathBuf>,
-    #[serde(default)]
-    memory_bound: Option<usize>,
-}
-
-/// What the spec builds.
-enum Built {
-    Pipeline(Pipeline),
-    Gather(Box<Gather>),
-}
-
-impl StageSpec {
-    pub(crate) fn build(&self) -> PyResult<Stage> {
-        let policy = policy::parse(&self.policy.to_string())?;
-        let stage = Stage::new(policy, self.argv.iter().map(Into::into).collect())
-            .named(&self.name)
-            .retries(self.retries);
-        Ok(match &self.writable {
-            Some(parts) => stage.writable(parts.clone()),
-            None => stage,
-        })
-    }
-}
-
-fn build(spec_json: &str, stdin: Option<Vec<u8>>) -> PyResult<Built> {
-    let spec: TxnSpec = serde_json::from_str(spec_json)
-        .map_err(|e| errors::usage(format!("transaction spec: {e}")))?;
-    let lock = match spec.lock {
-        None | Some(LockSpec::Optimistic) => LockPolicy::Optimistic,
-        Some(LockSpec::FailIfBusy) => LockPolicy::FailIfBusy,
-        Some(LockSpec::Wait { timeout }) => {
-            LockPolicy::Wait(timeout.map(|t| Duration::from_secs_f64(t.max(0.0))))
-        }
+/// Checks the policy of every stage in `raw` (a transaction spec, or a list of stages) with
+/// [`policy::parse`], so that a bad one is a `PolicyError` that names the problem rather
+/// than a position in the spec's JSON.
+pub(crate) fn check_policies(raw: &Value) -> PyResult<()> {
+    let stages = match raw {
+        Value::Array(list) => list.iter().collect::<Vec<_>>(),
+        _ => ["stages", "sources"]
+            .iter()
+            .filter_map(|k| raw.get(k).and_then(Value::as_array))
+            .flatten()
+            .chain(raw.get("consumer").filter(|c| !c.is_null()))
+            .collect(),
     };
-    let selection = Selection {
-        only: spec.only,
-        exclude: spec.exclude,
-    };
-    match spec.kind {
-        Kind::Pipeline => {
-            let mut p = Pipeline::new(&spec.state_dir, &spec.workdir)
-                .lock(lock)
-                .select(selection);
-            for s in &spec.stages {
-                p = p.stage(s.build()?);
-            }
-            if let Some(bytes) = stdin {
-                p = p.stdin(bytes);
-            }
-            if let Some(bound) = spec.memory_bound {
-                p = p.memory_bound(bound);
-            }
-            if spec.stream {
-                p = p.stream(spec.conflict);
-            }
-            Ok(Built::Pipeline(p))
-        }
-        Kind::Gather => {
-            let mut g = Gather::new(&spec.state_dir, &spec.workdir)
-                .lock(lock)
-                .select(selection)
-                .conflict_policy(spec.conflict);
-            for s in &spec.sources {
-                g = g.source(&s.name, s.build()?);
-            }
-            if let Some(c) = &spec.consumer {
-                g = g.consumer(c.build()?);
-            }
-            if let Some(bound) = spec.memory_bound {
-                g = g.memory_bound(bound);
-            }
-            Ok(Built::Gather(Box::new(g)))
+    for s in stages {
+        if let Some(p) = s.get("policy") {
+            policy::parse(&p.to_string())?;
         }
     }
+    Ok(())
+}
+
+/// The spec (`lockbox_txn::TxnSpec`'s JSON form, built by the Python half) as a transaction.
+fn build(spec_json: &str, stdin: Option<Vec<u8>>) -> PyResult<Txn> {
+    let bad = |e: serde_json::Error| errors::usage(format!("transaction spec: {e}"));
+    let raw: Value = serde_json::from_str(spec_json).map_err(bad)?;
+    check_policies(&raw)?;
+    let spec: TxnSpec = serde_json::from_value(raw).map_err(bad)?;
+    spec.build(stdin).map_err(|e| errors::txn(&e))
 }
 
 /// The JSON form of an outcome (without stdout, which travels as bytes).
@@ -202,13 +100,8 @@ pub(crate) fn run_txn(
         "dry_run" => true,
         other => return Err(errors::usage(format!("unknown mode {other:?}"))),
     };
-    let built = build(spec, stdin)?;
-    let result = py.detach(move || match (&built, dry) {
-        (Built::Pipeline(p), false) => p.run(),
-        (Built::Pipeline(p), true) => p.dry_run(),
-        (Built::Gather(g), false) => g.run(),
-        (Built::Gather(g), true) => g.dry_run(),
-    });
+    let txn = build(spec, stdin)?;
+    let result = py.detach(move || if dry { txn.dry_run() } else { txn.run() });
     let outcome = result.map_err(|e| errors::txn(&e))?;
     Ok(to_py(py, &outcome))
 }
@@ -221,11 +114,8 @@ pub(crate) fn prepare_txn(
     spec: &str,
     stdin: Option<Vec<u8>>,
 ) -> PyResult<PreparedTxn> {
-    let built = build(spec, stdin)?;
-    let result = py.detach(move || match &built {
-        Built::Pipeline(p) => p.prepare(),
-        Built::Gather(g) => g.prepare(),
-    });
+    let txn = build(spec, stdin)?;
+    let result = py.detach(move || txn.prepare());
     let prepared = result.map_err(|e| errors::txn(&e))?;
     Ok(PreparedTxn {
         inner: Mutex::new(Some(prepared)),
@@ -350,4 +240,16 @@ impl PreparedTxn {
         let id = self.take("keep")?.keep().map_err(|e| errors::txn(&e))?;
         Ok(id.to_string())
     }
+}
+
+/// lockbox's state directory when none is given: the rule the CLI and the server use
+/// (`lockbox_cow::default_state_dir`).
+#[pyfunction]
+pub(crate) fn default_state_dir() -> PyResult<std::path::PathBuf> {
+    lockbox_cow::default_state_dir().ok_or_else(|| {
+        errors::usage(
+            "no state directory: no home directory was found; pass state_dir= or set LOCKBOX_STATE_DIR"
+                .to_owned(),
+        )
+    })
 }

@@ -8,7 +8,38 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const EXIT_CODES: &str = "\
+macro_rules! txn_exit_codes {
+    () => {
+        "\
+Exit codes of `lockbox pipeline`, `lockbox gather` and `lockbox txn commit|abort`:
+  0    committed (or --dry-run / --prepare / abort succeeded)
+  1    a stage failed; nothing committed
+  3    merge conflict under --conflict fail; nothing committed
+  4    commit failed; if past its commit point, `lockbox txn recover` finishes it
+  5    workdir busy (--lock) or stale base (the workdir changed the same paths)
+  124  a stage timed out; nothing committed
+  125  a stage's sandbox (or the transaction store) could not be set up
+  2    usage error, unknown id, wrong state
+  74   done, but stdout could not be written (a closed pipe is not an error)
+`lockbox txn show ID` says which one a finished transaction returned and why."
+    };
+}
+
+macro_rules! branch_exit_codes {
+    () => {
+        "\
+Exit codes of `lockbox branch`:
+  0  done
+  2  usage error, unknown branch id
+  4  commit failed (the branch is kept)
+  5  stale base: the workdir changed under the branch since it began (use --force)
+  74 done, but stdout could not be written (a closed pipe is not an error)"
+    };
+}
+
+macro_rules! run_exit_codes {
+    () => {
+        "\
 Exit codes of `lockbox run`:
   N        the command's own exit code
   4        with --workdir: committing the branch failed (it is kept)
@@ -17,11 +48,27 @@ Exit codes of `lockbox run`:
   124      the timeout expired and the sandbox was stopped
   125      the sandbox could not be set up (the message names what is missing)
   126/127  the command could not be executed / was not found inside the sandbox
-  2        usage error";
+  2        usage error"
+    };
+}
 
 /// Run untrusted code confined, without privilege.
 #[derive(Debug, Parser)]
-#[command(name = "lockbox", version, about, after_help = EXIT_CODES)]
+#[command(
+    name = "lockbox",
+    version,
+    about,
+    after_help = concat!(
+        "Examples:\n",
+        "  lockbox run -- python3 -c 'print(1)'          a command, confined\n",
+        "  lockbox run --workdir . -- make test            writes land on a branch, committed on success\n",
+        "  lockbox run --workdir . --on-exit keep -- ./agent.sh && lockbox branch list\n",
+        "  lockbox pipeline --workdir . --stage 'make fmt' --stage 'make test'\n",
+        "  lockbox check                                   what this kernel lets lockbox use\n",
+        "\nEach command has its own --help with examples; `lockbox man` prints the manual.\n\n",
+        run_exit_codes!()
+    )
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -35,51 +82,108 @@ pub enum Command {
     /// root that holds only what is granted (by default /usr, /bin, /sbin, /lib, /lib64 and
     /// /etc without its secrets, read-only, plus a private /tmp, a minimal /dev and its own
     /// /proc), Landlock and seccomp, no capabilities, and no network but loopback.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox run -- python3 -c 'import os; print(os.getuid())'\n",
+        "  lockbox run -r ~/project --timeout 30s --max-memory 512M -- python3 ~/project/main.py\n",
+        "  lockbox run -w ./out -- sh -c 'echo hi > out/hello.txt'\n",
+        "  lockbox run --workdir . --dry-run -- sh -c 'echo x > new.txt'   print what it would change\n",
+        "  lockbox run --workdir . --max-disk 1G -- make                  commit its writes if make succeeds\n",
+        "  lockbox run --net-allow pypi.org:443 --net-allow files.pythonhosted.org:443 -- pip download requests\n",
+        "  lockbox run --json -- true                                    the report as JSON on stdout\n\n",
+        run_exit_codes!()
+    ))]
     Run(RunArgs),
     /// Show which kernel features lockbox can use here.
+    #[command(after_help = "\
+Examples:
+  lockbox check                       every feature, and whether a sandbox starts
+  lockbox check --json | jq .landlock
+  lockbox check --explain -w ./out    the mounts and Landlock rules a policy would get")]
     Check(CheckArgs),
     /// Review, commit or abort kept copy-on-write branches (from `run --workdir`).
-    #[command(after_help = BRANCH_EXIT_CODES)]
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox run --workdir . --on-exit keep -- ./agent.sh\n",
+        "  lockbox branch list\n",
+        "  lockbox branch diff ID             every change, as a unified diff\n",
+        "  lockbox branch diff ID src/main.rs\n",
+        "  lockbox branch commit ID           or: lockbox branch abort ID\n\n",
+        branch_exit_codes!()
+    ))]
     Branch(BranchArgs),
     /// Inspect and fork durable step journals of agent runs.
+    #[command(after_help = "\
+Examples:
+  lockbox journal --journal sqlite:runs.db list
+  lockbox journal --journal sqlite:runs.db status RUN
+  lockbox journal --journal sqlite:runs.db dump RUN --json
+  lockbox journal --journal sqlite:runs.db fork RUN --from-step llm#3
+  LOCKBOX_JOURNAL=postgres://lockbox@127.0.0.1:5432/lockbox lockbox journal list")]
     Journal(crate::commands::journal::JournalArgs),
     /// Run shell stages in order, each in its own sandbox on the writes of the ones before,
     /// stdout piped to the next; commit all their writes to the workdir or none.
-    #[command(after_help = TXN_EXIT_CODES)]
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox pipeline --workdir . --stage 'ruff format .' --stage 'pytest -q'\n",
+        "  lockbox pipeline --workdir . --dry-run --stage './codegen.sh'      print the changes, commit nothing\n",
+        "  lockbox pipeline --workdir . --stage 'cat data.csv' --stage 'sort > sorted.csv'\n",
+        "  lockbox pipeline --workdir . --prepare --stage 'make' && lockbox txn list\n\n",
+        txn_exit_codes!()
+    ))]
     Pipeline(crate::commands::txn::PipelineArgs),
     /// Run named sources in parallel sandboxes, merge their writes under a conflict policy,
     /// run a consumer on the merged view; commit all or none.
-    #[command(after_help = TXN_EXIT_CODES)]
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox gather --workdir . --source 'a=./try-a.sh' --source 'b=./try-b.sh'\n",
+        "  lockbox gather --workdir . --conflict markers --source 'x=echo 1 > f' --source 'y=echo 2 > f'\n",
+        "  lockbox gather --workdir . --source 'lint=ruff check . > lint.txt' \\\n",
+        "      --source 'test=pytest -q > test.txt' --consumer 'cat $LOCKBOX_INPUTS/*'\n\n",
+        txn_exit_codes!()
+    ))]
     Gather(crate::commands::txn::GatherArgs),
     /// List, show, commit, abort or recover transactions.
-    #[command(after_help = TXN_EXIT_CODES)]
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox txn list\n",
+        "  lockbox txn show ID                 its record, exit code and what it means\n",
+        "  lockbox txn commit ID --only src    commit part of a prepared transaction\n",
+        "  lockbox txn recover --workdir .     finish or roll back what a crash interrupted\n\n",
+        txn_exit_codes!()
+    ))]
     Txn(crate::commands::txn::TxnArgs),
     /// Serve long-lived sandboxes over HTTP (REST + JSON, SSE, WebSocket), with sessions,
     /// background processes, PTYs, files and workspace branches.
     Serve(crate::commands::serve::ServeArgs),
+    /// Print a shell completion script on stdout.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print lockbox's manual page (roff, generated from this help) on stdout, or write
+    /// one page per command into a directory.
+    #[command(after_help = MAN_EXAMPLES)]
+    Man {
+        /// Write lockbox.1 and lockbox-COMMAND.1 (lockbox-branch-diff.1, ...) into DIR
+        /// instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
-const TXN_EXIT_CODES: &str = "\
-Exit codes of `lockbox pipeline`, `lockbox gather` and `lockbox txn commit|abort`:
-  0    committed (or --dry-run / --prepare / abort succeeded)
-  1    a stage failed; nothing committed
-  3    merge conflict under --conflict fail; nothing committed
-  4    commit failed; if past its commit point, `lockbox txn recover` finishes it
-  5    workdir busy (--lock) or stale base (the workdir changed the same paths)
-  124  a stage timed out; nothing committed
-  125  a stage's sandbox (or the transaction store) could not be set up
-  2    usage error, unknown id, wrong state
-  74   done, but stdout could not be written (a closed pipe is not an error)
-`lockbox txn show ID` says which one a finished transaction returned and why.";
+const MAN_EXAMPLES: &str = "\
+Examples:
+  lockbox man | man -l -
+  lockbox man --dir /usr/local/share/man/man1 && man lockbox-run";
 
-const BRANCH_EXIT_CODES: &str = "\
-Exit codes of `lockbox branch`:
-  0  done
-  2  usage error, unknown branch id
-  4  commit failed (the branch is kept)
-  5  stale base: the workdir changed under the branch since it began (use --force)
-  74 done, but stdout could not be written (a closed pipe is not an error)";
+const COMPLETIONS_EXAMPLES: &str = "\
+Examples:
+  lockbox completions bash > /etc/bash_completion.d/lockbox
+  lockbox completions zsh > \"${fpath[1]}/_lockbox\"
+  lockbox completions fish > ~/.config/fish/completions/lockbox.fish";
 
 #[derive(Debug, Args)]
 pub struct BranchArgs {
@@ -97,22 +201,30 @@ pub enum BranchCommand {
     /// List branches (kept ones, and orphans left by a killed lockbox).
     List,
     /// Show a branch's record and its change set.
-    Show { id: String },
+    Show {
+        /// The branch's id (from `lockbox branch list`).
+        id: String,
+    },
     /// Show what a branch changes: unified diffs for text, a summary for binary files.
     Diff {
+        /// The branch's id (from `lockbox branch list`).
         id: String,
-        /// Only this path (relative to the workdir).
+        /// Only this path, or the changes below it (relative to the workdir).
         path: Option<PathBuf>,
     },
     /// Apply a branch to its workdir, then remove it.
     Commit {
+        /// The branch's id (from `lockbox branch list`).
         id: String,
         /// Commit even if the workdir changed the same paths since the branch began.
         #[arg(long)]
         force: bool,
     },
     /// Discard a branch.
-    Abort { id: String },
+    Abort {
+        /// The branch's id (from `lockbox branch list`).
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -124,30 +236,16 @@ pub struct StateArgs {
 }
 
 impl StateArgs {
-    /// The state directory to use.
+    /// The state directory to use (`lockbox_cow::default_state_dir`'s rule).
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
-        if let Some(dir) = &self.state_dir {
-            return Ok(dir.clone());
-        }
-        if let Some(dir) = std::env::var_os("LOCKBOX_STATE_DIR") {
-            return Ok(dir.into());
-        }
-        let uid_is_root = std::fs::read_to_string("/proc/self/status")
-            .map(|s| {
-                s.lines()
-                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        self.state_dir
+            .clone()
+            .or_else(lockbox_cow::default_state_dir)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no state directory: no home directory was found; set --state-dir or LOCKBOX_STATE_DIR"
+                )
             })
-            .unwrap_or(false);
-        if uid_is_root {
-            return Ok("/var/lib/lockbox".into());
-        }
-        if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-            return Ok(PathBuf::from(dir).join("lockbox"));
-        }
-        match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-            Some(home) => Ok(PathBuf::from(home).join(".local/state/lockbox")),
-            None => anyhow::bail!("no state directory: set --state-dir or LOCKBOX_STATE_DIR"),
-        }
     }
 }
 
@@ -187,8 +285,8 @@ pub struct WorkspaceArgs {
         requires = "workdir"
     )]
     pub on_error: BranchAction,
-    /// Print the change set (`A path`, `M path`, `D path`, `T path`) to stderr (or into
-    /// --report) and discard it.
+    /// Print the change set (`A path`, `M path`, `D path`, `T path`) on stdout (or into
+    /// the --report/--json report) and discard it.
     #[arg(long, requires = "workdir")]
     pub dry_run: bool,
     /// Commit even if the workdir changed the same paths while the sandbox ran.
@@ -210,9 +308,14 @@ pub struct RunArgs {
     pub policy: PolicyArgs,
     #[command(flatten)]
     pub workspace: WorkspaceArgs,
-    /// Write a JSON report (exit code, signal, timing, peak memory, mechanisms) to FILE.
+    /// Write a JSON report (exit code, signal, timing, peak memory, mechanisms; with
+    /// --workdir the branch and its changes) to FILE; `-` is stdout.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Print the JSON report on stdout when the sandbox has ended, as one line after
+    /// whatever the command printed (same as --report -).
+    #[arg(long)]
+    pub json: bool,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -13,7 +13,10 @@ use clap::Parser;
 fn main() {
     // A long-lived sandbox's agent is this binary re-executed inside it (lockbox-runtime).
     lockbox_confine::agent::main_if_agent();
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) => commands::usage_error(e),
+    };
     // Debug logs of each setup step on request (LOCKBOX_LOG=debug); errors are printed by
     // the commands themselves, so without it no subscriber is needed (and none is built,
     // which keeps start-up short).
@@ -34,10 +37,12 @@ fn main() {
         cli::Command::Journal(journal) => match commands::journal::run(&journal) {
             Ok(code) => code,
             Err(e) => {
-                commands::print_error(&format!("{e:#}"), None);
+                commands::print_error(&commands::chain(&e), None);
                 1
             }
         },
+        cli::Command::Completions { shell } => commands::help::completions(shell),
+        cli::Command::Man { dir } => commands::help::man(dir.as_deref()),
     };
     std::process::exit(output::finish(code));
 }

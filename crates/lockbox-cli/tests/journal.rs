@@ -71,8 +71,26 @@ async fn list_status_dump_and_fork_a_recorded_run() {
         text(&out)
     );
 
-    let out = journal_cli(&url, &["status", "no-such-run"]);
-    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    // Dump fails like status for a run that does not exist.
+    let status = journal_cli(&url, &["status", "no-such-run"]);
+    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    let dump = journal_cli(&url, &["dump", "no-such-run"]);
+    assert_eq!(dump.status.code(), Some(1), "{}", text(&dump));
+    assert_eq!(dump.stderr, status.stderr, "{}", text(&dump));
+    assert!(String::from_utf8_lossy(&dump.stderr).contains("run no-such-run not found"));
+
+    // The start entry's values are JSON, not Rust's `Some("…")`.
+    assert!(
+        !dump_text_has_debug(&url),
+        "{}",
+        text(&journal_cli(&url, &["dump", "agent-1"]))
+    );
     let out = journal_cli("nosuchscheme:x", &["list"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+fn dump_text_has_debug(url: &str) -> bool {
+    let out = journal_cli(url, &["dump", "agent-1"]);
+    let dump = String::from_utf8_lossy(&out.stdout);
+    dump.contains("Some(") || dump.contains("None")
 }

@@ -152,7 +152,7 @@ fn run_workdir_commits_keeps_and_reports_a_name_that_is_not_utf8() {
         let out = d.run(&["--dry-run"], WRITE_LATIN1);
         assert_exit(&out, 0, "dry run");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("A \"caf\\351.txt\"\n"),
+            String::from_utf8_lossy(&out.stdout).contains("A \"caf\\351.txt\"\n"),
             "{}",
             text(&out)
         );
@@ -323,7 +323,7 @@ fn names_cannot_forge_review_output() {
         let d = Dirs::new(user, b"work");
         let out = d.run(&["--dry-run"], WRITE_FORGERS);
         assert_exit(&out, 0, &format!("{user:?} run --dry-run"));
-        assert_change_lines(&out.stderr, "run --dry-run");
+        assert_change_lines(&out.stdout, "run --dry-run");
 
         let out = d.run(&["--on-exit", "keep"], WRITE_FORGERS);
         assert_exit(&out, 0, "run --on-exit keep");

@@ -269,7 +269,7 @@ fn json_and_report_carry_every_stage_changes_and_the_abort_reason() {
             rec["meaning"]
                 .as_str()
                 .unwrap()
-                .contains("stage-2 exited 7"),
+                .contains("stage 2 exited 7; nothing committed"),
             "{rec}"
         );
 

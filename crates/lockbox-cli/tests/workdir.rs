@@ -117,9 +117,9 @@ fn failure_timeout_kill_and_dry_run_leave_the_workdir_byte_identical() {
             );
         }
         let out = s.run(&["--dry-run"], EDIT);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stderr.contains("M a.txt\nD gone.txt\nA sub\nA sub/new.txt\n"),
+            stdout.contains("M a.txt\nD gone.txt\nA sub\nA sub/new.txt\n"),
             "{}",
             text(&out)
         );

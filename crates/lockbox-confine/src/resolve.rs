@@ -535,13 +535,14 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
     files
 }
 
+/// True if `path` exists inside: at or below a grant or a view, or above one (the root
+/// holds every parent of a grant as a directory, so `-w ./project` from the project's
+/// parent starts there and `make -C project` works).
 fn visible_inside(resolved: &Resolved, path: &Path) -> bool {
+    let near = |p: &Path| path.starts_with(p) || p.starts_with(path);
     path == Path::new("/tmp")
-        || resolved.grants.iter().any(|g| path.starts_with(&g.path))
-        || resolved
-            .overlays
-            .iter()
-            .any(|o| path.starts_with(&o.target))
+        || resolved.grants.iter().any(|g| near(&g.path))
+        || resolved.overlays.iter().any(|o| near(&o.target))
         || (resolved.etc_hidden.is_some() && path.starts_with("/etc"))
 }
 
@@ -658,5 +659,21 @@ mod tests {
         policy.fs.read.push(dir.path().into());
         let r = resolve(&policy, Some(dir.path())).unwrap();
         assert_eq!(r.cwd, std::fs::canonicalize(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn cwd_stays_the_callers_when_it_is_the_parent_of_a_grant() {
+        // `lockbox run -w ./project -- make -C project`, from the project's parent.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let parent = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(parent.join("project")).unwrap();
+        let mut policy = Policy::default();
+        policy.fs.write.push(parent.join("project"));
+        let r = resolve(&policy, Some(&parent)).unwrap();
+        assert_eq!(r.cwd, parent);
+        // A sibling of the grant is not inside: the command starts in `/`.
+        std::fs::create_dir(parent.join("other")).unwrap();
+        let r = resolve(&policy, Some(&parent.join("other"))).unwrap();
+        assert_eq!(r.cwd, Path::new("/"));
     }
 }

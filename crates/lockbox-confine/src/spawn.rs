@@ -634,6 +634,11 @@ impl Running {
         self.pid
     }
 
+    /// The directory the command starts in, inside the sandbox.
+    pub fn cwd(&self) -> &Path {
+        Path::new(std::ffi::OsStr::from_bytes(self.plan.cwd.as_bytes()))
+    }
+
     /// What confines this sandbox.
     pub fn enforcement(&self) -> &Enforcement {
         &self.enforcement

@@ -252,6 +252,14 @@ pub enum CowError {
         /// `metacopy` or `redirect`.
         feature: &'static str,
     },
+    /// The path asked for in a diff is not one the branch changes.
+    #[error("branch {id} does not change {}", quoted(.path))]
+    NotChanged {
+        /// The branch.
+        id: String,
+        /// The path asked for, relative to the workdir.
+        path: PathBuf,
+    },
     /// The path asked for in a diff is not a plain relative path.
     #[error("bad path {}: must be relative, without `..`", quoted(.path))]
     BadPath {
@@ -308,6 +316,7 @@ impl CowError {
             CowError::Fsync { .. } => "FSYNC",
             CowError::UnsupportedOverlay { .. } => "UNSUPPORTED_OVERLAY",
             CowError::BadPath { .. } => "BAD_PATH",
+            CowError::NotChanged { .. } => "NOT_CHANGED",
         }
     }
 
@@ -318,7 +327,8 @@ impl CowError {
             CowError::StaleBase { .. } => 5,
             CowError::InvalidBranchId { .. }
             | CowError::BranchNotFound { .. }
-            | CowError::BadPath { .. } => 2,
+            | CowError::BadPath { .. }
+            | CowError::NotChanged { .. } => 2,
             _ => 4,
         }
     }

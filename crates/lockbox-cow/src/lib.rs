@@ -59,6 +59,7 @@ pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 pub use crate::stale::stamp_base;
+pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};
 
 mod beneath;
 mod branch;
@@ -76,3 +77,4 @@ mod meta;
 mod overlay;
 mod staged;
 mod stale;
+mod state_dir;

@@ -189,6 +189,14 @@ pub enum JournalError {
         /// The serde error.
         source: serde_json::Error,
     },
+    /// A read of a journal that does not exist (nothing is created for a read).
+    #[error("no journal at {url}: {why}")]
+    NoJournal {
+        /// The storage URL as given.
+        url: String,
+        /// What is missing.
+        why: String,
+    },
     /// The run has no entries.
     #[error("run {run_id} not found")]
     RunNotFound {
@@ -268,6 +276,7 @@ impl JournalError {
             Self::EncodeValue { .. } => "ENCODE_VALUE",
             Self::DecodeValue { .. } => "DECODE_VALUE",
             Self::RunNotFound { .. } => "RUN_NOT_FOUND",
+            Self::NoJournal { .. } => "NO_JOURNAL",
             Self::RunExists { .. } => "RUN_EXISTS",
             Self::StepNotFound { .. } => "STEP_NOT_FOUND",
             Self::OffsetOutOfRange { .. } => "OFFSET_OUT_OF_RANGE",

@@ -248,7 +248,7 @@ impl Journal {
         check(&before)?;
         let session = self.storage.acquire_session(run_id).await?;
         let mut entries = before.entries;
-        let tail = self.entries(run_id, entries.len() as u64).await?;
+        let tail = self.decoded(run_id, entries.len() as u64).await?;
         entries.extend(tail);
         let history = History::fold(entries);
         check(&history)?;
@@ -362,19 +362,39 @@ impl Journal {
         Ok(self.storage.list_runs().await?)
     }
 
-    /// The run's entries from `from` on, decoded and checked.
+    /// The run's entries from `from` on, decoded and checked; [`JournalError::RunNotFound`]
+    /// if the run has no entries at all.
     pub async fn entries(&self, run_id: &RunId, from: u64) -> Result<Vec<Entry>, JournalError> {
+        let raw = self.storage.read(run_id, from).await?;
+        self.ensure_run(run_id, &raw).await?;
+        decode_all(run_id, from, &raw)
+    }
+
+    /// The entries from `from` on; none for a run that does not exist yet.
+    async fn decoded(&self, run_id: &RunId, from: u64) -> Result<Vec<Entry>, JournalError> {
         let raw = self.storage.read(run_id, from).await?;
         decode_all(run_id, from, &raw)
     }
 
-    /// The run's entries from `from` on, exactly as stored (checked, not re-encoded).
+    /// A read that found nothing: `RunNotFound` unless the run has entries before it.
+    async fn ensure_run(&self, run_id: &RunId, read: &[RawEntry]) -> Result<(), JournalError> {
+        if read.is_empty() && self.storage.read(run_id, 0).await?.is_empty() {
+            return Err(JournalError::RunNotFound {
+                run_id: run_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The run's entries from `from` on, exactly as stored (checked, not re-encoded);
+    /// [`JournalError::RunNotFound`] if the run has no entries at all.
     pub async fn raw_entries(
         &self,
         run_id: &RunId,
         from: u64,
     ) -> Result<Vec<RawEntry>, JournalError> {
         let raw = self.storage.read(run_id, from).await?;
+        self.ensure_run(run_id, &raw).await?;
         decode_all(run_id, from, &raw)?;
         Ok(raw)
     }
@@ -407,7 +427,7 @@ impl Journal {
     }
 
     pub(crate) async fn history(&self, run_id: &RunId) -> Result<History, JournalError> {
-        Ok(History::fold(self.entries(run_id, 0).await?))
+        Ok(History::fold(self.decoded(run_id, 0).await?))
     }
 
     async fn append(

@@ -43,7 +43,7 @@ pub use crate::limits::{
 pub use crate::net::{
     canonical, route, IpNet, ListKind, Net, NetHost, NetRule, NetSpec, Ports, Proto, Route,
 };
-pub use crate::units::{parse_duration, ByteSize};
+pub use crate::units::{parse_duration, plural, ByteSize, HumanBytes, HumanDuration};
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -151,6 +151,57 @@ pub(crate) fn format_duration(d: Duration) -> String {
     }
 }
 
+/// A duration for people: `0.4 ms`, `139 ms`, `2.3 s`, `4 min 5 s`. Not for parsing back
+/// (that is [`Policy`](crate::Policy)'s serialised form).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_secs_f64() * 1e3;
+        if ms < 10.0 {
+            write!(f, "{ms:.1} ms")
+        } else if ms < 1000.0 {
+            write!(f, "{} ms", ms.round())
+        } else if ms < 60_000.0 {
+            write!(f, "{:.1} s", ms / 1e3)
+        } else {
+            let s = self.0.as_secs();
+            write!(f, "{} min {} s", s / 60, s % 60)
+        }
+    }
+}
+
+/// A size for people: `512 B`, `4.0 KiB`, `1.5 MiB`, `2.0 GiB` (binary units, one decimal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanBytes(pub u64);
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} B", self.0);
+        }
+        let mut v = self.0 as f64 / 1024.0;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        write!(f, "{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// `1 change`, `3 changes`: a count with its noun, plural when it is not one (the noun is
+/// made plural with an `s`).
+pub fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 pub(crate) mod duration_serde {
     //! `Duration` as a human string ("1500ms"); integers are read as seconds.
     use serde::{Deserialize, Deserializer, Serializer};
@@ -203,6 +254,19 @@ pub(crate) mod opt_duration_serde {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn durations_and_sizes_read_as_people_write_them() {
+        let ms = |n| HumanDuration(Duration::from_micros(n)).to_string();
+        assert_eq!(ms(400), "0.4 ms");
+        assert_eq!(ms(139_280), "139 ms");
+        assert_eq!(ms(2_340_000), "2.3 s");
+        assert_eq!(ms(245_000_000), "4 min 5 s");
+        assert_eq!(HumanBytes(512).to_string(), "512 B");
+        assert_eq!(HumanBytes(1536 * 1024).to_string(), "1.5 MiB");
+        assert_eq!(plural(1, "change"), "1 change");
+        assert_eq!(plural(0, "change"), "0 changes");
+    }
     use super::*;
 
     #[test]

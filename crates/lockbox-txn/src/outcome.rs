@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use lockbox_cow::{ChangeSet, CommitReport};
-use lockbox_policy::name::quoted;
+use lockbox_policy::name::{printable_text, quoted};
+use lockbox_policy::plural;
+use std::fmt;
 
 use crate::capture::Output;
 use crate::{StageResult, TxnId};
@@ -72,30 +74,58 @@ impl AbortReason {
         }
     }
 
-    /// One sentence for people (`lockbox txn show`).
+    /// One sentence for people (`lockbox txn show`), naming the stage by number (from 1)
+    /// and name: `stage 1 "lint" exited 127; nothing committed`.
     pub fn explain(&self) -> String {
         match self {
+            AbortReason::DryRun | AbortReason::Aborted => self.what(),
+            _ => format!("{}; nothing committed", self.what()),
+        }
+    }
+
+    /// What stopped the transaction: `stage 1 "lint" exited 127`.
+    fn what(&self) -> String {
+        match self {
             AbortReason::StageFailed {
-                name, exit_code, ..
-            } => format!("aborted: stage {name} exited {exit_code}; nothing committed"),
-            AbortReason::TimedOut { name, .. } => {
-                format!("aborted: stage {name} timed out; nothing committed")
+                stage,
+                name,
+                exit_code,
+            } => format!("{} exited {exit_code}", stage_label(*stage, name)),
+            AbortReason::TimedOut { stage, name } => {
+                format!("{} timed out", stage_label(*stage, name))
             }
-            AbortReason::OutsideWritable { name, paths, .. } => {
+            AbortReason::OutsideWritable { stage, name, paths } => {
                 let paths: Vec<String> = paths.iter().map(|p| quoted(p).to_string()).collect();
                 format!(
-                    "aborted: stage {name} changed {} outside its writable paths; nothing committed",
+                    "{} changed {} outside its writable paths",
+                    stage_label(*stage, name),
                     paths.join(", ")
                 )
             }
-            AbortReason::SetupFailed { name, message, .. } => {
-                format!("aborted: the sandbox of stage {name} could not be set up: {message}")
-            }
+            AbortReason::SetupFailed {
+                stage,
+                name,
+                message,
+            } => format!(
+                "the sandbox of {} could not be set up: {message}",
+                stage_label(*stage, name)
+            ),
             AbortReason::Conflicts { count } => {
-                format!("aborted: {count} merge conflicts under the fail policy; nothing committed")
+                format!("{} under the fail policy", plural(*count, "merge conflict"))
             }
             AbortReason::DryRun => "dry run: changes computed and discarded".into(),
             AbortReason::Aborted => "aborted by its caller before commit".into(),
+        }
+    }
+
+    /// The index of the stage this reason names, if it names one.
+    pub fn stage(&self) -> Option<usize> {
+        match self {
+            AbortReason::StageFailed { stage, .. }
+            | AbortReason::OutsideWritable { stage, .. }
+            | AbortReason::TimedOut { stage, .. }
+            | AbortReason::SetupFailed { stage, .. } => Some(*stage),
+            AbortReason::Conflicts { .. } | AbortReason::DryRun | AbortReason::Aborted => None,
         }
     }
 
@@ -128,6 +158,23 @@ impl AbortReason {
         })
     }
 }
+
+/// How people read a stage's identity: `stage 2`, or `stage 2 "lint"` when it has a name of
+/// its own (not the default `stage-2`). Numbers count from 1, as `--stage-opts` does.
+pub fn stage_label(index: usize, name: &str) -> String {
+    let n = index + 1;
+    if name.is_empty() || name == format!("stage-{n}") {
+        format!("stage {n}")
+    } else {
+        format!(
+            "stage {n} \"{}\"",
+            printable_text(name).replace('\n', "\\n")
+        )
+    }
+}
+
+/// How many trailing lines of a failed stage's stderr a summary shows.
+pub const SUMMARY_STDERR_LINES: usize = 10;
 
 /// A path written by more than one gather source.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -192,4 +239,43 @@ impl TxnOutcome {
     pub fn all_succeeded(&self) -> bool {
         self.stages.iter().all(StageResult::succeeded)
     }
+}
+
+/// The summary for people: what happened and, when a stage stopped the transaction, the end
+/// of its stderr (escaped: nothing in it can rewrite the terminal). `lockbox pipeline`
+/// prints it after `lockbox: `; Python and the server use the same text.
+impl fmt::Display for TxnOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(reason) = &self.abort_reason else {
+            return write!(f, "committed {}", plural(self.changes.len(), "change"));
+        };
+        let failed = reason.stage().and_then(|i| self.stages.get(i));
+        let tail = failed
+            .map(|s| stderr_lines(&s.stderr_tail))
+            .unwrap_or_default();
+        match (reason, tail.as_slice()) {
+            (AbortReason::DryRun | AbortReason::Aborted, _) => f.write_str(&reason.what()),
+            (_, []) => write!(f, "not committed: {}", reason.what()),
+            // The usual failure ends with one line that says it all: put it on the same line.
+            (_, [line]) => write!(f, "not committed: {}: {line}", reason.what()),
+            (_, lines) => {
+                write!(f, "not committed: {}", reason.what())?;
+                write!(f, "\nits stderr ends with:")?;
+                for line in lines {
+                    write!(f, "\n  {line}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The last [`SUMMARY_STDERR_LINES`] non-empty lines of a stderr tail, made printable.
+fn stderr_lines(tail: &str) -> Vec<String> {
+    let lines: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
+    let from = lines.len().saturating_sub(SUMMARY_STDERR_LINES);
+    lines[from..]
+        .iter()
+        .map(|l| printable_text(l).into_owned())
+        .collect()
 }

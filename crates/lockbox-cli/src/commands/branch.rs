@@ -88,10 +88,10 @@ fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CowError> {
     } else {
         let meta = branch.meta();
         outln!(
-            "branch {}\nworkdir {}\nstate {:?}\ncontext {}",
+            "branch {}\nworkdir {}\nstate {}\ncontext {}",
             meta.id.as_str(),
             quoted(&meta.workdir),
-            meta.state,
+            meta.state.name(),
             json(&meta.context, false)
         );
         out!("{}", changes.to_lines());
@@ -101,15 +101,24 @@ fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CowError> {
 
 fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Result<(), CowError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
+    let changed: Vec<_> = branch
+        .change_set()?
+        .changes()
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    // PATH, or the changes below it when it is a directory; one the branch does not change
+    // has no diff: say so rather than print nothing.
     let paths: Vec<_> = match path {
-        Some(p) => vec![p.to_owned()],
-        None => branch
-            .change_set()?
-            .changes()
-            .iter()
-            .map(|c| c.path.clone())
-            .collect(),
+        Some(p) => changed.into_iter().filter(|c| c.starts_with(p)).collect(),
+        None => changed,
     };
+    if let (Some(p), true) = (path, paths.is_empty()) {
+        return Err(CowError::NotChanged {
+            id: id.to_owned(),
+            path: p.to_owned(),
+        });
+    }
     let mut items = Vec::new();
     for p in &paths {
         let d = branch.diff(p)?;

@@ -9,7 +9,7 @@ pub fn run(args: &CheckArgs) -> i32 {
     let policy = match args.policy.to_policy() {
         Ok(p) => p,
         Err(e) => {
-            print_error(&format!("{e:#}"), None);
+            print_error(&super::chain(&e), None);
             return 2;
         }
     };

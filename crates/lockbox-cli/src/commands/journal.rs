@@ -1,9 +1,6 @@
 //! `lockbox journal list | status RUN | dump RUN | fork RUN`: inspect and fork durable step
 //! journals. Parsing of `--journal` lives in `lockbox_journal::StorageUrl`; this file only
 //! translates arguments into one journal call and prints the result.
-//!
-//! Needs in lockbox-cli's Cargo.toml: `lockbox-journal`, `serde_json`, and `tokio` with the
-//! `rt-multi-thread` feature.
 
 use std::io::Write;
 
@@ -15,8 +12,10 @@ use lockbox_journal::{EntryBody, ForkPoint, Journal, RunId, StepId, StepOutcome,
 #[derive(Debug, Args)]
 pub struct JournalArgs {
     /// Where the journal lives: sqlite:PATH, file:DIR or postgres://USER@HOST:PORT/DB
-    #[arg(long, value_name = "URL")]
-    pub journal: StorageUrl,
+    /// (before or after the subcommand). Every command reads an existing journal: none is
+    /// created.
+    #[arg(long, value_name = "URL", env = "LOCKBOX_JOURNAL", global = true)]
+    pub journal: Option<StorageUrl>,
     #[command(subcommand)]
     pub command: JournalCommand,
 }
@@ -27,9 +26,13 @@ pub enum JournalCommand {
     /// List the runs in the journal
     List,
     /// Show where a run stands (running, suspended, finished) as JSON
-    Status { run: RunId },
+    Status {
+        /// The run's id (from `lockbox journal list`).
+        run: RunId,
+    },
     /// Print a run's entries
     Dump {
+        /// The run's id (from `lockbox journal list`).
         run: RunId,
         /// First entry to print
         #[arg(long, default_value_t = 0)]
@@ -40,6 +43,7 @@ pub enum JournalCommand {
     },
     /// Copy a run's entries before a step or offset into a new run (the source is untouched)
     Fork {
+        /// The run to copy (it is left untouched).
         run: RunId,
         /// Cut before this step id (e.g. llm#3): it runs again in the fork
         #[arg(
@@ -73,11 +77,12 @@ pub fn run(args: &JournalArgs) -> anyhow::Result<i32> {
 }
 
 async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
-    let storage = args
-        .journal
-        .open()
-        .await
-        .with_context(|| format!("opening {}", args.journal))?;
+    let Some(url) = &args.journal else {
+        anyhow::bail!(
+            "no journal given: add --journal URL (sqlite:PATH, file:DIR or postgres://…) or set LOCKBOX_JOURNAL"
+        );
+    };
+    let storage = url.open_existing().await?;
     let journal = Journal::open(storage);
     let mut out = std::io::stdout().lock();
     match &args.command {
@@ -109,7 +114,8 @@ async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
                         ..
                     } => format!("{step_id} err {v}"),
                     EntryBody::Start { version, metadata } => {
-                        format!("version={version:?} metadata={metadata}")
+                        let version = serde_json::to_string(version)?;
+                        format!("version={version} metadata={metadata}")
                     }
                     EntryBody::Suspend {
                         step_id, payload, ..

@@ -2,11 +2,12 @@
 
 use super::{print_error, workdir};
 use crate::cli::RunArgs;
-use crate::output::eoutln;
+use crate::output::{eoutln, outln};
 use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
 use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use std::os::fd::AsFd;
+use std::path::Path;
 use std::time::Instant;
 
 /// Signals of the supervisor that are passed on to the sandbox.
@@ -23,14 +24,20 @@ pub fn run(args: &RunArgs) -> i32 {
     let mut policy = match args.policy.to_policy() {
         Ok(p) => p,
         Err(e) => {
-            print_error(&format!("{e:#}"), None);
+            print_error(&super::chain(&e), None);
             return 2;
         }
     };
+    if let Some(dir) = &args.workspace.workdir {
+        if let Err(msg) = super::check_workdir(dir) {
+            print_error(&msg, None);
+            return 2;
+        }
+    }
     let workspace = match workdir::begin(&args.workspace, &mut policy, &args.command) {
         Ok(w) => w,
         Err(e) => {
-            print_error(&format!("{e:#}"), None);
+            print_error(&super::chain(&e), None);
             return 125;
         }
     };
@@ -44,20 +51,36 @@ pub fn run(args: &RunArgs) -> i32 {
             return 125;
         }
     };
-    let result = lockbox_confine::spawn(&policy, &args.command)
-        .and_then(|mut running| supervise(&mut running, &policy, &signals));
+    let mut started_in = None;
+    let result = lockbox_confine::spawn(&policy, &args.command).and_then(|mut running| {
+        started_in = Some(running.cwd().to_owned());
+        supervise(&mut running, &policy, &signals)
+    });
     // The process exits next. Unblocking now would deliver a ^C that raced the command's
     // end and turn its exit status into our own death by SIGINT, so the signals stay blocked.
     std::mem::forget(signals);
     match result {
         Ok(outcome) => {
             explain_outcome(&outcome, &policy, args);
-            let finished =
-                workspace.map(|w| w.finish(&args.workspace, &outcome, args.report.is_some()));
-            if let Some(path) = &args.report {
-                let extra = finished.as_ref().map(|f| &f.report);
-                if let Err(e) = write_report(path, &outcome, extra) {
-                    print_error(&format!("writing report {}: {e}", quoted(path)), None);
+            if outcome.exit_code() != 0 && policy.cwd.is_none() {
+                explain_cwd(started_in.as_deref(), &args.command);
+            }
+            let to_report = args.report.is_some() || args.json;
+            let finished = workspace.map(|w| w.finish(&args.workspace, &outcome, to_report));
+            if to_report {
+                let report = report(&outcome, finished.as_ref().map(|f| &f.report));
+                let to_stdout = args.json || args.report.as_deref() == Some(Path::new("-"));
+                if to_stdout {
+                    outln!("{}", crate::output::json(&report, false));
+                }
+                if let Some(path) = args.report.as_deref().filter(|p| *p != Path::new("-")) {
+                    let text = crate::output::json(&report, true) + "\n";
+                    if let Err(e) = std::fs::write(path, text) {
+                        print_error(
+                            &format!("writing report {}: {}", quoted(path), super::os_error(&e)),
+                            None,
+                        );
+                    }
                 }
             }
             finished
@@ -124,11 +147,30 @@ fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
     }
 }
 
-fn write_report(
-    path: &std::path::Path,
-    outcome: &Outcome,
-    extra: Option<&serde_json::Value>,
-) -> std::io::Result<()> {
+/// After a failure: if the command did not start in the caller's directory (it is not
+/// visible inside) and one of its arguments is a relative path that exists here, say where
+/// it started: the path means something else inside.
+fn explain_cwd(started_in: Option<&Path>, argv: &[std::ffi::OsString]) {
+    let (Some(inside), Ok(here)) = (started_in, std::env::current_dir()) else {
+        return;
+    };
+    let names_a_path_here = argv.iter().any(|a| {
+        let p = Path::new(a);
+        p.is_relative() && !a.is_empty() && here.join(p).exists()
+    });
+    if inside != here && names_a_path_here {
+        eoutln!(
+            "hint: the command ran in {}: the current directory {} is not visible inside; \
+             grant it (-r/-w), or choose one with --cwd",
+            quoted(inside),
+            quoted(&here)
+        );
+    }
+}
+
+/// The JSON report of `--report`/`--json` (schema in docs/cli.md); `extra` is the
+/// branch's part.
+fn report(outcome: &Outcome, extra: Option<&serde_json::Value>) -> serde_json::Value {
     let (signal, code) = match outcome.status {
         Status::Signaled(sig) => (Some(sig), None),
         Status::Exited(code) => (None, Some(code)),
@@ -150,6 +192,5 @@ fn write_report(
     if let (Some(map), Some(serde_json::Value::Object(extra))) = (report.as_object_mut(), extra) {
         map.extend(extra.clone());
     }
-    let text = crate::output::json(&report, true);
-    std::fs::write(path, text + "\n")
+    report
 }

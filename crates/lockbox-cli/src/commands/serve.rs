@@ -197,7 +197,7 @@ pub fn run(args: &ServeArgs) -> i32 {
     match serve(args) {
         Ok(()) => 0,
         Err(e) => {
-            super::print_error(&format!("{e:#}"), None);
+            super::print_error(&super::chain(&e), None);
             1
         }
     }

@@ -9,10 +9,10 @@ use crate::output::json;
 use crate::output::{eout, eoutln, out, outln};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lockbox_policy::name::{quoted, Encoded};
-use lockbox_policy::{parse_duration, Policy};
+use lockbox_policy::{parse_duration, HumanDuration, Policy};
 use lockbox_txn::{
-    AbortReason, ConflictPolicy, Gather, LockPolicy, Pipeline, PreparedTxn, Selection, Stage,
-    TxnId, TxnOptions, TxnRecord, TxnState,
+    AbortReason, ConflictPolicy, LockPolicy, PreparedTxn, Selection, StageSpec, TxnId, TxnKind,
+    TxnRecord, TxnSpec, TxnState,
 };
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
 use serde_json::{json, Value};
@@ -59,26 +59,21 @@ pub struct TxnFlags {
     /// field) instead of the summary on stderr.
     #[arg(long)]
     pub json: bool,
-    /// Also write the outcome as JSON to FILE.
+    /// Also write the outcome as JSON to FILE (`-`: stdout, like --json).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
 }
 
 impl TxnFlags {
-    fn selection(&self) -> Selection {
-        Selection {
-            only: self.only.clone(),
-            exclude: self.exclude.clone(),
-        }
-    }
-
-    fn options(&self, state_dir: &Path) -> TxnOptions {
-        let mut options = TxnOptions::new(state_dir, &self.workdir);
-        options.selection = self.selection();
+    /// The spec of a `kind` transaction, without its stages.
+    fn spec(&self, kind: TxnKind, state_dir: &Path) -> TxnSpec {
+        let mut spec = TxnSpec::new(kind, state_dir.to_owned(), self.workdir.clone());
+        spec.only = self.only.clone();
+        spec.exclude = self.exclude.clone();
         if let Some(lock) = self.lock {
-            options.lock = lock;
+            spec.lock = lock;
         }
-        options
+        spec
     }
 }
 
@@ -127,8 +122,8 @@ pub struct GatherArgs {
 
 #[derive(Debug, Args)]
 pub struct TxnArgs {
-    /// Where transaction records live.
-    #[arg(long, value_name = "DIR")]
+    /// Where transaction records live (default: $XDG_STATE_HOME/lockbox, root: /var/lib/lockbox).
+    #[arg(long, value_name = "DIR", global = true)]
     pub state_dir: Option<PathBuf>,
     /// Print JSON (list: an array of records; show/commit/abort: one object).
     #[arg(long, global = true)]
@@ -142,9 +137,13 @@ pub enum TxnCommand {
     /// List transactions (id, state, kind, workdir).
     List,
     /// Show one transaction's record as JSON, with its exit code and what it means.
-    Show { id: String },
+    Show {
+        /// The transaction's id (from `lockbox txn list`).
+        id: String,
+    },
     /// Commit a prepared transaction (all of it, or the --only/--exclude part).
     Commit {
+        /// The prepared transaction's id (printed by `--prepare`).
         id: String,
         /// Commit only changes at or below PATH (relative to the workdir). Repeatable.
         #[arg(long, value_name = "PATH")]
@@ -154,9 +153,13 @@ pub enum TxnCommand {
         exclude: Vec<PathBuf>,
     },
     /// Abort a prepared transaction.
-    Abort { id: String },
+    Abort {
+        /// The prepared transaction's id (printed by `--prepare`).
+        id: String,
+    },
     /// Finish or roll back interrupted transactions.
     Recover {
+        /// Only those of this workdir [default: every workdir with transactions].
         #[arg(long, value_name = "DIR")]
         workdir: Option<PathBuf>,
     },
@@ -235,13 +238,16 @@ fn parse_source(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| "expected NAME=CMD".into())
 }
 
-/// The state directory, as every lockbox command resolves it (see `StateArgs`).
-fn state_dir(given: &Option<PathBuf>) -> PathBuf {
+/// The state directory, as every lockbox command resolves it (see `StateArgs`); an error is
+/// printed and becomes exit 2.
+fn state_dir(given: &Option<PathBuf>) -> Result<PathBuf, i32> {
     let args = crate::cli::StateArgs {
         state_dir: given.clone(),
     };
-    args.resolve()
-        .unwrap_or_else(|_| std::env::temp_dir().join("lockbox-state"))
+    args.resolve().map_err(|e| {
+        print_error(&e, None);
+        2
+    })
 }
 
 /// Recovers the interrupted transactions of `workdir` before a command touches it, saying
@@ -287,7 +293,7 @@ pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
 }
 
 /// The policy of the stage selected by `sel`: the shared one with its `--stage-opts`.
-fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Stage, i32> {
+fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<StageSpec, i32> {
     let usage = |msg: String| {
         print_error(&msg, None);
         2
@@ -302,7 +308,7 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
         p = args
             .policy
             .to_policy_over(Some(&p))
-            .map_err(|e| usage(format!("--stage-opts {sel}: {e:#}")))?;
+            .map_err(|e| usage(format!("--stage-opts {sel}: {}", super::chain(&e))))?;
         if args.read_only || !args.writable.is_empty() {
             let list = writable.get_or_insert_with(Vec::new);
             for dir in &args.writable {
@@ -313,11 +319,10 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
         }
     }
     p.cwd.get_or_insert(workdir);
-    let stage = Stage::sh(p, cmd).retries(flags.retries);
-    Ok(match writable {
-        Some(paths) => stage.writable(paths),
-        None => stage,
-    })
+    let mut stage = StageSpec::sh(p, cmd);
+    stage.retries = flags.retries;
+    stage.writable = writable;
+    Ok(stage)
 }
 
 /// Checks that every `--stage-opts` selects an existing stage.
@@ -339,7 +344,7 @@ fn check_selectors(flags: &TxnFlags, known: &[String]) -> Result<(), i32> {
 
 fn base_policy(policy: &PolicyArgs) -> Result<Policy, i32> {
     policy.to_policy().map_err(|e| {
-        print_error(&format!("{e:#}"), None);
+        print_error(&super::chain(&e), None);
         2
     })
 }
@@ -373,9 +378,11 @@ struct Output<'a> {
 
 impl<'a> Output<'a> {
     fn of(flags: &'a TxnFlags) -> Output<'a> {
+        // `--report -` is `--json`: the outcome on stdout.
+        let dash = flags.report.as_deref() == Some(Path::new("-"));
         Output {
-            json: flags.json,
-            report: flags.report.as_deref(),
+            json: flags.json || dash,
+            report: flags.report.as_deref().filter(|_| !dash),
         }
     }
 
@@ -388,7 +395,8 @@ impl<'a> Output<'a> {
         if let Some(path) = self.report {
             let text = json(value, true) + "\n";
             if let Err(e) = std::fs::write(path, text) {
-                print_error(&format!("writing report {}: {e}", quoted(path)), None);
+                let why = super::os_error(&e);
+                print_error(&format!("writing report {}: {why}", quoted(path)), None);
                 return if code == 0 { 125 } else { code };
             }
         }
@@ -436,12 +444,12 @@ fn finish(result: Result<TxnOutcome, TxnError>, action: Action, out: Output<'_>)
     if out.json {
         return out.emit(&outcome_json(&outcome, action, true), code);
     }
-    for s in &outcome.stages {
+    for (i, s) in outcome.stages.iter().enumerate() {
         eoutln!(
-            "lockbox: {}: exit {} in {:?}",
-            s.name,
+            "lockbox: {}: exit {} in {}",
+            lockbox_txn::stage_label(i, &s.name),
             s.exit_code,
-            s.duration
+            HumanDuration(s.duration)
         );
     }
     for c in &outcome.conflicts {
@@ -453,7 +461,7 @@ fn finish(result: Result<TxnOutcome, TxnError>, action: Action, out: Output<'_>)
     }
     match (&outcome.abort_reason, action) {
         (Some(_), Action::DryRun) => out!("{}", outcome.changes.to_lines()),
-        (Some(reason), _) => eoutln!("lockbox: not committed: {reason:?}"),
+        (Some(_), _) => eoutln!("lockbox: {outcome}"),
         (None, _) => {}
     }
     if !matches!(action, Action::DryRun) {
@@ -497,14 +505,22 @@ fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
 
 pub fn pipeline(args: &PipelineArgs) -> i32 {
     let flags = &args.txn;
-    let state = state_dir(&flags.state_dir);
+    if let Err(msg) = super::check_workdir(&flags.workdir) {
+        print_error(&msg, None);
+        return 2;
+    }
+    let state = match state_dir(&flags.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     recover_sweep(&state, &flags.workdir);
     let known: Vec<String> = (1..=args.stages.len()).map(|i| i.to_string()).collect();
     let base = match check_selectors(flags, &known).and_then(|()| base_policy(&args.policy)) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let mut p = Pipeline::new(&state, &flags.workdir).options(flags.options(&state));
+    let mut spec = flags.spec(TxnKind::Pipeline, &state);
+    let mut stdin = None;
     if let Some(path) = &args.stdin {
         let read = if path.as_os_str() == "-" {
             let mut bytes = Vec::new();
@@ -513,28 +529,34 @@ pub fn pipeline(args: &PipelineArgs) -> i32 {
             std::fs::read(path)
         };
         match read {
-            Ok(bytes) => p = p.stdin(bytes),
+            Ok(bytes) => stdin = Some(bytes),
             Err(e) => {
-                print_error(&format!("--stdin {}: {e}", quoted(path)), None);
+                let why = super::os_error(&e);
+                print_error(&format!("--stdin {}: {why}", quoted(path)), None);
                 return 2;
             }
         }
     }
-    if args.stream {
-        p = p.stream(ConflictPolicy::Fail);
-    }
+    spec.stream = args.stream;
     for (cmd, sel) in args.stages.iter().zip(&known) {
         match stage_of(flags, &base, sel, cmd) {
-            Ok(s) => p = p.stage(s),
+            Ok(s) => spec.stages.push(s),
             Err(code) => return code,
         }
     }
-    resolve(p.prepare(), flags)
+    resolve(spec.build(stdin).and_then(|t| t.prepare()), flags)
 }
 
 pub fn gather(args: &GatherArgs) -> i32 {
     let flags = &args.txn;
-    let state = state_dir(&flags.state_dir);
+    if let Err(msg) = super::check_workdir(&flags.workdir) {
+        print_error(&msg, None);
+        return 2;
+    }
+    let state = match state_dir(&flags.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     recover_sweep(&state, &flags.workdir);
     let policy = match args.conflict {
         ConflictArg::Fail => ConflictPolicy::Fail,
@@ -550,22 +572,24 @@ pub fn gather(args: &GatherArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let mut g = Gather::new(&state, &flags.workdir)
-        .options(flags.options(&state))
-        .conflict_policy(policy);
+    let mut spec = flags.spec(TxnKind::Gather, &state);
+    spec.conflict = policy;
     for (name, cmd) in &args.sources {
         match stage_of(flags, &base, name, cmd) {
-            Ok(s) => g = g.source(name, s),
+            Ok(mut s) => {
+                s.name = name.clone();
+                spec.sources.push(s);
+            }
             Err(code) => return code,
         }
     }
     if let Some(cmd) = &args.consumer {
         match stage_of(flags, &base, "consumer", cmd) {
-            Ok(s) => g = g.consumer(s),
+            Ok(s) => spec.consumer = Some(s),
             Err(code) => return code,
         }
     }
-    resolve(g.prepare(), flags)
+    resolve(spec.build(None).and_then(|t| t.prepare()), flags)
 }
 
 /// The exit code a finished transaction's command returned, and what it means.
@@ -610,7 +634,10 @@ fn record_json(r: &TxnRecord) -> Value {
 }
 
 pub fn txn(args: &TxnArgs) -> i32 {
-    let state = state_dir(&args.state_dir);
+    let state = match state_dir(&args.state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let out = Output {
         json: args.json,
         report: None,
@@ -698,6 +725,10 @@ pub fn txn(args: &TxnArgs) -> i32 {
             Err(e) => Err(e),
         }),
         TxnCommand::Recover { workdir } => {
+            if let Some(Err(msg)) = workdir.as_deref().map(super::check_workdir) {
+                print_error(&msg, None);
+                return 2;
+            }
             lockbox_txn::recover(&state, workdir.as_deref()).map(|r| {
                 outln!("{}", json(&r, true));
                 0

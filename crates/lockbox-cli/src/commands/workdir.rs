@@ -2,10 +2,10 @@
 //! committed, aborted or kept after it.
 
 use crate::cli::{BranchAction, WorkspaceArgs};
-use crate::output::{eout, eoutln};
+use crate::output::{eoutln, out};
 use lockbox_cow::{import_upper, Branch, ChangeSet, CommitOptions, CowError};
 use lockbox_policy::name::quoted;
-use lockbox_policy::Policy;
+use lockbox_policy::{plural, Policy};
 use serde_json::{json, Value};
 use std::ffi::OsString;
 
@@ -95,7 +95,7 @@ impl Workspace {
         };
         let action = if args.dry_run {
             if !to_report {
-                eout!("{}", changes.to_lines());
+                out!("{}", changes.to_lines());
             }
             BranchAction::Abort
         } else if failed {
@@ -103,7 +103,14 @@ impl Workspace {
         } else {
             args.on_exit
         };
-        let (done, exit_code) = self.apply(action, args.force, &changes);
+        let why = if args.dry_run {
+            None
+        } else if failed {
+            Some((ended(outcome), "--on-error keep"))
+        } else {
+            Some(("--on-exit abort".to_owned(), "--on-exit keep"))
+        };
+        let (done, exit_code) = self.apply(action, args.force, &changes, why);
         let done = if args.dry_run { "dry-run" } else { done };
         Finished {
             exit_code,
@@ -114,11 +121,14 @@ impl Workspace {
         }
     }
 
+    /// `why` is why an abort discards the changes, and the flag that would have kept them
+    /// (none for a dry run, which says nothing).
     fn apply(
         mut self,
         action: BranchAction,
         force: bool,
         changes: &ChangeSet,
+        why: Option<(String, &str)>,
     ) -> (&'static str, Option<i32>) {
         let id = self.branch.id().as_str().to_owned();
         let result = match action {
@@ -135,11 +145,19 @@ impl Workspace {
                     }
                 };
             }
-            BranchAction::Abort => self.branch.abort().map(|()| "aborted"),
+            BranchAction::Abort => self.branch.abort().map(|()| {
+                if let (Some((why, keep)), false) = (why, changes.is_empty()) {
+                    eoutln!(
+                        "lockbox: discarded {}: {why}; keep them with {keep}",
+                        plural(changes.len(), "change")
+                    );
+                }
+                "aborted"
+            }),
             BranchAction::Keep => self.branch.keep().map(|()| {
                 eoutln!(
-                    "lockbox: kept branch {id} ({} changes); see `lockbox branch diff {id}`",
-                    changes.len()
+                    "lockbox: kept branch {id} ({}); see `lockbox branch diff {id}`",
+                    plural(changes.len(), "change")
                 );
                 "kept"
             }),
@@ -159,6 +177,19 @@ impl Workspace {
         if let Err(e) = self.branch.abort() {
             eoutln!("lockbox: removing branch {id}: {e}");
         }
+    }
+}
+
+/// How the sandbox ended, for "discarded 3 changes: the command exited 3".
+fn ended(outcome: &lockbox_confine::Outcome) -> String {
+    use lockbox_confine::Status;
+    if outcome.timed_out {
+        return "the command timed out".into();
+    }
+    match outcome.status {
+        Status::Exited(code) => format!("the command exited {code}"),
+        Status::Signaled(sig) => format!("the command was killed by signal {sig}"),
+        Status::ExecFailed(_) => "the command could not be started".into(),
     }
 }
 

@@ -92,6 +92,27 @@ impl StorageUrl {
     }
 }
 
+impl StorageUrl {
+    /// Opens the storage this URL names only if it exists: for commands that read a
+    /// journal, which must not create one (or its directories) as a side effect.
+    pub async fn open_existing(&self) -> Result<Arc<dyn Storage>, JournalError> {
+        let missing = |why: String| JournalError::NoJournal {
+            url: self.to_string(),
+            why,
+        };
+        match self {
+            Self::Sqlite(path) if !path.is_file() => {
+                return Err(missing(format!("{} is not a file", path.display())))
+            }
+            Self::File(dir) if !dir.is_dir() => {
+                return Err(missing(format!("{} is not a directory", dir.display())))
+            }
+            _ => {}
+        }
+        self.open().await
+    }
+}
+
 impl std::str::FromStr for StorageUrl {
     type Err = JournalError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
