@@ -456,7 +456,7 @@ fn a_run_given_without_dashes_is_told_about_them() {
 #[test]
 fn every_help_page_has_examples_and_every_positional_is_described() {
     let tmp = scratch();
-    let pages: [&[&str]; 10] = [
+    let pages: [&[&str]; 11] = [
         &[],
         &["run"],
         &["check"],
@@ -465,6 +465,7 @@ fn every_help_page_has_examples_and_every_positional_is_described() {
         &["gather"],
         &["txn"],
         &["journal"],
+        &["serve"],
         &["completions"],
         &["man"],
     ];

@@ -13,6 +13,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const ABOUT: &str = "\
+Examples:
+  lockbox serve                                  on 127.0.0.1:7070, token in <state-dir>/server.token
+  lockbox serve --listen localhost:0 --print-token   any free port; the JSON line says which
+  curl -H \"Authorization: Bearer $(cat /var/lib/lockbox/server.token)\" \\
+       -H \"Content-Type: application/json\" -d {} http://127.0.0.1:7070/v1/sandboxes
+
 On start, one JSON line on stdout: {\"listen\": ADDR, \"token_file\": PATH} (plus \"token\"
 with --print-token); the token itself is never printed otherwise. Every route but /healthz
 needs `Authorization: Bearer <token>`. The API is described at /openapi.json and in
