@@ -20,6 +20,10 @@ def run_txn(spec: str, stdin: bytes | None = None, mode: str = "run") -> _Outcom
 def prepare_txn(spec: str, stdin: bytes | None = None) -> PreparedTxn:
     """Runs every stage of a transaction spec and keeps the layers."""
 
+def error_codes() -> list[tuple[str, str]]:
+    """Every error code lockbox has, with its family (policy, setup, cow, txn, journal, runtime, server)."""
+    ...
+
 def default_state_dir() -> str:
     """lockbox's state directory when none is given (`$LOCKBOX_STATE_DIR`, root: `/var/lib/lockbox`, else the XDG state directory + `lockbox`)."""
     ...

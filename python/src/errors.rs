@@ -29,7 +29,7 @@ impl Family {
 /// error's message, its exit code and details (JSON object).
 pub(crate) fn make(
     family: Family,
-    code: &str,
+    code: lockbox_policy::ErrorCode,
     message: String,
     exit_code: Option<u8>,
     details: Value,
@@ -39,7 +39,7 @@ pub(crate) fn make(
             let module = py.import("lockbox.errors")?;
             let exc = module.getattr("_from_rust")?.call1((
                 family.name(),
-                code,
+                code.as_str(),
                 message.clone(),
                 exit_code,
                 details.to_string(),
@@ -87,5 +87,21 @@ pub(crate) fn journal(e: &lockbox_journal::JournalError) -> PyErr {
 
 /// A usage error found by this layer (bad spec from the Python half).
 pub(crate) fn usage(message: String) -> PyErr {
-    make(Family::Txn, "TXN_USAGE", message, Some(2), Value::Null)
+    make(
+        Family::Txn,
+        lockbox_policy::ErrorCode::TxnUsage,
+        message,
+        Some(2),
+        Value::Null,
+    )
+}
+
+/// Every error code lockbox has, with its family (`lockbox_policy::ErrorCode::ALL`): what
+/// `lockbox.errors` must map (tested by python/tests/test_errors.py).
+#[pyfunction]
+pub(crate) fn error_codes() -> Vec<(&'static str, &'static str)> {
+    lockbox_policy::ErrorCode::ALL
+        .iter()
+        .map(|c| (c.as_str(), c.family().as_str()))
+        .collect()
 }

@@ -40,7 +40,7 @@ fn to_json(py: Python<'_>, what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value
         Err(e) => {
             let err = errors::make(
                 errors::Family::Journal,
-                "NOT_SERIALIZABLE",
+                lockbox_policy::ErrorCode::NotSerializable,
                 format!(
                     "{what}: the value is not JSON-serialisable ({}); return plain data (dict, list, str, int, float, bool, None)",
                     e.value(py)
@@ -118,7 +118,7 @@ fn finish(step: &str, r: Result<Value, StepError<PyStepError>>) -> PyResult<Py<P
             let details = serde_json::json!({ "step": step, "type": e.kind, "message": e.message });
             let err = errors::make(
                 errors::Family::Journal,
-                "STEP_FAILED",
+                lockbox_policy::ErrorCode::StepFailed,
                 format!("step {step} failed: {}: {}", e.kind, e.message),
                 None,
                 details,

@@ -30,6 +30,7 @@ mod txn;
 #[pymodule]
 fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     m.add_function(wrap_pyfunction!(policy::check_policy, m)?)?;
     m.add_function(wrap_pyfunction!(policy::net_spec_error, m)?)?;
     m.add_function(wrap_pyfunction!(txn::run_txn, m)?)?;

@@ -40,7 +40,7 @@ fn block<F: std::future::Future>(fut: F) -> F::Output {
 fn setup_error(message: String) -> PyErr {
     errors::make(
         errors::Family::Setup,
-        "SETUP_FAILED",
+        lockbox_policy::ErrorCode::SetupFailed,
         message,
         Some(125),
         serde_json::Value::Null,

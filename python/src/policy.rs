@@ -61,7 +61,7 @@ pub(crate) fn parse(json: &str) -> PyResult<Policy> {
         };
         errors::make(
             errors::Family::Policy,
-            "BAD_POLICY",
+            lockbox_policy::ErrorCode::BadPolicy,
             message,
             Some(125),
             serde_json::json!({ "field": field }),

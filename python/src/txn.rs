@@ -153,7 +153,7 @@ impl PreparedTxn {
             .ok_or_else(|| {
                 errors::make(
                     errors::Family::Txn,
-                    "TXN_WRONG_STATE",
+                    lockbox_policy::ErrorCode::TxnWrongState,
                     format!(
                         "cannot {operation}: this transaction was already committed or aborted"
                     ),

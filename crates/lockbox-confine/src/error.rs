@@ -2,6 +2,7 @@
 
 use crate::report::Step;
 use crate::sys::Errno;
+use lockbox_policy::ErrorCode;
 use std::path::PathBuf;
 
 /// A sandbox that could not be set up, with the step, path or kernel feature at fault.
@@ -88,19 +89,19 @@ pub enum SetupError {
 
 impl SetupError {
     /// A stable identifier for machines.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
             SetupError::Policy(e) => e.code(),
-            SetupError::Path { .. } => "BAD_PATH",
-            SetupError::FeatureMissing { .. } => "FEATURE_MISSING",
-            SetupError::NetName { .. } => "NET_NAME_UNRESOLVED",
-            SetupError::Clone(_) => "CLONE_FAILED",
-            SetupError::Step { .. } => "SETUP_STEP_FAILED",
-            SetupError::InitDied(_) => "INIT_DIED",
-            SetupError::Seccomp(_) => "SECCOMP_BUILD_FAILED",
-            SetupError::Cgroup { .. } => "CGROUP_FAILED",
-            SetupError::Sequence { .. } => "SEQUENCE_UNSUPPORTED",
-            SetupError::Supervise { .. } => "SUPERVISE_FAILED",
+            SetupError::Path { .. } => ErrorCode::BadPath,
+            SetupError::FeatureMissing { .. } => ErrorCode::FeatureMissing,
+            SetupError::NetName { .. } => ErrorCode::NetNameUnresolved,
+            SetupError::Clone(_) => ErrorCode::CloneFailed,
+            SetupError::Step { .. } => ErrorCode::SetupStepFailed,
+            SetupError::InitDied(_) => ErrorCode::InitDied,
+            SetupError::Seccomp(_) => ErrorCode::SeccompBuildFailed,
+            SetupError::Cgroup { .. } => ErrorCode::CgroupFailed,
+            SetupError::Sequence { .. } => ErrorCode::SequenceUnsupported,
+            SetupError::Supervise { .. } => ErrorCode::SuperviseFailed,
         }
     }
 

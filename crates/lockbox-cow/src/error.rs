@@ -9,6 +9,7 @@ use std::io;
 use std::path::PathBuf;
 
 use lockbox_policy::name::quoted;
+use lockbox_policy::ErrorCode;
 
 /// Everything that can go wrong in `lockbox-cow`.
 #[derive(Debug, thiserror::Error)]
@@ -284,39 +285,39 @@ fn list(paths: &[PathBuf]) -> String {
 
 impl CowError {
     /// A stable, `SCREAMING_SNAKE` code for the wire (HTTP, JSON reports).
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            CowError::InvalidBranchId { .. } => "INVALID_BRANCH_ID",
-            CowError::StateDir { .. } => "STATE_DIR",
-            CowError::CreateBranchDir { .. } => "CREATE_BRANCH_DIR",
-            CowError::BranchNotFound { .. } => "BRANCH_NOT_FOUND",
-            CowError::OpenWorkdir { .. } => "OPEN_WORKDIR",
-            CowError::ImportUpper { .. } => "IMPORT_UPPER",
-            CowError::Lock { .. } => "WORKDIR_LOCK",
-            CowError::WorkdirMismatch { .. } => "WORKDIR_MISMATCH",
-            CowError::Overlap { .. } => "STATE_WORKDIR_OVERLAP",
-            CowError::WriteMeta { .. } => "WRITE_BRANCH_META",
-            CowError::ReadMeta { .. } => "READ_BRANCH_META",
-            CowError::CorruptMeta { .. } => "CORRUPT_BRANCH_META",
-            CowError::RemoveBranch { .. } => "REMOVE_BRANCH",
-            CowError::ListBranches { .. } => "LIST_BRANCHES",
-            CowError::ReadUpper { .. } => "READ_BRANCH_ENTRY",
-            CowError::ReadLower { .. } => "READ_WORKDIR_ENTRY",
-            CowError::SpecialFiles { .. } => "SPECIAL_FILES",
-            CowError::ReservedName { .. } => "RESERVED_NAME",
-            CowError::StaleBase { .. } => "STALE_BASE",
-            CowError::WorkdirPermission { .. } => "WORKDIR_PERMISSION",
-            CowError::ResolveBeneath { .. } => "RESOLVE_BENEATH",
-            CowError::Stage { .. } => "COMMIT_STAGE",
-            CowError::SyncFs { .. } => "COMMIT_SYNCFS",
-            CowError::Rename { .. } => "COMMIT_RENAME",
-            CowError::Mkdir { .. } => "COMMIT_MKDIR",
-            CowError::Delete { .. } => "COMMIT_DELETE",
-            CowError::SetMeta { .. } => "COMMIT_SET_META",
-            CowError::Fsync { .. } => "FSYNC",
-            CowError::UnsupportedOverlay { .. } => "UNSUPPORTED_OVERLAY",
-            CowError::BadPath { .. } => "BAD_PATH",
-            CowError::NotChanged { .. } => "NOT_CHANGED",
+            CowError::InvalidBranchId { .. } => ErrorCode::InvalidBranchId,
+            CowError::StateDir { .. } => ErrorCode::StateDir,
+            CowError::CreateBranchDir { .. } => ErrorCode::CreateBranchDir,
+            CowError::BranchNotFound { .. } => ErrorCode::BranchNotFound,
+            CowError::OpenWorkdir { .. } => ErrorCode::OpenWorkdir,
+            CowError::ImportUpper { .. } => ErrorCode::ImportUpper,
+            CowError::Lock { .. } => ErrorCode::WorkdirLock,
+            CowError::WorkdirMismatch { .. } => ErrorCode::WorkdirMismatch,
+            CowError::Overlap { .. } => ErrorCode::StateWorkdirOverlap,
+            CowError::WriteMeta { .. } => ErrorCode::WriteBranchMeta,
+            CowError::ReadMeta { .. } => ErrorCode::ReadBranchMeta,
+            CowError::CorruptMeta { .. } => ErrorCode::CorruptBranchMeta,
+            CowError::RemoveBranch { .. } => ErrorCode::RemoveBranch,
+            CowError::ListBranches { .. } => ErrorCode::ListBranches,
+            CowError::ReadUpper { .. } => ErrorCode::ReadBranchEntry,
+            CowError::ReadLower { .. } => ErrorCode::ReadWorkdirEntry,
+            CowError::SpecialFiles { .. } => ErrorCode::SpecialFiles,
+            CowError::ReservedName { .. } => ErrorCode::ReservedName,
+            CowError::StaleBase { .. } => ErrorCode::StaleBase,
+            CowError::WorkdirPermission { .. } => ErrorCode::WorkdirPermission,
+            CowError::ResolveBeneath { .. } => ErrorCode::ResolveBeneath,
+            CowError::Stage { .. } => ErrorCode::CommitStage,
+            CowError::SyncFs { .. } => ErrorCode::CommitSyncfs,
+            CowError::Rename { .. } => ErrorCode::CommitRename,
+            CowError::Mkdir { .. } => ErrorCode::CommitMkdir,
+            CowError::Delete { .. } => ErrorCode::CommitDelete,
+            CowError::SetMeta { .. } => ErrorCode::CommitSetMeta,
+            CowError::Fsync { .. } => ErrorCode::Fsync,
+            CowError::UnsupportedOverlay { .. } => ErrorCode::UnsupportedOverlay,
+            CowError::BadPath { .. } => ErrorCode::BadPath,
+            CowError::NotChanged { .. } => ErrorCode::NotChanged,
         }
     }
 

@@ -60,7 +60,7 @@ fn branch_layout_meta_and_list() {
     );
     let missing = BranchId::parse("nope").unwrap();
     let e = Branch::open(&s.state, &missing).unwrap_err();
-    assert_eq!((e.code(), e.exit_code()), ("BRANCH_NOT_FOUND", 2));
+    assert_eq!((e.code().as_str(), e.exit_code()), ("BRANCH_NOT_FOUND", 2));
 }
 
 #[test]
@@ -414,7 +414,7 @@ fn stale_base_refused_then_forced() {
     // The host edits f, deletes rm-me and adds into d while the branch exists.
     sh(&s.wd, "echo host > f; rm rm-me; echo host > d/y");
     let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
-    assert_eq!((e.code(), e.exit_code()), ("STALE_BASE", 5));
+    assert_eq!((e.code().as_str(), e.exit_code()), ("STALE_BASE", 5));
     let CowError::StaleBase { paths } = &e else {
         panic!()
     };
@@ -478,7 +478,7 @@ fn stale_base_when_writing_the_bytes_a_rival_committed_meanwhile() {
     // The rival's commit: the same read, the same write.
     sh(&s.wd, bump);
     let e = b.clone().commit(&CommitOptions::default()).unwrap_err();
-    assert_eq!((e.code(), e.exit_code()), ("STALE_BASE", 5), "{e}");
+    assert_eq!((e.code().as_str(), e.exit_code()), ("STALE_BASE", 5), "{e}");
     let CowError::StaleBase { paths } = &e else {
         panic!("{e}")
     };
@@ -1366,7 +1366,11 @@ fn workdir_directories_the_committer_cannot_change_refuse_the_commit_up_front() 
     // `a.txt` sorts before `ro/new`: a commit that found out while applying would have
     // replaced it already.
     let e = result.unwrap_err();
-    assert_eq!((e.code(), e.exit_code()), ("WORKDIR_PERMISSION", 4), "{e}");
+    assert_eq!(
+        (e.code().as_str(), e.exit_code()),
+        ("WORKDIR_PERMISSION", 4),
+        "{e}"
+    );
     assert!(e.to_string().contains("ro"), "{e}");
     assert_eq!(hash_tree(&s.wd), before, "something was applied");
     assert!(!staging_left(&s.wd));

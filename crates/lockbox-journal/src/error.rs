@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use crate::id::{RunId, StepId};
+use lockbox_codes::ErrorCode;
 
 /// Why a run is finished and cannot be started again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -258,31 +259,31 @@ pub enum JournalError {
 
 impl JournalError {
     /// A stable `SCREAMING_SNAKE` code for the wire and for dispatchers.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::InvalidRunId { .. } => "INVALID_RUN_ID",
-            Self::InvalidStepName { .. } => "INVALID_STEP_NAME",
-            Self::InvalidBranchKey { .. } => "INVALID_BRANCH_KEY",
-            Self::DuplicateBranchKey { .. } => "DUPLICATE_BRANCH_KEY",
-            Self::ReplayMismatch { .. } => "REPLAY_MISMATCH",
-            Self::VersionMismatch { .. } => "VERSION_MISMATCH",
-            Self::MetadataMismatch { .. } => "METADATA_MISMATCH",
-            Self::TerminalRun { .. } => "TERMINAL_RUN",
-            Self::Fenced { .. } => "FENCED",
-            Self::OffsetConflict { .. } => "OFFSET_CONFLICT",
-            Self::JournalCorruption { .. } => "JOURNAL_CORRUPTION",
-            Self::UnsupportedFormat { .. } => "UNSUPPORTED_FORMAT",
-            Self::StepTooLarge { .. } => "STEP_TOO_LARGE",
-            Self::EncodeValue { .. } => "ENCODE_VALUE",
-            Self::DecodeValue { .. } => "DECODE_VALUE",
-            Self::RunNotFound { .. } => "RUN_NOT_FOUND",
-            Self::NoJournal { .. } => "NO_JOURNAL",
-            Self::RunExists { .. } => "RUN_EXISTS",
-            Self::StepNotFound { .. } => "STEP_NOT_FOUND",
-            Self::OffsetOutOfRange { .. } => "OFFSET_OUT_OF_RANGE",
-            Self::NotSuspended { .. } => "NOT_SUSPENDED",
-            Self::TxnOutcomeLookup { .. } => "TXN_OUTCOME_LOOKUP",
-            Self::InvalidStorageUrl { .. } => "INVALID_STORAGE_URL",
+            Self::InvalidRunId { .. } => ErrorCode::InvalidRunId,
+            Self::InvalidStepName { .. } => ErrorCode::InvalidStepName,
+            Self::InvalidBranchKey { .. } => ErrorCode::InvalidBranchKey,
+            Self::DuplicateBranchKey { .. } => ErrorCode::DuplicateBranchKey,
+            Self::ReplayMismatch { .. } => ErrorCode::ReplayMismatch,
+            Self::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            Self::MetadataMismatch { .. } => ErrorCode::MetadataMismatch,
+            Self::TerminalRun { .. } => ErrorCode::TerminalRun,
+            Self::Fenced { .. } => ErrorCode::Fenced,
+            Self::OffsetConflict { .. } => ErrorCode::OffsetConflict,
+            Self::JournalCorruption { .. } => ErrorCode::JournalCorruption,
+            Self::UnsupportedFormat { .. } => ErrorCode::UnsupportedFormat,
+            Self::StepTooLarge { .. } => ErrorCode::StepTooLarge,
+            Self::EncodeValue { .. } => ErrorCode::EncodeValue,
+            Self::DecodeValue { .. } => ErrorCode::DecodeValue,
+            Self::RunNotFound { .. } => ErrorCode::RunNotFound,
+            Self::NoJournal { .. } => ErrorCode::NoJournal,
+            Self::RunExists { .. } => ErrorCode::RunExists,
+            Self::StepNotFound { .. } => ErrorCode::StepNotFound,
+            Self::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+            Self::NotSuspended { .. } => ErrorCode::NotSuspended,
+            Self::TxnOutcomeLookup { .. } => ErrorCode::TxnOutcomeLookup,
+            Self::InvalidStorageUrl { .. } => ErrorCode::InvalidStorageUrl,
             Self::Storage(e) => e.code(),
         }
     }
@@ -429,17 +430,17 @@ pub enum StorageError {
 
 impl StorageError {
     /// A stable `SCREAMING_SNAKE` code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Fenced { .. } => "FENCED",
-            Self::OffsetConflict { .. } => "OFFSET_CONFLICT",
-            Self::Corruption { .. } => "JOURNAL_CORRUPTION",
-            Self::Io { .. } => "STORAGE_IO",
-            Self::Sqlite { .. } | Self::SqliteBatch { .. } => "STORAGE_SQLITE",
-            Self::Postgres { .. } => "STORAGE_POSTGRES",
-            Self::InvalidSchema { .. } => "INVALID_SCHEMA",
-            Self::Unsupported { .. } => "STORAGE_UNSUPPORTED",
-            Self::WorkerGone { .. } => "STORAGE_WORKER_GONE",
+            Self::Fenced { .. } => ErrorCode::Fenced,
+            Self::OffsetConflict { .. } => ErrorCode::OffsetConflict,
+            Self::Corruption { .. } => ErrorCode::JournalCorruption,
+            Self::Io { .. } => ErrorCode::StorageIo,
+            Self::Sqlite { .. } | Self::SqliteBatch { .. } => ErrorCode::StorageSqlite,
+            Self::Postgres { .. } => ErrorCode::StoragePostgres,
+            Self::InvalidSchema { .. } => ErrorCode::InvalidSchema,
+            Self::Unsupported { .. } => ErrorCode::StorageUnsupported,
+            Self::WorkerGone { .. } => ErrorCode::StorageWorkerGone,
         }
     }
 
@@ -468,9 +469,9 @@ pub enum StepError<E> {
 
 impl<E> StepError<E> {
     /// A stable code: `STEP_FAILED` or the journal error's code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Failed(_) => "STEP_FAILED",
+            Self::Failed(_) => ErrorCode::StepFailed,
             Self::Journal(e) => e.code(),
         }
     }

@@ -1,5 +1,6 @@
 //! Why a policy was refused.
 
+use lockbox_codes::ErrorCode;
 use std::path::PathBuf;
 
 /// A policy value that no sandbox can honour. Each variant names the field or input.
@@ -74,16 +75,16 @@ pub enum PolicyError {
 
 impl PolicyError {
     /// A stable identifier for machines (`SCREAMING_SNAKE`).
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            PolicyError::BadSize { .. } => "BAD_SIZE",
-            PolicyError::BadDuration { .. } => "BAD_DURATION",
-            PolicyError::RelativePath { .. } => "RELATIVE_PATH",
-            PolicyError::ReservedPath { .. } => "RESERVED_PATH",
-            PolicyError::BadEnv { .. } => "BAD_ENV",
-            PolicyError::Invalid { .. } => "INVALID_POLICY",
-            PolicyError::BadNetSpec { .. } => "BAD_NET_SPEC",
-            PolicyError::Profile { .. } => "BAD_PROFILE",
+            PolicyError::BadSize { .. } => ErrorCode::BadSize,
+            PolicyError::BadDuration { .. } => ErrorCode::BadDuration,
+            PolicyError::RelativePath { .. } => ErrorCode::RelativePath,
+            PolicyError::ReservedPath { .. } => ErrorCode::ReservedPath,
+            PolicyError::BadEnv { .. } => ErrorCode::BadEnv,
+            PolicyError::Invalid { .. } => ErrorCode::InvalidPolicy,
+            PolicyError::BadNetSpec { .. } => ErrorCode::BadNetSpec,
+            PolicyError::Profile { .. } => ErrorCode::BadProfile,
         }
     }
 }

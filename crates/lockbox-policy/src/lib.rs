@@ -44,6 +44,7 @@ pub use crate::net::{
     canonical, route, IpNet, ListKind, Net, NetHost, NetRule, NetSpec, Ports, Proto, Route,
 };
 pub use crate::units::{parse_duration, plural, ByteSize, HumanBytes, HumanDuration};
+pub use lockbox_codes::{ErrorCode, Family};
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -1,6 +1,7 @@
 //! The runtime's errors, each with a stable machine code (`code()`) and structured
 //! `details()` that the HTTP layer turns into `{code, message, details}`.
 
+use lockbox_policy::ErrorCode;
 use serde_json::{json, Value};
 
 /// Everything the runtime can refuse or fail with.
@@ -127,9 +128,16 @@ pub enum RuntimeError {
         /// Its value.
         limit: usize,
     },
-    /// The sandbox could not be set up (kernel feature, policy, agent).
+    /// The sandbox could not be set up (the agent, its executable, the state directory).
     #[error("sandbox setup failed: {0}")]
     SetupFailed(String),
+    /// The sandbox could not be confined as asked (kernel feature, policy): the wire code
+    /// is `SETUP_FAILED`, the details name the cause's own code and hint.
+    #[error("sandbox setup failed: {0}")]
+    Setup(#[source] lockbox_confine::SetupError),
+    /// The branch could not be created, read or committed (its own code on the wire).
+    #[error("branch: {0}")]
+    Branch(#[source] lockbox_cow::CowError),
     /// Commit refused: the workdir changed under the branch (stale base).
     #[error("conflict: {0}")]
     Conflict(String),
@@ -140,29 +148,30 @@ pub enum RuntimeError {
 
 impl RuntimeError {
     /// The stable machine code, e.g. `SESSION_TERMINATED`.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            RuntimeError::SandboxNotFound { .. } => "SANDBOX_NOT_FOUND",
-            RuntimeError::SandboxNotRunning { .. } => "SANDBOX_NOT_RUNNING",
-            RuntimeError::SessionNotFound { .. } => "SESSION_NOT_FOUND",
-            RuntimeError::SessionExists { .. } => "ALREADY_EXISTS",
-            RuntimeError::SessionTerminated { .. } => "SESSION_TERMINATED",
-            RuntimeError::ProcessNotFound { .. } => "PROCESS_NOT_FOUND",
-            RuntimeError::ProcessNotRunning { .. } => "PROCESS_NOT_RUNNING",
-            RuntimeError::NotSupported { .. } => "NOT_SUPPORTED",
-            RuntimeError::FileNotFound { .. } => "FILE_NOT_FOUND",
-            RuntimeError::PathOutsideSandbox { .. } => "PATH_OUTSIDE_SANDBOX",
-            RuntimeError::NotADirectory { .. } => "NOT_A_DIRECTORY",
-            RuntimeError::IsADirectory { .. } => "IS_A_DIRECTORY",
-            RuntimeError::AlreadyExists { .. } => "ALREADY_EXISTS",
-            RuntimeError::ReadOnly { .. } => "READ_ONLY",
-            RuntimeError::PermissionDenied { .. } => "PERMISSION_DENIED",
-            RuntimeError::NoWorkdir { .. } => "NO_WORKDIR",
-            RuntimeError::InvalidRequest { .. } => "INVALID_REQUEST",
-            RuntimeError::LimitReached { .. } => "LIMIT_REACHED",
-            RuntimeError::SetupFailed(_) => "SETUP_FAILED",
-            RuntimeError::Conflict(_) => "CONFLICT",
-            RuntimeError::Internal(_) => "INTERNAL",
+            RuntimeError::SandboxNotFound { .. } => ErrorCode::SandboxNotFound,
+            RuntimeError::SandboxNotRunning { .. } => ErrorCode::SandboxNotRunning,
+            RuntimeError::SessionNotFound { .. } => ErrorCode::SessionNotFound,
+            RuntimeError::SessionExists { .. } => ErrorCode::AlreadyExists,
+            RuntimeError::SessionTerminated { .. } => ErrorCode::SessionTerminated,
+            RuntimeError::ProcessNotFound { .. } => ErrorCode::ProcessNotFound,
+            RuntimeError::ProcessNotRunning { .. } => ErrorCode::ProcessNotRunning,
+            RuntimeError::NotSupported { .. } => ErrorCode::NotSupported,
+            RuntimeError::FileNotFound { .. } => ErrorCode::FileNotFound,
+            RuntimeError::PathOutsideSandbox { .. } => ErrorCode::PathOutsideSandbox,
+            RuntimeError::NotADirectory { .. } => ErrorCode::NotADirectory,
+            RuntimeError::IsADirectory { .. } => ErrorCode::IsADirectory,
+            RuntimeError::AlreadyExists { .. } => ErrorCode::AlreadyExists,
+            RuntimeError::ReadOnly { .. } => ErrorCode::ReadOnly,
+            RuntimeError::PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            RuntimeError::NoWorkdir { .. } => ErrorCode::NoWorkdir,
+            RuntimeError::InvalidRequest { .. } => ErrorCode::InvalidRequest,
+            RuntimeError::LimitReached { .. } => ErrorCode::LimitReached,
+            RuntimeError::SetupFailed(_) | RuntimeError::Setup(_) => ErrorCode::SetupFailed,
+            RuntimeError::Branch(e) => e.code(),
+            RuntimeError::Conflict(_) => ErrorCode::Conflict,
+            RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
 
@@ -191,7 +200,9 @@ impl RuntimeError {
                 json!({ "field": field, "message": message })
             }
             RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
+            RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
             RuntimeError::SetupFailed(_)
+            | RuntimeError::Branch(_)
             | RuntimeError::Conflict(_)
             | RuntimeError::Internal(_) => {
                 json!({})

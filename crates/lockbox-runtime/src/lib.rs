@@ -442,7 +442,7 @@ impl Sandbox {
                 drop(sink);
                 let _ = tx
                     .send(ExecEvent::Error {
-                        code: e.code().to_owned(),
+                        code: e.code(),
                         message: e.to_string(),
                     })
                     .await;

@@ -171,8 +171,7 @@ pub(crate) async fn start_instance(
                     format!("{} is not a directory", dir.display()),
                 ));
             }
-            let branch = Branch::create(state_dir, dir, context)
-                .map_err(|e| RuntimeError::SetupFailed(format!("creating the branch: {e}")))?;
+            let branch = Branch::create(state_dir, dir, context).map_err(RuntimeError::Branch)?;
             policy.mount_copy_on_write(
                 branch.workdir(),
                 branch.upper_dir(),
@@ -305,7 +304,7 @@ async fn on_spawner_thread<T: Send + 'static>(
 }
 
 fn setup_failed(e: lockbox_confine::SetupError) -> RuntimeError {
-    RuntimeError::SetupFailed(e.to_string())
+    RuntimeError::Setup(e)
 }
 
 impl Instance {

@@ -279,7 +279,7 @@ pub enum ExecEvent {
     /// The command could not finish (e.g. `SESSION_TERMINATED`); the last event.
     Error {
         /// [`crate::RuntimeError::code`].
-        code: String,
+        code: lockbox_policy::ErrorCode,
         /// The message.
         message: String,
     },

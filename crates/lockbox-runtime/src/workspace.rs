@@ -35,7 +35,7 @@ pub(crate) fn cow_error(e: CowError) -> RuntimeError {
             "only/exclude",
             format!("{}: not a plain relative path of the workdir, or below a directory the branch replaces", quoted(&path)),
         ),
-        e => RuntimeError::Internal(e.to_string()),
+        e => RuntimeError::Branch(e),
     }
 }
 

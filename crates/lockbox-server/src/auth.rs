@@ -176,7 +176,8 @@ pub async fn require_token(State(token): State<Token>, req: Request, next: Next)
 }
 
 fn unauthorized(message: &str) -> Response {
-    let mut response = ApiError::new("UNAUTHORIZED", message).into_response();
+    let mut response =
+        ApiError::new(lockbox_policy::ErrorCode::Unauthorized, message).into_response();
     response
         .headers_mut()
         .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

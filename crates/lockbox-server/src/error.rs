@@ -4,6 +4,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use lockbox_policy::ErrorCode;
 use lockbox_runtime::RuntimeError;
 use serde_json::{json, Value};
 
@@ -11,58 +12,146 @@ use serde_json::{json, Value};
 #[derive(Debug, Clone)]
 pub struct ApiError {
     /// Stable, `SCREAMING_SNAKE` code (see `docs/server.md`).
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// One lowercase line naming the id, path or field.
     pub message: String,
     /// Machine-readable context (`field`, `id`, `path`, ...); an object.
     pub details: Value,
 }
 
-/// Every code the server answers with, with its HTTP status. The runtime's codes pass
-/// through unchanged; an unknown one is a 500 (and a bug to fix here).
-pub const CODES: &[(&str, StatusCode)] = &[
-    ("INVALID_REQUEST", StatusCode::BAD_REQUEST),
-    ("NOT_A_DIRECTORY", StatusCode::BAD_REQUEST),
-    ("IS_A_DIRECTORY", StatusCode::BAD_REQUEST),
-    ("UNAUTHORIZED", StatusCode::UNAUTHORIZED),
-    ("PATH_OUTSIDE_SANDBOX", StatusCode::FORBIDDEN),
-    ("READ_ONLY", StatusCode::FORBIDDEN),
-    ("PERMISSION_DENIED", StatusCode::FORBIDDEN),
-    ("NOT_FOUND", StatusCode::NOT_FOUND),
-    ("SANDBOX_NOT_FOUND", StatusCode::NOT_FOUND),
-    ("SESSION_NOT_FOUND", StatusCode::NOT_FOUND),
-    ("PROCESS_NOT_FOUND", StatusCode::NOT_FOUND),
-    ("FILE_NOT_FOUND", StatusCode::NOT_FOUND),
-    ("METHOD_NOT_ALLOWED", StatusCode::METHOD_NOT_ALLOWED),
-    ("REQUEST_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
-    ("SANDBOX_NOT_RUNNING", StatusCode::CONFLICT),
-    ("SESSION_TERMINATED", StatusCode::CONFLICT),
-    ("PROCESS_NOT_RUNNING", StatusCode::CONFLICT),
-    ("ALREADY_EXISTS", StatusCode::CONFLICT),
-    ("NO_WORKDIR", StatusCode::CONFLICT),
-    ("NOT_SUPPORTED", StatusCode::CONFLICT),
-    ("CONFLICT", StatusCode::CONFLICT),
-    ("PAYLOAD_TOO_LARGE", StatusCode::PAYLOAD_TOO_LARGE),
-    ("UNSUPPORTED_MEDIA_TYPE", StatusCode::UNSUPPORTED_MEDIA_TYPE),
-    ("RANGE_NOT_SATISFIABLE", StatusCode::RANGE_NOT_SATISFIABLE),
-    ("SETUP_FAILED", StatusCode::UNPROCESSABLE_ENTITY),
-    ("LIMIT_REACHED", StatusCode::TOO_MANY_REQUESTS),
-    ("INTERNAL", StatusCode::INTERNAL_SERVER_ERROR),
-    ("SERVER_BUSY", StatusCode::SERVICE_UNAVAILABLE),
-];
-
-/// The HTTP status of a code.
-pub fn status_of(code: &str) -> StatusCode {
-    CODES
-        .iter()
-        .find(|(c, _)| *c == code)
-        .map(|(_, s)| *s)
-        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+/// The HTTP status of a code: one `match` over every code lockbox has, so a new code
+/// cannot be added without deciding its status.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    use ErrorCode as C;
+    match code {
+        // The request is wrong.
+        C::InvalidRequest
+        | C::NotADirectory
+        | C::IsADirectory
+        | C::BadSize
+        | C::BadDuration
+        | C::RelativePath
+        | C::ReservedPath
+        | C::BadEnv
+        | C::InvalidPolicy
+        | C::BadNetSpec
+        | C::BadProfile
+        | C::BadPolicy
+        | C::BadPath
+        | C::InvalidBranchId
+        | C::InvalidTxnId
+        | C::TxnUsage
+        | C::InvalidRunId
+        | C::InvalidStepName
+        | C::InvalidBranchKey
+        | C::DuplicateBranchKey
+        | C::InvalidStorageUrl
+        | C::NotSerializable
+        | C::EncodeValue => StatusCode::BAD_REQUEST,
+        C::Unauthorized => StatusCode::UNAUTHORIZED,
+        C::PathOutsideSandbox | C::ReadOnly | C::PermissionDenied | C::WorkdirPermission => {
+            StatusCode::FORBIDDEN
+        }
+        C::NotFound
+        | C::SandboxNotFound
+        | C::SessionNotFound
+        | C::ProcessNotFound
+        | C::FileNotFound
+        | C::BranchNotFound
+        | C::NotChanged
+        | C::TxnNotFound
+        | C::RunNotFound
+        | C::NoJournal
+        | C::StepNotFound => StatusCode::NOT_FOUND,
+        C::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        C::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        // The request is fine but the state forbids it now.
+        C::SandboxNotRunning
+        | C::SessionTerminated
+        | C::ProcessNotRunning
+        | C::AlreadyExists
+        | C::NoWorkdir
+        | C::NotSupported
+        | C::Conflict
+        | C::StaleBase
+        | C::WorkdirBusy
+        | C::WorkdirLock
+        | C::WorkdirMismatch
+        | C::SpecialFiles
+        | C::ReservedName
+        | C::TxnWrongState
+        | C::ReplayMismatch
+        | C::VersionMismatch
+        | C::MetadataMismatch
+        | C::TerminalRun
+        | C::Fenced
+        | C::OffsetConflict
+        | C::RunExists
+        | C::OffsetOutOfRange
+        | C::NotSuspended
+        | C::StepFailed => StatusCode::CONFLICT,
+        C::PayloadTooLarge | C::StepTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        C::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        C::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+        // No sandbox can be made as asked on this host.
+        C::SetupFailed
+        | C::FeatureMissing
+        | C::NetNameUnresolved
+        | C::CloneFailed
+        | C::SetupStepFailed
+        | C::InitDied
+        | C::SeccompBuildFailed
+        | C::CgroupFailed
+        | C::SequenceUnsupported
+        | C::StateWorkdirOverlap
+        | C::UnsupportedOverlay => StatusCode::UNPROCESSABLE_ENTITY,
+        C::LimitReached => StatusCode::TOO_MANY_REQUESTS,
+        C::ServerBusy | C::StorageWorkerGone | C::TxnOutcomeLookup => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        // lockbox or the host failed: the cause goes to the operator's log.
+        C::Internal
+        | C::SuperviseFailed
+        | C::StateDir
+        | C::CreateBranchDir
+        | C::OpenWorkdir
+        | C::ImportUpper
+        | C::WriteBranchMeta
+        | C::ReadBranchMeta
+        | C::CorruptBranchMeta
+        | C::RemoveBranch
+        | C::ListBranches
+        | C::ReadBranchEntry
+        | C::ReadWorkdirEntry
+        | C::ResolveBeneath
+        | C::CommitStage
+        | C::CommitSyncfs
+        | C::CommitRename
+        | C::CommitMkdir
+        | C::CommitDelete
+        | C::CommitSetMeta
+        | C::Fsync
+        | C::TxnStore
+        | C::TxnWriteRecord
+        | C::TxnReadRecord
+        | C::TxnCorruptRecord
+        | C::TxnStdio
+        | C::TxnApply
+        | C::JournalTask
+        | C::JournalCorruption
+        | C::UnsupportedFormat
+        | C::DecodeValue
+        | C::StorageIo
+        | C::StorageSqlite
+        | C::StoragePostgres
+        | C::InvalidSchema
+        | C::StorageUnsupported => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
 impl ApiError {
     /// An error with empty details.
-    pub fn new(code: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
             code,
             message: message.into(),
@@ -78,13 +167,13 @@ impl ApiError {
 
     /// `INVALID_REQUEST` naming the field.
     pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
-        ApiError::new("INVALID_REQUEST", message).with_details(json!({ "field": field }))
+        ApiError::new(ErrorCode::InvalidRequest, message).with_details(json!({ "field": field }))
     }
 
     /// `LIMIT_REACHED` naming the limit (details as the runtime's: `{what, limit}`).
     pub fn limit(what: &str, limit: usize) -> ApiError {
         ApiError::new(
-            "LIMIT_REACHED",
+            ErrorCode::LimitReached,
             format!("{what} reached ({limit}); retry later"),
         )
         .with_details(json!({ "what": what, "limit": limit }))
@@ -93,7 +182,7 @@ impl ApiError {
     /// `REQUEST_TIMEOUT`: the request body delivered nothing for `--io-timeout`.
     pub fn body_stalled() -> ApiError {
         ApiError::new(
-            "REQUEST_TIMEOUT",
+            ErrorCode::RequestTimeout,
             "the request body stopped arriving (--io-timeout)",
         )
     }
@@ -124,7 +213,7 @@ impl IntoResponse for ApiError {
         let status = self.status();
         let (message, details) = if status.is_server_error() {
             // The cause goes to the operator's log, not to the client.
-            tracing::error!(code = self.code, message = %self.message, details = %self.details, "request failed");
+            tracing::error!(code = %self.code, message = %self.message, details = %self.details, "request failed");
             ("internal error (see the server log)".to_owned(), json!({}))
         } else {
             (self.message, self.details)
@@ -139,14 +228,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_code_has_one_status() {
-        for (i, (code, _)) in CODES.iter().enumerate() {
+    fn codes_have_the_statuses_clients_rely_on() {
+        assert_eq!(status_of(ErrorCode::SandboxNotFound), StatusCode::NOT_FOUND);
+        assert_eq!(status_of(ErrorCode::StaleBase), StatusCode::CONFLICT);
+        assert_eq!(
+            status_of(ErrorCode::SetupFailed),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(status_of(ErrorCode::Unauthorized), StatusCode::UNAUTHORIZED);
+        // Errors of the request are 4xx; only lockbox's or the host's own failures are 5xx.
+        for &code in ErrorCode::ALL {
+            let status = status_of(code);
             assert!(
-                CODES[i + 1..].iter().all(|(c, _)| c != code),
-                "{code} listed twice"
+                status.is_client_error() || status.is_server_error(),
+                "{code}"
             );
         }
-        assert_eq!(status_of("SANDBOX_NOT_FOUND"), StatusCode::NOT_FOUND);
-        assert_eq!(status_of("NO_SUCH_CODE"), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

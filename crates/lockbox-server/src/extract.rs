@@ -26,7 +26,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                 || essence.to_ascii_lowercase().ends_with("+json");
             if !is_json {
                 return Err(ApiError::new(
-                    "UNSUPPORTED_MEDIA_TYPE",
+                    lockbox_policy::ErrorCode::UnsupportedMediaType,
                     format!("expected a JSON body (Content-Type: application/json), got {ct:?}"),
                 ));
             }
@@ -106,12 +106,12 @@ pub fn body_rejection(e: BytesRejection) -> ApiError {
         ApiError::body_stalled()
     } else if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
-            "PAYLOAD_TOO_LARGE",
+            lockbox_policy::ErrorCode::PayloadTooLarge,
             "the request body exceeds the server's limit (--max-body)",
         )
     } else {
         ApiError::new(
-            "INVALID_REQUEST",
+            lockbox_policy::ErrorCode::InvalidRequest,
             format!("reading the body: {}", e.body_text()),
         )
     }
@@ -162,7 +162,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
             .map(|Path(v)| ApiPath(v))
             .map_err(|e: PathRejection| {
                 ApiError::new(
-                    "INVALID_REQUEST",
+                    lockbox_policy::ErrorCode::InvalidRequest,
                     format!("invalid path: {}", e.body_text()),
                 )
             })

@@ -28,7 +28,7 @@ mod wire;
 
 pub use crate::auth::{Token, TokenError, TOKEN_FILE};
 pub use crate::connections::MAX_HEAD;
-pub use crate::error::{status_of, ApiError, CODES};
+pub use crate::error::{status_of, ApiError};
 
 use crate::streams::Streams;
 use axum::extract::DefaultBodyLimit;

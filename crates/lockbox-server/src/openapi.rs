@@ -369,7 +369,7 @@ fn schemas() -> Value {
             "type": "object",
             "required": ["code", "message", "details"],
             "properties": {
-                "code": { "type": "string", "enum": crate::error::CODES.iter().map(|(c, _)| *c).collect::<Vec<_>>() },
+                "code": { "type": "string", "enum": lockbox_policy::ErrorCode::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>() },
                 "message": string,
                 "details": { "type": "object" }
             }

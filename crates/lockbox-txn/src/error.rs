@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use lockbox_policy::name::quoted;
 
 use crate::TxnId;
+use lockbox_policy::ErrorCode;
 
 /// A failure of the transaction machinery (a stage that fails is not an error: it aborts the
 /// transaction and is reported in [`crate::TxnOutcome`]).
@@ -108,20 +109,20 @@ pub enum TxnError {
 
 impl TxnError {
     /// A stable, `SCREAMING_SNAKE` code for the wire.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            TxnError::InvalidId { .. } => "INVALID_TXN_ID",
-            TxnError::NotFound { .. } => "TXN_NOT_FOUND",
-            TxnError::Usage { .. } => "TXN_USAGE",
-            TxnError::WrongState { .. } => "TXN_WRONG_STATE",
-            TxnError::Store { .. } => "TXN_STORE",
-            TxnError::WriteRecord { .. } => "TXN_WRITE_RECORD",
-            TxnError::ReadRecord { .. } => "TXN_READ_RECORD",
-            TxnError::CorruptRecord { .. } => "TXN_CORRUPT_RECORD",
-            TxnError::Stdio { .. } => "TXN_STDIO",
-            TxnError::Busy { .. } => "WORKDIR_BUSY",
+            TxnError::InvalidId { .. } => ErrorCode::InvalidTxnId,
+            TxnError::NotFound { .. } => ErrorCode::TxnNotFound,
+            TxnError::Usage { .. } => ErrorCode::TxnUsage,
+            TxnError::WrongState { .. } => ErrorCode::TxnWrongState,
+            TxnError::Store { .. } => ErrorCode::TxnStore,
+            TxnError::WriteRecord { .. } => ErrorCode::TxnWriteRecord,
+            TxnError::ReadRecord { .. } => ErrorCode::TxnReadRecord,
+            TxnError::CorruptRecord { .. } => ErrorCode::TxnCorruptRecord,
+            TxnError::Stdio { .. } => ErrorCode::TxnStdio,
+            TxnError::Busy { .. } => ErrorCode::WorkdirBusy,
             TxnError::Cow(e) => e.code(),
-            TxnError::Apply { .. } => "TXN_APPLY",
+            TxnError::Apply { .. } => ErrorCode::TxnApply,
         }
     }
 

@@ -42,7 +42,7 @@ pub struct ExecResult {
 #[error("{message}")]
 pub struct JournaledError {
     /// [`TxnError::code`], or `JOURNAL_TASK` if the blocking task died.
-    pub code: String,
+    pub code: lockbox_policy::ErrorCode,
     /// The error's message.
     pub message: String,
     /// [`TxnError::exit_code`] (the CLI's convention).
@@ -52,7 +52,7 @@ pub struct JournaledError {
 impl From<TxnError> for JournaledError {
     fn from(e: TxnError) -> JournaledError {
         JournaledError {
-            code: e.code().to_owned(),
+            code: e.code(),
             message: e.to_string(),
             exit_code: e.exit_code(),
         }
@@ -61,7 +61,7 @@ impl From<TxnError> for JournaledError {
 
 fn task_died(e: tokio::task::JoinError) -> JournaledError {
     JournaledError {
-        code: "JOURNAL_TASK".into(),
+        code: lockbox_policy::ErrorCode::JournalTask,
         message: format!("the blocking task of a journaled step failed: {e}"),
         exit_code: 125,
     }

@@ -434,7 +434,17 @@ mod tests {
             .iter()
             .map(|o| o.as_ref().map_err(StorageError::code).copied())
             .collect();
-        assert_eq!(codes, [Ok(1), Ok(1), Ok(1), Ok(0), Err("FENCED"), Ok(0)]);
+        assert_eq!(
+            codes,
+            [
+                Ok(1),
+                Ok(1),
+                Ok(1),
+                Ok(0),
+                Err(lockbox_codes::ErrorCode::Fenced),
+                Ok(0)
+            ]
+        );
         let rows: Vec<String> = conn
             .prepare("SELECT run_id FROM lockbox_entries ORDER BY run_id")
             .unwrap()

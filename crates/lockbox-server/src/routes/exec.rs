@@ -23,7 +23,12 @@ pub async fn exec(
     // the session protocol; it runs to its end (or timeout) and the session stays usable.
     let result = tokio::spawn(async move { sandbox.exec(request).await })
         .await
-        .map_err(|e| ApiError::new("INTERNAL", format!("exec task: {e}")))??;
+        .map_err(|e| {
+            ApiError::new(
+                lockbox_policy::ErrorCode::Internal,
+                format!("exec task: {e}"),
+            )
+        })??;
     Ok(exec_reply(result))
 }
 

@@ -108,7 +108,7 @@ pub async fn get(
 
 fn unsatisfiable(path: &str, size: u64) -> Response {
     let mut response = ApiError::new(
-        "RANGE_NOT_SATISFIABLE",
+        lockbox_policy::ErrorCode::RangeNotSatisfiable,
         format!("{path}: the range is outside the file ({size} bytes)"),
     )
     .with_details(json!({ "path": path, "size": size }))

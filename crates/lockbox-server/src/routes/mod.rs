@@ -69,13 +69,16 @@ async fn openapi() -> impl IntoResponse {
 }
 
 async fn not_found(uri: Uri) -> ApiError {
-    ApiError::new("NOT_FOUND", format!("no route {}", uri.path()))
-        .with_details(json!({ "path": uri.path() }))
+    ApiError::new(
+        lockbox_policy::ErrorCode::NotFound,
+        format!("no route {}", uri.path()),
+    )
+    .with_details(json!({ "path": uri.path() }))
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::new(
-        "METHOD_NOT_ALLOWED",
+        lockbox_policy::ErrorCode::MethodNotAllowed,
         format!("{} does not take {method}", uri.path()),
     )
     .with_details(json!({ "path": uri.path(), "method": method.as_str() }))

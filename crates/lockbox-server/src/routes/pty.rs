@@ -62,7 +62,7 @@ pub async fn attach(
     let upgrade = upgrade
         .map_err(|e| {
             ApiError::new(
-                "INVALID_REQUEST",
+                lockbox_policy::ErrorCode::InvalidRequest,
                 format!("this route is a WebSocket: {}", e.body_text()),
             )
         })?
@@ -179,7 +179,7 @@ impl Link {
         match &self.input {
             Input::Pty(sender) => sender.send(bytes).await.map_err(|_| {
                 ApiError::new(
-                    "PROCESS_NOT_RUNNING",
+                    lockbox_policy::ErrorCode::ProcessNotRunning,
                     format!("process {}: the terminal is closed", self.pid),
                 )
             }),

@@ -1,0 +1,279 @@
+//! [`ErrorCode`]: every stable error code lockbox answers with — in `--json` output, HTTP
+//! replies, transaction records and Python exceptions — in one enum, so that a front end
+//! maps codes with an exhaustive `match` (the server's HTTP status, Python's exception
+//! classes) and a new code cannot be forgotten.
+//!
+//! Each crate's error type says which code it is (`PolicyError::code`, `SetupError::code`,
+//! `CowError::code`, ...). On the wire a code is its `SCREAMING_SNAKE` name. This crate has
+//! no other content, so that every crate (the journal too, which knows nothing of sandboxes)
+//! can depend on it.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+
+macro_rules! codes {
+    ($( $family:ident { $( $(#[$doc:meta])* $variant:ident = $name:literal, )* } )*) => {
+        /// A stable error code (see the module doc).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum ErrorCode {
+            $( $( $(#[$doc])* #[doc = concat!("`", $name, "`")] $variant, )* )*
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [ErrorCode] = &[$( $( ErrorCode::$variant, )* )*];
+
+            /// The code's wire name, e.g. `STALE_BASE`.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( $( ErrorCode::$variant => $name, )* )*
+                }
+            }
+
+            /// Which part of lockbox raises it.
+            pub fn family(self) -> Family {
+                match self {
+                    $( $( ErrorCode::$variant => Family::$family, )* )*
+                }
+            }
+
+            /// The code named `name`, if there is one.
+            pub fn from_name(name: &str) -> Option<ErrorCode> {
+                match name {
+                    $( $( $name => Some(ErrorCode::$variant), )* )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// Which part of lockbox raises a code (Python picks an exception's base class by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// A policy no sandbox can honour (`lockbox-policy`).
+    Policy,
+    /// A sandbox that could not be set up (`lockbox-confine`).
+    Setup,
+    /// Branches and commits (`lockbox-cow`).
+    Cow,
+    /// Transactions (`lockbox-txn`).
+    Txn,
+    /// The step journal (`lockbox-journal`).
+    Journal,
+    /// Long-lived sandboxes (`lockbox-runtime`).
+    Runtime,
+    /// The HTTP layer itself (`lockbox-server`).
+    Server,
+}
+
+impl Family {
+    /// Its lowercase name (`"policy"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Policy => "policy",
+            Family::Setup => "setup",
+            Family::Cow => "cow",
+            Family::Txn => "txn",
+            Family::Journal => "journal",
+            Family::Runtime => "runtime",
+            Family::Server => "server",
+        }
+    }
+}
+
+codes! {
+    Policy {
+        BadSize = "BAD_SIZE",
+        BadDuration = "BAD_DURATION",
+        RelativePath = "RELATIVE_PATH",
+        ReservedPath = "RESERVED_PATH",
+        BadEnv = "BAD_ENV",
+        InvalidPolicy = "INVALID_POLICY",
+        BadNetSpec = "BAD_NET_SPEC",
+        BadProfile = "BAD_PROFILE",
+        /// A policy that is not one (the Python SDK's JSON form did not parse).
+        BadPolicy = "BAD_POLICY",
+    }
+    Setup {
+        FeatureMissing = "FEATURE_MISSING",
+        NetNameUnresolved = "NET_NAME_UNRESOLVED",
+        CloneFailed = "CLONE_FAILED",
+        SetupStepFailed = "SETUP_STEP_FAILED",
+        InitDied = "INIT_DIED",
+        SeccompBuildFailed = "SECCOMP_BUILD_FAILED",
+        CgroupFailed = "CGROUP_FAILED",
+        SequenceUnsupported = "SEQUENCE_UNSUPPORTED",
+        SuperviseFailed = "SUPERVISE_FAILED",
+    }
+    Cow {
+        /// A path that is not a plain relative one (also a policy path that cannot be used).
+        BadPath = "BAD_PATH",
+        InvalidBranchId = "INVALID_BRANCH_ID",
+        StateDir = "STATE_DIR",
+        CreateBranchDir = "CREATE_BRANCH_DIR",
+        BranchNotFound = "BRANCH_NOT_FOUND",
+        OpenWorkdir = "OPEN_WORKDIR",
+        ImportUpper = "IMPORT_UPPER",
+        WorkdirLock = "WORKDIR_LOCK",
+        WorkdirMismatch = "WORKDIR_MISMATCH",
+        StateWorkdirOverlap = "STATE_WORKDIR_OVERLAP",
+        WriteBranchMeta = "WRITE_BRANCH_META",
+        ReadBranchMeta = "READ_BRANCH_META",
+        CorruptBranchMeta = "CORRUPT_BRANCH_META",
+        RemoveBranch = "REMOVE_BRANCH",
+        ListBranches = "LIST_BRANCHES",
+        ReadBranchEntry = "READ_BRANCH_ENTRY",
+        ReadWorkdirEntry = "READ_WORKDIR_ENTRY",
+        SpecialFiles = "SPECIAL_FILES",
+        ReservedName = "RESERVED_NAME",
+        StaleBase = "STALE_BASE",
+        WorkdirPermission = "WORKDIR_PERMISSION",
+        ResolveBeneath = "RESOLVE_BENEATH",
+        CommitStage = "COMMIT_STAGE",
+        CommitSyncfs = "COMMIT_SYNCFS",
+        CommitRename = "COMMIT_RENAME",
+        CommitMkdir = "COMMIT_MKDIR",
+        CommitDelete = "COMMIT_DELETE",
+        CommitSetMeta = "COMMIT_SET_META",
+        Fsync = "FSYNC",
+        UnsupportedOverlay = "UNSUPPORTED_OVERLAY",
+        NotChanged = "NOT_CHANGED",
+    }
+    Txn {
+        InvalidTxnId = "INVALID_TXN_ID",
+        TxnNotFound = "TXN_NOT_FOUND",
+        TxnUsage = "TXN_USAGE",
+        TxnWrongState = "TXN_WRONG_STATE",
+        TxnStore = "TXN_STORE",
+        TxnWriteRecord = "TXN_WRITE_RECORD",
+        TxnReadRecord = "TXN_READ_RECORD",
+        TxnCorruptRecord = "TXN_CORRUPT_RECORD",
+        TxnStdio = "TXN_STDIO",
+        WorkdirBusy = "WORKDIR_BUSY",
+        TxnApply = "TXN_APPLY",
+        /// The blocking task of a journaled transaction step died.
+        JournalTask = "JOURNAL_TASK",
+    }
+    Journal {
+        InvalidRunId = "INVALID_RUN_ID",
+        InvalidStepName = "INVALID_STEP_NAME",
+        InvalidBranchKey = "INVALID_BRANCH_KEY",
+        DuplicateBranchKey = "DUPLICATE_BRANCH_KEY",
+        ReplayMismatch = "REPLAY_MISMATCH",
+        VersionMismatch = "VERSION_MISMATCH",
+        MetadataMismatch = "METADATA_MISMATCH",
+        TerminalRun = "TERMINAL_RUN",
+        Fenced = "FENCED",
+        OffsetConflict = "OFFSET_CONFLICT",
+        JournalCorruption = "JOURNAL_CORRUPTION",
+        UnsupportedFormat = "UNSUPPORTED_FORMAT",
+        StepTooLarge = "STEP_TOO_LARGE",
+        EncodeValue = "ENCODE_VALUE",
+        DecodeValue = "DECODE_VALUE",
+        RunNotFound = "RUN_NOT_FOUND",
+        NoJournal = "NO_JOURNAL",
+        RunExists = "RUN_EXISTS",
+        StepNotFound = "STEP_NOT_FOUND",
+        OffsetOutOfRange = "OFFSET_OUT_OF_RANGE",
+        NotSuspended = "NOT_SUSPENDED",
+        TxnOutcomeLookup = "TXN_OUTCOME_LOOKUP",
+        InvalidStorageUrl = "INVALID_STORAGE_URL",
+        StorageIo = "STORAGE_IO",
+        StorageSqlite = "STORAGE_SQLITE",
+        StoragePostgres = "STORAGE_POSTGRES",
+        InvalidSchema = "INVALID_SCHEMA",
+        StorageUnsupported = "STORAGE_UNSUPPORTED",
+        StorageWorkerGone = "STORAGE_WORKER_GONE",
+        /// A recorded step failed (its error is the step's recorded outcome).
+        StepFailed = "STEP_FAILED",
+        /// A value the journal cannot record (the Python SDK's pickling failed).
+        NotSerializable = "NOT_SERIALIZABLE",
+    }
+    Runtime {
+        SandboxNotFound = "SANDBOX_NOT_FOUND",
+        SandboxNotRunning = "SANDBOX_NOT_RUNNING",
+        SessionNotFound = "SESSION_NOT_FOUND",
+        SessionTerminated = "SESSION_TERMINATED",
+        ProcessNotFound = "PROCESS_NOT_FOUND",
+        ProcessNotRunning = "PROCESS_NOT_RUNNING",
+        NotSupported = "NOT_SUPPORTED",
+        FileNotFound = "FILE_NOT_FOUND",
+        PathOutsideSandbox = "PATH_OUTSIDE_SANDBOX",
+        NotADirectory = "NOT_A_DIRECTORY",
+        IsADirectory = "IS_A_DIRECTORY",
+        AlreadyExists = "ALREADY_EXISTS",
+        ReadOnly = "READ_ONLY",
+        PermissionDenied = "PERMISSION_DENIED",
+        NoWorkdir = "NO_WORKDIR",
+        InvalidRequest = "INVALID_REQUEST",
+        LimitReached = "LIMIT_REACHED",
+        SetupFailed = "SETUP_FAILED",
+        Conflict = "CONFLICT",
+        Internal = "INTERNAL",
+    }
+    Server {
+        Unauthorized = "UNAUTHORIZED",
+        NotFound = "NOT_FOUND",
+        MethodNotAllowed = "METHOD_NOT_ALLOWED",
+        RequestTimeout = "REQUEST_TIMEOUT",
+        PayloadTooLarge = "PAYLOAD_TOO_LARGE",
+        UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE",
+        RangeNotSatisfiable = "RANGE_NOT_SATISFIABLE",
+        ServerBusy = "SERVER_BUSY",
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for ErrorCode {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ErrorCode {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorCode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ErrorCode, D::Error> {
+        let name = String::deserialize(d)?;
+        ErrorCode::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown error code {name:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_one_name_that_reads_back() {
+        let mut names = std::collections::HashSet::new();
+        for &code in ErrorCode::ALL {
+            let name = code.as_str();
+            assert!(names.insert(name), "{name} twice");
+            assert!(
+                name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'),
+                "{name}"
+            );
+            assert_eq!(ErrorCode::from_name(name), Some(code));
+            let json = serde_json::to_string(&code).unwrap();
+            assert_eq!(serde_json::from_str::<ErrorCode>(&json).unwrap(), code);
+        }
+        assert!(serde_json::from_str::<ErrorCode>("\"NO_SUCH_CODE\"").is_err());
+    }
+}
