@@ -498,9 +498,12 @@ fn pin_names(net: &Net) -> Result<Vec<(String, Vec<IpAddr>)>, SetupError> {
 fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Vec<u8>)> {
     let name = &policy.hostname;
     let mut files = vec![("hostname".to_owned(), format!("{name}\n").into_bytes())];
-    let loopback = format!(
-        "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-    );
+    // `localhost` names 127.0.0.1 only (Ubuntu's default; ::1 keeps its ip6-* names). With
+    // `::1 localhost` too, glibc sorts the answers by RFC 6724 whatever the file's order, and
+    // ::1 (precedence 50) beats IPv4 (10): Node then binds `localhost` servers to ::1 and
+    // clients of 127.0.0.1 are refused. The sandbox's loopback has ::1, many hosts' do not.
+    let loopback =
+        format!("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tip6-localhost ip6-loopback\n");
     let hosts = match &policy.net {
         // Without a network only loopback exists: say so, and resolve our own name.
         Net::None => loopback.into_bytes(),
