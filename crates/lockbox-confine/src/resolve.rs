@@ -5,6 +5,8 @@ use crate::error::SetupError;
 use lockbox_policy::{ListKind, Net, NetHost, NetRule, Policy, DEFAULT_READS, ETC_SECRETS};
 use std::ffi::OsString;
 use std::net::{IpAddr, ToSocketAddrs};
+use std::os::fd::RawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Read-only or read-write.
@@ -61,6 +63,35 @@ pub struct Resolved {
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
     /// A host executable bound at [`crate::agent::AGENT_PATH`] (the runtime's agent).
     pub helper: Option<PathBuf>,
+    /// The host path of the terminal on the sandbox's stdio, if any: bound at
+    /// [`TERMINAL_PATH`], see [`terminal`].
+    pub terminal: Option<PathBuf>,
+}
+
+/// Where the caller's terminal appears inside (runc and Docker use the same name).
+pub const TERMINAL_PATH: &str = "/dev/console";
+
+/// The host path of the first terminal among the sandbox's stdio (`-1`: the caller's own
+/// descriptor of that number), checked as glibc's `ttyname(3)` does: the path's inode is the
+/// descriptor's. The sandbox's private devpts has no name for a host pseudo-terminal, so
+/// without a bind of it `tty` says "not a tty" and `ttyname()` fails with `ENODEV`. The
+/// name grants nothing the descriptor does not: it is the same terminal, already open.
+pub fn terminal(stdio: &[RawFd; 3]) -> Option<PathBuf> {
+    stdio.iter().enumerate().find_map(|(i, &fd)| {
+        let fd = if fd >= 0 { fd } else { i as RawFd };
+        if !crate::sys::is_terminal(fd) {
+            return None;
+        }
+        let link = format!("/proc/self/fd/{fd}");
+        let open = std::fs::metadata(&link).ok()?;
+        let path = std::fs::read_link(&link).ok()?;
+        let named = std::fs::metadata(&path).ok()?;
+        (path.is_absolute()
+            && named.file_type().is_char_device()
+            && named.dev() == open.dev()
+            && named.ino() == open.ino())
+        .then_some(path)
+    })
 }
 
 /// An overlay of [`lockbox_policy::Overlay`] with canonical paths.

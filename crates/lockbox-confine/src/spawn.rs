@@ -386,6 +386,7 @@ fn spawn_inner(
     let caller_cwd = std::env::current_dir().ok();
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     resolved.helper = helper.map(Path::to_owned);
+    resolved.terminal = resolve::terminal(&stdio_fds);
     for overlay in &resolved.overlays {
         clear_volatile_mark(overlay)?;
     }
