@@ -93,6 +93,52 @@ fn success_commits_and_the_cwd_is_the_workdir() {
 }
 
 #[test]
+fn workdir_through_a_symlinked_parent_keeps_its_path_and_commits_to_the_real_directory() {
+    for user in users() {
+        let s = Setup::new(user);
+        let parent = s.work.parent().unwrap();
+        let link = parent.join("link");
+        std::os::unix::fs::symlink(parent, &link).unwrap();
+        let given = link.join("work");
+        let script = format!(
+            "pwd && echo x > {0}/x && echo y > {1}/y && cat {0}/a.txt",
+            given.display(),
+            s.work.display()
+        );
+        for (workdir, cwd, pwd) in [
+            // As given on the command line...
+            (given.to_str().unwrap(), Path::new("/"), "/"),
+            // ... and as `.` in a shell that did `cd` through the link.
+            (".", s.work.as_path(), given.to_str().unwrap()),
+        ] {
+            let out = command_as(user)
+                .args(["run", "--workdir", workdir])
+                .args(["--state-dir", s.state.to_str().unwrap()])
+                .args(["--", "sh", "-c", &script])
+                .current_dir(cwd)
+                .env("PWD", pwd)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                format!("{}\noriginal\n", given.display()),
+                "{user:?} {workdir}"
+            );
+            for (name, content) in [("x", "x\n"), ("y", "y\n")] {
+                assert_eq!(
+                    std::fs::read_to_string(s.work.join(name)).unwrap(),
+                    content,
+                    "{user:?} {workdir}"
+                );
+                std::fs::remove_file(s.work.join(name)).unwrap();
+            }
+            assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        }
+    }
+}
+
+#[test]
 fn failure_timeout_kill_and_dry_run_leave_the_workdir_byte_identical() {
     for user in users() {
         let s = Setup::new(user);

@@ -238,7 +238,29 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .filter(|cwd| visible_inside(&out, cwd))
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
+    // A working directory given through a symlink (`--workdir /tmp/link/w` with
+    // `/tmp/link -> /data`) keeps that name inside.
+    let cwd_links = links_on_the_way(&out.cwd);
+    out.symlinks.extend(cwd_links);
+    keep_links_outside_views(&mut out);
     Ok(out)
+}
+
+/// Drops recreated symlinks that lie in something shown whole from the host (a grant, a
+/// view, `/etc`, `/dev`, `/proc`): they are there already, and nothing may be created in
+/// a host directory.
+fn keep_links_outside_views(out: &mut Resolved) {
+    let shown: Vec<PathBuf> = out
+        .grants
+        .iter()
+        .map(|g| g.path.clone())
+        .chain(out.overlays.iter().map(|o| o.target.clone()))
+        .chain(["/etc", "/dev", "/proc"].map(PathBuf::from))
+        .collect();
+    out.symlinks
+        .retain(|(link, _)| !shown.iter().any(|dir| link.starts_with(dir)));
+    let mut seen = std::collections::HashSet::new();
+    out.symlinks.retain(|(link, _)| seen.insert(link.clone()));
 }
 
 /// The sandbox's share of the pseudo-terminals every devpts instance but the host's
@@ -456,17 +478,66 @@ fn resolve_grant(
             )),
         });
     }
-    // A granted symlink is recreated too, so both names work inside.
+    // The symlinks of a granted path (its own and its parents') are recreated too, so both
+    // names work inside.
     if canonical != path {
-        if let Ok(target) = std::fs::read_link(path) {
-            symlinks.push((path.to_owned(), target.into_os_string()));
-        }
+        symlinks.extend(links_on_the_way(path));
     }
     Ok(Grant {
         path: canonical,
         is_dir: meta.is_dir(),
         access,
     })
+}
+
+/// Most symlinks one path resolution follows (the kernel's `MAXSYMLINKS`): beyond it the
+/// kernel says `ELOOP`, and nothing more is recreated.
+const MAX_SYMLINKS: usize = 40;
+
+/// The symlinks the kernel follows resolving the absolute `path`, each at its place (its
+/// parent resolved) with its target as written, so that recreated inside they lead `path`
+/// where it leads on the host: `/tmp/link/w` with `/tmp/link -> real` gives
+/// `(/tmp/link, real)`. A relative path, or a component that does not exist, ends the walk.
+fn links_on_the_way(path: &Path) -> Vec<(PathBuf, OsString)> {
+    use std::path::Component;
+    let mut links = Vec::new();
+    if !path.is_absolute() {
+        return links;
+    }
+    let mut todo: Vec<OsString> = path
+        .components()
+        .rev()
+        .map(|c| c.as_os_str().to_owned())
+        .collect();
+    let mut at = PathBuf::from("/");
+    while let Some(part) = todo.pop() {
+        match Path::new(&part).components().next() {
+            Some(Component::RootDir) => at = PathBuf::from("/"),
+            Some(Component::ParentDir) => {
+                at.pop();
+            }
+            Some(Component::Normal(name)) => {
+                let next = at.join(name);
+                let Ok(meta) = std::fs::symlink_metadata(&next) else {
+                    break;
+                };
+                if !meta.file_type().is_symlink() {
+                    at = next;
+                    continue;
+                }
+                if links.len() == MAX_SYMLINKS {
+                    break;
+                }
+                let Ok(target) = std::fs::read_link(&next) else {
+                    break;
+                };
+                todo.extend(target.components().rev().map(|c| c.as_os_str().to_owned()));
+                links.push((next, target.into_os_string()));
+            }
+            _ => {}
+        }
+    }
+    links
 }
 
 /// Entries of [`ETC_SECRETS`] that exist under `etc`, expanding `*` in the last component.
@@ -692,5 +763,35 @@ mod tests {
         policy.fs.read.push(dir.path().into());
         let r = resolve(&policy, Some(dir.path())).unwrap();
         assert_eq!(r.cwd, std::fs::canonicalize(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn every_symlink_on_the_way_to_a_granted_path_is_recreated_where_it_is_met() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(root.join("real/sub/w")).unwrap();
+        std::os::unix::fs::symlink("two/sub", root.join("one")).unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("two")).unwrap();
+        let given = root.join("one/w");
+        assert_eq!(
+            links_on_the_way(&given),
+            vec![
+                (root.join("one"), OsString::from("two/sub")),
+                (root.join("two"), root.join("real").into_os_string()),
+            ]
+        );
+        let mut policy = Policy::default();
+        policy.fs.write.push(given.clone());
+        policy.cwd = Some(given);
+        let r = resolve(&policy, None).unwrap();
+        assert_eq!(
+            r.symlinks
+                .iter()
+                .filter(|(l, _)| l.starts_with(&root))
+                .count(),
+            2,
+            "{:?}",
+            r.symlinks
+        );
     }
 }

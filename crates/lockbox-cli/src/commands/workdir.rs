@@ -43,6 +43,23 @@ pub fn begin(
         .collect();
     let context = json!({ "command": command, "policy": policy });
     let branch = Branch::create(&state_dir, workdir, context)?;
+    // The view is mounted at the canonical path; the command starts at the path it was
+    // given, which leads there inside too (its symlinks are recreated), and `$PWD` says so,
+    // as a shell that did `cd` there would (for `pwd` and for tools that report paths).
+    if policy.cwd.is_none() {
+        if let Some(given) = as_given(workdir) {
+            if given != branch.workdir() {
+                if let Some(text) = given.to_str() {
+                    policy
+                        .env
+                        .set
+                        .entry("PWD".to_owned())
+                        .or_insert_with(|| text.to_owned());
+                }
+            }
+            policy.cwd = Some(given);
+        }
+    }
     policy.mount_copy_on_write(
         branch.workdir(),
         branch.upper_dir(),
@@ -50,6 +67,30 @@ pub fn begin(
         args.max_disk,
     );
     Ok(Some(Workspace { branch }))
+}
+
+/// `workdir` made absolute the way the caller's shell sees it: a relative path is taken
+/// from `$PWD` when that names the current directory (the shell's `cd` through a symlink
+/// keeps the link there, `pwd -L`), else from the real current directory.
+fn as_given(workdir: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    if workdir.is_absolute() {
+        return Some(workdir.to_owned());
+    }
+    let logical = std::env::var_os("PWD")
+        .map(std::path::PathBuf::from)
+        .filter(|pwd| pwd.is_absolute())
+        .filter(
+            |pwd| match (std::fs::metadata(pwd), std::fs::metadata(".")) {
+                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+                _ => false,
+            },
+        );
+    match logical {
+        // `components` drops the `.` of `--workdir .`.
+        Some(pwd) => Some(pwd.join(workdir).components().collect()),
+        None => std::path::absolute(workdir).ok(),
+    }
 }
 
 impl Workspace {
