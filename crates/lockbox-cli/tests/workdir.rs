@@ -284,6 +284,55 @@ fn symlinks_never_let_a_commit_write_outside_the_workdir() {
 }
 
 #[test]
+fn fifos_and_sockets_are_skipped_with_a_warning_and_the_rest_commits() {
+    for user in users() {
+        let s = Setup::new(user);
+        let report = s.work.parent().unwrap().join("report.json");
+        let out = s.run(
+            &["--report", report.to_str().unwrap()],
+            "echo changed > a.txt && mkfifo pipe && \
+             python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")'",
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "lockbox: warning: pipe was not committed: a FIFO holds no data to commit\n\
+             lockbox: warning: sock was not committed: a socket is only meaningful to the process that bound it\n",
+            "{user:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "changed\n"
+        );
+        assert!(!s.work.join("pipe").exists() && !s.work.join("sock").exists());
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(json["branch"]["action"], "committed", "{json}");
+        assert_eq!(
+            json["skipped"],
+            serde_json::json!([
+                {"path": "pipe", "reason": "fifo"},
+                {"path": "sock", "reason": "socket"},
+            ]),
+            "{json}"
+        );
+        // The same with --max-disk, whose branch is stored after the run.
+        let out = s.run(&["--max-disk", "16M"], "mkfifo pipe2 && echo again > a.txt");
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("pipe2 was not committed"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "again\n"
+        );
+        assert!(s.branch_ids().is_empty(), "branch left behind");
+    }
+}
+
+#[test]
 fn report_lists_branch_and_changes() {
     let s = Setup::new(User::Current);
     let report = s.work.parent().unwrap().join("report.json");

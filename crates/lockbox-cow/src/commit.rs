@@ -1,8 +1,8 @@
 //! [`commit`]: applies a branch's change set to the real workdir, safely and durably.
 //!
 //! Algorithm (crash argument in `docs/cow.md`):
-//! 1. **Validate** (nothing written): walk the whole change set; refuse special files and
-//!    reserved names; refuse workdir directories the apply step could not write, search or
+//! 1. **Validate** (nothing written): walk the whole change set; list FIFOs and sockets as
+//!    skipped ([`SkipReason`]); refuse devices and reserved names; refuse workdir directories the apply step could not write, search or
 //!    empty (see [`WorkdirCheck`]); collect stale paths (see [`crate::stale`]) and refuse
 //!    unless `force`. A dry run stops here.
 //! 2. Mark the branch `Committing` in `meta.json` (durable).
@@ -74,6 +74,51 @@ pub struct CommitReport {
     /// Stale paths overwritten because of `force`.
     #[serde(with = "lockbox_policy::name::json::vec")]
     pub forced_stale: Vec<PathBuf>,
+    /// Entries of the branch left out: the workdir keeps what it has at those paths.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+}
+
+/// An entry of the branch that a commit leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Skipped {
+    /// The path relative to the workdir (in JSON as in [`crate::Change::path`]).
+    #[serde(with = "lockbox_policy::name::json")]
+    pub path: PathBuf,
+    /// Why it was left out.
+    pub reason: SkipReason,
+}
+
+/// Why a commit leaves an entry out: it cannot be committed meaningfully, and refusing the
+/// whole commit for it (a build's leftover socket, a test's FIFO) would lose the real work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// A named pipe: it holds no data, only a rendezvous for processes that have ended.
+    Fifo,
+    /// A unix socket: only the process that bound it could answer on it, and it has ended.
+    Socket,
+}
+
+impl SkipReason {
+    /// The reason for an entry of this type, if it is one a commit leaves out (devices are
+    /// refused instead: [`CowError::SpecialFiles`]).
+    pub(crate) fn of(file_type: rustix::fs::FileType) -> Option<SkipReason> {
+        match file_type {
+            rustix::fs::FileType::Fifo => Some(SkipReason::Fifo),
+            rustix::fs::FileType::Socket => Some(SkipReason::Socket),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SkipReason::Fifo => "a FIFO holds no data to commit",
+            SkipReason::Socket => "a socket is only meaningful to the process that bound it",
+        })
+    }
 }
 
 /// Applies `branch` to `workdir` (which must be the branch's own workdir). The branch is left
@@ -194,8 +239,17 @@ pub(crate) fn validate(
                 path: c.path.clone(),
             });
         }
-        if c.file_type == FileType::Special && c.kind != ChangeKind::Deleted {
-            special.push(c.path.clone());
+        if c.kind != ChangeKind::Deleted {
+            if let Some(reason) = item.skip {
+                report.skipped.push(Skipped {
+                    path: c.path.clone(),
+                    reason,
+                });
+                continue;
+            }
+            if c.file_type == FileType::Special {
+                special.push(c.path.clone());
+            }
         }
         match c.kind {
             ChangeKind::Added => report.added += 1,
@@ -491,6 +545,8 @@ fn fill_staging(
         let path = c.path.clone();
         match (c.kind, c.file_type) {
             (ChangeKind::Deleted, _) => plan.ops.push(PlanOp::Delete { path }),
+            // Reported by `validate`; the workdir keeps its entry.
+            (_, FileType::Special) if item.skip.is_some() => {}
             (_, FileType::Dir) => {
                 if c.kind != ChangeKind::Modified {
                     plan.ops.push(PlanOp::MakeDir { path: path.clone() });

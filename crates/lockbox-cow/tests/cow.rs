@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::{hash_tree, require_overlay, run_in_branch, sh, snapshot, tick, Scratch};
 use lockbox_cow::{
     abort_id, list, Branch, BranchId, BranchState, Change, CommitOptions, CowError, FileDiff,
-    FileType,
+    FileType, SkipReason,
 };
 
 fn kinds(branch: &Branch) -> Vec<(String, char, FileType)> {
@@ -367,26 +367,68 @@ fn state_dir_inside_workdir_refused() {
 }
 
 #[test]
-fn special_files_refused_and_nothing_applied() {
+fn special_files_fifos_and_sockets_are_skipped_and_reported_the_rest_commits() {
     if !require_overlay() {
         return;
     }
     let s = Scratch::new();
-    sh(&s.wd, "echo a > f; echo b > g");
-    let before = hash_tree(&s.wd);
+    sh(&s.wd, "echo a > f; echo b > g; echo c > was-a-file");
     let b = s.branch();
     assert!(run_in_branch(
         &b,
-        "echo A > f; rm g; echo new > aaa; mkfifo zz-fifo; \
-         python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"zz-sock\")' || true"
+        "echo A > f; rm g; echo new > aaa; mkfifo zz-fifo; mkdir d; mkfifo d/pipe; \
+         rm was-a-file; mkfifo was-a-file; \
+         python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"zz-sock\")'"
     ));
+    let report = b.clone().commit(&FORCE).unwrap();
+    let skipped: Vec<(String, SkipReason)> = report
+        .skipped
+        .iter()
+        .map(|k| (k.path.display().to_string(), k.reason))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("d/pipe".to_owned(), SkipReason::Fifo),
+            ("was-a-file".to_owned(), SkipReason::Fifo),
+            ("zz-fifo".to_owned(), SkipReason::Fifo),
+            ("zz-sock".to_owned(), SkipReason::Socket),
+        ]
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["skipped"][3],
+        serde_json::json!({"path": "zz-sock", "reason": "socket"})
+    );
+    // Everything else is applied; at a skipped path the workdir keeps what it had.
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "A\n");
+    assert!(!s.wd.join("g").exists());
+    assert_eq!(std::fs::read_to_string(s.wd.join("aaa")).unwrap(), "new\n");
+    assert!(s.wd.join("d").is_dir() && !s.wd.join("d/pipe").exists());
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("was-a-file")).unwrap(),
+        "c\n"
+    );
+    assert!(!s.wd.join("zz-fifo").exists() && !s.wd.join("zz-sock").exists());
+    assert!(list(&s.state).unwrap().is_empty(), "branch left behind");
+}
+
+#[test]
+fn special_files_devices_are_refused_and_nothing_applied() {
+    // Only root can make a device node, so only root can plant one in an upper layer (the
+    // sandbox has no CAP_MKNOD).
+    if !require_overlay() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > f");
+    let before = hash_tree(&s.wd);
+    let b = s.branch();
+    assert!(run_in_branch(&b, "echo A > f"));
+    sh(&b.upper_dir(), "mknod zz-null c 1 3");
     let e = b.clone().commit(&FORCE).unwrap_err();
     assert_eq!(e.code(), "SPECIAL_FILES");
-    let CowError::SpecialFiles { paths } = &e else {
-        panic!()
-    };
-    assert!(paths.contains(&PathBuf::from("zz-fifo")), "{paths:?}");
-    assert!(e.to_string().contains("zz-fifo"));
+    assert!(e.to_string().contains("zz-null"), "{e}");
     assert_eq!(hash_tree(&s.wd), before, "something was applied");
     assert_eq!(
         list(&s.state).unwrap().len(),
@@ -628,9 +670,9 @@ fn a_refused_or_failed_commit_is_recorded_and_listed_with_its_remedy() {
 
     // A commit refused for another reason: commit_failed.
     let b = s.branch();
-    assert!(run_in_branch(&b, "mkfifo pipe"));
+    assert!(run_in_branch(&b, "mkdir .lockbox-commit-x"));
     let id = b.id().clone();
-    assert_eq!(b.commit(&FORCE).unwrap_err().code(), "SPECIAL_FILES");
+    assert_eq!(b.commit(&FORCE).unwrap_err().code(), "RESERVED_NAME");
     let listed = list(&s.state).unwrap();
     assert_eq!(
         listed[0].meta.as_ref().unwrap().state,

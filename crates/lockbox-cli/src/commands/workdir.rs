@@ -3,7 +3,9 @@
 
 use crate::cli::{BranchAction, WorkspaceArgs};
 use crate::output::{eout, eoutln};
-use lockbox_cow::{import_upper, Branch, ChangeSet, CommitOptions, CowError};
+use lockbox_cow::{
+    import_upper, Branch, ChangeSet, CommitOptions, CommitReport, CowError, Skipped,
+};
 use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use serde_json::{json, Value};
@@ -144,15 +146,16 @@ impl Workspace {
         } else {
             args.on_exit
         };
-        let (done, exit_code) = self.apply(action, args.force, &changes);
+        let (done, exit_code, skipped) = self.apply(action, args.force, &changes);
         let done = if args.dry_run { "dry-run" } else { done };
-        Finished {
-            exit_code,
-            report: json!({
-                "branch": { "id": id, "action": done },
-                "changes": changes.changes(),
-            }),
+        let mut report = json!({
+            "branch": { "id": id, "action": done },
+            "changes": changes.changes(),
+        });
+        if !skipped.is_empty() {
+            report["skipped"] = json!(skipped);
         }
+        Finished { exit_code, report }
     }
 
     fn apply(
@@ -160,7 +163,7 @@ impl Workspace {
         action: BranchAction,
         force: bool,
         changes: &ChangeSet,
-    ) -> (&'static str, Option<i32>) {
+    ) -> (&'static str, Option<i32>, Vec<Skipped>) {
         let id = self.branch.id().as_str().to_owned();
         let result = match action {
             BranchAction::Commit => {
@@ -169,10 +172,13 @@ impl Workspace {
                     dry_run: false,
                 };
                 return match self.branch.commit(&opts) {
-                    Ok(_) => ("committed", None),
+                    Ok(report) => {
+                        warn_skipped(&report);
+                        ("committed", None, report.skipped)
+                    }
                     Err(e) => {
                         explain_commit_error(&e, &id);
-                        ("kept", Some(i32::from(e.exit_code())))
+                        ("kept", Some(i32::from(e.exit_code())), Vec::new())
                     }
                 };
             }
@@ -186,10 +192,10 @@ impl Workspace {
             }),
         };
         match result {
-            Ok(done) => (done, None),
+            Ok(done) => (done, None, Vec::new()),
             Err(e) => {
                 eoutln!("lockbox: branch {id}: {e}");
-                ("kept", Some(4))
+                ("kept", Some(4), Vec::new())
             }
         }
     }
@@ -200,6 +206,17 @@ impl Workspace {
         if let Err(e) = self.branch.abort() {
             eoutln!("lockbox: removing branch {id}: {e}");
         }
+    }
+}
+
+/// One warning line for each entry a commit left out (FIFOs, sockets).
+pub fn warn_skipped(report: &CommitReport) {
+    for skipped in &report.skipped {
+        eoutln!(
+            "lockbox: warning: {} was not committed: {}",
+            quoted(&skipped.path),
+            skipped.reason
+        );
     }
 }
 
