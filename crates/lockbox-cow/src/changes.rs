@@ -399,6 +399,12 @@ impl Walker {
                 }
                 let u = beneath::open_own_file(frame.upper.as_fd(), name).map_err(up_err)?;
                 let l = open_child_file(lower.as_fd(), name).map_err(low_err)?;
+                // A `user.*` xattr set in the sandbox is a change a commit carries.
+                if crate::commit::user_xattrs(u.as_fd()).map_err(up_err)?
+                    != crate::commit::user_xattrs(l.as_fd()).map_err(low_err)?
+                {
+                    return Ok(false);
+                }
                 same_bytes(u, l).map_err(up_err)
             }
             FileType::Dir | FileType::Special => Ok(false),

@@ -539,6 +539,7 @@ fn fill_staging(
     let mut plan = CommitPlan::default();
     let mut seq = 0u64;
     let mut walker = Walker::new(upper, workdir)?;
+    let mut links = Links::default();
     while let Some(item) = walker.next() {
         let item = item?;
         let c = &item.change;
@@ -560,7 +561,7 @@ fn fill_staging(
             (_, FileType::File | FileType::Symlink) => {
                 seq += 1;
                 let staged = match walker.upper_dir() {
-                    Some(dir) => stage_entry(dir, staging, seq, &item, small),
+                    Some(dir) => stage_entry(dir, staging, seq, &item, small, &mut links),
                     None => Err(Errno::NOENT.into()),
                 };
                 staged.map_err(|source| CowError::Stage {
@@ -577,14 +578,21 @@ fn fill_staging(
     Ok(plan)
 }
 
+/// The staged entry of each upper inode with more than one name: a hard link made in the
+/// sandbox (upper (device, inode) -> its first staged entry's `seq`).
+type Links = std::collections::HashMap<(u64, u64), u64>;
+
 /// Copies the file or symlink of `item` from `dir`, the upper directory holding it, to
-/// `staging/<seq>`.
+/// `staging/<seq>`, with its `user.*` xattrs. A further name of an upper inode already
+/// staged becomes a hard link to that staged entry, so that names the sandbox linked are
+/// still one inode in the workdir.
 fn stage_entry(
     dir: BorrowedFd<'_>,
     staging: BorrowedFd<'_>,
     seq: u64,
     item: &Item,
     fsync: bool,
+    links: &mut Links,
 ) -> io::Result<()> {
     let (_, src) = split(&item.change.path);
     let name = seq.to_string();
@@ -600,13 +608,72 @@ fn stage_entry(
         )?);
     }
     let from = beneath::open_own_file(dir, src)?;
+    let st = rustix::fs::fstat(&from)?;
+    if st.st_nlink > 1 {
+        let inode = (st.st_dev, st.st_ino);
+        if let Some(first) = links.get(&inode) {
+            rustix::fs::linkat(staging, first.to_string(), staging, &name, AtFlags::empty())?;
+            return Ok(());
+        }
+        links.insert(inode, seq);
+    }
     let (to, _) = copy_into(&from, staging, OsStr::new(&name))?;
+    // Before the mode: setting a `user.*` xattr needs write permission.
+    copy_user_xattrs(from.as_fd(), to.as_fd())?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(file_mode(item.change.mode)))?;
     rustix::fs::futimens(&to, &times)?;
     if fsync {
         to.sync_all()?;
     }
     Ok(())
+}
+
+/// Copies the `user.*` xattrs of `from` to `to` (see [`user_xattrs`]).
+fn copy_user_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    for (xname, value) in user_xattrs(from)? {
+        rustix::fs::fsetxattr(to, &xname, &value, rustix::fs::XattrFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// The `user.*` xattrs of `fd` (names as exact bytes, sorted), except overlayfs's own
+/// bookkeeping (`user.overlay.*`, in an unprivileged upper): what a commit carries. Other
+/// namespaces are not the sandbox's to give: `security.*` holds file capabilities,
+/// `trusted.*` needs privilege.
+pub(crate) fn user_xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(std::ffi::OsString, Vec<u8>)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let names = xattr_read(|buf| rustix::fs::flistxattr(fd, buf))?;
+    let mut out = Vec::new();
+    for xname in names
+        .split(|&b| b == 0)
+        .filter(|n| n.starts_with(b"user.") && !n.starts_with(b"user.overlay."))
+    {
+        let xname = OsStr::from_bytes(xname);
+        let value = xattr_read(|buf| rustix::fs::fgetxattr(fd, xname, buf))?;
+        out.push((xname.to_owned(), value));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The whole answer of an xattr call that fills `buf` (growing it on `ERANGE`); nothing
+/// where the filesystem has no xattrs.
+fn xattr_read(mut call: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        match call(&mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => {
+                let size = call(&mut [0u8; 0][..])?;
+                buf = vec![0u8; size.max(buf.len() * 2)];
+            }
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// The workdir directories of the plan's paths, opened one component at a time.

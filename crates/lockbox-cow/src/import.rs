@@ -120,7 +120,8 @@ fn copy_file(from: BorrowedFd<'_>, name: &OsStr, to: BorrowedFd<'_>, st: &Stat) 
     Ok(bytes)
 }
 
-/// Copies the `user.overlay.*` xattrs of `from/name` to `to/to_name` (neither followed).
+/// Copies the `user.*` xattrs of `from/name` to `to/to_name` (neither followed): overlayfs's
+/// own `user.overlay.*` marks and the command's `user.*` attributes, which a commit keeps.
 fn copy_marks(
     from: BorrowedFd<'_>,
     name: &OsStr,
@@ -129,10 +130,7 @@ fn copy_marks(
 ) -> io::Result<()> {
     let (src, dst) = (fd_path(from, name), fd_path(to, to_name));
     let names = overlay::list_xattrs(&src)?;
-    for xname in names
-        .split(|&b| b == 0)
-        .filter(|n| n.starts_with(b"user.overlay."))
-    {
+    for xname in names.split(|&b| b == 0).filter(|n| n.starts_with(b"user.")) {
         // The exact bytes: a lossy copy would name another attribute.
         let xname = OsStr::from_bytes(xname);
         let value = overlay::get_xattr(&src, xname)?;
