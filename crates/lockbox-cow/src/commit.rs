@@ -74,9 +74,10 @@ pub struct CommitReport {
     /// Stale paths overwritten because of `force`.
     #[serde(with = "lockbox_policy::name::json::vec")]
     pub forced_stale: Vec<PathBuf>,
-    /// Entries of the branch left out: the workdir keeps what it has at those paths.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<Skipped>,
+    /// Entries of the branch left out: the workdir keeps what it has at those paths. (A
+    /// boxed slice: this report is part of every transaction record, kept small.)
+    #[serde(default, skip_serializing_if = "<[Skipped]>::is_empty")]
+    pub skipped: Box<[Skipped]>,
 }
 
 /// An entry of the branch that a commit leaves out, and why.
@@ -212,7 +213,7 @@ pub(crate) fn validate(
     opts: &CommitOptions,
 ) -> Result<CommitReport, CowError> {
     let mut report = CommitReport::default();
-    let (mut special, mut stale_paths) = (Vec::new(), Vec::new());
+    let (mut special, mut stale_paths, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     let mut access = WorkdirCheck::new(root);
     for item in Walker::new(upper, workdir)?.witnesses() {
         let item = item?;
@@ -241,7 +242,7 @@ pub(crate) fn validate(
         }
         if c.kind != ChangeKind::Deleted {
             if let Some(reason) = item.skip {
-                report.skipped.push(Skipped {
+                skipped.push(Skipped {
                     path: c.path.clone(),
                     reason,
                 });
@@ -264,6 +265,7 @@ pub(crate) fn validate(
     if !special.is_empty() {
         return Err(CowError::SpecialFiles { paths: special });
     }
+    report.skipped = skipped.into_boxed_slice();
     if !stale_paths.is_empty() {
         if !opts.force {
             return Err(CowError::StaleBase { paths: stale_paths });

@@ -174,7 +174,7 @@ impl Workspace {
                 return match self.branch.commit(&opts) {
                     Ok(report) => {
                         warn_skipped(&report);
-                        ("committed", None, report.skipped)
+                        ("committed", None, report.skipped.into_vec())
                     }
                     Err(e) => {
                         explain_commit_error(&e, &id);
