@@ -2,7 +2,7 @@
 //! script run straight on a copy of the workdir, with the same privileges):
 //! - `commit_equals_direct_execution`: plain scripts commit to exactly the tree the direct run
 //!   gives (content, type, mode, symlink targets, absence);
-//! - `hostile_trees_commit_as_direct_execution_or_not_at_all`: scripts that also make paths
+//! - `hostile_trees_commit_as_direct_execution_fifos_left_out`: scripts that also make paths
 //!   longer than `PATH_MAX`, names that are not UTF-8, directories of mode 000/300/100, sparse
 //!   files, hard links and FIFOs commit to exactly the direct run's tree, holes included,
 //!   except that FIFOs are left out (the workdir keeps what it had at their paths), and
@@ -152,7 +152,7 @@ fn check_hostile(setup: &[Op], script: &[Op]) -> Result<(), TestCaseError> {
 }
 
 #[test]
-fn hostile_trees_commit_as_direct_execution_or_not_at_all() {
+fn hostile_trees_commit_as_direct_execution_fifos_left_out() {
     if !require_overlay() {
         return;
     }
@@ -202,9 +202,9 @@ fn as_uid_65534(test: &str, cases: &str) {
 }
 
 #[test]
-fn hostile_trees_commit_as_direct_execution_or_not_at_all_as_uid_65534() {
+fn hostile_trees_commit_as_direct_execution_fifos_left_out_as_uid_65534() {
     as_uid_65534(
-        "hostile_trees_commit_as_direct_execution_or_not_at_all",
+        "hostile_trees_commit_as_direct_execution_fifos_left_out",
         "24",
     );
 }
