@@ -300,6 +300,60 @@ fn loopback_inside_the_sandbox_works_under_every_network_mode() {
     }
 }
 
+/// What Node does for `listen(port, "localhost")`: bind the first address `localhost`
+/// resolves to; then a client of 127.0.0.1 connects.
+const LOCALHOST_SERVER: &str = "import socket
+fam, typ, _, _, addr = socket.getaddrinfo('localhost', 0, type=socket.SOCK_STREAM)[0]
+srv = socket.socket(fam, typ)
+srv.bind(addr)
+srv.listen()
+socket.create_connection(('127.0.0.1', srv.getsockname()[1])).close()
+print('bound', addr[0], 'and 127.0.0.1 connected')
+";
+
+#[test]
+fn localhost_resolves_to_127_0_0_1_first_and_its_servers_take_ipv4_clients() {
+    for user in users() {
+        for net in [
+            &["--net", "none"][..],
+            &["--net-allow", "tcp://127.0.0.2:1"][..],
+            &["--net-deny", "tcp://127.0.0.2:1"][..],
+        ] {
+            let mut args = vec!["run"];
+            args.extend_from_slice(net);
+            args.extend_from_slice(&["--", "getent", "ahosts", "localhost"]);
+            let out = lockbox(user, Path::new("/"), &args);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                stdout.starts_with("127.0.0.1 "),
+                "{user:?} {net:?} {}",
+                text(&out)
+            );
+            let mut args = vec!["run"];
+            args.extend_from_slice(net);
+            args.extend_from_slice(&["--", "python3", "-c", LOCALHOST_SERVER]);
+            let out = lockbox(user, Path::new("/"), &args);
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "bound 127.0.0.1 and 127.0.0.1 connected\n",
+                "{user:?} {net:?} {}",
+                text(&out)
+            );
+        }
+        // ::1 keeps its own names.
+        let out = lockbox(
+            user,
+            Path::new("/"),
+            &["run", "--", "getent", "hosts", "ip6-localhost"],
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("::1 "),
+            "{user:?} {}",
+            text(&out)
+        );
+    }
+}
+
 #[test]
 fn net_host_reaches_every_host_server_and_none_reaches_none() {
     let a = Server::tcp("127.0.0.2", "a");

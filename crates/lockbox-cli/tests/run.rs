@@ -425,6 +425,65 @@ print(os.waitstatus_to_exitcode(status))
 }
 
 #[test]
+fn tty_and_ttyname_name_the_callers_terminal_inside() {
+    // lockbox runs on a real pseudo-terminal (as from an interactive shell); the command
+    // asks for the name of its stdin and of its stdout.
+    let driver = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "run", "--", "sh", "-c",
+        "tty; python3 -c 'import os; print(os.ttyname(1))'"])
+out = b""
+while True:
+    try:
+        chunk = os.read(fd, 1024)
+    except OSError:
+        break
+    if not chunk:
+        break
+    out += chunk
+os.waitpid(pid, 0)
+sys.stdout.write(out.decode().replace("\r\n", "\n"))
+"#;
+    for user in users() {
+        let mut cmd = Command::new("/usr/bin/python3");
+        if let User::Nobody = user {
+            cmd.uid(65534).gid(65534);
+        }
+        let out = cmd
+            .args(["-c", driver, binary().to_str().unwrap()])
+            .current_dir("/")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "/dev/console\n/dev/console\n",
+            "{user:?} {}",
+            text(&out)
+        );
+        // Without a terminal there is nothing to name.
+        let out = lockbox(
+            user,
+            Path::new("/"),
+            &[
+                "run",
+                "--",
+                "sh",
+                "-c",
+                "tty; test -e /dev/console || echo none",
+            ],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "not a tty\nnone\n",
+            "{user:?} {}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
 fn sigterm_to_lockbox_stops_the_whole_sandbox() {
     for user in users() {
         let dir = scratch();

@@ -93,6 +93,52 @@ fn success_commits_and_the_cwd_is_the_workdir() {
 }
 
 #[test]
+fn workdir_through_a_symlinked_parent_keeps_its_path_and_commits_to_the_real_directory() {
+    for user in users() {
+        let s = Setup::new(user);
+        let parent = s.work.parent().unwrap();
+        let link = parent.join("link");
+        std::os::unix::fs::symlink(parent, &link).unwrap();
+        let given = link.join("work");
+        let script = format!(
+            "pwd && echo x > {0}/x && echo y > {1}/y && cat {0}/a.txt",
+            given.display(),
+            s.work.display()
+        );
+        for (workdir, cwd, pwd) in [
+            // As given on the command line...
+            (given.to_str().unwrap(), Path::new("/"), "/"),
+            // ... and as `.` in a shell that did `cd` through the link.
+            (".", s.work.as_path(), given.to_str().unwrap()),
+        ] {
+            let out = command_as(user)
+                .args(["run", "--workdir", workdir])
+                .args(["--state-dir", s.state.to_str().unwrap()])
+                .args(["--", "sh", "-c", &script])
+                .current_dir(cwd)
+                .env("PWD", pwd)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                format!("{}\noriginal\n", given.display()),
+                "{user:?} {workdir}"
+            );
+            for (name, content) in [("x", "x\n"), ("y", "y\n")] {
+                assert_eq!(
+                    std::fs::read_to_string(s.work.join(name)).unwrap(),
+                    content,
+                    "{user:?} {workdir}"
+                );
+                std::fs::remove_file(s.work.join(name)).unwrap();
+            }
+            assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        }
+    }
+}
+
+#[test]
 fn failure_timeout_kill_and_dry_run_leave_the_workdir_byte_identical() {
     for user in users() {
         let s = Setup::new(user);
@@ -234,6 +280,55 @@ fn symlinks_never_let_a_commit_write_outside_the_workdir() {
             std::fs::read_link(s.work.join("newlink")).unwrap(),
             outside.path().join("evil")
         );
+    }
+}
+
+#[test]
+fn fifos_and_sockets_are_skipped_with_a_warning_and_the_rest_commits() {
+    for user in users() {
+        let s = Setup::new(user);
+        let report = s.work.parent().unwrap().join("report.json");
+        let out = s.run(
+            &["--report", report.to_str().unwrap()],
+            "echo changed > a.txt && mkfifo pipe && \
+             python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")'",
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "lockbox: warning: pipe was not committed: a FIFO holds no data to commit\n\
+             lockbox: warning: sock was not committed: a socket is only meaningful to the process that bound it\n",
+            "{user:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "changed\n"
+        );
+        assert!(!s.work.join("pipe").exists() && !s.work.join("sock").exists());
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(json["branch"]["action"], "committed", "{json}");
+        assert_eq!(
+            json["skipped"],
+            serde_json::json!([
+                {"path": "pipe", "reason": "fifo"},
+                {"path": "sock", "reason": "socket"},
+            ]),
+            "{json}"
+        );
+        // The same with --max-disk, whose branch is stored after the run.
+        let out = s.run(&["--max-disk", "16M"], "mkfifo pipe2 && echo again > a.txt");
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("pipe2 was not committed"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "again\n"
+        );
+        assert!(s.branch_ids().is_empty(), "branch left behind");
     }
 }
 

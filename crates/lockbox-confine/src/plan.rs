@@ -637,6 +637,26 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
             access: RuleAccess::Device,
         });
     }
+    if let Some(host) = &resolved.terminal {
+        // The caller's terminal, already open on the sandbox's stdio, gets a name for
+        // `ttyname()` (see `resolve::terminal`).
+        let rel = crate::resolve::TERMINAL_PATH.trim_start_matches('/');
+        plan.sources.push(Source {
+            host: cstring(host.as_os_str().as_bytes()),
+            readonly: false,
+        });
+        plan.ops.push(Op::Touch {
+            path: cstring(rel.as_bytes()),
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: cstring(rel.as_bytes()),
+        });
+        plan.rules.push(Rule {
+            path: cstring(crate::resolve::TERMINAL_PATH.as_bytes()),
+            access: RuleAccess::Device,
+        });
+    }
     if let Some(host) = &resolved.helper {
         add_helper(plan, host);
     }

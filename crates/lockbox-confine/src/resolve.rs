@@ -5,6 +5,8 @@ use crate::error::SetupError;
 use lockbox_policy::{ListKind, Net, NetHost, NetRule, Policy, DEFAULT_READS, ETC_SECRETS};
 use std::ffi::OsString;
 use std::net::{IpAddr, ToSocketAddrs};
+use std::os::fd::RawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Read-only or read-write.
@@ -61,6 +63,35 @@ pub struct Resolved {
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
     /// A host executable bound at [`crate::agent::AGENT_PATH`] (the runtime's agent).
     pub helper: Option<PathBuf>,
+    /// The host path of the terminal on the sandbox's stdio, if any: bound at
+    /// [`TERMINAL_PATH`], see [`terminal`].
+    pub terminal: Option<PathBuf>,
+}
+
+/// Where the caller's terminal appears inside (runc and Docker use the same name).
+pub const TERMINAL_PATH: &str = "/dev/console";
+
+/// The host path of the first terminal among the sandbox's stdio (`-1`: the caller's own
+/// descriptor of that number), checked as glibc's `ttyname(3)` does: the path's inode is the
+/// descriptor's. The sandbox's private devpts has no name for a host pseudo-terminal, so
+/// without a bind of it `tty` says "not a tty" and `ttyname()` fails with `ENODEV`. The
+/// name grants nothing the descriptor does not: it is the same terminal, already open.
+pub fn terminal(stdio: &[RawFd; 3]) -> Option<PathBuf> {
+    stdio.iter().enumerate().find_map(|(i, &fd)| {
+        let fd = if fd >= 0 { fd } else { i as RawFd };
+        if !crate::sys::is_terminal(fd) {
+            return None;
+        }
+        let link = format!("/proc/self/fd/{fd}");
+        let open = std::fs::metadata(&link).ok()?;
+        let path = std::fs::read_link(&link).ok()?;
+        let named = std::fs::metadata(&path).ok()?;
+        (path.is_absolute()
+            && named.file_type().is_char_device()
+            && named.dev() == open.dev()
+            && named.ino() == open.ino())
+        .then_some(path)
+    })
 }
 
 /// An overlay of [`lockbox_policy::Overlay`] with canonical paths.
@@ -207,7 +238,29 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .filter(|cwd| visible_inside(&out, cwd))
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
+    // A working directory given through a symlink (`--workdir /tmp/link/w` with
+    // `/tmp/link -> /data`) keeps that name inside.
+    let cwd_links = links_on_the_way(&out.cwd);
+    out.symlinks.extend(cwd_links);
+    keep_links_outside_views(&mut out);
     Ok(out)
+}
+
+/// Drops recreated symlinks that lie in something shown whole from the host (a grant, a
+/// view, `/etc`, `/dev`, `/proc`): they are there already, and nothing may be created in
+/// a host directory.
+fn keep_links_outside_views(out: &mut Resolved) {
+    let shown: Vec<PathBuf> = out
+        .grants
+        .iter()
+        .map(|g| g.path.clone())
+        .chain(out.overlays.iter().map(|o| o.target.clone()))
+        .chain(["/etc", "/dev", "/proc"].map(PathBuf::from))
+        .collect();
+    out.symlinks
+        .retain(|(link, _)| !shown.iter().any(|dir| link.starts_with(dir)));
+    let mut seen = std::collections::HashSet::new();
+    out.symlinks.retain(|(link, _)| seen.insert(link.clone()));
 }
 
 /// The sandbox's share of the pseudo-terminals every devpts instance but the host's
@@ -425,17 +478,66 @@ fn resolve_grant(
             )),
         });
     }
-    // A granted symlink is recreated too, so both names work inside.
+    // The symlinks of a granted path (its own and its parents') are recreated too, so both
+    // names work inside.
     if canonical != path {
-        if let Ok(target) = std::fs::read_link(path) {
-            symlinks.push((path.to_owned(), target.into_os_string()));
-        }
+        symlinks.extend(links_on_the_way(path));
     }
     Ok(Grant {
         path: canonical,
         is_dir: meta.is_dir(),
         access,
     })
+}
+
+/// Most symlinks one path resolution follows (the kernel's `MAXSYMLINKS`): beyond it the
+/// kernel says `ELOOP`, and nothing more is recreated.
+const MAX_SYMLINKS: usize = 40;
+
+/// The symlinks the kernel follows resolving the absolute `path`, each at its place (its
+/// parent resolved) with its target as written, so that recreated inside they lead `path`
+/// where it leads on the host: `/tmp/link/w` with `/tmp/link -> real` gives
+/// `(/tmp/link, real)`. A relative path, or a component that does not exist, ends the walk.
+fn links_on_the_way(path: &Path) -> Vec<(PathBuf, OsString)> {
+    use std::path::Component;
+    let mut links = Vec::new();
+    if !path.is_absolute() {
+        return links;
+    }
+    let mut todo: Vec<OsString> = path
+        .components()
+        .rev()
+        .map(|c| c.as_os_str().to_owned())
+        .collect();
+    let mut at = PathBuf::from("/");
+    while let Some(part) = todo.pop() {
+        match Path::new(&part).components().next() {
+            Some(Component::RootDir) => at = PathBuf::from("/"),
+            Some(Component::ParentDir) => {
+                at.pop();
+            }
+            Some(Component::Normal(name)) => {
+                let next = at.join(name);
+                let Ok(meta) = std::fs::symlink_metadata(&next) else {
+                    break;
+                };
+                if !meta.file_type().is_symlink() {
+                    at = next;
+                    continue;
+                }
+                if links.len() == MAX_SYMLINKS {
+                    break;
+                }
+                let Ok(target) = std::fs::read_link(&next) else {
+                    break;
+                };
+                todo.extend(target.components().rev().map(|c| c.as_os_str().to_owned()));
+                links.push((next, target.into_os_string()));
+            }
+            _ => {}
+        }
+    }
+    links
 }
 
 /// Entries of [`ETC_SECRETS`] that exist under `etc`, expanding `*` in the last component.
@@ -498,9 +600,12 @@ fn pin_names(net: &Net) -> Result<Vec<(String, Vec<IpAddr>)>, SetupError> {
 fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Vec<u8>)> {
     let name = &policy.hostname;
     let mut files = vec![("hostname".to_owned(), format!("{name}\n").into_bytes())];
-    let loopback = format!(
-        "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-    );
+    // `localhost` names 127.0.0.1 only (Ubuntu's default; ::1 keeps its ip6-* names). With
+    // `::1 localhost` too, glibc sorts the answers by RFC 6724 whatever the file's order, and
+    // ::1 (precedence 50) beats IPv4 (10): Node then binds `localhost` servers to ::1 and
+    // clients of 127.0.0.1 are refused. The sandbox's loopback has ::1, many hosts' do not.
+    let loopback =
+        format!("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tip6-localhost ip6-loopback\n");
     let hosts = match &policy.net {
         // Without a network only loopback exists: say so, and resolve our own name.
         Net::None => loopback.into_bytes(),
@@ -675,5 +780,35 @@ mod tests {
         std::fs::create_dir(parent.join("other")).unwrap();
         let r = resolve(&policy, Some(&parent.join("other"))).unwrap();
         assert_eq!(r.cwd, Path::new("/"));
+    }
+
+    #[test]
+    fn every_symlink_on_the_way_to_a_granted_path_is_recreated_where_it_is_met() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(root.join("real/sub/w")).unwrap();
+        std::os::unix::fs::symlink("two/sub", root.join("one")).unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("two")).unwrap();
+        let given = root.join("one/w");
+        assert_eq!(
+            links_on_the_way(&given),
+            vec![
+                (root.join("one"), OsString::from("two/sub")),
+                (root.join("two"), root.join("real").into_os_string()),
+            ]
+        );
+        let mut policy = Policy::default();
+        policy.fs.write.push(given.clone());
+        policy.cwd = Some(given);
+        let r = resolve(&policy, None).unwrap();
+        assert_eq!(
+            r.symlinks
+                .iter()
+                .filter(|(l, _)| l.starts_with(&root))
+                .count(),
+            2,
+            "{:?}",
+            r.symlinks
+        );
     }
 }

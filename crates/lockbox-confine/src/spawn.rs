@@ -386,6 +386,12 @@ fn spawn_inner(
     let caller_cwd = std::env::current_dir().ok();
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     resolved.helper = helper.map(Path::to_owned);
+    // Only where the command itself holds the stdio: the agent of a long-lived sandbox keeps
+    // the server's stdout and stderr from its children (naming the server's terminal would
+    // hand it to them), and a gated sandbox gets its stdio only at the release.
+    if helper.is_none() && gated.is_none() {
+        resolved.terminal = resolve::terminal(&stdio_fds);
+    }
     for overlay in &resolved.overlays {
         clear_volatile_mark(overlay)?;
     }

@@ -918,6 +918,12 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> Result<usize, 
     check_int(rc).map(|n| n as usize)
 }
 
+/// Whether `fd` is a terminal (`isatty(3)`); `false` for a closed descriptor.
+pub fn is_terminal(fd: RawFd) -> bool {
+    // SAFETY: isatty only inspects the descriptor number; a closed one is EBADF.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
 /// `getuid()` and `getgid()`.
 pub fn ids() -> (u32, u32) {
     // SAFETY: getuid/getgid cannot fail.

@@ -76,3 +76,65 @@ fn spawn_without_stdio_still_inherits_the_callers() {
     let running = spawn_with(&Policy::default(), &sh("exit 0"), Stdio::default()).unwrap();
     assert_eq!(wait_code(running), 0);
 }
+
+/// A pseudo-terminal pair: (master, slave).
+fn pty() -> (OwnedFd, OwnedFd) {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    (master, slave)
+}
+
+/// What the sandbox wrote on the terminal, up to `end`.
+fn read_terminal(master: OwnedFd, end: &str) -> String {
+    let mut master = std::fs::File::from(master);
+    let mut out = String::new();
+    let mut buf = [0u8; 256];
+    while !out.contains(end) {
+        match master.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    out
+}
+
+#[test]
+fn the_terminal_is_named_for_a_command_on_it_but_never_for_an_agents_children() {
+    const PROBE: &str = "if test -c /dev/console; then echo named.; else echo unnamed.; fi";
+    // The command has the terminal as its stdout: /dev/console names it.
+    let (master, slave) = pty();
+    let stdio = Stdio {
+        stdin: None,
+        stdout: Some(slave),
+        stderr: None,
+    };
+    let running = spawn_with(&Policy::default(), &sh(PROBE), stdio).unwrap();
+    assert_eq!(read_terminal(master, "."), "named.\r\n");
+    assert_eq!(wait_code(running), 0);
+    // An agent (the runtime's, whose children get pipes) on the same kind of terminal: the
+    // name would hand its children a terminal they do not hold.
+    let (master, slave) = pty();
+    let stdio = Stdio {
+        stdin: None,
+        stdout: Some(slave),
+        stderr: None,
+    };
+    let running = lockbox_confine::spawn_agent(
+        &Policy::default(),
+        std::path::Path::new("/bin/sh"),
+        &["-c".into(), PROBE.into()],
+        stdio,
+    )
+    .unwrap();
+    assert_eq!(read_terminal(master, "."), "unnamed.\r\n");
+    assert_eq!(wait_code(running), 0);
+}

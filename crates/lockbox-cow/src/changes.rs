@@ -71,7 +71,8 @@ pub enum FileType {
     Dir,
     /// A symbolic link.
     Symlink,
-    /// A device, FIFO or socket: listed, but refused by commit.
+    /// A device, FIFO or socket: listed; a commit leaves FIFOs and sockets out (reported in
+    /// [`crate::CommitReport::skipped`]) and refuses devices.
     Special,
 }
 
@@ -118,6 +119,9 @@ pub(crate) struct Item {
     /// doc): nothing to apply, only a stale-base check to make. Only from
     /// [`Walker::witnesses`].
     pub unchanged: bool,
+    /// The upper entry is a FIFO or socket, which a commit leaves out (see
+    /// [`crate::SkipReason`]).
+    pub skip: Option<crate::SkipReason>,
 }
 
 /// The lower (workdir) entry a change replaces.
@@ -311,6 +315,7 @@ impl Walker {
             lower: lst.as_ref().map(LowerEntry::of),
             origin: lst.is_none() && xattrs.has_origin(),
             unchanged,
+            skip: crate::SkipReason::of(RawType::from_raw_mode(ust.st_mode)),
         });
         Ok(item)
     }
@@ -394,6 +399,12 @@ impl Walker {
                 }
                 let u = beneath::open_own_file(frame.upper.as_fd(), name).map_err(up_err)?;
                 let l = open_child_file(lower.as_fd(), name).map_err(low_err)?;
+                // A `user.*` xattr set in the sandbox is a change a commit carries.
+                if crate::commit::user_xattrs(u.as_fd()).map_err(up_err)?
+                    != crate::commit::user_xattrs(l.as_fd()).map_err(low_err)?
+                {
+                    return Ok(false);
+                }
                 same_bytes(u, l).map_err(up_err)
             }
             FileType::Dir | FileType::Special => Ok(false),
@@ -445,6 +456,7 @@ fn deleted(rel: PathBuf, lst: &Stat) -> Item {
         lower: Some(LowerEntry::of(lst)),
         origin: false,
         unchanged: false,
+        skip: None,
     }
 }
 
@@ -462,6 +474,7 @@ fn deleted_nothing(rel: PathBuf) -> Item {
         lower: None,
         origin: false,
         unchanged: false,
+        skip: None,
     }
 }
 

@@ -1,8 +1,8 @@
 //! [`commit`]: applies a branch's change set to the real workdir, safely and durably.
 //!
 //! Algorithm (crash argument in `docs/cow.md`):
-//! 1. **Validate** (nothing written): walk the whole change set; refuse special files and
-//!    reserved names; refuse workdir directories the apply step could not write, search or
+//! 1. **Validate** (nothing written): walk the whole change set; list FIFOs and sockets as
+//!    skipped ([`SkipReason`]); refuse devices and reserved names; refuse workdir directories the apply step could not write, search or
 //!    empty (see [`WorkdirCheck`]); collect stale paths (see [`crate::stale`]) and refuse
 //!    unless `force`. A dry run stops here.
 //! 2. Mark the branch `Committing` in `meta.json` (durable).
@@ -74,6 +74,52 @@ pub struct CommitReport {
     /// Stale paths overwritten because of `force`.
     #[serde(with = "lockbox_policy::name::json::vec")]
     pub forced_stale: Vec<PathBuf>,
+    /// Entries of the branch left out: the workdir keeps what it has at those paths. (A
+    /// boxed slice: this report is part of every transaction record, kept small.)
+    #[serde(default, skip_serializing_if = "<[Skipped]>::is_empty")]
+    pub skipped: Box<[Skipped]>,
+}
+
+/// An entry of the branch that a commit leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Skipped {
+    /// The path relative to the workdir (in JSON as in [`crate::Change::path`]).
+    #[serde(with = "lockbox_policy::name::json")]
+    pub path: PathBuf,
+    /// Why it was left out.
+    pub reason: SkipReason,
+}
+
+/// Why a commit leaves an entry out: it cannot be committed meaningfully, and refusing the
+/// whole commit for it (a build's leftover socket, a test's FIFO) would lose the real work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// A named pipe: it holds no data, only a rendezvous for processes that have ended.
+    Fifo,
+    /// A unix socket: only the process that bound it could answer on it, and it has ended.
+    Socket,
+}
+
+impl SkipReason {
+    /// The reason for an entry of this type, if it is one a commit leaves out (devices are
+    /// refused instead: [`CowError::SpecialFiles`]).
+    pub(crate) fn of(file_type: rustix::fs::FileType) -> Option<SkipReason> {
+        match file_type {
+            rustix::fs::FileType::Fifo => Some(SkipReason::Fifo),
+            rustix::fs::FileType::Socket => Some(SkipReason::Socket),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SkipReason::Fifo => "a FIFO holds no data to commit",
+            SkipReason::Socket => "a socket is only meaningful to the process that bound it",
+        })
+    }
 }
 
 /// Applies `branch` to `workdir` (which must be the branch's own workdir). The branch is left
@@ -167,7 +213,7 @@ pub(crate) fn validate(
     opts: &CommitOptions,
 ) -> Result<CommitReport, CowError> {
     let mut report = CommitReport::default();
-    let (mut special, mut stale_paths) = (Vec::new(), Vec::new());
+    let (mut special, mut stale_paths, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
     let mut access = WorkdirCheck::new(root);
     for item in Walker::new(upper, workdir)?.witnesses() {
         let item = item?;
@@ -194,8 +240,17 @@ pub(crate) fn validate(
                 path: c.path.clone(),
             });
         }
-        if c.file_type == FileType::Special && c.kind != ChangeKind::Deleted {
-            special.push(c.path.clone());
+        if c.kind != ChangeKind::Deleted {
+            if let Some(reason) = item.skip {
+                skipped.push(Skipped {
+                    path: c.path.clone(),
+                    reason,
+                });
+                continue;
+            }
+            if c.file_type == FileType::Special {
+                special.push(c.path.clone());
+            }
         }
         match c.kind {
             ChangeKind::Added => report.added += 1,
@@ -210,6 +265,7 @@ pub(crate) fn validate(
     if !special.is_empty() {
         return Err(CowError::SpecialFiles { paths: special });
     }
+    report.skipped = skipped.into_boxed_slice();
     if !stale_paths.is_empty() {
         if !opts.force {
             return Err(CowError::StaleBase { paths: stale_paths });
@@ -485,12 +541,15 @@ fn fill_staging(
     let mut plan = CommitPlan::default();
     let mut seq = 0u64;
     let mut walker = Walker::new(upper, workdir)?;
+    let mut links = Links::default();
     while let Some(item) = walker.next() {
         let item = item?;
         let c = &item.change;
         let path = c.path.clone();
         match (c.kind, c.file_type) {
             (ChangeKind::Deleted, _) => plan.ops.push(PlanOp::Delete { path }),
+            // Reported by `validate`; the workdir keeps its entry.
+            (_, FileType::Special) if item.skip.is_some() => {}
             (_, FileType::Dir) => {
                 if c.kind != ChangeKind::Modified {
                     plan.ops.push(PlanOp::MakeDir { path: path.clone() });
@@ -504,7 +563,7 @@ fn fill_staging(
             (_, FileType::File | FileType::Symlink) => {
                 seq += 1;
                 let staged = match walker.upper_dir() {
-                    Some(dir) => stage_entry(dir, staging, seq, &item, small),
+                    Some(dir) => stage_entry(dir, staging, seq, &item, small, &mut links),
                     None => Err(Errno::NOENT.into()),
                 };
                 staged.map_err(|source| CowError::Stage {
@@ -521,14 +580,21 @@ fn fill_staging(
     Ok(plan)
 }
 
+/// The staged entry of each upper inode with more than one name: a hard link made in the
+/// sandbox (upper (device, inode) -> its first staged entry's `seq`).
+type Links = std::collections::HashMap<(u64, u64), u64>;
+
 /// Copies the file or symlink of `item` from `dir`, the upper directory holding it, to
-/// `staging/<seq>`.
+/// `staging/<seq>`, with its `user.*` xattrs. A further name of an upper inode already
+/// staged becomes a hard link to that staged entry, so that names the sandbox linked are
+/// still one inode in the workdir.
 fn stage_entry(
     dir: BorrowedFd<'_>,
     staging: BorrowedFd<'_>,
     seq: u64,
     item: &Item,
     fsync: bool,
+    links: &mut Links,
 ) -> io::Result<()> {
     let (_, src) = split(&item.change.path);
     let name = seq.to_string();
@@ -544,13 +610,72 @@ fn stage_entry(
         )?);
     }
     let from = beneath::open_own_file(dir, src)?;
+    let st = rustix::fs::fstat(&from)?;
+    if st.st_nlink > 1 {
+        let inode = (st.st_dev, st.st_ino);
+        if let Some(first) = links.get(&inode) {
+            rustix::fs::linkat(staging, first.to_string(), staging, &name, AtFlags::empty())?;
+            return Ok(());
+        }
+        links.insert(inode, seq);
+    }
     let (to, _) = copy_into(&from, staging, OsStr::new(&name))?;
+    // Before the mode: setting a `user.*` xattr needs write permission.
+    copy_user_xattrs(from.as_fd(), to.as_fd())?;
     rustix::fs::fchmod(&to, Mode::from_raw_mode(file_mode(item.change.mode)))?;
     rustix::fs::futimens(&to, &times)?;
     if fsync {
         to.sync_all()?;
     }
     Ok(())
+}
+
+/// Copies the `user.*` xattrs of `from` to `to` (see [`user_xattrs`]).
+fn copy_user_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    for (xname, value) in user_xattrs(from)? {
+        rustix::fs::fsetxattr(to, &xname, &value, rustix::fs::XattrFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// The `user.*` xattrs of `fd` (names as exact bytes, sorted), except overlayfs's own
+/// bookkeeping (`user.overlay.*`, in an unprivileged upper): what a commit carries. Other
+/// namespaces are not the sandbox's to give: `security.*` holds file capabilities,
+/// `trusted.*` needs privilege.
+pub(crate) fn user_xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(std::ffi::OsString, Vec<u8>)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let names = xattr_read(|buf| rustix::fs::flistxattr(fd, buf))?;
+    let mut out = Vec::new();
+    for xname in names
+        .split(|&b| b == 0)
+        .filter(|n| n.starts_with(b"user.") && !n.starts_with(b"user.overlay."))
+    {
+        let xname = OsStr::from_bytes(xname);
+        let value = xattr_read(|buf| rustix::fs::fgetxattr(fd, xname, buf))?;
+        out.push((xname.to_owned(), value));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The whole answer of an xattr call that fills `buf` (growing it on `ERANGE`); nothing
+/// where the filesystem has no xattrs.
+fn xattr_read(mut call: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        match call(&mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => {
+                let size = call(&mut [0u8; 0][..])?;
+                buf = vec![0u8; size.max(buf.len() * 2)];
+            }
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// The workdir directories of the plan's paths, opened one component at a time.

@@ -21,8 +21,8 @@ use crate::error::CowError;
 use crate::overlay;
 
 /// Copies the upper layer at `src` into the (empty) directory `dst`; returns the bytes of
-/// file data copied (holes are not copied). Special files other than whiteouts are refused,
-/// as in a commit. On failure `dst` is emptied again.
+/// file data copied (holes are not copied). FIFOs and sockets are kept (a commit skips them);
+/// devices other than whiteouts are refused, as in a commit. On failure `dst` is emptied again.
 pub fn import_upper(src: &Path, dst: &Path) -> Result<u64, CowError> {
     let read_err = |source| CowError::ImportUpper {
         path: src.to_owned(),
@@ -97,11 +97,13 @@ fn copy_dir(from: BorrowedFd<'_>, from_abs: &Path, to: BorrowedFd<'_>) -> Result
                     .map_err(|e| err(e.into()))?;
                 set_times_at(to, &name, &st).map_err(err)?;
             }
-            _ => {
-                return Err(err(io::Error::other(
-                    "special files cannot be part of a branch",
-                )))
+            // Kept as they are, for the commit to report as skipped (any user may make them).
+            ft @ (FileType::Fifo | FileType::Socket) => {
+                rustix::fs::mknodat(to, &name, ft, Mode::from_raw_mode(st.st_mode & 0o7777), 0)
+                    .map_err(|e| err(e.into()))?;
+                set_times_at(to, &name, &st).map_err(err)?;
             }
+            _ => return Err(err(io::Error::other("devices cannot be part of a branch"))),
         }
     }
     Ok(bytes)
@@ -118,7 +120,8 @@ fn copy_file(from: BorrowedFd<'_>, name: &OsStr, to: BorrowedFd<'_>, st: &Stat) 
     Ok(bytes)
 }
 
-/// Copies the `user.overlay.*` xattrs of `from/name` to `to/to_name` (neither followed).
+/// Copies the `user.*` xattrs of `from/name` to `to/to_name` (neither followed): overlayfs's
+/// own `user.overlay.*` marks and the command's `user.*` attributes, which a commit keeps.
 fn copy_marks(
     from: BorrowedFd<'_>,
     name: &OsStr,
@@ -127,10 +130,7 @@ fn copy_marks(
 ) -> io::Result<()> {
     let (src, dst) = (fd_path(from, name), fd_path(to, to_name));
     let names = overlay::list_xattrs(&src)?;
-    for xname in names
-        .split(|&b| b == 0)
-        .filter(|n| n.starts_with(b"user.overlay."))
-    {
+    for xname in names.split(|&b| b == 0).filter(|n| n.starts_with(b"user.")) {
         // The exact bytes: a lossy copy would name another attribute.
         let xname = OsStr::from_bytes(xname);
         let value = overlay::get_xattr(&src, xname)?;

@@ -13,8 +13,9 @@
 //!   entry hid everything below; an opaque directory replaces the result's directory and stays
 //!   opaque. Its mode and times are the top-most layer's.
 //!
-//! Entries are read without following symlinks; a device, FIFO or socket, and the overlayfs
-//! features a change set cannot represent (`metacopy`, `redirect`) are refused.
+//! Entries are read without following symlinks; FIFOs and sockets are carried along (a
+//! commit reports them as skipped); a device, and the overlayfs features a change set cannot
+//! represent (`metacopy`, `redirect`), are refused.
 
 use std::ffi::OsStr;
 use std::io;
@@ -119,6 +120,11 @@ pub fn copy_view(
             Merge::RESOLVE,
         )
         .map_err(err),
+        // Carried along for the commit to report as skipped (any user may make them).
+        ft @ (RawType::Fifo | RawType::Socket) => {
+            let mode = Mode::from_raw_mode(st.st_mode & 0o7777);
+            rustix::fs::mknodat(dst.as_fd(), dst_name, ft, mode, 0).map_err(|e| err(e.into()))
+        }
         _ => Err(CowError::SpecialFiles { paths: vec![abs] }),
     }
 }
@@ -254,6 +260,13 @@ fn merge_dir(
                     remove_tree_at(dst, &name).map_err(write_err)?;
                 }
                 place_leaf(src, &name, &st, dst, &name, how).map_err(write_err)?;
+            }
+            ft @ (RawType::Fifo | RawType::Socket) => {
+                if existing.is_some() {
+                    remove_tree_at(dst, &name).map_err(write_err)?;
+                }
+                let mode = Mode::from_raw_mode(st.st_mode & 0o7777);
+                rustix::fs::mknodat(dst, &name, ft, mode, 0).map_err(|e| write_err(e.into()))?;
             }
             _ => return Err(CowError::SpecialFiles { paths: vec![abs] }),
         }

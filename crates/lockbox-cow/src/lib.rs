@@ -47,7 +47,8 @@
 pub use crate::branch::{abort_id, branches_dir, list, Branch, ListedBranch};
 pub use crate::changes::{Change, ChangeIter, ChangeKind, ChangeSet, FileType};
 pub use crate::commit::{
-    commit, CommitOptions, CommitPlan, CommitReport, PlanDir, PlanOp, STAGING_PREFIX,
+    commit, CommitOptions, CommitPlan, CommitReport, PlanDir, PlanOp, SkipReason, Skipped,
+    STAGING_PREFIX,
 };
 pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
 pub use crate::durable::{fsync_dir, write_atomic, write_replace};

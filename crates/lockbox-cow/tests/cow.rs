@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::{hash_tree, require_overlay, run_in_branch, sh, snapshot, tick, Scratch};
 use lockbox_cow::{
     abort_id, list, Branch, BranchId, BranchState, Change, CommitOptions, CowError, FileDiff,
-    FileType,
+    FileType, SkipReason,
 };
 
 fn kinds(branch: &Branch) -> Vec<(String, char, FileType)> {
@@ -287,12 +287,12 @@ fn commit_applies_and_preserves_modes_times_links() {
     assert_eq!(snap[Path::new("l")], Node::Symlink("d".into()));
     // setuid is dropped on commit.
     assert_eq!(snap[Path::new("s")], Node::File(0o755, b"x".to_vec()));
-    // Hard links become independent files.
+    // Hard links made in the sandbox stay one inode.
     let (h1, h2) = (
         std::fs::metadata(s.wd.join("hl1")).unwrap(),
         std::fs::metadata(s.wd.join("hl2")).unwrap(),
     );
-    assert_ne!(h1.ino(), h2.ino());
+    assert_eq!(h1.ino(), h2.ino());
     assert_eq!(snap[Path::new("hl2")], Node::File(0o644, b"h\n".to_vec()));
     assert!(upper_snap.contains_key(Path::new("hl2")));
     // Branch and staging are gone; owner is us.
@@ -367,31 +367,133 @@ fn state_dir_inside_workdir_refused() {
 }
 
 #[test]
-fn special_files_refused_and_nothing_applied() {
+fn special_files_fifos_and_sockets_are_skipped_and_reported_the_rest_commits() {
     if !require_overlay() {
         return;
     }
     let s = Scratch::new();
-    sh(&s.wd, "echo a > f; echo b > g");
-    let before = hash_tree(&s.wd);
+    sh(&s.wd, "echo a > f; echo b > g; echo c > was-a-file");
     let b = s.branch();
     assert!(run_in_branch(
         &b,
-        "echo A > f; rm g; echo new > aaa; mkfifo zz-fifo; \
-         python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"zz-sock\")' || true"
+        "echo A > f; rm g; echo new > aaa; mkfifo zz-fifo; mkdir d; mkfifo d/pipe; \
+         rm was-a-file; mkfifo was-a-file; \
+         python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"zz-sock\")'"
     ));
+    let report = b.clone().commit(&FORCE).unwrap();
+    let skipped: Vec<(String, SkipReason)> = report
+        .skipped
+        .iter()
+        .map(|k| (k.path.display().to_string(), k.reason))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("d/pipe".to_owned(), SkipReason::Fifo),
+            ("was-a-file".to_owned(), SkipReason::Fifo),
+            ("zz-fifo".to_owned(), SkipReason::Fifo),
+            ("zz-sock".to_owned(), SkipReason::Socket),
+        ]
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["skipped"][3],
+        serde_json::json!({"path": "zz-sock", "reason": "socket"})
+    );
+    // Everything else is applied; at a skipped path the workdir keeps what it had.
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "A\n");
+    assert!(!s.wd.join("g").exists());
+    assert_eq!(std::fs::read_to_string(s.wd.join("aaa")).unwrap(), "new\n");
+    assert!(s.wd.join("d").is_dir() && !s.wd.join("d/pipe").exists());
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("was-a-file")).unwrap(),
+        "c\n"
+    );
+    assert!(!s.wd.join("zz-fifo").exists() && !s.wd.join("zz-sock").exists());
+    assert!(list(&s.state).unwrap().is_empty(), "branch left behind");
+}
+
+#[test]
+fn special_files_devices_are_refused_and_nothing_applied() {
+    // Only root can make a device node, so only root can plant one in an upper layer (the
+    // sandbox has no CAP_MKNOD).
+    if !require_overlay() || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo a > f");
+    let before = hash_tree(&s.wd);
+    let b = s.branch();
+    assert!(run_in_branch(&b, "echo A > f"));
+    sh(&b.upper_dir(), "mknod zz-null c 1 3");
     let e = b.clone().commit(&FORCE).unwrap_err();
     assert_eq!(e.code(), "SPECIAL_FILES");
-    let CowError::SpecialFiles { paths } = &e else {
-        panic!()
-    };
-    assert!(paths.contains(&PathBuf::from("zz-fifo")), "{paths:?}");
-    assert!(e.to_string().contains("zz-fifo"));
+    assert!(e.to_string().contains("zz-null"), "{e}");
     assert_eq!(hash_tree(&s.wd), before, "something was applied");
     assert_eq!(
         list(&s.state).unwrap().len(),
         1,
         "branch kept after refusal"
+    );
+}
+
+#[test]
+fn xattrs_and_hard_links_made_in_the_sandbox_survive_the_commit() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    sh(&s.wd, "echo old > existing; echo x > outside-link");
+    let b = s.branch();
+    assert!(run_in_branch(
+        &b,
+        "echo new > f && echo data > a && ln a b && mkdir d && ln a d/c && \
+         ln outside-link alias && \
+         python3 -c \"import os; os.setxattr('f', 'user.x', b'1'); \
+         os.setxattr('existing', 'user.y', b'2'); os.setxattr('a', 'user.z', b'3')\""
+    ));
+    let xattrs = |p: &str| -> Vec<(String, Vec<u8>)> {
+        let path = s.wd.join(p);
+        let mut names = vec![0u8; 1024];
+        let n = rustix::fs::listxattr(&path, &mut names[..]).unwrap();
+        names[..n]
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| {
+                let name = String::from_utf8(n.to_vec()).unwrap();
+                let mut value = vec![0u8; 64];
+                let len = rustix::fs::getxattr(&path, name.as_str(), &mut value[..]).unwrap();
+                value.truncate(len);
+                (name, value)
+            })
+            .collect()
+    };
+    b.commit(&FORCE).unwrap();
+    // user.* xattrs, on a new file and as the only change of an existing one; overlayfs's
+    // own user.overlay.* marks stay behind.
+    assert_eq!(xattrs("f"), [("user.x".to_owned(), b"1".to_vec())]);
+    assert_eq!(xattrs("existing"), [("user.y".to_owned(), b"2".to_vec())]);
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("existing")).unwrap(),
+        "old\n"
+    );
+    // Three names of one inode made in the sandbox are one inode in the workdir.
+    let ino = |p: &str| std::fs::metadata(s.wd.join(p)).unwrap().ino();
+    assert_eq!(
+        (ino("a"), ino("b"), ino("d/c")),
+        (ino("a"), ino("a"), ino("a"))
+    );
+    assert_eq!(std::fs::metadata(s.wd.join("a")).unwrap().nlink(), 3);
+    assert_eq!(std::fs::read_to_string(s.wd.join("d/c")).unwrap(), "data\n");
+    assert_eq!(xattrs("b"), [("user.z".to_owned(), b"3".to_vec())]);
+    // A link to a workdir file the change does not touch is committed as a copy.
+    assert_ne!(ino("alias"), ino("outside-link"));
+    assert_eq!(std::fs::read_to_string(s.wd.join("alias")).unwrap(), "x\n");
+    assert_eq!(
+        std::fs::metadata(s.wd.join("outside-link"))
+            .unwrap()
+            .nlink(),
+        1
     );
 }
 
@@ -628,9 +730,9 @@ fn a_refused_or_failed_commit_is_recorded_and_listed_with_its_remedy() {
 
     // A commit refused for another reason: commit_failed.
     let b = s.branch();
-    assert!(run_in_branch(&b, "mkfifo pipe"));
+    assert!(run_in_branch(&b, "mkdir .lockbox-commit-x"));
     let id = b.id().clone();
-    assert_eq!(b.commit(&FORCE).unwrap_err().code(), "SPECIAL_FILES");
+    assert_eq!(b.commit(&FORCE).unwrap_err().code(), "RESERVED_NAME");
     let listed = list(&s.state).unwrap();
     assert_eq!(
         listed[0].meta.as_ref().unwrap().state,
@@ -926,6 +1028,7 @@ fn key_scenarios_pass_as_uid_65534() {
             "orphan_after",
             "leftover_staging",
             "xattr_whiteouts",
+            "xattrs_and_hard_links",
             "paths_longer_than_path_max",
             "directories_made_unreadable",
             "sparse_files_stay_sparse",

@@ -185,3 +185,41 @@ fn restrict_refuses_a_path_below_a_deleted_or_opaque_directory() {
     assert_eq!(err.code(), "BAD_PATH", "{err}");
     assert!(lockbox_cow::restrict(&up, &["../x".into()], &[]).is_err());
 }
+
+#[test]
+fn fifos_of_any_layer_are_carried_through_flatten_and_skipped_by_the_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (work, layers) = setup(tmp.path());
+    let fifo = |p: &Path| {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            p,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap()
+    };
+    fifo(&layers[1].join("pipe"));
+    fifo(&layers[0].join("dir/pipe"));
+    let merged = tmp.path().join("merged");
+    fs::create_dir(&merged).unwrap();
+    flatten(&layers, &merged).unwrap();
+    let (plan, report) =
+        stage_upper(&merged, &work, "t1", None, &CommitOptions::default()).unwrap();
+    let skipped: Vec<_> = report
+        .skipped
+        .iter()
+        .map(|s| (s.path.display().to_string(), s.reason))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("dir/pipe".to_owned(), lockbox_cow::SkipReason::Fifo),
+            ("pipe".to_owned(), lockbox_cow::SkipReason::Fifo),
+        ]
+    );
+    apply_staged(&work, "t1", &plan).unwrap();
+    assert_eq!(read(&work.join("dir/z")), "z2");
+    assert!(!work.join("pipe").exists() && !work.join("dir/pipe").exists());
+}

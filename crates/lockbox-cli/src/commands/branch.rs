@@ -152,6 +152,7 @@ fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), 
         dry_run: false,
     }) {
         Ok(report) => {
+            super::workdir::warn_skipped(&report);
             if as_json {
                 outln!(
                     "{}",

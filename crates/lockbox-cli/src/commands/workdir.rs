@@ -3,7 +3,9 @@
 
 use crate::cli::{BranchAction, WorkspaceArgs};
 use crate::output::{eoutln, out};
-use lockbox_cow::{import_upper, Branch, ChangeSet, CommitOptions, CowError};
+use lockbox_cow::{
+    import_upper, Branch, ChangeSet, CommitOptions, CommitReport, CowError, Skipped,
+};
 use lockbox_policy::name::quoted;
 use lockbox_policy::{plural, Policy};
 use serde_json::{json, Value};
@@ -43,6 +45,23 @@ pub fn begin(
         .collect();
     let context = json!({ "command": command, "policy": policy });
     let branch = Branch::create(&state_dir, workdir, context)?;
+    // The view is mounted at the canonical path; the command starts at the path it was
+    // given, which leads there inside too (its symlinks are recreated), and `$PWD` says so,
+    // as a shell that did `cd` there would (for `pwd` and for tools that report paths).
+    if policy.cwd.is_none() {
+        if let Some(given) = as_given(workdir) {
+            if given != branch.workdir() {
+                if let Some(text) = given.to_str() {
+                    policy
+                        .env
+                        .set
+                        .entry("PWD".to_owned())
+                        .or_insert_with(|| text.to_owned());
+                }
+            }
+            policy.cwd = Some(given);
+        }
+    }
     policy.mount_copy_on_write(
         branch.workdir(),
         branch.upper_dir(),
@@ -50,6 +69,30 @@ pub fn begin(
         args.max_disk,
     );
     Ok(Some(Workspace { branch }))
+}
+
+/// `workdir` made absolute the way the caller's shell sees it: a relative path is taken
+/// from `$PWD` when that names the current directory (the shell's `cd` through a symlink
+/// keeps the link there, `pwd -L`), else from the real current directory.
+fn as_given(workdir: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    if workdir.is_absolute() {
+        return Some(workdir.to_owned());
+    }
+    let logical = std::env::var_os("PWD")
+        .map(std::path::PathBuf::from)
+        .filter(|pwd| pwd.is_absolute())
+        .filter(
+            |pwd| match (std::fs::metadata(pwd), std::fs::metadata(".")) {
+                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+                _ => false,
+            },
+        );
+    match logical {
+        // `components` drops the `.` of `--workdir .`.
+        Some(pwd) => Some(pwd.join(workdir).components().collect()),
+        None => std::path::absolute(workdir).ok(),
+    }
 }
 
 impl Workspace {
@@ -110,15 +153,16 @@ impl Workspace {
         } else {
             Some(("--on-exit abort".to_owned(), "--on-exit keep"))
         };
-        let (done, exit_code) = self.apply(action, args.force, &changes, why);
+        let (done, exit_code, skipped) = self.apply(action, args.force, &changes, why);
         let done = if args.dry_run { "dry-run" } else { done };
-        Finished {
-            exit_code,
-            report: json!({
-                "branch": { "id": id, "action": done },
-                "changes": changes.changes(),
-            }),
+        let mut report = json!({
+            "branch": { "id": id, "action": done },
+            "changes": changes.changes(),
+        });
+        if !skipped.is_empty() {
+            report["skipped"] = json!(skipped);
         }
+        Finished { exit_code, report }
     }
 
     /// `why` is why an abort discards the changes, and the flag that would have kept them
@@ -129,7 +173,7 @@ impl Workspace {
         force: bool,
         changes: &ChangeSet,
         why: Option<(String, &str)>,
-    ) -> (&'static str, Option<i32>) {
+    ) -> (&'static str, Option<i32>, Vec<Skipped>) {
         let id = self.branch.id().as_str().to_owned();
         let result = match action {
             BranchAction::Commit => {
@@ -138,10 +182,13 @@ impl Workspace {
                     dry_run: false,
                 };
                 return match self.branch.commit(&opts) {
-                    Ok(_) => ("committed", None),
+                    Ok(report) => {
+                        warn_skipped(&report);
+                        ("committed", None, report.skipped.into_vec())
+                    }
                     Err(e) => {
                         explain_commit_error(&e, &id);
-                        ("kept", Some(i32::from(e.exit_code())))
+                        ("kept", Some(i32::from(e.exit_code())), Vec::new())
                     }
                 };
             }
@@ -163,10 +210,10 @@ impl Workspace {
             }),
         };
         match result {
-            Ok(done) => (done, None),
+            Ok(done) => (done, None, Vec::new()),
             Err(e) => {
                 eoutln!("lockbox: branch {id}: {e}");
-                ("kept", Some(4))
+                ("kept", Some(4), Vec::new())
             }
         }
     }
@@ -190,6 +237,17 @@ fn ended(outcome: &lockbox_confine::Outcome) -> String {
         Status::Exited(code) => format!("the command exited {code}"),
         Status::Signaled(sig) => format!("the command was killed by signal {sig}"),
         Status::ExecFailed(_) => "the command could not be started".into(),
+    }
+}
+
+/// One warning line for each entry a commit left out (FIFOs, sockets).
+pub fn warn_skipped(report: &CommitReport) {
+    for skipped in &report.skipped {
+        eoutln!(
+            "lockbox: warning: {} was not committed: {}",
+            quoted(&skipped.path),
+            skipped.reason
+        );
     }
 }
 
