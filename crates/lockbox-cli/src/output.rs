@@ -21,12 +21,13 @@
 
 use std::fmt;
 use std::io::{self, Write};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// The exit code of a command that succeeded but could not write its output (sysexits.h's
 /// `EX_IOERR`; distinct from every code lockbox documents otherwise).
-pub const OUTPUT_FAILED: i32 = 74;
+pub const OUTPUT_FAILED: u8 = 74;
 
 /// Set once a stream failed: nothing more is written to it.
 static STDOUT_DONE: AtomicBool = AtomicBool::new(false);
@@ -75,7 +76,7 @@ pub fn stderr_fmt(args: fmt::Arguments<'_>) {
 
 /// The process exit code once the command returned `code`: a stdout failure other than a
 /// closed pipe is reported here, and turns a success into [`OUTPUT_FAILED`].
-pub fn finish(code: i32) -> i32 {
+pub fn finish(code: ExitCode) -> ExitCode {
     stdout_with(|_| Ok(()));
     let failed = STDOUT_ERROR
         .lock()
@@ -84,8 +85,8 @@ pub fn finish(code: i32) -> i32 {
     match failed {
         Some(e) => {
             stderr_fmt(format_args!("lockbox: writing to stdout: {e}\n"));
-            if code == 0 {
-                OUTPUT_FAILED
+            if code == ExitCode::SUCCESS {
+                ExitCode::from(OUTPUT_FAILED)
             } else {
                 code
             }

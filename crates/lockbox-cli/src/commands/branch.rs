@@ -1,48 +1,39 @@
 //! `lockbox branch`: kept copy-on-write branches, reviewed, committed or aborted.
 
-use super::print_error;
 use super::workdir::explain_commit_error;
 use crate::cli::{BranchArgs, BranchCommand};
+use crate::error::CliError;
 use crate::output::json;
 use crate::output::{out, outln};
 use lockbox_cow::{abort_id, list, Branch, BranchId, CommitOptions, CowError, FileDiff};
 use lockbox_policy::name::{quoted, Encoded};
 use serde_json::json;
 use std::path::Path;
+use std::process::ExitCode;
 
-pub fn run(args: &BranchArgs) -> i32 {
-    let state_dir = match args.state.resolve() {
-        Ok(dir) => dir,
-        Err(e) => {
-            print_error(&e, None);
-            return 2;
-        }
-    };
-    let result = match &args.command {
+pub fn run(args: &BranchArgs) -> Result<ExitCode, CliError> {
+    let state_dir = args
+        .state
+        .resolve()
+        .map_err(|e| CliError::usage(super::chain(&e)))?;
+    match &args.command {
         BranchCommand::List => list_branches(&state_dir, args.json),
         BranchCommand::Show { id } => show(&state_dir, id, args.json),
         BranchCommand::Diff { id, path } => diff(&state_dir, id, path.as_deref(), args.json),
         BranchCommand::Commit { id, force } => commit(&state_dir, id, *force, args.json),
-        BranchCommand::Abort { id } => BranchId::parse(id).and_then(|id| {
+        BranchCommand::Abort { id } => {
+            let id = BranchId::parse(id)?;
             abort_id(&state_dir, &id)?;
             if args.json {
                 outln!("{}", json(&json!({ "id": id, "action": "aborted" }), false));
             }
             Ok(())
-        }),
-    };
-    match result {
-        Ok(()) => 0,
-        Err(e) => {
-            if !matches!(e, CowError::StaleBase { .. }) {
-                print_error(&e, None);
-            }
-            i32::from(e.exit_code())
         }
-    }
+    }?;
+    Ok(ExitCode::SUCCESS)
 }
 
-fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CowError> {
+fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CliError> {
     let branches = list(state_dir)?;
     if as_json {
         let items: Vec<_> = branches
@@ -74,7 +65,7 @@ fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CowError> {
     Ok(())
 }
 
-fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CowError> {
+fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CliError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
     let changes = branch.change_set()?;
     if as_json {
@@ -99,7 +90,7 @@ fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CowError> {
     Ok(())
 }
 
-fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Result<(), CowError> {
+fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Result<(), CliError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
     let changed: Vec<_> = branch
         .change_set()?
@@ -114,10 +105,10 @@ fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Resul
         None => changed,
     };
     if let (Some(p), true) = (path, paths.is_empty()) {
-        return Err(CowError::NotChanged {
+        return Err(CliError::from(CowError::NotChanged {
             id: id.to_owned(),
             path: p.to_owned(),
-        });
+        }));
     }
     let mut items = Vec::new();
     for p in &paths {
@@ -144,7 +135,7 @@ fn diff(state_dir: &Path, id: &str, path: Option<&Path>, as_json: bool) -> Resul
     Ok(())
 }
 
-fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), CowError> {
+fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), CliError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
     super::txn::recover_sweep(state_dir, branch.workdir());
     match branch.commit(&CommitOptions {
@@ -166,7 +157,7 @@ fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), 
         }
         Err(e) => {
             explain_commit_error(&e, id);
-            Err(e)
+            Err(CliError::reported(e.exit_code()))
         }
     }
 }

@@ -2,17 +2,16 @@
 
 use super::print_error;
 use crate::cli::CheckArgs;
+use crate::error::CliError;
 use crate::output::outln;
+use std::process::ExitCode;
 
-pub fn run(args: &CheckArgs) -> i32 {
+pub fn run(args: &CheckArgs) -> Result<ExitCode, CliError> {
     let mut support = lockbox_confine::probe();
-    let policy = match args.policy.to_policy() {
-        Ok(p) => p,
-        Err(e) => {
-            print_error(&super::chain(&e), None);
-            return 2;
-        }
-    };
+    let policy = args
+        .policy
+        .to_policy()
+        .map_err(|e| CliError::usage(super::chain(&e)))?;
     // A real sandbox start is the only honest test of the whole stack.
     let smoke = lockbox_confine::run(&policy, &["true".into()]);
     let smoke_line = match &smoke {
@@ -82,7 +81,8 @@ pub fn run(args: &CheckArgs) -> i32 {
         }
     }
     match smoke {
-        Ok(o) if o.exit_code() == 0 => 0,
-        _ => 125,
+        Ok(o) if o.exit_code() == 0 => Ok(ExitCode::SUCCESS),
+        // The report above says why; a script reads the code.
+        _ => Err(CliError::reported(125)),
     }
 }

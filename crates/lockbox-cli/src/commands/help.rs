@@ -2,37 +2,35 @@
 //! they never disagree with `--help`.
 
 use crate::cli::Cli;
+use crate::error::CliError;
 use clap::CommandFactory;
 use lockbox_policy::name::quoted;
 use std::path::Path;
+use std::process::ExitCode;
 
 /// Prints the completion script for `shell` on stdout.
-pub fn completions(shell: clap_complete::Shell) -> i32 {
+pub fn completions(shell: clap_complete::Shell) -> Result<ExitCode, CliError> {
     let mut cmd = Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, "lockbox", &mut script);
     crate::output::stdout_bytes(&script);
-    0
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Prints the manual page (roff) of `lockbox` on stdout, or with `dir` writes one page per
 /// command there, as git does (`lockbox.1`, `lockbox-run.1`, `lockbox-branch-diff.1`, ...).
-pub fn man(dir: Option<&Path>) -> i32 {
+pub fn man(dir: Option<&Path>) -> Result<ExitCode, CliError> {
     let cmd = Cli::command();
     let result = match dir {
         None => page(&cmd).map(|p| crate::output::stdout_bytes(&p)),
         Some(dir) => write_pages(&cmd, "lockbox", dir),
     };
-    match result {
-        Ok(()) => 0,
-        Err(e) => {
-            let at = dir
-                .map(|d| format!(" in {}", quoted(d)))
-                .unwrap_or_default();
-            super::print_error(&format!("writing the manual pages{at}: {e}"), None);
-            1
-        }
-    }
+    result.map(|()| ExitCode::SUCCESS).map_err(|e| {
+        let at = dir
+            .map(|d| format!(" in {}", quoted(d)))
+            .unwrap_or_default();
+        CliError::new(1, format!("writing the manual pages{at}: {e}"))
+    })
 }
 
 fn page(cmd: &clap::Command) -> std::io::Result<Vec<u8>> {

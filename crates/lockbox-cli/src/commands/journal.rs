@@ -3,6 +3,9 @@
 //! translates arguments into one journal call and prints the result.
 
 use std::io::Write;
+use std::process::ExitCode;
+
+use crate::error::CliError;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -62,7 +65,7 @@ pub enum JournalCommand {
 }
 
 /// Runs `lockbox journal`; returns the process exit code.
-pub fn run(args: &JournalArgs) -> anyhow::Result<i32> {
+pub fn run(args: &JournalArgs) -> Result<ExitCode, CliError> {
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     match rt.block_on(run_async(args)) {
         // `lockbox journal dump RUN | head`: the reader left, which is not our failure.
@@ -70,13 +73,13 @@ pub fn run(args: &JournalArgs) -> anyhow::Result<i32> {
             if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
         {
-            Ok(0)
+            Ok(ExitCode::SUCCESS)
         }
-        other => other,
+        other => other.map_err(CliError::from),
     }
 }
 
-async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
+async fn run_async(args: &JournalArgs) -> anyhow::Result<ExitCode> {
     let Some(url) = &args.journal else {
         anyhow::bail!(
             "no journal given: add --journal URL (sqlite:PATH, file:DIR or postgres://…) or set LOCKBOX_JOURNAL"
@@ -152,5 +155,5 @@ async fn run_async(args: &JournalArgs) -> anyhow::Result<i32> {
             writeln!(out, "{target}")?;
         }
     }
-    Ok(0)
+    Ok(ExitCode::SUCCESS)
 }

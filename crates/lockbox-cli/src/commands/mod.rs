@@ -1,4 +1,5 @@
-//! One module per `lockbox` subcommand; each returns the process exit code.
+//! One module per `lockbox` subcommand; each returns `Result<ExitCode, CliError>`, which
+//! `main` turns into the exit status.
 
 use crate::output::eoutln;
 pub mod branch;
@@ -58,9 +59,9 @@ pub fn chain(e: &anyhow::Error) -> String {
     text
 }
 
-/// Prints a command-line error as clap does, adding the hint a `run` without `--` needs,
-/// and exits (2 for a usage error, 0 for `--help`/`--version`).
-pub fn usage_error(e: clap::Error) -> ! {
+/// Prints a command-line error as clap does, adding the hint a `run` without `--` needs;
+/// returns the exit code (2 for a usage error, 0 for `--help`/`--version`).
+pub fn usage_error(e: clap::Error) -> std::process::ExitCode {
     use clap::error::ErrorKind;
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let run_without_dashes = matches!(
@@ -84,7 +85,8 @@ pub fn usage_error(e: clap::Error) -> ! {
             rest.join(" ")
         );
     }
-    std::process::exit(crate::output::finish(e.exit_code()))
+    let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    crate::output::finish(std::process::ExitCode::from(code))
 }
 
 #[cfg(test)]

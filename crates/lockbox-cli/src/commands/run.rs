@@ -2,12 +2,14 @@
 
 use super::{print_error, workdir};
 use crate::cli::RunArgs;
+use crate::error::{exit, CliError};
 use crate::output::{eoutln, outln};
 use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
 use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// Signals of the supervisor that are passed on to the sandbox.
@@ -20,35 +22,23 @@ const FORWARDED: [i32; 6] = [
     libc::SIGUSR2,
 ];
 
-pub fn run(args: &RunArgs) -> i32 {
-    let mut policy = match args.policy.to_policy() {
-        Ok(p) => p,
-        Err(e) => {
-            print_error(&super::chain(&e), None);
-            return 2;
-        }
-    };
+pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
+    let mut policy = args
+        .policy
+        .to_policy()
+        .map_err(|e| CliError::usage(super::chain(&e)))?;
     if let Some(dir) = &args.workspace.workdir {
-        if let Err(msg) = super::check_workdir(dir) {
-            print_error(&msg, None);
-            return 2;
-        }
+        super::check_workdir(dir).map_err(CliError::usage)?;
     }
-    let workspace = match workdir::begin(&args.workspace, &mut policy, &args.command) {
-        Ok(w) => w,
-        Err(e) => {
-            print_error(&super::chain(&e), None);
-            return 125;
-        }
-    };
+    let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
+        .map_err(|e| CliError::new(125, super::chain(&e)))?;
     let signals = match Signals::block(&FORWARDED) {
         Ok(s) => s,
         Err(e) => {
-            print_error(&e, None);
             if let Some(w) = workspace {
                 w.discard();
             }
-            return 125;
+            return Err(CliError::new(125, e));
         }
     };
     let mut started_in = None;
@@ -83,16 +73,22 @@ pub fn run(args: &RunArgs) -> i32 {
                     }
                 }
             }
-            finished
-                .and_then(|f| f.exit_code)
-                .unwrap_or_else(|| outcome.exit_code())
+            Ok(exit(
+                finished
+                    .and_then(|f| f.exit_code)
+                    .unwrap_or_else(|| outcome.exit_code()),
+            ))
         }
         Err(e) => {
-            print_error(&e, e.hint());
             if let Some(w) = workspace {
                 w.discard();
             }
-            125
+            let hint = e.hint();
+            let error = CliError::new(125, e);
+            Err(match hint {
+                Some(h) => error.hint(h),
+                None => error,
+            })
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `lockbox serve`: the HTTP API of long-lived sandboxes (lockbox-server) on a listener,
 //! until SIGTERM or SIGINT; then every sandbox is deleted (its branch's on-exit applied).
 
+use crate::error::CliError;
 use crate::output::{eoutln, outln};
 use anyhow::Context;
 use clap::Args;
@@ -10,6 +11,7 @@ use lockbox_server::{ServerConfig, Token};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 const ABOUT: &str = "\
@@ -199,14 +201,9 @@ fn parse_dur(s: &str) -> Result<Duration, String> {
 }
 
 /// Runs the server; the exit code.
-pub fn run(args: &ServeArgs) -> i32 {
-    match serve(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            super::print_error(&super::chain(&e), None);
-            1
-        }
-    }
+pub fn run(args: &ServeArgs) -> Result<ExitCode, CliError> {
+    serve(args)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn serve(args: &ServeArgs) -> anyhow::Result<()> {

@@ -5,6 +5,7 @@
 
 use super::print_error;
 use crate::cli::PolicyArgs;
+use crate::error::CliError;
 use crate::output::json;
 use crate::output::{eout, eoutln, out, outln};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -17,6 +18,7 @@ use lockbox_txn::{
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 /// Flags shared by `pipeline` and `gather`.
 #[derive(Debug, Args)]
@@ -238,16 +240,13 @@ fn parse_source(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| "expected NAME=CMD".into())
 }
 
-/// The state directory, as every lockbox command resolves it (see `StateArgs`); an error is
-/// printed and becomes exit 2.
-fn state_dir(given: &Option<PathBuf>) -> Result<PathBuf, i32> {
+/// The state directory, as every lockbox command resolves it (see `StateArgs`).
+fn state_dir(given: &Option<PathBuf>) -> Result<PathBuf, CliError> {
     let args = crate::cli::StateArgs {
         state_dir: given.clone(),
     };
-    args.resolve().map_err(|e| {
-        print_error(&e, None);
-        2
-    })
+    args.resolve()
+        .map_err(|e| CliError::usage(super::chain(&e)))
 }
 
 /// Recovers the interrupted transactions of `workdir` before a command touches it, saying
@@ -293,11 +292,8 @@ pub fn recover_sweep(state_dir: &Path, workdir: &Path) {
 }
 
 /// The policy of the stage selected by `sel`: the shared one with its `--stage-opts`.
-fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<StageSpec, i32> {
-    let usage = |msg: String| {
-        print_error(&msg, None);
-        2
-    };
+fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<StageSpec, CliError> {
+    let usage = CliError::usage;
     let workdir = std::fs::canonicalize(&flags.workdir)
         .map_err(|e| usage(format!("workdir {}: {e}", quoted(&flags.workdir))))?;
     let mut p = base.clone();
@@ -326,27 +322,24 @@ fn stage_of(flags: &TxnFlags, base: &Policy, sel: &str, cmd: &str) -> Result<Sta
 }
 
 /// Checks that every `--stage-opts` selects an existing stage.
-fn check_selectors(flags: &TxnFlags, known: &[String]) -> Result<(), i32> {
-    for (sel, _) in &flags.stage_opts {
-        if !known.contains(sel) {
-            print_error(
-                &format!(
-                    "--stage-opts {sel}: no such stage (known: {})",
-                    known.join(", ")
-                ),
-                None,
-            );
-            return Err(2);
-        }
+fn check_selectors(flags: &TxnFlags, known: &[String]) -> Result<(), CliError> {
+    match flags
+        .stage_opts
+        .iter()
+        .find(|(sel, _)| !known.contains(sel))
+    {
+        Some((sel, _)) => Err(CliError::usage(format!(
+            "--stage-opts {sel}: no such stage (known: {})",
+            known.join(", ")
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-fn base_policy(policy: &PolicyArgs) -> Result<Policy, i32> {
-    policy.to_policy().map_err(|e| {
-        print_error(&super::chain(&e), None);
-        2
-    })
+fn base_policy(policy: &PolicyArgs) -> Result<Policy, CliError> {
+    policy
+        .to_policy()
+        .map_err(|e| CliError::usage(super::chain(&e)))
 }
 
 /// What the command did with the transaction, for the JSON's `action`.
@@ -503,93 +496,74 @@ fn resolve(prepared: Result<PreparedTxn, TxnError>, flags: &TxnFlags) -> i32 {
     finish(prepared.commit(), Action::Committed, out)
 }
 
-pub fn pipeline(args: &PipelineArgs) -> i32 {
+pub fn pipeline(args: &PipelineArgs) -> Result<ExitCode, CliError> {
     let flags = &args.txn;
-    if let Err(msg) = super::check_workdir(&flags.workdir) {
-        print_error(&msg, None);
-        return 2;
-    }
-    let state = match state_dir(&flags.state_dir) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    super::check_workdir(&flags.workdir).map_err(CliError::usage)?;
+    let state = state_dir(&flags.state_dir)?;
     recover_sweep(&state, &flags.workdir);
     let known: Vec<String> = (1..=args.stages.len()).map(|i| i.to_string()).collect();
-    let base = match check_selectors(flags, &known).and_then(|()| base_policy(&args.policy)) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
+    check_selectors(flags, &known)?;
+    let base = base_policy(&args.policy)?;
     let mut spec = flags.spec(TxnKind::Pipeline, &state);
-    let mut stdin = None;
-    if let Some(path) = &args.stdin {
-        let read = if path.as_os_str() == "-" {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map(|_| bytes)
-        } else {
-            std::fs::read(path)
-        };
-        match read {
-            Ok(bytes) => stdin = Some(bytes),
-            Err(e) => {
-                let why = super::os_error(&e);
-                print_error(&format!("--stdin {}: {why}", quoted(path)), None);
-                return 2;
-            }
+    let stdin = match &args.stdin {
+        None => None,
+        Some(path) => {
+            let read = if path.as_os_str() == "-" {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map(|_| bytes)
+            } else {
+                std::fs::read(path)
+            };
+            let why = |e: std::io::Error| {
+                CliError::usage(format!("--stdin {}: {}", quoted(path), super::os_error(&e)))
+            };
+            Some(read.map_err(why)?)
         }
-    }
+    };
     spec.stream = args.stream;
     for (cmd, sel) in args.stages.iter().zip(&known) {
-        match stage_of(flags, &base, sel, cmd) {
-            Ok(s) => spec.stages.push(s),
-            Err(code) => return code,
-        }
+        spec.stages.push(stage_of(flags, &base, sel, cmd)?);
     }
-    resolve(spec.build(stdin).and_then(|t| t.prepare()), flags)
+    exit_code(resolve(spec.build(stdin).and_then(|t| t.prepare()), flags))
 }
 
-pub fn gather(args: &GatherArgs) -> i32 {
+pub fn gather(args: &GatherArgs) -> Result<ExitCode, CliError> {
     let flags = &args.txn;
-    if let Err(msg) = super::check_workdir(&flags.workdir) {
-        print_error(&msg, None);
-        return 2;
-    }
-    let state = match state_dir(&flags.state_dir) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    super::check_workdir(&flags.workdir).map_err(CliError::usage)?;
+    let state = state_dir(&flags.state_dir)?;
     recover_sweep(&state, &flags.workdir);
-    let policy = match args.conflict {
+    let mut known: Vec<String> = args.sources.iter().map(|(n, _)| n.clone()).collect();
+    if args.consumer.is_some() {
+        known.push("consumer".into());
+    }
+    check_selectors(flags, &known)?;
+    let base = base_policy(&args.policy)?;
+    let mut spec = flags.spec(TxnKind::Gather, &state);
+    spec.conflict = match args.conflict {
         ConflictArg::Fail => ConflictPolicy::Fail,
         ConflictArg::FirstWriterWins => ConflictPolicy::FirstWriterWins,
         ConflictArg::LastWriterWins => ConflictPolicy::LastWriterWins,
         ConflictArg::Markers => ConflictPolicy::Markers,
     };
-    let mut known: Vec<String> = args.sources.iter().map(|(n, _)| n.clone()).collect();
-    if args.consumer.is_some() {
-        known.push("consumer".into());
-    }
-    let base = match check_selectors(flags, &known).and_then(|()| base_policy(&args.policy)) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let mut spec = flags.spec(TxnKind::Gather, &state);
-    spec.conflict = policy;
     for (name, cmd) in &args.sources {
-        match stage_of(flags, &base, name, cmd) {
-            Ok(mut s) => {
-                s.name = name.clone();
-                spec.sources.push(s);
-            }
-            Err(code) => return code,
-        }
+        let mut s = stage_of(flags, &base, name, cmd)?;
+        s.name = name.clone();
+        spec.sources.push(s);
     }
     if let Some(cmd) = &args.consumer {
-        match stage_of(flags, &base, "consumer", cmd) {
-            Ok(s) => spec.consumer = Some(s),
-            Err(code) => return code,
-        }
+        spec.consumer = Some(stage_of(flags, &base, "consumer", cmd)?);
     }
-    resolve(spec.build(None).and_then(|t| t.prepare()), flags)
+    exit_code(resolve(spec.build(None).and_then(|t| t.prepare()), flags))
+}
+
+/// A transaction command's exit code: 0 is success, anything else was reported with the
+/// outcome (summary or JSON) already.
+fn exit_code(code: i32) -> Result<ExitCode, CliError> {
+    match u8::try_from(code) {
+        Ok(0) => Ok(ExitCode::SUCCESS),
+        Ok(c) => Err(CliError::reported(c)),
+        Err(_) => Err(CliError::reported(1)),
+    }
 }
 
 /// The exit code a finished transaction's command returned, and what it means.
@@ -633,11 +607,8 @@ fn record_json(r: &TxnRecord) -> Value {
     v
 }
 
-pub fn txn(args: &TxnArgs) -> i32 {
-    let state = match state_dir(&args.state_dir) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+pub fn txn(args: &TxnArgs) -> Result<ExitCode, CliError> {
+    let state = state_dir(&args.state_dir)?;
     let out = Output {
         json: args.json,
         report: None,
@@ -725,9 +696,8 @@ pub fn txn(args: &TxnArgs) -> i32 {
             Err(e) => Err(e),
         }),
         TxnCommand::Recover { workdir } => {
-            if let Some(Err(msg)) = workdir.as_deref().map(super::check_workdir) {
-                print_error(&msg, None);
-                return 2;
+            if let Some(dir) = workdir {
+                super::check_workdir(dir).map_err(CliError::usage)?;
             }
             lockbox_txn::recover(&state, workdir.as_deref()).map(|r| {
                 outln!("{}", json(&r, true));
@@ -735,11 +705,12 @@ pub fn txn(args: &TxnArgs) -> i32 {
             })
         }
     };
-    result.unwrap_or_else(|e| {
+    let code = result.unwrap_or_else(|e| {
         print_error(&e, None);
         if args.json {
             outln!("{}", json(&error_json(&e), false));
         }
         i32::from(e.exit_code())
-    })
+    });
+    exit_code(code)
 }
