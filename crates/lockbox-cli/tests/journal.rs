@@ -48,6 +48,10 @@ async fn list_status_dump_and_fork_a_recorded_run() {
         text(&out)
     );
 
+    let out = journal_cli(&url, &["list", "--json"]);
+    let ids: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids, ["agent-1"], "{}", text(&out));
+
     let out = journal_cli(&url, &["status", "agent-1"]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["steps"], 3, "{status}");

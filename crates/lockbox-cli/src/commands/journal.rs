@@ -19,6 +19,10 @@ pub struct JournalArgs {
     /// created.
     #[arg(long, value_name = "URL", env = "LOCKBOX_JOURNAL", global = true)]
     pub journal: Option<StorageUrl>,
+    /// Print JSON: `list` an array of run ids, `fork` `{"run": ID}` (`status` always
+    /// prints JSON; `dump --json` prints the stored lines).
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: JournalCommand,
 }
@@ -37,12 +41,10 @@ pub enum JournalCommand {
     Dump {
         /// The run's id (from `lockbox journal list`).
         run: RunId,
-        /// First entry to print
+        /// First entry to print (with --json: the stored lines exactly, JSON with checksums,
+        /// instead of a summary)
         #[arg(long, default_value_t = 0)]
         offset: u64,
-        /// Print the stored lines exactly (JSON with checksums) instead of a summary
-        #[arg(long)]
-        json: bool,
     },
     /// Copy a run's entries before a step or offset into a new run (the source is untouched)
     Fork {
@@ -90,15 +92,21 @@ async fn run_async(args: &JournalArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match &args.command {
         JournalCommand::List => {
-            for run in journal.list().await? {
-                writeln!(out, "{run}")?;
+            let runs = journal.list().await?;
+            if args.json {
+                let ids: Vec<String> = runs.iter().map(ToString::to_string).collect();
+                writeln!(out, "{}", serde_json::to_string(&ids)?)?;
+            } else {
+                for run in runs {
+                    writeln!(out, "{run}")?;
+                }
             }
         }
         JournalCommand::Status { run } => {
             let status = journal.status(run).await?;
             writeln!(out, "{}", serde_json::to_string_pretty(&status)?)?;
         }
-        JournalCommand::Dump { run, offset, json } if *json => {
+        JournalCommand::Dump { run, offset } if args.json => {
             for raw in journal.raw_entries(run, *offset).await? {
                 writeln!(out, "{}", raw.line)?;
             }
@@ -152,7 +160,12 @@ async fn run_async(args: &JournalArgs) -> anyhow::Result<ExitCode> {
                 (None, None) => anyhow::bail!("give --from-step ID or --from-offset N"),
             };
             let target = journal.fork(run, &at, to.as_ref()).await?;
-            writeln!(out, "{target}")?;
+            if args.json {
+                let v = serde_json::json!({ "run": target.to_string() });
+                writeln!(out, "{v}")?;
+            } else {
+                writeln!(out, "{target}")?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -123,7 +123,10 @@ fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
     let program = quoted(&args.command[0]);
     if outcome.timed_out {
         if let Some(t) = policy.timeout {
-            eoutln!("lockbox: timed out after {t:?}; stopped every process in the sandbox");
+            eoutln!(
+                "lockbox: timed out after {}; stopped every process in the sandbox",
+                lockbox_policy::HumanDuration(t)
+            );
         }
     } else if outcome.oom_killed {
         let limit = policy

@@ -632,10 +632,13 @@ pub fn txn(args: &TxnArgs) -> Result<ExitCode, CliError> {
             for t in all {
                 match t {
                     ListedTxn::Ok(r) => outln!(
-                        "{}\t{}\t{:?}\t{}",
+                        "{}\t{}\t{}\t{}",
                         r.id,
                         r.state.name(),
-                        r.kind,
+                        match r.kind {
+                            TxnKind::Pipeline => "pipeline",
+                            TxnKind::Gather => "gather",
+                        },
                         quoted(&r.workdir)
                     ),
                     ListedTxn::Damaged { dir, error } => outln!(
