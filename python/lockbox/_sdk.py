@@ -662,14 +662,17 @@ class PreparedTxn:
         :class:`~lockbox.errors.StageFailedError` (a stage failed) — and aborts — when it
         cannot commit; :class:`~lockbox.errors.StaleBaseError` when the workdir changed
         under it (unless ``force``)."""
-        reason = self._outcome.abort_reason
+        failed = self._outcome
+        reason = failed.abort_reason
         if reason is not None:
             self.abort()
+            # The outcome's own summary and exit code (lockbox_txn::TxnOutcome), as the CLI.
+            message = f"cannot commit {self.id}: {failed.summary}"
             if reason.reason == "conflicts":
-                raise ConflictError(f"cannot commit {self.id}: {reason}", code="MERGE_CONFLICT",
-                                    exit_code=3, conflicts=self._outcome.conflicts)
-            raise StageFailedError(f"cannot commit {self.id}: {reason}", code="STAGE_FAILED",
-                                   exit_code=reason_exit(reason.reason), abort_reason=reason)
+                raise ConflictError(message, code="MERGE_CONFLICT", exit_code=failed.exit_code,
+                                    conflicts=failed.conflicts)
+            raise StageFailedError(message, code="STAGE_FAILED", exit_code=failed.exit_code,
+                                   abort_reason=reason)
         self._outcome = _outcome(self._native.commit(force))
         return self._outcome
 
@@ -700,12 +703,6 @@ class PreparedTxn:
             )
             with contextlib.suppress(Exception):
                 native.abort()
-
-
-def reason_exit(reason: str) -> int:
-    """The CLI exit code of an abort reason."""
-    return {"stage_failed": 1, "outside_writable": 1, "timed_out": 124, "setup_failed": 125,
-            "conflicts": 3}.get(reason, 0)
 
 
 class Transaction:

@@ -182,6 +182,9 @@ class TxnOutcome:
     markers: list[Marker] = field(default_factory=list)
     exit_code: int = 0
     stdout: bytes = b""
+    #: What happened, for people (the CLI's summary line: ``not committed: stage 2 exited
+    #: 127: sh: ruff: not found``).
+    summary: str = ""
 
     def all_succeeded(self) -> bool:
         """Every stage exited 0 in time."""
@@ -234,4 +237,5 @@ def _outcome(raw: tuple[str, bytes | None, str | None]) -> TxnOutcome:
                  for m in d.get("markers", [])],
         exit_code=d.get("exit_code", 0),
         stdout=stdout or b"",
+        summary=d.get("summary", ""),
     )

@@ -71,6 +71,7 @@ fn outcome_json(o: &TxnOutcome) -> Value {
         "abort_reason": o.abort_reason,
         "report": o.report,
         "exit_code": o.exit_code(),
+        "summary": o.to_string(),
     })
 }
 

@@ -86,11 +86,13 @@ def test_prepare_then_commit_applies_and_abort_discards(ws):
 
 def test_commit_of_a_failed_transaction_raises_and_applies_nothing(ws):
     box = Sandbox(workdir=ws, timeout=30)
-    p = sh(box, "echo x > a.txt; exit 1").prepare()
+    p = sh(box, "echo x > a.txt; echo lint failed >&2; exit 1").prepare()
     assert not p.all_succeeded()
     with pytest.raises(StageFailedError) as e:
         p.commit()
     assert e.value.exit_code == 1 and not (ws / "a.txt").exists() and not p.pending
+    # The message is the CLI's summary: the stage, its exit code and the end of its stderr.
+    assert str(e.value).endswith("not committed: stage 1 exited 1: lint failed"), str(e.value)
 
 
 def test_stale_base_refuses_the_commit(ws):
