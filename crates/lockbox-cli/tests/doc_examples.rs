@@ -10,6 +10,9 @@
 //!   must exit 0;
 //! - the line just before the fence may say otherwise:
 //!   `<!-- example: exit N -->` (the block must exit with N),
+//!   `<!-- example: session NAME -->` (the blocks of one document with this marker run as
+//!   one script, in order, in one scratch directory, and must exit 0: docs/server.md's
+//!   examples after its setup block),
 //!   `<!-- example: no-run (REASON) -->` (not run: it needs a server, the internet, root, a
 //!   long build, ...; the reason is required), or `<!-- example -->` (docs/transactions.md:
 //!   run by tests/docs.rs, which also compares the output).
@@ -34,6 +37,8 @@ enum Mode {
     NoRun(String),
     /// Run by tests/docs.rs.
     Compared,
+    /// Run with the other blocks of this session of the document, as one script.
+    Session(String),
 }
 
 /// One fenced block of a document.
@@ -88,6 +93,8 @@ fn blocks(name: &str, doc: &str, langs: &[&str]) -> Result<Vec<Block>, String> {
                     Some(r) if !r.trim().is_empty() => Mode::NoRun(r.trim().to_owned()),
                     _ => return Err(format!("{at}: `no-run` needs a reason in parentheses")),
                 }
+            } else if let Some(session) = marker.strip_prefix("session ") {
+                Mode::Session(session.trim().to_owned())
             } else if let Some(code) = marker.strip_prefix("exit ") {
                 Mode::Exit(
                     code.trim()
@@ -183,6 +190,32 @@ fn prepare(dir: &Path, user: User) {
     std::thread::sleep(std::time::Duration::from_millis(50));
 }
 
+/// The blocks of one document with each session's blocks joined into one, which must exit
+/// 0 and is named after the session's first block.
+fn sessions(blocks: Vec<Block>) -> Vec<Block> {
+    let mut out: Vec<Block> = Vec::new();
+    let mut joined: Vec<(String, usize)> = Vec::new();
+    for b in blocks {
+        let Mode::Session(name) = &b.mode else {
+            out.push(b);
+            continue;
+        };
+        let part = format!("# --- {}\n{}", b.at, b.body);
+        match joined.iter().find(|(n, _)| n == name) {
+            Some(&(_, i)) => out[i].body.push_str(&part),
+            None => {
+                joined.push((name.clone(), out.len()));
+                out.push(Block {
+                    at: format!("{} (session {name})", b.at),
+                    mode: Mode::Exit(0),
+                    body: part,
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Runs one shell block in `dir` as `user`: `None` if it exits as its marker says, else
 /// what went wrong.
 fn run_shell(block: &Block, dir: &Path, user: User) -> Option<String> {
@@ -235,14 +268,11 @@ fn run_shell(block: &Block, dir: &Path, user: User) -> Option<String> {
 
 #[test]
 fn every_runnable_shell_example_in_the_docs_exits_as_documented() {
-    let mut shell = Vec::new();
+    let mut runnable = Vec::new();
     for (name, text) in documents() {
-        shell.extend(blocks(&name, &text, &["sh", "bash"]).unwrap());
+        runnable.extend(sessions(blocks(&name, &text, &["sh", "bash"]).unwrap()));
     }
-    let runnable: Vec<&Block> = shell
-        .iter()
-        .filter(|b| matches!(b.mode, Mode::Exit(_)))
-        .collect();
+    runnable.retain(|b| matches!(b.mode, Mode::Exit(_)));
     assert!(
         runnable.len() >= 5,
         "found only {} runnable shell examples",
@@ -282,6 +312,20 @@ fn an_example_that_exits_otherwise_than_documented_is_reported_where_it_is() {
     assert_eq!(results[1], None);
     assert!(results[2].as_deref().unwrap().starts_with("t.md:15 "));
     assert_eq!(results[3], None);
+}
+
+#[test]
+fn the_blocks_of_a_session_run_as_one_script_in_order() {
+    let doc = "<!-- example: session s -->\n```sh\nx=1\n```\n\n```sh\nexit 0\n```\n\
+               <!-- example: session s -->\n```sh\ntest \"$x\" = 1\n```\n\
+               <!-- example: session t -->\n```sh\ntest \"$x\" = 1\n```\n";
+    let run = sessions(blocks("s.md", doc, &["sh"]).unwrap());
+    let at: Vec<&str> = run.iter().map(|b| b.at.as_str()).collect();
+    assert_eq!(at, ["s.md:2 (session s)", "s.md:6", "s.md:14 (session t)"]);
+    let tmp = scratch();
+    assert_eq!(run_shell(&run[0], tmp.path(), User::Current), None);
+    let other = run_shell(&run[2], tmp.path(), User::Current).unwrap();
+    assert!(other.starts_with("s.md:14 (session t) "), "{other}");
 }
 
 #[test]
