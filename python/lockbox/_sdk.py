@@ -150,9 +150,10 @@ class Sandbox:
             ``/lib``, ``/lib64`` and ``/etc`` without its secrets are always readable unless
             ``default_reads=False``).
         fs_writable: host paths visible read-write. Outside transactions writes reach the
-            host directly. Inside a transaction paths within the workdir are provided by the
-            transaction's layer (every stage can write the whole workdir, into its layer);
-            other writable paths are written directly.
+            host directly. Inside a transaction writes within the workdir go to the
+            transaction's layer: the workdir (or a parent) makes all of it writable, paths
+            strictly below it restrict the stage to those parts, and with neither the stage
+            may write all of it; other writable paths are written directly.
         net_allow: destinations on the host's network the sandbox may reach; everything else
             stays refused (loopback inside the sandbox always works). Each spec is
             ``[tcp://|udp://]HOST:PORTS`` as for ``lockbox run --net-allow``: HOST a name

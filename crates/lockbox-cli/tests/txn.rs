@@ -397,8 +397,8 @@ fn a_commit_killed_with_sigkill_is_recovered_by_the_next_command_on_the_workdir(
     panic!("never caught a commit in flight in 20 attempts");
 }
 
-/// (temp dir, workdir, state dir) under /var/tmp, for `user`: below the sandbox's own
-/// writable /tmp a write restriction cannot hold. The workdir holds `web/` and `api/main`.
+/// (temp dir, workdir, state dir) under /var/tmp, for `user`. The workdir holds `web/` and
+/// `api/main`.
 fn project(user: User) -> (tempfile::TempDir, String, String) {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::Builder::new()

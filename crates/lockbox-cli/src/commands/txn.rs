@@ -54,7 +54,9 @@ pub struct TxnFlags {
     /// writes to the workdir: '--writable DIR' (repeatable; relative to the workdir or
     /// absolute inside it; created if missing) lets it write only at or below DIR, and
     /// '--read-only' nowhere (its /tmp stays writable); e.g. 'frontend:--writable web'.
-    /// They need Landlock and a workdir outside /tmp. Repeatable.
+    /// Enforced by a read-only mount of the rest of the view (any workdir, /tmp included),
+    /// by Landlock where the kernel has it, and by a check of the stage's writes afterwards.
+    /// Repeatable.
     #[arg(long = "stage-opts", value_name = "SEL:OPTIONS", value_parser = parse_stage_opts)]
     pub stage_opts: Vec<(String, Vec<String>)>,
     /// Print the outcome as JSON on stdout (the last stage's stdout becomes its "stdout"

@@ -1,0 +1,88 @@
+"""Every Python example of README.md and docs/*.md runs as written, with the installed SDK.
+
+The convention is docs/architecture.md's "Examples in these docs" (and the top of
+crates/lockbox-cli/tests/doc_examples.rs, which runs the shell examples): a fenced block
+marked ``python`` runs in a fresh copy of tests/docs-scratch/ (``$HOME`` in ``home/``,
+``$LOCKBOX_STATE_DIR`` in ``state/``) with this interpreter and must exit 0, unless the line
+just before its fence says ``<!-- example: exit N -->`` or ``<!-- example: no-run (REASON) -->``.
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import settle
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MARKER = re.compile(r"<!-- example: (?:exit (-?\d+)|no-run \((.+)\)) -->")
+
+
+def blocks(name: str, text: str, lang: str = "python"):
+    """(where, expected exit code or None for no-run, body) of each ``lang`` block."""
+    lines = text.splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].lstrip().startswith("```"):
+            i += 1
+            continue
+        start, info = i, lines[i].strip()[3:].strip()
+        body = []
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if info != lang:
+            continue
+        before = lines[start - 1].strip() if start else ""
+        expected = 0
+        if before.startswith("<!-- example"):
+            m = MARKER.fullmatch(before)
+            assert m, f"{name}:{start + 1}: unknown example marker {before!r}"
+            expected = int(m.group(1)) if m.group(1) is not None else None
+        out.append((f"{name}:{start + 1}", expected, "\n".join(body) + "\n"))
+    return out
+
+
+def documents():
+    names = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    for name in names:
+        with open(os.path.join(ROOT, name)) as f:
+            yield name, f.read()
+
+
+EXAMPLES = [b for name, text in documents() for b in blocks(name, text)]
+RUNNABLE = [b for b in EXAMPLES if b[1] is not None]
+
+
+def test_the_docs_have_python_examples_that_run():
+    assert len(RUNNABLE) >= 4, [b[0] for b in EXAMPLES]
+
+
+@pytest.mark.parametrize("where,expected,body", RUNNABLE, ids=[b[0] for b in RUNNABLE])
+def test_the_python_example_exits_as_documented(where, expected, body, tmp_path):
+    scratch = tmp_path / "scratch"
+    shutil.copytree(os.path.join(ROOT, "tests", "docs-scratch"), scratch)
+    (scratch / "home" / ".cache" / "pip").mkdir(parents=True)
+    env = dict(os.environ, HOME=str(scratch / "home"), LOCKBOX_STATE_DIR=str(scratch / "state"))
+    settle()
+    res = subprocess.run([sys.executable, "-c", body], cwd=scratch, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == expected, (
+        f"{where}: exited {res.returncode}, the doc says {expected}\n{body}\n"
+        f"--- stdout:\n{res.stdout}--- stderr:\n{res.stderr}")
+
+
+def test_an_example_that_fails_is_reported_where_it_is(tmp_path):
+    doc = "# t\n\n```python\nraise SystemExit(2)\n```\n\n<!-- example: exit 2 -->\n```python\nraise SystemExit(2)\n```\n"
+    found = blocks("t.md", doc)
+    assert [(w, e) for w, e, _ in found] == [("t.md:3", 0), ("t.md:8", 2)]
+    with pytest.raises(AssertionError, match=r"t\.md:3: exited 2, the doc says 0"):
+        test_the_python_example_exits_as_documented(*found[0], tmp_path / "a")
+    test_the_python_example_exits_as_documented(*found[1], tmp_path / "b")

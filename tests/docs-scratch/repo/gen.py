@@ -1,0 +1,3 @@
+import json
+
+print(json.dumps({"version": 2, "items": [1, 2, 3]}))
