@@ -121,9 +121,11 @@ Examples:
   lockbox journal --journal sqlite:runs.db fork RUN --from-step llm#3
   LOCKBOX_JOURNAL=postgres://lockbox@127.0.0.1:5432/lockbox lockbox journal list")]
     Journal(crate::commands::journal::JournalArgs),
-    /// Run shell stages in order, each on the writes of the ones before (consecutive stages
-    /// with the same policy share one sandbox, each stage with a fresh /tmp), stdout piped to
-    /// the next; commit all their writes to the workdir or none.
+    /// Run shell stages in order, each on the writes of the ones before, stdout piped to the
+    /// next; commit all their writes to the workdir or none.
+    ///
+    /// Consecutive stages that can share a sandbox (the same policy, the usual case) run in
+    /// one, each stage with a fresh /tmp; see docs/transactions.md, "Pipes".
     #[command(after_help = concat!(
         "Examples:\n",
         "  lockbox pipeline --workdir . --stage 'ruff format .' --stage 'pytest -q'\n",
