@@ -2,7 +2,7 @@
 ``lockbox``; these functions take and return the JSON forms the Python half builds."""
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 __version__: str
 
@@ -19,6 +19,10 @@ def run_txn(spec: str, stdin: bytes | None = None, mode: str = "run") -> _Outcom
 
 def prepare_txn(spec: str, stdin: bytes | None = None) -> PreparedTxn:
     """Runs every stage of a transaction spec and keeps the layers."""
+
+def cli_main(argv: list[str]) -> NoReturn:
+    """Runs the `lockbox` command with `argv` and exits the process with its status."""
+    ...
 
 def error_codes() -> list[tuple[str, str]]:
     """Every error code lockbox has, with its family (policy, setup, cow, txn, journal, runtime, server)."""

@@ -7,7 +7,8 @@
 //! - `plain`: a pipeline without a transaction (stages streaming into each other);
 //! - `process`: one sandbox with pipes, supervised from Python (the function executor);
 //! - `journal`: the step journal (`lockbox-journal`), sync and asyncio;
-//! - `local`: long-lived sandboxes in this process (`lockbox serve`'s API without a socket).
+//! - `local`: long-lived sandboxes in this process (`lockbox serve`'s API without a socket);
+//! - `cli`: the `lockbox` command itself (the wheel's console script).
 //!
 //! Every call that runs a sandbox or waits for storage releases the GIL.
 //!
@@ -18,6 +19,7 @@
 
 use pyo3::prelude::*;
 
+mod cli;
 mod errors;
 mod journal;
 mod local;
@@ -30,6 +32,7 @@ mod txn;
 #[pymodule]
 fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     m.add_function(wrap_pyfunction!(policy::check_policy, m)?)?;
     m.add_function(wrap_pyfunction!(policy::net_spec_error, m)?)?;

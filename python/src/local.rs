@@ -59,7 +59,7 @@ fn runtime_error(e: &lockbox_runtime::RuntimeError) -> PyErr {
 
 /// Writes the embedded agent to `STATE/agent/lockbox-agent-VERSION-HASH` (atomically, mode
 /// 0755) unless an identical file is there; returns its path.
-fn install_agent(state_dir: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn install_agent(state_dir: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     AGENT.hash(&mut hasher);

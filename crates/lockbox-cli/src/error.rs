@@ -2,7 +2,22 @@
 //! prints the error (`lockbox: <message>` and its hint) and exits with its code, in one place.
 
 use std::fmt;
-use std::process::ExitCode;
+
+/// The exit status of a command (0–255). Not `std::process::ExitCode`, whose value cannot
+/// be read back: the Python wheel's `lockbox` passes it to `exit` itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitCode(pub u8);
+
+impl ExitCode {
+    /// Success.
+    pub const SUCCESS: ExitCode = ExitCode(0);
+}
+
+impl From<u8> for ExitCode {
+    fn from(code: u8) -> ExitCode {
+        ExitCode(code)
+    }
+}
 
 /// A command's failure: what to tell the user and the exit code that says it to a script.
 #[derive(Debug)]

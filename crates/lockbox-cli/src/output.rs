@@ -19,9 +19,9 @@
 //! `SIGPIPE` to its default in the command's process before `execve` (checked by
 //! `tests/run.rs` `sigpipe_is_not_ignored_inside`).
 
+use crate::error::ExitCode;
 use std::fmt;
 use std::io::{self, Write};
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 

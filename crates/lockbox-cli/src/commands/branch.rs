@@ -3,13 +3,13 @@
 use super::workdir::explain_commit_error;
 use crate::cli::{BranchArgs, BranchCommand};
 use crate::error::CliError;
+use crate::error::ExitCode;
 use crate::output::json;
 use crate::output::{out, outln};
 use lockbox_cow::{abort_id, list, Branch, BranchId, CommitOptions, CowError, FileDiff};
 use lockbox_policy::name::{quoted, Encoded};
 use serde_json::json;
 use std::path::Path;
-use std::process::ExitCode;
 
 pub fn run(args: &BranchArgs) -> Result<ExitCode, CliError> {
     let state_dir = args

@@ -3,8 +3,8 @@
 use super::print_error;
 use crate::cli::CheckArgs;
 use crate::error::CliError;
+use crate::error::ExitCode;
 use crate::output::outln;
-use std::process::ExitCode;
 
 pub fn run(args: &CheckArgs) -> Result<ExitCode, CliError> {
     let mut support = lockbox_confine::probe();

@@ -3,10 +3,10 @@
 
 use crate::cli::Cli;
 use crate::error::CliError;
+use crate::error::ExitCode;
 use clap::CommandFactory;
 use lockbox_policy::name::quoted;
 use std::path::Path;
-use std::process::ExitCode;
 
 /// Prints the completion script for `shell` on stdout.
 pub fn completions(shell: clap_complete::Shell) -> Result<ExitCode, CliError> {

@@ -2,8 +2,8 @@
 //! journals. Parsing of `--journal` lives in `lockbox_journal::StorageUrl`; this file only
 //! translates arguments into one journal call and prints the result.
 
+use crate::error::ExitCode;
 use std::io::Write;
-use std::process::ExitCode;
 
 use crate::error::CliError;
 

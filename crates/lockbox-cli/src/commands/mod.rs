@@ -61,9 +61,8 @@ pub fn chain(e: &anyhow::Error) -> String {
 
 /// Prints a command-line error as clap does, adding the hint a `run` without `--` needs;
 /// returns the exit code (2 for a usage error, 0 for `--help`/`--version`).
-pub fn usage_error(e: clap::Error) -> std::process::ExitCode {
+pub fn usage_error(e: clap::Error, args: &[std::ffi::OsString]) -> crate::error::ExitCode {
     use clap::error::ErrorKind;
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let run_without_dashes = matches!(
         e.kind(),
         ErrorKind::UnknownArgument | ErrorKind::MissingRequiredArgument
@@ -86,7 +85,7 @@ pub fn usage_error(e: clap::Error) -> std::process::ExitCode {
         );
     }
     let code = u8::try_from(e.exit_code()).unwrap_or(2);
-    crate::output::finish(std::process::ExitCode::from(code))
+    crate::output::finish(crate::error::ExitCode::from(code))
 }
 
 #[cfg(test)]

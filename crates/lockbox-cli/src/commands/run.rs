@@ -2,6 +2,7 @@
 
 use super::{print_error, workdir};
 use crate::cli::RunArgs;
+use crate::error::ExitCode;
 use crate::error::{exit, CliError};
 use crate::output::{eoutln, outln};
 use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
@@ -9,7 +10,6 @@ use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::process::ExitCode;
 use std::time::Instant;
 
 /// Signals of the supervisor that are passed on to the sandbox.

@@ -2,6 +2,7 @@
 //! until SIGTERM or SIGINT; then every sandbox is deleted (its branch's on-exit applied).
 
 use crate::error::CliError;
+use crate::error::ExitCode;
 use crate::output::{eoutln, outln};
 use anyhow::Context;
 use clap::Args;
@@ -11,7 +12,6 @@ use lockbox_server::{ServerConfig, Token};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
 const ABOUT: &str = "\
@@ -33,6 +33,11 @@ open-files limit is raised to the hard one at start; connections beyond --max-co
 are refused at once; a slow or idle connection is closed after --header-timeout, a stalled
 body or unread response after --io-timeout; an exec's reply holds at most --max-exec-output
 of each stream (stream larger outputs with exec/stream); process logs share --max-log-memory.";
+
+/// Finds the agent to start in each sandbox when this process is not lockbox itself (set by
+/// [`crate::set_agent_exe`]); unset, the runtime re-executes the current executable.
+pub(crate) static AGENT_EXE: std::sync::OnceLock<fn() -> Option<PathBuf>> =
+    std::sync::OnceLock::new();
 
 /// Flags of `lockbox serve`.
 #[derive(Debug, Args)]
@@ -244,6 +249,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         None => Token::load_or_create(&state_dir)?,
     };
     let mut runtime_config = RuntimeConfig::new(&state_dir);
+    runtime_config.agent_exe = AGENT_EXE.get().and_then(|find| find());
     runtime_config.max_sandboxes = args.max_sandboxes;
     runtime_config.default_idle_timeout = args.idle_timeout;
     runtime_config.default_log_bytes = usize::try_from(args.log_bytes.bytes())

@@ -6,6 +6,7 @@
 use super::print_error;
 use crate::cli::PolicyArgs;
 use crate::error::CliError;
+use crate::error::ExitCode;
 use crate::output::json;
 use crate::output::{eout, eoutln, out, outln};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -18,7 +19,6 @@ use lockbox_txn::{
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Flags shared by `pipeline` and `gather`.
 #[derive(Debug, Args)]

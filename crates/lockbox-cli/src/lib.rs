@@ -1,0 +1,60 @@
+//! The `lockbox` command as a library: [`main`] runs it. Parsing lives in `cli`, one file
+//! per command in `commands/`; [`main`] only turns their results into the exit status,
+//! printing a failure once. The binary (`main.rs`) and the Python wheel's `lockbox` script
+//! (the extension links this crate) both call it.
+#![forbid(unsafe_code)]
+// Every print goes through `output`'s macros: the std ones panic on a closed pipe.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+mod cli;
+mod commands;
+mod error;
+mod output;
+
+use clap::Parser;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+pub use crate::error::ExitCode;
+
+/// Runs `lockbox` with `args` (the program name first, as `std::env::args_os` gives them).
+pub fn main(args: Vec<OsString>) -> ExitCode {
+    let parsed = match cli::Cli::try_parse_from(&args) {
+        Ok(parsed) => parsed,
+        Err(e) => return commands::usage_error(e, &args),
+    };
+    // Debug logs of each setup step on request (LOCKBOX_LOG=debug); errors are printed by
+    // the commands themselves, so without it no subscriber is needed (and none is built,
+    // which keeps start-up short).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("LOCKBOX_LOG") {
+        // Only the first call installs one (a host process may have its own).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let result = match parsed.command {
+        cli::Command::Run(run) => commands::run::run(&run),
+        cli::Command::Check(check) => commands::check::run(&check),
+        cli::Command::Branch(branch) => commands::branch::run(&branch),
+        cli::Command::Pipeline(args) => commands::txn::pipeline(&args),
+        cli::Command::Gather(args) => commands::txn::gather(&args),
+        cli::Command::Txn(args) => commands::txn::txn(&args),
+        cli::Command::Serve(args) => commands::serve::run(&args),
+        cli::Command::Journal(journal) => commands::journal::run(&journal),
+        cli::Command::Completions { shell } => commands::help::completions(shell),
+        cli::Command::Man { dir } => commands::help::man(dir.as_deref()),
+    };
+    let code = result.unwrap_or_else(|e| {
+        e.print();
+        ExitCode::from(e.code)
+    });
+    output::finish(code)
+}
+
+/// Where `lockbox serve` finds the agent it starts in each sandbox, for a host whose own
+/// executable is not lockbox (the Python wheel: its process is python). Called only when a
+/// server starts; by default `serve` re-executes its own executable. Set it before [`main`].
+pub fn set_agent_exe(find: fn() -> Option<PathBuf>) {
+    commands::serve::AGENT_EXE.get_or_init(|| find);
+}
