@@ -713,3 +713,54 @@ fn unreadable_directories_and_paths_longer_than_path_max_commit_whole() {
         }
     }
 }
+
+#[test]
+fn setgid_directories_work_and_commit_while_setgid_files_lose_the_bit_and_grants_refuse_it() {
+    use std::os::unix::fs::PermissionsExt;
+    for user in users() {
+        let s = Setup::new(user);
+        let out = s.run(
+            &[],
+            "mkdir -m 2775 shared && mkdir made && chmod g+s made && mkdir shared/inner \
+             && echo x > tool && chmod g+s tool",
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let mode = |p: &str| {
+            std::fs::metadata(s.work.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+        };
+        assert_eq!(mode("shared") & 0o7777, 0o2775, "{user:?}");
+        assert_eq!(mode("made") & 0o2000, 0o2000, "{user:?}");
+        // Made inside a setgid directory: inherits the bit, as on the host.
+        assert_eq!(mode("shared/inner") & 0o2000, 0o2000, "{user:?}");
+        // A file's set-id bits never reach the workdir.
+        assert_eq!(mode("tool") & 0o6000, 0, "{user:?}");
+
+        // A writable grant is the host's own directory: there the bit stays refused.
+        let mut cmd = command_as(user);
+        let granted = s.work.join("plain");
+        std::fs::create_dir(&granted).unwrap();
+        give(&granted, user);
+        cmd.args(["run", "-w", granted.to_str().unwrap(), "--", "sh", "-c"])
+            .arg(format!("mkdir {0}/g && chmod g+s {0}/g", granted.display()))
+            .current_dir("/");
+        let out = cmd.output().unwrap();
+        assert_ne!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"),
+            "{user:?} {}",
+            text(&out)
+        );
+        assert_eq!(
+            std::fs::metadata(granted.join("g"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o2000,
+            0,
+            "{user:?}"
+        );
+    }
+}

@@ -640,6 +640,32 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
     files
 }
 
+/// True if nothing the sandbox can write on the host is reachable by anyone but the caller:
+/// no writable grant, no descriptor handed in, and every overlay's upper layer below a
+/// directory of the caller's that only the caller may enter (lockbox's state directory
+/// keeps branches and transaction layers in such directories). Then a set-group-id bit
+/// (`chmod g+s`, the caller's own group) gives nobody anything, and the seccomp filter lets
+/// it through ([`crate::seccomp::build`]).
+pub fn private_writes(policy: &Policy) -> bool {
+    let uid = rustix::process::getuid().as_raw();
+    let private = |path: &Path| {
+        path.ancestors().any(|dir| {
+            std::fs::symlink_metadata(dir).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0
+            })
+        })
+    };
+    policy.fs.write.is_empty()
+        && policy.pass_fds.is_empty()
+        && policy
+            .fs
+            .overlays
+            .iter()
+            .filter_map(|o| o.upper.as_ref())
+            .all(|u| private(&u.upper))
+}
+
 /// True if `path` exists inside: at or below a grant or a view, or above one (the root
 /// holds every parent of a grant as a directory, so `-w ./project` from the project's
 /// parent starts there and `make -C project` works).
@@ -810,5 +836,37 @@ mod tests {
             "{:?}",
             r.symlinks
         );
+    }
+
+    #[test]
+    fn set_gid_is_allowed_only_when_every_host_write_is_private_to_the_caller() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(private_writes(&Policy::default()));
+        let mut granted = Policy::default();
+        granted.fs.write.push(root.clone());
+        assert!(!private_writes(&granted));
+        let mut passed = Policy::default();
+        passed.pass_fds.push(3);
+        assert!(!private_writes(&passed));
+        // An upper layer below a 0700 directory of the caller's (the state directory's
+        // branches) is private; one in a directory others may enter is not.
+        for (mode, private) in [(0o700, true), (0o755, false)] {
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(mode)).unwrap();
+            let mut view = Policy::default();
+            view.fs.overlays.push(lockbox_policy::Overlay {
+                target: "/w".into(),
+                lowers: vec!["/w".into()],
+                upper: Some(lockbox_policy::OverlayUpper {
+                    upper: root.join("upper"),
+                    work: root.join("work"),
+                    max_size: None,
+                }),
+                writable: None,
+            });
+            // /var/tmp itself is 1777: only `root` can make it private.
+            assert_eq!(private_writes(&view), private, "mode {mode:o}");
+        }
     }
 }

@@ -519,8 +519,9 @@ pub const REVIEWED_ALLOWED: &[Allowed] = &[
 /// the query 0xffffffff (Docker's default profile allows the same).
 const PERSONALITY_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
-/// The rules (any of which denies) for a conditional denial.
-fn rules_for(when: When) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+/// The rules (any of which denies) for a conditional denial. `set_gid`: the set-group-id
+/// bit is allowed (see [`build`]); the set-user-id bit never is.
+fn rules_for(when: When, set_gid: bool) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let conditions = match when {
         When::NewUserNs { arg } => vec![SeccompCondition::new(
             arg,
@@ -535,8 +536,14 @@ fn rules_for(when: When) -> Result<Vec<SeccompRule>, seccompiler::BackendError> 
             req,
         )?],
         When::SetIdMode { arg } => {
-            return [libc::S_ISUID, libc::S_ISGID]
-                .into_iter()
+            let bits: &[libc::mode_t] = if set_gid {
+                &[libc::S_ISUID]
+            } else {
+                &[libc::S_ISUID, libc::S_ISGID]
+            };
+            return bits
+                .iter()
+                .copied()
                 .map(|bit| {
                     SeccompRule::new(vec![SeccompCondition::new(
                         arg,
@@ -602,8 +609,13 @@ pub const REFUSED_FAMILIES: [RefusedFamily; 2] = [
 ];
 
 /// Builds the BPF program. `net_host`: the sandbox shares the host's network (`--net host`).
-pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError> {
-    program(openat2, net_host, true)
+/// `set_gid`: modes with the set-group-id bit are allowed (`chmod g+s dir`, `mkdir -m 2775`),
+/// which the spawner decides only when nothing the sandbox can write on the host is
+/// reachable by anyone but the caller ([`crate::resolve::private_writes`]): a set-gid file
+/// there gives nobody anything, and a commit drops the bit from files (a directory keeps it,
+/// which only sets the group of new entries to the caller's own).
+pub fn build(openat2: Openat2, net_host: bool, set_gid: bool) -> Result<BpfProgram, SetupError> {
+    program(openat2, net_host, set_gid, true)
 }
 
 /// [`build`], or (`search` false, for tests, which check that both decide the same) the
@@ -615,13 +627,18 @@ pub fn build(openat2: Openat2, net_host: bool) -> Result<BpfProgram, SetupError>
 /// conditional rules only, and every other call is allowed. A short filter is cheap to
 /// install (the kernel translates, JIT-compiles and emulates it for each syscall number
 /// every time a sandbox command starts) and to run.
-fn program(openat2: Openat2, net_host: bool, search: bool) -> Result<BpfProgram, SetupError> {
+fn program(
+    openat2: Openat2,
+    net_host: bool,
+    set_gid: bool,
+    search: bool,
+) -> Result<BpfProgram, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for d in denied() {
         let entry = rules.entry(d.nr).or_default();
         if let Some(when) = d.when {
-            entry.extend(rules_for(when).map_err(|e| err(&e))?);
+            entry.extend(rules_for(when, set_gid).map_err(|e| err(&e))?);
         }
     }
     let chained: BTreeMap<i64, Vec<SeccompRule>> = if search {
@@ -747,7 +764,7 @@ mod tests {
     #[test]
     fn filter_builds_and_fits_the_kernel_limit() {
         for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
-            let program = build(openat2, host).unwrap();
+            let program = build(openat2, host, false).unwrap();
             assert!(program.len() < 4096, "{} instructions", program.len());
         }
     }
@@ -794,7 +811,8 @@ mod tests {
     #[test]
     fn the_binary_search_decides_every_call_as_the_chain_does() {
         let set_id = u64::from(libc::S_ISUID | libc::S_ISGID);
-        let mut arg_sets = vec![[0u64; 6], [u64::MAX; 6], [set_id; 6]];
+        let set_gid = u64::from(libc::S_ISGID);
+        let mut arg_sets = vec![[0u64; 6], [u64::MAX; 6], [set_id; 6], [set_gid; 6]];
         for i in 0..6 {
             let mut args = [0u64; 6];
             args[i] = libc::CLONE_NEWUSER as u64;
@@ -811,9 +829,13 @@ mod tests {
         for f in REFUSED_FAMILIES {
             arg_sets.push([u64::from(f.family), 0, 0, 0, 0, 0]);
         }
-        for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
-            let fast = program(openat2, host, true).unwrap();
-            let chain = program(openat2, host, false).unwrap();
+        for (openat2, host, set_gid) in [
+            (Openat2::Enosys, false, false),
+            (Openat2::Agent, true, false),
+            (Openat2::Enosys, false, true),
+        ] {
+            let fast = program(openat2, host, set_gid, true).unwrap();
+            let chain = program(openat2, host, set_gid, false).unwrap();
             for nr in (0..1024).chain([0x4000_0000, u32::MAX]) {
                 for args in &arg_sets {
                     assert_eq!(

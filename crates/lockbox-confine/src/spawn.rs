@@ -461,6 +461,7 @@ fn spawn_inner(
                 seccomp::Openat2::Enosys
             },
             !policy.net.own_namespace(),
+            resolve::private_writes(policy),
         )?,
         net: net_child
             .as_ref()
