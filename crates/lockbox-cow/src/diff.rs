@@ -103,9 +103,13 @@ impl Branch {
             None => lower_side(self.workdir(), path)?,
         };
         Ok(match (old, new) {
-            (Content::Bytes(a), Content::Bytes(b)) => text_or_summary(path, a, b),
-            (Content::Side(Side::Absent), Content::Bytes(b)) => text_or_summary(path, vec![], b),
-            (Content::Bytes(a), Content::Side(Side::Absent)) => text_or_summary(path, a, vec![]),
+            (Content::Bytes(a), Content::Bytes(b)) => text_or_summary(path, Some(a), Some(b)),
+            (Content::Side(Side::Absent), Content::Bytes(b)) => {
+                text_or_summary(path, None, Some(b))
+            }
+            (Content::Bytes(a), Content::Side(Side::Absent)) => {
+                text_or_summary(path, Some(a), None)
+            }
             (o, n) => FileDiff::Summary {
                 old: side_of(&o),
                 new: side_of(&n),
@@ -206,17 +210,23 @@ fn is_text(b: &[u8]) -> bool {
     !b.contains(&0) && std::str::from_utf8(b).is_ok()
 }
 
-fn text_or_summary(path: &Path, old: Vec<u8>, new: Vec<u8>) -> FileDiff {
-    if !(is_text(&old) && is_text(&new)) {
+/// A unified diff of two texts, or a summary naming both sides (`absent` for a side that
+/// does not exist, the size of one that does) when either is binary.
+fn text_or_summary(path: &Path, old: Option<Vec<u8>>, new: Option<Vec<u8>>) -> FileDiff {
+    let side = |b: &Option<Vec<u8>>| match b {
+        Some(b) => Side::File {
+            size: b.len() as u64,
+        },
+        None => Side::Absent,
+    };
+    let text = |b: &Option<Vec<u8>>| b.as_deref().is_none_or(is_text);
+    if !(text(&old) && text(&new)) {
         return FileDiff::Summary {
-            old: Side::File {
-                size: old.len() as u64,
-            },
-            new: Side::File {
-                size: new.len() as u64,
-            },
+            old: side(&old),
+            new: side(&new),
         };
     }
+    let (old, new) = (old.unwrap_or_default(), new.unwrap_or_default());
     let (a, b) = (
         String::from_utf8_lossy(&old).into_owned(),
         String::from_utf8_lossy(&new).into_owned(),

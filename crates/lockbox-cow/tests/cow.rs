@@ -224,12 +224,13 @@ fn diff_text_and_binary() {
     let s = Scratch::new();
     sh(
         &s.wd,
-        "printf 'one\\ntwo\\nthree\\n' > t; printf 'a\\0b' > bin",
+        "printf 'one\\ntwo\\nthree\\n' > t; printf 'a\\0b' > bin; printf 'x\\0' > gone",
     );
     let b = s.branch();
     assert!(run_in_branch(
         &b,
-        "printf 'one\\n2\\nthree\\n' > t; printf 'a\\0bc' > bin; echo new > n"
+        "printf 'one\\n2\\nthree\\n' > t; printf 'a\\0bc' > bin; echo new > n; \
+         printf 'ne\\0w' > added; rm gone"
     ));
     let FileDiff::Text { unified } = b.diff(Path::new("t")).unwrap() else {
         panic!("text expected")
@@ -245,6 +246,11 @@ fn diff_text_and_binary() {
         d.to_string(),
         "binary file, 3 bytes -> binary file, 4 bytes"
     );
+    // A side that does not exist says so; a binary one gives its size.
+    let added = b.diff(Path::new("added")).unwrap().to_string();
+    assert_eq!(added, "absent -> binary file, 4 bytes");
+    let gone = b.diff(Path::new("gone")).unwrap().to_string();
+    assert_eq!(gone, "binary file, 2 bytes -> absent");
     let FileDiff::Text { unified } = b.diff(Path::new("n")).unwrap() else {
         panic!()
     };
