@@ -379,10 +379,16 @@ pub const HELPER_PATH: &str = "/dev/.lockbox-agent";
 /// Binds the host file `host` read-only at [`HELPER_PATH`], readable and executable under
 /// Landlock (the long-lived sandbox's agent), while `/dev` is still writable.
 fn add_helper(plan: &mut SetupPlan, host: &Path) {
-    let rel = &HELPER_PATH[1..];
+    bind_file(plan, host, HELPER_PATH, true, RuleAccess::ReadFile);
+}
+
+/// Binds the host file `host` at `inside` (an absolute path in lockbox's own `/dev`
+/// tmpfs, while it is still writable), with a Landlock rule of `access` for it.
+fn bind_file(plan: &mut SetupPlan, host: &Path, inside: &str, readonly: bool, access: RuleAccess) {
+    let rel = inside.trim_start_matches('/');
     plan.sources.push(Source {
         host: cstring(host.as_os_str().as_bytes()),
-        readonly: true,
+        readonly,
     });
     plan.ops.push(Op::Touch {
         path: cstring(rel.as_bytes()),
@@ -392,8 +398,8 @@ fn add_helper(plan: &mut SetupPlan, host: &Path) {
         target: cstring(rel.as_bytes()),
     });
     plan.rules.push(Rule {
-        path: cstring(HELPER_PATH.as_bytes()),
-        access: RuleAccess::ReadFile,
+        path: cstring(inside.as_bytes()),
+        access,
     });
 }
 
@@ -640,22 +646,8 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
     if let Some(host) = &resolved.terminal {
         // The caller's terminal, already open on the sandbox's stdio, gets a name for
         // `ttyname()` (see `resolve::terminal`).
-        let rel = crate::resolve::TERMINAL_PATH.trim_start_matches('/');
-        plan.sources.push(Source {
-            host: cstring(host.as_os_str().as_bytes()),
-            readonly: false,
-        });
-        plan.ops.push(Op::Touch {
-            path: cstring(rel.as_bytes()),
-        });
-        plan.ops.push(Op::Attach {
-            source: plan.sources.len() - 1,
-            target: cstring(rel.as_bytes()),
-        });
-        plan.rules.push(Rule {
-            path: cstring(crate::resolve::TERMINAL_PATH.as_bytes()),
-            access: RuleAccess::Device,
-        });
+        let inside = crate::resolve::TERMINAL_PATH;
+        bind_file(plan, host, inside, false, RuleAccess::Device);
     }
     if let Some(host) = &resolved.helper {
         add_helper(plan, host);
