@@ -468,6 +468,8 @@ class _Txn:
         return state
 
     def _spec(self) -> tuple[str, bytes | None]:
+        """The transaction spec (``lockbox_txn::TxnSpec`` as JSON) and the first stage's
+        stdin. An abstract hook: :class:`Pipeline` and :class:`Gather` define it."""
         raise NotImplementedError
 
     def run_transactional(self) -> TxnOutcome:

@@ -146,6 +146,26 @@ fn run_workdir_says_what_it_discarded_and_how_to_keep_it() {
             "{user:?} {}",
             text(&out)
         );
+        let out = lockbox(
+            user,
+            tmp.path(),
+            &[
+                "run",
+                "--workdir",
+                &w,
+                "--state-dir",
+                &s,
+                "--",
+                "sh",
+                "-c",
+                "echo c > c; exit 1",
+            ],
+        );
+        assert!(
+            stderr(&out).contains("discarded 1 change: the command exited 1; keep it with"),
+            "{user:?} {}",
+            text(&out)
+        );
     }
 }
 

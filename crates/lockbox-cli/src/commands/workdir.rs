@@ -194,8 +194,9 @@ impl Workspace {
             }
             BranchAction::Abort => self.branch.abort().map(|()| {
                 if let (Some((why, keep)), false) = (why, changes.is_empty()) {
+                    let them = if changes.len() == 1 { "it" } else { "them" };
                     eoutln!(
-                        "lockbox: discarded {}: {why}; keep them with {keep}",
+                        "lockbox: discarded {}: {why}; keep {them} with {keep}",
                         plural(changes.len(), "change")
                     );
                 }
