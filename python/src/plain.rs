@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::time::Instant;
 
-use lockbox_confine::{Running, Status, Stdio, Waited};
+use lockbox_confine::{Running, Spawn, Status, Stdio, StopReason, Waited};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde_json::{json, Value};
@@ -80,7 +80,7 @@ pub(crate) fn run_plain(
         };
         let argv: Vec<std::ffi::OsString> = spec.argv.iter().map(Into::into).collect();
         let t0 = Instant::now();
-        let (running, setup_error) = match lockbox_confine::spawn_with(policy, &argv, stdio) {
+        let (running, setup_error) = match Spawn::command(policy, &argv).stdio(stdio).start() {
             Ok(r) => (Some(r), None),
             Err(e) => (None, Some(e.to_string())),
         };
@@ -153,7 +153,7 @@ fn finish(s: &mut Started, spec: &StageSpec) -> (Value, String) {
     let deadline = s.timeout.map(|t| s.started + t);
     let waited = match running.wait(deadline, None) {
         Ok(Waited::Exited(o)) => Ok(o),
-        Ok(Waited::Deadline | Waited::Extra) => running.stop(s.grace, true),
+        Ok(Waited::Deadline | Waited::Extra) => running.stop(s.grace, StopReason::Timeout),
         Err(e) => Err(e),
     };
     s.running = None;

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use lockbox_confine::{Outcome, Running, Status, Stdio, Waited};
+use lockbox_confine::{Outcome, Running, Spawn, Status, Stdio, StopReason, Waited};
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 
@@ -99,7 +99,7 @@ pub(crate) fn spawn(
         stdout: out_child,
         stderr: err_child,
     };
-    let spawned = py.detach(|| lockbox_confine::spawn_with(&policy, &argv, stdio));
+    let spawned = py.detach(|| Spawn::command(&policy, &argv).stdio(stdio).start());
     let running = spawned.map_err(|e| errors::setup(&e))?;
     let (result_watch, result_fd, result_child_fd) = match result {
         Some((r, w)) => {
@@ -226,15 +226,18 @@ impl Process {
     #[pyo3(signature = (grace=None, timed_out=false))]
     fn stop(&self, py: Python<'_>, grace: Option<f64>, timed_out: bool) -> PyResult<String> {
         let grace = grace.map_or(self.grace, |g| Duration::from_secs_f64(g.max(0.0)));
+        let reason = if timed_out {
+            StopReason::Timeout
+        } else {
+            StopReason::Requested
+        };
         py.detach(|| {
             let mut st = self
                 .state
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(mut running) = st.running.take() {
-                let o = running
-                    .stop(grace, timed_out)
-                    .map_err(|e| errors::setup(&e))?;
+                let o = running.stop(grace, reason).map_err(|e| errors::setup(&e))?;
                 st.outcome = Some(outcome_json(&o));
             }
             Ok(st.outcome.clone().unwrap_or(Value::Null).to_string())

@@ -27,7 +27,7 @@
 //!     no page tables are copied), then reap zombies and forward signals until it exits;
 //!     then kill and reap everything left, report usage and the status, and exit.
 //!
-//! A sequence sandbox ([`crate::spawn_sequence`]) does not exit after its first command:
+//! A sequence sandbox ([`crate::Spawn::sequence`]) does not exit after its first command:
 //! while a command runs, the init enters a fresh IPC namespace for the next; once it is over
 //! (and everything it left is killed and reaped), the init replaces the stdio by
 //! `/dev/null`, reports, carries out the next command's ops ([`crate::plan::StepPlan`]:
@@ -46,7 +46,7 @@
 //! Everything is prepared by the parent in [`Prepared`].
 
 use crate::plan::{Op, SetupPlan};
-use crate::report::{Record, Step};
+use crate::report::{Go, Record, Step, RECORD_LEN};
 use crate::sys::{self, Errno, SigSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
@@ -459,12 +459,11 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
     }
 }
 
-/// Blocks until the supervisor says go on the report socket. The go (`g` and a mask)
-/// carries the command's new stdio: bit N of the mask set means the next descriptor sent
-/// along becomes descriptor N. The supervisor closing its end (it gave up on this sandbox)
-/// cancels.
+/// Blocks until the supervisor says go on the report socket. The go ([`Go`]) carries the
+/// command's new stdio: the descriptors sent along replace 0, 1, 2 where it says so. The
+/// supervisor closing its end (it gave up on this sandbox) cancels.
 fn await_go(report_fd: RawFd) -> Result<(), Errno> {
-    let mut buf = [0u8; 2];
+    let mut buf = [0u8; RECORD_LEN];
     let mut fds = [-1; sys::MAX_FDS];
     let (len, count) = loop {
         match sys::recv_with_fds(report_fd, &mut buf, &mut fds) {
@@ -475,13 +474,13 @@ fn await_go(report_fd: RawFd) -> Result<(), Errno> {
     if len == 0 {
         return Err(Errno(libc::ECANCELED));
     }
-    let mask = if len > 1 { buf[1] } else { 0 };
-    let mut result = Ok(());
-    let mut next = 0;
-    for target in 0..3 {
-        if mask & (1 << target) != 0 && next < count {
-            result = result.and(sys::dup2(fds[next], target));
-            next += 1;
+    let go = Go::decode(&buf).filter(|_| len == RECORD_LEN);
+    let mut result = go.map(drop).ok_or(Errno(libc::EPROTO));
+    let mut received = fds[..count].iter();
+    let replaced = go.map_or([false; 3], |go| go.stdio);
+    for (target, _) in (0..).zip(replaced).filter(|(_, replace)| *replace) {
+        if let Some(&fd) = received.next() {
+            result = result.and(sys::dup2(fd, target));
         }
     }
     for &fd in &fds[..count] {

@@ -71,7 +71,7 @@ pub enum SetupError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// Several commands cannot share one sandbox ([`crate::spawn_sequence`]).
+    /// Several commands cannot share one sandbox ([`crate::Spawn::sequence`]).
     #[error("cannot run the commands in one sandbox: {reason}")]
     Sequence {
         /// Why not.

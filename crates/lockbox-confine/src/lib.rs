@@ -1,11 +1,12 @@
 //! Unprivileged confinement: the only crate of lockbox that talks to the kernel about
 //! isolation.
 //!
-//! [`spawn`] starts a command in new user, mount, pid, net, ipc, uts and cgroup namespaces,
+//! [`Spawn`] starts a command in new user, mount, pid, net, ipc, uts and cgroup namespaces,
 //! on a root built from a [`lockbox_policy::Policy`], behind Landlock and a seccomp filter,
-//! with no capabilities and `no_new_privs`, under resource limits; [`Running`] supervises it
-//! (wait with deadline, signal, stop with grace) and yields an [`Outcome`]. [`run`] does all of
-//! it with the policy's timeout. [`probe`] reports what the kernel supports.
+//! with no capabilities and `no_new_privs`, under resource limits — at once, or gated until
+//! [`Gated::release`] — and [`Running`] supervises it (wait with deadline, signal, stop with
+//! grace) and yields an [`Outcome`]. [`run`] does all of it with the policy's timeout.
+//! [`probe`] reports what the kernel supports.
 //!
 //! How it fits together: `resolve` reads the host paths a policy names, `plan` turns them
 //! into a [`SetupPlan`] (pure data, printed by `lockbox check --explain`), `child` carries
@@ -59,8 +60,8 @@ pub use crate::seccomp::{
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, sequence_unsupported, spawn, spawn_agent, spawn_gated, spawn_sequence,
-    spawn_with, Enforcement, Gated, Outcome, Running, Status, Stdio, UpperMount, Waited,
+    namespaces, run, sequence_unsupported, Enforcement, Gated, NetEnforcement, Outcome, Running,
+    Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).

@@ -95,7 +95,7 @@ pub enum Op {
         path: CString,
     },
     /// Wait for the supervisor's go (and the stdin it may carry) before going on: see
-    /// [`crate::spawn_gated`].
+    /// [`crate::Spawn::gated`].
     Gate,
 }
 
@@ -126,13 +126,13 @@ pub struct SetupPlan {
     /// Index of the first op of the copy-on-write views and what lies inside them (the
     /// last ops), if there are views.
     pub views_from: Option<usize>,
-    /// The later commands of a sequence sandbox ([`crate::spawn_sequence`]); empty otherwise.
+    /// The later commands of a sequence sandbox ([`crate::Spawn::sequence`]); empty otherwise.
     pub steps: Vec<StepPlan>,
     /// The mounts of the sandbox's own scratch tmpfs (`/tmp` unless granted, `/dev/shm`).
     scratch: Vec<Op>,
 }
 
-/// What a sandbox of several commands ([`crate::spawn_sequence`]) does before one of its
+/// What a sandbox of several commands ([`crate::Spawn::sequence`]) does before one of its
 /// later commands, once everything of the previous one has ended: fresh scratch. (The
 /// views stay; the init enters the fresh IPC namespace of the next command while the
 /// previous one runs, and the command waits for the go itself.)
@@ -294,7 +294,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
 }
 
 /// Builds the plan of a sandbox that runs `later` more commands after its first, one after
-/// another, on the same views ([`crate::spawn_sequence`]): the plan of a gated sandbox,
+/// another, on the same views ([`crate::Spawn::sequence`]): the plan of a gated sandbox,
 /// and for each later command a [`StepPlan`] that renews the scratch tmpfs mounts. Pure:
 /// no syscalls.
 pub fn build_sequence(resolved: &Resolved, later: usize) -> SetupPlan {

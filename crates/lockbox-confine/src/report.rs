@@ -1,9 +1,10 @@
-//! The child-to-parent protocol: fixed-size records on a close-on-exec seqpacket socket
-//! (a socket, so a record can carry a descriptor).
+//! The protocol between lockbox and a sandbox: fixed-size records on a close-on-exec
+//! seqpacket socket (a socket, so a record can carry a descriptor). The child reports with
+//! a [`Record`]; the parent releases a gated sandbox with a [`Go`].
 //!
 //! The sandbox init and the command child cannot allocate (see `sys`), so they report with
 //! a 16-byte record instead of a message string; the parent turns it into an error that
-//! names the step and path. The pipe is close-on-exec, so the sandboxed command never
+//! names the step and path. The socket is close-on-exec, so the sandboxed command never
 //! holds it and cannot forge a record.
 
 /// What a record says.
@@ -165,9 +166,56 @@ const KIND_EXITED: u32 = 2;
 const KIND_SIGNALED: u32 = 3;
 const KIND_USAGE: u32 = 4;
 const KIND_UPPER: u32 = 5;
+/// A distinct kind, so that a record read the wrong way round is garbage, not a status.
+const KIND_GO: u32 = 6;
 
 /// Size of an encoded record.
 pub const RECORD_LEN: usize = 16;
+
+/// The parent's go to a gated sandbox: run the next command. Descriptors sent along with
+/// it replace the command's stdio, in order, where `stdio` says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Go {
+    /// Whether a descriptor sent along replaces descriptor 0, 1, 2.
+    pub stdio: [bool; 3],
+}
+
+impl Go {
+    /// Encodes to the wire form.
+    pub fn encode(self) -> [u8; RECORD_LEN] {
+        let mask = self
+            .stdio
+            .iter()
+            .enumerate()
+            .fold(0u32, |mask, (i, given)| mask | u32::from(*given) << i);
+        encode_words([KIND_GO, mask, 0, 0])
+    }
+
+    /// Decodes the wire form; `None` for garbage. Allocation-free: the child reads it.
+    pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<Go> {
+        let word = |i| decode_word(bytes, i);
+        if word(0) != KIND_GO || word(1) > 0b111 {
+            return None;
+        }
+        Some(Go {
+            stdio: [0, 1, 2].map(|i| word(1) & (1 << i) != 0),
+        })
+    }
+}
+
+fn encode_words(words: [u32; 4]) -> [u8; RECORD_LEN] {
+    let mut out = [0u8; RECORD_LEN];
+    for (i, word) in words.into_iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+    }
+    out
+}
+
+fn decode_word(bytes: &[u8; RECORD_LEN], i: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
+    u32::from_ne_bytes(w)
+}
 
 impl Record {
     /// Encodes to the wire form (native endian; both ends are the same machine).
@@ -183,20 +231,12 @@ impl Record {
                 (KIND_USAGE, cpu_us as u32, (cpu_us >> 32) as u32, max_rss_kb)
             }
         };
-        let mut out = [0u8; RECORD_LEN];
-        for (i, word) in [kind, a, b, c].into_iter().enumerate() {
-            out[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
-        }
-        out
+        encode_words([kind, a, b, c])
     }
 
     /// Decodes the wire form; `None` for garbage.
     pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<Record> {
-        let word = |i: usize| {
-            let mut w = [0u8; 4];
-            w.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
-            u32::from_ne_bytes(w)
-        };
+        let word = |i| decode_word(bytes, i);
         match word(0) {
             KIND_FAILED => Some(Record::Failed {
                 step: Step::from_code(word(1))?,
@@ -239,6 +279,19 @@ mod tests {
             assert_eq!(Record::decode(&r.encode()), Some(r));
         }
         assert_eq!(Record::decode(&[0xff; RECORD_LEN]), None);
+    }
+
+    #[test]
+    fn every_go_round_trips_and_is_no_report() {
+        for mask in 0..8u8 {
+            let go = Go {
+                stdio: [0, 1, 2].map(|i| mask & (1 << i) != 0),
+            };
+            assert_eq!(Go::decode(&go.encode()), Some(go));
+            assert_eq!(Record::decode(&go.encode()), None);
+        }
+        assert_eq!(Go::decode(&Record::Exited(0).encode()), None);
+        assert_eq!(Go::decode(&[0xff; RECORD_LEN]), None);
     }
 
     #[test]

@@ -1,4 +1,9 @@
-//! Starting a confined command and supervising it: [`spawn`], [`Running`], [`Outcome`].
+//! Starting a confined command and supervising it: [`Spawn`] builds a sandbox, [`Gated`]
+//! waits for its go, [`Running`] supervises one command to its [`Outcome`].
+//!
+//! A `Running` is two values: the sandbox (its init, report socket, plan, limits and
+//! network supervisor), which lives as long as the init, and the current command's run
+//! (its records, timing and counters), which a sequence replaces for each command.
 
 use crate::child::{self, CStringArray, Prepared};
 use crate::error::{explain_clone_error, SetupError};
@@ -6,14 +11,16 @@ use crate::landlock;
 use crate::limits::{self, LimitMechanisms, LimitPlan};
 use crate::netsup::{self, NetReport, NetRules, Supervisor};
 use crate::plan::{self, cstring, SetupPlan};
-use crate::report::{Record, Step, RECORD_LEN};
+use crate::report::{Go, Record, Step, RECORD_LEN};
 use crate::resolve;
 use crate::seccomp;
 use crate::sys::{self, Errno, Forked};
 use lockbox_policy::{Net, Policy, DEFAULT_PATH};
+use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -40,8 +47,50 @@ pub struct Enforcement {
     pub limits: LimitMechanisms,
     /// The most the sandbox may hold of the caller's per-user kernel quotas.
     pub user_quotas: Box<crate::quotas::UserQuotas>,
-    /// "none (loopback only)", "host", or how a network list is enforced.
-    pub network: &'static str,
+    /// How the network policy is enforced.
+    pub network: NetEnforcement,
+}
+
+/// How a sandbox's network policy is enforced (JSON: `"none"`, `"host"`, `"allow_list"`,
+/// `"deny_list"`; `lockbox check` prints the [`Display`](std::fmt::Display) sentence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetEnforcement {
+    /// An own network namespace with loopback only (`--net none`).
+    #[serde(rename = "none")]
+    LoopbackOnly,
+    /// The host's network namespace (`--net host`).
+    Host,
+    /// An own namespace; the supervisor installs host sockets for the destinations a
+    /// seccomp user notification shows are allowed (`--net-allow`).
+    AllowList,
+    /// As [`NetEnforcement::AllowList`], for every destination not denied (`--net-deny`).
+    DenyList,
+}
+
+impl NetEnforcement {
+    /// How `net` is enforced.
+    pub fn of(net: &Net) -> NetEnforcement {
+        match net {
+            Net::None => NetEnforcement::LoopbackOnly,
+            Net::Host => NetEnforcement::Host,
+            Net::Allow(_) => NetEnforcement::AllowList,
+            Net::Deny(_) => NetEnforcement::DenyList,
+        }
+    }
+}
+
+impl std::fmt::Display for NetEnforcement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SUPERVISED: &str =
+            "(own namespace; seccomp user notification, host sockets installed by the supervisor)";
+        match self {
+            NetEnforcement::LoopbackOnly => f.write_str("none (loopback only)"),
+            NetEnforcement::Host => f.write_str("host"),
+            NetEnforcement::AllowList => write!(f, "allow-list {SUPERVISED}"),
+            NetEnforcement::DenyList => write!(f, "deny-list {SUPERVISED}"),
+        }
+    }
 }
 
 /// How the command ended.
@@ -124,35 +173,84 @@ pub enum Waited {
     Extra,
 }
 
-/// A sandbox that has been started. Dropping it kills everything in it.
+/// A sandbox running a command. Dropping it kills everything in the sandbox.
 #[derive(Debug)]
 pub struct Running {
+    sandbox: Sandbox,
+    run: Run,
+}
+
+/// A started sandbox waiting for its go ([`Spawn::gated`], [`Running::next`]). Dropping it
+/// kills the waiting sandbox.
+#[derive(Debug)]
+pub struct Gated {
+    sandbox: Sandbox,
+    /// The command the go runs (its index in the sequence).
+    step: usize,
+    /// CPU time of the commands before it.
+    cpu_before: u64,
+}
+
+/// Why [`Running::stop`] stops a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The caller asked (a signal, a cancelled session).
+    Requested,
+    /// Its time is up: the outcome says `timed_out` (exit code 124).
+    Timeout,
+}
+
+/// What lives as long as the sandbox's init: across the commands of a sequence.
+#[derive(Debug)]
+struct Sandbox {
     pid: libc::pid_t,
     pidfd: OwnedFd,
     report: OwnedFd,
-    started: Instant,
     plan: SetupPlan,
-    /// Each command's program, for messages (one per step of a sequence).
+    /// Each command's program, for messages (one per command of a sequence).
     programs: Vec<String>,
     limits: LimitPlan,
     enforcement: Enforcement,
+    net: Option<Supervisor>,
+    /// The init has been waited for.
+    reaped: bool,
+    /// The init reported its last command's status and exits by itself.
+    exiting: bool,
+}
+
+/// One command, from its start (or go) to its outcome.
+#[derive(Debug)]
+struct Run {
+    /// Index of the command in the sequence (0 otherwise).
+    step: usize,
+    started: Instant,
     failure: Option<Record>,
     status: Option<Record>,
     usage: Option<(u64, u32)>,
     upper_mounts: Vec<UpperMount>,
-    net: Option<Supervisor>,
     timed_out: bool,
-    /// The sandbox (or, in a sequence, the current command) has ended: an outcome was
-    /// produced.
+    /// The outcome has been produced.
     done: bool,
-    /// The init has been waited for.
-    reaped: bool,
-    /// The current command of a sequence sandbox (0 otherwise), and how many follow it.
-    step: usize,
-    steps_left: usize,
-    /// CPU time and OOM kills counted before the current command of a sequence.
+    /// CPU time and OOM kills counted before this command.
     cpu_before: u64,
     oom_kills_before: u64,
+}
+
+impl Run {
+    fn new(step: usize, started: Instant, cpu_before: u64, oom_kills_before: u64) -> Run {
+        Run {
+            step,
+            started,
+            failure: None,
+            status: None,
+            usage: None,
+            upper_mounts: Vec::new(),
+            timed_out: false,
+            done: false,
+            cpu_before,
+            oom_kills_before,
+        }
+    }
 }
 
 /// Per-sandbox standard input, output and error. `None` keeps the caller's descriptor.
@@ -195,65 +293,147 @@ impl Stdio {
     }
 }
 
-/// Starts `argv` confined by `policy`. Returns as soon as the sandbox init runs; setup
-/// failures inside the namespaces are reported by [`Running::wait`].
-pub fn spawn(policy: &Policy, argv: &[OsString]) -> Result<Running, SetupError> {
-    spawn_with(policy, argv, Stdio::default())
-}
-
-/// Like [`spawn`], with the sandbox's stdin, stdout and stderr taken from `stdio`. The
-/// descriptors are closed in the caller once the sandbox has started.
+/// Builds a sandbox: what it runs ([`Spawn::command`], [`Spawn::agent`],
+/// [`Spawn::sequence`]), its stdio ([`Spawn::stdio`]), then [`Spawn::start`] for a sandbox
+/// whose command runs at once, or [`Spawn::gated`] for one that waits for its go.
+///
+/// ```no_run
+/// use lockbox_confine::{Spawn, Stdio, Waited};
+/// let policy = lockbox_policy::Policy::default();
+/// let argv = ["true".into()];
+/// let mut running = Spawn::command(&policy, &argv).start()?;
+/// if let Waited::Exited(outcome) = running.wait(None, None)? {
+///     assert_eq!(outcome.exit_code(), 0);
+/// }
+/// # Ok::<(), lockbox_confine::SetupError>(())
+/// ```
 ///
 /// The sandbox's init has a parent-death signal (SIGKILL), which the kernel ties to the
-/// *thread* that called this: a sandbox meant to outlive the calling thread (a thread pool's
-/// worker) must be spawned from a thread that lives as long (see `lockbox-runtime`).
-pub fn spawn_with(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Running, SetupError> {
-    spawn_inner(policy, argv, stdio, None, None)
-}
-
-/// Like [`spawn_with`], but the sandbox stops short of its command: it sets up the
-/// namespaces, the root and captures every layer, then waits, before mounting its
-/// copy-on-write views, until [`Gated::release`] says go. What the sandbox sees of a
-/// view's layers is thus fixed at the go, not at the spawn: a pipeline starts stage N+1's
-/// sandbox while stage N still writes the layer N+1 will read, and only pays the rest of the
-/// setup (mounting the view, Landlock, the exec) once stage N is done.
-///
-/// Dropping the [`Gated`] kills the waiting sandbox.
-pub fn spawn_gated(policy: &Policy, argv: &[OsString], stdio: Stdio) -> Result<Gated, SetupError> {
-    spawn_inner(policy, argv, stdio, None, Some(&[])).map(|running| Gated { running })
-}
-
-/// A sandbox started by [`spawn_gated`], waiting for its go.
+/// *thread* that starts it: a sandbox meant to outlive the calling thread (a thread pool's
+/// worker) must be started from a thread that lives as long (see `lockbox-runtime`).
 #[derive(Debug)]
-pub struct Gated {
-    running: Running,
+#[must_use = "a Spawn does nothing until started"]
+pub struct Spawn<'a> {
+    policy: &'a Policy,
+    program: Program<'a>,
+    stdio: Stdio,
+}
+
+/// What a sandbox runs.
+#[derive(Debug, Clone, Copy)]
+enum Program<'a> {
+    /// One command.
+    Command(&'a [OsString]),
+    /// Several commands, one after another.
+    Sequence(&'a [Vec<OsString>]),
+    /// The host executable `exe`, bound into the sandbox, with arguments `args`.
+    Agent { exe: &'a Path, args: &'a [OsString] },
+}
+
+impl<'a> Spawn<'a> {
+    /// A sandbox that runs `argv` confined by `policy`.
+    pub fn command(policy: &'a Policy, argv: &'a [OsString]) -> Spawn<'a> {
+        Spawn {
+            policy,
+            program: Program::Command(argv),
+            stdio: Stdio::default(),
+        }
+    }
+
+    /// One sandbox that runs `commands` one after another — a pipeline's stages, say —
+    /// as if each had a sandbox of its own but for the set-up, which is paid once
+    /// (namespaces, root, views, network namespace).
+    ///
+    /// The policy's views are mounted when the first command is released and stay for all
+    /// of them, so a command reads what the commands before it wrote, in the same upper
+    /// layers. Between two commands the init kills and reaps everything the previous one
+    /// left, gives the next one a fresh `/tmp` and `/dev/shm` (the sandbox's own tmpfs
+    /// mounts, if used) and a fresh IPC namespace; the next command then waits for its go.
+    /// What the commands share: the views, the network namespace (loopback), the hostname,
+    /// the cgroup and pid namespaces, and limits enforced by a cgroup, which count the
+    /// sandbox as a whole.
+    ///
+    /// Each command's stdio is what its [`Gated::release`] gives, else what
+    /// [`Spawn::stdio`] gave, else `/dev/null`. Once [`Running::wait`] has a command's
+    /// outcome, [`Running::next`] gives the gated sandbox of the command after it. More
+    /// than one command is refused for policies that [`sequence_unsupported`] names.
+    pub fn sequence(policy: &'a Policy, commands: &'a [Vec<OsString>]) -> Spawn<'a> {
+        Spawn {
+            policy,
+            program: Program::Sequence(commands),
+            stdio: Stdio::default(),
+        }
+    }
+
+    /// A sandbox that runs the host executable `exe` (bound read-only at
+    /// [`crate::agent::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy
+    /// grants) with arguments `args`: how `lockbox-runtime` starts its in-sandbox agent.
+    ///
+    /// The agent is the one command whose seccomp filter allows `openat2` (its file
+    /// operations resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a
+    /// binary that calls [`crate::agent::main_if_agent`], which stacks a filter answering
+    /// `openat2` with `ENOSYS` on every command it starts, and makes itself non-dumpable so
+    /// that no command can ptrace it into making the call.
+    pub fn agent(policy: &'a Policy, exe: &'a Path, args: &'a [OsString]) -> Spawn<'a> {
+        Spawn {
+            policy,
+            program: Program::Agent { exe, args },
+            stdio: Stdio::default(),
+        }
+    }
+
+    /// The sandbox's stdin, stdout and stderr (see [`Stdio`]); the descriptors are closed
+    /// in the caller once the sandbox has started.
+    pub fn stdio(self, stdio: Stdio) -> Spawn<'a> {
+        Spawn { stdio, ..self }
+    }
+
+    /// Starts the sandbox and its (first) command. Returns as soon as the sandbox init
+    /// runs; setup failures inside the namespaces are reported by [`Running::wait`].
+    pub fn start(self) -> Result<Running, SetupError> {
+        if let Program::Sequence(_) = self.program {
+            return self.gated()?.release(Stdio::default());
+        }
+        let (sandbox, started) = launch(self.policy, self.program, self.stdio, false)?;
+        Ok(Running {
+            run: Run::new(0, started, 0, 0),
+            sandbox,
+        })
+    }
+
+    /// Starts the sandbox, which stops short of its command: it sets up the namespaces, the
+    /// root and captures every layer, then waits, before mounting its copy-on-write views,
+    /// until [`Gated::release`] says go. What the sandbox sees of a view's layers is thus
+    /// fixed at the go, not at the start: a pipeline starts stage N+1's sandbox while stage
+    /// N still writes the layer N+1 will read, and only pays the rest of the setup
+    /// (mounting the view, Landlock, the exec) once stage N is done.
+    pub fn gated(self) -> Result<Gated, SetupError> {
+        let (sandbox, _) = launch(self.policy, self.program, self.stdio, true)?;
+        Ok(Gated {
+            sandbox,
+            step: 0,
+            cpu_before: 0,
+        })
+    }
 }
 
 impl Gated {
     /// The pid of the waiting sandbox's init, as seen by the caller.
     pub fn pid(&self) -> libc::pid_t {
-        self.running.pid
+        self.sandbox.pid
     }
 
     /// Lets the sandbox go on. Each descriptor of `stdio` that is given becomes the
-    /// command's 0, 1 or 2, replacing what the sandbox was started with (`/dev/null` for
-    /// the commands of a sequence). The returned [`Running`] measures its wall time from
-    /// now. A sandbox that failed while waiting reports that failure from
-    /// [`Running::wait`].
+    /// command's 0, 1 or 2, replacing what the sandbox was started with. The returned
+    /// [`Running`] measures its wall time from now. A sandbox that failed while waiting
+    /// reports that failure from [`Running::wait`].
     pub fn release(self, stdio: Stdio) -> Result<Running, SetupError> {
-        let mut running = self.running;
-        let mut mask = 0u8;
-        let mut fds = Vec::with_capacity(3);
-        for (i, fd) in [&stdio.stdin, &stdio.stdout, &stdio.stderr]
-            .into_iter()
-            .enumerate()
-        {
-            if let Some(fd) = fd {
-                mask |= 1 << i;
-                fds.push(fd.as_raw_fd());
-            }
-        }
-        match sys::send_with_fds(running.report.as_raw_fd(), &[b'g', mask], &fds) {
+        let given = [&stdio.stdin, &stdio.stdout, &stdio.stderr];
+        let go = Go {
+            stdio: given.map(Option::is_some),
+        };
+        let fds: Vec<BorrowedFd<'_>> = given.into_iter().flatten().map(|fd| fd.as_fd()).collect();
+        match sys::send_with_fds(self.sandbox.report.as_fd(), &go.encode(), &fds) {
             // The init is gone: `wait` tells why.
             Ok(()) | Err(Errno(libc::EPIPE | libc::ECONNRESET)) => {}
             Err(errno) => {
@@ -263,58 +443,39 @@ impl Gated {
                 })
             }
         }
-        running.started = Instant::now();
-        running.oom_kills_before = running.oom_kills();
-        Ok(running)
+        let oom_kills = self.sandbox.oom_kills();
+        Ok(Running {
+            run: Run::new(self.step, Instant::now(), self.cpu_before, oom_kills),
+            sandbox: self.sandbox,
+        })
     }
 }
 
-/// Starts one sandbox that runs `commands` one after another — a pipeline's stages, say —
-/// as if each had a sandbox of its own but for the set-up, which is paid once (namespaces,
-/// root, views, network namespace).
-///
-/// It starts gated ([`spawn_gated`]): the policy's views are mounted when the first command
-/// is released and stay for all of them, so a command reads what the commands before it
-/// wrote, in the same upper layers. Between two commands the init kills and reaps
-/// everything the previous one left, gives the next one a fresh `/tmp` and `/dev/shm` (the
-/// sandbox's own tmpfs mounts, if used) and a fresh IPC namespace; the next command then
-/// waits for its go. What the commands share: the views, the network namespace (loopback),
-/// the hostname, the cgroup and pid namespaces, and limits enforced by a cgroup, which
-/// count the sandbox as a whole.
-///
-/// [`Gated::release`] runs the next command with the stdio it is given (`/dev/null`
-/// otherwise); once [`Running::wait`] has its outcome, [`Running::next`] gives the gated
-/// sandbox of the command after it. More than one command is refused for policies with a
-/// network allow- or deny-list, passed descriptors or a bounded upper layer
-/// ([`sequence_unsupported`]); one command is a gated sandbox whose stdio comes at the
-/// release.
-pub fn spawn_sequence(policy: &Policy, commands: &[Vec<OsString>]) -> Result<Gated, SetupError> {
-    let (first, later) = commands.split_first().ok_or(SetupError::Sequence {
-        reason: "no command given",
-    })?;
-    if let Some(reason) = sequence_unsupported(policy).filter(|_| !later.is_empty()) {
-        return Err(SetupError::Sequence { reason });
-    }
-    let null = std::fs::File::open("/dev/null").map_err(|source| SetupError::Path {
-        path: "/dev/null".into(),
-        what: "opening",
+/// The agent's executable on the host, which must be a regular file.
+fn agent_host(exe: &Path) -> Result<std::path::PathBuf, SetupError> {
+    let host = std::fs::canonicalize(exe).map_err(|source| SetupError::Path {
+        path: exe.to_owned(),
+        what: "binding the agent",
         source,
     })?;
-    let null = OwnedFd::from(null);
-    let stdio = Stdio {
-        stdin: Some(null.try_clone().map_err(null_err)?),
-        stdout: Some(null.try_clone().map_err(null_err)?),
-        stderr: Some(null),
-    };
-    spawn_inner(policy, first, stdio, None, Some(later)).map(|running| Gated { running })
+    if !host.is_file() {
+        return Err(SetupError::Path {
+            path: host,
+            what: "binding the agent",
+            source: std::io::Error::other("not a regular file"),
+        });
+    }
+    Ok(host)
 }
 
-fn null_err(source: std::io::Error) -> SetupError {
-    SetupError::Path {
-        path: "/dev/null".into(),
-        what: "opening",
-        source,
-    }
+fn dev_null() -> Result<OwnedFd, SetupError> {
+    std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|source| SetupError::Path {
+            path: "/dev/null".into(),
+            what: "opening",
+            source,
+        })
 }
 
 /// Why `policy` cannot run several commands in one sandbox ([`spawn_sequence`]), if so:
@@ -336,68 +497,59 @@ pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
     None
 }
 
-/// Like [`spawn_with`], running the host executable `exe` (bound read-only at
-/// [`crate::agent::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy grants)
-/// with arguments `args`: how `lockbox-runtime` starts its in-sandbox agent.
-///
-/// The agent is the one command whose seccomp filter allows `openat2` (its file operations
-/// resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a binary that
-/// calls [`crate::agent::main_if_agent`], which stacks a filter answering `openat2` with
-/// `ENOSYS` on every command it starts, and makes itself non-dumpable so that no command
-/// can ptrace it into making the call.
-pub fn spawn_agent(
+/// Starts the sandbox of `program`; `gated`: its first command waits for the go. Returns
+/// it with the time of the clone.
+fn launch(
     policy: &Policy,
-    exe: &Path,
-    args: &[OsString],
-    stdio: Stdio,
-) -> Result<Running, SetupError> {
-    let host = std::fs::canonicalize(exe).map_err(|source| SetupError::Path {
-        path: exe.to_owned(),
-        what: "binding the agent",
-        source,
-    })?;
-    if !host.is_file() {
-        return Err(SetupError::Path {
-            path: host,
-            what: "binding the agent",
-            source: std::io::Error::other("not a regular file"),
-        });
-    }
-    let mut argv = vec![OsString::from(plan::HELPER_PATH)];
-    argv.extend_from_slice(args);
-    spawn_inner(policy, &argv, stdio, Some(&host), None)
-}
-
-/// Starts the sandbox; `gated` holds the later commands of a gated sandbox (empty: one
-/// command), `None` for a sandbox that runs its command at once.
-fn spawn_inner(
-    policy: &Policy,
-    argv: &[OsString],
-    stdio: Stdio,
-    helper: Option<&Path>,
-    gated: Option<&[Vec<OsString>]>,
-) -> Result<Running, SetupError> {
+    program: Program<'_>,
+    mut stdio: Stdio,
+    gated: bool,
+) -> Result<(Sandbox, Instant), SetupError> {
+    let (argv, later, helper) = match program {
+        Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None),
+        Program::Sequence(commands) => {
+            let (first, later) = commands.split_first().ok_or(SetupError::Sequence {
+                reason: "no command given",
+            })?;
+            if let Some(reason) = sequence_unsupported(policy).filter(|_| !later.is_empty()) {
+                return Err(SetupError::Sequence { reason });
+            }
+            for fd in [&mut stdio.stdin, &mut stdio.stdout, &mut stdio.stderr] {
+                if fd.is_none() {
+                    *fd = Some(dev_null()?);
+                }
+            }
+            (Cow::Borrowed(first.as_slice()), later, None)
+        }
+        Program::Agent { exe, args } => {
+            let mut argv = vec![OsString::from(plan::HELPER_PATH)];
+            argv.extend_from_slice(args);
+            (Cow::Owned(argv), &[][..], Some(agent_host(exe)?))
+        }
+    };
+    let argv = &*argv;
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;
-    let later = gated.unwrap_or_default();
     if argv.is_empty() || later.iter().any(Vec::is_empty) {
         return Err(no_command());
     }
     let caller_cwd = std::env::current_dir().ok();
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
-    resolved.helper = helper.map(Path::to_owned);
+    let agent = helper.is_some();
+    resolved.helper = helper;
     // Only where the command itself holds the stdio: the agent of a long-lived sandbox keeps
     // the server's stdout and stderr from its children (naming the server's terminal would
     // hand it to them), and a gated sandbox gets its stdio only at the release.
-    if helper.is_none() && gated.is_none() {
+    if !agent && !gated {
         resolved.terminal = resolve::terminal(&stdio_fds);
     }
     for overlay in &resolved.overlays {
         clear_volatile_mark(overlay)?;
     }
-    let plan = match gated {
-        None => plan::build(&resolved),
-        Some(later) => plan::build_sequence(&resolved, later.len()),
+    let plan = if gated {
+        plan::build_sequence(&resolved, later.len())
+    } else {
+        plan::build(&resolved)
     };
     let landlock_abi = landlock::abi_version();
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
@@ -432,12 +584,7 @@ fn spawn_inner(
         no_new_privs: true,
         limits: limits.mechanisms.clone(),
         user_quotas: Box::new(limits.user_quotas.clone()),
-        network: match policy.net {
-            Net::None => "none (loopback only)",
-            Net::Host => "host",
-            Net::Allow(_) => "allow-list (own namespace; seccomp user notification, host sockets installed by the supervisor)",
-            Net::Deny(_) => "deny-list (own namespace; seccomp user notification, host sockets installed by the supervisor)",
-        },
+        network: NetEnforcement::of(&policy.net),
     };
     let layout = crate::proctitle::Layout::of_self()?;
     let mut prepared = Prepared {
@@ -455,7 +602,7 @@ fn spawn_inner(
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
         // Only the agent resolves paths with openat2; it denies it again to what it runs.
         seccomp: seccomp::build(
-            if helper.is_some() {
+            if agent {
                 seccomp::Openat2::Agent
             } else {
                 seccomp::Openat2::Enosys
@@ -497,11 +644,10 @@ fn spawn_inner(
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();
             }
-            Ok(Running {
+            let sandbox = Sandbox {
                 pid,
                 pidfd: sys::owned(pidfd),
                 report: report_rd,
-                started,
                 plan: prepared.plan,
                 programs: std::iter::once(argv)
                     .chain(later.iter().map(Vec::as_slice))
@@ -510,19 +656,11 @@ fn spawn_inner(
                     .collect(),
                 limits,
                 enforcement,
-                failure: None,
-                status: None,
-                usage: None,
-                upper_mounts: Vec::new(),
                 net: supervisor,
-                timed_out: false,
-                done: false,
                 reaped: false,
-                step: 0,
-                steps_left: later.len(),
-                cpu_before: 0,
-                oom_kills_before: 0,
-            })
+                exiting: false,
+            };
+            Ok((sandbox, started))
         }
     }
 }
@@ -588,9 +726,8 @@ fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
         errno,
     };
     let (rd, wr) = sys::seqpacket_pair().map_err(err)?;
-    let (rd, wr) = (sys::owned(rd), sys::owned(wr));
     // Records are read as they come; the init may still be exiting after the last one.
-    sys::set_nonblocking(rd.as_raw_fd()).map_err(err)?;
+    sys::set_nonblocking(rd.as_fd()).map_err(err)?;
     Ok((rd, wr))
 }
 
@@ -607,7 +744,6 @@ fn start_net_supervisor(
         what: "creating the network supervisor socket",
         errno,
     })?;
-    let (ours, theirs) = (sys::owned(ours), sys::owned(theirs));
     let supervisor = netsup::start(NetRules { kind, rules }, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
 }
@@ -627,37 +763,34 @@ fn clone_flags(net: &Net) -> u64 {
 
 /// Runs `argv` to completion under `policy`, enforcing its timeout.
 pub fn run(policy: &Policy, argv: &[OsString]) -> Result<Outcome, SetupError> {
-    let mut running = spawn(policy, argv)?;
-    let deadline = policy.timeout.map(|t| running.started + t);
+    let mut running = Spawn::command(policy, argv).start()?;
+    let deadline = policy.timeout.map(|t| running.run.started + t);
     match running.wait(deadline, None)? {
         Waited::Exited(outcome) => Ok(outcome),
-        Waited::Deadline | Waited::Extra => running.stop(policy.kill_grace, true),
+        Waited::Deadline | Waited::Extra => running.stop(policy.kill_grace, StopReason::Timeout),
     }
 }
 
 impl Running {
     /// The pid of the sandbox's init, as seen by the caller.
     pub fn pid(&self) -> libc::pid_t {
-        self.pid
+        self.sandbox.pid
     }
 
     /// The directory the command starts in, inside the sandbox.
     pub fn cwd(&self) -> &Path {
-        Path::new(std::ffi::OsStr::from_bytes(self.plan.cwd.as_bytes()))
+        Path::new(OsStr::from_bytes(self.sandbox.plan.cwd.as_bytes()))
     }
 
     /// What confines this sandbox.
     pub fn enforcement(&self) -> &Enforcement {
-        &self.enforcement
+        &self.sandbox.enforcement
     }
 
     /// Sends `sig` to the sandbox. The init forwards it to the command; SIGTERM goes to
     /// every process in the sandbox.
     pub fn signal(&self, sig: libc::c_int) -> Result<(), SetupError> {
-        sys::pidfd_send_signal(self.pidfd.as_raw_fd(), sig).map_err(|errno| SetupError::Supervise {
-            what: "signalling the sandbox",
-            errno,
-        })
+        self.sandbox.signal(sig)
     }
 
     /// Waits until the sandbox ends, `deadline` passes or `extra` becomes readable.
@@ -668,68 +801,74 @@ impl Running {
         extra: Option<BorrowedFd<'_>>,
     ) -> Result<Waited, SetupError> {
         loop {
-            let timeout_ms = match deadline {
-                None => -1,
+            let timeout = match deadline {
+                None => None,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Ok(Waited::Deadline);
                     }
-                    // Round up so we never wake just before the deadline.
-                    left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
+                    // Too far off to say: no deadline.
+                    Timespec::try_from(left).ok()
                 }
             };
+            let sandbox = &self.sandbox;
             let mut fds = [
-                pollfd(self.pidfd.as_raw_fd()),
-                pollfd(self.report.as_raw_fd()),
-                pollfd(extra.map_or(-1, |fd| fd.as_raw_fd())),
+                PollFd::new(&sandbox.pidfd, PollFlags::IN),
+                PollFd::new(&sandbox.report, PollFlags::IN),
+                PollFd::from_borrowed_fd(extra.unwrap_or(sandbox.pidfd.as_fd()), PollFlags::IN),
             ];
-            match sys::poll(&mut fds, timeout_ms) {
-                Err(Errno(libc::EINTR)) => continue,
-                Err(errno) => {
+            let fds = &mut fds[..if extra.is_some() { 3 } else { 2 }];
+            match rustix::event::poll(fds, timeout.as_ref()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
                     return Err(SetupError::Supervise {
                         what: "waiting for the sandbox",
-                        errno,
+                        errno: Errno(e.raw_os_error()),
                     })
                 }
                 Ok(_) => {}
             }
-            if fds[1].revents != 0 {
-                self.read_records();
+            let ready = |i: usize| fds.get(i).is_some_and(|fd| !fd.revents().is_empty());
+            let (init_exited, reported, extra_ready) = (ready(0), ready(1), ready(2));
+            if reported {
+                self.run.read_records(self.sandbox.report.as_fd());
                 // The init reports the status only after reaping every process, so the
                 // sandbox (or the command of a sequence) is over; its namespaces are torn
                 // down while we go on. With cgroups we wait for that, to read their
                 // counters and remove them — unless more commands follow.
-                if self.status.is_some() && (self.limits.cgroups.is_none() || self.steps_left > 0) {
+                if self.run.status.is_some()
+                    && (self.sandbox.limits.cgroups.is_none() || !self.is_last())
+                {
                     return self.finish(None).map(Waited::Exited);
                 }
             }
-            if fds[0].revents != 0 {
+            if init_exited {
                 let (status, usage) =
-                    sys::wait4(self.pid).map_err(|errno| SetupError::Supervise {
+                    sys::wait4(self.sandbox.pid).map_err(|errno| SetupError::Supervise {
                         what: "reaping the sandbox init",
                         errno,
                     })?;
-                self.reaped = true;
-                // The init has exited, so the pipe is at EOF after whatever it wrote.
-                self.read_records();
+                self.sandbox.reaped = true;
+                // The init has exited, so the socket is at EOF after whatever it wrote.
+                self.run.read_records(self.sandbox.report.as_fd());
                 let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-                self.usage.get_or_insert((
+                self.run.usage.get_or_insert((
                     tv(usage.ru_utime) + tv(usage.ru_stime),
                     usage.ru_maxrss.max(0) as u32,
                 ));
                 return self.finish(Some(status)).map(Waited::Exited);
             }
-            if fds[2].revents != 0 {
+            if extra_ready {
                 return Ok(Waited::Extra);
             }
         }
     }
 
-    /// Stops the sandbox: SIGTERM to every process in it, SIGKILL after `grace`.
-    /// `timed_out` marks the outcome as a timeout.
-    pub fn stop(&mut self, grace: Duration, timed_out: bool) -> Result<Outcome, SetupError> {
-        self.timed_out |= timed_out;
+    /// Stops the sandbox: SIGTERM to every process in it, SIGKILL after `grace`. The
+    /// outcome says why it was stopped.
+    pub fn stop(&mut self, grace: Duration, reason: StopReason) -> Result<Outcome, SetupError> {
+        self.run.timed_out |= reason == StopReason::Timeout;
         let _ = self.signal(libc::SIGTERM);
         if let Waited::Exited(outcome) = self.wait(Some(Instant::now() + grace), None)? {
             return Ok(outcome);
@@ -744,10 +883,103 @@ impl Running {
         }
     }
 
-    fn read_records(&mut self) {
+    /// After the outcome of a command of a [`Spawn::sequence`] sandbox: the sandbox, its
+    /// next command waiting for the go, or `None` if no command follows or the sandbox has
+    /// ended (killed after a stop's grace). A sandbox that failed between two commands
+    /// reports it from the next command's [`Running::wait`].
+    pub fn next(self) -> Option<Gated> {
+        let Running { sandbox, run } = self;
+        if !run.done || sandbox.reaped || run.step + 1 >= sandbox.programs.len() {
+            return None;
+        }
+        Some(Gated {
+            step: run.step + 1,
+            cpu_before: run.usage.map_or(run.cpu_before, |(cpu, _)| cpu),
+            sandbox,
+        })
+    }
+
+    /// Whether the current command is the sandbox's last.
+    fn is_last(&self) -> bool {
+        self.run.step + 1 >= self.sandbox.programs.len()
+    }
+
+    /// Builds the outcome from the records (and the init's wait status, once reaped).
+    /// In a sequence, of the current command: its CPU time and OOM kills; the peak memory
+    /// is the sandbox's so far.
+    fn finish(&mut self, init_status: Option<libc::c_int>) -> Result<Outcome, SetupError> {
+        let last = self.is_last();
+        let (sandbox, run) = (&mut self.sandbox, &mut self.run);
+        run.done = true;
+        sandbox.exiting = last;
+        let wall = run.started.elapsed();
+        let oom_killed = sandbox.oom_kills() > run.oom_kills_before;
+        let (cpu_us, max_rss_kb) = run.usage.unwrap_or_default();
+        let cpu_us = cpu_us.saturating_sub(run.cpu_before);
+        let peak_memory = match sandbox
+            .limits
+            .cgroups
+            .as_ref()
+            .and_then(|c| c.peak_memory())
+        {
+            Some(bytes) => Some((bytes, "cgroup")),
+            None if max_rss_kb > 0 => Some((u64::from(max_rss_kb) * 1024, "max-rss")),
+            None => None,
+        };
+        // A sequence whose init lives on keeps its cgroups for the next command.
+        if last || init_status.is_some() {
+            if let Some(c) = sandbox.limits.cgroups.as_mut() {
+                c.remove();
+            }
+        }
+        let killed_by = init_status
+            .filter(|s| libc::WIFSIGNALED(*s))
+            .map(|s| libc::WTERMSIG(s));
+        let status = match (run.failure, run.status, killed_by) {
+            (
+                Some(Record::Failed {
+                    step: Step::Exec,
+                    errno,
+                    ..
+                }),
+                _,
+                _,
+            ) => Status::ExecFailed(errno),
+            (Some(Record::Failed { step, errno, index }), _, _) => {
+                return Err(sandbox.setup_error(run.step, step, Errno(errno), index as usize))
+            }
+            (_, Some(Record::Exited(code)), _) => Status::Exited(code),
+            (_, Some(Record::Signaled(sig)), _) => Status::Signaled(sig),
+            // Killed from outside before the command ended: after the stop's grace period,
+            // or by the OOM killer, which may pick any process of the sandbox.
+            _ if oom_killed => Status::Signaled(libc::SIGKILL),
+            (_, _, Some(sig)) => Status::Signaled(sig),
+            _ => {
+                return Err(SetupError::InitDied(format!(
+                    "exit status {}",
+                    init_status.map_or(-1, |s| libc::WEXITSTATUS(s))
+                )))
+            }
+        };
+        Ok(Outcome {
+            status,
+            timed_out: run.timed_out,
+            oom_killed,
+            wall,
+            cpu: Duration::from_micros(cpu_us),
+            peak_memory,
+            enforcement: sandbox.enforcement.clone(),
+            net: sandbox.net.take().map(|s| Box::new(s.finish())),
+            upper_mounts: std::mem::take(&mut run.upper_mounts),
+        })
+    }
+}
+
+impl Run {
+    /// Reads the records the sandbox has sent so far, up to this command's status.
+    fn read_records(&mut self, report: BorrowedFd<'_>) {
         let mut buf = [0u8; RECORD_LEN];
-        while let Ok((RECORD_LEN, fd)) = sys::recv_with_fd(self.report.as_raw_fd(), &mut buf) {
-            let fd = fd.map(sys::owned);
+        while let Ok((RECORD_LEN, fd)) = sys::recv_with_fd(report, &mut buf) {
             match Record::decode(&buf) {
                 Some(Record::Upper { overlay }) => {
                     if let Some(mount) = fd {
@@ -772,36 +1004,14 @@ impl Running {
             }
         }
     }
+}
 
-    /// The ops of the current command ([`SetupPlan::steps`] for a sequence's later ones).
-    fn ops(&self) -> &[crate::plan::Op] {
-        match self.step {
-            0 => &self.plan.ops,
-            n => self.plan.steps.get(n - 1).map_or(&[], |s| &s.ops),
-        }
-    }
-
-    /// The Landlock rules of the current command (the same for every command).
-    fn rules(&self) -> &[crate::plan::Rule] {
-        &self.plan.rules
-    }
-
-    /// After the outcome of a command of a [`spawn_sequence`] sandbox: the sandbox, its
-    /// next command waiting for the go, or `None` if no command follows or the sandbox has
-    /// ended (killed after a stop's grace). A sandbox that failed between two commands
-    /// reports it from the next command's [`Running::wait`].
-    pub fn next(mut self) -> Option<Gated> {
-        if !self.done || self.reaped || self.steps_left == 0 {
-            return None;
-        }
-        self.step += 1;
-        self.steps_left -= 1;
-        self.cpu_before = self.usage.map_or(self.cpu_before, |(cpu, _)| cpu);
-        self.done = false;
-        self.timed_out = false;
-        self.failure = None;
-        self.status = None;
-        Some(Gated { running: self })
+impl Sandbox {
+    fn signal(&self, sig: libc::c_int) -> Result<(), SetupError> {
+        sys::pidfd_send_signal(self.pidfd.as_fd(), sig).map_err(|errno| SetupError::Supervise {
+            what: "signalling the sandbox",
+            errno,
+        })
     }
 
     /// How many processes of the sandbox the OOM killer has killed so far (cgroup only).
@@ -809,78 +1019,26 @@ impl Running {
         self.limits.cgroups.as_ref().map_or(0, |c| c.oom_kills())
     }
 
-    /// Builds the outcome from the records (and the init's wait status, once reaped).
-    /// In a sequence, of the current command: its CPU time and OOM kills; the peak memory
-    /// is the sandbox's so far.
-    fn finish(&mut self, init_status: Option<libc::c_int>) -> Result<Outcome, SetupError> {
-        self.done = true;
-        let wall = self.started.elapsed();
-        let oom_killed = self.oom_kills() > self.oom_kills_before;
-        let (cpu_us, max_rss_kb) = self.usage.unwrap_or_default();
-        let cpu_us = cpu_us.saturating_sub(self.cpu_before);
-        let peak_memory = match self.limits.cgroups.as_ref().and_then(|c| c.peak_memory()) {
-            Some(bytes) => Some((bytes, "cgroup")),
-            None if max_rss_kb > 0 => Some((u64::from(max_rss_kb) * 1024, "max-rss")),
-            None => None,
-        };
-        // A sequence whose init lives on keeps its cgroups for the next command.
-        if self.steps_left == 0 || init_status.is_some() {
-            if let Some(c) = self.limits.cgroups.as_mut() {
-                c.remove();
-            }
+    /// The ops of command `command` ([`SetupPlan::steps`] for a sequence's later ones).
+    fn ops(&self, command: usize) -> &[crate::plan::Op] {
+        match command {
+            0 => &self.plan.ops,
+            n => self.plan.steps.get(n - 1).map_or(&[], |s| &s.ops),
         }
-        let killed_by = init_status
-            .filter(|s| libc::WIFSIGNALED(*s))
-            .map(|s| libc::WTERMSIG(s));
-        let status = match (self.failure, self.status, killed_by) {
-            (
-                Some(Record::Failed {
-                    step: Step::Exec,
-                    errno,
-                    ..
-                }),
-                _,
-                _,
-            ) => Status::ExecFailed(errno),
-            (Some(Record::Failed { step, errno, index }), _, _) => {
-                return Err(self.setup_error(step, Errno(errno), index as usize))
-            }
-            (_, Some(Record::Exited(code)), _) => Status::Exited(code),
-            (_, Some(Record::Signaled(sig)), _) => Status::Signaled(sig),
-            // Killed from outside before the command ended: after the stop's grace period,
-            // or by the OOM killer, which may pick any process of the sandbox.
-            _ if oom_killed => Status::Signaled(libc::SIGKILL),
-            (_, _, Some(sig)) => Status::Signaled(sig),
-            _ => {
-                return Err(SetupError::InitDied(format!(
-                    "exit status {}",
-                    init_status.map_or(-1, |s| libc::WEXITSTATUS(s))
-                )))
-            }
-        };
-        Ok(Outcome {
-            status,
-            timed_out: self.timed_out,
-            oom_killed,
-            wall,
-            cpu: Duration::from_micros(cpu_us),
-            peak_memory,
-            enforcement: self.enforcement.clone(),
-            net: self.net.take().map(|s| Box::new(s.finish())),
-            upper_mounts: std::mem::take(&mut self.upper_mounts),
-        })
     }
 
-    fn setup_error(&self, step: Step, errno: Errno, index: usize) -> SetupError {
+    /// The error of setup `step` of command `command`.
+    fn setup_error(&self, command: usize, step: Step, errno: Errno, index: usize) -> SetupError {
         let detail = match step {
             Step::CaptureSource => self
                 .plan
                 .sources
                 .get(index)
                 .map(|s| format!(" {}", s.host.to_string_lossy())),
-            Step::Mount => self.ops().get(index).map(|op| format!(" ({op})")),
+            Step::Mount => self.ops(command).get(index).map(|op| format!(" ({op})")),
             Step::LandlockRule => self
-                .rules()
+                .plan
+                .rules
                 .get(index)
                 .map(|r| format!(" {}", r.path.to_string_lossy())),
             Step::Chdir => Some(format!(" {}", self.plan.cwd.to_string_lossy())),
@@ -889,11 +1047,11 @@ impl Running {
                 .user_sysctls
                 .get(index)
                 .map(|(path, _)| format!(" {}", path.to_string_lossy())),
-            Step::Exec => self.programs.get(self.step).map(|p| format!(" {p}")),
+            Step::Exec => self.programs.get(command).map(|p| format!(" {p}")),
             _ => None,
         };
         if step == Step::Mount && errno.0 == libc::EINVAL {
-            if let Some(crate::plan::Op::Mount { fstype, .. }) = self.ops().get(index) {
+            if let Some(crate::plan::Op::Mount { fstype, .. }) = self.ops(command).get(index) {
                 if fstype.as_bytes() == b"overlay" {
                     return SetupError::FeatureMissing {
                         feature: "overlayfs in user namespaces",
@@ -920,15 +1078,15 @@ impl Running {
     }
 }
 
-impl Drop for Running {
+impl Drop for Sandbox {
     fn drop(&mut self) {
         if self.reaped {
             return;
         }
-        // A sequence between two commands waits for a go that will not come.
-        if !self.done || self.steps_left > 0 {
-            // Killing pid 1 of the namespace kills every process in it.
-            let _ = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+        // Gated, running, or between two commands of a sequence (waiting for a go that
+        // will not come). Killing pid 1 of the namespace kills every process in it.
+        if !self.exiting {
+            let _ = self.signal(libc::SIGKILL);
         }
         if sys::try_reap(self.pid) {
             return;
@@ -942,14 +1100,6 @@ impl Drop for Running {
         if reaper.is_err() {
             let _ = sys::wait4(pid);
         }
-    }
-}
-
-fn pollfd(fd: RawFd) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
     }
 }
 
@@ -1022,7 +1172,7 @@ mod tests {
                 no_new_privs: true,
                 limits: LimitMechanisms::default(),
                 user_quotas: Box::default(),
-                network: "",
+                network: NetEnforcement::LoopbackOnly,
             },
             net: None,
             upper_mounts: Vec::new(),

@@ -4,8 +4,11 @@
 //! child of a `clone` made by a multi-threaded process: none allocates, locks or logs.
 //! Paths are `&CStr` built by the caller before the clone.
 
+use rustix::net;
 use std::ffi::CStr;
-use std::os::fd::RawFd;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::ptr;
 
 /// An `errno` value returned by a failed syscall.
@@ -39,6 +42,10 @@ fn check_int(rc: libc::c_int) -> Result<libc::c_int, Errno> {
     } else {
         Ok(rc)
     }
+}
+
+fn errno(e: rustix::io::Errno) -> Errno {
+    Errno(e.raw_os_error())
 }
 
 fn opt_ptr(s: Option<&CStr>) -> *const libc::c_char {
@@ -361,141 +368,112 @@ pub fn close_range(first: u32, last: u32) {
 
 /// A connected `AF_UNIX`/`SOCK_SEQPACKET` pair, close-on-exec: records keep their
 /// boundaries and may carry descriptors; reads see EOF once every peer has closed.
-pub fn seqpacket_pair() -> Result<(RawFd, RawFd), Errno> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors.
-    check_int(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    Ok((fds[0], fds[1]))
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
+    net::socketpair(
+        net::AddressFamily::UNIX,
+        net::SocketType::SEQPACKET,
+        net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(errno)
 }
-
-/// Room for one `SCM_RIGHTS` control message with up to [`MAX_FDS`] descriptors, suitably
-/// aligned (`CMSG_SPACE(3 * 4)` is 32 on 64-bit Linux).
-#[repr(C, align(8))]
-struct CmsgBuf([u8; 32]);
 
 /// The most descriptors one message carries (a command's stdin, stdout and stderr).
 pub const MAX_FDS: usize = 3;
 
-/// Sends `data` with descriptor `fd` attached (`SCM_RIGHTS`).
+/// Room for one `SCM_RIGHTS` control message with up to [`MAX_FDS`] descriptors, on the
+/// stack (the child may not allocate).
+const CMSG_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
+type CmsgSpace = [MaybeUninit<u8>; CMSG_SPACE];
+
+/// Sends `data` with descriptor `fd` attached (`SCM_RIGHTS`), from the child.
 pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: the child owns both descriptors and keeps them open for the call.
+    let (sock, fd) = unsafe { (BorrowedFd::borrow_raw(sock), BorrowedFd::borrow_raw(fd)) };
     send_with_fds(sock, data, &[fd])
 }
 
-/// Sends `data` with up to [`MAX_FDS`] descriptors attached (`SCM_RIGHTS`; none: a plain
-/// send).
-pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> Result<(), Errno> {
-    if fds.len() > MAX_FDS {
+/// Sends `data` with up to [`MAX_FDS`] descriptors attached (`SCM_RIGHTS`); a closed peer is
+/// `EPIPE`, never `SIGPIPE`.
+pub fn send_with_fds(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), Errno> {
+    let mut space: CmsgSpace = [MaybeUninit::uninit(); CMSG_SPACE];
+    let mut control = net::SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(net::SendAncillaryMessage::ScmRights(fds)) {
         return Err(Errno(libc::EINVAL));
     }
-    if fds.is_empty() {
-        return send(sock, data);
-    }
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let mut cmsg = CmsgBuf([0; 32]);
-    let payload = std::mem::size_of_val(fds) as u32;
-    // SAFETY: msghdr is plain data; all-zero is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg.0.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE only computes a size (at most 32 for MAX_FDS descriptors).
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as _;
-    // SAFETY: msg_control points to `cmsg`, large and aligned enough for one header and
-    // MAX_FDS ints; CMSG_FIRSTHDR/CMSG_DATA stay within it.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(payload) as _;
-        let data = libc::CMSG_DATA(header).cast::<RawFd>();
-        for (i, fd) in fds.iter().enumerate() {
-            std::ptr::write_unaligned(data.add(i), *fd);
-        }
-    }
-    // SAFETY: `msg` and everything it points to are live for the call.
-    let rc = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-    check(rc as libc::c_long).map(drop)
+    net::sendmsg(
+        sock,
+        &[IoSlice::new(data)],
+        &mut control,
+        net::SendFlags::NOSIGNAL,
+    )
+    .map(drop)
+    .map_err(errno)
 }
 
-/// Sends one record on a socket; a closed peer is `EPIPE`, never `SIGPIPE`.
-pub fn send(sock: RawFd, data: &[u8]) -> Result<(), Errno> {
-    // SAFETY: `data` is a live slice of the given length.
-    let rc = unsafe { libc::send(sock, data.as_ptr().cast(), data.len(), libc::MSG_NOSIGNAL) };
-    check(rc as libc::c_long).map(drop)
+/// Receives one record into `buf`, and the descriptor it carries, if any (close-on-exec;
+/// any further ones are closed).
+pub fn recv_with_fd(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> Result<(usize, Option<OwnedFd>), Errno> {
+    let mut first = None;
+    let n = recv_each_fd(sock, buf, |fd| {
+        first.get_or_insert(fd);
+    })?;
+    Ok((n, first))
 }
 
-/// Receives one record into `buf`, and the descriptor it carries, if any (close-on-exec).
-pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> Result<(usize, Option<RawFd>), Errno> {
-    let mut fds = [-1; MAX_FDS];
-    let (n, count) = recv_with_fds(sock, buf, &mut fds)?;
-    for &extra in fds.iter().take(count).skip(1) {
-        close(extra);
-    }
-    Ok((n, (count > 0).then_some(fds[0])))
-}
-
-/// Receives one record into `buf` and the descriptors it carries into `fds` (close-on-exec);
-/// returns the record's length and how many descriptors came.
+/// Receives one record into `buf` and the descriptors it carries into `fds` (close-on-exec),
+/// in the child; returns the record's length and how many descriptors came.
 pub fn recv_with_fds(
     sock: RawFd,
     buf: &mut [u8],
     fds: &mut [RawFd; MAX_FDS],
 ) -> Result<(usize, usize), Errno> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cmsg = CmsgBuf([0; 32]);
-    // SAFETY: msghdr is plain data; all-zero is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg.0.as_mut_ptr().cast();
-    msg.msg_controllen = cmsg.0.len() as _;
-    // SAFETY: `msg` points to live buffers of the sizes given.
-    let n =
-        check(unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) } as libc::c_long)?;
+    // SAFETY: the child owns the socket and keeps it open for the call.
+    let sock = unsafe { BorrowedFd::borrow_raw(sock) };
     let mut count = 0;
-    // SAFETY: the kernel filled msg_control with well-formed headers within controllen; the
-    // header's length bounds the descriptors read, and `fds` bounds how many are kept.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        if !header.is_null()
-            && (*header).cmsg_level == libc::SOL_SOCKET
-            && (*header).cmsg_type == libc::SCM_RIGHTS
-        {
-            let len = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-            let data = libc::CMSG_DATA(header).cast::<RawFd>();
-            for i in 0..len / std::mem::size_of::<RawFd>() {
-                let fd = std::ptr::read_unaligned(data.add(i));
-                if count < MAX_FDS {
-                    fds[count] = fd;
-                    count += 1;
-                } else {
-                    close(fd);
-                }
-            }
+    let n = recv_each_fd(sock, buf, |fd| {
+        if let Some(slot) = fds.get_mut(count) {
+            *slot = fd.into_raw_fd();
+            count += 1;
         }
-    }
-    Ok((n as usize, count))
+    })?;
+    Ok((n, count))
 }
 
-/// Sets `O_NONBLOCK` on `fd`.
-pub fn set_nonblocking(fd: RawFd) -> Result<(), Errno> {
-    // SAFETY: fcntl on a descriptor number; no pointers.
-    let flags = check_int(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
-    // SAFETY: as above.
-    check_int(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(drop)
+/// `recvmsg` of one record, handing each descriptor that came with it to `each`. No
+/// allocation: the control buffer is on the stack.
+fn recv_each_fd(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    mut each: impl FnMut(OwnedFd),
+) -> Result<usize, Errno> {
+    let mut space: CmsgSpace = [MaybeUninit::uninit(); CMSG_SPACE];
+    let mut control = net::RecvAncillaryBuffer::new(&mut space);
+    let msg = net::recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        net::RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(errno)?;
+    for message in control.drain() {
+        if let net::RecvAncillaryMessage::ScmRights(fds) = message {
+            fds.for_each(&mut each);
+        }
+    }
+    Ok(msg.bytes)
+}
+
+/// Sets `O_NONBLOCK` on `fd` (one `ioctl(FIONBIO)`, not `F_GETFL` and `F_SETFL`).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    rustix::io::ioctl_fionbio(fd, true).map_err(errno)
 }
 
 /// Clears `FD_CLOEXEC` so that `fd` survives `execve`.
@@ -592,8 +570,7 @@ pub fn current_brk() -> u64 {
 pub fn set_mm_map(map: &rustix::process::PrctlMmMap) -> Result<(), Errno> {
     // SAFETY: `map` is a live, fully initialised PrctlMmMap; the kernel copies it and
     // changes no mapping (only the addresses /proc reports, and where brk(2) starts from).
-    unsafe { rustix::process::configure_virtual_memory_map(map) }
-        .map_err(|e| Errno(e.raw_os_error()))
+    unsafe { rustix::process::configure_virtual_memory_map(map) }.map_err(errno)
 }
 
 /// Drops every capability: bounding set, ambient set, and the effective, permitted and
@@ -841,13 +818,14 @@ pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> Result<(), Errno> {
     check_int(unsafe { libc::kill(pid, sig) }).map(drop)
 }
 
-/// `pidfd_send_signal(pidfd, sig, NULL, 0)`.
-pub fn pidfd_send_signal(pidfd: RawFd, sig: libc::c_int) -> Result<(), Errno> {
+/// `pidfd_send_signal(pidfd, sig, NULL, 0)`. (Not rustix's: its `Signal` has no
+/// real-time signals, which a caller may forward.)
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> Result<(), Errno> {
     // SAFETY: a null siginfo is allowed; no other pointers.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
-            pidfd,
+            pidfd.as_raw_fd(),
             sig,
             ptr::null::<libc::siginfo_t>(),
             0,

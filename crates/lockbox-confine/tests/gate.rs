@@ -1,8 +1,8 @@
-//! Gated sandboxes ([`lockbox_confine::spawn_gated`]): set up ahead, their command runs only
+//! Gated sandboxes ([`lockbox_confine::Spawn::gated`]): set up ahead, their command runs only
 //! once released, and their copy-on-write view shows the layers as they are at the release.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lockbox_confine::{spawn_gated, Stdio, Waited};
+use lockbox_confine::{Spawn, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -58,11 +58,12 @@ fn the_command_runs_only_after_release_and_sees_the_layers_as_released() {
         stderr: None,
     };
     let w = work.display();
-    let gated = spawn_gated(
+    let gated = Spawn::command(
         &policy,
         &sh(&format!("cat {w}/late.txt; read line; echo \"$line\"")),
-        stdio,
     )
+    .stdio(stdio)
+    .gated()
     .unwrap();
     // Written into the lower layer after the spawn, as a previous pipeline stage would.
     std::thread::sleep(Duration::from_millis(100));
@@ -94,7 +95,7 @@ fn an_unreleased_sandbox_runs_nothing_and_dropping_it_kills_it() {
     let policy = view(&tmp.path().join("layer"), &work, &lower);
     let w = work.display();
     let script = format!("echo ran > {w}/ran.txt");
-    let gated = spawn_gated(&policy, &sh(&script), Stdio::default()).unwrap();
+    let gated = Spawn::command(&policy, &sh(&script)).gated().unwrap();
     let pid = gated.pid();
     std::thread::sleep(Duration::from_millis(200));
     assert!(alive(pid), "the init waits at its gate");
@@ -113,7 +114,9 @@ fn the_sandbox_holds_none_of_the_callers_descriptors_while_it_waits() {
     // A pipe end the caller still uses elsewhere must reach EOF when the caller closes it,
     // although a gated sandbox was started while it was open.
     let (mut r, w) = UnixStream::pair().unwrap();
-    let gated = spawn_gated(&Policy::default(), &sh("true"), Stdio::default()).unwrap();
+    let gated = Spawn::command(&Policy::default(), &sh("true"))
+        .gated()
+        .unwrap();
     drop(w);
     let mut buf = Vec::new();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -132,7 +135,7 @@ fn a_view_that_cannot_be_mounted_at_the_release_is_a_setup_error() {
     let (tmp, work, lower) = dirs();
     let layer = tmp.path().join("layer");
     let policy = view(&layer, &work, &lower);
-    let gated = spawn_gated(&policy, &sh("true"), Stdio::default()).unwrap();
+    let gated = Spawn::command(&policy, &sh("true")).gated().unwrap();
     // The layer directory was captured ahead; its upper vanishing is only noticed when the
     // view is mounted, after the release.
     std::thread::sleep(Duration::from_millis(100));
@@ -158,7 +161,10 @@ fn a_view_whose_path_sorts_before_proc_is_gated_too() {
         ..Stdio::default()
     };
     let script = format!("cat {}/a.txt && test -r /proc/self/status", work.display());
-    let gated = spawn_gated(&policy, &sh(&script), stdio).unwrap();
+    let gated = Spawn::command(&policy, &sh(&script))
+        .stdio(stdio)
+        .gated()
+        .unwrap();
     let mut running = gated.release(Stdio::default()).unwrap();
     let mut out = String::new();
     out_r.read_to_string(&mut out).unwrap();

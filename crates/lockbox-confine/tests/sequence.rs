@@ -1,9 +1,9 @@
-//! Sequence sandboxes ([`lockbox_confine::spawn_sequence`]): several commands, one after
+//! Sequence sandboxes ([`lockbox_confine::Spawn::sequence`]): several commands, one after
 //! another, in one sandbox, on the same views, with nothing of the previous command left:
 //! its processes, scratch files and IPC objects are gone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lockbox_confine::{spawn_sequence, Gated, Outcome, Stdio, Waited};
+use lockbox_confine::{Gated, Outcome, Spawn, Stdio, StopReason, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -106,7 +106,7 @@ fn each_command_reads_what_the_commands_before_it_wrote() {
         v.sh("cat a.txt > b.txt && echo two >> b.txt && cat"),
         v.sh("cat base.txt a.txt b.txt && rm base.txt"),
     ];
-    let gated = spawn_sequence(&v.policy(None), &commands).unwrap();
+    let gated = Spawn::sequence(&v.policy(None), &commands).gated().unwrap();
     let (o1, out1, running) = run_step(gated, b"first stdin\n");
     assert_eq!((o1.exit_code(), out1.as_str()), (0, "first stdin\n"));
     let (o2, out2, running) = run_step(running.next().unwrap(), b"second stdin\n");
@@ -136,7 +136,9 @@ fn later_commands_are_confined_like_the_first() {
              grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status"
         ))
     };
-    let gated = spawn_sequence(&v.policy(Some(&["out"])), &[script(1), script(2)]).unwrap();
+    let gated = Spawn::sequence(&v.policy(Some(&["out"])), &[script(1), script(2)])
+        .gated()
+        .unwrap();
     let (o1, out1, running) = run_step(gated, b"");
     let (o2, out2, _) = run_step(running.next().unwrap(), b"");
     assert_eq!((o1.exit_code(), o2.exit_code()), (0, 0), "{out1}{out2}");
@@ -165,7 +167,9 @@ fn nothing_of_a_command_is_left_for_the_next() {
         "{list}; test -e /tmp/left && echo tmp-left; test -e /dev/shm/left && echo shm-left; \
          echo \"queues=$(ipcs -q | grep -c '^0x')\""
     );
-    let gated = spawn_sequence(&v.policy(None), &[v.sh(&first), v.sh(&second)]).unwrap();
+    let gated = Spawn::sequence(&v.policy(None), &[v.sh(&first), v.sh(&second)])
+        .gated()
+        .unwrap();
     let (o1, out1, running) = run_step(gated, b"");
     assert_eq!(o1.exit_code(), 0, "{out1}");
     // The daemon is `setsid` until it has executed `sleep`.
@@ -189,13 +193,14 @@ fn a_view_inside_the_scratch_tmp_keeps_it_between_commands() {
     // Renewing /tmp would take the view below it along: the commands share /tmp (as they
     // would with a grant below it), while /dev/shm is renewed.
     let v = view_in(Path::new("/tmp"));
-    let gated = spawn_sequence(
+    let gated = Spawn::sequence(
         &v.policy(None),
         &[
             v.sh("echo left > /tmp/left && echo left > /dev/shm/left"),
             v.sh("cat /tmp/left; test -e /dev/shm/left && echo shm-left; echo ok > ok.txt"),
         ],
     )
+    .gated()
     .unwrap();
     let (o1, _, running) = run_step(gated, b"");
     assert_eq!(o1.exit_code(), 0);
@@ -207,10 +212,11 @@ fn a_view_inside_the_scratch_tmp_keeps_it_between_commands() {
 #[test]
 fn a_failed_command_ends_only_itself() {
     let v = view();
-    let gated = spawn_sequence(
+    let gated = Spawn::sequence(
         &v.policy(None),
         &[v.sh("echo partial > p.txt; exit 3"), v.sh("cat p.txt")],
     )
+    .gated()
     .unwrap();
     let (o1, _, running) = run_step(gated, b"");
     assert_eq!(o1.exit_code(), 3);
@@ -221,14 +227,18 @@ fn a_failed_command_ends_only_itself() {
 #[test]
 fn a_stopped_command_is_killed_and_the_next_one_still_runs() {
     let v = view();
-    let gated = spawn_sequence(&v.policy(None), &[v.sh("sleep 600"), v.sh("echo after")]).unwrap();
+    let gated = Spawn::sequence(&v.policy(None), &[v.sh("sleep 600"), v.sh("echo after")])
+        .gated()
+        .unwrap();
     let mut running = gated.release(Stdio::default()).unwrap();
     assert!(matches!(
         running.wait(Some(Instant::now() + Duration::from_millis(200)), None),
         Ok(Waited::Deadline)
     ));
     // SIGTERM ends the command within the grace: the init lives on.
-    let outcome = running.stop(Duration::from_secs(30), true).unwrap();
+    let outcome = running
+        .stop(Duration::from_secs(30), StopReason::Timeout)
+        .unwrap();
     assert!(outcome.timed_out);
     assert_eq!(outcome.exit_code(), 124);
     let (o2, out2, _) = run_step(running.next().unwrap(), b"");
@@ -238,8 +248,9 @@ fn a_stopped_command_is_killed_and_the_next_one_still_runs() {
 #[test]
 fn dropping_the_sandbox_between_commands_kills_it() {
     let v = view();
-    let gated =
-        spawn_sequence(&v.policy(None), &[v.sh("true"), v.sh("echo ran > ran.txt")]).unwrap();
+    let gated = Spawn::sequence(&v.policy(None), &[v.sh("true"), v.sh("echo ran > ran.txt")])
+        .gated()
+        .unwrap();
     let pid = gated.pid();
     let (_, _, running) = run_step(gated, b"");
     let next = running.next().unwrap();
@@ -258,14 +269,18 @@ fn several_commands_with_a_network_list_or_a_bounded_upper_are_refused() {
     let v = view();
     let mut policy = v.policy(None);
     policy.net = lockbox_policy::Net::Allow(vec!["127.0.0.1:80".parse().unwrap()]);
-    let err = spawn_sequence(&policy, &[v.sh("true"), v.sh("true")]).unwrap_err();
+    let err = Spawn::sequence(&policy, &[v.sh("true"), v.sh("true")])
+        .gated()
+        .unwrap_err();
     assert_eq!(err.code(), "SEQUENCE_UNSUPPORTED", "{err}");
     assert!(err.to_string().contains("network"), "{err}");
     let mut policy = v.policy(None);
     if let Some(upper) = policy.fs.overlays[0].upper.as_mut() {
         upper.max_size = Some(lockbox_policy::ByteSize(1 << 20));
     }
-    let err = spawn_sequence(&policy, &[v.sh("true"), v.sh("true")]).unwrap_err();
+    let err = Spawn::sequence(&policy, &[v.sh("true"), v.sh("true")])
+        .gated()
+        .unwrap_err();
     assert!(err.to_string().contains("bounded upper"), "{err}");
 }
 
@@ -273,16 +288,19 @@ fn several_commands_with_a_network_list_or_a_bounded_upper_are_refused() {
 fn a_command_that_outlives_its_grace_ends_the_sandbox() {
     let v = view();
     // Children inherit the ignored SIGTERM: only the SIGKILL of the whole sandbox ends it.
-    let gated = spawn_sequence(
+    let gated = Spawn::sequence(
         &v.policy(None),
         &[
             v.sh("trap '' TERM; sleep 600"),
             v.sh("echo never > never.txt"),
         ],
     )
+    .gated()
     .unwrap();
     let mut running = gated.release(Stdio::default()).unwrap();
-    let outcome = running.stop(Duration::from_millis(100), true).unwrap();
+    let outcome = running
+        .stop(Duration::from_millis(100), StopReason::Timeout)
+        .unwrap();
     assert_eq!(outcome.exit_code(), 124);
     assert!(running.next().is_none(), "the sandbox is gone");
     assert!(names(&v.upper()).is_empty());
@@ -294,7 +312,9 @@ fn one_command_may_have_a_network_list() {
     let v = view();
     let mut policy = v.policy(None);
     policy.net = lockbox_policy::Net::Allow(vec!["127.0.0.1:9".parse().unwrap()]);
-    let gated = spawn_sequence(&policy, &[v.sh("echo alone")]).unwrap();
+    let gated = Spawn::sequence(&policy, &[v.sh("echo alone")])
+        .gated()
+        .unwrap();
     let (outcome, out, _) = run_step(gated, b"");
     assert_eq!((outcome.exit_code(), out.as_str()), (0, "alone\n"));
 }

@@ -1,8 +1,8 @@
-//! Per-sandbox stdio ([`lockbox_confine::spawn_with`]): the sandbox reads and writes the
+//! Per-sandbox stdio ([`lockbox_confine::Spawn::stdio`]): the sandbox reads and writes the
 //! descriptors it is given, not the caller's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lockbox_confine::{spawn_with, Stdio, Waited};
+use lockbox_confine::{Spawn, Stdio, Waited};
 use lockbox_policy::Policy;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -34,12 +34,10 @@ fn stdin_stdout_and_stderr_are_the_descriptors_given() {
         stdout: Some(OwnedFd::from(out_w)),
         stderr: Some(OwnedFd::from(err_w)),
     };
-    let running = spawn_with(
-        &Policy::default(),
-        &sh("tr a-z A-Z; echo oops >&2; exit 3"),
-        stdio,
-    )
-    .unwrap();
+    let running = Spawn::command(&Policy::default(), &sh("tr a-z A-Z; echo oops >&2; exit 3"))
+        .stdio(stdio)
+        .start()
+        .unwrap();
     in_w.write_all(b"hello pipes\n").unwrap();
     drop(in_w);
     let mut out = String::new();
@@ -62,10 +60,13 @@ fn a_file_can_be_stdin_and_output_reaches_eof_when_the_sandbox_ends() {
         stdout: Some(OwnedFd::from(out_w)),
         stderr: None,
     };
-    let running = spawn_with(&Policy::default(), &sh("wc -l"), stdio).unwrap();
+    let running = Spawn::command(&Policy::default(), &sh("wc -l"))
+        .stdio(stdio)
+        .start()
+        .unwrap();
     let mut out = String::new();
     // EOF only arrives once no copy of the write end is left: the caller's was closed by
-    // spawn_with, the sandbox's when it ends.
+    // the spawn, the sandbox's when it ends.
     out_r.read_to_string(&mut out).unwrap();
     assert_eq!(wait_code(running), 0);
     assert_eq!(out.trim(), "2");
@@ -73,7 +74,9 @@ fn a_file_can_be_stdin_and_output_reaches_eof_when_the_sandbox_ends() {
 
 #[test]
 fn spawn_without_stdio_still_inherits_the_callers() {
-    let running = spawn_with(&Policy::default(), &sh("exit 0"), Stdio::default()).unwrap();
+    let running = Spawn::command(&Policy::default(), &sh("exit 0"))
+        .start()
+        .unwrap();
     assert_eq!(wait_code(running), 0);
 }
 
@@ -117,7 +120,10 @@ fn the_terminal_is_named_for_a_command_on_it_but_never_for_an_agents_children() 
         stdout: Some(slave),
         stderr: None,
     };
-    let running = spawn_with(&Policy::default(), &sh(PROBE), stdio).unwrap();
+    let running = Spawn::command(&Policy::default(), &sh(PROBE))
+        .stdio(stdio)
+        .start()
+        .unwrap();
     assert_eq!(read_terminal(master, "."), "named.\r\n");
     assert_eq!(wait_code(running), 0);
     // An agent (the runtime's, whose children get pipes) on the same kind of terminal: the
@@ -128,12 +134,13 @@ fn the_terminal_is_named_for_a_command_on_it_but_never_for_an_agents_children() 
         stdout: Some(slave),
         stderr: None,
     };
-    let running = lockbox_confine::spawn_agent(
+    let running = lockbox_confine::Spawn::agent(
         &Policy::default(),
         std::path::Path::new("/bin/sh"),
         &["-c".into(), PROBE.into()],
-        stdio,
     )
+    .stdio(stdio)
+    .start()
     .unwrap();
     assert_eq!(read_terminal(master, "."), "unnamed.\r\n");
     assert_eq!(wait_code(running), 0);

@@ -4,7 +4,7 @@
 //!
 //! How it fits together (details in `docs/runtime.md`, concurrency in
 //! `docs/concurrency.md`):
-//! - a sandbox is one `lockbox_confine::spawn_with` whose command is the in-sandbox agent
+//! - a sandbox is one `lockbox_confine::Spawn::agent` whose command is the in-sandbox agent
 //!   (`lockbox_confine::agent`, the lockbox binary re-executed inside); the runtime talks to
 //!   it over a `SOCK_SEQPACKET` socket (`agent`), and it starts commands under subreaper
 //!   shims and sends back the host ends of their pipes and PTYs;

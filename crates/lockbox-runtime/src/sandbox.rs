@@ -226,16 +226,13 @@ async fn spawn_agent(
         .map_err(RuntimeError::internal)?;
     let mut running = on_spawner_thread(move || {
         // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
-        let r = lockbox_confine::spawn_agent(
-            &policy,
-            &agent_exe,
-            &args,
-            lockbox_confine::Stdio {
+        let r = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args)
+            .stdio(lockbox_confine::Stdio {
                 stdin: Some(stdin),
                 stdout: None,
                 stderr: None,
-            },
-        );
+            })
+            .start();
         drop(theirs);
         r
     })
@@ -312,7 +309,10 @@ impl Instance {
     pub async fn stop(&self, grace: Duration) {
         let running = lock(&self.running).take();
         if let Some(mut running) = running {
-            let _ = tokio::task::spawn_blocking(move || running.stop(grace, false)).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                running.stop(grace, lockbox_confine::StopReason::Requested)
+            })
+            .await;
         }
         self.agent.closed().await;
     }

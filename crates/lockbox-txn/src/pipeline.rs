@@ -82,7 +82,7 @@ impl Pipeline {
 
     /// Runs the stages; `Ok((outcome, prepared))`. Consecutive stages that can share a
     /// sandbox ([`stage::can_share`], no retries) run in one, one after another
-    /// ([`lockbox_confine::spawn_sequence`]), on one view and layer: a unit, whose layer is
+    /// ([`lockbox_confine::Spawn::sequence`]), on one view and layer: a unit, whose layer is
     /// numbered after its first stage. The view is mounted when the unit's first stage is
     /// released, once the units before it are done. While the first stage of a unit runs,
     /// the sandboxes of the next [`ARM_AHEAD`] units are armed on their layers (whose lowers

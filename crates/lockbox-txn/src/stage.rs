@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockbox_confine::{Gated, SetupError, Status, Stdio, Waited};
+use lockbox_confine::{Gated, SetupError, Status, Stdio, StopReason, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 
 use crate::capture::{self, Output};
@@ -202,7 +202,7 @@ pub(crate) fn run_io(
 }
 
 /// A sandbox started ahead for one stage, or for several that run one after another in it
-/// on one view ([`lockbox_confine::spawn_sequence`]), waiting at the gate of its next stage:
+/// on one view ([`lockbox_confine::Spawn::sequence`]), waiting at the gate of its next stage:
 /// only the last steps of a sandbox start (mounting the view for the first stage, Landlock,
 /// the exec) lie between a release and the command.
 pub(crate) type Armed = Result<Gated, SetupError>;
@@ -262,7 +262,7 @@ pub(crate) fn arm(
     policy.fs.overlays.extend(view.map(|v| overlay(first, v)));
     let commands: Vec<Vec<std::ffi::OsString>> = stages.iter().map(|s| s.argv.clone()).collect();
     tracing::debug!(stage = %first.name, stages = commands.len(), "arming a sandbox");
-    lockbox_confine::spawn_sequence(&policy, &commands)
+    lockbox_confine::Spawn::sequence(&policy, &commands).gated()
 }
 
 /// Lets `armed` run `stage` with `io`'s stdin (and stdout, if given; captured otherwise),
@@ -316,7 +316,9 @@ pub(crate) fn fire(
         meanwhile();
         let waited = match running.wait(deadline, None) {
             Ok(Waited::Exited(o)) => Ok(o),
-            Ok(Waited::Deadline | Waited::Extra) => running.stop(stage.policy.kill_grace, true),
+            Ok(Waited::Deadline | Waited::Extra) => {
+                running.stop(stage.policy.kill_grace, StopReason::Timeout)
+            }
             Err(e) => Err(e),
         };
         tracing::debug!(stage = %stage.name, "stage ended");

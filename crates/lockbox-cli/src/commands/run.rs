@@ -5,7 +5,7 @@ use crate::cli::RunArgs;
 use crate::error::ExitCode;
 use crate::error::{exit, CliError};
 use crate::output::{eoutln, outln};
-use lockbox_confine::{Outcome, Running, Signals, Status, Waited};
+use lockbox_confine::{Outcome, Running, Signals, Status, StopReason, Waited};
 use lockbox_policy::name::quoted;
 use lockbox_policy::Policy;
 use std::os::fd::AsFd;
@@ -42,10 +42,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         }
     };
     let mut started_in = None;
-    let result = lockbox_confine::spawn(&policy, &args.command).and_then(|mut running| {
-        started_in = Some(running.cwd().to_owned());
-        supervise(&mut running, &policy, &signals)
-    });
+    let result = lockbox_confine::Spawn::command(&policy, &args.command)
+        .start()
+        .and_then(|mut running| {
+            started_in = Some(running.cwd().to_owned());
+            supervise(&mut running, &policy, &signals)
+        });
     // The process exits next. Unblocking now would deliver a ^C that raced the command's
     // end and turn its exit status into our own death by SIGINT, so the signals stay blocked.
     std::mem::forget(signals);
@@ -102,7 +104,7 @@ fn supervise(
     loop {
         match running.wait(deadline, Some(signals.as_fd()))? {
             Waited::Exited(outcome) => return Ok(outcome),
-            Waited::Deadline => return running.stop(policy.kill_grace, true),
+            Waited::Deadline => return running.stop(policy.kill_grace, StopReason::Timeout),
             Waited::Extra => {
                 while let Some(sig) = signals.next() {
                     // Ctrl-C and friends already reached the command through the terminal.
@@ -110,7 +112,7 @@ fn supervise(
                         continue;
                     }
                     if sig.signal == libc::SIGTERM {
-                        return running.stop(policy.kill_grace, false);
+                        return running.stop(policy.kill_grace, StopReason::Requested);
                     }
                     running.signal(sig.signal)?;
                 }

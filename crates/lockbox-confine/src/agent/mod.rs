@@ -25,7 +25,7 @@ use std::ffi::OsStr;
 /// The first argument (`argv[1]`) that makes the binary the agent.
 pub const AGENT_ARG: &str = "__lockbox_agent";
 
-/// Where [`crate::spawn_agent`] makes the agent executable visible inside the sandbox.
+/// Where [`crate::Spawn::agent`] makes the agent executable visible inside the sandbox.
 pub const AGENT_PATH: &str = crate::plan::HELPER_PATH;
 
 /// If `argv[1]` is [`AGENT_ARG`], runs the agent and exits the process; otherwise returns at
