@@ -253,7 +253,8 @@ impl Run {
     }
 }
 
-/// Per-sandbox standard input, output and error. `None` keeps the caller's descriptor.
+/// Per-sandbox standard input, output and error. `None` keeps the caller's descriptor (for a
+/// [`Spawn::sequence`]: `/dev/null`; at a [`Gated::release`]: what the sandbox has).
 #[derive(Debug, Default)]
 pub struct Stdio {
     /// Becomes descriptor 0 in the sandbox.
@@ -298,7 +299,7 @@ impl Stdio {
 /// whose command runs at once, or [`Spawn::gated`] for one that waits for its go.
 ///
 /// ```no_run
-/// use lockbox_confine::{Spawn, Stdio, Waited};
+/// use lockbox_confine::{Spawn, Waited};
 /// let policy = lockbox_policy::Policy::default();
 /// let argv = ["true".into()];
 /// let mut running = Spawn::command(&policy, &argv).start()?;
@@ -1152,6 +1153,23 @@ mod tests {
         );
         let c = exec_candidates(OsStr::new("./run.sh"), "/usr/bin");
         assert_eq!(c, vec![c"./run.sh".to_owned()]);
+    }
+
+    #[test]
+    fn the_network_enforcement_is_named_as_the_net_mode_and_explained_in_prose() {
+        let json = |n: NetEnforcement| serde_json::to_value(n).unwrap_or_default();
+        assert_eq!(json(NetEnforcement::of(&Net::None)), "none");
+        assert_eq!(json(NetEnforcement::of(&Net::Host)), "host");
+        assert_eq!(json(NetEnforcement::of(&Net::Allow(vec![]))), "allow_list");
+        assert_eq!(json(NetEnforcement::of(&Net::Deny(vec![]))), "deny_list");
+        // What `lockbox check` prints.
+        assert_eq!(
+            NetEnforcement::LoopbackOnly.to_string(),
+            "none (loopback only)"
+        );
+        assert!(NetEnforcement::DenyList
+            .to_string()
+            .starts_with("deny-list (own namespace; seccomp user notification"));
     }
 
     #[test]
