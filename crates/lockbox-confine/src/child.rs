@@ -46,7 +46,7 @@
 //! Everything is prepared by the parent in [`Prepared`].
 
 use crate::plan::{Op, SetupPlan};
-use crate::report::{Go, Record, Step, RECORD_LEN};
+use crate::report::{Go, NetHandover, NetTaken, Record, Step, RECORD_LEN};
 use crate::sys::{self, Errno, SigSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
@@ -691,9 +691,9 @@ fn forward(command: libc::pid_t, sig: libc::c_int, code: i32, sender: u32) {
 }
 
 /// Installs the network filter and lets the supervisor take its listener: we announce the
-/// listener's number with `write` (the filter intercepts `sendmsg`, so no `SCM_RIGHTS`), the
-/// supervisor copies it with `pidfd_getfd` (our pid arrives as `SCM_CREDENTIALS`) and
-/// acknowledges. Until then we are made dumpable, so an unprivileged supervisor may
+/// listener's number in a [`NetHandover`] with `write` (the filter intercepts `sendmsg`, so
+/// no `SCM_RIGHTS`), the supervisor copies it with `pidfd_getfd` (our pid arrives as
+/// `SCM_CREDENTIALS`) and answers [`NetTaken`]. Until then we are made dumpable, so an unprivileged supervisor may
 /// copy it; the shared memory is the suspended init's, which is made non-dumpable again.
 fn hand_over_net_filter(
     filter: &[seccompiler::sock_filter],
@@ -701,11 +701,11 @@ fn hand_over_net_filter(
 ) -> Result<(), (Step, Errno)> {
     let listener = crate::sysnet::seccomp_listener(filter).map_err(|e| (Step::NetFilter, e))?;
     let handed = sys::prctl(libc::PR_SET_DUMPABLE, 1)
-        .and_then(|_| sys::write_all(fd, &listener.to_ne_bytes()))
+        .and_then(|_| sys::write_all(fd, &NetHandover { listener }.encode()))
         .and_then(|()| {
-            let mut ack = [0u8; 1];
-            match sys::read(fd, &mut ack)? {
-                1 => Ok(()),
+            let mut taken = [0u8; RECORD_LEN];
+            match sys::read(fd, &mut taken)? {
+                RECORD_LEN if NetTaken::decode(&taken).is_some() => Ok(()),
                 _ => Err(Errno(libc::ECONNRESET)),
             }
         });

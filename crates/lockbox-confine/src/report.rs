@@ -166,8 +166,10 @@ const KIND_EXITED: u32 = 2;
 const KIND_SIGNALED: u32 = 3;
 const KIND_USAGE: u32 = 4;
 const KIND_UPPER: u32 = 5;
-/// A distinct kind, so that a record read the wrong way round is garbage, not a status.
+/// Distinct kinds, so that a record read the wrong way round is garbage, not a status.
 const KIND_GO: u32 = 6;
+const KIND_NET_HANDOVER: u32 = 7;
+const KIND_NET_TAKEN: u32 = 8;
 
 /// Size of an encoded record.
 pub const RECORD_LEN: usize = 16;
@@ -200,6 +202,46 @@ impl Go {
         Some(Go {
             stdio: [0, 1, 2].map(|i| word(1) & (1 << i) != 0),
         })
+    }
+}
+
+/// The command child's network filter, handed to the network supervisor on its own socket:
+/// the listener's descriptor number in the child, which the supervisor copies with
+/// `pidfd_getfd` (the credentials of the message give the pid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetHandover {
+    /// The seccomp listener's descriptor in the command child.
+    pub listener: i32,
+}
+
+/// The supervisor's answer to a [`NetHandover`]: it holds its copy of the listener, so the
+/// child may close its own and execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetTaken;
+
+impl NetHandover {
+    /// Encodes to the wire form.
+    pub fn encode(self) -> [u8; RECORD_LEN] {
+        encode_words([KIND_NET_HANDOVER, self.listener as u32, 0, 0])
+    }
+
+    /// Decodes the wire form; `None` for garbage.
+    pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<NetHandover> {
+        (decode_word(bytes, 0) == KIND_NET_HANDOVER).then(|| NetHandover {
+            listener: decode_word(bytes, 1) as i32,
+        })
+    }
+}
+
+impl NetTaken {
+    /// Encodes to the wire form.
+    pub fn encode(self) -> [u8; RECORD_LEN] {
+        encode_words([KIND_NET_TAKEN, 0, 0, 0])
+    }
+
+    /// Decodes the wire form; `None` for garbage. Allocation-free: the child reads it.
+    pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<NetTaken> {
+        (decode_word(bytes, 0) == KIND_NET_TAKEN).then_some(NetTaken)
     }
 }
 
@@ -292,6 +334,19 @@ mod tests {
         }
         assert_eq!(Go::decode(&Record::Exited(0).encode()), None);
         assert_eq!(Go::decode(&[0xff; RECORD_LEN]), None);
+    }
+
+    #[test]
+    fn the_network_handover_round_trips_and_is_nothing_else() {
+        let handover = NetHandover { listener: 7 };
+        assert_eq!(NetHandover::decode(&handover.encode()), Some(handover));
+        assert_eq!(NetTaken::decode(&NetTaken.encode()), Some(NetTaken));
+        assert_eq!(NetTaken::decode(&handover.encode()), None);
+        assert_eq!(NetHandover::decode(&NetTaken.encode()), None);
+        for other in [handover.encode(), NetTaken.encode()] {
+            assert_eq!(Record::decode(&other), None);
+            assert_eq!(Go::decode(&other), None);
+        }
     }
 
     #[test]

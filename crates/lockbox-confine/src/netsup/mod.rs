@@ -41,6 +41,7 @@ pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
 
 use crate::error::SetupError;
+use crate::report::{NetHandover, NetTaken, RECORD_LEN};
 use crate::sys::Errno;
 use crate::sysnet;
 use lockbox_policy::{ListKind, NetRule};
@@ -255,22 +256,21 @@ fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
     }
 }
 
-/// Receives the listener's number and the child's pid, takes a copy of the listener with
-/// `pidfd_getfd`, and acknowledges (the child closes its copy and goes on to `execve`).
+/// Receives the listener's number ([`NetHandover`]) and the child's pid, takes a copy of the
+/// listener with `pidfd_getfd`, and answers [`NetTaken`] (the child closes its copy and goes
+/// on to `execve`).
 fn accept_listener(channel: &OwnedFd, stop: &UnixStream) -> Option<OwnedFd> {
     let (_, stopped) = poll2(channel.as_raw_fd(), stop.as_raw_fd())?;
     if stopped != 0 {
         return None;
     }
-    let mut buf = [0u8; 4];
+    let mut buf = [0u8; RECORD_LEN];
     let (n, pid) = sysnet::recv_with_pid(channel, &mut buf).ok()?;
-    if n != 4 {
-        return None;
-    }
+    let handover = NetHandover::decode(&buf).filter(|_| n == RECORD_LEN)?;
     let pidfd = sysnet::pidfd_open(pid?, false).ok()?;
-    let listener = sysnet::pidfd_getfd(&pidfd, i32::from_ne_bytes(buf)).ok()?;
+    let listener = sysnet::pidfd_getfd(&pidfd, handover.listener).ok()?;
     // Best effort: a faster round trip where the kernel has it (Linux 6.6).
     let _ = sysnet::notif_sync_wakeup(&listener);
-    crate::sys::write_all(channel.as_raw_fd(), b"k").ok()?;
+    crate::sys::write_all(channel.as_raw_fd(), &NetTaken.encode()).ok()?;
     Some(listener)
 }
