@@ -3,6 +3,12 @@
 //! One small safe function per kernel call. Every function here is safe to call in the
 //! child of a `clone` made by a multi-threaded process: none allocates, locks or logs.
 //! Paths are `&CStr` built by the caller before the clone.
+//!
+//! Descriptors: calls made by the parent take `BorrowedFd` and return `OwnedFd`; calls the
+//! init and the command child make still pass `RawFd`, because `child` manages its
+//! descriptors by number (it closes them by hand, and `close_range` the rest). The socket
+//! calls use rustix (its Linux backend makes the syscall directly: no allocation, no lock,
+//! safe after the clone); `Errno` stays ours, as `child` reports it in a record.
 
 use rustix::net;
 use std::ffi::CStr;
