@@ -17,7 +17,8 @@
 //! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`])
 //!    up to the gate, if any (`Op::Gate`: all of them otherwise);
 //! 7. `pivot_root` into the stage and detach the old root;
-//! 8. set the hostname and bring loopback up;
+//! 8. set the hostname and enter the network namespace (made, with loopback up, by a
+//!    helper process alongside steps 1 to 7: see [`start_netns`]);
 //! 9. carry out the ops from the gate on: a gated sandbox first waits there for the
 //!    supervisor's go, then mounts its copy-on-write views; then make `/` read-only;
 //! 10. create the Landlock ruleset with the plan's rules (paths now as seen inside);
@@ -50,6 +51,7 @@ use crate::report::{Record, Step};
 use crate::sys::{self, Errno, SigSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// A null-terminated array of C strings for `execve`, built before the clone.
 #[derive(Debug)]
@@ -83,7 +85,11 @@ pub struct Prepared {
     pub(crate) cgroup_procs: Vec<RawFd>,
     pub(crate) new_cgroup_ns: bool,
     pub(crate) hostname: Vec<u8>,
-    pub(crate) loopback: bool,
+    /// The sandbox gets its own network namespace (with loopback up), made by a helper
+    /// process alongside the root's set-up ([`start_netns`]); `netns_stack` is its stack.
+    pub(crate) own_netns: bool,
+    pub(crate) netns_stack: Vec<u8>,
+    pub(crate) netns: NetnsSlot,
     pub(crate) landlock: Option<(u32, Vec<u8>)>,
     pub(crate) seccomp: Vec<seccompiler::sock_filter>,
     /// The network filter and the socket its listener is announced on (see `netsup`).
@@ -130,6 +136,17 @@ pub(crate) const FORWARDED: [libc::c_int; 7] = [
     libc::SIGUSR2,
     libc::SIGWINCH,
 ];
+
+/// What the network namespace helper ([`netns_main`]) leaves for the init, in the memory
+/// they share.
+#[derive(Debug, Default)]
+pub(crate) struct NetnsSlot {
+    /// The namespace, as a descriptor in the table they share (`-1` until made).
+    fd: AtomicI32,
+    /// The step that failed (as a [`Step`] number) and its errno.
+    failed_step: AtomicU32,
+    errno: AtomicI32,
+}
 
 struct Fail {
     step: Step,
@@ -215,6 +232,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     // setup opened) matters for a gated sandbox, which may wait long while holding copies
     // of the caller's pipes (the previous pipeline stage's stdin, say).
     close_other_fds(&p.keep_fds, None, &[]);
+    let netns = start_netns(p)?; // made alongside steps 1 to 7, joined at step 8
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
     limit_user_quotas(p)?;
@@ -236,14 +254,70 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     apply_ops(p, 0, gate)?;
     enter_root()?; // 7
     sys::sethostname(&p.hostname).map_err(at(Step::SetHostname))?; // 8
-    if p.loopback {
-        sys::loopback_up().map_err(at(Step::LoopbackUp))?;
+    if let Some(helper) = netns {
+        join_netns(p, helper)?;
     }
     apply_ops(p, gate, p.plan.ops.len())?; // 9
     set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
     let ruleset = landlock_ruleset(p, &p.plan.rules)?; // 10
     let signal_fd = harden_init(p, ruleset)?; // 11
     Ok((signal_fd, ruleset))
+}
+
+/// Starts the helper that makes the sandbox's network namespace and brings its loopback
+/// up, if it gets one. The kernel takes as long for that (registering the namespace's
+/// devices and sysctls, ~0.5 ms) as the init takes for the whole root, so it runs on
+/// another CPU alongside: the helper shares the init's memory and descriptor table, leaves
+/// a descriptor of the namespace in [`NetnsSlot`] and exits; [`join_netns`] enters it.
+/// The helper is the sandbox's pid 2 while it lives; the command comes after it.
+fn start_netns(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
+    if !p.own_netns {
+        return Ok(None);
+    }
+    p.netns.fd.store(-1, Ordering::Relaxed);
+    sys::spawn_alongside(&mut p.netns_stack, netns_main, &p.netns)
+        .map(Some)
+        .map_err(at(Step::NetNamespace))
+}
+
+/// The helper of [`start_netns`]. Holds caller-free code only, like the init.
+fn netns_main(slot: &NetnsSlot) -> ! {
+    let made = sys::unshare(libc::CLONE_NEWNET)
+        .map_err(|e| (Step::NetNamespace, e))
+        .and_then(|()| sys::loopback_up().map_err(|e| (Step::LoopbackUp, e)))
+        .and_then(|()| {
+            sys::open(c"/proc/self/ns/net", libc::O_RDONLY | libc::O_CLOEXEC, 0)
+                .map_err(|e| (Step::NetNamespace, e))
+        });
+    match made {
+        Ok(fd) => {
+            slot.fd.store(fd, Ordering::Release);
+            sys::exit(0)
+        }
+        Err((step, errno)) => {
+            slot.failed_step.store(step as u32, Ordering::Relaxed);
+            slot.errno.store(errno.0, Ordering::Release);
+            sys::exit(1)
+        }
+    }
+}
+
+/// Waits for the helper of [`start_netns`] and enters the namespace it made.
+fn join_netns(p: &Prepared, helper: libc::pid_t) -> Result<(), Fail> {
+    sys::wait4(helper).map_err(at(Step::NetNamespace))?;
+    let fd = p.netns.fd.load(Ordering::Acquire);
+    if fd < 0 {
+        let errno = p.netns.errno.load(Ordering::Acquire);
+        let step = match p.netns.failed_step.load(Ordering::Relaxed) {
+            s if s == Step::LoopbackUp as u32 => Step::LoopbackUp,
+            _ => Step::NetNamespace,
+        };
+        // A helper killed before it reported (it cannot be, short of the OOM killer).
+        return Err(at(step)(Errno(if errno == 0 { libc::ECHILD } else { errno })));
+    }
+    let joined = sys::setns(fd, libc::CLONE_NEWNET).map_err(at(Step::NetNamespace));
+    sys::close(fd);
+    joined
 }
 
 /// Installs the caller's per-sandbox stdio as 0/1/2. The sources are `>= 3` (ensured by the

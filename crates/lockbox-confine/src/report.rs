@@ -77,10 +77,11 @@ pub enum Step {
     UnshareIpc,
     LimitUserQuota,
     HideCommandLine,
+    NetNamespace,
 }
 
 impl Step {
-    const ALL: [Step; 33] = [
+    const ALL: [Step; 34] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -114,6 +115,7 @@ impl Step {
         Step::UnshareIpc,
         Step::LimitUserQuota,
         Step::HideCommandLine,
+        Step::NetNamespace,
     ];
 
     fn from_code(code: u32) -> Option<Step> {
@@ -136,6 +138,7 @@ impl Step {
             Step::RemountRootReadonly => "making the new root read-only",
             Step::SetHostname => "setting the hostname",
             Step::LoopbackUp => "bringing up loopback",
+            Step::NetNamespace => "creating the network namespace",
             Step::LandlockRuleset => "creating the landlock ruleset",
             Step::LandlockRule => "adding a landlock rule for",
             Step::SetDumpable => "making the init non-dumpable",

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 /// Stack size of the command child until it execs (it runs a few small functions).
 const COMMAND_STACK: usize = 256 * 1024;
 
+/// Stack size of the helper that makes the network namespace (a few syscalls).
+const NETNS_STACK: usize = 64 * 1024;
+
 /// What confines a running sandbox, for reports and `lockbox check`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Enforcement {
@@ -451,7 +454,13 @@ fn spawn_inner(
         cgroup_procs: cgroup_fds,
         new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
         hostname: policy.hostname.as_bytes().to_vec(),
-        loopback: policy.net.own_namespace(),
+        own_netns: policy.net.own_namespace(),
+        netns_stack: if policy.net.own_namespace() {
+            vec![0; NETNS_STACK]
+        } else {
+            Vec::new()
+        },
+        netns: Default::default(),
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
         // Only the agent resolves paths with openat2; it denies it again to what it runs.
         seccomp: seccomp::build(
@@ -484,7 +493,7 @@ fn spawn_inner(
         last_cap: last_cap(),
     };
 
-    let flags = clone_flags(&policy.net);
+    let flags = CLONE_FLAGS;
     let started = Instant::now();
     tracing::debug!(flags, "clone3 into new namespaces");
     match sys::clone3_fork(flags) {
@@ -612,18 +621,14 @@ fn start_net_supervisor(
     Ok((Some(supervisor), Some(theirs)))
 }
 
-/// The namespaces of a new sandbox (cgroup is entered later, after joining the cgroups).
-fn clone_flags(net: &Net) -> u64 {
-    let mut flags = (libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS) as u64;
-    if net.own_namespace() {
-        flags |= libc::CLONE_NEWNET as u64;
-    }
-    flags
-}
+/// The namespaces a new sandbox is cloned into. The cgroup namespace is entered later,
+/// after joining the cgroups; an own network namespace is made by the init's helper,
+/// alongside the root's set-up (`child::start_netns`).
+const CLONE_FLAGS: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as u64;
 
 /// Runs `argv` to completion under `policy`, enforcing its timeout.
 pub fn run(policy: &Policy, argv: &[OsString]) -> Result<Outcome, SetupError> {
