@@ -78,10 +78,11 @@ pub enum Step {
     LimitUserQuota,
     HideCommandLine,
     NetNamespace,
+    Helper,
 }
 
 impl Step {
-    const ALL: [Step; 34] = [
+    const ALL: [Step; 35] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -116,9 +117,10 @@ impl Step {
         Step::LimitUserQuota,
         Step::HideCommandLine,
         Step::NetNamespace,
+        Step::Helper,
     ];
 
-    fn from_code(code: u32) -> Option<Step> {
+    pub(crate) fn from_code(code: u32) -> Option<Step> {
         Step::ALL.iter().copied().find(|s| *s as u32 == code)
     }
 
@@ -139,6 +141,7 @@ impl Step {
             Step::SetHostname => "setting the hostname",
             Step::LoopbackUp => "bringing up loopback",
             Step::NetNamespace => "creating the network namespace",
+            Step::Helper => "running the set-up helper",
             Step::LandlockRuleset => "creating the landlock ruleset",
             Step::LandlockRule => "adding a landlock rule for",
             Step::SetDumpable => "making the init non-dumpable",

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 /// Stack size of the command child until it execs (it runs a few small functions).
 const COMMAND_STACK: usize = 256 * 1024;
 
-/// Stack size of the helper that makes the network namespace (a few syscalls).
-const NETNS_STACK: usize = 64 * 1024;
+/// Stack size of the init's set-up helper (a few syscalls).
+const HELPER_STACK: usize = 64 * 1024;
 
 /// What confines a running sandbox, for reports and `lockbox check`.
 #[derive(Debug, Clone, Serialize)]
@@ -443,6 +443,8 @@ fn spawn_inner(
         },
     };
     let layout = crate::proctitle::Layout::of_self()?;
+    let helper_job =
+        child::Alongside::new(limits.user_sysctls.clone(), policy.net.own_namespace());
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -454,13 +456,12 @@ fn spawn_inner(
         cgroup_procs: cgroup_fds,
         new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
         hostname: policy.hostname.as_bytes().to_vec(),
-        own_netns: policy.net.own_namespace(),
-        netns_stack: if policy.net.own_namespace() {
-            vec![0; NETNS_STACK]
+        helper_stack: if helper_job.needed() {
+            vec![0; HELPER_STACK]
         } else {
             Vec::new()
         },
-        netns: Default::default(),
+        helper: helper_job,
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
         // Only the agent resolves paths with openat2; it denies it again to what it runs.
         seccomp: seccomp::build(
@@ -476,7 +477,6 @@ fn spawn_inner(
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
         rlimits: limits.rlimits.clone(),
-        user_sysctls: limits.user_sysctls.clone(),
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
@@ -623,7 +623,7 @@ fn start_net_supervisor(
 
 /// The namespaces a new sandbox is cloned into. The cgroup namespace is entered later,
 /// after joining the cgroups; an own network namespace is made by the init's helper,
-/// alongside the root's set-up (`child::start_netns`).
+/// alongside the root's set-up (`child::start_helper`).
 const CLONE_FLAGS: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
