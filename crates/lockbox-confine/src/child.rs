@@ -143,6 +143,9 @@ pub(crate) struct Alongside {
     pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     /// Make the sandbox's own network namespace, with loopback up.
     pub(crate) netns: bool,
+    /// The host's `/proc` (`O_PATH`), opened by the init before the helper starts: the
+    /// helper's paths resolve under it, whatever the init has mounted or pivoted meanwhile.
+    proc_fd: AtomicI32,
     /// The network namespace, as a descriptor in the table they share (`-1` until made).
     netns_fd: AtomicI32,
     /// The step that failed (as a [`Step`] number), the index of its item, its errno.
@@ -296,6 +299,8 @@ fn start_helper(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
         return Ok(None);
     }
     p.helper.netns_fd.store(-1, Ordering::Relaxed);
+    let proc_fd = sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::Helper))?;
+    p.helper.proc_fd.store(proc_fd, Ordering::Relaxed);
     sys::spawn_alongside(&mut p.helper_stack, helper_main, &p.helper)
         .map(Some)
         .map_err(at(Step::Helper))
@@ -318,17 +323,30 @@ fn helper_work(job: &Alongside) -> Result<(), Fail> {
     // Written in the sandbox's user namespace (the kernel picks the writer's), so that the
     // caller keeps the rest of its per-user quotas. Needs the host's uid 0 mapped, which
     // the parent checked.
+    let proc_fd = job.proc_fd.load(Ordering::Relaxed);
     for (i, (path, value)) in job.user_sysctls.iter().enumerate() {
-        sys::write_file(path, value, 0).map_err(at_index(Step::LimitUserQuota, i))?;
+        let in_proc = under_proc(path).ok_or(Errno(libc::EINVAL));
+        let fd = in_proc
+            .and_then(|rel| sys::open_at(proc_fd, rel, libc::O_WRONLY))
+            .map_err(at_index(Step::LimitUserQuota, i))?;
+        let written = sys::write_all(fd, value);
+        sys::close(fd);
+        written.map_err(at_index(Step::LimitUserQuota, i))?;
     }
     if job.netns {
         sys::unshare(libc::CLONE_NEWNET).map_err(at(Step::NetNamespace))?;
         sys::loopback_up().map_err(at(Step::LoopbackUp))?;
-        let fd = sys::open(c"/proc/self/ns/net", libc::O_RDONLY | libc::O_CLOEXEC, 0)
+        let fd = sys::open_at(proc_fd, c"self/ns/net", libc::O_RDONLY)
             .map_err(at(Step::NetNamespace))?;
         job.netns_fd.store(fd, Ordering::Release);
     }
     Ok(())
+}
+
+/// `path` relative to `/proc/`, if it is below it.
+fn under_proc(path: &CStr) -> Option<&CStr> {
+    let rel = path.to_bytes_with_nul().strip_prefix(b"/proc/")?;
+    CStr::from_bytes_with_nul(rel).ok()
 }
 
 /// Waits for the helper of [`start_helper`], reports what failed in it, and enters the
@@ -336,6 +354,7 @@ fn helper_work(job: &Alongside) -> Result<(), Fail> {
 fn join_helper(p: &Prepared, helper: libc::pid_t) -> Result<(), Fail> {
     let (status, _) = sys::wait4(helper).map_err(at(Step::Helper))?;
     let job = &p.helper;
+    sys::close(job.proc_fd.load(Ordering::Relaxed));
     let errno = job.errno.load(Ordering::Acquire);
     if errno != 0 {
         let code = job.failed_step.load(Ordering::Relaxed);

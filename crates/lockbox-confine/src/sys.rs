@@ -1028,3 +1028,9 @@ pub fn setns(fd: RawFd, nstype: libc::c_int) -> Result<(), Errno> {
     // SAFETY: descriptor numbers and flags only; no pointers.
     check_int(unsafe { libc::setns(fd, nstype) }).map(drop)
 }
+
+/// `openat(dir, path, flags | O_CLOEXEC)`.
+pub fn open_at(dir: RawFd, path: &CStr, flags: libc::c_int) -> Result<RawFd, Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC) })
+}
