@@ -37,8 +37,9 @@ def test_ray_calls_run_sandboxed_on_reused_actors(cluster):
         a = pool.secure_execute(where)
         b = pool.secure_execute(where)
         assert a.ok and b.ok, (a, b)
-        # Its own pid namespace: the sandbox init is pid 1, the interpreter pid 2.
-        assert a.result == {"pid": 2, "sandboxed": "1"}
+        # Its own pid namespace: the sandbox init is pid 1, the interpreter one of the next
+        # few (pid 2 is the helper that made the network namespace).
+        assert a.result["sandboxed"] == "1" and 1 < a.result["pid"] < 10, a.result
         assert pool._idle.queue[0] is actor, "the actor was reused"
 
 

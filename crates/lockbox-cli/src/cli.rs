@@ -74,6 +74,23 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `lockbox run ...` parsed without building the other commands' arguments: building the
+/// whole command tree is a tenth of lockbox's start-up, paid by the command agents call in
+/// loops. `None` for anything else, and for anything it cannot parse (`--help`, an error):
+/// the full parser then gives the usual messages.
+pub fn parse_run_only(args: &[OsString]) -> Option<RunArgs> {
+    use clap::FromArgMatches;
+    if args.get(1).map(OsString::as_os_str) != Some("run".as_ref()) {
+        return None;
+    }
+    let run = RunArgs::augment_args(clap::Command::new("run"));
+    let matches = clap::Command::new("lockbox")
+        .subcommand(run)
+        .try_get_matches_from(args)
+        .ok()?;
+    RunArgs::from_arg_matches(matches.subcommand_matches("run")?).ok()
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command in a new sandbox.
@@ -527,5 +544,48 @@ impl PolicyArgs {
         policy.pass_fds.extend(&self.pass_fd);
         policy.validate()?;
         Ok(policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &[&str]) -> Vec<OsString> {
+        std::iter::once("lockbox")
+            .chain(line.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn run_only_parser_agrees_with_the_full_one() {
+        let lines: &[&[&str]] = &[
+            &["run", "--", "true"],
+            &["run", "-r", "/opt", "-w", "/tmp/x", "--timeout", "3s", "--", "sh", "-c", "x"],
+            &["run", "--workdir", ".", "--on-exit", "keep", "--max-disk", "1G", "--", "make"],
+            &["run", "--net-allow", "example.org:443", "--json", "--", "curl", "--", "-x"],
+            &["run", "--env", "A=1", "--max-memory", "64M", "--report", "-", "--", "true"],
+        ];
+        for line in lines {
+            let fast = parse_run_only(&args(line)).expect("parsed by the fast path");
+            let Command::Run(full) = Cli::try_parse_from(args(line)).unwrap().command else {
+                panic!("not run: {line:?}");
+            };
+            assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn run_only_parser_leaves_help_errors_and_other_commands_to_the_full_one() {
+        for line in [
+            &["run", "--help"][..],
+            &["run", "--no-such-flag", "--", "true"],
+            &["run", "true"],
+            &["check"],
+            &["--version"],
+        ] {
+            assert!(parse_run_only(&args(line)).is_none(), "{line:?}");
+        }
     }
 }

@@ -19,9 +19,14 @@ pub use crate::error::ExitCode;
 
 /// Runs `lockbox` with `args` (the program name first, as `std::env::args_os` gives them).
 pub fn main(args: Vec<OsString>) -> ExitCode {
-    let parsed = match cli::Cli::try_parse_from(&args) {
-        Ok(parsed) => parsed,
-        Err(e) => return commands::usage_error(e, &args),
+    let parsed = match cli::parse_run_only(&args) {
+        Some(run) => cli::Cli {
+            command: cli::Command::Run(run),
+        },
+        None => match cli::Cli::try_parse_from(&args) {
+            Ok(parsed) => parsed,
+            Err(e) => return commands::usage_error(e, &args),
+        },
     };
     // Debug logs of each setup step on request (LOCKBOX_LOG=debug); errors are printed by
     // the commands themselves, so without it no subscriber is needed (and none is built,

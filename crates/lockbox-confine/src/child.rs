@@ -8,8 +8,10 @@
 //!    command would read them in `/proc/1/cmdline`), and close every other descriptor of
 //!    the caller's;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
-//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves; then,
-//!    when the host's root is mapped, the namespace's own per-user limits (`quotas`);
+//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves; then
+//!    start a helper process for the slow kernel work, done alongside steps 3 to 7: when
+//!    the host's root is mapped, the namespace's own per-user limits (`quotas`), and the
+//!    sandbox's network namespace (see [`start_helper`]);
 //! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
 //! 4. make every mount private, so nothing we do propagates to the host;
 //! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
@@ -17,7 +19,7 @@
 //! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`])
 //!    up to the gate, if any (`Op::Gate`: all of them otherwise);
 //! 7. `pivot_root` into the stage and detach the old root;
-//! 8. set the hostname and bring loopback up;
+//! 8. set the hostname; wait for the helper and enter the network namespace it made;
 //! 9. carry out the ops from the gate on: a gated sandbox first waits there for the
 //!    supervisor's go, then mounts its copy-on-write views; then make `/` read-only;
 //! 10. create the Landlock ruleset with the plan's rules (paths now as seen inside);
@@ -50,6 +52,7 @@ use crate::report::{Go, NetHandover, NetTaken, Record, Step, RECORD_LEN};
 use crate::sys::{self, Errno, SigSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// A null-terminated array of C strings for `execve`, built before the clone.
 #[derive(Debug)]
@@ -83,14 +86,15 @@ pub struct Prepared {
     pub(crate) cgroup_procs: Vec<RawFd>,
     pub(crate) new_cgroup_ns: bool,
     pub(crate) hostname: Vec<u8>,
-    pub(crate) loopback: bool,
+    /// The kernel's slow work, done by a helper process alongside the root's set-up
+    /// ([`start_helper`]); `helper_stack` is its stack.
+    pub(crate) helper: Alongside,
+    pub(crate) helper_stack: Vec<u8>,
     pub(crate) landlock: Option<(u32, Vec<u8>)>,
     pub(crate) seccomp: Vec<seccompiler::sock_filter>,
     /// The network filter and the socket its listener is announced on (see `netsup`).
     pub(crate) net: Option<(Vec<seccompiler::sock_filter>, RawFd)>,
     pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
-    /// (path, value) of the user namespace's own limits of per-user quotas (see `quotas`).
-    pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     pub(crate) pass_fds: Vec<RawFd>,
     /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
     pub(crate) keep_fds: Vec<RawFd>,
@@ -130,6 +134,41 @@ pub(crate) const FORWARDED: [libc::c_int; 7] = [
     libc::SIGUSR2,
     libc::SIGWINCH,
 ];
+
+/// What the helper of [`start_helper`] does, and what it leaves for the init in the memory
+/// they share.
+#[derive(Debug, Default)]
+pub(crate) struct Alongside {
+    /// (path, value) of the user namespace's own limits of per-user quotas (see `quotas`).
+    pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
+    /// Make the sandbox's own network namespace, with loopback up.
+    pub(crate) netns: bool,
+    /// The host's `/proc` (`O_PATH`), opened by the init before the helper starts: the
+    /// helper's paths resolve under it, whatever the init has mounted or pivoted meanwhile.
+    proc_fd: AtomicI32,
+    /// The network namespace, as a descriptor in the table they share (`-1` until made).
+    netns_fd: AtomicI32,
+    /// The step that failed (as a [`Step`] number), the index of its item, its errno.
+    failed_step: AtomicU32,
+    failed_index: AtomicU32,
+    errno: AtomicI32,
+}
+
+impl Alongside {
+    /// The helper's job: write `user_sysctls`, make a network namespace if `netns`.
+    pub(crate) fn new(user_sysctls: Vec<(CString, Vec<u8>)>, netns: bool) -> Alongside {
+        Alongside {
+            user_sysctls,
+            netns,
+            ..Default::default()
+        }
+    }
+
+    /// Whether there is anything to do (no helper is started otherwise).
+    pub(crate) fn needed(&self) -> bool {
+        self.netns || !self.user_sysctls.is_empty()
+    }
+}
 
 struct Fail {
     step: Step,
@@ -217,7 +256,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     close_other_fds(&p.keep_fds, None, &[]);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
-    limit_user_quotas(p)?;
+    let helper = start_helper(p)?; // per-user quotas and the network namespace, until step 8
     if p.new_cgroup_ns {
         sys::unshare(libc::CLONE_NEWCGROUP).map_err(at(Step::UnshareCgroup))?; // 3
     }
@@ -236,14 +275,106 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     apply_ops(p, 0, gate)?;
     enter_root()?; // 7
     sys::sethostname(&p.hostname).map_err(at(Step::SetHostname))?; // 8
-    if p.loopback {
-        sys::loopback_up().map_err(at(Step::LoopbackUp))?;
+    if let Some(helper) = helper {
+        join_helper(p, helper)?;
     }
     apply_ops(p, gate, p.plan.ops.len())?; // 9
     set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
     let ruleset = landlock_ruleset(p, &p.plan.rules)?; // 10
     let signal_fd = harden_init(p, ruleset)?; // 11
     Ok((signal_fd, ruleset))
+}
+
+/// Starts a helper process for the set-up's slow kernel work, if there is any: writing the
+/// user namespace's own limits of per-user quotas (each `/proc/sys/user` lookup walks every
+/// namespace's entry of that name) and making the sandbox's network namespace with loopback
+/// up (the kernel registers the namespace's devices and sysctls: ~0.5 ms, as long as the
+/// whole root). It runs on another CPU while the init builds the root: it shares the init's
+/// memory and descriptor table, leaves a descriptor of the network namespace (or what
+/// failed) in [`Alongside`] and exits; [`join_helper`] waits for it and enters the
+/// namespace. It is the sandbox's pid 2, so the command comes after it. It starts once the
+/// ids are mapped: the quota files can only be written then.
+fn start_helper(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
+    if !p.helper.needed() {
+        return Ok(None);
+    }
+    p.helper.netns_fd.store(-1, Ordering::Relaxed);
+    let proc_fd = sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::Helper))?;
+    p.helper.proc_fd.store(proc_fd, Ordering::Relaxed);
+    sys::spawn_alongside(&mut p.helper_stack, helper_main, &p.helper)
+        .map(Some)
+        .map_err(at(Step::Helper))
+}
+
+/// The helper of [`start_helper`]. Like the init, it neither allocates nor locks.
+fn helper_main(job: &Alongside) -> ! {
+    match helper_work(job) {
+        Ok(()) => sys::exit(0),
+        Err(fail) => {
+            job.failed_step.store(fail.step as u32, Ordering::Relaxed);
+            job.failed_index.store(fail.index, Ordering::Relaxed);
+            job.errno.store(fail.errno.0, Ordering::Release);
+            sys::exit(1)
+        }
+    }
+}
+
+fn helper_work(job: &Alongside) -> Result<(), Fail> {
+    // Written in the sandbox's user namespace (the kernel picks the writer's), so that the
+    // caller keeps the rest of its per-user quotas. Needs the host's uid 0 mapped, which
+    // the parent checked.
+    let proc_fd = job.proc_fd.load(Ordering::Relaxed);
+    for (i, (path, value)) in job.user_sysctls.iter().enumerate() {
+        let in_proc = under_proc(path).ok_or(Errno(libc::EINVAL));
+        let fd = in_proc
+            .and_then(|rel| sys::open_at(proc_fd, rel, libc::O_WRONLY))
+            .map_err(at_index(Step::LimitUserQuota, i))?;
+        let written = sys::write_all(fd, value);
+        sys::close(fd);
+        written.map_err(at_index(Step::LimitUserQuota, i))?;
+    }
+    if job.netns {
+        sys::unshare(libc::CLONE_NEWNET).map_err(at(Step::NetNamespace))?;
+        sys::loopback_up().map_err(at(Step::LoopbackUp))?;
+        let fd = sys::open_at(proc_fd, c"self/ns/net", libc::O_RDONLY)
+            .map_err(at(Step::NetNamespace))?;
+        job.netns_fd.store(fd, Ordering::Release);
+    }
+    Ok(())
+}
+
+/// `path` relative to `/proc/`, if it is below it.
+fn under_proc(path: &CStr) -> Option<&CStr> {
+    let rel = path.to_bytes_with_nul().strip_prefix(b"/proc/")?;
+    CStr::from_bytes_with_nul(rel).ok()
+}
+
+/// Waits for the helper of [`start_helper`], reports what failed in it, and enters the
+/// network namespace it made.
+fn join_helper(p: &Prepared, helper: libc::pid_t) -> Result<(), Fail> {
+    let (status, _) = sys::wait4(helper).map_err(at(Step::Helper))?;
+    let job = &p.helper;
+    sys::close(job.proc_fd.load(Ordering::Relaxed));
+    let errno = job.errno.load(Ordering::Acquire);
+    if errno != 0 {
+        let code = job.failed_step.load(Ordering::Relaxed);
+        return Err(Fail {
+            step: Step::from_code(code).unwrap_or(Step::Helper),
+            errno: Errno(errno),
+            index: job.failed_index.load(Ordering::Relaxed),
+        });
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        // Killed before it could say why (the OOM killer, say).
+        return Err(at(Step::Helper)(Errno(libc::ECHILD)));
+    }
+    if job.netns {
+        let fd = job.netns_fd.load(Ordering::Acquire);
+        let joined = sys::setns(fd, libc::CLONE_NEWNET).map_err(at(Step::NetNamespace));
+        sys::close(fd);
+        joined?;
+    }
+    Ok(())
 }
 
 /// Installs the caller's per-sandbox stdio as 0/1/2. The sources are `>= 3` (ensured by the
@@ -284,16 +415,6 @@ fn map_ids(p: &Prepared) -> Result<(), Fail> {
     sys::write_file(c"/proc/self/setgroups", b"deny", 0).map_err(at(Step::WriteSetgroups))?;
     sys::write_file(c"/proc/self/uid_map", &p.uid_map, 0).map_err(at(Step::WriteUidMap))?;
     sys::write_file(c"/proc/self/gid_map", &p.gid_map, 0).map_err(at(Step::WriteGidMap))
-}
-
-/// Writes the sandbox user namespace's own limits (the host's `/proc` is still mounted, and
-/// the kernel picks the writer's namespace), so that the caller keeps the rest of its
-/// per-user quotas. Needs the host's uid 0 mapped, which the parent checked.
-fn limit_user_quotas(p: &Prepared) -> Result<(), Fail> {
-    for (i, (path, value)) in p.user_sysctls.iter().enumerate() {
-        sys::write_file(path, value, 0).map_err(at_index(Step::LimitUserQuota, i))?;
-    }
-    Ok(())
 }
 
 fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {

@@ -78,10 +78,12 @@ pub enum Step {
     UnshareIpc,
     LimitUserQuota,
     HideCommandLine,
+    NetNamespace,
+    Helper,
 }
 
 impl Step {
-    const ALL: [Step; 33] = [
+    const ALL: [Step; 35] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -115,9 +117,11 @@ impl Step {
         Step::UnshareIpc,
         Step::LimitUserQuota,
         Step::HideCommandLine,
+        Step::NetNamespace,
+        Step::Helper,
     ];
 
-    fn from_code(code: u32) -> Option<Step> {
+    pub(crate) fn from_code(code: u32) -> Option<Step> {
         Step::ALL.iter().copied().find(|s| *s as u32 == code)
     }
 
@@ -137,6 +141,8 @@ impl Step {
             Step::RemountRootReadonly => "making the new root read-only",
             Step::SetHostname => "setting the hostname",
             Step::LoopbackUp => "bringing up loopback",
+            Step::NetNamespace => "creating the network namespace",
+            Step::Helper => "running the set-up helper",
             Step::LandlockRuleset => "creating the landlock ruleset",
             Step::LandlockRule => "adding a landlock rule for",
             Step::SetDumpable => "making the init non-dumpable",

@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 /// Stack size of the command child until it execs (it runs a few small functions).
 const COMMAND_STACK: usize = 256 * 1024;
 
+/// Stack size of the init's set-up helper (a few syscalls).
+const HELPER_STACK: usize = 64 * 1024;
+
 /// What confines a running sandbox, for reports and `lockbox check`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Enforcement {
@@ -588,6 +591,8 @@ fn launch(
         network: NetEnforcement::of(&policy.net),
     };
     let layout = crate::proctitle::Layout::of_self()?;
+    let helper_job =
+        child::Alongside::new(limits.user_sysctls.clone(), policy.net.own_namespace());
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -599,7 +604,12 @@ fn launch(
         cgroup_procs: cgroup_fds,
         new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
         hostname: policy.hostname.as_bytes().to_vec(),
-        loopback: policy.net.own_namespace(),
+        helper_stack: if helper_job.needed() {
+            vec![0; HELPER_STACK]
+        } else {
+            Vec::new()
+        },
+        helper: helper_job,
         landlock: landlock_abi.map(|abi| (abi, landlock::ruleset_attr(abi))),
         // Only the agent resolves paths with openat2; it denies it again to what it runs.
         seccomp: seccomp::build(
@@ -615,7 +625,6 @@ fn launch(
             .as_ref()
             .map(|fd| (netsup::filter(), fd.as_raw_fd())),
         rlimits: limits.rlimits.clone(),
-        user_sysctls: limits.user_sysctls.clone(),
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
@@ -632,7 +641,7 @@ fn launch(
         last_cap: last_cap(),
     };
 
-    let flags = clone_flags(&policy.net);
+    let flags = CLONE_FLAGS;
     let started = Instant::now();
     tracing::debug!(flags, "clone3 into new namespaces");
     match sys::clone3_fork(flags) {
@@ -749,18 +758,14 @@ fn start_net_supervisor(
     Ok((Some(supervisor), Some(theirs)))
 }
 
-/// The namespaces of a new sandbox (cgroup is entered later, after joining the cgroups).
-fn clone_flags(net: &Net) -> u64 {
-    let mut flags = (libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS) as u64;
-    if net.own_namespace() {
-        flags |= libc::CLONE_NEWNET as u64;
-    }
-    flags
-}
+/// The namespaces a new sandbox is cloned into. The cgroup namespace is entered later,
+/// after joining the cgroups; an own network namespace is made by the init's helper,
+/// alongside the root's set-up (`child::start_helper`).
+const CLONE_FLAGS: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as u64;
 
 /// Runs `argv` to completion under `policy`, enforcing its timeout.
 pub fn run(policy: &Policy, argv: &[OsString]) -> Result<Outcome, SetupError> {

@@ -962,3 +962,59 @@ pub fn set_cloexec(fd: RawFd) -> Result<(), Errno> {
     // SAFETY: descriptor numbers only; no pointers.
     check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
 }
+
+/// Runs `run(arg)` in a child that shares our memory and descriptor table, on `stack`,
+/// *alongside* us (`CLONE_VM | CLONE_FILES`, no `CLONE_VFORK`): work done in parallel with
+/// ours, without copying page tables. Returns the child's pid; reap it with [`wait4`]
+/// before `stack` or `arg` go away.
+///
+/// `run` must end in [`exit`], and write nothing but its own stack and atomics in `arg`.
+pub fn spawn_alongside<T: Sync>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+) -> Result<libc::pid_t, Errno> {
+    struct Start<'a, T> {
+        run: fn(&T) -> !,
+        arg: &'a T,
+    }
+    extern "C" fn entry<T>(start: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `start` points into `stack` (below), which the caller keeps alive and
+        // untouched until it has reaped us.
+        let start = unsafe { &*(start as *const Start<'_, T>) };
+        (start.run)(start.arg)
+    }
+    // The child reads its `Start` from the top of its own stack: ours may have moved on
+    // by the time it runs.
+    let slot = std::mem::size_of::<Start<'_, T>>().next_multiple_of(16);
+    if stack.len() < slot + 4096 {
+        return Err(Errno(libc::EINVAL));
+    }
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    let start_at = (top - slot) as *mut Start<'_, T>;
+    // SAFETY: `start_at` is 16-aligned and inside `stack`, which is live and writable.
+    unsafe { start_at.write(Start { run, arg }) };
+    // SAFETY: the child runs on `stack` below its `Start`, which the caller keeps alive
+    // until it reaps the child; `arg` is `Sync` and outlives the child for the same reason.
+    let rc = unsafe {
+        libc::clone(
+            entry::<T>,
+            start_at as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD,
+            start_at as *mut libc::c_void,
+        )
+    };
+    check_int(rc)
+}
+
+/// `setns(fd, nstype)`.
+pub fn setns(fd: RawFd, nstype: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers and flags only; no pointers.
+    check_int(unsafe { libc::setns(fd, nstype) }).map(drop)
+}
+
+/// `openat(dir, path, flags | O_CLOEXEC)`.
+pub fn open_at(dir: RawFd, path: &CStr, flags: libc::c_int) -> Result<RawFd, Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC) })
+}

@@ -1,0 +1,138 @@
+"""Start-up of lockbox against bubblewrap and sandlock, interleaved (A B C ... A B C ...).
+
+Run through bench/peers/run, which installs the peers and builds lockbox. Every command of
+every job runs once per round, in the same order, so a slow moment of the machine lands on
+all of them alike; each run is one posix_spawn + waitpid timed with perf_counter_ns.
+
+Jobs (the same for each tool):
+  plain          /bin/true in a sandbox
+  workdir-none   a copy-on-write view of a directory, nothing written (nothing to commit)
+  workdir-write  the same, writing one file, committed to the directory when the command ends
+
+As root the runner takes SCHED_FIFO priority 50 (inherited by every command): on a machine
+where other jobs run, they then delay none of the tools; --no-fifo measures without it.
+
+"Above true" subtracts the median of /bin/true run the same way (the cost of starting any
+process), which is what the ratios compare.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+READS = ["-r", "/usr", "-r", "/lib", "-r", "/lib64", "-r", "/bin", "-r", "/etc"]
+WRITE = "echo x > f"
+
+
+def commands(lockbox, sandlock, dirs):
+    bwrap = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    sl = [sandlock, "run", *READS]
+
+    def sl_cow(d):
+        return [*sl, "-w", d, "--workdir", d]
+
+    return [
+        ("plain", "true", ["/bin/true"]),
+        ("plain", "bwrap", [*bwrap, "/bin/true"]),
+        ("plain", "sandlock", [*sl, "--", "/bin/true"]),
+        ("plain", "lockbox", [lockbox, "run", "--", "/bin/true"]),
+        ("workdir-none", "sandlock", [*sl_cow(dirs["sl-none"]), "--", "/bin/true"]),
+        ("workdir-none", "lockbox", [lockbox, "run", "--workdir", dirs["lb-none"], "--", "/bin/true"]),
+        ("workdir-write", "sandlock", [*sl_cow(dirs["sl-write"]), "--", "/bin/sh", "-c", WRITE]),
+        (
+            "workdir-write",
+            "lockbox",
+            [lockbox, "run", "--workdir", dirs["lb-write"], "--", "/bin/sh", "-c", WRITE],
+        ),
+    ]
+
+
+def run_once(argv, devnull):
+    t0 = time.perf_counter_ns()
+    pid = os.posix_spawn(argv[0] if "/" in argv[0] else shutil.which(argv[0]), argv, os.environ,
+                         file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 1),
+                                       (os.POSIX_SPAWN_DUP2, devnull, 2)])
+    _, status = os.waitpid(pid, 0)
+    elapsed = time.perf_counter_ns() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed (status {status}): {' '.join(argv)}")
+    return elapsed / 1e6
+
+
+def p95(xs):
+    s = sorted(xs)
+    return s[int(0.95 * (len(s) - 1))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--lockbox", required=True)
+    ap.add_argument("--sandlock", required=True)
+    ap.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
+    ap.add_argument("--no-fifo", action="store_true",
+                    help="do not run under SCHED_FIFO (by default, as root, the runner and every "
+                    "command it starts take real-time priority 50, so that other jobs on the "
+                    "machine delay none of the tools)")
+    args = ap.parse_args()
+    fifo = not args.no_fifo and os.geteuid() == 0
+    if fifo:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
+
+    scratch = tempfile.mkdtemp(prefix="lockbox-peers-")
+    dirs = {}
+    for name in ["sl-none", "lb-none", "sl-write", "lb-write"]:
+        d = os.path.join(scratch, name)
+        os.mkdir(d)
+        with open(os.path.join(d, "a"), "w") as f:
+            f.write("a\n")
+        dirs[name] = d
+    cmds = commands(args.lockbox, args.sandlock, dirs)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    samples = {(job, tool): [] for job, tool, _ in cmds}
+    try:
+        for r in range(args.warmup + args.rounds):
+            for job, tool, argv in cmds:
+                ms = run_once(argv, devnull)
+                if r >= args.warmup:
+                    samples[(job, tool)].append(ms)
+        for name in ["sl-write", "lb-write"]:
+            with open(os.path.join(dirs[name], "f")) as f:
+                if f.read() != "x\n":
+                    sys.exit(f"{name}: the written file was not committed")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    true = med[("plain", "true")]
+    print(f"{args.rounds} interleaved rounds after {args.warmup} warm-up rounds; "
+          f"{'SCHED_FIFO' if fifo else 'normal priority'}; load average {os.getloadavg()[0]:.2f}")
+    print()
+    print("| job | tool | median (ms) | p95 (ms) | above /bin/true (ms) |")
+    print("|---|---|---:|---:|---:|")
+    for (job, tool), v in samples.items():
+        print(f"| {job} | {tool} | {med[(job, tool)]:.2f} | {p95(v):.2f} | "
+              f"{med[(job, tool)] - true:.2f} |")
+    above = {k: m - true for k, m in med.items()}
+    plain_lb = above[("plain", "lockbox")]
+    print()
+    print("| ratio | value | target |")
+    print("|---|---:|---:|")
+    print(f"| plain: lockbox / bwrap, above /bin/true | {plain_lb / above[('plain', 'bwrap')]:.2f}x | <= 0.6x |")
+    print(f"| plain: lockbox / sandlock, above /bin/true | {plain_lb / above[('plain', 'sandlock')]:.2f}x | |")
+    print(f"| workdir-none: lockbox - lockbox plain | {med[('workdir-none', 'lockbox')] - med[('plain', 'lockbox')]:+.2f} ms | <= +1.5 ms |")
+    print(f"| workdir-none: lockbox / sandlock | {med[('workdir-none', 'lockbox')] / med[('workdir-none', 'sandlock')]:.2f}x | |")
+    print(f"| workdir-write: lockbox / sandlock | {med[('workdir-write', 'lockbox')] / med[('workdir-write', 'sandlock')]:.2f}x | <= 0.5x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({f"{j}/{t}": v for (j, t), v in samples.items()}, f)
+
+
+if __name__ == "__main__":
+    main()
