@@ -299,7 +299,8 @@ fn start_helper(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
         return Ok(None);
     }
     p.helper.netns_fd.store(-1, Ordering::Relaxed);
-    let proc_fd = sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::Helper))?;
+    let proc_fd =
+        sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::Helper))?;
     p.helper.proc_fd.store(proc_fd, Ordering::Relaxed);
     sys::spawn_alongside(&mut p.helper_stack, helper_main, &p.helper)
         .map(Some)

@@ -219,6 +219,9 @@ struct Sandbox {
     reaped: bool,
     /// The init reported its last command's status and exits by itself.
     exiting: bool,
+    /// Dropping starts a thread to reap an init still exiting (see
+    /// [`Running::drop_before_exit`]).
+    reap_in_background: bool,
 }
 
 /// One command, from its start (or go) to its outcome.
@@ -591,8 +594,7 @@ fn launch(
         network: NetEnforcement::of(&policy.net),
     };
     let layout = crate::proctitle::Layout::of_self()?;
-    let helper_job =
-        child::Alongside::new(limits.user_sysctls.clone(), policy.net.own_namespace());
+    let helper_job = child::Alongside::new(limits.user_sysctls.clone(), policy.net.own_namespace());
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -669,6 +671,7 @@ fn launch(
                 net: supervisor,
                 reaped: false,
                 exiting: false,
+                reap_in_background: true,
             };
             Ok((sandbox, started))
         }
@@ -781,6 +784,13 @@ impl Running {
     /// The pid of the sandbox's init, as seen by the caller.
     pub fn pid(&self) -> libc::pid_t {
         self.sandbox.pid
+    }
+
+    /// Drops the sandbox like `drop`, but for a caller about to exit (the CLI): an init
+    /// still exiting is left to the kernel (its zombie goes to the caller's own reaper when
+    /// the caller exits) instead of a thread started to reap it, ~0.1 ms of a short run.
+    pub fn drop_before_exit(mut self) {
+        self.sandbox.reap_in_background = false;
     }
 
     /// The directory the command starts in, inside the sandbox.
@@ -1094,7 +1104,7 @@ impl Drop for Sandbox {
         if !self.exiting {
             let _ = self.signal(libc::SIGKILL);
         }
-        if sys::try_reap(self.pid) {
+        if sys::try_reap(self.pid) || !self.reap_in_background {
             return;
         }
         // The init is exiting (the kernel is tearing its namespaces down); reap it without

@@ -46,7 +46,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         .start()
         .and_then(|mut running| {
             started_in = Some(running.cwd().to_owned());
-            supervise(&mut running, &policy, &signals)
+            let outcome = supervise(&mut running, &policy, &signals);
+            running.drop_before_exit();
+            outcome
         });
     // The process exits next. Unblocking now would deliver a ^C that raced the command's
     // end and turn its exit status into our own death by SIGINT, so the signals stay blocked.
