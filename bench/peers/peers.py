@@ -29,27 +29,36 @@ READS = ["-r", "/usr", "-r", "/lib", "-r", "/lib64", "-r", "/bin", "-r", "/etc"]
 WRITE = "echo x > f"
 
 
-def commands(lockbox, sandlock, dirs):
+def commands(lockboxes, sandlock, dirs):
     bwrap = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     sl = [sandlock, "run", *READS]
 
     def sl_cow(d):
         return [*sl, "-w", d, "--workdir", d]
 
-    return [
+    cmds = [
         ("plain", "true", ["/bin/true"]),
         ("plain", "bwrap", [*bwrap, "/bin/true"]),
         ("plain", "sandlock", [*sl, "--", "/bin/true"]),
-        ("plain", "lockbox", [lockbox, "run", "--", "/bin/true"]),
-        ("workdir-none", "sandlock", [*sl_cow(dirs["sl-none"]), "--", "/bin/true"]),
-        ("workdir-none", "lockbox", [lockbox, "run", "--workdir", dirs["lb-none"], "--", "/bin/true"]),
-        ("workdir-write", "sandlock", [*sl_cow(dirs["sl-write"]), "--", "/bin/sh", "-c", WRITE]),
+    ]
+    cmds += [("plain", name, [lb, "run", "--", "/bin/true"]) for name, lb in lockboxes]
+    cmds.append(("workdir-none", "sandlock", [*sl_cow(dirs["sl-none"]), "--", "/bin/true"]))
+    cmds += [
+        ("workdir-none", name, [lb, "run", "--workdir", dirs[f"{name}-none"], "--", "/bin/true"])
+        for name, lb in lockboxes
+    ]
+    cmds.append(
+        ("workdir-write", "sandlock", [*sl_cow(dirs["sl-write"]), "--", "/bin/sh", "-c", WRITE])
+    )
+    cmds += [
         (
             "workdir-write",
-            "lockbox",
-            [lockbox, "run", "--workdir", dirs["lb-write"], "--", "/bin/sh", "-c", WRITE],
-        ),
+            name,
+            [lb, "run", "--workdir", dirs[f"{name}-write"], "--", "/bin/sh", "-c", WRITE],
+        )
+        for name, lb in lockboxes
     ]
+    return cmds
 
 
 def run_once(argv, devnull):
@@ -74,6 +83,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--lockbox", required=True)
+    ap.add_argument("--lockbox-static", help="also measure this (statically linked) lockbox")
     ap.add_argument("--sandlock", required=True)
     ap.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
     ap.add_argument("--jobs", default="plain,workdir-none,workdir-write",
@@ -89,14 +99,18 @@ def main():
 
     scratch = tempfile.mkdtemp(prefix="lockbox-peers-")
     dirs = {}
-    for name in ["sl-none", "lb-none", "sl-write", "lb-write"]:
+    lockboxes = [("lockbox", args.lockbox)]
+    if args.lockbox_static:
+        lockboxes.append(("lockbox-static", args.lockbox_static))
+    names = ["sl"] + [name for name, _ in lockboxes]
+    for name in [f"{n}-{job}" for n in names for job in ("none", "write")]:
         d = os.path.join(scratch, name)
         os.mkdir(d)
         with open(os.path.join(d, "a"), "w") as f:
             f.write("a\n")
         dirs[name] = d
     jobs = args.jobs.split(",")
-    cmds = [c for c in commands(args.lockbox, args.sandlock, dirs) if c[0] in jobs]
+    cmds = [c for c in commands(lockboxes, args.sandlock, dirs) if c[0] in jobs]
     if not any(c[0] == "plain" and c[1] == "true" for c in cmds):
         sys.exit("--jobs must include plain (its /bin/true is the baseline)")
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -107,7 +121,7 @@ def main():
                 ms = run_once(argv, devnull)
                 if r >= args.warmup:
                     samples[(job, tool)].append(ms)
-        for name in ["sl-write", "lb-write"] if "workdir-write" in jobs else []:
+        for name in [f"{n}-write" for n in names] if "workdir-write" in jobs else []:
             with open(os.path.join(dirs[name], "f")) as f:
                 if f.read() != "x\n":
                     sys.exit(f"{name}: the written file was not committed")
@@ -125,17 +139,20 @@ def main():
         print(f"| {job} | {tool} | {med[(job, tool)]:.2f} | {p95(v):.2f} | "
               f"{med[(job, tool)] - true:.2f} |")
     above = {k: m - true for k, m in med.items()}
-    plain_lb = above[("plain", "lockbox")]
     print()
     print("| ratio | value | target |")
     print("|---|---:|---:|")
-    print(f"| plain: lockbox / bwrap, above /bin/true | {plain_lb / above[('plain', 'bwrap')]:.2f}x | <= 0.6x |")
-    print(f"| plain: lockbox / sandlock, above /bin/true | {plain_lb / above[('plain', 'sandlock')]:.2f}x | |")
-    if "workdir-none" in jobs:
-        print(f"| workdir-none: lockbox - lockbox plain | {med[('workdir-none', 'lockbox')] - med[('plain', 'lockbox')]:+.2f} ms | <= +1.5 ms |")
-        print(f"| workdir-none: lockbox / sandlock | {med[('workdir-none', 'lockbox')] / med[('workdir-none', 'sandlock')]:.2f}x | |")
-    if "workdir-write" in jobs:
-        print(f"| workdir-write: lockbox / sandlock | {med[('workdir-write', 'lockbox')] / med[('workdir-write', 'sandlock')]:.2f}x | <= 0.5x |")
+    for name, _ in lockboxes:
+        plain = above[("plain", name)]
+        print(f"| plain: {name} / bwrap, above /bin/true | {plain / above[('plain', 'bwrap')]:.2f}x | <= 0.6x |")
+        print(f"| plain: {name} / sandlock, above /bin/true | {plain / above[('plain', 'sandlock')]:.2f}x | |")
+        if "workdir-none" in jobs:
+            none = med[("workdir-none", name)]
+            print(f"| workdir-none: {name} - {name} plain | {none - med[('plain', name)]:+.2f} ms | <= +1.5 ms |")
+            print(f"| workdir-none: {name} / sandlock | {none / med[('workdir-none', 'sandlock')]:.2f}x | |")
+        if "workdir-write" in jobs:
+            write = med[("workdir-write", name)]
+            print(f"| workdir-write: {name} / sandlock | {write / med[('workdir-write', 'sandlock')]:.2f}x | <= 0.5x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({f"{j}/{t}": v for (j, t), v in samples.items()}, f)
