@@ -766,15 +766,30 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
         }
         while let Ok(Some((pid, status))) = sys::reap_any() {
             if pid == command {
-                let _ = sys::kill(-1, libc::SIGKILL);
-                // Until ECHILD: nothing is left.
-                while let Ok(_) | Err(Errno(libc::EINTR)) = sys::wait_any() {}
+                if children_left() {
+                    let _ = sys::kill(-1, libc::SIGKILL);
+                    // Until ECHILD: nothing is left.
+                    while let Ok(_) | Err(Errno(libc::EINTR)) = sys::wait_any() {}
+                }
                 return if libc::WIFSIGNALED(status) {
                     Record::Signaled(libc::WTERMSIG(status))
                 } else {
                     Record::Exited(libc::WEXITSTATUS(status))
                 };
             }
+        }
+    }
+}
+
+/// Whether a process of the sandbox is left, reaping those that have exited. Every one
+/// descends from the init (orphans are reparented to it), so with no child left none is,
+/// and `kill(-1)` — which walks every process of the host — can be skipped.
+fn children_left() -> bool {
+    loop {
+        match sys::reap_any() {
+            Ok(Some(_)) | Err(Errno(libc::EINTR)) => continue,
+            Ok(None) => return true,
+            Err(_) => return false,
         }
     }
 }
