@@ -187,6 +187,31 @@ fn the_sandbox_dies_with_its_command() {
     }
 }
 
+/// The helper that makes the network namespace and writes the quota sysctls alongside the
+/// root is gone before the command starts: the sandbox holds its init and the command.
+#[test]
+fn a_sandbox_holds_only_its_init_and_the_command() {
+    // Shell builtins only: listing /proc forks nothing.
+    let script = "for d in /proc/[0-9]*; do printf '%s ' \"${d#/proc/}\"; done; echo; echo $$";
+    for user in users() {
+        for net in ["none", "host"] {
+            let dir = scratch();
+            let out = lockbox(
+                user,
+                dir.path(),
+                &["run", "--net", net, "--", "sh", "-c", script],
+            );
+            assert_eq!(out.status.code(), Some(0), "{user:?} {net}: {}", text(&out));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let mut lines = stdout.lines();
+            let mut pids: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+            pids.sort_unstable();
+            let command = lines.next().unwrap_or("?");
+            assert_eq!(pids, ["1", command], "{user:?} --net {net}: {stdout}");
+        }
+    }
+}
+
 #[test]
 fn memory_bomb_is_stopped() {
     let bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))";
