@@ -34,8 +34,8 @@ pub(crate) fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
 pub(crate) enum Found {
     /// Return this (a `SECCOMP_RET_*` value).
     Return(u32),
-    /// Go on to the instruction right after the block.
-    Next,
+    /// Go on to block `n` of those given to [`dispatch`].
+    Block(usize),
 }
 
 /// Up to this many numbers are compared one by one at a leaf of [`dispatch`].
@@ -46,28 +46,42 @@ const LEAF: usize = 4;
 /// `miss`. A filter whose every syscall walks a chain of comparisons costs the kernel, when
 /// installed, a run of that chain per syscall number (the seccomp action cache emulates the
 /// filter for each), and every call not in the cache the walk: the search makes it about
-/// 16 instructions for lockbox's filter.
-pub(crate) fn dispatch(sorted: &[(u32, Found)], miss: u32) -> Vec<sock_filter> {
+/// 16 instructions for lockbox's filter. `blocks` follow the search, each reached by the
+/// numbers found with [`Found::Block`]; each must end in a return.
+pub(crate) fn dispatch(
+    sorted: &[(u32, Found)],
+    miss: u32,
+    blocks: &[Vec<sock_filter>],
+) -> Vec<sock_filter> {
     let mut out = Vec::new();
-    let mut next = Vec::new();
-    search(sorted, miss, &mut out, &mut next);
-    let end = out.len();
-    for at in next {
-        out[at].k = (end - at - 1) as u32;
+    let mut jumps = Vec::new();
+    search(sorted, miss, &mut out, &mut jumps);
+    let mut starts = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        starts.push(out.len());
+        out.extend_from_slice(block);
+    }
+    for (at, block) in jumps {
+        out[at].k = (starts[block] - at - 1) as u32;
     }
     out
 }
 
-/// Emits the search of `sorted`; `next` collects the jumps to patch to the block's end.
-fn search(sorted: &[(u32, Found)], miss: u32, out: &mut Vec<sock_filter>, next: &mut Vec<usize>) {
+/// Emits the search of `sorted`; `jumps` collects (instruction, block) to patch.
+fn search(
+    sorted: &[(u32, Found)],
+    miss: u32,
+    out: &mut Vec<sock_filter>,
+    jumps: &mut Vec<(usize, usize)>,
+) {
     if sorted.len() <= LEAF {
         for &(n, found) in sorted {
             // Equal: the action right after; else skip it.
             out.push(ins(JEQ_K, 0, 1, n));
             match found {
                 Found::Return(k) => out.push(ins(RET_K, 0, 0, k)),
-                Found::Next => {
-                    next.push(out.len());
+                Found::Block(block) => {
+                    jumps.push((out.len(), block));
                     out.push(ins(JA, 0, 0, 0));
                 }
             }
@@ -80,7 +94,7 @@ fn search(sorted: &[(u32, Found)], miss: u32, out: &mut Vec<sock_filter>, next: 
     out.push(ins(JGE_K, 0, 1, high[0].0));
     let over = out.len();
     out.push(ins(JA, 0, 0, 0));
-    search(low, miss, out, next);
+    search(low, miss, out, jumps);
     out[over].k = (out.len() - over - 1) as u32;
-    search(high, miss, out, next);
+    search(high, miss, out, jumps);
 }
