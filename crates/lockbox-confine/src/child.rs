@@ -17,11 +17,14 @@
 //! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
 //!    recursively, while still detached) — before the stage hides `/tmp`;
 //! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`])
-//!    up to the gate, if any (`Op::Gate`: all of them otherwise);
-//! 7. `pivot_root` into the stage and detach the old root;
-//! 8. set the hostname; wait for the helper and enter the network namespace it made;
-//! 9. carry out the ops from the gate on: a gated sandbox first waits there for the
-//!    supervisor's go, then mounts its copy-on-write views; then make `/` read-only;
+//!    up to `Op::EnterRoot`;
+//! 7. `pivot_root` into the stage;
+//! 8. set the hostname; wait for the helper and enter the network namespace it made; detach
+//!    the old root (unmounting waits for an RCU grace period, which lasts while the helper
+//!    is in the kernel on the other CPU);
+//! 9. carry out the ops after `Op::EnterRoot`: lockbox's scaffolding goes, the copy-on-write
+//!    views are mounted (a gated sandbox first waits at `Op::Gate` for the supervisor's
+//!    go); then make `/` read-only;
 //! 10. create the Landlock ruleset with the plan's rules (paths now as seen inside);
 //! 11. become non-dumpable (no ptrace, no /proc/1 access from the command), die with the
 //!     parent, close every descriptor not needed, route signals to a signalfd;
@@ -264,21 +267,25 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
         .map_err(at(Step::MakeMountsPrivate))?; // 4
     capture_sources(p)?; // 5
 
-    // A gated sandbox does all it can before the gate: the views come after.
-    let gate = p
+    // The root is built on the stage up to `Op::EnterRoot`; the rest, views included (a
+    // gated sandbox waits at `Op::Gate` among them), inside it.
+    let root_at = p
         .plan
         .ops
         .iter()
-        .position(|op| matches!(op, Op::Gate))
+        .position(|op| matches!(op, Op::EnterRoot))
         .unwrap_or(p.plan.ops.len());
     mount_stage()?; // 6
-    apply_ops(p, 0, gate)?;
-    enter_root()?; // 7
+    apply_ops(p, 0, root_at)?;
+    sys::pivot_root_here().map_err(at(Step::PivotRoot))?; // 7
     sys::sethostname(&p.hostname).map_err(at(Step::SetHostname))?; // 8
     if let Some(helper) = helper {
         join_helper(p, helper)?;
     }
-    apply_ops(p, gate, p.plan.ops.len())?; // 9
+    // Unmounting waits for an RCU grace period, which lasts while the helper is in the
+    // kernel on the other CPU: hence after it is done.
+    detach_old_root()?;
+    apply_ops(p, root_at + 1, p.plan.ops.len())?; // 9
     set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
     let ruleset = landlock_ruleset(p, &p.plan.rules)?; // 10
     let signal_fd = harden_init(p, ruleset)?; // 11
@@ -578,6 +585,8 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         }
         Op::Rmdir { path } => sys::rmdir(path),
         Op::Gate => await_go(report_fd),
+        // Carried out by `setup` itself, which stops there.
+        Op::EnterRoot => Ok(()),
     }
 }
 
@@ -618,10 +627,10 @@ fn set_readonly(path: &CStr, recursive: bool) -> Result<(), Errno> {
     result
 }
 
-fn enter_root() -> Result<(), Fail> {
-    // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves only
-    // the new root (pivot_root(2), "NOTES"). No directory for the old root is needed.
-    sys::pivot_root_here().map_err(at(Step::PivotRoot))?;
+/// After `pivot_root(".", ".")`, which stacks the old root on the new one: detaching it
+/// leaves only the new root (pivot_root(2), "NOTES"). No directory for the old root is
+/// needed.
+fn detach_old_root() -> Result<(), Fail> {
     sys::umount_detach(c".").map_err(at(Step::PivotRoot))?;
     sys::chdir(c"/").map_err(at(Step::PivotRoot))
 }

@@ -97,6 +97,11 @@ pub enum Op {
     /// Wait for the supervisor's go (and the stdin it may carry) before going on: see
     /// [`crate::Spawn::gated`].
     Gate,
+    /// `pivot_root` into the stage, once the set-up helper is done (see `child`): the ops
+    /// before it build the root on the stage, those after it run inside. Unmounts come after
+    /// it: each waits for an RCU grace period, which lasts as long as the helper's network
+    /// namespace set-up on the other CPU.
+    EnterRoot,
 }
 
 /// A Landlock rule, applied after `pivot_root` (paths are absolute inside the sandbox).
@@ -238,7 +243,13 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
         access: RuleAccess::ListDir,
     });
     let mut made_dirs: Vec<PathBuf> = Vec::new();
+    let mut inside = Vec::new();
+    let mut entered = false;
     for (path, node) in &nodes {
+        if !entered && in_view(path) {
+            enter_root(&mut plan, &mut inside);
+            entered = true;
+        }
         if plan.views_from.is_none() && in_view(path) {
             plan.views_from = Some(plan.ops.len());
         }
@@ -282,7 +293,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             }
             Node::Dev => dev(&mut plan, resolved),
             Node::Proc => proc(&mut plan),
-            Node::Etc => etc(&mut plan, resolved),
+            Node::Etc => etc(&mut plan, resolved, &mut inside),
             Node::Overlay(i) => overlay(&mut plan, &resolved.overlays[*i], *i, rel),
             Node::Symlink(target) => plan.ops.push(Op::Symlink {
                 target: cstring(target.as_bytes()),
@@ -290,7 +301,17 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
             }),
         }
     }
+    if !entered {
+        enter_root(&mut plan, &mut inside);
+    }
     plan
+}
+
+/// Ends the root's construction on the stage: [`Op::EnterRoot`], then the clean-up that
+/// waits until inside (`inside`: unmounting lockbox's own scaffolding).
+fn enter_root(plan: &mut SetupPlan, inside: &mut Vec<Op>) {
+    plan.ops.push(Op::EnterRoot);
+    plan.ops.append(inside);
 }
 
 /// Builds the plan of a sandbox that runs `later` more commands after its first, one after
@@ -730,8 +751,8 @@ fn proc(plan: &mut SetupPlan) {
 
 /// The host's /etc through a read-only overlay whose top layer (a small tmpfs) holds
 /// whiteouts for the secrets, so they do not exist inside, plus lockbox's own files
-/// (hostname, hosts).
-fn etc(plan: &mut SetupPlan, resolved: &Resolved) {
+/// (hostname, hosts). The top layer's mount goes once inside (`inside`; the overlay keeps it).
+fn etc(plan: &mut SetupPlan, resolved: &Resolved, inside: &mut Vec<Op>) {
     const TOP: &str = ".lockbox-etc";
     tmpfs(plan, TOP, "mode=0755");
     let hidden = resolved.etc_hidden.as_deref().unwrap_or_default();
@@ -770,10 +791,10 @@ fn etc(plan: &mut SetupPlan, resolved: &Resolved) {
         flags: NOSUID_NODEV | libc::MS_RDONLY,
         data: cstring(format!("lowerdir={TOP}:/etc,userxattr").as_bytes()),
     });
-    plan.ops.push(Op::Umount {
+    inside.push(Op::Umount {
         path: cstring(TOP.as_bytes()),
     });
-    plan.ops.push(Op::Rmdir {
+    inside.push(Op::Rmdir {
         path: cstring(TOP.as_bytes()),
     });
     plan.rules.push(Rule {
@@ -852,6 +873,7 @@ impl fmt::Display for Op {
             }
             Op::Rmdir { path } => write!(f, "remove {}", p(path)),
             Op::Gate => write!(f, "wait for the go of lockbox"),
+            Op::EnterRoot => write!(f, "pivot_root into the new root"),
         }
     }
 }
