@@ -667,6 +667,11 @@ impl Running {
         deadline: Option<Instant>,
         extra: Option<BorrowedFd<'_>>,
     ) -> Result<Waited, SetupError> {
+        // A hung-up socket polls readable forever: once the init's end is closed (it is
+        // dying) and drained, only the pidfd can tell us more. Polling the report past that
+        // spun a core through the kernel's teardown of the namespaces (issue 21: ~7 ms of
+        // CPU per stopped sandbox, taken from the next sandbox's start on a small machine).
+        let mut report_open = true;
         loop {
             let timeout_ms = match deadline {
                 None => -1,
@@ -681,7 +686,11 @@ impl Running {
             };
             let mut fds = [
                 pollfd(self.pidfd.as_raw_fd()),
-                pollfd(self.report.as_raw_fd()),
+                pollfd(if report_open {
+                    self.report.as_raw_fd()
+                } else {
+                    -1
+                }),
                 pollfd(extra.map_or(-1, |fd| fd.as_raw_fd())),
             ];
             match sys::poll(&mut fds, timeout_ms) {
@@ -703,6 +712,8 @@ impl Running {
                 if self.status.is_some() && (self.limits.cgroups.is_none() || self.steps_left > 0) {
                     return self.finish(None).map(Waited::Exited);
                 }
+                // Records still queued after a status are read once the init is reaped.
+                report_open = fds[1].revents & (libc::POLLHUP | libc::POLLERR) == 0;
             }
             if fds[0].revents != 0 {
                 let (status, usage) =
