@@ -78,9 +78,9 @@ def python_import():
 def python_import_ready(timing):
     """The stricter baseline: until the imports are done (a byte on a pipe), not until the
     interpreter's exit (a cold call returns at its result, before its interpreter exits)."""
+    t = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-I", "-c", COLD_IMPORTS + "; os.write(1, b'r')"],
                          stdout=subprocess.PIPE)
-    t = time.perf_counter()
     assert p.stdout.read(1) == b"r"
     timing.append((time.perf_counter() - t) * 1000)
     p.wait()
