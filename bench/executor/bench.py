@@ -2,7 +2,14 @@
 installed), against a baseline reproducing the reference executor (multiprocessing.Process
 + Queue + shared memory, no isolation). Prints one line per mode: median and p90 in ms.
 
-    python bench/executor/bench.py [--calls N]
+    python bench/executor/bench.py [--calls N] [--cold-only] [--loop cold|python]
+
+The cold sandbox is measured alternately with its own baseline, ``python -I -c`` importing
+what the sandboxed interpreter imports (``COLD_IMPORTS``) with no sandbox, so that a
+loaded machine slows both alike; the ratio of the medians is what isolation costs a cold
+call. Before each of both, the previous sandbox's teardown (off the caller's path) is
+waited for, so that it slows neither; "second of two" then times a call made right after
+another, as in a loop of calls, where it overlaps the previous sandbox's teardown.
 
 Calls are sequential; between warm-pool calls the bench waits until the pool is refilled,
 (the pool hands out only interpreters that finished starting), so the number is the
@@ -14,6 +21,8 @@ import argparse
 import multiprocessing as mp
 import pickle
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from multiprocessing import resource_tracker, shared_memory
@@ -55,30 +64,100 @@ def baseline(fn, *args, timeout=10):
         p.join()
 
 
-def measure(label, call, n, before=None):
-    times = []
-    for _ in range(n):
-        if before is not None:
-            before()
-        t = time.perf_counter()
-        assert call() == 3
-        times.append((time.perf_counter() - t) * 1000)
-    times.sort()
+#: What a cold call's interpreter imports (lockbox/_bootstrap.py; unpickling a function
+#: pickled by value needs cloudpickle, which itself imports pickle and traceback): its
+#: baseline imports the same, with the same flag, outside a sandbox.
+COLD_IMPORTS = "import os, sys, struct, traceback, pickle, cloudpickle"
+
+
+def python_import():
+    subprocess.run([sys.executable, "-I", "-c", COLD_IMPORTS], check=True)
+    return 3
+
+
+def python_import_ready(timing):
+    """The stricter baseline: until the imports are done (a byte on a pipe), not until the
+    interpreter's exit (a cold call returns at its result, before its interpreter exits)."""
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-I", "-c", COLD_IMPORTS + "; os.write(1, b'r')"],
+                         stdout=subprocess.PIPE)
+    assert p.stdout.read(1) == b"r"
+    timing.append((time.perf_counter() - t) * 1000)
+    p.wait()
+
+
+def timed(call, before=None):
+    if before is not None:
+        before()
+    t = time.perf_counter()
+    assert call() == 3
+    return (time.perf_counter() - t) * 1000
+
+
+def report(label, times):
+    times = sorted(times)
     med = statistics.median(times)
     p90 = times[int(len(times) * 0.9) - 1]
-    print(f"{label:<28} median {med:8.2f} ms   p90 {p90:8.2f} ms   (n={n})")
+    print(f"{label:<44} median {med:8.2f} ms   p90 {p90:8.2f} ms   (n={len(times)})")
     return med
+
+
+def measure(label, call, n, before=None):
+    return report(label, [timed(call, before) for _ in range(n)])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=30)
-    n = ap.parse_args().calls
+    ap.add_argument("--cold-only", action="store_true", help="only the cold call and its baseline")
+    ap.add_argument("--loop", choices=["cold", "python"],
+                    help="only N cold calls (or N python -c runs) back to back, for perf stat")
+    args = ap.parse_args()
+    n = args.calls
     from lockbox.executor import SandboxExecutor, SandboxPool, wait_for_cleanup
 
-    base = measure("baseline (mp + Queue + shm)", lambda: baseline(trivial, 1, 2), n)
     cold = SandboxExecutor(timeout=30)
-    measure("lockbox cold sandbox", lambda: cold.secure_execute(trivial, 1, 2).result, n)
+    cold_call = lambda: cold.secure_execute(trivial, 1, 2).result  # noqa: E731
+    if args.loop:
+        # `perf stat` counts every process of the run (the sandboxes are descendants), so
+        # two runs, with --calls N and --calls 0, give the CPU per call, teardown included.
+        call = cold_call if args.loop == "cold" else python_import
+        t = time.perf_counter()
+        for _ in range(n):
+            assert call() == 3
+        wait_for_cleanup()
+        if n:
+            print(f"{args.loop}: {(time.perf_counter() - t) * 1000 / n:.2f} ms per call, back to back (n={n})")
+        return
+    timed(python_import)
+    timed(cold_call)  # warm-up: the page cache and the parent's first-call imports
+    py_t, ready_t, cold_t = [], [], []
+    for _ in range(n):
+        py_t.append(timed(python_import, wait_for_cleanup))
+        wait_for_cleanup()
+        python_import_ready(ready_t)
+        cold_t.append(timed(cold_call, wait_for_cleanup))
+    py = report("python -I -c 'import ...' (to exit)", py_t)
+    ready = report("python -I -c 'import ...' (to imports done)", ready_t)
+    c = report("lockbox cold sandbox", cold_t)
+    print(f"cold sandbox vs python -c: {c / py:.2f}x to its exit, {c / ready:.2f}x to its imports (target <= 1.5x)")
+    # As a loop of calls sees it: a call right after another overlaps its sandbox's
+    # teardown. Timed: the second of two calls, alternately with two python -c runs.
+    b2b_t, py2_t = [], []
+    for _ in range(n):
+        wait_for_cleanup()
+        cold_call()
+        b2b_t.append(timed(cold_call))
+        wait_for_cleanup()
+        python_import()
+        py2_t.append(timed(python_import))
+    py2 = report("python -I -c 'import ...', second of two", py2_t)
+    b2b = report("lockbox cold sandbox, second of two", b2b_t)
+    wait_for_cleanup()
+    print(f"second of two: cold sandbox vs python -c: {b2b / py2:.2f}x to its exit")
+    if args.cold_only:
+        return
+    base = measure("baseline (mp + Queue + shm)", lambda: baseline(trivial, 1, 2), n)
     with SandboxPool(2, timeout=30) as pool:
 
         def refilled():

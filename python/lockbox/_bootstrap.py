@@ -7,7 +7,9 @@ carries one frame ``<8-byte big-endian length><pickle of (fn, args,
 kwargs)>``; the result goes to descriptor ``argv[1]`` as ``<1-byte status><8-byte
 length><pickle>``, status ``o`` (value) or ``e`` (dict: type, message, traceback). The
 interpreter starts (and imports the pickler) before the frame arrives, which is what makes
-a warm pool warm.
+a warm pool warm. It flushes stdout and stderr before the result and leaves with
+``os._exit`` after it, skipping the interpreter's finalisation: the parent kills the
+sandbox once the result is in anyway.
 """
 
 SOURCE = r'''
@@ -30,6 +32,12 @@ def _read_exact(n):
     return bytes(buf)
 
 def _send(status, data):
+    # What the function printed goes out first: the sandbox is killed once the result is in.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
     out = status + struct.pack(">Q", len(data)) + data
     view = memoryview(out)
     while view:
@@ -59,5 +67,8 @@ else:
         _send(b"e", pickle.dumps(info))
     else:
         _send(b"o", data)
-os.close(fd)
+# The parent kills the sandbox once the result is in: finalising every module first would
+# only take CPU from the next call (with cloudpickle loaded, ~16 ms: a fifth of the
+# interpreter's whole CPU time, issue 21).
+os._exit(0)
 '''

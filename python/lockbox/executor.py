@@ -394,7 +394,8 @@ class SandboxExecutor:
         pickler: ``"cloudpickle"`` (default when ``python`` is this interpreter) or
             ``"pickle"`` (default for another interpreter, which may lack cloudpickle).
         max_result_bytes: larger results are an ``error``.
-        output: ``"devnull"`` (default) or ``"inherit"`` for the function's stdout/stderr.
+        output: ``"devnull"`` (default) or ``"inherit"`` for the function's stdout/stderr
+            (flushed before the result is sent, so nothing printed is lost to the kill).
         trusted_results: unpickle results of any class (see the module doc).
         extra_reads: more host paths to make readable.
     """

@@ -51,6 +51,16 @@ def a_class_instance():
     return Custom()
 
 
+def prints_then(fail):
+    # Neither stream is flushed here: stdout is block-buffered, and the sandbox is killed
+    # as soon as its result is in.
+    print("printed inside", end="")
+    sys.stderr.write("written to stderr")
+    if fail:
+        raise ValueError("after printing")
+    return "done"
+
+
 def heartbeat_forever(path, then_return):
     """Starts a detached grandchild that touches `path` every 20 ms, then returns or hangs."""
     if os.fork() == 0:
@@ -120,6 +130,15 @@ def test_returning_kills_the_whole_tree(tmp_path):
     assert ex.secure_execute(heartbeat_forever, str(beat), True).result == "started"
     wait_for_cleanup()
     assert not grows_after(beat), "a grandchild survived the sandbox"
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_with_output_inherit_what_the_function_printed_reaches_the_callers_streams(capfd, fail):
+    r = SandboxExecutor(timeout=30, output="inherit").secure_execute(prints_then, fail)
+    assert r.status == ("error" if fail else "ok")
+    wait_for_cleanup()
+    out, err = capfd.readouterr()
+    assert "printed inside" in out and "written to stderr" in err
 
 
 def test_big_results_travel_and_oversized_ones_are_an_error():
