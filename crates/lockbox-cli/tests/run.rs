@@ -212,6 +212,30 @@ fn a_sandbox_holds_only_its_init_and_the_command() {
     }
 }
 
+/// `--max-file-size` kills the writer with SIGXFSZ even when lockbox's caller ignores the
+/// signal (CPython does, and the Python SDK's sandboxes inherited that).
+#[test]
+fn max_file_size_kills_even_when_the_caller_ignores_sigxfsz() {
+    for user in users() {
+        let dir = scratch();
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg("trap '' XFSZ; exec \"$0\" run --max-file-size 4K -- sh -c 'head -c 100000 /dev/zero > /tmp/f'")
+            .arg(binary())
+            .current_dir(dir.path());
+        if let User::Nobody = user {
+            sh.uid(65534).gid(65534);
+        }
+        let out = sh.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(128 + libc::SIGXFSZ),
+            "{user:?} {}",
+            text(&out)
+        );
+    }
+}
+
 #[test]
 fn memory_bomb_is_stopped() {
     let bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))";

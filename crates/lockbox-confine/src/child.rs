@@ -885,7 +885,7 @@ fn command_fail(p: &Prepared, step: Step, errno: Errno, index: usize) -> ! {
 
 /// The start of every command child: default signals, rlimits, passed descriptors.
 fn command_basics(p: &Prepared) {
-    sys::reset_sigpipe();
+    sys::reset_runtime_signals();
     if let Err(e) = sys::sigprocmask(libc::SIG_SETMASK, &SigSet::empty()) {
         command_fail(p, Step::BlockSignals, e, 0);
     }

@@ -786,12 +786,16 @@ pub fn sigprocmask(how: libc::c_int, set: &SigSet) -> Result<SigSet, Errno> {
     Ok(old)
 }
 
-/// Resets `SIGPIPE` to its default. `execve` resets caught signals itself but keeps ignored
-/// ones, and the Rust runtime ignores `SIGPIPE`; signals the caller ignored on purpose (as
-/// `nohup` does with `SIGHUP`) stay ignored, as with any exec.
-pub fn reset_sigpipe() {
-    // SAFETY: setting SIG_DFL is always valid.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+/// Resets `SIGPIPE` and `SIGXFSZ` to their defaults. `execve` resets caught signals itself
+/// but keeps ignored ones: the Rust runtime ignores `SIGPIPE`, and CPython (the Python
+/// SDK's host process) `SIGXFSZ` too, which would turn `--max-file-size` from a kill into a
+/// write error. Signals a caller ignores on purpose (as `nohup` does with `SIGHUP`) stay
+/// ignored, as with any exec.
+pub fn reset_runtime_signals() {
+    for sig in [libc::SIGPIPE, libc::SIGXFSZ] {
+        // SAFETY: setting SIG_DFL is always valid.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
 }
 
 /// `signalfd(-1, set, SFD_CLOEXEC)`.
