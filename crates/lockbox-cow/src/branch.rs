@@ -25,7 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustix::fs::RenameFlags;
 use rustix::io::Errno;
 
-use crate::meta::{self, BranchMeta, BranchState, Timestamp};
+use crate::meta::{self, BranchMeta, BranchState, Durability, Timestamp};
 use crate::{
     beneath, commit, durable, BranchId, ChangeIter, ChangeSet, CommitOptions, CommitReport,
     CowError,
@@ -45,12 +45,22 @@ const UNFINISHED: &str = ".new";
 pub struct Branch {
     dir: PathBuf,
     meta: BranchMeta,
+    /// Whether the branch's directory, entries and record are known to be on disk. A new
+    /// branch's are not (see [`Branch::create`]): it becomes durable when it first holds
+    /// something to keep ([`Branch::keep`], [`Branch::record_failure`], a commit).
+    durability: Durability,
 }
 
 impl Branch {
     /// Creates a branch of `workdir` under `state_dir` with a fresh id. Call it right before
     /// the sandbox starts: the creation time is the stale-base reference. `context` is stored
     /// as-is (policy, command, ...).
+    ///
+    /// Nothing is fsynced: a new branch holds nothing worth a crash (what its sandbox writes
+    /// is only in the page cache anyway, views being `volatile`), so it is made durable when it
+    /// first holds something to keep (issue 21). A crash before that leaves, at worst, a branch
+    /// [`list`] shows as an orphan or as damaged (no readable `meta.json`), which
+    /// [`abort_id`] removes, or a leftover under `.new/`, which the next creation sweeps.
     pub fn create(
         state_dir: &Path,
         workdir: &Path,
@@ -116,14 +126,9 @@ impl Branch {
             });
         if made.is_err() {
             // Best effort: the error that matters is the one returned.
-            let _ = remove_dir_robust(&unfinished, OsStr::new(&aside_name));
+            let _ = remove_dir_robust(&unfinished, OsStr::new(&aside_name), Durability::Lazy);
         }
-        let branch = made?;
-        durable::fsync_dir(&branches).map_err(|source| CowError::StateDir {
-            path: branches,
-            source,
-        })?;
-        Ok(branch)
+        made
     }
 
     fn fill_new(
@@ -166,10 +171,11 @@ impl Branch {
             context,
             failure: None,
         };
-        meta::write(dir, &meta)?;
+        meta::write(dir, &meta, Durability::Lazy)?;
         Ok(Branch {
             dir: dir.to_owned(),
             meta,
+            durability: Durability::Lazy,
         })
     }
 
@@ -183,7 +189,13 @@ impl Branch {
             });
         }
         let meta = meta::read(&dir)?;
-        Ok(Branch { dir, meta })
+        // Whoever made it may have died before making it durable: treated as durable, so
+        // that removing it is (a crash must not bring back a branch that was committed).
+        Ok(Branch {
+            dir,
+            meta,
+            durability: Durability::Durable,
+        })
     }
 
     /// The branch id.
@@ -235,22 +247,38 @@ impl Branch {
 
     /// What the sandbox wrote is only in the page cache (views are `volatile`): made
     /// durable before a record says the branch outlives its process (one syncfs: the upper
-    /// can hold many files).
-    fn sync_upper(&self) -> Result<(), CowError> {
+    /// can hold many files). The syncfs also covers the branch's own directory entries (they
+    /// are on the upper's filesystem), so the branch is durable from here on.
+    fn sync_upper(&mut self) -> Result<(), CowError> {
         let upper = self.upper_dir();
         let synced = fs::File::open(&upper)
             .and_then(|dir| rustix::fs::syncfs(&dir).map_err(std::io::Error::from));
         synced.map_err(|source| CowError::SyncFs {
             path: upper,
             source,
-        })
+        })?;
+        self.durability = Durability::Durable;
+        Ok(())
     }
 
+    /// Writes the record with `state` durably. A branch not yet durable is made so: after
+    /// this the record is on disk and so is the branch's entry in `branches/` (the record's
+    /// own fsyncs cover its directory, not that directory's parent).
     pub(crate) fn set_state(&mut self, state: BranchState) -> Result<(), CowError> {
         let mut meta = self.meta.clone();
         meta.state = state;
-        meta::write(&self.dir, &meta)?;
+        meta::write(&self.dir, &meta, Durability::Durable)?;
         self.meta = meta;
+        if self.durability == Durability::Lazy {
+            // After the record's fsyncs: on a journalling filesystem they committed the
+            // branch's creation with them, and this one has nothing left to wait for.
+            let parent = self.dir.parent().unwrap_or(Path::new("/"));
+            durable::fsync_dir(parent).map_err(|source| CowError::StateDir {
+                path: parent.to_owned(),
+                source,
+            })?;
+            self.durability = Durability::Durable;
+        }
         Ok(())
     }
 
@@ -292,17 +320,21 @@ impl Branch {
         let mut meta = self.meta.clone();
         meta.state = state;
         meta.failure = Some(bounded(error.to_string()));
-        meta::write(&self.dir, &meta)?;
+        meta::write(&self.dir, &meta, Durability::Durable)?;
         self.meta = meta;
         Ok(())
     }
 
     /// Discards the branch: removes its directory, including unreadable or unwritable
     /// entries (the kernel's `work/work` is mode 000).
+    ///
+    /// The removal of a branch that was never made durable is not waited for either: a crash
+    /// can only bring back what a crash during its run could have left (an orphan, or a
+    /// damaged branch), never one that was kept or committed.
     pub fn abort(self) -> Result<(), CowError> {
         let parent = self.dir.parent().map(Path::to_owned).unwrap_or_default();
         let name = self.dir.file_name().unwrap_or_default().to_owned();
-        remove_dir_robust(&parent, &name)
+        remove_dir_robust(&parent, &name, self.durability)
     }
 }
 
@@ -330,7 +362,7 @@ fn sweep_unfinished(unfinished: &Path) {
             .and_then(|n| n.split_once('-'))
             .and_then(|(pid, _)| pid.parse::<u32>().ok());
         if pid.is_some_and(|pid| !pid_alive(pid)) {
-            let _ = remove_dir_robust(unfinished, &name);
+            let _ = remove_dir_robust(unfinished, &name, Durability::Lazy);
         }
     }
 }
@@ -349,7 +381,7 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
             path: branches,
         });
     }
-    remove_dir_robust(&branches, OsStr::new(id.as_str()))
+    remove_dir_robust(&branches, OsStr::new(id.as_str()), Durability::Durable)
 }
 
 /// Removes a branch directory, its `meta.json` first: a removal that a crash interrupts must
@@ -357,7 +389,7 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
 /// re-commit of that would apply an emptied opaque directory as deletions). The unlink needs
 /// no fsync of its own: the filesystems lockbox targets journal metadata in order, so no later
 /// removal can survive a crash that the unlink did not.
-fn remove_dir_robust(parent: &Path, name: &OsStr) -> Result<(), CowError> {
+fn remove_dir_robust(parent: &Path, name: &OsStr, durability: Durability) -> Result<(), CowError> {
     let err = |source| CowError::RemoveBranch {
         path: parent.join(name),
         source,
@@ -374,7 +406,10 @@ fn remove_dir_robust(parent: &Path, name: &OsStr) -> Result<(), CowError> {
         Err(e) => return Err(err(e)),
     }
     beneath::remove_tree_at(fd.as_fd(), name).map_err(err)?;
-    rustix::fs::fsync(&fd).map_err(|e| err(e.into()))
+    if durability == Durability::Durable {
+        rustix::fs::fsync(&fd).map_err(|e| err(e.into()))?;
+    }
+    Ok(())
 }
 
 /// One entry of [`list`].
