@@ -40,6 +40,10 @@ pub fn branches_dir(state_dir: &Path) -> PathBuf {
 /// never listed).
 const UNFINISHED: &str = ".new";
 
+/// Where discarded branches wait to be removed off the critical path (see [`Branch::abort`];
+/// not a valid [`BranchId`] either).
+const DISCARDED: &str = ".gone";
+
 /// A branch on disk: its directory and its verified `meta.json`.
 #[derive(Debug, Clone)]
 pub struct Branch {
@@ -106,6 +110,7 @@ impl Branch {
         let dir = branches.join(id.as_str());
         let unfinished = branches.join(UNFINISHED);
         sweep_unfinished(&unfinished);
+        sweep_discarded_in_background(&branches);
         let aside_name = format!("{}-{}", std::process::id(), id.as_str());
         let aside = unfinished.join(&aside_name);
         DirBuilder::new()
@@ -300,7 +305,13 @@ impl Branch {
             }
         };
         if !opts.dry_run {
-            self.abort()?;
+            let total = report.added + report.modified + report.deleted + report.type_changed;
+            let small = commit::is_small(total) && report.bytes <= DEFER_COMMITTED_BYTES;
+            self.remove(if small {
+                Removal::Deferred
+            } else {
+                Removal::Now
+            })?;
         }
         Ok(report)
     }
@@ -331,12 +342,55 @@ impl Branch {
     /// The removal of a branch that was never made durable is not waited for either: a crash
     /// can only bring back what a crash during its run could have left (an orphan, or a
     /// damaged branch), never one that was kept or committed.
+    ///
+    /// A branch whose upper layer holds nothing (a run that wrote nothing) is only renamed
+    /// into `branches/.gone/` (see [`Removal::Deferred`]).
     pub fn abort(self) -> Result<(), CowError> {
+        let removal = if is_empty_dir(&self.upper_dir()) {
+            Removal::Deferred
+        } else {
+            Removal::Now
+        };
+        self.remove(removal)
+    }
+
+    fn remove(self, removal: Removal) -> Result<(), CowError> {
         let parent = self.dir.parent().map(Path::to_owned).unwrap_or_default();
         let name = self.dir.file_name().unwrap_or_default().to_owned();
+        if removal == Removal::Deferred {
+            let gone = parent.join(DISCARDED);
+            // Best effort: if it cannot be set aside, it is removed here.
+            let _ = fs::create_dir(&gone);
+            if fs::rename(&self.dir, gone.join(&name)).is_ok() {
+                // One rename, so one fsync makes it gone for good: `.gone/` is never listed.
+                if self.durability == Durability::Durable {
+                    durable::fsync_dir(&parent).map_err(|source| CowError::RemoveBranch {
+                        path: self.dir.clone(),
+                        source,
+                    })?;
+                }
+                return Ok(());
+            }
+        }
         remove_dir_robust(&parent, &name, self.durability)
     }
 }
+
+/// When a discarded branch's directories are removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// Before the call returns.
+    Now,
+    /// Renamed into `branches/.gone/` now (never listed, never opened), removed by a later
+    /// [`Branch::create`] on a background thread, while its caller starts the sandbox.
+    /// Removing a branch's six directories costs 1-8 ms on a busy ext4 (each `rmdir` can wait
+    /// milliseconds; issue 21): worth deferring for an empty or small upper, not for one
+    /// whose space the caller wants back.
+    Deferred,
+}
+
+/// A committed branch up to this size is removed with [`Removal::Deferred`].
+const DEFER_COMMITTED_BYTES: u64 = 1 << 20;
 
 /// `rename(from, to)` that fails with `EEXIST` rather than replace `to` (an empty directory
 /// would be replaced silently). Filesystems without `RENAME_NOREPLACE` get a plain rename:
@@ -365,6 +419,35 @@ fn sweep_unfinished(unfinished: &Path) {
             let _ = remove_dir_robust(unfinished, &name, Durability::Lazy);
         }
     }
+}
+
+/// Removes the branches set aside in `branches/.gone/` ([`Removal::Deferred`]), on a thread of its own
+/// while the caller goes on to start its sandbox. Best effort: if the process ends first,
+/// what is left is removed by a later creation (an entry there is never listed, and is
+/// garbage whatever state it is in).
+fn sweep_discarded_in_background(branches: &Path) {
+    let gone = branches.join(DISCARDED);
+    let has_entries = fs::read_dir(&gone).is_ok_and(|mut rd| rd.next().is_some());
+    if !has_entries {
+        return;
+    }
+    let sweep = move || {
+        let Ok(entries) = fs::read_dir(&gone) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let _ = remove_dir_robust(&gone, &entry.file_name(), Durability::Lazy);
+        }
+    };
+    // Detached: nothing waits for it. If no thread can be made, the next creation tries again.
+    let _ = std::thread::Builder::new()
+        .name("lockbox-sweep".into())
+        .spawn(sweep);
+}
+
+/// Whether `dir` is a directory without entries (false if it cannot be read).
+fn is_empty_dir(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut rd| rd.next().is_none())
 }
 
 /// Best effort: a pid may have been reused.

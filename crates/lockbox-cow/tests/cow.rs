@@ -768,6 +768,40 @@ fn a_kept_branch_reopens_kept_and_an_aborted_one_leaves_nothing() {
     assert_eq!(list(&s.state).unwrap().len(), 1);
 }
 
+/// Discarding a branch that holds nothing, or committing a small one, only sets it aside in
+/// `branches/.gone/` (never listed, never opened); the next creation removes it on a thread
+/// of its own.
+#[test]
+fn a_discarded_branch_is_set_aside_unlisted_and_removed_by_the_next_creation() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    let gone = s.state.join("branches/.gone");
+    // Both made before either is discarded: a creation starts removing what is set aside.
+    let empty = s.branch();
+    let committed = s.branch();
+    let ids = [empty.id().clone(), committed.id().clone()];
+    empty.abort().unwrap();
+    assert!(run_in_branch(&committed, "echo x > f"));
+    committed.commit(&CommitOptions::default()).unwrap();
+    assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "x\n");
+    assert!(list(&s.state).unwrap().is_empty());
+    for id in &ids {
+        assert!(Branch::open(&s.state, id).is_err());
+        assert!(gone.join(id.as_str()).is_dir(), "{id} set aside");
+    }
+    let next = s.branch();
+    // Removed in the background: wait for it, as long as a slow disk needs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::read_dir(&gone).unwrap().next().is_some() {
+        assert!(std::time::Instant::now() < deadline, "never swept");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(list(&s.state).unwrap().len(), 1);
+    next.abort().unwrap();
+}
+
 #[test]
 fn a_refused_or_failed_commit_is_recorded_and_listed_with_its_remedy() {
     if !require_overlay() {
