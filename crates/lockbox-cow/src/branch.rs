@@ -13,7 +13,8 @@
 //! and renamed into place: a kill during [`Branch::create`] leaves nothing [`list`] shows,
 //! and the next creation removes what a dead creator left there. A directory without a
 //! readable `meta.json` (a power loss, a removal cut short) is listed as damaged and
-//! [`abort_id`] removes it.
+//! [`abort_id`] removes it. A discarded branch may wait in `STATE/branches/.gone/<id>/` to be
+//! removed by a later creation (see `Removal::Deferred`).
 
 use std::ffi::OsStr;
 use std::fs::{self, DirBuilder};
@@ -383,7 +384,7 @@ enum Removal {
     Now,
     /// Renamed into `branches/.gone/` now (never listed, never opened), removed by a later
     /// [`Branch::create`] on a background thread, while its caller starts the sandbox.
-    /// Removing a branch's six directories costs 1-8 ms on a busy ext4 (each `rmdir` can wait
+    /// Removing a branch's six directories costs 1-12 ms on a busy ext4 (each `rmdir` can wait
     /// milliseconds; issue 21): worth deferring for an empty or small upper, not for one
     /// whose space the caller wants back.
     Deferred,
@@ -421,9 +422,9 @@ fn sweep_unfinished(unfinished: &Path) {
     }
 }
 
-/// Removes the branches set aside in `branches/.gone/` ([`Removal::Deferred`]), on a thread of its own
-/// while the caller goes on to start its sandbox. Best effort: if the process ends first,
-/// what is left is removed by a later creation (an entry there is never listed, and is
+/// Removes the branches set aside in `branches/.gone/` ([`Removal::Deferred`]), on a thread
+/// of its own while the caller goes on to start its sandbox. Best effort: if the process ends
+/// first, what is left is removed by a later creation (an entry there is never listed, and is
 /// garbage whatever state it is in).
 fn sweep_discarded_in_background(branches: &Path) {
     let gone = branches.join(DISCARDED);
