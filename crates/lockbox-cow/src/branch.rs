@@ -13,7 +13,8 @@
 //! and renamed into place: a kill during [`Branch::create`] leaves nothing [`list`] shows,
 //! and the next creation removes what a dead creator left there. A directory without a
 //! readable `meta.json` (a power loss, a removal cut short) is listed as damaged and
-//! [`abort_id`] removes it.
+//! [`abort_id`] removes it. A discarded branch may wait in `STATE/branches/.gone/<id>/` to be
+//! removed by a later creation (see `Removal::Deferred`).
 
 use std::ffi::OsStr;
 use std::fs::{self, DirBuilder};
@@ -25,7 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustix::fs::RenameFlags;
 use rustix::io::Errno;
 
-use crate::meta::{self, BranchMeta, BranchState, Timestamp};
+use crate::meta::{self, BranchMeta, BranchState, Durability, Timestamp};
 use crate::{
     beneath, commit, durable, BranchId, ChangeIter, ChangeSet, CommitOptions, CommitReport,
     CowError,
@@ -40,17 +41,31 @@ pub fn branches_dir(state_dir: &Path) -> PathBuf {
 /// never listed).
 const UNFINISHED: &str = ".new";
 
+/// Where discarded branches wait to be removed off the critical path (see [`Branch::abort`];
+/// not a valid [`BranchId`] either).
+const DISCARDED: &str = ".gone";
+
 /// A branch on disk: its directory and its verified `meta.json`.
 #[derive(Debug, Clone)]
 pub struct Branch {
     dir: PathBuf,
     meta: BranchMeta,
+    /// Whether the branch's directory, entries and record are known to be on disk. A new
+    /// branch's are not (see [`Branch::create`]): it becomes durable when it first holds
+    /// something to keep ([`Branch::keep`], [`Branch::record_failure`], a commit).
+    durability: Durability,
 }
 
 impl Branch {
     /// Creates a branch of `workdir` under `state_dir` with a fresh id. Call it right before
     /// the sandbox starts: the creation time is the stale-base reference. `context` is stored
     /// as-is (policy, command, ...).
+    ///
+    /// Nothing is fsynced: a new branch holds nothing worth a crash (what its sandbox writes
+    /// is only in the page cache anyway, views being `volatile`), so it is made durable when it
+    /// first holds something to keep (issue 21). A crash before that leaves, at worst, a branch
+    /// [`list`] shows as an orphan or as damaged (no readable `meta.json`), which
+    /// [`abort_id`] removes, or a leftover under `.new/`, which the next creation sweeps.
     pub fn create(
         state_dir: &Path,
         workdir: &Path,
@@ -96,6 +111,7 @@ impl Branch {
         let dir = branches.join(id.as_str());
         let unfinished = branches.join(UNFINISHED);
         sweep_unfinished(&unfinished);
+        sweep_discarded_in_background(&branches);
         let aside_name = format!("{}-{}", std::process::id(), id.as_str());
         let aside = unfinished.join(&aside_name);
         DirBuilder::new()
@@ -116,14 +132,9 @@ impl Branch {
             });
         if made.is_err() {
             // Best effort: the error that matters is the one returned.
-            let _ = remove_dir_robust(&unfinished, OsStr::new(&aside_name));
+            let _ = remove_dir_robust(&unfinished, OsStr::new(&aside_name), Durability::Lazy);
         }
-        let branch = made?;
-        durable::fsync_dir(&branches).map_err(|source| CowError::StateDir {
-            path: branches,
-            source,
-        })?;
-        Ok(branch)
+        made
     }
 
     fn fill_new(
@@ -166,10 +177,11 @@ impl Branch {
             context,
             failure: None,
         };
-        meta::write(dir, &meta)?;
+        meta::write(dir, &meta, Durability::Lazy)?;
         Ok(Branch {
             dir: dir.to_owned(),
             meta,
+            durability: Durability::Lazy,
         })
     }
 
@@ -183,7 +195,13 @@ impl Branch {
             });
         }
         let meta = meta::read(&dir)?;
-        Ok(Branch { dir, meta })
+        // Whoever made it may have died before making it durable: treated as durable, so
+        // that removing it is (a crash must not bring back a branch that was committed).
+        Ok(Branch {
+            dir,
+            meta,
+            durability: Durability::Durable,
+        })
     }
 
     /// The branch id.
@@ -235,22 +253,38 @@ impl Branch {
 
     /// What the sandbox wrote is only in the page cache (views are `volatile`): made
     /// durable before a record says the branch outlives its process (one syncfs: the upper
-    /// can hold many files).
-    fn sync_upper(&self) -> Result<(), CowError> {
+    /// can hold many files). The syncfs also covers the branch's own directory entries (they
+    /// are on the upper's filesystem), so the branch is durable from here on.
+    fn sync_upper(&mut self) -> Result<(), CowError> {
         let upper = self.upper_dir();
         let synced = fs::File::open(&upper)
             .and_then(|dir| rustix::fs::syncfs(&dir).map_err(std::io::Error::from));
         synced.map_err(|source| CowError::SyncFs {
             path: upper,
             source,
-        })
+        })?;
+        self.durability = Durability::Durable;
+        Ok(())
     }
 
+    /// Writes the record with `state` durably. A branch not yet durable is made so: after
+    /// this the record is on disk and so is the branch's entry in `branches/` (the record's
+    /// own fsyncs cover its directory, not that directory's parent).
     pub(crate) fn set_state(&mut self, state: BranchState) -> Result<(), CowError> {
         let mut meta = self.meta.clone();
         meta.state = state;
-        meta::write(&self.dir, &meta)?;
+        meta::write(&self.dir, &meta, Durability::Durable)?;
         self.meta = meta;
+        if self.durability == Durability::Lazy {
+            // After the record's fsyncs: on a journalling filesystem they committed the
+            // branch's creation with them, and this one has nothing left to wait for.
+            let parent = self.dir.parent().unwrap_or(Path::new("/"));
+            durable::fsync_dir(parent).map_err(|source| CowError::StateDir {
+                path: parent.to_owned(),
+                source,
+            })?;
+            self.durability = Durability::Durable;
+        }
         Ok(())
     }
 
@@ -272,7 +306,13 @@ impl Branch {
             }
         };
         if !opts.dry_run {
-            self.abort()?;
+            let total = report.added + report.modified + report.deleted + report.type_changed;
+            let small = commit::is_small(total) && report.bytes <= DEFER_COMMITTED_BYTES;
+            self.remove(if small {
+                Removal::Deferred
+            } else {
+                Removal::Now
+            })?;
         }
         Ok(report)
     }
@@ -292,19 +332,66 @@ impl Branch {
         let mut meta = self.meta.clone();
         meta.state = state;
         meta.failure = Some(bounded(error.to_string()));
-        meta::write(&self.dir, &meta)?;
+        meta::write(&self.dir, &meta, Durability::Durable)?;
         self.meta = meta;
         Ok(())
     }
 
     /// Discards the branch: removes its directory, including unreadable or unwritable
     /// entries (the kernel's `work/work` is mode 000).
+    ///
+    /// The removal of a branch that was never made durable is not waited for either: a crash
+    /// can only bring back what a crash during its run could have left (an orphan, or a
+    /// damaged branch), never one that was kept or committed.
+    ///
+    /// A branch whose upper layer holds nothing (a run that wrote nothing) is only renamed
+    /// into `branches/.gone/` (see [`Removal::Deferred`]).
     pub fn abort(self) -> Result<(), CowError> {
+        let removal = if is_empty_dir(&self.upper_dir()) {
+            Removal::Deferred
+        } else {
+            Removal::Now
+        };
+        self.remove(removal)
+    }
+
+    fn remove(self, removal: Removal) -> Result<(), CowError> {
         let parent = self.dir.parent().map(Path::to_owned).unwrap_or_default();
         let name = self.dir.file_name().unwrap_or_default().to_owned();
-        remove_dir_robust(&parent, &name)
+        if removal == Removal::Deferred {
+            let gone = parent.join(DISCARDED);
+            // Best effort: if it cannot be set aside, it is removed here.
+            let _ = fs::create_dir(&gone);
+            if fs::rename(&self.dir, gone.join(&name)).is_ok() {
+                // One rename, so one fsync makes it gone for good: `.gone/` is never listed.
+                if self.durability == Durability::Durable {
+                    durable::fsync_dir(&parent).map_err(|source| CowError::RemoveBranch {
+                        path: self.dir.clone(),
+                        source,
+                    })?;
+                }
+                return Ok(());
+            }
+        }
+        remove_dir_robust(&parent, &name, self.durability)
     }
 }
+
+/// When a discarded branch's directories are removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// Before the call returns.
+    Now,
+    /// Renamed into `branches/.gone/` now (never listed, never opened), removed by a later
+    /// [`Branch::create`] on a background thread, while its caller starts the sandbox.
+    /// Removing a branch's six directories costs 1-12 ms on a busy ext4 (each `rmdir` can wait
+    /// milliseconds; issue 21): worth deferring for an empty or small upper, not for one
+    /// whose space the caller wants back.
+    Deferred,
+}
+
+/// A committed branch up to this size is removed with [`Removal::Deferred`].
+const DEFER_COMMITTED_BYTES: u64 = 1 << 20;
 
 /// `rename(from, to)` that fails with `EEXIST` rather than replace `to` (an empty directory
 /// would be replaced silently). Filesystems without `RENAME_NOREPLACE` get a plain rename:
@@ -330,9 +417,38 @@ fn sweep_unfinished(unfinished: &Path) {
             .and_then(|n| n.split_once('-'))
             .and_then(|(pid, _)| pid.parse::<u32>().ok());
         if pid.is_some_and(|pid| !pid_alive(pid)) {
-            let _ = remove_dir_robust(unfinished, &name);
+            let _ = remove_dir_robust(unfinished, &name, Durability::Lazy);
         }
     }
+}
+
+/// Removes the branches set aside in `branches/.gone/` ([`Removal::Deferred`]), on a thread
+/// of its own while the caller goes on to start its sandbox. Best effort: if the process ends
+/// first, what is left is removed by a later creation (an entry there is never listed, and is
+/// garbage whatever state it is in).
+fn sweep_discarded_in_background(branches: &Path) {
+    let gone = branches.join(DISCARDED);
+    let has_entries = fs::read_dir(&gone).is_ok_and(|mut rd| rd.next().is_some());
+    if !has_entries {
+        return;
+    }
+    let sweep = move || {
+        let Ok(entries) = fs::read_dir(&gone) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let _ = remove_dir_robust(&gone, &entry.file_name(), Durability::Lazy);
+        }
+    };
+    // Detached: nothing waits for it. If no thread can be made, the next creation tries again.
+    let _ = std::thread::Builder::new()
+        .name("lockbox-sweep".into())
+        .spawn(sweep);
+}
+
+/// Whether `dir` is a directory without entries (false if it cannot be read).
+fn is_empty_dir(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut rd| rd.next().is_none())
 }
 
 /// Best effort: a pid may have been reused.
@@ -349,7 +465,7 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
             path: branches,
         });
     }
-    remove_dir_robust(&branches, OsStr::new(id.as_str()))
+    remove_dir_robust(&branches, OsStr::new(id.as_str()), Durability::Durable)
 }
 
 /// Removes a branch directory, its `meta.json` first: a removal that a crash interrupts must
@@ -357,7 +473,7 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
 /// re-commit of that would apply an emptied opaque directory as deletions). The unlink needs
 /// no fsync of its own: the filesystems lockbox targets journal metadata in order, so no later
 /// removal can survive a crash that the unlink did not.
-fn remove_dir_robust(parent: &Path, name: &OsStr) -> Result<(), CowError> {
+fn remove_dir_robust(parent: &Path, name: &OsStr, durability: Durability) -> Result<(), CowError> {
     let err = |source| CowError::RemoveBranch {
         path: parent.join(name),
         source,
@@ -374,7 +490,10 @@ fn remove_dir_robust(parent: &Path, name: &OsStr) -> Result<(), CowError> {
         Err(e) => return Err(err(e)),
     }
     beneath::remove_tree_at(fd.as_fd(), name).map_err(err)?;
-    rustix::fs::fsync(&fd).map_err(|e| err(e.into()))
+    if durability == Durability::Durable {
+        rustix::fs::fsync(&fd).map_err(|e| err(e.into()))?;
+    }
+    Ok(())
 }
 
 /// One entry of [`list`].

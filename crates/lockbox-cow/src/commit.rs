@@ -5,7 +5,8 @@
 //!    skipped ([`SkipReason`]); refuse devices and reserved names; refuse workdir directories the apply step could not write, search or
 //!    empty (see [`WorkdirCheck`]); collect stale paths (see [`crate::stale`]) and refuse
 //!    unless `force`. A dry run stops here.
-//! 2. Mark the branch `Committing` in `meta.json` (durable).
+//! 2. Mark the branch `Committing` in `meta.json` (durable, and the branch with it: a new
+//!    branch is not, see [`Branch::create`]).
 //! 3. **Stage**: copy every new file and symlink into `DIR/.lockbox-commit-<id>/` (same
 //!    filesystem as DIR, so the later `rename(2)` is atomic), with mode and times set, holes
 //!    kept ([`crate::data`]); then one `syncfs(2)`: all new data is durable before any of it
@@ -19,11 +20,11 @@
 //!    RESOLVE_NO_SYMLINKS)` ([`DirCursor`]: no path is ever passed whole, so paths longer
 //!    than `PATH_MAX` work), and the last component is only touched by calls that do not
 //!    follow it, so no symlink (in DIR or in the branch) can make a commit write outside DIR.
-//! 5. Set directory modes and mtimes deepest first (last of all, so a mode such as 000 the
-//!    sandbox left forbids nothing the commit still does), `syncfs` again (all renames,
-//!    unlinks and directory updates durable; small commits fsync each touched directory,
-//!    opened before its final mode is set), remove the staging directory. An empty change
-//!    set writes nothing at all.
+//! 5. Remove the staging directory, set directory modes and mtimes deepest first (last of
+//!    all, so a mode such as 000 the sandbox left forbids nothing the commit still does),
+//!    `syncfs` again (all renames, unlinks and directory updates durable, the staging
+//!    directory's removal too; small commits fsync each touched directory and DIR, opened
+//!    before their final modes are set). An empty change set writes nothing at all.
 //!
 //! Steps 1-5 run under the per-workdir commit lock ([`WorkdirLock`]).
 
@@ -192,15 +193,15 @@ pub fn commit(
         }
     };
     apply(root.as_fd(), &plan, false)?;
-    finish(root.as_fd(), &plan)?;
+    // Removed before `finish`, so that its fsyncs (or syncfs) make the removal durable with
+    // the renames: one flush of DIR instead of two (issue 21). A crash before they return
+    // leaves the branch `committing`, and committing it again stages and applies afresh:
+    // a resumed commit needs nothing from the staging directory.
     remove_tree_at(root.as_fd(), OsStr::new(&staging_name)).map_err(|source| CowError::Delete {
         path: staging_name.clone().into(),
         source,
     })?;
-    rustix::fs::fsync(&root).map_err(|e| CowError::Fsync {
-        path: given,
-        source: e.into(),
-    })?;
+    finish(root.as_fd(), &plan, Some(Path::new("")))?;
     Ok(report)
 }
 
@@ -508,16 +509,16 @@ pub(crate) fn stage(
         .and_then(|staging| {
             let plan = fill_staging(upper, workdir, staging.as_fd(), small)?;
             // Every staged file is durable before any becomes visible: each was fsynced
-            // (small) or one syncfs covers them all.
-            let synced = if small {
-                rustix::fs::fsync(&staging)
-            } else {
-                rustix::fs::syncfs(&staging)
-            };
-            synced.map_err(|e| CowError::SyncFs {
-                path: staging_name.into(),
-                source: e.into(),
-            })?;
+            // (small) or one syncfs covers them all. The staging directory's own entries
+            // need no fsync here: a rename makes a durable inode visible, and a commit cut
+            // short stages again ([`stage_upper`] syncs them: its redo reads the staging
+            // directory).
+            if !small {
+                rustix::fs::syncfs(&staging).map_err(|e| CowError::SyncFs {
+                    path: staging_name.into(),
+                    source: e.into(),
+                })?;
+            }
             Ok(Plan {
                 staging,
                 plan,
@@ -816,11 +817,18 @@ fn make_dir(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), CowErr
 }
 
 /// Step 5 (without removing the staging directory).
-pub(crate) fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> {
+///
+/// `also`: a directory the caller changed too (relative to `root`), made durable with the
+/// plan's.
+pub(crate) fn finish(
+    root: BorrowedFd<'_>,
+    plan: &Plan,
+    also: Option<&Path>,
+) -> Result<(), CowError> {
     // Opened before the final modes are set: a directory left at mode 000 by the sandbox
     // cannot be opened by its owner afterwards, and fsync needs a readable descriptor.
     let to_fsync = if plan.small {
-        open_touched_dirs(root, plan)?
+        open_touched_dirs(root, plan, also)?
     } else {
         None
     };
@@ -864,6 +872,7 @@ pub(crate) fn finish(root: BorrowedFd<'_>, plan: &Plan) -> Result<(), CowError> 
 fn open_touched_dirs(
     root: BorrowedFd<'_>,
     plan: &Plan,
+    also: Option<&Path>,
 ) -> Result<Option<Vec<(PathBuf, OwnedFd)>>, CowError> {
     let mut dirs: Vec<PathBuf> = plan
         .plan
@@ -875,6 +884,7 @@ fn open_touched_dirs(
             }
         })
         .chain(plan.plan.dirs.iter().map(|d| d.path.clone()))
+        .chain(also.map(Path::to_owned))
         .collect();
     dirs.sort();
     dirs.dedup();

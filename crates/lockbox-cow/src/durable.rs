@@ -6,6 +6,16 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+/// Whether a write or removal is on disk when the call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// fsynced: survives a crash.
+    Durable,
+    /// Left to the kernel's writeback: a crash may undo it. Only for state whose loss, or
+    /// whose return, recovery handles.
+    Lazy,
+}
+
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content or
 /// all of `bytes`.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {

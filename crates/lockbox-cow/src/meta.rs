@@ -2,12 +2,14 @@
 //!
 //! On disk: `{"format_version": 1, "checksum": "crc32:XXXXXXXX", "meta": {...}}` where the
 //! checksum is a CRC-32 (IEEE) of the canonical JSON of `meta` (serde_json with sorted object
-//! keys). Written temp + fsync + rename + fsync of the directory.
+//! keys). Written temp + fsync + rename + fsync of the directory, except when a branch is
+//! created (see [`crate::Branch::create`]).
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use crate::durable::Durability;
 use crate::{durable, BranchId, CowError};
 
 /// The current `meta.json` format version.
@@ -110,8 +112,13 @@ fn checksum_of(meta: &serde_json::Value) -> Result<String, serde_json::Error> {
     Ok(format!("crc32:{:08x}", crc32(&serde_json::to_vec(meta)?)))
 }
 
-/// Writes `meta` into `branch_dir/meta.json` durably.
-pub(crate) fn write(branch_dir: &Path, meta: &BranchMeta) -> Result<(), CowError> {
+/// Writes `meta` into `branch_dir/meta.json`, replacing it atomically; `Durable`: fsynced
+/// (file and directory).
+pub(crate) fn write(
+    branch_dir: &Path,
+    meta: &BranchMeta,
+    durability: Durability,
+) -> Result<(), CowError> {
     let path = branch_dir.join(META_FILE);
     let err = |source| CowError::WriteMeta {
         path: path.clone(),
@@ -127,7 +134,11 @@ pub(crate) fn write(branch_dir: &Path, meta: &BranchMeta) -> Result<(), CowError
         serde_json::to_vec_pretty(&file)
     })()
     .map_err(|e| err(e.into()))?;
-    durable::write_atomic(branch_dir, META_FILE, &json).map_err(err)
+    match durability {
+        Durability::Durable => durable::write_atomic(branch_dir, META_FILE, &json),
+        Durability::Lazy => durable::write_replace(branch_dir, META_FILE, &json),
+    }
+    .map_err(err)
 }
 
 /// Reads and verifies `branch_dir/meta.json`.
@@ -189,7 +200,7 @@ mod tests {
             context: serde_json::json!({"command": ["sh", "-c", "true"], "z": 1.5, "a": null}),
             failure: None,
         };
-        write(dir.path(), &meta).unwrap();
+        write(dir.path(), &meta, Durability::Durable).unwrap();
         assert_eq!(read(dir.path()).unwrap(), meta);
         let p = dir.path().join(META_FILE);
         let text = std::fs::read_to_string(&p).unwrap().replace("/x", "/y");

@@ -48,13 +48,23 @@ pub fn stage_upper(
         return Ok((CommitPlan::default(), report));
     }
     let total = report.added + report.modified + report.deleted + report.type_changed;
+    let name = staging_name(key);
     let plan = commit::stage(
         upper,
         workdir,
         root.as_fd(),
-        OsStr::new(&staging_name(key)),
+        OsStr::new(&name),
         commit::is_small(total),
     )?;
+    // A redo after a crash reads the staged entries ([`apply_staged`]): they must be durable
+    // before the caller's log records the commit point (`stage` synced them only for a
+    // large plan, with syncfs).
+    if plan.small {
+        rustix::fs::fsync(&plan.staging).map_err(|e| CowError::SyncFs {
+            path: name.into(),
+            source: e.into(),
+        })?;
+    }
     Ok((plan.plan, report))
 }
 
@@ -87,7 +97,7 @@ pub fn apply_staged(workdir: &Path, key: &str, plan: &CommitPlan) -> Result<(), 
         small,
     };
     commit::apply(root.as_fd(), &plan, true)?;
-    commit::finish(root.as_fd(), &plan)?;
+    commit::finish(root.as_fd(), &plan, None)?;
     drop(plan);
     remove_tree_at(root.as_fd(), OsStr::new(&name)).map_err(|source| CowError::Delete {
         path: name.clone().into(),
