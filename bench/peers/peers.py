@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--lockbox", required=True)
     ap.add_argument("--lockbox-static", help="also measure this (statically linked) lockbox")
+    ap.add_argument("--names", default="lockbox,lockbox-static",
+                    help="the two lockbox binaries' names in the tables (e.g. before,after to "
+                    "compare two builds)")
     ap.add_argument("--sandlock", required=True)
     ap.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
     ap.add_argument("--jobs", default="plain,workdir-none,workdir-write",
@@ -99,9 +102,10 @@ def main():
 
     scratch = tempfile.mkdtemp(prefix="lockbox-peers-")
     dirs = {}
-    lockboxes = [("lockbox", args.lockbox)]
+    first, second = args.names.split(",")
+    lockboxes = [(first, args.lockbox)]
     if args.lockbox_static:
-        lockboxes.append(("lockbox-static", args.lockbox_static))
+        lockboxes.append((second, args.lockbox_static))
     names = ["sl"] + [name for name, _ in lockboxes]
     for name in [f"{n}-{job}" for n in names for job in ("none", "write")]:
         d = os.path.join(scratch, name)
