@@ -308,7 +308,7 @@ impl Branch {
         if !opts.dry_run {
             let total = report.added + report.modified + report.deleted + report.type_changed;
             let small = commit::is_small(total) && report.bytes <= DEFER_COMMITTED_BYTES;
-            self.remove(if small {
+            self.remove(if small && opts.defer_removal {
                 Removal::Deferred
             } else {
                 Removal::Now
@@ -344,9 +344,15 @@ impl Branch {
     /// can only bring back what a crash during its run could have left (an orphan, or a
     /// damaged branch), never one that was kept or committed.
     ///
-    /// A branch whose upper layer holds nothing (a run that wrote nothing) is only renamed
-    /// into `branches/.gone/` (see [`Removal::Deferred`]).
     pub fn abort(self) -> Result<(), CowError> {
+        self.remove(Removal::Now)
+    }
+
+    /// [`Branch::abort`] for a caller that exits right after (`lockbox run`): a branch whose
+    /// upper layer holds nothing (a run that wrote nothing) is only renamed into
+    /// `branches/.gone/` (see [`Removal::Deferred`]); the next creation removes it. A
+    /// long-lived caller uses [`Branch::abort`], which leaves nothing behind.
+    pub fn abort_before_exit(self) -> Result<(), CowError> {
         let removal = if is_empty_dir(&self.upper_dir()) {
             Removal::Deferred
         } else {

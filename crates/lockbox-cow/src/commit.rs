@@ -55,6 +55,10 @@ pub struct CommitOptions {
     pub force: bool,
     /// Validate and count only; write nothing.
     pub dry_run: bool,
+    /// The caller exits right after (`lockbox run`): a small branch is set aside in
+    /// `branches/.gone/` for a later creation to remove, instead of being removed before
+    /// the commit returns (see [`crate::Branch::abort_before_exit`]).
+    pub defer_removal: bool,
 }
 
 /// What a commit did (or, for a dry run, would do).

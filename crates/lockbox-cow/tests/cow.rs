@@ -26,6 +26,7 @@ fn kinds(branch: &Branch) -> Vec<(String, char, FileType)> {
 const FORCE: CommitOptions = CommitOptions {
     force: true,
     dry_run: false,
+    defer_removal: false,
 };
 
 #[test]
@@ -335,6 +336,7 @@ fn abort_and_dry_run_leave_workdir_byte_identical() {
     let dry = CommitOptions {
         force: false,
         dry_run: true,
+        defer_removal: false,
     };
     let mut b = b;
     let r = lockbox_cow::commit(&mut b, &s.wd, &dry).unwrap();
@@ -768,11 +770,11 @@ fn a_kept_branch_reopens_kept_and_an_aborted_one_leaves_nothing() {
     assert_eq!(list(&s.state).unwrap().len(), 1);
 }
 
-/// Discarding a branch that holds nothing, or committing a small one, only sets it aside in
-/// `branches/.gone/` (never listed, never opened); the next creation removes it on a thread
-/// of its own.
+/// For a caller about to exit, discarding a branch that holds nothing, or committing a small
+/// one, only sets it aside in `branches/.gone/` (never listed, never opened); the next
+/// creation removes it on a thread of its own.
 #[test]
-fn a_discarded_branch_is_set_aside_unlisted_and_removed_by_the_next_creation() {
+fn a_branch_discarded_before_exit_is_set_aside_unlisted_and_removed_by_the_next_creation() {
     if !require_overlay() {
         return;
     }
@@ -782,9 +784,13 @@ fn a_discarded_branch_is_set_aside_unlisted_and_removed_by_the_next_creation() {
     let empty = s.branch();
     let committed = s.branch();
     let ids = [empty.id().clone(), committed.id().clone()];
-    empty.abort().unwrap();
+    empty.abort_before_exit().unwrap();
     assert!(run_in_branch(&committed, "echo x > f"));
-    committed.commit(&CommitOptions::default()).unwrap();
+    let before_exit = CommitOptions {
+        defer_removal: true,
+        ..CommitOptions::default()
+    };
+    committed.commit(&before_exit).unwrap();
     assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), "x\n");
     assert!(list(&s.state).unwrap().is_empty());
     for id in &ids {
@@ -800,6 +806,26 @@ fn a_discarded_branch_is_set_aside_unlisted_and_removed_by_the_next_creation() {
     }
     assert_eq!(list(&s.state).unwrap().len(), 1);
     next.abort().unwrap();
+}
+
+/// A long-lived caller's abort and commit leave nothing in the state directory.
+#[test]
+fn abort_and_commit_leave_no_directory_behind() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    let empty = s.branch();
+    let committed = s.branch();
+    empty.abort().unwrap();
+    assert!(run_in_branch(&committed, "echo x > f"));
+    committed.commit(&CommitOptions::default()).unwrap();
+    let left: Vec<_> = std::fs::read_dir(s.state.join("branches"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != ".new")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]

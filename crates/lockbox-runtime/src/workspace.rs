@@ -64,6 +64,7 @@ pub(crate) fn commit(
         let opts = CommitOptions {
             force: sel.force,
             dry_run: false,
+            defer_removal: false,
         };
         let (plan, report) = stage_upper(&snap, &workdir, &key, base, &opts).map_err(cow_error)?;
         if let Err(e) = apply_staged(&workdir, &key, &plan) {

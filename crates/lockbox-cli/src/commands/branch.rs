@@ -141,6 +141,7 @@ fn commit(state_dir: &Path, id: &str, force: bool, as_json: bool) -> Result<(), 
     match branch.commit(&CommitOptions {
         force,
         dry_run: false,
+        defer_removal: false,
     }) {
         Ok(report) => {
             super::workdir::warn_skipped(&report);

@@ -177,9 +177,11 @@ impl Workspace {
         let id = self.branch.id().as_str().to_owned();
         let result = match action {
             BranchAction::Commit => {
+                // `lockbox run` exits next: a small branch's removal can wait.
                 let opts = CommitOptions {
                     force,
                     dry_run: false,
+                    defer_removal: true,
                 };
                 return match self.branch.commit(&opts) {
                     Ok(report) => {
@@ -192,7 +194,7 @@ impl Workspace {
                     }
                 };
             }
-            BranchAction::Abort => self.branch.abort().map(|()| {
+            BranchAction::Abort => self.branch.abort_before_exit().map(|()| {
                 if let (Some((why, keep)), false) = (why, changes.is_empty()) {
                     let them = if changes.len() == 1 { "it" } else { "them" };
                     eoutln!(
