@@ -112,28 +112,60 @@ pub fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
 ///
 /// `run` must end in `execve` or [`exit`], and write nothing but its own stack (and errno).
 pub fn spawn_vfork<T>(stack: &mut [u8], run: fn(&T) -> !, arg: &T) -> Result<libc::pid_t, Errno> {
+    clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_VFORK)
+}
+
+/// Runs `run(arg)` in a child that shares our memory and descriptor table, on `stack`,
+/// *alongside* us (`CLONE_VM | CLONE_FILES`, no `CLONE_VFORK`): work done in parallel with
+/// ours, without copying page tables. Returns the child's pid; reap it with [`wait4`]
+/// before `stack` or `arg` go away.
+///
+/// `run` must end in [`exit`], and write nothing but its own stack and atomics in `arg`.
+pub fn spawn_alongside<T: Sync>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+) -> Result<libc::pid_t, Errno> {
+    clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_FILES)
+}
+
+/// `clone(flags | SIGCHLD)` of a child that runs `run(arg)` on `stack`. The child finds
+/// `run` and `arg` at the top of its own stack (ours may have moved on by the time it runs
+/// unless `CLONE_VFORK` suspends us); the caller keeps `stack` and `arg` alive until the
+/// child has exited or exec'd.
+fn clone_on<T>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+    flags: libc::c_int,
+) -> Result<libc::pid_t, Errno> {
     struct Start<'a, T> {
         run: fn(&T) -> !,
         arg: &'a T,
     }
     extern "C" fn entry<T>(start: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: `start` points to the `Start` below, on the parent's stack, which stays
-        // intact while the parent is suspended (CLONE_VFORK).
+        // SAFETY: `start` points into the child's stack (below), which the caller keeps
+        // alive and untouched until the child has exited or exec'd.
         let start = unsafe { &*(start as *const Start<'_, T>) };
         (start.run)(start.arg)
     }
-    let start = Start { run, arg };
+    let slot = std::mem::size_of::<Start<'_, T>>().next_multiple_of(16);
+    if stack.len() < slot + 4096 {
+        return Err(Errno(libc::EINVAL));
+    }
     // The stack grows down on every architecture lockbox supports; align the top to 16.
     let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    // SAFETY: `top` is the aligned end of a live, writable buffer that outlives the child's
-    // use of it (we are suspended until the child execs or exits); `start` lives until
-    // clone returns, which is after that.
+    let start_at = (top - slot) as *mut Start<'_, T>;
+    // SAFETY: `start_at` is 16-aligned and inside `stack`, which is live and writable.
+    unsafe { start_at.write(Start { run, arg }) };
+    // SAFETY: the child runs on `stack` below its `Start`, which the caller keeps alive
+    // (and `arg` with it) until the child has exited or exec'd.
     let rc = unsafe {
         libc::clone(
             entry::<T>,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            &start as *const Start<'_, T> as *mut libc::c_void,
+            start_at as *mut libc::c_void,
+            flags | libc::SIGCHLD,
+            start_at as *mut libc::c_void,
         )
     };
     check_int(rc)
@@ -965,50 +997,6 @@ pub fn dup_above(fd: RawFd, min: RawFd) -> Result<RawFd, Errno> {
 pub fn set_cloexec(fd: RawFd) -> Result<(), Errno> {
     // SAFETY: descriptor numbers only; no pointers.
     check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
-}
-
-/// Runs `run(arg)` in a child that shares our memory and descriptor table, on `stack`,
-/// *alongside* us (`CLONE_VM | CLONE_FILES`, no `CLONE_VFORK`): work done in parallel with
-/// ours, without copying page tables. Returns the child's pid; reap it with [`wait4`]
-/// before `stack` or `arg` go away.
-///
-/// `run` must end in [`exit`], and write nothing but its own stack and atomics in `arg`.
-pub fn spawn_alongside<T: Sync>(
-    stack: &mut [u8],
-    run: fn(&T) -> !,
-    arg: &T,
-) -> Result<libc::pid_t, Errno> {
-    struct Start<'a, T> {
-        run: fn(&T) -> !,
-        arg: &'a T,
-    }
-    extern "C" fn entry<T>(start: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: `start` points into `stack` (below), which the caller keeps alive and
-        // untouched until it has reaped us.
-        let start = unsafe { &*(start as *const Start<'_, T>) };
-        (start.run)(start.arg)
-    }
-    // The child reads its `Start` from the top of its own stack: ours may have moved on
-    // by the time it runs.
-    let slot = std::mem::size_of::<Start<'_, T>>().next_multiple_of(16);
-    if stack.len() < slot + 4096 {
-        return Err(Errno(libc::EINVAL));
-    }
-    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    let start_at = (top - slot) as *mut Start<'_, T>;
-    // SAFETY: `start_at` is 16-aligned and inside `stack`, which is live and writable.
-    unsafe { start_at.write(Start { run, arg }) };
-    // SAFETY: the child runs on `stack` below its `Start`, which the caller keeps alive
-    // until it reaps the child; `arg` is `Sync` and outlives the child for the same reason.
-    let rc = unsafe {
-        libc::clone(
-            entry::<T>,
-            start_at as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_FILES | libc::SIGCHLD,
-            start_at as *mut libc::c_void,
-        )
-    };
-    check_int(rc)
 }
 
 /// `setns(fd, nstype)`.
