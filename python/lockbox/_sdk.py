@@ -3,6 +3,7 @@ native module (``lockbox-confine`` and ``lockbox-txn``)."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -448,7 +449,7 @@ class Cmd:
         return Pipeline([self]).transaction()
 
 
-class _Txn:
+class _Txn(abc.ABC):
     """What pipelines and gathers share: the workdir, the state directory, the spec."""
 
     def _workdir(self, cmds: list[Cmd]) -> str:
@@ -467,10 +468,10 @@ class _Txn:
         os.makedirs(state, exist_ok=True)
         return state
 
+    @abc.abstractmethod
     def _spec(self) -> tuple[str, bytes | None]:
         """The transaction spec (``lockbox_txn::TxnSpec`` as JSON) and the first stage's
-        stdin. An abstract hook: :class:`Pipeline` and :class:`Gather` define it."""
-        raise NotImplementedError
+        stdin: :class:`Pipeline` and :class:`Gather` define it."""
 
     def run_transactional(self) -> TxnOutcome:
         """Runs every stage, then commits all of their writes to the workdir if every stage
