@@ -5,6 +5,10 @@
 # resolved through glibc's NSS modules, which a static glibc loads at run time from the
 # system: build it on (a system with the same glibc as) the one it runs on.
 set -euo pipefail
+if [ $# -gt 0 ]; then
+  echo "usage: scripts/build-static.sh   (PROFILE=release for a faster build than profile.dist)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 target=$(rustc -vV | sed -n 's/^host: //p')
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
