@@ -139,6 +139,10 @@ codes! {
         Fsync = "FSYNC",
         UnsupportedOverlay = "UNSUPPORTED_OVERLAY",
         NotChanged = "NOT_CHANGED",
+        /// A hunk number the file's diff does not have.
+        BadHunk = "BAD_HUNK",
+        /// A partial commit of a branch whose full commit was interrupted.
+        BranchCommitting = "BRANCH_COMMITTING",
     }
     Txn {
         InvalidTxnId = "INVALID_TXN_ID",

@@ -176,6 +176,7 @@ impl Branch {
             owner_pid: std::process::id(),
             context,
             failure: None,
+            rebased: Vec::new(),
         };
         meta::write(dir, &meta, Durability::Lazy)?;
         Ok(Branch {
@@ -265,6 +266,11 @@ impl Branch {
         })?;
         self.durability = Durability::Durable;
         Ok(())
+    }
+
+    /// Replaces the record in memory (written by the next [`Branch::set_state`]).
+    pub(crate) fn replace_meta(&mut self, meta: BranchMeta) {
+        self.meta = meta;
     }
 
     /// Writes the record with `state` durably. A branch not yet durable is made so: after

@@ -40,7 +40,8 @@ use crate::beneath::{self, lstat_at, remove_tree_at, split, DirCursor};
 use crate::changes::{ChangeKind, FileType, Item, Walker};
 use crate::data::copy_into;
 use crate::lock::WorkdirLock;
-use crate::meta::{BranchState, Timestamp};
+use crate::meta::BranchState;
+use crate::stale::Base;
 use crate::{stale, Branch, CowError};
 
 /// The prefix of the staging directory at the top of the workdir. A branch may not create a
@@ -156,7 +157,10 @@ pub fn commit(
     let state_dir = branch.dir().ancestors().nth(2).unwrap_or(Path::new("/"));
     let _lock = WorkdirLock::acquire(state_dir, &given)?;
     let resuming = branch.meta().state == BranchState::Committing;
-    let base = (!resuming).then_some(branch.meta().base_ctime);
+    let base = (!resuming).then_some(Base {
+        at: branch.meta().base_ctime,
+        rebased: &branch.meta().rebased,
+    });
     let upper = branch.upper_dir();
     let mut report = validate(&upper, branch.workdir(), root.as_fd(), base, opts)?;
     if opts.dry_run {
@@ -214,7 +218,7 @@ pub(crate) fn validate(
     upper: &Path,
     workdir: &Path,
     root: BorrowedFd<'_>,
-    base: Option<Timestamp>,
+    base: Option<Base<'_>>,
     opts: &CommitOptions,
 ) -> Result<CommitReport, CowError> {
     let mut report = CommitReport::default();

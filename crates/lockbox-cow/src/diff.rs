@@ -16,6 +16,7 @@ use lockbox_policy::name::{printable_text, quoted};
 use rustix::fs::FileType as RawType;
 
 use crate::beneath::{self, lstat_at, split, OwnDir};
+use crate::hunks::{text_hunks, Hunk, CONTEXT_LINES};
 use crate::{overlay, Branch, CowError};
 use rustix::io::Errno;
 
@@ -85,73 +86,154 @@ enum Content {
     Bytes(Vec<u8>),
 }
 
+/// The hunks of the difference at one path between the workdir (old) and the branch (new):
+/// [`FileDiff`] in a form one can accept part of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileHunks {
+    /// Both sides are text (or absent): the hunks, numbered from 0 (none if equal).
+    Text {
+        /// The hunks, in file order.
+        hunks: Vec<Hunk>,
+    },
+    /// At least one side is binary, too large, or not a regular file: no hunks.
+    Summary {
+        /// The workdir side.
+        old: Side,
+        /// The branch side.
+        new: Side,
+    },
+}
+
+/// Both sides of one path: texts (`None`: absent), or a summary.
+pub(crate) enum Sides {
+    Text {
+        old: Option<Vec<u8>>,
+        new: Option<Vec<u8>>,
+    },
+    Summary {
+        old: Side,
+        new: Side,
+    },
+}
+
+impl Sides {
+    /// The texts, lossless (they were checked to be UTF-8); empty for an absent side.
+    pub(crate) fn texts(old: &Option<Vec<u8>>, new: &Option<Vec<u8>>) -> (String, String) {
+        let text = |b: &Option<Vec<u8>>| {
+            String::from_utf8_lossy(b.as_deref().unwrap_or_default()).into_owned()
+        };
+        (text(old), text(new))
+    }
+}
+
+/// Refuses a path that is not plain and relative.
+pub(crate) fn check_plain(path: &Path) -> Result<(), CowError> {
+    if path.as_os_str().is_empty() || !path.components().all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(CowError::BadPath {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Both sides of `path`: the workdir's, and what `upper` (an upper layer, or a flattened
+/// snapshot of one) shows over it.
+pub(crate) fn sides(upper: &Path, workdir: &Path, path: &Path) -> Result<Sides, CowError> {
+    check_plain(path)?;
+    let new = upper_side(upper, path)?;
+    let old = lower_side(workdir, path)?;
+    let new = match new {
+        Some(n) => n,
+        None => lower_side(workdir, path)?,
+    };
+    Ok(match (old, new) {
+        (Content::Bytes(a), Content::Bytes(b)) => text_or_summary(Some(a), Some(b)),
+        (Content::Side(Side::Absent), Content::Bytes(b)) => text_or_summary(None, Some(b)),
+        (Content::Bytes(a), Content::Side(Side::Absent)) => text_or_summary(Some(a), None),
+        (o, n) => Sides::Summary {
+            old: side_of(&o),
+            new: side_of(&n),
+        },
+    })
+}
+
 impl Branch {
     /// Diffs one path (relative to the workdir) between the workdir and the branch. A path
     /// the branch does not touch compares equal.
     pub fn diff(&self, path: &Path) -> Result<FileDiff, CowError> {
-        if path.as_os_str().is_empty()
-            || !path.components().all(|c| matches!(c, Component::Normal(_)))
-        {
-            return Err(CowError::BadPath {
-                path: path.to_owned(),
-            });
-        }
-        let new = self.upper_side(path)?;
-        let old = lower_side(self.workdir(), path)?;
-        let new = match new {
-            Some(n) => n,
-            None => lower_side(self.workdir(), path)?,
-        };
-        Ok(match (old, new) {
-            (Content::Bytes(a), Content::Bytes(b)) => text_or_summary(path, Some(a), Some(b)),
-            (Content::Side(Side::Absent), Content::Bytes(b)) => {
-                text_or_summary(path, None, Some(b))
+        Ok(match sides(&self.upper_dir(), self.workdir(), path)? {
+            Sides::Summary { old, new } => FileDiff::Summary { old, new },
+            Sides::Text { old, new } => {
+                let (a, b) = Sides::texts(&old, &new);
+                let header = |side: &str| quoted(&Path::new(side).join(path)).to_string();
+                let unified = if a == b {
+                    String::new()
+                } else {
+                    similar::TextDiff::from_lines(&a, &b)
+                        .unified_diff()
+                        .context_radius(CONTEXT_LINES)
+                        .header(&header("a"), &header("b"))
+                        .to_string()
+                };
+                FileDiff::Text { unified }
             }
-            (Content::Bytes(a), Content::Side(Side::Absent)) => {
-                text_or_summary(path, Some(a), None)
-            }
-            (o, n) => FileDiff::Summary {
-                old: side_of(&o),
-                new: side_of(&n),
-            },
         })
     }
 
-    /// The branch side, or `None` when the upper layer does not have the path (unchanged, or
-    /// below an unchanged directory).
-    fn upper_side(&self, path: &Path) -> Result<Option<Content>, CowError> {
-        let upper = self.upper_dir();
-        let abs = upper.join(path);
-        let err = |source| CowError::ReadUpper {
-            path: abs.clone(),
-            source,
-        };
-        let (parent, name) = split(path);
-        // One component at a time, with access to what the sandbox made unreadable.
-        let dir = match OwnDir::open_path(&upper, parent) {
-            Ok(d) => d,
-            Err(e) => {
-                return match Errno::from_io_error(&e) {
-                    // Not in the upper: unchanged (the lower side shows through).
-                    Some(Errno::NOENT) => Ok(None),
-                    // A parent is a file, symlink or whiteout in the branch: nothing is at
-                    // this path there.
-                    Some(Errno::NOTDIR | Errno::LOOP) => Ok(Some(Content::Side(Side::Absent))),
-                    _ => Err(err(e)),
-                };
-            }
-        };
-        let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
-            return Ok(None);
-        };
-        let marks = overlay::OverlayXattrs::at(dir.as_fd(), name).map_err(err)?;
-        if overlay::is_whiteout(&st, &marks) {
-            return Ok(Some(Content::Side(Side::Absent)));
-        }
-        content(dir.as_fd(), name, &st, beneath::open_own_file)
-            .map(Some)
-            .map_err(err)
+    /// The diff of one path as numbered hunks (the same hunks [`Branch::diff`] prints), for
+    /// a commit of some of them ([`crate::Selection::hunks`]).
+    pub fn hunks(&self, path: &Path) -> Result<FileHunks, CowError> {
+        file_hunks(&self.upper_dir(), self.workdir(), path)
     }
+}
+
+/// [`Branch::hunks`] for any upper layer over `workdir` (a running sandbox's too).
+pub fn file_hunks(upper: &Path, workdir: &Path, path: &Path) -> Result<FileHunks, CowError> {
+    Ok(match sides(upper, workdir, path)? {
+        Sides::Summary { old, new } => FileHunks::Summary { old, new },
+        Sides::Text { old, new } => {
+            let (a, b) = Sides::texts(&old, &new);
+            FileHunks::Text {
+                hunks: text_hunks(&a, &b),
+            }
+        }
+    })
+}
+
+/// The branch side, or `None` when the upper layer does not have the path (unchanged, or
+/// below an unchanged directory).
+fn upper_side(upper: &Path, path: &Path) -> Result<Option<Content>, CowError> {
+    let abs = upper.join(path);
+    let err = |source| CowError::ReadUpper {
+        path: abs.clone(),
+        source,
+    };
+    let (parent, name) = split(path);
+    // One component at a time, with access to what the sandbox made unreadable.
+    let dir = match OwnDir::open_path(upper, parent) {
+        Ok(d) => d,
+        Err(e) => {
+            return match Errno::from_io_error(&e) {
+                // Not in the upper: unchanged (the lower side shows through).
+                Some(Errno::NOENT) => Ok(None),
+                // A parent is a file, symlink or whiteout in the branch: nothing is at
+                // this path there.
+                Some(Errno::NOTDIR | Errno::LOOP) => Ok(Some(Content::Side(Side::Absent))),
+                _ => Err(err(e)),
+            };
+        }
+    };
+    let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
+        return Ok(None);
+    };
+    let marks = overlay::OverlayXattrs::at(dir.as_fd(), name).map_err(err)?;
+    if overlay::is_whiteout(&st, &marks) {
+        return Ok(Some(Content::Side(Side::Absent)));
+    }
+    content(dir.as_fd(), name, &st, beneath::open_own_file)
+        .map(Some)
+        .map_err(err)
 }
 
 fn lower_side(workdir: &Path, path: &Path) -> Result<Content, CowError> {
@@ -210,9 +292,9 @@ fn is_text(b: &[u8]) -> bool {
     !b.contains(&0) && std::str::from_utf8(b).is_ok()
 }
 
-/// A unified diff of two texts, or a summary naming both sides (`absent` for a side that
-/// does not exist, the size of one that does) when either is binary.
-fn text_or_summary(path: &Path, old: Option<Vec<u8>>, new: Option<Vec<u8>>) -> FileDiff {
+/// Two texts, or a summary naming both sides (`absent` for a side that does not exist, the
+/// size of one that does) when either is binary.
+fn text_or_summary(old: Option<Vec<u8>>, new: Option<Vec<u8>>) -> Sides {
     let side = |b: &Option<Vec<u8>>| match b {
         Some(b) => Side::File {
             size: b.len() as u64,
@@ -221,24 +303,10 @@ fn text_or_summary(path: &Path, old: Option<Vec<u8>>, new: Option<Vec<u8>>) -> F
     };
     let text = |b: &Option<Vec<u8>>| b.as_deref().is_none_or(is_text);
     if !(text(&old) && text(&new)) {
-        return FileDiff::Summary {
+        return Sides::Summary {
             old: side(&old),
             new: side(&new),
         };
     }
-    let (old, new) = (old.unwrap_or_default(), new.unwrap_or_default());
-    let (a, b) = (
-        String::from_utf8_lossy(&old).into_owned(),
-        String::from_utf8_lossy(&new).into_owned(),
-    );
-    let header = |side: &str| quoted(&Path::new(side).join(path)).to_string();
-    let unified = if a == b {
-        String::new()
-    } else {
-        similar::TextDiff::from_lines(&a, &b)
-            .unified_diff()
-            .header(&header("a"), &header("b"))
-            .to_string()
-    };
-    FileDiff::Text { unified }
+    Sides::Text { old, new }
 }

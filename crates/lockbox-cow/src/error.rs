@@ -261,6 +261,22 @@ pub enum CowError {
         /// The path asked for, relative to the workdir.
         path: PathBuf,
     },
+    /// A hunk number in a commit selection that the file's diff does not have.
+    #[error("{}: no hunk {index} (the diff has {count}{})", quoted(.path), if *.count == 0 { ": binary, unchanged or not a regular file" } else { "" })]
+    BadHunk {
+        /// The file, relative to the workdir.
+        path: PathBuf,
+        /// The number asked for.
+        index: usize,
+        /// How many hunks the file's diff has (numbered from 0).
+        count: usize,
+    },
+    /// A partial commit of a branch whose full commit was interrupted: finish that first.
+    #[error("branch {id} has a commit interrupted part-way: finish it with `lockbox branch commit {id}` before committing part of it")]
+    BranchCommitting {
+        /// The branch.
+        id: String,
+    },
     /// The path asked for in a diff is not a plain relative path.
     #[error("bad path {}: must be relative, without `..`", quoted(.path))]
     BadPath {
@@ -318,6 +334,8 @@ impl CowError {
             CowError::UnsupportedOverlay { .. } => ErrorCode::UnsupportedOverlay,
             CowError::BadPath { .. } => ErrorCode::BadPath,
             CowError::NotChanged { .. } => ErrorCode::NotChanged,
+            CowError::BadHunk { .. } => ErrorCode::BadHunk,
+            CowError::BranchCommitting { .. } => ErrorCode::BranchCommitting,
         }
     }
 
@@ -329,7 +347,8 @@ impl CowError {
             CowError::InvalidBranchId { .. }
             | CowError::BranchNotFound { .. }
             | CowError::BadPath { .. }
-            | CowError::NotChanged { .. } => 2,
+            | CowError::NotChanged { .. }
+            | CowError::BadHunk { .. } => 2,
             _ => 4,
         }
     }

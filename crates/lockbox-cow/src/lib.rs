@@ -16,6 +16,12 @@
 //!   taken by [`stamp_base`], the one rule branches and transactions share; a failed
 //!   [`Branch::commit`] is recorded in the branch's state ([`ListedBranch::status`] says what
 //!   to do);
+//! - part of a branch: [`Branch::hunks`] gives a file's diff as numbered [`Hunk`]s
+//!   ([`FileHunks`]); [`Branch::commit_selected`] commits a [`Selection`] (paths, and
+//!   [`HunkChoice`]s: some hunks of a file) and keeps the rest in the branch; the paths it
+//!   wrote get a stale-base reference of their own ([`BranchMeta::rebased`]), the others keep
+//!   the branch's; [`select_hunks`] does the hunk part on a flattened snapshot (a running
+//!   sandbox's commit); [`text_hunks`] / [`apply_hunks`] on two texts;
 //! - for callers with their own write-ahead log (`lockbox-txn`): [`flatten`] a stack of
 //!   upper layers into one, [`stage_upper`] (validate + stage, durable) returning a
 //!   [`CommitPlan`], then [`apply_staged`] (redo-safe) or [`discard_staging`].
@@ -50,14 +56,18 @@ pub use crate::commit::{
     commit, CommitOptions, CommitPlan, CommitReport, PlanDir, PlanOp, SkipReason, Skipped,
     STAGING_PREFIX,
 };
-pub use crate::diff::{FileDiff, Side, MAX_DIFF_BYTES};
+pub use crate::diff::{file_hunks, FileDiff, FileHunks, Side, MAX_DIFF_BYTES};
 pub use crate::durable::{fsync_dir, write_atomic, write_replace};
 pub use crate::error::CowError;
+pub use crate::hunks::{
+    apply_hunks, text_hunks, Hunk, HunkLine, LineOp, NoSuchHunk, CONTEXT_LINES,
+};
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
 pub use crate::layers::{copy_view, flatten, restrict};
 pub use crate::lock::{lock_path, WorkdirLock};
-pub use crate::meta::{crc32, BranchMeta, BranchState, Timestamp, META_FORMAT_VERSION};
+pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_FORMAT_VERSION};
+pub use crate::select::{select_hunks, HunkChoice, Selection};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 pub use crate::stale::stamp_base;
 pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};
@@ -70,12 +80,14 @@ mod data;
 mod diff;
 mod durable;
 mod error;
+mod hunks;
 mod id;
 mod import;
 mod layers;
 mod lock;
 mod meta;
 mod overlay;
+mod select;
 mod staged;
 mod stale;
 mod state_dir;

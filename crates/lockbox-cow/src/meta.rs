@@ -83,6 +83,22 @@ pub struct BranchMeta {
     /// Why the last commit failed (states `stale`, `commit_failed`, `committing`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The paths partial commits of this branch wrote, sorted by path, each with its own
+    /// stale-base reference (see `stale.rs`): taken after the commit, so that the commit's
+    /// own writes do not look like concurrent edits at the next commit. Empty for a branch
+    /// never committed in part (and then not written: older records read the same).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rebased: Vec<Rebased>,
+}
+
+/// A path a partial commit wrote, and its stale-base reference from then on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rebased {
+    /// Relative to the workdir.
+    #[serde(with = "lockbox_policy::name::json")]
+    pub path: PathBuf,
+    /// Taken right after the commit that wrote it.
+    pub at: Timestamp,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -199,6 +215,10 @@ mod tests {
             owner_pid: 7,
             context: serde_json::json!({"command": ["sh", "-c", "true"], "z": 1.5, "a": null}),
             failure: None,
+            rebased: vec![Rebased {
+                path: "a/b".into(),
+                at: Timestamp { secs: 5, nanos: 6 },
+            }],
         };
         write(dir.path(), &meta, Durability::Durable).unwrap();
         assert_eq!(read(dir.path()).unwrap(), meta);

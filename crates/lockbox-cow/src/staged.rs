@@ -15,6 +15,7 @@ use std::path::Path;
 use crate::beneath::{self, remove_tree_at};
 use crate::commit::{self, CommitPlan, Plan, STAGING_PREFIX};
 use crate::meta::Timestamp;
+use crate::stale::Base;
 use crate::{CommitOptions, CommitReport, CowError};
 
 fn staging_name(key: &str) -> String {
@@ -39,6 +40,17 @@ pub fn stage_upper(
     workdir: &Path,
     key: &str,
     base: Option<Timestamp>,
+    opts: &CommitOptions,
+) -> Result<(CommitPlan, CommitReport), CowError> {
+    stage_upper_from(upper, workdir, key, base.map(Base::uniform), opts)
+}
+
+/// [`stage_upper`] with a per-path stale-base reference.
+pub(crate) fn stage_upper_from(
+    upper: &Path,
+    workdir: &Path,
+    key: &str,
+    base: Option<Base<'_>>,
     opts: &CommitOptions,
 ) -> Result<(CommitPlan, CommitReport), CowError> {
     let root = open_workdir(workdir)?;

@@ -22,6 +22,16 @@
 //!   wrote it first and this branch's write was based on what it read before: stale (a
 //!   lost update otherwise). The workdir entry's ctime decides; for a whiteout over nothing,
 //!   its parent directory's (the entry was removed from it).
+//!
+//! After a partial commit of a kept branch ([`crate::Branch::commit_selected`]) the paths it
+//! wrote hold the branch's version (or part of it) in the workdir, with fresh ctimes: by the
+//! rule above they would look changed by someone else. So each path a commit wrote gets a
+//! reference of its own, taken (by [`stamp_base`]) right after that commit
+//! ([`crate::BranchMeta::rebased`]), and only those paths: every other path keeps the
+//! branch's base, so a host edit to a path not yet committed is still refused later. (A host
+//! edit to a committed path in the instant between that commit's last write and its new
+//! reference is not seen: the commit holds the workdir lock, which `lockbox` writers take,
+//! but other programs do not.)
 
 use std::fs;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -34,7 +44,7 @@ use rustix::io::Errno;
 
 use crate::beneath::{self, lstat_at, sorted_names, split};
 use crate::changes::{ChangeKind, FileType, Item};
-use crate::meta::Timestamp;
+use crate::meta::{Rebased, Timestamp};
 use crate::CowError;
 
 /// Stamps the fresh directory `dir` again (a chmod to its own mode changes its ctime) until
@@ -67,6 +77,42 @@ pub fn stamp_base(dir: &Path) -> std::io::Result<Timestamp> {
     }
 }
 
+/// The stale-base reference of a commit: the branch's base, and later ones for the paths a
+/// partial commit of the branch already wrote ([`crate::BranchMeta::rebased`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Base<'a> {
+    /// When the branch (or transaction) began.
+    pub at: Timestamp,
+    /// Paths committed since, each with the reference taken right after that commit.
+    pub rebased: &'a [Rebased],
+}
+
+static NOTHING_REBASED: [Rebased; 0] = [];
+
+impl Base<'static> {
+    /// One reference for every path.
+    pub(crate) fn uniform(at: Timestamp) -> Base<'static> {
+        Base {
+            at,
+            rebased: &NOTHING_REBASED,
+        }
+    }
+}
+
+impl Base<'_> {
+    /// The reference for `path` (the later one if the path was committed since the start;
+    /// `rebased` is sorted by path).
+    pub(crate) fn for_path(&self, path: &Path) -> Timestamp {
+        match self
+            .rebased
+            .binary_search_by(|r| r.path.as_path().cmp(path))
+        {
+            Ok(i) => self.rebased[i].at.max(self.at),
+            Err(_) => self.at,
+        }
+    }
+}
+
 fn newer(secs: i64, nanos: i64, base: Timestamp) -> bool {
     (secs, nanos) >= (base.secs, base.nanos)
 }
@@ -74,9 +120,10 @@ fn newer(secs: i64, nanos: i64, base: Timestamp) -> bool {
 pub(crate) fn is_stale(
     root: BorrowedFd<'_>,
     item: &Item,
-    base: Timestamp,
+    base: Base<'_>,
 ) -> Result<bool, CowError> {
     let c = &item.change;
+    let base = base.for_path(&c.path);
     let err = |source| CowError::ReadLower {
         path: c.path.clone(),
         source,

@@ -38,6 +38,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::BadProfile
         | C::BadPolicy
         | C::BadPath
+        | C::BadHunk
         | C::InvalidBranchId
         | C::InvalidTxnId
         | C::TxnUsage
@@ -74,6 +75,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::NotSupported
         | C::Conflict
         | C::StaleBase
+        | C::BranchCommitting
         | C::WorkdirBusy
         | C::WorkdirLock
         | C::WorkdirMismatch

@@ -1,0 +1,286 @@
+//! Committing part of a branch: a [`Selection`] of paths, and of hunks within files
+//! ([`HunkChoice`]); [`select_hunks`] rewrites a flattened snapshot of an upper layer so that
+//! committing it commits exactly the accepted hunks; [`Branch::commit_selected`] commits a
+//! selection of a kept branch and keeps the rest in the branch.
+//!
+//! The shape is the one a running sandbox's commit has (`lockbox-runtime`): flatten the upper
+//! into a snapshot, narrow it ([`crate::restrict`]), stage and apply it with the commit engine
+//! ([`crate::stage_upper`], [`crate::apply_staged`]) under the workdir lock. A file with a
+//! hunk choice is, in the snapshot: left as the branch has it when every hunk is accepted (the
+//! same as committing the file), removed when none is (the workdir file is not touched), and
+//! otherwise replaced by the workdir's content with the accepted hunks applied, with the
+//! branch file's mode.
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType as RawType, Mode, OFlags};
+
+use crate::beneath::{self, lstat_at, remove_tree_at, split, OwnDir};
+use crate::diff::{check_plain, sides, Sides};
+use crate::hunks::{apply_hunks, hunk_count};
+use crate::meta::{BranchState, Rebased};
+use crate::staged::stage_upper_from;
+use crate::stale::Base;
+use crate::{
+    apply_staged, discard_staging, flatten, restrict, Branch, BranchId, ChangeSet, CommitOptions,
+    CommitReport, CowError, WorkdirLock,
+};
+
+/// Which hunks of one file to commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HunkChoice {
+    /// The file, relative to the workdir.
+    pub path: PathBuf,
+    /// Hunk numbers as [`Branch::hunks`] gives them (from 0, file order); empty: the file is
+    /// not touched.
+    pub accept: Vec<usize>,
+}
+
+/// What part of a branch to commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Only these paths (and what is below them); empty: all. A path with a hunk choice
+    /// that accepts something counts as selected too.
+    pub only: Vec<PathBuf>,
+    /// Not these (and nothing below them); wins over `only` and `hunks`.
+    pub exclude: Vec<PathBuf>,
+    /// Files committed with only some of their hunks.
+    pub hunks: Vec<HunkChoice>,
+}
+
+impl Selection {
+    /// The paths to keep in the snapshot (see [`Selection::only`]).
+    fn only(&self) -> Vec<PathBuf> {
+        let mut only = self.only.clone();
+        if !only.is_empty() {
+            only.extend(
+                self.hunks
+                    .iter()
+                    .filter(|h| !h.accept.is_empty())
+                    .map(|h| h.path.clone()),
+            );
+        }
+        only
+    }
+}
+
+/// Rewrites `snapshot` (a flattened upper layer over `workdir`: [`crate::flatten`]) so that
+/// committing it commits, for each choice, only the accepted hunks of that file (see the
+/// module doc). Refuses, before changing anything, a path that is not plain
+/// ([`CowError::BadPath`]) and a hunk number the file's diff does not have
+/// ([`CowError::BadHunk`]; a binary file, a file the branch does not change, or one that is
+/// not a regular file has none).
+pub fn select_hunks(
+    snapshot: &Path,
+    workdir: &Path,
+    choices: &[HunkChoice],
+) -> Result<(), CowError> {
+    // Checked first, all of them: a bad choice leaves the snapshot as it was.
+    let mut plans = Vec::with_capacity(choices.len());
+    for choice in choices {
+        check_plain(&choice.path)?;
+        let mut accept = choice.accept.clone();
+        accept.sort_unstable();
+        accept.dedup();
+        let texts = match sides(snapshot, workdir, &choice.path)? {
+            Sides::Text { old, new } => Some(Sides::texts(&old, &new)),
+            Sides::Summary { .. } => None,
+        };
+        let count = texts.as_ref().map_or(0, |(a, b)| hunk_count(a, b));
+        if let Some(&index) = accept.iter().find(|&&i| i >= count) {
+            return Err(CowError::BadHunk {
+                path: choice.path.clone(),
+                index,
+                count,
+            });
+        }
+        plans.push((choice, accept, count, texts));
+    }
+    for (choice, accept, count, texts) in plans {
+        match (accept.len(), texts) {
+            // Every hunk: the file as the branch has it.
+            (n, _) if n == count && n > 0 => {}
+            (0, _) => restrict(snapshot, &[], std::slice::from_ref(&choice.path))?,
+            (_, Some((old, new))) => {
+                let merged = apply_hunks(&old, &new, &accept).map_err(|e| CowError::BadHunk {
+                    path: choice.path.clone(),
+                    index: e.index,
+                    count: e.count,
+                })?;
+                replace_file(snapshot, workdir, &choice.path, merged.as_bytes())?;
+            }
+            (_, None) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Puts a regular file holding `bytes` at `rel` in the snapshot, with the mode of the
+/// snapshot's file there (else the workdir's, else 0644), by a rename over what was there.
+fn replace_file(snapshot: &Path, workdir: &Path, rel: &Path, bytes: &[u8]) -> Result<(), CowError> {
+    let err = |source| CowError::Stage {
+        path: snapshot.join(rel),
+        source,
+    };
+    let (parent, name) = split(rel);
+    let mut dir = OwnDir::open_root(snapshot, beneath::WRITE).map_err(err)?;
+    for part in parent.components() {
+        dir = OwnDir::open_child(dir.as_fd(), part.as_os_str(), beneath::WRITE).map_err(err)?;
+    }
+    let mode = match lstat_at(dir.as_fd(), name).map_err(err)? {
+        Some(st) if RawType::from_raw_mode(st.st_mode) == RawType::RegularFile => {
+            Some(st.st_mode & 0o7777)
+        }
+        _ => None,
+    };
+    let mode = match mode {
+        Some(m) => m,
+        None => workdir_mode(workdir, rel).unwrap_or(0o644),
+    };
+    write_and_rename(dir.as_fd(), name, bytes, mode).map_err(err)
+}
+
+fn workdir_mode(workdir: &Path, rel: &Path) -> Option<u32> {
+    let root = beneath::open_root(workdir).ok()?;
+    let (parent, name) = split(rel);
+    let dir = beneath::open_dir_beneath(root.as_fd(), parent).ok()?;
+    let st = lstat_at(dir.as_fd(), name).ok()??;
+    (RawType::from_raw_mode(st.st_mode) == RawType::RegularFile).then_some(st.st_mode & 0o7777)
+}
+
+fn write_and_rename(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    bytes: &[u8],
+    mode: u32,
+) -> std::io::Result<()> {
+    let tmp = OsStr::new(".lockbox-hunks.tmp");
+    remove_tree_at(dir, tmp)?;
+    let fd = rustix::fs::openat(
+        dir,
+        tmp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    beneath::chmod_fd(file.as_fd(), mode)?;
+    drop(file);
+    rustix::fs::renameat(dir, tmp, dir, name)?;
+    Ok(())
+}
+
+impl Branch {
+    /// Commits `sel` of the branch into its workdir and keeps the branch, holding what was
+    /// not committed (state `kept`; [`Branch::changes`] lists the rest, [`Branch::hunks`] a
+    /// partly committed file's remaining hunks). Abort it afterwards to drop the rest.
+    ///
+    /// The stale-base rule is the one of [`Branch::commit`]: refused
+    /// ([`CowError::StaleBase`], recorded as state `stale`) if the workdir changed since the
+    /// branch began at a path this commit writes, unless `opts.force`. The paths this commit
+    /// writes get a reference of their own, taken right after it, so that the next commit
+    /// of the branch does not take these writes for concurrent edits; every other path keeps
+    /// the branch's (see `BranchMeta::rebased`).
+    ///
+    /// Not resumable like a full commit: a crash while applying leaves some paths applied
+    /// and the branch as it was (committing again reports the applied paths as stale;
+    /// `force` commits them again).
+    pub fn commit_selected(
+        &mut self,
+        sel: &Selection,
+        opts: &CommitOptions,
+    ) -> Result<CommitReport, CowError> {
+        if self.meta().state == BranchState::Committing {
+            return Err(CowError::BranchCommitting {
+                id: self.id().to_string(),
+            });
+        }
+        let workdir = self.workdir().to_owned();
+        let state_dir = self
+            .dir()
+            .ancestors()
+            .nth(2)
+            .unwrap_or(Path::new("/"))
+            .to_owned();
+        let _lock = WorkdirLock::acquire(&state_dir, &workdir)?;
+        let name = format!("select-{}", BranchId::generate());
+        let snap = self.dir().join(&name);
+        std::fs::create_dir(&snap).map_err(|source| CowError::Stage {
+            path: snap.clone(),
+            source,
+        })?;
+        let result = self.commit_snapshot(&snap, sel, opts);
+        if let Ok(fd) = beneath::open_root(self.dir()) {
+            // Best effort: the snapshot is scratch; the result is what matters.
+            let _ = remove_tree_at(fd.as_fd(), OsStr::new(&name));
+        }
+        match result {
+            Err(e) if e.exit_code() != 2 => {
+                let _ = self.record_failure(&e);
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn commit_snapshot(
+        &mut self,
+        snap: &Path,
+        sel: &Selection,
+        opts: &CommitOptions,
+    ) -> Result<CommitReport, CowError> {
+        let workdir = self.workdir().to_owned();
+        flatten(&[self.upper_dir()], snap)?;
+        select_hunks(snap, &workdir, &sel.hunks)?;
+        restrict(snap, &sel.only(), &sel.exclude)?;
+        let written: Vec<PathBuf> = ChangeSet::compute(snap, &workdir)?
+            .changes()
+            .iter()
+            .map(|c| c.path.clone())
+            .collect();
+        let key = format!("{}-part", self.id());
+        // A staging directory a crash left behind (never applied: nothing needs it).
+        discard_staging(&workdir, &key)?;
+        let base = Base {
+            at: self.meta().base_ctime,
+            rebased: &self.meta().rebased,
+        };
+        let (plan, report) = stage_upper_from(snap, &workdir, &key, Some(base), opts)?;
+        if opts.dry_run {
+            return Ok(report);
+        }
+        if let Err(e) = apply_staged(&workdir, &key, &plan) {
+            let _ = discard_staging(&workdir, &key);
+            return Err(e);
+        }
+        let at = self.rebase_stamp()?;
+        let mut meta = self.meta().clone();
+        for path in written {
+            match meta.rebased.binary_search_by(|r| r.path.cmp(&path)) {
+                Ok(i) => meta.rebased[i].at = at,
+                Err(i) => meta.rebased.insert(i, Rebased { path, at }),
+            }
+        }
+        meta.failure = None;
+        self.replace_meta(meta);
+        self.set_state(BranchState::Kept)?;
+        Ok(report)
+    }
+
+    /// A stale-base reference taken now (see [`crate::stamp_base`]), strictly newer than the
+    /// writes of the commit that just ended.
+    fn rebase_stamp(&self) -> Result<crate::Timestamp, CowError> {
+        let marker = self.dir().join(format!(".rebase-{}", BranchId::generate()));
+        let err = |source| CowError::Stage {
+            path: marker.clone(),
+            source,
+        };
+        std::fs::create_dir(&marker).map_err(err)?;
+        let at = crate::stamp_base(&marker);
+        let _ = std::fs::remove_dir(&marker);
+        at.map_err(err)
+    }
+}
