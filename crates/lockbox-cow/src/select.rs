@@ -52,8 +52,9 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// The paths to keep in the snapshot (see [`Selection::only`]).
-    fn only(&self) -> Vec<PathBuf> {
+    /// The paths a snapshot is narrowed to ([`crate::restrict`]'s `only`): `only`, and the
+    /// paths of hunk choices that accept something (none if `only` is empty: all).
+    pub fn only_paths(&self) -> Vec<PathBuf> {
         let mut only = self.only.clone();
         if !only.is_empty() {
             only.extend(
@@ -235,7 +236,7 @@ impl Branch {
         let workdir = self.workdir().to_owned();
         flatten(&[self.upper_dir()], snap)?;
         select_hunks(snap, &workdir, &sel.hunks)?;
-        restrict(snap, &sel.only(), &sel.exclude)?;
+        restrict(snap, &sel.only_paths(), &sel.exclude)?;
         let written: Vec<PathBuf> = ChangeSet::compute(snap, &workdir)?
             .changes()
             .iter()

@@ -201,6 +201,9 @@ impl RuntimeError {
             }
             RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
             RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
+            RuntimeError::Branch(lockbox_cow::CowError::BadHunk { path, index, count }) => {
+                json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
+            }
             RuntimeError::SetupFailed(_)
             | RuntimeError::Branch(_)
             | RuntimeError::Conflict(_)

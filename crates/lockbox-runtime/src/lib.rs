@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod branches;
 mod error;
 mod files;
 mod log;
@@ -37,7 +38,7 @@ pub use crate::error::RuntimeError;
 pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
 pub use crate::types::*;
 /// What [`Sandbox::changes`] lists.
-pub use lockbox_cow::Change;
+pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side};
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
@@ -665,6 +666,19 @@ impl Sandbox {
         let inst = self.live()?;
         tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
             Some(b) => Ok(workspace::changes(b)),
+            None => Err(()),
+        })
+        .await
+        .map_err(RuntimeError::internal)?
+        .map_err(|()| self.no_workdir())?
+    }
+
+    /// The diff of one path of the sandbox's branch against its workdir, as numbered hunks.
+    pub async fn diff(&self, path: std::path::PathBuf) -> Result<FileHunks, RuntimeError> {
+        let inst = self.live()?;
+        tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
+            Some(b) => Ok(lockbox_cow::file_hunks(&b.upper_dir(), b.workdir(), &path)
+                .map_err(workspace::cow_error)),
             None => Err(()),
         })
         .await

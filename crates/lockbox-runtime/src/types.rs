@@ -487,6 +487,81 @@ pub struct Selection {
     /// Commit even if the workdir changed under the branch at those paths.
     #[serde(default)]
     pub force: bool,
+    /// Files committed with only some of their hunks (numbered as the diff gives them).
+    #[serde(default)]
+    pub hunks: Vec<HunkSelection>,
+}
+
+impl Selection {
+    /// The commit engine's selection.
+    pub fn to_cow(&self) -> lockbox_cow::Selection {
+        lockbox_cow::Selection {
+            only: self.only.clone(),
+            exclude: self.exclude.clone(),
+            hunks: self
+                .hunks
+                .iter()
+                .map(|h| lockbox_cow::HunkChoice {
+                    path: h.path.clone(),
+                    accept: h.accept.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Some hunks of one file: the committed file is the workdir's with these hunks applied.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HunkSelection {
+    /// The file, relative to the workdir (a string, or `{"bytes": base64}`).
+    #[serde(with = "lockbox_policy::name::json")]
+    pub path: PathBuf,
+    /// Hunk numbers (from 0, in file order, as the diff numbers them); empty: the file is
+    /// not touched.
+    pub accept: Vec<usize>,
+}
+
+/// What happens to the part of a kept branch a commit did not take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rest {
+    /// It stays in the branch, listed and committable later.
+    #[default]
+    Keep,
+    /// The branch is removed after the commit.
+    Drop,
+}
+
+/// A kept branch of the state directory (one `lockbox run --workdir --on-exit keep` or a
+/// failed run left, or one whose sandbox's runtime died).
+#[derive(Debug, Clone, Serialize)]
+pub struct KeptBranch {
+    /// The branch id.
+    pub id: String,
+    /// The workdir it is a branch of (`null` if its record is unreadable).
+    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    pub workdir: Option<PathBuf>,
+    /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`.
+    pub state: String,
+    /// What happened to it and what to do, in words.
+    pub status: String,
+    /// When it was made (RFC 3339), if known.
+    pub created: Option<String>,
+    /// The command that made it, if recorded.
+    pub command: Option<serde_json::Value>,
+    /// How many changes it holds (`null` if they cannot be read).
+    pub changes: Option<usize>,
+}
+
+/// A kept branch and its changes.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeptBranchDetail {
+    /// The branch.
+    #[serde(flatten)]
+    pub branch: KeptBranch,
+    /// Its changes, in path order.
+    pub change_list: Vec<lockbox_cow::Change>,
 }
 
 /// What a workspace commit did.

@@ -1,7 +1,7 @@
 //! Workspace operations on a running sandbox's branch.
 //!
 //! - `changes`: the branch against the workdir, live.
-//! - `commit`: the selected changes are applied to the workdir with the commit engine
+//! - `commit`: the selected changes (and hunks of files: `lockbox_cow::select_hunks`) are applied to the workdir with the commit engine
 //!   (staged + applied, under the workdir lock) from a snapshot of the upper layer; the
 //!   sandbox keeps running on its branch, which now agrees with the workdir on those paths
 //!   (so they no longer show as changes). The stale-base reference then moves to the
@@ -11,8 +11,8 @@
 //!   fresh branch (same id, policy and workdir).
 
 use lockbox_cow::{
-    apply_staged, discard_staging, flatten, restrict, stage_upper, Branch, Change, ChangeSet,
-    CommitOptions, CowError, Timestamp, WorkdirLock,
+    apply_staged, discard_staging, flatten, restrict, select_hunks, stage_upper, Branch, Change,
+    ChangeSet, CommitOptions, CowError, Timestamp, WorkdirLock,
 };
 use lockbox_policy::name::quoted;
 use std::path::Path;
@@ -32,7 +32,7 @@ pub(crate) fn cow_error(e: CowError) -> RuntimeError {
                 .join(", ")
         )),
         CowError::BadPath { path } => RuntimeError::invalid(
-            "only/exclude",
+            "only/exclude/hunks",
             format!("{}: not a plain relative path of the workdir, or below a directory the branch replaces", quoted(&path)),
         ),
         e => RuntimeError::Branch(e),
@@ -59,7 +59,9 @@ pub(crate) fn commit(
     std::fs::create_dir(&snap).map_err(RuntimeError::internal)?;
     let result = (|| {
         flatten(&[branch.upper_dir()], &snap).map_err(cow_error)?;
-        restrict(&snap, &sel.only, &sel.exclude).map_err(cow_error)?;
+        let cow = sel.to_cow();
+        select_hunks(&snap, &workdir, &cow.hunks).map_err(cow_error)?;
+        restrict(&snap, &cow.only_paths(), &cow.exclude).map_err(cow_error)?;
         let key = format!("rt-{}", crate::util::random_id());
         let opts = CommitOptions {
             force: sel.force,

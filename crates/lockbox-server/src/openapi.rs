@@ -105,6 +105,104 @@ fn sse(description: &str) -> Value {
             "content": { "text/event-stream": { "schema": sse_event(EXEC_EVENTS) } } })
 }
 
+fn diff_path() -> Value {
+    query(
+        "path",
+        false,
+        "the path, relative to the workdir (or give `path_bytes`)",
+        json!({ "type": "string" }),
+    )
+}
+
+fn diff_path_bytes() -> Value {
+    query(
+        "path_bytes",
+        false,
+        "the path's bytes, base64, for a name that is not UTF-8",
+        json!({ "type": "string", "format": "byte" }),
+    )
+}
+
+fn all_schemas() -> Value {
+    let mut all = schemas();
+    if let (Some(map), Some(more)) = (all.as_object_mut(), branch_schemas().as_object()) {
+        map.extend(more.clone());
+    }
+    all
+}
+
+/// Kept branches of the state directory.
+fn branch_paths() -> Value {
+    let bid = || path_param("id", "branch id (`lockbox branch list`)");
+    json!({
+        "/v1/branches": {
+            "get": op("Kept branches of the server's state directory", vec![], None,
+                &[("200", reply("the branches", "BranchList"))])
+        },
+        "/v1/branches/{id}": {
+            "get": op("A kept branch and its changes", vec![bid()], None,
+                &[("200", reply("the branch", "BranchDetail"))])
+        },
+        "/v1/branches/{id}/diff": {
+            "get": op("One path's diff between the workdir and the branch, as numbered hunks",
+                vec![bid(), diff_path(), diff_path_bytes()], None,
+                &[("200", reply("the hunks, or a summary of both sides", "FileDiff"))])
+        },
+        "/v1/branches/{id}/commit": {
+            "post": op("Commit a kept branch (all, only/exclude paths, some hunks of files); the rest is kept or dropped",
+                vec![bid()], optional_json("BranchCommitRequest"),
+                &[("200", reply("what was applied", "CommitSummary"))])
+        },
+        "/v1/branches/{id}/abort": {
+            "post": op("Remove a kept branch", vec![bid()], None,
+                &[("200", reply("done", "AbortResult"))])
+        }
+    })
+}
+
+/// The schemas of branches and diffs.
+fn branch_schemas() -> Value {
+    let string = json!({ "type": "string" });
+    let count = json!({ "type": "integer", "minimum": 0 });
+    let boolean = json!({ "type": "boolean" });
+    let name = json!({ "oneOf": [
+        { "type": "string" },
+        { "type": "object", "required": ["bytes"], "properties": { "bytes": { "type": "string", "format": "byte" } } }
+    ] });
+    let names = json!({ "type": "array", "items": name.clone() });
+    let hunks = json!({ "type": "array", "items": { "type": "object", "required": ["path", "accept"],
+        "additionalProperties": false,
+        "properties": { "path": name.clone(), "accept": { "type": "array", "items": count.clone() } } } });
+    let side = json!({ "type": "object", "required": ["type"], "properties": {
+        "type": { "type": "string", "enum": ["absent", "file", "dir", "symlink", "special"] },
+        "size": count.clone(), "target": name.clone() } });
+    let branch = json!({ "type": "object", "required": ["id", "state", "status"], "properties": {
+        "id": string.clone(), "workdir": name.clone(), "state": string.clone(), "status": string.clone(),
+        "created": string.clone(), "command": {}, "changes": count.clone() } });
+    let mut detail = branch.clone();
+    detail["properties"]["change_list"] = json!({ "type": "array", "items": schema("Change") });
+    json!({
+        "Branch": branch,
+        "BranchDetail": detail,
+        "BranchList": { "type": "object", "required": ["branches"],
+            "properties": { "branches": { "type": "array", "items": schema("Branch") } } },
+        "BranchCommitRequest": { "type": "object", "additionalProperties": false, "properties": {
+            "only": names.clone(), "exclude": names, "hunks": hunks, "force": boolean.clone(),
+            "rest": { "type": "string", "enum": ["keep", "drop"] } } },
+        "Hunk": { "type": "object", "required": ["index", "old_start", "old_lines", "new_start", "new_lines", "header", "lines"],
+            "properties": {
+                "index": count.clone(), "old_start": count.clone(), "old_lines": count.clone(),
+                "new_start": count.clone(), "new_lines": count.clone(), "header": string.clone(),
+                "lines": { "type": "array", "items": { "type": "object", "required": ["op", "text"],
+                    "properties": { "op": { "type": "string", "enum": [" ", "-", "+"] }, "text": string } } },
+                "no_newline_old": boolean.clone(), "no_newline_new": boolean
+            } },
+        "FileDiff": { "type": "object", "required": ["path", "kind"], "properties": {
+            "path": name, "kind": { "type": "string", "enum": ["text", "summary"] },
+            "hunks": { "type": "array", "items": schema("Hunk") }, "old": side.clone(), "new": side } }
+    })
+}
+
 fn build() -> Value {
     let id = || path_param("id", "sandbox id");
     let pid = || path_param("pid", "process id (`p1`, ...)");
@@ -249,8 +347,13 @@ fn build() -> Value {
             "get": op("What committing the sandbox's branch would do", vec![id()], None,
                 &[("200", reply("the change set", "ChangeList"))])
         },
+        "/v1/sandboxes/{id}/diff": {
+            "get": op("One path's diff between the workdir and the branch, as numbered hunks",
+                vec![id(), diff_path(), diff_path_bytes()], None,
+                &[("200", reply("the hunks, or a summary of both sides", "FileDiff"))])
+        },
         "/v1/sandboxes/{id}/commit": {
-            "post": op("Commit the branch (all, or only/exclude paths) to the workdir", vec![id()],
+            "post": op("Commit the branch (all, only/exclude paths, some hunks of files) to the workdir", vec![id()],
                 optional_json("CommitRequest"), &[("200", reply("what was applied", "CommitSummary"))])
         },
         "/v1/sandboxes/{id}/abort": {
@@ -260,6 +363,9 @@ fn build() -> Value {
     });
 
     let mut paths = paths;
+    if let (Some(map), Some(more)) = (paths.as_object_mut(), branch_paths().as_object()) {
+        map.extend(more.clone());
+    }
     add_links(&mut paths);
     json!({
         "openapi": "3.0.3",
@@ -272,7 +378,7 @@ fn build() -> Value {
         "paths": paths,
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
-            "schemas": schemas()
+            "schemas": all_schemas()
         }
     })
 }
@@ -356,6 +462,9 @@ fn schemas() -> Value {
           "properties": { "bytes": b64 },
           "description": "a name that is not UTF-8: its bytes, base64" } ] });
     let names = json!({ "type": "array", "items": name });
+    let hunk_choices = json!({ "type": "array", "items": { "type": "object",
+        "required": ["path", "accept"], "additionalProperties": false,
+        "properties": { "path": name, "accept": { "type": "array", "items": count } } } });
     let nullable = |t: &str| json!({ "type": t, "nullable": true });
     let object = |props: Value, required: &[&str]| {
         let mut o = json!({ "type": "object", "properties": props, "additionalProperties": false });
@@ -482,7 +591,8 @@ fn schemas() -> Value {
             } },
         "ChangeList": { "type": "object", "required": ["changes"],
             "properties": { "changes": { "type": "array", "items": schema("Change") } } },
-        "CommitRequest": object(json!({ "only": names, "exclude": names, "force": boolean }), &[]),
+        "CommitRequest": object(json!({ "only": names, "exclude": names, "force": boolean,
+            "hunks": hunk_choices }), &[]),
         "CommitSummary": { "type": "object", "required": ["report", "remaining"],
             "properties": { "report": { "type": "object" }, "remaining": count } },
         "AbortResult": { "type": "object", "properties": { "aborted": boolean } }

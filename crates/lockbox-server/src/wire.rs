@@ -12,6 +12,7 @@ use lockbox_runtime::{
     SandboxState, Selection, SessionOptions,
 };
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -598,6 +599,9 @@ pub struct Commit {
     pub exclude: Vec<PathBuf>,
     /// Commit even where the workdir changed under the branch at those paths.
     pub force: bool,
+    /// Files committed with only some of their hunks: `[{"path": P, "accept": [0, 2]}]`
+    /// (numbered as `GET diff?path=P` gives them; `accept: []` leaves the file untouched).
+    pub hunks: Vec<lockbox_runtime::HunkSelection>,
 }
 
 impl Commit {
@@ -607,6 +611,137 @@ impl Commit {
             only: self.only,
             exclude: self.exclude,
             force: self.force,
+            hunks: self.hunks,
         }
     }
+}
+
+/// `POST /v1/branches/{id}/commit`: [`Commit`] and what happens to the rest.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BranchCommit {
+    /// Only these paths.
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    pub only: Vec<PathBuf>,
+    /// Not these paths.
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    pub exclude: Vec<PathBuf>,
+    /// Files committed with only some of their hunks.
+    pub hunks: Vec<lockbox_runtime::HunkSelection>,
+    /// Commit even where the workdir changed under the branch at those paths.
+    pub force: bool,
+    /// `keep` (default): what is not committed stays in the branch; `drop`: the branch is
+    /// removed after the commit.
+    pub rest: lockbox_runtime::Rest,
+}
+
+impl BranchCommit {
+    /// The runtime's selection and the fate of the rest.
+    pub fn into_parts(self) -> (Selection, lockbox_runtime::Rest) {
+        (
+            Selection {
+                only: self.only,
+                exclude: self.exclude,
+                force: self.force,
+                hunks: self.hunks,
+            },
+            self.rest,
+        )
+    }
+}
+
+/// `?path=` (or `?path_bytes=` with the base64 of a name that is not UTF-8) of `GET diff`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffQuery {
+    /// The path, relative to the workdir.
+    pub path: Option<String>,
+    /// The path's bytes, base64 (standard alphabet, as `{"bytes": ...}` names are).
+    pub path_bytes: Option<String>,
+}
+
+impl DiffQuery {
+    /// The path asked for.
+    pub fn path(self) -> Result<PathBuf, ApiError> {
+        use std::os::unix::ffi::OsStringExt;
+        match (self.path, self.path_bytes) {
+            (Some(p), None) => Ok(PathBuf::from(p)),
+            (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                .decode(b.as_bytes())
+                .map(|v| PathBuf::from(std::ffi::OsString::from_vec(v)))
+                .map_err(|e| ApiError::invalid("path_bytes", format!("not base64: {e}"))),
+            _ => Err(ApiError::invalid(
+                "path",
+                "give exactly one of `path` and `path_bytes`",
+            )),
+        }
+    }
+}
+
+/// `GET diff`: one path's diff as numbered hunks, or a summary of both sides.
+pub struct FileDiffReply {
+    /// The path asked for.
+    pub path: PathBuf,
+    /// The diff.
+    pub diff: lockbox_runtime::FileHunks,
+}
+
+fn side_json(side: &lockbox_runtime::Side) -> serde_json::Value {
+    use lockbox_runtime::Side;
+    match side {
+        Side::Absent => json!({ "type": "absent" }),
+        Side::File { size } => json!({ "type": "file", "size": size }),
+        Side::Dir => json!({ "type": "dir" }),
+        Side::Symlink { target } => {
+            json!({ "type": "symlink", "target": lockbox_policy::name::Encoded(target) })
+        }
+        Side::Special => json!({ "type": "special" }),
+    }
+}
+
+impl Serialize for FileDiffReply {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use lockbox_runtime::FileHunks;
+        let path = lockbox_policy::name::Encoded(&self.path);
+        let value = match &self.diff {
+            FileHunks::Text { hunks } => {
+                let hunks: Vec<_> = hunks
+                    .iter()
+                    .map(|h| {
+                        let lines: Vec<_> = h
+                            .lines
+                            .iter()
+                            .map(|l| json!({ "op": l.op.symbol().to_string(), "text": l.text }))
+                            .collect();
+                        json!({
+                            "index": h.index,
+                            "old_start": h.old_start,
+                            "old_lines": h.old_lines,
+                            "new_start": h.new_start,
+                            "new_lines": h.new_lines,
+                            "header": h.header(),
+                            "lines": lines,
+                            "no_newline_old": h.no_newline_old,
+                            "no_newline_new": h.no_newline_new,
+                        })
+                    })
+                    .collect();
+                json!({ "path": path, "kind": "text", "hunks": hunks })
+            }
+            FileHunks::Summary { old, new } => json!({
+                "path": path, "kind": "summary", "old": side_json(old), "new": side_json(new)
+            }),
+        };
+        value.serialize(serializer)
+    }
+}
+
+/// `GET /v1/branches/{id}`: the branch object and its changes.
+#[derive(Serialize)]
+pub struct BranchDetail {
+    /// The branch object of `GET /v1/branches`.
+    #[serde(flatten)]
+    pub branch: lockbox_runtime::KeptBranch,
+    /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them).
+    pub change_list: ChangeList,
 }

@@ -1,5 +1,6 @@
 //! The route table: one line per route, handlers in one module per resource.
 
+mod branches;
 mod exec;
 mod files;
 mod processes;
@@ -54,8 +55,14 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{sandbox}/fs/move"), post(files::rename))
         .route(&format!("{sandbox}/fs/remove"), post(files::remove))
         .route(&format!("{sandbox}/changes"), get(workspace::changes))
+        .route(&format!("{sandbox}/diff"), get(workspace::diff))
         .route(&format!("{sandbox}/commit"), post(workspace::commit))
         .route(&format!("{sandbox}/abort"), post(workspace::abort))
+        .route("/v1/branches", get(branches::list))
+        .route("/v1/branches/{id}", get(branches::show))
+        .route("/v1/branches/{id}/diff", get(branches::diff))
+        .route("/v1/branches/{id}/commit", post(branches::commit))
+        .route("/v1/branches/{id}/abort", post(branches::abort))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

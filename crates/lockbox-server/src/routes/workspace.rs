@@ -1,8 +1,9 @@
-//! The sandbox's copy-on-write branch: what it changes, commit (all or a selection), abort.
+//! The sandbox's copy-on-write branch: what it changes, one path's diff as hunks, commit (all,
+//! a selection, or some hunks of files), abort.
 
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiPath};
-use crate::wire::Commit;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::wire::{Commit, DiffQuery, FileDiffReply};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -21,6 +22,17 @@ pub async fn changes(
     Ok(Json(Changes {
         changes: crate::wire::ChangeList(sandbox.changes().await?),
     }))
+}
+
+pub async fn diff(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<DiffQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let path = query.path()?;
+    let sandbox = app.runtime.sandbox(&id).await?;
+    let diff = sandbox.diff(path.clone()).await?;
+    Ok(Json(FileDiffReply { path, diff }))
 }
 
 pub async fn commit(

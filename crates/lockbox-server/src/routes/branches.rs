@@ -1,0 +1,54 @@
+//! Kept branches of the server's state directory (`lockbox run --workdir --on-exit keep`, a
+//! failed run): list, show, one path's diff as hunks, commit (all, a selection, or some hunks
+//! of files; the rest kept or dropped), abort.
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::wire::{BranchCommit, BranchDetail, ChangeList, DiffQuery, FileDiffReply};
+use crate::AppState;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::json;
+
+pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(json!({ "branches": app.runtime.branches().await? })))
+}
+
+pub async fn show(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let detail = app.runtime.branch(id).await?;
+    Ok(Json(BranchDetail {
+        branch: detail.branch,
+        change_list: ChangeList(detail.change_list),
+    }))
+}
+
+pub async fn diff(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<DiffQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let path = query.path()?;
+    let diff = app.runtime.branch_diff(id, path.clone()).await?;
+    Ok(Json(FileDiffReply { path, diff }))
+}
+
+pub async fn commit(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<BranchCommit>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (sel, rest) = body.into_parts();
+    Ok(Json(app.runtime.branch_commit(id, sel, rest).await?))
+}
+
+pub async fn abort(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    app.runtime.branch_abort(id).await?;
+    Ok(Json(json!({ "aborted": true })))
+}
