@@ -218,6 +218,9 @@ codes! {
     }
     Server {
         Unauthorized = "UNAUTHORIZED",
+        /// A console request with the session cookie but from another origin or without
+        /// the CSRF token.
+        Forbidden = "FORBIDDEN",
         NotFound = "NOT_FOUND",
         MethodNotAllowed = "METHOD_NOT_ALLOWED",
         RequestTimeout = "REQUEST_TIMEOUT",

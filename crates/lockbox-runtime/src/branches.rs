@@ -74,7 +74,8 @@ fn open(state_dir: &Path, id: &str) -> Result<Branch, RuntimeError> {
 }
 
 impl Runtime {
-    fn state_dir(&self) -> PathBuf {
+    /// The state directory (branches, transactions, sandboxes' records).
+    pub fn state_dir(&self) -> PathBuf {
         self.inner.config.state_dir.clone()
     }
 

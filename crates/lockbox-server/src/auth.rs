@@ -1,11 +1,12 @@
 //! Bearer-token authentication: the [`Token`] (given in a file, or generated into the state
-//! directory with mode 0600) and the middleware that checks it on every route but
-//! `/healthz`, in constant time.
+//! directory with mode 0600) and the middleware that checks it, or the console's session
+//! cookie, on every route but `/healthz` and the console's own, in constant time.
 
 use crate::error::ApiError;
+use crate::{sessions, AppState};
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
-use axum::http::HeaderValue;
+use axum::http::header::{AUTHORIZATION, ORIGIN, UPGRADE, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::fmt;
@@ -153,10 +154,14 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// Middleware: answers 401 `UNAUTHORIZED` unless the request carries the token
-/// (`/healthz` excepted, so load balancers need no secret).
-pub async fn require_token(State(token): State<Token>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/healthz" {
+/// Middleware: answers 401 `UNAUTHORIZED` unless the request carries the token, or the
+/// console's session cookie (`/healthz` and the console's own routes under `/ui` excepted:
+/// load balancers need no secret, and the console's files hold no data). A request with
+/// the cookie that changes state needs the `X-CSRF-Token` header and must come from this
+/// server's origin; so must a WebSocket upgrade (see `sessions`).
+pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if path == "/" || path == "/healthz" || path == "/ui" || path.starts_with("/ui/") {
         return next.run(req).await;
     }
     let presented = req
@@ -169,10 +174,44 @@ pub async fn require_token(State(token): State<Token>, req: Request, next: Next)
         })
         .map(str::trim);
     match presented {
-        Some(secret) if token.matches(secret.as_bytes()) => next.run(req).await,
-        Some(_) => unauthorized("the bearer token is wrong"),
-        None => unauthorized("missing `Authorization: Bearer <token>` header"),
+        Some(secret) if app.token.matches(secret.as_bytes()) => return next.run(req).await,
+        Some(_) => return unauthorized("the bearer token is wrong"),
+        None => {}
     }
+    let Some(id) = sessions::cookie(req.headers(), sessions::SESSION_COOKIE) else {
+        return unauthorized(
+            "missing `Authorization: Bearer <token>` header (or the console's session cookie)",
+        );
+    };
+    let Some(csrf) = app.sessions.find(id) else {
+        return unauthorized("the session has ended or is unknown: log in again");
+    };
+    match cookie_request_allowed(&req, &csrf) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The checks on a request authenticated by the session cookie: same origin and the CSRF
+/// header for anything but GET/HEAD, an `Origin` of this server for WebSocket upgrades.
+fn cookie_request_allowed(req: &Request, csrf: &str) -> Result<(), ApiError> {
+    let headers = req.headers();
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD);
+    let upgrade = headers.contains_key(UPGRADE);
+    if !safe || upgrade {
+        sessions::check_same_origin(headers)?;
+    }
+    if upgrade && !headers.contains_key(ORIGIN) {
+        return Err(sessions::forbidden(
+            "a WebSocket opened with the session cookie needs this server's Origin",
+        ));
+    }
+    if !safe && !sessions::csrf_matches(headers, csrf) {
+        return Err(sessions::forbidden(
+            "missing or wrong X-CSRF-Token header (the lockbox_csrf cookie's value)",
+        ));
+    }
+    Ok(())
 }
 
 fn unauthorized(message: &str) -> Response {

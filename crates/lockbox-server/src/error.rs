@@ -50,9 +50,11 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::NotSerializable
         | C::EncodeValue => StatusCode::BAD_REQUEST,
         C::Unauthorized => StatusCode::UNAUTHORIZED,
-        C::PathOutsideSandbox | C::ReadOnly | C::PermissionDenied | C::WorkdirPermission => {
-            StatusCode::FORBIDDEN
-        }
+        C::Forbidden
+        | C::PathOutsideSandbox
+        | C::ReadOnly
+        | C::PermissionDenied
+        | C::WorkdirPermission => StatusCode::FORBIDDEN,
         C::NotFound
         | C::SandboxNotFound
         | C::SessionNotFound
@@ -207,6 +209,18 @@ impl From<RuntimeError> for ApiError {
             message: e.to_string(),
             details,
         }
+    }
+}
+
+impl From<lockbox_txn::TxnError> for ApiError {
+    fn from(e: lockbox_txn::TxnError) -> ApiError {
+        ApiError::new(e.code(), e.to_string())
+    }
+}
+
+impl From<lockbox_journal::JournalError> for ApiError {
+    fn from(e: lockbox_journal::JournalError) -> ApiError {
+        ApiError::new(e.code(), e.to_string())
     }
 }
 

@@ -23,7 +23,9 @@ mod extract;
 pub mod openapi;
 mod output;
 mod routes;
+mod sessions;
 mod streams;
+mod ui;
 mod wire;
 
 pub use crate::auth::{Token, TokenError, TOKEN_FILE};
@@ -65,6 +67,19 @@ pub struct ServerConfig {
     /// How long a request body may deliver nothing, or a response go unread, before the
     /// connection is ended. Default 60 s.
     pub io_timeout: Duration,
+    /// The step journal `GET /v1/journal/runs` shows (`lockbox serve --journal URL`);
+    /// none by default.
+    pub journal: Option<JournalSource>,
+}
+
+/// A step journal and the URL it was opened from (shown to clients, so give one without
+/// a password).
+#[derive(Debug, Clone)]
+pub struct JournalSource {
+    /// Where it lives, e.g. `sqlite:/var/lib/app/journal.db`.
+    pub url: String,
+    /// The journal.
+    pub journal: lockbox_journal::Journal,
 }
 
 impl Default for ServerConfig {
@@ -78,6 +93,7 @@ impl Default for ServerConfig {
             max_connections: 512,
             header_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
+            journal: None,
         }
     }
 }
@@ -86,6 +102,8 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone)]
 pub(crate) struct AppState {
     pub runtime: Runtime,
+    pub token: Token,
+    pub sessions: sessions::Sessions,
     pub streams: Streams,
     pub config: Arc<ServerConfig>,
 }
@@ -103,6 +121,8 @@ fn build(
 ) -> Router {
     let state = AppState {
         runtime,
+        token,
+        sessions: sessions::Sessions::default(),
         streams: Streams::new(config.max_streams, config.keepalive, shutdown),
         config: Arc::new(config.clone()),
     };
@@ -111,8 +131,8 @@ fn build(
         // A body that stops arriving ends its request (408) instead of holding it forever.
         .layer(RequestBodyTimeoutLayer::new(config.io_timeout))
         .layer(axum::middleware::from_fn_with_state(
-            token,
-            auth::require_token,
+            state.clone(),
+            auth::require_auth,
         ))
         .with_state(state)
 }

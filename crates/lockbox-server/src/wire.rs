@@ -745,3 +745,27 @@ pub struct BranchDetail {
     /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them).
     pub change_list: ChangeList,
 }
+
+/// A transaction as `GET /v1/transactions` lists it: its record (as `lockbox txn show
+/// --json`), or `{"dir", "state": "damaged", "error"}` for one whose record is unreadable.
+pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
+    match t {
+        lockbox_txn::ListedTxn::Ok(r) => serde_json::to_value(r).unwrap_or_else(
+            |e| json!({ "id": r.id.to_string(), "state": "damaged", "error": e.to_string() }),
+        ),
+        lockbox_txn::ListedTxn::Damaged { dir, error } => json!({
+            "dir": lockbox_policy::name::Encoded(dir),
+            "state": "damaged",
+            "error": error.to_string(),
+        }),
+    }
+}
+
+/// A journal run's status with `id` and `status` (`running`, `suspended`, `finished`)
+/// beside the fields of `lockbox journal status`.
+pub fn run_json(s: &lockbox_journal::RunStatus) -> serde_json::Value {
+    let mut v = serde_json::to_value(s).unwrap_or_else(|_| json!({}));
+    v["id"] = json!(s.run_id.to_string());
+    v["status"] = v["state"].clone();
+    v
+}

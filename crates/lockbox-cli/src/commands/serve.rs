@@ -54,6 +54,11 @@ pub struct ServeArgs {
     /// (32 random bytes, hex, mode 0600) when missing].
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// The step journal the console and `GET /v1/journal/runs` show: sqlite:PATH, file:DIR
+    /// or postgres://USER@HOST:PORT/DB. It must exist already; nothing is created [default:
+    /// none].
+    #[arg(long, value_name = "URL", env = "LOCKBOX_JOURNAL")]
+    pub journal: Option<lockbox_journal::StorageUrl>,
     /// Also print the token in the JSON line on stdout.
     #[arg(long)]
     pub print_token: bool,
@@ -262,6 +267,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime_config.max_processes = args.max_processes;
     runtime_config.keep_stopped = args.keep_stopped;
     let server_config = ServerConfig {
+        journal: None,
         keepalive: args.keepalive,
         max_body: usize::try_from(args.max_body.bytes()).unwrap_or(usize::MAX),
         max_streams: args.max_streams,
@@ -278,6 +284,17 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         // Handlers first: a signal that arrives right after the address is printed must
         // stop the server cleanly, not kill it with the default action.
         let stop = stop_signal().context("installing SIGTERM/SIGINT handlers")?;
+        let mut server_config = server_config;
+        if let Some(url) = &args.journal {
+            let storage = url
+                .open_existing()
+                .await
+                .with_context(|| format!("--journal {}", redacted(url)))?;
+            server_config.journal = Some(lockbox_server::JournalSource {
+                url: redacted(url),
+                journal: lockbox_journal::Journal::open(storage),
+            });
+        }
         let runtime = Runtime::open(runtime_config)
             .await
             .with_context(|| format!("opening state directory {}", state_dir.display()))?;
@@ -294,7 +311,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         outln!("{}", crate::output::json(&line, false));
         eoutln!(
-            "lockbox: serving http://{addr} (token in {}; API at /openapi.json)",
+            "lockbox: serving http://{addr} (token in {}; API at /openapi.json; console at /ui)",
             token_file.display()
         );
         if !addr.ip().is_loopback() {
@@ -304,6 +321,22 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             .await
             .context("serving")
     })
+}
+
+/// The journal's URL without a password (`postgres://user:secret@host` → `postgres://user@host`),
+/// for messages and for clients.
+fn redacted(url: &lockbox_journal::StorageUrl) -> String {
+    let text = url.to_string();
+    match (text.find("://"), text.find('@')) {
+        (Some(scheme), Some(at)) if scheme < at => {
+            let userinfo = &text[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}{}", &text[..scheme + 3], &text[at..]),
+                None => text,
+            }
+        }
+        _ => text,
+    }
 }
 
 /// Installs SIGTERM and SIGINT handlers; the future resolves at the first of them.

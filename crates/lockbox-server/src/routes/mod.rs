@@ -1,17 +1,20 @@
 //! The route table: one line per route, handlers in one module per resource.
 
 mod branches;
+mod console;
 mod exec;
 mod files;
+mod journal;
 mod processes;
 mod pty;
 mod sandboxes;
+mod transactions;
 mod workspace;
 
 use crate::error::ApiError;
 use crate::AppState;
 use axum::http::{Method, Uri};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Redirect};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde_json::json;
@@ -63,8 +66,26 @@ pub fn router() -> Router<AppState> {
         .route("/v1/branches/{id}/diff", get(branches::diff))
         .route("/v1/branches/{id}/commit", post(branches::commit))
         .route("/v1/branches/{id}/abort", post(branches::abort))
+        .route("/v1/transactions", get(transactions::list))
+        .route("/v1/transactions/{id}", get(transactions::show))
+        .route("/v1/journal/runs", get(journal::runs))
+        .route("/v1/journal/runs/{id}", get(journal::run))
+        .merge(console())
+        .route("/", get(|| async { Redirect::to("/ui") }))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// The console's routes, each response with its security headers.
+fn console() -> Router<AppState> {
+    Router::new()
+        .route("/ui", get(console::index))
+        .route("/ui/", get(console::index))
+        .route("/ui/login", post(console::login))
+        .route("/ui/logout", post(console::logout))
+        .route("/ui/session", get(console::session))
+        .route("/ui/{*file}", get(console::file))
+        .route_layer(axum::middleware::from_fn(console::security_headers))
 }
 
 async fn healthz() -> impl IntoResponse {

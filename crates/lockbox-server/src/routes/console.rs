@@ -1,0 +1,123 @@
+//! The review console: its static files at `/ui` (no auth: they hold no data), login
+//! (the server token for a session cookie), logout and the session probe. Every response
+//! under `/ui` carries the console's security headers ([`security_headers`]).
+
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::sessions::{self, check_same_origin, cookie, SESSION_COOKIE};
+use crate::ui;
+use crate::AppState;
+use axum::extract::{Path, Request, State};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, SET_COOKIE,
+    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+/// The console's Content-Security-Policy: its own scripts, styles, images and API only.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    img-src 'self' data:; connect-src 'self'; font-src 'self'; base-uri 'none'; \
+    form-action 'self'; frame-ancestors 'none'";
+
+/// Middleware on `/ui`: CSP, nosniff, no referrer, no framing; nothing stored by caches
+/// unless a handler said otherwise (static assets are revalidated, see [`file`]).
+pub async fn security_headers(req: Request, next: Next) -> Response {
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    h.insert(CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.entry(CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `GET /ui`: the console's page.
+pub async fn index() -> Result<Response, ApiError> {
+    serve("").await
+}
+
+/// `GET /ui/{*file}`: a static file, or the page for a client-side route.
+pub async fn file(Path(file): Path<String>) -> Result<Response, ApiError> {
+    serve(&file).await
+}
+
+async fn serve(rel: &str) -> Result<Response, ApiError> {
+    let Some(found) = ui::lookup(rel).await else {
+        return Err(ApiError::new(
+            lockbox_policy::ErrorCode::NotFound,
+            format!("no console file /ui/{rel}"),
+        )
+        .with_details(json!({ "path": format!("/ui/{rel}") })));
+    };
+    let cache = if found.name == ui::INDEX {
+        "no-store"
+    } else {
+        "no-cache"
+    };
+    let headers = [(CONTENT_TYPE, found.content_type()), (CACHE_CONTROL, cache)];
+    Ok((headers, found.body.into_owned()).into_response())
+}
+
+/// Body of `POST /ui/login`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Login {
+    token: String,
+}
+
+/// `POST /ui/login`: the server token for a session (two cookies); 401 if it is wrong.
+pub async fn login(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Login>,
+) -> Result<Response, ApiError> {
+    check_same_origin(&headers)?;
+    if !app.token.matches(body.token.trim().as_bytes()) {
+        return Err(ApiError::new(
+            lockbox_policy::ErrorCode::Unauthorized,
+            "the token is wrong",
+        ));
+    }
+    let (id, csrf) = app.sessions.create()?;
+    with_cookies(sessions::set_cookies(&id, &csrf))
+}
+
+/// `POST /ui/logout`: ends the session (if any) and clears both cookies.
+pub async fn logout(State(app): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    check_same_origin(&headers)?;
+    if let Some(id) = cookie(&headers, SESSION_COOKIE) {
+        app.sessions.remove(id);
+    }
+    with_cookies(sessions::clear_cookies())
+}
+
+/// `GET /ui/session`: 200 while the session cookie is valid, else 401.
+pub async fn session(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    match cookie(&headers, SESSION_COOKIE).and_then(|id| app.sessions.find(id)) {
+        Some(_) => Ok(Json(json!({ "authenticated": true })).into_response()),
+        None => Err(ApiError::new(
+            lockbox_policy::ErrorCode::Unauthorized,
+            "not logged in",
+        )),
+    }
+}
+
+fn with_cookies(cookies: [String; 2]) -> Result<Response, ApiError> {
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    for c in cookies {
+        let value = HeaderValue::try_from(c)
+            .map_err(|e| ApiError::new(lockbox_policy::ErrorCode::Internal, e.to_string()))?;
+        response.headers_mut().append(SET_COOKIE, value);
+    }
+    Ok(response)
+}

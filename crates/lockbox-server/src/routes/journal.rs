@@ -1,0 +1,43 @@
+//! Runs of the step journal given to `lockbox serve --journal URL`: list with each run's
+//! status, and one run's status and entries (as `lockbox journal status|dump`).
+
+use crate::error::ApiError;
+use crate::extract::ApiPath;
+use crate::wire::run_json;
+use crate::{AppState, JournalSource};
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::Json;
+use lockbox_journal::RunId;
+use serde_json::json;
+
+fn source(app: &AppState) -> Result<&JournalSource, ApiError> {
+    app.config.journal.as_ref().ok_or_else(|| {
+        ApiError::new(
+            lockbox_policy::ErrorCode::NoJournal,
+            "this server has no journal (start it with --journal URL)",
+        )
+    })
+}
+
+pub async fn runs(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let Ok(src) = source(&app) else {
+        return Ok(Json(json!({ "journal": null, "runs": [] })));
+    };
+    let mut runs = Vec::new();
+    for id in src.journal.list().await? {
+        runs.push(run_json(&src.journal.status(&id).await?));
+    }
+    Ok(Json(json!({ "journal": src.url, "runs": runs })))
+}
+
+pub async fn run(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let src = source(&app)?;
+    let id = RunId::parse(&id)?;
+    let mut reply = run_json(&src.journal.status(&id).await?);
+    reply["entries"] = json!(src.journal.entries(&id, 0).await?);
+    Ok(Json(reply))
+}

@@ -1,0 +1,109 @@
+//! The console's static files (`crates/lockbox-server/ui/`), embedded at build time by
+//! `build.rs`; in debug builds `LOCKBOX_UI_DIR=/path` serves them from that directory
+//! instead, read on every request (for working on the console without rebuilding).
+//!
+//! [`lookup`] maps a path under `/ui/` to a file: an unknown path without an extension is
+//! `index.html` (the console routes on the client), an unknown one with an extension is
+//! `None`. Responses get their headers in `routes::console`.
+
+use std::borrow::Cow;
+
+/// The embedded files: `(path relative to ui/, content)`.
+static FILES: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/ui_files.rs"));
+
+/// The console's entry page.
+pub const INDEX: &str = "index.html";
+
+/// A file to answer with.
+#[derive(Debug)]
+pub struct UiFile {
+    /// Its path relative to `ui/`.
+    pub name: String,
+    /// Its content.
+    pub body: Cow<'static, [u8]>,
+}
+
+impl UiFile {
+    /// The `Content-Type` by extension (the console has few kinds of file).
+    pub fn content_type(&self) -> &'static str {
+        match self.name.rsplit_once('.').map(|(_, ext)| ext) {
+            Some("html") => "text/html; charset=utf-8",
+            Some("js" | "mjs") => "text/javascript; charset=utf-8",
+            Some("css") => "text/css; charset=utf-8",
+            Some("json" | "map") => "application/json",
+            Some("svg") => "image/svg+xml",
+            Some("png") => "image/png",
+            Some("ico") => "image/x-icon",
+            Some("woff2") => "font/woff2",
+            Some("txt" | "md") => "text/plain; charset=utf-8",
+            _ => "application/octet-stream",
+        }
+    }
+}
+
+/// Whether `rel` names a file inside `ui/`: relative, no `..`, no empty or hidden parts.
+fn is_plain(rel: &str) -> bool {
+    !rel.is_empty()
+        && rel
+            .split('/')
+            .all(|part| !part.is_empty() && !part.starts_with('.') && !part.contains('\\'))
+}
+
+/// The file for `rel` (the path after `/ui/`; empty for `/ui` itself).
+pub async fn lookup(rel: &str) -> Option<UiFile> {
+    let rel = if rel.is_empty() { INDEX } else { rel };
+    if let Some(file) = read(rel).await {
+        return Some(file);
+    }
+    let last = rel.rsplit('/').next().unwrap_or(rel);
+    if last.contains('.') {
+        return None;
+    }
+    read(INDEX).await
+}
+
+async fn read(rel: &str) -> Option<UiFile> {
+    if !is_plain(rel) {
+        return None;
+    }
+    #[cfg(debug_assertions)]
+    if let Some(dir) = std::env::var_os("LOCKBOX_UI_DIR") {
+        let path = std::path::Path::new(&dir).join(rel);
+        return match tokio::fs::read(&path).await {
+            Ok(body) => Some(UiFile {
+                name: rel.to_owned(),
+                body: Cow::Owned(body),
+            }),
+            Err(_) => None,
+        };
+    }
+    FILES
+        .iter()
+        .find(|(name, _)| *name == rel)
+        .map(|(name, body)| UiFile {
+            name: (*name).to_owned(),
+            body: Cow::Borrowed(body),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_relative_paths_name_files() {
+        assert!(is_plain("index.html"));
+        assert!(is_plain("js/app.js"));
+        for bad in [
+            "",
+            "../x",
+            "a/../b",
+            "/etc/passwd",
+            ".git/config",
+            "a//b",
+            "a\\b",
+        ] {
+            assert!(!is_plain(bad), "{bad}");
+        }
+    }
+}
