@@ -125,10 +125,91 @@ fn diff_path_bytes() -> Value {
 
 fn all_schemas() -> Value {
     let mut all = schemas();
-    if let (Some(map), Some(more)) = (all.as_object_mut(), branch_schemas().as_object()) {
-        map.extend(more.clone());
+    for more in [branch_schemas(), console_schemas()] {
+        if let (Some(map), Some(more)) = (all.as_object_mut(), more.as_object()) {
+            map.extend(more.clone());
+        }
     }
     all
+}
+
+/// An operation that needs no token (the console's login and session probe).
+fn public(mut operation: Value) -> Value {
+    operation["security"] = json!([]);
+    operation
+}
+
+/// The console's session routes, transactions and journal runs. (The console's static
+/// files under `/ui` are not described: they are not part of the API.)
+fn console_paths() -> Value {
+    let id = |what: &str| path_param("id", what);
+    json!({
+        "/ui/login": {
+            "post": public(op("Exchange the server token for a console session: sets the HttpOnly, SameSite=Strict `lockbox_session` cookie and the `lockbox_csrf` cookie (send its value as `X-CSRF-Token` on state-changing requests)",
+                vec![], required_json("LoginRequest"),
+                &[("204", json!({ "description": "logged in (cookies set)" }))]))
+        },
+        "/ui/logout": {
+            "post": public(op("End the console session and clear its cookies", vec![], None,
+                &[("204", json!({ "description": "logged out (cookies cleared)" }))]))
+        },
+        "/ui/session": {
+            "get": public(op("Whether the session cookie is valid (401 if not)", vec![], None,
+                &[("200", reply("logged in", "SessionState"))]))
+        },
+        "/v1/transactions": {
+            "get": op("Transactions of the server's state directory (prepared, committed, aborted)", vec![], None,
+                &[("200", reply("the transactions", "TxnList"))])
+        },
+        "/v1/transactions/{id}": {
+            "get": op("One transaction's record (as `lockbox txn show --json`)",
+                vec![id("transaction id (`lockbox txn list`)")], None,
+                &[("200", reply("the record", "Txn"))])
+        },
+        "/v1/journal/runs": {
+            "get": op("Runs of the journal given to `lockbox serve --journal` (none: an empty list)", vec![], None,
+                &[("200", reply("the runs", "JournalRuns"))])
+        },
+        "/v1/journal/runs/{id}": {
+            "get": op("One journal run: its status and entries",
+                vec![id("run id (`lockbox journal list`)")], None,
+                &[("200", reply("the run", "JournalRun"))])
+        }
+    })
+}
+
+/// The schemas of the console's session, transactions and journal runs.
+fn console_schemas() -> Value {
+    let string = json!({ "type": "string" });
+    let count = json!({ "type": "integer", "minimum": 0 });
+    let run = json!({ "type": "object", "required": ["id", "status", "entries", "steps"],
+        "properties": {
+            "id": string.clone(),
+            "status": { "type": "string", "enum": ["running", "suspended", "finished"] },
+            "entries": count.clone(), "steps": count, "version": { "type": "string", "nullable": true },
+            "metadata": {} } });
+    let mut run_detail = run.clone();
+    run_detail["properties"]["entries"] = json!({ "type": "array", "items": { "type": "object" } });
+    json!({
+        "LoginRequest": { "type": "object", "required": ["token"], "additionalProperties": false,
+            "properties": { "token": string.clone() } },
+        "SessionState": { "type": "object", "required": ["authenticated"],
+            "properties": { "authenticated": { "type": "boolean" } } },
+        "Txn": { "type": "object", "required": ["state"], "properties": {
+            "id": string.clone(),
+            "kind": { "type": "string", "enum": ["pipeline", "gather"] },
+            "state": string.clone(),
+            "stages": { "type": "array", "items": { "type": "object" } },
+            "report": { "type": "object", "nullable": true },
+            "abort_reason": {},
+            "error": string.clone() } },
+        "TxnList": { "type": "object", "required": ["transactions"],
+            "properties": { "transactions": { "type": "array", "items": schema("Txn") } } },
+        "JournalRun": run_detail,
+        "JournalRuns": { "type": "object", "required": ["journal", "runs"], "properties": {
+            "journal": { "type": "string", "nullable": true },
+            "runs": { "type": "array", "items": run } } }
+    })
 }
 
 /// Kept branches of the state directory.
@@ -363,8 +444,10 @@ fn build() -> Value {
     });
 
     let mut paths = paths;
-    if let (Some(map), Some(more)) = (paths.as_object_mut(), branch_paths().as_object()) {
-        map.extend(more.clone());
+    for more in [branch_paths(), console_paths()] {
+        if let (Some(map), Some(more)) = (paths.as_object_mut(), more.as_object()) {
+            map.extend(more.clone());
+        }
     }
     add_links(&mut paths);
     json!({
@@ -372,7 +455,7 @@ fn build() -> Value {
         "info": {
             "title": "lockbox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches. Every route but /healthz needs `Authorization: Bearer <token>`. Errors are {code, message, details}; see docs/server.md."
+            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches. Every route but /healthz and the console's /ui routes needs `Authorization: Bearer <token>` (or the console's session cookie, with `X-CSRF-Token` on state-changing requests). Errors are {code, message, details}; see docs/server.md."
         },
         "security": [ { "bearer": [] } ],
         "paths": paths,

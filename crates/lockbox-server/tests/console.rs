@@ -115,7 +115,9 @@ fn cookie_post(s: &LoggedIn) -> axum::http::request::Builder {
 async fn api_without_cookie_or_bearer_is_401() {
     let c = Console::start(ServerConfig::default()).await;
     for path in ["/v1/sandboxes", "/v1/transactions", "/v1/journal/runs"] {
-        let reply = c.send(request("GET", path).body(Body::empty()).unwrap()).await;
+        let reply = c
+            .send(request("GET", path).body(Body::empty()).unwrap())
+            .await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{path}");
         assert_eq!(reply.json()["code"], "UNAUTHORIZED");
     }
@@ -157,8 +159,14 @@ async fn login_cookies_are_httponly_and_samesite_strict() {
     assert!(session.contains("; SameSite=Strict"), "{session}");
     assert!(session.contains("; Path=/"), "{session}");
     // 256 random bits, hex.
-    assert_eq!(session.split(';').next().unwrap().len(), "lockbox_session=".len() + 64);
-    assert!(!csrf.contains("HttpOnly"), "the console's script reads it: {csrf}");
+    assert_eq!(
+        session.split(';').next().unwrap().len(),
+        "lockbox_session=".len() + 64
+    );
+    assert!(
+        !csrf.contains("HttpOnly"),
+        "the console's script reads it: {csrf}"
+    );
     assert!(csrf.contains("; SameSite=Strict"), "{csrf}");
 }
 
@@ -275,12 +283,25 @@ async fn websocket_upgrade_with_the_cookie_needs_this_origin() {
 async fn console_files_carry_csp_and_security_headers() {
     let c = Console::start(ServerConfig::default()).await;
     for path in ["/ui", "/ui/", "/ui/branches/some-id"] {
-        let reply = c.send(request("GET", path).body(Body::empty()).unwrap()).await;
+        let reply = c
+            .send(request("GET", path).body(Body::empty()).unwrap())
+            .await;
         assert_eq!(reply.status, StatusCode::OK, "{path}");
-        let h = |name: &str| reply.headers.get(name).unwrap().to_str().unwrap().to_owned();
+        let h = |name: &str| {
+            reply
+                .headers
+                .get(name)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
         assert!(h("content-type").starts_with("text/html"), "{path}");
         let csp = h("content-security-policy");
-        assert!(csp.starts_with("default-src 'none'; script-src 'self';"), "{csp}");
+        assert!(
+            csp.starts_with("default-src 'none'; script-src 'self';"),
+            "{csp}"
+        );
         assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
         assert_eq!(h("x-content-type-options"), "nosniff");
         assert_eq!(h("referrer-policy"), "no-referrer");
@@ -289,12 +310,20 @@ async fn console_files_carry_csp_and_security_headers() {
         assert!(String::from_utf8_lossy(&reply.body).contains("id=\"token\""));
     }
     let missing = c
-        .send(request("GET", "/ui/missing.js").body(Body::empty()).unwrap())
+        .send(
+            request("GET", "/ui/missing.js")
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert!(missing.headers.contains_key("content-security-policy"));
     let escape = c
-        .send(request("GET", "/ui/../Cargo.toml").body(Body::empty()).unwrap())
+        .send(
+            request("GET", "/ui/../Cargo.toml")
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await;
     assert_ne!(escape.status, StatusCode::OK);
 }
