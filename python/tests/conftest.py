@@ -49,3 +49,39 @@ def tree(path) -> dict[str, bytes]:
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, path)] = fh.read()
     return out
+
+
+# The review console's browser tests (python/tests/test_console_*.py): a live server and a
+# headless Chromium, both per module. Helpers in console_util.py.
+
+@pytest.fixture(scope="module")
+def console_server():
+    """A `lockbox serve` (console_util.Server: base, token, state_dir, api())."""
+    import console_util
+
+    binary = console_util.server_binary()
+    need(os.path.exists(binary), f"the lockbox binary ({binary}; cargo build -p lockbox-cli)")
+    server = console_util.start_server()
+    try:
+        yield server
+    finally:
+        console_util.stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium WebDriver (1280x800), quit after the module."""
+    import console_util
+
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        selenium = None
+    need(selenium is not None, "selenium (pip install selenium)")
+    need(console_util.browser_available(),
+         f"Chromium and its driver ({console_util.CHROMIUM}, {console_util.CHROMEDRIVER}; apt-get install chromium chromium-driver)")
+    driver = console_util.chrome()
+    try:
+        yield driver
+    finally:
+        driver.quit()

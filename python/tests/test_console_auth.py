@@ -1,0 +1,122 @@
+"""The review console's authentication in a real browser against a real `lockbox serve`: the
+API refuses requests without the session cookie or token (401); a wrong token logs nobody in;
+logging in with the server token sets an HttpOnly, SameSite=Strict cookie with which the API
+answers; a state-changing request needs the CSRF header; a POST from another origin, made by
+a page the browser loaded from another port, is refused (403) and changes nothing."""
+
+import http.server
+import threading
+import urllib.request
+
+import pytest
+from conftest import need
+
+import console_util
+from console_util import fetch, login, network_statuses, wait_for
+
+
+def test_api_without_cookie_or_token_is_401(console_server, browser):
+    status, body, headers = console_server.api("GET", "/v1/sandboxes", bearer=False)
+    assert status == 401
+    assert body["code"] == "UNAUTHORIZED"
+    assert headers["WWW-Authenticate"] == "Bearer"
+    # The console's own page, not logged in: its fetch gets 401 too.
+    browser.get(console_server.base + "/ui")
+    browser.delete_all_cookies()
+    assert fetch(browser, "/v1/sandboxes")["status"] == 401
+    assert fetch(browser, "/ui/session")["status"] == 401
+
+
+def test_a_wrong_token_logs_nobody_in(console_server):
+    status, body, headers = console_server.api(
+        "POST", "/ui/login", {"token": "not-the-token-0123456789"}, bearer=False)
+    assert status == 401
+    assert body["code"] == "UNAUTHORIZED"
+    assert headers.get("Set-Cookie") is None
+
+
+def test_login_sets_a_strict_httponly_cookie_and_the_api_answers(console_server, browser):
+    login(browser, console_server.base, console_server.token)
+    session = browser.get_cookie("lockbox_session")
+    assert session["httpOnly"] is True
+    assert session["sameSite"] == "Strict"
+    assert len(session["value"]) == 64
+    csrf = browser.get_cookie("lockbox_csrf")
+    assert csrf["httpOnly"] is False and csrf["sameSite"] == "Strict"
+    # The page's script cannot read the session id.
+    assert "lockbox_session" not in browser.execute_script("return document.cookie")
+
+    reply = fetch(browser, "/v1/sandboxes")
+    assert reply["status"] == 200, reply
+    assert '"sandboxes"' in reply["body"]
+    assert fetch(browser, "/ui/session")["status"] == 200
+
+
+def test_a_state_changing_request_needs_the_csrf_header(console_server, browser):
+    login(browser, console_server.base, console_server.token)
+    without = fetch(browser, "/v1/sandboxes/sb-missing/abort", method="POST", csrf=False)
+    assert without["status"] == 403, without
+    assert "X-CSRF-Token" in without["body"]
+    # With it, the request reaches its handler (which does not know the sandbox).
+    with_it = fetch(browser, "/v1/sandboxes/sb-missing/abort", method="POST")
+    assert with_it["status"] == 404, with_it
+
+
+def test_a_post_with_the_cookie_from_a_foreign_origin_is_403(console_server):
+    status, _, headers = console_server.api(
+        "POST", "/ui/login", {"token": console_server.token}, bearer=False)
+    assert status == 204
+    cookies = [c.split(";")[0] for c in headers.get_all("Set-Cookie")]
+    csrf = next(c.split("=", 1)[1] for c in cookies if c.startswith("lockbox_csrf="))
+    status, body, _ = console_server.api(
+        "POST", "/v1/sandboxes", {}, bearer=False,
+        headers={"Cookie": "; ".join(cookies), "X-CSRF-Token": csrf,
+                 "Origin": "http://attacker.example"})
+    assert status == 403
+    assert body["code"] == "FORBIDDEN"
+    assert "attacker.example" in body["message"]
+    assert console_server.api("GET", "/v1/sandboxes")[1]["sandboxes"] == []
+
+
+ATTACK = """<!doctype html><title>attack</title><script>
+fetch("{base}/v1/sandboxes", {{method: "POST", mode: "no-cors", credentials: "include",
+  headers: {{"Content-Type": "text/plain"}}, body: "{{}}"}})
+  .then(() => document.title = "sent", () => document.title = "failed");
+</script>"""
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_a_cross_site_post_from_another_page_is_refused(console_server, tmp_path):
+    need(console_util.browser_available(), "Chromium and chromedriver")
+    pytest.importorskip("selenium")
+    (tmp_path / "attack.html").write_text(ATTACK.format(base=console_server.base))
+    handler = lambda *a, **kw: _Quiet(*a, directory=str(tmp_path), **kw)  # noqa: E731
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    driver = console_util.chrome(performance_log=True)
+    try:
+        login(driver, console_server.base, console_server.token)
+        driver.get_log("performance")  # drop the login's events
+        # Another port of the same host: the same site, so the browser sends the
+        # SameSite=Strict cookie along; the server must refuse it by its origin.
+        driver.get(f"http://127.0.0.1:{attacker.server_address[1]}/attack.html")
+        wait_for(lambda: driver.title in ("sent", "failed"), what="the attack page's fetch")
+        statuses = network_statuses(driver, console_server.base + "/v1/sandboxes")
+        assert statuses == [403], statuses
+    finally:
+        driver.quit()
+        attacker.shutdown()
+    assert console_server.api("GET", "/v1/sandboxes")[1]["sandboxes"] == []
+
+
+def test_console_pages_carry_the_content_security_policy(console_server):
+    with urllib.request.urlopen(console_server.base + "/ui") as r:
+        csp = r.headers["Content-Security-Policy"]
+        assert r.headers["X-Frame-Options"] == "DENY"
+        assert r.headers["Cache-Control"] == "no-store"
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp
+    assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
