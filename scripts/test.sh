@@ -19,6 +19,10 @@ command -v jq >/dev/null || need+=(jq)
 # The escape corpus (tests/escape) compiles its C attacks; they include kernel uapi headers.
 command -v gcc >/dev/null || need+=(gcc)
 [ -e /usr/include/linux/bpf.h ] || need+=(libc6-dev linux-libc-dev)
+# The review console's browser tests (python/tests/test_console_*.py) drive Debian's headless
+# Chromium through its driver with Selenium (pip-installed into the test venv below).
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
@@ -72,7 +76,7 @@ fi
 echo "== python SDK"
 pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
 [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
-"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2'
+"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5'
 rm -rf "$pyvenv/wheels"
 "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
 "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
