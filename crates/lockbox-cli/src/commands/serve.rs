@@ -24,7 +24,12 @@ Examples:
 On start, one JSON line on stdout: {\"listen\": ADDR, \"token_file\": PATH} (plus \"token\"
 with --print-token); the token itself is never printed otherwise. Every route but /healthz
 needs `Authorization: Bearer <token>`. The API is described at /openapi.json and in
-docs/server.md. SIGTERM or SIGINT stops the server: open streams end, requests in flight get
+docs/server.md.
+
+The review console is at http://ADDR/ui: log in with the token, which is exchanged for an
+HttpOnly, SameSite=Strict session cookie (kept in memory: a restart logs everyone out); with
+it, requests that change state need the X-CSRF-Token header and this server's origin. With
+--journal (or LOCKBOX_JOURNAL) the console and GET /v1/journal/runs show that journal's runs. SIGTERM or SIGINT stops the server: open streams end, requests in flight get
 a few seconds, then every sandbox is deleted (on_exit applied; branches are kept by default).
 Sandboxes of a server that died without stopping are listed as `lost` by the next one.
 
