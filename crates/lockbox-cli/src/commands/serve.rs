@@ -29,9 +29,11 @@ docs/server.md.
 The review console is at http://ADDR/ui: log in with the token, which is exchanged for an
 HttpOnly, SameSite=Strict session cookie (kept in memory: a restart logs everyone out); with
 it, requests that change state need the X-CSRF-Token header and this server's origin. With
---journal (or LOCKBOX_JOURNAL) the console and GET /v1/journal/runs show that journal's runs. SIGTERM or SIGINT stops the server: open streams end, requests in flight get
-a few seconds, then every sandbox is deleted (on_exit applied; branches are kept by default).
-Sandboxes of a server that died without stopping are listed as `lost` by the next one.
+--journal (or LOCKBOX_JOURNAL) the console and GET /v1/journal/runs show that journal's runs.
+
+SIGTERM or SIGINT stops the server: open streams end, requests in flight get a few seconds,
+then every sandbox is deleted (on_exit applied; branches are kept by default). Sandboxes of
+a server that died without stopping are listed as `lost` by the next one.
 
 What a client or a sandbox can make the server hold is bounded by the flags above: the soft
 open-files limit is raised to the hard one at start; connections beyond --max-connections
