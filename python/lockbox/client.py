@@ -16,7 +16,12 @@ server side).
         print(p.logs().text)                                  # cursor-addressed, bounded logs
         box.files.write("notes.txt", b"hi")
         print(box.changes())                                  # the copy-on-write branch
-        box.commit(exclude=["scratch"])
+        print(box.diff("README.md")["hunks"])                 # one file's numbered hunks
+        box.commit(only=["src"], hunks={"README.md": [0]}, exclude=["scratch"])
+
+Kept branches of the server's state directory (``lockbox run --workdir --on-exit keep``):
+:meth:`Client.branches`, :meth:`Client.branch_diff`, :meth:`Client.branch_commit` (some hunks
+of files; the rest kept or dropped), :meth:`Client.branch_abort`.
 
 Every method maps to one route; errors are :class:`~lockbox.errors.ServerError` with the
 server's ``code``, ``message``, ``details`` and HTTP ``status``. Streams (``exec_stream``,
@@ -44,6 +49,30 @@ from ._types import Change, _change
 from .errors import ServerError
 
 __all__ = ["Client", "AsyncClient", "RemoteSandbox", "Session", "Process", "Files", "ExecResult", "Event", "LogChunk"]
+
+
+Hunks = Mapping[Any, Sequence[int]]
+"""Hunks to commit per file: ``{path: [hunk numbers]}`` (numbers as ``diff`` gives them, from
+0; ``[]`` leaves the file untouched). A path is a ``str``, ``os.PathLike`` or ``bytes``."""
+
+
+def _hunks(hunks: Hunks | None) -> list[dict[str, Any]] | None:
+    if not hunks:
+        return None
+    return [{"path": to_json(p), "accept": [int(i) for i in accept]} for p, accept in hunks.items()]
+
+
+def _selection(only: Sequence[Any] | None, exclude: Sequence[Any] | None, hunks: Hunks | None,
+               force: bool) -> dict[str, Any]:
+    return _drop_none({"only": [to_json(p) for p in only] if only else None,
+                       "exclude": [to_json(p) for p in exclude] if exclude else None,
+                       "hunks": _hunks(hunks), "force": force or None})
+
+
+def _path_query(path: Any) -> dict[str, str]:
+    """``?path=`` (or ``?path_bytes=`` for a name that is not UTF-8)."""
+    name = to_json(path)
+    return {"path": name} if isinstance(name, str) else {"path_bytes": name["bytes"]}
 
 
 def _bytes(obj: Mapping[str, Any], name: str) -> bytes:
@@ -255,6 +284,37 @@ class Client:
         """A handle on an existing sandbox."""
         return RemoteSandbox(self, self._request("GET", f"/v1/sandboxes/{id}"))
 
+    def branches(self) -> list[dict[str, Any]]:
+        """Kept branches of the server's state directory: ``[{"id", "workdir", "state",
+        "status", "created", "command", "changes"}]``."""
+        return self._request("GET", "/v1/branches")["branches"]
+
+    def branch(self, id: str) -> dict[str, Any]:  # noqa: A002 - the server's name
+        """A kept branch and its ``change_list`` (:class:`~lockbox.Change` objects)."""
+        info = self._request("GET", f"/v1/branches/{id}")
+        info["change_list"] = [_change(c) for c in info["change_list"]]
+        return info
+
+    def branch_diff(self, id: str, path: Any) -> dict[str, Any]:  # noqa: A002
+        """One path's diff in a kept branch, as :meth:`RemoteSandbox.diff` gives it."""
+        return self._request("GET", f"/v1/branches/{id}/diff", query=_path_query(path))
+
+    def branch_commit(self, id: str, *, only: Sequence[Any] | None = None,  # noqa: A002
+                      exclude: Sequence[Any] | None = None, hunks: Hunks | None = None,
+                      force: bool = False, rest: str = "keep") -> dict[str, Any]:
+        """Commits a kept branch, or part of it; ``rest="keep"`` leaves what was not committed
+        in the branch, ``"drop"`` removes the branch after. ``{report, remaining}``; raises
+        :class:`~lockbox.errors.ServerError` with ``code="CONFLICT"`` when the workdir changed
+        under it (unless ``force``) and ``"BAD_HUNK"`` for a hunk number the diff lacks."""
+        body = _selection(only, exclude, hunks, force)
+        if rest != "keep":
+            body["rest"] = rest
+        return self._request("POST", f"/v1/branches/{id}/commit", body=body)
+
+    def branch_abort(self, id: str) -> dict[str, Any]:  # noqa: A002
+        """Removes a kept branch."""
+        return self._request("POST", f"/v1/branches/{id}/abort")
+
     def list(self, state: str | None = None) -> list[dict[str, Any]]:
         """The sandboxes: running, the server's last ``--keep-stopped`` stopped ones, and
         lost ones; ``state="running"`` (or ``"stopped"``, ``"lost"``) only those."""
@@ -347,12 +407,17 @@ class RemoteSandbox:
         r = self.client._request("GET", self._p("/changes"))
         return [_change(c) for c in r["changes"]]
 
+    def diff(self, path: Any) -> dict[str, Any]:
+        """One path's diff between the workdir and the branch: ``{"path", "kind": "text",
+        "hunks": [{"index", "header", "lines": [{"op", "text"}], ...}]}`` or, for binary and
+        non-regular files, ``{"path", "kind": "summary", "old", "new"}`` (docs/server.md)."""
+        return self.client._request("GET", self._p("/diff"), query=_path_query(path))
+
     def commit(self, *, only: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
-               force: bool = False) -> dict[str, Any]:
-        """Applies the branch (or part of it) to the workdir; ``{report, remaining}``."""
-        body = _drop_none({"only": [to_json(p) for p in only] if only else None,
-                           "exclude": [to_json(p) for p in exclude] if exclude else None,
-                           "force": force or None})
+               hunks: Hunks | None = None, force: bool = False) -> dict[str, Any]:
+        """Applies the branch (or part of it: ``only``/``exclude`` paths, and for the files
+        in ``hunks`` only those hunks) to the workdir; ``{report, remaining}``."""
+        body = _selection(only, exclude, hunks, force)
         return self.client._request("POST", self._p("/commit"), body=body)
 
     def abort(self) -> dict[str, Any]:
@@ -524,6 +589,22 @@ class AsyncClient:
         """See :meth:`Client.list`."""
         return await asyncio.to_thread(self._sync.list, state)
 
+    async def branches(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.branches`."""
+        return await asyncio.to_thread(self._sync.branches)
+
+    async def branch_diff(self, id: str, path: Any) -> dict[str, Any]:  # noqa: A002
+        """See :meth:`Client.branch_diff`."""
+        return await asyncio.to_thread(self._sync.branch_diff, id, path)
+
+    async def branch_commit(self, id: str, **kw: Any) -> dict[str, Any]:  # noqa: A002
+        """See :meth:`Client.branch_commit`."""
+        return await asyncio.to_thread(lambda: self._sync.branch_commit(id, **kw))
+
+    async def branch_abort(self, id: str) -> dict[str, Any]:  # noqa: A002
+        """See :meth:`Client.branch_abort`."""
+        return await asyncio.to_thread(self._sync.branch_abort, id)
+
 
 class AsyncSandbox:
     """:class:`RemoteSandbox` for asyncio."""
@@ -553,6 +634,10 @@ class AsyncSandbox:
     async def changes(self) -> list[Change]:
         """See :meth:`RemoteSandbox.changes`."""
         return await asyncio.to_thread(self.sync.changes)
+
+    async def diff(self, path: Any) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.diff`."""
+        return await asyncio.to_thread(self.sync.diff, path)
 
     async def commit(self, **kw: Any) -> dict[str, Any]:
         """See :meth:`RemoteSandbox.commit`."""

@@ -30,7 +30,7 @@ macro_rules! branch_exit_codes {
         "\
 Exit codes of `lockbox branch`:
   0  done
-  2  usage error, unknown branch id
+  2  usage error, unknown branch id, bad --hunks (no such hunk)
   4  commit failed (the branch is kept)
   5  stale base: the workdir changed under the branch since it began (use --force)
   74 done, but stdout could not be written (a closed pipe is not an error)"
@@ -125,7 +125,12 @@ Examples:
         "  lockbox branch list\n",
         "  lockbox branch diff ID             every change, as a unified diff\n",
         "  lockbox branch diff ID src/main.rs\n",
-        "  lockbox branch commit ID           or: lockbox branch abort ID\n\n",
+        "  lockbox branch commit ID           or: lockbox branch abort ID\n",
+        "  lockbox branch hunks ID src/main.rs   numbered hunks of one file\n",
+        "  lockbox branch commit ID --hunks src/main.rs:0,2 --only README.md\n",
+        "                                     hunks 0 and 2 of src/main.rs and README.md;\n",
+        "                                     the rest stays in the branch (--drop-rest: dropped)\n",
+        "  lockbox branch commit ID -p        choose hunk by hunk (y/n/q), like git add -p\n\n",
         branch_exit_codes!()
     ))]
     Branch(BranchArgs),
@@ -232,13 +237,38 @@ pub enum BranchCommand {
         /// Only this path, or the changes below it (relative to the workdir).
         path: Option<PathBuf>,
     },
-    /// Apply a branch to its workdir, then remove it.
+    /// Show one file's diff as numbered hunks (for `commit --hunks`).
+    Hunks {
+        /// The branch's id (from `lockbox branch list`).
+        id: String,
+        /// The file, relative to the workdir.
+        path: PathBuf,
+    },
+    /// Apply a branch to its workdir, then remove it; or apply part of it (`--only`,
+    /// `--exclude`, `--hunks`, `-p`) and keep the rest in the branch.
     Commit {
         /// The branch's id (from `lockbox branch list`).
         id: String,
         /// Commit even if the workdir changed the same paths since the branch began.
         #[arg(long)]
         force: bool,
+        /// Commit only this path (and what is below it); repeatable.
+        #[arg(long, value_name = "PATH")]
+        only: Vec<PathBuf>,
+        /// Leave this path (and what is below it) in the branch; repeatable.
+        #[arg(long, value_name = "PATH")]
+        exclude: Vec<PathBuf>,
+        /// Commit only these hunks of PATH, numbered as `lockbox branch hunks` shows them
+        /// (`PATH:` alone: none, the file is not touched); repeatable.
+        #[arg(long, value_name = "PATH:N,N")]
+        hunks: Vec<std::ffi::OsString>,
+        /// After a partial commit, remove the branch with what was not committed.
+        #[arg(long)]
+        drop_rest: bool,
+        /// Choose hunk by hunk on the terminal: y (commit it), n (leave it), q (stop
+        /// choosing; the rest is left), like `git add -p`.
+        #[arg(short = 'p', long = "patch")]
+        interactive: bool,
     },
     /// Discard a branch.
     Abort {

@@ -181,14 +181,9 @@ impl Branch {
     ///
     /// The stale-base rule is the one of [`Branch::commit`]: refused
     /// ([`CowError::StaleBase`], recorded as state `stale`) if the workdir changed since the
-    /// branch began at a path this commit writes, unless `opts.force`. The paths this commit
-    /// writes get a reference of their own, taken right after it, so that the next commit
-    /// of the branch does not take these writes for concurrent edits; every other path keeps
-    /// the branch's (see `BranchMeta::rebased`).
-    ///
-    /// Not resumable like a full commit: a crash while applying leaves some paths applied
-    /// and the branch as it was (committing again reports the applied paths as stale;
-    /// `force` commits them again).
+    /// branch began at a path this commit writes, unless `opts.force`. A failure is recorded
+    /// as [`Branch::commit`] records it; a bad selection ([`CowError::BadPath`],
+    /// [`CowError::BadHunk`]) changes nothing. See [`Branch::commit_part`].
     pub fn commit_selected(
         &mut self,
         sel: &Selection,
@@ -199,6 +194,40 @@ impl Branch {
                 id: self.id().to_string(),
             });
         }
+        match self.commit_part(sel, opts) {
+            Ok(report) if opts.dry_run => Ok(report),
+            Ok(report) => {
+                let mut meta = self.meta().clone();
+                meta.failure = None;
+                self.replace_meta(meta);
+                self.set_state(BranchState::Kept)?;
+                Ok(report)
+            }
+            Err(e) if e.exit_code() != 2 => {
+                let _ = self.record_failure(&e);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Commits `sel` of the branch into its workdir, leaving the branch's state as it is: for
+    /// a branch in use (a running sandbox's, whose upper layer is mounted: it is read once,
+    /// into a snapshot) as well as a kept one ([`Branch::commit_selected`]).
+    ///
+    /// The paths this commit writes get a stale-base reference of their own, taken right
+    /// after it and recorded in `meta.json` ([`crate::BranchMeta::rebased`]), so that later
+    /// commits of the branch do not take these writes for concurrent edits; every other path
+    /// keeps the branch's. Under the workdir lock.
+    ///
+    /// Not resumable like a full commit: a crash while applying leaves some paths applied
+    /// and the record as it was (committing again reports the applied paths as stale;
+    /// `force` commits them again).
+    pub fn commit_part(
+        &mut self,
+        sel: &Selection,
+        opts: &CommitOptions,
+    ) -> Result<CommitReport, CowError> {
         let workdir = self.workdir().to_owned();
         let state_dir = self
             .dir()
@@ -218,13 +247,7 @@ impl Branch {
             // Best effort: the snapshot is scratch; the result is what matters.
             let _ = remove_tree_at(fd.as_fd(), OsStr::new(&name));
         }
-        match result {
-            Err(e) if e.exit_code() != 2 => {
-                let _ = self.record_failure(&e);
-                Err(e)
-            }
-            other => other,
-        }
+        result
     }
 
     fn commit_snapshot(
@@ -250,7 +273,8 @@ impl Branch {
             rebased: &self.meta().rebased,
         };
         let (plan, report) = stage_upper_from(snap, &workdir, &key, Some(base), opts)?;
-        if opts.dry_run {
+        if opts.dry_run || written.is_empty() {
+            discard_staging(&workdir, &key)?;
             return Ok(report);
         }
         if let Err(e) = apply_staged(&workdir, &key, &plan) {
@@ -265,9 +289,9 @@ impl Branch {
                 Err(i) => meta.rebased.insert(i, Rebased { path, at }),
             }
         }
-        meta.failure = None;
+        let state = meta.state;
         self.replace_meta(meta);
-        self.set_state(BranchState::Kept)?;
+        self.set_state(state)?;
         Ok(report)
     }
 

@@ -691,16 +691,12 @@ impl Sandbox {
     pub async fn commit(&self, sel: Selection) -> Result<CommitSummary, RuntimeError> {
         let _life = self.inner.lifecycle.lock().await;
         let inst = self.live()?;
-        let state_dir = self.inner.state_dir.clone();
         tokio::task::spawn_blocking(move || {
-            let branch = lock(&inst.branch);
-            let Some(b) = branch.as_ref() else {
+            let mut branch = lock(&inst.branch);
+            let Some(b) = branch.as_mut() else {
                 return Err(None);
             };
-            let base = *lock(&inst.base);
-            let (summary, new_base) = workspace::commit(&state_dir, b, base, &sel).map_err(Some)?;
-            *lock(&inst.base) = Some(new_base);
-            Ok(summary)
+            workspace::commit(b, &sel).map_err(Some)
         })
         .await
         .map_err(RuntimeError::internal)?

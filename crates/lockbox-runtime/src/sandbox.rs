@@ -5,7 +5,7 @@
 //! else works on the instance it started with.
 
 use lockbox_confine::agent::{Body, Io, Op, SpawnSpec, AGENT_ARG};
-use lockbox_cow::{Branch, Timestamp};
+use lockbox_cow::Branch;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -32,8 +32,6 @@ pub(crate) struct Instance {
     pub agent: AgentClient,
     running: Mutex<Option<lockbox_confine::Running>>,
     pub branch: Mutex<Option<Branch>>,
-    /// The stale-base reference of the next commit (moves after each commit).
-    pub base: Mutex<Option<Timestamp>>,
     pub sessions: tokio::sync::Mutex<HashMap<String, (Arc<Session>, SessionOptions)>>,
     pub processes: Mutex<BTreeMap<String, Arc<Process>>>,
     /// Held from the check of the process bounds to the record's insertion.
@@ -192,12 +190,10 @@ pub(crate) async fn start_instance(
             return Err(e);
         }
     };
-    let base = branch.as_ref().map(|b| b.meta().base_ctime);
     Ok(Instance {
         agent,
         running: Mutex::new(Some(running)),
         branch: Mutex::new(branch),
-        base: Mutex::new(base),
         sessions: tokio::sync::Mutex::new(HashMap::new()),
         processes: Mutex::new(BTreeMap::new()),
         starting: tokio::sync::Mutex::new(()),

@@ -359,3 +359,63 @@ async fn commit_over_a_workdir_edited_meanwhile_is_a_conflict_unless_forced() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committing_some_hunks_of_a_running_sandbox_keeps_the_stale_check_for_the_rest() {
+    let state = scratch();
+    let work = scratch();
+    let old: String = (1..=12).map(|i| format!("{i}\n")).collect();
+    std::fs::write(work.path().join("f"), &old).unwrap();
+    std::fs::write(work.path().join("g"), "g\n").unwrap();
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
+    run(&sb, "sed -i 's/^1$/one/; s/^12$/twelve/' f; echo G > g").await;
+    let lockbox_runtime::FileHunks::Text { hunks } = sb.diff("f".into()).await.unwrap() else {
+        panic!("not text")
+    };
+    assert_eq!(hunks.len(), 2);
+    // The host edits g (not committed yet) after the sandbox began.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(work.path().join("g"), "host\n").unwrap();
+    let sum = sb
+        .commit(Selection {
+            only: vec!["f".into()],
+            hunks: vec![lockbox_runtime::HunkSelection {
+                path: "f".into(),
+                accept: vec![1],
+            }],
+            ..Selection::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(sum.report.modified, 1);
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("f")).unwrap(),
+        old.replace("12\n", "twelve\n")
+    );
+    // f's other hunk is committable (the first commit's write is not a concurrent edit)...
+    sb.commit(Selection {
+        only: vec!["f".into()],
+        ..Selection::default()
+    })
+    .await
+    .unwrap();
+    assert!(std::fs::read_to_string(work.path().join("f"))
+        .unwrap()
+        .starts_with("one\n"));
+    // ... but g's host edit is still seen.
+    let err = sb.commit(Selection::default()).await.unwrap_err();
+    assert_eq!(err.code(), "CONFLICT", "{err}");
+    assert!(err.to_string().contains('g'), "{err}");
+    let err = sb
+        .commit(Selection {
+            hunks: vec![lockbox_runtime::HunkSelection {
+                path: "g".into(),
+                accept: vec![3],
+            }],
+            ..Selection::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "BAD_HUNK", "{err}");
+    rt.shutdown().await;
+}

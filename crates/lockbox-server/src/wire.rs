@@ -12,7 +12,6 @@ use lockbox_runtime::{
     SandboxState, Selection, SessionOptions,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -679,62 +678,7 @@ impl DiffQuery {
 }
 
 /// `GET diff`: one path's diff as numbered hunks, or a summary of both sides.
-pub struct FileDiffReply {
-    /// The path asked for.
-    pub path: PathBuf,
-    /// The diff.
-    pub diff: lockbox_runtime::FileHunks,
-}
-
-fn side_json(side: &lockbox_runtime::Side) -> serde_json::Value {
-    use lockbox_runtime::Side;
-    match side {
-        Side::Absent => json!({ "type": "absent" }),
-        Side::File { size } => json!({ "type": "file", "size": size }),
-        Side::Dir => json!({ "type": "dir" }),
-        Side::Symlink { target } => {
-            json!({ "type": "symlink", "target": lockbox_policy::name::Encoded(target) })
-        }
-        Side::Special => json!({ "type": "special" }),
-    }
-}
-
-impl Serialize for FileDiffReply {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use lockbox_runtime::FileHunks;
-        let path = lockbox_policy::name::Encoded(&self.path);
-        let value = match &self.diff {
-            FileHunks::Text { hunks } => {
-                let hunks: Vec<_> = hunks
-                    .iter()
-                    .map(|h| {
-                        let lines: Vec<_> = h
-                            .lines
-                            .iter()
-                            .map(|l| json!({ "op": l.op.symbol().to_string(), "text": l.text }))
-                            .collect();
-                        json!({
-                            "index": h.index,
-                            "old_start": h.old_start,
-                            "old_lines": h.old_lines,
-                            "new_start": h.new_start,
-                            "new_lines": h.new_lines,
-                            "header": h.header(),
-                            "lines": lines,
-                            "no_newline_old": h.no_newline_old,
-                            "no_newline_new": h.no_newline_new,
-                        })
-                    })
-                    .collect();
-                json!({ "path": path, "kind": "text", "hunks": hunks })
-            }
-            FileHunks::Summary { old, new } => json!({
-                "path": path, "kind": "summary", "old": side_json(old), "new": side_json(new)
-            }),
-        };
-        value.serialize(serializer)
-    }
-}
+pub use lockbox_runtime::FileDiffReply;
 
 /// `GET /v1/branches/{id}`: the branch object and its changes.
 #[derive(Serialize)]

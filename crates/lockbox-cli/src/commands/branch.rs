@@ -20,7 +20,32 @@ pub fn run(args: &BranchArgs) -> Result<ExitCode, CliError> {
         BranchCommand::List => list_branches(&state_dir, args.json),
         BranchCommand::Show { id } => show(&state_dir, id, args.json),
         BranchCommand::Diff { id, path } => diff(&state_dir, id, path.as_deref(), args.json),
-        BranchCommand::Commit { id, force } => commit(&state_dir, id, *force, args.json),
+        BranchCommand::Hunks { id, path } => {
+            super::branch_part::show_hunks(&state_dir, id, path, args.json)
+        }
+        BranchCommand::Commit {
+            id,
+            force,
+            only,
+            exclude,
+            hunks,
+            drop_rest,
+            interactive,
+        } => {
+            let part = super::branch_part::Part {
+                only,
+                exclude,
+                hunks,
+                drop_rest: *drop_rest,
+                interactive: *interactive,
+                force: *force,
+            };
+            if part.is_partial() {
+                super::branch_part::commit(&state_dir, id, &part, args.json)
+            } else {
+                commit(&state_dir, id, *force, args.json)
+            }
+        }
         BranchCommand::Abort { id } => {
             let id = BranchId::parse(id)?;
             abort_id(&state_dir, &id)?;

@@ -3,6 +3,8 @@
 
 use crate::output::eoutln;
 pub mod branch;
+pub mod branch_part;
+pub mod branch_prompt;
 pub mod check;
 pub mod help;
 pub mod journal;
