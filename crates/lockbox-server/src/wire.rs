@@ -695,9 +695,9 @@ pub struct BranchDetail {
 pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
     match t {
         lockbox_txn::ListedTxn::Ok(r) => serde_json::to_value(r).unwrap_or_else(
-            |e| json!({ "id": r.id.to_string(), "state": "damaged", "error": e.to_string() }),
+            |e| serde_json::json!({ "id": r.id.to_string(), "state": "damaged", "error": e.to_string() }),
         ),
-        lockbox_txn::ListedTxn::Damaged { dir, error } => json!({
+        lockbox_txn::ListedTxn::Damaged { dir, error } => serde_json::json!({
             "dir": lockbox_policy::name::Encoded(dir),
             "state": "damaged",
             "error": error.to_string(),
@@ -708,8 +708,8 @@ pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
 /// A journal run's status with `id` and `status` (`running`, `suspended`, `finished`)
 /// beside the fields of `lockbox journal status`.
 pub fn run_json(s: &lockbox_journal::RunStatus) -> serde_json::Value {
-    let mut v = serde_json::to_value(s).unwrap_or_else(|_| json!({}));
-    v["id"] = json!(s.run_id.to_string());
+    let mut v = serde_json::to_value(s).unwrap_or_else(|_| serde_json::json!({}));
+    v["id"] = serde_json::json!(s.run_id.to_string());
     v["status"] = v["state"].clone();
     v
 }
