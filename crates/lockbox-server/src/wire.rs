@@ -690,13 +690,19 @@ pub struct BranchDetail {
     pub change_list: ChangeList,
 }
 
-/// A transaction as `GET /v1/transactions` lists it: its record (as `lockbox txn show
-/// --json`), or `{"dir", "state": "damaged", "error"}` for one whose record is unreadable.
+/// A transaction as `GET /v1/transactions` lists it: its record with `exit_code` and
+/// `meaning` (as `lockbox txn show --json`), or `{"dir", "state": "damaged", "error"}` for one whose record is unreadable.
 pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
     match t {
-        lockbox_txn::ListedTxn::Ok(r) => serde_json::to_value(r).unwrap_or_else(
-            |e| serde_json::json!({ "id": r.id.to_string(), "state": "damaged", "error": e.to_string() }),
-        ),
+        lockbox_txn::ListedTxn::Ok(r) => {
+            let (code, meaning) = r.verdict();
+            let mut v = serde_json::to_value(r).unwrap_or_else(|e| {
+                serde_json::json!({ "id": r.id.to_string(), "state": "damaged", "error": e.to_string() })
+            });
+            v["exit_code"] = serde_json::json!(code);
+            v["meaning"] = serde_json::json!(meaning);
+            v
+        }
         lockbox_txn::ListedTxn::Damaged { dir, error } => serde_json::json!({
             "dir": lockbox_policy::name::Encoded(dir),
             "state": "damaged",

@@ -235,6 +235,42 @@ impl TxnRecord {
     pub fn decode(path: &Path, bytes: &[u8]) -> Result<TxnRecord, TxnError> {
         decode(path, bytes, "txn")
     }
+
+    /// The exit code the transaction's command returned (or would return now) and what it
+    /// means, in words: what `lockbox txn list|show --json` and the HTTP API show as
+    /// `exit_code` and `meaning`.
+    pub fn verdict(&self) -> (u8, String) {
+        let failed = self
+            .stages
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| crate::AbortReason::of_stage(i, s));
+        match (self.state, self.abort_reason.clone(), failed) {
+            (TxnState::Committed, _, _) => (0, "committed".into()),
+            (TxnState::Prepared, _, _) => (
+                0,
+                "prepared: finish it with `lockbox txn commit|abort ID`".into(),
+            ),
+            (TxnState::Running, _, _) => (
+                0,
+                "running (or its process died: see `lockbox txn recover`)".into(),
+            ),
+            (TxnState::Committing, _, _) => (
+                4,
+                "interrupted during its commit: `lockbox txn recover` finishes or rolls it back"
+                    .into(),
+            ),
+            (TxnState::Aborted, Some(reason), _) | (TxnState::Aborted, None, Some(reason)) => {
+                (reason.exit_code(), reason.explain())
+            }
+            (TxnState::Aborted, None, None) => (
+                4,
+                "aborted before its commit point: the commit was refused (stale base, busy \
+                 workdir, bad change) or its process died"
+                    .into(),
+            ),
+        }
+    }
 }
 
 /// The valid intent of transaction `id` in its directory `dir`, if it has one: an empty

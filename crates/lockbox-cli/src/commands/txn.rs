@@ -14,7 +14,7 @@ use lockbox_policy::name::{quoted, Encoded};
 use lockbox_policy::{parse_duration, HumanDuration, Policy};
 use lockbox_txn::{
     AbortReason, ConflictPolicy, LockPolicy, PreparedTxn, Selection, StageSpec, TxnId, TxnKind,
-    TxnRecord, TxnSpec, TxnState,
+    TxnRecord, TxnSpec,
 };
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
 use serde_json::{json, Value};
@@ -568,41 +568,8 @@ fn exit_code(code: i32) -> Result<ExitCode, CliError> {
     }
 }
 
-/// The exit code a finished transaction's command returned, and what it means.
-fn explain(r: &TxnRecord) -> (u8, String) {
-    let failed = r
-        .stages
-        .iter()
-        .enumerate()
-        .find_map(|(i, s)| AbortReason::of_stage(i, s));
-    match (r.state, r.abort_reason.clone(), failed) {
-        (TxnState::Committed, _, _) => (0, "committed".into()),
-        (TxnState::Prepared, _, _) => (
-            0,
-            "prepared: finish it with `lockbox txn commit|abort ID`".into(),
-        ),
-        (TxnState::Running, _, _) => (
-            0,
-            "running (or its process died: see `lockbox txn recover`)".into(),
-        ),
-        (TxnState::Committing, _, _) => (
-            4,
-            "interrupted during its commit: `lockbox txn recover` finishes or rolls it back".into(),
-        ),
-        (TxnState::Aborted, Some(reason), _) | (TxnState::Aborted, None, Some(reason)) => {
-            (reason.exit_code(), reason.explain())
-        }
-        (TxnState::Aborted, None, None) => (
-            4,
-            "aborted before its commit point: the commit was refused (stale base, busy \
-             workdir, bad change) or its process died"
-                .into(),
-        ),
-    }
-}
-
 fn record_json(r: &TxnRecord) -> Value {
-    let (code, meaning) = explain(r);
+    let (code, meaning) = r.verdict();
     let mut v = serde_json::to_value(r).unwrap_or_else(|_| json!({}));
     v["exit_code"] = json!(code);
     v["meaning"] = json!(meaning);
