@@ -130,9 +130,7 @@ impl Sides {
 /// component longer than `NAME_MAX`).
 pub(crate) fn check_plain(path: &Path) -> Result<(), CowError> {
     let plain = |c: Component<'_>| match c {
-        Component::Normal(name) => {
-            name.len() <= 255 && !name.as_encoded_bytes().contains(&0)
-        }
+        Component::Normal(name) => name.len() <= 255 && !name.as_encoded_bytes().contains(&0),
         _ => false,
     };
     if path.as_os_str().is_empty() || !path.components().all(plain) {
