@@ -1,0 +1,317 @@
+// Sandboxes: the list, one sandbox (sessions, processes, its changes), a process's
+// terminal (the PTY WebSocket) and a process's log following (SSE).
+
+import { get, post, seg } from "./api.js";
+import { h, fill, empty, errorBox, when, bytes } from "./dom.js";
+import { nameText, nameNode, nameQuery, visible } from "./names.js";
+import { review } from "./review.js";
+import { commandText } from "./branches.js";
+import { Terminal } from "./terminal.js";
+
+const KNOWN = new Set(["id", "state", "created_at", "workdir", "branch", "labels", "sessions", "processes"]);
+
+/** Fields the API gives beyond the known ones (policy summary, resource use, ...), as text. */
+function extraFields(obj) {
+  const out = [];
+  for (const [k, v] of Object.entries(obj)) {
+    if (KNOWN.has(k) || v === null || v === undefined) continue;
+    out.push(h("dt", {}, k.replaceAll("_", " ")), h("dd", { class: "mono" }, valueText(v)));
+  }
+  return out;
+}
+
+function valueText(v) {
+  if (typeof v === "string") return visible(v);
+  if (typeof v === "number" || typeof v === "boolean") return String(v);
+  if (Array.isArray(v)) return v.map(valueText).join(", ");
+  return Object.entries(v)
+    .map(([k, x]) => `${k}: ${x !== null && typeof x === "object" ? JSON.stringify(x) : /bytes$/.test(k) && typeof x === "number" ? bytes(x) : x}`)
+    .join(" · ");
+}
+
+function labelsText(labels) {
+  const entries = Object.entries(labels || {});
+  return entries.length ? entries.map(([k, v]) => `${visible(k)}=${visible(String(v))}`).join(", ") : "";
+}
+
+function summaryText(sb) {
+  const parts = [];
+  if (sb.policy !== undefined) parts.push(valueText(sb.policy));
+  if (sb.resources !== undefined) parts.push(valueText(sb.resources));
+  return parts.join(" · ");
+}
+
+export async function sandboxList(view) {
+  document.title = "Sandboxes · lockbox console";
+  const { sandboxes } = await get("/v1/sandboxes");
+  fill(view, h("h1", {}, "Sandboxes"), h("p", { class: "muted" }, "Sandboxes of this server: running ones and recently stopped ones."));
+  if (!sandboxes.length) {
+    view.appendChild(empty("No sandboxes: none was created on this server yet (POST /v1/sandboxes, or the Python Client)."));
+    return;
+  }
+  const rows = sandboxes.map((sb) =>
+    h(
+      "tr",
+      {},
+      h("td", {}, h("a", { href: `#/sandboxes/${seg(sb.id)}`, class: "sandbox-link" }, sb.id)),
+      h("td", {}, h("span", { class: `state state-${sb.state}` }, sb.state)),
+      h("td", { class: "num" }, String(sb.sessions ?? "")),
+      h("td", { class: "num" }, String(sb.processes ?? "")),
+      h("td", { class: "name" }, sb.workdir ? nameNode(sb.workdir) : "none"),
+      h("td", {}, labelsText(sb.labels)),
+      h("td", {}, summaryText(sb)),
+      h("td", {}, when(sb.created_at)),
+    ),
+  );
+  view.appendChild(
+    h(
+      "div",
+      { class: "table-wrap" },
+      h(
+        "table",
+        { class: "list", id: "sandboxes" },
+        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", "Policy and resources", "Created"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, rows),
+      ),
+    ),
+  );
+}
+
+export async function sandboxPage(view, id) {
+  document.title = `Sandbox ${id} · lockbox console`;
+  const base = `/v1/sandboxes/${seg(id)}`;
+  const [sb, sessions, processes] = await Promise.all([
+    get(base),
+    get(`${base}/sessions`).catch((e) => e),
+    get(`${base}/processes`).catch((e) => e),
+  ]);
+  const message = h("div", { class: "status", role: "status" });
+  const newTerminal = h(
+    "button",
+    {
+      type: "button",
+      id: "new-terminal",
+      onclick: async () => {
+        try {
+          const size = { cols: 100, rows: 30 };
+          const p = await post(`${base}/processes`, { argv: ["bash", "-i"], pty: size });
+          location.hash = `#/sandboxes/${seg(id)}/terminal/${seg(p.id)}`;
+        } catch (err) {
+          fill(message, errorBox(err));
+        }
+      },
+    },
+    "New terminal",
+  );
+  fill(
+    view,
+    h("div", { class: "page-head" }, h("h1", {}, "Sandbox ", h("span", { class: "id" }, sb.id)), sb.state === "running" ? newTerminal : null),
+    message,
+    h(
+      "dl",
+      { class: "meta" },
+      h("dt", {}, "State"),
+      h("dd", {}, h("span", { class: `state state-${sb.state}` }, sb.state)),
+      h("dt", {}, "Created"),
+      h("dd", {}, when(sb.created_at)),
+      h("dt", {}, "Workdir"),
+      h("dd", { class: "name" }, sb.workdir ? nameNode(sb.workdir) : "none (no copy-on-write branch)"),
+      sb.branch ? [h("dt", {}, "Branch"), h("dd", {}, String(sb.branch))] : null,
+      h("dt", {}, "Labels"),
+      h("dd", {}, labelsText(sb.labels) || "none"),
+      extraFields(sb),
+    ),
+    h("h2", {}, "Sessions"),
+    sessionsTable(sessions),
+    h("h2", {}, "Processes"),
+    processesTable(id, processes),
+  );
+  if (!sb.workdir) return undefined;
+  view.appendChild(h("h2", {}, "Changes"));
+  const box = h("div", { class: "review" });
+  view.appendChild(box);
+  return review(box, {
+    canDrop: false,
+    load: async () => (await get(`${base}/changes`)).changes || [],
+    diff: (name) => get(`${base}/diff?${nameQuery(name)}`),
+    commit: (body) => post(`${base}/commit`, body),
+    abort: () => post(`${base}/abort`),
+    keep() {
+      location.hash = "#/sandboxes";
+    },
+    done(text) {
+      fill(box, h("p", { class: "ok" }, text));
+    },
+  });
+}
+
+function sessionsTable(reply) {
+  if (reply instanceof Error) return errorBox(reply);
+  const list = reply.sessions || [];
+  if (!list.length) return empty("No sessions: exec calls create the default session on first use.");
+  const cols = Object.keys(list[0]);
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h(
+      "table",
+      { class: "list", id: "sessions" },
+      h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c.replaceAll("_", " "))))),
+      h("tbody", {}, list.map((s) => h("tr", {}, cols.map((c) => h("td", {}, s[c] === null || s[c] === undefined ? "" : /_at$/.test(c) ? when(s[c]) : valueText(s[c])))))),
+    ),
+  );
+}
+
+function processesTable(id, reply) {
+  if (reply instanceof Error) return errorBox(reply);
+  const list = reply.processes || [];
+  if (!list.length) return empty("No processes: start one with POST /v1/sandboxes/{id}/processes or New terminal.");
+  const rows = list.map((p) => {
+    const exit = p.state === "running" ? "" : p.signal ? `signal ${p.signal}` : p.exit_code !== null && p.exit_code !== undefined ? `exit ${p.exit_code}` : "";
+    return h(
+      "tr",
+      {},
+      h("td", {}, p.id),
+      h("td", { class: "cmd" }, commandText(p.command)),
+      h("td", {}, h("span", { class: `state state-${p.state}` }, p.state), exit ? ` (${exit})` : ""),
+      h("td", {}, p.pty ? "PTY" : "pipes"),
+      h("td", { class: "num" }, bytes(p.log_end)),
+      h("td", {}, when(p.started_at)),
+      h(
+        "td",
+        { class: "actions" },
+        p.pty ? h("a", { href: `#/sandboxes/${seg(id)}/terminal/${seg(p.id)}`, class: "terminal-link" }, "Terminal") : null,
+        " ",
+        h("a", { href: `#/sandboxes/${seg(id)}/logs/${seg(p.id)}`, class: "logs-link" }, "Follow log"),
+      ),
+    );
+  });
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h("table", { class: "list", id: "processes" }, h("thead", {}, h("tr", {}, ["Process", "Command", "State", "I/O", "Output", "Started", ""].map((t) => h("th", {}, t)))), h("tbody", {}, rows)),
+  );
+}
+
+export async function terminalPage(view, id, pid) {
+  document.title = `Terminal ${pid} · lockbox console`;
+  const state = h("span", { id: "terminal-state", class: "muted" }, "Connecting…");
+  const term = new Terminal({ onInput: (s) => send(s) });
+  term.el.id = "terminal";
+  fill(
+    view,
+    h(
+      "div",
+      { class: "page-head" },
+      h("h1", {}, "Terminal ", h("span", { class: "id" }, pid), " in ", h("a", { href: `#/sandboxes/${seg(id)}` }, id)),
+      state,
+    ),
+    h("p", { class: "muted" }, "Click the terminal and type; what the process printed so far is replayed first (up to 5,000 lines kept here)."),
+    term.el,
+  );
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(`${proto}//${location.host}/v1/sandboxes/${seg(id)}/processes/${seg(pid)}/pty`);
+  ws.binaryType = "arraybuffer";
+  const encoder = new TextEncoder();
+  let open = false;
+  function send(s) {
+    if (open) ws.send(encoder.encode(s));
+  }
+  function resize() {
+    if (open) ws.send(JSON.stringify({ resize: term.size() }));
+  }
+  ws.addEventListener("open", () => {
+    open = true;
+    state.textContent = "Connected";
+    state.dataset.connected = "yes";
+    resize();
+    term.el.focus();
+  });
+  ws.addEventListener("message", (e) => {
+    if (typeof e.data !== "string") {
+      term.write(new Uint8Array(e.data));
+      return;
+    }
+    let msg = null;
+    try {
+      msg = JSON.parse(e.data);
+    } catch {
+      term.write(e.data);
+      return;
+    }
+    if (msg && msg.exited) {
+      const p = msg.exited;
+      const how = p.signal ? `killed by signal ${p.signal}` : `exit code ${p.exit_code}`;
+      term.note(`[the process exited: ${how}]`);
+    } else if (msg && msg.error) {
+      term.note(`[error: ${msg.error.message || msg.error.code}]`);
+    } else {
+      term.write(e.data);
+    }
+  });
+  ws.addEventListener("close", (e) => {
+    open = false;
+    state.textContent = e.code === 1000 ? "Closed" : `Disconnected (${e.code}${e.reason ? `: ${e.reason}` : ""})`;
+    state.dataset.connected = "no";
+  });
+  ws.addEventListener("error", () => {
+    state.textContent = "The connection failed: is the process still there and are you logged in?";
+  });
+  let timer = 0;
+  const onResize = () => {
+    clearTimeout(timer);
+    timer = setTimeout(resize, 150);
+  };
+  window.addEventListener("resize", onResize);
+  return () => {
+    window.removeEventListener("resize", onResize);
+    ws.close();
+  };
+}
+
+function decodeSegment(d) {
+  if (typeof d.data === "string") return d.data;
+  if (typeof d.data_b64 === "string") {
+    const bin = atob(d.data_b64);
+    const out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i += 1) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  return "";
+}
+
+export async function logsPage(view, id, pid) {
+  document.title = `Log of ${pid} · lockbox console`;
+  const state = h("span", { id: "log-state", class: "muted" }, "Connecting…");
+  const term = new Terminal({ readOnly: true });
+  term.el.id = "log";
+  fill(
+    view,
+    h("div", { class: "page-head" }, h("h1", {}, "Log of ", h("span", { class: "id" }, pid), " in ", h("a", { href: `#/sandboxes/${seg(id)}` }, id)), state),
+    h("p", { class: "muted" }, "Following the process's output (stdout and stderr merged, as the log keeps them)."),
+    term.el,
+  );
+  const es = new EventSource(`/v1/sandboxes/${seg(id)}/processes/${seg(pid)}/logs?follow=true`);
+  const onData = (e) => {
+    try {
+      term.write(decodeSegment(JSON.parse(e.data)));
+    } catch {
+      term.write(e.data);
+    }
+  };
+  for (const name of ["stdout", "stderr", "pty"]) es.addEventListener(name, onData);
+  es.addEventListener("open", () => {
+    state.textContent = "Following";
+  });
+  es.addEventListener("truncated", () => term.note("[older output was evicted from the log]"));
+  es.addEventListener("eof", () => {
+    term.note("[the process exited; all its output is shown]");
+    state.textContent = "Finished";
+    es.close();
+  });
+  es.addEventListener("error", () => {
+    if (es.readyState === EventSource.CLOSED) state.textContent = "The log cannot be followed (logged out, or the process is gone).";
+    else state.textContent = "Connection lost; reconnecting…";
+  });
+  return () => es.close();
+}
