@@ -1,12 +1,17 @@
 //! The HTTP front end of lockbox's long-lived sandboxes (`lockbox serve`): REST + JSON,
-//! SSE for streams, WebSocket for PTYs and interactive stdin, bearer-token auth.
+//! SSE for streams, WebSocket for PTYs and interactive stdin, bearer-token auth, and the
+//! browser review console.
 //!
 //! - [`serve`] runs the API on a listener until a shutdown future resolves, then stops the
 //!   runtime (every sandbox is deleted, its branch's on-exit policy applied);
 //! - [`app`] is the same API as a [`Router`] (for tests and embedding);
 //! - [`Token`] is the secret clients send; [`ServerConfig`] the limits (connections and
 //!   their timeouts in `connections`, bodies, streams, exec output in `output`);
-//! - [`openapi::document`] is the OpenAPI 3 description of every route.
+//! - [`openapi::document`] is the OpenAPI 3 description of every route;
+//! - the review console: its static files (`ui/`, embedded by `build.rs`) at `/ui`, and its
+//!   login, which exchanges the token for a session cookie the API also accepts, with CSRF
+//!   and origin checks (`sessions`, `auth`, `routes::console`);
+//! - transactions and journal runs for the console to read ([`JournalSource`]).
 //!
 //! Handlers only translate: a request becomes one call of [`lockbox_runtime`], the result
 //! or [`RuntimeError`](lockbox_runtime::RuntimeError) a response (errors are

@@ -24,6 +24,15 @@ pub struct UiFile {
 }
 
 impl UiFile {
+    /// A strong `ETag`: a hash of the content and its length (`DefaultHasher::new` has
+    /// fixed keys: the same content has the same tag in every process of this build).
+    pub fn etag(&self) -> String {
+        use std::hash::Hasher;
+        let mut h = std::hash::DefaultHasher::new();
+        h.write(&self.body);
+        format!("\"{:016x}-{:x}\"", h.finish(), self.body.len())
+    }
+
     /// The `Content-Type` by extension (the console has few kinds of file).
     pub fn content_type(&self) -> &'static str {
         match self.name.rsplit_once('.').map(|(_, ext)| ext) {

@@ -319,6 +319,23 @@ async fn console_files_carry_csp_and_security_headers() {
         assert_eq!(h("cache-control"), "no-store");
         assert!(String::from_utf8_lossy(&reply.body).contains("id=\"token\""));
     }
+    let get = |path: &str| request("GET", path).body(Body::empty()).unwrap();
+    let script = c.send(get("/ui/js/app.js")).await;
+    assert_eq!(script.status, StatusCode::OK);
+    let content_type = script.headers["content-type"].to_str().unwrap();
+    assert!(
+        content_type.starts_with("text/javascript"),
+        "{content_type}"
+    );
+    assert_eq!(script.headers["cache-control"], "no-cache");
+    let again = request("GET", "/ui/js/app.js")
+        .header(header::IF_NONE_MATCH, script.headers["etag"].clone())
+        .body(Body::empty())
+        .unwrap();
+    let again = c.send(again).await;
+    assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    assert!(again.body.is_empty());
+    assert!(again.headers.contains_key("content-security-policy"));
     let missing = c
         .send(
             request("GET", "/ui/missing.js")

@@ -9,8 +9,8 @@ use crate::ui;
 use crate::AppState;
 use axum::extract::{Path, Request, State};
 use axum::http::header::{
-    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, SET_COOKIE,
-    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, IF_NONE_MATCH, REFERRER_POLICY,
+    SET_COOKIE, X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -40,15 +40,16 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
 
 /// `GET /ui`: the console's page.
 pub async fn index() -> Result<Response, ApiError> {
-    serve("").await
+    serve("", &HeaderMap::new()).await
 }
 
-/// `GET /ui/{*file}`: a static file, or the page for a client-side route.
-pub async fn file(Path(file): Path<String>) -> Result<Response, ApiError> {
-    serve(&file).await
+/// `GET /ui/{*file}`: a static file, or the page for a client-side route. Files other than
+/// the page carry an `ETag`, so the browser's revalidation (`no-cache`) is a 304.
+pub async fn file(Path(file): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    serve(&file, &headers).await
 }
 
-async fn serve(rel: &str) -> Result<Response, ApiError> {
+async fn serve(rel: &str, headers: &HeaderMap) -> Result<Response, ApiError> {
     let Some(found) = ui::lookup(rel).await else {
         return Err(ApiError::new(
             lockbox_policy::ErrorCode::NotFound,
@@ -56,13 +57,27 @@ async fn serve(rel: &str) -> Result<Response, ApiError> {
         )
         .with_details(json!({ "path": format!("/ui/{rel}") })));
     };
-    let cache = if found.name == ui::INDEX {
-        "no-store"
-    } else {
-        "no-cache"
-    };
-    let headers = [(CONTENT_TYPE, found.content_type()), (CACHE_CONTROL, cache)];
-    Ok((headers, found.body.into_owned()).into_response())
+    if found.name == ui::INDEX {
+        let reply = [
+            (CONTENT_TYPE, found.content_type()),
+            (CACHE_CONTROL, "no-store"),
+        ];
+        return Ok((reply, found.body.into_owned()).into_response());
+    }
+    let etag = found.etag();
+    if headers
+        .get(IF_NONE_MATCH)
+        .is_some_and(|v| v.as_bytes() == etag.as_bytes())
+    {
+        let reply = [(ETAG, etag), (CACHE_CONTROL, "no-cache".to_owned())];
+        return Ok((StatusCode::NOT_MODIFIED, reply).into_response());
+    }
+    let reply = [
+        (CONTENT_TYPE, found.content_type().to_owned()),
+        (CACHE_CONTROL, "no-cache".to_owned()),
+        (ETAG, etag),
+    ];
+    Ok((reply, found.body.into_owned()).into_response())
 }
 
 /// Body of `POST /ui/login`.
