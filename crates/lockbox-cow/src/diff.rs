@@ -16,7 +16,7 @@ use lockbox_policy::name::{printable_text, quoted};
 use rustix::fs::FileType as RawType;
 
 use crate::beneath::{self, lstat_at, split, OwnDir};
-use crate::hunks::{text_hunks, Hunk, CONTEXT_LINES};
+use crate::hunks::{text_hunks, Hunk};
 use crate::{overlay, Branch, CowError};
 use rustix::io::Errno;
 
@@ -171,14 +171,14 @@ impl Branch {
             Sides::Text { old, new } => {
                 let (a, b) = Sides::texts(&old, &new);
                 let header = |side: &str| quoted(&Path::new(side).join(path)).to_string();
-                let unified = if a == b {
+                // Rendered from the hunks `Branch::hunks` numbers, so both always agree.
+                let hunks = text_hunks(&a, &b);
+                let unified = if hunks.is_empty() {
                     String::new()
                 } else {
-                    similar::TextDiff::from_lines(&a, &b)
-                        .unified_diff()
-                        .context_radius(CONTEXT_LINES)
-                        .header(&header("a"), &header("b"))
-                        .to_string()
+                    let mut text = format!("--- {}\n+++ {}\n", header("a"), header("b"));
+                    hunks.iter().for_each(|h| text.push_str(&h.to_patch()));
+                    text
                 };
                 FileDiff::Text { unified }
             }
