@@ -119,3 +119,18 @@ def test_abort_removes_a_kept_branch(served, repo):
         client.branch_diff(b["id"], "f")
     assert e.value.code == "BRANCH_NOT_FOUND" and e.value.status == 404
     assert (repo / "f").read_text() == OLD
+
+
+def test_local_client_reviews_the_branch_a_closed_sandbox_kept(repo, tmp_path):
+    from lockbox import LocalClient
+
+    state = tmp_path / "state"
+    with Sandbox.open(workdir=str(repo), state_dir=state, on_exit="keep") as box:
+        assert box.exec(EDIT).exit_code == 0
+    client = LocalClient(state)
+    [b] = client.branches()
+    assert b["state"] == "kept" and b["changes"] == 2
+    assert [h["index"] for h in client.branch_diff(b["id"], "f")["hunks"]] == [0, 1]
+    client.branch_commit(b["id"], hunks={"f": [0], "g": []}, rest="drop")
+    assert (repo / "f").read_text().startswith("one\n") and (repo / "g").read_text() == "g\n"
+    assert client.branches() == []

@@ -16,7 +16,7 @@ use lockbox_policy::name::{printable_text, quoted};
 use rustix::fs::FileType as RawType;
 
 use crate::beneath::{self, lstat_at, split, OwnDir};
-use crate::hunks::{text_hunks, Hunk, CONTEXT_LINES};
+use crate::hunks::{text_hunks, Hunk};
 use crate::{overlay, Branch, CowError};
 use rustix::io::Errno;
 
@@ -171,14 +171,14 @@ impl Branch {
             Sides::Text { old, new } => {
                 let (a, b) = Sides::texts(&old, &new);
                 let header = |side: &str| quoted(&Path::new(side).join(path)).to_string();
-                let unified = if a == b {
+                // Rendered from the hunks `Branch::hunks` numbers, so both always agree.
+                let hunks = text_hunks(&a, &b);
+                let unified = if hunks.is_empty() {
                     String::new()
                 } else {
-                    similar::TextDiff::from_lines(&a, &b)
-                        .unified_diff()
-                        .context_radius(CONTEXT_LINES)
-                        .header(&header("a"), &header("b"))
-                        .to_string()
+                    let mut text = format!("--- {}\n+++ {}\n", header("a"), header("b"));
+                    hunks.iter().for_each(|h| text.push_str(&h.to_patch()));
+                    text
                 };
                 FileDiff::Text { unified }
             }
@@ -219,7 +219,11 @@ fn upper_side(upper: &Path, path: &Path) -> Result<Option<Content>, CowError> {
         Ok(d) => d,
         Err(e) => {
             return match Errno::from_io_error(&e) {
-                // Not in the upper: unchanged (the lower side shows through).
+                // Not in the upper: unchanged (the lower side shows through), unless an
+                // opaque directory above hides the lower.
+                Some(Errno::NOENT) if below_opaque(upper, parent) => {
+                    Ok(Some(Content::Side(Side::Absent)))
+                }
                 Some(Errno::NOENT) => Ok(None),
                 // A parent is a file, symlink or whiteout in the branch: nothing is at
                 // this path there.
@@ -229,7 +233,8 @@ fn upper_side(upper: &Path, path: &Path) -> Result<Option<Content>, CowError> {
         }
     };
     let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
-        return Ok(None);
+        // In an opaque directory (`rm -r d; mkdir d`) nothing of the workdir shows through.
+        return Ok(below_opaque(upper, parent).then_some(Content::Side(Side::Absent)));
     };
     let marks = overlay::OverlayXattrs::at(dir.as_fd(), name).map_err(err)?;
     if overlay::is_whiteout(&st, &marks) {
@@ -238,6 +243,24 @@ fn upper_side(upper: &Path, path: &Path) -> Result<Option<Content>, CowError> {
     content(dir.as_fd(), name, &st, beneath::open_own_file)
         .map(Some)
         .map_err(err)
+}
+
+/// Whether `dir` of the upper layer, or a directory above it that the layer has, is opaque:
+/// then the workdir's entries below it do not show through.
+fn below_opaque(upper: &Path, dir: &Path) -> bool {
+    let Ok(mut at) = OwnDir::open_root(upper, beneath::READ) else {
+        return false;
+    };
+    for part in dir.components() {
+        match OwnDir::open_child(at.as_fd(), part.as_os_str(), beneath::READ) {
+            Ok(child) => at = child,
+            Err(_) => return false,
+        }
+        if overlay::is_opaque(at.as_fd()) {
+            return true;
+        }
+    }
+    false
 }
 
 fn lower_side(workdir: &Path, path: &Path) -> Result<Content, CowError> {

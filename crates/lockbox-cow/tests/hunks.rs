@@ -14,6 +14,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
 
+mod common;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -367,4 +369,30 @@ fn an_unknown_hunk_number_is_refused_naming_path_and_number_and_writes_nothing()
         TWO_HUNKS_OLD
     );
     assert_eq!(br.meta().state, BranchState::Kept);
+}
+
+#[test]
+fn a_file_under_a_directory_the_branch_replaced_diffs_as_deleted() {
+    if !common::require_overlay() {
+        return;
+    }
+    let s = setup(&[]);
+    std::fs::create_dir(s.wd.join("d")).unwrap();
+    std::fs::write(s.wd.join("d/x"), "old\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(15));
+    let b = Branch::create(&s.state, &s.wd, serde_json::Value::Null).unwrap();
+    assert!(common::run_in_branch(
+        &b,
+        "rm -r d && mkdir d && echo new > d/y"
+    ));
+    // d is opaque in the branch: the workdir's d/x does not show through.
+    let hunks = hunks_of(&b, "d/x");
+    assert_eq!(hunks.len(), 1);
+    assert_eq!(hunks[0].header(), "@@ -1 +0,0 @@");
+    assert!(b
+        .diff(Path::new("d/x"))
+        .unwrap()
+        .to_string()
+        .contains("-old"));
+    assert_eq!(hunks_of(&b, "d/y")[0].lines[0].text, "new");
 }

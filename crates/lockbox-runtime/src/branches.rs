@@ -111,7 +111,12 @@ impl Runtime {
     /// The diff of one path of a kept branch, as numbered hunks.
     pub async fn branch_diff(&self, id: String, path: PathBuf) -> Result<FileHunks, RuntimeError> {
         let state_dir = self.state_dir();
-        blocking(move || open(&state_dir, &id)?.hunks(&path).map_err(cow_error)).await
+        blocking(move || {
+            open(&state_dir, &id)?
+                .hunks(&path)
+                .map_err(crate::workspace::diff_error)
+        })
+        .await
     }
 
     /// Commits `sel` of a kept branch; the rest stays in it (`Rest::Keep`) or is dropped

@@ -679,7 +679,7 @@ impl Sandbox {
         let inst = self.live()?;
         tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
             Some(b) => Ok(lockbox_cow::file_hunks(&b.upper_dir(), b.workdir(), &path)
-                .map_err(workspace::cow_error)),
+                .map_err(workspace::diff_error)),
             None => Err(()),
         })
         .await

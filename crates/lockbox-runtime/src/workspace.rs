@@ -37,6 +37,20 @@ pub(crate) fn cow_error(e: CowError) -> RuntimeError {
     }
 }
 
+/// [`cow_error`] for the `path` of a diff.
+pub(crate) fn diff_error(e: CowError) -> RuntimeError {
+    match e {
+        CowError::BadPath { path } => RuntimeError::invalid(
+            "path",
+            format!(
+                "{}: not a plain relative path of the workdir",
+                quoted(&path)
+            ),
+        ),
+        e => cow_error(e),
+    }
+}
+
 pub(crate) fn changes(branch: &Branch) -> Result<Vec<Change>, RuntimeError> {
     Ok(branch.change_set().map_err(cow_error)?.changes().to_vec())
 }

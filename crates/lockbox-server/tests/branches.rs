@@ -167,6 +167,7 @@ async fn a_kept_branch_is_listed_shown_and_diffed_as_numbered_hunks() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    assert_eq!(bad["details"]["field"], "path", "{bad}");
 }
 
 #[tokio::test]
