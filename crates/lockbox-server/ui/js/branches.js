@@ -72,8 +72,8 @@ export async function branchPage(view, id) {
           h("dd", { class: "cmd" }, commandText(b.command)),
           h("dt", {}, "Created"),
           h("dd", {}, when(b.created)),
-          h("dt", {}, "Status"),
-          h("dd", {}, b.status || b.state),
+          h("dt", { class: "long" }, "Status"),
+          h("dd", { class: "long" }, b.status || b.state),
         );
       }
       return b.change_list || [];

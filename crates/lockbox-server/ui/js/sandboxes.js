@@ -49,6 +49,8 @@ export async function sandboxList(view) {
     view.appendChild(empty("No sandboxes: none was created on this server yet (POST /v1/sandboxes, or the Python Client)."));
     return;
   }
+  // Policy and resource use only where the API reports them.
+  const extra = sandboxes.some((sb) => sb.policy !== undefined || sb.resources !== undefined);
   const rows = sandboxes.map((sb) =>
     h(
       "tr",
@@ -58,8 +60,8 @@ export async function sandboxList(view) {
       h("td", { class: "num" }, String(sb.sessions ?? "")),
       h("td", { class: "num" }, String(sb.processes ?? "")),
       h("td", { class: "name" }, sb.workdir ? nameNode(sb.workdir) : "none"),
-      h("td", {}, labelsText(sb.labels)),
-      h("td", {}, summaryText(sb)),
+      h("td", {}, labelsText(sb.labels) || "none"),
+      extra ? h("td", {}, summaryText(sb)) : null,
       h("td", {}, when(sb.created_at)),
     ),
   );
@@ -70,7 +72,7 @@ export async function sandboxList(view) {
       h(
         "table",
         { class: "list", id: "sandboxes" },
-        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", "Policy and resources", "Created"].map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", extra ? "Policy and resources" : null, "Created"].filter(Boolean).map((t) => h("th", {}, t)))),
         h("tbody", {}, rows),
       ),
     ),
