@@ -287,3 +287,27 @@ def test_transactions_show_stages_outcomes_and_abort_reasons(console_server, ui,
     wait_for(lambda: "Stages" in ui.find_element("id", "view").text, what="a transaction's page")
     ui.get(console_server.base + "/ui/#/journal")
     wait_for(lambda: "No journal" in ui.find_element("id", "view").text, what="the journal's empty state")
+
+
+def test_a_process_log_is_followed_until_it_exits(console_server, ui):
+    status, sb, _ = console_server.api("POST", "/v1/sandboxes", {})
+    assert status in (200, 201), sb
+    status, proc, _ = console_server.api(
+        "POST", f"/v1/sandboxes/{sb['id']}/processes", {"argv": ["sh", "-c", "echo first; sleep 1; echo second"]})
+    assert status in (200, 201), proc
+    try:
+        ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}/logs/{proc['id']}")
+        log = wait_for(lambda: by_css(ui, "#log"), what="the log view")[0]
+        wait_for(lambda: "first" in log.text, what="the first line")
+        wait_for(lambda: "second" in log.text and "exited" in log.text, timeout=15, what="the rest and the end")
+        assert text_of(ui, "log-state") == "Finished"
+    finally:
+        console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+
+
+def test_no_page_breaks_the_content_security_policy(console_server, ui):
+    for page in ["#/sandboxes", "#/branches", "#/transactions", "#/journal"]:
+        ui.get(f"{console_server.base}/ui/{page}")
+        wait_for(lambda: by_css(ui, "#view h1"), what=f"the page {page}")
+    violations = [e["message"] for e in ui.get_log("browser") if "Content Security Policy" in e["message"]]
+    assert violations == []
