@@ -311,3 +311,27 @@ def test_no_page_breaks_the_content_security_policy(console_server, ui):
         wait_for(lambda: by_css(ui, "#view h1"), what=f"the page {page}")
     violations = [e["message"] for e in ui.get_log("browser") if "Content Security Policy" in e["message"]]
     assert violations == []
+
+
+def test_a_sandboxs_changes_are_reviewed_and_committed_on_its_page(console_server, ui, tmp_path):
+    work = tmp_path / "live"
+    work.mkdir()
+    (work / "keep.txt").write_text("old\n")
+    settle()
+    status, sb, _ = console_server.api("POST", "/v1/sandboxes", {"workdir": str(work)})
+    assert status in (200, 201), sb
+    try:
+        status, out, _ = console_server.api(
+            "POST", f"/v1/sandboxes/{sb['id']}/exec", {"command": "echo new > keep.txt && echo no > drop.txt"})
+        assert status == 200 and out["exit_code"] == 0, out
+        ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}")
+        wait_for(lambda: len(by_css(ui, "#file-tree .file")) == 2, what="the sandbox's two changes")
+        shot(ui, "sandbox")
+        by_css(ui, "#file-tree .file .decide")[0].click()  # drop.txt (sorted first): rejected
+        assert by_css(ui, "#file-tree .file")[0].get_attribute("data-status") == "rejected"
+        ui.find_element("id", "commit").click()
+        wait_for(lambda: by_css(ui, "#commit-result"), what="the commit's result")
+        assert (work / "keep.txt").read_text() == "new\n"
+        assert not (work / "drop.txt").exists()
+    finally:
+        console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")

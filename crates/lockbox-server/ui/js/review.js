@@ -42,7 +42,7 @@ export async function review(container, source) {
       )
     : null;
   const commitButton = h("button", { id: "commit", type: "button", class: "primary", onclick: () => commit(false) }, "Commit accepted");
-  const keepButton = h("button", { id: "keep", type: "button", onclick: () => source.keep() }, "Keep for later");
+  const keepButton = h("button", { id: "keep", type: "button", onclick: () => source.keep() }, source.keepLabel || "Keep for later");
   const abortButton = h("button", { id: "abort", type: "button", class: "danger", onclick: abort }, "Abort");
   const summary = h("span", { id: "decision-summary", class: "muted" });
   const toolbar = h("div", { class: "toolbar" }, modeButton, rest, commitButton, keepButton, abortButton, summary);

@@ -134,6 +134,7 @@ export async function sandboxPage(view, id) {
   view.appendChild(box);
   return review(box, {
     canDrop: false,
+    keepLabel: "Back to the list",
     load: async () => (await get(`${base}/changes`)).changes || [],
     diff: (name) => get(`${base}/diff?${nameQuery(name)}`),
     commit: (body) => post(`${base}/commit`, body),
@@ -151,7 +152,7 @@ function sessionsTable(reply) {
   if (reply instanceof Error) return errorBox(reply);
   const list = reply.sessions || [];
   if (!list.length) return empty("No sessions: exec calls create the default session on first use.");
-  const cols = Object.keys(list[0]);
+  const cols = Object.keys(list[0]).sort((a, b) => (a === "id" ? -1 : b === "id" ? 1 : 0));
   return h(
     "div",
     { class: "table-wrap" },
