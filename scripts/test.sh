@@ -16,6 +16,8 @@ command -v setpriv >/dev/null || need+=(util-linux)
 # sandbox and read the JSON outcome with jq.
 [ -x /usr/bin/git ] || [ -x /usr/local/bin/git ] || need+=(git)
 command -v jq >/dev/null || need+=(jq)
+# lockbox-cow's hunk commits are property-tested against the real `patch` (tests/hunks.rs).
+command -v patch >/dev/null || need+=(patch)
 # The escape corpus (tests/escape) compiles its C attacks; they include kernel uapi headers.
 command -v gcc >/dev/null || need+=(gcc)
 [ -e /usr/include/linux/bpf.h ] || need+=(libc6-dev linux-libc-dev)

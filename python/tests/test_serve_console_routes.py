@@ -46,9 +46,10 @@ def test_a_prepared_pipeline_is_listed_and_shown(server, tmp_path):
 
     status, one, _ = server.api("GET", f"/v1/transactions/{txn_id}")
     assert status == 200 and one == txn
-    # The same record as the CLI shows.
+    # The same record as the CLI shows, plus when it began.
     shown = subprocess.run([console_util.server_binary(), "txn", "show", txn_id, "--state-dir",
                             server.state_dir], capture_output=True, text=True, timeout=60)
+    assert one.pop("created").endswith("Z")
     assert json.loads(shown.stdout) == one
 
     status, missing, _ = server.api("GET", "/v1/transactions/t1-1-1")

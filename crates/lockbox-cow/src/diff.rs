@@ -126,10 +126,14 @@ impl Sides {
     }
 }
 
-/// Refuses a path that is not plain and relative.
+/// Refuses a path that is not plain and relative, or that no file can have (a NUL byte, a
+/// component longer than `NAME_MAX`).
 pub(crate) fn check_plain(path: &Path) -> Result<(), CowError> {
-    if path.as_os_str().is_empty() || !path.components().all(|c| matches!(c, Component::Normal(_)))
-    {
+    let plain = |c: Component<'_>| match c {
+        Component::Normal(name) => name.len() <= 255 && !name.as_encoded_bytes().contains(&0),
+        _ => false,
+    };
+    if path.as_os_str().is_empty() || !path.components().all(plain) {
         return Err(CowError::BadPath {
             path: path.to_owned(),
         });

@@ -129,6 +129,16 @@ impl Runtime {
                 force: sel.force,
                 ..CommitOptions::default()
             };
+            let everything = sel.only.is_empty() && sel.exclude.is_empty() && sel.hunks.is_empty();
+            if everything && rest == Rest::Drop {
+                // The whole branch: the full commit, which also finishes one a crash
+                // interrupted (state `committing`) and removes the branch.
+                let report = branch.commit(&opts).map_err(cow_error)?;
+                return Ok(CommitSummary {
+                    report,
+                    remaining: 0,
+                });
+            }
             let report = branch
                 .commit_selected(&sel.to_cow(), &opts)
                 .map_err(cow_error)?;

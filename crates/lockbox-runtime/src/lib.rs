@@ -37,6 +37,7 @@ mod workspace;
 pub use crate::error::RuntimeError;
 pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
 pub use crate::types::*;
+pub use crate::util::rfc3339;
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side};
 

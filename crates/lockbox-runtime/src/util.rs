@@ -4,7 +4,7 @@ use std::os::fd::AsFd;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `secs` since the epoch as RFC 3339 UTC with milliseconds.
-pub(crate) fn rfc3339(secs: i64, nanos: u32) -> String {
+pub fn rfc3339(secs: i64, nanos: u32) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

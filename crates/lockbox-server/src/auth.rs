@@ -157,8 +157,8 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 /// Middleware: answers 401 `UNAUTHORIZED` unless the request carries the token, or the
 /// console's session cookie (`/healthz` and the console's own routes under `/ui` excepted:
 /// load balancers need no secret, and the console's files hold no data). A request with
-/// the cookie that changes state needs the `X-CSRF-Token` header and must come from this
-/// server's origin; so must a WebSocket upgrade (see `sessions`).
+/// the cookie must come from this server's origin, and one that changes state also needs
+/// the `X-CSRF-Token` header (see `sessions`).
 pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/" || path == "/healthz" || path == "/ui" || path.starts_with("/ui/") {
@@ -192,15 +192,14 @@ pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next)
     }
 }
 
-/// The checks on a request authenticated by the session cookie: same origin and the CSRF
-/// header for anything but GET/HEAD, an `Origin` of this server for WebSocket upgrades.
+/// The checks on a request authenticated by the session cookie: from this server's origin
+/// (any method: reads too, so another site cannot even load a reply it could not read), the
+/// CSRF header for anything but GET/HEAD, an `Origin` header for WebSocket upgrades.
 fn cookie_request_allowed(req: &Request, csrf: &str) -> Result<(), ApiError> {
     let headers = req.headers();
     let safe = matches!(*req.method(), Method::GET | Method::HEAD);
     let upgrade = headers.contains_key(UPGRADE);
-    if !safe || upgrade {
-        sessions::check_same_origin(headers)?;
-    }
+    sessions::check_same_origin(headers)?;
     if upgrade && !headers.contains_key(ORIGIN) {
         return Err(sessions::forbidden(
             "a WebSocket opened with the session cookie needs this server's Origin",

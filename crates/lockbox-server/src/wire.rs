@@ -691,7 +691,7 @@ pub struct BranchDetail {
 }
 
 /// A transaction as `GET /v1/transactions` lists it: its record with `exit_code` and
-/// `meaning` (as `lockbox txn show --json`), or `{"dir", "state": "damaged", "error"}` for one whose record is unreadable.
+/// `meaning` (as `lockbox txn show --json`) and `created` (RFC 3339), or `{"dir", "state": "damaged", "error"}` for one whose record is unreadable.
 pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
     match t {
         lockbox_txn::ListedTxn::Ok(r) => {
@@ -699,6 +699,9 @@ pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
             let mut v = serde_json::to_value(r).unwrap_or_else(|e| {
                 serde_json::json!({ "id": r.id.to_string(), "state": "damaged", "error": e.to_string() })
             });
+            // When it began: its fresh base directory's ctime.
+            let nanos = u32::try_from(r.base_ctime.nanos).unwrap_or(0);
+            v["created"] = serde_json::json!(lockbox_runtime::rfc3339(r.base_ctime.secs, nanos));
             v["exit_code"] = serde_json::json!(code);
             v["meaning"] = serde_json::json!(meaning);
             v

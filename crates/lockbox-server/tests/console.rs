@@ -243,6 +243,16 @@ async fn cross_site_post_with_the_cookie_is_403() {
         .body(Body::empty())
         .unwrap();
     assert_eq!(c.send(other_port).await.status, StatusCode::FORBIDDEN);
+    let read = request("GET", "/v1/sandboxes")
+        .header(header::COOKIE, &s.cookie)
+        .header("sec-fetch-site", "same-site")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        c.send(read).await.status,
+        StatusCode::FORBIDDEN,
+        "reads too"
+    );
     let fetch_site = cookie_post(&s)
         .header("x-csrf-token", &s.csrf)
         .header("sec-fetch-site", "cross-site")

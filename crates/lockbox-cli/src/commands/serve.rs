@@ -28,7 +28,8 @@ docs/server.md.
 
 The review console is at http://ADDR/ui: log in with the token, which is exchanged for an
 HttpOnly, SameSite=Strict session cookie (kept in memory: a restart logs everyone out); with
-it, requests that change state need the X-CSRF-Token header and this server's origin. With
+it, requests must come from this server's origin, and those that change state need the
+X-CSRF-Token header. With
 --journal (or LOCKBOX_JOURNAL) the console and GET /v1/journal/runs show that journal's runs.
 
 SIGTERM or SIGINT stops the server: open streams end, requests in flight get a few seconds,
