@@ -133,12 +133,16 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
 
 
 def login(driver, base: str, token: str) -> None:
-    """Opens the console, types the token into `#token`, clicks `#login`, and waits until the
-    session cookie is set."""
+    """Opens the console without a session, types the token into `#token`, clicks `#login`,
+    and waits until the session cookie is set."""
     from selenium.webdriver.common.by import By
 
+    # A logged-in console shows no login form: start from no session.
     driver.get(base + "/ui")
-    field_ = wait_for(lambda: driver.find_elements(By.ID, "token"), what="#token")[0]
+    driver.delete_all_cookies()
+    driver.get(base + "/ui")
+    field_ = wait_for(lambda: [e for e in driver.find_elements(By.ID, "token") if e.is_displayed()],
+                      what="#token")[0]
     field_.clear()
     field_.send_keys(token)
     driver.find_element(By.ID, "login").click()

@@ -19,7 +19,8 @@ from console_util import login, wait_for
 
 OLD = "".join(f"line {i}\n" for i in range(1, 21))
 # Three hunks in f.txt (lines 2, 10, 19 change), g.txt changed, h.txt added.
-EDIT = ("sed -i 's/^line 2$/LINE TWO/; s/^line 10$/LINE TEN/; s/^line 19$/LINE NINETEEN/' f.txt"
+LONG = "LINE TEN, long enough to wrap: " + " ".join(f"word{i}" for i in range(60))
+EDIT = (f"sed -i 's/^line 2$/LINE TWO/; s/^line 10$/{LONG}/; s/^line 19$/LINE NINETEEN/' f.txt"
         " && echo more >> g.txt && echo new > h.txt")
 SHOTS = os.environ.get("LOCKBOX_CONSOLE_SHOTS")
 
@@ -146,9 +147,16 @@ def test_a_name_with_control_characters_is_shown_escaped(console_server, ui, tmp
     work = tmp_path / "names"
     work.mkdir()
     settle()
-    branch = run_kept(console_server, work, "printf x > \"$(printf 'evil\\n\\033[31mred')\"")
-    open_branch(ui, console_server.base, branch, 1)
-    name = ui.find_element("css selector", "#file-tree .file .name")
+    branch = run_kept(console_server, work,
+                      "printf x > \"$(printf 'evil\\n\\033[31mred')\" && printf '\\000\\001\\002' > bin.dat")
+    open_branch(ui, console_server.base, branch, 2)
+    # A binary file has no line diff: both sides are described.
+    wait_for(lambda: by_css(ui, "#diff .summary-box"), what="bin.dat's summary")
+    assert text_of(ui, "diff-path") == "bin.dat"
+    assert ui.find_element("css selector", "#diff .old-side").text == "absent"
+    assert ui.find_element("css selector", "#diff .new-side").text == "a file of 3 B (3 bytes)"
+    keys(ui, "n")
+    name = ui.find_element("css selector", "#file-tree .file:nth-of-type(2) .name")
     assert name.text == "evil\\n\\x1b[31mred"
     assert [e.text for e in name.find_elements("css selector", ".esc")] == ["\\n", "\\x1b"]
     wait_for(lambda: "\\x1b" in text_of(ui, "diff-path"), what="the diff's name")
