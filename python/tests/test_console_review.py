@@ -117,7 +117,7 @@ def test_accepting_two_of_three_hunks_and_one_of_two_files_commits_exactly_that(
     assert by_css(ui, "#file-tree .file")[0].get_attribute("data-status") == "partial"
     ui.find_element("id", "toggle-mode").click()
     wait_for(lambda: by_css(ui, "#diff .lines.split"), what="the side-by-side view")
-    shot(ui, "review-side-by-side")
+    shot(ui, "review-side-by-side", scroll_to="#view h1")
     shot(ui, "review-phone", size=(390, 844), scroll_to=".toolbar")
     ui.find_element("id", "toggle-mode").click()
     keys(ui, "n")
@@ -208,6 +208,10 @@ def test_a_sessions_terminal_echoes_a_typed_command(console_server, ui):
         wait_for(lambda: "typed-42" in term.text.replace("echo typed-$((6*7))", ""), timeout=15,
                  what="the command's output in the terminal")
         assert "echo typed-$((6*7))" in term.text
+        # The line box (a phone's way in) sends a line too.
+        ui.find_element("id", "terminal-line").send_keys("echo line-$((2+3))\n")
+        wait_for(lambda: "line-5" in term.text.replace("echo line-$((2+3))", ""), timeout=15,
+                 what="the line box's command's output")
         shot(ui, "terminal")
     finally:
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")

@@ -201,6 +201,21 @@ export async function terminalPage(view, id, pid) {
   const state = h("span", { id: "terminal-state", class: "muted" }, "Connecting…");
   const term = new Terminal({ onInput: (s) => send(s) });
   term.el.id = "terminal";
+  // A line to send, for a phone's keyboard (which a focused <div> does not open) or a paste.
+  const lineInput = h("input", { id: "terminal-line", type: "text", autocomplete: "off", autocapitalize: "off", spellcheck: "false", "aria-label": "A line to send" });
+  const lineForm = h(
+    "form",
+    {
+      class: "line-form",
+      onsubmit: (e) => {
+        e.preventDefault();
+        send(`${lineInput.value}\r`);
+        lineInput.value = "";
+      },
+    },
+    lineInput,
+    h("button", { type: "submit" }, "Send line"),
+  );
   fill(
     view,
     h(
@@ -211,6 +226,7 @@ export async function terminalPage(view, id, pid) {
     ),
     h("p", { class: "muted" }, "Click the terminal and type; what the process printed so far is replayed first (up to 5,000 lines kept here)."),
     term.el,
+    lineForm,
   );
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(`${proto}//${location.host}/v1/sandboxes/${seg(id)}/processes/${seg(pid)}/pty`);
