@@ -347,3 +347,26 @@ def test_a_sandboxs_changes_are_reviewed_and_committed_on_its_page(console_serve
         assert not (work / "drop.txt").exists()
     finally:
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+
+
+def test_the_terminal_keeps_5000_lines_and_shows_colours_not_escapes(console_server, ui):
+    status, sb, _ = console_server.api("POST", "/v1/sandboxes", {})
+    assert status in (200, 201), sb
+    script = "seq 1 6000; printf 'plain \\033[1;31mred\\033[0m back\\r\\nab\\bX\\n'"
+    status, proc, _ = console_server.api(
+        "POST", f"/v1/sandboxes/{sb['id']}/processes", {"argv": ["sh", "-c", script], "pty": {"cols": 80, "rows": 24}})
+    assert status in (200, 201), proc
+    try:
+        ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}/terminal/{proc['id']}")
+        term = wait_for(lambda: by_css(ui, "#terminal"), what="the terminal")[0]
+        wait_for(lambda: "the process exited" in term.text, timeout=20, what="the exit note")
+        lines = ui.execute_script("return [...document.querySelectorAll('#terminal .tline')].map(e => e.textContent)")
+        assert len(lines) <= 5000
+        assert "6000" in lines and "1" not in lines  # the oldest lines went
+        assert "plain red back" in lines
+        assert "aX" in lines  # backspace moved back, X overwrote b
+        red = term.find_element("css selector", "span.fg1.b")
+        assert red.text == "red"
+        assert "\x1b" not in term.text and "[31m" not in term.text
+    finally:
+        console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
