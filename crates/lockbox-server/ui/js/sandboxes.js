@@ -3,7 +3,7 @@
 
 import { get, post, seg } from "./api.js";
 import { h, fill, empty, errorBox, when, bytes } from "./dom.js";
-import { nameText, nameNode, nameQuery, visible } from "./names.js";
+import { nameNode, nameQuery, visible } from "./names.js";
 import { review } from "./review.js";
 import { commandText } from "./branches.js";
 import { Terminal } from "./terminal.js";
