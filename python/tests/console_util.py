@@ -137,6 +137,7 @@ def login(driver, base: str, token: str) -> None:
     token into `#token`, clicks `#login`, and waits until the session cookie is set."""
     from selenium.webdriver.common.by import By
 
+    # A logged-in console shows no login form: start from no session.
     driver.get(base + "/ui")
     driver.delete_all_cookies()
     driver.get(base + "/ui")

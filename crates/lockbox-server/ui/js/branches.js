@@ -43,10 +43,16 @@ export async function branchList(view) {
   );
 }
 
+/** An argv as a shell would take it back: arguments with spaces or quotes single-quoted. */
 export function commandText(cmd) {
   if (!cmd) return "";
-  if (Array.isArray(cmd)) return cmd.map((a) => visible(typeof a === "string" ? a : nameText(a))).join(" ");
-  return visible(String(cmd));
+  if (!Array.isArray(cmd)) return visible(String(cmd));
+  return cmd
+    .map((a) => {
+      const text = visible(typeof a === "string" ? a : nameText(a));
+      return /^[A-Za-z0-9_@%+=:,./-]+$/.test(text) ? text : `'${text.replaceAll("'", "'\\''")}'`;
+    })
+    .join(" ");
 }
 
 export async function branchPage(view, id) {
@@ -69,11 +75,11 @@ export async function branchPage(view, id) {
           h("dt", {}, "Workdir"),
           h("dd", { class: "name" }, nameNode(b.workdir)),
           h("dt", {}, "Command"),
-          h("dd", { class: "cmd" }, commandText(b.command)),
+          h("dd", { class: "cmd clamp", title: commandText(b.command) }, commandText(b.command)),
           h("dt", {}, "Created"),
           h("dd", {}, when(b.created)),
-          h("dt", {}, "Status"),
-          h("dd", {}, b.status || b.state),
+          h("dt", {}, "State"),
+          h("dd", { title: b.status || "" }, b.state),
         );
       }
       return b.change_list || [];

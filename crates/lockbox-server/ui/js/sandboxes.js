@@ -3,7 +3,7 @@
 
 import { get, post, seg } from "./api.js";
 import { h, fill, empty, errorBox, when, bytes } from "./dom.js";
-import { nameText, nameNode, nameQuery, visible } from "./names.js";
+import { nameNode, nameQuery, visible } from "./names.js";
 import { review } from "./review.js";
 import { commandText } from "./branches.js";
 import { Terminal } from "./terminal.js";
@@ -49,6 +49,8 @@ export async function sandboxList(view) {
     view.appendChild(empty("No sandboxes: none was created on this server yet (POST /v1/sandboxes, or the Python Client)."));
     return;
   }
+  // Policy and resource use only where the API reports them.
+  const extra = sandboxes.some((sb) => sb.policy !== undefined || sb.resources !== undefined);
   const rows = sandboxes.map((sb) =>
     h(
       "tr",
@@ -58,8 +60,8 @@ export async function sandboxList(view) {
       h("td", { class: "num" }, String(sb.sessions ?? "")),
       h("td", { class: "num" }, String(sb.processes ?? "")),
       h("td", { class: "name" }, sb.workdir ? nameNode(sb.workdir) : "none"),
-      h("td", {}, labelsText(sb.labels)),
-      h("td", {}, summaryText(sb)),
+      h("td", {}, labelsText(sb.labels) || "none"),
+      extra ? h("td", {}, summaryText(sb)) : null,
       h("td", {}, when(sb.created_at)),
     ),
   );
@@ -70,7 +72,7 @@ export async function sandboxList(view) {
       h(
         "table",
         { class: "list", id: "sandboxes" },
-        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", "Policy and resources", "Created"].map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", extra ? "Policy and resources" : null, "Created"].filter(Boolean).map((t) => h("th", {}, t)))),
         h("tbody", {}, rows),
       ),
     ),
@@ -132,6 +134,7 @@ export async function sandboxPage(view, id) {
   view.appendChild(box);
   return review(box, {
     canDrop: false,
+    keepLabel: "Back to the list",
     load: async () => (await get(`${base}/changes`)).changes || [],
     diff: (name) => get(`${base}/diff?${nameQuery(name)}`),
     commit: (body) => post(`${base}/commit`, body),
@@ -149,7 +152,7 @@ function sessionsTable(reply) {
   if (reply instanceof Error) return errorBox(reply);
   const list = reply.sessions || [];
   if (!list.length) return empty("No sessions: exec calls create the default session on first use.");
-  const cols = Object.keys(list[0]);
+  const cols = Object.keys(list[0]).sort((a, b) => (a === "id" ? -1 : b === "id" ? 1 : 0));
   return h(
     "div",
     { class: "table-wrap" },
@@ -198,6 +201,21 @@ export async function terminalPage(view, id, pid) {
   const state = h("span", { id: "terminal-state", class: "muted" }, "Connecting…");
   const term = new Terminal({ onInput: (s) => send(s) });
   term.el.id = "terminal";
+  // A line to send, for a phone's keyboard (which a focused <div> does not open) or a paste.
+  const lineInput = h("input", { id: "terminal-line", type: "text", autocomplete: "off", autocapitalize: "off", spellcheck: "false", "aria-label": "A line to send" });
+  const lineForm = h(
+    "form",
+    {
+      class: "line-form",
+      onsubmit: (e) => {
+        e.preventDefault();
+        send(`${lineInput.value}\r`);
+        lineInput.value = "";
+      },
+    },
+    lineInput,
+    h("button", { type: "submit" }, "Send line"),
+  );
   fill(
     view,
     h(
@@ -208,6 +226,7 @@ export async function terminalPage(view, id, pid) {
     ),
     h("p", { class: "muted" }, "Click the terminal and type; what the process printed so far is replayed first (up to 5,000 lines kept here)."),
     term.el,
+    lineForm,
   );
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(`${proto}//${location.host}/v1/sandboxes/${seg(id)}/processes/${seg(pid)}/pty`);

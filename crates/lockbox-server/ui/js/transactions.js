@@ -82,7 +82,7 @@ export async function txnList(view) {
       h(
         "table",
         { class: "list", id: "transactions" },
-        h("thead", {}, h("tr", {}, ["Transaction", "Kind", "State", "Stages", "Outcome", "Conflicts", "Workdir"].map((c) => h("th", {}, c)))),
+        h("thead", {}, h("tr", {}, ["Transaction", "Kind", "State", "Stages", "Outcome", "Conflicts", "Workdir", "Created"].map((c) => h("th", {}, c)))),
         h("tbody", {}, rows),
       ),
     ),
