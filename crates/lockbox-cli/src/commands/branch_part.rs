@@ -9,6 +9,7 @@ use lockbox_cow::{
     Branch, BranchId, CommitOptions, CowError, FileDiff, FileHunks, HunkChoice, Side,
 };
 use lockbox_policy::name::{printable_text, quoted};
+use lockbox_policy::plural;
 use lockbox_runtime::FileDiffReply;
 use serde_json::json;
 use std::ffi::{OsStr, OsString};
@@ -151,14 +152,17 @@ pub fn commit(state_dir: &Path, id: &str, part: &Part<'_>, as_json: bool) -> Res
         });
         outln!("{}", json(&reply, false));
     } else {
-        let done = report.added + report.modified + report.deleted + report.type_changed;
+        let done = plural(
+            (report.added + report.modified + report.deleted + report.type_changed) as usize,
+            "change",
+        );
         match (part.drop_rest, remaining) {
-            (true, _) => outln!("committed {done} changes; branch {id} removed with the rest"),
+            (true, _) => outln!("committed {done}; branch {id} removed with the rest"),
             (false, 0) => outln!(
-                "committed {done} changes; branch {id} has nothing left (`lockbox branch abort {id}` removes it)"
+                "committed {done}; branch {id} has nothing left (`lockbox branch abort {id}` removes it)"
             ),
             (false, n) => outln!(
-                "committed {done} changes; {n} left in branch {id} (`lockbox branch diff {id}`)"
+                "committed {done}; {n} left in branch {id} (`lockbox branch diff {id}`)"
             ),
         }
     }
