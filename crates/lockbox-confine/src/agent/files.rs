@@ -85,6 +85,10 @@ impl Roots {
     }
 }
 
+/// How often a lookup is retried after a racing rename or mount (EAGAIN) before the
+/// error is returned: a busy host mounts often, but not on every try.
+const OPENAT2_RETRIES: u32 = 64;
+
 impl Target<'_> {
     fn open(&self, comps: &[String], oflags: OFlags) -> Result<OwnedFd, Errno> {
         let rel = if comps.is_empty() {
@@ -98,13 +102,24 @@ impl Target<'_> {
         } else {
             OFlags::CLOEXEC | OFlags::NOCTTY
         };
-        openat2(
-            self.base,
-            rel.as_str(),
-            oflags | extra,
-            Mode::empty(),
-            self.flags,
-        )
+        // With `..` in the lookup, the kernel answers EAGAIN when a rename or a mount
+        // anywhere on the system raced it, and asks the caller to retry (openat2(2)).
+        let mut tries = 0;
+        loop {
+            match openat2(
+                self.base,
+                rel.as_str(),
+                oflags | extra,
+                Mode::empty(),
+                self.flags,
+            ) {
+                Err(Errno::AGAIN) if tries < OPENAT2_RETRIES => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                result => return result,
+            }
+        }
     }
 
     /// The parent directory (`O_PATH`) and the last name. The root itself has no name.
