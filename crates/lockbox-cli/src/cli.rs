@@ -287,15 +287,23 @@ pub struct StateArgs {
 
 impl StateArgs {
     /// The state directory to use (`lockbox_cow::default_state_dir`'s rule).
+    /// Made absolute: overlay mounts and recorded branch paths need one.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
-        self.state_dir
+        let dir = self
+            .state_dir
             .clone()
             .or_else(lockbox_cow::default_state_dir)
             .ok_or_else(|| {
                 anyhow::anyhow!(
                     "no state directory: no home directory was found; set --state-dir or LOCKBOX_STATE_DIR"
                 )
-            })
+            })?;
+        std::path::absolute(&dir).map_err(|e| {
+            anyhow::anyhow!(
+                "state directory {}: cannot make it absolute: {e}",
+                dir.display()
+            )
+        })
     }
 }
 

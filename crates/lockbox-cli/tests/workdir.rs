@@ -93,6 +93,41 @@ fn success_commits_and_the_cwd_is_the_workdir() {
 }
 
 #[test]
+fn relative_state_and_work_directories_are_taken_from_the_cwd() {
+    for user in users() {
+        let s = Setup::new(user);
+        let parent = s.work.parent().unwrap();
+        let out = common::lockbox(
+            user,
+            parent,
+            &[
+                "run",
+                "--workdir",
+                "work",
+                "--state-dir",
+                "state",
+                "--on-exit",
+                "keep",
+                "--",
+                "sh",
+                "-c",
+                "echo changed > a.txt",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(s.work.join("a.txt")).unwrap(),
+            "original\n"
+        );
+        assert_eq!(
+            s.branch_ids().len(),
+            1,
+            "{user:?}: the kept branch is in ./state"
+        );
+    }
+}
+
+#[test]
 fn workdir_through_a_symlinked_parent_keeps_its_path_and_commits_to_the_real_directory() {
     for user in users() {
         let s = Setup::new(user);
