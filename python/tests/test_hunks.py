@@ -99,6 +99,7 @@ def test_a_kept_branch_of_lockbox_run_is_reviewed_and_committed_over_http(served
     with pytest.raises(ServerError) as e:
         client.branch_commit(b["id"])
     assert e.value.code == "CONFLICT" and e.value.status == 409
+    assert e.value.details == {"paths": ["g"]}
     done = client.branch_commit(b["id"], only=["f"], rest="drop")
     assert done["remaining"] == 0
     assert (repo / "f").read_text() == OLD.replace("1\n2\n", "one\n2\n").replace("12\n", "twelve\n")

@@ -138,9 +138,14 @@ pub enum RuntimeError {
     /// The branch could not be created, read or committed (its own code on the wire).
     #[error("branch: {0}")]
     Branch(#[source] lockbox_cow::CowError),
-    /// Commit refused: the workdir changed under the branch (stale base).
-    #[error("conflict: {0}")]
-    Conflict(String),
+    /// Commit refused: the workdir changed under the branch (stale base) at `paths`.
+    #[error("conflict: {message}")]
+    Conflict {
+        /// The sentence, naming the paths.
+        message: String,
+        /// The workdir-relative paths that changed (in `details.paths`).
+        paths: Vec<std::path::PathBuf>,
+    },
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -170,7 +175,7 @@ impl RuntimeError {
             RuntimeError::LimitReached { .. } => ErrorCode::LimitReached,
             RuntimeError::SetupFailed(_) | RuntimeError::Setup(_) => ErrorCode::SetupFailed,
             RuntimeError::Branch(e) => e.code(),
-            RuntimeError::Conflict(_) => ErrorCode::Conflict,
+            RuntimeError::Conflict { .. } => ErrorCode::Conflict,
             RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -204,10 +209,14 @@ impl RuntimeError {
             RuntimeError::Branch(lockbox_cow::CowError::BadHunk { path, index, count }) => {
                 json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
             }
-            RuntimeError::SetupFailed(_)
-            | RuntimeError::Branch(_)
-            | RuntimeError::Conflict(_)
-            | RuntimeError::Internal(_) => {
+            RuntimeError::Conflict { paths, .. } => {
+                let paths: Vec<_> = paths
+                    .iter()
+                    .map(|p| lockbox_policy::name::Encoded(p))
+                    .collect();
+                json!({ "paths": paths })
+            }
+            RuntimeError::SetupFailed(_) | RuntimeError::Branch(_) | RuntimeError::Internal(_) => {
                 json!({})
             }
         }

@@ -20,15 +20,18 @@ use crate::RuntimeError;
 
 pub(crate) fn cow_error(e: CowError) -> RuntimeError {
     match e {
-        CowError::StaleBase { paths } => RuntimeError::Conflict(format!(
-            "the workdir changed under the branch at {} (commit with force to overwrite): {}",
-            if paths.len() == 1 { "this path" } else { "these paths" },
-            paths
-                .iter()
-                .map(|p| quoted(p).to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        CowError::StaleBase { paths } => RuntimeError::Conflict {
+            message: format!(
+                "the workdir changed under the branch at {} (commit with force to overwrite): {}",
+                if paths.len() == 1 { "this path" } else { "these paths" },
+                paths
+                    .iter()
+                    .map(|p| quoted(p).to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            paths,
+        },
         CowError::BadPath { path } => RuntimeError::invalid(
             "only/exclude/hunks",
             format!("{}: not a plain relative path of the workdir, or below a directory the branch replaces", quoted(&path)),

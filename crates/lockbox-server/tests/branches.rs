@@ -239,6 +239,7 @@ async fn a_stale_hunk_commit_is_a_conflict_and_abort_removes_the_branch() {
     assert_eq!(status, StatusCode::CONFLICT, "{err}");
     assert_eq!(err["code"], "CONFLICT");
     assert!(err["message"].as_str().unwrap().contains("f"), "{err}");
+    assert_eq!(err["details"], json!({"paths": ["f"]}));
     let (_, list) = s.call(Method::GET, "/v1/branches", None).await;
     assert_eq!(list["branches"][0]["state"], "stale");
 

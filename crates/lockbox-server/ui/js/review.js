@@ -525,13 +525,9 @@ export async function review(container, source) {
   }
 }
 
+// A stale-base 409 names the changed paths in `details.paths` (names in their JSON form).
 function conflictPaths(details) {
-  if (!details) return [];
-  for (const key of ["paths", "conflicts", "stale"]) {
-    if (Array.isArray(details[key])) return details[key].map((p) => (p && typeof p === "object" && "path" in p ? p.path : p));
-  }
-  if (details.path) return [details.path];
-  return [];
+  return details && Array.isArray(details.paths) ? details.paths : [];
 }
 
 function reportWords(report) {
