@@ -8,6 +8,7 @@ With LOCKBOX_CONSOLE_SHOTS=DIR the tests save screenshots of the pages they visi
 (docs/console/*.png are made so)."""
 
 import os
+import re
 import subprocess
 import time
 
@@ -182,6 +183,7 @@ def test_a_stale_base_is_explained_and_force_commits(console_server, ui, tmp_pat
     ui.find_element("id", "commit").click()
     box = wait_for(lambda: by_css(ui, "#conflict"), what="the conflict explanation")[0]
     assert "changed since this branch was made" in box.text
+    assert [li.text for li in box.find_elements("css selector", "li")] == ["f.txt"]
     assert (work / "f.txt").read_text() == "a person edited this\n"
     ui.find_element("id", "force").click()
     wait_for(lambda: by_css(ui, "#notice") or by_css(ui, "#commit-result"), what="the forced commit")
@@ -197,7 +199,6 @@ def test_a_sessions_terminal_echoes_a_typed_command(console_server, ui):
     try:
         ui.get(f"{console_server.base}/ui/#/sandboxes")
         wait_for(lambda: by_css(ui, "#sandboxes .sandbox-link"), what="the sandbox list")
-        shot(ui, "sandboxes")
         ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}")
         wait_for(lambda: by_css(ui, "#processes .terminal-link"), what="the process list")[0].click()
         wait_for(lambda: ui.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
@@ -368,5 +369,40 @@ def test_the_terminal_keeps_5000_lines_and_shows_colours_not_escapes(console_ser
         red = term.find_element("css selector", "span.fg1.b")
         assert red.text == "red"
         assert "\x1b" not in term.text and "[31m" not in term.text
+    finally:
+        console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+
+
+def test_a_sandbox_shows_its_policy_and_what_it_uses_now(console_server, ui, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    status, sb, _ = console_server.api("POST", "/v1/sandboxes", {
+        "max_memory": "512M", "max_processes": 64, "fs_writable": [str(shared)]})
+    assert status in (200, 201), sb
+    try:
+        ui.get(f"{console_server.base}/ui/#/sandboxes")
+        row = wait_for(lambda: [r for r in by_css(ui, "#sandboxes tbody tr") if sb["id"] in r.text],
+                       what="the sandbox's row")[0]
+        shot(ui, "sandboxes")
+        policy = row.find_element("css selector", ".policy").text
+        for words in ["no network", "writes 1 host path", "memory 512 MiB", "64 processes"]:
+            assert words in policy, policy
+        assert re.fullmatch(r"\d+ proc, [\d.]+ (B|KiB|MiB), CPU [\d.]+ (ms|s)", row.find_element("css selector", ".usage").text)
+
+        ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}")
+        usage = wait_for(lambda: by_css(ui, "#usage"), what="the sandbox's use")[0]
+
+        def live():
+            m = re.match(r"(\d+) process", usage.text)
+            return int(m.group(1)) if m else -1
+
+        before = live()
+        assert before >= 2, usage.text
+        assert str(shared) in ui.find_element("id", "policy-writes").text
+        status, proc, _ = console_server.api(
+            "POST", f"/v1/sandboxes/{sb['id']}/processes", {"argv": ["sh", "-c", "sleep 300 & sleep 300 & exec sleep 300"]})
+        assert status in (200, 201), proc
+        # The page reads the use again by itself.
+        wait_for(lambda: live() >= before + 3, timeout=10, what="three more processes on the page")
     finally:
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")

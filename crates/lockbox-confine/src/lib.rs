@@ -44,6 +44,7 @@ mod spawn;
 mod sys;
 #[allow(unsafe_code)]
 mod sysnet;
+mod usage;
 
 pub use crate::error::SetupError;
 pub use crate::landlock::RuleAccess;
@@ -63,6 +64,7 @@ pub use crate::spawn::{
     namespaces, run, sequence_unsupported, Enforcement, Gated, NetEnforcement, Outcome, Running,
     Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
+pub use crate::usage::{tree_usage, TreeUsage};
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
 pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {

@@ -786,6 +786,11 @@ impl Running {
         self.sandbox.pid
     }
 
+    /// What the sandbox's processes use now (see [`crate::tree_usage`]).
+    pub fn usage(&self) -> std::io::Result<crate::TreeUsage> {
+        crate::tree_usage(self.sandbox.pid)
+    }
+
     /// Drops the sandbox like `drop`, but for a caller about to exit (the CLI): an init
     /// still exiting is left to the kernel (its zombie goes to the caller's own reaper when
     /// the caller exits) instead of a thread started to reap it, ~0.1 ms of a short run.

@@ -38,6 +38,14 @@ pub(crate) struct Instance {
     starting: tokio::sync::Mutex<()>,
 }
 
+impl Instance {
+    /// What its processes use now (`None` once stopped or if `/proc` cannot say).
+    fn usage(&self) -> Option<ResourceUse> {
+        let running = lock(&self.running);
+        running.as_ref()?.usage().ok().map(ResourceUse::from)
+    }
+}
+
 /// The runtime's bounds, as each sandbox applies them.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
@@ -147,6 +155,8 @@ impl SandboxInner {
             labels: self.spec.labels.clone(),
             sessions,
             processes,
+            policy: Some(PolicySummary::of(&self.spec)),
+            usage: inst.usage(),
         }
     }
 }

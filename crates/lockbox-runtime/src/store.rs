@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::types::{SandboxInfo, SandboxState};
+use crate::types::{PolicySummary, SandboxInfo, SandboxSpec, SandboxState};
 use crate::RuntimeError;
 
 #[derive(Debug)]
@@ -124,7 +124,7 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn
             .prepare(
-                "SELECT id, state, created_at, workdir, branch, branch_action, labels
+                "SELECT id, state, created_at, workdir, branch, branch_action, labels, spec
                  FROM sandboxes ORDER BY created_at, id",
             )
             .map_err(db_error)?;
@@ -147,6 +147,10 @@ impl Store {
                         .unwrap_or_default(),
                     sessions: 0,
                     processes: 0,
+                    policy: serde_json::from_str::<SandboxSpec>(&r.get::<_, String>(7)?)
+                        .ok()
+                        .map(|spec| PolicySummary::of(&spec)),
+                    usage: None,
                 })
             })
             .map_err(db_error)?;

@@ -158,6 +158,95 @@ pub struct SandboxInfo {
     pub sessions: usize,
     /// Processes (running or exited, still listed).
     pub processes: usize,
+    /// Its policy in brief (`None` for a recorded sandbox whose spec cannot be read).
+    #[serde(default)]
+    pub policy: Option<PolicySummary>,
+    /// What its processes use now (`None` unless it is running).
+    #[serde(default)]
+    pub usage: Option<ResourceUse>,
+}
+
+/// A sandbox's policy in brief: what it may reach and what bounds it. The whole policy is
+/// the one it was created with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicySummary {
+    /// `none` (loopback only), `host`, `allow` (only `net_destinations`) or `deny` (all but
+    /// `net_destinations`).
+    pub net: String,
+    /// The destinations of an `allow` or `deny` network policy.
+    pub net_destinations: Vec<lockbox_policy::NetSpec>,
+    /// Whether the default system paths (`/usr`, `/etc` without its secrets, ...) are
+    /// readable.
+    pub default_reads: bool,
+    /// Other host paths readable, at the same path.
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    pub fs_readable: Vec<PathBuf>,
+    /// Host paths writable directly (their writes do not go through the branch).
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    pub fs_writable: Vec<PathBuf>,
+    /// Memory bound of the sandbox, in bytes.
+    pub max_memory_bytes: Option<u64>,
+    /// Bound on processes and threads.
+    pub max_processes: Option<u64>,
+    /// CPU time bound per process.
+    #[serde(rename = "max_cpu_time_ms", with = "opt_ms")]
+    pub max_cpu_time: Option<Duration>,
+    /// Largest file a process may write, in bytes.
+    pub max_file_size_bytes: Option<u64>,
+    /// Deleted after this long without API calls.
+    #[serde(rename = "idle_timeout_ms", with = "opt_ms")]
+    pub idle_timeout: Option<Duration>,
+}
+
+impl PolicySummary {
+    /// The summary of a sandbox's spec.
+    pub fn of(spec: &SandboxSpec) -> PolicySummary {
+        use lockbox_policy::Net;
+        let p = &spec.policy;
+        PolicySummary {
+            net: match p.net {
+                Net::None => "none",
+                Net::Host => "host",
+                Net::Allow(_) => "allow",
+                Net::Deny(_) => "deny",
+            }
+            .to_owned(),
+            net_destinations: p.net.specs().to_vec(),
+            default_reads: p.fs.default_reads,
+            fs_readable: p.fs.read.clone(),
+            fs_writable: p.fs.write.clone(),
+            max_memory_bytes: p.limits.memory.map(|m| m.bytes()),
+            max_processes: p.limits.processes,
+            max_cpu_time: p.limits.cpu_time,
+            max_file_size_bytes: p.limits.file_size.map(|m| m.bytes()),
+            idle_timeout: spec.idle_timeout,
+        }
+    }
+}
+
+/// What a running sandbox's processes use, read from `/proc` when asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceUse {
+    /// Live processes, the sandbox's init and agent included.
+    pub processes: u32,
+    /// Their threads.
+    pub threads: u32,
+    /// The sum of their resident set sizes (a page shared by two processes counts twice).
+    pub rss_bytes: u64,
+    /// CPU time (user + system) of its live processes and of those that ended.
+    #[serde(rename = "cpu_ms", with = "ms")]
+    pub cpu: Duration,
+}
+
+impl From<lockbox_confine::TreeUsage> for ResourceUse {
+    fn from(u: lockbox_confine::TreeUsage) -> ResourceUse {
+        ResourceUse {
+            processes: u.processes,
+            threads: u.threads,
+            rss_bytes: u.rss_bytes,
+            cpu: u.cpu,
+        }
+    }
 }
 
 /// How to create a session.

@@ -285,3 +285,69 @@ async fn sandboxes_outlive_idle_runtime_threads() {
     assert_eq!(out(&run(&sb, "echo alive").await), "alive\n");
     rt.shutdown().await;
 }
+
+/// The sandbox's `usage` as [`lockbox_runtime::Runtime::sandbox_info`] reads it now.
+async fn usage_of(rt: &lockbox_runtime::Runtime, id: &str) -> lockbox_runtime::ResourceUse {
+    rt.sandbox_info(id).await.unwrap().usage.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended() {
+    also_as_nobody("info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended");
+    let state = scratch();
+    let mut spec = lockbox_runtime::SandboxSpec::default();
+    spec.policy.limits.memory = Some(lockbox_policy::ByteSize(1 << 30));
+    spec.policy.limits.processes = Some(200);
+    spec.idle_timeout = Some(Duration::from_secs(600));
+    let (rt, sb) = sandbox_with(state.path(), spec).await;
+    let info = rt.sandbox_info(sb.id()).await.unwrap();
+    let policy = info.policy.unwrap();
+    assert_eq!(
+        (
+            policy.net.as_str(),
+            policy.max_memory_bytes,
+            policy.max_processes
+        ),
+        ("none", Some(1 << 30), Some(200))
+    );
+    assert_eq!(policy.idle_timeout, Some(Duration::from_secs(600)));
+    let idle = info.usage.unwrap();
+    assert!(idle.processes >= 2, "init and agent at least: {idle:?}");
+    assert!(idle.rss_bytes > 0, "{idle:?}");
+
+    sb.start_process(shell("sleep 501 & sleep 502 & exec sleep 503"))
+        .await
+        .unwrap();
+    let mut busy = idle;
+    for _ in 0..500 {
+        busy = usage_of(&rt, sb.id()).await;
+        if busy.processes >= idle.processes + 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(busy.processes >= idle.processes + 3, "{idle:?} → {busy:?}");
+    assert!(busy.threads >= busy.processes, "{busy:?}");
+
+    // CPU spent by a command that has ended still counts (its parent reaped it).
+    let before = usage_of(&rt, sb.id()).await.cpu;
+    let r = run(
+        &sb,
+        "sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done'",
+    )
+    .await;
+    assert_eq!(r.exit_code, 0);
+    let after = usage_of(&rt, sb.id()).await.cpu;
+    assert!(
+        after >= before + Duration::from_millis(20),
+        "{before:?} → {after:?}"
+    );
+
+    // Stopped: no use, the policy kept (read back from the record).
+    let stopped = rt.delete_sandbox(sb.id()).await.unwrap();
+    assert!(stopped.usage.is_none(), "{stopped:?}");
+    let listed = rt.list_sandboxes().await;
+    let record = listed.iter().find(|i| i.id == sb.id()).unwrap();
+    assert_eq!(record.policy.as_ref(), Some(&policy));
+    assert!(record.usage.is_none());
+}

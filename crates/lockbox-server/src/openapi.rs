@@ -588,8 +588,28 @@ fn schemas() -> Value {
                 "id": string, "state": { "type": "string", "enum": ["running", "stopped", "lost"] },
                 "created_at": string, "workdir": nullable("string"), "branch": nullable("string"),
                 "branch_action": { "type": "string", "enum": ["kept", "committed", "aborted", "empty"] },
-                "labels": string_map, "sessions": count, "processes": count
+                "labels": string_map, "sessions": count, "processes": count,
+                "policy": { "allOf": [schema("PolicySummary")], "nullable": true },
+                "usage": { "allOf": [schema("ResourceUse")], "nullable": true }
             }
+        },
+        "PolicySummary": {
+            "type": "object",
+            "required": ["net", "net_destinations", "default_reads", "fs_readable", "fs_writable",
+                "max_memory_bytes", "max_processes", "max_cpu_time_ms", "max_file_size_bytes", "idle_timeout_ms"],
+            "properties": {
+                "net": { "type": "string", "enum": ["none", "host", "allow", "deny"] },
+                "net_destinations": strings, "default_reads": boolean,
+                "fs_readable": names, "fs_writable": names,
+                "max_memory_bytes": nullable("integer"), "max_processes": nullable("integer"),
+                "max_cpu_time_ms": nullable("integer"), "max_file_size_bytes": nullable("integer"),
+                "idle_timeout_ms": nullable("integer")
+            }
+        },
+        "ResourceUse": {
+            "type": "object",
+            "required": ["processes", "threads", "rss_bytes", "cpu_ms"],
+            "properties": { "processes": count, "threads": count, "rss_bytes": count, "cpu_ms": count }
         },
         "SandboxList": { "type": "object", "required": ["sandboxes"],
             "properties": { "sandboxes": { "type": "array", "items": schema("Sandbox") } } },

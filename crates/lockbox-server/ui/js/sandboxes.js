@@ -8,37 +8,83 @@ import { review } from "./review.js";
 import { commandText } from "./branches.js";
 import { Terminal } from "./terminal.js";
 
-const KNOWN = new Set(["id", "state", "created_at", "workdir", "branch", "labels", "sessions", "processes"]);
-
-/** Fields the API gives beyond the known ones (policy summary, resource use, ...), as text. */
-function extraFields(obj) {
-  const out = [];
-  for (const [k, v] of Object.entries(obj)) {
-    if (KNOWN.has(k) || v === null || v === undefined) continue;
-    out.push(h("dt", {}, k.replaceAll("_", " ")), h("dd", { class: "mono" }, valueText(v)));
-  }
-  return out;
-}
-
-function valueText(v) {
-  if (typeof v === "string") return visible(v);
-  if (typeof v === "number" || typeof v === "boolean") return String(v);
-  if (Array.isArray(v)) return v.map(valueText).join(", ");
-  return Object.entries(v)
-    .map(([k, x]) => `${k}: ${x !== null && typeof x === "object" ? JSON.stringify(x) : /bytes$/.test(k) && typeof x === "number" ? bytes(x) : x}`)
-    .join(" · ");
-}
-
 function labelsText(labels) {
   const entries = Object.entries(labels || {});
   return entries.length ? entries.map(([k, v]) => `${visible(k)}=${visible(String(v))}`).join(", ") : "";
 }
 
-function summaryText(sb) {
-  const parts = [];
-  if (sb.policy !== undefined) parts.push(valueText(sb.policy));
-  if (sb.resources !== undefined) parts.push(valueText(sb.resources));
+function duration(ms) {
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60_000) return `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)} s`;
+  if (ms < 3_600_000) return `${Math.round(ms / 60_000)} min`;
+  return `${(ms / 3_600_000).toFixed(1)} h`;
+}
+
+function netText(p) {
+  const n = p.net_destinations.length;
+  switch (p.net) {
+    case "none":
+      return "no network (loopback only)";
+    case "host":
+      return "the host's network";
+    case "allow":
+      return `only ${n} destination${n === 1 ? "" : "s"}`;
+    case "deny":
+      return `all but ${n} destination${n === 1 ? "" : "s"}`;
+    default:
+      return visible(String(p.net));
+  }
+}
+
+function limitsText(p) {
+  const out = [];
+  if (p.max_memory_bytes !== null) out.push(`memory ${bytes(p.max_memory_bytes)}`);
+  if (p.max_processes !== null) out.push(`${p.max_processes} processes`);
+  if (p.max_cpu_time_ms !== null) out.push(`CPU ${duration(p.max_cpu_time_ms)} per process`);
+  if (p.max_file_size_bytes !== null) out.push(`files up to ${bytes(p.max_file_size_bytes)}`);
+  return out.length ? out.join(", ") : "none set";
+}
+
+/** One line for the list: network, direct host writes, limits. */
+function policyLine(p) {
+  if (!p) return "unknown";
+  const parts = [netText(p)];
+  if (p.fs_writable.length) parts.push(`writes ${p.fs_writable.length} host path${p.fs_writable.length === 1 ? "" : "s"}`);
+  const limits = limitsText(p);
+  if (limits !== "none set") parts.push(limits);
   return parts.join(" · ");
+}
+
+/** One line for the list: processes, memory, CPU. */
+function usageLine(u) {
+  if (!u) return "";
+  return `${u.processes} proc, ${bytes(u.rss_bytes)}, CPU ${duration(u.cpu_ms)}`;
+}
+
+function pathList(list) {
+  return list.length ? h("ul", { class: "paths" }, list.map((p) => h("li", { class: "name" }, nameNode(p)))) : "none";
+}
+
+/** The sandbox page's "Policy" definitions. */
+function policyFields(p, workdir) {
+  if (!p) return [h("dt", {}, "Policy"), h("dd", {}, "unknown (its spec could not be read)")];
+  return [
+    h("dt", {}, "Network"),
+    h("dd", {}, netText(p), p.net_destinations.length ? h("ul", { class: "paths" }, p.net_destinations.map((d) => h("li", { class: "mono" }, visible(String(d))))) : null),
+    h("dt", {}, "Reads"),
+    h("dd", {}, p.default_reads ? "the default system paths" : "no default system paths", p.fs_readable.length ? [", and:", pathList(p.fs_readable)] : null),
+    h("dt", {}, "Writes to the host"),
+    h("dd", { id: "policy-writes" }, p.fs_writable.length ? pathList(p.fs_writable) : workdir ? "none (the workdir is written through its branch)" : "none"),
+    h("dt", {}, "Limits"),
+    h("dd", {}, limitsText(p)),
+    h("dt", {}, "Idle timeout"),
+    h("dd", {}, p.idle_timeout_ms === null ? "none" : duration(p.idle_timeout_ms)),
+  ];
+}
+
+function usageText(u) {
+  if (!u) return "not running";
+  return `${u.processes} process${u.processes === 1 ? "" : "es"} (${u.threads} thread${u.threads === 1 ? "" : "s"}), ${bytes(u.rss_bytes)} resident, CPU ${duration(u.cpu_ms)}`;
 }
 
 export async function sandboxList(view) {
@@ -49,8 +95,6 @@ export async function sandboxList(view) {
     view.appendChild(empty("No sandboxes: none was created on this server yet (POST /v1/sandboxes, or the Python Client)."));
     return;
   }
-  // Policy and resource use only where the API reports them.
-  const extra = sandboxes.some((sb) => sb.policy !== undefined || sb.resources !== undefined);
   const rows = sandboxes.map((sb) =>
     h(
       "tr",
@@ -61,7 +105,8 @@ export async function sandboxList(view) {
       h("td", { class: "num" }, String(sb.processes ?? "")),
       h("td", { class: "name" }, sb.workdir ? nameNode(sb.workdir) : "none"),
       h("td", {}, labelsText(sb.labels) || "none"),
-      extra ? h("td", {}, summaryText(sb)) : null,
+      h("td", { class: "policy" }, policyLine(sb.policy)),
+      h("td", { class: "usage" }, usageLine(sb.usage)),
       h("td", {}, when(sb.created_at)),
     ),
   );
@@ -72,7 +117,7 @@ export async function sandboxList(view) {
       h(
         "table",
         { class: "list", id: "sandboxes" },
-        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", extra ? "Policy and resources" : null, "Created"].filter(Boolean).map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, ["Sandbox", "State", "Sessions", "Processes", "Workdir", "Labels", "Policy", "Use now", "Created"].map((t) => h("th", {}, t)))),
         h("tbody", {}, rows),
       ),
     ),
@@ -88,6 +133,16 @@ export async function sandboxPage(view, id) {
     get(`${base}/processes`).catch((e) => e),
   ]);
   const message = h("div", { class: "status", role: "status" });
+  const usage = h("dd", { id: "usage" }, usageText(sb.usage));
+  // Resource use changes while the page is open: read it again every 2 s.
+  const timer = sb.state === "running" ? setInterval(async () => {
+    try {
+      usage.textContent = usageText((await get(base)).usage);
+    } catch {
+      clearInterval(timer);
+    }
+  }, 2000) : 0;
+  const stop = () => clearInterval(timer);
   const newTerminal = h(
     "button",
     {
@@ -121,46 +176,57 @@ export async function sandboxPage(view, id) {
       sb.branch ? [h("dt", {}, "Branch"), h("dd", {}, String(sb.branch))] : null,
       h("dt", {}, "Labels"),
       h("dd", {}, labelsText(sb.labels) || "none"),
-      extraFields(sb),
+      h("dt", {}, "Use now"),
+      usage,
+      policyFields(sb.policy, Boolean(sb.workdir)),
     ),
     h("h2", {}, "Sessions"),
     sessionsTable(sessions),
     h("h2", {}, "Processes"),
     processesTable(id, processes),
   );
-  if (!sb.workdir) return undefined;
+  if (!sb.workdir) return stop;
   view.appendChild(h("h2", {}, "Changes"));
   const box = h("div", { class: "review" });
   view.appendChild(box);
-  return review(box, {
-    canDrop: false,
-    keepLabel: "Back to the list",
-    load: async () => (await get(`${base}/changes`)).changes || [],
-    diff: (name) => get(`${base}/diff?${nameQuery(name)}`),
-    commit: (body) => post(`${base}/commit`, body),
-    abort: () => post(`${base}/abort`),
-    keep() {
-      location.hash = "#/sandboxes";
-    },
-    done(text) {
-      fill(box, h("p", { class: "ok" }, text));
-    },
-  });
+  let reviewDone;
+  try {
+    reviewDone = await review(box, {
+      canDrop: false,
+      keepLabel: "Back to the list",
+      load: async () => (await get(`${base}/changes`)).changes || [],
+      diff: (name) => get(`${base}/diff?${nameQuery(name)}`),
+      commit: (body) => post(`${base}/commit`, body),
+      abort: () => post(`${base}/abort`),
+      keep() {
+        location.hash = "#/sandboxes";
+      },
+      done(text) {
+        fill(box, h("p", { class: "ok" }, text));
+      },
+    });
+  } catch (err) {
+    stop();
+    throw err;
+  }
+  return () => {
+    stop();
+    if (reviewDone) reviewDone();
+  };
 }
 
 function sessionsTable(reply) {
   if (reply instanceof Error) return errorBox(reply);
   const list = reply.sessions || [];
   if (!list.length) return empty("No sessions: exec calls create the default session on first use.");
-  const cols = Object.keys(list[0]).sort((a, b) => (a === "id" ? -1 : b === "id" ? 1 : 0));
   return h(
     "div",
     { class: "table-wrap" },
     h(
       "table",
       { class: "list", id: "sessions" },
-      h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c.replaceAll("_", " "))))),
-      h("tbody", {}, list.map((s) => h("tr", {}, cols.map((c) => h("td", {}, s[c] === null || s[c] === undefined ? "" : /_at$/.test(c) ? when(s[c]) : valueText(s[c])))))),
+      h("thead", {}, h("tr", {}, ["Session", "Shell pid", "Busy", "Created"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, list.map((s) => h("tr", {}, h("td", {}, visible(String(s.id))), h("td", { class: "num" }, String(s.pid)), h("td", {}, s.busy ? "running a command" : "idle"), h("td", {}, when(s.created_at))))),
     ),
   );
 }
