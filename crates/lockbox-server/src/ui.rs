@@ -5,6 +5,11 @@
 //! [`lookup`] maps a path under `/ui/` to a file: an unknown path without an extension is
 //! `index.html` (the console routes on the client), an unknown one with an extension is
 //! `None`. Responses get their headers in `routes::console`.
+//!
+//! The page names its scripts and style sheet under `/ui/v/VERSION/` ([`asset_prefix`]),
+//! `VERSION` being a hash of every embedded file: their content never changes at that
+//! address, so the browser keeps them without asking again (`immutable`) and a new build
+//! changes the address. Only the page itself is fetched on every load.
 
 use std::borrow::Cow;
 
@@ -49,6 +54,38 @@ impl UiFile {
         }
     }
 }
+
+/// A hash of every embedded file (hex): the `VERSION` of the page's asset addresses. In a
+/// debug build serving `LOCKBOX_UI_DIR`, `dev` (files there change without a rebuild).
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        #[cfg(debug_assertions)]
+        if std::env::var_os("LOCKBOX_UI_DIR").is_some() {
+            return DEV_VERSION.to_owned();
+        }
+        use std::hash::Hasher;
+        let mut h = std::hash::DefaultHasher::new();
+        for (name, body) in FILES {
+            h.write(name.as_bytes());
+            h.write_usize(body.len());
+            h.write(body);
+        }
+        format!("{:016x}", h.finish())
+    })
+}
+
+/// The version of files served from `LOCKBOX_UI_DIR` (never cached for long).
+pub const DEV_VERSION: &str = "dev";
+
+/// Where the page's assets are: `/ui/v/VERSION/`. The page's file names them under `/ui/@/`,
+/// replaced by this when it is served.
+pub fn asset_prefix() -> String {
+    format!("/ui/v/{}/", version())
+}
+
+/// The placeholder of [`asset_prefix`] in `index.html`.
+pub const ASSET_PLACEHOLDER: &str = "/ui/@/";
 
 /// Whether `rel` names a file inside `ui/`: relative, no `..`, no empty or hidden parts.
 fn is_plain(rel: &str) -> bool {

@@ -43,13 +43,24 @@ pub async fn index() -> Result<Response, ApiError> {
     serve("", &HeaderMap::new()).await
 }
 
-/// `GET /ui/{*file}`: a static file, or the page for a client-side route. Files other than
-/// the page carry an `ETag`, so the browser's revalidation (`no-cache`) is a 304.
+/// `GET /ui/{*file}`: a static file, or the page for a client-side route. Files under
+/// `/ui/v/VERSION/` of this build are `immutable`; other files carry an `ETag`, so the
+/// browser's revalidation (`no-cache`) is a 304.
 pub async fn file(Path(file): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
     serve(&file, &headers).await
 }
 
+/// How long a browser keeps a versioned file: a year, without revalidating.
+const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+
 async fn serve(rel: &str, headers: &HeaderMap) -> Result<Response, ApiError> {
+    // A versioned address: this build's files are immutable there; an older build's page
+    // (open across an upgrade) gets today's files, revalidated.
+    let (rel, cache) = match rel.strip_prefix("v/").and_then(|r| r.split_once('/')) {
+        Some((v, rest)) if v == ui::version() && v != ui::DEV_VERSION => (rest, IMMUTABLE),
+        Some((_, rest)) => (rest, "no-cache"),
+        None => (rel, "no-cache"),
+    };
     let Some(found) = ui::lookup(rel).await else {
         return Err(ApiError::new(
             lockbox_policy::ErrorCode::NotFound,
@@ -62,19 +73,21 @@ async fn serve(rel: &str, headers: &HeaderMap) -> Result<Response, ApiError> {
             (CONTENT_TYPE, found.content_type()),
             (CACHE_CONTROL, "no-store"),
         ];
-        return Ok((reply, found.body.into_owned()).into_response());
+        let page = String::from_utf8_lossy(&found.body)
+            .replace(ui::ASSET_PLACEHOLDER, &ui::asset_prefix());
+        return Ok((reply, page).into_response());
     }
     let etag = found.etag();
     if headers
         .get(IF_NONE_MATCH)
         .is_some_and(|v| v.as_bytes() == etag.as_bytes())
     {
-        let reply = [(ETAG, etag), (CACHE_CONTROL, "no-cache".to_owned())];
+        let reply = [(ETAG, etag), (CACHE_CONTROL, cache.to_owned())];
         return Ok((StatusCode::NOT_MODIFIED, reply).into_response());
     }
     let reply = [
         (CONTENT_TYPE, found.content_type().to_owned()),
-        (CACHE_CONTROL, "no-cache".to_owned()),
+        (CACHE_CONTROL, cache.to_owned()),
         (ETAG, etag),
     ];
     Ok((reply, found.body.into_owned()).into_response())
