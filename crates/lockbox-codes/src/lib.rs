@@ -143,6 +143,8 @@ codes! {
         BadHunk = "BAD_HUNK",
         /// A partial commit of a branch whose full commit was interrupted.
         BranchCommitting = "BRANCH_COMMITTING",
+        /// A partial commit interrupted past its commit point was finished instead.
+        PartCommitFinished = "PART_COMMIT_FINISHED",
     }
     Txn {
         InvalidTxnId = "INVALID_TXN_ID",

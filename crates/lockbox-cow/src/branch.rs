@@ -302,6 +302,9 @@ impl Branch {
     /// A failed commit is recorded in the branch's state (see [`Branch::record_failure`]), so
     /// that [`list`] can say what happened and what to do.
     pub fn commit(mut self, opts: &CommitOptions) -> Result<CommitReport, CowError> {
+        if !opts.dry_run {
+            self.finish_interrupted_part()?;
+        }
         let workdir = self.meta.workdir.clone();
         let report = match commit::commit(&mut self, &workdir, opts) {
             Ok(report) => report,
@@ -350,7 +353,11 @@ impl Branch {
     /// can only bring back what a crash during its run could have left (an orphan, or a
     /// damaged branch), never one that was kept or committed.
     ///
-    pub fn abort(self) -> Result<(), CowError> {
+    ///
+    /// A partial commit of the branch interrupted after its commit point is finished first
+    /// (see [`Branch::commit_part`]): the workdir is never left with part of one.
+    pub fn abort(mut self) -> Result<(), CowError> {
+        self.finish_interrupted_part()?;
         self.remove(Removal::Now)
     }
 
@@ -469,6 +476,9 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 /// Removes the branch `id` whatever state it is in (even without a readable `meta.json`).
+///
+/// A partial commit of the branch interrupted after its commit point is finished first when
+/// the branch can be read and its workdir is there (see [`Branch::commit_part`]).
 pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
     let branches = branches_dir(state_dir);
     if !branches.join(id.as_str()).exists() {
@@ -476,6 +486,19 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
             id: id.to_string(),
             path: branches,
         });
+    }
+    if branches
+        .join(id.as_str())
+        .join(crate::select::PART_RECORD)
+        .exists()
+    {
+        if let Ok(mut branch) = Branch::open(state_dir, id) {
+            match branch.finish_interrupted_part() {
+                // No workdir: nothing of the commit can be in it, nothing to finish.
+                Ok(_) | Err(CowError::OpenWorkdir { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
     remove_dir_robust(&branches, OsStr::new(id.as_str()), Durability::Durable)
 }

@@ -277,6 +277,16 @@ pub enum CowError {
         /// The branch.
         id: String,
     },
+    /// A partial commit of this branch that was interrupted after its commit point (a crash,
+    /// or an error while applying) was finished first: its paths are in the workdir now, so
+    /// the branch's diff and its hunk numbers changed; nothing else was committed.
+    #[error("branch {id}: a partial commit interrupted part-way was finished first ({paths} path(s) written); nothing else was committed: the branch's diff changed, review it again and commit")]
+    PartCommitFinished {
+        /// The branch.
+        id: String,
+        /// How many paths that commit wrote.
+        paths: usize,
+    },
     /// The path asked for in a diff is not a plain relative path.
     #[error("bad path {}: must be relative, without `..`", quoted(.path))]
     BadPath {
@@ -336,6 +346,7 @@ impl CowError {
             CowError::NotChanged { .. } => ErrorCode::NotChanged,
             CowError::BadHunk { .. } => ErrorCode::BadHunk,
             CowError::BranchCommitting { .. } => ErrorCode::BranchCommitting,
+            CowError::PartCommitFinished { .. } => ErrorCode::PartCommitFinished,
         }
     }
 

@@ -29,6 +29,47 @@ use crate::{
     CommitReport, CowError, WorkdirLock,
 };
 
+/// The record of a partial commit past its commit point, in the branch's directory.
+pub(crate) const PART_RECORD: &str = "part-commit.json";
+
+/// What [`Branch::commit_part`] records before it changes the workdir: enough to redo it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct PartRecord {
+    /// The staging key ([`crate::stage_upper`]).
+    key: String,
+    plan: crate::CommitPlan,
+    /// The paths it writes, relative to the workdir.
+    #[serde(with = "lockbox_policy::name::json::vec")]
+    written: Vec<PathBuf>,
+}
+
+/// The workdir directories above `paths` (not the root) that nobody changed since their
+/// stale-base reference. A commit of `paths` adds or removes entries in them, which makes
+/// them look changed by someone else to a later commit that checks them (a directory the
+/// branch replaced): they get a new reference along with `paths`. One already changed keeps
+/// its reference, so that change is still seen.
+fn untouched_parents(workdir: &Path, paths: &[PathBuf], base: &Base<'_>) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut dirs = std::collections::BTreeSet::new();
+    for path in paths {
+        for dir in path.ancestors().skip(1) {
+            if dir.as_os_str().is_empty() || !dirs.insert(dir.to_owned()) {
+                break;
+            }
+        }
+    }
+    dirs.into_iter()
+        .filter(|dir| !paths.contains(dir))
+        .filter(|dir| match std::fs::symlink_metadata(workdir.join(dir)) {
+            Ok(m) if m.is_dir() => {
+                let at = base.for_path(dir);
+                (m.ctime(), m.ctime_nsec()) < (at.secs, at.nanos)
+            }
+            _ => false,
+        })
+        .collect()
+}
+
 /// Which hunks of one file to commit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HunkChoice {
@@ -220,22 +261,25 @@ impl Branch {
     /// commits of the branch do not take these writes for concurrent edits; every other path
     /// keeps the branch's. Under the workdir lock.
     ///
-    /// Not resumable like a full commit: a crash while applying leaves some paths applied
-    /// and the record as it was (committing again reports the applied paths as stale;
-    /// `force` commits them again).
+    /// Resumable like a full commit: once its data is staged and durable, a record of the
+    /// plan (`part-commit.json` in the branch) is its commit point. A crash (or an error while
+    /// applying) after it leaves the record; the next commit of any kind or abort of the
+    /// branch finishes that commit first ([`Branch::finish_interrupted_part`]) and a partial
+    /// one then stops with [`CowError::PartCommitFinished`]: the branch's hunks changed, so
+    /// the selection asked for may no longer mean what its caller saw.
     pub fn commit_part(
         &mut self,
         sel: &Selection,
         opts: &CommitOptions,
     ) -> Result<CommitReport, CowError> {
         let workdir = self.workdir().to_owned();
-        let state_dir = self
-            .dir()
-            .ancestors()
-            .nth(2)
-            .unwrap_or(Path::new("/"))
-            .to_owned();
-        let _lock = WorkdirLock::acquire(&state_dir, &workdir)?;
+        let _lock = WorkdirLock::acquire(&self.state_dir(), &workdir)?;
+        if let Some(paths) = self.finish_part_locked()? {
+            return Err(CowError::PartCommitFinished {
+                id: self.id().to_string(),
+                paths,
+            });
+        }
         let name = format!("select-{}", BranchId::generate());
         let snap = self.dir().join(&name);
         std::fs::create_dir(&snap).map_err(|source| CowError::Stage {
@@ -277,22 +321,90 @@ impl Branch {
             discard_staging(&workdir, &key)?;
             return Ok(report);
         }
-        if let Err(e) = apply_staged(&workdir, &key, &plan) {
-            let _ = discard_staging(&workdir, &key);
-            return Err(e);
-        }
+        let mut written = written;
+        written.extend(untouched_parents(&workdir, &written, &base));
+        let record = PartRecord { key, plan, written };
+        self.write_part_record(&record)?;
+        // Past the commit point: an error from here on leaves the record for a redo.
+        self.apply_part(&record)?;
+        Ok(report)
+    }
+
+    /// Applies a recorded partial commit (again, after a crash: [`apply_staged`] skips what
+    /// is done), gives its paths their stale-base reference, removes the record.
+    fn apply_part(&mut self, record: &PartRecord) -> Result<(), CowError> {
+        apply_staged(self.workdir(), &record.key, &record.plan)?;
         let at = self.rebase_stamp()?;
         let mut meta = self.meta().clone();
-        for path in written {
-            match meta.rebased.binary_search_by(|r| r.path.cmp(&path)) {
+        for path in &record.written {
+            match meta.rebased.binary_search_by(|r| r.path.cmp(path)) {
                 Ok(i) => meta.rebased[i].at = at,
-                Err(i) => meta.rebased.insert(i, Rebased { path, at }),
+                Err(i) => meta.rebased.insert(
+                    i,
+                    Rebased {
+                        path: path.clone(),
+                        at,
+                    },
+                ),
             }
         }
         let state = meta.state;
         self.replace_meta(meta);
         self.set_state(state)?;
-        Ok(report)
+        let removed = std::fs::remove_file(self.dir().join(PART_RECORD))
+            .and_then(|()| crate::fsync_dir(self.dir()));
+        removed.map_err(|source| CowError::Stage {
+            path: self.dir().join(PART_RECORD),
+            source,
+        })
+    }
+
+    fn write_part_record(&self, record: &PartRecord) -> Result<(), CowError> {
+        let path = self.dir().join(PART_RECORD);
+        let bytes = serde_json::to_vec(record).map_err(|e| CowError::Stage {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        crate::write_atomic(self.dir(), PART_RECORD, &bytes)
+            .map_err(|source| CowError::Stage { path, source })
+    }
+
+    /// Finishes a partial commit of this branch that was interrupted after its commit point
+    /// (see [`Branch::commit_part`]), under the workdir lock: the number of paths it wrote,
+    /// or `None` if there was none to finish. [`Branch::commit`], [`Branch::abort`] and
+    /// [`crate::abort_id`] call it first.
+    pub fn finish_interrupted_part(&mut self) -> Result<Option<usize>, CowError> {
+        if !self.dir().join(PART_RECORD).exists() {
+            return Ok(None);
+        }
+        let _lock = WorkdirLock::acquire(&self.state_dir(), self.workdir())?;
+        self.finish_part_locked()
+    }
+
+    /// The state directory holding the branch (`STATE/branches/ID`).
+    fn state_dir(&self) -> PathBuf {
+        self.dir()
+            .ancestors()
+            .nth(2)
+            .unwrap_or(Path::new("/"))
+            .to_owned()
+    }
+
+    /// [`Branch::finish_interrupted_part`] with the workdir lock held.
+    fn finish_part_locked(&mut self) -> Result<Option<usize>, CowError> {
+        let path = self.dir().join(PART_RECORD);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(CowError::ReadMeta { path, source }),
+        };
+        let record: PartRecord =
+            serde_json::from_slice(&bytes).map_err(|e| CowError::CorruptMeta {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        self.apply_part(&record)?;
+        Ok(Some(record.written.len()))
     }
 
     /// A stale-base reference taken now (see [`crate::stamp_base`]), strictly newer than the

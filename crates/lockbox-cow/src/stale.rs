@@ -27,7 +27,9 @@
 //! wrote hold the branch's version (or part of it) in the workdir, with fresh ctimes: by the
 //! rule above they would look changed by someone else. So each path a commit wrote gets a
 //! reference of its own, taken (by [`stamp_base`]) right after that commit
-//! ([`crate::BranchMeta::rebased`]), and only those paths: every other path keeps the
+//! ([`crate::BranchMeta::rebased`]), with the workdir directories above them that nobody had
+//! changed since their own reference (the commit added or removed entries in them), and only
+//! those paths: every other path keeps the
 //! branch's base, so a host edit to a path not yet committed is still refused later. (A host
 //! edit to a committed path in the instant between that commit's last write and its new
 //! reference is not seen: the commit holds the workdir lock, which `lockbox` writers take,

@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{require_overlay, run_direct, run_in_branch, sh, snapshot, Node, Scratch};
-use lockbox_cow::{abort_id, list, Branch, BranchId, CommitOptions};
+use lockbox_cow::{
+    abort_id, list, Branch, BranchId, CommitOptions, CowError, HunkChoice, Selection,
+};
 
 const ENV: &str = "LOCKBOX_COW_CRASH_HELPER";
 
@@ -24,6 +26,34 @@ fn helper_commit_until_killed() {
     let (state, id) = spec.split_once('\n').unwrap();
     let branch = Branch::open(Path::new(state), &BranchId::parse(id).unwrap()).unwrap();
     branch.commit(&CommitOptions::default()).unwrap();
+}
+
+/// Commits part of the branch named in the environment ([`part`]); killed somewhere inside.
+#[test]
+fn helper_commit_part_until_killed() {
+    let Ok(spec) = std::env::var(PART_ENV) else {
+        return;
+    };
+    let (state, id) = spec.split_once('\n').unwrap();
+    let mut branch = Branch::open(Path::new(state), &BranchId::parse(id).unwrap()).unwrap();
+    branch
+        .commit_selected(&part(), &CommitOptions::default())
+        .unwrap();
+}
+
+const PART_ENV: &str = "LOCKBOX_COW_CRASH_PART_HELPER";
+
+/// Part of [`script`]'s changes: not the removal of `gone`, not `n1`, and only the second
+/// of `long`'s two hunks.
+fn part() -> Selection {
+    Selection {
+        only: Vec::new(),
+        exclude: vec!["gone".into(), "n1".into()],
+        hunks: vec![HunkChoice {
+            path: "long".into(),
+            accept: vec![1],
+        }],
+    }
 }
 
 const FILES: usize = 100;
@@ -130,6 +160,120 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
     );
 }
 
+/// A partial commit killed at many points never leaves the workdir with part of itself: the
+/// next partial commit finishes it (and says so) or, before its commit point, makes it anew;
+/// either way the workdir then holds exactly what an uninterrupted one gives, and the rest
+/// stays in the branch.
+#[test]
+fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
+    if !require_overlay() {
+        return;
+    }
+    let long_old: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    let long_edit = "sed -i 's/^line 2$/LINE TWO/; s/^line 30$/LINE THIRTY/' long";
+    let prepare = |dir: &Path| {
+        sh(dir, &setup());
+        std::fs::write(dir.join("long"), &long_old).unwrap();
+    };
+    // The result of the same partial commit, not interrupted.
+    let calm = Scratch::new();
+    prepare(&calm.wd);
+    let mut b = calm.branch();
+    assert!(run_in_branch(&b, &format!("{}; {long_edit}", script())));
+    b.commit_selected(&part(), &CommitOptions::default())
+        .unwrap();
+    let expected = snapshot(&calm.wd);
+    let left: Vec<_> = b
+        .change_set()
+        .unwrap()
+        .changes()
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    assert!(std::fs::read_to_string(calm.wd.join("long"))
+        .unwrap()
+        .contains("LINE THIRTY"));
+
+    let mut outcomes = Vec::new();
+    for delay_ms in [0u64, 5, 10, 20, 30, 50, 75, 100, 150, 200, 400, 800] {
+        let s = Scratch::new();
+        prepare(&s.wd);
+        let branch = s.branch();
+        assert!(run_in_branch(
+            &branch,
+            &format!("{}; {long_edit}", script())
+        ));
+        let old = snapshot(&s.wd);
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "helper_commit_part_until_killed",
+                "--test-threads",
+                "1",
+            ])
+            .env(PART_ENV, format!("{}\n{}", s.state.display(), branch.id()))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill(); // SIGKILL
+        let finished = child.wait().unwrap().success();
+        let recorded = branch.dir().join("part-commit.json").exists();
+        for (path, node) in snapshot(&s.wd) {
+            if path.to_string_lossy().starts_with(".lockbox-commit-") {
+                continue;
+            }
+            let ok = old.get(&path) == Some(&node) || expected.get(&path) == Some(&node);
+            assert!(
+                ok,
+                "delay {delay_ms}ms: {} is neither old nor new",
+                path.display()
+            );
+        }
+        let mut b = Branch::open(&s.state, branch.id()).unwrap();
+        let again = if finished {
+            "not needed".to_owned()
+        } else {
+            match b.commit_selected(&part(), &CommitOptions::default()) {
+                Ok(_) => "made anew".to_owned(),
+                Err(e @ CowError::PartCommitFinished { .. }) => {
+                    assert!(
+                        recorded,
+                        "delay {delay_ms}ms: finished without a record: {e}"
+                    );
+                    "finished".to_owned()
+                }
+                Err(e) => panic!("delay {delay_ms}ms: committing again failed: {e}"),
+            }
+        };
+        outcomes.push(format!(
+            "{delay_ms}ms: finished={finished} record={recorded} again: {again}"
+        ));
+        assert_eq!(
+            snapshot(&s.wd),
+            expected,
+            "delay {delay_ms}ms: {}",
+            outcomes.join("; ")
+        );
+        let now: Vec<_> = b
+            .change_set()
+            .unwrap()
+            .changes()
+            .iter()
+            .map(|c| c.path.clone())
+            .collect();
+        assert_eq!(now, left, "delay {delay_ms}ms: what is left in the branch");
+        // What is left commits without a stale-base refusal: the finished paths are not
+        // taken for host edits.
+        b.commit(&CommitOptions::default()).unwrap();
+    }
+    eprintln!("{}", outcomes.join("\n"));
+    assert!(
+        outcomes.iter().any(|o| o.contains("finished=false")),
+        "no kill landed inside a partial commit; the test did not test anything"
+    );
+}
+
 /// A branch of `s` that ran [`script`] and was committed by [`lockbox_cow::commit`], which
 /// applies everything and leaves the branch in state `committing`, as a kill right after
 /// the commit would.
@@ -231,9 +375,9 @@ fn interrupted_removal_of_committed_branch_never_recommits() {
     assert_eq!(snapshot(&s.wd), committed);
 }
 
-/// The crash test again as uid/gid 65534 (when we are root).
+/// The crash tests (a full and a partial commit) again as uid/gid 65534 (when we are root).
 #[test]
-fn sigkill_during_commit_as_uid_65534() {
+fn sigkill_during_commits_as_uid_65534() {
     if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
         return;
     }
@@ -254,10 +398,8 @@ fn sigkill_during_commit_as_uid_65534() {
             "--",
         ])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "sigkill_during_commit_never_tears_and_recommit_finishes",
-        ])
+        // Both `sigkill_during_*` tests (this one returns at once when run as 65534).
+        .arg("sigkill_during_")
         .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
         .env("HOME", "/tmp")

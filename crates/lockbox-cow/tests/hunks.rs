@@ -396,3 +396,57 @@ fn a_file_under_a_directory_the_branch_replaced_diffs_as_deleted() {
         .contains("-old"));
     assert_eq!(hunks_of(&b, "d/y")[0].lines[0].text, "new");
 }
+
+/// A directory the branch replaced (`rm -r d; mkdir d`), committed in a first part: the
+/// entries that part wrote into `d` do not make `d` look changed by someone else to the
+/// second part; a host edit in `d` made before is seen by the first.
+#[test]
+fn a_replaced_directory_committed_first_is_not_stale_later_and_a_host_edit_in_it_is_seen() {
+    if !common::require_overlay() {
+        return;
+    }
+    for host_edit in [false, true] {
+        let s = common::Scratch::new();
+        common::sh(
+            &s.wd,
+            "mkdir -p d/sub && echo old > d/old && echo s > d/sub/s && echo e > e",
+        );
+        let mut br = s.branch();
+        assert!(common::run_in_branch(
+            &br,
+            "rm -r d && mkdir d && echo one > d/one && echo E > e"
+        ));
+        br.keep().unwrap();
+        tick();
+        if host_edit {
+            std::fs::write(s.wd.join("d/host"), "host\n").unwrap();
+            tick();
+        }
+        let first = br.commit_selected(
+            &Selection {
+                exclude: vec!["e".into()],
+                ..Selection::default()
+            },
+            &CommitOptions::default(),
+        );
+        if host_edit {
+            let Err(CowError::StaleBase { paths }) = first else {
+                panic!("the host's file in d is not seen: {first:?}")
+            };
+            assert_eq!(paths, vec![PathBuf::from("d"), PathBuf::from("d/host")]);
+            assert!(s.wd.join("d/host").exists() && !s.wd.join("d/one").exists());
+            continue;
+        }
+        first.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(s.wd.join("d/one")).unwrap(),
+            "one\n"
+        );
+        Branch::open(&s.state, br.id())
+            .unwrap()
+            .commit(&CommitOptions::default())
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(s.wd.join("e")).unwrap(), "E\n");
+        assert!(!s.wd.join("d/old").exists() && !s.wd.join("d/sub").exists());
+    }
+}

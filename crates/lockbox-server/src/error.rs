@@ -78,6 +78,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::Conflict
         | C::StaleBase
         | C::BranchCommitting
+        | C::PartCommitFinished
         | C::WorkdirBusy
         | C::WorkdirLock
         | C::WorkdirMismatch

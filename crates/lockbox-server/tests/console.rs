@@ -320,12 +320,19 @@ async fn console_files_carry_csp_and_security_headers() {
         assert!(String::from_utf8_lossy(&reply.body).contains("id=\"token\""));
     }
     // The page names its assets at a versioned address, where they are immutable.
-    let page = c.send(request("GET", "/ui").body(Body::empty()).unwrap()).await;
+    let page = c
+        .send(request("GET", "/ui").body(Body::empty()).unwrap())
+        .await;
     let page = String::from_utf8_lossy(&page.body).into_owned();
     let start = page.find("src=\"/ui/v/").unwrap() + "src=\"".len();
     let app = &page[start..start + page[start..].find('"').unwrap()];
-    assert!(app.ends_with("/js/app.js") && !page.contains("/ui/@/"), "{page}");
-    let versioned = c.send(request("GET", app).body(Body::empty()).unwrap()).await;
+    assert!(
+        app.ends_with("/js/app.js") && !page.contains("/ui/@/"),
+        "{page}"
+    );
+    let versioned = c
+        .send(request("GET", app).body(Body::empty()).unwrap())
+        .await;
     assert_eq!(versioned.status, StatusCode::OK);
     assert_eq!(
         versioned.headers["cache-control"],

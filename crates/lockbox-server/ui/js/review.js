@@ -483,8 +483,22 @@ export async function review(container, source) {
         select(0, 0);
       }
     } catch (err) {
-      if (err.status === 409) {
+      if (err.code === "CONFLICT") {
         fill(status, conflictBox(err));
+      } else if (err.code === "PART_COMMIT_FINISHED") {
+        // An earlier partial commit, cut short (a crash), was finished instead: the diff
+        // changed under the decisions on this page, so show it again.
+        try {
+          setFiles(await source.load());
+        } catch (again) {
+          fill(status, errorBox(again));
+          return;
+        }
+        fill(status, errorBox({ title: "An interrupted commit was finished first", message: `${err.message}. The changes below are what is left; decide again.` }));
+        if (state.files.length) {
+          state.current = -1;
+          select(0, 0);
+        }
       } else {
         fill(status, errorBox(err));
       }
