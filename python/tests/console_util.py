@@ -70,14 +70,19 @@ class Server:
             self.proc.wait()
 
 
-def start_server(*extra: str, state_dir: str | None = None) -> Server:
+def start_server(*extra: str, state_dir: str | None = None, uid: int | None = None) -> Server:
     """Starts `lockbox serve` on 127.0.0.1 (a free port) with a fresh state directory (or
-    `state_dir`); `extra` are more flags (e.g. `--journal`, URL)."""
+    `state_dir`); `extra` are more flags (e.g. `--journal`, URL). With `uid` (the caller being
+    root) the server runs as that user and group, owning the fresh state directory."""
     binary = server_binary()
     state = state_dir or tempfile.mkdtemp(prefix="lockbox-console-")
+    as_user = {}
+    if uid is not None:
+        os.chown(state, uid, uid)
+        as_user = {"user": uid, "group": uid, "extra_groups": []}
     proc = subprocess.Popen(
         [binary, "serve", "--listen", "127.0.0.1:0", "--state-dir", state, "--print-token", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, **as_user)
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout=30)

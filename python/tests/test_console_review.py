@@ -2,14 +2,18 @@
 a branch kept by a real `lockbox run --workdir DIR --on-exit keep` is reviewed hunk by hunk
 and committed, and the workdir on disk is the expected result; a name with control
 characters is shown escaped; a stale base is reported in words and can be forced; a
-session's terminal echoes a typed command; a 1,000-file change set loads in under 300 ms.
+session's terminal echoes a typed command; a 1,000-file change set shows every file (its
+load time is bench/console/bench.py's).
 
 With LOCKBOX_CONSOLE_SHOTS=DIR the tests save screenshots of the pages they visit there
 (docs/console/*.png are made so)."""
 
 import os
+import pathlib
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -41,13 +45,14 @@ def shot(driver, name, size=None, scroll_to=None):
         driver.set_window_size(*console_util.WINDOW)
 
 
-def run_kept(server, workdir, script):
+def run_kept(server, workdir, script, uid=None):
     """`lockbox run --workdir DIR --on-exit keep -- sh -c SCRIPT` with the server's state
-    directory; the id of the branch it kept."""
+    directory (as user `uid` if given); the id of the branch it kept."""
     env = dict(os.environ, LOCKBOX_STATE_DIR=server.state_dir)
+    as_user = {} if uid is None else {"user": uid, "group": uid, "extra_groups": [], "cwd": "/"}
     done = subprocess.run(
         [console_util.server_binary(), "run", "--workdir", str(workdir), "--on-exit", "keep", "--", "sh", "-c", script],
-        env=env, capture_output=True, text=True, timeout=120)
+        env=env, capture_output=True, text=True, timeout=120, **as_user)
     assert done.returncode == 0, done.stderr
     status, body, _ = server.api("GET", "/v1/branches")
     assert status == 200
@@ -218,7 +223,8 @@ def test_a_sessions_terminal_echoes_a_typed_command(console_server, ui):
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
 
 
-def test_a_thousand_file_change_set_loads_in_under_300_ms(console_server, ui, tmp_path):
+def test_a_thousand_file_change_set_shows_every_file_and_opens_the_first(console_server, ui, tmp_path):
+    # Its load time is measured by bench/console/bench.py (docs/benchmarks.md), not here.
     work = tmp_path / "many"
     work.mkdir()
     for d in range(10):
@@ -227,35 +233,10 @@ def test_a_thousand_file_change_set_loads_in_under_300_ms(console_server, ui, tm
             (work / f"dir{d}" / f"file{i:03}.txt").write_text(f"{d} {i}\n")
     settle()
     branch = run_kept(console_server, work, "for f in dir*/*.txt; do echo changed >> \"$f\"; done")
-    times = []
-    for _ in range(5):
-        ui.get("about:blank")  # a fresh document each time: a full page load, not a hash change
-        open_branch(ui, console_server.base, branch, 1000)
-        # From the start of navigation (HTML, scripts, session check, the branch's change
-        # list, the tree's DOM) until the tree is in the document; then to the next paint.
-        ms = wait_for(lambda: ui.execute_script("""
-            const at = (n) => { const m = performance.getEntriesByName(n); return m.length ? m[0].startTime : null; };
-            const painted = at('review-tree-painted');
-            if (painted === null) return null;
-            const nav = performance.getEntriesByType('navigation')[0];
-            const api = performance.getEntriesByType('resource').filter(r => /\\/v1\\/branches\\/[^/]+$/.test(r.name))[0];
-            const complete = at('review-tree-complete');
-            if (complete === null) return null;
-            return {rendered: at('review-tree-rendered'), painted, complete, dom_loaded: nav.domContentLoadedEventEnd,
-                    list_asked: api && api.startTime, list_received: api && api.responseEnd};
-        """), what="the painted mark")
-        times.append(ms)
-    for t in times:
-        print("1000-file review page, ms from navigation start:", {k: round(v) for k, v in t.items()})
-    # The console's own work: from the change list's arrival to the tree on screen.
-    own = sorted(t["painted"] - t["list_received"] for t in times)[len(times) // 2]
-    # The whole page load: navigation start (HTML, scripts, the change list from the server)
-    # to the tree on screen.
-    whole = sorted(t["painted"] for t in times)[len(times) // 2]
-    print(f"median: console {own:.0f} ms, whole page {whole:.0f} ms")
-    assert own < 300, times
-    assert whole < float(os.environ.get("LOCKBOX_CONSOLE_LOAD_MS", "1000")), times
+    open_branch(ui, console_server.base, branch, 1000)
+    assert len(by_css(ui, "#file-tree .dir")) >= 10
     wait_for(lambda: by_css(ui, "#diff .hunk"), what="the first file's diff")
+    assert "changed" in ui.find_element("id", "diff").text
 
 
 def test_the_login_page_explains_a_wrong_token_and_the_right_one_opens_the_console(console_server, browser):
@@ -406,3 +387,49 @@ def test_a_sandbox_shows_its_policy_and_what_it_uses_now(console_server, ui, tmp
         wait_for(lambda: live() >= before + 3, timeout=10, what="three more processes on the page")
     finally:
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+
+
+def test_review_and_terminal_work_with_the_server_run_as_uid_65534(browser):
+    need(os.geteuid() == 0, "root (the server is started as uid 65534)")
+    server = console_util.start_server(uid=65534)
+    # Not under pytest's tmp_path: its parents are root's alone.
+    root = pathlib.Path(tempfile.mkdtemp(prefix="lockbox-console-nobody-"))
+    try:
+        work = root / "work"
+        work.mkdir()
+        (work / "f.txt").write_text(OLD)
+        for p in [root, work, work / "f.txt"]:
+            os.chown(p, 65534, 65534)
+        with open(f"/proc/{server.proc.pid}/status") as f:
+            assert "\nUid:\t65534\t65534\t65534\t65534\n" in f.read()
+        settle()
+        branch = run_kept(server, work, "sed -i 's/^line 2$/LINE TWO/; s/^line 19$/LINE NINETEEN/' f.txt", uid=65534)
+        browser.get(server.base + "/ui")
+        browser.delete_all_cookies()
+        login(browser, server.base, server.token)
+        open_branch(browser, server.base, branch, 1)
+        wait_for(lambda: len(by_css(browser, "#diff .hunk")) == 2, what="f.txt's two hunks")
+        keys(browser, "j")
+        wait_for(lambda: current_hunk(browser) == 1, what="hunk 1 current")
+        keys(browser, "r")  # the second hunk rejected
+        browser.find_element("id", "commit").click()
+        wait_for(lambda: by_css(browser, "#commit-result"), what="the commit's result")
+        assert (work / "f.txt").read_text() == OLD.replace("line 2\n", "LINE TWO\n")
+        assert os.stat(work / "f.txt").st_uid == 65534
+
+        status, sb, _ = server.api("POST", "/v1/sandboxes", {})
+        assert status in (200, 201), sb
+        status, proc, _ = server.api(
+            "POST", f"/v1/sandboxes/{sb['id']}/processes", {"argv": ["bash", "-i"], "pty": {"cols": 100, "rows": 30}})
+        assert status in (200, 201), proc
+        browser.get(f"{server.base}/ui/#/sandboxes/{sb['id']}/terminal/{proc['id']}")
+        wait_for(lambda: browser.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
+                 what="the terminal connected")
+        term = browser.find_element("id", "terminal")
+        term.click()
+        term.send_keys("echo I am $(id -u)\n")
+        wait_for(lambda: "I am " in term.text.replace("echo I am $(id -u)", ""), timeout=15, what="the echo")
+        server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+    finally:
+        console_util.stop_server(server)
+        shutil.rmtree(root, ignore_errors=True)
