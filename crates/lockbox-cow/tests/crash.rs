@@ -56,6 +56,26 @@ fn part() -> Selection {
     }
 }
 
+/// Runs the helper test `helper` on `branch` (named to it in `env`) in a child process and
+/// SIGKILLs it after `delay_ms`; whether it had finished by then.
+fn commit_until_killed(
+    helper: &str,
+    env: &str,
+    s: &Scratch,
+    branch: &Branch,
+    delay_ms: u64,
+) -> bool {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", helper, "--test-threads", "1"])
+        .env(env, format!("{}\n{}", s.state.display(), branch.id()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    let _ = child.kill(); // SIGKILL
+    child.wait().unwrap().success()
+}
+
 const FILES: usize = 100;
 
 fn setup() -> String {
@@ -87,20 +107,8 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
         let old = snapshot(&s.wd);
         let expected = snapshot(&expected_dir);
 
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "helper_commit_until_killed",
-                "--test-threads",
-                "1",
-            ])
-            .env(ENV, format!("{}\n{}", s.state.display(), branch.id()))
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        let _ = child.kill(); // SIGKILL
-        let finished = child.wait().unwrap().success();
+        let finished =
+            commit_until_killed("helper_commit_until_killed", ENV, &s, &branch, delay_ms);
         let staged = std::fs::read_dir(&s.wd).unwrap().any(|e| {
             e.unwrap()
                 .file_name()
@@ -204,20 +212,13 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
             &format!("{}; {long_edit}", script())
         ));
         let old = snapshot(&s.wd);
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "helper_commit_part_until_killed",
-                "--test-threads",
-                "1",
-            ])
-            .env(PART_ENV, format!("{}\n{}", s.state.display(), branch.id()))
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        let _ = child.kill(); // SIGKILL
-        let finished = child.wait().unwrap().success();
+        let finished = commit_until_killed(
+            "helper_commit_part_until_killed",
+            PART_ENV,
+            &s,
+            &branch,
+            delay_ms,
+        );
         let recorded = branch.dir().join("part-commit.json").exists();
         for (path, node) in snapshot(&s.wd) {
             if path.to_string_lossy().starts_with(".lockbox-commit-") {
