@@ -49,7 +49,11 @@ pub struct McpServer {
 /// What one incoming message is.
 enum Incoming {
     /// A request: it gets one response.
-    Request { id: Value, method: String, params: Value },
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
     /// A notification or a response to us: no reply.
     NoReply,
 }
@@ -133,10 +137,7 @@ fn classify(message: Value) -> Result<Incoming, (Value, String)> {
     };
     let id = map.remove("id");
     if map.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err((
-            id.unwrap_or(Value::Null),
-            "jsonrpc must be \"2.0\"".into(),
-        ));
+        return Err((id.unwrap_or(Value::Null), "jsonrpc must be \"2.0\"".into()));
     }
     let method = match map.remove("method") {
         Some(Value::String(method)) => method,
@@ -176,4 +177,81 @@ fn initialize(params: &Value) -> Value {
 
 fn error_response(id: Value, code: i64, message: &str) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    async fn server() -> (McpServer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::open(lockbox_runtime::RuntimeConfig::new(dir.path()))
+            .await
+            .unwrap();
+        (McpServer::new(runtime, true), dir)
+    }
+
+    async fn ask(server: &McpServer, message: &str) -> Value {
+        server.handle_text(message).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn initialize_agrees_on_a_version_and_offers_tools() {
+        let (server, _dir) = server().await;
+        let r = ask(&server, r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26"}}"#).await;
+        assert_eq!(r["result"]["protocolVersion"], "2025-03-26");
+        assert!(r["result"]["capabilities"]["tools"].is_object());
+        let r = ask(&server, r#"{"jsonrpc":"2.0","id":"x","method":"initialize","params":{"protocolVersion":"1999-01-01"}}"#).await;
+        assert_eq!(r["id"], "x");
+        assert_eq!(r["result"]["protocolVersion"], PROTOCOL_VERSIONS[0]);
+        let r = ask(&server, r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#).await;
+        let names: Vec<&str> = r["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, tool_names());
+    }
+
+    #[tokio::test]
+    async fn protocol_errors_and_tool_errors_are_told_apart() {
+        let (server, _dir) = server().await;
+        assert!(server
+            .handle_text(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+            .await
+            .is_none());
+        let r = ask(&server, "{not json").await;
+        assert_eq!(r["error"]["code"], PARSE_ERROR);
+        let r = ask(&server, r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#).await;
+        assert_eq!(r["error"]["code"], INVALID_REQUEST);
+        let r = ask(
+            &server,
+            r#"{"jsonrpc":"2.0","id":1,"method":"server/discover"}"#,
+        )
+        .await;
+        assert_eq!(r["error"]["code"], METHOD_NOT_FOUND);
+        let r = ask(
+            &server,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm_rf"}}"#,
+        )
+        .await;
+        assert_eq!(r["error"]["code"], INVALID_PARAMS);
+        // A call that reaches the runtime and fails: a tool result with isError and the code.
+        let r = ask(&server, r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"changes","arguments":{"sandbox_id":"sb-none"}}}"#).await;
+        assert_eq!(r["result"]["isError"], true);
+        assert_eq!(
+            r["result"]["structuredContent"]["code"],
+            "SANDBOX_NOT_FOUND"
+        );
+        let text = r["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.starts_with("SANDBOX_NOT_FOUND: "), "{text}");
+        // Bad arguments: a tool error too, naming the field.
+        let r = ask(&server, r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec","arguments":{"sandbox_id":"a"}}}"#).await;
+        assert_eq!(
+            r["result"]["structuredContent"]["details"]["field"],
+            "command"
+        );
+    }
 }

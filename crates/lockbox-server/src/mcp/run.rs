@@ -33,7 +33,10 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             let result = tokio::spawn(async move { sandbox.exec(request).await })
                 .await
                 .map_err(|e| {
-                    ApiError::new(lockbox_policy::ErrorCode::Internal, format!("exec task: {e}"))
+                    ApiError::new(
+                        lockbox_policy::ErrorCode::Internal,
+                        format!("exec task: {e}"),
+                    )
                 })??;
             exec_result(&result, max_output)
         }
@@ -160,7 +163,9 @@ fn exec_result(r: &ExecResult, max: usize) -> Value {
         text.push_str(&format!("\n--- {name} ---\n{body}"));
         if cut {
             let kept = total.min(max);
-            text.push_str(&format!("\n[{name} truncated: its first {kept} bytes shown]"));
+            text.push_str(&format!(
+                "\n[{name} truncated: its first {kept} bytes shown]"
+            ));
         }
     }
     result(
@@ -205,7 +210,8 @@ fn file_result(path: &str, size: u64, offset: u64, data: &[u8]) -> Value {
 
 /// A unified diff of the hunks (`@@ ... @@ hunk N`), or the summary of both sides.
 fn diff_result(reply: &FileDiffReply) -> Value {
-    let structured = serde_json::to_value(reply).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+    let structured =
+        serde_json::to_value(reply).unwrap_or_else(|e| json!({ "error": e.to_string() }));
     let path = reply.path.display();
     let text = match structured["hunks"].as_array() {
         Some(hunks) => {

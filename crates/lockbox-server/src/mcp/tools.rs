@@ -121,55 +121,99 @@ type Schema = fn() -> Value;
 
 /// Name, description, input schema.
 const TOOLS: &[(&str, &str, Schema)] = &[
-    ("create_sandbox", "Create a confined Linux sandbox and return its info (id, state, policy). \
+    (
+        "create_sandbox",
+        "Create a confined Linux sandbox and return its info (id, state, policy). \
         Without workdir it sees the host's /usr, /bin, /lib, /etc read-only and a private /tmp; \
         with workdir, that host directory is mounted at the same path through a copy-on-write \
         branch: writes stay in the branch until `commit`. Network is loopback-only unless \
         net is \"host\". Errors: INVALID_REQUEST (a field, named in details.field), \
         NOT_A_DIRECTORY / FILE_NOT_FOUND (workdir), LIMIT_REACHED (too many sandboxes), \
-        SETUP_FAILED / FEATURE_MISSING (this host cannot build the sandbox).", create_schema),
-    ("list_sandboxes", "List the sandboxes of this server (running, stopped and lost) with \
-        their id, state, workdir and labels.", list_sandboxes_schema),
-    ("delete_sandbox", "Stop a sandbox's processes and delete it; its branch is kept, \
+        SETUP_FAILED / FEATURE_MISSING (this host cannot build the sandbox).",
+        create_schema,
+    ),
+    (
+        "list_sandboxes",
+        "List the sandboxes of this server (running, stopped and lost) with \
+        their id, state, workdir and labels.",
+        list_sandboxes_schema,
+    ),
+    (
+        "delete_sandbox",
+        "Stop a sandbox's processes and delete it; its branch is kept, \
         committed or discarded as its on_exit says (keep by default: uncommitted changes \
-        are not lost). Errors: SANDBOX_NOT_FOUND.", id_only_schema),
-    ("exec", "Run a bash command line in a session of the sandbox (a persistent shell: cd \
+        are not lost). Errors: SANDBOX_NOT_FOUND.",
+        id_only_schema,
+    ),
+    (
+        "exec",
+        "Run a bash command line in a session of the sandbox (a persistent shell: cd \
         and exported variables carry over to the next exec in the same session) and wait \
         for it. Result: exit code, stdout, stderr (each cut to max_output_bytes, saying so), \
         duration. A command still running after timeout_ms (default 120000) is killed with \
         its process tree and reports exit code 124 and timed_out. Output is shown as UTF-8 \
         (invalid bytes replaced). Errors: SANDBOX_NOT_FOUND, SANDBOX_NOT_RUNNING, \
-        SESSION_NOT_FOUND, INVALID_REQUEST.", exec_schema),
-    ("read_file", "Read a file inside the sandbox (as the sandbox sees it: a workdir path \
+        SESSION_NOT_FOUND, INVALID_REQUEST.",
+        exec_schema,
+    ),
+    (
+        "read_file",
+        "Read a file inside the sandbox (as the sandbox sees it: a workdir path \
         shows the branch's version). Returns up to `length` bytes (default 262144, at most \
         4194304) from `offset`, as text when UTF-8 else base64, and whether more follows. \
         Errors: FILE_NOT_FOUND, IS_A_DIRECTORY, PERMISSION_DENIED, PATH_OUTSIDE_SANDBOX, \
-        INVALID_REQUEST (offset past the end).", read_schema),
-    ("write_file", "Write a whole file inside the sandbox atomically (a temporary file \
+        INVALID_REQUEST (offset past the end).",
+        read_schema,
+    ),
+    (
+        "write_file",
+        "Write a whole file inside the sandbox atomically (a temporary file \
         renamed over it), creating missing parent directories. In a workdir the write goes \
         to the branch; `commit` applies it to the host. Give exactly one of content (text) \
         and content_b64. Errors: PERMISSION_DENIED / READ_ONLY (the path is not writable in \
-        the sandbox), PATH_OUTSIDE_SANDBOX, NOT_A_DIRECTORY, INVALID_REQUEST.", write_schema),
-    ("list_files", "List a directory inside the sandbox, sorted by name (depth first when \
+        the sandbox), PATH_OUTSIDE_SANDBOX, NOT_A_DIRECTORY, INVALID_REQUEST.",
+        write_schema,
+    ),
+    (
+        "list_files",
+        "List a directory inside the sandbox, sorted by name (depth first when \
         recursive; symlinks are not followed). At most `limit` entries (default 1000, at \
         most 100000); `truncated` says when there were more. Errors: FILE_NOT_FOUND, \
-        NOT_A_DIRECTORY, PERMISSION_DENIED.", list_files_schema),
-    ("changes", "What the sandbox changed in its workdir so far (its branch against the \
+        NOT_A_DIRECTORY, PERMISSION_DENIED.",
+        list_files_schema,
+    ),
+    (
+        "changes",
+        "What the sandbox changed in its workdir so far (its branch against the \
         host directory): each path with added / modified / deleted, type, size, mode. \
-        Errors: NO_WORKDIR (the sandbox has none), SANDBOX_NOT_FOUND.", id_only_schema),
-    ("diff", "One changed path's diff against the host workdir, as a unified diff with \
+        Errors: NO_WORKDIR (the sandbox has none), SANDBOX_NOT_FOUND.",
+        id_only_schema,
+    ),
+    (
+        "diff",
+        "One changed path's diff against the host workdir, as a unified diff with \
         numbered hunks (the numbers `commit`'s hunks take), or a summary of both sides for \
         binary files, directories and symlinks. Errors: NO_WORKDIR, NOT_CHANGED (the path \
-        has no change), INVALID_REQUEST.", diff_schema),
-    ("commit", "Apply the sandbox's changes to the host workdir, durably and all at once; \
+        has no change), INVALID_REQUEST.",
+        diff_schema,
+    ),
+    (
+        "commit",
+        "Apply the sandbox's changes to the host workdir, durably and all at once; \
         the sandbox keeps running on what it committed. Without arguments everything is \
         committed; only / exclude select paths (a directory covers its subtree), hunks \
         commits some hunks of a file. Errors: STALE_BASE (the host changed those paths since \
         the sandbox read them: re-run on the new state, or force), NO_WORKDIR, BAD_HUNK, \
-        SPECIAL_FILES.", commit_schema),
-    ("abort", "Discard every uncommitted change of the sandbox's workdir branch: its \
+        SPECIAL_FILES.",
+        commit_schema,
+    ),
+    (
+        "abort",
+        "Discard every uncommitted change of the sandbox's workdir branch: its \
         processes and sessions are stopped and it restarts on a fresh branch (same id and \
-        policy). Errors: NO_WORKDIR, SANDBOX_NOT_FOUND.", id_only_schema),
+        policy). Errors: NO_WORKDIR, SANDBOX_NOT_FOUND.",
+        id_only_schema,
+    ),
 ];
 
 /// The `tools/list` entries.
@@ -390,15 +434,9 @@ impl ToolCall {
             "list_sandboxes" => ToolCall::ListSandboxes {
                 state: from_args::<wire::ListSandboxes>(args)?.state,
             },
-            "delete_sandbox" => ToolCall::DeleteSandbox {
-                id: take_id(&mut args)?,
-            },
-            "changes" => ToolCall::Changes {
-                id: take_id(&mut args)?,
-            },
-            "abort" => ToolCall::Abort {
-                id: take_id(&mut args)?,
-            },
+            "delete_sandbox" => ToolCall::DeleteSandbox { id: only_id(args)? },
+            "changes" => ToolCall::Changes { id: only_id(args)? },
+            "abort" => ToolCall::Abort { id: only_id(args)? },
             "exec" => exec(args)?,
             "read_file" => {
                 let id = take_id(&mut args)?;
@@ -439,7 +477,10 @@ impl ToolCall {
             "diff" => {
                 let id = take_id(&mut args)?;
                 let q: DiffQuery = from_args(args)?;
-                ToolCall::Diff { id, path: q.path()? }
+                ToolCall::Diff {
+                    id,
+                    path: q.path()?,
+                }
             }
             "commit" => {
                 let id = take_id(&mut args)?;
@@ -510,6 +551,18 @@ fn write(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
     })
 }
 
+/// `sandbox_id` as the only argument.
+fn only_id(mut args: Map<String, Value>) -> Result<String, ApiError> {
+    let id = take_id(&mut args)?;
+    match args.keys().next() {
+        Some(extra) => Err(ApiError::invalid(
+            extra,
+            format!("invalid arguments: unknown field `{extra}`, expected only `sandbox_id`"),
+        )),
+        None => Ok(id),
+    }
+}
+
 /// Removes and checks `sandbox_id`.
 fn take_id(args: &mut Map<String, Value>) -> Result<String, ApiError> {
     match args.remove("sandbox_id") {
@@ -546,7 +599,12 @@ mod tests {
 
     fn field_of_error(name: &str, args: Value) -> (String, String) {
         let e = ToolCall::parse(name, args).unwrap_err();
-        assert_eq!(e.code, lockbox_policy::ErrorCode::InvalidRequest, "{}", e.message);
+        assert_eq!(
+            e.code,
+            lockbox_policy::ErrorCode::InvalidRequest,
+            "{}",
+            e.message
+        );
         (e.details["field"].as_str().unwrap().to_owned(), e.message)
     }
 
@@ -556,9 +614,16 @@ mod tests {
         // offers must never be refused as unknown, and an unknown one must be.
         for (name, _, schema) in TOOLS {
             let schema = schema();
-            let props = schema["properties"].as_object().unwrap();
-            for prop in props.keys() {
-                let mut args = json!({ "sandbox_id": "sb", "command": "true", "path": "p" });
+            let required = || {
+                let mut args = json!({});
+                for field in schema["required"].as_array().unwrap() {
+                    let field = field.as_str().unwrap();
+                    args[field] = json!(if field == "command" { "true" } else { "sb" });
+                }
+                args
+            };
+            for prop in schema["properties"].as_object().unwrap().keys() {
+                let mut args = required();
                 args[prop] = json!(null);
                 if let Err(e) = ToolCall::parse(name, args) {
                     assert!(
@@ -568,28 +633,37 @@ mod tests {
                     );
                 }
             }
-            let mut args = json!({ "sandbox_id": "sb", "command": "true", "path": "p" });
+            let mut args = required();
             args["no_such_argument"] = json!(1);
-            let (field, _) = field_of_error(name, args);
-            // A tool without sandbox_id/command/path refuses those first: that is fine too.
-            assert!(
-                ["no_such_argument", "sandbox_id", "command", "path"].contains(&field.as_str()),
-                "{name}: {field}"
-            );
+            assert_eq!(field_of_error(name, args).0, "no_such_argument", "{name}");
             assert_eq!(schema["additionalProperties"], json!(false), "{name}");
         }
     }
 
     #[test]
     fn bad_arguments_name_their_field() {
-        assert_eq!(field_of_error("exec", json!({ "command": "ls" })).0, "sandbox_id");
-        assert_eq!(field_of_error("exec", json!({ "sandbox_id": "a" })).0, "command");
         assert_eq!(
-            field_of_error("exec", json!({ "sandbox_id": "a", "command": "x", "timeout_ms": 0 })).0,
+            field_of_error("exec", json!({ "command": "ls" })).0,
+            "sandbox_id"
+        );
+        assert_eq!(
+            field_of_error("exec", json!({ "sandbox_id": "a" })).0,
+            "command"
+        );
+        assert_eq!(
+            field_of_error(
+                "exec",
+                json!({ "sandbox_id": "a", "command": "x", "timeout_ms": 0 })
+            )
+            .0,
             "timeout_ms"
         );
         assert_eq!(
-            field_of_error("exec", json!({ "sandbox_id": "a", "command": "x", "max_output_bytes": -1 })).0,
+            field_of_error(
+                "exec",
+                json!({ "sandbox_id": "a", "command": "x", "max_output_bytes": -1 })
+            )
+            .0,
             "max_output_bytes"
         );
         assert_eq!(
@@ -605,11 +679,19 @@ mod tests {
             "content"
         );
         assert_eq!(
-            field_of_error("write_file", json!({ "sandbox_id": "a", "path": "f", "content": "", "mode": "999" })).0,
+            field_of_error(
+                "write_file",
+                json!({ "sandbox_id": "a", "path": "f", "content": "", "mode": "999" })
+            )
+            .0,
             "mode"
         );
         assert_eq!(
-            field_of_error("read_file", json!({ "sandbox_id": "a", "path": "f", "length": MAX_READ + 1 })).0,
+            field_of_error(
+                "read_file",
+                json!({ "sandbox_id": "a", "path": "f", "length": MAX_READ + 1 })
+            )
+            .0,
             "length"
         );
         assert_eq!(
@@ -620,17 +702,29 @@ mod tests {
             field_of_error("commit", json!({ "sandbox_id": "a", "only": "not-a-list" })).0,
             "only"
         );
-        assert_eq!(field_of_error("diff", json!({ "sandbox_id": "a" })).0, "path");
+        assert_eq!(
+            field_of_error("diff", json!({ "sandbox_id": "a" })).0,
+            "path"
+        );
         assert_eq!(field_of_error("abort", json!([1])).0, "");
     }
 
     #[test]
     fn exec_defaults_to_a_two_minute_timeout_and_64k_of_output() {
-        let call = ToolCall::parse("exec", json!({ "sandbox_id": "a", "command": "make" })).unwrap();
-        let ToolCall::Exec { request, max_output, .. } = call else {
+        let call =
+            ToolCall::parse("exec", json!({ "sandbox_id": "a", "command": "make" })).unwrap();
+        let ToolCall::Exec {
+            request,
+            max_output,
+            ..
+        } = call
+        else {
             panic!("not an exec: {call:?}");
         };
-        assert_eq!(request.timeout, Some(std::time::Duration::from_millis(DEFAULT_EXEC_TIMEOUT_MS)));
+        assert_eq!(
+            request.timeout,
+            Some(std::time::Duration::from_millis(DEFAULT_EXEC_TIMEOUT_MS))
+        );
         assert_eq!(max_output, DEFAULT_MAX_OUTPUT);
     }
 
