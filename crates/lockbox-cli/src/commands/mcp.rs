@@ -12,6 +12,10 @@ use lockbox_server::mcp::{serve_stdio, McpServer};
 use std::time::Duration;
 
 const ABOUT: &str = "\
+Examples:
+  lockbox mcp                                       tools on stdin/stdout, default state dir
+  lockbox mcp --state-dir ~/.local/state/lockbox-mcp --idle-timeout 30m
+
 Speaks MCP (JSON-RPC 2.0, one message per line) on stdin/stdout; stderr is for messages.
 Tools: create_sandbox, list_sandboxes, delete_sandbox, exec, read_file, write_file,
 list_files, changes, diff, commit, abort (each one's schema states its limits and errors).
@@ -33,12 +37,20 @@ pub struct McpArgs {
     #[command(flatten)]
     pub state: crate::cli::StateArgs,
     /// Running sandboxes at most; creating more is the tool error LIMIT_REACHED.
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = parse_positive)]
     pub max_sandboxes: usize,
     /// Delete a sandbox after this long without a tool call on it (a sandbox's own
     /// idle_timeout_ms overrides it) [default: never].
     #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
     pub idle_timeout: Option<Duration>,
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -56,9 +68,6 @@ pub fn run(args: &McpArgs) -> Result<ExitCode, CliError> {
 }
 
 fn serve(args: &McpArgs) -> anyhow::Result<()> {
-    if args.max_sandboxes == 0 {
-        anyhow::bail!("--max-sandboxes must be at least 1");
-    }
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
