@@ -36,6 +36,8 @@ TOOLS = {"create_sandbox", "list_sandboxes", "delete_sandbox", "exec", "read_fil
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
+# A 1x1 PNG.
+PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 TEST = "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"
 
 
@@ -96,6 +98,14 @@ async def edit_test_commit(session, workdir: str) -> dict:
     assert structured(passing)["exit_code"] == 0, text(passing)
     assert structured(passing)["stdout"] == "ok\n"
     assert text(passing).startswith("exit_code: 0")
+
+    # A plot the tests wrote comes back as an image a client can show.
+    await call(session, "write_file", sandbox_id=sid, path="/tmp/plot.png", content_b64=PNG_B64)
+    image = await call(session, "read_file", sandbox_id=sid, path="/tmp/plot.png")
+    kinds = [(block.type, getattr(block, "mime_type", None) or getattr(block, "mimeType", None))
+             for block in image.content]
+    assert ("image", "image/png") in kinds, kinds
+    assert image.content[0].data == PNG_B64
 
     listing = structured(await call(session, "list_files", sandbox_id=sid, path=workdir))
     assert {"calc.py", "test_calc.py"} <= {os.path.basename(e["path"]) for e in listing["entries"]}

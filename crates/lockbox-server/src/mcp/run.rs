@@ -183,9 +183,39 @@ fn exec_result(r: &ExecResult, max: usize) -> Value {
     )
 }
 
+/// The media type of a whole image file, by its magic bytes (what a client can show).
+fn image_type(data: &[u8]) -> Option<&'static str> {
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if data.starts_with(b"\xff\xd8\xff") {
+        Some("image/jpeg")
+    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if data.len() >= 12 && data.starts_with(b"RIFF") && &data[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
 fn file_result(path: &str, size: u64, offset: u64, data: &[u8]) -> Value {
     let end = offset + data.len() as u64;
     let truncated = end < size;
+    if let Some(mime) = image_type(data).filter(|_| offset == 0 && !truncated) {
+        // A whole image: as MCP image content, which a client can show or a model can see.
+        let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+        return json!({
+            "content": [
+                { "type": "image", "data": b64, "mimeType": mime },
+                { "type": "text", "text": format!("[{path}: {size} bytes, {mime}]") },
+            ],
+            "structuredContent": {
+                "path": path, "size": size, "offset": 0, "length": data.len(),
+                "truncated": false, "mime_type": mime, "content_b64": b64,
+            },
+            "isError": false,
+        });
+    }
     let mut structured = json!({
         "path": path, "size": size, "offset": offset, "length": data.len(), "truncated": truncated,
     });

@@ -160,7 +160,8 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         "read_file",
         "Read a file inside the sandbox (as the sandbox sees it: a workdir path \
         shows the branch's version). Returns up to `length` bytes (default 262144, at most \
-        4194304) from `offset`, as text when UTF-8 else base64, and whether more follows. \
+        4194304) from `offset`, as text when UTF-8 else base64, and whether more follows; \
+        a whole PNG, JPEG, GIF or WebP file comes back as image content. \
         Errors: FILE_NOT_FOUND, IS_A_DIRECTORY, PERMISSION_DENIED, PATH_OUTSIDE_SANDBOX, \
         INVALID_REQUEST (offset past the end).",
         read_schema,
