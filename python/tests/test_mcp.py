@@ -61,9 +61,9 @@ def text(result) -> str:
     return "".join(getattr(block, "text", "") for block in result.content)
 
 
-async def call(session, tool: str, **args):
-    """A tool call that must succeed; its structured result."""
-    result = await session.call_tool(tool, args)
+async def call(client, tool: str, **args):
+    """A tool call that must succeed; its result."""
+    result = await client.call_tool(tool, args)
     assert not is_error(result), f"{tool}: {text(result)}"
     return result
 
@@ -106,6 +106,11 @@ async def edit_test_commit(session, workdir: str) -> dict:
              for block in image.content]
     assert ("image", "image/png") in kinds, kinds
     assert image.content[0].data == PNG_B64
+
+    # A named session is a shell of its own, made on first use: cd and exports persist.
+    await call(session, "exec", sandbox_id=sid, session="build", command="cd /tmp && export STEP=2")
+    shell = await call(session, "exec", sandbox_id=sid, session="build", command='echo "$PWD $STEP"')
+    assert structured(shell)["stdout"] == "/tmp 2\n", text(shell)
 
     listing = structured(await call(session, "list_files", sandbox_id=sid, path=workdir))
     assert {"calc.py", "test_calc.py"} <= {os.path.basename(e["path"]) for e in listing["entries"]}

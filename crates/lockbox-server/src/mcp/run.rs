@@ -8,7 +8,11 @@ use crate::error::ApiError;
 use crate::wire::{ChangeList, FileInfo};
 use base64::Engine;
 use futures_util::StreamExt;
-use lockbox_runtime::{ByteRange, ExecResult, FileDiffReply, Runtime, WriteOptions};
+use lockbox_policy::ErrorCode;
+use lockbox_runtime::{
+    ByteRange, ExecRequest, ExecResult, FileDiffReply, Runtime, RuntimeError, Sandbox,
+    SessionOptions, WriteOptions,
+};
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 
@@ -30,7 +34,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             let sandbox = runtime.sandbox(&id).await?;
             // Its own task, as the HTTP route does: a cancelled call must not leave the
             // session half-way through its protocol.
-            let result = tokio::spawn(async move { sandbox.exec(request).await })
+            let result = tokio::spawn(async move { exec(&sandbox, request).await })
                 .await
                 .map_err(|e| {
                     ApiError::new(
@@ -115,6 +119,29 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             json_result(&json!({ "aborted": true }))
         }
     })
+}
+
+/// Runs the command; a named session that does not exist yet is created first (an agent
+/// names its shells as it goes; `/v1` creates them with their own route).
+async fn exec(sandbox: &Sandbox, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
+    let Some(name) = request.session.clone() else {
+        return sandbox.exec(request).await;
+    };
+    match sandbox.exec(request.clone()).await {
+        Err(e) if e.code() == ErrorCode::SessionNotFound => {
+            let options = SessionOptions {
+                id: Some(name),
+                ..SessionOptions::default()
+            };
+            match sandbox.create_session(options).await {
+                // Another call made it in between: as good.
+                Err(e) if e.code() != ErrorCode::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            sandbox.exec(request).await
+        }
+        other => other,
+    }
 }
 
 /// A result whose text is its JSON.

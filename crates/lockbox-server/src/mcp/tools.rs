@@ -148,7 +148,8 @@ const TOOLS: &[(&str, &str, Schema)] = &[
     (
         "exec",
         "Run a bash command line in a session of the sandbox (a persistent shell: cd \
-        and exported variables carry over to the next exec in the same session) and wait \
+        and exported variables carry over to the next exec in the same session; a named \
+        session is created on first use) and wait \
         for it. Result: exit code, stdout, stderr (each cut to max_output_bytes, saying so), \
         duration. A command still running after timeout_ms (default 120000) is killed with \
         its process tree and reports exit code 124 and timed_out. Output is shown as UTF-8 \
@@ -305,7 +306,7 @@ fn exec_schema() -> Value {
         json!({
             "sandbox_id": sandbox_id(),
             "command": { "type": "string", "description": "A bash command line." },
-            "session": { "type": "string", "description": "The session (shell) to run in; the sandbox's default session when absent." },
+            "session": { "type": "string", "description": "The session (shell) to run in, created on first use; the sandbox's default session when absent." },
             "cwd": { "type": "string", "description": "Working directory for this command only." },
             "env": string_map("Variables for this command only."),
             "timeout_ms": ms(&format!("Kill the command after this long (default {DEFAULT_EXEC_TIMEOUT_MS}); exit code 124.")),
