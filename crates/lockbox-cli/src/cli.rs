@@ -181,6 +181,9 @@ Examples:
     /// Serve long-lived sandboxes over HTTP (REST + JSON, SSE, WebSocket), with sessions,
     /// background processes, PTYs, files and workspace branches.
     Serve(crate::commands::serve::ServeArgs),
+    /// Serve sandboxes as MCP tools over stdio, for agents: create, exec, files, changes,
+    /// diff, commit, abort.
+    Mcp(crate::commands::mcp::McpArgs),
     /// Print a shell completion script on stdout.
     #[command(after_help = COMPLETIONS_EXAMPLES)]
     Completions {

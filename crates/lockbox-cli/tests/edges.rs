@@ -476,7 +476,7 @@ fn a_run_given_without_dashes_is_told_about_them() {
 #[test]
 fn every_help_page_has_examples_and_every_positional_is_described() {
     let tmp = scratch();
-    let pages: [&[&str]; 11] = [
+    let pages: [&[&str]; 12] = [
         &[],
         &["run"],
         &["check"],
@@ -486,6 +486,7 @@ fn every_help_page_has_examples_and_every_positional_is_described() {
         &["txn"],
         &["journal"],
         &["serve"],
+        &["mcp"],
         &["completions"],
         &["man"],
     ];

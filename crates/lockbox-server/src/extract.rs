@@ -75,7 +75,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// The field a deserialisation error is about: the path serde_path_to_error tracked, or,
 /// for `missing field` / `unknown field` errors reported on the parent, the parent's path
 /// plus the name in backquotes.
-fn field_of(path: &str, message: &str) -> String {
+pub(crate) fn field_of(path: &str, message: &str) -> String {
     // `?` marks a position serde_path_to_error could not name (a syntax error).
     let known: Vec<&str> = path
         .split('.')

@@ -11,7 +11,9 @@
 //! - the review console: its static files (`ui/`, embedded by `build.rs`) at `/ui`, and its
 //!   login, which exchanges the token for a session cookie the API also accepts, with CSRF
 //!   and origin checks (`sessions`, `auth`, `routes::console`);
-//! - transactions and journal runs for the console to read ([`JournalSource`]).
+//! - transactions and journal runs for the console to read ([`JournalSource`]);
+//! - [`mcp`]: the same sandboxes as MCP tools, at `POST /mcp` (streamable HTTP) and over
+//!   stdio ([`mcp::serve_stdio`], `lockbox mcp`).
 //!
 //! Handlers only translate: a request becomes one call of [`lockbox_runtime`], the result
 //! or [`RuntimeError`](lockbox_runtime::RuntimeError) a response (errors are
@@ -25,6 +27,7 @@ mod auth;
 mod connections;
 mod error;
 mod extract;
+pub mod mcp;
 pub mod openapi;
 mod output;
 mod routes;

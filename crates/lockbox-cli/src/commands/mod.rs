@@ -8,6 +8,7 @@ pub mod branch_prompt;
 pub mod check;
 pub mod help;
 pub mod journal;
+pub mod mcp;
 pub mod run;
 pub mod serve;
 pub mod txn;

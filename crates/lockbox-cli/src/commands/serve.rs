@@ -24,7 +24,8 @@ Examples:
 On start, one JSON line on stdout: {\"listen\": ADDR, \"token_file\": PATH} (plus \"token\"
 with --print-token); the token itself is never printed otherwise. Every route but /healthz
 needs `Authorization: Bearer <token>`. The API is described at /openapi.json and in
-docs/server.md.
+docs/server.md. MCP clients (streamable HTTP) use POST /mcp with the same token: the
+sandboxes as tools, see docs/mcp.md (`lockbox mcp` serves them over stdio).
 
 The review console is at http://ADDR/ui: log in with the token, which is exchanged for an
 HttpOnly, SameSite=Strict session cookie (kept in memory: a restart logs everyone out); with
@@ -319,7 +320,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         outln!("{}", crate::output::json(&line, false));
         eoutln!(
-            "lockbox: serving http://{addr} (token in {}; API at /openapi.json; console at /ui)",
+            "lockbox: serving http://{addr} (token in {}; API at /openapi.json; MCP at /mcp; console at /ui)",
             token_file.display()
         );
         if !addr.ip().is_loopback() {

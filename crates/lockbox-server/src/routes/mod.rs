@@ -70,6 +70,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/transactions/{id}", get(transactions::show))
         .route("/v1/journal/runs", get(journal::runs))
         .route("/v1/journal/runs/{id}", get(journal::run))
+        .route("/mcp", post(crate::mcp::http::post))
         .merge(console())
         .route("/", get(|| async { Redirect::to("/ui") }))
         .fallback(not_found)

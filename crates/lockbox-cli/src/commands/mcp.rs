@@ -1,0 +1,112 @@
+//! `lockbox mcp`: lockbox's sandboxes as MCP tools over stdio, for an agent that starts it
+//! (Claude Desktop, Codex, an MCP SDK). Its own runtime on the state directory, as `lockbox
+//! serve` has; when stdin closes (or on SIGTERM/SIGINT) every sandbox it made is deleted,
+//! each branch's on_exit applied (kept by default).
+
+use crate::error::{CliError, ExitCode};
+use crate::output::eoutln;
+use anyhow::Context;
+use clap::Args;
+use lockbox_runtime::{Runtime, RuntimeConfig};
+use lockbox_server::mcp::{serve_stdio, McpServer};
+use std::time::Duration;
+
+const ABOUT: &str = "\
+Examples:
+  lockbox mcp                                       tools on stdin/stdout, default state dir
+  lockbox mcp --state-dir ~/.local/state/lockbox-mcp --idle-timeout 30m
+
+Speaks MCP (JSON-RPC 2.0, one message per line) on stdin/stdout; stderr is for messages.
+Tools: create_sandbox, list_sandboxes, delete_sandbox, exec, read_file, write_file,
+list_files, changes, diff, commit, abort (each one's schema states its limits and errors).
+
+An MCP client configuration (Claude Desktop's claude_desktop_config.json, and most others):
+  {\"mcpServers\": {\"lockbox\": {\"command\": \"lockbox\", \"args\": [\"mcp\"]}}}
+
+The runtime holds the state directory alone: a `lockbox serve` (or another `lockbox mcp`)
+on the same one makes this fail; give each its own --state-dir, or have the client use the
+server's /mcp route (streamable HTTP, same tools, bearer token). When stdin closes, calls
+in flight finish, then every sandbox is deleted: workdir branches are kept unless a
+sandbox's on_exit says commit or abort (see them with `lockbox branch list`). See
+docs/mcp.md.";
+
+/// Flags of `lockbox mcp`.
+#[derive(Debug, Args)]
+#[command(after_help = ABOUT)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub state: crate::cli::StateArgs,
+    /// Running sandboxes at most; creating more is the tool error LIMIT_REACHED.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = parse_positive)]
+    pub max_sandboxes: usize,
+    /// Delete a sandbox after this long without a tool call on it (a sandbox's own
+    /// idle_timeout_ms overrides it) [default: never].
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    pub idle_timeout: Option<Duration>,
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
+}
+
+fn parse_dur(s: &str) -> Result<Duration, String> {
+    let d = lockbox_policy::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+/// Runs the stdio server until stdin closes; the exit code.
+pub fn run(args: &McpArgs) -> Result<ExitCode, CliError> {
+    serve(args)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(args: &McpArgs) -> anyhow::Result<()> {
+    let state_dir = args.state.resolve()?;
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+    let mut config = RuntimeConfig::new(&state_dir);
+    config.agent_exe = super::serve::AGENT_EXE.get().and_then(|find| find());
+    config.max_sandboxes = args.max_sandboxes;
+    config.default_idle_timeout = args.idle_timeout;
+    // An exec result shows at most this much of each stream; holding more is waste.
+    config.max_exec_output = lockbox_server::mcp::MAX_OUTPUT;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = tokio.block_on(async {
+        let stop = stop_signal().context("installing SIGTERM/SIGINT handlers")?;
+        let runtime = Runtime::open(config)
+            .await
+            .with_context(|| format!("opening state directory {}", state_dir.display()))?;
+        let server = McpServer::new(runtime.clone(), false);
+        let served = serve_stdio(server, tokio::io::stdin(), tokio::io::stdout(), stop).await;
+        // Whatever ended it, the sandboxes go: nobody is left to use them.
+        runtime.shutdown().await;
+        served.context("stdio")
+    });
+    // A read of stdin still blocked in its thread (after a signal) must not hold the exit.
+    tokio.shutdown_background();
+    result
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        eoutln!("lockbox: mcp: stopping: deleting every sandbox");
+    })
+}

@@ -1,0 +1,314 @@
+//! Carries out a [`ToolCall`] with one call into the runtime and shapes the result as MCP
+//! content: a text block a model reads (exec output, a unified diff, a file's text; JSON
+//! otherwise) and the same data as `structuredContent`. Errors become tool errors
+//! (`isError`) with the lockbox code, message and details.
+
+use super::tools::ToolCall;
+use crate::error::ApiError;
+use crate::wire::{ChangeList, FileInfo};
+use base64::Engine;
+use futures_util::StreamExt;
+use lockbox_policy::ErrorCode;
+use lockbox_runtime::{
+    ByteRange, ExecRequest, ExecResult, FileDiffReply, Runtime, RuntimeError, Sandbox,
+    SessionOptions, WriteOptions,
+};
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+
+/// Runs the call; `Ok` is the `tools/call` result.
+pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
+    Ok(match call {
+        ToolCall::CreateSandbox(spec) => json_result(&runtime.create_sandbox(*spec).await?),
+        ToolCall::ListSandboxes { state } => {
+            let mut sandboxes = runtime.list_sandboxes().await;
+            sandboxes.retain(|s| state.is_none_or(|state| s.state == state));
+            json_result(&json!({ "sandboxes": sandboxes }))
+        }
+        ToolCall::DeleteSandbox { id } => json_result(&runtime.delete_sandbox(&id).await?),
+        ToolCall::Exec {
+            id,
+            request,
+            max_output,
+        } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            // Its own task, as the HTTP route does: a cancelled call must not leave the
+            // session half-way through its protocol.
+            let result = tokio::spawn(async move { exec(&sandbox, request).await })
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        lockbox_policy::ErrorCode::Internal,
+                        format!("exec task: {e}"),
+                    )
+                })??;
+            exec_result(&result, max_output)
+        }
+        ToolCall::ReadFile {
+            id,
+            path,
+            offset,
+            length,
+        } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            let range = ByteRange {
+                start: offset,
+                end: Some(offset.saturating_add(length)),
+            };
+            let mut read = sandbox.read_file(&path, Some(range)).await?;
+            let mut data = Vec::new();
+            read.body.read_to_end(&mut data).await.map_err(|e| {
+                ApiError::new(
+                    lockbox_policy::ErrorCode::Internal,
+                    format!("reading {path}: {e}"),
+                )
+            })?;
+            file_result(&path, read.size, read.range.0, &data)
+        }
+        ToolCall::WriteFile {
+            id,
+            path,
+            data,
+            mode,
+        } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            let options = WriteOptions {
+                mode: mode.unwrap_or(WriteOptions::default().mode),
+                create_parents: true,
+            };
+            let body = Box::pin(std::io::Cursor::new(data));
+            json_result(&FileInfo::from(
+                sandbox.write_file(&path, body, options).await?,
+            ))
+        }
+        ToolCall::ListFiles {
+            id,
+            path,
+            recursive,
+            hidden,
+            limit,
+        } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            let mut stream = sandbox.list_stream(&path, recursive, hidden).await?;
+            let mut entries = Vec::new();
+            let mut truncated = false;
+            while let Some(entry) = stream.next().await {
+                if entries.len() == limit {
+                    truncated = true;
+                    break;
+                }
+                entries.push(FileInfo::from(entry?));
+            }
+            json_result(&json!({ "entries": entries, "truncated": truncated }))
+        }
+        ToolCall::Changes { id } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            json_result(&json!({ "changes": ChangeList(sandbox.changes().await?) }))
+        }
+        ToolCall::Diff { id, path } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            let diff = sandbox.diff(path.clone()).await?;
+            diff_result(&FileDiffReply { path, diff })
+        }
+        ToolCall::Commit { id, selection } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            json_result(&sandbox.commit(selection).await?)
+        }
+        ToolCall::Abort { id } => {
+            runtime.sandbox(&id).await?.abort().await?;
+            json_result(&json!({ "aborted": true }))
+        }
+    })
+}
+
+/// Runs the command; a named session that does not exist yet is created first (an agent
+/// names its shells as it goes; `/v1` creates them with their own route).
+async fn exec(sandbox: &Sandbox, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
+    let Some(name) = request.session.clone() else {
+        return sandbox.exec(request).await;
+    };
+    match sandbox.exec(request.clone()).await {
+        Err(e) if e.code() == ErrorCode::SessionNotFound => {
+            let options = SessionOptions {
+                id: Some(name),
+                ..SessionOptions::default()
+            };
+            match sandbox.create_session(options).await {
+                // Another call made it in between: as good.
+                Err(e) if e.code() != ErrorCode::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            sandbox.exec(request).await
+        }
+        other => other,
+    }
+}
+
+/// A result whose text is its JSON.
+fn json_result(value: &impl serde::Serialize) -> Value {
+    let value = serde_json::to_value(value).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+    let structured = match value {
+        Value::Object(_) => value,
+        other => json!({ "value": other }),
+    };
+    let text = serde_json::to_string_pretty(&structured).unwrap_or_default();
+    result(text, structured)
+}
+
+fn result(text: String, structured: Value) -> Value {
+    json!({
+        "content": [{ "type": "text", "text": text }],
+        "structuredContent": structured,
+        "isError": false,
+    })
+}
+
+/// At most `max` bytes of `bytes` as text (invalid UTF-8 replaced); whether it was cut.
+fn shown(bytes: &[u8], max: usize) -> (String, bool) {
+    let cut = bytes.len() > max;
+    let head = &bytes[..bytes.len().min(max)];
+    (String::from_utf8_lossy(head).into_owned(), cut)
+}
+
+fn exec_result(r: &ExecResult, max: usize) -> Value {
+    let (stdout, out_cut) = shown(&r.stdout, max);
+    let (stderr, err_cut) = shown(&r.stderr, max);
+    let stdout_truncated = out_cut || r.stdout_truncated;
+    let stderr_truncated = err_cut || r.stderr_truncated;
+    let duration_ms = crate::output::ms(r.duration);
+    let mut text = format!("exit_code: {}", r.exit_code);
+    if r.timed_out {
+        text.push_str(" (timed out: killed)");
+    }
+    for (name, body, cut, total) in [
+        ("stdout", &stdout, stdout_truncated, r.stdout.len()),
+        ("stderr", &stderr, stderr_truncated, r.stderr.len()),
+    ] {
+        if body.is_empty() && !cut {
+            continue;
+        }
+        text.push_str(&format!("\n--- {name} ---\n{body}"));
+        if cut {
+            let kept = total.min(max);
+            text.push_str(&format!(
+                "\n[{name} truncated: its first {kept} bytes shown]"
+            ));
+        }
+    }
+    result(
+        text,
+        json!({
+            "exit_code": r.exit_code,
+            "timed_out": r.timed_out,
+            "stdout": stdout,
+            "stderr": stderr,
+            "stdout_truncated": stdout_truncated,
+            "stderr_truncated": stderr_truncated,
+            "duration_ms": duration_ms,
+            "session": r.session,
+        }),
+    )
+}
+
+/// The media type of a whole image file, by its magic bytes (what a client can show).
+fn image_type(data: &[u8]) -> Option<&'static str> {
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if data.starts_with(b"\xff\xd8\xff") {
+        Some("image/jpeg")
+    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if data.len() >= 12 && data.starts_with(b"RIFF") && &data[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+fn file_result(path: &str, size: u64, offset: u64, data: &[u8]) -> Value {
+    let end = offset + data.len() as u64;
+    let truncated = end < size;
+    if let Some(mime) = image_type(data).filter(|_| offset == 0 && !truncated) {
+        // A whole image: as MCP image content, which a client can show or a model can see.
+        let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+        return json!({
+            "content": [
+                { "type": "image", "data": b64, "mimeType": mime },
+                { "type": "text", "text": format!("[{path}: {size} bytes, {mime}]") },
+            ],
+            "structuredContent": {
+                "path": path, "size": size, "offset": 0, "length": data.len(),
+                "truncated": false, "mime_type": mime, "content_b64": b64,
+            },
+            "isError": false,
+        });
+    }
+    let mut structured = json!({
+        "path": path, "size": size, "offset": offset, "length": data.len(), "truncated": truncated,
+    });
+    let text = match std::str::from_utf8(data) {
+        Ok(text) => {
+            structured["content"] = json!(text);
+            text.to_owned()
+        }
+        Err(_) => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+            structured["content_b64"] = json!(b64);
+            format!("[{path}: {} bytes, not UTF-8; base64:]\n{b64}", data.len())
+        }
+    };
+    let text = if truncated {
+        format!("{text}\n[{path}: bytes {offset}-{end} of {size} shown; read on with offset {end}]")
+    } else {
+        text
+    };
+    result(text, structured)
+}
+
+/// A unified diff of the hunks (`@@ ... @@ hunk N`), or the summary of both sides.
+fn diff_result(reply: &FileDiffReply) -> Value {
+    let structured =
+        serde_json::to_value(reply).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+    let path = reply.path.display();
+    let text = match structured["hunks"].as_array() {
+        Some(hunks) => {
+            let mut text = format!("--- a/{path}\n+++ b/{path}\n");
+            for hunk in hunks {
+                text.push_str(&format!(
+                    "{} hunk {}\n",
+                    hunk["header"].as_str().unwrap_or("@@"),
+                    hunk["index"]
+                ));
+                for line in hunk["lines"].as_array().into_iter().flatten() {
+                    let op = line["op"].as_str().unwrap_or(" ");
+                    let body = line["text"].as_str().unwrap_or("");
+                    text.push_str(op);
+                    text.push_str(body);
+                    if !body.ends_with('\n') {
+                        text.push('\n');
+                    }
+                }
+            }
+            text
+        }
+        None => serde_json::to_string_pretty(&structured).unwrap_or_default(),
+    };
+    result(text, structured)
+}
+
+/// An error as a tool result: `CODE: message` for the model, `{code, message, details}`
+/// as structured content. With `redact`, lockbox's own failures (5xx-class) say only that
+/// the server log has them, and are logged, as the HTTP API does.
+pub fn tool_error(e: ApiError, redact: bool) -> Value {
+    let (message, details) = if redact && e.status().is_server_error() {
+        tracing::error!(code = %e.code, message = %e.message, details = %e.details, "mcp tool call failed");
+        ("internal error (see the server log)".to_owned(), json!({}))
+    } else {
+        (e.message, e.details)
+    };
+    json!({
+        "content": [{ "type": "text", "text": format!("{}: {message}", e.code) }],
+        "structuredContent": { "code": e.code, "message": message, "details": details },
+        "isError": true,
+    })
+}

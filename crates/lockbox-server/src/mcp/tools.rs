@@ -1,0 +1,743 @@
+//! The tools: each one's name, description and JSON schema (what `tools/list` shows, limits
+//! and errors included), and the one conversion of its arguments into a [`ToolCall`]. The
+//! argument shapes are those of the `/v1` bodies (`wire`) plus `sandbox_id`, so a field means
+//! the same thing on both front ends.
+
+use crate::error::ApiError;
+use crate::openapi::MAX_MS;
+use crate::wire::{self, CreateSandbox, DiffQuery};
+use lockbox_runtime::{ExecRequest, SandboxSpec, SandboxState, Selection};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+
+/// `exec` without `timeout_ms`: two minutes (an agent's command must not hang its turn).
+pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 120_000;
+/// Bytes of stdout, and of stderr, an `exec` result shows by default.
+pub const DEFAULT_MAX_OUTPUT: usize = 64 << 10;
+/// The most `max_output_bytes` may ask for.
+pub const MAX_OUTPUT: usize = 1 << 20;
+/// Bytes `read_file` returns by default.
+pub const DEFAULT_READ: u64 = 256 << 10;
+/// The most `length` may ask for.
+pub const MAX_READ: u64 = 4 << 20;
+/// Entries `list_files` returns by default.
+pub const DEFAULT_LIST: usize = 1000;
+/// The most `limit` may ask for.
+pub const MAX_LIST: usize = 100_000;
+
+/// A tool call with checked arguments: the only thing `run` accepts.
+#[derive(Debug)]
+pub enum ToolCall {
+    /// `create_sandbox`.
+    CreateSandbox(Box<SandboxSpec>),
+    /// `list_sandboxes`.
+    ListSandboxes {
+        /// Only sandboxes in this state.
+        state: Option<SandboxState>,
+    },
+    /// `delete_sandbox`.
+    DeleteSandbox {
+        /// The sandbox.
+        id: String,
+    },
+    /// `exec`.
+    Exec {
+        /// The sandbox.
+        id: String,
+        /// The command.
+        request: ExecRequest,
+        /// Bytes of each stream shown.
+        max_output: usize,
+    },
+    /// `read_file`.
+    ReadFile {
+        /// The sandbox.
+        id: String,
+        /// The file.
+        path: String,
+        /// First byte.
+        offset: u64,
+        /// Bytes at most.
+        length: u64,
+    },
+    /// `write_file`.
+    WriteFile {
+        /// The sandbox.
+        id: String,
+        /// The file.
+        path: String,
+        /// Its new content.
+        data: Vec<u8>,
+        /// Permission bits.
+        mode: Option<u32>,
+    },
+    /// `list_files`.
+    ListFiles {
+        /// The sandbox.
+        id: String,
+        /// The directory.
+        path: String,
+        /// Descend.
+        recursive: bool,
+        /// Dot files too.
+        hidden: bool,
+        /// Entries at most.
+        limit: usize,
+    },
+    /// `changes`.
+    Changes {
+        /// The sandbox.
+        id: String,
+    },
+    /// `diff`.
+    Diff {
+        /// The sandbox.
+        id: String,
+        /// The path, relative to the workdir.
+        path: PathBuf,
+    },
+    /// `commit`.
+    Commit {
+        /// The sandbox.
+        id: String,
+        /// What to commit.
+        selection: Selection,
+    },
+    /// `abort`.
+    Abort {
+        /// The sandbox.
+        id: String,
+    },
+}
+
+/// The names of the tools, in `tools/list` order.
+pub fn tool_names() -> Vec<&'static str> {
+    TOOLS.iter().map(|t| t.0).collect()
+}
+
+type Schema = fn() -> Value;
+
+/// Name, description, input schema.
+const TOOLS: &[(&str, &str, Schema)] = &[
+    (
+        "create_sandbox",
+        "Create a confined Linux sandbox and return its info (id, state, policy). \
+        Without workdir it sees the host's /usr, /bin, /lib, /etc read-only and a private /tmp; \
+        with workdir, that host directory is mounted at the same path through a copy-on-write \
+        branch: writes stay in the branch until `commit`. Network is loopback-only unless \
+        net is \"host\". Errors: INVALID_REQUEST (a field, named in details.field), \
+        NOT_A_DIRECTORY / FILE_NOT_FOUND (workdir), LIMIT_REACHED (too many sandboxes), \
+        SETUP_FAILED / FEATURE_MISSING (this host cannot build the sandbox).",
+        create_schema,
+    ),
+    (
+        "list_sandboxes",
+        "List the sandboxes of this server (running, stopped and lost) with \
+        their id, state, workdir and labels.",
+        list_sandboxes_schema,
+    ),
+    (
+        "delete_sandbox",
+        "Stop a sandbox's processes and delete it; its branch is kept, \
+        committed or discarded as its on_exit says (keep by default: uncommitted changes \
+        are not lost). Errors: SANDBOX_NOT_FOUND.",
+        id_only_schema,
+    ),
+    (
+        "exec",
+        "Run a bash command line in a session of the sandbox (a persistent shell: cd \
+        and exported variables carry over to the next exec in the same session; a named \
+        session is created on first use) and wait \
+        for it. Result: exit code, stdout, stderr (each cut to max_output_bytes, saying so), \
+        duration. A command still running after timeout_ms (default 120000) is killed with \
+        its process tree and reports exit code 124 and timed_out. Output is shown as UTF-8 \
+        (invalid bytes replaced). Errors: SANDBOX_NOT_FOUND, SANDBOX_NOT_RUNNING, \
+        SESSION_NOT_FOUND, INVALID_REQUEST.",
+        exec_schema,
+    ),
+    (
+        "read_file",
+        "Read a file inside the sandbox (as the sandbox sees it: a workdir path \
+        shows the branch's version). Returns up to `length` bytes (default 262144, at most \
+        4194304) from `offset`, as text when UTF-8 else base64, and whether more follows; \
+        a whole PNG, JPEG, GIF or WebP file comes back as image content. \
+        Errors: FILE_NOT_FOUND, IS_A_DIRECTORY, PERMISSION_DENIED, PATH_OUTSIDE_SANDBOX, \
+        INVALID_REQUEST (offset past the end).",
+        read_schema,
+    ),
+    (
+        "write_file",
+        "Write a whole file inside the sandbox atomically (a temporary file \
+        renamed over it), creating missing parent directories. In a workdir the write goes \
+        to the branch; `commit` applies it to the host. Give exactly one of content (text) \
+        and content_b64. Errors: PERMISSION_DENIED / READ_ONLY (the path is not writable in \
+        the sandbox), PATH_OUTSIDE_SANDBOX, NOT_A_DIRECTORY, INVALID_REQUEST.",
+        write_schema,
+    ),
+    (
+        "list_files",
+        "List a directory inside the sandbox, sorted by name (depth first when \
+        recursive; symlinks are not followed). At most `limit` entries (default 1000, at \
+        most 100000); `truncated` says when there were more. Errors: FILE_NOT_FOUND, \
+        NOT_A_DIRECTORY, PERMISSION_DENIED.",
+        list_files_schema,
+    ),
+    (
+        "changes",
+        "What the sandbox changed in its workdir so far (its branch against the \
+        host directory): each path with added / modified / deleted, type, size, mode. \
+        Errors: NO_WORKDIR (the sandbox has none), SANDBOX_NOT_FOUND.",
+        id_only_schema,
+    ),
+    (
+        "diff",
+        "One changed path's diff against the host workdir, as a unified diff with \
+        numbered hunks (the numbers `commit`'s hunks take), or a summary of both sides for \
+        binary files, directories and symlinks. Errors: NO_WORKDIR, NOT_CHANGED (the path \
+        has no change), INVALID_REQUEST.",
+        diff_schema,
+    ),
+    (
+        "commit",
+        "Apply the sandbox's changes to the host workdir, durably and all at once; \
+        the sandbox keeps running on what it committed. Without arguments everything is \
+        committed; only / exclude select paths (a directory covers its subtree), hunks \
+        commits some hunks of a file. Errors: STALE_BASE (the host changed those paths since \
+        the sandbox read them: re-run on the new state, or force), NO_WORKDIR, BAD_HUNK, \
+        SPECIAL_FILES.",
+        commit_schema,
+    ),
+    (
+        "abort",
+        "Discard every uncommitted change of the sandbox's workdir branch: its \
+        processes and sessions are stopped and it restarts on a fresh branch (same id and \
+        policy). Errors: NO_WORKDIR, SANDBOX_NOT_FOUND.",
+        id_only_schema,
+    ),
+];
+
+/// The `tools/list` entries.
+pub fn definitions() -> Vec<Value> {
+    TOOLS
+        .iter()
+        .map(|(name, description, schema)| {
+            json!({ "name": name, "description": squeeze(description), "inputSchema": schema() })
+        })
+        .collect()
+}
+
+/// The descriptions are written across source lines; one space between words on the wire.
+fn squeeze(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn object(properties: Value, required: &[&str]) -> Value {
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+fn sandbox_id() -> Value {
+    json!({ "type": "string", "description": "The sandbox's id (from create_sandbox or list_sandboxes)." })
+}
+
+fn id_only_schema() -> Value {
+    object(json!({ "sandbox_id": sandbox_id() }), &["sandbox_id"])
+}
+
+fn list_sandboxes_schema() -> Value {
+    object(
+        json!({ "state": { "type": "string", "enum": ["running", "stopped", "lost"],
+                           "description": "Only sandboxes in this state." } }),
+        &[],
+    )
+}
+
+fn string_map(description: &str) -> Value {
+    json!({ "type": "object", "additionalProperties": { "type": "string" }, "description": description })
+}
+
+fn paths(description: &str) -> Value {
+    json!({ "type": "array", "items": { "type": "string" }, "description": description })
+}
+
+fn size(description: &str) -> Value {
+    json!({ "type": ["string", "integer"], "description": format!("{description} Bytes, or text like \"512M\".") })
+}
+
+fn ms(description: &str) -> Value {
+    json!({ "type": "integer", "minimum": 1, "maximum": MAX_MS, "description": description })
+}
+
+fn create_schema() -> Value {
+    object(
+        json!({
+            "workdir": { "type": "string", "description": "Absolute host directory the sandbox sees (at the same path) through a copy-on-write branch; see changes, diff, commit, abort." },
+            "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"], "description": "What delete_sandbox (or the server's exit) does with uncommitted changes: keep the branch (default), commit, or abort." },
+            "net": { "type": "string", "enum": ["none", "host"], "description": "none: loopback only (default); host: the host's network." },
+            "cwd": { "type": "string", "description": "Absolute working directory inside (default: workdir, else /tmp)." },
+            "env": string_map("Variables set in every session."),
+            "clean_env": { "type": "boolean", "description": "Start from an empty environment instead of PATH, LANG, LC_ALL, TERM, HOME=/tmp." },
+            "fs_readable": paths("Extra absolute host paths readable inside."),
+            "fs_writable": paths("Absolute host paths writable inside: writes reach the host directly, with no branch."),
+            "default_reads": { "type": "boolean", "description": "Grant /usr, /bin, /sbin, /lib, /lib64 and /etc (minus secrets) read-only (default true)." },
+            "max_memory": size("Memory limit."),
+            "max_processes": { "type": "integer", "minimum": 1, "description": "Processes and threads at most." },
+            "max_open_files": { "type": "integer", "minimum": 1, "description": "Descriptors per process." },
+            "max_file_size": size("Largest file a process may write."),
+            "max_inodes": { "type": "integer", "minimum": 1, "description": "Inodes per writable tmpfs." },
+            "timeout_ms": ms("Wall-clock lifetime of the sandbox."),
+            "kill_grace_ms": { "type": "integer", "minimum": 0, "maximum": crate::openapi::MAX_GRACE_MS, "description": "SIGTERM to SIGKILL delay when processes are stopped." },
+            "idle_timeout_ms": ms("Delete the sandbox after this long without a call."),
+            "hostname": { "type": "string", "description": "Hostname inside." },
+            "labels": string_map("Free-form labels, returned as given."),
+        }),
+        &[],
+    )
+}
+
+fn exec_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "command": { "type": "string", "description": "A bash command line." },
+            "session": { "type": "string", "description": "The session (shell) to run in, created on first use; the sandbox's default session when absent." },
+            "cwd": { "type": "string", "description": "Working directory for this command only." },
+            "env": string_map("Variables for this command only."),
+            "timeout_ms": ms(&format!("Kill the command after this long (default {DEFAULT_EXEC_TIMEOUT_MS}); exit code 124.")),
+            "stdin": { "type": "string", "description": "Text for the command's stdin (closed when absent)." },
+            "stdin_b64": { "type": "string", "description": "Bytes for stdin, base64 (instead of stdin)." },
+            "max_output_bytes": { "type": "integer", "minimum": 0, "maximum": MAX_OUTPUT, "description": format!("Bytes of stdout, and of stderr, shown (default {DEFAULT_MAX_OUTPUT}); the rest is cut and the result says so.") },
+        }),
+        &["sandbox_id", "command"],
+    )
+}
+
+fn read_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "path": { "type": "string", "description": "Absolute inside the sandbox, or relative to its working directory." },
+            "offset": { "type": "integer", "minimum": 0, "description": "First byte (default 0)." },
+            "length": { "type": "integer", "minimum": 1, "maximum": MAX_READ, "description": format!("Bytes at most (default {DEFAULT_READ}).") },
+        }),
+        &["sandbox_id", "path"],
+    )
+}
+
+fn write_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "path": { "type": "string", "description": "Absolute inside the sandbox, or relative to its working directory." },
+            "content": { "type": "string", "description": "The file's new content, as text." },
+            "content_b64": { "type": "string", "description": "The file's new content, base64 (instead of content)." },
+            "mode": { "type": "string", "description": "Permission bits as octal text, e.g. \"644\" (default) or \"755\"." },
+        }),
+        &["sandbox_id", "path"],
+    )
+}
+
+fn list_files_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "path": { "type": "string", "description": "The directory (default: the working directory)." },
+            "recursive": { "type": "boolean", "description": "Descend into subdirectories." },
+            "hidden": { "type": "boolean", "description": "Include names starting with a dot." },
+            "limit": { "type": "integer", "minimum": 1, "maximum": MAX_LIST, "description": format!("Entries at most (default {DEFAULT_LIST}).") },
+        }),
+        &["sandbox_id"],
+    )
+}
+
+fn diff_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "path": { "type": "string", "description": "A changed path, relative to the workdir (as changes lists it)." },
+        }),
+        &["sandbox_id", "path"],
+    )
+}
+
+fn commit_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "only": paths("Commit only these paths (relative to the workdir); default: all."),
+            "exclude": paths("Leave these paths in the branch."),
+            "hunks": {
+                "type": "array",
+                "description": "Files committed with only some hunks: the hunk numbers of diff; accept [] leaves the file untouched.",
+                "items": object(json!({
+                    "path": { "type": "string" },
+                    "accept": { "type": "array", "items": { "type": "integer", "minimum": 0 } },
+                }), &["path", "accept"]),
+            },
+            "force": { "type": "boolean", "description": "Commit even where the host changed those paths since (overwrites the host's change)." },
+        }),
+        &["sandbox_id"],
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    path: String,
+    #[serde(default)]
+    offset: u64,
+    length: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: Option<String>,
+    content_b64: Option<String>,
+    mode: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {
+    #[serde(default = "dot")]
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    hidden: bool,
+    limit: Option<usize>,
+}
+
+fn dot() -> String {
+    ".".into()
+}
+
+impl ToolCall {
+    /// Checks the arguments of tool `name` and builds the call; errors are
+    /// `INVALID_REQUEST` naming the field (`details.field`).
+    pub fn parse(name: &str, args: Value) -> Result<ToolCall, ApiError> {
+        let mut args = match args {
+            Value::Object(map) => map,
+            Value::Null => Map::new(),
+            _ => return Err(ApiError::invalid("", "arguments must be a JSON object")),
+        };
+        Ok(match name {
+            "create_sandbox" => {
+                ToolCall::CreateSandbox(Box::new(from_args::<CreateSandbox>(args)?.into_spec()?))
+            }
+            "list_sandboxes" => ToolCall::ListSandboxes {
+                state: from_args::<wire::ListSandboxes>(args)?.state,
+            },
+            "delete_sandbox" => ToolCall::DeleteSandbox { id: only_id(args)? },
+            "changes" => ToolCall::Changes { id: only_id(args)? },
+            "abort" => ToolCall::Abort { id: only_id(args)? },
+            "exec" => exec(args)?,
+            "read_file" => {
+                let id = take_id(&mut args)?;
+                let a: ReadArgs = from_args(args)?;
+                let length = a.length.unwrap_or(DEFAULT_READ);
+                if length == 0 || length > MAX_READ {
+                    return Err(ApiError::invalid(
+                        "length",
+                        format!("length: must be from 1 to {MAX_READ}"),
+                    ));
+                }
+                ToolCall::ReadFile {
+                    id,
+                    path: a.path,
+                    offset: a.offset,
+                    length,
+                }
+            }
+            "write_file" => write(args)?,
+            "list_files" => {
+                let id = take_id(&mut args)?;
+                let a: ListArgs = from_args(args)?;
+                let limit = a.limit.unwrap_or(DEFAULT_LIST);
+                if limit == 0 || limit > MAX_LIST {
+                    return Err(ApiError::invalid(
+                        "limit",
+                        format!("limit: must be from 1 to {MAX_LIST}"),
+                    ));
+                }
+                ToolCall::ListFiles {
+                    id,
+                    path: a.path,
+                    recursive: a.recursive,
+                    hidden: a.hidden,
+                    limit,
+                }
+            }
+            "diff" => {
+                let id = take_id(&mut args)?;
+                let q: DiffQuery = from_args(args)?;
+                ToolCall::Diff {
+                    id,
+                    path: q.path()?,
+                }
+            }
+            "commit" => {
+                let id = take_id(&mut args)?;
+                ToolCall::Commit {
+                    id,
+                    selection: from_args::<wire::Commit>(args)?.into_selection(),
+                }
+            }
+            other => {
+                return Err(ApiError::new(
+                    lockbox_policy::ErrorCode::NotFound,
+                    format!("unknown tool {other}"),
+                ))
+            }
+        })
+    }
+}
+
+fn exec(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
+    let id = take_id(&mut args)?;
+    let max_output = match args.remove("max_output_bytes") {
+        None => DEFAULT_MAX_OUTPUT,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n <= MAX_OUTPUT)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "max_output_bytes",
+                    format!("max_output_bytes: must be an integer from 0 to {MAX_OUTPUT}"),
+                )
+            })?,
+    };
+    if !args.contains_key("timeout_ms") {
+        args.insert("timeout_ms".into(), json!(DEFAULT_EXEC_TIMEOUT_MS));
+    }
+    let request = from_args::<wire::Exec>(args)?.into_request()?;
+    Ok(ToolCall::Exec {
+        id,
+        request,
+        max_output,
+    })
+}
+
+fn write(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
+    let id = take_id(&mut args)?;
+    let a: WriteArgs = from_args(args)?;
+    let data = match (a.content, a.content_b64) {
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(b64)) => wire::decode_b64("content_b64", &b64)?,
+        _ => {
+            return Err(ApiError::invalid(
+                "content",
+                "give exactly one of content (text) and content_b64",
+            ))
+        }
+    };
+    let mode = wire::PutQuery {
+        path: a.path.clone(),
+        mode: a.mode,
+    }
+    .mode()?;
+    Ok(ToolCall::WriteFile {
+        id,
+        path: a.path,
+        data,
+        mode,
+    })
+}
+
+/// `sandbox_id` as the only argument.
+fn only_id(mut args: Map<String, Value>) -> Result<String, ApiError> {
+    let id = take_id(&mut args)?;
+    match args.keys().next() {
+        Some(extra) => Err(ApiError::invalid(
+            extra,
+            format!("invalid arguments: unknown field `{extra}`, expected only `sandbox_id`"),
+        )),
+        None => Ok(id),
+    }
+}
+
+/// Removes and checks `sandbox_id`.
+fn take_id(args: &mut Map<String, Value>) -> Result<String, ApiError> {
+    match args.remove("sandbox_id") {
+        Some(Value::String(id)) if !id.is_empty() => Ok(id),
+        Some(_) => Err(ApiError::invalid(
+            "sandbox_id",
+            "sandbox_id: must be a non-empty string",
+        )),
+        None => Err(ApiError::invalid(
+            "sandbox_id",
+            "sandbox_id: missing (the id create_sandbox returned)",
+        )),
+    }
+}
+
+/// Deserialises the (remaining) arguments, naming the offending field.
+fn from_args<T: DeserializeOwned>(args: Map<String, Value>) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(Value::Object(args)).map_err(|e| {
+        let field = crate::extract::field_of(&e.path().to_string(), &e.inner().to_string());
+        let inner = e.into_inner();
+        let message = if field.is_empty() {
+            format!("invalid arguments: {inner}")
+        } else {
+            format!("invalid arguments: {field}: {inner}")
+        };
+        ApiError::invalid(&field, message)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn field_of_error(name: &str, args: Value) -> (String, String) {
+        let e = ToolCall::parse(name, args).unwrap_err();
+        assert_eq!(
+            e.code,
+            lockbox_policy::ErrorCode::InvalidRequest,
+            "{}",
+            e.message
+        );
+        (e.details["field"].as_str().unwrap().to_owned(), e.message)
+    }
+
+    #[test]
+    fn every_schema_property_is_accepted_and_nothing_else() {
+        // The schemas are written by hand next to the parsers: a property the schema
+        // offers must never be refused as unknown, and an unknown one must be.
+        for (name, _, schema) in TOOLS {
+            let schema = schema();
+            let required = || {
+                let mut args = json!({});
+                for field in schema["required"].as_array().unwrap() {
+                    let field = field.as_str().unwrap();
+                    args[field] = json!(if field == "command" { "true" } else { "sb" });
+                }
+                args
+            };
+            for prop in schema["properties"].as_object().unwrap().keys() {
+                let mut args = required();
+                args[prop] = json!(null);
+                if let Err(e) = ToolCall::parse(name, args) {
+                    assert!(
+                        !e.message.contains("unknown field"),
+                        "{name}: schema property {prop} refused: {}",
+                        e.message
+                    );
+                }
+            }
+            let mut args = required();
+            args["no_such_argument"] = json!(1);
+            assert_eq!(field_of_error(name, args).0, "no_such_argument", "{name}");
+            assert_eq!(schema["additionalProperties"], json!(false), "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_arguments_name_their_field() {
+        assert_eq!(
+            field_of_error("exec", json!({ "command": "ls" })).0,
+            "sandbox_id"
+        );
+        assert_eq!(
+            field_of_error("exec", json!({ "sandbox_id": "a" })).0,
+            "command"
+        );
+        assert_eq!(
+            field_of_error(
+                "exec",
+                json!({ "sandbox_id": "a", "command": "x", "timeout_ms": 0 })
+            )
+            .0,
+            "timeout_ms"
+        );
+        assert_eq!(
+            field_of_error(
+                "exec",
+                json!({ "sandbox_id": "a", "command": "x", "max_output_bytes": -1 })
+            )
+            .0,
+            "max_output_bytes"
+        );
+        assert_eq!(
+            field_of_error("create_sandbox", json!({ "workdir": "relative/dir" })).0,
+            "workdir"
+        );
+        assert_eq!(
+            field_of_error("create_sandbox", json!({ "max_memory": "lots" })).0,
+            "max_memory"
+        );
+        assert_eq!(
+            field_of_error("write_file", json!({ "sandbox_id": "a", "path": "f" })).0,
+            "content"
+        );
+        assert_eq!(
+            field_of_error(
+                "write_file",
+                json!({ "sandbox_id": "a", "path": "f", "content": "", "mode": "999" })
+            )
+            .0,
+            "mode"
+        );
+        assert_eq!(
+            field_of_error(
+                "read_file",
+                json!({ "sandbox_id": "a", "path": "f", "length": MAX_READ + 1 })
+            )
+            .0,
+            "length"
+        );
+        assert_eq!(
+            field_of_error("list_files", json!({ "sandbox_id": "a", "limit": 0 })).0,
+            "limit"
+        );
+        assert_eq!(
+            field_of_error("commit", json!({ "sandbox_id": "a", "only": "not-a-list" })).0,
+            "only"
+        );
+        assert_eq!(
+            field_of_error("diff", json!({ "sandbox_id": "a" })).0,
+            "path"
+        );
+        assert_eq!(field_of_error("abort", json!([1])).0, "");
+    }
+
+    #[test]
+    fn exec_defaults_to_a_two_minute_timeout_and_64k_of_output() {
+        let call =
+            ToolCall::parse("exec", json!({ "sandbox_id": "a", "command": "make" })).unwrap();
+        let ToolCall::Exec {
+            request,
+            max_output,
+            ..
+        } = call
+        else {
+            panic!("not an exec: {call:?}");
+        };
+        assert_eq!(
+            request.timeout,
+            Some(std::time::Duration::from_millis(DEFAULT_EXEC_TIMEOUT_MS))
+        );
+        assert_eq!(max_output, DEFAULT_MAX_OUTPUT);
+    }
+
+    #[test]
+    fn tool_descriptions_name_their_errors() {
+        for def in definitions() {
+            let text = def["description"].as_str().unwrap();
+            let name = def["name"].as_str().unwrap();
+            if name != "list_sandboxes" {
+                assert!(text.contains("Errors:"), "{name} does not list its errors");
+            }
+        }
+    }
+}
