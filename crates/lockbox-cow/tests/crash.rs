@@ -56,6 +56,12 @@ fn part() -> Selection {
     }
 }
 
+/// The paths of the branch's change set.
+fn changed_paths(branch: &Branch) -> Vec<std::path::PathBuf> {
+    let set = branch.change_set().unwrap();
+    set.changes().iter().map(|c| c.path.clone()).collect()
+}
+
 /// Runs the helper test `helper` on `branch` (named to it in `env`) in a child process and
 /// SIGKILLs it after `delay_ms`; whether it had finished by then.
 fn commit_until_killed(
@@ -191,13 +197,7 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
     b.commit_selected(&part(), &CommitOptions::default())
         .unwrap();
     let expected = snapshot(&calm.wd);
-    let left: Vec<_> = b
-        .change_set()
-        .unwrap()
-        .changes()
-        .iter()
-        .map(|c| c.path.clone())
-        .collect();
+    let left = changed_paths(&b);
     assert!(std::fs::read_to_string(calm.wd.join("long"))
         .unwrap()
         .contains("LINE THIRTY"));
@@ -256,13 +256,7 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
             "delay {delay_ms}ms: {}",
             outcomes.join("; ")
         );
-        let now: Vec<_> = b
-            .change_set()
-            .unwrap()
-            .changes()
-            .iter()
-            .map(|c| c.path.clone())
-            .collect();
+        let now = changed_paths(&b);
         assert_eq!(now, left, "delay {delay_ms}ms: what is left in the branch");
         // What is left commits without a stale-base refusal: the finished paths are not
         // taken for host edits.
