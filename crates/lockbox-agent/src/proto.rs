@@ -317,8 +317,14 @@ mod tests {
             }
         );
         let text = err.to_string();
-        assert!(text.contains(&format!("version {}", PROTOCOL_VERSION + 1)), "{text}");
-        assert!(text.contains(&format!("version {PROTOCOL_VERSION}")), "{text}");
+        assert!(
+            text.contains(&format!("version {}", PROTOCOL_VERSION + 1)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("version {PROTOCOL_VERSION}")),
+            "{text}"
+        );
     }
 
     #[test]

@@ -92,7 +92,10 @@ mod tests {
     #[test]
     fn this_process_reads_with_its_parent() {
         let stat = ProcStat::read(i32::try_from(std::process::id()).unwrap()).unwrap();
-        assert_eq!(stat.ppid, i32::try_from(std::os::unix::process::parent_id()).unwrap());
+        assert_eq!(
+            stat.ppid,
+            i32::try_from(std::os::unix::process::parent_id()).unwrap()
+        );
         assert!(stat.threads >= 1);
     }
 }

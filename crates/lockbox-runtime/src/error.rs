@@ -249,3 +249,34 @@ impl RuntimeError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockbox_agent::{Body, ProtocolError, PROTOCOL_VERSION};
+
+    #[test]
+    fn an_agent_of_another_version_fails_setup_naming_both_versions() {
+        let e = RuntimeError::from(ProtocolError::VersionMismatch {
+            runtime: PROTOCOL_VERSION,
+            agent: 99,
+        });
+        assert_eq!(e.code(), ErrorCode::SetupFailed);
+        assert_eq!(
+            e.details(),
+            json!({ "runtime_protocol": PROTOCOL_VERSION, "agent_protocol": 99 })
+        );
+        assert!(e.to_string().contains("version 99"), "{e}");
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_kind_is_internal_naming_both_kinds() {
+        let e = RuntimeError::from(Body::Done.unexpected("spawned"));
+        assert_eq!(e.code(), ErrorCode::Internal);
+        assert_eq!(
+            e.details(),
+            json!({ "expected": "spawned", "received": "done" })
+        );
+        assert!(e.to_string().contains("`done` where `spawned`"), "{e}");
+    }
+}

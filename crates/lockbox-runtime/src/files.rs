@@ -1,5 +1,5 @@
 //! File operations: the agent resolves and opens inside the sandbox (see
-//! `lockbox_confine::agent`), the runtime streams the bytes through the descriptors it
+//! `lockbox_agent`), the runtime streams the bytes through the descriptors it
 //! sends back, so no host privilege touches a sandbox path and nothing is buffered whole.
 
 use lockbox_agent::{AgentError, Body, EntryStat, Op};
@@ -66,7 +66,6 @@ async fn call(
         .map(|b| (b, fds))
         .map_err(|e| map_error(e, path, writing))
 }
-
 
 fn check_path(path: &str) -> Result<(), RuntimeError> {
     if path.is_empty() || path.contains('\0') {

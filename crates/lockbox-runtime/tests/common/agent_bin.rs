@@ -24,7 +24,13 @@ pub fn build_agent() -> PathBuf {
         .arg("build")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args(["--bin", "lockbox-agent", "--profile", &profile, "--target-dir"])
+        .args([
+            "--bin",
+            "lockbox-agent",
+            "--profile",
+            &profile,
+            "--target-dir",
+        ])
         .arg(&target_dir)
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .output()
