@@ -182,13 +182,7 @@ pub(crate) fn write_begin(
         }
     }
     let tmp = format!(".{name}.lockbox-{token}.tmp");
-    // An O_PATH descriptor cannot be a base for creating files: reopen the directory.
-    let dir = rustix::fs::openat(
-        &dir,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let dir = reopen_dir(&dir)?;
     let file = rustix::fs::openat(
         &dir,
         tmp.as_str(),
@@ -257,16 +251,22 @@ pub(crate) fn mkdir(roots: &Roots, path: &str, parents: bool) -> Result<EntrySta
     Ok(entry(&dir, name, t.display.clone(), &st))
 }
 
+/// A real descriptor of the directory `dir` (an `O_PATH` one) refers to: an `O_PATH`
+/// descriptor cannot be a base for creating, reading or removing entries.
+fn reopen_dir(dir: &OwnedFd) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 /// Removes an entry (a directory only if empty or `recursive`).
 pub(crate) fn remove(roots: &Roots, path: &str, recursive: bool) -> Result<(), Errno> {
     let t = roots.target(path)?;
     let (dir, name) = t.parent(false)?;
-    let dir = rustix::fs::openat(
-        &dir,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let dir = reopen_dir(&dir)?;
     let st = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         return unlinkat(&dir, name, AtFlags::empty());

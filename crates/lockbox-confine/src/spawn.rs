@@ -378,9 +378,9 @@ impl<'a> Spawn<'a> {
     ///
     /// The agent is the one command whose seccomp filter allows `openat2` (its file
     /// operations resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a
-    /// binary that calls `lockbox_agent::main_if_agent`, which stacks (with [`crate::raw::CommandFilter`]) a filter answering
-    /// `openat2` with `ENOSYS` on every command it starts, and makes itself non-dumpable so
-    /// that no command can ptrace it into making the call.
+    /// binary that calls `lockbox_agent::main_if_agent`, which stacks a filter answering
+    /// `openat2` with `ENOSYS` ([`crate::raw::CommandFilter`]) on every command it starts,
+    /// and makes itself non-dumpable so that no command can ptrace it into making the call.
     pub fn agent(policy: &'a Policy, exe: &'a Path, args: &'a [OsString]) -> Spawn<'a> {
         Spawn {
             policy,
