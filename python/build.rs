@@ -1,4 +1,4 @@
-//! Builds the agent executable (`python/agent`, bin `lockbox-sdk-agent`) that the extension
+//! Builds the agent executable (`crates/lockbox-agent`, bin `lockbox-agent`) that the extension
 //! module embeds: `Sandbox.open()` needs a real executable to run inside each sandbox, and a
 //! wheel built by maturin carries only the extension module. So the agent is compiled here,
 //! by a nested `cargo build` into a target directory of its own under `OUT_DIR` (no lock
@@ -20,8 +20,8 @@ fn main() {
     let mut cmd = Command::new(cargo);
     cmd.arg("build")
         .arg("--manifest-path")
-        .arg(manifest_dir.join("agent/Cargo.toml"))
-        .args(["--bin", "lockbox-sdk-agent", "--target-dir"])
+        .arg(manifest_dir.join("../crates/lockbox-agent/Cargo.toml"))
+        .args(["--bin", "lockbox-agent", "--target-dir"])
         .arg(&target_dir);
     if release {
         cmd.arg("--release");
@@ -41,7 +41,7 @@ fn main() {
         .unwrap_or_else(|e| panic!("running cargo for the agent: {e}"));
     assert!(
         status.success(),
-        "building the agent (python/agent) failed: {status}"
+        "building the agent (crates/lockbox-agent) failed: {status}"
     );
 
     let mut built = target_dir;
@@ -49,12 +49,13 @@ fn main() {
         built.push(&target);
     }
     built.push(if release { "release" } else { "debug" });
-    built.push("lockbox-sdk-agent");
-    std::fs::copy(&built, out.join("lockbox-sdk-agent"))
+    built.push("lockbox-agent");
+    std::fs::copy(&built, out.join("lockbox-agent"))
         .unwrap_or_else(|e| panic!("copying the agent {}: {e}", built.display()));
 
     for path in [
-        "agent",
+        "../crates/lockbox-agent/src",
+        "../crates/lockbox-agent/Cargo.toml",
         "../crates/lockbox-confine/src",
         "../crates/lockbox-confine/Cargo.toml",
         "../crates/lockbox-policy/src",

@@ -71,7 +71,7 @@ fi
 # uid 65534 may not be able to enter), the extension built in debug mode by maturin (reusing
 # cargo's target directory: one more crate, not a release build) and installed as a wheel,
 # then pytest. (The extension's build script also compiles the in-sandbox agent of
-# Sandbox.open, python/agent, with a nested cargo build under OUT_DIR, and embeds it.)
+# Sandbox.open, crates/lockbox-agent, with a nested cargo build under OUT_DIR, and embeds it.)
 # The wheel is installed with its dependencies (cloudpickle), as `pip install ./python` does.
 # In CI a missing dependency (Ray, PostgreSQL, root) fails the suite
 # instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.

@@ -10,6 +10,9 @@
 //! command that made them).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark binary, not library code
 
+#[path = "../../crates/lockbox-runtime/tests/common/agent_bin.rs"]
+mod agent_bin;
+
 use lockbox_runtime::{ExecRequest, Runtime, RuntimeConfig, SandboxSpec, SessionOptions};
 use std::io::Write;
 use std::path::Path;
@@ -125,7 +128,7 @@ async fn main() {
     let a = args();
     let state = tempfile::tempdir().unwrap();
     let mut config = RuntimeConfig::new(state.path());
-    config.agent_exe = Some(env!("CARGO_BIN_EXE_lockbox-agent").into());
+    config.agent_exe = Some(agent_bin::build_agent());
     config.max_sandboxes = 1024;
     let rt = Runtime::open(config).await.unwrap();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

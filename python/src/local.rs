@@ -4,7 +4,7 @@
 //! this transport, so local and remote sandboxes share every method, type and error.
 //!
 //! The runtime's in-sandbox agent must be an executable that dispatches to
-//! `lockbox_confine::agent::main_if_agent`; Python's is not, so the agent built by
+//! `lockbox_agent::main_if_agent`; Python's is not, so the `lockbox-agent` binary built by
 //! `build.rs` is embedded here and written into the state directory on first use.
 
 use std::hash::{Hash, Hasher};
@@ -22,8 +22,8 @@ use tower::ServiceExt;
 
 use crate::errors;
 
-/// The agent executable (`python/agent`), built by `build.rs`.
-static AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lockbox-sdk-agent"));
+/// The agent executable (`crates/lockbox-agent`), built by `build.rs`.
+static AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lockbox-agent"));
 
 /// Default state directories tried (`BASE/0`, `BASE/1`, ...) before giving up.
 const SLOTS: u32 = 64;

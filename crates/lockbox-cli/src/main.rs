@@ -3,7 +3,7 @@
 
 fn main() -> std::process::ExitCode {
     // A long-lived sandbox's agent is this binary re-executed inside it (lockbox-runtime).
-    lockbox_confine::agent::main_if_agent();
+    lockbox_agent::main_if_agent();
     let code = lockbox_cli::main(std::env::args_os().collect());
     std::process::ExitCode::from(code.0)
 }

@@ -11,10 +11,13 @@
 //! How it fits together: `resolve` reads the host paths a policy names, `plan` turns them
 //! into a [`SetupPlan`] (pure data, printed by `lockbox check --explain`), `child` carries
 //! the plan out in the new namespaces without allocating, and `report` carries failures
-//! back as fixed-size records. All `unsafe` lives in `sys`.
+//! back as fixed-size records. All `unsafe` lives in `sys`; [`raw`] exports the few raw
+//! operations the in-sandbox agent (`lockbox-agent`) needs as safe functions, and
+//! [`proc_stat`] parses `/proc/PID/stat` for every process-tree walk.
 //!
-//! Not here: copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and sessions
-//! (`lockbox-runtime`), and command-line parsing (`lockbox-cli`).
+//! Not here: the agent that serves a long-lived sandbox from inside and its protocol
+//! (`lockbox-agent`), copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and
+//! sessions (`lockbox-runtime`), and command-line parsing (`lockbox-cli`).
 //!
 //! ```no_run
 //! use lockbox_policy::Policy;
@@ -24,7 +27,6 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
-pub mod agent;
 mod bpf;
 mod child;
 mod error;
@@ -33,8 +35,10 @@ mod limits;
 mod netsup;
 mod plan;
 mod probe;
+pub mod proc_stat;
 mod proctitle;
 mod quotas;
+pub mod raw;
 mod report;
 mod resolve;
 mod seccomp;
@@ -65,6 +69,10 @@ pub use crate::spawn::{
     Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 pub use crate::usage::{tree_usage, TreeUsage};
+
+/// Where [`Spawn::agent`] makes the agent executable visible inside the sandbox (a path of
+/// lockbox's own `/dev`, bound read-only whatever the policy grants).
+pub const AGENT_PATH: &str = plan::HELPER_PATH;
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
 pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {

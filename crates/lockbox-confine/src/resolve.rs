@@ -61,7 +61,7 @@ pub struct Resolved {
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
     /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
-    /// A host executable bound at [`crate::agent::AGENT_PATH`] (the runtime's agent).
+    /// A host executable bound at [`crate::AGENT_PATH`] (the runtime's agent).
     pub helper: Option<PathBuf>,
     /// The host path of the terminal on the sandbox's stdio, if any: bound at
     /// [`TERMINAL_PATH`], see [`terminal`].

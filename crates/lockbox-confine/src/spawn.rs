@@ -373,14 +373,14 @@ impl<'a> Spawn<'a> {
     }
 
     /// A sandbox that runs the host executable `exe` (bound read-only at
-    /// [`crate::agent::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy
+    /// [`crate::AGENT_PATH`], a path of lockbox's own `/dev`, whatever the policy
     /// grants) with arguments `args`: how `lockbox-runtime` starts its in-sandbox agent.
     ///
     /// The agent is the one command whose seccomp filter allows `openat2` (its file
     /// operations resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a
-    /// binary that calls [`crate::agent::main_if_agent`], which stacks a filter answering
-    /// `openat2` with `ENOSYS` on every command it starts, and makes itself non-dumpable so
-    /// that no command can ptrace it into making the call.
+    /// binary that calls `lockbox_agent::main_if_agent`, which stacks a filter answering
+    /// `openat2` with `ENOSYS` ([`crate::raw::CommandFilter`]) on every command it starts,
+    /// and makes itself non-dumpable so that no command can ptrace it into making the call.
     pub fn agent(policy: &'a Policy, exe: &'a Path, args: &'a [OsString]) -> Spawn<'a> {
         Spawn {
             policy,

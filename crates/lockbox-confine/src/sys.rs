@@ -967,7 +967,7 @@ pub fn syscall_exists(nr: i64) -> bool {
     rc != -1 || Errno::last().0 != libc::ENOSYS
 }
 
-/// Result of [`fork`].
+/// Result of [`fork`](crate::raw::fork).
 #[derive(Debug)]
 pub enum Fork {
     /// We are the new child.

@@ -5,6 +5,8 @@
 //! parent changed between the two reads (it exited and its pid was reused) is skipped.
 
 use std::io;
+
+use crate::proc_stat::ProcStat;
 use std::time::Duration;
 
 /// How far a walk goes: more processes than any sandbox's bound allows by default.
@@ -31,13 +33,10 @@ pub fn tree_usage(init: libc::pid_t) -> io::Result<TreeUsage> {
     let mut ticks_used: u64 = 0;
     let mut queue = vec![(init, None)];
     while let Some((pid, parent)) = queue.pop() {
-        let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let stat = match ProcStat::read(pid) {
             Ok(s) => s,
             Err(e) if pid == init => return Err(e),
             Err(_) => continue, // exited since its parent listed it
-        };
-        let Some(stat) = Stat::parse(&stat) else {
-            continue;
         };
         if parent.is_some_and(|p| p != stat.ppid) {
             continue;
@@ -69,57 +68,10 @@ pub fn tree_usage(init: libc::pid_t) -> io::Result<TreeUsage> {
     Ok(usage)
 }
 
-/// The fields of `/proc/PID/stat` a walk needs.
-#[derive(Debug, PartialEq, Eq)]
-struct Stat {
-    ppid: libc::pid_t,
-    /// utime + stime + cutime + cstime, in clock ticks.
-    cpu_ticks: u64,
-    threads: u32,
-    rss_pages: u64,
-}
-
-impl Stat {
-    /// Parses the line; the command name (field 2) may hold spaces and parentheses, so
-    /// fields are counted from its last `)`.
-    fn parse(line: &str) -> Option<Stat> {
-        let rest = &line[line.rfind(')')? + 1..];
-        // Fields from 3 (state) on: index = field number - 3.
-        let f: Vec<&str> = rest.split_ascii_whitespace().collect();
-        let num = |field: usize| f.get(field - 3)?.parse::<i64>().ok();
-        let cpu = [14, 15, 16, 17]
-            .into_iter()
-            .map(|i| num(i).map(|v| v.max(0) as u64))
-            .sum::<Option<u64>>()?;
-        Some(Stat {
-            ppid: i32::try_from(num(4)?).ok()?,
-            cpu_ticks: cpu,
-            threads: u32::try_from(num(20)?.max(0)).ok()?,
-            rss_pages: num(24)?.max(0) as u64,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_from_the_last_parenthesis() {
-        let line = "42 (a) b (c)) S 7 42 42 0 -1 4194560 100 0 0 0 11 22 33 44 20 0 3 0 \
-                    123 456789 99 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
-        assert_eq!(
-            Stat::parse(line),
-            Some(Stat {
-                ppid: 7,
-                cpu_ticks: 110,
-                threads: 3,
-                rss_pages: 99
-            })
-        );
-        assert_eq!(Stat::parse("42 (no close paren"), None);
-    }
 
     #[test]
     fn the_callers_own_tree_counts_itself_and_a_child() {

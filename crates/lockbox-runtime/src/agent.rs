@@ -1,7 +1,7 @@
 //! The runtime's end of a sandbox's agent: requests with ids, replies matched by a reader
 //! task, exit events of spawned commands kept until someone asks.
 
-use lockbox_confine::agent::{wire, AgentError, Body, Message, Op, Reply, Request};
+use lockbox_agent::{wire, AgentError, Body, Message, Op, Reply, Request};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};

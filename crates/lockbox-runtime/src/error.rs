@@ -146,6 +146,11 @@ pub enum RuntimeError {
         /// The workdir-relative paths that changed (in `details.paths`).
         paths: Vec<std::path::PathBuf>,
     },
+    /// The sandbox's agent broke the protocol's contract: another protocol version (an
+    /// agent executable of another lockbox build; wire code `SETUP_FAILED`) or a reply of
+    /// the wrong kind (`INTERNAL`). The details name both sides.
+    #[error("sandbox agent: {0}")]
+    Protocol(#[from] lockbox_agent::ProtocolError),
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -176,7 +181,10 @@ impl RuntimeError {
             RuntimeError::SetupFailed(_) | RuntimeError::Setup(_) => ErrorCode::SetupFailed,
             RuntimeError::Branch(e) => e.code(),
             RuntimeError::Conflict { .. } => ErrorCode::Conflict,
-            RuntimeError::Internal(_) => ErrorCode::Internal,
+            RuntimeError::Protocol(lockbox_agent::ProtocolError::VersionMismatch { .. }) => {
+                ErrorCode::SetupFailed
+            }
+            RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
 
@@ -216,6 +224,14 @@ impl RuntimeError {
                     .collect();
                 json!({ "paths": paths })
             }
+            RuntimeError::Protocol(lockbox_agent::ProtocolError::VersionMismatch {
+                runtime,
+                agent,
+            }) => json!({ "runtime_protocol": runtime, "agent_protocol": agent }),
+            RuntimeError::Protocol(lockbox_agent::ProtocolError::UnexpectedReply {
+                expected,
+                received,
+            }) => json!({ "expected": expected, "received": received }),
             RuntimeError::SetupFailed(_) | RuntimeError::Branch(_) | RuntimeError::Internal(_) => {
                 json!({})
             }
@@ -231,5 +247,36 @@ impl RuntimeError {
             field: field.to_owned(),
             message: message.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockbox_agent::{Body, ProtocolError, PROTOCOL_VERSION};
+
+    #[test]
+    fn an_agent_of_another_version_fails_setup_naming_both_versions() {
+        let e = RuntimeError::from(ProtocolError::VersionMismatch {
+            runtime: PROTOCOL_VERSION,
+            agent: 99,
+        });
+        assert_eq!(e.code(), ErrorCode::SetupFailed);
+        assert_eq!(
+            e.details(),
+            json!({ "runtime_protocol": PROTOCOL_VERSION, "agent_protocol": 99 })
+        );
+        assert!(e.to_string().contains("version 99"), "{e}");
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_kind_is_internal_naming_both_kinds() {
+        let e = RuntimeError::from(Body::Done.unexpected("spawned"));
+        assert_eq!(e.code(), ErrorCode::Internal);
+        assert_eq!(
+            e.details(),
+            json!({ "expected": "spawned", "received": "done" })
+        );
+        assert!(e.to_string().contains("`done` where `spawned`"), "{e}");
     }
 }

@@ -1,8 +1,8 @@
 //! File operations: the agent resolves and opens inside the sandbox (see
-//! `lockbox_confine::agent`), the runtime streams the bytes through the descriptors it
+//! `lockbox_agent`), the runtime streams the bytes through the descriptors it
 //! sends back, so no host privilege touches a sandbox path and nothing is buffered whole.
 
-use lockbox_confine::agent::{AgentError, Body, EntryStat, Op};
+use lockbox_agent::{AgentError, Body, EntryStat, Op};
 use std::io::SeekFrom;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
@@ -67,10 +67,6 @@ async fn call(
         .map_err(|e| map_error(e, path, writing))
 }
 
-fn unexpected(b: Body) -> RuntimeError {
-    RuntimeError::internal(format!("unexpected agent reply {b:?}"))
-}
-
 fn check_path(path: &str) -> Result<(), RuntimeError> {
     if path.is_empty() || path.contains('\0') {
         return Err(RuntimeError::invalid(
@@ -89,7 +85,7 @@ pub(crate) async fn read_file(
     check_path(path)?;
     let (body, fds) = call(agent, Op::Open { path: path.into() }, path, false).await?;
     let Body::Opened { size } = body else {
-        return Err(unexpected(body));
+        return Err(body.unexpected("opened").into());
     };
     let fd = fds
         .into_iter()
@@ -139,7 +135,7 @@ pub(crate) async fn write_file(
     };
     let (b, fds) = call(agent, op, path, true).await?;
     let Body::WriteStarted { token } = b else {
-        return Err(unexpected(b));
+        return Err(b.unexpected("write_started").into());
     };
     let fd = fds
         .into_iter()
@@ -178,7 +174,7 @@ pub(crate) async fn write_file(
     .await?
     {
         (Body::Stat(st), _) => Ok(stat_of(st)),
-        (b, _) => Err(unexpected(b)),
+        (b, _) => Err(b.unexpected("stat").into()),
     }
 }
 
@@ -186,7 +182,7 @@ pub(crate) async fn stat(agent: &AgentClient, path: &str) -> Result<FileStat, Ru
     check_path(path)?;
     match call(agent, Op::Stat { path: path.into() }, path, false).await? {
         (Body::Stat(st), _) => Ok(stat_of(st)),
-        (b, _) => Err(unexpected(b)),
+        (b, _) => Err(b.unexpected("stat").into()),
     }
 }
 
@@ -208,7 +204,7 @@ pub(crate) async fn list(
     };
     let (b, fds) = call(agent, op, path, false).await?;
     let Body::Listed { .. } = b else {
-        return Err(unexpected(b));
+        return Err(b.unexpected("listed").into());
     };
     let fd = fds
         .into_iter()
@@ -259,7 +255,7 @@ pub(crate) async fn mkdir(
     };
     match call(agent, op, path, true).await? {
         (Body::Stat(st), _) => Ok(stat_of(st)),
-        (b, _) => Err(unexpected(b)),
+        (b, _) => Err(b.unexpected("stat").into()),
     }
 }
 
@@ -291,7 +287,7 @@ pub(crate) async fn rename(
     };
     match call(agent, op, from, true).await {
         Ok((Body::Stat(st), _)) => Ok(stat_of(st)),
-        Ok((b, _)) => Err(unexpected(b)),
+        Ok((b, _)) => Err(b.unexpected("stat").into()),
         // The destination is what exists.
         Err(RuntimeError::AlreadyExists { .. }) => {
             Err(RuntimeError::AlreadyExists { path: to.into() })

@@ -5,17 +5,26 @@
 //! How it fits together (details in `docs/runtime.md`, concurrency in
 //! `docs/concurrency.md`):
 //! - a sandbox is one `lockbox_confine::Spawn::agent` whose command is the in-sandbox agent
-//!   (`lockbox_confine::agent`, the lockbox binary re-executed inside); the runtime talks to
-//!   it over a `SOCK_SEQPACKET` socket (`agent`), and it starts commands under subreaper
-//!   shims and sends back the host ends of their pipes and PTYs;
+//!   (crate `lockbox-agent`); the runtime talks to it over a `SOCK_SEQPACKET` socket
+//!   (`agent`) in `lockbox-agent`'s versioned protocol, and it starts commands under
+//!   subreaper shims and sends back the host ends of their pipes and PTYs;
 //! - `session`: persistent bash with a one-line-per-command protocol;
 //! - `process` + `log`: background processes and their bounded logs;
 //! - `files`: file operations, resolved by the agent, streamed by the runtime;
 //! - `workspace`: changes/commit/abort of the sandbox's branch;
 //! - `store`: sandbox metadata in SQLite.
 //!
-//! Not here: HTTP (`lockbox-server`), confinement itself (`lockbox-confine`), branches and
-//! the commit engine (`lockbox-cow`).
+//! Which executable is the agent ([`RuntimeConfig::agent_exe`]): by default the current
+//! executable, re-executed, whose `main` must call [`main_if_agent`] first thing. The default
+//! stays the dispatch function, not a path to `lockbox-agent`'s binary, because that keeps
+//! `lockbox serve` a single installed file (no second binary to find, version or keep in
+//! step with the runtime); hosts that cannot dispatch (the runtime's own tests and
+//! benchmarks, the Python extension inside an interpreter, embedders) set `agent_exe` to the
+//! `lockbox-agent` binary instead. Either way the agent's [`PROTOCOL_VERSION`] is checked at
+//! the handshake: a mismatch is [`RuntimeError::Protocol`].
+//!
+//! Not here: HTTP (`lockbox-server`), confinement itself (`lockbox-confine`), the agent and
+//! its protocol (`lockbox-agent`), branches and the commit engine (`lockbox-cow`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -38,6 +47,7 @@ pub use crate::error::RuntimeError;
 pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
 pub use crate::types::*;
 pub use crate::util::rfc3339;
+pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side};
 

@@ -12,7 +12,7 @@ use crate::sandbox::LogReservation;
 use crate::types::{OutputStream, ProcessInfo, ProcessState};
 use crate::util::{read_pending, read_some, Read, READ_CHUNK};
 use crate::RuntimeError;
-use lockbox_confine::agent::Io;
+use lockbox_agent::Io;
 
 /// One background process.
 #[derive(Debug)]

@@ -4,7 +4,7 @@
 //! `abort` replaces the instance (a fresh branch needs a fresh overlay mount), everything
 //! else works on the instance it started with.
 
-use lockbox_confine::agent::{Body, Io, Op, SpawnSpec, AGENT_ARG};
+use lockbox_agent::{Body, Io, Op, SpawnSpec, AGENT_ARG};
 use lockbox_cow::Branch;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -246,7 +246,17 @@ async fn spawn_agent(
     .map_err(setup_failed)?;
     let agent = AgentClient::new(ours)?;
     match agent.call(Op::Hello).await {
-        Ok((Ok(Body::Hello { .. }), _)) => Ok((running, agent)),
+        Ok((Ok(body), _)) => match lockbox_agent::check_hello(body) {
+            Ok(_) => Ok((running, agent)),
+            Err(e) => {
+                // An agent that answers, but not as this runtime speaks: end its sandbox.
+                let _ = tokio::task::spawn_blocking(move || {
+                    running.stop(Duration::ZERO, lockbox_confine::StopReason::Requested)
+                })
+                .await;
+                Err(e.into())
+            }
+        },
         other => {
             // The agent never answered: the sandbox failed to set up. Its report says why.
             let why = tokio::task::spawn_blocking(move || {
@@ -463,7 +473,7 @@ impl Instance {
             .await?;
         let pid = match result {
             Ok(Body::Spawned { pid }) => pid,
-            Ok(other) => return Err(RuntimeError::internal(format!("agent replied {other:?}"))),
+            Ok(other) => return Err(other.unexpected("spawned").into()),
             Err(e) => return Err(RuntimeError::invalid("command", e.message)),
         };
         let p = Process::start(&self.agent, id.clone(), pid, argv, fds, io, reservation)?;

@@ -18,7 +18,7 @@
 //! `SESSION_TERMINATED`, and so does a status line that is not the running command's.
 
 use bytes::Bytes;
-use lockbox_confine::agent::{Body, Io, Op, SpawnSpec};
+use lockbox_agent::{Body, Io, Op, SpawnSpec};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -114,7 +114,7 @@ impl Session {
         let (result, fds) = agent.call(Op::Spawn(spec)).await?;
         let pid = match result {
             Ok(Body::Spawned { pid }) => pid,
-            Ok(other) => return Err(RuntimeError::internal(format!("agent replied {other:?}"))),
+            Ok(other) => return Err(other.unexpected("spawned").into()),
             Err(e) => {
                 return Err(RuntimeError::SetupFailed(format!(
                     "starting bash: {}",

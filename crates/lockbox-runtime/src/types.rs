@@ -55,8 +55,9 @@ pub struct RuntimeConfig {
     /// opens. `lost` ones are kept (their branches wait for review).
     pub keep_stopped: usize,
     /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
-    /// (see [`lockbox_confine::agent`]). `None` = the current executable, which must then
-    /// dispatch to [`lockbox_confine::agent::main_if_agent`] first thing in `main`.
+    /// (see [`lockbox_agent`]): typically `lockbox-agent`'s binary. `None` = the current
+    /// executable, which must then dispatch to [`lockbox_agent::main_if_agent`] first thing
+    /// in `main` (as `lockbox` does).
     pub agent_exe: Option<PathBuf>,
 }
 

@@ -1,6 +1,8 @@
 //! Helpers of the runtime's end-to-end tests: a runtime over a scratch state directory with
-//! the package's `lockbox-agent` binary, and re-running a test as uid 65534.
+//! the `lockbox-agent` binary (see [`agent_bin`]), and re-running a test as uid 65534.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod agent_bin;
 
 use lockbox_runtime::{ExecRequest, ExecResult, Runtime, RuntimeConfig, Sandbox, SandboxSpec};
 use std::os::unix::fs::PermissionsExt;
@@ -51,16 +53,18 @@ fn executable_copy(src: &Path, name: &str) -> PathBuf {
     bin
 }
 
-/// The agent binary, copied where uid 65534 can execute it.
+/// The agent binary, copied where uid 65534 can execute it. The re-run as uid 65534 gets
+/// the copy root made (it could not run cargo in the target directory).
 pub fn agent_exe() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        executable_copy(
-            Path::new(env!("CARGO_BIN_EXE_lockbox-agent")),
-            "lockbox-agent",
-        )
+    BIN.get_or_init(|| match std::env::var_os(AGENT_COPY_VAR) {
+        Some(copy) => PathBuf::from(copy),
+        None => executable_copy(&agent_bin::build_agent(), "lockbox-agent"),
     })
 }
+
+/// Names the agent's copy for the re-run as uid 65534.
+const AGENT_COPY_VAR: &str = "LOCKBOX_RT_TEST_AGENT";
 
 pub async fn runtime(state: &Path) -> Runtime {
     let mut config = RuntimeConfig::new(state);
@@ -131,6 +135,7 @@ pub fn also_as_nobody(name: &str) {
     let out = std::process::Command::new(copy)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env("LOCKBOX_RT_TEST_NOBODY", "1")
+        .env(AGENT_COPY_VAR, agent_exe())
         .env("TMPDIR", nobody_tmp())
         .current_dir("/")
         .uid(65534)

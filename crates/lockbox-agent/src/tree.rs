@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::sys;
+use lockbox_confine::proc_stat::ProcStat;
+use lockbox_confine::raw;
 
 /// Live (non-zombie) descendants of `root`, parents before children.
 pub fn descendants(root: i32) -> Vec<i32> {
@@ -20,10 +21,9 @@ pub fn descendants(root: i32) -> Vec<i32> {
         else {
             continue;
         };
-        if let Some((ppid, zombie)) = parent_of(pid) {
-            if !zombie {
-                children.entry(ppid).or_default().push(pid);
-            }
+        match ProcStat::read(pid) {
+            Ok(stat) if !stat.is_zombie() => children.entry(stat.ppid).or_default().push(pid),
+            _ => {}
         }
     }
     let mut out = Vec::new();
@@ -39,18 +39,6 @@ pub fn descendants(root: i32) -> Vec<i32> {
     out
 }
 
-/// (parent pid, is a zombie) from `/proc/PID/stat`.
-fn parent_of(pid: i32) -> Option<(i32, bool)> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain anything, including ')': fields follow the last one.
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    let mut fields = rest.split(' ');
-    let state = fields.next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((ppid, state == "Z" || state == "X"))
-}
-
 /// Sends `signal` to `main` (unless `spare_main`) and every live descendant of `shim`
 /// except `main`... i.e. to the whole tree below the shim.
 pub fn signal_tree(shim: i32, main: i32, signal: i32, spare_main: bool) {
@@ -58,7 +46,7 @@ pub fn signal_tree(shim: i32, main: i32, signal: i32, spare_main: bool) {
         if spare_main && pid == main {
             continue;
         }
-        let _ = sys::kill(pid, signal);
+        let _ = raw::kill(pid, signal);
     }
 }
 
@@ -75,7 +63,7 @@ pub fn kill_tree(shim: i32, main: i32, spare_main: bool, limit: Duration) -> boo
             return true;
         }
         for &pid in &alive {
-            let _ = sys::kill(pid, libc::SIGKILL);
+            let _ = raw::kill(pid, libc::SIGKILL);
         }
         if Instant::now() >= end {
             return false;

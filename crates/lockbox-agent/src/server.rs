@@ -9,11 +9,12 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use super::files::{self, PendingWrite, Roots};
-use super::proto::{AgentError, Body, Io, Message, Op, Reply, Request, SpawnSpec};
-use super::shim::{self, Shim};
-use super::{tree, wire};
-use crate::sys;
+use lockbox_confine::raw::{self, CommandFilter, Fork};
+
+use crate::files::{self, PendingWrite, Roots};
+use crate::proto::{AgentError, Body, Io, Message, Op, Reply, Request, SpawnSpec};
+use crate::shim::{self, Shim};
+use crate::{tree, wire, PROTOCOL_VERSION};
 
 /// A command the agent started.
 struct Child {
@@ -25,20 +26,20 @@ struct Child {
 struct Agent {
     ctl: OwnedFd,
     roots: Roots,
-    /// Stacked on every command (see [`crate::seccomp::openat2_enosys`]).
-    command_filter: Vec<seccompiler::sock_filter>,
+    /// Stacked on every command.
+    command_filter: CommandFilter,
     children: Vec<Child>,
     writes: HashMap<u64, PendingWrite>,
     next_token: u64,
 }
 
 /// Serves the runtime on `ctl` until it hangs up; then kills everything it started.
-pub(super) fn run(ctl: OwnedFd) -> i32 {
+pub(crate) fn run(ctl: OwnedFd) -> i32 {
     // The agent's filter allows openat2, its commands' filters do not: a command that could
     // ptrace the agent (same uid, same Landlock domain), write its /proc/PID/mem or take its
     // descriptors with pidfd_getfd could make it call openat2 (or anything else) on its
     // behalf. Non-dumpable closes all of those to a process without capabilities.
-    if let Err(e) = sys::prctl(libc::PR_SET_DUMPABLE, 0) {
+    if let Err(e) = raw::set_non_dumpable() {
         eprintln!("lockbox agent: making the agent non-dumpable: {e}");
         return 1;
     }
@@ -52,7 +53,7 @@ pub(super) fn run(ctl: OwnedFd) -> i32 {
     let mut agent = Agent {
         ctl,
         roots,
-        command_filter: crate::seccomp::openat2_enosys(),
+        command_filter: CommandFilter::new(),
         children: Vec::new(),
         writes: HashMap::new(),
         next_token: 1,
@@ -196,6 +197,7 @@ impl Agent {
                 Ok(Body::Hello {
                     pid: rustix::process::getpid().as_raw_nonzero().get(),
                     cwd: self.roots.work_path().to_owned(),
+                    protocol: PROTOCOL_VERSION,
                 }),
                 Vec::new(),
             ),
@@ -362,9 +364,9 @@ impl Agent {
         }
         let (report_r, report_w) = pipe()?;
         let raw_slots: Vec<RawFd> = slots.iter().map(|f| f.as_raw_fd()).collect();
-        match sys::fork() {
+        match raw::fork() {
             Err(e) => Err(err(Errno::from_raw_os_error(e.0), "fork")),
-            Ok(sys::Fork::Child) => shim::run(Shim {
+            Ok(Fork::Child) => shim::run(Shim {
                 slots: raw_slots,
                 report: report_w.as_raw_fd(),
                 argv: &spec.argv,
@@ -374,7 +376,7 @@ impl Agent {
                 controlling_tty: tty,
                 filter: &self.command_filter,
             }),
-            Ok(sys::Fork::Parent(shim)) => {
+            Ok(Fork::Parent(shim)) => {
                 drop((slots, report_w));
                 let mut first = [0u8; 4];
                 let main = if read_full(report_r.as_raw_fd(), &mut first) {
@@ -420,7 +422,7 @@ fn one(result: Result<Body, Errno>, path: &str) -> (Result<Body, AgentError>, Ve
 fn read_full(fd: RawFd, buf: &mut [u8]) -> bool {
     let mut got = 0;
     while got < buf.len() {
-        match sys::read(fd, &mut buf[got..]) {
+        match raw::read(fd, &mut buf[got..]) {
             Ok(0) | Err(_) => return false,
             Ok(n) => got += n,
         }

@@ -1,7 +1,21 @@
 //! The messages between the runtime and the agent: one JSON document per `SOCK_SEQPACKET`
-//! record, descriptors attached with `SCM_RIGHTS`.
+//! record, descriptors attached with `SCM_RIGHTS`. The runtime sends [`Request`]s; the agent
+//! sends [`Message`]s: a [`Reply`] to each request (same `id`) and an [`Message::Exit`]
+//! when a command it started has ended.
+//!
+//! The contract is versioned: [`Op::Hello`], the first request, is answered with
+//! [`Body::Hello`] carrying the agent's [`PROTOCOL_VERSION`], and [`check_hello`] refuses
+//! an agent of another version. A change that an older peer would misread (a renamed or
+//! removed field, a new required one, a changed meaning) bumps the version; a new
+//! operation or an optional field with a default does not need to, though a runtime that
+//! relies on it should.
 
 use serde::{Deserialize, Serialize};
+
+use crate::ProtocolError;
+
+/// The version of this protocol, sent in [`Body::Hello`].
+pub const PROTOCOL_VERSION: u32 = 1;
 
 /// A request to the agent. Replies carry the same `id`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -16,7 +30,7 @@ pub struct Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
-    /// Replies [`Body::Hello`]: the agent's pid and working directory.
+    /// Replies [`Body::Hello`]: the agent's protocol version, pid and working directory.
     Hello,
     /// Starts a command under a subreaper shim; replies [`Body::Spawned`] with descriptors
     /// (see [`Io`]).
@@ -161,6 +175,9 @@ pub enum Body {
         pid: i32,
         /// Its working directory (the sandbox's).
         cwd: String,
+        /// Its [`PROTOCOL_VERSION`]; absent (0) from agents that predate versioning.
+        #[serde(default)]
+        protocol: u32,
     },
     /// The command runs with this pid.
     Spawned {
@@ -229,4 +246,131 @@ pub enum Message {
         /// Signal, if one killed it.
         signal: Option<i32>,
     },
+}
+
+impl Body {
+    /// The reply's kind as it appears on the wire (`hello`, `spawned`, `stat`, ...), for
+    /// errors that name what came instead of what was expected.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Body::Done => "done",
+            Body::Hello { .. } => "hello",
+            Body::Spawned { .. } => "spawned",
+            Body::Opened { .. } => "opened",
+            Body::WriteStarted { .. } => "write_started",
+            Body::Stat(_) => "stat",
+            Body::Listed { .. } => "listed",
+        }
+    }
+
+    /// An [`ProtocolError::UnexpectedReply`] saying that `expected` was due and this came.
+    pub fn unexpected(&self, expected: &'static str) -> ProtocolError {
+        ProtocolError::UnexpectedReply {
+            expected,
+            received: self.kind(),
+        }
+    }
+}
+
+/// What the agent said in [`Body::Hello`], once its version is known to match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The agent's pid in the sandbox.
+    pub pid: i32,
+    /// Its working directory.
+    pub cwd: String,
+}
+
+/// Checks the reply to [`Op::Hello`]: a [`Body::Hello`] of this [`PROTOCOL_VERSION`], or a
+/// typed error naming what was wrong (another version, another reply).
+pub fn check_hello(body: Body) -> Result<Hello, ProtocolError> {
+    match body {
+        Body::Hello { pid, cwd, protocol } if protocol == PROTOCOL_VERSION => {
+            Ok(Hello { pid, cwd })
+        }
+        Body::Hello { protocol, .. } => Err(ProtocolError::VersionMismatch {
+            runtime: PROTOCOL_VERSION,
+            agent: protocol,
+        }),
+        other => Err(other.unexpected("hello")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn an_agent_of_another_protocol_version_is_refused_naming_both_versions() {
+        let body = Body::Hello {
+            pid: 1,
+            cwd: "/".into(),
+            protocol: PROTOCOL_VERSION + 1,
+        };
+        let err = check_hello(body).unwrap_err();
+        assert_eq!(
+            err,
+            ProtocolError::VersionMismatch {
+                runtime: PROTOCOL_VERSION,
+                agent: PROTOCOL_VERSION + 1
+            }
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("version {}", PROTOCOL_VERSION + 1)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("version {PROTOCOL_VERSION}")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_agent_that_predates_versioning_is_refused_as_version_0() {
+        let body: Body = serde_json::from_str(r#"{"hello":{"pid":3,"cwd":"/w"}}"#).unwrap();
+        assert_eq!(
+            check_hello(body).unwrap_err(),
+            ProtocolError::VersionMismatch {
+                runtime: PROTOCOL_VERSION,
+                agent: 0
+            }
+        );
+    }
+
+    #[test]
+    fn an_agent_of_this_version_is_accepted() {
+        let hello = Body::Hello {
+            pid: 7,
+            cwd: "/work".into(),
+            protocol: PROTOCOL_VERSION,
+        };
+        let wire = serde_json::to_string(&hello).unwrap();
+        let back: Body = serde_json::from_str(&wire).unwrap();
+        assert_eq!(
+            check_hello(back).unwrap(),
+            Hello {
+                pid: 7,
+                cwd: "/work".into()
+            }
+        );
+    }
+
+    #[test]
+    fn an_unexpected_reply_names_the_expected_and_the_received_kind() {
+        let err = check_hello(Body::Done).unwrap_err();
+        assert_eq!(
+            err,
+            ProtocolError::UnexpectedReply {
+                expected: "hello",
+                received: "done"
+            }
+        );
+        let text = err.to_string();
+        assert!(text.contains("hello") && text.contains("done"), "{text}");
+        let err = Body::Listed { count: 2 }.unexpected("stat");
+        assert!(err.to_string().contains("listed"), "{err}");
+        assert!(err.to_string().contains("stat"), "{err}");
+    }
 }

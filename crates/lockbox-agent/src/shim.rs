@@ -9,11 +9,12 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::process::Command;
 use std::time::Duration;
 
-use super::tree;
-use crate::sys;
+use lockbox_confine::raw::{self, CommandFilter};
+
+use crate::tree;
 
 /// What the shim does; `slots[i]` becomes descriptor `i` of the command.
-pub(super) struct Shim<'a> {
+pub(crate) struct Shim<'a> {
     pub slots: Vec<RawFd>,
     pub report: RawFd,
     pub argv: &'a [String],
@@ -22,44 +23,44 @@ pub(super) struct Shim<'a> {
     pub env: &'a [(String, String)],
     pub controlling_tty: bool,
     /// Stacked on the shim (and so on the command) before anything else.
-    pub filter: &'a [seccompiler::sock_filter],
+    pub filter: &'a CommandFilter,
 }
 
 /// Runs the shim in the forked child. Never returns.
-pub(super) fn run(shim: Shim<'_>) -> ! {
+pub(crate) fn run(shim: Shim<'_>) -> ! {
     let code = match setup_and_wait(&shim) {
         Ok(()) => 0,
         Err(()) => 127,
     };
-    sys::exit(code)
+    raw::exit(code)
 }
 
 fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
     // First, so that no code of the command ever runs without it; the shim itself needs
     // no openat2. On failure the command is not started (its start reports the errno).
-    if let Err(e) = sys::seccomp_set_filter(shim.filter) {
-        let _ = sys::write_all(shim.report, &(-e.0).to_le_bytes());
+    if let Err(e) = shim.filter.install() {
+        let _ = raw::write_all(shim.report, &(-e.0).to_le_bytes());
         return Err(());
     }
     let _ = rustix::process::setsid();
-    let _ = sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+    let _ = raw::set_child_subreaper();
     // Put the slots in place: first above every target, then onto 0..n.
     let n = shim.slots.len() as RawFd;
     let high: Vec<RawFd> = shim
         .slots
         .iter()
-        .map(|&fd| sys::dup_above(fd, 100))
+        .map(|&fd| raw::dup_above(fd, 100))
         .collect::<Result<_, _>>()
         .map_err(drop)?;
-    let report = sys::dup_above(shim.report, 100).map_err(drop)?;
+    let report = raw::dup_above(shim.report, 100).map_err(drop)?;
     for (i, &fd) in high.iter().enumerate() {
-        sys::dup2(fd, i as RawFd).map_err(drop)?;
+        raw::dup2(fd, i as RawFd).map_err(drop)?;
     }
-    sys::dup2(report, n).map_err(drop)?;
-    sys::set_cloexec(n).map_err(drop)?;
+    raw::dup2(report, n).map_err(drop)?;
+    raw::set_cloexec(n).map_err(drop)?;
     let report = n;
     // Nothing of the agent (its socket, other commands' pipes) may stay open here.
-    sys::close_range((n + 1) as u32, u32::MAX);
+    raw::close_range((n + 1) as u32, u32::MAX);
     if shim.controlling_tty {
         let _ = rustix::process::ioctl_tiocsctty(std::io::stdin());
     }
@@ -76,7 +77,7 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
         Ok(child) => child,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
-            let _ = sys::write_all(report, &(-errno).to_le_bytes());
+            let _ = raw::write_all(report, &(-errno).to_le_bytes());
             let _ = writeln!(
                 std::io::stderr(),
                 "lockbox: cannot run {:?}: {e}",
@@ -86,7 +87,7 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
         }
     };
     let main = child.id() as i32;
-    sys::write_all(report, &main.to_le_bytes()).map_err(drop)?;
+    raw::write_all(report, &main.to_le_bytes()).map_err(drop)?;
     // Our copies of the command's descriptors would keep its pipes from reaching EOF.
     if let Ok(null) = std::fs::File::options()
         .read(true)
@@ -94,11 +95,11 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
         .open("/dev/null")
     {
         for fd in 0..3 {
-            let _ = sys::dup2(null.as_raw_fd(), fd);
+            let _ = raw::dup2(null.as_raw_fd(), fd);
         }
     }
     for fd in 3..n {
-        sys::close(fd);
+        raw::close(fd);
     }
     let status = wait_for(main);
     // The command is done: nothing it started outlives it.
@@ -121,7 +122,7 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
     let mut record = [0u8; 8];
     record[..4].copy_from_slice(&code.to_le_bytes());
     record[4..].copy_from_slice(&signal.to_le_bytes());
-    let _ = sys::write_all(report, &record);
+    let _ = raw::write_all(report, &record);
     Ok(())
 }
 

@@ -14,10 +14,10 @@ use rustix::io::Errno;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use super::proto::EntryStat;
+use crate::proto::EntryStat;
 
 /// The two starting points of resolution.
-pub(super) struct Roots {
+pub(crate) struct Roots {
     root: OwnedFd,
     work: OwnedFd,
     work_path: String,
@@ -147,7 +147,7 @@ impl Target<'_> {
 }
 
 /// Opens a regular file for reading: (file, size).
-pub(super) fn open_read(roots: &Roots, path: &str) -> Result<(OwnedFd, u64), Errno> {
+pub(crate) fn open_read(roots: &Roots, path: &str) -> Result<(OwnedFd, u64), Errno> {
     let t = roots.target(path)?;
     let fd = t.open(&t.comps, OFlags::RDONLY | OFlags::NONBLOCK)?;
     let st = fstat(&fd)?;
@@ -159,7 +159,7 @@ pub(super) fn open_read(roots: &Roots, path: &str) -> Result<(OwnedFd, u64), Err
 }
 
 /// A write in progress: the temporary file's directory and names.
-pub(super) struct PendingWrite {
+pub(crate) struct PendingWrite {
     dir: OwnedFd,
     tmp: String,
     name: String,
@@ -167,7 +167,7 @@ pub(super) struct PendingWrite {
 }
 
 /// Creates the temporary file of an atomic write.
-pub(super) fn write_begin(
+pub(crate) fn write_begin(
     roots: &Roots,
     path: &str,
     mode: u32,
@@ -182,13 +182,7 @@ pub(super) fn write_begin(
         }
     }
     let tmp = format!(".{name}.lockbox-{token}.tmp");
-    // An O_PATH descriptor cannot be a base for creating files: reopen the directory.
-    let dir = rustix::fs::openat(
-        &dir,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let dir = reopen_dir(&dir)?;
     let file = rustix::fs::openat(
         &dir,
         tmp.as_str(),
@@ -207,7 +201,7 @@ pub(super) fn write_begin(
 }
 
 /// Renames the temporary file into place, or removes it.
-pub(super) fn write_end(w: PendingWrite, commit: bool) -> Result<Option<EntryStat>, Errno> {
+pub(crate) fn write_end(w: PendingWrite, commit: bool) -> Result<Option<EntryStat>, Errno> {
     if !commit {
         unlinkat(&w.dir, w.tmp.as_str(), AtFlags::empty())?;
         return Ok(None);
@@ -227,7 +221,7 @@ pub(super) fn write_end(w: PendingWrite, commit: bool) -> Result<Option<EntrySta
 }
 
 /// Stats a path without following a final symlink.
-pub(super) fn stat(roots: &Roots, path: &str) -> Result<EntryStat, Errno> {
+pub(crate) fn stat(roots: &Roots, path: &str) -> Result<EntryStat, Errno> {
     let t = roots.target(path)?;
     if t.comps.is_empty() {
         let fd = t.open(&[], OFlags::PATH | OFlags::DIRECTORY)?;
@@ -240,7 +234,7 @@ pub(super) fn stat(roots: &Roots, path: &str) -> Result<EntryStat, Errno> {
 }
 
 /// Creates a directory.
-pub(super) fn mkdir(roots: &Roots, path: &str, parents: bool) -> Result<EntryStat, Errno> {
+pub(crate) fn mkdir(roots: &Roots, path: &str, parents: bool) -> Result<EntryStat, Errno> {
     let t = roots.target(path)?;
     let (dir, name) = t.parent(parents)?;
     match mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
@@ -257,16 +251,22 @@ pub(super) fn mkdir(roots: &Roots, path: &str, parents: bool) -> Result<EntrySta
     Ok(entry(&dir, name, t.display.clone(), &st))
 }
 
-/// Removes an entry (a directory only if empty or `recursive`).
-pub(super) fn remove(roots: &Roots, path: &str, recursive: bool) -> Result<(), Errno> {
-    let t = roots.target(path)?;
-    let (dir, name) = t.parent(false)?;
-    let dir = rustix::fs::openat(
-        &dir,
+/// A real descriptor of the directory `dir` (an `O_PATH` one) refers to: an `O_PATH`
+/// descriptor cannot be a base for creating, reading or removing entries.
+fn reopen_dir(dir: &OwnedFd) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        dir,
         ".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
-    )?;
+    )
+}
+
+/// Removes an entry (a directory only if empty or `recursive`).
+pub(crate) fn remove(roots: &Roots, path: &str, recursive: bool) -> Result<(), Errno> {
+    let t = roots.target(path)?;
+    let (dir, name) = t.parent(false)?;
+    let dir = reopen_dir(&dir)?;
     let st = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         return unlinkat(&dir, name, AtFlags::empty());
@@ -298,7 +298,7 @@ fn remove_contents(parent: &OwnedFd, name: &str) -> Result<(), Errno> {
 }
 
 /// Renames `from` to `to`.
-pub(super) fn rename(
+pub(crate) fn rename(
     roots: &Roots,
     from: &str,
     to: &str,
@@ -319,7 +319,7 @@ pub(super) fn rename(
 }
 
 /// Lists a directory into `out` as JSON lines; returns the count.
-pub(super) fn list(
+pub(crate) fn list(
     roots: &Roots,
     path: &str,
     recursive: bool,
