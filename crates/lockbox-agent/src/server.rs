@@ -289,6 +289,16 @@ impl Agent {
                     Err(e) => (Err(fail(e, &path)), Vec::new()),
                 }
             }
+            Op::Connect { port } => match connect_loopback(port) {
+                Ok((peer, fd)) => (Ok(Body::Connected { peer }), vec![fd]),
+                Err(e) => (
+                    Err(AgentError {
+                        errno: e.raw_os_error().unwrap_or(libc::EIO),
+                        message: format!("connecting to port {port} in the sandbox: {e}"),
+                    }),
+                    Vec::new(),
+                ),
+            },
         }
     }
 
@@ -428,4 +438,30 @@ fn read_full(fd: RawFd, buf: &mut [u8]) -> bool {
         }
     }
     true
+}
+
+/// Longest a connect to the sandbox's loopback may take: the kernel answers at once
+/// (accepted into the backlog, or refused); only a listener whose backlog is full leaves
+/// it waiting, and the agent's single thread must not wait long on it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connects to `port` on the sandbox's loopback: 127.0.0.1 first, then ::1 (servers that
+/// bind only the IPv6 loopback). The socket is the agent's, made in the sandbox's network
+/// namespace under every wall the sandbox has, so it reaches only what its code could.
+fn connect_loopback(port: u16) -> std::io::Result<(String, OwnedFd)> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+    if port == 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let first = match TcpStream::connect_timeout(&v4, CONNECT_TIMEOUT) {
+        Ok(s) => return Ok((v4.to_string(), OwnedFd::from(s))),
+        Err(e) => e,
+    };
+    let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+    match TcpStream::connect_timeout(&v6, CONNECT_TIMEOUT) {
+        Ok(s) => Ok((v6.to_string(), OwnedFd::from(s))),
+        // The IPv4 failure says more (::1 may simply not exist).
+        Err(_) => Err(first),
+    }
 }
