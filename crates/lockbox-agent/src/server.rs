@@ -90,12 +90,18 @@ impl Agent {
                             let (result, fds) = self.handle(req.op);
                             (Reply { id: req.id, result }, fds)
                         }
+                        // Answered under the request's own id when it has one (an
+                        // operation this agent does not know, from a newer runtime), so the
+                        // caller gets the error instead of waiting for a reply forever.
                         Err(e) => (
                             Reply {
-                                id: 0,
+                                id: request_id(&buf[..n]),
                                 result: Err(AgentError {
                                     errno: libc::EINVAL,
-                                    message: format!("bad request: {e}"),
+                                    message: format!(
+                                        "bad request (this agent speaks protocol {}): {e}",
+                                        crate::PROTOCOL_VERSION
+                                    ),
                                 }),
                             },
                             Vec::new(),
@@ -463,5 +469,25 @@ fn connect_loopback(port: u16) -> std::io::Result<(String, OwnedFd)> {
         Ok(s) => Ok((v6.to_string(), OwnedFd::from(s))),
         // The IPv4 failure says more (::1 may simply not exist).
         Err(_) => Err(first),
+    }
+}
+
+/// The `id` of a request this agent cannot parse as a whole (0 if it has none).
+fn request_id(data: &[u8]) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        id: u64,
+    }
+    serde_json::from_slice::<IdOnly>(data).map_or(0, |r| r.id)
+}
+
+#[cfg(test)]
+mod request_id_tests {
+    use super::request_id;
+
+    #[test]
+    fn a_request_with_an_unknown_operation_keeps_its_id() {
+        assert_eq!(request_id(br#"{"id": 42, "op": {"Teleport": {}}}"#), 42);
+        assert_eq!(request_id(b"not json"), 0);
     }
 }
