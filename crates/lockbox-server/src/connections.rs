@@ -97,8 +97,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
             }
         };
         // Without it, a response written while the client still delays its ACK of the last
-        // one on a kept-alive connection waits up to 40 ms (Nagle): every request of a page
-        // after the first paid that.
+        // one on a kept-alive connection can wait for that ACK (Nagle: up to 40 ms on Linux).
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("setting TCP_NODELAY: {e}");
         }

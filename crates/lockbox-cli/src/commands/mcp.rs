@@ -41,7 +41,7 @@ pub struct McpArgs {
     pub max_sandboxes: usize,
     /// Delete a sandbox after this long without a tool call on it (a sandbox's own
     /// idle_timeout_ms overrides it) [default: never].
-    #[arg(long, value_name = "DURATION", value_parser = parse_dur)]
+    #[arg(long, value_name = "DURATION", value_parser = super::serve::parse_dur)]
     pub idle_timeout: Option<Duration>,
 }
 
@@ -51,14 +51,6 @@ fn parse_positive(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(format!("{s:?} is not a number: {e}")),
     }
-}
-
-fn parse_dur(s: &str) -> Result<Duration, String> {
-    let d = lockbox_policy::parse_duration(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(d)
 }
 
 /// Runs the stdio server until stdin closes; the exit code.

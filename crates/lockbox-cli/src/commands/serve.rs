@@ -211,7 +211,8 @@ fn parse_size(s: &str) -> Result<ByteSize, String> {
         .map_err(|e: lockbox_policy::PolicyError| e.to_string())
 }
 
-fn parse_dur(s: &str) -> Result<Duration, String> {
+/// A duration flag: `10s`, `30m`...; zero is refused (shared with `lockbox mcp`).
+pub(crate) fn parse_dur(s: &str) -> Result<Duration, String> {
     let d = lockbox_policy::parse_duration(s).map_err(|e| e.to_string())?;
     if d.is_zero() {
         return Err("must be greater than zero".into());

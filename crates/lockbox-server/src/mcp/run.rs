@@ -32,16 +32,8 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             max_output,
         } => {
             let sandbox = runtime.sandbox(&id).await?;
-            // Its own task, as the HTTP route does: a cancelled call must not leave the
-            // session half-way through its protocol.
-            let result = tokio::spawn(async move { exec(&sandbox, request).await })
-                .await
-                .map_err(|e| {
-                    ApiError::new(
-                        lockbox_policy::ErrorCode::Internal,
-                        format!("exec task: {e}"),
-                    )
-                })??;
+            let result =
+                crate::routes::exec::detached(async move { exec(&sandbox, request).await }).await?;
             exec_result(&result, max_output)
         }
         ToolCall::ReadFile {

@@ -19,17 +19,23 @@ pub async fn exec(
 ) -> Result<Response, ApiError> {
     let request = body.into_request()?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    // Its own task: a client that disconnects must not cancel the command half-way through
-    // the session protocol; it runs to its end (or timeout) and the session stays usable.
-    let result = tokio::spawn(async move { sandbox.exec(request).await })
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                lockbox_policy::ErrorCode::Internal,
-                format!("exec task: {e}"),
-            )
-        })??;
+    let result = detached(async move { sandbox.exec(request).await }).await?;
     Ok(exec_reply(result))
+}
+
+/// Runs an exec in its own task: a client that disconnects must not cancel the command
+/// half-way through the session protocol; it runs to its end (or timeout) and the session
+/// stays usable. Shared by `/v1` and MCP.
+pub(crate) async fn detached<T: Send + 'static>(
+    exec: impl std::future::Future<Output = Result<T, lockbox_runtime::RuntimeError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    let result = tokio::spawn(exec).await.map_err(|e| {
+        ApiError::new(
+            lockbox_policy::ErrorCode::Internal,
+            format!("exec task: {e}"),
+        )
+    })?;
+    Ok(result?)
 }
 
 pub async fn stream(

@@ -2,7 +2,7 @@
 
 mod branches;
 mod console;
-mod exec;
+pub(crate) mod exec;
 mod files;
 mod journal;
 mod ports;
