@@ -1,0 +1,79 @@
+//! File watching: the agent watches (inotify, inside the sandbox) and sends events; the
+//! reader task puts them in the watch's bounded [`WatchSink`]; [`WatchStream`] takes them.
+//! Dropping the stream forgets the sink and asks the agent to stop.
+
+use lockbox_agent::{Body, Op};
+use std::sync::Arc;
+
+use crate::agent::{AgentClient, WatchSink};
+use crate::files::{check_path, map_error};
+use crate::streams::WatchStream;
+use crate::RuntimeError;
+
+/// Stops the watch when the stream is dropped.
+struct Unwatch {
+    agent: AgentClient,
+    id: u64,
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        self.agent.unregister_watch(self.id);
+        if self.agent.is_closed() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let agent = self.agent.clone();
+            let watch = self.id;
+            handle.spawn(async move {
+                let _ = agent.call(Op::Unwatch { watch }).await;
+            });
+        }
+    }
+}
+
+pub(crate) async fn watch(
+    agent: &AgentClient,
+    path: &str,
+    recursive: bool,
+) -> Result<WatchStream, RuntimeError> {
+    check_path(path)?;
+    let (id, sink) = agent.register_watch();
+    let guard = Unwatch {
+        agent: agent.clone(),
+        id,
+    };
+    let (result, _) = agent
+        .call(Op::Watch {
+            watch: id,
+            path: path.to_owned(),
+            recursive,
+        })
+        .await?;
+    let body = result.map_err(|e| match e.errno {
+        libc::EMFILE | libc::ENOSPC => RuntimeError::invalid(
+            "path",
+            format!("{path}: too many watches in this sandbox ({})", e.message),
+        ),
+        _ => map_error(e, path, false),
+    })?;
+    let Body::Watching {
+        path: watched,
+        is_dir,
+    } = body
+    else {
+        return Err(body.unexpected("watching").into());
+    };
+    let events = futures_util::stream::unfold(
+        (sink, guard),
+        |(sink, guard): (Arc<WatchSink>, Unwatch)| async move {
+            let ev = sink.next().await?;
+            Some((ev, (sink, guard)))
+        },
+    );
+    Ok(WatchStream {
+        path: watched,
+        is_dir,
+        inner: Box::pin(events),
+    })
+}
