@@ -10,6 +10,9 @@ use crate::files::{check_path, map_error};
 use crate::streams::WatchStream;
 use crate::RuntimeError;
 
+/// The agent's bound on watches per sandbox.
+const MAX_WATCHES: usize = 32;
+
 /// Stops the watch when the stream is dropped.
 struct Unwatch {
     agent: AgentClient,
@@ -51,10 +54,14 @@ pub(crate) async fn watch(
         })
         .await?;
     let body = result.map_err(|e| match e.errno {
-        libc::EMFILE | libc::ENOSPC => RuntimeError::invalid(
-            "path",
-            format!("{path}: too many watches in this sandbox ({})", e.message),
-        ),
+        libc::EMFILE => RuntimeError::LimitReached {
+            what: "watches per sandbox".into(),
+            limit: MAX_WATCHES,
+        },
+        libc::ENOSPC => RuntimeError::LimitReached {
+            what: format!("inotify watches of the sandbox's user ({})", e.message),
+            limit: 0,
+        },
         _ => map_error(e, path, false),
     })?;
     let Body::Watching {
