@@ -48,10 +48,11 @@ fn mask() -> WatchFlags {
 /// trailing `overflow` event. Consecutive `modified` events of one path are coalesced.
 pub fn push_bounded(queue: &mut VecDeque<WatchEvent>, ev: WatchEvent, cap: usize) {
     if let (WatchEvent::Change(new), Some(WatchEvent::Change(last))) = (&ev, queue.back()) {
-        if new.kind == ChangeKind::Modified && last.kind == ChangeKind::Modified {
-            if new.path == last.path {
-                return;
-            }
+        if new.kind == ChangeKind::Modified
+            && last.kind == ChangeKind::Modified
+            && new.path == last.path
+        {
+            return;
         }
     }
     if let WatchEvent::Overflow { dropped: None } = ev {
