@@ -17,6 +17,9 @@ const MAX_WATCHES: usize = 32;
 struct Unwatch {
     agent: AgentClient,
     id: u64,
+    /// The runtime the watch was made on: the stream may be dropped on a thread of no
+    /// runtime (a Python caller closing it).
+    handle: tokio::runtime::Handle,
 }
 
 impl Drop for Unwatch {
@@ -25,13 +28,11 @@ impl Drop for Unwatch {
         if self.agent.is_closed() {
             return;
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let agent = self.agent.clone();
-            let watch = self.id;
-            handle.spawn(async move {
-                let _ = agent.call(Op::Unwatch { watch }).await;
-            });
-        }
+        let agent = self.agent.clone();
+        let watch = self.id;
+        self.handle.spawn(async move {
+            let _ = agent.call(Op::Unwatch { watch }).await;
+        });
     }
 }
 
@@ -41,10 +42,12 @@ pub(crate) async fn watch(
     recursive: bool,
 ) -> Result<WatchStream, RuntimeError> {
     check_path(path)?;
+    let handle = tokio::runtime::Handle::try_current().map_err(RuntimeError::internal)?;
     let (id, sink) = agent.register_watch();
     let guard = Unwatch {
         agent: agent.clone(),
         id,
+        handle,
     };
     let (result, _) = agent
         .call(Op::Watch {

@@ -172,3 +172,30 @@ async fn watching_a_missing_or_outside_path_is_a_clear_error() {
     );
     rt.delete_sandbox(sb.id()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_has_at_most_32_watches_and_dropping_one_stops_it() {
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let mut held = Vec::new();
+    for _ in 0..32 {
+        held.push(sb.watch("/tmp", false).await.unwrap());
+    }
+    let err = sb.watch("/tmp", false).await.unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::LimitReached { limit: 32, .. }),
+        "{err}"
+    );
+    held.pop();
+    // The unwatch is sent when the stream is dropped; the agent takes requests in order.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut w = sb.watch("/tmp", false).await.unwrap();
+    run(&sb, "touch /tmp/x").await;
+    let mut seen = Vec::new();
+    until(&mut w, &mut seen, |s| {
+        has(s, ChangeKind::Created, "/tmp/x", false)
+    })
+    .await;
+    drop((held, w));
+    rt.delete_sandbox(sb.id()).await.unwrap();
+}
