@@ -177,11 +177,12 @@ async fn watching_a_missing_or_outside_path_is_a_clear_error() {
 async fn a_sandbox_has_at_most_32_watches_and_dropping_one_stops_it() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
+    run(&sb, "mkdir /tmp/l").await;
     let mut held = Vec::new();
     for _ in 0..32 {
-        held.push(sb.watch("/tmp", false).await.unwrap());
+        held.push(sb.watch("/tmp/l", false).await.unwrap());
     }
-    let err = sb.watch("/tmp", false).await.unwrap_err();
+    let err = sb.watch("/tmp/l", false).await.unwrap_err();
     assert!(
         matches!(err, RuntimeError::LimitReached { limit: 32, .. }),
         "{err}"
@@ -189,11 +190,11 @@ async fn a_sandbox_has_at_most_32_watches_and_dropping_one_stops_it() {
     held.pop();
     // The unwatch is sent when the stream is dropped; the agent takes requests in order.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut w = sb.watch("/tmp", false).await.unwrap();
-    run(&sb, "touch /tmp/x").await;
+    let mut w = sb.watch("/tmp/l", false).await.unwrap();
+    run(&sb, "touch /tmp/l/x").await;
     let mut seen = Vec::new();
     until(&mut w, &mut seen, |s| {
-        has(s, ChangeKind::Created, "/tmp/x", false)
+        has(s, ChangeKind::Created, "/tmp/l/x", false)
     })
     .await;
     drop((held, w));
