@@ -434,6 +434,33 @@ class RemoteSandbox:
         """Discards the branch's changes."""
         return self.client._request("POST", self._p("/abort"))
 
+    def _port(self, info: dict[str, Any]) -> dict[str, Any]:
+        info = dict(info)
+        if self.client.url.startswith(("http://", "https://")):  # not Sandbox.open's in-process client
+            info["url"] = self.client.url + info["path"]
+            info["ws_url"] = info["url"].replace("http", "ws", 1)
+        if info.get("host_address"):
+            info["host_url"] = f"http://{info['host_address']}/"
+        return info
+
+    def expose_port(self, port: int, *, host_loopback: bool = False) -> dict[str, Any]:
+        """Makes the server listening on ``port`` inside the sandbox reachable:
+        ``{"port", "path", "url", "ws_url"}`` — ``url`` is the server's authenticated proxy
+        (send the bearer token; the sandboxed server never sees it; absent on
+        :meth:`lockbox.Sandbox.open`'s sandboxes, which have no server) — and with
+        ``host_loopback`` also ``"host_address"``/``"host_url"``, a ``127.0.0.1`` port on
+        the server's host that forwards without a token. Exposing again is a no-op."""
+        info = self.client._request("POST", self._p("/ports"), body={"port": port, "host_loopback": host_loopback})
+        return self._port(info)
+
+    def ports(self) -> list[dict[str, Any]]:
+        """The exposed ports (as :meth:`expose_port` returns them)."""
+        return [self._port(p) for p in self.client._request("GET", self._p("/ports"))["ports"]]
+
+    def unexpose_port(self, port: int) -> None:
+        """Stops exposing ``port`` (``PORT_NOT_EXPOSED`` if it was not)."""
+        self.client._request("DELETE", self._p(f"/ports/{int(port)}"))
+
     def delete(self) -> dict[str, Any]:
         """Kills everything in the sandbox and removes it (its ``on_exit`` applies)."""
         return self.client._request("DELETE", self._p())
@@ -669,6 +696,18 @@ class AsyncSandbox:
     async def start_process(self, *args: Any, **kw: Any) -> Process:
         """See :meth:`RemoteSandbox.start_process` (the process handle is synchronous)."""
         return await asyncio.to_thread(self.sync.start_process, *args, **kw)
+
+    async def expose_port(self, port: int, **kw: Any) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.expose_port`."""
+        return await asyncio.to_thread(lambda: self.sync.expose_port(port, **kw))
+
+    async def ports(self) -> list[dict[str, Any]]:
+        """See :meth:`RemoteSandbox.ports`."""
+        return await asyncio.to_thread(self.sync.ports)
+
+    async def unexpose_port(self, port: int) -> None:
+        """See :meth:`RemoteSandbox.unexpose_port`."""
+        await asyncio.to_thread(self.sync.unexpose_port, port)
 
     async def changes(self) -> list[Change]:
         """See :meth:`RemoteSandbox.changes`."""

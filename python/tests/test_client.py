@@ -116,6 +116,40 @@ def test_workdir_branch_changes_commit_and_async(server, tmp_path):
     assert asyncio.run(main()) == ("async\n", "start", "exit")
 
 
+def test_exposed_port_is_fetched_through_the_proxy_and_the_host_port(server):
+    import time
+    import urllib.request
+
+    client = Client(*server)
+    with client.create() as box:
+        box.files.write("/tmp/site/hello.txt", b"hello-from-inside\n")
+        box.start_process(argv=["python3", "-m", "http.server", "8731", "--bind", "127.0.0.1",
+                                "--directory", "/tmp/site"])
+        port = box.expose_port(8731, host_loopback=True)
+        assert port["port"] == 8731 and port["url"].endswith(f"/v1/sandboxes/{box.id}/ports/8731/")
+        assert port["host_url"].startswith("http://127.0.0.1:")
+        assert [p["port"] for p in box.ports()] == [8731]
+        req = urllib.request.Request(port["url"] + "hello.txt", headers={"Authorization": f"Bearer {client.token}"})
+        for _ in range(200):
+            try:
+                body = urllib.request.urlopen(req, timeout=10).read()  # noqa: S310 - the test server
+                break
+            except urllib.error.HTTPError as e:
+                assert e.code == 502, e.read()
+                time.sleep(0.05)
+        assert body == b"hello-from-inside\n"
+        with urllib.request.urlopen(port["host_url"] + "hello.txt", timeout=10) as r:  # noqa: S310
+            assert r.read() == b"hello-from-inside\n"
+        box.unexpose_port(8731)
+        assert box.ports() == []
+        with pytest.raises(ServerError) as e:
+            box.unexpose_port(8731)
+        assert e.value.status == 404 and e.value.code == "PORT_NOT_EXPOSED"
+        with pytest.raises(ServerError) as e:
+            box.expose_port(0)
+        assert e.value.status == 400
+
+
 def test_watch_streams_created_moved_and_deleted_paths(server):
     client = Client(*server)
     with client.create() as box:

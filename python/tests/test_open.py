@@ -268,3 +268,29 @@ def test_the_gil_is_released_while_a_call_waits(tmp_path):
         stop.set()
         t.join()
     assert r.exit_code == 0 and during > 0
+
+
+def test_an_exposed_port_is_reached_on_its_host_loopback_port_locally_and_remotely(open_box):
+    import urllib.request
+
+    with open_box() as box:
+        box.files.write("/tmp/site/hello.txt", b"hello-from-inside\n")
+        box.start_process(argv=["python3", "-m", "http.server", "8741", "--bind", "127.0.0.1",
+                                "--directory", "/tmp/site"])
+        port = box.expose_port(8741, host_loopback=True)
+        assert port["port"] == 8741 and port["host_url"].startswith("http://127.0.0.1:")
+        assert ("url" in port) == (not isinstance(box, LocalSandbox)), port
+        body = None
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(port["host_url"] + "hello.txt", timeout=10) as r:  # noqa: S310
+                    body = r.read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert body == b"hello-from-inside\n"
+        assert [p["port"] for p in box.ports()] == [8741]
+        box.unexpose_port(8741)
+        with pytest.raises(ServerError) as e:
+            box.unexpose_port(8741)
+        assert e.value.code == "PORT_NOT_EXPOSED" and e.value.status == 404

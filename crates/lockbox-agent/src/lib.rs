@@ -5,8 +5,9 @@
 //! (`EXE __lockbox_agent FD`, bound read-only at [`lockbox_confine::AGENT_PATH`]). It serves
 //! the runtime over the `SOCK_SEQPACKET` socket `FD`: it starts commands (each under a
 //! subreaper shim, with pipes or a PTY made inside the sandbox whose host ends go back with
-//! `SCM_RIGHTS`), signals and kills their whole trees, and does file operations resolved
-//! inside the sandbox. It is inside every wall of the sandbox (namespaces, Landlock, seccomp,
+//! `SCM_RIGHTS`), signals and kills their whole trees, does file operations resolved
+//! inside the sandbox, and connects to ports on the sandbox's loopback for exposed ports
+//! (the connected socket goes back the same way). It is inside every wall of the sandbox (namespaces, Landlock, seccomp,
 //! no capabilities), so nothing it does on the runtime's behalf can reach further than the
 //! sandboxed code itself. It is single-threaded (which is what makes `fork` without `exec`
 //! safe for the shims) and never multiplexes output: the runtime reads the pipes directly.

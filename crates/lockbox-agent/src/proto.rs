@@ -113,6 +113,13 @@ pub enum Op {
         /// Replace an existing destination.
         overwrite: bool,
     },
+    /// Connects a TCP socket to `127.0.0.1:port` (or `[::1]:port` when that is refused)
+    /// in the sandbox's network namespace; replies [`Body::Connected`] with the connected
+    /// socket. Refused on both: `ECONNREFUSED` (nothing listens on the port).
+    Connect {
+        /// The port inside the sandbox (1-65535).
+        port: u16,
+    },
     /// Starts watching `path` (inotify); replies [`Body::Watching`]. Its events come as
     /// [`Message::WatchEvents`] until [`Op::Unwatch`].
     Watch {
@@ -215,6 +222,11 @@ pub enum Body {
     Listed {
         /// Entries.
         count: u64,
+    },
+    /// The socket of [`Op::Connect`] is attached.
+    Connected {
+        /// The address it connected to, as the sandbox sees it (`127.0.0.1:8000`).
+        peer: String,
     },
     /// A watch started ([`Op::Watch`]).
     Watching {
@@ -337,6 +349,7 @@ impl Body {
             Body::WriteStarted { .. } => "write_started",
             Body::Stat(_) => "stat",
             Body::Listed { .. } => "listed",
+            Body::Connected { .. } => "connected",
             Body::Watching { .. } => "watching",
         }
     }

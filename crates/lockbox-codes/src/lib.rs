@@ -212,6 +212,10 @@ codes! {
         ReadOnly = "READ_ONLY",
         PermissionDenied = "PERMISSION_DENIED",
         NoWorkdir = "NO_WORKDIR",
+        /// No exposed port of this number in the sandbox (expose it first).
+        PortNotExposed = "PORT_NOT_EXPOSED",
+        /// The port is exposed but nothing in the sandbox listens on it.
+        PortNotListening = "PORT_NOT_LISTENING",
         InvalidRequest = "INVALID_REQUEST",
         LimitReached = "LIMIT_REACHED",
         SetupFailed = "SETUP_FAILED",

@@ -151,6 +151,18 @@ pub enum RuntimeError {
     /// the wrong kind (`INTERNAL`). The details name both sides.
     #[error("sandbox agent: {0}")]
     Protocol(#[from] lockbox_agent::ProtocolError),
+    /// The port is not exposed in this sandbox.
+    #[error("port {port} is not exposed in this sandbox (expose it first)")]
+    PortNotExposed {
+        /// The port.
+        port: u16,
+    },
+    /// Nothing in the sandbox listens on the port (connection refused on 127.0.0.1 and ::1).
+    #[error("nothing listens on port {port} in the sandbox")]
+    PortNotListening {
+        /// The port.
+        port: u16,
+    },
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -184,6 +196,8 @@ impl RuntimeError {
             RuntimeError::Protocol(lockbox_agent::ProtocolError::VersionMismatch { .. }) => {
                 ErrorCode::SetupFailed
             }
+            RuntimeError::PortNotExposed { .. } => ErrorCode::PortNotExposed,
+            RuntimeError::PortNotListening { .. } => ErrorCode::PortNotListening,
             RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -213,6 +227,9 @@ impl RuntimeError {
                 json!({ "field": field, "message": message })
             }
             RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
+            RuntimeError::PortNotExposed { port } | RuntimeError::PortNotListening { port } => {
+                json!({ "port": port })
+            }
             RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
             RuntimeError::Branch(lockbox_cow::CowError::BadHunk { path, index, count }) => {
                 json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })

@@ -34,6 +34,7 @@ mod error;
 mod files;
 mod log;
 mod output;
+mod ports;
 mod process;
 mod sandbox;
 mod session;
@@ -45,6 +46,7 @@ mod watch;
 mod workspace;
 
 pub use crate::error::RuntimeError;
+pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
 pub use crate::streams::{
     ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
 };
@@ -177,6 +179,7 @@ impl Runtime {
             next_process: AtomicU64::new(1),
             last_used: Mutex::new(Instant::now()),
             stopped: AtomicBool::new(false),
+            ports: Default::default(),
             lifecycle: tokio::sync::Mutex::new(()),
         });
         let info = sb.info(SandboxState::Running, None);
@@ -271,6 +274,8 @@ impl Runtime {
             drop(_life);
             return self.sandbox_info(id).await;
         }
+        // Their host listeners end with the sandbox.
+        lock(&sb.ports).clear();
         let inst = sb.instance();
         inst.stop(sb.grace()).await;
         let branch = lock(&inst.branch).take();
@@ -602,6 +607,37 @@ impl Sandbox {
             return Err(RuntimeError::invalid("cols/rows", "must be at least 1"));
         }
         self.live()?.process(id)?.resize(cols, rows)
+    }
+
+    /// Exposes `port` of the sandbox: reachable through [`Sandbox::connect_port`] (the
+    /// server's proxy) and, with `host_loopback`, on a host loopback address. Exposing
+    /// an exposed port again returns it (adding a host listener if asked). At most
+    /// [`MAX_EXPOSED_PORTS`] (`LIMIT_REACHED`).
+    pub async fn expose_port(
+        &self,
+        port: u16,
+        opts: ExposeOptions,
+    ) -> Result<PortInfo, RuntimeError> {
+        self.live()?;
+        ports::check_port(u32::from(port))?;
+        ports::expose(&self.inner, port, opts).await
+    }
+
+    /// Stops exposing `port` (and its host listener); `PORT_NOT_EXPOSED` if it was not.
+    pub async fn unexpose_port(&self, port: u16) -> Result<(), RuntimeError> {
+        ports::unexpose(&self.inner, port)
+    }
+
+    /// The exposed ports, by port number.
+    pub async fn ports(&self) -> Vec<PortInfo> {
+        ports::list(&self.inner)
+    }
+
+    /// A new TCP connection to exposed `port` inside the sandbox (its 127.0.0.1, or ::1).
+    /// `PORT_NOT_EXPOSED`, or `PORT_NOT_LISTENING` when nothing listens there.
+    pub async fn connect_port(&self, port: u16) -> Result<tokio::net::TcpStream, RuntimeError> {
+        self.live()?;
+        ports::connect(&self.inner, port).await
     }
 
     /// Opens a file inside the sandbox for reading (whole, or a range).

@@ -123,6 +123,8 @@ pub(crate) struct SandboxInner {
     pub stopped: AtomicBool,
     /// Serialises workspace operations (commit, abort) and deletion.
     pub lifecycle: tokio::sync::Mutex<()>,
+    /// Exposed ports (kept across a workspace abort: the port's server restarts there).
+    pub ports: crate::ports::Ports,
 }
 
 impl SandboxInner {

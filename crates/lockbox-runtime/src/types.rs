@@ -754,3 +754,25 @@ impl Serialize for FileDiffReply {
         value.serialize(serializer)
     }
 }
+
+/// How to expose a port ([`crate::Sandbox::expose_port`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExposeOptions {
+    /// Also listen on a host loopback port (`127.0.0.1`, chosen by the kernel) that
+    /// forwards each connection into the sandbox.
+    #[serde(default)]
+    pub host_loopback: bool,
+}
+
+/// An exposed port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortInfo {
+    /// The port inside the sandbox.
+    pub port: u16,
+    /// The path of its proxy on `lockbox serve` (`/v1/sandboxes/{id}/ports/{port}/`).
+    pub path: String,
+    /// The host loopback address forwarding to it (`127.0.0.1:41234`), if asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_address: Option<String>,
+}

@@ -65,7 +65,10 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::TxnNotFound
         | C::RunNotFound
         | C::NoJournal
-        | C::StepNotFound => StatusCode::NOT_FOUND,
+        | C::StepNotFound
+        | C::PortNotExposed => StatusCode::NOT_FOUND,
+        // The sandboxed server is the upstream of the port proxy.
+        C::PortNotListening => StatusCode::BAD_GATEWAY,
         C::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         C::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         // The request is fine but the state forbids it now.

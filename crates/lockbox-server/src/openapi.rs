@@ -456,7 +456,7 @@ fn build() -> Value {
     });
 
     let mut paths = paths;
-    for more in [branch_paths(), console_paths()] {
+    for more in [branch_paths(), console_paths(), port_paths()] {
         if let (Some(map), Some(more)) = (paths.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
         }
@@ -474,6 +474,42 @@ fn build() -> Value {
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
             "schemas": all_schemas()
+        }
+    })
+}
+
+/// Exposed ports and their proxy. The proxy is a prefix: every method and every path
+/// below `/v1/sandboxes/{id}/ports/{port}/` goes to the sandboxed server (GET is described,
+/// as the document cannot say "any"); its replies are the sandboxed server's own.
+fn port_paths() -> Value {
+    let id = || path_param("id", "sandbox id");
+    let port = || {
+        json!({ "name": "port", "in": "path", "required": true,
+                "description": "the port inside the sandbox (1-65535)",
+                "schema": { "type": "integer", "minimum": 1, "maximum": 65535 } })
+    };
+    let upstream = json!({ "description": "the sandboxed server's reply, as it sent it \
+        (502 PORT_NOT_LISTENING when nothing listens; WebSocket upgrades are carried through)",
+        "content": { "*/*": { "schema": {} } } });
+    json!({
+        "/v1/sandboxes/{id}/ports": {
+            "post": op("Expose a port of the sandbox (through the proxy below; with host_loopback also on a host 127.0.0.1 port)",
+                vec![id()], required_json("ExposePort"), &[("201", reply("exposed", "Port"))]),
+            "get": op("List exposed ports", vec![id()], None, &[("200", reply("the ports", "PortList"))])
+        },
+        "/v1/sandboxes/{id}/ports/{port}": {
+            "delete": op("Stop exposing a port (its host listener closes)", vec![id(), port()], None,
+                &[("204", json!({ "description": "done" }))])
+        },
+        "/v1/sandboxes/{id}/ports/{port}/": {
+            "get": op("Proxy (prefix, any method) to the server on the exposed port: the root path. \
+                Authorization, lockbox's cookies and X-CSRF-Token are removed, Host becomes localhost:PORT",
+                vec![id(), port()], None, &[("default", upstream.clone())])
+        },
+        "/v1/sandboxes/{id}/ports/{port}/{path}": {
+            "get": op("Proxy (prefix, any method, any path below) to the server on the exposed port",
+                vec![id(), port(), path_param("path", "the path on the sandboxed server (may contain /)")],
+                None, &[("default", upstream)])
         }
     })
 }
@@ -713,6 +749,15 @@ fn schemas() -> Value {
             "hunks": hunk_choices }), &[]),
         "CommitSummary": { "type": "object", "required": ["report", "remaining"],
             "properties": { "report": { "type": "object" }, "remaining": count } },
+        "ExposePort": object(json!({
+            "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
+            "host_loopback": boolean
+        }), &["port"]),
+        "Port": { "type": "object", "required": ["port", "path"],
+            "properties": { "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
+                "path": string, "host_address": string } },
+        "PortList": { "type": "object", "required": ["ports"],
+            "properties": { "ports": { "type": "array", "items": schema("Port") } } },
         "AbortResult": { "type": "object", "properties": { "aborted": boolean } }
     })
 }

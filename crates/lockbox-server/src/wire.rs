@@ -733,3 +733,14 @@ pub fn run_json(s: &lockbox_journal::RunStatus) -> serde_json::Value {
     v["status"] = v["state"].clone();
     v
 }
+
+/// `POST /v1/sandboxes/{id}/ports`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExposePort {
+    /// The port inside the sandbox (1-65535).
+    pub port: u32,
+    /// Also listen on a host loopback port.
+    #[serde(default)]
+    pub host_loopback: bool,
+}

@@ -68,7 +68,9 @@ fn operations() -> Vec<(Method, String)> {
             let path = path
                 .replace("{id}", "sb-none")
                 .replace("{pid}", "p1")
-                .replace("{sid}", "s1");
+                .replace("{sid}", "s1")
+                .replace("{port}", "8000")
+                .replace("{path}", "index.html");
             (Method::from_bytes(method.as_bytes()).unwrap(), path)
         })
         .collect()

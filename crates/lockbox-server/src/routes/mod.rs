@@ -5,6 +5,7 @@ mod console;
 mod exec;
 mod files;
 mod journal;
+mod ports;
 mod processes;
 mod pty;
 mod sandboxes;
@@ -16,7 +17,7 @@ use crate::error::ApiError;
 use crate::AppState;
 use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Redirect};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
@@ -63,6 +64,22 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{sandbox}/diff"), get(workspace::diff))
         .route(&format!("{sandbox}/commit"), post(workspace::commit))
         .route(&format!("{sandbox}/abort"), post(workspace::abort))
+        .route(
+            &format!("{sandbox}/ports"),
+            post(ports::expose).get(ports::list),
+        )
+        .route(
+            &format!("{sandbox}/ports/{{port}}"),
+            delete(ports::unexpose),
+        )
+        .route(
+            &format!("{sandbox}/ports/{{port}}/"),
+            any(ports::proxy_root),
+        )
+        .route(
+            &format!("{sandbox}/ports/{{port}}/{{*path}}"),
+            any(ports::proxy_path),
+        )
         .route("/v1/branches", get(branches::list))
         .route("/v1/branches/{id}", get(branches::show))
         .route("/v1/branches/{id}/diff", get(branches::diff))

@@ -1,0 +1,229 @@
+//! Exposed ports through `lockbox serve`: a stdlib Python server inside the sandbox is
+//! fetched through the proxy (HTTP and WebSocket), never sees the API's token, and the
+//! host loopback port forwards to it; as the current user and (as root) uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod serve_support;
+
+use common::users;
+use futures_util::{SinkExt, StreamExt};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use serve_support::{state_dir, tokio, Served};
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+
+const SERVER: &str = include_str!("serve_ports/server.py");
+const PORT: u16 = 8700;
+
+/// Writes the test server into the sandbox, starts it and exposes its port.
+async fn start_server(server: &Served, id: &str, host_loopback: bool) -> Value {
+    let put = server
+        .request(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=/tmp/server.py"),
+        )
+        .body(SERVER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::OK, "{:?}", put.text().await);
+    let (status, p) = server
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes"),
+            json!({ "argv": ["python3", "/tmp/server.py", PORT.to_string(), "/tmp/headers.log"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{p}");
+    let (status, info) = server
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/ports"),
+            json!({ "port": PORT, "host_loopback": host_loopback }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{info}");
+    info
+}
+
+/// GET through the proxy, retried while the server is still starting (502).
+async fn get_when_listening(server: &Served, path: &str) -> reqwest::Response {
+    for _ in 0..200 {
+        let r = server.request(Method::GET, path).send().await.unwrap();
+        if r.status() != StatusCode::BAD_GATEWAY {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the server in the sandbox never listened");
+}
+
+#[test]
+fn a_server_inside_is_reached_through_the_proxy_without_seeing_the_token() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let base = format!("/v1/sandboxes/{id}/ports/{PORT}");
+            // Not exposed yet: 404 with its own code.
+            let r = server
+                .request(Method::GET, &format!("{base}/"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::NOT_FOUND);
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["code"], "PORT_NOT_EXPOSED", "{body}");
+
+            let info = start_server(&server, &id, false).await;
+            assert_eq!(info["path"], format!("{base}/"));
+            assert!(info.get("host_address").is_none(), "{info}");
+
+            let r = get_when_listening(&server, &format!("{base}/a/b.txt?x=1")).await;
+            assert_eq!(r.status(), StatusCode::OK, "{user:?}");
+            assert!(r.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .starts_with("sandbox"));
+            assert!(
+                r.headers().get("set-cookie").is_none(),
+                "lockbox's cookie name is dropped"
+            );
+            assert_eq!(r.text().await.unwrap(), "hello /a/b.txt?x=1");
+            let r = server
+                .request(Method::GET, &format!("{base}/"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.text().await.unwrap(), "hello /");
+            // A body goes through, with the console's cookies removed and the app's kept.
+            let r = server
+                .request(Method::POST, &format!("{base}/echo"))
+                .header("cookie", "lockbox_session=s3cret; app=1; lockbox_csrf=c5rf")
+                .header("x-csrf-token", "c5rf")
+                .body("posted")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::CREATED);
+            assert_eq!(r.text().await.unwrap(), "posted");
+
+            // The sandboxed server saw no credential of lockbox's.
+            let log = server
+                .request(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/files?path=/tmp/headers.log"),
+                )
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(!log.contains(&server.token), "{log}");
+            assert!(!log.contains("s3cret") && !log.contains("c5rf"), "{log}");
+            let last: Value = serde_json::from_str(log.lines().last().unwrap())
+                .unwrap_or_else(|e| panic!("{e}: {log}"));
+            let header = |name: &str| {
+                let headers = last["headers"].as_object().unwrap();
+                headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(header("authorization"), None, "{log}");
+            assert_eq!(header("x-csrf-token"), None, "{log}");
+            assert_eq!(header("cookie"), Some(json!("app=1")), "{log}");
+            assert_eq!(
+                header("host"),
+                Some(json!(format!("localhost:{PORT}"))),
+                "{log}"
+            );
+
+            // WebSocket through the proxy: upgrade on both sides, frames round-trip.
+            let url = format!("{}{base}/ws", server.base.replace("http://", "ws://"));
+            let mut request = url.as_str().into_client_request().unwrap();
+            request.headers_mut().insert(
+                "authorization",
+                format!("Bearer {}", server.token).parse().unwrap(),
+            );
+            let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+            ws.send(Message::Text("ping through the proxy".into()))
+                .await
+                .unwrap();
+            let reply = tokio::time::timeout(Duration::from_secs(10), ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(reply, Message::Text("echo: ping through the proxy".into()));
+            ws.close(None).await.unwrap();
+
+            // Listed, then unexposed: the proxy answers 404 again.
+            let (status, list) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/ports"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(list["ports"][0]["port"], PORT, "{list}");
+            let r = server.request(Method::DELETE, &base).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::NO_CONTENT);
+            let r = server
+                .request(Method::GET, &format!("{base}/"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        });
+    }
+}
+
+#[test]
+fn an_exposed_port_without_a_listener_is_502_and_host_loopback_forwards() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let (status, _) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/ports"),
+                    json!({ "port": 9 }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED);
+            let r = server
+                .request(Method::GET, &format!("/v1/sandboxes/{id}/ports/9/"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["code"], "PORT_NOT_LISTENING", "{body}");
+
+            let (status, body) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/ports"),
+                    json!({ "port": 70000 }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST);
+            assert_eq!(body["details"]["field"], "port", "{body}");
+
+            let info = start_server(&server, &id, true).await;
+            let host = info["host_address"].as_str().unwrap().to_owned();
+            get_when_listening(&server, &format!("/v1/sandboxes/{id}/ports/{PORT}/")).await;
+            // Straight to the host port: no token needed, the sandboxed server answers.
+            let r = reqwest::get(format!("http://{host}/direct")).await.unwrap();
+            assert_eq!(r.text().await.unwrap(), "hello /direct");
+        });
+    }
+}
