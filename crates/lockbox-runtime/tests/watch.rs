@@ -9,13 +9,14 @@ use lockbox_runtime::{ChangeKind, FileChange, RuntimeError, WatchEvent, WatchStr
 use std::collections::HashSet;
 use std::time::Duration;
 
-/// Reads events into `seen` until `done(seen)` holds (10 s at most).
+/// Reads events into `seen` until `done(seen)` holds (60 s at most: a debug build on a busy
+/// machine takes seconds to pass tens of thousands of events through).
 async fn until(
     w: &mut WatchStream,
     seen: &mut Vec<WatchEvent>,
     done: impl Fn(&[WatchEvent]) -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !done(seen) {
         match tokio::time::timeout_at(deadline, w.next()).await {
             Ok(Some(ev)) => seen.push(ev),
@@ -121,16 +122,19 @@ async fn watch_reports_1000_created_files_moves_deleted_dirs_and_new_subdirector
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_that_falls_behind_gets_one_overflow_event_and_the_watch_goes_on() {
-    also_as_nobody("a_consumer_that_falls_behind_gets_one_overflow_event_and_the_watch_goes_on");
+async fn a_consumer_that_falls_behind_is_told_of_the_loss_and_the_watch_goes_on() {
+    also_as_nobody("a_consumer_that_falls_behind_is_told_of_the_loss_and_the_watch_goes_on");
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "mkdir /tmp/o").await;
     let mut w = sb.watch("/tmp/o", false).await.unwrap();
-    // 10,000 files, 20,000 events (created, then closed after writing), nothing read.
+    // 20,000 files, 40,000 events (created, then closed after writing), nothing read: more
+    // than every queue on the way holds together (the kernel's inotify queue, 16,384 by
+    // default, the agent's 4,096, the socket's, the runtime's 4,096), so some queue drops
+    // events however fast or slow the agent is on a busy machine.
     let r = run(
         &sb,
-        "cd /tmp/o && i=0; while [ $i -lt 10000 ]; do : > f$i; i=$((i+1)); done",
+        "cd /tmp/o && i=0; while [ $i -lt 20000 ]; do : > f$i; i=$((i+1)); done",
     )
     .await;
     assert_eq!(r.exit_code, 0, "{}", out(&r));
@@ -139,22 +143,29 @@ async fn a_consumer_that_falls_behind_gets_one_overflow_event_and_the_watch_goes
         s.iter().any(|e| matches!(e, WatchEvent::Overflow { .. }))
     })
     .await;
+    // Which queue dropped depends on the agent's speed: the runtime's (after at most 4,096
+    // events, counting what it dropped) or the kernel's (`dropped` unknown).
     let before = seen.len() - 1;
-    assert!(
-        before > 0 && before <= 4096,
-        "{before} events before the overflow"
-    );
-    assert!(
-        matches!(seen[before], WatchEvent::Overflow { dropped: Some(n) } if n > 0),
-        "{:?}",
-        seen[before]
-    );
-    // Once the consumer catches up, new events come again.
+    assert!(before > 0, "the events before the overflow are delivered");
+    match seen[before] {
+        WatchEvent::Overflow { dropped: Some(n) } => {
+            assert!(n > 0 && before <= 4096, "{before} events, then {n} dropped")
+        }
+        WatchEvent::Overflow { dropped: None } => {}
+        ref other => panic!("{other:?}"),
+    }
+    // Once the consumer catches up, new events come again, and the losses were said in a
+    // few overflow events, not one per event lost.
     run(&sb, "sleep 0.5; touch /tmp/o/after").await;
     until(&mut w, &mut seen, |s| {
         has(s, ChangeKind::Created, "/tmp/o/after", false)
     })
     .await;
+    let overflows = seen
+        .iter()
+        .filter(|e| matches!(e, WatchEvent::Overflow { .. }))
+        .count();
+    assert!(overflows <= 3, "{overflows} overflow events");
     drop(w);
     rt.delete_sandbox(sb.id()).await.unwrap();
 }
