@@ -55,12 +55,15 @@ pub fn push_bounded(queue: &mut VecDeque<WatchEvent>, ev: WatchEvent, cap: usize
             return;
         }
     }
-    if let WatchEvent::Overflow { dropped: None } = ev {
-        if let Some(WatchEvent::Overflow { dropped }) = queue.back_mut() {
-            *dropped = None;
-            return;
+    if let WatchEvent::Overflow { dropped: more } = ev {
+        // Losses next to each other are one run of losses: one event, counts added (unknown
+        // if either is).
+        match queue.back_mut() {
+            Some(WatchEvent::Overflow { dropped }) => {
+                *dropped = dropped.zip(more).map(|(a, b)| a + b);
+            }
+            _ => queue.push_back(ev),
         }
-        queue.push_back(ev);
         return;
     }
     if queue.len() >= cap {
