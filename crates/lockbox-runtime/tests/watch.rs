@@ -154,8 +154,18 @@ async fn a_consumer_that_falls_behind_is_told_of_the_loss_and_the_watch_goes_on(
         WatchEvent::Overflow { dropped: None } => {}
         ref other => panic!("{other:?}"),
     }
-    // Once the consumer catches up, new events come again.
-    run(&sb, "sleep 0.5; touch /tmp/o/after").await;
+    // Once the consumer catches up, new events come again. Catching up means reading until
+    // the backlog is gone (the flood's events still in the kernel's and the agent's queues
+    // keep coming, and may overflow the runtime's queue again while nobody reads): until no
+    // event comes for a second.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), w.next()).await {
+            Ok(Some(ev)) => seen.push(ev),
+            Ok(None) => panic!("the watch ended"),
+            Err(_) => break,
+        }
+    }
+    run(&sb, "touch /tmp/o/after").await;
     until(&mut w, &mut seen, |s| {
         has(s, ChangeKind::Created, "/tmp/o/after", false)
     })
