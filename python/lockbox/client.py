@@ -377,6 +377,16 @@ class RemoteSandbox:
                            "env": dict(env) if env else None, "timeout_ms": _ms(timeout)})
         return self.client._events(self.client._request("POST", self._p("/exec/stream"), body=body, stream=True))
 
+    def watch(self, path: str, recursive: bool = True) -> "Watch":
+        """Watches a file or directory: a closable iterator of event dicts, ``{"event":
+        "change", "kind": "created"|"modified"|"deleted"|"moved", "path", "is_dir", "from"
+        (moved)}``, ``{"event": "overflow", "dropped"}`` (events were dropped; ``dropped``
+        None when unknown) and ``{"event": "error", "message"}``. Use it in ``with`` (or call
+        ``close()``): closing the connection stops the watch in the sandbox."""
+        resp = self.client._request("GET", self._p("/watch"), query={"path": path, "recursive": recursive},
+                                    stream=True)
+        return Watch(resp, self.client._events(resp))
+
     def start_process(
         self,
         argv: Sequence[str] | None = None,
@@ -541,6 +551,35 @@ class Process:
     def kill(self, grace: float | None = None) -> dict[str, Any]:
         """SIGTERM, ``grace`` seconds, SIGKILL of its whole tree; waits for it."""
         return self.sandbox.client._request("DELETE", self._p(), query={"grace_ms": _ms(grace)})
+
+
+class Watch:
+    """The events of :meth:`RemoteSandbox.watch` (iterate it; ``close()`` or ``with`` ends it)."""
+
+    def __init__(self, resp: Any, events: Iterator[Event]) -> None:
+        self._resp = resp
+        self._events = events
+
+    def __iter__(self) -> "Watch":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        ev = next(self._events)
+        data = ev.data if isinstance(ev.data, dict) else {"message": ev.data}
+        return {"event": ev.event, **data}
+
+    def close(self) -> None:
+        """Stops the watch (closes the connection)."""
+        close = getattr(self._events, "close", None)
+        if close is not None:
+            close()
+        self._resp.close()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class Files:

@@ -148,3 +148,34 @@ def test_exposed_port_is_fetched_through_the_proxy_and_the_host_port(server):
         with pytest.raises(ServerError) as e:
             box.expose_port(0)
         assert e.value.status == 400
+
+
+def test_watch_streams_created_moved_and_deleted_paths(server):
+    client = Client(*server)
+    with client.create() as box:
+        box.exec("mkdir -p /tmp/w")
+        seen = []
+
+        def until(w, path):
+            for e in w:
+                seen.append(e)
+                if e.get("path") == path:
+                    return
+
+        with box.watch("/tmp/w", recursive=True) as w:
+            r = box.exec("cd /tmp/w && i=0; while [ $i -lt 1000 ]; do : > f$i; i=$((i+1)); done; "
+                         "mv f1 g1; mkdir -p sub/deeper && echo x > sub/deeper/a")
+            assert r.exit_code == 0, r.stderr
+            until(w, "/tmp/w/sub/deeper/a")
+            box.exec("rm -r /tmp/w/sub; touch /tmp/w/done")
+            until(w, "/tmp/w/done")
+        created = {e["path"] for e in seen if e["event"] == "change" and e["kind"] == "created"}
+        assert {f"/tmp/w/f{i}" for i in range(1000)} <= created
+        moved = [e for e in seen if e["event"] == "change" and e["kind"] == "moved"]
+        assert [(e["from"], e["path"], e["is_dir"]) for e in moved] == [("/tmp/w/f1", "/tmp/w/g1", False)]
+        deleted = {(e["path"], e["is_dir"]) for e in seen if e["event"] == "change" and e["kind"] == "deleted"}
+        assert {("/tmp/w/sub", True), ("/tmp/w/sub/deeper", True), ("/tmp/w/sub/deeper/a", False)} <= deleted
+        assert not [e for e in seen if e["event"] in ("overflow", "error")]
+        with pytest.raises(ServerError) as e:
+            box.watch("/no/such/dir")
+        assert e.value.status == 404

@@ -60,6 +60,25 @@ def test_session_process_files_and_commit_work_alike_locally_and_remotely(open_b
         assert (ws / "base.txt").read_text() == "base\n"
 
 
+def test_watch_works_alike_locally_and_remotely_and_closing_it_stops_it(open_box):
+    with open_box() as box:
+        box.exec("mkdir -p /tmp/w")
+        with box.watch("/tmp/w") as w:
+            box.exec("echo a > /tmp/w/a && mv /tmp/w/a /tmp/w/b && rm /tmp/w/b")
+            seen = []
+            for e in w:
+                seen.append((e["kind"], e["path"], e.get("from")))
+                if e["kind"] == "deleted":
+                    break
+        assert ("created", "/tmp/w/a", None) in seen
+        assert ("moved", "/tmp/w/b", "/tmp/w/a") in seen
+        assert seen[-1] == ("deleted", "/tmp/w/b", None)
+        # A sandbox has at most 32 watches: 40 opened and closed in turn never reach it.
+        for _ in range(40):
+            with box.watch("/tmp/w", recursive=False):
+                pass
+
+
 def test_abort_leaves_the_workdir_byte_identical(open_box, ws):
     before = tree(ws)
     with open_box(workdir=str(ws)) as box:

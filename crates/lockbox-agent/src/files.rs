@@ -146,6 +146,16 @@ impl Target<'_> {
     }
 }
 
+impl Roots {
+    /// Opens `path` (`O_PATH`, symlinks followed inside the sandbox): the descriptor and the
+    /// path as the sandbox sees it.
+    pub fn open_path(&self, path: &str) -> Result<(OwnedFd, String), Errno> {
+        let t = self.target(path)?;
+        let fd = t.open(&t.comps, OFlags::PATH)?;
+        Ok((fd, t.display))
+    }
+}
+
 /// Opens a regular file for reading: (file, size).
 pub(crate) fn open_read(roots: &Roots, path: &str) -> Result<(OwnedFd, u64), Errno> {
     let t = roots.target(path)?;

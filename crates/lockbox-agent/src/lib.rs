@@ -47,6 +47,7 @@ mod proto;
 mod server;
 mod shim;
 mod tree;
+mod watch;
 pub mod wire;
 
 pub use crate::error::ProtocolError;
@@ -54,6 +55,8 @@ pub use crate::proto::{
     check_hello, AgentError, Body, EntryStat, Hello, Io, Message, Op, Reply, Request, SpawnSpec,
     PROTOCOL_VERSION,
 };
+pub use crate::proto::{ChangeKind, FileChange, WatchEvent};
+pub use crate::watch::push_bounded;
 
 use std::ffi::OsStr;
 

@@ -120,6 +120,21 @@ pub enum Op {
         /// The port inside the sandbox (1-65535).
         port: u16,
     },
+    /// Starts watching `path` (inotify); replies [`Body::Watching`]. Its events come as
+    /// [`Message::WatchEvents`] until [`Op::Unwatch`].
+    Watch {
+        /// Chosen by the runtime (so it can take events before the reply); unique per agent.
+        watch: u64,
+        /// The file or directory.
+        path: String,
+        /// Watch every directory below too (and those created later).
+        recursive: bool,
+    },
+    /// Stops a watch; replies [`Body::Done`] (also for an unknown id).
+    Unwatch {
+        /// From [`Op::Watch`].
+        watch: u64,
+    },
 }
 
 /// How to start a command.
@@ -213,6 +228,13 @@ pub enum Body {
         /// The address it connected to, as the sandbox sees it (`127.0.0.1:8000`).
         peer: String,
     },
+    /// A watch started ([`Op::Watch`]).
+    Watching {
+        /// The watched path as the sandbox sees it (absolute).
+        path: String,
+        /// Whether it is a directory.
+        is_dir: bool,
+    },
 }
 
 /// A failure, with the `errno` that explains it.
@@ -258,6 +280,61 @@ pub enum Message {
         /// Signal, if one killed it.
         signal: Option<i32>,
     },
+    /// Events of a watch ([`Op::Watch`]), oldest first.
+    WatchEvents {
+        /// The watch.
+        watch: u64,
+        /// What happened.
+        events: Vec<WatchEvent>,
+    },
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum WatchEvent {
+    /// Something changed.
+    Change(FileChange),
+    /// Events were dropped here: a queue was full (`dropped` counts them) or the kernel's
+    /// queue overflowed (`dropped` unknown).
+    Overflow {
+        /// How many, if known.
+        dropped: Option<u64>,
+    },
+    /// Part of the tree is not watched (a limit was reached, a directory was unreadable).
+    Error {
+        /// What and why.
+        message: String,
+    },
+}
+
+/// A change of a file or directory, with its path as the sandbox sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileChange {
+    /// What happened.
+    pub kind: ChangeKind,
+    /// The path (absolute, in the sandbox's view); for `moved`, the new one.
+    pub path: String,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+    /// For `moved`: the old path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+}
+
+/// The kinds of [`FileChange`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Created (or moved in from outside the watch).
+    Created,
+    /// Content written (reported when written and when closed, repeats coalesced) or
+    /// metadata changed.
+    Modified,
+    /// Removed (or moved out of the watch).
+    Deleted,
+    /// Renamed inside the watch: `from` → `path`.
+    Moved,
 }
 
 impl Body {
@@ -273,6 +350,7 @@ impl Body {
             Body::Stat(_) => "stat",
             Body::Listed { .. } => "listed",
             Body::Connected { .. } => "connected",
+            Body::Watching { .. } => "watching",
         }
     }
 

@@ -14,6 +14,7 @@ use lockbox_confine::raw::{self, CommandFilter, Fork};
 use crate::files::{self, PendingWrite, Roots};
 use crate::proto::{AgentError, Body, Io, Message, Op, Reply, Request, SpawnSpec};
 use crate::shim::{self, Shim};
+use crate::watch::Watches;
 use crate::{tree, wire, PROTOCOL_VERSION};
 
 /// A command the agent started.
@@ -31,6 +32,7 @@ struct Agent {
     children: Vec<Child>,
     writes: HashMap<u64, PendingWrite>,
     next_token: u64,
+    watches: Watches,
 }
 
 /// Serves the runtime on `ctl` until it hangs up; then kills everything it started.
@@ -57,6 +59,7 @@ pub(crate) fn run(ctl: OwnedFd) -> i32 {
         children: Vec::new(),
         writes: HashMap::new(),
         next_token: 1,
+        watches: Watches::default(),
     };
     let code = agent.serve();
     for c in &agent.children {
@@ -78,6 +81,12 @@ impl Agent {
             };
             for i in ready.exited {
                 self.finish_child(i);
+            }
+            for id in ready.watches {
+                self.watches.read(id);
+            }
+            if self.watches.has_queued() && self.watches.flush(self.ctl.as_fd()).is_err() {
+                return 0;
             }
             if !ready.ctl {
                 continue;
@@ -135,9 +144,19 @@ impl Agent {
 
     fn wait_ready(&self) -> rustix::io::Result<Ready> {
         let mut fds = Vec::with_capacity(1 + self.children.len());
-        fds.push(PollFd::new(&self.ctl, PollFlags::IN));
+        // Queued watch events wait for room in the socket's buffer.
+        let ctl_flags = if self.watches.has_queued() {
+            PollFlags::IN | PollFlags::OUT
+        } else {
+            PollFlags::IN
+        };
+        fds.push(PollFd::new(&self.ctl, ctl_flags));
         for c in &self.children {
             fds.push(PollFd::new(&c.report, PollFlags::IN));
+        }
+        let watch_fds = self.watches.fds();
+        for (_, fd) in &watch_fds {
+            fds.push(PollFd::from_borrowed_fd(*fd, PollFlags::IN));
         }
         loop {
             match poll(&mut fds, None) {
@@ -146,15 +165,28 @@ impl Agent {
                 Err(e) => return Err(e),
             }
         }
-        let ctl = !fds[0].revents().is_empty();
-        let mut exited: Vec<usize> = fds[1..]
+        let ctl = fds[0]
+            .revents()
+            .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
+        let children = 1 + self.children.len();
+        let watches = fds[children..]
+            .iter()
+            .zip(&watch_fds)
+            .filter(|(f, _)| !f.revents().is_empty())
+            .map(|(_, (id, _))| *id)
+            .collect();
+        let mut exited: Vec<usize> = fds[1..children]
             .iter()
             .enumerate()
             .filter(|(_, f)| !f.revents().is_empty())
             .map(|(i, _)| i)
             .collect();
         exited.reverse(); // removed by index, highest first
-        Ok(Ready { ctl, exited })
+        Ok(Ready {
+            ctl,
+            exited,
+            watches,
+        })
     }
 
     /// A shim reported (or died): reap it and tell the runtime.
@@ -275,6 +307,20 @@ impl Agent {
                 files::rename(&self.roots, &from, &to, overwrite).map(Body::Stat),
                 &from,
             ),
+            Op::Watch {
+                watch,
+                path,
+                recursive,
+            } => one(
+                self.watches
+                    .add(&self.roots, watch, &path, recursive)
+                    .map(|(path, is_dir)| Body::Watching { path, is_dir }),
+                &path,
+            ),
+            Op::Unwatch { watch } => {
+                self.watches.remove(watch);
+                (Ok(Body::Done), Vec::new())
+            }
             Op::List {
                 path,
                 recursive,
@@ -422,6 +468,7 @@ impl Agent {
 struct Ready {
     ctl: bool,
     exited: Vec<usize>,
+    watches: Vec<u64>,
 }
 
 fn one(result: Result<Body, Errno>, path: &str) -> (Result<Body, AgentError>, Vec<OwnedFd>) {

@@ -32,6 +32,16 @@ pub fn send(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Re
     Ok(())
 }
 
+/// Sends `data` as one record without blocking (`MSG_DONTWAIT`): `WouldBlock` when the
+/// socket's buffer is full.
+pub fn send_nowait(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    let n = rustix::net::send(sock, data, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)?;
+    if n != data.len() {
+        return Err(io::Error::other("record sent partially"));
+    }
+    Ok(())
+}
+
 /// Receives one record into `buf`; `Ok(None)` at end of stream. Received descriptors are
 /// close-on-exec.
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {

@@ -1,8 +1,9 @@
 //! The runtime's end of a sandbox's agent: requests with ids, replies matched by a reader
 //! task, exit events of spawned commands kept until someone asks.
 
-use lockbox_agent::{wire, AgentError, Body, Message, Op, Reply, Request};
+use lockbox_agent::{wire, AgentError, Body, Message, Op, Reply, Request, WatchEvent};
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,55 @@ type Pending = oneshot::Sender<(Result<Body, AgentError>, Vec<OwnedFd>)>;
 struct State {
     pending: HashMap<u64, Pending>,
     exits: HashMap<i32, ExitStatus>,
+    watches: HashMap<u64, Arc<WatchSink>>,
     closed: bool,
+}
+
+/// Most events a watch keeps for its consumer; beyond, one `overflow` event counts the
+/// dropped ones.
+pub(crate) const WATCH_QUEUE: usize = 4096;
+
+/// Where the reader task puts the events of one watch for its stream.
+#[derive(Debug, Default)]
+pub(crate) struct WatchSink {
+    /// The events, and whether no more will come (the agent is gone).
+    queue: Mutex<(VecDeque<WatchEvent>, bool)>,
+    changed: Notify,
+}
+
+impl WatchSink {
+    /// The next event; `None` once the agent is gone and everything was taken.
+    pub async fn next(&self) -> Option<WatchEvent> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut q = lock(&self.queue);
+                if let Some(ev) = q.0.pop_front() {
+                    return Some(ev);
+                }
+                if q.1 {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn push(&self, events: Vec<WatchEvent>) {
+        let mut q = lock(&self.queue);
+        for ev in events {
+            lockbox_agent::push_bounded(&mut q.0, ev, WATCH_QUEUE);
+        }
+        drop(q);
+        self.changed.notify_waiters();
+    }
+
+    fn close(&self) {
+        lock(&self.queue).1 = true;
+        self.changed.notify_waiters();
+    }
 }
 
 /// A connection to one agent. Cheap to clone.
@@ -121,6 +170,24 @@ impl AgentClient {
         lock(&self.inner.state).exits.remove(&pid);
     }
 
+    /// A new watch id and the sink its events will go to (before the agent is asked, so
+    /// that no event can come before there is somewhere to put it).
+    pub fn register_watch(&self) -> (u64, Arc<WatchSink>) {
+        let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let sink = Arc::new(WatchSink::default());
+        let mut st = lock(&self.inner.state);
+        if st.closed {
+            sink.close();
+        }
+        st.watches.insert(id, sink.clone());
+        (id, sink)
+    }
+
+    /// Drops the sink of watch `id`: its later events are discarded.
+    pub fn unregister_watch(&self, id: u64) {
+        lock(&self.inner.state).watches.remove(&id);
+    }
+
     /// True once the agent hung up (the sandbox ended).
     pub fn is_closed(&self) -> bool {
         lock(&self.inner.state).closed
@@ -170,6 +237,12 @@ async fn read_loop(inner: Arc<Inner>) {
                     let _ = tx.send((result, fds));
                 }
             }
+            Message::WatchEvents { watch, events } => {
+                let sink = lock(&inner.state).watches.get(&watch).cloned();
+                if let Some(sink) = sink {
+                    sink.push(events);
+                }
+            }
             Message::Exit { pid, code, signal } => {
                 lock(&inner.state)
                     .exits
@@ -181,6 +254,10 @@ async fn read_loop(inner: Arc<Inner>) {
     let mut st = lock(&inner.state);
     st.closed = true;
     st.pending.clear();
+    let sinks: Vec<Arc<WatchSink>> = st.watches.drain().map(|(_, s)| s).collect();
     drop(st);
+    for s in sinks {
+        s.close();
+    }
     inner.changed.notify_waiters();
 }

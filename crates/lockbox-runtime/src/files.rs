@@ -15,7 +15,7 @@ use crate::RuntimeError;
 
 /// Maps an agent failure on `path` to the API's errors. `writing`: a refusal by Landlock
 /// or a read-only mount is `READ_ONLY`.
-fn map_error(e: AgentError, path: &str, writing: bool) -> RuntimeError {
+pub(crate) fn map_error(e: AgentError, path: &str, writing: bool) -> RuntimeError {
     let path = path.to_owned();
     match e.errno {
         libc::ENOENT => RuntimeError::FileNotFound { path },
@@ -67,7 +67,7 @@ async fn call(
         .map_err(|e| map_error(e, path, writing))
 }
 
-fn check_path(path: &str) -> Result<(), RuntimeError> {
+pub(crate) fn check_path(path: &str) -> Result<(), RuntimeError> {
     if path.is_empty() || path.contains('\0') {
         return Err(RuntimeError::invalid(
             "path",

@@ -42,14 +42,18 @@ mod store;
 mod streams;
 mod types;
 mod util;
+mod watch;
 mod workspace;
 
 pub use crate::error::RuntimeError;
 pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
-pub use crate::streams::{ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput};
+pub use crate::streams::{
+    ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
+};
 pub use crate::types::*;
 pub use crate::util::rfc3339;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
+pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side};
 
@@ -680,6 +684,16 @@ impl Sandbox {
         hidden: bool,
     ) -> Result<FileList, RuntimeError> {
         files::list(&self.live()?.agent, path, recursive, hidden).await
+    }
+
+    /// Watches `path` (a file or directory, resolved inside the sandbox) for changes:
+    /// created, modified, deleted and moved, with paths as the sandbox sees them; with
+    /// `recursive`, everything below a directory too. Dropping the stream stops the watch.
+    /// Bounds: 32 watches per sandbox, 8,192 watched directories per sandbox (beyond, an
+    /// `Error` event names the limit), 4,096 queued events per watch in the agent and again
+    /// in the stream (beyond, one `Overflow` event).
+    pub async fn watch(&self, path: &str, recursive: bool) -> Result<WatchStream, RuntimeError> {
+        watch::watch(&self.live()?.agent, path, recursive).await
     }
 
     /// Creates a directory.

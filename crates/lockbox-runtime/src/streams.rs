@@ -33,6 +33,17 @@ pub struct PtyOutput {
     pub(crate) inner: BoxStream<Bytes>,
 }
 
+/// The events of [`crate::Sandbox::watch`], oldest first. Dropping it stops the watch. A
+/// consumer that falls more than 4,096 events behind gets one `Overflow` event where the
+/// dropped ones were; the stream ends when the sandbox does.
+pub struct WatchStream {
+    /// The watched path as the sandbox sees it (absolute).
+    pub path: String,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+    pub(crate) inner: BoxStream<crate::WatchEvent>,
+}
+
 macro_rules! forward_stream {
     ($t:ty, $item:ty, $name:literal) => {
         impl Stream for $t {
@@ -52,6 +63,7 @@ macro_rules! forward_stream {
 forward_stream!(ExecStream, ExecEvent, "ExecStream");
 forward_stream!(LogStream, LogChunk, "LogStream");
 forward_stream!(PtyOutput, Bytes, "PtyOutput");
+forward_stream!(WatchStream, crate::WatchEvent, "WatchStream");
 forward_stream!(
     FileList,
     Result<crate::types::FileStat, crate::RuntimeError>,

@@ -99,6 +99,7 @@ fn sse_event(names: &[&str]) -> Value {
 
 const EXEC_EVENTS: &[&str] = &["start", "stdout", "stderr", "exit", "error"];
 const LOG_EVENTS: &[&str] = &["stdout", "stderr", "pty", "truncated", "eof"];
+const WATCH_EVENTS: &[&str] = &["change", "overflow", "error"];
 
 fn sse(description: &str) -> Value {
     json!({ "description": description,
@@ -411,6 +412,14 @@ fn build() -> Value {
                     query("hidden", false, "include dot files", boolean.clone())],
                 None, &[("200", reply("entries", "FileList"))])
         },
+        "/v1/sandboxes/{id}/watch": {
+            "get": op("Watch a file or directory: an SSE stream of `change` {kind: created|modified|deleted|moved, path, is_dir, from (moved)}, `overflow` {dropped (null: unknown)} and `error` {message} events until the client disconnects",
+                vec![id(), fpath("the file or directory"),
+                    query("recursive", false, "watch everything below a directory too (default true)", boolean.clone())],
+                None,
+                &[("200", json!({ "description": "events (SSE)",
+                    "content": { "text/event-stream": { "schema": sse_event(WATCH_EVENTS) } } }))])
+        },
         "/v1/sandboxes/{id}/fs/stat": {
             "get": op("Stat a path (symlinks not followed)", vec![id(), fpath("the path")], None,
                 &[("200", reply("the entry", "FileStat"))])
@@ -539,6 +548,9 @@ fn add_links(paths: &mut Value) {
             } else if path.starts_with("/v1/sandboxes/{id}")
                 && !path.contains("{pid}")
                 && !path.contains("{sid}")
+                // A watch streams until the client leaves: a client following links to
+                // exercise every operation would wait on it forever.
+                && !path.ends_with("/watch")
             {
                 sandbox_links.insert(
                     name,

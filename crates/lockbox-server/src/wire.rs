@@ -546,6 +546,17 @@ pub struct ListQuery {
     pub hidden: bool,
 }
 
+/// `GET watch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// The file or directory.
+    pub path: String,
+    /// Watch everything below a directory too (default true).
+    #[serde(default = "yes")]
+    pub recursive: bool,
+}
+
 /// `POST fs/mkdir`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

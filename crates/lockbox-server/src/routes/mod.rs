@@ -10,6 +10,7 @@ mod processes;
 mod pty;
 mod sandboxes;
 mod transactions;
+mod watch;
 mod workspace;
 
 use crate::error::ApiError;
@@ -54,6 +55,7 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{process}/ws"), get(pty::attach))
         .route(&format!("{sandbox}/files"), get(files::get).put(files::put))
         .route(&format!("{sandbox}/fs/list"), get(files::list))
+        .route(&format!("{sandbox}/watch"), get(watch::watch))
         .route(&format!("{sandbox}/fs/stat"), get(files::stat))
         .route(&format!("{sandbox}/fs/mkdir"), post(files::mkdir))
         .route(&format!("{sandbox}/fs/move"), post(files::rename))
