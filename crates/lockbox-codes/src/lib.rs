@@ -145,6 +145,12 @@ codes! {
         BranchCommitting = "BRANCH_COMMITTING",
         /// A partial commit interrupted past its commit point was finished instead.
         PartCommitFinished = "PART_COMMIT_FINISHED",
+        InvalidSnapshotId = "INVALID_SNAPSHOT_ID",
+        SnapshotNotFound = "SNAPSHOT_NOT_FOUND",
+        /// A snapshot held by forks or stacked on by other snapshots.
+        SnapshotInUse = "SNAPSHOT_IN_USE",
+        /// Making, reading or removing a snapshot failed (disk, permissions).
+        SnapshotStore = "SNAPSHOT_STORE",
     }
     Txn {
         InvalidTxnId = "INVALID_TXN_ID",

@@ -23,6 +23,39 @@ pub enum CowError {
         /// Why it was rejected.
         reason: &'static str,
     },
+    /// A snapshot id (or the name of a hold) failed validation.
+    #[error("invalid snapshot id {id:?}: {reason}")]
+    InvalidSnapshotId {
+        /// The rejected text.
+        id: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// No snapshot has this id.
+    #[error("no snapshot {id}")]
+    SnapshotNotFound {
+        /// The id asked for.
+        id: String,
+    },
+    /// A snapshot still used (held by forks, or stacked on by other snapshots) cannot be
+    /// deleted.
+    #[error("snapshot {id} is in use (held by: {}; snapshots on it: {}): delete those first", names(.holders), names(.children))]
+    SnapshotInUse {
+        /// The snapshot.
+        id: String,
+        /// Names holding it (forks' ids).
+        holders: Vec<String>,
+        /// Snapshots stacked on it.
+        children: Vec<String>,
+    },
+    /// Making, reading or removing a snapshot failed.
+    #[error("snapshot {}: {source}", quoted(.path))]
+    Snapshot {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
     /// The state directory (or its `branches/` subdirectory) could not be created or opened.
     #[error("state dir {}: {source}", quoted(.path))]
     StateDir {
@@ -314,6 +347,10 @@ impl CowError {
     pub fn code(&self) -> ErrorCode {
         match self {
             CowError::InvalidBranchId { .. } => ErrorCode::InvalidBranchId,
+            CowError::InvalidSnapshotId { .. } => ErrorCode::InvalidSnapshotId,
+            CowError::SnapshotNotFound { .. } => ErrorCode::SnapshotNotFound,
+            CowError::SnapshotInUse { .. } => ErrorCode::SnapshotInUse,
+            CowError::Snapshot { .. } => ErrorCode::SnapshotStore,
             CowError::StateDir { .. } => ErrorCode::StateDir,
             CowError::CreateBranchDir { .. } => ErrorCode::CreateBranchDir,
             CowError::BranchNotFound { .. } => ErrorCode::BranchNotFound,
@@ -356,11 +393,21 @@ impl CowError {
         match self {
             CowError::StaleBase { .. } => 5,
             CowError::InvalidBranchId { .. }
+            | CowError::InvalidSnapshotId { .. }
+            | CowError::SnapshotNotFound { .. }
             | CowError::BranchNotFound { .. }
             | CowError::BadPath { .. }
             | CowError::NotChanged { .. }
             | CowError::BadHunk { .. } => 2,
             _ => 4,
         }
+    }
+}
+
+fn names(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_owned()
+    } else {
+        items.join(", ")
     }
 }

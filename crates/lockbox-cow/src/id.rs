@@ -15,25 +15,10 @@ pub struct BranchId(String);
 impl BranchId {
     /// Checks `s` and wraps it.
     pub fn parse(s: &str) -> Result<BranchId, CowError> {
-        let bad = |reason| CowError::InvalidBranchId {
+        check_id(s).map_err(|reason| CowError::InvalidBranchId {
             id: s.to_owned(),
             reason,
-        };
-        if s.is_empty() {
-            return Err(bad("empty"));
-        }
-        if s.len() > 64 {
-            return Err(bad("longer than 64 bytes"));
-        }
-        if s.starts_with('.') {
-            return Err(bad("starts with '.'"));
-        }
-        if !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        {
-            return Err(bad("only A-Z a-z 0-9 . _ - are allowed"));
-        }
+        })?;
         Ok(BranchId(s.to_owned()))
     }
 
@@ -58,6 +43,26 @@ impl BranchId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Why `s` is not a valid id (of a branch, a snapshot, a hold), if it is not.
+pub(crate) fn check_id(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() {
+        return Err("empty");
+    }
+    if s.len() > 64 {
+        return Err("longer than 64 bytes");
+    }
+    if s.starts_with('.') {
+        return Err("starts with '.'");
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("only A-Z a-z 0-9 . _ - are allowed");
+    }
+    Ok(())
 }
 
 impl fmt::Display for BranchId {

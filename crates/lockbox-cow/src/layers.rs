@@ -45,9 +45,47 @@ pub fn flatten(layers: &[PathBuf], into: &Path) -> Result<(), CowError> {
                 path: layer.clone(),
                 source,
             })?;
-        merge_dir(src.as_fd(), layer, dst.as_fd(), into, Merge::FLATTEN)?;
+        merge_dir(
+            src.as_fd(),
+            layer,
+            dst.as_fd(),
+            into,
+            Merge::FLATTEN,
+            &mut Tally::default(),
+        )?;
     }
     Ok(())
+}
+
+/// What a walk met: entries, and bytes allocated to them in the source.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+/// Copies the upper layer `upper` into the empty directory `into`, overlay marks included
+/// (whiteouts, opaque directories), never linking a file (a sandbox may be running on
+/// `upper`: its processes paused, its files will change in place once they go on).
+pub(crate) fn capture(upper: &Path, into: &Path) -> Result<Tally, CowError> {
+    let dst = OwnDir::open_root(into, beneath::WRITE).map_err(|source| CowError::Stage {
+        path: into.to_owned(),
+        source,
+    })?;
+    let src = OwnDir::open_root(upper, beneath::READ).map_err(|source| CowError::ReadUpper {
+        path: upper.to_owned(),
+        source,
+    })?;
+    let mut tally = Tally::default();
+    merge_dir(
+        src.as_fd(),
+        upper,
+        dst.as_fd(),
+        into,
+        Merge::CAPTURE,
+        &mut tally,
+    )?;
+    Ok(tally)
 }
 
 /// Copies what an overlay of `upper` over `lower` shows at `rel` to `dst_dir/dst_name`, as
@@ -105,10 +143,24 @@ pub fn copy_view(
             let mut d = OwnDir::open_child(dst.as_fd(), dst_name, beneath::WRITE).map_err(err)?;
             if !overlay::is_opaque(s.as_fd()) {
                 if let Some(l) = lower_dir(lower, rel)? {
-                    merge_dir(l.as_fd(), &lower.join(rel), d.as_fd(), &out, Merge::COPY)?;
+                    merge_dir(
+                        l.as_fd(),
+                        &lower.join(rel),
+                        d.as_fd(),
+                        &out,
+                        Merge::COPY,
+                        &mut Tally::default(),
+                    )?;
                 }
             }
-            merge_dir(s.as_fd(), &abs, d.as_fd(), &out, Merge::RESOLVE)?;
+            merge_dir(
+                s.as_fd(),
+                &abs,
+                d.as_fd(),
+                &out,
+                Merge::RESOLVE,
+                &mut Tally::default(),
+            )?;
             set_dir_meta(&mut d, &st).map_err(err)
         }
         RawType::RegularFile | RawType::Symlink => place_leaf(
@@ -180,6 +232,13 @@ impl Merge {
         link: true,
         own: true,
     };
+    /// Copying a live upper layer into a snapshot ([`capture`]): its files may still change
+    /// in place, so never linked.
+    const CAPTURE: Merge = Merge {
+        marks: true,
+        link: false,
+        own: true,
+    };
     /// Copying a plain tree that is not ours to link to (the workdir).
     const COPY: Merge = Merge {
         marks: false,
@@ -194,6 +253,7 @@ fn merge_dir(
     dst: BorrowedFd<'_>,
     dst_abs: &Path,
     how: Merge,
+    tally: &mut Tally,
 ) -> Result<(), CowError> {
     let read_err = |path: PathBuf| move |source| CowError::ReadUpper { path, source };
     for name in sorted_names(src).map_err(read_err(src_abs.to_owned()))? {
@@ -205,6 +265,8 @@ fn merge_dir(
         if let Some(feature) = xattrs.unsupported_feature() {
             return Err(CowError::UnsupportedOverlay { path: abs, feature });
         }
+        tally.entries += 1;
+        tally.bytes += st.st_blocks as u64 * 512;
         let out = dst_abs.join(&name);
         let write_err = |source| CowError::Stage {
             path: out.clone(),
@@ -252,7 +314,7 @@ fn merge_dir(
                     )
                     .map_err(|e| write_err(e.into()))?;
                 }
-                merge_dir(sub_src.as_fd(), &abs, sub_dst.as_fd(), &out, how)?;
+                merge_dir(sub_src.as_fd(), &abs, sub_dst.as_fd(), &out, how, tally)?;
                 set_dir_meta(&mut sub_dst, &st).map_err(write_err)?;
             }
             RawType::RegularFile | RawType::Symlink => {

@@ -44,6 +44,9 @@
 //! # let _ = report; Ok(()) }
 //! ```
 //!
+//! - snapshots ([`SnapshotStore`]): an upper captured into an immutable layer, stacked on
+//!   its parent's; [`SnapshotStore::layers`] is the `lowerdir=` list of a fork.
+//!
 //! Not here: mounting the overlay and running processes (`lockbox-confine`, the CLI),
 //! transactions over several branches and their WAL (`lockbox-txn`).
 
@@ -68,6 +71,9 @@ pub use crate::layers::{copy_view, flatten, restrict};
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_FORMAT_VERSION};
 pub use crate::select::{select_hunks, HunkChoice, Selection};
+pub use crate::snapshot::{
+    NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore, MAX_DEPTH, SNAPSHOT_FORMAT_VERSION,
+};
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 pub use crate::stale::stamp_base;
 pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};
@@ -88,6 +94,7 @@ mod lock;
 mod meta;
 mod overlay;
 mod select;
+mod snapshot;
 mod staged;
 mod stale;
 mod state_dir;

@@ -40,6 +40,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::BadPath
         | C::BadHunk
         | C::InvalidBranchId
+        | C::InvalidSnapshotId
         | C::InvalidTxnId
         | C::TxnUsage
         | C::InvalidRunId
@@ -61,6 +62,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::ProcessNotFound
         | C::FileNotFound
         | C::BranchNotFound
+        | C::SnapshotNotFound
         | C::NotChanged
         | C::TxnNotFound
         | C::RunNotFound
@@ -82,6 +84,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::StaleBase
         | C::BranchCommitting
         | C::PartCommitFinished
+        | C::SnapshotInUse
         | C::WorkdirBusy
         | C::WorkdirLock
         | C::WorkdirMismatch
@@ -139,6 +142,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::CommitDelete
         | C::CommitSetMeta
         | C::Fsync
+        | C::SnapshotStore
         | C::TxnStore
         | C::TxnWriteRecord
         | C::TxnReadRecord

@@ -1,0 +1,501 @@
+//! Snapshots: immutable, named copies of a sandbox's upper layer, stacked on their parent's.
+//!
+//! A sandbox sees the workdir through an overlay whose lower is the workdir (or, for a fork,
+//! the layers of the snapshot it came from, then the workdir) and whose upper is its
+//! branch's `upper/`. [`SnapshotStore::capture`] copies that upper, overlay marks included
+//! (whiteouts, opaque directories), into a new *layer*: what the sandbox sees then is the
+//! snapshot's layer over its parent's layers over the workdir — [`SnapshotStore::layers`],
+//! top first, exactly an overlayfs `lowerdir=` list. A fork is an overlay with those layers
+//! and the workdir as its lower and a fresh upper: it costs a mount, not a copy.
+//!
+//! The capture copies (`copy_file_range`: blocks are shared where the filesystem can reflink,
+//! btrfs and xfs) and never hard-links, because a running sandbox changes files of its upper
+//! in place. The caller pauses the sandbox's processes while it runs, so the copy is one
+//! instant of the upper. Processes' memory is not part of a snapshot (that needs
+//! `CAP_CHECKPOINT_RESTORE`); the record's `context` is where a front end keeps what it can
+//! restore (session cwd and variables) and could later name a process checkpoint.
+//!
+//! On disk, `STATE/snapshots/<id>/{layer/, meta.json, users/}`:
+//! - **atomic publish**: a snapshot is made under `.new/<pid>-<id>/`, its layer and record
+//!   made durable (`syncfs`), then renamed into place. A crash leaves no half-made snapshot
+//!   visible; [`SnapshotStore::open`] sweeps what dead creators left, and any snapshot
+//!   directory without its `meta.json` (a removal a crash interrupted: `meta.json` goes first);
+//! - **holds**: a fork (or anything else still reading a snapshot's layers) holds it under a
+//!   name ([`SnapshotStore::hold`]); [`SnapshotStore::delete`] refuses a snapshot that is held
+//!   or that another snapshot stacks on ([`CowError::SnapshotInUse`]). Changes to the store
+//!   (publish, hold, delete) are serialised by an `flock` on `snapshots/.lock`.
+
+use std::ffi::OsStr;
+use std::fs::{self, DirBuilder, File};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::beneath;
+use crate::durable::fsync_dir;
+use crate::id::check_id;
+use crate::{CowError, Timestamp};
+
+/// Version of a snapshot's `meta.json`.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+const META: &str = "meta.json";
+const LAYER: &str = "layer";
+const USERS: &str = "users";
+const UNFINISHED: &str = ".new";
+const LOCK: &str = ".lock";
+
+/// The id of a snapshot: like a [`crate::BranchId`], 1–64 bytes of `[A-Za-z0-9._-]`, not
+/// starting with `.`. Also the name of a hold ([`SnapshotStore::hold`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct SnapshotId(String);
+
+impl SnapshotId {
+    /// Checks `s` and wraps it.
+    pub fn parse(s: &str) -> Result<SnapshotId, CowError> {
+        check_id(s).map_err(|reason| CowError::InvalidSnapshotId {
+            id: s.to_owned(),
+            reason,
+        })?;
+        Ok(SnapshotId(s.to_owned()))
+    }
+
+    /// A fresh id, `s` then the same parts as [`crate::BranchId::generate`].
+    pub fn generate() -> SnapshotId {
+        SnapshotId(format!("s{}", &crate::BranchId::generate().as_str()[1..]))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for SnapshotId {
+    type Err = CowError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SnapshotId::parse(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SnapshotId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        SnapshotId::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a new snapshot records besides its files.
+#[derive(Debug, Clone)]
+pub struct NewSnapshot {
+    /// A name for people (any text; not unique).
+    pub name: Option<String>,
+    /// The snapshot the captured upper lies on (the sandbox was forked from it), if any.
+    pub parent: Option<SnapshotId>,
+    /// The workdir below all the layers.
+    pub workdir: PathBuf,
+    /// The stale-base reference of the sandbox's branch: forks inherit it, so a change made
+    /// to the workdir since the first sandbox of the chain began makes their commits stale.
+    pub base_ctime: Timestamp,
+    /// The caller's record (policy, sessions' cwd and variables), stored as-is.
+    pub context: serde_json::Value,
+}
+
+/// A published snapshot's record (`meta.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    /// [`SNAPSHOT_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Its id.
+    pub id: SnapshotId,
+    /// Its name, if given.
+    pub name: Option<String>,
+    /// The snapshot its layer lies on.
+    pub parent: Option<SnapshotId>,
+    /// The workdir below all the layers.
+    pub workdir: PathBuf,
+    /// See [`NewSnapshot::base_ctime`].
+    pub base_ctime: Timestamp,
+    /// When it was taken (wall clock).
+    pub created: Timestamp,
+    /// Bytes of file data in its own layer (not its parents'), as allocated on disk.
+    pub bytes: u64,
+    /// Entries in its own layer.
+    pub entries: u64,
+    /// The caller's record.
+    pub context: serde_json::Value,
+}
+
+/// The snapshots under one state directory.
+#[derive(Debug, Clone)]
+pub struct SnapshotStore {
+    dir: PathBuf,
+}
+
+impl SnapshotStore {
+    /// Opens (creating) `STATE/snapshots/`, and sweeps what a crash left: unfinished
+    /// snapshots of dead creators and snapshot directories without a record.
+    pub fn open(state_dir: &Path) -> Result<SnapshotStore, CowError> {
+        let dir = state_dir.join("snapshots");
+        let err = |source| CowError::StateDir {
+            path: dir.clone(),
+            source,
+        };
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join(UNFINISHED))
+            .map_err(err)?;
+        let store = SnapshotStore { dir };
+        store.sweep()?;
+        Ok(store)
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Copies the upper layer `upper` (its processes paused by the caller) into a new
+    /// snapshot and publishes it. `parent`, if given, must exist; it is held while the copy
+    /// runs, so it cannot be deleted meanwhile.
+    pub fn capture(&self, upper: &Path, new: NewSnapshot) -> Result<SnapshotMeta, CowError> {
+        let id = SnapshotId::generate();
+        if let Some(parent) = &new.parent {
+            self.hold(parent, &format!("capture-{id}"))?;
+        }
+        let made = self.capture_as(upper, &id, new.clone());
+        if let Some(parent) = &new.parent {
+            // The child now stacks on the parent, which protects it from then on.
+            let _ = self.release(parent, &format!("capture-{id}"));
+        }
+        made
+    }
+
+    fn capture_as(
+        &self,
+        upper: &Path,
+        id: &SnapshotId,
+        new: NewSnapshot,
+    ) -> Result<SnapshotMeta, CowError> {
+        let unfinished = self.dir.join(UNFINISHED);
+        let aside_name = format!("{}-{}", std::process::id(), id);
+        let aside = unfinished.join(&aside_name);
+        let made = (|| {
+            let layer = aside.join(LAYER);
+            let mk = |p: &Path| {
+                DirBuilder::new()
+                    .mode(0o700)
+                    .create(p)
+                    .map_err(|source| CowError::Snapshot {
+                        path: p.to_owned(),
+                        source,
+                    })
+            };
+            mk(&aside)?;
+            mk(&layer)?;
+            mk(&aside.join(USERS))?;
+            let tally = crate::layers::capture(upper, &layer)?;
+            // The layer's root carries the view's root attributes, as the upper's does.
+            let upper_mode = fs::metadata(upper)
+                .map_err(|source| CowError::ReadUpper {
+                    path: upper.to_owned(),
+                    source,
+                })?
+                .mode();
+            fs::set_permissions(
+                &layer,
+                std::os::unix::fs::PermissionsExt::from_mode(upper_mode & 0o7777),
+            )
+            .map_err(|source| CowError::Snapshot {
+                path: layer.clone(),
+                source,
+            })?;
+            let meta = SnapshotMeta {
+                format_version: SNAPSHOT_FORMAT_VERSION,
+                id: id.clone(),
+                name: new.name,
+                parent: new.parent,
+                workdir: new.workdir,
+                base_ctime: new.base_ctime,
+                created: now(),
+                bytes: tally.bytes,
+                entries: tally.entries,
+                context: new.context,
+            };
+            let json = serde_json::to_vec_pretty(&meta).map_err(|e| CowError::Snapshot {
+                path: aside.join(META),
+                source: io::Error::other(e),
+            })?;
+            fs::write(aside.join(META), json).map_err(|source| CowError::Snapshot {
+                path: aside.join(META),
+                source,
+            })?;
+            // One syncfs makes the layer's data, its entries and the record durable before
+            // the rename publishes them.
+            let sync =
+                File::open(&aside).and_then(|f| rustix::fs::syncfs(&f).map_err(io::Error::from));
+            sync.map_err(|source| CowError::Snapshot {
+                path: aside.clone(),
+                source,
+            })?;
+            let _lock = self.lock()?;
+            let dst = self.dir.join(id.as_str());
+            fs::rename(&aside, &dst).map_err(|source| CowError::Snapshot {
+                path: dst.clone(),
+                source,
+            })?;
+            fsync_dir(&self.dir).map_err(|source| CowError::Snapshot {
+                path: self.dir.clone(),
+                source,
+            })?;
+            Ok(meta)
+        })();
+        if made.is_err() {
+            let _ = beneath::open_root(&unfinished).and_then(|fd| {
+                beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&fd), OsStr::new(&aside_name))
+            });
+        }
+        made
+    }
+
+    /// The record of snapshot `id`.
+    pub fn get(&self, id: &SnapshotId) -> Result<SnapshotMeta, CowError> {
+        let path = self.dir.join(id.as_str()).join(META);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CowError::SnapshotNotFound { id: id.to_string() })
+            }
+            Err(source) => return Err(CowError::Snapshot { path, source }),
+        };
+        let meta: SnapshotMeta =
+            serde_json::from_slice(&bytes).map_err(|e| CowError::Snapshot {
+                path: path.clone(),
+                source: io::Error::new(io::ErrorKind::InvalidData, e),
+            })?;
+        if meta.format_version != SNAPSHOT_FORMAT_VERSION || &meta.id != id {
+            return Err(CowError::Snapshot {
+                path,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "format {} id {} (this lockbox reads format {SNAPSHOT_FORMAT_VERSION})",
+                        meta.format_version, meta.id
+                    ),
+                ),
+            });
+        }
+        Ok(meta)
+    }
+
+    /// Every published snapshot, oldest first.
+    pub fn list(&self) -> Result<Vec<SnapshotMeta>, CowError> {
+        let mut out = Vec::new();
+        for id in self.ids()? {
+            match self.get(&id) {
+                Ok(m) => out.push(m),
+                // Deleted meanwhile.
+                Err(CowError::SnapshotNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+        Ok(out)
+    }
+
+    /// The layers a view of snapshot `id` stacks over its workdir, top first (its own layer,
+    /// its parent's, ...): an overlayfs `lowerdir=` list, to which the workdir is appended.
+    pub fn layers(&self, id: &SnapshotId) -> Result<Vec<PathBuf>, CowError> {
+        let mut out = Vec::new();
+        let mut next = Some(id.clone());
+        while let Some(id) = next {
+            let meta = self.get(&id)?;
+            out.push(self.dir.join(id.as_str()).join(LAYER));
+            next = meta.parent;
+            if out.len() > MAX_DEPTH {
+                return Err(CowError::Snapshot {
+                    path: self.dir.join(id.as_str()),
+                    source: io::Error::other(format!(
+                        "more than {MAX_DEPTH} snapshots stacked (or a cycle)"
+                    )),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Holds snapshot `id` under the name `user` (e.g. a fork's branch id): it cannot be
+    /// deleted until every hold is released. Holding twice under one name is one hold.
+    pub fn hold(&self, id: &SnapshotId, user: &str) -> Result<(), CowError> {
+        check_id(user).map_err(|reason| CowError::InvalidSnapshotId {
+            id: user.to_owned(),
+            reason,
+        })?;
+        let _lock = self.lock()?;
+        self.get(id)?;
+        let path = self.dir.join(id.as_str()).join(USERS).join(user);
+        File::create(&path)
+            .and_then(|_| fsync_dir(&self.dir.join(id.as_str()).join(USERS)))
+            .map_err(|source| CowError::Snapshot { path, source })
+    }
+
+    /// Releases the hold `user` on `id` (nothing if there is none, or no snapshot).
+    pub fn release(&self, id: &SnapshotId, user: &str) -> Result<(), CowError> {
+        if check_id(user).is_err() {
+            return Ok(());
+        }
+        let _lock = self.lock()?;
+        let path = self.dir.join(id.as_str()).join(USERS).join(user);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(CowError::Snapshot { path, source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The names holding `id`, sorted.
+    pub fn holders(&self, id: &SnapshotId) -> Result<Vec<String>, CowError> {
+        let dir = self.dir.join(id.as_str()).join(USERS);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.get(id)?;
+                return Ok(Vec::new());
+            }
+            Err(source) => return Err(CowError::Snapshot { path: dir, source }),
+        };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Deletes snapshot `id`: refused ([`CowError::SnapshotInUse`]) while it is held or
+    /// another snapshot stacks on it. The record goes first, so an interrupted removal leaves
+    /// a directory the next [`SnapshotStore::open`] sweeps, never a snapshot with part of
+    /// its layer.
+    pub fn delete(&self, id: &SnapshotId) -> Result<(), CowError> {
+        let _lock = self.lock()?;
+        self.get(id)?;
+        let holders = self.holders(id)?;
+        let children: Vec<String> = self
+            .list()?
+            .into_iter()
+            .filter(|m| m.parent.as_ref() == Some(id))
+            .map(|m| m.id.to_string())
+            .collect();
+        if !holders.is_empty() || !children.is_empty() {
+            return Err(CowError::SnapshotInUse {
+                id: id.to_string(),
+                holders,
+                children,
+            });
+        }
+        self.remove(id.as_str())
+    }
+
+    /// Bytes of file data over all snapshots (for a disk budget).
+    pub fn total_bytes(&self) -> Result<u64, CowError> {
+        Ok(self.list()?.iter().map(|m| m.bytes).sum())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), CowError> {
+        let dir = self.dir.join(name);
+        let err = |source| CowError::Snapshot {
+            path: dir.clone(),
+            source,
+        };
+        match fs::remove_file(dir.join(META)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(err(e)),
+            _ => {}
+        }
+        let root = beneath::open_root(&self.dir).map_err(err)?;
+        beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&root), OsStr::new(name)).map_err(err)?;
+        fsync_dir(&self.dir).map_err(err)
+    }
+
+    fn ids(&self) -> Result<Vec<SnapshotId>, CowError> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| CowError::StateDir {
+            path: self.dir.clone(),
+            source,
+        })?;
+        Ok(entries
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| SnapshotId::parse(n).ok())
+            })
+            .collect())
+    }
+
+    fn sweep(&self) -> Result<(), CowError> {
+        let _lock = self.lock()?;
+        let unfinished = self.dir.join(UNFINISHED);
+        if let Ok(entries) = fs::read_dir(&unfinished) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let pid = name
+                    .to_str()
+                    .and_then(|n| n.split_once('-'))
+                    .and_then(|(pid, _)| pid.parse::<u32>().ok());
+                let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
+                if !alive {
+                    let _ = beneath::open_root(&unfinished).and_then(|fd| {
+                        beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&fd), &name)
+                    });
+                }
+            }
+        }
+        for id in self.ids()? {
+            if !self.dir.join(id.as_str()).join(META).exists() {
+                self.remove(id.as_str())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<File, CowError> {
+        let path = self.dir.join(LOCK);
+        let err = |source| CowError::Snapshot {
+            path: path.clone(),
+            source,
+        };
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(err)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| err(e.into()))?;
+        Ok(file)
+    }
+}
+
+/// Most snapshots stacked on one another (overlayfs takes at most 500 lower layers; a
+/// deeper chain would first be flattened).
+pub const MAX_DEPTH: usize = 128;
+
+fn now() -> Timestamp {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i64::from(d.subsec_nanos()),
+    }
+}
