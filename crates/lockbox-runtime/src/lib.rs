@@ -240,10 +240,7 @@ impl Runtime {
         let info = self.sandbox_info(id).await?;
         Err(RuntimeError::SandboxNotRunning {
             id: id.to_owned(),
-            state: serde_json::to_value(info.state)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
+            state: info.state.as_str().to_owned(),
         })
     }
 
@@ -286,20 +283,18 @@ impl Runtime {
                 let on_exit = sb.spec.on_exit;
                 let done = tokio::task::spawn_blocking(move || finish_branch(b, on_exit))
                     .await
-                    .unwrap_or_else(|_| "kept".to_owned());
+                    .unwrap_or(BranchAction::Kept);
                 Some(done)
             }
         };
-        let mut info = sb.info(SandboxState::Stopped, action.clone());
+        let mut info = sb.info(SandboxState::Stopped, action);
         info.branch = branch_id.clone();
         info.sessions = 0;
         info.processes = 0;
-        let _ = self.inner.store.update(
-            id,
-            SandboxState::Stopped,
-            branch_id.as_deref(),
-            action.as_deref(),
-        );
+        let _ = self
+            .inner
+            .store
+            .update(id, SandboxState::Stopped, branch_id.as_deref(), action);
         if let Err(e) = self
             .inner
             .store
@@ -343,35 +338,35 @@ fn lock_state_dir(state_dir: &std::path::Path) -> Result<std::fs::File, RuntimeE
 }
 
 /// Applies `on_exit` to a stopped sandbox's branch; returns what was done.
-fn finish_branch(mut b: lockbox_cow::Branch, on_exit: OnExit) -> String {
+fn finish_branch(mut b: lockbox_cow::Branch, on_exit: OnExit) -> BranchAction {
     let id = b.id().as_str().to_owned();
     match on_exit {
         OnExit::Commit => match b.commit(&lockbox_cow::CommitOptions::default()) {
-            Ok(_) => "committed".into(),
+            Ok(_) => BranchAction::Committed,
             Err(e) => {
                 tracing::warn!(branch = %id, "commit on exit failed, branch kept: {e}");
-                "kept".into()
+                BranchAction::Kept
             }
         },
         OnExit::Abort => match b.abort() {
-            Ok(()) => "aborted".into(),
+            Ok(()) => BranchAction::Aborted,
             Err(e) => {
                 tracing::warn!(branch = %id, "abort on exit failed: {e}");
-                "kept".into()
+                BranchAction::Kept
             }
         },
         // A branch without changes has nothing to review: removed rather than left in
         // `lockbox branch list` (after an abort, the fresh branch is always empty).
         OnExit::Keep if b.changes().is_ok_and(|mut c| c.next().is_none()) => match b.abort() {
-            Ok(()) => "empty".into(),
+            Ok(()) => BranchAction::Empty,
             Err(e) => {
                 tracing::warn!(branch = %id, "removing an empty branch failed: {e}");
-                "kept".into()
+                BranchAction::Kept
             }
         },
         OnExit::Keep => {
             let _ = b.keep();
-            "kept".into()
+            BranchAction::Kept
         }
     }
 }

@@ -140,7 +140,7 @@ impl SandboxInner {
         self.spec.policy.kill_grace
     }
 
-    pub fn info(&self, state: SandboxState, branch_action: Option<String>) -> SandboxInfo {
+    pub fn info(&self, state: SandboxState, branch_action: Option<BranchAction>) -> SandboxInfo {
         let inst = self.instance();
         let sessions = inst.sessions.try_lock().map(|s| s.len()).unwrap_or(0);
         let processes = lock(&inst.processes).len();

@@ -238,8 +238,7 @@ impl Session {
         let stdin = req.stdin.as_ref().unwrap_or(&empty);
         let mut stdin_left: &[u8] = stdin;
         let mut timed_out = false;
-        // Running → TERM sent → KILL sent → give up.
-        let mut phase = 0u8;
+        let mut phase = Escalation::Running;
         let mut alarm = req.timeout.map(|t| start + t);
         let mut out_eof = false;
         let mut err_eof = false;
@@ -308,17 +307,17 @@ impl Session {
                     timed_out = true;
                     let now = Instant::now();
                     match phase {
-                        0 => {
-                            phase = 1;
+                        Escalation::Running => {
+                            phase = Escalation::Terminated;
                             alarm = Some(now + self.grace);
                             self.signal_command(libc::SIGTERM).await;
                         }
-                        1 => {
-                            phase = 2;
+                        Escalation::Terminated => {
+                            phase = Escalation::Killed;
                             alarm = Some(now + SHELL_RETURN_GRACE);
                             let _ = self.agent.call(Op::KillTree { pid: self.pid, spare_main: true }).await;
                         }
-                        _ => {
+                        Escalation::Killed => {
                             sink.finish(stdout, stderr).await;
                             return Err(self.terminated("the shell did not return after its command timed out (a shell builtin loop?)"));
                         }
@@ -489,4 +488,15 @@ fn build_line(id: u64, req: &ExecRequest) -> Result<(u64, String), RuntimeError>
     line.push_str(&id.to_string());
     line.push_str(" $?\n");
     Ok((id, line))
+}
+
+/// Where a timed-out command is on its way out: each time the alarm rings, the next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Escalation {
+    /// Not timed out yet: the alarm sends SIGTERM to the command's tree.
+    Running,
+    /// SIGTERM sent: after the grace, the alarm kills the tree (the shell is spared).
+    Terminated,
+    /// Killed: if the shell has not printed the status soon after, the session is given up.
+    Killed,
 }

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::types::{PolicySummary, SandboxInfo, SandboxSpec, SandboxState};
+use crate::types::{BranchAction, PolicySummary, SandboxInfo, SandboxSpec, SandboxState};
 use crate::RuntimeError;
 
 #[derive(Debug)]
@@ -28,14 +28,6 @@ fn workdir_of(v: rusqlite::types::ValueRef<'_>) -> Option<PathBuf> {
 
 fn db_error(e: rusqlite::Error) -> RuntimeError {
     RuntimeError::Internal(format!("sandbox database: {e}"))
-}
-
-fn state_name(s: SandboxState) -> &'static str {
-    match s {
-        SandboxState::Running => "running",
-        SandboxState::Stopped => "stopped",
-        SandboxState::Lost => "lost",
-    }
 }
 
 impl Store {
@@ -75,7 +67,7 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7)",
                 params![
                     info.id,
-                    state_name(info.state),
+                    info.state.as_str(),
                     info.created_at,
                     // Bytes, not text: a lossy copy would name another directory.
                     info.workdir.as_ref().map(|p| p.as_os_str().as_bytes().to_vec()),
@@ -93,12 +85,17 @@ impl Store {
         id: &str,
         state: SandboxState,
         branch: Option<&str>,
-        branch_action: Option<&str>,
+        branch_action: Option<BranchAction>,
     ) -> Result<(), RuntimeError> {
         self.conn()
             .execute(
                 "UPDATE sandboxes SET state = ?2, branch = ?3, branch_action = ?4 WHERE id = ?1",
-                params![id, state_name(state), branch, branch_action],
+                params![
+                    id,
+                    state.as_str(),
+                    branch,
+                    branch_action.map(BranchAction::as_str)
+                ],
             )
             .map(drop)
             .map_err(db_error)
@@ -142,7 +139,10 @@ impl Store {
                     created_at: r.get(2)?,
                     workdir: workdir_of(r.get_ref(3)?),
                     branch: r.get(4)?,
-                    branch_action: r.get(5)?,
+                    branch_action: r
+                        .get::<_, Option<String>>(5)?
+                        .as_deref()
+                        .and_then(BranchAction::parse),
                     labels: serde_json::from_str::<BTreeMap<String, String>>(&labels)
                         .unwrap_or_default(),
                     sessions: 0,

@@ -123,6 +123,46 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
 }
 
+/// What happened to a sandbox's branch when the sandbox stopped (its `on_exit`, or what
+/// was done instead when that failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BranchAction {
+    /// Kept for review (`lockbox branch`): asked for, or a commit/abort on exit failed, or
+    /// the runtime ended while the sandbox ran.
+    Kept,
+    /// Committed to the workdir.
+    Committed,
+    /// Discarded.
+    Aborted,
+    /// It had no changes and was removed instead of kept.
+    Empty,
+}
+
+impl BranchAction {
+    /// The action's name: `kept`, `committed`, `aborted` or `empty`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BranchAction::Kept => "kept",
+            BranchAction::Committed => "committed",
+            BranchAction::Aborted => "aborted",
+            BranchAction::Empty => "empty",
+        }
+    }
+
+    /// The action named `s`, if any.
+    pub fn parse(s: &str) -> Option<BranchAction> {
+        [
+            BranchAction::Kept,
+            BranchAction::Committed,
+            BranchAction::Aborted,
+            BranchAction::Empty,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+    }
+}
+
 /// A sandbox's life state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -133,6 +173,17 @@ pub enum SandboxState {
     Stopped,
     /// It was running when a previous runtime (server) ended; its branch is kept.
     Lost,
+}
+
+impl SandboxState {
+    /// The state's name: `running`, `stopped` or `lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Lost => "lost",
+        }
+    }
 }
 
 /// What a sandbox is.
@@ -149,10 +200,9 @@ pub struct SandboxInfo {
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
     pub branch: Option<String>,
-    /// What happened to the branch when it stopped (`kept`, `committed`, `aborted`, or
-    /// `empty`: it had no changes and was removed instead of kept).
+    /// What happened to the branch when the sandbox stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub branch_action: Option<String>,
+    pub branch_action: Option<BranchAction>,
     /// Labels from the spec.
     pub labels: BTreeMap<String, String>,
     /// Live sessions.

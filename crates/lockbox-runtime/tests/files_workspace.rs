@@ -283,7 +283,10 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
     let (rt, sb) = sandbox_with(state.path(), spec).await;
     run(&sb, "echo done > result.txt").await;
     let info = rt.delete_sandbox(sb.id()).await.unwrap();
-    assert_eq!(info.branch_action.as_deref(), Some("committed"));
+    assert_eq!(
+        info.branch_action,
+        Some(lockbox_runtime::BranchAction::Committed)
+    );
     assert_eq!(
         std::fs::read(work.path().join("result.txt")).unwrap(),
         b"done\n"
