@@ -130,7 +130,7 @@ async fn main() {
     let mut config = RuntimeConfig::new(state.path());
     config.agent_exe = Some(agent_bin::build_agent());
     config.max_sandboxes = 1024;
-    let rt = Runtime::open(config).await.unwrap();
+    let rt = Runtime::open(config).unwrap();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average before: {}", load.trim());
     println!();

@@ -109,7 +109,7 @@ async fn open_runtime(state_dir: &Path, agent_exe: Option<&Path>) -> PyResult<Ru
     };
     let mut config = RuntimeConfig::new(state_dir);
     config.agent_exe = Some(agent);
-    Runtime::open(config).await.map_err(|e| runtime_error(&e))
+    Runtime::open(config).map_err(|e| runtime_error(&e))
 }
 
 /// The embedded API: one runtime on one state directory, and the router of its routes.

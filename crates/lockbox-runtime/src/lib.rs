@@ -92,7 +92,7 @@ struct RuntimeInner {
 impl Runtime {
     /// Opens the state directory; sandboxes a previous runtime left running become `Lost`
     /// (their branches are kept).
-    pub async fn open(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+    pub fn open(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         std::fs::create_dir_all(&config.state_dir).map_err(|e| {
             RuntimeError::SetupFailed(format!(
                 "creating the state directory {}: {e}",
@@ -219,7 +219,7 @@ impl Runtime {
 
     /// All sandboxes, running and recorded (stopped, lost: the last
     /// [`RuntimeConfig::keep_stopped`] stopped ones), oldest first.
-    pub async fn list_sandboxes(&self) -> Vec<SandboxInfo> {
+    pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
         let live: HashMap<String, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
         let mut out = self.inner.store.list().unwrap_or_default();
         for info in &mut out {
@@ -237,7 +237,7 @@ impl Runtime {
             sb.touch();
             return Ok(Sandbox { inner: sb });
         }
-        let info = self.sandbox_info(id).await?;
+        let info = self.sandbox_info(id)?;
         Err(RuntimeError::SandboxNotRunning {
             id: id.to_owned(),
             state: info.state.as_str().to_owned(),
@@ -245,7 +245,7 @@ impl Runtime {
     }
 
     /// What a sandbox is (running or recorded).
-    pub async fn sandbox_info(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
+    pub fn sandbox_info(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
         if let Some(sb) = lock(&self.inner.sandboxes).get(id).cloned() {
             return Ok(sb.info(SandboxState::Running, None));
         }
@@ -261,7 +261,7 @@ impl Runtime {
     pub async fn delete_sandbox(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
         let sb = lock(&self.inner.sandboxes).get(id).cloned();
         let Some(sb) = sb else {
-            return match self.sandbox_info(id).await {
+            return match self.sandbox_info(id) {
                 Ok(info) => Ok(info),
                 Err(e) => Err(e),
             };
@@ -269,7 +269,7 @@ impl Runtime {
         let _life = sb.lifecycle.lock().await;
         if sb.stopped.swap(true, Ordering::SeqCst) {
             drop(_life);
-            return self.sandbox_info(id).await;
+            return self.sandbox_info(id);
         }
         // Their host listeners end with the sandbox.
         lock(&sb.ports).clear();
@@ -500,7 +500,7 @@ impl Sandbox {
     }
 
     /// All processes, running and exited.
-    pub async fn list_processes(&self) -> Vec<ProcessInfo> {
+    pub fn list_processes(&self) -> Vec<ProcessInfo> {
         let inst = self.inner.instance();
         let procs = lock(&inst.processes);
         let mut out: Vec<ProcessInfo> = procs.values().map(|p| p.info()).collect();
@@ -509,7 +509,7 @@ impl Sandbox {
     }
 
     /// One process.
-    pub async fn process(&self, id: &str) -> Result<ProcessInfo, RuntimeError> {
+    pub fn process(&self, id: &str) -> Result<ProcessInfo, RuntimeError> {
         Ok(self.inner.instance().process(id)?.info())
     }
 
@@ -546,7 +546,7 @@ impl Sandbox {
     }
 
     /// Reads the process's log from cursor `since`, at most `max_bytes`.
-    pub async fn read_logs(
+    pub fn read_logs(
         &self,
         id: &str,
         since: u64,
@@ -558,7 +558,7 @@ impl Sandbox {
 
     /// Replays the log from `since`, then follows it live; ends after the process exited
     /// and everything was sent (the last chunk has `eof: true`).
-    pub async fn follow_logs(&self, id: &str, since: u64) -> Result<LogStream, RuntimeError> {
+    pub fn follow_logs(&self, id: &str, since: u64) -> Result<LogStream, RuntimeError> {
         let p = self.inner.instance().process(id)?;
         Ok(LogStream {
             inner: Box::pin(p.log.clone().follow(since)),
@@ -566,7 +566,7 @@ impl Sandbox {
     }
 
     /// Attaches to the process's PTY: scrollback, live output, input.
-    pub async fn attach_pty(&self, id: &str) -> Result<PtyAttachment, RuntimeError> {
+    pub fn attach_pty(&self, id: &str) -> Result<PtyAttachment, RuntimeError> {
         let p = self.live()?.process(id)?;
         if p.pty.is_none() {
             return Err(RuntimeError::NotSupported {
@@ -597,7 +597,7 @@ impl Sandbox {
     }
 
     /// Resizes the process's PTY.
-    pub async fn resize_pty(&self, id: &str, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+    pub fn resize_pty(&self, id: &str, cols: u16, rows: u16) -> Result<(), RuntimeError> {
         if cols == 0 || rows == 0 {
             return Err(RuntimeError::invalid("cols/rows", "must be at least 1"));
         }
@@ -619,12 +619,12 @@ impl Sandbox {
     }
 
     /// Stops exposing `port` (and its host listener); `PORT_NOT_EXPOSED` if it was not.
-    pub async fn unexpose_port(&self, port: u16) -> Result<(), RuntimeError> {
+    pub fn unexpose_port(&self, port: u16) -> Result<(), RuntimeError> {
         ports::unexpose(&self.inner, port)
     }
 
     /// The exposed ports, by port number.
-    pub async fn ports(&self) -> Vec<PortInfo> {
+    pub fn ports(&self) -> Vec<PortInfo> {
         ports::list(&self.inner)
     }
 

@@ -298,7 +298,6 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
         c.agent_exe = Some(agent_exe().to_owned());
         c
     })
-    .await
     .unwrap_err();
     assert_eq!(second.code(), "SETUP_FAILED");
     drop(rt);
@@ -307,10 +306,10 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
     let (rt2, kept) = sandbox_with(state.path(), workdir_spec(work.path())).await;
     run(&kept, "echo unsaved > lost.txt").await;
     let id = kept.id().to_owned();
-    let branch = rt2.sandbox_info(&id).await.unwrap().branch.unwrap();
+    let branch = rt2.sandbox_info(&id).unwrap().branch.unwrap();
     drop((kept, rt2)); // no shutdown: as if the server died
     let rt3 = runtime(state.path()).await;
-    let listed = rt3.list_sandboxes().await;
+    let listed = rt3.list_sandboxes();
     let lost = listed.iter().find(|i| i.id == id).unwrap();
     assert_eq!(lost.state, SandboxState::Lost);
     assert_eq!(lost.labels.len(), 0);

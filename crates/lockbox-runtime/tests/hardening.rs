@@ -99,7 +99,7 @@ async fn commands_get_enosys_from_openat2_and_cannot_reach_the_agent_while_files
         })
         .await
         .unwrap();
-    let mut logs = sb.follow_logs(&p.id, 0).await.unwrap();
+    let mut logs = sb.follow_logs(&p.id, 0).unwrap();
     let mut text = Vec::new();
     while let Some(chunk) = logs.next().await {
         text.extend(chunk.segments.iter().flat_map(|s| s.data.to_vec()));

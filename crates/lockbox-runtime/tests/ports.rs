@@ -72,7 +72,7 @@ async fn a_python_http_server_inside_is_fetched_through_connect_port_and_host_lo
     assert_eq!(info.path, format!("/v1/sandboxes/{}/ports/8765/", sb.id()));
     let host = info.host_address.clone().expect("a host loopback address");
     assert!(host.starts_with("127.0.0.1:"), "{host}");
-    assert_eq!(sb.ports().await, vec![info.clone()]);
+    assert_eq!(sb.ports(), vec![info.clone()]);
 
     let reply = get_through(&sb, 8765).await;
     assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
@@ -88,8 +88,8 @@ async fn a_python_http_server_inside_is_fetched_through_connect_port_and_host_lo
     assert!(reply.ends_with("hello-from-inside\n"), "{reply}");
 
     // Unexposed: the proxy path refuses and the host listener is gone.
-    sb.unexpose_port(8765).await.unwrap();
-    assert!(sb.ports().await.is_empty());
+    sb.unexpose_port(8765).unwrap();
+    assert!(sb.ports().is_empty());
     let err = sb.connect_port(8765).await.unwrap_err();
     assert_eq!(err.code().as_str(), "PORT_NOT_EXPOSED");
     let mut gone = false;
@@ -112,7 +112,7 @@ async fn an_exposed_port_nobody_listens_on_is_port_not_listening() {
     let err = sb.connect_port(9).await.unwrap_err();
     assert_eq!(err.code().as_str(), "PORT_NOT_LISTENING", "{err}");
     assert_eq!(err.details()["port"], 9);
-    let err = sb.unexpose_port(10).await.unwrap_err();
+    let err = sb.unexpose_port(10).unwrap_err();
     assert_eq!(err.code().as_str(), "PORT_NOT_EXPOSED", "{err}");
     let err = sb
         .expose_port(0, ExposeOptions::default())

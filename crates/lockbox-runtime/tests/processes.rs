@@ -35,9 +35,9 @@ fn bytes_of(c: &LogChunk) -> Vec<u8> {
 }
 
 async fn wait_exit(sb: &lockbox_runtime::Sandbox, id: &str) -> lockbox_runtime::ProcessInfo {
-    let mut logs = sb.follow_logs(id, u64::MAX).await.unwrap();
+    let mut logs = sb.follow_logs(id, u64::MAX).unwrap();
     while logs.next().await.is_some() {}
-    sb.process(id).await.unwrap()
+    sb.process(id).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,7 +53,7 @@ async fn kill_leaves_nothing_of_the_tree_alive() {
         ))
         .await
         .unwrap();
-    let mut logs = sb.follow_logs(&p.id, 0).await.unwrap();
+    let mut logs = sb.follow_logs(&p.id, 0).unwrap();
     let first = logs.next().await.unwrap();
     assert_eq!(bytes_of(&first), b"ready\n");
     // The detached sleeps start asynchronously.
@@ -92,7 +92,7 @@ async fn logs_resume_exactly_by_cursor_and_keep_exit_code() {
     let mut cursor = 0;
     let mut all = Vec::new();
     loop {
-        let c = sb.read_logs(&p.id, cursor, 777).await.unwrap();
+        let c = sb.read_logs(&p.id, cursor, 777).unwrap();
         assert!(!c.truncated);
         assert_eq!(
             c.segments.first().map(|s| s.offset).unwrap_or(cursor),
@@ -108,7 +108,7 @@ async fn logs_resume_exactly_by_cursor_and_keep_exit_code() {
     assert_eq!(&all[..expected.len()], expected.as_bytes());
     assert_eq!(&all[expected.len()..], b"err\n");
     // The same cursor gives the same bytes again.
-    let again = sb.read_logs(&p.id, 100, 10).await.unwrap();
+    let again = sb.read_logs(&p.id, 100, 10).unwrap();
     assert_eq!(bytes_of(&again), &all[100..110]);
     rt.shutdown().await;
 }
@@ -124,7 +124,7 @@ async fn eviction_marks_truncated_and_nothing_is_lost_without_a_reader() {
     let info = wait_exit(&sb, &p.id).await;
     assert_eq!(info.exit_code, Some(0));
     assert_eq!(info.log_end, 300_003);
-    let c = sb.read_logs(&p.id, 0, 1 << 20).await.unwrap();
+    let c = sb.read_logs(&p.id, 0, 1 << 20).unwrap();
     assert!(c.truncated);
     let layout: Vec<(u64, usize)> = c
         .segments
@@ -143,7 +143,7 @@ async fn eviction_marks_truncated_and_nothing_is_lost_without_a_reader() {
         .await
         .unwrap();
     wait_exit(&sb, &q.id).await;
-    let c = sb.read_logs(&q.id, 0, 1 << 20).await.unwrap();
+    let c = sb.read_logs(&q.id, 0, 1 << 20).unwrap();
     let expected: String = (1..=20000).map(|i| format!("{i}\n")).collect();
     assert!(!c.truncated);
     assert_eq!(bytes_of(&c), expected.as_bytes());
@@ -160,7 +160,7 @@ async fn stdin_round_trip_and_close() {
     sb.write_stdin(&p.id, Bytes::from_static(b"one\0two\n"))
         .await
         .unwrap();
-    let mut follow = sb.follow_logs(&p.id, 0).await.unwrap();
+    let mut follow = sb.follow_logs(&p.id, 0).unwrap();
     let c = follow.next().await.unwrap();
     assert_eq!(bytes_of(&c), b"one\0two\n");
     sb.close_stdin(&p.id).await.unwrap();
@@ -182,7 +182,7 @@ async fn a_pty_drives_an_interactive_shell() {
     let mut spec = argv(&["bash", "--norc", "--noprofile", "-i"]);
     spec.pty = Some(PtySize { cols: 80, rows: 24 });
     let p = sb.start_process(spec).await.unwrap();
-    let att = sb.attach_pty(&p.id).await.unwrap();
+    let att = sb.attach_pty(&p.id).unwrap();
     let mut output = att.output;
     att.input
         .send(Bytes::from_static(b"stty size; tty; echo $((6*7))x\n"))
@@ -196,7 +196,7 @@ async fn a_pty_drives_an_interactive_shell() {
             .unwrap();
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
-    sb.resize_pty(&p.id, 100, 30).await.unwrap();
+    sb.resize_pty(&p.id, 100, 30).unwrap();
     att.input
         .send(Bytes::from_static(b"stty size\n"))
         .await
@@ -209,7 +209,7 @@ async fn a_pty_drives_an_interactive_shell() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     // A second viewer gets the scrollback.
-    let second = sb.attach_pty(&p.id).await.unwrap();
+    let second = sb.attach_pty(&p.id).unwrap();
     assert!(String::from_utf8_lossy(&second.scrollback).contains("42x"));
     att.input
         .send(Bytes::from_static(b"exit 5\n"))
@@ -230,7 +230,7 @@ async fn a_shell_process_starts_in_the_session_cwd_and_env() {
         .await
         .unwrap();
     wait_exit(&sb, &p.id).await;
-    let c = sb.read_logs(&p.id, 0, 1000).await.unwrap();
+    let c = sb.read_logs(&p.id, 0, 1000).unwrap();
     assert_eq!(bytes_of(&c), b"/tmp\nyes\n");
     let missing = sb
         .start_process(argv(&["/no/such/program"]))
@@ -288,7 +288,7 @@ async fn sandboxes_outlive_idle_runtime_threads() {
 
 /// The sandbox's `usage` as [`lockbox_runtime::Runtime::sandbox_info`] reads it now.
 async fn usage_of(rt: &lockbox_runtime::Runtime, id: &str) -> lockbox_runtime::ResourceUse {
-    rt.sandbox_info(id).await.unwrap().usage.unwrap()
+    rt.sandbox_info(id).unwrap().usage.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,7 +300,7 @@ async fn info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended
     spec.policy.limits.processes = Some(200);
     spec.idle_timeout = Some(Duration::from_secs(600));
     let (rt, sb) = sandbox_with(state.path(), spec).await;
-    let info = rt.sandbox_info(sb.id()).await.unwrap();
+    let info = rt.sandbox_info(sb.id()).unwrap();
     let policy = info.policy.unwrap();
     assert_eq!(
         (
@@ -346,7 +346,7 @@ async fn info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended
     // Stopped: no use, the policy kept (read back from the record).
     let stopped = rt.delete_sandbox(sb.id()).await.unwrap();
     assert!(stopped.usage.is_none(), "{stopped:?}");
-    let listed = rt.list_sandboxes().await;
+    let listed = rt.list_sandboxes();
     let record = listed.iter().find(|i| i.id == sb.id()).unwrap();
     assert_eq!(record.policy.as_ref(), Some(&policy));
     assert!(record.usage.is_none());

@@ -296,7 +296,7 @@ async fn idle_sandboxes_are_deleted_and_the_limit_is_enforced() {
     let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
     config.agent_exe = Some(agent_exe().to_owned());
     config.max_sandboxes = 1;
-    let rt = lockbox_runtime::Runtime::open(config).await.unwrap();
+    let rt = lockbox_runtime::Runtime::open(config).unwrap();
     let spec = lockbox_runtime::SandboxSpec {
         idle_timeout: Some(std::time::Duration::from_millis(300)),
         ..Default::default()
@@ -304,13 +304,13 @@ async fn idle_sandboxes_are_deleted_and_the_limit_is_enforced() {
     let info = rt.create_sandbox(spec).await.unwrap();
     let err = rt.create_sandbox(Default::default()).await.unwrap_err();
     assert_eq!(err.code(), "LIMIT_REACHED");
-    let mut state_now = rt.sandbox_info(&info.id).await.unwrap().state;
+    let mut state_now = rt.sandbox_info(&info.id).unwrap().state;
     for _ in 0..100 {
         if state_now == lockbox_runtime::SandboxState::Stopped {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        state_now = rt.sandbox_info(&info.id).await.unwrap().state;
+        state_now = rt.sandbox_info(&info.id).unwrap().state;
     }
     assert_eq!(state_now, lockbox_runtime::SandboxState::Stopped);
     // The slot is free again.

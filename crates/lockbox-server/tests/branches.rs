@@ -29,7 +29,7 @@ impl Server {
         let tmp = tempfile::tempdir().unwrap();
         let (state, wd) = (tmp.path().join("state"), tmp.path().join("wd"));
         std::fs::create_dir(&wd).unwrap();
-        let runtime = Runtime::open(RuntimeConfig::new(&state)).await.unwrap();
+        let runtime = Runtime::open(RuntimeConfig::new(&state)).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(lockbox_server::serve(

@@ -49,9 +49,7 @@ struct LoggedIn {
 impl Console {
     async fn start(config: ServerConfig) -> Console {
         let state = tempfile::tempdir().unwrap();
-        let runtime = Runtime::open(RuntimeConfig::new(state.path()))
-            .await
-            .unwrap();
+        let runtime = Runtime::open(RuntimeConfig::new(state.path())).unwrap();
         Console {
             app: lockbox_server::app(runtime, Token::new(TOKEN).unwrap(), config),
             _state: state,

@@ -19,9 +19,7 @@ struct Server {
 impl Server {
     async fn start(config: ServerConfig) -> Server {
         let state = tempfile::tempdir().unwrap();
-        let runtime = Runtime::open(RuntimeConfig::new(state.path()))
-            .await
-            .unwrap();
+        let runtime = Runtime::open(RuntimeConfig::new(state.path())).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let token = Token::new(TOKEN).unwrap();

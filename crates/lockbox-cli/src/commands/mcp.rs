@@ -76,7 +76,6 @@ fn serve(args: &McpArgs) -> anyhow::Result<()> {
     let result = tokio.block_on(async {
         let stop = stop_signal().context("installing SIGTERM/SIGINT handlers")?;
         let runtime = Runtime::open(config)
-            .await
             .with_context(|| format!("opening state directory {}", state_dir.display()))?;
         let server = McpServer::new(runtime.clone(), false);
         let served = serve_stdio(server, tokio::io::stdin(), tokio::io::stdout(), stop).await;

@@ -306,7 +306,6 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             });
         }
         let runtime = Runtime::open(runtime_config)
-            .await
             .with_context(|| format!("opening state directory {}", state_dir.display()))?;
         let listener = tokio::net::TcpListener::bind(&args.listen.addrs[..])
             .await

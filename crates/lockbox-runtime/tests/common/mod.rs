@@ -69,7 +69,7 @@ const AGENT_COPY_VAR: &str = "LOCKBOX_RT_TEST_AGENT";
 pub async fn runtime(state: &Path) -> Runtime {
     let mut config = RuntimeConfig::new(state);
     config.agent_exe = Some(agent_exe().to_owned());
-    Runtime::open(config).await.unwrap()
+    Runtime::open(config).unwrap()
 }
 
 /// A runtime and a running sandbox with the default policy.

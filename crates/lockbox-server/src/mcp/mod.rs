@@ -186,9 +186,7 @@ mod tests {
 
     async fn server() -> (McpServer, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let runtime = Runtime::open(lockbox_runtime::RuntimeConfig::new(dir.path()))
-            .await
-            .unwrap();
+        let runtime = Runtime::open(lockbox_runtime::RuntimeConfig::new(dir.path())).unwrap();
         (McpServer::new(runtime, true), dir)
     }
 

@@ -21,7 +21,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
     Ok(match call {
         ToolCall::CreateSandbox(spec) => json_result(&runtime.create_sandbox(*spec).await?),
         ToolCall::ListSandboxes { state } => {
-            let mut sandboxes = runtime.list_sandboxes().await;
+            let mut sandboxes = runtime.list_sandboxes();
             sandboxes.retain(|s| state.is_none_or(|state| s.state == state));
             json_result(&json!({ "sandboxes": sandboxes }))
         }

@@ -174,7 +174,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let runtime =
             lockbox_runtime::Runtime::open(lockbox_runtime::RuntimeConfig::new(dir.path()))
-                .await
                 .unwrap();
         let mut input = vec![b'x'; MAX_MESSAGE + 1];
         input.extend_from_slice(b"\n{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}\n");

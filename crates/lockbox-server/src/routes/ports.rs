@@ -59,7 +59,7 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "ports": sandbox.ports().await })))
+    Ok(Json(json!({ "ports": sandbox.ports() })))
 }
 
 pub async fn unexpose(
@@ -68,7 +68,7 @@ pub async fn unexpose(
 ) -> Result<impl IntoResponse, ApiError> {
     let port = port_of(&port)?;
     let sandbox = app.runtime.sandbox(&id).await?;
-    sandbox.unexpose_port(port).await?;
+    sandbox.unexpose_port(port)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -43,7 +43,7 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "processes": sandbox.list_processes().await })))
+    Ok(Json(json!({ "processes": sandbox.list_processes() })))
 }
 
 pub async fn show(
@@ -51,7 +51,7 @@ pub async fn show(
     ApiPath((id, pid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.process(&pid).await?))
+    Ok(Json(sandbox.process(&pid)?))
 }
 
 pub async fn signal(
@@ -62,7 +62,7 @@ pub async fn signal(
     let signal = body.signal.number()?;
     let sandbox = app.runtime.sandbox(&id).await?;
     sandbox.signal_process(&pid, signal).await?;
-    Ok(Json(sandbox.process(&pid).await?))
+    Ok(Json(sandbox.process(&pid)?))
 }
 
 pub async fn kill(
@@ -173,9 +173,7 @@ pub async fn logs(
             .max_bytes
             .unwrap_or(app.config.max_log_read)
             .clamp(1, app.config.max_log_read);
-        let chunk = sandbox
-            .read_logs(&pid, query.since.unwrap_or(0), max)
-            .await?;
+        let chunk = sandbox.read_logs(&pid, query.since.unwrap_or(0), max)?;
         return Ok(Json(chunk_json(&chunk)).into_response());
     }
     // A reconnecting EventSource sends the last `id:` it saw: resume right after it.
@@ -194,8 +192,7 @@ pub async fn logs(
     };
     let slot = app.streams.open()?;
     let events = sandbox
-        .follow_logs(&pid, since)
-        .await?
+        .follow_logs(&pid, since)?
         .flat_map(|chunk| futures_util::stream::iter(chunk_events(chunk)));
     Ok(app.streams.sse(slot, events).into_response())
 }

@@ -58,7 +58,7 @@ pub async fn attach(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    let info = sandbox.process(&pid).await?;
+    let info = sandbox.process(&pid)?;
     let upgrade = upgrade
         .map_err(|e| {
             ApiError::new(
@@ -70,14 +70,14 @@ pub async fn attach(
         .max_frame_size(MAX_MESSAGE);
     let slot = app.streams.open()?;
     let (first, output, input): (Bytes, BoxStream<'static, Bytes>, Input) = if info.pty {
-        let attachment = sandbox.attach_pty(&pid).await?;
+        let attachment = sandbox.attach_pty(&pid)?;
         (
             attachment.scrollback,
             attachment.output.boxed(),
             Input::Pty(attachment.input),
         )
     } else {
-        let logs = sandbox.follow_logs(&pid, 0).await?;
+        let logs = sandbox.follow_logs(&pid, 0)?;
         let bytes = logs.flat_map(|chunk| {
             futures_util::stream::iter(chunk.segments.into_iter().map(|s| s.data))
         });
@@ -157,7 +157,7 @@ impl Link {
                 _ = slot.shutdown() => break "server shutting down",
             }
         };
-        if let Ok(info) = self.sandbox.process(&self.pid).await {
+        if let Ok(info) = self.sandbox.process(&self.pid) {
             let frame = json!({ "exited": info }).to_string();
             let _ = tx.send(Message::Text(frame.into())).await;
         }
@@ -169,7 +169,7 @@ impl Link {
     }
 
     async fn exited(&self) -> bool {
-        match self.sandbox.process(&self.pid).await {
+        match self.sandbox.process(&self.pid) {
             Ok(info) => info.state == ProcessState::Exited,
             Err(_) => true,
         }
@@ -198,9 +198,7 @@ impl Link {
         };
         if let Some(size) = control.resize {
             let size = size.check("resize")?;
-            self.sandbox
-                .resize_pty(&self.pid, size.cols, size.rows)
-                .await?;
+            self.sandbox.resize_pty(&self.pid, size.cols, size.rows)?;
         }
         if control.close_stdin {
             self.sandbox.close_stdin(&self.pid).await?;

@@ -22,7 +22,7 @@ pub async fn list(
     State(app): State<AppState>,
     ApiQuery(query): ApiQuery<ListSandboxes>,
 ) -> impl IntoResponse {
-    let mut sandboxes = app.runtime.list_sandboxes().await;
+    let mut sandboxes = app.runtime.list_sandboxes();
     sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state));
     Json(json!({ "sandboxes": sandboxes }))
 }
@@ -31,7 +31,7 @@ pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(app.runtime.sandbox_info(&id).await?))
+    Ok(Json(app.runtime.sandbox_info(&id)?))
 }
 
 pub async fn delete(
