@@ -1,0 +1,461 @@
+//! [`Sandbox`]: the handle to a running sandbox, each operation delegated to its module
+//! (sessions, processes, PTYs, ports, files, watches, the workspace).
+
+use crate::streams::{
+    ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
+};
+use crate::types::*;
+use crate::{files, output, ports, watch, workspace, RuntimeError};
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use lockbox_cow::{Change, FileHunks};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncRead;
+
+use crate::sandbox::{lock, start_instance, Instance, SandboxInner};
+
+/// A handle to a running sandbox. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    pub(crate) inner: Arc<SandboxInner>,
+}
+
+impl Sandbox {
+    /// The sandbox's id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    fn live(&self) -> Result<Arc<Instance>, RuntimeError> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(RuntimeError::SandboxNotRunning {
+                id: self.inner.id.clone(),
+                state: "stopped".into(),
+            });
+        }
+        self.inner.touch();
+        Ok(self.inner.instance())
+    }
+
+    /// Starts a session (a persistent bash). `ALREADY_EXISTS` if the id is taken.
+    pub async fn create_session(&self, opts: SessionOptions) -> Result<SessionInfo, RuntimeError> {
+        self.live()?.create_session(opts, &self.inner.limits).await
+    }
+
+    /// Ends a session, killing what runs in it.
+    pub async fn delete_session(&self, session: &str) -> Result<(), RuntimeError> {
+        let inst = self.live()?;
+        let removed = inst.sessions.lock().await.remove(session);
+        match removed {
+            Some((s, _)) => {
+                s.kill().await;
+                Ok(())
+            }
+            None => Err(RuntimeError::SessionNotFound {
+                id: session.to_owned(),
+            }),
+        }
+    }
+
+    /// The live sessions.
+    pub async fn list_sessions(&self) -> Vec<SessionInfo> {
+        let inst = self.inner.instance();
+        let sessions = inst.sessions.lock().await;
+        let mut out: Vec<SessionInfo> = sessions
+            .values()
+            .filter(|(s, _)| !s.is_dead())
+            .map(|(s, _)| s.info())
+            .collect();
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// Runs a command in a session and returns its buffered result: each of stdout and
+    /// stderr up to [`RuntimeConfig::max_exec_output`] (flagged when cut). The command runs
+    /// to its end even if this future is dropped.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecResult, RuntimeError> {
+        let inst = self.live()?;
+        let session = inst
+            .session(req.session.as_deref(), &self.inner.limits)
+            .await?;
+        let mut sink = output::Sink::buffer(self.inner.limits.max_exec_output);
+        let task = tokio::spawn(async move {
+            let exit = session.exec(&req, &mut sink).await?;
+            Ok(sink.into_result(exit))
+        });
+        task.await.map_err(RuntimeError::internal)?
+    }
+
+    /// Runs a command in a session, streaming its output. Output is read as fast as the
+    /// stream is consumed (a few events are queued): a slow consumer slows the command down.
+    /// Dropping the stream does not kill the command (its output is then read and dropped).
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, RuntimeError> {
+        let inst = self.live()?;
+        let session = inst
+            .session(req.session.as_deref(), &self.inner.limits)
+            .await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(output::EVENT_QUEUE);
+        tokio::spawn(async move {
+            let mut sink = output::Sink::events(tx.clone());
+            if let Err(e) = session.exec(&req, &mut sink).await {
+                drop(sink);
+                let _ = tx
+                    .send(ExecEvent::Error {
+                        code: e.code(),
+                        message: e.to_string(),
+                    })
+                    .await;
+            }
+        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
+            );
+        Ok(ExecStream {
+            inner: Box::pin(stream),
+        })
+    }
+
+    /// Sends `signal` to the session's running command (its whole tree, not the shell);
+    /// bypasses the session's queue.
+    pub async fn interrupt(&self, session: &str, signal: i32) -> Result<(), RuntimeError> {
+        check_signal(signal)?;
+        let inst = self.live()?;
+        let s = inst
+            .sessions
+            .lock()
+            .await
+            .get(session)
+            .map(|(s, _)| s.clone())
+            .ok_or_else(|| RuntimeError::SessionNotFound {
+                id: session.to_owned(),
+            })?;
+        s.interrupt(signal).await
+    }
+
+    /// Starts a background process; returns at once with its id and pid.
+    pub async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessInfo, RuntimeError> {
+        let inst = self.live()?;
+        let n = self.inner.next_process.fetch_add(1, Ordering::Relaxed);
+        inst.start_process(format!("p{n}"), spec, &self.inner.limits)
+            .await
+    }
+
+    /// All processes, running and exited.
+    pub fn list_processes(&self) -> Vec<ProcessInfo> {
+        let inst = self.inner.instance();
+        let procs = lock(&inst.processes);
+        let mut out: Vec<ProcessInfo> = procs.values().map(|p| p.info()).collect();
+        out.sort_by_key(|p| p.id.trim_start_matches('p').parse::<u64>().unwrap_or(0));
+        out
+    }
+
+    /// One process.
+    pub fn process(&self, id: &str) -> Result<ProcessInfo, RuntimeError> {
+        Ok(self.inner.instance().process(id)?.info())
+    }
+
+    /// Sends `signal` to the process's whole tree.
+    pub async fn signal_process(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
+        check_signal(signal)?;
+        let inst = self.live()?;
+        let p = inst.process(id)?;
+        inst.signal_process(&p, signal).await
+    }
+
+    /// TERM, `grace`, KILL of the process's whole tree; waits until it is gone.
+    pub async fn kill_process(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> Result<ProcessInfo, RuntimeError> {
+        let inst = self.live()?;
+        let p = inst.process(id)?;
+        inst.kill_process(&p, grace).await?;
+        Ok(p.info())
+    }
+
+    /// Writes to the process's stdin (started with `stdin: true`) or PTY.
+    pub async fn write_stdin(&self, id: &str, data: Bytes) -> Result<(), RuntimeError> {
+        let p = self.live()?.process(id)?;
+        p.write_input(&data).await
+    }
+
+    /// Closes the process's stdin (for a PTY: sends ^D).
+    pub async fn close_stdin(&self, id: &str) -> Result<(), RuntimeError> {
+        let p = self.live()?.process(id)?;
+        p.close_input().await
+    }
+
+    /// Reads the process's log from cursor `since`, at most `max_bytes`.
+    pub fn read_logs(
+        &self,
+        id: &str,
+        since: u64,
+        max_bytes: usize,
+    ) -> Result<LogChunk, RuntimeError> {
+        let p = self.inner.instance().process(id)?;
+        Ok(p.log.read(since, max_bytes))
+    }
+
+    /// Replays the log from `since`, then follows it live; ends after the process exited
+    /// and everything was sent (the last chunk has `eof: true`).
+    pub fn follow_logs(&self, id: &str, since: u64) -> Result<LogStream, RuntimeError> {
+        let p = self.inner.instance().process(id)?;
+        Ok(LogStream {
+            inner: Box::pin(p.log.clone().follow(since)),
+        })
+    }
+
+    /// Attaches to the process's PTY: scrollback, live output, input.
+    pub fn attach_pty(&self, id: &str) -> Result<PtyAttachment, RuntimeError> {
+        let p = self.live()?.process(id)?;
+        if p.pty.is_none() {
+            return Err(RuntimeError::NotSupported {
+                id: id.to_owned(),
+                what: "it has no PTY".into(),
+            });
+        }
+        let (scrollback, rx) = p.log.subscribe();
+        let output = tokio_stream_from_broadcast(rx);
+        // A few messages in flight: a program that does not read its terminal holds the
+        // sender (and the client's socket) back instead of queueing input in the server.
+        let (tx, mut input) = tokio::sync::mpsc::channel::<Bytes>(8);
+        let writer = p.clone();
+        tokio::spawn(async move {
+            while let Some(data) = input.recv().await {
+                if writer.write_input(&data).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(PtyAttachment {
+            scrollback,
+            output: PtyOutput {
+                inner: Box::pin(output),
+            },
+            input: tx,
+        })
+    }
+
+    /// Resizes the process's PTY.
+    pub fn resize_pty(&self, id: &str, cols: u16, rows: u16) -> Result<(), RuntimeError> {
+        if cols == 0 || rows == 0 {
+            return Err(RuntimeError::invalid("cols/rows", "must be at least 1"));
+        }
+        self.live()?.process(id)?.resize(cols, rows)
+    }
+
+    /// Exposes `port` of the sandbox: reachable through [`Sandbox::connect_port`] (the
+    /// server's proxy) and, with `host_loopback`, on a host loopback address. Exposing
+    /// an exposed port again returns it (adding a host listener if asked). At most
+    /// [`MAX_EXPOSED_PORTS`](crate::MAX_EXPOSED_PORTS) (`LIMIT_REACHED`).
+    pub async fn expose_port(
+        &self,
+        port: u16,
+        opts: ExposeOptions,
+    ) -> Result<PortInfo, RuntimeError> {
+        self.live()?;
+        ports::check_port(u32::from(port))?;
+        ports::expose(&self.inner, port, opts).await
+    }
+
+    /// Stops exposing `port` (and its host listener); `PORT_NOT_EXPOSED` if it was not.
+    pub fn unexpose_port(&self, port: u16) -> Result<(), RuntimeError> {
+        ports::unexpose(&self.inner, port)
+    }
+
+    /// The exposed ports, by port number.
+    pub fn ports(&self) -> Vec<PortInfo> {
+        ports::list(&self.inner)
+    }
+
+    /// A new TCP connection to exposed `port` inside the sandbox (its 127.0.0.1, or ::1).
+    /// `PORT_NOT_EXPOSED`, or `PORT_NOT_LISTENING` when nothing listens there.
+    pub async fn connect_port(&self, port: u16) -> Result<tokio::net::TcpStream, RuntimeError> {
+        self.live()?;
+        ports::connect(&self.inner, port).await
+    }
+
+    /// Opens a file inside the sandbox for reading (whole, or a range).
+    pub async fn read_file(
+        &self,
+        path: &str,
+        range: Option<ByteRange>,
+    ) -> Result<FileRead, RuntimeError> {
+        files::read_file(&self.live()?.agent, path, range).await
+    }
+
+    /// Writes a file inside the sandbox atomically (temp file + rename) from a stream.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        body: Pin<Box<dyn AsyncRead + Send>>,
+        opts: WriteOptions,
+    ) -> Result<FileStat, RuntimeError> {
+        files::write_file(&self.live()?.agent, path, body, opts).await
+    }
+
+    /// Stats a path (symlinks not followed).
+    pub async fn stat(&self, path: &str) -> Result<FileStat, RuntimeError> {
+        files::stat(&self.live()?.agent, path).await
+    }
+
+    /// Lists a directory (sorted by name; depth first when recursive, never through
+    /// symlinks).
+    pub async fn list(
+        &self,
+        path: &str,
+        recursive: bool,
+        hidden: bool,
+    ) -> Result<Vec<FileStat>, RuntimeError> {
+        let entries = self.list_stream(path, recursive, hidden).await?;
+        entries.try_collect().await
+    }
+
+    /// As [`Sandbox::list`], one entry at a time (a large tree is never held whole).
+    pub async fn list_stream(
+        &self,
+        path: &str,
+        recursive: bool,
+        hidden: bool,
+    ) -> Result<FileList, RuntimeError> {
+        files::list(&self.live()?.agent, path, recursive, hidden).await
+    }
+
+    /// Watches `path` (a file or directory, resolved inside the sandbox) for changes:
+    /// created, modified, deleted and moved, with paths as the sandbox sees them; with
+    /// `recursive`, everything below a directory too. Dropping the stream stops the watch.
+    /// Bounds: 32 watches per sandbox, 8,192 watched directories per sandbox (beyond, an
+    /// `Error` event names the limit), 4,096 queued events per watch in the agent and again
+    /// in the stream (beyond, one `Overflow` event).
+    pub async fn watch(&self, path: &str, recursive: bool) -> Result<WatchStream, RuntimeError> {
+        watch::watch(&self.live()?.agent, path, recursive).await
+    }
+
+    /// Creates a directory.
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat, RuntimeError> {
+        files::mkdir(&self.live()?.agent, path, parents).await
+    }
+
+    /// Removes a file or (with `recursive`, or if empty) a directory.
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), RuntimeError> {
+        files::remove(&self.live()?.agent, path, recursive).await
+    }
+
+    /// Renames `from` to `to`.
+    pub async fn rename(
+        &self,
+        from: &str,
+        to: &str,
+        overwrite: bool,
+    ) -> Result<FileStat, RuntimeError> {
+        files::rename(&self.live()?.agent, from, to, overwrite).await
+    }
+
+    fn no_workdir(&self) -> RuntimeError {
+        RuntimeError::NoWorkdir {
+            id: self.inner.id.clone(),
+        }
+    }
+
+    /// The changes of the sandbox's branch against its workdir.
+    pub async fn changes(&self) -> Result<Vec<Change>, RuntimeError> {
+        let inst = self.live()?;
+        tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
+            Some(b) => Ok(workspace::changes(b)),
+            None => Err(()),
+        })
+        .await
+        .map_err(RuntimeError::internal)?
+        .map_err(|()| self.no_workdir())?
+    }
+
+    /// The diff of one path of the sandbox's branch against its workdir, as numbered hunks.
+    pub async fn diff(&self, path: std::path::PathBuf) -> Result<FileHunks, RuntimeError> {
+        let inst = self.live()?;
+        tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
+            Some(b) => Ok(lockbox_cow::file_hunks(&b.upper_dir(), b.workdir(), &path)
+                .map_err(workspace::diff_error)),
+            None => Err(()),
+        })
+        .await
+        .map_err(RuntimeError::internal)?
+        .map_err(|()| self.no_workdir())?
+    }
+
+    /// Commits (the selected part of) the branch to the workdir; the sandbox keeps running
+    /// (see `docs/runtime.md`).
+    pub async fn commit(&self, sel: Selection) -> Result<CommitSummary, RuntimeError> {
+        let _life = self.inner.lifecycle.lock().await;
+        let inst = self.live()?;
+        tokio::task::spawn_blocking(move || {
+            let mut branch = lock(&inst.branch);
+            let Some(b) = branch.as_mut() else {
+                return Err(None);
+            };
+            workspace::commit(b, &sel).map_err(Some)
+        })
+        .await
+        .map_err(RuntimeError::internal)?
+        .map_err(|e| e.unwrap_or_else(|| self.no_workdir()))
+    }
+
+    /// Discards the branch's changes: stops everything in the sandbox and restarts it on a
+    /// fresh branch of the same workdir (same id and policy).
+    pub async fn abort(&self) -> Result<(), RuntimeError> {
+        let _life = self.inner.lifecycle.lock().await;
+        let old = self.live()?;
+        if lock(&old.branch).is_none() {
+            return Err(self.no_workdir());
+        }
+        old.stop(self.inner.grace()).await;
+        let branch = lock(&old.branch).take();
+        if let Some(b) = branch {
+            tokio::task::spawn_blocking(move || b.abort())
+                .await
+                .map_err(RuntimeError::internal)?
+                .map_err(workspace::cow_error)?;
+        }
+        let fresh = start_instance(
+            &self.inner.spec,
+            &self.inner.state_dir,
+            &self.inner.agent_exe,
+            &self.inner.id,
+        )
+        .await?;
+        *lock(&self.inner.instance) = Arc::new(fresh);
+        Ok(())
+    }
+}
+
+fn check_signal(signal: i32) -> Result<(), RuntimeError> {
+    if (1..=64).contains(&signal) {
+        Ok(())
+    } else {
+        Err(RuntimeError::invalid(
+            "signal",
+            format!("{signal} is not a signal number"),
+        ))
+    }
+}
+
+/// Live PTY output; a viewer that lags skips what it missed (the log keeps it).
+fn tokio_stream_from_broadcast(
+    rx: tokio::sync::broadcast::Receiver<Bytes>,
+) -> impl futures_util::Stream<Item = Bytes> + Send {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(b) => return Some((b, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .boxed()
+}

@@ -1,0 +1,314 @@
+//! [`Runtime`]: the sandboxes of one state directory — creating, listing, deleting them,
+//! and what happens to a sandbox's branch when it stops.
+
+use crate::types::*;
+use crate::{sandbox, store, util, RuntimeError, Sandbox};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::sandbox::{lock, start_instance, SandboxInner};
+
+/// The runtime: all sandboxes of one state directory. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<RuntimeInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct RuntimeInner {
+    /// Held while the runtime lives: one runtime per state directory.
+    pub(crate) _state_lock: std::fs::File,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) agent_exe: PathBuf,
+    pub(crate) store: store::Store,
+    pub(crate) sandboxes: Mutex<HashMap<String, Arc<SandboxInner>>>,
+    /// Sandboxes being created (counted against the limit).
+    pub(crate) starting: AtomicU64,
+    /// What all process logs may reserve together.
+    pub(crate) log_budget: Arc<sandbox::LogBudget>,
+}
+
+impl Runtime {
+    /// Opens the state directory; sandboxes a previous runtime left running become `Lost`
+    /// (their branches are kept).
+    pub fn open(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        std::fs::create_dir_all(&config.state_dir).map_err(|e| {
+            RuntimeError::SetupFailed(format!(
+                "creating the state directory {}: {e}",
+                config.state_dir.display()
+            ))
+        })?;
+        let agent_exe = match &config.agent_exe {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().map_err(|e| {
+                RuntimeError::SetupFailed(format!("locating the lockbox executable: {e}"))
+            })?,
+        };
+        let agent_exe = std::fs::canonicalize(&agent_exe).map_err(|e| {
+            RuntimeError::SetupFailed(format!("agent executable {}: {e}", agent_exe.display()))
+        })?;
+        let state_lock = lock_state_dir(&config.state_dir)?;
+        let store = store::Store::open(&config.state_dir)?;
+        store.prune_stopped(config.keep_stopped)?;
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                _state_lock: state_lock,
+                agent_exe,
+                store,
+                sandboxes: Mutex::new(HashMap::new()),
+                starting: AtomicU64::new(0),
+                log_budget: sandbox::LogBudget::new(config.max_log_memory),
+                config,
+            }),
+        })
+    }
+
+    /// Creates and starts a sandbox.
+    pub async fn create_sandbox(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        spec.policy
+            .validate()
+            .map_err(|e| RuntimeError::invalid("policy", e))?;
+        let max = self.inner.config.max_sandboxes;
+        let running = lock(&self.inner.sandboxes).len() as u64;
+        if running + self.inner.starting.fetch_add(1, Ordering::SeqCst) >= max as u64 {
+            self.inner.starting.fetch_sub(1, Ordering::SeqCst);
+            return Err(RuntimeError::LimitReached {
+                what: "max_sandboxes".into(),
+                limit: max,
+            });
+        }
+        let result = self.create_inner(spec).await;
+        self.inner.starting.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    async fn create_inner(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        if let Some(w) = &spec.workdir {
+            let abs = std::fs::canonicalize(w)
+                .map_err(|e| RuntimeError::invalid("workdir", format!("{}: {e}", w.display())))?;
+            spec.workdir = Some(abs);
+        }
+        if spec.idle_timeout.is_none() {
+            spec.idle_timeout = self.inner.config.default_idle_timeout;
+        }
+        let id = format!("sb-{}", util::random_id());
+        let instance = start_instance(
+            &spec,
+            &self.inner.config.state_dir,
+            &self.inner.agent_exe,
+            &id,
+        )
+        .await?;
+        let grace = spec.policy.kill_grace;
+        let sb = Arc::new(SandboxInner {
+            id: id.clone(),
+            created_at: util::now_rfc3339(),
+            spec,
+            state_dir: self.inner.config.state_dir.clone(),
+            agent_exe: self.inner.agent_exe.clone(),
+            limits: sandbox::Limits {
+                grace,
+                default_log_bytes: self.inner.config.default_log_bytes,
+                max_exec_output: self.inner.config.max_exec_output,
+                max_sessions: self.inner.config.max_sessions,
+                max_processes: self.inner.config.max_processes,
+                log_budget: Arc::clone(&self.inner.log_budget),
+            },
+            instance: Mutex::new(Arc::new(instance)),
+            next_process: AtomicU64::new(1),
+            last_used: Mutex::new(Instant::now()),
+            stopped: AtomicBool::new(false),
+            ports: Default::default(),
+            lifecycle: tokio::sync::Mutex::new(()),
+        });
+        let info = sb.info(SandboxState::Running, None);
+        let spec_json = serde_json::to_value(&sb.spec).unwrap_or_default();
+        if let Err(e) = self.inner.store.insert(&info, &spec_json) {
+            sb.instance().stop(Duration::ZERO).await;
+            return Err(e);
+        }
+        lock(&self.inner.sandboxes).insert(id.clone(), sb.clone());
+        if let Some(idle) = sb.spec.idle_timeout {
+            let rt = self.clone();
+            tokio::spawn(async move { rt.idle_watch(id, idle).await });
+        }
+        Ok(info)
+    }
+
+    async fn idle_watch(self, id: String, idle: Duration) {
+        loop {
+            let Some(sb) = lock(&self.inner.sandboxes).get(&id).cloned() else {
+                return;
+            };
+            // A command still running counts as activity.
+            if sb.instance().any_session_busy() {
+                sb.touch();
+            }
+            let last = *lock(&sb.last_used);
+            drop(sb);
+            let due = last + idle;
+            if Instant::now() >= due {
+                tracing::info!(sandbox = %id, "idle timeout: deleting");
+                let _ = self.delete_sandbox(&id).await;
+                return;
+            }
+            tokio::time::sleep_until(due.into()).await;
+        }
+    }
+
+    /// All sandboxes, running and recorded (stopped, lost: the last
+    /// [`RuntimeConfig::keep_stopped`] stopped ones), oldest first.
+    pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
+        let live: HashMap<String, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
+        let mut out = self.inner.store.list().unwrap_or_default();
+        for info in &mut out {
+            if let Some(sb) = live.get(&info.id) {
+                *info = sb.info(SandboxState::Running, None);
+            }
+        }
+        out
+    }
+
+    /// A handle to a running sandbox (`SANDBOX_NOT_FOUND`, or `SANDBOX_NOT_RUNNING` for a
+    /// stopped or lost one).
+    pub async fn sandbox(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+        if let Some(sb) = lock(&self.inner.sandboxes).get(id).cloned() {
+            sb.touch();
+            return Ok(Sandbox { inner: sb });
+        }
+        let info = self.sandbox_info(id)?;
+        Err(RuntimeError::SandboxNotRunning {
+            id: id.to_owned(),
+            state: info.state.as_str().to_owned(),
+        })
+    }
+
+    /// What a sandbox is (running or recorded).
+    pub fn sandbox_info(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
+        if let Some(sb) = lock(&self.inner.sandboxes).get(id).cloned() {
+            return Ok(sb.info(SandboxState::Running, None));
+        }
+        self.inner
+            .store
+            .list()?
+            .into_iter()
+            .find(|i| i.id == id)
+            .ok_or_else(|| RuntimeError::SandboxNotFound { id: id.to_owned() })
+    }
+
+    /// Kills everything in the sandbox and applies its `on_exit` to the branch.
+    pub async fn delete_sandbox(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
+        let sb = lock(&self.inner.sandboxes).get(id).cloned();
+        let Some(sb) = sb else {
+            return match self.sandbox_info(id) {
+                Ok(info) => Ok(info),
+                Err(e) => Err(e),
+            };
+        };
+        let _life = sb.lifecycle.lock().await;
+        if sb.stopped.swap(true, Ordering::SeqCst) {
+            drop(_life);
+            return self.sandbox_info(id);
+        }
+        // Their host listeners end with the sandbox.
+        lock(&sb.ports).clear();
+        let inst = sb.instance();
+        inst.stop(sb.grace()).await;
+        let branch = lock(&inst.branch).take();
+        let branch_id = branch.as_ref().map(|b| b.id().as_str().to_owned());
+        let action = match branch {
+            None => None,
+            Some(b) => {
+                let on_exit = sb.spec.on_exit;
+                let done = tokio::task::spawn_blocking(move || finish_branch(b, on_exit))
+                    .await
+                    .unwrap_or(BranchAction::Kept);
+                Some(done)
+            }
+        };
+        let mut info = sb.info(SandboxState::Stopped, action);
+        info.branch = branch_id.clone();
+        info.sessions = 0;
+        info.processes = 0;
+        let _ = self
+            .inner
+            .store
+            .update(id, SandboxState::Stopped, branch_id.as_deref(), action);
+        if let Err(e) = self
+            .inner
+            .store
+            .prune_stopped(self.inner.config.keep_stopped)
+        {
+            tracing::warn!("forgetting old stopped sandboxes: {e}");
+        }
+        lock(&self.inner.sandboxes).remove(id);
+        Ok(info)
+    }
+
+    /// Deletes every running sandbox (each with its `on_exit`).
+    pub async fn shutdown(&self) {
+        let ids: Vec<String> = lock(&self.inner.sandboxes).keys().cloned().collect();
+        let deletes = ids.iter().map(|id| self.delete_sandbox(id));
+        futures_util::future::join_all(deletes).await;
+    }
+}
+
+/// Takes `STATE/runtime.lock`: a second runtime on the same state directory would mark the
+/// first one's running sandboxes `lost`.
+fn lock_state_dir(state_dir: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
+    let path = state_dir.join("runtime.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| RuntimeError::SetupFailed(format!("{}: {e}", path.display())))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(RuntimeError::SetupFailed(format!(
+            "the state directory {} is in use by another lockbox runtime (lockbox serve)",
+            state_dir.display()
+        ))),
+        Err(e) => Err(RuntimeError::SetupFailed(format!(
+            "{}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// Applies `on_exit` to a stopped sandbox's branch; returns what was done.
+fn finish_branch(mut b: lockbox_cow::Branch, on_exit: OnExit) -> BranchAction {
+    let id = b.id().as_str().to_owned();
+    match on_exit {
+        OnExit::Commit => match b.commit(&lockbox_cow::CommitOptions::default()) {
+            Ok(_) => BranchAction::Committed,
+            Err(e) => {
+                tracing::warn!(branch = %id, "commit on exit failed, branch kept: {e}");
+                BranchAction::Kept
+            }
+        },
+        OnExit::Abort => match b.abort() {
+            Ok(()) => BranchAction::Aborted,
+            Err(e) => {
+                tracing::warn!(branch = %id, "abort on exit failed: {e}");
+                BranchAction::Kept
+            }
+        },
+        // A branch without changes has nothing to review: removed rather than left in
+        // `lockbox branch list` (after an abort, the fresh branch is always empty).
+        OnExit::Keep if b.changes().is_ok_and(|mut c| c.next().is_none()) => match b.abort() {
+            Ok(()) => BranchAction::Empty,
+            Err(e) => {
+                tracing::warn!(branch = %id, "removing an empty branch failed: {e}");
+                BranchAction::Kept
+            }
+        },
+        OnExit::Keep => {
+            let _ = b.keep();
+            BranchAction::Kept
+        }
+    }
+}
