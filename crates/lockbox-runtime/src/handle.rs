@@ -122,8 +122,7 @@ impl Sandbox {
 
     /// Sends `signal` to the session's running command (its whole tree, not the shell);
     /// bypasses the session's queue.
-    pub async fn interrupt(&self, session: &str, signal: i32) -> Result<(), RuntimeError> {
-        check_signal(signal)?;
+    pub async fn interrupt(&self, session: &str, signal: Signal) -> Result<(), RuntimeError> {
         let inst = self.live()?;
         let s = inst
             .sessions
@@ -134,7 +133,7 @@ impl Sandbox {
             .ok_or_else(|| RuntimeError::SessionNotFound {
                 id: session.to_owned(),
             })?;
-        s.interrupt(signal).await
+        s.interrupt(signal.number()).await
     }
 
     /// Starts a background process; returns at once with its id and pid.
@@ -160,11 +159,10 @@ impl Sandbox {
     }
 
     /// Sends `signal` to the process's whole tree.
-    pub async fn signal_process(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
-        check_signal(signal)?;
+    pub async fn signal_process(&self, id: &str, signal: Signal) -> Result<(), RuntimeError> {
         let inst = self.live()?;
         let p = inst.process(id)?;
-        inst.signal_process(&p, signal).await
+        inst.signal_process(&p, signal.number()).await
     }
 
     /// TERM, `grace`, KILL of the process's whole tree; waits until it is gone.
@@ -430,17 +428,6 @@ impl Sandbox {
         .await?;
         *lock(&self.inner.instance) = Arc::new(fresh);
         Ok(())
-    }
-}
-
-fn check_signal(signal: i32) -> Result<(), RuntimeError> {
-    if (1..=64).contains(&signal) {
-        Ok(())
-    } else {
-        Err(RuntimeError::invalid(
-            "signal",
-            format!("{signal} is not a signal number"),
-        ))
     }
 }
 

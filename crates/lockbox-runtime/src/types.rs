@@ -123,6 +123,72 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
 }
 
+/// A signal for a sandbox's processes: a number from 1 to 64, made from a number or a
+/// name ([`Signal::parse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Signal(i32);
+
+/// The signals known by name (with or without `SIG`, any case).
+const SIGNAL_NAMES: &[(&str, i32)] = &[
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("KILL", libc::SIGKILL),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("CONT", libc::SIGCONT),
+    ("STOP", libc::SIGSTOP),
+    ("TSTP", libc::SIGTSTP),
+    ("WINCH", libc::SIGWINCH),
+];
+
+impl Signal {
+    /// `SIGINT`.
+    pub const INT: Signal = Signal(libc::SIGINT);
+    /// `SIGTERM`.
+    pub const TERM: Signal = Signal(libc::SIGTERM);
+    /// `SIGKILL`.
+    pub const KILL: Signal = Signal(libc::SIGKILL);
+
+    /// The signal numbered `n` (`INVALID_ARGUMENT` outside 1..=64).
+    pub fn from_number(n: i32) -> Result<Signal, crate::RuntimeError> {
+        if (1..=64).contains(&n) {
+            Ok(Signal(n))
+        } else {
+            Err(crate::RuntimeError::invalid(
+                "signal",
+                format!("{n} is not a signal number (1-64)"),
+            ))
+        }
+    }
+
+    /// A signal by number (`"15"`) or name (`"TERM"`, `"SIGTERM"`, any case).
+    pub fn parse(s: &str) -> Result<Signal, crate::RuntimeError> {
+        if let Ok(n) = s.parse::<i32>() {
+            return Signal::from_number(n);
+        }
+        let bare = s
+            .strip_prefix("SIG")
+            .or_else(|| s.strip_prefix("sig"))
+            .unwrap_or(s);
+        SIGNAL_NAMES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(bare))
+            .map(|(_, n)| Signal(*n))
+            .ok_or_else(|| {
+                crate::RuntimeError::invalid("signal", format!("unknown signal name {s:?}"))
+            })
+    }
+
+    /// Its number.
+    pub fn number(self) -> i32 {
+        self.0
+    }
+}
+
 /// What happened to a sandbox's branch when the sandbox stopped (its `on_exit`, or what
 /// was done instead when that failed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -825,4 +891,21 @@ pub struct PortInfo {
     /// The host loopback address forwarding to it (`127.0.0.1:41234`), if asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_address: Option<String>,
+}
+
+#[cfg(test)]
+mod signal_tests {
+    use super::Signal;
+
+    #[test]
+    fn signals_are_taken_by_number_or_name_and_nothing_else() {
+        for s in ["15", "TERM", "SIGTERM", "sigterm", "term"] {
+            assert_eq!(Signal::parse(s).unwrap(), Signal::TERM, "{s}");
+        }
+        assert_eq!(Signal::from_number(64).unwrap().number(), 64);
+        for bad in ["0", "65", "-9", "TERMINATE", "", "SIG"] {
+            let e = Signal::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("invalid signal: "), "{bad}: {e}");
+        }
+    }
 }

@@ -199,7 +199,9 @@ async fn interrupt_stops_the_running_command_without_waiting_for_the_queue() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     loop {
-        sb.interrupt("default", libc::SIGINT).await.unwrap();
+        sb.interrupt("default", lockbox_runtime::Signal::INT)
+            .await
+            .unwrap();
         if long.is_finished() {
             break;
         }

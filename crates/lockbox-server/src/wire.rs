@@ -351,47 +351,14 @@ pub enum SignalName {
     Name(String),
 }
 
-const SIGNALS: &[(&str, i32)] = &[
-    ("HUP", libc::SIGHUP),
-    ("INT", libc::SIGINT),
-    ("QUIT", libc::SIGQUIT),
-    ("KILL", libc::SIGKILL),
-    ("USR1", libc::SIGUSR1),
-    ("USR2", libc::SIGUSR2),
-    ("PIPE", libc::SIGPIPE),
-    ("ALRM", libc::SIGALRM),
-    ("TERM", libc::SIGTERM),
-    ("CONT", libc::SIGCONT),
-    ("STOP", libc::SIGSTOP),
-    ("TSTP", libc::SIGTSTP),
-    ("WINCH", libc::SIGWINCH),
-];
-
 impl SignalName {
-    /// The signal number, refusing unknown names and numbers outside 1..=64.
-    pub fn number(&self) -> Result<i32, ApiError> {
-        let n = match self {
-            SignalName::Number(n) => *n,
-            SignalName::Name(name) => {
-                let bare = name.strip_prefix("SIG").unwrap_or(name);
-                match SIGNALS.iter().find(|(n, _)| n.eq_ignore_ascii_case(bare)) {
-                    Some((_, n)) => *n,
-                    None => {
-                        return Err(ApiError::invalid(
-                            "signal",
-                            format!("signal: unknown signal name {name:?}"),
-                        ))
-                    }
-                }
-            }
-        };
-        if !(1..=64).contains(&n) {
-            return Err(ApiError::invalid(
-                "signal",
-                format!("signal: {n} is not a signal number (1-64)"),
-            ));
+    /// The signal, refusing unknown names and numbers outside 1..=64.
+    pub fn signal(&self) -> Result<lockbox_runtime::Signal, ApiError> {
+        match self {
+            SignalName::Number(n) => lockbox_runtime::Signal::from_number(*n),
+            SignalName::Name(name) => lockbox_runtime::Signal::parse(name),
         }
-        Ok(n)
+        .map_err(ApiError::from)
     }
 }
 

@@ -59,7 +59,7 @@ pub async fn signal(
     ApiPath((id, pid)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Signal>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let signal = body.signal.number()?;
+    let signal = body.signal.signal()?;
     let sandbox = app.runtime.sandbox(&id).await?;
     sandbox.signal_process(&pid, signal).await?;
     Ok(Json(sandbox.process(&pid)?))
