@@ -30,6 +30,7 @@
 mod bpf;
 mod child;
 mod error;
+mod freeze;
 mod landlock;
 mod limits;
 mod netsup;
@@ -51,6 +52,7 @@ mod sysnet;
 mod usage;
 
 pub use crate::error::SetupError;
+pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{parse_sockaddr, NetReport};

@@ -786,6 +786,12 @@ impl Running {
         self.sandbox.pid
     }
 
+    /// Pauses every process of the sandbox until the result is dropped (see
+    /// [`crate::freeze_tree`]).
+    pub fn freeze(&self, timeout: std::time::Duration) -> std::io::Result<crate::Frozen> {
+        crate::freeze_tree(self.sandbox.pid, timeout)
+    }
+
     /// What the sandbox's processes use now (see [`crate::tree_usage`]).
     pub fn usage(&self) -> std::io::Result<crate::TreeUsage> {
         crate::tree_usage(self.sandbox.pid)

@@ -361,6 +361,22 @@ impl Sandbox {
         }
     }
 
+    /// Takes a snapshot of the sandbox's files (its branch: the workdir as the sandbox sees
+    /// it): its processes are paused while the branch's upper layer is copied, then go on.
+    /// Processes' memory is not captured (that needs `CAP_CHECKPOINT_RESTORE`).
+    /// `NO_WORKDIR` for a sandbox without a workdir.
+    pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo, RuntimeError> {
+        let inst = self.live()?;
+        let _life = self.inner.lifecycle.lock().await;
+        let sb = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let spec = serde_json::to_value(&sb.spec).unwrap_or_default();
+            crate::snapshots::take(&inst, &sb.state_dir, &sb.id, name, spec)
+        })
+        .await
+        .map_err(RuntimeError::internal)?
+    }
+
     /// The changes of the sandbox's branch against its workdir.
     pub async fn changes(&self) -> Result<Vec<Change>, RuntimeError> {
         let inst = self.live()?;

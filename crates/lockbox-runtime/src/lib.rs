@@ -45,6 +45,7 @@ mod process;
 mod runtime;
 mod sandbox;
 mod session;
+mod snapshots;
 mod store;
 mod streams;
 mod types;
@@ -56,6 +57,7 @@ pub use crate::error::RuntimeError;
 pub use crate::handle::Sandbox;
 pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
 pub use crate::runtime::Runtime;
+pub use crate::snapshots::MAX_SNAPSHOT_NAME;
 pub use crate::streams::{
     ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
 };

@@ -248,6 +248,34 @@ impl Runtime {
         Ok(info)
     }
 
+    /// Every snapshot, oldest first.
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, RuntimeError> {
+        let store = crate::snapshots::store(&self.inner.config.state_dir)?;
+        Ok(store
+            .list()
+            .map_err(RuntimeError::Branch)?
+            .into_iter()
+            .map(crate::snapshots::info)
+            .collect())
+    }
+
+    /// One snapshot (`SNAPSHOT_NOT_FOUND`).
+    pub fn snapshot_info(&self, id: &str) -> Result<SnapshotInfo, RuntimeError> {
+        let store = crate::snapshots::store(&self.inner.config.state_dir)?;
+        let meta = store
+            .get(&crate::snapshots::parse_id(id)?)
+            .map_err(RuntimeError::Branch)?;
+        Ok(crate::snapshots::info(meta))
+    }
+
+    /// Deletes a snapshot (`SNAPSHOT_IN_USE` while forks or other snapshots use it).
+    pub fn delete_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
+        let store = crate::snapshots::store(&self.inner.config.state_dir)?;
+        store
+            .delete(&crate::snapshots::parse_id(id)?)
+            .map_err(RuntimeError::Branch)
+    }
+
     /// Deletes every running sandbox (each with its `on_exit`).
     pub async fn shutdown(&self) {
         let ids: Vec<String> = lock(&self.inner.sandboxes).keys().cloned().collect();

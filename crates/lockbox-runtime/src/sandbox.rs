@@ -39,6 +39,12 @@ pub(crate) struct Instance {
 }
 
 impl Instance {
+    /// Pauses all its processes (`None` once it has stopped: nothing runs).
+    pub fn freeze(&self, timeout: Duration) -> std::io::Result<Option<lockbox_confine::Frozen>> {
+        let running = lock(&self.running);
+        running.as_ref().map(|r| r.freeze(timeout)).transpose()
+    }
+
     /// What its processes use now (`None` once stopped or if `/proc` cannot say).
     fn usage(&self) -> Option<ResourceUse> {
         let running = lock(&self.running);

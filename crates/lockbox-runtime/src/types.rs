@@ -123,6 +123,28 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
 }
 
+/// A snapshot of a sandbox's files ([`crate::Sandbox::snapshot`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Its id.
+    pub id: String,
+    /// The name given when it was taken.
+    pub name: Option<String>,
+    /// The snapshot it lies on (the sandbox was forked from it), if any.
+    pub parent: Option<String>,
+    /// The sandbox it was taken of.
+    pub sandbox: Option<String>,
+    /// The workdir below it.
+    #[serde(with = "lockbox_policy::name::json")]
+    pub workdir: PathBuf,
+    /// When it was taken, RFC 3339 UTC.
+    pub created_at: String,
+    /// Bytes of file data of its own layer (not its parents').
+    pub bytes: u64,
+    /// Files, directories and deletions in its own layer.
+    pub entries: u64,
+}
+
 /// A signal for a sandbox's processes: a number from 1 to 64, made from a number or a
 /// name ([`Signal::parse`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,216 @@
+//! Pausing a sandbox's whole process tree, and resuming it: while a snapshot copies a
+//! sandbox's files, nothing in it may run.
+//!
+//! Without a delegated cgroup freezer (cgroup v2 `cgroup.freeze` needs a delegated
+//! subtree, which unprivileged lockbox does not have), the tree is stopped with `SIGSTOP`,
+//! which any process may send to its own uid's processes. Each process is signalled
+//! through a pidfd opened after the walk found it, and the walk is checked again through
+//! that pidfd's process, so a pid reused meanwhile is never signalled. The walk repeats
+//! until it finds no process it has not stopped and every stopped process reports `T`:
+//! a process stopped cannot fork, so then the whole tree is still.
+//!
+//! What `SIGSTOP` may show: a parent that waits with `WUNTRACED` (a shell with job
+//! control: an interactive `bash` on a PTY) could see its child stopped. Processes are
+//! resumed children first, so such a parent, stopped too, finds its child running again
+//! when it runs; the kernel reports a stop to `waitpid` only while the child is stopped.
+//! (The `SIGCHLD` of the stop still reaches it.) The cgroup freezer has no such effect;
+//! it is the better mechanism where it is delegated.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+
+use crate::proc_stat::ProcStat;
+
+/// Most processes one freeze stops (more than any sandbox's bound allows by default).
+const MAX_PROCESSES: usize = 65_536;
+
+/// A paused tree; resumed by [`Frozen::thaw`] or when dropped.
+#[derive(Debug)]
+pub struct Frozen {
+    /// The processes stopped, parents before their children, with a pidfd each (so
+    /// `SIGCONT` reaches the same process even if it died and its pid was reused).
+    stopped: Vec<(i32, OwnedFd)>,
+    /// Their pids.
+    pids: HashSet<i32>,
+}
+
+impl Frozen {
+    /// How many processes were stopped.
+    pub fn processes(&self) -> usize {
+        self.stopped.len()
+    }
+
+    /// Resumes every process the freeze stopped.
+    pub fn thaw(mut self) {
+        self.resume();
+    }
+
+    /// Children first: a parent that waits with `WUNTRACED` then finds its child running
+    /// again when it runs, and never sees it stopped.
+    fn resume(&mut self) {
+        self.pids.clear();
+        for (_, fd) in self.stopped.drain(..).rev() {
+            // A process that exited meanwhile: nothing to resume.
+            let _ = pidfd_send_signal(&fd, Signal::CONT);
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        self.resume();
+    }
+}
+
+/// Stops every process of the tree rooted at host pid `init` (the init included) and
+/// waits until all are stopped; `TimedOut` (with everything resumed) if that takes longer
+/// than `timeout`, e.g. a process in uninterruptible sleep on a hung filesystem.
+pub fn freeze_tree(init: libc::pid_t, timeout: Duration) -> io::Result<Frozen> {
+    let deadline = Instant::now() + timeout;
+    let mut frozen = Frozen {
+        stopped: Vec::new(),
+        pids: HashSet::new(),
+    };
+    loop {
+        let mut new = 0;
+        for (pid, parent) in walk(init)? {
+            if frozen.pids.contains(&pid) {
+                continue;
+            }
+            let Some(fd) = open_checked(pid, parent) else {
+                continue; // exited, or its pid is no longer the walk's process
+            };
+            match pidfd_send_signal(&fd, Signal::STOP) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::SRCH) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            frozen.stopped.push((pid, fd));
+            frozen.pids.insert(pid);
+            new += 1;
+            if frozen.stopped.len() >= MAX_PROCESSES {
+                return Err(io::Error::other(format!(
+                    "more than {MAX_PROCESSES} processes to stop"
+                )));
+            }
+        }
+        if new == 0 && all_stopped(&frozen) {
+            return Ok(frozen);
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the sandbox's processes did not all stop within {} ms",
+                    timeout.as_millis()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The tree's processes with their parents (`None` for the init), from `/proc`.
+fn walk(init: libc::pid_t) -> io::Result<Vec<(i32, Option<i32>)>> {
+    let mut out = Vec::new();
+    let mut queue = vec![(init, None)];
+    while let Some((pid, parent)) = queue.pop() {
+        let stat = match ProcStat::read(pid) {
+            Ok(s) => s,
+            Err(e) if pid == init => return Err(e),
+            Err(_) => continue,
+        };
+        if parent.is_some_and(|p| p != stat.ppid) || stat.is_zombie() {
+            continue;
+        }
+        out.push((pid, parent));
+        if out.len() >= MAX_PROCESSES {
+            break;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            queue.extend(
+                children
+                    .split_ascii_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .map(|c| (c, Some(pid))),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// A pidfd for `pid`, if after opening it `pid` is still the child of `parent` the walk
+/// found (the pidfd pins the process: a later check cannot see a reused pid).
+fn open_checked(pid: i32, parent: Option<i32>) -> Option<OwnedFd> {
+    let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
+    let stat = ProcStat::read(pid).ok()?;
+    if parent.is_some_and(|p| p != stat.ppid) || stat.is_zombie() {
+        return None;
+    }
+    Some(fd)
+}
+
+/// True once every stopped process is stopped (`T`), or has exited.
+fn all_stopped(frozen: &Frozen) -> bool {
+    frozen
+        .stopped
+        .iter()
+        .all(|&(pid, _)| match ProcStat::read(pid) {
+            Ok(stat) => matches!(stat.state, b'T' | b't') || stat.is_zombie(),
+            Err(_) => true,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn state(pid: i32) -> u8 {
+        ProcStat::read(pid).unwrap().state
+    }
+
+    #[test]
+    fn a_forking_tree_is_stopped_whole_and_resumed_by_drop() {
+        // A shell whose children keep forking: each stop must catch the new ones.
+        let mut sh = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "while :; do sleep 0.001 & wait; done & while :; do :; done",
+            ])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let root = i32::try_from(sh.id()).unwrap();
+        let frozen = freeze_tree(root, Duration::from_secs(5)).unwrap();
+        assert!(frozen.processes() >= 2, "{frozen:?}");
+        let pids: Vec<i32> = walk(root).unwrap().into_iter().map(|(p, _)| p).collect();
+        for &pid in &pids {
+            assert_eq!(state(pid), b'T', "pid {pid} of {pids:?}");
+        }
+        // Still: nothing new appears while frozen.
+        std::thread::sleep(Duration::from_millis(50));
+        let again: Vec<i32> = walk(root).unwrap().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(again, pids);
+        drop(frozen);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_ne!(state(root), b'T');
+        // Stopped again to be killed whole (the shell's children would outlive it).
+        let frozen = freeze_tree(root, Duration::from_secs(5)).unwrap();
+        for (pid, _) in walk(root).unwrap() {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+        }
+        drop(frozen);
+        sh.wait().unwrap();
+    }
+}
