@@ -315,6 +315,21 @@ class Client:
         """Removes a kept branch."""
         return self._request("POST", f"/v1/branches/{id}/abort")
 
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Snapshots, oldest first: ``[{"id", "name", "sandbox", "parent", "workdir",
+        "created_at", "bytes", "entries"}]`` (see :meth:`RemoteSandbox.snapshot`)."""
+        return self._request("GET", "/v1/snapshots")["snapshots"]
+
+    def snapshot(self, id: str) -> dict[str, Any]:  # noqa: A002 - the server's name
+        """One snapshot; ``ServerError`` with ``code="SNAPSHOT_NOT_FOUND"`` (404) if there is
+        none."""
+        return self._request("GET", f"/v1/snapshots/{id}")
+
+    def delete_snapshot(self, id: str) -> None:  # noqa: A002 - the server's name
+        """Deletes a snapshot (``SNAPSHOT_IN_USE``, 409, while forks or other snapshots use
+        it)."""
+        self._request("DELETE", f"/v1/snapshots/{id}")
+
     def list(self, state: str | None = None) -> list[dict[str, Any]]:
         """The sandboxes: running, the server's last ``--keep-stopped`` stopped ones, and
         lost ones; ``state="running"`` (or ``"stopped"``, ``"lost"``) only those."""
@@ -433,6 +448,13 @@ class RemoteSandbox:
     def abort(self) -> dict[str, Any]:
         """Discards the branch's changes."""
         return self.client._request("POST", self._p("/abort"))
+
+    def snapshot(self, name: str | None = None) -> dict[str, Any]:
+        """Snapshots the sandbox's files (its branch: the workdir as it sees it). Its
+        processes are paused while the branch is copied and then go on; their memory is not
+        part of the snapshot. ``{"id", "name", "sandbox", "parent", "workdir", "created_at",
+        "bytes", "entries"}``; ``NO_WORKDIR`` (409) for a sandbox without a workdir."""
+        return self.client._request("POST", self._p("/snapshots"), body={"name": name} if name is not None else {})
 
     def _port(self, info: dict[str, Any]) -> dict[str, Any]:
         info = dict(info)

@@ -294,3 +294,28 @@ def test_an_exposed_port_is_reached_on_its_host_loopback_port_locally_and_remote
         with pytest.raises(ServerError) as e:
             box.unexpose_port(8741)
         assert e.value.code == "PORT_NOT_EXPOSED" and e.value.status == 404
+
+
+def test_snapshots_capture_the_sandbox_files_alike_locally_and_remotely(open_box, ws):
+    with open_box(workdir=str(ws)) as box:
+        box.exec("echo one > made.txt")
+        snap = box.snapshot("after one")
+        assert snap["name"] == "after one" and snap["sandbox"] == box.id
+        assert snap["bytes"] > 0 and snap["entries"] >= 1
+        # The sandbox goes on after the snapshot.
+        assert box.exec("echo two >> made.txt; cat made.txt").stdout == "one\ntwo\n"
+        client = box.client
+        assert [s["id"] for s in client.snapshots()] == [snap["id"]]
+        assert client.snapshot(snap["id"])["name"] == "after one"
+        with pytest.raises(ServerError) as e:
+            box.snapshot("bad\nname")
+        assert e.value.status == 400
+        client.delete_snapshot(snap["id"])
+        assert client.snapshots() == []
+        with pytest.raises(ServerError) as e:
+            client.snapshot(snap["id"])
+        assert (e.value.status, e.value.code) == (404, "SNAPSHOT_NOT_FOUND")
+    with open_box() as box:
+        with pytest.raises(ServerError) as e:
+            box.snapshot()
+        assert e.value.code == "NO_WORKDIR"

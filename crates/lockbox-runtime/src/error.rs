@@ -234,6 +234,11 @@ impl RuntimeError {
             RuntimeError::Branch(lockbox_cow::CowError::BadHunk { path, index, count }) => {
                 json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
             }
+            RuntimeError::Branch(lockbox_cow::CowError::SnapshotInUse {
+                holders,
+                children,
+                ..
+            }) => json!({ "held_by": holders, "snapshots": children }),
             RuntimeError::Conflict { paths, .. } => {
                 let paths: Vec<_> = paths
                     .iter()

@@ -126,12 +126,35 @@ fn diff_path_bytes() -> Value {
 
 fn all_schemas() -> Value {
     let mut all = schemas();
-    for more in [branch_schemas(), console_schemas()] {
+    for more in [branch_schemas(), console_schemas(), snapshot_schemas()] {
         if let (Some(map), Some(more)) = (all.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
         }
     }
     all
+}
+
+/// The schemas of snapshots.
+fn snapshot_schemas() -> Value {
+    json!({
+        "SnapshotRequest": { "type": "object", "additionalProperties": false, "properties": {
+            "name": { "type": "string", "maxLength": 256, "pattern": "^[^\\x00-\\x1f\\x7f]*$",
+                      "description": "a name for people; no control characters" } } },
+        "Snapshot": { "type": "object",
+            "required": ["id", "name", "parent", "sandbox", "workdir", "created_at", "bytes", "entries"],
+            "properties": {
+                "id": { "type": "string" },
+                "name": { "type": "string", "nullable": true },
+                "parent": { "type": "string", "nullable": true },
+                "sandbox": { "type": "string", "nullable": true },
+                "workdir": { "oneOf": [ { "type": "string" }, { "type": "object", "required": ["bytes"],
+                    "properties": { "bytes": { "type": "string", "format": "byte" } } } ] },
+                "created_at": { "type": "string" },
+                "bytes": { "type": "integer", "minimum": 0 },
+                "entries": { "type": "integer", "minimum": 0 } } },
+        "SnapshotList": { "type": "object", "required": ["snapshots"],
+            "properties": { "snapshots": { "type": "array", "items": schema("Snapshot") } } }
+    })
 }
 
 /// An operation that needs no token (the console's login and session probe).
@@ -456,7 +479,12 @@ fn build() -> Value {
     });
 
     let mut paths = paths;
-    for more in [branch_paths(), console_paths(), port_paths()] {
+    for more in [
+        branch_paths(),
+        console_paths(),
+        port_paths(),
+        snapshot_paths(),
+    ] {
         if let (Some(map), Some(more)) = (paths.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
         }
@@ -481,6 +509,27 @@ fn build() -> Value {
 /// Exposed ports and their proxy. The proxy is a prefix: every method and every path
 /// below `/v1/sandboxes/{id}/ports/{port}/` goes to the sandboxed server (GET is described,
 /// as the document cannot say "any"); its replies are the sandboxed server's own.
+fn snapshot_paths() -> Value {
+    json!({
+        "/v1/sandboxes/{id}/snapshots": {
+            "post": op("Snapshot the sandbox's files (its branch): its processes are paused while the branch is copied, then go on. Processes' memory is not captured. 409 NO_WORKDIR without a workdir",
+                vec![path_param("id", "sandbox id")], optional_json("SnapshotRequest"),
+                &[("201", reply("the snapshot", "Snapshot"))])
+        },
+        "/v1/snapshots": {
+            "get": op("List snapshots, oldest first", vec![], None,
+                &[("200", reply("the snapshots", "SnapshotList"))])
+        },
+        "/v1/snapshots/{id}": {
+            "get": op("One snapshot (404 SNAPSHOT_NOT_FOUND)", vec![path_param("id", "snapshot id")], None,
+                &[("200", reply("the snapshot", "Snapshot"))]),
+            "delete": op("Delete a snapshot (409 SNAPSHOT_IN_USE while forks or other snapshots use it)",
+                vec![path_param("id", "snapshot id")], None,
+                &[("204", json!({ "description": "deleted" }))])
+        }
+    })
+}
+
 fn port_paths() -> Value {
     let id = || path_param("id", "sandbox id");
     let port = || {

@@ -711,3 +711,12 @@ pub struct ExposePort {
     #[serde(default)]
     pub host_loopback: bool,
 }
+
+/// `POST /v1/sandboxes/{id}/snapshots` (the body may be left out).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// A name for people (at most 256 bytes, no control characters).
+    #[serde(default)]
+    pub name: Option<String>,
+}

@@ -9,6 +9,7 @@ mod ports;
 mod processes;
 mod pty;
 mod sandboxes;
+mod snapshots;
 mod transactions;
 mod watch;
 mod workspace;
@@ -79,6 +80,12 @@ pub fn router() -> Router<AppState> {
         .route(
             &format!("{sandbox}/ports/{{port}}/{{*path}}"),
             any(ports::proxy_path),
+        )
+        .route(&format!("{sandbox}/snapshots"), post(snapshots::take))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{id}",
+            get(snapshots::show).delete(snapshots::delete),
         )
         .route("/v1/branches", get(branches::list))
         .route("/v1/branches/{id}", get(branches::show))
