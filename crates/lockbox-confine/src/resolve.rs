@@ -222,7 +222,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
                             .find(|(name, _)| name == n)
                             .map(|(_, a)| a.clone())
                             .unwrap_or_default(),
-                        NetHost::Block(_) => Vec::new(),
+                        NetHost::Subdomains(_) | NetHost::Block(_) => Vec::new(),
                     };
                     spec.rules(&addrs)
                 })
