@@ -556,6 +556,63 @@ pub fn loopback_up() -> Result<(), Errno> {
     check_int(rc).map(drop)
 }
 
+/// The sockets of the sandbox's resolver, made in the current network namespace:
+/// (UDP, TCP listener), both non-blocking and close-on-exec, bound to `addr`:53 (IPv4).
+/// Port 53 needs `CAP_NET_BIND_SERVICE` in the namespace's user namespace. Allocation-free.
+pub fn dns_sockets(addr: [u8; 4]) -> Result<(RawFd, RawFd), Errno> {
+    // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = 53u16.to_be();
+    sa.sin_addr.s_addr = u32::from_ne_bytes(addr);
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    let bound = |ty: libc::c_int| -> Result<RawFd, Errno> {
+        // SAFETY: no pointer arguments.
+        let fd = check_int(unsafe { libc::socket(libc::AF_INET, ty | flags, 0) })?;
+        let one: libc::c_int = 1;
+        // SAFETY: `one` is a live c_int of the size given.
+        let reuse = check_int(unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        });
+        let rc = reuse.and_then(|_| {
+            // SAFETY: `sa` is a live sockaddr_in of `len` bytes; bind copies it.
+            check_int(unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_in).cast(), len) })
+        });
+        match rc {
+            Ok(_) => Ok(fd),
+            Err(e) => {
+                close(fd);
+                Err(e)
+            }
+        }
+    };
+    let udp = bound(libc::SOCK_DGRAM)?;
+    let tcp = bound(libc::SOCK_STREAM).and_then(|tcp| {
+        // SAFETY: no pointer arguments.
+        match check_int(unsafe { libc::listen(tcp, 16) }) {
+            Ok(_) => Ok(tcp),
+            Err(e) => {
+                close(tcp);
+                Err(e)
+            }
+        }
+    });
+    match tcp {
+        Ok(tcp) => Ok((udp, tcp)),
+        Err(e) => {
+            close(udp);
+            Err(e)
+        }
+    }
+}
+
 /// `prctl(option, arg2, 0, 0, 0)`.
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> Result<libc::c_int, Errno> {
     // SAFETY: the options used by lockbox take integer arguments only.
