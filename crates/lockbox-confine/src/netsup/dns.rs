@@ -532,6 +532,7 @@ fn hosts_lookup(text: &str, name: &str) -> Vec<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
     #[test]
     fn the_hosts_and_link_local_addresses_are_internal() {
@@ -569,6 +570,100 @@ mod tests {
         buf.push(7);
         assert_eq!(tcp_message(&mut buf), Some(vec![7]));
         assert!(buf.is_empty());
+    }
+
+    fn shared(specs: &[&str]) -> Shared {
+        Shared {
+            rules: super::super::NetRules {
+                kind: lockbox_policy::ListKind::Allow,
+                rules: Vec::new(),
+                names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
+                hosts_file: None,
+            },
+            host_cookie: 0,
+            report: std::sync::Arc::default(),
+            learned: std::sync::Mutex::default(),
+        }
+    }
+
+    fn query(name: &str, qtype: TYPE) -> Vec<u8> {
+        let mut p = Packet::new_query(7);
+        p.questions.push(simple_dns::Question::new(
+            Name::new_unchecked(name),
+            QTYPE::TYPE(qtype),
+            simple_dns::QCLASS::CLASS(simple_dns::CLASS::IN),
+            false,
+        ));
+        p.build_bytes_vec().unwrap()
+    }
+
+    #[test]
+    fn listed_names_are_resolved_others_get_nxdomain_and_answers_teach_only_their_ports() {
+        let s = shared(&["tcp://*.example.org:443"]);
+        assert_eq!(
+            classify(&s, &query("A.Example.ORG", TYPE::A)),
+            Verdict::Resolve("a.example.org".into())
+        );
+        let Verdict::Answer(nx) = classify(&s, &query("example.org", TYPE::A)) else {
+            panic!("the apex is not listed");
+        };
+        assert_eq!(Packet::parse(&nx).unwrap().rcode(), RCODE::NameError);
+        let Verdict::Answer(txt) = classify(&s, &query("a.example.org", TYPE::TXT)) else {
+            panic!("other types of a listed name are answered empty");
+        };
+        let txt = Packet::parse(&txt).unwrap();
+        assert_eq!((txt.rcode(), txt.answers.len()), (RCODE::NoError, 0));
+
+        let addrs = vec![
+            "198.18.0.7".parse().unwrap(),
+            "127.0.0.1".parse().unwrap(),
+            "169.254.169.254".parse().unwrap(),
+            "2001:db8::1".parse().unwrap(),
+        ];
+        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs)).unwrap();
+        let reply = Packet::parse(&reply).unwrap();
+        assert_eq!(reply.answers.len(), 1, "only the one IPv4 non-host address");
+        let learned = s.learned.lock().unwrap();
+        let dest = |d: &str| d.parse::<SocketAddr>().unwrap();
+        let allowed = |p, d: &str| learned.rules().iter().any(|r| r.matches(p, dest(d)));
+        assert!(allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:443"));
+        assert!(!allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:80"));
+        assert!(!allowed(lockbox_policy::Proto::Udp, "198.18.0.7:443"));
+        assert!(!allowed(lockbox_policy::Proto::Tcp, "127.0.0.1:443"));
+        assert_eq!(s.report.lock().unwrap().dns_rebinding_refused, 2);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_resolver() {
+        let s = shared(&["*.example.org:*", "example.org:*"]);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let base = query("a.example.org", TYPE::A);
+        for i in 0..20_000 {
+            let mut msg = if i % 2 == 0 {
+                base.clone()
+            } else {
+                vec![0u8; (next() % 600) as usize]
+            };
+            // Flip a few bytes (or fill the random-length buffer).
+            for _ in 0..(1 + next() % 8) {
+                if msg.is_empty() {
+                    break;
+                }
+                let at = (next() as usize) % msg.len();
+                msg[at] = next() as u8;
+            }
+            let _ = classify(&s, &msg);
+            let _ = answer(&s, &msg, Ok(vec!["198.18.0.1".parse().unwrap()]));
+            let _ = refusal(&msg, RCODE::Refused);
+            let mut buf = msg.clone();
+            let _ = tcp_message(&mut buf);
+        }
     }
 
     #[test]
