@@ -487,3 +487,56 @@ fn wildcards_in_a_deny_list_are_usage_errors() {
         text(&out)
     );
 }
+
+#[test]
+fn the_report_counts_answers_refused_names_and_left_out_host_addresses() {
+    let dir = scratch();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "198.18.0.9 ok.test\n127.0.0.1 lo.test\n").unwrap();
+    let report = dir.path().join("report.json");
+    let out = common::command_as(User::Current)
+        .env("LOCKBOX_NET_HOSTS_FILE", &hosts)
+        .current_dir(dir.path())
+        .args(["run", "-r"])
+        .arg(client_dir())
+        .args([
+            "--net-allow",
+            "tcp://ok.test:443",
+            "--net-allow",
+            "tcp://lo.test:443",
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            "python3",
+            &client(),
+            "udp,ok.test",
+            "udp,evil.test",
+            "udp,lo.test",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "udp,ok.test ok rcode 0 ['198.18.0.9']\nudp,evil.test ok rcode 3 []\n\
+         udp,lo.test ok rcode 0 []\n",
+        "{}",
+        text(&out)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let net = &json["network"];
+    assert_eq!(net["dns_answered"], 2, "{net}");
+    assert_eq!(net["dns_rebinding_refused"], 1, "{net}");
+    assert_eq!(net["denied"], 1, "{net}");
+    let first: Vec<&str> = net["denied_first"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(first.contains(&"dns evil.test"), "{net}");
+    assert!(
+        first.contains(&"dns lo.test -> 127.0.0.1 (host-internal)"),
+        "{net}"
+    );
+}
