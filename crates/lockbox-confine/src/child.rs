@@ -360,6 +360,8 @@ fn helper_work(job: &Alongside) -> Result<(), Fail> {
         sys::unshare(libc::CLONE_NEWNET).map_err(at(Step::NetNamespace))?;
         sys::loopback_up().map_err(at(Step::LoopbackUp))?;
         if job.dns {
+            // An IPv4 address besides 127.0.0.1, which glibc's AI_ADDRCONFIG ignores.
+            sys::loopback_alias(crate::DNS_ADDR).map_err(at(Step::DnsSockets))?;
             let (udp, tcp) = sys::dns_sockets(crate::DNS_ADDR).map_err(at(Step::DnsSockets))?;
             job.dns_fds[0].store(udp, Ordering::Release);
             job.dns_fds[1].store(tcp, Ordering::Release);

@@ -2,6 +2,7 @@
 `<argument> ok <result>` or `<argument> err <errno or message>`.
 
   resolve,NAME        getaddrinfo (IPv4), the sorted addresses
+  addrconfig,NAME     the same with AI_ADDRCONFIG
   connect,HOST,PORT   TCP connect (HOST a name or an address), the server's first line
   udp,NAME / tcp,NAME an A query sent straight to the nameserver of /etc/resolv.conf:
                       `rcode N [addresses]`
@@ -71,6 +72,9 @@ for cmd in sys.argv[1:]:
     try:
         if op == "resolve":
             r = sorted({x[4][0] for x in socket.getaddrinfo(a[0], 80, socket.AF_INET, socket.SOCK_STREAM)})
+        elif op == "addrconfig":
+            found = socket.getaddrinfo(a[0], 80, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)
+            r = sorted({x[4][0] for x in found})
         elif op == "connect":
             s = socket.create_connection((a[0], int(a[1])), timeout=5)
             r = s.recv(64).decode().strip()
