@@ -158,12 +158,14 @@ class Sandbox:
         net_allow: destinations on the host's network the sandbox may reach; everything else
             stays refused (loopback inside the sandbox always works). Each spec is
             ``[tcp://|udp://]HOST:PORTS`` as for ``lockbox run --net-allow``: HOST a name
-            (resolved once at start and pinned), an IPv4 address or CIDR block, or
+            or ``*.name`` (its subdomains), resolved by lockbox, the sandbox's DNS resolver,
+            when the sandbox asks (other names get NXDOMAIN), an IPv4 address or CIDR block, or
             ``[IPv6]`` / ``[IPv6/prefix]``; PORTS a number, ``A-B`` or ``*``; no scheme
             means TCP and UDP. A bad spec raises :class:`~lockbox.errors.UsageError`
             naming it, here.
         net_deny: the opposite: the host's network except these destinations (and never
-            the host's loopback). At most one of ``net_allow`` and ``net_deny``.
+            the host's loopback; names resolved once at start, no ``*.`` names). At most
+            one of ``net_allow`` and ``net_deny``.
         net: ``"none"`` (loopback only, the default) or ``"host"`` (the host's network);
             leave it at ``"none"`` with ``net_allow``/``net_deny``.
         max_memory: memory limit (bytes, or a size such as ``"512M"``, ``"1G"``).

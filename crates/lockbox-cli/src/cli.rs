@@ -423,13 +423,18 @@ pub struct PolicyArgs {
     pub net: Option<NetArg>,
     /// Let the sandbox reach SPEC on the host's network; everything else stays refused
     /// (loopback inside always works). SPEC: [tcp://|udp://]HOST:PORT, HOST a name
-    /// (resolved once at start and pinned in the sandbox's /etc/hosts), an IPv4 address or
-    /// CIDR block, or [IPv6] / [IPv6/prefix]; PORT a number, A-B or *. No scheme = TCP and
-    /// UDP. Repeatable. Refused attempts fail with EACCES and are counted in --report.
+    /// (example.org), every subdomain of one (*.example.org, not the apex), an IPv4 address
+    /// or CIDR block, or [IPv6] / [IPv6/prefix]; PORT a number, A-B or *. No scheme = TCP
+    /// and UDP. Names are case-insensitive and may be internationalised. The sandbox's
+    /// resolver is lockbox: listed names are resolved on the host when asked, every other
+    /// name gets NXDOMAIN, and an address is reachable once an answer for a listed name gave
+    /// it (never the host's loopback or link-local addresses unless listed as addresses).
+    /// Repeatable. Refused attempts fail with EACCES and are counted in --report.
     #[arg(long = "net-allow", value_name = "SPEC", value_parser = parse_net_spec, conflicts_with = "net_deny")]
     pub net_allow: Vec<NetSpec>,
-    /// Let the sandbox reach the host's network except SPEC (same form as --net-allow; the
-    /// host's loopback is never reachable this way). Repeatable.
+    /// Let the sandbox reach the host's network except SPEC (same form as --net-allow, but
+    /// names are resolved once at start and pinned, so no *. wildcards; the host's loopback
+    /// is never reachable this way). Repeatable.
     #[arg(long = "net-deny", value_name = "SPEC", value_parser = parse_net_spec)]
     pub net_deny: Vec<NetSpec>,
     /// Memory limit (e.g. 256M, 1G): whole sandbox via cgroup when possible (killed with

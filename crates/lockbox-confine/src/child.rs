@@ -146,6 +146,11 @@ pub(crate) struct Alongside {
     pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     /// Make the sandbox's own network namespace, with loopback up.
     pub(crate) netns: bool,
+    /// In it, bind the sockets of lockbox's resolver ([`crate::DNS_ADDR`]:53), which the
+    /// command child hands to the network supervisor with its filter.
+    pub(crate) dns: bool,
+    /// Those sockets (UDP, TCP listener) in the table they share (`-1` until made).
+    dns_fds: [AtomicI32; 2],
     /// The host's `/proc` (`O_PATH`), opened by the init before the helper starts: the
     /// helper's paths resolve under it, whatever the init has mounted or pivoted meanwhile.
     proc_fd: AtomicI32,
@@ -159,12 +164,22 @@ pub(crate) struct Alongside {
 
 impl Alongside {
     /// The helper's job: write `user_sysctls`, make a network namespace if `netns`.
-    pub(crate) fn new(user_sysctls: Vec<(CString, Vec<u8>)>, netns: bool) -> Alongside {
+    pub(crate) fn new(user_sysctls: Vec<(CString, Vec<u8>)>, netns: bool, dns: bool) -> Alongside {
         Alongside {
             user_sysctls,
             netns,
+            dns: netns && dns,
+            dns_fds: [AtomicI32::new(-1), AtomicI32::new(-1)],
             ..Default::default()
         }
+    }
+
+    /// The resolver's sockets the helper made: (UDP, TCP), `-1` for none.
+    pub(crate) fn dns_fds(&self) -> (RawFd, RawFd) {
+        (
+            self.dns_fds[0].load(Ordering::Acquire),
+            self.dns_fds[1].load(Ordering::Acquire),
+        )
     }
 
     /// Whether there is anything to do (no helper is started otherwise).
@@ -256,7 +271,7 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     // Nothing of the caller's is needed from here on: dropping it now (step 11 closes what
     // setup opened) matters for a gated sandbox, which may wait long while holding copies
     // of the caller's pipes (the previous pipeline stage's stdin, say).
-    close_other_fds(&p.keep_fds, None, &[]);
+    close_other_fds(&p.keep_fds, None, &[], &[]);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
     let helper = start_helper(p)?; // per-user quotas and the network namespace, until step 8
@@ -344,6 +359,13 @@ fn helper_work(job: &Alongside) -> Result<(), Fail> {
     if job.netns {
         sys::unshare(libc::CLONE_NEWNET).map_err(at(Step::NetNamespace))?;
         sys::loopback_up().map_err(at(Step::LoopbackUp))?;
+        if job.dns {
+            // An IPv4 address besides 127.0.0.1, which glibc's AI_ADDRCONFIG ignores.
+            sys::loopback_alias(crate::DNS_ADDR).map_err(at(Step::DnsSockets))?;
+            let (udp, tcp) = sys::dns_sockets(crate::DNS_ADDR).map_err(at(Step::DnsSockets))?;
+            job.dns_fds[0].store(udp, Ordering::Release);
+            job.dns_fds[1].store(tcp, Ordering::Release);
+        }
         let fd = sys::open_at(proc_fd, c"self/ns/net", libc::O_RDONLY)
             .map_err(at(Step::NetNamespace))?;
         job.netns_fd.store(fd, Ordering::Release);
@@ -653,7 +675,9 @@ fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
         .map_err(at(Step::SetDeathSignal))?;
-    close_other_fds(&p.keep_fds, ruleset, &p.source_fds);
+    // The resolver's sockets stay until the command hands them to the supervisor.
+    let (udp, tcp) = p.helper.dns_fds();
+    close_other_fds(&p.keep_fds, ruleset, &p.source_fds, &[udp, tcp]);
     let mut signals = [0; FORWARDED.len() + 1];
     signals[..FORWARDED.len()].copy_from_slice(&FORWARDED);
     signals[FORWARDED.len()] = libc::SIGCHLD;
@@ -663,14 +687,17 @@ fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
 }
 
 /// Closes every descriptor but `keep` (sorted), the Landlock ruleset and the captured
-/// sources still to be attached (by the later commands of a sequence), so nothing of the
-/// caller's leaks into the sandbox.
-fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>, sources: &[RawFd]) {
-    let kept = |fd: RawFd| keep.contains(&fd) || ruleset == Some(fd) || sources.contains(&fd);
+/// sources still to be attached (by the later commands of a sequence) and `own` (lockbox's
+/// resolver sockets), so nothing of the caller's leaks into the sandbox.
+fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>, sources: &[RawFd], own: &[RawFd]) {
+    let kept = |fd: RawFd| {
+        keep.contains(&fd) || ruleset == Some(fd) || sources.contains(&fd) || own.contains(&fd)
+    };
     let highest = keep
         .iter()
         .chain(ruleset.iter())
         .chain(sources.iter())
+        .chain(own.iter())
         .copied()
         .max()
         .unwrap_or(-1);
@@ -743,6 +770,13 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
         }
         if let Some((_, fd)) = &p.net {
             sys::close(*fd);
+        }
+        // The resolver's sockets are the supervisor's (the command handed them over).
+        let (udp, tcp) = p.helper.dns_fds();
+        for fd in [udp, tcp] {
+            if fd >= 0 {
+                sys::close(fd);
+            }
         }
     }
     // The next command of a sequence gets an IPC namespace of its own (no System V object
@@ -844,10 +878,16 @@ fn forward(command: libc::pid_t, sig: libc::c_int, code: i32, sender: u32) {
 fn hand_over_net_filter(
     filter: &[seccompiler::sock_filter],
     fd: RawFd,
+    (dns_udp, dns_tcp): (RawFd, RawFd),
 ) -> Result<(), (Step, Errno)> {
     let listener = crate::sysnet::seccomp_listener(filter).map_err(|e| (Step::NetFilter, e))?;
+    let handover = NetHandover {
+        listener,
+        dns_udp,
+        dns_tcp,
+    };
     let handed = sys::prctl(libc::PR_SET_DUMPABLE, 1)
-        .and_then(|_| sys::write_all(fd, &NetHandover { listener }.encode()))
+        .and_then(|_| sys::write_all(fd, &handover.encode()))
         .and_then(|()| {
             let mut taken = [0u8; RECORD_LEN];
             match sys::read(fd, &mut taken)? {
@@ -858,6 +898,11 @@ fn hand_over_net_filter(
     let _ = sys::prctl(libc::PR_SET_DUMPABLE, 0);
     sys::close(listener);
     sys::close(fd);
+    for dns in [dns_udp, dns_tcp] {
+        if dns >= 0 {
+            sys::close(dns);
+        }
+    }
     handed.map_err(|e| (Step::NetHandover, e))
 }
 
@@ -924,7 +969,7 @@ fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
         sys::close(fd);
     }
     if let Some((filter, fd)) = &p.net {
-        if let Err((step, e)) = hand_over_net_filter(filter, *fd) {
+        if let Err((step, e)) = hand_over_net_filter(filter, *fd, p.helper.dns_fds()) {
             command_fail(p, step, e, 0);
         }
     }

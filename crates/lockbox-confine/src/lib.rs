@@ -76,6 +76,10 @@ pub use crate::usage::{tree_usage, TreeUsage};
 /// lockbox's own `/dev`, bound read-only whatever the policy grants).
 pub const AGENT_PATH: &str = plan::HELPER_PATH;
 
+/// The sandbox's nameserver under an allow-list (its `/etc/resolv.conf`): lockbox's
+/// resolver, a socket of the network supervisor bound in the sandbox's own namespace.
+pub const DNS_ADDR: [u8; 4] = [127, 0, 0, 153];
+
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
 pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {
     policy.validate()?;

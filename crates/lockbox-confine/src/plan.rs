@@ -181,6 +181,18 @@ fn net_lines(resolved: &Resolved) -> Vec<String> {
         .to_owned(),
         "enforced by: seccomp user notification of connect/sendto/sendmsg/sendmmsg; the supervisor decides on its own copies and installs host sockets (SECCOMP_IOCTL_NOTIF_ADDFD)".to_owned(),
     ];
+    if !resolved.net_names.is_empty() {
+        let [a, b, c, d] = crate::DNS_ADDR;
+        lines.push(format!(
+            "resolver: lockbox at {a}.{b}.{c}.{d}:53 (udp+tcp); listed names resolved on the host when asked, every other name NXDOMAIN"
+        ));
+    }
+    for spec in &resolved.net_names {
+        lines.push(format!(
+            "{} (the addresses this sandbox's answers gave)",
+            spec_line(spec)
+        ));
+    }
     for (name, addrs) in &resolved.net_pins {
         let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
         lines.push(format!("pinned {name} = {}", addrs.join(", ")));
@@ -191,6 +203,16 @@ fn net_lines(resolved: &Resolved) -> Vec<String> {
     };
     lines.extend(rules.iter().map(|r| format!("{verb} {r}")));
     lines
+}
+
+fn spec_line(spec: &lockbox_policy::NetSpec) -> String {
+    let proto = spec.proto.map_or("tcp+udp".to_owned(), |p| p.to_string());
+    let host = match &spec.host {
+        lockbox_policy::NetHost::Name(n) => n.clone(),
+        lockbox_policy::NetHost::Subdomains(d) => format!("*.{d}"),
+        lockbox_policy::NetHost::Block(b) => b.to_string(),
+    };
+    format!("allow {proto} {host}:{}", spec.ports)
 }
 
 /// Builds the plan. Pure: no syscalls.

@@ -80,10 +80,11 @@ pub enum Step {
     HideCommandLine,
     NetNamespace,
     Helper,
+    DnsSockets,
 }
 
 impl Step {
-    const ALL: [Step; 35] = [
+    const ALL: [Step; 36] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -119,6 +120,7 @@ impl Step {
         Step::HideCommandLine,
         Step::NetNamespace,
         Step::Helper,
+        Step::DnsSockets,
     ];
 
     pub(crate) fn from_code(code: u32) -> Option<Step> {
@@ -141,6 +143,7 @@ impl Step {
             Step::RemountRootReadonly => "making the new root read-only",
             Step::SetHostname => "setting the hostname",
             Step::LoopbackUp => "bringing up loopback",
+            Step::DnsSockets => "binding lockbox's resolver in the sandbox (127.0.0.153:53)",
             Step::NetNamespace => "creating the network namespace",
             Step::Helper => "running the set-up helper",
             Step::LandlockRuleset => "creating the landlock ruleset",
@@ -218,6 +221,10 @@ impl Go {
 pub struct NetHandover {
     /// The seccomp listener's descriptor in the command child.
     pub listener: i32,
+    /// The resolver's UDP socket in the sandbox's namespace (`-1`: none).
+    pub dns_udp: i32,
+    /// The resolver's TCP listener in the sandbox's namespace (`-1`: none).
+    pub dns_tcp: i32,
 }
 
 /// The supervisor's answer to a [`NetHandover`]: it holds its copy of the listener, so the
@@ -228,13 +235,20 @@ pub struct NetTaken;
 impl NetHandover {
     /// Encodes to the wire form.
     pub fn encode(self) -> [u8; RECORD_LEN] {
-        encode_words([KIND_NET_HANDOVER, self.listener as u32, 0, 0])
+        encode_words([
+            KIND_NET_HANDOVER,
+            self.listener as u32,
+            self.dns_udp as u32,
+            self.dns_tcp as u32,
+        ])
     }
 
     /// Decodes the wire form; `None` for garbage.
     pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<NetHandover> {
         (decode_word(bytes, 0) == KIND_NET_HANDOVER).then(|| NetHandover {
             listener: decode_word(bytes, 1) as i32,
+            dns_udp: decode_word(bytes, 2) as i32,
+            dns_tcp: decode_word(bytes, 3) as i32,
         })
     }
 }
@@ -344,7 +358,11 @@ mod tests {
 
     #[test]
     fn the_network_handover_round_trips_and_is_nothing_else() {
-        let handover = NetHandover { listener: 7 };
+        let handover = NetHandover {
+            listener: 7,
+            dns_udp: -1,
+            dns_tcp: 9,
+        };
         assert_eq!(NetHandover::decode(&handover.encode()), Some(handover));
         assert_eq!(NetTaken::decode(&NetTaken.encode()), Some(NetTaken));
         assert_eq!(NetTaken::decode(&handover.encode()), None);

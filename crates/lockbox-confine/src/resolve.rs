@@ -2,7 +2,9 @@
 //! which `/etc` secrets exist. The only part of planning that reads the filesystem.
 
 use crate::error::SetupError;
-use lockbox_policy::{ListKind, Net, NetHost, NetRule, Policy, DEFAULT_READS, ETC_SECRETS};
+use lockbox_policy::{
+    ListKind, Net, NetHost, NetRule, NetSpec, Policy, DEFAULT_READS, ETC_SECRETS,
+};
 use std::ffi::OsString;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -57,8 +59,14 @@ pub struct Resolved {
     /// Most pseudo-terminals the sandbox's devpts instance may hold (its `max=`), see
     /// [`pty_share`].
     pub ptys: u64,
-    /// Hostnames of the network lists, resolved once and pinned (shown in `/etc/hosts`).
+    /// Hostnames of a deny-list, resolved once and pinned (shown in `/etc/hosts`).
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
+    /// The specs of an allow-list that name hosts (`example.org:443`, `*.example.org:*`):
+    /// resolved by lockbox's resolver when the sandbox asks, see [`crate::DNS_ADDR`].
+    pub net_names: Vec<NetSpec>,
+    /// A hosts(5) file lockbox's resolver reads before the host's resolver, named by the
+    /// environment variable [`HOSTS_FILE_VAR`] (a hook for tests).
+    pub net_hosts_file: Option<PathBuf>,
     /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
     /// A host executable bound at [`crate::AGENT_PATH`] (the runtime's agent).
@@ -67,6 +75,11 @@ pub struct Resolved {
     /// [`TERMINAL_PATH`], see [`terminal`].
     pub terminal: Option<PathBuf>,
 }
+
+/// The environment variable naming a hosts(5) file that lockbox's resolver consults before
+/// the host's resolver (which has the host's `/etc/hosts` too): names made resolvable for
+/// one run without touching the host's configuration. Read afresh for every query.
+pub const HOSTS_FILE_VAR: &str = "LOCKBOX_NET_HOSTS_FILE";
 
 /// Where the caller's terminal appears inside (runc and Docker use the same name).
 pub const TERMINAL_PATH: &str = "/dev/console";
@@ -216,13 +229,16 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
                 .iter()
                 .flat_map(|spec| {
                     let addrs = match &spec.host {
+                        // An allow-list's names are allowed address by address, as
+                        // lockbox's resolver answers them (netsup::dns).
+                        NetHost::Name(_) if kind == ListKind::Allow => Vec::new(),
                         NetHost::Name(n) => out
                             .net_pins
                             .iter()
                             .find(|(name, _)| name == n)
                             .map(|(_, a)| a.clone())
                             .unwrap_or_default(),
-                        NetHost::Block(_) => Vec::new(),
+                        NetHost::Subdomains(_) | NetHost::Block(_) => Vec::new(),
                     };
                     spec.rules(&addrs)
                 })
@@ -231,6 +247,16 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         }
         Net::None | Net::Host => None,
     };
+    if let Net::Allow(specs) = &policy.net {
+        out.net_names = specs
+            .iter()
+            .filter(|s| !matches!(s.host, NetHost::Block(_)))
+            .cloned()
+            .collect();
+        out.net_hosts_file = std::env::var_os(HOSTS_FILE_VAR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+    }
     out.etc_files = etc_files(policy, &out.net_pins);
     out.cwd = match &policy.cwd {
         Some(cwd) => cwd.clone(),
@@ -571,11 +597,15 @@ pub fn etc_secrets_present(etc: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Resolves the hostnames of a network list once (the system resolver, as the caller
-/// would), so the sandbox's rules and `/etc/hosts` agree for its whole life.
+/// Resolves the hostnames of a deny-list once (the system resolver, as the caller would),
+/// so the sandbox's rules and `/etc/hosts` agree for its whole life. (An allow-list's are
+/// resolved when the sandbox asks.)
 fn pin_names(net: &Net) -> Result<Vec<(String, Vec<IpAddr>)>, SetupError> {
     let mut pins: Vec<(String, Vec<IpAddr>)> = Vec::new();
-    for spec in net.specs() {
+    let Net::Deny(specs) = net else {
+        return Ok(pins);
+    };
+    for spec in specs {
         let NetHost::Name(name) = &spec.host else {
             continue;
         };
@@ -609,9 +639,23 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
     let hosts = match &policy.net {
         // Without a network only loopback exists: say so, and resolve our own name.
         Net::None => loopback.into_bytes(),
-        // Names of the list are pinned: the addresses the rules were made from come first,
-        // so lookups inside agree with the rules (there is no DNS inside an allow-list).
-        Net::Allow(_) | Net::Deny(_) => {
+        // An allow-list's resolver is lockbox (the network supervisor, at DNS_ADDR): it
+        // answers the listed names and nothing else.
+        Net::Allow(_) => {
+            let [a, b, c, d] = crate::DNS_ADDR;
+            files.push((
+                "resolv.conf".to_owned(),
+                format!(
+                    "# lockbox's resolver: it answers the names of the network allow-list\n\
+                     nameserver {a}.{b}.{c}.{d}\n"
+                )
+                .into_bytes(),
+            ));
+            loopback.into_bytes()
+        }
+        // A deny-list's names are pinned: the addresses the rules were made from come
+        // first, so lookups inside agree with the rules.
+        Net::Deny(_) => {
             let mut hosts = String::from("# names of the network policy, pinned by lockbox\n");
             for (host, addrs) in pins {
                 for a in addrs {
@@ -619,10 +663,8 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
                 }
             }
             hosts.push_str(&loopback);
-            if matches!(policy.net, Net::Deny(_)) {
-                if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
-                    files.push(("resolv.conf".to_owned(), resolv));
-                }
+            if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
+                files.push(("resolv.conf".to_owned(), resolv));
             }
             hosts.into_bytes()
         }

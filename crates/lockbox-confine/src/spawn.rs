@@ -568,7 +568,7 @@ fn launch(
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
-    let (supervisor, net_child) = start_net_supervisor(resolved.net_rules.clone())?;
+    let (supervisor, net_child) = start_net_supervisor(&resolved)?;
     let cgroup_fds = limits
         .cgroups
         .as_ref()
@@ -594,7 +594,11 @@ fn launch(
         network: NetEnforcement::of(&policy.net),
     };
     let layout = crate::proctitle::Layout::of_self()?;
-    let helper_job = child::Alongside::new(limits.user_sysctls.clone(), policy.net.own_namespace());
+    let helper_job = child::Alongside::new(
+        limits.user_sysctls.clone(),
+        policy.net.own_namespace(),
+        matches!(policy.net, lockbox_policy::Net::Allow(_)),
+    );
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -747,9 +751,9 @@ fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
 /// For a network list: checks the kernel, starts the supervisor thread, and returns it
 /// with the child's end of the socket the command announces its filter on.
 fn start_net_supervisor(
-    rules: Option<(lockbox_policy::ListKind, Vec<lockbox_policy::NetRule>)>,
+    resolved: &resolve::Resolved,
 ) -> Result<(Option<Supervisor>, Option<OwnedFd>), SetupError> {
-    let Some((kind, rules)) = rules else {
+    let Some((kind, rules)) = resolved.net_rules.clone() else {
         return Ok((None, None));
     };
     let host_cookie = netsup::probe()?;
@@ -757,7 +761,13 @@ fn start_net_supervisor(
         what: "creating the network supervisor socket",
         errno,
     })?;
-    let supervisor = netsup::start(NetRules { kind, rules }, host_cookie, ours)?;
+    let rules = NetRules {
+        kind,
+        rules,
+        names: resolved.net_names.clone(),
+        hosts_file: resolved.net_hosts_file.clone(),
+    };
+    let supervisor = netsup::start(rules, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
 }
 

@@ -41,7 +41,8 @@ pub use crate::limits::{
     Limits, DEFAULT_TMPFS_INODES, MEMORY_PER_TMPFS_INODE, UPPER_BYTES_PER_INODE, UPPER_OWN_INODES,
 };
 pub use crate::net::{
-    canonical, route, IpNet, ListKind, Net, NetHost, NetRule, NetSpec, Ports, Proto, Route,
+    canonical, normalize_name, route, IpNet, ListKind, Net, NetHost, NetRule, NetSpec, Ports,
+    Proto, Route,
 };
 pub use crate::units::{parse_duration, plural, ByteSize, HumanBytes, HumanDuration};
 pub use lockbox_codes::{ErrorCode, Family};
@@ -159,6 +160,19 @@ impl Policy {
             });
         }
         validate_hostname(&self.hostname)?;
+        if let Net::Deny(specs) = &self.net {
+            if let Some(wild) = specs
+                .iter()
+                .find(|s| matches!(s.host, NetHost::Subdomains(_)))
+            {
+                return Err(PolicyError::BadNetSpec {
+                    spec: wild.to_string(),
+                    reason: "'*.' names are for --net-allow only: a deny-list resolves its names \
+                             once at start, and a wildcard has no addresses to deny"
+                        .into(),
+                });
+            }
+        }
         for &fd in &self.pass_fds {
             if fd <= 2 {
                 return Err(PolicyError::Invalid {
@@ -198,6 +212,17 @@ fn validate_hostname(name: &str) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deny_list_refuses_wildcards_by_name() {
+        let policy = Policy {
+            net: Net::Deny(vec![NetSpec::parse("*.example.org:443").unwrap()]),
+            ..Policy::default()
+        };
+        let err = policy.validate().unwrap_err();
+        assert!(err.to_string().contains("*.example.org:443"), "{err}");
+        assert!(err.to_string().contains("--net-allow only"), "{err}");
+    }
 
     #[test]
     fn default_policy_is_valid_and_has_no_network() {

@@ -2,8 +2,9 @@
 //! specs the lists hold ([`NetSpec`], parsed by [`NetSpec::parse`]), their resolved form
 //! ([`NetRule`]) and the one decision every intercepted call asks ([`route`]).
 //!
-//! Pure: hostnames are resolved by `lockbox-confine` at sandbox start, which turns each
-//! [`NetSpec`] into [`NetRule`]s with [`NetSpec::rules`].
+//! Pure: names are matched here ([`NetSpec::matches_name`], [`normalize_name`]) and resolved
+//! by `lockbox-confine`: an allow-list's names when the sandbox asks its resolver (lockbox),
+//! a deny-list's once at sandbox start ([`NetSpec::rules`]).
 
 use crate::error::PolicyError;
 use serde::{Deserialize, Serialize};
@@ -171,15 +172,19 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 /// The host part of a spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetHost {
-    /// A name, resolved once at sandbox start and pinned.
+    /// A name (lower-case ASCII, IDNA-converted, no trailing dot): that name only.
     Name(String),
+    /// `*.NAME`: every name below NAME (any depth), not NAME itself.
+    Subdomains(String),
     /// An address or block.
     Block(IpNet),
 }
 
 /// One destination of `--net-allow` / `--net-deny`: `[tcp://|udp://]HOST:PORTS`, where HOST
-/// is a name, an IPv4 address or CIDR block, or an IPv6 address or block in brackets, and
-/// PORTS is a port, a range `A-B` or `*`. No scheme means both TCP and UDP.
+/// is a name (`example.org`), every subdomain of a name (`*.example.org`), an IPv4 address
+/// or CIDR block, or an IPv6 address or block in brackets, and PORTS is a port, a range
+/// `A-B` or `*`. No scheme means both TCP and UDP. Names are case-insensitive, may end in
+/// one dot, and may be internationalised (converted to ASCII with IDNA).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetSpec {
     /// `None`: TCP and UDP.
@@ -238,7 +243,9 @@ impl NetSpec {
     pub fn rules(&self, addrs: &[IpAddr]) -> Vec<NetRule> {
         let blocks = match &self.host {
             NetHost::Block(b) => vec![*b],
-            NetHost::Name(_) => addrs.iter().map(|a| IpNet::host(canonical(*a))).collect(),
+            NetHost::Name(_) | NetHost::Subdomains(_) => {
+                addrs.iter().map(|a| IpNet::host(canonical(*a))).collect()
+            }
         };
         blocks
             .into_iter()
@@ -249,6 +256,54 @@ impl NetSpec {
             })
             .collect()
     }
+}
+
+impl NetSpec {
+    /// Whether a name the sandbox looks up is covered by this spec's host: `example.org`
+    /// covers itself, `*.example.org` every name below it but not itself. The name is
+    /// compared as [`normalize_name`] makes it; one that does not normalise matches nothing.
+    pub fn matches_name(&self, name: &str) -> bool {
+        let Some(name) = normalize_name(name) else {
+            return false;
+        };
+        match &self.host {
+            NetHost::Name(n) => *n == name,
+            NetHost::Subdomains(d) => name
+                .strip_suffix(d.as_str())
+                .and_then(|rest| rest.strip_suffix('.'))
+                .is_some_and(|label| !label.is_empty()),
+            NetHost::Block(_) => false,
+        }
+    }
+}
+
+/// A hostname as lists compare it: one trailing dot dropped, converted to ASCII with IDNA
+/// (UTS #46, which also lower-cases), and checked against RFC 1123 (labels of letters,
+/// digits and inner hyphens, at most 63 bytes each, 253 in all; the last label not all
+/// digits, which would be a mistyped address). `None` if it is not such a name.
+pub fn normalize_name(name: &str) -> Option<String> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.ends_with('.') {
+        return None;
+    }
+    let ascii = if name.is_ascii() {
+        name.to_ascii_lowercase()
+    } else {
+        idna::domain_to_ascii_strict(name).ok()?
+    };
+    let valid = ascii.len() <= 253
+        && ascii.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+        && !ascii
+            .rsplit('.')
+            .next()
+            .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    valid.then_some(ascii)
 }
 
 fn split_prefix(s: &str, max: u8) -> Result<(&str, u8), String> {
@@ -282,23 +337,19 @@ fn parse_host(host: &str) -> Result<NetHost, String> {
     if let Ok(addr) = host.parse::<Ipv4Addr>() {
         return Ok(NetHost::Block(IpNet::host(IpAddr::V4(addr))));
     }
-    // RFC 1123 names; an all-numeric last label would be a mistyped address.
-    let valid = host.len() <= 253
-        && host.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
-        && !host
-            .rsplit('.')
-            .next()
-            .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
-    if valid {
-        Ok(NetHost::Name(host.to_ascii_lowercase()))
-    } else {
-        Err(format!("{host:?} is not a hostname or an IPv4 address"))
+    let (wild, name) = match host.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, host),
+    };
+    if name.contains('*') {
+        return Err(format!(
+            "{host:?}: '*' may only stand for the subdomains of a name, as in *.example.org"
+        ));
+    }
+    match normalize_name(name) {
+        Some(n) if wild => Ok(NetHost::Subdomains(n)),
+        Some(n) => Ok(NetHost::Name(n)),
+        None => Err(format!("{host:?} is not a hostname or an IPv4 address")),
     }
 }
 
@@ -337,6 +388,7 @@ impl fmt::Display for NetSpec {
         }
         match &self.host {
             NetHost::Name(n) => write!(f, "{n}:{}", self.ports),
+            NetHost::Subdomains(d) => write!(f, "*.{d}:{}", self.ports),
             NetHost::Block(b) => write!(f, "{b}:{}", self.ports),
         }
     }
@@ -579,6 +631,60 @@ mod tests {
         assert!(err.to_string().contains("pypi.org"), "{err}");
     }
 
+    #[test]
+    fn wildcards_cover_subdomains_but_not_the_apex() {
+        let wild = spec("*.example.org:443");
+        assert_eq!(wild.host, NetHost::Subdomains("example.org".into()));
+        assert_eq!(wild.to_string(), "*.example.org:443");
+        for yes in [
+            "a.example.org",
+            "a.b.example.org",
+            "A.Example.ORG",
+            "a.example.org.",
+        ] {
+            assert!(wild.matches_name(yes), "{yes}");
+        }
+        for no in [
+            "example.org",
+            "example.org.",
+            "aexample.org",
+            "example.org.evil",
+            ".example.org",
+            "a..example.org",
+            "",
+        ] {
+            assert!(!wild.matches_name(no), "{no}");
+        }
+        let apex = spec("Example.ORG.:443");
+        assert_eq!(apex.host, NetHost::Name("example.org".into()));
+        assert!(apex.matches_name("EXAMPLE.org."));
+        assert!(!apex.matches_name("a.example.org"));
+    }
+
+    #[test]
+    fn internationalised_names_are_compared_in_ascii() {
+        let s = spec("*.bücher.example:443");
+        assert_eq!(s.to_string(), "*.xn--bcher-kva.example:443");
+        assert!(s.matches_name("shop.xn--bcher-kva.example"));
+        assert!(s.matches_name("shop.BÜCHER.example"));
+        assert_eq!(spec(&s.to_string()), s);
+    }
+
+    #[test]
+    fn misplaced_wildcards_are_refused_by_name() {
+        for input in [
+            "*:443",
+            "a.*.org:443",
+            "*example.org:443",
+            "**.org:443",
+            "*.:443",
+            "*.1.2.3.4:80",
+        ] {
+            let err = NetSpec::parse(input).unwrap_err().to_string();
+            assert!(err.contains(input), "{input}: {err}");
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn parse_never_panics_and_display_round_trips(s in "\\PC{0,40}") {
@@ -608,6 +714,43 @@ mod tests {
                 ports: Ports::Range(lo, lo.saturating_add(span)),
             };
             proptest::prop_assert_eq!(NetSpec::parse(&s.to_string()).unwrap(), s);
+        }
+
+        #[test]
+        fn a_wildcard_matches_exactly_the_names_below_it(
+            labels in proptest::collection::vec("[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", 1..4),
+            domain in proptest::collection::vec("[a-z]([a-z0-9-]{0,8}[a-z0-9])?", 1..4),
+            flips in proptest::collection::vec(proptest::bool::ANY, 64),
+            dot in proptest::bool::ANY,
+        ) {
+            let domain = domain.join(".");
+            let below = format!("{}.{domain}", labels.join("."));
+            // Case flipped at random, and maybe one trailing dot: the same name.
+            let shout = |n: &str| -> String {
+                let mut out: String = n.chars().zip(flips.iter().cycle())
+                    .map(|(c, &f)| if f { c.to_ascii_uppercase() } else { c })
+                    .collect();
+                if dot { out.push('.'); }
+                out
+            };
+            let wild = NetSpec::parse(&format!("*.{domain}:443")).unwrap();
+            let apex = NetSpec::parse(&format!("{domain}:443")).unwrap();
+            proptest::prop_assert!(wild.matches_name(&shout(&below)));
+            proptest::prop_assert!(!wild.matches_name(&shout(&domain)));
+            proptest::prop_assert!(apex.matches_name(&shout(&domain)));
+            proptest::prop_assert!(!apex.matches_name(&shout(&below)));
+            // A name that merely ends with the same letters is not below it.
+            let glued = format!("{}{domain}", labels.join("."));
+            proptest::prop_assert!(!wild.matches_name(&glued));
+            proptest::prop_assert_eq!(NetSpec::parse(&wild.to_string()).unwrap(), wild);
+        }
+
+        #[test]
+        fn name_matching_never_panics(pattern in "\\PC{0,30}", name in "\\PC{0,30}") {
+            if let Ok(s) = NetSpec::parse(&format!("{pattern}:1")) {
+                let _ = s.matches_name(&name);
+            }
+            let _ = normalize_name(&name);
         }
     }
 }

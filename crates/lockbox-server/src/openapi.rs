@@ -669,7 +669,15 @@ fn schemas() -> Value {
         "Health": { "type": "object", "properties": { "status": string, "version": string } },
         "CreateSandbox": object(json!({
             "fs_readable": strings, "fs_writable": strings, "default_reads": boolean,
-            "net": { "type": "string", "enum": ["none", "host"] },
+            "net": { "oneOf": [
+                { "type": "string", "enum": ["none", "host"] },
+                { "type": "object", "required": ["allow"], "additionalProperties": false,
+                  "properties": { "allow": strings },
+                  "description": "Only these destinations ([tcp://|udp://]HOST:PORTS; HOST a name, *.name for its subdomains, an address or block). The sandbox's resolver is lockbox: listed names are resolved when asked, other names get NXDOMAIN, and an address opens once an answer gave it." },
+                { "type": "object", "required": ["deny"], "additionalProperties": false,
+                  "properties": { "deny": strings },
+                  "description": "The host's network except these destinations (names resolved once at start; no *. names)." }
+            ] },
             "max_memory": size, "max_processes": { "type": "integer", "minimum": 1 },
             "max_open_files": { "type": "integer", "minimum": 1 }, "max_file_size": size,
             "max_inodes": { "type": "integer", "minimum": 1 },

@@ -4,7 +4,7 @@
 use super::call::{parse_sockaddr, Call};
 use super::{Shared, DENIED_LISTED};
 use crate::sysnet;
-use lockbox_policy::{route, Proto, Route};
+use lockbox_policy::{route, ListKind, Proto, Route};
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
 
@@ -122,10 +122,18 @@ pub(super) fn decide(
             (local_or_own(stable), None)
         };
     };
-    let action = match (
-        route(shared.rules.kind, &shared.rules.rules, proto, dest),
-        sock.host,
-    ) {
+    let mut routed = route(shared.rules.kind, &shared.rules.rules, proto, dest);
+    if routed == Route::Denied && shared.rules.kind == ListKind::Allow {
+        // An address one of this sandbox's DNS answers gave for a listed name.
+        let learned = shared
+            .learned
+            .lock()
+            .is_ok_and(|l| l.rules().iter().any(|r| r.matches(proto, dest)));
+        if learned {
+            routed = Route::Host;
+        }
+    }
+    let action = match (routed, sock.host) {
         (Route::Denied, _) | (Route::Inside, true) => Action::Fail(libc::EACCES),
         (Route::Inside, false) => local_or_own(stable),
         (Route::Host, true) => Action::Perform,
@@ -144,6 +152,30 @@ pub(super) fn record_denied(shared: &Shared, call: &Call, sock: &Sock, dest: Opt
         let dest = dest.map_or("(no address)".to_owned(), |d| d.to_string());
         r.denied_first
             .push(format!("{} {proto} {dest}", call.name()));
+    }
+}
+
+/// A DNS query for a name the list does not hold (answered `NXDOMAIN`).
+pub(super) fn record_denied_name(shared: &Shared, name: &str) {
+    let Ok(mut r) = shared.report.lock() else {
+        return;
+    };
+    r.denied += 1;
+    if r.denied_first.len() < DENIED_LISTED {
+        let shown: String = name.chars().take(80).collect();
+        r.denied_first.push(format!("dns {shown}"));
+    }
+}
+
+/// An address of the host's own that a listed name resolved to, left out of the answer.
+pub(super) fn record_rebinding(shared: &Shared, name: &str, ip: std::net::IpAddr) {
+    let Ok(mut r) = shared.report.lock() else {
+        return;
+    };
+    r.dns_rebinding_refused += 1;
+    if r.denied_first.len() < DENIED_LISTED {
+        r.denied_first
+            .push(format!("dns {name} -> {ip} (host-internal)"));
     }
 }
 
@@ -170,7 +202,6 @@ pub(super) fn single_threaded(tid: libc::pid_t) -> bool {
 mod tests {
     use super::super::NetRules;
     use super::*;
-    use lockbox_policy::ListKind;
     use std::sync::Arc;
 
     fn v4(addr: &str) -> Vec<u8> {
@@ -208,9 +239,12 @@ mod tests {
                 rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
                     .unwrap()
                     .rules(&[]),
+                names: Vec::new(),
+                hosts_file: None,
             },
             host_cookie: 0,
             report: Arc::default(),
+            learned: Default::default(),
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {

@@ -27,12 +27,18 @@
 //! [`MAX_SEND`] bytes of data per call, into one buffer. What it can hold at most does not
 //! depend on what the command does: see [`SEND_SLOTS`], [`CONNECT_SLOTS`], [`MAX_PARKED`].
 //!
+//! **Names.** Under an allow-list the sandbox's resolver is this supervisor ([`dns`]): it
+//! answers the listed names with the host's resolver and every other name `NXDOMAIN`, and a
+//! connection to an address it answered is allowed on the ports of the name's specs, for
+//! this sandbox only. Address rules are matched as they are; names never pin addresses.
+//!
 //! **Nothing borrowed.** The thread drops its capabilities before it takes the first call,
 //! and forwards only the control messages and flags that need no privilege ([`control`]).
 
 mod call;
 mod control;
 mod decide;
+mod dns;
 mod filter;
 mod perform;
 mod serve;
@@ -44,7 +50,7 @@ use crate::error::SetupError;
 use crate::report::{NetHandover, NetTaken, RECORD_LEN};
 use crate::sys::Errno;
 use crate::sysnet;
-use lockbox_policy::{ListKind, NetRule};
+use lockbox_policy::{ListKind, NetRule, NetSpec};
 use serde::Serialize;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -88,8 +94,13 @@ pub struct NetReport {
     pub host_connections: u64,
     /// Attempts refused by the policy.
     pub denied: u64,
-    /// The first few refused attempts (`"connect tcp 10.0.0.1:80"`).
+    /// The first few refused attempts (`"connect tcp 10.0.0.1:80"`, `"dns evil.example"`).
     pub denied_first: Vec<String>,
+    /// DNS queries for listed names that lockbox's resolver answered.
+    pub dns_answered: u64,
+    /// Addresses of the host's own (loopback, link-local...) that listed names resolved to
+    /// and lockbox left out of its answers.
+    pub dns_rebinding_refused: u64,
 }
 
 /// The rules a supervisor enforces.
@@ -97,8 +108,13 @@ pub struct NetReport {
 pub struct NetRules {
     /// Allow- or deny-list.
     pub kind: ListKind,
-    /// Resolved rules.
+    /// Resolved rules: an allow-list's address rules (its names are [`NetRules::names`]).
     pub rules: Vec<NetRule>,
+    /// An allow-list's specs that name hosts, answered by lockbox's resolver.
+    pub names: Vec<NetSpec>,
+    /// The hosts file the resolver reads first (the test hook of
+    /// [`crate::resolve::HOSTS_FILE_VAR`]).
+    pub hosts_file: Option<std::path::PathBuf>,
 }
 
 /// A running supervisor thread; dropping it stops the thread.
@@ -190,6 +206,7 @@ pub fn start(
         rules,
         host_cookie,
         report: report.clone(),
+        learned: Mutex::default(),
     };
     let (dropped_tx, dropped_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
@@ -205,8 +222,12 @@ pub fn start(
             if !ok {
                 return;
             }
-            if let Some(listener) = accept_listener(&channel, &stop_rx) {
-                serve::serve(shared, listener, &stop_rx);
+            if let Some((listener, dns)) = accept_listener(&channel, &stop_rx) {
+                // Started here, so the resolver thread has this thread's capabilities.
+                let dns = dns.and_then(|(udp, tcp)| {
+                    dns::Dns::new(udp, tcp, shared.rules.hosts_file.clone())
+                });
+                serve::serve(shared, listener, dns, &stop_rx);
             }
         })
         .map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EAGAIN))))?;
@@ -232,6 +253,8 @@ struct Shared {
     rules: NetRules,
     host_cookie: u64,
     report: Arc<Mutex<NetReport>>,
+    /// What this sandbox's DNS answers allowed.
+    learned: Mutex<dns::Learned>,
 }
 
 fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
@@ -258,8 +281,11 @@ fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
 
 /// Receives the listener's number ([`NetHandover`]) and the child's pid, takes a copy of the
 /// listener with `pidfd_getfd`, and answers [`NetTaken`] (the child closes its copy and goes
-/// on to `execve`).
-fn accept_listener(channel: &OwnedFd, stop: &UnixStream) -> Option<OwnedFd> {
+/// on to `execve`). With it come copies of the resolver's sockets, when there are any.
+fn accept_listener(
+    channel: &OwnedFd,
+    stop: &UnixStream,
+) -> Option<(OwnedFd, Option<(OwnedFd, OwnedFd)>)> {
     let (_, stopped) = poll2(channel.as_raw_fd(), stop.as_raw_fd())?;
     if stopped != 0 {
         return None;
@@ -269,8 +295,16 @@ fn accept_listener(channel: &OwnedFd, stop: &UnixStream) -> Option<OwnedFd> {
     let handover = NetHandover::decode(&buf).filter(|_| n == RECORD_LEN)?;
     let pidfd = sysnet::pidfd_open(pid?, false).ok()?;
     let listener = sysnet::pidfd_getfd(&pidfd, handover.listener).ok()?;
+    let dns = if handover.dns_udp >= 0 && handover.dns_tcp >= 0 {
+        Some((
+            sysnet::pidfd_getfd(&pidfd, handover.dns_udp).ok()?,
+            sysnet::pidfd_getfd(&pidfd, handover.dns_tcp).ok()?,
+        ))
+    } else {
+        None
+    };
     // Best effort: a faster round trip where the kernel has it (Linux 6.6).
     let _ = sysnet::notif_sync_wakeup(&listener);
     crate::sys::write_all(channel.as_raw_fd(), &NetTaken.encode()).ok()?;
-    Some(listener)
+    Some((listener, dns))
 }

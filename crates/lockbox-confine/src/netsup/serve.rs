@@ -12,6 +12,7 @@
 
 use super::call::{read_call, Call};
 use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action};
+use super::dns::Dns;
 use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
 use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
 use crate::sys::Errno;
@@ -22,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 /// Runs until `stop` is closed or every process under the filter is gone.
-pub(super) fn serve(shared: Shared, listener: OwnedFd, stop: &UnixStream) {
+pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, stop: &UnixStream) {
     let mut calls = Calls {
         shared,
         listener,
@@ -35,7 +36,12 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, stop: &UnixStream) {
     let mut fds = Vec::new();
     loop {
         calls.expire(Instant::now());
-        let timeout = calls.timeout(Instant::now());
+        let mut timeout = calls.timeout(Instant::now());
+        if let Some(at) = dns.as_ref().and_then(Dns::next_deadline) {
+            let ms = at.saturating_duration_since(Instant::now()).as_millis() + 1;
+            let ms = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
+            timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+        }
         fds.clear();
         fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
         let accepting = calls.parked.len() < MAX_PARKED;
@@ -47,6 +53,10 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, stop: &UnixStream) {
             fds.push(pollfd(w.fd(), libc::POLLOUT));
             fds.push(pollfd(w.pidfd.as_raw_fd(), libc::POLLIN));
         }
+        let dns_at = fds.len();
+        if let Some(d) = &dns {
+            d.pollfds(&mut fds);
+        }
         match crate::sys::poll(&mut fds, timeout) {
             Ok(_) | Err(Errno(libc::EINTR)) => {}
             Err(_) => return,
@@ -54,7 +64,10 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, stop: &UnixStream) {
         if fds[0].revents != 0 {
             return;
         }
-        let ready: Vec<(bool, bool)> = fds[2..]
+        if let Some(d) = &mut dns {
+            d.ready(&calls.shared, &fds[dns_at..]);
+        }
+        let ready: Vec<(bool, bool)> = fds[2..dns_at]
             .chunks_exact(2)
             .map(|p| (p[0].revents != 0, p[1].revents != 0))
             .collect();

@@ -1,0 +1,546 @@
+//! End-to-end tests of names in `--net-allow`: lockbox's resolver (the sandbox's
+//! nameserver), wildcards, addresses allowed only once answered, NXDOMAIN for every other
+//! name (never asked upstream), DNS over TCP, rebinding onto the host's loopback.
+//!
+//! The destinations are a network namespace each test makes (a veth pair with addresses of
+//! the benchmarking range 198.18.0.0/15; nothing else outside is used), with TCP servers and
+//! a DNS server ("upstream") in it. Names are made resolvable with the hosts file of
+//! `LOCKBOX_NET_HOSTS_FILE`, or through the upstream DNS server: lockbox then runs in a
+//! mount namespace of its own whose `/etc/resolv.conf` names it. Making the namespace
+//! needs root; as another user the tests say so and pass. Each scenario runs as root and
+//! as uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{binary, lockbox, scratch, text, users, User};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn root() -> bool {
+    uid() == 0
+}
+
+fn uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next().map(|u| u.parse().unwrap()))
+        .unwrap()
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", text(&out));
+}
+
+/// A network namespace with one veth link to the host: the host side is `.1`, the
+/// namespace `.2` of a /30 in 198.19.0.0/16 (part of 198.18.0.0/15).
+struct TestNet {
+    ns: String,
+    ip: String,
+    services: Child,
+    dir: tempfile::TempDir,
+}
+
+impl TestNet {
+    fn new() -> TestNet {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let slot = (pid % 60) * 4 + n % 4;
+        let (a, b) = (slot / 256, slot % 256);
+        let id = format!("{}{}", pid % 100_000, n);
+        let ns = format!("lbxnames{id}");
+        let (host_if, peer_if) = (format!("lbxh{id}"), format!("lbxp{id}"));
+        let (host_ip, ip) = (
+            format!("198.19.{}.{}", a * 4 + b / 64, (b % 64) * 4 + 1),
+            format!("198.19.{}.{}", a * 4 + b / 64, (b % 64) * 4 + 2),
+        );
+        sh(&["ip", "netns", "add", &ns]);
+        sh(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
+        ]);
+        sh(&["ip", "link", "set", &peer_if, "netns", &ns]);
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{host_ip}/30"),
+            "dev",
+            &host_if,
+        ]);
+        sh(&["ip", "link", "set", &host_if, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["ip", "netns", "exec", ns.as_str()];
+            all.extend_from_slice(args);
+            sh(&all);
+        };
+        inside(&["ip", "addr", "add", &format!("{ip}/30"), "dev", &peer_if]);
+        inside(&["ip", "link", "set", &peer_if, "up"]);
+        inside(&["ip", "link", "set", "lo", "up"]);
+        let dir = scratch();
+        let log = dir.path().join("upstream.log");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/upstream.py");
+        let mut services = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3"])
+            .arg(&script)
+            .arg(&ip)
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(services.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        TestNet {
+            ns,
+            ip,
+            services,
+            dir,
+        }
+    }
+
+    /// The names the upstream DNS server was asked, in order.
+    fn upstream_asked(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("upstream.log"))
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A hosts file (readable by every test user) with `lines`.
+    fn hosts(&self, lines: &str) -> PathBuf {
+        let path = self.dir.path().join("hosts");
+        std::fs::write(&path, lines).unwrap();
+        path
+    }
+
+    /// A copy of the host's `/etc` whose `resolv.conf` names the upstream DNS server (the
+    /// whole directory, not the one file: lockbox's `/etc` overlay cannot be built over a
+    /// file bind-mounted inside `/etc`).
+    fn etc_with_upstream(&self) -> PathBuf {
+        let etc = self.dir.path().join("etc");
+        let status = Command::new("cp")
+            .args(["-a", "/etc"])
+            .arg(&etc)
+            .status()
+            .unwrap();
+        assert!(status.success(), "copying /etc");
+        let resolv = etc.join("resolv.conf");
+        let _ = std::fs::remove_file(&resolv); // it may be a symlink
+        let conf = format!("nameserver {}\noptions attempts:1\n", self.ip);
+        std::fs::write(&resolv, conf).unwrap();
+        etc
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = self.services.kill();
+        let _ = self.services.wait();
+        // Deleting the namespace deletes the veth pair.
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+/// The client, copied into a directory every test user can read (the checkout may be
+/// under one only root can enter).
+fn client_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/client.py");
+        std::fs::copy(src, dir.path().join("client.py")).unwrap();
+        dir
+    })
+    .path()
+}
+
+fn client() -> String {
+    client_dir().join("client.py").to_str().unwrap().to_owned()
+}
+
+/// Runs the client's `ops` in a sandbox with `net` options; returns `op -> result` lines.
+/// `hosts`: the resolver's hosts file. `etc`: lockbox itself runs with this directory over
+/// the host's `/etc` (in a mount namespace of its own).
+fn run(
+    user: User,
+    net: &[String],
+    hosts: Option<&Path>,
+    etc: Option<&Path>,
+    ops: &[String],
+) -> Vec<(String, String)> {
+    let dir = client_dir();
+    let mut args: Vec<String> = vec!["run".into(), "-r".into(), dir.to_str().unwrap().into()];
+    args.extend(net.iter().cloned());
+    args.extend(["--".into(), "python3".into(), client()]);
+    args.extend(ops.iter().cloned());
+    let out = match etc {
+        None => {
+            let mut cmd = common::command_as(user);
+            if let Some(h) = hosts {
+                cmd.env("LOCKBOX_NET_HOSTS_FILE", h);
+            }
+            cmd.args(&args).current_dir("/").output().unwrap()
+        }
+        Some(etc) => {
+            // Root makes the mount namespace; uid 65534 runs lockbox in it.
+            let mut cmd = Command::new("unshare");
+            cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+                .arg("mount --bind \"$0\" /etc && exec \"$@\"")
+                .arg(etc);
+            if let User::Nobody = user {
+                cmd.args([
+                    "setpriv",
+                    "--reuid",
+                    "65534",
+                    "--regid",
+                    "65534",
+                    "--clear-groups",
+                ]);
+            }
+            cmd.arg(binary()).args(&args).current_dir("/");
+            if let Some(h) = hosts {
+                cmd.env("LOCKBOX_NET_HOSTS_FILE", h);
+            }
+            cmd.output().unwrap()
+        }
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{user:?} {net:?}: {}",
+        text(&out)
+    );
+    let lines: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (op, result) = l.split_once(' ').unwrap();
+            (op.to_owned(), result.to_owned())
+        })
+        .collect();
+    assert_eq!(lines.len(), ops.len(), "{}", text(&out));
+    lines
+}
+
+fn expect(lines: &[(String, String)], want: &[(&str, &str)], user: User) {
+    for ((op, got), (wop, wres)) in lines.iter().zip(want) {
+        assert_eq!(op, wop);
+        assert_eq!(got, wres, "{user:?}: {op} (all: {lines:#?})");
+    }
+}
+
+fn allow(specs: &[&str]) -> Vec<String> {
+    specs
+        .iter()
+        .flat_map(|s| ["--net-allow".to_owned(), (*s).to_owned()])
+        .collect()
+}
+
+fn skip_unless_root() -> bool {
+    if !root() {
+        eprintln!("skipped: making a network namespace needs root");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn names_resolve_when_asked_wildcards_cover_subdomains_and_addresses_open_only_once_answered() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let hosts = net.hosts(&format!(
+        "{ip} a.wild.test b.a.wild.test wild.test svc.test\n"
+    ));
+    for user in users() {
+        let ops: Vec<String> = [
+            // Never answered yet: the address alone opens nothing.
+            format!("connect,{ip},8443"),
+            "resolve,wild.test".into(),
+            "resolve,A.Wild.TEST.".into(),
+            "resolve,b.a.wild.test".into(),
+            "connect,a.wild.test,8443".into(),
+            format!("connect,{ip},8443"),
+            // Answered for a name whose rules list 8443 only.
+            format!("connect,{ip},8080"),
+            "connect,svc.test,8443".into(),
+            "resolve,other.test".into(),
+            // glibc counts no address but 127.0.0.1 for AI_ADDRCONFIG: lockbox's
+            // 127.0.0.153 makes IPv4 count.
+            "addrconfig,svc.test".into(),
+        ]
+        .into();
+        let lines = run(
+            user,
+            &allow(&["tcp://*.wild.test:8443", "tcp://svc.test:8443"]),
+            Some(&hosts),
+            None,
+            &ops,
+        );
+        let addr = format!("['{ip}']");
+        expect(
+            &lines,
+            &[
+                (&ops[0], "err 13"),
+                (&ops[1], "err gai"),
+                (&ops[2], &format!("ok {addr}")),
+                (&ops[3], &format!("ok {addr}")),
+                (&ops[4], "ok hello-8443"),
+                (&ops[5], "ok hello-8443"),
+                (&ops[6], "err 13"),
+                (&ops[7], "ok hello-8443"),
+                (&ops[8], "err gai"),
+                (&ops[9], &format!("ok {addr}")),
+            ],
+            user,
+        );
+    }
+    assert!(
+        net.upstream_asked().is_empty(),
+        "{:?}",
+        net.upstream_asked()
+    );
+}
+
+#[test]
+fn names_off_the_list_get_nxdomain_over_udp_and_tcp_and_never_reach_the_upstream_resolver() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let etc = net.etc_with_upstream();
+    for user in users() {
+        let ops: Vec<String> = [
+            "udp,evil.test",
+            "tcp,evil-tcp.test",
+            "udp,x.up.test",
+            "tcp,up.test",
+            "connect,up.test,8443",
+        ]
+        .map(str::to_owned)
+        .into();
+        let lines = run(
+            user,
+            &allow(&["tcp://up.test:8443"]),
+            None,
+            Some(&etc),
+            &ops,
+        );
+        let ip = &net.ip;
+        expect(
+            &lines,
+            &[
+                (&ops[0], "ok rcode 3 []"),
+                (&ops[1], "ok rcode 3 []"),
+                (&ops[2], "ok rcode 3 []"),
+                (&ops[3], &format!("ok rcode 0 ['{ip}']")),
+                (&ops[4], "ok hello-8443"),
+            ],
+            user,
+        );
+    }
+    let asked = net.upstream_asked();
+    assert!(asked.iter().any(|n| n == "up.test"), "{asked:?}");
+    assert!(
+        asked.iter().all(|n| n == "up.test"),
+        "only the listed name may be asked upstream: {asked:?}"
+    );
+}
+
+#[test]
+fn rebinding_onto_the_hosts_loopback_or_link_local_is_refused_unless_that_address_is_allowed() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    // A host service on the host's loopback, which a listed name points at.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let hosts = net.hosts(&format!(
+        "127.0.0.1 lo.test\n169.254.169.254 meta.test\n{ip} mixed.test\n127.0.0.1 mixed.test\n"
+    ));
+    for user in users() {
+        let ops: Vec<String> = [
+            "resolve,lo.test".to_owned(),
+            format!("connect,127.0.0.1,{port}"),
+            "resolve,meta.test".into(),
+            "resolve,mixed.test".into(),
+        ]
+        .into();
+        let lines = run(
+            user,
+            &allow(&[
+                &format!("tcp://lo.test:{port}"),
+                "tcp://meta.test:80",
+                "tcp://mixed.test:8443",
+            ]),
+            Some(&hosts),
+            None,
+            &ops,
+        );
+        expect(
+            &lines,
+            &[
+                (&ops[0], "err gai"),
+                // The sandbox's own loopback: nothing listens there.
+                (&ops[1], "err 111"),
+                (&ops[2], "err gai"),
+                (&ops[3], &format!("ok ['{ip}']")),
+            ],
+            user,
+        );
+        assert!(
+            listener.accept().is_err(),
+            "the host's loopback was reached"
+        );
+        // Allowed as an address, the loopback answer is given and reaches the host.
+        let ops: Vec<String> = [
+            "resolve,lo.test".to_owned(),
+            format!("connect,lo.test,{port}"),
+        ]
+        .into();
+        let server = std::thread::spawn({
+            let l = listener.try_clone().unwrap();
+            move || {
+                for _ in 0..500 {
+                    if let Ok((mut c, _)) = l.accept() {
+                        let _ = c.write_all(b"host-loopback\n");
+                        let _ = c.read(&mut [0u8; 1]);
+                        return true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                false
+            }
+        });
+        let lines = run(
+            user,
+            &allow(&[
+                &format!("tcp://lo.test:{port}"),
+                &format!("tcp://127.0.0.1:{port}"),
+            ]),
+            Some(&hosts),
+            None,
+            &ops,
+        );
+        expect(
+            &lines,
+            &[(&ops[0], "ok ['127.0.0.1']"), (&ops[1], "ok host-loopback")],
+            user,
+        );
+        assert!(server.join().unwrap());
+    }
+}
+
+#[test]
+fn explain_names_lockboxs_resolver_and_the_name_rules() {
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &[
+            "check",
+            "--explain",
+            "--net-allow",
+            "*.Example.ORG.:443",
+            "--net-allow",
+            "10.0.0.1:22",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("resolver: lockbox at 127.0.0.153:53"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        stdout.contains("allow tcp+udp *.example.org:443"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        stdout.contains("allow tcp+udp 10.0.0.1:22"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn wildcards_in_a_deny_list_are_usage_errors() {
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &["run", "--net-deny", "*.example.org:443", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("*.example.org:443"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn the_report_counts_answers_refused_names_and_left_out_host_addresses() {
+    let dir = scratch();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "198.18.0.9 ok.test\n127.0.0.1 lo.test\n").unwrap();
+    let report = dir.path().join("report.json");
+    let out = common::command_as(User::Current)
+        .env("LOCKBOX_NET_HOSTS_FILE", &hosts)
+        .current_dir(dir.path())
+        .args(["run", "-r"])
+        .arg(client_dir())
+        .args([
+            "--net-allow",
+            "tcp://ok.test:443",
+            "--net-allow",
+            "tcp://lo.test:443",
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            "python3",
+            &client(),
+            "udp,ok.test",
+            "udp,evil.test",
+            "udp,lo.test",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "udp,ok.test ok rcode 0 ['198.18.0.9']\nudp,evil.test ok rcode 3 []\n\
+         udp,lo.test ok rcode 0 []\n",
+        "{}",
+        text(&out)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let net = &json["network"];
+    assert_eq!(net["dns_answered"], 2, "{net}");
+    assert_eq!(net["dns_rebinding_refused"], 1, "{net}");
+    assert_eq!(net["denied"], 1, "{net}");
+    let first: Vec<&str> = net["denied_first"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(first.contains(&"dns evil.test"), "{net}");
+    assert!(
+        first.contains(&"dns lo.test -> 127.0.0.1 (host-internal)"),
+        "{net}"
+    );
+}

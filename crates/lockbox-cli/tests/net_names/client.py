@@ -1,0 +1,87 @@
+"""The sandbox side of tests/net_names.rs: runs each argument, `op,arg,...`, and prints
+`<argument> ok <result>` or `<argument> err <errno or message>`.
+
+  resolve,NAME        getaddrinfo (IPv4), the sorted addresses
+  addrconfig,NAME     the same with AI_ADDRCONFIG
+  connect,HOST,PORT   TCP connect (HOST a name or an address), the server's first line
+  udp,NAME / tcp,NAME an A query sent straight to the nameserver of /etc/resolv.conf:
+                      `rcode N [addresses]`
+"""
+import socket
+import struct
+import sys
+
+
+def nameserver():
+    for line in open("/etc/resolv.conf"):
+        words = line.split()
+        if words[:1] == ["nameserver"]:
+            return words[1]
+    raise OSError("no nameserver")
+
+
+def skip_name(msg, at):
+    while True:
+        n = msg[at]
+        if n & 0xC0 == 0xC0:
+            return at + 2
+        if n == 0:
+            return at + 1
+        at += 1 + n
+
+
+def query(name, tcp):
+    labels = b"".join(bytes([len(l)]) + l.encode() for l in name.split("."))
+    q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + labels + b"\0" + struct.pack(">HH", 1, 1)
+    server = (nameserver(), 53)
+    if tcp:
+        s = socket.create_connection(server, timeout=5)
+        s.sendall(struct.pack(">H", len(q)) + q)
+        data = b""
+        while len(data) < 2 or len(data) < 2 + struct.unpack(">H", data[:2])[0]:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise OSError("closed")
+            data += chunk
+        msg = data[2:]
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(5)
+        s.sendto(q, server)
+        msg = s.recv(4096)
+    if msg[:2] != b"\x42\x42":
+        raise OSError("wrong id")
+    rcode = msg[3] & 0xF
+    qd, an = struct.unpack(">HH", msg[4:8])
+    at = 12
+    for _ in range(qd):
+        at = skip_name(msg, at) + 4
+    addrs = []
+    for _ in range(an):
+        at = skip_name(msg, at)
+        rtype, _, _, rdlen = struct.unpack(">HHIH", msg[at:at + 10])
+        at += 10
+        if rtype == 1:
+            addrs.append(socket.inet_ntoa(msg[at:at + 4]))
+        at += rdlen
+    return f"rcode {rcode} {sorted(addrs)}"
+
+
+for cmd in sys.argv[1:]:
+    op, *a = cmd.split(",")
+    try:
+        if op == "resolve":
+            r = sorted({x[4][0] for x in socket.getaddrinfo(a[0], 80, socket.AF_INET, socket.SOCK_STREAM)})
+        elif op == "addrconfig":
+            found = socket.getaddrinfo(a[0], 80, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)
+            r = sorted({x[4][0] for x in found})
+        elif op == "connect":
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            r = s.recv(64).decode().strip()
+        elif op in ("udp", "tcp"):
+            r = query(a[0], op == "tcp")
+        else:
+            raise SystemExit(f"unknown op {op}")
+        print(cmd, "ok", r, flush=True)
+    except OSError as e:
+        print(cmd, "err", e.errno if isinstance(e.errno, int) and e.errno > 0 else "gai" if isinstance(e, socket.gaierror) else e, flush=True)

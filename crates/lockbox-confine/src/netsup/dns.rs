@@ -1,0 +1,682 @@
+//! lockbox's resolver for an allow-list sandbox: the sandbox's `/etc/resolv.conf` names
+//! [`crate::DNS_ADDR`], where the supervisor holds a UDP socket and a TCP listener bound in
+//! the sandbox's own namespace (made by the init's helper, handed over with the filter).
+//!
+//! A query for a name of the allow-list ([`NetSpec::matches_name`]) is resolved with the
+//! host's resolver (getaddrinfo: the host's `/etc/hosts`, then its DNS), after the hosts file
+//! of [`crate::resolve::HOSTS_FILE_VAR`] if one is set; every other name is answered
+//! `NXDOMAIN` here and never leaves the supervisor. Each address answered becomes a rule of
+//! *this* sandbox ([`Learned`]): a connection to it is allowed on the ports of the specs
+//! whose name was asked. An answer never carries, and nothing learns, an address of the
+//! host's own (loopback, link-local, unspecified, multicast, broadcast) unless an address
+//! rule of the list allows it: a listed name cannot be rebound onto the host.
+//!
+//! **Bounded and non-blocking.** Host resolution can block, so it runs on one resolver
+//! thread fed through a queue of [`MAX_PENDING`] queries (a query beyond that is answered
+//! `SERVFAIL` at once); the supervisor's loop only polls this module's sockets. At most
+//! [`MAX_TCP`] TCP clients at once, each with one query of at most [`MAX_QUERY`] bytes in
+//! hand and closed after [`TCP_IDLE`] without a complete query. [`MAX_LEARNED`] rules at most
+//! (the oldest go first).
+
+use super::Shared;
+use lockbox_policy::{canonical, normalize_name, NetRule, NetSpec};
+use simple_dns::rdata::{RData, A, AAAA};
+use simple_dns::{Name, Packet, PacketFlag, QTYPE, RCODE, TYPE};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::time::{Duration, Instant};
+
+/// Queries waiting for the host's resolver at once.
+pub const MAX_PENDING: usize = 64;
+/// TCP clients at once.
+pub const MAX_TCP: usize = 16;
+/// Largest query taken (UDP datagram or TCP message); DNS queries are a few dozen bytes.
+pub const MAX_QUERY: usize = 4096;
+/// A TCP client without a complete query for this long is closed.
+pub const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Most learned (address, ports) rules a sandbox holds; the oldest are forgotten first.
+pub const MAX_LEARNED: usize = 4096;
+/// Most addresses in one answer.
+const MAX_ANSWERS: usize = 16;
+/// TTL of the answers: short, so clients ask again and get the host's current addresses.
+const TTL: u32 = 5;
+
+/// The addresses this sandbox's answers allowed, as rules (oldest first).
+#[derive(Debug, Default)]
+pub(super) struct Learned {
+    rules: VecDeque<NetRule>,
+}
+
+impl Learned {
+    pub(super) fn rules(&self) -> &VecDeque<NetRule> {
+        &self.rules
+    }
+
+    fn add(&mut self, rule: NetRule) {
+        if self.rules.contains(&rule) {
+            return;
+        }
+        if self.rules.len() >= MAX_LEARNED {
+            self.rules.pop_front();
+        }
+        self.rules.push_back(rule);
+    }
+}
+
+/// Whether `ip` is one of the host's own or not unicast: never answered for a name unless
+/// an address rule allows it.
+pub(super) fn host_internal(ip: IpAddr) -> bool {
+    match canonical(ip) {
+        IpAddr::V4(a) => {
+            a.is_loopback()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || a.is_broadcast()
+        }
+        IpAddr::V6(a) => {
+            a.is_loopback()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+/// Where an answer goes.
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    Udp(SocketAddr),
+    Tcp(u64),
+}
+
+struct Pending {
+    token: u64,
+    query: Vec<u8>,
+    reply: Reply,
+}
+
+struct Conn {
+    id: u64,
+    stream: TcpStream,
+    buf: Vec<u8>,
+    since: Instant,
+    /// A query of this client waits for the resolver: it is not read meanwhile.
+    busy: bool,
+}
+
+/// The resolver's sockets and its queries in flight.
+pub(super) struct Dns {
+    udp: UdpSocket,
+    tcp: TcpListener,
+    conns: Vec<Conn>,
+    pending: Vec<Pending>,
+    next_token: u64,
+    to_resolver: SyncSender<(u64, String)>,
+    from_resolver: Receiver<(u64, Result<Vec<IpAddr>, ()>)>,
+    wake: UnixStream,
+}
+
+/// How many of [`Dns::pollfds`]'s entries are fixed (UDP, listener, wake-up).
+const FIXED: usize = 3;
+
+impl Dns {
+    /// Takes the handed-over sockets and starts the resolver thread (which inherits the
+    /// calling thread's capabilities: call it from the supervisor's thread).
+    pub(super) fn new(udp: OwnedFd, tcp: OwnedFd, hosts_file: Option<PathBuf>) -> Option<Dns> {
+        let udp = UdpSocket::from(udp);
+        let tcp = TcpListener::from(tcp);
+        udp.set_nonblocking(true).ok()?;
+        tcp.set_nonblocking(true).ok()?;
+        let (wake, wake_tx) = UnixStream::pair().ok()?;
+        wake.set_nonblocking(true).ok()?;
+        wake_tx.set_nonblocking(true).ok()?;
+        let (to_resolver, queries) = mpsc::sync_channel::<(u64, String)>(MAX_PENDING);
+        let (results, from_resolver) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("lockbox-dns".into())
+            .spawn(move || {
+                let mut wake_tx = wake_tx;
+                // Ends when the supervisor drops its sender.
+                while let Ok((token, name)) = queries.recv() {
+                    let addrs = lookup(hosts_file.as_deref(), &name);
+                    if results.send((token, addrs)).is_err() {
+                        return;
+                    }
+                    // A full wake-up socket already says there is something to read.
+                    let _ = wake_tx.write(&[1]);
+                }
+            })
+            .ok()?;
+        Some(Dns {
+            udp,
+            tcp,
+            conns: Vec::new(),
+            pending: Vec::new(),
+            next_token: 0,
+            to_resolver,
+            from_resolver,
+            wake,
+        })
+    }
+
+    /// The descriptors to poll, appended to `fds`.
+    pub(super) fn pollfds(&self, fds: &mut Vec<libc::pollfd>) {
+        let pfd = |fd, events| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        fds.push(pfd(self.udp.as_raw_fd(), libc::POLLIN));
+        let accepting = self.conns.len() < MAX_TCP;
+        fds.push(pfd(
+            self.tcp.as_raw_fd(),
+            if accepting { libc::POLLIN } else { 0 },
+        ));
+        fds.push(pfd(self.wake.as_raw_fd(), libc::POLLIN));
+        for c in &self.conns {
+            fds.push(pfd(
+                c.stream.as_raw_fd(),
+                if c.busy { 0 } else { libc::POLLIN },
+            ));
+        }
+    }
+
+    /// When the loop must wake for an idle TCP client.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.conns
+            .iter()
+            .filter(|c| !c.busy)
+            .map(|c| c.since + TCP_IDLE)
+            .min()
+    }
+
+    /// Acts on what [`Dns::pollfds`]'s entries (`fds`, in the same order) report.
+    pub(super) fn ready(&mut self, shared: &Shared, fds: &[libc::pollfd]) {
+        let now = Instant::now();
+        let revents = |i: usize| fds.get(i).map_or(0, |f| f.revents);
+        if revents(2) != 0 {
+            let mut sink = [0u8; 64];
+            while matches!(self.wake.read(&mut sink), Ok(n) if n > 0) {}
+            while let Ok((token, addrs)) = self.from_resolver.try_recv() {
+                self.resolved(shared, token, addrs);
+            }
+        }
+        if revents(0) != 0 {
+            self.read_udp(shared);
+        }
+        // Clients in the order they were polled; those added below were not.
+        let polled: Vec<(u64, i16)> = self
+            .conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id, revents(FIXED + i)))
+            .collect();
+        for (id, ev) in polled {
+            if ev != 0 {
+                self.read_tcp(shared, id);
+            }
+        }
+        self.conns
+            .retain(|c| c.busy || now.saturating_duration_since(c.since) < TCP_IDLE);
+        if revents(1) != 0 {
+            self.accept(now);
+        }
+    }
+
+    fn read_udp(&mut self, shared: &Shared) {
+        let mut buf = [0u8; MAX_QUERY];
+        // A bounded batch per wake-up, so TCP clients and calls get their turn.
+        for _ in 0..32 {
+            match self.udp.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    let query = buf[..n].to_vec();
+                    self.query(shared, query, Reply::Udp(from));
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        while self.conns.len() < MAX_TCP {
+            let Ok((stream, _)) = self.tcp.accept() else {
+                return;
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            self.next_token += 1;
+            self.conns.push(Conn {
+                id: self.next_token,
+                stream,
+                buf: Vec::new(),
+                since: now,
+                busy: false,
+            });
+        }
+    }
+
+    fn read_tcp(&mut self, shared: &Shared, id: u64) {
+        let Some(at) = self.conns.iter().position(|c| c.id == id) else {
+            return;
+        };
+        let conn = &mut self.conns[at];
+        let mut chunk = [0u8; 1024];
+        let closed = loop {
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) if conn.buf.len() + n <= 2 + MAX_QUERY => {
+                    conn.buf.extend_from_slice(&chunk[..n]);
+                }
+                Ok(_) => break true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        let query = tcp_message(&mut conn.buf);
+        match query {
+            Some(q) => {
+                conn.busy = true;
+                self.query(shared, q, Reply::Tcp(id));
+            }
+            None if closed => {
+                self.conns.remove(at);
+            }
+            None => {}
+        }
+    }
+
+    /// Answers a query at once, or hands it to the resolver thread.
+    fn query(&mut self, shared: &Shared, query: Vec<u8>, reply: Reply) {
+        match classify(shared, &query) {
+            Verdict::Answer(answer) => self.send(reply, answer),
+            Verdict::Drop => self.send_nothing(reply),
+            Verdict::Resolve(name) => {
+                self.next_token += 1;
+                let token = self.next_token;
+                let queued = self.pending.len() < MAX_PENDING
+                    && self.to_resolver.try_send((token, name)).is_ok();
+                if queued {
+                    self.pending.push(Pending {
+                        token,
+                        query,
+                        reply,
+                    });
+                } else if let Some(answer) = refusal(&query, RCODE::ServerFailure) {
+                    self.send(reply, answer);
+                }
+            }
+        }
+    }
+
+    fn resolved(&mut self, shared: &Shared, token: u64, addrs: Result<Vec<IpAddr>, ()>) {
+        let Some(at) = self.pending.iter().position(|p| p.token == token) else {
+            return;
+        };
+        let p = self.pending.swap_remove(at);
+        match answer(shared, &p.query, addrs) {
+            Some(a) => self.send(p.reply, a),
+            None => self.send_nothing(p.reply),
+        }
+    }
+
+    fn send(&mut self, reply: Reply, answer: Vec<u8>) {
+        match reply {
+            // Best effort, as UDP is: a client that went away loses its answer.
+            Reply::Udp(to) => {
+                let _ = self.udp.send_to(&answer, to);
+            }
+            Reply::Tcp(id) => {
+                let Some(at) = self.conns.iter().position(|c| c.id == id) else {
+                    return;
+                };
+                let conn = &mut self.conns[at];
+                let Ok(len) = u16::try_from(answer.len()) else {
+                    self.conns.remove(at);
+                    return;
+                };
+                let mut msg = len.to_be_bytes().to_vec();
+                msg.extend_from_slice(&answer);
+                // The client waits for this answer with an empty receive buffer: a write
+                // that does not fit at once is a client not reading, and is dropped.
+                let whole = matches!(conn.stream.write(&msg), Ok(n) if n == msg.len());
+                if whole {
+                    conn.busy = false;
+                    conn.since = Instant::now();
+                } else {
+                    self.conns.remove(at);
+                }
+            }
+        }
+    }
+
+    fn send_nothing(&mut self, reply: Reply) {
+        if let Reply::Tcp(id) = reply {
+            self.conns.retain(|c| c.id != id);
+        }
+    }
+}
+
+/// Takes one complete length-prefixed message off the front of `buf`.
+fn tcp_message(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let len = usize::from(u16::from_be_bytes([*buf.first()?, *buf.get(1)?]));
+    if buf.len() < 2 + len {
+        return None;
+    }
+    let msg = buf[2..2 + len].to_vec();
+    buf.drain(..2 + len);
+    Some(msg)
+}
+
+/// What to do with a query.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Answer with these bytes now.
+    Answer(Vec<u8>),
+    /// Not even a DNS header: no answer.
+    Drop,
+    /// A listed name: resolve it (normalised) on the host.
+    Resolve(String),
+}
+
+fn classify(shared: &Shared, query: &[u8]) -> Verdict {
+    let Ok(packet) = Packet::parse(query) else {
+        return refusal(query, RCODE::FormatError).map_or(Verdict::Drop, Verdict::Answer);
+    };
+    let refuse = |rcode| refusal(query, rcode).map_or(Verdict::Drop, Verdict::Answer);
+    if packet.has_flags(PacketFlag::RESPONSE) {
+        return Verdict::Drop;
+    }
+    if packet.opcode() != simple_dns::OPCODE::StandardQuery {
+        return refuse(RCODE::NotImplemented);
+    }
+    let [question] = packet.questions.as_slice() else {
+        return refuse(RCODE::FormatError);
+    };
+    let asked = question.qname.to_string();
+    let listed = shared.rules.names.iter().any(|s| s.matches_name(&asked));
+    let name = normalize_name(&asked).filter(|_| listed);
+    let Some(name) = name else {
+        super::decide::record_denied_name(shared, &asked);
+        return refuse(RCODE::NameError);
+    };
+    match question.qtype {
+        QTYPE::TYPE(TYPE::A) | QTYPE::TYPE(TYPE::AAAA) => Verdict::Resolve(name),
+        // Other record types of a listed name: none (they would need the host's DNS
+        // itself, and name nothing a connection could use).
+        _ => reply_with(&packet, RCODE::NoError, &[]).map_or(Verdict::Drop, Verdict::Answer),
+    }
+}
+
+/// A reply with `rcode` and no records, built from the query's header and question alone.
+fn refusal(query: &[u8], rcode: RCODE) -> Option<Vec<u8>> {
+    if query.len() < 12 {
+        return None;
+    }
+    let id = u16::from_be_bytes([query[0], query[1]]);
+    let mut reply = Packet::new_reply(id);
+    if let Ok(packet) = Packet::parse(query) {
+        reply.questions = packet.questions.into_iter().take(1).collect();
+    }
+    reply.set_flags(PacketFlag::RECURSION_AVAILABLE);
+    *reply.rcode_mut() = rcode;
+    reply.build_bytes_vec_compressed().ok()
+}
+
+fn reply_with(query: &Packet<'_>, rcode: RCODE, addrs: &[IpAddr]) -> Option<Vec<u8>> {
+    let mut reply = Packet::new_reply(query.id());
+    let question = query.questions.first()?.clone();
+    if query.has_flags(PacketFlag::RECURSION_DESIRED) {
+        reply.set_flags(PacketFlag::RECURSION_DESIRED);
+    }
+    reply.set_flags(PacketFlag::RECURSION_AVAILABLE);
+    *reply.rcode_mut() = rcode;
+    let name: Name<'_> = question.qname.clone();
+    for ip in addrs.iter().take(MAX_ANSWERS) {
+        let rdata = match ip {
+            IpAddr::V4(a) => RData::A(A {
+                address: u32::from(*a),
+            }),
+            IpAddr::V6(a) => RData::AAAA(AAAA {
+                address: u128::from(*a),
+            }),
+        };
+        reply.answers.push(simple_dns::ResourceRecord::new(
+            name.clone(),
+            simple_dns::CLASS::IN,
+            TTL,
+            rdata,
+        ));
+    }
+    reply.questions.push(question);
+    reply.build_bytes_vec_compressed().ok()
+}
+
+/// The answer to a listed name's query, given what the host resolved it to; learns what it
+/// answers.
+fn answer(shared: &Shared, query: &[u8], addrs: Result<Vec<IpAddr>, ()>) -> Option<Vec<u8>> {
+    let packet = Packet::parse(query).ok()?;
+    let question = packet.questions.first()?;
+    let Ok(addrs) = addrs else {
+        return refusal(query, RCODE::ServerFailure);
+    };
+    let want_v4 = question.qtype == QTYPE::TYPE(TYPE::A);
+    let asked = question.qname.to_string();
+    let specs: Vec<&NetSpec> = shared
+        .rules
+        .names
+        .iter()
+        .filter(|s| s.matches_name(&asked))
+        .collect();
+    let allowed_address = |ip: IpAddr| shared.rules.rules.iter().any(|r| r.block.contains(ip));
+    let mut answered: Vec<IpAddr> = Vec::new();
+    for ip in addrs.into_iter().map(canonical) {
+        if ip.is_ipv4() != want_v4 || answered.contains(&ip) {
+            continue;
+        }
+        if host_internal(ip) && !allowed_address(ip) {
+            super::decide::record_rebinding(shared, &asked, ip);
+            continue;
+        }
+        answered.push(ip);
+    }
+    answered.truncate(MAX_ANSWERS);
+    if let Ok(mut learned) = shared.learned.lock() {
+        for spec in &specs {
+            for rule in spec.rules(&answered) {
+                learned.add(rule);
+            }
+        }
+    }
+    if let Ok(mut r) = shared.report.lock() {
+        r.dns_answered += 1;
+    }
+    reply_with(&packet, RCODE::NoError, &answered)
+}
+
+/// What `name` resolves to: the hosts file of the test hook first, then the host's resolver.
+fn lookup(hosts_file: Option<&Path>, name: &str) -> Result<Vec<IpAddr>, ()> {
+    if let Some(path) = hosts_file {
+        let found = hosts_lookup(&std::fs::read_to_string(path).unwrap_or_default(), name);
+        if !found.is_empty() {
+            return Ok(found);
+        }
+    }
+    (name, 0)
+        .to_socket_addrs()
+        .map(|addrs| addrs.map(|a| a.ip()).collect())
+        .map_err(|_| ())
+}
+
+/// The addresses of `name` in a hosts(5) text.
+fn hosts_lookup(text: &str, name: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.split('#').next().unwrap_or("");
+            let mut words = line.split_whitespace();
+            let ip: IpAddr = words.next()?.parse().ok()?;
+            words
+                .any(|w| normalize_name(w).as_deref() == Some(name))
+                .then_some(ip)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn the_hosts_and_link_local_addresses_are_internal() {
+        for ip in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "169.254.169.254",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+        ] {
+            assert!(host_internal(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["198.18.0.1", "10.0.0.1", "2001:db8::1"] {
+            assert!(!host_internal(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn hosts_files_are_read_as_hosts5_with_names_normalised() {
+        let text = "# c\n198.18.0.2 a.test B.test. # x\n198.18.0.3\tb.test\nnot-an-ip b.test\n";
+        let want: Vec<IpAddr> = vec!["198.18.0.2".parse().unwrap(), "198.18.0.3".parse().unwrap()];
+        assert_eq!(hosts_lookup(text, "b.test"), want);
+        assert_eq!(hosts_lookup(text, "c.test"), Vec::<IpAddr>::new());
+    }
+
+    #[test]
+    fn tcp_messages_are_taken_whole_and_in_order() {
+        let mut buf = vec![0, 2, 9, 9, 0, 1];
+        assert_eq!(tcp_message(&mut buf), Some(vec![9, 9]));
+        assert_eq!(tcp_message(&mut buf), None);
+        buf.push(7);
+        assert_eq!(tcp_message(&mut buf), Some(vec![7]));
+        assert!(buf.is_empty());
+    }
+
+    fn shared(specs: &[&str]) -> Shared {
+        Shared {
+            rules: super::super::NetRules {
+                kind: lockbox_policy::ListKind::Allow,
+                rules: Vec::new(),
+                names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
+                hosts_file: None,
+            },
+            host_cookie: 0,
+            report: std::sync::Arc::default(),
+            learned: std::sync::Mutex::default(),
+        }
+    }
+
+    fn query(name: &str, qtype: TYPE) -> Vec<u8> {
+        let mut p = Packet::new_query(7);
+        p.questions.push(simple_dns::Question::new(
+            Name::new_unchecked(name),
+            QTYPE::TYPE(qtype),
+            simple_dns::QCLASS::CLASS(simple_dns::CLASS::IN),
+            false,
+        ));
+        p.build_bytes_vec().unwrap()
+    }
+
+    #[test]
+    fn listed_names_are_resolved_others_get_nxdomain_and_answers_teach_only_their_ports() {
+        let s = shared(&["tcp://*.example.org:443"]);
+        assert_eq!(
+            classify(&s, &query("A.Example.ORG", TYPE::A)),
+            Verdict::Resolve("a.example.org".into())
+        );
+        let Verdict::Answer(nx) = classify(&s, &query("example.org", TYPE::A)) else {
+            panic!("the apex is not listed");
+        };
+        assert_eq!(Packet::parse(&nx).unwrap().rcode(), RCODE::NameError);
+        let Verdict::Answer(txt) = classify(&s, &query("a.example.org", TYPE::TXT)) else {
+            panic!("other types of a listed name are answered empty");
+        };
+        let txt = Packet::parse(&txt).unwrap();
+        assert_eq!((txt.rcode(), txt.answers.len()), (RCODE::NoError, 0));
+
+        let addrs = vec![
+            "198.18.0.7".parse().unwrap(),
+            "127.0.0.1".parse().unwrap(),
+            "169.254.169.254".parse().unwrap(),
+            "2001:db8::1".parse().unwrap(),
+        ];
+        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs)).unwrap();
+        let reply = Packet::parse(&reply).unwrap();
+        assert_eq!(reply.answers.len(), 1, "only the one IPv4 non-host address");
+        let learned = s.learned.lock().unwrap();
+        let dest = |d: &str| d.parse::<SocketAddr>().unwrap();
+        let allowed = |p, d: &str| learned.rules().iter().any(|r| r.matches(p, dest(d)));
+        assert!(allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:443"));
+        assert!(!allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:80"));
+        assert!(!allowed(lockbox_policy::Proto::Udp, "198.18.0.7:443"));
+        assert!(!allowed(lockbox_policy::Proto::Tcp, "127.0.0.1:443"));
+        assert_eq!(s.report.lock().unwrap().dns_rebinding_refused, 2);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_resolver() {
+        let s = shared(&["*.example.org:*", "example.org:*"]);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let base = query("a.example.org", TYPE::A);
+        for i in 0..20_000 {
+            let mut msg = if i % 2 == 0 {
+                base.clone()
+            } else {
+                vec![0u8; (next() % 600) as usize]
+            };
+            // Flip a few bytes (or fill the random-length buffer).
+            for _ in 0..(1 + next() % 8) {
+                if msg.is_empty() {
+                    break;
+                }
+                let at = (next() as usize) % msg.len();
+                msg[at] = next() as u8;
+            }
+            let _ = classify(&s, &msg);
+            let _ = answer(&s, &msg, Ok(vec!["198.18.0.1".parse().unwrap()]));
+            let _ = refusal(&msg, RCODE::Refused);
+            let mut buf = msg.clone();
+            let _ = tcp_message(&mut buf);
+        }
+    }
+
+    #[test]
+    fn learned_rules_are_bounded_and_deduplicated() {
+        let mut l = Learned::default();
+        let spec = NetSpec::parse("a.test:443").unwrap();
+        for i in 0..(MAX_LEARNED as u32 + 10) {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(0xc612_0000 + i));
+            for r in spec.rules(&[ip, ip]) {
+                l.add(r);
+                l.add(r);
+            }
+        }
+        assert_eq!(l.rules().len(), MAX_LEARNED);
+    }
+}
