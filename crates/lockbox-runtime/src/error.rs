@@ -163,6 +163,12 @@ pub enum RuntimeError {
         /// The port.
         port: u16,
     },
+    /// No code context with this id in the sandbox.
+    #[error("no code context {id:?} in this sandbox")]
+    ContextNotFound {
+        /// The context id asked for.
+        id: String,
+    },
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -198,6 +204,7 @@ impl RuntimeError {
             }
             RuntimeError::PortNotExposed { .. } => ErrorCode::PortNotExposed,
             RuntimeError::PortNotListening { .. } => ErrorCode::PortNotListening,
+            RuntimeError::ContextNotFound { .. } => ErrorCode::ContextNotFound,
             RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -210,7 +217,8 @@ impl RuntimeError {
             | RuntimeError::SessionExists { id }
             | RuntimeError::ProcessNotFound { id }
             | RuntimeError::ProcessNotRunning { id }
-            | RuntimeError::NoWorkdir { id } => json!({ "id": id }),
+            | RuntimeError::NoWorkdir { id }
+            | RuntimeError::ContextNotFound { id } => json!({ "id": id }),
             RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
             RuntimeError::SessionTerminated { id, reason } => {
                 json!({ "id": id, "reason": reason })

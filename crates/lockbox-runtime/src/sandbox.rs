@@ -36,6 +36,8 @@ pub(crate) struct Instance {
     pub processes: Mutex<BTreeMap<String, Arc<Process>>>,
     /// Held from the check of the process bounds to the record's insertion.
     starting: tokio::sync::Mutex<()>,
+    /// Code contexts by id.
+    pub contexts: tokio::sync::Mutex<BTreeMap<String, Arc<crate::contexts::Context>>>,
 }
 
 impl Instance {
@@ -209,6 +211,7 @@ pub(crate) async fn start_instance(
         sessions: tokio::sync::Mutex::new(HashMap::new()),
         processes: Mutex::new(BTreeMap::new()),
         starting: tokio::sync::Mutex::new(()),
+        contexts: tokio::sync::Mutex::new(BTreeMap::new()),
     })
 }
 
@@ -569,6 +572,64 @@ impl Instance {
         }
         p.wait().await;
         Ok(())
+    }
+}
+
+impl Instance {
+    /// A code context by id; the default context is created (Python) on first use.
+    pub async fn context(
+        &self,
+        id: Option<&str>,
+    ) -> Result<Arc<crate::contexts::Context>, RuntimeError> {
+        use crate::contexts::{new_context, DEFAULT_CONTEXT, MAX_CONTEXTS};
+        let id = id.unwrap_or(DEFAULT_CONTEXT);
+        let mut contexts = self.contexts.lock().await;
+        if let Some(c) = contexts.get(id) {
+            return Ok(c.clone());
+        }
+        if id != DEFAULT_CONTEXT {
+            return Err(RuntimeError::ContextNotFound { id: id.to_owned() });
+        }
+        if contexts.len() >= MAX_CONTEXTS {
+            return Err(RuntimeError::LimitReached {
+                what: "code contexts per sandbox".into(),
+                limit: MAX_CONTEXTS,
+            });
+        }
+        let c = Arc::new(new_context(
+            &self.agent,
+            id.to_owned(),
+            &ContextOptions::default(),
+        )?);
+        contexts.insert(id.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    pub async fn create_context(&self, opts: ContextOptions) -> Result<ContextInfo, RuntimeError> {
+        use crate::contexts::{check_id, new_context, MAX_CONTEXTS};
+        let id = match &opts.id {
+            Some(id) => {
+                check_id(id)?;
+                id.clone()
+            }
+            None => format!("c-{}", crate::util::random_id()),
+        };
+        let c = new_context(&self.agent, id.clone(), &opts)?;
+        let mut contexts = self.contexts.lock().await;
+        if contexts.contains_key(&id) {
+            return Err(RuntimeError::AlreadyExists {
+                path: format!("context {id}"),
+            });
+        }
+        if contexts.len() >= MAX_CONTEXTS {
+            return Err(RuntimeError::LimitReached {
+                what: "code contexts per sandbox".into(),
+                limit: MAX_CONTEXTS,
+            });
+        }
+        let info = c.info();
+        contexts.insert(id, Arc::new(c));
+        Ok(info)
     }
 }
 
