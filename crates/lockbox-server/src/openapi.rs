@@ -125,7 +125,7 @@ fn diff_path_bytes() -> Value {
 
 fn all_schemas() -> Value {
     let mut all = schemas();
-    for more in [branch_schemas(), console_schemas()] {
+    for more in [branch_schemas(), console_schemas(), context_schemas()] {
         if let (Some(map), Some(more)) = (all.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
         }
@@ -447,7 +447,12 @@ fn build() -> Value {
     });
 
     let mut paths = paths;
-    for more in [branch_paths(), console_paths(), port_paths()] {
+    for more in [
+        branch_paths(),
+        console_paths(),
+        port_paths(),
+        context_paths(),
+    ] {
         if let (Some(map), Some(more)) = (paths.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
         }
@@ -504,6 +509,44 @@ fn port_paths() -> Value {
         }
     })
 }
+
+/// Code contexts and their runs.
+fn context_paths() -> Value {
+    let id = || path_param("id", "sandbox id");
+    let cid = || {
+        path_param(
+            "cid",
+            "context id (`default`: the sandbox's Python context, created on first use)",
+        )
+    };
+    json!({
+        "/v1/sandboxes/{id}/contexts": {
+            "post": op("Create a code context: a persistent python or bash interpreter (started on its first run). \
+                400 INVALID_REQUEST naming `language` for another language; 409 ALREADY_EXISTS; LIMIT_REACHED beyond 16",
+                vec![id()], optional_json("CreateContext"), &[("201", reply("created", "Context"))]),
+            "get": op("List code contexts", vec![id()], None, &[("200", reply("the contexts", "ContextList"))])
+        },
+        "/v1/sandboxes/{id}/contexts/{cid}": {
+            "delete": op("Delete a code context, killing its interpreter (404 CONTEXT_NOT_FOUND)", vec![id(), cid()], None,
+                &[("204", json!({ "description": "done" }))])
+        },
+        "/v1/sandboxes/{id}/contexts/{cid}/run": {
+            "post": op("Run code in a context: stdout/stderr, rich results (MIME bundles), the error. A timeout \
+                interrupts (SIGINT: error KeyboardInterrupt, state kept), then after 2 s kills the interpreter \
+                (error Timeout, state_lost); a crash is error InterpreterDied. 404 CONTEXT_NOT_FOUND",
+                vec![id(), cid()], required_json("RunCode"), &[("200", reply("the execution", "Execution"))])
+        },
+        "/v1/sandboxes/{id}/contexts/{cid}/run/stream": {
+            "post": op("Run code in a context, streamed as server-sent events: stdout, stderr ({text}), result \
+                (a MIME bundle), error ({name, value, traceback}), then end (the whole Execution)",
+                vec![id(), cid()], required_json("RunCode"),
+                &[("200", json!({ "description": "events",
+                    "content": { "text/event-stream": { "schema": sse_event(CODE_EVENTS) } } }))])
+        }
+    })
+}
+
+const CODE_EVENTS: &[&str] = &["stdout", "stderr", "result", "error", "end"];
 
 /// OpenAPI links from the operations that create things to those that use them, so a
 /// stateful client (and schemathesis' stateful phase) can follow ids it was given.
@@ -747,6 +790,54 @@ fn schemas() -> Value {
         "PortList": { "type": "object", "required": ["ports"],
             "properties": { "ports": { "type": "array", "items": schema("Port") } } },
         "AbortResult": { "type": "object", "properties": { "aborted": boolean } }
+    })
+}
+
+/// The schemas of code contexts.
+fn context_schemas() -> Value {
+    let string = json!({ "type": "string" });
+    let strings = json!({ "type": "array", "items": { "type": "string" } });
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    let boolean = json!({ "type": "boolean" });
+    let count = json!({ "type": "integer", "minimum": 0 });
+    let ms = json!({ "type": "integer", "minimum": 1, "maximum": MAX_MS });
+    let nullable = |t: &str| json!({ "type": t, "nullable": true });
+    let object = |props: Value, required: &[&str]| {
+        let mut o = json!({ "type": "object", "properties": props, "additionalProperties": false });
+        if !required.is_empty() {
+            o["required"] = json!(required);
+        }
+        o
+    };
+    json!({
+        "CreateContext": object(json!({
+            "id": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" },
+            "language": { "type": "string", "enum": ["python", "python3", "bash", "sh"], "default": "python" },
+            "cwd": string, "env": string_map
+        }), &[]),
+        "Context": { "type": "object", "required": ["id", "language", "created_at", "runs", "restarts"],
+            "properties": { "id": string, "language": string, "cwd": nullable("string"), "created_at": string,
+                "pid": nullable("integer"), "runs": count, "restarts": count } },
+        "ContextList": { "type": "object", "required": ["contexts"],
+            "properties": { "contexts": { "type": "array", "items": schema("Context") } } },
+        "RunCode": object(json!({ "code": string, "timeout_ms": ms }), &["code"]),
+        "DisplayData": { "type": "object", "required": ["data", "is_main_result"],
+            "description": "a MIME bundle: text/plain, text/html, text/markdown, image/svg+xml and \
+                application/json as they are; image/png, image/jpeg, application/pdf base64",
+            "properties": { "data": { "type": "object", "additionalProperties": {} }, "is_main_result": boolean } },
+        "ExecError": { "type": "object", "required": ["name", "value", "traceback"],
+            "properties": { "name": string, "value": string, "traceback": string } },
+        "Execution": { "type": "object",
+            "required": ["context", "results", "logs", "timed_out", "state_lost", "truncated", "duration_ms"],
+            "properties": {
+                "context": string,
+                "results": { "type": "array", "items": schema("DisplayData") },
+                "logs": { "type": "object", "required": ["stdout", "stderr"],
+                    "properties": { "stdout": strings, "stderr": strings } },
+                "error": { "allOf": [schema("ExecError")], "nullable": true },
+                "exit_code": nullable("integer"),
+                "timed_out": boolean, "state_lost": boolean, "truncated": boolean, "duration_ms": count
+            } }
     })
 }
 
