@@ -199,6 +199,11 @@ impl Context {
         }
     }
 
+    /// True while a run holds the context.
+    pub fn busy(&self) -> bool {
+        self.runner.try_lock().is_err()
+    }
+
     /// Starts the interpreter.
     async fn start(&self) -> Result<Runner, RuntimeError> {
         let spec = ContextSpec {

@@ -338,12 +338,18 @@ impl Instance {
         self.agent.closed().await;
     }
 
-    /// True while a session runs a command.
+    /// True while a session runs a command or a code context runs code (activity, for
+    /// the idle timeout).
     pub fn any_session_busy(&self) -> bool {
-        match self.sessions.try_lock() {
+        let sessions = match self.sessions.try_lock() {
             Ok(s) => s.values().any(|(s, _)| s.info().busy),
             Err(_) => true, // being changed right now: activity
-        }
+        };
+        sessions
+            || match self.contexts.try_lock() {
+                Ok(c) => c.values().any(|c| c.busy()),
+                Err(_) => true,
+            }
     }
 
     /// A session by id; the default session (and a terminated session) is created on use.

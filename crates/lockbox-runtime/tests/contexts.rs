@@ -226,6 +226,17 @@ async fn a_bash_context_keeps_its_cwd_and_variables() {
     let e = r("false").await.unwrap();
     assert_eq!(e.exit_code, Some(1));
     assert_eq!(e.error.unwrap().name, "ExitCode");
+    let mut slow = code("sleep 100", Some("sh"));
+    slow.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(slow).await.unwrap();
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    assert_eq!(e.error.unwrap().name, "KeyboardInterrupt");
+    let e = r("echo $X").await.unwrap();
+    assert_eq!(
+        e.logs.stdout.concat(),
+        "hello\n",
+        "the shell survived the interrupt"
+    );
     sb.delete_context("sh").await.unwrap();
     let err = sb.run_code(code("true", Some("sh"))).await.unwrap_err();
     assert_eq!(err.code().as_str(), "CONTEXT_NOT_FOUND");
