@@ -557,6 +557,7 @@ fn add_links(paths: &mut Value) {
     let mut sandbox_links = Map::new();
     let mut process_links = Map::new();
     let mut session_links = Map::new();
+    let mut context_links = Map::new();
     for (path, item) in map.iter() {
         let Some(methods) = item.as_object() else {
             continue;
@@ -579,9 +580,16 @@ fn add_links(paths: &mut Value) {
                     json!({ "operationRef": op_ref, "parameters": {
                     "id": "$request.path.id", "sid": "$response.body#/id" } }),
                 );
+            } else if path.starts_with("/v1/sandboxes/{id}/contexts/{cid}") {
+                context_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$request.path.id", "cid": "$response.body#/id" } }),
+                );
             } else if path.starts_with("/v1/sandboxes/{id}")
                 && !path.contains("{pid}")
                 && !path.contains("{sid}")
+                && !path.contains("{cid}")
             {
                 sandbox_links.insert(
                     name,
@@ -595,6 +603,7 @@ fn add_links(paths: &mut Value) {
         ("/v1/sandboxes", sandbox_links),
         ("/v1/sandboxes/{id}/processes", process_links),
         ("/v1/sandboxes/{id}/sessions", session_links),
+        ("/v1/sandboxes/{id}/contexts", context_links),
     ] {
         if let Some(created) = map
             .get_mut(path)
