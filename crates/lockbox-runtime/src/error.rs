@@ -169,6 +169,12 @@ pub enum RuntimeError {
         /// The context id asked for.
         id: String,
     },
+    /// A code context with this id exists already.
+    #[error("code context {id:?} exists already")]
+    ContextExists {
+        /// The context id.
+        id: String,
+    },
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -205,6 +211,7 @@ impl RuntimeError {
             RuntimeError::PortNotExposed { .. } => ErrorCode::PortNotExposed,
             RuntimeError::PortNotListening { .. } => ErrorCode::PortNotListening,
             RuntimeError::ContextNotFound { .. } => ErrorCode::ContextNotFound,
+            RuntimeError::ContextExists { .. } => ErrorCode::AlreadyExists,
             RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -218,7 +225,8 @@ impl RuntimeError {
             | RuntimeError::ProcessNotFound { id }
             | RuntimeError::ProcessNotRunning { id }
             | RuntimeError::NoWorkdir { id }
-            | RuntimeError::ContextNotFound { id } => json!({ "id": id }),
+            | RuntimeError::ContextNotFound { id }
+            | RuntimeError::ContextExists { id } => json!({ "id": id }),
             RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
             RuntimeError::SessionTerminated { id, reason } => {
                 json!({ "id": id, "reason": reason })

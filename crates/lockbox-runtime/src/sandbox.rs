@@ -623,9 +623,7 @@ impl Instance {
         let c = new_context(&self.agent, id.clone(), &opts)?;
         let mut contexts = self.contexts.lock().await;
         if contexts.contains_key(&id) {
-            return Err(RuntimeError::AlreadyExists {
-                path: format!("context {id}"),
-            });
+            return Err(RuntimeError::ContextExists { id });
         }
         if contexts.len() >= MAX_CONTEXTS {
             return Err(RuntimeError::LimitReached {

@@ -852,7 +852,7 @@ pub struct RunCodeRequest {
     pub timeout: Option<Duration>,
 }
 
-pub use lockbox_agent::contexts::{DisplayData, ExecError};
+pub use lockbox_agent::contexts::{DisplayData, ExecError, Language};
 
 /// The output of a run, as chunks in the order they were read.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -73,7 +73,11 @@ def _encode(mime, value):
             return value.decode("utf-8", "replace")
         return base64.b64encode(value).decode()
     if mime == "application/json":
-        return value
+        try:
+            json.dumps(value)
+            return value
+        except (TypeError, ValueError):
+            return str(value)
     if not isinstance(value, str):
         return str(value)
     return value

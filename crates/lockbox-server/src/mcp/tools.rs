@@ -582,7 +582,7 @@ fn run_code(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
     }
     .into_request(context)?;
     let language = a.language.unwrap_or_else(|| "python".into());
-    if known_language(&language) {
+    if lockbox_runtime::Language::from_name(&language).is_some() {
         Ok(ToolCall::RunCode {
             id,
             request,
@@ -595,10 +595,6 @@ fn run_code(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
             format!("language: {language:?} is not python or bash"),
         ))
     }
-}
-
-fn known_language(name: &str) -> bool {
-    matches!(name, "python" | "python3" | "bash" | "sh")
 }
 
 /// Removes and checks `max_output_bytes`.
