@@ -134,12 +134,16 @@ def display(*objs):
         _send({"result": {"data": _bundle(obj), "is_main_result": False}})
 
 
-def _flush_figures():
+def _flush_figures(skip=None):
+    """Sends every open figure as a PNG result and closes them all (`skip`: the cell's
+    value, sent as the main result instead)."""
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None:
         return
     for num in plt.get_fignums():
         fig = plt.figure(num)
+        if fig is skip:
+            continue
         _send({"result": {"data": {"image/png": base64.b64encode(_figure_png(fig)).decode(),
                                    "text/plain": repr(fig)}, "is_main_result": False}})
     plt.close("all")
@@ -191,7 +195,7 @@ def _run(code):
             if plt.show is not _show:
                 plt.show = _show
         _running = False
-        _flush_figures()
+        _flush_figures(skip=value)
         if value is not None:
             _ns["_"] = value
             _send({"result": {"data": _bundle(value), "is_main_result": True}})
