@@ -109,6 +109,19 @@ enum Phase {
     Interrupted,
 }
 
+/// What [`Context::take_events`] found.
+enum Taken {
+    /// No `done` yet.
+    More,
+    /// The run is over.
+    Done {
+        exit_code: Option<i32>,
+        interrupted: bool,
+    },
+    /// Not the runner's protocol.
+    Broken,
+}
+
 /// Splits bytes into UTF-8 text without cutting a character in two.
 #[derive(Debug, Default)]
 struct Utf8 {
@@ -358,28 +371,14 @@ impl Context {
                         g.clear_ready();
                     }
                     drop(g);
-                    loop {
-                        match wire::decode_event(&events) {
-                            Frame::Incomplete => break,
-                            Frame::Invalid(why) => {
-                                tracing::warn!(context = %self.id, "runner protocol: {why}");
-                                return self.died(r, c).await;
-                            }
-                            Frame::Event(ev, used) => {
-                                events.drain(..used);
-                                match *ev {
-                                    RunnerEvent::Result(d) => {
-                                        (c.emit)(CodeEvent::Result(d.clone()));
-                                        c.exec.results.push(d);
-                                    }
-                                    RunnerEvent::Error(e) => c.error(e),
-                                    RunnerEvent::Done { exit_code, interrupted } => {
-                                        self.finish(r, c, exit_code, interrupted || phase == Phase::Interrupted, timeout);
-                                        return true;
-                                    }
-                                }
-                            }
+                    match self.take_events(&mut events, c) {
+                        Taken::More => {}
+                        Taken::Done { exit_code, interrupted } => {
+                            let interrupted = interrupted || phase == Phase::Interrupted;
+                            self.finish(r, c, exit_code, interrupted, timeout);
+                            return true;
                         }
+                        Taken::Broken => return self.died(r, c).await,
                     }
                     if state == Read::Eof {
                         return self.died(r, c).await;
@@ -394,28 +393,71 @@ impl Context {
                             let _ = self.agent.call(Op::Signal { pid: r.pid, signal: libc::SIGINT, spare_main: false }).await;
                         }
                         Phase::Interrupted => {
-                            let _ = self.agent.call(Op::KillTree { pid: r.pid, spare_main: false }).await;
-                            let _ = tokio::time::timeout(Duration::from_secs(5), self.agent.wait_exit(r.pid)).await;
-                            self.agent.forget(r.pid);
-                            self.drain(r, c);
-                            c.error(ExecError {
-                                name: "Timeout".into(),
-                                value: format!(
-                                    "the run exceeded its timeout of {} ms and did not stop within {} ms of SIGINT: \
-                                     the {} interpreter was killed; the context's state (variables, imports, \
-                                     working directory) is lost and the next run starts a fresh interpreter",
-                                    timeout.as_millis(),
-                                    CONTEXT_INTERRUPT_GRACE.as_millis(),
-                                    self.language.as_str()
-                                ),
-                                traceback: String::new(),
-                            });
+                            self.kill_after_timeout(r, c, timeout).await;
                             return false;
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Handles the whole event frames at the start of `events` (removing them).
+    fn take_events(&self, events: &mut Vec<u8>, c: &mut Collect<'_>) -> Taken {
+        loop {
+            match wire::decode_event(events) {
+                Frame::Incomplete => return Taken::More,
+                Frame::Invalid(why) => {
+                    tracing::warn!(context = %self.id, "runner protocol: {why}");
+                    return Taken::Broken;
+                }
+                Frame::Event(ev, used) => {
+                    events.drain(..used);
+                    match *ev {
+                        RunnerEvent::Result(d) => {
+                            (c.emit)(CodeEvent::Result(d.clone()));
+                            c.exec.results.push(d);
+                        }
+                        RunnerEvent::Error(e) => c.error(e),
+                        RunnerEvent::Done {
+                            exit_code,
+                            interrupted,
+                        } => {
+                            return Taken::Done {
+                                exit_code,
+                                interrupted,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The run did not stop within the grace after SIGINT: kill the interpreter's tree.
+    async fn kill_after_timeout(&self, r: &Runner, c: &mut Collect<'_>, timeout: Duration) {
+        let _ = self
+            .agent
+            .call(Op::KillTree {
+                pid: r.pid,
+                spare_main: false,
+            })
+            .await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.agent.wait_exit(r.pid)).await;
+        self.agent.forget(r.pid);
+        self.drain(r, c);
+        c.error(ExecError {
+            name: "Timeout".into(),
+            value: format!(
+                "the run exceeded its timeout of {} ms and did not stop within {} ms of SIGINT: \
+                 the {} interpreter was killed; the context's state (variables, imports, \
+                 working directory) is lost and the next run starts a fresh interpreter",
+                timeout.as_millis(),
+                CONTEXT_INTERRUPT_GRACE.as_millis(),
+                self.language.as_str()
+            ),
+            traceback: String::new(),
+        });
     }
 
     /// The run ended normally (`done`): the rest of its output is in the pipes.
