@@ -2,8 +2,12 @@
 `Sandbox.open` and on a live `lockbox serve` through `lockbox.Client` alike. The sandbox's
 Python is this test venv's (made readable in the sandbox), so matplotlib is importable."""
 
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -109,6 +113,42 @@ def test_a_bash_context_keeps_cwd_and_variables_and_contexts_are_deleted(open_bo
         with pytest.raises(ServerError) as e:
             box.create_context("cobol")
         assert e.value.status == 400 and e.value.details.get("field") == "language"
+
+
+NOBODY = r"""
+import json, sys
+from lockbox import Sandbox
+with Sandbox.open(state_dir=sys.argv[1], fs_readable=[sys.prefix]) as box:
+    box.run_code("import os\nn = 1")
+    kept = box.run_code("n += 1\nn").text
+    who = box.run_code("os.getuid()").text
+    ctx = box.create_context(env={"PATH": sys.prefix + "/bin:/usr/bin:/bin"})
+    png = [r.formats() for r in box.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()", ctx).results]
+    slow = box.run_code("while True:\n    pass", timeout=0.3)
+    after = box.run_code("n").text
+print(json.dumps({"kept": kept, "who": who, "png": png, "slow": slow.error.name, "after": after}))
+"""
+
+
+def test_contexts_work_as_uid_65534():
+    need(os.geteuid() == 0, "root (the test re-runs as uid 65534)")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+    need(_has_matplotlib(), "matplotlib in the test venv")
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    probe = subprocess.run(as_nobody + [sys.executable, "-c", "import lockbox"], capture_output=True)
+    need(probe.returncode == 0, f"a Python with lockbox that uid 65534 can run ({sys.executable})")
+    root = tempfile.mkdtemp(prefix="lockbox-nobody-code-")
+    try:
+        os.chown(root, 65534, 65534)
+        res = subprocess.run(as_nobody + [sys.executable, "-c", NOBODY, os.path.join(root, "state")],
+                             capture_output=True, text=True, cwd=root, timeout=300)
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got == {"kept": "2", "who": "65534", "png": [["png", "text"]], "slow": "KeyboardInterrupt",
+                       "after": "2"}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _has_matplotlib() -> bool:
