@@ -2,7 +2,8 @@
 //! like any command, and the typed frames the runtime exchanges with them.
 //!
 //! The runners are small programs embedded in this crate (`runners/python.py`,
-//! `runners/bash.sh`), run as `python3 -c SOURCE` / `bash -c SOURCE` by [`Op::ContextStart`]
+//! `runners/bash.sh`, `runners/node.js`), run as `python3 -c SOURCE` / `bash -c SOURCE` /
+//! `node -e SOURCE` by [`Op::ContextStart`]
 //! under a subreaper shim, as the sandbox's user, inside every wall of the sandbox. Their
 //! descriptors ([`Io::Runner`]): 0 `/dev/null`, 1 and 2 the user code's stdout and stderr
 //! (pipes read by the runtime as they fill, so output streams), 3 events (runner → runtime),
@@ -21,6 +22,8 @@ use std::collections::BTreeMap;
 pub const PYTHON_RUNNER: &str = include_str!("runners/python.py");
 /// The bash runner.
 pub const BASH_RUNNER: &str = include_str!("runners/bash.sh");
+/// The Node.js runner.
+pub const NODE_RUNNER: &str = include_str!("runners/node.js");
 
 /// The interpreters a context can be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -30,25 +33,30 @@ pub enum Language {
     Python,
     /// `bash`.
     Bash,
+    /// `node` (Node.js, when the sandbox has it).
+    Node,
 }
 
 impl Language {
     /// Every language, in the order they are documented.
-    pub const ALL: &'static [Language] = &[Language::Python, Language::Bash];
+    pub const ALL: &'static [Language] = &[Language::Python, Language::Bash, Language::Node];
 
     /// Its name on the wire (`python`, `bash`).
     pub fn as_str(self) -> &'static str {
         match self {
             Language::Python => "python",
             Language::Bash => "bash",
+            Language::Node => "node",
         }
     }
 
-    /// The language named `name` (`python`, `python3`, `bash`, `sh`), if there is one.
+    /// The language named `name` (`python`, `python3`, `bash`, `sh`, `node`, `javascript`,
+    /// `js`), if there is one.
     pub fn from_name(name: &str) -> Option<Language> {
         match name {
             "python" | "python3" => Some(Language::Python),
             "bash" | "sh" => Some(Language::Bash),
+            "node" | "javascript" | "js" => Some(Language::Node),
             _ => None,
         }
     }
@@ -64,6 +72,7 @@ impl Language {
                 "-c".into(),
                 BASH_RUNNER.into(),
             ],
+            Language::Node => vec!["node".into(), "-e".into(), NODE_RUNNER.into()],
         }
     }
 }

@@ -613,7 +613,7 @@ impl Sandbox {
         self.live()?.process(id)?.resize(cols, rows)
     }
 
-    /// Creates a code context: a persistent `python` or `bash` interpreter (started on its
+    /// Creates a code context: a persistent `python`, `bash` or `node` interpreter (started on its
     /// first run). `INVALID_REQUEST` naming `language` for another language,
     /// `ALREADY_EXISTS` for a taken id, `LIMIT_REACHED` beyond [`MAX_CONTEXTS`].
     pub async fn create_context(&self, opts: ContextOptions) -> Result<ContextInfo, RuntimeError> {

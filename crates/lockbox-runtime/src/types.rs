@@ -784,7 +784,8 @@ pub struct ContextOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
     #[serde(default)]
     pub id: Option<String>,
-    /// `python` (default) or `bash`; anything else is `INVALID_REQUEST` naming `language`.
+    /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
+    /// `language`.
     #[serde(default = "default_language")]
     pub language: String,
     /// Working directory of the interpreter (inside the sandbox).
@@ -815,7 +816,7 @@ impl Default for ContextOptions {
 pub struct ContextInfo {
     /// Its id (`default` for the one runs without a context use).
     pub id: String,
-    /// `python` or `bash`.
+    /// `python`, `bash` or `node`.
     pub language: String,
     /// The working directory it was created with (`None`: the sandbox's).
     pub cwd: Option<String>,

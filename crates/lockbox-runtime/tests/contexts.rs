@@ -243,6 +243,39 @@ async fn a_bash_context_keeps_its_cwd_and_variables() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
+    if !std::path::Path::new("/usr/bin/node").exists() {
+        eprintln!("SKIP: no /usr/bin/node");
+        return;
+    }
+    also_as_nobody("a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout");
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let opts = ContextOptions {
+        id: Some("js".into()),
+        language: "node".into(),
+        ..ContextOptions::default()
+    };
+    assert_eq!(sb.create_context(opts).await.unwrap().language, "node");
+    let r = |c: &str| sb.run_code(code(c, Some("js")));
+    r("let n = 40; function add(a, b) { return a + b }")
+        .await
+        .unwrap();
+    let e = r("console.log('hi'); add(n, 2)").await.unwrap();
+    assert_eq!(text(&e).as_deref(), Some("42"), "{e:?}");
+    assert_eq!(e.logs.stdout.concat(), "hi\n");
+    let err = r("null.x").await.unwrap().error.unwrap();
+    assert_eq!(err.name, "TypeError");
+    assert!(err.traceback.contains("<cell 3>"), "{}", err.traceback);
+    let mut spin = code("while (true) {}", Some("js"));
+    spin.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(spin).await.unwrap();
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    assert_eq!(e.error.unwrap().name, "KeyboardInterrupt");
+    assert_eq!(text(&r("n").await.unwrap()).as_deref(), Some("40"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_context_requests_name_what_is_wrong() {
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;

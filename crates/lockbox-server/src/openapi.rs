@@ -521,7 +521,7 @@ fn context_paths() -> Value {
     };
     json!({
         "/v1/sandboxes/{id}/contexts": {
-            "post": op("Create a code context: a persistent python or bash interpreter (started on its first run). \
+            "post": op("Create a code context: a persistent python, bash or node interpreter (started on its first run). \
                 400 INVALID_REQUEST naming `language` for another language; 409 ALREADY_EXISTS; LIMIT_REACHED beyond 16",
                 vec![id()], optional_json("CreateContext"), &[("201", reply("created", "Context"))]),
             "get": op("List code contexts", vec![id()], None, &[("200", reply("the contexts", "ContextList"))])
@@ -821,7 +821,7 @@ fn context_schemas() -> Value {
     json!({
         "CreateContext": object(json!({
             "id": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" },
-            "language": { "type": "string", "enum": ["python", "python3", "bash", "sh"], "default": "python" },
+            "language": { "type": "string", "enum": ["python", "python3", "bash", "sh", "node", "javascript", "js"], "default": "python" },
             "cwd": string, "env": string_map
         }), &[]),
         "Context": { "type": "object", "required": ["id", "language", "created_at", "runs", "restarts"],

@@ -173,7 +173,7 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         "Run Python (or bash) code in a persistent interpreter of the sandbox (a code \
         context, like a notebook kernel: variables, imports and functions carry over to the \
         next run in the same context). Without `context` the sandbox's default Python context \
-        is used; a named context is created on first use with `language` (python or bash). \
+        is used; a named context is created on first use with `language` (python, bash or node). \
         Result: stdout, stderr, the value of the last expression, rich results (matplotlib \
         figures and PNG images come back as image content; HTML, JSON and other MIME types \
         in structuredContent.results), and the error with its name, value and traceback. \
@@ -351,7 +351,7 @@ fn run_code_schema() -> Value {
             "sandbox_id": sandbox_id(),
             "code": { "type": "string", "description": "Python statements (the last expression's value is returned), or bash text." },
             "context": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$", "description": "The context (interpreter) to run in, created on first use; the sandbox's default Python context when absent." },
-            "language": { "type": "string", "enum": ["python", "bash"], "description": "The language of a context this call creates (default python)." },
+            "language": { "type": "string", "enum": ["python", "bash", "node"], "description": "The language of a context this call creates (default python)." },
             "timeout_ms": ms(&format!("Interrupt the code after this long (default {DEFAULT_EXEC_TIMEOUT_MS}).")),
             "max_output_bytes": { "type": "integer", "minimum": 0, "maximum": MAX_OUTPUT, "description": format!("Bytes of stdout, and of stderr, shown in the text (default {DEFAULT_MAX_OUTPUT}).") },
         }),
@@ -592,7 +592,7 @@ fn run_code(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
     } else {
         Err(ApiError::invalid(
             "language",
-            format!("language: {language:?} is not python or bash"),
+            format!("language: {language:?} is not python, bash or node"),
         ))
     }
 }
