@@ -463,7 +463,7 @@ fn build() -> Value {
         "info": {
             "title": "lockbox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches. Every route but /healthz and the console's /ui routes needs `Authorization: Bearer <token>` (or the console's session cookie, with `X-CSRF-Token` on state-changing requests). Errors are {code, message, details}; see docs/server.md. The same sandboxes are also served as MCP tools at POST /mcp (MCP streamable HTTP transport, JSON-RPC 2.0, same bearer token; not described here: see docs/mcp.md)."
+            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches, exposed ports, code contexts (persistent Python/bash/Node interpreters with rich results). Every route but /healthz and the console's /ui routes needs `Authorization: Bearer <token>` (or the console's session cookie, with `X-CSRF-Token` on state-changing requests). Errors are {code, message, details}; see docs/server.md. The same sandboxes are also served as MCP tools at POST /mcp (MCP streamable HTTP transport, JSON-RPC 2.0, same bearer token; not described here: see docs/mcp.md)."
         },
         "security": [ { "bearer": [] } ],
         "paths": paths,
