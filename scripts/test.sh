@@ -78,7 +78,8 @@ fi
 echo "== python SDK"
 pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
 [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
-"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3'
+# matplotlib: code contexts return its figures as PNG results (python/tests/test_code.py).
+"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5'
 rm -rf "$pyvenv/wheels"
 "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
 "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl

@@ -23,6 +23,7 @@ Example::
 
 from . import errors
 from .client import AsyncClient, Client
+from .code import Context, Execution, ExecutionError, Logs, Result
 from .local import LocalClient, LocalSandbox
 from ._lockbox import __version__
 from ._names import quote as quote_name
@@ -55,6 +56,11 @@ __all__ = [
     "AsyncClient",
     "LocalClient",
     "LocalSandbox",
+    "Context",
+    "Execution",
+    "ExecutionError",
+    "Logs",
+    "Result",
     "Sandbox",
     "Cmd",
     "Pipeline",

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._names import to_json
+from .code import Context, Execution, _context, _error, _execution, _result
 from ._types import Change, _change
 from .errors import ServerError
 
@@ -455,6 +456,52 @@ class RemoteSandbox:
         part of the snapshot. ``{"id", "name", "sandbox", "parent", "workdir", "created_at",
         "bytes", "entries"}``; ``NO_WORKDIR`` (409) for a sandbox without a workdir."""
         return self.client._request("POST", self._p("/snapshots"), body={"name": name} if name is not None else {})
+    # -- code contexts (docs/code-contexts.md) ---------------------------------------------
+
+    def create_context(self, language: str = "python", *, id: str | None = None, cwd: str | None = None,  # noqa: A002
+                       env: Mapping[str, str] | None = None) -> Context:
+        """Creates a code context: a persistent ``python`` or ``bash`` interpreter (started on
+        its first run). ``env`` may set ``PATH`` to pick another ``python3``."""
+        body = _drop_none({"id": id, "language": language, "cwd": cwd, "env": dict(env) if env else None})
+        return _context(self.client._request("POST", self._p("/contexts"), body=body))
+
+    def contexts(self) -> list[Context]:
+        """The sandbox's code contexts."""
+        return [_context(c) for c in self.client._request("GET", self._p("/contexts"))["contexts"]]
+
+    def delete_context(self, context: Context | str) -> None:
+        """Deletes a context, killing its interpreter (``CONTEXT_NOT_FOUND`` if none)."""
+        cid = context.id if isinstance(context, Context) else context
+        self.client._request("DELETE", self._p(f"/contexts/{urllib.parse.quote(cid, safe='')}"))
+
+    def run_code(self, code: str, context: Context | str | None = None, *, timeout: float | None = None,
+                 on_stdout: Any = None, on_stderr: Any = None, on_result: Any = None,
+                 on_error: Any = None) -> Execution:
+        """Runs ``code`` in a context (the sandbox's ``default`` Python context when none is
+        given) and returns its :class:`~lockbox.code.Execution`. ``timeout`` (seconds)
+        interrupts the code (``KeyboardInterrupt``, state kept; killed after 2 s more, state
+        lost). The callbacks get output text, :class:`~lockbox.code.Result` s and the error
+        as they come (the run is streamed then)."""
+        cid = context.id if isinstance(context, Context) else (context or "default")
+        path = self._p(f"/contexts/{urllib.parse.quote(cid, safe='')}/run")
+        body = _drop_none({"code": code, "timeout_ms": _ms(timeout)})
+        if not (on_stdout or on_stderr or on_result or on_error):
+            return _execution(self.client._request("POST", path, body=body))
+        final: Execution | None = None
+        for ev in self.client._events(self.client._request("POST", path + "/stream", body=body, stream=True)):
+            if ev.event == "stdout" and on_stdout:
+                on_stdout(ev.data["text"])
+            elif ev.event == "stderr" and on_stderr:
+                on_stderr(ev.data["text"])
+            elif ev.event == "result" and on_result:
+                on_result(_result(ev.data))
+            elif ev.event == "error" and on_error:
+                on_error(_error(ev.data))
+            elif ev.event == "end":
+                final = _execution(ev.data)
+        if final is None:
+            raise ServerError("the run's stream ended without its result", code="INTERNAL", status=0)
+        return final
 
     def _port(self, info: dict[str, Any]) -> dict[str, Any]:
         info = dict(info)
@@ -730,6 +777,22 @@ class AsyncSandbox:
     async def unexpose_port(self, port: int) -> None:
         """See :meth:`RemoteSandbox.unexpose_port`."""
         await asyncio.to_thread(self.sync.unexpose_port, port)
+
+    async def create_context(self, language: str = "python", **kw: Any) -> Context:
+        """See :meth:`RemoteSandbox.create_context`."""
+        return await asyncio.to_thread(lambda: self.sync.create_context(language, **kw))
+
+    async def contexts(self) -> list[Context]:
+        """See :meth:`RemoteSandbox.contexts`."""
+        return await asyncio.to_thread(self.sync.contexts)
+
+    async def delete_context(self, context: Context | str) -> None:
+        """See :meth:`RemoteSandbox.delete_context`."""
+        await asyncio.to_thread(self.sync.delete_context, context)
+
+    async def run_code(self, code: str, context: Context | str | None = None, **kw: Any) -> Execution:
+        """See :meth:`RemoteSandbox.run_code` (callbacks run in the worker thread)."""
+        return await asyncio.to_thread(lambda: self.sync.run_code(code, context, **kw))
 
     async def changes(self) -> list[Change]:
         """See :meth:`RemoteSandbox.changes`."""

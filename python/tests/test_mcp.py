@@ -32,7 +32,7 @@ except ImportError:
 
 AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 TOOLS = {"create_sandbox", "list_sandboxes", "delete_sandbox", "exec", "read_file", "write_file",
-         "list_files", "changes", "diff", "commit", "abort"}
+         "list_files", "changes", "diff", "commit", "abort", "run_code"}
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -111,6 +111,17 @@ async def edit_test_commit(session, workdir: str) -> dict:
     await call(session, "exec", sandbox_id=sid, session="build", command="cd /tmp && export STEP=2")
     shell = await call(session, "exec", sandbox_id=sid, session="build", command='echo "$PWD $STEP"')
     assert structured(shell)["stdout"] == "/tmp 2\n", text(shell)
+
+    # A code context keeps its variables; an image result is image content, an error has its traceback.
+    await call(session, "run_code", sandbox_id=sid, code="import base64\ntotal = 40")
+    ran = await call(session, "run_code", sandbox_id=sid, code="total + 2")
+    assert structured(ran)["results"][0]["data"]["text/plain"] == "42", text(ran)
+    plot = await call(session, "run_code", sandbox_id=sid, code=(
+        f"class Plot:\n    def _repr_png_(self): return base64.b64decode({PNG_B64!r})\nPlot()"))
+    assert [(b.type, b.data) for b in plot.content if b.type == "image"] == [("image", PNG_B64)], plot.content
+    failed = await call(session, "run_code", sandbox_id=sid, context="other", code="print('x')\n{}['k']")
+    assert structured(failed)["error"]["name"] == "KeyError" and "x\n" in text(failed), text(failed)
+    assert "Traceback" in text(failed)
 
     listing = structured(await call(session, "list_files", sandbox_id=sid, path=workdir))
     assert {"calc.py", "test_calc.py"} <= {os.path.basename(e["path"]) for e in listing["entries"]}

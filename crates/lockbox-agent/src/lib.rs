@@ -17,6 +17,9 @@
 //!   back, [`wire`] for one record with descriptors, versioned by [`PROTOCOL_VERSION`]
 //!   (checked by [`check_hello`]); a reply of the wrong kind or version is a
 //!   [`ProtocolError`] naming what was expected and what came;
+//! - code contexts: [`contexts`], the runners (persistent Python and bash interpreters)
+//!   the agent starts with [`Op::ContextStart`] and the typed frames the runtime exchanges
+//!   with them over their own pipe pair;
 //! - the agent: [`main_if_agent`], and the `lockbox-agent` binary that is nothing else.
 //!
 //! Which executable runs as the agent: any binary that calls [`main_if_agent`] first thing
@@ -41,6 +44,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod contexts;
 mod error;
 mod files;
 mod proto;

@@ -135,6 +135,11 @@ pub enum Op {
         /// From [`Op::Watch`].
         watch: u64,
     },
+    /// Starts a code context's runner (see [`crate::contexts`]) under a subreaper shim with
+    /// [`Io::Runner`] descriptors; replies [`Body::Spawned`]. Its end is an
+    /// [`Message::Exit`] like any command's; signal and kill it with [`Op::Signal`] and
+    /// [`Op::KillTree`].
+    ContextStart(crate::contexts::ContextSpec),
 }
 
 /// How to start a command.
@@ -174,6 +179,10 @@ pub enum Io {
     /// data (read), 5 script (read). Sent: stdout, stderr and status read ends, then the
     /// data and script write ends.
     Session,
+    /// A code context's runner: fd 0 `/dev/null`, 1 stdout, 2 stderr, 3 events (write),
+    /// 4 requests (read). Sent: stdout, stderr and events read ends, then the requests
+    /// write end.
+    Runner,
 }
 
 /// A reply.

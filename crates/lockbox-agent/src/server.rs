@@ -341,6 +341,19 @@ impl Agent {
                     Err(e) => (Err(fail(e, &path)), Vec::new()),
                 }
             }
+            Op::ContextStart(spec) => {
+                let spawn = SpawnSpec {
+                    argv: spec.language.argv(),
+                    cwd: spec.cwd,
+                    env_clear: false,
+                    env: spec.env,
+                    io: Io::Runner,
+                };
+                match self.spawn(&spawn) {
+                    Ok((pid, fds)) => (Ok(Body::Spawned { pid }), fds),
+                    Err(e) => (Err(e), Vec::new()),
+                }
+            }
             Op::Connect { port } => match connect_loopback(port) {
                 Ok((peer, fd)) => (Ok(Body::Connected { peer }), vec![fd]),
                 Err(e) => (
@@ -409,6 +422,17 @@ impl Agent {
                 }
                 back.push(master);
                 tty = true;
+            }
+            Io::Runner => {
+                slots.push(null.try_clone().map_err(|_| err(Errno::MFILE, "dup"))?);
+                for _ in 0..3 {
+                    let (r, w) = pipe()?;
+                    slots.push(w);
+                    back.push(r);
+                }
+                let (r, w) = pipe()?;
+                slots.push(r);
+                back.push(w);
             }
             Io::Session => {
                 slots.push(null.try_clone().map_err(|_| err(Errno::MFILE, "dup"))?);

@@ -222,6 +222,9 @@ codes! {
         PortNotExposed = "PORT_NOT_EXPOSED",
         /// The port is exposed but nothing in the sandbox listens on it.
         PortNotListening = "PORT_NOT_LISTENING",
+        /// No code context of this id in the sandbox (create it first; `default` is
+        /// created on use).
+        ContextNotFound = "CONTEXT_NOT_FOUND",
         InvalidRequest = "INVALID_REQUEST",
         LimitReached = "LIMIT_REACHED",
         SetupFailed = "SETUP_FAILED",

@@ -163,6 +163,18 @@ pub enum RuntimeError {
         /// The port.
         port: u16,
     },
+    /// No code context with this id in the sandbox.
+    #[error("no code context {id:?} in this sandbox")]
+    ContextNotFound {
+        /// The context id asked for.
+        id: String,
+    },
+    /// A code context with this id exists already.
+    #[error("code context {id:?} exists already")]
+    ContextExists {
+        /// The context id.
+        id: String,
+    },
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -198,6 +210,8 @@ impl RuntimeError {
             }
             RuntimeError::PortNotExposed { .. } => ErrorCode::PortNotExposed,
             RuntimeError::PortNotListening { .. } => ErrorCode::PortNotListening,
+            RuntimeError::ContextNotFound { .. } => ErrorCode::ContextNotFound,
+            RuntimeError::ContextExists { .. } => ErrorCode::AlreadyExists,
             RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -210,7 +224,9 @@ impl RuntimeError {
             | RuntimeError::SessionExists { id }
             | RuntimeError::ProcessNotFound { id }
             | RuntimeError::ProcessNotRunning { id }
-            | RuntimeError::NoWorkdir { id } => json!({ "id": id }),
+            | RuntimeError::NoWorkdir { id }
+            | RuntimeError::ContextNotFound { id }
+            | RuntimeError::ContextExists { id } => json!({ "id": id }),
             RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
             RuntimeError::SessionTerminated { id, reason } => {
                 json!({ "id": id, "reason": reason })

@@ -1,8 +1,9 @@
 //! [`Sandbox`]: the handle to a running sandbox, each operation delegated to its module
 //! (sessions, processes, PTYs, ports, files, watches, the workspace).
 
+use crate::contexts::DEFAULT_RUN_TIMEOUT;
 use crate::streams::{
-    ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
+    CodeStream, ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
 };
 use crate::types::*;
 use crate::{files, output, ports, watch, workspace, RuntimeError};
@@ -246,6 +247,99 @@ impl Sandbox {
             return Err(RuntimeError::invalid("cols/rows", "must be at least 1"));
         }
         self.live()?.process(id)?.resize(cols, rows)
+    }
+
+    /// Creates a code context: a persistent `python`, `bash` or `node` interpreter (started on its
+    /// first run). `INVALID_REQUEST` naming `language` for another language,
+    /// `ALREADY_EXISTS` for a taken id, `LIMIT_REACHED` beyond [`MAX_CONTEXTS`].
+    pub async fn create_context(&self, opts: ContextOptions) -> Result<ContextInfo, RuntimeError> {
+        self.live()?.create_context(opts).await
+    }
+
+    /// The code contexts, by id.
+    pub async fn list_contexts(&self) -> Vec<ContextInfo> {
+        let inst = self.inner.instance();
+        let contexts = inst.contexts.lock().await;
+        contexts.values().map(|c| c.info()).collect()
+    }
+
+    /// Deletes a code context, killing its interpreter (and a run in progress).
+    /// `CONTEXT_NOT_FOUND` if there is none of this id.
+    pub async fn delete_context(&self, id: &str) -> Result<(), RuntimeError> {
+        let inst = self.live()?;
+        let removed = inst.contexts.lock().await.remove(id);
+        match removed {
+            Some(c) => {
+                c.kill().await;
+                Ok(())
+            }
+            None => Err(RuntimeError::ContextNotFound { id: id.to_owned() }),
+        }
+    }
+
+    /// Runs code in a context (the `default` Python context when `req.context` is `None`)
+    /// and returns its [`Execution`]. A timeout interrupts the code (SIGINT, then a kill
+    /// and a fresh interpreter after [`CONTEXT_INTERRUPT_GRACE`]); these and a crashing
+    /// interpreter are reported in `error`, not as `Err`. The run goes on to its end even
+    /// if this future is dropped.
+    pub async fn run_code(&self, req: RunCodeRequest) -> Result<Execution, RuntimeError> {
+        let ctx = self.live()?.context(req.context.as_deref()).await?;
+        let max = self.inner.limits.max_exec_output;
+        let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
+        let task = tokio::spawn(async move {
+            let mut ignore = |_: CodeEvent| {};
+            ctx.run(&req.code, timeout, max, &mut ignore).await
+        });
+        task.await.map_err(RuntimeError::internal)?
+    }
+
+    /// [`Sandbox::run_code`], streaming: output and results as they come, then
+    /// [`CodeEvent::End`] with the whole execution. The run is not slowed by a slow
+    /// consumer: events are queued, output text up to [`RuntimeConfig::max_exec_output`]
+    /// bytes per run (beyond it, only the final execution's `truncated` says more came).
+    pub async fn run_code_stream(&self, req: RunCodeRequest) -> Result<CodeStream, RuntimeError> {
+        let ctx = self.live()?.context(req.context.as_deref()).await?;
+        let max = self.inner.limits.max_exec_output;
+        let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let events = tx.clone();
+            let mut streamed = 0usize;
+            let mut emit = move |e: CodeEvent| {
+                if let CodeEvent::Stdout { text } | CodeEvent::Stderr { text } = &e {
+                    streamed += text.len();
+                    if streamed > max {
+                        return;
+                    }
+                }
+                let _ = events.send(e);
+            };
+            match ctx.run(&req.code, timeout, max, &mut emit).await {
+                Ok(exec) => {
+                    let _ = tx.send(CodeEvent::End(Box::new(exec)));
+                }
+                Err(e) => {
+                    let exec = Execution {
+                        context: ctx.id.clone(),
+                        error: Some(ExecError {
+                            name: e.code().as_str().to_owned(),
+                            value: e.to_string(),
+                            traceback: String::new(),
+                        }),
+                        ..Execution::default()
+                    };
+                    let _ = tx.send(CodeEvent::End(Box::new(exec)));
+                }
+            }
+        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
+            );
+        Ok(CodeStream {
+            inner: Box::pin(stream),
+        })
     }
 
     /// Exposes `port` of the sandbox: reachable through [`Sandbox::connect_port`] (the

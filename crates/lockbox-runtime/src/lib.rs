@@ -14,6 +14,8 @@
 //!   (its instance: init, agent, branch) and start-up;
 //! - `session`: persistent bash with a one-line-per-command protocol;
 //! - `process` + `log`: background processes and their bounded logs;
+//! - `contexts`: code contexts, persistent Python/bash interpreters whose runs return
+//!   output, rich results and errors;
 //! - `files`: file operations, resolved by the agent, streamed by the runtime;
 //! - `workspace`: changes/commit/abort of the sandbox's branch;
 //! - `ports`: exposed ports; `watch`: file watching; `streams`: the streams handed out;
@@ -35,6 +37,7 @@
 
 mod agent;
 mod branches;
+mod contexts;
 mod error;
 mod files;
 mod handle;
@@ -53,13 +56,16 @@ mod util;
 mod watch;
 mod workspace;
 
+pub use crate::contexts::{
+    CONTEXT_INTERRUPT_GRACE, DEFAULT_CONTEXT, DEFAULT_RUN_TIMEOUT, MAX_CONTEXTS,
+};
 pub use crate::error::RuntimeError;
 pub use crate::handle::Sandbox;
 pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
 pub use crate::runtime::Runtime;
 pub use crate::snapshots::MAX_SNAPSHOT_NAME;
 pub use crate::streams::{
-    ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
+    CodeStream, ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
 };
 pub use crate::types::*;
 pub use crate::util::rfc3339;

@@ -36,6 +36,8 @@ pub(crate) struct Instance {
     pub processes: Mutex<BTreeMap<String, Arc<Process>>>,
     /// Held from the check of the process bounds to the record's insertion.
     starting: tokio::sync::Mutex<()>,
+    /// Code contexts by id.
+    pub contexts: tokio::sync::Mutex<BTreeMap<String, Arc<crate::contexts::Context>>>,
 }
 
 impl Instance {
@@ -215,6 +217,7 @@ pub(crate) async fn start_instance(
         sessions: tokio::sync::Mutex::new(HashMap::new()),
         processes: Mutex::new(BTreeMap::new()),
         starting: tokio::sync::Mutex::new(()),
+        contexts: tokio::sync::Mutex::new(BTreeMap::new()),
     })
 }
 
@@ -341,12 +344,18 @@ impl Instance {
         self.agent.closed().await;
     }
 
-    /// True while a session runs a command.
+    /// True while a session runs a command or a code context runs code (activity, for
+    /// the idle timeout).
     pub fn any_session_busy(&self) -> bool {
-        match self.sessions.try_lock() {
+        let sessions = match self.sessions.try_lock() {
             Ok(s) => s.values().any(|(s, _)| s.info().busy),
             Err(_) => true, // being changed right now: activity
-        }
+        };
+        sessions
+            || match self.contexts.try_lock() {
+                Ok(c) => c.values().any(|c| c.busy()),
+                Err(_) => true,
+            }
     }
 
     /// A session by id; the default session (and a terminated session) is created on use.
@@ -575,6 +584,62 @@ impl Instance {
         }
         p.wait().await;
         Ok(())
+    }
+}
+
+impl Instance {
+    /// A code context by id; the default context is created (Python) on first use.
+    pub async fn context(
+        &self,
+        id: Option<&str>,
+    ) -> Result<Arc<crate::contexts::Context>, RuntimeError> {
+        use crate::contexts::{new_context, DEFAULT_CONTEXT, MAX_CONTEXTS};
+        let id = id.unwrap_or(DEFAULT_CONTEXT);
+        let mut contexts = self.contexts.lock().await;
+        if let Some(c) = contexts.get(id) {
+            return Ok(c.clone());
+        }
+        if id != DEFAULT_CONTEXT {
+            return Err(RuntimeError::ContextNotFound { id: id.to_owned() });
+        }
+        if contexts.len() >= MAX_CONTEXTS {
+            return Err(RuntimeError::LimitReached {
+                what: "code contexts per sandbox".into(),
+                limit: MAX_CONTEXTS,
+            });
+        }
+        let c = Arc::new(new_context(
+            &self.agent,
+            id.to_owned(),
+            &ContextOptions::default(),
+        )?);
+        contexts.insert(id.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    pub async fn create_context(&self, opts: ContextOptions) -> Result<ContextInfo, RuntimeError> {
+        use crate::contexts::{check_id, new_context, MAX_CONTEXTS};
+        let id = match &opts.id {
+            Some(id) => {
+                check_id(id)?;
+                id.clone()
+            }
+            None => format!("c-{}", crate::util::random_id()),
+        };
+        let c = new_context(&self.agent, id.clone(), &opts)?;
+        let mut contexts = self.contexts.lock().await;
+        if contexts.contains_key(&id) {
+            return Err(RuntimeError::ContextExists { id });
+        }
+        if contexts.len() >= MAX_CONTEXTS {
+            return Err(RuntimeError::LimitReached {
+                what: "code contexts per sandbox".into(),
+                limit: MAX_CONTEXTS,
+            });
+        }
+        let info = c.info();
+        contexts.insert(id, Arc::new(c));
+        Ok(info)
     }
 }
 

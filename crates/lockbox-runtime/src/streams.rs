@@ -16,6 +16,12 @@ pub struct ExecStream {
     pub(crate) inner: BoxStream<ExecEvent>,
 }
 
+/// The events of [`crate::Sandbox::run_code_stream`]: output and results as they come,
+/// then `End` with the whole execution.
+pub struct CodeStream {
+    pub(crate) inner: BoxStream<crate::types::CodeEvent>,
+}
+
 /// The chunks of [`crate::Sandbox::follow_logs`]: replay, then live; ends after the process
 /// exited and all its output was sent (the last chunk has `eof: true`).
 pub struct LogStream {
@@ -62,6 +68,7 @@ macro_rules! forward_stream {
 
 forward_stream!(ExecStream, ExecEvent, "ExecStream");
 forward_stream!(LogStream, LogChunk, "LogStream");
+forward_stream!(CodeStream, crate::types::CodeEvent, "CodeStream");
 forward_stream!(PtyOutput, Bytes, "PtyOutput");
 forward_stream!(WatchStream, crate::WatchEvent, "WatchStream");
 forward_stream!(

@@ -931,3 +931,139 @@ mod signal_tests {
         }
     }
 }
+
+/// How to create a code context ([`crate::Sandbox::create_context`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextOptions {
+    /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
+    /// `language`.
+    #[serde(default = "default_language")]
+    pub language: String,
+    /// Working directory of the interpreter (inside the sandbox).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment of the interpreter (e.g. a `PATH` to another `python3`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn default_language() -> String {
+    "python".into()
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        ContextOptions {
+            id: None,
+            language: default_language(),
+            cwd: None,
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+/// A code context.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContextInfo {
+    /// Its id (`default` for the one runs without a context use).
+    pub id: String,
+    /// `python`, `bash` or `node`.
+    pub language: String,
+    /// The working directory it was created with (`None`: the sandbox's).
+    pub cwd: Option<String>,
+    /// Creation time, RFC 3339 UTC.
+    pub created_at: String,
+    /// Pid of its interpreter; `None` while none runs (before the first run, after a
+    /// crash or a kill: the next run starts a fresh one).
+    pub pid: Option<i32>,
+    /// Runs so far.
+    pub runs: u64,
+    /// Times its interpreter was replaced (after a crash or a timeout kill).
+    pub restarts: u64,
+}
+
+/// One run of code in a context.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunCodeRequest {
+    /// The code: Python statements (the last expression's value is the main result) or
+    /// bash text.
+    pub code: String,
+    /// The context; `None` = the sandbox's `default` Python context (created on use).
+    #[serde(default)]
+    pub context: Option<String>,
+    /// Interrupt the run after this long (SIGINT; then, after
+    /// [`crate::CONTEXT_INTERRUPT_GRACE`], kill and restart the interpreter). Default
+    /// [`crate::DEFAULT_RUN_TIMEOUT`].
+    #[serde(
+        default,
+        rename = "timeout_ms",
+        with = "opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<Duration>,
+}
+
+pub use lockbox_agent::contexts::{DisplayData, ExecError, Language};
+
+/// The output of a run, as chunks in the order they were read.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Logs {
+    /// stdout chunks (UTF-8, invalid bytes replaced).
+    pub stdout: Vec<String>,
+    /// stderr chunks.
+    pub stderr: Vec<String>,
+}
+
+/// The outcome of [`crate::Sandbox::run_code`], in the shape E2B's and Cloudflare's code
+/// interpreters use: `results` (rich values), `logs`, `error`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Execution {
+    /// The context it ran in.
+    pub context: String,
+    /// `display()` calls, matplotlib figures and the last expression's value, in order.
+    pub results: Vec<DisplayData>,
+    /// stdout and stderr (each bounded by [`RuntimeConfig::max_exec_output`]).
+    pub logs: Logs,
+    /// The exception (`name`, `value`, `traceback`); `KeyboardInterrupt` after a timeout
+    /// the code survived, `Timeout` when the interpreter had to be killed,
+    /// `InterpreterDied` when it crashed, `ExitCode` for a failing bash command.
+    pub error: Option<ExecError>,
+    /// bash: the exit status of the code's last command.
+    pub exit_code: Option<i32>,
+    /// The run was interrupted by its timeout.
+    pub timed_out: bool,
+    /// The interpreter ended during this run (crash or timeout kill): the context's
+    /// variables and imports are gone; the next run starts a fresh interpreter.
+    pub state_lost: bool,
+    /// Output beyond [`RuntimeConfig::max_exec_output`] was dropped.
+    pub truncated: bool,
+    /// Wall time of the run in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// One event of a streamed run ([`crate::Sandbox::run_code_stream`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum CodeEvent {
+    /// Text on stdout.
+    Stdout {
+        /// The text.
+        text: String,
+    },
+    /// Text on stderr.
+    Stderr {
+        /// The text.
+        text: String,
+    },
+    /// A rich result.
+    Result(DisplayData),
+    /// The code raised (also in the final execution).
+    Error(ExecError),
+    /// The run is over; the whole execution (the last event).
+    End(Box<Execution>),
+}

@@ -68,7 +68,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::RunNotFound
         | C::NoJournal
         | C::StepNotFound
-        | C::PortNotExposed => StatusCode::NOT_FOUND,
+        | C::PortNotExposed
+        | C::ContextNotFound => StatusCode::NOT_FOUND,
         // The sandboxed server is the upstream of the port proxy.
         C::PortNotListening => StatusCode::BAD_GATEWAY,
         C::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

@@ -126,7 +126,12 @@ fn diff_path_bytes() -> Value {
 
 fn all_schemas() -> Value {
     let mut all = schemas();
-    for more in [branch_schemas(), console_schemas(), snapshot_schemas()] {
+    for more in [
+        branch_schemas(),
+        console_schemas(),
+        snapshot_schemas(),
+        context_schemas(),
+    ] {
         if let (Some(map), Some(more)) = (all.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
         }
@@ -484,6 +489,7 @@ fn build() -> Value {
         console_paths(),
         port_paths(),
         snapshot_paths(),
+        context_paths(),
     ] {
         if let (Some(map), Some(more)) = (paths.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
@@ -495,7 +501,7 @@ fn build() -> Value {
         "info": {
             "title": "lockbox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches. Every route but /healthz and the console's /ui routes needs `Authorization: Bearer <token>` (or the console's session cookie, with `X-CSRF-Token` on state-changing requests). Errors are {code, message, details}; see docs/server.md. The same sandboxes are also served as MCP tools at POST /mcp (MCP streamable HTTP transport, JSON-RPC 2.0, same bearer token; not described here: see docs/mcp.md)."
+            "description": "Long-lived sandboxes: sessions, processes, PTYs, files, workspace branches, exposed ports, code contexts (persistent Python/bash/Node interpreters with rich results). Every route but /healthz and the console's /ui routes needs `Authorization: Bearer <token>` (or the console's session cookie, with `X-CSRF-Token` on state-changing requests). Errors are {code, message, details}; see docs/server.md. The same sandboxes are also served as MCP tools at POST /mcp (MCP streamable HTTP transport, JSON-RPC 2.0, same bearer token; not described here: see docs/mcp.md)."
         },
         "security": [ { "bearer": [] } ],
         "paths": paths,
@@ -563,6 +569,44 @@ fn port_paths() -> Value {
     })
 }
 
+/// Code contexts and their runs.
+fn context_paths() -> Value {
+    let id = || path_param("id", "sandbox id");
+    let cid = || {
+        path_param(
+            "cid",
+            "context id (`default`: the sandbox's Python context, created on first use)",
+        )
+    };
+    json!({
+        "/v1/sandboxes/{id}/contexts": {
+            "post": op("Create a code context: a persistent python, bash or node interpreter (started on its first run). \
+                400 INVALID_REQUEST naming `language` for another language; 409 ALREADY_EXISTS; LIMIT_REACHED beyond 16",
+                vec![id()], optional_json("CreateContext"), &[("201", reply("created", "Context"))]),
+            "get": op("List code contexts", vec![id()], None, &[("200", reply("the contexts", "ContextList"))])
+        },
+        "/v1/sandboxes/{id}/contexts/{cid}": {
+            "delete": op("Delete a code context, killing its interpreter (404 CONTEXT_NOT_FOUND)", vec![id(), cid()], None,
+                &[("204", json!({ "description": "done" }))])
+        },
+        "/v1/sandboxes/{id}/contexts/{cid}/run": {
+            "post": op("Run code in a context: stdout/stderr, rich results (MIME bundles), the error. A timeout \
+                interrupts (SIGINT: error KeyboardInterrupt, state kept), then after 2 s kills the interpreter \
+                (error Timeout, state_lost); a crash is error InterpreterDied. 404 CONTEXT_NOT_FOUND",
+                vec![id(), cid()], required_json("RunCode"), &[("200", reply("the execution", "Execution"))])
+        },
+        "/v1/sandboxes/{id}/contexts/{cid}/run/stream": {
+            "post": op("Run code in a context, streamed as server-sent events: stdout, stderr ({text}), result \
+                (a MIME bundle), error ({name, value, traceback}), then end (the whole Execution)",
+                vec![id(), cid()], required_json("RunCode"),
+                &[("200", json!({ "description": "events",
+                    "content": { "text/event-stream": { "schema": sse_event(CODE_EVENTS) } } }))])
+        }
+    })
+}
+
+const CODE_EVENTS: &[&str] = &["stdout", "stderr", "result", "error", "end"];
+
 /// OpenAPI links from the operations that create things to those that use them, so a
 /// stateful client (and schemathesis' stateful phase) can follow ids it was given.
 fn add_links(paths: &mut Value) {
@@ -572,6 +616,7 @@ fn add_links(paths: &mut Value) {
     let mut sandbox_links = Map::new();
     let mut process_links = Map::new();
     let mut session_links = Map::new();
+    let mut context_links = Map::new();
     for (path, item) in map.iter() {
         let Some(methods) = item.as_object() else {
             continue;
@@ -594,12 +639,19 @@ fn add_links(paths: &mut Value) {
                     json!({ "operationRef": op_ref, "parameters": {
                     "id": "$request.path.id", "sid": "$response.body#/id" } }),
                 );
+            } else if path.starts_with("/v1/sandboxes/{id}/contexts/{cid}") {
+                context_links.insert(
+                    name,
+                    json!({ "operationRef": op_ref, "parameters": {
+                    "id": "$request.path.id", "cid": "$response.body#/id" } }),
+                );
             } else if path.starts_with("/v1/sandboxes/{id}")
                 && !path.contains("{pid}")
                 && !path.contains("{sid}")
                 // A watch streams until the client leaves: a client following links to
                 // exercise every operation would wait on it forever.
                 && !path.ends_with("/watch")
+                && !path.contains("{cid}")
             {
                 sandbox_links.insert(
                     name,
@@ -613,6 +665,7 @@ fn add_links(paths: &mut Value) {
         ("/v1/sandboxes", sandbox_links),
         ("/v1/sandboxes/{id}/processes", process_links),
         ("/v1/sandboxes/{id}/sessions", session_links),
+        ("/v1/sandboxes/{id}/contexts", context_links),
     ] {
         if let Some(created) = map
             .get_mut(path)
@@ -816,6 +869,54 @@ fn schemas() -> Value {
         "PortList": { "type": "object", "required": ["ports"],
             "properties": { "ports": { "type": "array", "items": schema("Port") } } },
         "AbortResult": { "type": "object", "properties": { "aborted": boolean } }
+    })
+}
+
+/// The schemas of code contexts.
+fn context_schemas() -> Value {
+    let string = json!({ "type": "string" });
+    let strings = json!({ "type": "array", "items": { "type": "string" } });
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    let boolean = json!({ "type": "boolean" });
+    let count = json!({ "type": "integer", "minimum": 0 });
+    let ms = json!({ "type": "integer", "minimum": 1, "maximum": MAX_MS });
+    let nullable = |t: &str| json!({ "type": t, "nullable": true });
+    let object = |props: Value, required: &[&str]| {
+        let mut o = json!({ "type": "object", "properties": props, "additionalProperties": false });
+        if !required.is_empty() {
+            o["required"] = json!(required);
+        }
+        o
+    };
+    json!({
+        "CreateContext": object(json!({
+            "id": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" },
+            "language": { "type": "string", "enum": ["python", "python3", "bash", "sh", "node", "javascript", "js"], "default": "python" },
+            "cwd": string, "env": string_map
+        }), &[]),
+        "Context": { "type": "object", "required": ["id", "language", "created_at", "runs", "restarts"],
+            "properties": { "id": string, "language": string, "cwd": nullable("string"), "created_at": string,
+                "pid": nullable("integer"), "runs": count, "restarts": count } },
+        "ContextList": { "type": "object", "required": ["contexts"],
+            "properties": { "contexts": { "type": "array", "items": schema("Context") } } },
+        "RunCode": object(json!({ "code": string, "timeout_ms": ms }), &["code"]),
+        "DisplayData": { "type": "object", "required": ["data", "is_main_result"],
+            "description": "a MIME bundle: text/plain, text/html, text/markdown, image/svg+xml and \
+                application/json as they are; image/png, image/jpeg, application/pdf base64",
+            "properties": { "data": { "type": "object", "additionalProperties": {} }, "is_main_result": boolean } },
+        "ExecError": { "type": "object", "required": ["name", "value", "traceback"],
+            "properties": { "name": string, "value": string, "traceback": string } },
+        "Execution": { "type": "object",
+            "required": ["context", "results", "logs", "timed_out", "state_lost", "truncated", "duration_ms"],
+            "properties": {
+                "context": string,
+                "results": { "type": "array", "items": schema("DisplayData") },
+                "logs": { "type": "object", "required": ["stdout", "stderr"],
+                    "properties": { "stdout": strings, "stderr": strings } },
+                "error": { "allOf": [schema("ExecError")], "nullable": true },
+                "exit_code": nullable("integer"),
+                "timed_out": boolean, "state_lost": boolean, "truncated": boolean, "duration_ms": count
+            } }
     })
 }
 

@@ -720,3 +720,35 @@ pub struct SnapshotRequest {
     #[serde(default)]
     pub name: Option<String>,
 }
+
+/// `POST /v1/sandboxes/{id}/contexts/{cid}/run` and `/run/stream`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunCode {
+    /// The code (Python statements, or bash text).
+    pub code: String,
+    /// Interrupt after this long (default 300 000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl RunCode {
+    /// The runtime's request for context `context`.
+    pub fn into_request(
+        self,
+        context: String,
+    ) -> Result<lockbox_runtime::RunCodeRequest, ApiError> {
+        if self.timeout_ms == Some(0) {
+            return Err(ApiError::invalid(
+                "timeout_ms",
+                "timeout_ms: must be greater than zero",
+            ));
+        }
+        check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
+        Ok(lockbox_runtime::RunCodeRequest {
+            code: self.code,
+            context: Some(context),
+            timeout: self.timeout_ms.map(std::time::Duration::from_millis),
+        })
+    }
+}

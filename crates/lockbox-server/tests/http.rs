@@ -67,6 +67,7 @@ fn operations() -> Vec<(Method, String)> {
                 .replace("{id}", "sb-none")
                 .replace("{pid}", "p1")
                 .replace("{sid}", "s1")
+                .replace("{cid}", "c1")
                 .replace("{port}", "8000")
                 .replace("{path}", "index.html");
             (Method::from_bytes(method.as_bytes()).unwrap(), path)

@@ -10,8 +10,8 @@ use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
 use lockbox_runtime::{
-    ByteRange, ExecRequest, ExecResult, FileDiffReply, Runtime, RuntimeError, Sandbox,
-    SessionOptions, WriteOptions,
+    ByteRange, ContextOptions, ExecRequest, ExecResult, Execution, FileDiffReply, RunCodeRequest,
+    Runtime, RuntimeError, Sandbox, SessionOptions, WriteOptions,
 };
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
@@ -106,6 +106,19 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             let sandbox = runtime.sandbox(&id).await?;
             json_result(&sandbox.commit(selection).await?)
         }
+        ToolCall::RunCode {
+            id,
+            request,
+            language,
+            max_output,
+        } => {
+            let sandbox = runtime.sandbox(&id).await?;
+            let exec = crate::routes::exec::detached(async move {
+                run_code(&sandbox, request, language).await
+            })
+            .await?;
+            run_code_result(&exec, max_output)
+        }
         ToolCall::Abort { id } => {
             runtime.sandbox(&id).await?.abort().await?;
             json_result(&json!({ "aborted": true }))
@@ -134,6 +147,81 @@ async fn exec(sandbox: &Sandbox, request: ExecRequest) -> Result<ExecResult, Run
         }
         other => other,
     }
+}
+
+/// Runs code; a named context that does not exist yet is created first with `language`.
+async fn run_code(
+    sandbox: &Sandbox,
+    request: RunCodeRequest,
+    language: String,
+) -> Result<Execution, RuntimeError> {
+    match sandbox.run_code(request.clone()).await {
+        Err(e) if e.code() == ErrorCode::ContextNotFound => {
+            let options = ContextOptions {
+                id: request.context.clone(),
+                language,
+                ..ContextOptions::default()
+            };
+            match sandbox.create_context(options).await {
+                Err(e) if e.code() != ErrorCode::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            sandbox.run_code(request).await
+        }
+        other => other,
+    }
+}
+
+/// An execution as MCP content: the text a model reads (output, results' text, the error),
+/// PNG and JPEG results as image content, the whole execution as `structuredContent`.
+fn run_code_result(e: &Execution, max: usize) -> Value {
+    let mut text = String::new();
+    let mut content = Vec::new();
+    for (name, chunks) in [("stdout", &e.logs.stdout), ("stderr", &e.logs.stderr)] {
+        let all = chunks.concat();
+        if all.is_empty() {
+            continue;
+        }
+        let (body, cut) = shown(all.as_bytes(), max);
+        text.push_str(&format!("--- {name} ---\n{body}\n"));
+        if cut || e.truncated {
+            text.push_str(&format!("[{name} truncated]\n"));
+        }
+    }
+    for r in &e.results {
+        for mime in ["image/png", "image/jpeg"] {
+            if let Some(Value::String(b64)) = r.data.get(mime) {
+                content.push(json!({ "type": "image", "data": b64, "mimeType": mime }));
+            }
+        }
+        let label = if r.is_main_result {
+            "result"
+        } else {
+            "display"
+        };
+        if let Some(Value::String(plain)) = r.data.get("text/plain") {
+            let (body, _) = shown(plain.as_bytes(), max);
+            text.push_str(&format!("--- {label} ---\n{body}\n"));
+        }
+    }
+    if let Some(err) = &e.error {
+        text.push_str(&format!(
+            "--- error: {}: {} ---\n{}",
+            err.name, err.value, err.traceback
+        ));
+        if e.state_lost {
+            text.push_str("\n(the interpreter was replaced: the context's state is lost)");
+        }
+    }
+    if text.is_empty() {
+        text.push_str("(no output)");
+    }
+    content.insert(0, json!({ "type": "text", "text": text }));
+    json!({
+        "content": content,
+        "structuredContent": serde_json::to_value(e).unwrap_or_default(),
+        "isError": false,
+    })
 }
 
 /// A result whose text is its JSON.

@@ -110,6 +110,17 @@ pub enum ToolCall {
         /// The sandbox.
         id: String,
     },
+    /// `run_code`.
+    RunCode {
+        /// The sandbox.
+        id: String,
+        /// The run (its context named).
+        request: lockbox_runtime::RunCodeRequest,
+        /// The language of a named context created by this call.
+        language: String,
+        /// Bytes of stdout, and of stderr, shown.
+        max_output: usize,
+    },
 }
 
 /// The names of the tools, in `tools/list` order.
@@ -156,6 +167,22 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         (invalid bytes replaced). Errors: SANDBOX_NOT_FOUND, SANDBOX_NOT_RUNNING, \
         SESSION_NOT_FOUND, INVALID_REQUEST.",
         exec_schema,
+    ),
+    (
+        "run_code",
+        "Run Python (or bash) code in a persistent interpreter of the sandbox (a code \
+        context, like a notebook kernel: variables, imports and functions carry over to the \
+        next run in the same context). Without `context` the sandbox's default Python context \
+        is used; a named context is created on first use with `language` (python, bash or node). \
+        Result: stdout, stderr, the value of the last expression, rich results (matplotlib \
+        figures and PNG images come back as image content; HTML, JSON and other MIME types \
+        in structuredContent.results), and the error with its name, value and traceback. \
+        After timeout_ms (default 120000) the code is interrupted (KeyboardInterrupt, state \
+        kept); if it does not stop within 2 s the interpreter is killed (error Timeout, \
+        state_lost: the next run starts fresh). A crash is error InterpreterDied (state_lost). \
+        Errors: SANDBOX_NOT_FOUND, SANDBOX_NOT_RUNNING, INVALID_REQUEST (language, \
+        timeout_ms), LIMIT_REACHED (16 contexts).",
+        run_code_schema,
     ),
     (
         "read_file",
@@ -318,6 +345,20 @@ fn exec_schema() -> Value {
     )
 }
 
+fn run_code_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "code": { "type": "string", "description": "Python statements (the last expression's value is returned), or bash text." },
+            "context": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$", "description": "The context (interpreter) to run in, created on first use; the sandbox's default Python context when absent." },
+            "language": { "type": "string", "enum": ["python", "bash", "node"], "description": "The language of a context this call creates (default python)." },
+            "timeout_ms": ms(&format!("Interrupt the code after this long (default {DEFAULT_EXEC_TIMEOUT_MS}).")),
+            "max_output_bytes": { "type": "integer", "minimum": 0, "maximum": MAX_OUTPUT, "description": format!("Bytes of stdout, and of stderr, shown in the text (default {DEFAULT_MAX_OUTPUT}).") },
+        }),
+        &["sandbox_id", "code"],
+    )
+}
+
 fn read_schema() -> Value {
     object(
         json!({
@@ -440,6 +481,7 @@ impl ToolCall {
             "changes" => ToolCall::Changes { id: only_id(args)? },
             "abort" => ToolCall::Abort { id: only_id(args)? },
             "exec" => exec(args)?,
+            "run_code" => run_code(args)?,
             "read_file" => {
                 let id = take_id(&mut args)?;
                 let a: ReadArgs = from_args(args)?;
@@ -503,19 +545,7 @@ impl ToolCall {
 
 fn exec(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
     let id = take_id(&mut args)?;
-    let max_output = match args.remove("max_output_bytes") {
-        None => DEFAULT_MAX_OUTPUT,
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|n| *n <= MAX_OUTPUT)
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "max_output_bytes",
-                    format!("max_output_bytes: must be an integer from 0 to {MAX_OUTPUT}"),
-                )
-            })?,
-    };
+    let max_output = max_output(&mut args)?;
     if !args.contains_key("timeout_ms") {
         args.insert("timeout_ms".into(), json!(DEFAULT_EXEC_TIMEOUT_MS));
     }
@@ -525,6 +555,63 @@ fn exec(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
         request,
         max_output,
     })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunCodeArgs {
+    code: String,
+    #[serde(default)]
+    context: Option<String>,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+fn run_code(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
+    let id = take_id(&mut args)?;
+    let max_output = max_output(&mut args)?;
+    let a: RunCodeArgs = from_args(args)?;
+    let context = a
+        .context
+        .unwrap_or_else(|| lockbox_runtime::DEFAULT_CONTEXT.to_owned());
+    let request = wire::RunCode {
+        code: a.code,
+        timeout_ms: Some(a.timeout_ms.unwrap_or(DEFAULT_EXEC_TIMEOUT_MS)),
+    }
+    .into_request(context)?;
+    let language = a.language.unwrap_or_else(|| "python".into());
+    if lockbox_runtime::Language::from_name(&language).is_some() {
+        Ok(ToolCall::RunCode {
+            id,
+            request,
+            language,
+            max_output,
+        })
+    } else {
+        Err(ApiError::invalid(
+            "language",
+            format!("language: {language:?} is not python, bash or node"),
+        ))
+    }
+}
+
+/// Removes and checks `max_output_bytes`.
+fn max_output(args: &mut Map<String, Value>) -> Result<usize, ApiError> {
+    match args.remove("max_output_bytes") {
+        None => Ok(DEFAULT_MAX_OUTPUT),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n <= MAX_OUTPUT)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "max_output_bytes",
+                    format!("max_output_bytes: must be an integer from 0 to {MAX_OUTPUT}"),
+                )
+            }),
+    }
 }
 
 fn write(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {

@@ -2,6 +2,7 @@
 
 mod branches;
 mod console;
+mod contexts;
 pub(crate) mod exec;
 mod files;
 mod journal;
@@ -41,6 +42,22 @@ pub fn router() -> Router<AppState> {
         .route(
             &format!("{sandbox}/sessions/{{sid}}"),
             delete(sandboxes::delete_session),
+        )
+        .route(
+            &format!("{sandbox}/contexts"),
+            post(contexts::create).get(contexts::list),
+        )
+        .route(
+            &format!("{sandbox}/contexts/{{cid}}"),
+            delete(contexts::delete),
+        )
+        .route(
+            &format!("{sandbox}/contexts/{{cid}}/run"),
+            post(contexts::run),
+        )
+        .route(
+            &format!("{sandbox}/contexts/{{cid}}/run/stream"),
+            post(contexts::stream),
         )
         .route(&format!("{sandbox}/exec"), post(exec::exec))
         .route(&format!("{sandbox}/exec/stream"), post(exec::stream))

@@ -1,0 +1,93 @@
+// The Node.js runner of lockbox code contexts (embedded in the agent, run as `node -e`).
+// Requests on fd 4: "<length>\n<code>"; events on fd 3: "<length>\n<json>" ({"result": ...},
+// {"error": ...}, {"done": ...}), as the Python runner. Code runs in one vm context, so
+// globals, `var`, `let`, `const` and functions stay for the next run; the value of the last
+// expression is the main result (util.inspect as text/plain). SIGINT interrupts a run
+// (breakOnSigint) and is ignored between runs.
+"use strict";
+const fs = require("fs");
+const vm = require("vm");
+const util = require("util");
+
+const REQ = 4;
+const EV = 3;
+process.on("SIGINT", () => {});
+
+function send(obj) {
+  const data = Buffer.from(JSON.stringify(obj));
+  const out = Buffer.concat([Buffer.from(`${data.length}\n`), data]);
+  let off = 0;
+  while (off < out.length) off += fs.writeSync(EV, out, off, out.length - off);
+}
+
+function readInto(buf, off, n) {
+  for (;;) {
+    try {
+      return fs.readSync(REQ, buf, off, n, null);
+    } catch (e) {
+      if (e.code === "EAGAIN" || e.code === "EINTR") continue;
+      throw e;
+    }
+  }
+}
+
+function readRequest() {
+  const one = Buffer.alloc(1);
+  let line = "";
+  for (;;) {
+    if (readInto(one, 0, 1) === 0) return null;
+    const c = one.toString("latin1");
+    if (c === "\n") break;
+    line += c;
+  }
+  const n = parseInt(line, 10);
+  const buf = Buffer.alloc(n);
+  let off = 0;
+  while (off < n) {
+    const got = readInto(buf, off, n - off);
+    if (got === 0) return null;
+    off += got;
+  }
+  return buf.toString("utf8");
+}
+
+const sandbox = { require, console, process, Buffer, setTimeout, clearTimeout, setInterval,
+  clearInterval, setImmediate, clearImmediate, URL, TextEncoder, TextDecoder, module, exports };
+sandbox.display = (...objs) => {
+  for (const o of objs) send({ result: { data: bundle(o), is_main_result: false } });
+};
+const context = vm.createContext(sandbox);
+let count = 0;
+
+function bundle(value) {
+  const data = { "text/plain": util.inspect(value) };
+  if (value && typeof value === "object") {
+    for (const [method, mime] of [["_repr_html_", "text/html"], ["_repr_svg_", "image/svg+xml"],
+      ["_repr_png_", "image/png"], ["_repr_json_", "application/json"]]) {
+      if (typeof value[method] === "function") {
+        try { data[mime] = value[method](); } catch (e) { /* left out */ }
+      }
+    }
+  }
+  return data;
+}
+
+for (;;) {
+  const code = readRequest();
+  if (code === null) break;
+  count += 1;
+  try {
+    const value = vm.runInContext(code, context, { filename: `<cell ${count}>`, breakOnSigint: true });
+    if (value !== undefined) send({ result: { data: bundle(value), is_main_result: true } });
+  } catch (e) {
+    const interrupted = e && e.code === "ERR_SCRIPT_EXECUTION_INTERRUPTED";
+    const name = interrupted ? "KeyboardInterrupt" : (e && e.name) || "Error";
+    const value = e && e.message !== undefined ? e.message : String(e);
+    // The stack up to the runner's own frames (vm's and the runner's).
+    const lines = String((e && e.stack) || "").split("\n");
+    const end = lines.findIndex((l) => /node:vm|\[eval\]|sigintHandlersWrap/.test(l));
+    const traceback = (end < 0 ? lines : lines.slice(0, end)).join("\n");
+    send({ error: { name, value, traceback } });
+  }
+  send({ done: { exit_code: null } });
+}
