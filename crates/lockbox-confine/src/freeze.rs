@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 
 use crate::proc_stat::ProcStat;
-
-/// Most processes one freeze stops (more than any sandbox's bound allows by default).
-const MAX_PROCESSES: usize = 65_536;
+use crate::usage::{walk, Walked, MAX_PROCESSES};
 
 /// A paused tree; resumed by [`Frozen::thaw`] or when dropped.
 #[derive(Debug)]
@@ -77,7 +75,7 @@ pub fn freeze_tree(init: libc::pid_t, timeout: Duration) -> io::Result<Frozen> {
     };
     loop {
         let mut new = 0;
-        for (pid, parent) in walk(init)? {
+        for Walked { pid, parent, .. } in walk(init, false)? {
             if frozen.pids.contains(&pid) {
                 continue;
             }
@@ -112,41 +110,6 @@ pub fn freeze_tree(init: libc::pid_t, timeout: Duration) -> io::Result<Frozen> {
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-}
-
-/// The tree's processes with their parents (`None` for the init), from `/proc`.
-fn walk(init: libc::pid_t) -> io::Result<Vec<(i32, Option<i32>)>> {
-    let mut out = Vec::new();
-    let mut queue = vec![(init, None)];
-    while let Some((pid, parent)) = queue.pop() {
-        let stat = match ProcStat::read(pid) {
-            Ok(s) => s,
-            Err(e) if pid == init => return Err(e),
-            Err(_) => continue,
-        };
-        if parent.is_some_and(|p| p != stat.ppid) || stat.is_zombie() {
-            continue;
-        }
-        out.push((pid, parent));
-        if out.len() >= MAX_PROCESSES {
-            break;
-        }
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
-                continue;
-            };
-            queue.extend(
-                children
-                    .split_ascii_whitespace()
-                    .filter_map(|c| c.parse().ok())
-                    .map(|c| (c, Some(pid))),
-            );
-        }
-    }
-    Ok(out)
 }
 
 /// A pidfd for `pid`, if after opening it `pid` is still the child of `parent` the walk
@@ -194,21 +157,21 @@ mod tests {
         let root = i32::try_from(sh.id()).unwrap();
         let frozen = freeze_tree(root, Duration::from_secs(5)).unwrap();
         assert!(frozen.processes() >= 2, "{frozen:?}");
-        let pids: Vec<i32> = walk(root).unwrap().into_iter().map(|(p, _)| p).collect();
+        let pids: Vec<i32> = walk(root, false).unwrap().iter().map(|w| w.pid).collect();
         for &pid in &pids {
             assert_eq!(state(pid), b'T', "pid {pid} of {pids:?}");
         }
         // Still: nothing new appears while frozen.
         std::thread::sleep(Duration::from_millis(50));
-        let again: Vec<i32> = walk(root).unwrap().into_iter().map(|(p, _)| p).collect();
+        let again: Vec<i32> = walk(root, false).unwrap().iter().map(|w| w.pid).collect();
         assert_eq!(again, pids);
         drop(frozen);
         std::thread::sleep(Duration::from_millis(50));
         assert_ne!(state(root), b'T');
         // Stopped again to be killed whole (the shell's children would outlive it).
         let frozen = freeze_tree(root, Duration::from_secs(5)).unwrap();
-        for (pid, _) in walk(root).unwrap() {
-            let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+        for w in walk(root, false).unwrap() {
+            let _ = rustix::process::kill_process(Pid::from_raw(w.pid).unwrap(), Signal::KILL);
         }
         drop(frozen);
         sh.wait().unwrap();
