@@ -9,12 +9,13 @@
 //! until it finds no process it has not stopped and every stopped process reports `T`:
 //! a process stopped cannot fork, so then the whole tree is still.
 //!
-//! What `SIGSTOP` may show: a parent that waits with `WUNTRACED` (a shell with job
-//! control: an interactive `bash` on a PTY) could see its child stopped. Processes are
-//! resumed children first, so such a parent, stopped too, finds its child running again
-//! when it runs; the kernel reports a stop to `waitpid` only while the child is stopped.
-//! (The `SIGCHLD` of the stop still reaches it.) The cgroup freezer has no such effect;
-//! it is the better mechanism where it is delegated.
+//! What `SIGSTOP` shows: a parent that waits with `WUNTRACED` sees its child stopped.
+//! A shell with job control (an interactive `bash` on a PTY) does: tried by hand, bash
+//! reports its foreground job as `Stopped` and takes it to the background, although the
+//! job is resumed and goes on. Resuming children first does not prevent it. The shells of
+//! lockbox's sessions and processes started without a PTY run without job control and see
+//! nothing. The cgroup freezer has no such effect; it is the better mechanism where it is
+//! delegated.
 
 use std::collections::HashSet;
 use std::io;
@@ -47,8 +48,7 @@ impl Frozen {
         self.resume();
     }
 
-    /// Children first: a parent that waits with `WUNTRACED` then finds its child running
-    /// again when it runs, and never sees it stopped.
+    /// Children first, so that a parent never runs before what it waits for.
     fn resume(&mut self) {
         self.pids.clear();
         for (_, fd) in self.stopped.drain(..).rev() {
