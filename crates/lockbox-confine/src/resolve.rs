@@ -57,7 +57,7 @@ pub struct Resolved {
     /// memory that nothing else counts.
     pub scratch_inodes: u64,
     /// Most pseudo-terminals the sandbox's devpts instance may hold (its `max=`), see
-    /// [`pty_share`].
+    /// `pty_share`.
     pub ptys: u64,
     /// Hostnames of a deny-list, resolved once and pinned (shown in `/etc/hosts`).
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
@@ -65,14 +65,14 @@ pub struct Resolved {
     /// resolved by lockbox's resolver when the sandbox asks, see [`crate::DNS_ADDR`].
     pub net_names: Vec<NetSpec>,
     /// A hosts(5) file lockbox's resolver reads before the host's resolver, named by the
-    /// environment variable [`HOSTS_FILE_VAR`] (a hook for tests).
+    /// environment variable `LOCKBOX_NET_HOSTS_FILE` (a hook for tests).
     pub net_hosts_file: Option<PathBuf>,
     /// The network list with hosts resolved, for `--net-allow` / `--net-deny`.
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
     /// A host executable bound at [`crate::AGENT_PATH`] (the runtime's agent).
     pub helper: Option<PathBuf>,
     /// The host path of the terminal on the sandbox's stdio, if any: bound at
-    /// [`TERMINAL_PATH`], see [`terminal`].
+    /// `TERMINAL_PATH`, see `terminal`.
     pub terminal: Option<PathBuf>,
 }
 

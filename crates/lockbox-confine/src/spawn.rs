@@ -485,7 +485,7 @@ fn dev_null() -> Result<OwnedFd, SetupError> {
         })
 }
 
-/// Why `policy` cannot run several commands in one sandbox ([`spawn_sequence`]), if so:
+/// Why `policy` cannot run several commands in one sandbox ([`Spawn::sequence`]), if so:
 /// a network list (its supervisor serves one command's filter), passed descriptors (the
 /// first command would take them), or a bounded upper layer (handed to lockbox once, for
 /// one command's outcome).

@@ -363,7 +363,7 @@ impl Branch {
 
     /// [`Branch::abort`] for a caller that exits right after (`lockbox run`): a branch whose
     /// upper layer holds nothing (a run that wrote nothing) is only renamed into
-    /// `branches/.gone/` (see [`Removal::Deferred`]); the next creation removes it. A
+    /// `branches/.gone/` (see `Removal::Deferred`); the next creation removes it. A
     /// long-lived caller uses [`Branch::abort`], which leaves nothing behind.
     pub fn abort_before_exit(self) -> Result<(), CowError> {
         let removal = if is_empty_dir(&self.upper_dir()) {

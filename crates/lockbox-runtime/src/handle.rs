@@ -251,7 +251,7 @@ impl Sandbox {
 
     /// Creates a code context: a persistent `python`, `bash` or `node` interpreter (started on its
     /// first run). `INVALID_REQUEST` naming `language` for another language,
-    /// `ALREADY_EXISTS` for a taken id, `LIMIT_REACHED` beyond [`MAX_CONTEXTS`].
+    /// `ALREADY_EXISTS` for a taken id, `LIMIT_REACHED` beyond [`MAX_CONTEXTS`](crate::MAX_CONTEXTS).
     pub async fn create_context(&self, opts: ContextOptions) -> Result<ContextInfo, RuntimeError> {
         self.live()?.create_context(opts).await
     }
@@ -279,7 +279,7 @@ impl Sandbox {
 
     /// Runs code in a context (the `default` Python context when `req.context` is `None`)
     /// and returns its [`Execution`]. A timeout interrupts the code (SIGINT, then a kill
-    /// and a fresh interpreter after [`CONTEXT_INTERRUPT_GRACE`]); these and a crashing
+    /// and a fresh interpreter after [`CONTEXT_INTERRUPT_GRACE`](crate::CONTEXT_INTERRUPT_GRACE)); these and a crashing
     /// interpreter are reported in `error`, not as `Err`. The run goes on to its end even
     /// if this future is dropped.
     pub async fn run_code(&self, req: RunCodeRequest) -> Result<Execution, RuntimeError> {
