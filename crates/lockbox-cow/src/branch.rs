@@ -74,6 +74,27 @@ impl Branch {
         Branch::create_with_id(state_dir, BranchId::generate(), workdir, context)
     }
 
+    /// Creates a fork: a branch whose view is a snapshot's `layers` (top first, from
+    /// [`crate::SnapshotStore::layers`]) over `workdir`, with its own empty upper. Its
+    /// stale-base reference is the snapshot's (`base_ctime`), not now: a change made to the
+    /// workdir since the snapshot's first sandbox began, at a path the fork writes (itself
+    /// or through the snapshot), makes its commit stale, as a sibling's commit does.
+    pub fn create_fork(
+        state_dir: &Path,
+        workdir: &Path,
+        layers: Vec<PathBuf>,
+        base_ctime: crate::Timestamp,
+        context: serde_json::Value,
+    ) -> Result<Branch, CowError> {
+        let mut branch = Branch::create(state_dir, workdir, context)?;
+        let mut meta = branch.meta.clone();
+        meta.layers = layers;
+        meta.base_ctime = base_ctime;
+        meta::write(&branch.dir, &meta, branch.durability)?;
+        branch.meta = meta;
+        Ok(branch)
+    }
+
     /// Like [`Branch::create`], with a caller-chosen id (fails if it exists).
     pub fn create_with_id(
         state_dir: &Path,
@@ -177,6 +198,7 @@ impl Branch {
             context,
             failure: None,
             rebased: Vec::new(),
+            layers: Vec::new(),
         };
         meta::write(dir, &meta, Durability::Lazy)?;
         Ok(Branch {
@@ -236,14 +258,27 @@ impl Branch {
         self.dir.join("work")
     }
 
+    /// The upper layer the branch's changes are read from: its `upper/`, or for a fork of
+    /// a snapshot its upper and the snapshot's layers flattened (see [`crate::View`]).
+    pub fn view(&self) -> Result<crate::View, CowError> {
+        crate::View::of(&self.dir, self.upper_dir(), &self.meta.layers)
+    }
+
+    /// The snapshot layers between the branch's upper and the workdir, top first (empty
+    /// for a branch of the workdir itself): an overlay of the branch mounts
+    /// `lowerdir=LAYERS:WORKDIR`.
+    pub fn layers(&self) -> &[PathBuf] {
+        &self.meta.layers
+    }
+
     /// Streams the change set against the workdir.
     pub fn changes(&self) -> Result<ChangeIter, CowError> {
-        ChangeIter::new(&self.upper_dir(), &self.meta.workdir)
+        ChangeIter::of_view(self.view()?, &self.meta.workdir)
     }
 
     /// Collects the whole change set against the workdir.
     pub fn change_set(&self) -> Result<ChangeSet, CowError> {
-        ChangeSet::compute(&self.upper_dir(), &self.meta.workdir)
+        ChangeSet::compute(self.view()?.path(), &self.meta.workdir)
     }
 
     /// Marks the branch as kept for review (durably).

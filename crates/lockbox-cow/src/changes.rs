@@ -524,6 +524,8 @@ impl Iterator for Walker {
 /// error it ends.
 pub struct ChangeIter {
     walker: Walker,
+    /// The flattened view the walker reads, kept until the walk ends.
+    _view: Option<crate::view::View>,
 }
 
 impl std::fmt::Debug for ChangeIter {
@@ -539,6 +541,15 @@ impl ChangeIter {
     pub fn new(upper: &Path, workdir: &Path) -> Result<ChangeIter, CowError> {
         Ok(ChangeIter {
             walker: Walker::new(upper, workdir)?,
+            _view: None,
+        })
+    }
+
+    /// Walks `view` against `workdir`, keeping the view until the walk is dropped.
+    pub(crate) fn of_view(view: crate::view::View, workdir: &Path) -> Result<ChangeIter, CowError> {
+        Ok(ChangeIter {
+            walker: Walker::new(view.path(), workdir)?,
+            _view: Some(view),
         })
     }
 }

@@ -161,7 +161,8 @@ pub fn commit(
         at: branch.meta().base_ctime,
         rebased: &branch.meta().rebased,
     });
-    let upper = branch.upper_dir();
+    let view = branch.view()?;
+    let upper = view.path().to_owned();
     let mut report = validate(&upper, branch.workdir(), root.as_fd(), base, opts)?;
     if opts.dry_run {
         report.dry_run = true;

@@ -166,7 +166,7 @@ impl Branch {
     /// Diffs one path (relative to the workdir) between the workdir and the branch. A path
     /// the branch does not touch compares equal.
     pub fn diff(&self, path: &Path) -> Result<FileDiff, CowError> {
-        Ok(match sides(&self.upper_dir(), self.workdir(), path)? {
+        Ok(match sides(self.view()?.path(), self.workdir(), path)? {
             Sides::Summary { old, new } => FileDiff::Summary { old, new },
             Sides::Text { old, new } => {
                 let (a, b) = Sides::texts(&old, &new);
@@ -188,7 +188,7 @@ impl Branch {
     /// The diff of one path as numbered hunks (the same hunks [`Branch::diff`] prints), for
     /// a commit of some of them ([`crate::Selection::hunks`]).
     pub fn hunks(&self, path: &Path) -> Result<FileHunks, CowError> {
-        file_hunks(&self.upper_dir(), self.workdir(), path)
+        file_hunks(self.view()?.path(), self.workdir(), path)
     }
 }
 

@@ -77,6 +77,7 @@ pub use crate::snapshot::{
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 pub use crate::stale::stamp_base;
 pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};
+pub use crate::view::View;
 
 mod beneath;
 mod branch;
@@ -98,3 +99,4 @@ mod snapshot;
 mod staged;
 mod stale;
 mod state_dir;
+mod view;

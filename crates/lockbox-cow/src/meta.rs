@@ -89,6 +89,16 @@ pub struct BranchMeta {
     /// never committed in part (and then not written: older records read the same).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rebased: Vec<Rebased>,
+    /// For a fork of a snapshot: the snapshot's layers, top first, between the branch's
+    /// upper and the workdir (`lowerdir=LAYERS:WORKDIR`). The branch's changes are those of
+    /// its upper and these layers together. Empty for a branch of the workdir itself (and
+    /// then not written: older records read the same).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "lockbox_policy::name::json::vec"
+    )]
+    pub layers: Vec<PathBuf>,
 }
 
 /// A path a partial commit wrote, and its stale-base reference from then on.
@@ -219,6 +229,7 @@ mod tests {
                 path: "a/b".into(),
                 at: Timestamp { secs: 5, nanos: 6 },
             }],
+            layers: vec!["/state/snapshots/s1/layer".into()],
         };
         write(dir.path(), &meta, Durability::Durable).unwrap();
         assert_eq!(read(dir.path()).unwrap(), meta);

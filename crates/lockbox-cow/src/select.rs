@@ -301,7 +301,9 @@ impl Branch {
         opts: &CommitOptions,
     ) -> Result<CommitReport, CowError> {
         let workdir = self.workdir().to_owned();
-        flatten(&[self.upper_dir()], snap)?;
+        let mut stack = vec![self.upper_dir()];
+        stack.extend(self.layers().iter().cloned());
+        flatten(&stack, snap)?;
         select_hunks(snap, &workdir, &sel.hunks)?;
         restrict(snap, &sel.only_paths(), &sel.exclude)?;
         let written: Vec<PathBuf> = ChangeSet::compute(snap, &workdir)?

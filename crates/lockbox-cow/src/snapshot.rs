@@ -20,9 +20,11 @@
 //!   made durable (`syncfs`), then renamed into place. A crash leaves no half-made snapshot
 //!   visible; [`SnapshotStore::open`] sweeps what dead creators left, and any snapshot
 //!   directory without its `meta.json` (a removal a crash interrupted: `meta.json` goes first);
-//! - **holds**: a fork (or anything else still reading a snapshot's layers) holds it under a
-//!   name ([`SnapshotStore::hold`]); [`SnapshotStore::delete`] refuses a snapshot that is held
-//!   or that another snapshot stacks on ([`CowError::SnapshotInUse`]). Changes to the store
+//! - **in use**: a fork ([`crate::Branch::create_fork`]: its record names the layers) uses
+//!   a snapshot as long as its branch exists, kept or running; anything else reading a
+//!   snapshot's layers holds it under a name ([`SnapshotStore::hold`]).
+//!   [`SnapshotStore::delete`] refuses a snapshot that is used, held, or that another
+//!   snapshot stacks on ([`CowError::SnapshotInUse`]). Changes to the store
 //!   (publish, hold, delete) are serialised by an `flock` on `snapshots/.lock`.
 
 use std::ffi::OsStr;
@@ -390,7 +392,8 @@ impl SnapshotStore {
     pub fn delete(&self, id: &SnapshotId) -> Result<(), CowError> {
         let _lock = self.lock()?;
         self.get(id)?;
-        let holders = self.holders(id)?;
+        let mut holders = self.holders(id)?;
+        holders.extend(self.forks(id)?);
         let children: Vec<String> = self
             .list()?
             .into_iter()
@@ -405,6 +408,19 @@ impl SnapshotStore {
             });
         }
         self.remove(id.as_str())
+    }
+
+    /// The branches (forks, running or kept) whose view stacks on `id`'s layer.
+    fn forks(&self, id: &SnapshotId) -> Result<Vec<String>, CowError> {
+        let Some(state_dir) = self.dir.parent() else {
+            return Ok(Vec::new());
+        };
+        let layer = self.dir.join(id.as_str()).join(LAYER);
+        Ok(crate::branch::list(state_dir)?
+            .into_iter()
+            .filter(|b| b.meta.as_ref().is_ok_and(|m| m.layers.contains(&layer)))
+            .map(|b| b.id.to_string())
+            .collect())
     }
 
     /// Bytes of file data over all snapshots (for a disk budget).

@@ -433,6 +433,7 @@ fn snapshot_tests_pass_as_uid_65534() {
             "fork_trees",
             "a_snapshot_in_use",
             "a_crash",
+            "a_fork_commits",
         ])
         .env("LOCKBOX_SNAPSHOT_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
@@ -440,4 +441,152 @@ fn snapshot_tests_pass_as_uid_65534() {
         .status()
         .unwrap();
     assert!(st.success(), "as uid 65534: {st}");
+}
+
+/// Runs `script` in an overlay of `branch` as a sandbox of it sees it: its upper over its
+/// snapshot layers over the workdir.
+fn run_in_fork(branch: &lockbox_cow::Branch, script: &str) {
+    let mut lowers = branch.layers().to_vec();
+    lowers.push(branch.workdir().to_owned());
+    let mnt = branch.dir().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    in_view(
+        &lowers,
+        &branch.upper_dir(),
+        &branch.work_dir(),
+        &mnt,
+        script,
+    );
+}
+
+#[test]
+fn a_fork_commits_its_snapshot_and_its_own_changes_and_then_its_sibling_is_stale() {
+    if !require_overlay() {
+        return;
+    }
+    let s = Scratch::new();
+    workdir_model(&s.wd);
+    let store = SnapshotStore::open(&s.state).unwrap();
+    let a = s.branch();
+    assert!(run_in_branch(
+        &a,
+        "echo from-a > made.txt && rm b && echo a2 >> a"
+    ));
+    let snap = store
+        .capture(
+            &a.upper_dir(),
+            NewSnapshot {
+                base_ctime: a.meta().base_ctime,
+                ..new_snapshot(None, &s.wd)
+            },
+        )
+        .unwrap();
+    // The first sandbox goes on; its later writes are not the snapshot's.
+    assert!(run_in_branch(&a, "echo later > later.txt"));
+    let layers = store.layers(&snap.id).unwrap();
+    let fork = |n: &str| {
+        lockbox_cow::Branch::create_fork(
+            &s.state,
+            &s.wd,
+            layers.clone(),
+            snap.base_ctime,
+            serde_json::json!({ "fork": n }),
+        )
+        .unwrap()
+    };
+    let f1 = fork("f1");
+    let f2 = fork("f2");
+    run_in_fork(&f1, "echo f1 > f1.txt && echo f1 >> a");
+    run_in_fork(&f2, "echo f2 >> a");
+
+    // A fork's changes are its snapshot's and its own, against the workdir.
+    let paths = |b: &lockbox_cow::Branch| -> Vec<String> {
+        b.change_set()
+            .unwrap()
+            .changes()
+            .iter()
+            .map(|c| c.path.display().to_string())
+            .collect()
+    };
+    assert_eq!(paths(&f1), ["a", "b", "f1.txt", "made.txt"]);
+    assert_eq!(paths(&f2), ["a", "b", "made.txt"]);
+    let streamed: Vec<String> = f1
+        .changes()
+        .unwrap()
+        .map(|c| c.unwrap().path.display().to_string())
+        .collect();
+    assert_eq!(streamed, paths(&f1));
+    match f1.diff(Path::new("a")).unwrap() {
+        lockbox_cow::FileDiff::Text { unified } => {
+            assert!(
+                unified.contains("+a2") && unified.contains("+f1"),
+                "{unified}"
+            )
+        }
+        d => panic!("{d:?}"),
+    }
+    // Forks use the snapshot: it cannot go.
+    match store.delete(&snap.id).unwrap_err() {
+        CowError::SnapshotInUse { holders, .. } => {
+            let mut want = vec![f1.id().to_string(), f2.id().to_string()];
+            want.sort();
+            let mut got = holders.clone();
+            got.sort();
+            assert_eq!(got, want);
+        }
+        e => panic!("{e}"),
+    }
+
+    // Committing one fork applies the snapshot's changes and its own.
+    let f2_id = f2.id().clone();
+    f1.commit(&lockbox_cow::CommitOptions::default()).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("a")).unwrap(),
+        "wa\na2\nf1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("made.txt")).unwrap(),
+        "from-a\n"
+    );
+    assert!(s.wd.join("f1.txt").exists() && !s.wd.join("b").exists());
+    assert!(!s.wd.join("later.txt").exists());
+    // Its sibling wrote the same path from the same snapshot: stale (exit 5).
+    let f2 = lockbox_cow::Branch::open(&s.state, &f2_id).unwrap();
+    let e = f2
+        .commit(&lockbox_cow::CommitOptions::default())
+        .unwrap_err();
+    assert_eq!(e.exit_code(), 5, "{e}");
+    assert_eq!(
+        std::fs::read_to_string(s.wd.join("a")).unwrap(),
+        "wa\na2\nf1\n"
+    );
+    // Once no fork uses it, the snapshot goes; no view directory is left behind.
+    lockbox_cow::abort_id(&s.state, &f2_id).unwrap();
+    store.delete(&snap.id).unwrap();
+    let views: Vec<_> = walkdir(&s.state)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".view-"))
+        })
+        .collect();
+    assert!(views.is_empty(), "{views:?}");
+}
+
+fn walkdir(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
 }
