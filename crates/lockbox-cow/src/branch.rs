@@ -466,14 +466,19 @@ fn sweep_unfinished(unfinished: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let pid = name
-            .to_str()
-            .and_then(|n| n.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok());
-        if pid.is_some_and(|pid| !pid_alive(pid)) {
+        if left_by_dead_creator(&name) {
             let _ = remove_dir_robust(unfinished, &name, Durability::Lazy);
         }
     }
+}
+
+/// Whether `name` (`<pid>-<id>` in a `.new/` directory: something being made) was left
+/// by a creator that is gone. Best effort: a pid may have been reused.
+pub(crate) fn left_by_dead_creator(name: &OsStr) -> bool {
+    name.to_str()
+        .and_then(|n| n.split_once('-'))
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !pid_alive(pid))
 }
 
 /// Removes the branches set aside in `branches/.gone/` ([`Removal::Deferred`]), on a thread

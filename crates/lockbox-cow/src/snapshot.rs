@@ -263,9 +263,7 @@ impl SnapshotStore {
             Ok(meta)
         })();
         if made.is_err() {
-            let _ = beneath::open_root(&unfinished).and_then(|fd| {
-                beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&fd), OsStr::new(&aside_name))
-            });
+            let _ = remove_entry(&unfinished, OsStr::new(&aside_name));
         }
         made
     }
@@ -438,8 +436,7 @@ impl SnapshotStore {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(err(e)),
             _ => {}
         }
-        let root = beneath::open_root(&self.dir).map_err(err)?;
-        beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&root), OsStr::new(name)).map_err(err)?;
+        remove_entry(&self.dir, OsStr::new(name)).map_err(err)?;
         fsync_dir(&self.dir).map_err(err)
     }
 
@@ -464,15 +461,8 @@ impl SnapshotStore {
         if let Ok(entries) = fs::read_dir(&unfinished) {
             for entry in entries.flatten() {
                 let name = entry.file_name();
-                let pid = name
-                    .to_str()
-                    .and_then(|n| n.split_once('-'))
-                    .and_then(|(pid, _)| pid.parse::<u32>().ok());
-                let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
-                if !alive {
-                    let _ = beneath::open_root(&unfinished).and_then(|fd| {
-                        beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&fd), &name)
-                    });
+                if crate::branch::left_by_dead_creator(&name) {
+                    let _ = remove_entry(&unfinished, &name);
                 }
             }
         }
@@ -500,6 +490,12 @@ impl SnapshotStore {
             .map_err(|e| err(e.into()))?;
         Ok(file)
     }
+}
+
+/// Removes `parent/name`, a whole tree, never following a symlink.
+fn remove_entry(parent: &Path, name: &OsStr) -> io::Result<()> {
+    let fd = beneath::open_root(parent)?;
+    beneath::remove_tree_at(std::os::fd::AsFd::as_fd(&fd), name)
 }
 
 /// Most snapshots stacked on one another (overlayfs takes at most 500 lower layers; a

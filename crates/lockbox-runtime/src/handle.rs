@@ -465,7 +465,7 @@ impl Sandbox {
         let sb = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let spec = serde_json::to_value(&sb.spec).unwrap_or_default();
-            crate::snapshots::take(&inst, &sb.state_dir, &sb.id, name, spec)
+            crate::snapshots::take(&inst, &sb.snapshots, &sb.id, name, spec)
         })
         .await
         .map_err(RuntimeError::internal)?

@@ -29,6 +29,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) starting: AtomicU64,
     /// What all process logs may reserve together.
     pub(crate) log_budget: Arc<sandbox::LogBudget>,
+    /// The snapshots of the state directory.
+    pub(crate) snapshots: lockbox_cow::SnapshotStore,
 }
 
 impl Runtime {
@@ -52,6 +54,8 @@ impl Runtime {
         })?;
         let state_lock = lock_state_dir(&config.state_dir)?;
         let store = store::Store::open(&config.state_dir)?;
+        // Opening sweeps what a killed runtime left half-made: once, at start-up.
+        let snapshots = crate::snapshots::store(&config.state_dir)?;
         store.prune_stopped(config.keep_stopped)?;
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
@@ -61,6 +65,7 @@ impl Runtime {
                 sandboxes: Mutex::new(HashMap::new()),
                 starting: AtomicU64::new(0),
                 log_budget: sandbox::LogBudget::new(config.max_log_memory),
+                snapshots,
                 config,
             }),
         })
@@ -109,6 +114,7 @@ impl Runtime {
             spec,
             state_dir: self.inner.config.state_dir.clone(),
             agent_exe: self.inner.agent_exe.clone(),
+            snapshots: self.inner.snapshots.clone(),
             limits: sandbox::Limits {
                 grace,
                 default_log_bytes: self.inner.config.default_log_bytes,
@@ -250,7 +256,7 @@ impl Runtime {
 
     /// Every snapshot, oldest first.
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, RuntimeError> {
-        let store = crate::snapshots::store(&self.inner.config.state_dir)?;
+        let store = &self.inner.snapshots;
         Ok(store
             .list()
             .map_err(RuntimeError::Branch)?
@@ -261,7 +267,7 @@ impl Runtime {
 
     /// One snapshot (`SNAPSHOT_NOT_FOUND`).
     pub fn snapshot_info(&self, id: &str) -> Result<SnapshotInfo, RuntimeError> {
-        let store = crate::snapshots::store(&self.inner.config.state_dir)?;
+        let store = &self.inner.snapshots;
         let meta = store
             .get(&crate::snapshots::parse_id(id)?)
             .map_err(RuntimeError::Branch)?;
@@ -270,7 +276,7 @@ impl Runtime {
 
     /// Deletes a snapshot (`SNAPSHOT_IN_USE` while forks or other snapshots use it).
     pub fn delete_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
-        let store = crate::snapshots::store(&self.inner.config.state_dir)?;
+        let store = &self.inner.snapshots;
         store
             .delete(&crate::snapshots::parse_id(id)?)
             .map_err(RuntimeError::Branch)

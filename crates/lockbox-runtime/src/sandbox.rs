@@ -124,6 +124,8 @@ pub(crate) struct SandboxInner {
     pub spec: SandboxSpec,
     pub state_dir: PathBuf,
     pub agent_exe: PathBuf,
+    /// The runtime's snapshot store.
+    pub snapshots: lockbox_cow::SnapshotStore,
     pub limits: Limits,
     pub instance: Mutex<Arc<Instance>>,
     pub next_process: AtomicU64,

@@ -24,6 +24,7 @@ const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a snapshot's name may be.
 pub const MAX_SNAPSHOT_NAME: usize = 256;
 
+/// Opens the snapshot store of `state_dir`, sweeping what a killed runtime left half-made.
 pub(crate) fn store(state_dir: &Path) -> Result<SnapshotStore, RuntimeError> {
     SnapshotStore::open(state_dir).map_err(RuntimeError::Branch)
 }
@@ -32,7 +33,7 @@ pub(crate) fn store(state_dir: &Path) -> Result<SnapshotStore, RuntimeError> {
 /// them (also when the copy fails).
 pub(crate) fn take(
     inst: &Instance,
-    state_dir: &Path,
+    store: &SnapshotStore,
     sandbox: &str,
     name: Option<String>,
     context: serde_json::Value,
@@ -45,7 +46,6 @@ pub(crate) fn take(
             ));
         }
     }
-    let store = store(state_dir)?;
     let branch = lock(&inst.branch);
     let Some(branch) = branch.as_ref() else {
         return Err(RuntimeError::NoWorkdir {
