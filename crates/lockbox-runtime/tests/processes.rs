@@ -244,34 +244,47 @@ async fn a_shell_process_starts_in_the_session_cwd_and_env() {
 async fn delete_leaves_no_process_behind() {
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
+    // Durations unique to this run, so that only this test's sleeps are counted on a host
+    // where other tests (or other runs of this one) sleep too.
+    let tag = std::process::id() % 1_000_000;
+    let secs = |n: u32| format!("40{n}.{tag:06}");
     let p = sb
-        .start_process(shell("setsid sleep 400 & exec sleep 401"))
+        .start_process(shell(&format!(
+            "setsid sleep {} & exec sleep {}",
+            secs(0),
+            secs(1)
+        )))
         .await
         .unwrap();
-    run(&sb, "(setsid sleep 402 &) ; echo").await;
+    run(&sb, &format!("(setsid sleep {} &) ; echo", secs(2))).await;
     let _ = p;
+    let ours: Vec<String> = (0..3).map(secs).collect();
     // The background sleeps start asynchronously.
     for _ in 0..1000 {
-        if host_sleepers() >= 3 {
+        if host_sleepers(&ours) >= 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(host_sleepers(), 3);
+    assert_eq!(host_sleepers(&ours), 3);
     let info = rt.delete_sandbox(sb.id()).await.unwrap();
     assert_eq!(info.state, lockbox_runtime::SandboxState::Stopped);
-    assert_eq!(host_sleepers(), 0);
+    assert_eq!(host_sleepers(&ours), 0);
     let err = sb.exec(req("true")).await.unwrap_err();
     assert_eq!(err.code(), "SANDBOX_NOT_RUNNING");
 }
 
-/// `sleep 40N` processes visible on the host.
-fn host_sleepers() -> usize {
+/// Processes visible on the host running `sleep D` for one of `durations`.
+fn host_sleepers(durations: &[String]) -> usize {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| c.starts_with(b"sleep\x0040"))
+        .filter(|c| {
+            durations
+                .iter()
+                .any(|d| c.as_slice() == format!("sleep\0{d}\0").as_bytes())
+        })
         .count()
 }
 
