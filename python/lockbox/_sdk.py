@@ -303,6 +303,7 @@ class Sandbox:
         labels: Mapping[str, str] | None = None,
         state_dir: PathLike | None = None,
         agent_exe: PathLike | None = None,
+        from_snapshot: str | Mapping[str, Any] | None = None,
         **policy: Any,
     ) -> LocalSandbox:
         """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
@@ -323,6 +324,9 @@ class Sandbox:
                 ``<default_state_dir()>/sdk/N``; docs/python.md).
             agent_exe: the in-sandbox agent executable (default: ``$LOCKBOX_AGENT``, else the
                 one embedded in this package).
+            from_snapshot: start from a snapshot's files (its id, or the dict
+                ``box.snapshot()`` returned) of this process's runtime: a fork with this
+                policy; ``workdir`` may be left out (it is the snapshot's).
             **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
                 ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
                 ``max_cpu_time`` is not available for long-lived sandboxes.
@@ -335,7 +339,7 @@ class Sandbox:
         sb = cls(workdir, **policy)
         client = LocalClient(state_dir, agent_exe=os.fspath(agent_exe) if agent_exe is not None else None)
         return client.create(**sb._create_body(), on_exit=on_exit,
-                             idle_timeout=idle_timeout, labels=labels)
+                             idle_timeout=idle_timeout, labels=labels, from_snapshot=from_snapshot)
 
     @classmethod
     async def open_async(cls, workdir: PathLike | None = None, **kw: Any) -> AsyncSandbox:

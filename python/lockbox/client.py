@@ -262,12 +262,15 @@ class Client:
         on_exit: str | None = None,
         idle_timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
+        from_snapshot: str | Mapping[str, Any] | None = None,
         **more: Any,
     ) -> RemoteSandbox:
         """Creates a sandbox (``POST /v1/sandboxes``); keywords as ``lockbox.Sandbox``'s,
         times in seconds, plus ``on_exit`` (``keep``/``commit``/``abort``), ``idle_timeout``,
         ``labels``, and any other field of the route. ``net_allow``/``net_deny`` are
-        destination lists as for ``lockbox.Sandbox`` (the server checks them)."""
+        destination lists as for ``lockbox.Sandbox`` (the server checks them).
+        ``from_snapshot`` (an id, or the dict :meth:`RemoteSandbox.snapshot` returned) starts
+        it from that snapshot's files, with this policy; ``workdir`` is then the snapshot's."""
         if net_allow:
             net = {"allow": list(net_allow)}  # type: ignore[assignment]
         elif net_deny:
@@ -277,6 +280,8 @@ class Client:
             "max_memory": max_memory, "max_processes": max_processes, "timeout_ms": _ms(timeout),
             "env": dict(env) if env else None, "on_exit": on_exit, "idle_timeout_ms": _ms(idle_timeout),
             "labels": dict(labels) if labels else None,
+            "from_snapshot": (from_snapshot if isinstance(from_snapshot, str) or from_snapshot is None
+                              else from_snapshot["id"]),
         }) | more
         info = self._request("POST", "/v1/sandboxes", body=body)
         return RemoteSandbox(self, info)
@@ -331,10 +336,41 @@ class Client:
         it)."""
         self._request("DELETE", f"/v1/snapshots/{id}")
 
+    def fork(self, snapshot: str | Mapping[str, Any], count: int = 1) -> list[RemoteSandbox]:
+        """Creates ``count`` sandboxes from a snapshot (an id, or the dict
+        :meth:`RemoteSandbox.snapshot` returned), with the policy of the sandbox it was taken
+        of: each sees exactly the snapshot's files and writes to its own layer, which it
+        commits on its own (committing one makes a sibling's commit of the same paths a
+        ``CONFLICT`` unless forced). All or none."""
+        sid = _snapshot_id(snapshot)
+        r = self._request("POST", f"/v1/snapshots/{sid}/fork", body={"count": count})
+        return [self._sandbox_of(info) for info in r["sandboxes"]]
+
+    def snapshot_diff(self, snapshot: str | Mapping[str, Any], *, to_snapshot: str | Mapping[str, Any] | None = None,
+                      to_sandbox: str | None = None) -> list[Change]:
+        """What changed from a snapshot to another snapshot (``to_snapshot``) or to a running
+        sandbox as it is now (``to_sandbox``) of the same workdir; with neither, the
+        snapshot's own changes against the workdir. :class:`~lockbox.Change` objects, sorted
+        by path."""
+        query = _drop_none({"to_snapshot": _snapshot_id(to_snapshot) if to_snapshot is not None else None,
+                            "to_sandbox": to_sandbox})
+        r = self._request("GET", f"/v1/snapshots/{_snapshot_id(snapshot)}/diff", query=query)
+        return [_change(c) for c in r["changes"]]
+
+    def _sandbox_of(self, info: dict[str, Any]) -> RemoteSandbox:
+        """A handle on a sandbox this client just made."""
+        return RemoteSandbox(self, info)
+
     def list(self, state: str | None = None) -> list[dict[str, Any]]:
         """The sandboxes: running, the server's last ``--keep-stopped`` stopped ones, and
         lost ones; ``state="running"`` (or ``"stopped"``, ``"lost"``) only those."""
         return self._request("GET", "/v1/sandboxes", query={"state": state})["sandboxes"]
+
+
+def _snapshot_id(snapshot: str | Mapping[str, Any]) -> str:
+    """A snapshot's id, given as it or as the dict the server returned."""
+    sid = snapshot if isinstance(snapshot, str) else snapshot["id"]
+    return urllib.parse.quote(sid, safe="")
 
 
 class RemoteSandbox:
@@ -456,6 +492,21 @@ class RemoteSandbox:
         part of the snapshot. ``{"id", "name", "sandbox", "parent", "workdir", "created_at",
         "bytes", "entries"}``; ``NO_WORKDIR`` (409) for a sandbox without a workdir."""
         return self.client._request("POST", self._p("/snapshots"), body={"name": name} if name is not None else {})
+
+    def fork(self, count: int = 1, *, name: str | None = None) -> list[RemoteSandbox]:
+        """Snapshots the sandbox (:meth:`snapshot`) and creates ``count`` sandboxes from that
+        snapshot (:meth:`Client.fork`). The snapshot stays (:meth:`Client.snapshots` lists
+        it); delete it once its forks are gone."""
+        return self.client.fork(self.snapshot(name), count)
+
+    def restore(self, snapshot: str | Mapping[str, Any]) -> dict[str, Any]:
+        """Rolls the sandbox back to a snapshot of its workdir (an id, or the dict
+        :meth:`snapshot` returned): its processes, sessions and code contexts are stopped,
+        its branch discarded, and it starts again (same id) seeing exactly the snapshot's
+        files. Processes' memory is not restored. Returns the sandbox's info."""
+        body = {"snapshot": _snapshot_id(snapshot)}
+        self.info = self.client._request("POST", self._p("/restore"), body=body)
+        return self.info
     # -- code contexts (docs/code-contexts.md) ---------------------------------------------
 
     def create_context(self, language: str = "python", *, id: str | None = None, cwd: str | None = None,  # noqa: A002
@@ -809,6 +860,18 @@ class AsyncSandbox:
     async def abort(self) -> dict[str, Any]:
         """See :meth:`RemoteSandbox.abort`."""
         return await asyncio.to_thread(self.sync.abort)
+
+    async def snapshot(self, name: str | None = None) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.snapshot`."""
+        return await asyncio.to_thread(self.sync.snapshot, name)
+
+    async def fork(self, count: int = 1, **kw: Any) -> list[AsyncSandbox]:
+        """See :meth:`RemoteSandbox.fork`."""
+        return [AsyncSandbox(s) for s in await asyncio.to_thread(self.sync.fork, count, **kw)]
+
+    async def restore(self, snapshot: str | Mapping[str, Any]) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.restore`."""
+        return await asyncio.to_thread(self.sync.restore, snapshot)
 
     async def delete(self) -> dict[str, Any]:
         """See :meth:`RemoteSandbox.delete`."""

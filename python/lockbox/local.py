@@ -129,6 +129,9 @@ class LocalClient(Client):
         """See :meth:`lockbox.Client.create`."""
         return LocalSandbox(self, super().create(**kw).info)
 
+    def _sandbox_of(self, info: dict[str, Any]) -> LocalSandbox:
+        return LocalSandbox(self, info)
+
     def sandbox(self, id: str) -> LocalSandbox:  # noqa: A002 - the server's name
         """A handle on an existing sandbox of this runtime."""
         return LocalSandbox(self, super().sandbox(id).info)

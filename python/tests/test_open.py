@@ -319,3 +319,48 @@ def test_snapshots_capture_the_sandbox_files_alike_locally_and_remotely(open_box
         with pytest.raises(ServerError) as e:
             box.snapshot()
         assert e.value.code == "NO_WORKDIR"
+
+
+def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
+    with open_box(workdir=str(ws), on_exit="abort") as box:
+        sh = box.session("work")
+        sh.exec("mkdir -p sub && cd sub && export MODE=fast")
+        box.exec("echo v2 > base.txt; rm calc.py")
+        snap = box.snapshot("v2")
+        client = box.client
+        forks = box.client.fork(snap, 2)
+        try:
+            assert len(forks) == 2 and all(isinstance(f, type(box)) for f in forks)
+            for i, f in enumerate(forks):
+                # Exactly the snapshot's files; the session where the snapshot found it.
+                assert f.exec("cat base.txt; ls").stdout == "v2\nbase.txt\n"
+                assert f.session("work").exec('echo "$PWD $MODE"').stdout == f"{ws}/sub fast\n"
+                f.exec(f"echo fork{i} > mine.txt")
+            assert [c.path for c in client.snapshot_diff(snap, to_sandbox=forks[0].id)] == ["mine.txt"]
+            assert {c.path for c in client.snapshot_diff(snap)} == {"base.txt", "calc.py"}
+            # One fork commits; its sibling's commit of the same paths conflicts.
+            forks[0].commit()
+            assert (ws / "base.txt").read_text() == "v2\n" and (ws / "mine.txt").read_text() == "fork0\n"
+            with pytest.raises(ServerError) as e:
+                forks[1].commit()
+            assert e.value.code == "CONFLICT"
+            assert (ws / "mine.txt").read_text() == "fork0\n"
+            with pytest.raises(ServerError) as e:
+                client.delete_snapshot(snap["id"])
+            assert e.value.code == "SNAPSHOT_IN_USE"
+        finally:
+            for f in forks:
+                f.close()
+        # The sandbox rolls back to its snapshot.
+        box.exec("echo v3 > base.txt; touch junk")
+        info = box.restore(snap)
+        assert info["id"] == box.id and info["state"] == "running"
+        # The snapshot's files over the workdir as it is now (with the fork's commit).
+        assert box.exec("cat base.txt; ls").stdout == "v2\nbase.txt\nmine.txt\n"
+        assert box.session("work").exec('echo "$PWD $MODE"').stdout == f"{ws}/sub fast\n"
+        with pytest.raises(ServerError) as e:
+            box.restore("s-none")
+        assert (e.value.status, e.value.code) == (404, "SNAPSHOT_NOT_FOUND")
+        with pytest.raises(ServerError) as e:
+            client.fork(snap, 0)
+        assert e.value.status == 400

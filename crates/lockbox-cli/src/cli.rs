@@ -134,6 +134,22 @@ Examples:
         branch_exit_codes!()
     ))]
     Branch(BranchArgs),
+    /// List, show, diff and delete snapshots of long-lived sandboxes' files.
+    ///
+    /// Snapshots are taken of running sandboxes of `lockbox serve` or `Sandbox.open`
+    /// (`POST /v1/sandboxes/{id}/snapshots`, `box.snapshot()`) and forked or restored
+    /// there; this command reads and deletes them in a state directory.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox snapshot list                  every snapshot, oldest first\n",
+        "  lockbox snapshot show ID\n",
+        "  lockbox snapshot diff ID               the snapshot against its workdir as it is now\n",
+        "  lockbox snapshot diff ID OTHER         what turns snapshot ID into snapshot OTHER\n",
+        "  lockbox snapshot rm ID                 refused while forks or other snapshots use it\n",
+        "  lockbox --json snapshot list\n\n",
+        "Exit codes: 0 done; 2 usage or an unknown id; 4 failed (a snapshot still in use, the store)."
+    ))]
+    Snapshot(SnapshotArgs),
     /// Inspect and fork durable step journals of agent runs.
     #[command(after_help = "\
 Examples:
@@ -222,6 +238,42 @@ pub struct BranchArgs {
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    pub command: SnapshotCommand,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// List snapshots, oldest first.
+    List,
+    /// Show a snapshot's record, who uses it, and its changes against its workdir.
+    Show {
+        /// The snapshot's id (from `lockbox snapshot list`).
+        id: String,
+    },
+    /// Show what changed from snapshot ID to snapshot OTHER (of the same workdir), or
+    /// without OTHER, the snapshot's changes against its workdir as it is now.
+    Diff {
+        /// The snapshot's id.
+        id: String,
+        /// Another snapshot of the same workdir.
+        other: Option<String>,
+    },
+    /// Delete snapshots (refused while forks or other snapshots use one).
+    Rm {
+        /// The snapshots' ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -42,6 +42,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         cli::Command::Run(run) => commands::run::run(&run),
         cli::Command::Check(check) => commands::check::run(&check),
         cli::Command::Branch(branch) => commands::branch::run(&branch),
+        cli::Command::Snapshot(args) => commands::snapshot::run(&args),
         cli::Command::Pipeline(args) => commands::txn::pipeline(&args),
         cli::Command::Gather(args) => commands::txn::gather(&args),
         cli::Command::Txn(args) => commands::txn::txn(&args),

@@ -77,7 +77,7 @@ pub enum FileType {
 }
 
 impl FileType {
-    fn of(st: &Stat) -> FileType {
+    pub(crate) fn of(st: &Stat) -> FileType {
         match RawType::from_raw_mode(st.st_mode) {
             RawType::RegularFile => FileType::File,
             RawType::Directory => FileType::Dir,

@@ -78,6 +78,7 @@ pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exis
 pub use crate::stale::stamp_base;
 pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};
 pub use crate::view::View;
+pub use crate::viewdiff::diff_views;
 
 mod beneath;
 mod branch;
@@ -100,3 +101,4 @@ mod staged;
 mod stale;
 mod state_dir;
 mod view;
+mod viewdiff;

@@ -334,6 +334,28 @@ impl SnapshotStore {
         Ok(out)
     }
 
+    /// The files snapshot `id` shows over its workdir, as one upper layer to read (for
+    /// [`crate::diff_views`]): its own layer, or its layers flattened by linking into the
+    /// store's scratch directory, which the [`crate::View`] removes when dropped (and
+    /// [`SnapshotStore::open`] if this process dies first).
+    pub fn view(&self, id: &SnapshotId) -> Result<crate::View, CowError> {
+        let layers = self.layers(id)?;
+        let scratch = self.dir.join(UNFINISHED);
+        DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&scratch)
+            .map_err(|source| CowError::Snapshot {
+                path: scratch.clone(),
+                source,
+            })?;
+        let (top, below) = layers.split_first().ok_or_else(|| CowError::SnapshotNotFound {
+            id: id.to_string(),
+        })?;
+        // Named `<pid>-<n>`: what a dead process left is swept like a half-made snapshot.
+        crate::View::in_dir(&scratch, "", top.clone(), below)
+    }
+
     /// Holds snapshot `id` under the name `user` (e.g. a fork's branch id): it cannot be
     /// deleted until every hold is released. Holding twice under one name is one hold.
     pub fn hold(&self, id: &SnapshotId, user: &str) -> Result<(), CowError> {
@@ -409,7 +431,7 @@ impl SnapshotStore {
     }
 
     /// The branches (forks, running or kept) whose view stacks on `id`'s layer.
-    fn forks(&self, id: &SnapshotId) -> Result<Vec<String>, CowError> {
+    pub fn forks(&self, id: &SnapshotId) -> Result<Vec<String>, CowError> {
         let Some(state_dir) = self.dir.parent() else {
             return Ok(Vec::new());
         };

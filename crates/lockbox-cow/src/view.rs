@@ -28,6 +28,17 @@ impl View {
         upper: PathBuf,
         layers: &[PathBuf],
     ) -> Result<View, CowError> {
+        View::in_dir(branch_dir, ".view-", upper, layers)
+    }
+
+    /// A view of `upper` over `layers`, flattened (when there are layers) into a new
+    /// directory of `dir` named `PREFIX<pid>-<n>`.
+    pub(crate) fn in_dir(
+        dir: &Path,
+        prefix: &str,
+        upper: PathBuf,
+        layers: &[PathBuf],
+    ) -> Result<View, CowError> {
         if layers.is_empty() {
             return Ok(View {
                 path: upper,
@@ -35,8 +46,8 @@ impl View {
             });
         }
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let path = branch_dir.join(format!(
-            ".view-{}-{}",
+        let path = dir.join(format!(
+            "{prefix}{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));

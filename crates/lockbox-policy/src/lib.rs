@@ -119,17 +119,21 @@ impl Policy {
 
     /// Shows `workdir` through a copy-on-write layer (`upper`, overlayfs scratch `work`, both
     /// empty directories on one filesystem) and makes it the working directory unless one is
-    /// set: how `lockbox run --workdir` and long-lived sandboxes mount a branch.
+    /// set: how `lockbox run --workdir` and long-lived sandboxes mount a branch. `layers`
+    /// (top first: a snapshot's, for a fork) lie between the upper and the workdir.
     pub fn mount_copy_on_write(
         &mut self,
         workdir: &std::path::Path,
+        layers: &[PathBuf],
         upper: PathBuf,
         work: PathBuf,
         max_size: Option<ByteSize>,
     ) {
+        let mut lowers = layers.to_vec();
+        lowers.push(workdir.to_owned());
         self.fs.overlays.push(Overlay {
             target: workdir.to_owned(),
-            lowers: vec![workdir.to_owned()],
+            lowers,
             upper: Some(OverlayUpper {
                 upper,
                 work,

@@ -462,13 +462,48 @@ impl Sandbox {
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo, RuntimeError> {
         let inst = self.live()?;
         let _life = self.inner.lifecycle.lock().await;
+        if lock(&inst.branch).is_none() {
+            return Err(self.no_workdir());
+        }
+        // Asked before the processes are paused: the shells answer.
+        let sessions = inst.session_states().await;
         let sb = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let spec = serde_json::to_value(&sb.spec).unwrap_or_default();
-            crate::snapshots::take(&inst, &sb.snapshots, &sb.id, name, spec)
+            let context = crate::snapshots::Recorded {
+                spec: &sb.spec,
+                sessions: &sessions,
+            };
+            let budget = sb.limits.max_snapshot_bytes;
+            crate::snapshots::take(&inst, &sb.snapshots, &sb.id, name, context, budget)
         })
         .await
         .map_err(RuntimeError::internal)?
+    }
+
+    /// Starts the sessions a snapshot recorded, in their cwd with their variables (one whose
+    /// cwd is gone starts in the default one). Best effort: the sandbox is usable without.
+    pub(crate) async fn start_recorded_sessions(&self, meta: &lockbox_cow::SnapshotMeta) {
+        let Ok(inst) = self.live() else {
+            return;
+        };
+        for state in crate::snapshots::sessions_of(meta) {
+            let opts = SessionOptions {
+                id: Some(state.id.clone()),
+                cwd: Some(state.cwd.clone()),
+                env: state.env.clone(),
+            };
+            let started = match inst.create_session(opts.clone(), &self.inner.limits).await {
+                Err(RuntimeError::SessionExists { .. }) => continue,
+                Err(_) => {
+                    let opts = SessionOptions { cwd: None, ..opts };
+                    inst.create_session(opts, &self.inner.limits).await
+                }
+                ok => ok,
+            };
+            if let Err(e) = started {
+                tracing::warn!(session = %state.id, "restarting a snapshot's session: {e}");
+            }
+        }
     }
 
     /// The changes of the sandbox's branch against its workdir.
@@ -487,7 +522,9 @@ impl Sandbox {
     pub async fn diff(&self, path: std::path::PathBuf) -> Result<FileHunks, RuntimeError> {
         let inst = self.live()?;
         tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
-            Some(b) => Ok(lockbox_cow::file_hunks(&b.upper_dir(), b.workdir(), &path)
+            Some(b) => Ok(b
+                .view()
+                .and_then(|view| lockbox_cow::file_hunks(view.path(), b.workdir(), &path))
                 .map_err(workspace::diff_error)),
             None => Err(()),
         })
@@ -514,30 +551,79 @@ impl Sandbox {
     }
 
     /// Discards the branch's changes: stops everything in the sandbox and restarts it on a
-    /// fresh branch of the same workdir (same id and policy).
+    /// fresh branch of the same workdir (same id and policy); a fork stays a fork of its
+    /// snapshot.
     pub async fn abort(&self) -> Result<(), RuntimeError> {
         let _life = self.inner.lifecycle.lock().await;
         let old = self.live()?;
         if lock(&old.branch).is_none() {
             return Err(self.no_workdir());
         }
-        old.stop(self.inner.grace()).await;
-        let branch = lock(&old.branch).take();
-        if let Some(b) = branch {
-            tokio::task::spawn_blocking(move || b.abort())
-                .await
-                .map_err(RuntimeError::internal)?
-                .map_err(workspace::cow_error)?;
+        let base = old.base.clone();
+        self.start_over(&old, base.as_ref()).await
+    }
+
+    /// Rolls the sandbox back to snapshot `id` (one of its own, or any of its workdir): its
+    /// processes, sessions and code contexts are stopped, its branch discarded, and it starts
+    /// again (same id and policy) seeing exactly the snapshot's files, with its own layer over
+    /// them. Processes' memory is not restored: a snapshot holds files only.
+    pub async fn restore(&self, id: &str) -> Result<(), RuntimeError> {
+        let target = crate::snapshots::parse_id(id)?;
+        let meta = self
+            .inner
+            .snapshots
+            .get(&target)
+            .map_err(RuntimeError::Branch)?;
+        let _life = self.inner.lifecycle.lock().await;
+        let old = self.live()?;
+        let mut workdir = self.inner.spec.workdir.clone();
+        if workdir.is_none() {
+            return Err(self.no_workdir());
         }
-        let fresh = start_instance(
-            &self.inner.spec,
-            &self.inner.state_dir,
-            &self.inner.agent_exe,
-            &self.inner.id,
-        )
-        .await?;
-        *lock(&self.inner.instance) = Arc::new(fresh);
+        crate::snapshots::check_workdir(&meta, &mut workdir)?;
+        self.start_over(&old, Some(&target)).await?;
+        self.start_recorded_sessions(&meta).await;
         Ok(())
+    }
+
+    /// Stops `old` (the current instance), discards its branch and starts the sandbox again
+    /// (same id and policy) on a fresh branch: of the workdir, or over snapshot `base`, which
+    /// is held meanwhile so that it cannot be deleted before the fresh branch names it.
+    async fn start_over(
+        &self,
+        old: &Instance,
+        base: Option<&lockbox_cow::SnapshotId>,
+    ) -> Result<(), RuntimeError> {
+        let store = &self.inner.snapshots;
+        let hold = format!("restart-{}", self.inner.id);
+        if let Some(b) = base {
+            store.hold(b, &hold).map_err(RuntimeError::Branch)?;
+        }
+        let result = async {
+            old.stop(self.inner.grace()).await;
+            let branch = lock(&old.branch).take();
+            if let Some(b) = branch {
+                tokio::task::spawn_blocking(move || b.abort())
+                    .await
+                    .map_err(RuntimeError::internal)?
+                    .map_err(workspace::cow_error)?;
+            }
+            let origin = crate::sandbox::Origin {
+                state_dir: &self.inner.state_dir,
+                snapshots: store,
+                base,
+            };
+            let fresh =
+                start_instance(&self.inner.spec, origin, &self.inner.agent_exe, &self.inner.id)
+                    .await?;
+            *lock(&self.inner.instance) = Arc::new(fresh);
+            Ok(())
+        }
+        .await;
+        if let Some(b) = base {
+            let _ = store.release(b, &hold);
+        }
+        result
     }
 }
 

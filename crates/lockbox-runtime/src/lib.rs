@@ -63,7 +63,7 @@ pub use crate::error::RuntimeError;
 pub use crate::handle::Sandbox;
 pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
 pub use crate::runtime::Runtime;
-pub use crate::snapshots::MAX_SNAPSHOT_NAME;
+pub use crate::snapshots::{DiffTarget, MAX_SNAPSHOT_NAME};
 pub use crate::streams::{
     CodeStream, ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
 };

@@ -96,17 +96,29 @@ impl Runtime {
                 .map_err(|e| RuntimeError::invalid("workdir", format!("{}: {e}", w.display())))?;
             spec.workdir = Some(abs);
         }
+        let base = match &spec.from_snapshot {
+            Some(s) => {
+                let id = crate::snapshots::parse_id(s)?;
+                let meta = self
+                    .inner
+                    .snapshots
+                    .get(&id)
+                    .map_err(RuntimeError::Branch)?;
+                crate::snapshots::check_workdir(&meta, &mut spec.workdir)?;
+                Some(meta)
+            }
+            None => None,
+        };
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
         let id = format!("sb-{}", util::random_id());
-        let instance = start_instance(
-            &spec,
-            &self.inner.config.state_dir,
-            &self.inner.agent_exe,
-            &id,
-        )
-        .await?;
+        let origin = sandbox::Origin {
+            state_dir: &self.inner.config.state_dir,
+            snapshots: &self.inner.snapshots,
+            base: base.as_ref().map(|m| &m.id),
+        };
+        let instance = start_instance(&spec, origin, &self.inner.agent_exe, &id).await?;
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),
@@ -122,6 +134,7 @@ impl Runtime {
                 max_sessions: self.inner.config.max_sessions,
                 max_processes: self.inner.config.max_processes,
                 log_budget: Arc::clone(&self.inner.log_budget),
+                max_snapshot_bytes: self.inner.config.max_snapshot_bytes,
             },
             instance: Mutex::new(Arc::new(instance)),
             next_process: AtomicU64::new(1),
@@ -137,6 +150,10 @@ impl Runtime {
             return Err(e);
         }
         lock(&self.inner.sandboxes).insert(id.clone(), sb.clone());
+        if let Some(meta) = &base {
+            let handle = Sandbox { inner: sb.clone() };
+            handle.start_recorded_sessions(meta).await;
+        }
         if let Some(idle) = sb.spec.idle_timeout {
             let rt = self.clone();
             tokio::spawn(async move { rt.idle_watch(id, idle).await });
@@ -280,6 +297,42 @@ impl Runtime {
         store
             .delete(&crate::snapshots::parse_id(id)?)
             .map_err(RuntimeError::Branch)
+    }
+
+    /// Creates `count` sandboxes from snapshot `id` (forks), each with the policy, labels and
+    /// `on_exit` of the sandbox the snapshot was taken of: all of them, or none (those made
+    /// before a failure are deleted).
+    pub async fn fork_snapshot(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        let max = self.inner.config.max_sandboxes;
+        if count == 0 || count > max {
+            return Err(RuntimeError::invalid(
+                "count",
+                format!("must be from 1 to {max} (the server's max_sandboxes)"),
+            ));
+        }
+        let meta = self
+            .inner
+            .snapshots
+            .get(&crate::snapshots::parse_id(id)?)
+            .map_err(RuntimeError::Branch)?;
+        let mut spec = crate::snapshots::spec_of(&meta);
+        spec.from_snapshot = Some(id.to_owned());
+        let made =
+            futures_util::future::join_all((0..count).map(|_| self.create_sandbox(spec.clone())))
+                .await;
+        let (ok, failed): (Vec<_>, Vec<_>) = made.into_iter().partition(Result::is_ok);
+        let ok: Vec<SandboxInfo> = ok.into_iter().filter_map(Result::ok).collect();
+        if let Some(Err(e)) = failed.into_iter().next() {
+            for info in &ok {
+                let _ = self.delete_sandbox(&info.id).await;
+            }
+            return Err(e);
+        }
+        Ok(ok)
     }
 
     /// Deletes every running sandbox (each with its `on_exit`).

@@ -5,7 +5,7 @@
 //! else works on the instance it started with.
 
 use lockbox_agent::{Body, Io, Op, SpawnSpec, AGENT_ARG};
-use lockbox_cow::Branch;
+use lockbox_cow::{Branch, SnapshotId, SnapshotStore};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -38,6 +38,8 @@ pub(crate) struct Instance {
     starting: tokio::sync::Mutex<()>,
     /// Code contexts by id.
     pub contexts: tokio::sync::Mutex<BTreeMap<String, Arc<crate::contexts::Context>>>,
+    /// The snapshot its branch lies on (a fork's, or a restore's), if any.
+    pub base: Option<SnapshotId>,
 }
 
 impl Instance {
@@ -65,6 +67,8 @@ pub(crate) struct Limits {
     pub max_processes: usize,
     /// Shared by every sandbox of the runtime.
     pub log_budget: Arc<LogBudget>,
+    /// All snapshots' bytes at most (`RuntimeConfig::max_snapshot_bytes`).
+    pub max_snapshot_bytes: Option<u64>,
 }
 
 /// The bytes all process logs may reserve together (`RuntimeConfig::max_log_memory`).
@@ -173,10 +177,32 @@ impl SandboxInner {
     }
 }
 
-/// Starts a sandbox instance: branch (if a workdir), confine spawn of the agent, handshake.
+/// Variables a shell sets itself, not carried from a snapshot's session to its restore.
+const SHELL_OWN_VARIABLES: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
+
+/// A session's cwd and exported variables, as a snapshot records them (its `context`) and a
+/// fork or restore starts the session again with them.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SessionState {
+    pub id: String,
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+}
+
+/// Where a sandbox instance's files come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin<'a> {
+    pub state_dir: &'a Path,
+    pub snapshots: &'a SnapshotStore,
+    /// A snapshot to lie on (a fork or a restore), or the workdir itself.
+    pub base: Option<&'a SnapshotId>,
+}
+
+/// Starts a sandbox instance: branch (if a workdir; a fork of `origin.base` if given),
+/// confine spawn of the agent, handshake.
 pub(crate) async fn start_instance(
     spec: &SandboxSpec,
-    state_dir: &Path,
+    origin: Origin<'_>,
     agent_exe: &Path,
     sandbox_id: &str,
 ) -> Result<Instance, RuntimeError> {
@@ -191,14 +217,25 @@ pub(crate) async fn start_instance(
                     format!("{} is not a directory", dir.display()),
                 ));
             }
-            let branch = Branch::create(state_dir, dir, context).map_err(RuntimeError::Branch)?;
+            let branch = match origin.base {
+                None => Branch::create(origin.state_dir, dir, context),
+                Some(id) => fork_branch(origin, id, dir, sandbox_id, context),
+            }
+            .map_err(RuntimeError::Branch)?;
             policy.mount_copy_on_write(
                 branch.workdir(),
+                branch.layers(),
                 branch.upper_dir(),
                 branch.work_dir(),
                 None,
             );
             Some(branch)
+        }
+        None if origin.base.is_some() => {
+            return Err(RuntimeError::invalid(
+                "from_snapshot",
+                "a snapshot needs the sandbox to have its workdir",
+            ))
         }
         None => None,
     };
@@ -220,7 +257,30 @@ pub(crate) async fn start_instance(
         processes: Mutex::new(BTreeMap::new()),
         starting: tokio::sync::Mutex::new(()),
         contexts: tokio::sync::Mutex::new(BTreeMap::new()),
+        base: origin.base.cloned(),
     })
+}
+
+/// A branch of `dir` over snapshot `id`'s layers. The snapshot is held while the branch is
+/// made; from then on the branch's record (which names the layers) keeps it from deletion.
+fn fork_branch(
+    origin: Origin<'_>,
+    id: &SnapshotId,
+    dir: &Path,
+    sandbox_id: &str,
+    context: serde_json::Value,
+) -> Result<Branch, lockbox_cow::CowError> {
+    let store = origin.snapshots;
+    let hold = format!("fork-{sandbox_id}");
+    store.hold(id, &hold)?;
+    let made = (|| {
+        // The callers checked that `dir` is the snapshot's workdir.
+        let meta = store.get(id)?;
+        let layers = store.layers(id)?;
+        Branch::create_fork(origin.state_dir, dir, layers, meta.base_ctime, context)
+    })();
+    let _ = store.release(id, &hold);
+    made
 }
 
 async fn spawn_agent(
@@ -392,6 +452,37 @@ impl Instance {
         );
         sessions.insert(id.to_owned(), (s.clone(), opts));
         Ok(s)
+    }
+
+    /// The cwd and exported variables of each of its live sessions that is not running a
+    /// command (a busy one cannot be asked without waiting for its command), for a
+    /// snapshot's record. Variables the shell keeps itself are left out.
+    pub async fn session_states(&self) -> Vec<SessionState> {
+        let sessions: Vec<(String, Arc<Session>)> = {
+            let sessions = self.sessions.lock().await;
+            sessions
+                .iter()
+                .map(|(id, (s, _))| (id.clone(), Arc::clone(s)))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (id, s) in sessions {
+            if s.is_dead() || s.info().busy {
+                continue;
+            }
+            match s.snapshot().await {
+                Ok((cwd, env)) => out.push(SessionState {
+                    id,
+                    cwd,
+                    env: env
+                        .into_iter()
+                        .filter(|(k, _)| !SHELL_OWN_VARIABLES.contains(&k.as_str()))
+                        .collect(),
+                }),
+                Err(e) => tracing::debug!(session = %id, "session state for a snapshot: {e}"),
+            }
+        }
+        out
     }
 
     pub async fn create_session(

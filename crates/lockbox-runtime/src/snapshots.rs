@@ -4,18 +4,18 @@
 //! part of a snapshot: that needs `CAP_CHECKPOINT_RESTORE` (CRIU), which lockbox does not
 //! ask for.
 //!
-//! Forks and restores (overlays of a fresh upper on a snapshot's layers) are the next step
-//! of issue 18; this module takes, lists and deletes snapshots.
+//! A sandbox forked from a snapshot (or restored to one) lies on the snapshot's layers: its
+//! own snapshots record that one as their parent and copy only its own upper.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lockbox_cow::{NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore};
 
-use crate::sandbox::{lock, Instance};
-use crate::types::SnapshotInfo;
+use crate::sandbox::{lock, Instance, SessionState};
+use crate::types::{SandboxInfo, SandboxSpec, SnapshotInfo};
 use crate::util::rfc3339;
-use crate::RuntimeError;
+use crate::{Change, Runtime, RuntimeError};
 
 /// Longest the processes of a sandbox may take to stop (a process in uninterruptible sleep
 /// on a hung filesystem does not stop).
@@ -23,6 +23,22 @@ const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest a snapshot's name may be.
 pub const MAX_SNAPSHOT_NAME: usize = 256;
+
+/// What a snapshot records of its sandbox besides files (its `context`): the spec a fork
+/// starts with, and the sessions a fork or restore starts again. Room for more (a process
+/// checkpoint, where privilege allows) without a new format.
+pub(crate) struct Recorded<'a> {
+    pub spec: &'a SandboxSpec,
+    pub sessions: &'a [SessionState],
+}
+
+/// The sessions snapshot `meta` recorded (none if it recorded none this version reads).
+pub(crate) fn sessions_of(meta: &SnapshotMeta) -> Vec<SessionState> {
+    meta.context
+        .get("sessions")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .unwrap_or_default()
+}
 
 /// Opens the snapshot store of `state_dir`, sweeping what a killed runtime left half-made.
 pub(crate) fn store(state_dir: &Path) -> Result<SnapshotStore, RuntimeError> {
@@ -36,7 +52,8 @@ pub(crate) fn take(
     store: &SnapshotStore,
     sandbox: &str,
     name: Option<String>,
-    context: serde_json::Value,
+    context: Recorded<'_>,
+    budget: Option<u64>,
 ) -> Result<SnapshotInfo, RuntimeError> {
     if let Some(n) = &name {
         if n.len() > MAX_SNAPSHOT_NAME || n.chars().any(char::is_control) {
@@ -54,11 +71,24 @@ pub(crate) fn take(
     };
     let new = NewSnapshot {
         name,
-        parent: None,
+        parent: inst.base.clone(),
         workdir: branch.workdir().to_owned(),
         base_ctime: branch.meta().base_ctime,
-        context: serde_json::json!({ "sandbox": sandbox, "spec": context }),
+        context: serde_json::json!({
+            "sandbox": sandbox,
+            "spec": context.spec,
+            "sessions": context.sessions,
+        }),
     };
+    if let Some(max) = budget {
+        let total = store.total_bytes().map_err(RuntimeError::Branch)?;
+        if total >= max {
+            return Err(RuntimeError::LimitReached {
+                what: format!("max_snapshot_bytes (the snapshots hold {total} bytes)"),
+                limit: usize::try_from(max).unwrap_or(usize::MAX),
+            });
+        }
+    }
     let started = Instant::now();
     let frozen = inst.freeze(FREEZE_TIMEOUT).map_err(|e| {
         RuntimeError::internal(format!(
@@ -71,6 +101,20 @@ pub(crate) fn take(
         .map_or(0, lockbox_confine::Frozen::processes);
     drop(frozen);
     let meta = made.map_err(RuntimeError::Branch)?;
+    if let Some(max) = budget {
+        // Known only once copied: a snapshot that does not fit is taken back.
+        let total = store.total_bytes().map_err(RuntimeError::Branch)?;
+        if total > max {
+            let _ = store.delete(&meta.id);
+            return Err(RuntimeError::LimitReached {
+                what: format!(
+                    "max_snapshot_bytes (this snapshot holds {} bytes; all would hold {total})",
+                    meta.bytes
+                ),
+                limit: usize::try_from(max).unwrap_or(usize::MAX),
+            });
+        }
+    }
     tracing::debug!(
         snapshot = %meta.id,
         processes,
@@ -78,6 +122,53 @@ pub(crate) fn take(
         "snapshot taken"
     );
     Ok(info(meta))
+}
+
+/// The spec of the sandbox snapshot `meta` was taken of (as recorded then), without its
+/// own origin: what a fork of it starts with. A record without one (or that this version
+/// cannot read) gives the default policy over the snapshot's workdir.
+pub(crate) fn spec_of(meta: &SnapshotMeta) -> SandboxSpec {
+    let mut spec = meta
+        .context
+        .get("spec")
+        .and_then(|s| serde_json::from_value::<SandboxSpec>(s.clone()).ok())
+        .unwrap_or_default();
+    spec.workdir = Some(meta.workdir.clone());
+    spec.from_snapshot = None;
+    spec
+}
+
+/// Checks a sandbox's `workdir` against the one of the snapshot it starts from, or sets it.
+pub(crate) fn check_workdir(
+    meta: &SnapshotMeta,
+    workdir: &mut Option<PathBuf>,
+) -> Result<(), RuntimeError> {
+    match workdir {
+        None => *workdir = Some(meta.workdir.clone()),
+        Some(w) if *w == meta.workdir => {}
+        Some(w) => {
+            return Err(RuntimeError::invalid(
+                "workdir",
+                format!(
+                    "{} is not the workdir of snapshot {} ({}); leave it out to use that one",
+                    w.display(),
+                    meta.id,
+                    meta.workdir.display()
+                ),
+            ))
+        }
+    }
+    if !meta.workdir.is_dir() {
+        return Err(RuntimeError::invalid(
+            "from_snapshot",
+            format!(
+                "the workdir of snapshot {}, {}, is no longer a directory",
+                meta.id,
+                meta.workdir.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn parse_id(id: &str) -> Result<SnapshotId, RuntimeError> {
@@ -99,4 +190,104 @@ pub(crate) fn info(m: SnapshotMeta) -> SnapshotInfo {
         bytes: m.bytes,
         entries: m.entries,
     }
+}
+
+/// What [`Runtime::diff_snapshot`] compares a snapshot with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiffTarget {
+    /// The workdir as it is now: the snapshot's own changes against it.
+    Workdir,
+    /// Another snapshot of the same workdir: what turns the first into it.
+    Snapshot(String),
+    /// A running sandbox of the same workdir, as it is now: what turns the snapshot into it.
+    Sandbox(String),
+}
+
+impl Runtime {
+    /// Snapshots sandbox `id` and forks `count` sandboxes from that snapshot
+    /// ([`Runtime::fork_snapshot`]): the snapshot, and the forks.
+    pub async fn fork_sandbox(
+        &self,
+        id: &str,
+        count: usize,
+        name: Option<String>,
+    ) -> Result<(SnapshotInfo, Vec<SandboxInfo>), RuntimeError> {
+        let snapshot = self.sandbox(id).await?.snapshot(name).await?;
+        let forks = self.fork_snapshot(&snapshot.id, count).await?;
+        Ok((snapshot, forks))
+    }
+
+    /// The changes from snapshot `from` to `to`, sorted by path (see [`DiffTarget`];
+    /// `lockbox_cow::diff_views`). `INVALID_REQUEST` if `to` has another workdir.
+    pub async fn diff_snapshot(
+        &self,
+        from: &str,
+        to: DiffTarget,
+    ) -> Result<Vec<Change>, RuntimeError> {
+        let store = self.inner.snapshots.clone();
+        let from = parse_id(from)?;
+        let meta = store.get(&from).map_err(RuntimeError::Branch)?;
+        let other_workdir = |w: &Path, what: &str| {
+            RuntimeError::invalid(
+                "to",
+                format!(
+                    "{what} sees the workdir {}, snapshot {from} {}: no diff between them",
+                    w.display(),
+                    meta.workdir.display()
+                ),
+            )
+        };
+        match to {
+            DiffTarget::Workdir => spawn(move || {
+                let view = store.view(&from)?;
+                Ok(lockbox_cow::ChangeSet::compute(view.path(), &meta.workdir)?
+                    .changes()
+                    .to_vec())
+            })
+            .await,
+            DiffTarget::Snapshot(to) => {
+                let to = parse_id(&to)?;
+                let to_meta = store.get(&to).map_err(RuntimeError::Branch)?;
+                if to_meta.workdir != meta.workdir {
+                    return Err(other_workdir(&to_meta.workdir, &format!("snapshot {to}")));
+                }
+                spawn(move || {
+                    let a = store.view(&from)?;
+                    let b = store.view(&to)?;
+                    lockbox_cow::diff_views(a.path(), b.path(), &meta.workdir)
+                })
+                .await
+            }
+            DiffTarget::Sandbox(id) => {
+                let sb = self.sandbox(&id).await?;
+                let inst = sb.inner.instance();
+                let workdir = sb.inner.spec.workdir.clone();
+                match workdir {
+                    Some(w) if w == meta.workdir => {}
+                    Some(w) => return Err(other_workdir(&w, &format!("sandbox {id}"))),
+                    None => return Err(RuntimeError::NoWorkdir { id }),
+                }
+                spawn(move || {
+                    let a = store.view(&from)?;
+                    let branch = lock(&inst.branch);
+                    let Some(branch) = branch.as_ref() else {
+                        return Ok(Vec::new());
+                    };
+                    let b = branch.view()?;
+                    lockbox_cow::diff_views(a.path(), b.path(), &meta.workdir)
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// Runs `f` on a blocking thread.
+async fn spawn<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, lockbox_cow::CowError> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(RuntimeError::internal)?
+        .map_err(crate::workspace::cow_error)
 }

@@ -23,6 +23,8 @@ pub const DEFAULT_MAX_PROCESSES: usize = 64;
 pub const DEFAULT_MAX_LOG_MEMORY: usize = 1 << 30;
 /// Default number of stopped sandboxes kept in the list (the newest).
 pub const DEFAULT_KEEP_STOPPED: usize = 100;
+/// Default bound of all snapshots' file data ([`RuntimeConfig::max_snapshot_bytes`]): 10 GiB.
+pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 10 << 30;
 
 /// How the runtime is set up.
 #[derive(Debug, Clone)]
@@ -59,6 +61,9 @@ pub struct RuntimeConfig {
     /// executable, which must then dispatch to [`lockbox_agent::main_if_agent`] first thing
     /// in `main` (as `lockbox` does).
     pub agent_exe: Option<PathBuf>,
+    /// The bytes of file data all snapshots together may hold; a snapshot that would go
+    /// beyond is `LIMIT_REACHED` (and not kept). `None` = no bound.
+    pub max_snapshot_bytes: Option<u64>,
 }
 
 impl RuntimeConfig {
@@ -75,6 +80,7 @@ impl RuntimeConfig {
             default_idle_timeout: None,
             keep_stopped: DEFAULT_KEEP_STOPPED,
             agent_exe: None,
+            max_snapshot_bytes: Some(DEFAULT_MAX_SNAPSHOT_BYTES),
         }
     }
 }
@@ -121,6 +127,11 @@ pub struct SandboxSpec {
     /// Free-form labels, returned in [`SandboxInfo`].
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Start from this snapshot's files (a fork): the sandbox sees the workdir as the
+    /// snapshot does and writes to its own layer over it. `workdir` may be left out (it is
+    /// the snapshot's) and must otherwise be the snapshot's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 /// A snapshot of a sandbox's files ([`crate::Sandbox::snapshot`]).

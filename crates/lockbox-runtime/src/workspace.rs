@@ -12,7 +12,7 @@
 //!   sandbox's processes and sessions, discards the branch and restarts the sandbox on a
 //!   fresh branch (same id, policy and workdir).
 
-use lockbox_cow::{Branch, Change, ChangeSet, CommitOptions, CowError};
+use lockbox_cow::{Branch, Change, CommitOptions, CowError};
 use lockbox_policy::name::quoted;
 
 use crate::types::{CommitSummary, Selection};
@@ -69,8 +69,6 @@ pub(crate) fn commit(branch: &mut Branch, sel: &Selection) -> Result<CommitSumma
     let report = branch
         .commit_part(&sel.to_cow(), &opts)
         .map_err(cow_error)?;
-    let remaining = ChangeSet::compute(&branch.upper_dir(), branch.workdir())
-        .map_err(cow_error)?
-        .len();
+    let remaining = branch.change_set().map_err(cow_error)?.len();
     Ok(CommitSummary { report, remaining })
 }

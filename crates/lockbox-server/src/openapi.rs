@@ -157,6 +157,11 @@ fn snapshot_schemas() -> Value {
                 "created_at": { "type": "string" },
                 "bytes": { "type": "integer", "minimum": 0 },
                 "entries": { "type": "integer", "minimum": 0 } } },
+        "ForkRequest": { "type": "object", "additionalProperties": false, "properties": {
+            "count": { "type": "integer", "minimum": 1, "default": 1,
+                       "description": "how many sandboxes (at most the server's max_sandboxes)" } } },
+        "RestoreRequest": { "type": "object", "additionalProperties": false, "required": ["snapshot"],
+            "properties": { "snapshot": { "type": "string", "description": "snapshot id" } } },
         "SnapshotList": { "type": "object", "required": ["snapshots"],
             "properties": { "snapshots": { "type": "array", "items": schema("Snapshot") } } }
     })
@@ -526,6 +531,27 @@ fn snapshot_paths() -> Value {
             "get": op("List snapshots, oldest first", vec![], None,
                 &[("200", reply("the snapshots", "SnapshotList"))])
         },
+        "/v1/sandboxes/{id}/restore": {
+            "post": op("Roll the sandbox back to a snapshot of its workdir: its processes, sessions and contexts are stopped, \
+                its branch discarded, and it starts again (same id and policy) seeing exactly the snapshot's files. \
+                Processes' memory is not restored. 400 INVALID_REQUEST for a snapshot of another workdir",
+                vec![path_param("id", "sandbox id")], required_json("RestoreRequest"),
+                &[("200", reply("the sandbox, running again", "Sandbox"))])
+        },
+        "/v1/snapshots/{id}/fork": {
+            "post": op("Create `count` sandboxes from the snapshot (forks), with the policy of the sandbox it was taken of: \
+                each sees exactly the snapshot's files and writes to its own layer. All or none; LIMIT_REACHED past max_sandboxes",
+                vec![path_param("id", "snapshot id")], optional_json("ForkRequest"),
+                &[("201", reply("the forks", "SandboxList"))])
+        },
+        "/v1/snapshots/{id}/diff": {
+            "get": op("What changed from the snapshot to another snapshot or to a running sandbox of the same workdir \
+                (none given: the snapshot's own changes against the workdir as it is now)",
+                vec![path_param("id", "snapshot id"),
+                     query("to_snapshot", false, "another snapshot of the same workdir", json!({ "type": "string" })),
+                     query("to_sandbox", false, "a running sandbox of the same workdir", json!({ "type": "string" }))],
+                None, &[("200", reply("the changes, sorted by path", "ChangeList"))])
+        },
         "/v1/snapshots/{id}": {
             "get": op("One snapshot (404 SNAPSHOT_NOT_FOUND)", vec![path_param("id", "snapshot id")], None,
                 &[("200", reply("the snapshot", "Snapshot"))]),
@@ -737,7 +763,8 @@ fn schemas() -> Value {
             "timeout_ms": ms, "kill_grace_ms": { "type": "integer", "minimum": 0, "maximum": MAX_GRACE_MS },
             "env": string_map, "clean_env": boolean, "cwd": string, "hostname": string,
             "workdir": name, "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"] },
-            "idle_timeout_ms": ms, "labels": string_map
+            "idle_timeout_ms": ms, "labels": string_map,
+            "from_snapshot": { "type": "string", "description": "start from this snapshot's files (a fork); workdir is then the snapshot's" }
         }), &[]),
         "Sandbox": {
             "type": "object",

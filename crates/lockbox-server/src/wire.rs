@@ -59,6 +59,8 @@ pub struct CreateSandbox {
     pub idle_timeout_ms: Option<u64>,
     /// Free-form labels, returned as given.
     pub labels: BTreeMap<String, String>,
+    /// Start from this snapshot's files (a fork of it); `workdir` is then the snapshot's.
+    pub from_snapshot: Option<String>,
 }
 
 impl CreateSandbox {
@@ -110,6 +112,7 @@ impl CreateSandbox {
             on_exit: self.on_exit.unwrap_or_default(),
             idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             labels: self.labels,
+            from_snapshot: self.from_snapshot,
         })
     }
 }
@@ -719,6 +722,54 @@ pub struct SnapshotRequest {
     /// A name for people (at most 256 bytes, no control characters).
     #[serde(default)]
     pub name: Option<String>,
+}
+
+/// `POST /v1/snapshots/{id}/fork`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many sandboxes (default 1).
+    #[serde(default = "one")]
+    pub count: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// `POST /v1/sandboxes/{id}/restore`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// The snapshot to roll back to.
+    pub snapshot: String,
+}
+
+/// `GET /v1/snapshots/{id}/diff`: what the snapshot is compared with (at most one; none:
+/// the workdir as it is now).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotDiffQuery {
+    /// Another snapshot of the same workdir.
+    pub to_snapshot: Option<String>,
+    /// A running sandbox of the same workdir.
+    pub to_sandbox: Option<String>,
+}
+
+impl SnapshotDiffQuery {
+    /// The one conversion into the runtime's target.
+    pub fn into_target(self) -> Result<lockbox_runtime::DiffTarget, ApiError> {
+        use lockbox_runtime::DiffTarget;
+        match (self.to_snapshot, self.to_sandbox) {
+            (None, None) => Ok(DiffTarget::Workdir),
+            (Some(s), None) => Ok(DiffTarget::Snapshot(s)),
+            (None, Some(s)) => Ok(DiffTarget::Sandbox(s)),
+            (Some(_), Some(_)) => Err(ApiError::invalid(
+                "to_snapshot",
+                "give to_snapshot or to_sandbox, not both",
+            )),
+        }
+    }
 }
 
 /// `POST /v1/sandboxes/{id}/contexts/{cid}/run` and `/run/stream`.

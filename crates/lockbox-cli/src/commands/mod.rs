@@ -11,6 +11,7 @@ pub mod journal;
 pub mod mcp;
 pub mod run;
 pub mod serve;
+pub mod snapshot;
 pub mod txn;
 pub mod workdir;
 

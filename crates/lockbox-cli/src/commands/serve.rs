@@ -126,6 +126,10 @@ pub struct ServeArgs {
     /// whose log does not fit forgets its sandbox's oldest exited processes, or answers 429.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub max_log_memory: ByteSize,
+    /// File data all snapshots together may hold; a snapshot beyond it answers 429
+    /// LIMIT_REACHED and is not kept.
+    #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = parse_size)]
+    pub max_snapshot_bytes: ByteSize,
 }
 
 /// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
@@ -276,6 +280,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime_config.max_sessions = args.max_sessions;
     runtime_config.max_processes = args.max_processes;
     runtime_config.keep_stopped = args.keep_stopped;
+    runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());
     let server_config = ServerConfig {
         journal: None,
         keepalive: args.keepalive,

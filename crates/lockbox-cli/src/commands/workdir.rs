@@ -64,6 +64,7 @@ pub fn begin(
     }
     policy.mount_copy_on_write(
         branch.workdir(),
+        branch.layers(),
         branch.upper_dir(),
         branch.work_dir(),
         args.max_disk,

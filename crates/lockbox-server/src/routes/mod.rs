@@ -99,6 +99,9 @@ pub fn router() -> Router<AppState> {
             any(ports::proxy_path),
         )
         .route(&format!("{sandbox}/snapshots"), post(snapshots::take))
+        .route(&format!("{sandbox}/restore"), post(snapshots::restore))
+        .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
+        .route("/v1/snapshots/{id}/diff", get(snapshots::diff))
         .route("/v1/snapshots", get(snapshots::list))
         .route(
             "/v1/snapshots/{id}",

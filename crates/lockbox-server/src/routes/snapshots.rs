@@ -1,8 +1,9 @@
-//! Snapshots of sandboxes' files: take one of a running sandbox, list, show, delete.
+//! Snapshots of sandboxes' files: take one of a running sandbox, list, show, diff, delete;
+//! fork sandboxes from one, restore a sandbox to one.
 
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiPath};
-use crate::wire::SnapshotRequest;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::wire::{ChangeList, ForkRequest, RestoreRequest, SnapshotDiffQuery, SnapshotRequest};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -37,4 +38,32 @@ pub async fn delete(
 ) -> Result<impl IntoResponse, ApiError> {
     app.runtime.delete_snapshot(&id)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn fork(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<ForkRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let forks = app.runtime.fork_snapshot(&id, body.count).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "sandboxes": forks }))))
+}
+
+pub async fn diff(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<SnapshotDiffQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let changes = app.runtime.diff_snapshot(&id, query.into_target()?).await?;
+    Ok(Json(json!({ "changes": ChangeList(changes) })))
+}
+
+pub async fn restore(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<RestoreRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let sandbox = app.runtime.sandbox(&id).await?;
+    sandbox.restore(&body.snapshot).await?;
+    Ok(Json(app.runtime.sandbox_info(&id)?))
 }

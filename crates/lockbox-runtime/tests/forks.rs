@@ -1,0 +1,371 @@
+//! Forks of snapshots and restores, through the runtime: each fork sees exactly its
+//! snapshot's files plus its own changes (checked against a model, three levels deep),
+//! commits on its own under the stale-base rule, and a restore gives back the exact tree.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use lockbox_runtime::{DiffTarget, OnExit, Runtime, Sandbox, SandboxSpec, Selection};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The files of a tree: path → content.
+type Model = BTreeMap<String, String>;
+
+/// Every regular file the sandbox sees under its workdir, as `./path=content` lines.
+async fn files_seen(sb: &Sandbox) -> Model {
+    let r = run(
+        sb,
+        "find . -type f | LC_ALL=C sort | while IFS= read -r f; do printf '%s=%s\\n' \"$f\" \"$(cat \"$f\")\"; done",
+    )
+    .await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    out(&r)
+        .lines()
+        .map(|l| {
+            let (p, c) = l.split_once('=').unwrap();
+            (p.trim_start_matches("./").to_owned(), c.to_owned())
+        })
+        .collect()
+}
+
+/// One step of a level: writes a file, or removes a path (a file or a whole directory).
+enum Op {
+    Write(&'static str, &'static str),
+    Remove(&'static str),
+}
+
+/// Runs `ops` in the sandbox and applies them to `model`.
+async fn apply(sb: &Sandbox, model: &mut Model, ops: &[Op]) {
+    let mut script = String::from("set -e; ");
+    for op in ops {
+        match op {
+            Op::Write(p, c) => {
+                script.push_str(&format!("mkdir -p \"$(dirname {p})\"; printf %s {c} > {p}; "));
+                model.insert((*p).to_owned(), (*c).to_owned());
+            }
+            Op::Remove(p) => {
+                script.push_str(&format!("rm -r {p}; "));
+                let dir = format!("{p}/");
+                model.retain(|k, _| k != p && !k.starts_with(&dir));
+            }
+        }
+    }
+    let r = run(sb, &script).await;
+    assert_eq!(r.exit_code, 0, "{script}: {r:?}");
+}
+
+fn workdir_spec(dir: &Path) -> SandboxSpec {
+    SandboxSpec {
+        workdir: Some(dir.to_owned()),
+        on_exit: OnExit::Abort,
+        ..SandboxSpec::default()
+    }
+}
+
+async fn fork_one(rt: &Runtime, snapshot: &str) -> Sandbox {
+    let forks = rt.fork_snapshot(snapshot, 1).await.unwrap();
+    assert_eq!(forks.len(), 1);
+    rt.sandbox(&forks[0].id).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes() {
+    also_as_nobody("forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes");
+    let state = scratch();
+    let work = scratch();
+    let w = work.path();
+    std::fs::create_dir_all(w.join("src/deep")).unwrap();
+    std::fs::write(w.join("README"), "readme").unwrap();
+    std::fs::write(w.join("src/a.rs"), "a0").unwrap();
+    std::fs::write(w.join("src/b.rs"), "b0").unwrap();
+    std::fs::write(w.join("src/deep/c.rs"), "c0").unwrap();
+    let workdir_before = Model::from([
+        ("README".into(), "readme".into()),
+        ("src/a.rs".into(), "a0".into()),
+        ("src/b.rs".into(), "b0".into()),
+        ("src/deep/c.rs".into(), "c0".into()),
+    ]);
+    let (rt, root) = sandbox_with(state.path(), workdir_spec(w)).await;
+    let mut m0 = workdir_before.clone();
+    assert_eq!(files_seen(&root).await, m0);
+
+    // Level 1: the root sandbox writes, deletes a file and a directory.
+    apply(
+        &root,
+        &mut m0,
+        &[
+            Op::Write("src/a.rs", "a1"),
+            Op::Remove("src/b.rs"),
+            Op::Remove("src/deep"),
+            Op::Write("new/one.txt", "one"),
+        ],
+    )
+    .await;
+    let s1 = root.snapshot(Some("level1".into())).await.unwrap();
+    // The root goes on; its later writes are not the snapshot's.
+    run(&root, "echo later > later.txt").await;
+
+    // Level 2: two forks of s1, each with its own changes.
+    let f1 = fork_one(&rt, &s1.id).await;
+    let f2 = fork_one(&rt, &s1.id).await;
+    assert_eq!(files_seen(&f1).await, m0);
+    let mut m1 = m0.clone();
+    apply(
+        &f1,
+        &mut m1,
+        &[
+            Op::Write("src/deep/c.rs", "c-again"),
+            Op::Remove("new"),
+            Op::Write("f1.txt", "f1"),
+        ],
+    )
+    .await;
+    let mut m2 = m0.clone();
+    apply(
+        &f2,
+        &mut m2,
+        &[Op::Write("src/a.rs", "a-f2"), Op::Remove("README")],
+    )
+    .await;
+    assert_eq!(files_seen(&f1).await, m1);
+    assert_eq!(files_seen(&f2).await, m2);
+    let s2 = f1.snapshot(Some("level2".into())).await.unwrap();
+    assert_eq!(s2.parent.as_deref(), Some(s1.id.as_str()));
+
+    // Level 3: a fork of the fork's snapshot.
+    let f3 = fork_one(&rt, &s2.id).await;
+    assert_eq!(files_seen(&f3).await, m1);
+    let mut m3 = m1.clone();
+    apply(
+        &f3,
+        &mut m3,
+        &[
+            Op::Remove("src"),
+            Op::Write("src/z.rs", "z"),
+            Op::Write("f1.txt", "f1-f3"),
+        ],
+    )
+    .await;
+    assert_eq!(files_seen(&f3).await, m3);
+    let s3 = f3.snapshot(Some("level3".into())).await.unwrap();
+    assert_eq!(s3.parent.as_deref(), Some(s2.id.as_str()));
+    // A fork of level 3 sees it exactly, and the levels above did not move.
+    let f4 = fork_one(&rt, &s3.id).await;
+    assert_eq!(files_seen(&f4).await, m3);
+    assert_eq!(files_seen(&f1).await, m1);
+    assert_eq!(files_seen(&f2).await, m2);
+    let mut m_root = m0.clone();
+    m_root.insert("later.txt".into(), "later".into());
+    assert_eq!(files_seen(&root).await, m_root);
+
+    // The diffs between levels say what the model says.
+    let diff = rt
+        .diff_snapshot(&s1.id, DiffTarget::Snapshot(s3.id.clone()))
+        .await
+        .unwrap();
+    let paths: Vec<String> = diff.iter().map(|c| c.path.display().to_string()).collect();
+    for p in ["f1.txt", "src/a.rs", "src/deep/c.rs", "src/z.rs"] {
+        assert!(paths.contains(&p.to_owned()), "{p} not in {paths:?}");
+    }
+    assert!(!paths.contains(&"README".to_owned()), "{paths:?}");
+    let to_f2 = rt
+        .diff_snapshot(&s1.id, DiffTarget::Sandbox(f2.id().to_owned()))
+        .await
+        .unwrap();
+    let kinds: Vec<(String, char)> = to_f2
+        .iter()
+        .map(|c| (c.path.display().to_string(), c.kind.letter()))
+        .collect();
+    assert_eq!(kinds, [("README".into(), 'D'), ("src/a.rs".into(), 'M')]);
+
+    // Nothing reached the workdir.
+    let mut on_disk = Model::new();
+    for p in workdir_before.keys() {
+        on_disk.insert(p.clone(), std::fs::read_to_string(w.join(p)).unwrap());
+    }
+    assert_eq!(on_disk, workdir_before);
+    assert!(!w.join("new").exists());
+
+    // A snapshot is not deleted while a fork or a snapshot stacks on it.
+    let e = rt.delete_snapshot(&s1.id).unwrap_err();
+    assert_eq!(e.code().as_str(), "SNAPSHOT_IN_USE", "{e}");
+    for sb in [&f4, &f3, &f2, &f1] {
+        rt.delete_sandbox(sb.id()).await.unwrap();
+    }
+    for s in [&s3, &s2, &s1] {
+        rt.delete_snapshot(&s.id).unwrap();
+    }
+    rt.delete_sandbox(root.id()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conflicts() {
+    also_as_nobody("a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conflicts");
+    let state = scratch();
+    let work = scratch();
+    let w = work.path();
+    std::fs::write(w.join("shared.txt"), "base\n").unwrap();
+    let (rt, root) = sandbox_with(state.path(), workdir_spec(w)).await;
+    run(&root, "echo from-root > setup.txt").await;
+    let snap = root.snapshot(None).await.unwrap();
+    let forks = rt.fork_snapshot(&snap.id, 2).await.unwrap();
+    let a = rt.sandbox(&forks[0].id).await.unwrap();
+    let b = rt.sandbox(&forks[1].id).await.unwrap();
+    run(&a, "echo A > shared.txt").await;
+    run(&b, "echo B > shared.txt; echo b-only > b.txt").await;
+
+    let done = a.commit(Selection::default()).await.unwrap();
+    assert_eq!(done.remaining, 0);
+    assert_eq!(std::fs::read_to_string(w.join("shared.txt")).unwrap(), "A\n");
+    // The snapshot's own change comes with the fork's.
+    assert_eq!(
+        std::fs::read_to_string(w.join("setup.txt")).unwrap(),
+        "from-root\n"
+    );
+    // The sibling's commit of the same path is refused, and changes nothing.
+    let e = b.commit(Selection::default()).await.unwrap_err();
+    assert_eq!(e.code().as_str(), "CONFLICT", "{e}");
+    assert_eq!(std::fs::read_to_string(w.join("shared.txt")).unwrap(), "A\n");
+    assert!(!w.join("b.txt").exists());
+    // Forced, it wins.
+    let forced = Selection {
+        force: true,
+        ..Selection::default()
+    };
+    b.commit(forced).await.unwrap();
+    assert_eq!(std::fs::read_to_string(w.join("shared.txt")).unwrap(), "B\n");
+    assert_eq!(std::fs::read_to_string(w.join("b.txt")).unwrap(), "b-only\n");
+    // The fork keeps running after its commit.
+    assert_eq!(out(&run(&a, "cat shared.txt").await), "A\n");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_after_many_writes_gives_back_the_exact_tree() {
+    also_as_nobody("restore_after_many_writes_gives_back_the_exact_tree");
+    let state = scratch();
+    let work = scratch();
+    let w = work.path();
+    for i in 0..50 {
+        std::fs::write(w.join(format!("f{i}")), format!("{i}\n")).unwrap();
+    }
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(w)).await;
+    let hash = "find . -mindepth 1 -printf '%p %y %m\\n' | LC_ALL=C sort | sha256sum; \
+                find . -type f | LC_ALL=C sort | xargs cat | sha256sum";
+    run(
+        &sb,
+        "mkdir -p d/e; for i in $(seq 1 30); do echo $i > d/e/n$i; done; rm f1 f2; chmod 600 f3; ln -s f4 link",
+    )
+    .await;
+    let before = out(&run(&sb, hash).await);
+    let in_work = |command: &str| lockbox_runtime::ExecRequest {
+        session: Some("work".into()),
+        ..req(command)
+    };
+    sb.create_session(lockbox_runtime::SessionOptions {
+        id: Some("work".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    sb.exec(in_work("cd d/e; export X=1 'Y=two words'")).await.unwrap();
+    let snap = sb.snapshot(Some("good".into())).await.unwrap();
+    sb.exec(in_work("cd /; export X=2; unset Y")).await.unwrap();
+    run(
+        &sb,
+        "for i in $(seq 1 300); do echo junk > j$i; done; rm -r d; rm f10 f11; echo changed > f5; chmod 755 f6; mkdir -p x/y/z",
+    )
+    .await;
+    assert_ne!(out(&run(&sb, hash).await), before);
+    sb.restore(&snap.id).await.unwrap();
+    assert_eq!(out(&run(&sb, hash).await), before);
+    // The session starts again where the snapshot found it, with its variables.
+    let r = sb.exec(in_work("pwd; echo \"$X/$Y\"")).await.unwrap();
+    assert_eq!(
+        out(&r),
+        format!("{}/d/e\n1/two words\n", w.display()),
+        "{r:?}"
+    );
+    // Restored twice in a row: the same tree again (the fresh layer is empty).
+    run(&sb, "echo more > more.txt").await;
+    sb.restore(&snap.id).await.unwrap();
+    assert_eq!(out(&run(&sb, hash).await), before);
+    // A snapshot of a restored sandbox lies on the one it was restored to.
+    let again = sb.snapshot(None).await.unwrap();
+    assert_eq!(again.parent.as_deref(), Some(snap.id.as_str()));
+    // Abort keeps it on its snapshot.
+    run(&sb, "echo x > x.txt").await;
+    sb.abort().await.unwrap();
+    assert_eq!(out(&run(&sb, hash).await), before);
+    // The workdir never moved.
+    assert!(w.join("f1").exists() && !w.join("d").exists());
+    let e = sb.restore("s-nope").await.unwrap_err();
+    assert_eq!(e.code().as_str(), "SNAPSHOT_NOT_FOUND", "{e}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forking_refuses_what_it_cannot_do_and_changes_nothing() {
+    let state = scratch();
+    let work = scratch();
+    let other = scratch();
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
+    let snap = sb.snapshot(None).await.unwrap();
+    for count in [0, 10_000] {
+        let e = rt.fork_snapshot(&snap.id, count).await.unwrap_err();
+        assert_eq!(e.code().as_str(), "INVALID_REQUEST", "{e}");
+    }
+    let e = rt.fork_snapshot("s-none", 1).await.unwrap_err();
+    assert_eq!(e.code().as_str(), "SNAPSHOT_NOT_FOUND", "{e}");
+    let e = rt.fork_snapshot("../x", 1).await.unwrap_err();
+    assert_eq!(e.code().as_str(), "INVALID_SNAPSHOT_ID", "{e}");
+    // A workdir other than the snapshot's.
+    let e = rt
+        .create_sandbox(SandboxSpec {
+            from_snapshot: Some(snap.id.clone()),
+            ..workdir_spec(other.path())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code().as_str(), "INVALID_REQUEST", "{e}");
+    assert!(e.to_string().contains("workdir"), "{e}");
+    // Restoring to a snapshot of another workdir.
+    let (_, sb2) = (
+        (),
+        rt.sandbox(
+            &rt.create_sandbox(workdir_spec(other.path()))
+                .await
+                .unwrap()
+                .id,
+        )
+        .await
+        .unwrap(),
+    );
+    let e = sb2.restore(&snap.id).await.unwrap_err();
+    assert_eq!(e.code().as_str(), "INVALID_REQUEST", "{e}");
+    // The sandbox was left running as it was.
+    assert_eq!(out(&run(&sb2, "echo ok").await), "ok\n");
+    assert_eq!(rt.list_sandboxes().len(), 2);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_beyond_the_disk_budget_are_refused_and_not_kept() {
+    let state = scratch();
+    let work = scratch();
+    let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
+    config.agent_exe = Some(agent_exe().to_owned());
+    config.max_snapshot_bytes = Some(100_000);
+    let rt = Runtime::open(config).unwrap();
+    let info = rt.create_sandbox(workdir_spec(work.path())).await.unwrap();
+    let sb = rt.sandbox(&info.id).await.unwrap();
+    run(&sb, "head -c 60000 /dev/zero > a").await;
+    sb.snapshot(None).await.unwrap();
+    let e = sb.snapshot(None).await.unwrap_err();
+    assert_eq!(e.code().as_str(), "LIMIT_REACHED", "{e}");
+    assert!(e.to_string().contains("max_snapshot_bytes"), "{e}");
+    assert_eq!(rt.list_snapshots().unwrap().len(), 1);
+    rt.shutdown().await;
+}
+
