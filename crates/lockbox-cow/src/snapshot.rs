@@ -349,9 +349,9 @@ impl SnapshotStore {
                 path: scratch.clone(),
                 source,
             })?;
-        let (top, below) = layers.split_first().ok_or_else(|| CowError::SnapshotNotFound {
-            id: id.to_string(),
-        })?;
+        let (top, below) = layers
+            .split_first()
+            .ok_or_else(|| CowError::SnapshotNotFound { id: id.to_string() })?;
         // Named `<pid>-<n>`: what a dead process left is swept like a half-made snapshot.
         crate::View::in_dir(&scratch, "", top.clone(), below)
     }
@@ -430,7 +430,8 @@ impl SnapshotStore {
         self.remove(id.as_str())
     }
 
-    /// The branches (forks, running or kept) whose view stacks on `id`'s layer.
+    /// The branches (forks, running or kept) whose view stacks on `id`'s layer: their ids,
+    /// each with the sandbox it belongs to when its record says (`BRANCH (sandbox ID)`).
     pub fn forks(&self, id: &SnapshotId) -> Result<Vec<String>, CowError> {
         let Some(state_dir) = self.dir.parent() else {
             return Ok(Vec::new());
@@ -438,8 +439,16 @@ impl SnapshotStore {
         let layer = self.dir.join(id.as_str()).join(LAYER);
         Ok(crate::branch::list(state_dir)?
             .into_iter()
-            .filter(|b| b.meta.as_ref().is_ok_and(|m| m.layers.contains(&layer)))
-            .map(|b| b.id.to_string())
+            .filter_map(|b| {
+                let meta = b.meta.as_ref().ok()?;
+                if !meta.layers.contains(&layer) {
+                    return None;
+                }
+                Some(match meta.context.get("sandbox").and_then(|s| s.as_str()) {
+                    Some(sandbox) => format!("{} (sandbox {sandbox})", b.id),
+                    None => b.id.to_string(),
+                })
+            })
             .collect())
     }
 

@@ -44,8 +44,7 @@ impl Seen {
 /// The changes that turn view `from` into view `to` (both flattened uppers over `workdir`),
 /// sorted by path. `Added`: `to` has the path and `from` does not; `Deleted`: the reverse
 /// (with the entry `from` had); `TypeChanged` and `Modified` as in a change set. A directory
-/// added or deleted is listed once; what `to` holds below it is listed too when one of the
-/// views changed it.
+/// deleted (or replaced by a file) is listed once, not what was below it.
 pub fn diff_views(from: &Path, to: &Path, workdir: &Path) -> Result<Vec<Change>, CowError> {
     let mut paths: Vec<PathBuf> = ChangeSet::compute(from, workdir)?
         .changes()
@@ -55,8 +54,13 @@ pub fn diff_views(from: &Path, to: &Path, workdir: &Path) -> Result<Vec<Change>,
         .collect();
     paths.sort();
     paths.dedup();
-    let mut out = Vec::new();
+    let mut out: Vec<Change> = Vec::new();
+    // A path gone with its directory is said once, as a change set says it.
+    let mut gone: Option<PathBuf> = None;
     for path in paths {
+        if gone.as_ref().is_some_and(|g| path.starts_with(g)) {
+            continue;
+        }
         let a = lookup(from, workdir, &path)?;
         let b = lookup(to, workdir, &path)?;
         let (kind, shown) = match (&a, &b) {
@@ -74,6 +78,11 @@ pub fn diff_views(from: &Path, to: &Path, workdir: &Path) -> Result<Vec<Change>,
                 (ChangeKind::Modified, b)
             }
         };
+        let was_dir = a.as_ref().is_some_and(|a| a.meta.is_dir());
+        let is_dir = b.as_ref().is_some_and(|b| b.meta.is_dir());
+        if was_dir && !is_dir {
+            gone = Some(path.clone());
+        }
         out.push(Change {
             kind,
             file_type: shown.file_type(),

@@ -613,9 +613,13 @@ impl Sandbox {
                 snapshots: store,
                 base,
             };
-            let fresh =
-                start_instance(&self.inner.spec, origin, &self.inner.agent_exe, &self.inner.id)
-                    .await?;
+            let fresh = start_instance(
+                &self.inner.spec,
+                origin,
+                &self.inner.agent_exe,
+                &self.inner.id,
+            )
+            .await?;
             *lock(&self.inner.instance) = Arc::new(fresh);
             Ok(())
         }

@@ -238,13 +238,15 @@ impl Runtime {
             )
         };
         match to {
-            DiffTarget::Workdir => spawn(move || {
-                let view = store.view(&from)?;
-                Ok(lockbox_cow::ChangeSet::compute(view.path(), &meta.workdir)?
-                    .changes()
-                    .to_vec())
-            })
-            .await,
+            DiffTarget::Workdir => {
+                spawn(move || {
+                    let view = store.view(&from)?;
+                    Ok(lockbox_cow::ChangeSet::compute(view.path(), &meta.workdir)?
+                        .changes()
+                        .to_vec())
+                })
+                .await
+            }
             DiffTarget::Snapshot(to) => {
                 let to = parse_id(&to)?;
                 let to_meta = store.get(&to).map_err(RuntimeError::Branch)?;

@@ -36,7 +36,9 @@ fn list(store: &SnapshotStore, as_json: bool) -> Result<(), CliError> {
             m.name.as_deref().unwrap_or("-"),
             quoted(&m.workdir),
             m.bytes,
-            m.parent.as_ref().map_or("-".to_owned(), |p| format!("on {p}"))
+            m.parent
+                .as_ref()
+                .map_or("-".to_owned(), |p| format!("on {p}"))
         );
     }
     Ok(())

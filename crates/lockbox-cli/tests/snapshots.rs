@@ -1,0 +1,179 @@
+//! Snapshots end to end: taken, forked, diffed and restored over `lockbox serve`'s HTTP API,
+//! then listed, shown, compared and deleted with `lockbox snapshot` on the same state
+//! directory; as the current user and (as root) as uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod serve_support;
+
+use common::{give, lockbox, scratch, text, users};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use serve_support::{state_dir, tokio, Served};
+
+#[test]
+fn snapshots_fork_restore_and_diff_over_http_and_the_cli_reads_and_deletes_them() {
+    for user in users() {
+        let state = state_dir(user);
+        let work = scratch();
+        std::fs::write(work.path().join("app.txt"), "v1\n").unwrap();
+        give(work.path(), user);
+        let wd = work.path().to_str().unwrap().to_owned();
+        let server = Served::start(user, state.path(), &[]);
+        let (snap, fork_a, root) = tokio().block_on(async {
+            let root = server
+                .sandbox(json!({ "workdir": wd, "on_exit": "abort" }))
+                .await;
+            server
+                .exec(&root, json!({ "command": "echo v2 > app.txt; echo n > new.txt" }))
+                .await;
+            let (status, snap) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{root}/snapshots"),
+                    json!({ "name": "v2" }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{user:?} {snap}");
+            let sid = snap["id"].as_str().unwrap().to_owned();
+
+            // Two forks, each on its own layer over the snapshot.
+            let (status, forks) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/snapshots/{sid}/fork"),
+                    json!({ "count": 2 }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{forks}");
+            let ids: Vec<String> = forks["sandboxes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["id"].as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(ids.len(), 2);
+            for (i, id) in ids.iter().enumerate() {
+                let r = server
+                    .exec(id, json!({ "command": format!("cat app.txt new.txt; echo {i} > mine.txt") }))
+                    .await;
+                assert_eq!(r["stdout"], "v2\nn\n", "{user:?} {r}");
+            }
+            let (status, diff) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/snapshots/{sid}/diff?to_sandbox={}", ids[0]),
+                    Value::Null,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{diff}");
+            assert_eq!(diff["changes"][0]["path"], "mine.txt", "{diff}");
+            assert_eq!(diff["changes"].as_array().unwrap().len(), 1, "{diff}");
+            let (status, e) = server
+                .json(
+                    Method::GET,
+                    &format!("/v1/snapshots/{sid}/diff?to_sandbox=x&to_snapshot=y"),
+                    Value::Null,
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+
+            // A bad count, an unknown snapshot: refused, nothing made.
+            for (body, want) in [
+                (json!({ "count": 0 }), StatusCode::BAD_REQUEST),
+                (json!({ "count": "two" }), StatusCode::BAD_REQUEST),
+            ] {
+                let (status, e) = server
+                    .json(Method::POST, &format!("/v1/snapshots/{sid}/fork"), body)
+                    .await;
+                assert_eq!(status, want, "{e}");
+            }
+            let (status, e) = server
+                .json(Method::POST, "/v1/snapshots/s-none/fork", json!({}))
+                .await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{e}");
+            assert_eq!(e["code"], "SNAPSHOT_NOT_FOUND");
+
+            // The first sandbox goes on, then rolls back.
+            server
+                .exec(&root, json!({ "command": "rm app.txt; echo junk > junk" }))
+                .await;
+            let (status, info) = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{root}/restore"),
+                    json!({ "snapshot": sid }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{info}");
+            assert_eq!(info["state"], "running");
+            let r = server.exec(&root, json!({ "command": "cat app.txt; ls" })).await;
+            assert_eq!(r["stdout"], "v2\napp.txt\nnew.txt\n", "{r}");
+            // A sandbox created from the snapshot with a body of its own.
+            let one = server
+                .sandbox(json!({ "from_snapshot": sid, "on_exit": "abort" }))
+                .await;
+            let r = server.exec(&one, json!({ "command": "cat new.txt" })).await;
+            assert_eq!(r["stdout"], "n\n", "{r}");
+            let (status, _) = server
+                .json(Method::DELETE, &format!("/v1/sandboxes/{one}"), Value::Null)
+                .await;
+            assert_eq!(status, StatusCode::OK);
+            (sid, ids[0].clone(), root)
+        });
+
+        // The CLI on the same state directory, while the server runs.
+        let dir = state.path().to_str().unwrap();
+        let cli = |args: &[&str]| {
+            let mut all = vec!["snapshot", "--state-dir", dir];
+            all.extend_from_slice(args);
+            lockbox(user, work.path(), &all)
+        };
+        let out = cli(&["list", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(listed["snapshots"][0]["id"], snap.as_str(), "{listed}");
+        let out = cli(&["show", &snap]);
+        assert!(out.status.success(), "{}", text(&out));
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(shown.contains("name v2"), "{shown}");
+        assert!(shown.contains("M app.txt") && shown.contains("A new.txt"), "{shown}");
+        let out = cli(&["diff", &snap]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "M app.txt\nA new.txt\n");
+        // In use by the forks and the restored sandbox: refused, kept.
+        let out = cli(&["rm", &snap]);
+        assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(&fork_a),
+            "{}",
+            text(&out)
+        );
+        let out = cli(&["show", "s-none"]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        let out = cli(&["diff", &snap, "../x"]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+
+        // Once every sandbox over it is gone, it is deleted.
+        tokio().block_on(async {
+            let (_, list) = server.json(Method::GET, "/v1/sandboxes", Value::Null).await;
+            for sb in list["sandboxes"].as_array().unwrap() {
+                if sb["state"] == "running" {
+                    let id = sb["id"].as_str().unwrap();
+                    server
+                        .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), Value::Null)
+                        .await;
+                }
+            }
+        });
+        let _ = root;
+        let out = cli(&["rm", &snap]);
+        assert!(out.status.success(), "{}", text(&out));
+        let out = cli(&["list"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{}", text(&out));
+        // Nothing reached the workdir: every sandbox was aborted.
+        assert_eq!(
+            std::fs::read_to_string(work.path().join("app.txt")).unwrap(),
+            "v1\n"
+        );
+    }
+}
