@@ -333,11 +333,11 @@ def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
             assert len(forks) == 2 and all(isinstance(f, type(box)) for f in forks)
             for i, f in enumerate(forks):
                 # Exactly the snapshot's files; the session where the snapshot found it.
-                assert f.exec("cat base.txt; ls").stdout == "v2\nbase.txt\n"
-                assert f.session("work").exec('echo "$PWD $MODE"').stdout == f"{ws}/sub fast\n"
+                assert f.exec("cat base.txt; ls").stdout == "v2\nbase.txt\nsub\n"
+                assert f.exec('echo "$PWD $MODE"', session="work").stdout == f"{ws}/sub fast\n"
                 f.exec(f"echo fork{i} > mine.txt")
             assert [c.path for c in client.snapshot_diff(snap, to_sandbox=forks[0].id)] == ["mine.txt"]
-            assert {c.path for c in client.snapshot_diff(snap)} == {"base.txt", "calc.py"}
+            assert {c.path for c in client.snapshot_diff(snap)} == {"base.txt", "calc.py", "sub"}
             # One fork commits; its sibling's commit of the same paths conflicts.
             forks[0].commit()
             assert (ws / "base.txt").read_text() == "v2\n" and (ws / "mine.txt").read_text() == "fork0\n"
@@ -356,8 +356,8 @@ def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
         info = box.restore(snap)
         assert info["id"] == box.id and info["state"] == "running"
         # The snapshot's files over the workdir as it is now (with the fork's commit).
-        assert box.exec("cat base.txt; ls").stdout == "v2\nbase.txt\nmine.txt\n"
-        assert box.session("work").exec('echo "$PWD $MODE"').stdout == f"{ws}/sub fast\n"
+        assert box.exec("cat base.txt; ls").stdout == "v2\nbase.txt\nmine.txt\nsub\n"
+        assert box.exec('echo "$PWD $MODE"', session="work").stdout == f"{ws}/sub fast\n"
         with pytest.raises(ServerError) as e:
             box.restore("s-none")
         assert (e.value.status, e.value.code) == (404, "SNAPSHOT_NOT_FOUND")
