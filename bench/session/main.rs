@@ -1,9 +1,11 @@
 //! `bench/session`: session exec round trip through the Rust API against a baseline that
-//! drives a warm bash with the seed's FIFO-and-labeler script, many sessions at once, and
-//! sandbox create → first exec latency.
+//! drives a warm bash with the seed's FIFO-and-labeler script, many sessions at once,
+//! sandbox create → first exec latency (started, and taken from a warm pool), and forks of a
+//! snapshot of a large upper layer.
 //!
 //! ```text
-//! cargo bench -p lockbox-runtime --bench session -- [--rounds N] [--sessions S] [--commands C] [--creates K]
+//! cargo bench -p lockbox-runtime --bench session -- [--rounds N] [--sessions S] [--commands C] \
+//!     [--creates K] [--pool P] [--fork-files F] [--fork-bytes B] [--forks N] [--fork-rounds R]
 //! ```
 //!
 //! Prints a Markdown table; asserts no timings (numbers go to docs/benchmarks.md with the
@@ -23,6 +25,11 @@ struct Args {
     sessions: usize,
     commands: usize,
     creates: usize,
+    pool: usize,
+    fork_files: usize,
+    fork_bytes: usize,
+    forks: usize,
+    fork_rounds: usize,
 }
 
 fn args() -> Args {
@@ -31,6 +38,11 @@ fn args() -> Args {
         sessions: 50,
         commands: 200,
         creates: 20,
+        pool: 2,
+        fork_files: 5000,
+        fork_bytes: 100 << 20,
+        forks: 10,
+        fork_rounds: 5,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -40,6 +52,11 @@ fn args() -> Args {
             "--sessions" => a.sessions = num(),
             "--commands" => a.commands = num(),
             "--creates" => a.creates = num(),
+            "--pool" => a.pool = num(),
+            "--fork-files" => a.fork_files = num(),
+            "--fork-bytes" => a.fork_bytes = num(),
+            "--forks" => a.forks = num(),
+            "--fork-rounds" => a.fork_rounds = num(),
             _ => {} // cargo bench passes --bench
         }
     }
@@ -232,7 +249,106 @@ async fn main() {
         samples,
         "default policy, no workdir",
     );
+
+    // 5. Create → first exec result, from a warm pool (each round waits for the refill,
+    //    as creations spaced out by more than a start would find it).
+    let pool_state = tempfile::tempdir().unwrap();
+    let mut config = RuntimeConfig::new(pool_state.path());
+    config.agent_exe = Some(agent_bin::build_agent());
+    config.pool_size = a.pool;
+    let pooled = Runtime::open(config).unwrap();
+    let mut samples = Vec::new();
+    let mut creates = Vec::new();
+    for _ in 0..a.creates {
+        while pooled.pool_ready() < a.pool {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let t = Instant::now();
+        let info = pooled.create_sandbox(SandboxSpec::default()).await.unwrap();
+        creates.push(t.elapsed());
+        let sb = pooled.sandbox(&info.id).await.unwrap();
+        let r = sb.exec(echo_hi()).await.unwrap();
+        samples.push(t.elapsed());
+        assert_eq!(&r.stdout[..], b"hi\n");
+        pooled.delete_sandbox(&info.id).await.unwrap();
+    }
+    row(
+        "create sandbox → first exec result, warm pool",
+        samples,
+        &format!("default policy, no workdir, --pool {}", a.pool),
+    );
+    row("of which create_sandbox, warm pool", creates, "");
+    pooled.shutdown().await;
+
+    // 6. Forks of a snapshot of a large upper layer.
+    fork_rows(&rt, &a).await;
+
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
     println!("load average after: {}", load.trim());
+}
+
+/// A sandbox writes `fork_files` files of `fork_bytes` in all into its upper; it is
+/// snapshotted, and `forks` sandboxes are forked from the snapshot, `fork_rounds` times.
+async fn fork_rows(rt: &Runtime, a: &Args) {
+    let work = tempfile::tempdir().unwrap();
+    let spec = SandboxSpec {
+        workdir: Some(work.path().to_owned()),
+        on_exit: lockbox_runtime::OnExit::Abort,
+        ..SandboxSpec::default()
+    };
+    let info = rt.create_sandbox(spec).await.unwrap();
+    let sb = rt.sandbox(&info.id).await.unwrap();
+    let per = a.fork_bytes / a.fork_files.max(1);
+    let dirs = a.fork_files.div_ceil(100);
+    let script = format!(
+        "set -e; head -c {per} /dev/urandom > /tmp/blob; for d in $(seq 1 {dirs}); do mkdir d$d; \
+         for f in $(seq 1 100); do cp /tmp/blob d$d/f$f; done; done; rm /tmp/blob"
+    );
+    let r = sb
+        .exec(ExecRequest {
+            command: script,
+            timeout: Some(Duration::from_secs(600)),
+            ..ExecRequest::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let t = Instant::now();
+    let snap = sb.snapshot(None).await.unwrap();
+    let took = t.elapsed();
+    row(
+        "snapshot of a running sandbox (pause, copy, resume)",
+        vec![took],
+        &format!("{} entries, {} MB in its upper", snap.entries, snap.bytes >> 20),
+    );
+    let mut all = Vec::new();
+    let mut first_exec = Vec::new();
+    for _ in 0..a.fork_rounds {
+        let t = Instant::now();
+        let forks = rt.fork_snapshot(&snap.id, a.forks).await.unwrap();
+        all.push(t.elapsed());
+        for f in &forks {
+            let fb = rt.sandbox(&f.id).await.unwrap();
+            let t = Instant::now();
+            let r = fb.exec(echo_hi()).await.unwrap();
+            first_exec.push(t.elapsed());
+            assert_eq!(&r.stdout[..], b"hi\n");
+        }
+        for f in forks {
+            rt.delete_sandbox(&f.id).await.unwrap();
+        }
+    }
+    row(
+        &format!("fork {} sandboxes from that snapshot (all ready)", a.forks),
+        all,
+        "fork_snapshot: branches, overlay mounts over the layer, agents",
+    );
+    row(
+        "a fork's first exec result",
+        first_exec,
+        "after fork_snapshot returned (its default session starts)",
+    );
+    rt.delete_sandbox(&info.id).await.unwrap();
+    rt.delete_snapshot(&snap.id).unwrap();
 }

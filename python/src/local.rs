@@ -109,6 +109,15 @@ async fn open_runtime(state_dir: &Path, agent_exe: Option<&Path>) -> PyResult<Ru
     };
     let mut config = RuntimeConfig::new(state_dir);
     config.agent_exe = Some(agent);
+    // Sandboxes started ahead for `Sandbox.open()` calls with the default policy and no
+    // workdir (docs/python.md): none unless asked, since a pool costs running sandboxes.
+    if let Some(n) = std::env::var_os("LOCKBOX_POOL") {
+        config.pool_size = n
+            .to_str()
+            .and_then(|n| n.parse().ok())
+            .filter(|n| *n <= 64)
+            .ok_or_else(|| setup_error(format!("LOCKBOX_POOL={n:?}: a number from 0 to 64")))?;
+    }
     Runtime::open(config).map_err(|e| runtime_error(&e))
 }
 

@@ -25,7 +25,10 @@ fn snapshots_fork_restore_and_diff_over_http_and_the_cli_reads_and_deletes_them(
                 .sandbox(json!({ "workdir": wd, "on_exit": "abort" }))
                 .await;
             server
-                .exec(&root, json!({ "command": "echo v2 > app.txt; echo n > new.txt" }))
+                .exec(
+                    &root,
+                    json!({ "command": "echo v2 > app.txt; echo n > new.txt" }),
+                )
                 .await;
             let (status, snap) = server
                 .json(
@@ -55,7 +58,10 @@ fn snapshots_fork_restore_and_diff_over_http_and_the_cli_reads_and_deletes_them(
             assert_eq!(ids.len(), 2);
             for (i, id) in ids.iter().enumerate() {
                 let r = server
-                    .exec(id, json!({ "command": format!("cat app.txt new.txt; echo {i} > mine.txt") }))
+                    .exec(
+                        id,
+                        json!({ "command": format!("cat app.txt new.txt; echo {i} > mine.txt") }),
+                    )
                     .await;
                 assert_eq!(r["stdout"], "v2\nn\n", "{user:?} {r}");
             }
@@ -107,7 +113,9 @@ fn snapshots_fork_restore_and_diff_over_http_and_the_cli_reads_and_deletes_them(
                 .await;
             assert_eq!(status, StatusCode::OK, "{info}");
             assert_eq!(info["state"], "running");
-            let r = server.exec(&root, json!({ "command": "cat app.txt; ls" })).await;
+            let r = server
+                .exec(&root, json!({ "command": "cat app.txt; ls" }))
+                .await;
             assert_eq!(r["stdout"], "v2\napp.txt\nnew.txt\n", "{r}");
             // A sandbox created from the snapshot with a body of its own.
             let one = server
@@ -137,9 +145,15 @@ fn snapshots_fork_restore_and_diff_over_http_and_the_cli_reads_and_deletes_them(
         assert!(out.status.success(), "{}", text(&out));
         let shown = String::from_utf8_lossy(&out.stdout);
         assert!(shown.contains("name v2"), "{shown}");
-        assert!(shown.contains("M app.txt") && shown.contains("A new.txt"), "{shown}");
+        assert!(
+            shown.contains("M app.txt") && shown.contains("A new.txt"),
+            "{shown}"
+        );
         let out = cli(&["diff", &snap]);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "M app.txt\nA new.txt\n");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "M app.txt\nA new.txt\n"
+        );
         // In use by the forks and the restored sandbox: refused, kept.
         let out = cli(&["rm", &snap]);
         assert_eq!(out.status.code(), Some(4), "{}", text(&out));

@@ -43,6 +43,7 @@ mod files;
 mod handle;
 mod log;
 mod output;
+mod pool;
 mod ports;
 mod process;
 mod runtime;

@@ -31,6 +31,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) log_budget: Arc<sandbox::LogBudget>,
     /// The snapshots of the state directory.
     pub(crate) snapshots: lockbox_cow::SnapshotStore,
+    /// Sandboxes started ahead (`RuntimeConfig::pool_size` > 0).
+    pub(crate) pool: Option<Arc<crate::pool::Pool>>,
 }
 
 impl Runtime {
@@ -57,8 +59,20 @@ impl Runtime {
         // Opening sweeps what a killed runtime left half-made: once, at start-up.
         let snapshots = crate::snapshots::store(&config.state_dir)?;
         store.prune_stopped(config.keep_stopped)?;
+        let pool = (config.pool_size > 0).then(|| {
+            crate::pool::Pool::new(
+                config.pool_size,
+                config.state_dir.clone(),
+                snapshots.clone(),
+                agent_exe.clone(),
+            )
+        });
+        if let Some(pool) = &pool {
+            pool.refill();
+        }
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
+                pool,
                 _state_lock: state_lock,
                 agent_exe,
                 store,
@@ -118,7 +132,11 @@ impl Runtime {
             snapshots: &self.inner.snapshots,
             base: base.as_ref().map(|m| &m.id),
         };
-        let instance = start_instance(&spec, origin, &self.inner.agent_exe, &id).await?;
+        let pooled = self.inner.pool.as_ref().and_then(|p| p.take(&spec));
+        let instance = match pooled {
+            Some(inst) => inst,
+            None => start_instance(&spec, origin, &self.inner.agent_exe, &id).await?,
+        };
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),
@@ -271,6 +289,11 @@ impl Runtime {
         Ok(info)
     }
 
+    /// How many pooled sandboxes are ready now (0 without a pool).
+    pub fn pool_ready(&self) -> usize {
+        self.inner.pool.as_ref().map_or(0, |p| p.ready())
+    }
+
     /// Every snapshot, oldest first.
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, RuntimeError> {
         let store = &self.inner.snapshots;
@@ -337,6 +360,9 @@ impl Runtime {
 
     /// Deletes every running sandbox (each with its `on_exit`).
     pub async fn shutdown(&self) {
+        if let Some(pool) = &self.inner.pool {
+            pool.close().await;
+        }
         let ids: Vec<String> = lock(&self.inner.sandboxes).keys().cloned().collect();
         let deletes = ids.iter().map(|id| self.delete_sandbox(id));
         futures_util::future::join_all(deletes).await;

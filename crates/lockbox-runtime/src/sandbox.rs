@@ -40,6 +40,9 @@ pub(crate) struct Instance {
     pub contexts: tokio::sync::Mutex<BTreeMap<String, Arc<crate::contexts::Context>>>,
     /// The snapshot its branch lies on (a fork's, or a restore's), if any.
     pub base: Option<SnapshotId>,
+    /// A shell started ahead for the default session (a pooled instance's): the first
+    /// command then pays no shell start. Not a session until used, so not listed.
+    pub spare_default: Mutex<Option<Arc<Session>>>,
 }
 
 impl Instance {
@@ -258,6 +261,7 @@ pub(crate) async fn start_instance(
         starting: tokio::sync::Mutex::new(()),
         contexts: tokio::sync::Mutex::new(BTreeMap::new()),
         base: origin.base.cloned(),
+        spare_default: Mutex::new(None),
     })
 }
 
@@ -406,6 +410,28 @@ impl Instance {
         self.agent.closed().await;
     }
 
+    /// Starts the default session's shell ahead ([`Instance::spare_default`]).
+    pub async fn start_spare_default(&self, grace: Duration) -> Result<(), RuntimeError> {
+        let s = Session::start(
+            &self.agent,
+            DEFAULT_SESSION.to_owned(),
+            None,
+            &BTreeMap::new(),
+            grace,
+        )
+        .await?;
+        *lock(&self.spare_default) = Some(Arc::new(s));
+        Ok(())
+    }
+
+    /// Whether a pooled instance can still be handed out: its spare shell (and so its
+    /// agent) is alive.
+    pub fn spare_alive(&self) -> bool {
+        lock(&self.spare_default)
+            .as_ref()
+            .is_some_and(|s| !s.is_dead())
+    }
+
     /// True while a session runs a command or a code context runs code (activity, for
     /// the idle timeout).
     pub fn any_session_busy(&self) -> bool {
@@ -434,6 +460,11 @@ impl Instance {
             Some((_, opts)) => opts.clone(),
             None if id == DEFAULT_SESSION => {
                 check_sessions(sessions.len(), limits)?;
+                let spare = lock(&self.spare_default).take();
+                if let Some(s) = spare.filter(|s| !s.is_dead()) {
+                    sessions.insert(id.to_owned(), (s.clone(), SessionOptions::default()));
+                    return Ok(s);
+                }
                 SessionOptions::default()
             }
             None => {

@@ -64,6 +64,9 @@ pub struct RuntimeConfig {
     /// The bytes of file data all snapshots together may hold; a snapshot that would go
     /// beyond is `LIMIT_REACHED` (and not kept). `None` = no bound.
     pub max_snapshot_bytes: Option<u64>,
+    /// Sandboxes kept started ahead for creations with the default policy and no workdir
+    /// (see `pool.rs`): such a creation takes one instead of starting a sandbox. 0 = none.
+    pub pool_size: usize,
 }
 
 impl RuntimeConfig {
@@ -81,6 +84,7 @@ impl RuntimeConfig {
             keep_stopped: DEFAULT_KEEP_STOPPED,
             agent_exe: None,
             max_snapshot_bytes: Some(DEFAULT_MAX_SNAPSHOT_BYTES),
+            pool_size: 0,
         }
     }
 }

@@ -130,6 +130,11 @@ pub struct ServeArgs {
     /// LIMIT_REACHED and is not kept.
     #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = parse_size)]
     pub max_snapshot_bytes: ByteSize,
+    /// Sandboxes kept started ahead for creations with the default policy and no workdir
+    /// (an empty `POST /v1/sandboxes` body, labels and timeouts aside): such a creation
+    /// takes one and is ready at once; the pool refills in the background. 0: none.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub pool: u16,
 }
 
 /// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
@@ -281,6 +286,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime_config.max_processes = args.max_processes;
     runtime_config.keep_stopped = args.keep_stopped;
     runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());
+    runtime_config.pool_size = usize::from(args.pool);
     let server_config = ServerConfig {
         journal: None,
         keepalive: args.keepalive,
