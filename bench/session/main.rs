@@ -320,7 +320,11 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
     row(
         "snapshot of a running sandbox (pause, copy, resume)",
         vec![took],
-        &format!("{} entries, {} MB in its upper", snap.entries, snap.bytes >> 20),
+        &format!(
+            "{} entries, {} MB in its upper",
+            snap.entries,
+            snap.bytes >> 20
+        ),
     );
     let mut all = Vec::new();
     let mut first_exec = Vec::new();

@@ -191,3 +191,142 @@ fn snapshots_fork_restore_and_diff_over_http_and_the_cli_reads_and_deletes_them(
         );
     }
 }
+
+/// Entries of `dir` not starting with `.`, sorted.
+fn visible(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_server_killed_during_a_snapshot_or_a_fork_leaves_nothing_half_made() {
+    for user in users() {
+        let mut landed_inside = false;
+        for delay_ms in [0u64, 100, 300] {
+            let state = state_dir(user);
+            let work = scratch();
+            give(work.path(), user);
+            let wd = work.path().to_str().unwrap().to_owned();
+            let mut server = Served::start(user, state.path(), &["--pool", "0"]);
+            let calm = tokio().block_on(async {
+                let id = server
+                    .sandbox(json!({ "workdir": wd, "on_exit": "abort" }))
+                    .await;
+                let r = server
+                    .exec(
+                        &id,
+                        json!({ "command": "head -c 8192 /dev/urandom > /tmp/b; for d in $(seq 1 10); do mkdir d$d; for f in $(seq 1 100); do cp /tmp/b d$d/f$f; done; done" }),
+                    )
+                    .await;
+                assert_eq!(r["exit_code"], 0, "{r}");
+                let (status, calm) = server
+                    .json(Method::POST, &format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+                    .await;
+                assert_eq!(status, StatusCode::CREATED, "{calm}");
+                // Killed while a second snapshot of the same files is taken.
+                let path = format!("{}/v1/sandboxes/{id}/snapshots", server.base);
+                let request = server
+                    .client
+                    .post(path)
+                    .bearer_auth(&server.token)
+                    .json(&json!({ "name": "killed" }))
+                    .send();
+                let pending = tokio::spawn(request);
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                server.signal("KILL");
+                let _ = pending.await;
+                calm
+            });
+            server.wait();
+            let snapshots = state.path().join("snapshots");
+            let half_made = visible(&snapshots.join(".new"));
+            eprintln!("{user:?} {delay_ms}ms: left half-made: {half_made:?}");
+            landed_inside |= !half_made.is_empty();
+
+            // Restarted: the killed snapshot is there whole, or not at all.
+            let server = Served::start(user, state.path(), &["--pool", "0"]);
+            assert!(
+                visible(&snapshots.join(".new")).is_empty(),
+                "{user:?} {delay_ms}ms"
+            );
+            let calm_id = calm["id"].as_str().unwrap().to_owned();
+            tokio().block_on(async {
+                let (_, list) = server.json(Method::GET, "/v1/snapshots", Value::Null).await;
+                let listed = list["snapshots"].as_array().unwrap();
+                for s in listed {
+                    assert_eq!(s["entries"], calm["entries"], "{user:?} {delay_ms}ms: {s}");
+                    assert_eq!(s["bytes"], calm["bytes"], "{user:?} {delay_ms}ms: {s}");
+                }
+                eprintln!(
+                    "{user:?} {delay_ms}ms: {} snapshots after the kill",
+                    listed.len()
+                );
+                // Killed while forking: the forks are lost, their branches kept.
+                let path = format!("{}/v1/snapshots/{calm_id}/fork", server.base);
+                let request = server
+                    .client
+                    .post(path)
+                    .bearer_auth(&server.token)
+                    .json(&json!({ "count": 4 }))
+                    .send();
+                let pending = tokio::spawn(request);
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms / 4)).await;
+                server.signal("KILL");
+                let _ = pending.await;
+            });
+            let mut server = server;
+            server.wait();
+            drop(server);
+            // Whatever the kill left is reviewable and removable: the lost forks' branches
+            // are listed and aborted, then every snapshot is deleted and nothing remains.
+            let dir = state.path().to_str().unwrap();
+            let out = lockbox(
+                user,
+                work.path(),
+                &["branch", "--state-dir", dir, "list", "--json"],
+            );
+            assert!(out.status.success(), "{}", text(&out));
+            let branches: Value = serde_json::from_slice(&out.stdout).unwrap();
+            for b in branches.as_array().unwrap() {
+                let id = b["id"].as_str().unwrap();
+                let out = lockbox(
+                    user,
+                    work.path(),
+                    &["branch", "--state-dir", dir, "abort", id],
+                );
+                assert!(out.status.success(), "{}", text(&out));
+            }
+            for id in visible(&snapshots) {
+                let out = lockbox(
+                    user,
+                    work.path(),
+                    &["snapshot", "--state-dir", dir, "rm", &id],
+                );
+                assert!(out.status.success(), "{user:?} {delay_ms}ms {}", text(&out));
+            }
+            // A fresh server sweeps what a kill left in the store.
+            let server = Served::start(user, state.path(), &["--pool", "0"]);
+            drop(server);
+            assert!(visible(&snapshots).is_empty(), "{user:?} {delay_ms}ms");
+            assert!(visible(&snapshots.join(".new")).is_empty());
+            assert!(
+                visible(&state.path().join("branches")).is_empty(),
+                "{user:?} {delay_ms}ms"
+            );
+            // The workdir never moved.
+            assert!(visible(work.path()).is_empty(), "{user:?} {delay_ms}ms");
+        }
+        assert!(
+            landed_inside,
+            "{user:?}: no kill landed inside a snapshot; the test did not test anything"
+        );
+    }
+}

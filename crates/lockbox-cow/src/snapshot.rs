@@ -49,6 +49,12 @@ const USERS: &str = "users";
 const UNFINISHED: &str = ".new";
 const LOCK: &str = ".lock";
 
+/// The name of a hold this process takes for `what` (`<pid>-<kind>-<what>`): swept by the
+/// next [`SnapshotStore::open`] once this process is gone.
+pub fn process_hold(kind: &str, what: &str) -> String {
+    format!("{}-{kind}-{what}", std::process::id())
+}
+
 /// The id of a snapshot: like a [`crate::BranchId`], 1–64 bytes of `[A-Za-z0-9._-]`, not
 /// starting with `.`. Also the name of a hold ([`SnapshotStore::hold`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -173,12 +179,12 @@ impl SnapshotStore {
     pub fn capture(&self, upper: &Path, new: NewSnapshot) -> Result<SnapshotMeta, CowError> {
         let id = SnapshotId::generate();
         if let Some(parent) = &new.parent {
-            self.hold(parent, &format!("capture-{id}"))?;
+            self.hold(parent, &process_hold("capture", id.as_str()))?;
         }
         let made = self.capture_as(upper, &id, new.clone());
         if let Some(parent) = &new.parent {
             // The child now stacks on the parent, which protects it from then on.
-            let _ = self.release(parent, &format!("capture-{id}"));
+            let _ = self.release(parent, &process_hold("capture", id.as_str()));
         }
         made
     }
@@ -356,7 +362,10 @@ impl SnapshotStore {
         crate::View::in_dir(&scratch, "", top.clone(), below)
     }
 
-    /// Holds snapshot `id` under the name `user` (e.g. a fork's branch id): it cannot be
+    /// Holds snapshot `id` under the name `user`. A name made by [`process_hold`]
+    /// (`<pid>-...`) is this process's: once the process is gone, the next
+    /// [`SnapshotStore::open`] drops it, so a killed holder does not pin a snapshot forever.
+    /// Holds under the name `user` (e.g. a fork's branch id): it cannot be
     /// deleted until every hold is released. Holding twice under one name is one hold.
     pub fn hold(&self, id: &SnapshotId, user: &str) -> Result<(), CowError> {
         check_id(user).map_err(|reason| CowError::InvalidSnapshotId {
@@ -500,6 +509,16 @@ impl SnapshotStore {
         for id in self.ids()? {
             if !self.dir.join(id.as_str()).join(META).exists() {
                 self.remove(id.as_str())?;
+                continue;
+            }
+            // Holds of processes that died holding them (see `process_hold`).
+            let users = self.dir.join(id.as_str()).join(USERS);
+            if let Ok(entries) = fs::read_dir(&users) {
+                for entry in entries.flatten() {
+                    if crate::branch::left_by_dead_creator(&entry.file_name()) {
+                        let _ = fs::remove_file(entry.path());
+                    }
+                }
             }
         }
         Ok(())

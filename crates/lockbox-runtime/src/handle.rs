@@ -595,7 +595,7 @@ impl Sandbox {
         base: Option<&lockbox_cow::SnapshotId>,
     ) -> Result<(), RuntimeError> {
         let store = &self.inner.snapshots;
-        let hold = format!("restart-{}", self.inner.id);
+        let hold = lockbox_cow::process_hold("restart", &self.inner.id);
         if let Some(b) = base {
             store.hold(b, &hold).map_err(RuntimeError::Branch)?;
         }

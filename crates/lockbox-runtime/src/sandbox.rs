@@ -275,7 +275,7 @@ fn fork_branch(
     context: serde_json::Value,
 ) -> Result<Branch, lockbox_cow::CowError> {
     let store = origin.snapshots;
-    let hold = format!("fork-{sandbox_id}");
+    let hold = lockbox_cow::process_hold("fork", sandbox_id);
     store.hold(id, &hold)?;
     let made = (|| {
         // The callers checked that `dir` is the snapshot's workdir.
