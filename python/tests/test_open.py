@@ -358,6 +358,15 @@ def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
         # The snapshot's files over the workdir as it is now (with the fork's commit).
         assert box.exec("cat base.txt; ls").stdout == "v2\nbase.txt\nmine.txt\nsub\n"
         assert box.exec('echo "$PWD $MODE"', session="work").stdout == f"{ws}/sub fast\n"
+        # Fork in one call: a snapshot of the restored sandbox (on its snapshot), then a fork.
+        [again] = box.fork(1, name="after restore")
+        try:
+            assert again.exec("cat base.txt").stdout == "v2\n"
+            assert again.info["snapshot"]["parent"] == snap["id"]
+            assert again.info["snapshot"]["name"] == "after restore"
+        finally:
+            again.close()
+        client.delete_snapshot(again.info["snapshot"]["id"])
         with pytest.raises(ServerError) as e:
             box.restore("s-none")
         assert (e.value.status, e.value.code) == (404, "SNAPSHOT_NOT_FOUND")

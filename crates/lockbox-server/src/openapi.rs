@@ -160,6 +160,14 @@ fn snapshot_schemas() -> Value {
         "ForkRequest": { "type": "object", "additionalProperties": false, "properties": {
             "count": { "type": "integer", "minimum": 1, "default": 1,
                        "description": "how many sandboxes (at most the server's max_sandboxes)" } } },
+        "ForkSandboxRequest": { "type": "object", "additionalProperties": false, "properties": {
+            "count": { "type": "integer", "minimum": 1, "default": 1,
+                       "description": "how many sandboxes (at most the server's max_sandboxes)" },
+            "name": { "type": "string", "maxLength": 256, "pattern": "^[^\\x00-\\x1f\\x7f]*$",
+                      "description": "a name for the snapshot taken first" } } },
+        "ForkReply": { "type": "object", "required": ["snapshot", "sandboxes"], "properties": {
+            "snapshot": schema("Snapshot"),
+            "sandboxes": { "type": "array", "items": schema("Sandbox") } } },
         "RestoreRequest": { "type": "object", "additionalProperties": false, "required": ["snapshot"],
             "properties": { "snapshot": { "type": "string", "description": "snapshot id" } } },
         "SnapshotList": { "type": "object", "required": ["snapshots"],
@@ -537,6 +545,12 @@ fn snapshot_paths() -> Value {
                 Processes' memory is not restored. 400 INVALID_REQUEST for a snapshot of another workdir",
                 vec![path_param("id", "sandbox id")], required_json("RestoreRequest"),
                 &[("200", reply("the sandbox, running again", "Sandbox"))])
+        },
+        "/v1/sandboxes/{id}/fork": {
+            "post": op("Snapshot the sandbox, then create `count` sandboxes from that snapshot (as POST /v1/snapshots/{id}/fork): \
+                the snapshot stays, delete it once its forks are gone",
+                vec![path_param("id", "sandbox id")], optional_json("ForkSandboxRequest"),
+                &[("201", reply("the snapshot and the forks", "ForkReply"))])
         },
         "/v1/snapshots/{id}/fork": {
             "post": op("Create `count` sandboxes from the snapshot (forks), with the policy of the sandbox it was taken of: \

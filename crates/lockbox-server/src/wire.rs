@@ -737,6 +737,18 @@ fn one() -> usize {
     1
 }
 
+/// `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSandboxRequest {
+    /// How many sandboxes (default 1).
+    #[serde(default = "one")]
+    pub count: usize,
+    /// A name for the snapshot taken first.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
 /// `POST /v1/sandboxes/{id}/restore`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

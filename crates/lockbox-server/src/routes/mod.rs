@@ -100,6 +100,7 @@ pub fn router() -> Router<AppState> {
         )
         .route(&format!("{sandbox}/snapshots"), post(snapshots::take))
         .route(&format!("{sandbox}/restore"), post(snapshots::restore))
+        .route(&format!("{sandbox}/fork"), post(snapshots::fork_sandbox))
         .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
         .route("/v1/snapshots/{id}/diff", get(snapshots::diff))
         .route("/v1/snapshots", get(snapshots::list))

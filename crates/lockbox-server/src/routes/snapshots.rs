@@ -3,7 +3,9 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{ChangeList, ForkRequest, RestoreRequest, SnapshotDiffQuery, SnapshotRequest};
+use crate::wire::{
+    ChangeList, ForkRequest, ForkSandboxRequest, RestoreRequest, SnapshotDiffQuery, SnapshotRequest,
+};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -66,4 +68,16 @@ pub async fn restore(
     let sandbox = app.runtime.sandbox(&id).await?;
     sandbox.restore(&body.snapshot).await?;
     Ok(Json(app.runtime.sandbox_info(&id)?))
+}
+
+pub async fn fork_sandbox(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<ForkSandboxRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (snapshot, forks) = app.runtime.fork_sandbox(&id, body.count, body.name).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "snapshot": snapshot, "sandboxes": forks })),
+    ))
 }
