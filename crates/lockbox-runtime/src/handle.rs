@@ -33,7 +33,7 @@ impl Sandbox {
     fn live(&self) -> Result<Arc<Instance>, RuntimeError> {
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Err(RuntimeError::SandboxNotRunning {
-                id: self.inner.id.clone(),
+                id: self.inner.id.to_string(),
                 state: "stopped".into(),
             });
         }
@@ -451,7 +451,7 @@ impl Sandbox {
 
     fn no_workdir(&self) -> RuntimeError {
         RuntimeError::NoWorkdir {
-            id: self.inner.id.clone(),
+            id: self.inner.id.to_string(),
         }
     }
 

@@ -73,4 +73,4 @@ pub use crate::util::rfc3339;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 /// What [`Sandbox::changes`] lists.
-pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side};
+pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};

@@ -24,7 +24,7 @@ pub(crate) struct RuntimeInner {
     pub(crate) config: RuntimeConfig,
     pub(crate) agent_exe: PathBuf,
     pub(crate) store: store::Store,
-    pub(crate) sandboxes: Mutex<HashMap<String, Arc<SandboxInner>>>,
+    pub(crate) sandboxes: Mutex<HashMap<SandboxId, Arc<SandboxInner>>>,
     /// Sandboxes being created (counted against the limit).
     pub(crate) starting: AtomicU64,
     /// What all process logs may reserve together.
@@ -112,12 +112,7 @@ impl Runtime {
         }
         let base = match &spec.from_snapshot {
             Some(s) => {
-                let id = crate::snapshots::parse_id(s)?;
-                let meta = self
-                    .inner
-                    .snapshots
-                    .get(&id)
-                    .map_err(RuntimeError::Branch)?;
+                let meta = self.inner.snapshots.get(s).map_err(RuntimeError::Branch)?;
                 crate::snapshots::check_workdir(&meta, &mut spec.workdir)?;
                 Some(meta)
             }
@@ -126,7 +121,7 @@ impl Runtime {
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
-        let id = format!("sb-{}", util::random_id());
+        let id = SandboxId::generate();
         let origin = sandbox::Origin {
             state_dir: &self.inner.config.state_dir,
             snapshots: &self.inner.snapshots,
@@ -179,7 +174,7 @@ impl Runtime {
         Ok(info)
     }
 
-    async fn idle_watch(self, id: String, idle: Duration) {
+    async fn idle_watch(self, id: SandboxId, idle: Duration) {
         loop {
             let Some(sb) = lock(&self.inner.sandboxes).get(&id).cloned() else {
                 return;
@@ -203,10 +198,10 @@ impl Runtime {
     /// All sandboxes, running and recorded (stopped, lost: the last
     /// [`RuntimeConfig::keep_stopped`] stopped ones), oldest first.
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
-        let live: HashMap<String, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
+        let live: HashMap<SandboxId, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
         let mut out = self.inner.store.list().unwrap_or_default();
         for info in &mut out {
-            if let Some(sb) = live.get(&info.id) {
+            if let Some(sb) = live.get(info.id.as_str()) {
                 *info = sb.info(SandboxState::Running, None);
             }
         }
@@ -343,7 +338,7 @@ impl Runtime {
             .get(&crate::snapshots::parse_id(id)?)
             .map_err(RuntimeError::Branch)?;
         let mut spec = crate::snapshots::spec_of(&meta);
-        spec.from_snapshot = Some(id.to_owned());
+        spec.from_snapshot = Some(meta.id.clone());
         let made =
             futures_util::future::join_all((0..count).map(|_| self.create_sandbox(spec.clone())))
                 .await;
@@ -363,7 +358,7 @@ impl Runtime {
         if let Some(pool) = &self.inner.pool {
             pool.close().await;
         }
-        let ids: Vec<String> = lock(&self.inner.sandboxes).keys().cloned().collect();
+        let ids: Vec<SandboxId> = lock(&self.inner.sandboxes).keys().cloned().collect();
         let deletes = ids.iter().map(|id| self.delete_sandbox(id));
         futures_util::future::join_all(deletes).await;
     }

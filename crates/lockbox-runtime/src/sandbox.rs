@@ -126,7 +126,7 @@ impl Drop for LogReservation {
 /// Everything about a sandbox; shared by its handles.
 #[derive(Debug)]
 pub(crate) struct SandboxInner {
-    pub id: String,
+    pub id: SandboxId,
     pub created_at: String,
     pub spec: SandboxSpec,
     pub state_dir: PathBuf,

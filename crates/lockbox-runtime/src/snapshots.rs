@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use lockbox_cow::{NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore};
 
 use crate::sandbox::{lock, Instance, SessionState};
-use crate::types::{SandboxInfo, SandboxSpec, SnapshotInfo};
+use crate::types::{SandboxId, SandboxInfo, SandboxSpec, SnapshotInfo};
 use crate::util::rfc3339;
 use crate::{Change, Runtime, RuntimeError};
 
@@ -181,10 +181,10 @@ pub(crate) fn info(m: SnapshotMeta) -> SnapshotInfo {
             .context
             .get("sandbox")
             .and_then(|s| s.as_str())
-            .map(String::from),
-        id: m.id.to_string(),
+            .map(|s| SandboxId::from(s.to_owned())),
+        id: m.id,
         name: m.name,
-        parent: m.parent.map(|p| p.to_string()),
+        parent: m.parent,
         workdir: m.workdir,
         created_at: rfc3339(m.created.secs, u32::try_from(m.created.nanos).unwrap_or(0)),
         bytes: m.bytes,
@@ -213,7 +213,7 @@ impl Runtime {
         name: Option<String>,
     ) -> Result<(SnapshotInfo, Vec<SandboxInfo>), RuntimeError> {
         let snapshot = self.sandbox(id).await?.snapshot(name).await?;
-        let forks = self.fork_snapshot(&snapshot.id, count).await?;
+        let forks = self.fork_snapshot(snapshot.id.as_str(), count).await?;
         Ok((snapshot, forks))
     }
 

@@ -8,7 +8,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::types::{BranchAction, PolicySummary, SandboxInfo, SandboxSpec, SandboxState};
+use crate::types::{
+    BranchAction, PolicySummary, SandboxId, SandboxInfo, SandboxSpec, SandboxState,
+};
 use crate::RuntimeError;
 
 #[derive(Debug)]
@@ -71,7 +73,7 @@ impl Store {
                 "INSERT INTO sandboxes (id, state, created_at, workdir, branch, branch_action, labels, spec)
                  VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7)",
                 params![
-                    info.id,
+                    info.id.as_str(),
                     info.state.as_str(),
                     info.created_at,
                     // Bytes, not text: a lossy copy would name another directory.
@@ -135,7 +137,7 @@ impl Store {
                 let state: String = r.get(1)?;
                 let labels: String = r.get(6)?;
                 Ok(SandboxInfo {
-                    id: r.get(0)?,
+                    id: SandboxId::from(r.get::<_, String>(0)?),
                     state: match state.as_str() {
                         "running" => SandboxState::Running,
                         "stopped" => SandboxState::Stopped,

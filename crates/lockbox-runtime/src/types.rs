@@ -135,20 +135,94 @@ pub struct SandboxSpec {
     /// snapshot does and writes to its own layer over it. `workdir` may be left out (it is
     /// the snapshot's) and must otherwise be the snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_snapshot: Option<String>,
+    pub from_snapshot: Option<lockbox_cow::SnapshotId>,
+}
+
+/// A sandbox's id (`sb-` and 12 hex digits when the runtime makes it). In JSON, a string.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// A fresh id.
+    pub(crate) fn generate() -> SandboxId {
+        SandboxId(format!("sb-{}", crate::util::random_id()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SandboxId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SandboxId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for SandboxId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for SandboxId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<String> for SandboxId {
+    fn eq(&self, other: &String) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for SandboxId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl From<SandboxId> for String {
+    fn from(id: SandboxId) -> String {
+        id.0
+    }
+}
+
+impl From<String> for SandboxId {
+    /// An id read back (from the runtime's records, a request path): not checked, since an
+    /// unknown id is simply not found.
+    fn from(id: String) -> SandboxId {
+        SandboxId(id)
+    }
 }
 
 /// A snapshot of a sandbox's files ([`crate::Sandbox::snapshot`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotInfo {
     /// Its id.
-    pub id: String,
+    pub id: lockbox_cow::SnapshotId,
     /// The name given when it was taken.
     pub name: Option<String>,
     /// The snapshot it lies on (the sandbox was forked from it), if any.
-    pub parent: Option<String>,
+    pub parent: Option<lockbox_cow::SnapshotId>,
     /// The sandbox it was taken of.
-    pub sandbox: Option<String>,
+    pub sandbox: Option<SandboxId>,
     /// The workdir below it.
     #[serde(with = "lockbox_policy::name::json")]
     pub workdir: PathBuf,
@@ -293,7 +367,7 @@ impl SandboxState {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxInfo {
     /// Its id.
-    pub id: String,
+    pub id: SandboxId,
     /// Running, stopped or lost.
     pub state: SandboxState,
     /// Creation time, RFC 3339 UTC.

@@ -163,7 +163,7 @@ async fn forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes()
 
     // The diffs between levels say what the model says.
     let diff = rt
-        .diff_snapshot(&s1.id, DiffTarget::Snapshot(s3.id.clone()))
+        .diff_snapshot(&s1.id, DiffTarget::Snapshot(s3.id.to_string()))
         .await
         .unwrap();
     let kinds = |changes: &[lockbox_runtime::Change]| -> Vec<(String, char)> {

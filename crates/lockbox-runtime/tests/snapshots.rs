@@ -76,7 +76,11 @@ async fn snapshots_of_a_sandbox_writing_continuously_hold_whole_records() {
         assert_eq!(snap.sandbox.as_deref(), Some(sb.id()));
         assert_eq!(snap.name.as_deref(), Some(format!("n{n}").as_str()));
         assert!(snap.bytes > 0 && snap.entries >= 1, "{snap:?}");
-        let layer = state.path().join("snapshots").join(&snap.id).join("layer");
+        let layer = state
+            .path()
+            .join("snapshots")
+            .join(snap.id.as_str())
+            .join("layer");
         let first = check_records(&std::fs::read(layer.join("log")).unwrap());
         let second = check_records(&std::fs::read(layer.join("log2")).unwrap());
         // One instant of the sandbox: never a record in log2 that log lacks (copied
@@ -100,7 +104,7 @@ async fn snapshots_of_a_sandbox_writing_continuously_hold_whole_records() {
         "{now} bytes, last snapshot {counts:?}"
     );
 
-    let listed: Vec<String> = rt
+    let listed: Vec<lockbox_runtime::SnapshotId> = rt
         .list_snapshots()
         .unwrap()
         .into_iter()

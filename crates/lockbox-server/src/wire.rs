@@ -112,7 +112,14 @@ impl CreateSandbox {
             on_exit: self.on_exit.unwrap_or_default(),
             idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             labels: self.labels,
-            from_snapshot: self.from_snapshot,
+            from_snapshot: self
+                .from_snapshot
+                .map(|s| {
+                    lockbox_runtime::SnapshotId::parse(&s).map_err(|e| {
+                        ApiError::invalid("from_snapshot", format!("from_snapshot: {e}"))
+                    })
+                })
+                .transpose()?,
         })
     }
 }
