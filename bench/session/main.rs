@@ -147,6 +147,8 @@ async fn main() {
     let mut config = RuntimeConfig::new(state.path());
     config.agent_exe = Some(agent_bin::build_agent());
     config.max_sandboxes = 1024;
+    // The runtime's default bound is 16 sessions per sandbox; the concurrency row uses more.
+    config.max_sessions = config.max_sessions.max(a.sessions + 1);
     let rt = Runtime::open(config).unwrap();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average before: {}", load.trim());
@@ -352,6 +354,22 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
         "a fork's first exec result",
         first_exec,
         "after fork_snapshot returned (its default session starts)",
+    );
+    // One sandbox from the snapshot, to its first command's result.
+    let mut one = Vec::new();
+    for _ in 0..a.creates {
+        let t = Instant::now();
+        let forks = rt.fork_snapshot(&snap.id, 1).await.unwrap();
+        let fb = rt.sandbox(&forks[0].id).await.unwrap();
+        let r = fb.exec(echo_hi()).await.unwrap();
+        one.push(t.elapsed());
+        assert_eq!(&r.stdout[..], b"hi\n");
+        rt.delete_sandbox(&forks[0].id).await.unwrap();
+    }
+    row(
+        "create from that snapshot → first exec result",
+        one,
+        "fork_snapshot(id, 1) + exec, not pooled",
     );
     rt.delete_sandbox(&info.id).await.unwrap();
     rt.delete_snapshot(&snap.id).unwrap();
