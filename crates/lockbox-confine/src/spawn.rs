@@ -414,8 +414,7 @@ impl<'a> Spawn<'a> {
         if let Program::Sequence(_) = self.program {
             return self.gated()?.release(Stdio::default());
         }
-        let (sandbox, started) =
-            launch(self.policy, self.program, self.stdio, self.audit, false)?;
+        let (sandbox, started) = launch(self.policy, self.program, self.stdio, self.audit, false)?;
         Ok(Running {
             run: Run::new(0, started, 0, 0),
             sandbox,

@@ -19,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -258,39 +258,68 @@ fn command_line(tid: libc::pid_t) -> String {
     text
 }
 
-/// Sockets of the sandbox that asked lockbox's resolver, newest last.
+/// Sockets of the sandbox that asked lockbox's resolver (by inode), newest last. Only
+/// their inodes are kept: holding the sockets would keep their ports bound and their TCP
+/// connections open after the sandbox closed them.
 #[derive(Debug, Default)]
 pub(super) struct DnsAskers {
-    askers: VecDeque<(OwnedFd, u64, Asker)>,
+    askers: VecDeque<(u64, Asker)>,
 }
 
 impl DnsAskers {
-    /// Remembers `socket` (the supervisor's copy) as `asker`'s.
+    /// Remembers `socket` (the supervisor's copy of the caller's) as `asker`'s.
     pub(super) fn add(&mut self, socket: &OwnedFd, asker: &Asker) {
         let Ok(stat) = rustix::fs::fstat(socket) else {
             return;
         };
         let inode = stat.st_ino;
-        if self.askers.iter().any(|(_, i, _)| *i == inode) {
-            return;
-        }
-        let Ok(copy) = socket.try_clone() else {
-            return;
-        };
+        self.askers.retain(|(i, _)| *i != inode);
         if self.askers.len() >= MAX_DNS_ASKERS {
             self.askers.pop_front();
         }
-        self.askers.push_back((copy, inode, asker.clone()));
+        self.askers.push_back((inode, asker.clone()));
     }
 
-    /// The process whose socket's local address is `from`.
-    pub(super) fn find(&self, from: SocketAddr) -> Option<Asker> {
-        self.askers.iter().rev().find_map(|(fd, _, asker)| {
-            let local = rustix::net::getsockname(fd.as_fd()).ok()?;
-            let local = SocketAddr::try_from(local).ok()?;
-            (local.port() == from.port()).then(|| asker.clone())
-        })
+    /// The process whose socket (of the sandbox's namespace) has the local port of `from`:
+    /// found in `/proc/PID/net/{udp,tcp}{,6}` of a process that asked before.
+    pub(super) fn find(&self, from: SocketAddr, tcp: bool) -> Option<Asker> {
+        let files: [&str; 2] = if tcp {
+            ["tcp", "tcp6"]
+        } else {
+            ["udp", "udp6"]
+        };
+        for (_, seen) in self.askers.iter().rev() {
+            let mut readable = false;
+            for file in files {
+                let Ok(text) = std::fs::read_to_string(format!("/proc/{}/net/{file}", seen.pid))
+                else {
+                    continue;
+                };
+                readable = true;
+                for inode in inodes_on_port(&text, from.port()) {
+                    if let Some((_, asker)) = self.askers.iter().rev().find(|(i, _)| *i == inode) {
+                        return Some(asker.clone());
+                    }
+                }
+            }
+            if readable {
+                // One process's view is the whole namespace's.
+                return None;
+            }
+        }
+        None
     }
+}
+
+/// The inodes of the sockets bound to local `port` in a `/proc/net/{tcp,udp}` table.
+fn inodes_on_port(table: &str, port: u16) -> impl Iterator<Item = u64> + '_ {
+    table.lines().skip(1).filter_map(move |line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local = fields.get(1)?;
+        let (_, hex) = local.rsplit_once(':')?;
+        (u16::from_str_radix(hex, 16).ok()? == port).then_some(())?;
+        fields.get(9)?.parse().ok()
+    })
 }
 
 /// Now as RFC 3339 UTC with milliseconds.
@@ -332,7 +361,10 @@ mod tests {
     #[test]
     fn timestamps_are_rfc3339_with_milliseconds() {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(1_709_210_096, 7_000_000), "2024-02-29T12:34:56.007Z");
+        assert_eq!(
+            rfc3339(1_709_210_096, 7_000_000),
+            "2024-02-29T12:34:56.007Z"
+        );
     }
 
     #[test]
@@ -351,6 +383,16 @@ mod tests {
         assert_eq!(sink.dropped(), 0);
         let line = serde_json::to_string(&got[0]).unwrap_or_default();
         assert!(line.contains(r#""kind":"dropped","count":3"#), "{line}");
+    }
+
+    #[test]
+    fn proc_net_tables_give_the_inodes_on_a_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+            0: 9900007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 111 2 0\n\
+            1: 0100007F:9C40 9900007F:0035 01 00000000:00000000 00:00000000 00000000  1000        0 222 2 0\n";
+        assert_eq!(inodes_on_port(table, 53).collect::<Vec<_>>(), vec![111]);
+        assert_eq!(inodes_on_port(table, 0x9c40).collect::<Vec<_>>(), vec![222]);
+        assert_eq!(inodes_on_port(table, 1).count(), 0);
     }
 
     #[test]

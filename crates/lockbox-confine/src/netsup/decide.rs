@@ -1,10 +1,10 @@
 //! The decision on one call: what the socket is ([`inspect`]) and what to do with the call
 //! ([`decide`]), on the supervisor's own copies.
 
+use super::audit::Why;
 use super::call::{parse_sockaddr, Call};
 use super::{Shared, DENIED_LISTED};
 use crate::sysnet;
-use super::audit::Why;
 use lockbox_policy::{canonical, route, ListKind, Proto, Route};
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
@@ -153,11 +153,7 @@ pub(super) fn decide(
     let mut learned_from = None;
     if routed == Route::Denied && kind == ListKind::Allow {
         // An address one of this sandbox's DNS answers gave for a listed name.
-        learned_from = shared
-            .learned
-            .lock()
-            .ok()
-            .and_then(|l| l.why(proto, dest));
+        learned_from = shared.learned.lock().ok().and_then(|l| l.why(proto, dest));
         if learned_from.is_some() {
             routed = Route::Host;
         }

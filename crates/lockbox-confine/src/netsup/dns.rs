@@ -79,7 +79,8 @@ impl Learned {
         if self.rules.len() >= MAX_LEARNED {
             self.rules.pop_front();
         }
-        self.rules.push_back((rule, spec.to_string(), name.to_owned()));
+        self.rules
+            .push_back((rule, spec.to_string(), name.to_owned()));
     }
 }
 
@@ -362,8 +363,9 @@ impl Dns {
                 Protocol::Tcp,
             ),
         };
+        let tcp = protocol == Protocol::Tcp;
         let asker = from
-            .and_then(|from| shared.dns_askers.lock().ok()?.find(from))
+            .and_then(|from| shared.dns_askers.lock().ok()?.find(from, tcp))
             .unwrap_or_default();
         Who { asker, protocol }
     }
@@ -637,8 +639,14 @@ fn audit_refusal(shared: &Shared, query: &[u8], reply: &[u8], who: &Who) {
     };
     let rcode = reply.get(3).map_or(0, |b| b & 0xf);
     let (decision, reason) = match rcode {
-        0 => (Decision::Allowed, "name listed; no records of this type given"),
-        2 => (Decision::Denied, "servfail: the host's resolver failed or is busy"),
+        0 => (
+            Decision::Allowed,
+            "name listed; no records of this type given",
+        ),
+        2 => (
+            Decision::Denied,
+            "servfail: the host's resolver failed or is busy",
+        ),
         3 => (Decision::Denied, "nxdomain: name not listed"),
         4 => (Decision::Denied, "notimp: not a standard query"),
         _ => (Decision::Denied, "formerr: not one question"),

@@ -10,8 +10,8 @@
 //! `SECCOMP_IOCTL_NOTIF_ID_VALID` for the rest (a signal interrupting the call on a kernel
 //! without killable waits).
 
-use super::call::{read_call, Call};
 use super::audit::{Asker, Decision, EventKind, Protocol, Why};
+use super::call::{read_call, Call};
 use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action, Decided, Sock};
 use super::dns::Dns;
 use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
@@ -103,7 +103,9 @@ fn audit(
     };
     let Some(why) = why else {
         let resolver = std::net::SocketAddr::from((crate::DNS_ADDR, 53));
-        if dest.is_some_and(|d| lockbox_policy::canonical(d.ip()) == resolver.ip() && d.port() == 53) {
+        if dest
+            .is_some_and(|d| lockbox_policy::canonical(d.ip()) == resolver.ip() && d.port() == 53)
+        {
             if let Ok(mut askers) = shared.dns_askers.lock() {
                 askers.add(&sock.file, &Asker::of(tid));
             }
