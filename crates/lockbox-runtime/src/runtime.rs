@@ -100,11 +100,13 @@ impl Runtime {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
         let id = format!("sb-{}", util::random_id());
+        let audit = crate::audit::AuditLog::new();
         let instance = start_instance(
             &spec,
             &self.inner.config.state_dir,
             &self.inner.agent_exe,
             &id,
+            &audit,
         )
         .await?;
         let grace = spec.policy.kill_grace;
@@ -129,6 +131,7 @@ impl Runtime {
             stopped: AtomicBool::new(false),
             ports: Default::default(),
             lifecycle: tokio::sync::Mutex::new(()),
+            audit,
         });
         let info = sb.info(SandboxState::Running, None);
         let spec_json = serde_json::to_value(&sb.spec).unwrap_or_default();
