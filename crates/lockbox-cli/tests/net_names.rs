@@ -545,6 +545,9 @@ fn the_report_counts_answers_refused_names_and_left_out_host_addresses() {
     );
 }
 
+/// What an op is logged as: (kind, decision, reason's start); `None`: not logged.
+type Logged = Option<(&'static str, &'static str, &'static str)>;
+
 /// The events of an `--audit` file, one JSON object per line.
 fn audit_events(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -563,7 +566,7 @@ fn the_audit_log_has_one_event_per_decision_with_its_reason_and_the_asking_proce
     let ip = net.ip.clone();
     let hosts = net.hosts(&format!("{ip} name.test\n127.0.0.1 lo.test\n"));
     // One round: what each op is decided as (None: stays inside, not logged).
-    let round: Vec<(String, &str, Option<(&str, &str, &str)>)> = vec![
+    let round: Vec<(String, &str, Logged)> = vec![
         (
             format!("connect,{ip},8080"),
             "ok hello-8080",
