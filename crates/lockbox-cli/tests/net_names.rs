@@ -1,6 +1,7 @@
 //! End-to-end tests of names in `--net-allow`: lockbox's resolver (the sandbox's
 //! nameserver), wildcards, addresses allowed only once answered, NXDOMAIN for every other
-//! name (never asked upstream), DNS over TCP, rebinding onto the host's loopback.
+//! name (never asked upstream), DNS over TCP, rebinding onto the host's loopback, and the
+//! `--audit` log of all of these decisions.
 //!
 //! The destinations are a network namespace each test makes (a veth pair with addresses of
 //! the benchmarking range 198.18.0.0/15; nothing else outside is used), with TCP servers and
@@ -725,4 +726,49 @@ fn audit_files_that_cannot_be_opened_and_audits_without_a_list_are_usage_errors(
         "{}",
         text(&out)
     );
+}
+
+#[test]
+fn a_deny_lists_refusals_are_audited_with_the_rule_and_loopback_stays_unlogged() {
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("deny-{user:?}.jsonl"));
+        let out = common::command_as(user)
+            .current_dir("/")
+            .args(["run", "-r"])
+            .arg(client_dir())
+            .args(["--net-deny", "tcp://192.0.2.1:80", "--audit"])
+            .arg(&log)
+            .args([
+                "--",
+                "python3",
+                &client(),
+                "connect,192.0.2.1,80",
+                "connect,127.0.0.1,9",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "connect,192.0.2.1,80 err 13\nconnect,127.0.0.1,9 err 111\n",
+            "{user:?}: {}",
+            text(&out)
+        );
+        let events = audit_events(&log);
+        assert_eq!(events.len(), 1, "{user:?}: {events:#?}");
+        let e = &events[0];
+        assert_eq!(
+            (&e["kind"], &e["decision"], &e["reason"]),
+            (
+                &serde_json::json!("connect"),
+                &serde_json::json!("denied"),
+                &serde_json::json!("deny rule tcp 192.0.2.1:80")
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            (&e["address"], &e["port"]),
+            (&serde_json::json!("192.0.2.1"), &serde_json::json!(80))
+        );
+    }
 }
