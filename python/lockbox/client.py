@@ -439,6 +439,19 @@ class RemoteSandbox:
                                     stream=True)
         return Watch(resp, self.client._events(resp))
 
+    def audit(self, *, follow: bool = False) -> Any:
+        """The network audit log of a ``net_allow``/``net_deny`` sandbox: one dict per
+        decision of lockbox's network supervisor, ``{"ts", "sandbox", "kind":
+        "connect"|"send"|"dns", "decision": "allowed"|"denied", "reason", "protocol",
+        "address", "port", "name", "qtype", "answers", "pid", "command"}`` (fields that do not
+        apply are left out; docs/security.md "Audit log"). The last 1,000 as a list; with
+        ``follow=True`` a closable iterator of them and then of new ones as they are decided
+        (a ``{"kind": "dropped", "count"}`` dict stands for events it was too slow to get)."""
+        if not follow:
+            return self.client._request("GET", self._p("/audit"), query={"follow": False})["events"]
+        resp = self.client._request("GET", self._p("/audit"), stream=True)
+        return Audit(resp, self.client._events(resp))
+
     def start_process(
         self,
         argv: Sequence[str] | None = None,
@@ -706,6 +719,18 @@ class Watch:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Audit(Watch):
+    """The events of :meth:`RemoteSandbox.audit` with ``follow=True`` (iterate it;
+    ``close()`` or ``with`` ends it): the network event dicts themselves."""
+
+    def __next__(self) -> dict[str, Any]:
+        ev = next(self._events)
+        return ev.data if isinstance(ev.data, dict) else {"kind": "error", "message": ev.data}
+
+    def __enter__(self) -> "Audit":
+        return self
 
 
 class Files:

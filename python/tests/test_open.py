@@ -373,3 +373,33 @@ def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
         with pytest.raises(ServerError) as e:
             client.fork(snap, 0)
         assert e.value.status == 400
+
+
+def test_audit_lists_the_network_decisions_of_the_sandbox_locally_and_remotely(open_box):
+    from test_net import PROBE, Server
+
+    a = Server("hello-a")
+    try:
+        with open_box(net_allow=[f"127.0.0.2:{a.port}"]) as box:
+            box.files.write("/tmp/probe.py", PROBE.encode())
+            assert box.exec(f"python3 /tmp/probe.py {a.port}").stdout.strip() == "hello-a"
+            # Another port of 127.0.0.2 would stay inside (the sandbox's loopback): not logged.
+            box.files.write("/tmp/probe.py", PROBE.replace("127.0.0.2", "192.0.2.1").encode())
+            assert box.exec("python3 /tmp/probe.py 80").stdout.strip() == "refused PermissionError"
+            deadline = time.monotonic() + 10
+            events = box.audit()
+            while len(events) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                events = box.audit()
+            assert [(e["kind"], e["decision"], e["address"], e["port"]) for e in events] == [
+                ("connect", "allowed", "127.0.0.2", a.port),
+                ("connect", "denied", "192.0.2.1", 80),
+            ], events
+            assert events[1]["reason"] == "not in the allow-list"
+            for e in events:
+                assert e["sandbox"] == box.id and e["pid"] > 0, e
+                assert "/tmp/probe.py" in e["command"], e
+            with box.audit(follow=True) as live:
+                assert [next(live), next(live)] == events
+    finally:
+        a.close()

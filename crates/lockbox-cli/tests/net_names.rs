@@ -1,6 +1,7 @@
 //! End-to-end tests of names in `--net-allow`: lockbox's resolver (the sandbox's
 //! nameserver), wildcards, addresses allowed only once answered, NXDOMAIN for every other
-//! name (never asked upstream), DNS over TCP, rebinding onto the host's loopback.
+//! name (never asked upstream), DNS over TCP, rebinding onto the host's loopback, and the
+//! `--audit` log of all of these decisions.
 //!
 //! The destinations are a network namespace each test makes (a veth pair with addresses of
 //! the benchmarking range 198.18.0.0/15; nothing else outside is used), with TCP servers and
@@ -543,4 +544,231 @@ fn the_report_counts_answers_refused_names_and_left_out_host_addresses() {
         first.contains(&"dns lo.test -> 127.0.0.1 (host-internal)"),
         "{net}"
     );
+}
+
+/// What an op is logged as: (kind, decision, reason's start); `None`: not logged.
+type Logged = Option<(&'static str, &'static str, &'static str)>;
+
+/// The events of an `--audit` file, one JSON object per line.
+fn audit_events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn the_audit_log_has_one_event_per_decision_with_its_reason_and_the_asking_process() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let hosts = net.hosts(&format!("{ip} name.test\n127.0.0.1 lo.test\n"));
+    // One round: what each op is decided as (None: stays inside, not logged).
+    let round: Vec<(String, &str, Logged)> = vec![
+        (
+            format!("connect,{ip},8080"),
+            "ok hello-8080",
+            Some(("connect", "allowed", "address rule tcp ")),
+        ),
+        (
+            "udp,name.test".into(),
+            "ok rcode 0",
+            Some(("dns", "allowed", "name tcp://name.test:8443 listed")),
+        ),
+        (
+            format!("connect,{ip},8443"),
+            "ok hello-8443",
+            Some(("connect", "allowed", "name tcp://name.test:8443 answered")),
+        ),
+        (
+            "tcp,name.test".into(),
+            "ok rcode 0",
+            Some(("dns", "allowed", "name tcp://name.test:8443 listed")),
+        ),
+        (
+            format!("connect,{ip},9999"),
+            "err 13",
+            Some(("connect", "denied", "not in the allow-list")),
+        ),
+        (
+            "udp,evil.test".into(),
+            "ok rcode 3 []",
+            Some(("dns", "denied", "nxdomain: name not listed")),
+        ),
+        (
+            "tcp,evil-tcp.test".into(),
+            "ok rcode 3 []",
+            Some(("dns", "denied", "nxdomain: name not listed")),
+        ),
+        (
+            "udp,lo.test".into(),
+            "ok rcode 0 []",
+            Some(("dns", "denied", "rebinding: loopback answer refused")),
+        ),
+        (
+            "connect,198.18.0.77,443".into(),
+            "err 13",
+            Some(("connect", "denied", "not in the allow-list")),
+        ),
+        // The sandbox's own loopback: nothing listens, nothing is logged.
+        ("connect,127.0.0.1,8443".into(), "err 111", None),
+    ];
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("audit-{user:?}.jsonl"));
+        let mut net_args = allow(&[
+            &format!("tcp://{ip}:8080"),
+            "tcp://name.test:8443",
+            "tcp://lo.test:8443",
+        ]);
+        net_args.extend(["--audit".to_owned(), log.to_str().unwrap().to_owned()]);
+        let ops: Vec<String> = (0..10)
+            .flat_map(|_| round.iter().map(|(op, _, _)| op.clone()))
+            .collect();
+        assert_eq!(ops.len(), 100);
+        let lines = run(user, &net_args, Some(&hosts), None, &ops);
+        for ((op, got), (_, want, _)) in lines.iter().zip(round.iter().cycle()) {
+            assert!(got.starts_with(want), "{user:?}: {op}: {got}");
+        }
+        let mode = std::fs::metadata(&log).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        let events = audit_events(&log);
+        let expected: Vec<(&String, (&str, &str, &str))> = (0..10)
+            .flat_map(|_| round.iter())
+            .filter_map(|(op, _, e)| e.map(|e| (op, e)))
+            .collect();
+        assert_eq!(
+            events.len(),
+            expected.len(),
+            "{user:?}: one event per decision: {events:#?}"
+        );
+        for (event, (op, (kind, decision, reason))) in events.iter().zip(&expected) {
+            let show = format!("{user:?} {op}: {event}");
+            assert_eq!(event["kind"], *kind, "{show}");
+            assert_eq!(event["decision"], *decision, "{show}");
+            assert!(
+                event["reason"].as_str().unwrap().starts_with(reason),
+                "{show}"
+            );
+            assert!(event["pid"].as_u64().unwrap() > 0, "{show}");
+            assert!(
+                event["command"].as_str().unwrap().contains("client.py"),
+                "{show}"
+            );
+            assert!(event["ts"].as_str().unwrap().ends_with('Z'), "{show}");
+            let args: Vec<&str> = op.split(',').collect();
+            match *kind {
+                "connect" => {
+                    assert_eq!(event["protocol"], "tcp", "{show}");
+                    assert_eq!(event["address"], args[1], "{show}");
+                    assert_eq!(event["port"].to_string(), args[2], "{show}");
+                    if reason.starts_with("name ") {
+                        assert_eq!(event["name"], "name.test", "{show}");
+                    }
+                }
+                _ => {
+                    assert_eq!(event["protocol"], args[0], "{show}");
+                    assert_eq!(event["name"], args[1], "{show}");
+                    assert_eq!(event["qtype"], "A", "{show}");
+                    let answers = event["answers"].as_array().unwrap();
+                    if args[1] == "name.test" {
+                        assert_eq!(answers, &[serde_json::json!(ip)], "{show}");
+                    } else {
+                        assert!(answers.is_empty(), "{show}");
+                    }
+                    if args[1] == "lo.test" {
+                        assert_eq!(event["refused"], serde_json::json!(["127.0.0.1"]), "{show}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn audit_files_that_cannot_be_opened_and_audits_without_a_list_are_usage_errors() {
+    let dir = scratch();
+    let missing = dir.path().join("no/such/dir/audit.jsonl");
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &[
+            "run",
+            "--net-allow",
+            "10.0.0.1:80",
+            "--audit",
+            missing.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(missing.to_str().unwrap()),
+        "{}",
+        text(&out)
+    );
+    let log = dir.path().join("audit.jsonl");
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &["run", "--audit", log.to_str().unwrap(), "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--net-allow"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_deny_lists_refusals_are_audited_with_the_rule_and_loopback_stays_unlogged() {
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("deny-{user:?}.jsonl"));
+        let out = common::command_as(user)
+            .current_dir("/")
+            .args(["run", "-r"])
+            .arg(client_dir())
+            .args(["--net-deny", "tcp://192.0.2.1:80", "--audit"])
+            .arg(&log)
+            .args([
+                "--",
+                "python3",
+                &client(),
+                "connect,192.0.2.1,80",
+                "connect,127.0.0.1,9",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "connect,192.0.2.1,80 err 13\nconnect,127.0.0.1,9 err 111\n",
+            "{user:?}: {}",
+            text(&out)
+        );
+        let events = audit_events(&log);
+        assert_eq!(events.len(), 1, "{user:?}: {events:#?}");
+        let e = &events[0];
+        assert_eq!(
+            (&e["kind"], &e["decision"], &e["reason"]),
+            (
+                &serde_json::json!("connect"),
+                &serde_json::json!("denied"),
+                &serde_json::json!("deny rule tcp 192.0.2.1:80")
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            (&e["address"], &e["port"]),
+            (&serde_json::json!("192.0.2.1"), &serde_json::json!(80))
+        );
+    }
 }

@@ -55,7 +55,10 @@ pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
-pub use crate::netsup::{parse_sockaddr, NetReport};
+pub use crate::netsup::{
+    parse_sockaddr, AuditSink, Decision as NetDecision, EventKind as NetEventKind, NetEvent,
+    NetReport, Protocol as NetProtocol, MAX_COMMAND as AUDIT_MAX_COMMAND,
+};
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::proctitle::TITLE as INIT_TITLE;

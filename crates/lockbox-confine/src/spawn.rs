@@ -324,6 +324,7 @@ pub struct Spawn<'a> {
     policy: &'a Policy,
     program: Program<'a>,
     stdio: Stdio,
+    audit: Option<netsup::AuditSink>,
 }
 
 /// What a sandbox runs.
@@ -344,6 +345,7 @@ impl<'a> Spawn<'a> {
             policy,
             program: Program::Command(argv),
             stdio: Stdio::default(),
+            audit: None,
         }
     }
 
@@ -369,6 +371,7 @@ impl<'a> Spawn<'a> {
             policy,
             program: Program::Sequence(commands),
             stdio: Stdio::default(),
+            audit: None,
         }
     }
 
@@ -386,6 +389,7 @@ impl<'a> Spawn<'a> {
             policy,
             program: Program::Agent { exe, args },
             stdio: Stdio::default(),
+            audit: None,
         }
     }
 
@@ -395,13 +399,22 @@ impl<'a> Spawn<'a> {
         Spawn { stdio, ..self }
     }
 
+    /// Sends an event per decision of the network supervisor (`--net-allow`/`--net-deny`
+    /// only; see [`NetEvent`](crate::NetEvent)) to `sink`, which is never waited on.
+    pub fn audit(self, sink: netsup::AuditSink) -> Spawn<'a> {
+        Spawn {
+            audit: Some(sink),
+            ..self
+        }
+    }
+
     /// Starts the sandbox and its (first) command. Returns as soon as the sandbox init
     /// runs; setup failures inside the namespaces are reported by [`Running::wait`].
     pub fn start(self) -> Result<Running, SetupError> {
         if let Program::Sequence(_) = self.program {
             return self.gated()?.release(Stdio::default());
         }
-        let (sandbox, started) = launch(self.policy, self.program, self.stdio, false)?;
+        let (sandbox, started) = launch(self.policy, self.program, self.stdio, self.audit, false)?;
         Ok(Running {
             run: Run::new(0, started, 0, 0),
             sandbox,
@@ -415,7 +428,7 @@ impl<'a> Spawn<'a> {
     /// N still writes the layer N+1 will read, and only pays the rest of the setup
     /// (mounting the view, Landlock, the exec) once stage N is done.
     pub fn gated(self) -> Result<Gated, SetupError> {
-        let (sandbox, _) = launch(self.policy, self.program, self.stdio, true)?;
+        let (sandbox, _) = launch(self.policy, self.program, self.stdio, self.audit, true)?;
         Ok(Gated {
             sandbox,
             step: 0,
@@ -510,6 +523,7 @@ fn launch(
     policy: &Policy,
     program: Program<'_>,
     mut stdio: Stdio,
+    audit: Option<netsup::AuditSink>,
     gated: bool,
 ) -> Result<(Sandbox, Instant), SetupError> {
     let (argv, later, helper) = match program {
@@ -568,7 +582,7 @@ fn launch(
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
-    let (supervisor, net_child) = start_net_supervisor(&resolved)?;
+    let (supervisor, net_child) = start_net_supervisor(&resolved, audit)?;
     let cgroup_fds = limits
         .cgroups
         .as_ref()
@@ -752,6 +766,7 @@ fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
 /// with the child's end of the socket the command announces its filter on.
 fn start_net_supervisor(
     resolved: &resolve::Resolved,
+    audit: Option<netsup::AuditSink>,
 ) -> Result<(Option<Supervisor>, Option<OwnedFd>), SetupError> {
     let Some((kind, rules)) = resolved.net_rules.clone() else {
         return Ok((None, None));
@@ -767,7 +782,7 @@ fn start_net_supervisor(
         names: resolved.net_names.clone(),
         hosts_file: resolved.net_hosts_file.clone(),
     };
-    let supervisor = netsup::start(rules, host_cookie, ours)?;
+    let supervisor = netsup::start(rules, audit, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
 }
 

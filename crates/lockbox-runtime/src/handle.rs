@@ -429,6 +429,20 @@ impl Sandbox {
         watch::watch(&self.live()?.agent, path, recursive).await
     }
 
+    /// The network supervisor's decisions kept for this sandbox (the last
+    /// [`crate::AUDIT_RING`]), oldest first: one event per connect or send towards the
+    /// host's network and per DNS query answered (`--net-allow`/`--net-deny` policies; empty
+    /// otherwise). Works on a stopped sandbox too.
+    pub fn audit_log(&self) -> Vec<crate::NetEvent> {
+        self.inner.audit.snapshot()
+    }
+
+    /// [`Sandbox::audit_log`]'s events, then each new one as it is decided (see
+    /// [`crate::AuditStream`]).
+    pub fn audit(&self) -> crate::AuditStream {
+        self.inner.audit.follow()
+    }
+
     /// Creates a directory.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat, RuntimeError> {
         files::mkdir(&self.live()?.agent, path, parents).await
@@ -618,6 +632,7 @@ impl Sandbox {
                 origin,
                 &self.inner.agent_exe,
                 &self.inner.id,
+                &self.inner.audit,
             )
             .await?;
             *lock(&self.inner.instance) = Arc::new(fresh);

@@ -36,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod audit;
 mod branches;
 mod contexts;
 mod error;
@@ -57,6 +58,7 @@ mod util;
 mod watch;
 mod workspace;
 
+pub use crate::audit::AUDIT_RING;
 pub use crate::contexts::{
     CONTEXT_INTERRUPT_GRACE, DEFAULT_CONTEXT, DEFAULT_RUN_TIMEOUT, MAX_CONTEXTS,
 };
@@ -66,11 +68,14 @@ pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS}
 pub use crate::runtime::Runtime;
 pub use crate::snapshots::{DiffTarget, MAX_SNAPSHOT_NAME};
 pub use crate::streams::{
-    CodeStream, ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput, WatchStream,
+    AuditStream, CodeStream, ExecStream, FileList, FileRead, LogStream, PtyAttachment, PtyOutput,
+    WatchStream,
 };
 pub use crate::types::*;
 pub use crate::util::rfc3339;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
+/// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.
+pub use lockbox_confine::{NetDecision, NetEvent, NetEventKind, NetProtocol};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};

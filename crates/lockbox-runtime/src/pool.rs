@@ -122,7 +122,9 @@ impl Pool {
             snapshots: &self.snapshots,
             base: None,
         };
-        let inst = start_instance(&self.template, origin, &self.agent_exe, "pool").await?;
+        // The default policy has no network list: its log would stay empty.
+        let audit = crate::audit::AuditLog::new();
+        let inst = start_instance(&self.template, origin, &self.agent_exe, "pool", &audit).await?;
         if let Err(e) = inst
             .start_spare_default(self.template.policy.kill_grace)
             .await

@@ -127,10 +127,12 @@ impl Runtime {
             snapshots: &self.inner.snapshots,
             base: base.as_ref().map(|m| &m.id),
         };
+        // A pooled instance has no network list (the default policy), so nothing to audit.
+        let audit = crate::audit::AuditLog::new();
         let pooled = self.inner.pool.as_ref().and_then(|p| p.take(&spec));
         let instance = match pooled {
             Some(inst) => inst,
-            None => start_instance(&spec, origin, &self.inner.agent_exe, &id).await?,
+            None => start_instance(&spec, origin, &self.inner.agent_exe, &id, &audit).await?,
         };
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
@@ -155,6 +157,7 @@ impl Runtime {
             stopped: AtomicBool::new(false),
             ports: Default::default(),
             lifecycle: tokio::sync::Mutex::new(()),
+            audit,
         });
         let info = sb.info(SandboxState::Running, None);
         let spec_json = serde_json::to_value(&sb.spec).unwrap_or_default();

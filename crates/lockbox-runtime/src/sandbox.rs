@@ -142,6 +142,8 @@ pub(crate) struct SandboxInner {
     pub lifecycle: tokio::sync::Mutex<()>,
     /// Exposed ports (kept across a workspace abort: the port's server restarts there).
     pub ports: crate::ports::Ports,
+    /// The network supervisor's decisions (kept across a workspace abort).
+    pub audit: Arc<crate::audit::AuditLog>,
 }
 
 impl SandboxInner {
@@ -208,6 +210,7 @@ pub(crate) async fn start_instance(
     origin: Origin<'_>,
     agent_exe: &Path,
     sandbox_id: &str,
+    audit: &Arc<crate::audit::AuditLog>,
 ) -> Result<Instance, RuntimeError> {
     let mut policy = spec.policy.clone();
     policy.timeout = None; // a long-lived sandbox ends by delete or idle timeout
@@ -242,7 +245,16 @@ pub(crate) async fn start_instance(
         }
         None => None,
     };
-    let started = spawn_agent(&policy, agent_exe).await;
+    let listed = matches!(
+        policy.net,
+        lockbox_policy::Net::Allow(_) | lockbox_policy::Net::Deny(_)
+    );
+    let sink = if listed {
+        Some(audit.sink(sandbox_id)?)
+    } else {
+        None
+    };
+    let started = spawn_agent(&policy, agent_exe, sink).await;
     let (running, agent) = match started {
         Ok(x) => x,
         Err(e) => {
@@ -290,6 +302,7 @@ fn fork_branch(
 async fn spawn_agent(
     policy: &lockbox_policy::Policy,
     agent_exe: &Path,
+    audit: Option<lockbox_confine::AuditSink>,
 ) -> Result<(lockbox_confine::Running, AgentClient), RuntimeError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = socketpair(
@@ -309,13 +322,17 @@ async fn spawn_agent(
         .map_err(RuntimeError::internal)?;
     let mut running = on_spawner_thread(move || {
         // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
-        let r = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args)
-            .stdio(lockbox_confine::Stdio {
+        let mut spawn = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args).stdio(
+            lockbox_confine::Stdio {
                 stdin: Some(stdin),
                 stdout: None,
                 stderr: None,
-            })
-            .start();
+            },
+        );
+        if let Some(sink) = audit {
+            spawn = spawn.audit(sink);
+        }
+        let r = spawn.start();
         drop(theirs);
         r
     })

@@ -39,6 +39,14 @@ pub struct PtyOutput {
     pub(crate) inner: BoxStream<Bytes>,
 }
 
+/// The events of [`crate::Sandbox::audit`]: those kept, then live ones as the network
+/// supervisor decides. A consumer more than 1,024 events behind gets one `dropped` event
+/// (with the count) where the skipped ones were (the last 1,000 stay in
+/// [`crate::Sandbox::audit_log`]); the stream ends when the sandbox is gone.
+pub struct AuditStream {
+    pub(crate) inner: BoxStream<lockbox_confine::NetEvent>,
+}
+
 /// The events of [`crate::Sandbox::watch`], oldest first. Dropping it stops the watch. A
 /// consumer that falls more than 4,096 events behind gets one `Overflow` event where the
 /// dropped ones were; the stream ends when the sandbox does.
@@ -71,6 +79,7 @@ forward_stream!(LogStream, LogChunk, "LogStream");
 forward_stream!(CodeStream, crate::types::CodeEvent, "CodeStream");
 forward_stream!(PtyOutput, Bytes, "PtyOutput");
 forward_stream!(WatchStream, crate::WatchEvent, "WatchStream");
+forward_stream!(AuditStream, lockbox_confine::NetEvent, "AuditStream");
 forward_stream!(
     FileList,
     Result<crate::types::FileStat, crate::RuntimeError>,

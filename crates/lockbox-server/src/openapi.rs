@@ -131,6 +131,7 @@ fn all_schemas() -> Value {
         console_schemas(),
         snapshot_schemas(),
         context_schemas(),
+        audit_schemas(),
     ] {
         if let (Some(map), Some(more)) = (all.as_object_mut(), more.as_object()) {
             map.extend(more.clone());
@@ -461,6 +462,15 @@ fn build() -> Value {
                 &[("200", json!({ "description": "events (SSE)",
                     "content": { "text/event-stream": { "schema": sse_event(WATCH_EVENTS) } } }))])
         },
+        "/v1/sandboxes/{id}/audit": {
+            "get": op("The network audit log of a --net-allow/--net-deny sandbox: one NetEvent per connect or send towards the host's network and per DNS query lockbox's resolver answered. By default an SSE stream of `audit` events (the last 1,000 kept, then live ones; a stream that lags gets a `dropped` event with the count) until the client disconnects; with follow=false the kept events as JSON",
+                vec![id(), query("follow", false, "stream (default true); false: the kept events as JSON", boolean.clone())],
+                None,
+                &[("200", json!({ "description": "events (SSE), or the kept ones (follow=false)",
+                    "content": {
+                        "text/event-stream": { "schema": sse_event(&["audit"]) },
+                        "application/json": { "schema": schema("AuditLog") } } }))])
+        },
         "/v1/sandboxes/{id}/fs/stat": {
             "get": op("Stat a path (symlinks not followed)", vec![id(), fpath("the path")], None,
                 &[("200", reply("the entry", "FileStat"))])
@@ -689,8 +699,9 @@ fn add_links(paths: &mut Value) {
                 && !path.contains("{pid}")
                 && !path.contains("{sid}")
                 // A watch streams until the client leaves: a client following links to
-                // exercise every operation would wait on it forever.
+                // exercise every operation would wait on it forever. So does an audit.
                 && !path.ends_with("/watch")
+                && !path.ends_with("/audit")
                 && !path.contains("{cid}")
             {
                 sandbox_links.insert(
@@ -719,6 +730,40 @@ fn add_links(paths: &mut Value) {
 /// Exactly one of `name` (text) and `name_b64` (see `output.rs`).
 fn one_of_fields(name: &str) -> Value {
     json!({ "oneOf": [ { "required": [name] }, { "required": [format!("{name}_b64")] } ] })
+}
+
+/// The schemas of the network audit log: a supervisor's decision
+/// (`lockbox_confine::NetEvent`) and the kept ones.
+fn audit_schemas() -> Value {
+    json!({
+        "AuditLog": { "type": "object", "required": ["events"],
+            "properties": { "events": { "type": "array", "items": schema("NetEvent") } } },
+        "NetEvent": net_event()
+    })
+}
+
+fn net_event() -> Value {
+    let string = json!({ "type": "string" });
+    let count = json!({ "type": "integer", "minimum": 0 });
+    json!({ "type": "object", "required": ["ts", "kind"],
+            "description": "one decision of the network supervisor (docs/security.md, Audit log)",
+            "properties": {
+                "ts": { "type": "string", "format": "date-time" },
+                "sandbox": string,
+                "kind": { "type": "string", "enum": ["connect", "send", "dns", "dropped"] },
+                "decision": { "type": "string", "enum": ["allowed", "denied"] },
+                "reason": string,
+                "protocol": { "type": "string", "enum": ["tcp", "udp"] },
+                "address": string,
+                "port": { "type": "integer", "minimum": 0, "maximum": 65535 },
+                "name": string,
+                "qtype": string,
+                "answers": { "type": "array", "items": { "type": "string" } },
+                "refused": { "type": "array", "items": { "type": "string" } },
+                "pid": count,
+                "command": string,
+                "count": count
+            } })
 }
 
 fn schemas() -> Value {

@@ -523,6 +523,15 @@ pub struct ListQuery {
     pub hidden: bool,
 }
 
+/// `GET audit`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Stream (SSE) the kept events, then live ones (default); false: the kept ones as JSON.
+    #[serde(default = "yes")]
+    pub follow: bool,
+}
+
 /// `GET watch`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,7 +7,7 @@ use crate::error::{exit, CliError};
 use crate::output::{eoutln, outln};
 use lockbox_confine::{Outcome, Running, Signals, Status, StopReason, Waited};
 use lockbox_policy::name::quoted;
-use lockbox_policy::Policy;
+use lockbox_policy::{Net, Policy};
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Instant;
@@ -30,6 +30,15 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     if let Some(dir) = &args.workspace.workdir {
         super::check_workdir(dir).map_err(CliError::usage)?;
     }
+    let audit = match &args.audit {
+        None => None,
+        Some(_) if !matches!(policy.net, Net::Allow(_) | Net::Deny(_)) => {
+            return Err(CliError::usage(
+                "--audit logs the network supervisor's decisions: it needs --net-allow or --net-deny",
+            ))
+        }
+        Some(path) => Some(super::audit::AuditLog::open(path)?),
+    };
     let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
     let signals = match Signals::block(&FORWARDED) {
@@ -42,17 +51,23 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         }
     };
     let mut started_in = None;
-    let result = lockbox_confine::Spawn::command(&policy, &args.command)
-        .start()
-        .and_then(|mut running| {
-            started_in = Some(running.cwd().to_owned());
-            let outcome = supervise(&mut running, &policy, &signals);
-            running.drop_before_exit();
-            outcome
-        });
+    let (audit_log, sink) = audit.unzip();
+    let mut spawn = lockbox_confine::Spawn::command(&policy, &args.command);
+    if let Some(sink) = sink {
+        spawn = spawn.audit(sink);
+    }
+    let result = spawn.start().and_then(|mut running| {
+        started_in = Some(running.cwd().to_owned());
+        let outcome = supervise(&mut running, &policy, &signals);
+        running.drop_before_exit();
+        outcome
+    });
     // The process exits next. Unblocking now would deliver a ^C that raced the command's
     // end and turn its exit status into our own death by SIGINT, so the signals stay blocked.
     std::mem::forget(signals);
+    if let Some(log) = audit_log {
+        log.finish();
+    }
     match result {
         Ok(outcome) => {
             explain_outcome(&outcome, &policy, args);

@@ -1,10 +1,11 @@
 //! The decision on one call: what the socket is ([`inspect`]) and what to do with the call
 //! ([`decide`]), on the supervisor's own copies.
 
+use super::audit::Why;
 use super::call::{parse_sockaddr, Call};
 use super::{Shared, DENIED_LISTED};
 use crate::sysnet;
-use lockbox_policy::{route, ListKind, Proto, Route};
+use lockbox_policy::{canonical, route, ListKind, Proto, Route};
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
 
@@ -51,6 +52,34 @@ pub(super) fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Soc
     })
 }
 
+/// What [`decide`] makes of a call: the action, the destination (if the call names one),
+/// and, for calls towards the host, the decision to log.
+pub(super) struct Decided {
+    pub(super) action: Action,
+    pub(super) dest: Option<SocketAddr>,
+    pub(super) why: Option<Why>,
+}
+
+fn denied(reason: &str, dest: Option<SocketAddr>) -> Decided {
+    Decided {
+        action: Action::Fail(libc::EACCES),
+        dest,
+        why: Some(Why {
+            allowed: false,
+            reason: reason.to_owned(),
+            name: None,
+        }),
+    }
+}
+
+fn quiet(action: Action, dest: Option<SocketAddr>) -> Decided {
+    Decided {
+        action,
+        dest,
+        why: None,
+    }
+}
+
 /// `stable` says whether the caller's descriptor table cannot change meanwhile (asked only
 /// when it matters: it reads `/proc`).
 pub(super) fn decide(
@@ -58,7 +87,7 @@ pub(super) fn decide(
     sock: &Sock,
     call: &Call,
     stable: &dyn Fn() -> bool,
-) -> (Action, Option<SocketAddr>) {
+) -> Decided {
     let inet = sock.domain == libc::AF_INET || sock.domain == libc::AF_INET6;
     let local_or_own = |stable: &dyn Fn() -> bool| {
         if stable() {
@@ -75,30 +104,27 @@ pub(super) fn decide(
             Call::Send { name, .. } => name.is_some(),
         };
         if sock.host && named {
-            return (Action::Fail(libc::EACCES), None);
+            return denied("not an IP socket, of the host's namespace", None);
         }
         if stable() {
-            return (Action::Continue, None);
+            return quiet(Action::Continue, None);
         }
         // Only the kernel can do a unix call for the caller: addresses are paths in the
         // sandbox's mount namespace, control messages carry its descriptors, and every
         // message carries its sender's pid, uid and gid (SCM_CREDENTIALS, SO_PASSPIDFD)
         // and security label to a receiver that asks — sent by us, lockbox's.
         if sock.domain == libc::AF_UNIX {
-            return (Action::Fail(libc::EACCES), None);
+            return quiet(Action::Fail(libc::EACCES), None);
         }
-        return (Action::Perform, None);
+        return quiet(Action::Perform, None);
     }
     if !sock.plain {
         // Raw, SCTP, MPTCP...: only inside the sandbox.
-        return (
-            if sock.host {
-                Action::Fail(libc::EACCES)
-            } else {
-                local_or_own(stable)
-            },
-            None,
-        );
+        return if sock.host {
+            denied("not TCP or UDP, on a host socket", None)
+        } else {
+            quiet(local_or_own(stable), None)
+        };
     }
     let proto = if sock.stream { Proto::Tcp } else { Proto::Udp };
     let addr = match call {
@@ -110,36 +136,65 @@ pub(super) fn decide(
     let Some(addr) = addr else {
         // A send on a connected socket: wherever it was allowed to connect to.
         return match (sock.host, sock.stream) {
-            (false, _) | (true, true) => (local_or_own(stable), None),
-            (true, false) => (Action::Perform, None),
+            (false, _) | (true, true) => quiet(local_or_own(stable), None),
+            (true, false) => quiet(Action::Perform, None),
         };
     };
     let Some(dest) = parse_sockaddr(addr) else {
         // AF_UNSPEC (disconnect) or garbage: a host socket keeps its allowed peer.
         return if sock.host {
-            (Action::Fail(libc::EACCES), None)
+            denied("no address (a host socket keeps its allowed peer)", None)
         } else {
-            (local_or_own(stable), None)
+            quiet(local_or_own(stable), None)
         };
     };
-    let mut routed = route(shared.rules.kind, &shared.rules.rules, proto, dest);
-    if routed == Route::Denied && shared.rules.kind == ListKind::Allow {
+    let kind = shared.rules.kind;
+    let mut routed = route(kind, &shared.rules.rules, proto, dest);
+    let mut learned_from = None;
+    if routed == Route::Denied && kind == ListKind::Allow {
         // An address one of this sandbox's DNS answers gave for a listed name.
-        let learned = shared
-            .learned
-            .lock()
-            .is_ok_and(|l| l.rules().iter().any(|r| r.matches(proto, dest)));
-        if learned {
+        learned_from = shared.learned.lock().ok().and_then(|l| l.why(proto, dest));
+        if learned_from.is_some() {
             routed = Route::Host;
         }
     }
+    let matching = || {
+        shared
+            .rules
+            .rules
+            .iter()
+            .find(|r| r.matches(proto, SocketAddr::new(canonical(dest.ip()), dest.port())))
+            .map_or_else(String::new, ToString::to_string)
+    };
     let action = match (routed, sock.host) {
-        (Route::Denied, _) | (Route::Inside, true) => Action::Fail(libc::EACCES),
-        (Route::Inside, false) => local_or_own(stable),
+        (Route::Denied, _) => {
+            let reason = match kind {
+                ListKind::Allow => "not in the allow-list".to_owned(),
+                ListKind::Deny => format!("deny rule {}", matching()),
+            };
+            return denied(&reason, Some(dest));
+        }
+        (Route::Inside, true) => {
+            return denied("the sandbox's loopback, on a host socket", Some(dest));
+        }
+        (Route::Inside, false) => return quiet(local_or_own(stable), Some(dest)),
         (Route::Host, true) => Action::Perform,
         (Route::Host, false) => Action::Replace,
     };
-    (action, Some(dest))
+    let (reason, name) = match (learned_from, kind) {
+        (Some((spec, name)), _) => (format!("name {spec} answered"), Some(name)),
+        (None, ListKind::Allow) => (format!("address rule {}", matching()), None),
+        (None, ListKind::Deny) => ("not in the deny-list".to_owned(), None),
+    };
+    Decided {
+        action,
+        dest: Some(dest),
+        why: Some(Why {
+            allowed: true,
+            reason,
+            name,
+        }),
+    }
 }
 
 pub(super) fn record_denied(shared: &Shared, call: &Call, sock: &Sock, dest: Option<SocketAddr>) {
@@ -245,6 +300,8 @@ mod tests {
             host_cookie: 0,
             report: Arc::default(),
             learned: Default::default(),
+            audit: None,
+            dns_askers: Default::default(),
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {
@@ -284,8 +341,8 @@ mod tests {
             (unix(true), connect("127.0.0.2:80"), &yes, "Fail(13)"),
         ];
         for (i, (s, c, stable, want)) in cases.iter().enumerate() {
-            let (action, _) = decide(&shared, s, c, *stable);
-            assert_eq!(name(&action), *want, "case {i}");
+            let decided = decide(&shared, s, c, *stable);
+            assert_eq!(name(&decided.action), *want, "case {i}");
         }
     }
 }

@@ -18,6 +18,7 @@
 //! hand and closed after [`TCP_IDLE`] without a complete query. [`MAX_LEARNED`] rules at most
 //! (the oldest go first).
 
+use super::audit::{Asker, AuditSink, Decision, EventKind, NetEvent, Protocol};
 use super::Shared;
 use lockbox_policy::{canonical, normalize_name, NetRule, NetSpec};
 use simple_dns::rdata::{RData, A, AAAA};
@@ -46,25 +47,40 @@ const MAX_ANSWERS: usize = 16;
 /// TTL of the answers: short, so clients ask again and get the host's current addresses.
 const TTL: u32 = 5;
 
-/// The addresses this sandbox's answers allowed, as rules (oldest first).
+/// The addresses this sandbox's answers allowed, as rules (oldest first), each with the
+/// spec and the name it was answered for (for the audit log).
 #[derive(Debug, Default)]
 pub(super) struct Learned {
-    rules: VecDeque<NetRule>,
+    rules: VecDeque<(NetRule, String, String)>,
 }
 
 impl Learned {
-    pub(super) fn rules(&self) -> &VecDeque<NetRule> {
-        &self.rules
+    #[cfg(test)]
+    pub(super) fn rules(&self) -> impl Iterator<Item = &NetRule> {
+        self.rules.iter().map(|(r, _, _)| r)
     }
 
-    fn add(&mut self, rule: NetRule) {
-        if self.rules.contains(&rule) {
+    /// The spec and name whose answer allows a `proto` connection to `dest`, if one did.
+    pub(super) fn why(
+        &self,
+        proto: lockbox_policy::Proto,
+        dest: SocketAddr,
+    ) -> Option<(String, String)> {
+        self.rules
+            .iter()
+            .find(|(r, _, _)| r.matches(proto, dest))
+            .map(|(_, spec, name)| (spec.clone(), name.clone()))
+    }
+
+    fn add(&mut self, rule: NetRule, spec: &NetSpec, name: &str) {
+        if self.rules.iter().any(|(r, _, _)| *r == rule) {
             return;
         }
         if self.rules.len() >= MAX_LEARNED {
             self.rules.pop_front();
         }
-        self.rules.push_back(rule);
+        self.rules
+            .push_back((rule, spec.to_string(), name.to_owned()));
     }
 }
 
@@ -99,11 +115,22 @@ struct Pending {
     token: u64,
     query: Vec<u8>,
     reply: Reply,
+    /// Who asked (kept only with an audit sink).
+    asker: Option<Who>,
+}
+
+/// Who sent a query, for the audit log.
+#[derive(Debug, Clone)]
+struct Who {
+    asker: Asker,
+    protocol: Protocol,
 }
 
 struct Conn {
     id: u64,
     stream: TcpStream,
+    /// The client's address, to find who asked.
+    peer: Option<SocketAddr>,
     buf: Vec<u8>,
     since: Instant,
     /// A query of this client waits for the resolver: it is not read meanwhile.
@@ -245,7 +272,7 @@ impl Dns {
 
     fn accept(&mut self, now: Instant) {
         while self.conns.len() < MAX_TCP {
-            let Ok((stream, _)) = self.tcp.accept() else {
+            let Ok((stream, peer)) = self.tcp.accept() else {
                 return;
             };
             if stream.set_nonblocking(true).is_err() {
@@ -255,6 +282,7 @@ impl Dns {
             self.conns.push(Conn {
                 id: self.next_token,
                 stream,
+                peer: Some(peer),
                 buf: Vec::new(),
                 since: now,
                 busy: false,
@@ -295,8 +323,14 @@ impl Dns {
 
     /// Answers a query at once, or hands it to the resolver thread.
     fn query(&mut self, shared: &Shared, query: Vec<u8>, reply: Reply) {
+        let asker = shared.audit.as_ref().map(|_| self.asker(shared, reply));
         match classify(shared, &query) {
-            Verdict::Answer(answer) => self.send(reply, answer),
+            Verdict::Answer(answer) => {
+                if let Some(asker) = &asker {
+                    audit_refusal(shared, &query, &answer, asker);
+                }
+                self.send(reply, answer);
+            }
             Verdict::Drop => self.send_nothing(reply),
             Verdict::Resolve(name) => {
                 self.next_token += 1;
@@ -308,12 +342,32 @@ impl Dns {
                         token,
                         query,
                         reply,
+                        asker,
                     });
                 } else if let Some(answer) = refusal(&query, RCODE::ServerFailure) {
+                    if let Some(asker) = &asker {
+                        audit_refusal(shared, &query, &answer, asker);
+                    }
                     self.send(reply, answer);
                 }
             }
         }
+    }
+
+    /// The process that sent a query from `reply`'s address (see [`super::audit`]).
+    fn asker(&self, shared: &Shared, reply: Reply) -> Who {
+        let (from, protocol) = match reply {
+            Reply::Udp(from) => (Some(from), Protocol::Udp),
+            Reply::Tcp(id) => (
+                self.conns.iter().find(|c| c.id == id).and_then(|c| c.peer),
+                Protocol::Tcp,
+            ),
+        };
+        let tcp = protocol == Protocol::Tcp;
+        let asker = from
+            .and_then(|from| shared.dns_askers.lock().ok()?.find(from, tcp))
+            .unwrap_or_default();
+        Who { asker, protocol }
     }
 
     fn resolved(&mut self, shared: &Shared, token: u64, addrs: Result<Vec<IpAddr>, ()>) {
@@ -321,7 +375,7 @@ impl Dns {
             return;
         };
         let p = self.pending.swap_remove(at);
-        match answer(shared, &p.query, addrs) {
+        match answer(shared, &p.query, addrs, p.asker.as_ref()) {
             Some(a) => self.send(p.reply, a),
             None => self.send_nothing(p.reply),
         }
@@ -461,11 +515,20 @@ fn reply_with(query: &Packet<'_>, rcode: RCODE, addrs: &[IpAddr]) -> Option<Vec<
 
 /// The answer to a listed name's query, given what the host resolved it to; learns what it
 /// answers.
-fn answer(shared: &Shared, query: &[u8], addrs: Result<Vec<IpAddr>, ()>) -> Option<Vec<u8>> {
+fn answer(
+    shared: &Shared,
+    query: &[u8],
+    addrs: Result<Vec<IpAddr>, ()>,
+    asker: Option<&Who>,
+) -> Option<Vec<u8>> {
     let packet = Packet::parse(query).ok()?;
     let question = packet.questions.first()?;
     let Ok(addrs) = addrs else {
-        return refusal(query, RCODE::ServerFailure);
+        let reply = refusal(query, RCODE::ServerFailure);
+        if let (Some(asker), Some(reply)) = (asker, &reply) {
+            audit_refusal(shared, query, reply, asker);
+        }
+        return reply;
     };
     let want_v4 = question.qtype == QTYPE::TYPE(TYPE::A);
     let asked = question.qname.to_string();
@@ -477,21 +540,41 @@ fn answer(shared: &Shared, query: &[u8], addrs: Result<Vec<IpAddr>, ()>) -> Opti
         .collect();
     let allowed_address = |ip: IpAddr| shared.rules.rules.iter().any(|r| r.block.contains(ip));
     let mut answered: Vec<IpAddr> = Vec::new();
+    let mut refused: Vec<IpAddr> = Vec::new();
     for ip in addrs.into_iter().map(canonical) {
         if ip.is_ipv4() != want_v4 || answered.contains(&ip) {
             continue;
         }
         if host_internal(ip) && !allowed_address(ip) {
             super::decide::record_rebinding(shared, &asked, ip);
+            refused.push(ip);
             continue;
         }
         answered.push(ip);
     }
     answered.truncate(MAX_ANSWERS);
+    if let (Some(audit), Some(asker)) = (&shared.audit, asker) {
+        let spec = specs.first().map_or_else(String::new, ToString::to_string);
+        let (decision, reason) = match refused.first() {
+            None => (Decision::Allowed, format!("name {spec} listed")),
+            Some(ip) => (
+                if answered.is_empty() {
+                    Decision::Denied
+                } else {
+                    Decision::Allowed
+                },
+                format!("rebinding: {} answer refused", internal_kind(*ip)),
+            ),
+        };
+        let mut e = dns_event(audit, decision, reason, &packet, asker);
+        e.answers = Some(answered.clone());
+        e.refused = (!refused.is_empty()).then_some(refused);
+        audit.emit(e);
+    }
     if let Ok(mut learned) = shared.learned.lock() {
         for spec in &specs {
             for rule in spec.rules(&answered) {
-                learned.add(rule);
+                learned.add(rule, spec, &asked);
             }
         }
     }
@@ -499,6 +582,90 @@ fn answer(shared: &Shared, query: &[u8], addrs: Result<Vec<IpAddr>, ()>) -> Opti
         r.dns_answered += 1;
     }
     reply_with(&packet, RCODE::NoError, &answered)
+}
+
+/// What kind of the host's own addresses `ip` is (see [`host_internal`]).
+fn internal_kind(ip: IpAddr) -> &'static str {
+    match canonical(ip) {
+        ip if ip.is_loopback() => "loopback",
+        ip if ip.is_unspecified() => "unspecified",
+        ip if ip.is_multicast() => "multicast",
+        IpAddr::V4(a) if a.is_link_local() => "link-local",
+        IpAddr::V4(a) if a.is_broadcast() => "broadcast",
+        _ => "link-local",
+    }
+}
+
+/// A `dns` event about `query` (its first question).
+fn dns_event(
+    audit: &AuditSink,
+    decision: Decision,
+    reason: String,
+    query: &Packet<'_>,
+    who: &Who,
+) -> NetEvent {
+    let mut e = audit.event(EventKind::Dns, decision, reason);
+    if let Some(q) = query.questions.first() {
+        e.name = Some(q.qname.to_string());
+        e.qtype = Some(qtype_name(q.qtype));
+    }
+    e.protocol = Some(who.protocol);
+    e.pid = Some(who.asker.pid);
+    e.command = Some(who.asker.command.clone());
+    e
+}
+
+fn qtype_name(qtype: QTYPE) -> String {
+    match qtype {
+        QTYPE::TYPE(TYPE::A) => "A".into(),
+        QTYPE::TYPE(TYPE::AAAA) => "AAAA".into(),
+        QTYPE::TYPE(t) => {
+            let text = format!("{t:?}");
+            if text.starts_with("Unknown") {
+                format!("TYPE{}", u16::from(qtype))
+            } else {
+                text
+            }
+        }
+        other => format!("TYPE{}", u16::from(other)),
+    }
+}
+
+/// Logs a query answered at once (refused, or a listed name's other record types), or
+/// answered `SERVFAIL`; the decision and reason follow the answer's rcode.
+fn audit_refusal(shared: &Shared, query: &[u8], reply: &[u8], who: &Who) {
+    let Some(audit) = &shared.audit else {
+        return;
+    };
+    let rcode = reply.get(3).map_or(0, |b| b & 0xf);
+    let (decision, reason) = match rcode {
+        0 => (
+            Decision::Allowed,
+            "name listed; no records of this type given",
+        ),
+        2 => (
+            Decision::Denied,
+            "servfail: the host's resolver failed or is busy",
+        ),
+        3 => (Decision::Denied, "nxdomain: name not listed"),
+        4 => (Decision::Denied, "notimp: not a standard query"),
+        _ => (Decision::Denied, "formerr: not one question"),
+    };
+    let e = match Packet::parse(query) {
+        Ok(packet) => {
+            let mut e = dns_event(audit, decision, reason.into(), &packet, who);
+            e.answers = Some(Vec::new());
+            e
+        }
+        Err(_) => {
+            let mut e = audit.event(EventKind::Dns, decision, reason.into());
+            e.protocol = Some(who.protocol);
+            e.pid = Some(who.asker.pid);
+            e.command = Some(who.asker.command.clone());
+            e
+        }
+    };
+    audit.emit(e);
 }
 
 /// What `name` resolves to: the hosts file of the test hook first, then the host's resolver.
@@ -583,6 +750,8 @@ mod tests {
             host_cookie: 0,
             report: std::sync::Arc::default(),
             learned: std::sync::Mutex::default(),
+            audit: None,
+            dns_askers: std::sync::Mutex::default(),
         }
     }
 
@@ -620,12 +789,12 @@ mod tests {
             "169.254.169.254".parse().unwrap(),
             "2001:db8::1".parse().unwrap(),
         ];
-        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs)).unwrap();
+        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs), None).unwrap();
         let reply = Packet::parse(&reply).unwrap();
         assert_eq!(reply.answers.len(), 1, "only the one IPv4 non-host address");
         let learned = s.learned.lock().unwrap();
         let dest = |d: &str| d.parse::<SocketAddr>().unwrap();
-        let allowed = |p, d: &str| learned.rules().iter().any(|r| r.matches(p, dest(d)));
+        let allowed = |p, d: &str| learned.rules().any(|r| r.matches(p, dest(d)));
         assert!(allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:443"));
         assert!(!allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:80"));
         assert!(!allowed(lockbox_policy::Proto::Udp, "198.18.0.7:443"));
@@ -659,7 +828,7 @@ mod tests {
                 msg[at] = next() as u8;
             }
             let _ = classify(&s, &msg);
-            let _ = answer(&s, &msg, Ok(vec!["198.18.0.1".parse().unwrap()]));
+            let _ = answer(&s, &msg, Ok(vec!["198.18.0.1".parse().unwrap()]), None);
             let _ = refusal(&msg, RCODE::Refused);
             let mut buf = msg.clone();
             let _ = tcp_message(&mut buf);
@@ -673,10 +842,10 @@ mod tests {
         for i in 0..(MAX_LEARNED as u32 + 10) {
             let ip = IpAddr::V4(std::net::Ipv4Addr::from(0xc612_0000 + i));
             for r in spec.rules(&[ip, ip]) {
-                l.add(r);
-                l.add(r);
+                l.add(r, &spec, "a.test");
+                l.add(r, &spec, "a.test");
             }
         }
-        assert_eq!(l.rules().len(), MAX_LEARNED);
+        assert_eq!(l.rules().count(), MAX_LEARNED);
     }
 }

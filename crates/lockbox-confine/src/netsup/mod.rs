@@ -35,6 +35,7 @@
 //! **Nothing borrowed.** The thread drops its capabilities before it takes the first call,
 //! and forwards only the control messages and flags that need no privilege ([`control`]).
 
+mod audit;
 mod call;
 mod control;
 mod decide;
@@ -43,6 +44,7 @@ mod filter;
 mod perform;
 mod serve;
 
+pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_COMMAND};
 pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
 
@@ -101,6 +103,14 @@ pub struct NetReport {
     /// Addresses of the host's own (loopback, link-local...) that listed names resolved to
     /// and lockbox left out of its answers.
     pub dns_rebinding_refused: u64,
+    /// Audit events the consumer of [`AuditSink`] had no room for, never reported to it by a
+    /// `dropped` event.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub audit_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The rules a supervisor enforces.
@@ -188,9 +198,10 @@ pub fn probe() -> Result<u64, SetupError> {
 }
 
 /// Starts the supervisor thread. `channel` is our end of the socket on which the command
-/// child announces its listener.
+/// child announces its listener; `audit` receives an event per decision.
 pub fn start(
     rules: NetRules,
+    audit: Option<AuditSink>,
     host_cookie: u64,
     channel: OwnedFd,
 ) -> Result<Supervisor, SetupError> {
@@ -207,6 +218,8 @@ pub fn start(
         host_cookie,
         report: report.clone(),
         learned: Mutex::default(),
+        audit,
+        dns_askers: Mutex::default(),
     };
     let (dropped_tx, dropped_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
@@ -227,7 +240,14 @@ pub fn start(
                 let dns = dns.and_then(|(udp, tcp)| {
                     dns::Dns::new(udp, tcp, shared.rules.hosts_file.clone())
                 });
+                let (audit, report) = (shared.audit.clone(), shared.report.clone());
                 serve::serve(shared, listener, dns, &stop_rx);
+                if let Some(audit) = audit {
+                    audit.flush_dropped();
+                    if let Ok(mut r) = report.lock() {
+                        r.audit_dropped = audit.dropped();
+                    }
+                }
             }
         })
         .map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EAGAIN))))?;
@@ -255,6 +275,10 @@ struct Shared {
     report: Arc<Mutex<NetReport>>,
     /// What this sandbox's DNS answers allowed.
     learned: Mutex<dns::Learned>,
+    /// Where decisions are logged, if anywhere.
+    audit: Option<AuditSink>,
+    /// Sockets that asked lockbox's resolver (only kept with `audit`).
+    dns_askers: Mutex<audit::DnsAskers>,
 }
 
 fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {

@@ -10,8 +10,9 @@
 //! `SECCOMP_IOCTL_NOTIF_ID_VALID` for the rest (a signal interrupting the call on a kernel
 //! without killable waits).
 
+use super::audit::{Asker, Decision, EventKind, Protocol, Why};
 use super::call::{read_call, Call};
-use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action};
+use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action, Decided, Sock};
 use super::dns::Dns;
 use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
 use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
@@ -75,7 +76,7 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         let listener = fds[1].revents;
         if listener & libc::POLLIN != 0 {
             match sysnet::notif_recv(&calls.listener) {
-                Ok(notif) => calls.handle(notif, Instant::now()),
+                Ok(notif) => calls.handle(notif, Instant::now(), true),
                 // The caller died or was interrupted before we got it.
                 Err(Errno(libc::ENOENT | libc::EINTR)) => {}
                 Err(_) => return,
@@ -85,6 +86,54 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
             return;
         }
     }
+}
+
+/// Logs a call's decision, if there is a sink: calls towards the host (`why`), and calls to
+/// lockbox's resolver, remembered so that the query they carry names its sender.
+fn audit(
+    shared: &Shared,
+    tid: libc::pid_t,
+    sock: &Sock,
+    call: &Call,
+    dest: Option<std::net::SocketAddr>,
+    why: Option<Why>,
+) {
+    let Some(sink) = &shared.audit else {
+        return;
+    };
+    let Some(why) = why else {
+        let resolver = std::net::SocketAddr::from((crate::DNS_ADDR, 53));
+        if dest
+            .is_some_and(|d| lockbox_policy::canonical(d.ip()) == resolver.ip() && d.port() == 53)
+        {
+            if let Ok(mut askers) = shared.dns_askers.lock() {
+                askers.add(&sock.file, &Asker::of(tid));
+            }
+        }
+        return;
+    };
+    let kind = match call {
+        Call::Connect { .. } => EventKind::Connect,
+        Call::Send { .. } => EventKind::Send,
+    };
+    let decision = if why.allowed {
+        Decision::Allowed
+    } else {
+        Decision::Denied
+    };
+    let mut e = sink.event(kind, decision, why.reason);
+    e.protocol = Some(if sock.stream {
+        Protocol::Tcp
+    } else {
+        Protocol::Udp
+    });
+    e.address = dest.map(|d| lockbox_policy::canonical(d.ip()));
+    e.port = dest.map(|d| d.port());
+    e.name = why.name;
+    let asker = Asker::of(tid);
+    e.pid = Some(asker.pid);
+    e.command = Some(asker.command);
+    sink.emit(e);
 }
 
 fn pollfd(fd: i32, events: i16) -> libc::pollfd {
@@ -138,9 +187,10 @@ impl Calls {
     }
 
     /// Takes one notification: `since` is when it first arrived (a parked one keeps it,
-    /// for the caller's `SO_SNDTIMEO`).
-    fn handle(&mut self, notif: Notif, since: Instant) {
-        match self.start(&notif, since) {
+    /// for the caller's `SO_SNDTIMEO`); `fresh`: it was not taken before (its decision is
+    /// logged once, the first time).
+    fn handle(&mut self, notif: Notif, since: Instant, fresh: bool) {
+        match self.start(&notif, since, fresh) {
             Start::Continue => {
                 let _ = sysnet::notif_respond(&self.listener, notif.id, Ok(0), true);
             }
@@ -180,7 +230,7 @@ impl Calls {
         }
     }
 
-    fn start(&mut self, notif: &Notif, since: Instant) -> Start {
+    fn start(&mut self, notif: &Notif, since: Instant, fresh: bool) -> Start {
         let tid = notif.pid as libc::pid_t;
         let fd = notif.args[0] as i32;
         let Ok(pidfd) = sysnet::pidfd_open(tid, true).or_else(|e| {
@@ -206,7 +256,11 @@ impl Calls {
         if !sysnet::notif_id_valid(&self.listener, notif.id) {
             return Start::Outcome(Outcome::Gone);
         }
-        let (action, dest) = decide(&self.shared, &sock, &call, &|| single_threaded(tid));
+        let Decided { action, dest, why } =
+            decide(&self.shared, &sock, &call, &|| single_threaded(tid));
+        if fresh {
+            audit(&self.shared, tid, &sock, &call, dest, why);
+        }
         tracing::debug!(
             tid,
             host = sock.host,
@@ -310,7 +364,7 @@ impl Calls {
                 return;
             };
             if let Some(p) = self.parked.remove(at) {
-                self.handle(p.notif, p.since);
+                self.handle(p.notif, p.since, false);
             }
         }
     }
@@ -348,7 +402,7 @@ impl Calls {
             // (EINPROGRESS), a send that still finds no room gets EAGAIN.
             for p in std::mem::take(&mut self.parked) {
                 if p.deadline.is_some_and(|d| d <= now) {
-                    self.handle(p.notif, p.since);
+                    self.handle(p.notif, p.since, false);
                 } else {
                     self.parked.push_back(p);
                 }
@@ -397,7 +451,7 @@ impl Calls {
     fn retry_parked(&mut self) {
         for p in std::mem::take(&mut self.parked) {
             if p.kind == Kind::Send {
-                self.handle(p.notif, p.since);
+                self.handle(p.notif, p.since, false);
             } else {
                 self.parked.push_back(p);
             }

@@ -1,5 +1,6 @@
 //! The route table: one line per route, handlers in one module per resource.
 
+mod audit;
 mod branches;
 mod console;
 mod contexts;
@@ -74,6 +75,7 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{sandbox}/files"), get(files::get).put(files::put))
         .route(&format!("{sandbox}/fs/list"), get(files::list))
         .route(&format!("{sandbox}/watch"), get(watch::watch))
+        .route(&format!("{sandbox}/audit"), get(audit::audit))
         .route(&format!("{sandbox}/fs/stat"), get(files::stat))
         .route(&format!("{sandbox}/fs/mkdir"), post(files::mkdir))
         .route(&format!("{sandbox}/fs/move"), post(files::rename))
