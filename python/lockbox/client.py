@@ -499,19 +499,21 @@ class RemoteSandbox:
         """Discards the branch's changes."""
         return self.client._request("POST", self._p("/abort"))
 
-    def snapshot(self, name: str | None = None) -> dict[str, Any]:
-        """Snapshots the sandbox's files (its branch: the workdir as it sees it). Its
-        processes are paused while the branch is copied and then go on; their memory is not
+    def snapshot(self, name: str | None = None, *, include_tmp: bool = False) -> dict[str, Any]:
+        """Snapshots the sandbox's files (its branch: the workdir as it sees it; with
+        ``include_tmp`` its ``/tmp`` too, which forks and restores then find in theirs). Its
+        processes are paused while the files are copied and then go on; their memory is not
         part of the snapshot. ``{"id", "name", "sandbox", "parent", "workdir", "created_at",
         "bytes", "entries"}``; ``NO_WORKDIR`` (409) for a sandbox without a workdir."""
-        return self.client._request("POST", self._p("/snapshots"), body={"name": name} if name is not None else {})
+        body = _drop_none({"name": name, "include_tmp": include_tmp or None})
+        return self.client._request("POST", self._p("/snapshots"), body=body)
 
-    def fork(self, count: int = 1, *, name: str | None = None) -> list[RemoteSandbox]:
+    def fork(self, count: int = 1, *, name: str | None = None, include_tmp: bool = False) -> list[RemoteSandbox]:
         """Snapshots the sandbox (:meth:`snapshot`) and creates ``count`` sandboxes from that
         snapshot (:meth:`Client.fork`), in one call. The snapshot stays
         (:meth:`Client.snapshots` lists it; each fork's ``info["snapshot"]`` names it);
         delete it once its forks are gone."""
-        body = _drop_none({"count": count, "name": name})
+        body = _drop_none({"count": count, "name": name, "include_tmp": include_tmp or None})
         r = self.client._request("POST", self._p("/fork"), body=body)
         forks = [self.client._sandbox_of(info) for info in r["sandboxes"]]
         for f in forks:
@@ -892,9 +894,9 @@ class AsyncSandbox:
         """See :meth:`RemoteSandbox.abort`."""
         return await asyncio.to_thread(self.sync.abort)
 
-    async def snapshot(self, name: str | None = None) -> dict[str, Any]:
+    async def snapshot(self, name: str | None = None, **kw: Any) -> dict[str, Any]:
         """See :meth:`RemoteSandbox.snapshot`."""
-        return await asyncio.to_thread(self.sync.snapshot, name)
+        return await asyncio.to_thread(self.sync.snapshot, name, **kw)
 
     async def fork(self, count: int = 1, **kw: Any) -> list[AsyncSandbox]:
         """See :meth:`RemoteSandbox.fork`."""

@@ -181,6 +181,25 @@ pub fn copy_view(
     }
 }
 
+/// Copies the plain tree `src` into the existing directory `into` (merged in; files copied,
+/// never linked; symlinks copied as symlinks; nothing followed; no overlay marks), for the
+/// trees a snapshot keeps beside its layer (a sandbox's `/tmp`). `src` is not ours: its
+/// modes are left as they are, so a directory the copier cannot read is an error naming it.
+/// Returns the entries and bytes copied.
+pub fn copy_tree(src: &Path, into: &Path) -> Result<(u64, u64), CowError> {
+    let dst = OwnDir::open_root(into, beneath::WRITE).map_err(|source| CowError::Stage {
+        path: into.to_owned(),
+        source,
+    })?;
+    let from = beneath::open_root(src).map_err(|source| CowError::ReadUpper {
+        path: src.to_owned(),
+        source,
+    })?;
+    let mut tally = Tally::default();
+    merge_dir(from.as_fd(), src, dst.as_fd(), into, Merge::COPY, &mut tally)?;
+    Ok((tally.entries, tally.bytes))
+}
+
 /// The workdir's directory at `rel` opened for reading, `None` if there is none (missing, not
 /// a directory, or a symlink, which is never followed).
 fn lower_dir(lower: &Path, rel: &Path) -> Result<Option<std::os::fd::OwnedFd>, CowError> {

@@ -67,7 +67,7 @@ pub use crate::hunks::{
 };
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
-pub use crate::layers::{copy_view, flatten, restrict};
+pub use crate::layers::{copy_tree, copy_view, flatten, restrict};
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_FORMAT_VERSION};
 pub use crate::select::{select_hunks, HunkChoice, Selection};

@@ -46,6 +46,7 @@ pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
 const META: &str = "meta.json";
 const LAYER: &str = "layer";
 const USERS: &str = "users";
+const SCRATCH: &str = "scratch";
 const UNFINISHED: &str = ".new";
 const LOCK: &str = ".lock";
 
@@ -147,6 +148,9 @@ pub struct NewSnapshot {
     pub base_ctime: Timestamp,
     /// The caller's record (policy, sessions' cwd and variables), stored as-is.
     pub context: serde_json::Value,
+    /// Other trees to keep beside the layer, by name (a sandbox's `/tmp`): copied with
+    /// [`crate::copy_tree`], read back with [`SnapshotStore::scratch`]. Names are ids.
+    pub scratch: Vec<(String, PathBuf)>,
 }
 
 /// A published snapshot's record (`meta.json`).
@@ -243,7 +247,21 @@ impl SnapshotStore {
             mk(&aside)?;
             mk(&layer)?;
             mk(&aside.join(USERS))?;
-            let tally = crate::layers::capture(upper, &layer)?;
+            let mut tally = crate::layers::capture(upper, &layer)?;
+            for (name, tree) in &new.scratch {
+                check_id(name).map_err(|reason| CowError::InvalidSnapshotId {
+                    id: name.clone(),
+                    reason,
+                })?;
+                let kept = aside.join(SCRATCH);
+                if !kept.exists() {
+                    mk(&kept)?;
+                }
+                mk(&kept.join(name))?;
+                let (entries, bytes) = crate::layers::copy_tree(tree, &kept.join(name))?;
+                tally.entries += entries;
+                tally.bytes += bytes;
+            }
             // The layer's root carries the view's root attributes, as the upper's does.
             let upper_mode = fs::metadata(upper)
                 .map_err(|source| CowError::ReadUpper {
@@ -369,6 +387,14 @@ impl SnapshotStore {
             }
         }
         Ok(out)
+    }
+
+    /// The tree kept beside snapshot `id`'s layer under `name` ([`NewSnapshot::scratch`]),
+    /// if it kept one.
+    pub fn scratch(&self, id: &SnapshotId, name: &str) -> Option<PathBuf> {
+        check_id(name).ok()?;
+        let path = self.dir.join(id.as_str()).join(SCRATCH).join(name);
+        path.is_dir().then_some(path)
     }
 
     /// The files snapshot `id` shows over its workdir, as one upper layer to read (for

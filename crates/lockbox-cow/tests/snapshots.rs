@@ -215,6 +215,7 @@ fn new_snapshot(parent: Option<SnapshotId>, wd: &Path) -> NewSnapshot {
         workdir: wd.to_owned(),
         base_ctime: Timestamp { secs: 1, nanos: 0 },
         context: serde_json::json!({"sessions": []}),
+        scratch: Vec::new(),
     }
 }
 

@@ -474,6 +474,17 @@ impl Sandbox {
     /// Processes' memory is not captured (that needs `CAP_CHECKPOINT_RESTORE`).
     /// `NO_WORKDIR` for a sandbox without a workdir.
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo, RuntimeError> {
+        self.snapshot_with(SnapshotOptions {
+            name,
+            include_tmp: false,
+        })
+        .await
+    }
+
+    /// [`Sandbox::snapshot`] with options: a name, and whether to keep the sandbox's `/tmp`
+    /// too (`include_tmp`), which its forks and restores then find in their `/tmp`.
+    pub async fn snapshot_with(&self, opts: SnapshotOptions) -> Result<SnapshotInfo, RuntimeError> {
+        let SnapshotOptions { name, include_tmp } = opts;
         let inst = self.live()?;
         let _life = self.inner.lifecycle.lock().await;
         if lock(&inst.branch).is_none() {
@@ -488,7 +499,15 @@ impl Sandbox {
                 sessions: &sessions,
             };
             let budget = sb.limits.max_snapshot_bytes;
-            crate::snapshots::take(&inst, &sb.snapshots, &sb.id, name, context, budget)
+            crate::snapshots::take(
+                &inst,
+                &sb.snapshots,
+                &sb.id,
+                name,
+                context,
+                budget,
+                include_tmp,
+            )
         })
         .await
         .map_err(RuntimeError::internal)?
@@ -596,6 +615,13 @@ impl Sandbox {
         }
         crate::snapshots::check_workdir(&meta, &mut workdir)?;
         self.start_over(&old, Some(&target)).await?;
+        let inst = self.inner.instance();
+        let store = self.inner.snapshots.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::snapshots::restore_tmp(&store, &target, &inst)
+        })
+        .await
+        .map_err(RuntimeError::internal)??;
         self.start_recorded_sessions(&meta).await;
         Ok(())
     }

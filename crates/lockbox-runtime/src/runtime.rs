@@ -134,6 +134,28 @@ impl Runtime {
             Some(inst) => inst,
             None => start_instance(&spec, origin, &self.inner.agent_exe, &id, &audit).await?,
         };
+        let instance = match &base {
+            // What the snapshot kept of /tmp, before anything but the agent runs.
+            Some(meta) => {
+                let store = self.inner.snapshots.clone();
+                let id = meta.id.clone();
+                let (instance, copied) = tokio::task::spawn_blocking(move || {
+                    let copied = crate::snapshots::restore_tmp(&store, &id, &instance);
+                    (instance, copied)
+                })
+                .await
+                .map_err(RuntimeError::internal)?;
+                if let Err(e) = copied {
+                    instance.stop(Duration::ZERO).await;
+                    if let Some(b) = lock(&instance.branch).take() {
+                        let _ = b.abort();
+                    }
+                    return Err(e);
+                }
+                instance
+            }
+            None => instance,
+        };
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),

@@ -52,6 +52,23 @@ impl Instance {
         running.as_ref().map(|r| r.freeze(timeout)).transpose()
     }
 
+    /// The sandbox's root as its agent sees it, through `/proc/PID/root` of the agent: a
+    /// process exec'd in the sandbox's user namespace, which the runtime's user owns, so
+    /// the runtime may look in although the agent is not dumpable (its init, made before
+    /// that namespace, may not be looked into). `None` once stopped.
+    pub fn agent_root(&self) -> Option<PathBuf> {
+        let init = lock(&self.running).as_ref()?.pid();
+        let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).ok()?;
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == AGENT_ARG.as_bytes()))
+            })
+            .map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
+    }
+
     /// What its processes use now (`None` once stopped or if `/proc` cannot say).
     fn usage(&self) -> Option<ResourceUse> {
         let running = lock(&self.running);

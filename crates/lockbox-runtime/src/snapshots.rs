@@ -13,13 +13,35 @@ use std::time::{Duration, Instant};
 use lockbox_cow::{NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore};
 
 use crate::sandbox::{lock, Instance, SessionState};
-use crate::types::{SandboxId, SandboxInfo, SandboxSpec, SnapshotInfo};
+use crate::types::{SandboxId, SandboxInfo, SandboxSpec, SnapshotInfo, SnapshotOptions};
 use crate::util::rfc3339;
 use crate::{Change, Runtime, RuntimeError};
 
 /// Longest the processes of a sandbox may take to stop (a process in uninterruptible sleep
 /// on a hung filesystem does not stop).
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The name under which a snapshot keeps the sandbox's `/tmp` (when asked).
+const TMP: &str = "tmp";
+
+/// Copies the `/tmp` snapshot `id` kept (if it kept one) into the `/tmp` of `inst`, a
+/// sandbox just started over it (a fork, a restore), before anything of it runs but its
+/// agent. Nothing is followed on either side ([`lockbox_cow::copy_tree`]).
+pub(crate) fn restore_tmp(
+    store: &SnapshotStore,
+    id: &SnapshotId,
+    inst: &Instance,
+) -> Result<(), RuntimeError> {
+    let Some(kept) = store.scratch(id, TMP) else {
+        return Ok(());
+    };
+    let root = inst.agent_root().ok_or_else(|| {
+        RuntimeError::internal("the new sandbox's /tmp cannot be reached through /proc")
+    })?;
+    lockbox_cow::copy_tree(&kept, &root.join("tmp"))
+        .map(drop)
+        .map_err(RuntimeError::Branch)
+}
 
 /// Longest a snapshot's name may be.
 pub const MAX_SNAPSHOT_NAME: usize = 256;
@@ -54,6 +76,7 @@ pub(crate) fn take(
     name: Option<String>,
     context: Recorded<'_>,
     budget: Option<u64>,
+    include_tmp: bool,
 ) -> Result<SnapshotInfo, RuntimeError> {
     if let Some(n) = &name {
         if n.len() > MAX_SNAPSHOT_NAME || n.chars().any(char::is_control) {
@@ -69,7 +92,15 @@ pub(crate) fn take(
             id: sandbox.to_owned(),
         });
     };
+    let mut scratch = Vec::new();
+    if include_tmp {
+        let root = inst.agent_root().ok_or_else(|| {
+            RuntimeError::internal("the sandbox's /tmp cannot be reached through /proc")
+        })?;
+        scratch.push((TMP.to_owned(), root.join("tmp")));
+    }
     let new = NewSnapshot {
+        scratch,
         name,
         parent: inst.base.clone(),
         workdir: branch.workdir().to_owned(),
@@ -210,9 +241,9 @@ impl Runtime {
         &self,
         id: &str,
         count: usize,
-        name: Option<String>,
+        opts: SnapshotOptions,
     ) -> Result<(SnapshotInfo, Vec<SandboxInfo>), RuntimeError> {
-        let snapshot = self.sandbox(id).await?.snapshot(name).await?;
+        let snapshot = self.sandbox(id).await?.snapshot_with(opts).await?;
         let forks = self.fork_snapshot(snapshot.id.as_str(), count).await?;
         Ok((snapshot, forks))
     }

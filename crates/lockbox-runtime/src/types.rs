@@ -212,6 +212,16 @@ impl From<String> for SandboxId {
     }
 }
 
+/// How to take a snapshot ([`crate::Sandbox::snapshot_with`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotOptions {
+    /// A name for people.
+    pub name: Option<String>,
+    /// Keep the sandbox's `/tmp` too (copied while its processes are paused, as the
+    /// workdir's layer is), and put it back in the `/tmp` of forks and restores.
+    pub include_tmp: bool,
+}
+
 /// A snapshot of a sandbox's files ([`crate::Sandbox::snapshot`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotInfo {

@@ -394,3 +394,53 @@ async fn snapshots_beyond_the_disk_budget_are_refused_and_not_kept() {
     assert_eq!(rt.list_snapshots().unwrap().len(), 1);
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link() {
+    also_as_nobody("tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link");
+    let state = scratch();
+    let work = scratch();
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
+    let r = run(
+        &sb,
+        "mkdir -p /tmp/cache/sub && echo one > /tmp/cache/sub/a && chmod 640 /tmp/cache/sub/a \
+         && ln -s /etc/hostname /tmp/link && echo in-workdir > w.txt",
+    )
+    .await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let with_tmp = sb
+        .snapshot_with(lockbox_runtime::SnapshotOptions {
+            name: Some("with tmp".into()),
+            include_tmp: true,
+        })
+        .await
+        .unwrap();
+    let without = sb.snapshot(None).await.unwrap();
+    // Kept as it was: the link as a link, never what it points to on the host.
+    let kept = state
+        .path()
+        .join("snapshots")
+        .join(with_tmp.id.as_str())
+        .join("scratch/tmp");
+    assert_eq!(
+        std::fs::read_link(kept.join("link")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    let seen = "cat /tmp/cache/sub/a; stat -c %a /tmp/cache/sub/a; readlink /tmp/link; cat w.txt";
+    let fork = fork_one(&rt, with_tmp.id.as_str()).await;
+    assert_eq!(
+        out(&run(&fork, seen).await),
+        "one\n640\n/etc/hostname\nin-workdir\n"
+    );
+    // Not asked: a fork's /tmp is its own, empty.
+    let plain = fork_one(&rt, without.id.as_str()).await;
+    assert_eq!(out(&run(&plain, "ls /tmp | wc -l; cat w.txt").await), "0\nin-workdir\n");
+    // A restore puts it back.
+    run(&sb, "rm -rf /tmp/cache /tmp/link; echo junk > /tmp/junk").await;
+    sb.restore(with_tmp.id.as_str()).await.unwrap();
+    assert_eq!(
+        out(&run(&sb, &format!("{seen}; ls /tmp")).await),
+        "one\n640\n/etc/hostname\nin-workdir\ncache\nlink\n"
+    );
+    rt.shutdown().await;
+}

@@ -145,7 +145,9 @@ fn snapshot_schemas() -> Value {
     json!({
         "SnapshotRequest": { "type": "object", "additionalProperties": false, "properties": {
             "name": { "type": "string", "maxLength": 256, "pattern": "^[^\\x00-\\x1f\\x7f]*$",
-                      "description": "a name for people; no control characters" } } },
+                      "description": "a name for people; no control characters" },
+            "include_tmp": { "type": "boolean", "default": false,
+                      "description": "keep the sandbox's /tmp too: forks and restores find it in theirs" } } },
         "Snapshot": { "type": "object",
             "required": ["id", "name", "parent", "sandbox", "workdir", "created_at", "bytes", "entries"],
             "properties": {
@@ -165,7 +167,9 @@ fn snapshot_schemas() -> Value {
             "count": { "type": "integer", "minimum": 1, "default": 1,
                        "description": "how many sandboxes (at most the server's max_sandboxes)" },
             "name": { "type": "string", "maxLength": 256, "pattern": "^[^\\x00-\\x1f\\x7f]*$",
-                      "description": "a name for the snapshot taken first" } } },
+                      "description": "a name for the snapshot taken first" },
+            "include_tmp": { "type": "boolean", "default": false,
+                      "description": "keep the sandbox's /tmp in that snapshot too" } } },
         "ForkReply": { "type": "object", "required": ["snapshot", "sandboxes"], "properties": {
             "snapshot": schema("Snapshot"),
             "sandboxes": { "type": "array", "items": schema("Sandbox") } } },

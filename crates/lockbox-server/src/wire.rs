@@ -738,6 +738,9 @@ pub struct SnapshotRequest {
     /// A name for people (at most 256 bytes, no control characters).
     #[serde(default)]
     pub name: Option<String>,
+    /// Keep the sandbox's `/tmp` too: forks and restores find it in theirs.
+    #[serde(default)]
+    pub include_tmp: bool,
 }
 
 /// `POST /v1/snapshots/{id}/fork`.
@@ -763,6 +766,9 @@ pub struct ForkSandboxRequest {
     /// A name for the snapshot taken first.
     #[serde(default)]
     pub name: Option<String>,
+    /// Keep the sandbox's `/tmp` in that snapshot too.
+    #[serde(default)]
+    pub include_tmp: bool,
 }
 
 /// `POST /v1/sandboxes/{id}/restore`.

@@ -18,9 +18,12 @@ pub async fn take(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<SnapshotRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let name = body.name;
+    let opts = lockbox_runtime::SnapshotOptions {
+        name: body.name,
+        include_tmp: body.include_tmp,
+    };
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok((StatusCode::CREATED, Json(sandbox.snapshot(name).await?)))
+    Ok((StatusCode::CREATED, Json(sandbox.snapshot_with(opts).await?)))
 }
 
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
@@ -75,7 +78,11 @@ pub async fn fork_sandbox(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ForkSandboxRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let (snapshot, forks) = app.runtime.fork_sandbox(&id, body.count, body.name).await?;
+    let opts = lockbox_runtime::SnapshotOptions {
+        name: body.name,
+        include_tmp: body.include_tmp,
+    };
+    let (snapshot, forks) = app.runtime.fork_sandbox(&id, body.count, opts).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({ "snapshot": snapshot, "sandboxes": forks })),
