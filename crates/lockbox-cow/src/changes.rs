@@ -412,7 +412,7 @@ impl Walker {
     }
 }
 
-fn same_bytes(mut a: std::fs::File, mut b: std::fs::File) -> std::io::Result<bool> {
+pub(crate) fn same_bytes(mut a: std::fs::File, mut b: std::fs::File) -> std::io::Result<bool> {
     let mut ba = vec![0u8; 64 * 1024];
     let mut bb = vec![0u8; 64 * 1024];
     loop {

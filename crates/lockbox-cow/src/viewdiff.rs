@@ -7,7 +7,6 @@
 //! symlink) and compares what it finds: type, permission bits, size, then content or target.
 
 use std::ffi::OsStr;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -203,35 +202,14 @@ fn same(a: &Seen, b: &Seen) -> std::io::Result<bool> {
     }
 }
 
+/// Whether the files at `a` and `b` (neither followed) hold the same bytes.
 fn same_bytes(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
     let open = |p: &Path| {
         std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(p)
     };
-    use std::os::unix::fs::OpenOptionsExt;
-    let (mut fa, mut fb) = (open(a)?, open(b)?);
-    let (mut ba, mut bb) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
-    loop {
-        let n = read_full(&mut fa, &mut ba)?;
-        let m = read_full(&mut fb, &mut bb)?;
-        if n != m || ba[..n] != bb[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match f.read(&mut buf[got..])? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    Ok(got)
+    crate::changes::same_bytes(open(a)?, open(b)?)
 }

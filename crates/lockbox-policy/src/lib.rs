@@ -32,6 +32,7 @@ mod fs;
 mod limits;
 pub mod name;
 mod net;
+pub mod time;
 mod units;
 
 pub use crate::env::{EnvPolicy, DEFAULT_PATH};

@@ -8,16 +8,6 @@ use common::*;
 use lockbox_runtime::{OnExit, SandboxSpec};
 use std::path::Path;
 
-/// Host processes running the sandbox agent.
-fn agents() -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"__lockbox_agent"))
-        .count()
-}
-
 fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| {
@@ -43,7 +33,7 @@ async fn a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind() {
     };
     let (rt, root) = sandbox_with(state.path(), spec).await;
     run(&root, "echo 0 > counter").await;
-    let agents_before = agents();
+    let agents_before = host_agents();
     let branches_before = entries(&state.path().join("branches"));
     for i in 0..100 {
         let snap = root.snapshot(Some(format!("c{i}"))).await.unwrap();
@@ -55,7 +45,7 @@ async fn a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind() {
         rt.delete_snapshot(&snap.id).unwrap();
         run(&root, &format!("echo {} > counter", i + 1)).await;
     }
-    assert_eq!(agents(), agents_before);
+    assert_eq!(host_agents(), agents_before);
     assert_eq!(entries(&state.path().join("branches")), branches_before);
     let snapshots: Vec<String> = entries(&state.path().join("snapshots"))
         .into_iter()

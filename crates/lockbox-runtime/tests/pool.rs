@@ -9,16 +9,6 @@ use common::*;
 use lockbox_runtime::{Runtime, RuntimeConfig, SandboxSpec};
 use std::time::Duration;
 
-/// Host processes running the sandbox agent.
-fn agents() -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"__lockbox_agent"))
-        .count()
-}
-
 async fn until_ready(rt: &Runtime, n: usize) {
     for _ in 0..500 {
         if rt.pool_ready() >= n {
@@ -32,7 +22,7 @@ async fn until_ready(rt: &Runtime, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool() {
     also_as_nobody("pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool");
-    let before = agents();
+    let before = host_agents();
     let state = scratch();
     let mut config = RuntimeConfig::new(state.path());
     config.agent_exe = Some(agent_exe().to_owned());
@@ -40,7 +30,7 @@ async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_po
     let rt = Runtime::open(config).unwrap();
     until_ready(&rt, 2).await;
     // The pooled sandboxes run (each is its agent, and a shim over its spare shell).
-    assert!(agents() >= before + 2, "{} agents", agents());
+    assert!(host_agents() >= before + 2, "{} agents", host_agents());
 
     let mut pids = Vec::new();
     for round in 0..4 {
@@ -79,13 +69,13 @@ async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_po
     rt.shutdown().await;
     assert_eq!(rt.pool_ready(), 0);
     for _ in 0..200 {
-        if agents() == before {
+        if host_agents() == before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
-        agents(),
+        host_agents(),
         before,
         "pooled sandboxes left running after shutdown"
     );

@@ -23,7 +23,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use lockbox_policy::time::now_rfc3339;
 
 /// Longest command line kept in an event, in bytes.
 pub const MAX_COMMAND: usize = 256;
@@ -322,50 +322,9 @@ fn inodes_on_port(table: &str, port: u16) -> impl Iterator<Item = u64> + '_ {
     })
 }
 
-/// Now as RFC 3339 UTC with milliseconds.
-fn now_rfc3339() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(i64::try_from(d.as_secs()).unwrap_or(0), d.subsec_nanos())
-}
-
-/// `secs` since the epoch as RFC 3339 UTC with milliseconds (the same civil-date
-/// arithmetic as `lockbox-runtime`'s; confine does not depend on the runtime).
-fn rfc3339(secs: i64, nanos: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        nanos / 1_000_000
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_with_milliseconds() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            rfc3339(1_709_210_096, 7_000_000),
-            "2024-02-29T12:34:56.007Z"
-        );
-    }
 
     #[test]
     fn a_full_sink_drops_counts_and_reports_the_count_when_room_returns() {

@@ -9,6 +9,17 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
+/// Host processes running the sandbox agent (count them only in a test binary of its own:
+/// other tests running alongside start and stop sandboxes).
+pub fn host_agents() -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"__lockbox_agent"))
+        .count()
+}
+
 /// A scratch directory every test user can write to.
 pub fn scratch() -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
