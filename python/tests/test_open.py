@@ -375,6 +375,21 @@ def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
         assert e.value.status == 400
 
 
+def test_a_snapshot_keeps_tmp_when_asked_and_its_forks_find_it(open_box, ws):
+    with open_box(workdir=str(ws), on_exit="abort") as box:
+        box.exec("mkdir -p /tmp/cache && echo warm > /tmp/cache/data")
+        [fork] = box.fork(1, include_tmp=True)
+        try:
+            assert fork.exec("cat /tmp/cache/data").stdout == "warm\n"
+        finally:
+            fork.close()
+        [plain] = box.fork(1)
+        try:
+            assert plain.exec("ls /tmp | wc -l").stdout == "0\n"
+        finally:
+            plain.close()
+
+
 def test_audit_lists_the_network_decisions_of_the_sandbox_locally_and_remotely(open_box):
     from test_net import PROBE, Server
 
