@@ -182,8 +182,9 @@ pub fn copy_view(
 }
 
 /// Copies the plain tree `src` into the existing directory `into` (merged in; files copied,
-/// never linked; symlinks copied as symlinks; nothing followed; no overlay marks), for the
-/// trees a snapshot keeps beside its layer (a sandbox's `/tmp`). `src` is not ours: its
+/// never linked; symlinks copied as symlinks; nothing followed; no overlay marks; nothing
+/// on another filesystem on either side: mount points are skipped), for the trees a
+/// snapshot keeps beside its layer (a sandbox's `/tmp`). `src` is not ours: its
 /// modes are left as they are, so a directory the copier cannot read is an error naming it.
 /// Returns the entries and bytes copied.
 pub fn copy_tree(src: &Path, into: &Path) -> Result<(u64, u64), CowError> {
@@ -195,8 +196,20 @@ pub fn copy_tree(src: &Path, into: &Path) -> Result<(u64, u64), CowError> {
         path: src.to_owned(),
         source,
     })?;
+    let dev = |fd: BorrowedFd<'_>, path: &Path| {
+        rustix::fs::fstat(fd)
+            .map(|st| st.st_dev)
+            .map_err(|e| CowError::Stage {
+                path: path.to_owned(),
+                source: e.into(),
+            })
+    };
+    let how = Merge {
+        one_fs: Some((dev(from.as_fd(), src)?, dev(dst.as_fd(), into)?)),
+        ..Merge::COPY
+    };
     let mut tally = Tally::default();
-    merge_dir(from.as_fd(), src, dst.as_fd(), into, Merge::COPY, &mut tally)?;
+    merge_dir(from.as_fd(), src, dst.as_fd(), into, how, &mut tally)?;
     Ok((tally.entries, tally.bytes))
 }
 
@@ -236,6 +249,10 @@ struct Merge {
     /// The source is a layer only lockbox writes now: grant ourselves access to what the
     /// sandbox made unreadable ([`OwnDir`]). Never for the workdir.
     own: bool,
+    /// Stay on one filesystem each side: `(source device, destination device)`. An entry
+    /// of another device is a mount point (a sandbox's workdir or a grant mounted under its
+    /// `/tmp`): neither copied from nor written into.
+    one_fs: Option<(u64, u64)>,
 }
 
 impl Merge {
@@ -244,12 +261,14 @@ impl Merge {
         marks: true,
         link: true,
         own: true,
+        one_fs: None,
     };
     /// Applying a layer's changes to a plain copy ([`copy_view`]).
     const RESOLVE: Merge = Merge {
         marks: false,
         link: true,
         own: true,
+        one_fs: None,
     };
     /// Copying a live upper layer into a snapshot ([`capture`]): its files may still change
     /// in place, so never linked.
@@ -257,12 +276,14 @@ impl Merge {
         marks: true,
         link: false,
         own: true,
+        one_fs: None,
     };
     /// Copying a plain tree that is not ours to link to (the workdir).
     const COPY: Merge = Merge {
         marks: false,
         link: false,
         own: false,
+        one_fs: None,
     };
 }
 
@@ -284,14 +305,19 @@ fn merge_dir(
         if let Some(feature) = xattrs.unsupported_feature() {
             return Err(CowError::UnsupportedOverlay { path: abs, feature });
         }
-        tally.entries += 1;
-        tally.bytes += st.st_blocks as u64 * 512;
         let out = dst_abs.join(&name);
         let write_err = |source| CowError::Stage {
             path: out.clone(),
             source,
         };
         let existing = lstat_at(dst, &name).map_err(write_err)?;
+        if let Some((src_dev, dst_dev)) = how.one_fs {
+            if st.st_dev != src_dev || existing.as_ref().is_some_and(|e| e.st_dev != dst_dev) {
+                continue;
+            }
+        }
+        tally.entries += 1;
+        tally.bytes += st.st_blocks as u64 * 512;
         if overlay::is_whiteout(&st, &xattrs) {
             if existing.is_some() {
                 remove_tree_at(dst, &name).map_err(write_err)?;

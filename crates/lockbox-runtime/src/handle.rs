@@ -617,11 +617,9 @@ impl Sandbox {
         self.start_over(&old, Some(&target)).await?;
         let inst = self.inner.instance();
         let store = self.inner.snapshots.clone();
-        tokio::task::spawn_blocking(move || {
-            crate::snapshots::restore_tmp(&store, &target, &inst)
-        })
-        .await
-        .map_err(RuntimeError::internal)??;
+        tokio::task::spawn_blocking(move || crate::snapshots::restore_tmp(&store, &target, &inst))
+            .await
+            .map_err(RuntimeError::internal)??;
         self.start_recorded_sessions(&meta).await;
         Ok(())
     }

@@ -58,7 +58,8 @@ impl Instance {
     /// that namespace, may not be looked into). `None` once stopped.
     pub fn agent_root(&self) -> Option<PathBuf> {
         let init = lock(&self.running).as_ref()?.pid();
-        let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).ok()?;
+        let children =
+            std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).ok()?;
         children
             .split_whitespace()
             .filter_map(|p| p.parse::<i32>().ok())

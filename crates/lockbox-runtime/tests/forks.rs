@@ -426,6 +426,14 @@ async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_lin
         std::fs::read_link(kept.join("link")).unwrap(),
         Path::new("/etc/hostname")
     );
+    // Only /tmp's own files: not what is mounted under it (the workdir, when it lies in
+    // the host's /tmp, is mounted at its own path there).
+    let mut names: Vec<String> = std::fs::read_dir(&kept)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["cache", "link"]);
     let seen = "cat /tmp/cache/sub/a; stat -c %a /tmp/cache/sub/a; readlink /tmp/link; cat w.txt";
     let fork = fork_one(&rt, with_tmp.id.as_str()).await;
     assert_eq!(
@@ -434,12 +442,19 @@ async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_lin
     );
     // Not asked: a fork's /tmp is its own, empty.
     let plain = fork_one(&rt, without.id.as_str()).await;
-    assert_eq!(out(&run(&plain, "ls /tmp | wc -l; cat w.txt").await), "0\nin-workdir\n");
+    assert_eq!(
+        out(&run(
+            &plain,
+            "ls /tmp | grep -v lockbox-rt-test- | wc -l; cat w.txt"
+        )
+        .await),
+        "0\nin-workdir\n"
+    );
     // A restore puts it back.
     run(&sb, "rm -rf /tmp/cache /tmp/link; echo junk > /tmp/junk").await;
     sb.restore(with_tmp.id.as_str()).await.unwrap();
     assert_eq!(
-        out(&run(&sb, &format!("{seen}; ls /tmp")).await),
+        out(&run(&sb, &format!("{seen}; ls /tmp | grep -v lockbox-rt-test-")).await),
         "one\n640\n/etc/hostname\nin-workdir\ncache\nlink\n"
     );
     rt.shutdown().await;

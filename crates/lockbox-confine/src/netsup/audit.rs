@@ -16,6 +16,7 @@
 //! Not logged: calls that stay on the sandbox's own loopback (they never leave it), and
 //! sends on a socket already connected (its connect was logged).
 
+use lockbox_policy::time::now_rfc3339;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +24,6 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use lockbox_policy::time::now_rfc3339;
 
 /// Longest command line kept in an event, in bytes.
 pub const MAX_COMMAND: usize = 256;

@@ -23,7 +23,10 @@ pub async fn take(
         include_tmp: body.include_tmp,
     };
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok((StatusCode::CREATED, Json(sandbox.snapshot_with(opts).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox.snapshot_with(opts).await?),
+    ))
 }
 
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
