@@ -427,35 +427,49 @@ async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_lin
         Path::new("/etc/hostname")
     );
     // Only /tmp's own files: not what is mounted under it (the workdir, when it lies in
-    // the host's /tmp, is mounted at its own path there).
-    let mut names: Vec<String> = std::fs::read_dir(&kept)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["cache", "link"]);
+    // the host's /tmp, is mounted at its own path there; the directories above it are
+    // /tmp's own).
+    let mut all = Vec::new();
+    let mut dirs = vec![kept.clone()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+            }
+            all.push(e.path().strip_prefix(&kept).unwrap().to_owned());
+        }
+    }
+    let workdir_name = work.path().file_name().unwrap();
+    assert!(
+        all.iter()
+            .all(|p| p.file_name() != Some(workdir_name) && !p.ends_with("w.txt")),
+        "{all:?}"
+    );
+    assert!(
+        all.contains(&Path::new("cache/sub/a").to_owned()),
+        "{all:?}"
+    );
     let seen = "cat /tmp/cache/sub/a; stat -c %a /tmp/cache/sub/a; readlink /tmp/link; cat w.txt";
     let fork = fork_one(&rt, with_tmp.id.as_str()).await;
     assert_eq!(
         out(&run(&fork, seen).await),
         "one\n640\n/etc/hostname\nin-workdir\n"
     );
-    // Not asked: a fork's /tmp is its own, empty.
+    // Not asked: a fork's /tmp is its own, without what the sandbox had put there.
     let plain = fork_one(&rt, without.id.as_str()).await;
+    let absent =
+        "test -e /tmp/cache || echo no-cache; test -e /tmp/link || echo no-link; cat w.txt";
     assert_eq!(
-        out(&run(
-            &plain,
-            "ls /tmp | grep -v lockbox-rt-test- | wc -l; cat w.txt"
-        )
-        .await),
-        "0\nin-workdir\n"
+        out(&run(&plain, absent).await),
+        "no-cache\nno-link\nin-workdir\n"
     );
-    // A restore puts it back.
+    // A restore puts it back, and only it.
     run(&sb, "rm -rf /tmp/cache /tmp/link; echo junk > /tmp/junk").await;
     sb.restore(with_tmp.id.as_str()).await.unwrap();
     assert_eq!(
-        out(&run(&sb, &format!("{seen}; ls /tmp | grep -v lockbox-rt-test-")).await),
-        "one\n640\n/etc/hostname\nin-workdir\ncache\nlink\n"
+        out(&run(&sb, &format!("{seen}; test -e /tmp/junk || echo no-junk")).await),
+        "one\n640\n/etc/hostname\nin-workdir\nno-junk\n"
     );
     rt.shutdown().await;
 }
