@@ -316,18 +316,48 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
         .await
         .unwrap();
     assert_eq!(r.exit_code, 0, "{r:?}");
+    // A process ticking every millisecond says how long it was stopped.
+    let ticker = sb
+        .start_process(lockbox_runtime::ProcessSpec {
+            command: lockbox_runtime::ProcessCommand::Shell {
+                script: "exec python3 -c 'import time\nwhile True:\n print(time.time(), flush=True)\n time.sleep(0.001)' > /tmp/ticks".into(),
+                session: None,
+            },
+            cwd: None,
+            env: Default::default(),
+            pty: None,
+            log_bytes: None,
+            stdin: false,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let t = Instant::now();
     let snap = sb.snapshot(None).await.unwrap();
     let took = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let gap = sb
+        .exec(ExecRequest {
+            command: "python3 -c 't=[float(l) for l in open(\"/tmp/ticks\") if l.strip()]\nprint(max(b-a for a,b in zip(t,t[1:])))'".into(),
+            ..ExecRequest::default()
+        })
+        .await
+        .unwrap();
+    let longest: f64 = String::from_utf8_lossy(&gap.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(f64::NAN);
     row(
-        "snapshot of a running sandbox (pause, copy, resume)",
+        "snapshot of a running sandbox (pause, copy, resume, publish)",
         vec![took],
         &format!(
-            "{} entries, {} MB in its upper",
+            "{} entries, {} MB in its upper; a process ticking every ms was stopped {:.1} ms at most",
             snap.entries,
-            snap.bytes >> 20
+            snap.bytes >> 20,
+            longest * 1e3
         ),
     );
+    sb.kill_process(&ticker.id, Duration::ZERO).await.unwrap();
     let mut all = Vec::new();
     let mut first_exec = Vec::new();
     for _ in 0..a.fork_rounds {

@@ -212,11 +212,25 @@ impl SnapshotStore {
     /// snapshot and publishes it. `parent`, if given, must exist; it is held while the copy
     /// runs, so it cannot be deleted meanwhile.
     pub fn capture(&self, upper: &Path, new: NewSnapshot) -> Result<SnapshotMeta, CowError> {
+        self.capture_then(upper, new, || {})
+    }
+
+    /// [`SnapshotStore::capture`], calling `copied` as soon as everything is copied, before
+    /// the copy is made durable and published: the caller resumes the sandbox's processes
+    /// there, so their pause lasts the copy only, not the `syncfs` (which flushes whatever
+    /// else the filesystem has dirty too). The snapshot is still one instant: it was taken
+    /// whole while they were paused.
+    pub fn capture_then(
+        &self,
+        upper: &Path,
+        new: NewSnapshot,
+        copied: impl FnOnce(),
+    ) -> Result<SnapshotMeta, CowError> {
         let id = SnapshotId::generate();
         if let Some(parent) = &new.parent {
             self.hold(parent, &process_hold("capture", id.as_str()))?;
         }
-        let made = self.capture_as(upper, &id, new.clone());
+        let made = self.capture_as(upper, &id, new.clone(), copied);
         if let Some(parent) = &new.parent {
             // The child now stacks on the parent, which protects it from then on.
             let _ = self.release(parent, &process_hold("capture", id.as_str()));
@@ -229,6 +243,7 @@ impl SnapshotStore {
         upper: &Path,
         id: &SnapshotId,
         new: NewSnapshot,
+        copied: impl FnOnce(),
     ) -> Result<SnapshotMeta, CowError> {
         let unfinished = self.dir.join(UNFINISHED);
         let aside_name = format!("{}-{}", std::process::id(), id);
@@ -269,6 +284,7 @@ impl SnapshotStore {
                     source,
                 })?
                 .mode();
+            copied();
             fs::set_permissions(
                 &layer,
                 std::os::unix::fs::PermissionsExt::from_mode(upper_mode & 0o7777),

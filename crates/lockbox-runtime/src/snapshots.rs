@@ -126,10 +126,16 @@ pub(crate) fn take(
             "pausing the sandbox's processes for a snapshot: {e}"
         ))
     })?;
-    let made = store.capture(&branch.upper_dir(), new);
     let processes = frozen
         .as_ref()
         .map_or(0, lockbox_confine::Frozen::processes);
+    let mut frozen = Some(frozen);
+    let mut paused = None;
+    // The processes go on as soon as the copy is whole; it is made durable after.
+    let made = store.capture_then(&branch.upper_dir(), new, || {
+        drop(frozen.take());
+        paused = Some(started.elapsed());
+    });
     drop(frozen);
     let meta = made.map_err(RuntimeError::Branch)?;
     if let Some(max) = budget {
@@ -149,7 +155,8 @@ pub(crate) fn take(
     tracing::debug!(
         snapshot = %meta.id,
         processes,
-        paused_us = started.elapsed().as_micros() as u64,
+        paused_us = paused.unwrap_or_default().as_micros() as u64,
+        total_us = started.elapsed().as_micros() as u64,
         "snapshot taken"
     );
     Ok(info(meta))
