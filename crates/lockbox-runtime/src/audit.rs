@@ -9,7 +9,7 @@
 use crate::sandbox::lock;
 use crate::streams::AuditStream;
 use crate::RuntimeError;
-use lockbox_confine::{AuditSink, NetEvent, NetEventKind};
+use lockbox_confine::{AuditSink, NetEvent};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
@@ -79,7 +79,9 @@ impl AuditLog {
         let live = futures_util::stream::unfold(rx, |mut rx| async move {
             match rx.recv().await {
                 Ok(event) => Some((event, rx)),
-                Err(broadcast::error::RecvError::Lagged(n)) => Some((dropped(n), rx)),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    Some((NetEvent::dropped(n, None), rx))
+                }
                 Err(broadcast::error::RecvError::Closed) => None,
             }
         });
@@ -89,26 +91,5 @@ impl AuditLog {
                 live,
             )),
         }
-    }
-}
-
-/// The event that stands for `count` a slow stream skipped.
-fn dropped(count: u64) -> NetEvent {
-    NetEvent {
-        ts: crate::util::now_rfc3339(),
-        sandbox: None,
-        kind: NetEventKind::Dropped,
-        decision: None,
-        reason: None,
-        protocol: None,
-        address: None,
-        port: None,
-        name: None,
-        qtype: None,
-        answers: None,
-        refused: None,
-        pid: None,
-        command: None,
-        count: Some(count),
     }
 }

@@ -115,6 +115,13 @@ pub struct NetEvent {
 }
 
 impl NetEvent {
+    /// The event that stands for `count` events dropped on the way (stamped now).
+    pub fn dropped(count: u64, sandbox: Option<String>) -> NetEvent {
+        let mut event = NetEvent::new(EventKind::Dropped, sandbox);
+        event.count = Some(count);
+        event
+    }
+
     /// An event of `kind` stamped now, all else empty.
     fn new(kind: EventKind, sandbox: Option<String>) -> NetEvent {
         NetEvent {
@@ -183,9 +190,10 @@ impl AuditSink {
         if count == 0 {
             return true;
         }
-        let mut event = NetEvent::new(EventKind::Dropped, self.sandbox.clone());
-        event.count = Some(count);
-        match self.tx.try_send(event) {
+        match self
+            .tx
+            .try_send(NetEvent::dropped(count, self.sandbox.clone()))
+        {
             Ok(()) => {
                 self.dropped.fetch_sub(count, Ordering::Relaxed);
                 true
