@@ -210,15 +210,19 @@ fn visible(dir: &std::path::Path) -> Vec<String> {
 fn a_server_killed_during_a_snapshot_or_a_fork_leaves_nothing_half_made() {
     for user in users() {
         let mut landed_inside = false;
-        // Kills at a quarter, half and three quarters of the time the same snapshot just
-        // took (measured in each round: it depends on the machine's load).
-        for quarters in [1u32, 2, 3] {
+        // Kills as soon as the snapshot's staging directory appears (so at least one kill
+        // lands inside a snapshot, however fast the machine), then at a quarter, half and
+        // three quarters of the time the same snapshot just took (measured in each round:
+        // it depends on the machine's load).
+        for quarters in [0u32, 1, 2, 3] {
             let state = state_dir(user);
             let work = scratch();
             give(work.path(), user);
             let wd = work.path().to_str().unwrap().to_owned();
             let mut server = Served::start(user, state.path(), &["--pool", "0"]);
             let mut delay_ms = 0;
+            let mut took_ms = 0;
+            let staging = state.path().join("snapshots").join(".new");
             let calm = tokio().block_on(async {
                 let id = server
                     .sandbox(json!({ "workdir": wd, "on_exit": "abort" }))
@@ -235,7 +239,8 @@ fn a_server_killed_during_a_snapshot_or_a_fork_leaves_nothing_half_made() {
                     .json(Method::POST, &format!("/v1/sandboxes/{id}/snapshots"), json!({}))
                     .await;
                 assert_eq!(status, StatusCode::CREATED, "{calm}");
-                delay_ms = u64::try_from(took.elapsed().as_millis()).unwrap() * u64::from(quarters) / 4;
+                took_ms = u64::try_from(took.elapsed().as_millis()).unwrap();
+                delay_ms = took_ms * u64::from(quarters) / 4;
                 // Killed while a second snapshot of the same files is taken.
                 let path = format!("{}/v1/sandboxes/{id}/snapshots", server.base);
                 let request = server
@@ -245,7 +250,16 @@ fn a_server_killed_during_a_snapshot_or_a_fork_leaves_nothing_half_made() {
                     .json(&json!({ "name": "killed" }))
                     .send();
                 let pending = tokio::spawn(request);
-                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                if quarters == 0 {
+                    let since = std::time::Instant::now();
+                    while visible(&staging).is_empty()
+                        && since.elapsed() < std::time::Duration::from_secs(10)
+                    {
+                        tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+                    }
+                } else {
+                    tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                }
                 server.signal("KILL");
                 let _ = pending.await;
                 calm
@@ -283,7 +297,10 @@ fn a_server_killed_during_a_snapshot_or_a_fork_leaves_nothing_half_made() {
                     .json(&json!({ "count": 4 }))
                     .send();
                 let pending = tokio::spawn(request);
-                tokio::time::sleep(std::time::Duration::from_millis(delay_ms / 4)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    took_ms * u64::from(quarters.max(1)) / 16,
+                ))
+                .await;
                 server.signal("KILL");
                 let _ = pending.await;
             });
