@@ -303,6 +303,15 @@ impl Branch {
         Ok(())
     }
 
+    /// Replaces the caller data the record keeps (see [`Branch::create`]).
+    pub fn set_context(&mut self, context: serde_json::Value) -> Result<(), CowError> {
+        let mut meta = self.meta.clone();
+        meta.context = context;
+        meta::write(&self.dir, &meta, self.durability)?;
+        self.meta = meta;
+        Ok(())
+    }
+
     /// Replaces the record in memory (written by the next [`Branch::set_state`]).
     pub(crate) fn replace_meta(&mut self, meta: BranchMeta) {
         self.meta = meta;

@@ -516,26 +516,8 @@ impl Sandbox {
     /// Starts the sessions a snapshot recorded, in their cwd with their variables (one whose
     /// cwd is gone starts in the default one). Best effort: the sandbox is usable without.
     pub(crate) async fn start_recorded_sessions(&self, meta: &lockbox_cow::SnapshotMeta) {
-        let Ok(inst) = self.live() else {
-            return;
-        };
-        for state in crate::snapshots::sessions_of(meta) {
-            let opts = SessionOptions {
-                id: Some(state.id.clone()),
-                cwd: Some(state.cwd.clone()),
-                env: state.env.clone(),
-            };
-            let started = match inst.create_session(opts.clone(), &self.inner.limits).await {
-                Err(RuntimeError::SessionExists { .. }) => continue,
-                Err(_) => {
-                    let opts = SessionOptions { cwd: None, ..opts };
-                    inst.create_session(opts, &self.inner.limits).await
-                }
-                ok => ok,
-            };
-            if let Err(e) = started {
-                tracing::warn!(session = %state.id, "restarting a snapshot's session: {e}");
-            }
+        if let Ok(inst) = self.live() {
+            crate::snapshots::start_sessions(&inst, meta, &self.inner.limits).await;
         }
     }
 

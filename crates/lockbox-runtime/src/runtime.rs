@@ -58,13 +58,16 @@ impl Runtime {
         let store = store::Store::open(&config.state_dir)?;
         // Opening sweeps what a killed runtime left half-made: once, at start-up.
         let snapshots = crate::snapshots::store(&config.state_dir)?;
+        crate::pool::sweep_spares(&config.state_dir);
         store.prune_stopped(config.keep_stopped)?;
+        let log_budget = sandbox::LogBudget::new(config.max_log_memory);
         let pool = (config.pool_size > 0).then(|| {
             crate::pool::Pool::new(
                 config.pool_size,
                 config.state_dir.clone(),
                 snapshots.clone(),
                 agent_exe.clone(),
+                limits(&config, &log_budget, Duration::ZERO),
             )
         });
         if let Some(pool) = &pool {
@@ -78,7 +81,7 @@ impl Runtime {
                 store,
                 sandboxes: Mutex::new(HashMap::new()),
                 starting: AtomicU64::new(0),
-                log_budget: sandbox::LogBudget::new(config.max_log_memory),
+                log_budget,
                 snapshots,
                 config,
             }),
@@ -121,22 +124,50 @@ impl Runtime {
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
-        let id = SandboxId::generate();
-        let origin = sandbox::Origin {
-            state_dir: &self.inner.config.state_dir,
-            snapshots: &self.inner.snapshots,
-            base: base.as_ref().map(|m| &m.id),
+        let pool = self.inner.pool.as_ref();
+        // A spare fork comes whole: named, its /tmp restored and its sessions started.
+        let spare = match &base {
+            Some(meta) => pool.and_then(|p| p.take_fork(&spec, meta)),
+            None => None,
         };
-        // A pooled instance has no network list (the default policy), so nothing to audit.
-        let audit = crate::audit::AuditLog::new();
-        let pooled = self.inner.pool.as_ref().and_then(|p| p.take(&spec));
-        let instance = match pooled {
-            Some(inst) => inst,
-            None => start_instance(&spec, origin, &self.inner.agent_exe, &id, &audit).await?,
+        let made_ahead = spare.is_some();
+        let (id, audit, instance) = match spare {
+            Some(s) => {
+                // Handed out: no longer a spare for a start-up to sweep.
+                let named = match lock(&s.instance.branch).as_mut() {
+                    Some(b) => b.set_context(sandbox::branch_context(&s.id, &spec, false)),
+                    None => Ok(()),
+                };
+                if let Err(e) = named {
+                    s.instance.stop(Duration::ZERO).await;
+                    if let Some(b) = lock(&s.instance.branch).take() {
+                        let _ = b.abort();
+                    }
+                    return Err(RuntimeError::Branch(e));
+                }
+                (s.id, s.audit, s.instance)
+            }
+            None => {
+                let id = SandboxId::generate();
+                let origin = sandbox::Origin {
+                    state_dir: &self.inner.config.state_dir,
+                    snapshots: &self.inner.snapshots,
+                    base: base.as_ref().map(|m| &m.id),
+                };
+                // A pooled instance has no network list (the default policy): nothing to audit.
+                let audit = crate::audit::AuditLog::new();
+                let instance = match pool.and_then(|p| p.take(&spec)) {
+                    Some(inst) => inst,
+                    None => {
+                        start_instance(&spec, origin, &self.inner.agent_exe, &id, &audit).await?
+                    }
+                };
+                (id, audit, instance)
+            }
         };
         let instance = match &base {
             // What the snapshot kept of /tmp, before anything but the agent runs.
-            Some(meta) => {
+            Some(meta) if !made_ahead => {
                 let store = self.inner.snapshots.clone();
                 let id = meta.id.clone();
                 let (instance, copied) = tokio::task::spawn_blocking(move || {
@@ -154,7 +185,7 @@ impl Runtime {
                 }
                 instance
             }
-            None => instance,
+            _ => instance,
         };
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
@@ -164,15 +195,7 @@ impl Runtime {
             state_dir: self.inner.config.state_dir.clone(),
             agent_exe: self.inner.agent_exe.clone(),
             snapshots: self.inner.snapshots.clone(),
-            limits: sandbox::Limits {
-                grace,
-                default_log_bytes: self.inner.config.default_log_bytes,
-                max_exec_output: self.inner.config.max_exec_output,
-                max_sessions: self.inner.config.max_sessions,
-                max_processes: self.inner.config.max_processes,
-                log_budget: Arc::clone(&self.inner.log_budget),
-                max_snapshot_bytes: self.inner.config.max_snapshot_bytes,
-            },
+            limits: limits(&self.inner.config, &self.inner.log_budget, grace),
             instance: Mutex::new(Arc::new(instance)),
             next_process: AtomicU64::new(1),
             last_used: Mutex::new(Instant::now()),
@@ -188,9 +211,12 @@ impl Runtime {
             return Err(e);
         }
         lock(&self.inner.sandboxes).insert(id.clone(), sb.clone());
-        if let Some(meta) = &base {
-            let handle = Sandbox { inner: sb.clone() };
-            handle.start_recorded_sessions(meta).await;
+        match &base {
+            Some(meta) if !made_ahead => {
+                let handle = Sandbox { inner: sb.clone() };
+                handle.start_recorded_sessions(meta).await;
+            }
+            _ => {}
         }
         if let Some(idle) = sb.spec.idle_timeout {
             let rt = self.clone();
@@ -336,9 +362,13 @@ impl Runtime {
 
     /// Deletes a snapshot (`SNAPSHOT_IN_USE` while forks or other snapshots use it).
     pub fn delete_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
-        let store = &self.inner.snapshots;
-        store
-            .delete(&crate::snapshots::parse_id(id)?)
+        let id = crate::snapshots::parse_id(id)?;
+        if let Some(pool) = &self.inner.pool {
+            pool.forget_forks(&id);
+        }
+        self.inner
+            .snapshots
+            .delete(&id)
             .map_err(RuntimeError::Branch)
     }
 
@@ -386,6 +416,23 @@ impl Runtime {
         let ids: Vec<SandboxId> = lock(&self.inner.sandboxes).keys().cloned().collect();
         let deletes = ids.iter().map(|id| self.delete_sandbox(id));
         futures_util::future::join_all(deletes).await;
+    }
+}
+
+/// The bounds of `config` as a sandbox whose SIGTERM → SIGKILL delay is `grace` applies them.
+pub(crate) fn limits(
+    config: &RuntimeConfig,
+    log_budget: &Arc<sandbox::LogBudget>,
+    grace: Duration,
+) -> sandbox::Limits {
+    sandbox::Limits {
+        grace,
+        default_log_bytes: config.default_log_bytes,
+        max_exec_output: config.max_exec_output,
+        max_sessions: config.max_sessions,
+        max_processes: config.max_processes,
+        log_budget: Arc::clone(log_budget),
+        max_snapshot_bytes: config.max_snapshot_bytes,
     }
 }
 

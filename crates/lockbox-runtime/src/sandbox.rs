@@ -234,7 +234,7 @@ pub(crate) async fn start_instance(
     policy.timeout = None; // a long-lived sandbox ends by delete or idle timeout
     let branch = match &spec.workdir {
         Some(dir) => {
-            let context = serde_json::json!({ "sandbox": sandbox_id, "policy": &spec.policy });
+            let context = branch_context(sandbox_id, spec, false);
             if !dir.is_dir() {
                 return Err(RuntimeError::invalid(
                     "workdir",
@@ -297,6 +297,25 @@ pub(crate) async fn start_instance(
 
 /// A branch of `dir` over snapshot `id`'s layers. The snapshot is held while the branch is
 /// made; from then on the branch's record (which names the layers) keeps it from deletion.
+/// What a sandbox's branch records of it: its id and policy, and whether it is a spare
+/// fork of the pool (swept at start-up if its runtime died before handing it out).
+pub(crate) fn branch_context(
+    sandbox_id: &str,
+    spec: &SandboxSpec,
+    spare: bool,
+) -> serde_json::Value {
+    let mut context = serde_json::json!({ "sandbox": sandbox_id, "policy": &spec.policy });
+    if spare {
+        context["spare"] = serde_json::Value::Bool(true);
+    }
+    context
+}
+
+/// Whether a branch's record says it is a spare fork never handed out.
+pub(crate) fn is_spare(context: &serde_json::Value) -> bool {
+    context.get("spare").and_then(serde_json::Value::as_bool) == Some(true)
+}
+
 fn fork_branch(
     origin: Origin<'_>,
     id: &SnapshotId,

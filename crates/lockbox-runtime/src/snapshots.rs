@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use lockbox_cow::{NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore};
 
-use crate::sandbox::{lock, Instance, SessionState};
-use crate::types::{SandboxId, SandboxInfo, SandboxSpec, SnapshotInfo, SnapshotOptions};
+use crate::sandbox::{lock, Instance, Limits, SessionState};
+use crate::types::{
+    SandboxId, SandboxInfo, SandboxSpec, SessionOptions, SnapshotInfo, SnapshotOptions,
+};
 use crate::util::rfc3339;
 use crate::{Change, Runtime, RuntimeError};
 
@@ -60,6 +62,30 @@ pub(crate) fn sessions_of(meta: &SnapshotMeta) -> Vec<SessionState> {
         .get("sessions")
         .and_then(|s| serde_json::from_value(s.clone()).ok())
         .unwrap_or_default()
+}
+
+/// Starts again, in `inst` (a fork or a restore of snapshot `meta`), the sessions `meta`
+/// recorded, each in its cwd (or the default one, if that is gone) with its variables.
+/// Best effort: a session that cannot start is logged, not fatal.
+pub(crate) async fn start_sessions(inst: &Instance, meta: &SnapshotMeta, limits: &Limits) {
+    for state in sessions_of(meta) {
+        let opts = SessionOptions {
+            id: Some(state.id.clone()),
+            cwd: Some(state.cwd.clone()),
+            env: state.env.clone(),
+        };
+        let started = match inst.create_session(opts.clone(), limits).await {
+            Err(RuntimeError::SessionExists { .. }) => continue,
+            Err(_) => {
+                let opts = SessionOptions { cwd: None, ..opts };
+                inst.create_session(opts, limits).await
+            }
+            ok => ok,
+        };
+        if let Err(e) = started {
+            tracing::warn!(session = %state.id, "restarting a snapshot's session: {e}");
+        }
+    }
 }
 
 /// Opens the snapshot store of `state_dir`, sweeping what a killed runtime left half-made.
