@@ -622,6 +622,10 @@ impl ListedBranch {
         };
         let failure = m.failure.as_deref().unwrap_or("reason not recorded");
         match m.state {
+            BranchState::Active if !orphan && crate::is_spare(&m.context) => format!(
+                "a spare fork made ahead by process {}'s pool; nothing to review",
+                m.owner_pid
+            ),
             BranchState::Active if !orphan => format!("in use by process {}", m.owner_pid),
             BranchState::Active => format!(
                 "orphan: its lockbox died before finishing it; {review}, then \

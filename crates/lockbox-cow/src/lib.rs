@@ -72,8 +72,8 @@ pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_FORMAT_VERSION};
 pub use crate::select::{select_hunks, HunkChoice, Selection};
 pub use crate::snapshot::{
-    process_hold, NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore, MAX_DEPTH,
-    SNAPSHOT_FORMAT_VERSION,
+    is_spare, process_hold, NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore, MAX_DEPTH,
+    SNAPSHOT_FORMAT_VERSION, SPARE,
 };
 pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
 pub use crate::stale::stamp_base;

@@ -50,6 +50,17 @@ const SCRATCH: &str = "scratch";
 const UNFINISHED: &str = ".new";
 const LOCK: &str = ".lock";
 
+/// The key a branch's context sets to `true` while the branch is a *spare*: a fork made
+/// ahead by a pool, which no one uses yet. A spare keeps no snapshot from being deleted
+/// (it is removed with it), and a runtime opening the state directory removes those a dead
+/// one left; handing one out rewrites its context without the key.
+pub const SPARE: &str = "spare";
+
+/// Whether a branch's context marks it a spare ([`SPARE`]).
+pub fn is_spare(context: &serde_json::Value) -> bool {
+    context.get(SPARE).and_then(serde_json::Value::as_bool) == Some(true)
+}
+
 /// The name of a hold this process takes for `what` (`<pid>-<kind>-<what>`): swept by the
 /// next [`SnapshotStore::open`] once this process is gone.
 pub fn process_hold(kind: &str, what: &str) -> String {
@@ -495,7 +506,9 @@ impl SnapshotStore {
         let _lock = self.lock()?;
         self.get(id)?;
         let mut holders = self.holders(id)?;
-        holders.extend(self.forks(id)?);
+        let (spares, forks): (Vec<_>, Vec<_>) =
+            self.fork_branches(id)?.into_iter().partition(|f| f.2);
+        holders.extend(forks.into_iter().map(|f| f.1));
         let children: Vec<String> = self
             .list()?
             .into_iter()
@@ -509,12 +522,35 @@ impl SnapshotStore {
                 children,
             });
         }
-        self.remove(id.as_str())
+        self.remove(id.as_str())?;
+        // Spare forks go with it: nobody was using them (their owner, if alive, finds the
+        // snapshot gone before it would hand one out).
+        if let Some(state_dir) = self.dir.parent() {
+            for (branch, _, _) in spares {
+                let _ = crate::branch::abort_id(state_dir, &branch);
+            }
+        }
+        Ok(())
     }
 
     /// The branches (forks, running or kept) whose view stacks on `id`'s layer: their ids,
     /// each with the sandbox it belongs to when its record says (`BRANCH (sandbox ID)`).
+    /// Spare forks ([`is_spare`]) are not listed: they keep nothing from being deleted.
     pub fn forks(&self, id: &SnapshotId) -> Result<Vec<String>, CowError> {
+        Ok(self
+            .fork_branches(id)?
+            .into_iter()
+            .filter(|f| !f.2)
+            .map(|f| f.1)
+            .collect())
+    }
+
+    /// Every branch over `id`'s layer: its id, its label for [`SnapshotStore::forks`], and
+    /// whether it is a spare.
+    fn fork_branches(
+        &self,
+        id: &SnapshotId,
+    ) -> Result<Vec<(crate::BranchId, String, bool)>, CowError> {
         let Some(state_dir) = self.dir.parent() else {
             return Ok(Vec::new());
         };
@@ -526,10 +562,12 @@ impl SnapshotStore {
                 if !meta.layers.contains(&layer) {
                     return None;
                 }
-                Some(match meta.context.get("sandbox").and_then(|s| s.as_str()) {
+                let label = match meta.context.get("sandbox").and_then(|s| s.as_str()) {
                     Some(sandbox) => format!("{} (sandbox {sandbox})", b.id),
                     None => b.id.to_string(),
-                })
+                };
+                let spare = is_spare(&meta.context);
+                Some((b.id, label, spare))
             })
             .collect())
     }

@@ -591,3 +591,46 @@ fn walkdir(root: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+#[test]
+fn a_spare_fork_keeps_its_snapshot_from_nothing_and_goes_with_it() {
+    let s = Scratch::new();
+    workdir_model(&s.wd);
+    let store = SnapshotStore::open(&s.state).unwrap();
+    let a = s.branch();
+    let snap = store
+        .capture(
+            &a.upper_dir(),
+            NewSnapshot {
+                base_ctime: a.meta().base_ctime,
+                ..new_snapshot(None, &s.wd)
+            },
+        )
+        .unwrap();
+    let layers = store.layers(&snap.id).unwrap();
+    let fork = |context| {
+        lockbox_cow::Branch::create_fork(&s.state, &s.wd, layers.clone(), snap.base_ctime, context)
+            .unwrap()
+    };
+    let spare = fork(serde_json::json!({ "sandbox": "sb-1", lockbox_cow::SPARE: true }));
+    let mut used = fork(serde_json::json!({ "sandbox": "sb-2", lockbox_cow::SPARE: true }));
+    // Handed out: no longer a spare, so it holds the snapshot.
+    used.set_context(serde_json::json!({ "sandbox": "sb-2" }))
+        .unwrap();
+    assert_eq!(
+        store.forks(&snap.id).unwrap(),
+        [format!("{} (sandbox sb-2)", used.id())]
+    );
+    match store.delete(&snap.id).unwrap_err() {
+        CowError::SnapshotInUse { holders, .. } => {
+            assert_eq!(holders, [format!("{} (sandbox sb-2)", used.id())])
+        }
+        e => panic!("{e}"),
+    }
+    assert!(spare.dir().is_dir(), "a refused delete removes nothing");
+    used.abort().unwrap();
+    // Only the spare is left: the snapshot goes, and the spare with it.
+    store.delete(&snap.id).unwrap();
+    assert!(!spare.dir().exists());
+    assert!(store.list().unwrap().is_empty());
+}

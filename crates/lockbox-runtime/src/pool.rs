@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use lockbox_cow::{SnapshotId, SnapshotMeta};
 
 use crate::audit::AuditLog;
-use crate::sandbox::{branch_context, is_spare, lock, start_instance, Instance, Limits, Origin};
+use crate::sandbox::{branch_context, lock, start_instance, Instance, Limits, Origin};
 use crate::types::{SandboxId, SandboxSpec};
 
 /// How long a refill waits after a take.
@@ -347,7 +347,10 @@ pub(crate) fn sweep_spares(state_dir: &std::path::Path) {
         return;
     };
     for b in listed {
-        if b.meta.as_ref().is_ok_and(|m| is_spare(&m.context)) {
+        if b.meta
+            .as_ref()
+            .is_ok_and(|m| lockbox_cow::is_spare(&m.context))
+        {
             if let Err(e) = lockbox_cow::abort_id(state_dir, &b.id) {
                 tracing::warn!(branch = %b.id, "removing a dead runtime's spare fork: {e}");
             }

@@ -306,14 +306,9 @@ pub(crate) fn branch_context(
 ) -> serde_json::Value {
     let mut context = serde_json::json!({ "sandbox": sandbox_id, "policy": &spec.policy });
     if spare {
-        context["spare"] = serde_json::Value::Bool(true);
+        context[lockbox_cow::SPARE] = serde_json::Value::Bool(true);
     }
     context
-}
-
-/// Whether a branch's record says it is a spare fork never handed out.
-pub(crate) fn is_spare(context: &serde_json::Value) -> bool {
-    context.get("spare").and_then(serde_json::Value::as_bool) == Some(true)
 }
 
 fn fork_branch(
