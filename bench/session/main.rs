@@ -311,19 +311,7 @@ async fn pooled_fork_row(pooled: &Runtime, a: &Args) {
     let snap = sb.snapshot(None).await.unwrap();
     let first = pooled.fork_snapshot(&snap.id, 1).await.unwrap();
     pooled.delete_sandbox(&first[0].id).await.unwrap();
-    let mut one = Vec::new();
-    for _ in 0..a.creates {
-        while pooled.pool_ready() < 2 * a.pool {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let t = Instant::now();
-        let forks = pooled.fork_snapshot(&snap.id, 1).await.unwrap();
-        let fb = pooled.sandbox(&forks[0].id).await.unwrap();
-        let r = fb.exec(echo_hi()).await.unwrap();
-        one.push(t.elapsed());
-        assert_eq!(&r.stdout[..], b"hi\n");
-        pooled.delete_sandbox(&forks[0].id).await.unwrap();
-    }
+    let one = first_exec_from(pooled, &snap.id, a.creates, 2 * a.pool).await;
     row(
         "create from a snapshot → first exec result, warm pool",
         one,
@@ -334,6 +322,25 @@ async fn pooled_fork_row(pooled: &Runtime, a: &Args) {
     );
     pooled.delete_sandbox(&info.id).await.unwrap();
     pooled.delete_snapshot(&snap.id).unwrap();
+}
+
+/// `n` times: one sandbox from snapshot `id`, to its first command's result (each time
+/// once `ready` sandboxes of the pool are, its refill done).
+async fn first_exec_from(rt: &Runtime, id: &str, n: usize, ready: usize) -> Vec<Duration> {
+    let mut one = Vec::new();
+    for _ in 0..n {
+        while rt.pool_ready() < ready {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let t = Instant::now();
+        let forks = rt.fork_snapshot(id, 1).await.unwrap();
+        let fb = rt.sandbox(&forks[0].id).await.unwrap();
+        let r = fb.exec(echo_hi()).await.unwrap();
+        one.push(t.elapsed());
+        assert_eq!(&r.stdout[..], b"hi\n");
+        rt.delete_sandbox(&forks[0].id).await.unwrap();
+    }
+    one
 }
 
 /// A sandbox writes `fork_files` files of `fork_bytes` in all into its upper; it is
@@ -431,17 +438,7 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
         first_exec,
         "after fork_snapshot returned (its default session starts)",
     );
-    // One sandbox from the snapshot, to its first command's result.
-    let mut one = Vec::new();
-    for _ in 0..a.creates {
-        let t = Instant::now();
-        let forks = rt.fork_snapshot(&snap.id, 1).await.unwrap();
-        let fb = rt.sandbox(&forks[0].id).await.unwrap();
-        let r = fb.exec(echo_hi()).await.unwrap();
-        one.push(t.elapsed());
-        assert_eq!(&r.stdout[..], b"hi\n");
-        rt.delete_sandbox(&forks[0].id).await.unwrap();
-    }
+    let one = first_exec_from(rt, &snap.id, a.creates, 0).await;
     row(
         "create from that snapshot → first exec result",
         one,
