@@ -395,7 +395,10 @@ async fn committing_sandboxes_together_checks_each_field_and_names_unknown_sandb
         (r#"{"sandboxes": ["sb-a"]}"#, "kind"),
         (r#"{"kind": "gather"}"#, "sandboxes"),
         (r#"{"kind": "gather", "sandboxes": []}"#, "sandboxes"),
-        (r#"{"kind": "gather", "sandboxes": ["sb-a", "sb-a"]}"#, "sandboxes"),
+        (
+            r#"{"kind": "gather", "sandboxes": ["sb-a", "sb-a"]}"#,
+            "sandboxes",
+        ),
         (
             r#"{"kind": "gather", "sandboxes": ["sb-a"], "conflicts": "newest"}"#,
             "conflicts",

@@ -61,7 +61,11 @@ fn the_shared_layers_changes_go_in_once_and_a_path_one_source_changed_over_them_
     }
     let (_tmp, state, work) = dirs();
     write(&work, "kept.txt", "workdir\n");
-    let shared = layer(&state, "shared", &[("setup.txt", "snap\n"), ("tuned.txt", "snap\n")]);
+    let shared = layer(
+        &state,
+        "shared",
+        &[("setup.txt", "snap\n"), ("tuned.txt", "snap\n")],
+    );
     let a = layer(&state, "a", &[("a.txt", "a\n")]);
     let b = layer(&state, "b", &[("b.txt", "b\n"), ("tuned.txt", "b\n")]);
     let prepared = LayerGather::new(&state, &work)
