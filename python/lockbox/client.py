@@ -346,6 +346,32 @@ class Client:
         r = self._request("POST", f"/v1/snapshots/{sid}/fork", body={"count": count})
         return [self._sandbox_of(info) for info in r["sandboxes"]]
 
+    def commit_together(self, sandboxes: Sequence[RemoteSandbox | AsyncSandbox | str], *,
+                        conflicts: str = "fail", dry_run: bool = False,
+                        force: bool = False) -> dict[str, Any]:
+        """Commits running sandboxes together, as one transaction, all or none: typically
+        forks of one snapshot, or any sandboxes over the same workdir. What each changed over
+        the snapshot they share is merged; the snapshot's own changes go in once.
+        ``conflicts`` says what happens to a path several of them changed: ``"fail"``
+        (refuse: :class:`~lockbox.errors.ServerError` ``CONFLICT``, ``details["conflicts"]``
+        naming each path's sandboxes), ``"first_writer_wins"`` / ``"last_writer_wins"`` (the
+        first / last sandbox listed that changed it), ``"markers"`` (the first; the others'
+        versions are kept as ``PATH.lockbox-<sandbox id>``). A path the workdir changed under
+        since a sandbox began is a ``CONFLICT`` unless ``force``. ``dry_run`` reports the
+        merged result and changes nothing. Returns ``{"id", "committed", "dry_run",
+        "contributions": [{"sandbox", "changes"}], "conflicts": [{"path", "sandboxes",
+        "winner"}], "markers", "changes", "report"}`` (changes as
+        :class:`~lockbox._types.Change`). The sandboxes keep running, as after
+        :meth:`RemoteSandbox.commit`."""
+        ids = [s if isinstance(s, str) else s.id for s in sandboxes]
+        body = {"kind": "gather", "sandboxes": ids, "conflicts": conflicts,
+                "dry_run": dry_run, "force": force}
+        r = self._request("POST", "/v1/transactions", body=body)
+        r["changes"] = [_change(c) for c in r["changes"]]
+        for c in r["contributions"]:
+            c["changes"] = [_change(x) for x in c["changes"]]
+        return r
+
     def snapshot_diff(self, snapshot: str | Mapping[str, Any], *, to_snapshot: str | Mapping[str, Any] | None = None,
                       to_sandbox: str | None = None) -> list[Change]:
         """What changed from a snapshot to another snapshot (``to_snapshot``) or to a running
@@ -823,6 +849,11 @@ class AsyncClient:
     async def branch_abort(self, id: str) -> dict[str, Any]:  # noqa: A002
         """See :meth:`Client.branch_abort`."""
         return await asyncio.to_thread(self._sync.branch_abort, id)
+
+    async def commit_together(self, sandboxes: Sequence[AsyncSandbox | RemoteSandbox | str],
+                              **kw: Any) -> dict[str, Any]:
+        """See :meth:`Client.commit_together`."""
+        return await asyncio.to_thread(lambda: self._sync.commit_together(sandboxes, **kw))
 
 
 class AsyncSandbox:

@@ -321,6 +321,50 @@ def test_snapshots_capture_the_sandbox_files_alike_locally_and_remotely(open_box
         assert e.value.code == "NO_WORKDIR"
 
 
+def test_forks_are_committed_together_under_a_conflict_policy_locally_and_remotely(open_box, ws):
+    with open_box(workdir=str(ws), on_exit="abort") as box:
+        box.exec("echo v2 > base.txt")
+        snap = box.snapshot("v2")
+        client = box.client
+        forks = client.fork(snap, 3)
+        try:
+            ids = [f.id for f in forks]
+            for i, f in enumerate(forks):
+                f.exec(f"echo fork{i} > mine{i}.txt")
+            forks[1].exec("echo one > both.txt")
+            forks[2].exec("echo two > both.txt")
+            before = tree(ws)
+            # fail (the default): refused, naming the path and its sandboxes; nothing changes.
+            with pytest.raises(ServerError) as e:
+                client.commit_together(forks)
+            assert (e.value.status, e.value.code) == (409, "CONFLICT")
+            assert e.value.details["conflicts"] == [{"path": "both.txt", "sandboxes": ids[1:]}]
+            assert tree(ws) == before
+            # A dry run lists the merged result, the snapshot's change once; nothing changes.
+            dry = client.commit_together(forks, conflicts="last_writer_wins", dry_run=True)
+            assert dry["dry_run"] and not dry["committed"] and tree(ws) == before
+            assert [c.path for c in dry["changes"]] == ["base.txt", "both.txt", "mine0.txt", "mine1.txt", "mine2.txt"]
+            done = client.commit_together(ids, conflicts="last_writer_wins")
+            assert done["committed"] and done["conflicts"] == [
+                {"path": "both.txt", "sandboxes": ids[1:], "winner": ids[2]}]
+            assert [[c.path for c in x["changes"]] for x in done["contributions"]] == [
+                ["mine0.txt"], ["both.txt", "mine1.txt"], ["both.txt", "mine2.txt"]]
+            assert (ws / "both.txt").read_text() == "two\n" and (ws / "base.txt").read_text() == "v2\n"
+            assert all((ws / f"mine{i}.txt").read_text() == f"fork{i}\n" for i in range(3))
+            # The forks keep running over the new workdir; the loser still sees its version.
+            assert forks[0].changes() == [] and forks[0].exec("cat both.txt").stdout == "two\n"
+            assert [c.path for c in forks[1].changes()] == ["both.txt"]
+            with pytest.raises(ServerError) as e:
+                client.commit_together([forks[0], "sb-000000000000"])
+            assert (e.value.status, e.value.code) == (404, "SANDBOX_NOT_FOUND")
+            with pytest.raises(ServerError) as e:
+                client.commit_together(forks, conflicts="newest")
+            assert (e.value.status, e.value.details["field"]) == (400, "conflicts")
+        finally:
+            for f in forks:
+                f.close()
+
+
 def test_forks_and_restores_work_alike_locally_and_remotely(open_box, ws):
     with open_box(workdir=str(ws), on_exit="abort") as box:
         sh = box.session("work")

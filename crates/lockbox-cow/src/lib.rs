@@ -75,7 +75,9 @@ pub use crate::snapshot::{
     is_spare, process_hold, NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore, MAX_DEPTH,
     SNAPSHOT_FORMAT_VERSION, SPARE,
 };
-pub use crate::staged::{apply_staged, discard_staging, stage_upper, staging_exists};
+pub use crate::staged::{
+    apply_staged, discard_staging, stage_upper, stage_upper_rebased, staging_exists,
+};
 pub use crate::stale::stamp_base;
 pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};
 pub use crate::view::View;

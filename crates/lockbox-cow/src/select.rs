@@ -336,9 +336,27 @@ impl Branch {
     /// is done), gives its paths their stale-base reference, removes the record.
     fn apply_part(&mut self, record: &PartRecord) -> Result<(), CowError> {
         apply_staged(self.workdir(), &record.key, &record.plan)?;
+        self.rebase_paths(&record.written)?;
+        let removed = std::fs::remove_file(self.dir().join(PART_RECORD))
+            .and_then(|()| crate::fsync_dir(self.dir()));
+        removed.map_err(|source| CowError::Stage {
+            path: self.dir().join(PART_RECORD),
+            source,
+        })
+    }
+
+    /// Gives `paths` a stale-base reference of their own, taken now, as a commit of the
+    /// branch does for the paths it writes ([`Branch::commit_part`]): for a commit of the
+    /// branch's changes made by other means (a gather of running sandboxes' branches in one
+    /// transaction), so that the branch's later commits do not take those writes for
+    /// concurrent edits. Every other path keeps its reference.
+    pub fn rebase_paths(&mut self, paths: &[PathBuf]) -> Result<(), CowError> {
+        if paths.is_empty() {
+            return Ok(());
+        }
         let at = self.rebase_stamp()?;
         let mut meta = self.meta().clone();
-        for path in &record.written {
+        for path in paths {
             match meta.rebased.binary_search_by(|r| r.path.cmp(path)) {
                 Ok(i) => meta.rebased[i].at = at,
                 Err(i) => meta.rebased.insert(
@@ -352,13 +370,7 @@ impl Branch {
         }
         let state = meta.state;
         self.replace_meta(meta);
-        self.set_state(state)?;
-        let removed = std::fs::remove_file(self.dir().join(PART_RECORD))
-            .and_then(|()| crate::fsync_dir(self.dir()));
-        removed.map_err(|source| CowError::Stage {
-            path: self.dir().join(PART_RECORD),
-            source,
-        })
+        self.set_state(state)
     }
 
     fn write_part_record(&self, record: &PartRecord) -> Result<(), CowError> {

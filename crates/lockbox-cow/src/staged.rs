@@ -45,6 +45,21 @@ pub fn stage_upper(
     stage_upper_from(upper, workdir, key, base.map(Base::uniform), opts)
 }
 
+/// [`stage_upper`] with a per-path stale-base reference: `rebased` (sorted by path) gives
+/// some paths a later reference than `base` (see [`crate::BranchMeta::rebased`]). A gather
+/// of running sandboxes' branches (`lockbox-txn`'s `LayerGather`) checks each path against
+/// the reference of the branch it comes from.
+pub fn stage_upper_rebased(
+    upper: &Path,
+    workdir: &Path,
+    key: &str,
+    base: Option<(Timestamp, &[crate::Rebased])>,
+    opts: &CommitOptions,
+) -> Result<(CommitPlan, CommitReport), CowError> {
+    let base = base.map(|(at, rebased)| Base { at, rebased });
+    stage_upper_from(upper, workdir, key, base, opts)
+}
+
 /// [`stage_upper`] with a per-path stale-base reference.
 pub(crate) fn stage_upper_from(
     upper: &Path,

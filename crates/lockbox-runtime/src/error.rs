@@ -175,6 +175,24 @@ pub enum RuntimeError {
         /// The context id.
         id: String,
     },
+    /// Sandboxes committed together changed the same paths under the `fail` conflict
+    /// policy: nothing was committed (`details.conflicts` names each path's sandboxes).
+    #[error("{} changed by more than one sandbox (conflict policy fail; nothing committed): {}", lockbox_policy::plural(conflicts.len(), "path"), conflicts.iter().map(|c| format!("{} ({})", lockbox_policy::name::quoted(&c.path), c.sandboxes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))).collect::<Vec<_>>().join("; "))]
+    MergeConflicts {
+        /// Each conflicting path and the sandboxes that changed it.
+        conflicts: Vec<crate::gather::GatherConflict>,
+    },
+    /// A commit, abort, restore or snapshot of the sandbox is under way.
+    #[error(
+        "sandbox {id} is busy (a commit, abort, restore or snapshot of it is under way); try again"
+    )]
+    SandboxBusy {
+        /// The sandbox.
+        id: String,
+    },
+    /// A transaction of several sandboxes failed (its own code on the wire).
+    #[error("transaction: {0}")]
+    Transaction(#[source] lockbox_txn::TxnError),
     /// A bug or an unexpected OS error.
     #[error("internal error: {0}")]
     Internal(String),
@@ -204,7 +222,11 @@ impl RuntimeError {
             RuntimeError::LimitReached { .. } => ErrorCode::LimitReached,
             RuntimeError::SetupFailed(_) | RuntimeError::Setup(_) => ErrorCode::SetupFailed,
             RuntimeError::Branch(e) => e.code(),
-            RuntimeError::Conflict { .. } => ErrorCode::Conflict,
+            RuntimeError::Conflict { .. } | RuntimeError::MergeConflicts { .. } => {
+                ErrorCode::Conflict
+            }
+            RuntimeError::SandboxBusy { .. } => ErrorCode::WorkdirBusy,
+            RuntimeError::Transaction(e) => e.code(),
             RuntimeError::Protocol(lockbox_agent::ProtocolError::VersionMismatch { .. }) => {
                 ErrorCode::SetupFailed
             }
@@ -226,7 +248,8 @@ impl RuntimeError {
             | RuntimeError::ProcessNotRunning { id }
             | RuntimeError::NoWorkdir { id }
             | RuntimeError::ContextNotFound { id }
-            | RuntimeError::ContextExists { id } => json!({ "id": id }),
+            | RuntimeError::ContextExists { id }
+            | RuntimeError::SandboxBusy { id } => json!({ "id": id }),
             RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
             RuntimeError::SessionTerminated { id, reason } => {
                 json!({ "id": id, "reason": reason })
@@ -262,6 +285,20 @@ impl RuntimeError {
                     .collect();
                 json!({ "paths": paths })
             }
+            RuntimeError::MergeConflicts { conflicts } => {
+                let paths: Vec<_> = conflicts
+                    .iter()
+                    .map(|c| lockbox_policy::name::Encoded(&c.path))
+                    .collect();
+                let each: Vec<_> = conflicts
+                    .iter()
+                    .map(|c| {
+                        let sandboxes: Vec<&str> = c.sandboxes.iter().map(|s| s.as_str()).collect();
+                        json!({ "path": lockbox_policy::name::Encoded(&c.path), "sandboxes": sandboxes })
+                    })
+                    .collect();
+                json!({ "paths": paths, "conflicts": each })
+            }
             RuntimeError::Protocol(lockbox_agent::ProtocolError::VersionMismatch {
                 runtime,
                 agent,
@@ -270,9 +307,10 @@ impl RuntimeError {
                 expected,
                 received,
             }) => json!({ "expected": expected, "received": received }),
-            RuntimeError::SetupFailed(_) | RuntimeError::Branch(_) | RuntimeError::Internal(_) => {
-                json!({})
-            }
+            RuntimeError::SetupFailed(_)
+            | RuntimeError::Branch(_)
+            | RuntimeError::Transaction(_)
+            | RuntimeError::Internal(_) => json!({}),
         }
     }
 

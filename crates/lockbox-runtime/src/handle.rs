@@ -30,7 +30,7 @@ impl Sandbox {
         &self.inner.id
     }
 
-    fn live(&self) -> Result<Arc<Instance>, RuntimeError> {
+    pub(crate) fn live(&self) -> Result<Arc<Instance>, RuntimeError> {
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Err(RuntimeError::SandboxNotRunning {
                 id: self.inner.id.to_string(),

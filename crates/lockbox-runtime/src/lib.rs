@@ -17,7 +17,8 @@
 //! - `contexts`: code contexts, persistent Python/bash interpreters whose runs return
 //!   output, rich results and errors;
 //! - `files`: file operations, resolved by the agent, streamed by the runtime;
-//! - `workspace`: changes/commit/abort of the sandbox's branch;
+//! - `workspace`: changes/commit/abort of the sandbox's branch; `gather`: several
+//!   sandboxes' branches committed together as one transaction;
 //! - `ports`: exposed ports; `watch`: file watching; `streams`: the streams handed out;
 //! - `store`: sandbox metadata in SQLite.
 //!
@@ -41,6 +42,7 @@ mod branches;
 mod contexts;
 mod error;
 mod files;
+mod gather;
 mod handle;
 mod log;
 mod output;
@@ -63,6 +65,7 @@ pub use crate::contexts::{
     CONTEXT_INTERRUPT_GRACE, DEFAULT_CONTEXT, DEFAULT_RUN_TIMEOUT, MAX_CONTEXTS,
 };
 pub use crate::error::RuntimeError;
+pub use crate::gather::{Contribution, GatherConflict, GatherOptions, GatherOutcome};
 pub use crate::handle::Sandbox;
 pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
 pub use crate::runtime::Runtime;
@@ -79,3 +82,5 @@ pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 pub use lockbox_confine::{NetDecision, NetEvent, NetEventKind, NetProtocol};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};
+/// What [`Runtime::commit_together`] takes and reports.
+pub use lockbox_txn::{ConflictPolicy, Marker, TxnId};

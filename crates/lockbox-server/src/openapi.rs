@@ -206,7 +206,10 @@ fn console_paths() -> Value {
         },
         "/v1/transactions": {
             "get": op("Transactions of the server's state directory (prepared, committed, aborted)", vec![], None,
-                &[("200", reply("the transactions", "TxnList"))])
+                &[("200", reply("the transactions", "TxnList"))]),
+            "post": op("Commit running sandboxes together (`kind: gather`): typically forks of one snapshot, or any sandboxes over one workdir; their branches are merged under a conflict policy and committed as one transaction, all or none. The changes of the snapshot layers all of them share are no conflict and go in once. 400 names the bad field (`kind`, `sandboxes`: none, one named twice, different workdirs; `conflicts`); 404 an unknown sandbox; 409 `CONFLICT` for paths several sandboxes changed under `fail` (`details.conflicts`) or a workdir changed under a sandbox since it began (unless `force`), `WORKDIR_BUSY` for a sandbox whose own commit, abort, restore or snapshot is under way. Afterwards every sandbox keeps running on its branch, as after a single commit",
+                vec![], required_json("GatherRequest"),
+                &[("200", reply("what each sandbox contributed, the conflicts and how they were resolved, the merged changes", "GatherResult"))])
         },
         "/v1/transactions/{id}": {
             "get": op("One transaction's record (as `lockbox txn show --json`)",
@@ -253,6 +256,31 @@ fn console_schemas() -> Value {
             "report": { "type": "object", "nullable": true },
             "abort_reason": {},
             "error": string.clone() } },
+        "GatherRequest": { "type": "object", "required": ["kind", "sandboxes"], "additionalProperties": false,
+            "properties": {
+                "kind": { "type": "string", "enum": ["gather"] },
+                "sandboxes": { "type": "array", "minItems": 1, "items": string.clone(),
+                    "description": "running sandboxes over one workdir, in the order the writer-wins policies go by" },
+                "conflicts": { "type": "string", "enum": ["fail", "first_writer_wins", "last_writer_wins", "markers"],
+                    "description": "fail (default): refuse with 409; first/last_writer_wins: the first/last sandbox listed that changed the path wins; markers: the first wins, the others' versions are kept as PATH.lockbox-<sandbox>" },
+                "dry_run": { "type": "boolean", "description": "report the merged result, change nothing" },
+                "force": { "type": "boolean", "description": "commit even where the workdir changed under a sandbox since it began" } } },
+        "GatherResult": { "type": "object",
+            "required": ["id", "kind", "committed", "dry_run", "contributions", "conflicts", "markers", "changes"],
+            "properties": {
+                "id": string.clone(),
+                "kind": { "type": "string", "enum": ["gather"] },
+                "committed": { "type": "boolean" },
+                "dry_run": { "type": "boolean" },
+                "contributions": { "type": "array", "items": { "type": "object", "required": ["sandbox", "changes"],
+                    "properties": { "sandbox": string.clone(), "changes": { "type": "array", "items": schema("Change") } } } },
+                "conflicts": { "type": "array", "items": { "type": "object", "required": ["path", "sandboxes"],
+                    "properties": { "path": {}, "sandboxes": { "type": "array", "items": string.clone() },
+                        "winner": { "type": "string", "nullable": true } } } },
+                "markers": { "type": "array", "items": { "type": "object", "required": ["path", "kept_as", "sandbox"],
+                    "properties": { "path": {}, "kept_as": {}, "sandbox": string.clone() } } },
+                "changes": { "type": "array", "items": schema("Change") },
+                "report": { "type": "object", "nullable": true } } },
         "TxnList": { "type": "object", "required": ["transactions"],
             "properties": { "transactions": { "type": "array", "items": schema("Txn") } } },
         "JournalRun": run_detail,

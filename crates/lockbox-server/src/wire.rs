@@ -837,3 +837,118 @@ impl RunCode {
         })
     }
 }
+
+/// `POST /v1/transactions`: running sandboxes committed together (`kind: "gather"`, the
+/// only kind so far).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransactionRequest {
+    /// `gather`.
+    pub kind: String,
+    /// The running sandboxes, in order (the order `first_writer_wins` and
+    /// `last_writer_wins` go by).
+    pub sandboxes: Vec<String>,
+    /// `fail` (default), `first_writer_wins`, `last_writer_wins` or `markers`.
+    #[serde(default)]
+    pub conflicts: Option<String>,
+    /// Report the merged result; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Commit even where the workdir changed under a sandbox since it began.
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl TransactionRequest {
+    /// The runtime's ids and options, or the field that is wrong.
+    pub fn into_gather(
+        self,
+    ) -> Result<
+        (
+            Vec<lockbox_runtime::SandboxId>,
+            lockbox_runtime::GatherOptions,
+        ),
+        lockbox_runtime::RuntimeError,
+    > {
+        use lockbox_runtime::{ConflictPolicy, RuntimeError};
+        let invalid = |field: &str, message: String| RuntimeError::InvalidRequest {
+            field: field.to_owned(),
+            message,
+        };
+        if self.kind != "gather" {
+            return Err(invalid(
+                "kind",
+                format!("{:?}: the only kind is \"gather\"", self.kind),
+            ));
+        }
+        let conflicts = match self.conflicts.as_deref() {
+            None | Some("fail") => ConflictPolicy::Fail,
+            Some("first_writer_wins") => ConflictPolicy::FirstWriterWins,
+            Some("last_writer_wins") => ConflictPolicy::LastWriterWins,
+            Some("markers") => ConflictPolicy::Markers,
+            Some(other) => {
+                return Err(invalid(
+                    "conflicts",
+                    format!("{other:?}: use fail, first_writer_wins, last_writer_wins or markers"),
+                ))
+            }
+        };
+        let ids = self
+            .sandboxes
+            .into_iter()
+            .map(lockbox_runtime::SandboxId::from)
+            .collect();
+        let opts = lockbox_runtime::GatherOptions {
+            conflicts,
+            dry_run: self.dry_run,
+            force: self.force,
+        };
+        Ok((ids, opts))
+    }
+}
+
+/// What `POST /v1/transactions` answers for a gather.
+pub fn gather_json(o: &lockbox_runtime::GatherOutcome) -> serde_json::Value {
+    use lockbox_policy::name::Encoded;
+    let changes = |c: &[lockbox_runtime::Change]| {
+        serde_json::to_value(ChangeList(c.to_vec())).unwrap_or_default()
+    };
+    let contributions: Vec<_> = o
+        .contributions
+        .iter()
+        .map(|c| serde_json::json!({ "sandbox": c.sandbox.as_str(), "changes": changes(&c.changes) }))
+        .collect();
+    let conflicts: Vec<_> = o
+        .conflicts
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "path": Encoded(&c.path),
+                "sandboxes": c.sandboxes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                "winner": c.winner.as_ref().map(|s| s.as_str()),
+            })
+        })
+        .collect();
+    let markers: Vec<_> = o
+        .markers
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "path": Encoded(&m.path),
+                "kept_as": Encoded(&m.kept_as),
+                "sandbox": m.source,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "id": o.transaction.to_string(),
+        "kind": "gather",
+        "committed": o.committed,
+        "dry_run": o.dry_run,
+        "contributions": contributions,
+        "conflicts": conflicts,
+        "markers": markers,
+        "changes": changes(&o.changes),
+        "report": o.report,
+    })
+}

@@ -386,3 +386,52 @@ async fn healthz_and_openapi_describe_the_server() {
         assert!(codes.iter().any(|c| c == code), "{code} not documented");
     }
 }
+
+#[tokio::test]
+async fn committing_sandboxes_together_checks_each_field_and_names_unknown_sandboxes_404() {
+    let server = Server::start(ServerConfig::default()).await;
+    let cases: &[(&str, &str)] = &[
+        (r#"{"kind": "pipeline", "sandboxes": ["sb-a"]}"#, "kind"),
+        (r#"{"sandboxes": ["sb-a"]}"#, "kind"),
+        (r#"{"kind": "gather"}"#, "sandboxes"),
+        (r#"{"kind": "gather", "sandboxes": []}"#, "sandboxes"),
+        (
+            r#"{"kind": "gather", "sandboxes": ["sb-a", "sb-a"]}"#,
+            "sandboxes",
+        ),
+        (
+            r#"{"kind": "gather", "sandboxes": ["sb-a"], "conflicts": "newest"}"#,
+            "conflicts",
+        ),
+        (
+            r#"{"kind": "gather", "sandboxes": ["sb-a"], "dry_run": "yes"}"#,
+            "dry_run",
+        ),
+        (
+            r#"{"kind": "gather", "sandboxes": ["sb-a"], "policy": "fail"}"#,
+            "policy",
+        ),
+    ];
+    for (body, field) in cases {
+        let response = server
+            .request(Method::POST, "/v1/transactions")
+            .json(&serde_json::from_str::<Value>(body).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let (status, error) = error(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        assert_eq!(error["code"], "INVALID_REQUEST", "{body}");
+        assert_eq!(error["details"]["field"], *field, "{body}: {error}");
+    }
+    let response = server
+        .request(Method::POST, "/v1/transactions")
+        .json(&json!({"kind": "gather", "sandboxes": ["sb-nothere"], "conflicts": "markers"}))
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = error(response).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{error}");
+    assert_eq!(error["code"], "SANDBOX_NOT_FOUND");
+    assert_eq!(error["details"]["id"], "sb-nothere");
+}

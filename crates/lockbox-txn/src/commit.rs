@@ -51,11 +51,11 @@ pub(crate) fn commit(
     discard_staging(txn.workdir(), txn.id())?;
     txn.make_entries_durable()?;
     let key = txn.id().as_str().to_owned();
-    let staged = lockbox_cow::stage_upper(
+    let staged = lockbox_cow::stage_upper_rebased(
         &txn.merged_dir(),
         txn.workdir(),
         &key,
-        (!force).then_some(txn.record.base_ctime),
+        (!force).then_some((txn.record.base_ctime, txn.rebased.as_slice())),
         &CommitOptions::default(),
     );
     let (plan, report) = match staged {

@@ -87,27 +87,8 @@ impl Gather {
     }
 
     fn validate(&self) -> Result<(), TxnError> {
-        let usage = |reason: String| Err(TxnError::Usage { reason });
-        if self.sources.is_empty() {
-            return usage("a gather needs at least one source".into());
-        }
-        for (i, s) in self.sources.iter().enumerate() {
-            let n = &s.name;
-            let ok = !n.is_empty()
-                && n != "."
-                && n != ".."
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-            if !ok {
-                return usage(format!(
-                    "bad source name {n:?}: use letters, digits, '-', '_', '.'"
-                ));
-            }
-            if self.sources[..i].iter().any(|o| o.name == *n) {
-                return usage(format!("duplicate source name {n:?}"));
-            }
-        }
-        Ok(())
+        let names: Vec<&str> = self.sources.iter().map(|s| s.name.as_str()).collect();
+        check_names(&names)
     }
 
     fn run_all(&self, txn: &mut TxnDir) -> Result<(TxnOutcome, bool), TxnError> {
@@ -236,6 +217,31 @@ impl Gather {
     }
 }
 
+/// Checks the names of a gather's sources: at least one; letters, digits, `-`, `_`, `.`;
+/// unique.
+pub(crate) fn check_names(names: &[&str]) -> Result<(), TxnError> {
+    let usage = |reason: String| Err(TxnError::Usage { reason });
+    if names.is_empty() {
+        return usage("a gather needs at least one source".into());
+    }
+    for (i, n) in names.iter().enumerate() {
+        let ok = !n.is_empty()
+            && *n != "."
+            && *n != ".."
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !ok {
+            return usage(format!(
+                "bad source name {n:?}: use letters, digits, '-', '_', '.'"
+            ));
+        }
+        if names[..i].contains(n) {
+            return usage(format!("duplicate source name {n:?}"));
+        }
+    }
+    Ok(())
+}
+
 /// Merges sibling layers (each over the workdir) into `merged/` under `policy`, recording
 /// conflicts and markers in `outcome`. `Ok(false)`: unresolved conflicts (policy `Fail`),
 /// `abort_reason` set, nothing merged.
@@ -250,7 +256,9 @@ pub(crate) fn merge(
     for upper in uppers {
         sets.push(ChangeSet::compute(upper, txn.workdir())?);
     }
-    outcome.conflicts = conflicts(sources, &sets);
+    let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+    let sets: Vec<&[Change]> = sets.iter().map(ChangeSet::changes).collect();
+    outcome.conflicts = conflicts(&names, &sets);
     if policy == ConflictPolicy::Fail && !outcome.conflicts.is_empty() {
         outcome.abort_reason = Some(AbortReason::Conflicts {
             count: outcome.conflicts.len(),
@@ -271,7 +279,7 @@ pub(crate) fn merge(
     lockbox_cow::flatten(&top_first, &merged)?;
     if policy == ConflictPolicy::Markers {
         outcome.markers = keep_markers(
-            sources,
+            &names,
             &outcome.conflicts,
             uppers,
             &sets,
@@ -285,22 +293,21 @@ pub(crate) fn merge(
 /// Copies every losing, non-deleting version of a conflicting path into the merged
 /// layer as `PATH.lockbox-<source>`: what that source saw there (for a directory, the
 /// workdir's with the source's changes), as plain files.
-fn keep_markers(
-    sources: &[Stage],
+pub(crate) fn keep_markers(
+    sources: &[&str],
     conflicts: &[MergeConflict],
     uppers: &[PathBuf],
-    sets: &[ChangeSet],
+    sets: &[&[Change]],
     workdir: &Path,
     merged: &Path,
 ) -> Result<Vec<Marker>, TxnError> {
     let mut markers = Vec::new();
     for c in conflicts {
         for name in c.stages.iter().skip(1) {
-            let Some(i) = sources.iter().position(|s| &s.name == name) else {
+            let Some(i) = sources.iter().position(|s| *s == name.as_str()) else {
                 continue;
             };
             let deleted = sets[i]
-                .changes()
                 .iter()
                 .any(|ch| ch.path == c.path && ch.kind == ChangeKind::Deleted);
             let upper_entry = uppers[i].join(&c.path);
@@ -340,10 +347,10 @@ fn removes_dir(c: &Change) -> bool {
 
 /// The conflicts between sources' change sets, sorted by path; each lists its sources in
 /// declaration order.
-fn conflicts(sources: &[Stage], sets: &[ChangeSet]) -> Vec<MergeConflict> {
+pub(crate) fn conflicts(sources: &[&str], sets: &[&[Change]]) -> Vec<MergeConflict> {
     let mut by_path: BTreeMap<&Path, Vec<(usize, &Change)>> = BTreeMap::new();
     for (i, set) in sets.iter().enumerate() {
-        for c in set.changes() {
+        for c in set.iter() {
             by_path.entry(&c.path).or_default().push((i, c));
         }
     }
@@ -378,7 +385,7 @@ fn conflicts(sources: &[Stage], sets: &[ChangeSet]) -> Vec<MergeConflict> {
             idx.dedup();
             MergeConflict {
                 path,
-                stages: idx.into_iter().map(|i| sources[i].name.clone()).collect(),
+                stages: idx.into_iter().map(|i| sources[i].to_owned()).collect(),
             }
         })
         .collect()

@@ -8,6 +8,8 @@
 //! - [`Gather`]: named sources in parallel on snapshots of the workdir, merged under a
 //!   [`ConflictPolicy`] ([`MergeConflict`]s, [`Marker`]s), then a consumer on the merged
 //!   view reading `$LOCKBOX_INPUTS/<name>`;
+//! - [`LayerGather`]: the same merge and commit over layers that exist already (running
+//!   sandboxes' branches, forks of one snapshot), their shared layers as the common base;
 //! - [`TxnOutcome`]: `committed`, every [`StageResult`] (even when aborted), the union of
 //!   changes, the [`AbortReason`]; [`TxnOutcome::exit_code`] follows the CLI conventions;
 //! - [`PreparedTxn`]: `prepare()` runs everything and keeps the layers; `commit()`,
@@ -49,6 +51,7 @@ pub use crate::error::TxnError;
 pub use crate::gather::{ConflictPolicy, Gather};
 pub use crate::id::TxnId;
 pub use crate::journaled::{record_exec, record_transaction, ExecResult, JournaledError, TxnStore};
+pub use crate::layer_gather::{LayerGather, LayerSource, PreparedGather};
 pub use crate::lock::LockPolicy;
 pub use crate::options::TxnOptions;
 pub use crate::outcome::{stage_label, AbortReason, Marker, MergeConflict, TxnOutcome};
@@ -68,6 +71,7 @@ mod gather;
 mod history;
 mod id;
 pub mod journaled;
+mod layer_gather;
 mod lock;
 mod options;
 mod outcome;

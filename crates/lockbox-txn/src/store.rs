@@ -203,6 +203,11 @@ pub(crate) struct TxnDir {
     /// Removes a tree this transaction no longer needs while it goes on (see
     /// [`TxnDir::remove_meanwhile`]); joined before the transaction's data is discarded.
     removing: Option<std::thread::JoinHandle<Result<(), TxnError>>>,
+    /// Later stale-base references than the record's `base_ctime` for some paths, sorted by
+    /// path (a gather of running sandboxes' branches: each path is checked against the
+    /// reference of the branch it comes from). Not in the record: opened again, the
+    /// transaction checks every path against `base_ctime`, which refuses more, never less.
+    pub(crate) rebased: Vec<lockbox_cow::Rebased>,
 }
 
 impl TxnDir {
@@ -300,6 +305,7 @@ impl TxnDir {
             entries_synced,
             entries_durable: false,
             removing: None,
+            rebased: Vec::new(),
         };
         Ok(txn)
     }
@@ -321,6 +327,7 @@ impl TxnDir {
             // Whoever left it to be opened made it durable (kept, or committing).
             entries_durable: true,
             removing: None,
+            rebased: Vec::new(),
             state_dir: state_dir.to_owned(),
             dir,
             record,
@@ -338,6 +345,7 @@ impl TxnDir {
             entries_synced: None,
             entries_durable: true,
             removing: None,
+            rebased: Vec::new(),
         })
     }
 

@@ -115,7 +115,10 @@ pub fn router() -> Router<AppState> {
         .route("/v1/branches/{id}/diff", get(branches::diff))
         .route("/v1/branches/{id}/commit", post(branches::commit))
         .route("/v1/branches/{id}/abort", post(branches::abort))
-        .route("/v1/transactions", get(transactions::list))
+        .route(
+            "/v1/transactions",
+            get(transactions::list).post(transactions::create),
+        )
         .route("/v1/transactions/{id}", get(transactions::show))
         .route("/v1/journal/runs", get(journal::runs))
         .route("/v1/journal/runs/{id}", get(journal::run))

@@ -1,9 +1,10 @@
 //! Transactions of the server's state directory (`lockbox txn pipeline|gather`, prepared or
-//! finished): list and show, as `lockbox txn list|show --json` has them.
+//! finished): list and show, as `lockbox txn list|show --json` has them; and running
+//! sandboxes committed together as one (`POST`, `kind: "gather"`).
 
 use crate::error::ApiError;
-use crate::extract::ApiPath;
-use crate::wire::txn_json;
+use crate::extract::{ApiJson, ApiPath};
+use crate::wire::{gather_json, txn_json, TransactionRequest};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -41,4 +42,14 @@ pub async fn show(
         }
         .into()),
     }
+}
+
+/// Commits running sandboxes together (`Runtime::commit_together`).
+pub async fn create(
+    State(app): State<AppState>,
+    ApiJson(body): ApiJson<TransactionRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (ids, opts) = body.into_gather()?;
+    let outcome = app.runtime.commit_together(&ids, opts).await?;
+    Ok(Json(gather_json(&outcome)))
 }
