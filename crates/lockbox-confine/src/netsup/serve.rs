@@ -70,10 +70,10 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         }
         match crate::sys::poll(&mut fds, timeout) {
             Ok(_) | Err(Errno(libc::EINTR)) => {}
-            Err(_) => return,
+            Err(_) => break,
         }
         if fds[0].revents != 0 {
-            return;
+            break;
         }
         if let Some(d) = &mut dns {
             d.ready(&calls.shared, &fds[dns_at..]);
@@ -102,13 +102,14 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
                 Ok(notif) => calls.handle(notif, Instant::now(), true, None),
                 // The caller died or was interrupted before we got it.
                 Err(Errno(libc::ENOENT | libc::EINTR)) => {}
-                Err(_) => return,
+                Err(_) => break,
             }
         } else if listener != 0 {
             // POLLHUP: every process under the filter is gone.
-            return;
+            break;
         }
     }
+    calls.end_asked();
 }
 
 /// Logs a call's decision, if there is a sink: calls towards the host (`why`), and calls to
@@ -664,7 +665,17 @@ impl Calls {
         self.log(a, false, "the caller went away while asked".into());
     }
 
-    /// Denies the asked calls whose time is up.
+    /// The supervisor ends: the calls still asked are logged as gone with the sandbox.
+    fn end_asked(&mut self) {
+        for a in std::mem::take(&mut self.asked) {
+            if let Some(desk) = &self.shared.ask {
+                desk.withdraw(a.question.id);
+            }
+            self.log(&a, false, "the sandbox ended while asked".into());
+        }
+    }
+
+        /// Denies the asked calls whose time is up.
     fn expire_asked(&mut self, now: Instant) {
         if !self.asked.iter().any(|a| a.deadline <= now) {
             return;
