@@ -292,7 +292,7 @@ struct Shared {
     learned: Mutex<dns::Learned>,
     /// Where decisions are logged, if anywhere.
     audit: Option<AuditSink>,
-    /// Sockets that asked lockbox's resolver (only kept with `audit`).
+    /// Sockets that asked lockbox's resolver (kept with `audit` or `ask`: the pid of a query).
     dns_askers: Mutex<audit::DnsAskers>,
     /// Where unlisted destinations are asked (`--net-ask`), if anywhere.
     ask: Option<Approvals>,

@@ -122,10 +122,11 @@ fn audit(
     dest: Option<std::net::SocketAddr>,
     why: Option<Why>,
 ) {
-    let Some(sink) = &shared.audit else {
-        return;
-    };
     let Some(why) = why else {
+        // Who asks lockbox's resolver is wanted by the log and by approvals' questions.
+        if shared.audit.is_none() && shared.ask.is_none() {
+            return;
+        }
         let resolver = std::net::SocketAddr::from((crate::DNS_ADDR, 53));
         if dest
             .is_some_and(|d| lockbox_policy::canonical(d.ip()) == resolver.ip() && d.port() == 53)
@@ -134,6 +135,9 @@ fn audit(
                 askers.add(&sock.file, &Asker::of(tid));
             }
         }
+        return;
+    };
+    let Some(sink) = &shared.audit else {
         return;
     };
     let kind = match call {
