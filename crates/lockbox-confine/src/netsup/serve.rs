@@ -679,7 +679,7 @@ impl Calls {
         }
     }
 
-        /// Denies the asked calls whose time is up.
+    /// Denies the asked calls whose time is up.
     fn expire_asked(&mut self, now: Instant) {
         if !self.asked.iter().any(|a| a.deadline <= now) {
             return;
