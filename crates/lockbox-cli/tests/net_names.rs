@@ -1062,3 +1062,41 @@ fn net_ask_needs_an_allow_list_and_a_terminal() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("/dev/tty"), "{}", text(&out));
 }
+
+#[test]
+fn questions_beyond_the_pending_cap_are_denied_at_once_and_the_rest_time_out() {
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("ask-cap-{user:?}.jsonl"));
+        let mut args = allow(&["tcp://198.18.0.250:1"]);
+        args.extend(
+            [
+                "--net-ask",
+                "--net-ask-timeout",
+                "2s",
+                "--audit",
+                log.to_str().unwrap(),
+            ]
+            .map(str::to_owned),
+        );
+        // 65 processes ask at once; nobody answers.
+        let ops = vec!["fan,65,198.18.0.77,443".to_owned()];
+        let (lines, _, code) = run_asked(user, &args, None, &ops, &[], false, |_, _| {});
+        assert_eq!(code, Some(0), "{user:?}: {lines:?}");
+        expect(&lines, &[(&ops[0], "ok {13: 65}")], user);
+        let got = reasons(&log);
+        let count = |d: &str, r: &str| got.iter().filter(|(gd, gr)| gd == d && gr == r).count();
+        assert_eq!(
+            count("asked", "not in the allow-list; asked"),
+            64,
+            "{got:?}"
+        );
+        assert_eq!(
+            count("denied", "not in the allow-list; 64 questions pending"),
+            1,
+            "{got:?}"
+        );
+        assert_eq!(count("denied", "no answer in 2 s"), 64, "{got:?}");
+        assert_eq!(got.len(), 129, "{got:?}");
+    }
+}

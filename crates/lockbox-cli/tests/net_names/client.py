@@ -6,6 +6,7 @@
   connect,HOST,PORT   TCP connect (HOST a name or an address), the server's first line
   udp,NAME / tcp,NAME an A query sent straight to the nameserver of /etc/resolv.conf:
                       `rcode N [addresses]`
+  fan,N,HOST,PORT     N processes connect at once: `{errno: count}` (0: connected)
 """
 import socket
 import struct
@@ -67,6 +68,31 @@ def query(name, tcp):
     return f"rcode {rcode} {sorted(addrs)}"
 
 
+def fan(n, host, port):
+    """`n` processes connect to host:port at once; {errno (0: connected): how many}."""
+    import os
+    rd, wr = os.pipe()
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                socket.create_connection((host, port), timeout=30).close()
+            except OSError as e:
+                code = e.errno or 1
+            os.write(wr, f"{code}\n".encode())
+            os._exit(0)
+        pids.append(pid)
+    os.close(wr)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    counts = {}
+    for line in os.fdopen(rd).read().split():
+        counts[int(line)] = counts.get(int(line), 0) + 1
+    return dict(sorted(counts.items()))
+
+
 for cmd in sys.argv[1:]:
     op, *a = cmd.split(",")
     try:
@@ -80,6 +106,8 @@ for cmd in sys.argv[1:]:
             r = s.recv(64).decode().strip()
         elif op in ("udp", "tcp"):
             r = query(a[0], op == "tcp")
+        elif op == "fan":
+            r = fan(int(a[0]), a[1], int(a[2]))
         else:
             raise SystemExit(f"unknown op {op}")
         print(cmd, "ok", r, flush=True)
