@@ -913,6 +913,14 @@ class AsyncSandbox:
         """See :meth:`RemoteSandbox.ports`."""
         return await asyncio.to_thread(self.sync.ports)
 
+    async def approvals(self, **kw: Any) -> list[dict[str, Any]]:
+        """See :meth:`RemoteSandbox.approvals`."""
+        return await asyncio.to_thread(lambda: self.sync.approvals(**kw))
+
+    async def decide(self, question: int | Mapping[str, Any], decision: str) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.decide`."""
+        return await asyncio.to_thread(self.sync.decide, question, decision)
+
     async def unexpose_port(self, port: int) -> None:
         """See :meth:`RemoteSandbox.unexpose_port`."""
         await asyncio.to_thread(self.sync.unexpose_port, port)
