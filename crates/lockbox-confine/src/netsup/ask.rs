@@ -248,15 +248,27 @@ impl Approvals {
     }
 
     /// Answers question `id`; `by` names who decided, for the log ("denied by `by`").
+    /// [`Verdict::Sandbox`] also answers the other pending questions about the same
+    /// destination or name (a lookup's `A` and `AAAA` queries, say).
     pub fn decide(&self, id: u64, verdict: Verdict, by: &str) -> Result<(), DecideError> {
         {
             let mut state = self.state();
             let decided = state.decided.contains(&id);
-            match state.pending.get_mut(&id) {
-                Some(p) if p.verdict.is_none() => p.verdict = Some((verdict, by.to_owned())),
+            let key = match state.pending.get_mut(&id) {
+                Some(p) if p.verdict.is_none() => {
+                    p.verdict = Some((verdict, by.to_owned()));
+                    approval_of(&p.question)
+                }
                 Some(_) => return Err(DecideError::Decided { id }),
                 None if decided => return Err(DecideError::Decided { id }),
                 None => return Err(DecideError::Unknown { id }),
+            };
+            if let (Verdict::Sandbox, Some(key)) = (verdict, key) {
+                for p in state.pending.values_mut() {
+                    if p.verdict.is_none() && approval_of(&p.question).as_ref() == Some(&key) {
+                        p.verdict = Some((verdict, by.to_owned()));
+                    }
+                }
             }
         }
         // A full socket already says there is something to take.
@@ -333,15 +345,7 @@ impl Approvals {
                 continue;
             };
             if verdict == Verdict::Sandbox {
-                let approved = match (p.question.kind, p.question.address, p.question.port) {
-                    (EventKind::Dns, _, _) => p.question.name.clone().map(Approved::Name),
-                    (_, Some(ip), Some(port)) => Some(Approved::Dest(
-                        p.question.protocol,
-                        SocketAddr::new(ip, port),
-                    )),
-                    _ => None,
-                };
-                if let Some(a) = approved {
+                if let Some(a) = approval_of(&p.question) {
                     push_bounded(&mut state.approved, a, MAX_APPROVED);
                 }
             }
@@ -436,6 +440,15 @@ impl AskedCall {
     }
 }
 
+/// What approving question `q` for the sandbox approves.
+fn approval_of(q: &Question) -> Option<Approved> {
+    match (q.kind, q.address, q.port) {
+        (EventKind::Dns, _, _) => q.name.clone().map(Approved::Name),
+        (_, Some(ip), Some(port)) => Some(Approved::Dest(q.protocol, SocketAddr::new(ip, port))),
+        _ => None,
+    }
+}
+
 fn push_bounded<T: PartialEq>(queue: &mut VecDeque<T>, item: T, cap: usize) {
     if queue.contains(&item) {
         return;
@@ -495,6 +508,8 @@ mod tests {
         let desk = Approvals::new(Duration::from_secs(1)).unwrap();
         let a = desk.pose(asking(1)).unwrap().0.id;
         let b = desk.pose(asking(2)).unwrap().0.id;
+        // Asked again about the same destination meanwhile: settled by `a`'s verdict.
+        let a2 = desk.pose(asking(1)).unwrap().0.id;
         assert_eq!(desk.next(0, Duration::ZERO).map(|q| q.id), Some(a));
         assert_eq!(desk.next(a, Duration::ZERO).map(|q| q.id), Some(b));
         desk.decide(a, Verdict::Sandbox, "t").unwrap();
@@ -505,7 +520,10 @@ mod tests {
         assert_eq!(desk.pending().len(), 1);
         assert_eq!(
             desk.take_verdicts(),
-            vec![(a, Verdict::Sandbox, "t".into())]
+            vec![
+                (a, Verdict::Sandbox, "t".into()),
+                (a2, Verdict::Sandbox, "t".into())
+            ]
         );
         assert_eq!(
             desk.decide(a, Verdict::Deny, "t"),
