@@ -57,7 +57,8 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
             fds.push(pollfd(w.fd(), libc::POLLOUT));
             fds.push(pollfd(w.pidfd.as_raw_fd(), libc::POLLIN));
         }
-        let asked_at = fds.len();
+        // Calls asked while this round's events are handled are appended after these.
+        let (asked_at, asked_n) = (fds.len(), calls.asked.len());
         for a in &calls.asked {
             fds.push(pollfd(a.pidfd.as_raw_fd(), libc::POLLIN));
         }
@@ -83,12 +84,21 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
             .map(|p| (p[0].revents != 0, p[1].revents != 0))
             .collect();
         calls.progress(&ready);
-        let gone: Vec<bool> = fds[asked_at..asked_at + calls.asked.len()]
+        let gone: Vec<bool> = fds[asked_at..asked_at + asked_n]
             .iter()
             .map(|p| p.revents != 0)
             .collect();
         calls.callers_gone(&gone);
-        let verdicts = calls.shared.ask.as_ref().map(|desk| desk.take_verdicts());
+        // The wake-up socket follows the asked calls' pidfds.
+        let woken = fds
+            .get(asked_at + asked_n)
+            .is_some_and(|f| f.revents != 0 && calls.shared.ask.is_some());
+        let verdicts = calls
+            .shared
+            .ask
+            .as_ref()
+            .filter(|_| woken)
+            .map(|desk| desk.take_verdicts());
         for (id, verdict, by) in verdicts.unwrap_or_default() {
             if !calls.answered(id, verdict, &by) {
                 if let Some(d) = &mut dns {
