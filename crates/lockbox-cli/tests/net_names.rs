@@ -1100,3 +1100,39 @@ fn questions_beyond_the_pending_cap_are_denied_at_once_and_the_rest_time_out() {
         assert_eq!(got.len(), 129, "{got:?}");
     }
 }
+
+#[test]
+fn an_approval_once_holds_for_the_address_asked_not_one_swapped_in_while_asked() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    for user in users() {
+        let args: Vec<String> = allow(&["tcp://198.18.0.250:1"])
+            .into_iter()
+            .chain(["--net-ask".to_owned()])
+            .collect();
+        // Asked about :8443; the address becomes :8080 in memory before the answer.
+        let ops = vec![format!("swap,{ip},8443,{ip},8080")];
+        let mut texts = Vec::new();
+        let (lines, asked, code) = run_asked(
+            user,
+            &args,
+            None,
+            &ops,
+            &[Some("o"), Some("n")],
+            false,
+            |i, _| {
+                texts.push(i);
+                if i == 0 {
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                }
+            },
+        );
+        assert_eq!(code, Some(0), "{user:?}: {lines:?}");
+        // Read again after the verdict, the call names another destination: asked again.
+        assert_eq!(asked, 2, "{user:?}: {lines:?}");
+        expect(&lines, &[(&ops[0], "ok 13")], user);
+    }
+}
