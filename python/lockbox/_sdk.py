@@ -304,6 +304,9 @@ class Sandbox:
         state_dir: PathLike | None = None,
         agent_exe: PathLike | None = None,
         from_snapshot: str | Mapping[str, Any] | None = None,
+        net_ask: bool = False,
+        net_ask_timeout: float | None = None,
+        on_ask: Any = None,
         **policy: Any,
     ) -> LocalSandbox:
         """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
@@ -327,6 +330,14 @@ class Sandbox:
             from_snapshot: start from a snapshot's files (its id, or the dict
                 ``box.snapshot()`` returned) of this process's runtime: a fork with this
                 policy; ``workdir`` may be left out (it is the snapshot's).
+            net_ask: with ``net_allow``, a connect, send or DNS query towards a destination
+                off the list waits for an answer instead of failing: ``on_ask``'s, or one
+                given with ``box.approvals()`` / ``box.decide(id, decision)``
+                (docs/security.md "Approvals").
+            net_ask_timeout: seconds a question waits for its answer (default 30); then
+                the call is denied.
+            on_ask: ``fn(question: dict) -> "once" | "sandbox" | "deny"``, called in a
+                background thread for each question (see ``RemoteSandbox.on_ask``).
             **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
                 ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
                 ``max_cpu_time`` is not available for long-lived sandboxes.
@@ -336,10 +347,16 @@ class Sandbox:
         if policy.get("max_cpu_time") is not None:
             raise UsageError("max_cpu_time is not available for long-lived sandboxes (use timeout= per exec)",
                              code="INVALID_POLICY")
+        if on_ask is not None and not net_ask:
+            raise UsageError("on_ask answers net_ask's questions: give net_ask=True too", code="INVALID_POLICY")
         sb = cls(workdir, **policy)
         client = LocalClient(state_dir, agent_exe=os.fspath(agent_exe) if agent_exe is not None else None)
-        return client.create(**sb._create_body(), on_exit=on_exit,
-                             idle_timeout=idle_timeout, labels=labels, from_snapshot=from_snapshot)
+        box = client.create(**sb._create_body(), on_exit=on_exit,
+                            idle_timeout=idle_timeout, labels=labels, from_snapshot=from_snapshot,
+                            net_ask=net_ask, net_ask_timeout=net_ask_timeout)
+        if on_ask is not None:
+            box.on_ask(on_ask)
+        return box
 
     @classmethod
     async def open_async(cls, workdir: PathLike | None = None, **kw: Any) -> AsyncSandbox:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -263,6 +264,8 @@ class Client:
         idle_timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
         from_snapshot: str | Mapping[str, Any] | None = None,
+        net_ask: bool = False,
+        net_ask_timeout: float | None = None,
         **more: Any,
     ) -> RemoteSandbox:
         """Creates a sandbox (``POST /v1/sandboxes``); keywords as ``lockbox.Sandbox``'s,
@@ -270,7 +273,10 @@ class Client:
         ``labels``, and any other field of the route. ``net_allow``/``net_deny`` are
         destination lists as for ``lockbox.Sandbox`` (the server checks them).
         ``from_snapshot`` (an id, or the dict :meth:`RemoteSandbox.snapshot` returned) starts
-        it from that snapshot's files, with this policy; ``workdir`` is then the snapshot's."""
+        it from that snapshot's files, with this policy; ``workdir`` is then the snapshot's.
+        ``net_ask`` (with ``net_allow``): an unlisted destination is asked, not refused (see
+        :meth:`RemoteSandbox.approvals`); each question waits ``net_ask_timeout`` seconds
+        (default 30) for its answer, then the call is denied."""
         if net_allow:
             net = {"allow": list(net_allow)}  # type: ignore[assignment]
         elif net_deny:
@@ -282,6 +288,7 @@ class Client:
             "labels": dict(labels) if labels else None,
             "from_snapshot": (from_snapshot if isinstance(from_snapshot, str) or from_snapshot is None
                               else from_snapshot["id"]),
+            "net_ask": net_ask or None, "net_ask_timeout_ms": _ms(net_ask_timeout),
         }) | more
         info = self._request("POST", "/v1/sandboxes", body=body)
         return RemoteSandbox(self, info)
@@ -464,6 +471,54 @@ class RemoteSandbox:
         resp = self.client._request("GET", self._p("/watch"), query={"path": path, "recursive": recursive},
                                     stream=True)
         return Watch(resp, self.client._events(resp))
+
+    def approvals(self, *, after: int = 0, wait: float | None = None) -> list[dict[str, Any]]:
+        """The approval questions of a ``net_ask`` sandbox waiting for an answer, oldest
+        first: ``{"id", "ts", "kind": "connect"|"send"|"dns", "name", "address", "port",
+        "protocol", "pid", "command", "timeout_ms"}`` (docs/security.md "Approvals"). Only
+        those with an id above ``after``; with ``wait`` (seconds, at most 60), waits that
+        long for one (a long poll)."""
+        query: dict[str, Any] = {"after": after}
+        if wait:
+            query["wait_ms"] = _ms(wait)
+        return self.client._request("GET", self._p("/approvals"), query=query)["approvals"]
+
+    def decide(self, question: int | Mapping[str, Any], decision: str) -> dict[str, Any]:
+        """Answers an approval question (its id, or the dict :meth:`approvals` gave):
+        ``"once"`` (this call), ``"sandbox"`` (this destination or name from now on) or
+        ``"deny"``. ``QUESTION_NOT_FOUND`` if it is no longer pending (timed out, its
+        caller gone), ``QUESTION_DECIDED`` if it was answered already."""
+        qid = question if isinstance(question, int) else question["id"]
+        return self.client._request("POST", self._p(f"/approvals/{qid}"), body={"decision": decision})
+
+    def on_ask(self, callback: Any) -> threading.Thread:
+        """Answers each approval question with ``callback(question) -> "once" | "sandbox" |
+        "deny"``, called in a background (daemon) thread, one question at a time, until the
+        sandbox is gone. A callback that raises or returns anything else denies. Returns
+        the thread."""
+        def serve() -> None:
+            last = 0
+            while True:
+                try:
+                    pending = self.approvals(after=last, wait=10)
+                except ServerError:
+                    return  # the sandbox is gone (or stopped)
+                for q in pending:
+                    last = max(last, q["id"])
+                    try:
+                        decision = callback(q)
+                    except Exception:  # noqa: BLE001 - a failing callback denies
+                        decision = "deny"
+                    if decision not in ("once", "sandbox", "deny"):
+                        decision = "deny"
+                    try:
+                        self.decide(q["id"], decision)
+                    except ServerError:
+                        pass  # timed out or its caller went away meanwhile
+
+        thread = threading.Thread(target=serve, name=f"lockbox-ask-{self.id}", daemon=True)
+        thread.start()
+        return thread
 
     def audit(self, *, follow: bool = False) -> Any:
         """The network audit log of a ``net_allow``/``net_deny`` sandbox: one dict per
@@ -888,6 +943,14 @@ class AsyncSandbox:
     async def ports(self) -> list[dict[str, Any]]:
         """See :meth:`RemoteSandbox.ports`."""
         return await asyncio.to_thread(self.sync.ports)
+
+    async def approvals(self, **kw: Any) -> list[dict[str, Any]]:
+        """See :meth:`RemoteSandbox.approvals`."""
+        return await asyncio.to_thread(lambda: self.sync.approvals(**kw))
+
+    async def decide(self, question: int | Mapping[str, Any], decision: str) -> dict[str, Any]:
+        """See :meth:`RemoteSandbox.decide`."""
+        return await asyncio.to_thread(self.sync.decide, question, decision)
 
     async def unexpose_port(self, port: int) -> None:
         """See :meth:`RemoteSandbox.unexpose_port`."""

@@ -462,3 +462,58 @@ def test_audit_lists_the_network_decisions_of_the_sandbox_locally_and_remotely(o
                 assert [next(live), next(live)] == events
     finally:
         a.close()
+
+
+def test_net_ask_questions_reach_the_callback_locally_and_remotely_and_deny_answers_refuse(open_box):
+    from test_net import PROBE
+
+    asked = []
+
+    def answer(question):
+        asked.append(question)
+        return "deny"
+
+    with open_box(net_allow=["tcp://listed.test:1"], net_ask=True, net_ask_timeout=20) as box:
+        box.on_ask(answer)
+        box.files.write("/tmp/probe.py", PROBE.replace("127.0.0.2", "192.0.2.1").encode())
+        assert box.exec("python3 /tmp/probe.py 80").stdout.strip() == "refused PermissionError"
+        assert [(q["kind"], q["address"], q["port"], q["protocol"]) for q in asked] == [
+            ("connect", "192.0.2.1", 80, "tcp")], asked
+        assert "/tmp/probe.py" in asked[0]["command"] and asked[0]["pid"] > 0
+        assert box.approvals() == []
+        with pytest.raises(ServerError) as e:
+            box.decide(asked[0]["id"], "once")
+        assert e.value.code == "QUESTION_DECIDED" and e.value.status == 409
+        deadline = time.monotonic() + 10
+        events = box.audit()
+        while len(events) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            events = box.audit()
+        assert [(e["decision"], e["reason"], e.get("question")) for e in events] == [
+            ("asked", "not in the allow-list; asked", asked[0]["id"]),
+            ("denied", "denied by the API", asked[0]["id"]),
+        ], events
+
+
+def test_sandbox_open_on_ask_approves_a_name_for_the_sandbox_once_asked(tmp_path, monkeypatch):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("198.18.0.9 asked.test\n")
+    monkeypatch.setenv("LOCKBOX_NET_HOSTS_FILE", str(hosts))
+    asked = []
+
+    def answer(question):
+        asked.append(question)
+        return "sandbox"
+
+    with Sandbox.open(state_dir=tmp_path / "state", net_allow=["tcp://listed.test:1"],
+                      net_ask=True, on_ask=answer) as box:
+        box.files.write("/tmp/resolve.py", b"import socket\nprint(socket.gethostbyname('asked.test'))\n")
+        assert box.exec("python3 /tmp/resolve.py").stdout == "198.18.0.9\n"
+        first = len(asked)
+        assert first >= 1 and {(q["kind"], q["name"]) for q in asked} == {("dns", "asked.test")}, asked
+        # Approved for the sandbox by the first answer: not asked again.
+        assert box.exec("python3 /tmp/resolve.py").stdout == "198.18.0.9\n"
+        assert len(asked) == first, asked
+    with pytest.raises(ServerError) as e:
+        Sandbox.open(state_dir=tmp_path / "state2", net="host", net_ask=True)
+    assert e.value.status == 400 and "net_ask" in str(e.value)

@@ -436,6 +436,17 @@ pub struct RunArgs {
     /// docs/security.md "Audit log".
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
+    /// Ask instead of refusing: a connect, send or DNS query towards a destination the
+    /// --net-allow list does not hold waits while lockbox asks on its terminal (/dev/tty):
+    /// [o]nce (this call), [a]lways (this destination, for the rest of the sandbox's life)
+    /// or [N]o. No answer within --net-ask-timeout denies. Needs --net-allow and a
+    /// terminal (exit 2 without one). See docs/security.md "Approvals".
+    #[arg(long)]
+    pub net_ask: bool,
+    /// How long a --net-ask question waits for its answer before the call is denied
+    /// (e.g. 10s, 2m) [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_dur, requires = "net_ask")]
+    pub net_ask_timeout: Option<Duration>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -772,3 +772,367 @@ fn a_deny_lists_refusals_are_audited_with_the_rule_and_loopback_stays_unlogged()
         );
     }
 }
+
+/// `lockbox run --net-ask` on a terminal: `script` gives lockbox a pty; each question shown
+/// there is answered with the next of `answers` (`None`: left to time out). Returns the
+/// client's `op -> result` lines, the number of questions, and lockbox's exit code.
+/// `linger`: the sandbox lives on for a second after the client (in a shell).
+fn run_asked(
+    user: User,
+    net: &[String],
+    hosts: Option<&Path>,
+    ops: &[String],
+    answers: &[Option<&str>],
+    linger: bool,
+    mut on_question: impl FnMut(usize, u32),
+) -> (Vec<(String, String)>, usize, Option<i32>) {
+    let dir = client_dir();
+    let mut argv: Vec<String> = vec![
+        binary().to_str().unwrap().into(),
+        "run".into(),
+        "-r".into(),
+        dir.to_str().unwrap().into(),
+    ];
+    argv.extend(net.iter().cloned());
+    argv.push("--".into());
+    if linger {
+        argv.extend(["sh", "-c", "python3 \"$@\"; sleep 1", "sh"].map(str::to_owned));
+    } else {
+        argv.push("python3".into());
+    }
+    argv.push(client());
+    argv.extend(ops.iter().cloned());
+    let line = shlex::try_join(argv.iter().map(String::as_str)).unwrap();
+    let mut cmd = Command::new("script");
+    if let User::Nobody = user {
+        std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+        std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+    }
+    cmd.args(["-qfec", &line, "/dev/null"])
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(h) = hosts {
+        cmd.env("LOCKBOX_NET_HOSTS_FILE", h);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let output = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let output = output.clone();
+        let mut stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                output
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut asked = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            output.lock().unwrap()
+        );
+        let shown = output
+            .lock()
+            .unwrap()
+            .matches("[o]nce / [a]lways / [N]o")
+            .count();
+        if shown > asked {
+            let text = output.lock().unwrap().clone();
+            let question = text.split("lockbox: allow ").nth(shown).unwrap_or("");
+            let pid = question
+                .split("(pid ")
+                .nth(1)
+                .and_then(|p| p.split(')').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            on_question(asked, pid);
+            if let Some(Some(answer)) = answers.get(asked) {
+                stdin.write_all(format!("{answer}\n").as_bytes()).unwrap();
+            }
+            asked = shown;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(stdin);
+    reader.join().unwrap();
+    let text = output.lock().unwrap().clone();
+    let lines = text
+        .split(['\r', '\n'])
+        .filter_map(|l| {
+            let op = ops.iter().find(|op| l.starts_with(&format!("{op} ")))?;
+            Some((op.clone(), l[op.len() + 1..].to_owned()))
+        })
+        .collect();
+    (lines, asked, status.code())
+}
+
+fn reasons(log: &Path) -> Vec<(String, String)> {
+    audit_events(log)
+        .iter()
+        .map(|e| {
+            (
+                e["decision"].as_str().unwrap().to_owned(),
+                e["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn asked_destinations_pass_once_or_for_the_sandbox_and_no_or_silence_denies() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("ask-{user:?}.jsonl"));
+        let mut args = allow(&["tcp://198.18.0.250:1"]);
+        args.extend(
+            [
+                "--net-ask",
+                "--net-ask-timeout",
+                "2s",
+                "--audit",
+                log.to_str().unwrap(),
+            ]
+            .map(str::to_owned),
+        );
+        let ops: Vec<String> = [8443, 8443, 8443, 8080, 8080]
+            .iter()
+            .map(|p| format!("connect,{ip},{p}"))
+            .collect();
+        let answers = [Some("o"), Some("a"), Some("n"), None];
+        let (lines, asked, code) = run_asked(user, &args, None, &ops, &answers, false, |_, _| {});
+        assert_eq!(code, Some(0), "{user:?}: {lines:?}");
+        // The third connect was approved for the sandbox by the second: not asked.
+        assert_eq!(asked, 4, "{user:?}: {lines:?}");
+        expect(
+            &lines,
+            &[
+                (&ops[0], "ok hello-8443"),
+                (&ops[1], "ok hello-8443"),
+                (&ops[2], "ok hello-8443"),
+                (&ops[3], "err 13"),
+                (&ops[4], "err 13"),
+            ],
+            user,
+        );
+        let got = reasons(&log);
+        let want: Vec<(String, String)> = [
+            ("asked", "not in the allow-list; asked"),
+            ("allowed", "approved once"),
+            ("asked", "not in the allow-list; asked"),
+            ("allowed", "approved for the sandbox"),
+            ("allowed", "approved for the sandbox"),
+            ("asked", "not in the allow-list; asked"),
+            ("denied", "denied by the terminal"),
+            ("asked", "not in the allow-list; asked"),
+            ("denied", "no answer in 2 s"),
+        ]
+        .iter()
+        .map(|(d, r)| ((*d).to_owned(), (*r).to_owned()))
+        .collect();
+        assert_eq!(got, want, "{user:?}");
+    }
+}
+
+#[test]
+fn asked_names_are_answered_once_approved_and_their_connections_asked_with_the_name() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let hosts = net.hosts(&format!("{ip} ask.test\n"));
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("ask-dns-{user:?}.jsonl"));
+        let mut args = allow(&["tcp://listed.test:1"]);
+        args.extend(["--net-ask", "--audit", log.to_str().unwrap()].map(str::to_owned));
+        let ops: Vec<String> = ["udp,ask.test", "connect,ask.test,8443", "tcp,other.test"]
+            .map(str::to_owned)
+            .into();
+        let mut questions = Vec::new();
+        let (lines, asked, code) = run_asked(
+            user,
+            &args,
+            Some(&hosts),
+            &ops,
+            &[Some("a"), Some("o"), Some("n")],
+            false,
+            |_, pid| questions.push(pid),
+        );
+        assert_eq!(code, Some(0), "{user:?}: {lines:?}");
+        assert_eq!(asked, 3, "{user:?}: {lines:?}");
+        assert!(questions.iter().all(|p| *p > 0), "{questions:?}");
+        expect(
+            &lines,
+            &[
+                (&ops[0], &format!("ok rcode 0 ['{ip}']")),
+                (&ops[1], "ok hello-8443"),
+                (&ops[2], "ok rcode 3 []"),
+            ],
+            user,
+        );
+        let events = audit_events(&log);
+        let asked: Vec<&serde_json::Value> =
+            events.iter().filter(|e| e["decision"] == "asked").collect();
+        assert_eq!(asked.len(), 3, "{events:#?}");
+        assert_eq!(
+            (&asked[0]["kind"], &asked[0]["name"]),
+            (&"dns".into(), &"ask.test".into())
+        );
+        // The connection is asked on its own, naming the name it was answered for.
+        assert_eq!(asked[1]["kind"], "connect", "{events:#?}");
+        assert_eq!(asked[1]["name"], "ask.test", "{events:#?}");
+        assert_eq!(asked[2]["protocol"], "tcp", "{events:#?}");
+        let denied = events.last().unwrap();
+        assert_eq!(denied["reason"], "denied by the terminal", "{events:#?}");
+    }
+    assert!(net.upstream_asked().is_empty());
+}
+
+#[test]
+fn a_caller_killed_while_asked_is_dropped() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("ask-kill-{user:?}.jsonl"));
+        let mut args = allow(&["tcp://198.18.0.250:1"]);
+        args.extend(["--net-ask", "--audit", log.to_str().unwrap()].map(str::to_owned));
+        let ops = vec![format!("connect,{ip},8443")];
+        let (_, asked, code) = run_asked(user, &args, None, &ops, &[None], true, |_, pid| {
+            sh(&["kill", "-9", &pid.to_string()]);
+        });
+        assert_eq!(asked, 1);
+        assert_eq!(code, Some(0), "{user:?}");
+        let got = reasons(&log);
+        assert_eq!(
+            got.last().map(|(d, r)| (d.as_str(), r.as_str())),
+            Some(("denied", "the caller went away while asked")),
+            "{user:?}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn net_ask_needs_an_allow_list_and_a_terminal() {
+    let out = lockbox(
+        User::Current,
+        Path::new("/"),
+        &["run", "--net-deny", "10.0.0.1:1", "--net-ask", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--net-ask"), "{}", text(&out));
+    // No controlling terminal: setsid detaches lockbox from any.
+    let out = Command::new("setsid")
+        .arg(binary())
+        .args([
+            "run",
+            "--net-allow",
+            "10.0.0.1:1",
+            "--net-ask",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("/dev/tty"), "{}", text(&out));
+}
+
+#[test]
+fn questions_beyond_the_pending_cap_are_denied_at_once_and_the_rest_time_out() {
+    let dir = scratch();
+    for user in users() {
+        let log = dir.path().join(format!("ask-cap-{user:?}.jsonl"));
+        let mut args = allow(&["tcp://198.18.0.250:1"]);
+        args.extend(
+            [
+                "--net-ask",
+                "--net-ask-timeout",
+                "2s",
+                "--audit",
+                log.to_str().unwrap(),
+            ]
+            .map(str::to_owned),
+        );
+        // 65 processes ask at once; nobody answers.
+        let ops = vec!["fan,65,198.18.0.77,443".to_owned()];
+        let (lines, _, code) = run_asked(user, &args, None, &ops, &[], false, |_, _| {});
+        assert_eq!(code, Some(0), "{user:?}: {lines:?}");
+        expect(&lines, &[(&ops[0], "ok {13: 65}")], user);
+        let got = reasons(&log);
+        let count = |d: &str, r: &str| got.iter().filter(|(gd, gr)| gd == d && gr == r).count();
+        assert_eq!(
+            count("asked", "not in the allow-list; asked"),
+            64,
+            "{got:?}"
+        );
+        assert_eq!(
+            count("denied", "not in the allow-list; 64 questions pending"),
+            1,
+            "{got:?}"
+        );
+        assert_eq!(count("denied", "no answer in 2 s"), 64, "{got:?}");
+        assert_eq!(got.len(), 129, "{got:?}");
+    }
+}
+
+#[test]
+fn an_approval_once_holds_for_the_address_asked_not_one_swapped_in_while_asked() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    for user in users() {
+        let args: Vec<String> = allow(&["tcp://198.18.0.250:1"])
+            .into_iter()
+            .chain(["--net-ask".to_owned()])
+            .collect();
+        // Asked about :8443; the address becomes :8080 in memory before the answer.
+        let ops = vec![format!("swap,{ip},8443,{ip},8080")];
+        let mut texts = Vec::new();
+        let (lines, asked, code) = run_asked(
+            user,
+            &args,
+            None,
+            &ops,
+            &[Some("o"), Some("n")],
+            false,
+            |i, _| {
+                texts.push(i);
+                if i == 0 {
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                }
+            },
+        );
+        assert_eq!(code, Some(0), "{user:?}: {lines:?}");
+        // Read again after the verdict, the call names another destination: asked again.
+        assert_eq!(asked, 2, "{user:?}: {lines:?}");
+        expect(&lines, &[(&ops[0], "ok 13")], user);
+    }
+}

@@ -225,6 +225,11 @@ codes! {
         /// No code context of this id in the sandbox (create it first; `default` is
         /// created on use).
         ContextNotFound = "CONTEXT_NOT_FOUND",
+        /// No approval question of this id pending in the sandbox (never asked, timed
+        /// out, or its caller is gone).
+        QuestionNotFound = "QUESTION_NOT_FOUND",
+        /// The approval question was decided already.
+        QuestionDecided = "QUESTION_DECIDED",
         InvalidRequest = "INVALID_REQUEST",
         LimitReached = "LIMIT_REACHED",
         SetupFailed = "SETUP_FAILED",

@@ -56,8 +56,9 @@ pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{
-    parse_sockaddr, AuditSink, Decision as NetDecision, EventKind as NetEventKind, NetEvent,
-    NetReport, Protocol as NetProtocol, MAX_COMMAND as AUDIT_MAX_COMMAND,
+    parse_sockaddr, Approvals, AuditSink, DecideError, Decision as NetDecision,
+    EventKind as NetEventKind, NetEvent, NetReport, Protocol as NetProtocol, Question,
+    Verdict as NetVerdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED, MAX_COMMAND as AUDIT_MAX_COMMAND,
 };
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};

@@ -324,7 +324,14 @@ pub struct Spawn<'a> {
     policy: &'a Policy,
     program: Program<'a>,
     stdio: Stdio,
+    net: NetHooks,
+}
+
+/// Who the network supervisor reports to ([`Spawn::audit`]) and asks ([`Spawn::ask`]).
+#[derive(Debug, Default)]
+struct NetHooks {
     audit: Option<netsup::AuditSink>,
+    ask: Option<netsup::Approvals>,
 }
 
 /// What a sandbox runs.
@@ -345,7 +352,7 @@ impl<'a> Spawn<'a> {
             policy,
             program: Program::Command(argv),
             stdio: Stdio::default(),
-            audit: None,
+            net: NetHooks::default(),
         }
     }
 
@@ -371,7 +378,7 @@ impl<'a> Spawn<'a> {
             policy,
             program: Program::Sequence(commands),
             stdio: Stdio::default(),
-            audit: None,
+            net: NetHooks::default(),
         }
     }
 
@@ -389,7 +396,7 @@ impl<'a> Spawn<'a> {
             policy,
             program: Program::Agent { exe, args },
             stdio: Stdio::default(),
-            audit: None,
+            net: NetHooks::default(),
         }
     }
 
@@ -401,11 +408,18 @@ impl<'a> Spawn<'a> {
 
     /// Sends an event per decision of the network supervisor (`--net-allow`/`--net-deny`
     /// only; see [`NetEvent`](crate::NetEvent)) to `sink`, which is never waited on.
-    pub fn audit(self, sink: netsup::AuditSink) -> Spawn<'a> {
-        Spawn {
-            audit: Some(sink),
-            ..self
-        }
+    pub fn audit(mut self, sink: netsup::AuditSink) -> Spawn<'a> {
+        self.net.audit = Some(sink);
+        self
+    }
+
+    /// Under an allow-list (`--net-allow`; ignored otherwise), asks `desk` about each
+    /// unlisted destination or name instead of refusing it (`--net-ask`): the call waits
+    /// for a [`Verdict`](crate::NetVerdict) or the desk's timeout. See
+    /// [`Approvals`](crate::Approvals).
+    pub fn ask(mut self, desk: netsup::Approvals) -> Spawn<'a> {
+        self.net.ask = Some(desk);
+        self
     }
 
     /// Starts the sandbox and its (first) command. Returns as soon as the sandbox init
@@ -414,7 +428,7 @@ impl<'a> Spawn<'a> {
         if let Program::Sequence(_) = self.program {
             return self.gated()?.release(Stdio::default());
         }
-        let (sandbox, started) = launch(self.policy, self.program, self.stdio, self.audit, false)?;
+        let (sandbox, started) = launch(self.policy, self.program, self.stdio, self.net, false)?;
         Ok(Running {
             run: Run::new(0, started, 0, 0),
             sandbox,
@@ -428,7 +442,7 @@ impl<'a> Spawn<'a> {
     /// N still writes the layer N+1 will read, and only pays the rest of the setup
     /// (mounting the view, Landlock, the exec) once stage N is done.
     pub fn gated(self) -> Result<Gated, SetupError> {
-        let (sandbox, _) = launch(self.policy, self.program, self.stdio, self.audit, true)?;
+        let (sandbox, _) = launch(self.policy, self.program, self.stdio, self.net, true)?;
         Ok(Gated {
             sandbox,
             step: 0,
@@ -523,7 +537,7 @@ fn launch(
     policy: &Policy,
     program: Program<'_>,
     mut stdio: Stdio,
-    audit: Option<netsup::AuditSink>,
+    net: NetHooks,
     gated: bool,
 ) -> Result<(Sandbox, Instant), SetupError> {
     let (argv, later, helper) = match program {
@@ -582,7 +596,7 @@ fn launch(
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
-    let (supervisor, net_child) = start_net_supervisor(&resolved, audit)?;
+    let (supervisor, net_child) = start_net_supervisor(&resolved, net)?;
     let cgroup_fds = limits
         .cgroups
         .as_ref()
@@ -766,7 +780,7 @@ fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
 /// with the child's end of the socket the command announces its filter on.
 fn start_net_supervisor(
     resolved: &resolve::Resolved,
-    audit: Option<netsup::AuditSink>,
+    net: NetHooks,
 ) -> Result<(Option<Supervisor>, Option<OwnedFd>), SetupError> {
     let Some((kind, rules)) = resolved.net_rules.clone() else {
         return Ok((None, None));
@@ -782,7 +796,7 @@ fn start_net_supervisor(
         names: resolved.net_names.clone(),
         hosts_file: resolved.net_hosts_file.clone(),
     };
-    let supervisor = netsup::start(rules, audit, host_cookie, ours)?;
+    let supervisor = netsup::start(rules, net.audit, net.ask, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
 }
 

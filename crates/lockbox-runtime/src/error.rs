@@ -163,6 +163,19 @@ pub enum RuntimeError {
         /// The port.
         port: u16,
     },
+    /// No approval question with this id pending in the sandbox (never asked, timed out,
+    /// or its caller is gone).
+    #[error("no approval question {id} pending in this sandbox")]
+    QuestionNotFound {
+        /// The question's id.
+        id: u64,
+    },
+    /// The approval question was decided already.
+    #[error("approval question {id} was decided already")]
+    QuestionDecided {
+        /// The question's id.
+        id: u64,
+    },
     /// No code context with this id in the sandbox.
     #[error("no code context {id:?} in this sandbox")]
     ContextNotFound {
@@ -233,6 +246,8 @@ impl RuntimeError {
             RuntimeError::PortNotExposed { .. } => ErrorCode::PortNotExposed,
             RuntimeError::PortNotListening { .. } => ErrorCode::PortNotListening,
             RuntimeError::ContextNotFound { .. } => ErrorCode::ContextNotFound,
+            RuntimeError::QuestionNotFound { .. } => ErrorCode::QuestionNotFound,
+            RuntimeError::QuestionDecided { .. } => ErrorCode::QuestionDecided,
             RuntimeError::ContextExists { .. } => ErrorCode::AlreadyExists,
             RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
@@ -251,6 +266,9 @@ impl RuntimeError {
             | RuntimeError::ContextExists { id }
             | RuntimeError::SandboxBusy { id } => json!({ "id": id }),
             RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
+            RuntimeError::QuestionNotFound { id } | RuntimeError::QuestionDecided { id } => {
+                json!({ "id": id })
+            }
             RuntimeError::SessionTerminated { id, reason } => {
                 json!({ "id": id, "reason": reason })
             }

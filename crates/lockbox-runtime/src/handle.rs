@@ -443,6 +443,43 @@ impl Sandbox {
         self.inner.audit.follow()
     }
 
+    /// The approval questions (`net_ask`) waiting for a verdict, oldest first, with an id
+    /// above `after`; with a `wait`, waits up to that long for one (a long poll). Empty for
+    /// a sandbox without `net_ask`.
+    pub async fn approvals(
+        &self,
+        after: u64,
+        wait: Duration,
+    ) -> Result<Vec<crate::Question>, RuntimeError> {
+        let Some(desk) = self.live()?.approvals.clone() else {
+            return Ok(Vec::new());
+        };
+        if !wait.is_zero() {
+            let waiting = desk.clone();
+            tokio::task::spawn_blocking(move || waiting.next(after, wait))
+                .await
+                .map_err(RuntimeError::internal)?;
+        }
+        Ok(desk
+            .pending()
+            .into_iter()
+            .filter(|q| q.id > after)
+            .collect())
+    }
+
+    /// Answers approval question `id`; `by` is logged with a denial (`denied by BY`).
+    /// `QUESTION_NOT_FOUND` if it is not pending (never asked, timed out, its caller gone),
+    /// `QUESTION_DECIDED` if it was answered already.
+    pub fn decide(&self, id: u64, verdict: crate::Verdict, by: &str) -> Result<(), RuntimeError> {
+        let Some(desk) = self.live()?.approvals.clone() else {
+            return Err(RuntimeError::QuestionNotFound { id });
+        };
+        desk.decide(id, verdict, by).map_err(|e| match e {
+            lockbox_confine::DecideError::Decided { id } => RuntimeError::QuestionDecided { id },
+            _ => RuntimeError::QuestionNotFound { id },
+        })
+    }
+
     /// Creates a directory.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat, RuntimeError> {
         files::mkdir(&self.live()?.agent, path, parents).await

@@ -79,7 +79,10 @@ pub use crate::util::rfc3339;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 /// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.
-pub use lockbox_confine::{NetDecision, NetEvent, NetEventKind, NetProtocol};
+pub use lockbox_confine::{
+    NetDecision, NetEvent, NetEventKind, NetProtocol, NetVerdict as Verdict, Question,
+    DEFAULT_ASK_TIMEOUT,
+};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};
 /// What [`Runtime::commit_together`] takes and reports.

@@ -86,6 +86,7 @@ impl Pool {
     pub fn serves(&self, spec: &SandboxSpec) -> bool {
         spec.workdir.is_none()
             && spec.from_snapshot.is_none()
+            && spec.net_ask.is_none()
             && spec.policy == self.template.policy
     }
 

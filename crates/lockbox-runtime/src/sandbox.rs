@@ -43,6 +43,8 @@ pub(crate) struct Instance {
     /// A shell started ahead for the default session (a pooled instance's): the first
     /// command then pays no shell start. Not a session until used, so not listed.
     pub spare_default: Mutex<Option<Arc<Session>>>,
+    /// Its network supervisor's approvals desk (`net_ask`), if any.
+    pub approvals: Option<lockbox_confine::Approvals>,
 }
 
 impl Instance {
@@ -272,7 +274,19 @@ pub(crate) async fn start_instance(
     } else {
         None
     };
-    let started = spawn_agent(&policy, agent_exe, sink).await;
+    let approvals = match (spec.net_ask, &policy.net) {
+        (Some(timeout), lockbox_policy::Net::Allow(_)) => {
+            Some(lockbox_confine::Approvals::new(timeout).map_err(RuntimeError::internal)?)
+        }
+        (Some(_), _) => {
+            return Err(RuntimeError::invalid(
+                "net_ask",
+                "net_ask asks about destinations off the allow-list: it needs net allow",
+            ))
+        }
+        (None, _) => None,
+    };
+    let started = spawn_agent(&policy, agent_exe, sink, approvals.clone()).await;
     let (running, agent) = match started {
         Ok(x) => x,
         Err(e) => {
@@ -292,6 +306,7 @@ pub(crate) async fn start_instance(
         contexts: tokio::sync::Mutex::new(BTreeMap::new()),
         base: origin.base.cloned(),
         spare_default: Mutex::new(None),
+        approvals,
     })
 }
 
@@ -335,6 +350,7 @@ async fn spawn_agent(
     policy: &lockbox_policy::Policy,
     agent_exe: &Path,
     audit: Option<lockbox_confine::AuditSink>,
+    ask: Option<lockbox_confine::Approvals>,
 ) -> Result<(lockbox_confine::Running, AgentClient), RuntimeError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = socketpair(
@@ -363,6 +379,9 @@ async fn spawn_agent(
         );
         if let Some(sink) = audit {
             spawn = spawn.audit(sink);
+        }
+        if let Some(desk) = ask {
+            spawn = spawn.ask(desk);
         }
         let r = spawn.start();
         drop(theirs);

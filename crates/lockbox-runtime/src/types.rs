@@ -136,6 +136,16 @@ pub struct SandboxSpec {
     /// the snapshot's) and must otherwise be the snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<lockbox_cow::SnapshotId>,
+    /// Approvals (`net_ask`, an allow-list only): an unlisted destination is asked, not
+    /// refused, and each question waits this long for a verdict
+    /// ([`crate::Sandbox::decide`]).
+    #[serde(
+        default,
+        rename = "net_ask_timeout_ms",
+        with = "opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub net_ask: Option<Duration>,
 }
 
 /// A sandbox's id (`sb-` and 12 hex digits when the runtime makes it). In JSON, a string.

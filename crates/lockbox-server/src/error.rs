@@ -69,13 +69,15 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::NoJournal
         | C::StepNotFound
         | C::PortNotExposed
-        | C::ContextNotFound => StatusCode::NOT_FOUND,
+        | C::ContextNotFound
+        | C::QuestionNotFound => StatusCode::NOT_FOUND,
         // The sandboxed server is the upstream of the port proxy.
         C::PortNotListening => StatusCode::BAD_GATEWAY,
         C::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         C::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         // The request is fine but the state forbids it now.
         C::SandboxNotRunning
+        | C::QuestionDecided
         | C::SessionTerminated
         | C::ProcessNotRunning
         | C::AlreadyExists

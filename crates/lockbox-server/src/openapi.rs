@@ -503,6 +503,19 @@ fn build() -> Value {
                         "text/event-stream": { "schema": sse_event(&["audit"]) },
                         "application/json": { "schema": schema("AuditLog") } } }))])
         },
+        "/v1/sandboxes/{id}/approvals": {
+            "get": op("The approval questions of a net_ask sandbox waiting for a verdict, oldest first (docs/security.md, Approvals). Each new question is also an `asked` event of the audit stream. With wait_ms, a long poll: waits up to that long for a question with an id above `after`",
+                vec![id(),
+                    query("after", false, "only questions with a greater id (default 0)", json!({ "type": "integer", "minimum": 0 })),
+                    query("wait_ms", false, "wait up to this long for one (default 0, at most 60000)", json!({ "type": "integer", "minimum": 0, "maximum": 60000 }))],
+                None, &[("200", reply("the pending questions", "Approvals"))])
+        },
+        "/v1/sandboxes/{id}/approvals/{qid}": {
+            "post": op("Answer an approval question: once (this call), sandbox (this destination or name from now on) or deny. 404 QUESTION_NOT_FOUND if it is not pending (never asked, timed out, its caller gone), 409 QUESTION_DECIDED if answered already, 400 naming the field for a bad body",
+                vec![id(), json!({ "name": "qid", "in": "path", "required": true,
+                    "description": "the question's id", "schema": { "type": "integer", "minimum": 1 } })],
+                required_json("Decision"), &[("200", reply("the verdict taken", "Decision"))])
+        },
         "/v1/sandboxes/{id}/fs/stat": {
             "get": op("Stat a path (symlinks not followed)", vec![id(), fpath("the path")], None,
                 &[("200", reply("the entry", "FileStat"))])
@@ -734,6 +747,7 @@ fn add_links(paths: &mut Value) {
                 // exercise every operation would wait on it forever. So does an audit.
                 && !path.ends_with("/watch")
                 && !path.ends_with("/audit")
+                && !path.contains("{qid}")
                 && !path.contains("{cid}")
             {
                 sandbox_links.insert(
@@ -768,6 +782,26 @@ fn one_of_fields(name: &str) -> Value {
 /// (`lockbox_confine::NetEvent`) and the kept ones.
 fn audit_schemas() -> Value {
     json!({
+        "Approvals": { "type": "object", "required": ["approvals"],
+            "properties": { "approvals": { "type": "array", "items": schema("Question") } } },
+        "Question": { "type": "object",
+            "required": ["id", "ts", "kind", "protocol", "pid", "command", "timeout_ms"],
+            "description": "may this process reach this destination? (docs/security.md, Approvals)",
+            "properties": {
+                "id": { "type": "integer", "minimum": 1 },
+                "ts": { "type": "string", "format": "date-time" },
+                "kind": { "type": "string", "enum": ["connect", "send", "dns"] },
+                "name": { "type": "string", "description": "the name asked (dns), or the one an approved answer gave the address for" },
+                "address": { "type": "string" },
+                "port": { "type": "integer", "minimum": 0, "maximum": 65535 },
+                "protocol": { "type": "string", "enum": ["tcp", "udp"] },
+                "pid": { "type": "integer", "minimum": 0 },
+                "command": { "type": "string" },
+                "timeout_ms": { "type": "integer", "minimum": 0 } } },
+        "Decision": { "type": "object", "required": ["decision"],
+            "properties": {
+                "id": { "type": "integer", "minimum": 1, "description": "in the reply" },
+                "decision": { "type": "string", "enum": ["once", "sandbox", "deny"] } } },
         "AuditLog": { "type": "object", "required": ["events"],
             "properties": { "events": { "type": "array", "items": schema("NetEvent") } } },
         "NetEvent": net_event()
@@ -783,7 +817,7 @@ fn net_event() -> Value {
                 "ts": { "type": "string", "format": "date-time" },
                 "sandbox": string,
                 "kind": { "type": "string", "enum": ["connect", "send", "dns", "dropped"] },
-                "decision": { "type": "string", "enum": ["allowed", "denied"] },
+                "decision": { "type": "string", "enum": ["allowed", "denied", "asked"] },
                 "reason": string,
                 "protocol": { "type": "string", "enum": ["tcp", "udp"] },
                 "address": string,
@@ -794,7 +828,9 @@ fn net_event() -> Value {
                 "refused": { "type": "array", "items": { "type": "string" } },
                 "pid": count,
                 "command": string,
-                "count": count
+                "count": count,
+                "question": { "type": "integer", "minimum": 1,
+                    "description": "the approval question this event poses (asked) or settles" }
             } })
 }
 
@@ -855,6 +891,8 @@ fn schemas() -> Value {
             "env": string_map, "clean_env": boolean, "cwd": string, "hostname": string,
             "workdir": name, "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"] },
             "idle_timeout_ms": ms, "labels": string_map,
+            "net_ask": { "type": "boolean", "description": "with net allow: ask (GET approvals) instead of refusing an unlisted destination" },
+            "net_ask_timeout_ms": { "type": "integer", "minimum": 1, "maximum": MAX_MS, "description": "how long a question waits for its verdict (default 30000)" },
             "from_snapshot": { "type": "string", "description": "start from this snapshot's files (a fork); workdir is then the snapshot's" }
         }), &[]),
         "Sandbox": {

@@ -61,6 +61,12 @@ pub struct CreateSandbox {
     pub labels: BTreeMap<String, String>,
     /// Start from this snapshot's files (a fork of it); `workdir` is then the snapshot's.
     pub from_snapshot: Option<String>,
+    /// Approvals: with `net.allow`, an unlisted destination is asked (`GET approvals`), not
+    /// refused.
+    pub net_ask: bool,
+    /// How long a question waits for its verdict before the call is denied (default
+    /// 30,000); needs `net_ask`.
+    pub net_ask_timeout_ms: Option<u64>,
 }
 
 impl CreateSandbox {
@@ -91,6 +97,31 @@ impl CreateSandbox {
         check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
         check_ms("kill_grace_ms", self.kill_grace_ms, MAX_GRACE_MS)?;
         check_ms("idle_timeout_ms", self.idle_timeout_ms, MAX_MS)?;
+        check_ms("net_ask_timeout_ms", self.net_ask_timeout_ms, MAX_MS)?;
+        let net_ask = match (self.net_ask, self.net_ask_timeout_ms) {
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "net_ask_timeout_ms",
+                    "net_ask_timeout_ms: needs net_ask: true",
+                ))
+            }
+            (true, _) if !matches!(policy.net, Net::Allow(_)) => {
+                return Err(ApiError::invalid(
+                    "net_ask",
+                    "net_ask: asks about destinations off the allow-list, so it needs net {\"allow\": [...]}",
+                ))
+            }
+            (true, Some(0)) => {
+                return Err(ApiError::invalid(
+                    "net_ask_timeout_ms",
+                    "net_ask_timeout_ms: must be greater than zero",
+                ))
+            }
+            (true, ms) => Some(
+                ms.map_or(lockbox_runtime::DEFAULT_ASK_TIMEOUT, Duration::from_millis),
+            ),
+        };
         policy.validate().map_err(policy_error)?;
         if let Some(workdir) = &self.workdir {
             if !workdir.is_absolute() {
@@ -120,6 +151,7 @@ impl CreateSandbox {
                     })
                 })
                 .transpose()?,
+            net_ask,
         })
     }
 }
@@ -530,6 +562,26 @@ pub struct AuditQuery {
     /// Stream (SSE) the kept events, then live ones (default); false: the kept ones as JSON.
     #[serde(default = "yes")]
     pub follow: bool,
+}
+
+/// `GET approvals`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsQuery {
+    /// Only questions with a greater id (default 0: all pending).
+    #[serde(default)]
+    pub after: u64,
+    /// Wait up to this long for such a question (a long poll; default 0, at most 60,000).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// `POST approvals/{qid}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decide {
+    /// `once`, `sandbox` or `deny`.
+    pub decision: String,
 }
 
 /// `GET watch`.

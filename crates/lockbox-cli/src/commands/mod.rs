@@ -2,6 +2,7 @@
 //! `main` turns into the exit status.
 
 use crate::output::eoutln;
+pub mod ask;
 pub mod audit;
 pub mod branch;
 pub mod branch_part;

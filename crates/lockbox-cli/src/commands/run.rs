@@ -39,6 +39,18 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         }
         Some(path) => Some(super::audit::AuditLog::open(path)?),
     };
+    let ask = match args.net_ask {
+        false => None,
+        true if !matches!(policy.net, Net::Allow(_)) => {
+            return Err(CliError::usage(
+                "--net-ask asks about destinations off the allow-list: it needs --net-allow",
+            ))
+        }
+        true => Some(super::ask::Prompt::open(
+            args.net_ask_timeout
+                .unwrap_or(lockbox_confine::DEFAULT_ASK_TIMEOUT),
+        )?),
+    };
     let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
     let signals = match Signals::block(&FORWARDED) {
@@ -55,6 +67,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     let mut spawn = lockbox_confine::Spawn::command(&policy, &args.command);
     if let Some(sink) = sink {
         spawn = spawn.audit(sink);
+    }
+    if let Some((prompt, desk)) = ask {
+        prompt.start()?;
+        spawn = spawn.ask(desk);
     }
     let result = spawn.start().and_then(|mut running| {
         started_in = Some(running.cwd().to_owned());

@@ -6,6 +6,9 @@
   connect,HOST,PORT   TCP connect (HOST a name or an address), the server's first line
   udp,NAME / tcp,NAME an A query sent straight to the nameserver of /etc/resolv.conf:
                       `rcode N [addresses]`
+  fan,N,HOST,PORT     N processes connect at once: `{errno: count}` (0: connected)
+  swap,A,PA,B,PB      a child connects to A:PA with the address in shared memory, which is
+                      rewritten to B:PB while the connect waits: its exit status (errno)
 """
 import socket
 import struct
@@ -67,6 +70,58 @@ def query(name, tcp):
     return f"rcode {rcode} {sorted(addrs)}"
 
 
+def fan(n, host, port):
+    """`n` processes connect to host:port at once; {errno (0: connected): how many}."""
+    import os
+    rd, wr = os.pipe()
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                socket.create_connection((host, port), timeout=30).close()
+            except OSError as e:
+                code = e.errno or 1
+            os.write(wr, f"{code}\n".encode())
+            os._exit(0)
+        pids.append(pid)
+    os.close(wr)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    counts = {}
+    for line in os.fdopen(rd).read().split():
+        counts[int(line)] = counts.get(int(line), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def swap(ip_a, port_a, ip_b, port_b):
+    """A child connects with its address in memory shared with this process, which
+    rewrites it to ip_b:port_b a second later (while the connect is asked about ip_a):
+    the child's exit status, 0 if it connected."""
+    import ctypes
+    import mmap
+    import os
+    import time
+
+    def sockaddr(ip, port):
+        return struct.pack("=H", socket.AF_INET) + struct.pack(">H", port) + socket.inet_aton(ip) + bytes(8)
+
+    shared = mmap.mmap(-1, 16, mmap.MAP_SHARED)
+    shared[:] = sockaddr(ip_a, port_a)
+    pid = os.fork()
+    if pid == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        s = socket.socket()
+        where = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+        rc = libc.connect(s.fileno(), ctypes.c_void_p(where), 16)
+        os._exit(0 if rc == 0 else ctypes.get_errno())
+    time.sleep(1)
+    shared[:] = sockaddr(ip_b, port_b)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
 for cmd in sys.argv[1:]:
     op, *a = cmd.split(",")
     try:
@@ -80,6 +135,10 @@ for cmd in sys.argv[1:]:
             r = s.recv(64).decode().strip()
         elif op in ("udp", "tcp"):
             r = query(a[0], op == "tcp")
+        elif op == "fan":
+            r = fan(int(a[0]), a[1], int(a[2]))
+        elif op == "swap":
+            r = swap(a[0], int(a[1]), a[2], int(a[3]))
         else:
             raise SystemExit(f"unknown op {op}")
         print(cmd, "ok", r, flush=True)

@@ -42,6 +42,15 @@ impl Served {
         Served::spawn(command_as(user), "127.0.0.1:0", state, extra)
     }
 
+    /// As [`Served::start`], with environment variables set.
+    pub fn start_with_env(user: User, state: &Path, env: &[(&str, &Path)]) -> Served {
+        let mut command = command_as(user);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        Served::spawn(command, "127.0.0.1:0", state, &[])
+    }
+
     /// As [`Served::start`], on `--listen listen`.
     pub fn start_listening(user: User, listen: &str, state: &Path) -> Served {
         Served::spawn(command_as(user), listen, state, &[])

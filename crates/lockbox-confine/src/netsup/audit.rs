@@ -52,6 +52,9 @@ pub enum Decision {
     Allowed,
     /// Refused (`EACCES`) / answered `NXDOMAIN`, `SERVFAIL` or without the refused addresses.
     Denied,
+    /// Not listed, so asked (`--net-ask`): the call waits for question `question`'s verdict,
+    /// logged by a later `allowed`/`denied` event with the same `question`.
+    Asked,
 }
 
 /// The transport of the call or query.
@@ -112,6 +115,9 @@ pub struct NetEvent {
     /// Events dropped (`dropped` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// The approval question this event poses or settles (`--net-ask` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<u64>,
 }
 
 impl NetEvent {
@@ -140,6 +146,7 @@ impl NetEvent {
             pid: None,
             command: None,
             count: None,
+            question: None,
         }
     }
 }

@@ -29,6 +29,8 @@ pub(super) enum Action {
     Perform,
     /// Connect or send through a new host socket installed in place of the descriptor.
     Replace,
+    /// Not listed, and approvals are on: ask (see [`super::ask`]).
+    Ask,
 }
 
 pub(super) fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Sock, i32> {
@@ -158,6 +160,20 @@ pub(super) fn decide(
             routed = Route::Host;
         }
     }
+    let mut approved = false;
+    if routed == Route::Denied && kind == ListKind::Allow {
+        if let Some(ask) = &shared.ask {
+            let protocol = match proto {
+                Proto::Udp => super::audit::Protocol::Udp,
+                Proto::Tcp => super::audit::Protocol::Tcp,
+            };
+            if !ask.dest_approved(protocol, dest) {
+                return quiet(Action::Ask, Some(dest));
+            }
+            approved = true;
+            routed = Route::Host;
+        }
+    }
     let matching = || {
         shared
             .rules
@@ -182,6 +198,7 @@ pub(super) fn decide(
         (Route::Host, false) => Action::Replace,
     };
     let (reason, name) = match (learned_from, kind) {
+        _ if approved => ("approved for the sandbox".to_owned(), None),
         (Some((spec, name)), _) => (format!("name {spec} answered"), Some(name)),
         (None, ListKind::Allow) => (format!("address rule {}", matching()), None),
         (None, ListKind::Deny) => ("not in the deny-list".to_owned(), None),
@@ -207,6 +224,17 @@ pub(super) fn record_denied(shared: &Shared, call: &Call, sock: &Sock, dest: Opt
         let dest = dest.map_or("(no address)".to_owned(), |d| d.to_string());
         r.denied_first
             .push(format!("{} {proto} {dest}", call.name()));
+    }
+}
+
+/// A refused call, already described (`connect tcp 198.18.0.1:80`).
+pub(super) fn record_denied_line(shared: &Shared, line: String) {
+    let Ok(mut r) = shared.report.lock() else {
+        return;
+    };
+    r.denied += 1;
+    if r.denied_first.len() < DENIED_LISTED {
+        r.denied_first.push(line);
     }
 }
 
@@ -302,6 +330,7 @@ mod tests {
             learned: Default::default(),
             audit: None,
             dns_askers: Default::default(),
+            ask: None,
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {

@@ -18,6 +18,7 @@
 //! hand and closed after [`TCP_IDLE`] without a complete query. [`MAX_LEARNED`] rules at most
 //! (the oldest go first).
 
+use super::ask::{self, Asking, Question, Verdict as AskVerdict};
 use super::audit::{Asker, AuditSink, Decision, EventKind, NetEvent, Protocol};
 use super::Shared;
 use lockbox_policy::{canonical, normalize_name, NetRule, NetSpec};
@@ -117,6 +118,18 @@ struct Pending {
     reply: Reply,
     /// Who asked (kept only with an audit sink).
     asker: Option<Who>,
+    /// Not listed but approved: the reason logged (`approved once`...).
+    approved: Option<String>,
+}
+
+/// A query for an unlisted name waiting for its question's verdict (`--net-ask`).
+struct AskedQuery {
+    question: Question,
+    deadline: Instant,
+    name: String,
+    query: Vec<u8>,
+    reply: Reply,
+    asker: Option<Who>,
 }
 
 /// Who sent a query, for the audit log.
@@ -143,6 +156,7 @@ pub(super) struct Dns {
     tcp: TcpListener,
     conns: Vec<Conn>,
     pending: Vec<Pending>,
+    asking: Vec<AskedQuery>,
     next_token: u64,
     to_resolver: SyncSender<(u64, String)>,
     from_resolver: Receiver<(u64, Result<Vec<IpAddr>, ()>)>,
@@ -185,6 +199,7 @@ impl Dns {
             tcp,
             conns: Vec::new(),
             pending: Vec::new(),
+            asking: Vec::new(),
             next_token: 0,
             to_resolver,
             from_resolver,
@@ -214,18 +229,20 @@ impl Dns {
         }
     }
 
-    /// When the loop must wake for an idle TCP client.
+    /// When the loop must wake for an idle TCP client or an unanswered question.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
         self.conns
             .iter()
             .filter(|c| !c.busy)
             .map(|c| c.since + TCP_IDLE)
+            .chain(self.asking.iter().map(|a| a.deadline))
             .min()
     }
 
     /// Acts on what [`Dns::pollfds`]'s entries (`fds`, in the same order) report.
     pub(super) fn ready(&mut self, shared: &Shared, fds: &[libc::pollfd]) {
         let now = Instant::now();
+        self.expire_asked(shared, now);
         let revents = |i: usize| fds.get(i).map_or(0, |f| f.revents);
         if revents(2) != 0 {
             let mut sink = [0u8; 64];
@@ -323,8 +340,12 @@ impl Dns {
 
     /// Answers a query at once, or hands it to the resolver thread.
     fn query(&mut self, shared: &Shared, query: Vec<u8>, reply: Reply) {
-        let asker = shared.audit.as_ref().map(|_| self.asker(shared, reply));
-        match classify(shared, &query) {
+        let asker =
+            (shared.audit.is_some() || shared.ask.is_some()).then(|| self.asker(shared, reply));
+        let verdict = classify(shared, &query);
+        let approved =
+            matches!(verdict, Verdict::Approved(_)).then(|| "approved for the sandbox".to_owned());
+        match verdict {
             Verdict::Answer(answer) => {
                 if let Some(asker) = &asker {
                     audit_refusal(shared, &query, &answer, asker);
@@ -332,26 +353,172 @@ impl Dns {
                 self.send(reply, answer);
             }
             Verdict::Drop => self.send_nothing(reply),
-            Verdict::Resolve(name) => {
-                self.next_token += 1;
-                let token = self.next_token;
-                let queued = self.pending.len() < MAX_PENDING
-                    && self.to_resolver.try_send((token, name)).is_ok();
-                if queued {
-                    self.pending.push(Pending {
-                        token,
-                        query,
-                        reply,
-                        asker,
-                    });
-                } else if let Some(answer) = refusal(&query, RCODE::ServerFailure) {
-                    if let Some(asker) = &asker {
-                        audit_refusal(shared, &query, &answer, asker);
-                    }
-                    self.send(reply, answer);
-                }
+            Verdict::Ask(name) => self.ask(shared, name, query, reply, asker),
+            Verdict::Resolve(name) | Verdict::Approved(name) => {
+                self.resolve(shared, name, query, reply, asker, approved);
             }
         }
+    }
+
+    /// Hands a query to the resolver thread, or answers `SERVFAIL` when it is busy.
+    fn resolve(
+        &mut self,
+        shared: &Shared,
+        name: String,
+        query: Vec<u8>,
+        reply: Reply,
+        asker: Option<Who>,
+        approved: Option<String>,
+    ) {
+        self.next_token += 1;
+        let token = self.next_token;
+        let queued =
+            self.pending.len() < MAX_PENDING && self.to_resolver.try_send((token, name)).is_ok();
+        if queued {
+            self.pending.push(Pending {
+                token,
+                query,
+                reply,
+                asker,
+                approved,
+            });
+        } else if let Some(answer) = refusal(&query, RCODE::ServerFailure) {
+            if let Some(asker) = &asker {
+                audit_refusal(shared, &query, &answer, asker);
+            }
+            self.send(reply, answer);
+        }
+    }
+
+    /// Poses the question for an unlisted name and holds the query; `NXDOMAIN` when
+    /// [`ask::MAX_ASKED`] questions are pending already.
+    fn ask(
+        &mut self,
+        shared: &Shared,
+        name: String,
+        query: Vec<u8>,
+        reply: Reply,
+        asker: Option<Who>,
+    ) {
+        let Some(desk) = &shared.ask else {
+            return;
+        };
+        let who = asker.clone().unwrap_or(Who {
+            asker: Asker::default(),
+            protocol: Protocol::Udp,
+        });
+        let asking = Asking {
+            kind: EventKind::Dns,
+            name: Some(name.clone()),
+            dest: None,
+            protocol: who.protocol,
+            pid: who.asker.pid,
+            command: who.asker.command.clone(),
+        };
+        let Some((question, deadline)) = desk.pose(asking) else {
+            let reason = format!(
+                "nxdomain: name not listed; {} questions pending",
+                ask::MAX_ASKED
+            );
+            self.refuse_asked(shared, &query, reply, asker.as_ref(), None, reason);
+            super::decide::record_denied_name(shared, &name);
+            return;
+        };
+        if let Some(audit) = &shared.audit {
+            let reason = "name not listed; asked".to_owned();
+            let mut e = ask::event(audit, &question, Decision::Asked, reason);
+            if let Ok(packet) = Packet::parse(&query) {
+                e.qtype = packet.questions.first().map(|q| qtype_name(q.qtype));
+            }
+            audit.emit(e);
+        }
+        self.asking.push(AskedQuery {
+            question,
+            deadline,
+            name,
+            query,
+            reply,
+            asker,
+        });
+    }
+
+    /// Acts on the verdict of question `id`, if it is a query's.
+    pub(super) fn answered(&mut self, shared: &Shared, id: u64, verdict: AskVerdict, by: &str) {
+        let Some(at) = self.asking.iter().position(|a| a.question.id == id) else {
+            return;
+        };
+        let a = self.asking.swap_remove(at);
+        match verdict {
+            AskVerdict::Deny => {
+                super::decide::record_denied_name(shared, &a.name);
+                let reason = ask::reason(verdict, by);
+                self.refuse_asked(
+                    shared,
+                    &a.query,
+                    a.reply,
+                    a.asker.as_ref(),
+                    Some(&a.question),
+                    reason,
+                );
+            }
+            AskVerdict::Once | AskVerdict::Sandbox => {
+                let reason = Some(ask::reason(verdict, by));
+                self.resolve(shared, a.name, a.query, a.reply, a.asker, reason);
+            }
+        }
+    }
+
+    /// Answers `NXDOMAIN` to the queries whose question's time is up.
+    fn expire_asked(&mut self, shared: &Shared, now: Instant) {
+        if !self.asking.iter().any(|a| a.deadline <= now) {
+            return;
+        }
+        let Some(desk) = shared.ask.clone() else {
+            return;
+        };
+        for a in std::mem::take(&mut self.asking) {
+            if a.deadline > now {
+                self.asking.push(a);
+                continue;
+            }
+            desk.withdraw(a.question.id);
+            super::decide::record_denied_name(shared, &a.name);
+            let reason = format!("nxdomain: {}", ask::timeout_reason(desk.timeout()));
+            self.refuse_asked(
+                shared,
+                &a.query,
+                a.reply,
+                a.asker.as_ref(),
+                Some(&a.question),
+                reason,
+            );
+        }
+    }
+
+    /// Answers an asked (or unaskable) query `NXDOMAIN` and logs why.
+    fn refuse_asked(
+        &mut self,
+        shared: &Shared,
+        query: &[u8],
+        reply: Reply,
+        asker: Option<&Who>,
+        question: Option<&Question>,
+        reason: String,
+    ) {
+        let Some(answer) = refusal(query, RCODE::NameError) else {
+            self.send_nothing(reply);
+            return;
+        };
+        if let (Some(audit), Some(who)) = (&shared.audit, asker) {
+            let mut e = match Packet::parse(query) {
+                Ok(packet) => dns_event(audit, Decision::Denied, reason, &packet, who),
+                Err(_) => audit.event(EventKind::Dns, Decision::Denied, reason),
+            };
+            e.answers = Some(Vec::new());
+            e.question = question.map(|q| q.id);
+            audit.emit(e);
+        }
+        self.send(reply, answer);
     }
 
     /// The process that sent a query from `reply`'s address (see [`super::audit`]).
@@ -375,7 +542,13 @@ impl Dns {
             return;
         };
         let p = self.pending.swap_remove(at);
-        match answer(shared, &p.query, addrs, p.asker.as_ref()) {
+        match answer(
+            shared,
+            &p.query,
+            addrs,
+            p.asker.as_ref(),
+            p.approved.as_deref(),
+        ) {
             Some(a) => self.send(p.reply, a),
             None => self.send_nothing(p.reply),
         }
@@ -438,6 +611,10 @@ enum Verdict {
     Drop,
     /// A listed name: resolve it (normalised) on the host.
     Resolve(String),
+    /// An unlisted name approved for the sandbox (`--net-ask`): resolve it.
+    Approved(String),
+    /// An unlisted name, and approvals are on: ask.
+    Ask(String),
 }
 
 fn classify(shared: &Shared, query: &[u8]) -> Verdict {
@@ -456,12 +633,22 @@ fn classify(shared: &Shared, query: &[u8]) -> Verdict {
     };
     let asked = question.qname.to_string();
     let listed = shared.rules.names.iter().any(|s| s.matches_name(&asked));
-    let name = normalize_name(&asked).filter(|_| listed);
-    let Some(name) = name else {
-        super::decide::record_denied_name(shared, &asked);
-        return refuse(RCODE::NameError);
+    let address_query = matches!(
+        question.qtype,
+        QTYPE::TYPE(TYPE::A) | QTYPE::TYPE(TYPE::AAAA)
+    );
+    let (name, approved) = match (normalize_name(&asked), &shared.ask) {
+        (Some(name), _) if listed => (name, false),
+        (Some(name), Some(desk)) if desk.name_approved(&name) => (name, true),
+        // Asked for addresses only: other record types name nothing to connect to.
+        (Some(name), Some(_)) if address_query => return Verdict::Ask(name),
+        _ => {
+            super::decide::record_denied_name(shared, &asked);
+            return refuse(RCODE::NameError);
+        }
     };
     match question.qtype {
+        QTYPE::TYPE(TYPE::A) | QTYPE::TYPE(TYPE::AAAA) if approved => Verdict::Approved(name),
         QTYPE::TYPE(TYPE::A) | QTYPE::TYPE(TYPE::AAAA) => Verdict::Resolve(name),
         // Other record types of a listed name: none (they would need the host's DNS
         // itself, and name nothing a connection could use).
@@ -520,6 +707,7 @@ fn answer(
     query: &[u8],
     addrs: Result<Vec<IpAddr>, ()>,
     asker: Option<&Who>,
+    approved: Option<&str>,
 ) -> Option<Vec<u8>> {
     let packet = Packet::parse(query).ok()?;
     let question = packet.questions.first()?;
@@ -556,7 +744,10 @@ fn answer(
     if let (Some(audit), Some(asker)) = (&shared.audit, asker) {
         let spec = specs.first().map_or_else(String::new, ToString::to_string);
         let (decision, reason) = match refused.first() {
-            None => (Decision::Allowed, format!("name {spec} listed")),
+            None => match approved {
+                Some(reason) => (Decision::Allowed, reason.to_owned()),
+                None => (Decision::Allowed, format!("name {spec} listed")),
+            },
             Some(ip) => (
                 if answered.is_empty() {
                     Decision::Denied
@@ -570,6 +761,11 @@ fn answer(
         e.answers = Some(answered.clone());
         e.refused = (!refused.is_empty()).then_some(refused);
         audit.emit(e);
+    }
+    if let (Some(desk), Some(_)) = (&shared.ask, approved) {
+        if let Some(name) = normalize_name(&asked) {
+            desk.answered(&name, &answered);
+        }
     }
     if let Ok(mut learned) = shared.learned.lock() {
         for spec in &specs {
@@ -752,6 +948,7 @@ mod tests {
             learned: std::sync::Mutex::default(),
             audit: None,
             dns_askers: std::sync::Mutex::default(),
+            ask: None,
         }
     }
 
@@ -789,7 +986,7 @@ mod tests {
             "169.254.169.254".parse().unwrap(),
             "2001:db8::1".parse().unwrap(),
         ];
-        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs), None).unwrap();
+        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs), None, None).unwrap();
         let reply = Packet::parse(&reply).unwrap();
         assert_eq!(reply.answers.len(), 1, "only the one IPv4 non-host address");
         let learned = s.learned.lock().unwrap();
@@ -828,7 +1025,13 @@ mod tests {
                 msg[at] = next() as u8;
             }
             let _ = classify(&s, &msg);
-            let _ = answer(&s, &msg, Ok(vec!["198.18.0.1".parse().unwrap()]), None);
+            let _ = answer(
+                &s,
+                &msg,
+                Ok(vec!["198.18.0.1".parse().unwrap()]),
+                None,
+                None,
+            );
             let _ = refusal(&msg, RCODE::Refused);
             let mut buf = msg.clone();
             let _ = tcp_message(&mut buf);

@@ -32,9 +32,15 @@
 //! connection to an address it answered is allowed on the ports of the name's specs, for
 //! this sandbox only. Address rules are matched as they are; names never pin addresses.
 //!
+//! **Approvals.** With an [`Approvals`] desk (`--net-ask`), an allow-list's unlisted
+//! destination or name is asked instead of refused ([`ask`]): the call waits, parked like
+//! the waiting calls, for a verdict, at most [`MAX_ASKED`] at once and each for the desk's
+//! timeout; then it is denied.
+//!
 //! **Nothing borrowed.** The thread drops its capabilities before it takes the first call,
 //! and forwards only the control messages and flags that need no privilege ([`control`]).
 
+mod ask;
 mod audit;
 mod call;
 mod control;
@@ -44,6 +50,7 @@ mod filter;
 mod perform;
 mod serve;
 
+pub use self::ask::{Approvals, DecideError, Question, Verdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED};
 pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_COMMAND};
 pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
@@ -198,10 +205,12 @@ pub fn probe() -> Result<u64, SetupError> {
 }
 
 /// Starts the supervisor thread. `channel` is our end of the socket on which the command
-/// child announces its listener; `audit` receives an event per decision.
+/// child announces its listener; `audit` receives an event per decision; `ask`: an
+/// allow-list's unlisted destinations are asked there instead of refused.
 pub fn start(
     rules: NetRules,
     audit: Option<AuditSink>,
+    ask: Option<Approvals>,
     host_cookie: u64,
     channel: OwnedFd,
 ) -> Result<Supervisor, SetupError> {
@@ -220,6 +229,7 @@ pub fn start(
         learned: Mutex::default(),
         audit,
         dns_askers: Mutex::default(),
+        ask,
     };
     let (dropped_tx, dropped_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
@@ -235,6 +245,7 @@ pub fn start(
             if !ok {
                 return;
             }
+            let ask = shared.ask.clone();
             if let Some((listener, dns)) = accept_listener(&channel, &stop_rx) {
                 // Started here, so the resolver thread has this thread's capabilities.
                 let dns = dns.and_then(|(udp, tcp)| {
@@ -248,6 +259,10 @@ pub fn start(
                         r.audit_dropped = audit.dropped();
                     }
                 }
+            }
+            // Nothing more will be asked: whoever waits for questions stops waiting.
+            if let Some(ask) = ask {
+                ask.close();
             }
         })
         .map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EAGAIN))))?;
@@ -277,8 +292,10 @@ struct Shared {
     learned: Mutex<dns::Learned>,
     /// Where decisions are logged, if anywhere.
     audit: Option<AuditSink>,
-    /// Sockets that asked lockbox's resolver (only kept with `audit`).
+    /// Sockets that asked lockbox's resolver (kept with `audit` or `ask`: the pid of a query).
     dns_askers: Mutex<audit::DnsAskers>,
+    /// Where unlisted destinations are asked (`--net-ask`), if anywhere.
+    ask: Option<Approvals>,
 }
 
 fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {

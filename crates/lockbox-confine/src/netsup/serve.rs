@@ -10,6 +10,7 @@
 //! `SECCOMP_IOCTL_NOTIF_ID_VALID` for the rest (a signal interrupting the call on a kernel
 //! without killable waits).
 
+use super::ask::{self, AskedCall, Asking, Verdict};
 use super::audit::{Asker, Decision, EventKind, Protocol, Why};
 use super::call::{read_call, Call};
 use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action, Decided, Sock};
@@ -19,6 +20,7 @@ use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEE
 use crate::sys::Errno;
 use crate::sysnet::{self, Notif};
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
@@ -30,6 +32,7 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         listener,
         waiting: Vec::new(),
         parked: VecDeque::new(),
+        asked: Vec::new(),
         buf: vec![0; MAX_SEND],
         next_sweep: None,
         next_retry: None,
@@ -54,38 +57,69 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
             fds.push(pollfd(w.fd(), libc::POLLOUT));
             fds.push(pollfd(w.pidfd.as_raw_fd(), libc::POLLIN));
         }
+        // Calls asked while this round's events are handled are appended after these.
+        let (asked_at, asked_n) = (fds.len(), calls.asked.len());
+        for a in &calls.asked {
+            fds.push(pollfd(a.pidfd.as_raw_fd(), libc::POLLIN));
+        }
+        if let Some(desk) = &calls.shared.ask {
+            fds.push(pollfd(desk.wake_fd(), libc::POLLIN));
+        }
         let dns_at = fds.len();
         if let Some(d) = &dns {
             d.pollfds(&mut fds);
         }
         match crate::sys::poll(&mut fds, timeout) {
             Ok(_) | Err(Errno(libc::EINTR)) => {}
-            Err(_) => return,
+            Err(_) => break,
         }
         if fds[0].revents != 0 {
-            return;
+            break;
         }
         if let Some(d) = &mut dns {
             d.ready(&calls.shared, &fds[dns_at..]);
         }
-        let ready: Vec<(bool, bool)> = fds[2..dns_at]
+        let ready: Vec<(bool, bool)> = fds[2..asked_at]
             .chunks_exact(2)
             .map(|p| (p[0].revents != 0, p[1].revents != 0))
             .collect();
         calls.progress(&ready);
+        let gone: Vec<bool> = fds[asked_at..asked_at + asked_n]
+            .iter()
+            .map(|p| p.revents != 0)
+            .collect();
+        calls.callers_gone(&gone);
+        // The wake-up socket follows the asked calls' pidfds.
+        let woken = fds
+            .get(asked_at + asked_n)
+            .is_some_and(|f| f.revents != 0 && calls.shared.ask.is_some());
+        let verdicts = calls
+            .shared
+            .ask
+            .as_ref()
+            .filter(|_| woken)
+            .map(|desk| desk.take_verdicts());
+        for (id, verdict, by) in verdicts.unwrap_or_default() {
+            if !calls.answered(id, verdict, &by) {
+                if let Some(d) = &mut dns {
+                    d.answered(&calls.shared, id, verdict, &by);
+                }
+            }
+        }
         let listener = fds[1].revents;
         if listener & libc::POLLIN != 0 {
             match sysnet::notif_recv(&calls.listener) {
-                Ok(notif) => calls.handle(notif, Instant::now(), true),
+                Ok(notif) => calls.handle(notif, Instant::now(), true, None),
                 // The caller died or was interrupted before we got it.
                 Err(Errno(libc::ENOENT | libc::EINTR)) => {}
-                Err(_) => return,
+                Err(_) => break,
             }
         } else if listener != 0 {
             // POLLHUP: every process under the filter is gone.
-            return;
+            break;
         }
     }
+    calls.end_asked();
 }
 
 /// Logs a call's decision, if there is a sink: calls towards the host (`why`), and calls to
@@ -98,10 +132,11 @@ fn audit(
     dest: Option<std::net::SocketAddr>,
     why: Option<Why>,
 ) {
-    let Some(sink) = &shared.audit else {
-        return;
-    };
     let Some(why) = why else {
+        // Who asks lockbox's resolver is wanted by the log and by approvals' questions.
+        if shared.audit.is_none() && shared.ask.is_none() {
+            return;
+        }
         let resolver = std::net::SocketAddr::from((crate::DNS_ADDR, 53));
         if dest
             .is_some_and(|d| lockbox_policy::canonical(d.ip()) == resolver.ip() && d.port() == 53)
@@ -110,6 +145,9 @@ fn audit(
                 askers.add(&sock.file, &Asker::of(tid));
             }
         }
+        return;
+    };
+    let Some(sink) = &shared.audit else {
         return;
     };
     let kind = match call {
@@ -151,6 +189,8 @@ struct Parked {
     kind: Kind,
     since: Instant,
     deadline: Option<Instant>,
+    /// Approved once for this destination (see [`ask`]).
+    once: Option<SocketAddr>,
 }
 
 struct Calls {
@@ -158,6 +198,8 @@ struct Calls {
     listener: OwnedFd,
     waiting: Vec<Waiting>,
     parked: VecDeque<Parked>,
+    /// Calls waiting for a verdict (at most [`ask::MAX_ASKED`]).
+    asked: Vec<AskedCall>,
     /// The one buffer data is copied into.
     buf: Vec<u8>,
     next_sweep: Option<Instant>,
@@ -170,6 +212,8 @@ enum Start {
     Outcome(Outcome),
     /// Wait for a slot of this kind.
     Park(Kind, Option<Instant>),
+    /// Wait for a verdict.
+    Ask(Box<AskedCall>),
 }
 
 impl Calls {
@@ -188,9 +232,9 @@ impl Calls {
 
     /// Takes one notification: `since` is when it first arrived (a parked one keeps it,
     /// for the caller's `SO_SNDTIMEO`); `fresh`: it was not taken before (its decision is
-    /// logged once, the first time).
-    fn handle(&mut self, notif: Notif, since: Instant, fresh: bool) {
-        match self.start(&notif, since, fresh) {
+    /// logged once, the first time); `once`: approved once for this destination.
+    fn handle(&mut self, notif: Notif, since: Instant, fresh: bool, once: Option<SocketAddr>) {
+        match self.start(&notif, since, fresh, once) {
             Start::Continue => {
                 let _ = sysnet::notif_respond(&self.listener, notif.id, Ok(0), true);
             }
@@ -199,12 +243,14 @@ impl Calls {
                 kind,
                 since,
                 deadline,
+                once,
             }),
-            Start::Outcome(outcome) => self.settle(notif.id, outcome, since),
+            Start::Ask(asked) => self.asked.push(*asked),
+            Start::Outcome(outcome) => self.settle(notif.id, outcome, since, once),
         }
     }
 
-    fn settle(&mut self, id: u64, outcome: Outcome, since: Instant) {
+    fn settle(&mut self, id: u64, outcome: Outcome, since: Instant, once: Option<SocketAddr>) {
         match outcome {
             Outcome::Answer(result) => self.respond(id, result),
             Outcome::Gone => {}
@@ -223,14 +269,21 @@ impl Calls {
                         kind: Kind::Send,
                         since,
                         deadline,
+                        once,
                     }),
-                    other => self.settle(id, other, since),
+                    other => self.settle(id, other, since, once),
                 }
             }
         }
     }
 
-    fn start(&mut self, notif: &Notif, since: Instant, fresh: bool) -> Start {
+    fn start(
+        &mut self,
+        notif: &Notif,
+        since: Instant,
+        fresh: bool,
+        once: Option<SocketAddr>,
+    ) -> Start {
         let tid = notif.pid as libc::pid_t;
         let fd = notif.args[0] as i32;
         let Ok(pidfd) = sysnet::pidfd_open(tid, true).or_else(|e| {
@@ -256,8 +309,23 @@ impl Calls {
         if !sysnet::notif_id_valid(&self.listener, notif.id) {
             return Start::Outcome(Outcome::Gone);
         }
-        let Decided { action, dest, why } =
-            decide(&self.shared, &sock, &call, &|| single_threaded(tid));
+        let Decided {
+            mut action,
+            dest,
+            why,
+        } = decide(&self.shared, &sock, &call, &|| single_threaded(tid));
+        if let (Action::Ask, Some(dest)) = (&action, dest) {
+            // The address is read again after the verdict: another thread of the caller
+            // may have changed it meanwhile, so an approval once holds for what was asked.
+            if once != Some(dest) {
+                return self.ask(notif, since, tid, &sock, &call, dest, pidfd);
+            }
+            action = if sock.host {
+                Action::Perform
+            } else {
+                Action::Replace
+            };
+        }
         if fresh {
             audit(&self.shared, tid, &sock, &call, dest, why);
         }
@@ -271,6 +339,8 @@ impl Calls {
         );
         let replace = match action {
             Action::Continue => return Start::Continue,
+            // Only with a destination (above).
+            Action::Ask => return Start::Outcome(Outcome::Answer(Err(libc::EACCES))),
             Action::Fail(errno) => {
                 if errno == libc::EACCES {
                     record_denied(&self.shared, &call, &sock, dest);
@@ -364,13 +434,14 @@ impl Calls {
                 return;
             };
             if let Some(p) = self.parked.remove(at) {
-                self.handle(p.notif, p.since, false);
+                self.handle(p.notif, p.since, false, p.once);
             }
         }
     }
 
     /// Deadlines, the validity sweep, and the retry of parked sends.
     fn expire(&mut self, now: Instant) {
+        self.expire_asked(now);
         if self
             .waiting
             .iter()
@@ -402,7 +473,7 @@ impl Calls {
             // (EINPROGRESS), a send that still finds no room gets EAGAIN.
             for p in std::mem::take(&mut self.parked) {
                 if p.deadline.is_some_and(|d| d <= now) {
-                    self.handle(p.notif, p.since, false);
+                    self.handle(p.notif, p.since, false, p.once);
                 } else {
                     self.parked.push_back(p);
                 }
@@ -411,7 +482,8 @@ impl Calls {
         if self.next_sweep.is_some_and(|t| t <= now) {
             self.sweep();
             self.next_sweep =
-                (!self.waiting.is_empty() || !self.parked.is_empty()).then(|| now + SWEEP);
+                (!self.waiting.is_empty() || !self.parked.is_empty() || !self.asked.is_empty())
+                    .then(|| now + SWEEP);
         }
         if self.parked.is_empty() {
             self.next_retry = None;
@@ -421,7 +493,7 @@ impl Calls {
             self.retry_parked();
             self.next_retry = (!self.parked.is_empty()).then(|| now + RETRY);
         }
-        if self.next_sweep.is_none() && !self.parked.is_empty() {
+        if self.next_sweep.is_none() && !(self.parked.is_empty() && self.asked.is_empty()) {
             self.next_sweep = Some(now + SWEEP);
         }
     }
@@ -441,6 +513,13 @@ impl Calls {
         debug_assert!(self.waiting.len() + freed.len() == before);
         self.parked
             .retain(|p| sysnet::notif_id_valid(listener, p.notif.id));
+        let (valid, gone): (Vec<AskedCall>, Vec<AskedCall>) = std::mem::take(&mut self.asked)
+            .into_iter()
+            .partition(|a| sysnet::notif_id_valid(listener, a.notif.id));
+        self.asked = valid;
+        for a in gone {
+            self.drop_asked(&a);
+        }
         for kind in freed {
             self.unpark(kind);
         }
@@ -451,7 +530,7 @@ impl Calls {
     fn retry_parked(&mut self) {
         for p in std::mem::take(&mut self.parked) {
             if p.kind == Kind::Send {
-                self.handle(p.notif, p.since, false);
+                self.handle(p.notif, p.since, false, p.once);
             } else {
                 self.parked.push_back(p);
             }
@@ -465,6 +544,7 @@ impl Calls {
             .iter()
             .filter_map(|w| w.deadline)
             .chain(self.parked.iter().filter_map(|p| p.deadline))
+            .chain(self.asked.iter().map(|a| a.deadline))
             .chain(self.next_sweep)
             .chain(self.next_retry)
             .min();
@@ -475,6 +555,157 @@ impl Calls {
                 // Round up, so the loop does not wake just before the time.
                 libc::c_int::try_from(ms + 1).unwrap_or(libc::c_int::MAX)
             }
+        }
+    }
+}
+
+/// Approvals (`--net-ask`, see [`ask`]): asking, and what each end of a question does.
+impl Calls {
+    /// Poses the question for an unlisted `dest` and parks the call; denies it when
+    /// [`ask::MAX_ASKED`] questions are pending already.
+    #[allow(clippy::too_many_arguments)]
+    fn ask(
+        &mut self,
+        notif: &Notif,
+        since: Instant,
+        tid: libc::pid_t,
+        sock: &Sock,
+        call: &Call,
+        dest: SocketAddr,
+        pidfd: OwnedFd,
+    ) -> Start {
+        let Some(desk) = &self.shared.ask else {
+            return Start::Outcome(Outcome::Answer(Err(libc::EACCES)));
+        };
+        let asker = Asker::of(tid);
+        let asking = Asking {
+            kind: match call {
+                Call::Connect { .. } => EventKind::Connect,
+                Call::Send { .. } => EventKind::Send,
+            },
+            name: None,
+            dest: Some(dest),
+            protocol: if sock.stream {
+                Protocol::Tcp
+            } else {
+                Protocol::Udp
+            },
+            pid: asker.pid,
+            command: asker.command,
+        };
+        let Some((question, deadline)) = desk.pose(asking.clone()) else {
+            let why = Why {
+                allowed: false,
+                reason: format!(
+                    "not in the allow-list; {} questions pending",
+                    ask::MAX_ASKED
+                ),
+                name: None,
+            };
+            audit(&self.shared, tid, sock, call, Some(dest), Some(why));
+            record_denied(&self.shared, call, sock, Some(dest));
+            return Start::Outcome(Outcome::Answer(Err(libc::EACCES)));
+        };
+        if let Some(sink) = &self.shared.audit {
+            let reason = "not in the allow-list; asked".to_owned();
+            sink.emit(ask::event(sink, &question, Decision::Asked, reason));
+        }
+        self.next_sweep
+            .get_or_insert_with(|| Instant::now() + SWEEP);
+        Start::Ask(Box::new(AskedCall {
+            notif: *notif,
+            since,
+            pidfd,
+            question,
+            deadline,
+            dest,
+        }))
+    }
+
+    /// Logs a settled question.
+    fn log(&self, a: &AskedCall, allowed: bool, reason: String) {
+        if let Some(sink) = &self.shared.audit {
+            let decision = if allowed {
+                Decision::Allowed
+            } else {
+                Decision::Denied
+            };
+            sink.emit(ask::event(sink, &a.question, decision, reason));
+        }
+    }
+
+    /// Acts on question `id`'s verdict; false if it is not a call's (a DNS query's).
+    fn answered(&mut self, id: u64, verdict: Verdict, by: &str) -> bool {
+        let Some(at) = self.asked.iter().position(|a| a.question.id == id) else {
+            return false;
+        };
+        let a = self.asked.swap_remove(at);
+        self.log(&a, verdict != Verdict::Deny, ask::reason(verdict, by));
+        match verdict {
+            Verdict::Deny => {
+                super::decide::record_denied_line(&self.shared, a.line());
+                self.respond(a.notif.id, Err(libc::EACCES));
+            }
+            // Started over: read and decided again, now with the approval.
+            Verdict::Once => self.handle(a.notif, a.since, false, Some(a.dest)),
+            Verdict::Sandbox => self.handle(a.notif, a.since, false, None),
+        }
+        true
+    }
+
+    /// Drops the asked calls whose caller exited (`gone[i]` for `asked[i]`).
+    fn callers_gone(&mut self, gone: &[bool]) {
+        if !gone.iter().any(|g| *g) {
+            return;
+        }
+        let asked = std::mem::take(&mut self.asked);
+        for (a, &gone) in asked
+            .into_iter()
+            .zip(gone.iter().chain(std::iter::repeat(&false)))
+        {
+            if gone {
+                self.drop_asked(&a);
+            } else {
+                self.asked.push(a);
+            }
+        }
+    }
+
+    /// Takes a call whose caller is gone off the desk.
+    fn drop_asked(&self, a: &AskedCall) {
+        if let Some(desk) = &self.shared.ask {
+            desk.withdraw(a.question.id);
+        }
+        self.log(a, false, "the caller went away while asked".into());
+    }
+
+    /// The supervisor ends: the calls still asked are logged as gone with the sandbox.
+    fn end_asked(&mut self) {
+        for a in std::mem::take(&mut self.asked) {
+            if let Some(desk) = &self.shared.ask {
+                desk.withdraw(a.question.id);
+            }
+            self.log(&a, false, "the sandbox ended while asked".into());
+        }
+    }
+
+    /// Denies the asked calls whose time is up.
+    fn expire_asked(&mut self, now: Instant) {
+        if !self.asked.iter().any(|a| a.deadline <= now) {
+            return;
+        }
+        let Some(desk) = self.shared.ask.clone() else {
+            return;
+        };
+        for a in std::mem::take(&mut self.asked) {
+            if a.deadline > now {
+                self.asked.push(a);
+                continue;
+            }
+            desk.withdraw(a.question.id);
+            self.log(&a, false, ask::timeout_reason(desk.timeout()));
+            super::decide::record_denied_line(&self.shared, a.line());
+            self.respond(a.notif.id, Err(libc::EACCES));
         }
     }
 }

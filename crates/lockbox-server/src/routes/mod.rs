@@ -1,5 +1,6 @@
 //! The route table: one line per route, handlers in one module per resource.
 
+mod approvals;
 mod audit;
 mod branches;
 mod console;
@@ -76,6 +77,11 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{sandbox}/fs/list"), get(files::list))
         .route(&format!("{sandbox}/watch"), get(watch::watch))
         .route(&format!("{sandbox}/audit"), get(audit::audit))
+        .route(&format!("{sandbox}/approvals"), get(approvals::list))
+        .route(
+            &format!("{sandbox}/approvals/{{qid}}"),
+            post(approvals::decide),
+        )
         .route(&format!("{sandbox}/fs/stat"), get(files::stat))
         .route(&format!("{sandbox}/fs/mkdir"), post(files::mkdir))
         .route(&format!("{sandbox}/fs/move"), post(files::rename))
