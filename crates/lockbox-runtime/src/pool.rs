@@ -360,10 +360,12 @@ pub(crate) fn sweep_spares(state_dir: &std::path::Path) {
 }
 
 /// Whether a fork armed with `armed` can be handed out for `wanted`: the same sandbox
-/// (policy, workdir), whatever its labels, `on_exit` and idle timeout, which are the
-/// taker's.
+/// (policy, workdir, approvals), whatever its labels, `on_exit` and idle timeout, which are
+/// the taker's.
 fn fork_fits(armed: &SandboxSpec, wanted: &SandboxSpec) -> bool {
-    armed.policy == wanted.policy && armed.workdir == wanted.workdir
+    armed.policy == wanted.policy
+        && armed.workdir == wanted.workdir
+        && armed.net_ask == wanted.net_ask
 }
 
 /// Removes a spare fork's branch (which releases the snapshot) and stops its sandbox (in
