@@ -57,7 +57,8 @@ pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{
     parse_sockaddr, AuditSink, Decision as NetDecision, EventKind as NetEventKind, NetEvent,
-    NetReport, Protocol as NetProtocol, MAX_COMMAND as AUDIT_MAX_COMMAND,
+    NetReport, Protocol as NetProtocol, FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT,
+    MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS,
 };
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};

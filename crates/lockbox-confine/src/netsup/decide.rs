@@ -29,6 +29,9 @@ pub(super) enum Action {
     Perform,
     /// Connect or send through a new host socket installed in place of the descriptor.
     Replace,
+    /// Connect through the relay ([`super::relay`]): the destination is allowed by a name
+    /// only, so the name the client asks for is checked too.
+    Relay,
 }
 
 pub(super) fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Sock, i32> {
@@ -179,6 +182,8 @@ pub(super) fn decide(
         }
         (Route::Inside, false) => return quiet(local_or_own(stable), Some(dest)),
         (Route::Host, true) => Action::Perform,
+        // A name-allowed TCP connection: the name it asks for is checked by the relay.
+        (Route::Host, false) if learned_from.is_some() && sock.stream => Action::Relay,
         (Route::Host, false) => Action::Replace,
     };
     let (reason, name) = match (learned_from, kind) {
@@ -302,6 +307,7 @@ mod tests {
             learned: Default::default(),
             audit: None,
             dns_askers: Default::default(),
+            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default()),
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {

@@ -752,6 +752,7 @@ mod tests {
             learned: std::sync::Mutex::default(),
             audit: None,
             dns_askers: std::sync::Mutex::default(),
+            relay: super::super::relay::Relay::new(Vec::new(), None, std::sync::Arc::default()),
         }
     }
 

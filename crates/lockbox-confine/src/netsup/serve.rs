@@ -15,6 +15,7 @@ use super::call::{read_call, Call};
 use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action, Decided, Sock};
 use super::dns::Dns;
 use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
+use super::relay::{Relayed, RELAY_SLOTS};
 use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
 use crate::sys::Errno;
 use crate::sysnet::{self, Notif};
@@ -258,6 +259,7 @@ impl Calls {
         }
         let Decided { action, dest, why } =
             decide(&self.shared, &sock, &call, &|| single_threaded(tid));
+        let answered = why.as_ref().and_then(|w| w.name.clone());
         if fresh {
             audit(&self.shared, tid, &sock, &call, dest, why);
         }
@@ -278,7 +280,7 @@ impl Calls {
                 return Start::Outcome(Outcome::Answer(Err(errno)));
             }
             Action::Perform => false,
-            Action::Replace => true,
+            Action::Replace | Action::Relay => true,
         };
         // A blocking socket's SO_SNDTIMEO bounds a send's and a connect's wait, counted
         // from the call's arrival.
@@ -300,6 +302,13 @@ impl Calls {
         if wait && kind == Kind::Connect && sock.stream && !self.free(kind) {
             return Start::Park(kind, deadline);
         }
+        let relay = match (&action, dest) {
+            (Action::Relay, Some(dest)) => match self.relayed(tid, &sock, dest, answered) {
+                Ok(r) => Some(r),
+                Err(errno) => return Start::Outcome(Outcome::Answer(Err(errno))),
+            },
+            _ => None,
+        };
         let job = Job {
             caller: Caller {
                 shared: &self.shared,
@@ -312,13 +321,47 @@ impl Calls {
             wait,
         };
         Start::Outcome(match call {
-            Call::Connect { addr } if replace => job.connect_replacement(&addr),
+            Call::Connect { addr } if replace => job.connect_replacement(&addr, relay),
             Call::Connect { addr } => job.connect_own(&addr),
             call @ Call::Send { .. } => match Send::new(call, &job.sock) {
                 Ok(send) => job.send(send, replace, &mut self.buf),
                 Err(errno) => Outcome::Answer(Err(errno)),
             },
         })
+    }
+
+    /// A relay slot for a connection to `dest`, or `ENOBUFS` (logged) when every slot is
+    /// taken.
+    fn relayed(
+        &self,
+        tid: libc::pid_t,
+        sock: &Sock,
+        dest: std::net::SocketAddr,
+        answered: Option<String>,
+    ) -> Result<Box<Relayed>, i32> {
+        let asker = self.shared.audit.as_ref().map(|_| Asker::of(tid));
+        let Some(ticket) = self.shared.relay.reserve() else {
+            let reason = format!("relay full ({RELAY_SLOTS} connections)");
+            record_denied(&self.shared, &Call::Connect { addr: Vec::new() }, sock, Some(dest));
+            if let Some(sink) = &self.shared.audit {
+                let mut e = sink.event(EventKind::Connect, Decision::Denied, reason);
+                e.protocol = Some(Protocol::Tcp);
+                e.address = Some(lockbox_policy::canonical(dest.ip()));
+                e.port = Some(dest.port());
+                e.name = answered;
+                e.pid = asker.as_ref().map(|a| a.pid);
+                e.command = asker.map(|a| a.command);
+                sink.emit(e);
+            }
+            return Err(libc::ENOBUFS);
+        };
+        Ok(Box::new(Relayed {
+            ticket,
+            dest,
+            answered,
+            pid: asker.as_ref().map(|a| a.pid),
+            command: asker.map(|a| a.command),
+        }))
     }
 
     /// Moves on the waiting calls: `ready[i]` is (socket ready, caller exited) for
