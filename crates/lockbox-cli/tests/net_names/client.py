@@ -6,8 +6,13 @@
   connect,HOST,PORT   TCP connect (HOST a name or an address), the server's first line
   udp,NAME / tcp,NAME an A query sent straight to the nameserver of /etc/resolv.conf:
                       `rcode N [addresses]`
+  tls,HOST,PORT,SNI   a TLS handshake asking for SNI (`-`: none; certificates not checked),
+                      then the server's first line
+  http,HOST,PORT,NAME an HTTP/1.1 GET with `Host: NAME`, the response's last line
+  http10,HOST,PORT,NAME the same as HTTP/1.0, the sending side shut after the request
 """
 import socket
+import ssl
 import struct
 import sys
 
@@ -78,6 +83,24 @@ for cmd in sys.argv[1:]:
         elif op == "connect":
             s = socket.create_connection((a[0], int(a[1])), timeout=5)
             r = s.recv(64).decode().strip()
+        elif op == "tls":
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            t = ctx.wrap_socket(s, server_hostname=None if a[2] == "-" else a[2])
+            t.sendall(b"hi")
+            r = t.recv(64).decode().strip()
+        elif op in ("http", "http10"):
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            version = "1.0" if op == "http10" else "1.1"
+            s.sendall(f"GET / HTTP/{version}\r\nHost: {a[2]}\r\nConnection: close\r\n\r\n".encode())
+            if op == "http10":
+                s.shutdown(socket.SHUT_WR)
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            r = data.decode().strip().splitlines()[-1]
         elif op in ("udp", "tcp"):
             r = query(a[0], op == "tcp")
         else:

@@ -3,8 +3,8 @@
 //! `httparse`), or neither. Pure: bytes in, a [`FirstFlight`] out; [`super::relay`] decides.
 
 use tls_parser::{
-    parse_tls_client_hello_extensions, parse_tls_message_handshake, parse_tls_raw_record,
-    SNIType, TlsExtension, TlsMessage, TlsMessageHandshake, TlsRecordType,
+    parse_tls_client_hello_extensions, parse_tls_message_handshake, parse_tls_raw_record, SNIType,
+    TlsExtension, TlsMessage, TlsMessageHandshake, TlsRecordType,
 };
 
 /// Longest first flight read before deciding: a ClientHello (post-quantum key shares make

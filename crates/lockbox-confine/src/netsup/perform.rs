@@ -511,7 +511,8 @@ fn install_relayed(
     blocking: bool,
 ) -> Result<(), Outcome> {
     let answer = |e: Errno| Outcome::Answer(Err(e.0));
-    let domain = sysnet::sockopt_int(&upstream, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(answer)?;
+    let domain =
+        sysnet::sockopt_int(&upstream, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(answer)?;
     let (theirs, ours) = caller.shared.relay.pair(domain).map_err(answer)?;
     if blocking {
         sysnet::set_nonblocking(&theirs, false).map_err(answer)?;

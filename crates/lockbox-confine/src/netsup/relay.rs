@@ -337,7 +337,14 @@ impl Flow {
                 }
             }
             if !self.eof && self.in_pipe < self.capacity {
-                match splice(src, None, &self.write, None, self.capacity - self.in_pipe, flags) {
+                match splice(
+                    src,
+                    None,
+                    &self.write,
+                    None,
+                    self.capacity - self.in_pipe,
+                    flags,
+                ) {
                     Ok(0) => {
                         self.eof = true;
                         progress = true;
@@ -366,7 +373,9 @@ impl Flow {
 enum Step {
     Keep,
     /// Close both sockets; reset them (`SO_LINGER` 0) if `reset`.
-    Close { reset: bool },
+    Close {
+        reset: bool,
+    },
 }
 
 fn run(context: &Context, rx: &Receiver<Conn>, wake: UnixStream) {
@@ -436,7 +445,9 @@ impl Conn {
         match &self.phase {
             // The upstream socket is watched for a server that speaks first (and for a
             // failed connect, which poll reports whatever is asked).
-            Phase::First { buf, .. } => (libc::POLLIN, if buf.is_empty() { libc::POLLIN } else { 0 }),
+            Phase::First { buf, .. } => {
+                (libc::POLLIN, if buf.is_empty() { libc::POLLIN } else { 0 })
+            }
             Phase::Data { up, down } => {
                 let (up_src, up_dst) = up.interest();
                 let (down_src, down_dst) = down.interest();
@@ -461,7 +472,9 @@ impl Conn {
                     let room = FIRST_FLIGHT_MAX - buf.len();
                     match rustix::io::read(&self.client, &mut chunk[..room.min(4096)]) {
                         Ok(0) if buf.is_empty() => return Step::Close { reset: false },
-                        Ok(0) => return self.refuse(context, None, "closed before a whole first flight"),
+                        Ok(0) => {
+                            return self.refuse(context, None, "closed before a whole first flight")
+                        }
                         Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
                         Err(_) => return Step::Close { reset: true },
@@ -503,7 +516,9 @@ impl Conn {
                 let head = buf.clone();
                 self.begin(head)
             }
-            FirstFlight::Unreadable(why, protocol) => self.refuse(context, Some((protocol, None)), why),
+            FirstFlight::Unreadable(why, protocol) => {
+                self.refuse(context, Some((protocol, None)), why)
+            }
             FirstFlight::Tls(name) => self.check(context, Protocol::Tls, name),
             FirstFlight::Http(name) => self.check(context, Protocol::Http, name),
         }
@@ -524,7 +539,9 @@ impl Conn {
         };
         let port = self.to.dest.port();
         let spec = context.names.iter().find(|s| {
-            s.proto.is_none_or(|p| p == Proto::Tcp) && s.ports.contains(port) && s.matches_name(&name)
+            s.proto.is_none_or(|p| p == Proto::Tcp)
+                && s.ports.contains(port)
+                && s.matches_name(&name)
         });
         let shown = printable(&name);
         let Some(spec) = spec else {
@@ -532,7 +549,12 @@ impl Conn {
             return self.refuse_owned(context, Some((protocol, Some(shown))), why);
         };
         let reason = format!("{what} {shown} matches {spec}");
-        self.log(context, Some((protocol, Some(shown))), Decision::Allowed, reason);
+        self.log(
+            context,
+            Some((protocol, Some(shown))),
+            Decision::Allowed,
+            reason,
+        );
         let Phase::First { buf, .. } = &mut self.phase else {
             return Step::Keep;
         };
@@ -540,7 +562,12 @@ impl Conn {
         self.begin(head)
     }
 
-    fn refuse(&mut self, context: &Context, asked: Option<(Protocol, Option<String>)>, why: &str) -> Step {
+    fn refuse(
+        &mut self,
+        context: &Context,
+        asked: Option<(Protocol, Option<String>)>,
+        why: &str,
+    ) -> Step {
         self.refuse_owned(context, asked, why.to_owned())
     }
 
@@ -558,7 +585,8 @@ impl Conn {
                     Some((Protocol::Http, _)) => "http",
                     None => "connect",
                 };
-                r.denied_first.push(format!("{what} tcp {}: {why}", self.to.dest));
+                r.denied_first
+                    .push(format!("{what} tcp {}: {why}", self.to.dest));
             }
         }
         self.log(context, asked, Decision::Denied, why);

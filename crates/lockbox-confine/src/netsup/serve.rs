@@ -342,7 +342,12 @@ impl Calls {
         let asker = self.shared.audit.as_ref().map(|_| Asker::of(tid));
         let Some(ticket) = self.shared.relay.reserve() else {
             let reason = format!("relay full ({RELAY_SLOTS} connections)");
-            record_denied(&self.shared, &Call::Connect { addr: Vec::new() }, sock, Some(dest));
+            record_denied(
+                &self.shared,
+                &Call::Connect { addr: Vec::new() },
+                sock,
+                Some(dest),
+            );
             if let Some(sink) = &self.shared.audit {
                 let mut e = sink.event(EventKind::Connect, Decision::Denied, reason);
                 e.protocol = Some(Protocol::Tcp);
