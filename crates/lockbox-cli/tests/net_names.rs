@@ -928,3 +928,25 @@ fn address_rules_keep_the_direct_path_and_check_no_name() {
         assert_eq!(net.take_conns(1), ["9443 data"]);
     }
 }
+
+#[test]
+fn relayed_connections_are_capped_per_sandbox_and_a_closed_one_frees_its_slot() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let hosts = net.hosts(&format!("{ip} svc.test\n"));
+    for user in users() {
+        let ops = vec!["hold,svc.test,8443,70".to_owned()];
+        let lines = run(
+            user,
+            &allow(&["tcp://svc.test:8443"]),
+            Some(&hosts),
+            None,
+            &ops,
+        );
+        // 64 relayed at once (RELAY_SLOTS); the rest get ENOBUFS at connect.
+        expect(&lines, &[(&ops[0], "ok 64 [(105, 6)] hello-8443")], user);
+    }
+}

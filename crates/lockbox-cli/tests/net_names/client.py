@@ -10,11 +10,14 @@
                       then the server's first line
   http,HOST,PORT,NAME an HTTP/1.1 GET with `Host: NAME`, the response's last line
   http10,HOST,PORT,NAME the same as HTTP/1.0, the sending side shut after the request
+  hold,HOST,PORT,N    N connections held open at once: `<opened> <[(errno, count)]>`, then,
+                      all closed, one more: its first line
 """
 import socket
 import ssl
 import struct
 import sys
+import time
 
 
 def nameserver():
@@ -101,6 +104,18 @@ for cmd in sys.argv[1:]:
             while chunk := s.recv(4096):
                 data += chunk
             r = data.decode().strip().splitlines()[-1]
+        elif op == "hold":
+            held, errs = [], {}
+            for _ in range(int(a[2])):
+                try:
+                    held.append(socket.create_connection((a[0], int(a[1])), timeout=5))
+                except OSError as e:
+                    errs[e.errno] = errs.get(e.errno, 0) + 1
+            for h in held:
+                h.close()
+            time.sleep(0.5)
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            r = f"{len(held)} {sorted(errs.items())} {s.recv(64).decode().strip()}"
         elif op in ("udp", "tcp"):
             r = query(a[0], op == "tcp")
         else:
