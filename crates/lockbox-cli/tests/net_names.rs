@@ -86,12 +86,28 @@ impl TestNet {
         inside(&["ip", "link", "set", "lo", "up"]);
         let dir = scratch();
         let log = dir.path().join("upstream.log");
+        // A certificate made here for the TLS server (the clients do not check it: what is
+        // tested is the name they ask for).
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        let made = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+            .args(["-subj", "/CN=svc.test", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "openssl: {}", text(&made));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/upstream.py");
         let mut services = Command::new("ip")
             .args(["netns", "exec", &ns, "python3"])
             .arg(&script)
             .arg(&ip)
             .arg(&log)
+            .arg(&cert)
+            .arg(&key)
+            .arg(dir.path().join("conns.log"))
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -115,6 +131,30 @@ impl TestNet {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    /// What reached the TLS and HTTP servers since the last call, one `PORT data|nothing`
+    /// line per connection, waiting until `want` connections are logged (or 5 s).
+    fn take_conns(&self, want: usize) -> Vec<String> {
+        let path = self.dir.path().join("conns.log");
+        let read = || {
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let mut lines = read();
+        for _ in 0..50 {
+            if lines.len() >= want {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            lines = read();
+        }
+        let _ = std::fs::remove_file(&path);
+        lines.sort();
+        lines
     }
 
     /// A hosts file (readable by every test user) with `lines`.
@@ -1134,5 +1174,143 @@ fn an_approval_once_holds_for_the_address_asked_not_one_swapped_in_while_asked()
         // Read again after the verdict, the call names another destination: asked again.
         assert_eq!(asked, 2, "{user:?}: {lines:?}");
         expect(&lines, &[(&ops[0], "ok 13")], user);
+    }
+}
+
+#[test]
+fn the_name_a_tls_or_http_client_asks_for_must_be_listed_fronting_and_no_sni_are_refused() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let hosts = net.hosts(&format!("{ip} svc.test a.wild.test wild.test other.test\n"));
+    for user in users() {
+        let audit = net.dir.path().join(format!("audit-{user:?}.jsonl"));
+        let ops: Vec<String> = [
+            "tls,svc.test,9443,svc.test",
+            // Domain fronting: the listed name's address, another name asked for.
+            "tls,svc.test,9443,other.test",
+            "tls,svc.test,9443,-",
+            "tls,a.wild.test,9443,b.wild.test",
+            // `*.wild.test` covers subdomains, not the apex.
+            "tls,a.wild.test,9443,wild.test",
+            "http,svc.test,8081,svc.test",
+            "http,svc.test,8081,other.test",
+            // HTTP/1.0 with a half-close: the server answers only after the client's EOF.
+            "http10,svc.test,8081,svc.test:8081",
+            // Listed, but for another port.
+            "http,svc.test,8081,a.wild.test",
+            // A server that speaks first: no name is asked.
+            "connect,svc.test,8443",
+        ]
+        .map(str::to_owned)
+        .into();
+        let mut net_args = allow(&[
+            "tcp://svc.test:9443",
+            "tcp://svc.test:8081",
+            "tcp://svc.test:8443",
+            "tcp://*.wild.test:9443",
+        ]);
+        net_args.extend(["--audit".to_owned(), audit.to_str().unwrap().to_owned()]);
+        let lines = run(user, &net_args, Some(&hosts), None, &ops);
+        let reset = "err 104";
+        expect(
+            &lines,
+            &[
+                (&ops[0], "ok tls-ok svc.test"),
+                (&ops[1], reset),
+                (&ops[2], reset),
+                (&ops[3], "ok tls-ok b.wild.test"),
+                (&ops[4], reset),
+                (&ops[5], "ok http-ok svc.test"),
+                (&ops[6], reset),
+                (&ops[7], "ok http-ok svc.test:8081"),
+                (&ops[8], reset),
+                (&ops[9], "ok hello-8443"),
+            ],
+            user,
+        );
+        // Refused connections reached the server's address, but never a byte of theirs.
+        let conns = net.take_conns(9);
+        let count = |l: &str| conns.iter().filter(|c| *c == l).count();
+        assert_eq!(
+            (count("9443 data"), count("8081 data")),
+            (2, 2),
+            "{user:?}: {conns:?}"
+        );
+        assert_eq!(
+            (count("9443 nothing"), count("8081 nothing")),
+            (3, 2),
+            "{user:?}: {conns:?}"
+        );
+        let events = audit_events(&audit);
+        let find = |kind: &str, field: &str, value: &str, decision: &str| {
+            events
+                .iter()
+                .find(|e| e["kind"] == kind && e[field] == value && e["decision"] == decision)
+        };
+        let fronted = find("tls", "sni", "other.test", "denied")
+            .unwrap_or_else(|| panic!("no denied tls event for other.test: {events:#?}"));
+        assert_eq!(fronted["reason"], "sni other.test not in the allow-list");
+        assert_eq!(fronted["name"], "svc.test");
+        assert_eq!(fronted["port"], 9443);
+        assert!(
+            find("tls", "sni", "b.wild.test", "allowed").is_some(),
+            "{events:#?}"
+        );
+        assert!(
+            find("http", "host", "other.test", "denied").is_some(),
+            "{events:#?}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| e["kind"] == "tls" && e["reason"] == "no sni"),
+            "{events:#?}"
+        );
+    }
+}
+
+#[test]
+fn address_rules_keep_the_direct_path_and_check_no_name() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    for user in users() {
+        let ops = vec![format!("tls,{ip},9443,other.test")];
+        let lines = run(
+            user,
+            &allow(&[&format!("tcp://{ip}:9443")]),
+            None,
+            None,
+            &ops,
+        );
+        expect(&lines, &[(&ops[0], "ok tls-ok other.test")], user);
+        assert_eq!(net.take_conns(1), ["9443 data"]);
+    }
+}
+
+#[test]
+fn relayed_connections_are_capped_per_sandbox_and_a_closed_one_frees_its_slot() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    let hosts = net.hosts(&format!("{ip} svc.test\n"));
+    for user in users() {
+        let ops = vec!["hold,svc.test,8443,70".to_owned()];
+        let lines = run(
+            user,
+            &allow(&["tcp://svc.test:8443"]),
+            Some(&hosts),
+            None,
+            &ops,
+        );
+        // 64 relayed at once (RELAY_SLOTS); the rest get ENOBUFS at connect.
+        expect(&lines, &[(&ops[0], "ok 64 [(105, 6)] hello-8443")], user);
     }
 }

@@ -58,7 +58,8 @@ pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{
     parse_sockaddr, Approvals, AuditSink, DecideError, Decision as NetDecision,
     EventKind as NetEventKind, NetEvent, NetReport, Protocol as NetProtocol, Question,
-    Verdict as NetVerdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED, MAX_COMMAND as AUDIT_MAX_COMMAND,
+    Verdict as NetVerdict, DEFAULT_ASK_TIMEOUT, FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT, MAX_ASKED,
+    MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS,
 };
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};

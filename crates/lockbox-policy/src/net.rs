@@ -70,7 +70,8 @@ pub enum Ports {
 }
 
 impl Ports {
-    fn contains(self, port: u16) -> bool {
+    /// Whether `port` is one of these.
+    pub fn contains(self, port: u16) -> bool {
         match self {
             Ports::Any => true,
             Ports::Range(lo, hi) => (lo..=hi).contains(&port),

@@ -9,10 +9,18 @@
   fan,N,HOST,PORT     N processes connect at once: `{errno: count}` (0: connected)
   swap,A,PA,B,PB      a child connects to A:PA with the address in shared memory, which is
                       rewritten to B:PB while the connect waits: its exit status (errno)
+  tls,HOST,PORT,SNI   a TLS handshake asking for SNI (`-`: none; certificates not checked),
+                      then the server's first line
+  http,HOST,PORT,NAME an HTTP/1.1 GET with `Host: NAME`, the response's last line
+  http10,HOST,PORT,NAME the same as HTTP/1.0, the sending side shut after the request
+  hold,HOST,PORT,N    N connections held open at once: `<opened> <[(errno, count)]>`, then,
+                      all closed, one more: its first line
 """
 import socket
+import ssl
 import struct
 import sys
+import time
 
 
 def nameserver():
@@ -133,6 +141,36 @@ for cmd in sys.argv[1:]:
         elif op == "connect":
             s = socket.create_connection((a[0], int(a[1])), timeout=5)
             r = s.recv(64).decode().strip()
+        elif op == "tls":
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            t = ctx.wrap_socket(s, server_hostname=None if a[2] == "-" else a[2])
+            t.sendall(b"hi")
+            r = t.recv(64).decode().strip()
+        elif op in ("http", "http10"):
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            version = "1.0" if op == "http10" else "1.1"
+            s.sendall(f"GET / HTTP/{version}\r\nHost: {a[2]}\r\nConnection: close\r\n\r\n".encode())
+            if op == "http10":
+                s.shutdown(socket.SHUT_WR)
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            r = data.decode().strip().splitlines()[-1]
+        elif op == "hold":
+            held, errs = [], {}
+            for _ in range(int(a[2])):
+                try:
+                    held.append(socket.create_connection((a[0], int(a[1])), timeout=5))
+                except OSError as e:
+                    errs[e.errno] = errs.get(e.errno, 0) + 1
+            for h in held:
+                h.close()
+            time.sleep(0.5)
+            s = socket.create_connection((a[0], int(a[1])), timeout=5)
+            r = f"{len(held)} {sorted(errs.items())} {s.recv(64).decode().strip()}"
         elif op in ("udp", "tcp"):
             r = query(a[0], op == "tcp")
         elif op == "fan":

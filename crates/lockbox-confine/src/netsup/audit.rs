@@ -40,6 +40,10 @@ pub enum EventKind {
     Send,
     /// A query to lockbox's resolver.
     Dns,
+    /// The TLS ClientHello of a relayed (name-allowed) connection: its SNI checked.
+    Tls,
+    /// The HTTP/1 request of a relayed (name-allowed) connection: its `Host` checked.
+    Http,
     /// Events the consumer had no room for (`count` of them).
     Dropped,
 }
@@ -97,6 +101,12 @@ pub struct NetEvent {
     /// The name asked (dns), or the name whose answer allowed the address (connect, send).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The server name the TLS client asked for (tls), as sent, at most 253 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// The `Host` the HTTP/1 request named (http), as sent without its port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// The query type (dns): `A`, `AAAA`, `TXT`...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qtype: Option<String>,
@@ -140,6 +150,8 @@ impl NetEvent {
             address: None,
             port: None,
             name: None,
+            sni: None,
+            host: None,
             qtype: None,
             answers: None,
             refused: None,

@@ -31,6 +31,9 @@ pub(super) enum Action {
     Replace,
     /// Not listed, and approvals are on: ask (see [`super::ask`]).
     Ask,
+    /// Connect through the relay ([`super::relay`]): the destination is allowed by a name
+    /// only, so the name the client asks for is checked too.
+    Relay,
 }
 
 pub(super) fn inspect(shared: &Shared, pidfd: &OwnedFd, fd: RawFd) -> Result<Sock, i32> {
@@ -195,6 +198,8 @@ pub(super) fn decide(
         }
         (Route::Inside, false) => return quiet(local_or_own(stable), Some(dest)),
         (Route::Host, true) => Action::Perform,
+        // A name-allowed TCP connection: the name it asks for is checked by the relay.
+        (Route::Host, false) if learned_from.is_some() && sock.stream => Action::Relay,
         (Route::Host, false) => Action::Replace,
     };
     let (reason, name) = match (learned_from, kind) {
@@ -331,6 +336,7 @@ mod tests {
             audit: None,
             dns_askers: Default::default(),
             ask: None,
+            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default()),
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {

@@ -949,6 +949,7 @@ mod tests {
             audit: None,
             dns_askers: std::sync::Mutex::default(),
             ask: None,
+            relay: super::super::relay::Relay::new(Vec::new(), None, std::sync::Arc::default()),
         }
     }
 

@@ -47,13 +47,17 @@ mod control;
 mod decide;
 mod dns;
 mod filter;
+mod first;
 mod perform;
+mod relay;
 mod serve;
 
 pub use self::ask::{Approvals, DecideError, Question, Verdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED};
 pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_COMMAND};
 pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
+pub use self::first::FIRST_FLIGHT_MAX;
+pub use self::relay::{FIRST_FLIGHT_TIMEOUT, RELAY_SLOTS};
 
 use crate::error::SetupError;
 use crate::report::{NetHandover, NetTaken, RECORD_LEN};
@@ -222,7 +226,9 @@ pub fn start(
     let (stop, stop_rx) =
         UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
     let report = Arc::new(Mutex::new(NetReport::default()));
+    let relay = relay::Relay::new(rules.names.clone(), audit.clone(), report.clone());
     let shared = Shared {
+        relay,
         rules,
         host_cookie,
         report: report.clone(),
@@ -296,6 +302,8 @@ struct Shared {
     dns_askers: Mutex<audit::DnsAskers>,
     /// Where unlisted destinations are asked (`--net-ask`), if anywhere.
     ask: Option<Approvals>,
+    /// Name-allowed TCP connections, whose first flight must ask for a listed name.
+    relay: relay::Relay,
 }
 
 fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {

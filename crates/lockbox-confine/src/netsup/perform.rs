@@ -6,6 +6,7 @@
 use super::call::Call;
 use super::control::{audit_control, audit_flags};
 use super::decide::Sock;
+use super::relay::Relayed;
 use super::{Shared, MAX_SEND};
 use crate::sys::Errno;
 use crate::sysnet::{self, Notif};
@@ -95,8 +96,12 @@ pub(super) struct Waiting {
 }
 
 enum State {
-    /// A new host socket connecting, installed in place of the caller's when done.
-    Installing { fresh: OwnedFd },
+    /// A new host socket connecting, installed in place of the caller's when done (or, for
+    /// a relayed connection, handed to the relay with a pair's end installed instead).
+    Installing {
+        fresh: OwnedFd,
+        relay: Option<Box<Relayed>>,
+    },
     /// The caller's own socket connecting (our copy of it).
     Connecting { sock: OwnedFd },
     /// A send waiting for room on the caller's socket (our copy), `sent` bytes of it done.
@@ -118,7 +123,7 @@ impl Waiting {
     /// The descriptor whose `POLLOUT` means the call can go on.
     pub(super) fn fd(&self) -> RawFd {
         match &self.state {
-            State::Installing { fresh } => fresh.as_raw_fd(),
+            State::Installing { fresh, .. } => fresh.as_raw_fd(),
             State::Connecting { sock } | State::Sending { sock, .. } => sock.as_raw_fd(),
         }
     }
@@ -132,9 +137,9 @@ impl Waiting {
             notif: &notif,
         };
         match self.state {
-            State::Installing { fresh } => {
+            State::Installing { fresh, relay } => {
                 let done = connect_result(&fresh);
-                finish_install(&caller, fresh, done)
+                finish_install(&caller, fresh, done, relay)
             }
             State::Connecting { sock } => Outcome::Answer(connect_result(&sock).map(|()| 0)),
             State::Sending { sock, send, sent } => {
@@ -173,7 +178,9 @@ impl Waiting {
             notif: &notif,
         };
         match self.state {
-            State::Installing { fresh } => finish_install(&caller, fresh, Err(libc::EINPROGRESS)),
+            State::Installing { fresh, relay } => {
+                finish_install(&caller, fresh, Err(libc::EINPROGRESS), relay)
+            }
             State::Connecting { .. } => Outcome::Answer(Err(libc::EINPROGRESS)),
             State::Sending { send, sent, .. } if sent > 0 => send.finish(&caller, sent),
             State::Sending { .. } => Outcome::Answer(Err(libc::EAGAIN)),
@@ -205,30 +212,37 @@ impl Job<'_> {
 
     /// Connects a new host socket to the copied address and installs it in place of the
     /// caller's. The connect is non-blocking: one that completes at once (loopback, or
-    /// refused) is answered right here; a blocking caller of a slow one waits.
-    pub(super) fn connect_replacement(self, addr: &[u8]) -> Outcome {
+    /// refused) is answered right here; a blocking caller of a slow one waits. With
+    /// `relay`, the caller gets one end of a loopback pair instead and the relay the rest.
+    pub(super) fn connect_replacement(self, addr: &[u8], relay: Option<Box<Relayed>>) -> Outcome {
         let fresh = match self.caller.host_socket(&self.sock) {
             Ok(s) => s,
             Err(e) => return Outcome::Answer(Err(e)),
         };
         match sysnet::connect(&fresh, addr) {
-            Ok(()) => finish_install(&self.caller, fresh, Ok(())),
+            Ok(()) => finish_install(&self.caller, fresh, Ok(()), relay),
             Err(Errno(libc::EINPROGRESS)) if self.sock.nonblocking => {
-                match self.caller.install(&fresh) {
+                let installed = match relay {
+                    // The pair is connected already: the client may write its first
+                    // flight at once; the relay holds it until upstream is connected.
+                    Some(to) => install_relayed(&self.caller, fresh, *to, false),
+                    None => self.caller.install(&fresh),
+                };
+                match installed {
                     Ok(()) => Outcome::Answer(Err(libc::EINPROGRESS)),
                     Err(o) => o,
                 }
             }
             Err(Errno(libc::EINPROGRESS)) if !self.wait => {
-                finish_install(&self.caller, fresh, Err(libc::EINPROGRESS))
+                finish_install(&self.caller, fresh, Err(libc::EINPROGRESS), relay)
             }
             Err(Errno(libc::EINPROGRESS)) => match connected_now(&fresh) {
-                Some(done) => finish_install(&self.caller, fresh, done),
+                Some(done) => finish_install(&self.caller, fresh, done, relay),
                 None => Self::waiting(
                     self.caller.notif,
                     self.pidfd,
                     self.deadline,
-                    State::Installing { fresh },
+                    State::Installing { fresh, relay },
                 ),
             },
             Err(e) => Outcome::Answer(Err(e.0)),
@@ -460,13 +474,24 @@ fn gather(
 }
 
 /// Installs the connected (or failed) `fresh` and answers: a socket the caller had
-/// blocking is installed blocking.
-fn finish_install(caller: &Caller, fresh: OwnedFd, done: Result<(), i32>) -> Outcome {
+/// blocking is installed blocking. With `relay`, `fresh` goes to the relay instead.
+fn finish_install(
+    caller: &Caller,
+    fresh: OwnedFd,
+    done: Result<(), i32>,
+    relay: Option<Box<Relayed>>,
+) -> Outcome {
     let result = match done {
         Ok(()) => Ok(0),
         Err(libc::EINPROGRESS) => Err(libc::EINPROGRESS),
         Err(e) => return Outcome::Answer(Err(e)),
     };
+    if let Some(to) = relay {
+        return match install_relayed(caller, fresh, *to, true) {
+            Ok(()) => Outcome::Answer(result),
+            Err(o) => o,
+        };
+    }
     if let Err(e) = sysnet::set_nonblocking(&fresh, false) {
         return Outcome::Answer(Err(e.0));
     }
@@ -474,6 +499,31 @@ fn finish_install(caller: &Caller, fresh: OwnedFd, done: Result<(), i32>) -> Out
         Ok(()) => Outcome::Answer(result),
         Err(o) => o,
     }
+}
+
+/// Installs one end of a loopback pair in place of the caller's socket (blocking if
+/// `blocking`, with `TCP_NODELAY` as the caller set it) and hands the other end and
+/// `upstream` to the relay.
+fn install_relayed(
+    caller: &Caller,
+    upstream: OwnedFd,
+    to: Relayed,
+    blocking: bool,
+) -> Result<(), Outcome> {
+    let answer = |e: Errno| Outcome::Answer(Err(e.0));
+    let domain =
+        sysnet::sockopt_int(&upstream, libc::SOL_SOCKET, libc::SO_DOMAIN).map_err(answer)?;
+    let (theirs, ours) = caller.shared.relay.pair(domain).map_err(answer)?;
+    if blocking {
+        sysnet::set_nonblocking(&theirs, false).map_err(answer)?;
+    }
+    // host_socket() copied the caller's choice onto the upstream socket.
+    if let Ok(v) = sysnet::sockopt_int(&upstream, libc::IPPROTO_TCP, libc::TCP_NODELAY) {
+        let _ = sysnet::set_sockopt_int(&theirs, libc::IPPROTO_TCP, libc::TCP_NODELAY, v);
+    }
+    caller.install(&theirs)?;
+    caller.shared.relay.start(ours, upstream, to);
+    Ok(())
 }
 
 /// Whether a non-blocking connect has finished already, and how.

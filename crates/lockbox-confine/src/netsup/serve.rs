@@ -16,6 +16,7 @@ use super::call::{read_call, Call};
 use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action, Decided, Sock};
 use super::dns::Dns;
 use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
+use super::relay::{Relayed, RELAY_RETRY, RELAY_SLOTS};
 use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
 use crate::sys::Errno;
 use crate::sysnet::{self, Notif};
@@ -36,6 +37,7 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         buf: vec![0; MAX_SEND],
         next_sweep: None,
         next_retry: None,
+        next_relay_retry: None,
     };
     let mut fds = Vec::new();
     loop {
@@ -204,6 +206,8 @@ struct Calls {
     buf: Vec<u8>,
     next_sweep: Option<Instant>,
     next_retry: Option<Instant>,
+    /// When connects parked for a relay slot are tried again.
+    next_relay_retry: Option<Instant>,
 }
 
 /// What [`Calls::start`] makes of a notification.
@@ -326,6 +330,7 @@ impl Calls {
                 Action::Replace
             };
         }
+        let answered = why.as_ref().and_then(|w| w.name.clone());
         if fresh {
             audit(&self.shared, tid, &sock, &call, dest, why);
         }
@@ -348,7 +353,7 @@ impl Calls {
                 return Start::Outcome(Outcome::Answer(Err(errno)));
             }
             Action::Perform => false,
-            Action::Replace => true,
+            Action::Replace | Action::Relay => true,
         };
         // A blocking socket's SO_SNDTIMEO bounds a send's and a connect's wait, counted
         // from the call's arrival.
@@ -370,6 +375,20 @@ impl Calls {
         if wait && kind == Kind::Connect && sock.stream && !self.free(kind) {
             return Start::Park(kind, deadline);
         }
+        let relay = match (&action, dest) {
+            (Action::Relay, Some(dest)) => match self.relayed(tid, &sock, dest, answered, wait) {
+                Some(r) => Some(r),
+                // Every slot is taken: a blocking caller waits for one (the relay may only
+                // lag behind closed connections), tried again every RELAY_RETRY.
+                None if wait => {
+                    self.next_relay_retry
+                        .get_or_insert_with(|| Instant::now() + RELAY_RETRY);
+                    return Start::Park(kind, deadline);
+                }
+                None => return Start::Outcome(Outcome::Answer(Err(libc::ENOBUFS))),
+            },
+            _ => None,
+        };
         let job = Job {
             caller: Caller {
                 shared: &self.shared,
@@ -382,13 +401,56 @@ impl Calls {
             wait,
         };
         Start::Outcome(match call {
-            Call::Connect { addr } if replace => job.connect_replacement(&addr),
+            Call::Connect { addr } if replace => job.connect_replacement(&addr, relay),
             Call::Connect { addr } => job.connect_own(&addr),
             call @ Call::Send { .. } => match Send::new(call, &job.sock) {
                 Ok(send) => job.send(send, replace, &mut self.buf),
                 Err(errno) => Outcome::Answer(Err(errno)),
             },
         })
+    }
+
+    /// A relay slot for a connection to `dest`, or `None` when every slot is taken (logged
+    /// as a refusal unless the caller will `wait` for one).
+    fn relayed(
+        &self,
+        tid: libc::pid_t,
+        sock: &Sock,
+        dest: std::net::SocketAddr,
+        answered: Option<String>,
+        wait: bool,
+    ) -> Option<Box<Relayed>> {
+        let asker = self.shared.audit.as_ref().map(|_| Asker::of(tid));
+        let Some(ticket) = self.shared.relay.reserve() else {
+            if wait {
+                return None;
+            }
+            let reason = format!("relay full ({RELAY_SLOTS} connections)");
+            record_denied(
+                &self.shared,
+                &Call::Connect { addr: Vec::new() },
+                sock,
+                Some(dest),
+            );
+            if let Some(sink) = &self.shared.audit {
+                let mut e = sink.event(EventKind::Connect, Decision::Denied, reason);
+                e.protocol = Some(Protocol::Tcp);
+                e.address = Some(lockbox_policy::canonical(dest.ip()));
+                e.port = Some(dest.port());
+                e.name = answered;
+                e.pid = asker.as_ref().map(|a| a.pid);
+                e.command = asker.map(|a| a.command);
+                sink.emit(e);
+            }
+            return None;
+        };
+        Some(Box::new(Relayed {
+            ticket: Some(ticket),
+            dest,
+            answered,
+            pid: asker.as_ref().map(|a| a.pid),
+            command: asker.map(|a| a.command),
+        }))
     }
 
     /// Moves on the waiting calls: `ready[i]` is (socket ready, caller exited) for
@@ -493,6 +555,17 @@ impl Calls {
             self.retry_parked();
             self.next_retry = (!self.parked.is_empty()).then(|| now + RETRY);
         }
+        if self.next_relay_retry.is_some_and(|t| t <= now) {
+            self.next_relay_retry = None;
+            // Parked connects start over: those still without a slot park again.
+            for p in std::mem::take(&mut self.parked) {
+                if p.kind == Kind::Connect {
+                    self.handle(p.notif, p.since, false, None);
+                } else {
+                    self.parked.push_back(p);
+                }
+            }
+        }
         if self.next_sweep.is_none() && !(self.parked.is_empty() && self.asked.is_empty()) {
             self.next_sweep = Some(now + SWEEP);
         }
@@ -547,6 +620,7 @@ impl Calls {
             .chain(self.asked.iter().map(|a| a.deadline))
             .chain(self.next_sweep)
             .chain(self.next_retry)
+            .chain(self.next_relay_retry)
             .min();
         match next {
             None => -1,
