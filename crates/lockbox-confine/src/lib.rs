@@ -56,9 +56,10 @@ pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{
-    parse_sockaddr, AuditSink, Decision as NetDecision, EventKind as NetEventKind, NetEvent,
-    NetReport, Protocol as NetProtocol, FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT,
-    MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS,
+    parse_sockaddr, trust_files, AuditSink, Decision as NetDecision, EventKind as NetEventKind,
+    Intercepted, Interceptor, NetEvent, NetReport, Protocol as NetProtocol, RelaySlot,
+    FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT, MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS,
+    SANDBOX_BUNDLE, TRUST_BUNDLES,
 };
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};

@@ -778,9 +778,16 @@ fn etc(plan: &mut SetupPlan, resolved: &Resolved, inside: &mut Vec<Op>) {
     const TOP: &str = ".lockbox-etc";
     tmpfs(plan, TOP, "mode=0755");
     let hidden = resolved.etc_hidden.as_deref().unwrap_or_default();
-    let mut dirs: Vec<&Path> = hidden
+    // Every directory above a hidden entry or a written file (`ssl/certs/...`); the sort
+    // puts parents first (`ssl` before `ssl/certs`).
+    let entries: Vec<&Path> = hidden
         .iter()
-        .filter_map(|h| h.parent())
+        .map(PathBuf::as_path)
+        .chain(resolved.etc_files.iter().map(|(name, _)| Path::new(name)))
+        .collect();
+    let mut dirs: Vec<&Path> = entries
+        .iter()
+        .flat_map(|e| e.ancestors().skip(1))
         .filter(|p| !p.as_os_str().is_empty())
         .collect();
     dirs.sort();

@@ -23,6 +23,7 @@ use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Stack size of the command child until it execs (it runs a few small functions).
@@ -325,6 +326,7 @@ pub struct Spawn<'a> {
     program: Program<'a>,
     stdio: Stdio,
     audit: Option<netsup::AuditSink>,
+    interceptor: Option<Arc<dyn netsup::Interceptor>>,
 }
 
 /// What a sandbox runs.
@@ -346,6 +348,7 @@ impl<'a> Spawn<'a> {
             program: Program::Command(argv),
             stdio: Stdio::default(),
             audit: None,
+            interceptor: None,
         }
     }
 
@@ -372,6 +375,7 @@ impl<'a> Spawn<'a> {
             program: Program::Sequence(commands),
             stdio: Stdio::default(),
             audit: None,
+            interceptor: None,
         }
     }
 
@@ -390,6 +394,7 @@ impl<'a> Spawn<'a> {
             program: Program::Agent { exe, args },
             stdio: Stdio::default(),
             audit: None,
+            interceptor: None,
         }
     }
 
@@ -408,13 +413,26 @@ impl<'a> Spawn<'a> {
         }
     }
 
+    /// Hands the TLS connections `interceptor` claims to it instead of relaying them
+    /// (credentials lockbox sets on requests: see [`crate::Interceptor`]). Needs an
+    /// allow-list and lockbox's own `/etc` (the default reads, `/etc` not granted itself):
+    /// the sandbox's view of the system trust store gets the interceptor's CA
+    /// ([`crate::trust_files`]).
+    pub fn interceptor(self, interceptor: Arc<dyn netsup::Interceptor>) -> Spawn<'a> {
+        Spawn {
+            interceptor: Some(interceptor),
+            ..self
+        }
+    }
+
     /// Starts the sandbox and its (first) command. Returns as soon as the sandbox init
     /// runs; setup failures inside the namespaces are reported by [`Running::wait`].
     pub fn start(self) -> Result<Running, SetupError> {
         if let Program::Sequence(_) = self.program {
             return self.gated()?.release(Stdio::default());
         }
-        let (sandbox, started) = launch(self.policy, self.program, self.stdio, self.audit, false)?;
+        let watch = self.watch();
+        let (sandbox, started) = launch(self.policy, self.program, self.stdio, watch, false)?;
         Ok(Running {
             run: Run::new(0, started, 0, 0),
             sandbox,
@@ -428,7 +446,8 @@ impl<'a> Spawn<'a> {
     /// N still writes the layer N+1 will read, and only pays the rest of the setup
     /// (mounting the view, Landlock, the exec) once stage N is done.
     pub fn gated(self) -> Result<Gated, SetupError> {
-        let (sandbox, _) = launch(self.policy, self.program, self.stdio, self.audit, true)?;
+        let watch = self.watch();
+        let (sandbox, _) = launch(self.policy, self.program, self.stdio, watch, true)?;
         Ok(Gated {
             sandbox,
             step: 0,
@@ -517,13 +536,28 @@ pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
     None
 }
 
+impl Spawn<'_> {
+    fn watch(&self) -> NetWatch {
+        NetWatch {
+            audit: self.audit.clone(),
+            interceptor: self.interceptor.clone(),
+        }
+    }
+}
+
+/// What the network supervisor is given besides the rules.
+struct NetWatch {
+    audit: Option<netsup::AuditSink>,
+    interceptor: Option<Arc<dyn netsup::Interceptor>>,
+}
+
 /// Starts the sandbox of `program`; `gated`: its first command waits for the go. Returns
 /// it with the time of the clone.
 fn launch(
     policy: &Policy,
     program: Program<'_>,
     mut stdio: Stdio,
-    audit: Option<netsup::AuditSink>,
+    watch: NetWatch,
     gated: bool,
 ) -> Result<(Sandbox, Instant), SetupError> {
     let (argv, later, helper) = match program {
@@ -558,6 +592,9 @@ fn launch(
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     let agent = helper.is_some();
     resolved.helper = helper;
+    if let Some(interceptor) = &watch.interceptor {
+        add_trust(&mut resolved, interceptor.as_ref())?;
+    }
     // Only where the command itself holds the stdio: the agent of a long-lived sandbox keeps
     // the server's stdout and stderr from its children (naming the server's terminal would
     // hand it to them), and a gated sandbox gets its stdio only at the release.
@@ -582,7 +619,7 @@ fn launch(
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
-    let (supervisor, net_child) = start_net_supervisor(&resolved, audit)?;
+    let (supervisor, net_child) = start_net_supervisor(&resolved, watch)?;
     let cgroup_fds = limits
         .cgroups
         .as_ref()
@@ -766,8 +803,9 @@ fn report_channel() -> Result<(OwnedFd, OwnedFd), SetupError> {
 /// with the child's end of the socket the command announces its filter on.
 fn start_net_supervisor(
     resolved: &resolve::Resolved,
-    audit: Option<netsup::AuditSink>,
+    watch: NetWatch,
 ) -> Result<(Option<Supervisor>, Option<OwnedFd>), SetupError> {
+    let NetWatch { audit, interceptor } = watch;
     let Some((kind, rules)) = resolved.net_rules.clone() else {
         return Ok((None, None));
     };
@@ -781,9 +819,39 @@ fn start_net_supervisor(
         rules,
         names: resolved.net_names.clone(),
         hosts_file: resolved.net_hosts_file.clone(),
+        interceptor,
     };
     let supervisor = netsup::start(rules, audit, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
+}
+
+/// Puts the interceptor's CA into the sandbox's view of the system trust store (files of
+/// lockbox's own `/etc`, an overlay whose top layer lives in the sandbox's memory: the
+/// host's trust store is never written).
+fn add_trust(
+    resolved: &mut resolve::Resolved,
+    interceptor: &dyn netsup::Interceptor,
+) -> Result<(), SetupError> {
+    if !matches!(
+        resolved.net_rules,
+        Some((lockbox_policy::ListKind::Allow, _))
+    ) {
+        return Err(SetupError::Intercept {
+            reason:
+                "intercepted names must be allowed by name in a network allow-list (--net-allow)",
+        });
+    }
+    if resolved.etc_hidden.is_none() {
+        return Err(SetupError::Intercept {
+            reason: "the sandbox must see lockbox's own /etc (the default reads, /etc not granted itself) to trust lockbox's CA",
+        });
+    }
+    let files = netsup::trust_files(interceptor.ca_pem(), Path::new("/etc"));
+    for (name, data) in files {
+        resolved.etc_files.retain(|(n, _)| *n != name);
+        resolved.etc_files.push((name, data));
+    }
+    Ok(())
 }
 
 /// The namespaces a new sandbox is cloned into. The cgroup namespace is entered later,

@@ -39,6 +39,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         }
         Some(path) => Some(super::audit::AuditLog::open(path)?),
     };
+    let interceptor = super::credentials::start(
+        args,
+        &mut policy,
+        audit.as_ref().map(|(_, sink)| sink.clone()),
+    )?;
     let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
     let signals = match Signals::block(&FORWARDED) {
@@ -55,6 +60,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     let mut spawn = lockbox_confine::Spawn::command(&policy, &args.command);
     if let Some(sink) = sink {
         spawn = spawn.audit(sink);
+    }
+    if let Some(interceptor) = interceptor {
+        spawn = spawn.interceptor(interceptor);
     }
     let result = spawn.start().and_then(|mut running| {
         started_in = Some(running.cwd().to_owned());

@@ -301,6 +301,7 @@ mod tests {
                     .rules(&[]),
                 names: Vec::new(),
                 hosts_file: None,
+                interceptor: None,
             },
             host_cookie: 0,
             report: Arc::default(),

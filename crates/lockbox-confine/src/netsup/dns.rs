@@ -746,6 +746,7 @@ mod tests {
                 rules: Vec::new(),
                 names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
                 hosts_file: None,
+                interceptor: None,
             },
             host_cookie: 0,
             report: std::sync::Arc::default(),

@@ -1,0 +1,60 @@
+"""The sandboxed client of tests/net_credentials.rs. Each argument is an op, answered by one
+`OP RESULT` line:
+
+- `METHOD,URL[,AUTHORIZATION]` (`_` for a space in AUTHORIZATION): the request (urllib, with the system's default trust: the
+  sandbox's bundle), RESULT `STATUS FIRST-LINE-OF-BODY` or `error WHY`;
+- `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
+  environment, every process's /proc environ and cmdline, and every regular file under
+  /etc, /tmp, /dev and /run; RESULT `dumped`."""
+import os
+import sys
+import urllib.error
+import urllib.request
+
+
+def request(method, url, auth):
+    req = urllib.request.Request(url, method=method, data=b"x" if method == "POST" else None)
+    if auth:
+        req.add_header("Authorization", auth)
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    except Exception as e:  # noqa: BLE001 - the test reads the reason
+        return f"error {e}".replace("\n", " ")
+    lines = body.decode(errors="replace").splitlines()
+    return f"{status} {lines[0] if lines else ''}"
+
+
+def dump(path):
+    with open(path, "wb") as out:
+        for k, v in os.environ.items():
+            out.write(f"{k}={v}\n".encode())
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            for name in ("environ", "cmdline"):
+                try:
+                    out.write(open(f"/proc/{pid}/{name}", "rb").read() + b"\n")
+                except OSError:
+                    pass
+        for top in ("/etc", "/tmp", "/dev", "/run"):
+            for root, _, files in os.walk(top):
+                for f in files:
+                    p = os.path.join(root, f)
+                    if p == path or not os.path.isfile(p) or os.path.islink(p):
+                        continue
+                    try:
+                        out.write(open(p, "rb").read(1 << 20) + b"\n")
+                    except OSError:
+                        pass
+    return "dumped"
+
+
+for op in sys.argv[1:]:
+    parts = op.split(",")
+    if parts[0] == "dump":
+        result = dump(parts[1])
+    else:
+        auth = parts[2].replace("_", " ") if len(parts) > 2 else None
+        result = request(parts[0], parts[1], auth)
+    print(op, result, flush=True)
