@@ -36,22 +36,25 @@ fn sh(args: &[&str]) {
     assert!(out.status.success(), "{args:?}: {}", text(&out));
 }
 
-fn openssl(args: &[&str], dir: &Path) {
+/// Runs `openssl` with the whitespace-separated `args` in `dir`.
+fn openssl(args: &str, dir: &Path) {
     let out = Command::new("openssl")
-        .args(args)
+        .args(args.split_whitespace())
         .current_dir(dir)
         .output()
         .unwrap();
     assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
 }
 
-/// A network namespace with the real server, its CA, the secret, and a directory every test
-/// user can read (the client) and write (its dump).
+/// A network namespace with the real server, and two directories: one the sandbox is
+/// granted (the client, the hosts file, the CA's certificate; `out`, which every test user
+/// can write), and one it is not (the CA's and the server's keys, the secret, the server's
+/// log).
 struct TestNet {
     ns: String,
-    ip: String,
     server: Child,
     dir: tempfile::TempDir,
+    private: tempfile::TempDir,
     secret: String,
 }
 
@@ -94,76 +97,33 @@ impl TestNet {
             sh(&all);
         }
         let dir = scratch();
-        let d = dir.path();
+        let private = scratch();
+        let (d, p) = (dir.path(), private.path());
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
         openssl(
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=lockbox test CA",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-            ],
-            d,
+            &format!("req -x509 {ec} -days 1 -subj /CN=lockbox-test-CA -keyout ca.key -out ca.pem"),
+            p,
         );
         openssl(
-            &[
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-subj",
-                "/CN=api.test",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-            ],
-            d,
+            &format!("req -new {ec} -subj /CN=api.test -keyout server.key -out server.csr"),
+            p,
         );
         std::fs::write(
-            d.join("ext.cnf"),
+            p.join("ext.cnf"),
             "subjectAltName=DNS:api.test,DNS:keyed.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
         )
         .unwrap();
         openssl(
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                "ext.cnf",
-                "-out",
-                "server.pem",
-            ],
-            d,
+            "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+             -extfile ext.cnf -out server.pem",
+            p,
         );
+        std::fs::copy(p.join("ca.pem"), d.join("ca.pem")).unwrap();
         let secret = format!("s3cr3t-{pid}-{n}-do-not-leak");
-        std::fs::write(d.join("secret"), &secret).unwrap();
+        std::fs::write(p.join("secret"), &secret).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_credentials");
-        for f in ["server.py", "client.py"] {
-            std::fs::copy(src.join(f), d.join(f)).unwrap();
-        }
+        std::fs::copy(src.join("server.py"), p.join("server.py")).unwrap();
+        std::fs::copy(src.join("client.py"), d.join("client.py")).unwrap();
         std::fs::write(
             d.join("hosts"),
             format!("{ip} api.test\n{ip} keyed.test\n{ip} plain.test\n"),
@@ -174,13 +134,14 @@ impl TestNet {
         sh(&["chmod", "0777", out.to_str().unwrap()]);
         let mut server = Command::new("ip")
             .args(["netns", "exec", &ns, "python3"])
-            .arg(d.join("server.py"))
+            .arg(p.join("server.py"))
             .arg(&ip)
-            .arg(d.join("server.pem"))
-            .arg(d.join("server.key"))
-            .arg(d.join("secret"))
-            .arg(d.join("requests.log"))
+            .arg(p.join("server.pem"))
+            .arg(p.join("server.key"))
+            .arg(p.join("secret"))
+            .arg(p.join("requests.log"))
             .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -190,9 +151,9 @@ impl TestNet {
         assert_eq!(line.trim(), "ready");
         TestNet {
             ns,
-            ip,
             server,
             dir,
+            private,
             secret,
         }
     }
@@ -203,7 +164,7 @@ impl TestNet {
 
     /// The requests that reached the server since the last call.
     fn take_requests(&self) -> Vec<String> {
-        let path = self.path("requests.log");
+        let path = self.private.path().join("requests.log");
         let lines = std::fs::read_to_string(&path)
             .unwrap_or_default()
             .lines()
@@ -441,7 +402,6 @@ fn the_real_servers_certificate_is_verified_and_plain_http_to_an_intercepted_hos
         assert!(got[1].starts_with("error "), "{user:?}: {}", got[1]);
         assert_eq!(net.take_requests(), Vec::<String>::new());
     }
-    let _ = &net.ip;
 }
 
 #[test]
