@@ -102,7 +102,7 @@ impl ResolvesServerCert for Resolver {
             .server_name()?
             .trim_end_matches('.')
             .to_ascii_lowercase();
-        if !self.0.hosts.iter().any(|h| *h == name) {
+        if !self.0.hosts.contains(&name) {
             return None;
         }
         match self.0.leaf(&name) {

@@ -308,7 +308,7 @@ mod tests {
             learned: Default::default(),
             audit: None,
             dns_askers: Default::default(),
-            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default()),
+            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default(), None),
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {

@@ -753,7 +753,12 @@ mod tests {
             learned: std::sync::Mutex::default(),
             audit: None,
             dns_askers: std::sync::Mutex::default(),
-            relay: super::super::relay::Relay::new(Vec::new(), None, std::sync::Arc::default()),
+            relay: super::super::relay::Relay::new(
+                Vec::new(),
+                None,
+                std::sync::Arc::default(),
+                None,
+            ),
         }
     }
 
