@@ -432,8 +432,9 @@ pub struct RunArgs {
     pub json: bool,
     /// Append the network supervisor's decisions to FILE (created 0600), one JSON line
     /// each: every connect or send towards the host's network, allowed or refused, and every
-    /// DNS query lockbox's resolver answered, with the reason, the address or name, and the
-    /// asking process (pid, command line). Needs --net-allow or --net-deny. See
+    /// DNS query lockbox's resolver answered, every request on an --http-auth/--http-allow
+    /// host, with the reason, the address or name, and the asking process (pid, command
+    /// line). Needs --net-allow or --net-deny. See
     /// docs/security.md "Audit log".
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,

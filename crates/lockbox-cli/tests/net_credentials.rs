@@ -110,7 +110,7 @@ impl TestNet {
         );
         std::fs::write(
             p.join("ext.cnf"),
-            "subjectAltName=DNS:api.test,DNS:keyed.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+            "subjectAltName=DNS:api.test,DNS:keyed.test,DNS:plain.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
         )
         .unwrap();
         openssl(
@@ -306,19 +306,49 @@ fn a_credential_goes_in_the_header_its_rule_names_and_only_on_its_host() {
         return;
     }
     let net = TestNet::new();
+    let ca = net.path("ca.pem");
+    let extra_ca = format!("EXTRA_CA={}", ca.display());
     let mut flags = BEARER.to_vec();
     flags.extend([
+        "--net-allow",
+        "plain.test:8443",
         "--credential",
         "KEY=env:LBX_TEST_API_SECRET",
         "--http-auth",
         "keyed.test header X-Api-Key KEY",
+        "--env",
+        &extra_ca,
     ]);
     for user in users() {
-        let ops = vec![format!("GET,https://keyed.test:8443/data,Bearer_WRONG")];
+        let ops = vec![
+            // The sandbox's wrong Authorization goes through untouched: the rule is X-Api-Key.
+            "GET,https://keyed.test:8443/data,Bearer_WRONG".to_owned(),
+            // A host with no rule is relayed as it is (the client trusts the test's CA
+            // itself): no credential is added.
+            "GET,https://plain.test:8443/data,Bearer_PLACEHOLDER".to_owned(),
+            "GET,https://plain.test:8443/data".to_owned(),
+            // Inside an intercepted connection, a request for another host is refused.
+            "GET,https://api.test:8443/v1/models,-,plain.test".to_owned(),
+        ];
         let got = net.results(user, &flags, true, &ops);
-        // The sandbox's wrong Authorization goes through untouched: the rule is X-Api-Key.
-        assert_eq!(got, ["200 ok GET /data"], "{user:?}");
-        assert_eq!(net.take_requests(), ["GET /data auth=ok"]);
+        assert_eq!(
+            got[..3],
+            ["200 ok GET /data", "401 no", "401 no"],
+            "{user:?}"
+        );
+        assert!(
+            got[3].starts_with("403 lockbox: refused: ") && got[3].contains("plain.test"),
+            "{user:?}: {}",
+            got[3]
+        );
+        assert_eq!(
+            net.take_requests(),
+            [
+                "GET /data auth=ok",
+                "GET /data auth=wrong",
+                "GET /data auth=none"
+            ]
+        );
     }
 }
 

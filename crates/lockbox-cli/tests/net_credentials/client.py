@@ -1,23 +1,31 @@
 """The sandboxed client of tests/net_credentials.rs. Each argument is an op, answered by one
 `OP RESULT` line:
 
-- `METHOD,URL[,AUTHORIZATION]` (`_` for a space in AUTHORIZATION): the request (urllib, with the system's default trust: the
-  sandbox's bundle), RESULT `STATUS FIRST-LINE-OF-BODY` or `error WHY`;
+- `METHOD,URL[,AUTHORIZATION[,HOST]]` (`_` for a space in AUTHORIZATION, `-` for none):
+  the request (urllib, with the system's default trust: the sandbox's bundle, plus the
+  file of $EXTRA_CA if set), with HOST as its `Host` header if given; RESULT `STATUS
+  FIRST-LINE-OF-BODY` or `error WHY`;
 - `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
   environment, every process's /proc environ and cmdline, and every regular file under
   /etc, /tmp, /dev and /run; RESULT `dumped`."""
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
 
 
-def request(method, url, auth):
+def request(method, url, auth, host):
     req = urllib.request.Request(url, method=method, data=b"x" if method == "POST" else None)
     if auth:
         req.add_header("Authorization", auth)
+    if host:
+        req.add_unredirected_header("Host", host)
+    ctx = ssl.create_default_context()
+    if os.environ.get("EXTRA_CA"):
+        ctx.load_verify_locations(os.environ["EXTRA_CA"])
     try:
-        with urllib.request.urlopen(req, timeout=15) as r:
+        with urllib.request.urlopen(req, timeout=15, context=ctx) as r:
             status, body = r.status, r.read()
     except urllib.error.HTTPError as e:
         status, body = e.code, e.read()
@@ -55,6 +63,7 @@ for op in sys.argv[1:]:
     if parts[0] == "dump":
         result = dump(parts[1])
     else:
-        auth = parts[2].replace("_", " ") if len(parts) > 2 else None
-        result = request(parts[0], parts[1], auth)
+        auth = parts[2].replace("_", " ") if len(parts) > 2 and parts[2] != "-" else None
+        host = parts[3] if len(parts) > 3 else None
+        result = request(parts[0], parts[1], auth, host)
     print(op, result, flush=True)
