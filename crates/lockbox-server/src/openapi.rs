@@ -467,7 +467,7 @@ fn build() -> Value {
                     "content": { "text/event-stream": { "schema": sse_event(WATCH_EVENTS) } } }))])
         },
         "/v1/sandboxes/{id}/audit": {
-            "get": op("The network audit log of a --net-allow/--net-deny sandbox: one NetEvent per connect or send towards the host's network and per DNS query lockbox's resolver answered. By default an SSE stream of `audit` events (the last 1,000 kept, then live ones; a stream that lags gets a `dropped` event with the count) until the client disconnects; with follow=false the kept events as JSON",
+            "get": op("The network audit log of a --net-allow/--net-deny sandbox: one NetEvent per connect or send towards the host's network, per DNS query lockbox's resolver answered, and per name (SNI, Host) a relayed TLS or HTTP connection asked for. By default an SSE stream of `audit` events (the last 1,000 kept, then live ones; a stream that lags gets a `dropped` event with the count) until the client disconnects; with follow=false the kept events as JSON",
                 vec![id(), query("follow", false, "stream (default true); false: the kept events as JSON", boolean.clone())],
                 None,
                 &[("200", json!({ "description": "events (SSE), or the kept ones (follow=false)",

@@ -22,9 +22,12 @@
 //!    spliced ([`super::intercept`]); plain HTTP to such a name is refused.
 //!
 //! **Bounded.** One thread for every relayed connection of the sandbox, started with the
-//! first; at most [`RELAY_SLOTS`] connections (six descriptors each: two sockets, two
-//! pipes), reserved before the supervisor connects upstream ([`Relay::reserve`]), so a
-//! connect beyond the cap fails at once with `ENOBUFS`. The thread ends, closing every
+//! first; at most [`RELAY_SLOTS`] connections whose sandbox side is open (six descriptors
+//! each: two sockets, two pipes), reserved before the supervisor connects upstream
+//! ([`Relay::reserve`]), so a connect beyond the cap fails at once with `ENOBUFS`. Once the
+//! sandbox's side has closed or shut its sending side, the connection gives its slot back
+//! and drains (upstream's last bytes, its close): at most [`DRAINING_MAX`] of those, each
+//! for at most [`DRAIN_TIMEOUT`], the oldest reset first. The thread ends, closing every
 //! connection, when the supervisor does (the sandbox ended).
 
 use super::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol as AuditProtocol};
@@ -44,8 +47,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Relayed connections of one sandbox at once; a connect beyond gets `ENOBUFS`.
+/// Relayed connections of one sandbox at once whose sandbox side is open; a connect beyond
+/// gets `ENOBUFS`.
 pub const RELAY_SLOTS: usize = 64;
+/// Connections whose sandbox side closed (or shut its sending side) and that still pass on
+/// what upstream sends: they hold no slot, but at most this many are kept (the oldest is
+/// reset first), each at most [`DRAIN_TIMEOUT`].
+pub const DRAINING_MAX: usize = 64;
+/// How long a draining connection may wait for upstream to finish.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client has to send its first flight (or a server to speak first).
 pub const FIRST_FLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pipe size asked for each direction (best effort: the kernel may give less).
@@ -67,9 +77,8 @@ impl Drop for Ticket {
 /// Who asked for a relayed connection, and to where (for the decision and its event).
 #[derive(Debug)]
 pub(super) struct Relayed {
-    /// Held, not read: dropped with the connection, it frees the slot.
-    #[allow(dead_code)]
-    pub(super) ticket: Ticket,
+    /// The slot, given back once the sandbox's side is done (the connection drains).
+    pub(super) ticket: Option<Ticket>,
     pub(super) dest: SocketAddr,
     /// The name whose answer allowed `dest`.
     pub(super) answered: Option<String>,
@@ -201,6 +210,7 @@ impl Relay {
                 buf: Vec::new(),
                 deadline: Instant::now() + FIRST_FLIGHT_TIMEOUT,
             },
+            draining: None,
         };
         if running.tx.send(conn).is_ok() {
             let _ = running.wake.write(&[1]);
@@ -260,6 +270,8 @@ struct Conn {
     upstream: OwnedFd,
     to: Relayed,
     phase: Phase,
+    /// Since when the sandbox's side is done (its slot given back).
+    draining: Option<Instant>,
 }
 
 enum Phase {
@@ -406,7 +418,7 @@ fn run(context: &Context, rx: &Receiver<Conn>, wake: UnixStream) {
             .iter()
             .filter_map(|c| match &c.phase {
                 Phase::First { deadline, .. } => Some(*deadline),
-                Phase::Data { .. } => None,
+                Phase::Data { .. } => c.draining.map(|d| d + DRAIN_TIMEOUT),
             })
             .min()
             .map_or(-1, |d| {
@@ -432,6 +444,7 @@ fn run(context: &Context, rx: &Receiver<Conn>, wake: UnixStream) {
             }
         }
         conns = kept;
+        drain(&mut conns, now);
         if woken & libc::POLLIN != 0 {
             let mut sink = [0u8; 64];
             match (&wake).read(&mut sink) {
@@ -442,6 +455,36 @@ fn run(context: &Context, rx: &Receiver<Conn>, wake: UnixStream) {
         } else if woken != 0 {
             return;
         }
+    }
+}
+
+/// Gives back the slots of connections whose sandbox side is done, and resets draining ones
+/// past [`DRAIN_TIMEOUT`] or beyond [`DRAINING_MAX`] (the oldest first).
+fn drain(conns: &mut Vec<Conn>, now: Instant) {
+    for c in conns.iter_mut() {
+        if let Phase::Data { up, .. } = &c.phase {
+            if up.eof && c.to.ticket.is_some() {
+                c.to.ticket = None;
+                c.draining = Some(now);
+            }
+        }
+    }
+    let mut draining: Vec<Instant> = conns.iter().filter_map(|c| c.draining).collect();
+    if draining.is_empty() {
+        return;
+    }
+    draining.sort();
+    let excess = draining.len().saturating_sub(DRAINING_MAX);
+    // Reset those that started draining at or before this instant (the excess oldest).
+    let cutoff = excess.checked_sub(1).map(|i| draining[i]);
+    let (keep, gone): (Vec<Conn>, Vec<Conn>) = std::mem::take(conns).into_iter().partition(|c| {
+        c.draining.is_none_or(|d| {
+            now.saturating_duration_since(d) < DRAIN_TIMEOUT && cutoff.is_none_or(|cut| d > cut)
+        })
+    });
+    *conns = keep;
+    for c in gone {
+        c.close(true);
     }
 }
 
@@ -499,6 +542,8 @@ impl Conn {
                 }
                 Step::Keep
             }
+            // Nothing happened to it: no syscall spent on it.
+            Phase::Data { .. } if client == 0 && upstream == 0 => Step::Keep,
             Phase::Data { up, down } => {
                 let bad = libc::POLLERR;
                 if client & bad != 0 || upstream & bad != 0 {

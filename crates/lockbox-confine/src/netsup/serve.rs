@@ -361,7 +361,7 @@ impl Calls {
             return Err(libc::ENOBUFS);
         };
         Ok(Box::new(Relayed {
-            ticket,
+            ticket: Some(ticket),
             dest,
             answered,
             pid: asker.as_ref().map(|a| a.pid),
