@@ -60,7 +60,7 @@ pub struct Intercepted {
 pub struct RelaySlot(
     /// Held, not read: dropped with the connection, it frees the slot.
     #[allow(dead_code)]
-    pub(super) Ticket,
+    pub(super) Option<Ticket>,
 );
 
 /// Places a trust bundle is read from on common distributions, relative to `/etc`
