@@ -353,6 +353,31 @@ fn a_credential_goes_in_the_header_its_rule_names_and_only_on_its_host() {
 }
 
 #[test]
+fn an_http2_client_gets_the_credential_set_too() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/v1/models"]);
+    for user in users() {
+        let ops = vec![
+            "curl,https://api.test:8443/v1/models,Bearer_PLACEHOLDER".to_owned(),
+            "curl,https://api.test:8443/v1/admin".to_owned(),
+        ];
+        let got = net.results(user, &flags, true, &ops);
+        // curl speaks HTTP/2 to lockbox; lockbox speaks HTTP/1.1 to the server.
+        assert_eq!(got[0], "200 2 ok GET /v1/models", "{user:?}");
+        assert!(
+            got[1].starts_with("403 2 lockbox: refused: "),
+            "{user:?}: {}",
+            got[1]
+        );
+        assert_eq!(net.take_requests(), ["GET /v1/models auth=ok"]);
+    }
+}
+
+#[test]
 fn http_allow_answers_403_itself_and_the_refused_request_never_reaches_the_server() {
     if skip_unless_root() {
         return;

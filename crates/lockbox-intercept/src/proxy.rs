@@ -6,8 +6,8 @@
 //!
 //! 1. **TLS with the sandbox.** rustls, with the ClientHello the relay already read replayed
 //!    first, and a leaf certificate for the server name signed by the sandbox's CA
-//!    ([`crate::ca`]). HTTP/1.1 only (ALPN `http/1.1`).
-//! 2. **Each request** (hyper's HTTP/1 server): its host (`Host`, or the authority of an
+//!    ([`crate::ca`]). HTTP/2 or HTTP/1.1, as ALPN settles (`h2`, `http/1.1`).
+//! 2. **Each request** (hyper's HTTP/2 or HTTP/1 server): its host (`Host`, or the authority of an
 //!    absolute URI) must be the TLS server name, and its method and path must pass the
 //!    host's `--http-allow` rules ([`HttpRules::check`]); otherwise lockbox answers 403 itself
 //!    and nothing reaches the server. Then the credential's header replaces whatever the
@@ -35,7 +35,7 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use lockbox_confine::{AuditSink, Intercepted, NetDecision, NetEventKind, NetProtocol};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -96,7 +96,7 @@ impl Interceptor {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(authority)));
-        server.alpn_protocols = vec![b"http/1.1".to_vec()];
+        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let mut client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(upstream_roots(upstream_ca)?)
@@ -295,15 +295,25 @@ async fn connection(shared: Arc<Shared>, conn: Intercepted) {
             return;
         }
     };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    // Requests go to the server one at a time on one HTTP/1.1 connection (an HTTP/2
+    // client's concurrent streams wait their turn).
     let upstream = Arc::new(tokio::sync::Mutex::new(Upstream::Socket(Some(upstream))));
     let service = hyper::service::service_fn(move |req| {
         let conn = conn.clone();
         let upstream = upstream.clone();
         async move { Ok::<_, Infallible>(conn.handle(req, &upstream).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(tls), service)
-        .await;
+    let io = TokioIo::new(tls);
+    let _ = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(io, service)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, service)
+            .await
+    };
     drop(slot);
 }
 
@@ -353,16 +363,20 @@ impl Conn {
                 event.credential = Some(&rule.credential);
             }
         }
-        // The server gets the origin form, and a Host naming the server name.
-        if req.uri().authority().is_some() {
+        // The server gets HTTP/1.1: the origin form, and a Host (an HTTP/2 request's
+        // authority, which names the server name, or the server name).
+        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+        if authority.is_some() {
             let pq = req.uri().path_and_query().cloned();
             *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
         }
         if !req.headers().contains_key(HOST) {
-            if let Ok(host) = http::HeaderValue::from_str(&self.sni) {
+            let host = authority.unwrap_or_else(|| self.sni.clone());
+            if let Ok(host) = http::HeaderValue::from_str(&host) {
                 req.headers_mut().insert(HOST, host);
             }
         }
+        *req.version_mut() = http::Version::HTTP_11;
         let mut upstream = upstream.lock().await;
         let sender = match self.ready(&mut upstream).await {
             Ok(sender) => sender,

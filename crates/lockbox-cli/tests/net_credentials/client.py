@@ -5,11 +5,14 @@
   the request (urllib, with the system's default trust: the sandbox's bundle, plus the
   file of $EXTRA_CA if set), with HOST as its `Host` header if given; RESULT `STATUS
   FIRST-LINE-OF-BODY` or `error WHY`;
+- `curl,URL[,AUTHORIZATION]`: a GET with curl, HTTP/2 if the server takes it; RESULT
+  `STATUS HTTP-VERSION FIRST-LINE-OF-BODY`;
 - `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
   environment, every process's /proc environ and cmdline, and every regular file under
   /etc, /tmp, /dev and /run; RESULT `dumped`."""
 import os
 import ssl
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -33,6 +36,17 @@ def request(method, url, auth, host):
         return f"error {e}".replace("\n", " ")
     lines = body.decode(errors="replace").splitlines()
     return f"{status} {lines[0] if lines else ''}"
+
+
+def curl(url, auth):
+    args = ["curl", "--http2", "-sS", "-m", "15", "-w", "\n%{http_code} %{http_version}", url]
+    if auth:
+        args += ["-H", f"Authorization: {auth}"]
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"error {p.stderr.strip()}"
+    lines = p.stdout.splitlines()
+    return f"{lines[-1]} {lines[0] if len(lines) > 1 else ''}"
 
 
 def dump(path):
@@ -62,6 +76,8 @@ for op in sys.argv[1:]:
     parts = op.split(",")
     if parts[0] == "dump":
         result = dump(parts[1])
+    elif parts[0] == "curl":
+        result = curl(parts[1], parts[2].replace("_", " ") if len(parts) > 2 else None)
     else:
         auth = parts[2].replace("_", " ") if len(parts) > 2 and parts[2] != "-" else None
         host = parts[3] if len(parts) > 3 else None
