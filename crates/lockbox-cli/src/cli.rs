@@ -450,7 +450,8 @@ pub struct RunArgs {
     /// NODE_EXTRA_CA_CERTS), sets the header on every request (whatever the sandbox put
     /// there: a placeholder, or nothing), and sends it on over TLS to the real HOST,
     /// verifying its certificate. HOST must be allowed by name with --net-allow. HTTP/1.1 or
-    /// HTTP/2 from the sandbox, no WebSocket. Repeatable. See docs/security.md "Credentials".
+    /// HTTP/2 from the sandbox; an HTTP/1.1 upgrade (WebSocket) is checked, then its bytes
+    /// pass unread. Repeatable. See docs/security.md "Credentials".
     #[arg(long = "http-auth", value_name = "RULE", value_parser = parse_rule::<AuthRule>)]
     pub http_auth: Vec<AuthRule>,
     /// 'METHOD HOST/PATH-PREFIX' (METHOD may be *): on HOST (intercepted as --http-auth

@@ -378,6 +378,25 @@ fn an_http2_client_gets_the_credential_set_too() {
 }
 
 #[test]
+fn an_upgraded_connection_websocket_style_gets_the_credential_and_then_carries_bytes_both_ways() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/ws"]);
+    for user in users() {
+        let ops = vec![
+            "upgrade,api.test,8443,/ws,Bearer_PLACEHOLDER".to_owned(),
+            "upgrade,api.test,8443,/other".to_owned(),
+        ];
+        let got = net.results(user, &flags, true, &ops);
+        assert_eq!(got, ["101 echo ping", "403"], "{user:?}");
+        assert_eq!(net.take_requests(), ["GET /ws auth=ok upgraded"]);
+    }
+}
+
+#[test]
 fn http_allow_answers_403_itself_and_the_refused_request_never_reaches_the_server() {
     if skip_unless_root() {
         return;

@@ -18,6 +18,9 @@
 //!    `--upstream-ca` file). A server that closed its keep-alive connection is dialled again
 //!    at the same address. The response goes back as it came.
 //!
+//! An HTTP/1.1 upgrade (WebSocket) is checked and given its credential like any request;
+//! once the server answers 101, the two upgraded streams are copied into each other unread.
+//!
 //! Each request is an audit event (`request`: method, path, credential name, status).
 //!
 //! **Bounded.** Connections hold their relay slot ([`lockbox_confine::RELAY_SLOTS`] per
@@ -312,6 +315,7 @@ async fn connection(shared: Arc<Shared>, conn: Intercepted) {
     } else {
         hyper::server::conn::http1::Builder::new()
             .serve_connection(io, service)
+            .with_upgrades()
             .await
     };
     drop(slot);
@@ -377,6 +381,12 @@ impl Conn {
             }
         }
         *req.version_mut() = http::Version::HTTP_11;
+        // An HTTP/1.1 upgrade (WebSocket): once the server switches protocols, bytes are
+        // copied both ways, unread.
+        let upgrade = req
+            .headers()
+            .contains_key(http::header::UPGRADE)
+            .then(|| hyper::upgrade::on(&mut req));
         let mut upstream = upstream.lock().await;
         let sender = match self.ready(&mut upstream).await {
             Ok(sender) => sender,
@@ -387,8 +397,19 @@ impl Conn {
             }
         };
         match sender.send_request(req).await {
-            Ok(response) => {
+            Ok(mut response) => {
                 let status = response.status().as_u16();
+                if let Some(down) = upgrade.filter(|_| status == 101) {
+                    let up = hyper::upgrade::on(&mut response);
+                    // This server connection is the upgraded stream's now.
+                    *upstream = Upstream::Socket(None);
+                    tokio::spawn(async move {
+                        if let (Ok(down), Ok(up)) = (down.await, up.await) {
+                            let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+                            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                        }
+                    });
+                }
                 let reason = match event.credential {
                     Some(name) => format!("{method} {path} on {}: credential {name} set", self.sni),
                     None => format!("{method} {path} on {}: allowed", self.sni),
@@ -460,7 +481,7 @@ impl Conn {
             .await
             .map_err(|e| format!("HTTP with the server {}: {e}", self.sni))?;
         tokio::spawn(async move {
-            let _ = connection.await;
+            let _ = connection.with_upgrades().await;
         });
         Ok(sender)
     }

@@ -7,10 +7,13 @@
   FIRST-LINE-OF-BODY` or `error WHY`;
 - `curl,URL[,AUTHORIZATION]`: a GET with curl, HTTP/2 if the server takes it; RESULT
   `STATUS HTTP-VERSION FIRST-LINE-OF-BODY`;
+- `upgrade,HOST,PORT,PATH[,AUTHORIZATION]`: an HTTP/1.1 request for `Upgrade: echo` on a
+  TLS socket; once switched, sends `ping` and reads the answer; RESULT `STATUS ANSWER`;
 - `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
   environment, every process's /proc environ and cmdline, and every regular file under
   /etc, /tmp, /dev and /run; RESULT `dumped`."""
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -49,6 +52,28 @@ def curl(url, auth):
     return f"{lines[-1]} {lines[0] if len(lines) > 1 else ''}"
 
 
+def upgrade(host, port, path, auth):
+    ctx = ssl.create_default_context()
+    ctx.set_alpn_protocols(["http/1.1"])
+    head = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n"
+    if auth:
+        head += f"Authorization: {auth}\r\n"
+    try:
+        with socket.create_connection((host, int(port)), timeout=15) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as s:
+                s.sendall((head + "\r\n").encode())
+                f = s.makefile("rb")
+                status = f.readline().split()[1].decode()
+                while f.readline() not in (b"\r\n", b""):
+                    pass
+                if status != "101":
+                    return status
+                s.sendall(b"ping\n")
+                return f"{status} {f.readline().decode().strip()}"
+    except Exception as e:  # noqa: BLE001 - the test reads the reason
+        return f"error {e}".replace("\n", " ")
+
+
 def dump(path):
     with open(path, "wb") as out:
         for k, v in os.environ.items():
@@ -76,6 +101,9 @@ for op in sys.argv[1:]:
     parts = op.split(",")
     if parts[0] == "dump":
         result = dump(parts[1])
+    elif parts[0] == "upgrade":
+        auth = parts[4].replace("_", " ") if len(parts) > 4 else None
+        result = upgrade(parts[1], parts[2], parts[3], auth)
     elif parts[0] == "curl":
         result = curl(parts[1], parts[2].replace("_", " ") if len(parts) > 2 else None)
     else:

@@ -5,6 +5,8 @@ and the same without TLS on argv[1]:8080.
 A request is answered 200 `ok METHOD PATH` only if it carries the secret of the file
 argv[4], as `Authorization: Bearer SECRET` or `X-Api-Key: SECRET`; otherwise 401 `no`.
 Each request is logged to argv[5] as `METHOD PATH auth=ok|none|wrong` (never the secret).
+A request with `Upgrade: echo` that carries the secret is answered 101, and then each line
+the client sends comes back as `echo LINE` (logged with ` upgraded`).
 Prints `ready` once listening."""
 import http.server
 import ssl
@@ -30,8 +32,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             auth = "wrong"
         else:
             auth = "none"
+        upgraded = auth == "ok" and self.headers.get("Upgrade") == "echo"
         with lock, open(log, "a") as f:
-            f.write(f"{self.command} {self.path} auth={auth}\n")
+            f.write(f"{self.command} {self.path} auth={auth}{' upgraded' if upgraded else ''}\n")
+        if upgraded:
+            self.send_response(101)
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Upgrade", "echo")
+            self.end_headers()
+            self.wfile.flush()
+            while line := self.rfile.readline():
+                self.wfile.write(b"echo " + line)
+                self.wfile.flush()
+            self.close_connection = True
+            return
         status, body = (200, f"ok {self.command} {self.path}\n") if auth == "ok" else (401, "no\n")
         data = body.encode()
         self.send_response(status)
