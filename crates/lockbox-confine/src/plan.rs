@@ -991,6 +991,34 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn files_written_deep_in_etc_get_their_directories_first() {
+        let mut r = resolved(vec![]);
+        r.etc_hidden = Some(vec!["ssl/private".into()]);
+        r.etc_files = vec![("ssl/certs/ca-certificates.crt".into(), b"CA".to_vec())];
+        let plan = build(&r);
+        let at = |want: &str| {
+            plan.ops.iter().position(|op| match op {
+                Op::Mkdir { path, .. } | Op::WriteFile { path, .. } | Op::Whiteout { path } => {
+                    path.as_bytes() == want.as_bytes()
+                }
+                _ => false,
+            })
+        };
+        let ssl = at(".lockbox-etc/ssl").unwrap();
+        let certs = at(".lockbox-etc/ssl/certs").unwrap();
+        let file = at(".lockbox-etc/ssl/certs/ca-certificates.crt").unwrap();
+        let hidden = at(".lockbox-etc/ssl/private").unwrap();
+        assert!(ssl < certs && certs < file && ssl < hidden);
+        // Neither the file nor the hidden entry is made a directory.
+        let dirs = plan
+            .ops
+            .iter()
+            .filter(|op| matches!(op, Op::Mkdir { path, .. } if path.as_bytes().ends_with(b".crt") || path.as_bytes().ends_with(b"private")))
+            .count();
+        assert_eq!(dirs, 0);
+    }
+
     fn attach_targets(plan: &SetupPlan) -> Vec<String> {
         plan.ops
             .iter()
