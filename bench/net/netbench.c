@@ -1,7 +1,7 @@
 /* bench/net helper. Server and client of the network benchmark:
  *   netbench serve IP PORT          accept forever; read and discard until EOF, then close
- *   netbench connect HOST PORT N    N sequential connect + request head + close; prints mean
- *                                   microseconds
+ *   netbench connect HOST PORT N    N sequential connect + request head + close (reset);
+ *                                   prints mean microseconds
  *   netbench bulk HOST PORT MIB     a request head, then MIB MiB on one connection; prints MiB/s
  * HOST is resolved once (getaddrinfo), so a name goes through lockbox's resolver; every
  * connection starts with `GET / HTTP/1.1` + `Host: HOST`, the first flight the relay of a
@@ -62,6 +62,10 @@ int main(int argc, char **argv) {
             int s = socket(AF_INET, SOCK_STREAM, 0);
             if (connect(s, (void *)&a, sizeof a)) { perror("connect"); return 1; }
             head(s, argv[2]);
+            /* Reset, not FIN: thousands of TIME_WAIT connections to one non-loopback
+             * address make the kernel's search for a free port the cost measured. */
+            struct linger lg = {1, 0};
+            setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
             close(s);
         }
         printf("%.1f\n", (now() - t0) / n * 1e6);

@@ -24,7 +24,8 @@
 //! **Bounded.** One thread for every relayed connection of the sandbox, started with the
 //! first; at most [`RELAY_SLOTS`] connections whose sandbox side is open (six descriptors
 //! each: two sockets, two pipes), reserved before the supervisor connects upstream
-//! ([`Relay::reserve`]), so a connect beyond the cap fails at once with `ENOBUFS`. Once the
+//! ([`Relay::reserve`]): a blocking connect beyond the cap waits for a slot (parked, tried
+//! again every [`RELAY_RETRY`]), a non-blocking one fails at once with `ENOBUFS`. Once the
 //! sandbox's side has closed or shut its sending side, the connection gives its slot back
 //! and drains (upstream's last bytes, its close): at most [`DRAINING_MAX`] of those, each
 //! for at most [`DRAIN_TIMEOUT`], the oldest reset first. The thread ends, closing every
@@ -47,9 +48,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Relayed connections of one sandbox at once whose sandbox side is open; a connect beyond
-/// gets `ENOBUFS`.
+/// Relayed connections of one sandbox at once whose sandbox side is open. A blocking
+/// connect beyond waits for a slot (until its `SO_SNDTIMEO`), a non-blocking one gets
+/// `ENOBUFS`.
 pub const RELAY_SLOTS: usize = 64;
+/// How often connects waiting for a relay slot are tried again.
+pub const RELAY_RETRY: Duration = Duration::from_millis(5);
 /// Connections whose sandbox side closed (or shut its sending side) and that still pass on
 /// what upstream sends: they hold no slot, but at most this many are kept (the oldest is
 /// reset first), each at most [`DRAIN_TIMEOUT`].

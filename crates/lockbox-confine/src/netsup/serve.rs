@@ -15,7 +15,7 @@ use super::call::{read_call, Call};
 use super::decide::{decide, inspect, record_denied, single_threaded, tgid, Action, Decided, Sock};
 use super::dns::Dns;
 use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
-use super::relay::{Relayed, RELAY_SLOTS};
+use super::relay::{Relayed, RELAY_RETRY, RELAY_SLOTS};
 use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
 use crate::sys::Errno;
 use crate::sysnet::{self, Notif};
@@ -34,6 +34,7 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         buf: vec![0; MAX_SEND],
         next_sweep: None,
         next_retry: None,
+        next_relay_retry: None,
     };
     let mut fds = Vec::new();
     loop {
@@ -163,6 +164,8 @@ struct Calls {
     buf: Vec<u8>,
     next_sweep: Option<Instant>,
     next_retry: Option<Instant>,
+    /// When connects parked for a relay slot are tried again.
+    next_relay_retry: Option<Instant>,
 }
 
 /// What [`Calls::start`] makes of a notification.
@@ -303,9 +306,16 @@ impl Calls {
             return Start::Park(kind, deadline);
         }
         let relay = match (&action, dest) {
-            (Action::Relay, Some(dest)) => match self.relayed(tid, &sock, dest, answered) {
-                Ok(r) => Some(r),
-                Err(errno) => return Start::Outcome(Outcome::Answer(Err(errno))),
+            (Action::Relay, Some(dest)) => match self.relayed(tid, &sock, dest, answered, wait) {
+                Some(r) => Some(r),
+                // Every slot is taken: a blocking caller waits for one (the relay may only
+                // lag behind closed connections), tried again every RELAY_RETRY.
+                None if wait => {
+                    self.next_relay_retry
+                        .get_or_insert_with(|| Instant::now() + RELAY_RETRY);
+                    return Start::Park(kind, deadline);
+                }
+                None => return Start::Outcome(Outcome::Answer(Err(libc::ENOBUFS))),
             },
             _ => None,
         };
@@ -330,17 +340,21 @@ impl Calls {
         })
     }
 
-    /// A relay slot for a connection to `dest`, or `ENOBUFS` (logged) when every slot is
-    /// taken.
+    /// A relay slot for a connection to `dest`, or `None` when every slot is taken (logged
+    /// as a refusal unless the caller will `wait` for one).
     fn relayed(
         &self,
         tid: libc::pid_t,
         sock: &Sock,
         dest: std::net::SocketAddr,
         answered: Option<String>,
-    ) -> Result<Box<Relayed>, i32> {
+        wait: bool,
+    ) -> Option<Box<Relayed>> {
         let asker = self.shared.audit.as_ref().map(|_| Asker::of(tid));
         let Some(ticket) = self.shared.relay.reserve() else {
+            if wait {
+                return None;
+            }
             let reason = format!("relay full ({RELAY_SLOTS} connections)");
             record_denied(
                 &self.shared,
@@ -358,9 +372,9 @@ impl Calls {
                 e.command = asker.map(|a| a.command);
                 sink.emit(e);
             }
-            return Err(libc::ENOBUFS);
+            return None;
         };
-        Ok(Box::new(Relayed {
+        Some(Box::new(Relayed {
             ticket: Some(ticket),
             dest,
             answered,
@@ -469,6 +483,17 @@ impl Calls {
             self.retry_parked();
             self.next_retry = (!self.parked.is_empty()).then(|| now + RETRY);
         }
+        if self.next_relay_retry.is_some_and(|t| t <= now) {
+            self.next_relay_retry = None;
+            // Parked connects start over: those still without a slot park again.
+            for p in std::mem::take(&mut self.parked) {
+                if p.kind == Kind::Connect {
+                    self.handle(p.notif, p.since, false);
+                } else {
+                    self.parked.push_back(p);
+                }
+            }
+        }
         if self.next_sweep.is_none() && !self.parked.is_empty() {
             self.next_sweep = Some(now + SWEEP);
         }
@@ -515,6 +540,7 @@ impl Calls {
             .chain(self.parked.iter().filter_map(|p| p.deadline))
             .chain(self.next_sweep)
             .chain(self.next_retry)
+            .chain(self.next_relay_retry)
             .min();
         match next {
             None => -1,
