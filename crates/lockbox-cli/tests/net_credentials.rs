@@ -327,8 +327,12 @@ fn a_credential_goes_in_the_header_its_rule_names_and_only_on_its_host() {
             // itself): no credential is added.
             "GET,https://plain.test:8443/data,Bearer_PLACEHOLDER".to_owned(),
             "GET,https://plain.test:8443/data".to_owned(),
-            // Inside an intercepted connection, a request for another host is refused.
+            // Inside an intercepted connection, a request for another host is refused,
+            // named by Host or by an absolute request target.
             "GET,https://api.test:8443/v1/models,-,plain.test".to_owned(),
+            "raw,api.test,8443,https://plain.test/v1/models".to_owned(),
+            // TRACE would have the server echo the credential back.
+            "TRACE,https://api.test:8443/v1/models".to_owned(),
         ];
         let got = net.results(user, &flags, true, &ops);
         assert_eq!(
@@ -340,6 +344,12 @@ fn a_credential_goes_in_the_header_its_rule_names_and_only_on_its_host() {
             got[3].starts_with("403 lockbox: refused: ") && got[3].contains("plain.test"),
             "{user:?}: {}",
             got[3]
+        );
+        assert_eq!(got[4], "403", "{user:?}");
+        assert!(
+            got[5].starts_with("403 lockbox: refused: ") && got[5].contains("TRACE"),
+            "{user:?}: {}",
+            got[5]
         );
         assert_eq!(
             net.take_requests(),

@@ -231,6 +231,8 @@ pub enum Refusal {
     AmbiguousPath,
     /// The request names another host than the TLS server name.
     OtherHost(String),
+    /// `TRACE` (or `TRACK`): the server would echo the request, credential included.
+    Reflecting,
 }
 
 impl std::fmt::Display for Refusal {
@@ -241,6 +243,9 @@ impl std::fmt::Display for Refusal {
                 "the path has '.' or '..' segments or escaped '.', '/' or '\\' (refused, as the server could read it otherwise)",
             ),
             Refusal::OtherHost(h) => write!(f, "the request names host {h:?}, not the TLS server name"),
+            Refusal::Reflecting => f.write_str(
+                "TRACE and TRACK are refused on intercepted hosts (the server would echo the credential back)",
+            ),
         }
     }
 }
@@ -300,8 +305,11 @@ impl HttpRules {
 
     /// Whether a `method` request for `path` (without its query) may go to `host`: every
     /// request when no `--http-allow` rule names the host, else only those a rule lists.
-    /// Ambiguous paths are refused either way.
+    /// Ambiguous paths and `TRACE`/`TRACK` are refused either way.
     pub fn check(&self, method: &str, host: &str, path: &str) -> Result<(), Refusal> {
+        if method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK") {
+            return Err(Refusal::Reflecting);
+        }
         if ambiguous(path) {
             return Err(Refusal::AmbiguousPath);
         }
@@ -406,6 +414,11 @@ mod tests {
         let r = rules(&[], &["* api.example.org"]);
         assert_eq!(r.check("PATCH", "api.example.org", "/anything"), Ok(()));
         assert_eq!(r.check("GET", "api.example.org", "/"), Ok(()));
+        // Except the methods whose answer echoes the request, credential included.
+        assert_eq!(
+            r.check("TRACE", "api.example.org", "/"),
+            Err(Refusal::Reflecting)
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@
   `STATUS HTTP-VERSION FIRST-LINE-OF-BODY`;
 - `upgrade,HOST,PORT,PATH[,AUTHORIZATION]`: an HTTP/1.1 request for `Upgrade: echo` on a
   TLS socket; once switched, sends `ping` and reads the answer; RESULT `STATUS ANSWER`;
+- `raw,HOST,PORT,TARGET`: `GET TARGET HTTP/1.1` with `Host: HOST` on a TLS socket, the
+  request target as given (an absolute URI naming another host, say); RESULT `STATUS`;
 - `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
   environment, every process's /proc environ and cmdline, and every regular file under
   /etc, /tmp, /dev and /run; RESULT `dumped`."""
@@ -74,6 +76,19 @@ def upgrade(host, port, path, auth):
         return f"error {e}".replace("\n", " ")
 
 
+def raw(host, port, target):
+    ctx = ssl.create_default_context()
+    ctx.set_alpn_protocols(["http/1.1"])
+    head = f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    try:
+        with socket.create_connection((host, int(port)), timeout=15) as sock:
+            with ctx.wrap_socket(sock, server_hostname=host) as s:
+                s.sendall(head.encode())
+                return s.makefile("rb").readline().split()[1].decode()
+    except Exception as e:  # noqa: BLE001 - the test reads the reason
+        return f"error {e}".replace("\n", " ")
+
+
 def dump(path):
     with open(path, "wb") as out:
         for k, v in os.environ.items():
@@ -101,6 +116,8 @@ for op in sys.argv[1:]:
     parts = op.split(",")
     if parts[0] == "dump":
         result = dump(parts[1])
+    elif parts[0] == "raw":
+        result = raw(parts[1], parts[2], parts[3])
     elif parts[0] == "upgrade":
         auth = parts[4].replace("_", " ") if len(parts) > 4 else None
         result = upgrade(parts[1], parts[2], parts[3], auth)
