@@ -407,6 +407,29 @@ fn an_upgraded_connection_websocket_style_gets_the_credential_and_then_carries_b
 }
 
 #[test]
+fn a_server_that_closes_its_kept_alive_connection_is_dialled_again() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    for user in users() {
+        // The client keeps one connection to lockbox; the server closes lockbox's after
+        // /close, so the next requests go on a new one, with the credential.
+        let ops = vec!["keepalive,api.test,/close,/v1/models,/v1/models".to_owned()];
+        let got = net.results(user, &BEARER, true, &ops);
+        assert_eq!(got, ["200+200+200"], "{user:?}");
+        assert_eq!(
+            net.take_requests(),
+            [
+                "GET /close auth=ok",
+                "GET /v1/models auth=ok",
+                "GET /v1/models auth=ok"
+            ]
+        );
+    }
+}
+
+#[test]
 fn http_allow_answers_403_itself_and_the_refused_request_never_reaches_the_server() {
     if skip_unless_root() {
         return;

@@ -388,15 +388,31 @@ impl Conn {
             .contains_key(http::header::UPGRADE)
             .then(|| hyper::upgrade::on(&mut req));
         let mut upstream = upstream.lock().await;
-        let sender = match self.ready(&mut upstream).await {
-            Ok(sender) => sender,
-            Err(why) => {
-                let reason = format!("{method} {path} on {}: {why}", self.sni);
-                self.log_request(&event, NetDecision::Denied, reason.clone(), 502);
-                return text(StatusCode::BAD_GATEWAY, format!("lockbox: {reason}\n"));
+        let mut retried = false;
+        let sent = loop {
+            let sender = match self.ready(&mut upstream).await {
+                Ok(sender) => sender,
+                Err(why) => {
+                    let reason = format!("{method} {path} on {}: {why}", self.sni);
+                    self.log_request(&event, NetDecision::Denied, reason.clone(), 502);
+                    return text(StatusCode::BAD_GATEWAY, format!("lockbox: {reason}\n"));
+                }
+            };
+            match sender.try_send_request(req).await {
+                Ok(response) => break Ok(response),
+                // The server closed its kept-alive connection before the request was
+                // written (hyper gives it back): dial again once and send it there.
+                Err(mut e) => match e.take_message() {
+                    Some(back) if !retried => {
+                        retried = true;
+                        req = back;
+                        *upstream = Upstream::Socket(None);
+                    }
+                    _ => break Err(e.into_error()),
+                },
             }
         };
-        match sender.send_request(req).await {
+        match sent {
             Ok(mut response) => {
                 let status = response.status().as_u16();
                 if let Some(down) = upgrade.filter(|_| status == 101) {

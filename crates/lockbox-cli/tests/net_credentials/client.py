@@ -11,9 +11,12 @@
   TLS socket; once switched, sends `ping` and reads the answer; RESULT `STATUS ANSWER`;
 - `raw,HOST,PORT,TARGET`: `GET TARGET HTTP/1.1` with `Host: HOST` on a TLS socket, the
   request target as given (an absolute URI naming another host, say); RESULT `STATUS`;
+- `keepalive,HOST,PATH,PATH...`: GETs on one kept-alive connection (http.client);
+  RESULT the statuses, `+`-joined;
 - `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
   environment, every process's /proc environ and cmdline, and every regular file under
   /etc, /tmp, /dev and /run; RESULT `dumped`."""
+import http.client
 import os
 import socket
 import ssl
@@ -89,6 +92,17 @@ def raw(host, port, target):
         return f"error {e}".replace("\n", " ")
 
 
+def keepalive(host, paths):
+    c = http.client.HTTPSConnection(host, 8443, context=ssl.create_default_context(), timeout=15)
+    statuses = []
+    for p in paths:
+        c.request("GET", p)
+        r = c.getresponse()
+        r.read()
+        statuses.append(str(r.status))
+    return "+".join(statuses)
+
+
 def dump(path):
     with open(path, "wb") as out:
         for k, v in os.environ.items():
@@ -116,6 +130,8 @@ for op in sys.argv[1:]:
     parts = op.split(",")
     if parts[0] == "dump":
         result = dump(parts[1])
+    elif parts[0] == "keepalive":
+        result = keepalive(parts[1], parts[2:])
     elif parts[0] == "raw":
         result = raw(parts[1], parts[2], parts[3])
     elif parts[0] == "upgrade":

@@ -5,7 +5,8 @@ and the same without TLS on argv[1]:8080.
 A request is answered 200 `ok METHOD PATH` only if it carries the secret of the file
 argv[4], as `Authorization: Bearer SECRET` or `X-Api-Key: SECRET`; otherwise 401 `no`.
 Each request is logged to argv[5] as `METHOD PATH auth=ok|none|wrong` (never the secret).
-A request with `Upgrade: echo` that carries the secret is answered 101, and then each line
+`/close` is answered with `Connection: close`, and the connection closed. A request with
+`Upgrade: echo` that carries the secret is answered 101, and then each line
 the client sends comes back as `echo LINE` (logged with ` upgraded`).
 Prints `ready` once listening."""
 import http.server
@@ -52,6 +53,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         status, body = (200, f"ok {self.command} {self.path}\n") if auth == "ok" else (401, "no\n")
         data = body.encode()
         self.send_response(status)
+        if self.path == "/close":
+            # Ends this kept-alive connection after the answer.
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
