@@ -350,37 +350,7 @@ impl Conn {
                 format!("lockbox: refused: {reason}\n"),
             );
         }
-        if let Some(rule) = self.shared.rules.auth_for(&self.sni) {
-            let prefix = match rule.scheme {
-                AuthScheme::Bearer => "Bearer ",
-                AuthScheme::Header(_) => "",
-            };
-            let value = self
-                .shared
-                .credentials
-                .get(&rule.credential)
-                .and_then(|s| s.header(prefix));
-            if let Some(value) = value {
-                let header = rule.header();
-                req.headers_mut().remove(&header);
-                req.headers_mut().insert(header, value);
-                event.credential = Some(&rule.credential);
-            }
-        }
-        // The server gets HTTP/1.1: the origin form, and a Host (an HTTP/2 request's
-        // authority, which names the server name, or the server name).
-        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
-        if authority.is_some() {
-            let pq = req.uri().path_and_query().cloned();
-            *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
-        }
-        if !req.headers().contains_key(HOST) {
-            let host = authority.unwrap_or_else(|| self.sni.clone());
-            if let Ok(host) = http::HeaderValue::from_str(&host) {
-                req.headers_mut().insert(HOST, host);
-            }
-        }
-        *req.version_mut() = http::Version::HTTP_11;
+        event.credential = self.rewrite(&mut req);
         // An HTTP/1.1 upgrade (WebSocket): once the server switches protocols, bytes are
         // copied both ways, unread.
         let upgrade = req
@@ -439,6 +409,43 @@ impl Conn {
                 text(StatusCode::BAD_GATEWAY, format!("lockbox: {reason}\n"))
             }
         }
+    }
+
+    /// Sets the host's credential (returning its name), and makes the request one for an
+    /// HTTP/1.1 server: the origin form, and a `Host` (an HTTP/2 request's authority, which
+    /// names the server name, or the server name).
+    fn rewrite(&self, req: &mut Request<Incoming>) -> Option<&str> {
+        let mut credential = None;
+        if let Some(rule) = self.shared.rules.auth_for(&self.sni) {
+            let prefix = match rule.scheme {
+                AuthScheme::Bearer => "Bearer ",
+                AuthScheme::Header(_) => "",
+            };
+            let value = self
+                .shared
+                .credentials
+                .get(&rule.credential)
+                .and_then(|s| s.header(prefix));
+            if let Some(value) = value {
+                let header = rule.header();
+                req.headers_mut().remove(&header);
+                req.headers_mut().insert(header, value);
+                credential = Some(rule.credential.as_str());
+            }
+        }
+        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+        if authority.is_some() {
+            let pq = req.uri().path_and_query().cloned();
+            *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
+        }
+        if !req.headers().contains_key(HOST) {
+            let host = authority.unwrap_or_else(|| self.sni.clone());
+            if let Ok(host) = http::HeaderValue::from_str(&host) {
+                req.headers_mut().insert(HOST, host);
+            }
+        }
+        *req.version_mut() = http::Version::HTTP_11;
+        credential
     }
 
     /// The HTTP/1 client of the real server, connecting (or reconnecting) first if needed.
