@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lockbox_intercept::{AllowRule, AuthRule, CredentialSpec};
 use lockbox_policy::{parse_duration, ByteSize, EnvPolicy, Net, NetSpec, Policy};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -431,8 +432,9 @@ pub struct RunArgs {
     pub json: bool,
     /// Append the network supervisor's decisions to FILE (created 0600), one JSON line
     /// each: every connect or send towards the host's network, allowed or refused, and every
-    /// DNS query lockbox's resolver answered, with the reason, the address or name, and the
-    /// asking process (pid, command line). Needs --net-allow or --net-deny. See
+    /// DNS query lockbox's resolver answered, every request on an --http-auth/--http-allow
+    /// host, with the reason, the address or name, and the asking process (pid, command
+    /// line). Needs --net-allow or --net-deny. See
     /// docs/security.md "Audit log".
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
@@ -447,6 +449,33 @@ pub struct RunArgs {
     /// (e.g. 10s, 2m) [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_dur, requires = "net_ask")]
     pub net_ask_timeout: Option<Duration>,
+    /// A secret the sandbox may use but never read: NAME=env:VAR (a variable of lockbox's
+    /// own environment) or NAME=file:PATH, read once when lockbox starts and kept in its
+    /// memory. An --http-auth rule says which host's requests it goes on. Repeatable.
+    #[arg(long, value_name = "NAME=SOURCE", value_parser = parse_rule::<CredentialSpec>)]
+    pub credential: Vec<CredentialSpec>,
+    /// 'HOST bearer NAME' (Authorization: Bearer <credential NAME>) or 'HOST header
+    /// HEADER-NAME NAME': lockbox terminates the sandbox's TLS connections to HOST with a
+    /// CA of its own (made for this sandbox, trusted by the sandbox's view of the system
+    /// trust store and by SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE,
+    /// NODE_EXTRA_CA_CERTS), sets the header on every request (whatever the sandbox put
+    /// there: a placeholder, or nothing), and sends it on over TLS to the real HOST,
+    /// verifying its certificate. HOST must be allowed by name with --net-allow. HTTP/1.1 or
+    /// HTTP/2 from the sandbox; an HTTP/1.1 upgrade (WebSocket) is checked, then its bytes
+    /// pass unread. Repeatable. See docs/security.md "Credentials".
+    #[arg(long = "http-auth", value_name = "RULE", value_parser = parse_rule::<AuthRule>)]
+    pub http_auth: Vec<AuthRule>,
+    /// 'METHOD HOST/PATH-PREFIX' (METHOD may be *): on HOST (intercepted as --http-auth
+    /// does, credential or not) only requests a rule lists go through; others get 403 from
+    /// lockbox and never reach the server. A prefix matches whole path segments
+    /// (/v1/models: /v1/models and /v1/models/x, not /v1/modelsx); paths with '.' or '..'
+    /// segments or escaped '.', '/' or '\' are refused. Repeatable.
+    #[arg(long = "http-allow", value_name = "RULE", value_parser = parse_rule::<AllowRule>)]
+    pub http_allow: Vec<AllowRule>,
+    /// Also trust the CA certificates of FILE (PEM) for the real servers of --http-auth and
+    /// --http-allow hosts, besides the host's trust store (a private CA, a test server).
+    #[arg(long = "upstream-ca", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -577,6 +606,11 @@ fn parse_dur(s: &str) -> Result<Duration, String> {
 
 fn parse_net_spec(s: &str) -> Result<NetSpec, String> {
     NetSpec::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_rule<T: std::str::FromStr<Err = lockbox_intercept::Error>>(s: &str) -> Result<T, String> {
+    s.parse()
+        .map_err(|e: lockbox_intercept::Error| e.to_string())
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {

@@ -77,6 +77,13 @@ pub enum SetupError {
         /// Why not.
         reason: &'static str,
     },
+    /// A sandbox whose connections lockbox intercepts ([`crate::Spawn::interceptor`]) lacks
+    /// what interception needs.
+    #[error("cannot intercept the sandbox's connections: {reason}")]
+    Intercept {
+        /// Why not.
+        reason: &'static str,
+    },
     /// A pipe, signalfd or wait failed in the supervising process.
     #[error("{what}: {errno}")]
     Supervise {
@@ -102,6 +109,7 @@ impl SetupError {
             SetupError::Cgroup { .. } => ErrorCode::CgroupFailed,
             SetupError::Sequence { .. } => ErrorCode::SequenceUnsupported,
             SetupError::Supervise { .. } => ErrorCode::SuperviseFailed,
+            SetupError::Intercept { .. } => ErrorCode::InvalidPolicy,
         }
     }
 

@@ -778,9 +778,16 @@ fn etc(plan: &mut SetupPlan, resolved: &Resolved, inside: &mut Vec<Op>) {
     const TOP: &str = ".lockbox-etc";
     tmpfs(plan, TOP, "mode=0755");
     let hidden = resolved.etc_hidden.as_deref().unwrap_or_default();
-    let mut dirs: Vec<&Path> = hidden
+    // Every directory above a hidden entry or a written file (`ssl/certs/...`); the sort
+    // puts parents first (`ssl` before `ssl/certs`).
+    let entries: Vec<&Path> = hidden
         .iter()
-        .filter_map(|h| h.parent())
+        .map(PathBuf::as_path)
+        .chain(resolved.etc_files.iter().map(|(name, _)| Path::new(name)))
+        .collect();
+    let mut dirs: Vec<&Path> = entries
+        .iter()
+        .flat_map(|e| e.ancestors().skip(1))
         .filter(|p| !p.as_os_str().is_empty())
         .collect();
     dirs.sort();
@@ -982,6 +989,34 @@ mod tests {
         assert!(plan.rules.iter().any(
             |r| r.path.as_bytes() == HELPER_PATH.as_bytes() && r.access == RuleAccess::ReadFile
         ));
+    }
+
+    #[test]
+    fn files_written_deep_in_etc_get_their_directories_first() {
+        let mut r = resolved(vec![]);
+        r.etc_hidden = Some(vec!["ssl/private".into()]);
+        r.etc_files = vec![("ssl/certs/ca-certificates.crt".into(), b"CA".to_vec())];
+        let plan = build(&r);
+        let at = |want: &str| {
+            plan.ops.iter().position(|op| match op {
+                Op::Mkdir { path, .. } | Op::WriteFile { path, .. } | Op::Whiteout { path } => {
+                    path.as_bytes() == want.as_bytes()
+                }
+                _ => false,
+            })
+        };
+        let ssl = at(".lockbox-etc/ssl").unwrap();
+        let certs = at(".lockbox-etc/ssl/certs").unwrap();
+        let file = at(".lockbox-etc/ssl/certs/ca-certificates.crt").unwrap();
+        let hidden = at(".lockbox-etc/ssl/private").unwrap();
+        assert!(ssl < certs && certs < file && ssl < hidden);
+        // Neither the file nor the hidden entry is made a directory.
+        let dirs = plan
+            .ops
+            .iter()
+            .filter(|op| matches!(op, Op::Mkdir { path, .. } if path.as_bytes().ends_with(b".crt") || path.as_bytes().ends_with(b"private")))
+            .count();
+        assert_eq!(dirs, 0);
     }
 
     fn attach_targets(plan: &SetupPlan) -> Vec<String> {

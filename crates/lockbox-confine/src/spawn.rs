@@ -23,6 +23,7 @@ use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Stack size of the command child until it execs (it runs a few small functions).
@@ -327,11 +328,13 @@ pub struct Spawn<'a> {
     net: NetHooks,
 }
 
-/// Who the network supervisor reports to ([`Spawn::audit`]) and asks ([`Spawn::ask`]).
+/// Who the network supervisor reports to ([`Spawn::audit`]), asks ([`Spawn::ask`]) and
+/// hands intercepted connections to ([`Spawn::interceptor`]).
 #[derive(Debug, Default)]
 struct NetHooks {
     audit: Option<netsup::AuditSink>,
     ask: Option<netsup::Approvals>,
+    interceptor: Option<Arc<dyn netsup::Interceptor>>,
 }
 
 /// What a sandbox runs.
@@ -419,6 +422,16 @@ impl<'a> Spawn<'a> {
     /// [`Approvals`](crate::Approvals).
     pub fn ask(mut self, desk: netsup::Approvals) -> Spawn<'a> {
         self.net.ask = Some(desk);
+        self
+    }
+
+    /// Hands the TLS connections `interceptor` claims to it instead of relaying them
+    /// (credentials lockbox sets on requests: see [`crate::Interceptor`]). Needs an
+    /// allow-list and lockbox's own `/etc` (the default reads, `/etc` not granted itself):
+    /// the sandbox's view of the system trust store gets the interceptor's CA
+    /// ([`crate::trust_files`]).
+    pub fn interceptor(mut self, interceptor: Arc<dyn netsup::Interceptor>) -> Spawn<'a> {
+        self.net.interceptor = Some(interceptor);
         self
     }
 
@@ -572,6 +585,9 @@ fn launch(
     let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
     let agent = helper.is_some();
     resolved.helper = helper;
+    if let Some(interceptor) = &net.interceptor {
+        add_trust(&mut resolved, interceptor.as_ref())?;
+    }
     // Only where the command itself holds the stdio: the agent of a long-lived sandbox keeps
     // the server's stdout and stderr from its children (naming the server's terminal would
     // hand it to them), and a gated sandbox gets its stdio only at the release.
@@ -795,9 +811,39 @@ fn start_net_supervisor(
         rules,
         names: resolved.net_names.clone(),
         hosts_file: resolved.net_hosts_file.clone(),
+        interceptor: net.interceptor,
     };
     let supervisor = netsup::start(rules, net.audit, net.ask, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
+}
+
+/// Puts the interceptor's CA into the sandbox's view of the system trust store (files of
+/// lockbox's own `/etc`, an overlay whose top layer lives in the sandbox's memory: the
+/// host's trust store is never written).
+fn add_trust(
+    resolved: &mut resolve::Resolved,
+    interceptor: &dyn netsup::Interceptor,
+) -> Result<(), SetupError> {
+    if !matches!(
+        resolved.net_rules,
+        Some((lockbox_policy::ListKind::Allow, _))
+    ) {
+        return Err(SetupError::Intercept {
+            reason:
+                "intercepted names must be allowed by name in a network allow-list (--net-allow)",
+        });
+    }
+    if resolved.etc_hidden.is_none() {
+        return Err(SetupError::Intercept {
+            reason: "the sandbox must see lockbox's own /etc (the default reads, /etc not granted itself) to trust lockbox's CA",
+        });
+    }
+    let files = netsup::trust_files(interceptor.ca_pem(), Path::new("/etc"));
+    for (name, data) in files {
+        resolved.etc_files.retain(|(n, _)| *n != name);
+        resolved.etc_files.push((name, data));
+    }
+    Ok(())
 }
 
 /// The namespaces a new sandbox is cloned into. The cgroup namespace is entered later,

@@ -8,6 +8,7 @@ pub mod branch;
 pub mod branch_part;
 pub mod branch_prompt;
 pub mod check;
+pub mod credentials;
 pub mod help;
 pub mod journal;
 pub mod mcp;

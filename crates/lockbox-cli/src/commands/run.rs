@@ -51,6 +51,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
                 .unwrap_or(lockbox_confine::DEFAULT_ASK_TIMEOUT),
         )?),
     };
+    let interceptor = super::credentials::start(
+        args,
+        &mut policy,
+        audit.as_ref().map(|(_, sink)| sink.clone()),
+    )?;
     let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
     let signals = match Signals::block(&FORWARDED) {
@@ -71,6 +76,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     if let Some((prompt, desk)) = ask {
         prompt.start()?;
         spawn = spawn.ask(desk);
+    }
+    if let Some(interceptor) = interceptor {
+        spawn = spawn.interceptor(interceptor);
     }
     let result = spawn.start().and_then(|mut running| {
         started_in = Some(running.cwd().to_owned());

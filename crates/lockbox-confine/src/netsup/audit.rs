@@ -44,6 +44,9 @@ pub enum EventKind {
     Tls,
     /// The HTTP/1 request of a relayed (name-allowed) connection: its `Host` checked.
     Http,
+    /// A request on a connection lockbox intercepts (`--http-auth`, `--http-allow`): its
+    /// method and path checked, a credential set.
+    Request,
     /// Events the consumer had no room for (`count` of them).
     Dropped,
 }
@@ -107,6 +110,19 @@ pub struct NetEvent {
     /// The `Host` the HTTP/1 request named (http), as sent without its port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The request's method (request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The request's path, without its query (request), at most 1024 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The name of the credential lockbox set on the request (request); never its value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// The HTTP status the sandbox got (request): lockbox's own 403 when refused, else the
+    /// server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
     /// The query type (dns): `A`, `AAAA`, `TXT`...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qtype: Option<String>,
@@ -152,6 +168,10 @@ impl NetEvent {
             name: None,
             sni: None,
             host: None,
+            method: None,
+            path: None,
+            credential: None,
+            status: None,
             qtype: None,
             answers: None,
             refused: None,
@@ -190,7 +210,7 @@ impl AuditSink {
     }
 
     /// Sends `event`, or counts it dropped; first reports earlier drops if there is room.
-    pub(super) fn emit(&self, event: NetEvent) {
+    pub fn emit(&self, event: NetEvent) {
         if !self.flush_dropped() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -223,7 +243,7 @@ impl AuditSink {
     }
 
     /// A decision event of `kind` for this sink's sandbox, stamped now.
-    pub(super) fn event(&self, kind: EventKind, decision: Decision, reason: String) -> NetEvent {
+    pub fn event(&self, kind: EventKind, decision: Decision, reason: String) -> NetEvent {
         let mut e = NetEvent::new(kind, self.sandbox.clone());
         e.decision = Some(decision);
         e.reason = Some(reason);

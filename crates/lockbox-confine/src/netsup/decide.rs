@@ -329,6 +329,7 @@ mod tests {
                     .rules(&[]),
                 names: Vec::new(),
                 hosts_file: None,
+                interceptor: None,
             },
             host_cookie: 0,
             report: Arc::default(),
@@ -336,7 +337,7 @@ mod tests {
             audit: None,
             dns_askers: Default::default(),
             ask: None,
-            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default()),
+            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default(), None),
         };
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {

@@ -942,6 +942,7 @@ mod tests {
                 rules: Vec::new(),
                 names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
                 hosts_file: None,
+                interceptor: None,
             },
             host_cookie: 0,
             report: std::sync::Arc::default(),
@@ -949,7 +950,12 @@ mod tests {
             audit: None,
             dns_askers: std::sync::Mutex::default(),
             ask: None,
-            relay: super::super::relay::Relay::new(Vec::new(), None, std::sync::Arc::default()),
+            relay: super::super::relay::Relay::new(
+                Vec::new(),
+                None,
+                std::sync::Arc::default(),
+                None,
+            ),
         }
     }
 

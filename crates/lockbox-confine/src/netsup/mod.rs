@@ -48,6 +48,7 @@ mod decide;
 mod dns;
 mod filter;
 mod first;
+mod intercept;
 mod perform;
 mod relay;
 mod serve;
@@ -57,6 +58,9 @@ pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_CO
 pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
 pub use self::first::FIRST_FLIGHT_MAX;
+pub use self::intercept::{
+    trust_files, Intercepted, Interceptor, RelaySlot, SANDBOX_BUNDLE, TRUST_BUNDLES,
+};
 pub use self::relay::{FIRST_FLIGHT_TIMEOUT, RELAY_SLOTS};
 
 use crate::error::SetupError;
@@ -136,6 +140,8 @@ pub struct NetRules {
     /// The hosts file the resolver reads first (the test hook of
     /// [`crate::resolve::HOSTS_FILE_VAR`]).
     pub hosts_file: Option<std::path::PathBuf>,
+    /// What terminates the TLS connections of some allowed names (credentials).
+    pub interceptor: Option<Arc<dyn Interceptor>>,
 }
 
 /// A running supervisor thread; dropping it stops the thread.
@@ -226,7 +232,12 @@ pub fn start(
     let (stop, stop_rx) =
         UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
     let report = Arc::new(Mutex::new(NetReport::default()));
-    let relay = relay::Relay::new(rules.names.clone(), audit.clone(), report.clone());
+    let relay = relay::Relay::new(
+        rules.names.clone(),
+        audit.clone(),
+        report.clone(),
+        rules.interceptor.clone(),
+    );
     let shared = Shared {
         relay,
         rules,

@@ -17,6 +17,10 @@
 //!    copied to user space. A half-close (`shutdown(SHUT_WR)`) is passed on once the pipe
 //!    is drained; an error on either side resets both.
 //!
+//! 3. **Intercepted.** A TLS connection whose server name an [`Interceptor`] claims
+//!    (`--http-auth`, `--http-allow`) is handed to it after the check instead of being
+//!    spliced ([`super::intercept`]); plain HTTP to such a name is refused.
+//!
 //! **Bounded.** One thread for every relayed connection of the sandbox, started with the
 //! first; at most [`RELAY_SLOTS`] connections whose sandbox side is open (six descriptors
 //! each: two sockets, two pipes), reserved before the supervisor connects upstream
@@ -29,6 +33,7 @@
 
 use super::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol as AuditProtocol};
 use super::first::{classify, FirstFlight, Protocol, FIRST_FLIGHT_MAX};
+use super::intercept::{Intercepted, Interceptor};
 use super::NetReport;
 use crate::sys::Errno;
 use lockbox_policy::{NetSpec, Proto};
@@ -91,6 +96,7 @@ struct Context {
     names: Vec<NetSpec>,
     audit: Option<AuditSink>,
     report: Arc<Mutex<NetReport>>,
+    interceptor: Option<Arc<dyn Interceptor>>,
 }
 
 /// The relay of one sandbox: its slots, its loopback listeners, its thread (started with
@@ -115,12 +121,14 @@ impl Relay {
         names: Vec<NetSpec>,
         audit: Option<AuditSink>,
         report: Arc<Mutex<NetReport>>,
+        interceptor: Option<Arc<dyn Interceptor>>,
     ) -> Relay {
         Relay {
             context: Context {
                 names,
                 audit,
                 report,
+                interceptor,
             },
             active: Arc::default(),
             listeners: Mutex::default(),
@@ -392,6 +400,10 @@ enum Step {
     Close {
         reset: bool,
     },
+    /// Hand the connection to the interceptor: its server name is `sni`.
+    Intercept {
+        sni: String,
+    },
 }
 
 fn run(context: &Context, rx: &Receiver<Conn>, wake: UnixStream) {
@@ -432,6 +444,7 @@ fn run(context: &Context, rx: &Receiver<Conn>, wake: UnixStream) {
             match c.step(context, client, upstream, now) {
                 Step::Keep => kept.push(c),
                 Step::Close { reset } => c.close(reset),
+                Step::Intercept { sni } => c.hand_over(context, sni),
             }
         }
         conns = kept;
@@ -597,18 +610,55 @@ impl Conn {
             let why = format!("{what} {shown} not in the allow-list");
             return self.refuse_owned(context, Some((protocol, Some(shown))), why);
         };
-        let reason = format!("{what} {shown} matches {spec}");
+        let sni = name.trim_end_matches('.').to_ascii_lowercase();
+        let intercepted = context
+            .interceptor
+            .as_ref()
+            .is_some_and(|i| i.intercepts(&sni, port));
+        if intercepted && protocol == Protocol::Http {
+            let why = format!(
+                "host {shown} is intercepted by lockbox (--http-auth/--http-allow): plain HTTP refused, TLS only"
+            );
+            return self.refuse_owned(context, Some((protocol, Some(shown))), why);
+        }
+        let mut reason = format!("{what} {shown} matches {spec}");
+        if intercepted {
+            reason.push_str("; intercepted by lockbox (--http-auth/--http-allow)");
+        }
         self.log(
             context,
             Some((protocol, Some(shown))),
             Decision::Allowed,
             reason,
         );
+        if intercepted {
+            return Step::Intercept { sni };
+        }
         let Phase::First { buf, .. } = &mut self.phase else {
             return Step::Keep;
         };
         let head = std::mem::take(buf);
         self.begin(head)
+    }
+
+    /// Gives the connection, its first flight and its slot to the interceptor.
+    fn hand_over(self, context: &Context, sni: String) {
+        let Some(interceptor) = &context.interceptor else {
+            return self.close(true);
+        };
+        let Phase::First { buf, .. } = self.phase else {
+            return self.close(true);
+        };
+        interceptor.take(Intercepted {
+            client: self.client,
+            first_flight: buf,
+            upstream: self.upstream,
+            dest: self.to.dest,
+            sni,
+            pid: self.to.pid,
+            command: self.to.command,
+            slot: super::intercept::RelaySlot(self.to.ticket),
+        });
     }
 
     fn refuse(

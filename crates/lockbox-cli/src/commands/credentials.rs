@@ -1,0 +1,77 @@
+//! `lockbox run`'s credentials (`--credential`, `--http-auth`, `--http-allow`,
+//! `--upstream-ca`): checked against the policy, read once, and the interceptor that uses
+//! them started (see `lockbox_intercept`).
+
+use crate::cli::RunArgs;
+use crate::error::CliError;
+use lockbox_confine::{AuditSink, SANDBOX_BUNDLE};
+use lockbox_intercept::{CredentialSource, Credentials, HttpRules, Interceptor, TRUST_ENV};
+use lockbox_policy::{Net, Policy, Proto};
+use std::sync::Arc;
+
+/// Starts the sandbox's interceptor, if the flags ask for one, and points the sandbox's TLS
+/// clients at the trust bundle with its CA. Usage errors (exit 2) name the flag, the host,
+/// the credential or its source, never a credential's value.
+pub fn start(
+    args: &RunArgs,
+    policy: &mut Policy,
+    audit: Option<AuditSink>,
+) -> Result<Option<Arc<Interceptor>>, CliError> {
+    if args.http_auth.is_empty() && args.http_allow.is_empty() {
+        if let Some(c) = args.credential.first() {
+            return Err(CliError::usage(format!(
+                "--credential {}: no --http-auth rule uses it",
+                c.name
+            )));
+        }
+        if args.upstream_ca.is_some() {
+            return Err(CliError::usage(
+                "--upstream-ca is for the servers of --http-auth/--http-allow hosts: give one",
+            ));
+        }
+        return Ok(None);
+    }
+    let rules =
+        HttpRules::new(args.http_auth.clone(), args.http_allow.clone()).map_err(CliError::usage)?;
+    let Net::Allow(specs) = &policy.net else {
+        return Err(CliError::usage(
+            "--http-auth/--http-allow intercept hosts of a network allow-list: add --net-allow HOST:443",
+        ));
+    };
+    for host in rules.hosts() {
+        let allowed = specs
+            .iter()
+            .any(|s| s.proto != Some(Proto::Udp) && s.matches_name(host));
+        if !allowed {
+            return Err(CliError::usage(format!(
+                "--http-auth/--http-allow host {host} is not allowed by name by --net-allow"
+            ))
+            .hint(format!("add --net-allow {host}:443")));
+        }
+    }
+    for spec in &args.credential {
+        if let CredentialSource::Env(var) = &spec.source {
+            if policy.env.pass.contains(var) || policy.env.set.contains_key(var) {
+                return Err(CliError::usage(format!(
+                    "--credential {}: its variable {var} would be given to the sandbox (--env-pass/--env); a credential never enters it",
+                    spec.name
+                )));
+            }
+        }
+    }
+    let credentials = Credentials::load(&args.credential, &rules, |var| std::env::var_os(var))
+        .map_err(CliError::usage)?;
+    let interceptor = Interceptor::start(rules, credentials, args.upstream_ca.as_deref(), audit)
+        .map_err(|e| {
+            let code = if e.is_usage() { 2 } else { 125 };
+            CliError::new(code, e)
+        })?;
+    for var in TRUST_ENV {
+        policy
+            .env
+            .set
+            .entry(var.to_owned())
+            .or_insert_with(|| SANDBOX_BUNDLE.to_owned());
+    }
+    Ok(Some(Arc::new(interceptor)))
+}

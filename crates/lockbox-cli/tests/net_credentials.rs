@@ -1,0 +1,600 @@
+//! End-to-end tests of credentials that never enter the sandbox (`--credential`,
+//! `--http-auth`, `--http-allow`, `--upstream-ca`).
+//!
+//! The real server is an HTTPS server (Python's, tests/net_credentials/server.py) in a
+//! network namespace the test makes (a veth pair with addresses of the benchmarking range
+//! 198.18.0.0/15), with a certificate made by the test's own CA, which lockbox is told to
+//! trust with `--upstream-ca`. It answers 200 only to requests carrying the real secret.
+//! The sandboxed client (tests/net_credentials/client.py, Python's urllib with the system's
+//! default trust) sends no credential or a placeholder, and dumps everything of the sandbox
+//! a secret could hide in. Names resolve through `LOCKBOX_NET_HOSTS_FILE`. Making the
+//! namespace needs root; as another user those tests say so and pass. Each scenario runs as
+//! root and as uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{lockbox, scratch, text, users, User};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const SECRET_VAR: &str = "LBX_TEST_API_SECRET";
+
+fn root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next().map(|u| u == "0"))
+        .unwrap()
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", text(&out));
+}
+
+/// Runs `openssl` with the whitespace-separated `args` in `dir`.
+fn openssl(args: &str, dir: &Path) {
+    let out = Command::new("openssl")
+        .args(args.split_whitespace())
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
+}
+
+/// A network namespace with the real server, and two directories: one the sandbox is
+/// granted (the client, the hosts file, the CA's certificate; `out`, which every test user
+/// can write), and one it is not (the CA's and the server's keys, the secret, the server's
+/// log).
+struct TestNet {
+    ns: String,
+    server: Child,
+    dir: tempfile::TempDir,
+    private: tempfile::TempDir,
+    secret: String,
+}
+
+impl TestNet {
+    fn new() -> TestNet {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        // 198.18.128.0/17: not the range tests/net_names.rs takes its addresses from.
+        let slot = (pid % 4000) * 4 + n % 4;
+        let (a, b) = (128 + (slot / 64) % 128, (slot % 64) * 4);
+        let id = format!("{}{}", pid % 100_000, n);
+        let ns = format!("lbxcred{id}");
+        let (host_if, peer_if) = (format!("lbxch{id}"), format!("lbxcp{id}"));
+        let (host_ip, ip) = (
+            format!("198.18.{a}.{}", b + 1),
+            format!("198.18.{a}.{}", b + 2),
+        );
+        sh(&["ip", "netns", "add", &ns]);
+        sh(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
+        ]);
+        sh(&["ip", "link", "set", &peer_if, "netns", &ns]);
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{host_ip}/30"),
+            "dev",
+            &host_if,
+        ]);
+        sh(&["ip", "link", "set", &host_if, "up"]);
+        for args in [
+            vec!["ip", "addr", "add", &format!("{ip}/30"), "dev", &peer_if],
+            vec!["ip", "link", "set", &peer_if, "up"],
+            vec!["ip", "link", "set", "lo", "up"],
+        ] {
+            let mut all = vec!["ip", "netns", "exec", ns.as_str()];
+            all.extend(args);
+            sh(&all);
+        }
+        let dir = scratch();
+        let private = scratch();
+        let (d, p) = (dir.path(), private.path());
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        openssl(
+            &format!("req -x509 {ec} -days 1 -subj /CN=lockbox-test-CA -keyout ca.key -out ca.pem"),
+            p,
+        );
+        openssl(
+            &format!("req -new {ec} -subj /CN=api.test -keyout server.key -out server.csr"),
+            p,
+        );
+        std::fs::write(
+            p.join("ext.cnf"),
+            "subjectAltName=DNS:api.test,DNS:keyed.test,DNS:plain.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(
+            "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+             -extfile ext.cnf -out server.pem",
+            p,
+        );
+        std::fs::copy(p.join("ca.pem"), d.join("ca.pem")).unwrap();
+        let secret = format!("s3cr3t-{pid}-{n}-do-not-leak");
+        std::fs::write(p.join("secret"), &secret).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_credentials");
+        std::fs::copy(src.join("server.py"), p.join("server.py")).unwrap();
+        std::fs::copy(src.join("client.py"), d.join("client.py")).unwrap();
+        std::fs::write(
+            d.join("hosts"),
+            format!("{ip} api.test\n{ip} keyed.test\n{ip} plain.test\n"),
+        )
+        .unwrap();
+        let out = d.join("out");
+        std::fs::create_dir(&out).unwrap();
+        sh(&["chmod", "0777", out.to_str().unwrap()]);
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3"])
+            .arg(p.join("server.py"))
+            .arg(&ip)
+            .arg(p.join("server.pem"))
+            .arg(p.join("server.key"))
+            .arg(p.join("secret"))
+            .arg(p.join("requests.log"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(server.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        TestNet {
+            ns,
+            server,
+            dir,
+            private,
+            secret,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The requests that reached the server since the last call.
+    fn take_requests(&self) -> Vec<String> {
+        let path = self.private.path().join("requests.log");
+        let lines = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let _ = std::fs::remove_file(&path);
+        lines
+    }
+
+    /// Runs the client's `ops` in a sandbox with the flags `flags` (plus the hosts file, the
+    /// secret in lockbox's environment and `--upstream-ca` unless `trust_server` is false).
+    fn run(&self, user: User, flags: &[&str], trust_server: bool, ops: &[String]) -> Output {
+        let d = self.dir.path();
+        let mut cmd = common::command_as(user);
+        cmd.env("LOCKBOX_NET_HOSTS_FILE", self.path("hosts"))
+            .env(SECRET_VAR, &self.secret)
+            .current_dir("/")
+            .args(["run", "-r", d.to_str().unwrap()])
+            .args(["-w", self.path("out").to_str().unwrap()])
+            .args(flags);
+        if trust_server {
+            cmd.arg("--upstream-ca").arg(self.path("ca.pem"));
+        }
+        cmd.args(["--", "python3"])
+            .arg(self.path("client.py"))
+            .args(ops);
+        cmd.output().unwrap()
+    }
+
+    fn results(&self, user: User, flags: &[&str], trust: bool, ops: &[String]) -> Vec<String> {
+        let out = self.run(user, flags, trust, ops);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{user:?} {flags:?}: {}",
+            text(&out)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let results: Vec<String> = ops
+            .iter()
+            .zip(stdout.lines())
+            .map(|(op, line)| {
+                line.strip_prefix(op.as_str())
+                    .unwrap_or_else(|| panic!("{op}: {line}"))
+                    .trim()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(results.len(), ops.len(), "{}", text(&out));
+        results
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+fn skip_unless_root() -> bool {
+    if !root() {
+        eprintln!("skipped: making a network namespace needs root");
+        return true;
+    }
+    false
+}
+
+fn audit_events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+const BEARER: [&str; 8] = [
+    "--net-allow",
+    "api.test:8443",
+    "--net-allow",
+    "keyed.test:8443",
+    "--credential",
+    "API=env:LBX_TEST_API_SECRET",
+    "--http-auth",
+    "api.test bearer API",
+];
+
+#[test]
+fn the_credential_is_set_by_lockbox_and_nothing_inside_the_sandbox_holds_it() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    for user in users() {
+        let dump = net.path("out").join(format!("dump-{user:?}"));
+        let url = "https://api.test:8443/v1/models";
+        let ops = vec![
+            format!("GET,{url}"),
+            format!("GET,{url},Bearer_PLACEHOLDER"),
+            format!("POST,{url}"),
+            format!("dump,{}", dump.display()),
+        ];
+        let got = net.results(user, &BEARER, true, &ops);
+        assert_eq!(
+            got,
+            [
+                "200 ok GET /v1/models",
+                "200 ok GET /v1/models",
+                "200 ok POST /v1/models",
+                "dumped"
+            ],
+            "{user:?}"
+        );
+        assert_eq!(
+            net.take_requests(),
+            [
+                "GET /v1/models auth=ok",
+                "GET /v1/models auth=ok",
+                "POST /v1/models auth=ok"
+            ]
+        );
+        let dumped = std::fs::read(&dump).unwrap();
+        let has = |needle: &str| dumped.windows(needle.len()).any(|w| w == needle.as_bytes());
+        assert!(dumped.len() > 10_000, "the dump read the sandbox's files");
+        assert!(has("PLACEHOLDER"), "the dump holds the command lines");
+        assert!(has("BEGIN CERTIFICATE"), "the dump holds the trust bundle");
+        assert!(!has(&net.secret), "{user:?}: the secret is visible inside");
+        assert!(
+            !has(SECRET_VAR),
+            "{user:?}: the secret's variable is visible inside"
+        );
+    }
+}
+
+#[test]
+fn a_credential_goes_in_the_header_its_rule_names_and_only_on_its_host() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ca = net.path("ca.pem");
+    let extra_ca = format!("EXTRA_CA={}", ca.display());
+    let mut flags = BEARER.to_vec();
+    flags.extend([
+        "--net-allow",
+        "plain.test:8443",
+        "--credential",
+        "KEY=env:LBX_TEST_API_SECRET",
+        "--http-auth",
+        "keyed.test header X-Api-Key KEY",
+        "--env",
+        &extra_ca,
+    ]);
+    for user in users() {
+        let ops = vec![
+            // The sandbox's wrong Authorization goes through untouched: the rule is X-Api-Key.
+            "GET,https://keyed.test:8443/data,Bearer_WRONG".to_owned(),
+            // A host with no rule is relayed as it is (the client trusts the test's CA
+            // itself): no credential is added.
+            "GET,https://plain.test:8443/data,Bearer_PLACEHOLDER".to_owned(),
+            "GET,https://plain.test:8443/data".to_owned(),
+            // Inside an intercepted connection, a request for another host is refused,
+            // named by Host or by an absolute request target.
+            "GET,https://api.test:8443/v1/models,-,plain.test".to_owned(),
+            "raw,api.test,8443,https://plain.test/v1/models".to_owned(),
+            // TRACE would have the server echo the credential back.
+            "TRACE,https://api.test:8443/v1/models".to_owned(),
+        ];
+        let got = net.results(user, &flags, true, &ops);
+        assert_eq!(
+            got[..3],
+            ["200 ok GET /data", "401 no", "401 no"],
+            "{user:?}"
+        );
+        assert!(
+            got[3].starts_with("403 lockbox: refused: ") && got[3].contains("plain.test"),
+            "{user:?}: {}",
+            got[3]
+        );
+        assert_eq!(got[4], "403", "{user:?}");
+        assert!(
+            got[5].starts_with("403 lockbox: refused: ") && got[5].contains("TRACE"),
+            "{user:?}: {}",
+            got[5]
+        );
+        assert_eq!(
+            net.take_requests(),
+            [
+                "GET /data auth=ok",
+                "GET /data auth=wrong",
+                "GET /data auth=none"
+            ]
+        );
+    }
+}
+
+#[test]
+fn an_http2_client_gets_the_credential_set_too() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/v1/models"]);
+    for user in users() {
+        let ops = vec![
+            "curl,https://api.test:8443/v1/models,Bearer_PLACEHOLDER".to_owned(),
+            "curl,https://api.test:8443/v1/admin".to_owned(),
+        ];
+        let got = net.results(user, &flags, true, &ops);
+        // curl speaks HTTP/2 to lockbox; lockbox speaks HTTP/1.1 to the server.
+        assert_eq!(got[0], "200 2 ok GET /v1/models", "{user:?}");
+        assert!(
+            got[1].starts_with("403 2 lockbox: refused: "),
+            "{user:?}: {}",
+            got[1]
+        );
+        assert_eq!(net.take_requests(), ["GET /v1/models auth=ok"]);
+    }
+}
+
+#[test]
+fn an_upgraded_connection_websocket_style_gets_the_credential_and_then_carries_bytes_both_ways() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/ws"]);
+    for user in users() {
+        let ops = vec![
+            "upgrade,api.test,8443,/ws,Bearer_PLACEHOLDER".to_owned(),
+            "upgrade,api.test,8443,/other".to_owned(),
+        ];
+        let got = net.results(user, &flags, true, &ops);
+        assert_eq!(got, ["101 echo ping", "403"], "{user:?}");
+        assert_eq!(net.take_requests(), ["GET /ws auth=ok upgraded"]);
+    }
+}
+
+#[test]
+fn a_server_that_closes_its_kept_alive_connection_is_dialled_again() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    for user in users() {
+        // The client keeps one connection to lockbox; the server closes lockbox's after
+        // /close, so the next requests go on a new one, with the credential.
+        let ops = vec!["keepalive,api.test,/close,/v1/models,/v1/models".to_owned()];
+        let got = net.results(user, &BEARER, true, &ops);
+        assert_eq!(got, ["200+200+200"], "{user:?}");
+        assert_eq!(
+            net.take_requests(),
+            [
+                "GET /close auth=ok",
+                "GET /v1/models auth=ok",
+                "GET /v1/models auth=ok"
+            ]
+        );
+    }
+}
+
+#[test]
+fn http_allow_answers_403_itself_and_the_refused_request_never_reaches_the_server() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let audit = net.path("out").join("audit.jsonl");
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/v1/models"]);
+    flags.extend(["--audit", audit.to_str().unwrap()]);
+    for user in users() {
+        let _ = std::fs::remove_file(&audit);
+        let base = "https://api.test:8443";
+        let ops = vec![
+            format!("GET,{base}/v1/models/gpt"),
+            format!("GET,{base}/v1/admin"),
+            format!("POST,{base}/v1/models"),
+            format!("GET,{base}/v1/models/%2e%2e/admin"),
+            format!("GET,{base}/v1/modelsx"),
+        ];
+        let got = net.results(user, &flags, true, &ops);
+        assert_eq!(got[0], "200 ok GET /v1/models/gpt", "{user:?}");
+        for refused in &got[1..] {
+            assert!(
+                refused.starts_with("403 lockbox: refused: "),
+                "{user:?}: {refused}"
+            );
+        }
+        assert!(got[1].contains("not allowed by --http-allow"), "{}", got[1]);
+        assert_eq!(net.take_requests(), ["GET /v1/models/gpt auth=ok"]);
+        let events = audit_events(&audit);
+        let requests: Vec<_> = events.iter().filter(|e| e["kind"] == "request").collect();
+        assert_eq!(requests.len(), 5, "{events:#?}");
+        assert_eq!(requests[0]["decision"], "allowed");
+        assert_eq!(requests[0]["status"], 200);
+        assert_eq!(requests[0]["credential"], "API");
+        assert_eq!(requests[0]["sni"], "api.test");
+        assert_eq!(requests[1]["decision"], "denied");
+        assert_eq!(requests[1]["status"], 403);
+        assert_eq!(requests[1]["method"], "GET");
+        assert_eq!(requests[1]["path"], "/v1/admin");
+        assert!(
+            requests[1]["pid"].as_u64().unwrap() > 0,
+            "{:?}",
+            requests[1]
+        );
+        let text = std::fs::read_to_string(&audit).unwrap();
+        assert!(
+            !text.contains(&net.secret),
+            "the audit log holds the secret"
+        );
+    }
+}
+
+#[test]
+fn the_real_servers_certificate_is_verified_and_plain_http_to_an_intercepted_host_is_refused() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--net-allow", "api.test:8080"]);
+    for user in users() {
+        // Without --upstream-ca, the test CA's server is not trusted: 502 from lockbox, and
+        // the secret never went out. Plain HTTP to the intercepted name is reset by the
+        // relay before a byte reaches the server listening there.
+        let ops = vec![
+            "GET,https://api.test:8443/v1/models".to_owned(),
+            "GET,http://api.test:8080/v1/models".to_owned(),
+        ];
+        let got = net.results(user, &flags, false, &ops);
+        assert!(got[0].starts_with("502 lockbox: "), "{user:?}: {}", got[0]);
+        assert!(
+            got[0].contains("TLS with the server api.test"),
+            "{}",
+            got[0]
+        );
+        assert!(got[1].starts_with("error "), "{user:?}: {}", got[1]);
+        assert_eq!(net.take_requests(), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn bad_credential_flags_are_usage_errors_naming_what_is_wrong() {
+    let dir = scratch();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "--net-allow",
+                "api.test:443",
+                "--credential",
+                "API=env:LBX_NOT_SET_ANYWHERE",
+                "--http-auth",
+                "api.test bearer API",
+            ],
+            "LBX_NOT_SET_ANYWHERE",
+        ),
+        (
+            vec![
+                "--net-allow",
+                "api.test:443",
+                "--credential",
+                "API=file:/nonexistent/key",
+                "--http-auth",
+                "api.test bearer API",
+            ],
+            "/nonexistent/key",
+        ),
+        (
+            vec![
+                "--net-allow",
+                "other.test:443",
+                "--credential",
+                "API=env:HOME",
+                "--http-auth",
+                "api.test bearer API",
+            ],
+            "api.test is not allowed by name by --net-allow",
+        ),
+        (
+            vec!["--credential", "API=env:HOME"],
+            "no --http-auth rule uses it",
+        ),
+        (
+            vec![
+                "--net-allow",
+                "api.test:443",
+                "--http-auth",
+                "api.test bearer API",
+            ],
+            "no --credential API=... defines it",
+        ),
+        (
+            vec!["--credential", "API=sk-live-123"],
+            "never the value itself",
+        ),
+        (
+            vec![
+                "--net-allow",
+                "api.test:443",
+                "--http-allow",
+                "GET api.test/v1/../x",
+            ],
+            "--http-allow",
+        ),
+        (
+            vec![
+                "--net-allow",
+                "api.test:443",
+                "--credential",
+                "API=env:HOME",
+                "--http-auth",
+                "api.test bearer API",
+                "--env-pass",
+                "HOME",
+            ],
+            "would be given to the sandbox",
+        ),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["run"];
+        args.extend(&flags);
+        args.extend(["--", "true"]);
+        let out = lockbox(User::Current, dir.path(), &args);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{flags:?}: {stderr}");
+    }
+}

@@ -1,0 +1,175 @@
+//! Credential values: read once when lockbox starts, kept in lockbox's memory only, never
+//! printed (their `Debug` says `<redacted>`), never written anywhere.
+
+use crate::error::Error;
+use crate::rules::{CredentialSource, CredentialSpec, HttpRules};
+use http::HeaderValue;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+
+/// Largest credential value read, in bytes.
+pub const MAX_SECRET: usize = 16 << 10;
+
+/// One credential's value.
+#[derive(Clone)]
+pub struct Secret(Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl Secret {
+    /// The header value of `prefix` followed by the secret, marked sensitive (never
+    /// indexed by HPACK, never shown by `Debug`).
+    pub(crate) fn header(&self, prefix: &str) -> Option<HeaderValue> {
+        let mut bytes = prefix.as_bytes().to_vec();
+        bytes.extend_from_slice(&self.0);
+        let mut value = HeaderValue::from_bytes(&bytes).ok()?;
+        value.set_sensitive(true);
+        Some(value)
+    }
+}
+
+/// The credentials of a sandbox, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials(BTreeMap<String, Secret>);
+
+impl Credentials {
+    /// Reads every credential of `specs` (`env` looks up lockbox's own environment); every
+    /// rule of `rules` must name one of them, and every credential must be used by a rule.
+    /// Errors name the credential, the variable or the file, never the value.
+    pub fn load(
+        specs: &[CredentialSpec],
+        rules: &HttpRules,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Credentials, Error> {
+        let mut map = BTreeMap::new();
+        for spec in specs {
+            if map.contains_key(&spec.name) {
+                return Err(Error::Credential {
+                    name: spec.name.clone(),
+                    reason: "given twice".to_owned(),
+                });
+            }
+            let value = read(spec, &env)?;
+            map.insert(spec.name.clone(), value);
+        }
+        for rule in &rules.auth {
+            if !map.contains_key(&rule.credential) {
+                return Err(Error::Credential {
+                    name: rule.credential.clone(),
+                    reason: format!(
+                        "--http-auth for {} names it, but no --credential {}=... defines it",
+                        rule.host, rule.credential
+                    ),
+                });
+            }
+        }
+        if let Some(unused) = map
+            .keys()
+            .find(|name| !rules.auth.iter().any(|r| &r.credential == *name))
+        {
+            return Err(Error::Credential {
+                name: unused.clone(),
+                reason: "no --http-auth rule uses it".to_owned(),
+            });
+        }
+        Ok(Credentials(map))
+    }
+
+    /// The value of credential `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&Secret> {
+        self.0.get(name)
+    }
+}
+
+fn read(spec: &CredentialSpec, env: impl Fn(&str) -> Option<OsString>) -> Result<Secret, Error> {
+    let err = |reason: String| Error::Credential {
+        name: spec.name.clone(),
+        reason,
+    };
+    let mut bytes = match &spec.source {
+        CredentialSource::Env(var) => env(var)
+            .ok_or_else(|| err(format!("environment variable {var} is not set")))?
+            .into_encoded_bytes(),
+        CredentialSource::File(path) => {
+            let meta = std::fs::metadata(path)
+                .map_err(|e| err(format!("reading {}: {e}", path.display())))?;
+            if meta.len() > MAX_SECRET as u64 {
+                return Err(err(format!(
+                    "{} is larger than {MAX_SECRET} bytes",
+                    path.display()
+                )));
+            }
+            std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))?
+        }
+    };
+    if bytes.ends_with(b"\n") {
+        bytes.pop();
+        if bytes.ends_with(b"\r") {
+            bytes.pop();
+        }
+    }
+    if bytes.is_empty() {
+        return Err(err("the value is empty".to_owned()));
+    }
+    if bytes.len() > MAX_SECRET || HeaderValue::from_bytes(&bytes).is_err() {
+        return Err(err(format!(
+            "the value cannot go in an HTTP header (control characters or more than {MAX_SECRET} bytes)"
+        )));
+    }
+    Ok(Secret(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(auth: &[&str]) -> HttpRules {
+        HttpRules::new(
+            auth.iter().map(|a| a.parse().unwrap()).collect(),
+            Vec::new(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_missing_variable_is_named_and_the_value_never_printed() {
+        let specs = vec!["API=env:NOPE_NOT_SET".parse().unwrap()];
+        let e = Credentials::load(&specs, &rules(&["a.example bearer API"]), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("API") && e.contains("NOPE_NOT_SET"), "{e}");
+        let specs = vec!["API=env:KEY".parse().unwrap()];
+        let creds = Credentials::load(&specs, &rules(&["a.example bearer API"]), |_| {
+            Some("sk-secret".into())
+        })
+        .unwrap();
+        assert!(!format!("{creds:?}").contains("sk-secret"));
+        let header = creds.get("API").unwrap().header("Bearer ").unwrap();
+        assert_eq!(header, "Bearer sk-secret");
+        assert!(!format!("{header:?}").contains("sk-secret"));
+    }
+
+    #[test]
+    fn file_credentials_drop_one_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, "tok\n").unwrap();
+        let specs = vec![format!("K=file:{}", path.display()).parse().unwrap()];
+        let creds = Credentials::load(&specs, &rules(&["a.example bearer K"]), |_| None).unwrap();
+        assert_eq!(creds.get("K").unwrap().header("").unwrap(), "tok");
+    }
+
+    #[test]
+    fn rules_and_credentials_must_name_each_other() {
+        let specs = vec!["A=env:X".parse().unwrap()];
+        let env = |_: &str| Some(OsString::from("v"));
+        assert!(Credentials::load(&specs, &rules(&["a.example bearer B"]), env).is_err());
+        assert!(Credentials::load(&specs, &rules(&[]), env).is_err());
+        let bad = |_: &str| Some(OsString::from("a\nb"));
+        assert!(Credentials::load(&specs, &rules(&["a.example bearer A"]), bad).is_err());
+    }
+}
