@@ -11,7 +11,7 @@ use lockbox_cow::{
 
 use crate::types::{CommitSummary, KeptBranch, KeptBranchDetail, Rest, Selection};
 use crate::workspace::cow_error;
-use crate::{util, Runtime, RuntimeError};
+use crate::{Runtime, RuntimeError};
 
 /// Whether a live process still owns the branch (a running sandbox's, or one being
 /// committed).
@@ -25,7 +25,7 @@ fn describe(b: &ListedBranch) -> KeptBranch {
         Ok(m) => (
             Some(m.workdir.clone()),
             m.state.name().to_owned(),
-            Some(util::rfc3339(
+            Some(lockbox_policy::time::from_unix(
                 m.created.secs,
                 u32::try_from(m.created.nanos).unwrap_or(0),
             )),

@@ -53,7 +53,7 @@ pub(crate) struct Context {
     language: Language,
     cwd: Option<String>,
     env: Vec<(String, String)>,
-    created_at: String,
+    created_at: std::time::SystemTime,
     agent: AgentClient,
     runner: tokio::sync::Mutex<Option<Runner>>,
     /// The runner's pid (0: none), readable while a run holds `runner`.
@@ -92,7 +92,7 @@ pub(crate) fn new_context(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        created_at: util::now_rfc3339(),
+        created_at: std::time::SystemTime::now(),
         agent: agent.clone(),
         runner: tokio::sync::Mutex::new(None),
         pid: AtomicI32::new(0),
@@ -205,7 +205,7 @@ impl Context {
             id: self.id.clone(),
             language: self.language.as_str().to_owned(),
             cwd: self.cwd.clone(),
-            created_at: self.created_at.clone(),
+            created_at: self.created_at,
             pid: (pid > 0).then_some(pid),
             runs: self.runs.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),

@@ -72,7 +72,6 @@ pub use crate::streams::{
     WatchStream,
 };
 pub use crate::types::*;
-pub use crate::util::rfc3339;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 /// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.

@@ -20,7 +20,7 @@ pub(crate) struct Process {
     pub id: String,
     pub pid: i32,
     pub command: Vec<String>,
-    pub started_at: String,
+    pub started_at: std::time::SystemTime,
     pub log: Arc<ProcessLog>,
     /// stdin pipe (or the PTY master, shared with the reader).
     pub input: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
@@ -72,7 +72,7 @@ impl Process {
             id,
             pid,
             command,
-            started_at: crate::util::now_rfc3339(),
+            started_at: std::time::SystemTime::now(),
             log: Arc::new(ProcessLog::new(log)),
             input: Mutex::new(input),
             pty: master,
@@ -186,7 +186,7 @@ impl Process {
             },
             exit_code: status.and_then(|s| s.code),
             signal: status.and_then(|s| s.signal),
-            started_at: self.started_at.clone(),
+            started_at: self.started_at,
             pty: self.pty.is_some(),
             log_end: self.log.end(),
         }

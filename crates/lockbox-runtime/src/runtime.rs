@@ -2,7 +2,7 @@
 //! and what happens to a sandbox's branch when it stops.
 
 use crate::types::*;
-use crate::{sandbox, store, util, RuntimeError, Sandbox};
+use crate::{sandbox, store, RuntimeError, Sandbox};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -159,7 +159,7 @@ impl Runtime {
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),
-            created_at: util::now_rfc3339(),
+            created_at: std::time::SystemTime::now(),
             spec,
             state_dir: self.inner.config.state_dir.clone(),
             agent_exe: self.inner.agent_exe.clone(),

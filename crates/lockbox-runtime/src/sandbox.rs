@@ -145,7 +145,7 @@ impl Drop for LogReservation {
 #[derive(Debug)]
 pub(crate) struct SandboxInner {
     pub id: SandboxId,
-    pub created_at: String,
+    pub created_at: std::time::SystemTime,
     pub spec: SandboxSpec,
     pub state_dir: PathBuf,
     pub agent_exe: PathBuf,
@@ -187,7 +187,7 @@ impl SandboxInner {
         SandboxInfo {
             id: self.id.clone(),
             state,
-            created_at: self.created_at.clone(),
+            created_at: self.created_at,
             workdir: self.spec.workdir.clone(),
             branch,
             branch_action,

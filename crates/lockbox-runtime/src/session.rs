@@ -80,7 +80,7 @@ pub(crate) struct Session {
     pub id: String,
     /// The shell's pid in the sandbox.
     pub pid: i32,
-    pub created_at: String,
+    pub created_at: std::time::SystemTime,
     agent: AgentClient,
     pipes: tokio::sync::Mutex<Pipes>,
     busy: AtomicBool,
@@ -140,7 +140,7 @@ impl Session {
         Ok(Session {
             id,
             pid,
-            created_at: crate::util::now_rfc3339(),
+            created_at: std::time::SystemTime::now(),
             agent: agent.clone(),
             pipes: tokio::sync::Mutex::new(pipes),
             busy: AtomicBool::new(false),
@@ -154,7 +154,7 @@ impl Session {
         SessionInfo {
             id: self.id.clone(),
             pid: self.pid,
-            created_at: self.created_at.clone(),
+            created_at: self.created_at,
             busy: self.busy.load(Ordering::Relaxed),
         }
     }

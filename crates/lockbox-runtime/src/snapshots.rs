@@ -14,7 +14,6 @@ use lockbox_cow::{NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore};
 
 use crate::sandbox::{lock, Instance, SessionState};
 use crate::types::{SandboxId, SandboxInfo, SandboxSpec, SnapshotInfo, SnapshotOptions};
-use crate::util::rfc3339;
 use crate::{Change, Runtime, RuntimeError};
 
 /// Longest the processes of a sandbox may take to stop (a process in uninterruptible sleep
@@ -224,7 +223,10 @@ pub(crate) fn info(m: SnapshotMeta) -> SnapshotInfo {
         name: m.name,
         parent: m.parent,
         workdir: m.workdir,
-        created_at: rfc3339(m.created.secs, u32::try_from(m.created.nanos).unwrap_or(0)),
+        created_at: lockbox_policy::time::from_unix(
+            m.created.secs,
+            u32::try_from(m.created.nanos).unwrap_or(0),
+        ),
         bytes: m.bytes,
         entries: m.entries,
     }

@@ -75,7 +75,8 @@ impl Store {
                 params![
                     info.id.as_str(),
                     info.state.as_str(),
-                    info.created_at,
+                    // The text the API shows: it sorts as the time does.
+                    lockbox_policy::time::format(info.created_at),
                     // Bytes, not text: a lossy copy would name another directory.
                     info.workdir.as_ref().map(|p| p.as_os_str().as_bytes().to_vec()),
                     info.branch,
@@ -143,7 +144,11 @@ impl Store {
                         "stopped" => SandboxState::Stopped,
                         _ => SandboxState::Lost,
                     },
-                    created_at: r.get(2)?,
+                    // Every row's time was written by `insert`; one that does not read
+                    // back (a hand-edited database) lists as 1970 rather than hiding the
+                    // sandbox and its kept branch.
+                    created_at: lockbox_policy::time::parse(&r.get::<_, String>(2)?)
+                        .unwrap_or(std::time::UNIX_EPOCH),
                     workdir: workdir_of(r.get_ref(3)?),
                     branch: r.get(4)?,
                     branch_action: r

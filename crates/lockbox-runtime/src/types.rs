@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Default bound of a process's output log.
 pub const DEFAULT_LOG_BYTES: usize = 4 << 20;
@@ -223,7 +223,7 @@ pub struct SnapshotOptions {
 }
 
 /// A snapshot of a sandbox's files ([`crate::Sandbox::snapshot`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotInfo {
     /// Its id.
     pub id: lockbox_cow::SnapshotId,
@@ -234,10 +234,9 @@ pub struct SnapshotInfo {
     /// The sandbox it was taken of.
     pub sandbox: Option<SandboxId>,
     /// The workdir below it.
-    #[serde(with = "lockbox_policy::name::json")]
     pub workdir: PathBuf,
-    /// When it was taken, RFC 3339 UTC.
-    pub created_at: String,
+    /// When it was taken.
+    pub created_at: SystemTime,
     /// Bytes of file data of its own layer (not its parents').
     pub bytes: u64,
     /// Files, directories and deletions in its own layer.
@@ -374,21 +373,19 @@ impl SandboxState {
 }
 
 /// What a sandbox is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct SandboxInfo {
     /// Its id.
     pub id: SandboxId,
     /// Running, stopped or lost.
     pub state: SandboxState,
-    /// Creation time, RFC 3339 UTC.
-    pub created_at: String,
+    /// Creation time.
+    pub created_at: SystemTime,
     /// The host workdir behind its branch, if any.
-    #[serde(default, with = "lockbox_policy::name::json::option")]
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
     pub branch: Option<String>,
     /// What happened to the branch when the sandbox stopped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch_action: Option<BranchAction>,
     /// Labels from the spec.
     pub labels: BTreeMap<String, String>,
@@ -397,10 +394,8 @@ pub struct SandboxInfo {
     /// Processes (running or exited, still listed).
     pub processes: usize,
     /// Its policy in brief (`None` for a recorded sandbox whose spec cannot be read).
-    #[serde(default)]
     pub policy: Option<PolicySummary>,
     /// What its processes use now (`None` unless it is running).
-    #[serde(default)]
     pub usage: Option<ResourceUse>,
 }
 
@@ -503,14 +498,14 @@ pub struct SessionOptions {
 }
 
 /// A session.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct SessionInfo {
     /// Its id.
     pub id: String,
     /// Pid of its shell (in the sandbox's pid namespace).
     pub pid: i32,
-    /// Creation time, RFC 3339 UTC.
-    pub created_at: String,
+    /// Creation time.
+    pub created_at: SystemTime,
     /// True while a command runs.
     pub busy: bool,
 }
@@ -672,7 +667,7 @@ pub enum ProcessState {
 }
 
 /// A background process.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ProcessInfo {
     /// Its id (`p1`, `p2`, ...).
     pub id: String,
@@ -686,8 +681,8 @@ pub struct ProcessInfo {
     pub exit_code: Option<i32>,
     /// The signal that killed it, if one did.
     pub signal: Option<i32>,
-    /// Start time, RFC 3339 UTC.
-    pub started_at: String,
+    /// Start time.
+    pub started_at: SystemTime,
     /// Runs on a PTY.
     pub pty: bool,
     /// Total bytes ever logged (the cursor a reader at the end would use).
@@ -783,7 +778,7 @@ pub enum FileKind {
 }
 
 /// What an entry is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileStat {
     /// Absolute path inside the sandbox.
     pub path: String,
@@ -793,8 +788,8 @@ pub struct FileStat {
     pub size: u64,
     /// Permission bits (`0o7777`).
     pub mode: u32,
-    /// Modification time, RFC 3339 UTC.
-    pub modified: String,
+    /// Modification time.
+    pub modified: SystemTime,
     /// For a symlink, its target.
     pub target: Option<String>,
 }
@@ -862,19 +857,18 @@ pub enum Rest {
 
 /// A kept branch of the state directory (one `lockbox run --workdir --on-exit keep` or a
 /// failed run left, or one whose sandbox's runtime died).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct KeptBranch {
     /// The branch id.
     pub id: String,
     /// The workdir it is a branch of (`null` if its record is unreadable).
-    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
     pub workdir: Option<PathBuf>,
     /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`.
     pub state: String,
     /// What happened to it and what to do, in words.
     pub status: String,
-    /// When it was made (RFC 3339), if known.
-    pub created: Option<String>,
+    /// When it was made, if known.
+    pub created: Option<SystemTime>,
     /// The command that made it, if recorded.
     pub command: Option<serde_json::Value>,
     /// How many changes it holds (`null` if they cannot be read).
@@ -882,10 +876,9 @@ pub struct KeptBranch {
 }
 
 /// A kept branch and its changes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct KeptBranchDetail {
     /// The branch.
-    #[serde(flatten)]
     pub branch: KeptBranch,
     /// Its changes, in path order.
     pub change_list: Vec<lockbox_cow::Change>,
@@ -1066,7 +1059,7 @@ impl Default for ContextOptions {
 }
 
 /// A code context.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ContextInfo {
     /// Its id (`default` for the one runs without a context use).
     pub id: String,
@@ -1074,8 +1067,8 @@ pub struct ContextInfo {
     pub language: String,
     /// The working directory it was created with (`None`: the sandbox's).
     pub cwd: Option<String>,
-    /// Creation time, RFC 3339 UTC.
-    pub created_at: String,
+    /// Creation time.
+    pub created_at: SystemTime,
     /// Pid of its interpreter; `None` while none runs (before the first run, after a
     /// crash or a kill: the next run starts a fresh one).
     pub pid: Option<i32>,

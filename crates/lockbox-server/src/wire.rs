@@ -1,7 +1,8 @@
 //! Request bodies and query strings of the API, and their one conversion each into the
 //! runtime's types. Unknown fields are refused everywhere; `*_ms` fields are milliseconds
 //! (the only place units are bare numbers). Also the replies whose wire form differs from
-//! the runtime's type ([`FileInfo`]: permission bits as octal text, as they are given).
+//! the runtime's type ([`FileInfo`]: permission bits as octal text, as they are given;
+//! [`SandboxInfo`] and the other records with a time: the time as RFC 3339 text).
 
 use crate::error::ApiError;
 use crate::openapi::{MAX_GRACE_MS, MAX_LOG_BYTES, MAX_MS};
@@ -14,7 +15,7 @@ use lockbox_runtime::{
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Default, Deserialize)]
@@ -476,8 +477,186 @@ impl From<FileStat> for FileInfo {
             kind: stat.kind,
             size: stat.size,
             mode: format!("{:04o}", stat.mode & 0o7777),
-            modified: stat.modified,
+            modified: time(stat.modified),
             target: stat.target,
+        }
+    }
+}
+
+/// A time on the wire: RFC 3339 UTC with milliseconds (`2026-11-18T11:06:40.000Z`).
+fn time(t: SystemTime) -> String {
+    lockbox_policy::time::format(t)
+}
+
+/// Each of `items` in its wire form.
+pub fn each<T, W: From<T>>(items: Vec<T>) -> Vec<W> {
+    items.into_iter().map(W::from).collect()
+}
+
+/// A sandbox as the API shows it ([`lockbox_runtime::SandboxInfo`]).
+#[derive(Debug, Serialize)]
+pub struct SandboxInfo {
+    pub id: lockbox_runtime::SandboxId,
+    pub state: SandboxState,
+    pub created_at: String,
+    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    pub workdir: Option<PathBuf>,
+    pub branch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub branch_action: Option<lockbox_runtime::BranchAction>,
+    pub labels: BTreeMap<String, String>,
+    pub sessions: usize,
+    pub processes: usize,
+    pub policy: Option<lockbox_runtime::PolicySummary>,
+    pub usage: Option<lockbox_runtime::ResourceUse>,
+}
+
+impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
+    fn from(i: lockbox_runtime::SandboxInfo) -> SandboxInfo {
+        SandboxInfo {
+            id: i.id,
+            state: i.state,
+            created_at: time(i.created_at),
+            workdir: i.workdir,
+            branch: i.branch,
+            branch_action: i.branch_action,
+            labels: i.labels,
+            sessions: i.sessions,
+            processes: i.processes,
+            policy: i.policy,
+            usage: i.usage,
+        }
+    }
+}
+
+/// A session ([`lockbox_runtime::SessionInfo`]).
+#[derive(Debug, Serialize)]
+pub struct SessionInfo {
+    pub id: String,
+    pub pid: i32,
+    pub created_at: String,
+    pub busy: bool,
+}
+
+impl From<lockbox_runtime::SessionInfo> for SessionInfo {
+    fn from(i: lockbox_runtime::SessionInfo) -> SessionInfo {
+        SessionInfo {
+            id: i.id,
+            pid: i.pid,
+            created_at: time(i.created_at),
+            busy: i.busy,
+        }
+    }
+}
+
+/// A background process ([`lockbox_runtime::ProcessInfo`]).
+#[derive(Debug, Serialize)]
+pub struct ProcessInfo {
+    pub id: String,
+    pub pid: i32,
+    pub command: Vec<String>,
+    pub state: lockbox_runtime::ProcessState,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub started_at: String,
+    pub pty: bool,
+    pub log_end: u64,
+}
+
+impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
+    fn from(i: lockbox_runtime::ProcessInfo) -> ProcessInfo {
+        ProcessInfo {
+            id: i.id,
+            pid: i.pid,
+            command: i.command,
+            state: i.state,
+            exit_code: i.exit_code,
+            signal: i.signal,
+            started_at: time(i.started_at),
+            pty: i.pty,
+            log_end: i.log_end,
+        }
+    }
+}
+
+/// A code context ([`lockbox_runtime::ContextInfo`]).
+#[derive(Debug, Serialize)]
+pub struct ContextInfo {
+    pub id: String,
+    pub language: String,
+    pub cwd: Option<String>,
+    pub created_at: String,
+    pub pid: Option<i32>,
+    pub runs: u64,
+    pub restarts: u64,
+}
+
+impl From<lockbox_runtime::ContextInfo> for ContextInfo {
+    fn from(i: lockbox_runtime::ContextInfo) -> ContextInfo {
+        ContextInfo {
+            id: i.id,
+            language: i.language,
+            cwd: i.cwd,
+            created_at: time(i.created_at),
+            pid: i.pid,
+            runs: i.runs,
+            restarts: i.restarts,
+        }
+    }
+}
+
+/// A snapshot ([`lockbox_runtime::SnapshotInfo`]).
+#[derive(Debug, Serialize)]
+pub struct SnapshotInfo {
+    pub id: lockbox_runtime::SnapshotId,
+    pub name: Option<String>,
+    pub parent: Option<lockbox_runtime::SnapshotId>,
+    pub sandbox: Option<lockbox_runtime::SandboxId>,
+    #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
+    pub workdir: PathBuf,
+    pub created_at: String,
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+impl From<lockbox_runtime::SnapshotInfo> for SnapshotInfo {
+    fn from(i: lockbox_runtime::SnapshotInfo) -> SnapshotInfo {
+        SnapshotInfo {
+            id: i.id,
+            name: i.name,
+            parent: i.parent,
+            sandbox: i.sandbox,
+            workdir: i.workdir,
+            created_at: time(i.created_at),
+            bytes: i.bytes,
+            entries: i.entries,
+        }
+    }
+}
+
+/// A kept branch as `GET /v1/branches` lists it ([`lockbox_runtime::KeptBranch`]).
+#[derive(Debug, Serialize)]
+pub struct KeptBranch {
+    pub id: String,
+    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    pub workdir: Option<PathBuf>,
+    pub state: String,
+    pub status: String,
+    pub created: Option<String>,
+    pub command: Option<serde_json::Value>,
+    pub changes: Option<usize>,
+}
+
+impl From<lockbox_runtime::KeptBranch> for KeptBranch {
+    fn from(b: lockbox_runtime::KeptBranch) -> KeptBranch {
+        KeptBranch {
+            id: b.id,
+            workdir: b.workdir,
+            state: b.state,
+            status: b.status,
+            created: b.created.map(time),
+            command: b.command,
+            changes: b.changes,
         }
     }
 }
@@ -682,7 +861,7 @@ pub use lockbox_runtime::FileDiffReply;
 pub struct BranchDetail {
     /// The branch object of `GET /v1/branches`.
     #[serde(flatten)]
-    pub branch: lockbox_runtime::KeptBranch,
+    pub branch: KeptBranch,
     /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them).
     pub change_list: ChangeList,
 }
@@ -698,7 +877,8 @@ pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
             });
             // When it began: its fresh base directory's ctime.
             let nanos = u32::try_from(r.base_ctime.nanos).unwrap_or(0);
-            v["created"] = serde_json::json!(lockbox_runtime::rfc3339(r.base_ctime.secs, nanos));
+            v["created"] =
+                serde_json::json!(lockbox_policy::time::rfc3339(r.base_ctime.secs, nanos));
             v["exit_code"] = serde_json::json!(code);
             v["meaning"] = serde_json::json!(meaning);
             v

@@ -5,7 +5,7 @@
 
 use super::tools::ToolCall;
 use crate::error::ApiError;
-use crate::wire::{ChangeList, FileInfo};
+use crate::wire::{each, ChangeList, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
@@ -19,13 +19,17 @@ use tokio::io::AsyncReadExt;
 /// Runs the call; `Ok` is the `tools/call` result.
 pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
     Ok(match call {
-        ToolCall::CreateSandbox(spec) => json_result(&runtime.create_sandbox(*spec).await?),
+        ToolCall::CreateSandbox(spec) => {
+            json_result(&SandboxInfo::from(runtime.create_sandbox(*spec).await?))
+        }
         ToolCall::ListSandboxes { state } => {
             let mut sandboxes = runtime.list_sandboxes();
             sandboxes.retain(|s| state.is_none_or(|state| s.state == state));
-            json_result(&json!({ "sandboxes": sandboxes }))
+            json_result(&json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
         }
-        ToolCall::DeleteSandbox { id } => json_result(&runtime.delete_sandbox(&id).await?),
+        ToolCall::DeleteSandbox { id } => {
+            json_result(&SandboxInfo::from(runtime.delete_sandbox(&id).await?))
+        }
         ToolCall::Exec {
             id,
             request,

@@ -4,7 +4,9 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{BranchCommit, BranchDetail, ChangeList, DiffQuery, FileDiffReply};
+use crate::wire::{
+    each, BranchCommit, BranchDetail, ChangeList, DiffQuery, FileDiffReply, KeptBranch,
+};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -12,7 +14,8 @@ use axum::Json;
 use serde_json::json;
 
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(json!({ "branches": app.runtime.branches().await? })))
+    let branches = each::<_, KeptBranch>(app.runtime.branches().await?);
+    Ok(Json(json!({ "branches": branches })))
 }
 
 pub async fn show(
@@ -21,7 +24,7 @@ pub async fn show(
 ) -> Result<impl IntoResponse, ApiError> {
     let detail = app.runtime.branch(id).await?;
     Ok(Json(BranchDetail {
-        branch: detail.branch,
+        branch: KeptBranch::from(detail.branch),
         change_list: ChangeList(detail.change_list),
     }))
 }

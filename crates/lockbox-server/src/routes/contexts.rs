@@ -4,7 +4,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::routes::exec::detached;
 use crate::streams::json_event;
-use crate::wire::RunCode;
+use crate::wire::{each, ContextInfo, RunCode};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -22,7 +22,7 @@ pub async fn create(
     let sandbox = app.runtime.sandbox(&id).await?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.create_context(opts).await?),
+        Json(ContextInfo::from(sandbox.create_context(opts).await?)),
     ))
 }
 
@@ -31,7 +31,8 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "contexts": sandbox.list_contexts().await })))
+    let contexts = each::<_, ContextInfo>(sandbox.list_contexts().await);
+    Ok(Json(json!({ "contexts": contexts })))
 }
 
 pub async fn delete(

@@ -7,7 +7,8 @@ use crate::openapi::MAX_GRACE_MS;
 use crate::output::data_fields;
 use crate::streams::json_event;
 use crate::wire::{
-    check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery,
+    check_ms, decode_b64, each, KillQuery, LogsQuery, ProcessInfo, Signal, StartProcess, Stdin,
+    StdinQuery,
 };
 use crate::AppState;
 use axum::body::Bytes;
@@ -34,7 +35,7 @@ pub async fn start(
     let sandbox = app.runtime.sandbox(&id).await?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.start_process(spec).await?),
+        Json(ProcessInfo::from(sandbox.start_process(spec).await?)),
     ))
 }
 
@@ -43,7 +44,8 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "processes": sandbox.list_processes() })))
+    let processes = each::<_, ProcessInfo>(sandbox.list_processes());
+    Ok(Json(json!({ "processes": processes })))
 }
 
 pub async fn show(
@@ -51,7 +53,7 @@ pub async fn show(
     ApiPath((id, pid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.process(&pid)?))
+    Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
 pub async fn signal(
@@ -62,7 +64,7 @@ pub async fn signal(
     let signal = body.signal.signal()?;
     let sandbox = app.runtime.sandbox(&id).await?;
     sandbox.signal_process(&pid, signal).await?;
-    Ok(Json(sandbox.process(&pid)?))
+    Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
 pub async fn kill(
@@ -73,7 +75,9 @@ pub async fn kill(
     check_ms("grace_ms", query.grace_ms, MAX_GRACE_MS)?;
     let grace = query.grace_ms.map_or(DEFAULT_GRACE, Duration::from_millis);
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.kill_process(&pid, grace).await?))
+    Ok(Json(ProcessInfo::from(
+        sandbox.kill_process(&pid, grace).await?,
+    )))
 }
 
 /// Writes the body to the process's stdin: raw bytes (`?close=true` closes afterwards),

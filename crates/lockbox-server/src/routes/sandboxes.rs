@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{CreateSandbox, CreateSession, ListSandboxes};
+use crate::wire::{each, CreateSandbox, CreateSession, ListSandboxes, SandboxInfo, SessionInfo};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -15,7 +15,7 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateSandbox>,
 ) -> Result<impl IntoResponse, ApiError> {
     let info = app.runtime.create_sandbox(body.into_spec()?).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok((StatusCode::CREATED, Json(SandboxInfo::from(info))))
 }
 
 pub async fn list(
@@ -24,21 +24,23 @@ pub async fn list(
 ) -> impl IntoResponse {
     let mut sandboxes = app.runtime.list_sandboxes();
     sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state));
-    Json(json!({ "sandboxes": sandboxes }))
+    Json(json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
 }
 
 pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(app.runtime.sandbox_info(&id)?))
+    Ok(Json(SandboxInfo::from(app.runtime.sandbox_info(&id)?)))
 }
 
 pub async fn delete(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(app.runtime.delete_sandbox(&id).await?))
+    Ok(Json(SandboxInfo::from(
+        app.runtime.delete_sandbox(&id).await?,
+    )))
 }
 
 pub async fn create_session(
@@ -48,7 +50,7 @@ pub async fn create_session(
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
     let info = sandbox.create_session(body.into_options()).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok((StatusCode::CREATED, Json(SessionInfo::from(info))))
 }
 
 pub async fn list_sessions(
@@ -56,7 +58,8 @@ pub async fn list_sessions(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "sessions": sandbox.list_sessions().await })))
+    let sessions = each::<_, SessionInfo>(sandbox.list_sessions().await);
+    Ok(Json(json!({ "sessions": sessions })))
 }
 
 pub async fn delete_session(
