@@ -235,15 +235,15 @@ impl Runtime {
 
     /// A handle to a running sandbox (`SANDBOX_NOT_FOUND`, or `SANDBOX_NOT_RUNNING` for a
     /// stopped or lost one).
-    pub async fn sandbox(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+    pub fn sandbox(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         if let Some(sb) = lock(&self.inner.sandboxes).get(id).cloned() {
             sb.touch();
             return Ok(Sandbox { inner: sb });
         }
         let info = self.sandbox_info(id)?;
         Err(RuntimeError::SandboxNotRunning {
-            id: id.to_owned(),
-            state: info.state.as_str().to_owned(),
+            id: info.id,
+            state: info.state,
         })
     }
 

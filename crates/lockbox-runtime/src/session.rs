@@ -27,7 +27,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::agent::AgentClient;
 use crate::output::{Pipe, Sink};
-use crate::types::{ExecExit, ExecRequest, SessionInfo};
+use crate::types::{ExecExit, ExecRequest, SessionId, SessionInfo};
 use crate::util::{ansi_c_quote, read_some, Read};
 use crate::RuntimeError;
 
@@ -77,7 +77,7 @@ struct Pipes {
 /// One session. Commands are serialised by the async mutex around its pipes.
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub id: String,
+    pub id: SessionId,
     /// The shell's pid in the sandbox.
     pub pid: i32,
     pub created_at: std::time::SystemTime,
@@ -97,7 +97,7 @@ impl Session {
     /// Starts the shell and sends it the protocol's functions.
     pub async fn start(
         agent: &AgentClient,
-        id: String,
+        id: SessionId,
         cwd: Option<String>,
         env: &BTreeMap<String, String>,
         grace: Duration,
@@ -165,7 +165,7 @@ impl Session {
 
     fn terminated(&self, reason: &str) -> RuntimeError {
         RuntimeError::SessionTerminated {
-            id: self.id.clone(),
+            id: self.id.to_string(),
             reason: reason.to_owned(),
         }
     }

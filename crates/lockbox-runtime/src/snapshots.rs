@@ -252,7 +252,7 @@ impl Runtime {
         count: usize,
         opts: SnapshotOptions,
     ) -> Result<(SnapshotInfo, Vec<SandboxInfo>), RuntimeError> {
-        let snapshot = self.sandbox(id).await?.snapshot_with(opts).await?;
+        let snapshot = self.sandbox(id)?.snapshot_with(opts).await?;
         let forks = self.fork_snapshot(snapshot.id.as_str(), count).await?;
         Ok((snapshot, forks))
     }
@@ -301,7 +301,7 @@ impl Runtime {
                 .await
             }
             DiffTarget::Sandbox(id) => {
-                let sb = self.sandbox(&id).await?;
+                let sb = self.sandbox(&id)?;
                 let inst = sb.inner.instance();
                 let workdir = sb.inner.spec.workdir.clone();
                 match workdir {

@@ -138,78 +138,114 @@ pub struct SandboxSpec {
     pub from_snapshot: Option<lockbox_cow::SnapshotId>,
 }
 
-/// A sandbox's id (`sb-` and 12 hex digits when the runtime makes it). In JSON, a string.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SandboxId(String);
+/// An id type: text that names one thing of a kind, compared and hashed as its text, and
+/// looked up by `&str` in maps keyed by it. Read back (from a request path, the runtime's
+/// records) without a check, since an unknown id is simply not found; ids a caller chooses
+/// are checked where the thing is created.
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(id: String) -> $name {
+                $name(id)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(id: &str) -> $name {
+                $name(id.to_owned())
+            }
+        }
+    };
+}
+
+id_type! {
+    /// A sandbox's id (`sb-` and 12 hex digits when the runtime makes it). In JSON, a string.
+    SandboxId
+}
 
 impl SandboxId {
     /// A fresh id.
     pub(crate) fn generate() -> SandboxId {
         SandboxId(format!("sb-{}", crate::util::random_id()))
     }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl std::ops::Deref for SandboxId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
+id_type! {
+    /// A shell session's id in its sandbox (`[A-Za-z0-9_.-]{1,64}`, checked when the
+    /// session is created; `default` for the one commands without a session use).
+    SessionId
 }
 
-impl AsRef<str> for SandboxId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
+id_type! {
+    /// A background process's id in its sandbox (`p1`, `p2`, ...: the runtime makes them).
+    ProcessId
 }
 
-impl std::borrow::Borrow<str> for SandboxId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl PartialEq<str> for SandboxId {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<String> for SandboxId {
-    fn eq(&self, other: &String) -> bool {
-        self.0 == *other
-    }
-}
-
-impl PartialEq<&str> for SandboxId {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl From<SandboxId> for String {
-    fn from(id: SandboxId) -> String {
-        id.0
-    }
-}
-
-impl From<String> for SandboxId {
-    /// An id read back (from the runtime's records, a request path): not checked, since an
-    /// unknown id is simply not found.
-    fn from(id: String) -> SandboxId {
-        SandboxId(id)
-    }
+id_type! {
+    /// A code context's id in its sandbox (`[A-Za-z0-9_.-]{1,64}`, checked when the context
+    /// is created; `default` for the one runs without a context use).
+    ContextId
 }
 
 /// How to take a snapshot ([`crate::Sandbox::snapshot_with`]).
@@ -372,6 +408,12 @@ impl SandboxState {
     }
 }
 
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a sandbox is.
 #[derive(Debug, Clone)]
 pub struct SandboxInfo {
@@ -488,7 +530,7 @@ impl From<lockbox_confine::TreeUsage> for ResourceUse {
 pub struct SessionOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
     #[serde(default)]
-    pub id: Option<String>,
+    pub id: Option<SessionId>,
     /// Initial working directory (inside the sandbox).
     #[serde(default)]
     pub cwd: Option<String>,
@@ -501,7 +543,7 @@ pub struct SessionOptions {
 #[derive(Debug, Clone)]
 pub struct SessionInfo {
     /// Its id.
-    pub id: String,
+    pub id: SessionId,
     /// Pid of its shell (in the sandbox's pid namespace).
     pub pid: i32,
     /// Creation time.
@@ -518,7 +560,7 @@ pub struct ExecRequest {
     pub command: String,
     /// The session; `None` = the sandbox's default session (created on first use).
     #[serde(default)]
-    pub session: Option<String>,
+    pub session: Option<SessionId>,
     /// Working directory for this call only.
     #[serde(default)]
     pub cwd: Option<String>,
@@ -560,7 +602,7 @@ pub struct ExecResult {
     #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
     /// The session it ran in.
-    pub session: String,
+    pub session: SessionId,
 }
 
 /// How a command of [`crate::ExecStream`] ended (an [`ExecResult`] without its output).
@@ -574,7 +616,7 @@ pub struct ExecExit {
     #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
     /// As [`ExecResult::session`].
-    pub session: String,
+    pub session: SessionId,
 }
 
 /// One event of a streamed command.
@@ -584,7 +626,7 @@ pub enum ExecEvent {
     /// The command started in this session.
     Start {
         /// The session.
-        session: String,
+        session: SessionId,
     },
     /// Bytes on stdout.
     Stdout {
@@ -629,7 +671,7 @@ pub enum ProcessCommand {
         script: String,
         /// The session whose cwd/env it inherits.
         #[serde(default)]
-        session: Option<String>,
+        session: Option<SessionId>,
     },
 }
 
@@ -670,7 +712,7 @@ pub enum ProcessState {
 #[derive(Debug, Clone)]
 pub struct ProcessInfo {
     /// Its id (`p1`, `p2`, ...).
-    pub id: String,
+    pub id: ProcessId,
     /// Its pid in the sandbox's pid namespace.
     pub pid: i32,
     /// Its argv (for a shell string: `["bash", "-c", script]`).
@@ -1030,7 +1072,7 @@ mod signal_tests {
 pub struct ContextOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
     #[serde(default)]
-    pub id: Option<String>,
+    pub id: Option<ContextId>,
     /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
     /// `language`.
     #[serde(default = "default_language")]
@@ -1062,7 +1104,7 @@ impl Default for ContextOptions {
 #[derive(Debug, Clone)]
 pub struct ContextInfo {
     /// Its id (`default` for the one runs without a context use).
-    pub id: String,
+    pub id: ContextId,
     /// `python`, `bash` or `node`.
     pub language: String,
     /// The working directory it was created with (`None`: the sandbox's).
@@ -1087,7 +1129,7 @@ pub struct RunCodeRequest {
     pub code: String,
     /// The context; `None` = the sandbox's `default` Python context (created on use).
     #[serde(default)]
-    pub context: Option<String>,
+    pub context: Option<ContextId>,
     /// Interrupt the run after this long (SIGINT; then, after
     /// [`crate::CONTEXT_INTERRUPT_GRACE`], kill and restart the interpreter). Default
     /// [`crate::DEFAULT_RUN_TIMEOUT`].
@@ -1113,10 +1155,10 @@ pub struct Logs {
 
 /// The outcome of [`crate::Sandbox::run_code`], in the shape E2B's and Cloudflare's code
 /// interpreters use: `results` (rich values), `logs`, `error`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Execution {
     /// The context it ran in.
-    pub context: String,
+    pub context: ContextId,
     /// `display()` calls, matplotlib figures and the last expression's value, in order.
     pub results: Vec<DisplayData>,
     /// stdout and stderr (each bounded by [`RuntimeConfig::max_exec_output`]).
@@ -1136,6 +1178,23 @@ pub struct Execution {
     pub truncated: bool,
     /// Wall time of the run in milliseconds.
     pub duration_ms: u64,
+}
+
+impl Execution {
+    /// A run in `context` that has produced nothing yet.
+    pub fn in_context(context: ContextId) -> Execution {
+        Execution {
+            context,
+            results: Vec::new(),
+            logs: Logs::default(),
+            error: None,
+            exit_code: None,
+            timed_out: false,
+            state_lost: false,
+            truncated: false,
+            duration_ms: 0,
+        }
+    }
 }
 
 /// One event of a streamed run ([`crate::Sandbox::run_code_stream`]).

@@ -37,7 +37,7 @@ async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_po
         until_ready(&rt, 2).await;
         let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
         assert_eq!(info.sessions, 0, "a pooled sandbox lists no session yet");
-        let sb = rt.sandbox(&info.id).await.unwrap();
+        let sb = rt.sandbox(&info.id).unwrap();
         // Nothing of the sandbox before it: its own /tmp, no leftover file.
         let r = run(
             &sb,
@@ -61,7 +61,7 @@ async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_po
         ..SandboxSpec::default()
     };
     let info = rt.create_sandbox(spec).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     assert_eq!(out(&run(&sb, "echo ok").await), "ok\n");
     rt.delete_sandbox(&info.id).await.unwrap();
 

@@ -188,7 +188,7 @@ impl CreateSession {
     /// The runtime's options.
     pub fn into_options(self) -> SessionOptions {
         SessionOptions {
-            id: self.id,
+            id: self.id.map(Into::into),
             cwd: self.cwd,
             env: self.env,
         }
@@ -244,7 +244,7 @@ impl Exec {
         };
         Ok(ExecRequest {
             command: self.command,
-            session: self.session,
+            session: self.session.map(Into::into),
             cwd: self.cwd,
             env: self.env,
             timeout: self.timeout_ms.map(Duration::from_millis),
@@ -327,7 +327,7 @@ impl StartProcess {
                 }
                 (None, Some(script)) => ProcessCommand::Shell {
                     script,
-                    session: self.session,
+                    session: self.session.map(Into::into),
                 },
                 _ => return Err(ApiError::invalid(
                     "argv",
@@ -532,7 +532,7 @@ impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
 /// A session ([`lockbox_runtime::SessionInfo`]).
 #[derive(Debug, Serialize)]
 pub struct SessionInfo {
-    pub id: String,
+    pub id: lockbox_runtime::SessionId,
     pub pid: i32,
     pub created_at: String,
     pub busy: bool,
@@ -552,7 +552,7 @@ impl From<lockbox_runtime::SessionInfo> for SessionInfo {
 /// A background process ([`lockbox_runtime::ProcessInfo`]).
 #[derive(Debug, Serialize)]
 pub struct ProcessInfo {
-    pub id: String,
+    pub id: lockbox_runtime::ProcessId,
     pub pid: i32,
     pub command: Vec<String>,
     pub state: lockbox_runtime::ProcessState,
@@ -582,7 +582,7 @@ impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
 /// A code context ([`lockbox_runtime::ContextInfo`]).
 #[derive(Debug, Serialize)]
 pub struct ContextInfo {
-    pub id: String,
+    pub id: lockbox_runtime::ContextId,
     pub language: String,
     pub cwd: Option<String>,
     pub created_at: String,
@@ -1012,7 +1012,7 @@ impl RunCode {
         check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
         Ok(lockbox_runtime::RunCodeRequest {
             code: self.code,
-            context: Some(context),
+            context: Some(context.into()),
             timeout: self.timeout_ms.map(std::time::Duration::from_millis),
         })
     }

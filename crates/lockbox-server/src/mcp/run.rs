@@ -35,7 +35,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             request,
             max_output,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let result =
                 crate::routes::exec::detached(async move { exec(&sandbox, request).await }).await?;
             exec_result(&result, max_output)
@@ -46,7 +46,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             offset,
             length,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let range = ByteRange {
                 start: offset,
                 end: Some(offset.saturating_add(length)),
@@ -67,7 +67,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             data,
             mode,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let options = WriteOptions {
                 mode: mode.unwrap_or(WriteOptions::default().mode),
                 create_parents: true,
@@ -84,7 +84,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             hidden,
             limit,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let mut stream = sandbox.list_stream(&path, recursive, hidden).await?;
             let mut entries = Vec::new();
             let mut truncated = false;
@@ -98,16 +98,16 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             json_result(&json!({ "entries": entries, "truncated": truncated }))
         }
         ToolCall::Changes { id } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             json_result(&json!({ "changes": ChangeList(sandbox.changes().await?) }))
         }
         ToolCall::Diff { id, path } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let diff = sandbox.diff(path.clone()).await?;
             diff_result(&FileDiffReply { path, diff })
         }
         ToolCall::Commit { id, selection } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             json_result(&sandbox.commit(selection).await?)
         }
         ToolCall::RunCode {
@@ -116,7 +116,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             language,
             max_output,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let exec = crate::routes::exec::detached(async move {
                 run_code(&sandbox, request, language).await
             })
@@ -124,7 +124,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             run_code_result(&exec, max_output)
         }
         ToolCall::Abort { id } => {
-            runtime.sandbox(&id).await?.abort().await?;
+            runtime.sandbox(&id)?.abort().await?;
             json_result(&json!({ "aborted": true }))
         }
     })

@@ -19,7 +19,7 @@ pub async fn create(
     ApiPath(id): ApiPath<String>,
     ApiJson(opts): ApiJson<ContextOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
         Json(ContextInfo::from(sandbox.create_context(opts).await?)),
@@ -30,7 +30,7 @@ pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let contexts = each::<_, ContextInfo>(sandbox.list_contexts().await);
     Ok(Json(json!({ "contexts": contexts })))
 }
@@ -39,7 +39,7 @@ pub async fn delete(
     State(app): State<AppState>,
     ApiPath((id, cid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.delete_context(&cid).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -50,7 +50,7 @@ pub async fn run(
     ApiJson(body): ApiJson<RunCode>,
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body.into_request(cid)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let exec = detached(async move { sandbox.run_code(request).await }).await?;
     Ok(Json(exec))
 }
@@ -62,7 +62,7 @@ pub async fn stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body.into_request(cid)?;
     let slot = app.streams.open()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let events = sandbox.run_code_stream(request).await?.map(|event| {
         let name = match &event {
             CodeEvent::Stdout { .. } => "stdout",

@@ -44,7 +44,7 @@ pub async fn expose(
     ApiJson(body): ApiJson<ExposePort>,
 ) -> Result<impl IntoResponse, ApiError> {
     let port = check_port(body.port)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let opts = ExposeOptions {
         host_loopback: body.host_loopback,
     };
@@ -58,7 +58,7 @@ pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(json!({ "ports": sandbox.ports() })))
 }
 
@@ -67,7 +67,7 @@ pub async fn unexpose(
     ApiPath((id, port)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let port = port_of(&port)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.unexpose_port(port)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -98,7 +98,7 @@ async fn proxy(
     mut req: Request,
 ) -> Result<Response, ApiError> {
     let port = port_of(port)?;
-    let sandbox = app.runtime.sandbox(id).await?;
+    let sandbox = app.runtime.sandbox(id)?;
     let stream = sandbox.connect_port(port).await?;
     let upgrading = req.headers().contains_key(axum::http::header::UPGRADE);
     let slot = if upgrading {

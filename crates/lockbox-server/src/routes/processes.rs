@@ -32,7 +32,7 @@ pub async fn start(
     ApiJson(body): ApiJson<StartProcess>,
 ) -> Result<impl IntoResponse, ApiError> {
     let spec = body.into_spec()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
         Json(ProcessInfo::from(sandbox.start_process(spec).await?)),
@@ -43,7 +43,7 @@ pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let processes = each::<_, ProcessInfo>(sandbox.list_processes());
     Ok(Json(json!({ "processes": processes })))
 }
@@ -52,7 +52,7 @@ pub async fn show(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
@@ -62,7 +62,7 @@ pub async fn signal(
     ApiJson(body): ApiJson<Signal>,
 ) -> Result<impl IntoResponse, ApiError> {
     let signal = body.signal.signal()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.signal_process(&pid, signal).await?;
     Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
@@ -74,7 +74,7 @@ pub async fn kill(
 ) -> Result<impl IntoResponse, ApiError> {
     check_ms("grace_ms", query.grace_ms, MAX_GRACE_MS)?;
     let grace = query.grace_ms.map_or(DEFAULT_GRACE, Duration::from_millis);
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(ProcessInfo::from(
         sandbox.kill_process(&pid, grace).await?,
     )))
@@ -117,7 +117,7 @@ pub async fn stdin(
     } else {
         (body, query.close)
     };
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     if !data.is_empty() {
         sandbox.write_stdin(&pid, data.clone()).await?;
     }
@@ -171,7 +171,7 @@ pub async fn logs(
     ApiQuery(query): ApiQuery<LogsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     if !query.follow {
         let max = query
             .max_bytes

@@ -57,7 +57,7 @@ pub async fn attach(
     ApiPath((id, pid)): ApiPath<(String, String)>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let info = sandbox.process(&pid)?;
     let upgrade = upgrade
         .map_err(|e| {

@@ -48,7 +48,7 @@ pub async fn create_session(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let info = sandbox.create_session(body.into_options()).await?;
     Ok((StatusCode::CREATED, Json(SessionInfo::from(info))))
 }
@@ -57,7 +57,7 @@ pub async fn list_sessions(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let sessions = each::<_, SessionInfo>(sandbox.list_sessions().await);
     Ok(Json(json!({ "sessions": sessions })))
 }
@@ -66,7 +66,7 @@ pub async fn delete_session(
     State(app): State<AppState>,
     ApiPath((id, sid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.delete_session(&sid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

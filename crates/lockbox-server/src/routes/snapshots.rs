@@ -23,7 +23,7 @@ pub async fn take(
         name: body.name,
         include_tmp: body.include_tmp,
     };
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
         Json(SnapshotInfo::from(sandbox.snapshot_with(opts).await?)),
@@ -73,7 +73,7 @@ pub async fn restore(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<RestoreRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.restore(&body.snapshot).await?;
     Ok(Json(SandboxInfo::from(app.runtime.sandbox_info(&id)?)))
 }

@@ -14,7 +14,7 @@ pub async fn changes(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     #[derive(serde::Serialize)]
     struct Changes {
         changes: crate::wire::ChangeList,
@@ -30,7 +30,7 @@ pub async fn diff(
     ApiQuery(query): ApiQuery<DiffQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let path = query.path()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let diff = sandbox.diff(path.clone()).await?;
     Ok(Json(FileDiffReply { path, diff }))
 }
@@ -40,7 +40,7 @@ pub async fn commit(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Commit>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(sandbox.commit(body.into_selection()).await?))
 }
 
@@ -48,7 +48,7 @@ pub async fn abort(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.abort().await?;
     Ok(Json(json!({ "aborted": true })))
 }
