@@ -279,7 +279,7 @@ impl Runtime {
         let inst = sb.instance();
         inst.stop(sb.grace()).await;
         let branch = lock(&inst.branch).take();
-        let branch_id = branch.as_ref().map(|b| b.id().as_str().to_owned());
+        let branch_id = branch.as_ref().map(|b| b.id().clone());
         let action = match branch {
             None => None,
             Some(b) => {
@@ -297,7 +297,7 @@ impl Runtime {
         let _ = self
             .inner
             .store
-            .update(id, SandboxState::Stopped, branch_id.as_deref(), action);
+            .update(id, SandboxState::Stopped, branch_id.as_ref(), action);
         if let Err(e) = self
             .inner
             .store

@@ -181,9 +181,7 @@ impl SandboxInner {
         let inst = self.instance();
         let sessions = inst.sessions.try_lock().map(|s| s.len()).unwrap_or(0);
         let processes = lock(&inst.processes).len();
-        let branch = lock(&inst.branch)
-            .as_ref()
-            .map(|b| b.id().as_str().to_owned());
+        let branch = lock(&inst.branch).as_ref().map(|b| b.id().clone());
         SandboxInfo {
             id: self.id.clone(),
             state,

@@ -79,7 +79,7 @@ impl Store {
                     lockbox_policy::time::format(info.created_at),
                     // Bytes, not text: a lossy copy would name another directory.
                     info.workdir.as_ref().map(|p| p.as_os_str().as_bytes().to_vec()),
-                    info.branch,
+                    info.branch.as_ref().map(lockbox_cow::BranchId::as_str),
                     labels,
                     spec.to_string(),
                 ],
@@ -92,7 +92,7 @@ impl Store {
         &self,
         id: &str,
         state: SandboxState,
-        branch: Option<&str>,
+        branch: Option<&lockbox_cow::BranchId>,
         branch_action: Option<BranchAction>,
     ) -> Result<(), RuntimeError> {
         self.conn()
@@ -101,7 +101,7 @@ impl Store {
                 params![
                     id,
                     state.as_str(),
-                    branch,
+                    branch.map(lockbox_cow::BranchId::as_str),
                     branch_action.map(BranchAction::as_str)
                 ],
             )
@@ -150,7 +150,10 @@ impl Store {
                     created_at: lockbox_policy::time::parse(&r.get::<_, String>(2)?)
                         .unwrap_or(std::time::UNIX_EPOCH),
                     workdir: workdir_of(r.get_ref(3)?),
-                    branch: r.get(4)?,
+                    // Written from a `BranchId`; text that is not one names no branch.
+                    branch: r
+                        .get::<_, Option<String>>(4)?
+                        .and_then(|b| lockbox_cow::BranchId::parse(&b).ok()),
                     branch_action: r
                         .get::<_, Option<String>>(5)?
                         .as_deref()

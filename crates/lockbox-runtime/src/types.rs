@@ -426,7 +426,7 @@ pub struct SandboxInfo {
     /// The host workdir behind its branch, if any.
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
-    pub branch: Option<String>,
+    pub branch: Option<lockbox_cow::BranchId>,
     /// What happened to the branch when the sandbox stopped.
     pub branch_action: Option<BranchAction>,
     /// Labels from the spec.
@@ -445,9 +445,8 @@ pub struct SandboxInfo {
 /// the one it was created with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicySummary {
-    /// `none` (loopback only), `host`, `allow` (only `net_destinations`) or `deny` (all but
-    /// `net_destinations`).
-    pub net: String,
+    /// What its network policy lets through.
+    pub net: NetKind,
     /// The destinations of an `allow` or `deny` network policy.
     pub net_destinations: Vec<lockbox_policy::NetSpec>,
     /// Whether the default system paths (`/usr`, `/etc` without its secrets, ...) are
@@ -473,6 +472,20 @@ pub struct PolicySummary {
     pub idle_timeout: Option<Duration>,
 }
 
+/// A network policy's kind ([`PolicySummary::net`]), without its destinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetKind {
+    /// Loopback only.
+    None,
+    /// The host's network.
+    Host,
+    /// Only the policy's destinations.
+    Allow,
+    /// All but the policy's destinations.
+    Deny,
+}
+
 impl PolicySummary {
     /// The summary of a sandbox's spec.
     pub fn of(spec: &SandboxSpec) -> PolicySummary {
@@ -480,12 +493,11 @@ impl PolicySummary {
         let p = &spec.policy;
         PolicySummary {
             net: match p.net {
-                Net::None => "none",
-                Net::Host => "host",
-                Net::Allow(_) => "allow",
-                Net::Deny(_) => "deny",
-            }
-            .to_owned(),
+                Net::None => NetKind::None,
+                Net::Host => NetKind::Host,
+                Net::Allow(_) => NetKind::Allow,
+                Net::Deny(_) => NetKind::Deny,
+            },
             net_destinations: p.net.specs().to_vec(),
             default_reads: p.fs.default_reads,
             fs_readable: p.fs.read.clone(),
@@ -902,11 +914,12 @@ pub enum Rest {
 #[derive(Debug, Clone)]
 pub struct KeptBranch {
     /// The branch id.
-    pub id: String,
-    /// The workdir it is a branch of (`null` if its record is unreadable).
+    pub id: lockbox_cow::BranchId,
+    /// The workdir it is a branch of (`None` if its record is unreadable).
     pub workdir: Option<PathBuf>,
-    /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`.
-    pub state: String,
+    /// Its recorded state (`Active`: an orphan); `None`: its record is unreadable (on the
+    /// wire, `damaged`).
+    pub state: Option<lockbox_cow::BranchState>,
     /// What happened to it and what to do, in words.
     pub status: String,
     /// When it was made, if known.

@@ -317,7 +317,7 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
     assert!(state
         .path()
         .join("branches")
-        .join(&branch)
+        .join(branch.as_str())
         .join("upper/lost.txt")
         .exists());
     let first = listed.iter().find(|i| i.id == info.id).unwrap();

@@ -518,7 +518,7 @@ impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
             state: i.state,
             created_at: time(i.created_at),
             workdir: i.workdir,
-            branch: i.branch,
+            branch: i.branch.map(|b| b.to_string()),
             branch_action: i.branch_action,
             labels: i.labels,
             sessions: i.sessions,
@@ -640,7 +640,9 @@ pub struct KeptBranch {
     pub id: String,
     #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
     pub workdir: Option<PathBuf>,
-    pub state: String,
+    /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`
+    /// (its record is unreadable).
+    pub state: &'static str,
     pub status: String,
     pub created: Option<String>,
     pub command: Option<serde_json::Value>,
@@ -650,9 +652,11 @@ pub struct KeptBranch {
 impl From<lockbox_runtime::KeptBranch> for KeptBranch {
     fn from(b: lockbox_runtime::KeptBranch) -> KeptBranch {
         KeptBranch {
-            id: b.id,
+            id: b.id.to_string(),
             workdir: b.workdir,
-            state: b.state,
+            state: b
+                .state
+                .map_or("damaged", lockbox_runtime::BranchState::name),
             status: b.status,
             created: b.created.map(time),
             command: b.command,
