@@ -347,8 +347,7 @@ impl Signal {
 
 /// What happened to a sandbox's branch when the sandbox stopped (its `on_exit`, or what
 /// was done instead when that failed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BranchAction {
     /// Kept for review (`lockbox branch`): asked for, or a commit/abort on exit failed, or
     /// the runtime ended while the sandbox ran.
@@ -386,8 +385,7 @@ impl BranchAction {
 }
 
 /// A sandbox's life state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxState {
     /// Its init runs; all operations work.
     Running,
@@ -443,7 +441,7 @@ pub struct SandboxInfo {
 
 /// A sandbox's policy in brief: what it may reach and what bounds it. The whole policy is
 /// the one it was created with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicySummary {
     /// What its network policy lets through.
     pub net: NetKind,
@@ -453,28 +451,23 @@ pub struct PolicySummary {
     /// readable.
     pub default_reads: bool,
     /// Other host paths readable, at the same path.
-    #[serde(with = "lockbox_policy::name::json::vec")]
     pub fs_readable: Vec<PathBuf>,
     /// Host paths writable directly (their writes do not go through the branch).
-    #[serde(with = "lockbox_policy::name::json::vec")]
     pub fs_writable: Vec<PathBuf>,
     /// Memory bound of the sandbox, in bytes.
     pub max_memory_bytes: Option<u64>,
     /// Bound on processes and threads.
     pub max_processes: Option<u64>,
     /// CPU time bound per process.
-    #[serde(rename = "max_cpu_time_ms", with = "opt_ms")]
     pub max_cpu_time: Option<Duration>,
     /// Largest file a process may write, in bytes.
     pub max_file_size_bytes: Option<u64>,
     /// Deleted after this long without API calls.
-    #[serde(rename = "idle_timeout_ms", with = "opt_ms")]
     pub idle_timeout: Option<Duration>,
 }
 
 /// A network policy's kind ([`PolicySummary::net`]), without its destinations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetKind {
     /// Loopback only.
     None,
@@ -512,7 +505,7 @@ impl PolicySummary {
 }
 
 /// What a running sandbox's processes use, read from `/proc` when asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResourceUse {
     /// Live processes, the sandbox's init and agent included.
     pub processes: u32,
@@ -521,7 +514,6 @@ pub struct ResourceUse {
     /// The sum of their resident set sizes (a page shared by two processes counts twice).
     pub rss_bytes: u64,
     /// CPU time (user + system) of its live processes and of those that ended.
-    #[serde(rename = "cpu_ms", with = "ms")]
     pub cpu: Duration,
 }
 
@@ -537,17 +529,13 @@ impl From<lockbox_confine::TreeUsage> for ResourceUse {
 }
 
 /// How to create a session.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct SessionOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
-    #[serde(default)]
     pub id: Option<SessionId>,
     /// Initial working directory (inside the sandbox).
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Initial extra environment.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
 
@@ -662,7 +650,7 @@ pub enum ExecEvent {
 }
 
 /// A PTY's size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PtySize {
     /// Columns.
     pub cols: u16,
@@ -671,8 +659,7 @@ pub struct PtySize {
 }
 
 /// What a background process runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum ProcessCommand {
     /// An argv, executed directly (PATH searched).
     Argv(Vec<String>),
@@ -682,37 +669,29 @@ pub enum ProcessCommand {
         /// The script.
         script: String,
         /// The session whose cwd/env it inherits.
-        #[serde(default)]
         session: Option<SessionId>,
     },
 }
 
 /// How to start a background process.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct ProcessSpec {
     /// What to run.
     pub command: ProcessCommand,
     /// Working directory.
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Extra environment.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Run on a new PTY of this size (stdout and stderr are then one `pty` stream).
-    #[serde(default)]
     pub pty: Option<PtySize>,
     /// Bound of its output log in bytes (default [`RuntimeConfig::default_log_bytes`]).
-    #[serde(default)]
     pub log_bytes: Option<usize>,
     /// Keep stdin open for [`crate::Sandbox::write_stdin`]; false = `/dev/null`.
-    #[serde(default)]
     pub stdin: bool,
 }
 
 /// A process's life state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessState {
     /// Running.
     Running,
@@ -744,8 +723,7 @@ pub struct ProcessInfo {
 }
 
 /// Which output a log segment came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
     /// Standard output.
     Stdout,
@@ -756,7 +734,7 @@ pub enum OutputStream {
 }
 
 /// Contiguous bytes of one stream in a process's log.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct LogSegment {
     /// Which stream.
     pub stream: OutputStream,
@@ -767,7 +745,7 @@ pub struct LogSegment {
 }
 
 /// A read of a process's log.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct LogChunk {
     /// Segments in order, contiguous from the first offset.
     pub segments: Vec<LogSegment>,
@@ -780,7 +758,7 @@ pub struct LogChunk {
 }
 
 /// A byte range of a file: `start..end` (end exclusive; `None` = to the end).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {
     /// First byte.
     pub start: u64,
@@ -789,14 +767,11 @@ pub struct ByteRange {
 }
 
 /// How to write a file.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy)]
 pub struct WriteOptions {
     /// Permission bits of the new file (default 0o644).
-    #[serde(default = "default_mode")]
     pub mode: u32,
     /// Create missing parent directories (0o755).
-    #[serde(default = "default_true")]
     pub create_parents: bool,
 }
 
@@ -813,13 +788,8 @@ fn default_mode() -> u32 {
     0o644
 }
 
-fn default_true() -> bool {
-    true
-}
-
 /// The type of a filesystem entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
     /// Regular file.
     File,
@@ -1041,24 +1011,21 @@ impl Serialize for FileDiffReply {
 }
 
 /// How to expose a port ([`crate::Sandbox::expose_port`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExposeOptions {
     /// Also listen on a host loopback port (`127.0.0.1`, chosen by the kernel) that
     /// forwards each connection into the sandbox.
-    #[serde(default)]
     pub host_loopback: bool,
 }
 
 /// An exposed port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortInfo {
     /// The port inside the sandbox.
     pub port: u16,
     /// The path of its proxy on `lockbox serve` (`/v1/sandboxes/{id}/ports/{port}/`).
     pub path: String,
     /// The host loopback address forwarding to it (`127.0.0.1:41234`), if asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_address: Option<String>,
 }
 

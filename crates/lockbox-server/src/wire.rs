@@ -461,7 +461,8 @@ impl PutQuery {
 #[derive(Debug, Serialize)]
 pub struct FileInfo {
     pub path: String,
-    pub kind: FileKind,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: &'static str,
     pub size: u64,
     /// Permission bits as octal text (`"0644"`, `"4755"`): what `PUT files?mode=` takes,
     /// not the decimal 420 a client would have to convert.
@@ -474,7 +475,12 @@ impl From<FileStat> for FileInfo {
     fn from(stat: FileStat) -> FileInfo {
         FileInfo {
             path: stat.path,
-            kind: stat.kind,
+            kind: match stat.kind {
+                FileKind::File => "file",
+                FileKind::Dir => "dir",
+                FileKind::Symlink => "symlink",
+                FileKind::Other => "other",
+            },
             size: stat.size,
             mode: format!("{:04o}", stat.mode & 0o7777),
             modified: time(stat.modified),
@@ -497,36 +503,105 @@ pub fn each<T, W: From<T>>(items: Vec<T>) -> Vec<W> {
 #[derive(Debug, Serialize)]
 pub struct SandboxInfo {
     pub id: lockbox_runtime::SandboxId,
-    pub state: SandboxState,
+    /// `running`, `stopped` or `lost`.
+    pub state: &'static str,
     pub created_at: String,
     #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
     pub workdir: Option<PathBuf>,
     pub branch: Option<String>,
+    /// `kept`, `committed`, `aborted` or `empty`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub branch_action: Option<lockbox_runtime::BranchAction>,
+    pub branch_action: Option<&'static str>,
     pub labels: BTreeMap<String, String>,
     pub sessions: usize,
     pub processes: usize,
-    pub policy: Option<lockbox_runtime::PolicySummary>,
-    pub usage: Option<lockbox_runtime::ResourceUse>,
+    pub policy: Option<PolicySummary>,
+    pub usage: Option<ResourceUse>,
 }
 
 impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
     fn from(i: lockbox_runtime::SandboxInfo) -> SandboxInfo {
         SandboxInfo {
             id: i.id,
-            state: i.state,
+            state: i.state.as_str(),
             created_at: time(i.created_at),
             workdir: i.workdir,
             branch: i.branch.map(|b| b.to_string()),
-            branch_action: i.branch_action,
+            branch_action: i.branch_action.map(lockbox_runtime::BranchAction::as_str),
             labels: i.labels,
             sessions: i.sessions,
             processes: i.processes,
-            policy: i.policy,
-            usage: i.usage,
+            policy: i.policy.map(PolicySummary::from),
+            usage: i.usage.map(ResourceUse::from),
         }
     }
+}
+
+/// A sandbox's policy in brief ([`lockbox_runtime::PolicySummary`]).
+#[derive(Debug, Serialize)]
+pub struct PolicySummary {
+    /// `none` (loopback only), `host`, `allow` (only `net_destinations`) or `deny` (all but
+    /// `net_destinations`).
+    pub net: &'static str,
+    pub net_destinations: Vec<lockbox_policy::NetSpec>,
+    pub default_reads: bool,
+    #[serde(serialize_with = "lockbox_policy::name::json::vec::serialize")]
+    pub fs_readable: Vec<PathBuf>,
+    #[serde(serialize_with = "lockbox_policy::name::json::vec::serialize")]
+    pub fs_writable: Vec<PathBuf>,
+    pub max_memory_bytes: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub max_cpu_time_ms: Option<u64>,
+    pub max_file_size_bytes: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+}
+
+impl From<lockbox_runtime::PolicySummary> for PolicySummary {
+    fn from(p: lockbox_runtime::PolicySummary) -> PolicySummary {
+        use lockbox_runtime::NetKind;
+        PolicySummary {
+            net: match p.net {
+                NetKind::None => "none",
+                NetKind::Host => "host",
+                NetKind::Allow => "allow",
+                NetKind::Deny => "deny",
+            },
+            net_destinations: p.net_destinations,
+            default_reads: p.default_reads,
+            fs_readable: p.fs_readable,
+            fs_writable: p.fs_writable,
+            max_memory_bytes: p.max_memory_bytes,
+            max_processes: p.max_processes,
+            max_cpu_time_ms: p.max_cpu_time.map(ms),
+            max_file_size_bytes: p.max_file_size_bytes,
+            idle_timeout_ms: p.idle_timeout.map(ms),
+        }
+    }
+}
+
+/// What a running sandbox's processes use ([`lockbox_runtime::ResourceUse`]).
+#[derive(Debug, Serialize)]
+pub struct ResourceUse {
+    pub processes: u32,
+    pub threads: u32,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+impl From<lockbox_runtime::ResourceUse> for ResourceUse {
+    fn from(u: lockbox_runtime::ResourceUse) -> ResourceUse {
+        ResourceUse {
+            processes: u.processes,
+            threads: u.threads,
+            rss_bytes: u.rss_bytes,
+            cpu_ms: ms(u.cpu),
+        }
+    }
+}
+
+/// A duration on the wire: whole milliseconds (saturating).
+pub fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A session ([`lockbox_runtime::SessionInfo`]).
@@ -555,7 +630,8 @@ pub struct ProcessInfo {
     pub id: lockbox_runtime::ProcessId,
     pub pid: i32,
     pub command: Vec<String>,
-    pub state: lockbox_runtime::ProcessState,
+    /// `running` or `exited`.
+    pub state: &'static str,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub started_at: String,
@@ -569,7 +645,10 @@ impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
             id: i.id,
             pid: i.pid,
             command: i.command,
-            state: i.state,
+            state: match i.state {
+                lockbox_runtime::ProcessState::Running => "running",
+                lockbox_runtime::ProcessState::Exited => "exited",
+            },
             exit_code: i.exit_code,
             signal: i.signal,
             started_at: time(i.started_at),
@@ -689,7 +768,57 @@ impl Serialize for ChangeList {
 #[serde(default, deny_unknown_fields)]
 pub struct ListSandboxes {
     /// Only sandboxes in this state (`running`: the live ones).
-    pub state: Option<SandboxState>,
+    pub state: Option<StateName>,
+}
+
+/// A sandbox state as a client names it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateName {
+    /// `running`.
+    Running,
+    /// `stopped`.
+    Stopped,
+    /// `lost`.
+    Lost,
+}
+
+impl From<StateName> for SandboxState {
+    fn from(s: StateName) -> SandboxState {
+        match s {
+            StateName::Running => SandboxState::Running,
+            StateName::Stopped => SandboxState::Stopped,
+            StateName::Lost => SandboxState::Lost,
+        }
+    }
+}
+
+/// A port exposed ([`lockbox_runtime::PortInfo`]).
+#[derive(Debug, Serialize)]
+pub struct PortInfo {
+    pub port: u16,
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_address: Option<String>,
+}
+
+impl From<lockbox_runtime::PortInfo> for PortInfo {
+    fn from(p: lockbox_runtime::PortInfo) -> PortInfo {
+        PortInfo {
+            port: p.port,
+            path: p.path,
+            host_address: p.host_address,
+        }
+    }
+}
+
+/// A process log's stream by name: `stdout`, `stderr` or `pty`.
+pub fn stream_name(s: lockbox_runtime::OutputStream) -> &'static str {
+    match s {
+        lockbox_runtime::OutputStream::Stdout => "stdout",
+        lockbox_runtime::OutputStream::Stderr => "stderr",
+        lockbox_runtime::OutputStream::Pty => "pty",
+    }
 }
 
 /// `GET fs/list`.
@@ -1019,5 +1148,58 @@ impl RunCode {
             context: Some(context.into()),
             timeout: self.timeout_ms.map(std::time::Duration::from_millis),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The JSON the runtime's serde derives wrote before the wire forms moved here: the
+    /// Python SDK and clients read it field for field.
+    #[test]
+    fn a_sandbox_record_keeps_its_wire_form_byte_for_byte() {
+        let info = lockbox_runtime::SandboxInfo {
+            id: "sb-1".into(),
+            state: SandboxState::Stopped,
+            created_at: lockbox_policy::time::from_unix(1_795_000_000, 5_000_000),
+            workdir: Some(PathBuf::from("/w")),
+            branch: Some(lockbox_runtime::BranchId::parse("b1").unwrap()),
+            branch_action: Some(lockbox_runtime::BranchAction::Kept),
+            labels: BTreeMap::from([("a".to_owned(), "b".to_owned())]),
+            sessions: 1,
+            processes: 2,
+            policy: Some(lockbox_runtime::PolicySummary {
+                net: lockbox_runtime::NetKind::None,
+                net_destinations: Vec::new(),
+                default_reads: true,
+                fs_readable: vec![PathBuf::from("/r")],
+                fs_writable: Vec::new(),
+                max_memory_bytes: Some(1024),
+                max_processes: None,
+                max_cpu_time: Some(Duration::from_millis(1500)),
+                max_file_size_bytes: None,
+                idle_timeout: None,
+            }),
+            usage: Some(lockbox_runtime::ResourceUse {
+                processes: 2,
+                threads: 3,
+                rss_bytes: 4096,
+                cpu: Duration::from_millis(12),
+            }),
+        };
+        assert_eq!(
+            serde_json::to_string(&SandboxInfo::from(info)).unwrap(),
+            concat!(
+                r#"{"id":"sb-1","state":"stopped","created_at":"2026-11-18T11:06:40.005Z","#,
+                r#""workdir":"/w","branch":"b1","branch_action":"kept","labels":{"a":"b"},"#,
+                r#""sessions":1,"processes":2,"policy":{"net":"none","net_destinations":[],"#,
+                r#""default_reads":true,"fs_readable":["/r"],"fs_writable":[],"#,
+                r#""max_memory_bytes":1024,"max_processes":null,"max_cpu_time_ms":1500,"#,
+                r#""max_file_size_bytes":null,"idle_timeout_ms":null},"#,
+                r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
+            )
+        );
     }
 }

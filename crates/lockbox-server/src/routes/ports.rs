@@ -13,7 +13,7 @@
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::sessions::{CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE};
-use crate::wire::ExposePort;
+use crate::wire::{each, ExposePort, PortInfo};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -50,7 +50,7 @@ pub async fn expose(
     };
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.expose_port(port, opts).await?),
+        Json(PortInfo::from(sandbox.expose_port(port, opts).await?)),
     ))
 }
 
@@ -59,7 +59,9 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
-    Ok(Json(json!({ "ports": sandbox.ports() })))
+    Ok(Json(
+        json!({ "ports": each::<_, PortInfo>(sandbox.ports()) }),
+    ))
 }
 
 pub async fn unexpose(

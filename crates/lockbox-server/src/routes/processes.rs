@@ -7,8 +7,8 @@ use crate::openapi::MAX_GRACE_MS;
 use crate::output::data_fields;
 use crate::streams::json_event;
 use crate::wire::{
-    check_ms, decode_b64, each, KillQuery, LogsQuery, ProcessInfo, Signal, StartProcess, Stdin,
-    StdinQuery,
+    check_ms, decode_b64, each, stream_name, KillQuery, LogsQuery, ProcessInfo, Signal,
+    StartProcess, Stdin, StdinQuery,
 };
 use crate::AppState;
 use axum::body::Bytes;
@@ -140,7 +140,7 @@ pub fn chunk_json(chunk: &LogChunk) -> Value {
 
 fn segment_json(segment: &LogSegment) -> Value {
     let mut fields = data_fields(&segment.data);
-    fields.insert("stream".into(), json!(segment.stream));
+    fields.insert("stream".into(), json!(stream_name(segment.stream)));
     fields.insert("offset".into(), json!(segment.offset));
     Value::Object(fields)
 }

@@ -23,7 +23,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<ListSandboxes>,
 ) -> impl IntoResponse {
     let mut sandboxes = app.runtime.list_sandboxes();
-    sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state));
+    sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state.into()));
     Json(json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
 }
 
