@@ -76,6 +76,8 @@ pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 /// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.
 pub use lockbox_confine::{NetDecision, NetEvent, NetEventKind, NetProtocol};
+/// What [`CommitSummary::report`] holds.
+pub use lockbox_cow::CommitReport;
 /// What [`SandboxInfo::branch`] and [`KeptBranch`] name.
 pub use lockbox_cow::{BranchId, BranchState};
 /// What [`Sandbox::changes`] lists.

@@ -581,7 +581,7 @@ pub struct ExecRequest {
 }
 
 /// The result of a finished command.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ExecResult {
     /// Exit status as bash reports it (128+N after signal N, 124 after a timeout).
     pub exit_code: i32,
@@ -593,35 +593,30 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// stdout was longer than a buffered exec keeps and was cut there (the rest was read
     /// and dropped, so the command did not block); use `exec_stream` for such outputs.
-    #[serde(default)]
     pub stdout_truncated: bool,
     /// Likewise for stderr.
-    #[serde(default)]
     pub stderr_truncated: bool,
     /// Wall time of the call.
-    #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
     /// The session it ran in.
     pub session: SessionId,
 }
 
 /// How a command of [`crate::ExecStream`] ended (an [`ExecResult`] without its output).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ExecExit {
     /// As [`ExecResult::exit_code`].
     pub exit_code: i32,
     /// As [`ExecResult::timed_out`].
     pub timed_out: bool,
     /// As [`ExecResult::duration`].
-    #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
     /// As [`ExecResult::session`].
     pub session: SessionId,
 }
 
 /// One event of a streamed command.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum ExecEvent {
     /// The command started in this session.
     Start {
@@ -910,25 +905,12 @@ pub struct KeptBranchDetail {
 }
 
 /// What a workspace commit did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct CommitSummary {
     /// The commit engine's report.
     pub report: lockbox_cow::CommitReport,
     /// Changes left in the branch (not selected).
     pub remaining: usize,
-}
-
-mod ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
-    }
 }
 
 mod opt_ms {
@@ -1125,7 +1107,7 @@ pub struct RunCodeRequest {
 pub use lockbox_agent::contexts::{DisplayData, ExecError, Language};
 
 /// The output of a run, as chunks in the order they were read.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Logs {
     /// stdout chunks (UTF-8, invalid bytes replaced).
     pub stdout: Vec<String>,
@@ -1135,7 +1117,7 @@ pub struct Logs {
 
 /// The outcome of [`crate::Sandbox::run_code`], in the shape E2B's and Cloudflare's code
 /// interpreters use: `results` (rich values), `logs`, `error`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Execution {
     /// The context it ran in.
     pub context: ContextId,
@@ -1178,8 +1160,7 @@ impl Execution {
 }
 
 /// One event of a streamed run ([`crate::Sandbox::run_code_stream`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum CodeEvent {
     /// Text on stdout.
     Stdout {

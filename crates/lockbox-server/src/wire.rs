@@ -812,6 +812,62 @@ impl From<lockbox_runtime::PortInfo> for PortInfo {
     }
 }
 
+/// What a commit did ([`lockbox_runtime::CommitSummary`]).
+#[derive(Debug, Serialize)]
+pub struct CommitSummary {
+    pub report: lockbox_runtime::CommitReport,
+    pub remaining: usize,
+}
+
+impl From<lockbox_runtime::CommitSummary> for CommitSummary {
+    fn from(c: lockbox_runtime::CommitSummary) -> CommitSummary {
+        CommitSummary {
+            report: c.report,
+            remaining: c.remaining,
+        }
+    }
+}
+
+/// A run of code ([`lockbox_runtime::Execution`]).
+#[derive(Debug, Serialize)]
+pub struct Execution {
+    pub context: lockbox_runtime::ContextId,
+    pub results: Vec<lockbox_runtime::DisplayData>,
+    pub logs: Logs,
+    pub error: Option<lockbox_runtime::ExecError>,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub state_lost: bool,
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// A run's output chunks ([`lockbox_runtime::Logs`]).
+#[derive(Debug, Serialize)]
+pub struct Logs {
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+}
+
+impl From<lockbox_runtime::Execution> for Execution {
+    fn from(e: lockbox_runtime::Execution) -> Execution {
+        Execution {
+            context: e.context,
+            results: e.results,
+            logs: Logs {
+                stdout: e.logs.stdout,
+                stderr: e.logs.stderr,
+            },
+            error: e.error,
+            exit_code: e.exit_code,
+            timed_out: e.timed_out,
+            state_lost: e.state_lost,
+            truncated: e.truncated,
+            duration_ms: e.duration_ms,
+        }
+    }
+}
+
 /// A process log's stream by name: `stdout`, `stderr` or `pty`.
 pub fn stream_name(s: lockbox_runtime::OutputStream) -> &'static str {
     match s {
@@ -1201,5 +1257,32 @@ mod tests {
                 r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
             )
         );
+    }
+
+    #[test]
+    fn an_execution_and_a_commit_summary_keep_their_wire_form() {
+        let mut exec = lockbox_runtime::Execution::in_context("c1".into());
+        exec.logs.stdout.push("a".into());
+        exec.error = Some(lockbox_runtime::ExecError {
+            name: "E".into(),
+            value: "v".into(),
+            traceback: "t".into(),
+        });
+        exec.duration_ms = 7;
+        assert_eq!(
+            serde_json::to_string(&Execution::from(exec)).unwrap(),
+            concat!(
+                r#"{"context":"c1","results":[],"logs":{"stdout":["a"],"stderr":[]},"#,
+                r#""error":{"name":"E","value":"v","traceback":"t"},"exit_code":null,"#,
+                r#""timed_out":false,"state_lost":false,"truncated":false,"duration_ms":7}"#
+            )
+        );
+        let summary = lockbox_runtime::CommitSummary {
+            report: lockbox_runtime::CommitReport::default(),
+            remaining: 2,
+        };
+        let json = serde_json::to_value(CommitSummary::from(summary)).unwrap();
+        assert_eq!(json["remaining"], 2);
+        assert_eq!(json["report"]["added"], 0);
     }
 }

@@ -5,7 +5,7 @@
 
 use super::tools::ToolCall;
 use crate::error::ApiError;
-use crate::wire::{each, ChangeList, FileInfo, SandboxInfo};
+use crate::wire::{self, each, ChangeList, CommitSummary, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
@@ -108,7 +108,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
         }
         ToolCall::Commit { id, selection } => {
             let sandbox = runtime.sandbox(&id)?;
-            json_result(&sandbox.commit(selection).await?)
+            json_result(&CommitSummary::from(sandbox.commit(selection).await?))
         }
         ToolCall::RunCode {
             id,
@@ -223,7 +223,8 @@ fn run_code_result(e: &Execution, max: usize) -> Value {
     content.insert(0, json!({ "type": "text", "text": text }));
     json!({
         "content": content,
-        "structuredContent": serde_json::to_value(e).unwrap_or_default(),
+        "structuredContent": serde_json::to_value(wire::Execution::from(e.clone()))
+            .unwrap_or_default(),
         "isError": false,
     })
 }

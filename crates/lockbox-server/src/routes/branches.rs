@@ -5,7 +5,8 @@
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::wire::{
-    each, BranchCommit, BranchDetail, ChangeList, DiffQuery, FileDiffReply, KeptBranch,
+    each, BranchCommit, BranchDetail, ChangeList, CommitSummary, DiffQuery, FileDiffReply,
+    KeptBranch,
 };
 use crate::AppState;
 use axum::extract::State;
@@ -45,7 +46,9 @@ pub async fn commit(
     ApiJson(body): ApiJson<BranchCommit>,
 ) -> Result<impl IntoResponse, ApiError> {
     let (sel, rest) = body.into_parts();
-    Ok(Json(app.runtime.branch_commit(id, sel, rest).await?))
+    Ok(Json(CommitSummary::from(
+        app.runtime.branch_commit(id, sel, rest).await?,
+    )))
 }
 
 pub async fn abort(

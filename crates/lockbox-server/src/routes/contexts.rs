@@ -4,7 +4,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::routes::exec::detached;
 use crate::streams::json_event;
-use crate::wire::{each, ContextInfo, RunCode};
+use crate::wire::{each, ContextInfo, Execution, RunCode};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -52,7 +52,7 @@ pub async fn run(
     let request = body.into_request(cid)?;
     let sandbox = app.runtime.sandbox(&id)?;
     let exec = detached(async move { sandbox.run_code(request).await }).await?;
-    Ok(Json(exec))
+    Ok(Json(Execution::from(exec)))
 }
 
 pub async fn stream(
@@ -75,7 +75,7 @@ pub async fn stream(
             CodeEvent::Stdout { text } | CodeEvent::Stderr { text } => json!({ "text": text }),
             CodeEvent::Result(d) => json!(d),
             CodeEvent::Error(e) => json!(e),
-            CodeEvent::End(exec) => json!(exec),
+            CodeEvent::End(exec) => json!(Execution::from(*exec)),
         };
         json_event(name, &data)
     });

@@ -3,7 +3,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{Commit, DiffQuery, FileDiffReply};
+use crate::wire::{Commit, CommitSummary, DiffQuery, FileDiffReply};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -41,7 +41,9 @@ pub async fn commit(
     ApiJson(body): ApiJson<Commit>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
-    Ok(Json(sandbox.commit(body.into_selection()).await?))
+    Ok(Json(CommitSummary::from(
+        sandbox.commit(body.into_selection()).await?,
+    )))
 }
 
 pub async fn abort(
