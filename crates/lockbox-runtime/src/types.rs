@@ -553,30 +553,19 @@ pub struct SessionInfo {
 }
 
 /// One command for a session.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct ExecRequest {
     /// Shell text, run by the session's bash as if typed (any text: heredocs, quotes...).
     pub command: String,
     /// The session; `None` = the sandbox's default session (created on first use).
-    #[serde(default)]
     pub session: Option<SessionId>,
     /// Working directory for this call only.
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Environment for this call only.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Kill the command (TERM, grace, KILL of its whole tree) after this long: exit 124.
-    #[serde(
-        default,
-        rename = "timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub timeout: Option<Duration>,
     /// Bytes for the command's stdin; `None` = `/dev/null`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<Bytes>,
 }
 
@@ -815,21 +804,16 @@ pub struct FileStat {
 
 /// Which changes a commit takes (paths relative to the workdir; a directory covers its
 /// subtree). Empty `only` = all.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct Selection {
     /// Take only these (in JSON: strings, or `{"bytes": base64}` for names that are not
     /// UTF-8, as everywhere: `lockbox_policy::name`).
-    #[serde(default, with = "lockbox_policy::name::json::vec")]
     pub only: Vec<PathBuf>,
     /// Leave these in the branch.
-    #[serde(default, with = "lockbox_policy::name::json::vec")]
     pub exclude: Vec<PathBuf>,
     /// Commit even if the workdir changed under the branch at those paths.
-    #[serde(default)]
     pub force: bool,
     /// Files committed with only some of their hunks (numbered as the diff gives them).
-    #[serde(default)]
     pub hunks: Vec<HunkSelection>,
 }
 
@@ -852,11 +836,9 @@ impl Selection {
 }
 
 /// Some hunks of one file: the committed file is the workdir's with these hunks applied.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct HunkSelection {
     /// The file, relative to the workdir (a string, or `{"bytes": base64}`).
-    #[serde(with = "lockbox_policy::name::json")]
     pub path: PathBuf,
     /// Hunk numbers (from 0, in file order, as the diff numbers them); empty: the file is
     /// not touched.
@@ -864,8 +846,7 @@ pub struct HunkSelection {
 }
 
 /// What happens to the part of a kept branch a commit did not take.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Rest {
     /// It stays in the branch, listed and committable later.
     #[default]
@@ -1029,21 +1010,16 @@ mod signal_tests {
 }
 
 /// How to create a code context ([`crate::Sandbox::create_context`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct ContextOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
-    #[serde(default)]
     pub id: Option<ContextId>,
     /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
     /// `language`.
-    #[serde(default = "default_language")]
     pub language: String,
     /// Working directory of the interpreter (inside the sandbox).
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Extra environment of the interpreter (e.g. a `PATH` to another `python3`).
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
 
@@ -1083,24 +1059,16 @@ pub struct ContextInfo {
 }
 
 /// One run of code in a context.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct RunCodeRequest {
     /// The code: Python statements (the last expression's value is the main result) or
     /// bash text.
     pub code: String,
     /// The context; `None` = the sandbox's `default` Python context (created on use).
-    #[serde(default)]
     pub context: Option<ContextId>,
     /// Interrupt the run after this long (SIGINT; then, after
     /// [`crate::CONTEXT_INTERRUPT_GRACE`], kill and restart the interpreter). Default
     /// [`crate::DEFAULT_RUN_TIMEOUT`].
-    #[serde(
-        default,
-        rename = "timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub timeout: Option<Duration>,
 }
 

@@ -965,7 +965,47 @@ pub struct Commit {
     pub force: bool,
     /// Files committed with only some of their hunks: `[{"path": P, "accept": [0, 2]}]`
     /// (numbered as `GET diff?path=P` gives them; `accept: []` leaves the file untouched).
-    pub hunks: Vec<lockbox_runtime::HunkSelection>,
+    pub hunks: Vec<HunkChoice>,
+}
+
+/// Some hunks of one file: `{"path": P, "accept": [0, 2]}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HunkChoice {
+    /// The file, relative to the workdir (a string, or `{"bytes": base64}`).
+    #[serde(deserialize_with = "lockbox_policy::name::json::deserialize")]
+    pub path: PathBuf,
+    /// Hunk numbers (from 0, as the diff numbers them); empty: the file is not touched.
+    pub accept: Vec<usize>,
+}
+
+impl From<HunkChoice> for lockbox_runtime::HunkSelection {
+    fn from(h: HunkChoice) -> lockbox_runtime::HunkSelection {
+        lockbox_runtime::HunkSelection {
+            path: h.path,
+            accept: h.accept,
+        }
+    }
+}
+
+/// What happens to the part of a kept branch a commit did not take.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestName {
+    /// It stays in the branch (default).
+    #[default]
+    Keep,
+    /// The branch is removed after the commit.
+    Drop,
+}
+
+impl From<RestName> for lockbox_runtime::Rest {
+    fn from(r: RestName) -> lockbox_runtime::Rest {
+        match r {
+            RestName::Keep => lockbox_runtime::Rest::Keep,
+            RestName::Drop => lockbox_runtime::Rest::Drop,
+        }
+    }
 }
 
 impl Commit {
@@ -975,7 +1015,7 @@ impl Commit {
             only: self.only,
             exclude: self.exclude,
             force: self.force,
-            hunks: self.hunks,
+            hunks: each(self.hunks),
         }
     }
 }
@@ -991,12 +1031,12 @@ pub struct BranchCommit {
     #[serde(with = "lockbox_policy::name::json::vec")]
     pub exclude: Vec<PathBuf>,
     /// Files committed with only some of their hunks.
-    pub hunks: Vec<lockbox_runtime::HunkSelection>,
+    pub hunks: Vec<HunkChoice>,
     /// Commit even where the workdir changed under the branch at those paths.
     pub force: bool,
     /// `keep` (default): what is not committed stays in the branch; `drop`: the branch is
     /// removed after the commit.
-    pub rest: lockbox_runtime::Rest,
+    pub rest: RestName,
 }
 
 impl BranchCommit {
@@ -1007,9 +1047,9 @@ impl BranchCommit {
                 only: self.only,
                 exclude: self.exclude,
                 force: self.force,
-                hunks: self.hunks,
+                hunks: each(self.hunks),
             },
-            self.rest,
+            self.rest.into(),
         )
     }
 }
@@ -1171,6 +1211,40 @@ impl SnapshotDiffQuery {
                 "to_snapshot",
                 "give to_snapshot or to_sandbox, not both",
             )),
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/contexts`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateContext {
+    /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `python` (default), `bash` or `node`.
+    #[serde(default = "python")]
+    pub language: String,
+    /// Working directory of the interpreter (inside the sandbox).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment of the interpreter.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn python() -> String {
+    "python".into()
+}
+
+impl CreateContext {
+    /// The runtime's options.
+    pub fn into_options(self) -> lockbox_runtime::ContextOptions {
+        lockbox_runtime::ContextOptions {
+            id: self.id.map(Into::into),
+            language: self.language,
+            cwd: self.cwd,
+            env: self.env,
         }
     }
 }

@@ -4,25 +4,27 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::routes::exec::detached;
 use crate::streams::json_event;
-use crate::wire::{each, ContextInfo, Execution, RunCode};
+use crate::wire::{each, ContextInfo, CreateContext, Execution, RunCode};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use futures_util::StreamExt;
-use lockbox_runtime::{CodeEvent, ContextOptions};
+use lockbox_runtime::CodeEvent;
 use serde_json::json;
 
 pub async fn create(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(opts): ApiJson<ContextOptions>,
+    ApiJson(body): ApiJson<CreateContext>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
-        Json(ContextInfo::from(sandbox.create_context(opts).await?)),
+        Json(ContextInfo::from(
+            sandbox.create_context(body.into_options()).await?,
+        )),
     ))
 }
 
