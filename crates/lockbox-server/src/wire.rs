@@ -1082,8 +1082,68 @@ impl DiffQuery {
     }
 }
 
-/// `GET diff`: one path's diff as numbered hunks, or a summary of both sides.
-pub use lockbox_runtime::FileDiffReply;
+/// One path's diff as numbered hunks, or a summary of both sides, in the wire shape of `GET
+/// diff` (docs/server.md), `lockbox branch hunks --json` and the Python SDK:
+/// `{"path", "kind": "text", "hunks": [{"index", "old_start", "old_lines", "new_start",
+/// "new_lines", "header", "lines": [{"op": " "|"-"|"+", "text"}], "no_newline_old",
+/// "no_newline_new"}]}` or `{"path", "kind": "summary", "old": Side, "new": Side}`.
+#[derive(Debug, Clone)]
+pub struct FileDiffReply {
+    /// The path asked for.
+    pub path: PathBuf,
+    /// The diff.
+    pub diff: lockbox_runtime::FileHunks,
+}
+
+fn side_json(side: &lockbox_runtime::Side) -> serde_json::Value {
+    use lockbox_runtime::Side;
+    match side {
+        Side::Absent => serde_json::json!({ "type": "absent" }),
+        Side::File { size } => serde_json::json!({ "type": "file", "size": size }),
+        Side::Dir => serde_json::json!({ "type": "dir" }),
+        Side::Symlink { target } => {
+            serde_json::json!({ "type": "symlink", "target": lockbox_policy::name::Encoded(target) })
+        }
+        Side::Special => serde_json::json!({ "type": "special" }),
+    }
+}
+
+impl Serialize for FileDiffReply {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use lockbox_runtime::FileHunks;
+        let path = lockbox_policy::name::Encoded(&self.path);
+        let value = match &self.diff {
+            FileHunks::Text { hunks } => {
+                let hunks: Vec<_> = hunks
+                    .iter()
+                    .map(|h| {
+                        let lines: Vec<_> = h
+                            .lines
+                            .iter()
+                            .map(|l| serde_json::json!({ "op": l.op.symbol().to_string(), "text": l.text }))
+                            .collect();
+                        serde_json::json!({
+                            "index": h.index,
+                            "old_start": h.old_start,
+                            "old_lines": h.old_lines,
+                            "new_start": h.new_start,
+                            "new_lines": h.new_lines,
+                            "header": h.header(),
+                            "lines": lines,
+                            "no_newline_old": h.no_newline_old,
+                            "no_newline_new": h.no_newline_new,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({ "path": path, "kind": "text", "hunks": hunks })
+            }
+            FileHunks::Summary { old, new } => serde_json::json!({
+                "path": path, "kind": "summary", "old": side_json(old), "new": side_json(new)
+            }),
+        };
+        value.serialize(serializer)
+    }
+}
 
 /// `GET /v1/branches/{id}`: the branch object and its changes.
 #[derive(Serialize)]

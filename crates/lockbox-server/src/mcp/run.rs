@@ -5,13 +5,13 @@
 
 use super::tools::ToolCall;
 use crate::error::ApiError;
-use crate::wire::{self, each, ChangeList, CommitSummary, FileInfo, SandboxInfo};
+use crate::wire::{self, each, ChangeList, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
 use lockbox_runtime::{
-    ByteRange, ContextOptions, ExecRequest, ExecResult, Execution, FileDiffReply, RunCodeRequest,
-    Runtime, RuntimeError, Sandbox, SessionOptions, WriteOptions,
+    ByteRange, ContextOptions, ExecRequest, ExecResult, Execution, RunCodeRequest, Runtime,
+    RuntimeError, Sandbox, SessionOptions, WriteOptions,
 };
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
