@@ -1071,6 +1071,8 @@ fn every_record_gives_its_time_as_rfc3339_utc_with_milliseconds_across_a_restart
             assert_eq!(status, StatusCode::OK, "{info}");
             assert_eq!(info["state"], "lost", "{info}");
             assert_eq!(info["created_at"], created_at, "{info}");
+            // And its spec, from the same record: the policy summary of the one created.
+            assert_eq!(info["policy"]["net"], "none", "{info}");
         });
     }
 }

@@ -47,6 +47,7 @@ mod output;
 mod pool;
 mod ports;
 mod process;
+mod record;
 mod runtime;
 mod sandbox;
 mod session;

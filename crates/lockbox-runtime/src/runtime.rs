@@ -182,7 +182,7 @@ impl Runtime {
             audit,
         });
         let info = sb.info(SandboxState::Running, None);
-        let spec_json = serde_json::to_value(&sb.spec).unwrap_or_default();
+        let spec_json = crate::record::spec_json(&sb.spec);
         if let Err(e) = self.inner.store.insert(&info, &spec_json) {
             sb.instance().stop(Duration::ZERO).await;
             return Err(e);

@@ -106,7 +106,7 @@ pub(crate) fn take(
         base_ctime: branch.meta().base_ctime,
         context: serde_json::json!({
             "sandbox": sandbox,
-            "spec": context.spec,
+            "spec": crate::record::spec_json(context.spec),
             "sessions": context.sessions,
         }),
     };
@@ -168,7 +168,7 @@ pub(crate) fn spec_of(meta: &SnapshotMeta) -> SandboxSpec {
     let mut spec = meta
         .context
         .get("spec")
-        .and_then(|s| serde_json::from_value::<SandboxSpec>(s.clone()).ok())
+        .and_then(|s| crate::record::spec_from_json(s.clone()))
         .unwrap_or_default();
     spec.workdir = Some(meta.workdir.clone());
     spec.from_snapshot = None;

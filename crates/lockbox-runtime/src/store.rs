@@ -8,9 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::types::{
-    BranchAction, PolicySummary, SandboxId, SandboxInfo, SandboxSpec, SandboxState,
-};
+use crate::types::{BranchAction, PolicySummary, SandboxId, SandboxInfo, SandboxState};
 use crate::RuntimeError;
 
 #[derive(Debug)]
@@ -162,8 +160,9 @@ impl Store {
                         .unwrap_or_default(),
                     sessions: 0,
                     processes: 0,
-                    policy: serde_json::from_str::<SandboxSpec>(&r.get::<_, String>(7)?)
+                    policy: serde_json::from_str(&r.get::<_, String>(7)?)
                         .ok()
+                        .and_then(crate::record::spec_from_json)
                         .map(|spec| PolicySummary::of(&spec)),
                     usage: None,
                 })

@@ -1,7 +1,7 @@
-//! The data types of the runtime's API (the HTTP layer serialises most of them as they are).
-//!
-//! Durations cross serde as integer milliseconds in fields named `*_ms`; byte strings are
-//! [`Bytes`] (the HTTP layer chooses base64 or raw bodies).
+//! The data types of the runtime's API: ids, specs, records, events. Domain types only:
+//! durations are [`Duration`]s, times [`std::time::SystemTime`]s, byte strings [`Bytes`].
+//! Their JSON is `lockbox-server`'s `wire.rs`; the ids still derive a transparent serde
+//! (a string) for the wire forms there and the snapshot records (`record.rs`).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -91,8 +91,7 @@ impl RuntimeConfig {
 
 /// What to do with a sandbox's branch when the sandbox is deleted (or idles out, or the
 /// server stops).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnExit {
     /// Keep the branch for review (`lockbox branch ...`): nothing is lost.
     #[default]
@@ -104,37 +103,21 @@ pub enum OnExit {
 }
 
 /// How to create a sandbox.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
     /// The confinement policy (what is visible, network, limits, env).
-    #[serde(default)]
     pub policy: lockbox_policy::Policy,
     /// A host directory seen through a copy-on-write branch (the sandbox's working directory).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "lockbox_policy::name::json::option"
-    )]
     pub workdir: Option<PathBuf>,
     /// What happens to the branch at the end.
-    #[serde(default)]
     pub on_exit: OnExit,
     /// Delete the sandbox after this long without API calls.
-    #[serde(
-        default,
-        rename = "idle_timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub idle_timeout: Option<Duration>,
     /// Free-form labels, returned in [`SandboxInfo`].
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Start from this snapshot's files (a fork): the sandbox sees the workdir as the
     /// snapshot does and writes to its own layer over it. `workdir` may be left out (it is
     /// the snapshot's) and must otherwise be the snapshot's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<lockbox_cow::SnapshotId>,
 }
 
@@ -892,22 +875,6 @@ pub struct CommitSummary {
     pub report: lockbox_cow::CommitReport,
     /// Changes left in the branch (not selected).
     pub remaining: usize,
-}
-
-mod opt_ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
-    }
 }
 
 /// How to expose a port ([`crate::Sandbox::expose_port`]).

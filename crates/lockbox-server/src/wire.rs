@@ -55,7 +55,7 @@ pub struct CreateSandbox {
     #[serde(with = "lockbox_policy::name::json::option")]
     pub workdir: Option<PathBuf>,
     /// What deleting the sandbox does with the branch: `keep` (default), `commit`, `abort`.
-    pub on_exit: Option<OnExit>,
+    pub on_exit: Option<OnExitName>,
     /// Delete the sandbox after this long without a request.
     pub idle_timeout_ms: Option<u64>,
     /// Free-form labels, returned as given.
@@ -110,7 +110,7 @@ impl CreateSandbox {
         Ok(SandboxSpec {
             policy,
             workdir: self.workdir,
-            on_exit: self.on_exit.unwrap_or_default(),
+            on_exit: self.on_exit.map(OnExit::from).unwrap_or_default(),
             idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             labels: self.labels,
             from_snapshot: self
@@ -122,6 +122,28 @@ impl CreateSandbox {
                 })
                 .transpose()?,
         })
+    }
+}
+
+/// What deleting a sandbox does with its branch, as a client names it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExitName {
+    /// `keep`.
+    Keep,
+    /// `commit`.
+    Commit,
+    /// `abort`.
+    Abort,
+}
+
+impl From<OnExitName> for OnExit {
+    fn from(o: OnExitName) -> OnExit {
+        match o {
+            OnExitName::Keep => OnExit::Keep,
+            OnExitName::Commit => OnExit::Commit,
+            OnExitName::Abort => OnExit::Abort,
+        }
     }
 }
 
