@@ -202,7 +202,8 @@ impl SandboxInner {
 const SHELL_OWN_VARIABLES: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
 
 /// A session's cwd and exported variables, as a snapshot records them (its `context`) and a
-/// fork or restore starts the session again with them.
+/// fork or restore starts the session again with them. Its serde is the snapshot record's
+/// on-disk format (read back after a restart), private like `record.rs`, not the API.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SessionState {
     pub id: SessionId,
