@@ -19,7 +19,8 @@
 //! - `files`: file operations, resolved by the agent, streamed by the runtime;
 //! - `workspace`: changes/commit/abort of the sandbox's branch;
 //! - `ports`: exposed ports; `watch`: file watching; `streams`: the streams handed out;
-//! - `store`: sandbox metadata in SQLite.
+//! - `store`: sandbox metadata in SQLite; `record`: a spec's JSON on disk (the one serde of
+//!   the runtime's own types, private).
 //!
 //! Which executable is the agent ([`RuntimeConfig::agent_exe`]): by default the current
 //! executable, re-executed, whose `main` must call [`main_if_agent`] first thing. The default
@@ -30,8 +31,10 @@
 //! `lockbox-agent` binary instead. Either way the agent's [`PROTOCOL_VERSION`] is checked at
 //! the handshake: a mismatch is [`RuntimeError::Protocol`].
 //!
-//! Not here: HTTP (`lockbox-server`), confinement itself (`lockbox-confine`), the agent and
-//! its protocol (`lockbox-agent`), branches and the commit engine (`lockbox-cow`).
+//! Not here: HTTP and the API's JSON (`lockbox-server`, whose `wire.rs` turns these types
+//! into their wire forms: times as RFC 3339 text, durations as `*_ms`), confinement
+//! itself (`lockbox-confine`), the agent and its protocol (`lockbox-agent`), branches and
+//! the commit engine (`lockbox-cow`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
