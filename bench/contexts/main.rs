@@ -67,7 +67,7 @@ async fn main() {
     println!("| measurement | n | p50 | p95 | p99 |");
     println!("|---|---|---|---|---|");
     let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
 
     for (language, snippet, name) in [
         (
@@ -104,7 +104,7 @@ async fn main() {
     for i in 0..starts {
         let id = format!("start-{i}");
         let opts = ContextOptions {
-            id: Some(id.clone()),
+            id: Some(id.as_str().into()),
             ..ContextOptions::default()
         };
         let t = Instant::now();

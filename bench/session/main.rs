@@ -158,7 +158,7 @@ async fn main() {
 
     // 1. Warm session round trip.
     let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     for _ in 0..50 {
         sb.exec(echo_hi()).await.unwrap();
     }
@@ -185,7 +185,7 @@ async fn main() {
     for i in 0..a.sessions {
         let id = format!("s{i}");
         sb.create_session(SessionOptions {
-            id: Some(id.clone()),
+            id: Some(id.as_str().into()),
             ..SessionOptions::default()
         })
         .await
@@ -202,7 +202,7 @@ async fn main() {
             let mut errors = 0;
             for _ in 0..n {
                 let mut req = echo_hi();
-                req.session = Some(id.clone());
+                req.session = Some(id.as_str().into());
                 let t = Instant::now();
                 match sb.exec(req).await {
                     Ok(r) if &r.stdout[..] == b"hi\n" => lat.push(t.elapsed()),
@@ -240,7 +240,7 @@ async fn main() {
     for _ in 0..a.creates {
         let t = Instant::now();
         let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
-        let sb = rt.sandbox(&info.id).await.unwrap();
+        let sb = rt.sandbox(&info.id).unwrap();
         let r = sb.exec(echo_hi()).await.unwrap();
         samples.push(t.elapsed());
         assert_eq!(&r.stdout[..], b"hi\n");
@@ -268,7 +268,7 @@ async fn main() {
         let t = Instant::now();
         let info = pooled.create_sandbox(SandboxSpec::default()).await.unwrap();
         creates.push(t.elapsed());
-        let sb = pooled.sandbox(&info.id).await.unwrap();
+        let sb = pooled.sandbox(&info.id).unwrap();
         let r = sb.exec(echo_hi()).await.unwrap();
         samples.push(t.elapsed());
         assert_eq!(&r.stdout[..], b"hi\n");
@@ -302,7 +302,7 @@ async fn pooled_fork_row(pooled: &Runtime, a: &Args) {
         ..SandboxSpec::default()
     };
     let info = pooled.create_sandbox(spec).await.unwrap();
-    let sb = pooled.sandbox(&info.id).await.unwrap();
+    let sb = pooled.sandbox(&info.id).unwrap();
     let r = sb.exec(ExecRequest {
         command: "mkdir src && seq 1 1000 > src/a && cd src && export V=1".into(),
         ..ExecRequest::default()
@@ -334,7 +334,7 @@ async fn first_exec_from(rt: &Runtime, id: &str, n: usize, ready: usize) -> Vec<
         }
         let t = Instant::now();
         let forks = rt.fork_snapshot(id, 1).await.unwrap();
-        let fb = rt.sandbox(&forks[0].id).await.unwrap();
+        let fb = rt.sandbox(&forks[0].id).unwrap();
         let r = fb.exec(echo_hi()).await.unwrap();
         one.push(t.elapsed());
         assert_eq!(&r.stdout[..], b"hi\n");
@@ -353,7 +353,7 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
         ..SandboxSpec::default()
     };
     let info = rt.create_sandbox(spec).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     let per = a.fork_bytes / a.fork_files.max(1);
     let dirs = a.fork_files.div_ceil(100);
     let script = format!(
@@ -418,7 +418,7 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
         let forks = rt.fork_snapshot(&snap.id, a.forks).await.unwrap();
         all.push(t.elapsed());
         for f in &forks {
-            let fb = rt.sandbox(&f.id).await.unwrap();
+            let fb = rt.sandbox(&f.id).unwrap();
             let t = Instant::now();
             let r = fb.exec(echo_hi()).await.unwrap();
             first_exec.push(t.elapsed());

@@ -993,3 +993,86 @@ fn pipe_process_stdin_over_websocket_and_truncated_logs() {
         assert!(text.len() <= 1000, "{}", text.len());
     });
 }
+
+/// `2026-11-18T11:06:40.123Z`: RFC 3339, UTC, milliseconds, as every record gives its time.
+fn is_api_time(v: &Value) -> bool {
+    let Some(s) = v.as_str() else { return false };
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    b.len() == 24
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'.'
+        && digits(20..23)
+        && b[23] == b'Z'
+}
+
+#[test]
+fn every_record_gives_its_time_as_rfc3339_utc_with_milliseconds_across_a_restart() {
+    for user in users() {
+        let state = state_dir(user);
+        let work = common::scratch();
+        give(work.path(), user);
+        let wd = work.path().to_str().unwrap().to_owned();
+        let mut first = Served::start(user, state.path(), &[]);
+        let (id, created_at) = tokio().block_on(async {
+            let (status, info) = first
+                .json(
+                    Method::POST,
+                    "/v1/sandboxes",
+                    json!({ "workdir": wd, "on_exit": "abort" }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{user:?} {info}");
+            assert!(is_api_time(&info["created_at"]), "{info}");
+            let id = info["id"].as_str().unwrap().to_owned();
+            let sandbox = format!("/v1/sandboxes/{id}");
+            for (path, body, field) in [
+                ("sessions", json!({}), "created_at"),
+                ("processes", json!({ "argv": ["true"] }), "started_at"),
+                ("contexts", json!({ "language": "bash" }), "created_at"),
+                ("snapshots", json!({}), "created_at"),
+            ] {
+                let (status, record) = first
+                    .json(Method::POST, &format!("{sandbox}/{path}"), body)
+                    .await;
+                assert_eq!(status, StatusCode::CREATED, "{user:?} {path} {record}");
+                assert!(is_api_time(&record[field]), "{path}: {record}");
+            }
+            let (status, stat) = first
+                .json(
+                    Method::GET,
+                    &format!("{sandbox}/fs/stat?path=/tmp"),
+                    Value::Null,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{stat}");
+            assert!(is_api_time(&stat["modified"]), "{stat}");
+            (id, info["created_at"].clone())
+        });
+        first.signal("KILL");
+        first.wait();
+
+        // The time read back from the state directory is the one the creation gave.
+        let second = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let (status, info) = second
+                .json(Method::GET, &format!("/v1/sandboxes/{id}"), Value::Null)
+                .await;
+            assert_eq!(status, StatusCode::OK, "{info}");
+            assert_eq!(info["state"], "lost", "{info}");
+            assert_eq!(info["created_at"], created_at, "{info}");
+            // And its spec, from the same record: the policy summary of the one created.
+            assert_eq!(info["policy"]["net"], "none", "{info}");
+        });
+    }
+}

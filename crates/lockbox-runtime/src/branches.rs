@@ -11,7 +11,7 @@ use lockbox_cow::{
 
 use crate::types::{CommitSummary, KeptBranch, KeptBranchDetail, Rest, Selection};
 use crate::workspace::cow_error;
-use crate::{util, Runtime, RuntimeError};
+use crate::{Runtime, RuntimeError};
 
 /// Whether a live process still owns the branch (a running sandbox's, or one being
 /// committed).
@@ -24,14 +24,14 @@ fn describe(b: &ListedBranch) -> KeptBranch {
     let (workdir, state, created, command) = match &b.meta {
         Ok(m) => (
             Some(m.workdir.clone()),
-            m.state.name().to_owned(),
-            Some(util::rfc3339(
+            Some(m.state),
+            Some(lockbox_policy::time::from_unix(
                 m.created.secs,
                 u32::try_from(m.created.nanos).unwrap_or(0),
             )),
             m.context.get("command").cloned(),
         ),
-        Err(_) => (None, "damaged".to_owned(), None, None),
+        Err(_) => (None, None, None, None),
     };
     let changes = b
         .meta
@@ -41,7 +41,7 @@ fn describe(b: &ListedBranch) -> KeptBranch {
         .and_then(|br| br.change_set().ok())
         .map(|c| c.len());
     KeptBranch {
-        id: b.id.to_string(),
+        id: b.id.clone(),
         workdir,
         state,
         status: b.status(),

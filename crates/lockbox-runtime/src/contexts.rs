@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 use crate::agent::AgentClient;
-use crate::types::{CodeEvent, ContextInfo, ContextOptions, ExecError, Execution};
+use crate::types::{CodeEvent, ContextId, ContextInfo, ContextOptions, ExecError, Execution};
 use crate::util::{self, Read};
 use crate::RuntimeError;
 
@@ -49,11 +49,11 @@ struct Runner {
 /// A code context.
 #[derive(Debug)]
 pub(crate) struct Context {
-    pub id: String,
+    pub id: ContextId,
     language: Language,
     cwd: Option<String>,
     env: Vec<(String, String)>,
-    created_at: String,
+    created_at: std::time::SystemTime,
     agent: AgentClient,
     runner: tokio::sync::Mutex<Option<Runner>>,
     /// The runner's pid (0: none), readable while a run holds `runner`.
@@ -65,7 +65,7 @@ pub(crate) struct Context {
 /// Checks options from an API and makes the context (its interpreter starts on first run).
 pub(crate) fn new_context(
     agent: &AgentClient,
-    id: String,
+    id: ContextId,
     opts: &ContextOptions,
 ) -> Result<Context, RuntimeError> {
     let language = Language::from_name(&opts.language).ok_or_else(|| {
@@ -92,7 +92,7 @@ pub(crate) fn new_context(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        created_at: util::now_rfc3339(),
+        created_at: std::time::SystemTime::now(),
         agent: agent.clone(),
         runner: tokio::sync::Mutex::new(None),
         pid: AtomicI32::new(0),
@@ -205,7 +205,7 @@ impl Context {
             id: self.id.clone(),
             language: self.language.as_str().to_owned(),
             cwd: self.cwd.clone(),
-            created_at: self.created_at.clone(),
+            created_at: self.created_at,
             pid: (pid > 0).then_some(pid),
             runs: self.runs.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
@@ -277,10 +277,7 @@ impl Context {
         let mut slot = self.runner.lock().await;
         let started = Instant::now();
         let mut c = Collect {
-            exec: Execution {
-                context: self.id.clone(),
-                ..Execution::default()
-            },
+            exec: Execution::in_context(self.id.clone()),
             out: Utf8::default(),
             err: Utf8::default(),
             out_bytes: 0,

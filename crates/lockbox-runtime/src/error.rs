@@ -18,9 +18,9 @@ pub enum RuntimeError {
     #[error("sandbox {id} is {state}, not running")]
     SandboxNotRunning {
         /// The sandbox.
-        id: String,
-        /// Its state (`stopped` or `lost`).
-        state: String,
+        id: crate::SandboxId,
+        /// Its state (stopped or lost).
+        state: crate::SandboxState,
     },
     /// No session with this id in the sandbox.
     #[error("no session {id:?} in this sandbox")]
@@ -265,7 +265,9 @@ impl RuntimeError {
             | RuntimeError::ContextNotFound { id }
             | RuntimeError::ContextExists { id }
             | RuntimeError::SandboxBusy { id } => json!({ "id": id }),
-            RuntimeError::SandboxNotRunning { id, state } => json!({ "id": id, "state": state }),
+            RuntimeError::SandboxNotRunning { id, state } => {
+                json!({ "id": id.as_str(), "state": state.as_str() })
+            }
             RuntimeError::QuestionNotFound { id } | RuntimeError::QuestionDecided { id } => {
                 json!({ "id": id })
             }

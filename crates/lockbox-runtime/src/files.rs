@@ -50,7 +50,7 @@ fn stat_of(e: EntryStat) -> FileStat {
         },
         size: e.size,
         mode: e.mode,
-        modified: crate::util::rfc3339(e.mtime, e.mtime_nsec),
+        modified: lockbox_policy::time::from_unix(e.mtime, e.mtime_nsec),
         target: e.target,
     }
 }

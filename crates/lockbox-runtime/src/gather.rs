@@ -298,7 +298,7 @@ impl Runtime {
         check_ids(ids)?;
         let mut sandboxes = Vec::with_capacity(ids.len());
         for id in ids {
-            sandboxes.push(self.sandbox(id).await?);
+            sandboxes.push(self.sandbox(id)?);
         }
         // Taken in id order (two gathers of the same sandboxes cannot deadlock), and not
         // waited for: a sandbox busy with a commit of its own is refused, not queued.

@@ -33,8 +33,8 @@ impl Sandbox {
     pub(crate) fn live(&self) -> Result<Arc<Instance>, RuntimeError> {
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Err(RuntimeError::SandboxNotRunning {
-                id: self.inner.id.to_string(),
-                state: "stopped".into(),
+                id: self.inner.id.clone(),
+                state: SandboxState::Stopped,
             });
         }
         self.inner.touch();
@@ -141,7 +141,7 @@ impl Sandbox {
     pub async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessInfo, RuntimeError> {
         let inst = self.live()?;
         let n = self.inner.next_process.fetch_add(1, Ordering::Relaxed);
-        inst.start_process(format!("p{n}"), spec, &self.inner.limits)
+        inst.start_process(ProcessId::from(format!("p{n}")), spec, &self.inner.limits)
             .await
     }
 
@@ -320,13 +320,12 @@ impl Sandbox {
                 }
                 Err(e) => {
                     let exec = Execution {
-                        context: ctx.id.clone(),
                         error: Some(ExecError {
                             name: e.code().as_str().to_owned(),
                             value: e.to_string(),
                             traceback: String::new(),
                         }),
-                        ..Execution::default()
+                        ..Execution::in_context(ctx.id.clone())
                     };
                     let _ = tx.send(CodeEvent::End(Box::new(exec)));
                 }

@@ -20,7 +20,8 @@
 //! - `workspace`: changes/commit/abort of the sandbox's branch; `gather`: several
 //!   sandboxes' branches committed together as one transaction;
 //! - `ports`: exposed ports; `watch`: file watching; `streams`: the streams handed out;
-//! - `store`: sandbox metadata in SQLite.
+//! - `store`: sandbox metadata in SQLite; `record`: a spec's JSON on disk (the one serde of
+//!   the runtime's own types, private).
 //!
 //! Which executable is the agent ([`RuntimeConfig::agent_exe`]): by default the current
 //! executable, re-executed, whose `main` must call [`main_if_agent`] first thing. The default
@@ -31,8 +32,10 @@
 //! `lockbox-agent` binary instead. Either way the agent's [`PROTOCOL_VERSION`] is checked at
 //! the handshake: a mismatch is [`RuntimeError::Protocol`].
 //!
-//! Not here: HTTP (`lockbox-server`), confinement itself (`lockbox-confine`), the agent and
-//! its protocol (`lockbox-agent`), branches and the commit engine (`lockbox-cow`).
+//! Not here: HTTP and the API's JSON (`lockbox-server`, whose `wire.rs` turns these types
+//! into their wire forms: times as RFC 3339 text, durations as `*_ms`), confinement
+//! itself (`lockbox-confine`), the agent and its protocol (`lockbox-agent`), branches and
+//! the commit engine (`lockbox-cow`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -49,6 +52,7 @@ mod output;
 mod pool;
 mod ports;
 mod process;
+mod record;
 mod runtime;
 mod sandbox;
 mod session;
@@ -75,7 +79,6 @@ pub use crate::streams::{
     WatchStream,
 };
 pub use crate::types::*;
-pub use crate::util::rfc3339;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
 /// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.
@@ -83,6 +86,10 @@ pub use lockbox_confine::{
     NetDecision, NetEvent, NetEventKind, NetProtocol, NetVerdict as Verdict, Question,
     DEFAULT_ASK_TIMEOUT,
 };
+/// What [`CommitSummary::report`] holds.
+pub use lockbox_cow::CommitReport;
+/// What [`SandboxInfo::branch`] and [`KeptBranch`] name.
+pub use lockbox_cow::{BranchId, BranchState};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};
 /// What [`Runtime::commit_together`] takes and reports.

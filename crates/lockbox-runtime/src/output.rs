@@ -203,7 +203,7 @@ impl Sink {
     pub async fn start(&mut self, session: &str) {
         if let Sink::Events(e) = self {
             e.send(ExecEvent::Start {
-                session: session.to_owned(),
+                session: session.into(),
             })
             .await;
         }

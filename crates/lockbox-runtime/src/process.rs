@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use crate::agent::{AgentClient, ExitStatus};
 use crate::log::ProcessLog;
 use crate::sandbox::LogReservation;
-use crate::types::{OutputStream, ProcessInfo, ProcessState};
+use crate::types::{OutputStream, ProcessId, ProcessInfo, ProcessState};
 use crate::util::{read_pending, read_some, Read, READ_CHUNK};
 use crate::RuntimeError;
 use lockbox_agent::Io;
@@ -17,10 +17,10 @@ use lockbox_agent::Io;
 /// One background process.
 #[derive(Debug)]
 pub(crate) struct Process {
-    pub id: String,
+    pub id: ProcessId,
     pub pid: i32,
     pub command: Vec<String>,
-    pub started_at: String,
+    pub started_at: std::time::SystemTime,
     pub log: Arc<ProcessLog>,
     /// stdin pipe (or the PTY master, shared with the reader).
     pub input: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
@@ -33,7 +33,7 @@ impl Process {
     /// for `io`.
     pub fn start(
         agent: &AgentClient,
-        id: String,
+        id: ProcessId,
         pid: i32,
         command: Vec<String>,
         fds: Vec<OwnedFd>,
@@ -72,7 +72,7 @@ impl Process {
             id,
             pid,
             command,
-            started_at: crate::util::now_rfc3339(),
+            started_at: std::time::SystemTime::now(),
             log: Arc::new(ProcessLog::new(log)),
             input: Mutex::new(input),
             pty: master,
@@ -186,7 +186,7 @@ impl Process {
             },
             exit_code: status.and_then(|s| s.code),
             signal: status.and_then(|s| s.signal),
-            started_at: self.started_at.clone(),
+            started_at: self.started_at,
             pty: self.pty.is_some(),
             log_end: self.log.end(),
         }
@@ -207,7 +207,7 @@ impl Process {
                 Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
                 Err(rustix::io::Errno::PIPE) | Err(rustix::io::Errno::IO) => {
                     return Err(RuntimeError::ProcessNotRunning {
-                        id: self.id.clone(),
+                        id: self.id.to_string(),
                     })
                 }
                 Err(e) => return Err(RuntimeError::internal(format!("writing stdin: {e}"))),
@@ -219,11 +219,11 @@ impl Process {
     fn no_input(&self) -> RuntimeError {
         if self.status().is_some() {
             RuntimeError::ProcessNotRunning {
-                id: self.id.clone(),
+                id: self.id.to_string(),
             }
         } else {
             RuntimeError::NotSupported {
-                id: self.id.clone(),
+                id: self.id.to_string(),
                 what: "stdin is closed (start it with stdin: true to write to it)".into(),
             }
         }
@@ -243,7 +243,7 @@ impl Process {
             .pty
             .as_ref()
             .ok_or_else(|| RuntimeError::NotSupported {
-                id: self.id.clone(),
+                id: self.id.to_string(),
                 what: "it has no PTY".into(),
             })?;
         let size = rustix::termios::Winsize {
@@ -255,7 +255,7 @@ impl Process {
         rustix::termios::tcsetwinsize(master.get_ref(), size).map_err(|e| {
             if self.status().is_some() {
                 RuntimeError::ProcessNotRunning {
-                    id: self.id.clone(),
+                    id: self.id.to_string(),
                 }
             } else {
                 RuntimeError::internal(format!("resizing the PTY: {e}"))

@@ -2,7 +2,7 @@
 //! and what happens to a sandbox's branch when it stops.
 
 use crate::types::*;
-use crate::{sandbox, store, util, RuntimeError, Sandbox};
+use crate::{sandbox, store, RuntimeError, Sandbox};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -190,7 +190,7 @@ impl Runtime {
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
             id: id.clone(),
-            created_at: util::now_rfc3339(),
+            created_at: std::time::SystemTime::now(),
             spec,
             state_dir: self.inner.config.state_dir.clone(),
             agent_exe: self.inner.agent_exe.clone(),
@@ -205,7 +205,7 @@ impl Runtime {
             audit,
         });
         let info = sb.info(SandboxState::Running, None);
-        let spec_json = serde_json::to_value(&sb.spec).unwrap_or_default();
+        let spec_json = crate::record::spec_json(&sb.spec);
         if let Err(e) = self.inner.store.insert(&info, &spec_json) {
             sb.instance().stop(Duration::ZERO).await;
             return Err(e);
@@ -261,15 +261,15 @@ impl Runtime {
 
     /// A handle to a running sandbox (`SANDBOX_NOT_FOUND`, or `SANDBOX_NOT_RUNNING` for a
     /// stopped or lost one).
-    pub async fn sandbox(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+    pub fn sandbox(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         if let Some(sb) = lock(&self.inner.sandboxes).get(id).cloned() {
             sb.touch();
             return Ok(Sandbox { inner: sb });
         }
         let info = self.sandbox_info(id)?;
         Err(RuntimeError::SandboxNotRunning {
-            id: id.to_owned(),
-            state: info.state.as_str().to_owned(),
+            id: info.id,
+            state: info.state,
         })
     }
 
@@ -305,7 +305,7 @@ impl Runtime {
         let inst = sb.instance();
         inst.stop(sb.grace()).await;
         let branch = lock(&inst.branch).take();
-        let branch_id = branch.as_ref().map(|b| b.id().as_str().to_owned());
+        let branch_id = branch.as_ref().map(|b| b.id().clone());
         let action = match branch {
             None => None,
             Some(b) => {
@@ -323,7 +323,7 @@ impl Runtime {
         let _ = self
             .inner
             .store
-            .update(id, SandboxState::Stopped, branch_id.as_deref(), action);
+            .update(id, SandboxState::Stopped, branch_id.as_ref(), action);
         if let Err(e) = self
             .inner
             .store

@@ -32,12 +32,12 @@ pub(crate) struct Instance {
     pub agent: AgentClient,
     running: Mutex<Option<lockbox_confine::Running>>,
     pub branch: Mutex<Option<Branch>>,
-    pub sessions: tokio::sync::Mutex<HashMap<String, (Arc<Session>, SessionOptions)>>,
-    pub processes: Mutex<BTreeMap<String, Arc<Process>>>,
+    pub sessions: tokio::sync::Mutex<HashMap<SessionId, (Arc<Session>, SessionOptions)>>,
+    pub processes: Mutex<BTreeMap<ProcessId, Arc<Process>>>,
     /// Held from the check of the process bounds to the record's insertion.
     starting: tokio::sync::Mutex<()>,
     /// Code contexts by id.
-    pub contexts: tokio::sync::Mutex<BTreeMap<String, Arc<crate::contexts::Context>>>,
+    pub contexts: tokio::sync::Mutex<BTreeMap<ContextId, Arc<crate::contexts::Context>>>,
     /// The snapshot its branch lies on (a fork's, or a restore's), if any.
     pub base: Option<SnapshotId>,
     /// A shell started ahead for the default session (a pooled instance's): the first
@@ -147,7 +147,7 @@ impl Drop for LogReservation {
 #[derive(Debug)]
 pub(crate) struct SandboxInner {
     pub id: SandboxId,
-    pub created_at: String,
+    pub created_at: std::time::SystemTime,
     pub spec: SandboxSpec,
     pub state_dir: PathBuf,
     pub agent_exe: PathBuf,
@@ -183,13 +183,11 @@ impl SandboxInner {
         let inst = self.instance();
         let sessions = inst.sessions.try_lock().map(|s| s.len()).unwrap_or(0);
         let processes = lock(&inst.processes).len();
-        let branch = lock(&inst.branch)
-            .as_ref()
-            .map(|b| b.id().as_str().to_owned());
+        let branch = lock(&inst.branch).as_ref().map(|b| b.id().clone());
         SandboxInfo {
             id: self.id.clone(),
             state,
-            created_at: self.created_at.clone(),
+            created_at: self.created_at,
             workdir: self.spec.workdir.clone(),
             branch,
             branch_action,
@@ -206,10 +204,11 @@ impl SandboxInner {
 const SHELL_OWN_VARIABLES: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
 
 /// A session's cwd and exported variables, as a snapshot records them (its `context`) and a
-/// fork or restore starts the session again with them.
+/// fork or restore starts the session again with them. Its serde is the snapshot record's
+/// on-disk format (read back after a restart), private like `record.rs`, not the API.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SessionState {
-    pub id: String,
+    pub id: SessionId,
     pub cwd: String,
     pub env: BTreeMap<String, String>,
 }
@@ -482,7 +481,7 @@ impl Instance {
     pub async fn start_spare_default(&self, grace: Duration) -> Result<(), RuntimeError> {
         let s = Session::start(
             &self.agent,
-            DEFAULT_SESSION.to_owned(),
+            DEFAULT_SESSION.into(),
             None,
             &BTreeMap::new(),
             grace,
@@ -530,7 +529,7 @@ impl Instance {
                 check_sessions(sessions.len(), limits)?;
                 let spare = lock(&self.spare_default).take();
                 if let Some(s) = spare.filter(|s| !s.is_dead()) {
-                    sessions.insert(id.to_owned(), (s.clone(), SessionOptions::default()));
+                    sessions.insert(id.into(), (s.clone(), SessionOptions::default()));
                     return Ok(s);
                 }
                 SessionOptions::default()
@@ -540,16 +539,9 @@ impl Instance {
             }
         };
         let s = Arc::new(
-            Session::start(
-                &self.agent,
-                id.to_owned(),
-                opts.cwd.clone(),
-                &opts.env,
-                grace,
-            )
-            .await?,
+            Session::start(&self.agent, id.into(), opts.cwd.clone(), &opts.env, grace).await?,
         );
-        sessions.insert(id.to_owned(), (s.clone(), opts));
+        sessions.insert(id.into(), (s.clone(), opts));
         Ok(s)
     }
 
@@ -557,7 +549,7 @@ impl Instance {
     /// command (a busy one cannot be asked without waiting for its command), for a
     /// snapshot's record. Variables the shell keeps itself are left out.
     pub async fn session_states(&self) -> Vec<SessionState> {
-        let sessions: Vec<(String, Arc<Session>)> = {
+        let sessions: Vec<(SessionId, Arc<Session>)> = {
             let sessions = self.sessions.lock().await;
             sessions
                 .iter()
@@ -598,7 +590,7 @@ impl Instance {
                 ))
             }
             Some(id) => id.clone(),
-            None => format!("s-{}", crate::util::random_id()),
+            None => SessionId::from(format!("s-{}", crate::util::random_id())),
         };
         for k in opts.env.keys() {
             if !crate::util::valid_env_name(k) {
@@ -610,7 +602,9 @@ impl Instance {
         }
         let mut sessions = self.sessions.lock().await;
         match sessions.get(&id) {
-            Some((s, _)) if !s.is_dead() => return Err(RuntimeError::SessionExists { id }),
+            Some((s, _)) if !s.is_dead() => {
+                return Err(RuntimeError::SessionExists { id: id.to_string() })
+            }
             Some(_) => {} // a terminated one is replaced
             None => check_sessions(sessions.len(), limits)?,
         }
@@ -624,7 +618,7 @@ impl Instance {
 
     pub async fn start_process(
         &self,
-        id: String,
+        id: ProcessId,
         spec: ProcessSpec,
         limits: &Limits,
     ) -> Result<ProcessInfo, RuntimeError> {
@@ -738,7 +732,9 @@ impl Instance {
     /// Signals a process's whole tree.
     pub async fn signal_process(&self, p: &Process, signal: i32) -> Result<(), RuntimeError> {
         if p.status().is_some() {
-            return Err(RuntimeError::ProcessNotRunning { id: p.id.clone() });
+            return Err(RuntimeError::ProcessNotRunning {
+                id: p.id.to_string(),
+            });
         }
         let (result, _) = self
             .agent
@@ -750,7 +746,9 @@ impl Instance {
             .await?;
         result
             .map(drop)
-            .map_err(|_| RuntimeError::ProcessNotRunning { id: p.id.clone() })
+            .map_err(|_| RuntimeError::ProcessNotRunning {
+                id: p.id.to_string(),
+            })
     }
 
     /// TERM, grace, KILL of the whole tree; returns when it is gone and logged.
@@ -802,10 +800,10 @@ impl Instance {
         }
         let c = Arc::new(new_context(
             &self.agent,
-            id.to_owned(),
+            id.into(),
             &ContextOptions::default(),
         )?);
-        contexts.insert(id.to_owned(), c.clone());
+        contexts.insert(id.into(), c.clone());
         Ok(c)
     }
 
@@ -816,12 +814,12 @@ impl Instance {
                 check_id(id)?;
                 id.clone()
             }
-            None => format!("c-{}", crate::util::random_id()),
+            None => ContextId::from(format!("c-{}", crate::util::random_id())),
         };
         let c = new_context(&self.agent, id.clone(), &opts)?;
         let mut contexts = self.contexts.lock().await;
         if contexts.contains_key(&id) {
-            return Err(RuntimeError::ContextExists { id });
+            return Err(RuntimeError::ContextExists { id: id.to_string() });
         }
         if contexts.len() >= MAX_CONTEXTS {
             return Err(RuntimeError::LimitReached {

@@ -27,7 +27,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::agent::AgentClient;
 use crate::output::{Pipe, Sink};
-use crate::types::{ExecExit, ExecRequest, SessionInfo};
+use crate::types::{ExecExit, ExecRequest, SessionId, SessionInfo};
 use crate::util::{ansi_c_quote, read_some, Read};
 use crate::RuntimeError;
 
@@ -77,10 +77,10 @@ struct Pipes {
 /// One session. Commands are serialised by the async mutex around its pipes.
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub id: String,
+    pub id: SessionId,
     /// The shell's pid in the sandbox.
     pub pid: i32,
-    pub created_at: String,
+    pub created_at: std::time::SystemTime,
     agent: AgentClient,
     pipes: tokio::sync::Mutex<Pipes>,
     busy: AtomicBool,
@@ -97,7 +97,7 @@ impl Session {
     /// Starts the shell and sends it the protocol's functions.
     pub async fn start(
         agent: &AgentClient,
-        id: String,
+        id: SessionId,
         cwd: Option<String>,
         env: &BTreeMap<String, String>,
         grace: Duration,
@@ -140,7 +140,7 @@ impl Session {
         Ok(Session {
             id,
             pid,
-            created_at: crate::util::now_rfc3339(),
+            created_at: std::time::SystemTime::now(),
             agent: agent.clone(),
             pipes: tokio::sync::Mutex::new(pipes),
             busy: AtomicBool::new(false),
@@ -154,7 +154,7 @@ impl Session {
         SessionInfo {
             id: self.id.clone(),
             pid: self.pid,
-            created_at: self.created_at.clone(),
+            created_at: self.created_at,
             busy: self.busy.load(Ordering::Relaxed),
         }
     }
@@ -165,7 +165,7 @@ impl Session {
 
     fn terminated(&self, reason: &str) -> RuntimeError {
         RuntimeError::SessionTerminated {
-            id: self.id.clone(),
+            id: self.id.to_string(),
             reason: reason.to_owned(),
         }
     }

@@ -16,7 +16,6 @@ use crate::sandbox::{lock, Instance, Limits, SessionState};
 use crate::types::{
     SandboxId, SandboxInfo, SandboxSpec, SessionOptions, SnapshotInfo, SnapshotOptions,
 };
-use crate::util::rfc3339;
 use crate::{Change, Runtime, RuntimeError};
 
 /// Longest the processes of a sandbox may take to stop (a process in uninterruptible sleep
@@ -133,7 +132,7 @@ pub(crate) fn take(
         base_ctime: branch.meta().base_ctime,
         context: serde_json::json!({
             "sandbox": sandbox,
-            "spec": context.spec,
+            "spec": crate::record::spec_json(context.spec),
             "sessions": context.sessions,
         }),
     };
@@ -195,7 +194,7 @@ pub(crate) fn spec_of(meta: &SnapshotMeta) -> SandboxSpec {
     let mut spec = meta
         .context
         .get("spec")
-        .and_then(|s| serde_json::from_value::<SandboxSpec>(s.clone()).ok())
+        .and_then(|s| crate::record::spec_from_json(s.clone()))
         .unwrap_or_default();
     spec.workdir = Some(meta.workdir.clone());
     spec.from_snapshot = None;
@@ -250,7 +249,10 @@ pub(crate) fn info(m: SnapshotMeta) -> SnapshotInfo {
         name: m.name,
         parent: m.parent,
         workdir: m.workdir,
-        created_at: rfc3339(m.created.secs, u32::try_from(m.created.nanos).unwrap_or(0)),
+        created_at: lockbox_policy::time::from_unix(
+            m.created.secs,
+            u32::try_from(m.created.nanos).unwrap_or(0),
+        ),
         bytes: m.bytes,
         entries: m.entries,
     }
@@ -276,7 +278,7 @@ impl Runtime {
         count: usize,
         opts: SnapshotOptions,
     ) -> Result<(SnapshotInfo, Vec<SandboxInfo>), RuntimeError> {
-        let snapshot = self.sandbox(id).await?.snapshot_with(opts).await?;
+        let snapshot = self.sandbox(id)?.snapshot_with(opts).await?;
         let forks = self.fork_snapshot(snapshot.id.as_str(), count).await?;
         Ok((snapshot, forks))
     }
@@ -325,7 +327,7 @@ impl Runtime {
                 .await
             }
             DiffTarget::Sandbox(id) => {
-                let sb = self.sandbox(&id).await?;
+                let sb = self.sandbox(&id)?;
                 let inst = sb.inner.instance();
                 let workdir = sb.inner.spec.workdir.clone();
                 match workdir {

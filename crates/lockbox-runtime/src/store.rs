@@ -8,9 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::types::{
-    BranchAction, PolicySummary, SandboxId, SandboxInfo, SandboxSpec, SandboxState,
-};
+use crate::types::{BranchAction, PolicySummary, SandboxId, SandboxInfo, SandboxState};
 use crate::RuntimeError;
 
 #[derive(Debug)]
@@ -75,10 +73,11 @@ impl Store {
                 params![
                     info.id.as_str(),
                     info.state.as_str(),
-                    info.created_at,
+                    // The text the API shows: it sorts as the time does.
+                    lockbox_policy::time::format(info.created_at),
                     // Bytes, not text: a lossy copy would name another directory.
                     info.workdir.as_ref().map(|p| p.as_os_str().as_bytes().to_vec()),
-                    info.branch,
+                    info.branch.as_ref().map(lockbox_cow::BranchId::as_str),
                     labels,
                     spec.to_string(),
                 ],
@@ -91,7 +90,7 @@ impl Store {
         &self,
         id: &str,
         state: SandboxState,
-        branch: Option<&str>,
+        branch: Option<&lockbox_cow::BranchId>,
         branch_action: Option<BranchAction>,
     ) -> Result<(), RuntimeError> {
         self.conn()
@@ -100,7 +99,7 @@ impl Store {
                 params![
                     id,
                     state.as_str(),
-                    branch,
+                    branch.map(lockbox_cow::BranchId::as_str),
                     branch_action.map(BranchAction::as_str)
                 ],
             )
@@ -143,9 +142,16 @@ impl Store {
                         "stopped" => SandboxState::Stopped,
                         _ => SandboxState::Lost,
                     },
-                    created_at: r.get(2)?,
+                    // Every row's time was written by `insert`; one that does not read
+                    // back (a hand-edited database) lists as 1970 rather than hiding the
+                    // sandbox and its kept branch.
+                    created_at: lockbox_policy::time::parse(&r.get::<_, String>(2)?)
+                        .unwrap_or(std::time::UNIX_EPOCH),
                     workdir: workdir_of(r.get_ref(3)?),
-                    branch: r.get(4)?,
+                    // Written from a `BranchId`; text that is not one names no branch.
+                    branch: r
+                        .get::<_, Option<String>>(4)?
+                        .and_then(|b| lockbox_cow::BranchId::parse(&b).ok()),
                     branch_action: r
                         .get::<_, Option<String>>(5)?
                         .as_deref()
@@ -154,8 +160,9 @@ impl Store {
                         .unwrap_or_default(),
                     sessions: 0,
                     processes: 0,
-                    policy: serde_json::from_str::<SandboxSpec>(&r.get::<_, String>(7)?)
+                    policy: serde_json::from_str(&r.get::<_, String>(7)?)
                         .ok()
+                        .and_then(crate::record::spec_from_json)
                         .map(|spec| PolicySummary::of(&spec)),
                     usage: None,
                 })

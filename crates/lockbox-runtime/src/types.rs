@@ -1,13 +1,13 @@
-//! The data types of the runtime's API (the HTTP layer serialises most of them as they are).
-//!
-//! Durations cross serde as integer milliseconds in fields named `*_ms`; byte strings are
-//! [`Bytes`] (the HTTP layer chooses base64 or raw bodies).
+//! The data types of the runtime's API: ids, specs, records, events. Domain types only:
+//! durations are [`Duration`]s, times [`std::time::SystemTime`]s, byte strings [`Bytes`].
+//! Their JSON is `lockbox-server`'s `wire.rs`; the ids still derive a transparent serde
+//! (a string) for the wire forms there and the snapshot records (`record.rs`).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Default bound of a process's output log.
 pub const DEFAULT_LOG_BYTES: usize = 4 << 20;
@@ -91,8 +91,7 @@ impl RuntimeConfig {
 
 /// What to do with a sandbox's branch when the sandbox is deleted (or idles out, or the
 /// server stops).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnExit {
     /// Keep the branch for review (`lockbox branch ...`): nothing is lost.
     #[default]
@@ -104,122 +103,136 @@ pub enum OnExit {
 }
 
 /// How to create a sandbox.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
     /// The confinement policy (what is visible, network, limits, env).
-    #[serde(default)]
     pub policy: lockbox_policy::Policy,
     /// A host directory seen through a copy-on-write branch (the sandbox's working directory).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "lockbox_policy::name::json::option"
-    )]
     pub workdir: Option<PathBuf>,
     /// What happens to the branch at the end.
-    #[serde(default)]
     pub on_exit: OnExit,
     /// Delete the sandbox after this long without API calls.
-    #[serde(
-        default,
-        rename = "idle_timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub idle_timeout: Option<Duration>,
     /// Free-form labels, returned in [`SandboxInfo`].
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Start from this snapshot's files (a fork): the sandbox sees the workdir as the
     /// snapshot does and writes to its own layer over it. `workdir` may be left out (it is
     /// the snapshot's) and must otherwise be the snapshot's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<lockbox_cow::SnapshotId>,
     /// Approvals (`net_ask`, an allow-list only): an unlisted destination is asked, not
     /// refused, and each question waits this long for a verdict
     /// ([`crate::Sandbox::decide`]).
-    #[serde(
-        default,
-        rename = "net_ask_timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub net_ask: Option<Duration>,
 }
 
-/// A sandbox's id (`sb-` and 12 hex digits when the runtime makes it). In JSON, a string.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SandboxId(String);
+/// An id type: text that names one thing of a kind, compared and hashed as its text, and
+/// looked up by `&str` in maps keyed by it. Read back (from a request path, the runtime's
+/// records) without a check, since an unknown id is simply not found; ids a caller chooses
+/// are checked where the thing is created.
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(id: String) -> $name {
+                $name(id)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(id: &str) -> $name {
+                $name(id.to_owned())
+            }
+        }
+    };
+}
+
+id_type! {
+    /// A sandbox's id (`sb-` and 12 hex digits when the runtime makes it). In JSON, a string.
+    SandboxId
+}
 
 impl SandboxId {
     /// A fresh id.
     pub(crate) fn generate() -> SandboxId {
         SandboxId(format!("sb-{}", crate::util::random_id()))
     }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl std::ops::Deref for SandboxId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
+id_type! {
+    /// A shell session's id in its sandbox (`[A-Za-z0-9_.-]{1,64}`, checked when the
+    /// session is created; `default` for the one commands without a session use).
+    SessionId
 }
 
-impl AsRef<str> for SandboxId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
+id_type! {
+    /// A background process's id in its sandbox (`p1`, `p2`, ...: the runtime makes them).
+    ProcessId
 }
 
-impl std::borrow::Borrow<str> for SandboxId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl PartialEq<str> for SandboxId {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<String> for SandboxId {
-    fn eq(&self, other: &String) -> bool {
-        self.0 == *other
-    }
-}
-
-impl PartialEq<&str> for SandboxId {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl From<SandboxId> for String {
-    fn from(id: SandboxId) -> String {
-        id.0
-    }
-}
-
-impl From<String> for SandboxId {
-    /// An id read back (from the runtime's records, a request path): not checked, since an
-    /// unknown id is simply not found.
-    fn from(id: String) -> SandboxId {
-        SandboxId(id)
-    }
+id_type! {
+    /// A code context's id in its sandbox (`[A-Za-z0-9_.-]{1,64}`, checked when the context
+    /// is created; `default` for the one runs without a context use).
+    ContextId
 }
 
 /// How to take a snapshot ([`crate::Sandbox::snapshot_with`]).
@@ -233,7 +246,7 @@ pub struct SnapshotOptions {
 }
 
 /// A snapshot of a sandbox's files ([`crate::Sandbox::snapshot`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotInfo {
     /// Its id.
     pub id: lockbox_cow::SnapshotId,
@@ -244,10 +257,9 @@ pub struct SnapshotInfo {
     /// The sandbox it was taken of.
     pub sandbox: Option<SandboxId>,
     /// The workdir below it.
-    #[serde(with = "lockbox_policy::name::json")]
     pub workdir: PathBuf,
-    /// When it was taken, RFC 3339 UTC.
-    pub created_at: String,
+    /// When it was taken.
+    pub created_at: SystemTime,
     /// Bytes of file data of its own layer (not its parents').
     pub bytes: u64,
     /// Files, directories and deletions in its own layer.
@@ -322,8 +334,7 @@ impl Signal {
 
 /// What happened to a sandbox's branch when the sandbox stopped (its `on_exit`, or what
 /// was done instead when that failed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BranchAction {
     /// Kept for review (`lockbox branch`): asked for, or a commit/abort on exit failed, or
     /// the runtime ended while the sandbox ran.
@@ -361,8 +372,7 @@ impl BranchAction {
 }
 
 /// A sandbox's life state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxState {
     /// Its init runs; all operations work.
     Running,
@@ -383,22 +393,26 @@ impl SandboxState {
     }
 }
 
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a sandbox is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct SandboxInfo {
     /// Its id.
     pub id: SandboxId,
     /// Running, stopped or lost.
     pub state: SandboxState,
-    /// Creation time, RFC 3339 UTC.
-    pub created_at: String,
+    /// Creation time.
+    pub created_at: SystemTime,
     /// The host workdir behind its branch, if any.
-    #[serde(default, with = "lockbox_policy::name::json::option")]
     pub workdir: Option<PathBuf>,
     /// The branch id (see `lockbox branch list`).
-    pub branch: Option<String>,
+    pub branch: Option<lockbox_cow::BranchId>,
     /// What happened to the branch when the sandbox stopped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch_action: Option<BranchAction>,
     /// Labels from the spec.
     pub labels: BTreeMap<String, String>,
@@ -407,43 +421,49 @@ pub struct SandboxInfo {
     /// Processes (running or exited, still listed).
     pub processes: usize,
     /// Its policy in brief (`None` for a recorded sandbox whose spec cannot be read).
-    #[serde(default)]
     pub policy: Option<PolicySummary>,
     /// What its processes use now (`None` unless it is running).
-    #[serde(default)]
     pub usage: Option<ResourceUse>,
 }
 
 /// A sandbox's policy in brief: what it may reach and what bounds it. The whole policy is
 /// the one it was created with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicySummary {
-    /// `none` (loopback only), `host`, `allow` (only `net_destinations`) or `deny` (all but
-    /// `net_destinations`).
-    pub net: String,
+    /// What its network policy lets through.
+    pub net: NetKind,
     /// The destinations of an `allow` or `deny` network policy.
     pub net_destinations: Vec<lockbox_policy::NetSpec>,
     /// Whether the default system paths (`/usr`, `/etc` without its secrets, ...) are
     /// readable.
     pub default_reads: bool,
     /// Other host paths readable, at the same path.
-    #[serde(with = "lockbox_policy::name::json::vec")]
     pub fs_readable: Vec<PathBuf>,
     /// Host paths writable directly (their writes do not go through the branch).
-    #[serde(with = "lockbox_policy::name::json::vec")]
     pub fs_writable: Vec<PathBuf>,
     /// Memory bound of the sandbox, in bytes.
     pub max_memory_bytes: Option<u64>,
     /// Bound on processes and threads.
     pub max_processes: Option<u64>,
     /// CPU time bound per process.
-    #[serde(rename = "max_cpu_time_ms", with = "opt_ms")]
     pub max_cpu_time: Option<Duration>,
     /// Largest file a process may write, in bytes.
     pub max_file_size_bytes: Option<u64>,
     /// Deleted after this long without API calls.
-    #[serde(rename = "idle_timeout_ms", with = "opt_ms")]
     pub idle_timeout: Option<Duration>,
+}
+
+/// A network policy's kind ([`PolicySummary::net`]), without its destinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetKind {
+    /// Loopback only.
+    None,
+    /// The host's network.
+    Host,
+    /// Only the policy's destinations.
+    Allow,
+    /// All but the policy's destinations.
+    Deny,
 }
 
 impl PolicySummary {
@@ -453,12 +473,11 @@ impl PolicySummary {
         let p = &spec.policy;
         PolicySummary {
             net: match p.net {
-                Net::None => "none",
-                Net::Host => "host",
-                Net::Allow(_) => "allow",
-                Net::Deny(_) => "deny",
-            }
-            .to_owned(),
+                Net::None => NetKind::None,
+                Net::Host => NetKind::Host,
+                Net::Allow(_) => NetKind::Allow,
+                Net::Deny(_) => NetKind::Deny,
+            },
             net_destinations: p.net.specs().to_vec(),
             default_reads: p.fs.default_reads,
             fs_readable: p.fs.read.clone(),
@@ -473,7 +492,7 @@ impl PolicySummary {
 }
 
 /// What a running sandbox's processes use, read from `/proc` when asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResourceUse {
     /// Live processes, the sandbox's init and agent included.
     pub processes: u32,
@@ -482,7 +501,6 @@ pub struct ResourceUse {
     /// The sum of their resident set sizes (a page shared by two processes counts twice).
     pub rss_bytes: u64,
     /// CPU time (user + system) of its live processes and of those that ended.
-    #[serde(rename = "cpu_ms", with = "ms")]
     pub cpu: Duration,
 }
 
@@ -498,63 +516,48 @@ impl From<lockbox_confine::TreeUsage> for ResourceUse {
 }
 
 /// How to create a session.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct SessionOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
-    #[serde(default)]
-    pub id: Option<String>,
+    pub id: Option<SessionId>,
     /// Initial working directory (inside the sandbox).
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Initial extra environment.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
 
 /// A session.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct SessionInfo {
     /// Its id.
-    pub id: String,
+    pub id: SessionId,
     /// Pid of its shell (in the sandbox's pid namespace).
     pub pid: i32,
-    /// Creation time, RFC 3339 UTC.
-    pub created_at: String,
+    /// Creation time.
+    pub created_at: SystemTime,
     /// True while a command runs.
     pub busy: bool,
 }
 
 /// One command for a session.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct ExecRequest {
     /// Shell text, run by the session's bash as if typed (any text: heredocs, quotes...).
     pub command: String,
     /// The session; `None` = the sandbox's default session (created on first use).
-    #[serde(default)]
-    pub session: Option<String>,
+    pub session: Option<SessionId>,
     /// Working directory for this call only.
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Environment for this call only.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Kill the command (TERM, grace, KILL of its whole tree) after this long: exit 124.
-    #[serde(
-        default,
-        rename = "timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub timeout: Option<Duration>,
     /// Bytes for the command's stdin; `None` = `/dev/null`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<Bytes>,
 }
 
 /// The result of a finished command.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ExecResult {
     /// Exit status as bash reports it (128+N after signal N, 124 after a timeout).
     pub exit_code: i32,
@@ -566,40 +569,35 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// stdout was longer than a buffered exec keeps and was cut there (the rest was read
     /// and dropped, so the command did not block); use `exec_stream` for such outputs.
-    #[serde(default)]
     pub stdout_truncated: bool,
     /// Likewise for stderr.
-    #[serde(default)]
     pub stderr_truncated: bool,
     /// Wall time of the call.
-    #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
     /// The session it ran in.
-    pub session: String,
+    pub session: SessionId,
 }
 
 /// How a command of [`crate::ExecStream`] ended (an [`ExecResult`] without its output).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ExecExit {
     /// As [`ExecResult::exit_code`].
     pub exit_code: i32,
     /// As [`ExecResult::timed_out`].
     pub timed_out: bool,
     /// As [`ExecResult::duration`].
-    #[serde(rename = "duration_ms", with = "ms")]
     pub duration: Duration,
     /// As [`ExecResult::session`].
-    pub session: String,
+    pub session: SessionId,
 }
 
 /// One event of a streamed command.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum ExecEvent {
     /// The command started in this session.
     Start {
         /// The session.
-        session: String,
+        session: SessionId,
     },
     /// Bytes on stdout.
     Stdout {
@@ -623,7 +621,7 @@ pub enum ExecEvent {
 }
 
 /// A PTY's size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PtySize {
     /// Columns.
     pub cols: u16,
@@ -632,8 +630,7 @@ pub struct PtySize {
 }
 
 /// What a background process runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum ProcessCommand {
     /// An argv, executed directly (PATH searched).
     Argv(Vec<String>),
@@ -643,37 +640,29 @@ pub enum ProcessCommand {
         /// The script.
         script: String,
         /// The session whose cwd/env it inherits.
-        #[serde(default)]
-        session: Option<String>,
+        session: Option<SessionId>,
     },
 }
 
 /// How to start a background process.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct ProcessSpec {
     /// What to run.
     pub command: ProcessCommand,
     /// Working directory.
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Extra environment.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Run on a new PTY of this size (stdout and stderr are then one `pty` stream).
-    #[serde(default)]
     pub pty: Option<PtySize>,
     /// Bound of its output log in bytes (default [`RuntimeConfig::default_log_bytes`]).
-    #[serde(default)]
     pub log_bytes: Option<usize>,
     /// Keep stdin open for [`crate::Sandbox::write_stdin`]; false = `/dev/null`.
-    #[serde(default)]
     pub stdin: bool,
 }
 
 /// A process's life state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessState {
     /// Running.
     Running,
@@ -682,10 +671,10 @@ pub enum ProcessState {
 }
 
 /// A background process.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ProcessInfo {
     /// Its id (`p1`, `p2`, ...).
-    pub id: String,
+    pub id: ProcessId,
     /// Its pid in the sandbox's pid namespace.
     pub pid: i32,
     /// Its argv (for a shell string: `["bash", "-c", script]`).
@@ -696,8 +685,8 @@ pub struct ProcessInfo {
     pub exit_code: Option<i32>,
     /// The signal that killed it, if one did.
     pub signal: Option<i32>,
-    /// Start time, RFC 3339 UTC.
-    pub started_at: String,
+    /// Start time.
+    pub started_at: SystemTime,
     /// Runs on a PTY.
     pub pty: bool,
     /// Total bytes ever logged (the cursor a reader at the end would use).
@@ -705,8 +694,7 @@ pub struct ProcessInfo {
 }
 
 /// Which output a log segment came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
     /// Standard output.
     Stdout,
@@ -717,7 +705,7 @@ pub enum OutputStream {
 }
 
 /// Contiguous bytes of one stream in a process's log.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct LogSegment {
     /// Which stream.
     pub stream: OutputStream,
@@ -728,7 +716,7 @@ pub struct LogSegment {
 }
 
 /// A read of a process's log.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct LogChunk {
     /// Segments in order, contiguous from the first offset.
     pub segments: Vec<LogSegment>,
@@ -741,7 +729,7 @@ pub struct LogChunk {
 }
 
 /// A byte range of a file: `start..end` (end exclusive; `None` = to the end).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {
     /// First byte.
     pub start: u64,
@@ -750,14 +738,11 @@ pub struct ByteRange {
 }
 
 /// How to write a file.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy)]
 pub struct WriteOptions {
     /// Permission bits of the new file (default 0o644).
-    #[serde(default = "default_mode")]
     pub mode: u32,
     /// Create missing parent directories (0o755).
-    #[serde(default = "default_true")]
     pub create_parents: bool,
 }
 
@@ -774,13 +759,8 @@ fn default_mode() -> u32 {
     0o644
 }
 
-fn default_true() -> bool {
-    true
-}
-
 /// The type of a filesystem entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
     /// Regular file.
     File,
@@ -793,7 +773,7 @@ pub enum FileKind {
 }
 
 /// What an entry is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileStat {
     /// Absolute path inside the sandbox.
     pub path: String,
@@ -803,29 +783,24 @@ pub struct FileStat {
     pub size: u64,
     /// Permission bits (`0o7777`).
     pub mode: u32,
-    /// Modification time, RFC 3339 UTC.
-    pub modified: String,
+    /// Modification time.
+    pub modified: SystemTime,
     /// For a symlink, its target.
     pub target: Option<String>,
 }
 
 /// Which changes a commit takes (paths relative to the workdir; a directory covers its
 /// subtree). Empty `only` = all.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct Selection {
     /// Take only these (in JSON: strings, or `{"bytes": base64}` for names that are not
     /// UTF-8, as everywhere: `lockbox_policy::name`).
-    #[serde(default, with = "lockbox_policy::name::json::vec")]
     pub only: Vec<PathBuf>,
     /// Leave these in the branch.
-    #[serde(default, with = "lockbox_policy::name::json::vec")]
     pub exclude: Vec<PathBuf>,
     /// Commit even if the workdir changed under the branch at those paths.
-    #[serde(default)]
     pub force: bool,
     /// Files committed with only some of their hunks (numbered as the diff gives them).
-    #[serde(default)]
     pub hunks: Vec<HunkSelection>,
 }
 
@@ -848,11 +823,9 @@ impl Selection {
 }
 
 /// Some hunks of one file: the committed file is the workdir's with these hunks applied.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct HunkSelection {
     /// The file, relative to the workdir (a string, or `{"bytes": base64}`).
-    #[serde(with = "lockbox_policy::name::json")]
     pub path: PathBuf,
     /// Hunk numbers (from 0, in file order, as the diff numbers them); empty: the file is
     /// not touched.
@@ -860,8 +833,7 @@ pub struct HunkSelection {
 }
 
 /// What happens to the part of a kept branch a commit did not take.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Rest {
     /// It stays in the branch, listed and committable later.
     #[default]
@@ -872,19 +844,19 @@ pub enum Rest {
 
 /// A kept branch of the state directory (one `lockbox run --workdir --on-exit keep` or a
 /// failed run left, or one whose sandbox's runtime died).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct KeptBranch {
     /// The branch id.
-    pub id: String,
-    /// The workdir it is a branch of (`null` if its record is unreadable).
-    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    pub id: lockbox_cow::BranchId,
+    /// The workdir it is a branch of (`None` if its record is unreadable).
     pub workdir: Option<PathBuf>,
-    /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`.
-    pub state: String,
+    /// Its recorded state (`Active`: an orphan); `None`: its record is unreadable (on the
+    /// wire, `damaged`).
+    pub state: Option<lockbox_cow::BranchState>,
     /// What happened to it and what to do, in words.
     pub status: String,
-    /// When it was made (RFC 3339), if known.
-    pub created: Option<String>,
+    /// When it was made, if known.
+    pub created: Option<SystemTime>,
     /// The command that made it, if recorded.
     pub command: Option<serde_json::Value>,
     /// How many changes it holds (`null` if they cannot be read).
@@ -892,17 +864,16 @@ pub struct KeptBranch {
 }
 
 /// A kept branch and its changes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct KeptBranchDetail {
     /// The branch.
-    #[serde(flatten)]
     pub branch: KeptBranch,
     /// Its changes, in path order.
     pub change_list: Vec<lockbox_cow::Change>,
 }
 
 /// What a workspace commit did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct CommitSummary {
     /// The commit engine's report.
     pub report: lockbox_cow::CommitReport,
@@ -910,117 +881,22 @@ pub struct CommitSummary {
     pub remaining: usize,
 }
 
-mod ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
-    }
-}
-
-mod opt_ms {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
-    }
-}
-
-/// One path's diff as numbered hunks, or a summary of both sides, in the wire shape of `GET
-/// diff` (docs/server.md), `lockbox branch hunks --json` and the Python SDK:
-/// `{"path", "kind": "text", "hunks": [{"index", "old_start", "old_lines", "new_start",
-/// "new_lines", "header", "lines": [{"op": " "|"-"|"+", "text"}], "no_newline_old",
-/// "no_newline_new"}]}` or `{"path", "kind": "summary", "old": Side, "new": Side}`.
-#[derive(Debug, Clone)]
-pub struct FileDiffReply {
-    /// The path asked for.
-    pub path: PathBuf,
-    /// The diff.
-    pub diff: crate::FileHunks,
-}
-
-fn side_json(side: &crate::Side) -> serde_json::Value {
-    use crate::Side;
-    match side {
-        Side::Absent => serde_json::json!({ "type": "absent" }),
-        Side::File { size } => serde_json::json!({ "type": "file", "size": size }),
-        Side::Dir => serde_json::json!({ "type": "dir" }),
-        Side::Symlink { target } => {
-            serde_json::json!({ "type": "symlink", "target": lockbox_policy::name::Encoded(target) })
-        }
-        Side::Special => serde_json::json!({ "type": "special" }),
-    }
-}
-
-impl Serialize for FileDiffReply {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use crate::FileHunks;
-        let path = lockbox_policy::name::Encoded(&self.path);
-        let value = match &self.diff {
-            FileHunks::Text { hunks } => {
-                let hunks: Vec<_> = hunks
-                    .iter()
-                    .map(|h| {
-                        let lines: Vec<_> = h
-                            .lines
-                            .iter()
-                            .map(|l| serde_json::json!({ "op": l.op.symbol().to_string(), "text": l.text }))
-                            .collect();
-                        serde_json::json!({
-                            "index": h.index,
-                            "old_start": h.old_start,
-                            "old_lines": h.old_lines,
-                            "new_start": h.new_start,
-                            "new_lines": h.new_lines,
-                            "header": h.header(),
-                            "lines": lines,
-                            "no_newline_old": h.no_newline_old,
-                            "no_newline_new": h.no_newline_new,
-                        })
-                    })
-                    .collect();
-                serde_json::json!({ "path": path, "kind": "text", "hunks": hunks })
-            }
-            FileHunks::Summary { old, new } => serde_json::json!({
-                "path": path, "kind": "summary", "old": side_json(old), "new": side_json(new)
-            }),
-        };
-        value.serialize(serializer)
-    }
-}
-
 /// How to expose a port ([`crate::Sandbox::expose_port`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExposeOptions {
     /// Also listen on a host loopback port (`127.0.0.1`, chosen by the kernel) that
     /// forwards each connection into the sandbox.
-    #[serde(default)]
     pub host_loopback: bool,
 }
 
 /// An exposed port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortInfo {
     /// The port inside the sandbox.
     pub port: u16,
     /// The path of its proxy on `lockbox serve` (`/v1/sandboxes/{id}/ports/{port}/`).
     pub path: String,
     /// The host loopback address forwarding to it (`127.0.0.1:41234`), if asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_address: Option<String>,
 }
 
@@ -1042,21 +918,16 @@ mod signal_tests {
 }
 
 /// How to create a code context ([`crate::Sandbox::create_context`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct ContextOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
-    #[serde(default)]
-    pub id: Option<String>,
+    pub id: Option<ContextId>,
     /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
     /// `language`.
-    #[serde(default = "default_language")]
     pub language: String,
     /// Working directory of the interpreter (inside the sandbox).
-    #[serde(default)]
     pub cwd: Option<String>,
     /// Extra environment of the interpreter (e.g. a `PATH` to another `python3`).
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
 
@@ -1076,16 +947,16 @@ impl Default for ContextOptions {
 }
 
 /// A code context.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ContextInfo {
     /// Its id (`default` for the one runs without a context use).
-    pub id: String,
+    pub id: ContextId,
     /// `python`, `bash` or `node`.
     pub language: String,
     /// The working directory it was created with (`None`: the sandbox's).
     pub cwd: Option<String>,
-    /// Creation time, RFC 3339 UTC.
-    pub created_at: String,
+    /// Creation time.
+    pub created_at: SystemTime,
     /// Pid of its interpreter; `None` while none runs (before the first run, after a
     /// crash or a kill: the next run starts a fresh one).
     pub pid: Option<i32>,
@@ -1096,31 +967,23 @@ pub struct ContextInfo {
 }
 
 /// One run of code in a context.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct RunCodeRequest {
     /// The code: Python statements (the last expression's value is the main result) or
     /// bash text.
     pub code: String,
     /// The context; `None` = the sandbox's `default` Python context (created on use).
-    #[serde(default)]
-    pub context: Option<String>,
+    pub context: Option<ContextId>,
     /// Interrupt the run after this long (SIGINT; then, after
     /// [`crate::CONTEXT_INTERRUPT_GRACE`], kill and restart the interpreter). Default
     /// [`crate::DEFAULT_RUN_TIMEOUT`].
-    #[serde(
-        default,
-        rename = "timeout_ms",
-        with = "opt_ms",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub timeout: Option<Duration>,
 }
 
 pub use lockbox_agent::contexts::{DisplayData, ExecError, Language};
 
 /// The output of a run, as chunks in the order they were read.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Logs {
     /// stdout chunks (UTF-8, invalid bytes replaced).
     pub stdout: Vec<String>,
@@ -1130,10 +993,10 @@ pub struct Logs {
 
 /// The outcome of [`crate::Sandbox::run_code`], in the shape E2B's and Cloudflare's code
 /// interpreters use: `results` (rich values), `logs`, `error`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Execution {
     /// The context it ran in.
-    pub context: String,
+    pub context: ContextId,
     /// `display()` calls, matplotlib figures and the last expression's value, in order.
     pub results: Vec<DisplayData>,
     /// stdout and stderr (each bounded by [`RuntimeConfig::max_exec_output`]).
@@ -1155,9 +1018,25 @@ pub struct Execution {
     pub duration_ms: u64,
 }
 
+impl Execution {
+    /// A run in `context` that has produced nothing yet.
+    pub fn in_context(context: ContextId) -> Execution {
+        Execution {
+            context,
+            results: Vec::new(),
+            logs: Logs::default(),
+            error: None,
+            exit_code: None,
+            timed_out: false,
+            state_lost: false,
+            truncated: false,
+            duration_ms: 0,
+        }
+    }
+}
+
 /// One event of a streamed run ([`crate::Sandbox::run_code_stream`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum CodeEvent {
     /// Text on stdout.
     Stdout {

@@ -1,9 +1,7 @@
-//! Small helpers: RFC 3339 times, ids, bash quoting, bounded non-blocking reads.
+//! Small helpers: ids, bash quoting, bounded non-blocking reads.
 
 use std::os::fd::AsFd;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-pub use lockbox_policy::time::{now_rfc3339, rfc3339};
 
 /// A random id of 12 hex digits.
 pub(crate) fn random_id() -> String {

@@ -46,10 +46,7 @@ async fn each_sandboxs_audit_log_holds_its_own_network_decisions_only() {
         .create_sandbox(allowing("tcp://127.0.0.1:1"))
         .await
         .unwrap();
-    let (sa, sb) = (
-        rt.sandbox(&a.id).await.unwrap(),
-        rt.sandbox(&b.id).await.unwrap(),
-    );
+    let (sa, sb) = (rt.sandbox(&a.id).unwrap(), rt.sandbox(&b.id).unwrap());
     let mut live = sa.audit();
     let script = format!(
         "import socket\n\

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 fn code(c: &str, context: Option<&str>) -> RunCodeRequest {
     RunCodeRequest {
         code: c.into(),
-        context: context.map(str::to_owned),
+        context: context.map(Into::into),
         timeout: None,
     }
 }

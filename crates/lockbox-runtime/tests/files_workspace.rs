@@ -313,21 +313,18 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
     let lost = listed.iter().find(|i| i.id == id).unwrap();
     assert_eq!(lost.state, SandboxState::Lost);
     assert_eq!(lost.labels.len(), 0);
-    assert_eq!(
-        rt3.sandbox(&id).await.unwrap_err().code(),
-        "SANDBOX_NOT_RUNNING"
-    );
+    assert_eq!(rt3.sandbox(&id).unwrap_err().code(), "SANDBOX_NOT_RUNNING");
     assert!(state
         .path()
         .join("branches")
-        .join(&branch)
+        .join(branch.as_str())
         .join("upper/lost.txt")
         .exists());
     let first = listed.iter().find(|i| i.id == info.id).unwrap();
     assert_eq!(first.state, SandboxState::Stopped);
     assert_eq!(first.labels.get("owner").map(String::as_str), Some("test"));
     assert_eq!(
-        rt3.sandbox("sb-nope").await.unwrap_err().code(),
+        rt3.sandbox("sb-nope").unwrap_err().code(),
         "SANDBOX_NOT_FOUND"
     );
 }

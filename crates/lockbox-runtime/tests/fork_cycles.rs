@@ -38,7 +38,7 @@ async fn a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind() {
     for i in 0..100 {
         let snap = root.snapshot(Some(format!("c{i}"))).await.unwrap();
         let forks = rt.fork_snapshot(&snap.id, 1).await.unwrap();
-        let fork = rt.sandbox(&forks[0].id).await.unwrap();
+        let fork = rt.sandbox(&forks[0].id).unwrap();
         assert_eq!(out(&run(&fork, "cat counter").await), format!("{i}\n"));
         run(&fork, &format!("echo {i} > fork-only")).await;
         rt.delete_sandbox(fork.id()).await.unwrap();

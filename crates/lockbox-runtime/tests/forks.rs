@@ -68,7 +68,7 @@ fn workdir_spec(dir: &Path) -> SandboxSpec {
 async fn fork_one(rt: &Runtime, snapshot: &str) -> Sandbox {
     let forks = rt.fork_snapshot(snapshot, 1).await.unwrap();
     assert_eq!(forks.len(), 1);
-    rt.sandbox(&forks[0].id).await.unwrap()
+    rt.sandbox(&forks[0].id).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,8 +222,8 @@ async fn a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conf
     run(&root, "echo from-root > setup.txt").await;
     let snap = root.snapshot(None).await.unwrap();
     let forks = rt.fork_snapshot(&snap.id, 2).await.unwrap();
-    let a = rt.sandbox(&forks[0].id).await.unwrap();
-    let b = rt.sandbox(&forks[1].id).await.unwrap();
+    let a = rt.sandbox(&forks[0].id).unwrap();
+    let b = rt.sandbox(&forks[1].id).unwrap();
     run(&a, "echo A > shared.txt").await;
     run(&b, "echo B > shared.txt; echo b-only > b.txt").await;
 
@@ -365,7 +365,6 @@ async fn forking_refuses_what_it_cannot_do_and_changes_nothing() {
                 .unwrap()
                 .id,
         )
-        .await
         .unwrap(),
     );
     let e = sb2.restore(&snap.id).await.unwrap_err();
@@ -385,7 +384,7 @@ async fn snapshots_beyond_the_disk_budget_are_refused_and_not_kept() {
     config.max_snapshot_bytes = Some(100_000);
     let rt = Runtime::open(config).unwrap();
     let info = rt.create_sandbox(workdir_spec(work.path())).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     run(&sb, "head -c 60000 /dev/zero > a").await;
     sb.snapshot(None).await.unwrap();
     let e = sb.snapshot(None).await.unwrap_err();

@@ -46,7 +46,7 @@ async fn forks(state: &Path, w: &Path, n: usize) -> (Runtime, Vec<Sandbox>) {
     let snap = root.snapshot(None).await.unwrap();
     let mut out = Vec::new();
     for info in rt.fork_snapshot(&snap.id, n).await.unwrap() {
-        out.push(rt.sandbox(&info.id).await.unwrap());
+        out.push(rt.sandbox(&info.id).unwrap());
     }
     (rt, out)
 }

@@ -37,7 +37,7 @@ async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_po
         until_ready(&rt, 2).await;
         let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
         assert_eq!(info.sessions, 0, "a pooled sandbox lists no session yet");
-        let sb = rt.sandbox(&info.id).await.unwrap();
+        let sb = rt.sandbox(&info.id).unwrap();
         // Nothing of the sandbox before it: its own /tmp, no leftover file.
         let r = run(
             &sb,
@@ -61,7 +61,7 @@ async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_po
         ..SandboxSpec::default()
     };
     let info = rt.create_sandbox(spec).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     assert_eq!(out(&run(&sb, "echo ok").await), "ok\n");
     rt.delete_sandbox(&info.id).await.unwrap();
 
@@ -111,7 +111,7 @@ async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_
         ..SandboxSpec::default()
     };
     let info = rt.create_sandbox(spec).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     let r = run(
         &sb,
         "echo base > f; mkdir d; echo t > /tmp/t; cd d; export V=7",
@@ -137,7 +137,7 @@ async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_
     ids.dedup();
     assert_eq!(ids.len(), 4, "{ids:?}");
     for (n, f) in forks.iter().enumerate() {
-        let fork = rt.sandbox(&f.id).await.unwrap();
+        let fork = rt.sandbox(&f.id).unwrap();
         let seen = run(
             &fork,
             &format!("echo $PWD $V; cat ../f /tmp/t; echo {n} > ../own"),
@@ -150,7 +150,7 @@ async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_
         );
     }
     for f in &forks {
-        let fork = rt.sandbox(&f.id).await.unwrap();
+        let fork = rt.sandbox(&f.id).unwrap();
         let changes = fork.changes().await.unwrap();
         let own: Vec<String> = changes
             .iter()
@@ -178,7 +178,7 @@ async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_
         })
         .await
         .unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     let snap = sb.snapshot(None).await.unwrap();
     let fork = rt.fork_snapshot(snap.id.as_str(), 1).await.unwrap();
     until_ready(&rt, 4).await;

@@ -316,12 +316,8 @@ async fn info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended
     let info = rt.sandbox_info(sb.id()).unwrap();
     let policy = info.policy.unwrap();
     assert_eq!(
-        (
-            policy.net.as_str(),
-            policy.max_memory_bytes,
-            policy.max_processes
-        ),
-        ("none", Some(1 << 30), Some(200))
+        (policy.net, policy.max_memory_bytes, policy.max_processes),
+        (lockbox_runtime::NetKind::None, Some(1 << 30), Some(200))
     );
     assert_eq!(policy.idle_timeout, Some(Duration::from_secs(600)));
     let idle = info.usage.unwrap();

@@ -282,7 +282,12 @@ async fn sessions_are_named_listed_and_deleted() {
     let mut r = req("pwd; echo $MODE");
     r.session = Some("build".into());
     assert_eq!(out(&sb.exec(r.clone()).await.unwrap()), "/tmp\nfast\n");
-    let ids: Vec<String> = sb.list_sessions().await.into_iter().map(|s| s.id).collect();
+    let ids: Vec<String> = sb
+        .list_sessions()
+        .await
+        .into_iter()
+        .map(|s| s.id.into())
+        .collect();
     assert_eq!(ids, ["build"]);
     sb.delete_session("build").await.unwrap();
     assert_eq!(sb.exec(r).await.unwrap_err().code(), "SESSION_NOT_FOUND");

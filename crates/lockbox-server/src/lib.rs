@@ -39,6 +39,8 @@ mod wire;
 pub use crate::auth::{Token, TokenError, TOKEN_FILE};
 pub use crate::connections::MAX_HEAD;
 pub use crate::error::{status_of, ApiError};
+/// One path's diff in its wire shape, as `lockbox branch hunks --json` prints it too.
+pub use crate::wire::FileDiffReply;
 
 use crate::streams::Streams;
 use axum::extract::DefaultBodyLimit;

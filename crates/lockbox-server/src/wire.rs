@@ -1,7 +1,8 @@
 //! Request bodies and query strings of the API, and their one conversion each into the
 //! runtime's types. Unknown fields are refused everywhere; `*_ms` fields are milliseconds
 //! (the only place units are bare numbers). Also the replies whose wire form differs from
-//! the runtime's type ([`FileInfo`]: permission bits as octal text, as they are given).
+//! the runtime's type ([`FileInfo`]: permission bits as octal text, as they are given;
+//! [`SandboxInfo`] and the other records with a time: the time as RFC 3339 text).
 
 use crate::error::ApiError;
 use crate::openapi::{MAX_GRACE_MS, MAX_LOG_BYTES, MAX_MS};
@@ -14,7 +15,7 @@ use lockbox_runtime::{
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Default, Deserialize)]
@@ -54,7 +55,7 @@ pub struct CreateSandbox {
     #[serde(with = "lockbox_policy::name::json::option")]
     pub workdir: Option<PathBuf>,
     /// What deleting the sandbox does with the branch: `keep` (default), `commit`, `abort`.
-    pub on_exit: Option<OnExit>,
+    pub on_exit: Option<OnExitName>,
     /// Delete the sandbox after this long without a request.
     pub idle_timeout_ms: Option<u64>,
     /// Free-form labels, returned as given.
@@ -140,7 +141,7 @@ impl CreateSandbox {
         Ok(SandboxSpec {
             policy,
             workdir: self.workdir,
-            on_exit: self.on_exit.unwrap_or_default(),
+            on_exit: self.on_exit.map(OnExit::from).unwrap_or_default(),
             idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             labels: self.labels,
             from_snapshot: self
@@ -153,6 +154,28 @@ impl CreateSandbox {
                 .transpose()?,
             net_ask,
         })
+    }
+}
+
+/// What deleting a sandbox does with its branch, as a client names it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExitName {
+    /// `keep`.
+    Keep,
+    /// `commit`.
+    Commit,
+    /// `abort`.
+    Abort,
+}
+
+impl From<OnExitName> for OnExit {
+    fn from(o: OnExitName) -> OnExit {
+        match o {
+            OnExitName::Keep => OnExit::Keep,
+            OnExitName::Commit => OnExit::Commit,
+            OnExitName::Abort => OnExit::Abort,
+        }
     }
 }
 
@@ -219,7 +242,7 @@ impl CreateSession {
     /// The runtime's options.
     pub fn into_options(self) -> SessionOptions {
         SessionOptions {
-            id: self.id,
+            id: self.id.map(Into::into),
             cwd: self.cwd,
             env: self.env,
         }
@@ -275,7 +298,7 @@ impl Exec {
         };
         Ok(ExecRequest {
             command: self.command,
-            session: self.session,
+            session: self.session.map(Into::into),
             cwd: self.cwd,
             env: self.env,
             timeout: self.timeout_ms.map(Duration::from_millis),
@@ -358,7 +381,7 @@ impl StartProcess {
                 }
                 (None, Some(script)) => ProcessCommand::Shell {
                     script,
-                    session: self.session,
+                    session: self.session.map(Into::into),
                 },
                 _ => return Err(ApiError::invalid(
                     "argv",
@@ -492,7 +515,8 @@ impl PutQuery {
 #[derive(Debug, Serialize)]
 pub struct FileInfo {
     pub path: String,
-    pub kind: FileKind,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: &'static str,
     pub size: u64,
     /// Permission bits as octal text (`"0644"`, `"4755"`): what `PUT files?mode=` takes,
     /// not the decimal 420 a client would have to convert.
@@ -505,11 +529,271 @@ impl From<FileStat> for FileInfo {
     fn from(stat: FileStat) -> FileInfo {
         FileInfo {
             path: stat.path,
-            kind: stat.kind,
+            kind: match stat.kind {
+                FileKind::File => "file",
+                FileKind::Dir => "dir",
+                FileKind::Symlink => "symlink",
+                FileKind::Other => "other",
+            },
             size: stat.size,
             mode: format!("{:04o}", stat.mode & 0o7777),
-            modified: stat.modified,
+            modified: time(stat.modified),
             target: stat.target,
+        }
+    }
+}
+
+/// A time on the wire: RFC 3339 UTC with milliseconds (`2026-11-18T11:06:40.000Z`).
+fn time(t: SystemTime) -> String {
+    lockbox_policy::time::format(t)
+}
+
+/// Each of `items` in its wire form.
+pub fn each<T, W: From<T>>(items: Vec<T>) -> Vec<W> {
+    items.into_iter().map(W::from).collect()
+}
+
+/// A sandbox as the API shows it ([`lockbox_runtime::SandboxInfo`]).
+#[derive(Debug, Serialize)]
+pub struct SandboxInfo {
+    pub id: lockbox_runtime::SandboxId,
+    /// `running`, `stopped` or `lost`.
+    pub state: &'static str,
+    pub created_at: String,
+    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    pub workdir: Option<PathBuf>,
+    pub branch: Option<String>,
+    /// `kept`, `committed`, `aborted` or `empty`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub branch_action: Option<&'static str>,
+    pub labels: BTreeMap<String, String>,
+    pub sessions: usize,
+    pub processes: usize,
+    pub policy: Option<PolicySummary>,
+    pub usage: Option<ResourceUse>,
+}
+
+impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
+    fn from(i: lockbox_runtime::SandboxInfo) -> SandboxInfo {
+        SandboxInfo {
+            id: i.id,
+            state: i.state.as_str(),
+            created_at: time(i.created_at),
+            workdir: i.workdir,
+            branch: i.branch.map(|b| b.to_string()),
+            branch_action: i.branch_action.map(lockbox_runtime::BranchAction::as_str),
+            labels: i.labels,
+            sessions: i.sessions,
+            processes: i.processes,
+            policy: i.policy.map(PolicySummary::from),
+            usage: i.usage.map(ResourceUse::from),
+        }
+    }
+}
+
+/// A sandbox's policy in brief ([`lockbox_runtime::PolicySummary`]).
+#[derive(Debug, Serialize)]
+pub struct PolicySummary {
+    /// `none` (loopback only), `host`, `allow` (only `net_destinations`) or `deny` (all but
+    /// `net_destinations`).
+    pub net: &'static str,
+    pub net_destinations: Vec<lockbox_policy::NetSpec>,
+    pub default_reads: bool,
+    #[serde(serialize_with = "lockbox_policy::name::json::vec::serialize")]
+    pub fs_readable: Vec<PathBuf>,
+    #[serde(serialize_with = "lockbox_policy::name::json::vec::serialize")]
+    pub fs_writable: Vec<PathBuf>,
+    pub max_memory_bytes: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub max_cpu_time_ms: Option<u64>,
+    pub max_file_size_bytes: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+}
+
+impl From<lockbox_runtime::PolicySummary> for PolicySummary {
+    fn from(p: lockbox_runtime::PolicySummary) -> PolicySummary {
+        use lockbox_runtime::NetKind;
+        PolicySummary {
+            net: match p.net {
+                NetKind::None => "none",
+                NetKind::Host => "host",
+                NetKind::Allow => "allow",
+                NetKind::Deny => "deny",
+            },
+            net_destinations: p.net_destinations,
+            default_reads: p.default_reads,
+            fs_readable: p.fs_readable,
+            fs_writable: p.fs_writable,
+            max_memory_bytes: p.max_memory_bytes,
+            max_processes: p.max_processes,
+            max_cpu_time_ms: p.max_cpu_time.map(ms),
+            max_file_size_bytes: p.max_file_size_bytes,
+            idle_timeout_ms: p.idle_timeout.map(ms),
+        }
+    }
+}
+
+/// What a running sandbox's processes use ([`lockbox_runtime::ResourceUse`]).
+#[derive(Debug, Serialize)]
+pub struct ResourceUse {
+    pub processes: u32,
+    pub threads: u32,
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+impl From<lockbox_runtime::ResourceUse> for ResourceUse {
+    fn from(u: lockbox_runtime::ResourceUse) -> ResourceUse {
+        ResourceUse {
+            processes: u.processes,
+            threads: u.threads,
+            rss_bytes: u.rss_bytes,
+            cpu_ms: ms(u.cpu),
+        }
+    }
+}
+
+/// A duration on the wire: whole milliseconds (saturating).
+pub fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A session ([`lockbox_runtime::SessionInfo`]).
+#[derive(Debug, Serialize)]
+pub struct SessionInfo {
+    pub id: lockbox_runtime::SessionId,
+    pub pid: i32,
+    pub created_at: String,
+    pub busy: bool,
+}
+
+impl From<lockbox_runtime::SessionInfo> for SessionInfo {
+    fn from(i: lockbox_runtime::SessionInfo) -> SessionInfo {
+        SessionInfo {
+            id: i.id,
+            pid: i.pid,
+            created_at: time(i.created_at),
+            busy: i.busy,
+        }
+    }
+}
+
+/// A background process ([`lockbox_runtime::ProcessInfo`]).
+#[derive(Debug, Serialize)]
+pub struct ProcessInfo {
+    pub id: lockbox_runtime::ProcessId,
+    pub pid: i32,
+    pub command: Vec<String>,
+    /// `running` or `exited`.
+    pub state: &'static str,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub started_at: String,
+    pub pty: bool,
+    pub log_end: u64,
+}
+
+impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
+    fn from(i: lockbox_runtime::ProcessInfo) -> ProcessInfo {
+        ProcessInfo {
+            id: i.id,
+            pid: i.pid,
+            command: i.command,
+            state: match i.state {
+                lockbox_runtime::ProcessState::Running => "running",
+                lockbox_runtime::ProcessState::Exited => "exited",
+            },
+            exit_code: i.exit_code,
+            signal: i.signal,
+            started_at: time(i.started_at),
+            pty: i.pty,
+            log_end: i.log_end,
+        }
+    }
+}
+
+/// A code context ([`lockbox_runtime::ContextInfo`]).
+#[derive(Debug, Serialize)]
+pub struct ContextInfo {
+    pub id: lockbox_runtime::ContextId,
+    pub language: String,
+    pub cwd: Option<String>,
+    pub created_at: String,
+    pub pid: Option<i32>,
+    pub runs: u64,
+    pub restarts: u64,
+}
+
+impl From<lockbox_runtime::ContextInfo> for ContextInfo {
+    fn from(i: lockbox_runtime::ContextInfo) -> ContextInfo {
+        ContextInfo {
+            id: i.id,
+            language: i.language,
+            cwd: i.cwd,
+            created_at: time(i.created_at),
+            pid: i.pid,
+            runs: i.runs,
+            restarts: i.restarts,
+        }
+    }
+}
+
+/// A snapshot ([`lockbox_runtime::SnapshotInfo`]).
+#[derive(Debug, Serialize)]
+pub struct SnapshotInfo {
+    pub id: lockbox_runtime::SnapshotId,
+    pub name: Option<String>,
+    pub parent: Option<lockbox_runtime::SnapshotId>,
+    pub sandbox: Option<lockbox_runtime::SandboxId>,
+    #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
+    pub workdir: PathBuf,
+    pub created_at: String,
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+impl From<lockbox_runtime::SnapshotInfo> for SnapshotInfo {
+    fn from(i: lockbox_runtime::SnapshotInfo) -> SnapshotInfo {
+        SnapshotInfo {
+            id: i.id,
+            name: i.name,
+            parent: i.parent,
+            sandbox: i.sandbox,
+            workdir: i.workdir,
+            created_at: time(i.created_at),
+            bytes: i.bytes,
+            entries: i.entries,
+        }
+    }
+}
+
+/// A kept branch as `GET /v1/branches` lists it ([`lockbox_runtime::KeptBranch`]).
+#[derive(Debug, Serialize)]
+pub struct KeptBranch {
+    pub id: String,
+    #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    pub workdir: Option<PathBuf>,
+    /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`
+    /// (its record is unreadable).
+    pub state: &'static str,
+    pub status: String,
+    pub created: Option<String>,
+    pub command: Option<serde_json::Value>,
+    pub changes: Option<usize>,
+}
+
+impl From<lockbox_runtime::KeptBranch> for KeptBranch {
+    fn from(b: lockbox_runtime::KeptBranch) -> KeptBranch {
+        KeptBranch {
+            id: b.id.to_string(),
+            workdir: b.workdir,
+            state: b
+                .state
+                .map_or("damaged", lockbox_runtime::BranchState::name),
+            status: b.status,
+            created: b.created.map(time),
+            command: b.command,
+            changes: b.changes,
         }
     }
 }
@@ -538,7 +822,113 @@ impl Serialize for ChangeList {
 #[serde(default, deny_unknown_fields)]
 pub struct ListSandboxes {
     /// Only sandboxes in this state (`running`: the live ones).
-    pub state: Option<SandboxState>,
+    pub state: Option<StateName>,
+}
+
+/// A sandbox state as a client names it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateName {
+    /// `running`.
+    Running,
+    /// `stopped`.
+    Stopped,
+    /// `lost`.
+    Lost,
+}
+
+impl From<StateName> for SandboxState {
+    fn from(s: StateName) -> SandboxState {
+        match s {
+            StateName::Running => SandboxState::Running,
+            StateName::Stopped => SandboxState::Stopped,
+            StateName::Lost => SandboxState::Lost,
+        }
+    }
+}
+
+/// A port exposed ([`lockbox_runtime::PortInfo`]).
+#[derive(Debug, Serialize)]
+pub struct PortInfo {
+    pub port: u16,
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_address: Option<String>,
+}
+
+impl From<lockbox_runtime::PortInfo> for PortInfo {
+    fn from(p: lockbox_runtime::PortInfo) -> PortInfo {
+        PortInfo {
+            port: p.port,
+            path: p.path,
+            host_address: p.host_address,
+        }
+    }
+}
+
+/// What a commit did ([`lockbox_runtime::CommitSummary`]).
+#[derive(Debug, Serialize)]
+pub struct CommitSummary {
+    pub report: lockbox_runtime::CommitReport,
+    pub remaining: usize,
+}
+
+impl From<lockbox_runtime::CommitSummary> for CommitSummary {
+    fn from(c: lockbox_runtime::CommitSummary) -> CommitSummary {
+        CommitSummary {
+            report: c.report,
+            remaining: c.remaining,
+        }
+    }
+}
+
+/// A run of code ([`lockbox_runtime::Execution`]).
+#[derive(Debug, Serialize)]
+pub struct Execution {
+    pub context: lockbox_runtime::ContextId,
+    pub results: Vec<lockbox_runtime::DisplayData>,
+    pub logs: Logs,
+    pub error: Option<lockbox_runtime::ExecError>,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub state_lost: bool,
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// A run's output chunks ([`lockbox_runtime::Logs`]).
+#[derive(Debug, Serialize)]
+pub struct Logs {
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+}
+
+impl From<lockbox_runtime::Execution> for Execution {
+    fn from(e: lockbox_runtime::Execution) -> Execution {
+        Execution {
+            context: e.context,
+            results: e.results,
+            logs: Logs {
+                stdout: e.logs.stdout,
+                stderr: e.logs.stderr,
+            },
+            error: e.error,
+            exit_code: e.exit_code,
+            timed_out: e.timed_out,
+            state_lost: e.state_lost,
+            truncated: e.truncated,
+            duration_ms: e.duration_ms,
+        }
+    }
+}
+
+/// A process log's stream by name: `stdout`, `stderr` or `pty`.
+pub fn stream_name(s: lockbox_runtime::OutputStream) -> &'static str {
+    match s {
+        lockbox_runtime::OutputStream::Stdout => "stdout",
+        lockbox_runtime::OutputStream::Stderr => "stderr",
+        lockbox_runtime::OutputStream::Pty => "pty",
+    }
 }
 
 /// `GET fs/list`.
@@ -649,7 +1039,47 @@ pub struct Commit {
     pub force: bool,
     /// Files committed with only some of their hunks: `[{"path": P, "accept": [0, 2]}]`
     /// (numbered as `GET diff?path=P` gives them; `accept: []` leaves the file untouched).
-    pub hunks: Vec<lockbox_runtime::HunkSelection>,
+    pub hunks: Vec<HunkChoice>,
+}
+
+/// Some hunks of one file: `{"path": P, "accept": [0, 2]}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HunkChoice {
+    /// The file, relative to the workdir (a string, or `{"bytes": base64}`).
+    #[serde(deserialize_with = "lockbox_policy::name::json::deserialize")]
+    pub path: PathBuf,
+    /// Hunk numbers (from 0, as the diff numbers them); empty: the file is not touched.
+    pub accept: Vec<usize>,
+}
+
+impl From<HunkChoice> for lockbox_runtime::HunkSelection {
+    fn from(h: HunkChoice) -> lockbox_runtime::HunkSelection {
+        lockbox_runtime::HunkSelection {
+            path: h.path,
+            accept: h.accept,
+        }
+    }
+}
+
+/// What happens to the part of a kept branch a commit did not take.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestName {
+    /// It stays in the branch (default).
+    #[default]
+    Keep,
+    /// The branch is removed after the commit.
+    Drop,
+}
+
+impl From<RestName> for lockbox_runtime::Rest {
+    fn from(r: RestName) -> lockbox_runtime::Rest {
+        match r {
+            RestName::Keep => lockbox_runtime::Rest::Keep,
+            RestName::Drop => lockbox_runtime::Rest::Drop,
+        }
+    }
 }
 
 impl Commit {
@@ -659,7 +1089,7 @@ impl Commit {
             only: self.only,
             exclude: self.exclude,
             force: self.force,
-            hunks: self.hunks,
+            hunks: each(self.hunks),
         }
     }
 }
@@ -675,12 +1105,12 @@ pub struct BranchCommit {
     #[serde(with = "lockbox_policy::name::json::vec")]
     pub exclude: Vec<PathBuf>,
     /// Files committed with only some of their hunks.
-    pub hunks: Vec<lockbox_runtime::HunkSelection>,
+    pub hunks: Vec<HunkChoice>,
     /// Commit even where the workdir changed under the branch at those paths.
     pub force: bool,
     /// `keep` (default): what is not committed stays in the branch; `drop`: the branch is
     /// removed after the commit.
-    pub rest: lockbox_runtime::Rest,
+    pub rest: RestName,
 }
 
 impl BranchCommit {
@@ -691,9 +1121,9 @@ impl BranchCommit {
                 only: self.only,
                 exclude: self.exclude,
                 force: self.force,
-                hunks: self.hunks,
+                hunks: each(self.hunks),
             },
-            self.rest,
+            self.rest.into(),
         )
     }
 }
@@ -726,15 +1156,75 @@ impl DiffQuery {
     }
 }
 
-/// `GET diff`: one path's diff as numbered hunks, or a summary of both sides.
-pub use lockbox_runtime::FileDiffReply;
+/// One path's diff as numbered hunks, or a summary of both sides, in the wire shape of `GET
+/// diff` (docs/server.md), `lockbox branch hunks --json` and the Python SDK:
+/// `{"path", "kind": "text", "hunks": [{"index", "old_start", "old_lines", "new_start",
+/// "new_lines", "header", "lines": [{"op": " "|"-"|"+", "text"}], "no_newline_old",
+/// "no_newline_new"}]}` or `{"path", "kind": "summary", "old": Side, "new": Side}`.
+#[derive(Debug, Clone)]
+pub struct FileDiffReply {
+    /// The path asked for.
+    pub path: PathBuf,
+    /// The diff.
+    pub diff: lockbox_runtime::FileHunks,
+}
+
+fn side_json(side: &lockbox_runtime::Side) -> serde_json::Value {
+    use lockbox_runtime::Side;
+    match side {
+        Side::Absent => serde_json::json!({ "type": "absent" }),
+        Side::File { size } => serde_json::json!({ "type": "file", "size": size }),
+        Side::Dir => serde_json::json!({ "type": "dir" }),
+        Side::Symlink { target } => {
+            serde_json::json!({ "type": "symlink", "target": lockbox_policy::name::Encoded(target) })
+        }
+        Side::Special => serde_json::json!({ "type": "special" }),
+    }
+}
+
+impl Serialize for FileDiffReply {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use lockbox_runtime::FileHunks;
+        let path = lockbox_policy::name::Encoded(&self.path);
+        let value = match &self.diff {
+            FileHunks::Text { hunks } => {
+                let hunks: Vec<_> = hunks
+                    .iter()
+                    .map(|h| {
+                        let lines: Vec<_> = h
+                            .lines
+                            .iter()
+                            .map(|l| serde_json::json!({ "op": l.op.symbol().to_string(), "text": l.text }))
+                            .collect();
+                        serde_json::json!({
+                            "index": h.index,
+                            "old_start": h.old_start,
+                            "old_lines": h.old_lines,
+                            "new_start": h.new_start,
+                            "new_lines": h.new_lines,
+                            "header": h.header(),
+                            "lines": lines,
+                            "no_newline_old": h.no_newline_old,
+                            "no_newline_new": h.no_newline_new,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({ "path": path, "kind": "text", "hunks": hunks })
+            }
+            FileHunks::Summary { old, new } => serde_json::json!({
+                "path": path, "kind": "summary", "old": side_json(old), "new": side_json(new)
+            }),
+        };
+        value.serialize(serializer)
+    }
+}
 
 /// `GET /v1/branches/{id}`: the branch object and its changes.
 #[derive(Serialize)]
 pub struct BranchDetail {
     /// The branch object of `GET /v1/branches`.
     #[serde(flatten)]
-    pub branch: lockbox_runtime::KeptBranch,
+    pub branch: KeptBranch,
     /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them).
     pub change_list: ChangeList,
 }
@@ -750,7 +1240,8 @@ pub fn txn_json(t: &lockbox_txn::ListedTxn) -> serde_json::Value {
             });
             // When it began: its fresh base directory's ctime.
             let nanos = u32::try_from(r.base_ctime.nanos).unwrap_or(0);
-            v["created"] = serde_json::json!(lockbox_runtime::rfc3339(r.base_ctime.secs, nanos));
+            v["created"] =
+                serde_json::json!(lockbox_policy::time::rfc3339(r.base_ctime.secs, nanos));
             v["exit_code"] = serde_json::json!(code);
             v["meaning"] = serde_json::json!(meaning);
             v
@@ -858,6 +1349,40 @@ impl SnapshotDiffQuery {
     }
 }
 
+/// `POST /v1/sandboxes/{id}/contexts`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateContext {
+    /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `python` (default), `bash` or `node`.
+    #[serde(default = "python")]
+    pub language: String,
+    /// Working directory of the interpreter (inside the sandbox).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment of the interpreter.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn python() -> String {
+    "python".into()
+}
+
+impl CreateContext {
+    /// The runtime's options.
+    pub fn into_options(self) -> lockbox_runtime::ContextOptions {
+        lockbox_runtime::ContextOptions {
+            id: self.id.map(Into::into),
+            language: self.language,
+            cwd: self.cwd,
+            env: self.env,
+        }
+    }
+}
+
 /// `POST /v1/sandboxes/{id}/contexts/{cid}/run` and `/run/stream`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -884,7 +1409,7 @@ impl RunCode {
         check_ms("timeout_ms", self.timeout_ms, MAX_MS)?;
         Ok(lockbox_runtime::RunCodeRequest {
             code: self.code,
-            context: Some(context),
+            context: Some(context.into()),
             timeout: self.timeout_ms.map(std::time::Duration::from_millis),
         })
     }
@@ -1003,4 +1528,84 @@ pub fn gather_json(o: &lockbox_runtime::GatherOutcome) -> serde_json::Value {
         "changes": changes(&o.changes),
         "report": o.report,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The JSON the runtime's serde derives wrote before the wire forms moved here: the
+    /// Python SDK and clients read it field for field.
+    #[test]
+    fn a_sandbox_record_keeps_its_wire_form_byte_for_byte() {
+        let info = lockbox_runtime::SandboxInfo {
+            id: "sb-1".into(),
+            state: SandboxState::Stopped,
+            created_at: lockbox_policy::time::from_unix(1_795_000_000, 5_000_000),
+            workdir: Some(PathBuf::from("/w")),
+            branch: Some(lockbox_runtime::BranchId::parse("b1").unwrap()),
+            branch_action: Some(lockbox_runtime::BranchAction::Kept),
+            labels: BTreeMap::from([("a".to_owned(), "b".to_owned())]),
+            sessions: 1,
+            processes: 2,
+            policy: Some(lockbox_runtime::PolicySummary {
+                net: lockbox_runtime::NetKind::None,
+                net_destinations: Vec::new(),
+                default_reads: true,
+                fs_readable: vec![PathBuf::from("/r")],
+                fs_writable: Vec::new(),
+                max_memory_bytes: Some(1024),
+                max_processes: None,
+                max_cpu_time: Some(Duration::from_millis(1500)),
+                max_file_size_bytes: None,
+                idle_timeout: None,
+            }),
+            usage: Some(lockbox_runtime::ResourceUse {
+                processes: 2,
+                threads: 3,
+                rss_bytes: 4096,
+                cpu: Duration::from_millis(12),
+            }),
+        };
+        assert_eq!(
+            serde_json::to_string(&SandboxInfo::from(info)).unwrap(),
+            concat!(
+                r#"{"id":"sb-1","state":"stopped","created_at":"2026-11-18T11:06:40.005Z","#,
+                r#""workdir":"/w","branch":"b1","branch_action":"kept","labels":{"a":"b"},"#,
+                r#""sessions":1,"processes":2,"policy":{"net":"none","net_destinations":[],"#,
+                r#""default_reads":true,"fs_readable":["/r"],"fs_writable":[],"#,
+                r#""max_memory_bytes":1024,"max_processes":null,"max_cpu_time_ms":1500,"#,
+                r#""max_file_size_bytes":null,"idle_timeout_ms":null},"#,
+                r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
+            )
+        );
+    }
+
+    #[test]
+    fn an_execution_and_a_commit_summary_keep_their_wire_form() {
+        let mut exec = lockbox_runtime::Execution::in_context("c1".into());
+        exec.logs.stdout.push("a".into());
+        exec.error = Some(lockbox_runtime::ExecError {
+            name: "E".into(),
+            value: "v".into(),
+            traceback: "t".into(),
+        });
+        exec.duration_ms = 7;
+        assert_eq!(
+            serde_json::to_string(&Execution::from(exec)).unwrap(),
+            concat!(
+                r#"{"context":"c1","results":[],"logs":{"stdout":["a"],"stderr":[]},"#,
+                r#""error":{"name":"E","value":"v","traceback":"t"},"exit_code":null,"#,
+                r#""timed_out":false,"state_lost":false,"truncated":false,"duration_ms":7}"#
+            )
+        );
+        let summary = lockbox_runtime::CommitSummary {
+            report: lockbox_runtime::CommitReport::default(),
+            remaining: 2,
+        };
+        let json = serde_json::to_value(CommitSummary::from(summary)).unwrap();
+        assert_eq!(json["remaining"], 2);
+        assert_eq!(json["report"]["added"], 0);
+    }
 }

@@ -10,7 +10,7 @@ use lockbox_cow::{
 };
 use lockbox_policy::name::{printable_text, quoted};
 use lockbox_policy::plural;
-use lockbox_runtime::FileDiffReply;
+use lockbox_server::FileDiffReply;
 use serde_json::json;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;

@@ -91,7 +91,7 @@ pub async fn sandbox(state: &Path) -> (Runtime, Sandbox) {
 pub async fn sandbox_with(state: &Path, spec: SandboxSpec) -> (Runtime, Sandbox) {
     let rt = runtime(state).await;
     let info = rt.create_sandbox(spec).await.unwrap();
-    let sb = rt.sandbox(&info.id).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
     (rt, sb)
 }
 

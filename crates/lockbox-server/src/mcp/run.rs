@@ -5,13 +5,13 @@
 
 use super::tools::ToolCall;
 use crate::error::ApiError;
-use crate::wire::{ChangeList, FileInfo};
+use crate::wire::{self, each, ChangeList, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
 use lockbox_runtime::{
-    ByteRange, ContextOptions, ExecRequest, ExecResult, Execution, FileDiffReply, RunCodeRequest,
-    Runtime, RuntimeError, Sandbox, SessionOptions, WriteOptions,
+    ByteRange, ContextOptions, ExecRequest, ExecResult, Execution, RunCodeRequest, Runtime,
+    RuntimeError, Sandbox, SessionOptions, WriteOptions,
 };
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
@@ -19,19 +19,23 @@ use tokio::io::AsyncReadExt;
 /// Runs the call; `Ok` is the `tools/call` result.
 pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
     Ok(match call {
-        ToolCall::CreateSandbox(spec) => json_result(&runtime.create_sandbox(*spec).await?),
+        ToolCall::CreateSandbox(spec) => {
+            json_result(&SandboxInfo::from(runtime.create_sandbox(*spec).await?))
+        }
         ToolCall::ListSandboxes { state } => {
             let mut sandboxes = runtime.list_sandboxes();
             sandboxes.retain(|s| state.is_none_or(|state| s.state == state));
-            json_result(&json!({ "sandboxes": sandboxes }))
+            json_result(&json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
         }
-        ToolCall::DeleteSandbox { id } => json_result(&runtime.delete_sandbox(&id).await?),
+        ToolCall::DeleteSandbox { id } => {
+            json_result(&SandboxInfo::from(runtime.delete_sandbox(&id).await?))
+        }
         ToolCall::Exec {
             id,
             request,
             max_output,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let result =
                 crate::routes::exec::detached(async move { exec(&sandbox, request).await }).await?;
             exec_result(&result, max_output)
@@ -42,7 +46,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             offset,
             length,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let range = ByteRange {
                 start: offset,
                 end: Some(offset.saturating_add(length)),
@@ -63,7 +67,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             data,
             mode,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let options = WriteOptions {
                 mode: mode.unwrap_or(WriteOptions::default().mode),
                 create_parents: true,
@@ -80,7 +84,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             hidden,
             limit,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let mut stream = sandbox.list_stream(&path, recursive, hidden).await?;
             let mut entries = Vec::new();
             let mut truncated = false;
@@ -94,17 +98,17 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             json_result(&json!({ "entries": entries, "truncated": truncated }))
         }
         ToolCall::Changes { id } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             json_result(&json!({ "changes": ChangeList(sandbox.changes().await?) }))
         }
         ToolCall::Diff { id, path } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let diff = sandbox.diff(path.clone()).await?;
             diff_result(&FileDiffReply { path, diff })
         }
         ToolCall::Commit { id, selection } => {
-            let sandbox = runtime.sandbox(&id).await?;
-            json_result(&sandbox.commit(selection).await?)
+            let sandbox = runtime.sandbox(&id)?;
+            json_result(&CommitSummary::from(sandbox.commit(selection).await?))
         }
         ToolCall::RunCode {
             id,
@@ -112,7 +116,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             language,
             max_output,
         } => {
-            let sandbox = runtime.sandbox(&id).await?;
+            let sandbox = runtime.sandbox(&id)?;
             let exec = crate::routes::exec::detached(async move {
                 run_code(&sandbox, request, language).await
             })
@@ -120,7 +124,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             run_code_result(&exec, max_output)
         }
         ToolCall::Abort { id } => {
-            runtime.sandbox(&id).await?.abort().await?;
+            runtime.sandbox(&id)?.abort().await?;
             json_result(&json!({ "aborted": true }))
         }
     })
@@ -219,7 +223,8 @@ fn run_code_result(e: &Execution, max: usize) -> Value {
     content.insert(0, json!({ "type": "text", "text": text }));
     json!({
         "content": content,
-        "structuredContent": serde_json::to_value(e).unwrap_or_default(),
+        "structuredContent": serde_json::to_value(wire::Execution::from(e.clone()))
+            .unwrap_or_default(),
         "isError": false,
     })
 }

@@ -475,7 +475,9 @@ impl ToolCall {
                 ToolCall::CreateSandbox(Box::new(from_args::<CreateSandbox>(args)?.into_spec()?))
             }
             "list_sandboxes" => ToolCall::ListSandboxes {
-                state: from_args::<wire::ListSandboxes>(args)?.state,
+                state: from_args::<wire::ListSandboxes>(args)?
+                    .state
+                    .map(Into::into),
             },
             "delete_sandbox" => ToolCall::DeleteSandbox { id: only_id(args)? },
             "changes" => ToolCall::Changes { id: only_id(args)? },

@@ -24,7 +24,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<ApprovalsQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     check_ms("wait_ms", Some(query.wait_ms), MAX_WAIT_MS)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let wait = Duration::from_millis(query.wait_ms);
     Ok(Json(
         json!({ "approvals": sandbox.approvals(query.after, wait).await? }),
@@ -48,7 +48,7 @@ pub async fn decide(
             ),
         )
     })?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.decide(qid, verdict, BY)?;
     Ok(Json(json!({ "id": qid, "decision": verdict.as_str() })))
 }

@@ -18,7 +18,7 @@ pub async fn audit(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     if !query.follow {
         return Ok(Json(json!({ "events": sandbox.audit_log() })).into_response());
     }

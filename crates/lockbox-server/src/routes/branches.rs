@@ -4,7 +4,10 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{BranchCommit, BranchDetail, ChangeList, DiffQuery, FileDiffReply};
+use crate::wire::{
+    each, BranchCommit, BranchDetail, ChangeList, CommitSummary, DiffQuery, FileDiffReply,
+    KeptBranch,
+};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -12,7 +15,8 @@ use axum::Json;
 use serde_json::json;
 
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(json!({ "branches": app.runtime.branches().await? })))
+    let branches = each::<_, KeptBranch>(app.runtime.branches().await?);
+    Ok(Json(json!({ "branches": branches })))
 }
 
 pub async fn show(
@@ -21,7 +25,7 @@ pub async fn show(
 ) -> Result<impl IntoResponse, ApiError> {
     let detail = app.runtime.branch(id).await?;
     Ok(Json(BranchDetail {
-        branch: detail.branch,
+        branch: KeptBranch::from(detail.branch),
         change_list: ChangeList(detail.change_list),
     }))
 }
@@ -42,7 +46,9 @@ pub async fn commit(
     ApiJson(body): ApiJson<BranchCommit>,
 ) -> Result<impl IntoResponse, ApiError> {
     let (sel, rest) = body.into_parts();
-    Ok(Json(app.runtime.branch_commit(id, sel, rest).await?))
+    Ok(Json(CommitSummary::from(
+        app.runtime.branch_commit(id, sel, rest).await?,
+    )))
 }
 
 pub async fn abort(

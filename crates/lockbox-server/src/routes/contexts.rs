@@ -4,25 +4,27 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::routes::exec::detached;
 use crate::streams::json_event;
-use crate::wire::RunCode;
+use crate::wire::{each, ContextInfo, CreateContext, Execution, RunCode};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use futures_util::StreamExt;
-use lockbox_runtime::{CodeEvent, ContextOptions};
+use lockbox_runtime::CodeEvent;
 use serde_json::json;
 
 pub async fn create(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    ApiJson(opts): ApiJson<ContextOptions>,
+    ApiJson(body): ApiJson<CreateContext>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.create_context(opts).await?),
+        Json(ContextInfo::from(
+            sandbox.create_context(body.into_options()).await?,
+        )),
     ))
 }
 
@@ -30,15 +32,16 @@ pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "contexts": sandbox.list_contexts().await })))
+    let sandbox = app.runtime.sandbox(&id)?;
+    let contexts = each::<_, ContextInfo>(sandbox.list_contexts().await);
+    Ok(Json(json!({ "contexts": contexts })))
 }
 
 pub async fn delete(
     State(app): State<AppState>,
     ApiPath((id, cid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.delete_context(&cid).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -49,9 +52,9 @@ pub async fn run(
     ApiJson(body): ApiJson<RunCode>,
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body.into_request(cid)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let exec = detached(async move { sandbox.run_code(request).await }).await?;
-    Ok(Json(exec))
+    Ok(Json(Execution::from(exec)))
 }
 
 pub async fn stream(
@@ -61,7 +64,7 @@ pub async fn stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body.into_request(cid)?;
     let slot = app.streams.open()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let events = sandbox.run_code_stream(request).await?.map(|event| {
         let name = match &event {
             CodeEvent::Stdout { .. } => "stdout",
@@ -74,7 +77,7 @@ pub async fn stream(
             CodeEvent::Stdout { text } | CodeEvent::Stderr { text } => json!({ "text": text }),
             CodeEvent::Result(d) => json!(d),
             CodeEvent::Error(e) => json!(e),
-            CodeEvent::End(exec) => json!(exec),
+            CodeEvent::End(exec) => json!(Execution::from(*exec)),
         };
         json_event(name, &data)
     });

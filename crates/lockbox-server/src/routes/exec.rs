@@ -18,7 +18,7 @@ pub async fn exec(
     ApiJson(body): ApiJson<Exec>,
 ) -> Result<Response, ApiError> {
     let request = body.into_request()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let result = detached(async move { sandbox.exec(request).await }).await?;
     Ok(exec_reply(result))
 }
@@ -45,7 +45,7 @@ pub async fn stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let request = body.into_request()?;
     let slot = app.streams.open()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let events = sandbox
         .exec_stream(request)
         .await?

@@ -68,7 +68,7 @@ pub async fn get(
     ApiQuery(query): ApiQuery<PathQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let spec = headers
         .get(RANGE)
         .and_then(|v| v.to_str().ok())
@@ -128,7 +128,7 @@ pub async fn put(
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
     let mode = query.mode()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     // The runtime sees an I/O error; remember whether it was the body stalling, to answer
     // 408 rather than 500.
     let stalled = Arc::new(AtomicBool::new(false));
@@ -157,7 +157,7 @@ pub async fn stat(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(FileInfo::from(sandbox.stat(&query.path).await?)))
 }
 
@@ -166,7 +166,7 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let entries = sandbox
         .list_stream(&query.path, query.recursive, query.hidden)
         .await?
@@ -207,7 +207,7 @@ pub async fn mkdir(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Mkdir>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(FileInfo::from(
         sandbox.mkdir(&body.path, body.parents).await?,
     )))
@@ -218,7 +218,7 @@ pub async fn rename(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Move>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok(Json(FileInfo::from(
         sandbox.rename(&body.from, &body.to, body.overwrite).await?,
     )))
@@ -229,7 +229,7 @@ pub async fn remove(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Remove>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.remove(&body.path, body.recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }

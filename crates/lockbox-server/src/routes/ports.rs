@@ -13,7 +13,7 @@
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::sessions::{CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE};
-use crate::wire::ExposePort;
+use crate::wire::{each, ExposePort, PortInfo};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -44,13 +44,13 @@ pub async fn expose(
     ApiJson(body): ApiJson<ExposePort>,
 ) -> Result<impl IntoResponse, ApiError> {
     let port = check_port(body.port)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let opts = ExposeOptions {
         host_loopback: body.host_loopback,
     };
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.expose_port(port, opts).await?),
+        Json(PortInfo::from(sandbox.expose_port(port, opts).await?)),
     ))
 }
 
@@ -58,8 +58,10 @@ pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "ports": sandbox.ports() })))
+    let sandbox = app.runtime.sandbox(&id)?;
+    Ok(Json(
+        json!({ "ports": each::<_, PortInfo>(sandbox.ports()) }),
+    ))
 }
 
 pub async fn unexpose(
@@ -67,7 +69,7 @@ pub async fn unexpose(
     ApiPath((id, port)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let port = port_of(&port)?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.unexpose_port(port)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -98,7 +100,7 @@ async fn proxy(
     mut req: Request,
 ) -> Result<Response, ApiError> {
     let port = port_of(port)?;
-    let sandbox = app.runtime.sandbox(id).await?;
+    let sandbox = app.runtime.sandbox(id)?;
     let stream = sandbox.connect_port(port).await?;
     let upgrading = req.headers().contains_key(axum::http::header::UPGRADE);
     let slot = if upgrading {

@@ -7,7 +7,8 @@ use crate::openapi::MAX_GRACE_MS;
 use crate::output::data_fields;
 use crate::streams::json_event;
 use crate::wire::{
-    check_ms, decode_b64, KillQuery, LogsQuery, Signal, StartProcess, Stdin, StdinQuery,
+    check_ms, decode_b64, each, stream_name, KillQuery, LogsQuery, ProcessInfo, Signal,
+    StartProcess, Stdin, StdinQuery,
 };
 use crate::AppState;
 use axum::body::Bytes;
@@ -31,10 +32,10 @@ pub async fn start(
     ApiJson(body): ApiJson<StartProcess>,
 ) -> Result<impl IntoResponse, ApiError> {
     let spec = body.into_spec()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.start_process(spec).await?),
+        Json(ProcessInfo::from(sandbox.start_process(spec).await?)),
     ))
 }
 
@@ -42,16 +43,17 @@ pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "processes": sandbox.list_processes() })))
+    let sandbox = app.runtime.sandbox(&id)?;
+    let processes = each::<_, ProcessInfo>(sandbox.list_processes());
+    Ok(Json(json!({ "processes": processes })))
 }
 
 pub async fn show(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.process(&pid)?))
+    let sandbox = app.runtime.sandbox(&id)?;
+    Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
 pub async fn signal(
@@ -60,9 +62,9 @@ pub async fn signal(
     ApiJson(body): ApiJson<Signal>,
 ) -> Result<impl IntoResponse, ApiError> {
     let signal = body.signal.signal()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.signal_process(&pid, signal).await?;
-    Ok(Json(sandbox.process(&pid)?))
+    Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
 pub async fn kill(
@@ -72,8 +74,10 @@ pub async fn kill(
 ) -> Result<impl IntoResponse, ApiError> {
     check_ms("grace_ms", query.grace_ms, MAX_GRACE_MS)?;
     let grace = query.grace_ms.map_or(DEFAULT_GRACE, Duration::from_millis);
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.kill_process(&pid, grace).await?))
+    let sandbox = app.runtime.sandbox(&id)?;
+    Ok(Json(ProcessInfo::from(
+        sandbox.kill_process(&pid, grace).await?,
+    )))
 }
 
 /// Writes the body to the process's stdin: raw bytes (`?close=true` closes afterwards),
@@ -113,7 +117,7 @@ pub async fn stdin(
     } else {
         (body, query.close)
     };
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     if !data.is_empty() {
         sandbox.write_stdin(&pid, data.clone()).await?;
     }
@@ -136,7 +140,7 @@ pub fn chunk_json(chunk: &LogChunk) -> Value {
 
 fn segment_json(segment: &LogSegment) -> Value {
     let mut fields = data_fields(&segment.data);
-    fields.insert("stream".into(), json!(segment.stream));
+    fields.insert("stream".into(), json!(stream_name(segment.stream)));
     fields.insert("offset".into(), json!(segment.offset));
     Value::Object(fields)
 }
@@ -167,7 +171,7 @@ pub async fn logs(
     ApiQuery(query): ApiQuery<LogsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     if !query.follow {
         let max = query
             .max_bytes

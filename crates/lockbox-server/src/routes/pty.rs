@@ -10,7 +10,7 @@
 use crate::error::ApiError;
 use crate::extract::ApiPath;
 use crate::streams::StreamSlot;
-use crate::wire::Size;
+use crate::wire::{ProcessInfo, Size};
 use crate::AppState;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -57,7 +57,7 @@ pub async fn attach(
     ApiPath((id, pid)): ApiPath<(String, String)>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let info = sandbox.process(&pid)?;
     let upgrade = upgrade
         .map_err(|e| {
@@ -158,7 +158,7 @@ impl Link {
             }
         };
         if let Ok(info) = self.sandbox.process(&self.pid) {
-            let frame = json!({ "exited": info }).to_string();
+            let frame = json!({ "exited": ProcessInfo::from(info) }).to_string();
             let _ = tx.send(Message::Text(frame.into())).await;
         }
         let close = CloseFrame {

@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{CreateSandbox, CreateSession, ListSandboxes};
+use crate::wire::{each, CreateSandbox, CreateSession, ListSandboxes, SandboxInfo, SessionInfo};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -15,7 +15,7 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateSandbox>,
 ) -> Result<impl IntoResponse, ApiError> {
     let info = app.runtime.create_sandbox(body.into_spec()?).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok((StatusCode::CREATED, Json(SandboxInfo::from(info))))
 }
 
 pub async fn list(
@@ -23,22 +23,24 @@ pub async fn list(
     ApiQuery(query): ApiQuery<ListSandboxes>,
 ) -> impl IntoResponse {
     let mut sandboxes = app.runtime.list_sandboxes();
-    sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state));
-    Json(json!({ "sandboxes": sandboxes }))
+    sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state.into()));
+    Json(json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
 }
 
 pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(app.runtime.sandbox_info(&id)?))
+    Ok(Json(SandboxInfo::from(app.runtime.sandbox_info(&id)?)))
 }
 
 pub async fn delete(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(app.runtime.delete_sandbox(&id).await?))
+    Ok(Json(SandboxInfo::from(
+        app.runtime.delete_sandbox(&id).await?,
+    )))
 }
 
 pub async fn create_session(
@@ -46,24 +48,25 @@ pub async fn create_session(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let info = sandbox.create_session(body.into_options()).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok((StatusCode::CREATED, Json(SessionInfo::from(info))))
 }
 
 pub async fn list_sessions(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(json!({ "sessions": sandbox.list_sessions().await })))
+    let sandbox = app.runtime.sandbox(&id)?;
+    let sessions = each::<_, SessionInfo>(sandbox.list_sessions().await);
+    Ok(Json(json!({ "sessions": sessions })))
 }
 
 pub async fn delete_session(
     State(app): State<AppState>,
     ApiPath((id, sid)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.delete_session(&sid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

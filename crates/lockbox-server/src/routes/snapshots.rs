@@ -4,7 +4,8 @@
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::wire::{
-    ChangeList, ForkRequest, ForkSandboxRequest, RestoreRequest, SnapshotDiffQuery, SnapshotRequest,
+    each, ChangeList, ForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo,
+    SnapshotDiffQuery, SnapshotInfo, SnapshotRequest,
 };
 use crate::AppState;
 use axum::extract::State;
@@ -22,22 +23,23 @@ pub async fn take(
         name: body.name,
         include_tmp: body.include_tmp,
     };
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox.snapshot_with(opts).await?),
+        Json(SnapshotInfo::from(sandbox.snapshot_with(opts).await?)),
     ))
 }
 
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(json!({ "snapshots": app.runtime.list_snapshots()? })))
+    let snapshots = each::<_, SnapshotInfo>(app.runtime.list_snapshots()?);
+    Ok(Json(json!({ "snapshots": snapshots })))
 }
 
 pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(app.runtime.snapshot_info(&id)?))
+    Ok(Json(SnapshotInfo::from(app.runtime.snapshot_info(&id)?)))
 }
 
 pub async fn delete(
@@ -53,7 +55,7 @@ pub async fn fork(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ForkRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let forks = app.runtime.fork_snapshot(&id, body.count).await?;
+    let forks = each::<_, SandboxInfo>(app.runtime.fork_snapshot(&id, body.count).await?);
     Ok((StatusCode::CREATED, Json(json!({ "sandboxes": forks }))))
 }
 
@@ -71,9 +73,9 @@ pub async fn restore(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<RestoreRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.restore(&body.snapshot).await?;
-    Ok(Json(app.runtime.sandbox_info(&id)?))
+    Ok(Json(SandboxInfo::from(app.runtime.sandbox_info(&id)?)))
 }
 
 pub async fn fork_sandbox(
@@ -88,6 +90,9 @@ pub async fn fork_sandbox(
     let (snapshot, forks) = app.runtime.fork_sandbox(&id, body.count, opts).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "snapshot": snapshot, "sandboxes": forks })),
+        Json(json!({
+            "snapshot": SnapshotInfo::from(snapshot),
+            "sandboxes": each::<_, SandboxInfo>(forks),
+        })),
     ))
 }

@@ -17,7 +17,7 @@ pub async fn watch(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<WatchQuery>,
 ) -> Result<Response, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let slot = app.streams.open()?;
     let events = sandbox
         .watch(&query.path, query.recursive)

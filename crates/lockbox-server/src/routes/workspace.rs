@@ -3,7 +3,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::wire::{Commit, DiffQuery, FileDiffReply};
+use crate::wire::{Commit, CommitSummary, DiffQuery, FileDiffReply};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -14,7 +14,7 @@ pub async fn changes(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     #[derive(serde::Serialize)]
     struct Changes {
         changes: crate::wire::ChangeList,
@@ -30,7 +30,7 @@ pub async fn diff(
     ApiQuery(query): ApiQuery<DiffQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let path = query.path()?;
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     let diff = sandbox.diff(path.clone()).await?;
     Ok(Json(FileDiffReply { path, diff }))
 }
@@ -40,15 +40,17 @@ pub async fn commit(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<Commit>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
-    Ok(Json(sandbox.commit(body.into_selection()).await?))
+    let sandbox = app.runtime.sandbox(&id)?;
+    Ok(Json(CommitSummary::from(
+        sandbox.commit(body.into_selection()).await?,
+    )))
 }
 
 pub async fn abort(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let sandbox = app.runtime.sandbox(&id).await?;
+    let sandbox = app.runtime.sandbox(&id)?;
     sandbox.abort().await?;
     Ok(Json(json!({ "aborted": true })))
 }
