@@ -608,7 +608,9 @@ fn parse_net_spec(s: &str) -> Result<NetSpec, String> {
     NetSpec::parse(s).map_err(|e| e.to_string())
 }
 
-fn parse_rule<T: std::str::FromStr<Err = lockbox_intercept::Error>>(s: &str) -> Result<T, String> {
+pub(crate) fn parse_rule<T: std::str::FromStr<Err = lockbox_intercept::Error>>(
+    s: &str,
+) -> Result<T, String> {
     s.parse()
         .map_err(|e: lockbox_intercept::Error| e.to_string())
 }

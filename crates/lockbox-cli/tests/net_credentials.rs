@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod serve_support;
 
 use common::{lockbox, scratch, text, users, User};
 use std::io::{BufRead, BufReader};
@@ -597,4 +598,139 @@ fn bad_credential_flags_are_usage_errors_naming_what_is_wrong() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(want), "{flags:?}: {stderr}");
     }
+}
+
+/// `lockbox serve --credential`: a sandbox body names the server's credential only through
+/// an `http_auth` rule; the upstream sees the real bearer, the sandbox only its placeholder,
+/// each request is a `request` event of the sandbox's audit log; an unknown credential, a
+/// host the allow-list does not name and a malformed rule are 400s naming the field.
+#[test]
+fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_it() {
+    use reqwest::{Method, StatusCode};
+    use serde_json::json;
+    use serve_support::{state_dir, tokio, Served};
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    for user in users() {
+        let state = state_dir(user);
+        let ca = net.path("ca.pem");
+        let server = Served::start_with_env_args(
+            user,
+            state.path(),
+            &[
+                ("LOCKBOX_NET_HOSTS_FILE", net.path("hosts").as_os_str()),
+                (SECRET_VAR, net.secret.as_ref()),
+            ],
+            &[
+                "--credential",
+                "API=env:LBX_TEST_API_SECRET",
+                "--upstream-ca",
+                ca.to_str().unwrap(),
+            ],
+        );
+        tokio().block_on(async {
+            let refused = [
+                (json!({ "net": { "allow": ["api.test:8443"] }, "http_auth": ["api.test bearer NOPE"] }), "http_auth", "NOPE"),
+                (json!({ "net": { "allow": ["keyed.test:8443"] }, "http_auth": ["api.test bearer API"] }), "http_auth", "api.test"),
+                (json!({ "net": { "allow": ["keyed.test:8443"] }, "http_allow": ["GET api.test/v1"] }), "http_allow", "api.test"),
+                (json!({ "net": { "allow": ["api.test:8443"] }, "http_allow": ["GET"] }), "http_allow", "GET"),
+                (json!({ "net": "host", "http_auth": ["api.test bearer API"] }), "http_auth", "allow"),
+            ];
+            for (body, field, named) in refused {
+                let (status, err) = server.json(Method::POST, "/v1/sandboxes", body.clone()).await;
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");
+                assert_eq!(err["details"]["field"], field, "{body}: {err}");
+                assert!(err["message"].as_str().unwrap().contains(named), "{body}: {err}");
+                assert!(!err.to_string().contains(&net.secret), "{err}");
+            }
+            let out = net.path("out");
+            let id = server
+                .sandbox(json!({
+                    "net": { "allow": ["api.test:8443"] },
+                    "fs_readable": [net.dir.path()],
+                    "fs_writable": [&out],
+                    "env": { "API_KEY": "PLACEHOLDER" },
+                    "http_auth": ["api.test bearer API"],
+                    "http_allow": ["GET api.test/v1/models"],
+                }))
+                .await;
+            let dump = out.join(format!("served-dump-{user:?}"));
+            let url = "https://api.test:8443/v1/models";
+            let command = format!(
+                "python3 {} GET,{url} GET,{url},Bearer_PLACEHOLDER POST,{url} dump,{}",
+                net.path("client.py").display(),
+                dump.display()
+            );
+            let result = server
+                .exec(&id, json!({ "command": command, "timeout_ms": 120000 }))
+                .await;
+            let stdout = result["stdout"].as_str().unwrap();
+            let lines: Vec<&str> = stdout.lines().collect();
+            assert_eq!(lines.len(), 4, "{result}");
+            assert!(lines[0].ends_with("200 ok GET /v1/models"), "{result}");
+            assert!(lines[1].ends_with("200 ok GET /v1/models"), "{result}");
+            assert!(lines[2].contains(" 403 lockbox: refused: "), "{result}");
+            assert!(lines[3].ends_with("dumped"), "{result}");
+            assert_eq!(
+                net.take_requests(),
+                ["GET /v1/models auth=ok", "GET /v1/models auth=ok"],
+                "{user:?}"
+            );
+            let dumped = std::fs::read(&dump).unwrap();
+            let has = |needle: &str| dumped.windows(needle.len()).any(|w| w == needle.as_bytes());
+            assert!(dumped.len() > 10_000, "the dump read the sandbox's files");
+            assert!(has("PLACEHOLDER"), "the dump holds the environment");
+            assert!(has("BEGIN CERTIFICATE"), "the dump holds the trust bundle");
+            assert!(!has(&net.secret), "{user:?}: the secret is visible inside");
+            assert!(!has(SECRET_VAR), "{user:?}: the secret's variable is visible inside");
+
+            let path = format!("/v1/sandboxes/{id}/audit?follow=false");
+            let (status, log) = server.json(Method::GET, &path, json!(null)).await;
+            assert_eq!(status, StatusCode::OK, "{log}");
+            let requests: Vec<_> = log["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["kind"] == "request")
+                .collect();
+            assert_eq!(requests.len(), 3, "{log:#}");
+            assert_eq!(requests[0]["credential"], "API", "{log:#}");
+            assert_eq!(requests[0]["status"], 200, "{log:#}");
+            assert_eq!(requests[2]["decision"], "denied", "{log:#}");
+            assert!(!log.to_string().contains(&net.secret));
+            let (status, _) = server
+                .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                .await;
+            assert!(status.is_success(), "{status}");
+        });
+    }
+}
+
+/// A bad `lockbox serve --credential` is a usage error (exit 2) naming the credential and
+/// its variable; no server starts.
+#[test]
+fn a_bad_serve_credential_is_a_usage_error_naming_it() {
+    let state = scratch();
+    let out = Command::new(common::binary())
+        .env_remove("LBX_TEST_NOT_SET")
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .args(["--credential", "GONE=env:LBX_TEST_NOT_SET"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GONE") && err.contains("LBX_TEST_NOT_SET"),
+        "{err}"
+    );
+    let out = Command::new(common::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .args(["--credential", "RAW=sk-123"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }

@@ -32,17 +32,25 @@ impl Secret {
     }
 }
 
-/// The credentials of a sandbox, by name.
-#[derive(Debug, Clone, Default)]
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Secret {}
+
+/// The credentials of a sandbox (or the registry of `lockbox serve`), by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Credentials(BTreeMap<String, Secret>);
 
 impl Credentials {
-    /// Reads every credential of `specs` (`env` looks up lockbox's own environment); every
-    /// rule of `rules` must name one of them, and every credential must be used by a rule.
-    /// Errors name the credential, the variable or the file, never the value.
-    pub fn load(
+    /// Reads every credential of `specs` (`env` looks up lockbox's own environment), used
+    /// by a rule or not: the registry `lockbox serve --credential` makes, from which each
+    /// sandbox's rules pick ([`Credentials::pick`]). Errors name the credential, the variable
+    /// or the file, never the value.
+    pub fn read_all(
         specs: &[CredentialSpec],
-        rules: &HttpRules,
         env: impl Fn(&str) -> Option<OsString>,
     ) -> Result<Credentials, Error> {
         let mut map = BTreeMap::new();
@@ -56,6 +64,50 @@ impl Credentials {
             let value = read(spec, &env)?;
             map.insert(spec.name.clone(), value);
         }
+        Ok(Credentials(map))
+    }
+
+    /// The credentials `rules` name, each from `self` if it has it, else from `registry`:
+    /// what one sandbox gets. A name neither holds is an error naming it.
+    pub fn pick(&self, rules: &HttpRules, registry: &Credentials) -> Result<Credentials, Error> {
+        let mut map = BTreeMap::new();
+        for rule in &rules.auth {
+            let name = &rule.credential;
+            let value = self
+                .0
+                .get(name)
+                .or_else(|| registry.0.get(name))
+                .ok_or_else(|| Error::Credential {
+                    name: name.clone(),
+                    reason: format!(
+                        "the rule for {} names it, but no credential of that name is defined",
+                        rule.host
+                    ),
+                })?;
+            map.insert(name.clone(), value.clone());
+        }
+        Ok(Credentials(map))
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The credentials' names (never their values).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    /// Reads every credential of `specs` (`env` looks up lockbox's own environment); every
+    /// rule of `rules` must name one of them, and every credential must be used by a rule.
+    /// Errors name the credential, the variable or the file, never the value.
+    pub fn load(
+        specs: &[CredentialSpec],
+        rules: &HttpRules,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Credentials, Error> {
+        let Credentials(map) = Credentials::read_all(specs, env)?;
         for rule in &rules.auth {
             if !map.contains_key(&rule.credential) {
                 return Err(Error::Credential {
@@ -171,5 +223,21 @@ mod tests {
         assert!(Credentials::load(&specs, &rules(&[]), env).is_err());
         let bad = |_: &str| Some(OsString::from("a\nb"));
         assert!(Credentials::load(&specs, &rules(&["a.example bearer A"]), bad).is_err());
+    }
+
+    #[test]
+    fn a_sandbox_picks_only_the_credentials_its_rules_name() {
+        let specs = vec!["A=env:X".parse().unwrap(), "B=env:Y".parse().unwrap()];
+        let registry = Credentials::read_all(&specs, |v| Some(OsString::from(v))).unwrap();
+        let none = Credentials::default();
+        let picked = none
+            .pick(&rules(&["a.example bearer A"]), &registry)
+            .unwrap();
+        assert_eq!(picked.names().collect::<Vec<_>>(), ["A"]);
+        let e = none
+            .pick(&rules(&["a.example bearer C"]), &registry)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("credential C") && e.contains("a.example"), "{e}");
     }
 }

@@ -43,6 +43,7 @@ mod agent;
 mod audit;
 mod branches;
 mod contexts;
+mod credentials;
 mod error;
 mod files;
 mod gather;
@@ -92,5 +93,10 @@ pub use lockbox_cow::CommitReport;
 pub use lockbox_cow::{BranchId, BranchState};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};
+/// What [`SandboxSpec::http`] and [`RuntimeConfig::credentials`] hold.
+pub use lockbox_intercept::{
+    AllowRule, AuthRule, CredentialSource, CredentialSpec, Credentials, Error as InterceptError,
+    HttpRules,
+};
 /// What [`Runtime::commit_together`] takes and reports.
 pub use lockbox_txn::{ConflictPolicy, Marker, TxnId};

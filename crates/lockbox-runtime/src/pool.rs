@@ -87,6 +87,7 @@ impl Pool {
         spec.workdir.is_none()
             && spec.from_snapshot.is_none()
             && spec.net_ask.is_none()
+            && spec.http.is_empty()
             && spec.policy == self.template.policy
     }
 
@@ -360,12 +361,15 @@ pub(crate) fn sweep_spares(state_dir: &std::path::Path) {
 }
 
 /// Whether a fork armed with `armed` can be handed out for `wanted`: the same sandbox
-/// (policy, workdir, approvals), whatever its labels, `on_exit` and idle timeout, which are
-/// the taker's.
+/// (policy, workdir, approvals, interception rules and their credentials), whatever its
+/// labels, `on_exit` and idle timeout, which are the taker's.
 fn fork_fits(armed: &SandboxSpec, wanted: &SandboxSpec) -> bool {
     armed.policy == wanted.policy
         && armed.workdir == wanted.workdir
         && armed.net_ask == wanted.net_ask
+        && armed.http == wanted.http
+        && armed.credentials == wanted.credentials
+        && armed.upstream_ca == wanted.upstream_ca
 }
 
 /// Removes a spare fork's branch (which releases the snapshot) and stops its sandbox (in

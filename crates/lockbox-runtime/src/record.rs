@@ -84,6 +84,8 @@ pub(crate) fn spec_from_json(value: serde_json::Value) -> Option<SandboxSpec> {
         labels: r.labels,
         from_snapshot: r.from_snapshot,
         net_ask: r.net_ask_timeout_ms.map(Duration::from_millis),
+        // Not recorded: a fork or restore of the record starts without interception.
+        ..SandboxSpec::default()
     })
 }
 

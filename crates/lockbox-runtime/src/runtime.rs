@@ -108,6 +108,7 @@ impl Runtime {
     }
 
     async fn create_inner(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        crate::credentials::resolve(&mut spec, &self.inner.config)?;
         if let Some(w) = &spec.workdir {
             let abs = std::fs::canonicalize(w)
                 .map_err(|e| RuntimeError::invalid("workdir", format!("{}: {e}", w.display())))?;

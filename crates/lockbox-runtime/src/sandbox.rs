@@ -233,6 +233,16 @@ pub(crate) async fn start_instance(
 ) -> Result<Instance, RuntimeError> {
     let mut policy = spec.policy.clone();
     policy.timeout = None; // a long-lived sandbox ends by delete or idle timeout
+    let listed = matches!(
+        policy.net,
+        lockbox_policy::Net::Allow(_) | lockbox_policy::Net::Deny(_)
+    );
+    let sink = if listed {
+        Some(audit.sink(sandbox_id)?)
+    } else {
+        None
+    };
+    let interceptor = crate::credentials::start(spec, &mut policy, sink.clone())?;
     let branch = match &spec.workdir {
         Some(dir) => {
             let context = branch_context(sandbox_id, spec, false);
@@ -264,15 +274,6 @@ pub(crate) async fn start_instance(
         }
         None => None,
     };
-    let listed = matches!(
-        policy.net,
-        lockbox_policy::Net::Allow(_) | lockbox_policy::Net::Deny(_)
-    );
-    let sink = if listed {
-        Some(audit.sink(sandbox_id)?)
-    } else {
-        None
-    };
     let approvals = match (spec.net_ask, &policy.net) {
         (Some(timeout), lockbox_policy::Net::Allow(_)) => {
             Some(lockbox_confine::Approvals::new(timeout).map_err(RuntimeError::internal)?)
@@ -285,7 +286,7 @@ pub(crate) async fn start_instance(
         }
         (None, _) => None,
     };
-    let started = spawn_agent(&policy, agent_exe, sink, approvals.clone()).await;
+    let started = spawn_agent(&policy, agent_exe, sink, approvals.clone(), interceptor).await;
     let (running, agent) = match started {
         Ok(x) => x,
         Err(e) => {
@@ -350,6 +351,7 @@ async fn spawn_agent(
     agent_exe: &Path,
     audit: Option<lockbox_confine::AuditSink>,
     ask: Option<lockbox_confine::Approvals>,
+    interceptor: Option<Arc<lockbox_intercept::Interceptor>>,
 ) -> Result<(lockbox_confine::Running, AgentClient), RuntimeError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = socketpair(
@@ -381,6 +383,9 @@ async fn spawn_agent(
         }
         if let Some(desk) = ask {
             spawn = spawn.ask(desk);
+        }
+        if let Some(interceptor) = interceptor {
+            spawn = spawn.interceptor(interceptor);
         }
         let r = spawn.start();
         drop(theirs);

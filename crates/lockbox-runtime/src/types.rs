@@ -67,6 +67,16 @@ pub struct RuntimeConfig {
     /// Sandboxes kept started ahead for creations with the default policy and no workdir
     /// (see `pool.rs`): such a creation takes one instead of starting a sandbox. 0 = none.
     pub pool_size: usize,
+    /// The credentials sandboxes may use but never read (`lockbox serve --credential`),
+    /// read once by the caller: a sandbox's [`SandboxSpec::http`] rules pick from them by
+    /// name. See `credentials.rs`.
+    pub credentials: lockbox_intercept::Credentials,
+    /// The files [`RuntimeConfig::credentials`] were read from: no sandbox may be given
+    /// one of them (or a directory above one) to read or write.
+    pub credential_files: Vec<PathBuf>,
+    /// CA certificates (a PEM file) trusted for the real servers of intercepted hosts
+    /// besides the host's trust store, when [`SandboxSpec::upstream_ca`] names none.
+    pub upstream_ca: Option<PathBuf>,
 }
 
 impl RuntimeConfig {
@@ -85,6 +95,9 @@ impl RuntimeConfig {
             agent_exe: None,
             max_snapshot_bytes: Some(DEFAULT_MAX_SNAPSHOT_BYTES),
             pool_size: 0,
+            credentials: lockbox_intercept::Credentials::default(),
+            credential_files: Vec::new(),
+            upstream_ca: None,
         }
     }
 }
@@ -123,6 +136,17 @@ pub struct SandboxSpec {
     /// refused, and each question waits this long for a verdict
     /// ([`crate::Sandbox::decide`]).
     pub net_ask: Option<Duration>,
+    /// Hosts whose HTTPS lockbox terminates (a net allow-list's names only): the
+    /// credential each request gets (`http_auth`) and the methods and paths let through
+    /// (`http_allow`). Their credentials come from [`SandboxSpec::credentials`], then from
+    /// [`RuntimeConfig::credentials`]; a name neither holds is `INVALID_ARGUMENT`.
+    pub http: lockbox_intercept::HttpRules,
+    /// Credentials of this sandbox alone, given by an in-process caller (the Python SDK's
+    /// local runtime) that read them itself; never from an API request.
+    pub credentials: lockbox_intercept::Credentials,
+    /// CA certificates trusted for the real servers of [`SandboxSpec::http`]'s hosts
+    /// besides the host's trust store; `None`: [`RuntimeConfig::upstream_ca`].
+    pub upstream_ca: Option<PathBuf>,
 }
 
 /// An id type: text that names one thing of a kind, compared and hashed as its text, and

@@ -899,7 +899,9 @@ fn schemas() -> Value {
             "idle_timeout_ms": ms, "labels": string_map,
             "net_ask": { "type": "boolean", "description": "with net allow: ask (GET approvals) instead of refusing an unlisted destination" },
             "net_ask_timeout_ms": { "type": "integer", "minimum": 1, "maximum": MAX_MS, "description": "how long a question waits for its verdict (default 30000)" },
-            "from_snapshot": { "type": "string", "description": "start from this snapshot's files (a fork); workdir is then the snapshot's" }
+            "from_snapshot": { "type": "string", "description": "start from this snapshot's files (a fork); workdir is then the snapshot's" },
+            "http_auth": { "type": "array", "items": { "type": "string" }, "description": "'HOST bearer NAME' or 'HOST header HEADER-NAME NAME': lockbox terminates the sandbox's HTTPS to HOST (allowed by name in net.allow) with a CA of the sandbox's own and puts the server's credential NAME (lockbox serve --credential) on each request; the sandbox never sees it (docs/security.md, Credentials). An unknown NAME or a HOST not allowed by name is 400" },
+            "http_allow": { "type": "array", "items": { "type": "string" }, "description": "'METHOD HOST/PATH-PREFIX' (METHOD may be *): on HOST (intercepted as http_auth does), only listed requests pass; others get 403 from lockbox" }
         }), &[]),
         "Sandbox": {
             "type": "object",

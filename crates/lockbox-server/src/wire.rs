@@ -68,6 +68,31 @@ pub struct CreateSandbox {
     /// How long a question waits for its verdict before the call is denied (default
     /// 30,000); needs `net_ask`.
     pub net_ask_timeout_ms: Option<u64>,
+    /// `HOST bearer NAME` or `HOST header HEADER-NAME NAME`: lockbox terminates the
+    /// sandbox's HTTPS to HOST and puts the server's credential NAME (`lockbox serve
+    /// --credential`) on each request; HOST must be allowed by name in `net.allow`.
+    pub http_auth: Vec<String>,
+    /// `METHOD HOST/PATH-PREFIX`: on HOST (intercepted), only the listed requests pass.
+    pub http_allow: Vec<String>,
+}
+
+/// One rule of `http_auth` or `http_allow`, parsed; errors name the field.
+fn parse_rules<T>(field: &str, rules: &[String]) -> Result<Vec<T>, ApiError>
+where
+    T: std::str::FromStr<Err = lockbox_runtime::InterceptError>,
+{
+    rules
+        .iter()
+        .map(|rule| {
+            rule.parse::<T>().map_err(|e| {
+                let why = match e {
+                    lockbox_runtime::InterceptError::BadRule { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                ApiError::invalid(field, format!("{field}: {rule:?}: {why}"))
+            })
+        })
+        .collect()
 }
 
 impl CreateSandbox {
@@ -124,6 +149,11 @@ impl CreateSandbox {
             ),
         };
         policy.validate().map_err(policy_error)?;
+        let http = lockbox_runtime::HttpRules::new(
+            parse_rules("http_auth", &self.http_auth)?,
+            parse_rules("http_allow", &self.http_allow)?,
+        )
+        .map_err(|e| ApiError::invalid("http_auth", format!("http_auth: {e}")))?;
         if let Some(workdir) = &self.workdir {
             if !workdir.is_absolute() {
                 return Err(ApiError::invalid(
@@ -153,6 +183,8 @@ impl CreateSandbox {
                 })
                 .transpose()?,
             net_ask,
+            http,
+            ..SandboxSpec::default()
         })
     }
 }

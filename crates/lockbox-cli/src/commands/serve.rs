@@ -7,7 +7,7 @@ use crate::output::{eoutln, outln};
 use anyhow::Context;
 use clap::Args;
 use lockbox_policy::ByteSize;
-use lockbox_runtime::{Runtime, RuntimeConfig};
+use lockbox_runtime::{CredentialSource, CredentialSpec, Credentials, Runtime, RuntimeConfig};
 use lockbox_server::{ServerConfig, Token};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -135,6 +135,17 @@ pub struct ServeArgs {
     /// takes one and is ready at once; the pool refills in the background. 0: none.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub pool: u16,
+    /// A secret sandboxes may use but never read: NAME=env:VAR (a variable of this
+    /// server's environment) or NAME=file:PATH, read once at start and kept in memory. A
+    /// sandbox body names it only through a rule (`"http_auth": ["HOST bearer NAME"]`);
+    /// no request can name a variable or a file. Repeatable. See docs/security.md
+    /// "Credentials".
+    #[arg(long, value_name = "NAME=SOURCE", value_parser = crate::cli::parse_rule::<CredentialSpec>)]
+    pub credential: Vec<CredentialSpec>,
+    /// Also trust the CA certificates of FILE (PEM) for the real servers of intercepted
+    /// hosts (`http_auth`/`http_allow`), besides the host's trust store.
+    #[arg(long = "upstream-ca", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
 }
 
 /// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
@@ -231,11 +242,41 @@ pub(crate) fn parse_dur(s: &str) -> Result<Duration, String> {
 
 /// Runs the server; the exit code.
 pub fn run(args: &ServeArgs) -> Result<ExitCode, CliError> {
-    serve(args)?;
+    let credentials = read_credentials(args)?;
+    serve(args, credentials)?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+/// The registry of `--credential`s, read once now; usage errors (exit 2) name the
+/// credential and its variable or file, never a value.
+fn read_credentials(args: &ServeArgs) -> Result<(Credentials, Vec<PathBuf>), CliError> {
+    let credentials = Credentials::read_all(&args.credential, |var| std::env::var_os(var))
+        .map_err(|e| CliError::usage(format!("--credential: {e}")))?;
+    if let Some(ca) = &args.upstream_ca {
+        if !ca.is_file() {
+            return Err(CliError::usage(format!(
+                "--upstream-ca {}: not a readable file",
+                ca.display()
+            )));
+        }
+    }
+    let files = args
+        .credential
+        .iter()
+        .filter_map(|c| match &c.source {
+            CredentialSource::File(path) => {
+                Some(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
+            }
+            CredentialSource::Env(_) => None,
+        })
+        .collect();
+    Ok((credentials, files))
+}
+
+fn serve(
+    args: &ServeArgs,
+    (credentials, credential_files): (Credentials, Vec<PathBuf>),
+) -> anyhow::Result<()> {
     if args.max_sandboxes == 0
         || args.max_streams == 0
         || args.max_connections == Some(0)
@@ -287,6 +328,9 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime_config.keep_stopped = args.keep_stopped;
     runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());
     runtime_config.pool_size = usize::from(args.pool);
+    runtime_config.credentials = credentials;
+    runtime_config.credential_files = credential_files;
+    runtime_config.upstream_ca.clone_from(&args.upstream_ca);
     let server_config = ServerConfig {
         journal: None,
         keepalive: args.keepalive,

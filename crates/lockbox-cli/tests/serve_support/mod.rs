@@ -51,6 +51,20 @@ impl Served {
         Served::spawn(command, "127.0.0.1:0", state, &[])
     }
 
+    /// As [`Served::start`], with environment variables set and `extra` arguments.
+    pub fn start_with_env_args(
+        user: User,
+        state: &Path,
+        env: &[(&str, &std::ffi::OsStr)],
+        extra: &[&str],
+    ) -> Served {
+        let mut command = command_as(user);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        Served::spawn(command, "127.0.0.1:0", state, extra)
+    }
+
     /// As [`Served::start`], on `--listen listen`.
     pub fn start_listening(user: User, listen: &str, state: &Path) -> Served {
         Served::spawn(command_as(user), listen, state, &[])

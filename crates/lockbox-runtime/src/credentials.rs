@@ -1,0 +1,125 @@
+//! Credentials that never enter a long-lived sandbox (see `lockbox_intercept`): a spec's
+//! interception rules ([`SandboxSpec::http`]) checked against its allow-list and given
+//! their credentials when the sandbox is created ([`resolve`]); the interceptor each of its
+//! instances starts ([`start`]).
+//!
+//! The values come from the runtime's registry ([`RuntimeConfig::credentials`], read once by
+//! `lockbox serve --credential`) or from an in-process caller ([`SandboxSpec::credentials`]);
+//! an API request only names them through rules, so no client can have lockbox read a
+//! variable or a file of its choosing and send it to a host of its choosing.
+
+use crate::error::RuntimeError;
+use crate::types::{RuntimeConfig, SandboxSpec};
+use lockbox_confine::{AuditSink, SANDBOX_BUNDLE};
+use lockbox_intercept::{Interceptor, TRUST_ENV};
+use lockbox_policy::{Net, Policy, Proto};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Checks `spec`'s rules and credentials against its policy and keeps in it only the
+/// credentials its rules name (the spec's own first, then the registry's). Errors name the
+/// field: `http_auth`, `http_allow`, `credentials`, `fs_readable`, `fs_writable`.
+pub(crate) fn resolve(spec: &mut SandboxSpec, config: &RuntimeConfig) -> Result<(), RuntimeError> {
+    check_paths(&spec.policy, &config.credential_files)?;
+    if spec.http.is_empty() {
+        if let Some(name) = spec.credentials.names().next() {
+            return Err(RuntimeError::invalid(
+                "credentials",
+                format!("credential {name}: no http_auth rule uses it"),
+            ));
+        }
+        return Ok(());
+    }
+    let Net::Allow(allowed) = &spec.policy.net else {
+        return Err(RuntimeError::invalid(
+            field_of(spec, ""),
+            "http_auth/http_allow intercept hosts of a network allow-list: it needs net allow with HOST:443",
+        ));
+    };
+    for host in spec.http.hosts() {
+        let by_name = allowed
+            .iter()
+            .any(|s| s.proto != Some(Proto::Udp) && s.matches_name(host));
+        if !by_name {
+            return Err(RuntimeError::invalid(
+                field_of(spec, host),
+                format!("host {host} is not allowed by name by net allow (add {host}:443)"),
+            ));
+        }
+    }
+    spec.credentials = spec
+        .credentials
+        .pick(&spec.http, &config.credentials)
+        .map_err(|e| RuntimeError::invalid("http_auth", e))?;
+    if spec.upstream_ca.is_none() {
+        spec.upstream_ca.clone_from(&config.upstream_ca);
+    }
+    Ok(())
+}
+
+/// The body field that brought `host` in: `http_auth` if an auth rule names it.
+fn field_of(spec: &SandboxSpec, host: &str) -> &'static str {
+    if spec.http.allow.iter().any(|r| r.host == host) && spec.http.auth_for(host).is_none() {
+        "http_allow"
+    } else {
+        "http_auth"
+    }
+}
+
+/// Refuses to give a sandbox a credential file, or a directory above one.
+fn check_paths(policy: &Policy, files: &[std::path::PathBuf]) -> Result<(), RuntimeError> {
+    let lists = [
+        ("fs_readable", &policy.fs.read),
+        ("fs_writable", &policy.fs.write),
+    ];
+    for (field, paths) in lists {
+        for path in paths.iter() {
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            if files.iter().any(|f| f.starts_with(&path)) {
+                return Err(RuntimeError::invalid(
+                    field,
+                    format!(
+                        "{} holds a file a credential of this server is read from",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The interceptor of one instance of a sandbox whose spec went through [`resolve`] (a CA
+/// of its own), and its CA's bundle named to the sandbox's TLS clients in `policy`'s
+/// environment; `None` without rules.
+pub(crate) fn start(
+    spec: &SandboxSpec,
+    policy: &mut Policy,
+    audit: Option<AuditSink>,
+) -> Result<Option<Arc<Interceptor>>, RuntimeError> {
+    if spec.http.is_empty() {
+        return Ok(None);
+    }
+    let upstream_ca: Option<&Path> = spec.upstream_ca.as_deref();
+    let interceptor = Interceptor::start(
+        spec.http.clone(),
+        spec.credentials.clone(),
+        upstream_ca,
+        audit,
+    )
+    .map_err(|e| {
+        if e.is_usage() {
+            RuntimeError::invalid("upstream_ca", e)
+        } else {
+            RuntimeError::SetupFailed(e.to_string())
+        }
+    })?;
+    for var in TRUST_ENV {
+        policy
+            .env
+            .set
+            .entry(var.to_owned())
+            .or_insert_with(|| SANDBOX_BUNDLE.to_owned());
+    }
+    Ok(Some(Arc::new(interceptor)))
+}
