@@ -123,3 +123,88 @@ pub(crate) fn start(
     }
     Ok(Some(Arc::new(interceptor)))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use lockbox_intercept::{CredentialSpec, Credentials, HttpRules};
+
+    fn config(dir: &Path) -> RuntimeConfig {
+        let specs: Vec<CredentialSpec> =
+            vec!["API=env:A".parse().unwrap(), "OTHER=env:B".parse().unwrap()];
+        let mut config = RuntimeConfig::new(dir);
+        config.credentials =
+            Credentials::read_all(&specs, |v| Some(format!("value-of-{v}").into())).unwrap();
+        config.credential_files = vec![dir.join("keys/api.key")];
+        config
+    }
+
+    fn spec(allow: &[&str], auth: &[&str], allow_rules: &[&str]) -> SandboxSpec {
+        let mut spec = SandboxSpec::default();
+        spec.policy.net = Net::Allow(allow.iter().map(|a| a.parse().unwrap()).collect());
+        spec.http = HttpRules::new(
+            auth.iter().map(|a| a.parse().unwrap()).collect(),
+            allow_rules.iter().map(|a| a.parse().unwrap()).collect(),
+        )
+        .unwrap();
+        spec
+    }
+
+    fn field(e: RuntimeError) -> String {
+        match e {
+            RuntimeError::InvalidRequest { field, message } => format!("{field}: {message}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sandbox_gets_only_the_registry_credentials_its_rules_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let mut ok = spec(&["api.x.org:443"], &["api.x.org bearer API"], &[]);
+        resolve(&mut ok, &config).unwrap();
+        assert_eq!(ok.credentials.names().collect::<Vec<_>>(), ["API"]);
+    }
+
+    #[test]
+    fn unknown_credentials_unlisted_hosts_and_credential_files_are_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let e = field(
+            resolve(
+                &mut spec(&["api.x.org:443"], &["api.x.org bearer NOPE"], &[]),
+                &config,
+            )
+            .unwrap_err(),
+        );
+        assert!(e.starts_with("http_auth: ") && e.contains("NOPE"), "{e}");
+        let e = field(
+            resolve(
+                &mut spec(&["other.org:443"], &["api.x.org bearer API"], &[]),
+                &config,
+            )
+            .unwrap_err(),
+        );
+        assert!(
+            e.starts_with("http_auth: ") && e.contains("api.x.org"),
+            "{e}"
+        );
+        let e = field(
+            resolve(
+                &mut spec(&["other.org:443"], &[], &["GET api.x.org/v1"]),
+                &config,
+            )
+            .unwrap_err(),
+        );
+        assert!(e.starts_with("http_allow: "), "{e}");
+        let mut host_net = spec(&[], &["api.x.org bearer API"], &[]);
+        host_net.policy.net = Net::Host;
+        let e = field(resolve(&mut host_net, &config).unwrap_err());
+        assert!(e.starts_with("http_auth: "), "{e}");
+        let mut reads_keys = SandboxSpec::default();
+        reads_keys.policy.fs.read.push(dir.path().join("keys"));
+        let e = field(resolve(&mut reads_keys, &config).unwrap_err());
+        assert!(e.starts_with("fs_readable: "), "{e}");
+    }
+}

@@ -387,3 +387,27 @@ fn discard(spare: Spare) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_spare_fork_is_handed_out_only_to_a_fork_with_the_same_interception() {
+        let plain = SandboxSpec::default();
+        let mut ruled = SandboxSpec::default();
+        ruled.http = lockbox_intercept::HttpRules::new(
+            vec!["api.x.org bearer API".parse().unwrap()],
+            Vec::new(),
+        )
+        .unwrap();
+        assert!(fork_fits(&plain, &plain));
+        assert!(fork_fits(&ruled, &ruled));
+        assert!(!fork_fits(&plain, &ruled));
+        assert!(!fork_fits(&ruled, &plain));
+        let mut other_ca = ruled.clone();
+        other_ca.upstream_ca = Some("/ca.pem".into());
+        assert!(!fork_fits(&ruled, &other_ca));
+    }
+}
