@@ -135,6 +135,9 @@ class LocalApi:
     @property
     def state_dir(self) -> str:
         """The state directory the runtime holds."""
+    def define_credentials(self, specs: list[str], upstream_ca: str | None = None) -> None:
+        """Reads ``NAME=env:VAR`` / ``NAME=file:PATH`` credentials into the runtime's
+        registry (``ValueError`` naming the credential and its source, never the value)."""
     def request(self, method: str, uri: str, headers: list[tuple[str, str]], body: bytes | None = None) -> tuple[int, str, LocalBody]:
         """One request: ``(status, content type, body)``; releases the GIL."""
     def shutdown(self) -> None:

@@ -307,6 +307,10 @@ class Sandbox:
         net_ask: bool = False,
         net_ask_timeout: float | None = None,
         on_ask: Any = None,
+        credentials: Mapping[str, str] | None = None,
+        http_auth: Sequence[str] = (),
+        http_allow: Sequence[str] = (),
+        upstream_ca: PathLike | None = None,
         **policy: Any,
     ) -> LocalSandbox:
         """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
@@ -338,6 +342,18 @@ class Sandbox:
                 the call is denied.
             on_ask: ``fn(question: dict) -> "once" | "sandbox" | "deny"``, called in a
                 background thread for each question (see ``RemoteSandbox.on_ask``).
+            credentials: ``{"NAME": "env:VAR" | "file:PATH"}``: secrets the sandbox may use
+                but never read, read now from this process's environment or files into the
+                runtime (this process is the caller, so it may name its own variables; a
+                ``lockbox.Client`` names only the server's ``--credential`` registry).
+            http_auth: ``"HOST bearer NAME"`` / ``"HOST header HEADER-NAME NAME"`` rules:
+                lockbox terminates the sandbox's HTTPS to HOST (allowed by name in
+                ``net_allow``) and sets credential NAME on each request
+                (docs/security.md "Credentials that never enter the sandbox").
+            http_allow: ``"METHOD HOST/PATH-PREFIX"`` rules: on HOST only these requests
+                pass (others get 403 from lockbox).
+            upstream_ca: a PEM file of CAs also trusted for the real servers of
+                intercepted hosts (kept by this process's runtime for later sandboxes too).
             **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
                 ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
                 ``max_cpu_time`` is not available for long-lived sandboxes.
@@ -351,9 +367,15 @@ class Sandbox:
             raise UsageError("on_ask answers net_ask's questions: give net_ask=True too", code="INVALID_POLICY")
         sb = cls(workdir, **policy)
         client = LocalClient(state_dir, agent_exe=os.fspath(agent_exe) if agent_exe is not None else None)
+        _define_credentials(client, sb, credentials, upstream_ca)
+        rules: dict[str, Any] = {}
+        if http_auth:
+            rules["http_auth"] = [str(r) for r in http_auth]
+        if http_allow:
+            rules["http_allow"] = [str(r) for r in http_allow]
         box = client.create(**sb._create_body(), on_exit=on_exit,
                             idle_timeout=idle_timeout, labels=labels, from_snapshot=from_snapshot,
-                            net_ask=net_ask, net_ask_timeout=net_ask_timeout)
+                            net_ask=net_ask, net_ask_timeout=net_ask_timeout, **rules)
         if on_ask is not None:
             box.on_ask(on_ask)
         return box
@@ -798,3 +820,26 @@ class Transaction:
             self.outcome = p.abort()
 
 
+def _define_credentials(client: Any, sb: Sandbox, credentials: Mapping[str, str] | None,
+                        upstream_ca: PathLike | None) -> None:
+    """Reads ``Sandbox.open``'s ``credentials`` into the local runtime's registry; a
+    credential whose variable the sandbox's environment would get is refused."""
+    if credentials is None and upstream_ca is None:
+        return
+    if credentials is not None and not isinstance(credentials, Mapping):
+        raise UsageError("credentials: a dict of NAME to 'env:VAR' or 'file:PATH'", code="INVALID_POLICY")
+    specs = []
+    for name, source in (credentials or {}).items():
+        if not isinstance(source, str):
+            raise UsageError(f"credentials[{name!r}]: 'env:VAR' or 'file:PATH', not the value itself",
+                             code="INVALID_POLICY")
+        var = source[4:] if source.startswith("env:") else None
+        if var is not None and (var in sb.env_pass or var in sb.env):
+            raise UsageError(f"credential {name}: its variable {var} would be given to the sandbox "
+                             "(env_pass/env); a credential never enters it", code="INVALID_POLICY")
+        specs.append(f"{name}={source}")
+    ca = os.fspath(upstream_ca) if upstream_ca is not None else None
+    try:
+        client._api.define_credentials(specs, ca)
+    except ValueError as e:
+        raise UsageError(str(e), code="INVALID_POLICY") from None

@@ -225,6 +225,23 @@ impl LocalApi {
         ))
     }
 
+    /// Reads credentials (`NAME=env:VAR` / `NAME=file:PATH`, from this process's
+    /// environment and files) into the runtime's registry, which sandboxes' `http_auth`
+    /// rules pick from; `upstream_ca`: CA certificates trusted for the real servers.
+    /// `ValueError` naming the credential and its source, never its value.
+    #[pyo3(signature = (specs, upstream_ca=None))]
+    fn define_credentials(&self, specs: Vec<String>, upstream_ca: Option<PathBuf>) -> PyResult<()> {
+        let specs = specs
+            .iter()
+            .map(|s| s.parse::<lockbox_runtime::CredentialSpec>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let read = lockbox_runtime::Credentials::read_all(&specs, |var| std::env::var_os(var))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.runtime.define_credentials(read, upstream_ca);
+        Ok(())
+    }
+
     /// Deletes every sandbox of the runtime (each one's `on_exit` applies), waiting for it.
     fn shutdown(&self, py: Python<'_>) {
         let rt = self.runtime.clone();

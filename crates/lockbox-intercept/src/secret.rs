@@ -89,6 +89,11 @@ impl Credentials {
         Ok(Credentials(map))
     }
 
+    /// Adds `more`'s credentials, replacing those of the same name.
+    pub fn extend(&mut self, more: Credentials) {
+        self.0.extend(more.0);
+    }
+
     /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

@@ -11,16 +11,45 @@
 use crate::error::RuntimeError;
 use crate::types::{RuntimeConfig, SandboxSpec};
 use lockbox_confine::{AuditSink, SANDBOX_BUNDLE};
-use lockbox_intercept::{Interceptor, TRUST_ENV};
+use lockbox_intercept::{Credentials, Interceptor, TRUST_ENV};
 use lockbox_policy::{Net, Policy, Proto};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The credentials a runtime's sandboxes pick from, and the CA file trusted for their real
+/// servers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Registry {
+    credentials: Credentials,
+    upstream_ca: Option<PathBuf>,
+}
+
+impl Registry {
+    pub(crate) fn of(config: &RuntimeConfig) -> Registry {
+        Registry {
+            credentials: config.credentials.clone(),
+            upstream_ca: config.upstream_ca.clone(),
+        }
+    }
+
+    pub(crate) fn define(&mut self, more: Credentials, upstream_ca: Option<PathBuf>) {
+        self.credentials.extend(more);
+        if upstream_ca.is_some() {
+            self.upstream_ca = upstream_ca;
+        }
+    }
+}
+
 /// Checks `spec`'s rules and credentials against its policy and keeps in it only the
-/// credentials its rules name (the spec's own first, then the registry's). Errors name the
-/// field: `http_auth`, `http_allow`, `credentials`, `fs_readable`, `fs_writable`.
-pub(crate) fn resolve(spec: &mut SandboxSpec, config: &RuntimeConfig) -> Result<(), RuntimeError> {
-    check_paths(&spec.policy, &config.credential_files)?;
+/// credentials its rules name (the spec's own first, then the registry's). `files`: those
+/// the registry's credentials were read from. Errors name the field: `http_auth`,
+/// `http_allow`, `credentials`, `fs_readable`, `fs_writable`.
+pub(crate) fn resolve(
+    spec: &mut SandboxSpec,
+    registry: &Registry,
+    files: &[PathBuf],
+) -> Result<(), RuntimeError> {
+    check_paths(&spec.policy, files)?;
     if spec.http.is_empty() {
         if let Some(name) = spec.credentials.names().next() {
             return Err(RuntimeError::invalid(
@@ -49,10 +78,10 @@ pub(crate) fn resolve(spec: &mut SandboxSpec, config: &RuntimeConfig) -> Result<
     }
     spec.credentials = spec
         .credentials
-        .pick(&spec.http, &config.credentials)
+        .pick(&spec.http, &registry.credentials)
         .map_err(|e| RuntimeError::invalid("http_auth", e))?;
     if spec.upstream_ca.is_none() {
-        spec.upstream_ca.clone_from(&config.upstream_ca);
+        spec.upstream_ca.clone_from(&registry.upstream_ca);
     }
     Ok(())
 }
@@ -67,7 +96,7 @@ fn field_of(spec: &SandboxSpec, host: &str) -> &'static str {
 }
 
 /// Refuses to give a sandbox a credential file, or a directory above one.
-fn check_paths(policy: &Policy, files: &[std::path::PathBuf]) -> Result<(), RuntimeError> {
+fn check_paths(policy: &Policy, files: &[PathBuf]) -> Result<(), RuntimeError> {
     let lists = [
         ("fs_readable", &policy.fs.read),
         ("fs_writable", &policy.fs.write),
@@ -128,7 +157,7 @@ pub(crate) fn start(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use lockbox_intercept::{CredentialSpec, Credentials, HttpRules};
+    use lockbox_intercept::{CredentialSpec, HttpRules};
 
     fn config(dir: &Path) -> RuntimeConfig {
         let specs: Vec<CredentialSpec> =
@@ -163,7 +192,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         let mut ok = spec(&["api.x.org:443"], &["api.x.org bearer API"], &[]);
-        resolve(&mut ok, &config).unwrap();
+        resolve(&mut ok, &Registry::of(&config), &config.credential_files).unwrap();
         assert_eq!(ok.credentials.names().collect::<Vec<_>>(), ["API"]);
     }
 
@@ -200,11 +229,25 @@ mod tests {
         assert!(e.starts_with("http_allow: "), "{e}");
         let mut host_net = spec(&[], &["api.x.org bearer API"], &[]);
         host_net.policy.net = Net::Host;
-        let e = field(resolve(&mut host_net, &config).unwrap_err());
+        let e = field(
+            resolve(
+                &mut host_net,
+                &Registry::of(&config),
+                &config.credential_files,
+            )
+            .unwrap_err(),
+        );
         assert!(e.starts_with("http_auth: "), "{e}");
         let mut reads_keys = SandboxSpec::default();
         reads_keys.policy.fs.read.push(dir.path().join("keys"));
-        let e = field(resolve(&mut reads_keys, &config).unwrap_err());
+        let e = field(
+            resolve(
+                &mut reads_keys,
+                &Registry::of(&config),
+                &config.credential_files,
+            )
+            .unwrap_err(),
+        );
         assert!(e.starts_with("fs_readable: "), "{e}");
     }
 }

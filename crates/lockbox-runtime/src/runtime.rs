@@ -33,6 +33,9 @@ pub(crate) struct RuntimeInner {
     pub(crate) snapshots: lockbox_cow::SnapshotStore,
     /// Sandboxes started ahead (`RuntimeConfig::pool_size` > 0).
     pub(crate) pool: Option<Arc<crate::pool::Pool>>,
+    /// The credentials sandboxes' rules pick from: [`RuntimeConfig::credentials`] and
+    /// those [`Runtime::define_credentials`] added since.
+    pub(crate) registry: Mutex<crate::credentials::Registry>,
 }
 
 impl Runtime {
@@ -83,6 +86,7 @@ impl Runtime {
                 starting: AtomicU64::new(0),
                 log_budget,
                 snapshots,
+                registry: Mutex::new(crate::credentials::Registry::of(&config)),
                 config,
             }),
         })
@@ -108,7 +112,8 @@ impl Runtime {
     }
 
     async fn create_inner(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
-        crate::credentials::resolve(&mut spec, &self.inner.config)?;
+        let registry = lock(&self.inner.registry).clone();
+        crate::credentials::resolve(&mut spec, &registry, &self.inner.config.credential_files)?;
         if let Some(w) = &spec.workdir {
             let abs = std::fs::canonicalize(w)
                 .map_err(|e| RuntimeError::invalid("workdir", format!("{}: {e}", w.display())))?;
@@ -334,6 +339,15 @@ impl Runtime {
         }
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)
+    }
+
+    /// Adds credentials to the registry sandboxes' rules pick from (one of the same name
+    /// is replaced; sandboxes already created keep the value they got), and sets the CA
+    /// file trusted for the real servers if `upstream_ca` names one. For an in-process
+    /// caller that read the values itself (the Python SDK's local runtime); a server's
+    /// registry is fixed at start ([`RuntimeConfig::credentials`]).
+    pub fn define_credentials(&self, more: crate::Credentials, upstream_ca: Option<PathBuf>) {
+        lock(&self.inner.registry).define(more, upstream_ca);
     }
 
     /// How many pooled sandboxes are ready now (0 without a pool).
