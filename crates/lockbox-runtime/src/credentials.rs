@@ -180,6 +180,10 @@ mod tests {
         spec
     }
 
+    fn run(spec: &mut SandboxSpec, config: &RuntimeConfig) -> Result<(), RuntimeError> {
+        resolve(spec, &Registry::of(config), &config.credential_files)
+    }
+
     fn field(e: RuntimeError) -> String {
         match e {
             RuntimeError::InvalidRequest { field, message } => format!("{field}: {message}"),
@@ -192,7 +196,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         let mut ok = spec(&["api.x.org:443"], &["api.x.org bearer API"], &[]);
-        resolve(&mut ok, &Registry::of(&config), &config.credential_files).unwrap();
+        run(&mut ok, &config).unwrap();
         assert_eq!(ok.credentials.names().collect::<Vec<_>>(), ["API"]);
     }
 
@@ -201,7 +205,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         let e = field(
-            resolve(
+            run(
                 &mut spec(&["api.x.org:443"], &["api.x.org bearer NOPE"], &[]),
                 &config,
             )
@@ -209,7 +213,7 @@ mod tests {
         );
         assert!(e.starts_with("http_auth: ") && e.contains("NOPE"), "{e}");
         let e = field(
-            resolve(
+            run(
                 &mut spec(&["other.org:443"], &["api.x.org bearer API"], &[]),
                 &config,
             )
@@ -220,7 +224,7 @@ mod tests {
             "{e}"
         );
         let e = field(
-            resolve(
+            run(
                 &mut spec(&["other.org:443"], &[], &["GET api.x.org/v1"]),
                 &config,
             )
@@ -229,25 +233,11 @@ mod tests {
         assert!(e.starts_with("http_allow: "), "{e}");
         let mut host_net = spec(&[], &["api.x.org bearer API"], &[]);
         host_net.policy.net = Net::Host;
-        let e = field(
-            resolve(
-                &mut host_net,
-                &Registry::of(&config),
-                &config.credential_files,
-            )
-            .unwrap_err(),
-        );
+        let e = field(run(&mut host_net, &config).unwrap_err());
         assert!(e.starts_with("http_auth: "), "{e}");
         let mut reads_keys = SandboxSpec::default();
         reads_keys.policy.fs.read.push(dir.path().join("keys"));
-        let e = field(
-            resolve(
-                &mut reads_keys,
-                &Registry::of(&config),
-                &config.credential_files,
-            )
-            .unwrap_err(),
-        );
+        let e = field(run(&mut reads_keys, &config).unwrap_err());
         assert!(e.starts_with("fs_readable: "), "{e}");
     }
 }
