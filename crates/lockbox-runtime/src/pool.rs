@@ -396,12 +396,14 @@ mod tests {
     #[test]
     fn a_spare_fork_is_handed_out_only_to_a_fork_with_the_same_interception() {
         let plain = SandboxSpec::default();
-        let mut ruled = SandboxSpec::default();
-        ruled.http = lockbox_intercept::HttpRules::new(
-            vec!["api.x.org bearer API".parse().unwrap()],
-            Vec::new(),
-        )
-        .unwrap();
+        let ruled = SandboxSpec {
+            http: lockbox_intercept::HttpRules::new(
+                vec!["api.x.org bearer API".parse().unwrap()],
+                Vec::new(),
+            )
+            .unwrap(),
+            ..SandboxSpec::default()
+        };
         assert!(fork_fits(&plain, &plain));
         assert!(fork_fits(&ruled, &ruled));
         assert!(!fork_fits(&plain, &ruled));
