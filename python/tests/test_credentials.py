@@ -4,7 +4,15 @@ and the refusals. The requests themselves (the real header reaching a real HTTPS
 tested against ``lockbox serve`` in crates/lockbox-cli/tests/net_credentials.rs, which makes
 the server's network namespace."""
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
 import pytest
+from conftest import need
 
 from lockbox import Sandbox
 from lockbox.errors import ServerError, UsageError
@@ -48,3 +56,33 @@ def test_bad_credentials_and_rules_are_refused_naming_what_is_wrong(tmp_path, mo
                      http_auth=["api.test bearer API"], state_dir=state)
     assert e.value.status == 400 and "api.test" in str(e.value)
     assert SECRET not in str(e.value)
+
+
+NOBODY = r"""
+import json, sys
+from lockbox import Sandbox
+with Sandbox.open(net_allow=["api.test:443"], credentials={"API": "env:LBX_PY_TEST_SECRET"},
+                  http_auth=["api.test bearer API"], state_dir=sys.argv[1]) as box:
+    r = box.exec("id -u; env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'")
+print(json.dumps({"code": r.exit_code, "out": r.stdout}))
+"""
+
+
+def test_open_with_a_credential_works_as_uid_65534():
+    need(os.geteuid() == 0, "root (the test re-runs as uid 65534)")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    probe = subprocess.run(as_nobody + [sys.executable, "-c", "import lockbox"], capture_output=True)
+    need(probe.returncode == 0, f"a Python with lockbox that uid 65534 can run ({sys.executable})")
+    root = tempfile.mkdtemp(prefix="lockbox-nobody-cred-")
+    try:
+        os.chown(root, 65534, 65534)
+        res = subprocess.run(as_nobody + [sys.executable, "-c", NOBODY, os.path.join(root, "state")],
+                             capture_output=True, text=True, cwd=root, timeout=300,
+                             env=dict(os.environ, LBX_PY_TEST_SECRET=SECRET))
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["code"] == 0 and got["out"].startswith("65534\n"), got
+        assert "SSL_CERT_FILE=" in got["out"] and SECRET not in got["out"], got
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
