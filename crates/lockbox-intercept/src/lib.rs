@@ -55,3 +55,12 @@ pub const TRUST_ENV: [&str; 4] = [
     "CURL_CA_BUNDLE",
     "NODE_EXTRA_CA_CERTS",
 ];
+
+/// Points [`TRUST_ENV`] at the sandbox's bundle in `env`, unless the caller set one itself.
+pub fn trust_env(env: &mut lockbox_policy::EnvPolicy) {
+    for var in TRUST_ENV {
+        env.set
+            .entry(var.to_owned())
+            .or_insert_with(|| lockbox_confine::SANDBOX_BUNDLE.to_owned());
+    }
+}

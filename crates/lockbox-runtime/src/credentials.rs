@@ -10,8 +10,8 @@
 
 use crate::error::RuntimeError;
 use crate::types::{RuntimeConfig, SandboxSpec};
-use lockbox_confine::{AuditSink, SANDBOX_BUNDLE};
-use lockbox_intercept::{Credentials, Interceptor, TRUST_ENV};
+use lockbox_confine::AuditSink;
+use lockbox_intercept::{Credentials, Interceptor};
 use lockbox_policy::{Net, Policy, Proto};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -143,13 +143,7 @@ pub(crate) fn start(
             RuntimeError::SetupFailed(e.to_string())
         }
     })?;
-    for var in TRUST_ENV {
-        policy
-            .env
-            .set
-            .entry(var.to_owned())
-            .or_insert_with(|| SANDBOX_BUNDLE.to_owned());
-    }
+    lockbox_intercept::trust_env(&mut policy.env);
     Ok(Some(Arc::new(interceptor)))
 }
 

@@ -4,8 +4,8 @@
 
 use crate::cli::RunArgs;
 use crate::error::CliError;
-use lockbox_confine::{AuditSink, SANDBOX_BUNDLE};
-use lockbox_intercept::{CredentialSource, Credentials, HttpRules, Interceptor, TRUST_ENV};
+use lockbox_confine::AuditSink;
+use lockbox_intercept::{CredentialSource, Credentials, HttpRules, Interceptor};
 use lockbox_policy::{Net, Policy, Proto};
 use std::sync::Arc;
 
@@ -66,12 +66,6 @@ pub fn start(
             let code = if e.is_usage() { 2 } else { 125 };
             CliError::new(code, e)
         })?;
-    for var in TRUST_ENV {
-        policy
-            .env
-            .set
-            .entry(var.to_owned())
-            .or_insert_with(|| SANDBOX_BUNDLE.to_owned());
-    }
+    lockbox_intercept::trust_env(&mut policy.env);
     Ok(Some(Arc::new(interceptor)))
 }

@@ -449,18 +449,7 @@ impl Dns {
         };
         let a = self.asking.swap_remove(at);
         match verdict {
-            AskVerdict::Deny => {
-                super::decide::record_denied_name(shared, &a.name);
-                let reason = ask::reason(verdict, by);
-                self.refuse_asked(
-                    shared,
-                    &a.query,
-                    a.reply,
-                    a.asker.as_ref(),
-                    Some(&a.question),
-                    reason,
-                );
-            }
+            AskVerdict::Deny => self.deny_asked(shared, a, ask::reason(verdict, by)),
             AskVerdict::Once | AskVerdict::Sandbox => {
                 let reason = Some(ask::reason(verdict, by));
                 self.resolve(shared, a.name, a.query, a.reply, a.asker, reason);
@@ -482,17 +471,23 @@ impl Dns {
                 continue;
             }
             desk.withdraw(a.question.id);
-            super::decide::record_denied_name(shared, &a.name);
             let reason = format!("nxdomain: {}", ask::timeout_reason(desk.timeout()));
-            self.refuse_asked(
-                shared,
-                &a.query,
-                a.reply,
-                a.asker.as_ref(),
-                Some(&a.question),
-                reason,
-            );
+            self.deny_asked(shared, a, reason);
         }
+    }
+
+    /// Refuses the query of a question denied (or timed out): `NXDOMAIN`, the name
+    /// counted as denied, the reason logged with the question.
+    fn deny_asked(&mut self, shared: &Shared, a: AskedQuery, reason: String) {
+        super::decide::record_denied_name(shared, &a.name);
+        self.refuse_asked(
+            shared,
+            &a.query,
+            a.reply,
+            a.asker.as_ref(),
+            Some(&a.question),
+            reason,
+        );
     }
 
     /// Answers an asked (or unaskable) query `NXDOMAIN` and logs why.
