@@ -46,8 +46,8 @@ fn executable_copy(src: &Path, name: &str) -> PathBuf {
     let bin = dir.join(format!("{name}-{}-{}", md.len(), mtime.as_nanos()));
     if !bin.exists() {
         let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-        std::fs::copy(src, &tmp).unwrap();
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_file(&tmp);
+        link_or_copy(src, &tmp);
         std::fs::rename(&tmp, &bin).unwrap();
         // Copies of older builds go after a day: one per build would pile up in /tmp, and a
         // run of another build going on now keeps its own.
@@ -62,6 +62,19 @@ fn executable_copy(src: &Path, name: &str) -> PathBuf {
         }
     }
     bin
+}
+
+/// `dst` as a hard link to `src` when they share a filesystem (test binaries are large and
+/// CI shares its disk), else as a copy; either way executable by every user.
+fn link_or_copy(src: &Path, dst: &Path) {
+    if std::fs::hard_link(src, dst).is_ok()
+        && std::fs::metadata(dst).unwrap().permissions().mode() & 0o005 == 0o005
+    {
+        return;
+    }
+    let _ = std::fs::remove_file(dst);
+    std::fs::copy(src, dst).unwrap();
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// The agent binary, copied where uid 65534 can execute it. The re-run as uid 65534 gets
