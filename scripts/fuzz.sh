@@ -44,13 +44,16 @@ fi
 echo "== building the fuzz targets ($toolchain)"
 "${fuzz[@]}" build -O
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# The targets' scratch files (e.g. journal_file's journal directory) go in a directory of this
+# run's own: a fuzzer exits without dropping them.
+scratch=$(mktemp -d)
+trap 'rm -rf "$log" "$scratch"' EXIT
 for target in "${targets[@]}"; do
   echo "== fuzz $target for ${seconds}s"
   mkdir -p "fuzz/corpus/$target"
   # The committed seeds (valid examples) start the search; new inputs go to fuzz/corpus.
   status=0
-  "${fuzz[@]}" run -O "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+  TMPDIR="$scratch" "${fuzz[@]}" run -O "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
     -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1 || status=$?
   grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units|SUMMARY|Failing input|Test unit written)|panicked at' "$log" || true
   if [ "$status" != 0 ]; then

@@ -119,7 +119,20 @@ def chrome(performance_log: bool = False):
         opts.add_argument("--no-sandbox")
     if performance_log:
         opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    # Chromium's shared-memory files (with --disable-dev-shm-usage) and profile go in a
+    # directory of this driver's own, removed on quit: a browser that is killed leaves them.
+    scratch = tempfile.mkdtemp(prefix="lockbox-chromium-")
+    service = Service(executable_path=CHROMEDRIVER, env={**os.environ, "TMPDIR": scratch})
+    driver = webdriver.Chrome(service=service, options=opts)
+    quit_browser = driver.quit
+
+    def quit_and_clean():
+        try:
+            quit_browser()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    driver.quit = quit_and_clean
     driver.set_window_size(*WINDOW)
     driver.set_script_timeout(30)
     return driver

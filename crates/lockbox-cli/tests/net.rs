@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{lockbox, scratch, text, users, User};
+use common::{lockbox, scratch, shared_file, text, users, User};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
@@ -67,23 +67,20 @@ impl Server {
 
 /// The probe, compiled once into a directory every test user can read.
 fn probe() -> &'static Path {
-    static PROBE: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
-    &PROBE
-        .get_or_init(|| {
-            let dir = scratch();
-            let bin = dir.path().join("probe");
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net/probe.c");
-            let out = std::process::Command::new("cc")
-                .args(["-O1", "-pthread", "-o"])
-                .arg(&bin)
-                .arg(&src)
-                .output()
-                .expect("a C compiler (cc) is needed for the network tests");
-            assert!(out.status.success(), "{}", text(&out));
-            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-            (dir, bin)
-        })
-        .1
+    static PROBE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROBE.get_or_init(|| {
+        let dir = scratch();
+        let bin = dir.path().join("probe");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net/probe.c");
+        let out = std::process::Command::new("cc")
+            .args(["-O1", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .expect("a C compiler (cc) is needed for the network tests");
+        assert!(out.status.success(), "{}", text(&out));
+        shared_file("probe", &std::fs::read(&bin).unwrap())
+    })
 }
 
 /// Runs the probe in a sandbox with `net` flags; returns its output lines.

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{binary, lockbox, scratch, text, users, User};
+use common::{binary, lockbox, scratch, shared_file, text, users, User};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -195,14 +195,14 @@ impl Drop for TestNet {
 /// The client, copied into a directory every test user can read (the checkout may be
 /// under one only root can enter).
 fn client_dir() -> &'static Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/client.py");
-        std::fs::copy(src, dir.path().join("client.py")).unwrap();
-        dir
-    })
-    .path()
+    static CLIENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/client.py");
+            shared_file("client.py", &std::fs::read(src).unwrap())
+        })
+        .parent()
+        .unwrap()
 }
 
 fn client() -> String {

@@ -203,6 +203,39 @@ pub fn wait_for_file(path: &Path, child: &mut std::process::Child) {
 
 /// Whether a copy of another build was made more than a day ago: a run of that build
 /// going on now (another checkout's) would have made it within its own run.
+/// `contents` as a file `name` that every test user can read and execute, shared by every
+/// test process of every run (named by a hash of the contents, beside [`binary`]'s copies and
+/// removed like them). For a test's `static`: a `TempDir` there is never dropped, so each run
+/// would leave one in /tmp.
+pub fn shared_file(name: &str, contents: &[u8]) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut hash = std::hash::DefaultHasher::new();
+    contents.hash(&mut hash);
+    let root = std::env::temp_dir().join("lockbox-test-bin");
+    let key = format!("{name}-{:016x}", hash.finish());
+    let dir = root.join(&key);
+    let file = dir.join(name);
+    if file.exists() {
+        // Still in use: not stale for another day (best effort; uid 65534 cannot).
+        let now = std::time::SystemTime::now();
+        let _ = std::fs::File::open(&dir).and_then(|d| d.set_modified(now));
+        return file;
+    }
+    std::fs::create_dir_all(&root).unwrap();
+    let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
+    let tmp = root.join(format!(".{key}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(tmp.join(name), contents).unwrap();
+    std::fs::set_permissions(tmp.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Another test process may have won the race: its file is the same.
+    if std::fs::rename(&tmp, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    file
+}
+
 pub fn stale_copy(path: &Path) -> bool {
     std::fs::symlink_metadata(path)
         .and_then(|m| m.modified())

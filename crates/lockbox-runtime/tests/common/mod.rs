@@ -21,13 +21,41 @@ pub fn host_agents() -> usize {
 }
 
 /// A scratch directory every test user can write to.
-pub fn scratch() -> tempfile::TempDir {
+pub fn scratch() -> Scratch {
     let dir = tempfile::Builder::new()
         .prefix("lockbox-rt-test-")
         .tempdir()
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// A scratch directory, removed when dropped even when a sandbox a test left running kept
+/// its branch there: overlayfs makes its work directories mode 000, which only root could
+/// remove as they are (uid 65534's runs would leave them in /tmp).
+#[derive(Debug)]
+pub struct Scratch(tempfile::TempDir);
+
+impl Scratch {
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        fn open_up(dir: &Path) {
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    open_up(&entry.path());
+                }
+            }
+        }
+        if std::fs::remove_dir_all(self.0.path()).is_err() {
+            open_up(self.0.path());
+        }
+    }
 }
 
 /// A copy of `src` that every user can execute, shared by test runs of the same build (named
