@@ -663,3 +663,132 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// Issue 17: a sandbox's `http_auth`/`http_allow` rules live in its record (by credential
+/// name): its fork, its restore and a fork of its snapshot by a restarted `lockbox serve`
+/// still get the credential set by lockbox (and `http_allow` still refuses); a restarted
+/// server without that credential refuses the fork, naming it, rather than starting it
+/// without. Nothing under the state directory holds the secret.
+#[test]
+fn forks_restores_and_a_restarted_servers_forks_keep_the_credential_rules_by_name() {
+    use reqwest::{Method, StatusCode};
+    use serde_json::{json, Value};
+    use serve_support::{state_dir, tokio, Served};
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ca = net.path("ca.pem");
+    let env = [
+        ("LOCKBOX_NET_HOSTS_FILE", net.path("hosts").into_os_string()),
+        (SECRET_VAR, net.secret.clone().into()),
+    ];
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let with_credential = [
+        "--credential",
+        "API=env:LBX_TEST_API_SECRET",
+        "--upstream-ca",
+        ca.to_str().unwrap(),
+    ];
+    let url = "https://api.test:8443";
+    let command = format!(
+        "python3 {} GET,{url}/v1/models GET,{url}/v1/admin",
+        net.path("client.py").display()
+    );
+    // What the client printed for its two requests.
+    let fetch = |server: &Served, id: &str| -> Vec<String> {
+        let result =
+            tokio().block_on(server.exec(id, json!({ "command": command, "timeout_ms": 120000 })));
+        let stdout = result["stdout"].as_str().unwrap();
+        stdout
+            .lines()
+            .map(|l| l.split_once(' ').unwrap().1.to_owned())
+            .collect()
+    };
+    let kept = |got: Vec<String>, what: &str, net: &TestNet| {
+        assert_eq!(got.len(), 2, "{what}: {got:?}");
+        assert_eq!(got[0], "200 ok GET /v1/models", "{what}");
+        assert!(
+            got[1].starts_with("403 lockbox: refused: "),
+            "{what}: {}",
+            got[1]
+        );
+        assert_eq!(net.take_requests(), ["GET /v1/models auth=ok"], "{what}");
+    };
+    for user in users() {
+        let state = state_dir(user);
+        let workdir = scratch();
+        std::fs::write(workdir.path().join("file"), "x").unwrap();
+        common::give(workdir.path(), user);
+        let mut first = Served::start_with_env_args(user, state.path(), &env, &with_credential);
+        let id = tokio().block_on(first.sandbox(json!({
+            "workdir": workdir.path(),
+            "net": { "allow": ["api.test:8443"] },
+            "fs_readable": [net.dir.path()],
+            "http_auth": ["api.test bearer API"],
+            "http_allow": ["GET api.test/v1/models"],
+        })));
+        kept(fetch(&first, &id), "the sandbox", &net);
+        let (status, forked) = tokio().block_on(first.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/fork"),
+            json!({ "count": 1 }),
+        ));
+        assert_eq!(status, StatusCode::CREATED, "{forked}");
+        let snapshot = forked["snapshot"]["id"].as_str().unwrap().to_owned();
+        let fork = forked["sandboxes"][0]["id"].as_str().unwrap().to_owned();
+        kept(fetch(&first, &fork), "its fork", &net);
+        let (status, restored) = tokio().block_on(first.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/restore"),
+            json!({ "snapshot": snapshot }),
+        ));
+        assert!(status.is_success(), "{restored}");
+        kept(fetch(&first, &id), "the restored sandbox", &net);
+        first.signal("TERM");
+        first.wait();
+
+        // Restarted with the credential: a fork of the old snapshot resolves it again.
+        let mut second = Served::start_with_env_args(user, state.path(), &env, &with_credential);
+        let fork_path = format!("/v1/snapshots/{snapshot}/fork");
+        let (status, forked) =
+            tokio().block_on(second.json(Method::POST, &fork_path, json!({ "count": 1 })));
+        assert_eq!(status, StatusCode::CREATED, "{forked}");
+        let fork = forked["sandboxes"][0]["id"].as_str().unwrap().to_owned();
+        kept(fetch(&second, &fork), "a restarted server's fork", &net);
+        second.signal("TERM");
+        second.wait();
+
+        // Restarted without it: the fork is refused, naming the rule's credential.
+        let ca_only = ["--upstream-ca", ca.to_str().unwrap()];
+        let third = Served::start_with_env_args(user, state.path(), &env, &ca_only);
+        let (status, err): (StatusCode, Value) =
+            tokio().block_on(third.json(Method::POST, &fork_path, json!({ "count": 1 })));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+        assert_eq!(err["details"]["field"], "http_auth", "{err}");
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            message.contains("credential API") && message.contains(&snapshot),
+            "{err}"
+        );
+        assert_eq!(net.take_requests(), Vec::<String>::new());
+        drop(third);
+
+        let mut files = vec![state.path().to_owned()];
+        let mut read = 0;
+        while let Some(path) = files.pop() {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            } else if meta.is_file() {
+                let bytes = std::fs::read(&path).unwrap();
+                read += 1;
+                let has = bytes
+                    .windows(net.secret.len())
+                    .any(|w| w == net.secret.as_bytes());
+                assert!(!has, "{user:?}: {} holds the secret", path.display());
+            }
+        }
+        assert!(read > 3, "the state directory's files were read");
+    }
+}

@@ -418,7 +418,7 @@ impl Runtime {
             for info in &ok {
                 let _ = self.delete_sandbox(&info.id).await;
             }
-            return Err(e);
+            return Err(recorded_rules_error(e, &meta.id));
         }
         Ok(ok)
     }
@@ -431,6 +431,24 @@ impl Runtime {
         let ids: Vec<SandboxId> = lock(&self.inner.sandboxes).keys().cloned().collect();
         let deletes = ids.iter().map(|id| self.delete_sandbox(id));
         futures_util::future::join_all(deletes).await;
+    }
+}
+
+/// `e`, saying where its rules came from when the interception rules recorded with
+/// snapshot `id` are at fault: typically a credential this runtime does not define (a
+/// server restarted without its `--credential`). The fork is refused rather than started
+/// without the credential.
+fn recorded_rules_error(e: RuntimeError, id: &lockbox_cow::SnapshotId) -> RuntimeError {
+    match e {
+        RuntimeError::InvalidRequest { field, message }
+            if field == "http_auth" || field == "http_allow" =>
+        {
+            RuntimeError::InvalidRequest {
+                message: format!("the {field} rules recorded with snapshot {id}: {message}"),
+                field,
+            }
+        }
+        other => other,
     }
 }
 
