@@ -395,6 +395,18 @@ impl Runtime {
         id: &str,
         count: usize,
     ) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        self.fork_with(id, count, crate::Credentials::default())
+            .await
+    }
+
+    /// [`Runtime::fork_snapshot`], the forks' interception rules taking their credentials
+    /// from `given` first, then from the registry.
+    pub(crate) async fn fork_with(
+        &self,
+        id: &str,
+        count: usize,
+        given: crate::Credentials,
+    ) -> Result<Vec<SandboxInfo>, RuntimeError> {
         let max = self.inner.config.max_sandboxes;
         if count == 0 || count > max {
             return Err(RuntimeError::invalid(
@@ -409,6 +421,7 @@ impl Runtime {
             .map_err(RuntimeError::Branch)?;
         let mut spec = crate::snapshots::spec_of(&meta);
         spec.from_snapshot = Some(meta.id.clone());
+        spec.credentials = given;
         let made =
             futures_util::future::join_all((0..count).map(|_| self.create_sandbox(spec.clone())))
                 .await;
