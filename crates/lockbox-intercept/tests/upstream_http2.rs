@@ -26,6 +26,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 const SECRET: &str = "sk-test-secret-of-the-upstream";
 
@@ -44,7 +45,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// A real server for `api.test` (certificate from `ca`) offering `alpn`, answering each
 /// request `VERSION AUTHORIZATION AUTHORITY PATH` (the authority from the URI, else from
-/// `Host`); its address and a count of the connections it accepted.
+/// `Host`), and an HTTP/1.1 request with `Upgrade: echo` with 101, then `echo LINE` for
+/// each line; its address and a count of the connections it accepted.
 fn server(ca: &Authority, alpn: &[&[u8]]) -> (SocketAddr, Arc<AtomicUsize>) {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -73,26 +75,49 @@ fn server(ca: &Authority, alpn: &[&[u8]]) -> (SocketAddr, Arc<AtomicUsize>) {
                         return;
                     };
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                        let header = |name: http::header::HeaderName| {
-                            req.headers()
-                                .get(name)
-                                .map(|v| v.to_str().unwrap().to_owned())
-                        };
-                        let auth = header(http::header::AUTHORIZATION).unwrap_or("-".into());
-                        let authority = req
-                            .uri()
-                            .authority()
-                            .map(ToString::to_string)
-                            .or_else(|| header(http::header::HOST))
-                            .unwrap_or("-".into());
-                        let body = format!(
-                            "{:?} {auth} {authority} {}",
-                            req.version(),
-                            req.uri().path()
-                        );
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
-                    });
+                    let service =
+                        hyper::service::service_fn(|mut req: Request<Incoming>| async move {
+                            if req.headers().get(http::header::UPGRADE).is_some() {
+                                let upgraded = hyper::upgrade::on(&mut req);
+                                tokio::spawn(async move {
+                                    let Ok(upgraded) = upgraded.await else { return };
+                                    let (read, mut write) =
+                                        tokio::io::split(TokioIo::new(upgraded));
+                                    let mut lines = tokio::io::BufReader::new(read).lines();
+                                    while let Ok(Some(line)) = lines.next_line().await {
+                                        let echo = format!("echo {line}\n");
+                                        if write.write_all(echo.as_bytes()).await.is_err() {
+                                            break;
+                                        }
+                                    }
+                                });
+                                let mut response = Response::new(Full::new(Bytes::new()));
+                                *response.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+                                let headers = response.headers_mut();
+                                headers.insert(http::header::UPGRADE, "echo".parse().unwrap());
+                                headers
+                                    .insert(http::header::CONNECTION, "upgrade".parse().unwrap());
+                                return Ok::<_, Infallible>(response);
+                            }
+                            let header = |name: http::header::HeaderName| {
+                                req.headers()
+                                    .get(name)
+                                    .map(|v| v.to_str().unwrap().to_owned())
+                            };
+                            let auth = header(http::header::AUTHORIZATION).unwrap_or("-".into());
+                            let authority = req
+                                .uri()
+                                .authority()
+                                .map(ToString::to_string)
+                                .or_else(|| header(http::header::HOST))
+                                .unwrap_or("-".into());
+                            let body = format!(
+                                "{:?} {auth} {authority} {}",
+                                req.version(),
+                                req.uri().path()
+                            );
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                        });
                     let io = TokioIo::new(tls);
                     let _ = if h2 {
                         hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -101,6 +126,7 @@ fn server(ca: &Authority, alpn: &[&[u8]]) -> (SocketAddr, Arc<AtomicUsize>) {
                     } else {
                         hyper::server::conn::http1::Builder::new()
                             .serve_connection(io, service)
+                            .with_upgrades()
                             .await
                     };
                 });
@@ -121,15 +147,13 @@ fn interceptor(ca: &Authority, dir: &std::path::Path) -> Interceptor {
     Interceptor::start(rules, credentials, Some(&ca_file), None).unwrap()
 }
 
-/// Sends `paths` (concurrently with HTTP/2) as the sandbox's client speaking `version`, on
-/// one connection handed to `interceptor` as the relay would hand it, towards `server`:
-/// each response's version (as the client sees it) and body.
-async fn fetch(
+/// A connection of the sandbox's client speaking `version` (by ALPN) to api.test, handed to
+/// `interceptor` as the relay would hand it, towards `server`.
+async fn connect(
     interceptor: &Interceptor,
     server: SocketAddr,
     version: Version,
-    paths: &[&str],
-) -> Vec<String> {
+) -> TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (ours, _) = listener.accept().unwrap();
@@ -164,7 +188,19 @@ async fn fetch(
         .connect(ServerName::try_from("api.test").unwrap(), tcp)
         .await
         .unwrap();
-    let io = TokioIo::new(tls);
+    TokioIo::new(tls)
+}
+
+/// Sends `paths` (concurrently with HTTP/2) as the sandbox's client speaking `version`, on
+/// one connection (see [`connect`]): each response's version (as the client sees it) and
+/// body.
+async fn fetch(
+    interceptor: &Interceptor,
+    server: SocketAddr,
+    version: Version,
+    paths: &[&str],
+) -> Vec<String> {
+    let io = connect(interceptor, server, version).await;
     let request = |path: &str| {
         let builder = Request::get(if version == Version::HTTP_2 {
             format!("https://api.test{path}")
@@ -267,5 +303,48 @@ fn a_server_that_speaks_only_http1_still_gets_http1_with_the_credential() {
         [format!(
             "HTTP/1.1: HTTP/1.1 Bearer {SECRET} api.test /v1/models"
         )]
+    );
+}
+
+#[test]
+fn an_upgrade_goes_on_an_http1_connection_of_its_own_when_the_kept_one_is_http2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Authority::new(&["api.test"]).unwrap();
+    let (addr, accepted) = server(&ca, &[b"h2", b"http/1.1"]);
+    let interceptor = interceptor(&ca, dir.path());
+    let (first, echoed) = run(async {
+        let io = connect(&interceptor, addr, Version::HTTP_11).await;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(connection.with_upgrades());
+        let get = Request::get("/v1/a")
+            .header(http::header::HOST, "api.test")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(get).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let upgrade = Request::get("/ws")
+            .header(http::header::HOST, "api.test")
+            .header(http::header::CONNECTION, "upgrade")
+            .header(http::header::UPGRADE, "echo")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(upgrade).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+        let upgraded = hyper::upgrade::on(response).await.unwrap();
+        let (read, mut write) = tokio::io::split(TokioIo::new(upgraded));
+        write.write_all(b"ping\n").await.unwrap();
+        let mut line = String::new();
+        tokio::io::BufReader::new(read)
+            .read_line(&mut line)
+            .await
+            .unwrap();
+        (String::from_utf8_lossy(&body).into_owned(), line)
+    });
+    assert_eq!(first, format!("HTTP/2.0 Bearer {SECRET} api.test /v1/a"));
+    assert_eq!(echoed, "echo ping\n");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "the kept HTTP/2 connection, and the upgrade's own"
     );
 }
