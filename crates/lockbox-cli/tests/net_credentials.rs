@@ -15,45 +15,23 @@
 mod common;
 mod serve_support;
 
+use common::testnet::{audit_events, openssl, sh, skip_unless_root, Netns, Range};
 use common::{lockbox, scratch, text, users, User};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 const SECRET_VAR: &str = "LBX_TEST_API_SECRET";
-
-fn root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next().map(|u| u == "0"))
-        .unwrap()
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", text(&out));
-}
-
-/// Runs `openssl` with the whitespace-separated `args` in `dir`.
-fn openssl(args: &str, dir: &Path) {
-    let out = Command::new("openssl")
-        .args(args.split_whitespace())
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
-}
 
 /// A network namespace with the real server, and two directories: one the sandbox is
 /// granted (the client, the hosts file, the CA's certificate; `out`, which every test user
 /// can write), and one it is not (the CA's and the server's keys, the secret, the server's
 /// log).
 struct TestNet {
-    ns: String,
     server: Child,
+    /// Held, not read: dropped after the servers (fields drop after `drop`), it deletes
+    /// the namespace.
+    _ns: Netns,
     dir: tempfile::TempDir,
     private: tempfile::TempDir,
     secret: String,
@@ -61,42 +39,9 @@ struct TestNet {
 
 impl TestNet {
     fn new() -> TestNet {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let pid = std::process::id();
         // 198.18.128.0/17: not the range tests/net_names.rs takes its addresses from.
-        let slot = (pid % 4000) * 4 + n % 4;
-        let (a, b) = (128 + (slot / 64) % 128, (slot % 64) * 4);
-        let id = format!("{}{}", pid % 100_000, n);
-        let ns = format!("lbxcred{id}");
-        let (host_if, peer_if) = (format!("lbxch{id}"), format!("lbxcp{id}"));
-        let (host_ip, ip) = (
-            format!("198.18.{a}.{}", b + 1),
-            format!("198.18.{a}.{}", b + 2),
-        );
-        sh(&["ip", "netns", "add", &ns]);
-        sh(&[
-            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
-        ]);
-        sh(&["ip", "link", "set", &peer_if, "netns", &ns]);
-        sh(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{host_ip}/30"),
-            "dev",
-            &host_if,
-        ]);
-        sh(&["ip", "link", "set", &host_if, "up"]);
-        for args in [
-            vec!["ip", "addr", "add", &format!("{ip}/30"), "dev", &peer_if],
-            vec!["ip", "link", "set", &peer_if, "up"],
-            vec!["ip", "link", "set", "lo", "up"],
-        ] {
-            let mut all = vec!["ip", "netns", "exec", ns.as_str()];
-            all.extend(args);
-            sh(&all);
-        }
+        let ns = Netns::new("c", Range::new([198, 18, 128, 0], 8192));
+        let ip = ns.ip.clone();
         let dir = scratch();
         let private = scratch();
         let (d, p) = (dir.path(), private.path());
@@ -120,7 +65,7 @@ impl TestNet {
             p,
         );
         std::fs::copy(p.join("ca.pem"), d.join("ca.pem")).unwrap();
-        let secret = format!("s3cr3t-{pid}-{n}-do-not-leak");
+        let secret = format!("s3cr3t-{}-do-not-leak", ns.name);
         std::fs::write(p.join("secret"), &secret).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_credentials");
         std::fs::copy(src.join("server.py"), p.join("server.py")).unwrap();
@@ -133,8 +78,8 @@ impl TestNet {
         let out = d.join("out");
         std::fs::create_dir(&out).unwrap();
         sh(&["chmod", "0777", out.to_str().unwrap()]);
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3"])
+        let mut server = ns
+            .command("python3")
             .arg(p.join("server.py"))
             .arg(&ip)
             .arg(p.join("server.pem"))
@@ -151,7 +96,7 @@ impl TestNet {
             .unwrap();
         assert_eq!(line.trim(), "ready");
         TestNet {
-            ns,
+            _ns: ns,
             server,
             dir,
             private,
@@ -221,26 +166,10 @@ impl TestNet {
 
 impl Drop for TestNet {
     fn drop(&mut self) {
+        // Then `_ns` is dropped: the namespace goes once nothing runs in it.
         let _ = self.server.kill();
         let _ = self.server.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
-}
-
-fn skip_unless_root() -> bool {
-    if !root() {
-        eprintln!("skipped: making a network namespace needs root");
-        return true;
-    }
-    false
-}
-
-fn audit_events(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 const BEARER: [&str; 8] = [
@@ -733,4 +662,133 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// Issue 17: a sandbox's `http_auth`/`http_allow` rules live in its record (by credential
+/// name): its fork, its restore and a fork of its snapshot by a restarted `lockbox serve`
+/// still get the credential set by lockbox (and `http_allow` still refuses); a restarted
+/// server without that credential refuses the fork, naming it, rather than starting it
+/// without. Nothing under the state directory holds the secret.
+#[test]
+fn forks_restores_and_a_restarted_servers_forks_keep_the_credential_rules_by_name() {
+    use reqwest::{Method, StatusCode};
+    use serde_json::{json, Value};
+    use serve_support::{state_dir, tokio, Served};
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ca = net.path("ca.pem");
+    let env = [
+        ("LOCKBOX_NET_HOSTS_FILE", net.path("hosts").into_os_string()),
+        (SECRET_VAR, net.secret.clone().into()),
+    ];
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let with_credential = [
+        "--credential",
+        "API=env:LBX_TEST_API_SECRET",
+        "--upstream-ca",
+        ca.to_str().unwrap(),
+    ];
+    let url = "https://api.test:8443";
+    let command = format!(
+        "python3 {} GET,{url}/v1/models GET,{url}/v1/admin",
+        net.path("client.py").display()
+    );
+    // What the client printed for its two requests.
+    let fetch = |server: &Served, id: &str| -> Vec<String> {
+        let result =
+            tokio().block_on(server.exec(id, json!({ "command": command, "timeout_ms": 120000 })));
+        let stdout = result["stdout"].as_str().unwrap();
+        stdout
+            .lines()
+            .map(|l| l.split_once(' ').unwrap().1.to_owned())
+            .collect()
+    };
+    let kept = |got: Vec<String>, what: &str, net: &TestNet| {
+        assert_eq!(got.len(), 2, "{what}: {got:?}");
+        assert_eq!(got[0], "200 ok GET /v1/models", "{what}");
+        assert!(
+            got[1].starts_with("403 lockbox: refused: "),
+            "{what}: {}",
+            got[1]
+        );
+        assert_eq!(net.take_requests(), ["GET /v1/models auth=ok"], "{what}");
+    };
+    for user in users() {
+        let state = state_dir(user);
+        let workdir = scratch();
+        std::fs::write(workdir.path().join("file"), "x").unwrap();
+        common::give(workdir.path(), user);
+        let mut first = Served::start_with_env_args(user, state.path(), &env, &with_credential);
+        let id = tokio().block_on(first.sandbox(json!({
+            "workdir": workdir.path(),
+            "net": { "allow": ["api.test:8443"] },
+            "fs_readable": [net.dir.path()],
+            "http_auth": ["api.test bearer API"],
+            "http_allow": ["GET api.test/v1/models"],
+        })));
+        kept(fetch(&first, &id), "the sandbox", &net);
+        let (status, forked) = tokio().block_on(first.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/fork"),
+            json!({ "count": 1 }),
+        ));
+        assert_eq!(status, StatusCode::CREATED, "{forked}");
+        let snapshot = forked["snapshot"]["id"].as_str().unwrap().to_owned();
+        let fork = forked["sandboxes"][0]["id"].as_str().unwrap().to_owned();
+        kept(fetch(&first, &fork), "its fork", &net);
+        let (status, restored) = tokio().block_on(first.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/restore"),
+            json!({ "snapshot": snapshot }),
+        ));
+        assert!(status.is_success(), "{restored}");
+        kept(fetch(&first, &id), "the restored sandbox", &net);
+        first.signal("TERM");
+        first.wait();
+
+        // Restarted with the credential: a fork of the old snapshot resolves it again.
+        let mut second = Served::start_with_env_args(user, state.path(), &env, &with_credential);
+        let fork_path = format!("/v1/snapshots/{snapshot}/fork");
+        let (status, forked) =
+            tokio().block_on(second.json(Method::POST, &fork_path, json!({ "count": 1 })));
+        assert_eq!(status, StatusCode::CREATED, "{forked}");
+        let fork = forked["sandboxes"][0]["id"].as_str().unwrap().to_owned();
+        kept(fetch(&second, &fork), "a restarted server's fork", &net);
+        second.signal("TERM");
+        second.wait();
+
+        // Restarted without it: the fork is refused, naming the rule's credential.
+        let ca_only = ["--upstream-ca", ca.to_str().unwrap()];
+        let third = Served::start_with_env_args(user, state.path(), &env, &ca_only);
+        let (status, err): (StatusCode, Value) =
+            tokio().block_on(third.json(Method::POST, &fork_path, json!({ "count": 1 })));
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+        assert_eq!(err["details"]["field"], "http_auth", "{err}");
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            message.contains("credential API") && message.contains(&snapshot),
+            "{err}"
+        );
+        assert_eq!(net.take_requests(), Vec::<String>::new());
+        drop(third);
+
+        let mut files = vec![state.path().to_owned()];
+        let mut read = 0;
+        while let Some(path) = files.pop() {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            } else if meta.is_file() {
+                let bytes = std::fs::read(&path).unwrap();
+                read += 1;
+                let has = bytes
+                    .windows(net.secret.len())
+                    .any(|w| w == net.secret.as_bytes());
+                assert!(!has, "{user:?}: {} holds the secret", path.display());
+            }
+        }
+        assert!(read > 3, "the state directory's files were read");
+    }
 }

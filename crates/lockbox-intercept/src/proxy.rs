@@ -12,14 +12,19 @@
 //!    host's `--http-allow` rules ([`HttpRules::check`]); otherwise lockbox answers 403 itself
 //!    and nothing reaches the server. Then the credential's header replaces whatever the
 //!    sandbox put there (a placeholder, or nothing).
-//! 3. **The real server.** hyper's HTTP/1 client over rustls on the socket the supervisor
-//!    connected to the address the sandbox chose (one its DNS answers allowed), verifying
-//!    the server's certificate for the server name against the host's trust store (and the
-//!    `--upstream-ca` file). A server that closed its keep-alive connection is dialled again
-//!    at the same address. The response goes back as it came.
+//! 3. **The real server.** rustls on the socket the supervisor connected to the address the
+//!    sandbox chose (one its DNS answers allowed), verifying the server's certificate for
+//!    the server name against the host's trust store (and the `--upstream-ca` file), and
+//!    offering `h2` and `http/1.1` by ALPN: hyper's HTTP/2 client when the server picks
+//!    `h2` (the sandbox's requests, whichever version they came in, then go concurrently
+//!    as streams of that one connection, `:authority` naming the server name), else its
+//!    HTTP/1 client (one request at a time). A server that closed its connection is
+//!    dialled again at the same address. The response goes back as it came.
 //!
-//! An HTTP/1.1 upgrade (WebSocket) is checked and given its credential like any request;
-//! once the server answers 101, the two upgraded streams are copied into each other unread.
+//! An HTTP/1.1 upgrade (WebSocket) is checked and given its credential like any request; it
+//! goes to the server on an HTTP/1.1 connection (ALPN `http/1.1` only: HTTP/2 has no such
+//! upgrade), and once the server answers 101, the two upgraded streams are copied into
+//! each other unread.
 //!
 //! Each request is an audit event (`request`: method, path, credential name, status).
 //!
@@ -37,7 +42,7 @@ use http::header::HOST;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use lockbox_confine::{AuditSink, Intercepted, NetDecision, NetEventKind, NetProtocol};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -69,7 +74,10 @@ struct Shared {
     rules: HttpRules,
     credentials: Credentials,
     server: Arc<ServerConfig>,
+    /// Offers `h2` and `http/1.1`.
     client: Arc<ClientConfig>,
+    /// Offers `http/1.1` only: for upgrades.
+    client_h1: Arc<ClientConfig>,
     audit: Option<AuditSink>,
 }
 
@@ -104,12 +112,15 @@ impl Interceptor {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(upstream_roots(upstream_ca)?)
             .with_no_client_auth();
-        client.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut client_h1 = client.clone();
+        client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        client_h1.alpn_protocols = vec![b"http/1.1".to_vec()];
         let shared = Arc::new(Shared {
             rules,
             credentials,
             server: Arc::new(server),
             client: Arc::new(client),
+            client_h1: Arc::new(client_h1),
             audit,
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -251,10 +262,19 @@ struct Conn {
 }
 
 /// The connection to the real server: the supervisor's socket until first used, then an
-/// HTTP/1 client; dialled again at the same address when the server closed it.
+/// HTTP/2 or HTTP/1 client (as the server's ALPN chose); dialled again at the same address
+/// when the server closed it.
 enum Upstream {
     Socket(Option<TcpStream>),
-    Ready(SendRequest<Incoming>),
+    Ready(Sender),
+}
+
+/// A client of the real server.
+enum Sender {
+    /// HTTP/1.1: one request at a time (the caller holds the [`Upstream`] meanwhile).
+    H1(http1::SendRequest<Incoming>),
+    /// HTTP/2: cloned for each request, which goes as a stream of its own.
+    H2(http2::SendRequest<Incoming>),
 }
 
 async fn connection(shared: Arc<Shared>, conn: Intercepted) {
@@ -299,8 +319,8 @@ async fn connection(shared: Arc<Shared>, conn: Intercepted) {
         }
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    // Requests go to the server one at a time on one HTTP/1.1 connection (an HTTP/2
-    // client's concurrent streams wait their turn).
+    // One connection to the server per connection of the sandbox's: with HTTP/1.1 requests
+    // go one at a time (an HTTP/2 client's concurrent streams wait their turn).
     let upstream = Arc::new(tokio::sync::Mutex::new(Upstream::Socket(Some(upstream))));
     let service = hyper::service::service_fn(move |req| {
         let conn = conn.clone();
@@ -357,10 +377,12 @@ impl Conn {
             .headers()
             .contains_key(http::header::UPGRADE)
             .then(|| hyper::upgrade::on(&mut req));
-        let mut upstream = upstream.lock().await;
         let mut retried = false;
+        // The kept connection, while an HTTP/1.1 request (or its upgrade) has it.
+        let mut held = None;
         let sent = loop {
-            let sender = match self.ready(&mut upstream).await {
+            let mut kept = upstream.lock().await;
+            let sender = match self.ready(&mut kept, upgrade.is_some()).await {
                 Ok(sender) => sender,
                 Err(why) => {
                     let reason = format!("{method} {path} on {}: {why}", self.sni);
@@ -368,7 +390,21 @@ impl Conn {
                     return text(StatusCode::BAD_GATEWAY, format!("lockbox: {reason}\n"));
                 }
             };
-            match sender.try_send_request(req).await {
+            let result = match sender {
+                Sender::H1(s) => {
+                    http1_form(&mut req, &self.sni);
+                    let result = s.try_send_request(req).await;
+                    held = Some(kept);
+                    result
+                }
+                Sender::H2(s) => {
+                    let mut s = s.clone();
+                    drop(kept);
+                    http2_form(&mut req, &self.sni);
+                    s.try_send_request(req).await
+                }
+            };
+            match result {
                 Ok(response) => break Ok(response),
                 // The server closed its kept-alive connection before the request was
                 // written (hyper gives it back): dial again once and send it there.
@@ -376,7 +412,9 @@ impl Conn {
                     Some(back) if !retried => {
                         retried = true;
                         req = back;
-                        *upstream = Upstream::Socket(None);
+                        if let Some(mut kept) = held.take() {
+                            *kept = Upstream::Socket(None);
+                        }
                     }
                     _ => break Err(e.into_error()),
                 },
@@ -388,7 +426,9 @@ impl Conn {
                 if let Some(down) = upgrade.filter(|_| status == 101) {
                     let up = hyper::upgrade::on(&mut response);
                     // This server connection is the upgraded stream's now.
-                    *upstream = Upstream::Socket(None);
+                    if let Some(mut kept) = held.take() {
+                        *kept = Upstream::Socket(None);
+                    }
                     tokio::spawn(async move {
                         if let (Ok(down), Ok(up)) = (down.await, up.await) {
                             let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
@@ -401,6 +441,10 @@ impl Conn {
                     None => format!("{method} {path} on {}: allowed", self.sni),
                 };
                 self.log_request(&event, NetDecision::Allowed, reason, status);
+                drop(held);
+                // hyper's HTTP/1.1 server writes any version as HTTP/1.1 (with a warning);
+                // its HTTP/2 server ignores it.
+                *response.version_mut() = http::Version::HTTP_11;
                 response.map(BodyExt::boxed)
             }
             Err(e) => {
@@ -411,49 +455,37 @@ impl Conn {
         }
     }
 
-    /// Sets the host's credential (returning its name), and makes the request one for an
-    /// HTTP/1.1 server: the origin form, and a `Host` (an HTTP/2 request's authority, which
-    /// names the server name, or the server name).
+    /// Sets the host's credential (returning its name).
     fn rewrite(&self, req: &mut Request<Incoming>) -> Option<&str> {
-        let mut credential = None;
-        if let Some(rule) = self.shared.rules.auth_for(&self.sni) {
-            let prefix = match rule.scheme {
-                AuthScheme::Bearer => "Bearer ",
-                AuthScheme::Header(_) => "",
-            };
-            let value = self
-                .shared
-                .credentials
-                .get(&rule.credential)
-                .and_then(|s| s.header(prefix));
-            if let Some(value) = value {
-                let header = rule.header();
-                req.headers_mut().remove(&header);
-                req.headers_mut().insert(header, value);
-                credential = Some(rule.credential.as_str());
-            }
-        }
-        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
-        if authority.is_some() {
-            let pq = req.uri().path_and_query().cloned();
-            *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
-        }
-        if !req.headers().contains_key(HOST) {
-            let host = authority.unwrap_or_else(|| self.sni.clone());
-            if let Ok(host) = http::HeaderValue::from_str(&host) {
-                req.headers_mut().insert(HOST, host);
-            }
-        }
-        *req.version_mut() = http::Version::HTTP_11;
-        credential
+        let rule = self.shared.rules.auth_for(&self.sni)?;
+        let prefix = match rule.scheme {
+            AuthScheme::Bearer => "Bearer ",
+            AuthScheme::Header(_) => "",
+        };
+        let value = self
+            .shared
+            .credentials
+            .get(&rule.credential)
+            .and_then(|s| s.header(prefix))?;
+        let header = rule.header();
+        req.headers_mut().remove(&header);
+        req.headers_mut().insert(header, value);
+        Some(rule.credential.as_str())
     }
 
-    /// The HTTP/1 client of the real server, connecting (or reconnecting) first if needed.
+    /// The client of the real server, connecting (or reconnecting) first if needed: an
+    /// HTTP/1.1 one if `upgrade` (replacing a kept HTTP/2 one, whose requests in flight
+    /// go on).
     async fn ready<'a>(
         &self,
         up: &'a mut Upstream,
-    ) -> Result<&'a mut SendRequest<Incoming>, String> {
-        let usable = matches!(up, Upstream::Ready(s) if !s.is_closed());
+        upgrade: bool,
+    ) -> Result<&'a mut Sender, String> {
+        let usable = match up {
+            Upstream::Ready(Sender::H1(s)) => !s.is_closed(),
+            Upstream::Ready(Sender::H2(s)) => !upgrade && !s.is_closed(),
+            Upstream::Socket(_) => false,
+        };
         if !usable {
             let socket = match up {
                 Upstream::Socket(s) => s.take(),
@@ -465,20 +497,22 @@ impl Conn {
                     .await
                     .map_err(|e| format!("connecting to {}: {e}", self.dest))?,
             };
-            *up = Upstream::Ready(self.dial(socket).await?);
+            *up = Upstream::Ready(self.dial(socket, upgrade).await?);
         }
         let Upstream::Ready(sender) = up else {
             return Err("no connection to the server".to_owned());
         };
-        sender
-            .ready()
-            .await
-            .map_err(|e| format!("the connection to the server failed: {e}"))?;
+        let ready = match sender {
+            Sender::H1(s) => s.ready().await,
+            Sender::H2(s) => s.ready().await,
+        };
+        ready.map_err(|e| format!("the connection to the server failed: {e}"))?;
         Ok(sender)
     }
 
-    /// TLS (verifying the server) and an HTTP/1 handshake on `socket`.
-    async fn dial(&self, socket: TcpStream) -> Result<SendRequest<Incoming>, String> {
+    /// TLS (verifying the server) on `socket`, then HTTP/2 if the server's ALPN picked
+    /// `h2`, else HTTP/1.1 (always, if `http1_only`).
+    async fn dial(&self, socket: TcpStream, http1_only: bool) -> Result<Sender, String> {
         // The supervisor's socket may still be connecting.
         socket
             .writable()
@@ -489,7 +523,12 @@ impl Conn {
         }
         let name = ServerName::try_from(self.sni.clone())
             .map_err(|e| format!("server name {}: {e}", self.sni))?;
-        let connector = tokio_rustls::TlsConnector::from(self.shared.client.clone());
+        let config = if http1_only {
+            &self.shared.client_h1
+        } else {
+            &self.shared.client
+        };
+        let connector = tokio_rustls::TlsConnector::from(config.clone());
         let tls = match tokio::time::timeout(HANDSHAKE, connector.connect(name, socket)).await {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
@@ -500,13 +539,19 @@ impl Conn {
             }
             Err(_) => return Err(format!("TLS with the server {} timed out", self.sni)),
         };
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| format!("HTTP with the server {}: {e}", self.sni))?;
+        let failed = |e: hyper::Error| format!("HTTP with the server {}: {e}", self.sni);
+        if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+            let (sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .map_err(failed)?;
+            tokio::spawn(connection);
+            return Ok(Sender::H2(sender));
+        }
+        let (sender, connection) = http1::handshake(TokioIo::new(tls)).await.map_err(failed)?;
         tokio::spawn(async move {
             let _ = connection.with_upgrades().await;
         });
-        Ok(sender)
+        Ok(Sender::H1(sender))
     }
 
     fn log_tls(&self, reason: String) {
@@ -546,6 +591,51 @@ impl Conn {
         e.pid = self.pid;
         e.command = self.command.clone();
     }
+}
+
+/// Makes `req` one for an HTTP/1.1 server: the origin form, and a `Host` (an HTTP/2
+/// request's authority, which names the server name, or the server name).
+fn http1_form<B>(req: &mut Request<B>, sni: &str) {
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    if authority.is_some() {
+        let pq = req.uri().path_and_query().cloned();
+        *req.uri_mut() = pq.map_or_else(|| Uri::from_static("/"), Uri::from);
+    }
+    if !req.headers().contains_key(HOST) {
+        let host = authority.unwrap_or_else(|| sni.to_owned());
+        if let Ok(host) = http::HeaderValue::from_str(&host) {
+            req.headers_mut().insert(HOST, host);
+        }
+    }
+    *req.version_mut() = http::Version::HTTP_11;
+}
+
+/// Makes `req` one for an HTTP/2 server: an absolute `https` URI whose authority (sent as
+/// `:authority`) is the request's (its `Host`, which names the server name, perhaps with a
+/// port; or the server name), and no `Host` (RFC 9113, 8.3.1).
+fn http2_form<B>(req: &mut Request<B>, sni: &str) {
+    let authority = req
+        .headers_mut()
+        .remove(HOST)
+        .and_then(|h| h.to_str().ok().map(str::to_owned))
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))
+        .unwrap_or_else(|| sni.to_owned());
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str)
+        .to_owned();
+    // The authority passed `other_host` (it names the server name); one that is no URI
+    // authority keeps the request as it was, and the server refuses it.
+    if let Ok(uri) = Uri::builder()
+        .scheme("https")
+        .authority(authority.as_str())
+        .path_and_query(pq)
+        .build()
+    {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = http::Version::HTTP_2;
 }
 
 /// What an audit event says of a request.

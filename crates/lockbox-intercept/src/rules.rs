@@ -105,6 +105,17 @@ impl AuthRule {
     }
 }
 
+/// The rule as `--http-auth` takes it (`HOST bearer NAME`, `HOST header HEADER NAME`):
+/// parsing the text gives the rule back. Names the credential, never holds its value.
+impl std::fmt::Display for AuthRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.scheme {
+            AuthScheme::Bearer => write!(f, "{} bearer {}", self.host, self.credential),
+            AuthScheme::Header(h) => write!(f, "{} header {} {}", self.host, h, self.credential),
+        }
+    }
+}
+
 impl std::str::FromStr for AuthRule {
     type Err = Error;
 
@@ -187,6 +198,15 @@ impl std::str::FromStr for AllowRule {
             host: host_name(host).map_err(bad)?,
             prefix: prefix.to_owned(),
         })
+    }
+}
+
+/// The rule as `--http-allow` takes it (`METHOD HOST/PREFIX`, `*` for any method): parsing
+/// the text gives the rule back.
+impl std::fmt::Display for AllowRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let method = self.method.as_deref().unwrap_or("*");
+        write!(f, "{method} {}{}", self.host, self.prefix)
     }
 }
 
@@ -418,6 +438,44 @@ mod tests {
         assert_eq!(
             r.check("TRACE", "api.example.org", "/"),
             Err(Refusal::Reflecting)
+        );
+    }
+
+    #[test]
+    fn rules_read_back_from_their_text() {
+        for text in [
+            "API.Example.org bearer API",
+            "api.example.org header X-Api-Key KEY",
+        ] {
+            let rule: AuthRule = text.parse().unwrap();
+            assert_eq!(
+                rule.to_string().parse::<AuthRule>().unwrap(),
+                rule,
+                "{text}"
+            );
+        }
+        assert_eq!(
+            "a.example header X-Api-Key K"
+                .parse::<AuthRule>()
+                .unwrap()
+                .to_string(),
+            "a.example header x-api-key K"
+        );
+        for text in [
+            "get API.example.org/v1/models",
+            "* a.example",
+            "POST a.example/x/",
+        ] {
+            let rule: AllowRule = text.parse().unwrap();
+            assert_eq!(
+                rule.to_string().parse::<AllowRule>().unwrap(),
+                rule,
+                "{text}"
+            );
+        }
+        assert_eq!(
+            "* a.example".parse::<AllowRule>().unwrap().to_string(),
+            "* a.example/"
         );
     }
 

@@ -395,6 +395,18 @@ impl Runtime {
         id: &str,
         count: usize,
     ) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        self.fork_with(id, count, crate::Credentials::default())
+            .await
+    }
+
+    /// [`Runtime::fork_snapshot`], the forks' interception rules taking their credentials
+    /// from `given` first, then from the registry.
+    pub(crate) async fn fork_with(
+        &self,
+        id: &str,
+        count: usize,
+        given: crate::Credentials,
+    ) -> Result<Vec<SandboxInfo>, RuntimeError> {
         let max = self.inner.config.max_sandboxes;
         if count == 0 || count > max {
             return Err(RuntimeError::invalid(
@@ -409,6 +421,7 @@ impl Runtime {
             .map_err(RuntimeError::Branch)?;
         let mut spec = crate::snapshots::spec_of(&meta);
         spec.from_snapshot = Some(meta.id.clone());
+        spec.credentials = given;
         let made =
             futures_util::future::join_all((0..count).map(|_| self.create_sandbox(spec.clone())))
                 .await;
@@ -418,7 +431,7 @@ impl Runtime {
             for info in &ok {
                 let _ = self.delete_sandbox(&info.id).await;
             }
-            return Err(e);
+            return Err(recorded_rules_error(e, &meta.id));
         }
         Ok(ok)
     }
@@ -431,6 +444,24 @@ impl Runtime {
         let ids: Vec<SandboxId> = lock(&self.inner.sandboxes).keys().cloned().collect();
         let deletes = ids.iter().map(|id| self.delete_sandbox(id));
         futures_util::future::join_all(deletes).await;
+    }
+}
+
+/// `e`, saying where its rules came from when the interception rules recorded with
+/// snapshot `id` are at fault: typically a credential this runtime does not define (a
+/// server restarted without its `--credential`). The fork is refused rather than started
+/// without the credential.
+fn recorded_rules_error(e: RuntimeError, id: &lockbox_cow::SnapshotId) -> RuntimeError {
+    match e {
+        RuntimeError::InvalidRequest { field, message }
+            if field == "http_auth" || field == "http_allow" =>
+        {
+            RuntimeError::InvalidRequest {
+                message: format!("the {field} rules recorded with snapshot {id}: {message}"),
+                field,
+            }
+        }
+        other => other,
     }
 }
 

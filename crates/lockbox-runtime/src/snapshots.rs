@@ -278,8 +278,12 @@ impl Runtime {
         count: usize,
         opts: SnapshotOptions,
     ) -> Result<(SnapshotInfo, Vec<SandboxInfo>), RuntimeError> {
-        let snapshot = self.sandbox(id)?.snapshot_with(opts).await?;
-        let forks = self.fork_snapshot(snapshot.id.as_str(), count).await?;
+        let sandbox = self.sandbox(id)?;
+        let snapshot = sandbox.snapshot_with(opts).await?;
+        // The forks of a live sandbox get the values it was given (an in-process caller's
+        // own credentials too), which its record does not hold.
+        let given = sandbox.inner.spec.credentials.clone();
+        let forks = self.fork_with(snapshot.id.as_str(), count, given).await?;
         Ok((snapshot, forks))
     }
 
