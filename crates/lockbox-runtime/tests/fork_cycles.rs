@@ -34,6 +34,7 @@ async fn a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind() {
     let (rt, root) = sandbox_with(state.path(), spec).await;
     run(&root, "echo 0 > counter").await;
     let agents_before = host_agents();
+    assert!(agents_before >= 1, "the root sandbox's agent is counted");
     let branches_before = entries(&state.path().join("branches"));
     for i in 0..100 {
         let snap = root.snapshot(Some(format!("c{i}"))).await.unwrap();

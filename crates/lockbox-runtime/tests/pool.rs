@@ -1,13 +1,17 @@
 //! The pool of pre-armed sandboxes: a creation of the default spec takes one, which is as
 //! fresh as a started one (nothing of an earlier sandbox, no session listed, its default
 //! session working); other specs start as before; the pool refills, and shutdown leaves no
-//! process. A test binary of its own: it counts the host's sandbox agents.
+//! process. A test binary of its own: it counts its sandbox agents.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::*;
 use lockbox_runtime::{Runtime, RuntimeConfig, SandboxSpec};
 use std::time::Duration;
+
+/// The tests count this process's sandbox agents, which the other test's (and its re-run
+/// as uid 65534's) would change: they run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn until_ready(rt: &Runtime, n: usize) {
     for _ in 0..500 {
@@ -21,6 +25,7 @@ async fn until_ready(rt: &Runtime, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool() {
+    let _serial = SERIAL.lock().await;
     also_as_nobody("pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool");
     let before = host_agents();
     let state = scratch();
@@ -92,6 +97,7 @@ fn branches(state: &std::path::Path) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_the_runtime() {
+    let _serial = SERIAL.lock().await;
     also_as_nobody(
         "spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_the_runtime",
     );

@@ -9,14 +9,37 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-/// Host processes running the sandbox agent (count them only in a test binary of its own:
-/// other tests running alongside start and stop sandboxes).
+/// Host processes running the sandbox agent that descend from this test process (count them
+/// only in a test binary of its own: other tests in the same binary start and stop
+/// sandboxes; other test runs on the machine are not counted).
 pub fn host_agents() -> usize {
+    let me = std::process::id();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name's closing parenthesis: state, then the parent's pid.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let descends = |mut pid: u32| {
+        while pid > 1 {
+            if pid == me {
+                return true;
+            }
+            match parent(pid) {
+                Some(p) => pid = p,
+                None => return false,
+            }
+        }
+        false
+    };
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"__lockbox_agent"))
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"__lockbox_agent"))
+        })
+        .filter(|&pid| descends(pid))
         .count()
 }
 
