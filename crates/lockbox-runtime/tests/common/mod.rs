@@ -17,7 +17,12 @@ pub fn host_agents() -> usize {
     let parent = |pid: u32| -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // After the command name's closing parenthesis: state, then the parent's pid.
-        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
     };
     let descends = |mut pid: u32| {
         while pid > 1 {
