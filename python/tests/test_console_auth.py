@@ -6,6 +6,7 @@ a page the browser loaded from another port, is refused (403) and changes nothin
 
 import http.server
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -105,7 +106,17 @@ def test_a_cross_site_post_from_another_page_is_refused(console_server, tmp_path
         # SameSite=Strict cookie along; the server must refuse it by its origin.
         driver.get(f"http://127.0.0.1:{attacker.server_address[1]}/attack.html")
         wait_for(lambda: driver.title in ("sent", "failed"), what="the attack page's fetch")
-        statuses = network_statuses(driver, console_server.base + "/v1/sandboxes")
+        # The page's title can change before the browser logs the response: poll (the log
+        # is drained by each read, so keep what was read).
+        statuses = []
+
+        def answered():
+            statuses.extend(network_statuses(driver, console_server.base + "/v1/sandboxes"))
+            return statuses
+
+        wait_for(answered, what="the cross-site request's response in the browser's log")
+        time.sleep(0.2)  # a second request, were there one, would show now
+        statuses.extend(network_statuses(driver, console_server.base + "/v1/sandboxes"))
         assert statuses == [403], statuses
     finally:
         driver.quit()
