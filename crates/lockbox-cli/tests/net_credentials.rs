@@ -15,45 +15,23 @@
 mod common;
 mod serve_support;
 
+use common::testnet::{audit_events, openssl, sh, skip_unless_root, Netns, Range};
 use common::{lockbox, scratch, text, users, User};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 const SECRET_VAR: &str = "LBX_TEST_API_SECRET";
-
-fn root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next().map(|u| u == "0"))
-        .unwrap()
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", text(&out));
-}
-
-/// Runs `openssl` with the whitespace-separated `args` in `dir`.
-fn openssl(args: &str, dir: &Path) {
-    let out = Command::new("openssl")
-        .args(args.split_whitespace())
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
-}
 
 /// A network namespace with the real server, and two directories: one the sandbox is
 /// granted (the client, the hosts file, the CA's certificate; `out`, which every test user
 /// can write), and one it is not (the CA's and the server's keys, the secret, the server's
 /// log).
 struct TestNet {
-    ns: String,
     server: Child,
+    /// Held, not read: dropped after the servers (fields drop after `drop`), it deletes
+    /// the namespace.
+    _ns: Netns,
     dir: tempfile::TempDir,
     private: tempfile::TempDir,
     secret: String,
@@ -61,42 +39,9 @@ struct TestNet {
 
 impl TestNet {
     fn new() -> TestNet {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let pid = std::process::id();
         // 198.18.128.0/17: not the range tests/net_names.rs takes its addresses from.
-        let slot = (pid % 4000) * 4 + n % 4;
-        let (a, b) = (128 + (slot / 64) % 128, (slot % 64) * 4);
-        let id = format!("{}{}", pid % 100_000, n);
-        let ns = format!("lbxcred{id}");
-        let (host_if, peer_if) = (format!("lbxch{id}"), format!("lbxcp{id}"));
-        let (host_ip, ip) = (
-            format!("198.18.{a}.{}", b + 1),
-            format!("198.18.{a}.{}", b + 2),
-        );
-        sh(&["ip", "netns", "add", &ns]);
-        sh(&[
-            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
-        ]);
-        sh(&["ip", "link", "set", &peer_if, "netns", &ns]);
-        sh(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{host_ip}/30"),
-            "dev",
-            &host_if,
-        ]);
-        sh(&["ip", "link", "set", &host_if, "up"]);
-        for args in [
-            vec!["ip", "addr", "add", &format!("{ip}/30"), "dev", &peer_if],
-            vec!["ip", "link", "set", &peer_if, "up"],
-            vec!["ip", "link", "set", "lo", "up"],
-        ] {
-            let mut all = vec!["ip", "netns", "exec", ns.as_str()];
-            all.extend(args);
-            sh(&all);
-        }
+        let ns = Netns::new("c", Range::new([198, 18, 128, 0], 8192));
+        let ip = ns.ip.clone();
         let dir = scratch();
         let private = scratch();
         let (d, p) = (dir.path(), private.path());
@@ -120,7 +65,7 @@ impl TestNet {
             p,
         );
         std::fs::copy(p.join("ca.pem"), d.join("ca.pem")).unwrap();
-        let secret = format!("s3cr3t-{pid}-{n}-do-not-leak");
+        let secret = format!("s3cr3t-{}-do-not-leak", ns.name);
         std::fs::write(p.join("secret"), &secret).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_credentials");
         std::fs::copy(src.join("server.py"), p.join("server.py")).unwrap();
@@ -133,8 +78,8 @@ impl TestNet {
         let out = d.join("out");
         std::fs::create_dir(&out).unwrap();
         sh(&["chmod", "0777", out.to_str().unwrap()]);
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3"])
+        let mut server = ns
+            .command("python3")
             .arg(p.join("server.py"))
             .arg(&ip)
             .arg(p.join("server.pem"))
@@ -151,7 +96,7 @@ impl TestNet {
             .unwrap();
         assert_eq!(line.trim(), "ready");
         TestNet {
-            ns,
+            _ns: ns,
             server,
             dir,
             private,
@@ -221,26 +166,10 @@ impl TestNet {
 
 impl Drop for TestNet {
     fn drop(&mut self) {
+        // Then `_ns` is dropped: the namespace goes once nothing runs in it.
         let _ = self.server.kill();
         let _ = self.server.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
-}
-
-fn skip_unless_root() -> bool {
-    if !root() {
-        eprintln!("skipped: making a network namespace needs root");
-        return true;
-    }
-    false
-}
-
-fn audit_events(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 const BEARER: [&str; 8] = [

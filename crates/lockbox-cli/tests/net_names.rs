@@ -14,76 +14,31 @@
 
 mod common;
 
+use common::testnet::{audit_events, sh, skip_unless_root, Netns, Range};
 use common::{binary, lockbox, scratch, text, users, User};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 
-fn root() -> bool {
-    uid() == 0
-}
+/// This file's /30s: 240 of them from 198.19.0.0 (part of 198.18.0.0/15).
+const NAMES_RANGE: Range = Range::new([198, 19, 0, 0], 240);
 
-fn uid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next().map(|u| u.parse().unwrap()))
-        .unwrap()
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", text(&out));
-}
-
-/// A network namespace with one veth link to the host: the host side is `.1`, the
-/// namespace `.2` of a /30 in 198.19.0.0/16 (part of 198.18.0.0/15).
+/// A network namespace with one veth link to the host (its side `ns.host_ip`), with TCP
+/// servers and a DNS server listening on `ip` in it.
 struct TestNet {
-    ns: String,
-    ip: String,
     services: Child,
+    /// Held, not read: dropped after the servers (fields drop after `drop`), it deletes
+    /// the namespace.
+    _ns: Netns,
+    ip: String,
     dir: tempfile::TempDir,
 }
 
 impl TestNet {
     fn new() -> TestNet {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let pid = std::process::id();
-        let slot = (pid % 60) * 4 + n % 4;
-        let (a, b) = (slot / 256, slot % 256);
-        let id = format!("{}{}", pid % 100_000, n);
-        let ns = format!("lbxnames{id}");
-        let (host_if, peer_if) = (format!("lbxh{id}"), format!("lbxp{id}"));
-        let (host_ip, ip) = (
-            format!("198.19.{}.{}", a * 4 + b / 64, (b % 64) * 4 + 1),
-            format!("198.19.{}.{}", a * 4 + b / 64, (b % 64) * 4 + 2),
-        );
-        sh(&["ip", "netns", "add", &ns]);
-        sh(&[
-            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
-        ]);
-        sh(&["ip", "link", "set", &peer_if, "netns", &ns]);
-        sh(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{host_ip}/30"),
-            "dev",
-            &host_if,
-        ]);
-        sh(&["ip", "link", "set", &host_if, "up"]);
-        let inside = |args: &[&str]| {
-            let mut all = vec!["ip", "netns", "exec", ns.as_str()];
-            all.extend_from_slice(args);
-            sh(&all);
-        };
-        inside(&["ip", "addr", "add", &format!("{ip}/30"), "dev", &peer_if]);
-        inside(&["ip", "link", "set", &peer_if, "up"]);
-        inside(&["ip", "link", "set", "lo", "up"]);
+        let ns = Netns::new("n", NAMES_RANGE);
+        let ip = ns.ip.clone();
         let dir = scratch();
         let log = dir.path().join("upstream.log");
         // A certificate made here for the TLS server (the clients do not check it: what is
@@ -100,8 +55,8 @@ impl TestNet {
             .unwrap();
         assert!(made.status.success(), "openssl: {}", text(&made));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/upstream.py");
-        let mut services = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3"])
+        let mut services = ns
+            .command("python3")
             .arg(&script)
             .arg(&ip)
             .arg(&log)
@@ -117,7 +72,7 @@ impl TestNet {
             .unwrap();
         assert_eq!(line.trim(), "ready");
         TestNet {
-            ns,
+            _ns: ns,
             ip,
             services,
             dir,
@@ -187,8 +142,7 @@ impl Drop for TestNet {
     fn drop(&mut self) {
         let _ = self.services.kill();
         let _ = self.services.wait();
-        // Deleting the namespace deletes the veth pair.
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        // Then `_ns` is dropped, and with it the namespace and the veth pair.
     }
 }
 
@@ -284,14 +238,6 @@ fn allow(specs: &[&str]) -> Vec<String> {
         .iter()
         .flat_map(|s| ["--net-allow".to_owned(), (*s).to_owned()])
         .collect()
-}
-
-fn skip_unless_root() -> bool {
-    if !root() {
-        eprintln!("skipped: making a network namespace needs root");
-        return true;
-    }
-    false
 }
 
 #[test]
@@ -588,15 +534,6 @@ fn the_report_counts_answers_refused_names_and_left_out_host_addresses() {
 
 /// What an op is logged as: (kind, decision, reason's start); `None`: not logged.
 type Logged = Option<(&'static str, &'static str, &'static str)>;
-
-/// The events of an `--audit` file, one JSON object per line.
-fn audit_events(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
 
 #[test]
 fn the_audit_log_has_one_event_per_decision_with_its_reason_and_the_asking_process() {

@@ -2,6 +2,8 @@
 //! directories, tree snapshots.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod testnet;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
