@@ -11,6 +11,7 @@ mod common;
 mod escape_net;
 
 use common::{binary, give, scratch, snapshot, users, Node, User};
+use escape_net::names::NamesNet;
 use escape_net::{NetServices, PreExec, Rebinder};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -52,6 +53,20 @@ struct Attack {
     /// Unconnected host TCP and UDP sockets are passed with `--pass-fd 10 --pass-fd 11`.
     #[serde(default)]
     pass_sockets: bool,
+    /// Runs against the test network of `escape_net::names` (root only): lockbox resolves
+    /// through its DNS server, writes `--audit`, and holds a credential.
+    #[serde(default)]
+    names: bool,
+    /// Reasons (substrings) of `denied` events the run's audit log must hold.
+    #[serde(default)]
+    audit: Vec<String>,
+    /// Prefixes of the lines the test network's services may log (what the policy lets
+    /// out); anything else that reached them is an escape.
+    #[serde(default)]
+    outside: Vec<String>,
+    /// Lines the services must have logged (the attack's control steps).
+    #[serde(default)]
+    outside_seen: Vec<String>,
     arch: Option<String>,
 }
 
@@ -253,7 +268,12 @@ impl Fixture {
     /// The fixture tree, without the grant the attack may write.
     fn outside_snapshot(&self) -> BTreeMap<PathBuf, Node> {
         let mut s = snapshot(self.fx());
-        s.retain(|p, _| !p.starts_with("work") && !p.starts_with("state") && !p.starts_with("etc"));
+        s.retain(|p, _| {
+            !p.starts_with("work")
+                && !p.starts_with("state")
+                && !p.starts_with("etc")
+                && !p.starts_with(AUDIT_FILE)
+        });
         s
     }
 
@@ -451,17 +471,32 @@ fn has_file_capability(path: &Path) -> bool {
 const PTY_DRIVER: &str =
     "import os, pty, sys\nsys.exit(os.waitstatus_to_exitcode(pty.spawn(sys.argv[1:])))";
 
+/// lockbox's `--audit` log of a `names` run, in the fixture (outside every grant).
+const AUDIT_FILE: &str = "audit.jsonl";
+
 /// The descriptor the caller "leaks" into every run (a host directory, not close-on-exec).
 const LEAKED_FD: i32 = 9;
 
-fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String> {
+fn run_attack(
+    attack: &Attack,
+    user: User,
+    bin: &Path,
+    names: Option<&NamesNet>,
+) -> Result<String, String> {
+    let names = names.filter(|_| attack.names);
+    let _turn = names.map(NamesNet::turn);
     let mut fixture = Fixture::new(user, attack);
     let before = fixture.outside_snapshot();
     let fx = fixture.fx().to_str().unwrap().to_owned();
     let work = format!("{fx}/work");
     let mut args: Vec<String> = vec!["run".into()];
-    for (k, v) in fixture.env(bin) {
+    let mut env = fixture.env(bin);
+    env.extend(names.map(NamesNet::env).unwrap_or_default());
+    for (k, v) in env {
         args.extend(["--env".into(), format!("{k}={v}")]);
+    }
+    if names.is_some() {
+        args.extend(["--audit".into(), format!("{fx}/{AUDIT_FILE}")]);
     }
     args.extend(["-r".into(), bin.to_str().unwrap().into()]);
     if attack.workdir {
@@ -473,7 +508,10 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
     if !attack.lockbox.iter().any(|a| a == "--timeout") {
         args.extend(["--timeout".into(), "30s".into()]);
     }
-    args.extend(attack.lockbox.iter().map(|a| fixture.expand(a)));
+    args.extend(attack.lockbox.iter().map(|a| {
+        let a = fixture.expand(a);
+        names.map_or_else(|| a.clone(), |n| n.expand(&a))
+    }));
     if attack.pass_sockets {
         for fd in [escape_net::PASSED_TCP, escape_net::PASSED_UDP] {
             args.extend(["--pass-fd".into(), fd.to_string()]);
@@ -496,16 +534,23 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
         c
     };
     let etc = attack.rebind.then(|| escape_net::etc_copy(fixture.fx()));
+    let etc_dir = etc
+        .as_ref()
+        .map(|(dir, _)| dir.clone())
+        .or_else(|| names.map(NamesNet::etc));
+    if let Some(n) = names {
+        cmd.envs(n.lockbox_env());
+    }
     let pre = PreExec {
-        etc: etc.as_ref().map(|(dir, _)| {
+        etc: etc_dir.as_ref().map(|dir| {
             (
                 std::ffi::CString::new(dir.to_str().unwrap()).unwrap(),
                 std::ffi::CString::new("/etc").unwrap(),
             )
         }),
         pass_sockets: attack.pass_sockets,
-        // Mounting over /etc/hosts needs root: the drop to uid 65534 comes after it.
-        drop_to_nobody: attack.rebind && matches!(user, User::Nobody),
+        // Mounting over /etc needs root: the drop to uid 65534 comes after it.
+        drop_to_nobody: etc_dir.is_some() && matches!(user, User::Nobody),
     };
     if let (User::Nobody, false) = (user, pre.drop_to_nobody) {
         cmd.uid(65534).gid(65534);
@@ -555,12 +600,45 @@ fn run_attack(attack: &Attack, user: User, bin: &Path) -> Result<String, String>
     if stdout.contains(&fixture.token) || stderr.contains(&fixture.token) {
         problems.push("the host secret appeared in the output".into());
     }
+    if let Some(n) = names {
+        if stdout.contains(n.secret()) || stderr.contains(n.secret()) {
+            problems.push("the credential's value appeared in the output".into());
+        }
+        n.check(&attack.outside, &attack.outside_seen, &mut problems);
+        check_audit(&fixture.fx().join(AUDIT_FILE), &attack.audit, &mut problems);
+    }
     fixture.check_host(&before, &mut problems);
     let transcript = format!("exit {code:?}\nstdout:\n{stdout}stderr:\n{stderr}");
     if problems.is_empty() {
         Ok(transcript)
     } else {
         Err(format!("{}\n{transcript}", problems.join("\n")))
+    }
+}
+
+/// Every expected reason must be that of a `denied` event of the run's audit log.
+fn check_audit(path: &Path, expected: &[String], problems: &mut Vec<String>) {
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    for want in expected {
+        let found = events.iter().any(|e| {
+            e["decision"] == "denied"
+                && e["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(want.as_str()))
+        });
+        if !found {
+            let reasons: Vec<String> = events
+                .iter()
+                .map(|e| format!("{} {} {}", e["kind"], e["decision"], e["reason"]))
+                .collect();
+            problems.push(format!(
+                "no denied event with the reason {want:?} in the audit log: {reasons:#?}"
+            ));
+        }
     }
 }
 
@@ -584,9 +662,16 @@ fn wait_with_deadline(mut child: Child, limit: Duration) -> Result<std::process:
 
 fn mount_table() -> Vec<String> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    // Fields after the mount id and parent id: what is mounted where.
+    // Fields after the mount id and parent id: what is mounted where. Network namespaces
+    // that tests make (`ip netns add`, here and in other test binaries running alongside)
+    // come and go under /run/netns: not the attacks' doing.
     let mut lines: Vec<String> = text
         .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .is_none_or(|m| !m.starts_with("/run/netns"))
+        })
         .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
         .collect();
     lines.sort();
@@ -608,6 +693,10 @@ fn every_escape_attack_fails_and_leaves_the_host_unchanged() {
         .filter(|a| a.arch.as_deref().is_none_or(|x| x == arch))
         .filter(|a| only.as_ref().is_none_or(|o| o.contains(&a.name)))
         .filter(|a| {
+            if a.names && !common::testnet::root() {
+                eprintln!("SKIP {}: the test network needs root", a.name);
+                return false;
+            }
             let needs_host_ip = a.rebind || a.lockbox.iter().any(|o| o.contains("{hostip}"));
             if needs_host_ip && host_ip().is_empty() {
                 eprintln!("SKIP {}: the host has no address with a route", a.name);
@@ -617,6 +706,7 @@ fn every_escape_attack_fails_and_leaves_the_host_unchanged() {
         })
         .collect();
     let bin = build_corpus(&attacks);
+    let names = attacks.iter().any(|a| a.names).then(NamesNet::new);
     let mounts = mount_table();
     let host = hostname();
     let jobs: Vec<(Attack, User)> = attacks
@@ -632,7 +722,7 @@ fn every_escape_attack_fails_and_leaves_the_host_unchanged() {
                 let Some((attack, user)) = queue.lock().unwrap().pop() else {
                     return;
                 };
-                match run_attack(&attack, user, bin.path()) {
+                match run_attack(&attack, user, bin.path(), names.as_ref()) {
                     Ok(_) => eprintln!("blocked: {} as {user:?} ({})", attack.name, attack.wall),
                     Err(e) => failures.lock().unwrap().push(format!(
                         "== {} as {user:?} (wall: {})\n{e}",
@@ -691,4 +781,48 @@ fn fixture_checks_see_a_changed_host() {
         assert!(all.contains(want), "{want} not detected: {all}");
     }
     assert!(std::fs::metadata(fixture.fx()).unwrap().mode() & 0o777 == 0o777);
+}
+
+#[test]
+fn names_checks_see_what_reached_the_outside_and_missing_audit_reasons() {
+    // The checks of the egress-by-name runs must be able to fail too: reach the test
+    // network's services from the host with names no policy allows, and look for a reason
+    // an empty audit log lacks.
+    if !common::testnet::root() {
+        eprintln!("skipped: the test network needs root");
+        return;
+    }
+    let net = NamesNet::new();
+    let _turn = net.turn();
+    let ip = net.env()[0].1.clone();
+    let mut http = std::net::TcpStream::connect((ip.as_str(), 80)).unwrap();
+    std::io::Write::write_all(&mut http, b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n").unwrap();
+    let _ = std::io::Read::read(&mut http, &mut [0; 64]);
+    let dns = UdpSocket::bind("0.0.0.0:0").unwrap();
+    let query =
+        b"\x42\x42\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05other\x04test\x00\x00\x01\x00\x01";
+    dns.send_to(query, (ip.as_str(), 53)).unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = dns.recv(&mut [0; 512]);
+    let mut problems = Vec::new();
+    net.check(
+        &["dns-udp allowed.test".into()],
+        &["tls allowed.test".into()],
+        &mut problems,
+    );
+    let dir = scratch();
+    check_audit(
+        &dir.path().join(AUDIT_FILE),
+        &["no sni".into()],
+        &mut problems,
+    );
+    let all = problems.join("\n");
+    for want in [
+        "the outside got what no rule allows: http other.test",
+        "the outside got what no rule allows: dns-udp other.test",
+        "the outside never got \"tls allowed.test\"",
+        "no denied event with the reason \"no sni\"",
+    ] {
+        assert!(all.contains(want), "{want} not detected: {all}");
+    }
 }

@@ -1,7 +1,10 @@
 //! The host side of the corpus's allow-list attacks (`n_allow_*`, `n_deny_*`): services on
 //! distinct loopback addresses and ports, an `/etc/hosts` the test rewrites after the
-//! sandbox started (DNS rebinding), and host sockets handed in with `--pass-fd`.
+//! sandbox started (DNS rebinding), and host sockets handed in with `--pass-fd`. The
+//! egress-by-name attacks (`n_name_*`, `n_cred_*`) have a network of their own: [`names`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod names;
 
 use std::ffi::CString;
 use std::io::ErrorKind;
