@@ -518,6 +518,39 @@ fn bad_credential_flags_are_usage_errors_naming_what_is_wrong() {
             "would be given to the sandbox",
         ),
     ];
+    // A credential file the sandbox would see: through the default reads, a read grant,
+    // or its workdir.
+    let secrets = scratch();
+    let key = secrets.path().join("key");
+    std::fs::write(&key, "sk-file-secret\n").unwrap();
+    let key_flag = format!("API=file:{}", key.display());
+    let dir_flag = secrets.path().to_str().unwrap().to_owned();
+    let rule = [
+        "--net-allow",
+        "api.test:443",
+        "--http-auth",
+        "api.test bearer API",
+    ];
+    let seen: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--credential", "API=file:/etc/hostname"],
+            "/etc/hostname is readable inside the sandbox (through the default read /etc)",
+        ),
+        (
+            vec!["--credential", &key_flag, "--read", &dir_flag],
+            "is readable inside the sandbox (through the read grant",
+        ),
+        (
+            vec!["--credential", &key_flag, "--workdir", &dir_flag],
+            "is readable inside the sandbox (through --workdir",
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .chain(seen.into_iter().map(|(mut flags, want)| {
+            flags.extend(rule);
+            (flags, want)
+        }));
     for (flags, want) in cases {
         let mut args = vec!["run"];
         args.extend(&flags);
@@ -662,6 +695,19 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // Every sandbox with the default reads would see a file under /etc.
+    let out = Command::new(common::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .args(["--credential", "HOST=file:/etc/hostname"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("HOST") && err.contains("readable inside every sandbox"),
+        "{err}"
+    );
 }
 
 /// Issue 17: a sandbox's `http_auth`/`http_allow` rules live in its record (by credential

@@ -112,7 +112,78 @@ impl Default for FsPolicy {
     }
 }
 
+/// A grant of an [`FsPolicy`] through which a sandbox sees a host path
+/// ([`FsPolicy::grant_showing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// At or below a read-only grant (`fs.read`).
+    Read(PathBuf),
+    /// At or below a read-write grant (`fs.write`).
+    Write(PathBuf),
+    /// In a lower layer of a copy-on-write view (`fs.overlays`: a workdir, for one).
+    Overlay(PathBuf),
+    /// Under one of [`DEFAULT_READS`] and not among [`ETC_SECRETS`].
+    DefaultRead(&'static str),
+}
+
+impl std::fmt::Display for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Grant::Read(p) => write!(f, "the read grant {}", p.display()),
+            Grant::Write(p) => write!(f, "the write grant {}", p.display()),
+            Grant::Overlay(p) => write!(f, "the copy-on-write view of {}", p.display()),
+            Grant::DefaultRead(p) => write!(f, "the default read {p}"),
+        }
+    }
+}
+
+/// Whether `rel` (relative to `/etc`) is, or lies under, an entry of [`ETC_SECRETS`].
+pub fn is_etc_secret(rel: &Path) -> bool {
+    let parts: Vec<_> = rel.components().collect();
+    ETC_SECRETS.iter().any(|pattern| {
+        let pattern: Vec<&str> = pattern.split('/').collect();
+        parts.len() >= pattern.len()
+            && pattern.iter().zip(&parts).all(|(want, got)| {
+                let got = got.as_os_str().to_string_lossy();
+                match (want.strip_prefix('*'), want.strip_suffix('*')) {
+                    (Some(suffix), _) => got.ends_with(suffix),
+                    (None, Some(prefix)) => got.starts_with(prefix),
+                    (None, None) => got == *want,
+                }
+            })
+    })
+}
+
 impl FsPolicy {
+    /// The grant through which a sandbox of this policy would see the host path `path`
+    /// (give it canonical: grants are compared after resolving their own links), if any.
+    /// Used to keep files a sandbox must never read, a credential's, out of its view.
+    pub fn grant_showing(&self, path: &Path) -> Option<Grant> {
+        let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+        let under = |grant: &Path| path.starts_with(canonical(grant));
+        if let Some(p) = self.write.iter().find(|p| under(p)) {
+            return Some(Grant::Write(p.clone()));
+        }
+        if let Some(p) = self.read.iter().find(|p| under(p)) {
+            return Some(Grant::Read(p.clone()));
+        }
+        let lower = self
+            .overlays
+            .iter()
+            .flat_map(|o| &o.lowers)
+            .find(|p| under(p));
+        if let Some(p) = lower {
+            return Some(Grant::Overlay(p.clone()));
+        }
+        if !self.default_reads {
+            return None;
+        }
+        DEFAULT_READS.into_iter().find_map(|read| {
+            let rel = path.strip_prefix(canonical(Path::new(read))).ok()?;
+            (read != "/etc" || !is_etc_secret(rel)).then_some(Grant::DefaultRead(read))
+        })
+    }
+
     pub(crate) fn validate(&self) -> Result<(), PolicyError> {
         for (field, paths) in [("fs.read", &self.read), ("fs.write", &self.write)] {
             for path in paths {
@@ -241,6 +312,51 @@ fn check_grant(field: &'static str, path: &Path) -> Result<(), PolicyError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn grant_showing_names_the_grant_a_host_path_is_seen_through() {
+        let mut fs = FsPolicy::default();
+        assert_eq!(
+            fs.grant_showing(Path::new("/etc/app/token")),
+            Some(Grant::DefaultRead("/etc"))
+        );
+        // /etc's secrets are hidden from every sandbox, and what lies under them.
+        assert_eq!(fs.grant_showing(Path::new("/etc/shadow")), None);
+        assert_eq!(fs.grant_showing(Path::new("/etc/ssl/private/k.pem")), None);
+        assert_eq!(
+            fs.grant_showing(Path::new("/etc/ssh/ssh_host_ed25519_key")),
+            None
+        );
+        assert_eq!(
+            fs.grant_showing(Path::new("/etc/ssh/ssh_config")),
+            Some(Grant::DefaultRead("/etc"))
+        );
+        assert_eq!(fs.grant_showing(Path::new("/srv/token")), None);
+        fs.read.push("/srv".into());
+        assert_eq!(
+            fs.grant_showing(Path::new("/srv/token")),
+            Some(Grant::Read("/srv".into()))
+        );
+        fs.write.push("/srv/rw".into());
+        assert_eq!(
+            fs.grant_showing(Path::new("/srv/rw/token")),
+            Some(Grant::Write("/srv/rw".into()))
+        );
+        fs.overlays.push(Overlay {
+            target: "/work".into(),
+            lowers: vec!["/work".into()],
+            upper: None,
+            writable: None,
+        });
+        assert_eq!(
+            fs.grant_showing(Path::new("/work/.env")),
+            Some(Grant::Overlay("/work".into()))
+        );
+        fs.default_reads = false;
+        assert_eq!(fs.grant_showing(Path::new("/etc/app/token")), None);
+        // A grant's own links are resolved; a sibling with a common prefix is not under it.
+        assert_eq!(fs.grant_showing(Path::new("/srvx/token")), None);
+    }
+
     use super::*;
 
     fn view(writable: Option<Vec<PathBuf>>, with_upper: bool) -> FsPolicy {

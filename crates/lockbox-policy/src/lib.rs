@@ -37,7 +37,9 @@ mod units;
 
 pub use crate::env::{EnvPolicy, DEFAULT_PATH};
 pub use crate::error::PolicyError;
-pub use crate::fs::{FsPolicy, Overlay, OverlayUpper, DEFAULT_READS, ETC_SECRETS};
+pub use crate::fs::{
+    is_etc_secret, FsPolicy, Grant, Overlay, OverlayUpper, DEFAULT_READS, ETC_SECRETS,
+};
 pub use crate::limits::{
     Limits, DEFAULT_TMPFS_INODES, MEMORY_PER_TMPFS_INODE, UPPER_BYTES_PER_INODE, UPPER_OWN_INODES,
 };

@@ -12,7 +12,7 @@ use crate::error::RuntimeError;
 use crate::types::{RuntimeConfig, SandboxSpec};
 use lockbox_confine::AuditSink;
 use lockbox_intercept::{Credentials, Interceptor};
-use lockbox_policy::{Net, Policy, Proto};
+use lockbox_policy::{Grant, Net, Policy, Proto};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ pub(crate) fn resolve(
     registry: &Registry,
     files: &[PathBuf],
 ) -> Result<(), RuntimeError> {
-    check_paths(&spec.policy, files)?;
+    check_paths(spec, files)?;
     if spec.http.is_empty() {
         if let Some(name) = spec.credentials.names().next() {
             return Err(RuntimeError::invalid(
@@ -95,25 +95,28 @@ fn field_of(spec: &SandboxSpec, host: &str) -> &'static str {
     }
 }
 
-/// Refuses to give a sandbox a credential file, or a directory above one.
-fn check_paths(policy: &Policy, files: &[PathBuf]) -> Result<(), RuntimeError> {
-    let lists = [
-        ("fs_readable", &policy.fs.read),
-        ("fs_writable", &policy.fs.write),
-    ];
-    for (field, paths) in lists {
-        for path in paths.iter() {
-            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-            if files.iter().any(|f| f.starts_with(&path)) {
-                return Err(RuntimeError::invalid(
-                    field,
-                    format!(
-                        "{} holds a file a credential of this server is read from",
-                        path.display()
-                    ),
-                ));
-            }
-        }
+/// Refuses a sandbox that would see a file one of the registry's credentials is read from:
+/// through a grant of its policy, its workdir, or the default reads.
+fn check_paths(spec: &SandboxSpec, files: &[PathBuf]) -> Result<(), RuntimeError> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let workdir = spec.workdir.as_deref().map(canonical);
+    for file in files {
+        let (field, through) = match spec.policy.fs.grant_showing(file) {
+            Some(g @ Grant::Read(_)) => ("fs_readable", g.to_string()),
+            Some(g @ Grant::Write(_)) => ("fs_writable", g.to_string()),
+            Some(g @ Grant::Overlay(_)) => ("fs_readable", g.to_string()),
+            Some(g @ Grant::DefaultRead(_)) => ("default_reads", g.to_string()),
+            None => match &workdir {
+                Some(d) if file.starts_with(d) => {
+                    ("workdir", format!("the workdir {}", d.display()))
+                }
+                _ => continue,
+            },
+        };
+        return Err(RuntimeError::invalid(
+            field,
+            format!("{through} holds a file a credential of this server is read from"),
+        ));
     }
     Ok(())
 }
@@ -233,5 +236,19 @@ mod tests {
         reads_keys.policy.fs.read.push(dir.path().join("keys"));
         let e = field(run(&mut reads_keys, &config).unwrap_err());
         assert!(e.starts_with("fs_readable: "), "{e}");
+        let mut in_workdir = SandboxSpec {
+            workdir: Some(dir.path().to_owned()),
+            ..SandboxSpec::default()
+        };
+        in_workdir.policy.fs.default_reads = false;
+        let e = field(run(&mut in_workdir, &config).unwrap_err());
+        assert!(e.starts_with("workdir: "), "{e}");
+        let mut under_etc = config.clone();
+        under_etc.credential_files = vec!["/etc/hostname".into()];
+        let e = field(run(&mut SandboxSpec::default(), &under_etc).unwrap_err());
+        assert!(
+            e.starts_with("default_reads: ") && e.contains("/etc"),
+            "{e}"
+        );
     }
 }

@@ -50,6 +50,27 @@ pub fn start(
         }
     }
     for spec in &args.credential {
+        if let CredentialSource::File(path) = &spec.source {
+            let file = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            let workdir = args
+                .workspace
+                .workdir
+                .as_deref()
+                .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.to_owned()))
+                .filter(|d| file.starts_with(d));
+            let shown = match workdir {
+                Some(d) => Some(format!("--workdir {}", d.display())),
+                None => policy.fs.grant_showing(&file).map(|g| g.to_string()),
+            };
+            if let Some(grant) = shown {
+                return Err(CliError::usage(format!(
+                    "--credential {}: its file {} is readable inside the sandbox (through {grant}); a credential never enters it",
+                    spec.name,
+                    path.display()
+                ))
+                .hint("keep the file outside the sandbox's view (e.g. under /root or /var/lib), or use env:VAR"));
+            }
+        }
         if let CredentialSource::Env(var) = &spec.source {
             if policy.env.pass.contains(var) || policy.env.set.contains_key(var) {
                 return Err(CliError::usage(format!(

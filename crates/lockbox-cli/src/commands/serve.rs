@@ -260,16 +260,24 @@ fn read_credentials(args: &ServeArgs) -> Result<(Credentials, Vec<PathBuf>), Cli
             )));
         }
     }
-    let files = args
-        .credential
-        .iter()
-        .filter_map(|c| match &c.source {
-            CredentialSource::File(path) => {
-                Some(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
-            }
-            CredentialSource::Env(_) => None,
-        })
-        .collect();
+    let mut files = Vec::new();
+    for c in &args.credential {
+        let CredentialSource::File(path) = &c.source else {
+            continue;
+        };
+        let file = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+        // Every sandbox with the default reads would see it (a body's own grants are
+        // checked per sandbox, by the runtime).
+        if let Some(grant) = lockbox_policy::FsPolicy::default().grant_showing(&file) {
+            return Err(CliError::usage(format!(
+                "--credential {}: its file {} is readable inside every sandbox (through {grant}); a credential never enters one",
+                c.name,
+                path.display()
+            ))
+            .hint("keep the file outside the sandboxes' view (e.g. under /root or /var/lib), or use env:VAR"));
+        }
+        files.push(file);
+    }
     Ok((credentials, files))
 }
 
