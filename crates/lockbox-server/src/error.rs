@@ -9,13 +9,16 @@ use lockbox_runtime::RuntimeError;
 use serde_json::{json, Value};
 
 /// An error answered to an HTTP client.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
+#[schema(as = Error)]
 pub struct ApiError {
     /// Stable, `SCREAMING_SNAKE` code (see `docs/server.md`).
+    #[schema(schema_with = crate::openapi::error_codes)]
     pub code: ErrorCode,
     /// One lowercase line naming the id, path or field.
     pub message: String,
     /// Machine-readable context (`field`, `id`, `path`, ...); an object.
+    #[schema(value_type = Object)]
     pub details: Value,
 }
 

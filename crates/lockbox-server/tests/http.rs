@@ -364,7 +364,7 @@ async fn healthz_and_openapi_describe_the_server() {
         .json()
         .await
         .unwrap();
-    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(doc["openapi"], "3.1.0");
     for path in [
         "/v1/sandboxes/{id}/exec/stream",
         "/v1/sandboxes/{id}/processes/{pid}/logs",
