@@ -125,16 +125,19 @@ async fn every_route_but_healthz_refuses_requests_without_the_token() {
 /// takes any method; the document says GET.
 #[test]
 fn every_route_is_documented_and_nothing_else() {
-    let source = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/routes/mod.rs"
-    ))
-    .unwrap();
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/routes/mod.rs")).unwrap();
     let mut routed = std::collections::BTreeSet::new();
     for call in source.split(".route(").skip(1) {
         let call = call.split(".merge(").next().unwrap();
         let call = call.split(".fallback(").next().unwrap();
-        let literal = call.split('"').nth(1).unwrap();
+        // The first argument: a literal, a `format!`, or the `sandbox`/`process` prefixes.
+        let first = call.split(',').next().unwrap().trim();
+        let literal = match first {
+            "sandbox" => "{sandbox}",
+            "process" => "{process}",
+            _ => call.split('"').nth(1).unwrap(),
+        };
         let path = literal
             .replace("{sandbox}", "/v1/sandboxes/{id}")
             .replace("{process}", "/v1/sandboxes/{id}/processes/{pid}")
@@ -152,9 +155,9 @@ fn every_route_is_documented_and_nothing_else() {
             ("delete(", "DELETE"),
             ("any(", "GET"),
         ] {
-            let found = handlers.match_indices(token).any(|(i, _)| {
-                i == 0 || !handlers.as_bytes()[i - 1].is_ascii_alphanumeric()
-            });
+            let found = handlers
+                .match_indices(token)
+                .any(|(i, _)| i == 0 || !handlers.as_bytes()[i - 1].is_ascii_alphanumeric());
             if found {
                 routed.insert((method.to_owned(), path.clone()));
             }
