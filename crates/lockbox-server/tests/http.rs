@@ -147,7 +147,7 @@ fn every_route_is_documented_and_nothing_else() {
         if ["/", "/mcp", "/ui", "/ui/", "/ui/{file}"].contains(&path.as_str()) {
             continue;
         }
-        let handlers = call.splitn(2, ',').nth(1).unwrap_or(call);
+        let handlers = call.split_once(',').map_or(call, |(_, rest)| rest);
         for (token, method) in [
             ("get(", "GET"),
             ("post(", "POST"),
