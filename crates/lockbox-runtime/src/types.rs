@@ -946,24 +946,20 @@ mod signal_tests {
 pub struct ContextOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
     pub id: Option<ContextId>,
-    /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
-    /// `language`.
-    pub language: String,
+    /// Python (default), bash or Node (a front end turns a name into it, e.g.
+    /// [`Language::from_name`]).
+    pub language: crate::Language,
     /// Working directory of the interpreter (inside the sandbox).
     pub cwd: Option<String>,
     /// Extra environment of the interpreter (e.g. a `PATH` to another `python3`).
     pub env: BTreeMap<String, String>,
 }
 
-fn default_language() -> String {
-    "python".into()
-}
-
 impl Default for ContextOptions {
     fn default() -> Self {
         ContextOptions {
             id: None,
-            language: default_language(),
+            language: crate::Language::Python,
             cwd: None,
             env: BTreeMap::new(),
         }
@@ -975,8 +971,8 @@ impl Default for ContextOptions {
 pub struct ContextInfo {
     /// Its id (`default` for the one runs without a context use).
     pub id: ContextId,
-    /// `python`, `bash` or `node`.
-    pub language: String,
+    /// What it runs.
+    pub language: crate::Language,
     /// The working directory it was created with (`None`: the sandbox's).
     pub cwd: Option<String>,
     /// Creation time.

@@ -889,7 +889,7 @@ impl From<lockbox_runtime::ContextInfo> for ContextInfo {
     fn from(i: lockbox_runtime::ContextInfo) -> ContextInfo {
         ContextInfo {
             id: i.id,
-            language: i.language,
+            language: i.language.as_str().to_owned(),
             cwd: i.cwd,
             created_at: time(i.created_at),
             pid: i.pid,
@@ -1602,15 +1602,28 @@ fn python() -> String {
 }
 
 impl CreateContext {
-    /// The runtime's options.
-    pub fn into_options(self) -> lockbox_runtime::ContextOptions {
-        lockbox_runtime::ContextOptions {
+    /// The runtime's options, or `language` named as the field that is wrong.
+    pub fn into_options(self) -> Result<lockbox_runtime::ContextOptions, ApiError> {
+        Ok(lockbox_runtime::ContextOptions {
             id: self.id.map(Into::into),
-            language: self.language,
+            language: language(&self.language)?,
             cwd: self.cwd,
             env: self.env,
-        }
+        })
     }
+}
+
+/// A code context's language by one of its names (`python`, `python3`, `bash`, `sh`,
+/// `node`, `javascript`, `js`); anything else is `INVALID_REQUEST` naming `language`.
+pub fn language(name: &str) -> Result<lockbox_runtime::Language, lockbox_runtime::RuntimeError> {
+    use lockbox_runtime::Language;
+    Language::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = Language::ALL.iter().map(|l| l.as_str()).collect();
+        lockbox_runtime::RuntimeError::InvalidRequest {
+            field: "language".into(),
+            message: format!("{name:?} is not one of {}", known.join(", ")),
+        }
+    })
 }
 
 /// `POST /v1/sandboxes/{id}/contexts/{cid}/run` and `/run/stream`.
@@ -1966,6 +1979,25 @@ mod tests {
                 r#""max_file_size_bytes":null,"idle_timeout_ms":null},"#,
                 r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
             )
+        );
+    }
+
+    /// A context's language is checked at the edge; the runtime gets a `Language`.
+    #[test]
+    fn an_unknown_context_language_is_invalid_request_naming_language() {
+        let body: CreateContext = serde_json::from_str(r#"{"language": "cobol"}"#).unwrap();
+        let err = body.into_options().unwrap_err();
+        assert_eq!(err.code, lockbox_policy::ErrorCode::InvalidRequest);
+        assert_eq!(err.details["field"], "language");
+        assert!(
+            err.message.contains("python, bash, node"),
+            "{}",
+            err.message
+        );
+        let body: CreateContext = serde_json::from_str(r#"{"language": "js"}"#).unwrap();
+        assert_eq!(
+            body.into_options().unwrap().language,
+            lockbox_runtime::Language::Node
         );
     }
 

@@ -163,7 +163,7 @@ async fn run_code(
         Err(e) if e.code() == ErrorCode::ContextNotFound => {
             let options = ContextOptions {
                 id: request.context.clone(),
-                language,
+                language: crate::wire::language(&language)?,
                 ..ContextOptions::default()
             };
             match sandbox.create_context(options).await {

@@ -33,7 +33,7 @@ pub async fn create(
     Ok((
         StatusCode::CREATED,
         Json(ContextInfo::from(
-            sandbox.create_context(body.into_options()).await?,
+            sandbox.create_context(body.into_options()?).await?,
         )),
     ))
 }
