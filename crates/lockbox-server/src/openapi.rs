@@ -183,6 +183,13 @@ fn build() -> Value {
         }
         add_links(paths);
     }
+    // Raw bytes are written in place (`{type: string, format: binary}`), as clients such as
+    // schemathesis recognise them there, rather than as a reference to a component.
+    let binary = doc["components"]["schemas"]["Binary"].take();
+    if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
+        schemas.remove("Binary");
+    }
+    inline_binary(&mut doc, &binary);
     // Each stream once, as text or as base64 (`output::data_fields`).
     let schemas = &mut doc["components"]["schemas"];
     schemas["ExecResult"]["allOf"] = json!([one_of_fields("stdout"), one_of_fields("stderr")]);
@@ -969,6 +976,23 @@ pub(crate) struct TxnPath {
 pub(crate) struct RunPath {
     /// Run id (`lockbox journal list`).
     id: String,
+}
+
+/// Replaces each reference to the `Binary` component by `binary` itself.
+fn inline_binary(value: &mut Value, binary: &Value) {
+    match value {
+        Value::Object(map) => {
+            if map.get("$ref").and_then(Value::as_str) == Some("#/components/schemas/Binary") {
+                *value = binary.clone();
+                return;
+            }
+            for v in map.values_mut() {
+                inline_binary(v, binary);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| inline_binary(v, binary)),
+        _ => {}
+    }
 }
 
 /// utoipa writes an optional body (`request_body = Option<T>`) and an optional header
