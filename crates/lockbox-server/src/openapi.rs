@@ -208,6 +208,26 @@ pub fn error_codes() -> utoipa::openapi::Object {
         .build()
 }
 
+/// A signal (`wire::SignalName`): its number, 1 to 64 (what
+/// `lockbox_runtime::Signal::from_number` takes), or its name.
+pub fn signal_name() -> utoipa::openapi::schema::Schema {
+    utoipa::openapi::schema::OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1))
+                .maximum(Some(64)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["TERM"]),
+        )
+        .description(Some("a signal number (1-64) or name (`TERM`, `SIGTERM`)"))
+        .build()
+        .into()
+}
+
 // ---- Wire forms of types from crates without utoipa ----
 
 /// A file name (`lockbox_policy::name`): a string when it is UTF-8, else its bytes.

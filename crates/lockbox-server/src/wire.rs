@@ -464,13 +464,12 @@ impl StartProcess {
 }
 
 /// A signal by name (`TERM`, `SIGTERM`) or number.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum SignalName {
     /// `15`.
     Number(i32),
     /// `"TERM"`, `"SIGTERM"`.
-    #[schema(example = "TERM")]
     Name(String),
 }
 
@@ -491,6 +490,7 @@ impl SignalName {
 #[schema(as = SignalRequest)]
 pub struct Signal {
     /// The signal, to the whole process tree.
+    #[schema(schema_with = crate::openapi::signal_name)]
     pub signal: SignalName,
 }
 
