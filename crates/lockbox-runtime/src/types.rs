@@ -1,10 +1,10 @@
 //! The data types of the runtime's API: ids, specs, records, events. Domain types only:
 //! durations are [`Duration`]s, times [`std::time::SystemTime`]s, byte strings [`Bytes`].
-//! Their JSON is `lockbox-server`'s `wire.rs`; the ids still derive a transparent serde
-//! (a string) for the wire forms there and the snapshot records (`record.rs`).
+//! Their JSON is `lockbox-server`'s `wire.rs` (an id is its text there, through `From<Id>
+//! for String`); no type here derives serde (a snapshot record writes a session id as its
+//! text, `sandbox.rs`).
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -156,8 +156,7 @@ pub struct SandboxSpec {
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(transparent)]
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(String);
 
         impl $name {

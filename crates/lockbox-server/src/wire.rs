@@ -643,8 +643,7 @@ pub fn each<T, W: From<T>>(items: Vec<T>) -> Vec<W> {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Sandbox)]
 pub struct SandboxInfo {
-    #[schema(value_type = String)]
-    pub id: lockbox_runtime::SandboxId,
+    pub id: String,
     /// `running`, `stopped` or `lost`.
     pub state: StateName,
     pub created_at: String,
@@ -695,7 +694,7 @@ impl From<lockbox_runtime::BranchAction> for BranchActionName {
 impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
     fn from(i: lockbox_runtime::SandboxInfo) -> SandboxInfo {
         SandboxInfo {
-            id: i.id,
+            id: i.id.into(),
             state: i.state.into(),
             created_at: time(i.created_at),
             workdir: i.workdir,
@@ -803,8 +802,7 @@ pub fn ms(d: Duration) -> u64 {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Session)]
 pub struct SessionInfo {
-    #[schema(value_type = String)]
-    pub id: lockbox_runtime::SessionId,
+    pub id: String,
     pub pid: i32,
     pub created_at: String,
     pub busy: bool,
@@ -813,7 +811,7 @@ pub struct SessionInfo {
 impl From<lockbox_runtime::SessionInfo> for SessionInfo {
     fn from(i: lockbox_runtime::SessionInfo) -> SessionInfo {
         SessionInfo {
-            id: i.id,
+            id: i.id.into(),
             pid: i.pid,
             created_at: time(i.created_at),
             busy: i.busy,
@@ -825,8 +823,7 @@ impl From<lockbox_runtime::SessionInfo> for SessionInfo {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Process)]
 pub struct ProcessInfo {
-    #[schema(value_type = String)]
-    pub id: lockbox_runtime::ProcessId,
+    pub id: String,
     pub pid: i32,
     pub command: Vec<String>,
     /// `running` or `exited`.
@@ -843,7 +840,7 @@ pub struct ProcessInfo {
 impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
     fn from(i: lockbox_runtime::ProcessInfo) -> ProcessInfo {
         ProcessInfo {
-            id: i.id,
+            id: i.id.into(),
             pid: i.pid,
             command: i.command,
             state: match i.state {
@@ -873,8 +870,7 @@ pub enum ProcessStateName {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = Context)]
 pub struct ContextInfo {
-    #[schema(value_type = String)]
-    pub id: lockbox_runtime::ContextId,
+    pub id: String,
     pub language: String,
     #[schema(required = true)]
     pub cwd: Option<String>,
@@ -888,7 +884,7 @@ pub struct ContextInfo {
 impl From<lockbox_runtime::ContextInfo> for ContextInfo {
     fn from(i: lockbox_runtime::ContextInfo) -> ContextInfo {
         ContextInfo {
-            id: i.id,
+            id: i.id.into(),
             language: i.language.as_str().to_owned(),
             cwd: i.cwd,
             created_at: time(i.created_at),
@@ -909,8 +905,8 @@ pub struct SnapshotInfo {
     pub name: Option<String>,
     #[schema(value_type = Option<String>, required = true)]
     pub parent: Option<lockbox_runtime::SnapshotId>,
-    #[schema(value_type = Option<String>, required = true)]
-    pub sandbox: Option<lockbox_runtime::SandboxId>,
+    #[schema(required = true)]
+    pub sandbox: Option<String>,
     #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
     #[schema(value_type = Name)]
     pub workdir: PathBuf,
@@ -925,7 +921,7 @@ impl From<lockbox_runtime::SnapshotInfo> for SnapshotInfo {
             id: i.id,
             name: i.name,
             parent: i.parent,
-            sandbox: i.sandbox,
+            sandbox: i.sandbox.map(String::from),
             workdir: i.workdir,
             created_at: time(i.created_at),
             bytes: i.bytes,
@@ -1072,8 +1068,7 @@ impl From<lockbox_runtime::CommitSummary> for CommitSummary {
 /// A run of code ([`lockbox_runtime::Execution`]).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Execution {
-    #[schema(value_type = String)]
-    pub context: lockbox_runtime::ContextId,
+    pub context: String,
     #[schema(value_type = Vec<crate::openapi::DisplayDataSchema>)]
     pub results: Vec<lockbox_runtime::DisplayData>,
     pub logs: Logs,
@@ -1097,7 +1092,7 @@ pub struct Logs {
 impl From<lockbox_runtime::Execution> for Execution {
     fn from(e: lockbox_runtime::Execution) -> Execution {
         Execution {
-            context: e.context,
+            context: e.context.into(),
             results: e.results,
             logs: Logs {
                 stdout: e.logs.stdout,

@@ -290,7 +290,7 @@ fn exec_result(r: &ExecResult, max: usize) -> Value {
             "stdout_truncated": stdout_truncated,
             "stderr_truncated": stderr_truncated,
             "duration_ms": duration_ms,
-            "session": r.session,
+            "session": r.session.as_str(),
         }),
     )
 }

@@ -68,7 +68,9 @@ pub async fn stream(
         .exec_stream(request)
         .await?
         .map(|event| match event {
-            ExecEvent::Start { session } => json_event("start", &json!({ "session": session })),
+            ExecEvent::Start { session } => {
+                json_event("start", &json!({ "session": session.as_str() }))
+            }
             ExecEvent::Stdout { data } => json_event("stdout", &Value::Object(data_fields(&data))),
             ExecEvent::Stderr { data } => json_event("stderr", &Value::Object(data_fields(&data))),
             ExecEvent::Exit(exit) => json_event(
@@ -77,7 +79,7 @@ pub async fn stream(
                     "exit_code": exit.exit_code,
                     "timed_out": exit.timed_out,
                     "duration_ms": ms(exit.duration),
-                    "session": exit.session,
+                    "session": exit.session.as_str(),
                 }),
             ),
             ExecEvent::Error { code, message } => json_event(
