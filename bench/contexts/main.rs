@@ -83,7 +83,7 @@ async fn main() {
     ] {
         let opts = ContextOptions {
             id: Some(language.into()),
-            language: language.into(),
+            language: lockbox_runtime::Language::from_name(language).unwrap(),
             ..ContextOptions::default()
         };
         sb.create_context(opts).await.unwrap();

@@ -68,13 +68,7 @@ pub(crate) fn new_context(
     id: ContextId,
     opts: &ContextOptions,
 ) -> Result<Context, RuntimeError> {
-    let language = Language::from_name(&opts.language).ok_or_else(|| {
-        let known: Vec<&str> = Language::ALL.iter().map(|l| l.as_str()).collect();
-        RuntimeError::invalid(
-            "language",
-            format!("{:?} is not one of {}", opts.language, known.join(", ")),
-        )
-    })?;
+    let language = opts.language;
     for k in opts.env.keys() {
         if !util::valid_env_name(k) {
             return Err(RuntimeError::invalid(
@@ -203,7 +197,7 @@ impl Context {
         let pid = self.pid.load(Ordering::Relaxed);
         ContextInfo {
             id: self.id.clone(),
-            language: self.language.as_str().to_owned(),
+            language: self.language,
             cwd: self.cwd.clone(),
             created_at: self.created_at,
             pid: (pid > 0).then_some(pid),

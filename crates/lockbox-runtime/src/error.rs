@@ -2,7 +2,6 @@
 //! `details()` that the HTTP layer turns into `{code, message, details}`.
 
 use lockbox_policy::ErrorCode;
-use serde_json::{json, Value};
 
 /// Everything the runtime can refuse or fail with.
 #[derive(Debug, thiserror::Error)]
@@ -253,87 +252,6 @@ impl RuntimeError {
         }
     }
 
-    /// Structured details for machines (`{"id": ...}`, `{"path": ...}`, `{"field": ...}`).
-    pub fn details(&self) -> Value {
-        match self {
-            RuntimeError::SandboxNotFound { id }
-            | RuntimeError::SessionNotFound { id }
-            | RuntimeError::SessionExists { id }
-            | RuntimeError::ProcessNotFound { id }
-            | RuntimeError::ProcessNotRunning { id }
-            | RuntimeError::NoWorkdir { id }
-            | RuntimeError::ContextNotFound { id }
-            | RuntimeError::ContextExists { id }
-            | RuntimeError::SandboxBusy { id } => json!({ "id": id }),
-            RuntimeError::SandboxNotRunning { id, state } => {
-                json!({ "id": id.as_str(), "state": state.as_str() })
-            }
-            RuntimeError::QuestionNotFound { id } | RuntimeError::QuestionDecided { id } => {
-                json!({ "id": id })
-            }
-            RuntimeError::SessionTerminated { id, reason } => {
-                json!({ "id": id, "reason": reason })
-            }
-            RuntimeError::NotSupported { id, what } => json!({ "id": id, "what": what }),
-            RuntimeError::FileNotFound { path }
-            | RuntimeError::PathOutsideSandbox { path }
-            | RuntimeError::NotADirectory { path }
-            | RuntimeError::IsADirectory { path }
-            | RuntimeError::AlreadyExists { path }
-            | RuntimeError::ReadOnly { path }
-            | RuntimeError::PermissionDenied { path } => json!({ "path": path }),
-            RuntimeError::InvalidRequest { field, message } => {
-                json!({ "field": field, "message": message })
-            }
-            RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
-            RuntimeError::PortNotExposed { port } | RuntimeError::PortNotListening { port } => {
-                json!({ "port": port })
-            }
-            RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
-            RuntimeError::Branch(lockbox_cow::CowError::BadHunk { path, index, count }) => {
-                json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
-            }
-            RuntimeError::Branch(lockbox_cow::CowError::SnapshotInUse {
-                holders,
-                children,
-                ..
-            }) => json!({ "held_by": holders, "snapshots": children }),
-            RuntimeError::Conflict { paths, .. } => {
-                let paths: Vec<_> = paths
-                    .iter()
-                    .map(|p| lockbox_policy::name::Encoded(p))
-                    .collect();
-                json!({ "paths": paths })
-            }
-            RuntimeError::MergeConflicts { conflicts } => {
-                let paths: Vec<_> = conflicts
-                    .iter()
-                    .map(|c| lockbox_policy::name::Encoded(&c.path))
-                    .collect();
-                let each: Vec<_> = conflicts
-                    .iter()
-                    .map(|c| {
-                        let sandboxes: Vec<&str> = c.sandboxes.iter().map(|s| s.as_str()).collect();
-                        json!({ "path": lockbox_policy::name::Encoded(&c.path), "sandboxes": sandboxes })
-                    })
-                    .collect();
-                json!({ "paths": paths, "conflicts": each })
-            }
-            RuntimeError::Protocol(lockbox_agent::ProtocolError::VersionMismatch {
-                runtime,
-                agent,
-            }) => json!({ "runtime_protocol": runtime, "agent_protocol": agent }),
-            RuntimeError::Protocol(lockbox_agent::ProtocolError::UnexpectedReply {
-                expected,
-                received,
-            }) => json!({ "expected": expected, "received": received }),
-            RuntimeError::SetupFailed(_)
-            | RuntimeError::Branch(_)
-            | RuntimeError::Transaction(_)
-            | RuntimeError::Internal(_) => json!({}),
-        }
-    }
-
     pub(crate) fn internal(what: impl std::fmt::Display) -> RuntimeError {
         RuntimeError::Internal(what.to_string())
     }
@@ -358,10 +276,6 @@ mod tests {
             agent: 99,
         });
         assert_eq!(e.code(), ErrorCode::SetupFailed);
-        assert_eq!(
-            e.details(),
-            json!({ "runtime_protocol": PROTOCOL_VERSION, "agent_protocol": 99 })
-        );
         assert!(e.to_string().contains("version 99"), "{e}");
     }
 
@@ -369,10 +283,6 @@ mod tests {
     fn a_reply_of_the_wrong_kind_is_internal_naming_both_kinds() {
         let e = RuntimeError::from(Body::Done.unexpected("spawned"));
         assert_eq!(e.code(), ErrorCode::Internal);
-        assert_eq!(
-            e.details(),
-            json!({ "expected": "spawned", "received": "done" })
-        );
         assert!(e.to_string().contains("`done` where `spawned`"), "{e}");
     }
 }

@@ -89,6 +89,7 @@ pub use lockbox_confine::{
 };
 /// What [`CommitSummary::report`] holds.
 pub use lockbox_cow::CommitReport;
+pub use lockbox_cow::CowError;
 /// What [`SandboxInfo::branch`] and [`KeptBranch`] name.
 pub use lockbox_cow::{BranchId, BranchState};
 /// What [`Sandbox::changes`] lists.

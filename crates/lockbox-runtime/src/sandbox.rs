@@ -208,9 +208,24 @@ const SHELL_OWN_VARIABLES: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
 /// on-disk format (read back after a restart), private like `record.rs`, not the API.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SessionState {
+    #[serde(with = "session_id_text")]
     pub id: SessionId,
     pub cwd: String,
     pub env: BTreeMap<String, String>,
+}
+
+/// A session id in the snapshot record: its text (ids carry no serde of their own).
+mod session_id_text {
+    use super::SessionId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &SessionId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(id.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SessionId, D::Error> {
+        String::deserialize(d).map(SessionId::from)
+    }
 }
 
 /// Where a sandbox instance's files come from.

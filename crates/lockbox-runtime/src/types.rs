@@ -1,10 +1,10 @@
 //! The data types of the runtime's API: ids, specs, records, events. Domain types only:
 //! durations are [`Duration`]s, times [`std::time::SystemTime`]s, byte strings [`Bytes`].
-//! Their JSON is `lockbox-server`'s `wire.rs`; the ids still derive a transparent serde
-//! (a string) for the wire forms there and the snapshot records (`record.rs`).
+//! Their JSON is `lockbox-server`'s `wire.rs` (an id is its text there, through `From<Id>
+//! for String`); no type here derives serde (a snapshot record writes a session id as its
+//! text, `sandbox.rs`).
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -156,8 +156,7 @@ pub struct SandboxSpec {
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(transparent)]
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(String);
 
         impl $name {
@@ -946,24 +945,20 @@ mod signal_tests {
 pub struct ContextOptions {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
     pub id: Option<ContextId>,
-    /// `python` (default), `bash` or `node`; anything else is `INVALID_REQUEST` naming
-    /// `language`.
-    pub language: String,
+    /// Python (default), bash or Node (a front end turns a name into it, e.g.
+    /// [`Language::from_name`]).
+    pub language: crate::Language,
     /// Working directory of the interpreter (inside the sandbox).
     pub cwd: Option<String>,
     /// Extra environment of the interpreter (e.g. a `PATH` to another `python3`).
     pub env: BTreeMap<String, String>,
 }
 
-fn default_language() -> String {
-    "python".into()
-}
-
 impl Default for ContextOptions {
     fn default() -> Self {
         ContextOptions {
             id: None,
-            language: default_language(),
+            language: crate::Language::Python,
             cwd: None,
             env: BTreeMap::new(),
         }
@@ -975,8 +970,8 @@ impl Default for ContextOptions {
 pub struct ContextInfo {
     /// Its id (`default` for the one runs without a context use).
     pub id: ContextId,
-    /// `python`, `bash` or `node`.
-    pub language: String,
+    /// What it runs.
+    pub language: crate::Language,
     /// The working directory it was created with (`None`: the sandbox's).
     pub cwd: Option<String>,
     /// Creation time.

@@ -6,7 +6,7 @@ mod common;
 
 use common::{also_as_nobody, sandbox, scratch};
 use futures_util::StreamExt;
-use lockbox_runtime::{CodeEvent, ContextOptions, Execution, RunCodeRequest, Sandbox};
+use lockbox_runtime::{CodeEvent, ContextOptions, Execution, Language, RunCodeRequest, Sandbox};
 use std::time::{Duration, Instant};
 
 fn code(c: &str, context: Option<&str>) -> RunCodeRequest {
@@ -209,12 +209,12 @@ async fn a_bash_context_keeps_its_cwd_and_variables() {
     let info = sb
         .create_context(ContextOptions {
             id: Some("sh".into()),
-            language: "bash".into(),
+            language: Language::Bash,
             ..ContextOptions::default()
         })
         .await
         .unwrap();
-    assert_eq!(info.language, "bash");
+    assert_eq!(info.language, Language::Bash);
     let r = |c: &str| sb.run_code(code(c, Some("sh")));
     let e = r("cd /tmp && X=hello && f() { echo \"f:$1\"; }")
         .await
@@ -253,10 +253,13 @@ async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
     let (_rt, sb) = sandbox(state.path()).await;
     let opts = ContextOptions {
         id: Some("js".into()),
-        language: "node".into(),
+        language: Language::Node,
         ..ContextOptions::default()
     };
-    assert_eq!(sb.create_context(opts).await.unwrap().language, "node");
+    assert_eq!(
+        sb.create_context(opts).await.unwrap().language,
+        Language::Node
+    );
     let r = |c: &str| sb.run_code(code(c, Some("js")));
     r("let n = 40; function add(a, b) { return a + b }")
         .await
@@ -279,15 +282,6 @@ async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
 async fn bad_context_requests_name_what_is_wrong() {
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
-    let err = sb
-        .create_context(ContextOptions {
-            language: "cobol".into(),
-            ..ContextOptions::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code().as_str(), "INVALID_REQUEST");
-    assert!(err.to_string().contains("language"), "{err}");
     let err = sb.run_code(code("1", Some("nope"))).await.unwrap_err();
     assert_eq!(err.code().as_str(), "CONTEXT_NOT_FOUND");
     let err = sb.delete_context("nope").await.unwrap_err();

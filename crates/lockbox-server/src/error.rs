@@ -9,13 +9,16 @@ use lockbox_runtime::RuntimeError;
 use serde_json::{json, Value};
 
 /// An error answered to an HTTP client.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
+#[schema(as = Error)]
 pub struct ApiError {
     /// Stable, `SCREAMING_SNAKE` code (see `docs/server.md`).
+    #[schema(schema_with = crate::openapi::error_codes)]
     pub code: ErrorCode,
     /// One lowercase line naming the id, path or field.
     pub message: String,
     /// Machine-readable context (`field`, `id`, `path`, ...); an object.
+    #[schema(value_type = Object)]
     pub details: Value,
 }
 
@@ -210,7 +213,7 @@ impl ApiError {
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
-        let details = match e.details() {
+        let details = match runtime_details(&e) {
             Value::Object(map) => Value::Object(map),
             Value::Null => json!({}),
             other => json!({ "value": other }),
@@ -220,6 +223,87 @@ impl From<RuntimeError> for ApiError {
             message: e.to_string(),
             details,
         }
+    }
+}
+
+/// A runtime error's details for machines (`{"id": ...}`, `{"path": ...}`, `{"field":
+/// ...}`): the server's wire form, not the runtime's concern.
+fn runtime_details(e: &RuntimeError) -> Value {
+    match e {
+        RuntimeError::SandboxNotFound { id }
+        | RuntimeError::SessionNotFound { id }
+        | RuntimeError::SessionExists { id }
+        | RuntimeError::ProcessNotFound { id }
+        | RuntimeError::ProcessNotRunning { id }
+        | RuntimeError::NoWorkdir { id }
+        | RuntimeError::ContextNotFound { id }
+        | RuntimeError::ContextExists { id }
+        | RuntimeError::SandboxBusy { id } => json!({ "id": id }),
+        RuntimeError::SandboxNotRunning { id, state } => {
+            json!({ "id": id.as_str(), "state": state.as_str() })
+        }
+        RuntimeError::QuestionNotFound { id } | RuntimeError::QuestionDecided { id } => {
+            json!({ "id": id })
+        }
+        RuntimeError::SessionTerminated { id, reason } => {
+            json!({ "id": id, "reason": reason })
+        }
+        RuntimeError::NotSupported { id, what } => json!({ "id": id, "what": what }),
+        RuntimeError::FileNotFound { path }
+        | RuntimeError::PathOutsideSandbox { path }
+        | RuntimeError::NotADirectory { path }
+        | RuntimeError::IsADirectory { path }
+        | RuntimeError::AlreadyExists { path }
+        | RuntimeError::ReadOnly { path }
+        | RuntimeError::PermissionDenied { path } => json!({ "path": path }),
+        RuntimeError::InvalidRequest { field, message } => {
+            json!({ "field": field, "message": message })
+        }
+        RuntimeError::LimitReached { what, limit } => json!({ "what": what, "limit": limit }),
+        RuntimeError::PortNotExposed { port } | RuntimeError::PortNotListening { port } => {
+            json!({ "port": port })
+        }
+        RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
+        RuntimeError::Branch(lockbox_runtime::CowError::BadHunk { path, index, count }) => {
+            json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
+        }
+        RuntimeError::Branch(lockbox_runtime::CowError::SnapshotInUse {
+            holders,
+            children,
+            ..
+        }) => json!({ "held_by": holders, "snapshots": children }),
+        RuntimeError::Conflict { paths, .. } => {
+            let paths: Vec<_> = paths
+                .iter()
+                .map(|p| lockbox_policy::name::Encoded(p))
+                .collect();
+            json!({ "paths": paths })
+        }
+        RuntimeError::MergeConflicts { conflicts } => {
+            let paths: Vec<_> = conflicts
+                .iter()
+                .map(|c| lockbox_policy::name::Encoded(&c.path))
+                .collect();
+            let each: Vec<_> = conflicts
+                .iter()
+                .map(|c| {
+                    let sandboxes: Vec<&str> = c.sandboxes.iter().map(|s| s.as_str()).collect();
+                    json!({ "path": lockbox_policy::name::Encoded(&c.path), "sandboxes": sandboxes })
+                })
+                .collect();
+            json!({ "paths": paths, "conflicts": each })
+        }
+        RuntimeError::Protocol(lockbox_runtime::ProtocolError::VersionMismatch {
+            runtime,
+            agent,
+        }) => json!({ "runtime_protocol": runtime, "agent_protocol": agent }),
+        RuntimeError::Protocol(lockbox_runtime::ProtocolError::UnexpectedReply {
+            expected,
+            received,
+        }) => json!({ "expected": expected, "received": received }),
+        // SetupFailed, other Branch errors, Transaction, Internal (and variants added
+        // later, RuntimeError being non-exhaustive): nothing more than the message.
+        _ => json!({}),
     }
 }
 
@@ -252,6 +336,21 @@ impl IntoResponse for ApiError {
 
 #[cfg(test)]
 mod tests {
+    /// The details of an agent of another protocol version name both versions.
+    #[test]
+    fn a_protocol_mismatch_names_both_versions_in_its_details() {
+        let e =
+            lockbox_runtime::RuntimeError::from(lockbox_runtime::ProtocolError::VersionMismatch {
+                runtime: lockbox_runtime::PROTOCOL_VERSION,
+                agent: 99,
+            });
+        let api = super::ApiError::from(e);
+        assert_eq!(
+            api.details,
+            serde_json::json!({ "runtime_protocol": lockbox_runtime::PROTOCOL_VERSION, "agent_protocol": 99 })
+        );
+    }
+
     use super::*;
 
     #[test]

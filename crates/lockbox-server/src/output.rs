@@ -164,7 +164,7 @@ pub fn exec_reply(result: ExecResult) -> Response {
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "duration_ms": ms(result.duration),
-        "session": result.session,
+        "session": result.session.as_str(),
         "stdout_truncated": result.stdout_truncated,
         "stderr_truncated": result.stderr_truncated,
     })

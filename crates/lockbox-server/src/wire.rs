@@ -5,6 +5,7 @@
 //! [`SandboxInfo`] and the other records with a time: the time as RFC 3339 text).
 
 use crate::error::ApiError;
+use crate::openapi::{ByteSizeValue, Name, NetChoice};
 use crate::openapi::{MAX_GRACE_MS, MAX_LOG_BYTES, MAX_MS};
 use base64::Engine;
 use lockbox_policy::{ByteSize, Net, Policy, PolicyError};
@@ -16,47 +17,61 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
+use utoipa::{IntoParams, ToSchema};
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CreateSandbox {
     /// Extra read-only host paths (absolute).
+    #[schema(value_type = Vec<String>)]
     pub fs_readable: Vec<PathBuf>,
     /// Read-write host paths (absolute); writes reach the host.
+    #[schema(value_type = Vec<String>)]
     pub fs_writable: Vec<PathBuf>,
     /// Grant /usr, /bin, /sbin, /lib, /lib64 and /etc (minus secrets) read-only.
     pub default_reads: Option<bool>,
     /// `none` (loopback only, default) or `host`.
+    #[schema(value_type = Option<NetChoice>)]
     pub net: Option<Net>,
     /// Memory limit, bytes or `512M`.
+    #[schema(value_type = Option<ByteSizeValue>)]
     pub max_memory: Option<ByteSize>,
     /// Processes and threads.
+    #[schema(minimum = 1)]
     pub max_processes: Option<u64>,
     /// Descriptors per process.
+    #[schema(minimum = 1)]
     pub max_open_files: Option<u64>,
     /// Largest file written, bytes or `100M`.
+    #[schema(value_type = Option<ByteSizeValue>)]
     pub max_file_size: Option<ByteSize>,
     /// Inodes per writable tmpfs (`/tmp`, `/dev/shm`, a bounded branch).
+    #[schema(minimum = 1)]
     pub max_inodes: Option<u64>,
     /// Wall-clock lifetime of the sandbox.
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub timeout_ms: Option<u64>,
     /// SIGTERM → SIGKILL delay when processes are stopped.
+    #[schema(maximum = 60_000)]
     pub kill_grace_ms: Option<u64>,
     /// Variables set in every session and process.
     pub env: BTreeMap<String, String>,
     /// Start from an empty environment instead of PATH, LANG, LC_ALL, TERM, HOME=/tmp.
     pub clean_env: bool,
     /// Working directory inside (absolute).
+    #[schema(value_type = Option<String>)]
     pub cwd: Option<PathBuf>,
     /// Hostname inside.
     pub hostname: Option<String>,
     /// A host directory seen through a copy-on-write branch.
     #[serde(with = "lockbox_policy::name::json::option")]
+    #[schema(value_type = Option<Name>)]
     pub workdir: Option<PathBuf>,
     /// What deleting the sandbox does with the branch: `keep` (default), `commit`, `abort`.
     pub on_exit: Option<OnExitName>,
     /// Delete the sandbox after this long without a request.
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub idle_timeout_ms: Option<u64>,
     /// Free-form labels, returned as given.
     pub labels: BTreeMap<String, String>,
@@ -67,6 +82,7 @@ pub struct CreateSandbox {
     pub net_ask: bool,
     /// How long a question waits for its verdict before the call is denied (default
     /// 30,000); needs `net_ask`.
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub net_ask_timeout_ms: Option<u64>,
     /// `HOST bearer NAME` or `HOST header HEADER-NAME NAME`: lockbox terminates the
     /// sandbox's HTTPS to HOST and puts the server's credential NAME (`lockbox serve
@@ -190,7 +206,7 @@ impl CreateSandbox {
 }
 
 /// What deleting a sandbox does with its branch, as a client names it.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnExitName {
     /// `keep`.
@@ -259,10 +275,11 @@ fn wire_field(policy_field: &'static str) -> &'static str {
 }
 
 /// `POST /v1/sandboxes/{id}/sessions`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CreateSession {
     /// The session's id (generated when absent).
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     pub id: Option<String>,
     /// Initial working directory.
     pub cwd: Option<String>,
@@ -282,8 +299,9 @@ impl CreateSession {
 }
 
 /// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ExecRequest)]
 pub struct Exec {
     /// A bash command line, run in the session.
     pub command: String,
@@ -298,9 +316,11 @@ pub struct Exec {
     pub env: BTreeMap<String, String>,
     /// Kill the command (TERM, grace, KILL of its tree) after this long; exit 124.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub timeout_ms: Option<u64>,
     /// Bytes for the command's stdin (closed when absent).
     #[serde(default)]
+    #[schema(format = Byte)]
     pub stdin_b64: Option<String>,
     /// Text for the command's stdin (alternative to `stdin_b64`).
     #[serde(default)]
@@ -347,12 +367,15 @@ pub fn decode_b64(field: &str, text: &str) -> Result<Vec<u8>, ApiError> {
 }
 
 /// PTY size.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PtySize)]
 pub struct Size {
     /// Columns.
+    #[schema(minimum = 1, maximum = 65535)]
     pub cols: u16,
     /// Rows.
+    #[schema(minimum = 1, maximum = 65535)]
     pub rows: u16,
 }
 
@@ -373,10 +396,11 @@ impl Size {
 }
 
 /// `POST /v1/sandboxes/{id}/processes`: exactly one of `argv` and `command`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct StartProcess {
     /// Program and arguments, run directly.
+    #[schema(min_items = 1)]
     pub argv: Option<Vec<String>>,
     /// A bash command line, run with the cwd and environment of `session`.
     pub command: Option<String>,
@@ -389,6 +413,7 @@ pub struct StartProcess {
     /// Run on a pseudo-terminal of this size.
     pub pty: Option<Size>,
     /// Bound of the output log in bytes (default: the server's).
+    #[schema(minimum = 1, maximum = 1_073_741_824)]
     pub log_bytes: Option<usize>,
     /// Keep stdin open for writes (default: stdin is /dev/null).
     pub stdin: bool,
@@ -460,69 +485,81 @@ impl SignalName {
 }
 
 /// `POST .../processes/{pid}/signal`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = SignalRequest)]
 pub struct Signal {
     /// The signal, to the whole process tree.
+    #[schema(schema_with = crate::openapi::signal_name)]
     pub signal: SignalName,
 }
 
 /// `DELETE .../processes/{pid}?grace_ms=`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct KillQuery {
     /// SIGTERM → SIGKILL delay (default 2000).
+    #[param(maximum = 60_000)]
     pub grace_ms: Option<u64>,
 }
 
 /// `GET .../processes/{pid}/logs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct LogsQuery {
     /// Cursor to read from (0: the oldest byte kept).
     pub since: Option<u64>,
     /// Stream live (SSE) after the replay.
     pub follow: bool,
     /// Most bytes in one (non-follow) reply.
+    #[param(minimum = 1)]
     pub max_bytes: Option<usize>,
 }
 
 /// `POST .../processes/{pid}/stdin` with a JSON body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schema(as = StdinRequest)]
 pub struct Stdin {
     /// Text to write.
     pub data: Option<String>,
     /// Bytes to write.
+    #[schema(format = Byte)]
     pub data_b64: Option<String>,
     /// Close stdin after writing.
     pub close: bool,
 }
 
 /// `POST .../processes/{pid}/stdin?close=` with a raw body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct StdinQuery {
     /// Close stdin after writing.
     pub close: bool,
 }
 
 /// `?path=` of `GET/PUT files` and `fs/stat`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PathQuery {
     /// Absolute inside the sandbox, or relative to its working directory.
     pub path: String,
 }
 
 /// `PUT files?path=&mode=`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PutQuery {
     /// Where to write.
     pub path: String,
     /// Permission bits, octal text (`644`, `0755`).
     #[serde(default)]
+    #[param(pattern = "^[0-7]{1,4}$")]
     pub mode: Option<String>,
 }
 
@@ -544,16 +581,19 @@ impl PutQuery {
 }
 
 /// A file's metadata as `fs/stat`, `fs/list` and `PUT files` send it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = FileStat)]
 pub struct FileInfo {
     pub path: String,
     /// `file`, `dir`, `symlink` or `other`.
-    pub kind: &'static str,
+    pub kind: FileKindName,
     pub size: u64,
     /// Permission bits as octal text (`"0644"`, `"4755"`): what `PUT files?mode=` takes,
     /// not the decimal 420 a client would have to convert.
+    #[schema(pattern = "^[0-7]{4}$")]
     pub mode: String,
     pub modified: String,
+    #[schema(required = true)]
     pub target: Option<String>,
 }
 
@@ -562,10 +602,10 @@ impl From<FileStat> for FileInfo {
         FileInfo {
             path: stat.path,
             kind: match stat.kind {
-                FileKind::File => "file",
-                FileKind::Dir => "dir",
-                FileKind::Symlink => "symlink",
-                FileKind::Other => "other",
+                FileKind::File => FileKindName::File,
+                FileKind::Dir => FileKindName::Dir,
+                FileKind::Symlink => FileKindName::Symlink,
+                FileKind::Other => FileKindName::Other,
             },
             size: stat.size,
             mode: format!("{:04o}", stat.mode & 0o7777),
@@ -573,6 +613,20 @@ impl From<FileStat> for FileInfo {
             target: stat.target,
         }
     }
+}
+
+/// The type of a file as `fs/stat` names it.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKindName {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A device, FIFO or socket.
+    Other,
 }
 
 /// A time on the wire: RFC 3339 UTC with milliseconds (`2026-11-18T11:06:40.000Z`).
@@ -586,34 +640,66 @@ pub fn each<T, W: From<T>>(items: Vec<T>) -> Vec<W> {
 }
 
 /// A sandbox as the API shows it ([`lockbox_runtime::SandboxInfo`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Sandbox)]
 pub struct SandboxInfo {
-    pub id: lockbox_runtime::SandboxId,
+    pub id: String,
     /// `running`, `stopped` or `lost`.
-    pub state: &'static str,
+    pub state: StateName,
     pub created_at: String,
     #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    #[schema(value_type = Option<Name>, required = true)]
     pub workdir: Option<PathBuf>,
+    #[schema(required = true)]
     pub branch: Option<String>,
-    /// `kept`, `committed`, `aborted` or `empty`.
+    /// What deleting the sandbox did with its branch.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub branch_action: Option<&'static str>,
+    #[schema(value_type = BranchActionName, required = false)]
+    pub branch_action: Option<BranchActionName>,
     pub labels: BTreeMap<String, String>,
     pub sessions: usize,
     pub processes: usize,
+    #[schema(required = true)]
     pub policy: Option<PolicySummary>,
+    #[schema(required = true)]
     pub usage: Option<ResourceUse>,
+}
+
+/// What deleting a sandbox did with its branch ([`lockbox_runtime::BranchAction`]).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BranchActionName {
+    /// Kept for later (`lockbox branch`).
+    Kept,
+    /// Committed to the workdir.
+    Committed,
+    /// Discarded.
+    Aborted,
+    /// There was nothing in it.
+    Empty,
+}
+
+impl From<lockbox_runtime::BranchAction> for BranchActionName {
+    fn from(a: lockbox_runtime::BranchAction) -> BranchActionName {
+        use lockbox_runtime::BranchAction as A;
+        match a {
+            A::Kept => BranchActionName::Kept,
+            A::Committed => BranchActionName::Committed,
+            A::Aborted => BranchActionName::Aborted,
+            A::Empty => BranchActionName::Empty,
+        }
+    }
 }
 
 impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
     fn from(i: lockbox_runtime::SandboxInfo) -> SandboxInfo {
         SandboxInfo {
-            id: i.id,
-            state: i.state.as_str(),
+            id: i.id.into(),
+            state: i.state.into(),
             created_at: time(i.created_at),
             workdir: i.workdir,
             branch: i.branch.map(|b| b.to_string()),
-            branch_action: i.branch_action.map(lockbox_runtime::BranchAction::as_str),
+            branch_action: i.branch_action.map(BranchActionName::from),
             labels: i.labels,
             sessions: i.sessions,
             processes: i.processes,
@@ -624,22 +710,44 @@ impl From<lockbox_runtime::SandboxInfo> for SandboxInfo {
 }
 
 /// A sandbox's policy in brief ([`lockbox_runtime::PolicySummary`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PolicySummary {
     /// `none` (loopback only), `host`, `allow` (only `net_destinations`) or `deny` (all but
     /// `net_destinations`).
-    pub net: &'static str,
+    pub net: NetKindName,
+    #[schema(value_type = Vec<String>)]
     pub net_destinations: Vec<lockbox_policy::NetSpec>,
     pub default_reads: bool,
     #[serde(serialize_with = "lockbox_policy::name::json::vec::serialize")]
+    #[schema(value_type = Vec<Name>)]
     pub fs_readable: Vec<PathBuf>,
     #[serde(serialize_with = "lockbox_policy::name::json::vec::serialize")]
+    #[schema(value_type = Vec<Name>)]
     pub fs_writable: Vec<PathBuf>,
+    #[schema(required = true)]
     pub max_memory_bytes: Option<u64>,
+    #[schema(required = true)]
     pub max_processes: Option<u64>,
+    #[schema(required = true)]
     pub max_cpu_time_ms: Option<u64>,
+    #[schema(required = true)]
     pub max_file_size_bytes: Option<u64>,
+    #[schema(required = true)]
     pub idle_timeout_ms: Option<u64>,
+}
+
+/// A sandbox's network ([`lockbox_runtime::NetKind`]).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NetKindName {
+    /// Loopback only.
+    None,
+    /// The host's network.
+    Host,
+    /// Only `net_destinations`.
+    Allow,
+    /// All but `net_destinations`.
+    Deny,
 }
 
 impl From<lockbox_runtime::PolicySummary> for PolicySummary {
@@ -647,10 +755,10 @@ impl From<lockbox_runtime::PolicySummary> for PolicySummary {
         use lockbox_runtime::NetKind;
         PolicySummary {
             net: match p.net {
-                NetKind::None => "none",
-                NetKind::Host => "host",
-                NetKind::Allow => "allow",
-                NetKind::Deny => "deny",
+                NetKind::None => NetKindName::None,
+                NetKind::Host => NetKindName::Host,
+                NetKind::Allow => NetKindName::Allow,
+                NetKind::Deny => NetKindName::Deny,
             },
             net_destinations: p.net_destinations,
             default_reads: p.default_reads,
@@ -666,7 +774,7 @@ impl From<lockbox_runtime::PolicySummary> for PolicySummary {
 }
 
 /// What a running sandbox's processes use ([`lockbox_runtime::ResourceUse`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ResourceUse {
     pub processes: u32,
     pub threads: u32,
@@ -691,9 +799,10 @@ pub fn ms(d: Duration) -> u64 {
 }
 
 /// A session ([`lockbox_runtime::SessionInfo`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Session)]
 pub struct SessionInfo {
-    pub id: lockbox_runtime::SessionId,
+    pub id: String,
     pub pid: i32,
     pub created_at: String,
     pub busy: bool,
@@ -702,7 +811,7 @@ pub struct SessionInfo {
 impl From<lockbox_runtime::SessionInfo> for SessionInfo {
     fn from(i: lockbox_runtime::SessionInfo) -> SessionInfo {
         SessionInfo {
-            id: i.id,
+            id: i.id.into(),
             pid: i.pid,
             created_at: time(i.created_at),
             busy: i.busy,
@@ -711,14 +820,17 @@ impl From<lockbox_runtime::SessionInfo> for SessionInfo {
 }
 
 /// A background process ([`lockbox_runtime::ProcessInfo`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Process)]
 pub struct ProcessInfo {
-    pub id: lockbox_runtime::ProcessId,
+    pub id: String,
     pub pid: i32,
     pub command: Vec<String>,
     /// `running` or `exited`.
-    pub state: &'static str,
+    pub state: ProcessStateName,
+    #[schema(required = true)]
     pub exit_code: Option<i32>,
+    #[schema(required = true)]
     pub signal: Option<i32>,
     pub started_at: String,
     pub pty: bool,
@@ -728,12 +840,12 @@ pub struct ProcessInfo {
 impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
     fn from(i: lockbox_runtime::ProcessInfo) -> ProcessInfo {
         ProcessInfo {
-            id: i.id,
+            id: i.id.into(),
             pid: i.pid,
             command: i.command,
             state: match i.state {
-                lockbox_runtime::ProcessState::Running => "running",
-                lockbox_runtime::ProcessState::Exited => "exited",
+                lockbox_runtime::ProcessState::Running => ProcessStateName::Running,
+                lockbox_runtime::ProcessState::Exited => ProcessStateName::Exited,
             },
             exit_code: i.exit_code,
             signal: i.signal,
@@ -744,13 +856,26 @@ impl From<lockbox_runtime::ProcessInfo> for ProcessInfo {
     }
 }
 
+/// A background process's state.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessStateName {
+    /// Still running.
+    Running,
+    /// Exited (`exit_code` or `signal` say how).
+    Exited,
+}
+
 /// A code context ([`lockbox_runtime::ContextInfo`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Context)]
 pub struct ContextInfo {
-    pub id: lockbox_runtime::ContextId,
+    pub id: String,
     pub language: String,
+    #[schema(required = true)]
     pub cwd: Option<String>,
     pub created_at: String,
+    #[schema(required = true)]
     pub pid: Option<i32>,
     pub runs: u64,
     pub restarts: u64,
@@ -759,8 +884,8 @@ pub struct ContextInfo {
 impl From<lockbox_runtime::ContextInfo> for ContextInfo {
     fn from(i: lockbox_runtime::ContextInfo) -> ContextInfo {
         ContextInfo {
-            id: i.id,
-            language: i.language,
+            id: i.id.into(),
+            language: i.language.as_str().to_owned(),
             cwd: i.cwd,
             created_at: time(i.created_at),
             pid: i.pid,
@@ -771,13 +896,19 @@ impl From<lockbox_runtime::ContextInfo> for ContextInfo {
 }
 
 /// A snapshot ([`lockbox_runtime::SnapshotInfo`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Snapshot)]
 pub struct SnapshotInfo {
+    #[schema(value_type = String)]
     pub id: lockbox_runtime::SnapshotId,
+    #[schema(required = true)]
     pub name: Option<String>,
+    #[schema(value_type = Option<String>, required = true)]
     pub parent: Option<lockbox_runtime::SnapshotId>,
-    pub sandbox: Option<lockbox_runtime::SandboxId>,
+    #[schema(required = true)]
+    pub sandbox: Option<String>,
     #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
+    #[schema(value_type = Name)]
     pub workdir: PathBuf,
     pub created_at: String,
     pub bytes: u64,
@@ -790,7 +921,7 @@ impl From<lockbox_runtime::SnapshotInfo> for SnapshotInfo {
             id: i.id,
             name: i.name,
             parent: i.parent,
-            sandbox: i.sandbox,
+            sandbox: i.sandbox.map(String::from),
             workdir: i.workdir,
             created_at: time(i.created_at),
             bytes: i.bytes,
@@ -800,16 +931,20 @@ impl From<lockbox_runtime::SnapshotInfo> for SnapshotInfo {
 }
 
 /// A kept branch as `GET /v1/branches` lists it ([`lockbox_runtime::KeptBranch`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Branch)]
 pub struct KeptBranch {
     pub id: String,
     #[serde(serialize_with = "lockbox_policy::name::json::option::serialize")]
+    #[schema(value_type = Option<Name>)]
     pub workdir: Option<PathBuf>,
     /// `kept`, `stale`, `commit_failed`, `committing`, `active` (an orphan), or `damaged`
     /// (its record is unreadable).
     pub state: &'static str,
     pub status: String,
     pub created: Option<String>,
+    /// The command the branch was made by, as its record has it.
+    #[schema(value_type = Option<Value>)]
     pub command: Option<serde_json::Value>,
     pub changes: Option<usize>,
 }
@@ -850,15 +985,16 @@ impl Serialize for ChangeList {
 }
 
 /// `GET /v1/sandboxes?state=`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListSandboxes {
     /// Only sandboxes in this state (`running`: the live ones).
     pub state: Option<StateName>,
 }
 
 /// A sandbox state as a client names it.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StateName {
     /// `running`.
@@ -867,6 +1003,16 @@ pub enum StateName {
     Stopped,
     /// `lost`.
     Lost,
+}
+
+impl From<SandboxState> for StateName {
+    fn from(s: SandboxState) -> StateName {
+        match s {
+            SandboxState::Running => StateName::Running,
+            SandboxState::Stopped => StateName::Stopped,
+            SandboxState::Lost => StateName::Lost,
+        }
+    }
 }
 
 impl From<StateName> for SandboxState {
@@ -880,11 +1026,14 @@ impl From<StateName> for SandboxState {
 }
 
 /// A port exposed ([`lockbox_runtime::PortInfo`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Port)]
 pub struct PortInfo {
+    #[schema(minimum = 1, maximum = 65535)]
     pub port: u16,
     pub path: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = false)]
     pub host_address: Option<String>,
 }
 
@@ -899,8 +1048,10 @@ impl From<lockbox_runtime::PortInfo> for PortInfo {
 }
 
 /// What a commit did ([`lockbox_runtime::CommitSummary`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct CommitSummary {
+    /// What was applied (`lockbox_cow::CommitReport`: counts and paths).
+    #[schema(value_type = Object)]
     pub report: lockbox_runtime::CommitReport,
     pub remaining: usize,
 }
@@ -915,12 +1066,15 @@ impl From<lockbox_runtime::CommitSummary> for CommitSummary {
 }
 
 /// A run of code ([`lockbox_runtime::Execution`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Execution {
-    pub context: lockbox_runtime::ContextId,
+    pub context: String,
+    #[schema(value_type = Vec<crate::openapi::DisplayDataSchema>)]
     pub results: Vec<lockbox_runtime::DisplayData>,
     pub logs: Logs,
+    #[schema(value_type = Option<crate::openapi::ExecErrorSchema>)]
     pub error: Option<lockbox_runtime::ExecError>,
+    #[schema(required = true)]
     pub exit_code: Option<i32>,
     pub timed_out: bool,
     pub state_lost: bool,
@@ -929,7 +1083,7 @@ pub struct Execution {
 }
 
 /// A run's output chunks ([`lockbox_runtime::Logs`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Logs {
     pub stdout: Vec<String>,
     pub stderr: Vec<String>,
@@ -938,7 +1092,7 @@ pub struct Logs {
 impl From<lockbox_runtime::Execution> for Execution {
     fn from(e: lockbox_runtime::Execution) -> Execution {
         Execution {
-            context: e.context,
+            context: e.context.into(),
             results: e.results,
             logs: Logs {
                 stdout: e.logs.stdout,
@@ -964,8 +1118,9 @@ pub fn stream_name(s: lockbox_runtime::OutputStream) -> &'static str {
 }
 
 /// `GET fs/list`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// The directory.
     pub path: String,
@@ -978,8 +1133,9 @@ pub struct ListQuery {
 }
 
 /// `GET audit`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Stream (SSE) the kept events, then live ones (default); false: the kept ones as JSON.
     #[serde(default = "yes")]
@@ -987,28 +1143,44 @@ pub struct AuditQuery {
 }
 
 /// `GET approvals`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ApprovalsQuery {
     /// Only questions with a greater id (default 0: all pending).
     #[serde(default)]
     pub after: u64,
     /// Wait up to this long for such a question (a long poll; default 0, at most 60,000).
     #[serde(default)]
+    #[param(maximum = 60_000)]
     pub wait_ms: u64,
 }
 
 /// `POST approvals/{qid}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Decide {
     /// `once`, `sandbox` or `deny`.
+    #[schema(value_type = crate::openapi::DecisionName)]
     pub decision: String,
 }
 
+/// The reply of `POST approvals/{qid}`: the verdict taken.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Decision)]
+pub struct Decided {
+    /// The question.
+    #[schema(minimum = 1)]
+    pub id: u64,
+    /// `once`, `sandbox` or `deny`.
+    #[schema(value_type = crate::openapi::DecisionName)]
+    pub decision: &'static str,
+}
+
 /// `GET watch`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct WatchQuery {
     /// The file or directory.
     pub path: String,
@@ -1018,8 +1190,9 @@ pub struct WatchQuery {
 }
 
 /// `POST fs/mkdir`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = MkdirRequest)]
 pub struct Mkdir {
     /// The directory to create.
     pub path: String,
@@ -1033,8 +1206,9 @@ fn yes() -> bool {
 }
 
 /// `POST fs/move`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = MoveRequest)]
 pub struct Move {
     /// Source.
     pub from: String,
@@ -1046,8 +1220,9 @@ pub struct Move {
 }
 
 /// `POST fs/remove`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = RemoveRequest)]
 pub struct Remove {
     /// What to remove.
     pub path: String,
@@ -1057,15 +1232,18 @@ pub struct Remove {
 }
 
 /// `POST commit`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schema(as = CommitRequest)]
 pub struct Commit {
     /// Only these paths (relative to the workdir; a directory covers what is below it). A
     /// name that is not UTF-8 is `{"bytes": base64}` (`lockbox_policy::name`).
     #[serde(with = "lockbox_policy::name::json::vec")]
+    #[schema(value_type = Vec<Name>)]
     pub only: Vec<PathBuf>,
     /// Not these paths.
     #[serde(with = "lockbox_policy::name::json::vec")]
+    #[schema(value_type = Vec<Name>)]
     pub exclude: Vec<PathBuf>,
     /// Commit even where the workdir changed under the branch at those paths.
     pub force: bool,
@@ -1075,11 +1253,12 @@ pub struct Commit {
 }
 
 /// Some hunks of one file: `{"path": P, "accept": [0, 2]}`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HunkChoice {
     /// The file, relative to the workdir (a string, or `{"bytes": base64}`).
     #[serde(deserialize_with = "lockbox_policy::name::json::deserialize")]
+    #[schema(value_type = Name)]
     pub path: PathBuf,
     /// Hunk numbers (from 0, as the diff numbers them); empty: the file is not touched.
     pub accept: Vec<usize>,
@@ -1095,7 +1274,7 @@ impl From<HunkChoice> for lockbox_runtime::HunkSelection {
 }
 
 /// What happens to the part of a kept branch a commit did not take.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RestName {
     /// It stays in the branch (default).
@@ -1127,14 +1306,17 @@ impl Commit {
 }
 
 /// `POST /v1/branches/{id}/commit`: [`Commit`] and what happens to the rest.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schema(as = BranchCommitRequest)]
 pub struct BranchCommit {
     /// Only these paths.
     #[serde(with = "lockbox_policy::name::json::vec")]
+    #[schema(value_type = Vec<Name>)]
     pub only: Vec<PathBuf>,
     /// Not these paths.
     #[serde(with = "lockbox_policy::name::json::vec")]
+    #[schema(value_type = Vec<Name>)]
     pub exclude: Vec<PathBuf>,
     /// Files committed with only some of their hunks.
     pub hunks: Vec<HunkChoice>,
@@ -1161,12 +1343,14 @@ impl BranchCommit {
 }
 
 /// `?path=` (or `?path_bytes=` with the base64 of a name that is not UTF-8) of `GET diff`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DiffQuery {
     /// The path, relative to the workdir.
     pub path: Option<String>,
     /// The path's bytes, base64 (standard alphabet, as `{"bytes": ...}` names are).
+    #[param(format = Byte)]
     pub path_bytes: Option<String>,
 }
 
@@ -1252,12 +1436,13 @@ impl Serialize for FileDiffReply {
 }
 
 /// `GET /v1/branches/{id}`: the branch object and its changes.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct BranchDetail {
     /// The branch object of `GET /v1/branches`.
     #[serde(flatten)]
     pub branch: KeptBranch,
     /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them).
+    #[schema(value_type = Vec<crate::openapi::ChangeSchema>)]
     pub change_list: ChangeList,
 }
 
@@ -1296,10 +1481,11 @@ pub fn run_json(s: &lockbox_journal::RunStatus) -> serde_json::Value {
 }
 
 /// `POST /v1/sandboxes/{id}/ports`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExposePort {
     /// The port inside the sandbox (1-65535).
+    #[schema(minimum = 1, maximum = 65535)]
     pub port: u32,
     /// Also listen on a host loopback port.
     #[serde(default)]
@@ -1307,11 +1493,12 @@ pub struct ExposePort {
 }
 
 /// `POST /v1/sandboxes/{id}/snapshots` (the body may be left out).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     /// A name for people (at most 256 bytes, no control characters).
     #[serde(default)]
+    #[schema(max_length = 256, pattern = "^[^\\x00-\\x1f\\x7f]*$")]
     pub name: Option<String>,
     /// Keep the sandbox's `/tmp` too: forks and restores find it in theirs.
     #[serde(default)]
@@ -1319,11 +1506,12 @@ pub struct SnapshotRequest {
 }
 
 /// `POST /v1/snapshots/{id}/fork`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkRequest {
-    /// How many sandboxes (default 1).
+    /// How many sandboxes (default 1; at most the server's max_sandboxes).
     #[serde(default = "one")]
+    #[schema(minimum = 1, default = 1)]
     pub count: usize,
 }
 
@@ -1332,14 +1520,16 @@ fn one() -> usize {
 }
 
 /// `POST /v1/sandboxes/{id}/fork`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkSandboxRequest {
-    /// How many sandboxes (default 1).
+    /// How many sandboxes (default 1; at most the server's max_sandboxes).
     #[serde(default = "one")]
+    #[schema(minimum = 1, default = 1)]
     pub count: usize,
     /// A name for the snapshot taken first.
     #[serde(default)]
+    #[schema(max_length = 256, pattern = "^[^\\x00-\\x1f\\x7f]*$")]
     pub name: Option<String>,
     /// Keep the sandbox's `/tmp` in that snapshot too.
     #[serde(default)]
@@ -1347,7 +1537,7 @@ pub struct ForkSandboxRequest {
 }
 
 /// `POST /v1/sandboxes/{id}/restore`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
     /// The snapshot to roll back to.
@@ -1356,8 +1546,9 @@ pub struct RestoreRequest {
 
 /// `GET /v1/snapshots/{id}/diff`: what the snapshot is compared with (at most one; none:
 /// the workdir as it is now).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct SnapshotDiffQuery {
     /// Another snapshot of the same workdir.
     pub to_snapshot: Option<String>,
@@ -1382,14 +1573,16 @@ impl SnapshotDiffQuery {
 }
 
 /// `POST /v1/sandboxes/{id}/contexts`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateContext {
     /// Its id; generated when absent. `[A-Za-z0-9_.-]{1,64}`.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     pub id: Option<String>,
     /// `python` (default), `bash` or `node`.
     #[serde(default = "python")]
+    #[schema(value_type = crate::openapi::LanguageName, default = "python")]
     pub language: String,
     /// Working directory of the interpreter (inside the sandbox).
     #[serde(default)]
@@ -1404,25 +1597,39 @@ fn python() -> String {
 }
 
 impl CreateContext {
-    /// The runtime's options.
-    pub fn into_options(self) -> lockbox_runtime::ContextOptions {
-        lockbox_runtime::ContextOptions {
+    /// The runtime's options, or `language` named as the field that is wrong.
+    pub fn into_options(self) -> Result<lockbox_runtime::ContextOptions, ApiError> {
+        Ok(lockbox_runtime::ContextOptions {
             id: self.id.map(Into::into),
-            language: self.language,
+            language: language(&self.language)?,
             cwd: self.cwd,
             env: self.env,
-        }
+        })
     }
 }
 
+/// A code context's language by one of its names (`python`, `python3`, `bash`, `sh`,
+/// `node`, `javascript`, `js`); anything else is `INVALID_REQUEST` naming `language`.
+pub fn language(name: &str) -> Result<lockbox_runtime::Language, lockbox_runtime::RuntimeError> {
+    use lockbox_runtime::Language;
+    Language::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = Language::ALL.iter().map(|l| l.as_str()).collect();
+        lockbox_runtime::RuntimeError::InvalidRequest {
+            field: "language".into(),
+            message: format!("{name:?} is not one of {}", known.join(", ")),
+        }
+    })
+}
+
 /// `POST /v1/sandboxes/{id}/contexts/{cid}/run` and `/run/stream`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunCode {
     /// The code (Python statements, or bash text).
     pub code: String,
     /// Interrupt after this long (default 300 000).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -1449,16 +1656,22 @@ impl RunCode {
 
 /// `POST /v1/transactions`: running sandboxes committed together (`kind: "gather"`, the
 /// only kind so far).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = GatherRequest)]
 pub struct TransactionRequest {
     /// `gather`.
+    #[schema(value_type = crate::openapi::GatherKind)]
     pub kind: String,
     /// The running sandboxes, in order (the order `first_writer_wins` and
     /// `last_writer_wins` go by).
+    #[schema(min_items = 1)]
     pub sandboxes: Vec<String>,
-    /// `fail` (default), `first_writer_wins`, `last_writer_wins` or `markers`.
+    /// `fail` (default): refuse with 409; `first_writer_wins`/`last_writer_wins`: the
+    /// first/last sandbox listed that changed the path wins; `markers`: the first wins, the
+    /// others' versions are kept as PATH.lockbox-<sandbox>.
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::ConflictName>)]
     pub conflicts: Option<String>,
     /// Report the merged result; change nothing.
     #[serde(default)]
@@ -1516,50 +1729,200 @@ impl TransactionRequest {
     }
 }
 
-/// What `POST /v1/transactions` answers for a gather.
-pub fn gather_json(o: &lockbox_runtime::GatherOutcome) -> serde_json::Value {
-    use lockbox_policy::name::Encoded;
-    let changes = |c: &[lockbox_runtime::Change]| {
-        serde_json::to_value(ChangeList(c.to_vec())).unwrap_or_default()
-    };
-    let contributions: Vec<_> = o
-        .contributions
-        .iter()
-        .map(|c| serde_json::json!({ "sandbox": c.sandbox.as_str(), "changes": changes(&c.changes) }))
-        .collect();
-    let conflicts: Vec<_> = o
-        .conflicts
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "path": Encoded(&c.path),
-                "sandboxes": c.sandboxes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
-                "winner": c.winner.as_ref().map(|s| s.as_str()),
-            })
-        })
-        .collect();
-    let markers: Vec<_> = o
-        .markers
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "path": Encoded(&m.path),
-                "kept_as": Encoded(&m.kept_as),
-                "sandbox": m.source,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "id": o.transaction.to_string(),
-        "kind": "gather",
-        "committed": o.committed,
-        "dry_run": o.dry_run,
-        "contributions": contributions,
-        "conflicts": conflicts,
-        "markers": markers,
-        "changes": changes(&o.changes),
-        "report": o.report,
-    })
+/// What `POST /v1/transactions` answers for a gather. The fields are in the order of their
+/// names, as the `json!` object this replaced wrote them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GatherResult {
+    /// The merged changes.
+    #[schema(value_type = Vec<crate::openapi::ChangeSchema>)]
+    pub changes: ChangeList,
+    /// Applied to the workdir (false for a dry run or a refusal).
+    pub committed: bool,
+    /// Paths several sandboxes changed, and how each was resolved.
+    pub conflicts: Vec<GatherConflict>,
+    /// What each sandbox contributed.
+    pub contributions: Vec<Contribution>,
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// The transaction (`GET /v1/transactions/{id}`).
+    pub id: String,
+    /// `gather`.
+    #[schema(value_type = crate::openapi::GatherKind)]
+    pub kind: &'static str,
+    /// Versions kept beside the winner (`markers`).
+    pub markers: Vec<Marker>,
+    /// What the commit applied.
+    #[schema(value_type = Option<Object>)]
+    pub report: Option<lockbox_runtime::CommitReport>,
+}
+
+/// What one sandbox of a gather contributed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Contribution {
+    /// Its changes.
+    #[schema(value_type = Vec<crate::openapi::ChangeSchema>)]
+    pub changes: ChangeList,
+    /// The sandbox.
+    pub sandbox: String,
+}
+
+/// A path several sandboxes of a gather changed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GatherConflict {
+    /// Relative to the workdir.
+    #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
+    #[schema(value_type = Name)]
+    pub path: PathBuf,
+    /// The sandboxes that changed it.
+    pub sandboxes: Vec<String>,
+    /// The one whose version was taken (none under `fail`).
+    #[schema(required = true)]
+    pub winner: Option<String>,
+}
+
+/// A version kept beside the winner's under `markers`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Marker {
+    /// Where it was kept.
+    #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
+    #[schema(value_type = Name)]
+    pub kept_as: PathBuf,
+    /// The path it is a version of.
+    #[serde(serialize_with = "lockbox_policy::name::json::serialize")]
+    #[schema(value_type = Name)]
+    pub path: PathBuf,
+    /// Whose version.
+    pub sandbox: String,
+}
+
+impl From<lockbox_runtime::GatherOutcome> for GatherResult {
+    fn from(o: lockbox_runtime::GatherOutcome) -> GatherResult {
+        GatherResult {
+            changes: ChangeList(o.changes),
+            committed: o.committed,
+            conflicts: o
+                .conflicts
+                .into_iter()
+                .map(|c| GatherConflict {
+                    path: c.path,
+                    sandboxes: c.sandboxes.iter().map(|s| s.as_str().to_owned()).collect(),
+                    winner: c.winner.as_ref().map(|s| s.as_str().to_owned()),
+                })
+                .collect(),
+            contributions: o
+                .contributions
+                .into_iter()
+                .map(|c| Contribution {
+                    changes: ChangeList(c.changes),
+                    sandbox: c.sandbox.as_str().to_owned(),
+                })
+                .collect(),
+            dry_run: o.dry_run,
+            id: o.transaction.to_string(),
+            kind: "gather",
+            markers: o
+                .markers
+                .into_iter()
+                .map(|m| Marker {
+                    kept_as: m.kept_as,
+                    path: m.path,
+                    sandbox: m.source.to_string(),
+                })
+                .collect(),
+            report: o.report,
+        }
+    }
+}
+
+/// `GET /v1/sandboxes` and the forks of `POST /v1/snapshots/{id}/fork`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxList {
+    /// The sandboxes.
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+/// `GET sessions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    /// The sessions.
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// `GET processes`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProcessList {
+    /// The processes.
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// `GET contexts`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ContextList {
+    /// The contexts.
+    pub contexts: Vec<ContextInfo>,
+}
+
+/// `GET ports`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PortList {
+    /// The exposed ports.
+    pub ports: Vec<PortInfo>,
+}
+
+/// `GET /v1/snapshots`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SnapshotList {
+    /// The snapshots, oldest first.
+    pub snapshots: Vec<SnapshotInfo>,
+}
+
+/// `GET /v1/branches`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BranchList {
+    /// The kept branches.
+    pub branches: Vec<KeptBranch>,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`: the snapshot taken and the forks made of it. The fields
+/// are in the order of their names, as the `json!` object this replaced wrote them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForkReply {
+    /// The forks.
+    pub sandboxes: Vec<SandboxInfo>,
+    /// The snapshot taken first.
+    pub snapshot: SnapshotInfo,
+}
+
+/// `POST abort`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AbortResult {
+    /// Always true.
+    pub aborted: bool,
+}
+
+/// `POST processes/{pid}/stdin`. In the order of their names, as before.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StdinResult {
+    /// Whether stdin was closed.
+    pub closed: bool,
+    /// Bytes written.
+    pub written: usize,
+}
+
+/// `GET /healthz`. In the order of their names, as before.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: &'static str,
+    /// The server's version.
+    pub version: &'static str,
+}
+
+/// `GET /ui/session`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionState {
+    /// Always true (401 otherwise).
+    pub authenticated: bool,
 }
 
 #[cfg(test)]
@@ -1611,6 +1974,25 @@ mod tests {
                 r#""max_file_size_bytes":null,"idle_timeout_ms":null},"#,
                 r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
             )
+        );
+    }
+
+    /// A context's language is checked at the edge; the runtime gets a `Language`.
+    #[test]
+    fn an_unknown_context_language_is_invalid_request_naming_language() {
+        let body: CreateContext = serde_json::from_str(r#"{"language": "cobol"}"#).unwrap();
+        let err = body.into_options().unwrap_err();
+        assert_eq!(err.code, lockbox_policy::ErrorCode::InvalidRequest);
+        assert_eq!(err.details["field"], "language");
+        assert!(
+            err.message.contains("python, bash, node"),
+            "{}",
+            err.message
+        );
+        let body: CreateContext = serde_json::from_str(r#"{"language": "js"}"#).unwrap();
+        assert_eq!(
+            body.into_options().unwrap().language,
+            lockbox_runtime::Language::Node
         );
     }
 

@@ -163,7 +163,7 @@ async fn run_code(
         Err(e) if e.code() == ErrorCode::ContextNotFound => {
             let options = ContextOptions {
                 id: request.context.clone(),
-                language,
+                language: crate::wire::language(&language)?,
                 ..ContextOptions::default()
             };
             match sandbox.create_context(options).await {
@@ -290,7 +290,7 @@ fn exec_result(r: &ExecResult, max: usize) -> Value {
             "stdout_truncated": stdout_truncated,
             "stderr_truncated": stderr_truncated,
             "duration_ms": duration_ms,
-            "session": r.session,
+            "session": r.session.as_str(),
         }),
     )
 }

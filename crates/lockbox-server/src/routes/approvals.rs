@@ -18,6 +18,15 @@ const MAX_WAIT_MS: u64 = 60_000;
 /// Who a denial through the API is logged as (`denied by the API`).
 const BY: &str = "the API";
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/approvals",
+    operation_id = "list_approvals",
+    summary = "The approval questions of a net_ask sandbox waiting for a verdict, oldest first",
+    description = "docs/security.md, Approvals. Each new question is also an `asked` event of the audit stream. With wait_ms, a long poll: waits up to that long for a question with an id above `after`",
+    params(crate::openapi::SandboxPath, crate::wire::ApprovalsQuery),
+    responses((status = 200, description = "the pending questions", body = crate::openapi::Approvals))
+)]
 pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -31,6 +40,16 @@ pub async fn list(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/approvals/{qid}",
+    operation_id = "decide_approval",
+    summary = "Answer an approval question: once (this call), sandbox (this destination or name from now on) or deny",
+    description = "404 QUESTION_NOT_FOUND if it is not pending (never asked, timed out, its caller gone), 409 QUESTION_DECIDED if answered already, 400 naming the field for a bad body",
+    params(crate::openapi::QuestionPath),
+    request_body = crate::wire::Decide,
+    responses((status = 200, description = "the verdict taken", body = crate::wire::Decided))
+)]
 pub async fn decide(
     State(app): State<AppState>,
     ApiPath((id, qid)): ApiPath<(String, String)>,
@@ -50,5 +69,8 @@ pub async fn decide(
     })?;
     let sandbox = app.runtime.sandbox(&id)?;
     sandbox.decide(qid, verdict, BY)?;
-    Ok(Json(json!({ "id": qid, "decision": verdict.as_str() })))
+    Ok(Json(crate::wire::Decided {
+        id: qid,
+        decision: verdict.as_str(),
+    }))
 }

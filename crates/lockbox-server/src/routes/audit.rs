@@ -13,6 +13,15 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::json;
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/audit",
+    operation_id = "audit",
+    summary = "The network audit log of a --net-allow/--net-deny sandbox",
+    description = "One NetEvent per connect or send towards the host's network, per DNS query lockbox's resolver answered, and per name (SNI, Host) a relayed TLS or HTTP connection asked for. By default an SSE stream of `audit` events (the last 1,000 kept, then live ones; a stream that lags gets a `dropped` event with the count) until the client disconnects; with follow=false the kept events as JSON",
+    params(crate::openapi::SandboxPath, crate::wire::AuditQuery),
+    responses((status = 200, description = "events (SSE), or the kept ones (follow=false)", content((crate::openapi::AuditEvent = "text/event-stream"), (crate::openapi::AuditLog = "application/json"))))
+)]
 pub async fn audit(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,

@@ -94,13 +94,24 @@ async fn serve(rel: &str, headers: &HeaderMap) -> Result<Response, ApiError> {
 }
 
 /// Body of `POST /ui/login`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = LoginRequest)]
 pub struct Login {
     token: String,
 }
 
 /// `POST /ui/login`: the server token for a session (two cookies); 401 if it is wrong.
+#[utoipa::path(
+    post,
+    path = "/ui/login",
+    operation_id = "console_login",
+    summary = "Exchange the server token for a console session",
+    description = "Sets the HttpOnly, SameSite=Strict `lockbox_session` cookie and the `lockbox_csrf` cookie (send its value as `X-CSRF-Token` on state-changing requests)",
+    request_body = Login,
+    responses((status = 204, description = "logged in (cookies set)")),
+    security(())
+)]
 pub async fn login(
     State(app): State<AppState>,
     headers: HeaderMap,
@@ -118,6 +129,14 @@ pub async fn login(
 }
 
 /// `POST /ui/logout`: ends the session (if any) and clears both cookies.
+#[utoipa::path(
+    post,
+    path = "/ui/logout",
+    operation_id = "console_logout",
+    summary = "End the console session and clear its cookies",
+    responses((status = 204, description = "logged out (cookies cleared)")),
+    security(())
+)]
 pub async fn logout(State(app): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     check_same_origin(&headers)?;
     if let Some(id) = cookie(&headers, SESSION_COOKIE) {
@@ -127,12 +146,23 @@ pub async fn logout(State(app): State<AppState>, headers: HeaderMap) -> Result<R
 }
 
 /// `GET /ui/session`: 200 while the session cookie is valid, else 401.
+#[utoipa::path(
+    get,
+    path = "/ui/session",
+    operation_id = "console_session",
+    summary = "Whether the session cookie is valid (401 if not)",
+    responses((status = 200, description = "logged in", body = crate::wire::SessionState)),
+    security(())
+)]
 pub async fn session(
     State(app): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     match cookie(&headers, SESSION_COOKIE).and_then(|id| app.sessions.find(id)) {
-        Some(_) => Ok(Json(json!({ "authenticated": true })).into_response()),
+        Some(_) => Ok(Json(crate::wire::SessionState {
+            authenticated: true,
+        })
+        .into_response()),
         None => Err(ApiError::new(
             lockbox_policy::ErrorCode::Unauthorized,
             "not logged in",

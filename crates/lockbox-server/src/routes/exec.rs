@@ -12,6 +12,15 @@ use futures_util::StreamExt;
 use lockbox_runtime::ExecEvent;
 use serde_json::{json, Value};
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/exec",
+    operation_id = "exec",
+    summary = "Run a command in a session and wait for it",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::Exec,
+    responses((status = 200, description = "how it ended, with all output", body = crate::openapi::ExecResultSchema))
+)]
 pub async fn exec(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -38,6 +47,15 @@ pub(crate) async fn detached<T: Send + 'static>(
     Ok(result?)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/exec/stream",
+    operation_id = "exec_stream",
+    summary = "Run a command in a session, streaming its output (SSE events start, stdout, stderr, exit, error)",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::Exec,
+    responses((status = 200, description = "events; `stdout`/`stderr` carry {data} (UTF-8 text) or {data_b64}, `exit` {exit_code, timed_out, duration_ms, session}", content((crate::openapi::ExecEvent = "text/event-stream"))))
+)]
 pub async fn stream(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -50,7 +68,9 @@ pub async fn stream(
         .exec_stream(request)
         .await?
         .map(|event| match event {
-            ExecEvent::Start { session } => json_event("start", &json!({ "session": session })),
+            ExecEvent::Start { session } => {
+                json_event("start", &json!({ "session": session.as_str() }))
+            }
             ExecEvent::Stdout { data } => json_event("stdout", &Value::Object(data_fields(&data))),
             ExecEvent::Stderr { data } => json_event("stderr", &Value::Object(data_fields(&data))),
             ExecEvent::Exit(exit) => json_event(
@@ -59,7 +79,7 @@ pub async fn stream(
                     "exit_code": exit.exit_code,
                     "timed_out": exit.timed_out,
                     "duration_ms": ms(exit.duration),
-                    "session": exit.session,
+                    "session": exit.session.as_str(),
                 }),
             ),
             ExecEvent::Error { code, message } => json_event(

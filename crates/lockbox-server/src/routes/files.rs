@@ -62,6 +62,14 @@ fn resolve(spec: RangeSpec, size: u64) -> Option<(u64, u64)> {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/files",
+    operation_id = "read_file",
+    summary = "Read a file (Range: bytes=a-b gives 206, 416 when outside the file)",
+    params(crate::openapi::SandboxPath, crate::wire::PathQuery, ("Range" = Option<String>, Header, description = "one byte range")),
+    responses((status = 200, description = "the bytes", content((crate::openapi::Binary = "application/octet-stream"))), (status = 206, description = "the range", content((crate::openapi::Binary = "application/octet-stream"))))
+)]
 pub async fn get(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -121,6 +129,15 @@ fn unsatisfiable(path: &str, size: u64) -> Response {
 
 /// Streams the body into the file (no buffering, so no size cap from memory); the runtime
 /// writes a temporary file and renames it, so readers see the old or the new file.
+#[utoipa::path(
+    put,
+    path = "/v1/sandboxes/{id}/files",
+    operation_id = "write_file",
+    summary = "Write a file atomically from the raw body (parents created)",
+    params(crate::openapi::SandboxPath, crate::wire::PutQuery),
+    request_body(content((Option<crate::openapi::Binary> = "application/octet-stream"))),
+    responses((status = 200, description = "the written file", body = crate::wire::FileInfo))
+)]
 pub async fn put(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -152,6 +169,14 @@ pub async fn put(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/fs/stat",
+    operation_id = "stat_file",
+    summary = "Stat a path (symlinks not followed)",
+    params(crate::openapi::SandboxPath, crate::wire::PathQuery),
+    responses((status = 200, description = "the entry", body = crate::wire::FileInfo))
+)]
 pub async fn stat(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -161,6 +186,14 @@ pub async fn stat(
     Ok(Json(FileInfo::from(sandbox.stat(&query.path).await?)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/fs/list",
+    operation_id = "list_files",
+    summary = "List a directory",
+    params(crate::openapi::SandboxPath, crate::wire::ListQuery),
+    responses((status = 200, description = "entries", body = crate::openapi::FileList))
+)]
 pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -202,6 +235,15 @@ where
     response
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/fs/mkdir",
+    operation_id = "make_directory",
+    summary = "Create a directory",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::Mkdir,
+    responses((status = 200, description = "the directory", body = crate::wire::FileInfo))
+)]
 pub async fn mkdir(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -213,6 +255,15 @@ pub async fn mkdir(
     )))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/fs/move",
+    operation_id = "move_file",
+    summary = "Move or rename",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::Move,
+    responses((status = 200, description = "the destination", body = crate::wire::FileInfo))
+)]
 pub async fn rename(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -224,6 +275,15 @@ pub async fn rename(
     )))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/fs/remove",
+    operation_id = "remove_file",
+    summary = "Remove a file or directory",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::Remove,
+    responses((status = 204, description = "done"))
+)]
 pub async fn remove(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,

@@ -20,6 +20,13 @@ fn source(app: &AppState) -> Result<&JournalSource, ApiError> {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/journal/runs",
+    operation_id = "list_journal_runs",
+    summary = "Runs of the journal given to `lockbox serve --journal` (none: an empty list)",
+    responses((status = 200, description = "the runs", body = crate::openapi::JournalRuns))
+)]
 pub async fn runs(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let Ok(src) = source(&app) else {
         return Ok(Json(json!({ "journal": null, "runs": [] })));
@@ -31,6 +38,14 @@ pub async fn runs(State(app): State<AppState>) -> Result<impl IntoResponse, ApiE
     Ok(Json(json!({ "journal": src.url, "runs": runs })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/journal/runs/{id}",
+    operation_id = "show_journal_run",
+    summary = "One journal run: its status and entries",
+    params(crate::openapi::RunPath),
+    responses((status = 200, description = "the run", body = crate::openapi::JournalRun))
+)]
 pub async fn run(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,

@@ -1,21 +1,21 @@
 //! The route table: one line per route, handlers in one module per resource.
 
-mod approvals;
-mod audit;
-mod branches;
-mod console;
-mod contexts;
+pub(crate) mod approvals;
+pub(crate) mod audit;
+pub(crate) mod branches;
+pub(crate) mod console;
+pub(crate) mod contexts;
 pub(crate) mod exec;
-mod files;
-mod journal;
-mod ports;
-mod processes;
-mod pty;
-mod sandboxes;
-mod snapshots;
-mod transactions;
-mod watch;
-mod workspace;
+pub(crate) mod files;
+pub(crate) mod journal;
+pub(crate) mod ports;
+pub(crate) mod processes;
+pub(crate) mod pty;
+pub(crate) mod sandboxes;
+pub(crate) mod snapshots;
+pub(crate) mod transactions;
+pub(crate) mod watch;
+pub(crate) mod workspace;
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -72,7 +72,7 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{process}/logs"), get(processes::logs))
         .route(&format!("{process}/stdin"), post(processes::stdin))
         .route(&format!("{process}/pty"), get(pty::attach))
-        .route(&format!("{process}/ws"), get(pty::attach))
+        .route(&format!("{process}/ws"), get(pty::attach_ws))
         .route(&format!("{sandbox}/files"), get(files::get).put(files::put))
         .route(&format!("{sandbox}/fs/list"), get(files::list))
         .route(&format!("{sandbox}/watch"), get(watch::watch))
@@ -147,11 +147,29 @@ fn console() -> Router<AppState> {
         .route_layer(axum::middleware::from_fn(console::security_headers))
 }
 
-async fn healthz() -> impl IntoResponse {
-    Json(json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    summary = "Liveness (no token needed)",
+    responses((status = 200, description = "alive", body = crate::wire::Health)),
+    security(())
+)]
+pub(crate) async fn healthz() -> impl IntoResponse {
+    Json(crate::wire::Health {
+        status: "ok",
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
-async fn openapi() -> impl IntoResponse {
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openapi",
+    summary = "This document",
+    responses((status = 200, description = "OpenAPI 3.1 document", content((Object = "application/json"))))
+)]
+pub(crate) async fn openapi() -> impl IntoResponse {
     Json(crate::openapi::document().clone())
 }
 

@@ -38,6 +38,15 @@ fn port_of(text: &str) -> Result<u16, ApiError> {
     Ok(check_port(port)?)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/ports",
+    operation_id = "expose_port",
+    summary = "Expose a port of the sandbox (through the proxy below; with host_loopback also on a host 127.0.0.1 port)",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::ExposePort,
+    responses((status = 201, description = "exposed", body = crate::wire::PortInfo))
+)]
 pub async fn expose(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -54,16 +63,32 @@ pub async fn expose(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/ports",
+    operation_id = "list_ports",
+    summary = "List exposed ports",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "the ports", body = crate::wire::PortList))
+)]
 pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
-    Ok(Json(
-        json!({ "ports": each::<_, PortInfo>(sandbox.ports()) }),
-    ))
+    Ok(Json(crate::wire::PortList {
+        ports: each(sandbox.ports()),
+    }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sandboxes/{id}/ports/{port}",
+    operation_id = "unexpose_port",
+    summary = "Stop exposing a port (its host listener closes)",
+    params(crate::openapi::PortPath),
+    responses((status = 204, description = "done"))
+)]
 pub async fn unexpose(
     State(app): State<AppState>,
     ApiPath((id, port)): ApiPath<(String, String)>,
@@ -75,6 +100,15 @@ pub async fn unexpose(
 }
 
 /// `ANY /v1/sandboxes/{id}/ports/{port}/`: the server's root.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/ports/{port}/",
+    operation_id = "proxy_root",
+    summary = "Proxy (prefix, any method) to the server on the exposed port: the root path",
+    description = "Authorization, lockbox's cookies and X-CSRF-Token are removed, Host becomes localhost:PORT",
+    params(crate::openapi::PortPath),
+    responses((status = "default", description = "the sandboxed server's reply, as it sent it (502 PORT_NOT_LISTENING when nothing listens; WebSocket upgrades are carried through)", content(("*/*"))))
+)]
 pub async fn proxy_root(
     State(app): State<AppState>,
     ApiPath((id, port)): ApiPath<(String, String)>,
@@ -84,6 +118,14 @@ pub async fn proxy_root(
 }
 
 /// `ANY /v1/sandboxes/{id}/ports/{port}/{*path}`.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/ports/{port}/{path}",
+    operation_id = "proxy_path",
+    summary = "Proxy (prefix, any method, any path below) to the server on the exposed port",
+    params(crate::openapi::ProxyPath),
+    responses((status = "default", description = "the sandboxed server's reply, as it sent it (502 PORT_NOT_LISTENING when nothing listens; WebSocket upgrades are carried through)", content(("*/*"))))
+)]
 pub async fn proxy_path(
     State(app): State<AppState>,
     ApiPath((id, port, path)): ApiPath<(String, String, String)>,

@@ -26,6 +26,15 @@ use std::time::Duration;
 /// Default SIGTERM → SIGKILL delay of `DELETE .../processes/{pid}`.
 const DEFAULT_GRACE: Duration = Duration::from_secs(2);
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/processes",
+    operation_id = "start_process",
+    summary = "Start a background process",
+    params(crate::openapi::SandboxPath),
+    request_body = crate::wire::StartProcess,
+    responses((status = 201, description = "started", body = crate::wire::ProcessInfo))
+)]
 pub async fn start(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -39,15 +48,31 @@ pub async fn start(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/processes",
+    operation_id = "list_processes",
+    summary = "List processes",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "the processes", body = crate::wire::ProcessList))
+)]
 pub async fn list(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
     let processes = each::<_, ProcessInfo>(sandbox.list_processes());
-    Ok(Json(json!({ "processes": processes })))
+    Ok(Json(crate::wire::ProcessList { processes }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/processes/{pid}",
+    operation_id = "show_process",
+    summary = "Show a process",
+    params(crate::openapi::ProcessPath),
+    responses((status = 200, description = "the process", body = crate::wire::ProcessInfo))
+)]
 pub async fn show(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,
@@ -56,6 +81,15 @@ pub async fn show(
     Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/processes/{pid}/signal",
+    operation_id = "signal_process",
+    summary = "Send a signal to the whole process tree",
+    params(crate::openapi::ProcessPath),
+    request_body = crate::wire::Signal,
+    responses((status = 200, description = "the process", body = crate::wire::ProcessInfo))
+)]
 pub async fn signal(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,
@@ -67,6 +101,14 @@ pub async fn signal(
     Ok(Json(ProcessInfo::from(sandbox.process(&pid)?)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sandboxes/{id}/processes/{pid}",
+    operation_id = "kill_process",
+    summary = "Kill a process tree (TERM, grace, KILL) and wait for it",
+    params(crate::openapi::ProcessPath, crate::wire::KillQuery),
+    responses((status = 200, description = "the exited process", body = crate::wire::ProcessInfo))
+)]
 pub async fn kill(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,
@@ -82,6 +124,15 @@ pub async fn kill(
 
 /// Writes the body to the process's stdin: raw bytes (`?close=true` closes afterwards),
 /// or with `Content-Type: application/json` `{data | data_b64, close}`.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/processes/{pid}/stdin",
+    operation_id = "process_stdin",
+    summary = "Write to the process's stdin (raw body, or JSON {data|data_b64, close})",
+    params(crate::openapi::ProcessPath, crate::wire::StdinQuery),
+    request_body(content((Option<crate::openapi::Binary> = "application/octet-stream"), (Option<crate::wire::Stdin> = "application/json"))),
+    responses((status = 200, description = "written", body = crate::wire::StdinResult))
+)]
 pub async fn stdin(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,
@@ -124,7 +175,10 @@ pub async fn stdin(
     if close {
         sandbox.close_stdin(&pid).await?;
     }
-    Ok(Json(json!({ "written": data.len(), "closed": close })))
+    Ok(Json(crate::wire::StdinResult {
+        closed: close,
+        written: data.len(),
+    }))
 }
 
 /// One log chunk as JSON: `{segments: [{stream, offset, data | data_b64}], next, truncated, eof}`.
@@ -165,6 +219,14 @@ fn chunk_events(chunk: LogChunk) -> Vec<Event> {
     events
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/processes/{pid}/logs",
+    operation_id = "process_logs",
+    summary = "Read the output log from a cursor; with follow=true an SSE stream (id: = cursor, Last-Event-ID resumes)",
+    params(crate::openapi::ProcessPath, crate::wire::LogsQuery, ("Last-Event-ID" = Option<String>, Header, description = "resume a followed stream after this cursor", pattern = "^[0-9]{1,19}$")),
+    responses((status = 200, description = "a chunk (JSON), or events (SSE) when following", content((crate::openapi::LogChunkSchema = "application/json"), (crate::openapi::LogEvent = "text/event-stream"))))
+)]
 pub async fn logs(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,

@@ -52,6 +52,32 @@ struct Control {
     close_stdin: bool,
 }
 
+/// `GET .../ws`: the same WebSocket as [`attach`] (the name for interactive stdin of pipe
+/// processes).
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/processes/{pid}/ws",
+    operation_id = "attach_ws",
+    summary = "The same WebSocket as /pty (the name for interactive stdin of pipe processes)",
+    params(crate::openapi::ProcessPath),
+    responses((status = 101, description = "switching to WebSocket"))
+)]
+pub async fn attach_ws(
+    state: State<AppState>,
+    path: ApiPath<(String, String)>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    attach(state, path, upgrade).await
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/processes/{pid}/pty",
+    operation_id = "attach_pty",
+    summary = "WebSocket to a PTY process (binary frames both ways, {\"resize\":{cols,rows}} text frames, scrollback on attach); for a pipe process stdin and merged output",
+    params(crate::openapi::ProcessPath),
+    responses((status = 101, description = "switching to WebSocket"))
+)]
 pub async fn attach(
     State(app): State<AppState>,
     ApiPath((id, pid)): ApiPath<(String, String)>,

@@ -8,8 +8,15 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::json;
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes",
+    operation_id = "create_sandbox",
+    summary = "Create a sandbox",
+    request_body = Option<crate::wire::CreateSandbox>,
+    responses((status = 201, description = "created", body = crate::wire::SandboxInfo))
+)]
 pub async fn create(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<CreateSandbox>,
@@ -18,15 +25,33 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(SandboxInfo::from(info))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes",
+    operation_id = "list_sandboxes",
+    summary = "List sandboxes (running, the last --keep-stopped stopped ones, and lost)",
+    params(crate::wire::ListSandboxes),
+    responses((status = 200, description = "the sandboxes", body = crate::wire::SandboxList))
+)]
 pub async fn list(
     State(app): State<AppState>,
     ApiQuery(query): ApiQuery<ListSandboxes>,
 ) -> impl IntoResponse {
     let mut sandboxes = app.runtime.list_sandboxes();
     sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state.into()));
-    Json(json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
+    Json(crate::wire::SandboxList {
+        sandboxes: each(sandboxes),
+    })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}",
+    operation_id = "show_sandbox",
+    summary = "Show a sandbox",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "the sandbox", body = crate::wire::SandboxInfo))
+)]
 pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -34,6 +59,14 @@ pub async fn show(
     Ok(Json(SandboxInfo::from(app.runtime.sandbox_info(&id)?)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sandboxes/{id}",
+    operation_id = "delete_sandbox",
+    summary = "Delete a sandbox: kill everything in it, apply on_exit to its branch",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "the stopped sandbox", body = crate::wire::SandboxInfo))
+)]
 pub async fn delete(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -43,6 +76,15 @@ pub async fn delete(
     )))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/sessions",
+    operation_id = "create_session",
+    summary = "Create a session (a persistent bash)",
+    params(crate::openapi::SandboxPath),
+    request_body = Option<crate::wire::CreateSession>,
+    responses((status = 201, description = "created", body = crate::wire::SessionInfo))
+)]
 pub async fn create_session(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -53,15 +95,31 @@ pub async fn create_session(
     Ok((StatusCode::CREATED, Json(SessionInfo::from(info))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/sessions",
+    operation_id = "list_sessions",
+    summary = "List sessions",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "the sessions", body = crate::wire::SessionList))
+)]
 pub async fn list_sessions(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
     let sessions = each::<_, SessionInfo>(sandbox.list_sessions().await);
-    Ok(Json(json!({ "sessions": sessions })))
+    Ok(Json(crate::wire::SessionList { sessions }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sandboxes/{id}/sessions/{sid}",
+    operation_id = "delete_session",
+    summary = "Delete a session (kills what runs in it)",
+    params(crate::openapi::SessionPath),
+    responses((status = 204, description = "done"))
+)]
 pub async fn delete_session(
     State(app): State<AppState>,
     ApiPath((id, sid)): ApiPath<(String, String)>,

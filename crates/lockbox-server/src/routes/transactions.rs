@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
-use crate::wire::{gather_json, txn_json, TransactionRequest};
+use crate::wire::{txn_json, TransactionRequest};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -20,11 +20,26 @@ async fn listed(app: &AppState) -> Result<Vec<ListedTxn>, ApiError> {
         .map_err(ApiError::from)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/transactions",
+    operation_id = "list_transactions",
+    summary = "Transactions of the server's state directory (prepared, committed, aborted)",
+    responses((status = 200, description = "the transactions", body = crate::openapi::TxnList))
+)]
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let all: Vec<_> = listed(&app).await?.iter().map(txn_json).collect();
     Ok(Json(json!({ "transactions": all })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/transactions/{id}",
+    operation_id = "show_transaction",
+    summary = "One transaction's record (as `lockbox txn show --json`)",
+    params(crate::openapi::TxnPath),
+    responses((status = 200, description = "the record", body = crate::openapi::TxnSchema))
+)]
 pub async fn show(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -45,11 +60,20 @@ pub async fn show(
 }
 
 /// Commits running sandboxes together (`Runtime::commit_together`).
+#[utoipa::path(
+    post,
+    path = "/v1/transactions",
+    operation_id = "gather",
+    summary = "Commit running sandboxes together (`kind: gather`)",
+    description = "Typically forks of one snapshot, or any sandboxes over one workdir; their branches are merged under a conflict policy and committed as one transaction, all or none. The changes of the snapshot layers all of them share are no conflict and go in once. 400 names the bad field (`kind`, `sandboxes`: none, one named twice, different workdirs; `conflicts`); 404 an unknown sandbox; 409 `CONFLICT` for paths several sandboxes changed under `fail` (`details.conflicts`) or a workdir changed under a sandbox since it began (unless `force`), `WORKDIR_BUSY` for a sandbox whose own commit, abort, restore or snapshot is under way. Afterwards every sandbox keeps running on its branch, as after a single commit",
+    request_body = crate::wire::TransactionRequest,
+    responses((status = 200, description = "what each sandbox contributed, the conflicts and how they were resolved, the merged changes", body = crate::wire::GatherResult))
+)]
 pub async fn create(
     State(app): State<AppState>,
     ApiJson(body): ApiJson<TransactionRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let (ids, opts) = body.into_gather()?;
     let outcome = app.runtime.commit_together(&ids, opts).await?;
-    Ok(Json(gather_json(&outcome)))
+    Ok(Json(crate::wire::GatherResult::from(outcome)))
 }

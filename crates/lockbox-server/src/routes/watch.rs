@@ -12,6 +12,15 @@ use futures_util::StreamExt;
 use lockbox_runtime::WatchEvent;
 use serde_json::json;
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/watch",
+    operation_id = "watch",
+    summary = "Watch a file or directory (SSE) until the client disconnects",
+    description = "Events: `change` {kind: created|modified|deleted|moved, path, is_dir, from (moved)}, `overflow` {dropped (null: unknown)} and `error` {message}",
+    params(crate::openapi::SandboxPath, crate::wire::WatchQuery),
+    responses((status = 200, description = "events (SSE)", content((crate::openapi::WatchEvent = "text/event-stream"))))
+)]
 pub async fn watch(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,

@@ -8,8 +8,15 @@ use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::json;
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/changes",
+    operation_id = "changes",
+    summary = "What committing the sandbox's branch would do",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "the change set", body = crate::openapi::ChangeList))
+)]
 pub async fn changes(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -24,6 +31,14 @@ pub async fn changes(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/diff",
+    operation_id = "diff",
+    summary = "One path's diff between the workdir and the branch, as numbered hunks",
+    params(crate::openapi::SandboxPath, crate::wire::DiffQuery),
+    responses((status = 200, description = "the hunks, or a summary of both sides", body = crate::openapi::FileDiffSchema))
+)]
 pub async fn diff(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -35,6 +50,15 @@ pub async fn diff(
     Ok(Json(FileDiffReply { path, diff }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/commit",
+    operation_id = "commit",
+    summary = "Commit the branch (all, only/exclude paths, some hunks of files) to the workdir",
+    params(crate::openapi::SandboxPath),
+    request_body = Option<crate::wire::Commit>,
+    responses((status = 200, description = "what was applied", body = crate::wire::CommitSummary))
+)]
 pub async fn commit(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -46,11 +70,19 @@ pub async fn commit(
     )))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/abort",
+    operation_id = "abort",
+    summary = "Discard the branch's changes",
+    params(crate::openapi::SandboxPath),
+    responses((status = 200, description = "done", body = crate::wire::AbortResult))
+)]
 pub async fn abort(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
     sandbox.abort().await?;
-    Ok(Json(json!({ "aborted": true })))
+    Ok(Json(crate::wire::AbortResult { aborted: true }))
 }
