@@ -321,7 +321,7 @@ async fn pooled_fork_row(pooled: &Runtime, a: &Args) {
         ),
     );
     pooled.delete_sandbox(&info.id).await.unwrap();
-    pooled.delete_snapshot(&snap.id).unwrap();
+    pooled.delete_snapshot(&snap.id).await.unwrap();
 }
 
 /// `n` times: one sandbox from snapshot `id`, to its first command's result (each time
@@ -445,5 +445,5 @@ async fn fork_rows(rt: &Runtime, a: &Args) {
         "fork_snapshot(id, 1) + exec, not pooled",
     );
     rt.delete_sandbox(&info.id).await.unwrap();
-    rt.delete_snapshot(&snap.id).unwrap();
+    rt.delete_snapshot(&snap.id).await.unwrap();
 }

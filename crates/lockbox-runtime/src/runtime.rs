@@ -376,15 +376,19 @@ impl Runtime {
     }
 
     /// Deletes a snapshot (`SNAPSHOT_IN_USE` while forks or other snapshots use it).
-    pub fn delete_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
         let id = crate::snapshots::parse_id(id)?;
-        if let Some(pool) = &self.inner.pool {
-            pool.forget_forks(&id);
-        }
-        self.inner
-            .snapshots
-            .delete(&id)
-            .map_err(RuntimeError::Branch)
+        let inner = Arc::clone(&self.inner);
+        // Off the async workers: it may wait for a spare fork being armed (one sandbox
+        // start at most) and removes the snapshot's files.
+        tokio::task::spawn_blocking(move || {
+            if let Some(pool) = &inner.pool {
+                pool.forget_forks(&id);
+            }
+            inner.snapshots.delete(&id).map_err(RuntimeError::Branch)
+        })
+        .await
+        .map_err(RuntimeError::internal)?
     }
 
     /// Creates `count` sandboxes from snapshot `id` (forks), each with the policy, labels and

@@ -43,7 +43,7 @@ async fn a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind() {
         assert_eq!(out(&run(&fork, "cat counter").await), format!("{i}\n"));
         run(&fork, &format!("echo {i} > fork-only")).await;
         rt.delete_sandbox(fork.id()).await.unwrap();
-        rt.delete_snapshot(&snap.id).unwrap();
+        rt.delete_snapshot(&snap.id).await.unwrap();
         run(&root, &format!("echo {} > counter", i + 1)).await;
     }
     assert_eq!(host_agents(), agents_before);

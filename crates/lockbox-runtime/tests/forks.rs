@@ -200,13 +200,13 @@ async fn forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes()
     assert!(!w.join("new").exists());
 
     // A snapshot is not deleted while a fork or a snapshot stacks on it.
-    let e = rt.delete_snapshot(&s1.id).unwrap_err();
+    let e = rt.delete_snapshot(&s1.id).await.unwrap_err();
     assert_eq!(e.code().as_str(), "SNAPSHOT_IN_USE", "{e}");
     for sb in [&f4, &f3, &f2, &f1] {
         rt.delete_sandbox(sb.id()).await.unwrap();
     }
     for s in [&s3, &s2, &s1] {
-        rt.delete_snapshot(&s.id).unwrap();
+        rt.delete_snapshot(&s.id).await.unwrap();
     }
     rt.delete_sandbox(root.id()).await.unwrap();
 }

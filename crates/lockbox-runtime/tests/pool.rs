@@ -171,7 +171,7 @@ async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_
     for f in forks.iter().chain(&first) {
         rt.delete_sandbox(&f.id).await.unwrap();
     }
-    rt.delete_snapshot(snap.id.as_str()).unwrap();
+    rt.delete_snapshot(snap.id.as_str()).await.unwrap();
     rt.delete_sandbox(&info.id).await.unwrap();
     assert_eq!(branches(state.path()), 0, "spare forks' branches left");
 

@@ -116,12 +116,12 @@ async fn snapshots_of_a_sandbox_writing_continuously_hold_whole_records() {
         Some("n0")
     );
     for id in &ids {
-        rt.delete_snapshot(id).unwrap();
+        rt.delete_snapshot(id).await.unwrap();
     }
     assert!(rt.list_snapshots().unwrap().is_empty());
     let e = rt.snapshot_info(&ids[0]).unwrap_err();
     assert_eq!(e.code().as_str(), "SNAPSHOT_NOT_FOUND");
-    let e = rt.delete_snapshot("../x").unwrap_err();
+    let e = rt.delete_snapshot("../x").await.unwrap_err();
     assert_eq!(e.code().as_str(), "INVALID_SNAPSHOT_ID");
     rt.delete_sandbox(sb.id()).await.unwrap();
 }

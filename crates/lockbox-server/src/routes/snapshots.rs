@@ -79,7 +79,7 @@ pub async fn delete(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    app.runtime.delete_snapshot(&id)?;
+    app.runtime.delete_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
