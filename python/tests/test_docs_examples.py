@@ -75,8 +75,11 @@ def run_example(where, expected, body, root, as_nobody=False):
     scratch = os.path.join(root, "scratch")
     shutil.copytree(os.path.join(ROOT, "tests", "docs-scratch"), scratch)
     os.makedirs(os.path.join(scratch, "home", ".cache", "pip"))
+    # The examples' own temporary directories (tempfile.mkdtemp()) go under `root` too.
+    os.makedirs(os.path.join(scratch, "tmp"))
     env = dict(os.environ, HOME=os.path.join(scratch, "home"),
-               LOCKBOX_STATE_DIR=os.path.join(scratch, "state"))
+               LOCKBOX_STATE_DIR=os.path.join(scratch, "state"),
+               TMPDIR=os.path.join(scratch, "tmp"))
     prefix = []
     if as_nobody:
         prefix = AS_NOBODY
