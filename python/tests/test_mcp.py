@@ -32,7 +32,8 @@ except ImportError:
 
 AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 TOOLS = {"create_sandbox", "list_sandboxes", "delete_sandbox", "exec", "read_file", "write_file",
-         "list_files", "changes", "diff", "commit", "abort", "run_code"}
+         "list_files", "changes", "diff", "commit", "abort", "run_code", "snapshot",
+         "list_snapshots", "fork", "restore", "delete_snapshot"}
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -142,6 +143,26 @@ async def edit_test_commit(session, workdir: str) -> dict:
     # Only the fix: the test's log stays in the branch.
     committed = await call(session, "commit", sandbox_id=sid, only=["calc.py"])
     assert structured(committed)["report"], structured(committed)
+
+    # Explore: snapshot, break the fix, roll back; fork the snapshot twice.
+    snap = structured(await call(session, "snapshot", sandbox_id=sid, name="fixed"))
+    assert snap["name"] == "fixed", snap
+    await call(session, "exec", sandbox_id=sid, command=f"echo broken > {workdir}/calc.py")
+    restored = structured(await call(session, "restore", sandbox_id=sid, snapshot_id=snap["id"]))
+    assert restored["id"] == sid and restored["state"] == "running", restored
+    back = structured(await call(session, "read_file", sandbox_id=sid, path=f"{workdir}/calc.py"))
+    assert back["content"] == FIXED, back
+    forks = structured(await call(session, "fork", snapshot_id=snap["id"], count=2))["sandboxes"]
+    assert len(forks) == 2 and sid not in {f["id"] for f in forks}, forks
+    for fork in forks:
+        log = structured(await call(session, "read_file", sandbox_id=fork["id"], path=f"{workdir}/test.log"))
+        assert log["content"] == "ok\n", log
+    listed = structured(await call(session, "list_snapshots"))["snapshots"]
+    assert snap["id"] in {s["id"] for s in listed}, listed
+    in_use = await session.call_tool("delete_snapshot", {"snapshot_id": snap["id"]})
+    assert is_error(in_use) and structured(in_use)["code"] == "SNAPSHOT_IN_USE", text(in_use)
+    for fork in forks:
+        await call(session, "delete_sandbox", sandbox_id=fork["id"])
 
     missing = await session.call_tool("exec", {"sandbox_id": "sb-no-such-sandbox", "command": "true"})
     bad_args = await session.call_tool("exec", {"sandbox_id": sid, "command": "true", "timeout_ms": 0})

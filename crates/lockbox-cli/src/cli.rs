@@ -198,8 +198,8 @@ Examples:
     /// Serve long-lived sandboxes over HTTP (REST + JSON, SSE, WebSocket), with sessions,
     /// background processes, PTYs, files and workspace branches.
     Serve(crate::commands::serve::ServeArgs),
-    /// Serve sandboxes as MCP tools over stdio, for agents: create, exec, files, changes,
-    /// diff, commit, abort.
+    /// Serve sandboxes as MCP tools over stdio, for agents: create, exec, run_code, files,
+    /// changes, diff, commit, abort, snapshot, fork, restore.
     Mcp(crate::commands::mcp::McpArgs),
     /// Print a shell completion script on stdout.
     #[command(after_help = COMPLETIONS_EXAMPLES)]

@@ -17,8 +17,9 @@ Examples:
   lockbox mcp --state-dir ~/.local/state/lockbox-mcp --idle-timeout 30m
 
 Speaks MCP (JSON-RPC 2.0, one message per line) on stdin/stdout; stderr is for messages.
-Tools: create_sandbox, list_sandboxes, delete_sandbox, exec, read_file, write_file,
-list_files, changes, diff, commit, abort (each one's schema states its limits and errors).
+Tools: create_sandbox, list_sandboxes, delete_sandbox, exec, run_code, read_file,
+write_file, list_files, changes, diff, commit, abort, snapshot, list_snapshots, fork,
+restore, delete_snapshot (each one's schema states its limits and errors).
 
 An MCP client configuration (Claude Desktop's claude_desktop_config.json, and most others):
   {\"mcpServers\": {\"lockbox\": {\"command\": \"lockbox\", \"args\": [\"mcp\"]}}}

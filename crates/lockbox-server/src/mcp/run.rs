@@ -123,6 +123,23 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             .await?;
             run_code_result(&exec, max_output)
         }
+        ToolCall::Snapshot { id, options } => json_result(&wire::SnapshotInfo::from(
+            runtime.sandbox(&id)?.snapshot_with(options).await?,
+        )),
+        ToolCall::ListSnapshots => json_result(&wire::SnapshotList {
+            snapshots: each(runtime.list_snapshots()?),
+        }),
+        ToolCall::Fork { snapshot, count } => json_result(&wire::SandboxList {
+            sandboxes: each(runtime.fork_snapshot(&snapshot, count).await?),
+        }),
+        ToolCall::Restore { id, snapshot } => {
+            runtime.sandbox(&id)?.restore(&snapshot).await?;
+            json_result(&SandboxInfo::from(runtime.sandbox_info(&id)?))
+        }
+        ToolCall::DeleteSnapshot { snapshot } => {
+            runtime.delete_snapshot(&snapshot).await?;
+            json_result(&json!({ "deleted": true }))
+        }
         ToolCall::Abort { id } => {
             runtime.sandbox(&id)?.abort().await?;
             json_result(&json!({ "aborted": true }))

@@ -110,6 +110,34 @@ pub enum ToolCall {
         /// The sandbox.
         id: String,
     },
+    /// `snapshot`.
+    Snapshot {
+        /// The sandbox.
+        id: String,
+        /// Its name, and whether `/tmp` goes in.
+        options: lockbox_runtime::SnapshotOptions,
+    },
+    /// `list_snapshots`.
+    ListSnapshots,
+    /// `fork`.
+    Fork {
+        /// The snapshot.
+        snapshot: String,
+        /// How many sandboxes.
+        count: usize,
+    },
+    /// `restore`.
+    Restore {
+        /// The sandbox.
+        id: String,
+        /// Its snapshot to roll back to.
+        snapshot: String,
+    },
+    /// `delete_snapshot`.
+    DeleteSnapshot {
+        /// The snapshot.
+        snapshot: String,
+    },
     /// `run_code`.
     RunCode {
         /// The sandbox.
@@ -243,6 +271,45 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         policy). Errors: NO_WORKDIR, SANDBOX_NOT_FOUND.",
         id_only_schema,
     ),
+    (
+        "snapshot",
+        "Freeze the sandbox's files (its workdir branch; /tmp too with include_tmp) into \
+        an immutable snapshot, while its processes keep running (they are paused for the \
+        copy). Processes' memory is not captured: forks and restores start fresh processes, \
+        with each shell session back in its recorded cwd and exported variables. Result: the \
+        snapshot (id, name, parent, created). Errors: NO_WORKDIR (the sandbox has none), \
+        SANDBOX_NOT_FOUND, SANDBOX_NOT_RUNNING, LIMIT_REACHED (the server's disk budget).",
+        snapshot_schema,
+    ),
+    (
+        "list_snapshots",
+        "List the server's snapshots (id, name, parent snapshot, the sandbox taken of, \
+        created). Errors: INTERNAL (the state directory could not be read).",
+        no_args_schema,
+    ),
+    (
+        "fork",
+        "Create `count` new sandboxes from a snapshot: each sees exactly the snapshot's \
+        files, writes to a branch of its own and can be committed on its own (a path a \
+        sibling committed first is STALE_BASE unless forced). Result: the new sandboxes. \
+        Errors: SNAPSHOT_NOT_FOUND, LIMIT_REACHED (the server's max sandboxes), INVALID_REQUEST.",
+        fork_schema,
+    ),
+    (
+        "restore",
+        "Roll the sandbox back to one of its snapshots: its processes are stopped, its \
+        files become the snapshot's, its sessions restart in the snapshot's cwd and \
+        variables (same id and policy). Result: the sandbox. Errors: SNAPSHOT_NOT_FOUND, \
+        SANDBOX_NOT_FOUND, INVALID_REQUEST (a snapshot of another workdir).",
+        restore_schema,
+    ),
+    (
+        "delete_snapshot",
+        "Delete a snapshot. Errors: SNAPSHOT_IN_USE (sandboxes forked from it, kept \
+        branches of them, or snapshots taken of them still use it: delete those first), \
+        SNAPSHOT_NOT_FOUND.",
+        snapshot_only_schema,
+    ),
 ];
 
 /// The `tools/list` entries.
@@ -357,6 +424,46 @@ fn run_code_schema() -> Value {
         }),
         &["sandbox_id", "code"],
     )
+}
+
+fn snapshot_id() -> Value {
+    json!({ "type": "string", "description": "The snapshot's id (from snapshot or list_snapshots)." })
+}
+
+fn no_args_schema() -> Value {
+    object(json!({}), &[])
+}
+
+fn snapshot_schema() -> Value {
+    object(
+        json!({
+            "sandbox_id": sandbox_id(),
+            "name": { "type": "string", "maxLength": 256, "description": "A name for people (no control characters)." },
+            "include_tmp": { "type": "boolean", "description": "Keep the sandbox's /tmp too: forks and restores find it in theirs." },
+        }),
+        &["sandbox_id"],
+    )
+}
+
+fn fork_schema() -> Value {
+    object(
+        json!({
+            "snapshot_id": snapshot_id(),
+            "count": { "type": "integer", "minimum": 1, "description": "How many sandboxes (default 1; at most the server's max sandboxes)." },
+        }),
+        &["snapshot_id"],
+    )
+}
+
+fn restore_schema() -> Value {
+    object(
+        json!({ "sandbox_id": sandbox_id(), "snapshot_id": snapshot_id() }),
+        &["sandbox_id", "snapshot_id"],
+    )
+}
+
+fn snapshot_only_schema() -> Value {
+    object(json!({ "snapshot_id": snapshot_id() }), &["snapshot_id"])
 }
 
 fn read_schema() -> Value {
@@ -528,6 +635,43 @@ impl ToolCall {
                     path: q.path()?,
                 }
             }
+            "snapshot" => {
+                let id = take_id(&mut args)?;
+                let r: wire::SnapshotRequest = from_args(args)?;
+                ToolCall::Snapshot {
+                    id,
+                    options: lockbox_runtime::SnapshotOptions {
+                        name: r.name,
+                        include_tmp: r.include_tmp,
+                    },
+                }
+            }
+            "list_snapshots" => {
+                from_args::<NoArgs>(args)?;
+                ToolCall::ListSnapshots
+            }
+            "fork" => {
+                let snapshot = take_snapshot_id(&mut args)?;
+                let r: wire::ForkRequest = from_args(args)?;
+                if r.count == 0 {
+                    return Err(ApiError::invalid("count", "count: at least 1"));
+                }
+                ToolCall::Fork {
+                    snapshot,
+                    count: r.count,
+                }
+            }
+            "restore" => {
+                let id = take_id(&mut args)?;
+                let snapshot = take_snapshot_id(&mut args)?;
+                from_args::<NoArgs>(args)?;
+                ToolCall::Restore { id, snapshot }
+            }
+            "delete_snapshot" => {
+                let snapshot = take_snapshot_id(&mut args)?;
+                from_args::<NoArgs>(args)?;
+                ToolCall::DeleteSnapshot { snapshot }
+            }
             "commit" => {
                 let id = take_id(&mut args)?;
                 ToolCall::Commit {
@@ -669,6 +813,26 @@ fn take_id(args: &mut Map<String, Value>) -> Result<String, ApiError> {
     }
 }
 
+/// Removes and checks `snapshot_id`.
+fn take_snapshot_id(args: &mut Map<String, Value>) -> Result<String, ApiError> {
+    match args.remove("snapshot_id") {
+        Some(Value::String(id)) if !id.is_empty() => Ok(id),
+        Some(_) => Err(ApiError::invalid(
+            "snapshot_id",
+            "snapshot_id: must be a non-empty string",
+        )),
+        None => Err(ApiError::invalid(
+            "snapshot_id",
+            "snapshot_id: missing (the id snapshot or list_snapshots returned)",
+        )),
+    }
+}
+
+/// A tool without (further) arguments: any is an unknown field.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
 /// Deserialises the (remaining) arguments, naming the offending field.
 fn from_args<T: DeserializeOwned>(args: Map<String, Value>) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(Value::Object(args)).map_err(|e| {
@@ -733,6 +897,22 @@ mod tests {
 
     #[test]
     fn bad_arguments_name_their_field() {
+        assert_eq!(
+            field_of_error("fork", json!({ "count": 2 })).0,
+            "snapshot_id"
+        );
+        assert_eq!(
+            field_of_error("fork", json!({ "snapshot_id": "s", "count": 0 })).0,
+            "count"
+        );
+        assert_eq!(
+            field_of_error("restore", json!({ "sandbox_id": "a" })).0,
+            "snapshot_id"
+        );
+        assert_eq!(
+            field_of_error("list_snapshots", json!({ "sandbox_id": "a" })).0,
+            "sandbox_id"
+        );
         assert_eq!(
             field_of_error("exec", json!({ "command": "ls" })).0,
             "sandbox_id"
