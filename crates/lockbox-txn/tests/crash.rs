@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{dirs, stage, staging_leftovers, tree_hash};
@@ -29,33 +28,6 @@ fn crash_child_commit() {
     // Forced: restoring the pristine copies for each trial gives every workdir file a new
     // ctime, which the optimistic base check would (rightly) call a concurrent change.
     assert!(prepared.commit_forced().unwrap().committed);
-}
-
-fn spawn_child(state: &Path, id: &TxnId) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_commit",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD_ENV, format!("{}\n{id}", state.display()))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn cp_a(from: &Path, to: &Path) {
-    let _ = std::fs::remove_dir_all(to);
-    let ok = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(ok.success());
 }
 
 struct Rng(u64);
@@ -112,12 +84,12 @@ fn torture(adds: usize, trials: usize) {
     let id = prepare(&state, &work, adds);
     let (pristine_state, pristine_work): (PathBuf, PathBuf) =
         (tmp.path().join("p-state"), tmp.path().join("p-work"));
-    cp_a(&state, &pristine_state);
-    cp_a(&work, &pristine_work);
+    common::cp_a(&state, &pristine_state);
+    common::cp_a(&work, &pristine_work);
     let pre = tree_hash(&work);
 
     // One uninterrupted commit gives the post-state and the length of the window.
-    let mut child = spawn_child(&state, &id);
+    let mut child = common::spawn_child("crash_child_commit", CHILD_ENV, &state, &id);
     let started = Instant::now();
     assert!(child.wait().unwrap().success());
     let window = started.elapsed();
@@ -132,9 +104,9 @@ fn torture(adds: usize, trials: usize) {
     let mut rng = Rng(seed);
     let (mut saw_pre, mut saw_post) = (0, 0);
     for trial in 0..trials {
-        cp_a(&pristine_state, &state);
-        cp_a(&pristine_work, &work);
-        let mut child = spawn_child(&state, &id);
+        common::cp_a(&pristine_state, &state);
+        common::cp_a(&pristine_work, &work);
+        let mut child = common::spawn_child("crash_child_commit", CHILD_ENV, &state, &id);
         let delay = rng.below(window.as_micros() as u64 * 11 / 10);
         std::thread::sleep(Duration::from_micros(delay));
         let _ = child.kill();

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{dirs, staging_leftovers, tree_hash};
@@ -147,33 +146,6 @@ fn layer_gather_crash_child_commit() {
     assert!(prepared.commit_forced().unwrap().committed);
 }
 
-fn spawn_child(state: &Path, id: &TxnId) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "layer_gather_crash_child_commit",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD_ENV, format!("{}\n{id}", state.display()))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn cp_a(from: &Path, to: &Path) {
-    let _ = std::fs::remove_dir_all(to);
-    assert!(Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap()
-        .success());
-}
-
 #[test]
 fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
     if std::env::var_os(CHILD_ENV).is_some() {
@@ -208,10 +180,10 @@ fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
         .unwrap();
     let id = prepared.txn.keep().unwrap();
     let (p_state, p_work) = (tmp.path().join("p-state"), tmp.path().join("p-work"));
-    cp_a(&state, &p_state);
-    cp_a(&work, &p_work);
+    common::cp_a(&state, &p_state);
+    common::cp_a(&work, &p_work);
     let pre = tree_hash(&work);
-    let mut child = spawn_child(&state, &id);
+    let mut child = common::spawn_child("layer_gather_crash_child_commit", CHILD_ENV, &state, &id);
     let started = Instant::now();
     assert!(child.wait().unwrap().success());
     let window = started.elapsed();
@@ -229,9 +201,10 @@ fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
     let first = seed;
     let (mut saw_pre, mut saw_post) = (0, 0);
     for trial in 0..40 {
-        cp_a(&p_state, &state);
-        cp_a(&p_work, &work);
-        let mut child = spawn_child(&state, &id);
+        common::cp_a(&p_state, &state);
+        common::cp_a(&p_work, &work);
+        let mut child =
+            common::spawn_child("layer_gather_crash_child_commit", CHILD_ENV, &state, &id);
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;

@@ -117,3 +117,33 @@ pub fn rerun_as_nobody(name: &str) -> bool {
     }
     true
 }
+
+/// Copies `from` to `to` with `cp -a` (replacing `to`): the pristine state a crash test
+/// restores before each trial.
+pub fn cp_a(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Starts this test binary's `test` alone, with `env` naming the state directory and the
+/// transaction it commits (`STATE\nID`): a committing process a crash test can kill.
+pub fn spawn_child(
+    test: &str,
+    env: &str,
+    state: &Path,
+    id: &lockbox_txn::TxnId,
+) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(env, format!("{}\n{id}", state.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
