@@ -120,18 +120,7 @@ struct MetaFile {
 
 /// CRC-32 (IEEE) of `bytes`: the checksum of lockbox's durable records.
 pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
+    crc32fast::hash(bytes)
 }
 
 fn checksum_of(meta: &serde_json::Value) -> Result<String, serde_json::Error> {
