@@ -56,11 +56,11 @@ pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::netsup::{
-    parse_sockaddr, trust_files, Approvals, AuditSink, DecideError, Decision as NetDecision,
-    EventKind as NetEventKind, Intercepted, Interceptor, NetEvent, NetReport,
-    Protocol as NetProtocol, Question, RelaySlot, Verdict as NetVerdict, DEFAULT_ASK_TIMEOUT,
-    FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT, MAX_ASKED, MAX_COMMAND as AUDIT_MAX_COMMAND,
-    RELAY_SLOTS, SANDBOX_BUNDLE, TRUST_BUNDLES,
+    client_hello_server_name, parse_sockaddr, trust_files, Approvals, AuditSink, ClientHello,
+    DecideError, Decision as NetDecision, EventKind as NetEventKind, Intercepted, Interceptor,
+    NetEvent, NetReport, Protocol as NetProtocol, Question, RelaySlot, Verdict as NetVerdict,
+    DEFAULT_ASK_TIMEOUT, FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT, MAX_ASKED,
+    MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS, SANDBOX_BUNDLE, TRUST_BUNDLES,
 };
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};

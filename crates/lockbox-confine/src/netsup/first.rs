@@ -1,11 +1,8 @@
 //! What a relayed connection's first flight asks for ([`classify`]): the server name of a
-//! TLS ClientHello (parsed with `tls-parser`), the `Host` of an HTTP/1 request (parsed with
+//! TLS ClientHello (read by [`super::hello`]), the `Host` of an HTTP/1 request (parsed with
 //! `httparse`), or neither. Pure: bytes in, a [`FirstFlight`] out; [`super::relay`] decides.
 
-use tls_parser::{
-    parse_tls_client_hello_extensions, parse_tls_message_handshake, parse_tls_raw_record, SNIType,
-    TlsExtension, TlsMessage, TlsMessageHandshake, TlsRecordType,
-};
+use super::hello::{self, Hello};
 
 /// Longest first flight read before deciding: a ClientHello (post-quantum key shares make
 /// them ~2 KiB; TLS allows one handshake message over several records) or a request head.
@@ -45,7 +42,7 @@ pub(super) fn classify(buf: &[u8]) -> FirstFlight {
     let Some(&first) = buf.first() else {
         return FirstFlight::Incomplete;
     };
-    if first == TlsRecordType::Handshake.0 {
+    if first == hello::HANDSHAKE_RECORD {
         return match client_hello(buf) {
             FirstFlight::Incomplete if full => {
                 FirstFlight::Unreadable("ClientHello larger than 32 KiB", Protocol::Tls)
@@ -66,63 +63,12 @@ pub(super) fn classify(buf: &[u8]) -> FirstFlight {
     }
 }
 
-/// The handshake bytes of the leading records, reassembled until one handshake message is
-/// whole, then its server name.
+/// A ClientHello's server name, as [`super::hello`] reads it.
 fn client_hello(buf: &[u8]) -> FirstFlight {
-    let unreadable = |why| FirstFlight::Unreadable(why, Protocol::Tls);
-    let mut rest = buf;
-    let mut handshake = Vec::new();
-    loop {
-        let record = match parse_tls_raw_record(rest) {
-            Ok((after, record)) => {
-                rest = after;
-                record
-            }
-            Err(tls_parser::nom::Err::Incomplete(_)) => return FirstFlight::Incomplete,
-            Err(_) => return unreadable("not a TLS record"),
-        };
-        if record.hdr.record_type != TlsRecordType::Handshake {
-            return unreadable("a TLS record other than a handshake before the ClientHello");
-        }
-        handshake.extend_from_slice(record.data);
-        if handshake.len() >= 4 {
-            let len = u32::from_be_bytes([0, handshake[1], handshake[2], handshake[3]]) as usize;
-            if len + 4 > FIRST_FLIGHT_MAX {
-                return unreadable("ClientHello larger than 32 KiB");
-            }
-            if handshake.len() >= len + 4 {
-                break;
-            }
-        }
-    }
-    let hello = match parse_tls_message_handshake(&handshake) {
-        Ok((_, TlsMessage::Handshake(TlsMessageHandshake::ClientHello(hello)))) => hello,
-        Ok(_) => return unreadable("a TLS handshake message other than a ClientHello"),
-        Err(_) => return unreadable("a ClientHello tls-parser cannot read"),
-    };
-    let Some(ext) = hello.ext else {
-        return FirstFlight::Tls(None);
-    };
-    let Ok((_, extensions)) = parse_tls_client_hello_extensions(ext) else {
-        return unreadable("ClientHello extensions tls-parser cannot read");
-    };
-    let mut names = extensions.iter().filter_map(|e| match e {
-        TlsExtension::SNI(list) => Some(list),
-        _ => None,
-    });
-    let Some(list) = names.next() else {
-        return FirstFlight::Tls(None);
-    };
-    if names.next().is_some() {
-        return unreadable("two server_name extensions");
-    }
-    let mut hosts = list.iter().filter(|(t, _)| *t == SNIType::HostName);
-    let (Some((_, name)), None) = (hosts.next(), hosts.next()) else {
-        return unreadable("a server_name extension without exactly one host name");
-    };
-    match std::str::from_utf8(name) {
-        Ok(name) => FirstFlight::Tls(Some(name.to_owned())),
-        Err(_) => unreadable("a server name that is not text"),
+    match hello::server_name(buf, FIRST_FLIGHT_MAX) {
+        Hello::Incomplete => FirstFlight::Incomplete,
+        Hello::ServerName(name) => FirstFlight::Tls(name),
+        Hello::Unreadable(why) => FirstFlight::Unreadable(why, Protocol::Tls),
     }
 }
 

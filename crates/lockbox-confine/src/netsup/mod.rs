@@ -48,6 +48,7 @@ mod decide;
 mod dns;
 mod filter;
 mod first;
+mod hello;
 mod intercept;
 mod perform;
 mod relay;
@@ -58,6 +59,7 @@ pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_CO
 pub use self::call::parse_sockaddr;
 pub use self::filter::filter;
 pub use self::first::FIRST_FLIGHT_MAX;
+pub use self::hello::{server_name as client_hello_server_name, Hello as ClientHello};
 pub use self::intercept::{
     trust_files, Intercepted, Interceptor, RelaySlot, SANDBOX_BUNDLE, TRUST_BUNDLES,
 };
