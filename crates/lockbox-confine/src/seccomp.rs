@@ -20,6 +20,7 @@ use seccompiler::{
     SeccompRule,
 };
 use std::collections::BTreeMap;
+use syscalls::Sysno;
 
 /// A denied syscall and why.
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +58,7 @@ macro_rules! deny {
     ($name:ident, $why:expr) => {
         Denied {
             name: stringify!($name),
-            nr: paste_nr!($name),
+            nr: Sysno::$name.id() as i64,
             when: None,
             why: $why,
         }
@@ -65,246 +66,11 @@ macro_rules! deny {
     ($name:ident if $when:expr, $why:expr) => {
         Denied {
             name: stringify!($name),
-            nr: paste_nr!($name),
+            nr: Sysno::$name.id() as i64,
             when: Some($when),
             why: $why,
         }
     };
-}
-
-macro_rules! paste_nr {
-    (mount) => {
-        libc::SYS_mount
-    };
-    (umount2) => {
-        libc::SYS_umount2
-    };
-    (pivot_root) => {
-        libc::SYS_pivot_root
-    };
-    (chroot) => {
-        libc::SYS_chroot
-    };
-    (open_tree) => {
-        libc::SYS_open_tree
-    };
-    (move_mount) => {
-        libc::SYS_move_mount
-    };
-    (fsopen) => {
-        libc::SYS_fsopen
-    };
-    (fsconfig) => {
-        libc::SYS_fsconfig
-    };
-    (fsmount) => {
-        libc::SYS_fsmount
-    };
-    (fspick) => {
-        libc::SYS_fspick
-    };
-    (mount_setattr) => {
-        libc::SYS_mount_setattr
-    };
-    (setns) => {
-        libc::SYS_setns
-    };
-    (unshare) => {
-        libc::SYS_unshare
-    };
-    (clone) => {
-        libc::SYS_clone
-    };
-    (kexec_load) => {
-        libc::SYS_kexec_load
-    };
-    (kexec_file_load) => {
-        libc::SYS_kexec_file_load
-    };
-    (init_module) => {
-        libc::SYS_init_module
-    };
-    (finit_module) => {
-        libc::SYS_finit_module
-    };
-    (delete_module) => {
-        libc::SYS_delete_module
-    };
-    (bpf) => {
-        libc::SYS_bpf
-    };
-    (perf_event_open) => {
-        libc::SYS_perf_event_open
-    };
-    (keyctl) => {
-        libc::SYS_keyctl
-    };
-    (add_key) => {
-        libc::SYS_add_key
-    };
-    (request_key) => {
-        libc::SYS_request_key
-    };
-    (userfaultfd) => {
-        libc::SYS_userfaultfd
-    };
-    (io_uring_setup) => {
-        libc::SYS_io_uring_setup
-    };
-    (io_uring_enter) => {
-        libc::SYS_io_uring_enter
-    };
-    (io_uring_register) => {
-        libc::SYS_io_uring_register
-    };
-    (open_by_handle_at) => {
-        libc::SYS_open_by_handle_at
-    };
-    (name_to_handle_at) => {
-        libc::SYS_name_to_handle_at
-    };
-    (ioctl) => {
-        libc::SYS_ioctl
-    };
-    (personality) => {
-        libc::SYS_personality
-    };
-    (acct) => {
-        libc::SYS_acct
-    };
-    (swapon) => {
-        libc::SYS_swapon
-    };
-    (swapoff) => {
-        libc::SYS_swapoff
-    };
-    (reboot) => {
-        libc::SYS_reboot
-    };
-    (settimeofday) => {
-        libc::SYS_settimeofday
-    };
-    (clock_settime) => {
-        libc::SYS_clock_settime
-    };
-    (clock_adjtime) => {
-        libc::SYS_clock_adjtime
-    };
-    (adjtimex) => {
-        libc::SYS_adjtimex
-    };
-    (syslog) => {
-        libc::SYS_syslog
-    };
-    (quotactl) => {
-        libc::SYS_quotactl
-    };
-    (lookup_dcookie) => {
-        libc::SYS_lookup_dcookie
-    };
-    (fanotify_init) => {
-        libc::SYS_fanotify_init
-    };
-    (vhangup) => {
-        libc::SYS_vhangup
-    };
-    (mbind) => {
-        libc::SYS_mbind
-    };
-    (set_mempolicy) => {
-        libc::SYS_set_mempolicy
-    };
-    (migrate_pages) => {
-        libc::SYS_migrate_pages
-    };
-    (move_pages) => {
-        libc::SYS_move_pages
-    };
-    (kcmp) => {
-        libc::SYS_kcmp
-    };
-    (process_vm_writev) => {
-        libc::SYS_process_vm_writev
-    };
-    (iopl) => {
-        libc::SYS_iopl
-    };
-    (ioperm) => {
-        libc::SYS_ioperm
-    };
-    (uselib) => {
-        libc::SYS_uselib
-    };
-    (ustat) => {
-        libc::SYS_ustat
-    };
-    (sysfs) => {
-        libc::SYS_sysfs
-    };
-    (_sysctl) => {
-        libc::SYS__sysctl
-    };
-    (nfsservctl) => {
-        libc::SYS_nfsservctl
-    };
-    (chmod) => {
-        libc::SYS_chmod
-    };
-    (fchmod) => {
-        libc::SYS_fchmod
-    };
-    (fchmodat) => {
-        libc::SYS_fchmodat
-    };
-    (fchmodat2) => {
-        nr::FCHMODAT2
-    };
-    (open) => {
-        libc::SYS_open
-    };
-    (openat) => {
-        libc::SYS_openat
-    };
-    (creat) => {
-        libc::SYS_creat
-    };
-    (mknod) => {
-        libc::SYS_mknod
-    };
-    (mknodat) => {
-        libc::SYS_mknodat
-    };
-    (modify_ldt) => {
-        libc::SYS_modify_ldt
-    };
-    (quotactl_fd) => {
-        libc::SYS_quotactl_fd
-    };
-    (set_mempolicy_home_node) => {
-        libc::SYS_set_mempolicy_home_node
-    };
-    (memfd_secret) => {
-        libc::SYS_memfd_secret
-    };
-    (cachestat) => {
-        nr::CACHESTAT
-    };
-    (lsm_set_self_attr) => {
-        nr::LSM_SET_SELF_ATTR
-    };
-    (open_tree_attr) => {
-        nr::OPEN_TREE_ATTR
-    };
-}
-
-/// Numbers of syscalls newer than the `libc` crate's tables. From Linux 5.1 on, new syscalls
-/// get one number on every architecture (the generic table), so one constant fits x86_64
-/// and aarch64 alike.
-mod nr {
-    pub const CACHESTAT: i64 = 451;
-    pub const FCHMODAT2: i64 = 452;
-    pub const LSM_SET_SELF_ATTR: i64 = 460;
-    pub const OPEN_TREE_ATTR: i64 = 467;
 }
 
 const SETID_WHY: &str = "a setuid or setgid file written into a writable grant runs with the sandbox caller's identity (root's, for a root caller) when anyone on the host executes it";
@@ -470,49 +236,57 @@ pub fn denied() -> Vec<Denied> {
 pub struct Allowed {
     /// Syscall name.
     pub name: &'static str,
-    /// Number in the generic table (x86_64 and aarch64 share it from 424 on); `None` for
-    /// older calls, whose numbers differ by architecture.
-    pub nr: Option<i64>,
+    /// Syscall number on this architecture.
+    pub nr: i64,
     /// Why it stays allowed.
     pub why: &'static str,
+}
+
+/// An [`Allowed`] entry for `call`.
+const fn allowed(call: Sysno, why: &'static str) -> Allowed {
+    Allowed {
+        name: call.name(),
+        nr: call.id() as i64,
+        why,
+    }
 }
 
 /// Syscalls whose allowance is a decision, not an oversight: every syscall numbered from
 /// 424 (Linux 5.1) up is either here or in [`denied`] (a unit test checks the running kernel
 /// has no other), plus older calls a reader would expect to see denied.
 pub const REVIEWED_ALLOWED: &[Allowed] = &[
-    Allowed { name: "ptrace", nr: None, why: "debuggers and strace work inside; Landlock limits tracing to the sandbox's own processes, the init and the runtime's agent are non-dumpable, and host processes are not in the pid namespace" },
-    Allowed { name: "process_vm_readv", nr: None, why: "same access check as ptrace (PTRACE_MODE_ATTACH), so the same walls apply" },
-    Allowed { name: "kill", nr: None, why: "the pid namespace hides host processes; Landlock's signal scope refuses signals to processes outside the sandbox (including through the shared process group, kill(0, ...))" },
-    Allowed { name: "sethostname", nr: None, why: "the sandbox has its own UTS namespace and no capability (EPERM anyway)" },
-    Allowed { name: "pidfd_send_signal", nr: Some(424), why: "as kill: pid namespace plus Landlock signal scope" },
-    Allowed { name: "pidfd_open", nr: Some(434), why: "only names processes visible in the sandbox's pid namespace" },
-    Allowed { name: "close_range", nr: Some(436), why: "closes the caller's own descriptors" },
-    Allowed { name: "pidfd_getfd", nr: Some(438), why: "needs PTRACE_MODE_ATTACH on the target: only the sandbox's own, dumpable processes (not the init, not the runtime's agent)" },
-    Allowed { name: "faccessat2", nr: Some(439), why: "as faccessat" },
-    Allowed { name: "process_madvise", nr: Some(440), why: "needs PTRACE_MODE_READ on the target (the sandbox's own processes) and CAP_SYS_NICE for the destructive advice" },
-    Allowed { name: "epoll_pwait2", nr: Some(441), why: "as epoll_pwait" },
-    Allowed { name: "landlock_create_ruleset", nr: Some(444), why: "Landlock can only add restrictions" },
-    Allowed { name: "landlock_add_rule", nr: Some(445), why: "Landlock can only add restrictions" },
-    Allowed { name: "landlock_restrict_self", nr: Some(446), why: "Landlock can only add restrictions" },
-    Allowed { name: "process_mrelease", nr: Some(448), why: "only reaps a process that is already being killed and that the caller could signal" },
-    Allowed { name: "futex_waitv", nr: Some(449), why: "futexes on the caller's own memory (Wine, games)" },
-    Allowed { name: "fchmodat2", nr: Some(452), why: "as fchmodat, including its denial of setuid/setgid modes (see the deny list)" },
-    Allowed { name: "map_shadow_stack", nr: Some(453), why: "user shadow stacks are an exploit mitigation for the caller itself" },
-    Allowed { name: "futex_wake", nr: Some(454), why: "futexes on the caller's own memory" },
-    Allowed { name: "futex_wait", nr: Some(455), why: "futexes on the caller's own memory" },
-    Allowed { name: "futex_requeue", nr: Some(456), why: "futexes on the caller's own memory" },
-    Allowed { name: "statmount", nr: Some(457), why: "describes mounts of the sandbox's own mount namespace (as /proc/self/mountinfo does); other namespaces need CAP_SYS_ADMIN over them" },
-    Allowed { name: "listmount", nr: Some(458), why: "as statmount; newer libmount (findmnt, mount) uses it" },
-    Allowed { name: "lsm_get_self_attr", nr: Some(459), why: "reads the caller's own LSM labels" },
-    Allowed { name: "lsm_list_modules", nr: Some(461), why: "lists the active LSMs (also in /sys/kernel/security/lsm)" },
-    Allowed { name: "mseal", nr: Some(462), why: "seals the caller's own mappings: an exploit mitigation" },
-    Allowed { name: "setxattrat", nr: Some(463), why: "as setxattr: read-only mounts refuse it; user.* only without capabilities" },
-    Allowed { name: "getxattrat", nr: Some(464), why: "as getxattr" },
-    Allowed { name: "listxattrat", nr: Some(465), why: "as listxattr" },
-    Allowed { name: "removexattrat", nr: Some(466), why: "as removexattr" },
-    Allowed { name: "file_getattr", nr: Some(468), why: "as the FS_IOC_FSGETXATTR ioctl" },
-    Allowed { name: "file_setattr", nr: Some(469), why: "as the FS_IOC_FSSETXATTR ioctl: read-only mounts refuse it, immutable flags need CAP_LINUX_IMMUTABLE" },
+    allowed(Sysno::ptrace, "debuggers and strace work inside; Landlock limits tracing to the sandbox's own processes, the init and the runtime's agent are non-dumpable, and host processes are not in the pid namespace"),
+    allowed(Sysno::process_vm_readv, "same access check as ptrace (PTRACE_MODE_ATTACH), so the same walls apply"),
+    allowed(Sysno::kill, "the pid namespace hides host processes; Landlock's signal scope refuses signals to processes outside the sandbox (including through the shared process group, kill(0, ...))"),
+    allowed(Sysno::sethostname, "the sandbox has its own UTS namespace and no capability (EPERM anyway)"),
+    allowed(Sysno::pidfd_send_signal, "as kill: pid namespace plus Landlock signal scope"),
+    allowed(Sysno::pidfd_open, "only names processes visible in the sandbox's pid namespace"),
+    allowed(Sysno::close_range, "closes the caller's own descriptors"),
+    allowed(Sysno::pidfd_getfd, "needs PTRACE_MODE_ATTACH on the target: only the sandbox's own, dumpable processes (not the init, not the runtime's agent)"),
+    allowed(Sysno::faccessat2, "as faccessat"),
+    allowed(Sysno::process_madvise, "needs PTRACE_MODE_READ on the target (the sandbox's own processes) and CAP_SYS_NICE for the destructive advice"),
+    allowed(Sysno::epoll_pwait2, "as epoll_pwait"),
+    allowed(Sysno::landlock_create_ruleset, "Landlock can only add restrictions"),
+    allowed(Sysno::landlock_add_rule, "Landlock can only add restrictions"),
+    allowed(Sysno::landlock_restrict_self, "Landlock can only add restrictions"),
+    allowed(Sysno::process_mrelease, "only reaps a process that is already being killed and that the caller could signal"),
+    allowed(Sysno::futex_waitv, "futexes on the caller's own memory (Wine, games)"),
+    allowed(Sysno::fchmodat2, "as fchmodat, including its denial of setuid/setgid modes (see the deny list)"),
+    allowed(Sysno::map_shadow_stack, "user shadow stacks are an exploit mitigation for the caller itself"),
+    allowed(Sysno::futex_wake, "futexes on the caller's own memory"),
+    allowed(Sysno::futex_wait, "futexes on the caller's own memory"),
+    allowed(Sysno::futex_requeue, "futexes on the caller's own memory"),
+    allowed(Sysno::statmount, "describes mounts of the sandbox's own mount namespace (as /proc/self/mountinfo does); other namespaces need CAP_SYS_ADMIN over them"),
+    allowed(Sysno::listmount, "as statmount; newer libmount (findmnt, mount) uses it"),
+    allowed(Sysno::lsm_get_self_attr, "reads the caller's own LSM labels"),
+    allowed(Sysno::lsm_list_modules, "lists the active LSMs (also in /sys/kernel/security/lsm)"),
+    allowed(Sysno::mseal, "seals the caller's own mappings: an exploit mitigation"),
+    allowed(Sysno::setxattrat, "as setxattr: read-only mounts refuse it; user.* only without capabilities"),
+    allowed(Sysno::getxattrat, "as getxattr"),
+    allowed(Sysno::listxattrat, "as listxattr"),
+    allowed(Sysno::removexattrat, "as removexattr"),
+    allowed(Sysno::file_getattr, "as the FS_IOC_FSGETXATTR ioctl"),
+    allowed(Sysno::file_setattr, "as the FS_IOC_FSSETXATTR ioctl: read-only mounts refuse it, immutable flags need CAP_LINUX_IMMUTABLE"),
 ];
 
 /// `personality(2)` values that stay allowed: PER_LINUX, PER_LINUX32, UNAME26 variants, and
@@ -953,7 +727,7 @@ mod review_tests {
     fn classified(nr: i64) -> bool {
         ENOSYS_CALLS.iter().any(|&(_, n)| n == nr)
             || denied().iter().any(|d| d.nr == nr)
-            || REVIEWED_ALLOWED.iter().any(|a| a.nr == Some(nr))
+            || REVIEWED_ALLOWED.iter().any(|a| a.nr == nr)
     }
 
     #[test]
