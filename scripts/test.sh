@@ -58,10 +58,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo doc (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "== cargo test"
 cargo test --workspace
 
-# Fuzzing: each cargo-fuzz target for a short time (8 targets x 30 s = 4 min in CI; longer runs by
+# Fuzzing: each cargo-fuzz target for a short time (9 targets x 30 s = 4.5 min in CI; longer runs by
 # hand, docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is set.
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
   echo "== fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-30})"
@@ -81,9 +83,15 @@ echo "== python SDK"
 pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
 [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
 # matplotlib: code contexts return its figures as PNG results (python/tests/test_code.py).
-"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5'
+# ruff and mypy are pinned: a new release's new rules must not turn a green tree red.
+"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5' 'ruff==0.17.6' 'mypy==2.4.1'
+echo "== ruff, mypy --strict (python/lockbox; settings in python/pyproject.toml)"
+(cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
 rm -rf "$pyvenv/wheels"
 "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
 "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
 chmod -R a+rX "$pyvenv"
+# The extension's stub (python/lockbox/_lockbox.pyi) against what the built module defines.
+echo "== stubtest lockbox._lockbox"
+(cd / && "$pyvenv/bin/python" -m mypy.stubtest lockbox._lockbox)
 "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests

@@ -22,9 +22,6 @@ Example::
 """
 
 from . import errors
-from .client import AsyncClient, Client
-from .code import Context, Execution, ExecutionError, Logs, Result
-from .local import LocalClient, LocalSandbox
 from ._lockbox import __version__
 from ._names import quote as quote_name
 from ._sdk import Cmd, Gather, Pipeline, PreparedTxn, Sandbox, Transaction, default_state_dir, recover
@@ -39,6 +36,8 @@ from ._types import (
     StageResult,
     TxnOutcome,
 )
+from .client import AsyncClient, Client
+from .code import Context, Execution, ExecutionError, Logs, Result
 from .errors import (
     CommitError,
     ConflictError,
@@ -48,42 +47,43 @@ from .errors import (
     TxnError,
     UnsupportedError,
 )
+from .local import LocalClient, LocalSandbox
 
 __all__ = [
-    "__version__",
-    "errors",
-    "Client",
+    "AbortReason",
     "AsyncClient",
-    "LocalClient",
-    "LocalSandbox",
+    "Change",
+    "Client",
+    "Cmd",
+    "CommitError",
+    "ConflictError",
+    "ConflictPolicy",
     "Context",
+    "DryRunOutcome",
     "Execution",
     "ExecutionError",
-    "Logs",
-    "Result",
-    "Sandbox",
-    "Cmd",
-    "Pipeline",
     "Gather",
-    "PreparedTxn",
-    "Transaction",
-    "default_state_dir",
-    "recover",
-    "quote_name",
-    "AbortReason",
-    "Change",
-    "ConflictPolicy",
-    "DryRunOutcome",
+    "LocalClient",
+    "LocalSandbox",
+    "LockboxError",
+    "Logs",
     "Marker",
     "MergeConflict",
+    "Pipeline",
     "PipelineResult",
-    "StageResult",
-    "TxnOutcome",
-    "LockboxError",
     "PolicyError",
+    "PreparedTxn",
+    "Result",
+    "Sandbox",
     "SetupError",
+    "StageResult",
+    "Transaction",
     "TxnError",
-    "ConflictError",
-    "CommitError",
+    "TxnOutcome",
     "UnsupportedError",
+    "__version__",
+    "default_state_dir",
+    "errors",
+    "quote_name",
+    "recover",
 ]

@@ -2,11 +2,34 @@
 ``lockbox``; these functions take and return the JSON forms the Python half builds."""
 
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias, final
+
+__all__ = [
+    "Journal",
+    "LocalApi",
+    "LocalBody",
+    "PreparedTxn",
+    "Process",
+    "Run",
+    "__version__",
+    "check_policy",
+    "cli_main",
+    "default_state_dir",
+    "duration_ms",
+    "error_codes",
+    "net_spec_error",
+    "open_journal",
+    "open_local",
+    "prepare_txn",
+    "recover",
+    "run_plain",
+    "run_txn",
+    "spawn",
+]
 
 __version__: str
 
-_Outcome = tuple[str, bytes | None, str | None]
+_Outcome: TypeAlias = tuple[str, bytes | None, str | None]
 
 def check_policy(json: str) -> str:
     """Validates a policy (JSON form of ``lockbox_policy::Policy``); returns it normalised."""
@@ -51,6 +74,8 @@ def spawn(
 def open_journal(url: str) -> Journal:
     """Opens a journal (``sqlite:PATH``, ``file:DIR``, ``postgres://...``)."""
 
+# PyO3 classes cannot be subclassed.
+@final
 class PreparedTxn:
     """A prepared transaction (native)."""
 
@@ -64,6 +89,7 @@ class PreparedTxn:
     def abort(self) -> _Outcome: ...
     def keep(self) -> str: ...
 
+@final
 class Process:
     """A running sandbox (native); dropping it kills everything in it."""
 
@@ -84,6 +110,7 @@ class Process:
     def unwatch_result(self) -> None: ...
     def stop(self, grace: float | None = None, timed_out: bool = False) -> str: ...
 
+@final
 class Journal:
     """A journal over one storage (native)."""
 
@@ -97,6 +124,7 @@ class Journal:
     def status(self, run_id: str) -> str: ...
     def entries(self, run_id: str, offset: int = 0) -> str: ...
 
+@final
 class Run:
     """One session of a run (native)."""
 
@@ -126,6 +154,7 @@ def open_local(state_dir: str, slots: bool, agent_exe: str | None = None) -> Loc
     """Opens a ``lockbox-runtime`` on ``state_dir`` (with ``slots``: the first free of
     ``state_dir/0``, ``/1``, ...) and ``lockbox serve``'s router over it, in this process."""
 
+@final
 class LocalApi:
     """``lockbox serve``'s API in process (see ``lockbox.local``)."""
 
@@ -143,6 +172,7 @@ class LocalApi:
     def shutdown(self) -> None:
         """Deletes every sandbox of the runtime."""
 
+@final
 class LocalBody:
     """A response body."""
 

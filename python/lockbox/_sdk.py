@@ -9,7 +9,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from . import _lockbox
 from ._names import from_json, to_json
@@ -27,7 +27,14 @@ if TYPE_CHECKING:
     from .local import LocalSandbox
 
 __all__ = [
-    "Sandbox", "Cmd", "Pipeline", "Gather", "PreparedTxn", "Transaction", "default_state_dir", "recover",
+    "Cmd",
+    "Gather",
+    "Pipeline",
+    "PreparedTxn",
+    "Sandbox",
+    "Transaction",
+    "default_state_dir",
+    "recover",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -61,7 +68,7 @@ def _size(v: int | str | None) -> int | str | None:
     return v if v is None or isinstance(v, int) else str(v)
 
 
-def _duration(v: float | int | str | None) -> str | None:
+def _duration(v: float | str | None) -> str | None:
     if v is None:
         return None
     if isinstance(v, str):
@@ -95,7 +102,7 @@ def _net_json(net: str, allow: list[str], deny: list[str]) -> Any:
     return net
 
 
-def _ms(v: float | int | str | None) -> int | None:
+def _ms(v: float | str | None) -> int | None:
     if v is None:
         return None
     if isinstance(v, str):
@@ -735,10 +742,10 @@ class PreparedTxn:
         """Leaves it prepared in the state directory and returns its id."""
         return str(self._native.keep())
 
-    def __enter__(self) -> PreparedTxn:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.abort()
 
     def __del__(self) -> None:

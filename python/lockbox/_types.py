@@ -13,12 +13,12 @@ __all__ = [
     "AbortReason",
     "Change",
     "ConflictPolicy",
+    "DryRunOutcome",
     "Marker",
     "MergeConflict",
     "PipelineResult",
     "StageResult",
     "TxnOutcome",
-    "DryRunOutcome",
 ]
 
 

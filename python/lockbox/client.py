@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import json
 import threading
 import urllib.error
@@ -43,14 +44,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from ._names import to_json
-from .code import Context, Execution, _context, _error, _execution, _result
 from ._types import Change, _change
+from .code import Context, Execution, _context, _execution, _result
+from .code import _error as _execution_error
 from .errors import ServerError
 
-__all__ = ["Client", "AsyncClient", "RemoteSandbox", "Session", "Process", "Files", "ExecResult", "Event", "LogChunk"]
+__all__ = ["AsyncClient", "Client", "Event", "ExecResult", "Files", "LogChunk", "Process", "RemoteSandbox", "Session"]
 
 
 Hunks = Mapping[Any, Sequence[int]]
@@ -205,9 +207,12 @@ class Client:
     def _send(self, method: str, path: str, headers: dict[str, str], data: bytes | None) -> tuple[Any, str]:
         """The transport: sends one request, returns the open response (a context manager
         iterating lines, with ``read()``) and its content type, or raises ``ServerError``."""
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        if not self.url.startswith(("http://", "https://")):
+            # urllib would also open file: and ftp: URLs.
+            raise ValueError(f"a lockbox server's URL starts with http:// or https://, not {self.url!r}")
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)  # noqa: S310 - checked above
         try:
-            resp = urllib.request.urlopen(req, timeout=self.timeout)  # noqa: S310 - the caller's URL
+            resp = urllib.request.urlopen(req, timeout=self.timeout)  # noqa: S310 - checked above
         except urllib.error.HTTPError as e:
             raise _error(e.code, e.read()) from None
         except urllib.error.URLError as e:
@@ -217,7 +222,8 @@ class Client:
     def _events(self, resp: Any) -> Iterator[Event]:
         """Parses ``text/event-stream`` into events until the server ends it."""
         with resp:
-            name, data, ev_id = "message", [], None
+            name, ev_id = "message", None
+            data: list[str] = []
             for raw_line in resp:
                 line = raw_line.decode("utf-8").rstrip("\r\n")
                 if not line:
@@ -462,7 +468,7 @@ class RemoteSandbox:
                            "env": dict(env) if env else None, "timeout_ms": _ms(timeout)})
         return self.client._events(self.client._request("POST", self._p("/exec/stream"), body=body, stream=True))
 
-    def watch(self, path: str, recursive: bool = True) -> "Watch":
+    def watch(self, path: str, recursive: bool = True) -> Watch:
         """Watches a file or directory: a closable iterator of event dicts, ``{"event":
         "change", "kind": "created"|"modified"|"deleted"|"moved", "path", "is_dir", "from"
         (moved)}``, ``{"event": "overflow", "dropped"}`` (events were dropped; ``dropped``
@@ -507,7 +513,7 @@ class RemoteSandbox:
                     last = max(last, q["id"])
                     try:
                         decision = callback(q)
-                    except Exception:  # noqa: BLE001 - a failing callback denies
+                    except Exception:
                         decision = "deny"
                     if decision not in ("once", "sandbox", "deny"):
                         decision = "deny"
@@ -649,7 +655,7 @@ class RemoteSandbox:
             elif ev.event == "result" and on_result:
                 on_result(_result(ev.data))
             elif ev.event == "error" and on_error:
-                on_error(_error(ev.data))
+                on_error(_execution_error(ev.data))
             elif ev.event == "end":
                 final = _execution(ev.data)
         if final is None:
@@ -695,10 +701,10 @@ class RemoteSandbox:
             if e.status != 404:
                 raise
 
-    def __enter__(self) -> RemoteSandbox:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -782,7 +788,7 @@ class Watch:
         self._resp = resp
         self._events = events
 
-    def __iter__(self) -> "Watch":
+    def __iter__(self) -> Watch:
         return self
 
     def __next__(self) -> dict[str, Any]:
@@ -797,10 +803,10 @@ class Watch:
             close()
         self._resp.close()
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -812,7 +818,7 @@ class Audit(Watch):
         ev = next(self._events)
         return ev.data if isinstance(ev.data, dict) else {"kind": "error", "message": ev.data}
 
-    def __enter__(self) -> "Audit":
+    def __enter__(self) -> Self:
         return self
 
 
@@ -889,7 +895,7 @@ class AsyncClient:
         """See :meth:`Client.list`."""
         return await asyncio.to_thread(self._sync.list, state)
 
-    async def branches(self) -> list[dict[str, Any]]:
+    async def branches(self) -> builtins.list[dict[str, Any]]:
         """See :meth:`Client.branches`."""
         return await asyncio.to_thread(self._sync.branches)
 
@@ -1004,8 +1010,8 @@ class AsyncSandbox:
         """See :meth:`RemoteSandbox.delete`."""
         return await asyncio.to_thread(self.sync.delete)
 
-    async def __aenter__(self) -> AsyncSandbox:
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.sync.__exit__, *exc)

@@ -56,19 +56,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
+
+import cloudpickle as _cloudpickle  # a dependency: pickles functions and classes by value
 
 from . import _lockbox
 from ._bootstrap import SOURCE
 from ._sdk import Sandbox
-from .errors import CrashedError, RemoteError, TimeoutError, UsageError
+from .errors import CrashedError, RemoteError, TimeoutError, UsageError  # noqa: A004 - lockbox's own, a subclass of LockboxError
 
 __all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
     "ExecutionResult",
     "SandboxExecutor",
     "SandboxPool",
     "sandbox_run",
-    "DEFAULT_MAX_RESULT_BYTES",
     "wait_for_cleanup",
 ]
 
@@ -76,8 +78,6 @@ __all__ = [
 DEFAULT_MAX_RESULT_BYTES = 64 << 20
 
 Status = Literal["ok", "error", "timeout", "crashed"]
-
-import cloudpickle as _cloudpickle  # a dependency: pickles functions and classes by value
 
 
 @dataclass
@@ -222,10 +222,10 @@ def _register_by_value(fn: Any) -> None:
     target = getattr(target, "__func__", target)  # bound method
     name = getattr(target, "__module__", None)
     mod = sys.modules.get(name or "")
-    if mod is None or name in ("__main__", "builtins") or name.startswith("lockbox"):
+    if name is None or mod is None or name in ("__main__", "builtins") or name.startswith("lockbox"):
         return
     path = getattr(mod, "__file__", None) or ""
-    roots = [p for p in site.getsitepackages() + [sys.base_prefix, sys.prefix] if p]
+    roots = [p for p in [*site.getsitepackages(), sys.base_prefix, sys.prefix] if p]
     if path and not any(os.path.abspath(path).startswith(os.path.abspath(r) + "/") for r in roots):
         _cloudpickle.register_pickle_by_value(mod)
 
@@ -263,7 +263,7 @@ class _Reaper:
             proc, fd = self._queue.get()
             try:
                 proc.stop(0.0)
-            except Exception:  # noqa: BLE001,S110 - dropping the handle kills it too
+            except Exception:
                 pass
             finally:
                 os.close(fd)
@@ -351,7 +351,7 @@ def _run_call(
                 if not drain():
                     proc.unwatch_result()
                 done = frame()
-                if done is None and len(buf) > header + max_result or (len(buf) >= header and struct.unpack(">Q", buf[1:header])[0] > max_result):
+                if (done is None and len(buf) > header + max_result) or (len(buf) >= header and struct.unpack(">Q", buf[1:header])[0] > max_result):
                     return ExecutionResult("error", error=f"ResultTooLarge: the result exceeds max_result_bytes={max_result}",
                                            duration=time.monotonic() - started)
             elif why == "deadline":
@@ -369,7 +369,7 @@ def _run_call(
         if status == b"o":
             try:
                 value = _loads(data, trusted)
-            except Exception as e:  # noqa: BLE001 - any unpickling failure is the call's error
+            except Exception as e:
                 return ExecutionResult("error", error=f"{type(e).__name__}: {e}", duration=elapsed)
             return ExecutionResult("ok", result=value, duration=elapsed)
         info = _PlainUnpickler(io.BytesIO(data)).load()
@@ -470,8 +470,8 @@ class _suppress_attr:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], AttributeError)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
+        return exc_type is not None and issubclass(exc_type, AttributeError)
 
 
 class SandboxPool(SandboxExecutor):
@@ -545,10 +545,10 @@ class SandboxPool(SandboxExecutor):
             except queue.Empty:
                 break
 
-    def __enter__(self) -> SandboxPool:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

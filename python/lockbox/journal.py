@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from . import _lockbox
 
-__all__ = ["open", "Journal", "Run", "Suspension"]
+__all__ = ["Journal", "Run", "Suspension", "open"]
 
 T = TypeVar("T")
 

@@ -37,7 +37,7 @@ import atexit
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 from . import _lockbox
 from .client import Client, RemoteSandbox, _error
@@ -53,7 +53,7 @@ def _api(state_dir: str | None, agent_exe: str | None) -> Any:
     from ._sdk import default_state_dir
 
     slots = state_dir is None
-    base = os.path.join(default_state_dir(), "sdk") if slots else os.path.abspath(state_dir)  # type: ignore[arg-type]
+    base = os.path.join(default_state_dir(), "sdk") if state_dir is None else os.path.abspath(state_dir)
     agent = agent_exe or os.environ.get("LOCKBOX_AGENT") or None
     key = (base, slots, agent)
     with _apis_lock:
@@ -99,10 +99,10 @@ class _Response:
     def close(self) -> None:
         self._body.close()
 
-    def __enter__(self) -> _Response:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -125,7 +125,7 @@ class LocalClient(Client):
         """The state directory this process's runtime holds."""
         return os.fspath(self._api.state_dir)
 
-    def create(self, **kw: Any) -> LocalSandbox:  # type: ignore[override]
+    def create(self, **kw: Any) -> LocalSandbox:
         """See :meth:`lockbox.Client.create`."""
         return LocalSandbox(self, super().create(**kw).info)
 

@@ -24,17 +24,20 @@ sandbox.
 
 from __future__ import annotations
 
+import importlib
 import queue
 import threading
-from typing import Any
+from typing import Any, Self
 
 from .errors import UnsupportedError, UsageError
 from .executor import ExecutionResult, SandboxExecutor
 
 __all__ = ["RaySandboxPool"]
 
+# Imported by name: typed the same whether or not Ray is installed (it is optional).
+_ray: Any
 try:
-    import ray as _ray
+    _ray = importlib.import_module("ray")
 except ImportError:  # pragma: no cover - depends on the environment
     _ray = None
 
@@ -141,8 +144,8 @@ class RaySandboxPool:
             except queue.Empty:
                 break
 
-    def __enter__(self) -> RaySandboxPool:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

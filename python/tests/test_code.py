@@ -99,6 +99,15 @@ def test_stdout_is_streamed_to_the_callback_before_the_run_ends(open_box):
         assert ex.stdout == "early\nlate\n"
 
 
+def test_a_streamed_error_reaches_on_error_as_an_execution_error(open_box):
+    # mypy --strict found it: the remote client's on_error called the HTTP error parser.
+    with open_box() as box:
+        errors = []
+        ex = box.run_code("1/0", on_error=errors.append)
+        assert [(e.name, "division by zero" in e.value) for e in errors] == [("ZeroDivisionError", True)]
+        assert ex.error is not None and ex.error.name == "ZeroDivisionError"
+
+
 def test_a_bash_context_keeps_cwd_and_variables_and_contexts_are_deleted(open_box):
     with open_box() as box:
         sh = box.create_context("bash", id="sh")
