@@ -1,6 +1,6 @@
 //! Times as lockbox writes them everywhere (records, events, the API): RFC 3339, UTC,
-//! milliseconds. Inside the crates a time is a [`SystemTime`]; [`format`] makes the text
-//! at the edges and [`parse`] reads back what [`format`] wrote (the runtime's SQLite rows).
+//! milliseconds. Inside the crates a time is a [`SystemTime`]; [`format()`] makes the text
+//! at the edges and [`parse`] reads back what [`format()`] wrote (the runtime's SQLite rows).
 //!
 //! Hand-written rather than `humantime` (whose `format_rfc3339*` panics before 1970, and a
 //! file's mtime may be) or `jiff`/`chrono` (a large dependency for two functions): the
@@ -69,7 +69,7 @@ pub fn from_unix(secs: i64, nanos: u32) -> SystemTime {
         .unwrap_or(UNIX_EPOCH)
 }
 
-/// A time as [`format`] writes it (`YYYY-MM-DDTHH:MM:SS.mmmZ`; the fraction may have any
+/// A time as [`format()`] writes it (`YYYY-MM-DDTHH:MM:SS.mmmZ`; the fraction may have any
 /// number of digits or be left out). `None` for anything else.
 pub fn parse(text: &str) -> Option<SystemTime> {
     let b = text.as_bytes();

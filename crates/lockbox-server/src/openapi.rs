@@ -1,7 +1,7 @@
 //! The OpenAPI 3.1 description of the API, served at `GET /openapi.json`, derived with
 //! utoipa from the code rather than written by hand: the request and reply types of
-//! [`crate::wire`] (`#[derive(Debug, ToSchema)]`, query strings `#[derive(Debug, IntoParams)]`) and the
-//! handlers of [`crate::routes`] (`#[utoipa::path]`), listed in [`ApiDoc`]. What utoipa
+//! `crate::wire` (`#[derive(Debug, ToSchema)]`, query strings `#[derive(Debug, IntoParams)]`) and the
+//! handlers of `crate::routes` (`#[utoipa::path]`), listed in [`ApiDoc`]. What utoipa
 //! cannot see is added here, computed rather than typed: the error reply (`4XX`, the
 //! [`crate::error::ApiError`] body) on every operation, the bearer security scheme, and the
 //! links from the operations that create things to those that use their ids.
