@@ -241,6 +241,9 @@ codes! {
         /// A console request with the session cookie but from another origin or without
         /// the CSRF token.
         Forbidden = "FORBIDDEN",
+        /// An agent's request (MCP, a scoped token) asks for more than the operator's
+        /// ceiling allows; the details name the field and the ceiling.
+        BeyondCeiling = "BEYOND_CEILING",
         NotFound = "NOT_FOUND",
         MethodNotAllowed = "METHOD_NOT_ALLOWED",
         RequestTimeout = "REQUEST_TIMEOUT",

@@ -55,6 +55,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::EncodeValue => StatusCode::BAD_REQUEST,
         C::Unauthorized => StatusCode::UNAUTHORIZED,
         C::Forbidden
+        | C::BeyondCeiling
         | C::PathOutsideSandbox
         | C::ReadOnly
         | C::PermissionDenied
