@@ -262,7 +262,7 @@ impl Ceiling {
             allowed.extend(self.net.iter().map(|f| f.as_str()));
             return Err(BeyondCeiling {
                 field: "net",
-                requested: format!("net {}", form.as_str()),
+                requested: form.as_str().to_owned(),
                 ceiling: format!("network forms allowed: {}", allowed.join(", ")),
             });
         }
@@ -467,7 +467,7 @@ mod tests {
         p.fs.write.clear();
         let e = c.check(&p, None, &fake).unwrap_err();
         assert_eq!(e.field, "net");
-        assert!(e.to_string().contains("net host"), "{e}");
+        assert!(e.to_string().starts_with("net: host is beyond"), "{e}");
         assert!(e.to_string().contains("allowed: none"), "{e}");
         p.net = Net::None;
         c.check(&p, None, &fake).unwrap();
