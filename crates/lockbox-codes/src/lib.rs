@@ -244,6 +244,8 @@ codes! {
         /// An agent's request (MCP, a scoped token) asks for more than the operator's
         /// ceiling allows; the details name the field and the ceiling.
         BeyondCeiling = "BEYOND_CEILING",
+        /// No scoped token of this id (never minted, or revoked).
+        TokenNotFound = "TOKEN_NOT_FOUND",
         NotFound = "NOT_FOUND",
         MethodNotAllowed = "METHOD_NOT_ALLOWED",
         RequestTimeout = "REQUEST_TIMEOUT",

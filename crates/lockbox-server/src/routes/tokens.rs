@@ -58,6 +58,7 @@ pub async fn mint(
     path = "/v1/tokens/{id}",
     operation_id = "revoke_token",
     summary = "Revoke a scoped token (operator only); its sandboxes keep running",
+    description = "404 TOKEN_NOT_FOUND for a token never minted or revoked already",
     params(("id" = String, Path, description = "The token's id (from POST /v1/tokens)")),
     responses((status = 200, description = "revoked", body = Object))
 )]
@@ -69,7 +70,7 @@ pub async fn revoke(
         Ok(Json(json!({ "revoked": true })))
     } else {
         Err(
-            ApiError::new(ErrorCode::NotFound, format!("no scoped token {id}"))
+            ApiError::new(ErrorCode::TokenNotFound, format!("no scoped token {id}"))
                 .with_details(json!({ "id": id })),
         )
     }
