@@ -280,7 +280,7 @@ fn agent_allowed(method: &Method, path: &str, scope: &Scope) -> Result<(), ApiEr
         ),
         ["v1", "sandboxes", id, ..] => scope.sandbox(id),
         ["v1", "snapshots", id, ..] => scope.snapshot(id),
-        _ => Err(sessions::forbidden(&format!(
+        _ => Err(sessions::forbidden(format!(
             "{path} is the operator's: a scoped token reaches /mcp, /v1/sandboxes and /v1/snapshots only"
         ))),
     }
