@@ -45,11 +45,6 @@ impl Scope {
         }
     }
 
-    /// Its ceiling.
-    pub fn ceiling(&self) -> &Ceiling {
-        &self.ceiling
-    }
-
     fn made(&self) -> std::sync::MutexGuard<'_, Made> {
         // The sets stay consistent whatever panicked while holding them.
         self.made.lock().unwrap_or_else(PoisonError::into_inner)
