@@ -370,8 +370,8 @@ impl StateArgs {
 /// field (BEYOND_CEILING); see docs/security.md, "Ceilings".
 #[derive(Debug, Clone, Default, Args)]
 pub struct CeilingArgs {
-    /// A ceiling profile (TOML: read, write, workdirs, net, credentials, [limits], timeout;
-    /// see docs/mcp.md); the --allow-* flags add to it.
+    /// A ceiling profile (TOML: read, write, workdirs, net, credentials, [limits], timeout,
+    /// sandboxes; see docs/mcp.md); the --allow-* flags add to it.
     #[arg(long, value_name = "FILE")]
     pub ceiling: Option<PathBuf>,
     /// Agents may make PATH, or a path below it, readable (`fs_readable`). Repeatable.

@@ -180,11 +180,15 @@ fn issue_32_mcp_cannot_grant_itself_host_paths_writes_or_the_host_network() {
         drop(client.stdin.take());
         assert!(child.wait().unwrap().success());
 
-        // The operator widens the ceiling: writes below x/, the host's network.
+        // The operator widens the ceiling: writes below x/, the host's network; one sandbox.
+        let profile = tmp.path().join("ceiling.toml");
+        std::fs::write(&profile, "sandboxes = 1\n").unwrap();
         let (mut child, mut client) = spawn(
             user,
             &tmp.path().join("state"),
             &[
+                "--ceiling".as_ref(),
+                profile.as_os_str(),
                 "--allow-write".as_ref(),
                 allowed.as_os_str(),
                 "--allow-net".as_ref(),
@@ -223,6 +227,8 @@ fn issue_32_mcp_cannot_grant_itself_host_paths_writes_or_the_host_network() {
             std::fs::read_to_string(hostwrite.join("f")).unwrap(),
             "ok\n"
         );
+        let (field, message) = refusal(&client.call("create_sandbox", json!({})));
+        assert_eq!(field, "sandboxes", "{user:?}: {message}");
         drop(client.stdin.take());
         assert!(child.wait().unwrap().success());
     }

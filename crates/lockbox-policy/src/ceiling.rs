@@ -98,6 +98,10 @@ pub struct Ceiling {
     /// The longest sandbox lifetime (`timeout_ms`); a request without one gets it.
     #[serde(with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// Running sandboxes one agent may hold at once (its creations and forks); `None`: only
+    /// the server's own `--max-sandboxes` bounds them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<usize>,
 }
 
 /// A request beyond the ceiling: the field (as the policy names it), what was asked, and
@@ -167,6 +171,7 @@ impl Ceiling {
         l.file_size = o.file_size.or(l.file_size);
         l.inodes = o.inodes.or(l.inodes);
         self.timeout = other.timeout.or(self.timeout);
+        self.sandboxes = other.sandboxes.or(self.sandboxes);
     }
 
     /// Gives each limit the request left out the ceiling's maximum (a missing value means
@@ -267,6 +272,18 @@ impl Ceiling {
             });
         }
         self.check_limits(policy)
+    }
+
+    /// Whether an agent holding `running` sandboxes may make `more`.
+    pub fn check_sandboxes(&self, running: usize, more: usize) -> Result<(), BeyondCeiling> {
+        match self.sandboxes {
+            Some(max) if running.saturating_add(more) > max => Err(BeyondCeiling {
+                field: "sandboxes",
+                requested: format!("{more} more sandbox(es) with {running} running"),
+                ceiling: format!("at most {max} running sandboxes"),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether the credential `name` may be named by a request's `http_auth`.
@@ -570,6 +587,12 @@ mod tests {
             "read: /a, /b; write: none; workdirs: none; net: none, host"
         );
         assert_eq!(c.check_credential("gh").unwrap_err().field, "http_auth");
+        c.check_sandboxes(100, 5).unwrap();
+        let c = Ceiling::from_toml("sandboxes = 2").unwrap();
+        c.check_sandboxes(1, 1).unwrap();
+        let e = c.check_sandboxes(1, 2).unwrap_err();
+        assert_eq!(e.field, "sandboxes");
+        assert!(e.to_string().contains("at most 2 running"), "{e}");
     }
 
     proptest::proptest! {

@@ -34,6 +34,24 @@ pub struct Scope {
 struct Made {
     sandboxes: HashSet<String>,
     snapshots: HashSet<String>,
+    /// Sandboxes admitted and still being made ([`Admitted`]).
+    starting: usize,
+}
+
+/// Room for sandboxes being made under a scope's `sandboxes` bound, held until they are
+/// adopted (or their creation failed): concurrent creations cannot pass the bound together.
+#[derive(Debug)]
+#[must_use = "the room is given back when this is dropped"]
+pub struct Admitted<'a> {
+    scope: &'a Scope,
+    count: usize,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut made = self.scope.made();
+        made.starting = made.starting.saturating_sub(self.count);
+    }
 }
 
 impl Scope {
@@ -52,23 +70,57 @@ impl Scope {
 
     /// Bounds a creation: a snapshot it starts from must be this scope's, limits it leaves
     /// out get the ceiling's maxima, and its policy, workdir and credentials must be within
-    /// the ceiling (`BEYOND_CEILING` naming the field otherwise).
-    pub fn admit(&self, runtime: &Runtime, spec: &mut SandboxSpec) -> Result<(), ApiError> {
+    /// the ceiling (`BEYOND_CEILING` naming the field otherwise), as must the count of the
+    /// scope's running sandboxes. Hold the result until the sandbox is adopted.
+    pub fn admit(
+        &self,
+        runtime: &Runtime,
+        spec: &mut SandboxSpec,
+    ) -> Result<Admitted<'_>, ApiError> {
         let mut workdir = spec.workdir.clone();
         if let Some(snapshot) = &spec.from_snapshot {
             self.snapshot(snapshot)?;
             workdir = workdir.or(Some(runtime.snapshot_info(snapshot)?.workdir));
         }
         self.ceiling.fill_limits(&mut spec.policy);
-        self.check(spec, workdir.as_deref())
+        self.check(spec, workdir.as_deref())?;
+        self.reserve(runtime, 1)
     }
 
-    /// Bounds a fork of `snapshot`: it must be this scope's and its recorded spec within the
-    /// ceiling (the ceiling may have been lowered since it was taken).
-    pub fn admit_fork(&self, runtime: &Runtime, snapshot: &str) -> Result<(), ApiError> {
+    /// Bounds `count` forks of `snapshot`: it must be this scope's, its recorded spec within
+    /// the ceiling (the ceiling may have been lowered since it was taken), and the forks
+    /// within the scope's `sandboxes`. Hold the result until the forks are adopted.
+    pub fn admit_fork(
+        &self,
+        runtime: &Runtime,
+        snapshot: &str,
+        count: usize,
+    ) -> Result<Admitted<'_>, ApiError> {
         self.snapshot(snapshot)?;
         let spec = runtime.snapshot_spec(snapshot)?;
-        self.check(&spec, spec.workdir.as_deref())
+        self.check(&spec, spec.workdir.as_deref())?;
+        self.reserve(runtime, count)
+    }
+
+    /// Reserves room for `count` more running sandboxes under the ceiling's `sandboxes`
+    /// (alone: for forks of the scope's own sandbox, whose policy was admitted).
+    pub fn reserve(&self, runtime: &Runtime, count: usize) -> Result<Admitted<'_>, ApiError> {
+        let running: Vec<String> = runtime
+            .list_sandboxes()
+            .into_iter()
+            .filter(|s| s.state == lockbox_runtime::SandboxState::Running)
+            .map(|s| s.id.to_string())
+            .collect();
+        let mut made = self.made();
+        let mine = running
+            .iter()
+            .filter(|id| made.sandboxes.contains(*id))
+            .count();
+        self.ceiling
+            .check_sandboxes(mine + made.starting, count)
+            .map_err(beyond)?;
+        made.starting += count;
+        Ok(Admitted { scope: self, count })
     }
 
     fn check(&self, spec: &SandboxSpec, workdir: Option<&std::path::Path>) -> Result<(), ApiError> {

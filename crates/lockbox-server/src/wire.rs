@@ -1915,7 +1915,7 @@ pub struct StdinResult {
 #[serde(default, deny_unknown_fields)]
 pub struct MintToken {
     /// The token's ceiling, as a ceiling profile's fields (`read`, `write`, `workdirs`,
-    /// `net`, `credentials`, `limits`, `timeout`); the server's when absent.
+    /// `net`, `credentials`, `limits`, `timeout`, `sandboxes`); the server's when absent.
     #[schema(value_type = Option<Object>)]
     pub ceiling: Option<serde_json::Value>,
 }

@@ -28,7 +28,7 @@ pub async fn run(runtime: &Runtime, scope: &Scope, call: ToolCall) -> Result<Val
     };
     Ok(match call {
         ToolCall::CreateSandbox(mut spec) => {
-            scope.admit(runtime, &mut spec)?;
+            let _admitted = scope.admit(runtime, &mut spec)?;
             let info = runtime.create_sandbox(*spec).await?;
             scope.adopt_sandboxes([info.id.as_str()]);
             json_result(&SandboxInfo::from(info))
@@ -149,7 +149,7 @@ pub async fn run(runtime: &Runtime, scope: &Scope, call: ToolCall) -> Result<Val
             })
         }
         ToolCall::Fork { snapshot, count } => {
-            scope.admit_fork(runtime, &snapshot)?;
+            let _admitted = scope.admit_fork(runtime, &snapshot, count)?;
             let forks = runtime.fork_snapshot(&snapshot, count).await?;
             scope.adopt_sandboxes(forks.iter().map(|f| f.id.as_str()));
             json_result(&wire::SandboxList {

@@ -25,9 +25,10 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateSandbox>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut spec = body.into_spec()?;
-    if let Some(scope) = who.scope() {
-        scope.admit(&app.runtime, &mut spec)?;
-    }
+    let _admitted = match who.scope() {
+        Some(scope) => Some(scope.admit(&app.runtime, &mut spec)?),
+        None => None,
+    };
     let info = app.runtime.create_sandbox(spec).await?;
     if let Some(scope) = who.scope() {
         scope.adopt_sandboxes([info.id.as_str()]);

@@ -108,9 +108,10 @@ pub async fn fork(
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ForkRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    if let Some(scope) = who.scope() {
-        scope.admit_fork(&app.runtime, &id)?;
-    }
+    let _admitted = match who.scope() {
+        Some(scope) => Some(scope.admit_fork(&app.runtime, &id, body.count)?),
+        None => None,
+    };
     let forks = app.runtime.fork_snapshot(&id, body.count).await?;
     if let Some(scope) = who.scope() {
         scope.adopt_sandboxes(forks.iter().map(|f| f.id.as_str()));
@@ -190,6 +191,10 @@ pub async fn fork_sandbox(
         include_tmp: body.include_tmp,
     };
     // The sandbox is the agent's (`auth`), so its policy was admitted under this ceiling.
+    let _admitted = match who.scope() {
+        Some(scope) => Some(scope.reserve(&app.runtime, body.count)?),
+        None => None,
+    };
     let (snapshot, forks) = app.runtime.fork_sandbox(&id, body.count, opts).await?;
     if let Some(scope) = who.scope() {
         scope.adopt_snapshot(&snapshot.id);
