@@ -268,6 +268,52 @@ def test_stdio_server_works_as_uid_65534():
     run_stdio(AS_NOBODY + [server_binary()], owner=65534)
 
 
+async def ask_beyond_the_ceiling(command: list[str], state: str, hostwrite: str) -> list:
+    """Issue 32's reproduction through the SDK: each grant beyond the default ceiling."""
+    params = StdioServerParameters(command=command[0], args=command[1:] + ["mcp", "--state-dir", state])
+    asks = [
+        {"default_reads": False, "fs_readable": ["/etc", "/usr", "/lib", "/lib64", "/bin", "/root"],
+         "fs_writable": [hostwrite], "net": "host"},
+        {"fs_writable": [hostwrite]},
+        {"net": "host"},
+    ]
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            return [await session.call_tool("create_sandbox", ask) for ask in asks]
+
+
+@pytest.mark.parametrize("as_nobody", [False, True])
+def test_issue_32_an_agent_cannot_grant_itself_host_paths_or_the_host_network(as_nobody):
+    need_sdk()
+    command = [server_binary()]
+    if as_nobody:
+        need(os.geteuid() == 0, "root (the test re-runs the server as uid 65534)")
+        need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+        command = AS_NOBODY + command
+    root = tempfile.mkdtemp(prefix="lockbox-mcp-ceiling-")
+    try:
+        hostwrite = os.path.join(root, "hostwrite")
+        state = os.path.join(root, "state")
+        os.mkdir(hostwrite)
+        os.mkdir(state)
+        if as_nobody:
+            for path in (root, hostwrite, state):
+                os.chown(path, 65534, 65534)
+        results = asyncio.run(ask_beyond_the_ceiling(command, state, hostwrite))
+        fields = []
+        for result in results:
+            assert is_error(result), text(result)
+            error = structured(result)
+            assert error["code"] == "BEYOND_CEILING", error
+            assert "ceiling" in error["message"], error
+            fields.append(error["details"]["field"])
+        assert fields == ["fs_readable", "fs_writable", "net"]
+        assert os.listdir(hostwrite) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 async def over_http(url: str, token: str, workdir: str) -> dict:
     import httpx2 as httpx_mod  # the SDK's HTTP client
     headers = {"Authorization": f"Bearer {token}"}
