@@ -2,11 +2,14 @@
 client: `lockbox mcp` over stdio (also run as uid 65534), and `POST /mcp` of `lockbox serve`
 over streamable HTTP. Each drives an agent's edit -> test -> commit loop on a workdir and
 checks the host directory; an unknown sandbox is a tool error with its code; /mcp without
-the token is 401. Only the lockbox binary and the SDK are used (no `import lockbox`)."""
+the token is 401. The operator lets the agent work on the test's repository (`--allow-workdir`:
+by default an agent gets no workdir, issue 32). Only the lockbox binary and the SDK are used
+(no `import lockbox`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -211,19 +214,25 @@ def check_outcome(got: dict, repo: str) -> None:
 
 
 async def over_stdio(command: list[str], workdir: str, state: str) -> dict:
-    params = StdioServerParameters(command=command[0], args=command[1:] + ["mcp", "--state-dir", state])
+    args = command[1:] + ["mcp", "--state-dir", state, "--allow-workdir", workdir]
+    params = StdioServerParameters(command=command[0], args=args)
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
             return await edit_test_commit(session, workdir)
 
 
-async def sandboxes_after_restart(command: list[str], state: str) -> list:
-    params = StdioServerParameters(command=command[0], args=command[1:] + ["mcp", "--state-dir", state])
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            return structured(await call(session, "list_sandboxes"))["sandboxes"]
+def sandboxes_after_restart(state: str, owner: int | None) -> list:
+    """The sandboxes recorded in `state`, as the operator sees them (an agent sees only
+    those it made, so a new `lockbox mcp` would list none)."""
+    server = start_server(state_dir=state, uid=owner)
+    try:
+        req = urllib.request.Request(server.base + "/v1/sandboxes",
+                                     headers={"Authorization": f"Bearer {server.token}"})
+        with urllib.request.urlopen(req, timeout=30) as reply:
+            return json.load(reply)["sandboxes"]
+    finally:
+        stop_server(server, remove_state=False)
 
 
 def run_stdio(command: list[str], owner: int | None) -> None:
@@ -238,7 +247,7 @@ def run_stdio(command: list[str], owner: int | None) -> None:
         check_outcome(got, repo)
         # stdin closed: the server deleted its sandbox before exiting (a runtime that died
         # would leave it `lost`).
-        after = asyncio.run(sandboxes_after_restart(command, state))
+        after = sandboxes_after_restart(state, owner)
         states = {s["id"]: s["state"] for s in after}
         assert states.get(got["sid"]) == "stopped", after
     finally:
@@ -259,6 +268,52 @@ def test_stdio_server_works_as_uid_65534():
     run_stdio(AS_NOBODY + [server_binary()], owner=65534)
 
 
+async def ask_beyond_the_ceiling(command: list[str], state: str, hostwrite: str) -> list:
+    """Issue 32's reproduction through the SDK: each grant beyond the default ceiling."""
+    params = StdioServerParameters(command=command[0], args=command[1:] + ["mcp", "--state-dir", state])
+    asks = [
+        {"default_reads": False, "fs_readable": ["/etc", "/usr", "/lib", "/lib64", "/bin", "/root"],
+         "fs_writable": [hostwrite], "net": "host"},
+        {"fs_writable": [hostwrite]},
+        {"net": "host"},
+    ]
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            return [await session.call_tool("create_sandbox", ask) for ask in asks]
+
+
+@pytest.mark.parametrize("as_nobody", [False, True])
+def test_issue_32_an_agent_cannot_grant_itself_host_paths_or_the_host_network(as_nobody):
+    need_sdk()
+    command = [server_binary()]
+    if as_nobody:
+        need(os.geteuid() == 0, "root (the test re-runs the server as uid 65534)")
+        need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+        command = AS_NOBODY + command
+    root = tempfile.mkdtemp(prefix="lockbox-mcp-ceiling-")
+    try:
+        hostwrite = os.path.join(root, "hostwrite")
+        state = os.path.join(root, "state")
+        os.mkdir(hostwrite)
+        os.mkdir(state)
+        if as_nobody:
+            for path in (root, hostwrite, state):
+                os.chown(path, 65534, 65534)
+        results = asyncio.run(ask_beyond_the_ceiling(command, state, hostwrite))
+        fields = []
+        for result in results:
+            assert is_error(result), text(result)
+            error = structured(result)
+            assert error["code"] == "BEYOND_CEILING", error
+            assert "ceiling" in error["message"], error
+            fields.append(error["details"]["field"])
+        assert fields == ["fs_readable", "fs_writable", "net"]
+        assert os.listdir(hostwrite) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 async def over_http(url: str, token: str, workdir: str) -> dict:
     import httpx2 as httpx_mod  # the SDK's HTTP client
     headers = {"Authorization": f"Bearer {token}"}
@@ -272,9 +327,9 @@ async def over_http(url: str, token: str, workdir: str) -> dict:
 def test_http_server_drives_edit_test_commit_behind_the_token():
     need_sdk()
     root = tempfile.mkdtemp(prefix="lockbox-mcp-http-")
-    server = start_server()
+    repo = make_repo(root)
+    server = start_server("--allow-workdir", repo)
     try:
-        repo = make_repo(root)
         # No token, or a wrong one: 401 before any MCP.
         body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
         for auth in (None, "Bearer not-the-token-0123456789"):

@@ -363,6 +363,75 @@ impl StateArgs {
     }
 }
 
+/// The operator's ceiling for agents (`lockbox mcp`, `lockbox serve`'s `/mcp` and scoped
+/// tokens): what a sandbox an agent asks for may be granted at most. Without these flags,
+/// nothing beyond the default reads: no other host path, no writable one, no workdir, no
+/// network but the sandbox's own loopback. A request beyond it is refused, naming the
+/// field (BEYOND_CEILING); see docs/security.md, "Ceilings".
+#[derive(Debug, Clone, Default, Args)]
+pub struct CeilingArgs {
+    /// A ceiling profile (TOML: read, write, workdirs, net, credentials, [limits], timeout,
+    /// sandboxes; see docs/mcp.md); the --allow-* flags add to it.
+    #[arg(long, value_name = "FILE")]
+    pub ceiling: Option<PathBuf>,
+    /// Agents may make PATH, or a path below it, readable (`fs_readable`). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub allow_read: Vec<PathBuf>,
+    /// Agents may make PATH, or a path below it, writable on the host (`fs_writable`).
+    /// Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub allow_write: Vec<PathBuf>,
+    /// Agents may use DIR, or a directory below it, as a workdir (a copy-on-write view they
+    /// can commit back to DIR). Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub allow_workdir: Vec<PathBuf>,
+    /// Agents may ask for this network form: allow (an allow-list), deny (the host's network
+    /// but a deny-list) or host (the host's network, its loopback included). Repeatable.
+    #[arg(long, value_name = "FORM", value_parser = ["allow", "deny", "host"])]
+    pub allow_net: Vec<String>,
+}
+
+impl CeilingArgs {
+    /// The profile (if any) widened by the flags; relative paths are made absolute. Errors
+    /// name the file or flag (usage errors, exit 2).
+    pub fn resolve(&self) -> Result<lockbox_policy::Ceiling, crate::error::CliError> {
+        use crate::error::CliError;
+        let mut ceiling = match &self.ceiling {
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .map_err(|e| CliError::usage(format!("--ceiling {}: {e}", file.display())))?;
+                lockbox_policy::Ceiling::from_toml(&text)
+                    .map_err(|e| CliError::usage(format!("--ceiling {}: {e}", file.display())))?
+            }
+            None => lockbox_policy::Ceiling::default(),
+        };
+        let absolute = |flag: &str, paths: &[PathBuf]| -> Result<Vec<PathBuf>, CliError> {
+            paths
+                .iter()
+                .map(|p| {
+                    std::path::absolute(p)
+                        .map_err(|e| CliError::usage(format!("{flag} {}: {e}", p.display())))
+                })
+                .collect()
+        };
+        let mut net = Vec::new();
+        for form in &self.allow_net {
+            net.push(
+                form.parse()
+                    .map_err(|e| CliError::usage(format!("--allow-net: {e}")))?,
+            );
+        }
+        ceiling.widen(lockbox_policy::Ceiling {
+            read: absolute("--allow-read", &self.allow_read)?,
+            write: absolute("--allow-write", &self.allow_write)?,
+            workdirs: absolute("--allow-workdir", &self.allow_workdir)?,
+            net,
+            ..lockbox_policy::Ceiling::default()
+        });
+        Ok(ceiling)
+    }
+}
+
 /// What happens to a `--workdir` branch when the sandbox ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BranchAction {

@@ -394,3 +394,219 @@ fn issue_15_sessions_processes_and_logs_count_against_their_caps() {
         assert_eq!(error["details"]["field"], "log_bytes");
     });
 }
+
+/// A request to the server with bearer `token` and JSON `body`: status and reply.
+async fn as_token(
+    served: &Served,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Value,
+    origin: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut request = served
+        .client
+        .request(method, format!("{}{path}", served.base))
+        .bearer_auth(token)
+        .json(&body);
+    if let Some(origin) = origin {
+        request = request.header("origin", origin);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// A `tools/call` over `POST /mcp`: the HTTP status and the call's result.
+async fn mcp_call(served: &Served, token: &str, tool: &str, arguments: Value) -> Value {
+    let message = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": { "name": tool, "arguments": arguments } });
+    let (status, reply) = as_token(served, token, Method::POST, "/mcp", message, None).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    reply["result"].clone()
+}
+
+/// The field a BEYOND_CEILING tool error names.
+fn mcp_refused_field(result: &Value) -> String {
+    assert_eq!(result["isError"], true, "{result}");
+    assert_eq!(
+        result["structuredContent"]["code"], "BEYOND_CEILING",
+        "{result}"
+    );
+    result["structuredContent"]["details"]["field"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Issue 32's `create_sandbox` arguments: root's files, a writable host directory, the
+/// host's network (its loopback, where this server listens, included).
+fn reproduction(hostwrite: &std::path::Path) -> Value {
+    json!({
+        "default_reads": false,
+        "fs_readable": ["/etc", "/usr", "/lib", "/lib64", "/bin", "/root"],
+        "fs_writable": [hostwrite],
+        "net": "host",
+    })
+}
+
+/// Issue 32 over `POST /mcp` with the operator's token: the reproduction is refused naming
+/// each field, the agent sees none of the operator's sandboxes, and a browser origin that is
+/// not loopback (DNS rebinding) is refused before anything runs.
+#[test]
+fn issue_32_mcp_over_http_is_bounded_by_the_ceiling_and_checks_origin() {
+    for user in users() {
+        let state = state_dir(user);
+        let hostwrite = state.path().join("hostwrite");
+        std::fs::create_dir(&hostwrite).unwrap();
+        common::give(state.path(), user);
+        let served = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let token = served.token.clone();
+            let result =
+                mcp_call(&served, &token, "create_sandbox", reproduction(&hostwrite)).await;
+            assert_eq!(mcp_refused_field(&result), "fs_readable", "{user:?}");
+            let message = result["structuredContent"]["message"].as_str().unwrap();
+            assert!(message.contains("ceiling"), "{message}");
+            let result = mcp_call(
+                &served,
+                &token,
+                "create_sandbox",
+                json!({ "fs_writable": [hostwrite] }),
+            )
+            .await;
+            assert_eq!(mcp_refused_field(&result), "fs_writable", "{user:?}");
+            let result =
+                mcp_call(&served, &token, "create_sandbox", json!({ "net": "host" })).await;
+            assert_eq!(mcp_refused_field(&result), "net", "{user:?}");
+            assert_eq!(std::fs::read_dir(&hostwrite).unwrap().count(), 0);
+
+            // The operator's own sandbox, with a host write: not the agent's to use or see.
+            let theirs = served.sandbox(json!({ "fs_writable": [hostwrite] })).await;
+            let result = mcp_call(
+                &served,
+                &token,
+                "exec",
+                json!({ "sandbox_id": theirs, "command": "echo PWNED > f" }),
+            )
+            .await;
+            assert_eq!(
+                result["structuredContent"]["code"], "SANDBOX_NOT_FOUND",
+                "{result}"
+            );
+            let listed = mcp_call(&served, &token, "list_sandboxes", json!({})).await;
+            assert_eq!(
+                listed["structuredContent"]["sandboxes"],
+                json!([]),
+                "{listed}"
+            );
+
+            let ping = json!({ "jsonrpc": "2.0", "id": 1, "method": "ping" });
+            let evil = Some("http://rebound.example:7070");
+            let (status, reply) =
+                as_token(&served, &token, Method::POST, "/mcp", ping.clone(), evil).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{reply}");
+            assert_eq!(reply["code"], "FORBIDDEN", "{reply}");
+            let local = format!("http://{}", served.addr());
+            let (status, reply) =
+                as_token(&served, &token, Method::POST, "/mcp", ping, Some(&local)).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+        });
+    }
+}
+
+/// Issue 32: a scoped token creates only within its ceiling (the server's by default,
+/// or the one it was minted with), sees and acts on only its own sandboxes, reaches no
+/// operator route (tokens, branches, transactions), and stops working once revoked.
+#[test]
+fn issue_32_a_scoped_token_stays_under_its_ceiling_and_off_operator_routes() {
+    for user in users() {
+        let state = state_dir(user);
+        let hostwrite = state.path().join("hostwrite");
+        std::fs::create_dir(&hostwrite).unwrap();
+        common::give(state.path(), user);
+        let served = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let (status, minted) =
+                as_token(&served, &served.token, Method::POST, "/v1/tokens", json!({}), None).await;
+            assert_eq!(status, StatusCode::CREATED, "{minted}");
+            let agent = minted["token"].as_str().unwrap().to_owned();
+            let create = |body: Value| {
+                let agent = agent.clone();
+                let served = &served;
+                async move {
+                    as_token(served, &agent, Method::POST, "/v1/sandboxes", body, None).await
+                }
+            };
+            for (body, field) in [
+                (reproduction(&hostwrite), "fs_readable"),
+                (json!({ "fs_writable": [hostwrite] }), "fs_writable"),
+                (json!({ "net": "host" }), "net"),
+                (json!({ "workdir": hostwrite }), "workdir"),
+            ] {
+                let (status, reply) = create(body).await;
+                assert_eq!(status, StatusCode::FORBIDDEN, "{user:?}: {reply}");
+                assert_eq!(reply["code"], "BEYOND_CEILING", "{reply}");
+                assert_eq!(reply["details"]["field"], field, "{reply}");
+            }
+            let (status, mine) = create(json!({})).await;
+            assert_eq!(status, StatusCode::CREATED, "{mine}");
+            let mine = mine["id"].as_str().unwrap().to_owned();
+            let theirs = served.sandbox(json!({ "fs_writable": [hostwrite] })).await;
+
+            let (_, listed) =
+                as_token(&served, &agent, Method::GET, "/v1/sandboxes", Value::Null, None).await;
+            let ids: Vec<&str> = listed["sandboxes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["id"].as_str().unwrap())
+                .collect();
+            assert_eq!(ids, [mine.as_str()], "{listed}");
+            let exec = json!({ "command": "echo PWNED > f" });
+            let path = format!("/v1/sandboxes/{theirs}/exec");
+            let (status, reply) =
+                as_token(&served, &agent, Method::POST, &path, exec.clone(), None).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{reply}");
+            assert_eq!(reply["code"], "SANDBOX_NOT_FOUND", "{reply}");
+            let path = format!("/v1/sandboxes/{mine}/exec");
+            let (status, reply) =
+                as_token(&served, &agent, Method::POST, &path, json!({ "command": "true" }), None)
+                    .await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            for (method, path) in [
+                (Method::POST, "/v1/tokens"),
+                (Method::GET, "/v1/branches"),
+                (Method::GET, "/v1/transactions"),
+            ] {
+                let (status, reply) =
+                    as_token(&served, &agent, method, path, json!({}), None).await;
+                assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {reply}");
+                assert_eq!(reply["code"], "FORBIDDEN", "{path}: {reply}");
+            }
+            let result = mcp_call(&served, &agent, "create_sandbox", reproduction(&hostwrite)).await;
+            assert_eq!(mcp_refused_field(&result), "fs_readable");
+            assert_eq!(std::fs::read_dir(&hostwrite).unwrap().count(), 0);
+
+            // A token minted with a wider ceiling gets what that ceiling allows.
+            let body = json!({ "ceiling": { "write": [hostwrite] } });
+            let (status, wider) =
+                as_token(&served, &served.token, Method::POST, "/v1/tokens", body, None).await;
+            assert_eq!(status, StatusCode::CREATED, "{wider}");
+            let wider_token = wider["token"].as_str().unwrap();
+            let body = json!({ "fs_writable": [hostwrite] });
+            let (status, reply) =
+                as_token(&served, wider_token, Method::POST, "/v1/sandboxes", body, None).await;
+            assert_eq!(status, StatusCode::CREATED, "{reply}");
+
+            let path = format!("/v1/tokens/{}", minted["id"].as_str().unwrap());
+            let (status, reply) =
+                as_token(&served, &served.token, Method::DELETE, &path, Value::Null, None).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let (status, _) =
+                as_token(&served, &agent, Method::GET, "/v1/sandboxes", Value::Null, None).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+        });
+    }
+}

@@ -241,6 +241,11 @@ codes! {
         /// A console request with the session cookie but from another origin or without
         /// the CSRF token.
         Forbidden = "FORBIDDEN",
+        /// An agent's request (MCP, a scoped token) asks for more than the operator's
+        /// ceiling allows; the details name the field and the ceiling.
+        BeyondCeiling = "BEYOND_CEILING",
+        /// No scoped token of this id (never minted, or revoked).
+        TokenNotFound = "TOKEN_NOT_FOUND",
         NotFound = "NOT_FOUND",
         MethodNotAllowed = "METHOD_NOT_ALLOWED",
         RequestTimeout = "REQUEST_TIMEOUT",

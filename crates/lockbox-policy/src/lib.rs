@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod ceiling;
 mod env;
 mod error;
 mod fs;
@@ -35,6 +36,7 @@ mod net;
 pub mod time;
 mod units;
 
+pub use crate::ceiling::{BeyondCeiling, Ceiling, NetForm};
 pub use crate::env::{EnvPolicy, DEFAULT_PATH};
 pub use crate::error::PolicyError;
 pub use crate::fs::{

@@ -375,6 +375,18 @@ impl Runtime {
         Ok(crate::snapshots::info(meta))
     }
 
+    /// The spec a fork of snapshot `id` gets (the policy, labels and `on_exit` of the
+    /// sandbox it was taken of, its workdir), for a caller that bounds what forks may be
+    /// (the server's ceilings) before making them (`SNAPSHOT_NOT_FOUND`).
+    pub fn snapshot_spec(&self, id: &str) -> Result<SandboxSpec, RuntimeError> {
+        let meta = self
+            .inner
+            .snapshots
+            .get(&crate::snapshots::parse_id(id)?)
+            .map_err(RuntimeError::Branch)?;
+        Ok(crate::snapshots::spec_of(&meta))
+    }
+
     /// Deletes a snapshot (`SNAPSHOT_IN_USE` while forks or other snapshots use it).
     pub async fn delete_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
         let id = crate::snapshots::parse_id(id)?;

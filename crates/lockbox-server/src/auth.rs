@@ -3,12 +3,14 @@
 //! cookie, on every route but `/healthz` and the console's own, in constant time.
 
 use crate::error::ApiError;
+use crate::scope::{Principal, Scope};
 use crate::{sessions, AppState};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, ORIGIN, UPGRADE, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use lockbox_policy::Ceiling;
 use std::fmt;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -154,12 +156,68 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// Middleware: answers 401 `UNAUTHORIZED` unless the request carries the token, or the
-/// console's session cookie (`/healthz` and the console's own routes under `/ui` excepted:
-/// load balancers need no secret, and the console's files hold no data). A request with
-/// the cookie must come from this server's origin, and one that changes state also needs
-/// the `X-CSRF-Token` header (see `sessions`).
-pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
+/// The scoped tokens handed out by `POST /v1/tokens` (in memory: they end with the server).
+#[derive(Debug, Default)]
+pub(crate) struct ScopedTokens {
+    tokens: std::sync::Mutex<Vec<ScopedToken>>,
+}
+
+#[derive(Debug)]
+struct ScopedToken {
+    id: String,
+    token: Token,
+    scope: Arc<Scope>,
+}
+
+impl ScopedTokens {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ScopedToken>> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A new token bound to `ceiling`: its id and secret.
+    pub fn mint(&self, ceiling: Ceiling) -> Result<(String, Token), TokenError> {
+        let token = Token::generate()?;
+        // The id is public (it revokes, with the operator's token): not derived from the secret.
+        let id = format!("tok-{}", &Token::generate()?.secret()[..16]);
+        self.lock().push(ScopedToken {
+            id: id.clone(),
+            token: token.clone(),
+            scope: Arc::new(Scope::new(ceiling)),
+        });
+        Ok((id, token))
+    }
+
+    /// The scope of the token `secret`, comparing it with every token in constant time.
+    fn find(&self, secret: &[u8]) -> Option<Arc<Scope>> {
+        let tokens = self.lock();
+        let mut found = None;
+        for t in tokens.iter() {
+            if t.token.matches(secret) {
+                found = Some(Arc::clone(&t.scope));
+            }
+        }
+        found
+    }
+
+    /// Forgets token `id`; whether there was one.
+    pub fn revoke(&self, id: &str) -> bool {
+        let mut tokens = self.lock();
+        let before = tokens.len();
+        tokens.retain(|t| t.id != id);
+        tokens.len() != before
+    }
+}
+
+/// Middleware: answers 401 `UNAUTHORIZED` unless the request carries the token, a scoped
+/// token, or the console's session cookie (`/healthz` and the console's own routes under
+/// `/ui` excepted: load balancers need no secret, and the console's files hold no data). A
+/// request with the cookie must come from this server's origin, and one that changes state
+/// also needs the `X-CSRF-Token` header (see `sessions`). A scoped token reaches only its
+/// own sandboxes and snapshots and no operator route ([`agent_allowed`]). The request
+/// carries its [`Principal`] to the handlers.
+pub async fn require_auth(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/" || path == "/healthz" || path == "/ui" || path.starts_with("/ui/") {
         return next.run(req).await;
@@ -174,8 +232,20 @@ pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next)
         })
         .map(str::trim);
     match presented {
-        Some(secret) if app.token.matches(secret.as_bytes()) => return next.run(req).await,
-        Some(_) => return unauthorized("the bearer token is wrong"),
+        Some(secret) if app.token.matches(secret.as_bytes()) => {
+            req.extensions_mut().insert(Principal::Operator);
+            return next.run(req).await;
+        }
+        Some(secret) => {
+            let Some(scope) = app.tokens.find(secret.as_bytes()) else {
+                return unauthorized("the bearer token is wrong");
+            };
+            if let Err(e) = agent_allowed(req.method(), req.uri().path(), &scope) {
+                return e.into_response();
+            }
+            req.extensions_mut().insert(Principal::Agent(scope));
+            return next.run(req).await;
+        }
         None => {}
     }
     let Some(id) = sessions::cookie(req.headers(), sessions::SESSION_COOKIE) else {
@@ -187,8 +257,32 @@ pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next)
         return unauthorized("the session has ended or is unknown: log in again");
     };
     match cookie_request_allowed(&req, &csrf) {
-        Ok(()) => next.run(req).await,
+        Ok(()) => {
+            req.extensions_mut().insert(Principal::Operator);
+            next.run(req).await
+        }
         Err(e) => e.into_response(),
+    }
+}
+
+/// What a scoped token may reach: `/mcp`, the API document, creating and listing sandboxes
+/// and snapshots, and the routes of the sandboxes and snapshots its scope made (another's
+/// is `*_NOT_FOUND`, as if it did not exist). Answering approval questions, branches,
+/// transactions, the journal and tokens are the operator's (403 `FORBIDDEN`): an agent that
+/// could approve its own sandbox's destinations, commit any branch or mint tokens would
+/// step over its ceiling.
+fn agent_allowed(method: &Method, path: &str, scope: &Scope) -> Result<(), ApiError> {
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    match parts.as_slice() {
+        ["openapi.json"] | ["mcp"] | ["v1", "sandboxes"] | ["v1", "snapshots"] => Ok(()),
+        ["v1", "sandboxes", _, "approvals", _] if method == Method::POST => Err(
+            sessions::forbidden("approval questions are answered by the operator, not by a scoped token"),
+        ),
+        ["v1", "sandboxes", id, ..] => scope.sandbox(id),
+        ["v1", "snapshots", id, ..] => scope.snapshot(id),
+        _ => Err(sessions::forbidden(format!(
+            "{path} is the operator's: a scoped token reaches /mcp, /v1/sandboxes and /v1/snapshots only"
+        ))),
     }
 }
 

@@ -55,6 +55,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::EncodeValue => StatusCode::BAD_REQUEST,
         C::Unauthorized => StatusCode::UNAUTHORIZED,
         C::Forbidden
+        | C::BeyondCeiling
         | C::PathOutsideSandbox
         | C::ReadOnly
         | C::PermissionDenied
@@ -73,7 +74,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::StepNotFound
         | C::PortNotExposed
         | C::ContextNotFound
-        | C::QuestionNotFound => StatusCode::NOT_FOUND,
+        | C::QuestionNotFound
+        | C::TokenNotFound => StatusCode::NOT_FOUND,
         // The sandboxed server is the upstream of the port proxy.
         C::PortNotListening => StatusCode::BAD_GATEWAY,
         C::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

@@ -32,6 +32,7 @@ pub mod mcp;
 pub mod openapi;
 mod output;
 mod routes;
+pub mod scope;
 mod sessions;
 mod streams;
 mod ui;
@@ -46,6 +47,7 @@ pub use crate::wire::FileDiffReply;
 use crate::streams::Streams;
 use axum::extract::DefaultBodyLimit;
 use axum::Router;
+use lockbox_policy::Ceiling;
 use lockbox_runtime::Runtime;
 use std::future::Future;
 use std::sync::Arc;
@@ -81,6 +83,12 @@ pub struct ServerConfig {
     /// The step journal `GET /v1/journal/runs` shows (`lockbox serve --journal URL`);
     /// none by default.
     pub journal: Option<JournalSource>,
+    /// The operator's ceiling for agents: what `/mcp` may grant, and scoped tokens by
+    /// default (`lockbox serve --ceiling`, `--allow-*`). Default: [`Ceiling::default`].
+    pub ceiling: Ceiling,
+    /// Origins besides loopback ones a browser may call `/mcp` from (`--mcp-allow-origin`,
+    /// e.g. `https://agent.example`); any other `Origin` is 403 (MCP's DNS-rebinding rule).
+    pub mcp_allow_origins: Vec<String>,
 }
 
 /// A step journal and the URL it was opened from (shown to clients, so give one without
@@ -105,6 +113,8 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
             journal: None,
+            ceiling: Ceiling::default(),
+            mcp_allow_origins: Vec::new(),
         }
     }
 }
@@ -117,6 +127,10 @@ pub(crate) struct AppState {
     pub sessions: sessions::Sessions,
     pub streams: Streams,
     pub config: Arc<ServerConfig>,
+    /// Scoped tokens handed out (`POST /v1/tokens`).
+    pub tokens: Arc<auth::ScopedTokens>,
+    /// What `/mcp` made with the operator's token, under [`ServerConfig::ceiling`].
+    pub mcp: Arc<scope::Scope>,
 }
 
 /// The API as a router: every route, auth, body limit, JSON errors for unknown routes.
@@ -135,6 +149,8 @@ fn build(
         token,
         sessions: sessions::Sessions::default(),
         streams: Streams::new(config.max_streams, config.keepalive, shutdown),
+        tokens: Arc::default(),
+        mcp: Arc::new(scope::Scope::new(config.ceiling.clone())),
         config: Arc::new(config.clone()),
     };
     routes::router()

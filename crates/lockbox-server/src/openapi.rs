@@ -119,6 +119,8 @@ pub const MAX_LOG_BYTES: u64 = 1 << 30;
         crate::routes::transactions::create,
         crate::routes::journal::runs,
         crate::routes::journal::run,
+        crate::routes::tokens::mint,
+        crate::routes::tokens::revoke,
         crate::routes::console::login,
         crate::routes::console::logout,
         crate::routes::console::session,

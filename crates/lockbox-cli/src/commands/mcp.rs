@@ -9,17 +9,25 @@ use anyhow::Context;
 use clap::Args;
 use lockbox_runtime::{Runtime, RuntimeConfig};
 use lockbox_server::mcp::{serve_stdio, McpServer};
+use lockbox_server::scope::Scope;
 use std::time::Duration;
 
 const ABOUT: &str = "\
 Examples:
   lockbox mcp                                       tools on stdin/stdout, default state dir
+  lockbox mcp --allow-workdir ~/src/app             agents may work on ~/src/app (and below)
   lockbox mcp --state-dir ~/.local/state/lockbox-mcp --idle-timeout 30m
 
 Speaks MCP (JSON-RPC 2.0, one message per line) on stdin/stdout; stderr is for messages.
 Tools: create_sandbox, list_sandboxes, delete_sandbox, exec, run_code, read_file,
 write_file, list_files, changes, diff, commit, abort, snapshot, list_snapshots, fork,
 restore, delete_snapshot (each one's schema states its limits and errors).
+
+The model chooses its sandboxes' grants; the operator bounds them. By default an agent gets
+no host path beyond the default reads, no writable host path, no workdir and no network but
+its sandbox's loopback; --ceiling FILE and the --allow-* flags widen that. A call beyond
+the ceiling is the tool error BEYOND_CEILING naming the field. An agent sees only the
+sandboxes and snapshots it made.
 
 An MCP client configuration (Claude Desktop's claude_desktop_config.json, and most others):
   {\"mcpServers\": {\"lockbox\": {\"command\": \"lockbox\", \"args\": [\"mcp\"]}}}
@@ -37,6 +45,8 @@ docs/mcp.md.";
 pub struct McpArgs {
     #[command(flatten)]
     pub state: crate::cli::StateArgs,
+    #[command(flatten)]
+    pub ceiling: crate::cli::CeilingArgs,
     /// Running sandboxes at most; creating more is the tool error LIMIT_REACHED.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = parse_positive)]
     pub max_sandboxes: usize,
@@ -56,11 +66,12 @@ fn parse_positive(s: &str) -> Result<usize, String> {
 
 /// Runs the stdio server until stdin closes; the exit code.
 pub fn run(args: &McpArgs) -> Result<ExitCode, CliError> {
-    serve(args)?;
+    let ceiling = args.ceiling.resolve()?;
+    serve(args, ceiling)?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn serve(args: &McpArgs) -> anyhow::Result<()> {
+fn serve(args: &McpArgs, ceiling: lockbox_policy::Ceiling) -> anyhow::Result<()> {
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
@@ -78,7 +89,9 @@ fn serve(args: &McpArgs) -> anyhow::Result<()> {
         let stop = stop_signal().context("installing SIGTERM/SIGINT handlers")?;
         let runtime = Runtime::open(config)
             .with_context(|| format!("opening state directory {}", state_dir.display()))?;
-        let server = McpServer::new(runtime.clone(), false);
+        eoutln!("lockbox: mcp: agents' ceiling: {ceiling}");
+        let scope = std::sync::Arc::new(Scope::new(ceiling));
+        let server = McpServer::new(runtime.clone(), scope, false);
         let served = serve_stdio(server, tokio::io::stdin(), tokio::io::stdout(), stop).await;
         // Whatever ended it, the sandboxes go: nobody is left to use them.
         runtime.shutdown().await;

@@ -146,6 +146,13 @@ pub struct ServeArgs {
     /// hosts (`http_auth`/`http_allow`), besides the host's trust store.
     #[arg(long = "upstream-ca", value_name = "FILE")]
     pub upstream_ca: Option<PathBuf>,
+    /// The agents' ceiling: what `/mcp` and scoped tokens (`POST /v1/tokens`) may grant.
+    #[command(flatten)]
+    pub ceiling: crate::cli::CeilingArgs,
+    /// A browser origin (`https://agent.example`) besides loopback ones that may call
+    /// `/mcp`; a request with any other `Origin` is 403 FORBIDDEN. Repeatable.
+    #[arg(long, value_name = "ORIGIN")]
+    pub mcp_allow_origin: Vec<String>,
 }
 
 /// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
@@ -243,7 +250,8 @@ pub(crate) fn parse_dur(s: &str) -> Result<Duration, String> {
 /// Runs the server; the exit code.
 pub fn run(args: &ServeArgs) -> Result<ExitCode, CliError> {
     let credentials = read_credentials(args)?;
-    serve(args, credentials)?;
+    let ceiling = args.ceiling.resolve()?;
+    serve(args, credentials, ceiling)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -284,6 +292,7 @@ fn read_credentials(args: &ServeArgs) -> Result<(Credentials, Vec<PathBuf>), Cli
 fn serve(
     args: &ServeArgs,
     (credentials, credential_files): (Credentials, Vec<PathBuf>),
+    ceiling: lockbox_policy::Ceiling,
 ) -> anyhow::Result<()> {
     if args.max_sandboxes == 0
         || args.max_streams == 0
@@ -347,6 +356,8 @@ fn serve(
         max_connections,
         header_timeout: args.header_timeout,
         io_timeout: args.io_timeout,
+        ceiling,
+        mcp_allow_origins: args.mcp_allow_origin.clone(),
         ..ServerConfig::default()
     };
     let tokio = tokio::runtime::Builder::new_multi_thread()
@@ -389,6 +400,10 @@ fn serve(
         if !addr.ip().is_loopback() {
             eoutln!("lockbox: warning: {addr} is not loopback and the API is plain HTTP");
         }
+        eoutln!(
+            "lockbox: agents' ceiling (/mcp, scoped tokens): {}",
+            server_config.ceiling
+        );
         lockbox_server::serve(listener, runtime, token, server_config, stop)
             .await
             .context("serving")

@@ -24,8 +24,10 @@ mod tools;
 pub use self::stdio::serve_stdio;
 pub use self::tools::{tool_names, ToolCall, MAX_OUTPUT};
 
+use crate::scope::Scope;
 use lockbox_runtime::Runtime;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// Protocol revisions this server speaks, newest first. The tool surface used here is the
 /// same in all of them; `structuredContent` is simply ignored by clients of older ones.
@@ -37,10 +39,13 @@ const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 
-/// Answers MCP messages with the tools of one runtime.
+/// Answers MCP messages with the tools of one runtime, for an agent bound to a scope: the
+/// operator's ceiling bounds what its sandboxes may be granted, and it sees only the
+/// sandboxes and snapshots it made (`crate::scope`).
 #[derive(Debug, Clone)]
 pub struct McpServer {
     runtime: Runtime,
+    scope: Arc<Scope>,
     /// Replace the message of internal (5xx-class) errors by a pointer to the log, as the
     /// HTTP API does; the stdio server's user is the operator and sees them.
     redact_internal: bool,
@@ -59,11 +64,13 @@ enum Incoming {
 }
 
 impl McpServer {
-    /// A server on `runtime`. `redact_internal`: hide the details of lockbox's own failures
-    /// from clients (the HTTP transport); they are logged instead.
-    pub fn new(runtime: Runtime, redact_internal: bool) -> McpServer {
+    /// A server on `runtime` for an agent in `scope` (`Scope::new(ceiling)`).
+    /// `redact_internal`: hide the details of lockbox's own failures from clients (the HTTP
+    /// transport); they are logged instead.
+    pub fn new(runtime: Runtime, scope: Arc<Scope>, redact_internal: bool) -> McpServer {
         McpServer {
             runtime,
+            scope,
             redact_internal,
         }
     }
@@ -117,7 +124,7 @@ impl McpServer {
         }
         let args = params.get("arguments").cloned().unwrap_or(json!({}));
         let outcome = match ToolCall::parse(name, args) {
-            Ok(call) => run::run(&self.runtime, call).await,
+            Ok(call) => run::run(&self.runtime, &self.scope, call).await,
             Err(e) => Err(e),
         };
         Ok(match outcome {
@@ -187,7 +194,8 @@ mod tests {
     async fn server() -> (McpServer, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let runtime = Runtime::open(lockbox_runtime::RuntimeConfig::new(dir.path())).unwrap();
-        (McpServer::new(runtime, true), dir)
+        let scope = Arc::new(Scope::new(lockbox_policy::Ceiling::default()));
+        (McpServer::new(runtime, scope, true), dir)
     }
 
     async fn ask(server: &McpServer, message: &str) -> Value {

@@ -5,6 +5,7 @@
 
 use super::tools::ToolCall;
 use crate::error::ApiError;
+use crate::scope::Scope;
 use crate::wire::{self, each, ChangeList, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
@@ -17,17 +18,29 @@ use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 
 /// Runs the call; `Ok` is the `tools/call` result.
-pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
+/// Every sandbox and snapshot a call names must be the scope's (`*_NOT_FOUND` otherwise,
+/// through `sandbox`), and what it creates is admitted under the scope's ceiling first.
+pub async fn run(runtime: &Runtime, scope: &Scope, call: ToolCall) -> Result<Value, ApiError> {
+    // The scope's own sandbox `id`, running.
+    let sandbox = |id: &str| -> Result<Sandbox, ApiError> {
+        scope.sandbox(id)?;
+        Ok(runtime.sandbox(id)?)
+    };
     Ok(match call {
-        ToolCall::CreateSandbox(spec) => {
-            json_result(&SandboxInfo::from(runtime.create_sandbox(*spec).await?))
+        ToolCall::CreateSandbox(mut spec) => {
+            let _admitted = scope.admit(runtime, &mut spec)?;
+            let info = runtime.create_sandbox(*spec).await?;
+            scope.adopt_sandboxes([info.id.as_str()]);
+            json_result(&SandboxInfo::from(info))
         }
         ToolCall::ListSandboxes { state } => {
             let mut sandboxes = runtime.list_sandboxes();
             sandboxes.retain(|s| state.is_none_or(|state| s.state == state));
+            sandboxes.retain(|s| scope.owns_sandbox(&s.id));
             json_result(&json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))
         }
         ToolCall::DeleteSandbox { id } => {
+            scope.sandbox(&id)?;
             json_result(&SandboxInfo::from(runtime.delete_sandbox(&id).await?))
         }
         ToolCall::Exec {
@@ -35,7 +48,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             request,
             max_output,
         } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             let result =
                 crate::routes::exec::detached(async move { exec(&sandbox, request).await }).await?;
             exec_result(&result, max_output)
@@ -46,7 +59,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             offset,
             length,
         } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             let range = ByteRange {
                 start: offset,
                 end: Some(offset.saturating_add(length)),
@@ -67,7 +80,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             data,
             mode,
         } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             let options = WriteOptions {
                 mode: mode.unwrap_or(WriteOptions::default().mode),
                 create_parents: true,
@@ -84,7 +97,7 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             hidden,
             limit,
         } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             let mut stream = sandbox.list_stream(&path, recursive, hidden).await?;
             let mut entries = Vec::new();
             let mut truncated = false;
@@ -98,16 +111,16 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             json_result(&json!({ "entries": entries, "truncated": truncated }))
         }
         ToolCall::Changes { id } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             json_result(&json!({ "changes": ChangeList(sandbox.changes().await?) }))
         }
         ToolCall::Diff { id, path } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             let diff = sandbox.diff(path.clone()).await?;
             diff_result(&FileDiffReply { path, diff })
         }
         ToolCall::Commit { id, selection } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             json_result(&CommitSummary::from(sandbox.commit(selection).await?))
         }
         ToolCall::RunCode {
@@ -116,32 +129,45 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
             language,
             max_output,
         } => {
-            let sandbox = runtime.sandbox(&id)?;
+            let sandbox = sandbox(&id)?;
             let exec = crate::routes::exec::detached(async move {
                 run_code(&sandbox, request, language).await
             })
             .await?;
             run_code_result(&exec, max_output)
         }
-        ToolCall::Snapshot { id, options } => json_result(&wire::SnapshotInfo::from(
-            runtime.sandbox(&id)?.snapshot_with(options).await?,
-        )),
-        ToolCall::ListSnapshots => json_result(&wire::SnapshotList {
-            snapshots: each(runtime.list_snapshots()?),
-        }),
-        ToolCall::Fork { snapshot, count } => json_result(&wire::SandboxList {
-            sandboxes: each(runtime.fork_snapshot(&snapshot, count).await?),
-        }),
+        ToolCall::Snapshot { id, options } => {
+            let snapshot = sandbox(&id)?.snapshot_with(options).await?;
+            scope.adopt_snapshot(&snapshot.id);
+            json_result(&wire::SnapshotInfo::from(snapshot))
+        }
+        ToolCall::ListSnapshots => {
+            let mut snapshots = runtime.list_snapshots()?;
+            snapshots.retain(|s| scope.owns_snapshot(&s.id));
+            json_result(&wire::SnapshotList {
+                snapshots: each(snapshots),
+            })
+        }
+        ToolCall::Fork { snapshot, count } => {
+            let _admitted = scope.admit_fork(runtime, &snapshot, count)?;
+            let forks = runtime.fork_snapshot(&snapshot, count).await?;
+            scope.adopt_sandboxes(forks.iter().map(|f| f.id.as_str()));
+            json_result(&wire::SandboxList {
+                sandboxes: each(forks),
+            })
+        }
         ToolCall::Restore { id, snapshot } => {
-            runtime.sandbox(&id)?.restore(&snapshot).await?;
+            scope.snapshot(&snapshot)?;
+            sandbox(&id)?.restore(&snapshot).await?;
             json_result(&SandboxInfo::from(runtime.sandbox_info(&id)?))
         }
         ToolCall::DeleteSnapshot { snapshot } => {
+            scope.snapshot(&snapshot)?;
             runtime.delete_snapshot(&snapshot).await?;
             json_result(&json!({ "deleted": true }))
         }
         ToolCall::Abort { id } => {
-            runtime.sandbox(&id)?.abort().await?;
+            sandbox(&id)?.abort().await?;
             json_result(&json!({ "aborted": true }))
         }
     })

@@ -178,7 +178,7 @@ mod tests {
         let mut input = vec![b'x'; MAX_MESSAGE + 1];
         input.extend_from_slice(b"\n{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}\n");
         let (output, mut replies) = tokio::io::duplex(1 << 16);
-        let server = McpServer::new(runtime.clone(), false);
+        let server = McpServer::new(runtime.clone(), std::sync::Arc::default(), false);
         serve_stdio(server, &input[..], output, std::future::pending())
             .await
             .unwrap();

@@ -166,7 +166,10 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         Without workdir it sees the host's /usr, /bin, /lib, /etc read-only and a private /tmp; \
         with workdir, that host directory is mounted at the same path through a copy-on-write \
         branch: writes stay in the branch until `commit`. Network is loopback-only unless \
-        net is \"host\". Errors: INVALID_REQUEST (a field, named in details.field), \
+        net is \"host\". Every grant (fs_readable, fs_writable, workdir, net, limits) must lie \
+        within the operator's ceiling. Errors: BEYOND_CEILING (a grant beyond the ceiling: \
+        details.field names it, details.ceiling says what is allowed; ask for less), \
+        INVALID_REQUEST (a field, named in details.field), \
         NOT_A_DIRECTORY / FILE_NOT_FOUND (workdir), LIMIT_REACHED (too many sandboxes), \
         SETUP_FAILED / FEATURE_MISSING (this host cannot build the sandbox).",
         create_schema,
@@ -292,7 +295,8 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         "Create `count` new sandboxes from a snapshot: each sees exactly the snapshot's \
         files, writes to a branch of its own and can be committed on its own (a path a \
         sibling committed first is STALE_BASE unless forced). Result: the new sandboxes. \
-        Errors: SNAPSHOT_NOT_FOUND, LIMIT_REACHED (the server's max sandboxes), INVALID_REQUEST.",
+        Errors: SNAPSHOT_NOT_FOUND, BEYOND_CEILING (the snapshot's policy is beyond the \
+        operator's ceiling), LIMIT_REACHED (the server's max sandboxes), INVALID_REQUEST.",
         fork_schema,
     ),
     (

@@ -13,6 +13,7 @@ pub(crate) mod processes;
 pub(crate) mod pty;
 pub(crate) mod sandboxes;
 pub(crate) mod snapshots;
+pub(crate) mod tokens;
 pub(crate) mod transactions;
 pub(crate) mod watch;
 pub(crate) mod workspace;
@@ -128,6 +129,8 @@ pub fn router() -> Router<AppState> {
         .route("/v1/transactions/{id}", get(transactions::show))
         .route("/v1/journal/runs", get(journal::runs))
         .route("/v1/journal/runs/{id}", get(journal::run))
+        .route("/v1/tokens", post(tokens::mint))
+        .route("/v1/tokens/{id}", delete(tokens::revoke))
         .route("/mcp", post(crate::mcp::http::post))
         .merge(console())
         .route("/", get(|| async { Redirect::to("/ui") }))

@@ -2,11 +2,13 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::scope::Principal;
 use crate::wire::{each, CreateSandbox, CreateSession, ListSandboxes, SandboxInfo, SessionInfo};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use axum::Extension;
 use axum::Json;
 
 #[utoipa::path(
@@ -19,9 +21,18 @@ use axum::Json;
 )]
 pub async fn create(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiJson(body): ApiJson<CreateSandbox>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let info = app.runtime.create_sandbox(body.into_spec()?).await?;
+    let mut spec = body.into_spec()?;
+    let _admitted = match who.scope() {
+        Some(scope) => Some(scope.admit(&app.runtime, &mut spec)?),
+        None => None,
+    };
+    let info = app.runtime.create_sandbox(spec).await?;
+    if let Some(scope) = who.scope() {
+        scope.adopt_sandboxes([info.id.as_str()]);
+    }
     Ok((StatusCode::CREATED, Json(SandboxInfo::from(info))))
 }
 
@@ -35,10 +46,12 @@ pub async fn create(
 )]
 pub async fn list(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiQuery(query): ApiQuery<ListSandboxes>,
 ) -> impl IntoResponse {
     let mut sandboxes = app.runtime.list_sandboxes();
     sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state.into()));
+    sandboxes.retain(|s| who.sandbox(&s.id).is_ok());
     Json(crate::wire::SandboxList {
         sandboxes: each(sandboxes),
     })

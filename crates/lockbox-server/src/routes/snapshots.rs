@@ -3,6 +3,7 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::scope::Principal;
 use crate::wire::{
     each, ChangeList, ForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo,
     SnapshotDiffQuery, SnapshotInfo, SnapshotRequest,
@@ -11,6 +12,7 @@ use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use axum::Extension;
 use axum::Json;
 use serde_json::json;
 
@@ -26,6 +28,7 @@ use serde_json::json;
 )]
 pub async fn take(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<SnapshotRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -34,10 +37,11 @@ pub async fn take(
         include_tmp: body.include_tmp,
     };
     let sandbox = app.runtime.sandbox(&id)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(SnapshotInfo::from(sandbox.snapshot_with(opts).await?)),
-    ))
+    let snapshot = sandbox.snapshot_with(opts).await?;
+    if let Some(scope) = who.scope() {
+        scope.adopt_snapshot(&snapshot.id);
+    }
+    Ok((StatusCode::CREATED, Json(SnapshotInfo::from(snapshot))))
 }
 
 #[utoipa::path(
@@ -47,8 +51,13 @@ pub async fn take(
     summary = "List snapshots, oldest first",
     responses((status = 200, description = "the snapshots", body = crate::wire::SnapshotList))
 )]
-pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let snapshots = each::<_, SnapshotInfo>(app.runtime.list_snapshots()?);
+pub async fn list(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut snapshots = app.runtime.list_snapshots()?;
+    snapshots.retain(|s| who.snapshot(&s.id).is_ok());
+    let snapshots = each::<_, SnapshotInfo>(snapshots);
     Ok(Json(crate::wire::SnapshotList { snapshots }))
 }
 
@@ -95,10 +104,19 @@ pub async fn delete(
 )]
 pub async fn fork(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ForkRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let forks = each::<_, SandboxInfo>(app.runtime.fork_snapshot(&id, body.count).await?);
+    let _admitted = match who.scope() {
+        Some(scope) => Some(scope.admit_fork(&app.runtime, &id, body.count)?),
+        None => None,
+    };
+    let forks = app.runtime.fork_snapshot(&id, body.count).await?;
+    if let Some(scope) = who.scope() {
+        scope.adopt_sandboxes(forks.iter().map(|f| f.id.as_str()));
+    }
+    let forks = each::<_, SandboxInfo>(forks);
     Ok((
         StatusCode::CREATED,
         Json(crate::wire::SandboxList { sandboxes: forks }),
@@ -116,10 +134,17 @@ pub async fn fork(
 )]
 pub async fn diff(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<SnapshotDiffQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let changes = app.runtime.diff_snapshot(&id, query.into_target()?).await?;
+    let target = query.into_target()?;
+    match &target {
+        lockbox_runtime::DiffTarget::Snapshot(s) => who.snapshot(s)?,
+        lockbox_runtime::DiffTarget::Sandbox(s) => who.sandbox(s)?,
+        lockbox_runtime::DiffTarget::Workdir => {}
+    }
+    let changes = app.runtime.diff_snapshot(&id, target).await?;
     Ok(Json(json!({ "changes": ChangeList(changes) })))
 }
 
@@ -135,9 +160,11 @@ pub async fn diff(
 )]
 pub async fn restore(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<RestoreRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
+    who.snapshot(&body.snapshot)?;
     let sandbox = app.runtime.sandbox(&id)?;
     sandbox.restore(&body.snapshot).await?;
     Ok(Json(SandboxInfo::from(app.runtime.sandbox_info(&id)?)))
@@ -155,6 +182,7 @@ pub async fn restore(
 )]
 pub async fn fork_sandbox(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ForkSandboxRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -162,7 +190,16 @@ pub async fn fork_sandbox(
         name: body.name,
         include_tmp: body.include_tmp,
     };
+    // The sandbox is the agent's (`auth`), so its policy was admitted under this ceiling.
+    let _admitted = match who.scope() {
+        Some(scope) => Some(scope.reserve(&app.runtime, body.count)?),
+        None => None,
+    };
     let (snapshot, forks) = app.runtime.fork_sandbox(&id, body.count, opts).await?;
+    if let Some(scope) = who.scope() {
+        scope.adopt_snapshot(&snapshot.id);
+        scope.adopt_sandboxes(forks.iter().map(|f| f.id.as_str()));
+    }
     Ok((
         StatusCode::CREATED,
         Json(crate::wire::ForkReply {
