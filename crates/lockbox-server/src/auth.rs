@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use crate::{sessions, AppState};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, ORIGIN, UPGRADE, WWW_AUTHENTICATE};
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::fmt;
@@ -164,16 +164,7 @@ pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next)
     if path == "/" || path == "/healthz" || path == "/ui" || path.starts_with("/ui/") {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match presented {
+    match bearer(req.headers()) {
         Some(secret) if app.token.matches(secret.as_bytes()) => return next.run(req).await,
         Some(_) => return unauthorized("the bearer token is wrong"),
         None => {}
@@ -190,6 +181,18 @@ pub async fn require_auth(State(app): State<AppState>, req: Request, next: Next)
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// The secret of an `Authorization: Bearer <secret>` header, if the request has one.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
 }
 
 /// The checks on a request authenticated by the session cookie: from this server's origin
@@ -213,7 +216,7 @@ fn cookie_request_allowed(req: &Request, csrf: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn unauthorized(message: &str) -> Response {
+pub(crate) fn unauthorized(message: &str) -> Response {
     let mut response =
         ApiError::new(lockbox_policy::ErrorCode::Unauthorized, message).into_response();
     response
