@@ -500,4 +500,18 @@ fn issue_32_without_a_ports_listener_a_browser_gets_no_sandbox_page() {
             "{body}"
         );
     });
+    for (flag, bad) in [
+        ("--ports-domain", "not a name"),
+        ("--ports-domain", "-x.localhost"),
+        ("--ports-listen", "localhost"),
+    ] {
+        let out = common::command_as(user)
+            .args(["serve", &format!("{flag}={bad}"), "--state-dir"])
+            .arg(state.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains(flag), "{bad}: {stderr}");
+    }
 }

@@ -129,12 +129,20 @@ pub(crate) struct AppState {
 /// sandbox's page sets reaches the API's (the console's) origin.
 #[derive(Debug)]
 pub struct PortsListener {
-    /// Where it listens.
-    pub listener: tokio::net::TcpListener,
-    /// The domain of the ports' host names, checked by [`check_ports_domain`] (`localhost`:
-    /// browsers resolve `*.localhost` to the loopback and keep each such host a site of
-    /// its own).
-    pub domain: String,
+    listener: tokio::net::TcpListener,
+    domain: String,
+}
+
+impl PortsListener {
+    /// The ports on `listener`, their host names under `domain` (`localhost`: browsers
+    /// resolve `*.localhost` to the loopback and keep each such host a site of its own);
+    /// a `domain` that is not a DNS name is refused ([`check_ports_domain`]).
+    pub fn new(listener: tokio::net::TcpListener, domain: &str) -> Result<PortsListener, String> {
+        Ok(PortsListener {
+            listener,
+            domain: check_ports_domain(domain)?,
+        })
+    }
 }
 
 /// The API as a router: every route, auth, body limit, JSON errors for unknown routes.

@@ -445,10 +445,13 @@ fn serve(
                 ports_addr.port()
             );
         }
-        let ports = ports.map(|listener| lockbox_server::PortsListener {
-            listener,
-            domain: args.ports_domain.clone(),
-        });
+        let ports = match ports {
+            Some(listener) => Some(
+                lockbox_server::PortsListener::new(listener, &args.ports_domain)
+                    .map_err(|e| anyhow::anyhow!("--ports-domain: {e}"))?,
+            ),
+            None => None,
+        };
         lockbox_server::serve_with_ports(listener, ports, runtime, token, server_config, stop)
             .await
             .context("serving")
