@@ -515,3 +515,34 @@ fn issue_32_without_a_ports_listener_a_browser_gets_no_sandbox_page() {
         assert!(stderr.contains(flag), "{bad}: {stderr}");
     }
 }
+
+#[test]
+fn issue_32_the_ports_listener_shares_the_connection_cap() {
+    use std::io::{Read, Write};
+    let user = users()[0];
+    let state = state_dir(user);
+    let server = Served::start(user, state.path(), &["--max-connections", "2"]);
+    let ports = server.ports_listen.clone().unwrap();
+    // Two kept-alive connections to the ports listener, each answered once: both hold their
+    // place under the cap.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&ports).unwrap();
+            c.write_all(b"GET / HTTP/1.1\r\nHost: 1-sb-none.localhost\r\n\r\n")
+                .unwrap();
+            let mut head = [0u8; 12];
+            c.read_exact(&mut head).unwrap();
+            assert_eq!(&head, b"HTTP/1.1 401", "no token, no key");
+            c
+        })
+        .collect();
+    tokio().block_on(async {
+        let r = server
+            .request(Method::GET, "/v1/sandboxes")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    });
+    drop(held);
+}

@@ -203,8 +203,8 @@ pub async fn serve(
     serve_with_ports(listener, None, runtime, token, config, shutdown).await
 }
 
-/// As [`serve`], and the exposed ports on `ports` (each connection limit applies to each
-/// listener).
+/// As [`serve`], and the exposed ports on `ports` (the connection bounds hold for both
+/// listeners together).
 pub async fn serve_with_ports(
     listener: tokio::net::TcpListener,
     ports: Option<PortsListener>,
@@ -234,11 +234,18 @@ pub async fn serve_with_ports(
         shutdown.await;
         stop.cancel();
     });
-    let api = connections::serve(listener, api_router(state.clone()), limits, cancel.clone());
+    let gate = connections::Gate::new(&limits);
+    let api = connections::serve(
+        listener,
+        api_router(state.clone()),
+        limits,
+        gate.clone(),
+        cancel.clone(),
+    );
     let ports_cancel = cancel.clone();
     let ports = async move {
         if let Some(listener) = ports_listener {
-            connections::serve(listener, ports_router(state), limits, ports_cancel).await;
+            connections::serve(listener, ports_router(state), limits, gate, ports_cancel).await;
         }
     };
     let server = async move {

@@ -413,8 +413,16 @@ pub(crate) async fn own_origin(State(app): State<AppState>, req: Request) -> Res
         Some(secret) if app.token.matches(secret.as_bytes()) => {}
         Some(_) => return auth::unauthorized("the bearer token is wrong"),
         None => {
-            let allowed = sessions::cookie(req.headers(), PORT_COOKIE)
-                .is_some_and(|key| origin.key_matches(&id, port, key));
+            // Any of them: a page's script may add a `lockbox_port` of its own for a
+            // longer path, which the browser would send first.
+            let allowed = req
+                .headers()
+                .get_all(COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .filter_map(|pair| pair.trim().split_once('='))
+                .any(|(name, key)| name == PORT_COOKIE && origin.key_matches(&id, port, key));
             if !allowed {
                 return auth::unauthorized(
                     "open the port's open_url (GET /v1/sandboxes/{id}/ports) first, or send \
