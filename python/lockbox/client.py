@@ -673,9 +673,12 @@ class RemoteSandbox:
 
     def expose_port(self, port: int, *, host_loopback: bool = False) -> dict[str, Any]:
         """Makes the server listening on ``port`` inside the sandbox reachable:
-        ``{"port", "path", "url", "ws_url"}`` — ``url`` is the server's authenticated proxy
-        (send the bearer token; the sandboxed server never sees it; absent on
-        :meth:`lockbox.Sandbox.open`'s sandboxes, which have no server) — and with
+        ``{"port", "path", "url", "ws_url", "origin", "open_url"}`` — ``url`` is the
+        server's authenticated proxy (send the bearer token; the sandboxed server never sees
+        it; no cookie comes back; absent on :meth:`lockbox.Sandbox.open`'s sandboxes, which
+        have no server); ``origin`` is the port's own origin on the server's ports listener
+        (``http://8000-sb-....localhost:PORT``), where a browser gets in by opening
+        ``open_url`` (a capability for this port: it sets the port's access cookie) — and with
         ``host_loopback`` also ``"host_address"``/``"host_url"``, a ``127.0.0.1`` port on
         the server's host that forwards without a token. Exposing again is a no-op."""
         info = self.client._request("POST", self._p("/ports"), body={"port": port, "host_loopback": host_loopback})

@@ -118,6 +118,7 @@ def test_workdir_branch_changes_commit_and_async(server, tmp_path):
 
 def test_exposed_port_is_fetched_through_the_proxy_and_the_host_port(server):
     import time
+    import urllib.parse
     import urllib.request
 
     client = Client(*server)
@@ -139,6 +140,15 @@ def test_exposed_port_is_fetched_through_the_proxy_and_the_host_port(server):
                 time.sleep(0.05)
         assert body == b"hello-from-inside\n"
         with urllib.request.urlopen(port["host_url"] + "hello.txt", timeout=10) as r:  # noqa: S310
+            assert r.read() == b"hello-from-inside\n"
+        # The port's own origin (issue 32): its host name says which port. Python does not
+        # resolve *.localhost, so the request goes to the listener with that Host.
+        origin = urllib.parse.urlsplit(port["origin"])
+        assert origin.hostname == f"8731-{box.id}.localhost", port
+        assert port["open_url"].startswith(port["origin"] + "/__lockbox/open?key=")
+        req = urllib.request.Request(f"http://127.0.0.1:{origin.port}/hello.txt",
+                                     headers={"Host": origin.netloc, "Authorization": f"Bearer {client.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310
             assert r.read() == b"hello-from-inside\n"
         box.unexpose_port(8731)
         assert box.ports() == []

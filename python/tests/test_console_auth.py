@@ -2,9 +2,12 @@
 API refuses requests without the session cookie or token (401); a wrong token logs nobody in;
 logging in with the server token sets an HttpOnly, SameSite=Strict cookie with which the API
 answers; a state-changing request needs the CSRF header; a POST from another origin, made by
-a page the browser loaded from another port, is refused (403) and changes nothing."""
+a page the browser loaded from another port, is refused (403) and changes nothing; a
+sandbox's page, opened from the console, is on its port's own origin, so the 80 KB of cookies
+it sets leave the console working (issue 32)."""
 
 import http.server
+import os
 import threading
 import time
 import urllib.request
@@ -131,3 +134,76 @@ def test_console_pages_carry_the_content_security_policy(console_server):
         assert r.headers["Cache-Control"] == "no-store"
     assert "default-src 'none'" in csp and "script-src 'self'" in csp
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+
+
+# A sandbox's server whose page sets 20 cookies of 4,000 bytes, valid for a year (issue 32).
+COOKIE_PAGE = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"<!doctype html><title>page</title><p id=page>a sandbox's page</p>"
+        self.send_response(200)
+        for i in range(20):
+            self.send_header("Set-Cookie", f"big{i}={'x' * 4000}; Path=/; Max-Age=31536000")
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _sandbox_page_leaves_the_console_working(server, driver):
+    from selenium.webdriver.common.by import By
+
+    status, box, _ = server.api("POST", "/v1/sandboxes", {})
+    assert status == 201, box
+    sid = box["id"]
+    try:
+        status, proc, _ = server.api("POST", f"/v1/sandboxes/{sid}/processes",
+                                     {"argv": ["python3", "-c", COOKIE_PAGE, "8765"]})
+        assert status == 201, proc
+        status, port, _ = server.api("POST", f"/v1/sandboxes/{sid}/ports", {"port": 8765})
+        assert status == 201, port
+        origin = port["origin"]
+        assert origin.startswith("http://8765-" + sid + ".localhost:"), port
+        wait_for(lambda: server.api("GET", f"/v1/sandboxes/{sid}/ports/8765/")[0] == 200,
+                 what="the sandbox's server")
+        login(driver, server.base, server.token)
+        # The sandbox's page in the console links the port's open_url.
+        driver.get(f"{server.base}/ui#/sandboxes/{sid}")
+        link = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#ports a.port-link"),
+                        what="the exposed port's link")[0]
+        assert link.get_attribute("href") == port["open_url"]
+        assert link.get_attribute("rel") == "noopener noreferrer"
+        # The console's user opens the port at the API's address, as before: the browser is
+        # sent to the port's own origin (Chromium resolves *.localhost to the loopback).
+        driver.get(f"{server.base}/v1/sandboxes/{sid}/ports/8765/")
+        wait_for(lambda: driver.current_url == origin + "/", what="the port's own origin")
+        assert driver.find_element(By.ID, "page").text == "a sandbox's page"
+        assert len([c for c in driver.get_cookies() if c["name"].startswith("big")]) == 20
+        # On the console's host nothing of it was stored, and the console and API answer.
+        driver.get(server.base + "/ui")
+        assert not [c for c in driver.get_cookies() if c["name"].startswith("big")]
+        assert fetch(driver, "/ui/session")["status"] == 200
+        reply = fetch(driver, "/v1/sandboxes")
+        assert reply["status"] == 200, reply
+        assert sid in reply["body"]
+    finally:
+        server.api("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def test_issue_32_a_sandbox_page_cannot_fill_the_console_cookie_jar(console_server, browser):
+    _sandbox_page_leaves_the_console_working(console_server, browser)
+
+
+def test_issue_32_a_sandbox_page_cannot_fill_the_console_cookie_jar_as_uid_65534(browser):
+    need(os.geteuid() == 0, "root (the server is started as uid 65534)")
+    server = console_util.start_server(uid=65534)
+    try:
+        _sandbox_page_leaves_the_console_working(server, browser)
+    finally:
+        console_util.stop_server(server)

@@ -7,7 +7,7 @@ use crate::scope::{Principal, Scope};
 use crate::{sessions, AppState};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, ORIGIN, UPGRADE, WWW_AUTHENTICATE};
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use lockbox_policy::Ceiling;
@@ -222,16 +222,7 @@ pub async fn require_auth(State(app): State<AppState>, mut req: Request, next: N
     if path == "/" || path == "/healthz" || path == "/ui" || path.starts_with("/ui/") {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match presented {
+    match bearer(req.headers()).map(str::to_owned) {
         Some(secret) if app.token.matches(secret.as_bytes()) => {
             req.extensions_mut().insert(Principal::Operator);
             return next.run(req).await;
@@ -286,6 +277,18 @@ fn agent_allowed(method: &Method, path: &str, scope: &Scope) -> Result<(), ApiEr
     }
 }
 
+/// The secret of an `Authorization: Bearer <secret>` header, if the request has one.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+}
+
 /// The checks on a request authenticated by the session cookie: from this server's origin
 /// (any method: reads too, so another site cannot even load a reply it could not read), the
 /// CSRF header for anything but GET/HEAD, an `Origin` header for WebSocket upgrades.
@@ -307,7 +310,7 @@ fn cookie_request_allowed(req: &Request, csrf: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn unauthorized(message: &str) -> Response {
+pub(crate) fn unauthorized(message: &str) -> Response {
     let mut response =
         ApiError::new(lockbox_policy::ErrorCode::Unauthorized, message).into_response();
     response

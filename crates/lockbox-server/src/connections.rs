@@ -65,12 +65,35 @@ pub struct Limits {
     pub io_timeout: Duration,
 }
 
-/// Accepts connections on `listener` and serves `router` on them until `stop` is
-/// cancelled; then stops accepting, asks every connection to finish its request in
-/// flight and close, and returns when all have.
-pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
-    let open = Arc::new(Semaphore::new(limits.max_connections));
-    let refusing = Arc::new(Refusals::default());
+/// What the listeners of one server share: the connection cap and the refusals, so
+/// [`Limits::max_connections`] bounds the API's and the exposed ports' connections together.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    open: Arc<Semaphore>,
+    refusing: Arc<Refusals>,
+}
+
+impl Gate {
+    /// A gate for `limits`.
+    pub fn new(limits: &Limits) -> Gate {
+        Gate {
+            open: Arc::new(Semaphore::new(limits.max_connections)),
+            refusing: Arc::new(Refusals::default()),
+        }
+    }
+}
+
+/// Accepts connections on `listener` and serves `router` on them, through `gate`, until
+/// `stop` is cancelled; then stops accepting, asks every connection to finish its request
+/// in flight and close, and returns when all have.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    gate: Gate,
+    stop: CancellationToken,
+) {
+    let Gate { open, refusing } = gate;
     let busy = busy_answer(limits.max_connections);
     let connections = TaskTracker::new();
     let mut builder = http1::Builder::new();

@@ -4,6 +4,8 @@
 //!
 //! - [`serve`] runs the API on a listener until a shutdown future resolves, then stops the
 //!   runtime (every sandbox is deleted, its branch's on-exit policy applied);
+//!   [`serve_with_ports`] also serves each exposed port on an origin of its own
+//!   ([`PortsListener`], see `routes::ports`);
 //! - [`app`] is the same API as a [`Router`] (for tests and embedding);
 //! - [`Token`] is the secret clients send; [`ServerConfig`] the limits (connections and
 //!   their timeouts in `connections`, bodies, streams, exec output in `output`);
@@ -41,6 +43,7 @@ mod wire;
 pub use crate::auth::{Token, TokenError, TOKEN_FILE};
 pub use crate::connections::MAX_HEAD;
 pub use crate::error::{status_of, ApiError};
+pub use crate::routes::ports::{check_ports_domain, OPEN_PATH, PORT_COOKIE};
 /// One path's diff in its wire shape, as `lockbox branch hunks --json` prints it too.
 pub use crate::wire::FileDiffReply;
 
@@ -131,20 +134,45 @@ pub(crate) struct AppState {
     pub tokens: Arc<auth::ScopedTokens>,
     /// What `/mcp` made with the operator's token, under [`ServerConfig::ceiling`].
     pub mcp: Arc<scope::Scope>,
+    /// The ports listener, if there is one.
+    pub ports: Option<Arc<routes::ports::PortsOrigin>>,
+}
+
+/// The listener of exposed ports (`lockbox serve --ports-listen`): each port at
+/// `http://{port}-{sandbox}.{domain}:{its port}/`, an origin of its own, so nothing a
+/// sandbox's page sets reaches the API's (the console's) origin.
+#[derive(Debug)]
+pub struct PortsListener {
+    listener: tokio::net::TcpListener,
+    domain: String,
+}
+
+impl PortsListener {
+    /// The ports on `listener`, their host names under `domain` (`localhost`: browsers
+    /// resolve `*.localhost` to the loopback and keep each such host a site of its own);
+    /// a `domain` that is not a DNS name is refused ([`check_ports_domain`]).
+    pub fn new(listener: tokio::net::TcpListener, domain: &str) -> Result<PortsListener, String> {
+        Ok(PortsListener {
+            listener,
+            domain: check_ports_domain(domain)?,
+        })
+    }
 }
 
 /// The API as a router: every route, auth, body limit, JSON errors for unknown routes.
 pub fn app(runtime: Runtime, token: Token, config: ServerConfig) -> Router {
-    build(runtime, token, config, CancellationToken::new())
+    let state = state(runtime, token, &config, None, CancellationToken::new());
+    api_router(state)
 }
 
-fn build(
+fn state(
     runtime: Runtime,
     token: Token,
-    config: ServerConfig,
+    config: &ServerConfig,
+    ports: Option<routes::ports::PortsOrigin>,
     shutdown: CancellationToken,
-) -> Router {
-    let state = AppState {
+) -> AppState {
+    AppState {
         runtime,
         token,
         sessions: sessions::Sessions::default(),
@@ -152,7 +180,12 @@ fn build(
         tokens: Arc::default(),
         mcp: Arc::new(scope::Scope::new(config.ceiling.clone())),
         config: Arc::new(config.clone()),
-    };
+        ports: ports.map(Arc::new),
+    }
+}
+
+fn api_router(state: AppState) -> Router {
+    let config = Arc::clone(&state.config);
     routes::router()
         .layer(DefaultBodyLimit::max(config.max_body))
         // A body that stops arriving ends its request (408) instead of holding it forever.
@@ -161,6 +194,15 @@ fn build(
             state.clone(),
             auth::require_auth,
         ))
+        .with_state(state)
+}
+
+/// The ports listener's router: every request goes to the port its `Host` names.
+fn ports_router(state: AppState) -> Router {
+    let io_timeout = state.config.io_timeout;
+    Router::new()
+        .fallback(routes::ports::own_origin)
+        .layer(RequestBodyTimeoutLayer::new(io_timeout))
         .with_state(state)
 }
 
@@ -174,6 +216,19 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with_ports(listener, None, runtime, token, config, shutdown).await
+}
+
+/// As [`serve`], and the exposed ports on `ports` (the connection bounds hold for both
+/// listeners together).
+pub async fn serve_with_ports(
+    listener: tokio::net::TcpListener,
+    ports: Option<PortsListener>,
+    runtime: Runtime,
+    token: Token,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let cancel = CancellationToken::new();
     let grace = config.shutdown_grace;
     let limits = connections::Limits {
@@ -181,13 +236,37 @@ pub async fn serve(
         header_timeout: config.header_timeout,
         io_timeout: config.io_timeout,
     };
-    let router = build(runtime.clone(), token, config, cancel.clone());
+    let (ports_listener, origin) = match ports {
+        Some(p) => {
+            let port = p.listener.local_addr()?.port();
+            let origin = routes::ports::PortsOrigin::new(p.domain, port)?;
+            (Some(p.listener), Some(origin))
+        }
+        None => (None, None),
+    };
+    let state = state(runtime.clone(), token, &config, origin, cancel.clone());
     let stop = cancel.clone();
     tokio::spawn(async move {
         shutdown.await;
         stop.cancel();
     });
-    let server = connections::serve(listener, router, limits, cancel.clone());
+    let gate = connections::Gate::new(&limits);
+    let api = connections::serve(
+        listener,
+        api_router(state.clone()),
+        limits,
+        gate.clone(),
+        cancel.clone(),
+    );
+    let ports_cancel = cancel.clone();
+    let ports = async move {
+        if let Some(listener) = ports_listener {
+            connections::serve(listener, ports_router(state), limits, gate, ports_cancel).await;
+        }
+    };
+    let server = async move {
+        tokio::join!(api, ports);
+    };
     let deadline = async move {
         cancel.cancelled().await;
         tokio::time::sleep(grace).await;

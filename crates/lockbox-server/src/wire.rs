@@ -1032,20 +1032,21 @@ impl From<StateName> for SandboxState {
 pub struct PortInfo {
     #[schema(minimum = 1, maximum = 65535)]
     pub port: u16,
+    /// The API's proxy to it (bearer token only: never a browser page on the API's origin).
     pub path: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String, required = false)]
     pub host_address: Option<String>,
-}
-
-impl From<lockbox_runtime::PortInfo> for PortInfo {
-    fn from(p: lockbox_runtime::PortInfo) -> PortInfo {
-        PortInfo {
-            port: p.port,
-            path: p.path,
-            host_address: p.host_address,
-        }
-    }
+    /// The port's own origin on the ports listener (`http://8000-sb-....localhost:7071`),
+    /// when the server has one (`--ports-listen`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = false)]
+    pub origin: Option<String>,
+    /// `origin` + `/__lockbox/open?key=...`: opened in a browser, it sets the port's access
+    /// cookie on that origin and goes on to `/`. A capability: whoever has it reaches the port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, required = false)]
+    pub open_url: Option<String>,
 }
 
 /// What a commit did ([`lockbox_runtime::CommitSummary`]).

@@ -21,8 +21,9 @@ Examples:
   curl -H \"Authorization: Bearer $(cat /var/lib/lockbox/server.token)\" \\
        -H \"Content-Type: application/json\" -d {} http://127.0.0.1:7070/v1/sandboxes
 
-On start, one JSON line on stdout: {\"listen\": ADDR, \"token_file\": PATH} (plus \"token\"
-with --print-token); the token itself is never printed otherwise. Every route but /healthz
+On start, one JSON line on stdout: {\"listen\": ADDR, \"token_file\": PATH, \"ports_listen\":
+ADDR, \"ports_domain\": DOMAIN} (plus \"token\" with --print-token); the token itself is never
+printed otherwise. Every route but /healthz
 needs `Authorization: Bearer <token>`. The API is described at /openapi.json and in
 docs/server.md. MCP clients (streamable HTTP) use POST /mcp with the same token: the
 sandboxes as tools, see docs/mcp.md (`lockbox mcp` serves them over stdio).
@@ -30,7 +31,8 @@ sandboxes as tools, see docs/mcp.md (`lockbox mcp` serves them over stdio).
 The review console is at http://ADDR/ui: log in with the token, which is exchanged for an
 HttpOnly, SameSite=Strict session cookie (kept in memory: a restart logs everyone out); with
 it, requests must come from this server's origin, and those that change state need the
-X-CSRF-Token header. With
+X-CSRF-Token header. A sandbox's exposed ports are never served on that origin: a browser
+is sent to the port's own, http://{port}-{sandbox}.localhost:PORTS/ (--ports-listen). With
 --journal (or LOCKBOX_JOURNAL) the console and GET /v1/journal/runs show that journal's runs.
 
 SIGTERM or SIGINT stops the server: open streams end, requests in flight get a few seconds,
@@ -57,6 +59,16 @@ pub struct ServeArgs {
     /// it on loopback or put a TLS proxy in front.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070", value_parser = parse_listen)]
     pub listen: Listen,
+    /// HOST:PORT where exposed ports are served, each on an origin of its own:
+    /// http://{port}-{sandbox}.{--ports-domain}:PORT/ (so a sandbox's page never sets cookies
+    /// on the console's origin); `off`: none [default: the --listen host, a free port].
+    #[arg(long, value_name = "ADDR|off", value_parser = parse_ports_listen)]
+    pub ports_listen: Option<PortsListen>,
+    /// The domain of the exposed ports' host names, `{port}-{sandbox}.DOMAIN`: it must
+    /// reach the ports listener (browsers resolve *.localhost to the loopback), and must not
+    /// be the console's, nor share a site with it (see docs/server.md, "Exposed ports").
+    #[arg(long, value_name = "DOMAIN", default_value = "localhost", value_parser = lockbox_server::check_ports_domain)]
+    pub ports_domain: String,
     #[command(flatten)]
     pub state: crate::cli::StateArgs,
     /// Read the bearer token from FILE [default: <state-dir>/server.token, generated
@@ -233,6 +245,22 @@ fn parse_listen(s: &str) -> Result<Listen, String> {
     })
 }
 
+/// `--ports-listen`.
+#[derive(Debug, Clone)]
+pub enum PortsListen {
+    /// No ports listener.
+    Off,
+    /// This address.
+    On(Listen),
+}
+
+fn parse_ports_listen(s: &str) -> Result<PortsListen, String> {
+    if s == "off" {
+        return Ok(PortsListen::Off);
+    }
+    parse_listen(s).map(PortsListen::On)
+}
+
 fn parse_size(s: &str) -> Result<ByteSize, String> {
     s.parse()
         .map_err(|e: lockbox_policy::PolicyError| e.to_string())
@@ -385,10 +413,31 @@ fn serve(
             .await
             .with_context(|| format!("--listen {}: cannot listen", args.listen.text))?;
         let addr = listener.local_addr().context("reading the bound address")?;
+        let ports = match &args.ports_listen {
+            Some(PortsListen::Off) => None,
+            Some(PortsListen::On(listen)) => Some(
+                tokio::net::TcpListener::bind(&listen.addrs[..])
+                    .await
+                    .with_context(|| format!("--ports-listen {}: cannot listen", listen.text))?,
+            ),
+            None => Some(
+                tokio::net::TcpListener::bind(SocketAddr::new(addr.ip(), 0))
+                    .await
+                    .with_context(|| format!("listening for exposed ports on {}", addr.ip()))?,
+            ),
+        };
+        let ports_addr = match &ports {
+            Some(l) => Some(l.local_addr().context("reading the ports listener's address")?),
+            None => None,
+        };
         let mut line = serde_json::json!({
             "listen": addr.to_string(),
             "token_file": lockbox_policy::name::Encoded(&token_file),
         });
+        if let Some(ports_addr) = ports_addr {
+            line["ports_listen"] = ports_addr.to_string().into();
+            line["ports_domain"] = args.ports_domain.as_str().into();
+        }
         if args.print_token {
             line["token"] = token.secret().into();
         }
@@ -404,7 +453,21 @@ fn serve(
             "lockbox: agents' ceiling (/mcp, scoped tokens): {}",
             server_config.ceiling
         );
-        lockbox_server::serve(listener, runtime, token, server_config, stop)
+        if let Some(ports_addr) = ports_addr {
+            eoutln!(
+                "lockbox: exposed ports at http://{{port}}-{{sandbox}}.{}:{}/",
+                args.ports_domain,
+                ports_addr.port()
+            );
+        }
+        let ports = match ports {
+            Some(listener) => Some(
+                lockbox_server::PortsListener::new(listener, &args.ports_domain)
+                    .map_err(|e| anyhow::anyhow!("--ports-domain: {e}"))?,
+            ),
+            None => None,
+        };
+        lockbox_server::serve_with_ports(listener, ports, runtime, token, server_config, stop)
             .await
             .context("serving")
     })

@@ -1,6 +1,7 @@
 # A test server for the port proxy, stdlib only: GET answers "hello <path>", every
 # request's headers are appended (JSON, one line) to the file named by argv[2], and GET
-# with `Upgrade: websocket` is a WebSocket that echoes text frames.
+# with `Upgrade: websocket` is a WebSocket that echoes text frames. GET /cookies sets 80 KB
+# of year-long cookies (issue 32), one of them for a whole domain, and clears the site.
 import base64, hashlib, json, struct, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -50,6 +51,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Set-Cookie", "lockbox_session=stolen; Path=/")
+        if self.path == "/cookies":
+            for i in range(20):
+                self.send_header("Set-Cookie", f"big{i}={'x' * 4000}; Path=/; Max-Age=31536000")
+            self.send_header("Set-Cookie", "wide=1; Domain=localhost; Path=/; Max-Age=31536000")
+            self.send_header("Set-Cookie", "lockbox_port=forged; Path=/")
+            self.send_header("Clear-Site-Data", '"cookies"')
         self.end_headers()
         self.wfile.write(body)
 

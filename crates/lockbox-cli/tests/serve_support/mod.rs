@@ -35,6 +35,8 @@ pub struct Served {
     pub base: String,
     pub token: String,
     pub client: reqwest::Client,
+    /// `host:port` of the ports listener, if it has one.
+    pub ports_listen: Option<String>,
 }
 
 impl Served {
@@ -103,6 +105,7 @@ impl Served {
             base: format!("http://{}", info["listen"].as_str().unwrap()),
             token: info["token"].as_str().unwrap().to_owned(),
             client: reqwest::Client::new(),
+            ports_listen: info["ports_listen"].as_str().map(str::to_owned),
         }
     }
 

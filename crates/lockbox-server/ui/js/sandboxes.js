@@ -127,10 +127,11 @@ export async function sandboxList(view) {
 export async function sandboxPage(view, id) {
   document.title = `Sandbox ${id} · lockbox console`;
   const base = `/v1/sandboxes/${seg(id)}`;
-  const [sb, sessions, processes] = await Promise.all([
+  const [sb, sessions, processes, ports] = await Promise.all([
     get(base),
     get(`${base}/sessions`).catch((e) => e),
     get(`${base}/processes`).catch((e) => e),
+    get(`${base}/ports`).catch((e) => e),
   ]);
   const message = h("div", { class: "status", role: "status" });
   const usage = h("dd", { id: "usage" }, usageText(sb.usage));
@@ -184,6 +185,8 @@ export async function sandboxPage(view, id) {
     sessionsTable(sessions),
     h("h2", {}, "Processes"),
     processesTable(id, processes),
+    h("h2", {}, "Exposed ports"),
+    portsTable(ports),
   );
   if (!sb.workdir) return stop;
   view.appendChild(h("h2", {}, "Changes"));
@@ -228,6 +231,29 @@ function sessionsTable(reply) {
       h("thead", {}, h("tr", {}, ["Session", "Shell pid", "Busy", "Created"].map((t) => h("th", {}, t)))),
       h("tbody", {}, list.map((s) => h("tr", {}, h("td", {}, visible(String(s.id))), h("td", { class: "num" }, String(s.pid)), h("td", {}, s.busy ? "running a command" : "idle"), h("td", {}, when(s.created_at))))),
     ),
+  );
+}
+
+// A port's pages open on the port's own origin (its open_url sets its access cookie there),
+// never on this one: what they set cannot reach the console (docs/server.md, "Exposed ports").
+function portsTable(reply) {
+  if (reply instanceof Error) return errorBox(reply);
+  const list = reply.ports || [];
+  if (!list.length) return empty("No exposed ports: expose one with POST /v1/sandboxes/{id}/ports.");
+  const rows = list.map((p) =>
+    h(
+      "tr",
+      {},
+      h("td", { class: "num" }, String(p.port)),
+      h("td", { class: "name" }, p.origin || "no ports listener (lockbox serve --ports-listen off)"),
+      h("td", {}, p.host_address || ""),
+      h("td", { class: "actions" }, p.open_url ? h("a", { href: p.open_url, target: "_blank", rel: "noopener noreferrer", class: "port-link" }, "Open") : null),
+    ),
+  );
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h("table", { class: "list", id: "ports" }, h("thead", {}, h("tr", {}, ["Port", "Its origin", "Host loopback", ""].map((t) => h("th", {}, t)))), h("tbody", {}, rows)),
   );
 }
 
