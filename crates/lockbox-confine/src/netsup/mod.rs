@@ -49,6 +49,7 @@ mod dns;
 mod filter;
 mod first;
 mod intercept;
+mod internal;
 mod perform;
 mod relay;
 mod serve;
