@@ -414,6 +414,45 @@ fn http_allow_answers_403_itself_and_the_refused_request_never_reaches_the_serve
 }
 
 #[test]
+fn issue_32_requests_with_credentials_are_read_one_way() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/v1/models"]);
+    for user in users() {
+        let raw = |target: &str| format!("raw,api.test,8443,{target}");
+        let mut ops: Vec<String> = [
+            "/v1/models/..;/admin",
+            "/v1/models/..;x=1/admin",
+            "/v1/models/%u002e%u002e/admin",
+            "/v1/models/%EF%BC%8E%EF%BC%8E/admin",
+            "/v1/models/%252e%252e/admin",
+            "/v1/models/.%00./admin",
+            // Userinfo, in an absolute target and in the Host.
+            "https://evil.test@api.test/v1/models",
+            "/v1/models,evil.test@api.test",
+        ]
+        .iter()
+        .map(|t| raw(t))
+        .collect();
+        ops.push(raw("/v1/models/gpt"));
+        let got = net.results(user, &flags, true, &ops);
+        let (refused, allowed) = got.split_at(ops.len() - 1);
+        for (op, status) in ops.iter().zip(refused) {
+            assert_eq!(status, "403", "{user:?} {op}");
+        }
+        assert_eq!(allowed, ["200"], "{user:?}");
+        assert_eq!(
+            net.take_requests(),
+            ["GET /v1/models/gpt auth=ok"],
+            "{user:?}"
+        );
+    }
+}
+
+#[test]
 fn the_real_servers_certificate_is_verified_and_plain_http_to_an_intercepted_host_is_refused() {
     if skip_unless_root() {
         return;
@@ -587,7 +626,7 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
             ],
             &[
                 "--credential",
-                "API=env:LBX_TEST_API_SECRET",
+                "API@api.test=env:LBX_TEST_API_SECRET",
                 "--upstream-ca",
                 ca.to_str().unwrap(),
             ],
@@ -599,6 +638,8 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
                 (json!({ "net": { "allow": ["keyed.test:8443"] }, "http_allow": ["GET api.test/v1"] }), "http_allow", "api.test"),
                 (json!({ "net": { "allow": ["api.test:8443"] }, "http_allow": ["GET"] }), "http_allow", "GET"),
                 (json!({ "net": "host", "http_auth": ["api.test bearer API"] }), "http_auth", "allow"),
+                // issue 32: the credential is bound to api.test when registered.
+                (json!({ "net": { "allow": ["keyed.test:8443"] }, "http_auth": ["keyed.test bearer API"] }), "http_auth", "bound to api.test when registered; a rule cannot send it to keyed.test"),
             ];
             for (body, field, named) in refused {
                 let (status, err) = server.json(Method::POST, "/v1/sandboxes", body.clone()).await;
@@ -679,7 +720,7 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .env_remove("LBX_TEST_NOT_SET")
         .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state.path())
-        .args(["--credential", "GONE=env:LBX_TEST_NOT_SET"])
+        .args(["--credential", "GONE@api.test=env:LBX_TEST_NOT_SET"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -695,11 +736,24 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // issue 32: a server's credential names the hosts it may go to.
+    let out = Command::new(common::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .args(["--credential", "FREE=env:HOME"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FREE") && err.contains("name the hosts"),
+        "{err}"
+    );
     // Every sandbox with the default reads would see a file under /etc.
     let out = Command::new(common::binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state.path())
-        .args(["--credential", "HOST=file:/etc/hostname"])
+        .args(["--credential", "HOST@api.test=file:/etc/hostname"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -732,7 +786,7 @@ fn forks_restores_and_a_restarted_servers_forks_keep_the_credential_rules_by_nam
     let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
     let with_credential = [
         "--credential",
-        "API=env:LBX_TEST_API_SECRET",
+        "API@api.test=env:LBX_TEST_API_SECRET",
         "--upstream-ca",
         ca.to_str().unwrap(),
     ];

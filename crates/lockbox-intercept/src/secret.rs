@@ -40,9 +40,33 @@ impl PartialEq for Secret {
 
 impl Eq for Secret {}
 
-/// The credentials of a sandbox (or the registry of `lockbox serve`), by name.
+/// A credential's value and the hosts it may be sent to (empty: any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Bound {
+    secret: Secret,
+    hosts: Vec<String>,
+}
+
+impl Bound {
+    /// Refuses to send it to `host`, naming the credential and the host.
+    fn check(&self, name: &str, host: &str) -> Result<(), Error> {
+        if self.hosts.is_empty() || self.hosts.iter().any(|h| h == host) {
+            return Ok(());
+        }
+        Err(Error::Credential {
+            name: name.to_owned(),
+            reason: format!(
+                "it is bound to {} when registered; a rule cannot send it to {host}",
+                self.hosts.join(", ")
+            ),
+        })
+    }
+}
+
+/// The credentials of a sandbox (or the registry of `lockbox serve`), by name, each with
+/// the hosts it is bound to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Credentials(BTreeMap<String, Secret>);
+pub struct Credentials(BTreeMap<String, Bound>);
 
 impl Credentials {
     /// Reads every credential of `specs` (`env` looks up lockbox's own environment), used
@@ -61,14 +85,16 @@ impl Credentials {
                     reason: "given twice".to_owned(),
                 });
             }
-            let value = read(spec, &env)?;
-            map.insert(spec.name.clone(), value);
+            let secret = read(spec, &env)?;
+            let hosts = spec.hosts.clone();
+            map.insert(spec.name.clone(), Bound { secret, hosts });
         }
         Ok(Credentials(map))
     }
 
     /// The credentials `rules` name, each from `self` if it has it, else from `registry`:
-    /// what one sandbox gets. A name neither holds is an error naming it.
+    /// what one sandbox gets. A name neither holds, or a rule for a host the credential is
+    /// not bound to, is an error naming the credential (and the host).
     pub fn pick(&self, rules: &HttpRules, registry: &Credentials) -> Result<Credentials, Error> {
         let mut map = BTreeMap::new();
         for rule in &rules.auth {
@@ -84,6 +110,7 @@ impl Credentials {
                         rule.host
                     ),
                 })?;
+            value.check(name, &rule.host)?;
             map.insert(name.clone(), value.clone());
         }
         Ok(Credentials(map))
@@ -105,7 +132,8 @@ impl Credentials {
     }
 
     /// Reads every credential of `specs` (`env` looks up lockbox's own environment); every
-    /// rule of `rules` must name one of them, and every credential must be used by a rule.
+    /// rule of `rules` must name one of them, for a host it is bound to, and every
+    /// credential must be used by a rule.
     /// Errors name the credential, the variable or the file, never the value.
     pub fn load(
         specs: &[CredentialSpec],
@@ -114,7 +142,7 @@ impl Credentials {
     ) -> Result<Credentials, Error> {
         let Credentials(map) = Credentials::read_all(specs, env)?;
         for rule in &rules.auth {
-            if !map.contains_key(&rule.credential) {
+            let Some(bound) = map.get(&rule.credential) else {
                 return Err(Error::Credential {
                     name: rule.credential.clone(),
                     reason: format!(
@@ -122,7 +150,8 @@ impl Credentials {
                         rule.host, rule.credential
                     ),
                 });
-            }
+            };
+            bound.check(&rule.credential, &rule.host)?;
         }
         if let Some(unused) = map
             .keys()
@@ -138,7 +167,12 @@ impl Credentials {
 
     /// The value of credential `name`.
     pub(crate) fn get(&self, name: &str) -> Option<&Secret> {
-        self.0.get(name)
+        self.0.get(name).map(|b| &b.secret)
+    }
+
+    /// The hosts credential `name` is bound to (empty: any), if there is one of that name.
+    pub fn hosts(&self, name: &str) -> Option<&[String]> {
+        self.0.get(name).map(|b| b.hosts.as_slice())
     }
 }
 
@@ -228,6 +262,39 @@ mod tests {
         assert!(Credentials::load(&specs, &rules(&[]), env).is_err());
         let bad = |_: &str| Some(OsString::from("a\nb"));
         assert!(Credentials::load(&specs, &rules(&["a.example bearer A"]), bad).is_err());
+    }
+
+    #[test]
+    fn issue_32_a_credential_goes_only_to_the_hosts_it_was_registered_for() {
+        let specs = vec!["KEY@api.openai.com=env:X".parse().unwrap()];
+        let registry = Credentials::read_all(&specs, |_| Some(OsString::from("sk"))).unwrap();
+        assert_eq!(
+            registry.hosts("KEY"),
+            Some(&["api.openai.com".to_owned()][..])
+        );
+        let none = Credentials::default();
+        assert!(none
+            .pick(&rules(&["api.openai.com bearer KEY"]), &registry)
+            .is_ok());
+        let e = none
+            .pick(&rules(&["evil.example bearer KEY"]), &registry)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("credential KEY")
+                && e.contains("evil.example")
+                && e.contains("api.openai.com"),
+            "{e}"
+        );
+        let e = Credentials::load(&specs, &rules(&["evil.example bearer KEY"]), |_| {
+            Some(OsString::from("sk"))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("credential KEY") && e.contains("evil.example"),
+            "{e}"
+        );
     }
 
     #[test]
