@@ -452,6 +452,108 @@ fn issue_32_requests_with_credentials_are_read_one_way() {
     }
 }
 
+/// Whether the readable memory of process `pid` holds `needle` (read as root through
+/// `/proc/PID/mem`, region by region of its `maps`).
+fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(range), Some(perms)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vvar_vclock]") {
+            continue;
+        }
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (
+            u64::from_str_radix(start, 16).unwrap(),
+            u64::from_str_radix(end, 16).unwrap(),
+        );
+        // Chunks overlap by the needle's length, so a copy across a boundary is seen.
+        let mut at = start;
+        while at < end {
+            let want = buf.len().min((end - at) as usize);
+            let Ok(n) = mem.read_at(&mut buf[..want], at) else {
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            if buf[..n].windows(needle.len()).any(|w| w == needle) {
+                return true;
+            }
+            if at + n as u64 >= end {
+                break;
+            }
+            at += (n - needle.len().min(n - 1)) as u64;
+        }
+    }
+    false
+}
+
+/// The sandbox's init: the child of lockbox (`pid`) named `lockbox-init`.
+fn init_of(pid: u32) -> u32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flat_map(|t| {
+            let path = t.unwrap().path().join("children");
+            std::fs::read_to_string(path)
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|c| c.parse::<u32>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm"))
+                .is_ok_and(|n| n.trim() == "lockbox-init")
+        })
+        .expect("lockbox's init")
+}
+
+#[test]
+fn issue_32_the_sandboxs_init_holds_no_copy_of_the_credential() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    for user in users() {
+        let mut lockbox = common::command_as(user)
+            .env("LOCKBOX_NET_HOSTS_FILE", net.path("hosts"))
+            .env(SECRET_VAR, &net.secret)
+            .current_dir("/")
+            .args(["run", "-r", net.dir.path().to_str().unwrap()])
+            .args(BEARER)
+            .arg("--upstream-ca")
+            .arg(net.path("ca.pem"))
+            .args(["--", "sh", "-c", "echo ready; read x || true"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(lockbox.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{user:?}");
+        let init = init_of(lockbox.id());
+        // The reading works: lockbox itself holds the value, to set it on requests.
+        assert!(
+            memory_holds(lockbox.id(), net.secret.as_bytes()),
+            "{user:?}: the value is not found in lockbox's own memory"
+        );
+        assert!(
+            !memory_holds(init, net.secret.as_bytes()),
+            "{user:?}: the sandbox's init (pid {init}) holds the credential"
+        );
+        drop(lockbox.stdin.take());
+        assert!(lockbox.wait().unwrap().success(), "{user:?}");
+    }
+}
+
 #[test]
 fn the_real_servers_certificate_is_verified_and_plain_http_to_an_intercepted_host_is_refused() {
     if skip_unless_root() {

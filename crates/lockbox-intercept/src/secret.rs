@@ -1,18 +1,22 @@
 //! Credential values: read once when lockbox starts, kept in lockbox's memory only, never
-//! printed (their `Debug` says `<redacted>`), never written anywhere.
+//! printed (their `Debug` says `<redacted>`), never written anywhere, and held in pages a
+//! sandbox's init (a fork of lockbox) sees as zeros ([`lockbox_confine::WipedOnFork`]; the
+//! copies made while reading are overwritten).
 
 use crate::error::Error;
 use crate::rules::{CredentialSource, CredentialSpec, HttpRules};
 use http::HeaderValue;
+use lockbox_confine::WipedOnFork;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::sync::Arc;
 
 /// Largest credential value read, in bytes.
 pub const MAX_SECRET: usize = 16 << 10;
 
 /// One credential's value.
 #[derive(Clone)]
-pub struct Secret(Vec<u8>);
+pub struct Secret(Arc<WipedOnFork>);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -25,8 +29,10 @@ impl Secret {
     /// indexed by HPACK, never shown by `Debug`).
     pub(crate) fn header(&self, prefix: &str) -> Option<HeaderValue> {
         let mut bytes = prefix.as_bytes().to_vec();
-        bytes.extend_from_slice(&self.0);
-        let mut value = HeaderValue::from_bytes(&bytes).ok()?;
+        bytes.extend_from_slice(self.0.as_bytes());
+        let value = HeaderValue::from_bytes(&bytes).ok();
+        lockbox_confine::wipe(&mut bytes);
+        let mut value = value?;
         value.set_sensitive(true);
         Some(value)
     }
@@ -34,7 +40,7 @@ impl Secret {
 
 impl PartialEq for Secret {
     fn eq(&self, other: &Secret) -> bool {
-        self.0 == other.0
+        self.0.as_bytes() == other.0.as_bytes()
     }
 }
 
@@ -197,21 +203,36 @@ fn read(spec: &CredentialSpec, env: impl Fn(&str) -> Option<OsString>) -> Result
             std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))?
         }
     };
+    let mut len = bytes.len();
     if bytes.ends_with(b"\n") {
-        bytes.pop();
-        if bytes.ends_with(b"\r") {
-            bytes.pop();
+        len -= 1;
+        if bytes[..len].ends_with(b"\r") {
+            len -= 1;
         }
     }
-    if bytes.is_empty() {
-        return Err(err("the value is empty".to_owned()));
-    }
-    if bytes.len() > MAX_SECRET || HeaderValue::from_bytes(&bytes).is_err() {
-        return Err(err(format!(
+    let value = &mut bytes[..len];
+    // As `HeaderValue::from_bytes` checks, without making a copy of the value.
+    let header_ok = value
+        .iter()
+        .all(|b| (*b >= 0x20 && *b != 0x7f) || *b == b'\t');
+    let why = if value.is_empty() {
+        Some("the value is empty".to_owned())
+    } else if value.len() > MAX_SECRET || !header_ok {
+        Some(format!(
             "the value cannot go in an HTTP header (control characters or more than {MAX_SECRET} bytes)"
-        )));
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        lockbox_confine::wipe(&mut bytes);
+        return Err(err(why));
     }
-    Ok(Secret(bytes))
+    let taken = WipedOnFork::take(value);
+    lockbox_confine::wipe(&mut bytes);
+    taken
+        .map(|w| Secret(Arc::new(w)))
+        .map_err(|e| err(format!("keeping the value in memory of its own: {e}")))
 }
 
 #[cfg(test)]
