@@ -706,3 +706,28 @@ fn printable(s: &str, max: usize) -> String {
         .take(max)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue_32_userinfo_in_the_authority_or_host_is_found() {
+        let req = |uri: &str, host: Option<&str>| {
+            let mut b = Request::builder().uri(uri);
+            if let Some(h) = host {
+                b = b.header(HOST, h);
+            }
+            b.body(()).unwrap()
+        };
+        // HTTP/2's :authority arrives as the URI's authority.
+        assert!(has_userinfo(&req("https://evil.test@api.test/v1", None)));
+        assert!(has_userinfo(&req("/v1", Some("evil.test@api.test"))));
+        assert!(has_userinfo(&req("/v1", Some("u:p@api.test:443"))));
+        assert!(!has_userinfo(&req(
+            "https://api.test/v1/a@b",
+            Some("api.test")
+        )));
+        assert!(!has_userinfo(&req("/v1/a@b", Some("api.test:443"))));
+    }
+}
