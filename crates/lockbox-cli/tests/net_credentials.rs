@@ -494,8 +494,8 @@ fn memory_holds(pid: u32, needle: &[u8]) -> bool {
     false
 }
 
-/// The sandbox's init: the child of lockbox (`pid`) named `lockbox-init`.
-fn init_of(pid: u32) -> u32 {
+/// The sandboxes' inits: the children of lockbox (`pid`) named `lockbox-init`.
+fn inits_of(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flat_map(|t| {
@@ -506,11 +506,11 @@ fn init_of(pid: u32) -> u32 {
                 .map(|c| c.parse::<u32>().unwrap())
                 .collect::<Vec<_>>()
         })
-        .find(|c| {
+        .filter(|c| {
             std::fs::read_to_string(format!("/proc/{c}/comm"))
                 .is_ok_and(|n| n.trim() == "lockbox-init")
         })
-        .expect("lockbox's init")
+        .collect()
 }
 
 #[test]
@@ -539,7 +539,7 @@ fn issue_32_the_sandboxs_init_holds_no_copy_of_the_credential() {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "ready", "{user:?}");
-        let init = init_of(lockbox.id());
+        let init = inits_of(lockbox.id())[0];
         // The reading works: lockbox itself holds the value, to set it on requests.
         assert!(
             memory_holds(lockbox.id(), net.secret.as_bytes()),
@@ -761,6 +761,15 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
                     "http_allow": ["GET api.test/v1/models"],
                 }))
                 .await;
+            // The registry's value is in no sandbox's init (pre-armed ones included).
+            let inits = inits_of(server.child.id());
+            assert!(!inits.is_empty());
+            for init in inits {
+                assert!(
+                    !memory_holds(init, net.secret.as_bytes()),
+                    "{user:?}: init {init} holds the server's credential"
+                );
+            }
             let dump = out.join(format!("served-dump-{user:?}"));
             let url = "https://api.test:8443/v1/models";
             let command = format!(
