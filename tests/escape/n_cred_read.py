@@ -115,4 +115,12 @@ must_fail("GET /ok with Host: other.test inside the intercepted TLS (the header 
           lambda: forbidden("/ok", "other.test"), errno.EACCES)
 must_fail("TRACE /ok (a server would echo the header back)",
           lambda: forbidden("/ok", method="TRACE"), errno.EACCES)
+# Issue 32: paths a server reads as /ok/../echo (Tomcat's ';', IIS's %u, a second decoding,
+# fullwidth dots, NUL), and userinfo a server may take for the host.
+for p in ["/ok/..;/echo", "/ok/..;x=1/echo", "/ok/%u002e%u002e/echo",
+          "/ok/%EF%BC%8E%EF%BC%8E/echo", "/ok/%252e%252e/echo", "/ok/.%00./echo"]:
+    must_fail(f"GET {p} (a path a server could read as /echo)",
+              lambda p=p: forbidden(p), errno.EACCES)
+must_fail("GET /ok with Host: other.test@allowed.test (userinfo)",
+          lambda: forbidden("/ok", "other.test@allowed.test"), errno.EACCES)
 finish()

@@ -520,8 +520,10 @@ pub struct RunArgs {
     pub net_ask_timeout: Option<Duration>,
     /// A secret the sandbox may use but never read: NAME=env:VAR (a variable of lockbox's
     /// own environment) or NAME=file:PATH, read once when lockbox starts and kept in its
-    /// memory. An --http-auth rule says which host's requests it goes on. Repeatable.
-    #[arg(long, value_name = "NAME=SOURCE", value_parser = parse_rule::<CredentialSpec>)]
+    /// memory. An --http-auth rule says which host's requests it goes on;
+    /// NAME@HOST[,HOST...]=SOURCE also binds it to those hosts (a rule for another is
+    /// refused). Repeatable.
+    #[arg(long, value_name = "NAME[@HOSTS]=SOURCE", value_parser = parse_rule::<CredentialSpec>)]
     pub credential: Vec<CredentialSpec>,
     /// 'HOST bearer NAME' (Authorization: Bearer <credential NAME>) or 'HOST header
     /// HEADER-NAME NAME': lockbox terminates the sandbox's TLS connections to HOST with a
@@ -537,8 +539,9 @@ pub struct RunArgs {
     /// 'METHOD HOST/PATH-PREFIX' (METHOD may be *): on HOST (intercepted as --http-auth
     /// does, credential or not) only requests a rule lists go through; others get 403 from
     /// lockbox and never reach the server. A prefix matches whole path segments
-    /// (/v1/models: /v1/models and /v1/models/x, not /v1/modelsx); paths with '.' or '..'
-    /// segments or escaped '.', '/' or '\' are refused. Repeatable.
+    /// (/v1/models: /v1/models and /v1/models/x, not /v1/modelsx), read one way: paths a
+    /// server could read otherwise ('.' or '..' segments, ';', '\', NUL, non-ASCII, '%'
+    /// escapes of '.', '/', '\', '%' or of non-ASCII, '%u') are refused. Repeatable.
     #[arg(long = "http-allow", value_name = "RULE", value_parser = parse_rule::<AllowRule>)]
     pub http_allow: Vec<AllowRule>,
     /// Also trust the CA certificates of FILE (PEM) for the real servers of --http-auth and

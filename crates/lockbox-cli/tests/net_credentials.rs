@@ -414,6 +414,147 @@ fn http_allow_answers_403_itself_and_the_refused_request_never_reaches_the_serve
 }
 
 #[test]
+fn issue_32_requests_with_credentials_are_read_one_way() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let mut flags = BEARER.to_vec();
+    flags.extend(["--http-allow", "GET api.test/v1/models"]);
+    for user in users() {
+        let raw = |target: &str| format!("raw,api.test,8443,{target}");
+        let mut ops: Vec<String> = [
+            "/v1/models/..;/admin",
+            "/v1/models/..;x=1/admin",
+            "/v1/models/%u002e%u002e/admin",
+            "/v1/models/%EF%BC%8E%EF%BC%8E/admin",
+            "/v1/models/%252e%252e/admin",
+            "/v1/models/.%00./admin",
+            // Userinfo, in an absolute target and in the Host.
+            "https://evil.test@api.test/v1/models",
+            "/v1/models,evil.test@api.test",
+        ]
+        .iter()
+        .map(|t| raw(t))
+        .collect();
+        ops.push(raw("/v1/models/gpt"));
+        let got = net.results(user, &flags, true, &ops);
+        let (refused, allowed) = got.split_at(ops.len() - 1);
+        for (op, status) in ops.iter().zip(refused) {
+            assert_eq!(status, "403", "{user:?} {op}");
+        }
+        assert_eq!(allowed, ["200"], "{user:?}");
+        assert_eq!(
+            net.take_requests(),
+            ["GET /v1/models/gpt auth=ok"],
+            "{user:?}"
+        );
+    }
+}
+
+/// Whether the readable memory of process `pid` holds `needle` (read as root through
+/// `/proc/PID/mem`, region by region of its `maps`).
+fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(range), Some(perms)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vvar_vclock]") {
+            continue;
+        }
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (
+            u64::from_str_radix(start, 16).unwrap(),
+            u64::from_str_radix(end, 16).unwrap(),
+        );
+        // Chunks overlap by the needle's length, so a copy across a boundary is seen.
+        let mut at = start;
+        while at < end {
+            let want = buf.len().min((end - at) as usize);
+            let Ok(n) = mem.read_at(&mut buf[..want], at) else {
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            if buf[..n].windows(needle.len()).any(|w| w == needle) {
+                return true;
+            }
+            if at + n as u64 >= end {
+                break;
+            }
+            at += (n - needle.len().min(n - 1)) as u64;
+        }
+    }
+    false
+}
+
+/// The sandboxes' inits: the children of lockbox (`pid`) named `lockbox-init`.
+fn inits_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flat_map(|t| {
+            let path = t.unwrap().path().join("children");
+            std::fs::read_to_string(path)
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|c| c.parse::<u32>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .filter(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm"))
+                .is_ok_and(|n| n.trim() == "lockbox-init")
+        })
+        .collect()
+}
+
+#[test]
+fn issue_32_the_sandboxs_init_holds_no_copy_of_the_credential() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    for user in users() {
+        let mut lockbox = common::command_as(user)
+            .env("LOCKBOX_NET_HOSTS_FILE", net.path("hosts"))
+            .env(SECRET_VAR, &net.secret)
+            .current_dir("/")
+            .args(["run", "-r", net.dir.path().to_str().unwrap()])
+            .args(BEARER)
+            .arg("--upstream-ca")
+            .arg(net.path("ca.pem"))
+            .args(["--", "sh", "-c", "echo ready; read x || true"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(lockbox.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{user:?}");
+        let init = inits_of(lockbox.id())[0];
+        // The reading works: lockbox itself holds the value, to set it on requests.
+        assert!(
+            memory_holds(lockbox.id(), net.secret.as_bytes()),
+            "{user:?}: the value is not found in lockbox's own memory"
+        );
+        assert!(
+            !memory_holds(init, net.secret.as_bytes()),
+            "{user:?}: the sandbox's init (pid {init}) holds the credential"
+        );
+        drop(lockbox.stdin.take());
+        assert!(lockbox.wait().unwrap().success(), "{user:?}");
+    }
+}
+
+#[test]
 fn the_real_servers_certificate_is_verified_and_plain_http_to_an_intercepted_host_is_refused() {
     if skip_unless_root() {
         return;
@@ -587,7 +728,7 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
             ],
             &[
                 "--credential",
-                "API=env:LBX_TEST_API_SECRET",
+                "API@api.test=env:LBX_TEST_API_SECRET",
                 "--upstream-ca",
                 ca.to_str().unwrap(),
             ],
@@ -599,6 +740,8 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
                 (json!({ "net": { "allow": ["keyed.test:8443"] }, "http_allow": ["GET api.test/v1"] }), "http_allow", "api.test"),
                 (json!({ "net": { "allow": ["api.test:8443"] }, "http_allow": ["GET"] }), "http_allow", "GET"),
                 (json!({ "net": "host", "http_auth": ["api.test bearer API"] }), "http_auth", "allow"),
+                // issue 32: the credential is bound to api.test when registered.
+                (json!({ "net": { "allow": ["keyed.test:8443"] }, "http_auth": ["keyed.test bearer API"] }), "http_auth", "bound to api.test when registered; a rule cannot send it to keyed.test"),
             ];
             for (body, field, named) in refused {
                 let (status, err) = server.json(Method::POST, "/v1/sandboxes", body.clone()).await;
@@ -618,6 +761,15 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
                     "http_allow": ["GET api.test/v1/models"],
                 }))
                 .await;
+            // The registry's value is in no sandbox's init (pre-armed ones included).
+            let inits = inits_of(server.child.id());
+            assert!(!inits.is_empty());
+            for init in inits {
+                assert!(
+                    !memory_holds(init, net.secret.as_bytes()),
+                    "{user:?}: init {init} holds the server's credential"
+                );
+            }
             let dump = out.join(format!("served-dump-{user:?}"));
             let url = "https://api.test:8443/v1/models";
             let command = format!(
@@ -679,7 +831,7 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .env_remove("LBX_TEST_NOT_SET")
         .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state.path())
-        .args(["--credential", "GONE=env:LBX_TEST_NOT_SET"])
+        .args(["--credential", "GONE@api.test=env:LBX_TEST_NOT_SET"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -695,11 +847,24 @@ fn a_bad_serve_credential_is_a_usage_error_naming_it() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // issue 32: a server's credential names the hosts it may go to.
+    let out = Command::new(common::binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .args(["--credential", "FREE=env:HOME"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FREE") && err.contains("name the hosts"),
+        "{err}"
+    );
     // Every sandbox with the default reads would see a file under /etc.
     let out = Command::new(common::binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state.path())
-        .args(["--credential", "HOST=file:/etc/hostname"])
+        .args(["--credential", "HOST@api.test=file:/etc/hostname"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -732,7 +897,7 @@ fn forks_restores_and_a_restarted_servers_forks_keep_the_credential_rules_by_nam
     let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
     let with_credential = [
         "--credential",
-        "API=env:LBX_TEST_API_SECRET",
+        "API@api.test=env:LBX_TEST_API_SECRET",
         "--upstream-ca",
         ca.to_str().unwrap(),
     ];

@@ -28,9 +28,8 @@ const NAMES_RANGE: Range = Range::new([198, 19, 0, 0], 240);
 /// servers and a DNS server listening on `ip` in it.
 struct TestNet {
     services: Child,
-    /// Held, not read: dropped after the servers (fields drop after `drop`), it deletes
-    /// the namespace.
-    _ns: Netns,
+    /// Dropped after the servers (fields drop after `drop`), it deletes the namespace.
+    ns: Netns,
     ip: String,
     dir: tempfile::TempDir,
 }
@@ -72,7 +71,7 @@ impl TestNet {
             .unwrap();
         assert_eq!(line.trim(), "ready");
         TestNet {
-            _ns: ns,
+            ns,
             ip,
             services,
             dir,
@@ -142,7 +141,7 @@ impl Drop for TestNet {
     fn drop(&mut self) {
         let _ = self.services.kill();
         let _ = self.services.wait();
-        // Then `_ns` is dropped, and with it the namespace and the veth pair.
+        // Then `ns` is dropped, and with it the namespace and the veth pair.
     }
 }
 
@@ -426,6 +425,94 @@ fn rebinding_onto_the_hosts_loopback_or_link_local_is_refused_unless_that_addres
         expect(
             &lines,
             &[(&ops[0], "ok ['127.0.0.1']"), (&ops[1], "ok host-loopback")],
+            user,
+        );
+        assert!(server.join().unwrap());
+    }
+}
+
+#[test]
+fn issue_32_names_never_answer_the_hosts_own_interface_or_metadata_addresses() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let host_ip = net.ns.host_ip.clone();
+    // A host service on every address of the host, which listed names point at through its
+    // veth address, metadata addresses outside 169.254/16, and IPv6 forms of internal ones.
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let hosts = net.hosts(&format!(
+        "{host_ip} self.test\n100.100.100.200 meta.test\nfd00:ec2::254 meta6.test\n\
+         64:ff9b::a9fe:a9fe nat64.test\n::127.0.0.1 compat.test\n::ffff:{host_ip} mapped.test\n"
+    ));
+    for user in users() {
+        let ops: Vec<String> = vec![
+            "resolve,self.test".to_owned(),
+            format!("connect,self.test,{port}"),
+            format!("connect,{host_ip},{port}"),
+            "resolve,meta.test".into(),
+            "resolve6,meta6.test".into(),
+            "resolve6,nat64.test".into(),
+            "resolve6,compat.test".into(),
+            "resolve6,mapped.test".into(),
+        ];
+        let specs: Vec<String> = ["self", "meta", "meta6", "nat64", "compat", "mapped"]
+            .iter()
+            .map(|n| format!("tcp://{n}.test:{port}"))
+            .collect();
+        let specs: Vec<&str> = specs.iter().map(String::as_str).collect();
+        let lines = run(user, &allow(&specs), Some(&hosts), None, &ops);
+        expect(
+            &lines,
+            &[
+                (&ops[0], "err gai"),
+                (&ops[1], "err gai"),
+                (&ops[2], "err 13"),
+                (&ops[3], "err gai"),
+                (&ops[4], "err gai"),
+                (&ops[5], "err gai"),
+                (&ops[6], "err gai"),
+                (&ops[7], "err gai"),
+            ],
+            user,
+        );
+        assert!(listener.accept().is_err(), "a host service was reached");
+        // An address rule naming the host's address lets the answer through.
+        let ops: Vec<String> = vec![
+            "resolve,self.test".to_owned(),
+            format!("connect,self.test,{port}"),
+        ];
+        let server = std::thread::spawn({
+            let l = listener.try_clone().unwrap();
+            move || {
+                for _ in 0..500 {
+                    if let Ok((mut c, _)) = l.accept() {
+                        let _ = c.write_all(b"host-self\n");
+                        let _ = c.read(&mut [0u8; 1]);
+                        return true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                false
+            }
+        });
+        let self_spec = format!("tcp://self.test:{port}");
+        let addr_spec = format!("tcp://{host_ip}:{port}");
+        let lines = run(
+            user,
+            &allow(&[&self_spec, &addr_spec]),
+            Some(&hosts),
+            None,
+            &ops,
+        );
+        expect(
+            &lines,
+            &[
+                (&ops[0], &format!("ok ['{host_ip}']")),
+                (&ops[1], "ok host-self"),
+            ],
             user,
         );
         assert!(server.join().unwrap());

@@ -50,6 +50,8 @@ mod sys;
 #[allow(unsafe_code)]
 mod sysnet;
 mod usage;
+#[allow(unsafe_code)]
+mod wiped;
 
 pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
@@ -77,6 +79,7 @@ pub use crate::spawn::{
     Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 pub use crate::usage::{tree_usage, TreeUsage};
+pub use crate::wiped::{wipe, WipedOnFork};
 
 /// Where [`Spawn::agent`] makes the agent executable visible inside the sandbox (a path of
 /// lockbox's own `/dev`, bound read-only whatever the policy grants).

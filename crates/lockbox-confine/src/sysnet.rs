@@ -494,3 +494,47 @@ pub fn drop_thread_capabilities(keep: &[u32]) -> Result<(), Errno> {
     check(unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) })
         .map(drop)
 }
+
+/// The IP addresses of the interfaces of the calling thread's network namespace
+/// (`getifaddrs(3)`), each once; none if they cannot be read.
+pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a valid out-pointer; on success it owns a list we free below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs gave, not freed until the end.
+        let ifa = unsafe { &*at };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: `ifa_addr` points at a sockaddr of the family it says, owned by the
+            // list; sockaddr_in/in6 are read only for their family.
+            let ip = unsafe {
+                match i32::from((*ifa.ifa_addr).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+                            u32::from_be(sin.sin_addr.s_addr),
+                        )))
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        Some(std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                            sin6.sin6_addr.s6_addr,
+                        )))
+                    }
+                    _ => None,
+                }
+            };
+            if let Some(ip) = ip.filter(|ip| !out.contains(ip)) {
+                out.push(ip);
+            }
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once; no reference into it remains.
+    unsafe { libc::freeifaddrs(list) };
+    out
+}

@@ -41,7 +41,7 @@ pub use crate::ca::Authority;
 pub use crate::error::Error;
 pub use crate::proxy::{Interceptor, HANDSHAKE};
 pub use crate::rules::{
-    ambiguous, AllowRule, AuthRule, AuthScheme, CredentialSource, CredentialSpec, HttpRules,
+    canonical_path, AllowRule, AuthRule, AuthScheme, CredentialSource, CredentialSpec, HttpRules,
     Refusal,
 };
 pub use crate::secret::{Credentials, Secret, MAX_SECRET};

@@ -8,10 +8,11 @@
 //!    first, and a leaf certificate for the server name signed by the sandbox's CA
 //!    ([`crate::ca`]). HTTP/2 or HTTP/1.1, as ALPN settles (`h2`, `http/1.1`).
 //! 2. **Each request** (hyper's HTTP/2 or HTTP/1 server): its host (`Host`, or the authority of an
-//!    absolute URI) must be the TLS server name, and its method and path must pass the
-//!    host's `--http-allow` rules ([`HttpRules::check`]); otherwise lockbox answers 403 itself
-//!    and nothing reaches the server. Then the credential's header replaces whatever the
-//!    sandbox put there (a placeholder, or nothing).
+//!    absolute URI) must be the TLS server name, without userinfo (`user@`), and its method
+//!    and path must pass the host's `--http-allow` rules ([`HttpRules::check`], which reads
+//!    the path one way and refuses what a server could read otherwise); otherwise lockbox
+//!    answers 403 itself and nothing reaches the server. Then the credential's header
+//!    replaces whatever the sandbox put there (a placeholder, or nothing).
 //! 3. **The real server.** rustls on the socket the supervisor connected to the address the
 //!    sandbox chose (one its DNS answers allowed), verifying the server's certificate for
 //!    the server name against the host's trust store (and the `--upstream-ca` file), and
@@ -356,6 +357,7 @@ impl Conn {
             credential: None,
         };
         let verdict = match other_host(&req, &self.sni) {
+            _ if has_userinfo(&req) => Err(Refusal::Userinfo),
             Some(other) => {
                 event.host = Some(other.clone());
                 Err(Refusal::OtherHost(other))
@@ -669,6 +671,20 @@ fn other_host<B>(req: &Request<B>, sni: &str) -> Option<String> {
         .map(|h| printable(&h, 253))
 }
 
+/// Whether the request's authority (absolute target, `:authority`) or a `Host` has userinfo
+/// (`evil.test@api.test`): the relay, lockbox and servers may each take another part of it
+/// for the host, so none is taken.
+fn has_userinfo<B>(req: &Request<B>) -> bool {
+    req.uri()
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@'))
+        || req
+            .headers()
+            .get_all(HOST)
+            .iter()
+            .any(|v| v.as_bytes().contains(&b'@'))
+}
+
 fn text(status: StatusCode, body: String) -> Response<Body> {
     let mut response = Response::new(
         Full::new(Bytes::from(body))
@@ -689,4 +705,29 @@ fn printable(s: &str, max: usize) -> String {
         .map(|c| if c.is_ascii_graphic() { c } else { '?' })
         .take(max)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue_32_userinfo_in_the_authority_or_host_is_found() {
+        let req = |uri: &str, host: Option<&str>| {
+            let mut b = Request::builder().uri(uri);
+            if let Some(h) = host {
+                b = b.header(HOST, h);
+            }
+            b.body(()).unwrap()
+        };
+        // HTTP/2's :authority arrives as the URI's authority.
+        assert!(has_userinfo(&req("https://evil.test@api.test/v1", None)));
+        assert!(has_userinfo(&req("/v1", Some("evil.test@api.test"))));
+        assert!(has_userinfo(&req("/v1", Some("u:p@api.test:443"))));
+        assert!(!has_userinfo(&req(
+            "https://api.test/v1/a@b",
+            Some("api.test")
+        )));
+        assert!(!has_userinfo(&req("/v1/a@b", Some("api.test:443"))));
+    }
 }

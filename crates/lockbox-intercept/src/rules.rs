@@ -7,7 +7,7 @@ use http::header::{HeaderName, AUTHORIZATION};
 use std::path::PathBuf;
 
 /// Where a credential's value is read from, once, when lockbox starts (`--credential
-/// NAME=env:VAR|file:PATH`).
+/// NAME[@HOSTS]=env:VAR|file:PATH`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CredentialSource {
     /// A variable of lockbox's own environment.
@@ -16,11 +16,16 @@ pub enum CredentialSource {
     File(PathBuf),
 }
 
-/// One `--credential NAME=SOURCE`.
+/// One `--credential NAME[@HOST,HOST...]=SOURCE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CredentialSpec {
     /// The name rules refer to it by (letters, digits, `_`, `-`).
     pub name: String,
+    /// The hosts it may be sent to (normalised names), bound when it is registered: a
+    /// rule that would send it elsewhere is refused. Empty: any host a rule names (only
+    /// where the rules come from whoever registers it: `lockbox run`, an in-process caller;
+    /// `lockbox serve` requires hosts).
+    pub hosts: Vec<String>,
     /// Where its value comes from.
     pub source: CredentialSource,
 }
@@ -36,7 +41,18 @@ impl std::str::FromStr for CredentialSpec {
         };
         let (name, source) = arg
             .split_once('=')
-            .ok_or_else(|| bad("expected NAME=env:VAR or NAME=file:PATH"))?;
+            .ok_or_else(|| bad("expected NAME[@HOST,...]=env:VAR or NAME[@HOST,...]=file:PATH"))?;
+        let (name, hosts) = match name.split_once('@') {
+            Some((name, hosts)) => {
+                let hosts = hosts
+                    .split(',')
+                    .map(host_name)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|r| bad(&r))?;
+                (name, hosts)
+            }
+            None => (name, Vec::new()),
+        };
         check_name(name).map_err(|r| bad(&r))?;
         let source = if let Some(var) = source.strip_prefix("env:") {
             if var.is_empty() || var.contains('=') || var.contains('\0') {
@@ -55,6 +71,7 @@ impl std::str::FromStr for CredentialSpec {
         };
         Ok(CredentialSpec {
             name: name.to_owned(),
+            hosts,
             source,
         })
     }
@@ -157,8 +174,9 @@ pub struct AllowRule {
     pub method: Option<String>,
     /// The host (normalised).
     pub host: String,
-    /// The path prefix, starting with `/`: it matches itself and what lies below it
-    /// (`/v1/models` matches `/v1/models` and `/v1/models/x`, not `/v1/modelsx`).
+    /// The path prefix, starting with `/`, as [`canonical_path`] reads it: it matches
+    /// itself and what lies below it (`/v1/models` matches `/v1/models` and `/v1/models/x`,
+    /// not `/v1/modelsx`).
     pub prefix: String,
 }
 
@@ -188,15 +206,12 @@ impl std::str::FromStr for AllowRule {
             Some(i) => (&target[..i], &target[i..]),
             None => (*target, "/"),
         };
-        if ambiguous(prefix) {
-            return Err(bad(format!(
-                "the path prefix {prefix:?} has '.' or '..' segments, an escaped '.', '/' or '\\', or a query"
-            )));
-        }
+        let prefix = canonical_path(prefix)
+            .map_err(|why| bad(format!("the path prefix {prefix:?} has {why}")))?;
         Ok(AllowRule {
             method,
             host: host_name(host).map_err(bad)?,
-            prefix: prefix.to_owned(),
+            prefix,
         })
     }
 }
@@ -211,6 +226,7 @@ impl std::fmt::Display for AllowRule {
 }
 
 impl AllowRule {
+    /// Whether the rule lets a `method` request for `path` (canonical) through.
     fn matches(&self, method: &str, path: &str) -> bool {
         let method_ok = self
             .method
@@ -225,15 +241,57 @@ impl AllowRule {
     }
 }
 
-/// A path the upstream server might read otherwise than lockbox: dot segments, escaped
-/// dots, slashes or backslashes (which a server may decode before routing), a backslash,
-/// or a query or fragment in a prefix.
-pub fn ambiguous(path: &str) -> bool {
-    let lower = path.to_ascii_lowercase();
-    lower.split('/').any(|seg| seg == "." || seg == "..")
-        || ["%2e", "%2f", "%5c", "\\", "?", "#"]
-            .iter()
-            .any(|bad| lower.contains(bad))
+/// The one reading of a request path (or a rule's prefix), or why it has none.
+///
+/// Servers and frameworks disagree on paths: Tomcat drops `;` parameters (`/a/..;/admin`),
+/// IIS decodes `%u002e`, some decode twice (`%252e`), some fold fullwidth or overlong UTF-8
+/// forms to ASCII (`%EF%BC%8E`), some stop at NUL or trim spaces, Windows servers read `\`
+/// as `/`. So a path is read one way, and refused unless every server reads it so: only
+/// printable ASCII other than `\` and `;`; `%XX` only for a printable ASCII byte that is
+/// none of `.`, `/`, `\`, `%` (a second encoding), `;`, `?`, `#`; and, once decoded, no
+/// segment made of dots only. The decoded path is what rules match; the request goes to the
+/// server as it came, whose bytes are exactly those checked.
+pub fn canonical_path(path: &str) -> Result<String, &'static str> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let decoded = if b == b'%' {
+            let hex = |at: usize| bytes.get(at).and_then(|c| (*c as char).to_digit(16));
+            let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
+                return Err("a '%' not followed by two hex digits (as in %u002e)");
+            };
+            i += 3;
+            let d = (hi * 16 + lo) as u8;
+            if !d.is_ascii_graphic() {
+                return Err("an escaped byte that is not printable ASCII (NUL, a space, UTF-8 such as a fullwidth or overlong '.')");
+            }
+            if matches!(d, b'.' | b'/' | b'\\' | b'%' | b';' | b'?' | b'#') {
+                return Err("an escaped '.', '/', '\\', '%', ';', '?' or '#' (a server may decode it, or decode twice)");
+            }
+            d
+        } else {
+            i += 1;
+            if !b.is_ascii_graphic() {
+                return Err("a byte that is not printable ASCII");
+            }
+            match b {
+                b'\\' => return Err("a '\\' (a server may read it as '/')"),
+                b';' => return Err("a ';' (a server may drop path parameters, as in '..;')"),
+                b'?' | b'#' => return Err("a query or fragment"),
+                _ => b,
+            }
+        };
+        out.push(decoded);
+    }
+    if out
+        .split(|b| *b == b'/')
+        .any(|seg| !seg.is_empty() && seg.iter().all(|b| *b == b'.'))
+    {
+        return Err("a '.' or '..' segment");
+    }
+    // Only printable ASCII was pushed.
+    String::from_utf8(out).map_err(|_| "a byte that is not printable ASCII")
 }
 
 fn host_name(host: &str) -> Result<String, String> {
@@ -247,8 +305,11 @@ fn host_name(host: &str) -> Result<String, String> {
 pub enum Refusal {
     /// No `--http-allow` rule of the host lists the method and path.
     NotListed,
-    /// The path could be read otherwise by the server ([`ambiguous`]).
-    AmbiguousPath,
+    /// The path could be read otherwise by the server ([`canonical_path`] says why).
+    AmbiguousPath(&'static str),
+    /// The request's `Host` or authority carries userinfo (`user@host`), which the relay,
+    /// lockbox and servers may each read otherwise.
+    Userinfo,
     /// The request names another host than the TLS server name.
     OtherHost(String),
     /// `TRACE` (or `TRACK`): the server would echo the request, credential included.
@@ -259,8 +320,12 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refusal::NotListed => f.write_str("not allowed by --http-allow"),
-            Refusal::AmbiguousPath => f.write_str(
-                "the path has '.' or '..' segments or escaped '.', '/' or '\\' (refused, as the server could read it otherwise)",
+            Refusal::AmbiguousPath(why) => write!(
+                f,
+                "the path has {why} (refused, as the server could read it otherwise)"
+            ),
+            Refusal::Userinfo => f.write_str(
+                "the request's Host or authority has userinfo ('@'), which servers read differently",
             ),
             Refusal::OtherHost(h) => write!(f, "the request names host {h:?}, not the TLS server name"),
             Refusal::Reflecting => f.write_str(
@@ -323,21 +388,20 @@ impl HttpRules {
         self.auth.iter().find(|r| r.host == host)
     }
 
-    /// Whether a `method` request for `path` (without its query) may go to `host`: every
-    /// request when no `--http-allow` rule names the host, else only those a rule lists.
-    /// Ambiguous paths and `TRACE`/`TRACK` are refused either way.
+    /// Whether a `method` request for `path` (without its query, as it came) may go to
+    /// `host`: every request when no `--http-allow` rule names the host, else only those a
+    /// rule lists, matched on the path's one reading ([`canonical_path`]). Ambiguous paths
+    /// and `TRACE`/`TRACK` are refused either way.
     pub fn check(&self, method: &str, host: &str, path: &str) -> Result<(), Refusal> {
         if method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK") {
             return Err(Refusal::Reflecting);
         }
-        if ambiguous(path) {
-            return Err(Refusal::AmbiguousPath);
-        }
+        let path = canonical_path(path).map_err(Refusal::AmbiguousPath)?;
         let mut rules = self.allow.iter().filter(|r| r.host == host).peekable();
         if rules.peek().is_none() {
             return Ok(());
         }
-        if rules.any(|r| r.matches(method, path)) {
+        if rules.any(|r| r.matches(method, &path)) {
             Ok(())
         } else {
             Err(Refusal::NotListed)
@@ -366,7 +430,20 @@ mod tests {
             spec.source,
             CredentialSource::File("/run/secrets/gh".into())
         );
+        let spec: CredentialSpec = "API@Api.Example.org.,b.example=env:K".parse().unwrap();
+        assert_eq!(spec.name, "API");
+        assert_eq!(spec.hosts, ["api.example.org", "b.example"]);
+        assert_eq!(spec.source, CredentialSource::Env("K".into()));
+        assert!("API=env:K"
+            .parse::<CredentialSpec>()
+            .unwrap()
+            .hosts
+            .is_empty());
         for bad in [
+            "API@=env:X",
+            "API@*.example.org=env:X",
+            "API@10.0.0.1=env:X",
+            "API@a.example,=env:X",
             "API=sk-123",
             "API",
             "=env:X",
@@ -417,16 +494,102 @@ mod tests {
             r.check("DELETE", "api.example.org", "/v1/models"),
             Err(Refusal::NotListed)
         );
-        assert_eq!(
+        assert!(matches!(
             r.check("GET", "api.example.org", "/v1/models/../../admin"),
-            Err(Refusal::AmbiguousPath)
-        );
-        assert_eq!(
+            Err(Refusal::AmbiguousPath(_))
+        ));
+        assert!(matches!(
             r.check("GET", "api.example.org", "/v1/models/%2E%2e/admin"),
-            Err(Refusal::AmbiguousPath)
-        );
+            Err(Refusal::AmbiguousPath(_))
+        ));
         // A host without --http-allow rules takes every request.
         assert_eq!(r.check("DELETE", "other.example.org", "/x"), Ok(()));
+    }
+
+    #[test]
+    fn issue_32_paths_a_server_could_read_otherwise_are_refused_before_any_rule() {
+        let r = rules(&[], &["GET echo.test/v1/models"]);
+        for path in [
+            "/v1/models/..;/admin",
+            "/v1/models/..;x=1/admin",
+            "/v1/models/%u002e%u002e/admin",
+            "/v1/models/%EF%BC%8E%EF%BC%8E/admin",
+            "/v1/models/%C0%AE%C0%AE/admin",
+            "/v1/models/%252e%252e/admin",
+            "/v1/models/.%00./admin",
+            "/v1/models/%00/admin",
+            "/v1/models/x%3b/admin",
+            "/v1/models/..%5cadmin",
+            "/v1/models\\..\\admin",
+            "/v1/models/%2f..%2fadmin",
+            "/v1/models/%20..%20/admin",
+            "/v1/models/.../admin",
+            "/v1/models/%",
+            "/v1/models/%4",
+            "/v1/models/\u{ff0e}\u{ff0e}/admin",
+        ] {
+            assert!(
+                matches!(
+                    r.check("GET", "echo.test", path),
+                    Err(Refusal::AmbiguousPath(_))
+                ),
+                "{path}"
+            );
+        }
+        // Unambiguous escapes are read decoded, for the rule and for the server alike.
+        assert_eq!(r.check("GET", "echo.test", "/v1/%6Dodels/ft%3Ax"), Ok(()));
+        assert_eq!(
+            r.check("GET", "echo.test", "/v1/%6Dodelsx"),
+            Err(Refusal::NotListed)
+        );
+        assert_eq!(
+            canonical_path("/v1/%6dodels/a%2Db").as_deref(),
+            Ok("/v1/models/a-b")
+        );
+        // A rule's prefix is read the same way, and refused when ambiguous.
+        assert_eq!(
+            "GET a.example/v%31".parse::<AllowRule>().unwrap().prefix,
+            "/v1"
+        );
+        for bad in [
+            "GET a.example/v1;x",
+            "GET a.example/v1/%2e",
+            "GET a.example/%u0041",
+        ] {
+            assert!(bad.parse::<AllowRule>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn canonical_paths_hold_no_dot_segment_and_no_escape_that_decodes_again() {
+        // Every string over an alphabet of the tricky pieces: what is accepted reads back
+        // to itself once escaped again, and never has a dot segment or a second escape.
+        let pieces = [
+            "/", ".", "%2e", "%25", "%41", ";", "a", "%", "%00", "\\", "%c0%ae",
+        ];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..50_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut path = String::new();
+            let mut y = x;
+            for _ in 0..(1 + (x % 8)) {
+                path.push_str(pieces[(y % pieces.len() as u64) as usize]);
+                y /= pieces.len() as u64;
+            }
+            let Ok(c) = canonical_path(&path) else {
+                continue;
+            };
+            assert!(c.bytes().all(|b| b.is_ascii_graphic()), "{path}");
+            assert!(!c.contains(['%', ';', '\\']), "{path} -> {c}");
+            assert!(
+                !c.split('/')
+                    .any(|s| !s.is_empty() && s.bytes().all(|b| b == b'.')),
+                "{path} -> {c}"
+            );
+            assert_eq!(canonical_path(&c).as_deref(), Ok(c.as_str()), "{path}");
+        }
     }
 
     #[test]

@@ -1,18 +1,22 @@
 //! Credential values: read once when lockbox starts, kept in lockbox's memory only, never
-//! printed (their `Debug` says `<redacted>`), never written anywhere.
+//! printed (their `Debug` says `<redacted>`), never written anywhere, and held in pages a
+//! sandbox's init (a fork of lockbox) sees as zeros ([`lockbox_confine::WipedOnFork`]; the
+//! copies made while reading are overwritten).
 
 use crate::error::Error;
 use crate::rules::{CredentialSource, CredentialSpec, HttpRules};
 use http::HeaderValue;
+use lockbox_confine::WipedOnFork;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::sync::Arc;
 
 /// Largest credential value read, in bytes.
 pub const MAX_SECRET: usize = 16 << 10;
 
 /// One credential's value.
 #[derive(Clone)]
-pub struct Secret(Vec<u8>);
+pub struct Secret(Arc<WipedOnFork>);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -25,8 +29,10 @@ impl Secret {
     /// indexed by HPACK, never shown by `Debug`).
     pub(crate) fn header(&self, prefix: &str) -> Option<HeaderValue> {
         let mut bytes = prefix.as_bytes().to_vec();
-        bytes.extend_from_slice(&self.0);
-        let mut value = HeaderValue::from_bytes(&bytes).ok()?;
+        bytes.extend_from_slice(self.0.as_bytes());
+        let value = HeaderValue::from_bytes(&bytes).ok();
+        lockbox_confine::wipe(&mut bytes);
+        let mut value = value?;
         value.set_sensitive(true);
         Some(value)
     }
@@ -34,15 +40,39 @@ impl Secret {
 
 impl PartialEq for Secret {
     fn eq(&self, other: &Secret) -> bool {
-        self.0 == other.0
+        self.0.as_bytes() == other.0.as_bytes()
     }
 }
 
 impl Eq for Secret {}
 
-/// The credentials of a sandbox (or the registry of `lockbox serve`), by name.
+/// A credential's value and the hosts it may be sent to (empty: any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Bound {
+    secret: Secret,
+    hosts: Vec<String>,
+}
+
+impl Bound {
+    /// Refuses to send it to `host`, naming the credential and the host.
+    fn check(&self, name: &str, host: &str) -> Result<(), Error> {
+        if self.hosts.is_empty() || self.hosts.iter().any(|h| h == host) {
+            return Ok(());
+        }
+        Err(Error::Credential {
+            name: name.to_owned(),
+            reason: format!(
+                "it is bound to {} when registered; a rule cannot send it to {host}",
+                self.hosts.join(", ")
+            ),
+        })
+    }
+}
+
+/// The credentials of a sandbox (or the registry of `lockbox serve`), by name, each with
+/// the hosts it is bound to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Credentials(BTreeMap<String, Secret>);
+pub struct Credentials(BTreeMap<String, Bound>);
 
 impl Credentials {
     /// Reads every credential of `specs` (`env` looks up lockbox's own environment), used
@@ -61,14 +91,16 @@ impl Credentials {
                     reason: "given twice".to_owned(),
                 });
             }
-            let value = read(spec, &env)?;
-            map.insert(spec.name.clone(), value);
+            let secret = read(spec, &env)?;
+            let hosts = spec.hosts.clone();
+            map.insert(spec.name.clone(), Bound { secret, hosts });
         }
         Ok(Credentials(map))
     }
 
     /// The credentials `rules` name, each from `self` if it has it, else from `registry`:
-    /// what one sandbox gets. A name neither holds is an error naming it.
+    /// what one sandbox gets. A name neither holds, or a rule for a host the credential is
+    /// not bound to, is an error naming the credential (and the host).
     pub fn pick(&self, rules: &HttpRules, registry: &Credentials) -> Result<Credentials, Error> {
         let mut map = BTreeMap::new();
         for rule in &rules.auth {
@@ -84,6 +116,7 @@ impl Credentials {
                         rule.host
                     ),
                 })?;
+            value.check(name, &rule.host)?;
             map.insert(name.clone(), value.clone());
         }
         Ok(Credentials(map))
@@ -105,7 +138,8 @@ impl Credentials {
     }
 
     /// Reads every credential of `specs` (`env` looks up lockbox's own environment); every
-    /// rule of `rules` must name one of them, and every credential must be used by a rule.
+    /// rule of `rules` must name one of them, for a host it is bound to, and every
+    /// credential must be used by a rule.
     /// Errors name the credential, the variable or the file, never the value.
     pub fn load(
         specs: &[CredentialSpec],
@@ -114,7 +148,7 @@ impl Credentials {
     ) -> Result<Credentials, Error> {
         let Credentials(map) = Credentials::read_all(specs, env)?;
         for rule in &rules.auth {
-            if !map.contains_key(&rule.credential) {
+            let Some(bound) = map.get(&rule.credential) else {
                 return Err(Error::Credential {
                     name: rule.credential.clone(),
                     reason: format!(
@@ -122,7 +156,8 @@ impl Credentials {
                         rule.host, rule.credential
                     ),
                 });
-            }
+            };
+            bound.check(&rule.credential, &rule.host)?;
         }
         if let Some(unused) = map
             .keys()
@@ -138,7 +173,12 @@ impl Credentials {
 
     /// The value of credential `name`.
     pub(crate) fn get(&self, name: &str) -> Option<&Secret> {
-        self.0.get(name)
+        self.0.get(name).map(|b| &b.secret)
+    }
+
+    /// The hosts credential `name` is bound to (empty: any), if there is one of that name.
+    pub fn hosts(&self, name: &str) -> Option<&[String]> {
+        self.0.get(name).map(|b| b.hosts.as_slice())
     }
 }
 
@@ -163,21 +203,36 @@ fn read(spec: &CredentialSpec, env: impl Fn(&str) -> Option<OsString>) -> Result
             std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))?
         }
     };
+    let mut len = bytes.len();
     if bytes.ends_with(b"\n") {
-        bytes.pop();
-        if bytes.ends_with(b"\r") {
-            bytes.pop();
+        len -= 1;
+        if bytes[..len].ends_with(b"\r") {
+            len -= 1;
         }
     }
-    if bytes.is_empty() {
-        return Err(err("the value is empty".to_owned()));
-    }
-    if bytes.len() > MAX_SECRET || HeaderValue::from_bytes(&bytes).is_err() {
-        return Err(err(format!(
+    let value = &mut bytes[..len];
+    // As `HeaderValue::from_bytes` checks, without making a copy of the value.
+    let header_ok = value
+        .iter()
+        .all(|b| (*b >= 0x20 && *b != 0x7f) || *b == b'\t');
+    let why = if value.is_empty() {
+        Some("the value is empty".to_owned())
+    } else if value.len() > MAX_SECRET || !header_ok {
+        Some(format!(
             "the value cannot go in an HTTP header (control characters or more than {MAX_SECRET} bytes)"
-        )));
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        lockbox_confine::wipe(&mut bytes);
+        return Err(err(why));
     }
-    Ok(Secret(bytes))
+    let taken = WipedOnFork::take(value);
+    lockbox_confine::wipe(&mut bytes);
+    taken
+        .map(|w| Secret(Arc::new(w)))
+        .map_err(|e| err(format!("keeping the value in memory of its own: {e}")))
 }
 
 #[cfg(test)]
@@ -228,6 +283,39 @@ mod tests {
         assert!(Credentials::load(&specs, &rules(&[]), env).is_err());
         let bad = |_: &str| Some(OsString::from("a\nb"));
         assert!(Credentials::load(&specs, &rules(&["a.example bearer A"]), bad).is_err());
+    }
+
+    #[test]
+    fn issue_32_a_credential_goes_only_to_the_hosts_it_was_registered_for() {
+        let specs = vec!["KEY@api.openai.com=env:X".parse().unwrap()];
+        let registry = Credentials::read_all(&specs, |_| Some(OsString::from("sk"))).unwrap();
+        assert_eq!(
+            registry.hosts("KEY"),
+            Some(&["api.openai.com".to_owned()][..])
+        );
+        let none = Credentials::default();
+        assert!(none
+            .pick(&rules(&["api.openai.com bearer KEY"]), &registry)
+            .is_ok());
+        let e = none
+            .pick(&rules(&["evil.example bearer KEY"]), &registry)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("credential KEY")
+                && e.contains("evil.example")
+                && e.contains("api.openai.com"),
+            "{e}"
+        );
+        let e = Credentials::load(&specs, &rules(&["evil.example bearer KEY"]), |_| {
+            Some(OsString::from("sk"))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("credential KEY") && e.contains("evil.example"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -147,12 +147,13 @@ pub struct ServeArgs {
     /// takes one and is ready at once; the pool refills in the background. 0: none.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub pool: u16,
-    /// A secret sandboxes may use but never read: NAME=env:VAR (a variable of this
-    /// server's environment) or NAME=file:PATH, read once at start and kept in memory. A
-    /// sandbox body names it only through a rule (`"http_auth": ["HOST bearer NAME"]`);
-    /// no request can name a variable or a file. Repeatable. See docs/security.md
-    /// "Credentials".
-    #[arg(long, value_name = "NAME=SOURCE", value_parser = crate::cli::parse_rule::<CredentialSpec>)]
+    /// A secret sandboxes may use but never read: NAME@HOST[,HOST...]=env:VAR (a variable
+    /// of this server's environment) or NAME@HOST[,HOST...]=file:PATH, read once at start
+    /// and kept in memory, and sent only to the HOSTs named (required: a client cannot
+    /// send it to a host of its choosing). A sandbox body names it only through a rule
+    /// (`"http_auth": ["HOST bearer NAME"]`); no request can name a variable or a file.
+    /// Repeatable. See docs/security.md "Credentials".
+    #[arg(long, value_name = "NAME@HOSTS=SOURCE", value_parser = crate::cli::parse_rule::<CredentialSpec>)]
     pub credential: Vec<CredentialSpec>,
     /// Also trust the CA certificates of FILE (PEM) for the real servers of intercepted
     /// hosts (`http_auth`/`http_allow`), besides the host's trust store.
@@ -286,6 +287,17 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode, CliError> {
 /// The registry of `--credential`s, read once now; usage errors (exit 2) name the
 /// credential and its variable or file, never a value.
 fn read_credentials(args: &ServeArgs) -> Result<(Credentials, Vec<PathBuf>), CliError> {
+    // Bodies come from clients: each credential names where it may go (issue 32).
+    if let Some(c) = args.credential.iter().find(|c| c.hosts.is_empty()) {
+        return Err(CliError::usage(format!(
+            "--credential {}: name the hosts it may be sent to ({}@HOST[,HOST...]=SOURCE)",
+            c.name, c.name
+        ))
+        .hint(format!(
+            "e.g. --credential {}@api.openai.com=env:VAR",
+            c.name
+        )));
+    }
     let credentials = Credentials::read_all(&args.credential, |var| std::env::var_os(var))
         .map_err(|e| CliError::usage(format!("--credential: {e}")))?;
     if let Some(ca) = &args.upstream_ca {

@@ -9,8 +9,9 @@
   `STATUS HTTP-VERSION FIRST-LINE-OF-BODY`;
 - `upgrade,HOST,PORT,PATH[,AUTHORIZATION]`: an HTTP/1.1 request for `Upgrade: echo` on a
   TLS socket; once switched, sends `ping` and reads the answer; RESULT `STATUS ANSWER`;
-- `raw,HOST,PORT,TARGET`: `GET TARGET HTTP/1.1` with `Host: HOST` on a TLS socket, the
-  request target as given (an absolute URI naming another host, say); RESULT `STATUS`;
+- `raw,HOST,PORT,TARGET[,HOST-HEADER]`: `GET TARGET HTTP/1.1` with `Host: HOST:PORT` (or
+  HOST-HEADER) on a TLS socket, the request target as given (an absolute URI naming
+  another host, a path no library would send, say); RESULT `STATUS`;
 - `keepalive,HOST,PATH,PATH...`: GETs on one kept-alive connection (http.client);
   RESULT the statuses, `+`-joined;
 - `dump,FILE`: writes to FILE everything of the sandbox a credential could hide in: the
@@ -79,10 +80,11 @@ def upgrade(host, port, path, auth):
         return f"error {e}".replace("\n", " ")
 
 
-def raw(host, port, target):
+def raw(host, port, target, host_header=None):
     ctx = ssl.create_default_context()
     ctx.set_alpn_protocols(["http/1.1"])
-    head = f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    host_header = host_header or f"{host}:{port}"
+    head = f"GET {target} HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n"
     try:
         with socket.create_connection((host, int(port)), timeout=15) as sock:
             with ctx.wrap_socket(sock, server_hostname=host) as s:
@@ -133,7 +135,7 @@ for op in sys.argv[1:]:
     elif parts[0] == "keepalive":
         result = keepalive(parts[1], parts[2:])
     elif parts[0] == "raw":
-        result = raw(parts[1], parts[2], parts[3])
+        result = raw(*parts[1:5])
     elif parts[0] == "upgrade":
         auth = parts[4].replace("_", " ") if len(parts) > 4 else None
         result = upgrade(parts[1], parts[2], parts[3], auth)

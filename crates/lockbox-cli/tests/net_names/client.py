@@ -2,6 +2,7 @@
 `<argument> ok <result>` or `<argument> err <errno or message>`.
 
   resolve,NAME        getaddrinfo (IPv4), the sorted addresses
+  resolve6,NAME       the same for IPv6
   addrconfig,NAME     the same with AI_ADDRCONFIG
   connect,HOST,PORT   TCP connect (HOST a name or an address), the server's first line
   udp,NAME / tcp,NAME an A query sent straight to the nameserver of /etc/resolv.conf:
@@ -133,8 +134,9 @@ def swap(ip_a, port_a, ip_b, port_b):
 for cmd in sys.argv[1:]:
     op, *a = cmd.split(",")
     try:
-        if op == "resolve":
-            r = sorted({x[4][0] for x in socket.getaddrinfo(a[0], 80, socket.AF_INET, socket.SOCK_STREAM)})
+        if op in ("resolve", "resolve6"):
+            family = socket.AF_INET if op == "resolve" else socket.AF_INET6
+            r = sorted({x[4][0] for x in socket.getaddrinfo(a[0], 80, family, socket.SOCK_STREAM)})
         elif op == "addrconfig":
             found = socket.getaddrinfo(a[0], 80, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)
             r = sorted({x[4][0] for x in found})

@@ -8,8 +8,10 @@
 //! `NXDOMAIN` here and never leaves the supervisor. Each address answered becomes a rule of
 //! *this* sandbox ([`Learned`]): a connection to it is allowed on the ports of the specs
 //! whose name was asked. An answer never carries, and nothing learns, an address of the
-//! host's own (loopback, link-local, unspecified, multicast, broadcast) unless an address
-//! rule of the list allows it: a listed name cannot be rebound onto the host.
+//! host's own or one that reaches the host's services ([`super::internal`]: loopback,
+//! link-local, metadata ranges, the host's interface addresses read again for each answer,
+//! in any IPv6 form that carries them) unless an address rule of the list allows it: a
+//! listed name cannot be rebound onto the host.
 //!
 //! **Bounded and non-blocking.** Host resolution can block, so it runs on one resolver
 //! thread fed through a queue of [`MAX_PENDING`] queries (a query beyond that is answered
@@ -20,6 +22,7 @@
 
 use super::ask::{self, Asking, Question, Verdict as AskVerdict};
 use super::audit::{Asker, AuditSink, Decision, EventKind, NetEvent, Protocol};
+use super::internal::{self, Internal};
 use super::Shared;
 use lockbox_policy::{canonical, normalize_name, NetRule, NetSpec};
 use simple_dns::rdata::{RData, A, AAAA};
@@ -85,26 +88,6 @@ impl Learned {
     }
 }
 
-/// Whether `ip` is one of the host's own or not unicast: never answered for a name unless
-/// an address rule allows it.
-pub(super) fn host_internal(ip: IpAddr) -> bool {
-    match canonical(ip) {
-        IpAddr::V4(a) => {
-            a.is_loopback()
-                || a.is_link_local()
-                || a.is_unspecified()
-                || a.is_multicast()
-                || a.is_broadcast()
-        }
-        IpAddr::V6(a) => {
-            a.is_loopback()
-                || a.is_unspecified()
-                || a.is_multicast()
-                || (a.segments()[0] & 0xffc0) == 0xfe80
-        }
-    }
-}
-
 /// Where an answer goes.
 #[derive(Debug, Clone, Copy)]
 enum Reply {
@@ -159,9 +142,13 @@ pub(super) struct Dns {
     asking: Vec<AskedQuery>,
     next_token: u64,
     to_resolver: SyncSender<(u64, String)>,
-    from_resolver: Receiver<(u64, Result<Vec<IpAddr>, ()>)>,
+    from_resolver: Receiver<(u64, Resolved)>,
     wake: UnixStream,
 }
+
+/// What the host resolved a name to (`Err`: its resolver failed), and the addresses of the
+/// host's interfaces just after, which the answer leaves out.
+type Resolved = (Result<Vec<IpAddr>, ()>, Vec<IpAddr>);
 
 /// How many of [`Dns::pollfds`]'s entries are fixed (UDP, listener, wake-up).
 const FIXED: usize = 3;
@@ -186,7 +173,9 @@ impl Dns {
                 // Ends when the supervisor drops its sender.
                 while let Ok((token, name)) = queries.recv() {
                     let addrs = lookup(hosts_file.as_deref(), &name);
-                    if results.send((token, addrs)).is_err() {
+                    // Read for each answer, so interfaces that came since are known.
+                    let host = internal::host_addresses();
+                    if results.send((token, (addrs, host))).is_err() {
                         return;
                     }
                     // A full wake-up socket already says there is something to read.
@@ -247,8 +236,8 @@ impl Dns {
         if revents(2) != 0 {
             let mut sink = [0u8; 64];
             while matches!(self.wake.read(&mut sink), Ok(n) if n > 0) {}
-            while let Ok((token, addrs)) = self.from_resolver.try_recv() {
-                self.resolved(shared, token, addrs);
+            while let Ok((token, resolved)) = self.from_resolver.try_recv() {
+                self.resolved(shared, token, resolved);
             }
         }
         if revents(0) != 0 {
@@ -532,7 +521,7 @@ impl Dns {
         Who { asker, protocol }
     }
 
-    fn resolved(&mut self, shared: &Shared, token: u64, addrs: Result<Vec<IpAddr>, ()>) {
+    fn resolved(&mut self, shared: &Shared, token: u64, (addrs, host): Resolved) {
         let Some(at) = self.pending.iter().position(|p| p.token == token) else {
             return;
         };
@@ -541,6 +530,7 @@ impl Dns {
             shared,
             &p.query,
             addrs,
+            &host,
             p.asker.as_ref(),
             p.approved.as_deref(),
         ) {
@@ -695,12 +685,13 @@ fn reply_with(query: &Packet<'_>, rcode: RCODE, addrs: &[IpAddr]) -> Option<Vec<
     reply.build_bytes_vec_compressed().ok()
 }
 
-/// The answer to a listed name's query, given what the host resolved it to; learns what it
-/// answers.
+/// The answer to a listed name's query, given what the host resolved it to and the
+/// addresses of the host's interfaces; learns what it answers.
 fn answer(
     shared: &Shared,
     query: &[u8],
     addrs: Result<Vec<IpAddr>, ()>,
+    host: &[IpAddr],
     asker: Option<&Who>,
     approved: Option<&str>,
 ) -> Option<Vec<u8>> {
@@ -723,15 +714,18 @@ fn answer(
         .collect();
     let allowed_address = |ip: IpAddr| shared.rules.rules.iter().any(|r| r.block.contains(ip));
     let mut answered: Vec<IpAddr> = Vec::new();
-    let mut refused: Vec<IpAddr> = Vec::new();
+    let mut refused: Vec<(IpAddr, Internal)> = Vec::new();
     for ip in addrs.into_iter().map(canonical) {
         if ip.is_ipv4() != want_v4 || answered.contains(&ip) {
             continue;
         }
-        if host_internal(ip) && !allowed_address(ip) {
-            super::decide::record_rebinding(shared, &asked, ip);
-            refused.push(ip);
-            continue;
+        match internal::classify(ip, host) {
+            Some(kind) if !allowed_address(ip) => {
+                super::decide::record_rebinding(shared, &asked, ip);
+                refused.push((ip, kind));
+                continue;
+            }
+            _ => {}
         }
         answered.push(ip);
     }
@@ -743,18 +737,18 @@ fn answer(
                 Some(reason) => (Decision::Allowed, reason.to_owned()),
                 None => (Decision::Allowed, format!("name {spec} listed")),
             },
-            Some(ip) => (
+            Some((_, kind)) => (
                 if answered.is_empty() {
                     Decision::Denied
                 } else {
                     Decision::Allowed
                 },
-                format!("rebinding: {} answer refused", internal_kind(*ip)),
+                format!("rebinding: {} answer refused", kind.as_str()),
             ),
         };
         let mut e = dns_event(audit, decision, reason, &packet, asker);
         e.answers = Some(answered.clone());
-        e.refused = (!refused.is_empty()).then_some(refused);
+        e.refused = (!refused.is_empty()).then(|| refused.iter().map(|(ip, _)| *ip).collect());
         audit.emit(e);
     }
     if let (Some(desk), Some(_)) = (&shared.ask, approved) {
@@ -773,18 +767,6 @@ fn answer(
         r.dns_answered += 1;
     }
     reply_with(&packet, RCODE::NoError, &answered)
-}
-
-/// What kind of the host's own addresses `ip` is (see [`host_internal`]).
-fn internal_kind(ip: IpAddr) -> &'static str {
-    match canonical(ip) {
-        ip if ip.is_loopback() => "loopback",
-        ip if ip.is_unspecified() => "unspecified",
-        ip if ip.is_multicast() => "multicast",
-        IpAddr::V4(a) if a.is_link_local() => "link-local",
-        IpAddr::V4(a) if a.is_broadcast() => "broadcast",
-        _ => "link-local",
-    }
 }
 
 /// A `dns` event about `query` (its first question).
@@ -893,26 +875,6 @@ mod tests {
     use std::net::SocketAddr;
 
     #[test]
-    fn the_hosts_and_link_local_addresses_are_internal() {
-        for ip in [
-            "127.0.0.1",
-            "127.9.9.9",
-            "169.254.169.254",
-            "0.0.0.0",
-            "::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-            "224.0.0.1",
-            "255.255.255.255",
-        ] {
-            assert!(host_internal(ip.parse().unwrap()), "{ip}");
-        }
-        for ip in ["198.18.0.1", "10.0.0.1", "2001:db8::1"] {
-            assert!(!host_internal(ip.parse().unwrap()), "{ip}");
-        }
-    }
-
-    #[test]
     fn hosts_files_are_read_as_hosts5_with_names_normalised() {
         let text = "# c\n198.18.0.2 a.test B.test. # x\n198.18.0.3\tb.test\nnot-an-ip b.test\n";
         let want: Vec<IpAddr> = vec!["198.18.0.2".parse().unwrap(), "198.18.0.3".parse().unwrap()];
@@ -986,9 +948,14 @@ mod tests {
             "198.18.0.7".parse().unwrap(),
             "127.0.0.1".parse().unwrap(),
             "169.254.169.254".parse().unwrap(),
+            // issue 32: the host's own interface and a metadata service outside 169.254/16.
+            "198.18.0.1".parse().unwrap(),
+            "100.100.100.200".parse().unwrap(),
             "2001:db8::1".parse().unwrap(),
         ];
-        let reply = answer(&s, &query("a.example.org", TYPE::A), Ok(addrs), None, None).unwrap();
+        let host = ["198.18.0.1".parse().unwrap()];
+        let q = query("a.example.org", TYPE::A);
+        let reply = answer(&s, &q, Ok(addrs), &host, None, None).unwrap();
         let reply = Packet::parse(&reply).unwrap();
         assert_eq!(reply.answers.len(), 1, "only the one IPv4 non-host address");
         let learned = s.learned.lock().unwrap();
@@ -998,7 +965,7 @@ mod tests {
         assert!(!allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:80"));
         assert!(!allowed(lockbox_policy::Proto::Udp, "198.18.0.7:443"));
         assert!(!allowed(lockbox_policy::Proto::Tcp, "127.0.0.1:443"));
-        assert_eq!(s.report.lock().unwrap().dns_rebinding_refused, 2);
+        assert_eq!(s.report.lock().unwrap().dns_rebinding_refused, 4);
     }
 
     #[test]
@@ -1031,6 +998,7 @@ mod tests {
                 &s,
                 &msg,
                 Ok(vec!["198.18.0.1".parse().unwrap()]),
+                &[],
                 None,
                 None,
             );

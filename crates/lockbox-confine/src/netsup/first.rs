@@ -128,6 +128,11 @@ fn request_name(req: &httparse::Request) -> FirstFlight {
         (Some(_), Some(_)) => return unreadable("two Host headers"),
     };
     let path = req.path.unwrap_or("");
+    // `user@host`: the relay, the interceptor and servers may each take another part for
+    // the host (issue 32), so a name with userinfo is none.
+    if host.as_deref().is_some_and(|h| h.contains('@')) {
+        return unreadable("userinfo ('@') in the Host");
+    }
     let target = if req.method == Some("CONNECT") {
         Some(strip_port(path))
     } else {
@@ -138,11 +143,12 @@ fn request_name(req: &httparse::Request) -> FirstFlight {
             .map(|s| {
                 let rest = &path[s.len()..];
                 let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-                let authority = &rest[..end];
-                // userinfo@host
-                strip_port(authority.rsplit('@').next().unwrap_or(authority))
+                strip_port(&rest[..end])
             })
     };
+    if target.as_deref().is_some_and(|t| t.contains('@')) {
+        return unreadable("userinfo ('@') in the request target");
+    }
     match (host, target) {
         (Some(h), Some(t)) if !h.eq_ignore_ascii_case(&t) => {
             unreadable("a request target and a Host naming different hosts")
@@ -243,9 +249,21 @@ mod tests {
         );
         assert_eq!(get("GET / HTTP/1.0\r\n\r\n"), FirstFlight::Http(None));
         assert_eq!(
-            get("GET http://u@c.test:81/p HTTP/1.1\r\n\r\n"),
+            get("GET http://c.test:81/p HTTP/1.1\r\n\r\n"),
             FirstFlight::Http(Some("c.test".into()))
         );
+        // issue 32: userinfo is read differently by the relay, the interceptor and servers.
+        for head in [
+            "GET http://u@c.test:81/p HTTP/1.1\r\n\r\n",
+            "GET http://evil.test@c.test/ HTTP/1.1\r\nHost: c.test\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: evil.test@c.test\r\n\r\n",
+            "CONNECT evil.test@c.test:443 HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(
+                matches!(get(head), FirstFlight::Unreadable(_, Protocol::Http)),
+                "{head}"
+            );
+        }
         assert_eq!(
             get("CONNECT d.test:443 HTTP/1.1\r\nHost: d.test:443\r\n\r\n"),
             FirstFlight::Http(Some("d.test".into()))

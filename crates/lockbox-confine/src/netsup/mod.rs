@@ -50,6 +50,7 @@ mod filter;
 mod first;
 mod hello;
 mod intercept;
+mod internal;
 mod perform;
 mod relay;
 mod serve;
