@@ -342,7 +342,7 @@ fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
 /// Receives the listener's number ([`NetHandover`]) and the child's pid, takes a copy of the
 /// listener with `pidfd_getfd`, and answers [`NetTaken`] (the child closes its copy and goes
 /// on to `execve`). With it come copies of the resolver's sockets, when there are any.
-fn accept_listener(
+pub(crate) fn accept_listener(
     channel: &OwnedFd,
     stop: &UnixStream,
 ) -> Option<(OwnedFd, Option<(OwnedFd, OwnedFd)>)> {
