@@ -276,7 +276,41 @@ fn resolve(pid: u32, side: &Side) -> Option<(OwnedFd, OsString)> {
         return None;
     }
     let st = stat_at(parent.as_fd(), OsStr::from_bytes(name)).ok()?;
-    is_dir(&st).then(|| (parent, OsStr::from_bytes(name).to_owned()))
+    (is_dir(&st) && caller_may_write(pid, &parent))
+        .then(|| (parent, OsStr::from_bytes(name).to_owned()))
+}
+
+/// Whether the caller's mode bits let it write and search `dir`, as a rename from it needs:
+/// the sandbox's command holds no capability, so its permission is the mode's (ACLs aside,
+/// which only a call the kernel then refuses gets wrong). What the supervisor does is
+/// undone by nothing, so it is not done for a call the kernel will refuse anyway.
+fn caller_may_write(pid: u32, dir: &OwnedFd) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    // The filesystem ids: the fourth of the `Uid:` and `Gid:` lines.
+    let id = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|ids| ids.split_whitespace().nth(3))
+            .and_then(|v| v.parse::<u32>().ok())
+    };
+    let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::statx(dir, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS) else {
+        return false;
+    };
+    let mode = u32::from(st.stx_mode);
+    let bits = if st.stx_uid == uid {
+        mode >> 6
+    } else if st.stx_gid == gid {
+        mode >> 3
+    } else {
+        mode
+    };
+    bits & 0o3 == 0o3
 }
 
 /// `path` of the sandbox, resolved as the sandbox would: absolute symlinks and `..` stay

@@ -831,12 +831,16 @@ fn start_net_supervisor(
 /// For a sandbox with a writable overlay view: starts the directory rename supervisor and
 /// returns it with the child's end of the socket the command announces its filter on. A
 /// process has one notification listener: under a network list, renames of directories
-/// with a lower part keep failing with `EXDEV` (docs/cow.md).
+/// with a lower part keep failing with `EXDEV` (docs/cow.md), as in a view with a
+/// `writable` scope.
 fn start_rename_supervisor(
     resolved: &resolve::Resolved,
     net_supervised: bool,
 ) -> Result<(Option<dirmove::Supervisor>, Option<OwnedFd>), SetupError> {
-    if net_supervised || !resolved.overlays.iter().any(|o| o.upper.is_some()) {
+    // A view with a `writable` scope is left alone: rebuilding a directory outside the
+    // scope, for a call Landlock then refuses, would be a write outside it.
+    let views = || resolved.overlays.iter().filter(|o| o.upper.is_some());
+    if net_supervised || views().next().is_none() || views().any(|o| o.writable.is_some()) {
         return Ok((None, None));
     }
     let (ours, theirs) = sys::seqpacket_pair().map_err(|errno| SetupError::Supervise {
