@@ -475,9 +475,17 @@ fn workdir_commit_equals_running_directly() {
 /// (overlayfs alone answers `EXDEV`): with `os.rename`, into another parent, when its owner
 /// cannot search it (or a directory inside it), when a file in it changed first, and with
 /// `git mv`; a directory made in the sandbox too. The committed tree equals the tree the same
-/// script leaves when run directly, modes included.
+/// script leaves when run directly, modes included. Under a network list too, whose
+/// supervisor takes the renames then.
 #[test]
 fn issue_32_renaming_a_workdir_directory_works_as_it_does_outside() {
+    for user in users() {
+        rename_like_outside(user, &[]);
+        rename_like_outside(user, &["--net-deny", "192.0.2.1:9"]);
+    }
+}
+
+fn rename_like_outside(user: User, extra: &[&str]) {
     const SETUP: &str = "mkdir -p src/sub/deep src/shut closed into moved repo/lib \
         && echo x > src/f && ln -s f src/link && echo y > src/sub/deep/g \
         && echo q > src/shut/q && chmod 000 src/shut && echo z > closed/h && chmod 000 closed \
@@ -487,63 +495,63 @@ fn issue_32_renaming_a_workdir_directory_works_as_it_does_outside() {
            os.rename('moved', 'into/moved')\" \
         && mkdir fresh && echo n > fresh/n && python3 -c \"import os; os.rename('fresh', 'made')\" \
         && git -C repo mv lib newlib && git -C repo status --porcelain";
-    for user in users() {
-        let tmp = scratch();
-        let (a, b, state) = (
-            tmp.path().join("a"),
-            tmp.path().join("b"),
-            tmp.path().join("state"),
-        );
-        for d in [&a, &b] {
-            std::fs::create_dir(d).unwrap();
-        }
-        give(tmp.path(), user);
-        for d in [&a, &b] {
-            let out = sandbox_sh(user, &["-w", d.to_str().unwrap()], d, SETUP);
-            assert_eq!(out.status.code(), Some(0), "{user:?}: {}", text(&out));
-        }
-        let (aw, st) = (a.to_str().unwrap(), state.to_str().unwrap());
-        // --force: the setup wrote the workdir in the clock tick the branch starts in.
-        let out = sandbox_sh(
-            user,
-            &["--workdir", aw, "--state-dir", st, "--force"],
-            &a,
-            OPS,
-        );
-        assert_eq!(out.status.code(), Some(0), "{user:?}: {}", text(&out));
-        let direct = sandbox_sh(user, &["-w", b.to_str().unwrap()], &b, OPS);
-        assert_eq!(direct.status.code(), Some(0), "{user:?}: {}", text(&direct));
-        // `git status` after the `git mv`: the index moved along.
-        assert_eq!(out.stdout, direct.stdout, "{user:?}");
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("A  newlib/x.py"),
-            "{user:?}: {}",
-            text(&out)
-        );
-        // Closed directories compared by mode, then opened so the snapshot can enter them
-        // whoever runs the test. git's index holds inode numbers and times: left out.
-        for closed in ["opened", "dst/shut"] {
-            let modes = [&a, &b].map(|d| {
-                let m = std::fs::symlink_metadata(d.join(closed)).unwrap();
-                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777
-            });
-            assert_eq!(modes, [0, 0], "{user:?}: {closed}");
-            for d in [&a, &b] {
-                let open = std::os::unix::fs::PermissionsExt::from_mode(0o700);
-                std::fs::set_permissions(d.join(closed), open).unwrap();
-            }
-        }
-        let tree = |d: &Path| {
-            let mut t = snapshot(d);
-            t.retain(|p, _| !p.starts_with("repo/.git"));
-            t
-        };
-        assert_eq!(tree(&a), tree(&b), "{user:?}");
-        assert!(
-            a.join("made/n").exists() && !a.join("src").exists(),
-            "{user:?}"
-        );
+    let tmp = scratch();
+    let (a, b, state) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("state"),
+    );
+    for d in [&a, &b] {
+        std::fs::create_dir(d).unwrap();
     }
+    give(tmp.path(), user);
+    for d in [&a, &b] {
+        let out = sandbox_sh(user, &["-w", d.to_str().unwrap()], d, SETUP);
+        assert_eq!(out.status.code(), Some(0), "{user:?}: {}", text(&out));
+    }
+    let (aw, st) = (a.to_str().unwrap(), state.to_str().unwrap());
+    // --force: the setup wrote the workdir in the clock tick the branch starts in.
+    let mut flags = vec!["--workdir", aw, "--state-dir", st, "--force"];
+    flags.extend(extra);
+    let out = sandbox_sh(user, &flags, &a, OPS);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{user:?} {extra:?}: {}",
+        text(&out)
+    );
+    let direct = sandbox_sh(user, &["-w", b.to_str().unwrap()], &b, OPS);
+    assert_eq!(direct.status.code(), Some(0), "{user:?}: {}", text(&direct));
+    // `git status` after the `git mv`: the index moved along.
+    assert_eq!(out.stdout, direct.stdout, "{user:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("A  newlib/x.py"),
+        "{user:?}: {}",
+        text(&out)
+    );
+    // Closed directories compared by mode, then opened so the snapshot can enter them
+    // whoever runs the test. git's index holds inode numbers and times: left out.
+    for closed in ["opened", "dst/shut"] {
+        let modes = [&a, &b].map(|d| {
+            let m = std::fs::symlink_metadata(d.join(closed)).unwrap();
+            std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777
+        });
+        assert_eq!(modes, [0, 0], "{user:?}: {closed}");
+        for d in [&a, &b] {
+            let open = std::os::unix::fs::PermissionsExt::from_mode(0o700);
+            std::fs::set_permissions(d.join(closed), open).unwrap();
+        }
+    }
+    let tree = |d: &Path| {
+        let mut t = snapshot(d);
+        t.retain(|p, _| !p.starts_with("repo/.git"));
+        t
+    };
+    assert_eq!(tree(&a), tree(&b), "{user:?}");
+    assert!(
+        a.join("made/n").exists() && !a.join("src").exists(),
+        "{user:?}"
+    );
 }
 
 #[test]

@@ -49,14 +49,23 @@ const RENAME_WHITEOUT: u64 = 1 << 2;
 /// `CAP_DAC_READ_SEARCH`, `CAP_FOWNER`, `CAP_FSETID`).
 const KEEP_CAPS: [u32; 6] = [0, 1, 2, 3, 4, 19];
 
+/// The calls handed over.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const RENAMES: [i64; 3] = [libc::SYS_rename, libc::SYS_renameat, libc::SYS_renameat2];
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const RENAMES: [i64; 2] = [libc::SYS_renameat, libc::SYS_renameat2];
+
+/// Whether a notification is a rename of the native ABI (the network supervisor's listener
+/// receives them too, under a network list).
+pub(crate) fn is_rename(notif: &Notif) -> bool {
+    notif.arch == crate::seccomp::AUDIT_ARCH && RENAMES.contains(&i64::from(notif.nr))
+}
+
 /// The seccomp filter of the sandboxed command that hands directory renames to the
 /// supervisor. Every rename is handed over (a filter cannot read paths); a rename of
 /// anything else goes on at once (`CONTINUE`).
 pub fn filter() -> Vec<seccompiler::sock_filter> {
     use crate::bpf::{ins, JEQ_K, LD_W_ABS, RET_ALLOW, RET_K};
-    let mut calls = vec![libc::SYS_renameat, libc::SYS_renameat2];
-    #[cfg(target_arch = "x86_64")]
-    calls.push(libc::SYS_rename);
     // Calls of another ABI are left to the main filter, which kills them.
     let mut program = vec![
         ins(LD_W_ABS, 0, 0, 4),
@@ -64,7 +73,7 @@ pub fn filter() -> Vec<seccompiler::sock_filter> {
         ins(RET_K, 0, 0, RET_ALLOW),
         ins(LD_W_ABS, 0, 0, 0),
     ];
-    for nr in calls {
+    for nr in RENAMES {
         program.push(ins(JEQ_K, 0, 1, nr as u32));
         program.push(ins(RET_K, 0, 0, sysnet::RET_USER_NOTIF));
     }
@@ -185,8 +194,8 @@ struct Side {
 /// Makes the directories of the call movable where they need it, and says how the kernel
 /// is to go on: `Ok` lets it run the call, `Err` fails the call with that errno (only when
 /// a directory was made movable and could not be put back under its name).
-fn handle(listener: &OwnedFd, notif: &Notif, privileged: bool) -> Result<i64, i32> {
-    if notif.arch != crate::seccomp::AUDIT_ARCH {
+pub(crate) fn handle(listener: &OwnedFd, notif: &Notif, privileged: bool) -> Result<i64, i32> {
+    if !is_rename(notif) {
         return Ok(0);
     }
     let a = notif.args;

@@ -617,9 +617,13 @@ fn launch(
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
     let (supervisor, net_child) = start_net_supervisor(&resolved, net)?;
-    let (renames, rename_child) = start_rename_supervisor(&resolved, supervisor.is_some())?;
+    let renames_wanted = renames_supervised(&resolved);
+    let (renames, rename_child) = match net_child {
+        None if renames_wanted => start_rename_supervisor()?,
+        _ => (None, None),
+    };
     let notify = match (net_child, rename_child) {
-        (Some(fd), _) => Some((netsup::filter(), fd)),
+        (Some(fd), _) => Some((netsup::filter(renames_wanted), fd)),
         (None, Some(fd)) => Some((dirmove::filter(), fd)),
         (None, None) => None,
     };
@@ -828,21 +832,17 @@ fn start_net_supervisor(
     Ok((Some(supervisor), Some(theirs)))
 }
 
-/// For a sandbox with a writable overlay view: starts the directory rename supervisor and
-/// returns it with the child's end of the socket the command announces its filter on. A
-/// process has one notification listener: under a network list, renames of directories
-/// with a lower part keep failing with `EXDEV` (docs/cow.md), as in a view with a
-/// `writable` scope.
-fn start_rename_supervisor(
-    resolved: &resolve::Resolved,
-    net_supervised: bool,
-) -> Result<(Option<dirmove::Supervisor>, Option<OwnedFd>), SetupError> {
-    // A view with a `writable` scope is left alone: rebuilding a directory outside the
-    // scope, for a call Landlock then refuses, would be a write outside it.
+/// Whether directory renames go to a supervisor (`dirmove`): in a sandbox with a writable
+/// overlay view. A view with a `writable` scope is left alone: rebuilding a directory
+/// outside the scope, for a call Landlock then refuses, would be a write outside it.
+fn renames_supervised(resolved: &resolve::Resolved) -> bool {
     let views = || resolved.overlays.iter().filter(|o| o.upper.is_some());
-    if net_supervised || views().next().is_none() || views().any(|o| o.writable.is_some()) {
-        return Ok((None, None));
-    }
+    views().next().is_some() && views().all(|o| o.writable.is_none())
+}
+
+/// Starts the directory rename supervisor (when no network supervisor takes the calls) and
+/// returns it with the child's end of the socket the command announces its filter on.
+fn start_rename_supervisor() -> Result<(Option<dirmove::Supervisor>, Option<OwnedFd>), SetupError> {
     let (ours, theirs) = sys::seqpacket_pair().map_err(|errno| SetupError::Supervise {
         what: "creating the rename supervisor socket",
         errno,
