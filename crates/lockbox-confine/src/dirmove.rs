@@ -245,7 +245,7 @@ pub(crate) fn handle(listener: &OwnedFd, notif: &Notif, privileged: bool) -> Res
         if !sysnet::notif_id_valid(listener, notif.id) {
             return Ok(0);
         }
-        make_movable(&parent, &name, privileged)?;
+        make_movable(&parent, &name, privileged, (listener, notif.id))?;
     }
     Ok(0)
 }
@@ -400,11 +400,14 @@ fn errno(e: rustix::io::Errno) -> Errno {
     Errno(e.raw_os_error())
 }
 
-/// What the moves share: the mount they stay on, and whether modes stand in our way.
-struct Ctx {
+/// What the moves share: the mount they stay on, whether modes stand in our way, and the
+/// call they are for (a caller that died or was killed stops them: all goes back).
+struct Ctx<'a> {
     mnt_id: u64,
     privileged: bool,
     uid: u32,
+    listener: &'a OwnedFd,
+    id: u64,
 }
 
 /// A name for a new directory beside `name` that nothing in the sandbox uses.
@@ -425,7 +428,12 @@ fn spare_name(dir: BorrowedFd<'_>) -> Result<OsString, Errno> {
 
 /// Makes directory `name` of `parent` one the kernel moves, if it is not; the tree it
 /// holds stays the same. `Err` only if it was rebuilt and could not take its name back.
-fn make_movable(parent: &OwnedFd, name: &OsStr, privileged: bool) -> Result<(), i32> {
+fn make_movable(
+    parent: &OwnedFd,
+    name: &OsStr,
+    privileged: bool,
+    (listener, id): (&OwnedFd, u64),
+) -> Result<(), i32> {
     let Ok(spare) = spare_name(parent.as_fd()) else {
         return Ok(());
     };
@@ -445,6 +453,8 @@ fn make_movable(parent: &OwnedFd, name: &OsStr, privileged: bool) -> Result<(), 
         mnt_id: st.stx_mnt_id,
         privileged,
         uid: rustix::process::geteuid().as_raw(),
+        listener,
+        id,
     };
     if let Err(e) = rebuild(parent, name, parent, &spare, &st, &ctx) {
         tracing::debug!(?name, ?e, step = "rebuild", "directory left as it was");
@@ -460,7 +470,7 @@ fn rename(from: &OwnedFd, from_name: &OsStr, to: &OwnedFd, to_name: &OsStr) -> R
 /// Opens directory `name` of `dir` for reading and changing; without privilege, a
 /// directory of ours that its mode closes to us is opened up first (through `O_PATH`, so
 /// a swapped entry cannot redirect the change). Returns the mode to restore, if changed.
-fn open_dir(dir: &OwnedFd, name: &OsStr, ctx: &Ctx) -> Result<(OwnedFd, Option<u32>), Errno> {
+fn open_dir(dir: &OwnedFd, name: &OsStr, ctx: &Ctx<'_>) -> Result<(OwnedFd, Option<u32>), Errno> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let path = rustix::fs::openat(dir, name, OFlags::PATH | flags, Mode::empty()).map_err(errno)?;
     let st = rustix::fs::statx(
@@ -501,7 +511,7 @@ fn rebuild(
     to: &OwnedFd,
     to_name: &OsStr,
     st: &Statx,
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
 ) -> Result<(), Errno> {
     let (src, restore) = open_dir(from, name, ctx)?;
     let made = rustix::fs::mkdirat(to, to_name, Mode::from_raw_mode(0o700))
@@ -554,8 +564,11 @@ fn entries(dir: &OwnedFd) -> Result<Vec<OsString>, Errno> {
 }
 
 /// Moves every entry of `src` into `dst`; a directory the kernel will not move is rebuilt.
-fn move_entries(src: &OwnedFd, dst: &OwnedFd, ctx: &Ctx) -> Result<(), Errno> {
+fn move_entries(src: &OwnedFd, dst: &OwnedFd, ctx: &Ctx<'_>) -> Result<(), Errno> {
     for name in entries(src)? {
+        if !sysnet::notif_id_valid(ctx.listener, ctx.id) {
+            return Err(Errno(libc::ECANCELED));
+        }
         let mut moved = rename(src, &name, dst, &name);
         if !matches!(moved, Err(Errno(libc::EXDEV | libc::EACCES))) {
             moved?;
@@ -581,7 +594,7 @@ fn move_entries(src: &OwnedFd, dst: &OwnedFd, ctx: &Ctx) -> Result<(), Errno> {
 
 /// Puts back what [`move_entries`] moved, merging into the directories still there. Best
 /// effort: it runs after a failure, which it cannot make worse.
-fn move_back(from: &OwnedFd, to: &OwnedFd, ctx: &Ctx) {
+fn move_back(from: &OwnedFd, to: &OwnedFd, ctx: &Ctx<'_>) {
     let Ok(names) = entries(from) else {
         return;
     };
