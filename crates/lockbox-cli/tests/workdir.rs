@@ -485,6 +485,44 @@ fn issue_32_renaming_a_workdir_directory_works_as_it_does_outside() {
     }
 }
 
+/// Issue 32: a directory move that cannot finish (the branch is full) is undone: the call
+/// fails with `EXDEV` as it did before, and the directory is whole, nothing left beside it.
+#[test]
+fn issue_32_a_directory_move_that_cannot_finish_is_undone() {
+    const SCRIPT: &str = "python3 -c \"
+import os
+try:
+    os.rename('big', 'moved')
+    print('moved')
+except OSError as e:
+    print('errno', e.errno)
+names = sorted(os.listdir('big'))
+print(names, {len(open('big/' + n, 'rb').read()) for n in names})
+print([n for n in os.listdir('.') if n.startswith('.lockbox')])
+\"";
+    for user in users() {
+        let s = Setup::new(user);
+        std::fs::create_dir(s.work.join("big")).unwrap();
+        // 2 MiB: more than a 1 MiB branch holds once copied up.
+        for i in 0..8 {
+            std::fs::write(s.work.join(format!("big/f{i}")), vec![b'x'; 256 << 10]).unwrap();
+        }
+        give(&s.work, user);
+        let out = s.run(
+            &["--max-disk", "1M", "--on-exit", "abort", "--force"],
+            SCRIPT,
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?}: {}", text(&out));
+        let names: Vec<String> = (0..8).map(|i| format!("'f{i}'")).collect();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("errno 18\n[{}] {{262144}}\n[]\n", names.join(", ")),
+            "{user:?}: {}",
+            text(&out)
+        );
+    }
+}
+
 fn rename_like_outside(user: User, extra: &[&str]) {
     const SETUP: &str = "mkdir -p src/sub/deep src/shut closed into moved repo/lib \
         && echo x > src/f && ln -s f src/link && echo y > src/sub/deep/g \
