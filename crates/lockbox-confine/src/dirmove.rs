@@ -125,9 +125,7 @@ pub(crate) fn start(channel: OwnedFd) -> Result<Supervisor, SetupError> {
             if !ok {
                 return;
             }
-            if let Some((listener, _)) = crate::netsup::accept_listener(&channel, &stop_rx) {
-                serve(&listener, &stop_rx);
-            }
+            serve(&channel, &stop_rx);
         })
         .map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EAGAIN))))?;
     match dropped_rx.recv() {
@@ -146,21 +144,24 @@ pub(crate) fn start(channel: OwnedFd) -> Result<Supervisor, SetupError> {
     }
 }
 
-fn serve(listener: &OwnedFd, stop: &UnixStream) {
+/// Takes the listener of each command that announces one on `channel` (every command of a
+/// sequence does) and answers their calls, until told to stop or every command is gone.
+fn serve(channel: &OwnedFd, stop: &UnixStream) {
     let privileged = rustix::process::geteuid().is_root();
-    let mut fds = [
-        libc::pollfd {
-            fd: stop.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    let pollfd = |fd: i32| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut listeners: Vec<OwnedFd> = Vec::new();
+    let mut announcing = true;
+    let mut fds = Vec::new();
     loop {
+        fds.clear();
+        fds.push(pollfd(stop.as_raw_fd()));
+        // A negative descriptor is skipped by poll(2).
+        fds.push(pollfd(if announcing { channel.as_raw_fd() } else { -1 }));
+        fds.extend(listeners.iter().map(|l| pollfd(l.as_raw_fd())));
         match crate::sys::poll(&mut fds, -1) {
             Ok(_) | Err(Errno(libc::EINTR)) => {}
             Err(_) => return,
@@ -168,20 +169,36 @@ fn serve(listener: &OwnedFd, stop: &UnixStream) {
         if fds[0].revents != 0 {
             return;
         }
-        if fds[1].revents & libc::POLLIN != 0 {
-            match sysnet::notif_recv(listener) {
-                Ok(notif) => {
-                    let result = handle(listener, &notif, privileged);
-                    let _ = sysnet::notif_respond(listener, notif.id, result, result.is_ok());
-                }
-                // The caller died or was interrupted before we got it.
-                Err(Errno(libc::ENOENT | libc::EINTR)) => {}
-                Err(_) => return,
+        // Newest first, so a listener that is gone can be removed in place.
+        for (i, pfd) in fds[2..].iter().enumerate().rev() {
+            if pfd.revents & libc::POLLIN != 0 {
+                answer(&listeners[i], privileged);
+            } else if pfd.revents != 0 {
+                // POLLHUP: every process under that filter is gone.
+                listeners.remove(i);
             }
-        } else if fds[1].revents != 0 {
-            // POLLHUP: every process under the filter is gone.
+        }
+        let channel_events = fds[1].revents;
+        if channel_events & libc::POLLIN != 0 {
+            if let Some((listener, _)) = crate::netsup::accept_listener(channel, stop) {
+                listeners.push(listener);
+            }
+        }
+        if channel_events & (libc::POLLHUP | libc::POLLERR) != 0 {
+            // The init closed its end: no command is to come.
+            announcing = false;
+        }
+        if !announcing && listeners.is_empty() {
             return;
         }
+    }
+}
+
+fn answer(listener: &OwnedFd, privileged: bool) {
+    // An error: the caller died or was interrupted before we got the call.
+    if let Ok(notif) = sysnet::notif_recv(listener) {
+        let result = handle(listener, &notif, privileged);
+        let _ = sysnet::notif_respond(listener, notif.id, result, result.is_ok());
     }
 }
 

@@ -1123,8 +1123,10 @@ impl Running {
                 )))
             }
         };
-        // Nothing of the sandbox is left to rename anything.
-        drop(sandbox.renames.take());
+        // After its last command nothing of the sandbox is left to rename anything.
+        if last {
+            drop(sandbox.renames.take());
+        }
         Ok(Outcome {
             status,
             timed_out: run.timed_out,
