@@ -279,14 +279,20 @@ fn resolve(pid: u32, side: &Side) -> Option<(OwnedFd, OsString)> {
     } else {
         // A relative path: the caller's cwd or dirfd, by the name it has in the caller's
         // view (the sandbox's root is the root of its mount namespace, so the link reads
-        // as the caller would), checked to be that very directory.
-        let link = if side.dirfd == libc::AT_FDCWD {
-            format!("/proc/{pid}/cwd")
+        // as the caller would), checked to be that very directory. A dirfd is copied with
+        // `pidfd_getfd`: `/proc/PID/fd` of a non-dumpable caller (the runtime's agent) is
+        // root's, closed to an unprivileged lockbox.
+        let there = if side.dirfd == libc::AT_FDCWD {
+            rustix::fs::open(format!("/proc/{pid}/cwd"), open_path, Mode::empty()).ok()?
         } else {
-            format!("/proc/{pid}/fd/{}", side.dirfd)
+            let tid = pid as libc::pid_t;
+            let pidfd = sysnet::pidfd_open(tid, true)
+                .or_else(|_| sysnet::pidfd_open(tid, false))
+                .ok()?;
+            sysnet::pidfd_getfd(&pidfd, side.dirfd).ok()?
         };
+        let link = format!("/proc/self/fd/{}", there.as_raw_fd());
         let base = rustix::fs::readlink(&link, Vec::new()).ok()?.into_bytes();
-        let there = rustix::fs::open(&link, open_path, Mode::empty()).ok()?;
         let named = in_root(&root, &base)?;
         if !same_dir(&there, &named) {
             return None;
