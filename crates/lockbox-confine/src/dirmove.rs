@@ -675,6 +675,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn filter_notifies_each_rename_and_ends_in_a_return() {
+        let p = filter();
+        let notifying = p
+            .iter()
+            .filter(|i| i.code == 0x06 && i.k == sysnet::RET_USER_NOTIF)
+            .count();
+        assert_eq!(notifying, RENAMES.len());
+        for (i, ins) in p.iter().enumerate() {
+            if ins.code & 0x07 == 0x05 {
+                assert!(i + 1 + (ins.jt.max(ins.jf) as usize) < p.len(), "at {i}");
+            }
+        }
+        assert_eq!(p.last().map(|i| i.code), Some(0x06));
+    }
+
+    #[test]
     fn split_takes_the_last_component_as_rename_does() {
         assert_eq!(split(b"src"), Some((&b"."[..], &b"src"[..])));
         assert_eq!(split(b"a/b/"), Some((&b"a"[..], &b"b"[..])));
