@@ -84,6 +84,40 @@ fn pipeline_commits_all_stages_or_none() {
     }
 }
 
+/// Issue 32: every stage of a pipeline renames a directory of the workdir as outside, the
+/// stages after the first (run one after another in one sandbox) too.
+#[test]
+fn issue_32_later_pipeline_stages_rename_workdir_directories() {
+    for user in users() {
+        let (_tmp, w, s) = dirs(user);
+        std::fs::create_dir_all(Path::new(&w).join("src/sub")).unwrap();
+        std::fs::create_dir(Path::new(&w).join("other")).unwrap();
+        std::fs::write(Path::new(&w).join("src/sub/f"), "f\n").unwrap();
+        give(Path::new(&w), user);
+        let out = txn_in(
+            user,
+            "pipeline",
+            &w,
+            &s,
+            &[
+                "--stage",
+                "python3 -c \"import os; os.rename('other', 'other2')\"",
+                "--stage",
+                "python3 -c \"import os; os.rename('src', 'moved')\"",
+                "--stage",
+                "mv moved/sub moved/sub2",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let w = Path::new(&w);
+        assert_eq!(
+            std::fs::read_to_string(w.join("moved/sub2/f")).unwrap(),
+            "f\n"
+        );
+        assert!(w.join("other2").is_dir() && !w.join("src").exists() && !w.join("other").exists());
+    }
+}
+
 #[test]
 fn gather_conflicts_fail_by_default_and_markers_keep_both() {
     for user in users() {

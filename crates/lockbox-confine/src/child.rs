@@ -768,9 +768,15 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
         for &fd in &p.pass_fds {
             sys::close(fd);
         }
+    }
+    // Each command of a sequence hands its filter's listener over (renames only: a
+    // network list serves one command).
+    if step == p.plan.steps.len() {
         if let Some((_, fd)) = &p.net {
             sys::close(*fd);
         }
+    }
+    if step == 0 {
         // The resolver's sockets are the supervisor's (the command handed them over).
         let (udp, tcp) = p.helper.dns_fds();
         for fd in [udp, tcp] {
@@ -981,10 +987,15 @@ fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
 
 /// Command `step` (>= 1) of a sequence, forked by [`start_next`]: confines itself, waits for
 /// the supervisor's go with its stdio, executes. (Sequences have no network list and no
-/// passed descriptors.)
+/// passed descriptors; the filter they may hand over is the rename supervisor's.)
 fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
     command_basics(p);
     drop_privileges(p);
+    if let Some((filter, fd)) = &p.net {
+        if let Err((step, e)) = hand_over_net_filter(filter, *fd, p.helper.dns_fds()) {
+            command_fail(p, step, e, 0);
+        }
+    }
     if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
         command_fail(p, Step::SeccompFilter, e, 0);
     }

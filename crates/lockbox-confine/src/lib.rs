@@ -29,6 +29,7 @@
 
 mod bpf;
 mod child;
+mod dirmove;
 mod error;
 mod freeze;
 mod landlock;

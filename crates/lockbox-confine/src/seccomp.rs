@@ -337,9 +337,9 @@ fn rules_for(when: When, set_gid: bool) -> Result<Vec<SeccompRule>, seccompiler:
 }
 
 #[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+pub(crate) const AUDIT_ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
 #[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+pub(crate) const AUDIT_ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
 
 /// Whether the filter lets `openat2` through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

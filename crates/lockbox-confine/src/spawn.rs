@@ -6,6 +6,7 @@
 //! (its records, timing and counters), which a sequence replaces for each command.
 
 use crate::child::{self, CStringArray, Prepared};
+use crate::dirmove;
 use crate::error::{explain_clone_error, SetupError};
 use crate::landlock;
 use crate::limits::{self, LimitMechanisms, LimitPlan};
@@ -216,6 +217,9 @@ struct Sandbox {
     limits: LimitPlan,
     enforcement: Enforcement,
     net: Option<Supervisor>,
+    /// Makes directories of a writable overlay movable (see `dirmove`); stops with the
+    /// sandbox.
+    renames: Option<dirmove::Supervisor>,
     /// The init has been waited for.
     reaped: bool,
     /// The init reported its last command's status and exits by itself.
@@ -613,13 +617,23 @@ fn launch(
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let (report_rd, report_wr) = report_channel()?;
     let (supervisor, net_child) = start_net_supervisor(&resolved, net)?;
+    let renames_wanted = renames_supervised(&resolved);
+    let (renames, rename_child) = match net_child {
+        None if renames_wanted => start_rename_supervisor()?,
+        _ => (None, None),
+    };
+    let notify = match (net_child, rename_child) {
+        (Some(fd), _) => Some((netsup::filter(renames_wanted), fd)),
+        (None, Some(fd)) => Some((dirmove::filter(), fd)),
+        (None, None) => None,
+    };
     let cgroup_fds = limits
         .cgroups
         .as_ref()
         .map(|c| c.procs_fds())
         .unwrap_or_default();
     let mut keep: Vec<RawFd> = vec![0, 1, 2, report_wr.as_raw_fd()];
-    keep.extend(net_child.as_ref().map(AsRawFd::as_raw_fd));
+    keep.extend(notify.as_ref().map(|(_, fd)| fd.as_raw_fd()));
     keep.extend(&cgroup_fds);
     keep.extend(&policy.pass_fds);
     keep.sort_unstable();
@@ -671,9 +685,9 @@ fn launch(
             !policy.net.own_namespace(),
             resolve::private_writes(policy),
         )?,
-        net: net_child
+        net: notify
             .as_ref()
-            .map(|fd| (netsup::filter(), fd.as_raw_fd())),
+            .map(|(filter, fd)| (filter.clone(), fd.as_raw_fd())),
         rlimits: limits.rlimits.clone(),
         pass_fds,
         keep_fds: keep,
@@ -699,7 +713,7 @@ fn launch(
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
             // The init has its own copies now.
-            drop((report_wr, stdio_held, net_child));
+            drop((report_wr, stdio_held, notify));
             let mut limits = limits;
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();
@@ -717,6 +731,7 @@ fn launch(
                 limits,
                 enforcement,
                 net: supervisor,
+                renames,
                 reaped: false,
                 exiting: false,
                 reap_in_background: true,
@@ -815,6 +830,24 @@ fn start_net_supervisor(
     };
     let supervisor = netsup::start(rules, net.audit, net.ask, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))
+}
+
+/// Whether directory renames go to a supervisor (`dirmove`): in a sandbox with a writable
+/// overlay view. A view with a `writable` scope is left alone: rebuilding a directory
+/// outside the scope, for a call Landlock then refuses, would be a write outside it.
+fn renames_supervised(resolved: &resolve::Resolved) -> bool {
+    let views = || resolved.overlays.iter().filter(|o| o.upper.is_some());
+    views().next().is_some() && views().all(|o| o.writable.is_none())
+}
+
+/// Starts the directory rename supervisor (when no network supervisor takes the calls) and
+/// returns it with the child's end of the socket the command announces its filter on.
+fn start_rename_supervisor() -> Result<(Option<dirmove::Supervisor>, Option<OwnedFd>), SetupError> {
+    let (ours, theirs) = sys::seqpacket_pair().map_err(|errno| SetupError::Supervise {
+        what: "creating the rename supervisor socket",
+        errno,
+    })?;
+    Ok((Some(dirmove::start(ours)?), Some(theirs)))
 }
 
 /// Puts the interceptor's CA into the sandbox's view of the system trust store (files of
@@ -1090,6 +1123,10 @@ impl Running {
                 )))
             }
         };
+        // After its last command nothing of the sandbox is left to rename anything.
+        if last {
+            drop(sandbox.renames.take());
+        }
         Ok(Outcome {
             status,
             timed_out: run.timed_out,

@@ -158,6 +158,10 @@ pub(crate) fn is_stale(
     Ok(false)
 }
 
+/// Whether anything below directory `rel` changed after `base`. A directory closed to us
+/// (mode 000, say; the commit can still remove it: see `commit::removable`) is judged by its
+/// own ctime, which a change inside it moves: entering it to change anything takes a
+/// `chmod` first, unless one is root, and then it is not closed to us.
 fn subtree_changed(root: BorrowedFd<'_>, rel: &Path, base: Timestamp) -> std::io::Result<bool> {
     let dir = match beneath::open_dir_read_beneath(root, rel) {
         Ok(fd) => fd,
@@ -169,6 +173,7 @@ fn subtree_changed(root: BorrowedFd<'_>, rel: &Path, base: Timestamp) -> std::io
         {
             return Ok(true)
         }
+        Err(e) if Errno::from_io_error(&e) == Some(Errno::ACCESS) => return Ok(false),
         Err(e) => return Err(e),
     };
     changed_below(dir.as_fd(), base)
@@ -183,7 +188,11 @@ fn changed_below(dir: BorrowedFd<'_>, base: Timestamp) -> std::io::Result<bool> 
             return Ok(true);
         }
         if RawType::from_raw_mode(st.st_mode) == RawType::Directory {
-            let child = beneath::open_child_dir(dir, &name)?;
+            let child = match beneath::open_child_dir(dir, &name) {
+                Ok(child) => child,
+                Err(e) if Errno::from_io_error(&e) == Some(Errno::ACCESS) => continue,
+                Err(e) => return Err(e),
+            };
             if changed_below(child.as_fd(), base)? {
                 return Ok(true);
             }

@@ -207,6 +207,36 @@ async fn stat_list_mkdir_rename_remove() {
     rt.shutdown().await;
 }
 
+/// Issue 32: in a long-lived sandbox, a directory that came from the workdir renames as
+/// outside, from a session's command and through the files API, and commits so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_32_sessions_and_the_files_api_rename_workdir_directories() {
+    also_as_nobody("issue_32_sessions_and_the_files_api_rename_workdir_directories");
+    let state = scratch();
+    let work = scratch();
+    for dir in ["src/sub", "lib"] {
+        std::fs::create_dir_all(work.path().join(dir)).unwrap();
+    }
+    std::fs::write(work.path().join("src/sub/f"), b"f").unwrap();
+    std::fs::write(work.path().join("lib/x"), b"x").unwrap();
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
+    let r = run(
+        &sb,
+        "python3 -c \"import os; os.rename('src', 'dst')\" && echo ok",
+    )
+    .await;
+    assert_eq!(out(&r), "ok\n", "{r:?}");
+    let (from, to) = (work.path().join("lib"), work.path().join("lib2"));
+    sb.rename(from.to_str().unwrap(), to.to_str().unwrap(), false)
+        .await
+        .unwrap();
+    sb.commit(Selection::default()).await.unwrap();
+    assert_eq!(std::fs::read(work.path().join("dst/sub/f")).unwrap(), b"f");
+    assert_eq!(std::fs::read(work.path().join("lib2/x")).unwrap(), b"x");
+    assert!(!work.path().join("src").exists() && !work.path().join("lib").exists());
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workspace_changes_commit_and_abort() {
     also_as_nobody("workspace_changes_commit_and_abort");

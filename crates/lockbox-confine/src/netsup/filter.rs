@@ -2,8 +2,10 @@
 
 use crate::sysnet;
 
-/// The filter of the sandboxed command: which calls reach the supervisor.
-pub fn filter() -> Vec<seccompiler::sock_filter> {
+/// The filter of the sandboxed command: which calls reach the supervisor. With `renames`
+/// (a writable overlay view), renames reach it too, for [`crate::dirmove`]: a process has
+/// one notification listener.
+pub fn filter(renames: bool) -> Vec<seccompiler::sock_filter> {
     use crate::bpf::{ins, JEQ_K, JSET_K, LD_W_ABS, RET_ALLOW as ALLOW, RET_ERRNO as ERRNO, RET_K};
     use seccompiler::sock_filter;
     const NOTIF: u32 = sysnet::RET_USER_NOTIF;
@@ -23,7 +25,7 @@ pub fn filter() -> Vec<seccompiler::sock_filter> {
             ret(NOTIF),
         ]
     };
-    let blocks: Vec<(i64, Vec<sock_filter>)> = vec![
+    let mut blocks: Vec<(i64, Vec<sock_filter>)> = vec![
         (libc::SYS_connect, vec![ret(NOTIF)]),
         (libc::SYS_sendmsg, flags_then_notify(2)),
         (libc::SYS_sendmmsg, flags_then_notify(3)),
@@ -74,6 +76,13 @@ pub fn filter() -> Vec<seccompiler::sock_filter> {
             ],
         ),
     ];
+    if renames {
+        blocks.extend(
+            crate::dirmove::RENAMES
+                .iter()
+                .map(|&nr| (nr, vec![ret(NOTIF)])),
+        );
+    }
     let mut program = vec![ld(0)];
     for (nr, body) in blocks {
         program.push(ins(JEQ_K, 0, body.len() as u8, nr as u32));
@@ -91,7 +100,7 @@ mod tests {
 
     #[test]
     fn filter_jumps_stay_inside_the_program() {
-        let p = filter();
+        let p = filter(true);
         for (i, ins) in p.iter().enumerate() {
             if ins.code & 0x07 == 0x05 {
                 assert!(i + 1 + (ins.jt.max(ins.jf) as usize) < p.len(), "at {i}");

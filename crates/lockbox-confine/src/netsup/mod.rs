@@ -2,7 +2,9 @@
 //!
 //! The sandbox keeps its own network namespace (loopback only). The command child installs
 //! a second seccomp filter ([`filter`]) that hands `connect`, `sendto` with an address,
-//! `sendmsg` and `sendmmsg` to this supervisor, a thread of the parent. For each call the
+//! `sendmsg` and `sendmmsg` to this supervisor, a thread of the parent (and, in a sandbox with
+//! a writable overlay view, the renames of [`crate::dirmove`], which it passes on: a process
+//! has one notification listener). For each call the
 //! supervisor takes its own copy of the socket (`pidfd_getfd`) and of the address
 //! (`process_vm_readv`, then `SECCOMP_IOCTL_NOTIF_ID_VALID`), decides on those copies with
 //! [`lockbox_policy::route`] ([`decide`]), and acts on them itself ([`perform`]):
@@ -345,7 +347,7 @@ fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
 /// Receives the listener's number ([`NetHandover`]) and the child's pid, takes a copy of the
 /// listener with `pidfd_getfd`, and answers [`NetTaken`] (the child closes its copy and goes
 /// on to `execve`). With it come copies of the resolver's sockets, when there are any.
-fn accept_listener(
+pub(crate) fn accept_listener(
     channel: &OwnedFd,
     stop: &UnixStream,
 ) -> Option<(OwnedFd, Option<(OwnedFd, OwnedFd)>)> {

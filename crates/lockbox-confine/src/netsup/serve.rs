@@ -111,6 +111,12 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         let listener = fds[1].revents;
         if listener & libc::POLLIN != 0 {
             match sysnet::notif_recv(&calls.listener) {
+                // This thread kept no capability to move entries with: as unprivileged.
+                Ok(notif) if crate::dirmove::is_rename(&notif) => {
+                    let result = crate::dirmove::handle(&calls.listener, &notif, false);
+                    let _ =
+                        sysnet::notif_respond(&calls.listener, notif.id, result, result.is_ok());
+                }
                 Ok(notif) => calls.handle(notif, Instant::now(), true, None),
                 // The caller died or was interrupted before we got it.
                 Err(Errno(libc::ENOENT | libc::EINTR)) => {}

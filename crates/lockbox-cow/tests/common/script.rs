@@ -180,9 +180,11 @@ pub fn to_sh(ops: &[Op]) -> String {
             Op::Mkdir(p) => format!("mkdir {}", q(*p)),
             Op::Rmdir(p) => format!("rmdir {}", q(*p)),
             Op::RmR(p) => format!("rm -rf {}", q(*p)),
-            // Inside the overlay a directory rename is a copy (no `redirect_dir`), and `mv`
-            // copies by whole path names, which fails beyond PATH_MAX: there the sandbox
-            // itself differs from direct execution, so deep trees are not moved.
+            // Inside a bare overlay (the cow tests mount one, without lockbox's rename
+            // supervisor: docs/cow.md, "Renaming a directory") a directory rename is a copy
+            // (no `redirect_dir`), and `mv` copies by whole path names, which fails beyond
+            // PATH_MAX: there the overlay differs from direct execution, so deep trees are
+            // not moved.
             Op::Mv(a, b) if RICH_PATHS[*a].starts_with(b"deep") => {
                 format!("[ ! -d {0} ] && mv {0} {1}", q(*a), q(*b))
             }
