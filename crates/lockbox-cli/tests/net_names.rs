@@ -1169,6 +1169,39 @@ fn issue_32_net_ask_shows_the_command_line_escaped() {
     }
 }
 
+/// Under `--net-ask` on a terminal the command runs on lockbox's relayed pty (issue 32):
+/// typed lines reach it, Ctrl-C interrupts it through its terminal, `/dev/tty` is its own
+/// terminal, and exit codes and `--timeout` are as without.
+#[test]
+fn net_ask_on_a_terminal_keeps_input_interrupts_exit_codes_and_timeouts() {
+    for user in users() {
+        let run = |script: &str, extra: &[&str], typed: &str| {
+            let mut args = allow(&["tcp://198.18.0.250:1"]);
+            args.push("--net-ask".into());
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
+            args.extend(["--", "sh", "-c", script].map(str::to_owned));
+            let mut done = false;
+            on_terminal(user, &args, None, |text| {
+                (!done && text.contains("ready")).then(|| {
+                    done = true;
+                    typed.to_owned()
+                })
+            })
+        };
+        let (text, code) = run(
+            "echo ready > /dev/tty; read l; echo \"got $l\"; exit 3",
+            &[],
+            "hello\n",
+        );
+        assert_eq!(code, Some(3), "{user:?}: {text:?}");
+        assert!(text.contains("got hello"), "{user:?}: {text:?}");
+        let (text, code) = run("echo ready; exec sleep 60", &[], "\x03");
+        assert_eq!(code, Some(130), "{user:?}: {text:?}");
+        let (text, code) = run("exec sleep 60", &["--timeout", "1s"], "");
+        assert_eq!(code, Some(124), "{user:?}: {text:?}");
+    }
+}
+
 #[test]
 fn net_ask_needs_an_allow_list_and_a_terminal() {
     let out = lockbox(
