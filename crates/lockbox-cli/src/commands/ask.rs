@@ -347,10 +347,9 @@ impl Terminal {
     fn asked(&mut self) -> bool {
         if let Some(wake) = &self.wake {
             let mut buf = [0u8; 64];
-            match rustix::io::read(wake, &mut buf) {
-                // The desk is closed: no more questions.
-                Ok(0) => self.wake = None,
-                Ok(_) | Err(_) => {}
+            // End of file: the desk is closed, no more questions.
+            if let Ok(0) = rustix::io::read(wake, &mut buf) {
+                self.wake = None;
             }
         }
         while let Ok(q) = self.questions.try_recv() {
