@@ -146,6 +146,7 @@ impl Prompt {
             wake: Some(wake_rx),
             stop: stop_rx,
             input: Vec::new(),
+            tty_open: true,
         };
         let thread = std::thread::Builder::new()
             .name("lockbox-terminal".into())
@@ -280,6 +281,8 @@ struct Terminal {
     stop: OwnedFd,
     /// Keystrokes for the sandbox not yet written to it.
     input: Vec<u8>,
+    /// False once the terminal hung up (its end is not polled again).
+    tty_open: bool,
 }
 
 impl Terminal {
@@ -297,7 +300,7 @@ impl Terminal {
         });
         let (mut tty_at, mut master_at) = (None, None);
         if let Some(master) = &self.master {
-            if self.input.len() < CHUNK {
+            if self.input.len() < CHUNK && self.tty_open {
                 fds.push(PollFd::new(&self.tty, PollFlags::IN));
                 tty_at = Some(fds.len() - 1);
             }
@@ -337,7 +340,9 @@ impl Terminal {
             let room = CHUNK - self.input.len();
             match self.tty.read(&mut buf[..room]) {
                 Ok(n) if n > 0 => self.input.extend_from_slice(&buf[..n]),
-                _ => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // Hung up: polling it again would return at once, forever.
+                _ => self.tty_open = false,
             }
         }
         true
