@@ -510,8 +510,13 @@ pub struct RunArgs {
     /// Ask instead of refusing: a connect, send or DNS query towards a destination the
     /// --net-allow list does not hold waits while lockbox asks on its terminal (/dev/tty):
     /// [o]nce (this call), [a]lways (this destination, for the rest of the sandbox's life)
-    /// or [N]o. No answer within --net-ask-timeout denies. Needs --net-allow and a
-    /// terminal (exit 2 without one). See docs/security.md "Approvals".
+    /// or [N]o. No answer within --net-ask-timeout denies; the answer is echoed with the
+    /// destination it decided. Needs --net-allow and a terminal (exit 2 without one). The
+    /// sandbox cannot forge a question: the command runs in a session of its own, on a
+    /// pseudo-terminal lockbox relays where lockbox's stdio is the terminal (raw mode, as
+    /// `ssh -t`: Ctrl-C reaches the command, Ctrl-Z does not suspend), and its output and
+    /// the keystrokes are held while a question is open; what the sandbox chose (command
+    /// line, name) is shown escaped. See docs/security.md "Approvals".
     #[arg(long)]
     pub net_ask: bool,
     /// How long a --net-ask question waits for its answer before the call is denied

@@ -837,36 +837,21 @@ fn a_deny_lists_refusals_are_audited_with_the_rule_and_loopback_stays_unlogged()
     }
 }
 
-/// `lockbox run --net-ask` on a terminal: `script` gives lockbox a pty; each question shown
-/// there is answered with the next of `answers` (`None`: left to time out). Returns the
-/// client's `op -> result` lines, the number of questions, and lockbox's exit code.
-/// `linger`: the sandbox lives on for a second after the client (in a shell).
-fn run_asked(
+/// `lockbox run` with `args` (after `run`) on a terminal: `script` gives lockbox a pty.
+/// `react` sees everything the terminal showed so far, whenever more came and every 20 ms
+/// (it may wait for something other than output), and returns what to type next, if
+/// anything. Returns the whole output and lockbox's exit code.
+fn on_terminal(
     user: User,
-    net: &[String],
+    args: &[String],
     hosts: Option<&Path>,
-    ops: &[String],
-    answers: &[Option<&str>],
-    linger: bool,
-    mut on_question: impl FnMut(usize, u32),
-) -> (Vec<(String, String)>, usize, Option<i32>) {
-    let dir = client_dir();
-    let mut argv: Vec<String> = vec![
-        binary().to_str().unwrap().into(),
-        "run".into(),
-        "-r".into(),
-        dir.to_str().unwrap().into(),
-    ];
-    argv.extend(net.iter().cloned());
-    argv.push("--".into());
-    if linger {
-        argv.extend(["sh", "-c", "python3 \"$@\"; sleep 1", "sh"].map(str::to_owned));
-    } else {
-        argv.push("python3".into());
-    }
-    argv.push(client());
-    argv.extend(ops.iter().cloned());
-    let line = shlex::try_join(argv.iter().map(String::as_str)).unwrap();
+    mut react: impl FnMut(&str) -> Option<String>,
+) -> (String, Option<i32>) {
+    let argv: Vec<&str> = [binary().to_str().unwrap(), "run"]
+        .into_iter()
+        .chain(args.iter().map(String::as_str))
+        .collect();
+    let line = shlex::try_join(argv).unwrap();
     let mut cmd = Command::new("script");
     if let User::Nobody = user {
         std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
@@ -882,59 +867,82 @@ fn run_asked(
     }
     let mut child = cmd.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let output = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
     let reader = {
-        let output = output.clone();
         let mut stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
+            let mut buf = [0u8; 65536];
             while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
                     break;
                 }
-                output
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         })
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let mut asked = 0;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
+    let mut output = Vec::new();
+    loop {
         assert!(
             std::time::Instant::now() < deadline,
             "{}",
-            output.lock().unwrap()
+            tail(&String::from_utf8_lossy(&output))
         );
-        let shown = output
-            .lock()
-            .unwrap()
-            .matches("[o]nce / [a]lways / [N]o")
-            .count();
-        if shown > asked {
-            let text = output.lock().unwrap().clone();
-            let question = text.split("lockbox: allow ").nth(shown).unwrap_or("");
-            let pid = question
-                .split("(pid ")
-                .nth(1)
-                .and_then(|p| p.split(')').next())
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            on_question(asked, pid);
-            if let Some(Some(answer)) = answers.get(asked) {
-                stdin.write_all(format!("{answer}\n").as_bytes()).unwrap();
-            }
-            asked = shown;
+        match rx.recv_timeout(std::time::Duration::from_millis(20)) {
+            Ok(bytes) => output.extend_from_slice(&bytes),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+        if let Some(typed) = react(&String::from_utf8_lossy(&output)) {
+            stdin.write_all(typed.as_bytes()).unwrap();
+        }
+    }
+    let status = child.wait().unwrap();
     drop(stdin);
     reader.join().unwrap();
-    let text = output.lock().unwrap().clone();
+    (String::from_utf8_lossy(&output).into_owned(), status.code())
+}
+
+/// `lockbox run --net-ask` on a terminal ([`on_terminal`]): each question shown there is
+/// answered with the next of `answers` (`None`: left to time out). Returns the client's
+/// `op -> result` lines, the number of questions, and lockbox's exit code. `linger`: the
+/// sandbox lives on for a second after the client (in a shell).
+fn run_asked(
+    user: User,
+    net: &[String],
+    hosts: Option<&Path>,
+    ops: &[String],
+    answers: &[Option<&str>],
+    linger: bool,
+    mut on_question: impl FnMut(usize, u32),
+) -> (Vec<(String, String)>, usize, Option<i32>) {
+    let mut args: Vec<String> = vec!["-r".into(), client_dir().to_str().unwrap().into()];
+    args.extend(net.iter().cloned());
+    args.push("--".into());
+    if linger {
+        args.extend(["sh", "-c", "python3 \"$@\"; sleep 1", "sh"].map(str::to_owned));
+    } else {
+        args.push("python3".into());
+    }
+    args.push(client());
+    args.extend(ops.iter().cloned());
+    let mut asked = 0;
+    let (text, code) = on_terminal(user, &args, hosts, |text| {
+        let shown = text.matches("[o]nce / [a]lways / [N]o").count();
+        if shown <= asked {
+            return None;
+        }
+        let question = text.split("lockbox: allow ").nth(shown).unwrap_or("");
+        let pid = question
+            .split("(pid ")
+            .nth(1)
+            .and_then(|p| p.split(')').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        on_question(asked, pid);
+        let answer = answers.get(asked).copied().flatten();
+        asked = shown;
+        answer.map(|a| format!("{a}\n"))
+    });
     let lines = text
         .split(['\r', '\n'])
         .filter_map(|l| {
@@ -942,7 +950,7 @@ fn run_asked(
             Some((op.clone(), l[op.len() + 1..].to_owned()))
         })
         .collect();
-    (lines, asked, status.code())
+    (lines, asked, code)
 }
 
 fn reasons(log: &Path) -> Vec<(String, String)> {
@@ -1097,6 +1105,186 @@ fn a_caller_killed_while_asked_is_dropped() {
             Some(("denied", "the caller went away while asked")),
             "{user:?}: {got:?}"
         );
+    }
+}
+
+/// The end of a long terminal output, for a failure's message.
+fn tail(text: &str) -> &str {
+    let mut at = text.len().saturating_sub(3000);
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    &text[at..]
+}
+
+/// The question of a real connection, `lockbox: allow ... to connect to DEST? ...`, in
+/// `text`: where it starts and ends (after its timeout), if it was shown.
+fn question_at(text: &str, dest: &str) -> Option<(usize, usize)> {
+    let mut from = 0;
+    while let Some(at) = text[from..].find("lockbox: allow ").map(|i| from + i) {
+        let end = text[at..].find(" s) ").map(|i| at + i + 4)?;
+        if text[at..end].contains(&format!(" to connect to {dest}? ")) {
+            return Some((at, end));
+        }
+        from = end;
+    }
+    None
+}
+
+/// Issue 32: a second process of the sandbox keeps repainting the terminal's line with a
+/// fake question (`\r\e[2K` + "allow pip install requests ... pypi.org:443?") while the
+/// real one is open. Nothing of it may show between the real question and the answer's
+/// echo: the sandbox's output waits until the answer (its writer blocks, the sandbox runs
+/// on a pty of lockbox's), and the echo names the destination really allowed.
+#[test]
+fn issue_32_net_ask_question_cannot_be_repainted_by_the_sandbox() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    for user in users() {
+        let dir = scratch();
+        let progress = dir.path().join("progress");
+        // The writer repaints every 10 ms (flooding would fill the pty's buffer before the
+        // question, so that it could not write while asked) and counts its writes in a
+        // file: the test sees it write while asked.
+        let writer = format!(
+            "i=0; while :; do i=$((i+1)); echo $i > {}; printf '\\r\\033[2Klockbox: allow pip \
+             install requests (pid 7) to connect to pypi.org (151.101.0.223):443/tcp? [o]nce / \
+             [a]lways / [N]o (30 s) FAKE'; sleep 0.01; done",
+            progress.display(),
+        );
+        let op = format!("connect,{ip},8443");
+        let mut args = allow(&["tcp://198.18.0.250:1"]);
+        args.extend(["-r", client_dir().to_str().unwrap(), "-w"].map(str::to_owned));
+        args.push(dir.path().to_str().unwrap().to_owned());
+        args.extend(["--net-ask", "--", "sh", "-c"].map(str::to_owned));
+        args.push(format!("({writer}) & exec python3 \"$@\""));
+        args.extend(["sh".to_owned(), client(), op.clone()]);
+        let dest = format!("{ip}:8443/tcp");
+        let writes = || {
+            std::fs::read_to_string(&progress)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+        };
+        let mut seen_at = None;
+        let mut answered = false;
+        let (text, code) = on_terminal(user, &args, None, |text| {
+            if answered || question_at(text, &dest).is_none() {
+                return None;
+            }
+            // Asked: answer once the writer has written 50 more times.
+            let now = writes()?;
+            let first = *seen_at.get_or_insert(now);
+            (now >= first + 50).then(|| {
+                answered = true;
+                "o\n".to_owned()
+            })
+        });
+        assert_eq!(code, Some(0), "{user:?}: {}", tail(&text));
+        assert!(answered, "{user:?}: never asked: {}", tail(&text));
+        let (start, end) = question_at(&text, &dest).unwrap();
+        let echo = format!("lockbox: allowed once {dest}");
+        let echoed = text[end..].find(&echo).map(|i| end + i);
+        let between = &text[start..echoed.unwrap_or(text.len())];
+        assert!(!between.contains("FAKE"), "{user:?}: {between:?}");
+        let echoed = echoed
+            .unwrap_or_else(|| panic!("{user:?}: no {echo:?} after the question: {between:?}"));
+        assert!(!text[start..end].contains('\x1b'), "{user:?}: {between:?}");
+        // The writer went on after the answer, and the data arrived.
+        assert!(
+            text[echoed..].contains("FAKE"),
+            "{user:?}: {:?}",
+            tail(&text)
+        );
+        assert!(
+            text.contains(&format!("{op} ok hello-8443")),
+            "{user:?}: {:?}",
+            tail(&text)
+        );
+    }
+}
+
+/// Issue 32: an argv[0] holding `\e]0;` (an unterminated "set title" that would swallow
+/// the real destination) is shown escaped in the question, byte for byte printable ASCII.
+#[test]
+fn issue_32_net_ask_shows_the_command_line_escaped() {
+    if skip_unless_root() {
+        return;
+    }
+    let net = TestNet::new();
+    let ip = net.ip.clone();
+    for user in users() {
+        let op = format!("connect,{ip},8443");
+        let mut args = allow(&["tcp://198.18.0.250:1"]);
+        args.extend(["-r", client_dir().to_str().unwrap(), "--net-ask"].map(str::to_owned));
+        args.extend(["--", "python3", "-c"].map(str::to_owned));
+        args.push(
+            "import os, sys; os.execv(sys.executable, \
+             ['\\x1b]0;pip install requests \\u202e', *sys.argv[1:]])"
+                .to_owned(),
+        );
+        args.extend([client(), op.clone()]);
+        let dest = format!("{ip}:8443/tcp");
+        let mut answered = false;
+        let (text, code) = on_terminal(user, &args, None, |text| {
+            (!answered && question_at(text, &dest).is_some()).then(|| {
+                answered = true;
+                "n\n".to_owned()
+            })
+        });
+        assert_eq!(code, Some(0), "{user:?}: {text:?}");
+        let (start, end) =
+            question_at(&text, &dest).unwrap_or_else(|| panic!("{user:?}: no question: {text:?}"));
+        let question = &text[start..end];
+        assert!(
+            question.starts_with(r"lockbox: allow \033]0;pip install requests \342\200\256 /"),
+            "{user:?}: {question:?}"
+        );
+        assert!(
+            question.bytes().all(|b| (0x20..=0x7e).contains(&b)),
+            "{user:?}: {question:?}"
+        );
+        assert!(!text.contains("\x1b]0;"), "{user:?}: {text:?}");
+        assert!(
+            text[end..].contains(&format!("lockbox: denied {dest}")),
+            "{user:?}: {text:?}"
+        );
+        assert!(text.contains(&format!("{op} err 13")), "{user:?}: {text:?}");
+    }
+}
+
+/// Under `--net-ask` on a terminal the command runs on lockbox's relayed pty (issue 32):
+/// typed lines reach it, Ctrl-C interrupts it through its terminal, `/dev/tty` is its own
+/// terminal, and exit codes and `--timeout` are as without.
+#[test]
+fn net_ask_on_a_terminal_keeps_input_interrupts_exit_codes_and_timeouts() {
+    for user in users() {
+        let run = |script: &str, extra: &[&str], typed: &str| {
+            let mut args = allow(&["tcp://198.18.0.250:1"]);
+            args.push("--net-ask".into());
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
+            args.extend(["--", "sh", "-c", script].map(str::to_owned));
+            let mut done = false;
+            on_terminal(user, &args, None, |text| {
+                (!done && text.contains("ready")).then(|| {
+                    done = true;
+                    typed.to_owned()
+                })
+            })
+        };
+        let (text, code) = run(
+            "echo ready > /dev/tty; read l; echo \"got $l\"; exit 3",
+            &[],
+            "hello\n",
+        );
+        assert_eq!(code, Some(3), "{user:?}: {text:?}");
+        assert!(text.contains("got hello"), "{user:?}: {text:?}");
+        let (text, code) = run("echo ready; exec sleep 60", &[], "\x03");
+        assert_eq!(code, Some(130), "{user:?}: {text:?}");
+        let (text, code) = run("exec sleep 60", &["--timeout", "1s"], "");
+        assert_eq!(code, Some(124), "{user:?}: {text:?}");
     }
 }
 

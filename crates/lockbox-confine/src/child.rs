@@ -40,7 +40,7 @@
 //! after which it exits as above. The Landlock ruleset is kept for all the commands.
 //!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
-//! changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
+//! starts a session of its own if asked ([`crate::Spawn::own_session`]), changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
 //! installs seccomp (last, so the filter need not allow setup) and executes the command.
 //! The later commands of a sequence do the same in another order, ready before the
 //! supervisor's go, which brings their stdio: capabilities, seccomp, Landlock, the
@@ -104,6 +104,8 @@ pub struct Prepared {
     pub(crate) report_fd: RawFd,
     /// Descriptors to install as 0, 1, 2 (`-1`: keep the caller's); all `>= 3`.
     pub(crate) stdio: [RawFd; 3],
+    /// The command starts a session of its own ([`crate::Spawn::own_session`]).
+    pub(crate) own_session: bool,
     /// The command, or the commands of a sequence (one per step, see
     /// [`SetupPlan::steps`]).
     pub(crate) commands: Vec<Command>,
@@ -952,6 +954,21 @@ fn command_basics(p: &Prepared) {
     }
 }
 
+/// A session of the command's own ([`crate::Spawn::own_session`]), whose controlling
+/// terminal is the first terminal on its stdio — unless that one is already another
+/// session's (`EPERM`): it then stays a plain descriptor, and the session has none.
+fn start_session(p: &Prepared) {
+    if let Err(e) = sys::setsid() {
+        command_fail(p, Step::NewSession, e, 0);
+    }
+    if let Some(fd) = (0..3).find(|&fd| sys::is_terminal(fd)) {
+        match sys::set_controlling_terminal(fd) {
+            Ok(()) | Err(Errno(libc::EPERM)) => {}
+            Err(e) => command_fail(p, Step::NewSession, e, fd as usize),
+        }
+    }
+}
+
 /// `no_new_privs`, then every capability dropped.
 fn drop_privileges(p: &Prepared) {
     if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
@@ -964,6 +981,9 @@ fn drop_privileges(p: &Prepared) {
 
 fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
     command_basics(p);
+    if p.own_session {
+        start_session(p);
+    }
     if let Err(e) = sys::chdir(&p.plan.cwd) {
         command_fail(p, Step::Chdir, e, 0);
     }

@@ -81,10 +81,11 @@ pub enum Step {
     NetNamespace,
     Helper,
     DnsSockets,
+    NewSession,
 }
 
 impl Step {
-    const ALL: [Step; 36] = [
+    const ALL: [Step; 37] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -121,6 +122,7 @@ impl Step {
         Step::NetNamespace,
         Step::Helper,
         Step::DnsSockets,
+        Step::NewSession,
     ];
 
     pub(crate) fn from_code(code: u32) -> Option<Step> {
@@ -166,6 +168,7 @@ impl Step {
             Step::UnshareIpc => "creating the next command's IPC namespace",
             Step::LimitUserQuota => "limiting the sandbox's share of a per-user quota:",
             Step::HideCommandLine => "hiding the caller's command line from the sandbox",
+            Step::NewSession => "starting the command's session on its terminal",
         }
     }
 }

@@ -330,6 +330,7 @@ pub struct Spawn<'a> {
     program: Program<'a>,
     stdio: Stdio,
     net: NetHooks,
+    own_session: bool,
 }
 
 /// Who the network supervisor reports to ([`Spawn::audit`]), asks ([`Spawn::ask`]) and
@@ -360,6 +361,7 @@ impl<'a> Spawn<'a> {
             program: Program::Command(argv),
             stdio: Stdio::default(),
             net: NetHooks::default(),
+            own_session: false,
         }
     }
 
@@ -386,6 +388,7 @@ impl<'a> Spawn<'a> {
             program: Program::Sequence(commands),
             stdio: Stdio::default(),
             net: NetHooks::default(),
+            own_session: false,
         }
     }
 
@@ -404,6 +407,7 @@ impl<'a> Spawn<'a> {
             program: Program::Agent { exe, args },
             stdio: Stdio::default(),
             net: NetHooks::default(),
+            own_session: false,
         }
     }
 
@@ -439,13 +443,26 @@ impl<'a> Spawn<'a> {
         self
     }
 
+    /// Runs the command in a session of its own, away from the caller's terminal: no signal
+    /// the caller's terminal sends reaches it (the caller forwards what it should), `/dev/tty`
+    /// inside is not the caller's terminal, and the first terminal on its stdio (a
+    /// pseudo-terminal the caller relays, say) becomes its controlling terminal, unless it is
+    /// already another session's. What `lockbox run --net-ask` needs: the terminal it asks
+    /// on must be out of the sandbox's reach.
+    pub fn own_session(self) -> Spawn<'a> {
+        Spawn {
+            own_session: true,
+            ..self
+        }
+    }
+
     /// Starts the sandbox and its (first) command. Returns as soon as the sandbox init
     /// runs; setup failures inside the namespaces are reported by [`Running::wait`].
     pub fn start(self) -> Result<Running, SetupError> {
         if let Program::Sequence(_) = self.program {
             return self.gated()?.release(Stdio::default());
         }
-        let (sandbox, started) = launch(self.policy, self.program, self.stdio, self.net, false)?;
+        let (sandbox, started) = launch(self, false)?;
         Ok(Running {
             run: Run::new(0, started, 0, 0),
             sandbox,
@@ -459,7 +476,7 @@ impl<'a> Spawn<'a> {
     /// N still writes the layer N+1 will read, and only pays the rest of the setup
     /// (mounting the view, Landlock, the exec) once stage N is done.
     pub fn gated(self) -> Result<Gated, SetupError> {
-        let (sandbox, _) = launch(self.policy, self.program, self.stdio, self.net, true)?;
+        let (sandbox, _) = launch(self, true)?;
         Ok(Gated {
             sandbox,
             step: 0,
@@ -550,13 +567,14 @@ pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
 
 /// Starts the sandbox of `program`; `gated`: its first command waits for the go. Returns
 /// it with the time of the clone.
-fn launch(
-    policy: &Policy,
-    program: Program<'_>,
-    mut stdio: Stdio,
-    net: NetHooks,
-    gated: bool,
-) -> Result<(Sandbox, Instant), SetupError> {
+fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupError> {
+    let Spawn {
+        policy,
+        program,
+        mut stdio,
+        net,
+        own_session,
+    } = spawn;
     let (argv, later, helper) = match program {
         Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None),
         Program::Sequence(commands) => {
@@ -693,6 +711,7 @@ fn launch(
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
         stdio: stdio_fds,
+        own_session,
         commands: std::iter::once(argv)
             .chain(later.iter().map(Vec::as_slice))
             .map(|argv| command(argv, path_var))

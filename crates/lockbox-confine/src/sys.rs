@@ -1026,6 +1026,20 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> Result<usize, 
     check_int(rc).map(|n| n as usize)
 }
 
+/// `setsid()`: a new session and process group, led by the caller, with no controlling
+/// terminal.
+pub fn setsid() -> Result<(), Errno> {
+    // SAFETY: setsid takes no arguments and touches only the calling process.
+    check_int(unsafe { libc::setsid() }).map(drop)
+}
+
+/// `ioctl(fd, TIOCSCTTY, 0)`: the terminal on `fd` becomes the controlling terminal of the
+/// caller, a session leader without one.
+pub fn set_controlling_terminal(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: TIOCSCTTY takes an integer argument; a bad descriptor is EBADF/ENOTTY.
+    check_int(unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0 as libc::c_int) }).map(drop)
+}
+
 /// Whether `fd` is a terminal (`isatty(3)`); `false` for a closed descriptor.
 pub fn is_terminal(fd: RawFd) -> bool {
     // SAFETY: isatty only inspects the descriptor number; a closed one is EBADF.

@@ -128,6 +128,30 @@ pub fn printable_text(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Text a sandbox chose (a command line, a DNS name) shown inside a line where lockbox asks
+/// a person for a decision (`lockbox run --net-ask`), where a forged line must be
+/// impossible: only printable ASCII is kept as is. Every other byte — control characters
+/// (C0, DEL), the UTF-8 bytes of C1 controls (CSI U+009B...), of Unicode format characters
+/// (bidirectional overrides, zero-width characters...) and of any other non-ASCII character,
+/// so no look-alike letter either — becomes `\ooo` octal, and `\` becomes `\\`, as in a
+/// quoted name. At most `max` bytes are kept (an escape is never cut), then `...`.
+pub fn ascii_line(text: &[u8], max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max) + 3);
+    for &b in text {
+        let piece = match b {
+            b'\\' => "\\\\".to_owned(),
+            0x20..=0x7e => char::from(b).to_string(),
+            _ => format!("\\{b:03o}"),
+        };
+        if out.len() + piece.len() > max {
+            out.push_str("...");
+            break;
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
 /// The JSON form of a path (see the module doc) as a serialisable value:
 /// `serde_json::json!({ "path": Encoded(p) })`. Serialising it never fails.
 #[derive(Debug, Clone, Copy)]
@@ -315,6 +339,30 @@ mod tests {
     }
 
     #[test]
+    fn ascii_lines_keep_printable_ascii_and_escape_every_other_byte() {
+        assert_eq!(
+            ascii_line(b"pip install requests", 60),
+            "pip install requests"
+        );
+        assert_eq!(
+            ascii_line(b"\r\x1b[2Kallow pip? \x1b]0;x\x07", 60),
+            r"\015\033[2Kallow pip? \033]0;x\007"
+        );
+        assert_eq!(ascii_line("c1\u{9b}2J".as_bytes(), 60), r"c1\302\2332J");
+        assert_eq!(
+            ascii_line("a\u{202e}b\u{200b}".as_bytes(), 60),
+            r"a\342\200\256b\342\200\213"
+        );
+        assert_eq!(
+            ascii_line(b"del\x7f back\\slash", 60),
+            r"del\177 back\\slash"
+        );
+        assert_eq!(ascii_line(b"abcdef", 4), "abcd...");
+        // An escape is kept whole or not at all.
+        assert_eq!(ascii_line(b"abc\x1b", 5), "abc...");
+    }
+
+    #[test]
     fn printable_text_keeps_lines_and_tabs_and_escapes_the_rest() {
         assert_eq!(printable_text("a\tb\nc\n"), "a\tb\nc\n");
         assert_eq!(printable_text("x\r\x1b[2Ky\n"), "x\\015\\033[2Ky\n");
@@ -380,6 +428,19 @@ mod tests {
             let text = serde_json::to_string(&h).unwrap_or_default();
             let back: Holder = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
             prop_assert_eq!(back, h);
+        }
+
+        #[test]
+        fn an_ascii_line_is_printable_ascii_only_and_bounded(
+            text in proptest::collection::vec(any::<u8>(), 0..200),
+            max in 0usize..120,
+        ) {
+            let line = ascii_line(&text, max);
+            prop_assert!(line.bytes().all(|b| (0x20..=0x7e).contains(&b)), "{line:?}");
+            prop_assert!(line.len() <= max + 3, "{line:?}");
+            if text.len() <= max && text.iter().all(|b| (0x20..=0x7e).contains(b) && *b != b'\\') {
+                prop_assert_eq!(line.as_bytes(), &text[..]);
+            }
         }
 
         #[test]

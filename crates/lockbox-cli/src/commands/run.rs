@@ -58,7 +58,13 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     )?;
     let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
-    let signals = match Signals::block(&FORWARDED) {
+    // With --net-ask the command is in a session of its own: the terminal's signals reach
+    // lockbox alone, which forwards them, and its size changes go to the sandbox's terminal.
+    let mut blocked = FORWARDED.to_vec();
+    if ask.is_some() {
+        blocked.push(libc::SIGWINCH);
+    }
+    let signals = match Signals::block(&blocked) {
         Ok(s) => s,
         Err(e) => {
             if let Some(w) = workspace {
@@ -73,19 +79,23 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     if let Some(sink) = sink {
         spawn = spawn.audit(sink);
     }
-    if let Some((prompt, desk)) = ask {
-        prompt.start()?;
-        spawn = spawn.ask(desk);
+    let mut asking = None;
+    if let Some((prompt, desk, stdio)) = ask {
+        asking = Some(prompt.start()?);
+        spawn = spawn.ask(desk).stdio(stdio).own_session();
     }
     if let Some(interceptor) = interceptor {
         spawn = spawn.interceptor(interceptor);
     }
     let result = spawn.start().and_then(|mut running| {
         started_in = Some(running.cwd().to_owned());
-        let outcome = supervise(&mut running, &policy, &signals);
+        let outcome = supervise(&mut running, &policy, &signals, asking.as_ref());
         running.drop_before_exit();
         outcome
     });
+    if let Some(asking) = asking {
+        asking.finish();
+    }
     // The process exits next. Unblocking now would deliver a ^C that raced the command's
     // end and turn its exit status into our own death by SIGINT, so the signals stay blocked.
     std::mem::forget(signals);
@@ -140,6 +150,7 @@ fn supervise(
     running: &mut Running,
     policy: &Policy,
     signals: &Signals,
+    asking: Option<&super::ask::Asking>,
 ) -> Result<Outcome, lockbox_confine::SetupError> {
     let deadline = policy.timeout.map(|t| Instant::now() + t);
     loop {
@@ -148,8 +159,15 @@ fn supervise(
             Waited::Deadline => return running.stop(policy.kill_grace, StopReason::Timeout),
             Waited::Extra => {
                 while let Some(sig) = signals.next() {
-                    // Ctrl-C and friends already reached the command through the terminal.
-                    if sig.from_terminal {
+                    if sig.signal == libc::SIGWINCH {
+                        if let Some(asking) = asking {
+                            asking.resize();
+                        }
+                        continue;
+                    }
+                    // Ctrl-C and friends already reached the command through the terminal,
+                    // unless it runs in a session of its own (--net-ask).
+                    if sig.from_terminal && asking.is_none() {
                         continue;
                     }
                     if sig.signal == libc::SIGTERM {
