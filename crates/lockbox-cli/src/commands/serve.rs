@@ -126,10 +126,14 @@ pub struct ServeArgs {
     /// whose log does not fit forgets its sandbox's oldest exited processes, or answers 429.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub max_log_memory: ByteSize,
-    /// File data all snapshots together may hold; a snapshot beyond it answers 429
-    /// LIMIT_REACHED and is not kept.
+    /// What all snapshots together may cost on disk: every entry's blocks (a directory at
+    /// least 4 KiB) plus 512 bytes per inode. A snapshot beyond it answers 429
+    /// LIMIT_REACHED; its copy stops there and nothing of it is kept.
     #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = parse_size)]
     pub max_snapshot_bytes: ByteSize,
+    /// Entries (inodes) all snapshots together may hold; beyond, as --max-snapshot-bytes.
+    #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_SNAPSHOT_ENTRIES)]
+    pub max_snapshot_entries: u64,
     /// Sandboxes kept started ahead for creations with the default policy and no workdir
     /// (an empty `POST /v1/sandboxes` body, labels and timeouts aside): such a creation
     /// takes one and is ready at once; the pool refills in the background. 0: none.
@@ -335,6 +339,7 @@ fn serve(
     runtime_config.max_processes = args.max_processes;
     runtime_config.keep_stopped = args.keep_stopped;
     runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());
+    runtime_config.max_snapshot_entries = Some(args.max_snapshot_entries);
     runtime_config.pool_size = usize::from(args.pool);
     runtime_config.credentials = credentials;
     runtime_config.credential_files = credential_files;
