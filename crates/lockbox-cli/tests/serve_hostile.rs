@@ -394,3 +394,73 @@ fn issue_15_sessions_processes_and_logs_count_against_their_caps() {
         assert_eq!(error["details"]["field"], "log_bytes");
     });
 }
+
+/// Opens a connection from `source` (a loopback address: every 127.x.y.z is this host's)
+/// that sends half a request head and stops.
+async fn half_open_from(source: std::net::Ipv4Addr, addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((source, 0).into()).unwrap();
+    let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    s
+}
+
+/// Raises this process's soft open-files limit to its hard one (the test's own sockets).
+fn raise_own_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let hard = getrlimit(Resource::Nofile).maximum;
+    let raised = Rlimit {
+        current: hard,
+        maximum: hard,
+    };
+    setrlimit(Resource::Nofile, raised).unwrap();
+    hard.unwrap_or(u64::MAX)
+}
+
+/// Issue 32: 1,100 half-open connections locked every client out for ~10 s per wave behind
+/// the 512-connection cap. One address now holds at most `--max-connections-per-peer`
+/// (512); the rest of the cap stays for the others.
+#[test]
+fn issue_32_half_open_connections_of_one_peer_do_not_lock_out_another() {
+    let nofile = raise_own_nofile();
+    assert!(
+        nofile >= 4096,
+        "this test needs 4,096 descriptors, has {nofile}"
+    );
+    let state = state_dir(User::Current);
+    let server = Served::start(User::Current, state.path(), &[]);
+    let flooder = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    tokio().block_on(async {
+        let mut held = Vec::new();
+        for _ in 0..2000 {
+            held.push(half_open_from(flooder, server.addr()).await);
+        }
+        // The flooder's next complete request is refused, naming the per-peer cap.
+        let mut extra = half_open_from(flooder, server.addr()).await;
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            extra.write_all(b"1\r\n\r\n").await.unwrap();
+            let mut answer = Vec::new();
+            extra.read_to_end(&mut answer).await.unwrap();
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+            assert!(answer.contains("max_connections_per_peer"), "{answer}");
+        }
+        // Another client (127.0.0.1) is served while the flooder's connections are held.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let response = client
+            .get(format!("{}/v1/sandboxes", server.base))
+            .bearer_auth(&server.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        drop(held);
+    });
+}

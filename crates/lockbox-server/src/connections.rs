@@ -6,6 +6,13 @@
 //!   holds for the connection's whole life, upgraded WebSockets included. At most
 //!   [`REFUSING_AT_ONCE`] refusals are open at once (each for at most [`REFUSAL_TIME`]);
 //!   one more closes the oldest.
+//! - **A cap per peer** (`--max-connections-per-peer`): connections from one IP address
+//!   beyond it are refused the same way (`details.what` is `max_connections_per_peer`), so
+//!   one client holding half-open or idle connections cannot fill the cap for everyone
+//!   else. Issue 32: 1,100 half-open connections locked every client out for ~10 s per
+//!   wave behind the 512-connection cap. A connection that waits for its request head
+//!   costs a task, a socket and hyper's read buffer (at most [`MAX_HEAD`]), so the cap can
+//!   be in the tens of thousands (the CLI sets it from the open-files limit).
 //! - **The header timeout** (`--header-timeout`): a connection must deliver a complete
 //!   request head within this long of being opened or of its previous response ending, or
 //!   it is closed. This ends half-sent heads (slowloris) and idle keep-alive connections
@@ -59,6 +66,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Limits {
     /// Connections open at once.
     pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub max_per_peer: usize,
     /// See the module documentation.
     pub header_timeout: Duration,
     /// See the module documentation.
@@ -70,8 +79,10 @@ pub struct Limits {
 /// flight and close, and returns when all have.
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Arc::new(Peers::default());
     let refusing = Arc::new(Refusals::default());
     let busy = busy_answer(limits.max_connections);
+    let peer_busy = peer_busy_answer(limits.max_per_peer);
     let connections = TaskTracker::new();
     let mut builder = http1::Builder::new();
     builder
@@ -86,8 +97,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
             accepted = listener.accept() => accepted,
             () = stop.cancelled() => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => (stream, peer.ip()),
             Err(e) => {
                 // EMFILE/ENFILE and the like: the connection waits in the backlog; do not
                 // spin on it.
@@ -101,7 +112,12 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("setting TCP_NODELAY: {e}");
         }
+        let Some(peer) = Peers::admit(&peers, peer, limits.max_per_peer) else {
+            tokio::spawn(refuse(stream, peer_busy.clone(), Arc::clone(&refusing)));
+            continue;
+        };
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            drop(peer);
             tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
             continue;
         };
@@ -110,6 +126,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
             stall: limits.io_timeout,
             stalled: None,
             _permit: permit,
+            _peer: peer,
         });
         let conn = builder
             .serve_connection(io, service.clone())
@@ -148,6 +165,62 @@ fn busy_answer(max: usize) -> bytes::Bytes {
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     ))
+}
+
+/// The answer to a connection beyond the cap per peer: as [`busy_answer`].
+fn peer_busy_answer(max: usize) -> bytes::Bytes {
+    let body = serde_json::json!({
+        "code": "SERVER_BUSY",
+        "message": format!("this address has its maximum of {max} connections open (--max-connections-per-peer); retry later"),
+        "details": { "what": "max_connections_per_peer", "limit": max },
+    })
+    .to_string();
+    bytes::Bytes::from(format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+}
+
+/// Connections open per peer address.
+#[derive(Debug, Default)]
+struct Peers {
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl Peers {
+    /// Counts a connection from `ip`, unless it has `max` open already.
+    fn admit(peers: &Arc<Peers>, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut open = peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: Arc::clone(peers),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its peer's count, given back when dropped.
+#[derive(Debug)]
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// The refused connections being answered, oldest first.
@@ -232,6 +305,7 @@ struct Guarded {
     /// Running while a write waits for the client to read.
     stalled: Option<Pin<Box<Sleep>>>,
     _permit: OwnedSemaphorePermit,
+    _peer: PeerSlot,
 }
 
 impl Guarded {

@@ -38,8 +38,8 @@ then every sandbox is deleted (on_exit applied; branches are kept by default). S
 a server that died without stopping are listed as `lost` by the next one.
 
 What a client or a sandbox can make the server hold is bounded by the flags above: the soft
-open-files limit is raised to the hard one at start; connections beyond --max-connections
-are refused at once; a slow or idle connection is closed after --header-timeout, a stalled
+open-files limit is raised to the hard one at start; connections beyond --max-connections,
+or beyond --max-connections-per-peer from one address, are refused at once; a slow or idle connection is closed after --header-timeout, a stalled
 body or unread response after --io-timeout; an exec's reply holds at most --max-exec-output
 of each stream (stream larger outputs with exec/stream); process logs share --max-log-memory.";
 
@@ -96,10 +96,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_dur)]
     pub keepalive: Duration,
     /// Connections open at once; one more is answered 503 SERVER_BUSY (Retry-After: 1) and
-    /// closed. SSE and WebSocket streams count too [default: 512, or half the descriptor
-    /// limit if that is lower].
+    /// closed. SSE and WebSocket streams count too [default: half the open-files limit
+    /// (raised to its hard limit at start), at most 16384; the start message says how many]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Connections open at once from one IP address; one more is answered 503 SERVER_BUSY
+    /// (details.what: max_connections_per_peer), so one client's idle or half-open
+    /// connections cannot lock the others out. Behind a reverse proxy every client is the
+    /// proxy's address: raise it there.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
     /// A connection must send a complete request head within this long of opening, or of
     /// its previous response ending, or it is closed (this also closes idle keep-alive
     /// connections).
@@ -152,11 +158,19 @@ pub struct ServeArgs {
     pub upstream_ca: Option<PathBuf>,
 }
 
+/// Connections one IP address may hold by default (`--max-connections-per-peer`).
+const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 512;
+
+/// Most connections by default, whatever the open-files limit: a waiting connection costs
+/// a descriptor, a task and at most 64 KiB of head buffer (issue 32: 10,000 idle ones must
+/// not lock a client out).
+const MAX_DEFAULT_CONNECTIONS: usize = 16_384;
+
 /// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
 /// from the descriptor limit: half of them.
 fn default_max_connections(nofile: Option<u64>) -> usize {
     let half = nofile.map_or(usize::MAX, |n| usize::try_from(n / 2).unwrap_or(usize::MAX));
-    half.clamp(1, 512)
+    half.clamp(1, MAX_DEFAULT_CONNECTIONS)
 }
 
 /// Descriptors the server may need at most: its own, the connections and refusals, and
@@ -292,12 +306,13 @@ fn serve(
     if args.max_sandboxes == 0
         || args.max_streams == 0
         || args.max_connections == Some(0)
+        || args.max_connections_per_peer == 0
         || args.max_sessions == 0
         || args.max_processes == 0
     {
         anyhow::bail!(
-            "--max-sandboxes, --max-streams, --max-connections, --max-sessions and \
-             --max-processes must be at least 1"
+            "--max-sandboxes, --max-streams, --max-connections, --max-connections-per-peer, \
+             --max-sessions and --max-processes must be at least 1"
         );
     }
     let nofile = raise_nofile();
@@ -350,6 +365,7 @@ fn serve(
         max_body: usize::try_from(args.max_body.bytes()).unwrap_or(usize::MAX),
         max_streams: args.max_streams,
         max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
         header_timeout: args.header_timeout,
         io_timeout: args.io_timeout,
         ..ServerConfig::default()
@@ -390,6 +406,11 @@ fn serve(
         eoutln!(
             "lockbox: serving http://{addr} (token in {}; API at /openapi.json; MCP at /mcp; console at /ui)",
             token_file.display()
+        );
+        eoutln!(
+            "lockbox: up to {max_connections} connections, {} per address (open-files limit {})",
+            args.max_connections_per_peer.min(max_connections),
+            nofile.map_or("unlimited".to_owned(), |n| n.to_string())
         );
         if !addr.ip().is_loopback() {
             eoutln!("lockbox: warning: {addr} is not loopback and the API is plain HTTP");
