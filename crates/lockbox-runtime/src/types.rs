@@ -1029,7 +1029,9 @@ pub struct Execution {
     pub context: ContextId,
     /// `display()` calls, matplotlib figures and the last expression's value, in order.
     pub results: Vec<DisplayData>,
-    /// stdout and stderr (each bounded by [`RuntimeConfig::max_exec_output`]).
+    /// stdout and stderr, each bounded by [`RuntimeConfig::max_exec_output`] bytes of JSON
+    /// (a control character counts 6: `\u0001`); `results` and `error` together by as much
+    /// again.
     pub logs: Logs,
     /// The exception (`name`, `value`, `traceback`); `KeyboardInterrupt` after a timeout
     /// the code survived, `Timeout` when the interpreter had to be killed,
@@ -1042,7 +1044,8 @@ pub struct Execution {
     /// The interpreter ended during this run (crash or timeout kill): the context's
     /// variables and imports are gone; the next run starts a fresh interpreter.
     pub state_lost: bool,
-    /// Output beyond [`RuntimeConfig::max_exec_output`] was dropped.
+    /// Output, results or error text beyond their bound (see [`Execution::logs`]) was
+    /// dropped.
     pub truncated: bool,
     /// Wall time of the run in milliseconds.
     pub duration_ms: u64,
