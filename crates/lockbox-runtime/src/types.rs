@@ -294,7 +294,8 @@ pub struct SnapshotInfo {
     pub workdir: PathBuf,
     /// When it was taken.
     pub created_at: SystemTime,
-    /// Bytes of file data of its own layer (not its parents').
+    /// What its own layer (not its parents') costs on disk: every entry's blocks (a directory at
+    /// least 4 KiB) plus 512 bytes of inode ([`lockbox_cow::entry_cost`]).
     pub bytes: u64,
     /// Files, directories and deletions in its own layer.
     pub entries: u64,
