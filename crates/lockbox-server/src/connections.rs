@@ -1,7 +1,9 @@
 //! The connections of the server: what a client can hold open, and for how long.
 //!
-//! - **A cap** (`--max-connections`): a connection beyond it is accepted, its request head
-//!   read, answered `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns
+//! - **A cap** (`--max-connections`): at the cap, a new connection closes the oldest one
+//!   that has not started a request yet (half-open, see [`Waiting`]) and takes its place.
+//!   When every connection has started one, a connection beyond the cap is accepted, its
+//!   request head read, answered `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns
 //!   at once that the server is full instead of waiting in the kernel's backlog. The cap
 //!   holds for the connection's whole life, upgraded WebSockets included. At most
 //!   [`REFUSING_AT_ONCE`] refusals are open at once (each for at most [`REFUSAL_TIME`]);
@@ -33,6 +35,7 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -91,7 +94,13 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
         .max_header_size(MAX_HEAD)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true);
-    let service = TowerToHyperService::new(router);
+    let shared = Arc::new(Shared {
+        builder,
+        service: TowerToHyperService::new(router),
+        stop: stop.clone(),
+        io_timeout: limits.io_timeout,
+        waiting: Waiting::default(),
+    });
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -116,40 +125,132 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
             tokio::spawn(refuse(stream, peer_busy.clone(), Arc::clone(&refusing)));
             continue;
         };
-        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+        if let Ok(permit) = Arc::clone(&open).try_acquire_owned() {
+            connections.spawn(serve_one(Arc::clone(&shared), stream, permit, peer));
+            continue;
+        }
+        if !shared.waiting.evict_oldest() {
             drop(peer);
             tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
             continue;
-        };
-        let io = TokioIo::new(Guarded {
-            stream,
-            stall: limits.io_timeout,
-            stalled: None,
-            _permit: permit,
-            _peer: peer,
-        });
-        let conn = builder
-            .serve_connection(io, service.clone())
-            .with_upgrades();
-        let stop = stop.clone();
+        }
+        // The evicted connection gives its place back as its task ends.
+        let (open, shared, busy, refusing) = (
+            Arc::clone(&open),
+            Arc::clone(&shared),
+            busy.clone(),
+            Arc::clone(&refusing),
+        );
         connections.spawn(async move {
-            tokio::pin!(conn);
-            let ended = tokio::select! {
-                ended = conn.as_mut() => ended,
-                () = stop.cancelled() => {
-                    // Finish the request in flight, then close.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            match tokio::time::timeout(EVICTION_WAIT, open.acquire_owned()).await {
+                Ok(Ok(permit)) => serve_one(shared, stream, permit, peer).await,
+                _ => {
+                    drop(peer);
+                    refuse(stream, busy, refusing).await;
                 }
-            };
-            if let Err(e) = ended {
-                tracing::debug!("connection ended: {e}");
             }
         });
     }
     drop(listener);
     connections.close();
     connections.wait().await;
+}
+
+/// What every connection's task shares.
+struct Shared {
+    builder: http1::Builder,
+    service: TowerToHyperService<Router>,
+    stop: CancellationToken,
+    io_timeout: Duration,
+    waiting: Waiting,
+}
+
+/// Serves one connection until it ends, the server stops, or it is evicted (while it has
+/// not started a request, for a newer connection at the cap).
+async fn serve_one(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+    peer: PeerSlot,
+) {
+    let io = TokioIo::new(Guarded {
+        stream,
+        stall: shared.io_timeout,
+        stalled: None,
+        _permit: permit,
+        _peer: peer,
+    });
+    let (started, evicted) = shared.waiting.add();
+    let service = shared.service.clone();
+    let first = Arc::clone(&started);
+    let service = hyper::service::service_fn(move |request| {
+        first.store(true, Ordering::Relaxed);
+        hyper::service::Service::call(&service, request)
+    });
+    let conn = shared.builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(conn);
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
+        () = evicted.cancelled() => Ok(()),
+        () = shared.stop.cancelled() => {
+            // Finish the request in flight, then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    // No longer a candidate for eviction.
+    started.store(true, Ordering::Relaxed);
+    if let Err(e) = ended {
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
+/// How long a connection admitted by evicting another waits for the evicted one to give
+/// back its place (its task ends at its next poll).
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// Connections that have not started a request yet (half-open: no complete head), oldest
+/// first. At the cap, a new connection closes the oldest of them instead of being refused,
+/// so that connections which send nothing cannot keep a client out, however many
+/// addresses they come from; connections that started a request (idle keep-alive ones
+/// too) are never evicted. Entries whose connection started or ended are dropped as they
+/// reach the front.
+#[derive(Debug, Default)]
+struct Waiting {
+    queue: std::sync::Mutex<std::collections::VecDeque<(Arc<AtomicBool>, CancellationToken)>>,
+}
+
+impl Waiting {
+    /// Registers a new connection: its "started a request" flag, and its eviction.
+    fn add(&self) -> (Arc<AtomicBool>, CancellationToken) {
+        let entry = (Arc::new(AtomicBool::new(false)), CancellationToken::new());
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut queue);
+        queue.push_back(entry.clone());
+        entry
+    }
+
+    /// Closes the oldest connection that has not started a request; false if there is none.
+    fn evict_oldest(&self) -> bool {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut queue);
+        match queue.pop_front() {
+            Some((_, evict)) => {
+                evict.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn prune(queue: &mut std::collections::VecDeque<(Arc<AtomicBool>, CancellationToken)>) {
+        while queue
+            .front()
+            .is_some_and(|(started, _)| started.load(Ordering::Relaxed))
+        {
+            queue.pop_front();
+        }
+    }
 }
 
 /// The answer to a connection beyond the cap: 503 `SERVER_BUSY`, `Retry-After: 1`, close.

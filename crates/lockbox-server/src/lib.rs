@@ -68,8 +68,9 @@ pub struct ServerConfig {
     /// How long a stop waits for requests in flight before the runtime is shut down
     /// anyway (which ends them). Default 5 s.
     pub shutdown_grace: Duration,
-    /// Connections open at once; one more is answered 503 `SERVER_BUSY` and closed.
-    /// Default 512 (the CLI derives it from the open-files limit).
+    /// Connections open at once; at the cap a new one closes the oldest that has not sent a
+    /// complete request head, or, if there is none, is answered 503 `SERVER_BUSY` and
+    /// closed. Default 512 (the CLI derives it from the open-files limit).
     pub max_connections: usize,
     /// Connections open at once from one IP address; one more is answered 503
     /// `SERVER_BUSY` (`max_connections_per_peer`) and closed. Default 128.

@@ -38,10 +38,12 @@ then every sandbox is deleted (on_exit applied; branches are kept by default). S
 a server that died without stopping are listed as `lost` by the next one.
 
 What a client or a sandbox can make the server hold is bounded by the flags above: the soft
-open-files limit is raised to the hard one at start; connections beyond --max-connections,
-or beyond --max-connections-per-peer from one address, are refused at once; a slow or idle connection is closed after --header-timeout, a stalled
-body or unread response after --io-timeout; an exec's reply holds at most --max-exec-output
-of each stream (stream larger outputs with exec/stream); process logs share --max-log-memory.";
+open-files limit is raised to the hard one at start; at --max-connections a new connection
+replaces the oldest half-open one, or is refused at once, as is one beyond
+--max-connections-per-peer from one address; a slow or idle connection is closed after
+--header-timeout, a stalled body or unread response after --io-timeout; an exec's reply
+holds at most --max-exec-output of each stream (stream larger outputs with exec/stream);
+process logs share --max-log-memory.";
 
 /// Finds the agent to start in each sandbox when this process is not lockbox itself (set by
 /// [`crate::set_agent_exe`]); unset, the runtime re-executes the current executable.
@@ -95,8 +97,10 @@ pub struct ServeArgs {
     /// Interval of the SSE keepalive comment.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_dur)]
     pub keepalive: Duration,
-    /// Connections open at once; one more is answered 503 SERVER_BUSY (Retry-After: 1) and
-    /// closed. SSE and WebSocket streams count too [default: half the open-files limit
+    /// Connections open at once. At the cap, a new connection closes the oldest one that has
+    /// not sent a complete request head and takes its place; when every one has started a
+    /// request, it is answered 503 SERVER_BUSY (Retry-After: 1) and closed. SSE and
+    /// WebSocket streams count too [default: half the open-files limit
     /// (raised to its hard limit at start), at most 16384; the start message says how many]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
