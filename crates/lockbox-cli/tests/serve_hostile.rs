@@ -159,17 +159,48 @@ fn wait_closed(s: &mut TcpStream) {
     }
 }
 
+/// Opens a connection that sends a whole request and waits for the start of its answer
+/// (200, or 503 beyond the cap): then it has started a request, so it is never evicted
+/// (an idle keep-alive connection).
+fn started(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut status = [0u8; 12];
+    s.read_exact(&mut status).unwrap();
+    s
+}
+
 #[test]
 fn issue_15_slowloris_at_a_low_descriptor_limit_gets_a_clear_refusal() {
     for user in users() {
         let state = state_dir(user);
         // 256 descriptors, default flags: the cap is half of them.
         let server = Served::start_with_fd_limit(user, state.path(), 256, &[]);
-        let attackers: Vec<TcpStream> = (0..300).map(|_| half_open(server.addr())).collect();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap();
+        // Half-open connections are evicted, oldest first, for newer ones (issue 32): the
+        // client is served.
+        let attackers: Vec<TcpStream> = (0..300).map(|_| half_open(server.addr())).collect();
+        tokio().block_on(async {
+            let response = client
+                .get(format!("{}/v1/sandboxes", server.base))
+                .bearer_auth(&server.token)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{user:?}: no answer under a slowloris: {e}"));
+            assert_eq!(response.status(), StatusCode::OK, "{user:?}");
+        });
+        drop(attackers);
+        // Connections that started a request are not evicted: beyond the cap, a clear
+        // refusal. (A fresh client: the one above holds a slot.)
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let attackers: Vec<TcpStream> = (0..300).map(|_| started(server.addr())).collect();
         tokio().block_on(async {
             // The old server ran out of descriptors and left this one in its backlog for good.
             let response = client
@@ -218,12 +249,13 @@ fn issue_15_half_open_and_idle_connections_close_after_the_header_timeout() {
     held.push(idle);
     let client = reqwest::Client::new();
     tokio().block_on(async {
-        let refused = client
+        // At the cap, the oldest half-open connection gives its place (issue 32).
+        let served = client
             .get(format!("{}/healthz", server.base))
             .send()
             .await
             .unwrap();
-        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(served.status(), StatusCode::OK);
     });
     for s in &mut held {
         wait_closed(s);
@@ -609,4 +641,74 @@ fn issue_32_a_scoped_token_stays_under_its_ceiling_and_off_operator_routes() {
             assert_eq!(status, StatusCode::UNAUTHORIZED);
         });
     }
+}
+
+/// Opens a connection from `source` (a loopback address: every 127.x.y.z is this host's)
+/// that sends half a request head and stops.
+async fn half_open_from(source: std::net::Ipv4Addr, addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((source, 0).into()).unwrap();
+    let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    s
+}
+
+/// Raises this process's soft open-files limit to its hard one (the test's own sockets).
+fn raise_own_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let hard = getrlimit(Resource::Nofile).maximum;
+    let raised = Rlimit {
+        current: hard,
+        maximum: hard,
+    };
+    setrlimit(Resource::Nofile, raised).unwrap();
+    hard.unwrap_or(u64::MAX)
+}
+
+/// Issue 32: 1,100 half-open connections locked every client out for ~10 s per wave behind
+/// the 512-connection cap. One address now holds at most `--max-connections-per-peer`
+/// (512); the rest of the cap stays for the others.
+#[test]
+fn issue_32_half_open_connections_of_one_peer_do_not_lock_out_another() {
+    let nofile = raise_own_nofile();
+    assert!(
+        nofile >= 4096,
+        "this test needs 4,096 descriptors, has {nofile}"
+    );
+    let state = state_dir(User::Current);
+    let server = Served::start(User::Current, state.path(), &[]);
+    let flooder = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    tokio().block_on(async {
+        let mut held = Vec::new();
+        for _ in 0..2000 {
+            held.push(half_open_from(flooder, server.addr()).await);
+        }
+        // The flooder's next complete request is refused, naming the per-peer cap.
+        let mut extra = half_open_from(flooder, server.addr()).await;
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            extra.write_all(b"1\r\n\r\n").await.unwrap();
+            let mut answer = Vec::new();
+            extra.read_to_end(&mut answer).await.unwrap();
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+            assert!(answer.contains("max_connections_per_peer"), "{answer}");
+        }
+        // Another client (127.0.0.1) is served while the flooder's connections are held.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let response = client
+            .get(format!("{}/v1/sandboxes", server.base))
+            .bearer_auth(&server.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        drop(held);
+    });
 }

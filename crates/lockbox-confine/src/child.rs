@@ -346,8 +346,8 @@ fn helper_main(job: &Alongside) -> ! {
 
 fn helper_work(job: &Alongside) -> Result<(), Fail> {
     // Written in the sandbox's user namespace (the kernel picks the writer's), so that the
-    // caller keeps the rest of its per-user quotas. Needs the host's uid 0 mapped, which
-    // the parent checked.
+    // caller keeps the rest of its per-user quotas. Needs CAP_SYS_RESOURCE there, which the
+    // helper holds until the init drops its capabilities, whoever the caller is.
     let proc_fd = job.proc_fd.load(Ordering::Relaxed);
     for (i, (path, value)) in job.user_sysctls.iter().enumerate() {
         let in_proc = under_proc(path).ok_or(Errno(libc::EINVAL));

@@ -12,12 +12,14 @@
 //!   sandbox namespace's count against them, and the caller's count (the sandbox's
 //!   included) against the caller's, so the rest stays the caller's. Any caller can.
 //! - **the user namespace's own limits** (`/proc/sys/user/max_inotify_instances` and
-//!   `max_inotify_watches`): written by the init into the sandbox's user namespace (step 2 of
-//!   `child`). The kernel lets only a namespace that maps the host's uid 0 write them: the
-//!   files belong to the host's root, and a write to a file whose owner is unmapped fails
-//!   with `EACCES` (`inode_permission`). So only for a root caller in the initial user
-//!   namespace; any other caller's sandboxes share the caller's inotify quota, which the
-//!   report says (`null`) and `docs/security.md` documents.
+//!   `max_inotify_watches`): written by the init's helper into the sandbox's user namespace
+//!   (step 2 of `child`), while it still holds its capabilities there. The kernel shows each
+//!   user namespace its own copy of these files and lets whoever has `CAP_SYS_RESOURCE` in
+//!   that namespace write them (`set_permissions` in `kernel/ucount.c`), whatever uid owns
+//!   them — so any caller can, root or not. Issue 32: an unprivileged caller's sandboxes used
+//!   to be left without this bound (on the belief that only a namespace mapping the host's
+//!   uid 0 could write them) and a sandbox of uid 65534 took all 128 of its inotify
+//!   instances.
 //!
 //! Not here: the namespace counts (`max_*_namespaces`: the command cannot create
 //! namespaces, having no capability and seccomp refusing new user namespaces), fanotify
@@ -56,9 +58,6 @@ pub(crate) struct HostQuotas {
     rlimits: [Option<u64>; 4],
     /// Values of `SYSCTLS`, in that order (`None`: absent on this kernel).
     sysctls: [Option<u64>; 2],
-    /// Whether the sandbox's user namespace will map the host's uid 0, so that its init may
-    /// write the namespace's limits: a root caller in the initial user namespace.
-    maps_host_root: bool,
 }
 
 const RLIMITS: [libc::__rlimit_resource_t; 4] = [
@@ -75,9 +74,9 @@ const SYSCTLS: [&str; 2] = ["max_inotify_instances", "max_inotify_watches"];
 const SYSCTL_DIR: &str = "/proc/sys/user";
 
 impl HostQuotas {
-    /// Reads the caller's limits: rlimits of this process, `proc`/sys/user, and whether
-    /// `uid` is the host's root (`proc`/self/uid_map is the initial namespace's identity map).
-    pub(crate) fn read(proc: &Path, uid: u32) -> HostQuotas {
+    /// Reads the caller's limits: rlimits of this process and `proc`/sys/user (the caller's
+    /// user namespace's, which bound the sandbox's too).
+    pub(crate) fn read(proc: &Path) -> HostQuotas {
         let mut host = HostQuotas::default();
         for (slot, resource) in host.rlimits.iter_mut().zip(RLIMITS) {
             *slot = soft_rlimit(resource);
@@ -87,16 +86,8 @@ impl HostQuotas {
                 .ok()
                 .and_then(|v| v.trim().parse().ok());
         }
-        let uid_map = std::fs::read_to_string(proc.join("self/uid_map")).unwrap_or_default();
-        host.maps_host_root = uid == 0 && is_initial_uid_map(&uid_map);
         host
     }
-}
-
-/// Whether `uid_map` is the initial user namespace's (`0 0 4294967295`).
-fn is_initial_uid_map(uid_map: &str) -> bool {
-    let fields: Vec<&str> = uid_map.split_whitespace().collect();
-    fields == ["0", "0", "4294967295"]
 }
 
 fn soft_rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
@@ -137,18 +128,16 @@ pub(crate) fn prepare(host: &HostQuotas, uid: u32, explicit_processes: bool) -> 
         };
         *slot = Some(value);
     }
-    if host.maps_host_root {
-        for (name, limit) in SYSCTLS.into_iter().zip(host.sysctls) {
-            let Some(limit) = limit else { continue };
-            let value = share(limit);
-            plan.sysctls.push((
-                crate::plan::cstring(format!("{SYSCTL_DIR}/{name}").as_bytes()),
-                value.to_string().into_bytes(),
-            ));
-            match name {
-                "max_inotify_instances" => plan.report.inotify_instances = Some(value),
-                _ => plan.report.inotify_watches = Some(value),
-            }
+    for (name, limit) in SYSCTLS.into_iter().zip(host.sysctls) {
+        let Some(limit) = limit else { continue };
+        let value = share(limit);
+        plan.sysctls.push((
+            crate::plan::cstring(format!("{SYSCTL_DIR}/{name}").as_bytes()),
+            value.to_string().into_bytes(),
+        ));
+        match name {
+            "max_inotify_instances" => plan.report.inotify_instances = Some(value),
+            _ => plan.report.inotify_watches = Some(value),
         }
     }
     plan
@@ -158,17 +147,16 @@ pub(crate) fn prepare(host: &HostQuotas, uid: u32, explicit_processes: bool) -> 
 mod tests {
     use super::*;
 
-    fn host(maps_host_root: bool) -> HostQuotas {
+    fn host() -> HostQuotas {
         HostQuotas {
             rlimits: [Some(96_365), Some(96_365), Some(819_200), None],
             sysctls: [Some(128), Some(192_536)],
-            maps_host_root,
         }
     }
 
     #[test]
     fn a_sandbox_gets_a_quarter_of_each_finite_quota_of_the_caller() {
-        let plan = prepare(&host(true), 0, false);
+        let plan = prepare(&host(), 0, false);
         assert_eq!(
             plan.report,
             UserQuotas {
@@ -203,23 +191,16 @@ mod tests {
     }
 
     #[test]
-    fn an_unprivileged_caller_shares_inotify_and_gets_a_share_of_processes() {
-        let plan = prepare(&host(false), 65534, false);
-        assert!(plan.sysctls.is_empty());
-        assert_eq!(plan.report.inotify_instances, None);
+    fn an_unprivileged_caller_gets_a_share_of_inotify_and_of_processes() {
+        let plan = prepare(&host(), 65534, false);
+        assert_eq!(plan.sysctls.len(), 2);
+        assert_eq!(plan.report.inotify_instances, Some(32));
         assert_eq!(plan.report.processes, Some(24_091));
-        let explicit = prepare(&host(false), 65534, true);
+        let explicit = prepare(&host(), 65534, true);
         assert_eq!(explicit.report.processes, None);
         assert!(!explicit
             .rlimits
             .iter()
             .any(|(r, _, _)| *r == libc::RLIMIT_NPROC));
-    }
-
-    #[test]
-    fn only_the_initial_identity_map_is_the_hosts_root() {
-        assert!(is_initial_uid_map("         0          0 4294967295\n"));
-        assert!(!is_initial_uid_map("         0       1000          1\n"));
-        assert!(!is_initial_uid_map("         0          0      65536\n"));
     }
 }

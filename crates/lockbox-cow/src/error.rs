@@ -48,6 +48,15 @@ pub enum CowError {
         /// Snapshots stacked on it.
         children: Vec<String>,
     },
+    /// A new snapshot would take the store beyond one of its [`crate::SnapshotLimits`]:
+    /// nothing of it is kept.
+    #[error("the snapshot of {} would take the snapshots beyond their {limit} limit", quoted(.path))]
+    SnapshotLimit {
+        /// Which limit.
+        limit: crate::SnapshotLimit,
+        /// The tree being copied (the layer the snapshot was taken of).
+        path: PathBuf,
+    },
     /// Making, reading or removing a snapshot failed.
     #[error("snapshot {}: {source}", quoted(.path))]
     Snapshot {
@@ -351,6 +360,7 @@ impl CowError {
             CowError::SnapshotNotFound { .. } => ErrorCode::SnapshotNotFound,
             CowError::SnapshotInUse { .. } => ErrorCode::SnapshotInUse,
             CowError::Snapshot { .. } => ErrorCode::SnapshotStore,
+            CowError::SnapshotLimit { .. } => ErrorCode::LimitReached,
             CowError::StateDir { .. } => ErrorCode::StateDir,
             CowError::CreateBranchDir { .. } => ErrorCode::CreateBranchDir,
             CowError::BranchNotFound { .. } => ErrorCode::BranchNotFound,

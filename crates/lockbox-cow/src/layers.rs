@@ -57,17 +57,67 @@ pub fn flatten(layers: &[PathBuf], into: &Path) -> Result<(), CowError> {
     Ok(())
 }
 
-/// What a walk met: entries, and bytes allocated to them in the source.
+/// What one inode costs a snapshot beyond its blocks: the filesystems a state directory
+/// lives on (ext4, xfs) spend 256–512 bytes of inode table on each.
+pub const INODE_COST: u64 = 512;
+
+/// The least a directory costs a snapshot: one block where the copy lands, even when the
+/// source (a tmpfs upper) reports none. Issue 32: 200,000 empty directories were counted
+/// as 0 bytes and cost 786 MB and 200,000 inodes per snapshot.
+pub const DIR_MIN_COST: u64 = 4096;
+
+/// What an entry with `st` costs a snapshot, in bytes: its blocks (at least
+/// [`DIR_MIN_COST`] for a directory) plus [`INODE_COST`].
+pub fn entry_cost(st: &Stat) -> u64 {
+    let blocks = (st.st_blocks as u64).saturating_mul(512);
+    let blocks = if RawType::from_raw_mode(st.st_mode) == RawType::Directory {
+        blocks.max(DIR_MIN_COST)
+    } else {
+        blocks
+    };
+    blocks.saturating_add(INODE_COST)
+}
+
+/// What a walk met: entries, and what they cost ([`entry_cost`]); with room, the walk
+/// stops at the first entry beyond it, before copying it.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Tally {
     pub entries: u64,
     pub bytes: u64,
+    /// What the walk may still add: `(bytes, entries)`, each unbounded if `None`.
+    pub room: (Option<u64>, Option<u64>),
+}
+
+impl Tally {
+    /// A tally that refuses to grow by more than `room`.
+    pub fn within(room: (Option<u64>, Option<u64>)) -> Tally {
+        Tally {
+            room,
+            ..Tally::default()
+        }
+    }
+
+    /// Counts one entry, or says which bound it would cross.
+    fn count(&mut self, st: &Stat) -> Result<(), crate::SnapshotLimit> {
+        let bytes = self.bytes.saturating_add(entry_cost(st));
+        let entries = self.entries + 1;
+        if self.room.0.is_some_and(|room| bytes > room) {
+            return Err(crate::SnapshotLimit::Bytes);
+        }
+        if self.room.1.is_some_and(|room| entries > room) {
+            return Err(crate::SnapshotLimit::Entries);
+        }
+        self.bytes = bytes;
+        self.entries = entries;
+        Ok(())
+    }
 }
 
 /// Copies the upper layer `upper` into the empty directory `into`, overlay marks included
 /// (whiteouts, opaque directories), never linking a file (a sandbox may be running on
 /// `upper`: its processes paused, its files will change in place once they go on).
-pub(crate) fn capture(upper: &Path, into: &Path) -> Result<Tally, CowError> {
+/// Counts into `tally`, stopping at its room.
+pub(crate) fn capture(upper: &Path, into: &Path, tally: &mut Tally) -> Result<(), CowError> {
     let dst = OwnDir::open_root(into, beneath::WRITE).map_err(|source| CowError::Stage {
         path: into.to_owned(),
         source,
@@ -76,16 +126,7 @@ pub(crate) fn capture(upper: &Path, into: &Path) -> Result<Tally, CowError> {
         path: upper.to_owned(),
         source,
     })?;
-    let mut tally = Tally::default();
-    merge_dir(
-        src.as_fd(),
-        upper,
-        dst.as_fd(),
-        into,
-        Merge::CAPTURE,
-        &mut tally,
-    )?;
-    Ok(tally)
+    merge_dir(src.as_fd(), upper, dst.as_fd(), into, Merge::CAPTURE, tally)
 }
 
 /// Copies what an overlay of `upper` over `lower` shows at `rel` to `dst_dir/dst_name`, as
@@ -188,6 +229,17 @@ pub fn copy_view(
 /// modes are left as they are, so a directory the copier cannot read is an error naming it.
 /// Returns the entries and bytes copied.
 pub fn copy_tree(src: &Path, into: &Path) -> Result<(u64, u64), CowError> {
+    let mut tally = Tally::default();
+    copy_tree_counted(src, into, &mut tally)?;
+    Ok((tally.entries, tally.bytes))
+}
+
+/// [`copy_tree`], counting into `tally` and stopping at its room.
+pub(crate) fn copy_tree_counted(
+    src: &Path,
+    into: &Path,
+    tally: &mut Tally,
+) -> Result<(), CowError> {
     let dst = OwnDir::open_root(into, beneath::WRITE).map_err(|source| CowError::Stage {
         path: into.to_owned(),
         source,
@@ -208,9 +260,7 @@ pub fn copy_tree(src: &Path, into: &Path) -> Result<(u64, u64), CowError> {
         one_fs: Some((dev(from.as_fd(), src)?, dev(dst.as_fd(), into)?)),
         ..Merge::COPY
     };
-    let mut tally = Tally::default();
-    merge_dir(from.as_fd(), src, dst.as_fd(), into, how, &mut tally)?;
-    Ok((tally.entries, tally.bytes))
+    merge_dir(from.as_fd(), src, dst.as_fd(), into, how, tally)
 }
 
 /// The workdir's directory at `rel` opened for reading, `None` if there is none (missing, not
@@ -316,8 +366,10 @@ fn merge_dir(
                 continue;
             }
         }
-        tally.entries += 1;
-        tally.bytes += st.st_blocks as u64 * 512;
+        tally.count(&st).map_err(|limit| CowError::SnapshotLimit {
+            limit,
+            path: abs.clone(),
+        })?;
         if overlay::is_whiteout(&st, &xattrs) {
             if existing.is_some() {
                 remove_tree_at(dst, &name).map_err(write_err)?;

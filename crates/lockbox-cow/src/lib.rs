@@ -67,13 +67,15 @@ pub use crate::hunks::{
 };
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
-pub use crate::layers::{copy_tree, copy_view, flatten, restrict};
+pub use crate::layers::{
+    copy_tree, copy_view, entry_cost, flatten, restrict, DIR_MIN_COST, INODE_COST,
+};
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_FORMAT_VERSION};
 pub use crate::select::{select_hunks, HunkChoice, Selection};
 pub use crate::snapshot::{
-    is_spare, process_hold, NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore, MAX_DEPTH,
-    SNAPSHOT_FORMAT_VERSION, SPARE,
+    is_spare, process_hold, NewSnapshot, SnapshotId, SnapshotLimit, SnapshotLimits, SnapshotMeta,
+    SnapshotStore, SnapshotUsage, MAX_DEPTH, SNAPSHOT_FORMAT_VERSION, SPARE,
 };
 pub use crate::staged::{
     apply_staged, discard_staging, stage_upper, stage_upper_rebased, staging_exists,

@@ -162,6 +162,47 @@ pub struct NewSnapshot {
     /// Other trees to keep beside the layer, by name (a sandbox's `/tmp`): copied with
     /// [`crate::copy_tree`], read back with [`SnapshotStore::scratch`]. Names are ids.
     pub scratch: Vec<(String, PathBuf)>,
+    /// Bounds of all the store's snapshots together, this one included.
+    pub limits: SnapshotLimits,
+}
+
+/// Bounds of what a store's snapshots hold together on disk. The walk that copies a new
+/// snapshot stops at the first entry beyond them (nothing of it is kept), so a sandbox
+/// that made millions of entries is refused after the bound's worth, not after copying them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotLimits {
+    /// What they cost at most, in bytes: each entry's blocks (a directory at least one)
+    /// plus an inode (see [`crate::entry_cost`]).
+    pub max_bytes: Option<u64>,
+    /// How many entries (inodes) they hold at most.
+    pub max_entries: Option<u64>,
+}
+
+/// Which of the [`SnapshotLimits`] a snapshot would cross.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotLimit {
+    /// [`SnapshotLimits::max_bytes`].
+    Bytes,
+    /// [`SnapshotLimits::max_entries`].
+    Entries,
+}
+
+impl std::fmt::Display for SnapshotLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SnapshotLimit::Bytes => "bytes",
+            SnapshotLimit::Entries => "entries",
+        })
+    }
+}
+
+/// What the snapshots of a store hold together ([`SnapshotStore::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotUsage {
+    /// Their cost in bytes (as [`SnapshotMeta::bytes`]).
+    pub bytes: u64,
+    /// Their entries.
+    pub entries: u64,
 }
 
 /// A published snapshot's record (`meta.json`).
@@ -181,9 +222,11 @@ pub struct SnapshotMeta {
     pub base_ctime: Timestamp,
     /// When it was taken (wall clock).
     pub created: Timestamp,
-    /// Bytes of file data in its own layer (not its parents'), as allocated on disk.
+    /// What its own layer (not its parents') and kept trees cost on disk, in bytes: each
+    /// entry's blocks (a directory at least one) plus an inode ([`crate::entry_cost`]).
+    /// Snapshots taken by earlier versions counted file data only.
     pub bytes: u64,
-    /// Entries in its own layer.
+    /// Entries in its own layer and kept trees.
     pub entries: u64,
     /// The caller's record.
     pub context: serde_json::Value,
@@ -273,7 +316,13 @@ impl SnapshotStore {
             mk(&aside)?;
             mk(&layer)?;
             mk(&aside.join(USERS))?;
-            let mut tally = crate::layers::capture(upper, &layer)?;
+            let used = self.usage()?;
+            let room = |max: Option<u64>, used: u64| max.map(|m| m.saturating_sub(used));
+            let mut tally = crate::layers::Tally::within((
+                room(new.limits.max_bytes, used.bytes),
+                room(new.limits.max_entries, used.entries),
+            ));
+            crate::layers::capture(upper, &layer, &mut tally)?;
             for (name, tree) in &new.scratch {
                 check_id(name).map_err(|reason| CowError::InvalidSnapshotId {
                     id: name.clone(),
@@ -284,9 +333,7 @@ impl SnapshotStore {
                     mk(&kept)?;
                 }
                 mk(&kept.join(name))?;
-                let (entries, bytes) = crate::layers::copy_tree(tree, &kept.join(name))?;
-                tally.entries += entries;
-                tally.bytes += bytes;
+                crate::layers::copy_tree_counted(tree, &kept.join(name), &mut tally)?;
             }
             // The layer's root carries the view's root attributes, as the upper's does.
             let upper_mode = fs::metadata(upper)
@@ -333,6 +380,32 @@ impl SnapshotStore {
                 source,
             })?;
             let _lock = self.lock()?;
+            // Another snapshot may have been published while this one was copied.
+            let used = self.usage()?;
+            let over = |max: Option<u64>, used: u64, this: u64| {
+                max.is_some_and(|m| used.saturating_add(this) > m)
+            };
+            for (limit, max, used, this) in [
+                (
+                    SnapshotLimit::Bytes,
+                    new.limits.max_bytes,
+                    used.bytes,
+                    meta.bytes,
+                ),
+                (
+                    SnapshotLimit::Entries,
+                    new.limits.max_entries,
+                    used.entries,
+                    meta.entries,
+                ),
+            ] {
+                if over(max, used, this) {
+                    return Err(CowError::SnapshotLimit {
+                        limit,
+                        path: upper.to_owned(),
+                    });
+                }
+            }
             let dst = self.dir.join(id.as_str());
             fs::rename(&aside, &dst).map_err(|source| CowError::Snapshot {
                 path: dst.clone(),
@@ -572,9 +645,15 @@ impl SnapshotStore {
             .collect())
     }
 
-    /// Bytes of file data over all snapshots (for a disk budget).
-    pub fn total_bytes(&self) -> Result<u64, CowError> {
-        Ok(self.list()?.iter().map(|m| m.bytes).sum())
+    /// What all snapshots hold together (for the [`SnapshotLimits`]).
+    pub fn usage(&self) -> Result<SnapshotUsage, CowError> {
+        Ok(self
+            .list()?
+            .iter()
+            .fold(SnapshotUsage::default(), |u, m| SnapshotUsage {
+                bytes: u.bytes.saturating_add(m.bytes),
+                entries: u.entries.saturating_add(m.entries),
+            }))
     }
 
     fn remove(&self, name: &str) -> Result<(), CowError> {

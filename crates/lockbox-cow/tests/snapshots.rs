@@ -216,6 +216,7 @@ fn new_snapshot(parent: Option<SnapshotId>, wd: &Path) -> NewSnapshot {
         base_ctime: Timestamp { secs: 1, nanos: 0 },
         context: serde_json::json!({"sessions": []}),
         scratch: Vec::new(),
+        limits: lockbox_cow::SnapshotLimits::default(),
     }
 }
 

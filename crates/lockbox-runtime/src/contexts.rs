@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 use crate::agent::AgentClient;
-use crate::types::{CodeEvent, ContextId, ContextInfo, ContextOptions, ExecError, Execution};
+use crate::types::{
+    CodeEvent, ContextId, ContextInfo, ContextOptions, DisplayData, ExecError, Execution,
+};
 use crate::util::{self, Read};
 use crate::RuntimeError;
 
@@ -143,13 +145,62 @@ impl Utf8 {
     }
 }
 
-/// What a run collects, and where it sends events.
+/// The length of byte `b` inside a JSON string as serde_json writes it.
+fn escaped_len(b: u8) -> usize {
+    match b {
+        b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+        0..=0x1f => 6,
+        _ => 1,
+    }
+}
+
+/// What `text` costs in a JSON reply (its string's contents): a control character such as
+/// `\x01` costs 6 bytes (`\u0001`). Issue 32: 16 MiB of `\x01` kept per stream made a
+/// 201 MB reply; the cap now counts this, not the raw bytes.
+fn json_len(text: &str) -> usize {
+    text.bytes().map(escaped_len).sum()
+}
+
+/// The longest prefix of `text` (whole characters) whose JSON form fits in `room` bytes.
+fn json_prefix(text: &str, room: usize) -> &str {
+    let mut used = 0;
+    for (i, c) in text.char_indices() {
+        used += match u8::try_from(c) {
+            Ok(b) if b.is_ascii() => escaped_len(b),
+            _ => c.len_utf8(),
+        };
+        if used > room {
+            return &text[..i];
+        }
+    }
+    text
+}
+
+/// Counts the bytes written to it (the JSON size of a value, without making the JSON).
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a run collects, and where it sends events. What it keeps for the reply is bounded
+/// by `max_output` bytes *of JSON* ([`json_len`]) per stream, and as much again for the
+/// results and the error together; beyond, it is dropped and `truncated` set. Events are
+/// sent as they come (a stream's client reads them; they are not kept).
 struct Collect<'a> {
     exec: Execution,
     out: Utf8,
     err: Utf8,
     out_bytes: usize,
     err_bytes: usize,
+    results_bytes: usize,
     max_output: usize,
     emit: &'a mut (dyn FnMut(CodeEvent) + Send),
 }
@@ -173,11 +224,13 @@ impl Collect<'_> {
         } else {
             (&mut self.out_bytes, &mut self.exec.logs.stdout)
         };
-        if *used + text.len() <= self.max_output {
-            *used += text.len();
-            logs.push(text.clone());
-        } else {
+        let kept = json_prefix(&text, self.max_output.saturating_sub(*used));
+        if kept.len() < text.len() {
             self.exec.truncated = true;
+        }
+        if !kept.is_empty() {
+            *used += json_len(kept);
+            logs.push(kept.to_owned());
         }
         (self.emit)(if stderr {
             CodeEvent::Stderr { text }
@@ -186,9 +239,37 @@ impl Collect<'_> {
         });
     }
 
+    fn result(&mut self, d: DisplayData) {
+        let mut size = Counter(0);
+        let measured = serde_json::to_writer(&mut size, &d);
+        (self.emit)(CodeEvent::Result(d.clone()));
+        let used = self.results_bytes.saturating_add(size.0);
+        if measured.is_ok() && used <= self.max_output {
+            self.results_bytes = used;
+            self.exec.results.push(d);
+        } else {
+            self.exec.truncated = true;
+        }
+    }
+
+    /// Sets the run's error, cut to what the results left of their budget.
     fn error(&mut self, e: ExecError) {
         (self.emit)(CodeEvent::Error(e.clone()));
-        self.exec.error = Some(e);
+        let mut room = self.max_output.saturating_sub(self.results_bytes);
+        let mut cut = |text: &str| {
+            let kept = json_prefix(text, room);
+            room -= json_len(kept);
+            kept.to_owned()
+        };
+        let kept = ExecError {
+            name: cut(&e.name),
+            value: cut(&e.value),
+            traceback: cut(&e.traceback),
+        };
+        if kept != e {
+            self.exec.truncated = true;
+        }
+        self.exec.error = Some(kept);
     }
 }
 
@@ -276,6 +357,7 @@ impl Context {
             err: Utf8::default(),
             out_bytes: 0,
             err_bytes: 0,
+            results_bytes: 0,
             max_output,
             emit,
         };
@@ -405,10 +487,7 @@ impl Context {
                 Frame::Event(ev, used) => {
                     events.drain(..used);
                     match *ev {
-                        RunnerEvent::Result(d) => {
-                            (c.emit)(CodeEvent::Result(d.clone()));
-                            c.exec.results.push(d);
-                        }
+                        RunnerEvent::Result(d) => c.result(d),
                         RunnerEvent::Error(e) => c.error(e),
                         RunnerEvent::Done {
                             exit_code,
@@ -558,7 +637,21 @@ pub(crate) fn check_id(id: &str) -> Result<(), RuntimeError> {
 
 #[cfg(test)]
 mod tests {
-    use super::Utf8;
+    use super::{json_len, json_prefix, Utf8};
+
+    #[test]
+    fn json_prefix_counts_escapes_and_keeps_characters_whole() {
+        let text = "a\u{1}é\n";
+        assert_eq!(
+            json_len(text),
+            serde_json::to_string(text).unwrap().len() - 2
+        );
+        assert_eq!(json_prefix(text, 6), "a");
+        assert_eq!(json_prefix(text, 7), "a\u{1}");
+        assert_eq!(json_prefix(text, 8), "a\u{1}");
+        assert_eq!(json_prefix(text, 9), "a\u{1}é");
+        assert_eq!(json_prefix(text, 11), text);
+    }
 
     #[test]
     fn a_character_split_across_reads_is_kept_whole() {

@@ -534,14 +534,13 @@ impl Sandbox {
                 spec: &sb.spec,
                 sessions: &sessions,
             };
-            let budget = sb.limits.max_snapshot_bytes;
             crate::snapshots::take(
                 &inst,
                 &sb.snapshots,
                 &sb.id,
                 name,
                 context,
-                budget,
+                sb.limits.snapshots,
                 include_tmp,
             )
         })

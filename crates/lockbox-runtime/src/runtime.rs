@@ -494,7 +494,10 @@ pub(crate) fn limits(
         max_sessions: config.max_sessions,
         max_processes: config.max_processes,
         log_budget: Arc::clone(log_budget),
-        max_snapshot_bytes: config.max_snapshot_bytes,
+        snapshots: lockbox_cow::SnapshotLimits {
+            max_bytes: config.max_snapshot_bytes,
+            max_entries: config.max_snapshot_entries,
+        },
     }
 }
 

@@ -90,8 +90,9 @@ pub(crate) struct Limits {
     pub max_processes: usize,
     /// Shared by every sandbox of the runtime.
     pub log_budget: Arc<LogBudget>,
-    /// All snapshots' bytes at most (`RuntimeConfig::max_snapshot_bytes`).
-    pub max_snapshot_bytes: Option<u64>,
+    /// All snapshots' bytes and entries at most (`RuntimeConfig::max_snapshot_bytes`,
+    /// `max_snapshot_entries`).
+    pub snapshots: lockbox_cow::SnapshotLimits,
 }
 
 /// The bytes all process logs may reserve together (`RuntimeConfig::max_log_memory`).

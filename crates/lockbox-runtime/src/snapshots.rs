@@ -10,7 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockbox_cow::{NewSnapshot, SnapshotId, SnapshotMeta, SnapshotStore};
+use lockbox_cow::{
+    CowError, NewSnapshot, SnapshotId, SnapshotLimit, SnapshotLimits, SnapshotMeta, SnapshotStore,
+};
 
 use crate::sandbox::{lock, Instance, Limits, SessionState};
 use crate::types::{
@@ -100,7 +102,7 @@ pub(crate) fn take(
     sandbox: &str,
     name: Option<String>,
     context: Recorded<'_>,
-    budget: Option<u64>,
+    limits: SnapshotLimits,
     include_tmp: bool,
 ) -> Result<SnapshotInfo, RuntimeError> {
     if let Some(n) = &name {
@@ -135,16 +137,8 @@ pub(crate) fn take(
             "spec": crate::record::spec_json(context.spec),
             "sessions": context.sessions,
         }),
+        limits,
     };
-    if let Some(max) = budget {
-        let total = store.total_bytes().map_err(RuntimeError::Branch)?;
-        if total >= max {
-            return Err(RuntimeError::LimitReached {
-                what: format!("max_snapshot_bytes (the snapshots hold {total} bytes)"),
-                limit: usize::try_from(max).unwrap_or(usize::MAX),
-            });
-        }
-    }
     let started = Instant::now();
     let frozen = inst.freeze(FREEZE_TIMEOUT).map_err(|e| {
         RuntimeError::internal(format!(
@@ -162,21 +156,7 @@ pub(crate) fn take(
         paused = Some(started.elapsed());
     });
     drop(frozen);
-    let meta = made.map_err(RuntimeError::Branch)?;
-    if let Some(max) = budget {
-        // Known only once copied: a snapshot that does not fit is taken back.
-        let total = store.total_bytes().map_err(RuntimeError::Branch)?;
-        if total > max {
-            let _ = store.delete(&meta.id);
-            return Err(RuntimeError::LimitReached {
-                what: format!(
-                    "max_snapshot_bytes (this snapshot holds {} bytes; all would hold {total})",
-                    meta.bytes
-                ),
-                limit: usize::try_from(max).unwrap_or(usize::MAX),
-            });
-        }
-    }
+    let meta = made.map_err(|e| limit_error(e, limits))?;
     tracing::debug!(
         snapshot = %meta.id,
         processes,
@@ -185,6 +165,24 @@ pub(crate) fn take(
         "snapshot taken"
     );
     Ok(info(meta))
+}
+
+/// A snapshot refused by one of the `limits`, as `LIMIT_REACHED` naming the setting;
+/// other errors as they are.
+fn limit_error(e: CowError, limits: SnapshotLimits) -> RuntimeError {
+    let CowError::SnapshotLimit { limit, .. } = e else {
+        return RuntimeError::Branch(e);
+    };
+    let (what, max) = match limit {
+        SnapshotLimit::Bytes => ("max_snapshot_bytes", limits.max_bytes),
+        SnapshotLimit::Entries => ("max_snapshot_entries", limits.max_entries),
+    };
+    RuntimeError::LimitReached {
+        what: format!(
+            "{what} (this snapshot would take all snapshots beyond it; nothing of it was kept)"
+        ),
+        limit: max.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX)),
+    }
 }
 
 /// The spec of the sandbox snapshot `meta` was taken of (as recorded then), without its

@@ -23,8 +23,12 @@ pub const DEFAULT_MAX_PROCESSES: usize = 64;
 pub const DEFAULT_MAX_LOG_MEMORY: usize = 1 << 30;
 /// Default number of stopped sandboxes kept in the list (the newest).
 pub const DEFAULT_KEEP_STOPPED: usize = 100;
-/// Default bound of all snapshots' file data ([`RuntimeConfig::max_snapshot_bytes`]): 10 GiB.
+/// Default bound of what all snapshots cost on disk ([`RuntimeConfig::max_snapshot_bytes`]):
+/// 10 GiB.
 pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 10 << 30;
+/// Default bound of the entries (inodes) of all snapshots
+/// ([`RuntimeConfig::max_snapshot_entries`]): one million.
+pub const DEFAULT_MAX_SNAPSHOT_ENTRIES: u64 = 1_000_000;
 
 /// How the runtime is set up.
 #[derive(Debug, Clone)]
@@ -61,9 +65,15 @@ pub struct RuntimeConfig {
     /// executable, which must then dispatch to [`lockbox_agent::main_if_agent`] first thing
     /// in `main` (as `lockbox` does).
     pub agent_exe: Option<PathBuf>,
-    /// The bytes of file data all snapshots together may hold; a snapshot that would go
-    /// beyond is `LIMIT_REACHED` (and not kept). `None` = no bound.
+    /// What all snapshots together may cost on disk, in bytes: every entry's blocks (a
+    /// directory at least 4 KiB) plus 512 bytes of inode ([`lockbox_cow::entry_cost`]). A
+    /// snapshot that would go beyond is `LIMIT_REACHED`: its copy stops at the first entry
+    /// beyond (the sandbox's processes go on at once) and nothing of it is kept.
+    /// `None` = no bound.
     pub max_snapshot_bytes: Option<u64>,
+    /// How many entries (inodes) all snapshots together may hold; beyond, as
+    /// [`RuntimeConfig::max_snapshot_bytes`]. `None` = no bound.
+    pub max_snapshot_entries: Option<u64>,
     /// Sandboxes kept started ahead for creations with the default policy and no workdir
     /// (see `pool.rs`): such a creation takes one instead of starting a sandbox. 0 = none.
     pub pool_size: usize,
@@ -94,6 +104,7 @@ impl RuntimeConfig {
             keep_stopped: DEFAULT_KEEP_STOPPED,
             agent_exe: None,
             max_snapshot_bytes: Some(DEFAULT_MAX_SNAPSHOT_BYTES),
+            max_snapshot_entries: Some(DEFAULT_MAX_SNAPSHOT_ENTRIES),
             pool_size: 0,
             credentials: lockbox_intercept::Credentials::default(),
             credential_files: Vec::new(),
@@ -283,7 +294,8 @@ pub struct SnapshotInfo {
     pub workdir: PathBuf,
     /// When it was taken.
     pub created_at: SystemTime,
-    /// Bytes of file data of its own layer (not its parents').
+    /// What its own layer (not its parents') costs on disk: every entry's blocks (a directory at
+    /// least 4 KiB) plus 512 bytes of inode ([`lockbox_cow::entry_cost`]).
     pub bytes: u64,
     /// Files, directories and deletions in its own layer.
     pub entries: u64,
@@ -1018,7 +1030,9 @@ pub struct Execution {
     pub context: ContextId,
     /// `display()` calls, matplotlib figures and the last expression's value, in order.
     pub results: Vec<DisplayData>,
-    /// stdout and stderr (each bounded by [`RuntimeConfig::max_exec_output`]).
+    /// stdout and stderr, each bounded by [`RuntimeConfig::max_exec_output`] bytes of JSON
+    /// (a control character counts 6: `\u0001`); `results` and `error` together by as much
+    /// again.
     pub logs: Logs,
     /// The exception (`name`, `value`, `traceback`); `KeyboardInterrupt` after a timeout
     /// the code survived, `Timeout` when the interpreter had to be killed,
@@ -1031,7 +1045,8 @@ pub struct Execution {
     /// The interpreter ended during this run (crash or timeout kill): the context's
     /// variables and imports are gone; the next run starts a fresh interpreter.
     pub state_lost: bool,
-    /// Output beyond [`RuntimeConfig::max_exec_output`] was dropped.
+    /// Output, results or error text beyond their bound (see [`Execution::logs`]) was
+    /// dropped.
     pub truncated: bool,
     /// Wall time of the run in milliseconds.
     pub duration_ms: u64,

@@ -294,3 +294,50 @@ async fn bad_context_requests_name_what_is_wrong() {
     let err = sb.create_context(opts).await.unwrap_err();
     assert_eq!(err.code().as_str(), "ALREADY_EXISTS");
 }
+
+/// Issue 32: a run printing 20 MiB of `\x01` per stream made a 201 MB JSON reply (each
+/// byte is 6 in JSON, `\u0001`) and +230 MB of server memory. What a run keeps is now
+/// bounded in JSON bytes: `max_exec_output` per stream, as much for results and error
+/// together, and the run says it was cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error() {
+    also_as_nobody("issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error");
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let max = lockbox_runtime::DEFAULT_MAX_EXEC_OUTPUT;
+    let e = run(
+        &sb,
+        "import sys\nfor s in (sys.stdout, sys.stderr):\n    s.write('\\x01' * (20 << 20)); s.flush()",
+    )
+    .await;
+    assert!(e.truncated && e.error.is_none(), "{:?}", e.error);
+    for (name, logs) in [("stdout", &e.logs.stdout), ("stderr", &e.logs.stderr)] {
+        let size = json(logs);
+        // As much as fits is kept: a chunk at most (64 KiB) short of the cap.
+        assert!(
+            size <= max + 4096 && size > max - (1 << 20),
+            "{name}: {size}"
+        );
+    }
+    let e = run(
+        &sb,
+        // Each below the runner's own bound of 64 MiB per event (in JSON, as here).
+        "class Big:\n    def __repr__(self): return '\\x01' * (8 << 20)\n\
+         display(Big())\nraise ValueError('\\x01' * (4 << 20))",
+    )
+    .await;
+    assert!(e.truncated, "{:?}", e.results.len());
+    assert!(
+        e.results.is_empty(),
+        "48 MiB of JSON does not fit in 16 MiB"
+    );
+    let error = e.error.as_ref().unwrap();
+    assert_eq!(error.name, "ValueError");
+    assert!(json(error) <= max + 4096, "{}", json(error));
+    assert!(error.value.starts_with('\x01'));
+}
+
+/// The size of `v` in JSON.
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> usize {
+    serde_json::to_vec(v).unwrap().len()
+}

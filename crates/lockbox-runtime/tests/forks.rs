@@ -394,6 +394,59 @@ async fn snapshots_beyond_the_disk_budget_are_refused_and_not_kept() {
     rt.shutdown().await;
 }
 
+/// Issue 32: 200,000 empty directories gave `bytes: 0` snapshots that cost 786 MB and
+/// 200,000 inodes each. Every entry now costs its blocks (a directory at least one) plus an
+/// inode, entries are bounded too, and the copy stops at the bound: nothing is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_32_snapshots_count_directories_and_inodes_and_stop_at_the_bound() {
+    also_as_nobody("issue_32_snapshots_count_directories_and_inodes_and_stop_at_the_bound");
+    let state = scratch();
+    let work = scratch();
+    let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
+    config.agent_exe = Some(agent_exe().to_owned());
+    // An empty directory costs at least 4096 + 512 bytes, an empty file 512: 20,000
+    // directories cross the bytes' bound first, 20,000 files the entries'.
+    config.max_snapshot_bytes = Some(10 << 20);
+    config.max_snapshot_entries = Some(5_000);
+    let rt = Runtime::open(config).unwrap();
+    let info = rt.create_sandbox(workdir_spec(work.path())).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
+    // In /tmp (a tmpfs: its directories report no blocks at all), kept by the snapshot.
+    let r = run(
+        &sb,
+        "mkdir /tmp/d && (cd /tmp/d && seq 20000 | xargs mkdir)",
+    )
+    .await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let e = sb
+        .snapshot_with(lockbox_runtime::SnapshotOptions {
+            name: None,
+            include_tmp: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code().as_str(), "LIMIT_REACHED", "{e}");
+    assert!(e.to_string().contains("max_snapshot_bytes"), "{e}");
+    // In the workdir: 20,000 empty files (counted as nothing before).
+    let r = run(&sb, "rm -r /tmp/d && seq 20000 | xargs touch").await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let e = sb.snapshot(None).await.unwrap_err();
+    assert_eq!(e.code().as_str(), "LIMIT_REACHED", "{e}");
+    assert!(e.to_string().contains("max_snapshot_entries"), "{e}");
+    // Nothing half-made was kept, and a snapshot within the bounds is still taken.
+    assert!(rt.list_snapshots().unwrap().is_empty());
+    let store = state.path().join("snapshots");
+    let leftovers = |dir: &Path| std::fs::read_dir(dir).unwrap().count();
+    assert_eq!(leftovers(&store.join(".new")), 0);
+    let r = run(&sb, "seq 20000 | xargs rm && mkdir a b && echo x > a/f").await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let snap = sb.snapshot(None).await.unwrap();
+    // Two directories and a file: three inodes, two directory blocks, one data block.
+    assert_eq!(snap.entries, 3, "{snap:?}");
+    assert!(snap.bytes >= 2 * 4096 + 3 * 512, "{snap:?}");
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link() {
     also_as_nobody("tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link");

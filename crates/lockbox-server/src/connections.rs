@@ -1,11 +1,20 @@
 //! The connections of the server: what a client can hold open, and for how long.
 //!
-//! - **A cap** (`--max-connections`): a connection beyond it is accepted, its request head
-//!   read, answered `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns
+//! - **A cap** (`--max-connections`): at the cap, a new connection closes the oldest one
+//!   that has not started a request yet (half-open, see [`Waiting`]) and takes its place.
+//!   When every connection has started one, a connection beyond the cap is accepted, its
+//!   request head read, answered `503 SERVER_BUSY` with `Retry-After: 1`, and closed, so a client learns
 //!   at once that the server is full instead of waiting in the kernel's backlog. The cap
 //!   holds for the connection's whole life, upgraded WebSockets included. At most
 //!   [`REFUSING_AT_ONCE`] refusals are open at once (each for at most [`REFUSAL_TIME`]);
 //!   one more closes the oldest.
+//! - **A cap per peer** (`--max-connections-per-peer`): connections from one IP address
+//!   beyond it are refused the same way (`details.what` is `max_connections_per_peer`), so
+//!   one client holding half-open or idle connections cannot fill the cap for everyone
+//!   else. Issue 32: 1,100 half-open connections locked every client out for ~10 s per
+//!   wave behind the 512-connection cap. A connection that waits for its request head
+//!   costs a task, a socket and hyper's read buffer (at most [`MAX_HEAD`]), so the cap can
+//!   be in the tens of thousands (the CLI sets it from the open-files limit).
 //! - **The header timeout** (`--header-timeout`): a connection must deliver a complete
 //!   request head within this long of being opened or of its previous response ending, or
 //!   it is closed. This ends half-sent heads (slowloris) and idle keep-alive connections
@@ -26,6 +35,7 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -59,17 +69,22 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Limits {
     /// Connections open at once.
     pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub max_per_peer: usize,
     /// See the module documentation.
     pub header_timeout: Duration,
     /// See the module documentation.
     pub io_timeout: Duration,
 }
 
-/// What the listeners of one server share: the connection cap and the refusals, so
-/// [`Limits::max_connections`] bounds the API's and the exposed ports' connections together.
+/// What the listeners of one server share: the connection cap, the count per peer, the
+/// connections that may be evicted and the refusals, so [`Limits::max_connections`] and
+/// [`Limits::max_per_peer`] bound the API's and the exposed ports' connections together.
 #[derive(Debug, Clone)]
 pub struct Gate {
     open: Arc<Semaphore>,
+    peers: Arc<Peers>,
+    waiting: Arc<Waiting>,
     refusing: Arc<Refusals>,
 }
 
@@ -78,6 +93,8 @@ impl Gate {
     pub fn new(limits: &Limits) -> Gate {
         Gate {
             open: Arc::new(Semaphore::new(limits.max_connections)),
+            peers: Arc::new(Peers::default()),
+            waiting: Arc::new(Waiting::default()),
             refusing: Arc::new(Refusals::default()),
         }
     }
@@ -93,8 +110,14 @@ pub async fn serve(
     gate: Gate,
     stop: CancellationToken,
 ) {
-    let Gate { open, refusing } = gate;
+    let Gate {
+        open,
+        peers,
+        waiting,
+        refusing,
+    } = gate;
     let busy = busy_answer(limits.max_connections);
+    let peer_busy = peer_busy_answer(limits.max_per_peer);
     let connections = TaskTracker::new();
     let mut builder = http1::Builder::new();
     builder
@@ -103,14 +126,20 @@ pub async fn serve(
         .max_header_size(MAX_HEAD)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true);
-    let service = TowerToHyperService::new(router);
+    let shared = Arc::new(Shared {
+        builder,
+        service: TowerToHyperService::new(router),
+        stop: stop.clone(),
+        io_timeout: limits.io_timeout,
+        waiting,
+    });
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = stop.cancelled() => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => (stream, peer.ip()),
             Err(e) => {
                 // EMFILE/ENFILE and the like: the connection waits in the backlog; do not
                 // spin on it.
@@ -124,38 +153,137 @@ pub async fn serve(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("setting TCP_NODELAY: {e}");
         }
-        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
-            tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
+        let Some(peer) = Peers::admit(&peers, peer, limits.max_per_peer) else {
+            tokio::spawn(refuse(stream, peer_busy.clone(), Arc::clone(&refusing)));
             continue;
         };
-        let io = TokioIo::new(Guarded {
-            stream,
-            stall: limits.io_timeout,
-            stalled: None,
-            _permit: permit,
-        });
-        let conn = builder
-            .serve_connection(io, service.clone())
-            .with_upgrades();
-        let stop = stop.clone();
+        if let Ok(permit) = Arc::clone(&open).try_acquire_owned() {
+            connections.spawn(serve_one(Arc::clone(&shared), stream, permit, peer));
+            continue;
+        }
+        if !shared.waiting.evict_oldest() {
+            drop(peer);
+            tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
+            continue;
+        }
+        // The evicted connection gives its place back as its task ends.
+        let (open, shared, busy, refusing) = (
+            Arc::clone(&open),
+            Arc::clone(&shared),
+            busy.clone(),
+            Arc::clone(&refusing),
+        );
         connections.spawn(async move {
-            tokio::pin!(conn);
-            let ended = tokio::select! {
-                ended = conn.as_mut() => ended,
-                () = stop.cancelled() => {
-                    // Finish the request in flight, then close.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            match tokio::time::timeout(EVICTION_WAIT, open.acquire_owned()).await {
+                Ok(Ok(permit)) => serve_one(shared, stream, permit, peer).await,
+                _ => {
+                    drop(peer);
+                    refuse(stream, busy, refusing).await;
                 }
-            };
-            if let Err(e) = ended {
-                tracing::debug!("connection ended: {e}");
             }
         });
     }
     drop(listener);
     connections.close();
     connections.wait().await;
+}
+
+/// What every connection's task shares.
+struct Shared {
+    builder: http1::Builder,
+    service: TowerToHyperService<Router>,
+    stop: CancellationToken,
+    io_timeout: Duration,
+    /// Shared by the server's listeners ([`Gate`]).
+    waiting: Arc<Waiting>,
+}
+
+/// Serves one connection until it ends, the server stops, or it is evicted (while it has
+/// not started a request, for a newer connection at the cap).
+async fn serve_one(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+    peer: PeerSlot,
+) {
+    let io = TokioIo::new(Guarded {
+        stream,
+        stall: shared.io_timeout,
+        stalled: None,
+        _permit: permit,
+        _peer: peer,
+    });
+    let (started, evicted) = shared.waiting.add();
+    let service = shared.service.clone();
+    let first = Arc::clone(&started);
+    let service = hyper::service::service_fn(move |request| {
+        first.store(true, Ordering::Relaxed);
+        hyper::service::Service::call(&service, request)
+    });
+    let conn = shared.builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(conn);
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
+        () = evicted.cancelled() => Ok(()),
+        () = shared.stop.cancelled() => {
+            // Finish the request in flight, then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    // No longer a candidate for eviction.
+    started.store(true, Ordering::Relaxed);
+    if let Err(e) = ended {
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
+/// How long a connection admitted by evicting another waits for the evicted one to give
+/// back its place (its task ends at its next poll).
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// Connections that have not started a request yet (half-open: no complete head), oldest
+/// first. At the cap, a new connection closes the oldest of them instead of being refused,
+/// so that connections which send nothing cannot keep a client out, however many
+/// addresses they come from; connections that started a request (idle keep-alive ones
+/// too) are never evicted. Entries whose connection started or ended are dropped as they
+/// reach the front.
+#[derive(Debug, Default)]
+struct Waiting {
+    queue: std::sync::Mutex<std::collections::VecDeque<(Arc<AtomicBool>, CancellationToken)>>,
+}
+
+impl Waiting {
+    /// Registers a new connection: its "started a request" flag, and its eviction.
+    fn add(&self) -> (Arc<AtomicBool>, CancellationToken) {
+        let entry = (Arc::new(AtomicBool::new(false)), CancellationToken::new());
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut queue);
+        queue.push_back(entry.clone());
+        entry
+    }
+
+    /// Closes the oldest connection that has not started a request; false if there is none.
+    fn evict_oldest(&self) -> bool {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut queue);
+        match queue.pop_front() {
+            Some((_, evict)) => {
+                evict.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn prune(queue: &mut std::collections::VecDeque<(Arc<AtomicBool>, CancellationToken)>) {
+        while queue
+            .front()
+            .is_some_and(|(started, _)| started.load(Ordering::Relaxed))
+        {
+            queue.pop_front();
+        }
+    }
 }
 
 /// The answer to a connection beyond the cap: 503 `SERVER_BUSY`, `Retry-After: 1`, close.
@@ -171,6 +299,62 @@ fn busy_answer(max: usize) -> bytes::Bytes {
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     ))
+}
+
+/// The answer to a connection beyond the cap per peer: as [`busy_answer`].
+fn peer_busy_answer(max: usize) -> bytes::Bytes {
+    let body = serde_json::json!({
+        "code": "SERVER_BUSY",
+        "message": format!("this address has its maximum of {max} connections open (--max-connections-per-peer); retry later"),
+        "details": { "what": "max_connections_per_peer", "limit": max },
+    })
+    .to_string();
+    bytes::Bytes::from(format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+}
+
+/// Connections open per peer address.
+#[derive(Debug, Default)]
+struct Peers {
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl Peers {
+    /// Counts a connection from `ip`, unless it has `max` open already.
+    fn admit(peers: &Arc<Peers>, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut open = peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: Arc::clone(peers),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its peer's count, given back when dropped.
+#[derive(Debug)]
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// The refused connections being answered, oldest first.
@@ -255,6 +439,7 @@ struct Guarded {
     /// Running while a write waits for the client to read.
     stalled: Option<Pin<Box<Sleep>>>,
     _permit: OwnedSemaphorePermit,
+    _peer: PeerSlot,
 }
 
 impl Guarded {

@@ -73,9 +73,13 @@ pub struct ServerConfig {
     /// How long a stop waits for requests in flight before the runtime is shut down
     /// anyway (which ends them). Default 5 s.
     pub shutdown_grace: Duration,
-    /// Connections open at once; one more is answered 503 `SERVER_BUSY` and closed.
-    /// Default 512.
+    /// Connections open at once; at the cap a new one closes the oldest that has not sent a
+    /// complete request head, or, if there is none, is answered 503 `SERVER_BUSY` and
+    /// closed. Default 512 (the CLI derives it from the open-files limit).
     pub max_connections: usize,
+    /// Connections open at once from one IP address; one more is answered 503
+    /// `SERVER_BUSY` (`max_connections_per_peer`) and closed. Default 128.
+    pub max_connections_per_peer: usize,
     /// How long a connection may take to send a complete request head, counted from its
     /// opening or from the end of its previous response (so idle keep-alive connections
     /// close after it too). Default 10 s.
@@ -113,6 +117,7 @@ impl Default for ServerConfig {
             max_log_read: 1 << 20,
             shutdown_grace: Duration::from_secs(5),
             max_connections: 512,
+            max_connections_per_peer: 128,
             header_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
             journal: None,
@@ -233,6 +238,7 @@ pub async fn serve_with_ports(
     let grace = config.shutdown_grace;
     let limits = connections::Limits {
         max_connections: config.max_connections,
+        max_per_peer: config.max_connections_per_peer,
         header_timeout: config.header_timeout,
         io_timeout: config.io_timeout,
     };

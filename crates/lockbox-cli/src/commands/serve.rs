@@ -40,10 +40,12 @@ then every sandbox is deleted (on_exit applied; branches are kept by default). S
 a server that died without stopping are listed as `lost` by the next one.
 
 What a client or a sandbox can make the server hold is bounded by the flags above: the soft
-open-files limit is raised to the hard one at start; connections beyond --max-connections
-are refused at once; a slow or idle connection is closed after --header-timeout, a stalled
-body or unread response after --io-timeout; an exec's reply holds at most --max-exec-output
-of each stream (stream larger outputs with exec/stream); process logs share --max-log-memory.";
+open-files limit is raised to the hard one at start; at --max-connections a new connection
+replaces the oldest half-open one, or is refused at once, as is one beyond
+--max-connections-per-peer from one address; a slow or idle connection is closed after
+--header-timeout, a stalled body or unread response after --io-timeout; an exec's reply
+holds at most --max-exec-output of each stream (stream larger outputs with exec/stream);
+process logs share --max-log-memory.";
 
 /// Finds the agent to start in each sandbox when this process is not lockbox itself (set by
 /// [`crate::set_agent_exe`]); unset, the runtime re-executes the current executable.
@@ -107,11 +109,19 @@ pub struct ServeArgs {
     /// Interval of the SSE keepalive comment.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_dur)]
     pub keepalive: Duration,
-    /// Connections open at once; one more is answered 503 SERVER_BUSY (Retry-After: 1) and
-    /// closed. SSE and WebSocket streams count too [default: 512, or half the descriptor
-    /// limit if that is lower].
+    /// Connections open at once. At the cap, a new connection closes the oldest one that has
+    /// not sent a complete request head and takes its place; when every one has started a
+    /// request, it is answered 503 SERVER_BUSY (Retry-After: 1) and closed. SSE and
+    /// WebSocket streams count too [default: half the open-files limit
+    /// (raised to its hard limit at start), at most 16384; the start message says how many]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Connections open at once from one IP address; one more is answered 503 SERVER_BUSY
+    /// (details.what: max_connections_per_peer), so one client's idle or half-open
+    /// connections cannot lock the others out. Behind a reverse proxy every client is the
+    /// proxy's address: raise it there.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
     /// A connection must send a complete request head within this long of opening, or of
     /// its previous response ending, or it is closed (this also closes idle keep-alive
     /// connections).
@@ -138,10 +148,14 @@ pub struct ServeArgs {
     /// whose log does not fit forgets its sandbox's oldest exited processes, or answers 429.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub max_log_memory: ByteSize,
-    /// File data all snapshots together may hold; a snapshot beyond it answers 429
-    /// LIMIT_REACHED and is not kept.
+    /// What all snapshots together may cost on disk: every entry's blocks (a directory at
+    /// least 4 KiB) plus 512 bytes per inode. A snapshot beyond it answers 429
+    /// LIMIT_REACHED; its copy stops there and nothing of it is kept.
     #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = parse_size)]
     pub max_snapshot_bytes: ByteSize,
+    /// Entries (inodes) all snapshots together may hold; beyond, as --max-snapshot-bytes.
+    #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_SNAPSHOT_ENTRIES)]
+    pub max_snapshot_entries: u64,
     /// Sandboxes kept started ahead for creations with the default policy and no workdir
     /// (an empty `POST /v1/sandboxes` body, labels and timeouts aside): such a creation
     /// takes one and is ready at once; the pool refills in the background. 0: none.
@@ -168,11 +182,19 @@ pub struct ServeArgs {
     pub mcp_allow_origin: Vec<String>,
 }
 
+/// Connections one IP address may hold by default (`--max-connections-per-peer`).
+const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 512;
+
+/// Most connections by default, whatever the open-files limit: a waiting connection costs
+/// a descriptor, a task and at most 64 KiB of head buffer (issue 32: 10,000 idle ones must
+/// not lock a client out).
+const MAX_DEFAULT_CONNECTIONS: usize = 16_384;
+
 /// Descriptors kept for sandboxes, sessions and files when the connection cap is derived
 /// from the descriptor limit: half of them.
 fn default_max_connections(nofile: Option<u64>) -> usize {
     let half = nofile.map_or(usize::MAX, |n| usize::try_from(n / 2).unwrap_or(usize::MAX));
-    half.clamp(1, 512)
+    half.clamp(1, MAX_DEFAULT_CONNECTIONS)
 }
 
 /// Descriptors the server may need at most: its own, the connections and refusals, and
@@ -337,12 +359,13 @@ fn serve(
     if args.max_sandboxes == 0
         || args.max_streams == 0
         || args.max_connections == Some(0)
+        || args.max_connections_per_peer == 0
         || args.max_sessions == 0
         || args.max_processes == 0
     {
         anyhow::bail!(
-            "--max-sandboxes, --max-streams, --max-connections, --max-sessions and \
-             --max-processes must be at least 1"
+            "--max-sandboxes, --max-streams, --max-connections, --max-connections-per-peer, \
+             --max-sessions and --max-processes must be at least 1"
         );
     }
     let nofile = raise_nofile();
@@ -384,6 +407,7 @@ fn serve(
     runtime_config.max_processes = args.max_processes;
     runtime_config.keep_stopped = args.keep_stopped;
     runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());
+    runtime_config.max_snapshot_entries = Some(args.max_snapshot_entries);
     runtime_config.pool_size = usize::from(args.pool);
     runtime_config.credentials = credentials;
     runtime_config.credential_files = credential_files;
@@ -394,6 +418,7 @@ fn serve(
         max_body: usize::try_from(args.max_body.bytes()).unwrap_or(usize::MAX),
         max_streams: args.max_streams,
         max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
         header_timeout: args.header_timeout,
         io_timeout: args.io_timeout,
         ceiling,
@@ -457,6 +482,11 @@ fn serve(
         eoutln!(
             "lockbox: serving http://{addr} (token in {}; API at /openapi.json; MCP at /mcp; console at /ui)",
             token_file.display()
+        );
+        eoutln!(
+            "lockbox: up to {max_connections} connections, {} per address (open-files limit {})",
+            args.max_connections_per_peer.min(max_connections),
+            nofile.map_or("unlimited".to_owned(), |n| n.to_string())
         );
         if !addr.ip().is_loopback() {
             eoutln!("lockbox: warning: {addr} is not loopback and the API is plain HTTP");
