@@ -5,7 +5,7 @@
 
 use super::tools::ToolCall;
 use crate::error::ApiError;
-use crate::wire::{self, each, ChangeList, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
+use crate::wire::{self, each, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
@@ -99,12 +99,12 @@ pub async fn run(runtime: &Runtime, call: ToolCall) -> Result<Value, ApiError> {
         }
         ToolCall::Changes { id } => {
             let sandbox = runtime.sandbox(&id)?;
-            json_result(&json!({ "changes": ChangeList(sandbox.changes().await?) }))
+            json_result(&wire::ReviewReply::from(sandbox.review().await?))
         }
         ToolCall::Diff { id, path } => {
             let sandbox = runtime.sandbox(&id)?;
             let diff = sandbox.diff(path.clone()).await?;
-            diff_result(&FileDiffReply { path, diff })
+            diff_result(&FileDiffReply::new(path, diff))
         }
         ToolCall::Commit { id, selection } => {
             let sandbox = runtime.sandbox(&id)?;
