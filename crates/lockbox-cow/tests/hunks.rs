@@ -609,6 +609,46 @@ mod review {
         assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), SHOWN);
     }
 
+    /// Every kind of change (through a real overlay: whiteouts, an opaque directory, a
+    /// symlink, modes) has a digest the snapshot a commit is made from agrees with: a
+    /// reviewed commit of all of it goes through, and a mode change after it does not.
+    #[test]
+    fn a_reviewed_commit_of_every_kind_of_change_goes_through() {
+        if !common::require_overlay() {
+            return;
+        }
+        let s = setup(&[("f", OLD), ("gone", "x\n"), ("keep", "k\n")]);
+        std::fs::create_dir(s.wd.join("olddir")).unwrap();
+        std::fs::write(s.wd.join("olddir/a"), "a\n").unwrap();
+        tick();
+        let mut b = Branch::create(&s.state, &s.wd, serde_json::json!({"command": ["t"]})).unwrap();
+        assert!(common::run_in_branch(
+            &b,
+            "echo new >> f && rm gone && rm -r olddir && mkdir olddir && echo b > olddir/b \
+             && mkdir -p d/e && echo x > d/e/x && ln -s f link && chmod 600 keep"
+        ));
+        let rows = b.review().unwrap();
+        assert!(rows.len() >= 8, "{rows:?}");
+        let all = |rows: &[lockbox_cow::ReviewedChange]| Selection {
+            review: Some(Reviewed::Paths(Review::of(rows))),
+            ..Selection::default()
+        };
+        assert!(common::run_in_branch(&b, "chmod 755 d/e/x"));
+        let e = b
+            .commit_part(&all(&rows), &CommitOptions::default())
+            .unwrap_err();
+        assert_stale(e, &["d/e/x"]);
+        let rows = b.review().unwrap();
+        b.commit_part(&all(&rows), &CommitOptions::default())
+            .unwrap();
+        assert!(b.change_set().unwrap().is_empty());
+        assert_eq!(
+            std::fs::read_link(s.wd.join("link")).unwrap(),
+            Path::new("f")
+        );
+        assert!(!s.wd.join("gone").exists() && !s.wd.join("olddir/a").exists());
+    }
+
     #[test]
     fn a_commit_that_follows_no_review_is_unchanged() {
         let s = setup(&[("f", OLD)]);
