@@ -1013,6 +1013,38 @@ mod tests {
         assert_eq!(max_output, DEFAULT_MAX_OUTPUT);
     }
 
+    /// Issue 32: MCP's commit takes the review it follows, as a token or as the paths shown
+    /// with their digests (what `changes` / `diff` give), into the runtime's selection.
+    #[test]
+    fn commit_takes_the_review_it_follows() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let selection = |review: Value| match ToolCall::parse(
+            "commit",
+            json!({ "sandbox_id": "a", "review": review }),
+        ) {
+            Ok(ToolCall::Commit { selection, .. }) => selection.review,
+            other => panic!("{other:?}"),
+        };
+        assert!(matches!(
+            selection(json!(digest)),
+            Some(lockbox_runtime::Reviewed::Token(t)) if t.to_string() == digest
+        ));
+        let Some(lockbox_runtime::Reviewed::Paths(review)) =
+            selection(json!([{ "path": "f", "digest": digest }]))
+        else {
+            panic!("not paths")
+        };
+        assert_eq!(
+            review
+                .digest(std::path::Path::new("f"))
+                .map(|d| d.to_string()),
+            Some(digest)
+        );
+        let (_, message) =
+            field_of_error("commit", json!({ "sandbox_id": "a", "review": "sha256:0" }));
+        assert!(message.contains("review digest"), "{message}");
+    }
+
     #[test]
     fn tool_descriptions_name_their_errors() {
         for def in definitions() {
