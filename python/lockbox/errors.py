@@ -21,7 +21,8 @@ Exceptions mean the machinery itself failed, or you asked for something impossib
     │   ├── ConflictError                    unresolved gather conflicts (commit refused)
     │   └── CommitError                      nothing, or (after the commit point) all, applied
     │       ├── StageFailedError             commit of a transaction whose stage failed
-    │       └── StaleBaseError               the workdir changed under the transaction
+    │       ├── StaleBaseError               the workdir changed under the transaction
+    │       └── StaleReviewError             the branch changed since the review a commit names
     ├── JournalError                         the step journal refused or failed
     │   ├── ReplayMismatch                   the code made other calls than the journal has
     │   ├── VersionMismatch / MetadataMismatch
@@ -63,6 +64,7 @@ __all__ = [
     "SetupError",
     "StageFailedError",
     "StaleBaseError",
+    "StaleReviewError",
     "StepFailed",
     "StepTooLarge",
     "StorageError",
@@ -161,6 +163,12 @@ class StaleBaseError(CommitError):
     """Paths the transaction changes were changed in the workdir since it began (exit 5)."""
 
 
+class StaleReviewError(CommitError):
+    """A commit that follows a review would write what the review did not show: a path
+    changed since, or added after it (exit 5). ``details["paths"]`` names them when known;
+    nothing was applied: review again."""
+
+
 class JournalError(LockboxError):
     """The step journal refused an operation or its storage failed.
 
@@ -257,6 +265,7 @@ _BY_CODE: dict[str, type[LockboxError]] = {
     "TXN_WRONG_STATE": UsageError,
     "WORKDIR_BUSY": BusyError,
     "STALE_BASE": StaleBaseError,
+    "STALE_REVIEW": StaleReviewError,
     "TXN_APPLY": CommitError,
     "REPLAY_MISMATCH": ReplayMismatch,
     "VERSION_MISMATCH": VersionMismatch,

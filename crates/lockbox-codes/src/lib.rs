@@ -128,6 +128,8 @@ codes! {
         SpecialFiles = "SPECIAL_FILES",
         ReservedName = "RESERVED_NAME",
         StaleBase = "STALE_BASE",
+        /// A commit that follows a review would write what the review did not show.
+        StaleReview = "STALE_REVIEW",
         WorkdirPermission = "WORKDIR_PERMISSION",
         ResolveBeneath = "RESOLVE_BENEATH",
         CommitStage = "COMMIT_STAGE",

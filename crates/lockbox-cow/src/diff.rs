@@ -17,6 +17,7 @@ use rustix::fs::FileType as RawType;
 
 use crate::beneath::{self, lstat_at, split, OwnDir};
 use crate::hunks::{text_hunks, Hunk};
+use crate::review::{self, ContentDigest};
 use crate::{overlay, Branch, CowError};
 use rustix::io::Errno;
 
@@ -144,14 +145,23 @@ pub(crate) fn check_plain(path: &Path) -> Result<(), CowError> {
 /// Both sides of `path`: the workdir's, and what `upper` (an upper layer, or a flattened
 /// snapshot of one) shows over it.
 pub(crate) fn sides(upper: &Path, workdir: &Path, path: &Path) -> Result<Sides, CowError> {
+    Ok(reviewed_sides(upper, workdir, path)?.0)
+}
+
+/// [`sides`], and the digest of the new side, from the bytes the sides hold.
+fn reviewed_sides(
+    upper: &Path,
+    workdir: &Path,
+    path: &Path,
+) -> Result<(Sides, ContentDigest), CowError> {
     check_plain(path)?;
     let new = upper_side(upper, path)?;
     let old = lower_side(workdir, path)?;
-    let new = match new {
+    let (new, digest) = match new {
         Some(n) => n,
-        None => lower_side(workdir, path)?,
+        None => lower_reviewed(workdir, path)?,
     };
-    Ok(match (old, new) {
+    let sides = match (old, new) {
         (Content::Bytes(a), Content::Bytes(b)) => text_or_summary(Some(a), Some(b)),
         (Content::Side(Side::Absent), Content::Bytes(b)) => text_or_summary(None, Some(b)),
         (Content::Bytes(a), Content::Side(Side::Absent)) => text_or_summary(Some(a), None),
@@ -159,7 +169,8 @@ pub(crate) fn sides(upper: &Path, workdir: &Path, path: &Path) -> Result<Sides, 
             old: side_of(&o),
             new: side_of(&n),
         },
-    })
+    };
+    Ok((sides, digest))
 }
 
 impl Branch {
@@ -190,11 +201,27 @@ impl Branch {
     pub fn hunks(&self, path: &Path) -> Result<FileHunks, CowError> {
         file_hunks(self.view()?.path(), self.workdir(), path)
     }
+
+    /// [`Branch::hunks`] with the digest of the branch side they were made from.
+    pub fn hunks_reviewed(&self, path: &Path) -> Result<(FileHunks, ContentDigest), CowError> {
+        file_review(self.view()?.path(), self.workdir(), path)
+    }
 }
 
 /// [`Branch::hunks`] for any upper layer over `workdir` (a running sandbox's too).
 pub fn file_hunks(upper: &Path, workdir: &Path, path: &Path) -> Result<FileHunks, CowError> {
-    Ok(match sides(upper, workdir, path)? {
+    Ok(file_review(upper, workdir, path)?.0)
+}
+
+/// [`file_hunks`] and the [`ContentDigest`] of the branch side the hunks were made from:
+/// what a commit of some of these hunks names ([`crate::Reviewed`]).
+pub fn file_review(
+    upper: &Path,
+    workdir: &Path,
+    path: &Path,
+) -> Result<(FileHunks, ContentDigest), CowError> {
+    let (sides, digest) = reviewed_sides(upper, workdir, path)?;
+    let hunks = match sides {
         Sides::Summary { old, new } => FileHunks::Summary { old, new },
         Sides::Text { old, new } => {
             let (a, b) = Sides::texts(&old, &new);
@@ -202,12 +229,24 @@ pub fn file_hunks(upper: &Path, workdir: &Path, path: &Path) -> Result<FileHunks
                 hunks: text_hunks(&a, &b),
             }
         }
-    })
+    };
+    Ok((hunks, digest))
 }
 
-/// The branch side, or `None` when the upper layer does not have the path (unchanged, or
-/// below an unchanged directory).
-fn upper_side(upper: &Path, path: &Path) -> Result<Option<Content>, CowError> {
+/// What the upper layer has at a path it has: nothing (a whiteout, below an opaque
+/// directory, below a non-directory), or an entry of `dir`.
+enum InUpper<'a> {
+    Absent,
+    At {
+        dir: OwnDir,
+        name: &'a std::ffi::OsStr,
+        st: rustix::fs::Stat,
+    },
+}
+
+/// The branch side's entry, or `None` when the upper layer does not have the path
+/// (unchanged, or below an unchanged directory).
+fn upper_entry<'a>(upper: &Path, path: &'a Path) -> Result<Option<InUpper<'a>>, CowError> {
     let abs = upper.join(path);
     let err = |source| CowError::ReadUpper {
         path: abs.clone(),
@@ -221,28 +260,104 @@ fn upper_side(upper: &Path, path: &Path) -> Result<Option<Content>, CowError> {
             return match Errno::from_io_error(&e) {
                 // Not in the upper: unchanged (the lower side shows through), unless an
                 // opaque directory above hides the lower.
-                Some(Errno::NOENT) if below_opaque(upper, parent) => {
-                    Ok(Some(Content::Side(Side::Absent)))
-                }
+                Some(Errno::NOENT) if below_opaque(upper, parent) => Ok(Some(InUpper::Absent)),
                 Some(Errno::NOENT) => Ok(None),
                 // A parent is a file, symlink or whiteout in the branch: nothing is at
                 // this path there.
-                Some(Errno::NOTDIR | Errno::LOOP) => Ok(Some(Content::Side(Side::Absent))),
+                Some(Errno::NOTDIR | Errno::LOOP) => Ok(Some(InUpper::Absent)),
                 _ => Err(err(e)),
             };
         }
     };
     let Some(st) = lstat_at(dir.as_fd(), name).map_err(err)? else {
         // In an opaque directory (`rm -r d; mkdir d`) nothing of the workdir shows through.
-        return Ok(below_opaque(upper, parent).then_some(Content::Side(Side::Absent)));
+        return Ok(below_opaque(upper, parent).then_some(InUpper::Absent));
     };
     let marks = overlay::OverlayXattrs::at(dir.as_fd(), name).map_err(err)?;
     if overlay::is_whiteout(&st, &marks) {
-        return Ok(Some(Content::Side(Side::Absent)));
+        return Ok(Some(InUpper::Absent));
     }
-    content(dir.as_fd(), name, &st, beneath::open_own_file)
-        .map(Some)
-        .map_err(err)
+    Ok(Some(InUpper::At { dir, name, st }))
+}
+
+/// The branch side, or `None` when the upper layer does not have the path, with the
+/// digest of what it has there ([`crate::ContentDigest`]), taken from the bytes read.
+fn upper_side(upper: &Path, path: &Path) -> Result<Option<(Content, ContentDigest)>, CowError> {
+    let err = |source| CowError::ReadUpper {
+        path: upper.join(path),
+        source,
+    };
+    match upper_entry(upper, path)? {
+        None => Ok(None),
+        Some(InUpper::Absent) => Ok(Some((Content::Side(Side::Absent), review::absent()))),
+        Some(InUpper::At { dir, name, st }) => {
+            reviewed_content(dir.as_fd(), name, &st, beneath::open_own_file)
+                .map(Some)
+                .map_err(err)
+        }
+    }
+}
+
+/// The digest of what `upper` (over `workdir`) has at `path`: what a review shows for it
+/// and a commit of it writes (see `review.rs`).
+pub(crate) fn new_side_digest(
+    upper: &Path,
+    workdir: &Path,
+    path: &Path,
+) -> Result<ContentDigest, CowError> {
+    let err = |source| CowError::ReadUpper {
+        path: upper.join(path),
+        source,
+    };
+    match upper_entry(upper, path)? {
+        Some(InUpper::Absent) => Ok(review::absent()),
+        Some(InUpper::At { dir, name, st }) => {
+            review::entry(dir.as_fd(), name, &st, beneath::open_own_file).map_err(err)
+        }
+        None => lower_digest(workdir, path),
+    }
+}
+
+fn lower_digest(workdir: &Path, path: &Path) -> Result<ContentDigest, CowError> {
+    let err = |source| CowError::ReadLower {
+        path: path.to_owned(),
+        source,
+    };
+    let root = beneath::open_root(workdir).map_err(err)?;
+    let (parent, name) = split(path);
+    let Ok(dir) = beneath::open_dir_beneath(root.as_fd(), parent) else {
+        return Ok(review::absent());
+    };
+    match lstat_at(dir.as_fd(), name).map_err(err)? {
+        None => Ok(review::absent()),
+        Some(st) => review::entry(dir.as_fd(), name, &st, beneath::open_child_file).map_err(err),
+    }
+}
+
+/// [`content`] and the digest of the same entry; a regular file small enough to diff is
+/// digested from the bytes the diff is made of (and its mode from the same open file), so
+/// the hunks shown and the digest bound to them are of one content.
+fn reviewed_content(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    st: &rustix::fs::Stat,
+    open: fn(std::os::fd::BorrowedFd<'_>, &std::ffi::OsStr) -> std::io::Result<std::fs::File>,
+) -> std::io::Result<(Content, ContentDigest)> {
+    if RawType::from_raw_mode(st.st_mode) == RawType::RegularFile
+        && st.st_size as u64 <= MAX_DIFF_BYTES
+    {
+        let mut file = open(dir, name)?;
+        let mode = rustix::fs::fstat(file.as_fd())?.st_mode & 0o7777;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let mut h = review::EntryHasher::file(mode);
+        h.update(&bytes);
+        return Ok((Content::Bytes(bytes), h.finish()));
+    }
+    Ok((
+        content(dir, name, st, open)?,
+        review::entry(dir, name, st, open)?,
+    ))
 }
 
 /// Whether `dir` of the upper layer, or a directory above it that the layer has, is opaque:
@@ -264,6 +379,20 @@ fn below_opaque(upper: &Path, dir: &Path) -> bool {
 }
 
 fn lower_side(workdir: &Path, path: &Path) -> Result<Content, CowError> {
+    Ok(lower_with(workdir, path, false)?.0)
+}
+
+/// The workdir side as the new side (a path the branch does not touch), with its digest.
+fn lower_reviewed(workdir: &Path, path: &Path) -> Result<(Content, ContentDigest), CowError> {
+    let (content, digest) = lower_with(workdir, path, true)?;
+    Ok((content, digest.unwrap_or_else(review::absent)))
+}
+
+fn lower_with(
+    workdir: &Path,
+    path: &Path,
+    digest: bool,
+) -> Result<(Content, Option<ContentDigest>), CowError> {
     let err = |source| CowError::ReadLower {
         path: path.to_owned(),
         source,
@@ -272,11 +401,19 @@ fn lower_side(workdir: &Path, path: &Path) -> Result<Content, CowError> {
     let (parent, name) = split(path);
     let dir = match beneath::open_dir_beneath(root.as_fd(), parent) {
         Ok(d) => d,
-        Err(_) => return Ok(Content::Side(Side::Absent)),
+        Err(_) => return Ok((Content::Side(Side::Absent), None)),
     };
     match lstat_at(dir.as_fd(), name).map_err(err)? {
-        None => Ok(Content::Side(Side::Absent)),
-        Some(st) => content(dir.as_fd(), name, &st, beneath::open_child_file).map_err(err),
+        None => Ok((Content::Side(Side::Absent), None)),
+        Some(st) if digest => {
+            let (c, d) =
+                reviewed_content(dir.as_fd(), name, &st, beneath::open_child_file).map_err(err)?;
+            Ok((c, Some(d)))
+        }
+        Some(st) => Ok((
+            content(dir.as_fd(), name, &st, beneath::open_child_file).map_err(err)?,
+            None,
+        )),
     }
 }
 

@@ -210,6 +210,16 @@ pub enum CowError {
         /// The paths changed on both sides, relative to the workdir.
         paths: Vec<PathBuf>,
     },
+    /// A commit that follows a review would write paths the review did not show as they are
+    /// now (changed since, or added after it; see `review.rs`); nothing was applied.
+    #[error(
+        "stale review: {}; nothing applied, review the branch again",
+        if paths.is_empty() { "the branch's changes are no longer the listing reviewed (its review token differs)".to_owned() } else { format!("changed since the review, or not shown in it: {}", list(paths)) }
+    )]
+    StaleReview {
+        /// The paths, relative to the workdir.
+        paths: Vec<PathBuf>,
+    },
     /// The committing user may not change a workdir directory as the commit must (write or
     /// search it, remove it with its contents, or set its mode); nothing was applied.
     #[error(
@@ -379,6 +389,7 @@ impl CowError {
             CowError::SpecialFiles { .. } => ErrorCode::SpecialFiles,
             CowError::ReservedName { .. } => ErrorCode::ReservedName,
             CowError::StaleBase { .. } => ErrorCode::StaleBase,
+            CowError::StaleReview { .. } => ErrorCode::StaleReview,
             CowError::WorkdirPermission { .. } => ErrorCode::WorkdirPermission,
             CowError::ResolveBeneath { .. } => ErrorCode::ResolveBeneath,
             CowError::Stage { .. } => ErrorCode::CommitStage,
@@ -397,11 +408,11 @@ impl CowError {
         }
     }
 
-    /// The process exit code a front end should use: 5 for a stale base, 2 for a bad id or
+    /// The process exit code a front end should use: 5 for a stale base or review, 2 for a bad id or
     /// path (usage), 4 for every other failure (commit/branch operation failed).
     pub fn exit_code(&self) -> u8 {
         match self {
-            CowError::StaleBase { .. } => 5,
+            CowError::StaleBase { .. } | CowError::StaleReview { .. } => 5,
             CowError::InvalidBranchId { .. }
             | CowError::InvalidSnapshotId { .. }
             | CowError::SnapshotNotFound { .. }

@@ -22,6 +22,10 @@
 //!   wrote get a stale-base reference of their own ([`BranchMeta::rebased`]), the others keep
 //!   the branch's; [`select_hunks`] does the hunk part on a flattened snapshot (a running
 //!   sandbox's commit); [`text_hunks`] / [`apply_hunks`] on two texts;
+//! - a commit bound to the review it follows: [`Branch::review`] lists the changes with a
+//!   [`ContentDigest`] each, [`file_review`] / [`Branch::hunks_reviewed`] a file's hunks with
+//!   the digest they were made from; [`Selection::review`] ([`Reviewed`]) names what was
+//!   shown and the commit refuses ([`CowError::StaleReview`]) to write anything else;
 //! - for callers with their own write-ahead log (`lockbox-txn`): [`flatten`] a stack of
 //!   upper layers into one, [`stage_upper`] (validate + stage, durable) returning a
 //!   [`CommitPlan`], then [`apply_staged`] (redo-safe) or [`discard_staging`].
@@ -59,7 +63,7 @@ pub use crate::commit::{
     commit, CommitOptions, CommitPlan, CommitReport, PlanDir, PlanOp, SkipReason, Skipped,
     STAGING_PREFIX,
 };
-pub use crate::diff::{file_hunks, FileDiff, FileHunks, Side, MAX_DIFF_BYTES};
+pub use crate::diff::{file_hunks, file_review, FileDiff, FileHunks, Side, MAX_DIFF_BYTES};
 pub use crate::durable::{fsync_dir, write_atomic, write_replace};
 pub use crate::error::CowError;
 pub use crate::hunks::{
@@ -72,6 +76,7 @@ pub use crate::layers::{
 };
 pub use crate::lock::{lock_path, WorkdirLock};
 pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_FORMAT_VERSION};
+pub use crate::review::{BadDigest, ContentDigest, Review, Reviewed, ReviewedChange, ReviewedPath};
 pub use crate::select::{select_hunks, HunkChoice, Selection};
 pub use crate::snapshot::{
     is_spare, process_hold, NewSnapshot, SnapshotId, SnapshotLimit, SnapshotLimits, SnapshotMeta,
@@ -100,6 +105,7 @@ mod layers;
 mod lock;
 mod meta;
 mod overlay;
+mod review;
 mod select;
 mod snapshot;
 mod staged;

@@ -19,9 +19,10 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{FileType as RawType, Mode, OFlags};
 
 use crate::beneath::{self, lstat_at, remove_tree_at, split, OwnDir};
-use crate::diff::{check_plain, sides, Sides};
+use crate::diff::{check_plain, new_side_digest, sides, Sides};
 use crate::hunks::{apply_hunks, hunk_count};
 use crate::meta::{BranchState, Rebased};
+use crate::review::{review_changes, Review, Reviewed};
 use crate::staged::stage_upper_from;
 use crate::stale::Base;
 use crate::{
@@ -90,6 +91,9 @@ pub struct Selection {
     pub exclude: Vec<PathBuf>,
     /// Files committed with only some of their hunks.
     pub hunks: Vec<HunkChoice>,
+    /// The review this commit follows, if any: then every path it writes must have been
+    /// shown, as it is now (else [`CowError::StaleReview`]; see `review.rs`).
+    pub review: Option<Reviewed>,
 }
 
 impl Selection {
@@ -244,7 +248,8 @@ impl Branch {
                 self.set_state(BranchState::Kept)?;
                 Ok(report)
             }
-            Err(e) if e.exit_code() != 2 => {
+            // A stale review says nothing about the branch: the reviewer looks again.
+            Err(e) if e.exit_code() != 2 && !matches!(e, CowError::StaleReview { .. }) => {
                 let _ = self.record_failure(&e);
                 Err(e)
             }
@@ -304,6 +309,29 @@ impl Branch {
         let mut stack = vec![self.upper_dir()];
         stack.extend(self.layers().iter().cloned());
         flatten(&stack, snap)?;
+        // Checked on the frozen snapshot, and a hunk file before its hunks are applied: hunk
+        // numbers refer to the content that was shown (a file made binary since has another
+        // digest, not just no hunks).
+        let current = |path: &Path| new_side_digest(snap, &workdir, path);
+        match &sel.review {
+            Some(Reviewed::Token(token)) => {
+                let changes = ChangeSet::compute(snap, &workdir)?;
+                let rows = review_changes(snap, &workdir, changes.into_iter().collect())?;
+                if Review::of(&rows).token() != *token {
+                    // A token names no paths: the listing differs as a whole.
+                    return Err(CowError::StaleReview { paths: Vec::new() });
+                }
+            }
+            Some(reviewed @ Reviewed::Paths(_)) => {
+                let hunk_paths: Vec<PathBuf> = sel.hunks.iter().map(|h| h.path.clone()).collect();
+                hunk_paths.iter().try_for_each(|p| check_plain(p))?;
+                let paths = reviewed.stale(&hunk_paths, current)?;
+                if !paths.is_empty() {
+                    return Err(CowError::StaleReview { paths });
+                }
+            }
+            None => {}
+        }
         select_hunks(snap, &workdir, &sel.hunks)?;
         restrict(snap, &sel.only_paths(), &sel.exclude)?;
         let written: Vec<PathBuf> = ChangeSet::compute(snap, &workdir)?
@@ -311,6 +339,19 @@ impl Branch {
             .iter()
             .map(|c| c.path.clone())
             .collect();
+        if let Some(reviewed) = &sel.review {
+            // Every path written must have been shown as it is: one added after the review
+            // was not. (Hunk files were checked above, before their hunks were applied.)
+            let others: Vec<PathBuf> = written
+                .iter()
+                .filter(|p| !sel.hunks.iter().any(|h| &h.path == *p))
+                .cloned()
+                .collect();
+            let paths = reviewed.stale(&others, current)?;
+            if !paths.is_empty() {
+                return Err(CowError::StaleReview { paths });
+            }
+        }
         let key = format!("{}-part", self.id());
         // A staging directory a crash left behind (never applied: nothing needs it).
         discard_staging(&workdir, &key)?;

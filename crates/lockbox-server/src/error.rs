@@ -90,6 +90,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::NotSupported
         | C::Conflict
         | C::StaleBase
+        | C::StaleReview
         | C::BranchCommitting
         | C::PartCommitFinished
         | C::SnapshotInUse
@@ -269,6 +270,13 @@ fn runtime_details(e: &RuntimeError) -> Value {
         RuntimeError::Branch(lockbox_runtime::CowError::BadHunk { path, index, count }) => {
             json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
         }
+        RuntimeError::Branch(lockbox_runtime::CowError::StaleReview { paths }) => {
+            let paths: Vec<_> = paths
+                .iter()
+                .map(|p| lockbox_policy::name::Encoded(p))
+                .collect();
+            json!({ "paths": paths })
+        }
         RuntimeError::Branch(lockbox_runtime::CowError::SnapshotInUse {
             holders,
             children,
@@ -359,6 +367,7 @@ mod tests {
     fn codes_have_the_statuses_clients_rely_on() {
         assert_eq!(status_of(ErrorCode::SandboxNotFound), StatusCode::NOT_FOUND);
         assert_eq!(status_of(ErrorCode::StaleBase), StatusCode::CONFLICT);
+        assert_eq!(status_of(ErrorCode::StaleReview), StatusCode::CONFLICT);
         assert_eq!(
             status_of(ErrorCode::SetupFailed),
             StatusCode::UNPROCESSABLE_ENTITY

@@ -313,6 +313,11 @@ pub(crate) struct ChangeSchema {
     /// Permission bits, octal (`"0644"`).
     #[schema(pattern = "^[0-7]{4}$")]
     mode: String,
+    /// In a review (`GET changes`, `GET /v1/branches/{id}`): the digest of what the branch
+    /// has at the path, which a commit's `review` names.
+    #[serde(default)]
+    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
+    digest: Option<String>,
 }
 
 /// What happens to a path.
@@ -351,6 +356,10 @@ pub(crate) enum FileTypeName {
 pub(crate) struct ChangeList {
     /// The changes.
     changes: Vec<ChangeSchema>,
+    /// In a review (`GET changes`): the digest of the whole listing, which a commit's
+    /// `review` may name.
+    #[serde(default)]
+    review_token: Option<String>,
 }
 
 /// One decision of the network supervisor (`lockbox_confine::NetEvent`; docs/security.md,
@@ -733,6 +742,10 @@ pub(crate) struct FileDiffSchema {
     old: SideSchema,
     #[serde(default)]
     new: SideSchema,
+    /// The digest of the branch side the diff was made from: what a commit's `review` names
+    /// for this path.
+    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
+    digest: String,
 }
 
 #[derive(Debug, ToSchema)]

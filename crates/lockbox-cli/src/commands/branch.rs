@@ -31,16 +31,30 @@ pub fn run(args: &BranchArgs) -> Result<ExitCode, CliError> {
             hunks,
             drop_rest,
             interactive,
+            review,
         } => {
-            let part = super::branch_part::Part {
+            let review = review
+                .as_deref()
+                .map(|t| {
+                    t.parse()
+                        .map_err(|e| CliError::usage(format!("--review: {e}")))
+                })
+                .transpose()?;
+            let mut part = super::branch_part::Part {
                 only,
                 exclude,
                 hunks,
                 drop_rest: *drop_rest,
                 interactive: *interactive,
                 force: *force,
+                review,
             };
-            if part.is_partial() {
+            if part.review.is_some() && !part.is_partial() {
+                // The whole branch, bound to its review: committed from the snapshot the
+                // review is checked against, then removed.
+                part.drop_rest = true;
+                super::branch_part::commit(&state_dir, id, &part, args.json)
+            } else if part.is_partial() {
                 super::branch_part::commit(&state_dir, id, &part, args.json)
             } else {
                 commit(&state_dir, id, *force, args.json)
@@ -93,11 +107,13 @@ fn list_branches(state_dir: &Path, as_json: bool) -> Result<(), CliError> {
 fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CliError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
     let changes = branch.change_set()?;
+    // A kept branch: nothing writes to it (a sandbox of it would have to be running).
+    let token = lockbox_cow::Review::of(&branch.review()?).token();
     if as_json {
         outln!(
             "{}",
             json(
-                &json!({ "meta": branch.meta(), "changes": changes.changes() }),
+                &json!({ "meta": branch.meta(), "changes": changes.changes(), "review_token": token }),
                 false
             )
         );
@@ -111,6 +127,7 @@ fn show(state_dir: &Path, id: &str, as_json: bool) -> Result<(), CliError> {
             json(&meta.context, false)
         );
         out!("{}", changes.to_lines());
+        outln!("review token {token} (lockbox branch commit {id} --review {token} ...)");
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use super::workdir::{explain_commit_error, warn_skipped};
 use crate::error::CliError;
 use crate::output::{json, out, outln};
 use lockbox_cow::{
-    Branch, BranchId, CommitOptions, CowError, FileDiff, FileHunks, HunkChoice, Side,
+    Branch, BranchId, CommitOptions, CowError, FileDiff, FileHunks, HunkChoice, ReviewedPath, Side,
 };
 use lockbox_policy::name::{printable_text, quoted};
 use lockbox_policy::plural;
@@ -24,6 +24,8 @@ pub struct Part<'a> {
     pub drop_rest: bool,
     pub interactive: bool,
     pub force: bool,
+    /// `--review TOKEN`.
+    pub review: Option<lockbox_cow::ContentDigest>,
 }
 
 impl Part<'_> {
@@ -61,7 +63,8 @@ pub fn parse_hunks(arg: &OsStr) -> Result<HunkChoice, CliError> {
 
 pub fn show_hunks(state_dir: &Path, id: &str, path: &Path, as_json: bool) -> Result<(), CliError> {
     let branch = Branch::open(state_dir, &BranchId::parse(id)?)?;
-    let diff = branch.hunks(path)?;
+    let listed = branch.review()?;
+    let (diff, digest) = branch.hunks_reviewed(path)?;
     let unchanged = match &diff {
         FileHunks::Text { hunks } => hunks.is_empty(),
         FileHunks::Summary { old, new } => (old, new) == (&Side::Absent, &Side::Absent),
@@ -73,14 +76,20 @@ pub fn show_hunks(state_dir: &Path, id: &str, path: &Path, as_json: bool) -> Res
         }));
     }
     if as_json {
-        let reply = FileDiffReply {
-            path: path.to_owned(),
-            diff,
-        };
+        let reply = FileDiffReply::new(path.to_owned(), (diff, digest));
         outln!("{}", json(&reply, false));
         return Ok(());
     }
     print_hunks(path, &diff);
+    // The token of what was shown: the listing, with this file as its hunks were made. A
+    // commit naming it is refused if anything changed since (these hunks too).
+    let mut shown: Vec<ReviewedPath> = lockbox_cow::Review::of(&listed).paths().to_vec();
+    shown.push(ReviewedPath {
+        path: path.to_owned(),
+        digest,
+    });
+    let token = lockbox_cow::Review::new(shown).token();
+    outln!("review token {token} (lockbox branch commit {id} --review {token} --hunks ...)");
     Ok(())
 }
 
@@ -118,6 +127,7 @@ pub fn commit(state_dir: &Path, id: &str, part: &Part<'_>, as_json: bool) -> Res
             .iter()
             .map(|h| parse_hunks(h))
             .collect::<Result<_, _>>()?,
+        review: part.review.map(lockbox_cow::Reviewed::Token),
     };
     if part.interactive {
         let Some(chosen) = super::branch_prompt::choose(&branch, &sel)? else {

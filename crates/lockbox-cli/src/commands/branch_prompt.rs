@@ -6,7 +6,9 @@
 
 use crate::error::CliError;
 use crate::output::{eout, out, outln};
-use lockbox_cow::{Branch, FileDiff, FileHunks, HunkChoice, Selection};
+use lockbox_cow::{
+    Branch, FileDiff, FileHunks, HunkChoice, Review, Reviewed, ReviewedPath, Selection,
+};
 use lockbox_policy::name::{printable_text, quoted};
 use std::io::{BufRead, IsTerminal};
 
@@ -53,6 +55,8 @@ pub fn choose(branch: &Branch, narrow: &Selection) -> Result<Option<Selection>, 
         ..Selection::default()
     };
     let mut quit = false;
+    // What was shown, with the digest of the content shown: the commit is bound to it.
+    let mut shown = Vec::new();
     for change in branch.change_set()?.changes() {
         let path = &change.path;
         if !wanted(path) {
@@ -61,7 +65,12 @@ pub fn choose(branch: &Branch, narrow: &Selection) -> Result<Option<Selection>, 
         let diff = if quit {
             None
         } else {
-            Some(branch.hunks(path)?)
+            let (diff, digest) = branch.hunks_reviewed(path)?;
+            shown.push(ReviewedPath {
+                path: path.clone(),
+                digest,
+            });
+            Some(diff)
         };
         match diff {
             Some(FileHunks::Text { hunks }) if !hunks.is_empty() => {
@@ -104,5 +113,6 @@ pub fn choose(branch: &Branch, narrow: &Selection) -> Result<Option<Selection>, 
             None => sel.exclude.push(path.clone()),
         }
     }
+    sel.review = Some(Reviewed::Paths(Review::new(shown)));
     Ok((!sel.only.is_empty()).then_some(sel))
 }

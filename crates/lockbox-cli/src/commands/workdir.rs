@@ -263,6 +263,11 @@ pub fn explain_commit_error(e: &CowError, id: &str) {
             "hint: the branch is kept (state `stale`): review with `lockbox branch diff {id}`, \
              then `lockbox branch commit --force {id}` overwrites them or `lockbox branch abort {id}` drops it"
         );
+    } else if let CowError::StaleReview { .. } = e {
+        eoutln!(
+            "hint: something wrote to the branch after the review: look again with `lockbox branch show {id}` \
+             (a new review token) and `lockbox branch hunks {id} PATH`"
+        );
     } else {
         eoutln!("hint: the branch is kept; retry with `lockbox branch commit {id}`");
     }

@@ -6,7 +6,7 @@
 use super::tools::ToolCall;
 use crate::error::ApiError;
 use crate::scope::Scope;
-use crate::wire::{self, each, ChangeList, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
+use crate::wire::{self, each, CommitSummary, FileDiffReply, FileInfo, SandboxInfo};
 use base64::Engine;
 use futures_util::StreamExt;
 use lockbox_policy::ErrorCode;
@@ -112,12 +112,12 @@ pub async fn run(runtime: &Runtime, scope: &Scope, call: ToolCall) -> Result<Val
         }
         ToolCall::Changes { id } => {
             let sandbox = sandbox(&id)?;
-            json_result(&json!({ "changes": ChangeList(sandbox.changes().await?) }))
+            json_result(&wire::ReviewReply::from(sandbox.review().await?))
         }
         ToolCall::Diff { id, path } => {
             let sandbox = sandbox(&id)?;
             let diff = sandbox.diff(path.clone()).await?;
-            diff_result(&FileDiffReply { path, diff })
+            diff_result(&FileDiffReply::new(path, diff))
         }
         ToolCall::Commit { id, selection } => {
             let sandbox = sandbox(&id)?;

@@ -245,7 +245,9 @@ const TOOLS: &[(&str, &str, Schema)] = &[
     (
         "changes",
         "What the sandbox changed in its workdir so far (its branch against the \
-        host directory): each path with added / modified / deleted, type, size, mode. \
+        host directory): each path with added / modified / deleted, type, size, mode and the \
+        digest of its content, and review_token (the whole listing's digest), which a commit \
+        that follows this review passes as its review. \
         Errors: NO_WORKDIR (the sandbox has none), SANDBOX_NOT_FOUND.",
         id_only_schema,
     ),
@@ -253,8 +255,8 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         "diff",
         "One changed path's diff against the host workdir, as a unified diff with \
         numbered hunks (the numbers `commit`'s hunks take), or a summary of both sides for \
-        binary files, directories and symlinks. Errors: NO_WORKDIR, NOT_CHANGED (the path \
-        has no change), INVALID_REQUEST.",
+        binary files, directories and symlinks, with the digest of the content the hunks were \
+        made from. Errors: NO_WORKDIR, NOT_CHANGED (the path has no change), INVALID_REQUEST.",
         diff_schema,
     ),
     (
@@ -262,9 +264,11 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         "Apply the sandbox's changes to the host workdir, durably and all at once; \
         the sandbox keeps running on what it committed. Without arguments everything is \
         committed; only / exclude select paths (a directory covers its subtree), hunks \
-        commits some hunks of a file. Errors: STALE_BASE (the host changed those paths since \
-        the sandbox read them: re-run on the new state, or force), NO_WORKDIR, BAD_HUNK, \
-        SPECIAL_FILES.",
+        commits some hunks of a file; review binds the commit to what changes / diff showed \
+        (their [{path, digest}], or changes' review_token). Errors: STALE_BASE (the host \
+        changed those paths since the sandbox read them: re-run on the new state, or force), \
+        STALE_REVIEW (the branch changed since the review, or a path was not in it: nothing \
+        applied, call changes again), NO_WORKDIR, BAD_HUNK, SPECIAL_FILES.",
         commit_schema,
     ),
     (
@@ -533,6 +537,16 @@ fn commit_schema() -> Value {
                 }), &["path", "accept"]),
             },
             "force": { "type": "boolean", "description": "Commit even where the host changed those paths since (overwrites the host's change)." },
+            "review": {
+                "description": "The review this commit follows: changes' review_token, or the [{path, digest}] of the paths shown (from changes / diff). Every path the commit writes must have been shown as it is now, else STALE_REVIEW.",
+                "oneOf": [
+                    { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" },
+                    { "type": "array", "items": object(json!({
+                        "path": { "type": "string" },
+                        "digest": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" },
+                    }), &["path", "digest"]) },
+                ],
+            },
         }),
         &["sandbox_id"],
     )
@@ -1001,6 +1015,38 @@ mod tests {
             Some(std::time::Duration::from_millis(DEFAULT_EXEC_TIMEOUT_MS))
         );
         assert_eq!(max_output, DEFAULT_MAX_OUTPUT);
+    }
+
+    /// Issue 32: MCP's commit takes the review it follows, as a token or as the paths shown
+    /// with their digests (what `changes` / `diff` give), into the runtime's selection.
+    #[test]
+    fn commit_takes_the_review_it_follows() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let selection = |review: Value| match ToolCall::parse(
+            "commit",
+            json!({ "sandbox_id": "a", "review": review }),
+        ) {
+            Ok(ToolCall::Commit { selection, .. }) => selection.review,
+            other => panic!("{other:?}"),
+        };
+        assert!(matches!(
+            selection(json!(digest)),
+            Some(lockbox_runtime::Reviewed::Token(t)) if t.to_string() == digest
+        ));
+        let Some(lockbox_runtime::Reviewed::Paths(review)) =
+            selection(json!([{ "path": "f", "digest": digest }]))
+        else {
+            panic!("not paths")
+        };
+        assert_eq!(
+            review
+                .digest(std::path::Path::new("f"))
+                .map(|d| d.to_string()),
+            Some(digest)
+        );
+        let (_, message) =
+            field_of_error("commit", json!({ "sandbox_id": "a", "review": "sha256:0" }));
+        assert!(message.contains("review digest"), "{message}");
     }
 
     #[test]

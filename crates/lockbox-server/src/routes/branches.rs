@@ -5,8 +5,8 @@
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::wire::{
-    each, BranchCommit, BranchDetail, ChangeList, CommitSummary, DiffQuery, FileDiffReply,
-    KeptBranch,
+    each, BranchCommit, BranchDetail, CommitSummary, DiffQuery, FileDiffReply, KeptBranch,
+    ReviewList,
 };
 use crate::AppState;
 use axum::extract::State;
@@ -38,9 +38,11 @@ pub async fn show(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let detail = app.runtime.branch(id).await?;
+    let change_list = ReviewList(detail.change_list);
     Ok(Json(BranchDetail {
         branch: KeptBranch::from(detail.branch),
-        change_list: ChangeList(detail.change_list),
+        review_token: change_list.token(),
+        change_list,
     }))
 }
 
@@ -59,7 +61,7 @@ pub async fn diff(
 ) -> Result<impl IntoResponse, ApiError> {
     let path = query.path()?;
     let diff = app.runtime.branch_diff(id, path.clone()).await?;
-    Ok(Json(FileDiffReply { path, diff }))
+    Ok(Json(FileDiffReply::new(path, diff)))
 }
 
 #[utoipa::path(

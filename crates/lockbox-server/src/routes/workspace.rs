@@ -22,13 +22,9 @@ pub async fn changes(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
-    #[derive(serde::Serialize)]
-    struct Changes {
-        changes: crate::wire::ChangeList,
-    }
-    Ok(Json(Changes {
-        changes: crate::wire::ChangeList(sandbox.changes().await?),
-    }))
+    Ok(Json(crate::wire::ReviewReply::from(
+        sandbox.review().await?,
+    )))
 }
 
 #[utoipa::path(
@@ -47,7 +43,7 @@ pub async fn diff(
     let path = query.path()?;
     let sandbox = app.runtime.sandbox(&id)?;
     let diff = sandbox.diff(path.clone()).await?;
-    Ok(Json(FileDiffReply { path, diff }))
+    Ok(Json(FileDiffReply::new(path, diff)))
 }
 
 #[utoipa::path(

@@ -2,6 +2,12 @@
 // when the file is selected, so a 1,000-file change set shows at once), with accept/reject
 // per file and per hunk, and Commit / Keep / Abort.
 //
+// A commit names what this page showed (`review`: each listed path with the digest of the
+// content shown, the diff's when it was opened), so the server refuses (409 STALE_REVIEW)
+// to write anything else: a file changed or added since, by a sandbox still running. Then
+// the page reloads the changes. Hunks beyond what a diff displays are rejected, never
+// accepted unseen (issue 32).
+//
 // `source` adapts a kept branch or a live sandbox:
 //   {load() → [Change], diff(name) → diff reply, commit(body) → reply, abort(), canDrop,
 //    done(text) (after a commit that removed it / an abort), keep()}
@@ -223,9 +229,14 @@ export async function review(container, source) {
         return;
       }
       if (token !== state.token) return;
-      if (file.diff.kind === "text") file.hunks = file.diff.hunks.map(() => file.accept);
+      // What the reviewer saw of this file: the diff's content, not the listing's.
+      file.digest = file.diff.digest;
+      if (file.diff.kind === "text") {
+        file.shown = displayed(file.diff.hunks);
+        file.hunks = file.diff.hunks.map((_, k) => file.accept && k < file.shown);
+      }
     }
-    if (hunk === "last") state.hunk = file.hunks && file.hunks.length ? file.hunks.length - 1 : 0;
+    if (hunk === "last") state.hunk = file.hunks && file.shown ? file.shown - 1 : 0;
     renderDiff(file);
   }
 
@@ -249,16 +260,10 @@ export async function review(container, source) {
       return;
     }
     const body = h("div", { class: "hunks" });
-    let budget = MAX_LINES;
-    let shown = 0;
-    for (const [i, hunk] of d.hunks.entries()) {
-      if (budget <= 0) break;
-      budget -= hunk.lines.length;
-      body.appendChild(renderHunk(file, hunk, i));
-      shown += 1;
-    }
+    const shown = file.shown;
+    for (let i = 0; i < shown; i += 1) body.appendChild(renderHunk(file, d.hunks[i], i));
     if (shown < d.hunks.length) {
-      body.appendChild(h("p", { class: "muted" }, `Only the first ${shown} of ${d.hunks.length} hunks are shown (about ${MAX_LINES} lines); their decisions apply to all.`));
+      body.appendChild(h("p", { class: "muted", id: "hunks-not-shown" }, `Only the first ${shown} of ${d.hunks.length} hunks are shown (about ${MAX_LINES} lines); the other ${d.hunks.length - shown} are not committed from this page (they stay in the branch).`));
     }
     fill(diff, head, body);
     markHunk(false);
@@ -365,7 +370,8 @@ export async function review(container, source) {
     const file = state.files[i];
     if (!file) return;
     file.accept = accept;
-    if (file.hunks) file.hunks = file.hunks.map(() => accept);
+    // Only hunks on the page: one not displayed is never accepted unseen.
+    if (file.hunks) file.hunks = file.hunks.map((_, k) => accept && k < file.shown);
     paintFile(file);
     updateSummary();
     if (i === state.current && file.diff) repaintHunks(file);
@@ -373,7 +379,7 @@ export async function review(container, source) {
 
   function decideHunk(i, accept) {
     const file = state.files[state.current];
-    if (!file || !file.hunks || i < 0 || i >= file.hunks.length) return;
+    if (!file || !file.hunks || i < 0 || i >= file.shown) return;
     file.hunks[i] = accept;
     file.accept = file.hunks.some(Boolean);
     paintFile(file);
@@ -402,7 +408,7 @@ export async function review(container, source) {
 
   function hunkCount() {
     const f = state.files[state.current];
-    return f && f.hunks ? f.hunks.length : 0;
+    return f && f.hunks ? f.shown : 0;
   }
 
   async function moveHunk(delta) {
@@ -462,7 +468,9 @@ export async function review(container, source) {
       fill(status, errorBox({ title: "Nothing accepted", message: "Every change is rejected: accept a file or a hunk to commit, or Abort to discard the branch." }));
       return;
     }
-    const body = { exclude: sel.exclude, hunks: sel.hunks, force };
+    // Every path listed, with the digest of what was shown of it.
+    const review = state.files.map((f) => ({ path: f.change.path, digest: f.digest || f.change.digest }));
+    const body = { exclude: sel.exclude, hunks: sel.hunks, force, review };
     if (rest) body.rest = rest.value;
     commitButton.disabled = true;
     fill(status, h("p", { class: "muted" }, "Committing…"));
@@ -485,6 +493,19 @@ export async function review(container, source) {
     } catch (err) {
       if (err.code === "CONFLICT") {
         fill(status, conflictBox(err));
+      } else if (err.code === "STALE_REVIEW") {
+        // The branch changed since this page showed it: show it again, decisions reset.
+        try {
+          setFiles(await source.load());
+        } catch (again) {
+          fill(status, errorBox(again));
+          return;
+        }
+        fill(status, staleBox(err));
+        if (state.files.length) {
+          state.current = -1;
+          select(0, 0);
+        }
       } else if (err.code === "PART_COMMIT_FINISHED") {
         // An earlier partial commit, cut short (a crash), was finished instead: the diff
         // changed under the decisions on this page, so show it again.
@@ -505,6 +526,17 @@ export async function review(container, source) {
     } finally {
       commitButton.disabled = !state.files.length;
     }
+  }
+
+  function staleBox(err) {
+    const paths = conflictPaths(err.details);
+    return h(
+      "div",
+      { class: "error-box conflict", role: "alert", id: "stale-review" },
+      h("strong", {}, "The changes are not what this page showed"),
+      h("p", {}, "Nothing was committed: the branch changed after it was shown (a sandbox still running can write to it), at these paths. The changes were loaded again; review them and decide again."),
+      paths.length ? h("ul", {}, paths.map((p) => h("li", { class: "name" }, nameNode(p)))) : null,
+    );
   }
 
   function conflictBox(err) {
@@ -542,6 +574,19 @@ export async function review(container, source) {
 // A stale-base 409 names the changed paths in `details.paths` (names in their JSON form).
 function conflictPaths(details) {
   return details && Array.isArray(details.paths) ? details.paths : [];
+}
+
+// How many of `hunks` a diff displays: whole hunks, up to about MAX_LINES lines (at least
+// one). The rest are never accepted from the page.
+function displayed(hunks) {
+  let budget = MAX_LINES;
+  let shown = 0;
+  for (const hunk of hunks) {
+    if (budget <= 0) break;
+    budget -= hunk.lines.length;
+    shown += 1;
+  }
+  return shown;
 }
 
 function reportWords(report) {
