@@ -643,6 +643,11 @@ fn launch(
         policy.net.own_namespace(),
         matches!(policy.net, lockbox_policy::Net::Allow(_)),
     );
+    // The init checks that we are still alive once it has armed its death signal.
+    let parent = sys::pidfd_of_self().map_err(|errno| SetupError::Supervise {
+        what: "opening the supervisor's own pidfd",
+        errno,
+    })?;
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -678,6 +683,7 @@ fn launch(
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
+        parent: parent.as_raw_fd(),
         stdio: stdio_fds,
         commands: std::iter::once(argv)
             .chain(later.iter().map(Vec::as_slice))
@@ -699,7 +705,7 @@ fn launch(
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
             // The init has its own copies now.
-            drop((report_wr, stdio_held, net_child));
+            drop((report_wr, stdio_held, net_child, parent));
             let mut limits = limits;
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();
