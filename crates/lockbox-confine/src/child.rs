@@ -1,11 +1,11 @@
 //! The two processes lockbox starts inside the new namespaces.
 //!
 //! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
-//! steps, one function each, and reports a failure as a fixed-size [`Record`]:
+//! steps, one function each, and reports a failure as a fixed-size [`Record`]. First of
+//! all it arms its death signal ([`die_with_parent`]), so that from the clone on a dead
+//! supervisor means a dead sandbox (issue 32: armed late, in step 11, a sandbox whose
+//! lockbox was killed during its set-up ran on unsupervised, writing into its branch). Then:
 //!
-//! -. die with the parent ([`die_with_parent`]): first of all, so that from the clone on a
-//!    dead supervisor means a dead sandbox (issue 32: armed late, a sandbox whose lockbox
-//!    was killed during its set-up ran on unsupervised, writing into its branch);
 //! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2, wipe the
 //!    caller's command line and environment from our copy of its memory (`proctitle`: the
 //!    command would read them in `/proc/1/cmdline`), and close every other descriptor of
