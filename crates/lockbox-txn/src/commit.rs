@@ -815,4 +815,34 @@ mod tests {
         assert_eq!(e.code(), "TXN_WRONG_STATE", "{e}");
         assert_eq!(recover(&f.state, None).unwrap().rolled_forward.len(), 1);
     }
+
+    /// Issue 32: what a branch commit killed while staging left in the workdir stayed there
+    /// for good (`txn recover` and later commands left it). Recovery removes it, whether
+    /// asked for every workdir or run as the sweep of one; staging it cannot tie to one of
+    /// its own branches is left alone.
+    #[test]
+    fn issue_32_recovery_removes_a_branch_commits_leftover_staging() {
+        for whole in [true, false] {
+            let tmp = tempfile::tempdir().unwrap();
+            let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+            std::fs::create_dir_all(&work).unwrap();
+            let work = std::fs::canonicalize(work).unwrap();
+            let branch = lockbox_cow::Branch::create(&state, &work, serde_json::json!({})).unwrap();
+            let prefix = lockbox_cow::STAGING_PREFIX;
+            for key in [branch.id().to_string(), format!("{}-part", branch.id())] {
+                std::fs::create_dir_all(work.join(format!("{prefix}{key}/d"))).unwrap();
+                std::fs::write(work.join(format!("{prefix}{key}/d/f")), "staged").unwrap();
+            }
+            let foreign = work.join(format!("{prefix}b0-0-0"));
+            std::fs::create_dir(&foreign).unwrap();
+            let report = if whole {
+                recover(&state, None).unwrap()
+            } else {
+                recover_workdir(&state, &work).unwrap().unwrap()
+            };
+            assert_eq!(report.removed.len(), 2, "{report:?}");
+            assert_eq!(lockbox_cow::staging_keys(&work), ["b0-0-0"]);
+            assert!(foreign.is_dir());
+        }
+    }
 }
