@@ -30,8 +30,16 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     };
     // Debug logs of each setup step on request (LOCKBOX_LOG=debug); errors are printed by
     // the commands themselves, so without it no subscriber is needed (and none is built,
-    // which keeps start-up short).
-    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("LOCKBOX_LOG") {
+    // which keeps start-up short). But a server's errors go to no terminal: its 500s tell
+    // the client to "see the server log", so their causes are logged unasked (issue 32).
+    let filter = match tracing_subscriber::EnvFilter::try_from_env("LOCKBOX_LOG") {
+        Ok(filter) => Some(filter),
+        Err(_) if matches!(parsed.command, cli::Command::Serve(_)) => {
+            Some(tracing_subscriber::EnvFilter::new("error"))
+        }
+        Err(_) => None,
+    };
+    if let Some(filter) = filter {
         // Only the first call installs one (a host process may have its own).
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -795,3 +795,203 @@ fn sigpipe_is_not_ignored_inside() {
     let mask = u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap();
     assert_eq!(mask & (1 << (libc::SIGPIPE - 1)), 0, "{line}");
 }
+
+/// When to SIGKILL a `lockbox` under test: as soon as it has cloned a sandbox (in the
+/// middle of the sandbox's set-up), or after a delay.
+#[derive(Debug, Clone, Copy)]
+enum KillAt {
+    FirstClone,
+    After(Duration),
+}
+
+/// A pidfd (readable once the process has exited), or `None` if it is already gone.
+fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes no pointers; a returned descriptor is ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/*/children`).
+fn children_of(pid: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(list.split_whitespace().map(|p| p.parse::<i32>().unwrap()));
+    }
+    found
+}
+
+/// Starts `lockbox ARGS` as `user` in `dir`, SIGKILLs it at `at`, and returns what it had
+/// started (pidfds of its children: the sandbox inits) once it is dead. It is stopped
+/// first, so that the list of its children is complete when it dies.
+fn kill_lockbox(user: User, dir: &Path, args: &[&str], at: KillAt) -> Vec<std::os::fd::OwnedFd> {
+    let mut child = command_as(user)
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    match at {
+        KillAt::After(delay) => std::thread::sleep(delay),
+        KillAt::FirstClone => {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while children_of(pid).is_empty() {
+                assert!(Instant::now() < deadline, "lockbox {args:?} never cloned");
+                std::thread::yield_now();
+            }
+        }
+    }
+    let mut status = 0;
+    // SAFETY: `pid` is our unreaped child; `status` is a valid out pointer.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGSTOP);
+        libc::waitpid(pid as i32, &mut status, libc::WUNTRACED);
+    }
+    if !libc::WIFSTOPPED(status) {
+        // It had ended already (and is reaped, so this wait fails): nothing to kill.
+        let _ = child.wait();
+        return Vec::new();
+    }
+    let started = children_of(pid)
+        .into_iter()
+        .filter_map(pidfd_open)
+        .collect();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    started
+}
+
+/// Waits (a minute at most) for each process to exit; returns how many did not. A sandbox
+/// init exits only after every process of its pid namespace is gone (it is their pid 1),
+/// so an exited init means a dead sandbox. Survivors are killed.
+fn survivors(pidfds: Vec<std::os::fd::OwnedFd>) -> usize {
+    use std::os::fd::AsRawFd;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut alive = 0;
+    for fd in pidfds {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as i32;
+        // SAFETY: `p` is a valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&mut p, 1, left) } == 0 {
+            alive += 1;
+            // SAFETY: a live pidfd; no pointers.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    0,
+                    0,
+                )
+            };
+        }
+    }
+    alive
+}
+
+/// Issue 32: `lockbox run` SIGKILLed 2-30 ms after it started left some sandboxes running
+/// unsupervised (with `--workdir`, writing into a branch `branch list` offered for commit):
+/// the death signal was armed only at the end of the set-up. From the clone on, a dead
+/// lockbox now means a dead sandbox. Killed right at the clone and at delays across the
+/// start; every sandbox it started must die with it (and so nothing writes into the branch
+/// after).
+#[test]
+fn issue_32_a_killed_lockbox_leaves_no_sandbox_running() {
+    for user in users() {
+        let dir = scratch();
+        let work = dir.path().join("work");
+        let state = dir.path().join("state");
+        std::fs::create_dir(&work).unwrap();
+        std::fs::create_dir(&state).unwrap();
+        common::give(dir.path(), user);
+        let (w, s) = (work.to_str().unwrap(), state.to_str().unwrap());
+        let mut started = 0;
+        for trial in 0..20u64 {
+            let at = match trial % 2 {
+                0 => KillAt::FirstClone,
+                _ => KillAt::After(Duration::from_millis(2 + trial * 28 / 19)),
+            };
+            let args: &[&str] = match trial % 4 {
+                0 | 1 => &["run", "--", "sh", "-c", "sleep 7000; true"],
+                _ => &[
+                    "run",
+                    "--workdir",
+                    w,
+                    "--state-dir",
+                    s,
+                    "--",
+                    "sh",
+                    "-c",
+                    "while :; do date >> log; sleep 0.01; done",
+                ],
+            };
+            let inits = kill_lockbox(user, dir.path(), args, at);
+            started += inits.len();
+            assert_eq!(
+                survivors(inits),
+                0,
+                "{user:?} trial {trial} {at:?} {args:?}"
+            );
+        }
+        eprintln!("{user:?}: killed lockboxes had started {started} sandboxes");
+        assert!(
+            started > 0,
+            "{user:?}: no trial killed lockbox with a sandbox"
+        );
+    }
+}
+
+/// Issue 32, the pipeline case: killed during its first stage, a pipeline left stage 1
+/// running.
+#[test]
+fn issue_32_a_killed_pipeline_leaves_no_stage_running() {
+    for user in users() {
+        let dir = scratch();
+        let work = dir.path().join("work");
+        let state = dir.path().join("state");
+        std::fs::create_dir(&work).unwrap();
+        std::fs::create_dir(&state).unwrap();
+        common::give(dir.path(), user);
+        let (w, s) = (work.to_str().unwrap(), state.to_str().unwrap());
+        let args = [
+            "pipeline",
+            "--workdir",
+            w,
+            "--state-dir",
+            s,
+            "--stage",
+            "sleep 7000; true",
+            "--stage",
+            "true",
+        ];
+        let mut started = 0;
+        for trial in 0..10u64 {
+            let at = match trial % 2 {
+                0 => KillAt::FirstClone,
+                _ => KillAt::After(Duration::from_millis(2 + trial * 3)),
+            };
+            let inits = kill_lockbox(user, dir.path(), &args, at);
+            started += inits.len();
+            assert_eq!(survivors(inits), 0, "{user:?} trial {trial} {at:?}");
+        }
+        eprintln!("{user:?}: killed lockboxes had started {started} sandboxes");
+        assert!(
+            started > 0,
+            "{user:?}: no trial killed lockbox with a sandbox"
+        );
+    }
+}

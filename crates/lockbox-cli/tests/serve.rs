@@ -347,6 +347,21 @@ fn file_modes_are_octal_text_in_both_directions() {
                 .unwrap_or_else(|| panic!("{listing}"));
             assert_eq!(entry["mode"], "0750", "{user:?} {entry}");
 
+            // Issue 32: a refused set-user-id bit was answered READ_ONLY.
+            let (status, error) = server
+                .json(
+                    Method::PUT,
+                    &format!("{files}?path=/tmp/suid&mode=4755"),
+                    json!(null),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{user:?} {error}");
+            assert_eq!(error["code"], "INVALID_REQUEST", "{user:?} {error}");
+            assert!(
+                error["message"].as_str().unwrap().contains("set-user-id"),
+                "{error}"
+            );
+
             let (status, error) = server
                 .json(
                     Method::PUT,
@@ -1075,4 +1090,36 @@ fn every_record_gives_its_time_as_rfc3339_utc_with_milliseconds_across_a_restart
             assert_eq!(info["policy"]["net"], "none", "{info}");
         });
     }
+}
+
+/// Issue 32: a 500 tells the client to "see the server log", and `lockbox serve` logged
+/// nothing unless `LOCKBOX_LOG` was set: each 500's cause is logged by default.
+#[test]
+fn issue_32_an_internal_error_is_logged_without_lockbox_log() {
+    let user = users()[0];
+    let state = state_dir(user);
+    let (server, stderr) = Served::start_with_stderr(user, state.path());
+    // The transactions' directory made unreadable as one: listing them fails inside.
+    std::fs::write(state.path().join("txns"), "not a directory").unwrap();
+    let error = tokio().block_on(async {
+        let (status, error) = server
+            .json(Method::GET, "/v1/transactions", json!(null))
+            .await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{error}");
+        error
+    });
+    let code = error["code"].as_str().unwrap().to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let found = BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("ERROR") && line.contains(&code));
+        let _ = tx.send(found);
+    });
+    let logged = rx.recv_timeout(Duration::from_secs(60));
+    assert!(
+        matches!(&logged, Ok(Some(line)) if line.contains("txns")),
+        "the cause, with its path, on stderr: {logged:?}"
+    );
 }

@@ -1,7 +1,10 @@
 //! The two processes lockbox starts inside the new namespaces.
 //!
 //! **The init** (pid 1 of the sandbox's pid namespace) is the clone child. It runs these
-//! steps, one function each, and reports a failure as a fixed-size [`Record`]:
+//! steps, one function each, and reports a failure as a fixed-size [`Record`]. First of
+//! all it arms its death signal ([`die_with_parent`]), so that from the clone on a dead
+//! supervisor means a dead sandbox (issue 32: armed late, in step 11, a sandbox whose
+//! lockbox was killed during its set-up ran on unsupervised, writing into its branch). Then:
 //!
 //! 0. install the caller's per-sandbox stdio (if any) as descriptors 0, 1, 2, wipe the
 //!    caller's command line and environment from our copy of its memory (`proctitle`: the
@@ -26,8 +29,7 @@
 //!    views are mounted (a gated sandbox first waits at `Op::Gate` for the supervisor's
 //!    go); then make `/` read-only;
 //! 10. create the Landlock ruleset with the plan's rules (paths now as seen inside);
-//! 11. become non-dumpable (no ptrace, no /proc/1 access from the command), die with the
-//!     parent, close every descriptor not needed, route signals to a signalfd;
+//! 11. become non-dumpable (no ptrace, no /proc/1 access from the command), close every descriptor not needed, route signals to a signalfd;
 //! 12. start the command (vfork-style: the child shares the init's memory until it execs, so
 //!     no page tables are copied), then reap zombies and forward signals until it exits;
 //!     then kill and reap everything left, report usage and the status, and exit.
@@ -102,6 +104,8 @@ pub struct Prepared {
     /// Descriptors the init keeps (sorted): stdio, the report pipe, pass_fds, cgroup fds.
     pub(crate) keep_fds: Vec<RawFd>,
     pub(crate) report_fd: RawFd,
+    /// A pidfd of the supervisor process, which [`die_with_parent`] checks and closes.
+    pub(crate) parent: RawFd,
     /// Descriptors to install as 0, 1, 2 (`-1`: keep the caller's); all `>= 3`.
     pub(crate) stdio: [RawFd; 3],
     /// The command starts a session of its own ([`crate::Spawn::own_session`]).
@@ -224,6 +228,9 @@ fn report(fd: RawFd, record: Record) {
 /// command's process on the same views (see [`start_next`]); that process waits for the go
 /// itself.
 pub fn init_main(p: &mut Prepared) -> ! {
+    if let Err(fail) = die_with_parent(p) {
+        fail_exit(p, fail)
+    }
     let (signal_fd, ruleset) = match setup(p) {
         Ok(ready) => ready,
         Err(fail) => fail_exit(p, fail),
@@ -264,6 +271,31 @@ fn fail_exit(p: &Prepared, fail: Fail) -> ! {
         },
     );
     sys::exit(125)
+}
+
+/// Arms `PR_SET_PDEATHSIG(SIGKILL)`: when the supervisor dies, the kernel kills the init,
+/// and with it (pid 1 of the sandbox's pid namespace) every process of the sandbox. It
+/// fires when the *thread* that cloned us exits, so long-lived sandboxes are cloned from a
+/// thread that lives as long as its process (the runtime's spawner thread).
+///
+/// A supervisor that died between the clone and the prctl armed nothing (prctl(2)), so its
+/// pidfd, readable once every thread of it is gone, is checked after: the usual `getppid()`
+/// check cannot work here, the parent being outside our pid namespace (it reads 0).
+fn die_with_parent(p: &Prepared) -> Result<(), Fail> {
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(at(Step::SetDeathSignal))?;
+    let mut parent = [libc::pollfd {
+        fd: p.parent,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let gone = sys::poll(&mut parent, 0).map_err(at(Step::SetDeathSignal))? > 0;
+    sys::close(p.parent);
+    if gone {
+        // Nobody is left to report to.
+        sys::exit(125)
+    }
+    Ok(())
 }
 
 fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
@@ -675,8 +707,6 @@ fn landlock_ruleset(p: &Prepared, rules: &[crate::plan::Rule]) -> Result<Option<
 
 fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
-    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
-        .map_err(at(Step::SetDeathSignal))?;
     // The resolver's sockets stay until the command hands them to the supervisor.
     let (udp, tcp) = p.helper.dns_fds();
     close_other_fds(&p.keep_fds, ruleset, &p.source_fds, &[udp, tcp]);

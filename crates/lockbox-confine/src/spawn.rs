@@ -675,6 +675,11 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         policy.net.own_namespace(),
         matches!(policy.net, lockbox_policy::Net::Allow(_)),
     );
+    // The init checks that we are still alive once it has armed its death signal.
+    let parent = sys::pidfd_of_self().map_err(|errno| SetupError::Supervise {
+        what: "opening the supervisor's own pidfd",
+        errno,
+    })?;
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -710,6 +715,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         pass_fds,
         keep_fds: keep,
         report_fd: report_wr.as_raw_fd(),
+        parent: parent.as_raw_fd(),
         stdio: stdio_fds,
         own_session,
         commands: std::iter::once(argv)
@@ -732,7 +738,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
             // The init has its own copies now.
-            drop((report_wr, stdio_held, notify));
+            drop((report_wr, stdio_held, notify, parent));
             let mut limits = limits;
             if let Some(c) = limits.cgroups.as_mut() {
                 c.release_fds();

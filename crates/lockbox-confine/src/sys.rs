@@ -964,6 +964,14 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> Result<(), 
     check(rc).map(drop)
 }
 
+/// `pidfd_open(getpid(), 0)`: a descriptor of this process (the whole thread group), which
+/// polls readable once every thread of it has exited; close-on-exec.
+pub fn pidfd_of_self() -> Result<OwnedFd, Errno> {
+    // SAFETY: getpid cannot fail; pidfd_open takes no pointers.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    check(rc).map(|fd| owned(fd as RawFd))
+}
+
 /// `waitpid(-1, WNOHANG)`: Some((pid, status)) for a reaped child.
 pub fn reap_any() -> Result<Option<(libc::pid_t, libc::c_int)>, Errno> {
     let mut status = 0;

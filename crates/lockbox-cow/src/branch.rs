@@ -400,8 +400,11 @@ impl Branch {
     ///
     /// A partial commit of the branch interrupted after its commit point is finished first
     /// (see [`Branch::commit_part`]): the workdir is never left with part of one.
+    ///
+    /// What a commit of it killed while staging left in the workdir is removed too.
     pub fn abort(mut self) -> Result<(), CowError> {
         self.finish_interrupted_part()?;
+        self.discard_leftover_staging()?;
         self.remove(Removal::Now)
     }
 
@@ -527,7 +530,8 @@ fn pid_alive(pid: u32) -> bool {
 /// Removes the branch `id` whatever state it is in (even without a readable `meta.json`).
 ///
 /// A partial commit of the branch interrupted after its commit point is finished first when
-/// the branch can be read and its workdir is there (see [`Branch::commit_part`]).
+/// the branch can be read and its workdir is there (see [`Branch::commit_part`]), and what
+/// a commit of it killed while staging left in the workdir is removed.
 pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
     let branches = branches_dir(state_dir);
     if !branches.join(id.as_str()).exists() {
@@ -536,17 +540,14 @@ pub fn abort_id(state_dir: &Path, id: &BranchId) -> Result<(), CowError> {
             path: branches,
         });
     }
-    if branches
-        .join(id.as_str())
-        .join(crate::select::PART_RECORD)
-        .exists()
-    {
-        if let Ok(mut branch) = Branch::open(state_dir, id) {
-            match branch.finish_interrupted_part() {
-                // No workdir: nothing of the commit can be in it, nothing to finish.
-                Ok(_) | Err(CowError::OpenWorkdir { .. }) => {}
-                Err(e) => return Err(e),
-            }
+    if let Ok(mut branch) = Branch::open(state_dir, id) {
+        // No workdir: nothing of a commit can be in it, nothing to finish or remove.
+        match branch
+            .finish_interrupted_part()
+            .and_then(|_| branch.discard_leftover_staging())
+        {
+            Ok(()) | Err(CowError::OpenWorkdir { .. }) => {}
+            Err(e) => return Err(e),
         }
     }
     remove_dir_robust(&branches, OsStr::new(id.as_str()), Durability::Durable)

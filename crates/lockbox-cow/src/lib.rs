@@ -83,7 +83,8 @@ pub use crate::snapshot::{
     SnapshotStore, SnapshotUsage, MAX_DEPTH, SNAPSHOT_FORMAT_VERSION, SPARE,
 };
 pub use crate::staged::{
-    apply_staged, discard_staging, stage_upper, stage_upper_rebased, staging_exists,
+    apply_staged, discard_staging, stage_upper, stage_upper_rebased, staging_exists, staging_keys,
+    sweep_branch_staging,
 };
 pub use crate::stale::stamp_base;
 pub use crate::state_dir::{default_state_dir, STATE_DIR_ENV};

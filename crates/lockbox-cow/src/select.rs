@@ -352,7 +352,7 @@ impl Branch {
                 return Err(CowError::StaleReview { paths });
             }
         }
-        let key = format!("{}-part", self.id());
+        let key = format!("{}{}", self.id(), crate::staged::PART_SUFFIX);
         // A staging directory a crash left behind (never applied: nothing needs it).
         discard_staging(&workdir, &key)?;
         let base = Base {
@@ -437,7 +437,7 @@ impl Branch {
     }
 
     /// The state directory holding the branch (`STATE/branches/ID`).
-    fn state_dir(&self) -> PathBuf {
+    pub(crate) fn state_dir(&self) -> PathBuf {
         self.dir()
             .ancestors()
             .nth(2)

@@ -7,16 +7,23 @@
 //!
 //! The staging directory is `WORKDIR/.lockbox-commit-<key>`, so the existing reserved-name
 //! rule keeps it out of every change set.
+//!
+//! A branch's own commits stage there too (key `<id>`, `<id>-part` for a partial one): what
+//! a commit killed while staging left is removed by the branch's abort and by recovery
+//! ([`sweep_branch_staging`]; issue 32: it stayed in the user's directory for good, and
+//! sandboxes of the workdir saw it).
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::beneath::{self, remove_tree_at};
 use crate::commit::{self, CommitPlan, Plan, STAGING_PREFIX};
+use crate::lock::WorkdirLock;
 use crate::meta::Timestamp;
+use crate::select::PART_RECORD;
 use crate::stale::Base;
-use crate::{CommitOptions, CommitReport, CowError};
+use crate::{Branch, BranchId, CommitOptions, CommitReport, CowError};
 
 fn staging_name(key: &str) -> String {
     format!("{STAGING_PREFIX}{key}")
@@ -154,4 +161,80 @@ pub fn discard_staging(workdir: &Path, key: &str) -> Result<(), CowError> {
 /// True if the staging directory of `key` exists in `workdir`.
 pub fn staging_exists(workdir: &Path, key: &str) -> bool {
     workdir.join(staging_name(key)).symlink_metadata().is_ok()
+}
+
+/// The suffix of the key of a partial commit's staging ([`Branch::commit_part`]).
+pub(crate) const PART_SUFFIX: &str = "-part";
+
+impl Branch {
+    /// The staging keys of this branch's commits left in its workdir: a full commit's (which
+    /// a resumed commit stages afresh) and a partial one's, unless an interrupted partial
+    /// commit is still to be applied from it ([`Branch::commit_part`]).
+    fn leftover_staging(&self) -> Vec<String> {
+        let full = self.id().to_string();
+        let part = format!("{full}{PART_SUFFIX}");
+        let pending_part = self.dir().join(PART_RECORD).exists();
+        [full, part]
+            .into_iter()
+            .filter(|key| !(pending_part && key.ends_with(PART_SUFFIX)))
+            .filter(|key| staging_exists(self.workdir(), key))
+            .collect()
+    }
+
+    /// Removes what commits of this branch killed while staging left in its workdir (see
+    /// [`Branch::leftover_staging`]), under the workdir lock, so that no commit of it is
+    /// running meanwhile. A workdir that is gone holds none.
+    pub(crate) fn discard_leftover_staging(&self) -> Result<(), CowError> {
+        if self.leftover_staging().is_empty() {
+            return Ok(());
+        }
+        let _lock = WorkdirLock::acquire(&self.state_dir(), self.workdir())?;
+        self.discard_leftover_staging_locked().map(drop)
+    }
+
+    /// [`Branch::discard_leftover_staging`] with the workdir lock held: the removed paths.
+    fn discard_leftover_staging_locked(&self) -> Result<Vec<PathBuf>, CowError> {
+        let mut removed = Vec::new();
+        for key in self.leftover_staging() {
+            discard_staging(self.workdir(), &key)?;
+            removed.push(self.workdir().join(staging_name(&key)));
+        }
+        Ok(removed)
+    }
+}
+
+/// Recovery's part for branches: removes the staging directories that commits of
+/// `state_dir`'s branches over `workdir` (canonical), killed while staging, left at its top
+/// (see [`Branch::commit`], [`Branch::commit_part`]; a partial commit past its commit point
+/// keeps its own, to be finished from). The caller holds the workdir lock
+/// ([`WorkdirLock`]), so no commit of them is running. Staging of anything else (a
+/// transaction, another state directory's branch) is left alone. Returns what it removed.
+pub fn sweep_branch_staging(state_dir: &Path, workdir: &Path) -> Result<Vec<PathBuf>, CowError> {
+    let mut removed = Vec::new();
+    for key in staging_keys(workdir) {
+        let id = key.strip_suffix(PART_SUFFIX).unwrap_or(&key);
+        let Ok(branch) = BranchId::parse(id).and_then(|id| Branch::open(state_dir, &id)) else {
+            continue;
+        };
+        if branch.workdir() == workdir {
+            removed.extend(branch.discard_leftover_staging_locked()?);
+        }
+    }
+    Ok(removed)
+}
+
+/// The keys of the staging directories at the top of `workdir` (none if it cannot be read).
+pub fn staging_keys(workdir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(workdir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(STAGING_PREFIX))
+                .map(str::to_owned)
+        })
+        .collect()
 }

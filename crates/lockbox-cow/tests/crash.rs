@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use common::{require_overlay, run_direct, run_in_branch, sh, snapshot, Node, Scratch};
 use lockbox_cow::{
-    abort_id, list, Branch, BranchId, CommitOptions, CowError, HunkChoice, Selection,
+    abort_id, list, staging_keys, sweep_branch_staging, Branch, BranchId, CommitOptions, CowError,
+    HunkChoice, Selection, WorkdirLock,
 };
 
 const ENV: &str = "LOCKBOX_COW_CRASH_HELPER";
@@ -274,6 +275,86 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
         outcomes.iter().any(|o| o.contains("finished=false")),
         "no kill landed inside a partial commit; the test did not test anything"
     );
+}
+
+/// Runs the helper test `helper` on `branch` in a child process and SIGKILLs it as soon as
+/// a staging directory appears in the workdir; whether it did (rather than end first).
+fn kill_once_staging(helper: &str, env: &str, s: &Scratch, branch: &Branch) -> bool {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", helper, "--test-threads", "1"])
+        .env(env, format!("{}\n{}", s.state.display(), branch.id()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    loop {
+        if !staging_keys(&s.wd).is_empty() {
+            let _ = child.kill(); // SIGKILL
+            child.wait().unwrap();
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+    }
+}
+
+/// Issue 32: a commit (full or partial) killed while staging left
+/// `WORKDIR/.lockbox-commit-<id>[-part]/` in the user's directory for good: `branch abort`,
+/// recovery and later commits left it, and sandboxes of the workdir saw it. Abort removes
+/// it, and so does recovery's sweep (which keeps only a partial commit's staging past its
+/// commit point, to finish it from).
+#[test]
+fn sigkill_during_staging_then_abort_or_recovery_leaves_no_staging() {
+    if !require_overlay() {
+        return;
+    }
+    let long: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    let many = "mkdir many && for i in $(seq 1 500); do echo $i > many/$i; done";
+    let mut caught = Vec::new();
+    for attempt in 0..8 {
+        let (part, recovery) = (attempt % 2 == 1, attempt % 4 >= 2);
+        let s = Scratch::new();
+        sh(&s.wd, &setup());
+        std::fs::write(s.wd.join("long"), &long).unwrap();
+        let branch = s.branch();
+        let edit = "sed -i 's/^line 2$/LINE TWO/; s/^line 30$/LINE THIRTY/' long";
+        assert!(run_in_branch(
+            &branch,
+            &format!("{}; {edit}; {many}", script())
+        ));
+        let (helper, env) = match part {
+            true => ("helper_commit_part_until_killed", PART_ENV),
+            false => ("helper_commit_until_killed", ENV),
+        };
+        if !kill_once_staging(helper, env, &s, &branch) {
+            continue;
+        }
+        let recorded = branch.dir().join("part-commit.json").exists();
+        caught.push(format!("part={part} recovery={recovery} record={recorded}"));
+        let wd = std::fs::canonicalize(&s.wd).unwrap();
+        if recovery {
+            let _lock = WorkdirLock::acquire(&s.state, &wd).unwrap();
+            let removed = sweep_branch_staging(&s.state, &wd).unwrap();
+            let left = staging_keys(&wd);
+            if part && recorded {
+                // Past its commit point: kept for the abort (or a commit) to finish.
+                assert_eq!(left, [format!("{}-part", branch.id())], "{caught:?}");
+            } else {
+                assert!(left.is_empty(), "{left:?} after the sweep ({caught:?})");
+                assert!(!removed.is_empty(), "{caught:?}");
+            }
+        }
+        abort_id(&s.state, branch.id()).unwrap();
+        assert_eq!(staging_keys(&wd), Vec::<String>::new(), "{caught:?}");
+    }
+    eprintln!("{}", caught.join("\n"));
+    for (part, recovery) in [(false, false), (true, false), (false, true), (true, true)] {
+        let case = format!("part={part} recovery={recovery} ");
+        assert!(
+            caught.iter().any(|c| c.starts_with(&case)),
+            "no kill landed in staging for {case}: {caught:?}"
+        );
+    }
 }
 
 /// A branch of `s` that ran [`script`] and was committed by [`lockbox_cow::commit`], which

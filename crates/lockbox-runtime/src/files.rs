@@ -115,6 +115,9 @@ pub(crate) async fn read_file(
     })
 }
 
+/// `S_ISUID | S_ISGID`.
+const SET_ID_BITS: u32 = 0o6000;
+
 pub(crate) async fn write_file(
     agent: &AgentClient,
     path: &str,
@@ -133,7 +136,22 @@ pub(crate) async fn write_file(
         mode: opts.mode,
         create_parents: opts.create_parents,
     };
-    let (b, fds) = call(agent, op, path, true).await?;
+    let (result, fds) = agent.call(op).await?;
+    let b = result.map_err(|e| match e.errno {
+        // Not a read-only path: lockbox's seccomp filter refuses set-id bits to everything
+        // in a sandbox (set-user-id always, set-group-id where others can reach the
+        // sandbox's writes), and says so with EPERM (issue 32: `mode=4755` was READ_ONLY).
+        libc::EPERM if opts.mode & SET_ID_BITS != 0 => RuntimeError::invalid(
+            "mode",
+            format!(
+                "{:04o}: the set-user-id and set-group-id bits are refused in a sandbox; \
+                 give the mode without them ({:04o})",
+                opts.mode,
+                opts.mode & !SET_ID_BITS
+            ),
+        ),
+        _ => map_error(e, path, true),
+    })?;
     let Body::WriteStarted { token } = b else {
         return Err(b.unexpected("write_started").into());
     };

@@ -62,7 +62,7 @@ impl Runtime {
         // Opening sweeps what a killed runtime left half-made: once, at start-up.
         let snapshots = crate::snapshots::store(&config.state_dir)?;
         crate::pool::sweep_spares(&config.state_dir);
-        store.prune_stopped(config.keep_stopped)?;
+        store.prune_ended(config.keep_stopped)?;
         let log_budget = sandbox::LogBudget::new(config.max_log_memory);
         let pool = (config.pool_size > 0).then(|| {
             crate::pool::Pool::new(
@@ -253,7 +253,7 @@ impl Runtime {
     }
 
     /// All sandboxes, running and recorded (stopped, lost: the last
-    /// [`RuntimeConfig::keep_stopped`] stopped ones), oldest first.
+    /// [`RuntimeConfig::keep_stopped`] of each), oldest first.
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
         let live: HashMap<SandboxId, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
         let mut out = self.inner.store.list().unwrap_or_default();
@@ -330,11 +330,7 @@ impl Runtime {
             .inner
             .store
             .update(id, SandboxState::Stopped, branch_id.as_ref(), action);
-        if let Err(e) = self
-            .inner
-            .store
-            .prune_stopped(self.inner.config.keep_stopped)
-        {
+        if let Err(e) = self.inner.store.prune_ended(self.inner.config.keep_stopped) {
             tracing::warn!("forgetting old stopped sandboxes: {e}");
         }
         lock(&self.inner.sandboxes).remove(id);

@@ -108,13 +108,18 @@ impl Store {
     }
 
     /// Forgets all `stopped` rows but the `keep` most recently created ones (rowid: the
-    /// insertion order, which a millisecond `created_at` may not tell apart).
-    pub fn prune_stopped(&self, keep: usize) -> Result<(), RuntimeError> {
+    /// insertion order, which a millisecond `created_at` may not tell apart), and all `lost`
+    /// rows but the `keep` most recent: those piled up forever, one per sandbox running when
+    /// a server died (issue 32: 1,227 after 50 kills, listing 15 times slower). Their
+    /// branches stay in the branch store (`lockbox branch list`) for review.
+    pub fn prune_ended(&self, keep: usize) -> Result<(), RuntimeError> {
         let keep = i64::try_from(keep).unwrap_or(i64::MAX);
         self.conn()
             .execute(
-                "DELETE FROM sandboxes WHERE state = 'stopped' AND id NOT IN
+                "DELETE FROM sandboxes WHERE state IN ('stopped', 'lost') AND id NOT IN
                    (SELECT id FROM sandboxes WHERE state = 'stopped'
+                    ORDER BY rowid DESC LIMIT ?1) AND id NOT IN
+                   (SELECT id FROM sandboxes WHERE state = 'lost'
                     ORDER BY rowid DESC LIMIT ?1)",
                 params![keep],
             )
@@ -169,5 +174,47 @@ impl Store {
             })
             .map_err(db_error)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(db_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(store: &Store, id: &str, state: &str) {
+        store
+            .conn()
+            .execute(
+                "INSERT INTO sandboxes (id, state, created_at, labels, spec)
+                 VALUES (?1, ?2, '2026-12-01T00:00:00Z', '{}', '{}')",
+                params![id, state],
+            )
+            .unwrap();
+    }
+
+    fn ids(store: &Store, state: &str) -> Vec<String> {
+        let conn = store.conn();
+        let mut stmt = conn
+            .prepare("SELECT id FROM sandboxes WHERE state = ?1 ORDER BY rowid")
+            .unwrap();
+        let rows = stmt.query_map(params![state], |r| r.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    /// Issue 32: `lost` rows (sandboxes running when a server died) piled up forever; they
+    /// get the retention of stopped ones, each state its own `keep` most recent.
+    #[test]
+    fn issue_32_lost_rows_are_pruned_like_stopped_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        for server in 0..5 {
+            let store = Store::open(dir.path()).unwrap();
+            store.prune_ended(2).unwrap();
+            add(&store, &format!("s{server}"), "stopped");
+            add(&store, &format!("r{server}"), "running");
+        }
+        let store = Store::open(dir.path()).unwrap();
+        store.prune_ended(2).unwrap();
+        assert_eq!(ids(&store, "lost"), ["r3", "r4"]);
+        assert_eq!(ids(&store, "stopped"), ["s3", "s4"]);
     }
 }

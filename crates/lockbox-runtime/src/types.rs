@@ -58,7 +58,8 @@ pub struct RuntimeConfig {
     pub default_idle_timeout: Option<Duration>,
     /// Stopped sandboxes kept in the list (and the database), the most recently created
     /// ones; older stopped rows are forgotten when a sandbox stops and when the runtime
-    /// opens. `lost` ones are kept (their branches wait for review).
+    /// opens. As many `lost` ones are kept the same way (their branches stay in the branch
+    /// store for review either way).
     pub keep_stopped: usize,
     /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
     /// (see [`lockbox_agent`]): typically `lockbox-agent`'s binary. `None` = the current

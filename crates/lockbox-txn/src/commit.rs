@@ -168,6 +168,8 @@ pub struct RecoveryReport {
 /// Finishes or rolls back every interrupted transaction in `state_dir` (only those over
 /// `workdir`, if given): after the commit point → roll forward; before → roll back (remove
 /// staging). Transactions that are prepared, or running in a live process, are left alone.
+/// What branch commits killed while staging left is removed too
+/// ([`lockbox_cow::sweep_branch_staging`]).
 pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryReport, TxnError> {
     let filter = match workdir {
         Some(w) => Some(std::fs::canonicalize(w).map_err(|source| TxnError::Store {
@@ -204,6 +206,19 @@ pub fn recover(state_dir: &Path, workdir: Option<&Path>) -> Result<RecoveryRepor
                 store::retire(state_dir, &id)?;
             }
             None => {}
+        }
+    }
+    // And those where a branch commit killed while staging left its staging.
+    for branch in lockbox_cow::list(state_dir)? {
+        let Ok(meta) = branch.meta else { continue };
+        let w = meta.workdir;
+        if filter.as_ref().is_none_or(|f| *f == w)
+            && !workdirs.contains(&w)
+            && lockbox_cow::staging_keys(&w)
+                .iter()
+                .any(|key| key.starts_with(branch.id.as_str()))
+        {
+            workdirs.push(w);
         }
     }
     for w in workdirs {
@@ -299,7 +314,7 @@ pub fn recover_workdir(
     state_dir: &Path,
     workdir: &Path,
 ) -> Result<Option<RecoveryReport>, TxnError> {
-    if !store::txns_dir(state_dir).is_dir() {
+    if !store::txns_dir(state_dir).is_dir() && lockbox_cow::staging_keys(workdir).is_empty() {
         return Ok(Some(RecoveryReport::default()));
     }
     let workdir = std::fs::canonicalize(workdir).map_err(|source| TxnError::Store {
@@ -330,6 +345,10 @@ fn recover_locked(
         removed: store::sweep_unfinished(state_dir)?,
         ..RecoveryReport::default()
     };
+    // Branch commits killed while staging (issue 32: left in the workdir for good).
+    report
+        .removed
+        .extend(lockbox_cow::sweep_branch_staging(state_dir, workdir)?);
     for id in store::live(state_dir)? {
         if Some(&id) == skip {
             continue;
@@ -795,5 +814,35 @@ mod tests {
         let e = remove_damaged(&f.state, f.txn.id()).unwrap_err();
         assert_eq!(e.code(), "TXN_WRONG_STATE", "{e}");
         assert_eq!(recover(&f.state, None).unwrap().rolled_forward.len(), 1);
+    }
+
+    /// Issue 32: what a branch commit killed while staging left in the workdir stayed there
+    /// for good (`txn recover` and later commands left it). Recovery removes it, whether
+    /// asked for every workdir or run as the sweep of one; staging it cannot tie to one of
+    /// its own branches is left alone.
+    #[test]
+    fn issue_32_recovery_removes_a_branch_commits_leftover_staging() {
+        for whole in [true, false] {
+            let tmp = tempfile::tempdir().unwrap();
+            let (state, work) = (tmp.path().join("state"), tmp.path().join("work"));
+            std::fs::create_dir_all(&work).unwrap();
+            let work = std::fs::canonicalize(work).unwrap();
+            let branch = lockbox_cow::Branch::create(&state, &work, serde_json::json!({})).unwrap();
+            let prefix = lockbox_cow::STAGING_PREFIX;
+            for key in [branch.id().to_string(), format!("{}-part", branch.id())] {
+                std::fs::create_dir_all(work.join(format!("{prefix}{key}/d"))).unwrap();
+                std::fs::write(work.join(format!("{prefix}{key}/d/f")), "staged").unwrap();
+            }
+            let foreign = work.join(format!("{prefix}b0-0-0"));
+            std::fs::create_dir(&foreign).unwrap();
+            let report = if whole {
+                recover(&state, None).unwrap()
+            } else {
+                recover_workdir(&state, &work).unwrap().unwrap()
+            };
+            assert_eq!(report.removed.len(), 2, "{report:?}");
+            assert_eq!(lockbox_cow::staging_keys(&work), ["b0-0-0"]);
+            assert!(foreign.is_dir());
+        }
     }
 }

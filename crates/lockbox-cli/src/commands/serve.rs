@@ -96,7 +96,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_streams: usize,
     /// Stopped sandboxes kept in `GET /v1/sandboxes` (the most recently created; older
-    /// ones are forgotten as sandboxes stop). Running and lost ones are always listed.
+    /// ones are forgotten as sandboxes stop), and as many lost ones (left running by a
+    /// server that died; their branches stay in `lockbox branch list`). Running ones are
+    /// always listed.
     #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_KEEP_STOPPED)]
     pub keep_stopped: usize,
     /// Delete a sandbox after this long without a request (a sandbox's own

@@ -85,15 +85,23 @@ impl Served {
         Served::spawn(command, "127.0.0.1:0", state, extra)
     }
 
+    /// As [`Served::start`], with the server's stderr piped to the caller.
+    pub fn start_with_stderr(user: User, state: &Path) -> (Served, std::process::ChildStderr) {
+        let mut command = command_as(user);
+        command.stderr(Stdio::piped()).env_remove("LOCKBOX_LOG");
+        let mut served = Served::spawn(command, "127.0.0.1:0", state, &[]);
+        let stderr = served.child.stderr.take().unwrap();
+        (served, stderr)
+    }
+
     fn spawn(mut command: Command, listen: &str, state: &Path, extra: &[&str]) -> Served {
-        let mut child = command
+        let command = command
             .args(["serve", "--listen", listen, "--print-token", "--state-dir"])
             .arg(state)
             .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+            .stdout(Stdio::piped());
+        // stderr: inherited unless the caller piped it.
+        let mut child = command.spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)

@@ -40,7 +40,7 @@ pub async fn create(
     get,
     path = "/v1/sandboxes",
     operation_id = "list_sandboxes",
-    summary = "List sandboxes (running, the last --keep-stopped stopped ones, and lost)",
+    summary = "List sandboxes (running, and the last --keep-stopped stopped and lost ones)",
     params(crate::wire::ListSandboxes),
     responses((status = 200, description = "the sandboxes", body = crate::wire::SandboxList))
 )]
