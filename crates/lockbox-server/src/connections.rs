@@ -288,25 +288,30 @@ impl Waiting {
 
 /// The answer to a connection beyond the cap: 503 `SERVER_BUSY`, `Retry-After: 1`, close.
 fn busy_answer(max: usize) -> bytes::Bytes {
-    let body = serde_json::json!({
-        "code": "SERVER_BUSY",
-        "message": format!("the server has its maximum of {max} connections open (--max-connections); retry later"),
-        "details": { "what": "max_connections", "limit": max },
-    })
-    .to_string();
-    bytes::Bytes::from(format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    ))
+    busy(
+        format!(
+            "the server has its maximum of {max} connections open (--max-connections); retry later"
+        ),
+        "max_connections",
+        max,
+    )
 }
 
 /// The answer to a connection beyond the cap per peer: as [`busy_answer`].
 fn peer_busy_answer(max: usize) -> bytes::Bytes {
+    busy(
+        format!("this address has its maximum of {max} connections open (--max-connections-per-peer); retry later"),
+        "max_connections_per_peer",
+        max,
+    )
+}
+
+/// A whole 503 `SERVER_BUSY` reply naming the bound `what` and its `limit`.
+fn busy(message: String, what: &str, limit: usize) -> bytes::Bytes {
     let body = serde_json::json!({
         "code": "SERVER_BUSY",
-        "message": format!("this address has its maximum of {max} connections open (--max-connections-per-peer); retry later"),
-        "details": { "what": "max_connections_per_peer", "limit": max },
+        "message": message,
+        "details": { "what": what, "limit": limit },
     })
     .to_string();
     bytes::Bytes::from(format!(
