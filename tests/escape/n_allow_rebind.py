@@ -10,7 +10,7 @@ import struct
 import time
 from lib import must_fail, must_work, connect, finish, env
 
-name, allow, hostip = env("REBIND_NAME"), int(env("ALLOW_TCP")), env("HOSTIP")
+name, allow, newip = env("REBIND_NAME"), int(env("ALLOW_TCP")), env("REBIND_TO")
 deny_port = int(env("DENY_PORT"))
 work = env("WORK")
 V4 = socket.AF_INET
@@ -48,16 +48,16 @@ for _ in range(2000):
 else:
     print("WRONG: the host never rebound the name")
 
-def now_hostip():
+def now_newip():
     got = resolved()
-    if got != [hostip]:
+    if got != [newip]:
         raise OSError(errno.EINVAL, f"resolves to {got}")
     return got
 
 # Resolved when asked, not pinned: the new address is answered...
-must_work("after rebinding the name resolves to the new address", now_hostip)
+must_work("after rebinding the name resolves to the new address", now_newip)
 # ...and opens the name's port only.
-must_fail("the new address on a port the name's rule does not list", lambda: connect(V4, (hostip, deny_port)), errno.EACCES)
+must_fail("the new address on a port the name's rule does not list", lambda: connect(V4, (newip, deny_port)), errno.EACCES)
 must_fail("the loopback address the name once had", lambda: connect(V4, ("127.0.0.2", allow)), errno.ECONNREFUSED)
 def nxdomain(qname, tcp=False):
     code = rcode(qname, tcp)
@@ -69,7 +69,7 @@ must_fail("a name off the list over TCP", lambda: nxdomain("evil.lockbox.test", 
 must_fail("a subdomain of the allowed name", lambda: nxdomain("x." + name))
 def write_hosts():
     with open("/etc/hosts", "a") as f:
-        f.write(f"{hostip} {name}\n")
+        f.write(f"{newip} {name}\n")
 must_fail("rewrite the sandbox's /etc/hosts", write_hosts, errno.EROFS, errno.EACCES, errno.EPERM)
 u = socket.socket(V4, socket.SOCK_DGRAM)
 must_fail("ask a public DNS server", lambda: u.sendto(b"\0" * 12, ("1.1.1.1", 53)), errno.EACCES)
