@@ -158,7 +158,9 @@ pub async fn serve(
             continue;
         };
         if let Ok(permit) = Arc::clone(&open).try_acquire_owned() {
-            connections.spawn(serve_one(Arc::clone(&shared), stream, permit, peer));
+            // Registered before its task runs: a connection accepted next may evict it.
+            let entry = shared.waiting.add();
+            connections.spawn(serve_one(Arc::clone(&shared), stream, permit, peer, entry));
             continue;
         }
         if !shared.waiting.evict_oldest() {
@@ -175,7 +177,10 @@ pub async fn serve(
         );
         connections.spawn(async move {
             match tokio::time::timeout(EVICTION_WAIT, open.acquire_owned()).await {
-                Ok(Ok(permit)) => serve_one(shared, stream, permit, peer).await,
+                Ok(Ok(permit)) => {
+                    let entry = shared.waiting.add();
+                    serve_one(shared, stream, permit, peer, entry).await
+                }
                 _ => {
                     drop(peer);
                     refuse(stream, busy, refusing).await;
@@ -205,6 +210,7 @@ async fn serve_one(
     stream: TcpStream,
     permit: OwnedSemaphorePermit,
     peer: PeerSlot,
+    (started, evicted): (Arc<AtomicBool>, CancellationToken),
 ) {
     let io = TokioIo::new(Guarded {
         stream,
@@ -213,7 +219,6 @@ async fn serve_one(
         _permit: permit,
         _peer: peer,
     });
-    let (started, evicted) = shared.waiting.add();
     let service = shared.service.clone();
     let first = Arc::clone(&started);
     let service = hyper::service::service_fn(move |request| {
