@@ -156,12 +156,17 @@ pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
 /// Makes `dir` and everything in it belong to `user` (so uid 65534 can work in it).
 pub fn give(dir: &Path, user: User) {
     if let User::Nobody = user {
-        let st = Command::new("chown")
-            .args(["-R", "65534:65534"])
-            .arg(dir)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        // A second try: a file that vanished while `chown -R` walked (an SQLite `-wal` its
+        // last connection removed) fails the first one.
+        let chown = || {
+            Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(dir)
+                .status()
+                .unwrap()
+                .success()
+        };
+        assert!(chown() || chown(), "chown -R 65534 {}", dir.display());
     }
 }
 
