@@ -580,8 +580,7 @@ fn run_attack(
     }
     let child = cmd.spawn().unwrap();
     drop(leak);
-    let rebinder =
-        etc.map(|(_, h)| Rebinder::start(h, PathBuf::from(&work), REBIND_TO.to_owned()));
+    let rebinder = etc.map(|(_, h)| Rebinder::start(h, PathBuf::from(&work), REBIND_TO.to_owned()));
     let out = wait_with_deadline(child, Duration::from_secs(90));
     let rebound = rebinder.map(Rebinder::finish);
     let out = out?;
