@@ -86,12 +86,37 @@ impl Range {
         }
     }
 
-    /// The /30 of this process's `n`th namespace: up to four at a time per process, the
-    /// process id spreading test binaries running side by side.
-    fn slot(self, n: u32) -> u32 {
-        let slot = (std::process::id().wrapping_mul(4) + n % 4) % self.slots;
+    /// The /30 of this process's namespace in `local` (one of [`LOCAL_SLOTS`] a process has
+    /// in use at a time), the process id spreading test binaries running side by side.
+    fn slot(self, local: u32) -> u32 {
+        let slot = (std::process::id().wrapping_mul(LOCAL_SLOTS) + local) % self.slots;
         u32::from(self.first) + slot * 4
     }
+}
+
+/// Namespaces one test process has at once, at most. A namespace takes the next local slot
+/// no live one holds, round robin, so a slot just given back (whose veth the kernel may still
+/// be removing) is the last one taken again. (It used to be the creation count modulo 4: a
+/// long test's namespace shared its /30 with the fifth one made beside it, and its client
+/// reached the other's server: `BadSignature` from another test's CA.)
+const LOCAL_SLOTS: u32 = 16;
+
+/// The local slots of this process's live namespaces, and where the next search starts.
+static IN_USE: std::sync::Mutex<([bool; LOCAL_SLOTS as usize], usize)> =
+    std::sync::Mutex::new(([false; LOCAL_SLOTS as usize], 0));
+
+fn take_local_slot() -> u32 {
+    let mut guard = IN_USE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (used, next) = &mut *guard;
+    let free = (0..used.len())
+        .map(|i| (*next + i) % used.len())
+        .find(|&i| !used[i])
+        .expect("more than 16 test namespaces at once in one process");
+    used[free] = true;
+    *next = free + 1;
+    free as u32
 }
 
 /// A network namespace linked to the host by a veth pair: the host side has `host_ip`, the
@@ -104,6 +129,8 @@ pub struct Netns {
     pub host_ip: String,
     /// The namespace side's address: where servers in it listen.
     pub ip: String,
+    /// Its local slot ([`take_local_slot`]), given back on drop.
+    local: u32,
 }
 
 impl Netns {
@@ -116,13 +143,19 @@ impl Netns {
         let id = format!("{}{}", std::process::id() % 100_000, n);
         let name = format!("lbx{tag}ns{id}");
         let (host_if, peer_if) = (format!("lbx{tag}h{id}"), format!("lbx{tag}p{id}"));
-        let net = range.slot(n);
+        let local = take_local_slot();
+        let net = range.slot(local);
         let (host_ip, ip) = (
             Ipv4Addr::from(net + 1).to_string(),
             Ipv4Addr::from(net + 2).to_string(),
         );
         sh(&["ip", "netns", "add", &name]);
-        let ns = Netns { name, host_ip, ip };
+        let ns = Netns {
+            name,
+            host_ip,
+            ip,
+            local,
+        };
         sh(&[
             "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if,
         ]);
@@ -169,5 +202,9 @@ impl Drop for Netns {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .status();
+        IN_USE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0[self.local as usize] = false;
     }
 }
