@@ -58,8 +58,14 @@ impl fmt::Display for ByteSize {
 }
 
 impl Serialize for ByteSize {
+    /// A number of bytes; as text (`"10000000T"`) beyond `i64::MAX`, which TOML integers
+    /// cannot hold (found by fuzzing `policy_toml`: such a profile parsed but did not
+    /// serialise).
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.0)
+        match i64::try_from(self.0) {
+            Ok(_) => s.serialize_u64(self.0),
+            Err(_) => s.serialize_str(&self.to_string()),
+        }
     }
 }
 
@@ -276,6 +282,27 @@ mod tests {
         assert_eq!("64MiB".parse::<ByteSize>().unwrap(), ByteSize(64 << 20));
         assert_eq!("1.5G".parse::<ByteSize>().unwrap(), ByteSize(3 << 29));
         assert_eq!("2k".parse::<ByteSize>().unwrap(), ByteSize(2048));
+    }
+
+    #[test]
+    fn a_profile_size_beyond_i64_survives_a_toml_round_trip() {
+        // fuzz/artifacts: `memory = "10555555555592M"` parsed but did not serialise.
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Limits {
+            memory: ByteSize,
+        }
+        for size in [
+            ByteSize(10_555_555_555_592 << 20),
+            ByteSize(u64::MAX),
+            ByteSize(1 << 20),
+        ] {
+            let text = toml::to_string(&Limits { memory: size }).unwrap();
+            assert_eq!(
+                toml::from_str::<Limits>(&text).unwrap().memory,
+                size,
+                "{text}"
+            );
+        }
     }
 
     #[test]
