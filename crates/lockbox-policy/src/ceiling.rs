@@ -163,13 +163,7 @@ impl Ceiling {
         self.workdirs.extend(other.workdirs);
         self.net.extend(other.net);
         self.credentials.extend(other.credentials);
-        let (l, o) = (&mut self.limits, other.limits);
-        l.memory = o.memory.or(l.memory);
-        l.processes = o.processes.or(l.processes);
-        l.cpu_time = o.cpu_time.or(l.cpu_time);
-        l.open_files = o.open_files.or(l.open_files);
-        l.file_size = o.file_size.or(l.file_size);
-        l.inodes = o.inodes.or(l.inodes);
+        self.limits = other.limits.or(&self.limits);
         self.timeout = other.timeout.or(self.timeout);
         self.sandboxes = other.sandboxes.or(self.sandboxes);
     }
@@ -177,13 +171,7 @@ impl Ceiling {
     /// Gives each limit the request left out the ceiling's maximum (a missing value means
     /// "the default", and under a ceiling the default is its bound).
     pub fn fill_limits(&self, policy: &mut Policy) {
-        let (p, c) = (&mut policy.limits, &self.limits);
-        p.memory = p.memory.or(c.memory);
-        p.processes = p.processes.or(c.processes);
-        p.cpu_time = p.cpu_time.or(c.cpu_time);
-        p.open_files = p.open_files.or(c.open_files);
-        p.file_size = p.file_size.or(c.file_size);
-        p.inodes = p.inodes.or(c.inodes);
+        policy.limits = std::mem::take(&mut policy.limits).or(&self.limits);
         policy.timeout = policy.timeout.or(self.timeout);
     }
 

@@ -55,6 +55,18 @@ pub const UPPER_OWN_INODES: u64 = 5;
 const UPPER_MOUNT_INODES: u64 = 2;
 
 impl Limits {
+    /// Each limit this one leaves out taken from `fallback`.
+    pub fn or(self, fallback: &Limits) -> Limits {
+        Limits {
+            memory: self.memory.or(fallback.memory),
+            processes: self.processes.or(fallback.processes),
+            cpu_time: self.cpu_time.or(fallback.cpu_time),
+            open_files: self.open_files.or(fallback.open_files),
+            file_size: self.file_size.or(fallback.file_size),
+            inodes: self.inodes.or(fallback.inodes),
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<(), PolicyError> {
         let zero = |field: &'static str| PolicyError::Invalid {
             field,
