@@ -286,6 +286,29 @@ pub(crate) enum NetChoice {
     },
 }
 
+/// The review a commit follows (`wire::ReviewArg`): `changes`' `review_token`, or the
+/// paths shown with their digests.
+#[derive(Debug, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum ReviewSchema {
+    /// The whole listing's digest (`sha256:` and 64 hex digits).
+    Token(String),
+    /// The paths shown, each with the digest it had.
+    Paths(Vec<ReviewedPath>),
+}
+
+/// One path shown to the reviewer.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ReviewedPath {
+    /// The path, relative to the workdir (a string, or `{"bytes": base64}`).
+    path: Name,
+    /// Its digest as shown.
+    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
+    digest: String,
+}
+
 /// `none` or `host`.
 #[derive(Debug, ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -23,13 +23,14 @@ use utoipa::{IntoParams, ToSchema};
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CreateSandbox {
-    /// Extra read-only host paths (absolute).
+    /// Extra absolute host paths readable inside.
     #[schema(value_type = Vec<String>)]
     pub fs_readable: Vec<PathBuf>,
-    /// Read-write host paths (absolute); writes reach the host.
+    /// Absolute host paths writable inside: writes reach the host directly, with no branch.
     #[schema(value_type = Vec<String>)]
     pub fs_writable: Vec<PathBuf>,
-    /// Grant /usr, /bin, /sbin, /lib, /lib64 and /etc (minus secrets) read-only.
+    /// Grant /usr, /bin, /sbin, /lib, /lib64 and /etc (minus secrets) read-only (default
+    /// true).
     pub default_reads: Option<bool>,
     /// `none` (loopback only, default) or `host`.
     #[schema(value_type = Option<NetChoice>)]
@@ -59,12 +60,13 @@ pub struct CreateSandbox {
     pub env: BTreeMap<String, String>,
     /// Start from an empty environment instead of PATH, LANG, LC_ALL, TERM, HOME=/tmp.
     pub clean_env: bool,
-    /// Working directory inside (absolute).
+    /// Absolute working directory inside (default: workdir, else /tmp).
     #[schema(value_type = Option<String>)]
     pub cwd: Option<PathBuf>,
     /// Hostname inside.
     pub hostname: Option<String>,
-    /// A host directory seen through a copy-on-write branch.
+    /// Absolute host directory the sandbox sees (at the same path) through a copy-on-write
+    /// branch: writes stay in the branch until committed (see changes, diff, commit, abort).
     #[serde(with = "lockbox_policy::name::json::option")]
     #[schema(value_type = Option<Name>)]
     pub workdir: Option<PathBuf>,
@@ -1071,7 +1073,7 @@ impl<'de> Deserialize<'de> for ReviewArg {
 }
 
 /// `GET /v1/sandboxes?state=`.
-#[derive(Debug, Default, Deserialize, IntoParams)]
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListSandboxes {
@@ -1340,7 +1342,7 @@ pub struct Commit {
     /// The review this commit follows: `[{"path", "digest"}]` of the paths shown (from `GET
     /// changes` / `GET diff`) or a `review_token`. Every path the commit writes must have
     /// been shown with the digest it has now, else `409 STALE_REVIEW` (nothing applied).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<crate::openapi::ReviewSchema>, default = serde_json::Value::default)]
     pub review: Option<ReviewArg>,
 }
 
@@ -1419,7 +1421,7 @@ pub struct BranchCommit {
     /// removed after the commit.
     pub rest: RestName,
     /// The review this commit follows (as [`Commit::review`]).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<crate::openapi::ReviewSchema>, default = serde_json::Value::default)]
     pub review: Option<ReviewArg>,
 }
 
@@ -1440,14 +1442,16 @@ impl BranchCommit {
 }
 
 /// `?path=` (or `?path_bytes=` with the base64 of a name that is not UTF-8) of `GET diff`.
-#[derive(Debug, Deserialize, IntoParams)]
+#[derive(Debug, Deserialize, IntoParams, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct DiffQuery {
-    /// The path, relative to the workdir.
+    /// A changed path, relative to the workdir (as `changes` lists it).
     pub path: Option<String>,
-    /// The path's bytes, base64 (standard alphabet, as `{"bytes": ...}` names are).
+    /// The path's bytes, base64 (standard alphabet, as `{"bytes": ...}` names are), for a
+    /// name that is not UTF-8 (instead of `path`).
     #[param(format = Byte)]
+    #[schema(format = Byte)]
     pub path_bytes: Option<String>,
 }
 

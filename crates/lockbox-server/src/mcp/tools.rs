@@ -4,13 +4,13 @@
 //! the same thing on both front ends.
 
 use crate::error::ApiError;
-use crate::openapi::MAX_MS;
 use crate::wire::{self, CreateSandbox, DiffQuery};
 use lockbox_runtime::{ExecRequest, SandboxSpec, SandboxState, Selection};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
+use utoipa::ToSchema;
 
 /// `exec` without `timeout_ms`: two minutes (an agent's command must not hang its turn).
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 120_000;
@@ -166,7 +166,7 @@ const TOOLS: &[(&str, &str, Schema)] = &[
         Without workdir it sees the host's /usr, /bin, /lib, /etc read-only and a private /tmp; \
         with workdir, that host directory is mounted at the same path through a copy-on-write \
         branch: writes stay in the branch until `commit`. Network is loopback-only unless \
-        net is \"host\". Every grant (fs_readable, fs_writable, workdir, net, limits) must lie \
+        net is \"host\" or lists destinations ({\"allow\": [\"pypi.org:443\"]}). Every grant (fs_readable, fs_writable, workdir, net, limits) must lie \
         within the operator's ceiling. Errors: BEYOND_CEILING (a grant beyond the ceiling: \
         details.field names it, details.ceiling says what is allowed; ask for less), \
         INVALID_REQUEST (a field, named in details.field), \
@@ -335,250 +335,214 @@ fn squeeze(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn object(properties: Value, required: &[&str]) -> Value {
-    json!({
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": false,
-    })
+/// The input schema of a tool: the JSON schema of the type its arguments are parsed into,
+/// derived with utoipa like the OpenAPI document's (so the two cannot drift), every `$ref`
+/// replaced by what it names (an MCP client takes a self-contained schema), plus the
+/// arguments taken out before that parse (`ids`, then `extra`).
+fn input<T: ToSchema>(ids: &[(&str, Value)], extra: &[(&str, Value)]) -> Value {
+    let mut components = crate::openapi::document()["components"]["schemas"].clone();
+    // Types only the tools use are not in the document: their own dependencies.
+    let mut own = Vec::new();
+    T::schemas(&mut own);
+    for (name, schema) in own {
+        if components.get(&name).is_none() {
+            components[name] = serde_json::to_value(schema).unwrap_or_default();
+        }
+    }
+    let mut schema = inline(
+        serde_json::to_value(T::schema()).unwrap_or_else(|_| json!({})),
+        &components,
+        0,
+    );
+    if let Some(map) = schema.as_object_mut() {
+        // The tool's own description says what it is for.
+        map.remove("description");
+    }
+    if schema.get("properties").is_none() {
+        schema["properties"] = json!({});
+    }
+    let mut required: Vec<Value> = ids.iter().map(|(name, _)| json!(name)).collect();
+    required.extend(schema["required"].as_array().into_iter().flatten().cloned());
+    for (name, property) in ids.iter().chain(extra) {
+        schema["properties"][*name] = property.clone();
+    }
+    schema["type"] = json!("object");
+    schema["required"] = Value::Array(required);
+    schema["additionalProperties"] = json!(false);
+    schema
 }
 
-fn sandbox_id() -> Value {
-    json!({ "type": "string", "description": "The sandbox's id (from create_sandbox or list_sandboxes)." })
+/// `schema` with each `{"$ref": "#/components/schemas/N"}` replaced by component `N`, and
+/// descriptions (doc comments, wrapped across lines) on one line.
+fn inline(schema: Value, components: &Value, depth: usize) -> Value {
+    const PREFIX: &str = "#/components/schemas/";
+    match schema {
+        Value::Object(map) => {
+            let target = map
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(|r| r.strip_prefix(PREFIX))
+                .and_then(|name| components.get(name));
+            // The wire types are not recursive; the bound only keeps a mistake finite.
+            if let Some(target) = target.filter(|_| depth < 16) {
+                return inline(target.clone(), components, depth + 1);
+            }
+            Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| match (k.as_str(), v) {
+                        ("description", Value::String(text)) => (k, json!(squeeze(&text))),
+                        (_, v) => (k, inline(v, components, depth)),
+                    })
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(|v| inline(v, components, depth))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
-fn id_only_schema() -> Value {
-    object(json!({ "sandbox_id": sandbox_id() }), &["sandbox_id"])
+/// Sets the description of property `name` (where the tool's meaning differs from the
+/// `/v1` route's, e.g. another default).
+fn describe(mut schema: Value, name: &str, description: String) -> Value {
+    schema["properties"][name]["description"] = json!(description);
+    schema
 }
 
-fn list_sandboxes_schema() -> Value {
-    object(
-        json!({ "state": { "type": "string", "enum": ["running", "stopped", "lost"],
-                           "description": "Only sandboxes in this state." } }),
-        &[],
+fn sandbox_id() -> (&'static str, Value) {
+    (
+        "sandbox_id",
+        json!({ "type": "string", "description": "The sandbox's id (from create_sandbox or list_sandboxes)." }),
     )
 }
 
-fn string_map(description: &str) -> Value {
-    json!({ "type": "object", "additionalProperties": { "type": "string" }, "description": description })
+fn snapshot_id() -> (&'static str, Value) {
+    (
+        "snapshot_id",
+        json!({ "type": "string", "description": "The snapshot's id (from snapshot or list_snapshots)." }),
+    )
 }
 
-fn paths(description: &str) -> Value {
-    json!({ "type": "array", "items": { "type": "string" }, "description": description })
-}
-
-fn size(description: &str) -> Value {
-    json!({ "type": ["string", "integer"], "description": format!("{description} Bytes, or text like \"512M\".") })
-}
-
-fn ms(description: &str) -> Value {
-    json!({ "type": "integer", "minimum": 1, "maximum": MAX_MS, "description": description })
+fn max_output_bytes(what: &str) -> (&'static str, Value) {
+    (
+        "max_output_bytes",
+        json!({ "type": "integer", "minimum": 0, "maximum": MAX_OUTPUT,
+                "description": format!("Bytes of stdout, and of stderr, shown{what} (default {DEFAULT_MAX_OUTPUT}); the rest is cut and the result says so.") }),
+    )
 }
 
 fn create_schema() -> Value {
-    object(
-        json!({
-            "workdir": { "type": "string", "description": "Absolute host directory the sandbox sees (at the same path) through a copy-on-write branch; see changes, diff, commit, abort." },
-            "on_exit": { "type": "string", "enum": ["keep", "commit", "abort"], "description": "What delete_sandbox (or the server's exit) does with uncommitted changes: keep the branch (default), commit, or abort." },
-            "net": { "type": "string", "enum": ["none", "host"], "description": "none: loopback only (default); host: the host's network." },
-            "cwd": { "type": "string", "description": "Absolute working directory inside (default: workdir, else /tmp)." },
-            "env": string_map("Variables set in every session."),
-            "clean_env": { "type": "boolean", "description": "Start from an empty environment instead of PATH, LANG, LC_ALL, TERM, HOME=/tmp." },
-            "fs_readable": paths("Extra absolute host paths readable inside."),
-            "fs_writable": paths("Absolute host paths writable inside: writes reach the host directly, with no branch."),
-            "default_reads": { "type": "boolean", "description": "Grant /usr, /bin, /sbin, /lib, /lib64 and /etc (minus secrets) read-only (default true)." },
-            "max_memory": size("Memory limit."),
-            "max_processes": { "type": "integer", "minimum": 1, "description": "Processes and threads at most." },
-            "max_open_files": { "type": "integer", "minimum": 1, "description": "Descriptors per process." },
-            "max_file_size": size("Largest file a process may write."),
-            "max_inodes": { "type": "integer", "minimum": 1, "description": "Inodes per writable tmpfs." },
-            "timeout_ms": ms("Wall-clock lifetime of the sandbox."),
-            "kill_grace_ms": { "type": "integer", "minimum": 0, "maximum": crate::openapi::MAX_GRACE_MS, "description": "SIGTERM to SIGKILL delay when processes are stopped." },
-            "idle_timeout_ms": ms("Delete the sandbox after this long without a call."),
-            "hostname": { "type": "string", "description": "Hostname inside." },
-            "labels": string_map("Free-form labels, returned as given."),
-        }),
-        &[],
-    )
+    input::<CreateSandbox>(&[], &[])
+}
+
+fn list_sandboxes_schema() -> Value {
+    input::<wire::ListSandboxes>(&[], &[])
+}
+
+fn id_only_schema() -> Value {
+    input::<NoArgs>(&[sandbox_id()], &[])
 }
 
 fn exec_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "command": { "type": "string", "description": "A bash command line." },
-            "session": { "type": "string", "description": "The session (shell) to run in, created on first use; the sandbox's default session when absent." },
-            "cwd": { "type": "string", "description": "Working directory for this command only." },
-            "env": string_map("Variables for this command only."),
-            "timeout_ms": ms(&format!("Kill the command after this long (default {DEFAULT_EXEC_TIMEOUT_MS}); exit code 124.")),
-            "stdin": { "type": "string", "description": "Text for the command's stdin (closed when absent)." },
-            "stdin_b64": { "type": "string", "description": "Bytes for stdin, base64 (instead of stdin)." },
-            "max_output_bytes": { "type": "integer", "minimum": 0, "maximum": MAX_OUTPUT, "description": format!("Bytes of stdout, and of stderr, shown (default {DEFAULT_MAX_OUTPUT}); the rest is cut and the result says so.") },
-        }),
-        &["sandbox_id", "command"],
+    describe(
+        input::<wire::Exec>(&[sandbox_id()], &[max_output_bytes("")]),
+        "timeout_ms",
+        format!("Kill the command (TERM, grace, KILL of its tree) after this long (default {DEFAULT_EXEC_TIMEOUT_MS}); exit code 124."),
     )
 }
 
 fn run_code_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "code": { "type": "string", "description": "Python statements (the last expression's value is returned), or bash text." },
-            "context": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$", "description": "The context (interpreter) to run in, created on first use; the sandbox's default Python context when absent." },
-            "language": { "type": "string", "enum": ["python", "bash", "node"], "description": "The language of a context this call creates (default python)." },
-            "timeout_ms": ms(&format!("Interrupt the code after this long (default {DEFAULT_EXEC_TIMEOUT_MS}).")),
-            "max_output_bytes": { "type": "integer", "minimum": 0, "maximum": MAX_OUTPUT, "description": format!("Bytes of stdout, and of stderr, shown in the text (default {DEFAULT_MAX_OUTPUT}).") },
-        }),
-        &["sandbox_id", "code"],
-    )
-}
-
-fn snapshot_id() -> Value {
-    json!({ "type": "string", "description": "The snapshot's id (from snapshot or list_snapshots)." })
+    input::<RunCodeArgs>(&[sandbox_id()], &[max_output_bytes(" in the text")])
 }
 
 fn no_args_schema() -> Value {
-    object(json!({}), &[])
+    input::<NoArgs>(&[], &[])
 }
 
 fn snapshot_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "name": { "type": "string", "maxLength": 256, "description": "A name for people (no control characters)." },
-            "include_tmp": { "type": "boolean", "description": "Keep the sandbox's /tmp too: forks and restores find it in theirs." },
-        }),
-        &["sandbox_id"],
-    )
+    input::<wire::SnapshotRequest>(&[sandbox_id()], &[])
 }
 
 fn fork_schema() -> Value {
-    object(
-        json!({
-            "snapshot_id": snapshot_id(),
-            "count": { "type": "integer", "minimum": 1, "description": "How many sandboxes (default 1; at most the server's max sandboxes)." },
-        }),
-        &["snapshot_id"],
-    )
+    input::<wire::ForkRequest>(&[snapshot_id()], &[])
 }
 
 fn restore_schema() -> Value {
-    object(
-        json!({ "sandbox_id": sandbox_id(), "snapshot_id": snapshot_id() }),
-        &["sandbox_id", "snapshot_id"],
-    )
+    input::<NoArgs>(&[sandbox_id(), snapshot_id()], &[])
 }
 
 fn snapshot_only_schema() -> Value {
-    object(json!({ "snapshot_id": snapshot_id() }), &["snapshot_id"])
+    input::<NoArgs>(&[snapshot_id()], &[])
 }
 
 fn read_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "path": { "type": "string", "description": "Absolute inside the sandbox, or relative to its working directory." },
-            "offset": { "type": "integer", "minimum": 0, "description": "First byte (default 0)." },
-            "length": { "type": "integer", "minimum": 1, "maximum": MAX_READ, "description": format!("Bytes at most (default {DEFAULT_READ}).") },
-        }),
-        &["sandbox_id", "path"],
-    )
+    input::<ReadArgs>(&[sandbox_id()], &[])
 }
 
 fn write_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "path": { "type": "string", "description": "Absolute inside the sandbox, or relative to its working directory." },
-            "content": { "type": "string", "description": "The file's new content, as text." },
-            "content_b64": { "type": "string", "description": "The file's new content, base64 (instead of content)." },
-            "mode": { "type": "string", "description": "Permission bits as octal text, e.g. \"644\" (default) or \"755\"." },
-        }),
-        &["sandbox_id", "path"],
-    )
+    input::<WriteArgs>(&[sandbox_id()], &[])
 }
 
 fn list_files_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "path": { "type": "string", "description": "The directory (default: the working directory)." },
-            "recursive": { "type": "boolean", "description": "Descend into subdirectories." },
-            "hidden": { "type": "boolean", "description": "Include names starting with a dot." },
-            "limit": { "type": "integer", "minimum": 1, "maximum": MAX_LIST, "description": format!("Entries at most (default {DEFAULT_LIST}).") },
-        }),
-        &["sandbox_id"],
-    )
+    input::<ListArgs>(&[sandbox_id()], &[])
 }
 
 fn diff_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "path": { "type": "string", "description": "A changed path, relative to the workdir (as changes lists it)." },
-        }),
-        &["sandbox_id", "path"],
-    )
+    input::<DiffQuery>(&[sandbox_id()], &[])
 }
 
 fn commit_schema() -> Value {
-    object(
-        json!({
-            "sandbox_id": sandbox_id(),
-            "only": paths("Commit only these paths (relative to the workdir); default: all."),
-            "exclude": paths("Leave these paths in the branch."),
-            "hunks": {
-                "type": "array",
-                "description": "Files committed with only some hunks: the hunk numbers of diff; accept [] leaves the file untouched.",
-                "items": object(json!({
-                    "path": { "type": "string" },
-                    "accept": { "type": "array", "items": { "type": "integer", "minimum": 0 } },
-                }), &["path", "accept"]),
-            },
-            "force": { "type": "boolean", "description": "Commit even where the host changed those paths since (overwrites the host's change)." },
-            "review": {
-                "description": "The review this commit follows: changes' review_token, or the [{path, digest}] of the paths shown (from changes / diff). Every path the commit writes must have been shown as it is now, else STALE_REVIEW.",
-                "oneOf": [
-                    { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" },
-                    { "type": "array", "items": object(json!({
-                        "path": { "type": "string" },
-                        "digest": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" },
-                    }), &["path", "digest"]) },
-                ],
-            },
-        }),
-        &["sandbox_id"],
-    )
+    input::<wire::Commit>(&[sandbox_id()], &[])
 }
 
-#[derive(Deserialize)]
+/// `read_file`'s arguments.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ReadArgs {
+    /// Absolute inside the sandbox, or relative to its working directory.
     path: String,
+    /// First byte (default 0).
     #[serde(default)]
     offset: u64,
+    /// Bytes at most (default 262144).
+    #[schema(minimum = 1, maximum = 4_194_304)]
     length: Option<u64>,
 }
 
-#[derive(Deserialize)]
+/// `write_file`'s arguments.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct WriteArgs {
+    /// Absolute inside the sandbox, or relative to its working directory.
     path: String,
+    /// The file's new content, as text.
     content: Option<String>,
+    /// The file's new content, base64 (instead of content).
+    #[schema(format = Byte)]
     content_b64: Option<String>,
+    /// Permission bits as octal text, e.g. "644" (default) or "755".
     mode: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// `list_files`' arguments.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ListArgs {
+    /// The directory (default: the working directory).
     #[serde(default = "dot")]
     path: String,
+    /// Descend into subdirectories.
     #[serde(default)]
     recursive: bool,
+    /// Include names starting with a dot.
     #[serde(default)]
     hidden: bool,
+    /// Entries at most (default 1000).
+    #[schema(minimum = 1, maximum = 100_000)]
     limit: Option<usize>,
 }
 
@@ -721,16 +685,35 @@ fn exec(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
     })
 }
 
-#[derive(Deserialize)]
+/// `run_code`'s arguments (but `sandbox_id` and `max_output_bytes`).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RunCodeArgs {
+    /// Python statements (the last expression's value is returned), or bash text.
     code: String,
+    /// The context (interpreter) to run in, created on first use; the sandbox's default
+    /// Python context when absent.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     context: Option<String>,
+    /// The language of a context this call creates: python (default), bash or node.
     #[serde(default)]
+    #[schema(value_type = Option<RunCodeLanguage>)]
     language: Option<String>,
+    /// Interrupt the code after this long (default 120000).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     timeout_ms: Option<u64>,
+}
+
+/// The languages of a code context.
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum RunCodeLanguage {
+    Python,
+    Bash,
+    Node,
 }
 
 fn run_code(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
@@ -847,7 +830,7 @@ fn take_snapshot_id(args: &mut Map<String, Value>) -> Result<String, ApiError> {
 }
 
 /// A tool without (further) arguments: any is an unknown field.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NoArgs {}
 
@@ -883,8 +866,8 @@ mod tests {
 
     #[test]
     fn every_schema_property_is_accepted_and_nothing_else() {
-        // The schemas are written by hand next to the parsers: a property the schema
-        // offers must never be refused as unknown, and an unknown one must be.
+        // A property the schema offers must never be refused as unknown, an unknown one
+        // must be, and every field the parser accepts must be in the schema.
         for (name, _, schema) in TOOLS {
             let schema = schema();
             let required = || {
@@ -908,8 +891,18 @@ mod tests {
             }
             let mut args = required();
             args["no_such_argument"] = json!(1);
-            assert_eq!(field_of_error(name, args).0, "no_such_argument", "{name}");
+            let (field, message) = field_of_error(name, args);
+            assert_eq!(field, "no_such_argument", "{name}");
             assert_eq!(schema["additionalProperties"], json!(false), "{name}");
+            // And the other way: every field the parser names as accepted is offered.
+            let accepted = message.split("expected").nth(1).unwrap_or("");
+            for field in accepted.split('`').skip(1).step_by(2) {
+                assert!(
+                    schema["properties"].get(field).is_some(),
+                    "{name}: accepts {field}, which its schema does not offer"
+                );
+            }
+            assert!(!schema.to_string().contains("$ref"), "{name}: {schema}");
         }
     }
 
