@@ -110,36 +110,6 @@ pub enum JournalError {
         /// How it finished.
         state: TerminalState,
     },
-    /// A newer session of the run started; this handle may no longer write.
-    #[error("run {run_id}: session {session} is fenced by newer session {current}")]
-    Fenced {
-        /// The run.
-        run_id: RunId,
-        /// The session of the rejected append.
-        session: u64,
-        /// The newest session.
-        current: u64,
-    },
-    /// An append did not land at the end of the run (another writer raced this one).
-    #[error("run {run_id}: append at offset {offset} but the run has {len} entries")]
-    OffsetConflict {
-        /// The run.
-        run_id: RunId,
-        /// Where the append was meant to go.
-        offset: u64,
-        /// How many entries the run holds.
-        len: u64,
-    },
-    /// Stored data is damaged (bad checksum, bad JSON, gap in offsets).
-    #[error("journal corruption in run {run_id} at offset {offset}: {detail}")]
-    JournalCorruption {
-        /// The run.
-        run_id: RunId,
-        /// Byte offset in the run file (file backend) or entry offset (database backends).
-        offset: u64,
-        /// What is wrong.
-        detail: String,
-    },
     /// An entry was written in a format this build does not read.
     #[error(
         "run {run_id} entry {offset} has format version {found}; this build reads {supported}"
@@ -252,9 +222,12 @@ pub enum JournalError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// The storage backend failed.
+    /// The storage backend failed, or refused the append: a newer session fenced this one
+    /// ([`StorageError::Fenced`]), another writer raced it ([`StorageError::OffsetConflict`]),
+    /// or stored data is damaged ([`StorageError::Corruption`]). Match these through
+    /// [`JournalError::storage`].
     #[error(transparent)]
-    Storage(StorageError),
+    Storage(#[from] StorageError),
 }
 
 impl JournalError {
@@ -269,9 +242,6 @@ impl JournalError {
             Self::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             Self::MetadataMismatch { .. } => ErrorCode::MetadataMismatch,
             Self::TerminalRun { .. } => ErrorCode::TerminalRun,
-            Self::Fenced { .. } => ErrorCode::Fenced,
-            Self::OffsetConflict { .. } => ErrorCode::OffsetConflict,
-            Self::JournalCorruption { .. } => ErrorCode::JournalCorruption,
             Self::UnsupportedFormat { .. } => ErrorCode::UnsupportedFormat,
             Self::StepTooLarge { .. } => ErrorCode::StepTooLarge,
             Self::EncodeValue { .. } => ErrorCode::EncodeValue,
@@ -288,6 +258,14 @@ impl JournalError {
         }
     }
 
+    /// The backend's error, if this is one (fencing, races and damage included).
+    pub fn storage(&self) -> Option<&StorageError> {
+        match self {
+            Self::Storage(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// Whether trying the same operation again later may succeed (storage outages). Everything
     /// else needs a code change, a fork or a human.
     pub fn is_transient(&self) -> bool {
@@ -295,43 +273,6 @@ impl JournalError {
             Self::Storage(e) => e.is_transient(),
             Self::TxnOutcomeLookup { .. } => true,
             _ => false,
-        }
-    }
-}
-
-impl From<StorageError> for JournalError {
-    /// Lifts the conditions the journal API names itself (fencing, races, corruption) out of the
-    /// backend error so callers match one variant whatever the backend.
-    fn from(e: StorageError) -> Self {
-        match e {
-            StorageError::Fenced {
-                run_id,
-                session,
-                current,
-            } => Self::Fenced {
-                run_id,
-                session,
-                current,
-            },
-            StorageError::OffsetConflict {
-                run_id,
-                offset,
-                len,
-            } => Self::OffsetConflict {
-                run_id,
-                offset,
-                len,
-            },
-            StorageError::Corruption {
-                run_id,
-                offset,
-                detail,
-            } => Self::JournalCorruption {
-                run_id,
-                offset,
-                detail,
-            },
-            other => Self::Storage(other),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::entry::{self, Entry, EntryBody, RawEntry, FORMAT_VERSION};
-use crate::error::{JournalError, TerminalState};
+use crate::error::{JournalError, StorageError, TerminalState};
 use crate::id::{RunId, StepId};
 use crate::run::{Memo, MemoKind, Run};
 use crate::storage::Storage;
@@ -503,10 +503,12 @@ fn decode_all(run_id: &RunId, from: u64, raw: &[RawEntry]) -> Result<Vec<Entry>,
     let mut out = Vec::with_capacity(raw.len());
     for (i, r) in raw.iter().enumerate() {
         let expected = from + i as u64;
-        let corrupt = |detail: String| JournalError::JournalCorruption {
-            run_id: run_id.clone(),
-            offset: r.offset,
-            detail,
+        let corrupt = |detail: String| {
+            JournalError::from(StorageError::Corruption {
+                run_id: run_id.clone(),
+                offset: r.offset,
+                detail,
+            })
         };
         let e = match entry::decode(&r.line) {
             Ok(e) => e,

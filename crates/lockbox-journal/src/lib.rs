@@ -7,7 +7,7 @@
 //! - [`Journal`] sits on a [`Storage`] ([`SqliteStorage`], [`FileStorage`],
 //!   [`PostgresStorage`], or any of them from a [`StorageUrl`]).
 //! - [`Journal::start`] opens a new session of a run and returns a [`Run`]; each start takes a
-//!   higher session number and fences older ones ([`JournalError::Fenced`]).
+//!   higher session number and fences older ones ([`StorageError::Fenced`]).
 //! - [`Run::record`] memoises one step under a deterministic [`StepId`] (`llm`, `llm#2`, …);
 //!   [`Run::parallel`] runs [`Branches`] whose step names are prefixed with their key.
 //! - [`Run::suspend`] / [`Journal::resume`], [`Run::complete`], [`Journal::fork`] cover the

@@ -5,7 +5,9 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use lockbox_journal::{FileStorage, Journal, JournalError, RunId, SqliteStorage, StartOptions};
+use lockbox_journal::{
+    FileStorage, Journal, JournalError, RunId, SqliteStorage, StartOptions, StorageError,
+};
 
 async fn two_steps(j: &Journal, r: &RunId) {
     let run = j.start(r, StartOptions::default()).await.unwrap();
@@ -74,11 +76,11 @@ async fn file_damaged_complete_line_is_corruption_with_byte_offset() {
         j.start(&r, StartOptions::default()).await.unwrap_err(),
     ] {
         match err {
-            JournalError::JournalCorruption {
+            JournalError::Storage(StorageError::Corruption {
                 run_id,
                 offset,
                 detail,
-            } => {
+            }) => {
                 assert_eq!(run_id, r);
                 assert_eq!(offset, second_line_at as u64);
                 assert!(detail.contains("checksum"), "{detail}");
@@ -100,7 +102,7 @@ async fn file_complete_last_line_with_bad_checksum_is_not_ignored() {
     std::fs::write(&path, text.replacen("\"two\"", "\"Two\"", 1)).unwrap();
     let err = j.entries(&r, 0).await.unwrap_err();
     assert!(
-        matches!(err, JournalError::JournalCorruption { offset, .. } if offset == last_at as u64),
+        matches!(err, JournalError::Storage(StorageError::Corruption { offset, .. }) if offset == last_at as u64),
         "{err:?}"
     );
 }
@@ -122,7 +124,7 @@ async fn sqlite_damaged_row_is_corruption_with_entry_offset() {
     assert_eq!(changed, 1);
     let err = j.entries(&r, 0).await.unwrap_err();
     assert!(
-        matches!(&err, JournalError::JournalCorruption { offset: 2, detail, .. } if detail.contains("checksum")),
+        matches!(&err, JournalError::Storage(StorageError::Corruption { offset: 2, detail, .. }) if detail.contains("checksum")),
         "{err:?}"
     );
     assert_eq!(err.code(), "JOURNAL_CORRUPTION");

@@ -44,11 +44,11 @@ pub async fn stale_session_is_fenced(f: &Fixture) {
         .await
         .unwrap_err();
     match err {
-        StepError::Journal(JournalError::Fenced {
+        StepError::Journal(JournalError::Storage(StorageError::Fenced {
             run_id,
             session,
             current,
-        }) => {
+        })) => {
             assert_eq!(run_id, r);
             assert_eq!(session, old.session());
             assert_eq!(current, new.session());

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockbox_journal::{
     Branches, EntryBody, ForkPoint, Journal, JournalError, RawEntry, RecordOptions, RunId,
-    RunState, StartOptions, StepError, StepId, StepOutcome, Suspension, TerminalState, TxnId,
-    TxnOutcome, TxnOutcomeStore, TxnStoreError,
+    RunState, StartOptions, StepError, StepId, StepOutcome, StorageError, Suspension,
+    TerminalState, TxnId, TxnOutcome, TxnOutcomeStore, TxnStoreError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
