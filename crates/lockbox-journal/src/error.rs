@@ -322,6 +322,7 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// An SQLite call failed.
+    #[cfg(feature = "sqlite")]
     #[error("sqlite {op} on {path}: {source}")]
     Sqlite {
         /// What was being done.
@@ -342,6 +343,7 @@ pub enum StorageError {
         detail: String,
     },
     /// A PostgreSQL call failed.
+    #[cfg(feature = "postgres")]
     #[error("postgres {op}: {source}")]
     Postgres {
         /// What was being done.
@@ -377,7 +379,10 @@ impl StorageError {
             Self::OffsetConflict { .. } => ErrorCode::OffsetConflict,
             Self::Corruption { .. } => ErrorCode::JournalCorruption,
             Self::Io { .. } => ErrorCode::StorageIo,
-            Self::Sqlite { .. } | Self::SqliteBatch { .. } => ErrorCode::StorageSqlite,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite { .. } => ErrorCode::StorageSqlite,
+            Self::SqliteBatch { .. } => ErrorCode::StorageSqlite,
+            #[cfg(feature = "postgres")]
             Self::Postgres { .. } => ErrorCode::StoragePostgres,
             Self::InvalidSchema { .. } => ErrorCode::InvalidSchema,
             Self::Unsupported { .. } => ErrorCode::StorageUnsupported,
@@ -387,13 +392,14 @@ impl StorageError {
 
     /// Whether the operation may succeed if tried again (I/O, lock timeouts, lost connections).
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Self::Io { .. }
-                | Self::Sqlite { .. }
-                | Self::SqliteBatch { .. }
-                | Self::Postgres { .. }
-        )
+        match self {
+            Self::Io { .. } | Self::SqliteBatch { .. } => true,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite { .. } => true,
+            #[cfg(feature = "postgres")]
+            Self::Postgres { .. } => true,
+            _ => false,
+        }
     }
 }
 

@@ -51,10 +51,11 @@ pub use crate::journal::{
     ForkPoint, Journal, RunState, RunStatus, StartOptions, DEFAULT_MAX_ENTRY_BYTES,
 };
 pub use crate::run::{Branches, RecordOptions, Run, Suspension};
-pub use crate::storage::{
-    FileStorage, PostgresStorage, SqliteStats, SqliteStorage, Storage, StorageUrl,
-    DEFAULT_POSTGRES_CONNECTIONS,
-};
+pub use crate::storage::{FileStorage, Storage, StorageUrl};
+#[cfg(feature = "postgres")]
+pub use crate::storage::{PostgresStorage, DEFAULT_POSTGRES_CONNECTIONS};
+#[cfg(feature = "sqlite")]
+pub use crate::storage::{SqliteStats, SqliteStorage};
 pub use crate::txn::{TxnId, TxnOutcome, TxnOutcomeStore, TxnStoreError};
 
 pub mod entry;

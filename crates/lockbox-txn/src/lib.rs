@@ -50,6 +50,7 @@ pub use crate::commit::{recover, recover_workdir, remove_damaged, RecoveryReport
 pub use crate::error::TxnError;
 pub use crate::gather::{ConflictPolicy, Gather};
 pub use crate::id::TxnId;
+#[cfg(feature = "journaled")]
 pub use crate::journaled::{record_exec, record_transaction, ExecResult, JournaledError, TxnStore};
 pub use crate::layer_gather::{LayerGather, LayerSource, PreparedGather};
 pub use crate::lock::LockPolicy;
@@ -70,6 +71,7 @@ mod gather;
 #[cfg(test)]
 mod history;
 mod id;
+#[cfg(feature = "journaled")]
 pub mod journaled;
 mod layer_gather;
 mod lock;

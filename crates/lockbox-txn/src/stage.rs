@@ -147,6 +147,7 @@ pub(crate) struct Ran {
 /// Runs `stage` on `view` (none: the policy as it is), stdin from `input`, stdout captured
 /// (spilling to `spill`), stderr's tail kept. `extra_env` is added to the stage's environment
 /// and `extra_reads` to the paths it may read.
+#[cfg(feature = "journaled")]
 pub(crate) fn run(
     stage: &Stage,
     view: Option<&View<'_>>,

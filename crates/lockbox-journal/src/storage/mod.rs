@@ -18,11 +18,15 @@ use crate::error::{JournalError, StorageError};
 use crate::id::RunId;
 
 mod file;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 pub use file::FileStorage;
+#[cfg(feature = "postgres")]
 pub use postgres::{PostgresStorage, DEFAULT_POSTGRES_CONNECTIONS};
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStats, SqliteStorage};
 
 /// Durable storage of runs. Every method is atomic; every `Ok` from `append` or
@@ -85,11 +89,28 @@ impl StorageUrl {
     /// Opens (creating if needed) the storage this URL names.
     pub async fn open(&self) -> Result<Arc<dyn Storage>, JournalError> {
         Ok(match self {
+            #[cfg(feature = "sqlite")]
             Self::Sqlite(path) => Arc::new(SqliteStorage::open(path)?),
+            #[cfg(not(feature = "sqlite"))]
+            Self::Sqlite(_) => return Err(not_built("sqlite")),
             Self::File(dir) => Arc::new(FileStorage::open(dir)?),
+            #[cfg(feature = "postgres")]
             Self::Postgres(url) => Arc::new(PostgresStorage::connect(url).await?),
+            #[cfg(not(feature = "postgres"))]
+            Self::Postgres(_) => return Err(not_built("postgres")),
         })
     }
+}
+
+/// A backend left out of this build (its cargo feature is off).
+#[cfg(not(all(feature = "sqlite", feature = "postgres")))]
+fn not_built(feature: &str) -> JournalError {
+    StorageError::Unsupported {
+        what: format!(
+            "this build has no {feature} journal (lockbox-journal's `{feature}` feature is off)"
+        ),
+    }
+    .into()
 }
 
 impl StorageUrl {
