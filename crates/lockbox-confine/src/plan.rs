@@ -14,13 +14,16 @@ use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// A host tree captured before the stage is mounted.
+/// A host tree captured before the stage is mounted, or (`staged`) a mount lockbox built on
+/// the stage, kept by an [`Op::Capture`] for an image root.
 #[derive(Debug, Clone)]
 pub struct Source {
-    /// Absolute host path.
+    /// Absolute host path (a path on the stage when `staged`).
     pub host: CString,
     /// Made read-only (recursively) while still detached.
     pub readonly: bool,
+    /// Captured by an [`Op::Capture`] from the stage, not from the host before it.
+    pub staged: bool,
 }
 
 /// One primitive step of building the root. Paths are relative to the stage.
@@ -97,6 +100,17 @@ pub enum Op {
     /// Wait for the supervisor's go (and the stdin it may carry) before going on: see
     /// [`crate::Spawn::gated`].
     Gate,
+    /// Keep a detached copy of the mount tree at `path` (on the stage) as source number
+    /// `source`, to attach after `pivot_root` (an image root's `/dev`, `/proc`).
+    Capture {
+        path: CString,
+        source: usize,
+    },
+    /// Make `path` (an image root's mount on the stage) the directory `pivot_root` makes
+    /// the root.
+    ChangeDir {
+        path: CString,
+    },
     /// `pivot_root` into the stage, once the set-up helper is done (see `child`): the ops
     /// before it build the root on the stage, those after it run inside. Unmounts come after
     /// it: each waits for an RCU grace period, which lasts as long as the helper's network
@@ -133,6 +147,9 @@ pub struct SetupPlan {
     pub views_from: Option<usize>,
     /// The later commands of a sequence sandbox ([`crate::Spawn::sequence`]); empty otherwise.
     pub steps: Vec<StepPlan>,
+    /// The root stays writable: an image root, whose writes go to the sandbox's own upper
+    /// layer (a plain root is made read-only once built).
+    pub root_writable: bool,
     /// The mounts of the sandbox's own scratch tmpfs (`/tmp` unless granted, `/dev/shm`).
     scratch: Vec<Op>,
 }
@@ -166,6 +183,12 @@ enum Node {
     Etc,
     Symlink(std::ffi::OsString),
     Overlay(usize),
+    /// A mount built on the stage and captured (source number): an image root's `/dev`
+    /// and `/proc`.
+    Staged(usize),
+    /// lockbox's files of `/etc` (hostname, hosts, ...) bound over an image's, from the
+    /// captured source.
+    EtcFiles(usize),
 }
 
 /// The network lines of `lockbox check --explain`: mechanism, pinned names, rules.
@@ -217,6 +240,16 @@ fn spec_line(spec: &lockbox_policy::NetSpec) -> String {
 
 /// Builds the plan. Pure: no syscalls.
 pub fn build(resolved: &Resolved) -> SetupPlan {
+    let mut plan = SetupPlan {
+        cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
+        overlays: resolved.overlays.clone(),
+        net: net_lines(resolved),
+        ..SetupPlan::default()
+    };
+    let staged = resolved
+        .image
+        .as_deref()
+        .map(|layers| image_stage(&mut plan, resolved, layers));
     let mut nodes: Vec<(PathBuf, Node)> = needed_grants(&resolved.grants)
         .into_iter()
         .map(|g| {
@@ -230,11 +263,23 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
         })
         .collect();
     let granted = |p: &str| nodes.iter().any(|(path, _)| path == Path::new(p));
+    let etc_granted = granted("/etc");
     if !granted("/tmp") {
         nodes.push(("/tmp".into(), Node::Tmpfs));
     }
-    nodes.push(("/dev".into(), Node::Dev));
-    nodes.push(("/proc".into(), Node::Proc));
+    match &staged {
+        None => {
+            nodes.push(("/dev".into(), Node::Dev));
+            nodes.push(("/proc".into(), Node::Proc));
+        }
+        Some(staged) => {
+            nodes.push(("/dev".into(), Node::Staged(staged.dev)));
+            nodes.push(("/proc".into(), Node::Staged(staged.proc)));
+            if !etc_granted {
+                nodes.push(("/etc".into(), Node::EtcFiles(staged.etc)));
+            }
+        }
+    }
     if resolved.etc_hidden.is_some() {
         nodes.push(("/etc".into(), Node::Etc));
     }
@@ -254,19 +299,18 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     let in_view = |p: &Path| resolved.overlays.iter().any(|o| p.starts_with(&o.target));
     nodes.sort_by_key(|(p, _)| in_view(p));
 
-    let mut plan = SetupPlan {
-        cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
-        overlays: resolved.overlays.clone(),
-        net: net_lines(resolved),
-        ..SetupPlan::default()
-    };
     plan.rules.push(Rule {
         path: cstring(b"/"),
-        access: RuleAccess::ListDir,
+        access: if staged.is_some() {
+            RuleAccess::ImageRoot
+        } else {
+            RuleAccess::ListDir
+        },
     });
     let mut made_dirs: Vec<PathBuf> = Vec::new();
     let mut inside = Vec::new();
-    let mut entered = false;
+    // An image root is entered before anything is mounted in it (see `image_stage`).
+    let mut entered = staged.is_some();
     for (path, node) in &nodes {
         if !entered && in_view(path) {
             enter_root(&mut plan, &mut inside);
@@ -282,6 +326,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
                 plan.sources.push(Source {
                     host: cstring(path.as_os_str().as_bytes()),
                     readonly: *access == Access::ReadOnly,
+                    staged: false,
                 });
                 plan.ops.push(if *is_dir {
                     Op::Mkdir {
@@ -321,12 +366,204 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
                 target: cstring(target.as_bytes()),
                 path: rel,
             }),
+            Node::Staged(source) => {
+                plan.ops.push(Op::Mkdir {
+                    path: rel.clone(),
+                    mode: 0o755,
+                });
+                plan.ops.push(Op::Attach {
+                    source: *source,
+                    target: rel,
+                });
+            }
+            Node::EtcFiles(source) => etc_files(&mut plan, resolved, *source),
         }
     }
     if !entered {
         enter_root(&mut plan, &mut inside);
     }
     plan
+}
+
+/// Where an image root is put together on the stage: its layers (attached as the views'
+/// are, see [`overlay`]), its upper tmpfs, the overlay itself, and lockbox's `/etc` files.
+const IMAGE_LAYERS: &str = ".i";
+const IMAGE_UPPER: &str = ".lockbox-root-upper";
+const IMAGE_ROOT: &str = ".lockbox-root";
+const IMAGE_ETC: &str = ".lockbox-etc";
+
+/// The sources [`image_stage`] captured.
+struct Staged {
+    dev: usize,
+    proc: usize,
+    etc: usize,
+}
+
+/// An image root (issue 29): the sandbox's `/` is an overlay of the image's layers
+/// (read-only lowers, attached like a view's, never copied) with an upper layer on a
+/// tmpfs of its own, bounded like `/tmp` ([`scratch_options`]: `--max-memory`, else half
+/// of RAM, and the inode bound), so its writes cost memory the sandbox is allowed and
+/// vanish with it.
+///
+/// The image is untrusted: its symlinks (`/etc/resolv.conf -> ../run/...`, or a hostile
+/// `/home -> ../../..`) must never be followed while the host's tree is reachable. So the
+/// overlay is mounted on the stage (paths of lockbox's own), `pivot_root` goes straight
+/// into it, and the old root is detached before any path inside the image is used: every
+/// mount into the image root is made from there on, by descriptor or by a path that can
+/// only resolve within the image. `/proc` cannot be mounted once the host's `/proc` is
+/// gone (the kernel wants a fully visible instance in the mount namespace), so it and
+/// `/dev` (which needs `/dev/null` for the masks of `/proc`) are built on the stage and
+/// captured ([`Op::Capture`]), as are lockbox's `/etc` files (read-only, bound over the
+/// image's: writes to them fail, and they stay out of the root's upper layer).
+fn image_stage(plan: &mut SetupPlan, resolved: &Resolved, layers: &[PathBuf]) -> Staged {
+    plan.root_writable = true;
+    tmpfs(plan, IMAGE_LAYERS, "mode=0700,size=4k");
+    let mut lowers = Vec::with_capacity(layers.len());
+    for (i, layer) in layers.iter().enumerate() {
+        plan.sources.push(Source {
+            host: cstring(layer.as_os_str().as_bytes()),
+            readonly: true,
+            staged: false,
+        });
+        let at = format!("{IMAGE_LAYERS}/{i}");
+        plan.ops.push(Op::Mkdir {
+            path: cstring(at.as_bytes()),
+            mode: 0o700,
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: cstring(at.as_bytes()),
+        });
+        lowers.push(at);
+    }
+    let inodes = resolved.scratch_inodes.max(1);
+    let upper_options = match resolved.scratch_size {
+        Some(bytes) => format!("mode=0700,size={bytes},nr_inodes={inodes}"),
+        None => format!("mode=0700,nr_inodes={inodes}"),
+    };
+    tmpfs(plan, IMAGE_UPPER, &upper_options);
+    plan.ops.push(Op::Mkdir {
+        path: cstring(format!("{IMAGE_UPPER}/upper").as_bytes()),
+        mode: 0o755,
+    });
+    plan.ops.push(Op::Mkdir {
+        path: cstring(format!("{IMAGE_UPPER}/work").as_bytes()),
+        mode: 0o700,
+    });
+    plan.ops.push(Op::Mkdir {
+        path: cstring(IMAGE_ROOT.as_bytes()),
+        mode: 0o755,
+    });
+    // `userxattr`: the layers' opaque markers are `user.overlay.opaque` (the only kind an
+    // unprivileged unpacker can write), and an unprivileged mount takes no other.
+    plan.ops.push(Op::Mount {
+        source: cstring(b"overlay"),
+        target: cstring(IMAGE_ROOT.as_bytes()),
+        fstype: cstring(b"overlay"),
+        flags: NOSUID_NODEV,
+        data: cstring(
+            format!(
+                "lowerdir={},upperdir={IMAGE_UPPER}/upper,workdir={IMAGE_UPPER}/work,userxattr",
+                lowers.join(":")
+            )
+            .as_bytes(),
+        ),
+    });
+    let capture = |plan: &mut SetupPlan, path: &str| {
+        plan.sources.push(Source {
+            host: cstring(path.as_bytes()),
+            readonly: false,
+            staged: true,
+        });
+        let source = plan.sources.len() - 1;
+        plan.ops.push(Op::Capture {
+            path: cstring(path.as_bytes()),
+            source,
+        });
+        source
+    };
+    dev(plan, resolved);
+    let dev = capture(plan, "dev");
+    proc(plan);
+    let proc = capture(plan, "proc");
+    tmpfs(plan, IMAGE_ETC, "mode=0755,size=64k");
+    let mut dirs: Vec<&Path> = resolved
+        .etc_files
+        .iter()
+        .flat_map(|(name, _)| Path::new(name).ancestors().skip(1))
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        plan.ops.push(Op::Mkdir {
+            path: cstring(Path::new(IMAGE_ETC).join(dir).as_os_str().as_bytes()),
+            mode: 0o755,
+        });
+    }
+    for (name, data) in &resolved.etc_files {
+        plan.ops.push(Op::WriteFile {
+            path: cstring(format!("{IMAGE_ETC}/{name}").as_bytes()),
+            data: data.clone(),
+        });
+    }
+    plan.ops.push(Op::SetReadonly {
+        path: cstring(IMAGE_ETC.as_bytes()),
+    });
+    let etc = capture(plan, IMAGE_ETC);
+    plan.ops.push(Op::ChangeDir {
+        path: cstring(IMAGE_ROOT.as_bytes()),
+    });
+    plan.ops.push(Op::EnterRoot);
+    Staged { dev, proc, etc }
+}
+
+/// lockbox's `/etc` files in an image root: each bound (read-only) over the image's file
+/// of that name, which is created first if the image lacks it, from the captured tmpfs
+/// `source` (attached for the while at [`IMAGE_ETC`] in the image root).
+fn etc_files(plan: &mut SetupPlan, resolved: &Resolved, source: usize) {
+    plan.ops.push(Op::Mkdir {
+        path: cstring(b"etc"),
+        mode: 0o755,
+    });
+    plan.ops.push(Op::Mkdir {
+        path: cstring(IMAGE_ETC.as_bytes()),
+        mode: 0o700,
+    });
+    plan.ops.push(Op::Attach {
+        source,
+        target: cstring(IMAGE_ETC.as_bytes()),
+    });
+    let mut made: Vec<&Path> = Vec::new();
+    for (name, _) in &resolved.etc_files {
+        let mut parents: Vec<&Path> = Path::new(name)
+            .ancestors()
+            .skip(1)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        parents.reverse();
+        for dir in parents {
+            if !made.contains(&dir) {
+                made.push(dir);
+                plan.ops.push(Op::Mkdir {
+                    path: cstring(Path::new("etc").join(dir).as_os_str().as_bytes()),
+                    mode: 0o755,
+                });
+            }
+        }
+        let path = cstring(format!("etc/{name}").as_bytes());
+        plan.ops.push(Op::Touch { path: path.clone() });
+        plan.ops.push(Op::CoverWith {
+            with: cstring(format!("{IMAGE_ETC}/{name}").as_bytes()),
+            path,
+        });
+    }
+    plan.ops.push(Op::Umount {
+        path: cstring(IMAGE_ETC.as_bytes()),
+    });
+    plan.ops.push(Op::Rmdir {
+        path: cstring(IMAGE_ETC.as_bytes()),
+    });
 }
 
 /// Ends the root's construction on the stage: [`Op::EnterRoot`], then the clean-up that
@@ -432,6 +669,7 @@ fn bind_file(plan: &mut SetupPlan, host: &Path, inside: &str, readonly: bool, ac
     plan.sources.push(Source {
         host: cstring(host.as_os_str().as_bytes()),
         readonly,
+        staged: false,
     });
     plan.ops.push(Op::Touch {
         path: cstring(rel.as_bytes()),
@@ -480,6 +718,7 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         plan.sources.push(Source {
             host: cstring(o.lowers[0].as_os_str().as_bytes()),
             readonly: true,
+            staged: false,
         });
         plan.ops.push(Op::Attach {
             source: plan.sources.len() - 1,
@@ -494,6 +733,7 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         plan.sources.push(Source {
             host: cstring(host.as_os_str().as_bytes()),
             readonly,
+            staged: false,
         });
         let at = format!("{LAYERS}/{}", plan.sources.len() - 1);
         plan.ops.push(Op::Mkdir {
@@ -673,6 +913,7 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
         plan.sources.push(Source {
             host: cstring(format!("/dev/{name}").as_bytes()),
             readonly: false,
+            staged: false,
         });
         plan.ops.push(Op::Touch {
             path: cstring(rel.as_bytes()),
@@ -902,6 +1143,16 @@ impl fmt::Display for Op {
             }
             Op::Rmdir { path } => write!(f, "remove {}", p(path)),
             Op::Gate => write!(f, "wait for the go of lockbox"),
+            Op::Capture { path, source } => write!(
+                f,
+                "keep a copy of the mounts at {} as source #{source}",
+                p(path)
+            ),
+            Op::ChangeDir { path } => write!(
+                f,
+                "enter the image root at {} (pivot_root makes it /; nothing of the image is used before the host's tree is detached)",
+                p(path)
+            ),
             Op::EnterRoot => write!(f, "pivot_root into the new root"),
         }
     }
@@ -915,6 +1166,14 @@ impl fmt::Display for SetupPlan {
             } else {
                 "read-write"
             };
+            if s.staged {
+                writeln!(
+                    f,
+                    "source #{i}: lockbox's /{} on the stage (captured before pivot_root)",
+                    s.host.to_string_lossy()
+                )?;
+                continue;
+            }
             writeln!(f, "source #{i}: {} ({mode})", s.host.to_string_lossy())?;
         }
         for op in &self.ops {

@@ -74,6 +74,57 @@ pub struct Resolved {
     /// The host path of the terminal on the sandbox's stdio, if any: bound at
     /// `TERMINAL_PATH`, see `terminal`.
     pub terminal: Option<PathBuf>,
+    /// The root is an image's layers ([`crate::Spawn::image_root`]), canonical, top first.
+    pub image: Option<Vec<PathBuf>>,
+}
+
+/// The root of an image sandbox: the image's unpacked layer directories, in overlayfs
+/// format (whiteouts are 0/0 character devices, opaque directories carry
+/// `user.overlay.opaque=y`), top first, as absolute host paths. They are read-only lowers
+/// of the sandbox's `/`: mounted, never copied or changed. See [`crate::Spawn::image_root`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageRoot {
+    /// Layer directories, top first.
+    pub layers: Vec<PathBuf>,
+}
+
+/// The most layers an image root may have. overlayfs takes up to 500 lower layers, but its
+/// mount options must fit in one page (4096 bytes), which lockbox's short layer paths keep
+/// to about 800; Docker's overlay2 driver stops at 128 too.
+pub const MAX_IMAGE_LAYERS: usize = 128;
+
+/// The image root's layers, canonical and checked to be directories, or the first bad one
+/// named.
+fn resolve_image(image: &ImageRoot) -> Result<Vec<PathBuf>, SetupError> {
+    if image.layers.is_empty() || image.layers.len() > MAX_IMAGE_LAYERS {
+        return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
+            field: "image layers",
+            reason: format!(
+                "an image root takes 1 to {MAX_IMAGE_LAYERS} layers (overlayfs's bound on a mount's options); this one has {}",
+                image.layers.len()
+            ),
+        }));
+    }
+    image
+        .layers
+        .iter()
+        .map(|layer| {
+            let what = "using as an image layer";
+            let canonical = std::fs::canonicalize(layer).map_err(|source| SetupError::Path {
+                path: layer.clone(),
+                what,
+                source,
+            })?;
+            if !canonical.is_dir() {
+                return Err(SetupError::Path {
+                    path: layer.clone(),
+                    what,
+                    source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+                });
+            }
+            Ok(canonical)
+        })
+        .collect()
 }
 
 /// The environment variable naming a hosts(5) file that lockbox's resolver consults before
@@ -155,7 +206,28 @@ pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tt
 /// Resolves `policy` against the host. `caller_cwd` is the default working directory when
 /// it is visible inside.
 pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, SetupError> {
+    resolve_with(policy, None, caller_cwd)
+}
+
+/// [`resolve`], for a root of `image`'s layers when given: then the default reads (the
+/// host's userland) are left out, and the caller's directory is the working directory only
+/// when a grant or view shows it.
+pub fn resolve_with(
+    policy: &Policy,
+    image: Option<&ImageRoot>,
+    caller_cwd: Option<&Path>,
+) -> Result<Resolved, SetupError> {
     let mut out = Resolved::default();
+    match image {
+        Some(image) => out.image = Some(resolve_image(image)?),
+        None if policy.image.is_some() => {
+            return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
+                field: "image",
+                reason: "the image is not resolved to its layers (lockbox-confine takes them from Spawn::image_root)".into(),
+            }))
+        }
+        None => {}
+    }
     let mut add = |grant: Grant| {
         if let Some(existing) = out.grants.iter_mut().find(|g| g.path == grant.path) {
             existing.access = existing.access.max(grant.access);
@@ -169,7 +241,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         .iter()
         .chain(&policy.fs.write)
         .any(|p| p == Path::new("/etc"));
-    if policy.fs.default_reads {
+    if policy.fs.default_reads && out.image.is_none() {
         for path in DEFAULT_READS {
             let path = Path::new(path);
             let Ok(meta) = std::fs::symlink_metadata(path) else {
@@ -265,9 +337,14 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
     // A working directory given through a symlink (`--workdir /tmp/link/w` with
-    // `/tmp/link -> /data`) keeps that name inside.
-    let cwd_links = links_on_the_way(&out.cwd);
-    out.symlinks.extend(cwd_links);
+    // `/tmp/link -> /data`) keeps that name inside. (In an image root, a directory of the
+    // image is no host path.)
+    let from_host = out.grants.iter().any(|g| out.cwd.starts_with(&g.path))
+        || out.overlays.iter().any(|o| out.cwd.starts_with(&o.target));
+    if out.image.is_none() || from_host {
+        let cwd_links = links_on_the_way(&out.cwd);
+        out.symlinks.extend(cwd_links);
+    }
     keep_links_outside_views(&mut out);
     Ok(out)
 }

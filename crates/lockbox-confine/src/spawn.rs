@@ -331,6 +331,7 @@ pub struct Spawn<'a> {
     stdio: Stdio,
     net: NetHooks,
     own_session: bool,
+    image: Option<resolve::ImageRoot>,
 }
 
 /// Who the network supervisor reports to ([`Spawn::audit`]), asks ([`Spawn::ask`]) and
@@ -362,6 +363,7 @@ impl<'a> Spawn<'a> {
             stdio: Stdio::default(),
             net: NetHooks::default(),
             own_session: false,
+            image: None,
         }
     }
 
@@ -389,6 +391,7 @@ impl<'a> Spawn<'a> {
             stdio: Stdio::default(),
             net: NetHooks::default(),
             own_session: false,
+            image: None,
         }
     }
 
@@ -408,6 +411,7 @@ impl<'a> Spawn<'a> {
             stdio: Stdio::default(),
             net: NetHooks::default(),
             own_session: false,
+            image: None,
         }
     }
 
@@ -452,6 +456,32 @@ impl<'a> Spawn<'a> {
     pub fn own_session(self) -> Spawn<'a> {
         Spawn {
             own_session: true,
+            ..self
+        }
+    }
+
+    /// Runs the sandbox on an image's root instead of the host's userland (issue 29): its
+    /// `/` is an overlay of `root`'s layers (read-only, mounted, never copied) with a
+    /// writable layer of the sandbox's own on a tmpfs bounded like `/tmp` (the policy's
+    /// memory limit, else half of RAM; its writes vanish with the sandbox). The policy's
+    /// default reads are left out; lockbox still provides `/dev`, `/proc`, `/tmp` and
+    /// `/etc/hostname`, `/etc/hosts` (and `/etc/resolv.conf` where the network mode has
+    /// one), bound over the image's; every grant and view is mounted at its own path.
+    ///
+    /// Inside, the caller is uid 0 and gid 0 (its user namespace maps the caller's ids to
+    /// 0, so the image's files, the caller's on the host, are root's), and the chown and
+    /// set*id calls succeed without doing anything (seccomp answers them with 0, as
+    /// Charliecloud's `--force=seccomp`): installers that chown files or drop to another
+    /// user keep going, as root. Capabilities stay dropped and `no_new_privs` set; files
+    /// written into a grant or view stay the caller's on the host. See docs/runtime.md,
+    /// "Image roots". The image's `Env`, `WorkingDir` and command are the caller's to
+    /// apply (the policy's environment and `cwd`, which may be a directory of the image).
+    ///
+    /// Needs overlayfs's `userxattr` (Linux 5.11). A missing layer, a layer that is not a
+    /// directory or more than [`crate::MAX_IMAGE_LAYERS`] layers fail [`Spawn::start`].
+    pub fn image_root(self, root: resolve::ImageRoot) -> Spawn<'a> {
+        Spawn {
+            image: Some(root),
             ..self
         }
     }
@@ -574,6 +604,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         mut stdio,
         net,
         own_session,
+        image,
     } = spawn;
     let (argv, later, helper) = match program {
         Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None),
@@ -604,7 +635,11 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         return Err(no_command());
     }
     let caller_cwd = std::env::current_dir().ok();
-    let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
+    if image.is_some() {
+        overlay_userxattr()?;
+    }
+    let mut resolved = resolve::resolve_with(policy, image.as_ref(), caller_cwd.as_deref())?;
+    let image_root = resolved.image.is_some();
     let agent = helper.is_some();
     resolved.helper = helper;
     if let Some(interceptor) = &net.interceptor {
@@ -626,7 +661,13 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
     };
     let landlock_abi = landlock::abi_version();
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
-    let (uid, gid) = sys::ids();
+    let (host_uid, host_gid) = sys::ids();
+    // An image's files are root's inside (see `Spawn::image_root`).
+    let (uid, gid) = if image_root {
+        (0, 0)
+    } else {
+        (host_uid, host_gid)
+    };
     check_pass_fds(&policy.pass_fds)?;
     let env = policy.env.build(|k| std::env::var(k).ok());
     let path_var = env
@@ -686,8 +727,8 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         source_fds: vec![-1; plan.sources.len()],
         command_stack: vec![0; COMMAND_STACK],
         plan,
-        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
-        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        uid_map: format!("{uid} {host_uid} 1\n").into_bytes(),
+        gid_map: format!("{gid} {host_gid} 1\n").into_bytes(),
         cgroup_procs: cgroup_fds,
         new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
         hostname: policy.hostname.as_bytes().to_vec(),
@@ -707,6 +748,11 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
             },
             !policy.net.own_namespace(),
             resolve::private_writes(policy),
+            if image_root {
+                seccomp::Ids::ImageRoot
+            } else {
+                seccomp::Ids::Caller
+            },
         )?,
         net: notify
             .as_ref()
@@ -764,6 +810,26 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
             Ok((sandbox, started))
         }
     }
+}
+
+/// Refuses an image root on a kernel whose overlayfs lacks `userxattr` (Linux 5.11): an
+/// unprivileged overlay mount takes no other kind of xattr, and the layers' opaque
+/// directories are marked with `user.overlay.opaque`.
+fn overlay_userxattr() -> Result<(), SetupError> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version < (5, 11) {
+        return Err(SetupError::FeatureMissing {
+            feature: "overlayfs userxattr",
+            problem: format!("is not in this kernel ({release}; Linux 5.11 or newer has it)"),
+            needed_for: "an image root (its layers' whiteouts and opaque directories)",
+        });
+    }
+    Ok(())
 }
 
 /// The command `argv` as the child executes it.
