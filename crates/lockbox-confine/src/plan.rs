@@ -176,7 +176,10 @@ const PROC_MASKED: [&str; 4] = ["kcore", "timer_list", "sched_debug", "latency_s
 /// What goes at one path of the root, before it is turned into ops.
 #[derive(Debug)]
 enum Node {
-    Bind { is_dir: bool, access: Access },
+    Bind {
+        is_dir: bool,
+        access: Access,
+    },
     Tmpfs,
     Dev,
     Proc,
@@ -1582,6 +1585,97 @@ mod tests {
             !text.iter().any(|o| o.contains("replace /tmp ")),
             "the view below /tmp would be lost: {text:#?}"
         );
+    }
+
+    fn image(grants: Vec<Grant>) -> Resolved {
+        let mut r = resolved(grants);
+        r.image = Some(vec!["/store/top".into(), "/store/base".into()]);
+        r.etc_files = vec![
+            ("hostname".into(), b"lockbox\n".to_vec()),
+            ("hosts".into(), b"127.0.0.1 localhost\n".to_vec()),
+        ];
+        r
+    }
+
+    /// The path an op works on, if any.
+    fn op_path(op: &Op) -> Option<&CString> {
+        match op {
+            Op::Mkdir { path, .. }
+            | Op::Touch { path }
+            | Op::Symlink { path, .. }
+            | Op::WriteFile { path, .. }
+            | Op::Whiteout { path }
+            | Op::SetReadonly { path }
+            | Op::Umount { path }
+            | Op::Rmdir { path }
+            | Op::Capture { path, .. }
+            | Op::ChangeDir { path } => Some(path),
+            op => mount_target(op),
+        }
+    }
+
+    #[test]
+    fn an_image_root_is_not_entered_by_path_until_the_hosts_tree_is_gone() {
+        let plan = build(&image(vec![grant("/work/data", Access::ReadOnly)]));
+        let enter = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, Op::EnterRoot))
+            .unwrap();
+        // Before pivot_root, nothing below the image's mount point is used: its symlinks
+        // would resolve against the host's tree.
+        for op in &plan.ops[..enter] {
+            if let Some(path) = op_path(op) {
+                assert!(
+                    !path
+                        .as_bytes()
+                        .starts_with(format!("{IMAGE_ROOT}/").as_bytes()),
+                    "{op}"
+                );
+            }
+        }
+        let text = plan.to_string();
+        assert!(
+            text.contains("mount overlay on /.lockbox-root (lowerdir=.i/0:.i/1,upperdir=.lockbox-root-upper/upper,workdir=.lockbox-root-upper/work,userxattr)"),
+            "{text}"
+        );
+        assert!(
+            matches!(&plan.ops[enter - 1], Op::ChangeDir { path } if path.as_bytes() == IMAGE_ROOT.as_bytes())
+        );
+        // Layers read-only; lockbox's /dev, /proc and /etc files built on the stage and
+        // attached inside, with the grant, after it.
+        assert!(plan.sources[..2].iter().all(|s| s.readonly && !s.staged));
+        let attached: Vec<String> = plan.ops[enter..]
+            .iter()
+            .filter_map(|op| match op {
+                Op::Attach { target, .. } => Some(target.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(attached, ["dev", ".lockbox-etc", "proc", "work/data"]);
+        assert!(
+            text.contains("mask /etc/hostname with /.lockbox-etc/hostname"),
+            "{text}"
+        );
+        // Writable under Landlock and by mount (writes go to the sandbox's own upper).
+        let root_rule = plan.rules.iter().find(|r| r.path.as_bytes() == b"/");
+        assert_eq!(root_rule.map(|r| r.access), Some(RuleAccess::ImageRoot));
+        assert!(plan.root_writable);
+        // No host userland: no default read, no host /etc.
+        assert!(!text.contains("/usr"), "{text}");
+        assert!(!text.contains(":/etc"), "{text}");
+    }
+
+    #[test]
+    fn a_plain_root_has_no_image_ops_and_is_made_read_only() {
+        let plan = build(&resolved(vec![grant("/usr", Access::ReadOnly)]));
+        assert!(!plan.root_writable);
+        assert_eq!(plan.rules[0].access, RuleAccess::ListDir);
+        assert!(!plan
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Capture { .. } | Op::ChangeDir { .. })));
+        assert!(plan.sources.iter().all(|s| !s.staged));
     }
 
     #[test]

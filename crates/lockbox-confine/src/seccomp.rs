@@ -760,6 +760,26 @@ mod tests {
     }
 
     #[test]
+    fn an_image_root_answers_the_id_calls_with_0_and_decides_everything_else_as_a_plain_one() {
+        for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
+            let plain = build(openat2, host, false, Ids::Caller).unwrap();
+            let image = build(openat2, host, false, Ids::ImageRoot).unwrap();
+            assert!(image.len() <= 350, "{} instructions", image.len());
+            let no_op = crate::bpf::RET_ERRNO; // errno 0: the call returns 0
+            for nr in (0..1024).chain([0x4000_0000, u32::MAX]) {
+                let args = [0x1234u64, 0x5678, 0, 0, 0, 0];
+                let expected = if ID_NO_OPS.iter().any(|&(_, n)| n as u32 == nr) {
+                    assert_eq!(run(&plain, nr, args).0, crate::bpf::RET_ALLOW, "{nr}");
+                    no_op
+                } else {
+                    run(&plain, nr, args).0
+                };
+                assert_eq!(run(&image, nr, args).0, expected, "syscall {nr}");
+            }
+        }
+    }
+
+    #[test]
     fn every_denial_has_a_reason_and_no_duplicates() {
         let list = denied();
         for d in &list {

@@ -38,9 +38,13 @@ fn as_root_and_nobody(name: &str, body: impl Fn()) {
         .gid(65534)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "as uid 65534:\n{text}");
-    assert!(text.contains("1 passed"), "as uid 65534, the test did not run:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "as uid 65534, the test did not run:\n{text}"
+    );
 }
 
 /// A directory of the current user's that uid 65534 (and the sandbox) can enter.
@@ -69,13 +73,18 @@ fn layers(dir: &Path) -> Vec<PathBuf> {
     std::fs::write(base.join("etc/group"), "root:x:0:\n").unwrap();
     std::fs::write(base.join("etc/gone"), "deleted by layer 2\n").unwrap();
     std::fs::write(base.join("etc/image-file"), "from layer 1\n").unwrap();
-    std::fs::write(base.join("data/old/lower-only"), "hidden by the opaque dir\n").unwrap();
+    std::fs::write(
+        base.join("data/old/lower-only"),
+        "hidden by the opaque dir\n",
+    )
+    .unwrap();
     std::fs::write(base.join("usr/image-usr"), "the image's /usr\n").unwrap();
 
     let top = dir.join("layer2");
     std::fs::create_dir_all(top.join("etc")).unwrap();
     std::fs::create_dir_all(top.join("data/old")).unwrap();
-    let whiteout = std::ffi::CString::new(top.join("etc/gone").into_os_string().into_encoded_bytes()).unwrap();
+    let whiteout =
+        std::ffi::CString::new(top.join("etc/gone").into_os_string().into_encoded_bytes()).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
         whiteout.as_c_str(),
@@ -85,7 +94,7 @@ fn layers(dir: &Path) -> Vec<PathBuf> {
     )
     .unwrap();
     rustix::fs::setxattr(
-        &top.join("data/old"),
+        top.join("data/old"),
         "user.overlay.opaque",
         b"y",
         rustix::fs::XattrFlags::empty(),
@@ -312,10 +321,18 @@ fn a_copy_on_write_workdir_works_inside_an_image_root() {
             writable: None,
         });
         policy.cwd = Some(work.clone());
-        let ran = run(dir.path(), &layers, &policy, "cat keep; echo new > keep; echo made > added; busybox pwd");
+        let ran = run(
+            dir.path(),
+            &layers,
+            &policy,
+            "cat keep; echo new > keep; echo made > added; busybox pwd",
+        );
         assert_eq!(ran.code, 0, "{}", ran.out);
         assert_eq!(ran.out, format!("original\n{}\n", work.display()));
-        assert_eq!(std::fs::read_to_string(work.join("keep")).unwrap(), "original\n");
+        assert_eq!(
+            std::fs::read_to_string(work.join("keep")).unwrap(),
+            "original\n"
+        );
         assert_eq!(
             std::fs::read_to_string(branch.join("upper/added")).unwrap(),
             "made\n"
