@@ -86,6 +86,23 @@ pub struct Resolved {
 pub struct ImageRoot {
     /// Layer directories, top first.
     pub layers: Vec<PathBuf>,
+    /// The uid and gid the caller is inside: its user namespace maps the caller's own ids
+    /// (and no other) to these, so they are the only ids that exist inside and every file
+    /// of the image (the caller's on the host) is theirs. 0 and 0 (root), unless the
+    /// image's `User` names someone else: such a user is *presented* (`id`, `whoami`,
+    /// programs that refuse to run as root), not enforced (the sandbox's files are all
+    /// that user's, root's among them). See docs/runtime.md, "Image roots".
+    pub ids: (u32, u32),
+}
+
+impl ImageRoot {
+    /// A root of `layers` (top first) in which the caller is root.
+    pub fn new(layers: Vec<PathBuf>) -> ImageRoot {
+        ImageRoot {
+            layers,
+            ids: (0, 0),
+        }
+    }
 }
 
 /// The most layers an image root may have. overlayfs takes up to 500 lower layers, but its
@@ -96,6 +113,12 @@ pub const MAX_IMAGE_LAYERS: usize = 128;
 /// The image root's layers, canonical and checked to be directories, or the first bad one
 /// named.
 fn resolve_image(image: &ImageRoot) -> Result<Vec<PathBuf>, SetupError> {
+    if image.ids.0 == u32::MAX || image.ids.1 == u32::MAX {
+        return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
+            field: "image user",
+            reason: "4294967295 is no uid or gid (it means \"none\" to the kernel)".into(),
+        }));
+    }
     if image.layers.is_empty() || image.layers.len() > MAX_IMAGE_LAYERS {
         return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
             field: "image layers",

@@ -38,7 +38,8 @@ const HELPER_STACK: usize = 64 * 1024;
 pub struct Enforcement {
     /// Namespaces the sandbox lives in.
     pub namespaces: Vec<&'static str>,
-    /// The uid and gid inside (the caller's, mapped to themselves).
+    /// The uid inside: the caller's, mapped to itself; in an image root, 0 (or the
+    /// image's user, see [`crate::ImageRoot::ids`]).
     pub uid: u32,
     /// See `uid`.
     pub gid: u32,
@@ -469,7 +470,8 @@ impl<'a> Spawn<'a> {
     /// one), bound over the image's; every grant and view is mounted at its own path.
     ///
     /// Inside, the caller is uid 0 and gid 0 (its user namespace maps the caller's ids to
-    /// 0, so the image's files, the caller's on the host, are root's), and the chown and
+    /// 0, so the image's files, the caller's on the host, are root's; or the ids of
+    /// [`ImageRoot::ids`](crate::ImageRoot::ids)), and the chown and
     /// set*id calls succeed without doing anything (seccomp answers them with 0, as
     /// Charliecloud's `--force=seccomp`): installers that chown files or drop to another
     /// user keep going, as root. Capabilities stay dropped and `no_new_privs` set; files
@@ -663,10 +665,9 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
     let (host_uid, host_gid) = sys::ids();
     // An image's files are root's inside (see `Spawn::image_root`).
-    let (uid, gid) = if image_root {
-        (0, 0)
-    } else {
-        (host_uid, host_gid)
+    let (uid, gid) = match &image {
+        Some(image) => image.ids,
+        None => (host_uid, host_gid),
     };
     check_pass_fds(&policy.pass_fds)?;
     let env = policy.env.build(|k| std::env::var(k).ok());

@@ -113,14 +113,17 @@ struct Ran {
 /// Runs `script` with the image's `/bin/sh` on the image root `layers`, stdout and stderr
 /// into a file of `dir`.
 fn run(dir: &Path, layers: &[PathBuf], policy: &Policy, script: &str) -> Ran {
+    run_as(dir, ImageRoot::new(layers.to_vec()), policy, script)
+}
+
+/// [`run`] on `root`.
+fn run_as(dir: &Path, root: ImageRoot, policy: &Policy, script: &str) -> Ran {
     let out_path = dir.join("out");
     let out = std::fs::File::create(&out_path).unwrap();
     let err = out.try_clone().unwrap();
     let argv = ["/bin/sh".into(), "-c".into(), script.into()];
     let mut running = Spawn::command(policy, &argv)
-        .image_root(ImageRoot {
-            layers: layers.to_vec(),
-        })
+        .image_root(root)
         .stdio(Stdio {
             stdin: None,
             stdout: Some(out.into()),
@@ -226,6 +229,31 @@ fn the_caller_is_root_of_the_image_and_chown_succeeds_as_a_no_op() {
             // The image's files (the caller's on the host) are root's inside; chown says
             // yes and changes nothing: the sandbox has one uid, and it is 0.
             assert_eq!(ran.out, "0\n0\n0:0\n0:0\n0:0\n");
+        },
+    );
+}
+
+#[test]
+fn an_images_user_is_presented_as_the_callers_only_ids() {
+    as_root_and_nobody(
+        "an_images_user_is_presented_as_the_callers_only_ids",
+        || {
+            let dir = scratch();
+            let mut root = ImageRoot::new(layers(dir.path()));
+            root.ids = (1000, 1001);
+            let rw = dir.path().join("rw");
+            std::fs::create_dir(&rw).unwrap();
+            let mut policy = image_policy();
+            policy.fs.write.push(rw.clone());
+            let script = format!(
+            "id -u; id -g; stat -c %u:%g /etc/passwd; chown 0:0 /tmp && echo chown-ok; echo x > {}/f",
+            rw.display()
+        );
+            let ran = run_as(dir.path(), root, &policy, &script);
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            assert_eq!(ran.out, "1000\n1001\n1000:1001\nchown-ok\n");
+            let made = std::fs::metadata(rw.join("f")).unwrap();
+            assert_eq!(made.uid(), rustix::process::getuid().as_raw());
         },
     );
 }
@@ -347,7 +375,7 @@ fn a_missing_layer_is_an_error_naming_it() {
     layers.push(dir.path().join("no-such-layer"));
     let argv = ["/bin/true".into()];
     let err = Spawn::command(&image_policy(), &argv)
-        .image_root(ImageRoot { layers })
+        .image_root(ImageRoot::new(layers))
         .start()
         .unwrap_err();
     assert!(err.to_string().contains("no-such-layer"), "{err}");
@@ -359,7 +387,7 @@ fn too_many_layers_are_refused_before_the_sandbox_starts() {
     let layers = vec![dir.path().to_owned(); lockbox_confine::MAX_IMAGE_LAYERS + 1];
     let argv = ["/bin/true".into()];
     let err = Spawn::command(&image_policy(), &argv)
-        .image_root(ImageRoot { layers })
+        .image_root(ImageRoot::new(layers))
         .start()
         .unwrap_err();
     assert!(err.to_string().contains("layers"), "{err}");
@@ -372,4 +400,49 @@ fn an_image_reference_without_its_layers_is_refused() {
     let argv = ["/bin/true".into()];
     let err = Spawn::command(&policy, &argv).start().unwrap_err();
     assert!(err.to_string().contains("image"), "{err}");
+}
+
+#[test]
+fn the_commands_of_a_sequence_share_the_image_roots_writes_and_get_fresh_scratch() {
+    as_root_and_nobody(
+        "the_commands_of_a_sequence_share_the_image_roots_writes_and_get_fresh_scratch",
+        || {
+            let dir = scratch();
+            let layers = layers(dir.path());
+            let commands: Vec<Vec<std::ffi::OsString>> = [
+                "echo one > /etc/foo; echo t > /tmp/t",
+                "cat /etc/foo; test ! -e /tmp/t && echo fresh-tmp",
+            ]
+            .iter()
+            .map(|s| vec!["/bin/sh".into(), "-c".into(), (*s).into()])
+            .collect();
+            let out_path = dir.path().join("out");
+            let out = std::fs::File::create(&out_path).unwrap();
+            let stdout = || Stdio {
+                stdin: None,
+                stdout: Some(out.try_clone().unwrap().into()),
+                stderr: None,
+            };
+            let policy = image_policy();
+            let mut gated = Spawn::sequence(&policy, &commands)
+                .image_root(ImageRoot::new(layers))
+                .gated()
+                .unwrap();
+            for step in 0..2 {
+                let mut running = gated.release(stdout()).unwrap();
+                match running.wait(None, None).unwrap() {
+                    Waited::Exited(o) => assert_eq!(o.exit_code(), 0, "command {step}"),
+                    other => panic!("{other:?}"),
+                }
+                match running.next() {
+                    Some(next) => gated = next,
+                    None => break,
+                }
+            }
+            assert_eq!(
+                std::fs::read_to_string(&out_path).unwrap(),
+                "one\nfresh-tmp\n"
+            );
+        },
+    );
 }
