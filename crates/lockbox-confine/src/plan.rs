@@ -6,6 +6,9 @@
 //! `open_tree(OPEN_TREE_CLONE)` *before* the stage hides `/tmp`, so a grant under `/tmp`
 //! works, then attached in path order so that a parent is always mounted before anything
 //! inside it.
+//!
+//! An image root (`Resolved::image`) is the exception to "the stage becomes `/`": the
+//! stage holds the image's overlay, and `pivot_root` goes into that (see `image_stage`).
 
 use crate::landlock::RuleAccess;
 use crate::resolve::{Access, Resolved};

@@ -91,7 +91,7 @@ pub struct ImageRoot {
     /// of the image (the caller's on the host) is theirs. 0 and 0 (root), unless the
     /// image's `User` names someone else: such a user is *presented* (`id`, `whoami`,
     /// programs that refuse to run as root), not enforced (the sandbox's files are all
-    /// that user's, root's among them). See docs/runtime.md, "Image roots".
+    /// that user's, root's among them). See docs/security.md, "Image roots".
     pub ids: (u32, u32),
 }
 

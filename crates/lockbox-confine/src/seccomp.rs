@@ -860,6 +860,12 @@ mod doc_tests {
                 f.name
             );
         }
+        for (name, _) in super::ID_NO_OPS {
+            assert!(
+                doc.contains(&format!("`{name}`")) && doc.contains("## Image roots"),
+                "docs/security.md, \"Image roots\", lacks the no-op {name}"
+            );
+        }
         for (name, _) in super::ENOSYS_CALLS {
             assert!(
                 doc.contains(&format!("| `{name}` | `ENOSYS` |")),

@@ -475,7 +475,7 @@ impl<'a> Spawn<'a> {
     /// set*id calls succeed without doing anything (seccomp answers them with 0, as
     /// Charliecloud's `--force=seccomp`): installers that chown files or drop to another
     /// user keep going, as root. Capabilities stay dropped and `no_new_privs` set; files
-    /// written into a grant or view stay the caller's on the host. See docs/runtime.md,
+    /// written into a grant or view stay the caller's on the host. See docs/security.md,
     /// "Image roots". The image's `Env`, `WorkingDir` and command are the caller's to
     /// apply (the policy's environment and `cwd`, which may be a directory of the image).
     ///
