@@ -70,8 +70,8 @@ pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::proctitle::TITLE as INIT_TITLE;
 pub use crate::quotas::{UserQuotas, SHARE_DIVISOR};
 pub use crate::resolve::{
-    resolve, resolve_with, Access, ImageRoot, Resolved, ResolvedOverlay, ResolvedUpper,
-    MAX_IMAGE_LAYERS,
+    resolve, resolve_with, Access, ImageRoot, Resolved, ResolvedImage, ResolvedOverlay,
+    ResolvedUpper, RootUpper, MAX_IMAGE_LAYERS,
 };
 pub use crate::seccomp::{
     denied as denied_syscalls, Allowed, Denied, RefusedFamily, When, ID_NO_OPS,

@@ -254,8 +254,8 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     };
     let staged = resolved
         .image
-        .as_deref()
-        .map(|layers| image_stage(&mut plan, resolved, layers));
+        .as_ref()
+        .map(|image| image_stage(&mut plan, resolved, image));
     let mut nodes: Vec<(PathBuf, Node)> = needed_grants(&resolved.grants)
         .into_iter()
         .map(|g| {
@@ -421,7 +421,12 @@ struct Staged {
 /// `/dev` (which needs `/dev/null` for the masks of `/proc`) are built on the stage and
 /// captured ([`Op::Capture`]), as are lockbox's `/etc` files (read-only, bound over the
 /// image's: writes to them fail, and they stay out of the root's upper layer).
-fn image_stage(plan: &mut SetupPlan, resolved: &Resolved, layers: &[PathBuf]) -> Staged {
+fn image_stage(
+    plan: &mut SetupPlan,
+    resolved: &Resolved,
+    image: &crate::resolve::ResolvedImage,
+) -> Staged {
+    let layers = &image.layers;
     plan.root_writable = true;
     tmpfs(plan, IMAGE_LAYERS, "mode=0700,size=4k");
     let mut lowers = Vec::with_capacity(layers.len());
@@ -442,20 +447,46 @@ fn image_stage(plan: &mut SetupPlan, resolved: &Resolved, layers: &[PathBuf]) ->
         });
         lowers.push(at);
     }
-    let inodes = resolved.scratch_inodes.max(1);
-    let upper_options = match resolved.scratch_size {
-        Some(bytes) => format!("mode=0700,size={bytes},nr_inodes={inodes}"),
-        None => format!("mode=0700,nr_inodes={inodes}"),
+    let writes = match &image.upper {
+        None => {
+            let inodes = resolved.scratch_inodes.max(1);
+            let upper_options = match resolved.scratch_size {
+                Some(bytes) => format!("mode=0700,size={bytes},nr_inodes={inodes}"),
+                None => format!("mode=0700,nr_inodes={inodes}"),
+            };
+            tmpfs(plan, IMAGE_UPPER, &upper_options);
+            plan.ops.push(Op::Mkdir {
+                path: cstring(format!("{IMAGE_UPPER}/upper").as_bytes()),
+                mode: 0o755,
+            });
+            plan.ops.push(Op::Mkdir {
+                path: cstring(format!("{IMAGE_UPPER}/work").as_bytes()),
+                mode: 0o700,
+            });
+            format!("upperdir={IMAGE_UPPER}/upper,workdir={IMAGE_UPPER}/work")
+        }
+        Some(upper) => {
+            // On the host (an image build's next layer): their common parent is attached,
+            // as a view's upper is, and the mount is `volatile` as a view's (see `overlay`).
+            plan.sources.push(Source {
+                host: cstring(upper.parent.as_os_str().as_bytes()),
+                readonly: false,
+                staged: false,
+            });
+            plan.ops.push(Op::Mkdir {
+                path: cstring(IMAGE_UPPER.as_bytes()),
+                mode: 0o700,
+            });
+            plan.ops.push(Op::Attach {
+                source: plan.sources.len() - 1,
+                target: cstring(IMAGE_UPPER.as_bytes()),
+            });
+            format!(
+                "upperdir={IMAGE_UPPER}/{},workdir={IMAGE_UPPER}/{},volatile",
+                upper.upper_name, upper.work_name
+            )
+        }
     };
-    tmpfs(plan, IMAGE_UPPER, &upper_options);
-    plan.ops.push(Op::Mkdir {
-        path: cstring(format!("{IMAGE_UPPER}/upper").as_bytes()),
-        mode: 0o755,
-    });
-    plan.ops.push(Op::Mkdir {
-        path: cstring(format!("{IMAGE_UPPER}/work").as_bytes()),
-        mode: 0o700,
-    });
     plan.ops.push(Op::Mkdir {
         path: cstring(IMAGE_ROOT.as_bytes()),
         mode: 0o755,
@@ -467,13 +498,7 @@ fn image_stage(plan: &mut SetupPlan, resolved: &Resolved, layers: &[PathBuf]) ->
         target: cstring(IMAGE_ROOT.as_bytes()),
         fstype: cstring(b"overlay"),
         flags: NOSUID_NODEV,
-        data: cstring(
-            format!(
-                "lowerdir={},upperdir={IMAGE_UPPER}/upper,workdir={IMAGE_UPPER}/work,userxattr",
-                lowers.join(":")
-            )
-            .as_bytes(),
-        ),
+        data: cstring(format!("lowerdir={},{writes},userxattr", lowers.join(":")).as_bytes()),
     });
     let capture = |plan: &mut SetupPlan, path: &str| {
         plan.sources.push(Source {
@@ -1592,7 +1617,10 @@ mod tests {
 
     fn image(grants: Vec<Grant>) -> Resolved {
         let mut r = resolved(grants);
-        r.image = Some(vec!["/store/top".into(), "/store/base".into()]);
+        r.image = Some(crate::resolve::ResolvedImage {
+            layers: vec!["/store/top".into(), "/store/base".into()],
+            upper: None,
+        });
         r.etc_files = vec![
             ("hostname".into(), b"lockbox\n".to_vec()),
             ("hosts".into(), b"127.0.0.1 localhost\n".to_vec()),

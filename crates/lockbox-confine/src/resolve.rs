@@ -74,8 +74,18 @@ pub struct Resolved {
     /// The host path of the terminal on the sandbox's stdio, if any: bound at
     /// `TERMINAL_PATH`, see `terminal`.
     pub terminal: Option<PathBuf>,
-    /// The root is an image's layers ([`crate::Spawn::image_root`]), canonical, top first.
-    pub image: Option<Vec<PathBuf>>,
+    /// The root is an image's layers ([`crate::Spawn::image_root`]).
+    pub image: Option<ResolvedImage>,
+}
+
+/// An [`ImageRoot`] checked against the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedImage {
+    /// Canonical layer directories, top first.
+    pub layers: Vec<PathBuf>,
+    /// Where the root's writes go on the host ([`ImageRoot::upper`]); `None`: a tmpfs of
+    /// the sandbox's own.
+    pub upper: Option<ResolvedUpper>,
 }
 
 /// The root of an image sandbox: the image's unpacked layer directories, in overlayfs
@@ -93,14 +103,32 @@ pub struct ImageRoot {
     /// programs that refuse to run as root), not enforced (the sandbox's files are all
     /// that user's, root's among them). See docs/security.md, "Image roots".
     pub ids: (u32, u32),
+    /// Where the root's writes go. `None` (the default): a tmpfs of the sandbox's own,
+    /// bounded like `/tmp`; they vanish with the sandbox. `Some`: these two empty
+    /// directories on one host filesystem, which then hold them in the layers' own format
+    /// (whiteouts, `user.overlay.opaque` directories): the next layer of an image build's
+    /// `RUN`, or of a commit. Mounted `volatile`, as views are: the caller makes the layer
+    /// durable (`syncfs`) before it keeps it.
+    pub upper: Option<RootUpper>,
+}
+
+/// The writable layer of an [`ImageRoot`] kept on the host ([`ImageRoot::upper`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootUpper {
+    /// Receives every write.
+    pub upper: PathBuf,
+    /// overlayfs's scratch directory, a sibling of `upper`.
+    pub work: PathBuf,
 }
 
 impl ImageRoot {
-    /// A root of `layers` (top first) in which the caller is root.
+    /// A root of `layers` (top first) in which the caller is root and whose writes vanish
+    /// with the sandbox.
     pub fn new(layers: Vec<PathBuf>) -> ImageRoot {
         ImageRoot {
             layers,
             ids: (0, 0),
+            upper: None,
         }
     }
 }
@@ -112,7 +140,7 @@ pub const MAX_IMAGE_LAYERS: usize = 128;
 
 /// The image root's layers, canonical and checked to be directories, or the first bad one
 /// named.
-fn resolve_image(image: &ImageRoot) -> Result<Vec<PathBuf>, SetupError> {
+fn resolve_image(image: &ImageRoot) -> Result<ResolvedImage, SetupError> {
     if image.ids.0 == u32::MAX || image.ids.1 == u32::MAX {
         return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
             field: "image user",
@@ -128,26 +156,34 @@ fn resolve_image(image: &ImageRoot) -> Result<Vec<PathBuf>, SetupError> {
             ),
         }));
     }
-    image
+    let dir = |path: &Path, what| {
+        let canonical = std::fs::canonicalize(path).map_err(|source| SetupError::Path {
+            path: path.to_owned(),
+            what,
+            source,
+        })?;
+        if !canonical.is_dir() {
+            return Err(SetupError::Path {
+                path: path.to_owned(),
+                what,
+                source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            });
+        }
+        Ok(canonical)
+    };
+    let layers = image
         .layers
         .iter()
-        .map(|layer| {
-            let what = "using as an image layer";
-            let canonical = std::fs::canonicalize(layer).map_err(|source| SetupError::Path {
-                path: layer.clone(),
-                what,
-                source,
-            })?;
-            if !canonical.is_dir() {
-                return Err(SetupError::Path {
-                    path: layer.clone(),
-                    what,
-                    source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
-                });
-            }
-            Ok(canonical)
-        })
-        .collect()
+        .map(|layer| dir(layer, "using as an image layer"))
+        .collect::<Result<_, _>>()?;
+    let upper = match &image.upper {
+        None => None,
+        Some(u) => Some(resolve_upper(
+            &dir(&u.upper, "using as the image root's upper layer")?,
+            &dir(&u.work, "using as the image root's work directory")?,
+        )?),
+    };
+    Ok(ResolvedImage { layers, upper })
 }
 
 /// The environment variable naming a hosts(5) file that lockbox's resolver consults before
@@ -789,15 +825,7 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
 /// (`chmod g+s`, the caller's own group) gives nobody anything, and the seccomp filter lets
 /// it through ([`crate::seccomp::build`]).
 pub fn private_writes(policy: &Policy) -> bool {
-    let uid = rustix::process::getuid().as_raw();
-    let private = |path: &Path| {
-        path.ancestors().any(|dir| {
-            std::fs::symlink_metadata(dir).is_ok_and(|m| {
-                use std::os::unix::fs::MetadataExt;
-                m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0
-            })
-        })
-    };
+    let private = private_to_caller;
     policy.fs.write.is_empty()
         && policy.pass_fds.is_empty()
         && policy
@@ -806,6 +834,17 @@ pub fn private_writes(policy: &Policy) -> bool {
             .iter()
             .filter_map(|o| o.upper.as_ref())
             .all(|u| private(&u.upper))
+}
+
+/// True if `path` lies below a directory of the caller's that only the caller may enter.
+pub fn private_to_caller(path: &Path) -> bool {
+    let uid = rustix::process::getuid().as_raw();
+    path.ancestors().any(|dir| {
+        std::fs::symlink_metadata(dir).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0
+        })
+    })
 }
 
 /// True if `path` exists inside: at or below a grant or a view, or above one (the root

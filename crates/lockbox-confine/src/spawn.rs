@@ -654,8 +654,14 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         resolved.terminal = resolve::terminal(&stdio_fds);
     }
     for overlay in &resolved.overlays {
-        clear_volatile_mark(overlay)?;
+        clear_volatile_mark(overlay.upper.as_ref())?;
     }
+    let image_upper = resolved.image.as_ref().and_then(|i| i.upper.as_ref());
+    clear_volatile_mark(image_upper)?;
+    // A set-group-id bit is allowed only where nobody but the caller can reach it (see
+    // `seccomp::build`): an image build's layer on the host must be private as well.
+    let set_gid = resolve::private_writes(policy)
+        && image_upper.is_none_or(|u| resolve::private_to_caller(&u.parent));
     let plan = if gated {
         plan::build_sequence(&resolved, later.len())
     } else {
@@ -748,7 +754,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
                 seccomp::Openat2::Enosys
             },
             !policy.net.own_namespace(),
-            resolve::private_writes(policy),
+            set_gid,
             if image_root {
                 seccomp::Ids::ImageRoot
             } else {
@@ -846,8 +852,8 @@ fn command(argv: &[OsString], path_var: &str) -> Result<child::Command, SetupErr
 /// same upper and work directories until the mark it leaves in the work directory is gone.
 /// The work directory is overlayfs's scratch space, and what the upper holds is as durable
 /// as its user made it (a kept branch is synced), so lockbox removes the mark.
-fn clear_volatile_mark(overlay: &resolve::ResolvedOverlay) -> Result<(), SetupError> {
-    let Some(upper) = overlay.upper.as_ref().filter(|u| u.bound.is_none()) else {
+fn clear_volatile_mark(upper: Option<&resolve::ResolvedUpper>) -> Result<(), SetupError> {
+    let Some(upper) = upper.filter(|u| u.bound.is_none()) else {
         return Ok(());
     };
     let mark = upper

@@ -446,3 +446,42 @@ fn the_commands_of_a_sequence_share_the_image_roots_writes_and_get_fresh_scratch
         },
     );
 }
+
+#[test]
+fn writes_kept_on_the_host_are_the_next_layer_of_the_image() {
+    as_root_and_nobody(
+        "writes_kept_on_the_host_are_the_next_layer_of_the_image",
+        || {
+            let dir = scratch();
+            let mut layers = layers(dir.path());
+            let step = dir.path().join("step");
+            std::fs::create_dir_all(step.join("upper")).unwrap();
+            std::fs::create_dir_all(step.join("work")).unwrap();
+            let mut root = ImageRoot::new(layers.clone());
+            root.upper = Some(lockbox_confine::RootUpper {
+                upper: step.join("upper"),
+                work: step.join("work"),
+            });
+            // What a Dockerfile's RUN does: add, change, delete, replace a directory.
+            let script = "mkdir /app && echo built > /app/out && rm /etc/image-file && \
+                      busybox rm -r /data/old && mkdir /data/old && echo new > /data/old/only";
+            let ran = run_as(dir.path(), root, &image_policy(), script);
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            let upper = step.join("upper");
+            assert_eq!(
+                std::fs::read_to_string(upper.join("app/out")).unwrap(),
+                "built\n"
+            );
+            // The next layer, on top of the others: the step's writes, deletions included.
+            layers.insert(0, upper);
+            let ran = run(
+                dir.path(),
+                &layers,
+                &image_policy(),
+                "cat /app/out; test ! -e /etc/image-file && echo deleted; ls /data/old",
+            );
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            assert_eq!(ran.out, "built\ndeleted\nonly\n");
+        },
+    );
+}
