@@ -305,10 +305,22 @@ fn lockbox_provides_dev_proc_tmp_and_its_etc_files_in_the_image_root() {
                 &layers,
                 &policy,
                 "cat /etc/hostname; test -c /dev/null && echo dev; test -e /proc/self/status && echo proc; \
-                 echo t > /tmp/t && echo tmp; grep -q imagebox /etc/hosts 2>/dev/null || busybox grep -q imagebox /etc/hosts && echo hosts",
+                 echo t > /tmp/t && echo tmp; busybox grep -q imagebox /etc/hosts && echo hosts; \
+                 echo x > /etc/hostname || echo etc-files-read-only; \
+                 busybox grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo proc-sys-read-only",
             );
             assert_eq!(ran.code, 0, "{}", ran.out);
-            assert_eq!(ran.out, "imagebox\ndev\nproc\ntmp\nhosts\n");
+            assert!(
+                ran.out.starts_with("imagebox\ndev\nproc\ntmp\nhosts\n"),
+                "{}",
+                ran.out
+            );
+            assert!(
+                ran.out
+                    .ends_with("etc-files-read-only\nproc-sys-read-only\n"),
+                "{}",
+                ran.out
+            );
         },
     );
 }
@@ -484,4 +496,24 @@ fn writes_kept_on_the_host_are_the_next_layer_of_the_image() {
             assert_eq!(ran.out, "built\ndeleted\nonly\n");
         },
     );
+}
+
+#[test]
+fn explain_shows_how_an_image_root_is_built() {
+    let dir = scratch();
+    let layers = layers(dir.path());
+    let mut policy = image_policy();
+    policy.fs.read.push(dir.path().to_owned());
+    let plan = lockbox_confine::explain_image(&policy, &ImageRoot::new(layers)).unwrap();
+    let text = plan.to_string();
+    println!("{text}");
+    for expected in [
+        "mount overlay on /.lockbox-root (lowerdir=.i/0:.i/1,upperdir=.lockbox-root-upper/upper,workdir=.lockbox-root-upper/work,userxattr)",
+        "keep a copy of the mounts at /proc as source #",
+        "enter the image root at /.lockbox-root",
+        "landlock: ImageRoot beneath /",
+    ] {
+        assert!(text.contains(expected), "{expected}:\n{text}");
+    }
+    assert!(!text.contains("/usr"), "{text}");
 }
