@@ -516,6 +516,12 @@ fn image_stage(
     dev(plan, resolved);
     let dev = capture(plan, "dev");
     proc(plan);
+    // Landlock's rule for the whole root reaches into /proc (see `RuleAccess::ImageRoot`),
+    // so the mount itself says what Landlock says of a plain sandbox's /proc: read only.
+    // (Writes through /proc/self/fd/N are the target's, on its own mount.)
+    plan.ops.push(Op::SetReadonly {
+        path: cstring(b"proc"),
+    });
     let proc = capture(plan, "proc");
     tmpfs(plan, IMAGE_ETC, "mode=0755,size=64k");
     let mut dirs: Vec<&Path> = resolved

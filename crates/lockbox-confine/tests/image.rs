@@ -306,20 +306,16 @@ fn lockbox_provides_dev_proc_tmp_and_its_etc_files_in_the_image_root() {
                 &policy,
                 "cat /etc/hostname; test -c /dev/null && echo dev; test -e /proc/self/status && echo proc; \
                  echo t > /tmp/t && echo tmp; busybox grep -q imagebox /etc/hosts && echo hosts; \
-                 echo x > /etc/hostname || echo etc-files-read-only; \
-                 busybox grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo proc-sys-read-only",
+                 echo x 2>/dev/null > /etc/hostname || echo etc-files-read-only; \
+                 busybox grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo proc-sys-read-only; \
+                 echo 500 2>/dev/null > /proc/self/oom_score_adj || echo proc-read-only; \
+                 exec 3> /tmp/fd3; echo via-proc-fd > /proc/self/fd/3; cat /tmp/fd3",
             );
             assert_eq!(ran.code, 0, "{}", ran.out);
-            assert!(
-                ran.out.starts_with("imagebox\ndev\nproc\ntmp\nhosts\n"),
-                "{}",
-                ran.out
-            );
-            assert!(
-                ran.out
-                    .ends_with("etc-files-read-only\nproc-sys-read-only\n"),
-                "{}",
-                ran.out
+            assert_eq!(
+                ran.out,
+                "imagebox\ndev\nproc\ntmp\nhosts\netc-files-read-only\nproc-sys-read-only\n\
+                 proc-read-only\nvia-proc-fd\n"
             );
         },
     );
