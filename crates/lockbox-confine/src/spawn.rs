@@ -825,11 +825,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
 fn overlay_userxattr() -> Result<(), SetupError> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let release = release.trim();
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if version < (5, 11) {
+    if kernel_version(release) < (5, 11) {
         return Err(SetupError::FeatureMissing {
             feature: "overlayfs userxattr",
             problem: format!("is not in this kernel ({release}; Linux 5.11 or newer has it)"),
@@ -837,6 +833,14 @@ fn overlay_userxattr() -> Result<(), SetupError> {
         });
     }
     Ok(())
+}
+
+/// (major, minor) of a kernel release string (`6.1.0-18-amd64`); (0, 0) if unreadable.
+fn kernel_version(release: &str) -> (u32, u32) {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 /// The command `argv` as the child executes it.
@@ -1406,6 +1410,14 @@ fn last_cap() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_root_needs_linux_5_11_for_overlay_userxattr() {
+        assert!(kernel_version("5.10.0-28-amd64") < (5, 11));
+        assert!(kernel_version("5.11.0") >= (5, 11));
+        assert!(kernel_version("6.18.44-fc-v669") >= (5, 11));
+        assert!(kernel_version("") < (5, 11));
+    }
 
     #[test]
     fn exec_candidates_follow_path_order() {

@@ -345,6 +345,8 @@ fn a_copy_on_write_workdir_works_inside_an_image_root() {
         std::fs::create_dir_all(branch.join("upper")).unwrap();
         std::fs::create_dir_all(branch.join("work")).unwrap();
         std::fs::write(work.join("keep"), "original\n").unwrap();
+        std::fs::create_dir(work.join("sub")).unwrap();
+        std::fs::write(work.join("sub/file"), "in sub\n").unwrap();
         let mut policy = image_policy();
         policy.fs.overlays.push(Overlay {
             target: work.clone(),
@@ -361,10 +363,11 @@ fn a_copy_on_write_workdir_works_inside_an_image_root() {
             dir.path(),
             &layers,
             &policy,
-            "cat keep; echo new > keep; echo made > added; busybox pwd",
+            "cat keep; echo new > keep; echo made > added; busybox mv sub moved && cat moved/file; busybox pwd",
         );
         assert_eq!(ran.code, 0, "{}", ran.out);
-        assert_eq!(ran.out, format!("original\n{}\n", work.display()));
+        assert_eq!(ran.out, format!("original\nin sub\n{}\n", work.display()));
+        assert!(work.join("sub/file").exists());
         assert_eq!(
             std::fs::read_to_string(work.join("keep")).unwrap(),
             "original\n"
@@ -374,6 +377,45 @@ fn a_copy_on_write_workdir_works_inside_an_image_root() {
             "made\n"
         );
     });
+}
+
+#[test]
+fn a_bounded_workdir_layer_is_handed_over_from_an_image_root() {
+    as_root_and_nobody(
+        "a_bounded_workdir_layer_is_handed_over_from_an_image_root",
+        || {
+            let dir = scratch();
+            let layers = layers(dir.path());
+            let work = dir.path().join("project");
+            let branch = dir.path().join("branch");
+            std::fs::create_dir_all(&work).unwrap();
+            std::fs::create_dir_all(branch.join("upper")).unwrap();
+            std::fs::create_dir_all(branch.join("work")).unwrap();
+            let mut policy = image_policy();
+            policy.mount_copy_on_write(
+                &work,
+                &[],
+                branch.join("upper"),
+                branch.join("work"),
+                Some(lockbox_policy::ByteSize(1 << 20)),
+            );
+            let argv = ["/bin/sh".into(), "-c".into(), "echo made > added".into()];
+            let mut running = Spawn::command(&policy, &argv)
+                .image_root(ImageRoot::new(layers))
+                .start()
+                .unwrap();
+            let outcome = match running.wait(None, None).unwrap() {
+                Waited::Exited(o) => o,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(outcome.exit_code(), 0);
+            let upper = outcome.upper_mounts[0].upper();
+            assert_eq!(
+                std::fs::read_to_string(upper.join("added")).unwrap(),
+                "made\n"
+            );
+        },
+    );
 }
 
 #[test]
