@@ -11,7 +11,8 @@
 //!    command would read them in `/proc/1/cmdline`), and close every other descriptor of
 //!    the caller's;
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
-//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves; then
+//! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves (to 0 in
+//!    an image sandbox); then
 //!    start a helper process for the slow kernel work, done alongside steps 3 to 7: when
 //!    the host's root is mapped, the namespace's own per-user limits (`quotas`), and the
 //!    sandbox's network namespace (see [`start_helper`]);
@@ -20,14 +21,15 @@
 //! 5. capture the granted host trees with `open_tree` (read-only ones made read-only,
 //!    recursively, while still detached) — before the stage hides `/tmp`;
 //! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`])
-//!    up to `Op::EnterRoot`;
-//! 7. `pivot_root` into the stage;
+//!    up to `Op::EnterRoot` (for an image root: the image's overlay, and lockbox's `/dev`,
+//!    `/proc` and `/etc` files captured to be attached inside it, see `plan::image_stage`);
+//! 7. `pivot_root` into the stage (an image root: into the image's overlay);
 //! 8. set the hostname; wait for the helper and enter the network namespace it made; detach
 //!    the old root (unmounting waits for an RCU grace period, which lasts while the helper
 //!    is in the kernel on the other CPU);
 //! 9. carry out the ops after `Op::EnterRoot`: lockbox's scaffolding goes, the copy-on-write
 //!    views are mounted (a gated sandbox first waits at `Op::Gate` for the supervisor's
-//!    go); then make `/` read-only;
+//!    go); then make `/` read-only (not an image root, whose writes go to its own upper);
 //! 10. create the Landlock ruleset with the plan's rules (paths now as seen inside);
 //! 11. become non-dumpable (no ptrace, no /proc/1 access from the command), close every descriptor not needed, route signals to a signalfd;
 //! 12. start the command (vfork-style: the child shares the init's memory until it execs, so
@@ -335,7 +337,9 @@ fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
     // kernel on the other CPU: hence after it is done.
     detach_old_root()?;
     apply_ops(p, root_at + 1, p.plan.ops.len())?; // 9
-    set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
+    if !p.plan.root_writable {
+        set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))?;
+    }
     let ruleset = landlock_ruleset(p, &p.plan.rules)?; // 10
     let signal_fd = harden_init(p, ruleset)?; // 11
     Ok((signal_fd, ruleset))
@@ -483,6 +487,9 @@ fn map_ids(p: &Prepared) -> Result<(), Fail> {
 
 fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {
     for (i, source) in p.plan.sources.iter().enumerate() {
+        if source.staged {
+            continue; // an `Op::Capture` takes it from the stage
+        }
         let fd = sys::open_tree_clone(&source.host).map_err(at_index(Step::CaptureSource, i))?;
         p.source_fds[i] = fd;
         if source.readonly {
@@ -641,6 +648,14 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         }
         Op::Rmdir { path } => sys::rmdir(path),
         Op::Gate => await_go(report_fd),
+        Op::Capture { path, source } => {
+            let Some(slot) = source_fds.get_mut(*source) else {
+                return Err(Errno(libc::EBADF));
+            };
+            *slot = sys::open_tree_clone(path)?;
+            Ok(())
+        }
+        Op::ChangeDir { path } => sys::chdir(path),
         // Carried out by `setup` itself, which stops there.
         Op::EnterRoot => Ok(()),
     }

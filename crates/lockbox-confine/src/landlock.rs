@@ -29,12 +29,19 @@ pub enum RuleAccess {
     Device,
     /// A directory of devices (devpts): list, read, write, ioctl.
     DeviceDir,
+    /// An image root's `/`: everything but making device nodes and device ioctls (the
+    /// devices the sandbox may use have rules of their own). Rights add up along a path,
+    /// so this holds below `/` too: see `plan::image_stage` on what then keeps a read-only
+    /// grant read-only.
+    ImageRoot,
 }
 
 const EXECUTE: u64 = 1 << 0;
 const WRITE_FILE: u64 = 1 << 1;
 const READ_FILE: u64 = 1 << 2;
 const READ_DIR: u64 = 1 << 3;
+const MAKE_CHAR: u64 = 1 << 6;
+const MAKE_BLOCK: u64 = 1 << 11;
 const TRUNCATE: u64 = 1 << 14;
 const IOCTL_DEV: u64 = 1 << 15;
 const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
@@ -75,6 +82,7 @@ impl RuleAccess {
             RuleAccess::Read => READ_FILE | READ_DIR | EXECUTE,
             RuleAccess::ReadFile => READ_FILE | EXECUTE,
             RuleAccess::Full => handled,
+            RuleAccess::ImageRoot => handled & !(MAKE_CHAR | MAKE_BLOCK | IOCTL_DEV),
             RuleAccess::ReadWriteFile => READ_FILE | WRITE_FILE | EXECUTE | TRUNCATE,
             RuleAccess::Device => READ_FILE | WRITE_FILE | IOCTL_DEV | TRUNCATE,
             RuleAccess::DeviceDir => READ_FILE | WRITE_FILE | IOCTL_DEV | TRUNCATE | READ_DIR,
@@ -129,6 +137,7 @@ mod tests {
                 RuleAccess::ReadWriteFile,
                 RuleAccess::Device,
                 RuleAccess::DeviceDir,
+                RuleAccess::ImageRoot,
             ] {
                 assert_eq!(access.bits(abi) & !handled_fs(abi), 0);
             }

@@ -69,9 +69,12 @@ pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::proctitle::TITLE as INIT_TITLE;
 pub use crate::quotas::{UserQuotas, SHARE_DIVISOR};
-pub use crate::resolve::{resolve, Access, Resolved, ResolvedOverlay, ResolvedUpper};
+pub use crate::resolve::{
+    resolve, resolve_with, Access, ImageRoot, Resolved, ResolvedImage, ResolvedOverlay,
+    ResolvedUpper, RootUpper, MAX_IMAGE_LAYERS,
+};
 pub use crate::seccomp::{
-    denied as denied_syscalls, Allowed, Denied, RefusedFamily, When,
+    denied as denied_syscalls, Allowed, Denied, RefusedFamily, When, ID_NO_OPS,
     REFUSED_FAMILIES as REFUSED_SOCKET_FAMILIES, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,
 };
 pub use crate::signals::{ReceivedSignal, Signals};
@@ -95,4 +98,18 @@ pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError>
     policy.validate()?;
     let cwd = std::env::current_dir().ok();
     Ok(plan::build(&resolve::resolve(policy, cwd.as_deref())?))
+}
+
+/// [`explain`] for a sandbox on an image root ([`Spawn::image_root`]).
+pub fn explain_image(
+    policy: &lockbox_policy::Policy,
+    image: &ImageRoot,
+) -> Result<SetupPlan, SetupError> {
+    policy.validate()?;
+    let cwd = std::env::current_dir().ok();
+    Ok(plan::build(&resolve::resolve_with(
+        policy,
+        Some(image),
+        cwd.as_deref(),
+    )?))
 }

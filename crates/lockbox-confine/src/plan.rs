@@ -6,6 +6,9 @@
 //! `open_tree(OPEN_TREE_CLONE)` *before* the stage hides `/tmp`, so a grant under `/tmp`
 //! works, then attached in path order so that a parent is always mounted before anything
 //! inside it.
+//!
+//! An image root (`Resolved::image`) is the exception to "the stage becomes `/`": the
+//! stage holds the image's overlay, and `pivot_root` goes into that (see `image_stage`).
 
 use crate::landlock::RuleAccess;
 use crate::resolve::{Access, Resolved};
@@ -14,13 +17,16 @@ use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// A host tree captured before the stage is mounted.
+/// A host tree captured before the stage is mounted, or (`staged`) a mount lockbox built on
+/// the stage, kept by an [`Op::Capture`] for an image root.
 #[derive(Debug, Clone)]
 pub struct Source {
-    /// Absolute host path.
+    /// Absolute host path (a path on the stage when `staged`).
     pub host: CString,
     /// Made read-only (recursively) while still detached.
     pub readonly: bool,
+    /// Captured by an [`Op::Capture`] from the stage, not from the host before it.
+    pub staged: bool,
 }
 
 /// One primitive step of building the root. Paths are relative to the stage.
@@ -97,6 +103,17 @@ pub enum Op {
     /// Wait for the supervisor's go (and the stdin it may carry) before going on: see
     /// [`crate::Spawn::gated`].
     Gate,
+    /// Keep a detached copy of the mount tree at `path` (on the stage) as source number
+    /// `source`, to attach after `pivot_root` (an image root's `/dev`, `/proc`).
+    Capture {
+        path: CString,
+        source: usize,
+    },
+    /// Make `path` (an image root's mount on the stage) the directory `pivot_root` makes
+    /// the root.
+    ChangeDir {
+        path: CString,
+    },
     /// `pivot_root` into the stage, once the set-up helper is done (see `child`): the ops
     /// before it build the root on the stage, those after it run inside. Unmounts come after
     /// it: each waits for an RCU grace period, which lasts as long as the helper's network
@@ -133,6 +150,9 @@ pub struct SetupPlan {
     pub views_from: Option<usize>,
     /// The later commands of a sequence sandbox ([`crate::Spawn::sequence`]); empty otherwise.
     pub steps: Vec<StepPlan>,
+    /// The root stays writable: an image root, whose writes go to the sandbox's own upper
+    /// layer (a plain root is made read-only once built).
+    pub root_writable: bool,
     /// The mounts of the sandbox's own scratch tmpfs (`/tmp` unless granted, `/dev/shm`).
     scratch: Vec<Op>,
 }
@@ -159,13 +179,22 @@ const PROC_MASKED: [&str; 4] = ["kcore", "timer_list", "sched_debug", "latency_s
 /// What goes at one path of the root, before it is turned into ops.
 #[derive(Debug)]
 enum Node {
-    Bind { is_dir: bool, access: Access },
+    Bind {
+        is_dir: bool,
+        access: Access,
+    },
     Tmpfs,
     Dev,
     Proc,
     Etc,
     Symlink(std::ffi::OsString),
     Overlay(usize),
+    /// A mount built on the stage and captured (source number): an image root's `/dev`
+    /// and `/proc`.
+    Staged(usize),
+    /// lockbox's files of `/etc` (hostname, hosts, ...) bound over an image's, from the
+    /// captured source.
+    EtcFiles(usize),
 }
 
 /// The network lines of `lockbox check --explain`: mechanism, pinned names, rules.
@@ -217,6 +246,16 @@ fn spec_line(spec: &lockbox_policy::NetSpec) -> String {
 
 /// Builds the plan. Pure: no syscalls.
 pub fn build(resolved: &Resolved) -> SetupPlan {
+    let mut plan = SetupPlan {
+        cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
+        overlays: resolved.overlays.clone(),
+        net: net_lines(resolved),
+        ..SetupPlan::default()
+    };
+    let staged = resolved
+        .image
+        .as_ref()
+        .map(|image| image_stage(&mut plan, resolved, image));
     let mut nodes: Vec<(PathBuf, Node)> = needed_grants(&resolved.grants)
         .into_iter()
         .map(|g| {
@@ -230,11 +269,23 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
         })
         .collect();
     let granted = |p: &str| nodes.iter().any(|(path, _)| path == Path::new(p));
+    let etc_granted = granted("/etc");
     if !granted("/tmp") {
         nodes.push(("/tmp".into(), Node::Tmpfs));
     }
-    nodes.push(("/dev".into(), Node::Dev));
-    nodes.push(("/proc".into(), Node::Proc));
+    match &staged {
+        None => {
+            nodes.push(("/dev".into(), Node::Dev));
+            nodes.push(("/proc".into(), Node::Proc));
+        }
+        Some(staged) => {
+            nodes.push(("/dev".into(), Node::Staged(staged.dev)));
+            nodes.push(("/proc".into(), Node::Staged(staged.proc)));
+            if !etc_granted {
+                nodes.push(("/etc".into(), Node::EtcFiles(staged.etc)));
+            }
+        }
+    }
     if resolved.etc_hidden.is_some() {
         nodes.push(("/etc".into(), Node::Etc));
     }
@@ -254,19 +305,18 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
     let in_view = |p: &Path| resolved.overlays.iter().any(|o| p.starts_with(&o.target));
     nodes.sort_by_key(|(p, _)| in_view(p));
 
-    let mut plan = SetupPlan {
-        cwd: cstring(resolved.cwd.as_os_str().as_bytes()),
-        overlays: resolved.overlays.clone(),
-        net: net_lines(resolved),
-        ..SetupPlan::default()
-    };
     plan.rules.push(Rule {
         path: cstring(b"/"),
-        access: RuleAccess::ListDir,
+        access: if staged.is_some() {
+            RuleAccess::ImageRoot
+        } else {
+            RuleAccess::ListDir
+        },
     });
     let mut made_dirs: Vec<PathBuf> = Vec::new();
     let mut inside = Vec::new();
-    let mut entered = false;
+    // An image root is entered before anything is mounted in it (see `image_stage`).
+    let mut entered = staged.is_some();
     for (path, node) in &nodes {
         if !entered && in_view(path) {
             enter_root(&mut plan, &mut inside);
@@ -282,6 +332,7 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
                 plan.sources.push(Source {
                     host: cstring(path.as_os_str().as_bytes()),
                     readonly: *access == Access::ReadOnly,
+                    staged: false,
                 });
                 plan.ops.push(if *is_dir {
                     Op::Mkdir {
@@ -321,12 +372,235 @@ pub fn build(resolved: &Resolved) -> SetupPlan {
                 target: cstring(target.as_bytes()),
                 path: rel,
             }),
+            Node::Staged(source) => {
+                plan.ops.push(Op::Mkdir {
+                    path: rel.clone(),
+                    mode: 0o755,
+                });
+                plan.ops.push(Op::Attach {
+                    source: *source,
+                    target: rel,
+                });
+            }
+            Node::EtcFiles(source) => etc_files(&mut plan, resolved, *source),
         }
     }
     if !entered {
         enter_root(&mut plan, &mut inside);
     }
     plan
+}
+
+/// Where an image root is put together on the stage: its layers (attached as the views'
+/// are, see [`overlay`]), its upper tmpfs, the overlay itself, and lockbox's `/etc` files.
+const IMAGE_LAYERS: &str = ".i";
+const IMAGE_UPPER: &str = ".lockbox-root-upper";
+const IMAGE_ROOT: &str = ".lockbox-root";
+const IMAGE_ETC: &str = ".lockbox-etc";
+
+/// The sources [`image_stage`] captured.
+struct Staged {
+    dev: usize,
+    proc: usize,
+    etc: usize,
+}
+
+/// An image root (issue 29): the sandbox's `/` is an overlay of the image's layers
+/// (read-only lowers, attached like a view's, never copied) with an upper layer on a
+/// tmpfs of its own, bounded like `/tmp` ([`scratch_options`]: `--max-memory`, else half
+/// of RAM, and the inode bound), so its writes cost memory the sandbox is allowed and
+/// vanish with it.
+///
+/// The image is untrusted: its symlinks (`/etc/resolv.conf -> ../run/...`, or a hostile
+/// `/home -> ../../..`) must never be followed while the host's tree is reachable. So the
+/// overlay is mounted on the stage (paths of lockbox's own), `pivot_root` goes straight
+/// into it, and the old root is detached before any path inside the image is used: every
+/// mount into the image root is made from there on, by descriptor or by a path that can
+/// only resolve within the image. `/proc` cannot be mounted once the host's `/proc` is
+/// gone (the kernel wants a fully visible instance in the mount namespace), so it and
+/// `/dev` (which needs `/dev/null` for the masks of `/proc`) are built on the stage and
+/// captured ([`Op::Capture`]), as are lockbox's `/etc` files (read-only, bound over the
+/// image's: writes to them fail, and they stay out of the root's upper layer).
+fn image_stage(
+    plan: &mut SetupPlan,
+    resolved: &Resolved,
+    image: &crate::resolve::ResolvedImage,
+) -> Staged {
+    let layers = &image.layers;
+    plan.root_writable = true;
+    tmpfs(plan, IMAGE_LAYERS, "mode=0700,size=4k");
+    let mut lowers = Vec::with_capacity(layers.len());
+    for (i, layer) in layers.iter().enumerate() {
+        plan.sources.push(Source {
+            host: cstring(layer.as_os_str().as_bytes()),
+            readonly: true,
+            staged: false,
+        });
+        let at = format!("{IMAGE_LAYERS}/{i}");
+        plan.ops.push(Op::Mkdir {
+            path: cstring(at.as_bytes()),
+            mode: 0o700,
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: cstring(at.as_bytes()),
+        });
+        lowers.push(at);
+    }
+    let writes = match &image.upper {
+        None => {
+            let inodes = resolved.scratch_inodes.max(1);
+            let upper_options = match resolved.scratch_size {
+                Some(bytes) => format!("mode=0700,size={bytes},nr_inodes={inodes}"),
+                None => format!("mode=0700,nr_inodes={inodes}"),
+            };
+            tmpfs(plan, IMAGE_UPPER, &upper_options);
+            plan.ops.push(Op::Mkdir {
+                path: cstring(format!("{IMAGE_UPPER}/upper").as_bytes()),
+                mode: 0o755,
+            });
+            plan.ops.push(Op::Mkdir {
+                path: cstring(format!("{IMAGE_UPPER}/work").as_bytes()),
+                mode: 0o700,
+            });
+            format!("upperdir={IMAGE_UPPER}/upper,workdir={IMAGE_UPPER}/work")
+        }
+        Some(upper) => {
+            // On the host (an image build's next layer): their common parent is attached,
+            // as a view's upper is, and the mount is `volatile` as a view's (see `overlay`).
+            plan.sources.push(Source {
+                host: cstring(upper.parent.as_os_str().as_bytes()),
+                readonly: false,
+                staged: false,
+            });
+            plan.ops.push(Op::Mkdir {
+                path: cstring(IMAGE_UPPER.as_bytes()),
+                mode: 0o700,
+            });
+            plan.ops.push(Op::Attach {
+                source: plan.sources.len() - 1,
+                target: cstring(IMAGE_UPPER.as_bytes()),
+            });
+            format!(
+                "upperdir={IMAGE_UPPER}/{},workdir={IMAGE_UPPER}/{},volatile",
+                upper.upper_name, upper.work_name
+            )
+        }
+    };
+    plan.ops.push(Op::Mkdir {
+        path: cstring(IMAGE_ROOT.as_bytes()),
+        mode: 0o755,
+    });
+    // `userxattr`: the layers' opaque markers are `user.overlay.opaque` (the only kind an
+    // unprivileged unpacker can write), and an unprivileged mount takes no other.
+    plan.ops.push(Op::Mount {
+        source: cstring(b"overlay"),
+        target: cstring(IMAGE_ROOT.as_bytes()),
+        fstype: cstring(b"overlay"),
+        flags: NOSUID_NODEV,
+        data: cstring(format!("lowerdir={},{writes},userxattr", lowers.join(":")).as_bytes()),
+    });
+    let capture = |plan: &mut SetupPlan, path: &str| {
+        plan.sources.push(Source {
+            host: cstring(path.as_bytes()),
+            readonly: false,
+            staged: true,
+        });
+        let source = plan.sources.len() - 1;
+        plan.ops.push(Op::Capture {
+            path: cstring(path.as_bytes()),
+            source,
+        });
+        source
+    };
+    dev(plan, resolved);
+    let dev = capture(plan, "dev");
+    proc(plan);
+    // Landlock's rule for the whole root reaches into /proc (see `RuleAccess::ImageRoot`),
+    // so the mount itself says what Landlock says of a plain sandbox's /proc: read only.
+    // (Writes through /proc/self/fd/N are the target's, on its own mount.)
+    plan.ops.push(Op::SetReadonly {
+        path: cstring(b"proc"),
+    });
+    let proc = capture(plan, "proc");
+    tmpfs(plan, IMAGE_ETC, "mode=0755,size=64k");
+    let mut dirs: Vec<&Path> = resolved
+        .etc_files
+        .iter()
+        .flat_map(|(name, _)| Path::new(name).ancestors().skip(1))
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        plan.ops.push(Op::Mkdir {
+            path: cstring(Path::new(IMAGE_ETC).join(dir).as_os_str().as_bytes()),
+            mode: 0o755,
+        });
+    }
+    for (name, data) in &resolved.etc_files {
+        plan.ops.push(Op::WriteFile {
+            path: cstring(format!("{IMAGE_ETC}/{name}").as_bytes()),
+            data: data.clone(),
+        });
+    }
+    plan.ops.push(Op::SetReadonly {
+        path: cstring(IMAGE_ETC.as_bytes()),
+    });
+    let etc = capture(plan, IMAGE_ETC);
+    plan.ops.push(Op::ChangeDir {
+        path: cstring(IMAGE_ROOT.as_bytes()),
+    });
+    plan.ops.push(Op::EnterRoot);
+    Staged { dev, proc, etc }
+}
+
+/// lockbox's `/etc` files in an image root: each bound (read-only) over the image's file
+/// of that name, which is created first if the image lacks it, from the captured tmpfs
+/// `source` (attached for the while at [`IMAGE_ETC`] in the image root).
+fn etc_files(plan: &mut SetupPlan, resolved: &Resolved, source: usize) {
+    plan.ops.push(Op::Mkdir {
+        path: cstring(b"etc"),
+        mode: 0o755,
+    });
+    plan.ops.push(Op::Mkdir {
+        path: cstring(IMAGE_ETC.as_bytes()),
+        mode: 0o700,
+    });
+    plan.ops.push(Op::Attach {
+        source,
+        target: cstring(IMAGE_ETC.as_bytes()),
+    });
+    let mut made: Vec<&Path> = Vec::new();
+    for (name, _) in &resolved.etc_files {
+        let mut parents: Vec<&Path> = Path::new(name)
+            .ancestors()
+            .skip(1)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        parents.reverse();
+        for dir in parents {
+            if !made.contains(&dir) {
+                made.push(dir);
+                plan.ops.push(Op::Mkdir {
+                    path: cstring(Path::new("etc").join(dir).as_os_str().as_bytes()),
+                    mode: 0o755,
+                });
+            }
+        }
+        let path = cstring(format!("etc/{name}").as_bytes());
+        plan.ops.push(Op::Touch { path: path.clone() });
+        plan.ops.push(Op::CoverWith {
+            with: cstring(format!("{IMAGE_ETC}/{name}").as_bytes()),
+            path,
+        });
+    }
+    plan.ops.push(Op::Umount {
+        path: cstring(IMAGE_ETC.as_bytes()),
+    });
+    plan.ops.push(Op::Rmdir {
+        path: cstring(IMAGE_ETC.as_bytes()),
+    });
 }
 
 /// Ends the root's construction on the stage: [`Op::EnterRoot`], then the clean-up that
@@ -432,6 +706,7 @@ fn bind_file(plan: &mut SetupPlan, host: &Path, inside: &str, readonly: bool, ac
     plan.sources.push(Source {
         host: cstring(host.as_os_str().as_bytes()),
         readonly,
+        staged: false,
     });
     plan.ops.push(Op::Touch {
         path: cstring(rel.as_bytes()),
@@ -480,6 +755,7 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         plan.sources.push(Source {
             host: cstring(o.lowers[0].as_os_str().as_bytes()),
             readonly: true,
+            staged: false,
         });
         plan.ops.push(Op::Attach {
             source: plan.sources.len() - 1,
@@ -494,6 +770,7 @@ fn overlay(plan: &mut SetupPlan, o: &crate::resolve::ResolvedOverlay, index: usi
         plan.sources.push(Source {
             host: cstring(host.as_os_str().as_bytes()),
             readonly,
+            staged: false,
         });
         let at = format!("{LAYERS}/{}", plan.sources.len() - 1);
         plan.ops.push(Op::Mkdir {
@@ -673,6 +950,7 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
         plan.sources.push(Source {
             host: cstring(format!("/dev/{name}").as_bytes()),
             readonly: false,
+            staged: false,
         });
         plan.ops.push(Op::Touch {
             path: cstring(rel.as_bytes()),
@@ -902,6 +1180,16 @@ impl fmt::Display for Op {
             }
             Op::Rmdir { path } => write!(f, "remove {}", p(path)),
             Op::Gate => write!(f, "wait for the go of lockbox"),
+            Op::Capture { path, source } => write!(
+                f,
+                "keep a copy of the mounts at {} as source #{source}",
+                p(path)
+            ),
+            Op::ChangeDir { path } => write!(
+                f,
+                "enter the image root at {} (pivot_root makes it /; nothing of the image is used before the host's tree is detached)",
+                p(path)
+            ),
             Op::EnterRoot => write!(f, "pivot_root into the new root"),
         }
     }
@@ -915,6 +1203,14 @@ impl fmt::Display for SetupPlan {
             } else {
                 "read-write"
             };
+            if s.staged {
+                writeln!(
+                    f,
+                    "source #{i}: lockbox's /{} on the stage (captured before pivot_root)",
+                    s.host.to_string_lossy()
+                )?;
+                continue;
+            }
             writeln!(f, "source #{i}: {} ({mode})", s.host.to_string_lossy())?;
         }
         for op in &self.ops {
@@ -1323,6 +1619,100 @@ mod tests {
             !text.iter().any(|o| o.contains("replace /tmp ")),
             "the view below /tmp would be lost: {text:#?}"
         );
+    }
+
+    fn image(grants: Vec<Grant>) -> Resolved {
+        let mut r = resolved(grants);
+        r.image = Some(crate::resolve::ResolvedImage {
+            layers: vec!["/store/top".into(), "/store/base".into()],
+            upper: None,
+        });
+        r.etc_files = vec![
+            ("hostname".into(), b"lockbox\n".to_vec()),
+            ("hosts".into(), b"127.0.0.1 localhost\n".to_vec()),
+        ];
+        r
+    }
+
+    /// The path an op works on, if any.
+    fn op_path(op: &Op) -> Option<&CString> {
+        match op {
+            Op::Mkdir { path, .. }
+            | Op::Touch { path }
+            | Op::Symlink { path, .. }
+            | Op::WriteFile { path, .. }
+            | Op::Whiteout { path }
+            | Op::SetReadonly { path }
+            | Op::Umount { path }
+            | Op::Rmdir { path }
+            | Op::Capture { path, .. }
+            | Op::ChangeDir { path } => Some(path),
+            op => mount_target(op),
+        }
+    }
+
+    #[test]
+    fn an_image_root_is_not_entered_by_path_until_the_hosts_tree_is_gone() {
+        let plan = build(&image(vec![grant("/work/data", Access::ReadOnly)]));
+        let enter = plan
+            .ops
+            .iter()
+            .position(|op| matches!(op, Op::EnterRoot))
+            .unwrap();
+        // Before pivot_root, nothing below the image's mount point is used: its symlinks
+        // would resolve against the host's tree.
+        for op in &plan.ops[..enter] {
+            if let Some(path) = op_path(op) {
+                assert!(
+                    !path
+                        .as_bytes()
+                        .starts_with(format!("{IMAGE_ROOT}/").as_bytes()),
+                    "{op}"
+                );
+            }
+        }
+        let text = plan.to_string();
+        assert!(
+            text.contains("mount overlay on /.lockbox-root (lowerdir=.i/0:.i/1,upperdir=.lockbox-root-upper/upper,workdir=.lockbox-root-upper/work,userxattr)"),
+            "{text}"
+        );
+        assert!(
+            matches!(&plan.ops[enter - 1], Op::ChangeDir { path } if path.as_bytes() == IMAGE_ROOT.as_bytes())
+        );
+        // Layers read-only; lockbox's /dev, /proc and /etc files built on the stage and
+        // attached inside, with the grant, after it.
+        assert!(plan.sources[..2].iter().all(|s| s.readonly && !s.staged));
+        let attached: Vec<String> = plan.ops[enter..]
+            .iter()
+            .filter_map(|op| match op {
+                Op::Attach { target, .. } => Some(target.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(attached, ["dev", ".lockbox-etc", "proc", "work/data"]);
+        assert!(
+            text.contains("mask /etc/hostname with /.lockbox-etc/hostname"),
+            "{text}"
+        );
+        // Writable under Landlock and by mount (writes go to the sandbox's own upper).
+        let root_rule = plan.rules.iter().find(|r| r.path.as_bytes() == b"/");
+        assert_eq!(root_rule.map(|r| r.access), Some(RuleAccess::ImageRoot));
+        assert!(plan.root_writable);
+        // No host userland: no default read, no host /etc.
+        assert!(!text.contains("/usr"), "{text}");
+        assert!(!text.contains(":/etc"), "{text}");
+    }
+
+    #[test]
+    fn a_plain_root_has_no_image_ops_and_is_made_read_only() {
+        let plan = build(&resolved(vec![grant("/usr", Access::ReadOnly)]));
+        assert!(!plan.root_writable);
+        assert_eq!(plan.rules[0].access, RuleAccess::ListDir);
+        assert!(!plan
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Capture { .. } | Op::ChangeDir { .. })));
+        assert!(plan.sources.iter().all(|s| !s.staged));
     }
 
     #[test]

@@ -74,6 +74,116 @@ pub struct Resolved {
     /// The host path of the terminal on the sandbox's stdio, if any: bound at
     /// `TERMINAL_PATH`, see `terminal`.
     pub terminal: Option<PathBuf>,
+    /// The root is an image's layers ([`crate::Spawn::image_root`]).
+    pub image: Option<ResolvedImage>,
+}
+
+/// An [`ImageRoot`] checked against the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedImage {
+    /// Canonical layer directories, top first.
+    pub layers: Vec<PathBuf>,
+    /// Where the root's writes go on the host ([`ImageRoot::upper`]); `None`: a tmpfs of
+    /// the sandbox's own.
+    pub upper: Option<ResolvedUpper>,
+}
+
+/// The root of an image sandbox: the image's unpacked layer directories, in overlayfs
+/// format (whiteouts are 0/0 character devices, opaque directories carry
+/// `user.overlay.opaque=y`), top first, as absolute host paths. They are read-only lowers
+/// of the sandbox's `/`: mounted, never copied or changed. See [`crate::Spawn::image_root`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageRoot {
+    /// Layer directories, top first.
+    pub layers: Vec<PathBuf>,
+    /// The uid and gid the caller is inside: its user namespace maps the caller's own ids
+    /// (and no other) to these, so they are the only ids that exist inside and every file
+    /// of the image (the caller's on the host) is theirs. 0 and 0 (root), unless the
+    /// image's `User` names someone else: such a user is *presented* (`id`, `whoami`,
+    /// programs that refuse to run as root), not enforced (the sandbox's files are all
+    /// that user's, root's among them). See docs/security.md, "Image roots".
+    pub ids: (u32, u32),
+    /// Where the root's writes go. `None` (the default): a tmpfs of the sandbox's own,
+    /// bounded like `/tmp`; they vanish with the sandbox. `Some`: these two empty
+    /// directories on one host filesystem, which then hold them in the layers' own format
+    /// (whiteouts, `user.overlay.opaque` directories): the next layer of an image build's
+    /// `RUN`, or of a commit. Mounted `volatile`, as views are: the caller makes the layer
+    /// durable (`syncfs`) before it keeps it.
+    pub upper: Option<RootUpper>,
+}
+
+/// The writable layer of an [`ImageRoot`] kept on the host ([`ImageRoot::upper`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootUpper {
+    /// Receives every write.
+    pub upper: PathBuf,
+    /// overlayfs's scratch directory, a sibling of `upper`.
+    pub work: PathBuf,
+}
+
+impl ImageRoot {
+    /// A root of `layers` (top first) in which the caller is root and whose writes vanish
+    /// with the sandbox.
+    pub fn new(layers: Vec<PathBuf>) -> ImageRoot {
+        ImageRoot {
+            layers,
+            ids: (0, 0),
+            upper: None,
+        }
+    }
+}
+
+/// The most layers an image root may have. overlayfs takes up to 500 lower layers, but its
+/// mount options must fit in one page (4096 bytes), which lockbox's short layer paths keep
+/// to about 800; Docker's overlay2 driver stops at 128 too.
+pub const MAX_IMAGE_LAYERS: usize = 128;
+
+/// The image root's layers, canonical and checked to be directories, or the first bad one
+/// named.
+fn resolve_image(image: &ImageRoot) -> Result<ResolvedImage, SetupError> {
+    if image.ids.0 == u32::MAX || image.ids.1 == u32::MAX {
+        return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
+            field: "image user",
+            reason: "4294967295 is no uid or gid (it means \"none\" to the kernel)".into(),
+        }));
+    }
+    if image.layers.is_empty() || image.layers.len() > MAX_IMAGE_LAYERS {
+        return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
+            field: "image layers",
+            reason: format!(
+                "an image root takes 1 to {MAX_IMAGE_LAYERS} layers (overlayfs's bound on a mount's options); this one has {}",
+                image.layers.len()
+            ),
+        }));
+    }
+    let dir = |path: &Path, what| {
+        let canonical = std::fs::canonicalize(path).map_err(|source| SetupError::Path {
+            path: path.to_owned(),
+            what,
+            source,
+        })?;
+        if !canonical.is_dir() {
+            return Err(SetupError::Path {
+                path: path.to_owned(),
+                what,
+                source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            });
+        }
+        Ok(canonical)
+    };
+    let layers = image
+        .layers
+        .iter()
+        .map(|layer| dir(layer, "using as an image layer"))
+        .collect::<Result<_, _>>()?;
+    let upper = match &image.upper {
+        None => None,
+        Some(u) => Some(resolve_upper(
+            &dir(&u.upper, "using as the image root's upper layer")?,
+            &dir(&u.work, "using as the image root's work directory")?,
+        )?),
+    };
+    Ok(ResolvedImage { layers, upper })
 }
 
 /// The environment variable naming a hosts(5) file that lockbox's resolver consults before
@@ -155,7 +265,28 @@ pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tt
 /// Resolves `policy` against the host. `caller_cwd` is the default working directory when
 /// it is visible inside.
 pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, SetupError> {
+    resolve_with(policy, None, caller_cwd)
+}
+
+/// [`resolve`], for a root of `image`'s layers when given: then the default reads (the
+/// host's userland) are left out, and the caller's directory is the working directory only
+/// when a grant or view shows it.
+pub fn resolve_with(
+    policy: &Policy,
+    image: Option<&ImageRoot>,
+    caller_cwd: Option<&Path>,
+) -> Result<Resolved, SetupError> {
     let mut out = Resolved::default();
+    match image {
+        Some(image) => out.image = Some(resolve_image(image)?),
+        None if policy.image.is_some() => {
+            return Err(SetupError::Policy(lockbox_policy::PolicyError::Invalid {
+                field: "image",
+                reason: "the image is not resolved to its layers (lockbox-confine takes them from Spawn::image_root)".into(),
+            }))
+        }
+        None => {}
+    }
     let mut add = |grant: Grant| {
         if let Some(existing) = out.grants.iter_mut().find(|g| g.path == grant.path) {
             existing.access = existing.access.max(grant.access);
@@ -169,7 +300,7 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
         .iter()
         .chain(&policy.fs.write)
         .any(|p| p == Path::new("/etc"));
-    if policy.fs.default_reads {
+    if policy.fs.default_reads && out.image.is_none() {
         for path in DEFAULT_READS {
             let path = Path::new(path);
             let Ok(meta) = std::fs::symlink_metadata(path) else {
@@ -265,9 +396,14 @@ pub fn resolve(policy: &Policy, caller_cwd: Option<&Path>) -> Result<Resolved, S
             .map_or_else(|| PathBuf::from("/"), Path::to_owned),
     };
     // A working directory given through a symlink (`--workdir /tmp/link/w` with
-    // `/tmp/link -> /data`) keeps that name inside.
-    let cwd_links = links_on_the_way(&out.cwd);
-    out.symlinks.extend(cwd_links);
+    // `/tmp/link -> /data`) keeps that name inside. (In an image root, a directory of the
+    // image is no host path.)
+    let from_host = out.grants.iter().any(|g| out.cwd.starts_with(&g.path))
+        || out.overlays.iter().any(|o| out.cwd.starts_with(&o.target));
+    if out.image.is_none() || from_host {
+        let cwd_links = links_on_the_way(&out.cwd);
+        out.symlinks.extend(cwd_links);
+    }
     keep_links_outside_views(&mut out);
     Ok(out)
 }
@@ -689,15 +825,7 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
 /// (`chmod g+s`, the caller's own group) gives nobody anything, and the seccomp filter lets
 /// it through ([`crate::seccomp::build`]).
 pub fn private_writes(policy: &Policy) -> bool {
-    let uid = rustix::process::getuid().as_raw();
-    let private = |path: &Path| {
-        path.ancestors().any(|dir| {
-            std::fs::symlink_metadata(dir).is_ok_and(|m| {
-                use std::os::unix::fs::MetadataExt;
-                m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0
-            })
-        })
-    };
+    let private = private_to_caller;
     policy.fs.write.is_empty()
         && policy.pass_fds.is_empty()
         && policy
@@ -706,6 +834,17 @@ pub fn private_writes(policy: &Policy) -> bool {
             .iter()
             .filter_map(|o| o.upper.as_ref())
             .all(|u| private(&u.upper))
+}
+
+/// True if `path` lies below a directory of the caller's that only the caller may enter.
+pub fn private_to_caller(path: &Path) -> bool {
+    let uid = rustix::process::getuid().as_raw();
+    path.ancestors().any(|dir| {
+        std::fs::symlink_metadata(dir).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0
+        })
+    })
 }
 
 /// True if `path` exists inside: at or below a grant or a view, or above one (the root

@@ -388,8 +388,73 @@ pub const REFUSED_FAMILIES: [RefusedFamily; 2] = [
 /// reachable by anyone but the caller ([`crate::resolve::private_writes`]): a set-gid file
 /// there gives nobody anything, and a commit drops the bit from files (a directory keeps it,
 /// which only sets the group of new entries to the caller's own).
-pub fn build(openat2: Openat2, net_host: bool, set_gid: bool) -> Result<BpfProgram, SetupError> {
-    program(openat2, net_host, set_gid, true)
+pub fn build(
+    openat2: Openat2,
+    net_host: bool,
+    set_gid: bool,
+    ids: Ids,
+) -> Result<BpfProgram, SetupError> {
+    let mut program = program(openat2, net_host, set_gid, true)?;
+    if ids == Ids::ImageRoot {
+        // Right after the prologue (the accumulator holds the syscall number there): none
+        // of these calls is on the deny list.
+        let at = prologue(&enosys_calls(openat2)).len();
+        program.splice(at..at, ids_no_ops());
+    }
+    Ok(program)
+}
+
+/// Who the sandbox is to its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ids {
+    /// The caller's uid and gid, mapped to themselves: a plain sandbox.
+    Caller,
+    /// uid 0 and gid 0 of the sandbox's user namespace (the caller's ids mapped to 0), in
+    /// an image root: [`ID_NO_OPS`] succeed without doing anything.
+    ImageRoot,
+}
+
+/// Calls an image sandbox makes succeed as no-ops (`SECCOMP_RET_ERRNO` with errno 0 returns
+/// 0, as Charliecloud's `--force=seccomp` does): its user namespace maps one uid and one
+/// gid, so the ownership a package manager sets (`chown _apt`, `chown 1000:1000`) and the
+/// user it switches to (`setuid(100)`) cannot exist; failing would stop the install, while
+/// succeeding leaves every file and process root's, which is what the sandbox shows anyway.
+/// Nothing is gained: no capability is kept, `no_new_privs` stays set, and the files stay
+/// the caller's on the host. (`setfsuid`/`setfsgid` return the previous id, 0, too.)
+pub const ID_NO_OPS: &[(&str, i64)] = &[
+    #[cfg(target_arch = "x86_64")]
+    ("chown", libc::SYS_chown),
+    #[cfg(target_arch = "x86_64")]
+    ("lchown", libc::SYS_lchown),
+    ("fchown", libc::SYS_fchown),
+    ("fchownat", libc::SYS_fchownat),
+    ("setuid", libc::SYS_setuid),
+    ("setgid", libc::SYS_setgid),
+    ("setreuid", libc::SYS_setreuid),
+    ("setregid", libc::SYS_setregid),
+    ("setresuid", libc::SYS_setresuid),
+    ("setresgid", libc::SYS_setresgid),
+    ("setgroups", libc::SYS_setgroups),
+    ("setfsuid", libc::SYS_setfsuid),
+    ("setfsgid", libc::SYS_setfsgid),
+];
+
+/// The block answering [`ID_NO_OPS`] with 0; falls through otherwise.
+fn ids_no_ops() -> BpfProgram {
+    use crate::bpf::{ins, JEQ_K, RET_ERRNO, RET_K};
+    ID_NO_OPS
+        .iter()
+        .flat_map(|&(_, nr)| [ins(JEQ_K, 0, 1, nr as u32), ins(RET_K, 0, 0, RET_ERRNO)])
+        .collect()
+}
+
+/// The calls the prologue answers `ENOSYS`.
+fn enosys_calls(openat2: Openat2) -> Vec<i64> {
+    ENOSYS_CALLS
+        .into_iter()
+        .map(|(_, nr)| nr)
+        .filter(|&nr| !(openat2 == Openat2::Agent && nr == libc::SYS_openat2))
+        .collect()
 }
 
 /// [`build`], or (`search` false, for tests, which check that both decide the same) the
@@ -413,12 +478,7 @@ fn program(
     for d in denied() {
         conditions.entry(d.nr).or_default().extend(d.when);
     }
-    let enosys: Vec<i64> = ENOSYS_CALLS
-        .into_iter()
-        .map(|(_, nr)| nr)
-        .filter(|&nr| !(openat2 == Openat2::Agent && nr == libc::SYS_openat2))
-        .collect();
-    let mut program = prologue(&enosys);
+    let mut program = prologue(&enosys_calls(openat2));
     let families: Vec<u32> = REFUSED_FAMILIES
         .iter()
         .filter(|f| f.with_net_host || !net_host)
@@ -596,7 +656,7 @@ mod tests {
     #[test]
     fn filter_builds_and_fits_the_kernel_limit() {
         for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
-            let program = build(openat2, host, false).unwrap();
+            let program = build(openat2, host, false, Ids::Caller).unwrap();
             assert!(program.len() < 4096, "{} instructions", program.len());
             // Every command pays for translating and JIT-compiling it when it starts: the
             // conditional calls are short blocks, not seccompiler's chain (421 then).
@@ -700,6 +760,26 @@ mod tests {
     }
 
     #[test]
+    fn an_image_root_answers_the_id_calls_with_0_and_decides_everything_else_as_a_plain_one() {
+        for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
+            let plain = build(openat2, host, false, Ids::Caller).unwrap();
+            let image = build(openat2, host, false, Ids::ImageRoot).unwrap();
+            assert!(image.len() <= 350, "{} instructions", image.len());
+            let no_op = crate::bpf::RET_ERRNO; // errno 0: the call returns 0
+            for nr in (0..1024).chain([0x4000_0000, u32::MAX]) {
+                let args = [0x1234u64, 0x5678, 0, 0, 0, 0];
+                let expected = if ID_NO_OPS.iter().any(|&(_, n)| n as u32 == nr) {
+                    assert_eq!(run(&plain, nr, args).0, crate::bpf::RET_ALLOW, "{nr}");
+                    no_op
+                } else {
+                    run(&plain, nr, args).0
+                };
+                assert_eq!(run(&image, nr, args).0, expected, "syscall {nr}");
+            }
+        }
+    }
+
+    #[test]
     fn every_denial_has_a_reason_and_no_duplicates() {
         let list = denied();
         for d in &list {
@@ -778,6 +858,12 @@ mod doc_tests {
                 doc.contains(&format!("| `{}` | `EAFNOSUPPORT` |", f.name)),
                 "docs/security.md lacks the socket family {}",
                 f.name
+            );
+        }
+        for (name, _) in super::ID_NO_OPS {
+            assert!(
+                doc.contains(&format!("`{name}`")) && doc.contains("## Image roots"),
+                "docs/security.md, \"Image roots\", lacks the no-op {name}"
             );
         }
         for (name, _) in super::ENOSYS_CALLS {

@@ -38,7 +38,8 @@ const HELPER_STACK: usize = 64 * 1024;
 pub struct Enforcement {
     /// Namespaces the sandbox lives in.
     pub namespaces: Vec<&'static str>,
-    /// The uid and gid inside (the caller's, mapped to themselves).
+    /// The uid inside: the caller's, mapped to itself; in an image root, 0 (or the
+    /// image's user, see [`crate::ImageRoot::ids`]).
     pub uid: u32,
     /// See `uid`.
     pub gid: u32,
@@ -331,6 +332,7 @@ pub struct Spawn<'a> {
     stdio: Stdio,
     net: NetHooks,
     own_session: bool,
+    image: Option<resolve::ImageRoot>,
 }
 
 /// Who the network supervisor reports to ([`Spawn::audit`]), asks ([`Spawn::ask`]) and
@@ -362,6 +364,7 @@ impl<'a> Spawn<'a> {
             stdio: Stdio::default(),
             net: NetHooks::default(),
             own_session: false,
+            image: None,
         }
     }
 
@@ -389,6 +392,7 @@ impl<'a> Spawn<'a> {
             stdio: Stdio::default(),
             net: NetHooks::default(),
             own_session: false,
+            image: None,
         }
     }
 
@@ -408,6 +412,7 @@ impl<'a> Spawn<'a> {
             stdio: Stdio::default(),
             net: NetHooks::default(),
             own_session: false,
+            image: None,
         }
     }
 
@@ -452,6 +457,33 @@ impl<'a> Spawn<'a> {
     pub fn own_session(self) -> Spawn<'a> {
         Spawn {
             own_session: true,
+            ..self
+        }
+    }
+
+    /// Runs the sandbox on an image's root instead of the host's userland (issue 29): its
+    /// `/` is an overlay of `root`'s layers (read-only, mounted, never copied) with a
+    /// writable layer of the sandbox's own on a tmpfs bounded like `/tmp` (the policy's
+    /// memory limit, else half of RAM; its writes vanish with the sandbox). The policy's
+    /// default reads are left out; lockbox still provides `/dev`, `/proc`, `/tmp` and
+    /// `/etc/hostname`, `/etc/hosts` (and `/etc/resolv.conf` where the network mode has
+    /// one), bound over the image's; every grant and view is mounted at its own path.
+    ///
+    /// Inside, the caller is uid 0 and gid 0 (its user namespace maps the caller's ids to
+    /// 0, so the image's files, the caller's on the host, are root's; or the ids of
+    /// [`ImageRoot::ids`](crate::ImageRoot::ids)), and the chown and
+    /// set*id calls succeed without doing anything (seccomp answers them with 0, as
+    /// Charliecloud's `--force=seccomp`): installers that chown files or drop to another
+    /// user keep going, as root. Capabilities stay dropped and `no_new_privs` set; files
+    /// written into a grant or view stay the caller's on the host. See docs/security.md,
+    /// "Image roots". The image's `Env`, `WorkingDir` and command are the caller's to
+    /// apply (the policy's environment and `cwd`, which may be a directory of the image).
+    ///
+    /// Needs overlayfs's `userxattr` (Linux 5.11). A missing layer, a layer that is not a
+    /// directory or more than [`crate::MAX_IMAGE_LAYERS`] layers fail [`Spawn::start`].
+    pub fn image_root(self, root: resolve::ImageRoot) -> Spawn<'a> {
+        Spawn {
+            image: Some(root),
             ..self
         }
     }
@@ -574,6 +606,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         mut stdio,
         net,
         own_session,
+        image,
     } = spawn;
     let (argv, later, helper) = match program {
         Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None),
@@ -604,7 +637,11 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         return Err(no_command());
     }
     let caller_cwd = std::env::current_dir().ok();
-    let mut resolved = resolve::resolve(policy, caller_cwd.as_deref())?;
+    if image.is_some() {
+        overlay_userxattr()?;
+    }
+    let mut resolved = resolve::resolve_with(policy, image.as_ref(), caller_cwd.as_deref())?;
+    let image_root = resolved.image.is_some();
     let agent = helper.is_some();
     resolved.helper = helper;
     if let Some(interceptor) = &net.interceptor {
@@ -617,8 +654,14 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         resolved.terminal = resolve::terminal(&stdio_fds);
     }
     for overlay in &resolved.overlays {
-        clear_volatile_mark(overlay)?;
+        clear_volatile_mark(overlay.upper.as_ref())?;
     }
+    let image_upper = resolved.image.as_ref().and_then(|i| i.upper.as_ref());
+    clear_volatile_mark(image_upper)?;
+    // A set-group-id bit is allowed only where nobody but the caller can reach it (see
+    // `seccomp::build`): an image build's layer on the host must be private as well.
+    let set_gid = resolve::private_writes(policy)
+        && image_upper.is_none_or(|u| resolve::private_to_caller(&u.parent));
     let plan = if gated {
         plan::build_sequence(&resolved, later.len())
     } else {
@@ -626,7 +669,12 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
     };
     let landlock_abi = landlock::abi_version();
     let limits = limits::prepare(&policy.limits, Path::new("/sys/fs/cgroup"))?;
-    let (uid, gid) = sys::ids();
+    let (host_uid, host_gid) = sys::ids();
+    // An image's files are root's inside (see `Spawn::image_root`).
+    let (uid, gid) = match &image {
+        Some(image) => image.ids,
+        None => (host_uid, host_gid),
+    };
     check_pass_fds(&policy.pass_fds)?;
     let env = policy.env.build(|k| std::env::var(k).ok());
     let path_var = env
@@ -686,8 +734,8 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         source_fds: vec![-1; plan.sources.len()],
         command_stack: vec![0; COMMAND_STACK],
         plan,
-        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
-        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        uid_map: format!("{uid} {host_uid} 1\n").into_bytes(),
+        gid_map: format!("{gid} {host_gid} 1\n").into_bytes(),
         cgroup_procs: cgroup_fds,
         new_cgroup_ns: Path::new("/proc/self/ns/cgroup").exists(),
         hostname: policy.hostname.as_bytes().to_vec(),
@@ -706,7 +754,12 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
                 seccomp::Openat2::Enosys
             },
             !policy.net.own_namespace(),
-            resolve::private_writes(policy),
+            set_gid,
+            if image_root {
+                seccomp::Ids::ImageRoot
+            } else {
+                seccomp::Ids::Caller
+            },
         )?,
         net: notify
             .as_ref()
@@ -766,6 +819,30 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
     }
 }
 
+/// Refuses an image root on a kernel whose overlayfs lacks `userxattr` (Linux 5.11): an
+/// unprivileged overlay mount takes no other kind of xattr, and the layers' opaque
+/// directories are marked with `user.overlay.opaque`.
+fn overlay_userxattr() -> Result<(), SetupError> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    if kernel_version(release) < (5, 11) {
+        return Err(SetupError::FeatureMissing {
+            feature: "overlayfs userxattr",
+            problem: format!("is not in this kernel ({release}; Linux 5.11 or newer has it)"),
+            needed_for: "an image root (its layers' whiteouts and opaque directories)",
+        });
+    }
+    Ok(())
+}
+
+/// (major, minor) of a kernel release string (`6.1.0-18-amd64`); (0, 0) if unreadable.
+fn kernel_version(release: &str) -> (u32, u32) {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 /// The command `argv` as the child executes it.
 fn command(argv: &[OsString], path_var: &str) -> Result<child::Command, SetupError> {
     let program = argv.first().ok_or_else(no_command)?;
@@ -779,8 +856,8 @@ fn command(argv: &[OsString], path_var: &str) -> Result<child::Command, SetupErr
 /// same upper and work directories until the mark it leaves in the work directory is gone.
 /// The work directory is overlayfs's scratch space, and what the upper holds is as durable
 /// as its user made it (a kept branch is synced), so lockbox removes the mark.
-fn clear_volatile_mark(overlay: &resolve::ResolvedOverlay) -> Result<(), SetupError> {
-    let Some(upper) = overlay.upper.as_ref().filter(|u| u.bound.is_none()) else {
+fn clear_volatile_mark(upper: Option<&resolve::ResolvedUpper>) -> Result<(), SetupError> {
+    let Some(upper) = upper.filter(|u| u.bound.is_none()) else {
         return Ok(());
     };
     let mark = upper
@@ -1333,6 +1410,14 @@ fn last_cap() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_root_needs_linux_5_11_for_overlay_userxattr() {
+        assert!(kernel_version("5.10.0-28-amd64") < (5, 11));
+        assert!(kernel_version("5.11.0") >= (5, 11));
+        assert!(kernel_version("6.18.44-fc-v669") >= (5, 11));
+        assert!(kernel_version("") < (5, 11));
+    }
 
     #[test]
     fn exec_candidates_follow_path_order() {
