@@ -253,16 +253,17 @@ impl Runtime {
     }
 
     /// All sandboxes, running and recorded (stopped, lost: the last
-    /// [`RuntimeConfig::keep_stopped`] of each), oldest first.
-    pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
+    /// [`RuntimeConfig::keep_stopped`] of each), oldest first. Fails when the sandbox
+    /// database cannot be read (rather than listing only some).
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
         let live: HashMap<SandboxId, Arc<SandboxInner>> = lock(&self.inner.sandboxes).clone();
-        let mut out = self.inner.store.list().unwrap_or_default();
+        let mut out = self.inner.store.list()?;
         for info in &mut out {
             if let Some(sb) = live.get(info.id.as_str()) {
                 *info = sb.info(SandboxState::Running, None);
             }
         }
-        out
+        Ok(out)
     }
 
     /// A handle to a running sandbox (`SANDBOX_NOT_FOUND`, or `SANDBOX_NOT_RUNNING` for a

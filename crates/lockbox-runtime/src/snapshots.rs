@@ -59,10 +59,13 @@ pub(crate) struct Recorded<'a> {
 
 /// The sessions snapshot `meta` recorded (none if it recorded none this version reads).
 pub(crate) fn sessions_of(meta: &SnapshotMeta) -> Vec<SessionState> {
-    meta.context
-        .get("sessions")
-        .and_then(|s| serde_json::from_value(s.clone()).ok())
-        .unwrap_or_default()
+    let Some(sessions) = meta.context.get("sessions") else {
+        return Vec::new();
+    };
+    serde_json::from_value(sessions.clone()).unwrap_or_else(|e| {
+        tracing::warn!(snapshot = %meta.id, "its recorded sessions do not read ({e}): none is started again");
+        Vec::new()
+    })
 }
 
 /// Starts again, in `inst` (a fork or a restore of snapshot `meta`), the sessions `meta`
@@ -189,11 +192,15 @@ fn limit_error(e: CowError, limits: SnapshotLimits) -> RuntimeError {
 /// own origin: what a fork of it starts with. A record without one (or that this version
 /// cannot read) gives the default policy over the snapshot's workdir.
 pub(crate) fn spec_of(meta: &SnapshotMeta) -> SandboxSpec {
-    let mut spec = meta
-        .context
-        .get("spec")
+    let recorded = meta.context.get("spec");
+    let mut spec = recorded
         .and_then(|s| crate::record::spec_from_json(s.clone()))
-        .unwrap_or_default();
+        .unwrap_or_else(|| {
+            if recorded.is_some() {
+                tracing::warn!(snapshot = %meta.id, "its recorded spec does not read: a fork of it starts with the default policy");
+            }
+            SandboxSpec::default()
+        });
     spec.workdir = Some(meta.workdir.clone());
     spec.from_snapshot = None;
     spec

@@ -162,7 +162,12 @@ impl Store {
                         .as_deref()
                         .and_then(BranchAction::parse),
                     labels: serde_json::from_str::<BTreeMap<String, String>>(&labels)
-                        .unwrap_or_default(),
+                        .unwrap_or_else(|e| {
+                            tracing::warn!(
+                                "a sandbox row's labels do not read ({e}): listed without"
+                            );
+                            BTreeMap::new()
+                        }),
                     sessions: 0,
                     processes: 0,
                     policy: serde_json::from_str(&r.get::<_, String>(7)?)

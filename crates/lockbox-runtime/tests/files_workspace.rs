@@ -339,7 +339,7 @@ async fn on_exit_applies_at_delete_and_restart_marks_lost() {
     let branch = rt2.sandbox_info(&id).unwrap().branch.unwrap();
     drop((kept, rt2)); // no shutdown: as if the server died
     let rt3 = runtime(state.path()).await;
-    let listed = rt3.list_sandboxes();
+    let listed = rt3.list_sandboxes().unwrap();
     let lost = listed.iter().find(|i| i.id == id).unwrap();
     assert_eq!(lost.state, SandboxState::Lost);
     assert_eq!(lost.labels.len(), 0);

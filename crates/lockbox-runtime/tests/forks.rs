@@ -371,7 +371,7 @@ async fn forking_refuses_what_it_cannot_do_and_changes_nothing() {
     assert_eq!(e.code().as_str(), "INVALID_REQUEST", "{e}");
     // The sandbox was left running as it was.
     assert_eq!(out(&run(&sb2, "echo ok").await), "ok\n");
-    assert_eq!(rt.list_sandboxes().len(), 2);
+    assert_eq!(rt.list_sandboxes().unwrap().len(), 2);
     rt.shutdown().await;
 }
 

@@ -355,7 +355,7 @@ async fn info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended
     // Stopped: no use, the policy kept (read back from the record).
     let stopped = rt.delete_sandbox(sb.id()).await.unwrap();
     assert!(stopped.usage.is_none(), "{stopped:?}");
-    let listed = rt.list_sandboxes();
+    let listed = rt.list_sandboxes().unwrap();
     let record = listed.iter().find(|i| i.id == sb.id()).unwrap();
     assert_eq!(record.policy.as_ref(), Some(&policy));
     assert!(record.usage.is_none());

@@ -106,7 +106,7 @@ impl Scope {
     /// (alone: for forks of the scope's own sandbox, whose policy was admitted).
     pub fn reserve(&self, runtime: &Runtime, count: usize) -> Result<Admitted<'_>, ApiError> {
         let running: Vec<String> = runtime
-            .list_sandboxes()
+            .list_sandboxes()?
             .into_iter()
             .filter(|s| s.state == lockbox_runtime::SandboxState::Running)
             .map(|s| s.id.to_string())

@@ -34,7 +34,7 @@ pub async fn run(runtime: &Runtime, scope: &Scope, call: ToolCall) -> Result<Val
             json_result(&SandboxInfo::from(info))
         }
         ToolCall::ListSandboxes { state } => {
-            let mut sandboxes = runtime.list_sandboxes();
+            let mut sandboxes = runtime.list_sandboxes()?;
             sandboxes.retain(|s| state.is_none_or(|state| s.state == state));
             sandboxes.retain(|s| scope.owns_sandbox(&s.id));
             json_result(&json!({ "sandboxes": each::<_, SandboxInfo>(sandboxes) }))

@@ -48,13 +48,13 @@ pub async fn list(
     State(app): State<AppState>,
     Extension(who): Extension<Principal>,
     ApiQuery(query): ApiQuery<ListSandboxes>,
-) -> impl IntoResponse {
-    let mut sandboxes = app.runtime.list_sandboxes();
+) -> Result<impl IntoResponse, ApiError> {
+    let mut sandboxes = app.runtime.list_sandboxes()?;
     sandboxes.retain(|s| query.state.is_none_or(|state| s.state == state.into()));
     sandboxes.retain(|s| who.sandbox(&s.id).is_ok());
-    Json(crate::wire::SandboxList {
+    Ok(Json(crate::wire::SandboxList {
         sandboxes: each(sandboxes),
-    })
+    }))
 }
 
 #[utoipa::path(
