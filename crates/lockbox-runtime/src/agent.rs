@@ -122,7 +122,8 @@ impl AgentClient {
             }
             st.pending.insert(id, tx);
         }
-        let data = serde_json::to_vec(&Request { id, op }).map_err(RuntimeError::internal)?;
+        let data = serde_json::to_vec(&Request { id, op })
+            .map_err(RuntimeError::json("a request to the agent"))?;
         let sent = self
             .inner
             .sock
@@ -135,7 +136,7 @@ impl AgentClient {
             return Err(if e.kind() == std::io::ErrorKind::BrokenPipe {
                 gone()
             } else {
-                RuntimeError::internal(format!("sending to the sandbox agent: {e}"))
+                RuntimeError::os("sending to the sandbox agent")(e)
             });
         }
         rx.await.map_err(|_| gone())
@@ -208,7 +209,7 @@ impl AgentClient {
 }
 
 pub(crate) fn gone() -> RuntimeError {
-    RuntimeError::Internal("the sandbox's agent is gone (the sandbox ended)".into())
+    RuntimeError::Agent("is gone (the sandbox ended)".into())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

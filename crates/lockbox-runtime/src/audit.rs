@@ -48,7 +48,7 @@ impl AuditLog {
                     log.push(event);
                 }
             })
-            .map_err(RuntimeError::internal)?;
+            .map_err(RuntimeError::os("starting the audit thread"))?;
         Ok(sink)
     }
 

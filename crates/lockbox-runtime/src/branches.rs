@@ -183,5 +183,5 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, RuntimeError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
 }

@@ -316,7 +316,7 @@ impl Context {
         };
         let [stdout, stderr, events, requests]: [OwnedFd; 4] = fds
             .try_into()
-            .map_err(|_| RuntimeError::internal("the agent sent the wrong descriptors"))?;
+            .map_err(|_| RuntimeError::Agent("sent the wrong descriptors".into()))?;
         self.pid.store(pid, Ordering::Relaxed);
         Ok(Runner {
             pid,

@@ -205,7 +205,34 @@ pub enum RuntimeError {
     /// A transaction of several sandboxes failed (its own code on the wire).
     #[error("transaction: {0}")]
     Transaction(#[source] lockbox_txn::TxnError),
-    /// A bug or an unexpected OS error.
+    /// A background task of the runtime panicked or was cancelled.
+    #[error("internal error: a background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// An operating-system call the runtime made failed unexpectedly.
+    #[error("internal error: {what}: {source}")]
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value could not be turned into or read back from JSON.
+    #[error("internal error: {what}: {source}")]
+    Json {
+        /// What was being encoded or decoded.
+        what: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The sandbox database (SQLite, in the state directory) failed.
+    #[error("internal error: sandbox database: {0}")]
+    Database(#[source] rusqlite::Error),
+    /// The sandbox's agent is gone (the sandbox ended) or broke its protocol.
+    #[error("internal error: the sandbox's agent {0}")]
+    Agent(String),
+    /// A condition that is a bug in lockbox (no source error to keep).
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -248,12 +275,33 @@ impl RuntimeError {
             RuntimeError::QuestionNotFound { .. } => ErrorCode::QuestionNotFound,
             RuntimeError::QuestionDecided { .. } => ErrorCode::QuestionDecided,
             RuntimeError::ContextExists { .. } => ErrorCode::AlreadyExists,
-            RuntimeError::Protocol(_) | RuntimeError::Internal(_) => ErrorCode::Internal,
+            RuntimeError::Protocol(_)
+            | RuntimeError::Task(_)
+            | RuntimeError::Os { .. }
+            | RuntimeError::Json { .. }
+            | RuntimeError::Database(_)
+            | RuntimeError::Agent(_)
+            | RuntimeError::Internal(_) => ErrorCode::Internal,
         }
     }
 
     pub(crate) fn internal(what: impl std::fmt::Display) -> RuntimeError {
         RuntimeError::Internal(what.to_string())
+    }
+
+    /// An OS error while doing `what` (for `map_err`).
+    pub(crate) fn os<E: Into<std::io::Error>>(
+        what: &'static str,
+    ) -> impl FnOnce(E) -> RuntimeError {
+        move |e| RuntimeError::Os {
+            what,
+            source: e.into(),
+        }
+    }
+
+    /// A JSON error while encoding or decoding `what` (for `map_err`).
+    pub(crate) fn json(what: &'static str) -> impl FnOnce(serde_json::Error) -> RuntimeError {
+        move |source| RuntimeError::Json { what, source }
     }
 
     pub(crate) fn invalid(field: &str, message: impl std::fmt::Display) -> RuntimeError {

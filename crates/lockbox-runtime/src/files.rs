@@ -35,7 +35,7 @@ pub(crate) fn map_error(e: AgentError, path: &str, writing: bool) -> RuntimeErro
             format!("{path}: too many symlinks, or a /proc magic link"),
         ),
         libc::EINVAL => RuntimeError::invalid("path", format!("{path}: {}", e.message)),
-        _ => RuntimeError::internal(e.message),
+        _ => RuntimeError::Agent(format!("failed: {}", e.message)),
     }
 }
 
@@ -90,7 +90,7 @@ pub(crate) async fn read_file(
     let fd = fds
         .into_iter()
         .next()
-        .ok_or_else(|| RuntimeError::internal("no descriptor"))?;
+        .ok_or_else(|| RuntimeError::Agent("sent no descriptor".into()))?;
     let (start, end) = match range {
         None => (0, size),
         Some(r) => {
@@ -107,7 +107,7 @@ pub(crate) async fn read_file(
     let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
     file.seek(SeekFrom::Start(start))
         .await
-        .map_err(RuntimeError::internal)?;
+        .map_err(RuntimeError::os("reading a file's descriptor"))?;
     Ok(FileRead {
         size,
         range: (start, end),
@@ -158,7 +158,7 @@ pub(crate) async fn write_file(
     let fd = fds
         .into_iter()
         .next()
-        .ok_or_else(|| RuntimeError::internal("no descriptor"))?;
+        .ok_or_else(|| RuntimeError::Agent("sent no descriptor".into()))?;
     let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
     let copied = async {
         tokio::io::copy(&mut body, &mut file).await?;
@@ -177,7 +177,7 @@ pub(crate) async fn write_file(
         return Err(if e.kind() == std::io::ErrorKind::StorageFull {
             RuntimeError::invalid("body", format!("{path}: no space left in the sandbox"))
         } else {
-            RuntimeError::internal(format!("writing {path}: {e}"))
+            RuntimeError::os("writing a file")(e)
         });
     }
     match call(
@@ -227,11 +227,11 @@ pub(crate) async fn list(
     let fd = fds
         .into_iter()
         .next()
-        .ok_or_else(|| RuntimeError::internal("no descriptor"))?;
+        .ok_or_else(|| RuntimeError::Agent("sent no descriptor".into()))?;
     let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
     file.seek(SeekFrom::Start(0))
         .await
-        .map_err(RuntimeError::internal)?;
+        .map_err(RuntimeError::os("reading a listing"))?;
     // The agent wrote the entries as JSON lines into a memfd: read them one at a time, so
     // a directory of a million entries never sits in the runtime's memory whole.
     let reader = tokio::io::BufReader::new(file);
@@ -241,7 +241,7 @@ pub(crate) async fn list(
             .take(MAX_ENTRY_LINE as u64 + 1)
             .read_until(b'\n', &mut line)
             .await
-            .map_err(RuntimeError::internal)?;
+            .map_err(RuntimeError::os("reading a listing"))?;
         if n == 0 {
             return Ok(None);
         }
@@ -253,7 +253,8 @@ pub(crate) async fn list(
                 ),
             ));
         }
-        let e: EntryStat = serde_json::from_slice(&line).map_err(RuntimeError::internal)?;
+        let e: EntryStat =
+            serde_json::from_slice(&line).map_err(RuntimeError::json("the agent's listing"))?;
         Ok(Some((stat_of(e), reader)))
     });
     Ok(FileList {

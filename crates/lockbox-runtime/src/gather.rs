@@ -344,7 +344,7 @@ impl Runtime {
             gather(&state_dir, &sources, opts)
         })
         .await
-        .map_err(RuntimeError::internal)?;
+        .map_err(RuntimeError::Task)?;
         drop(held);
         result
     }

@@ -87,7 +87,7 @@ impl Sandbox {
             let exit = session.exec(&req, &mut sink).await?;
             Ok(sink.into_result(exit))
         });
-        task.await.map_err(RuntimeError::internal)?
+        task.await.map_err(RuntimeError::Task)?
     }
 
     /// Runs a command in a session, streaming its output. Output is read as fast as the
@@ -290,7 +290,7 @@ impl Sandbox {
             let mut ignore = |_: CodeEvent| {};
             ctx.run(&req.code, timeout, max, &mut ignore).await
         });
-        task.await.map_err(RuntimeError::internal)?
+        task.await.map_err(RuntimeError::Task)?
     }
 
     /// [`Sandbox::run_code`], streaming: output and results as they come, then
@@ -457,7 +457,7 @@ impl Sandbox {
             let waiting = desk.clone();
             tokio::task::spawn_blocking(move || waiting.next(after, wait))
                 .await
-                .map_err(RuntimeError::internal)?;
+                .map_err(RuntimeError::Task)?;
         }
         Ok(desk
             .pending()
@@ -545,7 +545,7 @@ impl Sandbox {
             )
         })
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
     }
 
     /// Starts the sessions a snapshot recorded, in their cwd with their variables (one whose
@@ -564,7 +564,7 @@ impl Sandbox {
             None => Err(()),
         })
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
         .map_err(|()| self.no_workdir())?
     }
 
@@ -577,7 +577,7 @@ impl Sandbox {
             None => Err(()),
         })
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
         .map_err(|()| self.no_workdir())?
     }
 
@@ -596,7 +596,7 @@ impl Sandbox {
             None => Err(()),
         })
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
         .map_err(|()| self.no_workdir())?
     }
 
@@ -613,7 +613,7 @@ impl Sandbox {
             workspace::commit(b, &sel).map_err(Some)
         })
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
         .map_err(|e| e.unwrap_or_else(|| self.no_workdir()))
     }
 
@@ -653,7 +653,7 @@ impl Sandbox {
         let store = self.inner.snapshots.clone();
         tokio::task::spawn_blocking(move || crate::snapshots::restore_tmp(&store, &target, &inst))
             .await
-            .map_err(RuntimeError::internal)??;
+            .map_err(RuntimeError::Task)??;
         self.start_recorded_sessions(&meta).await;
         Ok(())
     }
@@ -677,7 +677,7 @@ impl Sandbox {
             if let Some(b) = branch {
                 tokio::task::spawn_blocking(move || b.abort())
                     .await
-                    .map_err(RuntimeError::internal)?
+                    .map_err(RuntimeError::Task)?
                     .map_err(workspace::cow_error)?;
             }
             let origin = crate::sandbox::Origin {

@@ -306,7 +306,7 @@ impl Pool {
             (spare, copied)
         })
         .await
-        .map_err(crate::RuntimeError::internal)?;
+        .map_err(crate::RuntimeError::Task)?;
         if let Err(e) = copied {
             discard(spare);
             return Err(e);

@@ -90,8 +90,10 @@ pub(crate) async fn expose(
     if opts.host_loopback {
         let socket = TcpListener::bind(("127.0.0.1", 0))
             .await
-            .map_err(|e| RuntimeError::internal(format!("listening on the host loopback: {e}")))?;
-        let addr = socket.local_addr().map_err(RuntimeError::internal)?;
+            .map_err(RuntimeError::os("listening on the host loopback"))?;
+        let addr = socket
+            .local_addr()
+            .map_err(RuntimeError::os("the host listener's address"))?;
         info.host_address = Some(addr.to_string());
         listener = Some(tokio::spawn(forward(socket, Arc::downgrade(inner), port)));
     }
@@ -139,15 +141,16 @@ pub(crate) async fn connect(inner: &SandboxInner, port: u16) -> Result<TcpStream
         Err(e) if matches!(e.errno, libc::ECONNREFUSED | libc::ETIMEDOUT) => {
             return Err(RuntimeError::PortNotListening { port })
         }
-        Err(e) => return Err(RuntimeError::internal(e.message)),
+        Err(e) => return Err(RuntimeError::Agent(format!("failed: {}", e.message))),
     }
     let fd = fds
         .into_iter()
         .next()
-        .ok_or_else(|| RuntimeError::internal("the agent sent no socket"))?;
+        .ok_or_else(|| RuntimeError::Agent("sent no socket".into()))?;
     let std = std::net::TcpStream::from(fd);
-    std.set_nonblocking(true).map_err(RuntimeError::internal)?;
-    TcpStream::from_std(std).map_err(RuntimeError::internal)
+    std.set_nonblocking(true)
+        .map_err(RuntimeError::os("a port's connection"))?;
+    TcpStream::from_std(std).map_err(RuntimeError::os("a port's connection"))
 }
 
 /// Accepts on the host listener and forwards each connection into the sandbox until the

@@ -44,7 +44,7 @@ impl Process {
         let mut next = || -> Result<Arc<AsyncFd<OwnedFd>>, RuntimeError> {
             let fd = fds
                 .next()
-                .ok_or_else(|| RuntimeError::internal("agent sent too few descriptors"))?;
+                .ok_or_else(|| RuntimeError::Agent("sent too few descriptors".into()))?;
             Ok(Arc::new(crate::util::async_fd(fd)?))
         };
         let (input, outputs, master) = if let Io::Pty { .. } = io {
@@ -201,7 +201,10 @@ impl Process {
             .clone()
             .ok_or_else(|| self.no_input())?;
         while !data.is_empty() {
-            let mut g = fd.writable().await.map_err(RuntimeError::internal)?;
+            let mut g = fd
+                .writable()
+                .await
+                .map_err(RuntimeError::os("writing stdin"))?;
             match rustix::io::write(g.get_inner(), data) {
                 Ok(n) => data = &data[n..],
                 Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
@@ -210,7 +213,7 @@ impl Process {
                         id: self.id.to_string(),
                     })
                 }
-                Err(e) => return Err(RuntimeError::internal(format!("writing stdin: {e}"))),
+                Err(e) => return Err(RuntimeError::os("writing stdin")(e)),
             }
         }
         Ok(())
@@ -258,7 +261,7 @@ impl Process {
                     id: self.id.to_string(),
                 }
             } else {
-                RuntimeError::internal(format!("resizing the PTY: {e}"))
+                RuntimeError::os("resizing the PTY")(e)
             }
         })
     }

@@ -181,7 +181,7 @@ impl Runtime {
                     (instance, copied)
                 })
                 .await
-                .map_err(RuntimeError::internal)?;
+                .map_err(RuntimeError::Task)?;
                 if let Err(e) = copied {
                     instance.stop(Duration::ZERO).await;
                     if let Some(b) = lock(&instance.branch).take() {
@@ -397,7 +397,7 @@ impl Runtime {
             inner.snapshots.delete(&id).map_err(RuntimeError::Branch)
         })
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
     }
 
     /// Creates `count` sandboxes from snapshot `id` (forks), each with the policy, labels and

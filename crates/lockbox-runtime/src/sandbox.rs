@@ -291,9 +291,10 @@ pub(crate) async fn start_instance(
         None => None,
     };
     let approvals = match (spec.net_ask, &policy.net) {
-        (Some(timeout), lockbox_policy::Net::Allow(_)) => {
-            Some(lockbox_confine::Approvals::new(timeout).map_err(RuntimeError::internal)?)
-        }
+        (Some(timeout), lockbox_policy::Net::Allow(_)) => Some(
+            lockbox_confine::Approvals::new(timeout)
+                .map_err(RuntimeError::os("the approvals' desk"))?,
+        ),
         (Some(_), _) => {
             return Err(RuntimeError::invalid(
                 "net_ask",
@@ -376,7 +377,7 @@ async fn spawn_agent(
         SocketFlags::CLOEXEC,
         None,
     )
-    .map_err(RuntimeError::internal)?;
+    .map_err(RuntimeError::os("the agent's socket pair"))?;
     let mut policy = policy.clone();
     policy.pass_fds.push(theirs.as_raw_fd());
     let args: Vec<std::ffi::OsString> =
@@ -384,7 +385,7 @@ async fn spawn_agent(
     let agent_exe = agent_exe.to_owned();
     let stdin = std::fs::File::open("/dev/null")
         .map(OwnedFd::from)
-        .map_err(RuntimeError::internal)?;
+        .map_err(RuntimeError::os("opening /dev/null"))?;
     let mut running = on_spawner_thread(move || {
         // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
         let mut spawn = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args).stdio(
@@ -468,7 +469,7 @@ async fn on_spawner_thread<T: Send + 'static>(
                             job();
                         }
                     })
-                    .map_err(RuntimeError::internal)?;
+                    .map_err(RuntimeError::os("starting the sandbox spawner thread"))?;
                 *spawner = Some(s.clone());
                 s
             }

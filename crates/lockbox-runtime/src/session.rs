@@ -125,7 +125,7 @@ impl Session {
         let mut fds = fds.into_iter();
         let mut next = || {
             fds.next()
-                .ok_or_else(|| RuntimeError::internal("agent sent too few descriptors"))
+                .ok_or_else(|| RuntimeError::Agent("sent too few descriptors".into()))
                 .and_then(nonblocking)
         };
         let pipes = Pipes {
@@ -260,7 +260,7 @@ impl Session {
             tokio::select! {
                 biased;
                 r = status.readable() => {
-                    let mut g = r.map_err(RuntimeError::internal)?;
+                    let mut g = r.map_err(RuntimeError::os("polling a session's pipes"))?;
                     let read = read_some(g.get_inner(), STATUS_LINE_MAX, |d| status_buf.extend_from_slice(d));
                     if read == Read::Empty {
                         g.clear_ready();
@@ -325,7 +325,7 @@ impl Session {
                 }
                 permit = reserve => sink.slot(permit),
                 r = stdout.readable(), if !out_eof && may_read => {
-                    let mut g = r.map_err(RuntimeError::internal)?;
+                    let mut g = r.map_err(RuntimeError::os("polling a session's pipes"))?;
                     match sink.read(g.get_inner(), Pipe::Stdout) {
                         Read::Empty => g.clear_ready(),
                         Read::More => {}
@@ -333,7 +333,7 @@ impl Session {
                     }
                 }
                 r = stderr.readable(), if !err_eof && may_read => {
-                    let mut g = r.map_err(RuntimeError::internal)?;
+                    let mut g = r.map_err(RuntimeError::os("polling a session's pipes"))?;
                     match sink.read(g.get_inner(), Pipe::Stderr) {
                         Read::Empty => g.clear_ready(),
                         Read::More => {}
@@ -341,7 +341,7 @@ impl Session {
                     }
                 }
                 r = script.writable(), if !script_left.is_empty() => {
-                    let mut g = r.map_err(RuntimeError::internal)?;
+                    let mut g = r.map_err(RuntimeError::os("polling a session's pipes"))?;
                     match rustix::io::write(g.get_inner(), script_left) {
                         Ok(n) => script_left = &script_left[n..],
                         Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
@@ -349,7 +349,7 @@ impl Session {
                     }
                 }
                 r = data.writable(), if !stdin_left.is_empty() && script_left.is_empty() => {
-                    let mut g = r.map_err(RuntimeError::internal)?;
+                    let mut g = r.map_err(RuntimeError::os("polling a session's pipes"))?;
                     match rustix::io::write(g.get_inner(), stdin_left) {
                         Ok(n) => stdin_left = &stdin_left[n..],
                         Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
@@ -437,11 +437,14 @@ fn take_status(buf: &mut Vec<u8>, id: u64) -> Result<Option<i32>, Foreign> {
 
 async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> Result<(), RuntimeError> {
     while !data.is_empty() {
-        let mut g = fd.writable().await.map_err(RuntimeError::internal)?;
+        let mut g = fd
+            .writable()
+            .await
+            .map_err(RuntimeError::os("writing to the shell"))?;
         match rustix::io::write(g.get_inner(), data) {
             Ok(n) => data = &data[n..],
             Err(rustix::io::Errno::AGAIN) => g.clear_ready(),
-            Err(e) => return Err(RuntimeError::internal(format!("writing to the shell: {e}"))),
+            Err(e) => return Err(RuntimeError::os("writing to the shell")(e)),
         }
     }
     Ok(())

@@ -365,6 +365,6 @@ async fn spawn<T: Send + 'static>(
 ) -> Result<T, RuntimeError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(RuntimeError::internal)?
+        .map_err(RuntimeError::Task)?
         .map_err(crate::workspace::cow_error)
 }

@@ -27,7 +27,7 @@ fn workdir_of(v: rusqlite::types::ValueRef<'_>) -> Option<PathBuf> {
 }
 
 fn db_error(e: rusqlite::Error) -> RuntimeError {
-    RuntimeError::Internal(format!("sandbox database: {e}"))
+    RuntimeError::Database(e)
 }
 
 impl Store {
@@ -65,7 +65,8 @@ impl Store {
     }
 
     pub fn insert(&self, info: &SandboxInfo, spec: &serde_json::Value) -> Result<(), RuntimeError> {
-        let labels = serde_json::to_string(&info.labels).map_err(RuntimeError::internal)?;
+        let labels = serde_json::to_string(&info.labels)
+            .map_err(RuntimeError::json("a sandbox's labels"))?;
         self.conn()
             .execute(
                 "INSERT INTO sandboxes (id, state, created_at, workdir, branch, branch_action, labels, spec)

@@ -53,8 +53,9 @@ pub(crate) fn valid_env_name(s: &str) -> bool {
 pub(crate) fn async_fd(
     fd: std::os::fd::OwnedFd,
 ) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, crate::RuntimeError> {
-    rustix::io::ioctl_fionbio(&fd, true).map_err(crate::RuntimeError::internal)?;
-    tokio::io::unix::AsyncFd::new(fd).map_err(crate::RuntimeError::internal)
+    rustix::io::ioctl_fionbio(&fd, true)
+        .map_err(crate::RuntimeError::os("a non-blocking descriptor"))?;
+    tokio::io::unix::AsyncFd::new(fd).map_err(crate::RuntimeError::os("registering a descriptor"))
 }
 
 /// Most bytes one wakeup reads from an output pipe or PTY. A writer faster than its reader
