@@ -223,8 +223,11 @@ def terminal_lines(driver, element_id: str = "terminal") -> list[str]:
 
 
 def type_in_terminal(driver, *keys) -> None:
-    """Clicks the console's terminal (which focuses it) and types `keys` as a user would."""
+    """Clicks the console's terminal (which focuses it) once it is open and types `keys` as a
+    user would."""
     from selenium.webdriver.common.action_chains import ActionChains
 
+    wait_for(lambda: driver.execute_script("return document.getElementById('terminal').lockboxTerminal.fitted()"),
+             what="the terminal open and sized")
     driver.find_element("id", "terminal").click()
     ActionChains(driver).send_keys(*keys).perform()

@@ -9,14 +9,14 @@ a user would read it; keys are typed into the focused terminal.
 
 With LOCKBOX_CONSOLE_SHOTS=DIR the tests save screenshots there (docs/console/*.png)."""
 
+import importlib.util
 import os
 import re
 import shutil
 
+import console_util
 import pytest
 from conftest import need
-
-import console_util
 from console_util import csp_violations, login, wait_for
 
 SHOTS = os.environ.get("LOCKBOX_CONSOLE_SHOTS")
@@ -25,11 +25,7 @@ SHOTS = os.environ.get("LOCKBOX_CONSOLE_SHOTS")
 @pytest.fixture(scope="module")
 def logged_browser():
     """A headless Chromium keeping the page's console messages (for CSP violations)."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        selenium = None
-    need(selenium is not None, "selenium (pip install selenium)")
+    need(importlib.util.find_spec("selenium") is not None, "selenium (pip install selenium)")
     need(console_util.browser_available(), f"Chromium and its driver ({console_util.CHROMIUM})")
     driver = console_util.chrome(browser_log=True)
     try:
@@ -60,6 +56,7 @@ def shell(console_server, logged_browser):
         wait_for(lambda: driver.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
                  what="the terminal connected")
         wait_for(lambda: any(line.startswith("$") for line in screen(driver)), timeout=15, what="the prompt")
+        wait_for(lambda: fitted(driver), what="the terminal sized to its box")
         driver.find_element("id", "terminal").click()
         yield driver
         assert csp_violations(driver) == []
@@ -70,6 +67,10 @@ def shell(console_server, logged_browser):
 
 def screen(driver) -> list[str]:
     return driver.execute_script("return document.getElementById('terminal').lockboxTerminal.screen()")
+
+
+def fitted(driver) -> bool:
+    return driver.execute_script("return document.getElementById('terminal').lockboxTerminal.fitted()")
 
 
 def size(driver) -> tuple[int, int]:
@@ -111,8 +112,13 @@ def shot(driver, name) -> None:
         driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
 
 
+def program(name: str, package: str) -> None:
+    """Needs `name` on the host: the sandbox sees the host's /usr (scripts/test.sh installs it)."""
+    need(shutil.which(name) is not None, f"{name} (apt-get install {package})")
+
+
 def test_vim_draws_its_screen_takes_typed_text_and_quits(shell):
-    need(shutil.which("vim") is not None, "vim on the host (the sandbox sees the host's /usr)")
+    program("vim", "vim")
     rows, _ = size(shell)
     typed(shell, "vim -N -u NONE /tmp/notes.txt\n")
     s = wait_screen(shell, lambda s: sum(line == "~" for line in s) >= rows - 3, "vim's empty-buffer tildes")
@@ -132,6 +138,7 @@ def test_vim_draws_its_screen_takes_typed_text_and_quits(shell):
 
 
 def test_less_pages_a_long_file_and_quits(shell):
+    program("less", "less")
     rows, _ = size(shell)
     run(shell, "seq 1 500 > /tmp/nums; echo made", "made")
     typed(shell, "less /tmp/nums\n")
@@ -151,23 +158,27 @@ def test_less_pages_a_long_file_and_quits(shell):
 
 
 def test_top_shows_its_header_and_quits(shell):
+    program("top", "procps")
     typed(shell, "top -d 1\n")
     s = wait_screen(shell, lambda s: s[0].startswith("top - ") and any(line.startswith("Tasks:") for line in s),
                     "top's header")
     assert any(re.match(r"\s*PID\s+USER", line) for line in s), s
     assert any(line.endswith(" top") for line in s), s  # top lists itself
+    # Once it has drawn twice (its clock in the first line moved on) it reads keys.
+    wait_screen(shell, lambda now: now[0].startswith("top - ") and now[0] != s[0], "top's second refresh")
     typed(shell, "q")
     run(shell, "echo top-quit", "top-quit")
 
 
 def test_the_pty_takes_the_windows_size_and_follows_it(shell):
+    program("vim", "vim")
     rows, cols = size(shell)
     # The console sized the PTY to the window, not the 80x24 it was started with.
     assert (rows, cols) != (24, 80)
     run(shell, "stty size", f"{rows} {cols}")
     shell.set_window_size(800, 600)
-    new = wait_for(lambda: (lambda s: s if s[0] < rows and s[1] < cols else None)(size(shell)),
-                   what="a smaller terminal")
+    wait_for(lambda: size(shell)[0] < rows and size(shell)[1] < cols and fitted(shell), what="a smaller terminal")
+    new = size(shell)
     s = run(shell, "stty size", f"{new[0]} {new[1]}")
     assert f"{new[0]} {new[1]}" in s
     # A full-screen program drawn after the change uses the whole new screen.
@@ -182,11 +193,11 @@ def test_xterm_styles_apply_under_the_csp(shell):
     # The renderer's own style sheet (fonts, white-space) and a true colour cell's style both
     # apply, though the CSP allows no inline style; the fixture checks nothing was refused.
     run(shell, r"printf '\033[38;2;255;0;0mTRUECOLOUR\033[0m\n'", "TRUECOLOUR")
-    got = shell.execute_script("""
+    got = wait_for(lambda: shell.execute_script("""
         const rows = document.querySelector('#terminal .xterm-rows');
         const span = [...rows.querySelectorAll('span')].find(s => s.textContent === 'TRUECOLOUR');
-        return {ws: getComputedStyle(rows).whiteSpace, font: getComputedStyle(rows).fontFamily,
-                colour: span ? getComputedStyle(span).color : null};""")
+        return span && {ws: getComputedStyle(rows).whiteSpace, font: getComputedStyle(rows).fontFamily,
+                        colour: getComputedStyle(span).color};"""), what="the true colour cells drawn")
     assert got["ws"] == "pre"
     assert "monospace" in got["font"]
     assert got["colour"] == "rgb(255, 0, 0)"

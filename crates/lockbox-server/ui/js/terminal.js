@@ -80,6 +80,7 @@ export class Terminal {
     // xterm.js measures its font when opened, so it opens once the element is in the page
     // and has a size; from then on it follows the element's size.
     this.opened = false;
+    this.focusOnOpen = false;
     this.observer = new ResizeObserver(() => this.layout());
     this.observer.observe(this.el);
   }
@@ -89,6 +90,7 @@ export class Terminal {
     if (!this.opened) {
       this.xterm.open(this.el);
       this.opened = true;
+      if (this.focusOnOpen) this.xterm.focus();
     }
     // Until xterm.js has measured a cell there is no size to propose: try again next frame.
     if (!this.fit.proposeDimensions()) {
@@ -103,8 +105,16 @@ export class Terminal {
     return { cols: this.xterm.cols, rows: this.xterm.rows };
   }
 
+  /** Gives the terminal the keyboard (once it is open, when it is not yet). */
   focus() {
-    this.xterm.focus();
+    if (this.opened) this.xterm.focus();
+    else this.focusOnOpen = true;
+  }
+
+  /** Whether it is open and its screen is the size that fits its element (for tests). */
+  fitted() {
+    const fits = this.opened && this.fit.proposeDimensions();
+    return Boolean(fits) && fits.cols === this.xterm.cols && fits.rows === this.xterm.rows;
   }
 
   /** Feed output: a Uint8Array/ArrayBuffer (bytes, UTF-8) or a string. */
