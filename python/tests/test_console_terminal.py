@@ -201,3 +201,7 @@ def test_xterm_styles_apply_under_the_csp(shell):
     assert got["ws"] == "pre"
     assert "monospace" in got["font"]
     assert got["colour"] == "rgb(255, 0, 0)"
+    # Leaving the page drops the terminal and its style sheets with it.
+    shell.execute_script("location.hash = '#/sandboxes'")
+    wait_for(lambda: shell.execute_script("return document.adoptedStyleSheets.length") == 0,
+             what="the terminal's style sheets dropped")
