@@ -34,10 +34,23 @@ def logged_browser():
         driver.quit()
 
 
-@pytest.fixture
-def shell(console_server, logged_browser):
+@pytest.fixture(scope="module")
+def nobody_server():
+    """A `lockbox serve` run as uid 65534 (the caller being root)."""
+    need(os.geteuid() == 0, "root (the server is started as uid 65534)")
+    server = console_util.start_server(uid=65534)
+    try:
+        yield server
+    finally:
+        console_util.stop_server(server)
+
+
+@pytest.fixture(params=["root", "uid 65534"])
+def shell(request, logged_browser):
     """A sandbox running `bash -i` on a PTY, its terminal open in the console and connected;
-    yields the driver. No CSP violation may have been logged by the end."""
+    yields the driver. The server runs as root, then as uid 65534. No CSP violation may have
+    been logged by the end."""
+    console_server = request.getfixturevalue("console_server" if request.param == "root" else "nobody_server")
     driver = logged_browser
     driver.set_window_size(*console_util.WINDOW)
     driver.get(console_server.base + "/ui")
