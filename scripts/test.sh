@@ -25,6 +25,11 @@ command -v gcc >/dev/null || need+=(gcc)
 # Chromium through its driver with Selenium (pip-installed into the test venv below).
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+# The console's terminal test (python/tests/test_console_terminal.py) runs vim, less and top
+# in a sandbox, which sees the host's /usr.
+[ -x /usr/bin/vim ] || need+=(vim)
+[ -x /usr/bin/less ] || need+=(less)
+[ -x /usr/bin/top ] || need+=(procps)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

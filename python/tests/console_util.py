@@ -101,11 +101,12 @@ def browser_available() -> bool:
     return os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
 
 
-def chrome(performance_log: bool = False):
+def chrome(performance_log: bool = False, browser_log: bool = False):
     """A headless Chromium (1280x800) under Selenium; `--no-sandbox` when run as root
     (Chromium refuses its own sandbox as root). With `performance_log`, the DevTools network
     events are kept (`driver.get_log("performance")`): the statuses of requests a page
-    cannot read itself (e.g. a cross-site one)."""
+    cannot read itself (e.g. a cross-site one). With `browser_log`, the page's console
+    messages are (`driver.get_log("browser")`, see `csp_violations`)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -117,8 +118,13 @@ def chrome(performance_log: bool = False):
     opts.add_argument("--no-first-run")
     if os.geteuid() == 0:
         opts.add_argument("--no-sandbox")
+    prefs = {}
     if performance_log:
-        opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+        prefs["performance"] = "ALL"
+    if browser_log:
+        prefs["browser"] = "ALL"
+    if prefs:
+        opts.set_capability("goog:loggingPrefs", prefs)
     # Chromium's shared-memory files (with --disable-dev-shm-usage) and profile go in a
     # directory of this driver's own, removed on quit: a browser that is killed leaves them.
     scratch = tempfile.mkdtemp(prefix="lockbox-chromium-")
@@ -199,3 +205,29 @@ def network_statuses(driver, url_part: str) -> list[int]:
             if url_part in resp["url"]:
                 out.append(resp["status"])
     return out
+
+
+def csp_violations(driver) -> list[str]:
+    """The browser console's messages since the last call that say the Content-Security-Policy
+    refused something (needs `chrome(browser_log=True)`)."""
+    return [e["message"] for e in driver.get_log("browser")
+            if "Content Security Policy" in e["message"] or "Content-Security-Policy" in e["message"]]
+
+
+def terminal_lines(driver, element_id: str = "terminal") -> list[str]:
+    """The lines of the console's terminal (`#terminal`, or a log's `#log`) as xterm.js holds
+    them: scrollback then screen, trailing spaces trimmed."""
+    return driver.execute_script(
+        "const el = document.getElementById(arguments[0]); return el && el.lockboxTerminal ? el.lockboxTerminal.lines() : []",
+        element_id)
+
+
+def type_in_terminal(driver, *keys) -> None:
+    """Clicks the console's terminal (which focuses it) once it is open and types `keys` as a
+    user would."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    wait_for(lambda: driver.execute_script("return document.getElementById('terminal').lockboxTerminal.fitted()"),
+             what="the terminal open and sized")
+    driver.find_element("id", "terminal").click()
+    ActionChains(driver).send_keys(*keys).perform()

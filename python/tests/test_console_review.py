@@ -20,7 +20,7 @@ import pytest
 from conftest import need, settle
 
 import console_util
-from console_util import login, wait_for
+from console_util import login, terminal_lines, type_in_terminal, wait_for
 
 OLD = "".join(f"line {i}\n" for i in range(1, 21))
 # Three hunks in f.txt (lines 2, 10, 19 change), g.txt changed, h.txt added.
@@ -208,17 +208,12 @@ def test_a_sessions_terminal_echoes_a_typed_command(console_server, ui):
         wait_for(lambda: by_css(ui, "#processes .terminal-link"), what="the process list")[0].click()
         wait_for(lambda: ui.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
                  what="the terminal connected")
-        term = ui.find_element("id", "terminal")
-        term.click()
-        term.send_keys("echo typed-$((6*7))\n")
-        wait_for(lambda: "typed-42" in term.text.replace("echo typed-$((6*7))", ""), timeout=15,
-                 what="the command's output in the terminal")
-        assert "echo typed-$((6*7))" in term.text
+        type_in_terminal(ui, "echo typed-$((6*7))\n")
+        wait_for(lambda: "typed-42" in terminal_lines(ui), timeout=15, what="the command's output in the terminal")
+        assert any(line.endswith("echo typed-$((6*7))") for line in terminal_lines(ui))
         # The line box (a phone's way in) sends a line too.
         ui.find_element("id", "terminal-line").send_keys("echo line-$((2+3))\n")
-        wait_for(lambda: "line-5" in term.text.replace("echo line-$((2+3))", ""), timeout=15,
-                 what="the line box's command's output")
-        shot(ui, "terminal")
+        wait_for(lambda: "line-5" in terminal_lines(ui), timeout=15, what="the line box's command's output")
     finally:
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
 
@@ -398,16 +393,21 @@ def test_the_terminal_keeps_5000_lines_and_shows_colours_not_escapes(console_ser
     assert status in (200, 201), proc
     try:
         ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}/terminal/{proc['id']}")
-        term = wait_for(lambda: by_css(ui, "#terminal"), what="the terminal")[0]
-        wait_for(lambda: "the process exited" in term.text, timeout=20, what="the exit note")
-        lines = ui.execute_script("return [...document.querySelectorAll('#terminal .tline')].map(e => e.textContent)")
-        assert len(lines) <= 5000
+        wait_for(lambda: any("the process exited" in line for line in terminal_lines(ui)), timeout=20,
+                 what="the exit note")
+        lines = terminal_lines(ui)
+        rows = ui.execute_script("return document.getElementById('terminal').lockboxTerminal.size().rows")
+        assert len(lines) <= 5000 + rows  # 5,000 lines above the screen
         assert "6000" in lines and "1" not in lines  # the oldest lines went
         assert "plain red back" in lines
         assert "aX" in lines  # backspace moved back, X overwrote b
-        red = term.find_element("css selector", "span.fg1.b")
-        assert red.text == "red"
-        assert "\x1b" not in term.text and "[31m" not in term.text
+        # "red" is drawn bold in palette colour 1 (red; bright red, as xterm draws bold).
+        red = ui.execute_script("""
+            const spans = [...document.querySelectorAll('#terminal .xterm-rows span')];
+            const s = spans.find(s => s.textContent === 'red');
+            return s ? s.className : null;""")
+        assert red is not None and "xterm-bold" in red and re.search(r"\bxterm-fg-(1|9)\b", red), red
+        assert not any("\x1b" in line or "[31m" in line for line in lines)
     finally:
         console_server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
 
@@ -483,10 +483,9 @@ def test_review_and_terminal_work_with_the_server_run_as_uid_65534(browser):
         browser.get(f"{server.base}/ui/#/sandboxes/{sb['id']}/terminal/{proc['id']}")
         wait_for(lambda: browser.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
                  what="the terminal connected")
-        term = browser.find_element("id", "terminal")
-        term.click()
-        term.send_keys("echo I am $(id -u)\n")
-        wait_for(lambda: "I am " in term.text.replace("echo I am $(id -u)", ""), timeout=15, what="the echo")
+        type_in_terminal(browser, "echo I am $(id -u)\n")
+        wait_for(lambda: any(line.startswith("I am ") for line in terminal_lines(browser)), timeout=15,
+                 what="the echo")
         server.api("DELETE", f"/v1/sandboxes/{sb['id']}")
     finally:
         console_util.stop_server(server)

@@ -152,7 +152,8 @@ export async function sandboxPage(view, id) {
       onclick: async () => {
         try {
           const size = { cols: 100, rows: 30 };
-          const p = await post(`${base}/processes`, { argv: ["bash", "-i"], pty: size });
+          // xterm.js (js/terminal.js) is an xterm: programs may use its colours and keys.
+          const p = await post(`${base}/processes`, { argv: ["bash", "-i"], env: { TERM: "xterm-256color" }, pty: size });
           location.hash = `#/sandboxes/${seg(id)}/terminal/${seg(p.id)}`;
         } catch (err) {
           fill(message, errorBox(err));
@@ -291,7 +292,7 @@ function processesTable(id, reply) {
 export async function terminalPage(view, id, pid) {
   document.title = `Terminal ${pid} · lockbox console`;
   const state = h("span", { id: "terminal-state", class: "muted" }, "Connecting…");
-  const term = new Terminal({ onInput: (s) => send(s) });
+  const term = new Terminal({ onInput: (bytes) => send(bytes), onResize: () => resize() });
   term.el.id = "terminal";
   // A line to send, for a phone's keyboard (which a focused <div> does not open) or a paste.
   const lineInput = h("input", { id: "terminal-line", type: "text", autocomplete: "off", autocapitalize: "off", spellcheck: "false", "aria-label": "A line to send" });
@@ -301,7 +302,7 @@ export async function terminalPage(view, id, pid) {
       class: "line-form",
       onsubmit: (e) => {
         e.preventDefault();
-        send(`${lineInput.value}\r`);
+        send(encoder.encode(`${lineInput.value}\r`));
         lineInput.value = "";
       },
     },
@@ -316,7 +317,7 @@ export async function terminalPage(view, id, pid) {
       h("h1", {}, "Terminal ", h("span", { class: "id" }, pid), " in ", h("a", { href: `#/sandboxes/${seg(id)}` }, id)),
       state,
     ),
-    h("p", { class: "muted" }, "Click the terminal and type; what the process printed so far is replayed first (up to 5,000 lines kept here)."),
+    h("p", { class: "muted" }, "Click the terminal and type; what the process printed so far is replayed first (5,000 lines kept above the screen). The screen takes the size of the window."),
     term.el,
     lineForm,
   );
@@ -325,8 +326,8 @@ export async function terminalPage(view, id, pid) {
   ws.binaryType = "arraybuffer";
   const encoder = new TextEncoder();
   let open = false;
-  function send(s) {
-    if (open) ws.send(encoder.encode(s));
+  function send(bytes) {
+    if (open) ws.send(bytes);
   }
   function resize() {
     if (open) ws.send(JSON.stringify({ resize: term.size() }));
@@ -336,7 +337,7 @@ export async function terminalPage(view, id, pid) {
     state.textContent = "Connected";
     state.dataset.connected = "yes";
     resize();
-    term.el.focus();
+    term.focus();
   });
   ws.addEventListener("message", (e) => {
     if (typeof e.data !== "string") {
@@ -368,15 +369,9 @@ export async function terminalPage(view, id, pid) {
   ws.addEventListener("error", () => {
     state.textContent = "The connection failed: is the process still there and are you logged in?";
   });
-  let timer = 0;
-  const onResize = () => {
-    clearTimeout(timer);
-    timer = setTimeout(resize, 150);
-  };
-  window.addEventListener("resize", onResize);
   return () => {
-    window.removeEventListener("resize", onResize);
     ws.close();
+    term.dispose();
   };
 }
 
@@ -424,5 +419,8 @@ export async function logsPage(view, id, pid) {
     if (es.readyState === EventSource.CLOSED) state.textContent = "The log cannot be followed (logged out, or the process is gone).";
     else state.textContent = "Connection lost; reconnecting…";
   });
-  return () => es.close();
+  return () => {
+    es.close();
+    term.dispose();
+  };
 }
