@@ -76,8 +76,8 @@ pub use crate::seccomp::{
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, sequence_unsupported, Enforcement, Gated, NetEnforcement, Outcome, Running,
-    Spawn, Status, Stdio, StopReason, UpperMount, Waited,
+    namespaces, run, sequence_unsupported, Enforcement, Gated, Held, NetEnforcement, Outcome,
+    Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 pub use crate::usage::{tree_usage, TreeUsage};
 pub use crate::wiped::{wipe, WipedOnFork};
