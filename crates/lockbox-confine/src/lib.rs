@@ -53,6 +53,8 @@ mod sysnet;
 mod usage;
 #[allow(unsafe_code)]
 mod wiped;
+#[allow(unsafe_code)]
+mod zeroed;
 
 pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
@@ -81,6 +83,7 @@ pub use crate::spawn::{
 };
 pub use crate::usage::{tree_usage, TreeUsage};
 pub use crate::wiped::{wipe, WipedOnFork};
+pub use crate::zeroed::ZeroOnFree;
 
 /// Where [`Spawn::agent`] makes the agent executable visible inside the sandbox (a path of
 /// lockbox's own `/dev`, bound read-only whatever the policy grants).
