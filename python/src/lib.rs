@@ -19,6 +19,12 @@
 
 use pyo3::prelude::*;
 
+/// The Rust heap of this module zeroes freed blocks: a sandbox's init, a fork of this
+/// process, inherits no freed copy of a credential header built by the in-process runtime
+/// (issue 32, `lockbox_confine::ZeroOnFree`).
+#[global_allocator]
+static ALLOC: lockbox_confine::ZeroOnFree = lockbox_confine::ZeroOnFree;
+
 mod cli;
 mod errors;
 mod journal;

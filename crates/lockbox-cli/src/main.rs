@@ -1,6 +1,11 @@
 //! The `lockbox` command (the library `lockbox_cli` does the work).
 #![forbid(unsafe_code)]
 
+/// Freed heap blocks are zeroed: a sandbox's init, a fork of this process, inherits no
+/// freed copy of a credential header (issue 32, `lockbox_confine::ZeroOnFree`).
+#[global_allocator]
+static ALLOC: lockbox_confine::ZeroOnFree = lockbox_confine::ZeroOnFree;
+
 fn main() -> std::process::ExitCode {
     // A long-lived sandbox's agent is this binary re-executed inside it (lockbox-runtime).
     lockbox_agent::main_if_agent();

@@ -814,10 +814,27 @@ fn a_served_sandbox_uses_the_servers_credential_through_its_rule_and_never_sees_
             assert_eq!(requests[0]["status"], 200, "{log:#}");
             assert_eq!(requests[2]["decision"], "denied", "{log:#}");
             assert!(!log.to_string().contains(&net.secret));
-            let (status, _) = server
-                .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+            // Issue 32: nor does a sandbox started after those requests (a fork of the
+            // server, whose heap held their headers), while the first still runs.
+            let later = server
+                .sandbox(json!({
+                    "net": { "allow": ["api.test:8443"] },
+                    "http_auth": ["api.test bearer API"],
+                    "http_allow": ["GET api.test/v1/models"],
+                }))
                 .await;
-            assert!(status.is_success(), "{status}");
+            for init in inits_of(server.child.id()) {
+                assert!(
+                    !memory_holds(init, net.secret.as_bytes()),
+                    "{user:?}: init {init}, started after the requests, holds the credential"
+                );
+            }
+            for id in [&id, &later] {
+                let (status, _) = server
+                    .json(Method::DELETE, &format!("/v1/sandboxes/{id}"), json!(null))
+                    .await;
+                assert!(status.is_success(), "{status}");
+            }
         });
     }
 }

@@ -481,8 +481,7 @@ fn tty_and_ttyname_name_the_callers_terminal_inside() {
 import os, pty, sys
 pid, fd = pty.fork()
 if pid == 0:
-    os.execv(sys.argv[1], [sys.argv[1], "run", "--", "sh", "-c",
-        "tty; python3 -c 'import os; print(os.ttyname(1))'"])
+    os.execv(sys.argv[1], sys.argv[1:])
 out = b""
 while True:
     try:
@@ -495,22 +494,34 @@ while True:
 os.waitpid(pid, 0)
 sys.stdout.write(out.decode().replace("\r\n", "\n"))
 "#;
+    let script = "tty; python3 -c 'import os; print(os.ttyname(1))'";
     for user in users() {
-        let mut cmd = Command::new("/usr/bin/python3");
-        if let User::Nobody = user {
-            cmd.uid(65534).gid(65534);
+        // Also on a branch: that sandbox starts held until its record names it (issue 32).
+        let dir = scratch();
+        let (work, state) = (dir.path().join("work"), dir.path().join("state"));
+        std::fs::create_dir(&work).unwrap();
+        common::give(dir.path(), user);
+        let branch = ["--workdir", work.to_str().unwrap(), "--state-dir"];
+        let branch = [&branch[..], &[state.to_str().unwrap()]].concat();
+        for extra in [&[][..], &branch[..]] {
+            let mut cmd = Command::new("/usr/bin/python3");
+            if let User::Nobody = user {
+                cmd.uid(65534).gid(65534);
+            }
+            let out = cmd
+                .args(["-c", driver, binary().to_str().unwrap(), "run"])
+                .args(extra)
+                .args(["--", "sh", "-c", script])
+                .current_dir("/")
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "/dev/console\n/dev/console\n",
+                "{user:?} {extra:?} {}",
+                text(&out)
+            );
         }
-        let out = cmd
-            .args(["-c", driver, binary().to_str().unwrap()])
-            .current_dir("/")
-            .output()
-            .unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            "/dev/console\n/dev/console\n",
-            "{user:?} {}",
-            text(&out)
-        );
         // Without a terminal there is nothing to name.
         let out = lockbox(
             user,

@@ -654,12 +654,37 @@ fn kill_9_of_lockbox_leaves_an_orphan_branch_that_abort_removes() {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        let listed = |s: &Setup| -> serde_json::Value {
+            serde_json::from_slice(&s.branch(&["list", "--json"]).stdout).unwrap()
+        };
+        // The record names the sandbox's init (issue 32): the branch is an orphan only once
+        // that init, and every process of the sandbox with it, is gone.
+        let json = listed(&s);
+        assert_eq!(json[0]["orphan"], false, "{json}");
+        let init: lockbox_cow::SandboxInit =
+            serde_json::from_value(json[0]["meta"]["sandbox_init"].clone()).unwrap();
+        assert!(!init.is_gone(), "{user:?}: {json}");
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(snapshot(&s.work), before, "{user:?}: the workdir changed");
-        let list = s.branch(&["list", "--json"]);
-        let json: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        // Killed with its lockbox, the sandbox may still be exiting for a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let json = loop {
+            let json = listed(&s);
+            if init.is_gone() && json[0]["orphan"] == true {
+                break json;
+            }
+            if !init.is_gone() {
+                // Running after the listing, so running during it: no orphan yet.
+                assert_eq!(json[0]["orphan"], false, "{user:?}: {json}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{user:?}: never an orphan: {json}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         assert_eq!(json[0]["orphan"], true, "{json}");
+        assert_eq!(snapshot(&s.work), before, "{user:?}: the workdir changed");
         let ids = s.branch_ids();
         let out = s.branch(&["abort", &ids[0]]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));

@@ -53,6 +53,8 @@ mod sysnet;
 mod usage;
 #[allow(unsafe_code)]
 mod wiped;
+#[allow(unsafe_code)]
+mod zeroed;
 
 pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
@@ -79,11 +81,12 @@ pub use crate::seccomp::{
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, sequence_unsupported, Enforcement, Gated, NetEnforcement, Outcome, Running,
-    Spawn, Status, Stdio, StopReason, UpperMount, Waited,
+    namespaces, run, sequence_unsupported, Enforcement, Gated, Held, NetEnforcement, Outcome,
+    Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 pub use crate::usage::{tree_usage, TreeUsage};
 pub use crate::wiped::{wipe, WipedOnFork};
+pub use crate::zeroed::ZeroOnFree;
 
 /// Where [`Spawn::agent`] makes the agent executable visible inside the sandbox (a path of
 /// lockbox's own `/dev`, bound read-only whatever the policy grants).

@@ -494,7 +494,7 @@ impl<'a> Spawn<'a> {
         if let Program::Sequence(_) = self.program {
             return self.gated()?.release(Stdio::default());
         }
-        let (sandbox, started) = launch(self, false)?;
+        let (sandbox, started) = launch(self, Start::Now)?;
         Ok(Running {
             run: Run::new(0, started, 0, 0),
             sandbox,
@@ -508,12 +508,55 @@ impl<'a> Spawn<'a> {
     /// N still writes the layer N+1 will read, and only pays the rest of the setup
     /// (mounting the view, Landlock, the exec) once stage N is done.
     pub fn gated(self) -> Result<Gated, SetupError> {
-        let (sandbox, _) = launch(self, true)?;
+        let (sandbox, _) = launch(self, Start::Gated)?;
         Ok(Gated {
             sandbox,
             step: 0,
             cpu_before: 0,
         })
+    }
+
+    /// Starts the sandbox held at the same gate as [`Spawn::gated`], with the stdio it was
+    /// given for good (its terminal named inside as [`Spawn::start`] does): the caller
+    /// learns the init's pid and records it before anything of the sandbox can write into
+    /// its copy-on-write views (a branch's `sandbox_init`, issue 32), then [`Held::go`]s.
+    pub fn held(self) -> Result<Held, SetupError> {
+        let (sandbox, _) = launch(self, Start::Held)?;
+        Ok(Held(Gated {
+            sandbox,
+            step: 0,
+            cpu_before: 0,
+        }))
+    }
+}
+
+/// How [`launch`] starts the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Straight on to its command.
+    Now,
+    /// Waiting at its gate for a go that may replace its stdio ([`Spawn::gated`]).
+    Gated,
+    /// Waiting at its gate for a go that keeps its stdio ([`Spawn::held`]).
+    Held,
+}
+
+/// A sandbox started with [`Spawn::held`], waiting before its views are mounted. Dropping it
+/// kills the waiting sandbox.
+#[derive(Debug)]
+pub struct Held(Gated);
+
+impl Held {
+    /// The pid of the waiting sandbox's init, as seen by the caller. It cannot be reused
+    /// while the returned value (or the [`Running`] that follows) lives: the init is the
+    /// caller's child, reaped only by them.
+    pub fn pid(&self) -> libc::pid_t {
+        self.0.pid()
+    }
+
+    /// Lets the sandbox go on to its command, with the stdio it was started with.
+    pub fn go(self) -> Result<Running, SetupError> {
+        self.0.release(Stdio::default())
     }
 }
 
@@ -597,9 +640,10 @@ pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
     None
 }
 
-/// Starts the sandbox of `program`; `gated`: its first command waits for the go. Returns
+/// Starts the sandbox of `program`; `start`: whether its first command waits for a go. Returns
 /// it with the time of the clone.
-fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupError> {
+fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupError> {
+    let gated = start != Start::Now;
     let Spawn {
         policy,
         program,
@@ -649,8 +693,9 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
     }
     // Only where the command itself holds the stdio: the agent of a long-lived sandbox keeps
     // the server's stdout and stderr from its children (naming the server's terminal would
-    // hand it to them), and a gated sandbox gets its stdio only at the release.
-    if !agent && !gated {
+    // hand it to them), and a gated sandbox gets its stdio only at the release (a held one
+    // keeps what it starts with).
+    if !agent && start != Start::Gated {
         resolved.terminal = resolve::terminal(&stdio_fds);
     }
     for overlay in &resolved.overlays {

@@ -27,6 +27,7 @@ use rustix::fs::RenameFlags;
 use rustix::io::Errno;
 
 use crate::meta::{self, BranchMeta, BranchState, Durability, Timestamp};
+use crate::SandboxInit;
 use crate::{
     beneath, commit, durable, BranchId, ChangeIter, ChangeSet, CommitOptions, CommitReport,
     CowError,
@@ -195,6 +196,7 @@ impl Branch {
             base_ctime,
             state: BranchState::Active,
             owner_pid: std::process::id(),
+            sandbox_init: None,
             context,
             failure: None,
             rebased: Vec::new(),
@@ -307,6 +309,19 @@ impl Branch {
     pub fn set_context(&mut self, context: serde_json::Value) -> Result<(), CowError> {
         let mut meta = self.meta.clone();
         meta.context = context;
+        meta::write(&self.dir, &meta, self.durability)?;
+        self.meta = meta;
+        Ok(())
+    }
+
+    /// Records the init of the sandbox started on the branch (see [`SandboxInit`]): until
+    /// it is gone, [`list`] does not call the branch an orphan, even once its owner died.
+    /// Call it before that sandbox can write into the branch (a gated sandbox, before its
+    /// go: `lockbox_confine::Spawn::held`), or an owner killed in between leaves a branch
+    /// listed as an orphan while the sandbox is still being killed.
+    pub fn record_sandbox(&mut self, init: SandboxInit) -> Result<(), CowError> {
+        let mut meta = self.meta.clone();
+        meta.sandbox_init = Some(init);
         meta::write(&self.dir, &meta, self.durability)?;
         self.meta = meta;
         Ok(())
@@ -595,13 +610,18 @@ pub struct ListedBranch {
 
 impl ListedBranch {
     /// True for an `active` or `committing` branch whose creating process is gone (lockbox
-    /// was killed), and for a damaged one: nobody will finish it, so it is effectively kept.
-    /// Best effort: the pid may have been reused.
+    /// was killed) and whose sandbox is gone too — its init, and so every process that
+    /// could write into the branch (see [`SandboxInit::is_gone`]) — and for a damaged one:
+    /// nobody will finish it, so it is effectively kept and can be committed as it is.
+    /// A record without a sandbox init (none was started, or an older lockbox wrote it)
+    /// is decided by the owner alone. Best effort for the owner: its pid may have been
+    /// reused (which keeps a branch from being called an orphan, never the reverse).
     pub fn is_orphan(&self) -> bool {
         match &self.meta {
             Ok(m) => {
                 matches!(m.state, BranchState::Active | BranchState::Committing)
                     && !pid_alive(m.owner_pid)
+                    && m.sandbox_init.as_ref().is_none_or(SandboxInit::is_gone)
             }
             Err(_) => true,
         }
@@ -626,6 +646,12 @@ impl ListedBranch {
             BranchState::Active if !orphan && crate::is_spare(&m.context) => format!(
                 "a spare fork made ahead by process {}'s pool; nothing to review",
                 m.owner_pid
+            ),
+            BranchState::Active if !orphan && !pid_alive(m.owner_pid) => format!(
+                "its lockbox (process {}) died; its sandbox (process {}) is still being \
+                 stopped, so it may still write: list again once it is gone",
+                m.owner_pid,
+                m.sandbox_init.map_or(0, |i| i.pid)
             ),
             BranchState::Active if !orphan => format!("in use by process {}", m.owner_pid),
             BranchState::Active => format!(

@@ -71,6 +71,7 @@ pub use crate::hunks::{
 };
 pub use crate::id::BranchId;
 pub use crate::import::import_upper;
+pub use crate::init::SandboxInit;
 pub use crate::layers::{
     copy_tree, copy_view, entry_cost, flatten, restrict, DIR_MIN_COST, INODE_COST,
 };
@@ -102,6 +103,7 @@ mod error;
 mod hunks;
 mod id;
 mod import;
+mod init;
 mod layers;
 mod lock;
 mod meta;

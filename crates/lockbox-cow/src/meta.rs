@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use crate::durable::Durability;
-use crate::{durable, BranchId, CowError};
+use crate::{durable, BranchId, CowError, SandboxInit};
 
 /// The current `meta.json` format version.
 pub const META_FORMAT_VERSION: u32 = 1;
@@ -78,6 +78,12 @@ pub struct BranchMeta {
     pub state: BranchState,
     /// The pid of the process that created the branch (for orphan detection).
     pub owner_pid: u32,
+    /// The init of the sandbox last started on the branch, recorded before that sandbox
+    /// could write into it (see [`crate::Branch::record_sandbox`]): the branch is an orphan
+    /// only once this process is gone too. `None` for a branch no sandbox was started on,
+    /// and in records older than the field (then only `owner_pid` decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_init: Option<SandboxInit>,
     /// Opaque caller data: typically the policy and the command that made the branch.
     pub context: serde_json::Value,
     /// Why the last commit failed (states `stale`, `commit_failed`, `committing`).
@@ -212,6 +218,10 @@ mod tests {
             base_ctime: Timestamp { secs: 3, nanos: 4 },
             state: BranchState::Active,
             owner_pid: 7,
+            sandbox_init: Some(SandboxInit {
+                pid: 8,
+                start_time: 9,
+            }),
             context: serde_json::json!({"command": ["sh", "-c", "true"], "z": 1.5, "a": null}),
             failure: None,
             rebased: vec![Rebased {
@@ -227,5 +237,27 @@ mod tests {
         std::fs::write(&p, text).unwrap();
         let err = read(dir.path()).unwrap_err();
         assert_eq!(err.code(), "CORRUPT_BRANCH_META", "{err}");
+    }
+
+    #[test]
+    fn a_record_without_a_sandbox_init_reads_as_older_lockboxes_wrote_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = BranchMeta {
+            id: BranchId::parse("b1").unwrap(),
+            workdir: "/x".into(),
+            created: Timestamp { secs: 1, nanos: 2 },
+            base_ctime: Timestamp { secs: 3, nanos: 4 },
+            state: BranchState::Active,
+            owner_pid: 7,
+            sandbox_init: None,
+            context: serde_json::Value::Null,
+            failure: None,
+            rebased: Vec::new(),
+            layers: Vec::new(),
+        };
+        write(dir.path(), &meta, Durability::Durable).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(META_FILE)).unwrap();
+        assert!(!text.contains("sandbox_init"), "{text}");
+        assert_eq!(read(dir.path()).unwrap(), meta);
     }
 }

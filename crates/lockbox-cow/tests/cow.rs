@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::{hash_tree, require_overlay, run_in_branch, sh, snapshot, tick, Scratch};
 use lockbox_cow::{
     abort_id, list, Branch, BranchId, BranchState, Change, CommitOptions, CowError, FileDiff,
-    FileType, SkipReason,
+    FileType, SandboxInit, SkipReason,
 };
 
 fn kinds(branch: &Branch) -> Vec<(String, char, FileType)> {
@@ -145,6 +145,96 @@ fn orphan_after_kill_9_is_listed_and_aborted() {
     let b = Branch::open(&s.state, &listed[0].id).unwrap();
     b.abort().unwrap();
     assert!(list(&s.state).unwrap().is_empty());
+}
+
+/// Set by [`issue_32_a_branch_is_no_orphan_while_its_sandbox_runs`]: the pid of the
+/// sandbox init its re-executed child records before exiting.
+const HELPER_INIT_ENV: &str = "LOCKBOX_COW_TEST_HELPER_INIT";
+
+#[test]
+fn helper_create_branch_on_a_sandbox_then_exit() {
+    let (Ok(state), Ok(wd), Ok(init)) = (
+        std::env::var(HELPER_ENV),
+        std::env::var("LOCKBOX_COW_TEST_HELPER_WD"),
+        std::env::var(HELPER_INIT_ENV),
+    ) else {
+        return; // only does something when re-executed by the test below
+    };
+    let mut b = Branch::create(Path::new(&state), Path::new(&wd), serde_json::json!("x")).unwrap();
+    let init = SandboxInit::of(init.parse().unwrap()).unwrap();
+    b.record_sandbox(init).unwrap();
+}
+
+/// The init (pid 1 of a new pid namespace) that `unshare` forked, once it runs.
+fn init_of(unshare: &std::process::Child) -> u32 {
+    let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+    loop {
+        let text = std::fs::read_to_string(&children).unwrap();
+        if let Some(pid) = text.split_whitespace().next() {
+            return pid.parse().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Issue 32: the lockbox that made a branch dies (its process is gone) while its sandbox is
+/// still being killed. Until the sandbox's init, and with it every process that could write
+/// into the branch, is gone, the branch is not offered for commit as an orphan.
+#[test]
+fn issue_32_a_branch_is_no_orphan_while_its_sandbox_runs() {
+    let s = Scratch::new();
+    // A sandbox as the kernel sees it: the init of a pid namespace of its own.
+    let mut sandbox = std::process::Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--kill-child",
+        ])
+        .args(["sleep", "1000"])
+        .spawn()
+        .unwrap();
+    let init = init_of(&sandbox);
+    let st = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_create_branch_on_a_sandbox_then_exit",
+            "--nocapture",
+        ])
+        .env(HELPER_ENV, &s.state)
+        .env("LOCKBOX_COW_TEST_HELPER_WD", &s.wd)
+        .env(HELPER_INIT_ENV, init.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success(), "{st}");
+    let listed = list(&s.state).unwrap();
+    assert_eq!(listed.len(), 1);
+    let recorded = listed[0].meta.as_ref().unwrap().sandbox_init.unwrap();
+    assert_eq!(recorded.pid, init);
+    assert!(
+        !listed[0].is_orphan(),
+        "its owner is gone, but its sandbox still runs"
+    );
+    assert!(
+        listed[0].status().contains("still being stopped"),
+        "{}",
+        listed[0].status()
+    );
+
+    // The sandbox ends: `unshare` exits once its child, the init, was reaped.
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &init.to_string()])
+        .status();
+    sandbox.wait().unwrap();
+    let listed = list(&s.state).unwrap();
+    assert!(listed[0].is_orphan(), "owner and sandbox are gone");
+    assert!(
+        listed[0].status().starts_with("orphan"),
+        "{}",
+        listed[0].status()
+    );
+    abort_id(&s.state, &listed[0].id).unwrap();
 }
 
 #[test]
@@ -1157,6 +1247,7 @@ fn key_scenarios_pass_as_uid_65534() {
             "a_refused_or_failed_commit",
             "unrelated_host",
             "orphan_after",
+            "issue_32_a_branch_is_no_orphan",
             "leftover_staging",
             "xattr_whiteouts",
             "xattrs_and_hard_links",

@@ -259,7 +259,7 @@ pub(crate) async fn start_instance(
         None
     };
     let interceptor = crate::credentials::start(spec, &mut policy, sink.clone())?;
-    let branch = match &spec.workdir {
+    let mut branch = match &spec.workdir {
         Some(dir) => {
             let context = branch_context(sandbox_id, spec, false);
             if !dir.is_dir() {
@@ -304,6 +304,22 @@ pub(crate) async fn start_instance(
         (None, _) => None,
     };
     let started = spawn_agent(&policy, agent_exe, sink, approvals.clone(), interceptor).await;
+    // The branch's record names the sandbox's init, so that `branch list` calls it an
+    // orphan only once that init (and every process of the sandbox) is gone, not as soon as
+    // this server is (issue 32). Recorded before the sandbox can write into the branch: its
+    // agent writes only what this server asks, and it has asked nothing yet.
+    let started = started.and_then(|(running, agent)| {
+        let recorded = match branch.as_mut() {
+            Some(b) => u32::try_from(running.pid())
+                .map_err(std::io::Error::other)
+                .and_then(lockbox_cow::SandboxInit::of)
+                .map_err(RuntimeError::internal)
+                .and_then(|init| b.record_sandbox(init).map_err(RuntimeError::Branch)),
+            None => Ok(()),
+        };
+        // On an error, dropping `running` kills the sandbox.
+        recorded.map(|()| (running, agent))
+    });
     let (running, agent) = match started {
         Ok(x) => x,
         Err(e) => {

@@ -198,6 +198,11 @@ async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_
         4,
         "the sandbox's, the fork's and two spares' branches"
     );
+    // Each names its sandbox's init (issue 32: an orphan only once that is gone too).
+    for b in &listed {
+        let meta = b.meta.as_ref().unwrap();
+        assert!(meta.sandbox_init.is_some(), "{meta:?}");
+    }
     let rt = open();
     let kept: Vec<String> = lockbox_cow::list(state.path())
         .unwrap()

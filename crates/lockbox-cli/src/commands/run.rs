@@ -56,7 +56,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         &mut policy,
         audit.as_ref().map(|(_, sink)| sink.clone()),
     )?;
-    let workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
+    let mut workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
     // With --net-ask the command is in a session of its own: the terminal's signals reach
     // lockbox alone, which forwards them, and its size changes go to the sandbox's terminal.
@@ -87,7 +87,33 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     if let Some(interceptor) = interceptor {
         spawn = spawn.interceptor(interceptor);
     }
-    let result = spawn.start().and_then(|mut running| {
+    // With a branch, its record names the sandbox's init before the sandbox can write into
+    // it: `branch list` calls the branch an orphan only once that init is gone (issue 32).
+    let started = match &mut workspace {
+        None => Ok(spawn.start()),
+        Some(w) => match spawn.held() {
+            Err(e) => Ok(Err(e)),
+            // Dropping `held` on an error kills the waiting sandbox.
+            Ok(held) => w.record_sandbox(held.pid()).map(|()| held.go()),
+        },
+    };
+    let started = match started {
+        Ok(started) => started,
+        Err(e) => {
+            if let Some(asking) = asking {
+                asking.finish();
+            }
+            std::mem::forget(signals);
+            if let Some(log) = audit_log {
+                log.finish();
+            }
+            if let Some(w) = workspace {
+                w.discard();
+            }
+            return Err(CliError::new(125, super::chain(&e)));
+        }
+    };
+    let result = started.and_then(|mut running| {
         started_in = Some(running.cwd().to_owned());
         let outcome = supervise(&mut running, &policy, &signals, asking.as_ref());
         running.drop_before_exit();

@@ -97,6 +97,18 @@ fn as_given(workdir: &std::path::Path) -> Option<std::path::PathBuf> {
 }
 
 impl Workspace {
+    /// Records the init of the sandbox started on the branch (`pid`, the caller's child not
+    /// yet waited for), before that sandbox can write into the branch.
+    pub fn record_sandbox(&mut self, pid: libc::pid_t) -> anyhow::Result<()> {
+        let id = self.branch.id().as_str().to_owned();
+        let init = u32::try_from(pid)
+            .map_err(std::io::Error::other)
+            .and_then(lockbox_cow::SandboxInit::of)
+            .map_err(|e| anyhow::anyhow!("identifying the sandbox of branch {id}: {e}"))?;
+        self.branch.record_sandbox(init)?;
+        Ok(())
+    }
+
     /// Applies `--on-exit`/`--on-error`/`--dry-run` once the sandbox has ended (`failed`:
     /// non-zero exit, signal or timeout). Messages go to stderr.
     pub fn finish(
