@@ -57,9 +57,6 @@ pub enum ImageError {
         /// What the registry answered.
         reason: String,
     },
-    /// `http://` to a registry that is not on a loopback address.
-    #[error("registry {0}: plain http is only used for loopback registries; pass --insecure-registry {0} to allow it")]
-    Insecure(String),
     /// A manifest, index or config larger than the bound.
     #[error("{what}: larger than the {limit}-byte bound")]
     TooLarge {
@@ -166,8 +163,7 @@ impl ImageError {
             | ImageError::BadPlatform(_)
             | ImageError::NotFound(_)
             | ImageError::Ambiguous { .. }
-            | ImageError::BadHolder(_)
-            | ImageError::Insecure(_) => 2,
+            | ImageError::BadHolder(_) => 2,
             ImageError::Held { .. } => 5,
             ImageError::Io { .. } | ImageError::Damaged { .. } => 4,
             _ => 1,

@@ -219,6 +219,9 @@ pub struct PullOptions {
     pub parallel: usize,
     /// Show a progress line on stderr (the CLI sets it when stderr is a terminal).
     pub progress: bool,
+    /// The credentials file (containers-auth.json / docker config.json format); default
+    /// `$REGISTRY_AUTH_FILE`, else `~/.docker/config.json`.
+    pub auth_file: Option<PathBuf>,
 }
 
 /// The default bound on manifests, indexes, configs and token answers.
@@ -235,6 +238,7 @@ impl Default for PullOptions {
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
             parallel: 3,
             progress: false,
+            auth_file: None,
         }
     }
 }

@@ -46,9 +46,15 @@ impl Credentials {
 /// Where credentials come from: `$REGISTRY_AUTH_FILE` (containers-auth.json), else
 /// `~/.docker/config.json`; the entry of `auths` whose key names `registry` (a bare host,
 /// or a URL such as `https://index.docker.io/v1/`), its `auth` being base64 `user:password`.
-pub fn credentials_for(registry: &str) -> Result<Option<Credentials>, ImageError> {
-    let file = match std::env::var_os("REGISTRY_AUTH_FILE") {
-        Some(f) if !f.is_empty() => PathBuf::from(f),
+pub fn credentials_for(
+    registry: &str,
+    file: Option<&Path>,
+) -> Result<Option<Credentials>, ImageError> {
+    let file = match file
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("REGISTRY_AUTH_FILE").map(PathBuf::from))
+    {
+        Some(f) if !f.as_os_str().is_empty() => f,
         _ => match dirs::home_dir() {
             Some(h) => h.join(".docker/config.json"),
             None => return Ok(None),
@@ -130,7 +136,11 @@ pub struct Registry {
 impl Registry {
     /// A client for `reference`'s repository. `insecure` names registries that may be
     /// reached over plain http (loopback ones always are).
-    pub fn new(reference: &Reference, insecure: &[String]) -> Result<Registry, ImageError> {
+    pub fn new(
+        reference: &Reference,
+        insecure: &[String],
+        auth_file: Option<&Path>,
+    ) -> Result<Registry, ImageError> {
         let host = reference.api_host().to_owned();
         let plain = is_loopback(&host)
             || insecure
@@ -167,7 +177,7 @@ impl Registry {
             base,
             host,
             repository: reference.repository.clone(),
-            credentials: credentials_for(&reference.registry)?,
+            credentials: credentials_for(&reference.registry, auth_file)?,
             auth: tokio::sync::Mutex::new(None),
             insecure: insecure.to_vec(),
         })

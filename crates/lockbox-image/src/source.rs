@@ -50,7 +50,7 @@ pub async fn resolve(
     let limit = opts.max_document_bytes;
     match source {
         Source::Registry(r) => {
-            let registry = Registry::new(r, &opts.insecure_registries)?;
+            let registry = Registry::new(r, &opts.insecure_registries, opts.auth_file.as_deref())?;
             let what = r.to_string();
             let (mut bytes, mut digest) = registry
                 .manifest(&r.manifest_ref(), r.digest.as_ref(), limit)

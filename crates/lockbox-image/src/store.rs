@@ -396,10 +396,6 @@ impl Store {
                 tracing::debug!(digest = %l.digest, "a foreign layer: fetched like any other");
             }
         }
-        self.put_blob(&resolved.config_digest, &resolved.config)?;
-        if let Some((bytes, d)) = &resolved.manifest {
-            self.put_blob(d, bytes)?;
-        }
         let progress = Arc::new(Progress::default());
         progress
             .layers
@@ -446,6 +442,10 @@ impl Store {
             crate::eprint_line("");
         }
         result?;
+        self.put_blob(&resolved.config_digest, &resolved.config)?;
+        if let Some((bytes, d)) = &resolved.manifest {
+            self.put_blob(d, bytes)?;
+        }
         let run = config.config.clone().unwrap_or_default();
         let record = ImageRecord {
             format: FORMAT,
