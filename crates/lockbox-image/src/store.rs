@@ -81,7 +81,7 @@ struct Refs {
 
 /// A held `flock`; released on drop (and by the kernel when the process dies).
 #[derive(Debug)]
-struct Flock(#[allow(dead_code)] OwnedFd);
+struct Flock(OwnedFd);
 
 fn flock(path: &Path, op: FlockOperation) -> Result<Flock, ImageError> {
     let fd = rustix::fs::open(
@@ -332,6 +332,15 @@ impl Store {
         let name = unique();
         let lock_path = self.root.join("tmp").join(format!("{name}.lock"));
         let lock = flock(&lock_path, FlockOperation::LockExclusive)?;
+        // A recovery may have taken the lock between our open and our flock (it saw a lock
+        // no one held) and removed the file: then ours is on an unlinked inode. Never make
+        // the work directory unless the lock file is still the one we hold.
+        let held =
+            rustix::fs::fstat(&lock.0).map_err(|e| ImageError::io("lock", &lock_path, e.into()))?;
+        match rustix::fs::stat(&lock_path) {
+            Ok(st) if st.st_ino == held.st_ino && st.st_dev == held.st_dev => {}
+            _ => return self.work(),
+        }
         let dir = self.root.join("tmp").join(&name);
         std::fs::create_dir(&dir)
             .map_err(|e| ImageError::io("create a work directory", &dir, e))?;

@@ -269,7 +269,7 @@ impl Unpacker<'_> {
                 let mode = self.mode(&raw, mode);
                 self.dirs.push((rel, mode, mtime));
             }
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
+            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
                 self.clear(&parent, name, &raw, false)?;
                 let fd = rustix::fs::openat(
                     &parent,

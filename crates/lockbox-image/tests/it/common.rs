@@ -319,8 +319,17 @@ impl Registry {
         Registry { port, child, dir }
     }
 
+    /// Pushes every platform of the OCI layout `layout:tag` as `repo:tag` with skopeo.
+    pub fn push_all(&self, layout: &Path, tag: &str, repo: &str) {
+        self.push_with(layout, tag, repo, None, true)
+    }
+
     /// Pushes the OCI layout `layout:tag` as `repo:tag` with skopeo.
     pub fn push(&self, layout: &Path, tag: &str, repo: &str, creds: Option<&str>) {
+        self.push_with(layout, tag, repo, creds, false)
+    }
+
+    fn push_with(&self, layout: &Path, tag: &str, repo: &str, creds: Option<&str>, all: bool) {
         let policy = self.dir.path().join("policy.json");
         std::fs::write(
             &policy,
@@ -333,6 +342,9 @@ impl Registry {
             .args(["copy", "-q", "--dest-tls-verify=false"]);
         if let Some(c) = creds {
             cmd.args(["--dest-creds", c]);
+        }
+        if all {
+            cmd.arg("--all");
         }
         let out = cmd
             .arg(format!("oci:{}:{tag}", layout.display()))
@@ -410,4 +422,31 @@ pub fn auth_file(dir: &Path, host: &str, user_pass: &str) -> PathBuf {
     )
     .unwrap();
     p
+}
+
+/// An OCI layout at `dir` whose tag `multi` is an index of two images: linux/amd64 and
+/// linux/arm64/v8 (each with one file, `arch`). Returns their ids (amd64, arm64).
+pub fn multi_platform_layout(lay: &Path) -> (String, String) {
+    // Two single-image layouts' manifests, then an index of both as the tagged entry.
+    let a = vec![Layer::gz(tar_of(&[E::File("arch", b"amd64", 0o644)]))];
+    let b = vec![Layer::gz(tar_of(&[E::File("arch", b"arm64", 0o644)]))];
+    let mut cb: serde_json::Value = serde_json::from_slice(&config_of(&b, &[])).unwrap();
+    cb["architecture"] = "arm64".into();
+    let (ma, ida) = write_layout(lay, "a", &a, &config_of(&a, &[]));
+    let (mb, idb) = write_layout(lay, "b", &b, &serde_json::to_vec(&cb).unwrap());
+    let size = |m: &str| {
+        std::fs::metadata(lay.join("blobs/sha256").join(&m[7..]))
+            .unwrap()
+            .len()
+    };
+    let index = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": ma, "size": size(&ma), "platform": {"os": "linux", "architecture": "amd64"}},
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mb, "size": size(&mb), "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+    ]})).unwrap();
+    let di = sha(&index);
+    std::fs::write(lay.join("blobs/sha256").join(&di[7..]), &index).unwrap();
+    let top = serde_json::json!({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": di, "size": index.len(), "annotations": {"org.opencontainers.image.ref.name": "multi"}}]});
+    std::fs::write(lay.join("index.json"), serde_json::to_vec(&top).unwrap()).unwrap();
+    (ida, idb)
 }

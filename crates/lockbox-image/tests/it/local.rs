@@ -153,27 +153,7 @@ fn oci_archive_and_docker_archive_sources_give_the_same_image_and_share_its_laye
 fn an_index_in_a_layout_picks_the_asked_platform() {
     let t = tmp();
     let lay = t.path().join("lay");
-    // Two single-image layouts' manifests, then an index of both as the tagged entry.
-    let a = vec![Layer::gz(tar_of(&[E::File("arch", b"amd64", 0o644)]))];
-    let b = vec![Layer::gz(tar_of(&[E::File("arch", b"arm64", 0o644)]))];
-    let mut cb: serde_json::Value = serde_json::from_slice(&config_of(&b, &[])).unwrap();
-    cb["architecture"] = "arm64".into();
-    let (ma, ida) = write_layout(&lay, "a", &a, &config_of(&a, &[]));
-    let (mb, idb) = write_layout(&lay, "b", &b, &serde_json::to_vec(&cb).unwrap());
-    let size = |m: &str| {
-        std::fs::metadata(lay.join("blobs/sha256").join(&m[7..]))
-            .unwrap()
-            .len()
-    };
-    let index = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": ma, "size": size(&ma), "platform": {"os": "linux", "architecture": "amd64"}},
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mb, "size": size(&mb), "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
-    ]})).unwrap();
-    let di = sha(&index);
-    std::fs::write(lay.join("blobs/sha256").join(&di[7..]), &index).unwrap();
-    let top = serde_json::json!({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": di, "size": index.len(), "annotations": {"org.opencontainers.image.ref.name": "multi"}}]});
-    std::fs::write(lay.join("index.json"), serde_json::to_vec(&top).unwrap()).unwrap();
+    let (ida, idb) = multi_platform_layout(&lay);
     let store = Store::open(&t.path().join("store")).unwrap();
     let src = format!("oci:{}:multi", lay.display());
     let amd = PullOptions {

@@ -2,7 +2,7 @@
 //! Bearer token flow (token_proxy.py), and registries that misbehave.
 
 use crate::common::*;
-use lockbox_image::{ImageError, PullOptions, Store};
+use lockbox_image::{ImageError, Platform, PullOptions, Store};
 use std::path::Path;
 
 fn rt() -> tokio::runtime::Runtime {
@@ -177,5 +177,34 @@ fn a_registry_that_is_not_there_is_a_clear_error() {
         e.to_string()
             .starts_with(&format!("registry 127.0.0.1:{port}: manifest x:1: ")),
         "{e}"
+    );
+}
+
+#[test]
+fn a_manifest_list_from_a_registry_gives_the_asked_platform() {
+    if !require(&["docker-registry", "skopeo"]) {
+        return;
+    }
+    let t = tmp();
+    let registry = Registry::start(None);
+    let lay = t.path().join("lay");
+    let (ida, idb) = multi_platform_layout(&lay);
+    registry.push_all(&lay, "multi", "multi");
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let reference = format!("127.0.0.1:{}/multi:multi", registry.port);
+    let amd = PullOptions {
+        platform: Platform::parse("linux/amd64").unwrap(),
+        ..PullOptions::default()
+    };
+    assert_eq!(rt().block_on(store.pull(&reference, &amd)).unwrap().id, ida);
+    let arm = PullOptions {
+        platform: Platform::parse("linux/arm64").unwrap(),
+        ..PullOptions::default()
+    };
+    let image = rt().block_on(store.pull(&reference, &arm)).unwrap();
+    assert_eq!(image.id, idb);
+    assert_eq!(
+        std::fs::read(image.layers[0].join("arch")).unwrap(),
+        b"arm64"
     );
 }
