@@ -163,10 +163,37 @@ impl ImageError {
             | ImageError::BadPlatform(_)
             | ImageError::NotFound(_)
             | ImageError::Ambiguous { .. }
-            | ImageError::BadHolder(_) => 2,
+            | ImageError::BadHolder(_)
+            | ImageError::BadDigest(_) => 2,
             ImageError::Held { .. } => 5,
             ImageError::Io { .. } | ImageError::Damaged { .. } => 4,
             _ => 1,
+        }
+    }
+
+    /// The stable error code (`lockbox-codes`) of this error.
+    pub fn code(&self) -> lockbox_codes::ErrorCode {
+        use lockbox_codes::ErrorCode as C;
+        match self {
+            ImageError::BadReference { .. }
+            | ImageError::BadPlatform(_)
+            | ImageError::Ambiguous { .. }
+            | ImageError::BadHolder(_)
+            | ImageError::BadDigest(_) => C::BadReference,
+            ImageError::NotFound(_) => C::ImageNotFound,
+            ImageError::Held { .. } => C::ImageInUse,
+            ImageError::NoPlatform { .. } => C::NoPlatform,
+            ImageError::Registry { .. } => C::RegistryFailed,
+            ImageError::Unauthorized { .. } => C::RegistryAuth,
+            ImageError::DigestMismatch { .. } | ImageError::SizeMismatch { .. } => {
+                C::DigestMismatch
+            }
+            ImageError::TooLarge { .. }
+            | ImageError::BadManifest { .. }
+            | ImageError::HostileEntry { .. }
+            | ImageError::BadLayer { .. }
+            | ImageError::LayerTooLarge { .. } => C::BadImage,
+            ImageError::Io { .. } | ImageError::Damaged { .. } => C::ImageStore,
         }
     }
 

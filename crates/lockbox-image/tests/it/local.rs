@@ -195,6 +195,7 @@ fn rm_refuses_a_held_image_naming_its_holders_until_released() {
     store.hold(&image.id, "snapshot-7").unwrap();
     let e = store.remove(&src).unwrap_err();
     assert_eq!(e.exit_code(), 5);
+    assert_eq!(e.code().as_str(), "IMAGE_IN_USE");
     assert!(
         e.to_string().contains("in use by sandbox-1, snapshot-7"),
         "{e}"
