@@ -150,6 +150,27 @@ fn pull_ls_inspect_rm_and_prune_an_oci_layout_image() {
             &["image", "prune", "--all", "--json", "--state-dir", st],
         ));
         assert_eq!(pruned["images_removed"], serde_json::json!([]));
+
+        // A store bound: the least recently used image nothing holds goes.
+        json_of(&lockbox(
+            user,
+            w,
+            &["image", "pull", &src, "--json", "--state-dir", st],
+        ));
+        let pruned = json_of(&lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "prune",
+                "--max-store",
+                "0",
+                "--json",
+                "--state-dir",
+                st,
+            ],
+        ));
+        assert_eq!(pruned["images_removed"], serde_json::json!([id.as_str()]));
     }
 }
 

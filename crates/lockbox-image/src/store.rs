@@ -9,6 +9,7 @@
 //!     root/                    the overlayfs lower directory
 //!     layer.json               what the unpack did (setuid stripped, devices skipped)
 //!   images/<id hex>.json       one image: config, layer list, source
+//!   images/<id hex>.used       its mtime: last pulled or held (least-recently-used pruning)
 //!   holds/<id hex>/<holder>    who uses an image (rm refuses while any is there)
 //!   locks/<diff-id hex>.lock   one pull at a time downloads and unpacks a layer
 //!   tmp/<n>.lock, tmp/<n>/     a pull's work directory, locked while it lives
@@ -503,6 +504,7 @@ impl Store {
         let mut names = vec![what];
         names.extend(resolved.extra_names.iter().cloned());
         self.set_refs(&names, &record.id)?;
+        self.touch_used(&record.id);
         drop(work);
         self.load(&record.id)
     }
@@ -832,6 +834,7 @@ impl Store {
             &dir.join(holder),
             format!("{{\"holder\":{:?},\"since\":{}}}\n", holder, now()).as_bytes(),
         )?;
+        self.touch_used(&id);
         self.load(&id)
     }
 
@@ -890,6 +893,7 @@ impl Store {
             refs.refs.remove(n);
         }
         self.write_refs(&refs)?;
+        let _ = std::fs::remove_file(self.used_path(&id));
         let p = self.record_path(&id);
         match std::fs::remove_file(&p) {
             Ok(()) => {}
@@ -920,11 +924,89 @@ impl Store {
             refs.refs.retain(|_, v| *v != r.id);
             let p = self.record_path(&r.id);
             std::fs::remove_file(&p).map_err(|e| ImageError::io("remove an image record", p, e))?;
+            let _ = std::fs::remove_file(self.used_path(&r.id));
             removed.push(r.id.to_string());
         }
         self.write_refs(&refs)?;
         let mut report = self.collect_garbage()?;
         report.images_removed = removed;
+        Ok(report)
+    }
+
+    fn used_path(&self, id: &Digest) -> PathBuf {
+        self.root.join("images").join(format!("{}.used", id.hex()))
+    }
+
+    /// Records that image `id` was used now (a pull or a hold), for least-recently-used
+    /// pruning. Best effort: a failure only makes the image look older.
+    fn touch_used(&self, id: &Digest) {
+        if let Ok(f) = std::fs::File::create(self.used_path(id)) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
+    }
+
+    fn last_used(&self, r: &ImageRecord) -> std::time::SystemTime {
+        let pulled = std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.pulled_at);
+        std::fs::metadata(self.used_path(&r.id))
+            .and_then(|m| m.modified())
+            .map_or(pulled, |t| t.max(pulled))
+    }
+
+    /// The bytes the store takes: unpacked layers (their tar streams' size) and blobs.
+    pub fn usage(&self) -> Result<u64, ImageError> {
+        let mut total = 0;
+        let layers = self.root.join("layers");
+        for e in std::fs::read_dir(&layers)
+            .map_err(|e| ImageError::io("list", &layers, e))?
+            .flatten()
+        {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if is_hex64(&n) {
+                let d = Digest::parse(&format!("sha256:{n}"))?;
+                total += self.layer_meta(&d)?.map_or(0, |m| m.unpacked_bytes);
+            }
+        }
+        let blobs = self.root.join("blobs/sha256");
+        for e in std::fs::read_dir(&blobs)
+            .map_err(|e| ImageError::io("list", &blobs, e))?
+            .flatten()
+        {
+            total += e.metadata().map_or(0, |m| m.len());
+        }
+        Ok(total)
+    }
+
+    /// Removes the least recently used images (pulled or held longest ago) that no one holds,
+    /// other than those named in `keep` (ids), until the store takes at most `max_bytes`
+    /// ([`Store::usage`]); then what only they used. Stops when nothing more can go.
+    pub fn shrink_to(&self, max_bytes: u64, keep: &[&str]) -> Result<PruneReport, ImageError> {
+        let _excl = flock(&self.root.join("store.lock"), FlockOperation::LockExclusive)?;
+        let _refs_lock = flock(&self.root.join("refs.lock"), FlockOperation::LockExclusive)?;
+        let mut report = PruneReport::default();
+        while self.usage()? > max_bytes {
+            let mut candidates = Vec::new();
+            for r in self.records()? {
+                if keep.contains(&r.id.as_str()) || !self.holders_of(&r.id)?.is_empty() {
+                    continue;
+                }
+                candidates.push((self.last_used(&r), r.id));
+            }
+            candidates.sort();
+            let Some((_, id)) = candidates.into_iter().next() else {
+                break;
+            };
+            let mut refs = self.read_refs()?;
+            refs.refs.retain(|_, v| *v != id);
+            self.write_refs(&refs)?;
+            let p = self.record_path(&id);
+            std::fs::remove_file(&p).map_err(|e| ImageError::io("remove an image record", p, e))?;
+            let _ = std::fs::remove_file(self.used_path(&id));
+            let gc = self.collect_garbage()?;
+            report.images_removed.push(id.to_string());
+            report.layers_removed += gc.layers_removed;
+            report.blobs_removed += gc.blobs_removed;
+            report.bytes_freed += gc.bytes_freed;
+        }
         Ok(report)
     }
 

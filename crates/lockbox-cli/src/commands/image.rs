@@ -4,7 +4,7 @@
 
 use crate::cli::StateArgs;
 use crate::error::{CliError, ExitCode};
-use crate::output::{json, outln};
+use crate::output::{eoutln, json, outln};
 use clap::{Args, Subcommand};
 use lockbox_image::{ImageError, Platform, PruneOptions, PullOptions, Store};
 use serde_json::json;
@@ -46,6 +46,10 @@ pub enum ImageCommand {
         /// stops here), e.g. 512M, 8G.
         #[arg(long, value_name = "SIZE", default_value = "32G")]
         max_layer_size: lockbox_policy::ByteSize,
+        /// After the pull, remove the least recently used images nothing holds until the
+        /// store takes at most SIZE (unpacked layers and blobs) [default: no bound].
+        #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
+        max_store: Option<lockbox_policy::ByteSize>,
     },
     /// List the images in the store, most recently pulled first.
     Ls,
@@ -67,6 +71,10 @@ pub enum ImageCommand {
         /// Every image nothing holds, named or not.
         #[arg(long)]
         all: bool,
+        /// Then remove the least recently used images nothing holds until the store takes
+        /// at most SIZE.
+        #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
+        max_store: Option<lockbox_policy::ByteSize>,
     },
 }
 
@@ -99,6 +107,7 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             platform,
             insecure_registry,
             max_layer_size,
+            max_store,
         } => {
             let mut opts = PullOptions {
                 insecure_registries: insecure_registry.clone(),
@@ -112,6 +121,15 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             let rt = tokio::runtime::Runtime::new()
                 .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
             let image = rt.block_on(store.pull(reference, &opts))?;
+            if let Some(max) = max_store {
+                let report = store.shrink_to(max.0, &[image.id.as_str()])?;
+                for id in &report.images_removed {
+                    eoutln!(
+                        "lockbox: --max-store {}: removed the least recently used image {id}",
+                        max.0
+                    );
+                }
+            }
             if args.json {
                 outln!("{}", json(&image, false));
             } else {
@@ -227,8 +245,15 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
                 }
             }
         }
-        ImageCommand::Prune { all } => {
-            let report = store.prune(&PruneOptions { all: *all })?;
+        ImageCommand::Prune { all, max_store } => {
+            let mut report = store.prune(&PruneOptions { all: *all })?;
+            if let Some(max) = max_store {
+                let more = store.shrink_to(max.0, &[])?;
+                report.images_removed.extend(more.images_removed);
+                report.layers_removed += more.layers_removed;
+                report.blobs_removed += more.blobs_removed;
+                report.bytes_freed += more.bytes_freed;
+            }
             if args.json {
                 outln!("{}", json(&report, false));
             } else {

@@ -316,3 +316,35 @@ fn open_removes_a_killed_pulls_leftovers_but_not_a_live_ones() {
     Store::open(&dir).unwrap();
     assert_eq!(count(&tmpd), 0);
 }
+
+#[test]
+fn a_store_bound_removes_the_least_recently_used_unheld_images() {
+    let t = tmp();
+    let lay = t.path().join("lay");
+    let mk = |tag: &str, size: usize| {
+        let layers = vec![Layer::gz(tar_of(&[E::File(tag, &vec![1u8; size], 0o644)]))];
+        write_layout(&lay, tag, &layers, &config_of(&layers, &[])).1
+    };
+    let (old, held, new) = (mk("old", 100_000), mk("held", 100_000), mk("new", 100_000));
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let pull = |tag: &str| {
+        rt().block_on(store.pull(
+            &format!("oci:{}:{tag}", lay.display()),
+            &PullOptions::default(),
+        ))
+        .unwrap()
+    };
+    pull("old");
+    pull("held");
+    store.hold(&held, "sandbox-1").unwrap();
+    pull("new");
+    let before = store.usage().unwrap();
+    // Room for about two images: the oldest unheld one goes, the held one stays.
+    let report = store.shrink_to(before - 50_000, &[new.as_str()]).unwrap();
+    assert_eq!(report.images_removed, std::slice::from_ref(&old));
+    assert!(store.usage().unwrap() <= before - 50_000);
+    // Nothing more can go: the rest is held or kept.
+    let report = store.shrink_to(0, &[new.as_str()]).unwrap();
+    assert!(report.images_removed.is_empty());
+    assert!(store.get(&held).unwrap().is_some() && store.get(&new).unwrap().is_some());
+}
