@@ -30,6 +30,13 @@ command -v gcc >/dev/null || need+=(gcc)
 [ -x /usr/bin/vim ] || need+=(vim)
 [ -x /usr/bin/less ] || need+=(less)
 [ -x /usr/bin/top ] || need+=(procps)
+# Image pulls (crates/lockbox-image/tests) run against a real registry on 127.0.0.1, fed by
+# skopeo, with an htpasswd (bcrypt) instance for Basic auth; the test image's layer is
+# busybox-static's /bin/busybox.
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v htpasswd >/dev/null || need+=(apache2-utils)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

@@ -151,6 +151,26 @@ Examples:
         "Exit codes: 0 done; 2 usage or an unknown id; 4 failed (a snapshot still in use, the store)."
     ))]
     Snapshot(SnapshotArgs),
+    /// Pull OCI images into the store and list, inspect and remove them (no daemon, no
+    /// privilege).
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image pull busybox                      docker.io/library/busybox:latest\n",
+        "  lockbox image pull --platform linux/arm64 python:3.12-slim\n",
+        "  lockbox image pull 127.0.0.1:5000/team/app:1    plain http: a loopback registry\n",
+        "  lockbox image pull --insecure-registry reg.lan:5000 reg.lan:5000/app:1\n",
+        "  lockbox image pull oci:./layout:v1              an OCI layout (skopeo, umoci, buildah)\n",
+        "  lockbox image pull docker-archive:app.tar       `docker save` output\n",
+        "  lockbox image ls\n",
+        "  lockbox image inspect busybox                   config, layers (top first), holders\n",
+        "  lockbox image rm busybox                        refused while a sandbox holds it\n",
+        "  lockbox image prune --all\n",
+        "  lockbox image ls --json\n\n",
+        "Exit codes: 0 done; 1 the pull failed (registry, network, digest, a hostile layer);\n",
+        "2 usage, a bad reference or an unknown image; 4 the store could not be read or written;\n",
+        "5 the image is in use (its holders are named). See docs/images.md."
+    ))]
+    Image(crate::commands::image::ImageArgs),
     /// Inspect and fork durable step journals of agent runs.
     #[command(after_help = "\
 Examples:

@@ -57,6 +57,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         cli::Command::Serve(args) => commands::serve::run(&args),
         cli::Command::Mcp(args) => commands::mcp::run(&args),
         cli::Command::Journal(journal) => commands::journal::run(&journal),
+        cli::Command::Image(args) => commands::image::run(&args),
         cli::Command::Completions { shell } => commands::help::completions(shell),
         cli::Command::Man { dir } => commands::help::man(dir.as_deref()),
     };

@@ -65,6 +65,8 @@ pub enum Family {
     Runtime,
     /// The HTTP layer itself (`lockbox-server`).
     Server,
+    /// OCI images: references, registries, the image store (`lockbox-image`).
+    Image,
 }
 
 impl Family {
@@ -78,6 +80,7 @@ impl Family {
             Family::Journal => "journal",
             Family::Runtime => "runtime",
             Family::Server => "server",
+            Family::Image => "image",
         }
     }
 }
@@ -255,6 +258,28 @@ codes! {
         UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE",
         RangeNotSatisfiable = "RANGE_NOT_SATISFIABLE",
         ServerBusy = "SERVER_BUSY",
+    }
+    Image {
+        /// A malformed image reference, platform, digest or holder name, or an ambiguous
+        /// id prefix.
+        BadReference = "BAD_REFERENCE",
+        /// No image of this name or id in the store.
+        ImageNotFound = "IMAGE_NOT_FOUND",
+        /// An image a sandbox or snapshot holds (the holders are named).
+        ImageInUse = "IMAGE_IN_USE",
+        /// A multi-platform image without the asked platform.
+        NoPlatform = "NO_PLATFORM",
+        /// The registry could not be reached or answered an error.
+        RegistryFailed = "REGISTRY_FAILED",
+        /// The registry refused the credentials (or wants some and none are configured).
+        RegistryAuth = "REGISTRY_AUTH",
+        /// A blob or manifest whose digest or size is not the one that names it.
+        DigestMismatch = "DIGEST_MISMATCH",
+        /// A manifest, config or layer that cannot be used: malformed, beyond a bound, or
+        /// hostile (an entry that would leave its layer).
+        BadImage = "BAD_IMAGE",
+        /// The image store could not be read or written.
+        ImageStore = "IMAGE_STORE",
     }
 }
 

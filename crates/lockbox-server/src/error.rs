@@ -52,6 +52,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::DuplicateBranchKey
         | C::InvalidStorageUrl
         | C::NotSerializable
+        | C::BadReference
         | C::EncodeValue => StatusCode::BAD_REQUEST,
         C::Unauthorized => StatusCode::UNAUTHORIZED,
         C::Forbidden
@@ -75,7 +76,12 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::PortNotExposed
         | C::ContextNotFound
         | C::QuestionNotFound
+        | C::ImageNotFound
         | C::TokenNotFound => StatusCode::NOT_FOUND,
+        // An upstream (a registry) failed or sent what cannot be used.
+        C::RegistryFailed | C::RegistryAuth | C::DigestMismatch | C::BadImage => {
+            StatusCode::BAD_GATEWAY
+        }
         // The sandboxed server is the upstream of the port proxy.
         C::PortNotListening => StatusCode::BAD_GATEWAY,
         C::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -109,6 +115,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::RunExists
         | C::OffsetOutOfRange
         | C::NotSuspended
+        | C::ImageInUse
         | C::StepFailed => StatusCode::CONFLICT,
         C::PayloadTooLarge | C::StepTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         C::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -124,6 +131,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::CgroupFailed
         | C::SequenceUnsupported
         | C::StateWorkdirOverlap
+        | C::NoPlatform
         | C::UnsupportedOverlay => StatusCode::UNPROCESSABLE_ENTITY,
         C::LimitReached => StatusCode::TOO_MANY_REQUESTS,
         C::ServerBusy | C::StorageWorkerGone | C::TxnOutcomeLookup => {
@@ -152,6 +160,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::CommitSetMeta
         | C::Fsync
         | C::SnapshotStore
+        | C::ImageStore
         | C::TxnStore
         | C::TxnWriteRecord
         | C::TxnReadRecord

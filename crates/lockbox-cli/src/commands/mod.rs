@@ -10,6 +10,7 @@ pub mod branch_prompt;
 pub mod check;
 pub mod credentials;
 pub mod help;
+pub mod image;
 pub mod journal;
 pub mod mcp;
 pub mod run;

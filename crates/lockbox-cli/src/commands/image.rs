@@ -1,0 +1,289 @@
+//! `lockbox image pull | ls | inspect | rm | prune`: the image store of a state directory
+//! (`<state-dir>/images`, `lockbox_image::Store`). This file only turns arguments into one
+//! store call and prints the result.
+
+use crate::cli::StateArgs;
+use crate::error::{CliError, ExitCode};
+use crate::output::{eoutln, json, outln};
+use clap::{Args, Subcommand};
+use lockbox_image::{ImageError, Platform, PruneOptions, PullOptions, Store};
+use serde_json::json;
+use std::io::IsTerminal;
+
+/// Arguments of `lockbox image`.
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    #[command(subcommand)]
+    pub command: ImageCommand,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// The `lockbox image` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Pull an image from a registry or a local source into the store.
+    ///
+    /// REF is a registry reference (busybox, docker.io/library/busybox:1.36,
+    /// HOST:PORT/REPO@sha256:…) or a local source: oci:DIR[:TAG] (an OCI image layout),
+    /// oci-archive:FILE, docker-archive:FILE (`docker save`). Credentials come from
+    /// $REGISTRY_AUTH_FILE, else ~/.docker/config.json. Plain http is used only for
+    /// loopback registries and those named by --insecure-registry.
+    Pull {
+        /// The image.
+        reference: String,
+        /// The platform to pick from a multi-platform image: os/arch[/variant]
+        /// [default: the host's, e.g. linux/amd64].
+        #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+        platform: Option<String>,
+        /// Reach this registry (HOST or HOST:PORT) over plain http (repeatable).
+        #[arg(long = "insecure-registry", value_name = "HOST")]
+        insecure_registry: Vec<String>,
+        /// Refuse a layer larger than this, compressed or unpacked (a decompression bomb
+        /// stops here), e.g. 512M, 8G.
+        #[arg(long, value_name = "SIZE", default_value = "32G")]
+        max_layer_size: lockbox_policy::ByteSize,
+        /// After the pull, remove the least recently used images nothing holds until the
+        /// store takes at most SIZE (unpacked layers and blobs) [default: no bound].
+        #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
+        max_store: Option<lockbox_policy::ByteSize>,
+    },
+    /// List the images in the store, most recently pulled first.
+    Ls,
+    /// Show an image: its config, layers (top first), names and holders.
+    Inspect {
+        /// A reference as pulled, an id, or a unique id prefix.
+        reference: String,
+    },
+    /// Remove a name of an image, or (given an id or its last name) the image and every
+    /// layer no other image uses. Refused while a sandbox or snapshot holds it.
+    Rm {
+        /// References or ids.
+        #[arg(required = true)]
+        references: Vec<String>,
+    },
+    /// Remove images without a name (with --all: every image nothing holds), then every
+    /// layer and blob no image uses.
+    Prune {
+        /// Every image nothing holds, named or not.
+        #[arg(long)]
+        all: bool,
+        /// Then remove the least recently used images nothing holds until the store takes
+        /// at most SIZE.
+        #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
+        max_store: Option<lockbox_policy::ByteSize>,
+    },
+}
+
+impl From<ImageError> for CliError {
+    fn from(e: ImageError) -> CliError {
+        let hint = match &e {
+            ImageError::Held { .. } => Some("stop the sandboxes or delete the snapshots that use it, then retry"),
+            ImageError::Unauthorized { .. } => {
+                Some("log in with `skopeo login`/`podman login` (writes $REGISTRY_AUTH_FILE) or `docker login`")
+            }
+            _ => None,
+        };
+        let error = CliError::new(e.exit_code(), &e);
+        match hint {
+            Some(h) => error.hint(h),
+            None => error,
+        }
+    }
+}
+
+pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
+    let state_dir = args
+        .state
+        .resolve()
+        .map_err(|e| CliError::usage(super::chain(&e)))?;
+    let store = Store::in_state_dir(&state_dir)?;
+    match &args.command {
+        ImageCommand::Pull {
+            reference,
+            platform,
+            insecure_registry,
+            max_layer_size,
+            max_store,
+        } => {
+            let mut opts = PullOptions {
+                insecure_registries: insecure_registry.clone(),
+                max_layer_bytes: max_layer_size.0,
+                progress: !args.json && std::io::stderr().is_terminal(),
+                ..PullOptions::default()
+            };
+            if let Some(p) = platform {
+                opts.platform = Platform::parse(p)?;
+            }
+            let rt = tokio::runtime::Runtime::new()
+                .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+            let image = rt.block_on(store.pull(reference, &opts))?;
+            if let Some(max) = max_store {
+                let report = store.shrink_to(max.0, &[image.id.as_str()])?;
+                for id in &report.images_removed {
+                    eoutln!(
+                        "lockbox: --max-store {}: removed the least recently used image {id}",
+                        max.0
+                    );
+                }
+            }
+            if args.json {
+                outln!("{}", json(&image, false));
+            } else {
+                outln!("{}  {}", image.id, image.references.join(", "));
+            }
+        }
+        ImageCommand::Ls => {
+            let all = store.list()?;
+            if args.json {
+                outln!("{}", json(&json!({ "images": all }), false));
+            } else {
+                outln!("{:<14}{:<8}{:>12}  {}", "ID", "LAYERS", "SIZE", "NAMES");
+                for i in &all {
+                    let held = if i.holders.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  (held by {})", i.holders.join(", "))
+                    };
+                    outln!(
+                        "{:<14}{:<8}{:>12}  {}{held}",
+                        &i.id[7..19],
+                        i.layers,
+                        human(i.unpacked_bytes),
+                        if i.references.is_empty() {
+                            "<none>".to_owned()
+                        } else {
+                            i.references.join(", ")
+                        }
+                    );
+                }
+            }
+        }
+        ImageCommand::Inspect { reference } => {
+            let image = store
+                .get(reference)?
+                .ok_or_else(|| ImageError::NotFound(reference.clone()))?;
+            if args.json {
+                outln!("{}", json(&image, true));
+            } else {
+                let c = &image.config;
+                let list = |v: &Option<Vec<String>>| {
+                    v.as_ref().map_or("-".to_owned(), |v| format!("{v:?}"))
+                };
+                outln!("id          {}", image.id);
+                outln!(
+                    "names       {}",
+                    if image.references.is_empty() {
+                        "-".into()
+                    } else {
+                        image.references.join(", ")
+                    }
+                );
+                outln!("source      {}", image.source);
+                outln!("platform    {}", image.platform);
+                outln!("created     {}", image.created.as_deref().unwrap_or("-"));
+                outln!("manifest    {}", image.manifest.as_deref().unwrap_or("-"));
+                outln!("entrypoint  {}", list(&c.entrypoint));
+                outln!("cmd         {}", list(&c.cmd));
+                outln!("workdir     {}", c.working_dir.as_deref().unwrap_or("-"));
+                outln!("user        {}", c.user.as_deref().unwrap_or("-"));
+                for e in &c.env {
+                    outln!("env         {e}");
+                }
+                outln!(
+                    "holders     {}",
+                    if image.holders.is_empty() {
+                        "-".into()
+                    } else {
+                        image.holders.join(", ")
+                    }
+                );
+                outln!("layers (top first):");
+                for l in &image.layer_info {
+                    outln!(
+                        "  {}  {}  {}",
+                        l.diff_id,
+                        human(l.unpacked_bytes),
+                        l.path.display()
+                    );
+                    for s in &l.setid_stripped {
+                        outln!("    setuid/setgid stripped: {s}");
+                    }
+                    for s in &l.skipped {
+                        outln!("    skipped: {s}");
+                    }
+                }
+            }
+        }
+        ImageCommand::Rm { references } => {
+            // Every name is checked before anything is removed.
+            for r in references {
+                store
+                    .get(r)?
+                    .ok_or_else(|| ImageError::NotFound(r.clone()))?;
+            }
+            for r in references {
+                let removed = store.remove(r)?;
+                if args.json {
+                    outln!("{}", json(&removed, false));
+                } else if removed.image_deleted {
+                    outln!(
+                        "deleted {} ({}, {} freed)",
+                        removed.id,
+                        removed.references.join(", "),
+                        human(removed.freed_bytes)
+                    );
+                } else {
+                    outln!(
+                        "untagged {} (image {} kept: it has other names)",
+                        removed.references.join(", "),
+                        removed.id
+                    );
+                }
+            }
+        }
+        ImageCommand::Prune { all, max_store } => {
+            let mut report = store.prune(&PruneOptions { all: *all })?;
+            if let Some(max) = max_store {
+                let more = store.shrink_to(max.0, &[])?;
+                report.images_removed.extend(more.images_removed);
+                report.layers_removed += more.layers_removed;
+                report.blobs_removed += more.blobs_removed;
+                report.bytes_freed += more.bytes_freed;
+            }
+            if args.json {
+                outln!("{}", json(&report, false));
+            } else {
+                for id in &report.images_removed {
+                    outln!("deleted {id}");
+                }
+                outln!(
+                    "{} images, {} layers, {} blobs removed; {} freed",
+                    report.images_removed.len(),
+                    report.layers_removed,
+                    report.blobs_removed,
+                    human(report.bytes_freed)
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}

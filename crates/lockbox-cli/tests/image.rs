@@ -1,0 +1,203 @@
+//! `lockbox image` end to end: pull from an OCI layout made here (a busybox layer from
+//! busybox-static), ls, inspect, rm (refused while held, exit 5), prune; with --json; as the
+//! current user and (as root) as uid 65534. Registry pulls are tested in lockbox-image.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{give, lockbox, scratch, text, users};
+use serde_json::Value;
+use sha2::Digest as _;
+use std::path::Path;
+use std::process::Command;
+
+fn sha(data: &[u8]) -> String {
+    format!(
+        "sha256:{}",
+        sha2::Sha256::digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
+
+fn blob(dir: &Path, data: &[u8]) -> String {
+    let d = sha(data);
+    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
+    d
+}
+
+/// An OCI layout at `dir`, tag `v1`: one uncompressed layer (busybox, a symlink, a setuid
+/// file); returns the image id.
+fn layout(dir: &Path) -> String {
+    let root = dir.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    std::fs::write(root.join("bin/su"), "#!/bin/sh\n").unwrap();
+    let tar = dir.join("layer.tar");
+    let st = Command::new("sh")
+        .args(["-c", "chmod 4755 \"$0/bin/su\" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C \"$0\" -cf \"$1\" ."])
+        .arg(&root)
+        .arg(&tar)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let layer = std::fs::read(&tar).unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(dir, &config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(dir, &layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let m = blob(dir, &manifest);
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": m, "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    sha(&config)
+}
+
+fn json_of(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "{}", text(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
+}
+
+#[test]
+fn pull_ls_inspect_rm_and_prune_an_oci_layout_image() {
+    for user in users() {
+        let work = scratch();
+        let id = layout(&work.path().join("lay"));
+        give(work.path(), user);
+        let state = work.path().join("state");
+        let st = state.to_str().unwrap();
+        let src = format!("oci:{}:v1", work.path().join("lay").display());
+        let w = work.path();
+
+        let pulled = json_of(&lockbox(
+            user,
+            w,
+            &["image", "pull", &src, "--json", "--state-dir", st],
+        ));
+        assert_eq!(pulled["id"], id.as_str(), "{user:?}");
+        assert_eq!(pulled["config"]["cmd"], serde_json::json!(["sh"]));
+        let layer = pulled["layers"][0].as_str().unwrap().to_owned();
+        assert!(Path::new(&layer).join("bin/busybox").exists());
+
+        let ls = json_of(&lockbox(
+            user,
+            w,
+            &["image", "ls", "--json", "--state-dir", st],
+        ));
+        assert_eq!(ls["images"][0]["id"], id.as_str());
+        assert_eq!(ls["images"][0]["references"][0], src.as_str());
+        let out = lockbox(user, w, &["image", "ls", "--state-dir", st]);
+        assert!(text(&out).contains(&id[7..19]), "{}", text(&out));
+
+        let out = lockbox(
+            user,
+            w,
+            &["image", "inspect", &id[7..19], "--state-dir", st],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            shown.contains("setuid/setgid stripped: ./bin/su")
+                || shown.contains("setuid/setgid stripped: bin/su"),
+            "{shown}"
+        );
+        assert!(shown.contains("cmd         [\"sh\"]"), "{shown}");
+
+        // Held (a hold file, as a sandbox of the lead's makes): rm refuses with exit 5.
+        let hold = state.join("images/holds").join(&id[7..]);
+        std::fs::create_dir_all(&hold).unwrap();
+        std::fs::write(hold.join("sandbox-42"), "{}").unwrap();
+        give(&state, user);
+        let out = lockbox(user, w, &["image", "rm", &src, "--state-dir", st]);
+        assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("in use by sandbox-42"),
+            "{}",
+            text(&out)
+        );
+        std::fs::remove_dir_all(&hold).unwrap();
+
+        let removed = json_of(&lockbox(
+            user,
+            w,
+            &["image", "rm", &src, "--json", "--state-dir", st],
+        ));
+        assert_eq!(removed["image_deleted"], true);
+        assert!(!Path::new(&layer).exists());
+        let out = lockbox(user, w, &["image", "rm", &src, "--state-dir", st]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no image"),
+            "{}",
+            text(&out)
+        );
+
+        let pruned = json_of(&lockbox(
+            user,
+            w,
+            &["image", "prune", "--all", "--json", "--state-dir", st],
+        ));
+        assert_eq!(pruned["images_removed"], serde_json::json!([]));
+
+        // A store bound: the least recently used image nothing holds goes.
+        json_of(&lockbox(
+            user,
+            w,
+            &["image", "pull", &src, "--json", "--state-dir", st],
+        ));
+        let pruned = json_of(&lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "prune",
+                "--max-store",
+                "0",
+                "--json",
+                "--state-dir",
+                st,
+            ],
+        ));
+        assert_eq!(pruned["images_removed"], serde_json::json!([id.as_str()]));
+    }
+}
+
+#[test]
+fn bad_references_and_platforms_are_usage_errors() {
+    let work = scratch();
+    let st = work.path().join("state");
+    let st = st.to_str().unwrap();
+    for args in [
+        &["image", "pull", "UPPER/case", "--state-dir", st][..],
+        &[
+            "image",
+            "pull",
+            "busybox",
+            "--platform",
+            "linux",
+            "--state-dir",
+            st,
+        ][..],
+        &["image", "pull", "oci:", "--state-dir", st][..],
+    ] {
+        let out = lockbox(common::User::Current, work.path(), args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).starts_with("lockbox: "),
+            "{}",
+            text(&out)
+        );
+    }
+}
