@@ -36,6 +36,14 @@ pub enum ImageError {
         /// Who holds it (sandbox or snapshot names).
         holders: Vec<String>,
     },
+    /// The image's config cannot be run as it is (an unknown `User`, no command).
+    #[error("image {image}: {reason}")]
+    BadConfig {
+        /// The image's id.
+        image: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A holder name that cannot be a file name.
     #[error("holder name {0:?}: must be 1-200 characters of [A-Za-z0-9._-], not . or ..")]
     BadHolder(String),
@@ -192,7 +200,8 @@ impl ImageError {
             | ImageError::BadManifest { .. }
             | ImageError::HostileEntry { .. }
             | ImageError::BadLayer { .. }
-            | ImageError::LayerTooLarge { .. } => C::BadImage,
+            | ImageError::LayerTooLarge { .. }
+            | ImageError::BadConfig { .. } => C::BadImage,
             ImageError::Io { .. } | ImageError::Damaged { .. } => C::ImageStore,
         }
     }

@@ -29,6 +29,7 @@ mod error;
 pub mod oci;
 mod reference;
 pub mod registry;
+mod sandbox;
 mod source;
 mod store;
 mod unpack;
@@ -36,6 +37,7 @@ mod unpack;
 pub use digest::Digest;
 pub use error::ImageError;
 pub use reference::{Reference, Source};
+pub use sandbox::{apply, process_holder, PullPolicy, DEFAULT_PATH};
 pub use store::{Removed, Store};
 pub use unpack::{remove_tree, unpack, UnpackReport, OPAQUE_XATTR};
 

@@ -807,9 +807,15 @@ impl Store {
             Ok(rd) => {
                 for e in rd.flatten() {
                     let n = e.file_name().to_string_lossy().into_owned();
-                    if !n.starts_with('.') {
-                        out.push(n);
+                    if n.starts_with('.') {
+                        continue;
                     }
+                    // The hold of a process that is gone (a killed `lockbox run`) ends with it.
+                    if crate::sandbox::is_stale_holder(&n) {
+                        let _ = std::fs::remove_file(e.path());
+                        continue;
+                    }
+                    out.push(n);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
