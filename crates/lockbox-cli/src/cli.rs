@@ -108,7 +108,10 @@ pub enum Command {
         "  lockbox run --workdir . --dry-run -- sh -c 'echo x > new.txt'   print what it would change\n",
         "  lockbox run --workdir . --max-disk 1G -- make                  commit its writes if make succeeds\n",
         "  lockbox run --net-allow pypi.org:443 --net-allow files.pythonhosted.org:443 -- pip download requests\n",
-        "  lockbox run --json -- true                                    the report as JSON on stdout\n\n",
+        "  lockbox run --json -- true                                    the report as JSON on stdout\n",
+        "  lockbox run --image debian:12 -- cat /etc/debian_version      an image's userland (pulled once)\n",
+        "  lockbox run --image python:3.12-slim --workdir . -- python3 main.py\n",
+        "  lockbox run --image oci:./layout:v1 --pull never              the image's Entrypoint and Cmd\n\n",
         run_exit_codes!()
     ))]
     Run(RunArgs),
@@ -117,7 +120,8 @@ pub enum Command {
 Examples:
   lockbox check                       every feature, and whether a sandbox starts
   lockbox check --json | jq .landlock
-  lockbox check --explain -w ./out    the mounts and Landlock rules a policy would get")]
+  lockbox check --explain -w ./out    the mounts and Landlock rules a policy would get
+  lockbox check --explain --image busybox   the same on an image's root (from the store)")]
     Check(CheckArgs),
     /// Review, commit or abort kept copy-on-write branches (from `run --workdir`).
     #[command(after_help = concat!(
@@ -578,9 +582,33 @@ pub struct RunArgs {
     /// --http-allow hosts, besides the host's trust store (a private CA, a test server).
     #[arg(long = "upstream-ca", value_name = "FILE")]
     pub upstream_ca: Option<PathBuf>,
-    /// The command and its arguments (after `--`).
-    #[arg(required = true, last = true, value_name = "CMD")]
+    #[command(flatten)]
+    pub image: RunImageArgs,
+    /// The command and its arguments (after `--`). With --image it may be left out: the
+    /// image's Entrypoint and Cmd run.
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// How `lockbox run` gets its --image (a profile's `image` too).
+#[derive(Debug, Clone, Args)]
+pub struct RunImageArgs {
+    /// When to pull the image: missing (only when the store lacks it), always (a tag may
+    /// have moved), never (an image not in the store is an error).
+    #[arg(long, value_name = "WHEN", default_value = "missing", value_parser = parse_pull)]
+    pub pull: lockbox_image::PullPolicy,
+    /// The platform to pull from a multi-platform image: os/arch[/variant] [default: the
+    /// host's].
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+    pub platform: Option<String>,
+    /// A registry that may be pulled from over plain http (loopback ones always may).
+    /// Repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+}
+
+fn parse_pull(s: &str) -> Result<lockbox_image::PullPolicy, String> {
+    s.parse()
 }
 
 #[derive(Debug, Args)]
@@ -593,6 +621,8 @@ pub struct CheckArgs {
     pub explain: bool,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -609,6 +639,15 @@ pub struct PolicyArgs {
     /// Load a policy from a TOML profile; flags given here override or add to it.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
+    /// Run on the userland of OCI image REF instead of the host's: its layers (pulled into
+    /// the state directory's store, see `lockbox image`) are the read-only lowers of the
+    /// sandbox's root, writes to it vanish with the sandbox, and its Env, WorkingDir, User
+    /// and (without a command) Entrypoint and Cmd apply. Grants and --workdir are mounted
+    /// into it at their own paths. REF: busybox, docker.io/library/debian:12,
+    /// HOST:PORT/REPO:TAG, oci:DIR[:TAG], oci-archive:FILE, docker-archive:FILE. See
+    /// docs/images.md.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// Make PATH readable (read-only, same path inside). Repeatable.
     #[arg(short = 'r', long = "read", value_name = "PATH")]
     pub read: Vec<PathBuf>,
@@ -748,6 +787,9 @@ impl PolicyArgs {
                 cwd.join(p)
             }
         };
+        if let Some(image) = &self.image {
+            policy.image = Some(image.clone());
+        }
         policy.fs.read.extend(self.read.iter().map(|p| abs(p)));
         policy.fs.write.extend(self.write.iter().map(|p| abs(p)));
         if self.no_default_reads {

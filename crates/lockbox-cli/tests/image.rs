@@ -201,3 +201,124 @@ fn bad_references_and_platforms_are_usage_errors() {
         );
     }
 }
+
+#[test]
+fn run_image_uses_the_images_userland_config_and_store() {
+    for user in users() {
+        let work = scratch();
+        let id = layout(&work.path().join("lay"));
+        std::fs::create_dir_all(work.path().join("proj")).unwrap();
+        give(work.path(), user);
+        let state = work.path().join("state");
+        let st = state.to_str().unwrap();
+        let src = format!("oci:{}:v1", work.path().join("lay").display());
+        let w = work.path();
+
+        // Not in the store and --pull never: the set-up fails (125) and says how to pull.
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                &src,
+                "--pull",
+                "never",
+                "--state-dir",
+                st,
+                "--",
+                "true",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(125), "{user:?} {}", text(&out));
+        assert!(text(&out).contains("lockbox image pull"), "{}", text(&out));
+
+        // Pulled on first use (--pull missing); the image's PATH and WorkingDir, uid 0
+        // inside, nothing of the host's userland.
+        let script = "echo path=$PATH; echo cwd=$(pwd); echo uid=$(busybox id -u); \
+                      test -e /usr/bin || echo no-host-usr; echo hi > /etc/scratch && echo wrote";
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                &src,
+                "--state-dir",
+                st,
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        let shown = String::from_utf8_lossy(&out.stdout);
+        for line in ["path=/bin", "cwd=/", "uid=0", "no-host-usr", "wrote"] {
+            assert!(shown.contains(line), "{user:?} {line}: {shown}");
+        }
+        // The write to the image's /etc went to the sandbox's own layer.
+        let image = json_of(&lockbox(
+            user,
+            w,
+            &["image", "inspect", &id, "--json", "--state-dir", st],
+        ));
+        let layer = Path::new(image["layers"][0].as_str().unwrap());
+        assert!(!layer.join("etc/scratch").exists());
+        // The run's hold ended with it: the image can be removed.
+        assert!(image["holders"].as_array().unwrap().is_empty(), "{image}");
+
+        // A --workdir is mounted into the image at its own path, is the default cwd, and is
+        // committed on success.
+        let proj = w.join("proj");
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                &src,
+                "--state-dir",
+                st,
+                "--workdir",
+                proj.to_str().unwrap(),
+                "--",
+                "sh",
+                "-c",
+                "echo made > made.txt",
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(proj.join("made.txt")).unwrap(),
+            "made\n"
+        );
+
+        // No command: the image's Cmd (sh, reading an empty stdin) runs.
+        let out = lockbox(user, w, &["run", "--image", &src, "--state-dir", st]);
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+
+        // check --explain shows the image root's steps, from the store.
+        let out = lockbox(
+            user,
+            w,
+            &["check", "--explain", "--image", &src, "--state-dir", st],
+        );
+        assert!(
+            text(&out).contains("enter the image root"),
+            "{}",
+            text(&out)
+        );
+
+        let out = lockbox(user, w, &["image", "rm", &id, "--state-dir", st]);
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+    }
+}
+
+#[test]
+fn run_without_a_command_or_an_image_is_a_usage_error() {
+    let work = scratch();
+    let out = lockbox(users()[0], work.path(), &["run"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no command"), "{}", text(&out));
+}

@@ -8,12 +8,26 @@ use crate::output::outln;
 
 pub fn run(args: &CheckArgs) -> Result<ExitCode, CliError> {
     let mut support = lockbox_confine::probe();
-    let policy = args
+    let mut policy = args
         .policy
         .to_policy()
         .map_err(|e| CliError::usage(super::chain(&e)))?;
-    // A real sandbox start is the only honest test of the whole stack.
-    let smoke = lockbox_confine::run(&policy, &["true".into()]);
+    // An --image is explained on its root as it is in the store (nothing is pulled here).
+    let image = match policy.image.clone() {
+        Some(reference) => Some(image_root(&mut policy, reference, &args.state)?),
+        None => None,
+    };
+    let explain = || match &image {
+        Some(root) => lockbox_confine::explain_image(&policy, root),
+        None => lockbox_confine::explain(&policy),
+    };
+    // A real sandbox start is the only honest test of the whole stack (on the host's
+    // userland: what the kernel allows does not depend on the image).
+    let plain = lockbox_policy::Policy {
+        image: None,
+        ..policy.clone()
+    };
+    let smoke = lockbox_confine::run(&plain, &["true".into()]);
     let smoke_line = match &smoke {
         Ok(o) if o.exit_code() == 0 => "ok: a sandbox started and ran `true`".to_owned(),
         Ok(o) => format!("failed: `true` exited with {}", o.exit_code()),
@@ -34,9 +48,7 @@ pub fn run(args: &CheckArgs) -> Result<ExitCode, CliError> {
     });
     if args.json {
         let plan = if args.explain {
-            lockbox_confine::explain(&policy)
-                .ok()
-                .map(|p| p.to_string())
+            explain().ok().map(|p| p.to_string())
         } else {
             None
         };
@@ -74,7 +86,7 @@ pub fn run(args: &CheckArgs) -> Result<ExitCode, CliError> {
             outln!("  network: {}", e.network);
         }
         if args.explain {
-            match lockbox_confine::explain(&policy) {
+            match explain() {
                 Ok(plan) => outln!("\nsetup plan:\n{plan}"),
                 Err(e) => print_error(&e, e.hint()),
             }
@@ -85,4 +97,23 @@ pub fn run(args: &CheckArgs) -> Result<ExitCode, CliError> {
         // The report above says why; a script reads the code.
         _ => Err(CliError::reported(125)),
     }
+}
+
+/// The root of image `reference` from the store, its config applied to `policy`.
+fn image_root(
+    policy: &mut lockbox_policy::Policy,
+    reference: String,
+    state: &crate::cli::StateArgs,
+) -> Result<lockbox_confine::ImageRoot, CliError> {
+    let state_dir = state
+        .resolve()
+        .map_err(|e| CliError::usage(super::chain(&e)))?;
+    let store = lockbox_image::Store::in_state_dir(&state_dir)?;
+    let image = store.get(&reference)?.ok_or_else(|| {
+        CliError::new(2, format!("image {reference:?} is not in the store")).hint(format!(
+            "check does not pull: `lockbox image pull {reference}` first"
+        ))
+    })?;
+    let (root, _) = lockbox_image::apply(&image, policy, &["true".into()])?;
+    Ok(root)
 }

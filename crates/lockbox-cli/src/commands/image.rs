@@ -287,3 +287,86 @@ fn human(bytes: u64) -> String {
         format!("{v:.1} {}", UNITS[u])
     }
 }
+
+/// The image of a `lockbox run` (from --image or its profile), found or pulled, held by
+/// this process until dropped, its config applied to the policy.
+pub struct RunImage {
+    store: Store,
+    id: String,
+    holder: String,
+    /// The sandbox's root.
+    pub root: lockbox_confine::ImageRoot,
+    /// The command to run (the given one, or the image's Entrypoint and Cmd).
+    pub argv: Vec<std::ffi::OsString>,
+}
+
+impl RunImage {
+    /// `None` when the policy names no image. Errors are the sandbox's set-up failing
+    /// (exit 125), or usage (2) for a bad reference or --platform.
+    pub fn prepare(
+        policy: &mut lockbox_policy::Policy,
+        command: &[std::ffi::OsString],
+        how: &crate::cli::RunImageArgs,
+        state: &StateArgs,
+    ) -> Result<Option<RunImage>, CliError> {
+        let Some(reference) = policy.image.clone() else {
+            return Ok(None);
+        };
+        let state_dir = state
+            .resolve()
+            .map_err(|e| CliError::usage(super::chain(&e)))?;
+        let setup = |e: ImageError| {
+            let code = match e {
+                ImageError::BadReference { .. } | ImageError::BadPlatform(_) => 2,
+                _ => 125,
+            };
+            let error = CliError::new(code, &e);
+            match &e {
+                ImageError::NotFound(_) => error.hint(format!(
+                    "pull it first (`lockbox image pull {reference}`), or leave out --pull never"
+                )),
+                _ => error,
+            }
+        };
+        let store = Store::in_state_dir(&state_dir).map_err(setup)?;
+        let mut opts = PullOptions {
+            insecure_registries: how.insecure_registry.clone(),
+            progress: std::io::stderr().is_terminal(),
+            ..PullOptions::default()
+        };
+        if let Some(p) = &how.platform {
+            opts.platform = Platform::parse(p).map_err(setup)?;
+        }
+        let image = if how.pull == lockbox_image::PullPolicy::Never {
+            // No async runtime to start when nothing is pulled.
+            store
+                .get(&reference)
+                .map_err(setup)?
+                .ok_or_else(|| setup(ImageError::NotFound(reference.clone())))?
+        } else {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| CliError::new(125, format!("starting the async runtime: {e}")))?;
+            rt.block_on(store.find_or_pull(&reference, how.pull, &opts))
+                .map_err(setup)?
+        };
+        let holder = lockbox_image::process_holder();
+        let image = store.hold(&image.id, &holder).map_err(setup)?;
+        let (root, argv) = lockbox_image::apply(&image, policy, command).map_err(setup)?;
+        Ok(Some(RunImage {
+            store,
+            id: image.id,
+            holder,
+            root,
+            argv,
+        }))
+    }
+}
+
+impl Drop for RunImage {
+    fn drop(&mut self) {
+        // A hold left behind (lockbox killed) ends by itself: it names this process.
+        let _ = self.store.release(&self.id, &self.holder);
+    }
+}

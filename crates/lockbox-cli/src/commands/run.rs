@@ -30,6 +30,24 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     if let Some(dir) = &args.workspace.workdir {
         super::check_workdir(dir).map_err(CliError::usage)?;
     }
+    if args.command.is_empty() && policy.image.is_none() {
+        return Err(CliError::usage(
+            "no command: give one after `--` (lockbox run [OPTIONS] -- CMD [ARGS...]); only an --image can supply its own",
+        ));
+    }
+    if policy.image.is_some() && policy.cwd.is_none() {
+        // The project is where an agent's command expects to start, as without an image.
+        if let Some(dir) = &args.workspace.workdir {
+            policy.cwd = std::path::absolute(dir).ok();
+        }
+    }
+    let image = super::image::RunImage::prepare(
+        &mut policy,
+        &args.command,
+        &args.image,
+        &args.workspace.state,
+    )?;
+    let command = image.as_ref().map_or(&args.command, |i| &i.argv);
     let audit = match &args.audit {
         None => None,
         Some(_) if !matches!(policy.net, Net::Allow(_) | Net::Deny(_)) => {
@@ -56,7 +74,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         &mut policy,
         audit.as_ref().map(|(_, sink)| sink.clone()),
     )?;
-    let mut workspace = workdir::begin(&args.workspace, &mut policy, &args.command)
+    let mut workspace = workdir::begin(&args.workspace, &mut policy, command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
     // With --net-ask the command is in a session of its own: the terminal's signals reach
     // lockbox alone, which forwards them, and its size changes go to the sandbox's terminal.
@@ -75,7 +93,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     };
     let mut started_in = None;
     let (audit_log, sink) = audit.unzip();
-    let mut spawn = lockbox_confine::Spawn::command(&policy, &args.command);
+    let mut spawn = lockbox_confine::Spawn::command(&policy, command);
+    if let Some(image) = &image {
+        spawn = spawn.image_root(image.root.clone());
+    }
     if let Some(sink) = sink {
         spawn = spawn.audit(sink);
     }
@@ -130,9 +151,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     }
     match result {
         Ok(outcome) => {
-            explain_outcome(&outcome, &policy, args);
+            explain_outcome(&outcome, &policy, command);
             if outcome.exit_code() != 0 && policy.cwd.is_none() {
-                explain_cwd(started_in.as_deref(), &args.command);
+                explain_cwd(started_in.as_deref(), command);
             }
             let to_report = args.report.is_some() || args.json;
             let finished = workspace.map(|w| w.finish(&args.workspace, &outcome, to_report));
@@ -206,8 +227,10 @@ fn supervise(
     }
 }
 
-fn explain_outcome(outcome: &Outcome, policy: &Policy, args: &RunArgs) {
-    let program = quoted(&args.command[0]);
+fn explain_outcome(outcome: &Outcome, policy: &Policy, command: &[std::ffi::OsString]) {
+    let Some(program) = command.first().map(quoted) else {
+        return;
+    };
     if outcome.timed_out {
         if let Some(t) = policy.timeout {
             eoutln!(
