@@ -34,7 +34,7 @@ mod error;
 mod freeze;
 mod landlock;
 mod limits;
-mod netsup;
+mod netfilter;
 mod plan;
 mod probe;
 pub mod proc_stat;
@@ -58,13 +58,6 @@ pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
-pub use crate::netsup::{
-    client_hello_server_name, parse_sockaddr, trust_files, Approvals, AuditSink, ClientHello,
-    DecideError, Decision as NetDecision, EventKind as NetEventKind, Intercepted, Interceptor,
-    NetEvent, NetReport, Protocol as NetProtocol, Question, RelaySlot, Verdict as NetVerdict,
-    DEFAULT_ASK_TIMEOUT, FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT, MAX_ASKED,
-    MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS, SANDBOX_BUNDLE, TRUST_BUNDLES,
-};
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::proctitle::TITLE as INIT_TITLE;
@@ -86,9 +79,7 @@ pub use crate::wiped::{wipe, WipedOnFork};
 /// lockbox's own `/dev`, bound read-only whatever the policy grants).
 pub const AGENT_PATH: &str = plan::HELPER_PATH;
 
-/// The sandbox's nameserver under an allow-list (its `/etc/resolv.conf`): lockbox's
-/// resolver, a socket of the network supervisor bound in the sandbox's own namespace.
-pub const DNS_ADDR: [u8; 4] = [127, 0, 0, 153];
+use lockbox_netsup::DNS_ADDR;
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
 pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {

@@ -10,12 +10,13 @@ use crate::dirmove;
 use crate::error::{explain_clone_error, SetupError};
 use crate::landlock;
 use crate::limits::{self, LimitMechanisms, LimitPlan};
-use crate::netsup::{self, NetReport, NetRules, Supervisor};
+use crate::netfilter;
 use crate::plan::{self, cstring, SetupPlan};
 use crate::report::{Go, Record, Step, RECORD_LEN};
 use crate::resolve;
 use crate::seccomp;
 use crate::sys::{self, Errno, Forked};
+use lockbox_netsup::{self as netsup, NetReport, NetRules, PassOn, Supervisor};
 use lockbox_policy::{Net, Policy, DEFAULT_PATH};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
@@ -641,7 +642,7 @@ fn launch(spawn: Spawn<'_>, gated: bool) -> Result<(Sandbox, Instant), SetupErro
         _ => (None, None),
     };
     let notify = match (net_child, rename_child) {
-        (Some(fd), _) => Some((netsup::filter(renames_wanted), fd)),
+        (Some(fd), _) => Some((netfilter::filter(renames_wanted), fd)),
         (None, Some(fd)) => Some((dirmove::filter(), fd)),
         (None, None) => None,
     };
@@ -852,6 +853,12 @@ fn start_net_supervisor(
         names: resolved.net_names.clone(),
         hosts_file: resolved.net_hosts_file.clone(),
         interceptor: net.interceptor,
+        // Under a network list the renames (when the filter hands them over) come here: as
+        // unprivileged, this thread keeps no capability to move entries with.
+        pass_on: Some(PassOn {
+            wants: dirmove::is_rename,
+            handle: |listener, notif| dirmove::handle(listener, notif, false),
+        }),
     };
     let supervisor = netsup::start(rules, net.audit, net.ask, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))

@@ -4,9 +4,9 @@
 //!
 //! A query for a name of the allow-list ([`NetSpec::matches_name`]) is resolved with the
 //! host's resolver (getaddrinfo: the host's `/etc/hosts`, then its DNS), after the hosts file
-//! of [`crate::resolve::HOSTS_FILE_VAR`] if one is set; every other name is answered
-//! `NXDOMAIN` here and never leaves the supervisor. Each address answered becomes a rule of
-//! *this* sandbox ([`Learned`]): a connection to it is allowed on the ports of the specs
+//! of `LOCKBOX_NET_HOSTS_FILE` (read by `lockbox-confine`) if one is set; every other name is
+//! answered `NXDOMAIN` here and never leaves the supervisor. Each address answered becomes a
+//! rule of *this* sandbox ([`Learned`]): a connection to it is allowed on the ports of the specs
 //! whose name was asked. An answer never carries, and nothing learns, an address of the
 //! host's own or one that reaches the host's services ([`super::internal`]: loopback,
 //! link-local, metadata ranges, the host's interface addresses read again for each answer,
@@ -900,6 +900,7 @@ mod tests {
                 names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
                 hosts_file: None,
                 interceptor: None,
+                pass_on: None,
             },
             host_cookie: 0,
             report: std::sync::Arc::default(),
