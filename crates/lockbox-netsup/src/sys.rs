@@ -38,6 +38,10 @@ fn check_int(rc: libc::c_int) -> Result<libc::c_int, Errno> {
     check(rc.into()).map(|n| n as libc::c_int)
 }
 
+fn errno(e: rustix::io::Errno) -> Errno {
+    Errno(e.raw_os_error())
+}
+
 fn owned(rc: libc::c_long) -> Result<OwnedFd, Errno> {
     // SAFETY: a non-negative result of a descriptor-returning syscall is a new descriptor
     // that nobody else owns.
@@ -58,6 +62,10 @@ const ADDFD_FLAG_SETFD: u32 = 1;
 /// `SO_NETNS_COOKIE` (Linux 5.14).
 pub const SO_NETNS_COOKIE: libc::c_int = 71;
 const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+// Before a function here makes a raw call, it checks whether rustix has a safe one:
+// pidfds, status flags, SO_PASSCRED and writes are rustix's; what remains raw has no safe
+// binding there (seccomp notifications, process_vm_readv, raw sockaddr and control bytes,
+// capset, getifaddrs).
 
 /// `struct seccomp_notif`.
 #[repr(C)]
@@ -201,15 +209,21 @@ pub fn notif_addfd(
 
 /// `pidfd_open(pid)`; with `thread`, a pidfd for that very thread (Linux 6.9).
 pub fn pidfd_open(pid: libc::pid_t, thread: bool) -> Result<OwnedFd, Errno> {
-    let flags = if thread { PIDFD_THREAD } else { 0 };
-    // SAFETY: no pointer arguments.
-    owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) })
+    use rustix::process::{Pid, PidfdFlags};
+    let flags = if thread {
+        PidfdFlags::from_bits_retain(PIDFD_THREAD)
+    } else {
+        PidfdFlags::empty()
+    };
+    // Pid 0 is no process: the kernel's answer to it.
+    let pid = Pid::from_raw(pid).ok_or(Errno(libc::EINVAL))?;
+    rustix::process::pidfd_open(pid, flags).map_err(errno)
 }
 
 /// `pidfd_getfd(pidfd, fd)`: our own (close-on-exec) copy of another process's descriptor.
 pub fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> Result<OwnedFd, Errno> {
-    // SAFETY: no pointer arguments.
-    owned(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) })
+    use rustix::process::PidfdGetfdFlags;
+    rustix::process::pidfd_getfd(pidfd, fd, PidfdGetfdFlags::empty()).map_err(errno)
 }
 
 /// Copies `buf.len()` bytes at `addr` of process `pid` into `buf`; a short read is an error.
@@ -293,20 +307,17 @@ pub fn set_sockopt_int(fd: &OwnedFd, level: i32, name: i32, v: i32) -> Result<()
 
 /// `fcntl(F_GETFL)`.
 pub fn status_flags(fd: &OwnedFd) -> Result<i32, Errno> {
-    // SAFETY: no pointer arguments.
-    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }.into()).map(|f| f as i32)
+    rustix::fs::fcntl_getfl(fd)
+        .map(|f| f.bits() as i32)
+        .map_err(errno)
 }
 
 /// Sets or clears `O_NONBLOCK` (of the open file description: every copy sees it).
 pub fn set_nonblocking(fd: &OwnedFd, on: bool) -> Result<(), Errno> {
-    let flags = status_flags(fd)?;
-    let flags = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
-    // SAFETY: no pointer arguments.
-    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) }.into()).map(drop)
+    use rustix::fs::OFlags;
+    let mut flags = rustix::fs::fcntl_getfl(fd).map_err(errno)?;
+    flags.set(OFlags::NONBLOCK, on);
+    rustix::fs::fcntl_setfl(fd, flags).map_err(errno)
 }
 
 /// `getsockopt(SOL_SOCKET, SO_SNDTIMEO)`: the socket's send (and connect) timeout, if set.
@@ -393,7 +404,7 @@ pub fn sendmsg(
 
 /// Sets `SO_PASSCRED`, so every message received carries the sender's pid.
 pub fn set_passcred(fd: &OwnedFd) -> Result<(), Errno> {
-    set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, 1)
+    rustix::net::sockopt::set_socket_passcred(fd, true).map_err(errno)
 }
 
 #[repr(C, align(8))]
@@ -548,12 +559,12 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> Result<usize, 
 /// Writes all of `data` to `fd`, retrying on EINTR.
 pub fn write_all(fd: &OwnedFd, mut data: &[u8]) -> Result<(), Errno> {
     while !data.is_empty() {
-        // SAFETY: `data` is a live slice of the given length.
-        let rc = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
-        match check(rc as libc::c_long) {
-            Ok(n) => data = &data[n as usize..],
-            Err(Errno(libc::EINTR)) => {}
-            Err(e) => return Err(e),
+        match rustix::io::write(fd, data) {
+            // A write of nothing would repeat for ever: as std's write_all, an error.
+            Ok(0) => return Err(Errno(libc::EIO)),
+            Ok(n) => data = &data[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(errno(e)),
         }
     }
     Ok(())
