@@ -15,8 +15,9 @@
 //! operations the in-sandbox agent (`lockbox-agent`) needs as safe functions, and
 //! [`proc_stat`] parses `/proc/PID/stat` for every process-tree walk.
 //!
-//! Not here: the agent that serves a long-lived sandbox from inside and its protocol
-//! (`lockbox-agent`), copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and
+//! Not here: the network supervisor of a sandbox with a network list (`lockbox-netsup`,
+//! which [`Spawn`] starts; the filter that hands it the calls is here), the agent that
+//! serves a long-lived sandbox from inside and its protocol (`lockbox-agent`), copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and
 //! sessions (`lockbox-runtime`), and command-line parsing (`lockbox-cli`).
 //!
 //! ```no_run

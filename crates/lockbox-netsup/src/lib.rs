@@ -73,6 +73,26 @@ mod serve;
 #[allow(unsafe_code)]
 pub mod sys;
 
+/// Entry points for the fuzz targets in `fuzz/` (not an API: no other crate calls them).
+#[doc(hidden)]
+pub mod fuzzing {
+    use lockbox_policy::NetSpec;
+    use std::net::IpAddr;
+
+    /// Every reply lockbox's resolver builds for `query` by itself, under an allow-list of
+    /// `names`, as if the host resolved the asked name to `resolved` and had the interface
+    /// addresses `host`: the immediate answer (`NXDOMAIN`, `FORMERR`, ...), the answer with
+    /// addresses, a refusal, and what the TCP framing takes from the same bytes.
+    pub fn dns_query(
+        names: Vec<NetSpec>,
+        query: &[u8],
+        resolved: Vec<IpAddr>,
+        host: &[IpAddr],
+    ) -> Vec<Vec<u8>> {
+        crate::dns::exercise(names, query, resolved, host)
+    }
+}
+
 pub use self::ask::{Approvals, DecideError, Question, Verdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED};
 pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_COMMAND};
 pub use self::call::parse_sockaddr;
