@@ -419,7 +419,7 @@ impl<'a> Spawn<'a> {
     }
 
     /// Sends an event per decision of the network supervisor (`--net-allow`/`--net-deny`
-    /// only; see [`NetEvent`](crate::NetEvent)) to `sink`, which is never waited on.
+    /// only; see [`NetEvent`](lockbox_netsup::NetEvent)) to `sink`, which is never waited on.
     pub fn audit(mut self, sink: netsup::AuditSink) -> Spawn<'a> {
         self.net.audit = Some(sink);
         self
@@ -427,18 +427,18 @@ impl<'a> Spawn<'a> {
 
     /// Under an allow-list (`--net-allow`; ignored otherwise), asks `desk` about each
     /// unlisted destination or name instead of refusing it (`--net-ask`): the call waits
-    /// for a [`Verdict`](crate::NetVerdict) or the desk's timeout. See
-    /// [`Approvals`](crate::Approvals).
+    /// for a [`Verdict`](lockbox_netsup::Verdict) or the desk's timeout. See
+    /// [`Approvals`](lockbox_netsup::Approvals).
     pub fn ask(mut self, desk: netsup::Approvals) -> Spawn<'a> {
         self.net.ask = Some(desk);
         self
     }
 
     /// Hands the TLS connections `interceptor` claims to it instead of relaying them
-    /// (credentials lockbox sets on requests: see [`crate::Interceptor`]). Needs an
+    /// (credentials lockbox sets on requests: see [`lockbox_netsup::Interceptor`]). Needs an
     /// allow-list and lockbox's own `/etc` (the default reads, `/etc` not granted itself):
     /// the sandbox's view of the system trust store gets the interceptor's CA
-    /// ([`crate::trust_files`]).
+    /// ([`lockbox_netsup::trust_files`]).
     pub fn interceptor(mut self, interceptor: Arc<dyn netsup::Interceptor>) -> Spawn<'a> {
         self.net.interceptor = Some(interceptor);
         self

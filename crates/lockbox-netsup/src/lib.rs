@@ -8,7 +8,7 @@
 //! notification listener). For each call the
 //! supervisor takes its own copy of the socket (`pidfd_getfd`) and of the address
 //! (`process_vm_readv`, then `SECCOMP_IOCTL_NOTIF_ID_VALID`), decides on those copies with
-//! [`lockbox_policy::route`] ([`decide`]), and acts on them itself ([`perform`]):
+//! [`lockbox_policy::route`] (`decide`), and acts on them itself (`perform`):
 //!
 //! - to an allowed destination it connects a new socket in the host's namespace and
 //!   installs it in place of the sandbox's descriptor (`SECCOMP_IOCTL_NOTIF_ADDFD`); from
@@ -23,25 +23,25 @@
 //! one can swap a host socket under the descriptor number meanwhile. Otherwise the
 //! supervisor performs the call itself on its copies.
 //!
-//! **Bounded.** One thread does everything ([`serve`]): every socket operation it performs
+//! **Bounded.** One thread does everything (`serve`): every socket operation it performs
 //! is non-blocking, and a call that must wait (a blocking `connect` in progress, a blocking
 //! send on a full socket) waits in a bounded set polled with the listener, together with
 //! the caller's pidfd, so it is dropped the moment its caller dies. It copies at most
 //! [`MAX_SEND`] bytes of data per call, into one buffer. What it can hold at most does not
 //! depend on what the command does: see [`SEND_SLOTS`], [`CONNECT_SLOTS`], [`MAX_PARKED`].
 //!
-//! **Names.** Under an allow-list the sandbox's resolver is this supervisor ([`dns`]): it
+//! **Names.** Under an allow-list the sandbox's resolver is this supervisor (`dns`): it
 //! answers the listed names with the host's resolver and every other name `NXDOMAIN`, and a
 //! connection to an address it answered is allowed on the ports of the name's specs, for
 //! this sandbox only. Address rules are matched as they are; names never pin addresses.
 //!
 //! **Approvals.** With an [`Approvals`] desk (`--net-ask`), an allow-list's unlisted
-//! destination or name is asked instead of refused ([`ask`]): the call waits, parked like
+//! destination or name is asked instead of refused (`ask`): the call waits, parked like
 //! the waiting calls, for a verdict, at most [`MAX_ASKED`] at once and each for the desk's
 //! timeout; then it is denied.
 //!
 //! **Nothing borrowed.** The thread drops its capabilities before it takes the first call,
-//! and forwards only the control messages and flags that need no privilege ([`control`]).
+//! and forwards only the control messages and flags that need no privilege (`control`).
 //!
 //! **Where it fits.** `lockbox-confine` starts the supervisor ([`probe`], [`start`]) for a
 //! sandbox with a network list and hands it the command's listener ([`handover`]);
@@ -136,7 +136,7 @@ pub const SEND_SLOTS: usize = 32;
 pub const CONNECT_SLOTS: usize = 32;
 /// Blocking calls received while their kind's slots are full: they wait, as a notification
 /// and nothing else (80 bytes, no descriptor), and are started in order as slots free
-/// (sends are also retried every [`RETRY`], so one whose socket drained goes through even
+/// (sends are also retried every `RETRY`, so one whose socket drained goes through even
 /// while the slots stay taken). Beyond this many, further calls wait in the kernel's queue.
 pub const MAX_PARKED: usize = 1024;
 /// How often waiting calls are checked for a caller that went away without its pidfd
