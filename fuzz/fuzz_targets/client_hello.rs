@@ -1,11 +1,11 @@
-//! The network supervisor's ClientHello reader (`lockbox_confine::client_hello_server_name`):
+//! The network supervisor's ClientHello reader (`lockbox_netsup::client_hello_server_name`):
 //! the first bytes a sandboxed process sends on a relayed TLS connection, so entirely the
 //! attacker's. Never panics; what follows a whole ClientHello does not change its name, and
 //! a flight not whole yet is not whole cut shorter either.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lockbox_confine::{client_hello_server_name, ClientHello};
+use lockbox_netsup::{client_hello_server_name, ClientHello};
 
 const MAX: usize = 32 << 10;
 

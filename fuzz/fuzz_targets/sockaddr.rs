@@ -1,5 +1,5 @@
 //! The network supervisor's decoder of the address a sandboxed `connect`/`sendto`/`sendmsg`
-//! passed (`lockbox_confine::parse_sockaddr`): bytes copied from the sandbox's memory, so
+//! passed (`lockbox_netsup::parse_sockaddr`): bytes copied from the sandbox's memory, so
 //! entirely the attacker's. Never panics; what it returns is what the bytes say (family,
 //! port in network order, address), so the decision is made on the destination the kernel
 //! would use.
@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use std::net::{IpAddr, SocketAddr};
 
 fuzz_target!(|data: &[u8]| {
-    let Some(addr) = lockbox_confine::parse_sockaddr(data) else {
+    let Some(addr) = lockbox_netsup::parse_sockaddr(data) else {
         return;
     };
     let family = i32::from(u16::from_ne_bytes([data[0], data[1]]));

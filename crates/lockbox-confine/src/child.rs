@@ -154,7 +154,7 @@ pub(crate) struct Alongside {
     pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     /// Make the sandbox's own network namespace, with loopback up.
     pub(crate) netns: bool,
-    /// In it, bind the sockets of lockbox's resolver ([`crate::DNS_ADDR`]:53), which the
+    /// In it, bind the sockets of lockbox's resolver ([`lockbox_netsup::DNS_ADDR`]:53), which the
     /// command child hands to the network supervisor with its filter.
     pub(crate) dns: bool,
     /// Those sockets (UDP, TCP listener) in the table they share (`-1` until made).

@@ -28,7 +28,7 @@
 
 use crate::error::SetupError;
 use crate::sys::Errno;
-use crate::sysnet::{self, Notif};
+use lockbox_netsup::sys::{self as sysnet, Notif};
 use rustix::fs::{
     AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, Statx, StatxFlags, Timespec, Timestamps,
 };
@@ -112,7 +112,7 @@ pub(crate) fn start(channel: OwnedFd) -> Result<Supervisor, SetupError> {
             needed_for: "renaming directories of a --workdir view",
         });
     }
-    sysnet::set_passcred(&channel).map_err(err)?;
+    sysnet::set_passcred(&channel).map_err(|e| err(e.into()))?;
     let (stop, stop_rx) =
         UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
     let (dropped_tx, dropped_rx) = std::sync::mpsc::sync_channel(1);
@@ -137,7 +137,7 @@ pub(crate) fn start(channel: OwnedFd) -> Result<Supervisor, SetupError> {
             let _ = thread.join();
             Err(SetupError::Supervise {
                 what: "dropping the rename supervisor's capabilities",
-                errno,
+                errno: errno.into(),
             })
         }
         Err(_) => Err(err(Errno(libc::EIO))),
@@ -180,7 +180,7 @@ fn serve(channel: &OwnedFd, stop: &UnixStream) {
         }
         let channel_events = fds[1].revents;
         if channel_events & libc::POLLIN != 0 {
-            if let Some((listener, _)) = crate::netsup::accept_listener(channel, stop) {
+            if let Some((listener, _)) = lockbox_netsup::accept_listener(channel, stop) {
                 listeners.push(listener);
             }
         }

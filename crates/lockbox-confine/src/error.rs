@@ -182,3 +182,23 @@ pub fn explain_clone_error(errno: Errno) -> SetupError {
         _ => SetupError::Clone(errno),
     }
 }
+
+impl From<lockbox_netsup::Error> for SetupError {
+    fn from(e: lockbox_netsup::Error) -> SetupError {
+        match e {
+            lockbox_netsup::Error::FeatureMissing {
+                feature,
+                problem,
+                needed_for,
+            } => SetupError::FeatureMissing {
+                feature,
+                problem,
+                needed_for,
+            },
+            lockbox_netsup::Error::Supervise { what, errno } => SetupError::Supervise {
+                what,
+                errno: errno.into(),
+            },
+        }
+    }
+}

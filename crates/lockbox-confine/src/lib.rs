@@ -15,8 +15,9 @@
 //! operations the in-sandbox agent (`lockbox-agent`) needs as safe functions, and
 //! [`proc_stat`] parses `/proc/PID/stat` for every process-tree walk.
 //!
-//! Not here: the agent that serves a long-lived sandbox from inside and its protocol
-//! (`lockbox-agent`), copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and
+//! Not here: the network supervisor of a sandbox with a network list (`lockbox-netsup`,
+//! which [`Spawn`] starts; the filter that hands it the calls is here), the agent that
+//! serves a long-lived sandbox from inside and its protocol (`lockbox-agent`), copy-on-write workspaces (`lockbox-cow`), long-lived sandboxes and
 //! sessions (`lockbox-runtime`), and command-line parsing (`lockbox-cli`).
 //!
 //! ```no_run
@@ -34,7 +35,7 @@ mod error;
 mod freeze;
 mod landlock;
 mod limits;
-mod netsup;
+mod netfilter;
 mod plan;
 mod probe;
 pub mod proc_stat;
@@ -60,13 +61,6 @@ pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::limits::{LimitMechanisms, Mechanism};
-pub use crate::netsup::{
-    client_hello_server_name, parse_sockaddr, trust_files, Approvals, AuditSink, ClientHello,
-    DecideError, Decision as NetDecision, EventKind as NetEventKind, Intercepted, Interceptor,
-    NetEvent, NetReport, Protocol as NetProtocol, Question, RelaySlot, Verdict as NetVerdict,
-    DEFAULT_ASK_TIMEOUT, FIRST_FLIGHT_MAX, FIRST_FLIGHT_TIMEOUT, MAX_ASKED,
-    MAX_COMMAND as AUDIT_MAX_COMMAND, RELAY_SLOTS, SANDBOX_BUNDLE, TRUST_BUNDLES,
-};
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::proctitle::TITLE as INIT_TITLE;
@@ -92,9 +86,7 @@ pub use crate::zeroed::ZeroOnFree;
 /// lockbox's own `/dev`, bound read-only whatever the policy grants).
 pub const AGENT_PATH: &str = plan::HELPER_PATH;
 
-/// The sandbox's nameserver under an allow-list (its `/etc/resolv.conf`): lockbox's
-/// resolver, a socket of the network supervisor bound in the sandbox's own namespace.
-pub const DNS_ADDR: [u8; 4] = [127, 0, 0, 153];
+use lockbox_netsup::DNS_ADDR;
 
 /// Builds the setup plan for `policy` as `lockbox run` would (for `lockbox check --explain`).
 pub fn explain(policy: &lockbox_policy::Policy) -> Result<SetupPlan, SetupError> {

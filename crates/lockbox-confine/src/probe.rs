@@ -77,7 +77,7 @@ pub fn probe() -> KernelSupport {
         detail: String::new(),
         used_for: "required: denies dangerous syscalls",
     });
-    let net = crate::netsup::probe();
+    let net = lockbox_netsup::probe();
     features.push(Feature {
         name: "seccomp user notification",
         available: net.is_ok(),

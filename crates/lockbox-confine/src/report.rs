@@ -7,6 +7,8 @@
 //! names the step and path. The socket is close-on-exec, so the sandboxed command never
 //! holds it and cannot forge a record.
 
+pub use lockbox_netsup::handover::{NetHandover, NetTaken};
+
 /// What a record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -180,11 +182,12 @@ const KIND_USAGE: u32 = 4;
 const KIND_UPPER: u32 = 5;
 /// Distinct kinds, so that a record read the wrong way round is garbage, not a status.
 const KIND_GO: u32 = 6;
-const KIND_NET_HANDOVER: u32 = 7;
-const KIND_NET_TAKEN: u32 = 8;
+// 7 and 8 are the network supervisor's handover records (`lockbox_netsup::handover`).
 
 /// Size of an encoded record.
 pub const RECORD_LEN: usize = 16;
+// The network supervisor's handover records travel in the same buffers.
+const _: () = assert!(RECORD_LEN == lockbox_netsup::handover::RECORD_LEN);
 
 /// The parent's go to a gated sandbox: run the next command. Descriptors sent along with
 /// it replace the command's stdio, in order, where `stdio` says so.
@@ -214,57 +217,6 @@ impl Go {
         Some(Go {
             stdio: [0, 1, 2].map(|i| word(1) & (1 << i) != 0),
         })
-    }
-}
-
-/// The command child's network filter, handed to the network supervisor on its own socket:
-/// the listener's descriptor number in the child, which the supervisor copies with
-/// `pidfd_getfd` (the credentials of the message give the pid).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetHandover {
-    /// The seccomp listener's descriptor in the command child.
-    pub listener: i32,
-    /// The resolver's UDP socket in the sandbox's namespace (`-1`: none).
-    pub dns_udp: i32,
-    /// The resolver's TCP listener in the sandbox's namespace (`-1`: none).
-    pub dns_tcp: i32,
-}
-
-/// The supervisor's answer to a [`NetHandover`]: it holds its copy of the listener, so the
-/// child may close its own and execute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetTaken;
-
-impl NetHandover {
-    /// Encodes to the wire form.
-    pub fn encode(self) -> [u8; RECORD_LEN] {
-        encode_words([
-            KIND_NET_HANDOVER,
-            self.listener as u32,
-            self.dns_udp as u32,
-            self.dns_tcp as u32,
-        ])
-    }
-
-    /// Decodes the wire form; `None` for garbage.
-    pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<NetHandover> {
-        (decode_word(bytes, 0) == KIND_NET_HANDOVER).then(|| NetHandover {
-            listener: decode_word(bytes, 1) as i32,
-            dns_udp: decode_word(bytes, 2) as i32,
-            dns_tcp: decode_word(bytes, 3) as i32,
-        })
-    }
-}
-
-impl NetTaken {
-    /// Encodes to the wire form.
-    pub fn encode(self) -> [u8; RECORD_LEN] {
-        encode_words([KIND_NET_TAKEN, 0, 0, 0])
-    }
-
-    /// Decodes the wire form; `None` for garbage. Allocation-free: the child reads it.
-    pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<NetTaken> {
-        (decode_word(bytes, 0) == KIND_NET_TAKEN).then_some(NetTaken)
     }
 }
 

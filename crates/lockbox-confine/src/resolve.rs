@@ -62,7 +62,7 @@ pub struct Resolved {
     /// Hostnames of a deny-list, resolved once and pinned (shown in `/etc/hosts`).
     pub net_pins: Vec<(String, Vec<IpAddr>)>,
     /// The specs of an allow-list that name hosts (`example.org:443`, `*.example.org:*`):
-    /// resolved by lockbox's resolver when the sandbox asks, see [`crate::DNS_ADDR`].
+    /// resolved by lockbox's resolver when the sandbox asks, see [`lockbox_netsup::DNS_ADDR`].
     pub net_names: Vec<NetSpec>,
     /// A hosts(5) file lockbox's resolver reads before the host's resolver, named by the
     /// environment variable `LOCKBOX_NET_HOSTS_FILE` (a hook for tests).

@@ -10,12 +10,13 @@ use crate::dirmove;
 use crate::error::{explain_clone_error, SetupError};
 use crate::landlock;
 use crate::limits::{self, LimitMechanisms, LimitPlan};
-use crate::netsup::{self, NetReport, NetRules, Supervisor};
+use crate::netfilter;
 use crate::plan::{self, cstring, SetupPlan};
 use crate::report::{Go, Record, Step, RECORD_LEN};
 use crate::resolve;
 use crate::seccomp;
 use crate::sys::{self, Errno, Forked};
+use lockbox_netsup::{self as netsup, NetReport, NetRules, PassOn, Supervisor};
 use lockbox_policy::{Net, Policy, DEFAULT_PATH};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
@@ -423,7 +424,7 @@ impl<'a> Spawn<'a> {
     }
 
     /// Sends an event per decision of the network supervisor (`--net-allow`/`--net-deny`
-    /// only; see [`NetEvent`](crate::NetEvent)) to `sink`, which is never waited on.
+    /// only; see [`NetEvent`](lockbox_netsup::NetEvent)) to `sink`, which is never waited on.
     pub fn audit(mut self, sink: netsup::AuditSink) -> Spawn<'a> {
         self.net.audit = Some(sink);
         self
@@ -431,18 +432,18 @@ impl<'a> Spawn<'a> {
 
     /// Under an allow-list (`--net-allow`; ignored otherwise), asks `desk` about each
     /// unlisted destination or name instead of refusing it (`--net-ask`): the call waits
-    /// for a [`Verdict`](crate::NetVerdict) or the desk's timeout. See
-    /// [`Approvals`](crate::Approvals).
+    /// for a [`Verdict`](lockbox_netsup::Verdict) or the desk's timeout. See
+    /// [`Approvals`](lockbox_netsup::Approvals).
     pub fn ask(mut self, desk: netsup::Approvals) -> Spawn<'a> {
         self.net.ask = Some(desk);
         self
     }
 
     /// Hands the TLS connections `interceptor` claims to it instead of relaying them
-    /// (credentials lockbox sets on requests: see [`crate::Interceptor`]). Needs an
+    /// (credentials lockbox sets on requests: see [`lockbox_netsup::Interceptor`]). Needs an
     /// allow-list and lockbox's own `/etc` (the default reads, `/etc` not granted itself):
     /// the sandbox's view of the system trust store gets the interceptor's CA
-    /// ([`crate::trust_files`]).
+    /// ([`lockbox_netsup::trust_files`]).
     pub fn interceptor(mut self, interceptor: Arc<dyn netsup::Interceptor>) -> Spawn<'a> {
         self.net.interceptor = Some(interceptor);
         self
@@ -734,7 +735,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         _ => (None, None),
     };
     let notify = match (net_child, rename_child) {
-        (Some(fd), _) => Some((netsup::filter(renames_wanted), fd)),
+        (Some(fd), _) => Some((netfilter::filter(renames_wanted), fd)),
         (None, Some(fd)) => Some((dirmove::filter(), fd)),
         (None, None) => None,
     };
@@ -974,6 +975,12 @@ fn start_net_supervisor(
         names: resolved.net_names.clone(),
         hosts_file: resolved.net_hosts_file.clone(),
         interceptor: net.interceptor,
+        // Under a network list the renames (when the filter hands them over) come here: as
+        // unprivileged, this thread keeps no capability to move entries with.
+        pass_on: Some(PassOn {
+            wants: dirmove::is_rename,
+            handle: |listener, notif| dirmove::handle(listener, notif, false),
+        }),
     };
     let supervisor = netsup::start(rules, net.audit, net.ask, host_cookie, ours)?;
     Ok((Some(supervisor), Some(theirs)))

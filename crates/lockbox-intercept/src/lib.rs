@@ -9,7 +9,7 @@
 //! whose certificate it verifies.
 //!
 //! The relay of name-allowed connections in `lockbox-confine` (its `netsup::relay`) hands
-//! the connections over through [`lockbox_confine::Interceptor`], which [`Interceptor`]
+//! the connections over through [`lockbox_netsup::Interceptor`], which [`Interceptor`]
 //! implements; [`lockbox_confine::Spawn::interceptor`] takes it.
 //!
 //! Not here: the network supervisor, DNS and the SNI checks (`lockbox-confine`), flags
@@ -47,7 +47,7 @@ pub use crate::rules::{
 pub use crate::secret::{Credentials, Secret, MAX_SECRET};
 
 /// Variables that point the sandbox's TLS clients at the bundle holding lockbox's CA
-/// ([`lockbox_confine::SANDBOX_BUNDLE`]): OpenSSL and Python's `ssl`, Python `requests`
+/// ([`lockbox_netsup::SANDBOX_BUNDLE`]): OpenSSL and Python's `ssl`, Python `requests`
 /// (which otherwise uses certifi's own bundle), curl, Node.
 pub const TRUST_ENV: [&str; 4] = [
     "SSL_CERT_FILE",
@@ -61,6 +61,6 @@ pub fn trust_env(env: &mut lockbox_policy::EnvPolicy) {
     for var in TRUST_ENV {
         env.set
             .entry(var.to_owned())
-            .or_insert_with(|| lockbox_confine::SANDBOX_BUNDLE.to_owned());
+            .or_insert_with(|| lockbox_netsup::SANDBOX_BUNDLE.to_owned());
     }
 }

@@ -2,7 +2,7 @@
 //! hosts, checks each request, sets the credential and sends it on to the real server.
 //!
 //! One thread per sandbox with a current-thread tokio runtime. Each connection the relay
-//! hands over ([`lockbox_confine::Intercepted`]) becomes a task:
+//! hands over ([`lockbox_netsup::Intercepted`]) becomes a task:
 //!
 //! 1. **TLS with the sandbox.** rustls, with the ClientHello the relay already read replayed
 //!    first, and a leaf certificate for the server name signed by the sandbox's CA
@@ -29,7 +29,7 @@
 //!
 //! Each request is an audit event (`request`: method, path, credential name, status).
 //!
-//! **Bounded.** Connections hold their relay slot ([`lockbox_confine::RELAY_SLOTS`] per
+//! **Bounded.** Connections hold their relay slot ([`lockbox_netsup::RELAY_SLOTS`] per
 //! sandbox); the TLS handshake with the sandbox must end within [`HANDSHAKE`]; hyper bounds
 //! each request head. The thread ends, closing every connection, when the [`Interceptor`] is
 //! dropped.
@@ -45,7 +45,10 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use lockbox_confine::{AuditSink, Intercepted, NetDecision, NetEventKind, NetProtocol};
+use lockbox_netsup::{
+    AuditSink, Decision as NetDecision, EventKind as NetEventKind, Intercepted,
+    Protocol as NetProtocol,
+};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -160,7 +163,7 @@ impl Drop for Interceptor {
     }
 }
 
-impl lockbox_confine::Interceptor for Interceptor {
+impl lockbox_netsup::Interceptor for Interceptor {
     fn intercepts(&self, name: &str, _port: u16) -> bool {
         self.shared.rules.intercepts(name)
     }
@@ -585,7 +588,7 @@ impl Conn {
         sink.emit(e);
     }
 
-    fn fill(&self, e: &mut lockbox_confine::NetEvent) {
+    fn fill(&self, e: &mut lockbox_netsup::NetEvent) {
         e.protocol = Some(NetProtocol::Tcp);
         e.address = Some(lockbox_policy::canonical(self.dest.ip()));
         e.port = Some(self.dest.port());

@@ -1,5 +1,5 @@
 //! A sandbox's network audit log: the events of its network supervisor
-//! ([`lockbox_confine::NetEvent`], `--net-allow`/`--net-deny` sandboxes only), kept in a
+//! ([`lockbox_netsup::NetEvent`], `--net-allow`/`--net-deny` sandboxes only), kept in a
 //! ring of the last [`AUDIT_RING`] and sent live to every [`AuditStream`].
 //!
 //! The supervisor hands events to a bounded channel it never waits on (it drops and counts
@@ -9,7 +9,7 @@
 use crate::sandbox::lock;
 use crate::streams::AuditStream;
 use crate::RuntimeError;
-use lockbox_confine::{AuditSink, NetEvent};
+use lockbox_netsup::{AuditSink, NetEvent};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;

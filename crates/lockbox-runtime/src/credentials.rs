@@ -10,8 +10,8 @@
 
 use crate::error::RuntimeError;
 use crate::types::{RuntimeConfig, SandboxSpec};
-use lockbox_confine::AuditSink;
 use lockbox_intercept::{Credentials, Interceptor};
+use lockbox_netsup::AuditSink;
 use lockbox_policy::{Grant, Net, Policy, Proto};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -474,7 +474,7 @@ impl Sandbox {
             return Err(RuntimeError::QuestionNotFound { id });
         };
         desk.decide(id, verdict, by).map_err(|e| match e {
-            lockbox_confine::DecideError::Decided { id } => RuntimeError::QuestionDecided { id },
+            lockbox_netsup::DecideError::Decided { id } => RuntimeError::QuestionDecided { id },
             _ => RuntimeError::QuestionNotFound { id },
         })
     }

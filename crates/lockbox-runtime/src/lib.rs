@@ -82,11 +82,6 @@ pub use crate::streams::{
 pub use crate::types::*;
 pub use lockbox_agent::{main_if_agent, ProtocolError, PROTOCOL_VERSION};
 pub use lockbox_agent::{ChangeKind, FileChange, WatchEvent};
-/// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.
-pub use lockbox_confine::{
-    NetDecision, NetEvent, NetEventKind, NetProtocol, NetVerdict as Verdict, Question,
-    DEFAULT_ASK_TIMEOUT,
-};
 /// What [`CommitSummary::report`] holds.
 pub use lockbox_cow::CommitReport;
 pub use lockbox_cow::CowError;
@@ -99,6 +94,11 @@ pub use lockbox_cow::{ContentDigest, Review, Reviewed, ReviewedChange, ReviewedP
 pub use lockbox_intercept::{
     AllowRule, AuthRule, CredentialSource, CredentialSpec, Credentials, Error as InterceptError,
     HttpRules,
+};
+/// What [`Sandbox::audit`] and [`Sandbox::audit_log`] give.
+pub use lockbox_netsup::{
+    Decision as NetDecision, EventKind as NetEventKind, NetEvent, Protocol as NetProtocol,
+    Question, Verdict, DEFAULT_ASK_TIMEOUT,
 };
 /// What [`Runtime::commit_together`] takes and reports.
 pub use lockbox_txn::{ConflictPolicy, Marker, TxnId};

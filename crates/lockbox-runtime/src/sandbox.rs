@@ -44,7 +44,7 @@ pub(crate) struct Instance {
     /// command then pays no shell start. Not a session until used, so not listed.
     pub spare_default: Mutex<Option<Arc<Session>>>,
     /// Its network supervisor's approvals desk (`net_ask`), if any.
-    pub approvals: Option<lockbox_confine::Approvals>,
+    pub approvals: Option<lockbox_netsup::Approvals>,
 }
 
 impl Instance {
@@ -292,7 +292,7 @@ pub(crate) async fn start_instance(
     };
     let approvals = match (spec.net_ask, &policy.net) {
         (Some(timeout), lockbox_policy::Net::Allow(_)) => Some(
-            lockbox_confine::Approvals::new(timeout)
+            lockbox_netsup::Approvals::new(timeout)
                 .map_err(RuntimeError::os("the approvals' desk"))?,
         ),
         (Some(_), _) => {
@@ -382,8 +382,8 @@ fn fork_branch(
 async fn spawn_agent(
     policy: &lockbox_policy::Policy,
     agent_exe: &Path,
-    audit: Option<lockbox_confine::AuditSink>,
-    ask: Option<lockbox_confine::Approvals>,
+    audit: Option<lockbox_netsup::AuditSink>,
+    ask: Option<lockbox_netsup::Approvals>,
     interceptor: Option<Arc<lockbox_intercept::Interceptor>>,
 ) -> Result<(lockbox_confine::Running, AgentClient), RuntimeError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};

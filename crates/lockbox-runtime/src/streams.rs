@@ -44,7 +44,7 @@ pub struct PtyOutput {
 /// (with the count) where the skipped ones were (the last 1,000 stay in
 /// [`crate::Sandbox::audit_log`]); the stream ends when the sandbox is gone.
 pub struct AuditStream {
-    pub(crate) inner: BoxStream<lockbox_confine::NetEvent>,
+    pub(crate) inner: BoxStream<lockbox_netsup::NetEvent>,
 }
 
 /// The events of [`crate::Sandbox::watch`], oldest first. Dropping it stops the watch. A
@@ -79,7 +79,7 @@ forward_stream!(LogStream, LogChunk, "LogStream");
 forward_stream!(CodeStream, crate::types::CodeEvent, "CodeStream");
 forward_stream!(PtyOutput, Bytes, "PtyOutput");
 forward_stream!(WatchStream, crate::WatchEvent, "WatchStream");
-forward_stream!(AuditStream, lockbox_confine::NetEvent, "AuditStream");
+forward_stream!(AuditStream, lockbox_netsup::NetEvent, "AuditStream");
 forward_stream!(
     FileList,
     Result<crate::types::FileStat, crate::RuntimeError>,

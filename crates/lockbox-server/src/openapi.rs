@@ -385,7 +385,7 @@ pub(crate) struct ChangeList {
     review_token: Option<String>,
 }
 
-/// One decision of the network supervisor (`lockbox_confine::NetEvent`; docs/security.md,
+/// One decision of the network supervisor (`lockbox_netsup::NetEvent`; docs/security.md,
 /// Audit log).
 #[derive(Debug, ToSchema)]
 #[schema(as = NetEvent)]
@@ -482,7 +482,7 @@ enum QuestionKind {
     Dns,
 }
 
-/// May this process reach this destination? (`lockbox_confine::Question`;
+/// May this process reach this destination? (`lockbox_netsup::Question`;
 /// docs/security.md, Approvals)
 #[derive(Debug, ToSchema)]
 #[schema(as = Question)]
@@ -640,7 +640,7 @@ pub(crate) struct DisplayDataSchema {
     is_main_result: bool,
 }
 
-/// A verdict on an approval question (`lockbox_confine::Verdict`).
+/// A verdict on an approval question (`lockbox_netsup::Verdict`).
 #[derive(Debug, ToSchema)]
 #[serde(rename_all = "snake_case")]
 #[allow(dead_code)]

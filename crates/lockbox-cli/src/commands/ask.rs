@@ -23,7 +23,10 @@
 //! - The answer is echoed with what it decided: `lockbox: allowed once 198.18.0.3:443/tcp`.
 
 use crate::error::CliError;
-use lockbox_confine::{Approvals, NetEventKind, NetProtocol, NetVerdict, Question, Stdio};
+use lockbox_confine::Stdio;
+use lockbox_netsup::{
+    Approvals, EventKind as NetEventKind, Protocol as NetProtocol, Question, Verdict as NetVerdict,
+};
 use lockbox_policy::name::ascii_line;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::termios::{OptionalActions, QueueSelector, Termios};

@@ -2,7 +2,7 @@
 //! appended to FILE by a thread of their own (the supervisor never waits for the disk).
 
 use crate::error::CliError;
-use lockbox_confine::{AuditSink, NetEvent};
+use lockbox_netsup::{AuditSink, NetEvent};
 use lockbox_policy::name::quoted;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

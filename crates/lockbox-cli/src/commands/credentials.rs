@@ -4,8 +4,8 @@
 
 use crate::cli::RunArgs;
 use crate::error::CliError;
-use lockbox_confine::AuditSink;
 use lockbox_intercept::{CredentialSource, Credentials, HttpRules, Interceptor};
+use lockbox_netsup::AuditSink;
 use lockbox_policy::{Net, Policy, Proto};
 use std::sync::Arc;
 

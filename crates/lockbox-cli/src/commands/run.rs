@@ -66,7 +66,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
         }
         true => Some(super::ask::Prompt::open(
             args.net_ask_timeout
-                .unwrap_or(lockbox_confine::DEFAULT_ASK_TIMEOUT),
+                .unwrap_or(lockbox_netsup::DEFAULT_ASK_TIMEOUT),
         )?),
     };
     let interceptor = super::credentials::start(

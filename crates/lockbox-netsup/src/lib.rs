@@ -1,13 +1,14 @@
 //! The network supervisor of `--net-allow` / `--net-deny` sandboxes.
 //!
 //! The sandbox keeps its own network namespace (loopback only). The command child installs
-//! a second seccomp filter ([`filter`]) that hands `connect`, `sendto` with an address,
-//! `sendmsg` and `sendmmsg` to this supervisor, a thread of the parent (and, in a sandbox with
-//! a writable overlay view, the renames of [`crate::dirmove`], which it passes on: a process
-//! has one notification listener). For each call the
+//! a second seccomp filter (`lockbox-confine`'s, which owns every filter a sandbox installs)
+//! that hands `connect`, `sendto` with an address, `sendmsg` and `sendmmsg` to this
+//! supervisor, a thread of the parent (and, in a sandbox with a writable overlay view,
+//! `lockbox-confine`'s directory renames, which it passes on ([`PassOn`]): a process has one
+//! notification listener). For each call the
 //! supervisor takes its own copy of the socket (`pidfd_getfd`) and of the address
 //! (`process_vm_readv`, then `SECCOMP_IOCTL_NOTIF_ID_VALID`), decides on those copies with
-//! [`lockbox_policy::route`] ([`decide`]), and acts on them itself ([`perform`]):
+//! [`lockbox_policy::route`] (`decide`), and acts on them itself (`perform`):
 //!
 //! - to an allowed destination it connects a new socket in the host's namespace and
 //!   installs it in place of the sandbox's descriptor (`SECCOMP_IOCTL_NOTIF_ADDFD`); from
@@ -22,25 +23,37 @@
 //! one can swap a host socket under the descriptor number meanwhile. Otherwise the
 //! supervisor performs the call itself on its copies.
 //!
-//! **Bounded.** One thread does everything ([`serve`]): every socket operation it performs
+//! **Bounded.** One thread does everything (`serve`): every socket operation it performs
 //! is non-blocking, and a call that must wait (a blocking `connect` in progress, a blocking
 //! send on a full socket) waits in a bounded set polled with the listener, together with
 //! the caller's pidfd, so it is dropped the moment its caller dies. It copies at most
 //! [`MAX_SEND`] bytes of data per call, into one buffer. What it can hold at most does not
 //! depend on what the command does: see [`SEND_SLOTS`], [`CONNECT_SLOTS`], [`MAX_PARKED`].
 //!
-//! **Names.** Under an allow-list the sandbox's resolver is this supervisor ([`dns`]): it
+//! **Names.** Under an allow-list the sandbox's resolver is this supervisor (`dns`): it
 //! answers the listed names with the host's resolver and every other name `NXDOMAIN`, and a
 //! connection to an address it answered is allowed on the ports of the name's specs, for
 //! this sandbox only. Address rules are matched as they are; names never pin addresses.
 //!
 //! **Approvals.** With an [`Approvals`] desk (`--net-ask`), an allow-list's unlisted
-//! destination or name is asked instead of refused ([`ask`]): the call waits, parked like
+//! destination or name is asked instead of refused (`ask`): the call waits, parked like
 //! the waiting calls, for a verdict, at most [`MAX_ASKED`] at once and each for the desk's
 //! timeout; then it is denied.
 //!
 //! **Nothing borrowed.** The thread drops its capabilities before it takes the first call,
-//! and forwards only the control messages and flags that need no privilege ([`control`]).
+//! and forwards only the control messages and flags that need no privilege (`control`).
+//!
+//! **Where it fits.** `lockbox-confine` starts the supervisor ([`probe`], [`start`]) for a
+//! sandbox with a network list and hands it the command's listener ([`handover`]);
+//! `lockbox-intercept` implements [`Interceptor`] for hosts whose credentials lockbox
+//! holds. The filter this supervisor relies on (a clone sharing the descriptor table is
+//! refused, fast open is refused, a source route cannot be set) is `lockbox-confine`'s.
+//!
+//! **`unsafe`.** Besides `lockbox-confine`, this is the only crate of lockbox that uses
+//! `unsafe`, and only in [`sys`]: one small safe function per kernel call, each block with
+//! its `// SAFETY:` reasoning. The rest of the crate denies `unsafe_code`.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 mod ask;
 mod audit;
@@ -48,19 +61,42 @@ mod call;
 mod control;
 mod decide;
 mod dns;
-mod filter;
+mod error;
 mod first;
+pub mod handover;
 mod hello;
 mod intercept;
 mod internal;
 mod perform;
 mod relay;
 mod serve;
+#[allow(unsafe_code)]
+pub mod sys;
+
+/// Entry points for the fuzz targets in `fuzz/` (not an API: no other crate calls them).
+#[doc(hidden)]
+pub mod fuzzing {
+    use lockbox_policy::NetSpec;
+    use std::net::IpAddr;
+
+    /// Every reply lockbox's resolver builds for `query` by itself, under an allow-list of
+    /// `names`, as if the host resolved the asked name to `resolved` and had the interface
+    /// addresses `host`: the immediate answer (`NXDOMAIN`, `FORMERR`, ...), the answer with
+    /// addresses, a refusal, and what the TCP framing takes from the same bytes.
+    pub fn dns_query(
+        names: Vec<NetSpec>,
+        query: &[u8],
+        resolved: Vec<IpAddr>,
+        host: &[IpAddr],
+    ) -> Vec<Vec<u8>> {
+        crate::dns::exercise(names, query, resolved, host)
+    }
+}
 
 pub use self::ask::{Approvals, DecideError, Question, Verdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED};
 pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_COMMAND};
 pub use self::call::parse_sockaddr;
-pub use self::filter::filter;
+pub use self::error::Error;
 pub use self::first::FIRST_FLIGHT_MAX;
 pub use self::hello::{server_name as client_hello_server_name, Hello as ClientHello};
 pub use self::intercept::{
@@ -68,16 +104,18 @@ pub use self::intercept::{
 };
 pub use self::relay::{FIRST_FLIGHT_TIMEOUT, RELAY_SLOTS};
 
-use crate::error::SetupError;
-use crate::report::{NetHandover, NetTaken, RECORD_LEN};
-use crate::sys::Errno;
-use crate::sysnet;
+use crate::handover::{NetHandover, NetTaken, RECORD_LEN};
+use crate::sys::{self as sysnet, Errno, Notif};
 use lockbox_policy::{ListKind, NetRule, NetSpec};
 use serde::Serialize;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+
+/// The sandbox's nameserver under an allow-list (its `/etc/resolv.conf`): lockbox's
+/// resolver, a socket of the network supervisor bound in the sandbox's own namespace.
+pub const DNS_ADDR: [u8; 4] = [127, 0, 0, 153];
 
 /// How many denied attempts a report lists (the count covers all).
 const DENIED_LISTED: usize = 8;
@@ -98,7 +136,7 @@ pub const SEND_SLOTS: usize = 32;
 pub const CONNECT_SLOTS: usize = 32;
 /// Blocking calls received while their kind's slots are full: they wait, as a notification
 /// and nothing else (80 bytes, no descriptor), and are started in order as slots free
-/// (sends are also retried every [`RETRY`], so one whose socket drained goes through even
+/// (sends are also retried every `RETRY`, so one whose socket drained goes through even
 /// while the slots stay taken). Beyond this many, further calls wait in the kernel's queue.
 pub const MAX_PARKED: usize = 1024;
 /// How often waiting calls are checked for a caller that went away without its pidfd
@@ -142,11 +180,25 @@ pub struct NetRules {
     pub rules: Vec<NetRule>,
     /// An allow-list's specs that name hosts, answered by lockbox's resolver.
     pub names: Vec<NetSpec>,
-    /// The hosts file the resolver reads first (the test hook of
-    /// [`crate::resolve::HOSTS_FILE_VAR`]).
+    /// The hosts file the resolver reads first (the test hook of `lockbox-confine`'s
+    /// `LOCKBOX_NET_HOSTS_FILE`).
     pub hosts_file: Option<std::path::PathBuf>,
     /// What terminates the TLS connections of some allowed names (credentials).
     pub interceptor: Option<Arc<dyn Interceptor>>,
+    /// Calls of another supervisor that reach this one's listener.
+    pub pass_on: Option<PassOn>,
+}
+
+/// Calls of another supervisor's filter that reach this supervisor's listener, and how that
+/// supervisor answers them: `lockbox-confine`'s directory renames (a process has one
+/// notification listener, so under a network list the renames come here).
+#[derive(Debug, Clone, Copy)]
+pub struct PassOn {
+    /// Whether a notification is one of those calls.
+    pub wants: fn(&Notif) -> bool,
+    /// Answers one, as [`sys::notif_respond`] takes it: `Ok` lets the kernel run the call,
+    /// `Err` fails it with that errno.
+    pub handle: fn(&OwnedFd, &Notif) -> Result<i64, i32>,
 }
 
 /// A running supervisor thread; dropping it stops the thread.
@@ -180,24 +232,23 @@ impl Drop for Supervisor {
 }
 
 /// Checks that the kernel has what the supervisor needs; names what is missing.
-pub fn probe() -> Result<u64, SetupError> {
-    let missing = |feature, problem: &str| SetupError::FeatureMissing {
+pub fn probe() -> Result<u64, Error> {
+    let missing = |feature, problem: &str| Error::FeatureMissing {
         feature,
         problem: problem.into(),
         needed_for: "--net-allow/--net-deny (enforcing the list without races)",
     };
-    if !crate::sys::seccomp_action_available(sysnet::RET_USER_NOTIF) {
+    if !sysnet::seccomp_action_available(sysnet::RET_USER_NOTIF) {
         return Err(missing(
             "seccomp user notification",
             "is not available (Linux 5.9 or newer is required)",
         ));
     }
-    let sock = sysnet::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).map_err(|errno| {
-        SetupError::Supervise {
+    let sock =
+        sysnet::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).map_err(|errno| Error::Supervise {
             what: "creating a probe socket",
             errno,
-        }
-    })?;
+        })?;
     let cookie = sysnet::netns_cookie(&sock).map_err(|_| {
         missing(
             "SO_NETNS_COOKIE",
@@ -228,8 +279,8 @@ pub fn start(
     ask: Option<Approvals>,
     host_cookie: u64,
     channel: OwnedFd,
-) -> Result<Supervisor, SetupError> {
-    let err = |errno| SetupError::Supervise {
+) -> Result<Supervisor, Error> {
+    let err = |errno| Error::Supervise {
         what: "starting the network supervisor",
         errno,
     };
@@ -292,7 +343,7 @@ pub fn start(
         Ok(Ok(())) => {}
         Ok(Err(errno)) => {
             let _ = thread.join();
-            return Err(SetupError::Supervise {
+            return Err(Error::Supervise {
                 what: "dropping the network supervisor's capabilities",
                 errno,
             });
@@ -336,7 +387,7 @@ fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
         },
     ];
     loop {
-        match crate::sys::poll(&mut fds, -1) {
+        match sysnet::poll(&mut fds, -1) {
             Err(Errno(libc::EINTR)) => continue,
             Err(_) => return None,
             Ok(_) => return Some((fds[0].revents, fds[1].revents)),
@@ -347,7 +398,9 @@ fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
 /// Receives the listener's number ([`NetHandover`]) and the child's pid, takes a copy of the
 /// listener with `pidfd_getfd`, and answers [`NetTaken`] (the child closes its copy and goes
 /// on to `execve`). With it come copies of the resolver's sockets, when there are any.
-pub(crate) fn accept_listener(
+/// `None` when `stop` is closed first or the handover is not one. `lockbox-confine`'s rename
+/// supervisor takes its listeners this way too.
+pub fn accept_listener(
     channel: &OwnedFd,
     stop: &UnixStream,
 ) -> Option<(OwnedFd, Option<(OwnedFd, OwnedFd)>)> {
@@ -370,6 +423,6 @@ pub(crate) fn accept_listener(
     };
     // Best effort: a faster round trip where the kernel has it (Linux 6.6).
     let _ = sysnet::notif_sync_wakeup(&listener);
-    crate::sys::write_all(channel.as_raw_fd(), &NetTaken.encode()).ok()?;
+    sysnet::write_all(channel, &NetTaken.encode()).ok()?;
     Some((listener, dns))
 }

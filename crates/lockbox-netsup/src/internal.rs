@@ -124,7 +124,7 @@ fn embedded(a: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
 /// The addresses of the host's interfaces now, in the calling thread's network namespace
 /// (the host's, for the supervisor); none if they cannot be read.
 pub(super) fn host_addresses() -> Vec<IpAddr> {
-    crate::sysnet::interface_addresses()
+    crate::sys::interface_addresses()
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The seccomp filter of the sandboxed command that hands calls to the supervisor.
+//! The seccomp filter of the sandboxed command that hands calls to the network supervisor
+//! (`lockbox_netsup`, which relies on what it refuses: see its `decide`).
 
 use crate::sysnet;
 

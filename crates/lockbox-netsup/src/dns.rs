@@ -4,9 +4,9 @@
 //!
 //! A query for a name of the allow-list ([`NetSpec::matches_name`]) is resolved with the
 //! host's resolver (getaddrinfo: the host's `/etc/hosts`, then its DNS), after the hosts file
-//! of [`crate::resolve::HOSTS_FILE_VAR`] if one is set; every other name is answered
-//! `NXDOMAIN` here and never leaves the supervisor. Each address answered becomes a rule of
-//! *this* sandbox ([`Learned`]): a connection to it is allowed on the ports of the specs
+//! of `LOCKBOX_NET_HOSTS_FILE` (read by `lockbox-confine`) if one is set; every other name is
+//! answered `NXDOMAIN` here and never leaves the supervisor. Each address answered becomes a
+//! rule of *this* sandbox ([`Learned`]): a connection to it is allowed on the ports of the specs
 //! whose name was asked. An answer never carries, and nothing learns, an address of the
 //! host's own or one that reaches the host's services ([`super::internal`]: loopback,
 //! link-local, metadata ranges, the host's interface addresses read again for each answer,
@@ -576,6 +576,47 @@ impl Dns {
     }
 }
 
+/// Everything the resolver answers to `query` on its own, without a socket: the immediate
+/// verdict's reply, the answer built as if the host resolved the name to `resolved` (with
+/// `host` the host's interface addresses), the refusal, and the TCP framing of the bytes.
+/// For the `dns_query` fuzz target (see [`crate::fuzzing`]).
+pub(crate) fn exercise(
+    names: Vec<NetSpec>,
+    query: &[u8],
+    resolved: Vec<IpAddr>,
+    host: &[IpAddr],
+) -> Vec<Vec<u8>> {
+    let shared = Shared {
+        rules: super::NetRules {
+            kind: lockbox_policy::ListKind::Allow,
+            rules: Vec::new(),
+            names,
+            hosts_file: None,
+            interceptor: None,
+            pass_on: None,
+        },
+        host_cookie: 0,
+        report: std::sync::Arc::default(),
+        learned: std::sync::Mutex::default(),
+        audit: None,
+        dns_askers: std::sync::Mutex::default(),
+        ask: None,
+        relay: super::relay::Relay::new(Vec::new(), None, std::sync::Arc::default(), None),
+    };
+    let mut replies = Vec::new();
+    if let Verdict::Answer(reply) = classify(&shared, query) {
+        replies.push(reply);
+    }
+    replies.extend(answer(&shared, query, Ok(resolved), host, None, None));
+    replies.extend(refusal(query, RCODE::Refused));
+    let mut stream = query.to_vec();
+    // Each message taken removes at least its two length bytes.
+    while let Some(message) = tcp_message(&mut stream) {
+        replies.extend(refusal(&message, RCODE::Refused));
+    }
+    replies
+}
+
 /// Takes one complete length-prefixed message off the front of `buf`.
 fn tcp_message(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     let len = usize::from(u16::from_be_bytes([*buf.first()?, *buf.get(1)?]));
@@ -900,6 +941,7 @@ mod tests {
                 names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
                 hosts_file: None,
                 interceptor: None,
+                pass_on: None,
             },
             host_cookie: 0,
             report: std::sync::Arc::default(),

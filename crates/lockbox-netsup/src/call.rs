@@ -2,7 +2,7 @@
 //! arguments (`process_vm_readv`), and the sockaddr parser.
 
 use super::{MAX_CONTROL, MAX_IOV};
-use crate::sysnet::{self, Notif};
+use crate::sys::{self as sysnet, Notif};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The call being decided, with the supervisor's own copies of its arguments.

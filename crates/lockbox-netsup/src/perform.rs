@@ -9,7 +9,7 @@ use super::decide::Sock;
 use super::relay::Relayed;
 use super::{Shared, MAX_SEND};
 use crate::sys::Errno;
-use crate::sysnet::{self, Notif};
+use crate::sys::{self as sysnet, Notif};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::time::Instant;

@@ -4,7 +4,7 @@
 use super::audit::Why;
 use super::call::{parse_sockaddr, Call};
 use super::{Shared, DENIED_LISTED};
-use crate::sysnet;
+use crate::sys as sysnet;
 use lockbox_policy::{canonical, route, ListKind, Proto, Route};
 use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
@@ -330,6 +330,7 @@ mod tests {
                 names: Vec::new(),
                 hosts_file: None,
                 interceptor: None,
+                pass_on: None,
             },
             host_cookie: 0,
             report: Arc::default(),

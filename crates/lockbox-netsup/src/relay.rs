@@ -173,8 +173,8 @@ impl Relay {
         let listener = listeners[slot].as_ref().ok_or(Errno(libc::EIO))?;
         let at = listener.local_addr().map_err(io)?;
         let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        let theirs = crate::sysnet::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0)?;
-        match crate::sysnet::connect(&theirs, &sockaddr(at)) {
+        let theirs = crate::sys::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0)?;
+        match crate::sys::connect(&theirs, &sockaddr(at)) {
             Ok(()) | Err(Errno(libc::EINPROGRESS)) => {}
             Err(e) => return Err(e),
         }

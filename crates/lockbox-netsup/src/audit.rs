@@ -1,6 +1,6 @@
 //! The audit log of a supervisor's decisions: one [`NetEvent`] per intercepted call sent
 //! towards the host's network (allowed or denied) and per DNS query lockbox's resolver
-//! answers, handed to an [`AuditSink`] the caller of [`crate::Spawn::audit`] gave.
+//! answers, handed to an [`AuditSink`] the caller of `lockbox_confine::Spawn::audit` gave.
 //!
 //! **Never blocking.** The sink is a bounded channel the supervisor only `try_send`s on: when
 //! the consumer falls behind, events are dropped and counted, and a `dropped` event with the

@@ -19,7 +19,7 @@ use super::perform::{Caller, Job, Kind, Outcome, Send, Waiting};
 use super::relay::{Relayed, RELAY_RETRY, RELAY_SLOTS};
 use super::{Shared, CONNECT_SLOTS, MAX_PARKED, MAX_SEND, RETRY, SEND_SLOTS, SWEEP};
 use crate::sys::Errno;
-use crate::sysnet::{self, Notif};
+use crate::sys::{self as sysnet, Notif};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -28,6 +28,7 @@ use std::time::Instant;
 
 /// Runs until `stop` is closed or every process under the filter is gone.
 pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, stop: &UnixStream) {
+    let pass_on = shared.rules.pass_on;
     let mut calls = Calls {
         shared,
         listener,
@@ -112,8 +113,8 @@ pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, sto
         if listener & libc::POLLIN != 0 {
             match sysnet::notif_recv(&calls.listener) {
                 // This thread kept no capability to move entries with: as unprivileged.
-                Ok(notif) if crate::dirmove::is_rename(&notif) => {
-                    let result = crate::dirmove::handle(&calls.listener, &notif, false);
+                Ok(notif) if pass_on.is_some_and(|p| (p.wants)(&notif)) => {
+                    let result = pass_on.map_or(Ok(0), |p| (p.handle)(&calls.listener, &notif));
                     let _ =
                         sysnet::notif_respond(&calls.listener, notif.id, result, result.is_ok());
                 }

@@ -159,7 +159,7 @@ struct Desk {
 }
 
 /// The approvals desk of one sandbox (cheap to clone: every clone is the same desk). Give
-/// one to [`crate::Spawn::ask`]; keep one to answer.
+/// one to `lockbox_confine::Spawn::ask`; keep one to answer.
 #[derive(Debug, Clone)]
 pub struct Approvals {
     desk: Arc<Desk>,
@@ -414,7 +414,7 @@ pub(super) fn event(
 
 /// A call waiting for its question's verdict.
 pub(super) struct AskedCall {
-    pub(super) notif: crate::sysnet::Notif,
+    pub(super) notif: crate::sys::Notif,
     /// When the call first arrived.
     pub(super) since: Instant,
     /// The caller's pidfd: readable when it exits (the call is then dropped).
