@@ -228,6 +228,10 @@ pub struct PullOptions {
 
 /// The default bound on manifests, indexes, configs and token answers.
 pub const DEFAULT_MAX_DOCUMENT_BYTES: u64 = 4 << 20;
+/// The default bound on the store (`--max-store`, `$LOCKBOX_MAX_STORE`): after a pull, the
+/// least recently used images no one holds are removed until the store takes at most this
+/// (they can be pulled again). 0: no bound.
+pub const DEFAULT_MAX_STORE: u64 = 20 << 30;
 /// The default bound on one layer.
 pub const DEFAULT_MAX_LAYER_BYTES: u64 = 32 << 30;
 

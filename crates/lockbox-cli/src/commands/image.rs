@@ -47,9 +47,15 @@ pub enum ImageCommand {
         #[arg(long, value_name = "SIZE", default_value = "32G")]
         max_layer_size: lockbox_policy::ByteSize,
         /// After the pull, remove the least recently used images nothing holds until the
-        /// store takes at most SIZE (unpacked layers and blobs) [default: no bound].
-        #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
-        max_store: Option<lockbox_policy::ByteSize>,
+        /// store takes at most SIZE (unpacked layers and blobs); 0: no bound. `lockbox run
+        /// --image` applies the same bound after a pull.
+        #[arg(
+            long,
+            value_name = "SIZE",
+            env = "LOCKBOX_MAX_STORE",
+            default_value = "20G"
+        )]
+        max_store: lockbox_policy::ByteSize,
     },
     /// List the images in the store, most recently pulled first.
     Ls,
@@ -76,6 +82,18 @@ pub enum ImageCommand {
         #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
         max_store: Option<lockbox_policy::ByteSize>,
     },
+}
+
+/// The store bound after a pull of `pulled` (`--max-store`; 0: none).
+fn bound_store(store: &Store, max: u64, pulled: &str) -> Result<(), ImageError> {
+    if max == 0 {
+        return Ok(());
+    }
+    let report = store.shrink_to(max, &[pulled])?;
+    for id in &report.images_removed {
+        eoutln!("lockbox: the store's bound ({max} bytes, --max-store): removed the least recently used image {id}");
+    }
+    Ok(())
 }
 
 impl From<ImageError> for CliError {
@@ -121,15 +139,7 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             let rt = tokio::runtime::Runtime::new()
                 .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
             let image = rt.block_on(store.pull(reference, &opts))?;
-            if let Some(max) = max_store {
-                let report = store.shrink_to(max.0, &[image.id.as_str()])?;
-                for id in &report.images_removed {
-                    eoutln!(
-                        "lockbox: --max-store {}: removed the least recently used image {id}",
-                        max.0
-                    );
-                }
-            }
+            bound_store(&store, max_store.0, &image.id)?;
             if args.json {
                 outln!("{}", json(&image, false));
             } else {
@@ -348,8 +358,20 @@ impl RunImage {
                 .enable_all()
                 .build()
                 .map_err(|e| CliError::new(125, format!("starting the async runtime: {e}")))?;
-            rt.block_on(store.find_or_pull(&reference, how.pull, &opts))
-                .map_err(setup)?
+            let image = rt
+                .block_on(store.find_or_pull(&reference, how.pull, &opts))
+                .map_err(setup)?;
+            let max = match std::env::var("LOCKBOX_MAX_STORE") {
+                Ok(text) => {
+                    text.parse::<lockbox_policy::ByteSize>()
+                        .map_err(|e| CliError::usage(format!("LOCKBOX_MAX_STORE: {e}")))?
+                        .0
+                }
+                Err(_) => lockbox_image::DEFAULT_MAX_STORE,
+            };
+            // A run's image is kept (it is held next); others may go.
+            bound_store(&store, max, &image.id).map_err(setup)?;
+            image
         };
         let holder = lockbox_image::process_holder();
         let image = store.hold(&image.id, &holder).map_err(setup)?;
