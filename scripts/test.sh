@@ -25,6 +25,9 @@ command -v gcc >/dev/null || need+=(gcc)
 # Chromium through its driver with Selenium (pip-installed into the test venv below).
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+# The image tests' package-manager cases (crates/lockbox-confine/tests/image.rs) make a
+# Debian minbase image with mmdebstrap (from Debian's mirror; kept in the target dir after).
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

@@ -831,8 +831,9 @@ const APT_CONF_D: &str = "apt/apt.conf.d";
 /// apt runs its download methods as `_apt` and then checks that `getuid()` and the groups
 /// changed; in an image sandbox the `set*id` calls are no-ops (`seccomp::ID_NO_OPS`: the
 /// user namespace has one uid), so the check fails ("Could not switch group") and
-/// `apt-get update` stops. `root` turns the drop off (apt's `DropPrivileges`), as
-/// Charliecloud writes into an image it builds with `--force=seccomp`. Nothing is lost:
+/// `apt-get update` stops. `root` turns the drop off (apt's `DropPrivileges`); Charliecloud's
+/// `ch-image --force` writes the same line into a Debian image it builds
+/// (`/etc/apt/apt.conf.d/no-sandbox`), lockbox binds it without changing the image. Nothing is lost:
 /// `_apt` would be the caller too. The name sorts last, so the image's own files cannot
 /// undo it.
 const APT_SANDBOX_FILE: &str = "apt/apt.conf.d/99lockbox-sandbox-user";
