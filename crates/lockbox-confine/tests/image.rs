@@ -617,16 +617,23 @@ fn debian_tar(include: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lockbox-debian");
     let tar = dir.join(format!("bookworm-minbase-{include}.tar"));
     let _made_once = IMAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if std::env::var_os(AS_NOBODY).is_some() {
+        assert!(
+            tar.exists(),
+            "{} is missing: the root process makes it before running this test as uid 65534",
+            tar.display()
+        );
+        return tar;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Where each uid unpacks its own copy ([`debian_layer`]): writable by all, sticky.
+    let layers = dir.join("layers");
+    std::fs::create_dir_all(&layers).unwrap();
+    std::fs::set_permissions(&layers, std::fs::Permissions::from_mode(0o1777)).unwrap();
     if tar.exists() {
         return tar;
     }
-    assert!(
-        std::env::var_os(AS_NOBODY).is_none(),
-        "{} is missing: the root process makes it before running this test as uid 65534",
-        tar.display()
-    );
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let partial = dir.join(format!(".{include}.{}.tar", std::process::id()));
     // As root, mmdebstrap's root mode; as a user, its unshare mode (which needs a
     // subordinate id range in /etc/subuid).
@@ -660,15 +667,19 @@ fn debian_tar(include: &str) -> PathBuf {
 fn debian_layer(include: &str) -> PathBuf {
     let tar = debian_tar(include);
     let uid = rustix::process::getuid().as_raw();
-    let layer = tar.with_extension(format!("uid{uid}"));
+    let dir = tar.parent().unwrap().join("layers");
+    let layer = dir.join(format!(
+        "{}.uid{uid}",
+        tar.file_stem().unwrap().to_str().unwrap()
+    ));
     let _unpacked_once = IMAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if layer.exists() {
         return layer;
     }
-    let dir = tar.parent().unwrap();
+    let started = std::time::Instant::now();
     let partial = tempfile::Builder::new()
         .prefix(".unpacking")
-        .tempdir_in(dir)
+        .tempdir_in(&dir)
         .unwrap();
     let out = std::process::Command::new("tar")
         .args([
@@ -694,6 +705,11 @@ fn debian_layer(include: &str) -> PathBuf {
     if std::fs::rename(partial.path(), &layer).is_ok() {
         let _ = partial.keep();
     }
+    eprintln!(
+        "uid {uid}: unpacked {} in {:.1?}",
+        layer.display(),
+        started.elapsed()
+    );
     layer
 }
 
