@@ -838,6 +838,8 @@ fn apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image() {
                 ],
             );
             write_packages_index(&repo);
+            // Unmodified: lockbox's apt.conf.d file turns off apt's drop to `_apt`, which
+            // fails with "Could not switch group" where the set*id calls are no-ops.
             let mut policy = debian_policy();
             policy.fs.read.push(repo.clone());
             let script = format!(
@@ -846,7 +848,8 @@ fn apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image() {
                  apt-get update -q && apt-get install -y -q hello-lockbox setid-lockbox && \
                  echo ---- && cat /usr/share/hello-lockbox/hello.txt && \
                  stat -c '%a %u:%g' /usr/bin/setuid-lockbox /usr/bin/setgid-lockbox && \
-                 dpkg-query -W -f '${{Package}} ${{Status}}\\n' hello-lockbox setid-lockbox",
+                 dpkg-query -W -f '${{Package}} ${{Status}}\\n' hello-lockbox setid-lockbox && \
+                 apt-config dump | grep '^APT::Sandbox::User'",
                 repo = repo.display()
             );
             let ran = run_in_debian(dir.path(), &layer, &policy, &script);
@@ -855,7 +858,8 @@ fn apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image() {
             assert_eq!(
                 after,
                 "hello from a local apt repository\n4755 0:0\n2755 0:0\n\
-                 hello-lockbox install ok installed\nsetid-lockbox install ok installed\n",
+                 hello-lockbox install ok installed\nsetid-lockbox install ok installed\n\
+                 APT::Sandbox::User \"root\";\n",
                 "{}",
                 ran.out
             );
