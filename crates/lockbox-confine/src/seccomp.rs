@@ -398,7 +398,7 @@ pub enum SetIdModes {
     /// keeps it, which only sets the group of new entries to the caller's own).
     GroupOnly,
     /// Both bits: an image root whose every host write is private to the caller. Package
-    /// managers set them (`dpkg` unpacking `passwd`'s `/usr/bin/su`); they do nothing there:
+    /// managers set them (`dpkg` unpacking `passwd`'s `/usr/bin/passwd`); they do nothing there:
     /// every mount of an image sandbox is `nosuid`, `no_new_privs` is set, a file on the host
     /// (a kept upper layer, a view's branch) lies below a directory only the caller may
     /// enter, and a commit of a view drops both bits (lockbox-cow's `file_mode`).
