@@ -37,6 +37,9 @@ command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v skopeo >/dev/null || need+=(skopeo)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+# The image tests' package-manager cases (crates/lockbox-confine/tests/image.rs) make a
+# Debian minbase image with mmdebstrap (from Debian's mirror; kept in the target dir after).
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

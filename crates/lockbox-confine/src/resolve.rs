@@ -389,6 +389,12 @@ pub fn resolve_with(
             .map(PathBuf::from);
     }
     out.etc_files = etc_files(policy, &out.net_pins);
+    if let Some(image) = &out.image {
+        if image_has_dir(&image.layers, Path::new(APT_CONF_D)) {
+            out.etc_files
+                .push((APT_SANDBOX_FILE.to_owned(), APT_SANDBOX_CONF.to_vec()));
+        }
+    }
     out.cwd = match &policy.cwd {
         Some(cwd) => cwd.clone(),
         None => caller_cwd
@@ -818,6 +824,60 @@ fn etc_files(policy: &Policy, pins: &[(String, Vec<IpAddr>)]) -> Vec<(String, Ve
     files
 }
 
+/// apt's drop-in directory, under `/etc`.
+const APT_CONF_D: &str = "apt/apt.conf.d";
+
+/// lockbox's file in [`APT_CONF_D`] of an image that has one (read-only, like `/etc/hosts`).
+/// apt runs its download methods as `_apt` and then checks that `getuid()` and the groups
+/// changed; in an image sandbox the `set*id` calls are no-ops (`seccomp::ID_NO_OPS`: the
+/// user namespace has one uid), so the check fails ("Could not switch group") and
+/// `apt-get update` stops. `root` turns the drop off (apt's `DropPrivileges`); Charliecloud's
+/// `ch-image --force` writes the same line into a Debian image it builds
+/// (`/etc/apt/apt.conf.d/no-sandbox`), lockbox binds it without changing the image. Nothing is lost:
+/// `_apt` would be the caller too. The name sorts last, so the image's own files cannot
+/// undo it.
+const APT_SANDBOX_FILE: &str = "apt/apt.conf.d/99lockbox-sandbox-user";
+
+/// The content of [`APT_SANDBOX_FILE`].
+const APT_SANDBOX_CONF: &[u8] =
+    b"// lockbox: every uid of this sandbox is the caller's; apt cannot drop to _apt.\n\
+APT::Sandbox::User \"root\";\n";
+
+/// True if the image's merged tree (`layers`, top first, overlayfs format) has the directory
+/// `rel` (relative to `/etc`): a directory in some layer, neither hidden by a whiteout, a
+/// file or an opaque directory above it, nor reached through a symlink (the image is
+/// untrusted: nothing of it is followed on the host).
+fn image_has_dir(layers: &[PathBuf], rel: &Path) -> bool {
+    let rel = Path::new("etc").join(rel);
+    for layer in layers {
+        let mut at = layer.clone();
+        let mut opaque_above = false;
+        let mut whole = true;
+        for part in rel.components() {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.is_dir() => {
+                    let mut flag = [0u8; 1];
+                    opaque_above |= rustix::fs::lgetxattr(&at, "user.overlay.opaque", &mut flag)
+                        .is_ok_and(|n| n == 1 && flag[0] == b'y');
+                }
+                // A file, a symlink or a whiteout (a 0/0 character device) hides the
+                // lower layers' entry.
+                Ok(_) => return false,
+                Err(_) if opaque_above => return false,
+                Err(_) => {
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if whole {
+            return true;
+        }
+    }
+    false
+}
+
 /// True if nothing the sandbox can write on the host is reachable by anyone but the caller:
 /// no writable grant, no descriptor handed in, and every overlay's upper layer below a
 /// directory of the caller's that only the caller may enter (lockbox's state directory
@@ -1017,6 +1077,35 @@ mod tests {
             "{:?}",
             r.symlinks
         );
+    }
+
+    #[test]
+    fn apts_drop_in_directory_is_found_in_the_merged_image_and_never_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let layer = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(&path).unwrap();
+            path
+        };
+        let (top, base) = (layer("top"), layer("base"));
+        std::fs::create_dir_all(base.join("etc/apt/apt.conf.d")).unwrap();
+        std::fs::create_dir_all(top.join("etc")).unwrap();
+        let rel = Path::new(APT_CONF_D);
+        assert!(image_has_dir(&[top.clone(), base.clone()], rel));
+        assert!(!image_has_dir(std::slice::from_ref(&top), rel));
+        // An opaque /etc above hides the base layer's.
+        rustix::fs::setxattr(
+            top.join("etc"),
+            "user.overlay.opaque",
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        assert!(!image_has_dir(&[top.clone(), base.clone()], rel));
+        // A symlink is not followed on the host, even to a directory that has it.
+        let hostile = layer("hostile");
+        std::os::unix::fs::symlink(base.join("etc"), hostile.join("etc")).unwrap();
+        assert!(!image_has_dir(&[hostile, base], rel));
     }
 
     #[test]

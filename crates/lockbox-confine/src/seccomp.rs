@@ -293,9 +293,12 @@ pub const REVIEWED_ALLOWED: &[Allowed] = &[
 /// the query 0xffffffff (Docker's default profile allows the same).
 const PERSONALITY_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
-/// The rules (any of which denies) for a conditional denial. `set_gid`: the set-group-id
-/// bit is allowed (see [`build`]); the set-user-id bit never is.
-fn rules_for(when: When, set_gid: bool) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+/// The rules (any of which denies) for a conditional denial; `set_id` says which mode bits
+/// are refused (see [`build`]).
+fn rules_for(
+    when: When,
+    set_id: SetIdModes,
+) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let conditions = match when {
         When::NewUserNs { arg } => vec![SeccompCondition::new(
             arg,
@@ -310,10 +313,10 @@ fn rules_for(when: When, set_gid: bool) -> Result<Vec<SeccompRule>, seccompiler:
             req,
         )?],
         When::SetIdMode { arg } => {
-            let bits: &[libc::mode_t] = if set_gid {
-                &[libc::S_ISUID]
-            } else {
-                &[libc::S_ISUID, libc::S_ISGID]
+            let bits: &[libc::mode_t] = match set_id {
+                SetIdModes::Refused => &[libc::S_ISUID, libc::S_ISGID],
+                SetIdModes::GroupOnly => &[libc::S_ISUID],
+                SetIdModes::Allowed => &[],
             };
             return bits
                 .iter()
@@ -382,19 +385,47 @@ pub const REFUSED_FAMILIES: [RefusedFamily; 2] = [
     },
 ];
 
+/// Which set-user-id and set-group-id modes the filter lets through (the `chmod` family,
+/// and files created with such a mode: `openat`, `mknodat`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetIdModes {
+    /// Neither bit: something the sandbox writes is reachable on the host by others, where a
+    /// setuid or setgid file of the caller's would run with the caller's ids.
+    Refused,
+    /// The set-group-id bit (`chmod g+s dir`, `mkdir -m 2775`): a plain sandbox whose every
+    /// host write is private to the caller ([`crate::resolve::private_writes`]). A set-gid
+    /// file there gives nobody anything, and a commit drops the bit from files (a directory
+    /// keeps it, which only sets the group of new entries to the caller's own).
+    GroupOnly,
+    /// Both bits: an image root whose every host write is private to the caller. Package
+    /// managers set them (`dpkg` unpacking `passwd`'s `/usr/bin/passwd`); they do nothing there:
+    /// every mount of an image sandbox is `nosuid`, `no_new_privs` is set, a file on the host
+    /// (a kept upper layer, a view's branch) lies below a directory only the caller may
+    /// enter, and a commit of a view drops both bits (lockbox-cow's `file_mode`).
+    Allowed,
+}
+
+impl SetIdModes {
+    /// The mode bits refused.
+    fn refused(self) -> u32 {
+        match self {
+            SetIdModes::Refused => libc::S_ISUID | libc::S_ISGID,
+            SetIdModes::GroupOnly => libc::S_ISUID,
+            SetIdModes::Allowed => 0,
+        }
+    }
+}
+
 /// Builds the BPF program. `net_host`: the sandbox shares the host's network (`--net host`).
-/// `set_gid`: modes with the set-group-id bit are allowed (`chmod g+s dir`, `mkdir -m 2775`),
-/// which the spawner decides only when nothing the sandbox can write on the host is
-/// reachable by anyone but the caller ([`crate::resolve::private_writes`]): a set-gid file
-/// there gives nobody anything, and a commit drops the bit from files (a directory keeps it,
-/// which only sets the group of new entries to the caller's own).
+/// `set_id`: the set-id modes allowed, which the spawner decides from where the sandbox's
+/// writes can land on the host ([`SetIdModes`]).
 pub fn build(
     openat2: Openat2,
     net_host: bool,
-    set_gid: bool,
+    set_id: SetIdModes,
     ids: Ids,
 ) -> Result<BpfProgram, SetupError> {
-    let mut program = program(openat2, net_host, set_gid, true)?;
+    let mut program = program(openat2, net_host, set_id, true)?;
     if ids == Ids::ImageRoot {
         // Right after the prologue (the accumulator holds the syscall number there): none
         // of these calls is on the deny list.
@@ -470,12 +501,14 @@ fn enosys_calls(openat2: Openat2) -> Vec<i64> {
 fn program(
     openat2: Openat2,
     net_host: bool,
-    set_gid: bool,
+    set_id: SetIdModes,
     search: bool,
 ) -> Result<BpfProgram, SetupError> {
     // Each denied call, and when it is denied (no condition: always).
     let mut conditions: BTreeMap<i64, Vec<When>> = BTreeMap::new();
-    for d in denied() {
+    let allowed_modes =
+        |d: &Denied| set_id.refused() == 0 && matches!(d.when, Some(When::SetIdMode { .. }));
+    for d in denied().into_iter().filter(|d| !allowed_modes(d)) {
         conditions.entry(d.nr).or_default().extend(d.when);
     }
     let mut program = prologue(&enosys_calls(openat2));
@@ -494,7 +527,7 @@ fn program(
                 let found = if whens.is_empty() {
                     Found::Return(DENY)
                 } else {
-                    blocks.push(conditional(whens, set_gid));
+                    blocks.push(conditional(whens, set_id));
                     Found::Block(blocks.len() - 1)
                 };
                 (nr as u32, found)
@@ -502,7 +535,7 @@ fn program(
             .collect();
         program.extend(crate::bpf::dispatch(&sorted, RET_ALLOW, &blocks));
     } else {
-        program.extend(chain(&conditions, set_gid)?);
+        program.extend(chain(&conditions, set_id)?);
     }
     Ok(program)
 }
@@ -514,7 +547,7 @@ const DENY: u32 = crate::bpf::RET_ERRNO | libc::EPERM as u32;
 /// when any of `whens` holds, else allowed. Every condition reads the low 32 bits of one
 /// argument, which is what each needs: the kernel reads an ioctl request, a mode and a
 /// personality as 32-bit ints, and `CLONE_NEWUSER` is a low bit of the flags.
-fn conditional(whens: &[When], set_gid: bool) -> BpfProgram {
+fn conditional(whens: &[When], set_id: SetIdModes) -> BpfProgram {
     use crate::bpf::{ins, JEQ_K, JSET_K, LD_W_ABS, RET_ALLOW, RET_K};
     // seccomp_data.args[n], low half on a little-endian machine.
     let low = |arg: u8| 16 + 8 * u32::from(arg);
@@ -534,14 +567,9 @@ fn conditional(whens: &[When], set_gid: bool) -> BpfProgram {
                 deny(),
             ]),
             When::SetIdMode { arg } => {
-                let bits = if set_gid {
-                    libc::S_ISUID
-                } else {
-                    libc::S_ISUID | libc::S_ISGID
-                };
                 block.extend([
                     ins(LD_W_ABS, 0, 0, low(arg)),
-                    ins(JSET_K, 0, 1, bits),
+                    ins(JSET_K, 0, 1, set_id.refused()),
                     deny(),
                 ]);
             }
@@ -562,13 +590,16 @@ fn conditional(whens: &[When], set_gid: bool) -> BpfProgram {
 
 /// seccompiler's chain of every rule, one after another: the plain form of the filter,
 /// which the tests hold the binary search and its blocks to.
-fn chain(conditions: &BTreeMap<i64, Vec<When>>, set_gid: bool) -> Result<BpfProgram, SetupError> {
+fn chain(
+    conditions: &BTreeMap<i64, Vec<When>>,
+    set_id: SetIdModes,
+) -> Result<BpfProgram, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for (&nr, whens) in conditions {
         let entry = rules.entry(nr).or_default();
         for &when in whens {
-            entry.extend(rules_for(when, set_gid).map_err(|e| err(&e))?);
+            entry.extend(rules_for(when, set_id).map_err(|e| err(&e))?);
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -656,7 +687,7 @@ mod tests {
     #[test]
     fn filter_builds_and_fits_the_kernel_limit() {
         for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
-            let program = build(openat2, host, false, Ids::Caller).unwrap();
+            let program = build(openat2, host, SetIdModes::Refused, Ids::Caller).unwrap();
             assert!(program.len() < 4096, "{} instructions", program.len());
             // Every command pays for translating and JIT-compiling it when it starts: the
             // conditional calls are short blocks, not seccompiler's chain (421 then).
@@ -735,13 +766,14 @@ mod tests {
         for f in REFUSED_FAMILIES {
             arg_sets.push([u64::from(f.family), 0, 0, 0, 0, 0]);
         }
-        for (openat2, host, set_gid) in [
-            (Openat2::Enosys, false, false),
-            (Openat2::Agent, true, false),
-            (Openat2::Enosys, false, true),
+        for (openat2, host, set_id) in [
+            (Openat2::Enosys, false, SetIdModes::Refused),
+            (Openat2::Agent, true, SetIdModes::Refused),
+            (Openat2::Enosys, false, SetIdModes::GroupOnly),
+            (Openat2::Enosys, false, SetIdModes::Allowed),
         ] {
-            let fast = program(openat2, host, set_gid, true).unwrap();
-            let chain = program(openat2, host, set_gid, false).unwrap();
+            let fast = program(openat2, host, set_id, true).unwrap();
+            let chain = program(openat2, host, set_id, false).unwrap();
             for nr in (0..1024).chain([0x4000_0000, u32::MAX]) {
                 for args in &arg_sets {
                     assert_eq!(
@@ -760,10 +792,33 @@ mod tests {
     }
 
     #[test]
+    fn setuid_and_setgid_modes_are_refused_allowed_for_the_group_or_allowed_as_decided() {
+        let suid = u64::from(libc::S_ISUID | 0o755);
+        let sgid = u64::from(libc::S_ISGID | 0o755);
+        let deny = DENY;
+        let allow = crate::bpf::RET_ALLOW;
+        for (set_id, expect_suid, expect_sgid) in [
+            (SetIdModes::Refused, deny, deny),
+            (SetIdModes::GroupOnly, deny, allow),
+            (SetIdModes::Allowed, allow, allow),
+        ] {
+            let filter = build(Openat2::Enosys, false, set_id, Ids::ImageRoot).unwrap();
+            let fchmod = |mode| run(&filter, libc::SYS_fchmod as u32, [3, mode, 0, 0, 0, 0]).0;
+            let fchmodat = |mode| run(&filter, libc::SYS_fchmodat as u32, [3, 0, mode, 0, 0, 0]).0;
+            assert_eq!(fchmod(suid), expect_suid, "{set_id:?}");
+            assert_eq!(fchmodat(suid), expect_suid, "{set_id:?}");
+            assert_eq!(fchmod(sgid), expect_sgid, "{set_id:?}");
+            assert_eq!(fchmod(0o755), allow, "{set_id:?}");
+            // The rest of the deny list stays.
+            assert_eq!(run(&filter, libc::SYS_mount as u32, [0; 6]).0, deny);
+        }
+    }
+
+    #[test]
     fn an_image_root_answers_the_id_calls_with_0_and_decides_everything_else_as_a_plain_one() {
         for (openat2, host) in [(Openat2::Enosys, false), (Openat2::Agent, true)] {
-            let plain = build(openat2, host, false, Ids::Caller).unwrap();
-            let image = build(openat2, host, false, Ids::ImageRoot).unwrap();
+            let plain = build(openat2, host, SetIdModes::Refused, Ids::Caller).unwrap();
+            let image = build(openat2, host, SetIdModes::Refused, Ids::ImageRoot).unwrap();
             assert!(image.len() <= 350, "{} instructions", image.len());
             let no_op = crate::bpf::RET_ERRNO; // errno 0: the call returns 0
             for nr in (0..1024).chain([0x4000_0000, u32::MAX]) {

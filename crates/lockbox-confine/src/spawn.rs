@@ -704,10 +704,15 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     }
     let image_upper = resolved.image.as_ref().and_then(|i| i.upper.as_ref());
     clear_volatile_mark(image_upper)?;
-    // A set-group-id bit is allowed only where nobody but the caller can reach it (see
-    // `seccomp::build`): an image build's layer on the host must be private as well.
-    let set_gid = resolve::private_writes(policy)
+    // Set-id modes are allowed only where nobody but the caller can reach them (see
+    // `seccomp::SetIdModes`): an image build's layer on the host must be private as well.
+    let private = resolve::private_writes(policy)
         && image_upper.is_none_or(|u| resolve::private_to_caller(&u.parent));
+    let set_id = match (private, image_root) {
+        (false, _) => seccomp::SetIdModes::Refused,
+        (true, false) => seccomp::SetIdModes::GroupOnly,
+        (true, true) => seccomp::SetIdModes::Allowed,
+    };
     let plan = if gated {
         plan::build_sequence(&resolved, later.len())
     } else {
@@ -800,7 +805,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
                 seccomp::Openat2::Enosys
             },
             !policy.net.own_namespace(),
-            set_gid,
+            set_id,
             if image_root {
                 seccomp::Ids::ImageRoot
             } else {

@@ -555,3 +555,437 @@ fn explain_shows_how_an_image_root_is_built() {
     }
     assert!(!text.contains("/usr"), "{text}");
 }
+
+#[test]
+fn setuid_modes_work_in_a_private_image_root_and_are_refused_when_a_host_dir_is_writable() {
+    as_root_and_nobody(
+        "setuid_modes_work_in_a_private_image_root_and_are_refused_when_a_host_dir_is_writable",
+        || {
+            let dir = scratch();
+            let layers = layers(dir.path());
+            let script = "echo x > /etc/tool && busybox chmod 4755 /etc/tool && busybox chmod g+s /etc/tool && \
+                          stat -c %a /etc/tool";
+            // Nothing the sandbox writes reaches the host: the bits are harmless there (every
+            // mount nosuid, no_new_privs) and dpkg sets them.
+            let ran = run(dir.path(), &layers, &image_policy(), script);
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            assert_eq!(ran.out, "6755\n");
+            // A writable grant could carry a setuid file of the caller's to the host: both
+            // bits are refused, in the grant and in the image root alike.
+            let rw = dir.path().join("rw");
+            std::fs::create_dir(&rw).unwrap();
+            let mut policy = image_policy();
+            policy.fs.write.push(rw.clone());
+            let script = format!(
+                "echo x > {rw}/tool; busybox chmod u+s {rw}/tool 2>/dev/null || echo grant-refused; \
+                 echo x > /etc/tool; busybox chmod g+s /etc/tool 2>/dev/null || echo root-refused",
+                rw = rw.display()
+            );
+            let ran = run(dir.path(), &layers, &policy, &script);
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            assert_eq!(ran.out, "grant-refused\nroot-refused\n");
+            let mode = std::fs::metadata(rw.join("tool")).unwrap().mode();
+            assert_eq!(mode & 0o6000, 0, "{mode:o}");
+        },
+    );
+}
+
+// ---- Package managers in a Debian image (issue 29: apt-get, pip and npm install) ----
+//
+// A Debian bookworm minbase root file system made by mmdebstrap (from Debian's package
+// mirror: the only network these tests use) is one layer; the packages installed come from
+// a local apt repository, a wheel directory and an npm tarball the tests make, granted
+// read-only. The root file system is made once, as a tarball kept in the target directory
+// (keyed by what it includes; a later run reuses it), and unpacked once per uid next to it
+// with the unpacker's ownership, as an image store unpacks a layer.
+
+/// Set to `1` to run the tests that need the heaviest image (npm: Debian's `npm` pulls in
+/// some 400 packages, about 450 MB).
+const HEAVY: &str = "LOCKBOX_TEST_HEAVY";
+
+/// What the base image includes besides minbase: pip for the pip test (apt needs nothing).
+const WITH_PIP: &str = "python3-pip";
+/// What the npm test's image includes.
+const WITH_NPM: &str = "npm";
+
+/// Serialises the making of one image by this process's tests.
+static IMAGE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The tarball of a bookworm minbase with `include`, made by mmdebstrap if it is not there
+/// yet (by the root process: uid 65534 finds the one root made before re-executing it).
+fn debian_tar(include: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lockbox-debian");
+    let tar = dir.join(format!("bookworm-minbase-{include}.tar"));
+    let _made_once = IMAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if std::env::var_os(AS_NOBODY).is_some() {
+        assert!(
+            tar.exists(),
+            "{} is missing: the root process makes it before running this test as uid 65534",
+            tar.display()
+        );
+        return tar;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Where each uid unpacks its own copy ([`debian_layer`]): writable by all, sticky.
+    let layers = dir.join("layers");
+    std::fs::create_dir_all(&layers).unwrap();
+    std::fs::set_permissions(&layers, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    if tar.exists() {
+        return tar;
+    }
+    let partial = dir.join(format!(".{include}.{}.tar", std::process::id()));
+    // As root, mmdebstrap's root mode; as a user, its unshare mode (which needs a
+    // subordinate id range in /etc/subuid).
+    let mode = if rustix::process::getuid().is_root() {
+        "--mode=root"
+    } else {
+        "--mode=unshare"
+    };
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new("mmdebstrap")
+        .args(["--quiet", "--variant=minbase", mode, "--format=tar"])
+        .arg(format!("--include={include}"))
+        .args(["bookworm"])
+        .arg(&partial)
+        .output()
+        .expect("mmdebstrap (Debian's mmdebstrap package; scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "mmdebstrap (it needs Debian's package mirror) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("made {} in {:.0?}", tar.display(), started.elapsed());
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&partial, &tar).unwrap();
+    tar
+}
+
+/// The image layer of [`debian_tar`]`(include)`, unpacked by the current user (so its
+/// files are the caller's, set-id bits dropped) once per uid; device nodes are left out
+/// (lockbox provides `/dev`).
+fn debian_layer(include: &str) -> PathBuf {
+    let tar = debian_tar(include);
+    let uid = rustix::process::getuid().as_raw();
+    let dir = tar.parent().unwrap().join("layers");
+    let layer = dir.join(format!(
+        "{}.uid{uid}",
+        tar.file_stem().unwrap().to_str().unwrap()
+    ));
+    let _unpacked_once = IMAGE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if layer.exists() {
+        return layer;
+    }
+    let started = std::time::Instant::now();
+    let partial = tempfile::Builder::new()
+        .prefix(".unpacking")
+        .tempdir_in(&dir)
+        .unwrap();
+    let out = std::process::Command::new("tar")
+        .args([
+            "--extract",
+            "--no-same-owner",
+            "--no-same-permissions",
+            "--exclude=./dev/*",
+        ])
+        .arg("--file")
+        .arg(&tar)
+        .arg("--directory")
+        .arg(partial.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "unpacking {}: {}",
+        tar.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::set_permissions(partial.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Another process (a test run as uid 65534 at the same time) may have won.
+    if std::fs::rename(partial.path(), &layer).is_ok() {
+        let _ = partial.keep();
+    }
+    eprintln!(
+        "uid {uid}: unpacked {} in {:.1?}",
+        layer.display(),
+        started.elapsed()
+    );
+    layer
+}
+
+/// A policy for a Debian image: its PATH, a HOME, no questions asked.
+fn debian_policy() -> Policy {
+    let mut policy = Policy::default();
+    let env = &mut policy.env.set;
+    env.insert(
+        "PATH".into(),
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    );
+    env.insert("HOME".into(), "/root".into());
+    env.insert("DEBIAN_FRONTEND".into(), "noninteractive".into());
+    policy
+}
+
+/// Runs `script` in the image whose one layer is `layer`, in `dir`, timed.
+fn run_in_debian(dir: &Path, layer: &Path, policy: &Policy, script: &str) -> Ran {
+    let started = std::time::Instant::now();
+    let ran = run_as(dir, ImageRoot::new(vec![layer.to_owned()]), policy, script);
+    eprintln!(
+        "uid {}: sandbox ran in {:.1?}",
+        rustix::process::getuid().as_raw(),
+        started.elapsed()
+    );
+    ran
+}
+
+/// Runs `cmd` on the host, which must succeed.
+fn host(cmd: &mut std::process::Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds `name`'s .deb into `repo` from `files` (path, mode, content).
+fn build_deb(dir: &Path, repo: &Path, name: &str, files: &[(&str, u32, &str)]) {
+    let tree = dir.join(format!("deb-{name}"));
+    std::fs::create_dir_all(tree.join("DEBIAN")).unwrap();
+    std::fs::write(
+        tree.join("DEBIAN/control"),
+        format!(
+            "Package: {name}\nVersion: 1.0\nArchitecture: all\n\
+             Maintainer: lockbox tests <tests@lockbox.invalid>\n\
+             Description: made by lockbox's image tests\n"
+        ),
+    )
+    .unwrap();
+    for (path, mode, content) in files {
+        let file = tree.join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, content).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    host(
+        std::process::Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zgzip", "--build"])
+            .arg(&tree)
+            .arg(repo.join(format!("{name}_1.0_all.deb"))),
+    );
+}
+
+/// A flat apt repository in `repo` of its .debs: `Packages` written from each package's
+/// control fields, its size and SHA-256.
+fn write_packages_index(repo: &Path) {
+    let mut index = String::new();
+    let mut debs: Vec<PathBuf> = std::fs::read_dir(repo)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+        .collect();
+    debs.sort();
+    for deb in debs {
+        let control = std::process::Command::new("dpkg-deb")
+            .arg("--field")
+            .arg(&deb)
+            .output()
+            .unwrap();
+        assert!(control.status.success());
+        let sum = std::process::Command::new("sha256sum")
+            .arg(&deb)
+            .output()
+            .unwrap();
+        let sum = String::from_utf8(sum.stdout).unwrap();
+        index.push_str(&String::from_utf8(control.stdout).unwrap());
+        index.push_str(&format!(
+            "Filename: ./{}\nSize: {}\nSHA256: {}\n\n",
+            deb.file_name().unwrap().to_str().unwrap(),
+            std::fs::metadata(&deb).unwrap().len(),
+            sum.split_whitespace().next().unwrap()
+        ));
+    }
+    std::fs::write(repo.join("Packages"), index).unwrap();
+}
+
+#[test]
+fn apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image() {
+    as_root_and_nobody(
+        "apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image",
+        || {
+            let layer = debian_layer(WITH_PIP);
+            let dir = scratch();
+            let repo = dir.path().join("repo");
+            std::fs::create_dir(&repo).unwrap();
+            build_deb(
+                dir.path(),
+                &repo,
+                "hello-lockbox",
+                &[(
+                    "usr/share/hello-lockbox/hello.txt",
+                    0o644,
+                    "hello from a local apt repository\n",
+                )],
+            );
+            // A setuid and a setgid program, as `passwd` and `util-linux` ship.
+            build_deb(
+                dir.path(),
+                &repo,
+                "setid-lockbox",
+                &[
+                    ("usr/bin/setuid-lockbox", 0o4755, "#!/bin/sh\necho setuid\n"),
+                    ("usr/bin/setgid-lockbox", 0o2755, "#!/bin/sh\necho setgid\n"),
+                ],
+            );
+            write_packages_index(&repo);
+            // Unmodified: lockbox's apt.conf.d file turns off apt's drop to `_apt`, which
+            // fails with "Could not switch group" where the set*id calls are no-ops.
+            let mut policy = debian_policy();
+            policy.fs.read.push(repo.clone());
+            let script = format!(
+                "echo 'deb [trusted=yes] file:{repo} ./' > /etc/apt/sources.list && \
+                 rm -f /etc/apt/sources.list.d/* && \
+                 apt-get update -q && apt-get install -y -q hello-lockbox setid-lockbox && \
+                 echo ---- && cat /usr/share/hello-lockbox/hello.txt && \
+                 stat -c '%a %u:%g' /usr/bin/setuid-lockbox /usr/bin/setgid-lockbox && \
+                 dpkg-query -W -f '${{Package}} ${{Status}}\\n' hello-lockbox setid-lockbox && \
+                 apt-config dump | grep '^APT::Sandbox::User'",
+                repo = repo.display()
+            );
+            let ran = run_in_debian(dir.path(), &layer, &policy, &script);
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            let after = ran.out.split("----\n").nth(1).unwrap_or_default();
+            assert_eq!(
+                after,
+                "hello from a local apt repository\n4755 0:0\n2755 0:0\n\
+                 hello-lockbox install ok installed\nsetid-lockbox install ok installed\n\
+                 APT::Sandbox::User \"root\";\n",
+                "{}",
+                ran.out
+            );
+        },
+    );
+}
+
+/// Writes a pure-Python wheel of module `lockbox_hello` (version 1.0) into `wheels`, with
+/// the host's python3 (zipfile and hashlib: a wheel is a zip with METADATA, WHEEL and a
+/// RECORD of every file's hash).
+fn build_wheel(wheels: &Path) {
+    const WRITE_WHEEL: &str = r#"
+import base64, hashlib, sys, zipfile
+files = {
+    "lockbox_hello/__init__.py": "GREETING = 'hello from a local wheel'\n",
+    "lockbox_hello-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: lockbox-hello\nVersion: 1.0\n",
+    "lockbox_hello-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: lockbox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+for name, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record.append(f"{name},sha256={digest},{len(text.encode())}")
+record.append("lockbox_hello-1.0.dist-info/RECORD,,")
+files["lockbox_hello-1.0.dist-info/RECORD"] = "\n".join(record) + "\n"
+with zipfile.ZipFile(sys.argv[1] + "/lockbox_hello-1.0-py3-none-any.whl", "w") as whl:
+    for name, text in files.items():
+        whl.writestr(name, text)
+"#;
+    host(
+        std::process::Command::new("/usr/bin/python3")
+            .args(["-c", WRITE_WHEEL])
+            .arg(wheels),
+    );
+}
+
+#[test]
+fn pip_installs_a_local_wheel_in_a_debian_image() {
+    as_root_and_nobody("pip_installs_a_local_wheel_in_a_debian_image", || {
+        let layer = debian_layer(WITH_PIP);
+        let dir = scratch();
+        let wheels = dir.path().join("wheels");
+        std::fs::create_dir(&wheels).unwrap();
+        build_wheel(&wheels);
+        let mut policy = debian_policy();
+        policy.fs.read.push(wheels.clone());
+        // Debian marks its python "externally managed" (PEP 668): an image's root installs
+        // system-wide only when told to, as in Docker.
+        let script = format!(
+            "pip install --no-index --find-links {wheels} --break-system-packages lockbox-hello && \
+             echo ---- && python3 -c 'import lockbox_hello; print(lockbox_hello.GREETING)' && \
+             pip show lockbox-hello | grep ^Version",
+            wheels = wheels.display()
+        );
+        let ran = run_in_debian(dir.path(), &layer, &policy, &script);
+        assert_eq!(ran.code, 0, "{}", ran.out);
+        let after = ran.out.split("----\n").nth(1).unwrap_or_default();
+        assert_eq!(
+            after, "hello from a local wheel\nVersion: 1.0\n",
+            "{}",
+            ran.out
+        );
+    });
+}
+
+/// Writes `lockbox-hello-1.0.0.tgz` into `dir` as `npm pack` makes it (a gzipped tar of
+/// `package/`), with a `bin` command.
+fn build_npm_tarball(dir: &Path) -> PathBuf {
+    let package = dir.join("npm/package");
+    std::fs::create_dir_all(package.join("bin")).unwrap();
+    std::fs::write(
+        package.join("package.json"),
+        r#"{"name": "lockbox-hello", "version": "1.0.0", "bin": {"lockbox-hello": "bin/hello.js"}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        package.join("bin/hello.js"),
+        "#!/usr/bin/env node\nconsole.log('hello from a local npm tarball');\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        package.join("bin/hello.js"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let tarball = dir.join("npm/lockbox-hello-1.0.0.tgz");
+    host(
+        std::process::Command::new("tar")
+            .arg("-czf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(dir.join("npm"))
+            .arg("package"),
+    );
+    tarball
+}
+
+#[test]
+fn npm_installs_a_local_tarball_globally_in_a_debian_image() {
+    if std::env::var(HEAVY).as_deref() != Ok("1") {
+        eprintln!(
+            "SKIP npm_installs_a_local_tarball_globally_in_a_debian_image: set {HEAVY}=1 \
+             (its image is about 450 MB)"
+        );
+        return;
+    }
+    as_root_and_nobody(
+        "npm_installs_a_local_tarball_globally_in_a_debian_image",
+        || {
+            let layer = debian_layer(WITH_NPM);
+            let dir = scratch();
+            let tarball = build_npm_tarball(dir.path());
+            let mut policy = debian_policy();
+            policy.fs.read.push(tarball.clone());
+            let script = format!(
+                "npm install -g --offline --no-audit --no-fund {tarball} && echo ---- && \
+             lockbox-hello && test -d /usr/local/lib/node_modules/lockbox-hello && echo global",
+                tarball = tarball.display()
+            );
+            let ran = run_in_debian(dir.path(), &layer, &policy, &script);
+            assert_eq!(ran.code, 0, "{}", ran.out);
+            let after = ran.out.split("----\n").nth(1).unwrap_or_default();
+            assert_eq!(
+                after, "hello from a local npm tarball\nglobal\n",
+                "{}",
+                ran.out
+            );
+        },
+    );
+}
