@@ -420,7 +420,8 @@ struct Staged {
 /// gone (the kernel wants a fully visible instance in the mount namespace), so it and
 /// `/dev` (which needs `/dev/null` for the masks of `/proc`) are built on the stage and
 /// captured ([`Op::Capture`]), as are lockbox's `/etc` files (read-only, bound over the
-/// image's: writes to them fail, and they stay out of the root's upper layer).
+/// image's: writes to them fail; a kept upper still gets the empty files mounted over,
+/// which its caller removes before it keeps the layer).
 fn image_stage(
     plan: &mut SetupPlan,
     resolved: &Resolved,
