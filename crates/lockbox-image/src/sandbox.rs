@@ -79,19 +79,26 @@ pub fn process_holder() -> String {
     }
 }
 
+/// The process a [`process_holder`] name names.
+fn process_of(holder: &str) -> Option<lockbox_cow::SandboxInit> {
+    let mut parts = holder.strip_prefix("pid-")?.split('-');
+    let (Some(pid), Some(start), None) = (parts.next(), parts.next(), parts.next()) else {
+        return None;
+    };
+    Some(lockbox_cow::SandboxInit {
+        pid: pid.parse().ok()?,
+        start_time: start.parse().ok()?,
+    })
+}
+
+/// Whether `holder` is a [`process_holder`] name.
+pub(crate) fn is_process_holder(holder: &str) -> bool {
+    process_of(holder).is_some()
+}
+
 /// Whether `holder` names a process ([`process_holder`]) that is gone.
 pub(crate) fn is_stale_holder(holder: &str) -> bool {
-    let mut parts = holder
-        .strip_prefix("pid-")
-        .into_iter()
-        .flat_map(|r| r.split('-'));
-    let (Some(pid), Some(start), None) = (parts.next(), parts.next(), parts.next()) else {
-        return false;
-    };
-    match (pid.parse::<u32>(), start.parse::<u64>()) {
-        (Ok(pid), Ok(start_time)) => lockbox_cow::SandboxInit { pid, start_time }.is_gone(),
-        _ => false,
-    }
+    process_of(holder).is_some_and(|p| p.is_gone())
 }
 
 /// The image's root and command for a sandbox of `policy`, whose policy gets the image's

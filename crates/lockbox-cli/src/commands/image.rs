@@ -347,12 +347,10 @@ impl RunImage {
         if let Some(p) = &how.platform {
             opts.platform = Platform::parse(p).map_err(setup)?;
         }
+        let holder = lockbox_image::process_holder();
         let image = if how.pull == lockbox_image::PullPolicy::Never {
-            // No async runtime to start when nothing is pulled.
-            store
-                .get(&reference)
-                .map_err(setup)?
-                .ok_or_else(|| setup(ImageError::NotFound(reference.clone())))?
+            // Nothing to pull: no async runtime to start, one lookup.
+            store.hold(&reference, &holder).map_err(setup)?
         } else {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -371,10 +369,8 @@ impl RunImage {
             };
             // A run's image is kept (it is held next); others may go.
             bound_store(&store, max, &image.id).map_err(setup)?;
-            image
+            store.hold(&image.id, &holder).map_err(setup)?
         };
-        let holder = lockbox_image::process_holder();
-        let image = store.hold(&image.id, &holder).map_err(setup)?;
         let (root, argv) = lockbox_image::apply(&image, policy, command).map_err(setup)?;
         Ok(Some(RunImage {
             store,
