@@ -37,6 +37,9 @@ command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v skopeo >/dev/null || need+=(skopeo)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+# A long-lived sandbox on an image without glibc (crates/lockbox-runtime/tests/image.rs):
+# busybox plus a static bash for its sessions.
+[ -x /bin/bash-static ] || need+=(bash-static)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

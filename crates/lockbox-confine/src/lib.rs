@@ -34,6 +34,7 @@ mod error;
 mod freeze;
 mod landlock;
 mod limits;
+mod loader;
 mod netsup;
 mod plan;
 mod probe;

@@ -973,6 +973,29 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
     if let Some(host) = &resolved.helper {
         add_helper(plan, host);
     }
+    if let Some(loader) = &resolved.helper_loader {
+        use crate::loader::{LIB_DIR, LOADER_PATH};
+        bind_file(
+            plan,
+            &loader.loader,
+            LOADER_PATH,
+            true,
+            RuleAccess::ReadFile,
+        );
+        plan.ops.push(Op::Mkdir {
+            path: cstring(LIB_DIR.trim_start_matches('/').as_bytes()),
+            mode: 0o755,
+        });
+        for (name, host) in &loader.libs {
+            bind_file(
+                plan,
+                host,
+                &format!("{LIB_DIR}/{name}"),
+                true,
+                RuleAccess::ReadFile,
+            );
+        }
+    }
     plan.ops.push(Op::Mkdir {
         path: cstring(b"dev/pts"),
         mode: 0o755,

@@ -62,6 +62,7 @@ impl Runtime {
         // Opening sweeps what a killed runtime left half-made: once, at start-up.
         let snapshots = crate::snapshots::store(&config.state_dir)?;
         crate::pool::sweep_spares(&config.state_dir);
+        sandbox::release_stale_image_holds(&config.state_dir);
         store.prune_ended(config.keep_stopped)?;
         let log_budget = sandbox::LogBudget::new(config.max_log_memory);
         let pool = (config.pool_size > 0).then(|| {
@@ -127,6 +128,22 @@ impl Runtime {
             }
             None => None,
         };
+        if let Some(reference) = spec.policy.image.clone() {
+            // Pulled if the store lacks it; from here on the sandbox (its restarts after
+            // a workspace abort, its snapshots and their forks) names the image by its
+            // id, so a tag moved later does not change what it runs on.
+            let store = lockbox_image::Store::in_state_dir(&self.inner.config.state_dir)
+                .map_err(RuntimeError::Image)?;
+            let image = store
+                .find_or_pull(
+                    &reference,
+                    lockbox_image::PullPolicy::Missing,
+                    &lockbox_image::PullOptions::default(),
+                )
+                .await
+                .map_err(RuntimeError::Image)?;
+            spec.policy.image = Some(image.id);
+        }
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
@@ -334,6 +351,7 @@ impl Runtime {
         if let Err(e) = self.inner.store.prune_ended(self.inner.config.keep_stopped) {
             tracing::warn!("forgetting old stopped sandboxes: {e}");
         }
+        sandbox::release_image(&self.inner.config.state_dir, &sb.spec, id);
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)
     }

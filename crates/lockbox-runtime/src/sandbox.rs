@@ -303,7 +303,31 @@ pub(crate) async fn start_instance(
         }
         (None, _) => None,
     };
-    let started = spawn_agent(&policy, agent_exe, sink, approvals.clone(), interceptor).await;
+    // An image root: the image held for the sandbox's life (`image_holder`), its config
+    // (Env, WorkingDir, User) applied to the policy the agent, and so every command it
+    // starts, runs with.
+    let image = match spec.policy.image.as_deref() {
+        Some(reference) => match image_root(origin.state_dir, reference, sandbox_id, &mut policy) {
+            Ok(root) => Some(root),
+            Err(e) => {
+                if let Some(b) = branch {
+                    let _ = b.abort();
+                }
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let held = image.is_some();
+    let started = spawn_agent(
+        &policy,
+        agent_exe,
+        image,
+        sink,
+        approvals.clone(),
+        interceptor,
+    )
+    .await;
     // The branch's record names the sandbox's init, so that `branch list` calls it an
     // orphan only once that init (and every process of the sandbox) is gone, not as soon as
     // this server is (issue 32). Recorded before the sandbox can write into the branch: its
@@ -325,6 +349,9 @@ pub(crate) async fn start_instance(
         Err(e) => {
             if let Some(b) = branch {
                 let _ = b.abort();
+            }
+            if held {
+                release_image(origin.state_dir, spec, sandbox_id);
             }
             return Err(e);
         }
@@ -379,9 +406,84 @@ fn fork_branch(
     made
 }
 
+/// The holder name of sandbox `sandbox_id`'s hold on its image (docs/images.md).
+pub(crate) fn image_holder(sandbox_id: &str) -> String {
+    format!("{IMAGE_HOLDER_PREFIX}{sandbox_id}")
+}
+
+/// What every image holder of a runtime's sandboxes starts with: those left by a runtime
+/// that ended without deleting its sandboxes are released when the next one opens the
+/// state directory ([`release_stale_image_holds`]).
+pub(crate) const IMAGE_HOLDER_PREFIX: &str = "sandbox-";
+
+/// Holds the image `reference` (a store id once the sandbox was created) for sandbox
+/// `sandbox_id` and applies its config to `policy`: its root for the agent's spawn.
+fn image_root(
+    state_dir: &Path,
+    reference: &str,
+    sandbox_id: &str,
+    policy: &mut lockbox_policy::Policy,
+) -> Result<lockbox_confine::ImageRoot, RuntimeError> {
+    let store = lockbox_image::Store::in_state_dir(state_dir).map_err(RuntimeError::Image)?;
+    let image = store
+        .hold(reference, &image_holder(sandbox_id))
+        .map_err(RuntimeError::Image)?;
+    // The agent is the command; the image's Entrypoint and Cmd are not used (a session
+    // runs what it is asked).
+    match lockbox_image::apply(&image, policy, &[AGENT_ARG.into()]) {
+        Ok((root, _)) => Ok(root),
+        Err(e) => {
+            let _ = store.release(&image.id, &image_holder(sandbox_id));
+            Err(RuntimeError::Image(e))
+        }
+    }
+}
+
+/// Releases sandbox `sandbox_id`'s hold on its image, if its spec names one.
+pub(crate) fn release_image(state_dir: &Path, spec: &SandboxSpec, sandbox_id: &str) {
+    let Some(reference) = spec.policy.image.as_deref() else {
+        return;
+    };
+    let released = lockbox_image::Store::in_state_dir(state_dir).and_then(|store| {
+        match store.get(reference)? {
+            Some(image) => store.release(&image.id, &image_holder(sandbox_id)),
+            None => Ok(()),
+        }
+    });
+    if let Err(e) = released {
+        tracing::warn!(sandbox = sandbox_id, "releasing the image hold: {e}");
+    }
+}
+
+/// Releases every image hold of a sandbox (holder `sandbox-ID`) that is not running:
+/// at start-up, none of this state directory's sandboxes is (the state directory is
+/// locked by one runtime at a time), so holds a killed runtime left go.
+pub(crate) fn release_stale_image_holds(state_dir: &Path) {
+    let images = state_dir.join("images");
+    if !images.is_dir() {
+        return;
+    }
+    let swept = lockbox_image::Store::in_state_dir(state_dir).and_then(|store| {
+        for image in store.list()? {
+            for holder in image
+                .holders
+                .iter()
+                .filter(|h| h.starts_with(IMAGE_HOLDER_PREFIX))
+            {
+                store.release(&image.id, holder)?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = swept {
+        tracing::warn!("releasing the image holds of sandboxes that are gone: {e}");
+    }
+}
+
 async fn spawn_agent(
     policy: &lockbox_policy::Policy,
     agent_exe: &Path,
+    image: Option<lockbox_confine::ImageRoot>,
     audit: Option<lockbox_confine::AuditSink>,
     ask: Option<lockbox_confine::Approvals>,
     interceptor: Option<Arc<lockbox_intercept::Interceptor>>,
@@ -419,6 +521,11 @@ async fn spawn_agent(
         }
         if let Some(interceptor) = interceptor {
             spawn = spawn.interceptor(interceptor);
+        }
+        if let Some(root) = image {
+            // The agent runs through the host's loader bound beside it (lockbox-confine's
+            // `loader`): an image need not have the libc it links.
+            spawn = spawn.image_root(root);
         }
         let r = spawn.start();
         drop(theirs);
