@@ -128,21 +128,20 @@ impl Runtime {
             }
             None => None,
         };
-        if let Some(reference) = spec.policy.image.clone() {
-            // Pulled if the store lacks it; from here on the sandbox (its restarts after
-            // a workspace abort, its snapshots and their forks) names the image by its
-            // id, so a tag moved later does not change what it runs on.
+        if let Some(reference) = &spec.policy.image {
+            // Pulled if the store lacks it (pull policy `missing`). The sandbox keeps the
+            // reference as given: its restarts (a workspace abort) and the forks of its
+            // snapshots look it up again, and an operator's ceiling sees the name.
             let store = lockbox_image::Store::in_state_dir(&self.inner.config.state_dir)
                 .map_err(RuntimeError::Image)?;
-            let image = store
+            store
                 .find_or_pull(
-                    &reference,
+                    reference,
                     lockbox_image::PullPolicy::Missing,
                     &lockbox_image::PullOptions::default(),
                 )
                 .await
                 .map_err(RuntimeError::Image)?;
-            spec.policy.image = Some(image.id);
         }
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
@@ -351,7 +350,7 @@ impl Runtime {
         if let Err(e) = self.inner.store.prune_ended(self.inner.config.keep_stopped) {
             tracing::warn!("forgetting old stopped sandboxes: {e}");
         }
-        sandbox::release_image(&self.inner.config.state_dir, &sb.spec, id);
+        sandbox::release_image(&self.inner.config.state_dir, inst.image_id.as_deref(), id);
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)
     }

@@ -45,6 +45,9 @@ pub(crate) struct Instance {
     pub spare_default: Mutex<Option<Arc<Session>>>,
     /// Its network supervisor's approvals desk (`net_ask`), if any.
     pub approvals: Option<lockbox_confine::Approvals>,
+    /// The id of the image it runs on (held as [`image_holder`] until the sandbox is
+    /// deleted), if any.
+    pub image_id: Option<String>,
 }
 
 impl Instance {
@@ -308,7 +311,7 @@ pub(crate) async fn start_instance(
     // starts, runs with.
     let image = match spec.policy.image.as_deref() {
         Some(reference) => match image_root(origin.state_dir, reference, sandbox_id, &mut policy) {
-            Ok(root) => Some(root),
+            Ok(held) => Some(held),
             Err(e) => {
                 if let Some(b) = branch {
                     let _ = b.abort();
@@ -318,7 +321,7 @@ pub(crate) async fn start_instance(
         },
         None => None,
     };
-    let held = image.is_some();
+    let (image, image_id) = image.unzip();
     let started = spawn_agent(
         &policy,
         agent_exe,
@@ -350,9 +353,7 @@ pub(crate) async fn start_instance(
             if let Some(b) = branch {
                 let _ = b.abort();
             }
-            if held {
-                release_image(origin.state_dir, spec, sandbox_id);
-            }
+            release_image(origin.state_dir, image_id.as_deref(), sandbox_id);
             return Err(e);
         }
     };
@@ -367,6 +368,7 @@ pub(crate) async fn start_instance(
         base: origin.base.cloned(),
         spare_default: Mutex::new(None),
         approvals,
+        image_id,
     })
 }
 
@@ -417,13 +419,14 @@ pub(crate) fn image_holder(sandbox_id: &str) -> String {
 pub(crate) const IMAGE_HOLDER_PREFIX: &str = "sandbox-";
 
 /// Holds the image `reference` (a store id once the sandbox was created) for sandbox
-/// `sandbox_id` and applies its config to `policy`: its root for the agent's spawn.
+/// `sandbox_id` and applies its config to `policy`: its root for the agent's spawn, and
+/// its id.
 fn image_root(
     state_dir: &Path,
     reference: &str,
     sandbox_id: &str,
     policy: &mut lockbox_policy::Policy,
-) -> Result<lockbox_confine::ImageRoot, RuntimeError> {
+) -> Result<(lockbox_confine::ImageRoot, String), RuntimeError> {
     let store = lockbox_image::Store::in_state_dir(state_dir).map_err(RuntimeError::Image)?;
     let image = store
         .hold(reference, &image_holder(sandbox_id))
@@ -431,7 +434,7 @@ fn image_root(
     // The agent is the command; the image's Entrypoint and Cmd are not used (a session
     // runs what it is asked).
     match lockbox_image::apply(&image, policy, &[AGENT_ARG.into()]) {
-        Ok((root, _)) => Ok(root),
+        Ok((root, _)) => Ok((root, image.id)),
         Err(e) => {
             let _ = store.release(&image.id, &image_holder(sandbox_id));
             Err(RuntimeError::Image(e))
@@ -439,17 +442,13 @@ fn image_root(
     }
 }
 
-/// Releases sandbox `sandbox_id`'s hold on its image, if its spec names one.
-pub(crate) fn release_image(state_dir: &Path, spec: &SandboxSpec, sandbox_id: &str) {
-    let Some(reference) = spec.policy.image.as_deref() else {
+/// Releases sandbox `sandbox_id`'s hold on image `image_id`, if any.
+pub(crate) fn release_image(state_dir: &Path, image_id: Option<&str>, sandbox_id: &str) {
+    let Some(id) = image_id else {
         return;
     };
-    let released = lockbox_image::Store::in_state_dir(state_dir).and_then(|store| {
-        match store.get(reference)? {
-            Some(image) => store.release(&image.id, &image_holder(sandbox_id)),
-            None => Ok(()),
-        }
-    });
+    let released = lockbox_image::Store::in_state_dir(state_dir)
+        .and_then(|store| store.release(id, &image_holder(sandbox_id)));
     if let Err(e) = released {
         tracing::warn!(sandbox = sandbox_id, "releasing the image hold: {e}");
     }

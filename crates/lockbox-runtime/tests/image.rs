@@ -240,3 +240,41 @@ async fn an_image_the_store_lacks_and_its_source_does_not_have_is_an_image_error
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it() {
+    also_as_nobody("a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it");
+    let work = scratch();
+    let lay = work.path().join("lay");
+    layout(&lay, true);
+    let dir = work.path().join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = work.path().join("state");
+    let reference = format!("oci:{}:v1", lay.display());
+    let mut spec = image_spec(&reference);
+    spec.workdir = Some(dir.clone());
+    let (rt, sb) = sandbox_with(&state, spec).await;
+    let d = dir.display();
+    run(&sb, &format!("echo kept > {d}/file")).await;
+    let snap = sb.snapshot(None).await.unwrap();
+    let forks = rt.fork_snapshot(snap.id.as_str(), 1).await.unwrap();
+    let fork = rt.sandbox(forks[0].id.as_str()).unwrap();
+    let r = run(
+        &fork,
+        &format!("cat {d}/file; echo \"$GREETING\"; busybox true && echo busybox"),
+    )
+    .await;
+    assert_eq!(out(&r), "kept\nfrom-image\nbusybox\n", "{r:?}");
+    let mut held = holders(&state);
+    held.sort();
+    let mut want = vec![
+        format!("sandbox-{}", sb.id()),
+        format!("sandbox-{}", fork.id()),
+    ];
+    want.sort();
+    assert_eq!(held, want);
+    rt.delete_sandbox(sb.id()).await.unwrap();
+    assert_eq!(holders(&state), vec![format!("sandbox-{}", fork.id())]);
+    rt.shutdown().await;
+    assert!(holders(&state).is_empty());
+}
