@@ -85,9 +85,13 @@ fn layout(dir: &Path, bash: bool) {
 }
 
 fn image_spec(reference: &str) -> SandboxSpec {
-    let mut spec = SandboxSpec::default();
-    spec.policy.image = Some(reference.to_owned());
-    spec
+    SandboxSpec {
+        policy: lockbox_policy::Policy {
+            image: Some(reference.to_owned()),
+            ..lockbox_policy::Policy::default()
+        },
+        ..SandboxSpec::default()
+    }
 }
 
 fn holders(state: &Path) -> Vec<String> {
@@ -251,8 +255,10 @@ async fn a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let state = work.path().join("state");
     let reference = format!("oci:{}:v1", lay.display());
-    let mut spec = image_spec(&reference);
-    spec.workdir = Some(dir.clone());
+    let spec = SandboxSpec {
+        workdir: Some(dir.clone()),
+        ..image_spec(&reference)
+    };
     let (rt, sb) = sandbox_with(&state, spec).await;
     let d = dir.display();
     run(&sb, &format!("echo kept > {d}/file")).await;

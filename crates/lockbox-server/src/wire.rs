@@ -92,6 +92,13 @@ pub struct CreateSandbox {
     pub http_auth: Vec<String>,
     /// `METHOD HOST/PATH-PREFIX`: on HOST (intercepted), only the listed requests pass.
     pub http_allow: Vec<String>,
+    /// An OCI image the sandbox runs on instead of the host's userland (`busybox:1.36`,
+    /// `ghcr.io/org/app:1`, `oci:/srv/images/app:v1`; see docs/images.md): pulled into the
+    /// server's image store if it lacks it, held while the sandbox lives. Its Env,
+    /// WorkingDir and User apply to every session and process; sessions need `bash` in
+    /// the image. An agent (MCP, scoped token) may name only images its ceiling allows
+    /// (`--allow-image`).
+    pub image: Option<String>,
 }
 
 /// One rule of `http_auth` or `http_allow`, parsed; errors name the field.
@@ -135,6 +142,12 @@ impl CreateSandbox {
         policy.env.set = self.env;
         policy.env.clean = self.clean_env;
         policy.cwd = self.cwd;
+        if let Some(image) = self.image {
+            if image.trim().is_empty() {
+                return Err(ApiError::invalid("image", "image: must not be empty"));
+            }
+            policy.image = Some(image);
+        }
         if let Some(hostname) = self.hostname {
             policy.hostname = hostname;
         }
