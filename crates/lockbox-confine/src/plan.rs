@@ -1311,6 +1311,33 @@ mod tests {
     }
 
     #[test]
+    fn an_image_roots_agent_gets_the_hosts_loader_and_libraries_read_only_in_dev() {
+        let mut r = resolved(vec![]);
+        r.helper = Some("/opt/lockbox/bin/lockbox".into());
+        r.helper_loader = Some(crate::loader::AgentLoader {
+            loader: "/lib64/ld-linux-x86-64.so.2".into(),
+            libs: vec![("libc.so.6".into(), "/lib/x86_64-linux-gnu/libc.so.6".into())],
+        });
+        let plan = build(&r);
+        let targets = attach_targets(&plan);
+        assert!(
+            targets.contains(&"dev/.lockbox-ld.so".to_owned()),
+            "{targets:?}"
+        );
+        assert!(
+            targets.contains(&"dev/.lockbox-lib/libc.so.6".to_owned()),
+            "{targets:?}"
+        );
+        for host in [
+            &b"/lib64/ld-linux-x86-64.so.2"[..],
+            b"/lib/x86_64-linux-gnu/libc.so.6",
+        ] {
+            let src = plan.sources.iter().find(|s| s.host.as_bytes() == host);
+            assert!(src.is_some_and(|s| s.readonly));
+        }
+    }
+
+    #[test]
     fn files_written_deep_in_etc_get_their_directories_first() {
         let mut r = resolved(vec![]);
         r.etc_hidden = Some(vec!["ssl/private".into()]);
