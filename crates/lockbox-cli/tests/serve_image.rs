@@ -91,6 +91,10 @@ fn serve_creates_a_sandbox_on_an_image_and_refuses_a_tag_the_source_lacks_naming
         let image = format!("oci:{}:v1", tmp.path().join("lay").display());
         tokio().block_on(async {
             let id = server.sandbox(json!({ "image": image })).await;
+            let (_, info) = server
+                .json(Method::GET, &format!("/v1/sandboxes/{id}"), json!(null))
+                .await;
+            assert_eq!(info["policy"]["image"], image.as_str(), "{info}");
             let result = server
                 .exec(
                     &id,

@@ -350,7 +350,9 @@ impl Runtime {
         if let Err(e) = self.inner.store.prune_ended(self.inner.config.keep_stopped) {
             tracing::warn!("forgetting old stopped sandboxes: {e}");
         }
-        sandbox::release_image(&self.inner.config.state_dir, inst.image_id.as_deref(), id);
+        if let Some(hold) = &inst.image {
+            hold.release();
+        }
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)
     }

@@ -45,9 +45,31 @@ pub(crate) struct Instance {
     pub spare_default: Mutex<Option<Arc<Session>>>,
     /// Its network supervisor's approvals desk (`net_ask`), if any.
     pub approvals: Option<lockbox_confine::Approvals>,
-    /// The id of the image it runs on (held as [`image_holder`] until the sandbox is
-    /// deleted), if any.
-    pub image_id: Option<String>,
+    /// The image it runs on, held until the sandbox is deleted (or the spare discarded).
+    pub image: Option<ImageHold>,
+}
+
+/// A sandbox's hold on its image ([`image_holder`]).
+#[derive(Debug)]
+pub(crate) struct ImageHold {
+    state_dir: PathBuf,
+    id: String,
+    sandbox: String,
+}
+
+impl ImageHold {
+    /// Releases the hold (a failure is logged: the next start-up releases it).
+    pub fn release(&self) {
+        release_image(&self.state_dir, Some(&self.id), &self.sandbox);
+    }
+
+    /// Releases the hold unless `now` (the instance that replaced its own) holds the same
+    /// image: a restart after a tag moved runs on the new image and holds that one.
+    pub fn release_unless_held_by(&self, now: Option<&ImageHold>) {
+        if now.is_none_or(|h| h.id != self.id) {
+            self.release();
+        }
+    }
 }
 
 impl Instance {
@@ -368,7 +390,11 @@ pub(crate) async fn start_instance(
         base: origin.base.cloned(),
         spare_default: Mutex::new(None),
         approvals,
-        image_id,
+        image: image_id.map(|id| ImageHold {
+            state_dir: origin.state_dir.to_owned(),
+            id,
+            sandbox: sandbox_id.to_owned(),
+        }),
     })
 }
 
@@ -443,7 +469,7 @@ fn image_root(
 }
 
 /// Releases sandbox `sandbox_id`'s hold on image `image_id`, if any.
-pub(crate) fn release_image(state_dir: &Path, image_id: Option<&str>, sandbox_id: &str) {
+fn release_image(state_dir: &Path, image_id: Option<&str>, sandbox_id: &str) {
     let Some(id) = image_id else {
         return;
     };

@@ -263,6 +263,10 @@ async fn a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it() {
     let d = dir.display();
     run(&sb, &format!("echo kept > {d}/file")).await;
     let snap = sb.snapshot(None).await.unwrap();
+    // A workspace abort restarts the sandbox: on the image still, still held once.
+    sb.abort().await.unwrap();
+    assert_eq!(out(&run(&sb, "echo \"$GREETING\"").await), "from-image\n");
+    assert_eq!(holders(&state), vec![format!("sandbox-{}", sb.id())]);
     let forks = rt.fork_snapshot(snap.id.as_str(), 1).await.unwrap();
     let fork = rt.sandbox(forks[0].id.as_str()).unwrap();
     let r = run(

@@ -750,6 +750,9 @@ pub struct PolicySummary {
     pub max_file_size_bytes: Option<u64>,
     #[schema(required = true)]
     pub idle_timeout_ms: Option<u64>,
+    /// The OCI image it runs on (`image` as created), `null` for the host's userland.
+    #[schema(required = true)]
+    pub image: Option<String>,
 }
 
 /// A sandbox's network ([`lockbox_runtime::NetKind`]).
@@ -785,6 +788,7 @@ impl From<lockbox_runtime::PolicySummary> for PolicySummary {
             max_cpu_time_ms: p.max_cpu_time.map(ms),
             max_file_size_bytes: p.max_file_size_bytes,
             idle_timeout_ms: p.idle_timeout.map(ms),
+            image: p.image,
         }
     }
 }
@@ -2108,6 +2112,7 @@ mod tests {
                 max_cpu_time: Some(Duration::from_millis(1500)),
                 max_file_size_bytes: None,
                 idle_timeout: None,
+                image: None,
             }),
             usage: Some(lockbox_runtime::ResourceUse {
                 processes: 2,
@@ -2124,7 +2129,7 @@ mod tests {
                 r#""sessions":1,"processes":2,"policy":{"net":"none","net_destinations":[],"#,
                 r#""default_reads":true,"fs_readable":["/r"],"fs_writable":[],"#,
                 r#""max_memory_bytes":1024,"max_processes":null,"max_cpu_time_ms":1500,"#,
-                r#""max_file_size_bytes":null,"idle_timeout_ms":null},"#,
+                r#""max_file_size_bytes":null,"idle_timeout_ms":null,"image":null},"#,
                 r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
             )
         );
