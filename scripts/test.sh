@@ -40,6 +40,9 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 # The image tests' package-manager cases (crates/lockbox-confine/tests/image.rs) make a
 # Debian minbase image with mmdebstrap (from Debian's mirror; kept in the target dir after).
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+# A long-lived sandbox on an image without glibc (crates/lockbox-runtime/tests/image.rs):
+# busybox plus a static bash for its sessions.
+[ -x /bin/bash-static ] || need+=(bash-static)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

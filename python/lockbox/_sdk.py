@@ -318,6 +318,7 @@ class Sandbox:
         http_auth: Sequence[str] = (),
         http_allow: Sequence[str] = (),
         upstream_ca: PathLike | None = None,
+        image: str | None = None,
         **policy: Any,
     ) -> LocalSandbox:
         """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
@@ -361,6 +362,11 @@ class Sandbox:
                 pass (others get 403 from lockbox).
             upstream_ca: a PEM file of CAs also trusted for the real servers of
                 intercepted hosts (kept by this process's runtime for later sandboxes too).
+            image: an OCI image to run on instead of the host's userland
+                (``"busybox:1.36"``, ``"oci:/srv/images/app:v1"``): pulled into the state
+                directory's image store if missing, held while the sandbox lives; its Env
+                and WorkingDir apply to every session and process (docs/images.md).
+                Sessions need ``bash`` in the image.
             **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
                 ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
                 ``max_cpu_time`` is not available for long-lived sandboxes.
@@ -380,6 +386,8 @@ class Sandbox:
             rules["http_auth"] = [str(r) for r in http_auth]
         if http_allow:
             rules["http_allow"] = [str(r) for r in http_allow]
+        if image is not None:
+            rules["image"] = image
         box = client.create(**sb._create_body(), on_exit=on_exit,
                             idle_timeout=idle_timeout, labels=labels, from_snapshot=from_snapshot,
                             net_ask=net_ask, net_ask_timeout=net_ask_timeout, **rules)

@@ -272,6 +272,7 @@ class Client:
         from_snapshot: str | Mapping[str, Any] | None = None,
         net_ask: bool = False,
         net_ask_timeout: float | None = None,
+        image: str | None = None,
         **more: Any,
     ) -> RemoteSandbox:
         """Creates a sandbox (``POST /v1/sandboxes``); keywords as ``lockbox.Sandbox``'s,
@@ -282,7 +283,10 @@ class Client:
         it from that snapshot's files, with this policy; ``workdir`` is then the snapshot's.
         ``net_ask`` (with ``net_allow``): an unlisted destination is asked, not refused (see
         :meth:`RemoteSandbox.approvals`); each question waits ``net_ask_timeout`` seconds
-        (default 30) for its answer, then the call is denied."""
+        (default 30) for its answer, then the call is denied. ``image`` (``"busybox:1.36"``,
+        ``"oci:/srv/images/app:v1"``): the sandbox runs on that OCI image's userland, pulled
+        into the server's store if missing, with its Env and WorkingDir (docs/images.md;
+        sessions need ``bash`` in the image)."""
         if net_allow:
             net = {"allow": list(net_allow)}  # type: ignore[assignment]
         elif net_deny:
@@ -295,6 +299,7 @@ class Client:
             "from_snapshot": (from_snapshot if isinstance(from_snapshot, str) or from_snapshot is None
                               else from_snapshot["id"]),
             "net_ask": net_ask or None, "net_ask_timeout_ms": _ms(net_ask_timeout),
+            "image": image,
         }) | more
         info = self._request("POST", "/v1/sandboxes", body=body)
         return RemoteSandbox(self, info)

@@ -418,6 +418,11 @@ pub struct CeilingArgs {
     /// but a deny-list) or host (the host's network, its loopback included). Repeatable.
     #[arg(long, value_name = "FORM", value_parser = ["allow", "deny", "host"])]
     pub allow_net: Vec<String>,
+    /// Agents may run sandboxes on this image (`image`): a reference (`busybox:1.36`,
+    /// `oci:/srv/images/app:v1`), or a prefix of the store's form ending in `*`
+    /// (`docker.io/library/*`, `oci:/srv/images/*`). Repeatable; none by default.
+    #[arg(long, value_name = "IMAGE")]
+    pub allow_image: Vec<String>,
 }
 
 impl CeilingArgs {
@@ -450,11 +455,24 @@ impl CeilingArgs {
                     .map_err(|e| CliError::usage(format!("--allow-net: {e}")))?,
             );
         }
+        let mut images = Vec::new();
+        for image in &self.allow_image {
+            // A whole reference is compared in the store's form (`busybox` is
+            // `docker.io/library/busybox:latest`); a prefix is taken as written.
+            if image.ends_with('*') {
+                images.push(image.clone());
+            } else {
+                let source = lockbox_image::Source::parse(image)
+                    .map_err(|e| CliError::usage(format!("--allow-image {image}: {e}")))?;
+                images.push(source.name());
+            }
+        }
         ceiling.widen(lockbox_policy::Ceiling {
             read: absolute("--allow-read", &self.allow_read)?,
             write: absolute("--allow-write", &self.allow_write)?,
             workdirs: absolute("--allow-workdir", &self.allow_workdir)?,
             net,
+            images,
             ..lockbox_policy::Ceiling::default()
         });
         Ok(ceiling)

@@ -35,6 +35,7 @@ mod error;
 mod freeze;
 mod landlock;
 mod limits;
+mod loader;
 mod netfilter;
 mod plan;
 mod probe;

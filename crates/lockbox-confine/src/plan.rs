@@ -974,6 +974,29 @@ fn dev(plan: &mut SetupPlan, resolved: &Resolved) {
     if let Some(host) = &resolved.helper {
         add_helper(plan, host);
     }
+    if let Some(loader) = &resolved.helper_loader {
+        use crate::loader::{LIB_DIR, LOADER_PATH};
+        bind_file(
+            plan,
+            &loader.loader,
+            LOADER_PATH,
+            true,
+            RuleAccess::ReadFile,
+        );
+        plan.ops.push(Op::Mkdir {
+            path: cstring(LIB_DIR.trim_start_matches('/').as_bytes()),
+            mode: 0o755,
+        });
+        for (name, host) in &loader.libs {
+            bind_file(
+                plan,
+                host,
+                &format!("{LIB_DIR}/{name}"),
+                true,
+                RuleAccess::ReadFile,
+            );
+        }
+    }
     plan.ops.push(Op::Mkdir {
         path: cstring(b"dev/pts"),
         mode: 0o755,
@@ -1286,6 +1309,33 @@ mod tests {
         assert!(plan.rules.iter().any(
             |r| r.path.as_bytes() == HELPER_PATH.as_bytes() && r.access == RuleAccess::ReadFile
         ));
+    }
+
+    #[test]
+    fn an_image_roots_agent_gets_the_hosts_loader_and_libraries_read_only_in_dev() {
+        let mut r = resolved(vec![]);
+        r.helper = Some("/opt/lockbox/bin/lockbox".into());
+        r.helper_loader = Some(crate::loader::AgentLoader {
+            loader: "/lib64/ld-linux-x86-64.so.2".into(),
+            libs: vec![("libc.so.6".into(), "/lib/x86_64-linux-gnu/libc.so.6".into())],
+        });
+        let plan = build(&r);
+        let targets = attach_targets(&plan);
+        assert!(
+            targets.contains(&"dev/.lockbox-ld.so".to_owned()),
+            "{targets:?}"
+        );
+        assert!(
+            targets.contains(&"dev/.lockbox-lib/libc.so.6".to_owned()),
+            "{targets:?}"
+        );
+        for host in [
+            &b"/lib64/ld-linux-x86-64.so.2"[..],
+            b"/lib/x86_64-linux-gnu/libc.so.6",
+        ] {
+            let src = plan.sources.iter().find(|s| s.host.as_bytes() == host);
+            assert!(src.is_some_and(|s| s.readonly));
+        }
     }
 
     #[test]

@@ -71,6 +71,9 @@ pub struct Resolved {
     pub net_rules: Option<(ListKind, Vec<NetRule>)>,
     /// A host executable bound at [`crate::AGENT_PATH`] (the runtime's agent).
     pub helper: Option<PathBuf>,
+    /// The helper's loader and libraries, bound beside it (an image root's agent, see
+    /// `crate::loader`).
+    pub helper_loader: Option<crate::loader::AgentLoader>,
     /// The host path of the terminal on the sandbox's stdio, if any: bound at
     /// `TERMINAL_PATH`, see `terminal`.
     pub terminal: Option<PathBuf>,

@@ -670,9 +670,23 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
             (Cow::Borrowed(first.as_slice()), later, None)
         }
         Program::Agent { exe, args } => {
-            let mut argv = vec![OsString::from(plan::HELPER_PATH)];
+            let host = agent_host(exe)?;
+            // On an image root, the host's loader and libraries come along (`loader`).
+            let loader = match &image {
+                Some(_) => crate::loader::of(&host)?,
+                None => None,
+            };
+            let mut argv = Vec::new();
+            if loader.is_some() {
+                argv.extend([
+                    OsString::from(crate::loader::LOADER_PATH),
+                    "--library-path".into(),
+                    crate::loader::LIB_DIR.into(),
+                ]);
+            }
+            argv.push(OsString::from(plan::HELPER_PATH));
             argv.extend_from_slice(args);
-            (Cow::Owned(argv), &[][..], Some(agent_host(exe)?))
+            (Cow::Owned(argv), &[][..], Some((host, loader)))
         }
     };
     let argv = &*argv;
@@ -688,7 +702,10 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     let mut resolved = resolve::resolve_with(policy, image.as_ref(), caller_cwd.as_deref())?;
     let image_root = resolved.image.is_some();
     let agent = helper.is_some();
-    resolved.helper = helper;
+    if let Some((host, loader)) = helper {
+        resolved.helper = Some(host);
+        resolved.helper_loader = loader;
+    }
     if let Some(interceptor) = &net.interceptor {
         add_trust(&mut resolved, interceptor.as_ref())?;
     }

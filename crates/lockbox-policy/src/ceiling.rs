@@ -102,6 +102,12 @@ pub struct Ceiling {
     /// the server's own `--max-sandboxes` bounds them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandboxes: Option<usize>,
+    /// Images a request may run on (`image`): each a reference as the image store names it
+    /// (`docker.io/library/busybox:1.36`, `oci:/srv/images/app:v1`), or a prefix of one
+    /// ending in `*` (`docker.io/library/*`, `oci:/srv/images/*`). Empty (the default): no
+    /// image. The server compares the request's reference in its normalised form
+    /// (`busybox` is `docker.io/library/busybox:latest`).
+    pub images: Vec<String>,
 }
 
 /// A request beyond the ceiling: the field (as the policy names it), what was asked, and
@@ -163,6 +169,7 @@ impl Ceiling {
         self.workdirs.extend(other.workdirs);
         self.net.extend(other.net);
         self.credentials.extend(other.credentials);
+        self.images.extend(other.images);
         self.limits = other.limits.or(&self.limits);
         self.timeout = other.timeout.or(self.timeout);
         self.sandboxes = other.sandboxes.or(self.sandboxes);
@@ -249,6 +256,9 @@ impl Ceiling {
                 ceiling: "no descriptors of the server".into(),
             });
         }
+        if let Some(image) = &policy.image {
+            self.check_image(image)?;
+        }
         let form = NetForm::of(&policy.net);
         if form != NetForm::None && !self.net.contains(&form) {
             let mut allowed = vec!["none"];
@@ -260,6 +270,36 @@ impl Ceiling {
             });
         }
         self.check_limits(policy)
+    }
+
+    /// Whether a request may run on the image `reference` (normalised by the caller: the
+    /// name the image store gives it).
+    pub fn check_image(&self, reference: &str) -> Result<(), BeyondCeiling> {
+        // A local source's path with `.` or `..` in it could leave an allowed directory
+        // while its text starts with it: refused, whatever the patterns.
+        let local = ["oci:", "oci-archive:", "docker-archive:"]
+            .iter()
+            .find_map(|p| reference.strip_prefix(p));
+        let dotted = local.is_some_and(|path| {
+            path.split(['/', ':'])
+                .any(|part| part == ".." || part == ".")
+        });
+        let allowed = !dotted
+            && self
+                .images
+                .iter()
+                .any(|pattern| match pattern.strip_suffix('*') {
+                    Some(prefix) => reference.starts_with(prefix),
+                    None => reference == pattern,
+                });
+        if allowed {
+            return Ok(());
+        }
+        Err(BeyondCeiling {
+            field: "image",
+            requested: format!("image {reference:?}"),
+            ceiling: format!("images allowed: {}", list(&self.images)),
+        })
     }
 
     /// Whether an agent holding `running` sandboxes may make `more`.
@@ -411,12 +451,17 @@ impl fmt::Display for Ceiling {
         let net: Vec<String> = self.net.iter().map(|n| n.as_str().to_owned()).collect();
         write!(
             f,
-            "read: {}; write: {}; workdirs: {}; net: none{}{}",
+            "read: {}; write: {}; workdirs: {}; net: none{}{}{}",
             paths(&self.read),
             paths(&self.write),
             paths(&self.workdirs),
             if net.is_empty() { "" } else { ", " },
-            net.join(", ")
+            net.join(", "),
+            if self.images.is_empty() {
+                String::new()
+            } else {
+                format!("; images: {}", self.images.join(", "))
+            }
         )
     }
 }
@@ -424,6 +469,39 @@ impl fmt::Display for Ceiling {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn images_are_refused_unless_the_ceiling_lists_them_or_a_prefix_of_them() {
+        let none = super::Ceiling::default();
+        let e = none
+            .check_image("docker.io/library/busybox:latest")
+            .unwrap_err();
+        assert_eq!(e.field, "image");
+        assert!(e.to_string().contains("images allowed: none"), "{e}");
+        let c = super::Ceiling {
+            images: vec![
+                "docker.io/library/*".into(),
+                "oci:/srv/images/*".into(),
+                "ghcr.io/org/app:1".into(),
+            ],
+            ..super::Ceiling::default()
+        };
+        assert!(c.check_image("docker.io/library/busybox:1.36").is_ok());
+        assert!(c.check_image("oci:/srv/images/app:v1").is_ok());
+        assert!(c.check_image("ghcr.io/org/app:1").is_ok());
+        assert!(c.check_image("ghcr.io/org/app:2").is_err());
+        assert!(c.check_image("docker.io/someone/tool:v2").is_err());
+        assert!(c
+            .check_image("oci:/srv/images/../../home/me/lay:v1")
+            .is_err());
+        assert!(c.check_image("oci:/srv/other:v1").is_err());
+        let p = crate::Policy {
+            image: Some("docker.io/someone/tool:v2".into()),
+            ..crate::Policy::default()
+        };
+        let e = c.check(&p, None, &|p| Ok(p.to_owned())).unwrap_err();
+        assert_eq!(e.field, "image");
+    }
     use super::*;
     use crate::ByteSize;
 

@@ -235,6 +235,10 @@ pub enum RuntimeError {
     /// A condition that is a bug in lockbox (no source error to keep).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The sandbox's image (`policy.image`) could not be found, pulled, held or applied;
+    /// its code is the image error's (`IMAGE_NOT_FOUND`, `BAD_REFERENCE`, ...).
+    #[error("image: {0}")]
+    Image(#[source] lockbox_image::ImageError),
 }
 
 impl RuntimeError {
@@ -261,6 +265,7 @@ impl RuntimeError {
             RuntimeError::LimitReached { .. } => ErrorCode::LimitReached,
             RuntimeError::SetupFailed(_) | RuntimeError::Setup(_) => ErrorCode::SetupFailed,
             RuntimeError::Branch(e) => e.code(),
+            RuntimeError::Image(e) => e.code(),
             RuntimeError::Conflict { .. } | RuntimeError::MergeConflicts { .. } => {
                 ErrorCode::Conflict
             }

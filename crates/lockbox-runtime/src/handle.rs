@@ -693,6 +693,9 @@ impl Sandbox {
                 &self.inner.audit,
             )
             .await?;
+            if let Some(was) = &old.image {
+                was.release_unless_held_by(fresh.image.as_ref());
+            }
             *lock(&self.inner.instance) = Arc::new(fresh);
             Ok(())
         }

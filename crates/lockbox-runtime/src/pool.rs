@@ -375,6 +375,9 @@ fn fork_fits(armed: &SandboxSpec, wanted: &SandboxSpec) -> bool {
 /// Removes a spare fork's branch (which releases the snapshot) and stops its sandbox (in
 /// the background when there is a tokio runtime; dropping it kills it otherwise).
 fn discard(spare: Spare) {
+    if let Some(hold) = &spare.instance.image {
+        hold.release();
+    }
     let branch = lock(&spare.instance.branch).take();
     if let Ok(tokio) = tokio::runtime::Handle::try_current() {
         tokio.spawn(async move { spare.instance.stop(std::time::Duration::ZERO).await });

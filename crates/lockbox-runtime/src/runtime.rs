@@ -62,6 +62,7 @@ impl Runtime {
         // Opening sweeps what a killed runtime left half-made: once, at start-up.
         let snapshots = crate::snapshots::store(&config.state_dir)?;
         crate::pool::sweep_spares(&config.state_dir);
+        sandbox::release_stale_image_holds(&config.state_dir);
         store.prune_ended(config.keep_stopped)?;
         let log_budget = sandbox::LogBudget::new(config.max_log_memory);
         let pool = (config.pool_size > 0).then(|| {
@@ -127,6 +128,21 @@ impl Runtime {
             }
             None => None,
         };
+        if let Some(reference) = &spec.policy.image {
+            // Pulled if the store lacks it (pull policy `missing`). The sandbox keeps the
+            // reference as given: its restarts (a workspace abort) and the forks of its
+            // snapshots look it up again, and an operator's ceiling sees the name.
+            let store = lockbox_image::Store::in_state_dir(&self.inner.config.state_dir)
+                .map_err(RuntimeError::Image)?;
+            store
+                .find_or_pull(
+                    reference,
+                    lockbox_image::PullPolicy::Missing,
+                    &lockbox_image::PullOptions::default(),
+                )
+                .await
+                .map_err(RuntimeError::Image)?;
+        }
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
@@ -333,6 +349,9 @@ impl Runtime {
             .update(id, SandboxState::Stopped, branch_id.as_ref(), action);
         if let Err(e) = self.inner.store.prune_ended(self.inner.config.keep_stopped) {
             tracing::warn!("forgetting old stopped sandboxes: {e}");
+        }
+        if let Some(hold) = &inst.image {
+            hold.release();
         }
         lock(&self.inner.sandboxes).remove(id);
         Ok(info)

@@ -45,6 +45,31 @@ pub(crate) struct Instance {
     pub spare_default: Mutex<Option<Arc<Session>>>,
     /// Its network supervisor's approvals desk (`net_ask`), if any.
     pub approvals: Option<lockbox_netsup::Approvals>,
+    /// The image it runs on, held until the sandbox is deleted (or the spare discarded).
+    pub image: Option<ImageHold>,
+}
+
+/// A sandbox's hold on its image ([`image_holder`]).
+#[derive(Debug)]
+pub(crate) struct ImageHold {
+    state_dir: PathBuf,
+    id: String,
+    sandbox: String,
+}
+
+impl ImageHold {
+    /// Releases the hold (a failure is logged: the next start-up releases it).
+    pub fn release(&self) {
+        release_image(&self.state_dir, Some(&self.id), &self.sandbox);
+    }
+
+    /// Releases the hold unless `now` (the instance that replaced its own) holds the same
+    /// image: a restart after a tag moved runs on the new image and holds that one.
+    pub fn release_unless_held_by(&self, now: Option<&ImageHold>) {
+        if now.is_none_or(|h| h.id != self.id) {
+            self.release();
+        }
+    }
 }
 
 impl Instance {
@@ -303,7 +328,31 @@ pub(crate) async fn start_instance(
         }
         (None, _) => None,
     };
-    let started = spawn_agent(&policy, agent_exe, sink, approvals.clone(), interceptor).await;
+    // An image root: the image held for the sandbox's life (`image_holder`), its config
+    // (Env, WorkingDir, User) applied to the policy the agent, and so every command it
+    // starts, runs with.
+    let image = match spec.policy.image.as_deref() {
+        Some(reference) => match image_root(origin.state_dir, reference, sandbox_id, &mut policy) {
+            Ok(held) => Some(held),
+            Err(e) => {
+                if let Some(b) = branch {
+                    let _ = b.abort();
+                }
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let (image, image_id) = image.unzip();
+    let started = spawn_agent(
+        &policy,
+        agent_exe,
+        image,
+        sink,
+        approvals.clone(),
+        interceptor,
+    )
+    .await;
     // The branch's record names the sandbox's init, so that `branch list` calls it an
     // orphan only once that init (and every process of the sandbox) is gone, not as soon as
     // this server is (issue 32). Recorded before the sandbox can write into the branch: its
@@ -326,6 +375,7 @@ pub(crate) async fn start_instance(
             if let Some(b) = branch {
                 let _ = b.abort();
             }
+            release_image(origin.state_dir, image_id.as_deref(), sandbox_id);
             return Err(e);
         }
     };
@@ -340,6 +390,11 @@ pub(crate) async fn start_instance(
         base: origin.base.cloned(),
         spare_default: Mutex::new(None),
         approvals,
+        image: image_id.map(|id| ImageHold {
+            state_dir: origin.state_dir.to_owned(),
+            id,
+            sandbox: sandbox_id.to_owned(),
+        }),
     })
 }
 
@@ -379,9 +434,81 @@ fn fork_branch(
     made
 }
 
+/// The holder name of sandbox `sandbox_id`'s hold on its image (docs/images.md).
+pub(crate) fn image_holder(sandbox_id: &str) -> String {
+    format!("{IMAGE_HOLDER_PREFIX}{sandbox_id}")
+}
+
+/// What every image holder of a runtime's sandboxes starts with: those left by a runtime
+/// that ended without deleting its sandboxes are released when the next one opens the
+/// state directory ([`release_stale_image_holds`]).
+pub(crate) const IMAGE_HOLDER_PREFIX: &str = "sandbox-";
+
+/// Holds the image `reference` (a store id once the sandbox was created) for sandbox
+/// `sandbox_id` and applies its config to `policy`: its root for the agent's spawn, and
+/// its id.
+fn image_root(
+    state_dir: &Path,
+    reference: &str,
+    sandbox_id: &str,
+    policy: &mut lockbox_policy::Policy,
+) -> Result<(lockbox_confine::ImageRoot, String), RuntimeError> {
+    let store = lockbox_image::Store::in_state_dir(state_dir).map_err(RuntimeError::Image)?;
+    let image = store
+        .hold(reference, &image_holder(sandbox_id))
+        .map_err(RuntimeError::Image)?;
+    // The agent is the command; the image's Entrypoint and Cmd are not used (a session
+    // runs what it is asked).
+    match lockbox_image::apply(&image, policy, &[AGENT_ARG.into()]) {
+        Ok((root, _)) => Ok((root, image.id)),
+        Err(e) => {
+            let _ = store.release(&image.id, &image_holder(sandbox_id));
+            Err(RuntimeError::Image(e))
+        }
+    }
+}
+
+/// Releases sandbox `sandbox_id`'s hold on image `image_id`, if any.
+fn release_image(state_dir: &Path, image_id: Option<&str>, sandbox_id: &str) {
+    let Some(id) = image_id else {
+        return;
+    };
+    let released = lockbox_image::Store::in_state_dir(state_dir)
+        .and_then(|store| store.release(id, &image_holder(sandbox_id)));
+    if let Err(e) = released {
+        tracing::warn!(sandbox = sandbox_id, "releasing the image hold: {e}");
+    }
+}
+
+/// Releases every image hold of a sandbox (holder `sandbox-ID`) that is not running:
+/// at start-up, none of this state directory's sandboxes is (the state directory is
+/// locked by one runtime at a time), so holds a killed runtime left go.
+pub(crate) fn release_stale_image_holds(state_dir: &Path) {
+    let images = state_dir.join("images");
+    if !images.is_dir() {
+        return;
+    }
+    let swept = lockbox_image::Store::in_state_dir(state_dir).and_then(|store| {
+        for image in store.list()? {
+            for holder in image
+                .holders
+                .iter()
+                .filter(|h| h.starts_with(IMAGE_HOLDER_PREFIX))
+            {
+                store.release(&image.id, holder)?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = swept {
+        tracing::warn!("releasing the image holds of sandboxes that are gone: {e}");
+    }
+}
+
 async fn spawn_agent(
     policy: &lockbox_policy::Policy,
     agent_exe: &Path,
+    image: Option<lockbox_confine::ImageRoot>,
     audit: Option<lockbox_netsup::AuditSink>,
     ask: Option<lockbox_netsup::Approvals>,
     interceptor: Option<Arc<lockbox_intercept::Interceptor>>,
@@ -419,6 +546,11 @@ async fn spawn_agent(
         }
         if let Some(interceptor) = interceptor {
             spawn = spawn.interceptor(interceptor);
+        }
+        if let Some(root) = image {
+            // The agent runs through the host's loader bound beside it (lockbox-confine's
+            // `loader`): an image need not have the libc it links.
+            spawn = spawn.image_root(root);
         }
         let r = spawn.start();
         drop(theirs);

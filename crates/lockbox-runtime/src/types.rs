@@ -487,6 +487,8 @@ pub struct PolicySummary {
     pub max_file_size_bytes: Option<u64>,
     /// Deleted after this long without API calls.
     pub idle_timeout: Option<Duration>,
+    /// The OCI image it runs on (the reference it was created with), if any.
+    pub image: Option<String>,
 }
 
 /// A network policy's kind ([`PolicySummary::net`]), without its destinations.
@@ -523,6 +525,7 @@ impl PolicySummary {
             max_cpu_time: p.limits.cpu_time,
             max_file_size_bytes: p.limits.file_size.map(|m| m.bytes()),
             idle_timeout: spec.idle_timeout,
+            image: p.image.clone(),
         }
     }
 }

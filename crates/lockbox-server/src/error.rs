@@ -276,6 +276,7 @@ fn runtime_details(e: &RuntimeError) -> Value {
             json!({ "port": port })
         }
         RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
+        RuntimeError::Image(_) => json!({ "field": "image" }),
         RuntimeError::Branch(lockbox_runtime::CowError::BadHunk { path, index, count }) => {
             json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
         }

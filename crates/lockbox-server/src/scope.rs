@@ -83,6 +83,7 @@ impl Scope {
             workdir = workdir.or(Some(runtime.snapshot_info(snapshot)?.workdir));
         }
         self.ceiling.fill_limits(&mut spec.policy);
+        normalise_image(spec)?;
         self.check(spec, workdir.as_deref())?;
         self.reserve(runtime, 1)
     }
@@ -216,4 +217,33 @@ fn beyond(e: BeyondCeiling) -> ApiError {
         ),
     )
     .with_details(json!({ "field": field, "requested": e.requested, "ceiling": e.ceiling }))
+}
+
+/// An agent's image reference in the form the image store names it, which the ceiling's
+/// `images` are written in and the sandbox then runs (and records) by: a registry
+/// reference normalised (`busybox` is `docker.io/library/busybox:latest`), a local
+/// source's path canonical (links and `..` resolved, so a link inside an allowed directory
+/// that points out of it is out of it; a path that does not exist is left absolute, and
+/// the pull fails on it).
+fn normalise_image(spec: &mut SandboxSpec) -> Result<(), ApiError> {
+    use lockbox_image::Source;
+    let Some(text) = &spec.policy.image else {
+        return Ok(());
+    };
+    let source = Source::parse(text).map_err(|e| {
+        ApiError::new(e.code(), format!("image: {e}"))
+            .with_details(serde_json::json!({ "field": "image" }))
+    })?;
+    let real = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let source = match source {
+        Source::OciDir { dir, tag } => Source::OciDir {
+            dir: real(&dir),
+            tag,
+        },
+        Source::OciArchive(p) => Source::OciArchive(real(&p)),
+        Source::DockerArchive(p) => Source::DockerArchive(real(&p)),
+        registry => registry,
+    };
+    spec.policy.image = Some(source.name());
+    Ok(())
 }

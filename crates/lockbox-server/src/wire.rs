@@ -92,6 +92,13 @@ pub struct CreateSandbox {
     pub http_auth: Vec<String>,
     /// `METHOD HOST/PATH-PREFIX`: on HOST (intercepted), only the listed requests pass.
     pub http_allow: Vec<String>,
+    /// An OCI image the sandbox runs on instead of the host's userland (`busybox:1.36`,
+    /// `ghcr.io/org/app:1`, `oci:/srv/images/app:v1`; see docs/images.md): pulled into the
+    /// server's image store if it lacks it, held while the sandbox lives. Its Env,
+    /// WorkingDir and User apply to every session and process; sessions need `bash` in
+    /// the image. An agent (MCP, scoped token) may name only images its ceiling allows
+    /// (`--allow-image`).
+    pub image: Option<String>,
 }
 
 /// One rule of `http_auth` or `http_allow`, parsed; errors name the field.
@@ -135,6 +142,12 @@ impl CreateSandbox {
         policy.env.set = self.env;
         policy.env.clean = self.clean_env;
         policy.cwd = self.cwd;
+        if let Some(image) = self.image {
+            if image.trim().is_empty() {
+                return Err(ApiError::invalid("image", "image: must not be empty"));
+            }
+            policy.image = Some(image);
+        }
         if let Some(hostname) = self.hostname {
             policy.hostname = hostname;
         }
@@ -737,6 +750,9 @@ pub struct PolicySummary {
     pub max_file_size_bytes: Option<u64>,
     #[schema(required = true)]
     pub idle_timeout_ms: Option<u64>,
+    /// The OCI image it runs on (`image` as created), `null` for the host's userland.
+    #[schema(required = true)]
+    pub image: Option<String>,
 }
 
 /// A sandbox's network ([`lockbox_runtime::NetKind`]).
@@ -772,6 +788,7 @@ impl From<lockbox_runtime::PolicySummary> for PolicySummary {
             max_cpu_time_ms: p.max_cpu_time.map(ms),
             max_file_size_bytes: p.max_file_size_bytes,
             idle_timeout_ms: p.idle_timeout.map(ms),
+            image: p.image,
         }
     }
 }
@@ -2095,6 +2112,7 @@ mod tests {
                 max_cpu_time: Some(Duration::from_millis(1500)),
                 max_file_size_bytes: None,
                 idle_timeout: None,
+                image: None,
             }),
             usage: Some(lockbox_runtime::ResourceUse {
                 processes: 2,
@@ -2111,7 +2129,7 @@ mod tests {
                 r#""sessions":1,"processes":2,"policy":{"net":"none","net_destinations":[],"#,
                 r#""default_reads":true,"fs_readable":["/r"],"fs_writable":[],"#,
                 r#""max_memory_bytes":1024,"max_processes":null,"max_cpu_time_ms":1500,"#,
-                r#""max_file_size_bytes":null,"idle_timeout_ms":null},"#,
+                r#""max_file_size_bytes":null,"idle_timeout_ms":null,"image":null},"#,
                 r#""usage":{"processes":2,"threads":3,"rss_bytes":4096,"cpu_ms":12}}"#
             )
         );
