@@ -25,6 +25,7 @@
 //! `rootfs.diff_ids`. See docs/images.md.
 
 mod digest;
+pub mod dockerfile;
 mod error;
 pub mod oci;
 mod reference;
