@@ -7,7 +7,7 @@
 //! naming its line. [`Instruction::resolve`] then turns one instruction into a [`Step`], with
 //! `$VAR`, `${VAR}`, `${VAR:-default}` and `${VAR:+alternative}` substituted from the build's
 //! variables at that point (ARG and ENV values), quotes removed and words split. `parse`
-//! resolves every instruction once with no variables set, so a malformed one (a `COPY` with no
+//! resolves every instruction once with every variable `1`, so a malformed one (a `COPY` with no
 //! destination, an `EXPOSE` of a non-port) is also reported at parse time, with its line.
 //!
 //! As in Docker, `RUN`, `CMD`, `ENTRYPOINT` and `SHELL` are not substituted: their shell (or
@@ -253,7 +253,7 @@ pub enum Step {
     StopSignal(String),
 }
 
-/// Parses a Dockerfile. Every instruction is also resolved once with no variables set, so a
+/// Parses a Dockerfile. Every instruction is also resolved once (every variable `1`), so a
 /// malformed one is reported here with its line.
 pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
     let lines: Vec<&str> = text.lines().collect();
@@ -351,8 +351,9 @@ pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
             args: args.to_owned(),
             escape,
         };
-        // Validate with no variables set.
-        let step = ins.resolve(&|_| None)?;
+        // Validate with every variable set to `1` (a value every field takes: the real
+        // values are known only while building).
+        let step = ins.resolve(&|_| Some("1".to_owned()))?;
         match (keyword, step) {
             (Keyword::From, Step::From { name, .. }) => {
                 if let Some(n) = &name {
