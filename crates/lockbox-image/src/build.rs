@@ -746,6 +746,18 @@ fn mkdirs(p: &Path) -> Result<(), BuildError> {
     std::fs::create_dir_all(p).map_err(|e| ImageError::io("create", p, e).into())
 }
 
+/// Makes `p` a real directory: a symlink (or file) an earlier source put there is replaced,
+/// never written through.
+fn real_dir(p: &Path) -> Result<(), BuildError> {
+    if let Ok(md) = std::fs::symlink_metadata(p) {
+        if md.is_dir() {
+            return Ok(());
+        }
+        std::fs::remove_file(p).map_err(|e| ImageError::io("replace", p, e))?;
+    }
+    mkdirs(p)
+}
+
 /// Copies `src` to `dst` (a directory's contents into `dst`), never following symlinks.
 fn copy_tree(
     src: &Path,
@@ -763,7 +775,7 @@ fn copy_tree(
     }
     let io = |e, p: &Path| BuildError::from(ImageError::io("copy", p, e));
     if md.is_dir() {
-        mkdirs(dst)?;
+        real_dir(dst)?;
         let mut names: Vec<String> = std::fs::read_dir(src)
             .map_err(|e| io(e, src))?
             .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -871,7 +883,7 @@ fn copy_merged(
         copy_tree(&src, dst, &[], &Ignore::default(), chmod)?;
         return Ok(true);
     }
-    mkdirs(dst)?;
+    real_dir(dst)?;
     let mut names = BTreeSet::new();
     for &i in &vis {
         let d = layers[i].join(rel.join("/"));
@@ -943,6 +955,45 @@ mod tests {
         assert!(
             !i.excluded(&parts("sub/a.log")),
             "*.log is rooted at the context"
+        );
+    }
+
+    #[test]
+    fn a_symlink_copied_earlier_is_replaced_not_written_through() {
+        let d = tempfile::tempdir().unwrap();
+        let (ctx, outside, layer) = (
+            d.path().join("ctx"),
+            d.path().join("outside"),
+            d.path().join("layer"),
+        );
+        std::fs::create_dir_all(ctx.join("b/x")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::create_dir_all(&layer).unwrap();
+        std::fs::write(ctx.join("b/x/f"), "data").unwrap();
+        std::os::unix::fs::symlink(&outside, ctx.join("x")).unwrap();
+        let spec = CopySpec {
+            add: false,
+            from: None,
+            chown: None,
+            chmod: None,
+            sources: vec!["x".into(), "b".into()],
+            dest: "/dst/".into(),
+        };
+        copy_from_context(&ctx, &Ignore::default(), &spec, "/", &layer, 1).unwrap();
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+        assert_eq!(
+            std::fs::read_to_string(layer.join("dst/x/f")).unwrap(),
+            "data"
+        );
+        // A source through a symlink is refused.
+        let spec = CopySpec {
+            sources: vec!["x/anything".into()],
+            ..spec
+        };
+        let e = copy_from_context(&ctx, &Ignore::default(), &spec, "/", &layer, 7).unwrap_err();
+        assert!(
+            e.to_string().contains("line 7") && e.to_string().contains("symlink"),
+            "{e}"
         );
     }
 
