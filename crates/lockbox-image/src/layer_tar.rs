@@ -105,3 +105,71 @@ impl Write for HashingSink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer written as a tar stream and unpacked again is the same layer: files, modes,
+    /// symlinks, whiteouts and opaque directories survive, and the stream is the same twice.
+    #[test]
+    fn a_layers_tar_stream_unpacks_to_the_same_layer_and_is_stable() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(src.join("app/opq")).unwrap();
+        std::fs::write(src.join("app/file"), "content").unwrap();
+        std::fs::set_permissions(
+            src.join("app/file"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o750),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("file", src.join("app/link")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            src.join("app/gone"),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        rustix::fs::setxattr(
+            src.join("app/opq"),
+            OPAQUE_XATTR,
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        let tar = write_layer_tar(&src, Vec::new()).unwrap();
+        assert_eq!(tar, write_layer_tar(&src, Vec::new()).unwrap());
+        let names: Vec<String> = tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.contains(&"app/.wh.gone".to_owned()), "{names:?}");
+        assert!(
+            names.contains(&"app/opq/.wh..wh..opq".to_owned()),
+            "{names:?}"
+        );
+
+        let back = d.path().join("back");
+        std::fs::create_dir(&back).unwrap();
+        crate::unpack(&tar[..], &back, "test").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(back.join("app/file")).unwrap(),
+            "content"
+        );
+        let md = std::fs::metadata(back.join("app/file")).unwrap();
+        assert_eq!(md.mode() & 0o7777, 0o750);
+        assert_eq!(
+            std::fs::read_link(back.join("app/link")).unwrap(),
+            Path::new("file")
+        );
+        assert!(is_whiteout(
+            &std::fs::symlink_metadata(back.join("app/gone")).unwrap()
+        ));
+        assert!(is_opaque(&back.join("app/opq")));
+        // And the unpacked layer writes the same stream: its diff id is stable.
+        assert_eq!(tar, write_layer_tar(&back, Vec::new()).unwrap());
+    }
+}
