@@ -231,7 +231,59 @@ pub async fn build(
                 Step::Workdir(dir) => {
                     let base = st.config.working_dir.clone().unwrap_or_else(|| "/".into());
                     let p = Path::new(&base).join(&dir);
-                    st.config.working_dir = Some(p.to_string_lossy().into_owned());
+                    let p = p.to_string_lossy().into_owned();
+                    st.config.working_dir = Some(p.clone());
+                    // As Docker: a missing working directory is made (a layer of its own).
+                    let parts = clean(&p, ins.line)?;
+                    let lowers: Vec<PathBuf> = st
+                        .layers
+                        .iter()
+                        .rev()
+                        .filter_map(|d| store.layer_path(d))
+                        .collect();
+                    if let Some(missing) = missing_dirs(&lowers, &parts) {
+                        layer_steps += 1;
+                        let key = cache_key(&st, &format!("WORKDIR {p}"), None);
+                        if let Some(hit) = (!opts.no_cache).then(|| store.cache_get(&key)).flatten()
+                        {
+                            say("  CACHED");
+                            cached += 1;
+                            st.layers.extend(hit);
+                            continue;
+                        }
+                        let dir = bdir.path().join(format!("workdir-{n}"));
+                        let mut at = dir.clone();
+                        mkdirs(&at)?;
+                        for (i, c) in parts.iter().enumerate() {
+                            at.push(c);
+                            if i >= missing {
+                                mkdirs(&at)?;
+                                std::fs::set_permissions(
+                                    &at,
+                                    std::fs::Permissions::from_mode(0o755),
+                                )
+                                .map_err(|e| ImageError::io("create", &at, e))?;
+                            } else {
+                                // An existing directory keeps its mode (a 1777 /tmp stays).
+                                mkdirs(&at)?;
+                                let mode = visible(&lowers, &parts[..=i])
+                                    .first()
+                                    .and_then(|&top| {
+                                        std::fs::metadata(lowers[top].join(parts[..=i].join("/")))
+                                            .ok()
+                                    })
+                                    .map_or(0o755, |m| m.mode() & 0o7777);
+                                std::fs::set_permissions(
+                                    &at,
+                                    std::fs::Permissions::from_mode(mode),
+                                )
+                                .map_err(|e| ImageError::io("create", &at, e))?;
+                            }
+                        }
+                        let d = store.add_layer_dir(&dir)?;
+                        store.cache_put(&key, Some(&d))?;
+                        st.layers.push(d);
+                    }
                 }
                 Step::User(u) => st.config.user = Some(u),
                 Step::Label(pairs) => st.config.labels.extend(pairs),
@@ -498,11 +550,23 @@ fn run_step(
     Ok(Some(store.add_layer_dir(&upper)?))
 }
 
+/// Directories lockbox mounts its own file systems on (`/dev`, `/proc`, the sandbox's own
+/// `/tmp`): a RUN's writes there never reach the upper, so an empty one there is only the
+/// mount point.
+const MOUNT_DIRS: &[&str] = &["dev", "proc", "sys", "tmp"];
+
 /// Removes lockbox's empty mount points from a kept upper, and then the directories that
 /// held them if they are left empty and are not opaque (they were made for the mount
 /// points; an image directory of the same name is still in the layer below). A RUN could
 /// not have written those files (read-only binds) nor deleted them (busy).
 fn remove_mount_points(upper: &Path) {
+    for d in MOUNT_DIRS {
+        let p = upper.join(d);
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) && !is_opaque(&p) {
+            // Fails (and keeps it) when not empty.
+            let _ = std::fs::remove_dir(&p);
+        }
+    }
     for rel in MOUNT_POINTS {
         let p = upper.join(rel);
         if let Ok(md) = std::fs::symlink_metadata(&p) {
@@ -865,6 +929,23 @@ fn visible(layers: &[PathBuf], rel: &[String]) -> Vec<usize> {
         }
     }
     out
+}
+
+/// The index of the first component of `parts` missing from the merged `layers`, when
+/// every one that exists is a real directory; None when it all exists, or when a symlink or
+/// file is on the way (the sandbox follows it; lockbox does not shadow it with a directory).
+fn missing_dirs(layers: &[PathBuf], parts: &[String]) -> Option<usize> {
+    for i in 1..=parts.len() {
+        let vis = visible(layers, &parts[..i]);
+        let Some(&top) = vis.first() else {
+            return Some(i - 1);
+        };
+        let md = std::fs::symlink_metadata(layers[top].join(parts[..i].join("/"))).ok()?;
+        if !md.is_dir() {
+            return None;
+        }
+    }
+    None
 }
 
 fn copy_merged(
