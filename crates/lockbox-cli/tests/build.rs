@@ -263,3 +263,90 @@ fn an_unknown_instruction_is_a_usage_error_naming_its_line() {
     assert!(text(&out).contains("line 4"), "{}", text(&out));
     assert!(text(&out).contains("FROBNICATE"), "{}", text(&out));
 }
+
+#[test]
+fn add_extracts_a_local_archive_and_refuses_a_url_naming_its_line() {
+    for user in users() {
+        let work = scratch();
+        let w = work.path();
+        layout(&w.join("lay"));
+        let ctx = w.join("ctx");
+        std::fs::create_dir_all(ctx.join("pkg/share")).unwrap();
+        std::fs::write(ctx.join("pkg/share/data.txt"), "packed\n").unwrap();
+        let st = Command::new("tar")
+            .arg("-czf")
+            .arg(ctx.join("pkg.tar.gz"))
+            .arg("-C")
+            .arg(ctx.join("pkg"))
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let base = format!("FROM oci:{}:v1\n", w.join("lay").display());
+        std::fs::write(
+            ctx.join("Dockerfile"),
+            format!(
+                "{base}ADD pkg.tar.gz /opt/pkg/\nCOPY --chmod=700 pkg/share/data.txt /opt/copied\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            ctx.join("Url.Dockerfile"),
+            format!("{base}\nADD https://example.com/x.tgz /x\n"),
+        )
+        .unwrap();
+        give(w, user);
+        let state = w.join("state");
+        let st = state.to_str().unwrap();
+        let out = lockbox(
+            user,
+            w,
+            &["image", "build", "-t", "pkg", "--state-dir", st, "ctx"],
+        );
+        assert_eq!(out.status.code(), Some(0), "{user:?} {}", text(&out));
+        let script = "busybox cat /opt/pkg/share/data.txt; busybox stat -c %a /opt/copied";
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                "pkg",
+                "--state-dir",
+                st,
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "packed\n700\n",
+            "{user:?} {}",
+            text(&out)
+        );
+
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "build",
+                "-t",
+                "url",
+                "-f",
+                "ctx/Url.Dockerfile",
+                "--state-dir",
+                st,
+                "ctx",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{user:?} {}", text(&out));
+        assert!(
+            text(&out).contains("line 3") && text(&out).contains("URL"),
+            "{}",
+            text(&out)
+        );
+    }
+}
