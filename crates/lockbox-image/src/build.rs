@@ -67,6 +67,14 @@ pub enum BuildError {
         /// Its exit code.
         code: i32,
     },
+    /// A `RUN`'s sandbox could not be started or waited for.
+    #[error("Dockerfile line {line}: RUN: the sandbox failed: {reason}")]
+    Sandbox {
+        /// The instruction's line.
+        line: usize,
+        /// What failed.
+        reason: String,
+    },
     /// A store or pull failure.
     #[error(transparent)]
     Image(#[from] ImageError),
@@ -74,11 +82,11 @@ pub enum BuildError {
 
 impl BuildError {
     /// The exit code of `lockbox image build`: 2 a malformed Dockerfile or step, 1 a RUN
-    /// that failed, else the image error's.
+    /// that failed (or whose sandbox did), else the image error's.
     pub fn exit_code(&self) -> u8 {
         match self {
             BuildError::Dockerfile(_) | BuildError::Step { .. } => 2,
-            BuildError::RunFailed { .. } => 1,
+            BuildError::RunFailed { .. } | BuildError::Sandbox { .. } => 1,
             BuildError::Image(e) => e.exit_code(),
         }
     }
@@ -508,10 +516,7 @@ fn run_step(
         .as_fd()
         .try_clone_to_owned()
         .map_err(err_fd)?;
-    let sandbox = |reason: String| BuildError::Step {
-        line,
-        reason: format!("RUN: the sandbox failed: {reason}"),
-    };
+    let sandbox = |reason: String| BuildError::Sandbox { line, reason };
     let mut running = Spawn::command(&policy, &argv)
         .image_root(root)
         .stdio(Stdio {
