@@ -155,8 +155,8 @@ Examples:
         "Exit codes: 0 done; 2 usage or an unknown id; 4 failed (a snapshot still in use, the store)."
     ))]
     Snapshot(SnapshotArgs),
-    /// Pull OCI images into the store and list, inspect and remove them (no daemon, no
-    /// privilege).
+    /// Pull or build OCI images into the store and list, inspect and remove them (no daemon,
+    /// no privilege).
     #[command(after_help = concat!(
         "Examples:\n",
         "  lockbox image pull busybox                      docker.io/library/busybox:latest\n",
@@ -169,9 +169,11 @@ Examples:
         "  lockbox image inspect busybox                   config, layers (top first), holders\n",
         "  lockbox image rm busybox                        refused while a sandbox holds it\n",
         "  lockbox image prune --all\n",
+        "  lockbox image build -t app .                    ./Dockerfile; each RUN in a sandbox\n",
         "  lockbox image ls --json\n\n",
-        "Exit codes: 0 done; 1 the pull failed (registry, network, digest, a hostile layer);\n",
-        "2 usage, a bad reference or an unknown image; 4 the store could not be read or written;\n",
+        "Exit codes: 0 done; 1 the pull failed (registry, network, digest, a hostile layer) or a\n",
+        "build's RUN failed; 2 usage, a bad reference, an unknown image or a bad Dockerfile (its\n",
+        "line named); 4 the store could not be read or written;\n",
         "5 the image is in use (its holders are named). See docs/images.md."
     ))]
     Image(crate::commands::image::ImageArgs),

@@ -24,8 +24,11 @@
 //! `Docker-Content-Digest`; every layer's uncompressed stream against the config's
 //! `rootfs.diff_ids`. See docs/images.md.
 
+pub mod build;
 mod digest;
+pub mod dockerfile;
 mod error;
+mod layer_tar;
 pub mod oci;
 mod reference;
 pub mod registry;
@@ -38,7 +41,7 @@ pub use digest::Digest;
 pub use error::ImageError;
 pub use reference::{Reference, Source};
 pub use sandbox::{apply, process_holder, PullPolicy, DEFAULT_PATH};
-pub use store::{Removed, Store};
+pub use store::{BuildDir, Removed, Store, BUILT_LAYER_MEDIA_TYPE};
 pub use unpack::{remove_tree, unpack, UnpackReport, OPAQUE_XATTR};
 
 use serde::{Deserialize, Serialize};

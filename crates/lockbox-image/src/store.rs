@@ -1144,3 +1144,186 @@ fn show(name: &str, p: &Progress) {
         mib(p.total.load(Ordering::Relaxed)),
     ));
 }
+
+/// A directory for a build's scratch work under the store's `tmp/` (so its layers can be
+/// renamed into `layers/`), removed when dropped; a crashed build's is removed by the next
+/// open of the store.
+#[derive(Debug)]
+pub struct BuildDir {
+    work: Work,
+    _shared: Flock,
+}
+
+impl BuildDir {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.work.dir
+    }
+}
+
+/// The media type of a layer the store made itself (its blob is the uncompressed tar stream,
+/// which is not kept: it is written again, from the layer directory, when needed).
+pub const BUILT_LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+
+impl Store {
+    /// A scratch directory for a build. It also holds the store shared, so no `prune` or
+    /// `rm` removes the layers a build has made before its image is recorded.
+    pub fn build_dir(&self) -> Result<BuildDir, ImageError> {
+        let shared = flock(&self.root.join("store.lock"), FlockOperation::LockShared)?;
+        Ok(BuildDir {
+            work: self.work()?,
+            _shared: shared,
+        })
+    }
+
+    /// The unpacked directory of layer `diff_id`, if the store has it.
+    pub fn layer_path(&self, diff_id: &Digest) -> Option<PathBuf> {
+        let d = self.layer_dir(diff_id);
+        d.join("layer.json").exists().then(|| d.join("root"))
+    }
+
+    /// Adds the directory `dir` (in overlayfs format, under a [`BuildDir`]) as a layer and
+    /// returns its diff id: the sha256 of its OCI tar stream (see `layer_tar`). The directory
+    /// is moved into the store, or removed when the store has that layer already.
+    pub fn add_layer_dir(&self, dir: &Path) -> Result<Digest, ImageError> {
+        let sink = crate::layer_tar::HashingSink {
+            hasher: sha2::Sha256::default(),
+            count: 0,
+        };
+        let sink = crate::layer_tar::write_layer_tar(dir, sink)?;
+        let diff_id = Digest::from_hasher(sink.hasher);
+        let _lock = flock(
+            &self
+                .root
+                .join("locks")
+                .join(format!("{}.lock", diff_id.hex())),
+            FlockOperation::LockExclusive,
+        )?;
+        let dest = self.layer_dir(&diff_id);
+        if dest.join("layer.json").exists() {
+            remove_tree(dir).map_err(|e| ImageError::io("remove a duplicate layer", dir, e))?;
+            return Ok(diff_id);
+        }
+        let _ = remove_tree(&dest);
+        let staging = dir.with_file_name(format!("layer-{}-{}", diff_id.hex(), unique()));
+        std::fs::create_dir(&staging)
+            .map_err(|e| ImageError::io("create a layer directory", &staging, e))?;
+        let root = staging.join("root");
+        std::fs::rename(dir, &root).map_err(|e| ImageError::io("store a layer", &root, e))?;
+        let meta = LayerMeta {
+            format: FORMAT,
+            diff_id: diff_id.clone(),
+            blob: diff_id.clone(),
+            unpacked_bytes: sink.count,
+            report: UnpackReport::default(),
+        };
+        let json = serde_json::to_vec_pretty(&meta)
+            .map_err(|e| ImageError::io("encode", &staging, std::io::Error::other(e)))?;
+        write_atomic(&staging.join("layer.json"), &json)?;
+        std::fs::rename(&staging, &dest).map_err(|e| ImageError::io("store a layer", &dest, e))?;
+        fsync_dir(&self.root.join("layers"))?;
+        Ok(diff_id)
+    }
+
+    /// Records an image of `layers` (diff ids of layers in the store, BASE FIRST) and
+    /// `config`, named `names` (normalised as references are), and returns it. Its id is the
+    /// digest of the OCI config document written for it (kept as a blob).
+    pub fn add_image(
+        &self,
+        config: &ImageConfig,
+        layers: &[Digest],
+        names: &[String],
+        source: &str,
+    ) -> Result<Image, ImageError> {
+        let mut normalised = Vec::new();
+        for n in names {
+            normalised.push(crate::reference::Source::parse(n)?.name());
+        }
+        let mut records = Vec::new();
+        for d in layers {
+            let meta = self.layer_meta(d)?.ok_or_else(|| ImageError::Damaged {
+                path: self.layer_dir(d),
+                reason: format!("layer {d} is not in the store"),
+            })?;
+            records.push(LayerRecord {
+                diff_id: d.clone(),
+                blob: meta.blob,
+                media_type: BUILT_LAYER_MEDIA_TYPE.into(),
+                size: meta.unpacked_bytes,
+            });
+        }
+        let platform = crate::Platform::host();
+        let mut run = serde_json::Map::new();
+        let mut put = |k: &str, v: serde_json::Value| {
+            if !v.is_null() {
+                run.insert(k.into(), v);
+            }
+        };
+        put("Env", serde_json::json!(config.env));
+        put("WorkingDir", serde_json::json!(config.working_dir));
+        put("User", serde_json::json!(config.user));
+        put("Entrypoint", serde_json::json!(config.entrypoint));
+        put("Cmd", serde_json::json!(config.cmd));
+        put("Labels", serde_json::json!(config.labels));
+        let ports: serde_json::Map<String, serde_json::Value> = config
+            .exposed_ports
+            .iter()
+            .map(|p| (p.clone(), serde_json::json!({})))
+            .collect();
+        put("ExposedPorts", serde_json::Value::Object(ports));
+        put("StopSignal", serde_json::json!(config.stop_signal));
+        let doc = serde_json::json!({
+            "architecture": platform.architecture,
+            "os": platform.os,
+            "config": run,
+            "rootfs": {
+                "type": "layers",
+                "diff_ids": layers.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            },
+        });
+        let bytes = serde_json::to_vec(&doc)
+            .map_err(|e| ImageError::io("encode", self.path(), std::io::Error::other(e)))?;
+        let id = Digest::of(&bytes);
+        self.put_blob(&id, &bytes)?;
+        let record = ImageRecord {
+            format: FORMAT,
+            id: id.clone(),
+            manifest: None,
+            source: source.to_owned(),
+            platform: platform.to_string(),
+            created: None,
+            pulled_at: now(),
+            config: config.clone(),
+            layers: records,
+        };
+        let json = serde_json::to_vec_pretty(&record).map_err(|e| {
+            ImageError::io("encode", self.record_path(&id), std::io::Error::other(e))
+        })?;
+        write_atomic(&self.record_path(&id), &json)?;
+        self.set_refs(&normalised, &id)?;
+        self.touch_used(&id);
+        self.load(&id)
+    }
+
+    /// The build cache's entry `key` (a layer's diff id, or `empty` for a step that made no
+    /// layer), if any and its layer is still in the store.
+    pub fn cache_get(&self, key: &Digest) -> Option<Option<Digest>> {
+        let p = self.root.join("cache").join(key.hex());
+        let text = std::fs::read_to_string(p).ok()?;
+        let text = text.trim();
+        if text == "empty" {
+            return Some(None);
+        }
+        let d = Digest::parse(text).ok()?;
+        self.layer_path(&d)?;
+        Some(Some(d))
+    }
+
+    /// Records the build cache's entry `key`.
+    pub fn cache_put(&self, key: &Digest, layer: Option<&Digest>) -> Result<(), ImageError> {
+        let dir = self.root.join("cache");
+        std::fs::create_dir_all(&dir).map_err(|e| ImageError::io("create", &dir, e))?;
+        let text = layer.map_or_else(|| "empty".to_owned(), |d| d.to_string());
+        write_atomic(&dir.join(key.hex()), text.as_bytes())
+    }
+}

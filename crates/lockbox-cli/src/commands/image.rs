@@ -82,6 +82,40 @@ pub enum ImageCommand {
         #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
         max_store: Option<lockbox_policy::ByteSize>,
     },
+    /// Build an image from a Dockerfile, without a daemon or privilege.
+    ///
+    /// Each RUN runs in a lockbox sandbox on the layers so far (no network unless
+    /// --network host) and what it writes becomes the next layer; COPY/ADD copy from
+    /// CONTEXT (honouring .dockerignore, never following a symlink) or an earlier stage
+    /// (--from). An unchanged step is taken from the cache (CACHED). A failed RUN exits 1
+    /// with its exit code named and tags nothing; a malformed Dockerfile exits 2 naming
+    /// the line. See docs/images.md, "Building".
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image build -t app .                       ./Dockerfile, context .\n",
+        "  lockbox image build -t app:1 -f build/Dockerfile --build-arg VERSION=1.2 .\n",
+        "  lockbox image build -t app --no-cache --json .\n",
+        "  lockbox run --image app                            its Entrypoint and Cmd\n",
+    ))]
+    Build {
+        /// The build context: the directory COPY and ADD read from.
+        context: std::path::PathBuf,
+        /// A name for the image (repeatable), e.g. app or app:1.
+        #[arg(short = 't', long = "tag", value_name = "NAME", required = true)]
+        tags: Vec<String>,
+        /// The Dockerfile [default: CONTEXT/Dockerfile].
+        #[arg(short = 'f', long = "file", value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+        /// A value for an ARG (repeatable): K=V.
+        #[arg(long = "build-arg", value_name = "K=V")]
+        build_args: Vec<String>,
+        /// Run every step, ignoring the cache.
+        #[arg(long)]
+        no_cache: bool,
+        /// The network of RUN steps: none (the default) or host.
+        #[arg(long, value_name = "MODE", default_value = "none")]
+        network: String,
+    },
 }
 
 /// The store bound after a pull of `pulled` (`--max-store`; 0: none).
@@ -145,6 +179,25 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             } else {
                 outln!("{}  {}", image.id, image.references.join(", "));
             }
+        }
+        ImageCommand::Build {
+            context,
+            tags,
+            file,
+            build_args,
+            no_cache,
+            network,
+        } => {
+            return build(
+                &store,
+                args.json,
+                context,
+                tags,
+                file.as_deref(),
+                build_args,
+                *no_cache,
+                network,
+            )
         }
         ImageCommand::Ls => {
             let all = store.list()?;
@@ -386,5 +439,96 @@ impl Drop for RunImage {
     fn drop(&mut self) {
         // A hold left behind (lockbox killed) ends by itself: it names this process.
         let _ = self.store.release(&self.id, &self.holder);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    store: &Store,
+    as_json: bool,
+    context: &std::path::Path,
+    tags: &[String],
+    file: Option<&std::path::Path>,
+    build_args: &[String],
+    no_cache: bool,
+    network: &str,
+) -> Result<ExitCode, CliError> {
+    use lockbox_image::build::{BuildError, BuildOptions};
+    let dockerfile = file.map_or_else(|| context.join("Dockerfile"), |f| f.to_owned());
+    let text = std::fs::read_to_string(&dockerfile).map_err(|e| {
+        CliError::usage(format!(
+            "reading the Dockerfile {}: {e}",
+            dockerfile.display()
+        ))
+    })?;
+    if !context.is_dir() {
+        return Err(CliError::usage(format!(
+            "the build context {} is not a directory",
+            context.display()
+        )));
+    }
+    let mut args = std::collections::BTreeMap::new();
+    for a in build_args {
+        let Some((k, v)) = a.split_once('=') else {
+            return Err(CliError::usage(format!("--build-arg {a:?}: expected K=V")));
+        };
+        args.insert(k.to_owned(), v.to_owned());
+    }
+    let net = match network {
+        "none" => lockbox_policy::Net::None,
+        "host" => lockbox_policy::Net::Host,
+        other => {
+            return Err(CliError::usage(format!(
+                "--network {other:?}: expected none or host"
+            )))
+        }
+    };
+    let policy = lockbox_policy::Policy {
+        net,
+        ..lockbox_policy::Policy::default()
+    };
+    for t in tags {
+        lockbox_image::Source::parse(t)?;
+    }
+    let opts = BuildOptions {
+        context: context.to_owned(),
+        dockerfile: text,
+        tags: tags.to_vec(),
+        build_args: args,
+        no_cache,
+        pull: PullOptions {
+            progress: !as_json && std::io::stderr().is_terminal(),
+            ..PullOptions::default()
+        },
+        policy,
+    };
+    let rt = tokio::runtime::Runtime::new()
+        .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+    let started = std::time::Instant::now();
+    let result = rt.block_on(lockbox_image::build::build(store, &opts, &mut |line| {
+        eoutln!("{line}")
+    }));
+    match result {
+        Ok(report) => {
+            eoutln!(
+                "built {} in {:.2}s ({} of {} layer steps cached)",
+                report.image.id,
+                started.elapsed().as_secs_f64(),
+                report.cached,
+                report.layer_steps
+            );
+            if as_json {
+                outln!("{}", json(&report.image, true));
+            } else {
+                outln!(
+                    "{}  {}",
+                    report.image.id,
+                    report.image.references.join(", ")
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(BuildError::Image(e)) => Err(e.into()),
+        Err(e) => Err(CliError::new(e.exit_code(), &e)),
     }
 }
