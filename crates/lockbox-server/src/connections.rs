@@ -168,7 +168,12 @@ pub async fn serve(
             tokio::spawn(refuse(stream, busy.clone(), Arc::clone(&refusing)));
             continue;
         }
-        // The evicted connection gives its place back as its task ends.
+        // The evicted connection gives its place back as its task ends. This one is
+        // evictable at once, while it waits for that place: registered only once it had it,
+        // a burst of half-open connections accepted faster than their tasks ran could empty
+        // the queue, and the next client (accepted before those tasks ran) found nothing to
+        // evict and got 503.
+        let entry = shared.waiting.add();
         let (open, shared, busy, refusing) = (
             Arc::clone(&open),
             Arc::clone(&shared),
@@ -176,15 +181,19 @@ pub async fn serve(
             Arc::clone(&refusing),
         );
         connections.spawn(async move {
-            match tokio::time::timeout(EVICTION_WAIT, open.acquire_owned()).await {
-                Ok(Ok(permit)) => {
-                    let entry = shared.waiting.add();
-                    serve_one(shared, stream, permit, peer, entry).await
-                }
-                _ => {
-                    drop(peer);
-                    refuse(stream, busy, refusing).await;
-                }
+            let evicted = entry.1.clone();
+            tokio::select! {
+                waited = tokio::time::timeout(EVICTION_WAIT, open.acquire_owned()) => match waited {
+                    Ok(Ok(permit)) => serve_one(shared, stream, permit, peer, entry).await,
+                    _ => {
+                        // Not a candidate any more (dropped as it reaches the front).
+                        entry.0.store(true, Ordering::Relaxed);
+                        drop(peer);
+                        refuse(stream, busy, refusing).await;
+                    }
+                },
+                // Evicted in turn before it had a place: closed, as a half-open one is.
+                () = evicted.cancelled() => drop(peer),
             }
         });
     }
