@@ -190,6 +190,12 @@ fn state(
 }
 
 fn api_router(state: AppState) -> Router {
+    let e2b = lockbox_e2b::E2b::new(state.runtime.clone(), state.token.secret());
+    lockbox_e2b::wrap(e2b, lockbox_router(state), None)
+}
+
+/// lockbox's own API (`/v1/...`, `/mcp`, the console), without E2B's protocol.
+fn lockbox_router(state: AppState) -> Router {
     let config = Arc::clone(&state.config);
     routes::router()
         .layer(DefaultBodyLimit::max(config.max_body))
