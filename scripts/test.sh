@@ -113,3 +113,39 @@ chmod -R a+rX "$pyvenv"
 echo "== stubtest lockbox._lockbox"
 (cd / && "$pyvenv/bin/python" -m mypy.stubtest lockbox._lockbox)
 "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests
+
+# Harbor (python/tests-harbor): `harbor run` drives lockbox sandboxes through
+# lockbox.harbor:LockboxEnvironment. Harbor needs Python 3.12+, so these tests run in a venv of
+# their own, from a 3.12+ interpreter found on PATH or under pyenv. The extension is abi3: the
+# same wheel installs there. When root, the interpreter is copied where uid 65534 can run it
+# (pyenv's lives under /root), and LD_LIBRARY_PATH names the copy's libpython.
+echo "== Harbor environment (python/tests-harbor)"
+py3x=""
+for cand in python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+    py3x="$(command -v "$cand")"
+    break
+  fi
+done
+if [ -z "$py3x" ]; then
+  if [ "${LOCKBOX_TEST_REQUIRE:-}" = all ]; then
+    echo "no Python 3.12+ for Harbor's tests (python3.12 on PATH or under pyenv)" >&2
+    exit 1
+  fi
+  echo "== Harbor SKIPPED: no Python 3.12+ (python3.12 on PATH or under pyenv)"
+else
+  pyprefix="$("$py3x" -c 'import sys; print(sys.base_prefix)')"
+  pyver="$("$py3x" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  if [ "$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -r "$pyprefix/lib"; then
+    copy="/tmp/lockbox-python-$pyver"
+    [ -x "$copy/bin/python$pyver" ] || { cp -a "$pyprefix" "$copy.part" && chmod -R a+rX "$copy.part" && mv "$copy.part" "$copy"; }
+    pyprefix="$copy"
+  fi
+  export LD_LIBRARY_PATH="$pyprefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  hvenv="${pyvenv}-harbor"
+  [ -x "$hvenv/bin/python" ] || "$pyprefix/bin/python$pyver" -m venv "$hvenv"
+  "$hvenv/bin/pip" install -q --disable-pip-version-check 'harbor==0.26.0' 'pytest>=7'
+  "$hvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
+  chmod -R a+rX "$hvenv"
+  "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor
+fi

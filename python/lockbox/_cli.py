@@ -11,3 +11,7 @@ from . import _lockbox
 def main() -> None:
     """Runs ``lockbox`` with this process's arguments; never returns."""
     _lockbox.cli_main(sys.argv)
+
+
+if __name__ == "__main__":
+    main()
