@@ -26,6 +26,7 @@ pub mod control;
 pub mod envd;
 pub mod interpreter;
 mod registry;
+pub mod templates;
 
 pub use crate::registry::{E2bSandbox, Registry};
 
@@ -123,7 +124,8 @@ pub fn wrap(e2b: E2b, api: Router, domain: Option<String>) -> Router {
         interpreter: interpreter::router(e2b.clone()),
         domain,
     };
-    control::router(e2b)
+    control::router(e2b.clone())
+        .merge(templates::router(e2b))
         .merge(api)
         .layer(axum::middleware::from_fn_with_state(
             plane,
