@@ -204,7 +204,9 @@ async fn file_link(
         return Ok((StatusCode::CREATED, Json(json!({"present": true}))));
     }
     let token = random_hex(16)?;
-    t.lock().uploads.insert(token.clone(), (id.clone(), hash.clone()));
+    t.lock()
+        .uploads
+        .insert(token.clone(), (id.clone(), hash.clone()));
     let host = headers
         .get("host")
         .and_then(|h| h.to_str().ok())
@@ -215,7 +217,10 @@ async fn file_link(
         .filter(|p| *p == "https")
         .unwrap_or("http");
     let url = format!("{scheme}://{host}/templates/{id}/files/{hash}/{token}");
-    Ok((StatusCode::CREATED, Json(json!({"present": false, "url": url}))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"present": false, "url": url})),
+    ))
 }
 
 async fn upload(
@@ -376,7 +381,9 @@ fn plan(t: &Templates, start: &StartBuild) -> Result<Plan, E2bError> {
                 for kv in step.args.chunks(2) {
                     let (k, v) = (&kv[0], kv.get(1).map(String::as_str).unwrap_or(""));
                     if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                        return Err(bad(format!("step {n}: ENV name {k:?}: letters, digits and _ only")));
+                        return Err(bad(format!(
+                            "step {n}: ENV name {k:?}: letters, digits and _ only"
+                        )));
                     }
                     build_env.push(format!("export {k}='{}'; ", v.replace('\'', "'\\''")));
                 }
@@ -620,10 +627,7 @@ async fn status(
         .take(LOG_PAGE)
         .cloned()
         .collect();
-    let logs: Vec<Value> = entries
-        .iter()
-        .map(|e| e["message"].clone())
-        .collect();
+    let logs: Vec<Value> = entries.iter().map(|e| e["message"].clone()).collect();
     let mut body = json!({
         "templateID": id, "buildID": build_id, "status": b.status,
         "logs": logs, "logEntries": entries,
