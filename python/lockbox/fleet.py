@@ -1,0 +1,273 @@
+"""A lockbox fleet on Ray: one ``lockbox serve`` per Ray node, started, watched and restarted
+by Ray (issue 31, its first part: the node daemons).
+
+::
+
+    import ray
+    import lockbox.fleet
+
+    ray.init(address="auto")
+    fleet = lockbox.fleet.up()                 # a daemon on every node, now and later
+    for node in fleet.nodes():                 # {"node_id", "state", "url", "token", ...}
+        print(node["node_id"][:8], node["state"], node["url"])
+    box = fleet.client(fleet.nodes()[0]["node_id"]).create()   # a lockbox.Client per node
+    lockbox.fleet.down()                       # stops every daemon and the controller
+
+or from a shell: ``python -m lockbox.fleet up --ray ADDRESS`` (``status``, ``down``).
+
+How it works:
+
+- A **controller** (a detached Ray actor named ``lockbox-fleet`` in the fleet's namespace)
+  looks at ``ray.nodes()`` every second. Each live node without a daemon gets one: a detached
+  actor pinned to that node (``NodeAffinitySchedulingStrategy``, not soft) that starts
+  ``lockbox serve`` there with its own state directory (``STATE_ROOT/NODE_ID``, default under
+  lockbox's state directory on that node) and a token of its own, on the node's address and a
+  free port. Nodes that join the cluster later join the fleet the same way.
+- A daemon whose ``lockbox serve`` exits ends its actor's process, and Ray restarts the actor
+  (``max_restarts=-1``), which starts a new ``lockbox serve`` on the same state directory (its
+  sandboxes are gone: lockbox's runtime stops every sandbox when it stops; snapshots and
+  branches stay). ``lockbox serve`` gets SIGTERM when its actor's process dies, so no server
+  outlives its daemon.
+- A node that leaves the cluster (its raylet gone) is listed ``lost`` with Ray's reason; its
+  sandboxes went with it.
+
+Each node's daemon is listed with its URL and token (secrets: the fleet's namespace is only as
+private as the Ray cluster). The router that serves one API for the whole fleet, placement,
+and moving snapshots between nodes are the next parts of issue 31 (docs/fleet.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from .client import Client
+
+__all__ = ["Fleet", "down", "up"]
+
+CONTROLLER = "lockbox-fleet"
+DEFAULT_NAMESPACE = "lockbox"
+
+_ray: Any
+try:
+    _ray = importlib.import_module("ray")
+except ImportError:
+    _ray = None
+
+
+def _need_ray() -> Any:
+    if _ray is None:
+        from .errors import UnsupportedError
+
+        raise UnsupportedError("lockbox.fleet needs Ray (pip install ray)", code="UNSUPPORTED")
+    return _ray
+
+
+def _die_with_parent() -> None:
+    # In the child before exec: SIGTERM when the daemon's thread that started it goes, which
+    # lives as long as the daemon's process (prctl(PR_SET_PDEATHSIG)).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+class _NodeDaemon:
+    """One node's ``lockbox serve`` (a Ray actor pinned to the node)."""
+
+    def __init__(self, node_id: str, state_root: str | None, serve_args: list[str]) -> None:
+        ray = _need_ray()
+        from ._sdk import default_state_dir
+
+        self.node_id = node_id
+        root = state_root or os.path.join(default_state_dir(), "fleet")
+        self.state_dir = os.path.join(root, node_id)
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.address = ray.util.get_node_ip_address()
+        self.started = time.time()
+        self._ready = threading.Event()
+        self._error: str | None = None
+        self.info_: dict[str, Any] = {}
+        self._serve_args = serve_args
+        threading.Thread(target=self._run, name="lockbox-serve", daemon=True).start()
+        if not self._ready.wait(120) or self._error:
+            raise RuntimeError(f"lockbox serve on node {node_id} did not start: {self._error or 'no answer in 120 s'}")
+
+    def _run(self) -> None:
+        cmd = [sys.executable, "-m", "lockbox._cli", "serve", "--listen", f"{self.address}:0",
+               "--state-dir", self.state_dir, "--print-token", *self._serve_args]
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    preexec_fn=_die_with_parent)
+            assert proc.stdout is not None
+            line = json.loads(proc.stdout.readline() or "{}")
+            self.info_ = {"node_id": self.node_id, "url": f"http://{line['listen']}", "token": line["token"],
+                          "pid": proc.pid, "state_dir": self.state_dir, "started": self.started}
+        except (OSError, ValueError, KeyError) as e:
+            self._error = f"{type(e).__name__}: {e}"
+            self._ready.set()
+            return
+        self._ready.set()
+        proc.wait()
+        # The server is gone: end this process, and Ray restarts the actor (a new server).
+        os._exit(1)
+
+    def info(self) -> dict[str, Any]:
+        return self.info_
+
+    def stop(self) -> None:
+        pid = self.info_.get("pid")
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+
+
+class _Controller:
+    """Starts a daemon on every live node and lists the fleet (a detached Ray actor)."""
+
+    def __init__(self, namespace: str, state_root: str | None, serve_args: list[str]) -> None:
+        self.namespace = namespace
+        self.state_root = state_root
+        self.serve_args = serve_args
+        self.daemons: dict[str, Any] = {}
+        self.listed: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+        threading.Thread(target=self._loop, name="lockbox-fleet", daemon=True).start()
+
+    def _loop(self) -> None:
+        ray = _need_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        daemon_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_NodeDaemon)
+        while not self.stopping:
+            for node in ray.nodes():
+                node_id = node["NodeID"]
+                if not node["Alive"]:
+                    if node_id in self.daemons or node_id in self.listed:
+                        with self.lock:
+                            entry = self.listed.setdefault(node_id, {"node_id": node_id})
+                            entry.update(state="lost", reason=node.get("DeathReasonMessage") or "the node left the cluster")
+                            self.daemons.pop(node_id, None)
+                    continue
+                if node_id not in self.daemons:
+                    self.daemons[node_id] = daemon_cls.options(
+                        name=f"lockbox-node-{node_id}", namespace=self.namespace, lifetime="detached",
+                        get_if_exists=True,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                    ).remote(node_id, self.state_root, self.serve_args)
+                try:
+                    info = ray.get(self.daemons[node_id].info.remote(), timeout=5)
+                    entry = {**info, "state": "up"}
+                except Exception as e:  # a starting or restarting daemon
+                    entry = {"node_id": node_id, "state": "starting", "reason": f"{type(e).__name__}"}
+                with self.lock:
+                    self.listed[node_id] = entry
+            time.sleep(1.0)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(v) for v in self.listed.values()]
+
+    def stop(self) -> None:
+        ray = _need_ray()
+        self.stopping = True
+        for daemon in list(self.daemons.values()):
+            try:
+                ray.get(daemon.stop.remote(), timeout=10)
+            except Exception:  # it is going anyway
+                pass
+            ray.kill(daemon, no_restart=True)
+        self.daemons.clear()
+
+
+class Fleet:
+    """A handle on the fleet of a namespace (its controller)."""
+
+    def __init__(self, namespace: str = DEFAULT_NAMESPACE) -> None:
+        ray = _need_ray()
+        self.namespace = namespace
+        self._controller = ray.get_actor(CONTROLLER, namespace=namespace)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node the fleet has seen: ``node_id``, ``state`` (``up``, ``starting``,
+        ``lost``), and for an ``up`` one its ``url``, ``token``, ``pid``, ``state_dir``;
+        ``reason`` for the others."""
+        return list(_need_ray().get(self._controller.nodes.remote(), timeout=30))
+
+    def wait(self, count: int, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Waits until ``count`` nodes are ``up``; returns them (``TimeoutError`` after
+        ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            up_nodes = [n for n in self.nodes() if n["state"] == "up"]
+            if len(up_nodes) >= count:
+                return up_nodes
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(up_nodes)} of {count} fleet nodes up after {timeout} s: {self.nodes()}")
+            time.sleep(0.2)
+
+    def client(self, node_id: str) -> Client:
+        """A :class:`lockbox.Client` of the node's ``lockbox serve``."""
+        for n in self.nodes():
+            if n["node_id"] == node_id and n["state"] == "up":
+                return Client(n["url"], n["token"])
+        raise KeyError(f"no fleet node {node_id} is up")
+
+
+def up(address: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, state_root: str | None = None,
+       serve_args: list[str] | None = None) -> Fleet:
+    """Starts the fleet's controller (if it is not running) in ``namespace`` of the Ray cluster
+    at ``address`` (default: the connected one, else ``ray.init()``); it starts a daemon on
+    every node. ``serve_args`` are more ``lockbox serve`` flags (e.g. ``["--max-sandboxes",
+    "200"]``)."""
+    ray = _need_ray()
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+    controller = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=8)(_Controller)
+    controller.options(name=CONTROLLER, namespace=namespace, lifetime="detached", get_if_exists=True).remote(
+        namespace, state_root, list(serve_args or []))
+    return Fleet(namespace)
+
+
+def down(namespace: str = DEFAULT_NAMESPACE) -> None:
+    """Stops every daemon of the fleet (their ``lockbox serve`` deletes its sandboxes) and the
+    controller."""
+    ray = _need_ray()
+    try:
+        controller = ray.get_actor(CONTROLLER, namespace=namespace)
+    except ValueError:
+        return
+    ray.get(controller.stop.remote(), timeout=60)
+    ray.kill(controller, no_restart=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lockbox.fleet up|status|down [--ray ADDRESS] [--namespace NS]``."""
+    p = argparse.ArgumentParser(prog="python -m lockbox.fleet", description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=["up", "status", "down"])
+    p.add_argument("--ray", default="auto", help="the Ray cluster's address (default: auto)")
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    p.add_argument("--state-root", default=None, help="each node's state directories' parent")
+    a = p.parse_args(argv)
+    ray = _need_ray()
+    ray.init(address=a.ray, namespace=a.namespace, log_to_driver=False)
+    if a.command == "up":
+        fleet = up(namespace=a.namespace, state_root=a.state_root)
+        alive = sum(1 for n in ray.nodes() if n["Alive"])
+        print(json.dumps(fleet.wait(alive), indent=1))
+    elif a.command == "status":
+        print(json.dumps(Fleet(a.namespace).nodes(), indent=1))
+    else:
+        down(a.namespace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
