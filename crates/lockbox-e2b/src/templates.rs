@@ -59,6 +59,8 @@ struct Inner {
 struct Build {
     /// The image names the build tags (`name:tag` for each tag).
     names: Vec<String>,
+    /// When it was requested (RFC 3339).
+    created: String,
     status: &'static str,
     logs: Vec<Value>,
     reason: Option<Value>,
@@ -87,6 +89,7 @@ pub fn router(e2b: E2b) -> Router {
         .route("/v2/templates/{id}/builds/{build}", post(start_build))
         .route("/templates/{id}/builds/{build}/status", get(status))
         .route("/templates/aliases/{alias}", get(alias))
+        .route("/templates/{id}/tags", get(tags))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -117,6 +120,20 @@ fn random_hex(bytes: usize) -> Result<String, E2bError> {
         )
     })?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A version-4 UUID, as E2B's build ids are (the SDK parses them as UUIDs).
+fn random_uuid() -> Result<String, E2bError> {
+    let h = random_hex(16)?;
+    let variant = ["8", "9", "a", "b"][usize::from(h.as_bytes()[16] % 4)];
+    Ok(format!(
+        "{}-{}-4{}-{variant}{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    ))
 }
 
 /// A template's id: its name without a tag (E2B names are `name[:tag]`).
@@ -166,12 +183,13 @@ async fn request_build(
     for tag in &tags {
         check_name("tag", tag)?;
     }
-    let build_id = random_hex(16)?;
+    let build_id = random_uuid()?;
     let names: Vec<String> = tags.iter().map(|tag| format!("{id}:{tag}")).collect();
     t.lock().builds.entry(id.clone()).or_default().insert(
         build_id.clone(),
         Build {
             names: names.clone(),
+            created: lockbox_policy::time::format(SystemTime::now()),
             status: "waiting",
             logs: Vec::new(),
             reason: None,
@@ -638,11 +656,41 @@ async fn status(
     Ok(Json(body))
 }
 
+/// The tags of a template's builds here, newest first (404 for a name never built here).
+async fn tags(State(t): State<Templates>, Path(id): Path<String>) -> Result<Json<Value>, E2bError> {
+    let inner = t.lock();
+    let builds = inner
+        .builds
+        .get(&id)
+        .ok_or_else(|| E2bError::new(StatusCode::NOT_FOUND, format!("template {id} not found")))?;
+    let mut all: Vec<(&String, &String, &Build)> = builds
+        .iter()
+        .flat_map(|(bid, b)| b.names.iter().map(move |n| (n, bid, b)))
+        .collect();
+    all.sort_by(|a, b| b.2.created.cmp(&a.2.created));
+    let list: Vec<Value> = all
+        .into_iter()
+        .filter_map(|(name, bid, b)| {
+            let tag = name.rsplit_once(':')?.1;
+            Some(json!({"tag": tag, "buildID": bid, "createdAt": b.created}))
+        })
+        .collect();
+    Ok(Json(Value::Array(list)))
+}
+
 async fn alias(
     State(t): State<Templates>,
     Path(alias): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let (id, tag) = split_name(&alias);
+    let building_or_built = t
+        .lock()
+        .builds
+        .get(&id)
+        .is_some_and(|b| b.values().any(|b| b.status != "error"));
+    if building_or_built {
+        return Ok(Json(json!({"templateID": id, "public": false})));
+    }
     let reference = format!("{id}:{}", tag.as_deref().unwrap_or("latest"));
     let store = lockbox_image::Store::in_state_dir(&t.e2b.runtime.state_dir())
         .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
