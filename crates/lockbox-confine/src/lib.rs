@@ -11,8 +11,9 @@
 //! How it fits together: `resolve` reads the host paths a policy names, `plan` turns them
 //! into a [`SetupPlan`] (pure data, printed by `lockbox check --explain`), `child` carries
 //! the plan out in the new namespaces without allocating, and `report` carries failures
-//! back as fixed-size records. All `unsafe` lives in `sys`; [`raw`] exports the few raw
-//! operations the in-sandbox agent (`lockbox-agent`) needs as safe functions, and
+//! back as fixed-size records. All `unsafe` lives in `sys`; [`agent_sys`] gives the
+//! in-sandbox agent (`lockbox-agent`) the few system calls it needs as a safe API that is
+//! sound whatever its caller does, and
 //! [`proc_stat`] parses `/proc/PID/stat` for every process-tree walk.
 //!
 //! Not here: the network supervisor of a sandbox with a network list (`lockbox-netsup`,
@@ -28,6 +29,8 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+pub mod agent_sys;
 mod bpf;
 mod child;
 mod dirmove;
@@ -42,7 +45,6 @@ mod probe;
 pub mod proc_stat;
 mod proctitle;
 mod quotas;
-pub mod raw;
 mod report;
 mod resolve;
 mod seccomp;

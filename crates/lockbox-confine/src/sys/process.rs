@@ -312,7 +312,7 @@ pub fn ids() -> (u32, u32) {
     unsafe { (libc::getuid(), libc::getgid()) }
 }
 
-/// Result of [`fork`](crate::raw::fork).
+/// Result of [`fork`].
 #[derive(Debug)]
 pub enum Fork {
     /// We are the new child.
@@ -321,11 +321,15 @@ pub enum Fork {
     Parent(libc::pid_t),
 }
 
-/// `fork(2)`. Only for single-threaded callers (the sandbox agent): the child may then
-/// allocate and run ordinary Rust code.
-pub fn fork() -> Result<Fork, Errno> {
-    // SAFETY: the agent is single-threaded, so the child inherits no lock held by another
-    // thread; no pointers are involved.
+/// `fork(2)`.
+///
+/// # Safety
+///
+/// The calling process has exactly one thread, so that the child inherits no lock held by
+/// another thread and may allocate and run ordinary Rust code. (With more threads, the
+/// child may only make async-signal-safe calls: use [`clone3_fork`] and `child`'s rules.)
+pub unsafe fn fork() -> Result<Fork, Errno> {
+    // SAFETY: no pointers are involved; the caller guarantees a single thread.
     match check_int(unsafe { libc::fork() })? {
         0 => Ok(Fork::Child),
         pid => Ok(Fork::Parent(pid)),
