@@ -129,10 +129,10 @@ impl CommandFds {
         let mut result = Ok(());
         for slot in slots {
             if slot.as_raw_fd() <= 2 {
-                // Replaced rather than closed: 0, 1 and 2 must stay open. `slot` is ours,
-                // so replacing what it refers to affects no other owner; then it is let go
-                // of without closing.
-                result = result.and(sys::dup2(null.as_raw_fd(), slot.as_raw_fd()));
+                // Replaced rather than closed: 0, 1 and 2 must stay open; then `slot` is let
+                // go of without closing.
+                // SAFETY: `slot` owns this number, so no other owner sees it replaced.
+                result = result.and(unsafe { sys::dup2(null.as_raw_fd(), slot.as_raw_fd()) });
                 let _ = std::os::fd::IntoRawFd::into_raw_fd(slot);
             }
         }
@@ -196,14 +196,16 @@ fn arrange(slots: &[OwnedFd], report: &OwnedFd) -> Result<CommandFds, Errno> {
         high.push(sys::dup_above(fd.as_raw_fd(), n + 1)?);
     }
     for (target, &fd) in high.iter().enumerate() {
-        sys::dup2(fd, target as RawFd)?;
+        // SAFETY: see `fork_command`: the caller's owners of 0..=n (if any) never run again
+        // in this child, so nothing uses or closes the descriptor replaced here.
+        unsafe { sys::dup2(fd, target as RawFd) }?;
     }
     sys::set_cloexec(n)?;
     // Everything else goes: the copies made above, and every descriptor of the parent
     // (its socket, other commands' pipes), whose owners never run again in this child.
     // SAFETY: see `fork_command`: no owner of these descriptors runs again in this child,
     // so none of them is used or closed after this.
-    sys::close_range((n + 1) as u32, u32::MAX);
+    unsafe { sys::close_range((n + 1) as u32, u32::MAX) };
     // SAFETY: 0..=n were installed just above by dup2 and are owned by no value of this
     // child (the caller's owners of those numbers, if any, never run again here).
     let owned = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };

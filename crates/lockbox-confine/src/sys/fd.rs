@@ -37,24 +37,40 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
 }
 
 /// `dup2(old, new)`: `new` becomes a copy of `old` without `FD_CLOEXEC`.
-pub fn dup2(old: RawFd, new: RawFd) -> Result<(), Errno> {
-    // SAFETY: descriptor numbers only; no pointers.
+///
+/// # Safety
+///
+/// Whatever descriptor `new` was is replaced: the caller owns `new` (or it is not open), and
+/// no other value will use or close it expecting the file it named before.
+pub unsafe fn dup2(old: RawFd, new: RawFd) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers only, no pointers; the caller owns `new`.
     check_int(unsafe { libc::dup2(old, new) }).map(drop)
 }
 
 /// `close(2)`, ignoring errors (there is nothing useful to do about them).
-pub fn close(fd: RawFd) {
+///
+/// # Safety
+///
+/// The caller owns `fd` (no `OwnedFd` or other code will use or close it) and does not use
+/// the number afterwards: once closed, the number may name another file opened later.
+pub unsafe fn close(fd: RawFd) {
     // SAFETY: the caller owns `fd` and does not use it afterwards.
     unsafe { libc::close(fd) };
 }
 
 /// `close_range(first, last, 0)`; falls back to closing one by one on kernels before 5.9.
-pub fn close_range(first: u32, last: u32) {
-    // SAFETY: closing descriptors we do not use; no pointer arguments.
+///
+/// # Safety
+///
+/// As [`close`], for every descriptor from `first` to `last`: none of them is owned by a
+/// value that will still use or close it.
+pub unsafe fn close_range(first: u32, last: u32) {
+    // SAFETY: no pointer arguments; the caller owns every descriptor in the range.
     let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
     if rc < 0 {
         for fd in first..=last.min(4096) {
-            close(fd as RawFd);
+            // SAFETY: in the range the caller owns.
+            unsafe { close(fd as RawFd) };
         }
     }
 }
@@ -88,13 +104,6 @@ pub fn set_controlling_terminal(fd: RawFd) -> Result<(), Errno> {
 pub fn is_terminal(fd: RawFd) -> bool {
     // SAFETY: isatty only inspects the descriptor number; a closed one is EBADF.
     unsafe { libc::isatty(fd) == 1 }
-}
-
-/// Takes ownership of a descriptor just returned by the kernel.
-pub fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    // SAFETY: every caller passes a descriptor it just received from the kernel and owns.
-    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }
 
 /// `fcntl(fd, F_DUPFD_CLOEXEC, min)`: a close-on-exec copy of `fd` numbered `>= min`.

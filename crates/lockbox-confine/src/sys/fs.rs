@@ -45,7 +45,8 @@ pub fn symlink_exist_ok(target: &CStr, path: &CStr) -> Result<(), Errno> {
 pub fn write_file(path: &CStr, data: &[u8], mode: libc::mode_t) -> Result<(), Errno> {
     let fd = open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, mode)?;
     let result = write_all(fd, data);
-    close(fd);
+    // SAFETY: `fd` was opened just above, is ours alone and is not used after.
+    unsafe { close(fd) };
     result
 }
 
@@ -62,7 +63,8 @@ pub fn is_empty_dir_with_mode(path: &CStr, mode: libc::mode_t) -> Result<bool, E
     // SAFETY: `buf` is a live, writable buffer of the given length.
     let read =
         check(unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) });
-    close(fd);
+    // SAFETY: `fd` was opened above, is ours alone and is not used after.
+    unsafe { close(fd) };
     stat?;
     let len = read? as usize;
     let mut entries = 0;

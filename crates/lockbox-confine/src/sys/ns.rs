@@ -31,7 +31,8 @@ pub fn loopback_up() -> Result<(), Errno> {
     req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: `req` is a valid ifreq naming "lo"; SIOCSIFFLAGS reads it.
     let rc = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &mut req as *mut libc::ifreq) };
-    close(sock);
+    // SAFETY: `sock` was created above, is ours alone and is not used after.
+    unsafe { close(sock) };
     check_int(rc).map(drop)
 }
 
@@ -62,7 +63,8 @@ pub fn loopback_alias(addr: [u8; 4]) -> Result<(), Errno> {
     // SAFETY: `req` is a valid ifreq naming "lo:53" with an AF_INET address; SIOCSIFADDR
     // reads it.
     let rc = unsafe { libc::ioctl(sock, libc::SIOCSIFADDR, &mut req as *mut libc::ifreq) };
-    close(sock);
+    // SAFETY: `sock` was created above, is ours alone and is not used after.
+    unsafe { close(sock) };
     check_int(rc).map(drop)
 }
 
@@ -98,7 +100,8 @@ pub fn dns_sockets(addr: [u8; 4]) -> Result<(RawFd, RawFd), Errno> {
         match rc {
             Ok(_) => Ok(fd),
             Err(e) => {
-                close(fd);
+                // SAFETY: `fd` was created above and is given to nobody on this path.
+                unsafe { close(fd) };
                 Err(e)
             }
         }
@@ -109,7 +112,8 @@ pub fn dns_sockets(addr: [u8; 4]) -> Result<(RawFd, RawFd), Errno> {
         match check_int(unsafe { libc::listen(tcp, 16) }) {
             Ok(_) => Ok(tcp),
             Err(e) => {
-                close(tcp);
+                // SAFETY: `tcp` was created above and is given to nobody on this path.
+                unsafe { close(tcp) };
                 Err(e)
             }
         }
@@ -117,7 +121,8 @@ pub fn dns_sockets(addr: [u8; 4]) -> Result<(RawFd, RawFd), Errno> {
     match tcp {
         Ok(tcp) => Ok((udp, tcp)),
         Err(e) => {
-            close(udp);
+            // SAFETY: `udp` was created above and is given to nobody on this path.
+            unsafe { close(udp) };
             Err(e)
         }
     }

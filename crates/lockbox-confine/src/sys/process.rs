@@ -1,10 +1,9 @@
 //! Processes: `clone3`, `clone` on a caller's stack, `fork`, `execve`, `_exit`, signals to
 //! and waits for processes, `prctl`, resource limits, and the memory layout `/proc` shows.
 
-use super::fd::owned;
 use super::{check, check_int, errno, Errno};
-use std::ffi::CStr;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr;
 
 /// Result of [`clone3_fork`].
@@ -17,12 +16,21 @@ pub enum Forked {
         /// The child's pid (in our pid namespace).
         pid: libc::pid_t,
         /// A pidfd for the child, close-on-exec.
-        pidfd: RawFd,
+        pidfd: OwnedFd,
     },
 }
 
 /// `clone3(2)` with fork semantics (no new stack) and `CLONE_PIDFD`.
-pub fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
+///
+/// # Safety
+///
+/// The child is a copy of a process that may have other threads, which it does not have:
+/// any lock one of them held stays held. In [`Forked::Child`] the caller therefore makes
+/// only async-signal-safe calls (no allocation, no lock, no logging: the rules of `child`)
+/// and ends in `execve` or [`exit`], never returning into code that could unwind or drop
+/// what the parent owns. (With `CLONE_VM` or `CLONE_FILES` in `flags`, the rules of
+/// [`spawn_alongside`] apply too.)
+pub unsafe fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
     let mut pidfd: libc::c_int = -1;
     let mut args: libc::clone_args = libc::clone_args {
         flags: flags | libc::CLONE_PIDFD as u64,
@@ -50,7 +58,8 @@ pub fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
         0 => Ok(Forked::Child),
         pid => Ok(Forked::Parent {
             pid: pid as libc::pid_t,
-            pidfd,
+            // SAFETY: CLONE_PIDFD made this descriptor for us just now; nothing else owns it.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
         }),
     }
 }
@@ -59,9 +68,19 @@ pub fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
 /// until it calls `execve` or exits (`CLONE_VM | CLONE_VFORK`, as posix_spawn does): no page
 /// tables are copied. Returns the child's pid.
 ///
-/// `run` must end in `execve` or [`exit`], and write nothing but its own stack (and errno).
-pub fn spawn_vfork<T>(stack: &mut [u8], run: fn(&T) -> !, arg: &T) -> Result<libc::pid_t, Errno> {
-    clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_VFORK)
+/// # Safety
+///
+/// `run` runs in our memory without our threads: it makes only async-signal-safe calls (no
+/// allocation, no lock), writes nothing but its own stack (and errno), uses no more than
+/// `stack` (which has no guard page), and ends in `execve` or [`exit`].
+pub unsafe fn spawn_vfork<T>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+) -> Result<libc::pid_t, Errno> {
+    // SAFETY: the caller keeps the promises above; we are suspended until the child has
+    // exec'd or exited, so `stack` and `arg` outlive its use of them.
+    unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_VFORK) }
 }
 
 /// Runs `run(arg)` in a child that shares our memory and descriptor table, on `stack`,
@@ -69,20 +88,31 @@ pub fn spawn_vfork<T>(stack: &mut [u8], run: fn(&T) -> !, arg: &T) -> Result<lib
 /// ours, without copying page tables. Returns the child's pid; reap it with [`wait4`]
 /// before `stack` or `arg` go away.
 ///
-/// `run` must end in [`exit`], and write nothing but its own stack and atomics in `arg`.
-pub fn spawn_alongside<T: Sync>(
+/// # Safety
+///
+/// `run` runs in our memory, in parallel with us, without our other threads: it makes only
+/// async-signal-safe calls (no allocation, no lock), writes nothing but its own stack and
+/// atomics in `arg`, uses no more than `stack` (which has no guard page), closes only
+/// descriptors it opened itself, and ends in [`exit`]. The caller does not touch `stack`,
+/// and keeps `stack` and `arg` alive, until [`wait4`] has reaped the child: the borrows end
+/// when this function returns, the child's use of them does not.
+pub unsafe fn spawn_alongside<T: Sync>(
     stack: &mut [u8],
     run: fn(&T) -> !,
     arg: &T,
 ) -> Result<libc::pid_t, Errno> {
-    clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_FILES)
+    // SAFETY: the caller keeps the promises above.
+    unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_FILES) }
 }
 
 /// `clone(flags | SIGCHLD)` of a child that runs `run(arg)` on `stack`. The child finds
 /// `run` and `arg` at the top of its own stack (ours may have moved on by the time it runs
-/// unless `CLONE_VFORK` suspends us); the caller keeps `stack` and `arg` alive until the
-/// child has exited or exec'd.
-fn clone_on<T>(
+/// unless `CLONE_VFORK` suspends us).
+///
+/// # Safety
+///
+/// As [`spawn_vfork`] or [`spawn_alongside`], according to `flags`.
+unsafe fn clone_on<T>(
     stack: &mut [u8],
     run: fn(&T) -> !,
     arg: &T,
@@ -120,9 +150,23 @@ fn clone_on<T>(
     check_int(rc)
 }
 
-/// `prctl(option, arg2, 0, 0, 0)`.
+/// `prctl(option, arg2, 0, 0, 0)`, for the options whose arguments are plain integers and
+/// that change no memory of ours: any other option is `EINVAL` here (`PR_SET_MM` has
+/// [`set_mm_map`], `PR_SET_NAME` [`set_name`]).
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> Result<libc::c_int, Errno> {
-    // SAFETY: the options used by lockbox take integer arguments only.
+    const PLAIN: [libc::c_int; 7] = [
+        libc::PR_SET_DUMPABLE,
+        libc::PR_SET_CHILD_SUBREAPER,
+        libc::PR_SET_PDEATHSIG,
+        libc::PR_SET_NO_NEW_PRIVS,
+        libc::PR_CAPBSET_DROP,
+        libc::PR_CAP_AMBIENT,
+        libc::PR_SET_SECUREBITS,
+    ];
+    if !PLAIN.contains(&option) {
+        return Err(Errno(libc::EINVAL));
+    }
+    // SAFETY: the options above take integer arguments only and write no memory of ours.
     check_int(unsafe {
         libc::prctl(
             option,
@@ -169,9 +213,15 @@ pub fn current_brk() -> u64 {
 
 /// `prctl(PR_SET_MM, PR_SET_MM_MAP, map)`: replaces the memory-layout fields the kernel
 /// shows in `/proc` (no privilege needed unless `map.exe_fd` is set).
-pub fn set_mm_map(map: &rustix::process::PrctlMmMap) -> Result<(), Errno> {
+///
+/// # Safety
+///
+/// The kernel changes no mapping, but `brk(2)` goes on from `map.brk`: `start_brk` and
+/// `brk` are this process's current ones (`current_brk`), so that the heap the allocator
+/// may grow with `brk` stays where it is.
+pub unsafe fn set_mm_map(map: &rustix::process::PrctlMmMap) -> Result<(), Errno> {
     // SAFETY: `map` is a live, fully initialised PrctlMmMap; the kernel copies it and
-    // changes no mapping (only the addresses /proc reports, and where brk(2) starts from).
+    // changes no mapping; the caller keeps the break where it is.
     unsafe { rustix::process::configure_virtual_memory_map(map) }.map_err(errno)
 }
 
@@ -196,15 +246,34 @@ pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), Err
     Ok((limit.rlim_cur, limit.rlim_max))
 }
 
+/// A null-terminated array of C strings for `execve`, built before the clone.
+#[derive(Debug)]
+pub struct CStringArray {
+    _owned: Vec<CString>,
+    ptrs: Vec<*const libc::c_char>,
+}
+
+impl CStringArray {
+    /// Builds the array; the strings are owned by it.
+    pub fn new(items: Vec<CString>) -> CStringArray {
+        let mut ptrs: Vec<*const libc::c_char> = items.iter().map(|s| s.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        CStringArray {
+            _owned: items,
+            ptrs,
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const *const libc::c_char {
+        self.ptrs.as_ptr()
+    }
+}
+
 /// `execve(path, argv, envp)`; returns only on failure.
-pub fn execve(
-    path: &CStr,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> Errno {
-    // SAFETY: `path` is a live C string; `argv`/`envp` are null-terminated arrays of live
-    // C strings built before the fork (see `CStringArray`).
-    unsafe { libc::execve(path.as_ptr(), argv, envp) };
+pub fn execve(path: &CStr, argv: &CStringArray, envp: &CStringArray) -> Errno {
+    // SAFETY: `path` is a live C string; a `CStringArray` is a null-terminated array of
+    // pointers to the C strings it owns, all live as long as it is.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     Errno::last()
 }
 
@@ -241,7 +310,8 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> Result<(), 
 pub fn pidfd_of_self() -> Result<OwnedFd, Errno> {
     // SAFETY: getpid cannot fail; pidfd_open takes no pointers.
     let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
-    check(rc).map(|fd| owned(fd as RawFd))
+    // SAFETY: pidfd_open made this descriptor for us just now; nothing else owns it.
+    check(rc).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// `waitpid(-1, WNOHANG)`: Some((pid, status)) for a reaped child.

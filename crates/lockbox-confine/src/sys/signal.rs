@@ -2,7 +2,7 @@
 
 use super::fd::read;
 use super::{check_int, Errno};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// A set of signals.
 #[derive(Clone, Copy)]
@@ -58,13 +58,16 @@ pub fn reset_runtime_signals() {
 }
 
 /// `signalfd(-1, set, SFD_CLOEXEC)`.
-pub fn signalfd(set: &SigSet) -> Result<RawFd, Errno> {
+pub fn signalfd(set: &SigSet) -> Result<OwnedFd, Errno> {
     // SAFETY: `set` is a valid sigset_t.
-    check_int(unsafe { libc::signalfd(-1, &set.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })
+    let fd =
+        check_int(unsafe { libc::signalfd(-1, &set.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
+    // SAFETY: signalfd(-1, ..) made this descriptor for us just now; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A signal read from a signalfd: (signal number, si_code, sender pid).
-pub fn read_signalfd(fd: RawFd) -> Result<Option<(i32, i32, u32)>, Errno> {
+pub fn read_signalfd(fd: BorrowedFd<'_>) -> Result<Option<(i32, i32, u32)>, Errno> {
     // SAFETY: signalfd_siginfo is plain data.
     let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
     // SAFETY: `info` is a writable buffer of its own size.
@@ -74,7 +77,7 @@ pub fn read_signalfd(fd: RawFd) -> Result<Option<(i32, i32, u32)>, Errno> {
             std::mem::size_of::<libc::signalfd_siginfo>(),
         )
     };
-    match read(fd, buf) {
+    match read(fd.as_raw_fd(), buf) {
         Ok(0) | Err(Errno(libc::EAGAIN)) => Ok(None),
         Ok(_) => Ok(Some((info.ssi_signo as i32, info.ssi_code, info.ssi_pid))),
         Err(e) => Err(e),

@@ -27,8 +27,12 @@ const CMSG_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
 type CmsgSpace = [MaybeUninit<u8>; CMSG_SPACE];
 
 /// Sends `data` with descriptor `fd` attached (`SCM_RIGHTS`), from the child.
-pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> Result<(), Errno> {
-    // SAFETY: the child owns both descriptors and keeps them open for the call.
+///
+/// # Safety
+///
+/// `sock` and `fd` are open descriptors of the caller's, and stay open during the call.
+pub unsafe fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: the caller keeps both descriptors open for the call.
     let (sock, fd) = unsafe { (BorrowedFd::borrow_raw(sock), BorrowedFd::borrow_raw(fd)) };
     send_with_fds(sock, data, &[fd])
 }
@@ -69,13 +73,18 @@ pub fn recv_with_fd(
 }
 
 /// Receives one record into `buf` and the descriptors it carries into `fds` (close-on-exec),
-/// in the child; returns the record's length and how many descriptors came.
-pub fn recv_with_fds(
+/// in the child; returns the record's length and how many descriptors came. The caller owns
+/// the descriptors received.
+///
+/// # Safety
+///
+/// `sock` is an open descriptor of the caller's, and stays open during the call.
+pub unsafe fn recv_with_fds(
     sock: RawFd,
     buf: &mut [u8],
     fds: &mut [RawFd; MAX_FDS],
 ) -> Result<(usize, usize), Errno> {
-    // SAFETY: the child owns the socket and keeps it open for the call.
+    // SAFETY: the caller keeps the socket open for the call.
     let sock = unsafe { BorrowedFd::borrow_raw(sock) };
     let mut count = 0;
     let n = recv_each_fd(sock, buf, |fd| {
