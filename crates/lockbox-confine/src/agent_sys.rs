@@ -12,10 +12,17 @@
 //!
 //! Not here: anything that builds or enters a sandbox (see [`crate::Spawn`]).
 //!
-//! The agent cannot close a descriptor by number, so it cannot close one twice:
+//! The agent cannot close a descriptor by number, so it cannot close one twice: there is
+//! no such function here,
 //!
 //! ```compile_fail
 //! lockbox_confine::agent_sys::close(3);
+//! ```
+//!
+//! and the crate's own `unsafe fn close` is not reachable from outside it:
+//!
+//! ```compile_fail
+//! unsafe { lockbox_confine::sys::close(3) };
 //! ```
 
 use std::convert::Infallible;
@@ -213,4 +220,40 @@ fn arrange(slots: &[OwnedFd], report: &OwnedFd) -> Result<CommandFds, Errno> {
         slots: Some((0..n).map(owned).collect()),
         report: owned(n),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn an_inherited_descriptor_is_copied_and_its_owner_keeps_the_original() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let copy = inherited_fd(ours.as_raw_fd()).unwrap();
+        assert_ne!(copy.as_raw_fd(), ours.as_raw_fd());
+        // Dropping the copy leaves the original working: nothing is closed twice.
+        write_all(std::os::fd::AsFd::as_fd(&copy), b"a").unwrap();
+        drop(copy);
+        (&ours).write_all(b"b").unwrap();
+        let mut got = [0u8; 2];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ab");
+    }
+
+    #[test]
+    fn the_standard_descriptors_are_not_taken_as_inherited() {
+        for fd in 0..=2 {
+            assert!(inherited_fd(fd).is_none());
+        }
+    }
+
+    #[test]
+    fn a_process_with_threads_is_not_forked() {
+        // libtest runs this on a thread of its own: the process has at least two.
+        let (slot, report) = UnixStream::pair().unwrap();
+        let refused = fork_command(vec![slot.into()], report.into(), |_| exit(0));
+        assert_eq!(refused, Err(Errno(libc::EBUSY)));
+    }
 }
