@@ -1,6 +1,6 @@
 //! The raw syscall layer: one small function per kernel call, split by topic as youki's
-//! `syscall/` is ([`fd`], [`fs`], [`mount`], [`ns`], [`process`], [`security`], [`signal`],
-//! [`socket`]). Every function here may be called in the child of a `clone` made by a
+//! `syscall/` is ([`fd`], [`fs`], [`mount`](mod@mount), [`ns`], [`process`], [`security`],
+//! [`signal`], [`socket`]). Every function here may be called in the child of a `clone` made by a
 //! multi-threaded process: none allocates, locks or logs. Paths are `&CStr` built by the
 //! caller before the clone. The socket calls use rustix (its Linux backend makes the
 //! syscall directly: no allocation, no lock, safe after the clone); `Errno` stays ours, as
