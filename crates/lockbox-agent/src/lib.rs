@@ -28,9 +28,11 @@
 //! tests and benchmarks, embedders that set `RuntimeConfig::agent_exe`, and the Python SDK,
 //! whose extension module embeds it because the Python interpreter cannot be the agent).
 //!
-//! The agent has no `unsafe` code: the raw operations it needs (`fork` without `exec`,
-//! `prctl`, `kill`, descriptor shuffling in the shim, the seccomp filter stacked on its
-//! commands) are safe functions of [`lockbox_confine::raw`], and `/proc/PID/stat` is read
+//! The agent has no `unsafe` code (`#![forbid(unsafe_code)]`): the system calls it needs
+//! (`fork` without `exec` and the shim's descriptor surgery, `prctl`, `kill`, the seccomp
+//! filter stacked on its commands) come from [`lockbox_confine::agent_sys`], a safe API
+//! whose soundness does not depend on its caller (descriptors as `OwnedFd`/`BorrowedFd`,
+//! `fork` only in a single-threaded process), and `/proc/PID/stat` is read
 //! with [`lockbox_confine::proc_stat`].
 //!
 //! Not here: building and entering the sandbox (`lockbox-confine`), the runtime's end of the
@@ -78,7 +80,7 @@ pub fn main_if_agent() {
     let fd = args
         .next()
         .and_then(|s| s.to_str()?.parse::<i32>().ok())
-        .and_then(lockbox_confine::raw::inherited_fd);
+        .and_then(lockbox_confine::agent_sys::inherited_fd);
     let code = match fd {
         Some(fd) => server::run(fd),
         None => {

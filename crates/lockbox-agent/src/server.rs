@@ -6,10 +6,10 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::pipe::{pipe_with, PipeFlags};
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
-use lockbox_confine::raw::{self, CommandFilter, Fork};
+use lockbox_confine::agent_sys::{self, CommandFilter};
 
 use crate::files::{self, PendingWrite, Roots};
 use crate::proto::{AgentError, Body, Io, Message, Op, Reply, Request, SpawnSpec};
@@ -41,7 +41,7 @@ pub(crate) fn run(ctl: OwnedFd) -> i32 {
     // ptrace the agent (same uid, same Landlock domain), write its /proc/PID/mem or take its
     // descriptors with pidfd_getfd could make it call openat2 (or anything else) on its
     // behalf. Non-dumpable closes all of those to a process without capabilities.
-    if let Err(e) = raw::set_non_dumpable() {
+    if let Err(e) = agent_sys::set_non_dumpable() {
         eprintln!("lockbox agent: making the agent non-dumpable: {e}");
         return 1;
     }
@@ -193,7 +193,7 @@ impl Agent {
     fn finish_child(&mut self, index: usize) {
         let child = self.children.swap_remove(index);
         let mut record = [0u8; 8];
-        let got = read_full(child.report.as_raw_fd(), &mut record);
+        let got = read_full(child.report.as_fd(), &mut record);
         let status = rustix::process::waitpid(
             rustix::process::Pid::from_raw(child.shim),
             rustix::process::WaitOptions::empty(),
@@ -449,23 +449,19 @@ impl Agent {
             }
         }
         let (report_r, report_w) = pipe()?;
-        let raw_slots: Vec<RawFd> = slots.iter().map(|f| f.as_raw_fd()).collect();
-        match raw::fork() {
+        let shim = Shim {
+            argv: &spec.argv,
+            cwd: spec.cwd.as_deref(),
+            env_clear: spec.env_clear,
+            env: &spec.env,
+            controlling_tty: tty,
+            filter: &self.command_filter,
+        };
+        match agent_sys::fork_command(slots, report_w, |fds| shim::run(shim, fds)) {
             Err(e) => Err(err(Errno::from_raw_os_error(e.0), "fork")),
-            Ok(Fork::Child) => shim::run(Shim {
-                slots: raw_slots,
-                report: report_w.as_raw_fd(),
-                argv: &spec.argv,
-                cwd: spec.cwd.as_deref(),
-                env_clear: spec.env_clear,
-                env: &spec.env,
-                controlling_tty: tty,
-                filter: &self.command_filter,
-            }),
-            Ok(Fork::Parent(shim)) => {
-                drop((slots, report_w));
+            Ok(shim) => {
                 let mut first = [0u8; 4];
-                let main = if read_full(report_r.as_raw_fd(), &mut first) {
+                let main = if read_full(report_r.as_fd(), &mut first) {
                     i32::from_le_bytes(first)
                 } else {
                     -libc::EIO
@@ -506,10 +502,10 @@ fn one(result: Result<Body, Errno>, path: &str) -> (Result<Body, AgentError>, Ve
 }
 
 /// Reads exactly `buf.len()` bytes (blocking); false at EOF or error.
-fn read_full(fd: RawFd, buf: &mut [u8]) -> bool {
+fn read_full(fd: BorrowedFd<'_>, buf: &mut [u8]) -> bool {
     let mut got = 0;
     while got < buf.len() {
-        match raw::read(fd, &mut buf[got..]) {
+        match agent_sys::read(fd, &mut buf[got..]) {
             Ok(0) | Err(_) => return false,
             Ok(n) => got += n,
         }

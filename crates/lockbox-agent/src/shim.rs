@@ -5,18 +5,16 @@
 //! descendants, which is what makes whole-tree kill work.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, RawFd};
 use std::process::Command;
 use std::time::Duration;
 
-use lockbox_confine::raw::{self, CommandFilter};
+use lockbox_confine::agent_sys::{self, CommandFds, CommandFilter};
 
 use crate::tree;
 
-/// What the shim does; `slots[i]` becomes descriptor `i` of the command.
+/// What the shim does, in a child forked by [`agent_sys::fork_command`], which has already
+/// put the command's descriptors in place (`slots[i]` as descriptor `i`).
 pub(crate) struct Shim<'a> {
-    pub slots: Vec<RawFd>,
-    pub report: RawFd,
     pub argv: &'a [String],
     pub cwd: Option<&'a str>,
     pub env_clear: bool,
@@ -27,40 +25,23 @@ pub(crate) struct Shim<'a> {
 }
 
 /// Runs the shim in the forked child. Never returns.
-pub(crate) fn run(shim: Shim<'_>) -> ! {
-    let code = match setup_and_wait(&shim) {
+pub(crate) fn run(shim: Shim<'_>, fds: CommandFds) -> ! {
+    let code = match setup_and_wait(&shim, fds) {
         Ok(()) => 0,
         Err(()) => 127,
     };
-    raw::exit(code)
+    agent_sys::exit(code)
 }
 
-fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
+fn setup_and_wait(shim: &Shim<'_>, mut fds: CommandFds) -> Result<(), ()> {
     // First, so that no code of the command ever runs without it; the shim itself needs
     // no openat2. On failure the command is not started (its start reports the errno).
     if let Err(e) = shim.filter.install() {
-        let _ = raw::write_all(shim.report, &(-e.0).to_le_bytes());
+        let _ = agent_sys::write_all(fds.report(), &(-e.0).to_le_bytes());
         return Err(());
     }
     let _ = rustix::process::setsid();
-    let _ = raw::set_child_subreaper();
-    // Put the slots in place: first above every target, then onto 0..n.
-    let n = shim.slots.len() as RawFd;
-    let high: Vec<RawFd> = shim
-        .slots
-        .iter()
-        .map(|&fd| raw::dup_above(fd, 100))
-        .collect::<Result<_, _>>()
-        .map_err(drop)?;
-    let report = raw::dup_above(shim.report, 100).map_err(drop)?;
-    for (i, &fd) in high.iter().enumerate() {
-        raw::dup2(fd, i as RawFd).map_err(drop)?;
-    }
-    raw::dup2(report, n).map_err(drop)?;
-    raw::set_cloexec(n).map_err(drop)?;
-    let report = n;
-    // Nothing of the agent (its socket, other commands' pipes) may stay open here.
-    raw::close_range((n + 1) as u32, u32::MAX);
+    let _ = agent_sys::set_child_subreaper();
     if shim.controlling_tty {
         let _ = rustix::process::ioctl_tiocsctty(std::io::stdin());
     }
@@ -77,7 +58,7 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
         Ok(child) => child,
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
-            let _ = raw::write_all(report, &(-errno).to_le_bytes());
+            let _ = agent_sys::write_all(fds.report(), &(-errno).to_le_bytes());
             let _ = writeln!(
                 std::io::stderr(),
                 "lockbox: cannot run {:?}: {e}",
@@ -87,20 +68,9 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
         }
     };
     let main = child.id() as i32;
-    raw::write_all(report, &main.to_le_bytes()).map_err(drop)?;
+    agent_sys::write_all(fds.report(), &main.to_le_bytes()).map_err(drop)?;
     // Our copies of the command's descriptors would keep its pipes from reaching EOF.
-    if let Ok(null) = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        for fd in 0..3 {
-            let _ = raw::dup2(null.as_raw_fd(), fd);
-        }
-    }
-    for fd in 3..n {
-        raw::close(fd);
-    }
+    let _ = fds.release_slots();
     let status = wait_for(main);
     // The command is done: nothing it started outlives it.
     let me = rustix::process::getpid().as_raw_nonzero().get();
@@ -122,7 +92,7 @@ fn setup_and_wait(shim: &Shim<'_>) -> Result<(), ()> {
     let mut record = [0u8; 8];
     record[..4].copy_from_slice(&code.to_le_bytes());
     record[4..].copy_from_slice(&signal.to_le_bytes());
-    let _ = raw::write_all(report, &record);
+    let _ = agent_sys::write_all(fds.report(), &record);
     Ok(())
 }
 

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use lockbox_confine::agent_sys;
 use lockbox_confine::proc_stat::ProcStat;
-use lockbox_confine::raw;
 
 /// Live (non-zombie) descendants of `root`, parents before children.
 pub fn descendants(root: i32) -> Vec<i32> {
@@ -46,7 +46,7 @@ pub fn signal_tree(shim: i32, main: i32, signal: i32, spare_main: bool) {
         if spare_main && pid == main {
             continue;
         }
-        let _ = raw::kill(pid, signal);
+        let _ = agent_sys::kill(pid, signal);
     }
 }
 
@@ -63,7 +63,7 @@ pub fn kill_tree(shim: i32, main: i32, spare_main: bool, limit: Duration) -> boo
             return true;
         }
         for &pid in &alive {
-            let _ = raw::kill(pid, libc::SIGKILL);
+            let _ = agent_sys::kill(pid, libc::SIGKILL);
         }
         if Instant::now() >= end {
             return false;

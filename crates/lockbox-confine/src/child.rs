@@ -53,36 +53,23 @@
 //! Nothing here allocates, locks, logs or panics: the parent may be multi-threaded, and after
 //! `clone` only the calling thread exists, possibly with a lock held by a vanished thread.
 //! Everything is prepared by the parent in [`Prepared`].
+//!
+//! **Descriptors** are numbers here (`RawFd`; `sys`'s module doc says why), and every one
+//! in the init's table is the init's alone: the `clone3` that made it shares no descriptor
+//! table (no `CLONE_FILES`), and the parent's `OwnedFd`s, copied into its memory by the
+//! clone, are never used or dropped in it (nothing here returns: the init and the command
+//! child end in `_exit` or `execve`). The helper shares the init's table but closes only
+//! what it opened; the command child has a copy of its own. So closing or replacing a
+//! descriptor (`sys::close`, `sys::dup2`, `sys::close_range`, all `unsafe fn`) is sound
+//! once nothing here uses its number again, which each `// SAFETY:` comment at such a call
+//! says.
 
 use crate::plan::{Op, SetupPlan};
 use crate::report::{Go, NetHandover, NetTaken, Record, Step, RECORD_LEN};
-use crate::sys::{self, Errno, SigSet};
+use crate::sys::{self, CStringArray, Errno, SigSet};
 use std::ffi::{CStr, CString};
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
-
-/// A null-terminated array of C strings for `execve`, built before the clone.
-#[derive(Debug)]
-pub struct CStringArray {
-    _owned: Vec<CString>,
-    ptrs: Vec<*const libc::c_char>,
-}
-
-impl CStringArray {
-    /// Builds the array; the strings are owned by it.
-    pub fn new(items: Vec<CString>) -> CStringArray {
-        let mut ptrs: Vec<*const libc::c_char> = items.iter().map(|s| s.as_ptr()).collect();
-        ptrs.push(std::ptr::null());
-        CStringArray {
-            _owned: items,
-            ptrs,
-        }
-    }
-
-    fn as_ptr(&self) -> *const *const libc::c_char {
-        self.ptrs.as_ptr()
-    }
-}
 
 /// Everything the init and the command child need, computed before the clone.
 #[derive(Debug)]
@@ -240,7 +227,7 @@ pub fn init_main(p: &mut Prepared) -> ! {
     let mut step = 0;
     let mut start = Start::Spawn(ruleset);
     loop {
-        let status = run_command(p, step, signal_fd, start);
+        let status = run_command(p, step, signal_fd.as_fd(), start);
         if step == p.plan.steps.len() {
             finish(p, status)
         }
@@ -248,7 +235,7 @@ pub fn init_main(p: &mut Prepared) -> ! {
             fail_exit(p, fail)
         }
         step += 1;
-        start = match start_next(p, step, signal_fd, ruleset) {
+        start = match start_next(p, step, signal_fd.as_fd(), ruleset) {
             Ok(pid) => Start::Started(pid),
             Err(fail) => fail_exit(p, fail),
         };
@@ -292,7 +279,9 @@ fn die_with_parent(p: &Prepared) -> Result<(), Fail> {
         revents: 0,
     }];
     let gone = sys::poll(&mut parent, 0).map_err(at(Step::SetDeathSignal))? > 0;
-    sys::close(p.parent);
+    // SAFETY: `p.parent` is the init's copy of the supervisor's pidfd (see Descriptors in the
+    // module doc), used only by the poll above.
+    unsafe { sys::close(p.parent) };
     if gone {
         // Nobody is left to report to.
         sys::exit(125)
@@ -300,7 +289,7 @@ fn die_with_parent(p: &Prepared) -> Result<(), Fail> {
     Ok(())
 }
 
-fn setup(p: &mut Prepared) -> Result<(RawFd, Option<RawFd>), Fail> {
+fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
     redirect_stdio(p)?; // 0
     hide_command_line(p)?;
 
@@ -362,7 +351,12 @@ fn start_helper(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
     let proc_fd =
         sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::Helper))?;
     p.helper.proc_fd.store(proc_fd, Ordering::Relaxed);
-    sys::spawn_alongside(&mut p.helper_stack, helper_main, &p.helper)
+    // SAFETY: `helper_main` makes only async-signal-safe calls, writes only its own stack and
+    // the atomics of `p.helper`, closes only what it opened, and ends in `exit`, well within
+    // `HELPER_STACK`; `p.helper_stack` and `p.helper` are left alone until `join_helper` has
+    // reaped it, and every other way out of `setup` is `fail_exit`, which frees nothing (the
+    // helper keeps the memory it shares alive).
+    unsafe { sys::spawn_alongside(&mut p.helper_stack, helper_main, &p.helper) }
         .map(Some)
         .map_err(at(Step::Helper))
 }
@@ -391,7 +385,8 @@ fn helper_work(job: &Alongside) -> Result<(), Fail> {
             .and_then(|rel| sys::open_at(proc_fd, rel, libc::O_WRONLY))
             .map_err(at_index(Step::LimitUserQuota, i))?;
         let written = sys::write_all(fd, value);
-        sys::close(fd);
+        // SAFETY: `fd` was opened just above by this helper and is not used after.
+        unsafe { sys::close(fd) };
         written.map_err(at_index(Step::LimitUserQuota, i))?;
     }
     if job.netns {
@@ -422,7 +417,9 @@ fn under_proc(path: &CStr) -> Option<&CStr> {
 fn join_helper(p: &Prepared, helper: libc::pid_t) -> Result<(), Fail> {
     let (status, _) = sys::wait4(helper).map_err(at(Step::Helper))?;
     let job = &p.helper;
-    sys::close(job.proc_fd.load(Ordering::Relaxed));
+    // SAFETY: the helper, the only other user of `proc_fd` (opened by `start_helper`), was
+    // reaped above.
+    unsafe { sys::close(job.proc_fd.load(Ordering::Relaxed)) };
     let errno = job.errno.load(Ordering::Acquire);
     if errno != 0 {
         let code = job.failed_step.load(Ordering::Relaxed);
@@ -439,7 +436,9 @@ fn join_helper(p: &Prepared, helper: libc::pid_t) -> Result<(), Fail> {
     if job.netns {
         let fd = job.netns_fd.load(Ordering::Acquire);
         let joined = sys::setns(fd, libc::CLONE_NEWNET).map_err(at(Step::NetNamespace));
-        sys::close(fd);
+        // SAFETY: `fd` was opened by the helper (reaped above) for the init, and is used only
+        // by the setns above.
+        unsafe { sys::close(fd) };
         joined?;
     }
     Ok(())
@@ -450,7 +449,9 @@ fn join_helper(p: &Prepared, helper: libc::pid_t) -> Result<(), Fail> {
 fn redirect_stdio(p: &Prepared) -> Result<(), Fail> {
     for (target, &fd) in p.stdio.iter().enumerate() {
         if fd >= 0 {
-            sys::dup2(fd, target as RawFd).map_err(at(Step::RedirectStdio))?;
+            // SAFETY: 0, 1 and 2 are the init's (see Descriptors in the module doc); replacing
+            // what they were is the point.
+            unsafe { sys::dup2(fd, target as RawFd) }.map_err(at(Step::RedirectStdio))?;
         }
     }
     Ok(())
@@ -467,14 +468,18 @@ fn hide_command_line(p: &Prepared) -> Result<(), Fail> {
     sys::set_name(name).map_err(at(Step::HideCommandLine))?;
     // Cosmetic (the NUL padding goes): kernels without CONFIG_CHECKPOINT_RESTORE refuse it,
     // and the wipe above already removed everything of the caller's.
-    let _ = sys::set_mm_map(&p.layout.with_title(&p.title, sys::current_brk()));
+    // SAFETY: `with_title` keeps `start_brk`, and `brk` is the current break: the heap stays
+    // where it is.
+    let _ = unsafe { sys::set_mm_map(&p.layout.with_title(&p.title, sys::current_brk())) };
     Ok(())
 }
 
 fn join_cgroups(p: &Prepared) -> Result<(), Fail> {
     for &fd in &p.cgroup_procs {
         sys::write_all(fd, b"0\n").map_err(at(Step::JoinCgroup))?;
-        sys::close(fd);
+        // SAFETY: `fd` is the init's copy of a `cgroup.procs` the parent opened for it, used
+        // only by the write above.
+        unsafe { sys::close(fd) };
     }
     Ok(())
 }
@@ -527,11 +532,14 @@ fn end_step(p: &Prepared, status: Record) -> Result<(), Fail> {
     let null = sys::open(c"/dev/null", libc::O_RDWR, 0).map_err(at(Step::RedirectStdio))?;
     for target in 0..3 {
         if null != target {
-            sys::dup2(null, target).map_err(at(Step::RedirectStdio))?;
+            // SAFETY: 0, 1 and 2 are the init's (see Descriptors in the module doc); replacing
+            // the previous command's stdio is the point.
+            unsafe { sys::dup2(null, target) }.map_err(at(Step::RedirectStdio))?;
         }
     }
     if null > 2 {
-        sys::close(null);
+        // SAFETY: `null` was opened above, copied onto 0..=2 and is not used after.
+        unsafe { sys::close(null) };
     }
     let (cpu_us, max_rss_kb) = sys::children_usage();
     report(p.report_fd, Record::Usage { cpu_us, max_rss_kb });
@@ -547,7 +555,7 @@ fn end_step(p: &Prepared, status: Record) -> Result<(), Fail> {
 fn start_next(
     p: &mut Prepared,
     step: usize,
-    signal_fd: RawFd,
+    signal_fd: BorrowedFd<'_>,
     ruleset: Option<RawFd>,
 ) -> Result<libc::pid_t, Fail> {
     while let Ok(Some(_)) = sys::read_signalfd(signal_fd) {}
@@ -561,10 +569,12 @@ fn start_next(
     }
     // A raw clone, not libc's fork: the init is a copy of a multi-threaded process, whose
     // vanished threads may hold the locks fork(3) takes.
-    match sys::clone3_fork(0).map_err(at(Step::ForkCommand))? {
+    // SAFETY: the child runs `preforked_main`, which, like everything here, makes only
+    // async-signal-safe calls and ends in `execve` or `_exit`.
+    match unsafe { sys::clone3_fork(0) }.map_err(at(Step::ForkCommand))? {
         sys::Forked::Child => preforked_main(p, step, ruleset),
         sys::Forked::Parent { pid, pidfd } => {
-            sys::close(pidfd);
+            drop(pidfd);
             Ok(pid)
         }
     }
@@ -580,7 +590,8 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
         }
         Op::Touch { path } => {
             let fd = sys::open(path, libc::O_WRONLY | libc::O_CREAT, 0o644)?;
-            sys::close(fd);
+            // SAFETY: `fd` was opened just above and is not used after.
+            unsafe { sys::close(fd) };
             Ok(())
         }
         Op::Symlink { target, path } => sys::symlink_exist_ok(target, path),
@@ -593,7 +604,9 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
             // Each captured source is attached once; the slot no longer names a descriptor.
             let fd = std::mem::replace(slot, -1);
             let result = sys::move_mount_to(fd, target);
-            sys::close(fd);
+            // SAFETY: `fd` was taken out of its slot above (which now says -1), so nothing else
+            // uses or closes it.
+            unsafe { sys::close(fd) };
             result
         }
         Op::Mount {
@@ -608,8 +621,12 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
             let record = Record::Upper {
                 overlay: *overlay as u32,
             };
-            let result = sys::send_with_fd(report_fd, &record.encode(), fd);
-            sys::close(fd);
+            // SAFETY: `report_fd` is the init's end of the report socket, open until the init
+            // exits; `fd` was opened just above.
+            let result = unsafe { sys::send_with_fd(report_fd, &record.encode(), fd) };
+            // SAFETY: `fd` was opened above and is not used after (the supervisor has its own
+            // copy).
+            unsafe { sys::close(fd) };
             result
         }
         Op::CoverReadonly { path, optional } => match sys::open_tree_clone(path) {
@@ -618,7 +635,8 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
             Ok(fd) => {
                 let result =
                     sys::mount_set_readonly(fd, true).and_then(|()| sys::move_mount_to(fd, path));
-                sys::close(fd);
+                // SAFETY: `fd` was opened above and is not used after.
+                unsafe { sys::close(fd) };
                 result
             }
         },
@@ -626,11 +644,13 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
             match sys::open(path, libc::O_PATH, 0) {
                 Err(Errno(libc::ENOENT)) => return Ok(()),
                 Err(e) => return Err(e),
-                Ok(fd) => sys::close(fd),
+                // SAFETY: `fd` was opened just above, only to see whether `path` exists.
+                Ok(fd) => unsafe { sys::close(fd) },
             }
             let fd = sys::open_tree_clone(with)?;
             let result = sys::move_mount_to(fd, path);
-            sys::close(fd);
+            // SAFETY: `fd` was opened above and is not used after.
+            unsafe { sys::close(fd) };
             result
         }
         Op::SetReadonly { path } => set_readonly(path, false),
@@ -668,7 +688,9 @@ fn await_go(report_fd: RawFd) -> Result<(), Errno> {
     let mut buf = [0u8; RECORD_LEN];
     let mut fds = [-1; sys::MAX_FDS];
     let (len, count) = loop {
-        match sys::recv_with_fds(report_fd, &mut buf, &mut fds) {
+        // SAFETY: `report_fd` is the init's end of the report socket, open until the init
+        // exits.
+        match unsafe { sys::recv_with_fds(report_fd, &mut buf, &mut fds) } {
             Err(Errno(libc::EINTR)) => continue,
             other => break other?,
         }
@@ -682,11 +704,15 @@ fn await_go(report_fd: RawFd) -> Result<(), Errno> {
     let replaced = go.map_or([false; 3], |go| go.stdio);
     for (target, _) in (0..).zip(replaced).filter(|(_, replace)| *replace) {
         if let Some(&fd) = received.next() {
-            result = result.and(sys::dup2(fd, target));
+            // SAFETY: 0, 1 and 2 are the init's (see Descriptors in the module doc); the go
+            // replaces them on purpose.
+            result = result.and(unsafe { sys::dup2(fd, target) });
         }
     }
     for &fd in &fds[..count] {
-        sys::close(fd);
+        // SAFETY: the descriptors received above are ours alone (recvmsg made them), copied
+        // where they go, and not used after.
+        unsafe { sys::close(fd) };
     }
     result
 }
@@ -694,7 +720,8 @@ fn await_go(report_fd: RawFd) -> Result<(), Errno> {
 fn set_readonly(path: &CStr, recursive: bool) -> Result<(), Errno> {
     let fd = sys::open(path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
     let result = sys::mount_set_readonly(fd, recursive);
-    sys::close(fd);
+    // SAFETY: `fd` was opened above and is not used after.
+    unsafe { sys::close(fd) };
     result
 }
 
@@ -714,13 +741,14 @@ fn landlock_ruleset(p: &Prepared, rules: &[crate::plan::Rule]) -> Result<Option<
     for (i, rule) in rules.iter().enumerate() {
         let fd = sys::open(&rule.path, libc::O_PATH, 0).map_err(at_index(Step::LandlockRule, i))?;
         let result = sys::landlock_add_path_rule(ruleset, fd, rule.access.bits(*abi));
-        sys::close(fd);
+        // SAFETY: `fd` was opened above and is not used after.
+        unsafe { sys::close(fd) };
         result.map_err(at_index(Step::LandlockRule, i))?;
     }
     Ok(Some(ruleset))
 }
 
-fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<RawFd, Fail> {
+fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<OwnedFd, Fail> {
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
     // The resolver's sockets stay until the command hands them to the supervisor.
     let (udp, tcp) = p.helper.dns_fds();
@@ -753,12 +781,16 @@ fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>, sources: &[RawFd], ow
     for fd in 0..=highest {
         if kept(fd) {
             if fd as u32 > next {
-                sys::close_range(next, fd as u32 - 1);
+                // SAFETY: every descriptor not kept is the init's (see Descriptors in the
+                // module doc), and the init uses no descriptor but those its callers list as
+                // kept.
+                unsafe { sys::close_range(next, fd as u32 - 1) };
             }
             next = fd as u32 + 1;
         }
     }
-    sys::close_range(next, u32::MAX);
+    // SAFETY: as above.
+    unsafe { sys::close_range(next, u32::MAX) };
 }
 
 /// What the command child needs.
@@ -775,7 +807,7 @@ fn command_entry(start: &CommandStart<'_>) -> ! {
 /// Starts command number `step` (or takes the one [`start_next`] started) and forwards
 /// signals to it until it exits; then kills and reaps every process left (daemons
 /// included) and returns its status.
-fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) -> Record {
+fn run_command(p: &mut Prepared, step: usize, signal_fd: BorrowedFd<'_>, start: Start) -> Record {
     let command = match start {
         Start::Started(pid) => pid,
         Start::Spawn(ruleset) => {
@@ -789,14 +821,20 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
                         command,
                         ruleset,
                     };
-                    sys::spawn_vfork(&mut stack, command_entry, &start)
+                    // SAFETY: `command_entry` runs `command_main`, which makes only
+                    // async-signal-safe calls, writes nothing of ours but its own stack (and
+                    // errno), fits in `COMMAND_STACK` and ends in `execve` or `exit`; we are
+                    // suspended until then.
+                    unsafe { sys::spawn_vfork(&mut stack, command_entry, &start) }
                 }
                 None => Err(Errno(libc::ENOENT)),
             };
             p.command_stack = stack;
             // A sequence's later commands are confined by the same ruleset.
             if let (Some(fd), true) = (ruleset, p.plan.steps.is_empty()) {
-                sys::close(fd);
+                // SAFETY: the command child has its own copy of the ruleset; in a
+                // single-command sandbox the init does not use it again.
+                unsafe { sys::close(fd) };
             }
             match spawned {
                 Ok(pid) => pid,
@@ -813,14 +851,18 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
     };
     if step == 0 {
         for &fd in &p.pass_fds {
-            sys::close(fd);
+            // SAFETY: the command has its own copies of the passed descriptors; the init does
+            // not use them.
+            unsafe { sys::close(fd) };
         }
     }
     // Each command of a sequence hands its filter's listener over (renames only: a
     // network list serves one command).
     if step == p.plan.steps.len() {
         if let Some((_, fd)) = &p.net {
-            sys::close(*fd);
+            // SAFETY: the (last) command child has its own copy; the init does not use this
+            // one.
+            unsafe { sys::close(*fd) };
         }
     }
     if step == 0 {
@@ -828,7 +870,9 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
         let (udp, tcp) = p.helper.dns_fds();
         for fd in [udp, tcp] {
             if fd >= 0 {
-                sys::close(fd);
+                // SAFETY: the command child handed its own copies over; the init does not use
+                // these.
+                unsafe { sys::close(fd) };
             }
         }
     }
@@ -849,7 +893,7 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: RawFd, start: Start) ->
     }
     loop {
         let mut fds = [libc::pollfd {
-            fd: signal_fd,
+            fd: signal_fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }];
@@ -899,7 +943,9 @@ fn finish(p: &Prepared, status: Record) -> ! {
     // command's output through pipes then sees their end no later than the status, rather
     // than when the kernel gets round to closing an exiting namespace init's files.
     for fd in (0..3).filter(|&fd| fd != p.report_fd) {
-        sys::close(fd);
+        // SAFETY: 0, 1 and 2 are the init's copies of the sandbox's stdio (see Descriptors in
+        // the module doc), not used after; `report_fd`, which is, is skipped.
+        unsafe { sys::close(fd) };
     }
     let (cpu_us, max_rss_kb) = sys::children_usage();
     report(p.report_fd, Record::Usage { cpu_us, max_rss_kb });
@@ -949,11 +995,16 @@ fn hand_over_net_filter(
             }
         });
     let _ = sys::prctl(libc::PR_SET_DUMPABLE, 0);
-    sys::close(listener);
-    sys::close(fd);
+    // SAFETY: `listener` was made above; the supervisor has taken its own copy (or failed to)
+    // and this process does not use it again.
+    unsafe { sys::close(listener) };
+    // SAFETY: `fd` is this command child's copy of the handover socket, not used after.
+    unsafe { sys::close(fd) };
     for dns in [dns_udp, dns_tcp] {
         if dns >= 0 {
-            sys::close(dns);
+            // SAFETY: this command child's copies of the resolver's sockets, handed over above
+            // and not used after.
+            unsafe { sys::close(dns) };
         }
     }
     handed.map_err(|e| (Step::NetHandover, e))
@@ -1037,7 +1088,9 @@ fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
         if let Err(e) = sys::landlock_restrict_self(fd) {
             command_fail(p, Step::LandlockRestrict, e, 0);
         }
-        sys::close(fd);
+        // SAFETY: this command child's copy of the ruleset, not used after
+        // `landlock_restrict_self`.
+        unsafe { sys::close(fd) };
     }
     if let Some((filter, fd)) = &p.net {
         if let Err((step, e)) = hand_over_net_filter(filter, *fd, p.helper.dns_fds()) {
@@ -1068,7 +1121,9 @@ fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
         if let Err(e) = sys::landlock_restrict_self(fd) {
             command_fail(p, Step::LandlockRestrict, e, 0);
         }
-        sys::close(fd);
+        // SAFETY: this command child's copy of the ruleset, not used after
+        // `landlock_restrict_self`.
+        unsafe { sys::close(fd) };
     }
     if let Err(e) = sys::chdir(&p.plan.cwd) {
         command_fail(p, Step::Chdir, e, 0);
@@ -1089,7 +1144,7 @@ fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
 fn execute(p: &Prepared, command: &Command) -> ! {
     let mut error = Errno(libc::ENOENT);
     for (i, candidate) in command.exec_candidates.iter().enumerate() {
-        let e = sys::execve(candidate, command.argv.as_ptr(), p.envp.as_ptr());
+        let e = sys::execve(candidate, &command.argv, &p.envp);
         if e.0 != libc::ENOENT && e.0 != libc::ENOTDIR {
             error = e;
             if e.0 != libc::EACCES {

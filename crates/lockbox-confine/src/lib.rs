@@ -11,8 +11,12 @@
 //! How it fits together: `resolve` reads the host paths a policy names, `plan` turns them
 //! into a [`SetupPlan`] (pure data, printed by `lockbox check --explain`), `child` carries
 //! the plan out in the new namespaces without allocating, and `report` carries failures
-//! back as fixed-size records. All `unsafe` lives in `sys`; [`raw`] exports the few raw
-//! operations the in-sandbox agent (`lockbox-agent`) needs as safe functions, and
+//! back as fixed-size records. The system calls are in `sys`, split by topic; those whose
+//! safety depends on their caller (closing or replacing a descriptor, `clone` and `fork`)
+//! are `unsafe fn`, called from `child`, `spawn` and [`agent_sys`] in `unsafe` blocks
+//! that say why the call is sound. [`agent_sys`] gives the in-sandbox agent
+//! (`lockbox-agent`) the few system calls it needs as a safe API that is sound whatever its
+//! caller does, and
 //! [`proc_stat`] parses `/proc/PID/stat` for every process-tree walk.
 //!
 //! Not here: the network supervisor of a sandbox with a network list (`lockbox-netsup`,
@@ -28,7 +32,10 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+pub mod agent_sys;
 mod bpf;
+#[allow(unsafe_code)]
 mod child;
 mod dirmove;
 mod error;
@@ -42,11 +49,11 @@ mod probe;
 pub mod proc_stat;
 mod proctitle;
 mod quotas;
-pub mod raw;
 mod report;
 mod resolve;
 mod seccomp;
 mod signals;
+#[allow(unsafe_code)]
 mod spawn;
 #[allow(unsafe_code)]
 mod sys;

@@ -3,7 +3,7 @@
 
 use crate::error::SetupError;
 use crate::sys::{self, SigSet};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// A signal taken from the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,15 +33,12 @@ impl Signals {
         };
         let previous = sys::sigprocmask(libc::SIG_BLOCK, &set).map_err(err)?;
         let fd = sys::signalfd(&set).map_err(err)?;
-        Ok(Signals {
-            fd: sys::owned(fd),
-            previous,
-        })
+        Ok(Signals { fd, previous })
     }
 
     /// The next pending signal, if any (never blocks).
     pub fn next(&self) -> Option<ReceivedSignal> {
-        sys::read_signalfd(self.fd.as_raw_fd())
+        sys::read_signalfd(self.fd.as_fd())
             .ok()
             .flatten()
             .map(|(signal, code, _)| ReceivedSignal {

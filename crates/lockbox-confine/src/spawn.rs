@@ -5,7 +5,7 @@
 //! network supervisor), which lives as long as the init, and the current command's run
 //! (its records, timing and counters), which a sequence replaces for each command.
 
-use crate::child::{self, CStringArray, Prepared};
+use crate::child::{self, Prepared};
 use crate::dirmove;
 use crate::error::{explain_clone_error, SetupError};
 use crate::landlock;
@@ -15,6 +15,7 @@ use crate::plan::{self, cstring, SetupPlan};
 use crate::report::{Go, Record, Step, RECORD_LEN};
 use crate::resolve;
 use crate::seccomp;
+use crate::sys::CStringArray;
 use crate::sys::{self, Errno, Forked};
 use lockbox_netsup::{self as netsup, NetReport, NetRules, PassOn, Supervisor};
 use lockbox_policy::{Net, Policy, DEFAULT_PATH};
@@ -404,7 +405,7 @@ impl<'a> Spawn<'a> {
     /// The agent is the one command whose seccomp filter allows `openat2` (its file
     /// operations resolve paths with `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT`); `exe` must be a
     /// binary that calls `lockbox_agent::main_if_agent`, which stacks a filter answering
-    /// `openat2` with `ENOSYS` ([`crate::raw::CommandFilter`]) on every command it starts,
+    /// `openat2` with `ENOSYS` ([`crate::agent_sys::CommandFilter`]) on every command it starts,
     /// and makes itself non-dumpable so that no command can ptrace it into making the call.
     pub fn agent(policy: &'a Policy, exe: &'a Path, args: &'a [OsString]) -> Spawn<'a> {
         Spawn {
@@ -854,7 +855,9 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     let flags = CLONE_FLAGS;
     let started = Instant::now();
     tracing::debug!(flags, "clone3 into new namespaces");
-    match sys::clone3_fork(flags) {
+    // SAFETY: the child runs `child::init_main`, which makes only async-signal-safe calls
+    // (nothing there allocates, locks or logs) and ends in `execve` or `_exit`.
+    match unsafe { sys::clone3_fork(flags) } {
         Err(errno) => Err(explain_clone_error(errno)),
         Ok(Forked::Child) => child::init_main(&mut prepared),
         Ok(Forked::Parent { pid, pidfd }) => {
@@ -866,7 +869,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
             }
             let sandbox = Sandbox {
                 pid,
-                pidfd: sys::owned(pidfd),
+                pidfd,
                 report: report_rd,
                 plan: prepared.plan,
                 programs: std::iter::once(argv)

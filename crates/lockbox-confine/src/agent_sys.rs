@@ -1,0 +1,259 @@
+//! The system calls the in-sandbox agent (`lockbox-agent`) needs, as a small safe API whose
+//! soundness does not depend on its caller: the agent is `#![forbid(unsafe_code)]`, and that
+//! only means something if nothing it can call safely is unsafe in disguise.
+//!
+//! What makes each one sound:
+//! - descriptors go in and out as [`OwnedFd`]/[`BorrowedFd`]; the one descriptor the agent
+//!   finds by number (its control socket, inherited across `execve`) is *copied*
+//!   ([`inherited_fd`]), never adopted, so no other owner's descriptor can be closed twice;
+//! - [`fork_command`] forks only a process that has a single thread (it checks), and does
+//!   the descriptor surgery of the forked child itself, on descriptors it installed, before
+//!   handing them over as owned values; the child never unwinds into the caller's frames.
+//!
+//! Not here: anything that builds or enters a sandbox (see [`crate::Spawn`]).
+//!
+//! The agent cannot close a descriptor by number, so it cannot close one twice: there is
+//! no such function here,
+//!
+//! ```compile_fail
+//! lockbox_confine::agent_sys::close(3);
+//! ```
+//!
+//! and the crate's own `unsafe fn close` is not reachable from outside it:
+//!
+//! ```compile_fail
+//! unsafe { lockbox_confine::sys::close(3) };
+//! ```
+
+use std::convert::Infallible;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::sys;
+pub use crate::sys::Errno;
+
+/// Makes the calling process non-dumpable (`PR_SET_DUMPABLE` 0): processes without
+/// capabilities can then neither ptrace it, read its memory, nor take its descriptors.
+pub fn set_non_dumpable() -> Result<(), Errno> {
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map(drop)
+}
+
+/// Makes the calling process a child subreaper (`PR_SET_CHILD_SUBREAPER`): orphans of its
+/// descendants reparent to it instead of the pid namespace's init.
+pub fn set_child_subreaper() -> Result<(), Errno> {
+    sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1).map(drop)
+}
+
+/// `kill(pid, sig)`.
+pub fn kill(pid: i32, sig: i32) -> Result<(), Errno> {
+    sys::kill(pid, sig)
+}
+
+/// Leaves at once with `code` (`_exit`), without running destructors or atexit handlers:
+/// how a forked child that must not return into its parent's code ends.
+pub fn exit(code: i32) -> ! {
+    sys::exit(code)
+}
+
+/// A close-on-exec copy of descriptor `fd`, inherited from the process that started this
+/// one, if it is open and above the standard ones; `None` otherwise.
+///
+/// A copy, not `fd` itself: whoever owns `fd` in this process (if anything does) keeps it,
+/// so this cannot lead to a descriptor being closed twice. `fd` stays open; a forked
+/// command never sees it ([`fork_command`] closes everything it did not install).
+pub fn inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+    if fd <= 2 {
+        return None;
+    }
+    let copy = sys::dup_above(fd, 3).ok()?;
+    // SAFETY: `copy` is a descriptor F_DUPFD_CLOEXEC just created for us; nothing else in
+    // the process knows its number, so this OwnedFd is its only owner.
+    Some(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+/// Writes all of `data` to `fd` (retrying on `EINTR`).
+pub fn write_all(fd: BorrowedFd<'_>, data: &[u8]) -> Result<(), Errno> {
+    sys::write_all(fd.as_raw_fd(), data)
+}
+
+/// `read(2)` into `buf`, retrying on `EINTR`.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+    sys::read(fd.as_raw_fd(), buf)
+}
+
+/// The seccomp filter the agent stacks on each command it starts: `openat2` answers
+/// `ENOSYS` (the agent's own filter allows it, its commands' must not), everything else is
+/// left to the sandbox's filter. Built once, installed in each command's shim.
+#[derive(Debug, Clone)]
+pub struct CommandFilter(seccompiler::BpfProgram);
+
+impl CommandFilter {
+    /// The filter (see `seccomp::openat2_enosys`).
+    pub fn new() -> CommandFilter {
+        CommandFilter(crate::seccomp::openat2_enosys())
+    }
+
+    /// Installs it on the calling thread (needs `no_new_privs`, which every sandbox has).
+    pub fn install(&self) -> Result<(), Errno> {
+        sys::seccomp_set_filter(&self.0)
+    }
+}
+
+impl Default for CommandFilter {
+    fn default() -> CommandFilter {
+        CommandFilter::new()
+    }
+}
+
+/// The descriptors of a child forked by [`fork_command`]: `slots[i]` is descriptor `i`
+/// (without `FD_CLOEXEC`, so a command it starts inherits it) and the report descriptor
+/// follows them (close-on-exec). Nothing else is open.
+#[derive(Debug)]
+pub struct CommandFds {
+    /// Descriptors `0..n`; `None` once [`CommandFds::release_slots`] has closed them.
+    slots: Option<Vec<OwnedFd>>,
+    report: OwnedFd,
+}
+
+impl CommandFds {
+    /// The report descriptor (number `n`, close-on-exec).
+    pub fn report(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.report.as_fd()
+    }
+
+    /// Lets go of the slots once the command has started, so that this process's copies do
+    /// not keep the command's pipes from reaching end-of-file: descriptors 0, 1 and 2
+    /// become `/dev/null`, the others are closed.
+    pub fn release_slots(&mut self) -> Result<(), Errno> {
+        let Some(slots) = self.slots.take() else {
+            return Ok(());
+        };
+        let null = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let mut result = Ok(());
+        for slot in slots {
+            if slot.as_raw_fd() <= 2 {
+                // Replaced rather than closed: 0, 1 and 2 must stay open; then `slot` is let
+                // go of without closing.
+                // SAFETY: `slot` owns this number, so no other owner sees it replaced.
+                result = result.and(unsafe { sys::dup2(null.as_raw_fd(), slot.as_raw_fd()) });
+                let _ = std::os::fd::IntoRawFd::into_raw_fd(slot);
+            }
+        }
+        result
+    }
+}
+
+/// Forks the calling process, which must have one thread (checked: `EBUSY` otherwise), to
+/// run a command's shim: in the child, `slots[i]` becomes descriptor `i`, `report` the next
+/// one (close-on-exec), every other descriptor is closed, and `run` is called with them; it
+/// cannot return (it ends in [`exit`]: [`Infallible`] has no value), and a panic in it ends
+/// the child with status 127.
+/// In the parent, `slots` and `report` are closed and the child's pid is returned.
+///
+/// Why it is sound whatever the caller does: with one thread, the child inherits no lock
+/// held by another thread, so it may allocate and run ordinary Rust code. The descriptors
+/// the caller owns are copies in the child; they are closed there, but their owners never
+/// run again in the child (`run` does not return, a panic does not unwind past this
+/// function), so none of them is closed twice. If `run` still *uses* one of the caller's
+/// descriptors, the kernel answers `EBADF` or reaches a descriptor `run` opened itself:
+/// wrong, but not memory-unsafe.
+pub fn fork_command<F>(slots: Vec<OwnedFd>, report: OwnedFd, run: F) -> Result<i32, Errno>
+where
+    F: FnOnce(CommandFds) -> Infallible,
+{
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?
+        .count();
+    if threads != 1 {
+        return Err(Errno(libc::EBUSY));
+    }
+    // SAFETY: the process has one thread (checked just above; only this thread could start
+    // another, and it does not in between), so the child inherits no lock held by another
+    // thread and may run ordinary Rust code.
+    match unsafe { sys::fork() }? {
+        sys::Fork::Parent(pid) => {
+            drop((slots, report));
+            Ok(pid)
+        }
+        sys::Fork::Child => {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                match arrange(&slots, &report) {
+                    Ok(fds) => match run(fds) {},
+                    Err(_) => exit(127),
+                }
+            }));
+            // Not dropped: a payload whose drop panics would unwind into the caller.
+            std::mem::forget(result);
+            exit(127)
+        }
+    }
+}
+
+/// The child's descriptor surgery of [`fork_command`].
+fn arrange(slots: &[OwnedFd], report: &OwnedFd) -> Result<CommandFds, Errno> {
+    let n = slots.len() as RawFd;
+    // First above every target (n + 1 and up), so that installing one cannot replace the
+    // copy of another; then onto 0..n, and the report onto n.
+    let mut high = Vec::with_capacity(slots.len() + 1);
+    for fd in slots.iter().chain([report]) {
+        high.push(sys::dup_above(fd.as_raw_fd(), n + 1)?);
+    }
+    for (target, &fd) in high.iter().enumerate() {
+        // SAFETY: see `fork_command`: the caller's owners of 0..=n (if any) never run again
+        // in this child, so nothing uses or closes the descriptor replaced here.
+        unsafe { sys::dup2(fd, target as RawFd) }?;
+    }
+    sys::set_cloexec(n)?;
+    // Everything else goes: the copies made above, and every descriptor of the parent
+    // (its socket, other commands' pipes), whose owners never run again in this child.
+    // SAFETY: see `fork_command`: no owner of these descriptors runs again in this child,
+    // so none of them is used or closed after this.
+    unsafe { sys::close_range((n + 1) as u32, u32::MAX) };
+    // SAFETY: 0..=n were installed just above by dup2 and are owned by no value of this
+    // child (the caller's owners of those numbers, if any, never run again here).
+    let owned = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(CommandFds {
+        slots: Some((0..n).map(owned).collect()),
+        report: owned(n),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn an_inherited_descriptor_is_copied_and_its_owner_keeps_the_original() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let copy = inherited_fd(ours.as_raw_fd()).unwrap();
+        assert_ne!(copy.as_raw_fd(), ours.as_raw_fd());
+        // Dropping the copy leaves the original working: nothing is closed twice.
+        write_all(std::os::fd::AsFd::as_fd(&copy), b"a").unwrap();
+        drop(copy);
+        (&ours).write_all(b"b").unwrap();
+        let mut got = [0u8; 2];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ab");
+    }
+
+    #[test]
+    fn the_standard_descriptors_are_not_taken_as_inherited() {
+        for fd in 0..=2 {
+            assert!(inherited_fd(fd).is_none());
+        }
+    }
+
+    #[test]
+    fn a_process_with_threads_is_not_forked() {
+        // libtest runs this on a thread of its own: the process has at least two.
+        let (slot, report) = UnixStream::pair().unwrap();
+        let refused = fork_command(vec![slot.into()], report.into(), |_| exit(0));
+        assert_eq!(refused, Err(Errno(libc::EBUSY)));
+    }
+}

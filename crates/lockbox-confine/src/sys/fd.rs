@@ -1,0 +1,125 @@
+//! Descriptors by number: open, read, write, duplicate, close, poll, and the terminal calls.
+
+use super::{check, check_int, errno, Errno};
+use std::ffi::CStr;
+use std::os::fd::{BorrowedFd, RawFd};
+
+/// `open(path, flags, mode)`.
+pub fn open(path: &CStr, flags: libc::c_int, mode: libc::mode_t) -> Result<RawFd, Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+}
+
+/// Writes all of `data` to `fd`.
+pub fn write_all(fd: RawFd, mut data: &[u8]) -> Result<(), Errno> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a live slice of the given length.
+        let rc = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        match check(rc as libc::c_long) {
+            Ok(n) => data = &data[n as usize..],
+            Err(Errno(libc::EINTR)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `read(2)` into `buf`, retrying on EINTR.
+pub fn read(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
+    loop {
+        // SAFETY: `buf` is a live, writable slice of the given length.
+        let rc = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        match check(rc as libc::c_long) {
+            Err(Errno(libc::EINTR)) => continue,
+            other => return other.map(|n| n as usize),
+        }
+    }
+}
+
+/// `dup2(old, new)`: `new` becomes a copy of `old` without `FD_CLOEXEC`.
+///
+/// # Safety
+///
+/// Whatever descriptor `new` was is replaced: the caller owns `new` (or it is not open), and
+/// no other value will use or close it expecting the file it named before.
+pub unsafe fn dup2(old: RawFd, new: RawFd) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers only, no pointers; the caller owns `new`.
+    check_int(unsafe { libc::dup2(old, new) }).map(drop)
+}
+
+/// `close(2)`, ignoring errors (there is nothing useful to do about them).
+///
+/// # Safety
+///
+/// The caller owns `fd` (no `OwnedFd` or other code will use or close it) and does not use
+/// the number afterwards: once closed, the number may name another file opened later.
+pub unsafe fn close(fd: RawFd) {
+    // SAFETY: the caller owns `fd` and does not use it afterwards.
+    unsafe { libc::close(fd) };
+}
+
+/// `close_range(first, last, 0)`; falls back to closing one by one on kernels before 5.9.
+///
+/// # Safety
+///
+/// As [`close`], for every descriptor from `first` to `last`: none of them is owned by a
+/// value that will still use or close it.
+pub unsafe fn close_range(first: u32, last: u32) {
+    // SAFETY: no pointer arguments; the caller owns every descriptor in the range.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    if rc < 0 {
+        for fd in first..=last.min(4096) {
+            // SAFETY: in the range the caller owns.
+            unsafe { close(fd as RawFd) };
+        }
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd` (one `ioctl(FIONBIO)`, not `F_GETFL` and `F_SETFL`).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    rustix::io::ioctl_fionbio(fd, true).map_err(errno)
+}
+
+/// Clears `FD_CLOEXEC` so that `fd` survives `execve`.
+pub fn clear_cloexec(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: fcntl on a descriptor number; no pointers.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
+}
+
+/// `poll(fds, timeout_ms)`, retrying on EINTR is left to the caller.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> Result<usize, Errno> {
+    // SAFETY: `fds` is a live, writable slice of pollfd.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    check_int(rc).map(|n| n as usize)
+}
+
+/// `ioctl(fd, TIOCSCTTY, 0)`: the terminal on `fd` becomes the controlling terminal of the
+/// caller, a session leader without one.
+pub fn set_controlling_terminal(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: TIOCSCTTY takes an integer argument; a bad descriptor is EBADF/ENOTTY.
+    check_int(unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0 as libc::c_int) }).map(drop)
+}
+
+/// Whether `fd` is a terminal (`isatty(3)`); `false` for a closed descriptor.
+pub fn is_terminal(fd: RawFd) -> bool {
+    // SAFETY: isatty only inspects the descriptor number; a closed one is EBADF.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, min)`: a close-on-exec copy of `fd` numbered `>= min`.
+pub fn dup_above(fd: RawFd, min: RawFd) -> Result<RawFd, Errno> {
+    // SAFETY: descriptor numbers only; no pointers.
+    check_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })
+}
+
+/// `fcntl(fd, F_SETFD, FD_CLOEXEC)`.
+pub fn set_cloexec(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers only; no pointers.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
+}
+
+/// `openat(dir, path, flags | O_CLOEXEC)`.
+pub fn open_at(dir: RawFd, path: &CStr, flags: libc::c_int) -> Result<RawFd, Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC) })
+}

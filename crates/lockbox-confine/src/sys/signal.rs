@@ -1,0 +1,85 @@
+//! Signal masks and `signalfd`.
+
+use super::fd::read;
+use super::{check_int, Errno};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// A set of signals.
+#[derive(Clone, Copy)]
+pub struct SigSet(libc::sigset_t);
+
+impl std::fmt::Debug for SigSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigSet")
+    }
+}
+
+impl SigSet {
+    /// A set holding `signals`.
+    pub fn of(signals: &[libc::c_int]) -> SigSet {
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t.
+        unsafe { libc::sigemptyset(&mut set) };
+        for &sig in signals {
+            // SAFETY: `set` is initialised; invalid signal numbers only return EINVAL.
+            unsafe { libc::sigaddset(&mut set, sig) };
+        }
+        SigSet(set)
+    }
+
+    /// The empty set.
+    pub fn empty() -> SigSet {
+        SigSet::of(&[])
+    }
+}
+
+/// `sigprocmask(how, set)`; returns the previous mask.
+pub fn sigprocmask(how: libc::c_int, set: &SigSet) -> Result<SigSet, Errno> {
+    let mut old = SigSet::empty();
+    // SAFETY: both sets are valid sigset_t values.
+    let rc = unsafe { libc::pthread_sigmask(how, &set.0, &mut old.0) };
+    if rc != 0 {
+        return Err(Errno(rc));
+    }
+    Ok(old)
+}
+
+/// Resets `SIGPIPE` and `SIGXFSZ` to their defaults. `execve` resets caught signals itself
+/// but keeps ignored ones: the Rust runtime ignores `SIGPIPE`, and CPython (the Python
+/// SDK's host process) `SIGXFSZ` too, which would turn `--max-file-size` from a kill into a
+/// write error. Signals a caller ignores on purpose (as `nohup` does with `SIGHUP`) stay
+/// ignored, as with any exec.
+pub fn reset_runtime_signals() {
+    for sig in [libc::SIGPIPE, libc::SIGXFSZ] {
+        // SAFETY: setting SIG_DFL is always valid.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// `signalfd(-1, set, SFD_CLOEXEC)`.
+pub fn signalfd(set: &SigSet) -> Result<OwnedFd, Errno> {
+    // SAFETY: `set` is a valid sigset_t.
+    let fd =
+        check_int(unsafe { libc::signalfd(-1, &set.0, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
+    // SAFETY: signalfd(-1, ..) made this descriptor for us just now; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A signal read from a signalfd: (signal number, si_code, sender pid).
+pub fn read_signalfd(fd: BorrowedFd<'_>) -> Result<Option<(i32, i32, u32)>, Errno> {
+    // SAFETY: signalfd_siginfo is plain data.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a writable buffer of its own size.
+    let buf = unsafe {
+        std::slice::from_raw_parts_mut(
+            (&mut info as *mut libc::signalfd_siginfo).cast::<u8>(),
+            std::mem::size_of::<libc::signalfd_siginfo>(),
+        )
+    };
+    match read(fd.as_raw_fd(), buf) {
+        Ok(0) | Err(Errno(libc::EAGAIN)) => Ok(None),
+        Ok(_) => Ok(Some((info.ssi_signo as i32, info.ssi_code, info.ssi_pid))),
+        Err(e) => Err(e),
+    }
+}
