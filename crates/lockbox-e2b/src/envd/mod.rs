@@ -8,8 +8,9 @@
 //! **Users.** E2B names a user per call (`Authorization: Basic base64("NAME:")`; none = the
 //! default user `user`). A lockbox sandbox runs everything as one uid, so `root` and `user`
 //! differ only in their home: `/root` and `/home/user`, when the sandbox has that
-//! directory, else `/`. The home is a process's default cwd and `HOME`, and what relative
-//! paths are resolved against. Other names are refused (`invalid_argument`).
+//! directory, else `/tmp` (lockbox's default `HOME`), else `/`. The home is a process's
+//! default cwd (and its `HOME` when it is the user's own), and what relative paths are
+//! resolved against. Other names are refused (`invalid_argument`).
 
 pub mod connect;
 pub mod filesystem;
@@ -78,7 +79,8 @@ impl User {
         }
     }
 
-    fn home(self) -> &'static str {
+    /// The user's own home (used when the sandbox has it).
+    pub fn home(self) -> &'static str {
         match self {
             User::Root => "/root",
             User::User => "/home/user",
@@ -176,10 +178,16 @@ impl Envd {
         if let Some(home) = lock(&self.state.homes).get(&key) {
             return home.clone();
         }
-        let home = match sandbox.stat(user.home()).await {
-            Ok(st) if st.kind == lockbox_runtime::FileKind::Dir => user.home().to_owned(),
-            _ => "/".to_owned(),
-        };
+        let mut home = "/".to_owned();
+        // The user's home, else lockbox's default HOME (`/tmp`, writable in every sandbox).
+        for candidate in [user.home(), "/tmp"] {
+            if let Ok(st) = sandbox.stat(candidate).await {
+                if st.kind == lockbox_runtime::FileKind::Dir {
+                    home = candidate.to_owned();
+                    break;
+                }
+            }
+        }
         lock(&self.state.homes).insert(key, home.clone());
         home
     }

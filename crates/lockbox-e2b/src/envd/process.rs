@@ -112,7 +112,7 @@ impl Envd {
             ));
         }
         let mut env: BTreeMap<String, String> = self.sandbox_env(&ctx.id).into_iter().collect();
-        if ctx.home != "/" {
+        if ctx.home == ctx.user.home() {
             env.insert("HOME".into(), ctx.home.clone());
         }
         env.insert("USER".into(), ctx.user.name().into());
@@ -418,6 +418,18 @@ async fn send_signal(State(envd): State<Envd>, req: Request) -> Response {
             .signal_process(&id, signal)
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
+        if signal.number() == libc::SIGKILL {
+            // SIGKILL cannot be caught: answer once the process is gone, so the SDK's
+            // kill() followed by list() (or a second kill(), False) sees it gone.
+            for _ in 0..1000 {
+                match ctx.sandbox.process(&id) {
+                    Ok(p) if p.state == ProcessState::Running => {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    _ => break,
+                }
+            }
+        }
         Ok(SendSignalResponse {})
     })
     .await
