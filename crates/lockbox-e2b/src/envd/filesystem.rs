@@ -32,6 +32,13 @@ impl Drop for Watcher {
     }
 }
 
+/// GetWatcherEvents' settle window: ticks of [`SETTLE_TICK`], at most [`SETTLE_TICKS`];
+/// it ends after [`QUIET_TICKS`] without a new event (or [`EMPTY_TICKS`] with none at all).
+const SETTLE_TICK: std::time::Duration = std::time::Duration::from_millis(5);
+const SETTLE_TICKS: usize = 40;
+const QUIET_TICKS: usize = 4;
+const EMPTY_TICKS: usize = 10;
+
 static NEXT_WATCHER: AtomicU64 = AtomicU64::new(1);
 
 pub(super) fn routes() -> Router<Envd> {
@@ -110,6 +117,55 @@ fn entry(ctx: &Ctx, st: &FileStat) -> EntryInfo {
     }
 }
 
+/// As [`entry`], but a symlink is described as envd does: its target's type and the
+/// target's absolute path (a dangling link stays a symlink).
+async fn entry_of(ctx: &Ctx, st: &FileStat) -> EntryInfo {
+    let mut info = entry(ctx, st);
+    if st.kind != FileKind::Symlink {
+        return info;
+    }
+    info.is_symlink = false;
+    let mut link = st.clone();
+    // Follow a chain of links (as the kernel does, at most 40).
+    for _ in 0..40 {
+        let Some(target) = link.target.clone() else {
+            break;
+        };
+        let dir = link.path.rsplit_once('/').map_or("", |(d, _)| d);
+        let next = if target.starts_with('/') {
+            target
+        } else {
+            format!("{dir}/{target}")
+        };
+        let next = normalize(&next);
+        info.symlink_target = Some(next.clone());
+        match ctx.sandbox.stat(&next).await {
+            Ok(t) if t.kind == FileKind::Symlink => link = t,
+            Ok(t) => {
+                info.r#type = entry(ctx, &t).r#type;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    info
+}
+
+/// `path` without `.` and `..` components (lexically, as Go's `filepath.Clean`).
+fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 fn need_path(path: &str, field: &str) -> Result<(), ConnectError> {
     if path.is_empty() {
         return Err(ConnectError::new(
@@ -131,7 +187,7 @@ async fn stat(State(envd): State<Envd>, req: Request) -> Response {
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
         Ok(EntryResponse {
-            entry: Some(entry(&ctx, &st)),
+            entry: Some(entry_of(&ctx, &st).await),
         })
     })
     .await
@@ -160,7 +216,7 @@ async fn make_dir(State(envd): State<Envd>, req: Request) -> Response {
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
         Ok(EntryResponse {
-            entry: Some(entry(&ctx, &st)),
+            entry: Some(entry_of(&ctx, &st).await),
         })
     })
     .await
@@ -179,7 +235,7 @@ async fn move_entry(State(envd): State<Envd>, req: Request) -> Response {
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
         Ok(EntryResponse {
-            entry: Some(entry(&ctx, &st)),
+            entry: Some(entry_of(&ctx, &st).await),
         })
     })
     .await
@@ -191,11 +247,13 @@ async fn remove(State(envd): State<Envd>, req: Request) -> Response {
         need_path(&msg.path, "path")?;
         let ctx = envd.ctx(&head).await?;
         let path = ctx.resolve(&msg.path);
-        ctx.sandbox
-            .remove(&path, true)
-            .await
-            .map_err(|e| rt_error(&ctx.id, e))?;
-        Ok(RemoveResponse {})
+        match ctx.sandbox.remove(&path, true).await {
+            // Like envd (Go's os.RemoveAll): removing what is not there succeeds.
+            Ok(()) | Err(lockbox_runtime::RuntimeError::FileNotFound { .. }) => {
+                Ok(RemoveResponse {})
+            }
+            Err(e) => Err(rt_error(&ctx.id, e)),
+        }
     })
     .await
 }
@@ -242,7 +300,7 @@ async fn list_dir(State(envd): State<Envd>, req: Request) -> Response {
                 .strip_prefix(&prefix)
                 .map_or(1, |rel| rel.split('/').count());
             if within <= depth {
-                entries.push(entry(&ctx, &st));
+                entries.push(entry_of(&ctx, &st).await);
             }
         }
         Ok(ListDirResponse { entries })
@@ -250,13 +308,31 @@ async fn list_dir(State(envd): State<Envd>, req: Request) -> Response {
     .await
 }
 
+/// Whether `path` is the temporary file of a lockbox file write in progress
+/// (`.NAME.lockbox-TOKEN.tmp`, renamed over `NAME` when complete).
+fn is_write_temp(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    rest.rsplit_once(".lockbox-")
+        .is_some_and(|(_, token)| !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A watch's changes as E2B's events, relative to the watched directory `base`. A move
 /// inside the watch is a rename of the old name then a create of the new one (as
 /// fsnotify reports it); overflows and partial-watch errors carry no E2B event.
+///
+/// lockbox writes a file atomically (a temporary file renamed over it), envd in place: the
+/// temporary file is not reported, and its rename over `NAME` reads as envd's write of
+/// `NAME` does (create, chmod, write).
 fn fs_events(base: &str, change: Change) -> Vec<FilesystemEvent> {
     let Change::Change(change) = change else {
         return Vec::new();
     };
+    if is_write_temp(&change.path) {
+        return Vec::new();
+    }
     let rel = |p: &str| -> String {
         p.strip_prefix(base)
             .map(|r| r.trim_start_matches('/').to_owned())
@@ -271,6 +347,14 @@ fn fs_events(base: &str, change: Change) -> Vec<FilesystemEvent> {
         ChangeKind::Created => vec![ev(rel(&change.path), EVENT_TYPE_CREATE)],
         ChangeKind::Modified => vec![ev(rel(&change.path), EVENT_TYPE_WRITE)],
         ChangeKind::Deleted => vec![ev(rel(&change.path), EVENT_TYPE_REMOVE)],
+        ChangeKind::Moved if change.from.as_deref().is_some_and(is_write_temp) => {
+            let name = rel(&change.path);
+            vec![
+                ev(name.clone(), EVENT_TYPE_CREATE),
+                ev(name.clone(), EVENT_TYPE_CHMOD),
+                ev(name, EVENT_TYPE_WRITE),
+            ]
+        }
         ChangeKind::Moved => {
             let mut out = Vec::new();
             if let Some(from) = &change.from {
@@ -302,7 +386,7 @@ async fn watch(ctx: Ctx, msg: &WatchRequest) -> Result<Events<FilesystemEvent>, 
             async move {
                 if include && ev.r#type != EVENT_TYPE_REMOVE && ev.r#type != EVENT_TYPE_RENAME {
                     if let Ok(st) = ctx.sandbox.stat(&full).await {
-                        ev.entry = Some(entry(&ctx, &st));
+                        ev.entry = Some(entry_of(&ctx, &st).await);
                     }
                 }
                 Ok(ev)
@@ -381,12 +465,33 @@ async fn get_watcher_events(State(envd): State<Envd>, req: Request) -> Response 
     let head = Head::of(&req);
     connect::unary(req, move |msg: WatcherId, _call: Call| async move {
         let ctx = envd.ctx(&head).await?;
-        let watchers = lock(&envd.state.watchers);
-        let w = watchers
-            .get(&msg.watcher_id)
-            .filter(|w| w.sandbox == ctx.id)
-            .ok_or_else(|| watcher_not_found(&msg.watcher_id))?;
-        let events = std::mem::take(&mut *lock(&w.events));
+        let kept = {
+            let watchers = lock(&envd.state.watchers);
+            let w = watchers
+                .get(&msg.watcher_id)
+                .filter(|w| w.sandbox == ctx.id)
+                .ok_or_else(|| watcher_not_found(&msg.watcher_id))?;
+            w.events.clone()
+        };
+        // Changes reach the watcher a moment after they happen (inotify, then the agent):
+        // a poll right after a change waits briefly for its events and for them to settle,
+        // so it sees the change whole rather than half of it.
+        let mut seen = lock(&kept).len();
+        let mut quiet = 0;
+        for _ in 0..SETTLE_TICKS {
+            tokio::time::sleep(SETTLE_TICK).await;
+            let now = lock(&kept).len();
+            if now != seen {
+                seen = now;
+                quiet = 0;
+                continue;
+            }
+            quiet += 1;
+            if quiet >= if now == 0 { EMPTY_TICKS } else { QUIET_TICKS } {
+                break;
+            }
+        }
+        let events = std::mem::take(&mut *lock(&kept));
         Ok(GetWatcherEventsResponse { events })
     })
     .await
@@ -411,6 +516,14 @@ async fn remove_watcher(State(envd): State<Envd>, req: Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lockbox_write_temporaries_are_recognised() {
+        assert!(is_write_temp("/d/.f.txt.lockbox-17.tmp"));
+        assert!(!is_write_temp("/d/f.txt"));
+        assert!(!is_write_temp("/d/.f.lockbox-x.tmp"));
+        assert_eq!(normalize("/a/b/../c/./d"), "/a/c/d");
+    }
 
     #[test]
     fn permissions_read_like_go_file_modes() {

@@ -315,6 +315,8 @@ pub const EVENT_TYPE_WRITE: i32 = 2;
 pub const EVENT_TYPE_REMOVE: i32 = 3;
 /// `filesystem.EventType`'s values.
 pub const EVENT_TYPE_RENAME: i32 = 4;
+/// `filesystem.EventType`'s values.
+pub const EVENT_TYPE_CHMOD: i32 = 5;
 
 #[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
 #[serde(default)]

@@ -64,8 +64,9 @@ async fn entries_are_made_moved_listed_and_removed_inside_the_sandbox() {
             json!({"path": "/tmp/e2b/a/link"}),
         )
         .await;
-    assert_eq!(st["entry"]["isSymlink"], true);
-    assert_eq!(st["entry"]["symlinkTarget"], "f.txt");
+    // As envd: a link reads as its target's type, with the target's absolute path.
+    assert_eq!(st["entry"]["type"], "FILE_TYPE_FILE", "{st}");
+    assert_eq!(st["entry"]["symlinkTarget"], "/tmp/e2b/a/f.txt");
 
     let (_, one) = s
         .unary(
@@ -112,6 +113,14 @@ async fn entries_are_made_moved_listed_and_removed_inside_the_sandbox() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(s.sh("ls /tmp/e2b").await, "g.txt\n");
+    // Removing what is not there succeeds (the SDK's remove() of a missing file).
+    let (status, _) = s
+        .unary(
+            "filesystem.Filesystem/Remove",
+            json!({"path": "/tmp/e2b/a"}),
+        )
+        .await;
+    assert_eq!(status, 200);
     s.stop().await;
 }
 
@@ -291,5 +300,58 @@ async fn a_polled_watcher_keeps_events_until_fetched_and_stops_when_removed() {
         )
         .await;
     assert_eq!(status, 404, "removed");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_written_by_lockbox_reads_as_envds_in_place_write_to_a_poll_right_after() {
+    also_as_nobody(
+        "filesystem::a_file_written_by_lockbox_reads_as_envds_in_place_write_to_a_poll_right_after",
+    );
+    let s = Served::start().await;
+    s.sh("mkdir -p /tmp/ww").await;
+    let (_, created) = s
+        .unary(
+            "filesystem.Filesystem/CreateWatcher",
+            json!({"path": "/tmp/ww", "includeEntry": true}),
+        )
+        .await;
+    let id = created["watcherId"].as_str().unwrap().to_owned();
+    // The way REST /files writes: a temporary file renamed over the name.
+    s.sb.write_file(
+        "/tmp/ww/f.txt",
+        Box::pin(std::io::Cursor::new(b"content".to_vec())),
+        lockbox_runtime::WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let (_, body) = s
+        .unary(
+            "filesystem.Filesystem/GetWatcherEvents",
+            json!({"watcherId": id}),
+        )
+        .await;
+    let events: Vec<(String, String)> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().into(),
+                e["type"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want = |t: &str| ("f.txt".to_owned(), t.to_owned());
+    assert_eq!(
+        events,
+        [
+            want("EVENT_TYPE_CREATE"),
+            want("EVENT_TYPE_CHMOD"),
+            want("EVENT_TYPE_WRITE")
+        ],
+        "no temporary file, the whole write at once"
+    );
+    assert_eq!(body["events"][2]["entry"]["size"], "7");
     s.stop().await;
 }
