@@ -64,9 +64,9 @@ async fn start(State(envd): State<Envd>, req: Request) -> Response {
     connect::server_stream(
         req,
         keepalive_start,
-        move |msg: StartRequest, _call: Call| async move {
+        move |msg: StartRequest, call: Call| async move {
             let ctx = envd.ctx(&head).await?;
-            let events = envd.start_process(&ctx, msg).await?;
+            let events = envd.start_process(&ctx, msg, call.timeout).await?;
             Ok::<Events<StartResponse>, ConnectError>(
                 events
                     .map(|e| e.map(|event| StartResponse { event: Some(event) }))
@@ -99,10 +99,15 @@ async fn connect_to(State(envd): State<Envd>, req: Request) -> Response {
 }
 
 impl Envd {
+    /// Starts the process; like envd, a call with a deadline (the SDK's command `timeout`,
+    /// 60 s by default, `0` for none) bounds the process's life too: it is killed then,
+    /// whether or not anyone still follows it. Unlike envd, which kills only the process
+    /// itself, lockbox ends its whole tree (a lockbox process is its tree).
     async fn start_process(
         &self,
         ctx: &Ctx,
         msg: StartRequest,
+        timeout: Option<std::time::Duration>,
     ) -> Result<Events<ProcessEvent>, ConnectError> {
         let config = msg.process.unwrap_or_default();
         if config.cmd.is_empty() {
@@ -164,6 +169,20 @@ impl Envd {
                     config,
                 },
             );
+        if let Some(timeout) = timeout {
+            let (sandbox, id) = (ctx.sandbox.clone(), info.id.as_str().to_owned());
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                if sandbox
+                    .process(&id)
+                    .is_ok_and(|p| p.state == ProcessState::Running)
+                {
+                    if let Err(e) = sandbox.kill_process(&id, std::time::Duration::ZERO).await {
+                        tracing::debug!("killing process {id} at its deadline: {e}");
+                    }
+                }
+            });
+        }
         follow(
             ctx.sandbox.clone(),
             info.id.as_str().to_owned(),

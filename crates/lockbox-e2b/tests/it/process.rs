@@ -122,7 +122,14 @@ async fn a_background_process_outlives_its_stream_and_is_killed_by_pid() {
     assert_eq!(entry["tag"], "sleeper");
     assert_eq!(entry["config"]["cmd"], "/bin/bash");
     assert_eq!(entry["config"]["args"], json!(["-l", "-c", "sleep 300"]));
-    assert_eq!(s.sh("ps -eo args= | grep -c '^sleep 300$'").await, "1\n");
+    // bash -l reads its profile before it execs the command.
+    assert!(
+        eventually(|| async {
+            s.sh("ps -eo args= | grep -c '^sleep 300$' || true").await == "1\n"
+        })
+        .await,
+        "the command runs"
+    );
 
     let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
     let (status, _) = s.unary("process.Process/SendSignal", kill.clone()).await;
@@ -435,12 +442,23 @@ async fn errors_carry_the_connect_codes_the_sdk_maps_to_its_exceptions() {
     let mut st = s
         .stream_with(
             "process.Process/Start",
-            json!({"process": bash("sleep 5"), "stdin": false}),
+            json!({"process": bash("sleep 7 & exec sleep 5"), "stdin": false}),
             None,
             &[("Connect-Timeout-Ms", "300")],
         )
         .await;
     started(&mut st).await;
     assert_eq!(st.end().await.unwrap()["code"], "deadline_exceeded");
+    // As envd: the command's timeout bounds the process too (and, in lockbox, what it
+    // started: a process is its tree).
+    assert!(
+        eventually(|| async { s.sh("ps -eo args= | grep -c '^sleep 5$' || true").await == "0\n" })
+            .await,
+        "killed at its deadline"
+    );
+    assert_eq!(
+        s.sh("ps -eo args= | grep -c '^sleep 7$' || true").await,
+        "0\n"
+    );
     s.stop().await;
 }
