@@ -15,6 +15,7 @@ pub struct Served {
     pub sb: Sandbox,
     pub base: String,
     pub client: reqwest::Client,
+    pub e2b: lockbox_e2b::E2b,
     _state: common::Scratch,
 }
 
@@ -23,7 +24,7 @@ impl Served {
         let state = common::scratch();
         let (rt, sb) = common::sandbox(state.path()).await;
         let e2b = lockbox_e2b::E2b::new(rt.clone(), "test-key");
-        let app = lockbox_e2b::wrap(e2b, axum::Router::new(), None);
+        let app = lockbox_e2b::wrap(e2b.clone(), axum::Router::new(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -32,6 +33,7 @@ impl Served {
             sb,
             base: format!("http://{addr}"),
             client: reqwest::Client::new(),
+            e2b,
             _state: state,
         }
     }

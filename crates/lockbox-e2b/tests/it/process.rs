@@ -462,3 +462,51 @@ async fn errors_carry_the_connect_codes_the_sdk_maps_to_its_exceptions() {
     );
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_sandbox_needs_its_access_token_and_its_env_vars_are_the_default() {
+    also_as_nobody(
+        "process::a_secure_sandbox_needs_its_access_token_and_its_env_vars_are_the_default",
+    );
+    let s = Served::start().await;
+    s.e2b.registry.insert(
+        s.sb.id(),
+        lockbox_e2b::E2bSandbox {
+            access_token: Some("sesame".into()),
+            env: [("FROM_CREATE".to_owned(), "yes".to_owned())].into(),
+            ..Default::default()
+        },
+    );
+    let (status, body) = s.unary("process.Process/List", json!({})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("unauthenticated"))
+    );
+    let start = |token: &'static str| {
+        s.client
+            .post(format!("{}/process.Process/Start", s.base))
+            .header("E2b-Sandbox-Id", s.sb.id())
+            .header("E2b-Sandbox-Port", "49983")
+            .header("X-Access-Token", token)
+            .header("Content-Type", "application/connect+json")
+    };
+    let body = json!({"process": {"cmd": "/bin/bash", "args": ["-c", "printf '%s %s' $FROM_CREATE $MINE"],
+                                  "envs": {"MINE": "too"}}, "stdin": false});
+    let resp = start("sesame")
+        .body(frame(0, body.to_string().as_bytes()))
+        .send()
+        .await
+        .unwrap();
+    let bytes = resp.bytes().await.unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    // "yes too" in base64, inside a data event.
+    assert!(text.contains(&b64(b"yes too")), "{text}");
+    let resp = start("wrong")
+        .body(frame(0, body.to_string().as_bytes()))
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("unauthenticated"), "{text}");
+    s.stop().await;
+}
