@@ -260,12 +260,20 @@ async fn remove(State(envd): State<Envd>, req: Request) -> Response {
 
 /// The directory at `path` (its absolute path as the sandbox sees it), or the error the
 /// SDK expects: `not_found`, or `invalid_argument` for something else than a directory.
+/// A symlink to a directory is followed: the answer is the directory's own path.
 async fn directory(ctx: &Ctx, path: &str) -> Result<String, ConnectError> {
-    let st = ctx
+    let mut st = ctx
         .sandbox
         .stat(path)
         .await
         .map_err(|e| rt_error(&ctx.id, e))?;
+    if st.kind == FileKind::Symlink {
+        if let Some(target) = entry_of(ctx, &st).await.symlink_target {
+            if let Ok(t) = ctx.sandbox.stat(&target).await {
+                st = t;
+            }
+        }
+    }
     if st.kind != FileKind::Dir {
         return Err(ConnectError::new(
             Code::InvalidArgument,
@@ -284,7 +292,7 @@ async fn list_dir(State(envd): State<Envd>, req: Request) -> Response {
         let depth = msg.depth.max(1) as usize;
         let mut listing = ctx
             .sandbox
-            .list_stream(&path, depth > 1, true)
+            .list_stream(&base, depth > 1, true)
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
         let prefix = if base.ends_with('/') {
@@ -372,7 +380,7 @@ async fn watch(ctx: Ctx, msg: &WatchRequest) -> Result<Events<FilesystemEvent>, 
     let base = directory(&ctx, &path).await?;
     let stream = ctx
         .sandbox
-        .watch(&path, msg.recursive)
+        .watch(&base, msg.recursive)
         .await
         .map_err(|e| rt_error(&ctx.id, e))?;
     let include = msg.include_entry;

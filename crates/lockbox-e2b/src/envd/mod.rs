@@ -102,8 +102,14 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// `path` inside the sandbox: as given when absolute, else below the user's home.
+    /// `path` inside the sandbox: as given when absolute, else below the user's home
+    /// (`~` and `~/...` name the home too, as in envd).
     pub fn resolve(&self, path: &str) -> String {
+        let path = if path == "~" {
+            ""
+        } else {
+            path.strip_prefix("~/").unwrap_or(path)
+        };
         if path.starts_with('/') {
             path.to_owned()
         } else if path.is_empty() {

@@ -159,16 +159,25 @@ impl Envd {
             .start_process(spec)
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
-        lock(&self.state.processes)
-            .entry(ctx.id.clone())
-            .or_default()
-            .insert(
-                info.id.as_str().to_owned(),
-                Started {
-                    tag: msg.tag,
-                    config,
-                },
-            );
+        let running: std::collections::HashSet<String> = ctx
+            .sandbox
+            .list_processes()
+            .into_iter()
+            .filter(|p| p.state == ProcessState::Running)
+            .map(|p| p.id.as_str().to_owned())
+            .collect();
+        let mut all = lock(&self.state.processes);
+        let ours = all.entry(ctx.id.clone()).or_default();
+        // What E2B remembers of processes that ended goes (List shows running ones only).
+        ours.retain(|id, _| running.contains(id));
+        ours.insert(
+            info.id.as_str().to_owned(),
+            Started {
+                tag: msg.tag,
+                config,
+            },
+        );
+        drop(all);
         if let Some(timeout) = timeout {
             let (sandbox, id) = (ctx.sandbox.clone(), info.id.as_str().to_owned());
             tokio::spawn(async move {

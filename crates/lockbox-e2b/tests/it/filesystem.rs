@@ -91,6 +91,21 @@ async fn entries_are_made_moved_listed_and_removed_inside_the_sandbox() {
         ]
     );
 
+    // A symlink to a directory lists the directory.
+    s.sh("ln -s a /tmp/e2b/alink").await;
+    let (status, via) = s
+        .unary(
+            "filesystem.Filesystem/ListDir",
+            json!({"path": "/tmp/e2b/alink"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{via}");
+    assert_eq!(
+        names(&via),
+        ["/tmp/e2b/a/b", "/tmp/e2b/a/f.txt", "/tmp/e2b/a/link"]
+    );
+    s.sh("rm /tmp/e2b/alink").await;
+
     let (status, moved) = s
         .unary(
             "filesystem.Filesystem/Move",
@@ -143,6 +158,14 @@ async fn relative_paths_are_below_the_users_home() {
             .await;
         assert_eq!(status, 200, "{st}");
         assert_eq!(st["entry"]["path"], format!("{home}/mine-{user}"));
+        let (_, tilde) = s
+            .unary_as(
+                "filesystem.Filesystem/Stat",
+                json!({"path": format!("~/mine-{user}")}),
+                Some(user),
+            )
+            .await;
+        assert_eq!(tilde["entry"]["path"], st["entry"]["path"], "~ is the home");
         assert_eq!(st["entry"]["size"], user.len().to_string());
     }
     s.stop().await;
