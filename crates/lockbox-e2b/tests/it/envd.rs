@@ -27,6 +27,11 @@ impl Served {
         let app = lockbox_e2b::wrap(e2b.clone(), axum::Router::new(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        // As `lockbox serve`: no Nagle delay on streamed responses' small writes.
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tokio::spawn(async move { axum::serve(listener, app).await });
         Served {
             rt,
