@@ -12,7 +12,7 @@ use axum::Router;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use lockbox_runtime::{
-    OutputStream, ProcessCommand, ProcessSpec, ProcessState, PtySize, Sandbox, Signal,
+    OutputStream, ProcessCommand, ProcessSpec, ProcessState, PtySize, RuntimeError, Sandbox, Signal,
 };
 use std::collections::BTreeMap;
 
@@ -287,9 +287,33 @@ fn follow(
         }))
     });
     let end = futures_util::stream::once(async move {
-        let info = sandbox
-            .process(&id)
-            .map_err(|e| rt_error(sandbox.id(), e))?;
+        // A process that ended with its sandbox (killed, expired) has no end of its own:
+        // say so as envd does when its connection to the sandbox ends, an `unavailable`
+        // that leads the SDK to probe the sandbox and report it gone.
+        let stopped = || {
+            ConnectError::new(
+                Code::Unavailable,
+                format!(
+                    "the connection to sandbox {} ended before the stream completed (the sandbox stopped)",
+                    sandbox.id()
+                ),
+            )
+        };
+        let info = match sandbox.process(&id) {
+            Ok(info) => info,
+            Err(RuntimeError::SandboxNotRunning { .. } | RuntimeError::SandboxNotFound { .. }) => {
+                return Err(stopped())
+            }
+            Err(e) => return Err(rt_error(sandbox.id(), e)),
+        };
+        if info.signal.is_some()
+            && matches!(
+                sandbox.stat("/").await,
+                Err(RuntimeError::SandboxNotRunning { .. } | RuntimeError::SandboxNotFound { .. })
+            )
+        {
+            return Err(stopped());
+        }
         Ok(ProcessEvent {
             event: Some(Event::End(end_event(&info))),
         })

@@ -510,3 +510,25 @@ async fn a_secure_sandbox_needs_its_access_token_and_its_env_vars_are_the_defaul
     assert!(text.contains("unauthenticated"), "{text}");
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_sandbox_is_killed_ends_unavailable_without_an_exit() {
+    also_as_nobody("process::a_command_whose_sandbox_is_killed_ends_unavailable_without_an_exit");
+    let s = Served::start().await;
+    let mut st = s
+        .stream(
+            "process.Process/Start",
+            json!({"process": bash("sleep 60"), "stdin": false}),
+            None,
+        )
+        .await;
+    started(&mut st).await;
+    s.rt.delete_sandbox(s.sb.id()).await.unwrap();
+    let err = st.end().await.expect("an error, not an exit");
+    assert_eq!(err["code"], "unavailable");
+    // Not the proxy's "was not found": the SDK probes the sandbox's health and reports
+    // it gone (SandboxNotRunningException).
+    let message = err["message"].as_str().unwrap();
+    assert!(!message.contains("was not found"), "{message}");
+    s.stop().await;
+}
