@@ -3,10 +3,14 @@
 //! REST `/files`, `/health`, `/envs`, `/metrics`. Each request carries its [`crate::Target`]
 //! as an extension.
 
+pub mod rest;
+
 use crate::E2b;
 use axum::Router;
 
 /// envd's routes.
 pub fn router(e2b: E2b) -> Router {
-    Router::new().with_state(e2b)
+    Router::new()
+        .with_state(e2b.clone())
+        .merge(rest::router(e2b))
 }
