@@ -47,11 +47,12 @@ def restore(saved: dict) -> None:
             os.environ[k] = v
 
 
-def start(uid=None):
+def start(*extra: str, uid=None):
+    """A `lockbox serve` (console_util.Server) with `extra` flags, as `uid` if given."""
     import console_util
     need(os.path.exists(console_util.server_binary()),
          f"the lockbox binary ({console_util.server_binary()}; cargo build -p lockbox-cli)")
-    return console_util.start_server(uid=uid)
+    return console_util.start_server(*extra, uid=uid)
 
 
 @pytest.fixture(scope="module", params=["1.1", "2"])

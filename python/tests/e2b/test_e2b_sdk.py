@@ -177,3 +177,33 @@ def test_the_code_interpreter_runs_python_and_bash_with_results_and_errors(e2b_s
         assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
     finally:
         sbx.kill()
+
+
+def test_sandbox_requests_need_the_sandbox_token_and_a_live_sandbox(e2b_server):
+    import httpx
+    sbx = Sandbox.create()
+    try:
+        url = f"{e2b_server.base}/files"
+        route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        assert httpx.get(url, params={"path": "x"}, headers=route).status_code == 401
+        wrong = {**route, "X-Access-Token": "0" * 64}
+        assert httpx.get(url, params={"path": "x"}, headers=wrong).status_code == 401
+        gone = {"E2b-Sandbox-Id": "sb-nosuchsandbox", "E2b-Sandbox-Port": "49983"}
+        r = httpx.get(f"{e2b_server.base}/health", headers=gone)
+        assert r.status_code == 502 and "was not found" in r.json()["message"]
+    finally:
+        sbx.kill()
+
+
+def test_unsupported_calls_are_clear_errors_not_server_errors(e2b_server):
+    sbx = Sandbox.create(allow_internet_access=False)
+    try:
+        with pytest.raises(SandboxException) as paused:
+            sbx.pause()
+        assert "not supported" in str(paused.value)
+        assert getattr(paused.value, "status_code", 501) != 500
+    finally:
+        sbx.kill()
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.create(network={"deny_out": ["10.0.0.0/8"], "allow_out": ["10.1.2.3"]})
+    assert "network.allowOut" in str(refused.value)
