@@ -727,3 +727,71 @@ fn issue_32_half_open_connections_of_one_peer_do_not_lock_out_another() {
         drop(held);
     });
 }
+
+#[test]
+fn an_http2_prior_knowledge_client_is_served_on_the_same_port_and_idle_ones_are_closed() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(
+            user,
+            state.path(),
+            &["--header-timeout", "1s", "--io-timeout", "1s"],
+        );
+        let h2 = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .unwrap();
+        tokio().block_on(async {
+            let health = h2
+                .get(format!("{}/healthz", server.base))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(health.status(), StatusCode::OK);
+            assert_eq!(health.version(), reqwest::Version::HTTP_2);
+            // The API (a sandbox, an exec, a stream quieter than both timeouts) over h2c,
+            // while HTTP/1.1 clients keep working on the same listener.
+            let created = h2
+                .post(format!("{}/v1/sandboxes", server.base))
+                .bearer_auth(&server.token)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(created.status(), StatusCode::CREATED);
+            let id = created.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let ran: Value = h2
+                .post(format!("{}/v1/sandboxes/{id}/exec", server.base))
+                .bearer_auth(&server.token)
+                .json(&json!({ "command": "sleep 2; echo over-h2" }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(ran["stdout"], "over-h2\n", "{ran}");
+            let streamed = h2
+                .post(format!("{}/v1/sandboxes/{id}/exec/stream", server.base))
+                .bearer_auth(&server.token)
+                .json(&json!({ "command": "sleep 2; echo streamed" }))
+                .send()
+                .await
+                .unwrap();
+            let events = read_sse(streamed, |e| e.event == "exit").await;
+            assert_eq!(events.last().unwrap().event, "exit", "{events:?}");
+            let http1 = server.exec(&id, json!({ "command": "echo h1" })).await;
+            assert_eq!(http1["stdout"], "h1\n");
+        });
+        // An h2c connection that sends its preface and settings but no request is closed
+        // after the header timeout, as a silent HTTP/1.1 one is.
+        let mut silent = TcpStream::connect(server.addr()).unwrap();
+        silent
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .unwrap();
+        wait_closed(&mut silent);
+    }
+}

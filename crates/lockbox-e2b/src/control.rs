@@ -1,11 +1,760 @@
 //! E2B's control plane (`spec/openapi.yml` of e2b-dev/E2B): create, list, info, kill,
-//! timeout, connect, pause/resume, fork, network, health, logs, metrics. Authenticated by
-//! `X-API-Key`.
+//! timeout, connect, refresh, health; pause/resume/fork/snapshots/network/logs/metrics
+//! answer 501 in E2B's shape. Authenticated by `X-API-Key` (the server's token).
+//!
+//! Each E2B sandbox is a lockbox sandbox with the same id, created on the host's userland
+//! (template `base`) or on an image from lockbox's image store (any other template), and
+//! deleted when its end of life passes (a timer per sandbox).
 
-use crate::E2b;
-use axum::Router;
+use crate::registry::E2bSandbox;
+use crate::{E2b, E2bError, ENVD_VERSION};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use lockbox_policy::{Net, NetSpec};
+use lockbox_runtime::{RuntimeError, SandboxSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
 
-/// The control plane's routes.
+/// The timeout of a sandbox created without one: the SDK's default, 300 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest timeout a sandbox may have (E2B's Pro tier: 24 hours).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The template of a sandbox on the host's userland (the SDK's default).
+pub const BASE_TEMPLATE: &str = "base";
+/// Templates that run on the host's userland: `base` and the code interpreter SDK's
+/// default (`code-interpreter-v1`; the interpreter is lockbox's code contexts).
+pub const HOST_TEMPLATES: &[&str] = &[BASE_TEMPLATE, "code-interpreter-v1"];
+/// The most sandboxes one page of `GET /v2/sandboxes` holds (and its default).
+pub const MAX_PAGE: usize = 100;
+
+/// The control plane's routes, behind the API-key check.
 pub fn router(e2b: E2b) -> Router {
-    Router::new().with_state(e2b)
+    Router::new()
+        .route("/sandboxes", post(create).get(list_v1))
+        .route("/v2/sandboxes", post(create).get(list_v2))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/pause", post(not_supported))
+        .route("/sandboxes/{id}/resume", post(not_supported))
+        .route("/sandboxes/{id}/fork", post(not_supported))
+        .route("/sandboxes/{id}/snapshots", post(not_supported))
+        .route("/sandboxes/{id}/network", axum::routing::put(not_supported))
+        .route("/sandboxes/{id}/logs", get(not_supported))
+        .route("/v2/sandboxes/{id}/logs", get(not_supported))
+        .route("/sandboxes/{id}/metrics", get(not_supported))
+        .route("/sandboxes/metrics", get(not_supported))
+        .route_layer(axum::middleware::from_fn_with_state(
+            e2b.clone(),
+            require_api_key,
+        ))
+        // E2B's health check is open, as E2B's is.
+        .route("/health", get(health))
+        .with_state(e2b)
+}
+
+/// Lets a request through only with the server's token as `X-API-Key` (or as a bearer
+/// token, which E2B's API also takes); 401 in E2B's shape otherwise.
+async fn require_api_key(State(e2b): State<E2b>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let key = headers
+        .get("x-api-key")
+        .map(HeaderValue::as_bytes)
+        .or_else(|| {
+            headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        });
+    match key {
+        Some(key) if e2b.api_key_matches(key) => next.run(req).await,
+        Some(_) => E2bError::new(StatusCode::UNAUTHORIZED, "Invalid API key").into_response(),
+        None => E2bError::new(
+            StatusCode::UNAUTHORIZED,
+            "Missing API key: send the lockbox server's token as X-API-Key (E2B_API_KEY)",
+        )
+        .into_response(),
+    }
+}
+
+async fn health() -> Response {
+    (
+        StatusCode::OK,
+        Json(json!({"message": "Health check successful"})),
+    )
+        .into_response()
+}
+
+async fn not_supported(req: Request) -> E2bError {
+    E2bError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "{} {} is not supported by lockbox's E2B API (see docs/e2b.md)",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+/// A JSON body, with a 400 in E2B's shape (naming what is wrong) instead of axum's text.
+struct Body<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = E2bError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text)
+            .map(Body)
+            .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("request body: {e}")))
+    }
+}
+
+/// `POST /sandboxes` and `POST /v2/sandboxes` (E2B's `NewSandbox` / `NewSandboxV2`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<i64>,
+    auto_pause: Option<bool>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<HashMap<String, String>>,
+    /// Ignored: every sandbox's envd access is secured (as the SDK assumes).
+    #[allow(dead_code)]
+    secure: Option<bool>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    network: Option<NetworkConfig>,
+    mcp: Option<Value>,
+    volume_mounts: Option<Vec<Value>>,
+    iam: Option<Value>,
+    auto_resume: Option<Value>,
+}
+
+/// `network` of `NewSandbox` (E2B's `SandboxNetworkConfig`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkConfig {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    allow_public_traffic: Option<bool>,
+    mask_request_host: Option<String>,
+    rules: Option<Value>,
+    dns_servers: Option<Vec<String>>,
+    egress_proxy: Option<Value>,
+    https_ports: Option<Vec<u16>>,
+}
+
+/// E2B's "all traffic" destination.
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+fn bad(message: impl Into<String>) -> E2bError {
+    E2bError::new(StatusCode::BAD_REQUEST, message)
+}
+
+/// The lockbox network policy of E2B's `allow_internet_access` and `network`: the
+/// internet (the host's network, not its loopback) by default; none with
+/// `allow_internet_access: false`; a deny-list for `denyOut`; an allow-list for
+/// `denyOut: ["0.0.0.0/0"]` plus `allowOut`. Destinations are lockbox's net specs (IP,
+/// CIDR, host name, `*.domain`, with an optional `:port`).
+fn network_policy(
+    allow_internet: Option<bool>,
+    network: Option<&NetworkConfig>,
+) -> Result<Net, E2bError> {
+    let Some(network) = network else {
+        return Ok(if allow_internet == Some(false) {
+            Net::None
+        } else {
+            Net::Deny(Vec::new())
+        });
+    };
+    let unsupported = [
+        ("network.rules", network.rules.is_some()),
+        ("network.dnsServers", network.dns_servers.is_some()),
+        ("network.egressProxy", network.egress_proxy.is_some()),
+        (
+            "network.maskRequestHost",
+            network.mask_request_host.is_some(),
+        ),
+        ("network.httpsPorts", network.https_ports.is_some()),
+        (
+            "network.allowPublicTraffic",
+            network.allow_public_traffic == Some(false),
+        ),
+    ];
+    if let Some((field, _)) = unsupported.iter().find(|(_, given)| *given) {
+        return Err(bad(format!(
+            "{field}: not supported by lockbox's E2B API (see docs/e2b.md)"
+        )));
+    }
+    let specs = |field: &str, list: &[String]| -> Result<Vec<NetSpec>, E2bError> {
+        list.iter()
+            .map(|s| {
+                // E2B's entries name no port (every port): lockbox's specs do ("HOST:*").
+                NetSpec::parse(s)
+                    .or_else(|e| {
+                        NetSpec::parse(&format!("{s}:*"))
+                            .or_else(|_| NetSpec::parse(&format!("[{s}]:*")))
+                            .map_err(|_| e)
+                    })
+                    .map_err(|e| bad(format!("{field}: {s:?}: {e}")))
+            })
+            .collect()
+    };
+    let deny = network.deny_out.as_deref().unwrap_or_default();
+    let allow = network.allow_out.as_deref().unwrap_or_default();
+    let deny_all = deny.iter().any(|d| d == ALL_TRAFFIC);
+    if allow_internet == Some(false) || deny_all {
+        if deny.iter().any(|d| d != ALL_TRAFFIC) {
+            return Err(bad(
+                "network.denyOut: with all traffic denied, other entries mean nothing; list only \"0.0.0.0/0\"",
+            ));
+        }
+        if allow.is_empty() {
+            return Ok(Net::None);
+        }
+        return Ok(Net::Allow(specs("network.allowOut", allow)?));
+    }
+    if !allow.is_empty() && !deny.is_empty() {
+        return Err(bad(
+            "network.allowOut: exceptions to a deny-list are not supported by lockbox; deny \"0.0.0.0/0\" and list what to allow, or list only what to deny",
+        ));
+    }
+    if deny.is_empty() {
+        // Everything is allowed already: allowOut alone changes nothing, as on E2B.
+        return Ok(Net::Deny(Vec::new()));
+    }
+    Ok(Net::Deny(specs("network.denyOut", deny)?))
+}
+
+/// A fresh access token: 32 random bytes, hex.
+fn access_token() -> Result<String, E2bError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        E2bError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no randomness for the sandbox's access token: {e}"),
+        )
+    })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A timeout in seconds from a request: positive, at most [`MAX_TIMEOUT`].
+fn timeout_of(field: &str, seconds: Option<i64>) -> Result<Duration, E2bError> {
+    match seconds {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(s) if s < 0 => Err(bad(format!("{field}: must not be negative, got {s}"))),
+        Some(s) => {
+            let d = Duration::from_secs(s.unsigned_abs());
+            if d > MAX_TIMEOUT {
+                return Err(bad(format!(
+                    "{field}: at most {} seconds, got {s}",
+                    MAX_TIMEOUT.as_secs()
+                )));
+            }
+            Ok(d)
+        }
+    }
+}
+
+/// A runtime error as E2B's API would answer it.
+pub(crate) fn runtime_error(e: &RuntimeError) -> E2bError {
+    use lockbox_policy::ErrorCode as C;
+    let status = match e.code() {
+        C::SandboxNotFound | C::NotFound | C::FileNotFound => StatusCode::NOT_FOUND,
+        C::LimitReached => StatusCode::TOO_MANY_REQUESTS,
+        C::SetupFailed | C::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        C::PathOutsideSandbox | C::ReadOnly | C::PermissionDenied => StatusCode::FORBIDDEN,
+        C::SandboxNotRunning => StatusCode::NOT_FOUND,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    E2bError::new(status, e.to_string())
+}
+
+fn not_found(id: &str) -> E2bError {
+    E2bError::new(
+        StatusCode::NOT_FOUND,
+        format!("sandbox \"{id}\" was not found"),
+    )
+}
+
+fn time(t: SystemTime) -> String {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    lockbox_policy::time::rfc3339(
+        i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        since.subsec_nanos(),
+    )
+}
+
+/// What E2B reports as the sandbox's resources: lockbox does not reserve CPUs or memory
+/// per sandbox, so these are the host's CPUs, the sandbox's memory limit (0: none) and 0.
+fn resources(e2b: &E2b, id: &str) -> (u64, u64) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let memory = e2b
+        .runtime
+        .sandbox_info(id)
+        .ok()
+        .and_then(|i| i.policy)
+        .and_then(|p| p.max_memory_bytes)
+        .map_or(0, |b| b >> 20);
+    (cpus, memory)
+}
+
+/// E2B's `Sandbox` (the answer to create and connect).
+fn created(id: &str, s: &E2bSandbox) -> Value {
+    json!({
+        "templateID": s.template,
+        "sandboxID": id,
+        "clientID": crate::CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": s.access_token,
+        // The SDK sends it to the code interpreter's port, where it sends no envd token
+        // (contexts); one token serves both.
+        "trafficAccessToken": s.access_token,
+        "domain": Value::Null,
+    })
+}
+
+/// E2B's `ListedSandbox`, plus `SandboxDetail`'s fields.
+fn listed(e2b: &E2b, id: &str, s: &E2bSandbox) -> Value {
+    let (cpus, memory) = resources(e2b, id);
+    json!({
+        "templateID": s.template,
+        "sandboxID": id,
+        "clientID": crate::CLIENT_ID,
+        "startedAt": time(s.started_at),
+        "endAt": time(s.end_at),
+        "cpuCount": cpus,
+        "memoryMB": memory,
+        "diskSizeMB": 0,
+        "state": "running",
+        "envdVersion": ENVD_VERSION,
+        "metadata": s.metadata,
+    })
+}
+
+async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<Response, E2bError> {
+    for (field, given) in [
+        ("mcp", req.mcp.as_ref().is_some_and(|v| !v.is_null())),
+        (
+            "volumeMounts",
+            req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        ("iam", req.iam.as_ref().is_some_and(|v| !v.is_null())),
+        (
+            "autoResume",
+            req.auto_resume.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+    ] {
+        if given {
+            return Err(bad(format!(
+                "{field}: not supported by lockbox's E2B API (see docs/e2b.md)"
+            )));
+        }
+    }
+    // autoPause is accepted: at its timeout a sandbox is deleted either way (lockbox
+    // does not pause), as docs/e2b.md says.
+    let _ = req.auto_pause;
+    let timeout = timeout_of("timeout", req.timeout)?;
+    let net = network_policy(req.allow_internet_access, req.network.as_ref())?;
+    let internet = !matches!(net, Net::None);
+    let template = req
+        .template_id
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
+    let env = req.env_vars.unwrap_or_default();
+    let mut spec = SandboxSpec::default();
+    spec.policy.net = net;
+    spec.policy.env.set = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    spec.policy.cwd = Some(crate::HOME.into());
+    if !HOST_TEMPLATES.contains(&template.as_str()) {
+        spec.policy.image = Some(template.clone());
+    }
+    spec.labels.insert("e2b.template".into(), template.clone());
+    let token = access_token()?;
+    let info = e2b.runtime.create_sandbox(spec).await.map_err(|e| {
+        if matches!(e, RuntimeError::Image(_)) {
+            E2bError::new(
+                StatusCode::NOT_FOUND,
+                format!("template \"{template}\" was not found: {e}"),
+            )
+        } else {
+            runtime_error(&e)
+        }
+    })?;
+    let id = info.id.as_str().to_owned();
+    let now = SystemTime::now();
+    let sandbox = E2bSandbox {
+        template,
+        metadata: req.metadata.unwrap_or_default(),
+        access_token: Some(token),
+        env,
+        started_at: now,
+        end_at: now + timeout,
+        internet,
+        end_changed: std::sync::Arc::default(),
+    };
+    e2b.registry.insert(&id, sandbox.clone());
+    tokio::spawn(expire(e2b.clone(), id.clone()));
+    Ok((StatusCode::CREATED, Json(created(&id, &sandbox))).into_response())
+}
+
+/// Deletes sandbox `id` when its end of life passes (re-read after each wait, so a
+/// changed timeout moves it), unless it was killed first.
+pub(crate) async fn expire(e2b: E2b, id: String) {
+    loop {
+        let Some(sandbox) = e2b.registry.get(&id) else {
+            return;
+        };
+        match sandbox.end_at.duration_since(SystemTime::now()) {
+            Ok(left) if !left.is_zero() => {
+                tokio::select! {
+                    () = tokio::time::sleep(left) => {}
+                    () = sandbox.end_changed.notified() => {}
+                }
+            }
+            _ => break,
+        }
+    }
+    if e2b.registry.remove(&id).is_some() {
+        if let Err(e) = e2b.runtime.delete_sandbox(&id).await {
+            tracing::debug!(sandbox = %id, "deleting an expired E2B sandbox: {e}");
+        }
+    }
+}
+
+/// The sandbox `id` if E2B knows it and it still runs.
+fn known(e2b: &E2b, id: &str) -> Result<E2bSandbox, E2bError> {
+    let sandbox = e2b.registry.get(id).ok_or_else(|| not_found(id))?;
+    match e2b.runtime.sandbox_info(id) {
+        Ok(info) if info.state == lockbox_runtime::SandboxState::Running => Ok(sandbox),
+        _ => {
+            // Deleted under E2B (through lockbox's own API, or its init died).
+            e2b.registry.remove(id);
+            Err(not_found(id))
+        }
+    }
+}
+
+async fn info(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<Json<Value>, E2bError> {
+    let sandbox = known(&e2b, &id)?;
+    let mut detail = listed(&e2b, &id, &sandbox);
+    detail["envdAccessToken"] = json!(sandbox.access_token);
+    detail["trafficAccessToken"] = json!(sandbox.access_token);
+    detail["domain"] = Value::Null;
+    detail["allowInternetAccess"] = json!(sandbox.internet);
+    Ok(Json(detail))
+}
+
+async fn kill(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<StatusCode, E2bError> {
+    e2b.registry.remove(&id).ok_or_else(|| not_found(&id))?;
+    match e2b.runtime.delete_sandbox(&id).await {
+        Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(RuntimeError::SandboxNotFound { .. }) => Err(not_found(&id)),
+        Err(e) => Err(runtime_error(&e)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct TimeoutBody {
+    timeout: Option<i64>,
+}
+
+async fn set_timeout(
+    State(e2b): State<E2b>,
+    Path(id): Path<String>,
+    Body(body): Body<TimeoutBody>,
+) -> Result<StatusCode, E2bError> {
+    let Some(seconds) = body.timeout else {
+        return Err(bad("timeout: required (seconds)"));
+    };
+    let timeout = timeout_of("timeout", Some(seconds))?;
+    known(&e2b, &id)?;
+    e2b.registry
+        .set_end(&id, |_| SystemTime::now() + timeout)
+        .ok_or_else(|| not_found(&id))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct ConnectBody {
+    timeout: Option<i64>,
+}
+
+/// `POST /sandboxes/{id}/connect`: the sandbox, its end of life moved to at least
+/// `timeout` from now (never earlier).
+async fn connect(
+    State(e2b): State<E2b>,
+    Path(id): Path<String>,
+    Body(body): Body<ConnectBody>,
+) -> Result<Json<Value>, E2bError> {
+    let timeout = timeout_of("timeout", body.timeout)?;
+    known(&e2b, &id)?;
+    let sandbox = e2b
+        .registry
+        .set_end(&id, |end| end.max(SystemTime::now() + timeout))
+        .ok_or_else(|| not_found(&id))?;
+    Ok(Json(created(&id, &sandbox)))
+}
+
+#[derive(Debug, Deserialize)]
+struct RefreshBody {
+    duration: Option<i64>,
+}
+
+/// `POST /sandboxes/{id}/refreshes`: keeps the sandbox alive `duration` seconds more from
+/// now (never shortening it).
+async fn refresh(
+    State(e2b): State<E2b>,
+    Path(id): Path<String>,
+    Body(body): Body<RefreshBody>,
+) -> Result<StatusCode, E2bError> {
+    let duration = timeout_of("duration", body.duration)?;
+    known(&e2b, &id)?;
+    e2b.registry
+        .set_end(&id, |end| end.max(SystemTime::now() + duration))
+        .ok_or_else(|| not_found(&id))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<String>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+    order: Option<String>,
+    template: Option<String>,
+    #[serde(rename = "startedAfter")]
+    started_after: Option<String>,
+}
+
+/// Decodes `%XX` escapes (the SDK quotes each metadata key and value before encoding the
+/// whole filter).
+fn unquote(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The metadata filter `k=v&k2=v2` (each key and value quoted) as pairs.
+fn metadata_filter(text: Option<&str>) -> Vec<(String, String)> {
+    text.map(|t| {
+        form_urlencoded::parse(t.as_bytes())
+            .map(|(k, v)| (unquote(&k), unquote(&v)))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// The sandboxes matching `query`'s filters, with their ids, newest first (or oldest
+/// first with `order=asc`).
+fn matching(e2b: &E2b, query: &ListQuery) -> Result<Vec<(String, E2bSandbox)>, E2bError> {
+    if let Some(states) = &query.state {
+        for state in states.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if state != "running" && state != "paused" {
+                return Err(bad(format!(
+                    "state: {state:?} is not a sandbox state (running, paused)"
+                )));
+            }
+        }
+        if !states.split(',').any(|s| s.trim() == "running") {
+            return Ok(Vec::new());
+        }
+    }
+    let filter = metadata_filter(query.metadata.as_deref());
+    let after = match query.started_after.as_deref().filter(|t| !t.is_empty()) {
+        None => None,
+        Some(text) => Some(
+            lockbox_policy::time::parse(text)
+                .ok_or_else(|| bad(format!("startedAfter: {text:?} is not an RFC 3339 time")))?,
+        ),
+    };
+    let template = query.template.as_deref().filter(|t| !t.is_empty());
+    let mut all: Vec<_> = e2b
+        .registry
+        .all()
+        .into_iter()
+        .filter(|(_, s)| filter.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
+        .filter(|(_, s)| after.is_none_or(|a| s.started_at >= a))
+        .filter(|(_, s)| template.is_none_or(|t| s.template == t))
+        .filter(|(id, _)| {
+            e2b.runtime
+                .sandbox_info(id)
+                .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running)
+        })
+        .collect();
+    all.sort_by(|(a_id, a), (b_id, b)| (a.started_at, a_id).cmp(&(b.started_at, b_id)));
+    match query.order.as_deref() {
+        None | Some("") | Some("desc") => all.reverse(),
+        Some("asc") => {}
+        Some(other) => return Err(bad(format!("order: \"asc\" or \"desc\", got {other:?}"))),
+    }
+    Ok(all)
+}
+
+async fn list_v1(
+    State(e2b): State<E2b>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, E2bError> {
+    let all = matching(&e2b, &query)?;
+    Ok(Json(Value::Array(
+        all.iter().map(|(id, s)| listed(&e2b, id, s)).collect(),
+    )))
+}
+
+/// The paging key of a sandbox: its start (nanoseconds) and id.
+fn page_key(id: &str, s: &E2bSandbox) -> String {
+    let nanos = s
+        .started_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{nanos:032}.{id}")
+}
+
+async fn list_v2(
+    State(e2b): State<E2b>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, E2bError> {
+    let limit = match query.limit.as_deref() {
+        None | Some("") => MAX_PAGE,
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+            _ => {
+                return Err(bad(format!(
+                    "limit: a number from 1 to {MAX_PAGE}, got {text:?}"
+                )))
+            }
+        },
+    };
+    let all = matching(&e2b, &query)?;
+    let after = query.next_token.as_deref().filter(|t| !t.is_empty());
+    let ascending = query.order.as_deref() == Some("asc");
+    let rest: Vec<_> = all
+        .iter()
+        .filter(|(id, s)| {
+            after.is_none_or(|a| {
+                let key = page_key(id, s);
+                if ascending {
+                    key.as_str() > a
+                } else {
+                    key.as_str() < a
+                }
+            })
+        })
+        .collect();
+    let page = &rest[..rest.len().min(limit)];
+    let mut headers = HeaderMap::new();
+    if rest.len() > limit {
+        if let Some((id, s)) = page.last() {
+            if let Ok(v) = HeaderValue::from_str(&page_key(id, s)) {
+                headers.insert("x-next-token", v);
+            }
+        }
+    }
+    let body = Value::Array(page.iter().map(|(id, s)| listed(&e2b, id, s)).collect());
+    Ok((headers, Json(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdks_doubly_quoted_metadata_filter_reads_back_as_given() {
+        // What `SandboxQuery(metadata={"a b": "x=y", "k": "v"})` becomes after the outer
+        // query string is decoded.
+        let pairs = metadata_filter(Some("a%2520b=x%253Dy&k=v"));
+        assert_eq!(
+            pairs,
+            vec![("a b".into(), "x=y".into()), ("k".into(), "v".into())]
+        );
+    }
+
+    fn allow_clone(n: &NetworkConfig) -> NetworkConfig {
+        NetworkConfig {
+            allow_out: n.allow_out.clone(),
+            deny_out: n.deny_out.clone(),
+            allow_public_traffic: None,
+            mask_request_host: None,
+            rules: None,
+            dns_servers: None,
+            egress_proxy: None,
+            https_ports: None,
+        }
+    }
+
+    #[test]
+    fn e2b_network_options_map_onto_lockbox_policies_or_name_the_field() {
+        assert!(matches!(network_policy(None, None), Ok(Net::Deny(d)) if d.is_empty()));
+        assert!(matches!(network_policy(Some(false), None), Ok(Net::None)));
+        let allow = NetworkConfig {
+            allow_out: Some(vec!["example.com".into()]),
+            deny_out: Some(vec![ALL_TRAFFIC.into()]),
+            allow_public_traffic: None,
+            mask_request_host: None,
+            rules: None,
+            dns_servers: None,
+            egress_proxy: None,
+            https_ports: None,
+        };
+        let got = network_policy(None, Some(&allow));
+        assert!(
+            matches!(&got, Ok(Net::Allow(a)) if a.len() == 1),
+            "{:?}",
+            got.as_ref().err().map(|e| &e.message)
+        );
+        let cidrs = NetworkConfig {
+            allow_out: None,
+            deny_out: Some(vec![
+                "10.0.0.0/8".into(),
+                "2001:db8::/32".into(),
+                "1.2.3.4:443".into(),
+            ]),
+            ..allow_clone(&allow)
+        };
+        assert!(matches!(network_policy(None, Some(&cidrs)), Ok(Net::Deny(d)) if d.len() == 3));
+        let mixed = NetworkConfig {
+            deny_out: Some(vec!["10.0.0.0/8".into()]),
+            ..allow
+        };
+        let err = network_policy(None, Some(&mixed)).unwrap_err();
+        assert!(
+            err.message.starts_with("network.allowOut"),
+            "{}",
+            err.message
+        );
+    }
 }

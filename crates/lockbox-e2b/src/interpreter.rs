@@ -1,18 +1,11 @@
-//! The code interpreter (port 49999, `e2b-code-interpreter`'s `run_code` and contexts) on
-//! lockbox's code contexts (`lockbox_runtime`'s persistent Python, bash and Node
-//! interpreters):
-//! - `POST /execute` `{code, context_id?, language?, env_vars?}` streams newline-delimited
-//!   JSON: `stdout`/`stderr` `{text, timestamp}`, `result` (a MIME bundle as E2B names its
-//!   formats: `text`, `html`, `markdown`, `svg`, `png`, `jpeg`, `pdf`, `latex`, `json`,
-//!   `javascript`, plus `is_main_result`), `error` `{name, value, traceback}`, then
-//!   `number_of_executions` and `end_of_execution`;
-//! - `POST /contexts` `{language?, cwd?}`, `GET /contexts`, `POST /contexts/{id}/restart`,
-//!   `DELETE /contexts/{id}`.
+//! The code interpreter (port 49999, `e2b-code-interpreter`): `POST /execute` streaming
+//! newline-delimited JSON, and `/contexts`, on lockbox's code contexts
+//! (`lockbox_runtime::Sandbox::run_code_stream`; docs/code-contexts.md).
 //!
-//! A run without a context uses one default context per language (Python's is lockbox's
-//! `default`). `env_vars` for one run is refused (400): a context's environment is fixed
-//! when its interpreter starts; give variables on sandbox create (`envs`).
+//! Languages: `python` (the default context), `bash`, and `javascript` (Node, when the
+//! sandbox has `node`); others are a 400 naming `language`.
 
+use crate::control::runtime_error;
 use crate::{E2b, E2bError, Target};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -20,201 +13,331 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
-use bytes::Bytes;
 use futures_util::StreamExt;
-use lockbox_runtime::{CodeEvent, ContextInfo, ContextOptions, Language, RunCodeRequest};
+use lockbox_runtime::{
+    CodeEvent, ContextId, ContextInfo, ContextOptions, DisplayData, ExecError, Language,
+    RunCodeRequest, RuntimeError, Sandbox,
+};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap};
-use std::time::SystemTime;
+use std::collections::HashMap;
 
 /// The code interpreter's routes.
 pub fn router(e2b: E2b) -> Router {
     Router::new()
-        .route("/health", get(|| async { "OK" }))
         .route("/execute", post(execute))
-        .route("/contexts", post(create).get(list))
-        .route("/contexts/{id}", delete(remove))
-        .route("/contexts/{id}/restart", post(restart))
+        .route("/contexts", post(create_context).get(list_contexts))
+        .route("/contexts/{id}", delete(delete_context))
+        .route("/contexts/{id}/restart", post(restart_context))
+        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .with_state(e2b)
 }
 
-fn runtime_error(e: lockbox_runtime::RuntimeError) -> E2bError {
-    let status = match e.code() {
-        lockbox_codes::ErrorCode::SandboxNotFound | lockbox_codes::ErrorCode::ContextNotFound => {
-            StatusCode::NOT_FOUND
-        }
-        lockbox_codes::ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
-        lockbox_codes::ErrorCode::LimitReached => StatusCode::TOO_MANY_REQUESTS,
-        lockbox_codes::ErrorCode::AlreadyExists => StatusCode::CONFLICT,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    E2bError::new(status, e.to_string())
+fn bad(message: impl Into<String>) -> E2bError {
+    E2bError::new(StatusCode::BAD_REQUEST, message)
 }
 
-#[derive(Deserialize)]
-struct Execute {
+/// The lockbox sandbox behind `target`.
+fn sandbox_of(e2b: &E2b, target: &Target) -> Result<Sandbox, E2bError> {
+    e2b.runtime
+        .sandbox(&target.sandbox)
+        .map_err(|_| crate::sandbox_not_found(&target.sandbox))
+}
+
+/// lockbox's language for E2B's name of one.
+fn language(name: &str) -> Result<Language, E2bError> {
+    match name {
+        "typescript" | "r" | "java" => Err(bad(format!(
+            "language: {name:?} is not supported (python, bash, javascript)"
+        ))),
+        other => Language::from_name(other).ok_or_else(|| {
+            bad(format!(
+                "language: {other:?} is not supported (python, bash, javascript)"
+            ))
+        }),
+    }
+}
+
+/// E2B's name of a language.
+fn language_name(language: Language) -> &'static str {
+    match language {
+        Language::Node => "javascript",
+        other => other.as_str(),
+    }
+}
+
+/// E2B's `Context`.
+fn context_json(info: &ContextInfo) -> Value {
+    json!({
+        "id": info.id.as_str(),
+        "language": language_name(info.language),
+        "cwd": info.cwd.clone().unwrap_or_else(|| crate::HOME.to_owned()),
+    })
+}
+
+/// A request body as JSON, or `{}` when empty; a 400 naming the problem otherwise.
+fn body_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, E2bError> {
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(text).map_err(|e| bad(format!("request body: {e}")))
+}
+
+#[derive(Debug, Deserialize)]
+struct NewContext {
+    language: Option<String>,
+    cwd: Option<String>,
+}
+
+async fn create_context(
+    State(e2b): State<E2b>,
+    Extension(target): Extension<Target>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, E2bError> {
+    let req: NewContext = body_json(&body)?;
+    let sandbox = sandbox_of(&e2b, &target)?;
+    let language = language(req.language.as_deref().unwrap_or("python"))?;
+    let info = sandbox
+        .create_context(ContextOptions {
+            id: None,
+            language,
+            cwd: Some(req.cwd.unwrap_or_else(|| crate::HOME.to_owned())),
+            env: env_of(&e2b, &target),
+        })
+        .await
+        .map_err(|e| runtime_error(&e))?;
+    Ok(Json(context_json(&info)))
+}
+
+/// The sandbox's `envVars`, for its interpreters.
+fn env_of(e2b: &E2b, target: &Target) -> std::collections::BTreeMap<String, String> {
+    e2b.registry
+        .get(&target.sandbox)
+        .map(|s| s.env.into_iter().collect())
+        .unwrap_or_default()
+}
+
+async fn list_contexts(
+    State(e2b): State<E2b>,
+    Extension(target): Extension<Target>,
+) -> Result<Json<Value>, E2bError> {
+    let sandbox = sandbox_of(&e2b, &target)?;
+    let contexts = sandbox.list_contexts().await;
+    Ok(Json(Value::Array(
+        contexts.iter().map(context_json).collect(),
+    )))
+}
+
+fn context_error(id: &str, e: &RuntimeError) -> E2bError {
+    match e {
+        RuntimeError::ContextNotFound { .. } => E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("context \"{id}\" was not found"),
+        ),
+        other => runtime_error(other),
+    }
+}
+
+async fn delete_context(
+    State(e2b): State<E2b>,
+    Extension(target): Extension<Target>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let sandbox = sandbox_of(&e2b, &target)?;
+    sandbox
+        .delete_context(&id)
+        .await
+        .map_err(|e| context_error(&id, &e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Restarting a context: a fresh interpreter under the same id, language and cwd (its
+/// variables are gone).
+async fn restart_context(
+    State(e2b): State<E2b>,
+    Extension(target): Extension<Target>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let sandbox = sandbox_of(&e2b, &target)?;
+    let info = sandbox
+        .list_contexts()
+        .await
+        .into_iter()
+        .find(|c| c.id.as_str() == id)
+        .ok_or_else(|| {
+            E2bError::new(
+                StatusCode::NOT_FOUND,
+                format!("context \"{id}\" was not found"),
+            )
+        })?;
+    sandbox
+        .delete_context(&id)
+        .await
+        .map_err(|e| context_error(&id, &e))?;
+    sandbox
+        .create_context(ContextOptions {
+            id: Some(info.id),
+            language: info.language,
+            cwd: info.cwd,
+            env: env_of(&e2b, &target),
+        })
+        .await
+        .map_err(|e| runtime_error(&e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct ExecuteBody {
     code: String,
     context_id: Option<String>,
     language: Option<String>,
     env_vars: Option<HashMap<String, String>>,
 }
 
-fn language(name: Option<&str>) -> Result<Language, E2bError> {
-    match name {
-        None => Ok(Language::Python),
-        Some(n) => Language::from_name(&n.to_ascii_lowercase()).ok_or_else(|| {
-            E2bError::new(
-                StatusCode::BAD_REQUEST,
-                format!("language {n:?}: lockbox runs python, bash and javascript (node)"),
-            )
-        }),
-    }
-}
-
-/// The context a run without one uses for `lang`: Python's is lockbox's `default`; the
-/// others are made on first use.
-async fn default_context(
-    sandbox: &lockbox_runtime::Sandbox,
-    lang: Language,
-) -> Result<Option<String>, E2bError> {
-    if lang == Language::Python {
+/// The context a run without `context_id` uses for `language`: lockbox's `default`
+/// context for Python, else one named `e2b-{language}`, made on first use.
+async fn context_for(
+    e2b: &E2b,
+    target: &Target,
+    sandbox: &Sandbox,
+    language: Language,
+) -> Result<Option<ContextId>, E2bError> {
+    if language == Language::Python {
         return Ok(None);
     }
-    let id = format!("default-{}", lang.as_str());
-    if !sandbox.list_contexts().await.iter().any(|c| *c.id == *id) {
-        let opts = ContextOptions {
-            id: Some(id.clone().into()),
-            language: lang,
-            ..ContextOptions::default()
-        };
-        match sandbox.create_context(opts).await {
-            Ok(_) => {}
-            // Another run made it meanwhile.
-            Err(e) if e.code() == lockbox_codes::ErrorCode::AlreadyExists => {}
-            Err(e) => return Err(runtime_error(e)),
+    let id = format!("e2b-{}", language.as_str());
+    if !sandbox
+        .list_contexts()
+        .await
+        .iter()
+        .any(|c| c.id.as_str() == id)
+    {
+        let made = sandbox
+            .create_context(ContextOptions {
+                id: Some(ContextId::from(id.as_str())),
+                language,
+                cwd: Some(crate::HOME.to_owned()),
+                env: env_of(e2b, target),
+            })
+            .await;
+        match made {
+            Ok(_) | Err(RuntimeError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(runtime_error(&e)),
         }
     }
-    Ok(Some(id))
+    Ok(Some(ContextId::from(id)))
 }
 
-fn now() -> String {
-    lockbox_policy::time::format(SystemTime::now())
+/// Microseconds since the epoch (E2B's output `timestamp`).
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// E2B's name for each MIME type of a result.
-const FORMATS: &[(&str, &str)] = &[
-    ("text/plain", "text"),
-    ("text/html", "html"),
-    ("text/markdown", "markdown"),
-    ("image/svg+xml", "svg"),
-    ("image/png", "png"),
-    ("image/jpeg", "jpeg"),
-    ("application/pdf", "pdf"),
-    ("text/latex", "latex"),
-    ("application/json", "json"),
-    ("application/javascript", "javascript"),
-];
-
-fn result_line(data: &BTreeMap<String, Value>, is_main_result: bool) -> Value {
+/// E2B's `Result` of a rich value: its MIME types under E2B's names, the rest in `extra`.
+fn result_json(d: &DisplayData) -> Value {
     let mut out = Map::new();
-    out.insert("type".into(), json!("result"));
     let mut extra = Map::new();
-    for (mime, value) in data {
-        match FORMATS.iter().find(|(m, _)| m == mime) {
-            Some((_, name)) => {
-                out.insert((*name).into(), value.clone());
-            }
-            None => {
+    for (mime, value) in &d.data {
+        let key = match mime.as_str() {
+            "text/plain" => "text",
+            "text/html" => "html",
+            "text/markdown" => "markdown",
+            "image/svg+xml" => "svg",
+            "image/png" => "png",
+            "image/jpeg" => "jpeg",
+            "application/pdf" => "pdf",
+            "text/latex" => "latex",
+            "application/json" => "json",
+            "application/javascript" => "javascript",
+            _ => {
                 extra.insert(mime.clone(), value.clone());
+                continue;
             }
-        }
+        };
+        out.insert(key.to_owned(), value.clone());
     }
+    out.insert("type".into(), json!("result"));
+    out.insert("is_main_result".into(), json!(d.is_main_result));
     if !extra.is_empty() {
         out.insert("extra".into(), Value::Object(extra));
     }
-    out.insert("is_main_result".into(), json!(is_main_result));
     Value::Object(out)
 }
 
-fn line(v: &Value) -> Bytes {
-    let mut s = v.to_string();
-    s.push('\n');
-    Bytes::from(s)
+fn error_json(e: &ExecError) -> Value {
+    json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback})
+}
+
+fn line(v: &Value) -> bytes::Bytes {
+    let mut text = v.to_string();
+    text.push('\n');
+    bytes::Bytes::from(text)
 }
 
 async fn execute(
     State(e2b): State<E2b>,
     Extension(target): Extension<Target>,
-    body: Result<Json<Execute>, axum::extract::rejection::JsonRejection>,
+    body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
-    let Json(req) = body.map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    if req.env_vars.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(E2bError::new(
-            StatusCode::BAD_REQUEST,
-            "env_vars: lockbox fixes a context's environment when its interpreter starts; give \
-             variables on Sandbox.create (envs) instead",
+    let req: ExecuteBody = body_json(&body)?;
+    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(bad(
+            "env_vars: per-run environment variables are not supported (give them to the sandbox's envs or the context)",
         ));
     }
-    let sandbox = e2b
-        .runtime
-        .sandbox(&target.sandbox)
-        .map_err(runtime_error)?;
+    if req.context_id.is_some() && req.language.is_some() {
+        return Err(bad("context_id and language: give one of them"));
+    }
+    let sandbox = sandbox_of(&e2b, &target)?;
     let context = match (&req.context_id, &req.language) {
-        (Some(_), Some(_)) => {
-            return Err(E2bError::new(
-                StatusCode::BAD_REQUEST,
-                "give context_id or language, not both",
-            ))
+        (Some(id), _) => Some(ContextId::from(id.as_str())),
+        (None, Some(name)) => {
+            let language = language(name)?;
+            context_for(&e2b, &target, &sandbox, language).await?
         }
-        (Some(id), None) => Some(id.clone()),
-        (None, lang) => default_context(&sandbox, language(lang.as_deref())?).await?,
+        (None, None) => None,
     };
+    let id = context.as_ref().map(|c| c.as_str().to_owned());
     let stream = sandbox
         .run_code_stream(RunCodeRequest {
             code: req.code,
-            context: context.clone().map(Into::into),
+            context,
             timeout: None,
         })
         .await
-        .map_err(runtime_error)?;
-    let id = context.unwrap_or_else(|| lockbox_runtime::DEFAULT_CONTEXT.to_owned());
-    let lines = stream
-        .then(move |event| {
-            let sandbox = sandbox.clone();
-            let id = id.clone();
-            async move {
-                let out = match event {
-                    CodeEvent::Stdout { text } => {
-                        vec![json!({"type": "stdout", "text": text, "timestamp": now()})]
-                    }
-                    CodeEvent::Stderr { text } => {
-                        vec![json!({"type": "stderr", "text": text, "timestamp": now()})]
-                    }
-                    CodeEvent::Result(d) => vec![result_line(&d.data, d.is_main_result)],
-                    CodeEvent::Error(e) => vec![json!({
-                        "type": "error", "name": e.name, "value": e.value, "traceback": e.traceback,
-                    })],
-                    CodeEvent::End(_) => {
-                        let runs = sandbox
-                            .list_contexts()
-                            .await
-                            .into_iter()
-                            .find(|c| *c.id == *id)
-                            .map_or(0, |c| c.runs);
-                        vec![
-                            json!({"type": "number_of_executions", "execution_count": runs}),
-                            json!({"type": "end_of_execution"}),
-                        ]
-                    }
-                };
-                futures_util::stream::iter(
-                    out.into_iter()
-                        .map(|v| Ok::<_, std::convert::Infallible>(line(&v))),
-                )
+        .map_err(|e| context_error(id.as_deref().unwrap_or("default"), &e))?;
+    let mut sent_error = false;
+    let lines = stream.flat_map(move |event| {
+        let out: Vec<Value> = match event {
+            CodeEvent::Stdout { text } => {
+                vec![json!({"type": "stdout", "text": text, "timestamp": now_micros()})]
             }
-        })
-        .flatten();
+            CodeEvent::Stderr { text } => {
+                vec![json!({"type": "stderr", "text": text, "timestamp": now_micros()})]
+            }
+            CodeEvent::Result(d) => vec![result_json(&d)],
+            CodeEvent::Error(e) => {
+                sent_error = true;
+                vec![error_json(&e)]
+            }
+            CodeEvent::End(exec) => {
+                let mut out = Vec::new();
+                if let (Some(e), false) = (&exec.error, sent_error) {
+                    out.push(error_json(e));
+                }
+                out.push(json!({"type": "end_of_execution"}));
+                out
+            }
+        };
+        futures_util::stream::iter(
+            out.into_iter()
+                .map(|v| Ok::<_, std::convert::Infallible>(line(&v))),
+        )
+    });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
@@ -222,92 +345,33 @@ async fn execute(
         .into_response())
 }
 
-fn context_json(c: &ContextInfo) -> Value {
-    json!({
-        "id": c.id.to_string(),
-        "language": match c.language { Language::Node => "javascript", l => l.as_str() },
-        "cwd": c.cwd.clone().unwrap_or_else(|| "/".to_owned()),
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-#[derive(Deserialize, Default)]
-struct CreateContext {
-    language: Option<String>,
-    cwd: Option<String>,
-}
+    #[test]
+    fn rich_results_carry_e2bs_names_for_their_mime_types() {
+        let mut data = std::collections::BTreeMap::new();
+        data.insert("text/plain".to_owned(), json!("42"));
+        data.insert("image/png".to_owned(), json!("iVBOR"));
+        data.insert("application/x-other".to_owned(), json!("x"));
+        let v = result_json(&DisplayData {
+            data,
+            is_main_result: true,
+        });
+        assert_eq!(v["type"], "result");
+        assert_eq!(v["text"], "42");
+        assert_eq!(v["png"], "iVBOR");
+        assert_eq!(v["is_main_result"], true);
+        assert_eq!(v["extra"]["application/x-other"], "x");
+    }
 
-async fn create(
-    State(e2b): State<E2b>,
-    Extension(target): Extension<Target>,
-    body: Option<Json<CreateContext>>,
-) -> Result<Json<Value>, E2bError> {
-    let req = body.map(|Json(b)| b).unwrap_or_default();
-    let sandbox = e2b
-        .runtime
-        .sandbox(&target.sandbox)
-        .map_err(runtime_error)?;
-    let opts = ContextOptions {
-        language: language(req.language.as_deref())?,
-        cwd: req.cwd,
-        ..ContextOptions::default()
-    };
-    let info = sandbox.create_context(opts).await.map_err(runtime_error)?;
-    Ok(Json(context_json(&info)))
-}
-
-async fn list(
-    State(e2b): State<E2b>,
-    Extension(target): Extension<Target>,
-) -> Result<Json<Value>, E2bError> {
-    let sandbox = e2b
-        .runtime
-        .sandbox(&target.sandbox)
-        .map_err(runtime_error)?;
-    let all: Vec<Value> = sandbox
-        .list_contexts()
-        .await
-        .iter()
-        .map(context_json)
-        .collect();
-    Ok(Json(Value::Array(all)))
-}
-
-async fn remove(
-    State(e2b): State<E2b>,
-    Extension(target): Extension<Target>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, E2bError> {
-    let sandbox = e2b
-        .runtime
-        .sandbox(&target.sandbox)
-        .map_err(runtime_error)?;
-    sandbox.delete_context(&id).await.map_err(runtime_error)?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// A fresh interpreter in the same context (its variables and imports are gone).
-async fn restart(
-    State(e2b): State<E2b>,
-    Extension(target): Extension<Target>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, E2bError> {
-    let sandbox = e2b
-        .runtime
-        .sandbox(&target.sandbox)
-        .map_err(runtime_error)?;
-    let info = sandbox
-        .list_contexts()
-        .await
-        .into_iter()
-        .find(|c| *c.id == *id)
-        .ok_or_else(|| E2bError::new(StatusCode::NOT_FOUND, format!("context {id} not found")))?;
-    sandbox.delete_context(&id).await.map_err(runtime_error)?;
-    let opts = ContextOptions {
-        id: Some(info.id.clone()),
-        language: info.language,
-        cwd: info.cwd.clone(),
-        ..ContextOptions::default()
-    };
-    sandbox.create_context(opts).await.map_err(runtime_error)?;
-    Ok(StatusCode::NO_CONTENT)
+    #[test]
+    fn e2b_language_names_map_to_lockbox_languages_or_name_the_field() {
+        assert_eq!(language("python").ok(), Some(Language::Python));
+        assert_eq!(language("javascript").ok(), Some(Language::Node));
+        assert_eq!(language_name(Language::Node), "javascript");
+        let err = language("r").unwrap_err();
+        assert!(err.message.starts_with("language:"), "{}", err.message);
+    }
 }

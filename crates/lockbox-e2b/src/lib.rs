@@ -43,6 +43,22 @@ pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port inside an E2B sandbox.
 pub const INTERPRETER_PORT: u16 = 49999;
 
+/// The envd version every sandbox reports (`envdVersion`). The SDK enables features by it
+/// (`e2b/envd/versions.py`): 0.5.7 turns on everything lockbox implements (the default
+/// user, stdin, `CloseStdin`, recursive watch, `application/octet-stream` uploads) and
+/// nothing it does not: 0.6.2's file metadata (`X-Metadata-*` extended attributes) and
+/// what needs it (watch events with entry info, 0.6.3) make the SDK refuse clearly
+/// instead of being silently ignored.
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// The `clientID` of every sandbox (E2B's is the cluster node; lockbox has one).
+pub const CLIENT_ID: &str = "lockbox";
+
+/// The E2B user's home inside a sandbox: relative paths of files and the default working
+/// directory of processes are resolved against it. E2B's is `/home/user`; a lockbox
+/// sandbox's private writable directory is `/tmp` (HOME there too), see docs/e2b.md.
+pub const HOME: &str = "/tmp";
+
 /// What every E2B handler gets: the runtime, the API key and the E2B-side registry.
 #[derive(Clone)]
 pub struct E2b {
@@ -120,9 +136,10 @@ pub fn target_of(headers: &http::HeaderMap, domain: Option<&str>) -> Option<Targ
 /// `{port}-{sandboxID}.{domain}` host form.
 pub fn wrap(e2b: E2b, api: Router, domain: Option<String>) -> Router {
     let plane = SandboxPlane {
-        envd: envd::router(e2b.clone()),
-        interpreter: interpreter::router(e2b.clone()),
+        envd: envd::router(e2b.clone()).fallback(unsupported),
+        interpreter: interpreter::router(e2b.clone()).fallback(unsupported),
         domain,
+        e2b: e2b.clone(),
     };
     control::router(e2b.clone())
         .merge(templates::router(e2b))
@@ -138,6 +155,72 @@ struct SandboxPlane {
     envd: Router,
     interpreter: Router,
     domain: Option<String>,
+    e2b: E2b,
+}
+
+/// The most of an unsupported request's body read before it is answered.
+const DRAIN_AT_MOST: usize = 1 << 20;
+
+/// A sandbox-plane call lockbox does not implement: 501 in E2B's shape (Connect's
+/// `unimplemented`), after reading the request's body (up to [`DRAIN_AT_MOST`]) so the
+/// connection stays usable for the client's next request instead of being closed under it.
+async fn unsupported(req: Request) -> E2bError {
+    let what = format!("{} {}", req.method(), req.uri().path());
+    let _ = axum::body::to_bytes(req.into_body(), DRAIN_AT_MOST).await;
+    E2bError::new(
+        http::StatusCode::NOT_IMPLEMENTED,
+        format!("{what} is not supported by lockbox's E2B sandbox API (see docs/e2b.md)"),
+    )
+}
+
+/// The message of a sandbox that does not exist (any more): the SDK recognises "was not
+/// found" in a 502 and raises `SandboxNotRunningException` (`is_sandbox_not_found_message`).
+pub fn sandbox_not_found(id: &str) -> E2bError {
+    E2bError::new(
+        http::StatusCode::BAD_GATEWAY,
+        format!("The sandbox {id} was not found"),
+    )
+}
+
+/// Lets a sandbox-plane request through if its sandbox is E2B's and running, and it
+/// carries the sandbox's access token as `X-Access-Token` (constant-time comparison).
+fn admit(e2b: &E2b, target: &Target, headers: &http::HeaderMap) -> Result<(), E2bError> {
+    let sandbox = e2b
+        .registry
+        .get(&target.sandbox)
+        .ok_or_else(|| sandbox_not_found(&target.sandbox))?;
+    let running = e2b
+        .runtime
+        .sandbox_info(&target.sandbox)
+        .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running);
+    if !running {
+        return Err(sandbox_not_found(&target.sandbox));
+    }
+    let Some(token) = sandbox.access_token else {
+        return Ok(());
+    };
+    use subtle::ConstantTimeEq;
+    // The code interpreter's requests for contexts carry only the traffic token (which
+    // is the same token, see control.rs).
+    let given = headers
+        .get("x-access-token")
+        .or_else(|| {
+            (target.port == INTERPRETER_PORT)
+                .then(|| headers.get("e2b-traffic-access-token"))
+                .flatten()
+        })
+        .map(http::HeaderValue::as_bytes);
+    match given {
+        Some(given) if bool::from(token.as_bytes().ct_eq(given)) => Ok(()),
+        Some(_) => Err(E2bError::new(
+            http::StatusCode::UNAUTHORIZED,
+            "invalid access token for this sandbox (X-Access-Token)",
+        )),
+        None => Err(E2bError::new(
+            http::StatusCode::UNAUTHORIZED,
+            "this sandbox is secured: send its envdAccessToken as X-Access-Token",
+        )),
+    }
 }
 
 async fn to_sandbox_plane(
@@ -158,6 +241,9 @@ async fn to_sandbox_plane(
                     .into_response()
                 }
             };
+            if let Err(refused) = admit(&plane.e2b, &target, req.headers()) {
+                return refused.into_response();
+            }
             req.extensions_mut().insert(target);
             match router.oneshot(req).await {
                 Ok(response) => response,

@@ -29,13 +29,14 @@
 //! holds at most that much memory.
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -119,17 +120,23 @@ pub async fn serve(
     let busy = busy_answer(limits.max_connections);
     let peer_busy = peer_busy_answer(limits.max_per_peer);
     let connections = TaskTracker::new();
-    let mut builder = http1::Builder::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
+        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_header_size(MAX_HEAD)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD as u32)
+        .max_concurrent_streams(MAX_STREAMS);
     let shared = Arc::new(Shared {
         builder,
         service: TowerToHyperService::new(router),
         stop: stop.clone(),
+        header_timeout: limits.header_timeout,
         io_timeout: limits.io_timeout,
         waiting,
     });
@@ -204,9 +211,10 @@ pub async fn serve(
 
 /// What every connection's task shares.
 struct Shared {
-    builder: http1::Builder,
+    builder: auto::Builder<TokioExecutor>,
     service: TowerToHyperService<Router>,
     stop: CancellationToken,
+    header_timeout: Duration,
     io_timeout: Duration,
     /// Shared by the server's listeners ([`Gate`]).
     waiting: Arc<Waiting>,
@@ -230,15 +238,37 @@ async fn serve_one(
     });
     let service = shared.service.clone();
     let first = Arc::clone(&started);
-    let service = hyper::service::service_fn(move |request| {
+    let activity = Arc::new(Activity::default());
+    let active = Arc::clone(&activity);
+    let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
         first.store(true, Ordering::Relaxed);
-        hyper::service::Service::call(&service, request)
+        if request.version() == hyper::Version::HTTP_2 {
+            active.h2.store(true, Ordering::Relaxed);
+        }
+        // In flight until its response body is dropped (streams included).
+        let guard = InFlight::start(&active);
+        let response = hyper::service::Service::call(&service, request);
+        async move {
+            let response = response.await?;
+            Ok::<_, std::convert::Infallible>(response.map(move |body| {
+                axum::body::Body::new(body.map_frame(move |frame| {
+                    let _ = &guard;
+                    frame
+                }))
+            }))
+        }
     });
-    let conn = shared.builder.serve_connection(io, service).with_upgrades();
+    let conn = shared.builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let ended = tokio::select! {
         ended = conn.as_mut() => ended,
         () = evicted.cancelled() => Ok(()),
+        // No request for a header timeout: before the first one (the version preface or an
+        // HTTP/2 client's first stream never came), or an idle HTTP/2 connection: closed
+        // as hyper closes an idle HTTP/1.1 one (nothing is in flight; a graceful HTTP/2
+        // shutdown would wait for the client to answer a PING). HTTP/1.1 keep-alive
+        // idleness is hyper's header timeout.
+        () = idle(&activity, &started, shared.header_timeout) => Ok(()),
         () = shared.stop.cancelled() => {
             // Finish the request in flight, then close.
             conn.as_mut().graceful_shutdown();
@@ -249,6 +279,61 @@ async fn serve_one(
     started.store(true, Ordering::Relaxed);
     if let Err(e) = ended {
         tracing::debug!("connection ended: {e}");
+    }
+}
+
+/// Streams an HTTP/2 connection may have open at once (each is a request in flight).
+const MAX_STREAMS: u32 = 128;
+
+/// What a connection's requests are doing, for [`idle`].
+#[derive(Debug, Default)]
+struct Activity {
+    /// The connection speaks HTTP/2 (prior knowledge).
+    h2: AtomicBool,
+    /// Requests whose response has not ended.
+    in_flight: AtomicUsize,
+    /// A request started since [`idle`] last looked.
+    seen: AtomicBool,
+}
+
+/// One request in flight on a connection; ends when dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn start(activity: &Arc<Activity>) -> InFlight {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        activity.seen.store(true, Ordering::Relaxed);
+        InFlight(Arc::clone(activity))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Resolves once the connection should close for idleness: no request started within
+/// `timeout` of its opening, or (HTTP/2) a whole `timeout` passed with no request in flight
+/// and none started. An HTTP/1.1 connection, once it made a request, is left to hyper's
+/// header timeout (which also covers the time between its requests).
+async fn idle(activity: &Activity, started: &AtomicBool, timeout: Duration) {
+    loop {
+        tokio::time::sleep(timeout).await;
+        if !started.load(Ordering::Relaxed) {
+            return;
+        }
+        let seen = activity.seen.swap(false, Ordering::Relaxed);
+        if activity.h2.load(Ordering::Relaxed)
+            && !seen
+            && activity.in_flight.load(Ordering::Relaxed) == 0
+        {
+            return;
+        }
+        if !activity.h2.load(Ordering::Relaxed) {
+            // HTTP/1.1: hyper's header timeout takes over.
+            std::future::pending::<()>().await;
+        }
     }
 }
 

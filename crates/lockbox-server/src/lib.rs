@@ -96,6 +96,11 @@ pub struct ServerConfig {
     /// Origins besides loopback ones a browser may call `/mcp` from (`--mcp-allow-origin`,
     /// e.g. `https://agent.example`); any other `Origin` is 403 (MCP's DNS-rebinding rule).
     pub mcp_allow_origins: Vec<String>,
+    /// E2B's sandbox domain (`--e2b-domain`): a request whose `Host` is
+    /// `{port}-{sandboxID}.{domain}` goes to that E2B sandbox's port (docs/e2b.md). Without
+    /// it, E2B's sandbox requests are routed by the SDK's `E2b-Sandbox-Id` and
+    /// `E2b-Sandbox-Port` headers only.
+    pub e2b_domain: Option<String>,
 }
 
 /// A step journal and the URL it was opened from (shown to clients, so give one without
@@ -123,6 +128,7 @@ impl Default for ServerConfig {
             journal: None,
             ceiling: Ceiling::default(),
             mcp_allow_origins: Vec::new(),
+            e2b_domain: None,
         }
     }
 }
@@ -191,7 +197,11 @@ fn state(
 
 fn api_router(state: AppState) -> Router {
     let e2b = lockbox_e2b::E2b::new(state.runtime.clone(), state.token.secret());
-    lockbox_e2b::wrap(e2b, lockbox_router(state), None)
+    let io_timeout = state.config.io_timeout;
+    let domain = state.config.e2b_domain.clone();
+    // An E2B upload that stops arriving ends its request (408), as lockbox's own do.
+    lockbox_e2b::wrap(e2b, lockbox_router(state), domain)
+        .layer(RequestBodyTimeoutLayer::new(io_timeout))
 }
 
 /// lockbox's own API (`/v1/...`, `/mcp`, the console), without E2B's protocol.

@@ -182,6 +182,11 @@ pub struct ServeArgs {
     /// `/mcp`; a request with any other `Origin` is 403 FORBIDDEN. Repeatable.
     #[arg(long, value_name = "ORIGIN")]
     pub mcp_allow_origin: Vec<String>,
+    /// E2B's sandbox domain: a request with `Host: {port}-{sandboxID}.DOMAIN` goes to that
+    /// E2B sandbox (as E2B's own hosts do), besides the `E2b-Sandbox-Id` and
+    /// `E2b-Sandbox-Port` headers the SDK sends to `E2B_SANDBOX_URL`. See docs/e2b.md.
+    #[arg(long, value_name = "DOMAIN")]
+    pub e2b_domain: Option<String>,
 }
 
 /// Connections one IP address may hold by default (`--max-connections-per-peer`).
@@ -425,6 +430,11 @@ fn serve(
         io_timeout: args.io_timeout,
         ceiling,
         mcp_allow_origins: args.mcp_allow_origin.clone(),
+        e2b_domain: args
+            .e2b_domain
+            .as_deref()
+            .map(|d| d.trim().trim_matches('.').to_ascii_lowercase())
+            .filter(|d| !d.is_empty()),
         ..ServerConfig::default()
     };
     let tokio = tokio::runtime::Builder::new_multi_thread()

@@ -16,6 +16,7 @@ pub mod connect;
 pub mod filesystem;
 pub mod process;
 pub mod proto;
+pub mod rest;
 
 use crate::{E2b, Target};
 use axum::extract::Request;
@@ -28,13 +29,14 @@ use std::sync::{Arc, Mutex};
 /// envd's routes.
 pub fn router(e2b: E2b) -> Router {
     let envd = Envd {
-        e2b,
+        e2b: e2b.clone(),
         state: Arc::new(State::default()),
     };
     Router::new()
         .merge(process::routes())
         .merge(filesystem::routes())
         .with_state(envd)
+        .merge(rest::router(e2b))
 }
 
 /// What envd's handlers share: E2B, and what envd remembers beside the runtime.

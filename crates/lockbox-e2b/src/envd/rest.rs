@@ -1,0 +1,319 @@
+//! envd's REST API (`spec/envd/envd.yaml`): `GET /health`, `GET /envs`, `GET /metrics`,
+//! and files: `GET /files` (download, streamed) and `POST /files` (upload, as
+//! `multipart/form-data` or `application/octet-stream`), on the runtime's file API.
+//! Relative paths are relative to the E2B user's home ([`crate::HOME`]); `username` is
+//! accepted and ignored (every process of a lockbox sandbox runs as one user).
+
+use crate::control::runtime_error;
+use crate::{E2b, E2bError, Target};
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use futures_util::TryStreamExt;
+use lockbox_runtime::{RuntimeError, WriteOptions};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The largest `multipart/form-data` upload (it is read whole before being written);
+/// `application/octet-stream` uploads are streamed and have no such bound.
+pub const MAX_MULTIPART: usize = 256 << 20;
+
+/// envd's REST routes.
+pub fn router(e2b: E2b) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/envs", get(envs))
+        .route("/metrics", get(metrics))
+        .route("/files", get(download).post(upload))
+        .with_state(e2b)
+}
+
+async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+async fn envs(State(e2b): State<E2b>, Extension(target): Extension<Target>) -> Json<Value> {
+    let env = e2b
+        .registry
+        .get(&target.sandbox)
+        .map(|s| s.env)
+        .unwrap_or_default();
+    Json(json!(env))
+}
+
+async fn metrics(State(e2b): State<E2b>, Extension(target): Extension<Target>) -> Json<Value> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let usage = e2b
+        .runtime
+        .sandbox_info(&target.sandbox)
+        .ok()
+        .and_then(|i| i.usage);
+    let mem_used = usage.as_ref().map_or(0, |u| u.rss_bytes);
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Json(json!({
+        "ts": ts,
+        "cpu_count": cpus,
+        "cpu_used_pct": 0.0,
+        "mem_total": 0,
+        "mem_used": mem_used,
+        "disk_used": 0,
+        "disk_total": 0,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+struct FileQuery {
+    path: Option<String>,
+    #[allow(dead_code)]
+    username: Option<String>,
+}
+
+/// `path` inside the sandbox: absolute as given, else under the home directory.
+pub fn resolve(path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_owned()
+    } else if path.is_empty() || path == "." {
+        crate::HOME.to_owned()
+    } else {
+        format!("{}/{}", crate::HOME, path.trim_start_matches("./"))
+    }
+}
+
+/// A file error as envd answers it (`{"code", "message"}`, by status).
+fn file_error(path: &str, e: &RuntimeError) -> E2bError {
+    match e {
+        RuntimeError::FileNotFound { .. } => E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("path '{path}' does not exist"),
+        ),
+        RuntimeError::SandboxNotFound { .. } | RuntimeError::SandboxNotRunning { .. } => {
+            crate::sandbox_not_found(path)
+        }
+        other => runtime_error(other),
+    }
+}
+
+async fn download(
+    State(e2b): State<E2b>,
+    Extension(target): Extension<Target>,
+    Query(query): Query<FileQuery>,
+) -> Result<Response, E2bError> {
+    let Some(path) = query.path.filter(|p| !p.is_empty()) else {
+        return Err(E2bError::new(StatusCode::BAD_REQUEST, "path: required"));
+    };
+    let path = resolve(&path);
+    let sandbox = e2b
+        .runtime
+        .sandbox(&target.sandbox)
+        .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
+    let read = sandbox
+        .read_file(&path, None)
+        .await
+        .map_err(|e| file_error(&path, &e))?;
+    let stream = tokio_util::io::ReaderStream::new(read.body);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, read.size.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// envd's `EntryInfo` of a written file.
+fn entry(path: &str) -> Value {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    json!({"path": path, "name": name, "type": "file"})
+}
+
+async fn upload(
+    State(e2b): State<E2b>,
+    Extension(target): Extension<Target>,
+    Query(query): Query<FileQuery>,
+    req: Request,
+) -> Result<Response, E2bError> {
+    let headers = req.headers().clone();
+    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
+        if encoding.as_bytes() != b"identity" {
+            return Err(E2bError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "Content-Encoding {:?}: compressed uploads are not supported (upload without gzip)",
+                    String::from_utf8_lossy(encoding.as_bytes())
+                ),
+            ));
+        }
+    }
+    if let Some(key) = headers
+        .keys()
+        .find(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{key}: file metadata is not supported"),
+        ));
+    }
+    let sandbox = e2b
+        .runtime
+        .sandbox(&target.sandbox)
+        .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let mut written = Vec::new();
+    if content_type.starts_with("multipart/form-data") {
+        let boundary = boundary_of(&content_type).ok_or_else(|| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "Content-Type: multipart/form-data without a boundary",
+            )
+        })?;
+        let body = axum::body::to_bytes(req.into_body(), MAX_MULTIPART)
+            .await
+            .map_err(|e| {
+                E2bError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "a multipart upload of at most {MAX_MULTIPART} bytes (use application/octet-stream for larger files): {e}"
+                    ),
+                )
+            })?;
+        let parts = parse_multipart(&body, &boundary)?;
+        let single = parts.len() == 1;
+        for (filename, data) in parts {
+            let path = match (&query.path, single) {
+                (Some(p), true) if !p.is_empty() => p.clone(),
+                _ => filename.ok_or_else(|| {
+                    E2bError::new(
+                        StatusCode::BAD_REQUEST,
+                        "a file part without a filename (its path)",
+                    )
+                })?,
+            };
+            let path = resolve(&path);
+            let reader = std::io::Cursor::new(data);
+            sandbox
+                .write_file(&path, Box::pin(reader), WriteOptions::default())
+                .await
+                .map_err(|e| file_error(&path, &e))?;
+            written.push(entry(&path));
+        }
+    } else {
+        let Some(path) = query.path.filter(|p| !p.is_empty()) else {
+            return Err(E2bError::new(StatusCode::BAD_REQUEST, "path: required"));
+        };
+        let path = resolve(&path);
+        let stream = req
+            .into_body()
+            .into_data_stream()
+            .map_err(std::io::Error::other);
+        let reader = tokio_util::io::StreamReader::new(stream);
+        sandbox
+            .write_file(&path, Box::pin(reader), WriteOptions::default())
+            .await
+            .map_err(|e| file_error(&path, &e))?;
+        written.push(entry(&path));
+    }
+    let mut out = HeaderMap::new();
+    out.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    Ok((StatusCode::OK, out, Json(Value::Array(written))).into_response())
+}
+
+/// The `boundary` parameter of a multipart Content-Type.
+fn boundary_of(content_type: &str) -> Option<String> {
+    content_type.split(';').skip(1).find_map(|param| {
+        let (name, value) = param.trim().split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| value.trim().trim_matches('"').to_owned())
+            .filter(|b| !b.is_empty())
+    })
+}
+
+fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    haystack
+        .get(from..)?
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|i| i + from)
+}
+
+/// One part of a multipart body: its filename (the file's path) and bytes.
+type Part = (Option<String>, Vec<u8>);
+
+/// The parts of a `multipart/form-data` body: each one's filename and bytes.
+fn parse_multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, E2bError> {
+    let malformed = |why: &str| {
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("malformed multipart/form-data body: {why}"),
+        )
+    };
+    let delimiter = format!("--{boundary}");
+    let next = format!("\r\n--{boundary}");
+    let mut at = find(body, delimiter.as_bytes(), 0).ok_or_else(|| malformed("no boundary"))?
+        + delimiter.len();
+    let mut parts = Vec::new();
+    loop {
+        if body.get(at..at + 2) == Some(b"--") {
+            return Ok(parts);
+        }
+        // The line break after the delimiter.
+        at = find(body, b"\r\n", at)
+            .ok_or_else(|| malformed("a delimiter without a line break"))?
+            + 2;
+        let head_end =
+            find(body, b"\r\n\r\n", at).ok_or_else(|| malformed("a part without headers' end"))?;
+        let head = String::from_utf8_lossy(&body[at..head_end]).into_owned();
+        let data_start = head_end + 4;
+        let data_end = find(body, next.as_bytes(), data_start)
+            .ok_or_else(|| malformed("a part without a closing boundary"))?;
+        let filename = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            if !name.trim().eq_ignore_ascii_case("content-disposition") {
+                return None;
+            }
+            value.split(';').find_map(|p| {
+                let (k, v) = p.trim().split_once('=')?;
+                (k.trim() == "filename").then(|| v.trim().trim_matches('"').to_owned())
+            })
+        });
+        parts.push((filename, body[data_start..data_end].to_vec()));
+        at = data_end + next.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_multipart_body_as_httpx_sends_it_gives_each_files_path_and_bytes() {
+        let body = b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a/b.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhello\r\n--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/abs\"\r\n\r\n\r\n--x\r\n--xyz--\r\n";
+        let parts = parse_multipart(body, "xyz").unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0], (Some("a/b.txt".into()), b"hello".to_vec()));
+        assert_eq!(parts[1], (Some("/abs".into()), b"\r\n--x".to_vec()));
+        assert_eq!(
+            boundary_of("multipart/form-data; boundary=\"xyz\""),
+            Some("xyz".into())
+        );
+    }
+
+    #[test]
+    fn relative_paths_are_under_the_home_directory() {
+        assert_eq!(resolve("a.txt"), format!("{}/a.txt", crate::HOME));
+        assert_eq!(resolve("/etc/x"), "/etc/x");
+    }
+}
