@@ -381,8 +381,14 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
         .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
     let env = req.env_vars.unwrap_or_default();
     let mut spec = SandboxSpec::default();
+    if let Some(base) = &e2b.base_policy {
+        spec.policy = (**base).clone();
+    }
     spec.policy.net = net;
-    spec.policy.env.set = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    spec.policy
+        .env
+        .set
+        .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
     spec.policy.cwd = Some(crate::HOME.into());
     if !HOST_TEMPLATES.contains(&template.as_str()) {
         spec.policy.image = Some(template.clone());

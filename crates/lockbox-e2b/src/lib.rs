@@ -44,12 +44,14 @@ pub const ENVD_PORT: u16 = 49983;
 pub const INTERPRETER_PORT: u16 = 49999;
 
 /// The envd version every sandbox reports (`envdVersion`). The SDK enables features by it
-/// (`e2b/envd/versions.py`): 0.5.7 turns on everything lockbox implements (the default
-/// user, stdin, `CloseStdin`, recursive watch, `application/octet-stream` uploads) and
-/// nothing it does not: 0.6.2's file metadata (`X-Metadata-*` extended attributes) and
-/// what needs it (watch events with entry info, 0.6.3) make the SDK refuse clearly
-/// instead of being silently ignored.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// (`e2b/envd/versions.py`); 0.6.4, the newest gate, turns on everything envd here
+/// implements: the default user, stdin and `CloseStdin`, recursive watch, watch events
+/// carrying their entry (0.6.3), `application/octet-stream` uploads, and
+/// `allow_network_mounts` (accepted; lockbox sandboxes have no network mounts). The one
+/// feature it also turns on that lockbox lacks, file metadata on upload (0.6.2,
+/// `X-Metadata-*` extended attributes), is sent only when the caller passes metadata, and
+/// is then a 400 that says so.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// The `clientID` of every sandbox (E2B's is the cluster node; lockbox has one).
 pub const CLIENT_ID: &str = "lockbox";
@@ -67,6 +69,9 @@ pub struct E2b {
     api_key: Arc<str>,
     /// What E2B adds to each lockbox sandbox.
     pub registry: Arc<Registry>,
+    /// The policy E2B sandboxes start from (`lockbox serve --e2b-profile`): grants, limits,
+    /// environment; E2B's network fields, `envVars` and working directory apply over it.
+    pub base_policy: Option<Arc<lockbox_policy::Policy>>,
 }
 
 impl std::fmt::Debug for E2b {
@@ -82,7 +87,14 @@ impl E2b {
             runtime,
             api_key: Arc::from(api_key),
             registry: Arc::new(Registry::default()),
+            base_policy: None,
         }
+    }
+
+    /// E2B sandboxes start from `policy` instead of lockbox's default one.
+    pub fn with_base_policy(mut self, policy: Option<lockbox_policy::Policy>) -> E2b {
+        self.base_policy = policy.map(Arc::new);
+        self
     }
 
     /// Whether `candidate` is the API key (constant time).

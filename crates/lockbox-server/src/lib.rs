@@ -101,6 +101,9 @@ pub struct ServerConfig {
     /// it, E2B's sandbox requests are routed by the SDK's `E2b-Sandbox-Id` and
     /// `E2b-Sandbox-Port` headers only.
     pub e2b_domain: Option<String>,
+    /// The policy E2B sandboxes start from (`lockbox serve --e2b-profile`): grants,
+    /// limits, environment; E2B's own fields apply over it. None: lockbox's default.
+    pub e2b_policy: Option<lockbox_policy::Policy>,
 }
 
 /// A step journal and the URL it was opened from (shown to clients, so give one without
@@ -129,6 +132,7 @@ impl Default for ServerConfig {
             ceiling: Ceiling::default(),
             mcp_allow_origins: Vec::new(),
             e2b_domain: None,
+            e2b_policy: None,
         }
     }
 }
@@ -196,7 +200,8 @@ fn state(
 }
 
 fn api_router(state: AppState) -> Router {
-    let e2b = lockbox_e2b::E2b::new(state.runtime.clone(), state.token.secret());
+    let e2b = lockbox_e2b::E2b::new(state.runtime.clone(), state.token.secret())
+        .with_base_policy(state.config.e2b_policy.clone());
     let io_timeout = state.config.io_timeout;
     let domain = state.config.e2b_domain.clone();
     // An E2B upload that stops arriving ends its request (408), as lockbox's own do.

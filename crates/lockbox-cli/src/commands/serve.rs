@@ -187,6 +187,11 @@ pub struct ServeArgs {
     /// `E2b-Sandbox-Port` headers the SDK sends to `E2B_SANDBOX_URL`. See docs/e2b.md.
     #[arg(long, value_name = "DOMAIN")]
     pub e2b_domain: Option<String>,
+    /// A policy profile (TOML, as `lockbox run --profile`) every E2B sandbox starts from:
+    /// what it may read or write, limits, environment. E2B's network fields, `envVars` and
+    /// working directory apply over it. Default: lockbox's default policy. See docs/e2b.md.
+    #[arg(long, value_name = "FILE")]
+    pub e2b_profile: Option<std::path::PathBuf>,
 }
 
 /// Connections one IP address may hold by default (`--max-connections-per-peer`).
@@ -309,8 +314,22 @@ pub(crate) fn parse_dur(s: &str) -> Result<Duration, String> {
 pub fn run(args: &ServeArgs) -> Result<ExitCode, CliError> {
     let credentials = read_credentials(args)?;
     let ceiling = args.ceiling.resolve()?;
-    serve(args, credentials, ceiling)?;
+    let e2b_policy = read_e2b_profile(args)?;
+    serve(args, credentials, ceiling, e2b_policy)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--e2b-profile`'s policy, read once now; a missing file or a bad profile is a usage
+/// error (exit 2) naming the file and the key.
+fn read_e2b_profile(args: &ServeArgs) -> Result<Option<lockbox_policy::Policy>, CliError> {
+    let Some(path) = &args.e2b_profile else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("--e2b-profile {}: {e}", path.display())))?;
+    lockbox_policy::Policy::from_toml(&text)
+        .map(Some)
+        .map_err(|e| CliError::usage(format!("--e2b-profile {}: {e}", path.display())))
 }
 
 /// The registry of `--credential`s, read once now; usage errors (exit 2) name the
@@ -362,6 +381,7 @@ fn serve(
     args: &ServeArgs,
     (credentials, credential_files): (Credentials, Vec<PathBuf>),
     ceiling: lockbox_policy::Ceiling,
+    e2b_policy: Option<lockbox_policy::Policy>,
 ) -> anyhow::Result<()> {
     if args.max_sandboxes == 0
         || args.max_streams == 0
@@ -435,6 +455,7 @@ fn serve(
             .as_deref()
             .map(|d| d.trim().trim_matches('.').to_ascii_lowercase())
             .filter(|d| !d.is_empty()),
+        e2b_policy,
         ..ServerConfig::default()
     };
     let tokio = tokio::runtime::Builder::new_multi_thread()
