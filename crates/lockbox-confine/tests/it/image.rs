@@ -31,7 +31,12 @@ fn as_root_and_nobody(name: &str, body: impl Fn()) {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            &lockbox_testkit::test_name!(name),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(AS_NOBODY, "1")
         .current_dir("/")
         .uid(65534)
