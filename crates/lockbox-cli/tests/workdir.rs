@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-#[path = "../../lockbox-cow/tests/common/script.rs"]
+#[path = "../../lockbox-cow/tests/it/common/script.rs"]
 mod script;
 
 use common::{

@@ -13,9 +13,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
 
-mod common;
-#[path = "common/script.rs"]
-mod script;
+use crate::common;
+use crate::script;
 
 use common::{
     require_overlay, run_direct, run_in_branch, sh, snapshot, snapshot_with_extents, tick,
@@ -188,7 +187,7 @@ fn as_uid_65534(test: &str, cases: &str) {
             "--",
         ])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", test])
+        .args(["--exact", lockbox_testkit::test_name!(test).as_str()])
         .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env(
             "PROPTEST_CASES",

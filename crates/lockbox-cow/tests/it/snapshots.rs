@@ -3,7 +3,7 @@
 //! refused while forks or snapshots use a snapshot; crashes leave nothing half-made.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -429,14 +429,16 @@ fn snapshot_tests_pass_as_uid_65534() {
             "--",
         ])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--test-threads",
-            "2",
-            "fork_trees",
-            "a_snapshot_in_use",
-            "a_crash",
-            "a_fork_commits",
-        ])
+        .args(["--test-threads", "2"])
+        .args(
+            [
+                "fork_trees",
+                "a_snapshot_in_use",
+                "a_crash",
+                "a_fork_commits",
+            ]
+            .map(|f| lockbox_testkit::test_name!(f)),
+        )
         .env("LOCKBOX_SNAPSHOT_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
         .env("HOME", "/tmp")

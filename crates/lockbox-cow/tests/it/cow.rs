@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -132,7 +132,11 @@ fn helper_create_branch_then_die() {
 fn orphan_after_kill_9_is_listed_and_aborted() {
     let s = Scratch::new();
     let st = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "helper_create_branch_then_die", "--nocapture"])
+        .args([
+            "--exact",
+            lockbox_testkit::test_name!("helper_create_branch_then_die").as_str(),
+            "--nocapture",
+        ])
         .env(HELPER_ENV, &s.state)
         .env("LOCKBOX_COW_TEST_HELPER_WD", &s.wd)
         .status()
@@ -199,7 +203,7 @@ fn issue_32_a_branch_is_no_orphan_while_its_sandbox_runs() {
     let st = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_create_branch_on_a_sandbox_then_exit",
+            lockbox_testkit::test_name!("helper_create_branch_on_a_sandbox_then_exit").as_str(),
             "--nocapture",
         ])
         .env(HELPER_ENV, &s.state)
@@ -1010,7 +1014,10 @@ fn sigkill_during_creation_leaves_only_whole_branches() {
     let s = Scratch::new();
     for delay_ms in [3u64, 5, 7, 11, 13, 17, 19, 23, 29, 31] {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_create_branches_until_killed"])
+            .args([
+                "--exact",
+                lockbox_testkit::test_name!("helper_create_branches_until_killed").as_str(),
+            ])
             .env(
                 CREATE_LOOP_ENV,
                 format!("{}\n{}", s.state.display(), s.wd.display()),
@@ -1232,33 +1239,36 @@ fn key_scenarios_pass_as_uid_65534() {
             "--",
         ])
         .arg(&exe)
-        .args([
-            "--test-threads",
-            "2",
-            "abort_",
-            "branch_layout",
-            "change_set_semantics",
-            "commit_applies",
-            "damaged_branch",
-            "diff_text",
-            "escape_",
-            "special_files",
-            "stale_base",
-            "a_refused_or_failed_commit",
-            "unrelated_host",
-            "orphan_after",
-            "issue_32_a_branch_is_no_orphan",
-            "leftover_staging",
-            "xattr_whiteouts",
-            "xattrs_and_hard_links",
-            "paths_longer_than_path_max",
-            "directories_made_unreadable",
-            "sparse_files_stay_sparse",
-            "import_keeps_holes",
-            "a_failed_staging",
-            "workdir_directories_the_committer",
-            "branches_deeper_than",
-        ])
+        .args(["--test-threads", "2"])
+        // Filters: this module's tests whose names start so.
+        .args(
+            [
+                "abort_",
+                "branch_layout",
+                "change_set_semantics",
+                "commit_applies",
+                "damaged_branch",
+                "diff_text",
+                "escape_",
+                "special_files",
+                "stale_base",
+                "a_refused_or_failed_commit",
+                "unrelated_host",
+                "orphan_after",
+                "issue_32_a_branch_is_no_orphan",
+                "leftover_staging",
+                "xattr_whiteouts",
+                "xattrs_and_hard_links",
+                "paths_longer_than_path_max",
+                "directories_made_unreadable",
+                "sparse_files_stay_sparse",
+                "import_keeps_holes",
+                "a_failed_staging",
+                "workdir_directories_the_committer",
+                "branches_deeper_than",
+            ]
+            .map(|f| lockbox_testkit::test_name!(f)),
+        )
         .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
         .env("HOME", "/tmp")
@@ -1625,10 +1635,11 @@ fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
     // validation and after the branch was marked committing.
     let st = std::process::Command::new("sh")
         .arg("-c")
-        .arg(
-            "trap '' XFSZ; ulimit -f 32; exec \"$0\" --exact helper_commit_under_a_file_size_limit",
-        )
+        .arg("trap '' XFSZ; ulimit -f 32; exec \"$0\" --exact \"$1\"")
         .arg(std::env::current_exe().unwrap())
+        .arg(lockbox_testkit::test_name!(
+            "helper_commit_under_a_file_size_limit"
+        ))
         .env(FSIZE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
         // Piped: the file-size limit would also hold for a log file the test's output goes to.
         .output()
@@ -1735,8 +1746,11 @@ fn branches_deeper_than_the_descriptor_limit_are_removed() {
     );
     let st = std::process::Command::new("sh")
         .arg("-c")
-        .arg("ulimit -n 128; exec \"$0\" --exact helper_abort_with_few_descriptors")
+        .arg("ulimit -n 128; exec \"$0\" --exact \"$1\"")
         .arg(std::env::current_exe().unwrap())
+        .arg(lockbox_testkit::test_name!(
+            "helper_abort_with_few_descriptors"
+        ))
         .env(NOFILE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
         .status()
         .unwrap();

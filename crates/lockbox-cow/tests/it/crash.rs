@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: panics are failures
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
@@ -74,7 +74,12 @@ fn commit_until_killed(
     delay_ms: u64,
 ) -> bool {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", helper, "--test-threads", "1"])
+        .args([
+            "--exact",
+            lockbox_testkit::test_name!(helper).as_str(),
+            "--test-threads",
+            "1",
+        ])
         .env(env, format!("{}\n{}", s.state.display(), branch.id()))
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -281,7 +286,12 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
 /// a staging directory appears in the workdir; whether it did (rather than end first).
 fn kill_once_staging(helper: &str, env: &str, s: &Scratch, branch: &Branch) -> bool {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", helper, "--test-threads", "1"])
+        .args([
+            "--exact",
+            lockbox_testkit::test_name!(helper).as_str(),
+            "--test-threads",
+            "1",
+        ])
         .env(env, format!("{}\n{}", s.state.display(), branch.id()))
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -432,7 +442,7 @@ fn interrupted_removal_of_committed_branch_never_recommits() {
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_remove_until_stuck",
+            lockbox_testkit::test_name!("helper_remove_until_stuck").as_str(),
             "--test-threads",
             "1",
         ])
@@ -482,7 +492,7 @@ fn sigkill_during_commits_as_uid_65534() {
         ])
         .arg(std::env::current_exe().unwrap())
         // Both `sigkill_during_*` tests (this one returns at once when run as 65534).
-        .arg("sigkill_during_")
+        .arg(lockbox_testkit::test_name!("sigkill_during_"))
         .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env("TMPDIR", "/tmp")
         .env("HOME", "/tmp")
