@@ -102,7 +102,7 @@ fn kill_after_commit(backend: &str, dir: &Path) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "txn_child",
+            lockbox_testkit::test_name!("txn_child").as_str(),
             "--ignored",
             "--nocapture",
             "--test-threads=1",

@@ -104,7 +104,7 @@ fn kill_loop(spec: &str) {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "crash_child",
+                lockbox_testkit::test_name!("crash_child").as_str(),
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
