@@ -3,7 +3,7 @@
 //! from the journal instead of running again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
@@ -73,7 +73,12 @@ async fn journaled_child() {
 /// Runs the child until it reaches the step's append, then SIGKILLs it.
 fn kill_at_step_append(base: &Path) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "journaled_child", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            lockbox_testkit::test_name!("journaled_child").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, base)
         .stdout(Stdio::piped())
         .spawn()
@@ -133,7 +138,9 @@ async fn journaled_transaction_is_exactly_once_across_a_crash_after_commit() {
     assert!(matches!(&records[0], lockbox_txn::ListedTxn::Ok(r)
         if r.state == TxnState::Committed && r.key.as_deref() == Some("agent/apply")));
     assert!(staging_leftovers(&work).is_empty());
-    rerun_as_nobody("journaled_transaction_is_exactly_once_across_a_crash_after_commit");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "journaled_transaction_is_exactly_once_across_a_crash_after_commit"
+    ));
 }
 
 #[tokio::test]
@@ -202,5 +209,7 @@ async fn a_journaled_exec_replays_without_running_again() {
         "ran\n",
         "the command ran once"
     );
-    rerun_as_nobody("a_journaled_exec_replays_without_running_again");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_journaled_exec_replays_without_running_again"
+    ));
 }

@@ -3,7 +3,7 @@
 //! (serialised). `src/history.rs` checks many more rounds, cheaply, in-process.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{dirs, rerun_as_nobody, stage};
 use lockbox_txn::{LockPolicy, Pipeline};
@@ -85,7 +85,9 @@ fn optimistic_racers_form_a_serial_history_without_lost_updates() {
         assert_eq!(committed + refused, RACERS);
         check_serial_history(&work, committed);
     }
-    rerun_as_nobody("optimistic_racers_form_a_serial_history_without_lost_updates");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "optimistic_racers_form_a_serial_history_without_lost_updates"
+    ));
 }
 
 #[test]

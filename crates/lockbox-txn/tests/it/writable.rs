@@ -4,7 +4,7 @@
 //! live under /var/tmp, except in the test showing a workdir under /tmp is restricted too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{dirs_in, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_txn::{AbortReason, ConflictPolicy, Gather, Output, Pipeline};
@@ -47,7 +47,9 @@ fn a_stage_restricted_to_web_writes_there_and_the_transaction_commits() {
     );
     assert_eq!(std::fs::read_to_string(work.join("web/x")).unwrap(), "x\n");
     assert!(staging_leftovers(&work).is_empty());
-    rerun_as_nobody("a_stage_restricted_to_web_writes_there_and_the_transaction_commits");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_stage_restricted_to_web_writes_there_and_the_transaction_commits"
+    ));
 }
 
 #[test]
@@ -72,7 +74,9 @@ fn a_restricted_stage_writing_outside_its_paths_gets_eacces_and_nothing_commits(
     let tail = &outcome.stages[1].stderr_tail;
     assert!(tail.contains("api/y") && refused(tail), "{tail}");
     assert_eq!(tree_hash(&work), before, "the workdir changed");
-    rerun_as_nobody("a_restricted_stage_writing_outside_its_paths_gets_eacces_and_nothing_commits");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_restricted_stage_writing_outside_its_paths_gets_eacces_and_nothing_commits"
+    ));
 }
 
 #[test]
@@ -104,7 +108,9 @@ fn a_read_only_stage_cannot_write_anywhere_in_the_view_even_when_streamed() {
         }
     }
     assert_eq!(tree_hash(&work), before, "the workdir changed");
-    rerun_as_nobody("a_read_only_stage_cannot_write_anywhere_in_the_view_even_when_streamed");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_read_only_stage_cannot_write_anywhere_in_the_view_even_when_streamed"
+    ));
 }
 
 #[test]
@@ -157,7 +163,9 @@ fn rfc_example_4_agents_restricted_to_disjoint_subsystems_commit_together() {
         outcome.stages
     );
     assert_eq!(tree_hash(&work), before, "the workdir changed");
-    rerun_as_nobody("rfc_example_4_agents_restricted_to_disjoint_subsystems_commit_together");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "rfc_example_4_agents_restricted_to_disjoint_subsystems_commit_together"
+    ));
 }
 
 #[test]
@@ -176,7 +184,9 @@ fn a_missing_writable_directory_is_created_in_the_stage_layer() {
         std::fs::read_to_string(work.join("out/dist/app")).unwrap(),
         "bin\n"
     );
-    rerun_as_nobody("a_missing_writable_directory_is_created_in_the_stage_layer");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_missing_writable_directory_is_created_in_the_stage_layer"
+    ));
 }
 
 #[test]
@@ -261,7 +271,9 @@ fn a_restricted_stage_cannot_change_metadata_outside_its_paths() {
         }
     }
     assert_eq!(tree_hash(&work), before, "the workdir changed");
-    rerun_as_nobody("a_restricted_stage_cannot_change_metadata_outside_its_paths");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_restricted_stage_cannot_change_metadata_outside_its_paths"
+    ));
 }
 
 /// The error a write outside a stage's writable parts gets: EROFS from the read-only mount of

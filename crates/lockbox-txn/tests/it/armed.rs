@@ -3,7 +3,7 @@
 //! binary, so that this process's children are only the pipeline's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! paths longer than `PATH_MAX`, directories it made unreadable, files of holes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -65,5 +65,7 @@ fn a_pipeline_commits_long_paths_unreadable_directories_and_holes_whole() {
     for d in ["d", "d/sub", "e"] {
         std::fs::set_permissions(work.join(d), std::fs::Permissions::from_mode(0o700)).unwrap();
     }
-    rerun_as_nobody("a_pipeline_commits_long_paths_unreadable_directories_and_holes_whole");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_pipeline_commits_long_paths_unreadable_directories_and_holes_whole"
+    ));
 }

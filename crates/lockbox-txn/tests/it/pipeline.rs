@@ -2,7 +2,7 @@
 //! all-or-nothing commit.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
@@ -39,7 +39,9 @@ fn phase1_acceptance_three_stages_commit_both_files() {
     assert_eq!(outcome.stdout, Output::Memory(b"A\nA\nB\n".to_vec()));
     assert_eq!(outcome.changes.to_lines(), "A a.txt\nA b.txt\n");
     assert!(staging_leftovers(&work).is_empty());
-    rerun_as_nobody("phase1_acceptance_three_stages_commit_both_files");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "phase1_acceptance_three_stages_commit_both_files"
+    ));
 }
 
 #[test]
@@ -85,7 +87,9 @@ fn any_failing_stage_leaves_the_workdir_byte_identical() {
             matches!(&record[0], lockbox_txn::ListedTxn::Ok(r) if r.state == TxnState::Aborted)
         );
     }
-    rerun_as_nobody("any_failing_stage_leaves_the_workdir_byte_identical");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "any_failing_stage_leaves_the_workdir_byte_identical"
+    ));
 }
 
 #[test]
@@ -110,7 +114,9 @@ fn pipes_carry_binary_data_larger_than_the_memory_bound() {
     assert!(matches!(outcome.stdout, Output::File { len, .. } if len == input.len() as u64));
     assert_eq!(outcome.stdout.read_all().unwrap(), input);
     assert_eq!(std::fs::read(work.join("got.bin")).unwrap(), input);
-    rerun_as_nobody("pipes_carry_binary_data_larger_than_the_memory_bound");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "pipes_carry_binary_data_larger_than_the_memory_bound"
+    ));
 }
 
 #[test]
@@ -245,7 +251,9 @@ fn a_workdir_change_under_the_transaction_is_refused_with_exit_5() {
     );
     assert!(!work.join("a.txt").exists());
     assert!(staging_leftovers(&work).is_empty());
-    rerun_as_nobody("a_workdir_change_under_the_transaction_is_refused_with_exit_5");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_workdir_change_under_the_transaction_is_refused_with_exit_5"
+    ));
 }
 
 #[test]
@@ -322,7 +330,9 @@ fn a_retried_stage_runs_on_a_fresh_layer_with_the_same_stdin() {
         std::fs::read_to_string(work.join("got-1")).unwrap(),
         "hello\n"
     );
-    rerun_as_nobody("a_retried_stage_runs_on_a_fresh_layer_with_the_same_stdin");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_retried_stage_runs_on_a_fresh_layer_with_the_same_stdin"
+    ));
 }
 
 #[test]
@@ -359,7 +369,9 @@ fn selective_commit_applies_only_the_selected_paths() {
     assert_eq!(outcome.changes.to_lines(), "A notes\nA out\nA out/o\n");
     assert!(work.join("out/o").exists() && work.join("notes").exists());
     assert!(!work.join("scratch").exists());
-    rerun_as_nobody("selective_commit_applies_only_the_selected_paths");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "selective_commit_applies_only_the_selected_paths"
+    ));
 }
 
 #[test]
@@ -400,7 +412,9 @@ fn a_streamed_pipeline_pipes_live_and_merges_snapshot_layers() {
     assert!(outcome.committed, "{:?}", outcome.stages);
     assert_eq!(outcome.stdout.read_all().unwrap(), input);
     assert!(work.join("one").exists() && work.join("two").exists());
-    rerun_as_nobody("a_streamed_pipeline_pipes_live_and_merges_snapshot_layers");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_streamed_pipeline_pipes_live_and_merges_snapshot_layers"
+    ));
 }
 
 #[test]
@@ -444,7 +458,9 @@ fn stages_with_one_policy_share_a_sandbox_and_nothing_else() {
     assert_eq!(outcome.stdout, Output::Memory(b"one\n".to_vec()));
     let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
     assert_eq!(ns("ns1"), ns("ns2"), "one sandbox for both stages");
-    rerun_as_nobody("stages_with_one_policy_share_a_sandbox_and_nothing_else");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "stages_with_one_policy_share_a_sandbox_and_nothing_else"
+    ));
 }
 
 #[test]
@@ -469,7 +485,9 @@ fn stages_with_other_policies_run_in_sandboxes_of_their_own() {
     let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
     assert_ne!(ns("ns1"), ns("ns2"), "another policy, another sandbox");
     assert_eq!(ns("ns2"), ns("ns3"));
-    rerun_as_nobody("stages_with_other_policies_run_in_sandboxes_of_their_own");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "stages_with_other_policies_run_in_sandboxes_of_their_own"
+    ));
 }
 
 #[test]
@@ -489,7 +507,9 @@ fn stages_with_a_network_list_run_each_in_a_sandbox_of_its_own() {
     assert_eq!(outcome.stdout, Output::Memory(b"one\n".to_vec()));
     let ns = |n| std::fs::read_to_string(work.join(n)).unwrap();
     assert_ne!(ns("ns1"), ns("ns2"));
-    rerun_as_nobody("stages_with_a_network_list_run_each_in_a_sandbox_of_its_own");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "stages_with_a_network_list_run_each_in_a_sandbox_of_its_own"
+    ));
 }
 
 /// Issue 15: a file written just before a pipeline or gather began (same clock tick) was

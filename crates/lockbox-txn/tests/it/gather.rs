@@ -2,7 +2,7 @@
 //! conflict policy, a consumer on the merged view with every source's output.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{dirs, rerun_as_nobody, stage, staging_leftovers, tree_hash};
 use lockbox_txn::{AbortReason, ConflictPolicy, Gather, MergeConflict, Output};
@@ -51,9 +51,9 @@ fn disjoint_writes_commit_together_and_the_consumer_sees_merged_state_and_inputs
         );
     }
     assert!(staging_leftovers(&work).is_empty());
-    rerun_as_nobody(
-        "disjoint_writes_commit_together_and_the_consumer_sees_merged_state_and_inputs",
-    );
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "disjoint_writes_commit_together_and_the_consumer_sees_merged_state_and_inputs"
+    ));
 }
 
 fn same_path(
@@ -128,7 +128,9 @@ fn same_path_under_markers_keeps_every_version() {
     assert_eq!(outcome.markers.len(), 1);
     assert_eq!(outcome.markers[0].kept_as.to_str(), Some("f.lockbox-b"));
     assert_eq!(outcome.markers[0].source, "b");
-    rerun_as_nobody("same_path_under_markers_keeps_every_version");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "same_path_under_markers_keeps_every_version"
+    ));
 }
 
 #[test]
@@ -164,7 +166,9 @@ fn a_marker_of_a_directory_is_the_losing_sources_whole_version_of_it() {
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(kept.join("b")).unwrap().nlink(), 1);
     assert!(staging_leftovers(&work).is_empty());
-    rerun_as_nobody("a_marker_of_a_directory_is_the_losing_sources_whole_version_of_it");
+    rerun_as_nobody(&lockbox_testkit::test_name!(
+        "a_marker_of_a_directory_is_the_losing_sources_whole_version_of_it"
+    ));
 }
 
 /// Every path below `dir`, relative to it.

@@ -4,7 +4,7 @@
 //! pre- or the post-state.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -183,7 +183,12 @@ fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
     common::cp_a(&state, &p_state);
     common::cp_a(&work, &p_work);
     let pre = tree_hash(&work);
-    let mut child = common::spawn_child("layer_gather_crash_child_commit", CHILD_ENV, &state, &id);
+    let mut child = common::spawn_child(
+        &lockbox_testkit::test_name!("layer_gather_crash_child_commit"),
+        CHILD_ENV,
+        &state,
+        &id,
+    );
     let started = Instant::now();
     assert!(child.wait().unwrap().success());
     let window = started.elapsed();
@@ -203,8 +208,12 @@ fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
     for trial in 0..40 {
         common::cp_a(&p_state, &state);
         common::cp_a(&p_work, &work);
-        let mut child =
-            common::spawn_child("layer_gather_crash_child_commit", CHILD_ENV, &state, &id);
+        let mut child = common::spawn_child(
+            &lockbox_testkit::test_name!("layer_gather_crash_child_commit"),
+            CHILD_ENV,
+            &state,
+            &id,
+        );
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;

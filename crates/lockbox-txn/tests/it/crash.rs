@@ -3,7 +3,7 @@
 //! between, and no staging directory is left.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -89,7 +89,12 @@ fn torture(adds: usize, trials: usize) {
     let pre = tree_hash(&work);
 
     // One uninterrupted commit gives the post-state and the length of the window.
-    let mut child = common::spawn_child("crash_child_commit", CHILD_ENV, &state, &id);
+    let mut child = common::spawn_child(
+        &lockbox_testkit::test_name!("crash_child_commit"),
+        CHILD_ENV,
+        &state,
+        &id,
+    );
     let started = Instant::now();
     assert!(child.wait().unwrap().success());
     let window = started.elapsed();
@@ -106,7 +111,12 @@ fn torture(adds: usize, trials: usize) {
     for trial in 0..trials {
         common::cp_a(&pristine_state, &state);
         common::cp_a(&pristine_work, &work);
-        let mut child = common::spawn_child("crash_child_commit", CHILD_ENV, &state, &id);
+        let mut child = common::spawn_child(
+            &lockbox_testkit::test_name!("crash_child_commit"),
+            CHILD_ENV,
+            &state,
+            &id,
+        );
         let delay = rng.below(window.as_micros() as u64 * 11 / 10);
         std::thread::sleep(Duration::from_micros(delay));
         let _ = child.kill();
@@ -148,7 +158,9 @@ fn a_killed_commit_recovers_as_uid_65534_too() {
     if common::is_nobody_rerun() {
         torture(2000, 20);
     } else {
-        common::rerun_as_nobody("a_killed_commit_recovers_as_uid_65534_too");
+        common::rerun_as_nobody(&lockbox_testkit::test_name!(
+            "a_killed_commit_recovers_as_uid_65534_too"
+        ));
     }
 }
 
