@@ -10,7 +10,7 @@
 //! command that made them).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark binary, not library code
 
-#[path = "../../crates/lockbox-runtime/tests/common/agent_bin.rs"]
+#[path = "../../crates/lockbox-runtime/tests/it/common/agent_bin.rs"]
 mod agent_bin;
 
 use lockbox_runtime::{ContextOptions, RunCodeRequest, Runtime, RuntimeConfig, SandboxSpec};

@@ -6,7 +6,7 @@
 //! state directory. As root and as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{
     ProcessCommand, ProcessSpec, ProcessState, SandboxSpec, SessionOptions, WriteOptions,
@@ -106,7 +106,9 @@ fn holders(state: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_on_a_busybox_image_without_glibc_runs_sessions_processes_and_files() {
-    also_as_nobody("a_sandbox_on_a_busybox_image_without_glibc_runs_sessions_processes_and_files");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_sandbox_on_a_busybox_image_without_glibc_runs_sessions_processes_and_files"
+    ));
     let work = scratch();
     let lay = work.path().join("lay");
     layout(&lay, true);
@@ -193,7 +195,9 @@ async fn a_sandbox_on_a_busybox_image_without_glibc_runs_sessions_processes_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_of_sandboxes_that_are_gone_are_released_when_a_runtime_opens() {
-    also_as_nobody("holds_of_sandboxes_that_are_gone_are_released_when_a_runtime_opens");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "holds_of_sandboxes_that_are_gone_are_released_when_a_runtime_opens"
+    ));
     let work = scratch();
     let lay = work.path().join("lay");
     layout(&lay, true);
@@ -214,7 +218,9 @@ async fn holds_of_sandboxes_that_are_gone_are_released_when_a_runtime_opens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_without_bash_fails_a_shell_command_naming_bash_but_runs_processes() {
-    also_as_nobody("an_image_without_bash_fails_a_shell_command_naming_bash_but_runs_processes");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "an_image_without_bash_fails_a_shell_command_naming_bash_but_runs_processes"
+    ));
     let work = scratch();
     let lay = work.path().join("lay");
     layout(&lay, false);
@@ -247,7 +253,9 @@ async fn an_image_the_store_lacks_and_its_source_does_not_have_is_an_image_error
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it() {
-    also_as_nobody("a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_fork_of_an_image_sandboxs_snapshot_runs_on_the_image_and_holds_it"
+    ));
     let work = scratch();
     let lay = work.path().join("lay");
     layout(&lay, true);

@@ -4,7 +4,7 @@
 //! process. A test binary of its own: it counts its sandbox agents.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{Runtime, RuntimeConfig, SandboxSpec};
 use std::time::Duration;
@@ -26,7 +26,9 @@ async fn until_ready(rt: &Runtime, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool() {
     let _serial = SERIAL.lock().await;
-    also_as_nobody("pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "pooled_sandboxes_are_as_fresh_as_started_ones_and_shutdown_stops_the_pool"
+    ));
     let before = host_agents();
     let state = scratch();
     let mut config = RuntimeConfig::new(state.path());
@@ -98,9 +100,9 @@ fn branches(state: &std::path::Path) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_the_runtime() {
     let _serial = SERIAL.lock().await;
-    also_as_nobody(
-        "spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_the_runtime",
-    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "spare_forks_of_a_snapshot_are_whole_forks_and_never_hold_it_or_outlive_the_runtime"
+    ));
     let before = host_agents();
     let state = scratch();
     let work = scratch();

@@ -2,7 +2,7 @@
 //! gathered into one commit under a conflict policy, all or none.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{
     ConflictPolicy, GatherOptions, OnExit, Runtime, RuntimeError, Sandbox, SandboxId, SandboxSpec,
@@ -67,9 +67,9 @@ fn with(conflicts: ConflictPolicy) -> GatherOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_forks_writing_disjoint_files_are_gathered_with_the_snapshots_changes_once() {
-    also_as_nobody(
-        "three_forks_writing_disjoint_files_are_gathered_with_the_snapshots_changes_once",
-    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "three_forks_writing_disjoint_files_are_gathered_with_the_snapshots_changes_once"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -136,9 +136,9 @@ async fn three_forks_writing_disjoint_files_are_gathered_with_the_snapshots_chan
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_writing_one_path_are_refused_under_fail_and_resolved_by_the_other_policies() {
-    also_as_nobody(
-        "forks_writing_one_path_are_refused_under_fail_and_resolved_by_the_other_policies",
-    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "forks_writing_one_path_are_refused_under_fail_and_resolved_by_the_other_policies"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -219,7 +219,9 @@ async fn forks_writing_one_path_are_refused_under_fail_and_resolved_by_the_other
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn markers_keep_the_first_forks_version_and_the_others_beside_it() {
-    also_as_nobody("markers_keep_the_first_forks_version_and_the_others_beside_it");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "markers_keep_the_first_forks_version_and_the_others_beside_it"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -246,7 +248,9 @@ async fn markers_keep_the_first_forks_version_and_the_others_beside_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workdir_changed_since_the_snapshot_is_refused_unless_forced() {
-    also_as_nobody("a_workdir_changed_since_the_snapshot_is_refused_unless_forced");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_workdir_changed_since_the_snapshot_is_refused_unless_forced"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -278,7 +282,9 @@ async fn a_workdir_changed_since_the_snapshot_is_refused_unless_forced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committing_together_refuses_bad_lists_with_typed_errors_and_changes_nothing() {
-    also_as_nobody("committing_together_refuses_bad_lists_with_typed_errors_and_changes_nothing");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "committing_together_refuses_bad_lists_with_typed_errors_and_changes_nothing"
+    ));
     let state = scratch();
     let work = scratch();
     let other = scratch();

@@ -7,7 +7,7 @@
 //! themselves, through a real server: lockbox-cli's tests/net_credentials.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{
     CredentialSpec, Credentials, HttpRules, OnExit, Runtime, RuntimeError, SandboxSpec,
@@ -50,9 +50,9 @@ fn holding(dir: &Path, needle: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_keep_interception_rules_and_a_later_runtime_resolves_them_by_name_or_refuses() {
-    also_as_nobody(
-        "forks_keep_interception_rules_and_a_later_runtime_resolves_them_by_name_or_refuses",
-    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "forks_keep_interception_rules_and_a_later_runtime_resolves_them_by_name_or_refuses"
+    ));
     let state = scratch();
     let work = scratch();
     std::fs::write(work.path().join("file"), "x").unwrap();

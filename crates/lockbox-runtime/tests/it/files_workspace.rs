@@ -2,7 +2,7 @@
 //! abort, on_exit), plus metadata across runtime restarts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{
     ByteRange, FileKind, OnExit, SandboxSpec, SandboxState, Selection, WriteOptions,
@@ -29,7 +29,9 @@ fn workdir_spec(dir: &std::path::Path) -> SandboxSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_files_round_trip_with_ranges() {
-    also_as_nobody("binary_files_round_trip_with_ranges");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "binary_files_round_trip_with_ranges"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 256) as u8).collect();
@@ -211,7 +213,9 @@ async fn stat_list_mkdir_rename_remove() {
 /// outside, from a session's command and through the files API, and commits so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_32_sessions_and_the_files_api_rename_workdir_directories() {
-    also_as_nobody("issue_32_sessions_and_the_files_api_rename_workdir_directories");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "issue_32_sessions_and_the_files_api_rename_workdir_directories"
+    ));
     let state = scratch();
     let work = scratch();
     for dir in ["src/sub", "lib"] {
@@ -239,7 +243,9 @@ async fn issue_32_sessions_and_the_files_api_rename_workdir_directories() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workspace_changes_commit_and_abort() {
-    also_as_nobody("workspace_changes_commit_and_abort");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "workspace_changes_commit_and_abort"
+    ));
     let state = scratch();
     let work = scratch();
     std::fs::write(work.path().join("keep.txt"), b"v1").unwrap();
@@ -455,7 +461,9 @@ async fn committing_some_hunks_of_a_running_sandbox_keeps_the_stale_check_for_th
 /// what it showed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_32_a_running_sandbox_cannot_change_what_was_reviewed_before_the_commit() {
-    also_as_nobody("issue_32_a_running_sandbox_cannot_change_what_was_reviewed_before_the_commit");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "issue_32_a_running_sandbox_cannot_change_what_was_reviewed_before_the_commit"
+    ));
     use lockbox_runtime::{HunkSelection, Review, Reviewed};
     let state = scratch();
     let work = scratch();

@@ -2,7 +2,7 @@
 //! PTYs, and delete leaving nothing behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use bytes::Bytes;
 use common::*;
 use futures_util::StreamExt;
@@ -42,7 +42,9 @@ async fn wait_exit(sb: &lockbox_runtime::Sandbox, id: &str) -> lockbox_runtime::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_leaves_nothing_of_the_tree_alive() {
-    also_as_nobody("kill_leaves_nothing_of_the_tree_alive");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "kill_leaves_nothing_of_the_tree_alive"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     // Double fork, setsid and ignored SIGTERM: the daemon pattern.
@@ -176,7 +178,9 @@ async fn stdin_round_trip_and_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pty_drives_an_interactive_shell() {
-    also_as_nobody("a_pty_drives_an_interactive_shell");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_pty_drives_an_interactive_shell"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     let mut spec = argv(&["bash", "--norc", "--noprofile", "-i"]);
@@ -306,7 +310,9 @@ async fn usage_of(rt: &lockbox_runtime::Runtime, id: &str) -> lockbox_runtime::R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended() {
-    also_as_nobody("info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "info_counts_the_sandboxs_live_processes_and_the_cpu_of_those_that_ended"
+    ));
     let state = scratch();
     let mut spec = lockbox_runtime::SandboxSpec::default();
     spec.policy.limits.memory = Some(lockbox_policy::ByteSize(1 << 30));

@@ -4,7 +4,7 @@
 //! `openat2`) keeps working.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use futures_util::StreamExt;
 use lockbox_runtime::{ProcessCommand, ProcessSpec, WriteOptions};
@@ -73,7 +73,9 @@ fn assert_walled(text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_get_enosys_from_openat2_and_cannot_reach_the_agent_while_files_work() {
-    also_as_nobody("commands_get_enosys_from_openat2_and_cannot_reach_the_agent_while_files_work");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "commands_get_enosys_from_openat2_and_cannot_reach_the_agent_while_files_work"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     // A session command.
@@ -124,9 +126,9 @@ async fn commands_get_enosys_from_openat2_and_cannot_reach_the_agent_while_files
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_still_works() {
-    also_as_nobody(
-        "an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_still_works",
-    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_still_works"
+    ));
     let allowed = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
     let other = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
     other.set_nonblocking(true).unwrap();

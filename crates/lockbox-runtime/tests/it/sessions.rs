@@ -2,12 +2,14 @@
 //! byte-exact output, termination, stdin.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_state_persists_across_calls() {
-    also_as_nobody("session_state_persists_across_calls");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "session_state_persists_across_calls"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "cd /tmp && export GREETING=hello && greet() { echo \"$GREETING $1\"; } && alias hi='echo alias-works'").await;
@@ -92,7 +94,9 @@ async fn two_sessions_run_in_parallel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_command_and_children_and_session_keeps_state() {
-    also_as_nobody("timeout_kills_command_and_children_and_session_keeps_state");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "timeout_kills_command_and_children_and_session_keeps_state"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "cd /tmp; export MARK=kept").await;

@@ -2,7 +2,7 @@
 //! deleted directories, new subdirectories watched, overflow reported to a slow consumer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use futures_util::StreamExt;
 use lockbox_runtime::{ChangeKind, FileChange, RuntimeError, WatchEvent, WatchStream};
@@ -42,7 +42,9 @@ fn has(seen: &[WatchEvent], kind: ChangeKind, path: &str, is_dir: bool) -> bool 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_reports_1000_created_files_moves_deleted_dirs_and_new_subdirectories() {
-    also_as_nobody("watch_reports_1000_created_files_moves_deleted_dirs_and_new_subdirectories");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "watch_reports_1000_created_files_moves_deleted_dirs_and_new_subdirectories"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "mkdir -p /tmp/w/old/deep && touch /tmp/w/old/deep/f").await;
@@ -123,7 +125,9 @@ async fn watch_reports_1000_created_files_moves_deleted_dirs_and_new_subdirector
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_falls_behind_is_told_of_the_loss_and_the_watch_goes_on() {
-    also_as_nobody("a_consumer_that_falls_behind_is_told_of_the_loss_and_the_watch_goes_on");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_consumer_that_falls_behind_is_told_of_the_loss_and_the_watch_goes_on"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     run(&sb, "mkdir /tmp/o").await;

@@ -2,7 +2,7 @@
 //! agent's connection (`connect_port`) and a host loopback listener, on the real kernel.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{also_as_nobody, sandbox, scratch};
 use lockbox_runtime::{ExposeOptions, ProcessCommand, ProcessSpec, Sandbox};
@@ -46,7 +46,9 @@ async fn get_through(sb: &Sandbox, port: u16) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_http_server_inside_is_fetched_through_connect_port_and_host_loopback() {
-    also_as_nobody("a_python_http_server_inside_is_fetched_through_connect_port_and_host_loopback");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_python_http_server_inside_is_fetched_through_connect_port_and_host_loopback"
+    ));
     let state = scratch();
     let (rt, sb) = sandbox(state.path()).await;
     // Not exposed: refused before anything is tried.

@@ -2,7 +2,7 @@
 //! (the sandbox's `python3` is the system's).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{also_as_nobody, sandbox, scratch};
 use futures_util::StreamExt;
@@ -32,7 +32,9 @@ fn text(e: &Execution) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_context_keeps_its_variables_across_100_runs() {
-    also_as_nobody("a_python_context_keeps_its_variables_across_100_runs");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_python_context_keeps_its_variables_across_100_runs"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     let first = run(&sb, "n = 0\nn").await;
@@ -54,7 +56,9 @@ async fn a_python_context_keeps_its_variables_across_100_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exception_comes_back_with_name_value_and_traceback() {
-    also_as_nobody("an_exception_comes_back_with_name_value_and_traceback");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "an_exception_comes_back_with_name_value_and_traceback"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     run(&sb, "def check(x):\n    raise ValueError(f'bad {x}')").await;
@@ -80,7 +84,9 @@ async fn an_exception_comes_back_with_name_value_and_traceback() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rich_results_come_as_mime_bundles() {
-    also_as_nobody("rich_results_come_as_mime_bundles");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "rich_results_come_as_mime_bundles"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     let e = run(
@@ -99,7 +105,9 @@ async fn rich_results_come_as_mime_bundles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_infinite_loop_is_interrupted_at_its_timeout_and_the_context_survives() {
-    also_as_nobody("an_infinite_loop_is_interrupted_at_its_timeout_and_the_context_survives");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "an_infinite_loop_is_interrupted_at_its_timeout_and_the_context_survives"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     run(&sb, "kept = 41").await;
@@ -126,7 +134,9 @@ async fn an_infinite_loop_is_interrupted_at_its_timeout_and_the_context_survives
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn code_that_ignores_sigint_is_killed_and_the_context_restarts_fresh() {
-    also_as_nobody("code_that_ignores_sigint_is_killed_and_the_context_restarts_fresh");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "code_that_ignores_sigint_is_killed_and_the_context_restarts_fresh"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     run(&sb, "kept = 1").await;
@@ -150,7 +160,9 @@ async fn code_that_ignores_sigint_is_killed_and_the_context_restarts_fresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashing_interpreter_is_reported_and_restarted_on_the_next_run() {
-    also_as_nobody("a_crashing_interpreter_is_reported_and_restarted_on_the_next_run");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_crashing_interpreter_is_reported_and_restarted_on_the_next_run"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     let e = run(&sb, "import os\nprint('bye', flush=True)\nos._exit(3)").await;
@@ -171,7 +183,9 @@ async fn a_crashing_interpreter_is_reported_and_restarted_on_the_next_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdout_is_streamed_before_the_run_ends() {
-    also_as_nobody("stdout_is_streamed_before_the_run_ends");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "stdout_is_streamed_before_the_run_ends"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     run(&sb, "import time").await;
@@ -203,7 +217,9 @@ async fn stdout_is_streamed_before_the_run_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bash_context_keeps_its_cwd_and_variables() {
-    also_as_nobody("a_bash_context_keeps_its_cwd_and_variables");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_bash_context_keeps_its_cwd_and_variables"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     let info = sb
@@ -248,7 +264,9 @@ async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
         eprintln!("SKIP: no /usr/bin/node");
         return;
     }
-    also_as_nobody("a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     let opts = ContextOptions {
@@ -301,7 +319,9 @@ async fn bad_context_requests_name_what_is_wrong() {
 /// together, and the run says it was cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error() {
-    also_as_nobody("issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error"
+    ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
     let max = lockbox_runtime::DEFAULT_MAX_EXEC_OUTPUT;

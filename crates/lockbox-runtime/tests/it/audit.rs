@@ -2,7 +2,7 @@
 //! kept (`audit_log`) and live (`audit`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use futures_util::StreamExt;
 use lockbox_policy::{Net, NetSpec, Policy};
@@ -33,7 +33,9 @@ async fn kept(sb: &Sandbox, n: usize) -> Vec<NetEvent> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_sandboxs_audit_log_holds_its_own_network_decisions_only() {
-    also_as_nobody("each_sandboxs_audit_log_holds_its_own_network_decisions_only");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "each_sandboxs_audit_log_holds_its_own_network_decisions_only"
+    ));
     let state = scratch();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

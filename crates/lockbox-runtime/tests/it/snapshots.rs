@@ -2,7 +2,7 @@
 //! all its files; records whole), the sandbox goes on after each, listed and deleted through the runtime.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{ProcessCommand, ProcessSpec, SandboxSpec};
 
@@ -51,7 +51,9 @@ fn check_records(data: &[u8]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_of_a_sandbox_writing_continuously_hold_whole_records() {
-    also_as_nobody("snapshots_of_a_sandbox_writing_continuously_hold_whole_records");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "snapshots_of_a_sandbox_writing_continuously_hold_whole_records"
+    ));
     let state = scratch();
     let work = scratch();
     std::fs::write(work.path().join("seed"), "seed\n").unwrap();

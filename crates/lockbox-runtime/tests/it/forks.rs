@@ -3,7 +3,7 @@
 //! commits on its own under the stale-base rule, and a restore gives back the exact tree.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{DiffTarget, OnExit, Runtime, Sandbox, SandboxSpec, Selection};
 use std::collections::BTreeMap;
@@ -73,7 +73,9 @@ async fn fork_one(rt: &Runtime, snapshot: &str) -> Sandbox {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes() {
-    also_as_nobody("forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -213,7 +215,9 @@ async fn forks_three_levels_deep_each_see_their_snapshot_and_their_own_changes()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conflicts() {
-    also_as_nobody("a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conflicts");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conflicts"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -267,7 +271,9 @@ async fn a_fork_commits_on_its_own_and_its_siblings_commit_of_the_same_path_conf
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_after_many_writes_gives_back_the_exact_tree() {
-    also_as_nobody("restore_after_many_writes_gives_back_the_exact_tree");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "restore_after_many_writes_gives_back_the_exact_tree"
+    ));
     let state = scratch();
     let work = scratch();
     let w = work.path();
@@ -399,7 +405,9 @@ async fn snapshots_beyond_the_disk_budget_are_refused_and_not_kept() {
 /// inode, entries are bounded too, and the copy stops at the bound: nothing is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_32_snapshots_count_directories_and_inodes_and_stop_at_the_bound() {
-    also_as_nobody("issue_32_snapshots_count_directories_and_inodes_and_stop_at_the_bound");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "issue_32_snapshots_count_directories_and_inodes_and_stop_at_the_bound"
+    ));
     let state = scratch();
     let work = scratch();
     let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
@@ -449,7 +457,9 @@ async fn issue_32_snapshots_count_directories_and_inodes_and_stop_at_the_bound()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link() {
-    also_as_nobody("tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_link"
+    ));
     let state = scratch();
     let work = scratch();
     let (rt, sb) = sandbox_with(state.path(), workdir_spec(work.path())).await;

@@ -3,7 +3,7 @@
 //! agents, which other tests running alongside would change.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 use lockbox_runtime::{OnExit, SandboxSpec};
 use std::path::Path;
@@ -22,7 +22,9 @@ fn entries(dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind() {
-    also_as_nobody("a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind");
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_hundred_snapshot_fork_delete_cycles_leave_nothing_behind"
+    ));
     let state = scratch();
     let work = scratch();
     std::fs::write(work.path().join("base"), "b").unwrap();
