@@ -1,7 +1,7 @@
 //! `lockbox journal` against a real SQLite journal written by the library.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{command_as, text, User};
 use lockbox_journal::{Journal, RunId, SqliteStorage, StartOptions};

@@ -4,7 +4,7 @@
 //! never a panic. As the current user and (when root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::{command_as, give, scratch, text, users, User};

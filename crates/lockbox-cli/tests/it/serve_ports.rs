@@ -3,8 +3,8 @@
 //! host loopback port forwards to it; as the current user and (as root) uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::users;
 use futures_util::{SinkExt, StreamExt};

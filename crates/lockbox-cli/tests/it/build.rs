@@ -5,7 +5,7 @@
 //! unknown instruction.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{give, lockbox, scratch, text, users};
 use sha2::Digest as _;

@@ -4,7 +4,7 @@
 //! user and, when that is root, as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{lockbox, scratch, shared_file, text, users, User};
 use std::io::{Read, Write};
@@ -70,7 +70,7 @@ fn probe() -> &'static Path {
     PROBE.get_or_init(|| {
         let dir = scratch();
         let bin = dir.path().join("probe");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net/probe.c");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/net/probe.c");
         let out = std::process::Command::new("cc")
             .args(["-O1", "-pthread", "-o"])
             .arg(&bin)

@@ -2,7 +2,7 @@
 //! help that teaches. As the current user and (when root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{give, lockbox, scratch, text, users, User};
 use std::path::Path;

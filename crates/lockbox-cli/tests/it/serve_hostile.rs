@@ -4,8 +4,8 @@
 //! sockets, as the current user and (as root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::{users, User};
 use futures_util::StreamExt;

@@ -5,7 +5,7 @@
 //! learns of the caller from `/proc/1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{binary, command_as, give, lockbox, scratch, text, users, User};
 use std::io::{BufRead, BufReader};

@@ -2,7 +2,7 @@
 //! and, when that is root, again as uid 65534 to prove no privilege is needed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{binary, command_as, lockbox, scratch, text, users, User};
 use std::net::TcpListener;

@@ -3,7 +3,7 @@
 //! --workdir --on-exit keep` made, as the current user and (as root) uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{command_as, give, scratch, text, users, User};
 use serde_json::Value;

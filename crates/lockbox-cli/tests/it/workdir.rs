@@ -2,8 +2,8 @@
 //! the current user and (when root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../../lockbox-cow/tests/it/common/script.rs"]
+use crate::common;
+#[path = "../../../lockbox-cow/tests/it/common/script.rs"]
 mod script;
 
 use common::{

@@ -3,8 +3,8 @@
 //! uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use base64::Engine;
 use common::{command_as, give, users, User};

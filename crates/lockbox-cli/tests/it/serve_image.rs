@@ -5,8 +5,8 @@
 //! user and (as root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::{command_as, give, scratch, users};
 use reqwest::{Method, StatusCode};

@@ -3,8 +3,8 @@
 //! directory; as the current user and (as root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::{give, lockbox, scratch, text, users};
 use reqwest::{Method, StatusCode};

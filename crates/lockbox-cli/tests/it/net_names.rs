@@ -12,7 +12,7 @@
 //! as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::testnet::{audit_events, sh, skip_unless_root, Netns, Range};
 use common::{binary, lockbox, scratch, shared_file, text, users, User};
@@ -53,7 +53,7 @@ impl TestNet {
             .output()
             .unwrap();
         assert!(made.status.success(), "openssl: {}", text(&made));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/upstream.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/net_names/upstream.py");
         let mut services = ns
             .command("python3")
             .arg(&script)
@@ -151,7 +151,7 @@ fn client_dir() -> &'static Path {
     static CLIENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     CLIENT
         .get_or_init(|| {
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_names/client.py");
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/net_names/client.py");
             shared_file("client.py", &std::fs::read(src).unwrap())
         })
         .parent()

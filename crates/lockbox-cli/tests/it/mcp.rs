@@ -4,7 +4,7 @@
 //! the official MCP SDK in python/tests/test_mcp.py.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{command_as, give, lockbox, scratch, text, users};
 use serde_json::{json, Value};

@@ -7,8 +7,8 @@
 //! `LOCKBOX_ESCAPE_ONLY=name,name` runs a subset.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod escape_net;
+use crate::common;
+use crate::escape_net;
 
 use common::{binary, give, scratch, snapshot, users, Node, User};
 use escape_net::names::NamesNet;

@@ -3,7 +3,7 @@
 //! current user and (as root) as uid 65534. Registry pulls are tested in lockbox-image.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{give, lockbox, scratch, text, users};
 use serde_json::Value;

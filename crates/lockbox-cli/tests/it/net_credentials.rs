@@ -12,8 +12,8 @@
 //! root and as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::testnet::{audit_events, openssl, sh, skip_unless_root, Netns, Range};
 use common::{lockbox, scratch, text, users, User};
@@ -67,7 +67,7 @@ impl TestNet {
         std::fs::copy(p.join("ca.pem"), d.join("ca.pem")).unwrap();
         let secret = format!("s3cr3t-{}-do-not-leak", ns.name);
         std::fs::write(p.join("secret"), &secret).unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/net_credentials");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/net_credentials");
         std::fs::copy(src.join("server.py"), p.join("server.py")).unwrap();
         std::fs::copy(src.join("client.py"), d.join("client.py")).unwrap();
         std::fs::write(

@@ -2,7 +2,7 @@
 //! (when root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{
     command_as, give, scratch, snapshot, text, users, wait_for_file, User, EQUAL_BYTES_RACER,

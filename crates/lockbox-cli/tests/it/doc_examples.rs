@@ -20,7 +20,7 @@
 //! Shell examples run as the current user and, when the tests run as root, as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{binary, give, scratch, users, User};
 use std::os::unix::process::CommandExt;

@@ -4,7 +4,7 @@
 //! its stdout must equal the ```text block that follows it — so the docs cannot rot.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{binary, scratch};
 use std::path::Path;

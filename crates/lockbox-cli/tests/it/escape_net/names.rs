@@ -96,7 +96,7 @@ impl NamesNet {
             format!("nameserver {}\noptions attempts:1 timeout:2\n", ns.ip),
         )
         .unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/escape_net/services.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/escape_net/services.py");
         let mut services = ns
             .command("python3")
             .arg(&script)
