@@ -12,11 +12,11 @@ need=()
 # The Python SDK's tests run in a virtualenv of the system's python3 (so uid 65534 can run it).
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v setpriv >/dev/null || need+=(util-linux)
-# The documented transaction examples (tests/docs.rs) apply a patch with git inside a
+# The documented transaction examples (tests/it/docs.rs) apply a patch with git inside a
 # sandbox and read the JSON outcome with jq.
 [ -x /usr/bin/git ] || [ -x /usr/local/bin/git ] || need+=(git)
 command -v jq >/dev/null || need+=(jq)
-# lockbox-cow's hunk commits are property-tested against the real `patch` (tests/hunks.rs).
+# lockbox-cow's hunk commits are property-tested against the real `patch` (tests/it/hunks.rs).
 command -v patch >/dev/null || need+=(patch)
 # The escape corpus (tests/escape) compiles its C attacks; they include kernel uapi headers.
 command -v gcc >/dev/null || need+=(gcc)
@@ -37,10 +37,10 @@ command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v skopeo >/dev/null || need+=(skopeo)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
-# The image tests' package-manager cases (crates/lockbox-confine/tests/image.rs) make a
+# The image tests' package-manager cases (crates/lockbox-confine/tests/it/image.rs) make a
 # Debian minbase image with mmdebstrap (from Debian's mirror; kept in the target dir after).
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
-# A long-lived sandbox on an image without glibc (crates/lockbox-runtime/tests/image.rs):
+# A long-lived sandbox on an image without glibc (crates/lockbox-runtime/tests/it/image.rs):
 # busybox plus a static bash for its sessions.
 [ -x /bin/bash-static ] || need+=(bash-static)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
