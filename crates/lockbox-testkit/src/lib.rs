@@ -8,6 +8,8 @@
 //! - [`child_role`] / [`child`]: the convention for a test that runs part of itself in a child
 //!   process (to SIGKILL it, or under other limits).
 //! - [`as_uid_65534`]: runs tests of the current binary again as uid/gid 65534.
+//! - [`scratch`]: a temporary directory uid 65534 and sandboxes can enter.
+//! - [`oci`]: OCI image layouts made from a directory (busybox-static's `/bin/busybox`).
 //!
 //! A failing helper panics: that is how a test fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,6 +17,8 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::process::Command;
+
+pub mod oci;
 
 /// The name libtest gives the test `$name` defined in the calling module: the module path
 /// without the crate (`it::`), then `::$name`. Pass it with `--exact` to run that one test.
@@ -50,7 +54,7 @@ macro_rules! require {
 /// false, and the caller returns.
 ///
 /// A skip is written straight to the process's stderr (libtest captures only `print!` and
-/// `eprint!`, so the line shows even when the test passes) as `SKIP <test>: <why>`, and
+/// `eprint!`, so the line shows even when the test passes) as `SKIP <crate> <test>: <why>`, and
 /// appended to the file `LOCKBOX_TEST_SKIP_LOG` names, if set: `scripts/test.sh` prints that
 /// file as the run's summary of skipped tests.
 pub fn requirement(met: bool, why: &str) -> bool {
@@ -62,9 +66,10 @@ pub fn requirement(met: bool, why: &str) -> bool {
     if std::env::var("LOCKBOX_TEST_REQUIRE").as_deref() == Ok("all") {
         panic!("{test}: {why} (required: LOCKBOX_TEST_REQUIRE=all)");
     }
-    let exe = std::env::current_exe().unwrap_or_default();
-    let binary = exe.file_name().unwrap_or_default().to_string_lossy();
-    let line = format!("SKIP {binary} {test}: {why}\n");
+    // cargo runs a crate's tests in the crate's directory: name the crate.
+    let dir = std::env::current_dir().unwrap_or_default();
+    let krate = dir.file_name().unwrap_or_default().to_string_lossy();
+    let line = format!("SKIP {krate} {test}: {why}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
     if let Some(log) = std::env::var_os("LOCKBOX_TEST_SKIP_LOG") {
         if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -102,25 +107,35 @@ pub fn child(test: &str, var: &str, arg: impl AsRef<OsStr>) -> Command {
     cmd
 }
 
-/// Runs the current test binary again as uid/gid 65534 (through `setpriv`, no supplementary
-/// groups), with `marker=1` set so the re-run can tell, and libtest arguments `args` (test
-/// names or filters); returns whether it passed. `TMPDIR` and `HOME` point at `/tmp`, which
-/// uid 65534 can write.
-pub fn as_uid_65534(marker: &str, args: &[&str]) -> std::process::ExitStatus {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args(args)
-        .env(marker, "1")
-        .env("TMPDIR", "/tmp")
-        .env("HOME", "/tmp")
-        .status()
-        .unwrap()
+/// A command running the current test binary again as uid/gid 65534 (through `setpriv`, no
+/// supplementary groups), with `marker=1` set so the re-run can tell; add libtest arguments
+/// (filters: [`test_name!`]) and run it. `TMPDIR` and `HOME` point at `/tmp`, which uid
+/// 65534 can write. The test binary must be reachable by uid 65534.
+pub fn as_uid_65534(marker: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "--",
+    ])
+    .arg(std::env::current_exe().unwrap())
+    .env(marker, "1")
+    .env("TMPDIR", "/tmp")
+    .env("HOME", "/tmp");
+    cmd
+}
+
+/// A temporary directory under `/tmp` (named `prefix`...), mode 0755: uid 65534 and the
+/// sandboxes of a test can enter it. Removed when dropped.
+pub fn scratch(prefix: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
 }

@@ -6,63 +6,25 @@
 use crate::common;
 
 use common::{give, lockbox, scratch, text, users};
+use lockbox_testkit::oci;
 use serde_json::Value;
-use sha2::Digest as _;
 use std::path::Path;
 use std::process::Command;
-
-fn sha(data: &[u8]) -> String {
-    format!(
-        "sha256:{}",
-        sha2::Sha256::digest(data)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
-}
-
-fn blob(dir: &Path, data: &[u8]) -> String {
-    let d = sha(data);
-    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
-    d
-}
 
 /// An OCI layout at `dir`, tag `v1`: one uncompressed layer (busybox, a symlink, a setuid
 /// file); returns the image id.
 fn layout(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
     let root = dir.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    oci::busybox_root(&root, &["sh"]);
     std::fs::write(root.join("bin/su"), "#!/bin/sh\n").unwrap();
-    let tar = dir.join("layer.tar");
-    let st = Command::new("sh")
-        .args(["-c", "chmod 4755 \"$0/bin/su\" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C \"$0\" -cf \"$1\" ."])
-        .arg(&root)
-        .arg(&tar)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let layer = std::fs::read(&tar).unwrap();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
-    }))
-    .unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(dir, &config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(dir, &layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let m = blob(dir, &manifest);
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": m, "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    sha(&config)
+    std::fs::set_permissions(root.join("bin/su"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    oci::layout(
+        dir,
+        &root,
+        serde_json::json!({"Env": ["PATH=/bin"], "Cmd": ["sh"], "WorkingDir": "/"}),
+        "v1",
+    )
 }
 
 fn json_of(out: &std::process::Output) -> Value {

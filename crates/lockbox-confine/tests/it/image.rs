@@ -54,12 +54,7 @@ fn as_root_and_nobody(name: &str, body: impl Fn()) {
 
 /// A directory of the current user's that uid 65534 (and the sandbox) can enter.
 fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("lockbox-image-test")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
+    lockbox_testkit::scratch("lockbox-image-test")
 }
 
 /// The two layers described in the module doc, under `dir`; top first.
@@ -68,12 +63,13 @@ fn layers(dir: &Path) -> Vec<PathBuf> {
     for d in ["bin", "etc", "root", "data/old", "usr"] {
         std::fs::create_dir_all(base.join(d)).unwrap();
     }
-    std::fs::copy("/bin/busybox", base.join("bin/busybox")).unwrap();
-    for applet in [
-        "sh", "cat", "echo", "id", "ls", "stat", "test", "chown", "touch", "rm", "mkdir", "true",
-    ] {
-        std::os::unix::fs::symlink("busybox", base.join("bin").join(applet)).unwrap();
-    }
+    lockbox_testkit::oci::busybox_root(
+        &base,
+        &[
+            "sh", "cat", "echo", "id", "ls", "stat", "test", "chown", "touch", "rm", "mkdir",
+            "true",
+        ],
+    );
     std::fs::write(base.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
     std::fs::write(base.join("etc/group"), "root:x:0:\n").unwrap();
     std::fs::write(base.join("etc/gone"), "deleted by layer 2\n").unwrap();

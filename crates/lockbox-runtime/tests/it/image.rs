@@ -11,77 +11,32 @@ use common::*;
 use lockbox_runtime::{
     ProcessCommand, ProcessSpec, ProcessState, SandboxSpec, SessionOptions, WriteOptions,
 };
+use lockbox_testkit::oci;
 use std::path::Path;
 use std::process::Command;
 use tokio::io::AsyncReadExt;
-
-fn sha(data: &[u8]) -> String {
-    use sha2::Digest as _;
-    let hex: String = sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256:{hex}")
-}
-
-fn blob(dir: &Path, data: &[u8]) -> String {
-    let d = sha(data);
-    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
-    d
-}
 
 /// An OCI layout at `dir`, tag `v1`: busybox (with a few applets), `/bin/bash` (static),
 /// `/work`; Env `GREETING=from-image`, WorkingDir `/work`. `bash`: whether to include it.
 fn layout(dir: &Path, bash: bool) {
     let root = dir.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
+    oci::busybox_root(
+        &root,
+        &[
+            "sh", "cat", "echo", "ls", "id", "mktemp", "head", "rm", "env", "pwd", "sleep", "test",
+            "cut",
+        ],
+    );
     std::fs::create_dir_all(root.join("work")).unwrap();
-    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
     if bash {
         std::fs::copy("/bin/bash-static", root.join("bin/bash")).unwrap();
     }
-    for applet in [
-        "sh", "cat", "echo", "ls", "id", "mktemp", "head", "rm", "env", "pwd", "sleep", "test",
-        "cut",
-    ] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-    }
-    let tar = dir.join("layer.tar");
-    let st = Command::new("tar")
-        .args([
-            "--sort=name",
-            "--owner=0",
-            "--group=0",
-            "--numeric-owner",
-            "--mtime=@0",
-        ])
-        .arg("-C")
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let layer = std::fs::read(&tar).unwrap();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin", "GREETING=from-image"], "Cmd": ["sh"], "WorkingDir": "/work"},
-        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
-    }))
-    .unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(dir, &config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(dir, &layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let m = blob(dir, &manifest);
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": m, "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    oci::layout(
+        dir,
+        &root,
+        serde_json::json!({"Env": ["PATH=/bin", "GREETING=from-image"], "Cmd": ["sh"], "WorkingDir": "/work"}),
+        "v1",
+    );
 }
 
 fn image_spec(reference: &str) -> SandboxSpec {
