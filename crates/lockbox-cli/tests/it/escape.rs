@@ -700,13 +700,17 @@ fn every_escape_attack_fails_and_leaves_the_host_unchanged() {
         .filter(|a| only.as_ref().is_none_or(|o| o.contains(&a.name)))
         .filter(|a| {
             if a.names && !common::testnet::root() {
-                eprintln!("SKIP {}: the test network needs root", a.name);
-                return false;
+                return lockbox_testkit::requirement(
+                    false,
+                    &format!("{}: the test network needs root", a.name),
+                );
             }
             let needs_host_ip = a.lockbox.iter().any(|o| o.contains("{hostip}"));
             if needs_host_ip && host_ip().is_empty() {
-                eprintln!("SKIP {}: the host has no address with a route", a.name);
-                return false;
+                return lockbox_testkit::requirement(
+                    false,
+                    &format!("{}: the host has no address with a route", a.name),
+                );
             }
             true
         })

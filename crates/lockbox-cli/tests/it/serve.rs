@@ -899,14 +899,7 @@ fn schemathesis_fuzz_finds_no_server_error() {
         .args(["-c", "import venv, ensurepip"])
         .status()
         .is_ok_and(|s| s.success());
-    if !has_python {
-        assert!(
-            std::env::var("LOCKBOX_TEST_REQUIRE").as_deref() != Ok("all"),
-            "LOCKBOX_TEST_REQUIRE=all but python3 with venv is missing"
-        );
-        eprintln!("SKIP schemathesis_fuzz_finds_no_server_error: python3 with venv is missing");
-        return;
-    }
+    lockbox_testkit::require!(has_python, "python3 with venv is missing");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fuzz-api.sh");
     let out = std::process::Command::new("bash")
         .arg(script)

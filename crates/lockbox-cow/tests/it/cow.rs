@@ -112,7 +112,7 @@ fn damaged_branch_is_listed_and_can_be_aborted() {
 /// Set by [`orphan_after_kill_9_is_listed_and_aborted`] for the child it re-executes.
 const HELPER_ENV: &str = "LOCKBOX_COW_TEST_HELPER_STATE";
 
-#[test]
+/// The child role of [`orphan_after_kill_9_is_listed_and_aborted`] ([`lockbox_testkit::child_role`]).
 fn helper_create_branch_then_die() {
     let (Ok(state), Ok(wd)) = (
         std::env::var(HELPER_ENV),
@@ -130,11 +130,14 @@ fn helper_create_branch_then_die() {
 
 #[test]
 fn orphan_after_kill_9_is_listed_and_aborted() {
+    if lockbox_testkit::child_role(HELPER_ENV).is_some() {
+        return helper_create_branch_then_die();
+    }
     let s = Scratch::new();
     let st = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            lockbox_testkit::test_name!("helper_create_branch_then_die").as_str(),
+            lockbox_testkit::test_name!("orphan_after_kill_9_is_listed_and_aborted").as_str(),
             "--nocapture",
         ])
         .env(HELPER_ENV, &s.state)
@@ -155,7 +158,7 @@ fn orphan_after_kill_9_is_listed_and_aborted() {
 /// sandbox init its re-executed child records before exiting.
 const HELPER_INIT_ENV: &str = "LOCKBOX_COW_TEST_HELPER_INIT";
 
-#[test]
+/// The child role of [`issue_32_a_branch_is_no_orphan_while_its_sandbox_runs`] ([`lockbox_testkit::child_role`]).
 fn helper_create_branch_on_a_sandbox_then_exit() {
     let (Ok(state), Ok(wd), Ok(init)) = (
         std::env::var(HELPER_ENV),
@@ -186,6 +189,9 @@ fn init_of(unshare: &std::process::Child) -> u32 {
 /// into the branch, is gone, the branch is not offered for commit as an orphan.
 #[test]
 fn issue_32_a_branch_is_no_orphan_while_its_sandbox_runs() {
+    if lockbox_testkit::child_role(HELPER_ENV).is_some() {
+        return helper_create_branch_on_a_sandbox_then_exit();
+    }
     let s = Scratch::new();
     // A sandbox as the kernel sees it: the init of a pid namespace of its own.
     let mut sandbox = std::process::Command::new("unshare")
@@ -203,7 +209,8 @@ fn issue_32_a_branch_is_no_orphan_while_its_sandbox_runs() {
     let st = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            lockbox_testkit::test_name!("helper_create_branch_on_a_sandbox_then_exit").as_str(),
+            lockbox_testkit::test_name!("issue_32_a_branch_is_no_orphan_while_its_sandbox_runs")
+                .as_str(),
             "--nocapture",
         ])
         .env(HELPER_ENV, &s.state)
@@ -995,7 +1002,7 @@ fn a_creation_cut_short_is_never_listed_and_is_swept() {
 /// Set by [`sigkill_during_creation_leaves_only_whole_branches`] for the child it runs.
 const CREATE_LOOP_ENV: &str = "LOCKBOX_COW_TEST_CREATE_LOOP";
 
-#[test]
+/// The child role of [`sigkill_during_creation_leaves_only_whole_branches`] ([`lockbox_testkit::child_role`]).
 fn helper_create_branches_until_killed() {
     let Ok(spec) = std::env::var(CREATE_LOOP_ENV) else {
         return;
@@ -1011,12 +1018,16 @@ fn helper_create_branches_until_killed() {
 /// window where the old layout had a directory without `meta.json`).
 #[test]
 fn sigkill_during_creation_leaves_only_whole_branches() {
+    if lockbox_testkit::child_role(CREATE_LOOP_ENV).is_some() {
+        return helper_create_branches_until_killed();
+    }
     let s = Scratch::new();
     for delay_ms in [3u64, 5, 7, 11, 13, 17, 19, 23, 29, 31] {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                lockbox_testkit::test_name!("helper_create_branches_until_killed").as_str(),
+                lockbox_testkit::test_name!("sigkill_during_creation_leaves_only_whole_branches")
+                    .as_str(),
             ])
             .env(
                 CREATE_LOOP_ENV,
@@ -1220,25 +1231,15 @@ fn key_scenarios_pass_as_uid_65534() {
     if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
         return; // we are the re-executed child
     }
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIP: not root, so this whole run is already unprivileged");
-        return;
-    }
+    lockbox_testkit::require!(
+        lockbox_testkit::is_root(),
+        "running as uid 65534 needs root (this run is unprivileged already)"
+    );
     if !require_overlay() {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
     // The test binary must be reachable by uid 65534.
-    let st = std::process::Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(&exe)
+    let st = lockbox_testkit::as_uid_65534("LOCKBOX_COW_AS_NOBODY")
         .args(["--test-threads", "2"])
         // Filters: this module's tests whose names start so.
         .args(
@@ -1269,9 +1270,6 @@ fn key_scenarios_pass_as_uid_65534() {
             ]
             .map(|f| lockbox_testkit::test_name!(f)),
         )
-        .env("LOCKBOX_COW_AS_NOBODY", "1")
-        .env("TMPDIR", "/tmp")
-        .env("HOME", "/tmp")
         .status()
         .unwrap();
     assert!(st.success(), "scenarios failed as uid 65534: {st}");
@@ -1325,10 +1323,10 @@ fn xattr_whiteouts_and_unsupported_features() {
 
 #[test]
 fn trusted_overlay_xattrs_are_understood_when_root() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIP: setting trusted.* xattrs needs CAP_SYS_ADMIN");
-        return;
-    }
+    lockbox_testkit::require!(
+        lockbox_testkit::is_root(),
+        "setting trusted.* xattrs needs CAP_SYS_ADMIN"
+    );
     let s = Scratch::new();
     sh(&s.wd, "mkdir d; echo b > d/x; echo y > d/y");
     let b = s.branch();
@@ -1607,7 +1605,7 @@ fn import_keeps_holes_long_paths_unreadable_directories_and_marks() {
 /// runs under a file size limit.
 const FSIZE_HELPER: &str = "LOCKBOX_COW_TEST_FSIZE_STATE";
 
-#[test]
+/// The child role of [`a_failed_staging_applies_nothing_and_the_branch_commits_later`] ([`lockbox_testkit::child_role`]).
 fn helper_commit_under_a_file_size_limit() {
     let Ok(spec) = std::env::var(FSIZE_HELPER) else {
         return; // only does something when re-executed by the test below
@@ -1620,6 +1618,9 @@ fn helper_commit_under_a_file_size_limit() {
 
 #[test]
 fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
+    if lockbox_testkit::child_role(FSIZE_HELPER).is_some() {
+        return helper_commit_under_a_file_size_limit();
+    }
     if !require_overlay() {
         return;
     }
@@ -1638,7 +1639,7 @@ fn a_failed_staging_applies_nothing_and_the_branch_commits_later() {
         .arg("trap '' XFSZ; ulimit -f 32; exec \"$0\" --exact \"$1\"")
         .arg(std::env::current_exe().unwrap())
         .arg(lockbox_testkit::test_name!(
-            "helper_commit_under_a_file_size_limit"
+            "a_failed_staging_applies_nothing_and_the_branch_commits_later"
         ))
         .env(FSIZE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
         // Piped: the file-size limit would also hold for a log file the test's output goes to.
@@ -1722,7 +1723,7 @@ fn workdir_directories_the_committer_cannot_change_refuse_the_commit_up_front() 
 /// with few descriptors.
 const NOFILE_HELPER: &str = "LOCKBOX_COW_TEST_NOFILE_STATE";
 
-#[test]
+/// The child role of [`branches_deeper_than_the_descriptor_limit_are_removed`] ([`lockbox_testkit::child_role`]).
 fn helper_abort_with_few_descriptors() {
     let Ok(spec) = std::env::var(NOFILE_HELPER) else {
         return; // only does something when re-executed by the test below
@@ -1733,6 +1734,9 @@ fn helper_abort_with_few_descriptors() {
 
 #[test]
 fn branches_deeper_than_the_descriptor_limit_are_removed() {
+    if lockbox_testkit::child_role(NOFILE_HELPER).is_some() {
+        return helper_abort_with_few_descriptors();
+    }
     let s = Scratch::new();
     let b = s.branch();
     // 600 levels, some of them mode 000, under a limit of 128 descriptors.
@@ -1749,7 +1753,7 @@ fn branches_deeper_than_the_descriptor_limit_are_removed() {
         .arg("ulimit -n 128; exec \"$0\" --exact \"$1\"")
         .arg(std::env::current_exe().unwrap())
         .arg(lockbox_testkit::test_name!(
-            "helper_abort_with_few_descriptors"
+            "branches_deeper_than_the_descriptor_limit_are_removed"
         ))
         .env(NOFILE_HELPER, format!("{}\n{}", s.state.display(), b.id()))
         .status()

@@ -19,7 +19,6 @@ use lockbox_cow::{
 const ENV: &str = "LOCKBOX_COW_CRASH_HELPER";
 
 /// Commits the branch named in the environment; the parent kills us somewhere inside.
-#[test]
 fn helper_commit_until_killed() {
     let Ok(spec) = std::env::var(ENV) else {
         return;
@@ -30,7 +29,6 @@ fn helper_commit_until_killed() {
 }
 
 /// Commits part of the branch named in the environment ([`part`]); killed somewhere inside.
-#[test]
 fn helper_commit_part_until_killed() {
     let Ok(spec) = std::env::var(PART_ENV) else {
         return;
@@ -43,6 +41,20 @@ fn helper_commit_part_until_killed() {
 }
 
 const PART_ENV: &str = "LOCKBOX_COW_CRASH_PART_HELPER";
+
+/// The child roles of the SIGKILL tests ([`lockbox_testkit::child_role`]): whether this
+/// process is one (it then committed until killed, or its commit ended).
+fn as_child() -> bool {
+    if lockbox_testkit::child_role(ENV).is_some() {
+        helper_commit_until_killed();
+        return true;
+    }
+    if lockbox_testkit::child_role(PART_ENV).is_some() {
+        helper_commit_part_until_killed();
+        return true;
+    }
+    false
+}
 
 /// Part of [`script`]'s changes: not the removal of `gone`, not `n1`, and only the second
 /// of `long`'s two hunks.
@@ -64,7 +76,7 @@ fn changed_paths(branch: &Branch) -> Vec<std::path::PathBuf> {
     set.changes().iter().map(|c| c.path.clone()).collect()
 }
 
-/// Runs the helper test `helper` on `branch` (named to it in `env`) in a child process and
+/// Runs the test `helper` (the caller) on `branch` (named to it in `env`) in a child process and
 /// SIGKILLs it after `delay_ms`; whether it had finished by then.
 fn commit_until_killed(
     helper: &str,
@@ -104,6 +116,9 @@ fn script() -> String {
 
 #[test]
 fn sigkill_during_commit_never_tears_and_recommit_finishes() {
+    if as_child() {
+        return;
+    }
     if !require_overlay() {
         return;
     }
@@ -120,8 +135,13 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
         let old = snapshot(&s.wd);
         let expected = snapshot(&expected_dir);
 
-        let finished =
-            commit_until_killed("helper_commit_until_killed", ENV, &s, &branch, delay_ms);
+        let finished = commit_until_killed(
+            "sigkill_during_commit_never_tears_and_recommit_finishes",
+            ENV,
+            &s,
+            &branch,
+            delay_ms,
+        );
         let staged = std::fs::read_dir(&s.wd).unwrap().any(|e| {
             e.unwrap()
                 .file_name()
@@ -187,6 +207,9 @@ fn sigkill_during_commit_never_tears_and_recommit_finishes() {
 /// stays in the branch.
 #[test]
 fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
+    if as_child() {
+        return;
+    }
     if !require_overlay() {
         return;
     }
@@ -220,7 +243,7 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
         ));
         let old = snapshot(&s.wd);
         let finished = commit_until_killed(
-            "helper_commit_part_until_killed",
+            "sigkill_during_a_partial_commit_never_leaves_it_half_applied",
             PART_ENV,
             &s,
             &branch,
@@ -282,7 +305,7 @@ fn sigkill_during_a_partial_commit_never_leaves_it_half_applied() {
     );
 }
 
-/// Runs the helper test `helper` on `branch` in a child process and SIGKILLs it as soon as
+/// Runs the test `helper` (the caller) on `branch` in a child process and SIGKILLs it as soon as
 /// a staging directory appears in the workdir; whether it did (rather than end first).
 fn kill_once_staging(helper: &str, env: &str, s: &Scratch, branch: &Branch) -> bool {
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -315,6 +338,9 @@ fn kill_once_staging(helper: &str, env: &str, s: &Scratch, branch: &Branch) -> b
 /// commit point, to finish it from).
 #[test]
 fn sigkill_during_staging_then_abort_or_recovery_leaves_no_staging() {
+    if as_child() {
+        return;
+    }
     if !require_overlay() {
         return;
     }
@@ -332,11 +358,16 @@ fn sigkill_during_staging_then_abort_or_recovery_leaves_no_staging() {
             &branch,
             &format!("{}; {edit}; {many}", script())
         ));
-        let (helper, env) = match part {
-            true => ("helper_commit_part_until_killed", PART_ENV),
-            false => ("helper_commit_until_killed", ENV),
+        let env = match part {
+            true => PART_ENV,
+            false => ENV,
         };
-        if !kill_once_staging(helper, env, &s, &branch) {
+        if !kill_once_staging(
+            "sigkill_during_staging_then_abort_or_recovery_leaves_no_staging",
+            env,
+            &s,
+            &branch,
+        ) {
             continue;
         }
         let recorded = branch.dir().join("part-commit.json").exists();
@@ -406,7 +437,7 @@ const REMOVE_ENV: &str = "LOCKBOX_COW_REMOVE_HELPER";
 
 /// In a user+mount namespace: mounts a tmpfs on the branch's `upper/d`, so removing the
 /// branch fails in the middle (`rmdir` of a mount point is EBUSY), as a crash would stop it.
-#[test]
+/// The child role of [`interrupted_removal_of_committed_branch_never_recommits`] ([`lockbox_testkit::child_role`]).
 fn helper_remove_until_stuck() {
     let Ok(spec) = std::env::var(REMOVE_ENV) else {
         return;
@@ -429,6 +460,9 @@ fn helper_remove_until_stuck() {
 /// `abort_id` finishes the removal.
 #[test]
 fn interrupted_removal_of_committed_branch_never_recommits() {
+    if lockbox_testkit::child_role(REMOVE_ENV).is_some() {
+        return helper_remove_until_stuck();
+    }
     if !require_overlay() {
         return;
     }
@@ -442,7 +476,8 @@ fn interrupted_removal_of_committed_branch_never_recommits() {
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            lockbox_testkit::test_name!("helper_remove_until_stuck").as_str(),
+            lockbox_testkit::test_name!("interrupted_removal_of_committed_branch_never_recommits")
+                .as_str(),
             "--test-threads",
             "1",
         ])
@@ -474,28 +509,16 @@ fn sigkill_during_commits_as_uid_65534() {
     if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
         return;
     }
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIP: not root, so this whole run is already unprivileged");
-        return;
-    }
+    lockbox_testkit::require!(
+        lockbox_testkit::is_root(),
+        "running as uid 65534 needs root (this run is unprivileged already)"
+    );
     if !require_overlay() {
         return;
     }
-    let st = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(std::env::current_exe().unwrap())
+    let st = lockbox_testkit::as_uid_65534("LOCKBOX_COW_AS_NOBODY")
         // Both `sigkill_during_*` tests (this one returns at once when run as 65534).
         .arg(lockbox_testkit::test_name!("sigkill_during_"))
-        .env("LOCKBOX_COW_AS_NOBODY", "1")
-        .env("TMPDIR", "/tmp")
-        .env("HOME", "/tmp")
         .status()
         .unwrap();
     assert!(st.success(), "crash test failed as uid 65534: {st}");

@@ -170,31 +170,19 @@ fn as_uid_65534(test: &str, cases: &str) {
     if std::env::var_os("LOCKBOX_COW_AS_NOBODY").is_some() {
         return;
     }
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIP: not root, so this whole run is already unprivileged");
-        return;
-    }
+    lockbox_testkit::require!(
+        lockbox_testkit::is_root(),
+        "running as uid 65534 needs root (this run is unprivileged already)"
+    );
     if !require_overlay() {
         return;
     }
-    let st = std::process::Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(std::env::current_exe().unwrap())
+    let st = lockbox_testkit::as_uid_65534("LOCKBOX_COW_AS_NOBODY")
         .args(["--exact", lockbox_testkit::test_name!(test).as_str()])
-        .env("LOCKBOX_COW_AS_NOBODY", "1")
         .env(
             "PROPTEST_CASES",
             std::env::var("PROPTEST_CASES_AS_NOBODY").unwrap_or_else(|_| cases.into()),
         )
-        .env("TMPDIR", "/tmp")
-        .env("HOME", "/tmp")
         .status()
         .unwrap();
     assert!(st.success(), "{test} failed as uid 65534: {st}");

@@ -419,16 +419,7 @@ fn snapshot_tests_pass_as_uid_65534() {
     if !rustix::process::geteuid().is_root() || !require_overlay() {
         return;
     }
-    let st = Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(std::env::current_exe().unwrap())
+    let st = lockbox_testkit::as_uid_65534("LOCKBOX_SNAPSHOT_AS_NOBODY")
         .args(["--test-threads", "2"])
         .args(
             [
@@ -439,9 +430,6 @@ fn snapshot_tests_pass_as_uid_65534() {
             ]
             .map(|f| lockbox_testkit::test_name!(f)),
         )
-        .env("LOCKBOX_SNAPSHOT_AS_NOBODY", "1")
-        .env("TMPDIR", "/tmp")
-        .env("HOME", "/tmp")
         .status()
         .unwrap();
     assert!(st.success(), "as uid 65534: {st}");

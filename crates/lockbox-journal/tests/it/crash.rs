@@ -212,19 +212,10 @@ fn sigkilled_postgres_writer_keeps_every_acknowledged_step() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    if std::env::var(POSTGRES_URL_ENV).is_err() {
-        assert!(
-            std::env::var("LOCKBOX_TEST_REQUIRE").as_deref() != Ok("all"),
-            "LOCKBOX_TEST_REQUIRE=all but {POSTGRES_URL_ENV} is unset"
-        );
-        // Straight to stderr, past libtest's capture, so the skip shows in every run.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP: postgres crash test skipped: {POSTGRES_URL_ENV} is unset \
-             (run `eval \"$(scripts/start-postgres.sh)\"`)"
-        );
-        return;
-    }
+    lockbox_testkit::require!(
+        std::env::var(POSTGRES_URL_ENV).is_ok(),
+        "{POSTGRES_URL_ENV} is unset (run `eval \"$(scripts/start-postgres.sh)\"`)"
+    );
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -9,14 +9,10 @@ use lockbox_journal::{Journal, PostgresStorage, RunId, StartOptions, StepError, 
 
 fn url() -> Option<String> {
     let url = std::env::var("LOCKBOX_TEST_POSTGRES_URL").ok();
-    if url.is_none() {
-        assert_ne!(
-            std::env::var("LOCKBOX_TEST_REQUIRE").unwrap_or_default(),
-            "all",
-            "LOCKBOX_TEST_REQUIRE=all but LOCKBOX_TEST_POSTGRES_URL is unset"
-        );
-        eprintln!("SKIP: postgres connection tests: LOCKBOX_TEST_POSTGRES_URL is unset");
-    }
+    lockbox_testkit::requirement(
+        url.is_some(),
+        "LOCKBOX_TEST_POSTGRES_URL is unset (run `eval \"$(scripts/start-postgres.sh)\"`)",
+    );
     url
 }
 

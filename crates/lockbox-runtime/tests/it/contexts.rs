@@ -260,10 +260,10 @@ async fn a_bash_context_keeps_its_cwd_and_variables() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
-    if !std::path::Path::new("/usr/bin/node").exists() {
-        eprintln!("SKIP: no /usr/bin/node");
-        return;
-    }
+    lockbox_testkit::require!(
+        std::path::Path::new("/usr/bin/node").exists(),
+        "no /usr/bin/node"
+    );
     also_as_nobody(&lockbox_testkit::test_name!(
         "a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout"
     ));

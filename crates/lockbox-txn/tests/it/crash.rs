@@ -14,13 +14,9 @@ use lockbox_txn::{recover, Pipeline, PreparedTxn, TxnId};
 const CHILD_ENV: &str = "LOCKBOX_TXN_CRASH_CHILD";
 const READY: &str = "lockbox-crash-child-committing";
 
-/// The child side: commits the prepared transaction named by the environment. A no-op in a
-/// normal test run.
-#[test]
-fn crash_child_commit() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+/// The child side of every test here ([`lockbox_testkit::child_role`]): commits the
+/// prepared transaction named by `spec` (`STATE\nID`), for the parent to SIGKILL.
+fn commit_as_child(spec: &str) {
     let (state, id) = spec.split_once('\n').unwrap();
     let id = TxnId::parse(id).unwrap();
     let prepared = PreparedTxn::open(Path::new(state), &id).unwrap();
@@ -28,6 +24,13 @@ fn crash_child_commit() {
     // Forced: restoring the pristine copies for each trial gives every workdir file a new
     // ctime, which the optimistic base check would (rightly) call a concurrent change.
     assert!(prepared.commit_forced().unwrap().committed);
+}
+
+/// The long test's time budget from `LOCKBOX_TXN_LONG_CRASH_SECONDS` (CI sets it: see
+/// scripts/test.sh); unset, it runs all its trials.
+fn long_budget() -> Option<Duration> {
+    let secs = std::env::var("LOCKBOX_TXN_LONG_CRASH_SECONDS").ok()?;
+    Some(Duration::from_secs(secs.parse().unwrap()))
 }
 
 struct Rng(u64);
@@ -72,7 +75,10 @@ fn prepare(state: &Path, work: &Path, adds: usize) -> TxnId {
     prepared.keep().unwrap()
 }
 
-fn torture(adds: usize, trials: usize) {
+/// Runs `trials` SIGKILLed commits of `adds`+ files, each killed at a random moment in a
+/// child running the test `test` (this test, as its child role), stopping early (after at
+/// least 10 trials) once `budget` has passed.
+fn torture(test: &str, adds: usize, trials: usize, budget: Option<Duration>) {
     // SIGKILL loses no page cache, so a tmpfs shows the same crash states as a disk, without
     // every trial's `syncfs` writing back the previous trial's restore.
     let shm = Path::new("/dev/shm");
@@ -89,12 +95,7 @@ fn torture(adds: usize, trials: usize) {
     let pre = tree_hash(&work);
 
     // One uninterrupted commit gives the post-state and the length of the window.
-    let mut child = common::spawn_child(
-        &lockbox_testkit::test_name!("crash_child_commit"),
-        CHILD_ENV,
-        &state,
-        &id,
-    );
+    let mut child = common::spawn_child(test, CHILD_ENV, &state, &id);
     let started = Instant::now();
     assert!(child.wait().unwrap().success());
     let window = started.elapsed();
@@ -108,15 +109,16 @@ fn torture(adds: usize, trials: usize) {
         | 1;
     let mut rng = Rng(seed);
     let (mut saw_pre, mut saw_post) = (0, 0);
+    let begun = Instant::now();
+    let mut trials_run = 0;
     for trial in 0..trials {
+        if budget.is_some_and(|b| trial >= 10 && begun.elapsed() > b) {
+            break;
+        }
+        trials_run += 1;
         common::cp_a(&pristine_state, &state);
         common::cp_a(&pristine_work, &work);
-        let mut child = common::spawn_child(
-            &lockbox_testkit::test_name!("crash_child_commit"),
-            CHILD_ENV,
-            &state,
-            &id,
-        );
+        let mut child = common::spawn_child(test, CHILD_ENV, &state, &id);
         let delay = rng.below(window.as_micros() as u64 * 11 / 10);
         std::thread::sleep(Duration::from_micros(delay));
         let _ = child.kill();
@@ -138,34 +140,50 @@ fn torture(adds: usize, trials: usize) {
         }
     }
     eprintln!(
-        "crash torture: {trials} trials over a {window:?} commit of {adds}+ files: {saw_pre} pre, {saw_post} post (seed {seed})"
+        "crash torture: {trials_run} of {trials} trials over a {window:?} commit of {adds}+ files: {saw_pre} pre, {saw_post} post (seed {seed})"
     );
 }
 
 #[test]
 fn a_commit_killed_at_random_moments_recovers_to_exactly_pre_or_post() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
+    if let Some(spec) = lockbox_testkit::child_role(CHILD_ENV) {
+        return commit_as_child(&spec);
     }
-    torture(2000, 100);
+    torture(
+        &lockbox_testkit::test_name!(
+            "a_commit_killed_at_random_moments_recovers_to_exactly_pre_or_post"
+        ),
+        2000,
+        100,
+        None,
+    );
 }
 
 #[test]
 fn a_killed_commit_recovers_as_uid_65534_too() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
+    if let Some(spec) = lockbox_testkit::child_role(CHILD_ENV) {
+        return commit_as_child(&spec);
     }
+    let name = lockbox_testkit::test_name!("a_killed_commit_recovers_as_uid_65534_too");
     if common::is_nobody_rerun() {
-        torture(2000, 20);
+        torture(&name, 2000, 20, None);
     } else {
-        common::rerun_as_nobody(&lockbox_testkit::test_name!(
-            "a_killed_commit_recovers_as_uid_65534_too"
-        ));
+        common::rerun_as_nobody(&name);
     }
 }
 
+/// 5,000 files and 500 trials: minutes. CI runs it with a time budget
+/// (`LOCKBOX_TXN_LONG_CRASH_SECONDS`, scripts/test.sh).
 #[test]
 #[ignore = "long"]
 fn long_crash_torture_with_more_files_and_trials() {
-    torture(5000, 500);
+    if let Some(spec) = lockbox_testkit::child_role(CHILD_ENV) {
+        return commit_as_child(&spec);
+    }
+    torture(
+        &lockbox_testkit::test_name!("long_crash_torture_with_more_files_and_trials"),
+        5000,
+        500,
+        long_budget(),
+    );
 }

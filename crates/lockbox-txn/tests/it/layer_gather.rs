@@ -135,12 +135,9 @@ fn a_conflict_under_fail_commits_nothing_and_a_stale_base_is_refused() {
     assert!(staging_leftovers(&work).is_empty());
 }
 
-/// The child side: commits the kept transaction named by the environment.
-#[test]
-fn layer_gather_crash_child_commit() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+/// The child side of the crash test ([`lockbox_testkit::child_role`]): commits the kept
+/// transaction named by `spec` (`STATE\nID`).
+fn commit_as_child(spec: &str) {
     let (state, id) = spec.split_once('\n').unwrap();
     let prepared = PreparedTxn::open(Path::new(state), &TxnId::parse(id).unwrap()).unwrap();
     assert!(prepared.commit_forced().unwrap().committed);
@@ -148,9 +145,12 @@ fn layer_gather_crash_child_commit() {
 
 #[test]
 fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
+    if let Some(spec) = lockbox_testkit::child_role(CHILD_ENV) {
+        return commit_as_child(&spec);
     }
+    let me = lockbox_testkit::test_name!(
+        "a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post"
+    );
     let shm = Path::new("/dev/shm");
     let (tmp, state, work) = if shm.is_dir() {
         common::dirs_in(shm)
@@ -183,12 +183,7 @@ fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
     common::cp_a(&state, &p_state);
     common::cp_a(&work, &p_work);
     let pre = tree_hash(&work);
-    let mut child = common::spawn_child(
-        &lockbox_testkit::test_name!("layer_gather_crash_child_commit"),
-        CHILD_ENV,
-        &state,
-        &id,
-    );
+    let mut child = common::spawn_child(&me, CHILD_ENV, &state, &id);
     let started = Instant::now();
     assert!(child.wait().unwrap().success());
     let window = started.elapsed();
@@ -208,12 +203,7 @@ fn a_gather_of_layers_killed_mid_commit_recovers_to_exactly_pre_or_post() {
     for trial in 0..40 {
         common::cp_a(&p_state, &state);
         common::cp_a(&p_work, &work);
-        let mut child = common::spawn_child(
-            &lockbox_testkit::test_name!("layer_gather_crash_child_commit"),
-            CHILD_ENV,
-            &state,
-            &id,
-        );
+        let mut child = common::spawn_child(&me, CHILD_ENV, &state, &id);
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;

@@ -35,14 +35,11 @@ pub fn root() -> bool {
         .unwrap()
 }
 
-/// True (after saying why on stderr) when the test cannot make a namespace: call first and
-/// return when it says so.
+/// True when the test cannot make a namespace (not root): call first and return when it
+/// says so. A skip is recorded ([`lockbox_testkit::requirement`]), or under
+/// `LOCKBOX_TEST_REQUIRE=all` fails the test.
 pub fn skip_unless_root() -> bool {
-    if !root() {
-        eprintln!("skipped: making a network namespace needs root");
-        return true;
-    }
-    false
+    !lockbox_testkit::requirement(root(), "making a network namespace needs root")
 }
 
 /// Runs `args[0]` with the rest as arguments; panics with its output unless it succeeds.

@@ -33,13 +33,10 @@ pub fn require_overlay() -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !ok {
-        if std::env::var("LOCKBOX_TEST_REQUIRE").as_deref() == Ok("all") {
-            panic!("overlayfs in a user namespace is required (LOCKBOX_TEST_REQUIRE=all)");
-        }
-        eprintln!("SKIP: cannot mount overlayfs in an unprivileged user namespace here");
-    }
-    ok
+    lockbox_testkit::requirement(
+        ok,
+        "cannot mount overlayfs in an unprivileged user namespace here",
+    )
 }
 
 fn sh_quote(p: &Path) -> String {

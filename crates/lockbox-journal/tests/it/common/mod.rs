@@ -90,24 +90,10 @@ pub async fn file() -> Option<Fixture> {
 /// Unset: a loud skip, or a failure under `LOCKBOX_TEST_REQUIRE=all`.
 pub async fn postgres() -> Option<Fixture> {
     let Ok(url) = std::env::var("LOCKBOX_TEST_POSTGRES_URL") else {
-        let require = std::env::var("LOCKBOX_TEST_REQUIRE").unwrap_or_default();
-        assert!(
-            require != "all",
-            "LOCKBOX_TEST_REQUIRE=all but LOCKBOX_TEST_POSTGRES_URL is unset: \
-             run `eval \"$(scripts/start-postgres.sh)\"` first"
+        lockbox_testkit::requirement(
+            false,
+            "LOCKBOX_TEST_POSTGRES_URL is unset (run `eval \"$(scripts/start-postgres.sh)\"`)",
         );
-        // Straight to stderr, past libtest's capture, so the skip shows in every run; once per
-        // test binary rather than once per test.
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP: postgres conformance tests skipped: LOCKBOX_TEST_POSTGRES_URL is unset \
-                 (run `eval \"$(scripts/start-postgres.sh)\"`; LOCKBOX_TEST_REQUIRE=all makes \
-                 this a failure)"
-            );
-        });
         return None;
     };
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -99,8 +99,10 @@ pub fn rerun_as_nobody(name: &str) -> bool {
     if std::env::var_os(AS_NOBODY).is_some() {
         return false;
     }
-    if rustix::process::geteuid().as_raw() != 0 {
-        eprintln!("SKIP {name} as uid 65534: not root (already unprivileged)");
+    if !lockbox_testkit::requirement(
+        lockbox_testkit::is_root(),
+        &format!("{name} as uid 65534 needs root (this run is unprivileged already)"),
+    ) {
         return false;
     }
     let exe = std::env::current_exe().unwrap();
@@ -113,7 +115,9 @@ pub fn rerun_as_nobody(name: &str) -> bool {
         .status();
     match status {
         Ok(s) => assert!(s.success(), "{name} as uid 65534: {s}"),
-        Err(e) => eprintln!("SKIP {name} as uid 65534: setpriv: {e}"),
+        Err(e) => {
+            lockbox_testkit::requirement(false, &format!("{name} as uid 65534: setpriv: {e}"));
+        }
     }
     true
 }
@@ -131,7 +135,7 @@ pub fn cp_a(from: &Path, to: &Path) {
     assert!(ok.success());
 }
 
-/// Starts this test binary's `test` alone, with `env` naming the state directory and the
+/// Starts this test binary's `test` alone (as its child role: [`lockbox_testkit::child_role`]), with `env` naming the state directory and the
 /// transaction it commits (`STATE\nID`): a committing process a crash test can kill.
 pub fn spawn_child(
     test: &str,
@@ -140,7 +144,15 @@ pub fn spawn_child(
     id: &lockbox_txn::TxnId,
 ) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        // --include-ignored: the child may be an #[ignore]d (long) test.
+        .args([
+            "--exact",
+            test,
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(env, format!("{}\n{id}", state.display()))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
