@@ -9,7 +9,6 @@ use common::{give, lockbox, scratch, text, users};
 use lockbox_testkit::oci;
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 /// An OCI layout at `dir`, tag `v1`: one uncompressed layer (busybox, a symlink, a setuid
 /// file); returns the image id.

@@ -13,7 +13,6 @@ use lockbox_runtime::{
 };
 use lockbox_testkit::oci;
 use std::path::Path;
-use std::process::Command;
 use tokio::io::AsyncReadExt;
 
 /// An OCI layout at `dir`, tag `v1`: busybox (with a few applets), `/bin/bash` (static),
