@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use serve_support::{state_dir, tokio, Served};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// An OCI layout at `dir`, tag `v1`: busybox, a static bash, `/work`; Env
 /// `GREETING=from-image`, WorkingDir `/work`.
