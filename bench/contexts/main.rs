@@ -59,7 +59,7 @@ async fn main() {
     let (rounds, starts) = args();
     let state = tempfile::tempdir().unwrap();
     let mut config = RuntimeConfig::new(state.path());
-    config.agent_exe = Some(agent_bin::build_agent());
+    config.agent_exe = Some(agent_bin::built_agent());
     let rt = Runtime::open(config).unwrap();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average before: {}", load.trim());
