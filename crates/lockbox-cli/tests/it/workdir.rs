@@ -251,7 +251,9 @@ fn stale_base_refuses_with_exit_5_and_force_overrides() {
             "-c",
             &host_edit,
         ]);
-        let child = {
+        // The sandbox says it runs (its branch's base is taken) and waits for the host's
+        // edit: the order is the test's, not a guess at timing.
+        let mut child = {
             let mut c = command_as(user);
             c.arg("run")
                 .args([
@@ -260,13 +262,27 @@ fn stale_base_refuses_with_exit_5_and_force_overrides() {
                     "--state-dir",
                     s.state.to_str().unwrap(),
                 ])
-                .args(["--", "sh", "-c", "sleep 1; echo sandbox > a.txt"])
+                .args([
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo ready; read go; echo sandbox > a.txt",
+                ])
+                .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());
             c.spawn().unwrap()
         };
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready, "ready\n", "{user:?}");
         assert!(cmd.status().unwrap().success());
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        drop(child.stdin.take());
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(5), "{user:?} {}", text(&out));
         assert!(
