@@ -1,8 +1,15 @@
-//! Builds the agent executable (`crates/lockbox-agent`, bin `lockbox-agent`) that the extension
-//! module embeds: `Sandbox.open()` needs a real executable to run inside each sandbox, and a
-//! wheel built by maturin carries only the extension module. So the agent is compiled here,
-//! by a nested `cargo build` into a target directory of its own under `OUT_DIR` (no lock
-//! shared with the outer build), and `src/local.rs` includes its bytes.
+//! Provides the agent executable (`crates/lockbox-agent`, bin `lockbox-agent`) that the
+//! extension module embeds: `Sandbox.open()` needs a real executable to run inside each
+//! sandbox, and a wheel built by maturin carries only the extension module.
+//!
+//! - `LOCKBOX_AGENT_EXE` set (what `scripts/test.sh` does, after `cargo build -p
+//!   lockbox-agent` in the same target directory): that file is embedded; no nested build.
+//!   A path that does not exist is an error naming it.
+//! - Unset (a user's `pip install ./python`): the agent is compiled here by a nested `cargo
+//!   build` into a target directory of its own under `OUT_DIR` (no lock shared with the outer
+//!   build), as `pip install ./python` alone must be enough.
+//!
+//! `src/local.rs` includes the bytes.
 
 use std::env;
 use std::path::PathBuf;
@@ -10,6 +17,20 @@ use std::process::Command;
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
+    println!("cargo:rerun-if-env-changed=LOCKBOX_AGENT_EXE");
+    if let Some(agent) = env::var_os("LOCKBOX_AGENT_EXE") {
+        let agent = PathBuf::from(agent);
+        println!("cargo:rerun-if-changed={}", agent.display());
+        if let Err(e) = std::fs::copy(&agent, out.join("lockbox-agent")) {
+            panic!(
+                "LOCKBOX_AGENT_EXE={}: {e} (build it with `cargo build -p lockbox-agent`, or \
+                 unset LOCKBOX_AGENT_EXE to have it built here)",
+                agent.display()
+            );
+        }
+        return;
+    }
+
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let release = env::var("PROFILE").as_deref() == Ok("release");

@@ -62,7 +62,7 @@ status=0
 # The port proxy (/v1/sandboxes/{id}/ports/{port}/...) is left out: its replies are the
 # sandboxed server's, and an exposed port nothing listens on is 502 PORT_NOT_LISTENING by
 # design, which not_a_server_error would count as a failure. Exposing, listing and
-# unexposing ports are fuzzed; the proxy is tested end to end (lockbox-cli/tests/serve_ports.rs).
+# unexposing ports are fuzzed; the proxy is tested end to end (lockbox-cli/tests/it/serve_ports.rs).
 "$venv/bin/schemathesis" run "$work/openapi.json" --url "http://$listen" \
   -H "Authorization: Bearer $token" \
   --exclude-path-regex '^/v1/sandboxes/\{id\}/ports/\{port\}/' \

@@ -1,7 +1,7 @@
 """Credentials that never enter a long-lived sandbox: ``Sandbox.open(credentials=...,
 http_auth=..., http_allow=...)`` (the values read by this process into its local runtime)
 and the refusals. The requests themselves (the real header reaching a real HTTPS server) are
-tested against ``lockbox serve`` in crates/lockbox-cli/tests/net_credentials.rs, which makes
+tested against ``lockbox serve`` in crates/lockbox-cli/tests/it/net_credentials.rs, which makes
 the server's network namespace."""
 
 import json

@@ -1,7 +1,7 @@
 """Every Python example of README.md and docs/*.md runs as written, with the installed SDK.
 
 The convention is docs/architecture.md's "Examples in these docs" (and the top of
-crates/lockbox-cli/tests/doc_examples.rs, which runs the shell examples): a fenced block
+crates/lockbox-cli/tests/it/doc_examples.rs, which runs the shell examples): a fenced block
 marked ``python`` runs in a fresh copy of tests/docs-scratch/ (``$HOME`` in ``home/``,
 ``$LOCKBOX_STATE_DIR`` in ``state/``) with this interpreter and must exit 0, unless the line
 just before its fence says ``<!-- example: exit N -->`` or ``<!-- example: no-run (REASON) -->``.

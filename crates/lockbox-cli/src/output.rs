@@ -17,7 +17,7 @@
 //! `--net-allow` performing a sandbox's `sendmsg` on a socket whose peer left. The sandboxed
 //! command does not inherit lockbox's disposition either way: `lockbox-confine` resets
 //! `SIGPIPE` to its default in the command's process before `execve` (checked by
-//! `tests/run.rs` `sigpipe_is_not_ignored_inside`).
+//! `tests/it/run.rs` `sigpipe_is_not_ignored_inside`).
 
 use crate::error::ExitCode;
 use std::fmt;

@@ -11,7 +11,7 @@
 //! Applying a subset works on the texts, not on a patch: each accepted hunk's old lines are
 //! replaced by its new lines, everything else is kept byte for byte (line endings and a
 //! missing final newline included). The result is what `patch` gives for those hunks
-//! (property-tested against the real `patch` in `tests/hunks.rs`).
+//! (property-tested against the real `patch` in `tests/it/hunks.rs`).
 
 use std::ops::Range;
 

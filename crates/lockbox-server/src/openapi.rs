@@ -9,7 +9,7 @@
 //! Also here: the schemas of wire forms owned by crates without utoipa (a file name that
 //! may not be UTF-8, a change, a network event, ...), the path parameters, and the SSE
 //! events of the streaming routes. A test checks that every operation is routed and
-//! `lockbox-server/tests/http.rs` that every route is described; the schemathesis fuzz run
+//! `lockbox-server/tests/it/http.rs` that every route is described; the schemathesis fuzz run
 //! (`scripts/fuzz-api.sh`) drives the API from this document.
 
 use serde_json::{json, Map, Value};

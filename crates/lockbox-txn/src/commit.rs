@@ -450,7 +450,7 @@ fn roll_forward(txn: &mut TxnDir, intent: Option<&Intent>) -> Result<(), TxnErro
 #[cfg(test)]
 mod tests {
     //! Recovery from each state a crash can leave, built by hand (the SIGKILL torture test
-    //! in `tests/crash.rs` reaches them at random).
+    //! in `tests/it/crash.rs` reaches them at random).
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;

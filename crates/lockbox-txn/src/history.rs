@@ -15,7 +15,7 @@
 //! begin (base), flatten, base check and WAL commit, the lock modes, `Branch::create` and
 //! `Branch::commit` — with each racer's "sandbox" a real overlayfs mount in a user namespace
 //! (`unshare -Urm`, as in lockbox-cow's tests), not a whole sandbox: isolation is not what
-//! is under test. End-to-end pipelines race in `tests/concurrency.rs`.
+//! is under test. End-to-end pipelines race in `tests/it/concurrency.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;

@@ -1,6 +1,0 @@
-//! The shared conformance suite against the postgres backend.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
-
-mod common;
-
-conformance_suite!(common::postgres);

@@ -1,0 +1,363 @@
+//! Code contexts: persistent Python and bash interpreters in a sandbox, on the real kernel
+//! (the sandbox's `python3` is the system's).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use common::{also_as_nobody, sandbox, scratch};
+use futures_util::StreamExt;
+use lockbox_runtime::{CodeEvent, ContextOptions, Execution, Language, RunCodeRequest, Sandbox};
+use std::time::{Duration, Instant};
+
+fn code(c: &str, context: Option<&str>) -> RunCodeRequest {
+    RunCodeRequest {
+        code: c.into(),
+        context: context.map(Into::into),
+        timeout: None,
+    }
+}
+
+async fn run(sb: &Sandbox, c: &str) -> Execution {
+    sb.run_code(code(c, None)).await.unwrap()
+}
+
+fn text(e: &Execution) -> Option<String> {
+    e.results
+        .iter()
+        .find(|r| r.is_main_result)
+        .and_then(|r| r.data.get("text/plain"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_context_keeps_its_variables_across_100_runs() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_python_context_keeps_its_variables_across_100_runs"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let first = run(&sb, "n = 0\nn").await;
+    assert_eq!(text(&first).as_deref(), Some("0"), "{first:?}");
+    for i in 1..=100 {
+        let e = run(&sb, "n += 1\nn").await;
+        assert!(e.error.is_none(), "{e:?}");
+        assert_eq!(text(&e), Some(i.to_string()));
+    }
+    let e = run(&sb, "print('done', n)").await;
+    assert_eq!(e.logs.stdout.concat(), "done 100\n");
+    assert!(e.results.is_empty(), "print returns None: no result");
+    let list = sb.list_contexts().await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].id, "default");
+    assert_eq!(list[0].runs, 102);
+    assert_eq!(list[0].restarts, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exception_comes_back_with_name_value_and_traceback() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "an_exception_comes_back_with_name_value_and_traceback"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    run(&sb, "def check(x):\n    raise ValueError(f'bad {x}')").await;
+    let e = run(&sb, "print('before')\ncheck(7)").await;
+    let err = e.error.expect("an error");
+    assert_eq!(err.name, "ValueError");
+    assert_eq!(err.value, "bad 7");
+    assert!(
+        err.traceback.contains("raise ValueError"),
+        "{}",
+        err.traceback
+    );
+    assert!(err.traceback.contains("in check"), "{}", err.traceback);
+    assert!(
+        !err.traceback.contains("<string>"),
+        "runner frames left out: {}",
+        err.traceback
+    );
+    assert_eq!(e.logs.stdout.concat(), "before\n");
+    let syntax = run(&sb, "def (").await.error.unwrap();
+    assert_eq!(syntax.name, "SyntaxError");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rich_results_come_as_mime_bundles() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "rich_results_come_as_mime_bundles"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let e = run(
+        &sb,
+        "class T:\n    def _repr_html_(self): return '<b>t</b>'\n    def _repr_json_(self): return {'a': 1}\n\
+         display(T())\n{'k': [1, 2]}",
+    )
+    .await;
+    assert_eq!(e.results.len(), 2, "{e:?}");
+    assert!(!e.results[0].is_main_result);
+    assert_eq!(e.results[0].data["text/html"], "<b>t</b>");
+    assert_eq!(e.results[0].data["application/json"]["a"], 1);
+    assert!(e.results[1].is_main_result);
+    assert_eq!(e.results[1].data["text/plain"], "{'k': [1, 2]}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_infinite_loop_is_interrupted_at_its_timeout_and_the_context_survives() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "an_infinite_loop_is_interrupted_at_its_timeout_and_the_context_survives"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    run(&sb, "kept = 41").await;
+    let started = Instant::now();
+    let mut req = code("while True:\n    pass", None);
+    req.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(req).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    let err = e.error.unwrap();
+    assert_eq!(err.name, "KeyboardInterrupt");
+    assert!(err.value.contains("timeout"), "{}", err.value);
+    let after = run(&sb, "kept + 1").await;
+    assert_eq!(
+        text(&after).as_deref(),
+        Some("42"),
+        "the context kept its state"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_that_ignores_sigint_is_killed_and_the_context_restarts_fresh() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "code_that_ignores_sigint_is_killed_and_the_context_restarts_fresh"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    run(&sb, "kept = 1").await;
+    let mut req = code(
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.01)",
+        None,
+    );
+    req.timeout = Some(Duration::from_millis(200));
+    let e = sb.run_code(req).await.unwrap();
+    assert!(e.timed_out && e.state_lost, "{e:?}");
+    assert_eq!(e.error.as_ref().unwrap().name, "Timeout");
+    assert!(e.error.unwrap().value.contains("state"));
+    let after = run(&sb, "'kept' in globals()").await;
+    assert_eq!(
+        text(&after).as_deref(),
+        Some("False"),
+        "a fresh interpreter"
+    );
+    assert_eq!(sb.list_contexts().await[0].restarts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_interpreter_is_reported_and_restarted_on_the_next_run() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_crashing_interpreter_is_reported_and_restarted_on_the_next_run"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let e = run(&sb, "import os\nprint('bye', flush=True)\nos._exit(3)").await;
+    assert!(e.state_lost, "{e:?}");
+    let err = e.error.unwrap();
+    assert_eq!(err.name, "InterpreterDied");
+    assert!(err.value.contains("status 3"), "{}", err.value);
+    assert_eq!(e.logs.stdout.concat(), "bye\n");
+    let e = run(&sb, "import ctypes\nctypes.string_at(0)").await;
+    assert!(e.state_lost);
+    assert!(
+        e.error.unwrap().value.contains("signal 11"),
+        "a segfault names its signal"
+    );
+    let after = run(&sb, "6 * 7").await;
+    assert_eq!(text(&after).as_deref(), Some("42"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdout_is_streamed_before_the_run_ends() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "stdout_is_streamed_before_the_run_ends"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    run(&sb, "import time").await;
+    let started = Instant::now();
+    let mut stream = sb
+        .run_code_stream(code(
+            "print('first')\ntime.sleep(1.5)\nprint('second')\n'end'",
+            None,
+        ))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(ev) = stream.next().await {
+        seen.push((started.elapsed(), ev));
+    }
+    let (at, first) = &seen[0];
+    assert!(
+        matches!(first, CodeEvent::Stdout { text } if text == "first\n"),
+        "{seen:?}"
+    );
+    assert!(*at < Duration::from_millis(1000), "first line after {at:?}");
+    let Some((end_at, CodeEvent::End(exec))) = seen.last() else {
+        panic!("{seen:?}")
+    };
+    assert!(*end_at >= Duration::from_millis(1500));
+    assert_eq!(exec.logs.stdout.concat(), "first\nsecond\n");
+    assert_eq!(text(exec).as_deref(), Some("'end'"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bash_context_keeps_its_cwd_and_variables() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_bash_context_keeps_its_cwd_and_variables"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let info = sb
+        .create_context(ContextOptions {
+            id: Some("sh".into()),
+            language: Language::Bash,
+            ..ContextOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(info.language, Language::Bash);
+    let r = |c: &str| sb.run_code(code(c, Some("sh")));
+    let e = r("cd /tmp && X=hello && f() { echo \"f:$1\"; }")
+        .await
+        .unwrap();
+    assert!(e.error.is_none() && e.exit_code == Some(0), "{e:?}");
+    let e = r("echo $X $PWD; f 1; echo oops >&2").await.unwrap();
+    assert_eq!(e.logs.stdout.concat(), "hello /tmp\nf:1\n");
+    assert_eq!(e.logs.stderr.concat(), "oops\n");
+    let e = r("false").await.unwrap();
+    assert_eq!(e.exit_code, Some(1));
+    assert_eq!(e.error.unwrap().name, "ExitCode");
+    let mut slow = code("sleep 100", Some("sh"));
+    slow.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(slow).await.unwrap();
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    assert_eq!(e.error.unwrap().name, "KeyboardInterrupt");
+    let e = r("echo $X").await.unwrap();
+    assert_eq!(
+        e.logs.stdout.concat(),
+        "hello\n",
+        "the shell survived the interrupt"
+    );
+    sb.delete_context("sh").await.unwrap();
+    let err = sb.run_code(code("true", Some("sh"))).await.unwrap_err();
+    assert_eq!(err.code().as_str(), "CONTEXT_NOT_FOUND");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
+    lockbox_testkit::require!(
+        std::path::Path::new("/usr/bin/node").exists(),
+        "no /usr/bin/node"
+    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let opts = ContextOptions {
+        id: Some("js".into()),
+        language: Language::Node,
+        ..ContextOptions::default()
+    };
+    assert_eq!(
+        sb.create_context(opts).await.unwrap().language,
+        Language::Node
+    );
+    let r = |c: &str| sb.run_code(code(c, Some("js")));
+    r("let n = 40; function add(a, b) { return a + b }")
+        .await
+        .unwrap();
+    let e = r("console.log('hi'); add(n, 2)").await.unwrap();
+    assert_eq!(text(&e).as_deref(), Some("42"), "{e:?}");
+    assert_eq!(e.logs.stdout.concat(), "hi\n");
+    let err = r("null.x").await.unwrap().error.unwrap();
+    assert_eq!(err.name, "TypeError");
+    assert!(err.traceback.contains("<cell 3>"), "{}", err.traceback);
+    let mut spin = code("while (true) {}", Some("js"));
+    spin.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(spin).await.unwrap();
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    assert_eq!(e.error.unwrap().name, "KeyboardInterrupt");
+    assert_eq!(text(&r("n").await.unwrap()).as_deref(), Some("40"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_context_requests_name_what_is_wrong() {
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let err = sb.run_code(code("1", Some("nope"))).await.unwrap_err();
+    assert_eq!(err.code().as_str(), "CONTEXT_NOT_FOUND");
+    let err = sb.delete_context("nope").await.unwrap_err();
+    assert_eq!(err.code().as_str(), "CONTEXT_NOT_FOUND");
+    let opts = ContextOptions {
+        id: Some("twice".into()),
+        ..ContextOptions::default()
+    };
+    sb.create_context(opts.clone()).await.unwrap();
+    let err = sb.create_context(opts).await.unwrap_err();
+    assert_eq!(err.code().as_str(), "ALREADY_EXISTS");
+}
+
+/// Issue 32: a run printing 20 MiB of `\x01` per stream made a 201 MB JSON reply (each
+/// byte is 6 in JSON, `\u0001`) and +230 MB of server memory. What a run keeps is now
+/// bounded in JSON bytes: `max_exec_output` per stream, as much for results and error
+/// together, and the run says it was cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "issue_32_a_run_keeps_at_most_its_cap_of_json_per_stream_results_and_error"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let max = lockbox_runtime::DEFAULT_MAX_EXEC_OUTPUT;
+    let e = run(
+        &sb,
+        "import sys\nfor s in (sys.stdout, sys.stderr):\n    s.write('\\x01' * (20 << 20)); s.flush()",
+    )
+    .await;
+    assert!(e.truncated && e.error.is_none(), "{:?}", e.error);
+    for (name, logs) in [("stdout", &e.logs.stdout), ("stderr", &e.logs.stderr)] {
+        let size = json(logs);
+        // As much as fits is kept: a chunk at most (64 KiB) short of the cap.
+        assert!(
+            size <= max + 4096 && size > max - (1 << 20),
+            "{name}: {size}"
+        );
+    }
+    let e = run(
+        &sb,
+        // Each below the runner's own bound of 64 MiB per event (in JSON, as here).
+        "class Big:\n    def __repr__(self): return '\\x01' * (8 << 20)\n\
+         display(Big())\nraise ValueError('\\x01' * (4 << 20))",
+    )
+    .await;
+    assert!(e.truncated, "{:?}", e.results.len());
+    assert!(
+        e.results.is_empty(),
+        "48 MiB of JSON does not fit in 16 MiB"
+    );
+    let error = e.error.as_ref().unwrap();
+    assert_eq!(error.name, "ValueError");
+    assert!(json(error) <= max + 4096, "{}", json(error));
+    assert!(error.value.starts_with('\x01'));
+}
+
+/// The size of `v` in JSON.
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> usize {
+    serde_json::to_vec(v).unwrap().len()
+}
