@@ -170,6 +170,8 @@ Examples:
         "  lockbox image rm busybox                        refused while a sandbox holds it\n",
         "  lockbox image prune --all\n",
         "  lockbox image build -t app .                    ./Dockerfile; each RUN in a sandbox\n",
+        "  lockbox image save app -o app.tar               an OCI archive (skopeo, podman read it)\n",
+        "  lockbox image load app.tar                      the same image (id, manifest) elsewhere\n",
         "  lockbox image ls --json\n\n",
         "Exit codes: 0 done; 1 the pull failed (registry, network, digest, a hostile layer) or a\n",
         "build's RUN failed; 2 usage, a bad reference, an unknown image or a bad Dockerfile (its\n",

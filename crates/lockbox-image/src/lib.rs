@@ -24,6 +24,7 @@
 //! `Docker-Content-Digest`; every layer's uncompressed stream against the config's
 //! `rootfs.diff_ids`. See docs/images.md.
 
+mod archive;
 pub mod build;
 mod digest;
 pub mod dockerfile;
@@ -37,6 +38,7 @@ mod source;
 mod store;
 mod unpack;
 
+pub use archive::{archive_format, ArchiveFormat, Saved};
 pub use digest::Digest;
 pub use error::ImageError;
 pub use reference::{Reference, Source};

@@ -1,4 +1,4 @@
-//! `lockbox image pull | ls | inspect | rm | prune`: the image store of a state directory
+//! `lockbox image pull | ls | inspect | rm | prune | save | load | build`: the image store of a state directory
 //! (`<state-dir>/images`, `lockbox_image::Store`). This file only turns arguments into one
 //! store call and prints the result.
 
@@ -81,6 +81,50 @@ pub enum ImageCommand {
         /// at most SIZE.
         #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
         max_store: Option<lockbox_policy::ByteSize>,
+    },
+    /// Write an image to an archive file, to load on another host.
+    ///
+    /// oci-archive (the default) is a tar of an OCI image layout, as `skopeo copy
+    /// oci-archive:FILE` and `podman load` read it: the image's manifest and config as
+    /// pulled (so the same id and manifest digest wherever it is loaded) and its layer
+    /// blobs. docker-archive is `docker save`'s format (uncompressed layers, no manifest).
+    /// A layer the store has no blob of (one a build made) is written again from its
+    /// unpacked directory and must match its recorded diff id. The file appears only when
+    /// complete.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image save app -o app.tar                      an OCI archive\n",
+        "  lockbox image save busybox -o bb.tar --format docker-archive\n",
+        "  lockbox image load app.tar                             on the other host\n",
+    ))]
+    Save {
+        /// A reference as pulled or built, an id, or a unique id prefix.
+        reference: String,
+        /// The archive to write (replaced if it exists).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: std::path::PathBuf,
+        /// oci-archive or docker-archive.
+        #[arg(long, value_name = "FORMAT", default_value = "oci-archive")]
+        format: lockbox_image::ArchiveFormat,
+    },
+    /// Load an image from an archive `lockbox image save`, `docker save` or `skopeo copy
+    /// oci-archive:` wrote (which one is found from its contents).
+    ///
+    /// Every blob is verified against its digest and every layer against the config's diff
+    /// ids, as in a pull. The image keeps the names the archive gives it; one without names
+    /// is named oci-archive:/ABS/FILE (or docker-archive:…).
+    Load {
+        /// The archive (may be gzip- or zstd-compressed).
+        file: std::path::PathBuf,
+        /// After the load, remove the least recently used images nothing holds until the
+        /// store takes at most SIZE; 0: no bound.
+        #[arg(
+            long,
+            value_name = "SIZE",
+            env = "LOCKBOX_MAX_STORE",
+            default_value = "20G"
+        )]
+        max_store: lockbox_policy::ByteSize,
     },
     /// Build an image from a Dockerfile, without a daemon or privilege.
     ///
@@ -198,6 +242,45 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
                 *no_cache,
                 network,
             )
+        }
+        ImageCommand::Save {
+            reference,
+            output,
+            format,
+        } => {
+            let saved = store.save(reference, *format, output)?;
+            if args.json {
+                outln!("{}", json(&saved, false));
+            } else {
+                if saved.layers_regenerated > 0 {
+                    eoutln!(
+                        "lockbox: {} layer(s) written again from their unpacked directories (verified against their diff ids)",
+                        saved.layers_regenerated
+                    );
+                }
+                outln!(
+                    "{}  {} ({}, {})",
+                    saved.id,
+                    saved.path.display(),
+                    saved.format,
+                    human(saved.bytes)
+                );
+            }
+        }
+        ImageCommand::Load { file, max_store } => {
+            let opts = PullOptions {
+                progress: !args.json && std::io::stderr().is_terminal(),
+                ..PullOptions::default()
+            };
+            let rt = tokio::runtime::Runtime::new()
+                .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+            let image = rt.block_on(store.load_archive(file, &opts))?;
+            bound_store(&store, max_store.0, &image.id)?;
+            if args.json {
+                outln!("{}", json(&image, false));
+            } else {
+                outln!("{}  {}", image.id, image.references.join(", "));
+            }
         }
         ImageCommand::Ls => {
             let all = store.list()?;

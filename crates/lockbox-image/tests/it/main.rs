@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod archive;
 mod common;
 mod local;
 mod registry;

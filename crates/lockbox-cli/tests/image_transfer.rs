@@ -1,0 +1,261 @@
+//! Images moving between hosts, end to end with the `lockbox` binary: `image save` / `image
+//! load` (OCI and `docker save` archives) into another state directory, then `run --image`
+//! there; as the current user and (as root) as uid 65534.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{give, lockbox, scratch, text, users};
+use serde_json::Value;
+use sha2::Digest as _;
+use std::path::Path;
+use std::process::Command;
+
+fn sha(data: &[u8]) -> String {
+    format!(
+        "sha256:{}",
+        sha2::Sha256::digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
+
+fn blob(dir: &Path, data: &[u8]) -> String {
+    let d = sha(data);
+    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
+    d
+}
+
+/// An OCI layout at `dir`, tag `v1`: one uncompressed busybox layer (from busybox-static).
+fn layout(dir: &Path) {
+    let root = dir.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    let tar = dir.join("layer.tar");
+    let st = Command::new("tar")
+        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
+        .args(["--mtime=@0", "-C"])
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let layer = std::fs::read(&tar).unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(dir, &config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(dir, &layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let m = blob(dir, &manifest);
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": m, "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+}
+
+fn json_of(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "{}", text(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
+}
+
+fn has(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A built image (one RUN layer on the busybox layout) in state dir `st`, named `app`.
+fn build_app(user: common::User, w: &Path, st: &str) -> String {
+    let ctx = w.join("ctx");
+    let base = format!("oci:{}:v1", w.join("lay").display());
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!("FROM {base}\nRUN echo built > /built.txt\nCMD [\"busybox\", \"cat\", \"/built.txt\"]\n"),
+    )
+    .unwrap();
+    let built = json_of(&lockbox(
+        user,
+        w,
+        &[
+            "image",
+            "build",
+            "-t",
+            "app",
+            "--json",
+            "--state-dir",
+            st,
+            ctx.to_str().unwrap(),
+        ],
+    ));
+    built["id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_saved_image_loads_in_another_state_dir_with_its_id_and_runs_there() {
+    for user in users() {
+        let work = scratch();
+        layout(&work.path().join("lay"));
+        std::fs::create_dir_all(work.path().join("ctx")).unwrap();
+        give(work.path(), user);
+        let w = work.path();
+        let a = w.join("a");
+        let st = a.to_str().unwrap();
+        let id = build_app(user, w, st);
+
+        // OCI archive: the built layer is written again from its directory and verified.
+        let file = w.join("app.tar");
+        let saved = json_of(&lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "save",
+                "app",
+                "-o",
+                file.to_str().unwrap(),
+                "--json",
+                "--state-dir",
+                st,
+            ],
+        ));
+        assert_eq!(saved["id"], id.as_str(), "{user:?}");
+        assert_eq!(saved["format"], "oci-archive");
+        assert_eq!(saved["layers_regenerated"], 1);
+        assert_eq!(saved["names"][0], "docker.io/library/app:latest");
+
+        // Loaded into an empty store: the same id and manifest, its name, and it runs.
+        let b = w.join("b");
+        let loaded = json_of(&lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "load",
+                file.to_str().unwrap(),
+                "--json",
+                "--state-dir",
+                b.to_str().unwrap(),
+            ],
+        ));
+        assert_eq!(loaded["id"], id.as_str());
+        assert_eq!(loaded["manifest"], saved["manifest"]);
+        assert_eq!(loaded["references"][0], "docker.io/library/app:latest");
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                "app",
+                "--pull",
+                "never",
+                "--state-dir",
+                b.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "built\n");
+
+        // The human form names the id and the file.
+        let docker = w.join("app-docker.tar");
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "save",
+                &id,
+                "-o",
+                docker.to_str().unwrap(),
+                "--format",
+                "docker-archive",
+                "--state-dir",
+                st,
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert!(text(&out).contains("docker-archive"), "{}", text(&out));
+        let c = w.join("c");
+        let loaded = json_of(&lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "load",
+                docker.to_str().unwrap(),
+                "--json",
+                "--state-dir",
+                c.to_str().unwrap(),
+            ],
+        ));
+        assert_eq!(loaded["id"], id.as_str());
+
+        // Debian's skopeo reads the OCI archive.
+        if has("skopeo") {
+            let out = Command::new("skopeo")
+                .args(["inspect", "--config", "--raw"])
+                .arg(format!("oci-archive:{}", file.display()))
+                .env("TMPDIR", w)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", text(&out));
+            assert_eq!(sha(&out.stdout), id);
+        }
+
+        // Bad input: an unknown format is a usage error; a missing image exits 2; a file
+        // that is no image archive exits 1 and names what it lacks.
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "save",
+                "app",
+                "-o",
+                "x.tar",
+                "--format",
+                "zip",
+                "--state-dir",
+                st,
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        let out = lockbox(
+            user,
+            w,
+            &["image", "save", "nope", "-o", "x.tar", "--state-dir", st],
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(!w.join("x.tar").exists());
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "load",
+                w.join("lay/layer.tar").to_str().unwrap(),
+                "--state-dir",
+                st,
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(
+            text(&out).contains("neither an OCI archive"),
+            "{}",
+            text(&out)
+        );
+    }
+}
