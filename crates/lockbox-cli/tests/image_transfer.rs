@@ -259,3 +259,147 @@ fn a_saved_image_loads_in_another_state_dir_with_its_id_and_runs_there() {
         );
     }
 }
+
+/// A `docker-registry` on a free loopback port, storage in `dir`; killed on drop.
+struct Registry {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl Registry {
+    fn start(dir: &Path) -> Registry {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}/data\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.display()
+        );
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("config.yml"), config).unwrap();
+        let mut child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(dir.join("config.yml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..600 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Registry { port, child };
+            }
+            assert!(child.try_wait().unwrap().is_none(), "docker-registry ended");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("docker-registry does not listen");
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `lockbox` with HOME set to `dir`: the registry credentials looked up are the test's (none),
+/// not those of the user the tests run as (uid 65534 cannot read /root/.docker).
+fn lockbox_at_home(user: common::User, dir: &Path, args: &[&str]) -> std::process::Output {
+    common::command_as(user)
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_pushed_image_pulls_into_an_empty_store_and_runs() {
+    if !has("docker-registry") {
+        assert_ne!(
+            std::env::var("LOCKBOX_TEST_REQUIRE").as_deref(),
+            Ok("all"),
+            "docker-registry is required"
+        );
+        eprintln!("SKIP: docker-registry is not installed (scripts/test.sh installs it)");
+        return;
+    }
+    let reg = scratch();
+    let registry = Registry::start(&reg.path().join("registry"));
+    for (n, user) in users().into_iter().enumerate() {
+        let work = scratch();
+        layout(&work.path().join("lay"));
+        std::fs::create_dir_all(work.path().join("ctx")).unwrap();
+        give(work.path(), user);
+        let w = work.path();
+        let a = w.join("a");
+        let st = a.to_str().unwrap();
+        let id = build_app(user, w, st);
+        let dest = format!("127.0.0.1:{}/team/app:{n}", registry.port);
+        let pushed = json_of(&lockbox_at_home(
+            user,
+            w,
+            &[
+                "image",
+                "push",
+                "app",
+                &dest,
+                "--chunk-size",
+                "64K",
+                "--json",
+                "--state-dir",
+                st,
+            ],
+        ));
+        assert_eq!(pushed["id"], id.as_str(), "{user:?}");
+        assert_eq!(pushed["reference"], dest.as_str());
+        assert_eq!(pushed["layers_regenerated"], 1);
+        let manifest = pushed["manifest"].as_str().unwrap().to_owned();
+
+        // Again: nothing to send but the manifest; the human form says so.
+        let out = lockbox_at_home(user, w, &["image", "push", "app", &dest, "--state-dir", st]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            text(&out).contains("0 blobs sent, 3 already there"),
+            "{}",
+            text(&out)
+        );
+
+        // An empty store pulls it (by tag and by the manifest's digest) and runs it.
+        let b = w.join("b");
+        let bs = b.to_str().unwrap();
+        let pulled = json_of(&lockbox_at_home(
+            user,
+            w,
+            &["image", "pull", &dest, "--json", "--state-dir", bs],
+        ));
+        assert_eq!(pulled["id"], id.as_str());
+        assert_eq!(pulled["manifest"], manifest.as_str());
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                &dest,
+                "--pull",
+                "never",
+                "--state-dir",
+                bs,
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "built\n");
+
+        // A local destination is a usage error naming what a push needs.
+        let out = lockbox_at_home(
+            user,
+            w,
+            &["image", "push", "app", "oci:/tmp/x", "--state-dir", st],
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains("registry reference"), "{}", text(&out));
+    }
+}

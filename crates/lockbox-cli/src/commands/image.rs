@@ -1,4 +1,4 @@
-//! `lockbox image pull | ls | inspect | rm | prune | save | load | build`: the image store of a state directory
+//! `lockbox image pull | ls | inspect | rm | prune | save | load | push | build`: the image store of a state directory
 //! (`<state-dir>/images`, `lockbox_image::Store`). This file only turns arguments into one
 //! store call and prints the result.
 
@@ -106,6 +106,32 @@ pub enum ImageCommand {
         /// oci-archive or docker-archive.
         #[arg(long, value_name = "FORMAT", default_value = "oci-archive")]
         format: lockbox_image::ArchiveFormat,
+    },
+    /// Push an image to a registry (OCI distribution API), with the pull's credentials.
+    ///
+    /// DEST is HOST[:PORT]/REPO[:TAG] [default: REF itself, which must then be a registry
+    /// reference]. Blobs the registry has are not sent (HEAD first); others go in one PUT,
+    /// or in PATCH chunks when larger than --chunk-size; the manifest (as pulled, or made
+    /// for a built image as `save` makes it) goes last, with its media type. Credentials
+    /// come from $REGISTRY_AUTH_FILE, else ~/.docker/config.json (Bearer token for
+    /// pull,push, or Basic). Plain http only for loopback registries and --insecure-registry.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image push app registry.example:5000/team/app:1\n",
+        "  lockbox image push 127.0.0.1:5000/app:1                 its own name (plain http: loopback)\n",
+        "  lockbox image push --insecure-registry reg.lan:5000 app reg.lan:5000/app:1 --json\n",
+    ))]
+    Push {
+        /// The image: a reference as pulled or built, an id, or a unique id prefix.
+        reference: String,
+        /// Where to push it: HOST[:PORT]/REPO[:TAG].
+        dest: Option<String>,
+        /// Reach this registry (HOST or HOST:PORT) over plain http (repeatable).
+        #[arg(long = "insecure-registry", value_name = "HOST")]
+        insecure_registry: Vec<String>,
+        /// Send a blob larger than SIZE in chunks of SIZE.
+        #[arg(long, value_name = "SIZE", default_value = "16M")]
+        chunk_size: lockbox_policy::ByteSize,
     },
     /// Load an image from an archive `lockbox image save`, `docker save` or `skopeo copy
     /// oci-archive:` wrote (which one is found from its contents).
@@ -264,6 +290,34 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
                     saved.path.display(),
                     saved.format,
                     human(saved.bytes)
+                );
+            }
+        }
+        ImageCommand::Push {
+            reference,
+            dest,
+            insecure_registry,
+            chunk_size,
+        } => {
+            let opts = lockbox_image::PushOptions {
+                insecure_registries: insecure_registry.clone(),
+                chunk_bytes: chunk_size.0.max(1),
+                ..lockbox_image::PushOptions::default()
+            };
+            let rt = tokio::runtime::Runtime::new()
+                .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+            let pushed = rt.block_on(store.push(reference, dest.as_deref(), &opts))?;
+            if args.json {
+                outln!("{}", json(&pushed, false));
+            } else {
+                outln!(
+                    "{}  {}@{} ({} blobs sent, {} already there, {})",
+                    pushed.id,
+                    pushed.reference,
+                    pushed.manifest,
+                    pushed.blobs_uploaded,
+                    pushed.blobs_skipped,
+                    human(pushed.bytes_uploaded)
                 );
             }
         }

@@ -7,6 +7,7 @@
 mod archive;
 mod common;
 mod local;
+mod push;
 mod registry;
 mod unpack;
 
