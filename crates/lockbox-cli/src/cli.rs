@@ -173,6 +173,7 @@ Examples:
         "  lockbox image save app -o app.tar               an OCI archive (skopeo, podman read it)\n",
         "  lockbox image load app.tar                      the same image (id, manifest) elsewhere\n",
         "  lockbox image push app reg.example/team/app:1   credentials as for pull\n",
+        "  lockbox image commit SANDBOX -t app:2           a served sandbox's root writes\n",
         "  lockbox image ls --json\n\n",
         "Exit codes: 0 done; 1 the pull failed (registry, network, digest, a hostile layer) or a\n",
         "build's RUN failed; 2 usage, a bad reference, an unknown image or a bad Dockerfile (its\n",

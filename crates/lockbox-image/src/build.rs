@@ -1089,3 +1089,68 @@ mod tests {
         assert_eq!(clean("a/../b/./c", 3).unwrap(), vec!["b", "c"]);
     }
 }
+
+/// What [`commit_upper`] made.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Committed {
+    /// The new image.
+    pub image: Image,
+    /// The new layer's diff id (none when the sandbox wrote nothing to its root).
+    pub layer: Option<String>,
+    /// The image it was made on (its id).
+    pub base: String,
+}
+
+/// `lockbox image commit`: the writes of a running image sandbox's root (its overlay
+/// `upper`, in overlayfs format: whiteouts for deletions, opaque directories) as a new layer
+/// on top of image `base` (an id), named `names`. The upper is not changed: it is written
+/// as a layer tar stream (as a push would send it), unpacked into the store with the pull's
+/// checks, and lockbox's own mount points (`/dev`, `/proc`, `/tmp`, `/etc/hosts`, ...) are
+/// left out, as for a build's `RUN`. The base's config is kept.
+pub fn commit_upper(
+    store: &Store,
+    upper: &Path,
+    base: &str,
+    names: &[String],
+    source: &str,
+) -> Result<Committed, ImageError> {
+    for n in names {
+        crate::Source::parse(n)?;
+    }
+    let image = store
+        .get(base)?
+        .ok_or_else(|| ImageError::NotFound(base.to_owned()))?;
+    // The upper is mounted volatile: its writes reach the disk now.
+    if let Ok(f) = std::fs::File::open(upper) {
+        rustix::fs::syncfs(&f).map_err(|e| ImageError::io("syncfs", upper, e.into()))?;
+    }
+    let bdir = store.build_dir()?;
+    let tar = bdir.path().join("upper.tar");
+    let out = std::fs::File::create(&tar).map_err(|e| ImageError::io("create a layer", &tar, e))?;
+    crate::layer_tar::write_layer_tar(upper, std::io::BufWriter::new(out))?;
+    let dir = bdir.path().join("layer");
+    std::fs::create_dir(&dir).map_err(|e| ImageError::io("create a layer", &dir, e))?;
+    let f = std::fs::File::open(&tar).map_err(|e| ImageError::io("open a layer", &tar, e))?;
+    crate::unpack::unpack(std::io::BufReader::new(f), &dir, "the sandbox's root")?;
+    remove_mount_points(&dir);
+    let mut layers: Vec<Digest> = image
+        .layer_info
+        .iter()
+        .rev()
+        .map(|l| Digest::parse(&l.diff_id))
+        .collect::<Result<_, _>>()?;
+    let empty = std::fs::read_dir(&dir)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false);
+    let layer = if empty {
+        None
+    } else {
+        let d = store.add_layer_dir(&dir)?;
+        layers.push(d.clone());
+        Some(d.to_string())
+    };
+    let base = image.id.clone();
+    let image = store.add_image(&image.config, &layers, names, source)?;
+    drop(bdir);
+    Ok(Committed { image, layer, base })
+}

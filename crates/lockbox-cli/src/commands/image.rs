@@ -1,4 +1,4 @@
-//! `lockbox image pull | ls | inspect | rm | prune | save | load | push | build`: the image store of a state directory
+//! `lockbox image pull | ls | inspect | rm | prune | save | load | push | commit | build`: the image store of a state directory
 //! (`<state-dir>/images`, `lockbox_image::Store`). This file only turns arguments into one
 //! store call and prints the result.
 
@@ -132,6 +132,38 @@ pub enum ImageCommand {
         /// Send a blob larger than SIZE in chunks of SIZE.
         #[arg(long, value_name = "SIZE", default_value = "16M")]
         chunk_size: lockbox_policy::ByteSize,
+    },
+    /// Make an image of a running `lockbox serve` sandbox's root writes.
+    ///
+    /// What the image sandbox SANDBOX (an id) wrote to its root, outside its workdir and
+    /// grants (files made, changed and deleted), becomes a new layer on its image, named
+    /// by -t in the server's store (its state directory's; `lockbox image ls --state-dir`
+    /// of the server's lists it). Deletions are whiteouts; the sandbox goes on running.
+    /// The server is reached at --server with the token in --token-file (the server's
+    /// own, by default that of --state-dir).
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image commit sb-1a2b3c -t app:2                 serve on 127.0.0.1:7070\n",
+        "  lockbox image commit sb-1a2b3c -t app:2 --server 127.0.0.1:8080 --token-file t\n",
+        "  lockbox run --image app:2 -- cat /the/file/it/wrote\n",
+    ))]
+    Commit {
+        /// The sandbox's id.
+        sandbox: String,
+        /// A name for the new image (repeatable), e.g. app:2.
+        #[arg(short = 't', long = "tag", value_name = "NAME", required = true)]
+        tags: Vec<String>,
+        /// The server: HOST:PORT or http://HOST:PORT.
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "LOCKBOX_SERVER",
+            default_value = "127.0.0.1:7070"
+        )]
+        server: String,
+        /// The server's bearer token [default: <state-dir>/server.token].
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<std::path::PathBuf>,
     },
     /// Load an image from an archive `lockbox image save`, `docker save` or `skopeo copy
     /// oci-archive:` wrote (which one is found from its contents).
@@ -321,6 +353,41 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
                 );
             }
         }
+        ImageCommand::Commit {
+            sandbox,
+            tags,
+            server,
+            token_file,
+        } => {
+            for t in tags {
+                lockbox_image::Source::parse(t)?;
+            }
+            let token_file = token_file
+                .clone()
+                .unwrap_or_else(|| state_dir.join("server.token"));
+            let made = commit_on_server(server, &token_file, sandbox, tags)?;
+            if args.json {
+                outln!("{}", json(&made, false));
+            } else {
+                outln!(
+                    "{}  {} (on {}, {})",
+                    made["id"].as_str().unwrap_or("?"),
+                    made["references"]
+                        .as_array()
+                        .map(|r| r
+                            .iter()
+                            .filter_map(|x| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .unwrap_or_default(),
+                    made["base"].as_str().unwrap_or("?"),
+                    match made["layer"].as_str() {
+                        Some(l) => format!("new layer {l}"),
+                        None => "no new layer: the sandbox wrote nothing to its root".into(),
+                    }
+                );
+            }
+        }
         ImageCommand::Load { file, max_store } => {
             let opts = PullOptions {
                 progress: !args.json && std::io::stderr().is_terminal(),
@@ -471,6 +538,64 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `POST /v1/sandboxes/{sandbox}/commit-image` on a running `lockbox serve`. Exit codes: 2
+/// a sandbox the server does not know or a bad request, 1 the server could not be reached
+/// or the commit failed.
+fn commit_on_server(
+    server: &str,
+    token_file: &std::path::Path,
+    sandbox: &str,
+    tags: &[String],
+) -> Result<serde_json::Value, CliError> {
+    let token = std::fs::read_to_string(token_file).map_err(|e| {
+        CliError::usage(format!(
+            "reading the server's token {}: {e}",
+            token_file.display()
+        ))
+        .hint("give the server's --token-file, or its --state-dir")
+    })?;
+    let base = if server.starts_with("http://") || server.starts_with("https://") {
+        server.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{server}")
+    };
+    let url = format!("{base}/v1/sandboxes/{sandbox}/commit-image");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+    let (status, body) = rt.block_on(async {
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .bearer_auth(token.trim())
+            .json(&json!({ "tags": tags }))
+            .send()
+            .await
+            .map_err(|e| {
+                CliError::new(1, format!("reaching the server at {base}: {e}"))
+                    .hint("is `lockbox serve` running there? (--server)")
+            })?;
+        let status = resp.status();
+        let body: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| CliError::new(1, format!("the server's answer: {e}")))?;
+        Ok::<_, CliError>((status, body))
+    })?;
+    if status.is_success() {
+        return Ok(body);
+    }
+    let code = if status.is_client_error() { 2 } else { 1 };
+    Err(CliError::new(
+        code,
+        format!(
+            "the server refused the commit: HTTP {status} {}: {}",
+            body["code"].as_str().unwrap_or(""),
+            body["message"].as_str().unwrap_or("")
+        ),
+    ))
 }
 
 fn human(bytes: u64) -> String {
