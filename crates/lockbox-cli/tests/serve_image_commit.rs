@@ -220,3 +220,59 @@ fn a_served_image_sandboxs_root_writes_commit_to_an_image_that_runs() {
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+#[test]
+fn image_pull_on_create_says_when_the_server_pulls() {
+    for user in users() {
+        let tmp = scratch();
+        layout(&tmp.path().join("lay"));
+        give(tmp.path(), user);
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        let image = format!("oci:{}:v1", tmp.path().join("lay").display());
+        tokio().block_on(async {
+            // never: not in the store yet, so not found (and nothing pulled).
+            let (status, error) = server
+                .json(
+                    Method::POST,
+                    "/v1/sandboxes",
+                    json!({ "image": image, "image_pull": "never" }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{user:?} {error}");
+            assert_eq!(error["code"], "IMAGE_NOT_FOUND", "{error}");
+            // always: pulled (again), then never finds it.
+            let id = server
+                .sandbox(json!({ "image": image, "image_pull": "always" }))
+                .await;
+            let again = server
+                .sandbox(json!({ "image": image, "image_pull": "never" }))
+                .await;
+            for sb in [&id, &again] {
+                let (status, _) = server
+                    .json(Method::DELETE, &format!("/v1/sandboxes/{sb}"), json!(null))
+                    .await;
+                assert_eq!(status, StatusCode::OK);
+            }
+            // Without an image, or an unknown value: the field is named.
+            let (status, error) = server
+                .json(
+                    Method::POST,
+                    "/v1/sandboxes",
+                    json!({ "image_pull": "never" }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            assert_eq!(error["details"]["field"], "image_pull", "{error}");
+            let (status, error) = server
+                .json(
+                    Method::POST,
+                    "/v1/sandboxes",
+                    json!({ "image": image, "image_pull": "sometimes" }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            assert!(error.to_string().contains("image_pull"), "{error}");
+        });
+    }
+}
