@@ -403,3 +403,75 @@ fn a_pushed_image_pulls_into_an_empty_store_and_runs() {
         assert!(text(&out).contains("registry reference"), "{}", text(&out));
     }
 }
+
+#[test]
+fn copy_from_an_image_reference_copies_out_of_that_image() {
+    for user in users() {
+        let work = scratch();
+        layout(&work.path().join("lay"));
+        std::fs::create_dir_all(work.path().join("ctx")).unwrap();
+        give(work.path(), user);
+        let w = work.path();
+        let st = w.join("s");
+        let st = st.to_str().unwrap();
+        let base = format!("oci:{}:v1", w.join("lay").display());
+        // Not pulled first: COPY --from pulls it, as FROM does.
+        std::fs::write(
+            w.join("ctx/Dockerfile"),
+            format!("FROM scratch\nCOPY --from={base} /bin/busybox /bin/busybox\nCMD [\"/bin/busybox\", \"echo\", \"copied\"]\n"),
+        )
+        .unwrap();
+        let ctx = w.join("ctx");
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "build",
+                "-t",
+                "tiny",
+                "--state-dir",
+                st,
+                ctx.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                "tiny",
+                "--pull",
+                "never",
+                "--state-dir",
+                st,
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "copied\n");
+
+        // A --from that is neither a stage nor a reference names its line.
+        std::fs::write(
+            w.join("ctx/Dockerfile"),
+            "FROM scratch\nCOPY --from=Not:A:Ref /x /x\n",
+        )
+        .unwrap();
+        let out = lockbox(
+            user,
+            w,
+            &[
+                "image",
+                "build",
+                "-t",
+                "bad",
+                "--state-dir",
+                st,
+                ctx.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains("line 2"), "{}", text(&out));
+    }
+}

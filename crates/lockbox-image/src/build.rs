@@ -328,22 +328,47 @@ pub async fn build(
                     if spec.chown.is_some() {
                         say("  note: --chown is not applied: files in a lockbox image are presented as owned by root");
                     }
-                    let from_stage = match &spec.from {
-                        Some(f) => Some(
-                            stages
-                                .iter()
-                                .find(|s| s.name.as_deref() == Some(&f.to_ascii_lowercase()))
-                                .or_else(|| f.parse::<usize>().ok().and_then(|i| stages.get(i)))
-                                .ok_or_else(|| BuildError::Step {
-                                    line: ins.line,
-                                    reason: format!(
-                                        "--from={f}: no earlier stage of that name (COPY --from an image is not supported)"
-                                    ),
-                                })?,
-                        ),
+                    let from_stage: Option<StageState> = match &spec.from {
+                        Some(f) => match stages
+                            .iter()
+                            .find(|s| s.name.as_deref() == Some(&f.to_ascii_lowercase()))
+                            .or_else(|| f.parse::<usize>().ok().and_then(|i| stages.get(i)))
+                        {
+                            Some(s) => Some(s.clone()),
+                            // Not a stage: an image reference, as Docker's `COPY --from=IMAGE`
+                            // (pulled if the store lacks it).
+                            None => {
+                                if f.parse::<usize>().is_ok() {
+                                    return step_err(
+                                        ins.line,
+                                        format!("--from={f}: no earlier stage of that index"),
+                                    );
+                                }
+                                if let Err(e) = crate::Source::parse(f) {
+                                    return step_err(
+                                        ins.line,
+                                        format!("--from={f}: neither an earlier stage nor an image reference: {e}"),
+                                    );
+                                }
+                                let image = store
+                                    .find_or_pull(f, PullPolicy::Missing, &opts.pull)
+                                    .await?;
+                                let mut layers = Vec::new();
+                                for l in image.layer_info.iter().rev() {
+                                    layers.push(Digest::parse(&l.diff_id)?);
+                                }
+                                Some(StageState {
+                                    name: None,
+                                    layers,
+                                    config: image.config.clone(),
+                                    shell: default_shell(),
+                                    args: BTreeMap::new(),
+                                })
+                            }
+                        },
                         None => None,
                     };
-                    let content = match from_stage {
+                    let content = match &from_stage {
                         Some(s) => format!("stage {}", s.chain()),
                         None => context_digest(&opts.context, &ignore, &spec, ins.line)?,
                     };
@@ -358,7 +383,7 @@ pub async fn build(
                     std::fs::create_dir(&dir)
                         .map_err(|e| ImageError::io("create a layer directory", &dir, e))?;
                     let workdir = st.config.working_dir.clone().unwrap_or_else(|| "/".into());
-                    match from_stage {
+                    match &from_stage {
                         Some(s) => {
                             let lowers: Vec<PathBuf> = s
                                 .layers
