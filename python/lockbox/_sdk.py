@@ -319,6 +319,7 @@ class Sandbox:
         http_allow: Sequence[str] = (),
         upstream_ca: PathLike | None = None,
         image: str | None = None,
+        image_pull: str | None = None,
         **policy: Any,
     ) -> LocalSandbox:
         """Starts a long-lived sandbox in this process (``lockbox-runtime``) and returns it:
@@ -367,6 +368,8 @@ class Sandbox:
                 directory's image store if missing, held while the sandbox lives; its Env
                 and WorkingDir apply to every session and process (docs/images.md).
                 Sessions need ``bash`` in the image.
+            image_pull: when ``image`` is pulled: ``"missing"`` (the default), ``"always"``
+                or ``"never"`` (an image not in the store is ``IMAGE_NOT_FOUND``).
             **policy: the keywords of :class:`Sandbox` (``fs_readable``, ``net_allow``,
                 ``max_memory``, ``timeout`` (the sandbox's whole lifetime), ``env``...);
                 ``max_cpu_time`` is not available for long-lived sandboxes.
@@ -388,6 +391,8 @@ class Sandbox:
             rules["http_allow"] = [str(r) for r in http_allow]
         if image is not None:
             rules["image"] = image
+        if image_pull is not None:
+            rules["image_pull"] = image_pull
         box = client.create(**sb._create_body(), on_exit=on_exit,
                             idle_timeout=idle_timeout, labels=labels, from_snapshot=from_snapshot,
                             net_ask=net_ask, net_ask_timeout=net_ask_timeout, **rules)

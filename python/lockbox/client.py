@@ -273,6 +273,7 @@ class Client:
         net_ask: bool = False,
         net_ask_timeout: float | None = None,
         image: str | None = None,
+        image_pull: str | None = None,
         **more: Any,
     ) -> RemoteSandbox:
         """Creates a sandbox (``POST /v1/sandboxes``); keywords as ``lockbox.Sandbox``'s,
@@ -286,7 +287,9 @@ class Client:
         (default 30) for its answer, then the call is denied. ``image`` (``"busybox:1.36"``,
         ``"oci:/srv/images/app:v1"``): the sandbox runs on that OCI image's userland, pulled
         into the server's store if missing, with its Env and WorkingDir (docs/images.md;
-        sessions need ``bash`` in the image)."""
+        sessions need ``bash`` in the image). ``image_pull``: when it is pulled, ``"missing"``
+        (the default), ``"always"`` (a tag may have moved) or ``"never"`` (not in the store:
+        ``IMAGE_NOT_FOUND``)."""
         if net_allow:
             net = {"allow": list(net_allow)}  # type: ignore[assignment]
         elif net_deny:
@@ -299,7 +302,7 @@ class Client:
             "from_snapshot": (from_snapshot if isinstance(from_snapshot, str) or from_snapshot is None
                               else from_snapshot["id"]),
             "net_ask": net_ask or None, "net_ask_timeout_ms": _ms(net_ask_timeout),
-            "image": image,
+            "image": image, "image_pull": image_pull,
         }) | more
         info = self._request("POST", "/v1/sandboxes", body=body)
         return RemoteSandbox(self, info)

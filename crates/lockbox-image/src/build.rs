@@ -328,22 +328,47 @@ pub async fn build(
                     if spec.chown.is_some() {
                         say("  note: --chown is not applied: files in a lockbox image are presented as owned by root");
                     }
-                    let from_stage = match &spec.from {
-                        Some(f) => Some(
-                            stages
-                                .iter()
-                                .find(|s| s.name.as_deref() == Some(&f.to_ascii_lowercase()))
-                                .or_else(|| f.parse::<usize>().ok().and_then(|i| stages.get(i)))
-                                .ok_or_else(|| BuildError::Step {
-                                    line: ins.line,
-                                    reason: format!(
-                                        "--from={f}: no earlier stage of that name (COPY --from an image is not supported)"
-                                    ),
-                                })?,
-                        ),
+                    let from_stage: Option<StageState> = match &spec.from {
+                        Some(f) => match stages
+                            .iter()
+                            .find(|s| s.name.as_deref() == Some(&f.to_ascii_lowercase()))
+                            .or_else(|| f.parse::<usize>().ok().and_then(|i| stages.get(i)))
+                        {
+                            Some(s) => Some(s.clone()),
+                            // Not a stage: an image reference, as Docker's `COPY --from=IMAGE`
+                            // (pulled if the store lacks it).
+                            None => {
+                                if f.parse::<usize>().is_ok() {
+                                    return step_err(
+                                        ins.line,
+                                        format!("--from={f}: no earlier stage of that index"),
+                                    );
+                                }
+                                if let Err(e) = crate::Source::parse(f) {
+                                    return step_err(
+                                        ins.line,
+                                        format!("--from={f}: neither an earlier stage nor an image reference: {e}"),
+                                    );
+                                }
+                                let image = store
+                                    .find_or_pull(f, PullPolicy::Missing, &opts.pull)
+                                    .await?;
+                                let mut layers = Vec::new();
+                                for l in image.layer_info.iter().rev() {
+                                    layers.push(Digest::parse(&l.diff_id)?);
+                                }
+                                Some(StageState {
+                                    name: None,
+                                    layers,
+                                    config: image.config.clone(),
+                                    shell: default_shell(),
+                                    args: BTreeMap::new(),
+                                })
+                            }
+                        },
                         None => None,
                     };
-                    let content = match from_stage {
+                    let content = match &from_stage {
                         Some(s) => format!("stage {}", s.chain()),
                         None => context_digest(&opts.context, &ignore, &spec, ins.line)?,
                     };
@@ -358,7 +383,7 @@ pub async fn build(
                     std::fs::create_dir(&dir)
                         .map_err(|e| ImageError::io("create a layer directory", &dir, e))?;
                     let workdir = st.config.working_dir.clone().unwrap_or_else(|| "/".into());
-                    match from_stage {
+                    match &from_stage {
                         Some(s) => {
                             let lowers: Vec<PathBuf> = s
                                 .layers
@@ -1088,4 +1113,69 @@ mod tests {
         assert!(clean("../etc/passwd", 3).is_err());
         assert_eq!(clean("a/../b/./c", 3).unwrap(), vec!["b", "c"]);
     }
+}
+
+/// What [`commit_upper`] made.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Committed {
+    /// The new image.
+    pub image: Image,
+    /// The new layer's diff id (none when the sandbox wrote nothing to its root).
+    pub layer: Option<String>,
+    /// The image it was made on (its id).
+    pub base: String,
+}
+
+/// `lockbox image commit`: the writes of a running image sandbox's root (its overlay
+/// `upper`, in overlayfs format: whiteouts for deletions, opaque directories) as a new layer
+/// on top of image `base` (an id), named `names`. The upper is not changed: it is written
+/// as a layer tar stream (as a push would send it), unpacked into the store with the pull's
+/// checks, and lockbox's own mount points (`/dev`, `/proc`, `/tmp`, `/etc/hosts`, ...) are
+/// left out, as for a build's `RUN`. The base's config is kept.
+pub fn commit_upper(
+    store: &Store,
+    upper: &Path,
+    base: &str,
+    names: &[String],
+    source: &str,
+) -> Result<Committed, ImageError> {
+    for n in names {
+        crate::Source::parse(n)?;
+    }
+    let image = store
+        .get(base)?
+        .ok_or_else(|| ImageError::NotFound(base.to_owned()))?;
+    // The upper is mounted volatile: its writes reach the disk now.
+    if let Ok(f) = std::fs::File::open(upper) {
+        rustix::fs::syncfs(&f).map_err(|e| ImageError::io("syncfs", upper, e.into()))?;
+    }
+    let bdir = store.build_dir()?;
+    let tar = bdir.path().join("upper.tar");
+    let out = std::fs::File::create(&tar).map_err(|e| ImageError::io("create a layer", &tar, e))?;
+    crate::layer_tar::write_layer_tar(upper, std::io::BufWriter::new(out))?;
+    let dir = bdir.path().join("layer");
+    std::fs::create_dir(&dir).map_err(|e| ImageError::io("create a layer", &dir, e))?;
+    let f = std::fs::File::open(&tar).map_err(|e| ImageError::io("open a layer", &tar, e))?;
+    crate::unpack::unpack(std::io::BufReader::new(f), &dir, "the sandbox's root")?;
+    remove_mount_points(&dir);
+    let mut layers: Vec<Digest> = image
+        .layer_info
+        .iter()
+        .rev()
+        .map(|l| Digest::parse(&l.diff_id))
+        .collect::<Result<_, _>>()?;
+    let empty = std::fs::read_dir(&dir)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false);
+    let layer = if empty {
+        None
+    } else {
+        let d = store.add_layer_dir(&dir)?;
+        layers.push(d.clone());
+        Some(d.to_string())
+    };
+    let base = image.id.clone();
+    let image = store.add_image(&image.config, &layers, names, source)?;
+    drop(bdir);
+    Ok(Committed { image, layer, base })
 }

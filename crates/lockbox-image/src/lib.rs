@@ -24,12 +24,14 @@
 //! `Docker-Content-Digest`; every layer's uncompressed stream against the config's
 //! `rootfs.diff_ids`. See docs/images.md.
 
+mod archive;
 pub mod build;
 mod digest;
 pub mod dockerfile;
 mod error;
 mod layer_tar;
 pub mod oci;
+mod push;
 mod reference;
 pub mod registry;
 mod sandbox;
@@ -37,8 +39,10 @@ mod source;
 mod store;
 mod unpack;
 
+pub use archive::{archive_format, ArchiveFormat, Saved};
 pub use digest::Digest;
 pub use error::ImageError;
+pub use push::{PushOptions, Pushed};
 pub use reference::{Reference, Source};
 pub use sandbox::{apply, process_holder, PullPolicy, DEFAULT_PATH};
 pub use store::{BuildDir, Removed, Store, BUILT_LAYER_MEDIA_TYPE};

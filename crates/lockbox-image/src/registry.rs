@@ -131,6 +131,8 @@ pub struct Registry {
     credentials: Option<Credentials>,
     auth: tokio::sync::Mutex<Option<String>>,
     insecure: Vec<String>,
+    /// Ask tokens for `pull,push` (a push) rather than `pull`.
+    push: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
@@ -180,7 +182,40 @@ impl Registry {
             credentials: credentials_for(&reference.registry, auth_file)?,
             auth: tokio::sync::Mutex::new(None),
             insecure: insecure.to_vec(),
+            push: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    pub(crate) fn base(&self) -> String {
+        self.base.clone()
+    }
+
+    pub(crate) fn repository(&self) -> &str {
+        &self.repository
+    }
+
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    pub(crate) fn push_flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.push
+    }
+
+    pub(crate) async fn current_auth(&self) -> Option<String> {
+        self.auth.lock().await.clone()
+    }
+
+    pub(crate) fn error(&self, step: &str, reason: impl Into<String>) -> ImageError {
+        self.err(step, reason)
+    }
+
+    pub(crate) async fn answer_challenge(&self, challenge: &str) -> Result<(), ImageError> {
+        self.authenticate(challenge).await
     }
 
     fn err(&self, step: &str, reason: impl Into<String>) -> ImageError {
@@ -279,9 +314,14 @@ impl Registry {
                     }
                 }
                 if !query.iter().any(|(k, _)| k == "scope") {
+                    let actions = if self.push.load(Ordering::Relaxed) {
+                        "pull,push"
+                    } else {
+                        "pull"
+                    };
                     query.push((
                         "scope".into(),
-                        format!("repository:{}:pull", self.repository),
+                        format!("repository:{}:{actions}", self.repository),
                     ));
                 }
                 let mut req = self.client.get(realm_url).query(&query);
@@ -469,7 +509,7 @@ async fn read_bounded(
 }
 
 /// The first `n` bytes of an error body, as text on one line.
-async fn read_bounded_prefix(mut resp: reqwest::Response, n: usize) -> String {
+pub(crate) async fn read_bounded_prefix(mut resp: reqwest::Response, n: usize) -> String {
     let mut body = Vec::new();
     while let Ok(Some(chunk)) = resp.chunk().await {
         body.extend_from_slice(&chunk);
@@ -530,7 +570,7 @@ pub fn parse_challenge(header: &str) -> (String, Vec<(String, String)>) {
 }
 
 /// An error and its sources on one line (reqwest's own message is only the outermost).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -37,6 +37,9 @@ pub struct Resolved {
     pub layers: Vec<Descriptor>,
     /// Names the image gets in the store besides the source's own.
     pub extra_names: Vec<String>,
+    /// Names an archive's index gives its image (`io.containerd.image.name`, as `docker
+    /// save` and `lockbox image save` write it): used by `load` only.
+    pub annotated_names: Vec<String>,
     /// Where the layers' blobs are.
     pub from: BlobFrom,
 }
@@ -72,6 +75,7 @@ pub async fn resolve(
                             config_digest: config.digest,
                             layers,
                             extra_names: Vec::new(),
+                            annotated_names: Vec::new(),
                             from: BlobFrom::Registry(registry),
                         });
                     }
@@ -245,6 +249,13 @@ fn from_layout(
             }
         },
     };
+    let annotated: Vec<String> = chosen
+        .annotations
+        .get(crate::archive::IMAGE_NAME_ANNOTATION)
+        .and_then(|n| crate::reference::Reference::parse(n).ok())
+        .map(|r| r.to_string())
+        .into_iter()
+        .collect();
     let mut desc = chosen.clone();
     for _ in 0..4 {
         let bytes = layout_blob(dir, &desc, limit)?;
@@ -259,6 +270,7 @@ fn from_layout(
                     config_digest: config.digest,
                     layers,
                     extra_names: Vec::new(),
+                    annotated_names: annotated.clone(),
                     from: BlobFrom::Layout(dir.to_owned()),
                 });
             }
@@ -337,6 +349,7 @@ fn from_docker_archive(dir: &Path, limit: u64, what: &str) -> Result<Resolved, I
         config_digest,
         layers,
         extra_names,
+        annotated_names: Vec::new(),
         from: BlobFrom::Files(dir.to_owned(), files),
     })
 }

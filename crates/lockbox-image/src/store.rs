@@ -82,9 +82,9 @@ struct Refs {
 
 /// A held `flock`; released on drop (and by the kernel when the process dies).
 #[derive(Debug)]
-struct Flock(OwnedFd);
+pub(crate) struct Flock(OwnedFd);
 
-fn flock(path: &Path, op: FlockOperation) -> Result<Flock, ImageError> {
+pub(crate) fn flock(path: &Path, op: FlockOperation) -> Result<Flock, ImageError> {
     let fd = rustix::fs::open(
         path,
         rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CREATE | rustix::fs::OFlags::CLOEXEC,
@@ -103,8 +103,8 @@ async fn flock_async(path: PathBuf, op: FlockOperation) -> Result<Flock, ImageEr
 
 /// A pull's private work directory under `tmp/`, removed on drop.
 #[derive(Debug)]
-struct Work {
-    dir: PathBuf,
+pub(crate) struct Work {
+    pub(crate) dir: PathBuf,
     lock_path: PathBuf,
     _lock: Flock,
 }
@@ -146,13 +146,13 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     result.map_err(|e| ImageError::io("write a record", path, e))
 }
 
-fn fsync_dir(dir: &Path) -> Result<(), ImageError> {
+pub(crate) fn fsync_dir(dir: &Path) -> Result<(), ImageError> {
     std::fs::File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|e| ImageError::io("fsync a directory", dir, e))
 }
 
-fn unique() -> String {
+pub(crate) fn unique() -> String {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     format!(
@@ -329,7 +329,7 @@ impl Store {
         Ok(())
     }
 
-    fn work(&self) -> Result<Work, ImageError> {
+    pub(crate) fn work(&self) -> Result<Work, ImageError> {
         let name = unique();
         let lock_path = self.root.join("tmp").join(format!("{name}.lock"));
         let lock = flock(&lock_path, FlockOperation::LockExclusive)?;
@@ -352,11 +352,11 @@ impl Store {
         })
     }
 
-    fn blob_path(&self, d: &Digest) -> PathBuf {
+    pub(crate) fn blob_path(&self, d: &Digest) -> PathBuf {
         self.root.join("blobs/sha256").join(d.hex())
     }
 
-    fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
+    pub(crate) fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
         self.root.join("layers").join(diff_id.hex())
     }
 
@@ -376,9 +376,20 @@ impl Store {
     /// the image. Layers already in the store are neither downloaded nor unpacked again.
     pub async fn pull(&self, reference: &str, opts: &PullOptions) -> Result<Image, ImageError> {
         let source = crate::reference::Source::parse(reference)?;
+        self.pull_source(&source, opts, false).await
+    }
+
+    /// Pulls `source`. A `load` names the image by what the archive says (its tags), and by
+    /// the archive's path only when it says nothing.
+    pub(crate) async fn pull_source(
+        &self,
+        source: &crate::reference::Source,
+        opts: &PullOptions,
+        load: bool,
+    ) -> Result<Image, ImageError> {
         let _shared = flock_async(self.root.join("store.lock"), FlockOperation::LockShared).await?;
         let work = self.work()?;
-        let resolved = source::resolve(&source, opts, &work.dir).await?;
+        let resolved = source::resolve(source, opts, &work.dir).await?;
         let what = source.name();
         let config: ConfigFile =
             serde_json::from_slice(&resolved.config).map_err(|e| ImageError::BadManifest {
@@ -501,8 +512,14 @@ impl Store {
             )
         })?;
         write_atomic(&self.record_path(&record.id), &json)?;
-        let mut names = vec![what];
+        let mut names = if load { Vec::new() } else { vec![what.clone()] };
         names.extend(resolved.extra_names.iter().cloned());
+        if load {
+            names.extend(resolved.annotated_names.iter().cloned());
+            if names.is_empty() {
+                names.push(what);
+            }
+        }
         self.set_refs(&names, &record.id)?;
         self.touch_used(&record.id);
         drop(work);
@@ -615,7 +632,7 @@ impl Store {
         self.write_refs(&refs)
     }
 
-    fn read_record(&self, id: &Digest) -> Result<Option<ImageRecord>, ImageError> {
+    pub(crate) fn read_record(&self, id: &Digest) -> Result<Option<ImageRecord>, ImageError> {
         let p = self.record_path(id);
         match std::fs::read(&p) {
             Ok(b) => serde_json::from_slice(&b)
@@ -648,7 +665,7 @@ impl Store {
         Ok(out)
     }
 
-    fn layer_meta(&self, diff_id: &Digest) -> Result<Option<LayerMeta>, ImageError> {
+    pub(crate) fn layer_meta(&self, diff_id: &Digest) -> Result<Option<LayerMeta>, ImageError> {
         let p = self.layer_dir(diff_id).join("layer.json");
         match std::fs::read(&p) {
             Ok(b) => serde_json::from_slice(&b)
@@ -715,7 +732,7 @@ impl Store {
 
     /// Resolves a reference (as given to pull, normalised), a full id or a unique id prefix
     /// (at least 4 hex digits).
-    fn resolve(
+    pub(crate) fn resolve(
         &self,
         reference_or_id: &str,
     ) -> Result<Option<(Digest, Option<String>)>, ImageError> {
@@ -950,7 +967,7 @@ impl Store {
 
     /// Records that image `id` was used now (a pull or a hold), for least-recently-used
     /// pruning. Best effort: a failure only makes the image look older.
-    fn touch_used(&self, id: &Digest) {
+    pub(crate) fn touch_used(&self, id: &Digest) {
         if let Ok(f) = std::fs::File::create(self.used_path(id)) {
             let _ = f.set_modified(std::time::SystemTime::now());
         }

@@ -517,6 +517,55 @@ impl Sandbox {
         .await
     }
 
+    /// `image commit`: what this image sandbox wrote to its root (files made, changed and
+    /// deleted outside its workdir and grants) as a new layer on its image, named `names`
+    /// (`app:2`, ...). The sandbox goes on; a write made during the commit may or may not
+    /// be in the layer. A sandbox on the host's userland has no image root:
+    /// `INVALID_REQUEST` (field `sandbox`).
+    pub async fn commit_image(
+        &self,
+        names: Vec<String>,
+    ) -> Result<lockbox_image::build::Committed, RuntimeError> {
+        let inst = self.live()?;
+        let not_image = || {
+            RuntimeError::invalid(
+                "sandbox",
+                format!(
+                    "sandbox {} runs on the host's userland, not an image: it has no image root to commit",
+                    self.id()
+                ),
+            )
+        };
+        let hold = inst.image.as_ref().ok_or_else(not_image)?;
+        if hold.root.is_none() {
+            return Err(not_image());
+        }
+        if names.is_empty() {
+            return Err(RuntimeError::invalid(
+                "tags",
+                "name the new image (at least one tag)",
+            ));
+        }
+        let source = format!("commit of sandbox {}", self.id());
+        tokio::task::spawn_blocking(move || {
+            let hold = inst
+                .image
+                .as_ref()
+                .ok_or_else(|| RuntimeError::invalid("sandbox", "no image"))?;
+            let upper = hold
+                .root
+                .as_ref()
+                .map(|r| r.0.join("upper"))
+                .ok_or_else(|| RuntimeError::invalid("sandbox", "no image root"))?;
+            let store =
+                lockbox_image::Store::in_state_dir(&hold.state_dir).map_err(RuntimeError::Image)?;
+            lockbox_image::build::commit_upper(&store, &upper, &hold.id, &names, &source)
+                .map_err(RuntimeError::Image)
+        })
+        .await
+        .map_err(RuntimeError::Task)?
+    }
+
     /// [`Sandbox::snapshot`] with options: a name, and whether to keep the sandbox's `/tmp`
     /// too (`include_tmp`), which its forks and restores then find in their `/tmp`.
     pub async fn snapshot_with(&self, opts: SnapshotOptions) -> Result<SnapshotInfo, RuntimeError> {

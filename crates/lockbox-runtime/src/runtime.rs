@@ -129,7 +129,7 @@ impl Runtime {
             None => None,
         };
         if let Some(reference) = &spec.policy.image {
-            // Pulled if the store lacks it (pull policy `missing`). The sandbox keeps the
+            // Pulled as `image_pull` says (default `missing`). The sandbox keeps the
             // reference as given: its restarts (a workspace abort) and the forks of its
             // snapshots look it up again, and an operator's ceiling sees the name.
             let store = lockbox_image::Store::in_state_dir(&self.inner.config.state_dir)
@@ -137,7 +137,7 @@ impl Runtime {
             store
                 .find_or_pull(
                     reference,
-                    lockbox_image::PullPolicy::Missing,
+                    spec.image_pull,
                     &lockbox_image::PullOptions::default(),
                 )
                 .await

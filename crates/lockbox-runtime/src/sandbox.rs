@@ -52,10 +52,44 @@ pub(crate) struct Instance {
 /// A sandbox's hold on its image ([`image_holder`]).
 #[derive(Debug)]
 pub(crate) struct ImageHold {
-    state_dir: PathBuf,
-    id: String,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) id: String,
     sandbox: String,
+    /// Where the root's writes go (`image commit` reads them), removed with the hold.
+    pub(crate) root: Option<RootDir>,
 }
+
+/// An image sandbox's writable layer on the host: `<state-dir>/image-roots/<sandbox>-<n>/`
+/// with `upper/` and `work/` (overlayfs's), removed when dropped (the sandbox is gone or
+/// replaced); those a killed runtime left are removed when the next one starts.
+#[derive(Debug)]
+pub(crate) struct RootDir(pub(crate) PathBuf);
+
+impl RootDir {
+    fn make(state_dir: &Path, sandbox_id: &str) -> std::io::Result<RootDir> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = state_dir
+            .join(IMAGE_ROOTS)
+            .join(format!("{sandbox_id}-{}-{nanos}", std::process::id()));
+        for sub in ["upper", "work"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        Ok(RootDir(dir))
+    }
+}
+
+impl Drop for RootDir {
+    fn drop(&mut self) {
+        if let Err(e) = lockbox_image::remove_tree(&self.0) {
+            tracing::warn!(dir = %self.0.display(), "removing an image root's writes: {e}");
+        }
+    }
+}
+
+/// The state directory's subdirectory of image sandboxes' writable layers.
+const IMAGE_ROOTS: &str = "image-roots";
 
 impl ImageHold {
     /// Releases the hold (a failure is logged: the next start-up releases it).
@@ -343,7 +377,10 @@ pub(crate) async fn start_instance(
         },
         None => None,
     };
-    let (image, image_id) = image.unzip();
+    let (image, image_id, root_dir) = match image {
+        Some((root, id, dir)) => (Some(root), Some(id), Some(dir)),
+        None => (None, None, None),
+    };
     let started = spawn_agent(
         &policy,
         agent_exe,
@@ -394,6 +431,7 @@ pub(crate) async fn start_instance(
             state_dir: origin.state_dir.to_owned(),
             id,
             sandbox: sandbox_id.to_owned(),
+            root: root_dir,
         }),
     })
 }
@@ -452,7 +490,7 @@ fn image_root(
     reference: &str,
     sandbox_id: &str,
     policy: &mut lockbox_policy::Policy,
-) -> Result<(lockbox_confine::ImageRoot, String), RuntimeError> {
+) -> Result<(lockbox_confine::ImageRoot, String, RootDir), RuntimeError> {
     let store = lockbox_image::Store::in_state_dir(state_dir).map_err(RuntimeError::Image)?;
     let image = store
         .hold(reference, &image_holder(sandbox_id))
@@ -460,7 +498,22 @@ fn image_root(
     // The agent is the command; the image's Entrypoint and Cmd are not used (a session
     // runs what it is asked).
     match lockbox_image::apply(&image, policy, &[AGENT_ARG.into()]) {
-        Ok((root, _)) => Ok((root, image.id)),
+        Ok((mut root, _)) => match RootDir::make(state_dir, sandbox_id) {
+            Ok(dir) => {
+                root.upper = Some(lockbox_confine::RootUpper {
+                    upper: dir.0.join("upper"),
+                    work: dir.0.join("work"),
+                });
+                Ok((root, image.id, dir))
+            }
+            Err(e) => {
+                let _ = store.release(&image.id, &image_holder(sandbox_id));
+                Err(RuntimeError::Os {
+                    what: "the image root's writable layer",
+                    source: e,
+                })
+            }
+        },
         Err(e) => {
             let _ = store.release(&image.id, &image_holder(sandbox_id));
             Err(RuntimeError::Image(e))
@@ -484,6 +537,13 @@ fn release_image(state_dir: &Path, image_id: Option<&str>, sandbox_id: &str) {
 /// at start-up, none of this state directory's sandboxes is (the state directory is
 /// locked by one runtime at a time), so holds a killed runtime left go.
 pub(crate) fn release_stale_image_holds(state_dir: &Path) {
+    // No sandbox runs yet: every image root's writes left are a killed runtime's.
+    let roots = state_dir.join(IMAGE_ROOTS);
+    if roots.is_dir() {
+        if let Err(e) = lockbox_image::remove_tree(&roots) {
+            tracing::warn!("removing image roots a killed runtime left: {e}");
+        }
+    }
     let images = state_dir.join("images");
     if !images.is_dir() {
         return;

@@ -132,6 +132,9 @@ pub enum OnExit {
 pub struct SandboxSpec {
     /// The confinement policy (what is visible, network, limits, env).
     pub policy: lockbox_policy::Policy,
+    /// When the policy's `image` is pulled: `missing` (the default: only when the store
+    /// lacks it), `always` (a tag may have moved), `never` (not in the store: an error).
+    pub image_pull: lockbox_image::PullPolicy,
     /// A host directory seen through a copy-on-write branch (the sandbox's working directory).
     pub workdir: Option<PathBuf>,
     /// What happens to the branch at the end.

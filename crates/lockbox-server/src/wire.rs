@@ -99,6 +99,22 @@ pub struct CreateSandbox {
     /// the image. An agent (MCP, scoped token) may name only images its ceiling allows
     /// (`--allow-image`).
     pub image: Option<String>,
+    /// When `image` is pulled: `missing` (the default: only when the server's store lacks
+    /// it), `always` (pulled again: a tag may have moved), `never` (an image not in the
+    /// store is `IMAGE_NOT_FOUND`). Needs `image`.
+    pub image_pull: Option<ImagePull>,
+}
+
+/// When a sandbox's `image` is pulled (`image_pull`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ImagePull {
+    /// Only when the store lacks it.
+    Missing,
+    /// Every time.
+    Always,
+    /// Never: an image not in the store is an error.
+    Never,
 }
 
 /// One rule of `http_auth` or `http_allow`, parsed; errors name the field.
@@ -148,6 +164,18 @@ impl CreateSandbox {
             }
             policy.image = Some(image);
         }
+        let image_pull = match (self.image_pull, &policy.image) {
+            (None, _) => lockbox_image::PullPolicy::Missing,
+            (Some(_), None) => {
+                return Err(ApiError::invalid(
+                    "image_pull",
+                    "image_pull says when to pull the sandbox's image: give image too",
+                ))
+            }
+            (Some(ImagePull::Missing), Some(_)) => lockbox_image::PullPolicy::Missing,
+            (Some(ImagePull::Always), Some(_)) => lockbox_image::PullPolicy::Always,
+            (Some(ImagePull::Never), Some(_)) => lockbox_image::PullPolicy::Never,
+        };
         if let Some(hostname) = self.hostname {
             policy.hostname = hostname;
         }
@@ -215,6 +243,7 @@ impl CreateSandbox {
                 .transpose()?,
             net_ask,
             http,
+            image_pull,
             ..SandboxSpec::default()
         })
     }

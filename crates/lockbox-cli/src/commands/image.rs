@@ -1,4 +1,4 @@
-//! `lockbox image pull | ls | inspect | rm | prune`: the image store of a state directory
+//! `lockbox image pull | ls | inspect | rm | prune | save | load | push | commit | build`: the image store of a state directory
 //! (`<state-dir>/images`, `lockbox_image::Store`). This file only turns arguments into one
 //! store call and prints the result.
 
@@ -81,6 +81,108 @@ pub enum ImageCommand {
         /// at most SIZE.
         #[arg(long, value_name = "SIZE", env = "LOCKBOX_MAX_STORE")]
         max_store: Option<lockbox_policy::ByteSize>,
+    },
+    /// Write an image to an archive file, to load on another host.
+    ///
+    /// oci-archive (the default) is a tar of an OCI image layout, as `skopeo copy
+    /// oci-archive:FILE` and `podman load` read it: the image's manifest and config as
+    /// pulled (so the same id and manifest digest wherever it is loaded) and its layer
+    /// blobs. docker-archive is `docker save`'s format (uncompressed layers, no manifest).
+    /// A layer the store has no blob of (one a build made) is written again from its
+    /// unpacked directory and must match its recorded diff id. The file appears only when
+    /// complete.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image save app -o app.tar                      an OCI archive\n",
+        "  lockbox image save busybox -o bb.tar --format docker-archive\n",
+        "  lockbox image load app.tar                             on the other host\n",
+    ))]
+    Save {
+        /// A reference as pulled or built, an id, or a unique id prefix.
+        reference: String,
+        /// The archive to write (replaced if it exists).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: std::path::PathBuf,
+        /// oci-archive or docker-archive.
+        #[arg(long, value_name = "FORMAT", default_value = "oci-archive")]
+        format: lockbox_image::ArchiveFormat,
+    },
+    /// Push an image to a registry (OCI distribution API), with the pull's credentials.
+    ///
+    /// DEST is HOST[:PORT]/REPO[:TAG] [default: REF itself, which must then be a registry
+    /// reference]. Blobs the registry has are not sent (HEAD first); others go in one PUT,
+    /// or in PATCH chunks when larger than --chunk-size; the manifest (as pulled, or made
+    /// for a built image as `save` makes it) goes last, with its media type. Credentials
+    /// come from $REGISTRY_AUTH_FILE, else ~/.docker/config.json (Bearer token for
+    /// pull,push, or Basic). Plain http only for loopback registries and --insecure-registry.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image push app registry.example:5000/team/app:1\n",
+        "  lockbox image push 127.0.0.1:5000/app:1                 its own name (plain http: loopback)\n",
+        "  lockbox image push --insecure-registry reg.lan:5000 app reg.lan:5000/app:1 --json\n",
+    ))]
+    Push {
+        /// The image: a reference as pulled or built, an id, or a unique id prefix.
+        reference: String,
+        /// Where to push it: HOST[:PORT]/REPO[:TAG].
+        dest: Option<String>,
+        /// Reach this registry (HOST or HOST:PORT) over plain http (repeatable).
+        #[arg(long = "insecure-registry", value_name = "HOST")]
+        insecure_registry: Vec<String>,
+        /// Send a blob larger than SIZE in chunks of SIZE.
+        #[arg(long, value_name = "SIZE", default_value = "16M")]
+        chunk_size: lockbox_policy::ByteSize,
+    },
+    /// Make an image of a running `lockbox serve` sandbox's root writes.
+    ///
+    /// What the image sandbox SANDBOX (an id) wrote to its root, outside its workdir and
+    /// grants (files made, changed and deleted), becomes a new layer on its image, named
+    /// by -t in the server's store (its state directory's; `lockbox image ls --state-dir`
+    /// of the server's lists it). Deletions are whiteouts; the sandbox goes on running.
+    /// The server is reached at --server with the token in --token-file (the server's
+    /// own, by default that of --state-dir).
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  lockbox image commit sb-1a2b3c -t app:2                 serve on 127.0.0.1:7070\n",
+        "  lockbox image commit sb-1a2b3c -t app:2 --server 127.0.0.1:8080 --token-file t\n",
+        "  lockbox run --image app:2 -- cat /the/file/it/wrote\n",
+    ))]
+    Commit {
+        /// The sandbox's id.
+        sandbox: String,
+        /// A name for the new image (repeatable), e.g. app:2.
+        #[arg(short = 't', long = "tag", value_name = "NAME", required = true)]
+        tags: Vec<String>,
+        /// The server: HOST:PORT or http://HOST:PORT.
+        #[arg(
+            long,
+            value_name = "ADDR",
+            env = "LOCKBOX_SERVER",
+            default_value = "127.0.0.1:7070"
+        )]
+        server: String,
+        /// The server's bearer token [default: <state-dir>/server.token].
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<std::path::PathBuf>,
+    },
+    /// Load an image from an archive `lockbox image save`, `docker save` or `skopeo copy
+    /// oci-archive:` wrote (which one is found from its contents).
+    ///
+    /// Every blob is verified against its digest and every layer against the config's diff
+    /// ids, as in a pull. The image keeps the names the archive gives it; one without names
+    /// is named oci-archive:/ABS/FILE (or docker-archive:…).
+    Load {
+        /// The archive (may be gzip- or zstd-compressed).
+        file: std::path::PathBuf,
+        /// After the load, remove the least recently used images nothing holds until the
+        /// store takes at most SIZE; 0: no bound.
+        #[arg(
+            long,
+            value_name = "SIZE",
+            env = "LOCKBOX_MAX_STORE",
+            default_value = "20G"
+        )]
+        max_store: lockbox_policy::ByteSize,
     },
     /// Build an image from a Dockerfile, without a daemon or privilege.
     ///
@@ -198,6 +300,108 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
                 *no_cache,
                 network,
             )
+        }
+        ImageCommand::Save {
+            reference,
+            output,
+            format,
+        } => {
+            let saved = store.save(reference, *format, output)?;
+            if args.json {
+                outln!("{}", json(&saved, false));
+            } else {
+                if saved.layers_regenerated > 0 {
+                    eoutln!(
+                        "lockbox: {} layer(s) written again from their unpacked directories (verified against their diff ids)",
+                        saved.layers_regenerated
+                    );
+                }
+                outln!(
+                    "{}  {} ({}, {})",
+                    saved.id,
+                    saved.path.display(),
+                    saved.format,
+                    human(saved.bytes)
+                );
+            }
+        }
+        ImageCommand::Push {
+            reference,
+            dest,
+            insecure_registry,
+            chunk_size,
+        } => {
+            let opts = lockbox_image::PushOptions {
+                insecure_registries: insecure_registry.clone(),
+                chunk_bytes: chunk_size.0.max(1),
+                ..lockbox_image::PushOptions::default()
+            };
+            let rt = tokio::runtime::Runtime::new()
+                .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+            let pushed = rt.block_on(store.push(reference, dest.as_deref(), &opts))?;
+            if args.json {
+                outln!("{}", json(&pushed, false));
+            } else {
+                outln!(
+                    "{}  {}@{} ({} blobs sent, {} already there, {})",
+                    pushed.id,
+                    pushed.reference,
+                    pushed.manifest,
+                    pushed.blobs_uploaded,
+                    pushed.blobs_skipped,
+                    human(pushed.bytes_uploaded)
+                );
+            }
+        }
+        ImageCommand::Commit {
+            sandbox,
+            tags,
+            server,
+            token_file,
+        } => {
+            for t in tags {
+                lockbox_image::Source::parse(t)?;
+            }
+            let token_file = token_file
+                .clone()
+                .unwrap_or_else(|| state_dir.join("server.token"));
+            let made = commit_on_server(server, &token_file, sandbox, tags)?;
+            if args.json {
+                outln!("{}", json(&made, false));
+            } else {
+                outln!(
+                    "{}  {} (on {}, {})",
+                    made["id"].as_str().unwrap_or("?"),
+                    made["references"]
+                        .as_array()
+                        .map(|r| r
+                            .iter()
+                            .filter_map(|x| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .unwrap_or_default(),
+                    made["base"].as_str().unwrap_or("?"),
+                    match made["layer"].as_str() {
+                        Some(l) => format!("new layer {l}"),
+                        None => "no new layer: the sandbox wrote nothing to its root".into(),
+                    }
+                );
+            }
+        }
+        ImageCommand::Load { file, max_store } => {
+            let opts = PullOptions {
+                progress: !args.json && std::io::stderr().is_terminal(),
+                ..PullOptions::default()
+            };
+            let rt = tokio::runtime::Runtime::new()
+                .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+            let image = rt.block_on(store.load_archive(file, &opts))?;
+            bound_store(&store, max_store.0, &image.id)?;
+            if args.json {
+                outln!("{}", json(&image, false));
+            } else {
+                outln!("{}  {}", image.id, image.references.join(", "));
+            }
         }
         ImageCommand::Ls => {
             let all = store.list()?;
@@ -334,6 +538,64 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `POST /v1/sandboxes/{sandbox}/commit-image` on a running `lockbox serve`. Exit codes: 2
+/// a sandbox the server does not know or a bad request, 1 the server could not be reached
+/// or the commit failed.
+fn commit_on_server(
+    server: &str,
+    token_file: &std::path::Path,
+    sandbox: &str,
+    tags: &[String],
+) -> Result<serde_json::Value, CliError> {
+    let token = std::fs::read_to_string(token_file).map_err(|e| {
+        CliError::usage(format!(
+            "reading the server's token {}: {e}",
+            token_file.display()
+        ))
+        .hint("give the server's --token-file, or its --state-dir")
+    })?;
+    let base = if server.starts_with("http://") || server.starts_with("https://") {
+        server.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{server}")
+    };
+    let url = format!("{base}/v1/sandboxes/{sandbox}/commit-image");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
+    let (status, body) = rt.block_on(async {
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .bearer_auth(token.trim())
+            .json(&json!({ "tags": tags }))
+            .send()
+            .await
+            .map_err(|e| {
+                CliError::new(1, format!("reaching the server at {base}: {e}"))
+                    .hint("is `lockbox serve` running there? (--server)")
+            })?;
+        let status = resp.status();
+        let body: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| CliError::new(1, format!("the server's answer: {e}")))?;
+        Ok::<_, CliError>((status, body))
+    })?;
+    if status.is_success() {
+        return Ok(body);
+    }
+    let code = if status.is_client_error() { 2 } else { 1 };
+    Err(CliError::new(
+        code,
+        format!(
+            "the server refused the commit: HTTP {status} {}: {}",
+            body["code"].as_str().unwrap_or(""),
+            body["message"].as_str().unwrap_or("")
+        ),
+    ))
 }
 
 fn human(bytes: u64) -> String {

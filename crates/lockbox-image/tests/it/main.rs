@@ -4,8 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod archive;
 mod common;
 mod local;
+mod push;
 mod registry;
 mod unpack;
 

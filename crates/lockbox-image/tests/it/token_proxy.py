@@ -23,7 +23,8 @@ class H(http.server.BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def do_GET(self):
         port = self.server.server_address[1]
@@ -69,6 +70,42 @@ class H(http.server.BaseHTTPRequestHandler):
         if corrupt and "/blobs/" in path and len(body) > 100:
             body = body[:50] + bytes([body[50] ^ 1]) + body[51:]
         self.send(code, body, hdrs)
+
+    def forward(self, method):
+        # A push through the front: HEAD, POST, PATCH and PUT go to the registry as they
+        # came (after the same token check), its upload Locations made relative to us.
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        port = self.server.server_address[1]
+        if self.headers.get("Authorization") != "Bearer " + TOKEN:
+            realm = f'Bearer realm="http://127.0.0.1:{port}/token",service="test-registry",scope="repository:x:pull,push"'
+            return self.send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', [("WWW-Authenticate", realm)])
+        req = urllib.request.Request(f"http://127.0.0.1:{UPSTREAM}{self.path}", data=body, method=method)
+        for k in ("Content-Type", "Content-Range"):
+            if self.headers.get(k):
+                req.add_header(k, self.headers[k])
+        try:
+            with urllib.request.urlopen(req) as r:
+                out, code, h = r.read(), r.status, r.headers
+        except urllib.error.HTTPError as e:
+            out, code, h = e.read(), e.code, e.headers
+        hdrs = []
+        for k in ("Location", "Docker-Content-Digest", "Range", "Docker-Upload-UUID"):
+            if h.get(k):
+                hdrs.append((k, h[k].replace(f"http://127.0.0.1:{UPSTREAM}", "")))
+        self.send(code, b"" if method == "HEAD" else out, hdrs)
+
+    def do_HEAD(self):
+        self.forward("HEAD")
+
+    def do_POST(self):
+        self.forward("POST")
+
+    def do_PATCH(self):
+        self.forward("PATCH")
+
+    def do_PUT(self):
+        self.forward("PUT")
 
 srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(srv.server_address[1], flush=True)

@@ -7,6 +7,7 @@ pub(crate) mod console;
 pub(crate) mod contexts;
 pub(crate) mod exec;
 pub(crate) mod files;
+pub(crate) mod images;
 pub(crate) mod journal;
 pub(crate) mod ports;
 pub(crate) mod processes;
@@ -108,6 +109,7 @@ pub fn router() -> Router<AppState> {
             any(ports::proxy_path),
         )
         .route(&format!("{sandbox}/snapshots"), post(snapshots::take))
+        .route(&format!("{sandbox}/commit-image"), post(images::commit))
         .route(&format!("{sandbox}/restore"), post(snapshots::restore))
         .route(&format!("{sandbox}/fork"), post(snapshots::fork_sandbox))
         .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
