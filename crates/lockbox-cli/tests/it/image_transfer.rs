@@ -3,66 +3,23 @@
 //! there; as the current user and (as root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{give, lockbox, scratch, text, users};
+use crate::common;
+use crate::common::{give, lockbox, scratch, text, users};
+use lockbox_testkit::oci;
 use serde_json::Value;
-use sha2::Digest as _;
 use std::path::Path;
 use std::process::Command;
-
-fn sha(data: &[u8]) -> String {
-    format!(
-        "sha256:{}",
-        sha2::Sha256::digest(data)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
-}
-
-fn blob(dir: &Path, data: &[u8]) -> String {
-    let d = sha(data);
-    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
-    d
-}
 
 /// An OCI layout at `dir`, tag `v1`: one uncompressed busybox layer (from busybox-static).
 fn layout(dir: &Path) {
     let root = dir.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
-    let tar = dir.join("layer.tar");
-    let st = Command::new("tar")
-        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
-        .args(["--mtime=@0", "-C"])
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let layer = std::fs::read(&tar).unwrap();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
-    }))
-    .unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(dir, &config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(dir, &layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let m = blob(dir, &manifest);
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": m, "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    oci::busybox_root(&root, &["sh"]);
+    oci::layout(
+        dir,
+        &root,
+        serde_json::json!({"Env": ["PATH=/bin"], "Cmd": ["sh"]}),
+        "v1",
+    );
 }
 
 fn json_of(out: &std::process::Output) -> Value {
@@ -212,7 +169,7 @@ fn a_saved_image_loads_in_another_state_dir_with_its_id_and_runs_there() {
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{}", text(&out));
-            assert_eq!(sha(&out.stdout), id);
+            assert_eq!(oci::digest(&out.stdout), id);
         }
 
         // Bad input: an unknown format is a usage error; a missing image exits 2; a file

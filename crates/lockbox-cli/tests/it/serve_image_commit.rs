@@ -4,79 +4,13 @@
 //! As the current user and (as root) as uid 65534.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-mod serve_support;
-
-use common::{command_as, give, scratch, text, users};
+use crate::common;
+use crate::common::{command_as, give, scratch, text, users};
+use crate::serve_support::{state_dir, tokio, Served};
+use lockbox_testkit::oci;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use serve_support::{state_dir, tokio, Served};
-use sha2::Digest as _;
 use std::path::Path;
-use std::process::Command;
-
-fn sha(data: &[u8]) -> String {
-    let hex: String = sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256:{hex}")
-}
-
-fn blob(dir: &Path, data: &[u8]) -> String {
-    let d = sha(data);
-    std::fs::write(dir.join("blobs/sha256").join(&d[7..]), data).unwrap();
-    d
-}
-
-/// An OCI layout at `dir`, tag `v1`: busybox, a static bash, `/work`; Env
-/// `GREETING=from-image`, WorkingDir `/work`.
-fn layout(dir: &Path) {
-    let root = dir.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(root.join("work")).unwrap();
-    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    std::fs::copy("/bin/bash-static", root.join("bin/bash")).unwrap();
-    for applet in ["sh", "cat", "ls", "mktemp", "head", "rm", "env", "test"] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-    }
-    let tar = dir.join("layer.tar");
-    let st = Command::new("tar")
-        .args([
-            "--sort=name",
-            "--owner=0",
-            "--group=0",
-            "--numeric-owner",
-            "--mtime=@0",
-        ])
-        .arg("-C")
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let layer = std::fs::read(&tar).unwrap();
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin", "GREETING=from-image"], "Cmd": ["sh"], "WorkingDir": "/work"},
-        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]},
-    }))
-    .unwrap();
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(dir, &config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(dir, &layer), "size": layer.len()}],
-    }))
-    .unwrap();
-    let m = blob(dir, &manifest);
-    let index = json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": m, "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-}
 
 fn lockbox_in(user: common::User, dir: &Path, args: &[&str]) -> std::process::Output {
     command_as(user)
@@ -84,6 +18,23 @@ fn lockbox_in(user: common::User, dir: &Path, args: &[&str]) -> std::process::Ou
         .current_dir(dir)
         .output()
         .unwrap()
+}
+
+/// An OCI layout at `dir`, tag `v1`: busybox-static with a few applets and bash-static.
+fn layout(dir: &Path) {
+    let root = dir.join("rootfs");
+    oci::busybox_root(
+        &root,
+        &["sh", "cat", "ls", "mktemp", "head", "rm", "env", "test"],
+    );
+    std::fs::create_dir_all(root.join("work")).unwrap();
+    std::fs::copy("/bin/bash-static", root.join("bin/bash")).unwrap();
+    oci::layout(
+        dir,
+        &root,
+        serde_json::json!({"Env": ["PATH=/bin", "GREETING=from-image"], "Cmd": ["sh"], "WorkingDir": "/work"}),
+        "v1",
+    );
 }
 
 #[test]
