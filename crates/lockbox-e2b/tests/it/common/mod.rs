@@ -139,7 +139,7 @@ pub fn agent_exe() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| match std::env::var_os(AGENT_COPY_VAR) {
         Some(copy) => PathBuf::from(copy),
-        None => executable_copy(&agent_bin::build_agent(), "lockbox-agent"),
+        None => executable_copy(&agent_bin::built_agent(), "lockbox-agent"),
     })
 }
 
