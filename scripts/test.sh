@@ -174,7 +174,7 @@ else
   export LD_LIBRARY_PATH="$pyprefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   hvenv="${pyvenv}-harbor"
   [ -x "$hvenv/bin/python" ] || "$pyprefix/bin/python$pyver" -m venv "$hvenv"
-  "$hvenv/bin/pip" install -q --disable-pip-version-check 'harbor==0.26.0' 'pytest>=7'
+  "$hvenv/bin/pip" install -q --disable-pip-version-check 'harbor[e2b]==0.26.0' 'pytest>=7'
   "$hvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
   chmod -R a+rX "$hvenv"
   "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor

@@ -64,6 +64,22 @@ def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"nothing listens on port {port}")
 
 
+INSTALL = """#!/bin/sh
+# install -d [-m MODE] [-o OWNER] [-g GROUP] DIR...: what images' coreutils would do.
+mode=; dirs=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -d) ;;
+    -m) mode="$2"; shift ;;
+    -o|-g) shift ;;
+    *) dirs="$dirs $1" ;;
+  esac
+  shift
+done
+for d in $dirs; do mkdir -p "$d" && { [ -z "$mode" ] || chmod "$mode" "$d"; } || exit 1; done
+"""
+
+
 def busybox_layout(layout: Path) -> None:
     """An OCI layout (tag v1) of busybox-static with every applet, and bash-static: no glibc."""
     (layout / "blobs" / "sha256").mkdir(parents=True)
@@ -86,13 +102,18 @@ def busybox_layout(layout: Path) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
-        passwd = b"root:x:0:0:root:/root:/bin/bash\n"
-        info = tarfile.TarInfo("etc/passwd")
-        info.size, info.mode = len(passwd), 0o644
-        tar.addfile(info, io.BytesIO(passwd))
+        for name, mode, data in (
+            ("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n"),
+            ("etc/group", 0o644, b"root:x:0:\nuser:x:1000:\n"),
+            # busybox-static has no `install`; Harbor's E2B environment runs `install -d -m`.
+            ("usr/bin/install", 0o755, INSTALL.encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
         for applet in applets:
             name = applet.lstrip("/")
-            if name in ("bin/busybox", "bin/bash") or name.count("/") < 1:
+            if name in ("bin/busybox", "bin/bash", "usr/bin/install") or name.count("/") < 1:
                 continue
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, "/bin/busybox"
@@ -316,5 +337,77 @@ def test_harbor_runs_four_tasks_in_lockbox_sandboxes(who: str) -> None:
         assert leftover.stdout == "", f"left behind: {leftover.stdout}"
     finally:
         server.shutdown()
+        registry.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("who", ["caller", "nobody"])
+def test_harbors_own_e2b_environment_runs_on_lockbox_serve(who: str) -> None:
+    """Harbor's E2B environment (`--env e2b`, the unmodified E2B SDK inside Harbor) pointed at
+    `lockbox serve` by E2B_API_URL/E2B_SANDBOX_URL/E2B_API_KEY: it builds each task's template
+    (its Dockerfile, or its docker_image) through lockbox's template API, pins the build, and
+    runs the oracle and the tests through envd. E2B sandboxes cannot reach the host's loopback
+    (as on E2B), so the network tasks are left out here."""
+    need(shutil.which("docker-registry") is not None and shutil.which("skopeo") is not None,
+         "docker-registry and skopeo (Debian packages) make the local registry")
+    need(os.path.exists("/bin/busybox") and os.path.exists("/bin/bash-static"),
+         "busybox-static and bash-static make the image")
+    harbor = shutil.which("harbor", path=os.path.dirname(sys.executable))
+    need(harbor is not None, "harbor is installed in this venv")
+    try:
+        import e2b  # noqa: F401
+    except ImportError:
+        need(False, "harbor's e2b extra (pip install 'harbor[e2b]')")
+    if who == "nobody":
+        need(os.geteuid() == 0, "running as uid 65534 needs root to switch")
+    prefix = as_nobody() if who == "nobody" else []
+
+    root = Path(tempfile.mkdtemp(prefix="lockbox-harbor-e2b-"))
+    os.chmod(root, 0o755)
+    (root / "reg").mkdir()
+    registry = Registry(root / "reg")
+    state = root / "state"
+    state.mkdir()
+    if who == "nobody":
+        os.chown(state, 65534, 65534)
+    # This package's CLI (what CI installs), or $LOCKBOX_BIN (a cargo build).
+    lockbox = [os.environ["LOCKBOX_BIN"]] if os.environ.get("LOCKBOX_BIN") else [sys.executable, "-m", "lockbox._cli"]
+    serve = subprocess.Popen([*prefix, *lockbox, "serve", "--listen", "127.0.0.1:0",
+                              "--state-dir", str(state), "--print-token"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env={**os.environ, "HOME": str(state)})
+    try:
+        assert serve.stdout is not None
+        listen = json.loads(serve.stdout.readline())
+        url = f"http://{listen['listen']}"
+        work = root / "work"
+        work.mkdir()
+        tasks = dataset(work, registry.image, 9)
+        for name in ("net", "allow"):
+            shutil.rmtree(tasks / name)
+        env = {**os.environ, "HOME": str(work), "XDG_STATE_HOME": str(work / "xdg-state"),
+               "XDG_CACHE_HOME": str(work / "cache"), "XDG_DATA_HOME": str(work / "data"),
+               "XDG_CONFIG_HOME": str(work / "config"), "TMPDIR": str(work),
+               "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": listen["token"],
+               "E2B_DOMAIN": "lockbox.test"}
+        jobs = work / "jobs"
+        out = subprocess.run(
+            [str(harbor), "run", "--path", str(tasks), "--agent", "oracle", "--env", "e2b",
+             "--jobs-dir", str(jobs), "--n-concurrent", "2", "--yes"],
+            cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, f"harbor run failed:\n{out.stdout}\n{out.stderr}"
+        results = {}
+        for result in jobs.glob("*/*/result.json"):
+            data = json.loads(result.read_text())
+            results[data["task_name"]] = data
+        assert set(results) == {"files", "slow"}, f"{list(results)}\n{out.stdout}"
+        for name, data in results.items():
+            rewards = (data.get("verifier_result") or {}).get("rewards") or {}
+            assert rewards.get("reward") == 1, f"{name}: {json.dumps(data, indent=1)[:4000]}"
+        assert "Timeout" in json.dumps(results["slow"].get("exception_info"))
+        assert results["files"].get("exception_info") is None, results["files"]["exception_info"]
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
         registry.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -537,7 +537,13 @@ fn run_build(
         let opts = lockbox_image::build::BuildOptions {
             context: context.clone(),
             dockerfile: plan.dockerfile.clone(),
-            tags: names.to_vec(),
+            // Also NAME:BUILD_ID: clients pin a build by creating from `name:buildID`
+            // (Harbor's E2B environment does).
+            tags: names
+                .iter()
+                .cloned()
+                .chain(std::iter::once(format!("{id}:{build_id}")))
+                .collect(),
             no_cache: plan.no_cache,
             policy: lockbox_policy::Policy {
                 net: lockbox_policy::Net::Host,
