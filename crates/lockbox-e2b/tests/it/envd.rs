@@ -24,6 +24,9 @@ impl Served {
         let state = common::scratch();
         let (rt, sb) = common::sandbox(state.path()).await;
         let e2b = lockbox_e2b::E2b::new(rt.clone(), "test-key");
+        // As E2B's create would: the sandbox plane serves only sandboxes E2B knows.
+        e2b.registry
+            .insert(sb.id(), lockbox_e2b::E2bSandbox::default());
         let app = lockbox_e2b::wrap(e2b.clone(), axum::Router::new(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
