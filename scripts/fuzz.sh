@@ -43,23 +43,43 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 echo "== building the fuzz targets ($toolchain)"
 "${fuzz[@]}" build -O
-log=$(mktemp)
+# Targets run side by side, one per core (LOCKBOX_FUZZ_JOBS to choose): each is one
+# single-threaded process, so on 2 cores the 11 targets take 6 rounds, not 11.
+jobs=${LOCKBOX_FUZZ_JOBS:-$(nproc)}
+logs=$(mktemp -d)
 # The targets' scratch files (e.g. journal_file's journal directory) go in a directory of this
 # run's own: a fuzzer exits without dropping them.
 scratch=$(mktemp -d)
-trap 'rm -rf "$log" "$scratch"' EXIT
-for target in "${targets[@]}"; do
-  echo "== fuzz $target for ${seconds}s"
+trap 'rm -rf "$logs" "$scratch"' EXIT
+fuzz_one() {
+  local target=$1 log="$logs/$1.log"
   mkdir -p "fuzz/corpus/$target"
   # The committed seeds (valid examples) start the search; new inputs go to fuzz/corpus.
-  status=0
   TMPDIR="$scratch" "${fuzz[@]}" run -O "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
-    -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1 || status=$?
+    -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1
+}
+report() {
+  local target=$1 status=$2 log="$logs/$1.log"
+  echo "== fuzz $target for ${seconds}s"
   grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units|SUMMARY|Failing input|Test unit written)|panicked at' "$log" || true
   if [ "$status" != 0 ]; then
     tail -n 40 "$log" >&2
     echo "fuzz target $target failed: see fuzz/artifacts/$target/ (reproduce: cargo fuzz run $target ARTIFACT)" >&2
+    kill "${pids[@]}" 2>/dev/null || true  # the round's other targets
     exit 1
   fi
+}
+for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+  round=("${targets[@]:i:jobs}")
+  pids=()
+  for target in "${round[@]}"; do
+    fuzz_one "$target" &
+    pids+=($!)
+  done
+  for k in "${!round[@]}"; do
+    status=0
+    wait "${pids[$k]}" || status=$?
+    report "${round[$k]}" "$status"
+  done
 done
-echo "== fuzzing done: ${#targets[@]} targets, ${seconds}s each, no crash"
+echo "== fuzzing done: ${#targets[@]} targets, ${seconds}s each ($jobs at a time), no crash"

@@ -45,8 +45,15 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 [ -x /bin/bash-static ] || need+=(bash-static)
 # Node code contexts (crates/lockbox-runtime/tests/it/contexts.rs) run the system's node.
 [ -x /usr/bin/node ] || need+=(nodejs)
+# The Kubernetes manifests' test (python/tests/test_k8s_manifests.py) runs lockbox serve under
+# the shipped seccomp profile, loaded with libseccomp's Python binding as a runtime would.
+/usr/bin/python3 -c 'import seccomp' 2>/dev/null || need+=(python3-seccomp)
 # The HTTP API's fuzz test (scripts/fuzz-api.sh) pip-installs schemathesis into a venv.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+# Each phase says how long the suite has run so far (docs/testing.md records where the time
+# of a cold CI run goes).
+phase() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+phase "packages"
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"
@@ -66,27 +73,27 @@ fi
 # The journal's PostgreSQL backend is tested against a real server: a throwaway cluster on
 # 127.0.0.1 (installed from Debian's packages if missing, which needs root), stopped at exit.
 if [ "$(id -u)" = 0 ] || [ -d /usr/lib/postgresql ]; then
-  echo "== starting PostgreSQL"
+  phase "starting PostgreSQL"
   eval "$(bash scripts/start-postgres.sh)"
   export LOCKBOX_TEST_POSTGRES_URL
   trap 'bash scripts/start-postgres.sh --stop' EXIT
 else
-  echo "== no PostgreSQL (not root, not installed): its journal tests will say SKIP"
+  phase "no PostgreSQL (not root, not installed): its journal tests will say SKIP"
 fi
 
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
 # The in-sandbox agent (crates/lockbox-agent) is a binary of its own crate: built once here, in
 # this target directory, for the runtime's tests and the Python extension (python/build.rs),
 # which take it from $LOCKBOX_AGENT_EXE instead of a nested cargo build each (clippy and doc
 # run the extension's build script too).
 target_dir="$(cargo metadata --format-version 1 --no-deps | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
-echo "== cargo build -p lockbox-agent"
+phase "cargo build -p lockbox-agent"
 cargo build -p lockbox-agent
 export LOCKBOX_AGENT_EXE="$target_dir/debug/lockbox-agent"
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-echo "== cargo doc (warnings denied)"
+phase "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # Tests skipped for a missing requirement (lockbox_testkit::require!: root, a kernel feature,
 # a tool) are listed here and printed after the run; under LOCKBOX_TEST_REQUIRE=all (CI) they
@@ -95,28 +102,28 @@ export LOCKBOX_TEST_SKIP_LOG="$target_dir/lockbox-test-skips.txt"
 : > "$LOCKBOX_TEST_SKIP_LOG"
 print_skips() {
   if [ -s "$LOCKBOX_TEST_SKIP_LOG" ]; then
-    echo "== $(wc -l < "$LOCKBOX_TEST_SKIP_LOG") skipped test(s), and why:"
+    phase "$(wc -l < "$LOCKBOX_TEST_SKIP_LOG") skipped test(s), and why:"
     sort "$LOCKBOX_TEST_SKIP_LOG"
   fi
 }
-echo "== cargo test"
+phase "cargo test"
 cargo test --workspace || { print_skips; exit 1; }
 # lockbox-txn's long crash torture (5,000 files, up to 500 SIGKILLed commits) is #[ignore]d
 # for everyday runs; CI runs it bounded to 3 minutes of trials (at least 10).
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_TXN_LONG_CRASH_SECONDS:-}" ]; then
-  echo "== lockbox-txn long crash torture (${LOCKBOX_TXN_LONG_CRASH_SECONDS:-180} s of trials)"
+  phase "lockbox-txn long crash torture (${LOCKBOX_TXN_LONG_CRASH_SECONDS:-180} s of trials)"
   LOCKBOX_TXN_LONG_CRASH_SECONDS="${LOCKBOX_TXN_LONG_CRASH_SECONDS:-180}" \
     cargo test -p lockbox-txn --test it -- --ignored --exact crash::long_crash_torture_with_more_files_and_trials
 fi
 print_skips
 
-# Fuzzing: each cargo-fuzz target for a short time (9 targets x 30 s = 4.5 min in CI; longer runs by
-# hand, docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is set.
+# Fuzzing: each cargo-fuzz target for a short time (11 targets x 30 s, one per core: 3 min on 2
+# cores in CI; longer runs by hand, docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is set.
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
-  echo "== fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-30})"
+  phase "fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-30})"
   bash scripts/fuzz.sh "${LOCKBOX_FUZZ_SECONDS:-30}"
 else
-  echo "== fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
+  phase "fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
 fi
 # The Python SDK (python/): a virtualenv of the system's python3 (outside the checkout, which
 # uid 65534 may not be able to enter), the extension built in debug mode by maturin (reusing
@@ -126,21 +133,21 @@ fi
 # The wheel is installed with its dependencies (cloudpickle), as `pip install ./python` does.
 # In CI a missing dependency (Ray, PostgreSQL, root) fails the suite
 # instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
-echo "== python SDK"
+phase "python SDK"
 pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
 [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
 # matplotlib: code contexts return its figures as PNG results (python/tests/test_code.py).
 # e2b, e2b-code-interpreter: the unmodified E2B SDK against lockbox serve (python/tests/e2b/), pinned.
 # ruff and mypy are pinned: a new release's new rules must not turn a green tree red.
 "$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5' 'ruff==0.17.6' 'mypy==2.4.1' 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5'
-echo "== ruff, mypy --strict (python/lockbox; settings in python/pyproject.toml)"
+phase "ruff, mypy --strict (python/lockbox; settings in python/pyproject.toml)"
 (cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
 rm -rf "$pyvenv/wheels"
 "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
 "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
 chmod -R a+rX "$pyvenv"
 # The extension's stub (python/lockbox/_lockbox.pyi) against what the built module defines.
-echo "== stubtest lockbox._lockbox"
+phase "stubtest lockbox._lockbox"
 (cd / && "$pyvenv/bin/python" -m mypy.stubtest lockbox._lockbox)
 "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests
 
@@ -149,7 +156,7 @@ echo "== stubtest lockbox._lockbox"
 # their own, from a 3.12+ interpreter found on PATH or under pyenv. The extension is abi3: the
 # same wheel installs there. When root, the interpreter is copied where uid 65534 can run it
 # (pyenv's lives under /root), and LD_LIBRARY_PATH names the copy's libpython.
-echo "== Harbor environment (python/tests-harbor)"
+phase "Harbor environment (python/tests-harbor)"
 py3x=""
 for cand in python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]; do
   if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
@@ -162,7 +169,7 @@ if [ -z "$py3x" ]; then
     echo "no Python 3.12+ for Harbor's tests (python3.12 on PATH or under pyenv)" >&2
     exit 1
   fi
-  echo "== Harbor SKIPPED: no Python 3.12+ (python3.12 on PATH or under pyenv)"
+  phase "Harbor SKIPPED: no Python 3.12+ (python3.12 on PATH or under pyenv)"
 else
   pyprefix="$("$py3x" -c 'import sys; print(sys.base_prefix)')"
   pyver="$("$py3x" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
@@ -179,3 +186,4 @@ else
   chmod -R a+rX "$hvenv"
   "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor
 fi
+phase "done"

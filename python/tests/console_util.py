@@ -86,6 +86,8 @@ def start_server(*extra: str, state_dir: str | None = None, uid: int | None = No
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout=30)
+        if state_dir is None:  # made here: not left behind in /tmp
+            shutil.rmtree(state, ignore_errors=True)
         raise RuntimeError(f"lockbox serve exited with {proc.returncode} before listening")
     info = json.loads(line)
     return Server(base=f"http://{info['listen']}", token=info["token"], state_dir=state, proc=proc)
@@ -94,7 +96,13 @@ def start_server(*extra: str, state_dir: str | None = None, uid: int | None = No
 def stop_server(server: Server, remove_state: bool = True) -> None:
     server.stop()
     if remove_state:
-        shutil.rmtree(server.state_dir, ignore_errors=True)
+        # Its sandboxes' last processes may still be letting go of the state directory
+        # while the first pass runs (full runs left an empty one in /tmp): try again briefly.
+        for _ in range(20):
+            shutil.rmtree(server.state_dir, ignore_errors=True)
+            if not os.path.exists(server.state_dir):
+                break
+            time.sleep(0.1)
 
 
 def browser_available() -> bool:

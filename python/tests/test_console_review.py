@@ -206,7 +206,9 @@ def test_a_sessions_terminal_echoes_a_typed_command(console_server, ui):
         wait_for(lambda: by_css(ui, "#sandboxes .sandbox-link"), what="the sandbox list")
         ui.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}")
         wait_for(lambda: by_css(ui, "#processes .terminal-link"), what="the process list")[0].click()
-        wait_for(lambda: ui.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
+        # The terminal view is drawn after the click: wait for it to exist, then to connect.
+        wait_for(lambda: any(e.get_attribute("data-connected") == "yes"
+                             for e in ui.find_elements("id", "terminal-state")),
                  what="the terminal connected")
         type_in_terminal(ui, "echo typed-$((6*7))\n")
         wait_for(lambda: "typed-42" in terminal_lines(ui), timeout=15, what="the command's output in the terminal")
@@ -481,7 +483,8 @@ def test_review_and_terminal_work_with_the_server_run_as_uid_65534(browser):
             "POST", f"/v1/sandboxes/{sb['id']}/processes", {"argv": ["bash", "-i"], "pty": {"cols": 100, "rows": 30}})
         assert status in (200, 201), proc
         browser.get(f"{server.base}/ui/#/sandboxes/{sb['id']}/terminal/{proc['id']}")
-        wait_for(lambda: browser.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
+        wait_for(lambda: any(e.get_attribute("data-connected") == "yes"
+                             for e in browser.find_elements("id", "terminal-state")),
                  what="the terminal connected")
         type_in_terminal(browser, "echo I am $(id -u)\n")
         wait_for(lambda: any(line.startswith("I am ") for line in terminal_lines(browser)), timeout=15,

@@ -66,7 +66,8 @@ def shell(request, logged_browser):
     assert status in (200, 201), proc
     try:
         driver.get(f"{console_server.base}/ui/#/sandboxes/{sb['id']}/terminal/{proc['id']}")
-        wait_for(lambda: driver.find_element("id", "terminal-state").get_attribute("data-connected") == "yes",
+        wait_for(lambda: any(e.get_attribute("data-connected") == "yes"
+                             for e in driver.find_elements("id", "terminal-state")),
                  what="the terminal connected")
         wait_for(lambda: any(line.startswith("$") for line in screen(driver)), timeout=15, what="the prompt")
         wait_for(lambda: fitted(driver), what="the terminal sized to its box")

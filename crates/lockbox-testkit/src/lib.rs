@@ -10,6 +10,9 @@
 //! - [`as_uid_65534`]: runs tests of the current binary again as uid/gid 65534.
 //! - [`scratch`]: a temporary directory uid 65534 and sandboxes can enter.
 //! - [`oci`]: OCI image layouts made from a directory (busybox-static's `/bin/busybox`).
+//! - [`sandboxes`]: for tests running real sandboxes: the agent binary, scratch directories
+//!   overlayfs may leave work directories in, re-runs as uid 65534 or in a process of the
+//!   test's own, counting sandbox agents.
 //!
 //! A failing helper panics: that is how a test fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,6 +22,7 @@ use std::io::Write;
 use std::process::Command;
 
 pub mod oci;
+pub mod sandboxes;
 
 /// The name libtest gives the test `$name` defined in the calling module: the module path
 /// without the crate (`it::`), then `::$name`. Pass it with `--exact` to run that one test.

@@ -16,7 +16,7 @@ const EDIT: &str =
     "sed -i 's/^1$/one/; s/^12$/twelve/' f && echo G > g && printf 'x\\033[31my\\n' > ctl";
 
 struct Setup {
-    _tmp: tempfile::TempDir,
+    _tmp: crate::common::Scratch,
     work: PathBuf,
     state: PathBuf,
     user: User,

@@ -4,12 +4,12 @@
 
 use crate::common;
 
-use common::{give, lockbox, scratch, text, users, User};
+use common::{give, lockbox, scratch, text, users, Scratch, User};
 use std::path::Path;
 use std::process::Output;
 
 /// A scratch dir with `work/` (a workdir holding `a.txt`) and `state/`.
-fn dirs(user: User) -> (tempfile::TempDir, String, String) {
+fn dirs(user: User) -> (Scratch, String, String) {
     let tmp = scratch();
     std::fs::create_dir(tmp.path().join("work")).unwrap();
     std::fs::write(tmp.path().join("work/a.txt"), "a\n").unwrap();

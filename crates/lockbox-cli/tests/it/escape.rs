@@ -175,7 +175,7 @@ fn build_corpus(attacks: &[Attack]) -> tempfile::TempDir {
 
 /// The host side of one run: files, services and a victim process the attack aims at.
 struct Fixture {
-    dir: tempfile::TempDir,
+    dir: crate::common::Scratch,
     token: String,
     victim: Child,
     tcp4: TcpListener,

@@ -31,7 +31,7 @@ print(n, err, flush=True)
 
 /// A scratch directory holding the test's Python scripts, readable by every test user.
 struct Scripts {
-    dir: tempfile::TempDir,
+    dir: crate::common::Scratch,
 }
 
 impl Scripts {

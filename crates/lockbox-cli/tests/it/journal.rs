@@ -4,8 +4,7 @@
 use crate::common;
 
 use common::{command_as, text, User};
-use lockbox_journal::{Journal, RunId, SqliteStorage, StartOptions};
-use std::sync::Arc;
+use serde_json::json;
 
 fn journal_cli(url: &str, args: &[&str]) -> std::process::Output {
     command_as(User::Current)
@@ -18,27 +17,12 @@ fn journal_cli(url: &str, args: &[&str]) -> std::process::Output {
 #[tokio::test(flavor = "current_thread")]
 async fn list_status_dump_and_fork_a_recorded_run() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("j.db");
-    {
-        let journal = Journal::open(Arc::new(SqliteStorage::open(&db).unwrap()));
-        let run = journal
-            .start(&RunId::parse("agent-1").unwrap(), StartOptions::default())
-            .await
-            .unwrap();
-        let _: u32 = run
-            .record("llm", || async { Ok::<_, String>(1) })
-            .await
-            .unwrap();
-        let _: u32 = run
-            .record("llm", || async { Ok::<_, String>(2) })
-            .await
-            .unwrap();
-        let _: String = run
-            .record("tool", || async { Ok::<_, String>("done".into()) })
-            .await
-            .unwrap();
-    }
-    let url = format!("sqlite:{}", db.display());
+    let steps = [
+        ("llm", json!(1)),
+        ("llm", json!(2)),
+        ("tool", json!("done")),
+    ];
+    let url = common::journal::with_a_run(&dir.path().join("j.db"), "agent-1", &steps).await;
 
     let out = journal_cli(&url, &["list"]);
     assert_eq!(

@@ -27,6 +27,7 @@ mod serve_hostile;
 mod serve_image;
 mod serve_image_commit;
 mod serve_ports;
+mod serve_shapes;
 mod serve_support;
 mod snapshots;
 mod txn;

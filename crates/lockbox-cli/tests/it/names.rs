@@ -28,7 +28,7 @@ printf 3 > "$(printf 'e\033[1A\033[2K')"
 rm important.txt"#;
 
 struct Dirs {
-    _tmp: tempfile::TempDir,
+    _tmp: crate::common::Scratch,
     work: PathBuf,
     state: PathBuf,
     user: User,

@@ -32,8 +32,8 @@ struct TestNet {
     /// Held, not read: dropped after the servers (fields drop after `drop`), it deletes
     /// the namespace.
     _ns: Netns,
-    dir: tempfile::TempDir,
-    private: tempfile::TempDir,
+    dir: crate::common::Scratch,
+    private: crate::common::Scratch,
     secret: String,
 }
 

@@ -31,7 +31,7 @@ struct TestNet {
     /// Dropped after the servers (fields drop after `drop`), it deletes the namespace.
     ns: Netns,
     ip: String,
-    dir: tempfile::TempDir,
+    dir: crate::common::Scratch,
 }
 
 impl TestNet {

@@ -15,7 +15,7 @@ use std::process::Output;
 
 /// A workdir and a state directory owned by `user`.
 struct Setup {
-    _tmp: tempfile::TempDir,
+    _tmp: crate::common::Scratch,
     work: std::path::PathBuf,
     state: std::path::PathBuf,
     user: User,

@@ -2,6 +2,7 @@
 //! directories, tree snapshots.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod journal;
 pub mod testnet;
 
 use std::collections::BTreeMap;
@@ -28,15 +29,9 @@ pub fn users() -> Vec<User> {
     }
 }
 
-/// A scratch directory every test user can write to.
-pub fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("lockbox-test-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir
-}
+/// A scratch directory every test user can write to, removed when dropped (overlay work
+/// directories a sandbox left included).
+pub use lockbox_testkit::sandboxes::{scratch, Scratch};
 
 /// The binary, copied where uid 65534 can execute it (the checkout may be under a
 /// directory only root can enter), as `lockbox` in a directory of its own (tests put it on
@@ -208,8 +203,6 @@ pub fn wait_for_file(path: &Path, child: &mut std::process::Child) {
     }
 }
 
-/// Whether a copy of another build was made more than a day ago: a run of that build
-/// going on now (another checkout's) would have made it within its own run.
 /// `contents` as a file `name` that every test user can read and execute, shared by every
 /// test process of every run (named by a hash of the contents, beside [`binary`]'s copies and
 /// removed like them). For a test's `static`: a `TempDir` there is never dropped, so each run

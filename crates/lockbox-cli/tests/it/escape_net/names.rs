@@ -28,9 +28,9 @@ pub struct NamesNet {
     ns: Netns,
     services: Child,
     /// Readable by every test user: the CA's certificate, the hosts file, the `/etc` copy.
-    public: tempfile::TempDir,
+    public: crate::common::Scratch,
     /// The keys, the credential's value, the services' log.
-    private: tempfile::TempDir,
+    private: crate::common::Scratch,
     secret: String,
     turn: Mutex<()>,
 }
