@@ -90,6 +90,7 @@ pub struct ContextSpec {
 
 /// One rich result of a run: a MIME bundle, as IPython's `display_data`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DisplayData {
     /// MIME type → value: text for `text/*` and `image/svg+xml`, base64 for binary types
     /// (`image/png`, `image/jpeg`, `application/pdf`), JSON for `application/json`.
@@ -97,12 +98,14 @@ pub struct DisplayData {
     /// True for the value of the code's last expression (as opposed to `display()` calls
     /// and figures).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub is_main_result: bool,
 }
 
 /// An exception the code raised (Python), or why a run failed (`KeyboardInterrupt`,
 /// `Timeout`, `InterpreterDied`, bash's `ExitCode`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecError {
     /// The exception's class name.
     pub name: String,
@@ -110,6 +113,7 @@ pub struct ExecError {
     pub value: String,
     /// The formatted traceback (empty when there is none).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub traceback: String,
 }
 

@@ -37,6 +37,7 @@ use crate::CowError;
 
 /// What happens to a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ChangeKind {
     /// The path is new.
@@ -63,6 +64,7 @@ impl ChangeKind {
 
 /// The type of the entry a change leaves behind (for `Deleted`: of the entry removed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = FileTypeName))]
 #[serde(rename_all = "snake_case")]
 pub enum FileType {
     /// A regular file.

@@ -89,6 +89,22 @@ impl<'de> serde::Deserialize<'de> for ContentDigest {
     }
 }
 
+/// What [`ContentDigest`]'s `Deserialize` takes (`sha256:` and 64 lowercase hex digits), for
+/// lockbox-server's OpenAPI document, which writes it in place (`#[schema(inline)]`).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for ContentDigest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^sha256:[0-9a-f]{64}$"))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ContentDigest {}
+
 /// Feeds one entry into a digest (see the module doc).
 pub(crate) struct EntryHasher(Sha256);
 
@@ -163,11 +179,14 @@ pub(crate) fn entry(
 
 /// One path a reviewer was shown, with the digest of what the branch had there.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReviewedPath {
     /// Relative to the workdir (in JSON: a string, or `{"bytes": base64}`).
     #[serde(with = "lockbox_policy::name::json")]
+    #[cfg_attr(feature = "openapi", schema(value_type = lockbox_policy::name::Decoded))]
     pub path: PathBuf,
-    /// Its [`ContentDigest`] as the review showed it.
+    /// Its digest as the review showed it.
+    #[cfg_attr(feature = "openapi", schema(inline))]
     pub digest: ContentDigest,
 }
 

@@ -45,23 +45,31 @@ pub const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One question: may this process reach this destination?
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Question {
     /// The question's id, unique in its sandbox (from 1).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub id: u64,
     /// When it was asked, RFC 3339 UTC.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub ts: String,
     /// `connect`, `send` or `dns`.
+    #[cfg_attr(feature = "openapi", schema(schema_with = question_kind))]
     pub kind: EventKind,
     /// The name asked (dns), or the name an approved DNS answer gave this address for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub name: Option<String>,
     /// The destination address (connect, send).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable = false))]
     pub address: Option<IpAddr>,
     /// The destination port (connect, send).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 65535, nullable = false))]
     pub port: Option<u16>,
     /// TCP or UDP.
+    #[cfg_attr(feature = "openapi", schema(inline))]
     pub protocol: Protocol,
     /// The asking process, as the caller of lockbox sees it (0: not found).
     pub pid: u32,
@@ -73,6 +81,7 @@ pub struct Question {
 
 /// What a question is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = DecisionName))]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Allow this call (or this query's answer) only.
@@ -476,6 +485,16 @@ pub(super) fn timeout_reason(timeout: Duration) -> String {
     } else {
         format!("no answer in {ms} ms")
     }
+}
+
+/// A question's `kind`: only the calls that are asked about.
+#[cfg(feature = "openapi")]
+fn question_kind() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(["connect", "send", "dns"]))
+        .description(Some("`connect`, `send` or `dns`."))
+        .build()
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub const MAX_DNS_ASKERS: usize = 32;
 
 /// What an event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// A `connect` towards the host's network.
@@ -53,6 +54,7 @@ pub enum EventKind {
 
 /// What lockbox decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     /// Sent to the host's network / answered.
@@ -66,6 +68,7 @@ pub enum Decision {
 
 /// The transport of the call or query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Protocol {
     /// TCP.
@@ -76,73 +79,99 @@ pub enum Protocol {
 
 /// One decision of the network supervisor (a line of `--audit`'s JSON Lines).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NetEvent {
     /// When, RFC 3339 UTC with milliseconds.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub ts: String,
     /// The sandbox's id, when the sink was given one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub sandbox: Option<String>,
     /// What the event is about.
+    #[cfg_attr(feature = "openapi", schema(inline))]
     pub kind: EventKind,
     /// Allowed or denied (absent on `dropped`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(inline, nullable = false))]
     pub decision: Option<Decision>,
     /// lockbox's reason: `address rule tcp 1.2.3.4/32:443`, `name a.test:443 answered`,
     /// `not in the allow-list`, `nxdomain: name not listed`, `rebinding: loopback answer
     /// refused`...
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub reason: Option<String>,
     /// TCP or UDP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(inline, nullable = false))]
     pub protocol: Option<Protocol>,
     /// The destination address (connect, send).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable = false))]
     pub address: Option<IpAddr>,
     /// The destination port (connect, send).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 65535, nullable = false))]
     pub port: Option<u16>,
     /// The name asked (dns), or the name whose answer allowed the address (connect, send).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub name: Option<String>,
     /// The server name the TLS client asked for (tls), as sent, at most 253 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub sni: Option<String>,
     /// The `Host` the HTTP/1 request named (http), as sent without its port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub host: Option<String>,
     /// The request's method (request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub method: Option<String>,
     /// The request's path, without its query (request), at most 1024 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub path: Option<String>,
     /// The name of the credential lockbox set on the request (request); never its value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub credential: Option<String>,
     /// The HTTP status the sandbox got (request): lockbox's own 403 when refused, else the
     /// server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 100, maximum = 599, nullable = false)
+    )]
     pub status: Option<u16>,
     /// The query type (dns): `A`, `AAAA`, `TXT`...
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub qtype: Option<String>,
     /// The addresses answered (dns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>, nullable = false))]
     pub answers: Option<Vec<IpAddr>>,
     /// Addresses the host resolved the name to and lockbox left out (dns, rebinding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>, nullable = false))]
     pub refused: Option<Vec<IpAddr>>,
     /// The asking process, as the caller of lockbox sees it (0: not found).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub pid: Option<u32>,
     /// Its command line, arguments joined with spaces, at most [`MAX_COMMAND`] bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub command: Option<String>,
     /// Events dropped (`dropped` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub count: Option<u64>,
     /// The approval question this event poses or settles (`--net-ask` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, nullable = false))]
     pub question: Option<u64>,
 }
 

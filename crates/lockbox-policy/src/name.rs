@@ -217,6 +217,47 @@ impl<'de> Visitor<'de> for DecodedVisitor {
     }
 }
 
+/// The schema of the JSON form, which [`Decoded`] reads and [`Encoded`] writes: component
+/// `Name` of lockbox-server's OpenAPI document (a `PathBuf` field with
+/// `#[serde(with = "lockbox_policy::name::json")]` takes `#[schema(value_type = Decoded)]`).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Decoded {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type,
+        };
+        let text = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("The name as text."));
+        let bytes = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .title(Some("NameBytes"))
+            .description(Some("A name that is not UTF-8: its bytes, base64."))
+            .property(
+                "bytes",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Byte)))
+                    .description(Some("The bytes, base64 (standard alphabet, padded).")),
+            )
+            .required("bytes");
+        OneOfBuilder::new()
+            .item(text)
+            .item(bytes)
+            .description(Some(
+                "A file name (`lockbox_policy::name`): a string when it is UTF-8, else its bytes.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Decoded {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Name".into()
+    }
+}
+
 /// `#[serde(with = "lockbox_policy::name::json")]` on a `PathBuf` field: the lossless JSON
 /// form of the module doc (serde's own form fails on a name that is not UTF-8). Submodules
 /// for `Vec<PathBuf>`, `Option<PathBuf>` and `Option<Vec<PathBuf>>`.

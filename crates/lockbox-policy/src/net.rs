@@ -41,6 +41,89 @@ impl Net {
     }
 }
 
+/// What [`Net`]'s `Deserialize` takes (`"none"`, `"host"`, `{"allow": [SPEC...]}`,
+/// `{"deny": [SPEC...]}`, each SPEC a [`NetSpec`] as text): component `NetChoice` of
+/// lockbox-server's OpenAPI document, its two words component `NetMode`.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Net {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            ArrayBuilder, ObjectBuilder, OneOfBuilder, RefBuilder, Type,
+        };
+        let list = |key: &str, title: &str, description: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .title(Some(title))
+                .description(Some(description))
+                .property(
+                    key,
+                    ArrayBuilder::new()
+                        .items(ObjectBuilder::new().schema_type(Type::String))
+                        .description(Some("The destinations.")),
+                )
+                .required(key)
+        };
+        OneOfBuilder::new()
+            .item(
+                RefBuilder::new()
+                    .ref_location_from_schema_name(net_mode::NAME)
+                    .description(Some("`none` or `host`.")),
+            )
+            .item(list(
+                "allow",
+                "NetAllow",
+                "Only these destinations ([tcp://|udp://]HOST:PORTS; HOST a name, *.name for its\n\
+                 subdomains, an address or block). The sandbox's resolver is lockbox: listed names\n\
+                 are resolved when asked, other names get NXDOMAIN, and an address opens once an\n\
+                 answer gave it.",
+            ))
+            .item(list(
+                "deny",
+                "NetDeny",
+                "The host's network except these destinations (names resolved once at start; no\n\
+                 *. names).",
+            ))
+            .description(Some(
+                "Network access (`lockbox_policy::Net`): `none` (loopback only, default), `host`, or\n\
+                 only / all but some destinations.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Net {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "NetChoice".into()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        schemas.push((net_mode::NAME.into(), net_mode::schema()));
+    }
+}
+
+/// The unit variants of [`Net`] as words, a component of their own.
+#[cfg(feature = "openapi")]
+mod net_mode {
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+    use utoipa::openapi::RefOr;
+
+    pub(super) const NAME: &str = "NetMode";
+
+    pub(super) fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(["none", "host"]))
+            .description(Some("`none` or `host`."))
+            .into()
+    }
+}
+
 /// Transport protocol of a rule or a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -84,6 +84,45 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// What [`ByteSize`]'s `Deserialize` takes: component `ByteSizeValue` of lockbox-server's
+/// OpenAPI document.
+#[cfg(feature = "openapi")]
+#[allow(deprecated)]
+impl utoipa::PartialSchema for ByteSize {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type,
+        };
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+                    .minimum(Some(0))
+                    .description(Some("Bytes.")),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    // `example` (OpenAPI 3.0's form), as utoipa's derive writes a
+                    // field's example: the document keeps one form.
+                    .example(Some("512M".into()))
+                    .description(Some("Text with a unit (B, K, M, G, T; binary multiples).")),
+            )
+            .description(Some(
+                "A size (`lockbox_policy::ByteSize`): bytes, or text with a unit (`512M`).",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ByteSize {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ByteSizeValue".into()
+    }
+}
+
 /// Splits `"1.5G"` into the number and the unit (`("1.5", "G")`), ignoring surrounding space.
 fn split_number(s: &str) -> (&str, &str) {
     let t = s.trim();

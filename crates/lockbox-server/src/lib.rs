@@ -10,7 +10,7 @@
 //! - [`Token`] is the secret clients send; [`ServerConfig`] the limits (connections and
 //!   their timeouts in `connections`, bodies, streams, exec output in `output`);
 //! - [`openapi::document`] is the OpenAPI 3.1 description of every route, derived (utoipa)
-//!   from the wire types (`wire.rs`) and the handlers;
+//!   from the wire types (`wire/`, one module per resource) and the handlers;
 //! - the review console: its static files (`ui/`, embedded by `build.rs`) at `/ui`, and its
 //!   login, which exchanges the token for a session cookie the API also accepts, with CSRF
 //!   and origin checks (`sessions`, `auth`, `routes::console`);

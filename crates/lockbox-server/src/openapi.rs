@@ -2,18 +2,25 @@
 //! utoipa from the code rather than written by hand: the request and reply types of
 //! `crate::wire` (`#[derive(Debug, ToSchema)]`, query strings `#[derive(Debug, IntoParams)]`) and the
 //! handlers of `crate::routes` (`#[utoipa::path]`), listed in [`ApiDoc`]. What utoipa
-//! cannot see is added here, computed rather than typed: the error reply (`4XX`, the
+//! cannot see is added here, computed rather than typed: the error reply (`4XX` and `5XX`, the
 //! [`crate::error::ApiError`] body) on every operation, the bearer security scheme, and the
 //! links from the operations that create things to those that use their ids.
 //!
-//! Also here: the schemas of wire forms owned by crates without utoipa (a file name that
-//! may not be UTF-8, a change, a network event, ...), the path parameters, and the SSE
-//! events of the streaming routes. A test checks that every operation is routed and
+//! A type sent or read as it is has its schema where it is defined, behind an `openapi`
+//! feature: lockbox-cow (a change's kind and type, a reviewed path; `ContentDigest` by hand),
+//! lockbox-netsup (network events, approval questions), lockbox-agent (a run's results and
+//! error), and lockbox-policy, whose forms with hand-written serde implement the schema by
+//! hand next to their parser (a file name that may not be UTF-8, `name::Decoded`: component
+//! `Name`; a size, `ByteSize`: `ByteSizeValue`; network access, `Net`: `NetChoice`). What
+//! the server reshapes or parses itself has a type of its own in `crate::wire` (a commit's
+//! review, `ReviewArg`: `ReviewSchema`; the names a text field takes where a handler checks
+//! it, such as `LanguageName`). Still here: the output fields of the `exec` reply (written
+//! piece by piece after its typed head, see `crate::output`), the path parameters, and the
+//! SSE events of the streaming routes. A test checks that every operation is routed and
 //! `lockbox-server/tests/it/http.rs` that every route is described; the schemathesis fuzz run
 //! (`scripts/fuzz-api.sh`) drives the API from this document.
 
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -154,19 +161,30 @@ impl Modify for Common {
             .into_iter()
             .flatten()
             {
-                let error = ResponseBuilder::new()
-                    .description("error (see `code`; 401 without a valid token)")
-                    .content(
-                        "application/json",
-                        Content::new(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                            "Error",
-                        )))),
-                    )
-                    .build();
-                op.responses
-                    .responses
-                    .entry("4XX".into())
-                    .or_insert(RefOr::T(error));
+                // Every operation can fail with the error shape: the caller's fault (4XX,
+                // 401 without a valid token) or the server's (5XX: `INTERNAL`, a sandbox
+                // that could not start, ...).
+                for (range, description) in [
+                    ("4XX", "error (see `code`; 401 without a valid token)"),
+                    (
+                        "5XX",
+                        "the server failed (see `code`; `INTERNAL` is logged)",
+                    ),
+                ] {
+                    let error = ResponseBuilder::new()
+                        .description(description)
+                        .content(
+                            "application/json",
+                            Content::new(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                                "Error",
+                            )))),
+                        )
+                        .build();
+                    op.responses
+                        .responses
+                        .entry(range.into())
+                        .or_insert(RefOr::T(error));
+                }
             }
         }
     }
@@ -193,8 +211,14 @@ fn build() -> Value {
         schemas.remove("Binary");
     }
     inline_binary(&mut doc, &binary);
-    // Each stream once, as text or as base64 (`output::data_fields`).
+    // Each stream once, as text or as base64 (`output::data_fields`); `exec`'s are written
+    // after the typed head, piece by piece (`output::exec_reply`).
     let schemas = &mut doc["components"]["schemas"];
+    for name in ["stdout", "stderr"] {
+        let props = &mut schemas["ExecResult"]["properties"];
+        props[name] = json!({ "type": "string" });
+        props[format!("{name}_b64")] = json!({ "type": "string", "format": "byte" });
+    }
     schemas["ExecResult"]["allOf"] = json!([one_of_fields("stdout"), one_of_fields("stderr")]);
     schemas["LogSegment"]["oneOf"] = one_of_fields("data")["oneOf"].clone();
     doc
@@ -231,617 +255,7 @@ pub fn signal_name() -> utoipa::openapi::schema::Schema {
         .into()
 }
 
-// ---- Wire forms of types from crates without utoipa ----
-
-/// A file name (`lockbox_policy::name`): a string when it is UTF-8, else its bytes.
-#[derive(Debug, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub(crate) enum Name {
-    /// The name as text.
-    Text(String),
-    /// A name that is not UTF-8: its bytes, base64.
-    #[schema(title = "NameBytes")]
-    Bytes {
-        /// The bytes, base64.
-        #[schema(format = Byte)]
-        bytes: String,
-    },
-}
-
-/// A size (`lockbox_policy::ByteSize`): bytes, or text with a unit (`512M`).
-#[derive(Debug, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub(crate) enum ByteSizeValue {
-    /// Bytes.
-    Bytes(u64),
-    /// Text with a unit.
-    #[schema(example = "512M")]
-    Text(String),
-}
-
-/// Network access (`lockbox_policy::Net`): `none` (loopback only, default), `host`, or
-/// only / all but some destinations.
-#[derive(Debug, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub(crate) enum NetChoice {
-    /// `none` or `host`.
-    Mode(NetMode),
-    /// Only these destinations ([tcp://|udp://]HOST:PORTS; HOST a name, *.name for its
-    /// subdomains, an address or block). The sandbox's resolver is lockbox: listed names
-    /// are resolved when asked, other names get NXDOMAIN, and an address opens once an
-    /// answer gave it.
-    #[schema(title = "NetAllow")]
-    Allow {
-        /// The destinations.
-        allow: Vec<String>,
-    },
-    /// The host's network except these destinations (names resolved once at start; no
-    /// *. names).
-    #[schema(title = "NetDeny")]
-    Deny {
-        /// The destinations.
-        deny: Vec<String>,
-    },
-}
-
-/// The review a commit follows (`wire::ReviewArg`): `changes`' `review_token`, or the
-/// paths shown with their digests.
-#[derive(Debug, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub(crate) enum ReviewSchema {
-    /// The whole listing's digest (`sha256:` and 64 hex digits).
-    Token(String),
-    /// The paths shown, each with the digest it had.
-    Paths(Vec<ReviewedPath>),
-}
-
-/// One path shown to the reviewer.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct ReviewedPath {
-    /// The path, relative to the workdir (a string, or `{"bytes": base64}`).
-    path: Name,
-    /// Its digest as shown.
-    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
-    digest: String,
-}
-
-/// `none` or `host`.
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum NetMode {
-    /// Loopback only.
-    None,
-    /// The host's network.
-    Host,
-}
-
-/// One change of a branch (`lockbox_cow::Change`), `mode` as octal text.
-#[derive(Debug, ToSchema)]
-#[schema(as = Change)]
-#[allow(dead_code)]
-pub(crate) struct ChangeSchema {
-    /// The path relative to the workdir.
-    path: Name,
-    /// What happens to it.
-    kind: ChangeKind,
-    /// The type of the new entry (for `deleted`, of the old one).
-    file_type: FileTypeName,
-    /// Its size in bytes.
-    size: u64,
-    /// Permission bits, octal (`"0644"`).
-    #[schema(pattern = "^[0-7]{4}$")]
-    mode: String,
-    /// In a review (`GET changes`, `GET /v1/branches/{id}`): the digest of what the branch
-    /// has at the path, which a commit's `review` names.
-    #[serde(default)]
-    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
-    digest: Option<String>,
-}
-
-/// What happens to a path.
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum ChangeKind {
-    /// New.
-    Added,
-    /// Changed contents or metadata.
-    Modified,
-    /// Removed.
-    Deleted,
-    /// A file became a directory, ...
-    TypeChanged,
-}
-
-/// The type of an entry of a change.
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum FileTypeName {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link.
-    Symlink,
-    /// A device, FIFO or socket.
-    Special,
-}
-
-/// The changes of a branch, sorted by path.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct ChangeList {
-    /// The changes.
-    changes: Vec<ChangeSchema>,
-    /// In a review (`GET changes`): the digest of the whole listing, which a commit's
-    /// `review` may name.
-    #[serde(default)]
-    review_token: Option<String>,
-}
-
-/// One decision of the network supervisor (`lockbox_netsup::NetEvent`; docs/security.md,
-/// Audit log).
-#[derive(Debug, ToSchema)]
-#[schema(as = NetEvent)]
-#[allow(dead_code)]
-pub(crate) struct NetEventSchema {
-    #[schema(format = DateTime)]
-    ts: String,
-    #[serde(default)]
-    sandbox: String,
-    #[schema(inline)]
-    kind: NetEventKind,
-    #[schema(inline)]
-    #[serde(default)]
-    decision: NetDecision,
-    #[serde(default)]
-    reason: String,
-    #[schema(inline)]
-    #[serde(default)]
-    protocol: Protocol,
-    #[serde(default)]
-    address: String,
-    #[serde(default)]
-    #[schema(maximum = 65535)]
-    port: u16,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    sni: String,
-    #[serde(default)]
-    host: String,
-    #[serde(default)]
-    method: String,
-    #[serde(default)]
-    path: String,
-    #[serde(default)]
-    credential: String,
-    #[schema(minimum = 100, maximum = 599)]
-    #[serde(default)]
-    status: u16,
-    #[serde(default)]
-    qtype: String,
-    #[serde(default)]
-    answers: Vec<String>,
-    #[serde(default)]
-    refused: Vec<String>,
-    #[serde(default)]
-    pid: u32,
-    #[serde(default)]
-    command: String,
-    #[serde(default)]
-    count: u64,
-    /// The approval question this event poses (asked) or settles.
-    #[schema(minimum = 1)]
-    #[serde(default)]
-    question: u64,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum NetEventKind {
-    Connect,
-    Send,
-    Dns,
-    Tls,
-    Http,
-    Request,
-    Dropped,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum NetDecision {
-    Allowed,
-    Denied,
-    Asked,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum Protocol {
-    Tcp,
-    Udp,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum QuestionKind {
-    Connect,
-    Send,
-    Dns,
-}
-
-/// May this process reach this destination? (`lockbox_netsup::Question`;
-/// docs/security.md, Approvals)
-#[derive(Debug, ToSchema)]
-#[schema(as = Question)]
-#[allow(dead_code)]
-pub(crate) struct QuestionSchema {
-    #[schema(minimum = 1)]
-    id: u64,
-    #[schema(format = DateTime)]
-    ts: String,
-    #[schema(inline)]
-    kind: QuestionKind,
-    /// The name asked (dns), or the one an approved answer gave the address for.
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    address: String,
-    #[serde(default)]
-    #[schema(maximum = 65535)]
-    port: u16,
-    #[schema(inline)]
-    protocol: Protocol,
-    pid: u32,
-    command: String,
-    timeout_ms: u64,
-}
-
-/// The kept events of a sandbox's audit log.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct AuditLog {
-    events: Vec<NetEventSchema>,
-}
-
-/// The questions waiting for a verdict.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct Approvals {
-    approvals: Vec<QuestionSchema>,
-}
-
-/// A transaction's record (`lockbox_txn`), as `lockbox txn show --json` prints it, with
-/// `created`, `exit_code` and `meaning`; or `{dir, state: "damaged", error}`.
-#[derive(Debug, ToSchema)]
-#[schema(as = Txn)]
-#[allow(dead_code)]
-pub(crate) struct TxnSchema {
-    #[serde(default)]
-    id: String,
-    #[schema(inline)]
-    #[serde(default)]
-    kind: TxnKind,
-    state: String,
-    #[schema(format = DateTime)]
-    #[serde(default)]
-    created: String,
-    #[serde(default)]
-    exit_code: i32,
-    #[serde(default)]
-    meaning: String,
-    #[serde(default)]
-    #[schema(value_type = Vec<Object>)]
-    stages: (),
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    report: (),
-    #[serde(default)]
-    #[schema(value_type = Value)]
-    abort_reason: (),
-    #[serde(default)]
-    error: String,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum TxnKind {
-    Pipeline,
-    Gather,
-}
-
-/// The transactions of the state directory.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct TxnList {
-    transactions: Vec<TxnSchema>,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum RunState {
-    Running,
-    Suspended,
-    Finished,
-}
-
-/// A run of the journal (`lockbox journal status`), with its number of entries.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct JournalRunSummary {
-    id: String,
-    #[schema(inline)]
-    status: RunState,
-    entries: u64,
-    steps: u64,
-    version: Option<String>,
-    #[serde(default)]
-    #[schema(value_type = Value)]
-    metadata: (),
-}
-
-/// A run of the journal with its entries (`lockbox journal dump`).
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct JournalRun {
-    id: String,
-    #[schema(inline)]
-    status: RunState,
-    #[schema(value_type = Vec<Object>)]
-    entries: (),
-    steps: u64,
-    version: Option<String>,
-    #[serde(default)]
-    #[schema(value_type = Value)]
-    metadata: (),
-}
-
-/// The runs of the journal given to `--journal` (none: `journal` is null).
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct JournalRuns {
-    #[schema(required = true)]
-    journal: Option<String>,
-    runs: Vec<JournalRunSummary>,
-}
-
-/// A run of code's error (`lockbox_runtime::ExecError`).
-#[derive(Debug, ToSchema)]
-#[schema(as = ExecError)]
-#[allow(dead_code)]
-pub(crate) struct ExecErrorSchema {
-    name: String,
-    value: String,
-    traceback: String,
-}
-
-/// A MIME bundle (`lockbox_runtime::DisplayData`): text/plain, text/html, text/markdown,
-/// image/svg+xml and application/json as they are; image/png, image/jpeg, application/pdf
-/// base64.
-#[derive(Debug, ToSchema)]
-#[schema(as = DisplayData)]
-#[allow(dead_code)]
-pub(crate) struct DisplayDataSchema {
-    data: BTreeMap<String, Value>,
-    is_main_result: bool,
-}
-
-/// A verdict on an approval question (`lockbox_netsup::Verdict`).
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum DecisionName {
-    /// This call only.
-    Once,
-    /// This destination or name, from now on.
-    Sandbox,
-    /// Refuse it.
-    Deny,
-}
-
-/// The language of a code context.
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum LanguageName {
-    Python,
-    Python3,
-    Bash,
-    Sh,
-    Node,
-    Javascript,
-    Js,
-}
-
-/// The kind of a transaction made through the API.
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum GatherKind {
-    Gather,
-}
-
-/// How a gather resolves a path several sandboxes changed.
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum ConflictName {
-    Fail,
-    FirstWriterWins,
-    LastWriterWins,
-    Markers,
-}
-
-/// How a command in a session ended, with its output (`output::exec_reply`, written as it
-/// is sent). Each stream once: text (`stdout`) when UTF-8 and no longer than base64, else
-/// base64 (`stdout_b64`).
-#[derive(Debug, ToSchema)]
-#[schema(as = ExecResult)]
-#[allow(dead_code)]
-pub(crate) struct ExecResultSchema {
-    exit_code: i32,
-    #[serde(default)]
-    stdout: String,
-    #[schema(format = Byte)]
-    #[serde(default)]
-    stdout_b64: String,
-    #[serde(default)]
-    stderr: String,
-    #[schema(format = Byte)]
-    #[serde(default)]
-    stderr_b64: String,
-    timed_out: bool,
-    /// Milliseconds, with microseconds as the fraction.
-    duration_ms: f64,
-    session: String,
-    stdout_truncated: bool,
-    stderr_truncated: bool,
-}
-
-/// A chunk of a process's output log (`routes::processes::chunk_json`).
-#[derive(Debug, ToSchema)]
-#[schema(as = LogChunk)]
-#[allow(dead_code)]
-pub(crate) struct LogChunkSchema {
-    segments: Vec<LogSegmentSchema>,
-    /// The cursor after this chunk.
-    next: u64,
-    /// Bytes asked for were evicted.
-    truncated: bool,
-    /// The process exited and everything was read.
-    eof: bool,
-}
-
-/// Bytes of one stream, at `offset` of the log: `data` (UTF-8 text) or `data_b64`.
-#[derive(Debug, ToSchema)]
-#[schema(as = LogSegment)]
-#[allow(dead_code)]
-pub(crate) struct LogSegmentSchema {
-    #[schema(inline)]
-    stream: StreamName,
-    offset: u64,
-    #[serde(default)]
-    data: String,
-    #[schema(format = Byte)]
-    #[serde(default)]
-    data_b64: String,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum StreamName {
-    Stdout,
-    Stderr,
-    Pty,
-}
-
-/// One path's diff (`wire::FileDiffReply`): numbered hunks (`kind: text`), or a summary of
-/// both sides.
-#[derive(Debug, ToSchema)]
-#[schema(as = FileDiff)]
-#[allow(dead_code)]
-pub(crate) struct FileDiffSchema {
-    path: Name,
-    #[schema(inline)]
-    kind: DiffKind,
-    #[serde(default)]
-    hunks: Vec<HunkSchema>,
-    #[serde(default)]
-    old: SideSchema,
-    #[serde(default)]
-    new: SideSchema,
-    /// The digest of the branch side the diff was made from: what a commit's `review` names
-    /// for this path.
-    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
-    digest: String,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum DiffKind {
-    Text,
-    Summary,
-}
-
-/// One hunk of a text diff.
-#[derive(Debug, ToSchema)]
-#[schema(as = Hunk)]
-#[allow(dead_code)]
-pub(crate) struct HunkSchema {
-    /// Its number (what `hunks[].accept` of a commit takes).
-    index: u64,
-    old_start: u64,
-    old_lines: u64,
-    new_start: u64,
-    new_lines: u64,
-    /// `@@ -a,b +c,d @@`.
-    header: String,
-    lines: Vec<HunkLine>,
-    no_newline_old: bool,
-    no_newline_new: bool,
-}
-
-/// A line of a hunk.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-pub(crate) struct HunkLine {
-    #[schema(inline)]
-    op: LineOp,
-    text: String,
-}
-
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
-enum LineOp {
-    #[serde(rename = " ")]
-    Same,
-    #[serde(rename = "-")]
-    Removed,
-    #[serde(rename = "+")]
-    Added,
-}
-
-/// One side of a summary diff.
-#[derive(Debug, ToSchema)]
-#[schema(as = Side)]
-#[allow(dead_code)]
-pub(crate) struct SideSchema {
-    #[serde(rename = "type")]
-    #[schema(inline)]
-    kind: SideKind,
-    #[serde(default)]
-    size: u64,
-    #[serde(default)]
-    target: Name,
-}
-
-#[derive(Debug, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum SideKind {
-    Absent,
-    File,
-    Dir,
-    Symlink,
-    Special,
-}
+// ---- Forms written by hand ----
 
 /// Raw bytes (a file's contents, a process's stdin).
 #[derive(Debug)]
@@ -1208,11 +622,13 @@ mod tests {
         let mut ids = std::collections::BTreeSet::new();
         for (method, path) in operations() {
             let op = &doc["paths"][&path][method.to_ascii_lowercase()];
-            assert_eq!(
-                op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"],
-                "#/components/schemas/Error",
-                "{method} {path}"
-            );
+            for range in ["4XX", "5XX"] {
+                assert_eq!(
+                    op["responses"][range]["content"]["application/json"]["schema"]["$ref"],
+                    "#/components/schemas/Error",
+                    "{method} {path} {range}"
+                );
+            }
             let id = op["operationId"].as_str().unwrap().to_owned();
             assert!(ids.insert(id.clone()), "operationId {id} twice");
         }

@@ -11,11 +11,11 @@
 use axum::body::Body;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::HeaderValue;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
 use lockbox_runtime::ExecResult;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::convert::Infallible;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -61,19 +61,21 @@ pub fn encoding(bytes: &[u8]) -> (Encoding, usize) {
 /// `{"data": text}` or `{"data_b64": base64}` (see the module documentation).
 pub fn data_fields(bytes: &[u8]) -> Map<String, Value> {
     let mut map = Map::new();
+    match text_or_base64(bytes) {
+        (Some(text), _) => map.insert("data".into(), Value::String(text)),
+        (_, Some(b64)) => map.insert("data_b64".into(), Value::String(b64)),
+        (None, None) => None,
+    };
+    map
+}
+
+/// `bytes` as text or as base64 (exactly one of the two; see the module documentation).
+pub fn text_or_base64(bytes: &[u8]) -> (Option<String>, Option<String>) {
     match encoding(bytes).0 {
         // `encoding` chose text only for valid UTF-8.
-        Encoding::Text => {
-            map.insert(
-                "data".into(),
-                Value::String(String::from_utf8_lossy(bytes).into_owned()),
-            );
-        }
-        Encoding::Base64 => {
-            map.insert("data_b64".into(), Value::String(B64.encode(bytes)));
-        }
+        Encoding::Text => (Some(String::from_utf8_lossy(bytes).into_owned()), None),
+        Encoding::Base64 => (None, Some(B64.encode(bytes))),
     }
-    map
 }
 
 /// The JSON string contents of one piece (`piece` is whole UTF-8 characters for text).
@@ -160,15 +162,16 @@ pub fn ms(d: std::time::Duration) -> f64 {
 /// stderr_truncated}` and, for each stream, `stdout` or `stdout_b64` (likewise `stderr`),
 /// encoded while it is sent, with an exact `Content-Length`.
 pub fn exec_reply(result: ExecResult) -> Response {
-    let head = json!({
-        "exit_code": result.exit_code,
-        "timed_out": result.timed_out,
-        "duration_ms": ms(result.duration),
-        "session": result.session.as_str(),
-        "stdout_truncated": result.stdout_truncated,
-        "stderr_truncated": result.stderr_truncated,
-    })
-    .to_string();
+    let head = match serde_json::to_string(&crate::wire::ExecHead::from(&result)) {
+        Ok(head) => head,
+        Err(e) => {
+            return crate::error::ApiError::new(
+                lockbox_policy::ErrorCode::Internal,
+                format!("exec reply: {e}"),
+            )
+            .into_response()
+        }
+    };
     // The head without its closing brace; the fields follow, then `}`.
     let head = Bytes::from(head.trim_end_matches('}').to_owned());
     let mut length = head.len() + 1;
@@ -205,6 +208,7 @@ pub fn exec_reply(result: ExecResult) -> Response {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use serde_json::json;
     use std::time::Duration;
 
     fn result(stdout: &[u8], stderr: &[u8]) -> ExecResult {

@@ -299,6 +299,59 @@ fn files_put_get_and_range_round_trip() {
     }
 }
 
+/// `/proc` files say 0 bytes in `stat` but have content (E2B's `files.read` found it).
+#[test]
+fn proc_files_are_read_to_their_end_with_their_real_length() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let files = format!("/v1/sandboxes/{id}/files");
+            let get = |path: &str, range: Option<&str>| {
+                let mut request = server.request(Method::GET, &format!("{files}?path={path}"));
+                if let Some(range) = range {
+                    request = request.header("Range", range);
+                }
+                request.send()
+            };
+            let boot_id = "/proc/sys/kernel/random/boot_id";
+            let cat = server
+                .exec(&id, json!({ "command": format!("cat {boot_id}") }))
+                .await;
+            let cat = cat["stdout"].as_str().unwrap().to_owned();
+            assert_eq!(cat.len(), 37, "{user:?}: {cat:?}");
+
+            let whole = get(boot_id, None).await.unwrap();
+            assert_eq!(whole.status(), StatusCode::OK, "{user:?}");
+            assert_eq!(whole.headers()["content-length"], "37");
+            assert_eq!(whole.bytes().await.unwrap(), cat.as_bytes());
+
+            let part = get(boot_id, Some("bytes=0-7")).await.unwrap();
+            assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
+            assert_eq!(part.headers()["content-range"], "bytes 0-7/37");
+            assert_eq!(part.bytes().await.unwrap(), cat.as_bytes()[..8]);
+            let tail = get(boot_id, Some("bytes=-1")).await.unwrap();
+            assert_eq!(tail.status(), StatusCode::PARTIAL_CONTENT);
+            assert_eq!(tail.bytes().await.unwrap(), "\n");
+            let outside = get(boot_id, Some("bytes=37-")).await.unwrap();
+            assert_eq!(outside.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+            assert_eq!(outside.headers()["content-range"], "bytes */37");
+
+            let status = get("/proc/self/status", None).await.unwrap();
+            assert_eq!(status.status(), StatusCode::OK);
+            let length: usize = status.headers()["content-length"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let status = status.bytes().await.unwrap();
+            assert_eq!(status.len(), length);
+            assert!(status.starts_with(b"Name:\t"), "{status:?}");
+        });
+    }
+}
+
 #[test]
 fn file_modes_are_octal_text_in_both_directions() {
     for user in users() {
@@ -609,7 +662,8 @@ fn limits_answer_429_and_413() {
     });
 }
 
-/// `lockbox branch list --json` of a state directory: the branches' ids.
+/// `lockbox branch list --json` of a state directory: the branches' ids, but those of the
+/// pool's ready sandboxes (a workdir's spec is pooled: `"spare": true` until taken).
 fn branches(user: User, state: &Path) -> Vec<String> {
     let out = command_as(user)
         .args(["branch", "list", "--json", "--state-dir"])
@@ -621,6 +675,7 @@ fn branches(user: User, state: &Path) -> Vec<String> {
     list.as_array()
         .unwrap()
         .iter()
+        .filter(|b| b["meta"]["context"]["spare"] != true)
         .map(|b| b["id"].as_str().unwrap().to_owned())
         .collect()
 }

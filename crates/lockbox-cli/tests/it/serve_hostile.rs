@@ -175,8 +175,10 @@ fn started(addr: &str) -> TcpStream {
 fn issue_15_slowloris_at_a_low_descriptor_limit_gets_a_clear_refusal() {
     for user in users() {
         let state = state_dir(user);
-        // 256 descriptors, default flags: the cap is half of them.
-        let server = Served::start_with_fd_limit(user, state.path(), 256, &[]);
+        // 256 descriptors, default flags but a smaller pool (the default pool's spares
+        // would leave no room for a sandbox): the connection cap is half of them.
+        let server =
+            Served::start_with_fd_limit(user, state.path(), 256, &["--pool-max-spares", "2"]);
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
@@ -793,5 +795,57 @@ fn an_http2_prior_knowledge_client_is_served_on_the_same_port_and_idle_ones_are_
             .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
             .unwrap();
         wait_closed(&mut silent);
+    }
+}
+
+#[test]
+fn issue_34_sandboxes_stop_at_what_the_descriptor_limit_has_room_for_and_the_server_still_answers()
+{
+    for user in users() {
+        let state = state_dir(user);
+        // 256 descriptors: 128 for connections, 96 kept for the server, room for 4
+        // sandboxes of 8 descriptors (with their session), no pool.
+        let server = Served::start_with_fd_limit(
+            user,
+            state.path(),
+            256,
+            &["--pool", "0", "--pool-max-spares", "0"],
+        );
+        tokio().block_on(async {
+            let mut ids = Vec::new();
+            for _ in 0..4 {
+                let id = server.sandbox(json!({})).await;
+                let r = server.exec(&id, json!({ "command": "echo up" })).await;
+                assert_eq!(r["stdout"], "up\n", "{user:?} {r}");
+                ids.push(id);
+            }
+            // One more is a clear refusal, not a server out of descriptors.
+            let (status, body) = server.json(Method::POST, "/v1/sandboxes", json!({})).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{user:?} {body}");
+            assert_eq!(body["code"], "LIMIT_REACHED", "{body}");
+            assert_eq!(body["details"]["limit"], 4, "{body}");
+            let health = server
+                .request(Method::GET, "/healthz")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(health.status(), StatusCode::OK);
+            // A deleted one makes room again.
+            let (status, body) = server
+                .json(
+                    Method::DELETE,
+                    &format!("/v1/sandboxes/{}", ids[0]),
+                    json!(null),
+                )
+                .await;
+            assert!(status.is_success(), "{user:?} {status} {body}");
+            let id = server.sandbox(json!({})).await;
+            server.exec(&id, json!({ "command": "true" })).await;
+        });
+        assert!(
+            server.descriptors() < 200,
+            "{user:?}: {} descriptors open, near the limit",
+            server.descriptors()
+        );
     }
 }

@@ -10,7 +10,6 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use lockbox_runtime::Verdict;
-use serde_json::json;
 use std::time::Duration;
 
 /// The longest long poll.
@@ -25,7 +24,7 @@ const BY: &str = "the API";
     summary = "The approval questions of a net_ask sandbox waiting for a verdict, oldest first",
     description = "docs/security.md, Approvals. Each new question is also an `asked` event of the audit stream. With wait_ms, a long poll: waits up to that long for a question with an id above `after`",
     params(crate::openapi::SandboxPath, crate::wire::ApprovalsQuery),
-    responses((status = 200, description = "the pending questions", body = crate::openapi::Approvals))
+    responses((status = 200, description = "the pending questions", body = crate::wire::Approvals))
 )]
 pub async fn list(
     State(app): State<AppState>,
@@ -35,9 +34,8 @@ pub async fn list(
     check_ms("wait_ms", Some(query.wait_ms), MAX_WAIT_MS)?;
     let sandbox = app.runtime.sandbox(&id)?;
     let wait = Duration::from_millis(query.wait_ms);
-    Ok(Json(
-        json!({ "approvals": sandbox.approvals(query.after, wait).await? }),
-    ))
+    let approvals = sandbox.approvals(query.after, wait).await?;
+    Ok(Json(crate::wire::Approvals { approvals }))
 }
 
 #[utoipa::path(

@@ -20,7 +20,7 @@ use serde_json::json;
     summary = "The network audit log of a --net-allow/--net-deny sandbox",
     description = "One NetEvent per connect or send towards the host's network, per DNS query lockbox's resolver answered, and per name (SNI, Host) a relayed TLS or HTTP connection asked for. By default an SSE stream of `audit` events (the last 1,000 kept, then live ones; a stream that lags gets a `dropped` event with the count) until the client disconnects; with follow=false the kept events as JSON",
     params(crate::openapi::SandboxPath, crate::wire::AuditQuery),
-    responses((status = 200, description = "events (SSE), or the kept ones (follow=false)", content((crate::openapi::AuditEvent = "text/event-stream"), (crate::openapi::AuditLog = "application/json"))))
+    responses((status = 200, description = "events (SSE), or the kept ones (follow=false)", content((crate::openapi::AuditEvent = "text/event-stream"), (crate::wire::AuditLog = "application/json"))))
 )]
 pub async fn audit(
     State(app): State<AppState>,
@@ -29,7 +29,8 @@ pub async fn audit(
 ) -> Result<Response, ApiError> {
     let sandbox = app.runtime.sandbox(&id)?;
     if !query.follow {
-        return Ok(Json(json!({ "events": sandbox.audit_log() })).into_response());
+        let events = sandbox.audit_log();
+        return Ok(Json(crate::wire::AuditLog { events }).into_response());
     }
     let slot = app.streams.open()?;
     let events = sandbox.audit().map(|e| json_event("audit", &json!(e)));

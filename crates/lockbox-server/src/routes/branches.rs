@@ -52,7 +52,7 @@ pub async fn show(
     operation_id = "diff_branch",
     summary = "One path's diff between the workdir and the branch, as numbered hunks",
     params(crate::openapi::BranchPath, crate::wire::DiffQuery),
-    responses((status = 200, description = "the hunks, or a summary of both sides", body = crate::openapi::FileDiffSchema))
+    responses((status = 200, description = "the hunks, or a summary of both sides", body = crate::wire::FileDiff))
 )]
 pub async fn diff(
     State(app): State<AppState>,

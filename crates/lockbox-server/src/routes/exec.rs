@@ -19,7 +19,7 @@ use serde_json::{json, Value};
     summary = "Run a command in a session and wait for it",
     params(crate::openapi::SandboxPath),
     request_body = crate::wire::Exec,
-    responses((status = 200, description = "how it ended, with all output", body = crate::openapi::ExecResultSchema))
+    responses((status = 200, description = "how it ended, with all output", body = crate::wire::ExecHead))
 )]
 pub async fn exec(
     State(app): State<AppState>,

@@ -17,6 +17,7 @@ use lockbox_runtime::{ByteRange, WriteOptions};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use tokio::io::AsyncReadExt;
 use tokio_util::io::{ReaderStream, StreamReader};
 
 /// A single `bytes=` range as written: `a-b`, `a-` or `-n`.
@@ -81,20 +82,33 @@ pub async fn get(
         .get(RANGE)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_range);
-    let range = match spec {
-        None => None,
-        Some(spec) => {
-            let size = sandbox.stat(&query.path).await?.size;
-            match resolve(spec, size) {
-                Some((start, end)) => Some(ByteRange {
-                    start,
-                    end: Some(end),
-                }),
-                None => return Ok(unsatisfiable(&query.path, size)),
-            }
+    let mut read = sandbox.read_file(&query.path, None).await?;
+    if let Some(spec) = spec {
+        // `read.size` is the file's size at open, or for a `/proc` or `/sys` file (whose
+        // `stat` size is not its length) what it gave when read to its end.
+        let Some((start, end)) = resolve(spec, read.size) else {
+            return Ok(unsatisfiable(&query.path, read.size));
+        };
+        if read.read_whole {
+            // Already in memory: skip to the range in the bytes read.
+            tokio::io::copy(&mut (&mut read.body).take(start), &mut tokio::io::sink())
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        lockbox_policy::ErrorCode::Internal,
+                        format!("reading {}: {e}", query.path),
+                    )
+                })?;
+            read.body = Box::pin(read.body.take(end - start));
+            read.range = (start, end);
+        } else {
+            let range = ByteRange {
+                start,
+                end: Some(end),
+            };
+            read = sandbox.read_file(&query.path, Some(range)).await?;
         }
-    };
-    let read = sandbox.read_file(&query.path, range).await?;
+    }
     let (start, end) = read.range;
     let mut response = Response::new(Body::from_stream(ReaderStream::new(read.body)));
     let h = response.headers_mut();
@@ -104,7 +118,7 @@ pub async fn get(
     );
     h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(CONTENT_LENGTH, HeaderValue::from(end - start));
-    if range.is_some() {
+    if spec.is_some() {
         *response.status_mut() = StatusCode::PARTIAL_CONTENT;
         let value = format!("bytes {start}-{}/{}", end.saturating_sub(1), read.size);
         if let Ok(value) = HeaderValue::from_str(&value) {

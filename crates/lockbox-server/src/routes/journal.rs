@@ -3,13 +3,12 @@
 
 use crate::error::ApiError;
 use crate::extract::ApiPath;
-use crate::wire::run_json;
+use crate::wire::{JournalRun, JournalRunStatus, JournalRuns};
 use crate::{AppState, JournalSource};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use lockbox_journal::RunId;
-use serde_json::json;
 
 fn source(app: &AppState) -> Result<&JournalSource, ApiError> {
     app.config.journal.as_ref().ok_or_else(|| {
@@ -25,17 +24,23 @@ fn source(app: &AppState) -> Result<&JournalSource, ApiError> {
     path = "/v1/journal/runs",
     operation_id = "list_journal_runs",
     summary = "Runs of the journal given to `lockbox serve --journal` (none: an empty list)",
-    responses((status = 200, description = "the runs", body = crate::openapi::JournalRuns))
+    responses((status = 200, description = "the runs", body = JournalRuns))
 )]
 pub async fn runs(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let Ok(src) = source(&app) else {
-        return Ok(Json(json!({ "journal": null, "runs": [] })));
+        return Ok(Json(JournalRuns {
+            journal: None,
+            runs: Vec::new(),
+        }));
     };
     let mut runs = Vec::new();
     for id in src.journal.list().await? {
-        runs.push(run_json(&src.journal.status(&id).await?));
+        runs.push(JournalRunStatus::from(src.journal.status(&id).await?));
     }
-    Ok(Json(json!({ "journal": src.url, "runs": runs })))
+    Ok(Json(JournalRuns {
+        journal: Some(src.url.clone()),
+        runs,
+    }))
 }
 
 #[utoipa::path(
@@ -44,7 +49,7 @@ pub async fn runs(State(app): State<AppState>) -> Result<impl IntoResponse, ApiE
     operation_id = "show_journal_run",
     summary = "One journal run: its status and entries",
     params(crate::openapi::RunPath),
-    responses((status = 200, description = "the run", body = crate::openapi::JournalRun))
+    responses((status = 200, description = "the run", body = JournalRun))
 )]
 pub async fn run(
     State(app): State<AppState>,
@@ -52,7 +57,9 @@ pub async fn run(
 ) -> Result<impl IntoResponse, ApiError> {
     let src = source(&app)?;
     let id = RunId::parse(&id)?;
-    let mut reply = run_json(&src.journal.status(&id).await?);
-    reply["entries"] = json!(src.journal.entries(&id, 0).await?);
-    Ok(Json(reply))
+    let status = src.journal.status(&id).await?;
+    Ok(Json(JournalRun::new(
+        status,
+        src.journal.entries(&id, 0).await?,
+    )))
 }

@@ -4,11 +4,10 @@
 use crate::error::ApiError;
 use crate::extract::{parse_json, ApiJson, ApiPath, ApiQuery};
 use crate::openapi::MAX_GRACE_MS;
-use crate::output::data_fields;
 use crate::streams::json_event;
 use crate::wire::{
-    check_ms, decode_b64, each, stream_name, KillQuery, LogsQuery, ProcessInfo, Signal,
-    StartProcess, Stdin, StdinQuery,
+    check_ms, decode_b64, each, KillQuery, LogsQuery, ProcessInfo, Signal, StartProcess, Stdin,
+    StdinQuery,
 };
 use crate::AppState;
 use axum::body::Bytes;
@@ -181,22 +180,9 @@ pub async fn stdin(
     }))
 }
 
-/// One log chunk as JSON: `{segments: [{stream, offset, data | data_b64}], next, truncated, eof}`.
-pub fn chunk_json(chunk: &LogChunk) -> Value {
-    let segments: Vec<Value> = chunk.segments.iter().map(segment_json).collect();
-    json!({
-        "segments": segments,
-        "next": chunk.next,
-        "truncated": chunk.truncated,
-        "eof": chunk.eof,
-    })
-}
-
+/// One segment as an SSE event's data ([`crate::wire::LogSegment`]).
 fn segment_json(segment: &LogSegment) -> Value {
-    let mut fields = data_fields(&segment.data);
-    fields.insert("stream".into(), json!(stream_name(segment.stream)));
-    fields.insert("offset".into(), json!(segment.offset));
-    Value::Object(fields)
+    json!(crate::wire::LogSegment::from(segment))
 }
 
 /// SSE events of one chunk: `truncated` when bytes asked for were evicted, then one event
@@ -225,7 +211,7 @@ fn chunk_events(chunk: LogChunk) -> Vec<Event> {
     operation_id = "process_logs",
     summary = "Read the output log from a cursor; with follow=true an SSE stream (id: = cursor, Last-Event-ID resumes)",
     params(crate::openapi::ProcessPath, crate::wire::LogsQuery, ("Last-Event-ID" = Option<String>, Header, description = "resume a followed stream after this cursor", pattern = "^[0-9]{1,19}$")),
-    responses((status = 200, description = "a chunk (JSON), or events (SSE) when following", content((crate::openapi::LogChunkSchema = "application/json"), (crate::openapi::LogEvent = "text/event-stream"))))
+    responses((status = 200, description = "a chunk (JSON), or events (SSE) when following", content((crate::wire::LogChunk = "application/json"), (crate::openapi::LogEvent = "text/event-stream"))))
 )]
 pub async fn logs(
     State(app): State<AppState>,
@@ -240,7 +226,7 @@ pub async fn logs(
             .unwrap_or(app.config.max_log_read)
             .clamp(1, app.config.max_log_read);
         let chunk = sandbox.read_logs(&pid, query.since.unwrap_or(0), max)?;
-        return Ok(Json(chunk_json(&chunk)).into_response());
+        return Ok(Json(crate::wire::LogChunk::from(&chunk)).into_response());
     }
     // A reconnecting EventSource sends the last `id:` it saw: resume right after it.
     let since = match headers

@@ -5,8 +5,8 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::scope::Principal;
 use crate::wire::{
-    each, ChangeList, ForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo,
-    SnapshotDiffQuery, SnapshotInfo, SnapshotRequest,
+    each, ForkRequest, ForkSandboxRequest, RestoreRequest, SandboxInfo, SnapshotDiffQuery,
+    SnapshotInfo, SnapshotRequest,
 };
 use crate::AppState;
 use axum::extract::State;
@@ -14,7 +14,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Extension;
 use axum::Json;
-use serde_json::json;
 
 #[utoipa::path(
     post,
@@ -130,7 +129,7 @@ pub async fn fork(
     summary = "What changed from the snapshot to another snapshot or to a running sandbox of the same workdir",
     description = "None given: the snapshot's own changes against the workdir as it is now",
     params(crate::openapi::SnapshotPath, crate::wire::SnapshotDiffQuery),
-    responses((status = 200, description = "the changes, sorted by path", body = crate::openapi::ChangeList))
+    responses((status = 200, description = "the changes, sorted by path", body = crate::wire::ReviewReply))
 )]
 pub async fn diff(
     State(app): State<AppState>,
@@ -145,7 +144,7 @@ pub async fn diff(
         lockbox_runtime::DiffTarget::Workdir => {}
     }
     let changes = app.runtime.diff_snapshot(&id, target).await?;
-    Ok(Json(json!({ "changes": ChangeList(changes) })))
+    Ok(Json(crate::wire::ReviewReply::from(changes)))
 }
 
 #[utoipa::path(

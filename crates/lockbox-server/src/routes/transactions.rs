@@ -4,13 +4,12 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
-use crate::wire::{txn_json, TransactionRequest};
+use crate::wire::{TransactionRequest, Txn, TxnList, TxnRecordReply};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use lockbox_txn::{ListedTxn, TxnError, TxnId};
-use serde_json::json;
 
 async fn listed(app: &AppState) -> Result<Vec<ListedTxn>, ApiError> {
     let state_dir = app.runtime.state_dir();
@@ -25,11 +24,11 @@ async fn listed(app: &AppState) -> Result<Vec<ListedTxn>, ApiError> {
     path = "/v1/transactions",
     operation_id = "list_transactions",
     summary = "Transactions of the server's state directory (prepared, committed, aborted)",
-    responses((status = 200, description = "the transactions", body = crate::openapi::TxnList))
+    responses((status = 200, description = "the transactions", body = TxnList))
 )]
 pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let all: Vec<_> = listed(&app).await?.iter().map(txn_json).collect();
-    Ok(Json(json!({ "transactions": all })))
+    let transactions = listed(&app).await?.iter().map(Txn::from).collect();
+    Ok(Json(TxnList { transactions }))
 }
 
 #[utoipa::path(
@@ -38,7 +37,7 @@ pub async fn list(State(app): State<AppState>) -> Result<impl IntoResponse, ApiE
     operation_id = "show_transaction",
     summary = "One transaction's record (as `lockbox txn show --json`)",
     params(crate::openapi::TxnPath),
-    responses((status = 200, description = "the record", body = crate::openapi::TxnSchema))
+    responses((status = 200, description = "the record", body = TxnRecordReply))
 )]
 pub async fn show(
     State(app): State<AppState>,
@@ -50,7 +49,7 @@ pub async fn show(
         _ => None,
     });
     match found {
-        Some(r) => Ok(Json(txn_json(&ListedTxn::Ok(r)))),
+        Some(r) => Ok(Json(TxnRecordReply::from(&r))),
         None => Err(TxnError::NotFound {
             id,
             state_dir: app.runtime.state_dir(),

@@ -15,7 +15,7 @@ use axum::Json;
     operation_id = "changes",
     summary = "What committing the sandbox's branch would do",
     params(crate::openapi::SandboxPath),
-    responses((status = 200, description = "the change set", body = crate::openapi::ChangeList))
+    responses((status = 200, description = "the change set", body = crate::wire::ReviewReply))
 )]
 pub async fn changes(
     State(app): State<AppState>,
@@ -33,7 +33,7 @@ pub async fn changes(
     operation_id = "diff",
     summary = "One path's diff between the workdir and the branch, as numbered hunks",
     params(crate::openapi::SandboxPath, crate::wire::DiffQuery),
-    responses((status = 200, description = "the hunks, or a summary of both sides", body = crate::openapi::FileDiffSchema))
+    responses((status = 200, description = "the hunks, or a summary of both sides", body = crate::wire::FileDiff))
 )]
 pub async fn diff(
     State(app): State<AppState>,

@@ -1,6 +1,8 @@
 //! What the `lockbox serve` tests share: a served binary, SSE parsing, output fields.
 #![allow(dead_code)]
 
+pub mod shape;
+
 use crate::common::{command_as, give, scratch, User};
 use base64::Engine;
 use futures_util::StreamExt;
@@ -145,8 +147,15 @@ impl Served {
             .bearer_auth(&self.token)
     }
 
+    /// Sends `body` as JSON; the status and the JSON reply, which must be what the OpenAPI
+    /// document says this route answers ([`shape::check`]).
     pub async fn json(&self, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
-        let response = self.request(method, path).json(&body).send().await.unwrap();
+        let response = self
+            .request(method.clone(), path)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         let status = response.status();
         let text = response.text().await.unwrap();
         let value = if text.is_empty() {
@@ -154,6 +163,7 @@ impl Served {
         } else {
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
         };
+        shape::check(&method, path, status, &value);
         (status, value)
     }
 
@@ -205,7 +215,7 @@ impl Drop for Served {
 }
 
 /// A state directory `user` owns.
-pub fn state_dir(user: User) -> tempfile::TempDir {
+pub fn state_dir(user: User) -> crate::common::Scratch {
     let dir = scratch();
     give(dir.path(), user);
     dir
