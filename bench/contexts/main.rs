@@ -10,9 +10,6 @@
 //! command that made them).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark binary, not library code
 
-#[path = "../../crates/lockbox-runtime/tests/it/common/agent_bin.rs"]
-mod agent_bin;
-
 use lockbox_runtime::{ContextOptions, RunCodeRequest, Runtime, RuntimeConfig, SandboxSpec};
 use std::time::{Duration, Instant};
 
@@ -59,7 +56,7 @@ async fn main() {
     let (rounds, starts) = args();
     let state = tempfile::tempdir().unwrap();
     let mut config = RuntimeConfig::new(state.path());
-    config.agent_exe = Some(agent_bin::built_agent());
+    config.agent_exe = Some(lockbox_testkit::sandboxes::built_agent());
     let rt = Runtime::open(config).unwrap();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average before: {}", load.trim());

@@ -12,9 +12,6 @@
 //! command that made them).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark binary, not library code
 
-#[path = "../../crates/lockbox-runtime/tests/it/common/agent_bin.rs"]
-mod agent_bin;
-
 use lockbox_runtime::{ExecRequest, Runtime, RuntimeConfig, SandboxSpec, SessionOptions};
 use std::io::Write;
 use std::path::Path;
@@ -145,7 +142,7 @@ async fn main() {
     let a = args();
     let state = tempfile::tempdir().unwrap();
     let mut config = RuntimeConfig::new(state.path());
-    config.agent_exe = Some(agent_bin::built_agent());
+    config.agent_exe = Some(lockbox_testkit::sandboxes::built_agent());
     config.max_sandboxes = 1024;
     // The runtime's default bound is 16 sessions per sandbox; the concurrency row uses more.
     config.max_sessions = config.max_sessions.max(a.sessions + 1);
@@ -256,7 +253,7 @@ async fn main() {
     //    as creations spaced out by more than a start would find it).
     let pool_state = tempfile::tempdir().unwrap();
     let mut config = RuntimeConfig::new(pool_state.path());
-    config.agent_exe = Some(agent_bin::built_agent());
+    config.agent_exe = Some(lockbox_testkit::sandboxes::built_agent());
     config.pool_size = a.pool;
     let pooled = Runtime::open(config).unwrap();
     let mut samples = Vec::new();

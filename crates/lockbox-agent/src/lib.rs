@@ -70,9 +70,12 @@ use std::ffi::OsStr;
 pub const AGENT_ARG: &str = "__lockbox_agent";
 
 /// If `argv[1]` is [`AGENT_ARG`], runs the agent on the socket named by `argv[2]` and exits
-/// the process; otherwise returns at once. Call it before anything else in `main` (before
-/// threads are started: the agent forks without `exec`).
+/// the process; if it is [`lockbox_confine::INIT_ARG`], runs the sandbox's re-executed init
+/// ([`lockbox_confine::main_if_init`]: the agent's executable is also its init's);
+/// otherwise returns at once. Call it before anything else in `main` (before threads are
+/// started: the agent forks without `exec`).
 pub fn main_if_agent() {
+    lockbox_confine::main_if_init();
     let mut args = std::env::args_os();
     if args.nth(1).as_deref() != Some(OsStr::new(AGENT_ARG)) {
         return;

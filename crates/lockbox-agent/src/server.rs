@@ -70,7 +70,7 @@ pub(crate) fn run(ctl: OwnedFd) -> i32 {
 
 impl Agent {
     fn serve(&mut self) -> i32 {
-        let mut buf = vec![0u8; wire::MAX_RECORD];
+        let mut buf = wire::RecvBuf::default();
         loop {
             let ready = match self.wait_ready() {
                 Ok(r) => r,
@@ -91,10 +91,11 @@ impl Agent {
             if !ready.ctl {
                 continue;
             }
-            match wire::recv(self.ctl.as_fd(), &mut buf) {
+            match buf.recv(self.ctl.as_fd()) {
                 Ok(None) => return 0,
-                Ok(Some((n, _fds))) => {
-                    let reply = match serde_json::from_slice::<Request>(&buf[..n]) {
+                Ok(Some((_, _fds))) => {
+                    let record = buf.record();
+                    let reply = match serde_json::from_slice::<Request>(record) {
                         Ok(req) => {
                             let (result, fds) = self.handle(req.op);
                             (Reply { id: req.id, result }, fds)
@@ -104,7 +105,7 @@ impl Agent {
                         // caller gets the error instead of waiting for a reply forever.
                         Err(e) => (
                             Reply {
-                                id: request_id(&buf[..n]),
+                                id: request_id(record),
                                 result: Err(AgentError {
                                     errno: libc::EINVAL,
                                     message: format!(

@@ -64,3 +64,95 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, V
     }
     Ok(Some((msg.bytes, fds)))
 }
+
+/// Bytes a [`RecvBuf`] holds in place: most records (requests, replies, events) fit.
+const SMALL_RECORD: usize = 16 * 1024;
+
+/// A receive buffer for one connection: records of up to 16 KiB are received in place, a
+/// larger one (up to [`MAX_RECORD`]) into a buffer of its own size, dropped at the next
+/// receive. Each side of every sandbox's connection holds one, so it stays small while
+/// the sandbox idles, instead of `MAX_RECORD` bytes each (issue 34: the server's memory
+/// grew with every sandbox it held).
+#[derive(Debug)]
+pub struct RecvBuf {
+    small: Vec<u8>,
+    large: Vec<u8>,
+    len: usize,
+}
+
+impl Default for RecvBuf {
+    fn default() -> RecvBuf {
+        RecvBuf {
+            small: vec![0; SMALL_RECORD],
+            large: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl RecvBuf {
+    /// Receives one record, as [`recv`] does: its length, its descriptors; its bytes are
+    /// [`RecvBuf::record`]. `Ok(None)` at end of stream.
+    pub fn recv(&mut self, sock: BorrowedFd<'_>) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+        // MSG_PEEK | MSG_TRUNC: the next record's whole length, leaving it queued.
+        let (_, len) =
+            rustix::net::recv(sock, &mut [0u8; 0][..], RecvFlags::PEEK | RecvFlags::TRUNC)?;
+        self.large = if len > SMALL_RECORD {
+            vec![0; len.min(MAX_RECORD)]
+        } else {
+            Vec::new()
+        };
+        let buf = if self.large.is_empty() {
+            &mut self.small
+        } else {
+            &mut self.large
+        };
+        let got = recv(sock, buf)?;
+        self.len = got.as_ref().map_or(0, |(n, _)| *n);
+        Ok(got)
+    }
+
+    /// The bytes of the record last received.
+    pub fn record(&self) -> &[u8] {
+        let buf = if self.large.is_empty() {
+            &self.small
+        } else {
+            &self.large
+        };
+        &buf[..self.len.min(buf.len())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn records_small_and_large_arrive_whole_with_their_descriptors() {
+        // A SEQPACKET pair, as the runtime and the agent use.
+        let (a, b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut buf = RecvBuf::default();
+        let large: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        send(a.as_fd(), b"small", &[]).unwrap();
+        send(a.as_fd(), &large, &[null.as_fd()]).unwrap();
+        send(a.as_fd(), b"again", &[]).unwrap();
+        let (n, fds) = buf.recv(b.as_fd()).unwrap().unwrap();
+        assert_eq!((n, fds.len(), buf.record()), (5, 0, &b"small"[..]));
+        let (n, fds) = buf.recv(b.as_fd()).unwrap().unwrap();
+        assert_eq!((n, fds.len()), (large.len(), 1));
+        assert_eq!(buf.record(), &large[..]);
+        let (_, _) = buf.recv(b.as_fd()).unwrap().unwrap();
+        assert_eq!(buf.record(), b"again");
+        assert!(buf.large.is_empty(), "the large record's buffer went");
+        drop(a);
+        assert!(buf.recv(b.as_fd()).unwrap().is_none(), "end of stream");
+    }
+}

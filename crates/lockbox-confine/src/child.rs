@@ -34,7 +34,10 @@
 //! 11. become non-dumpable (no ptrace, no /proc/1 access from the command), close every descriptor not needed, route signals to a signalfd;
 //! 12. start the command (vfork-style: the child shares the init's memory until it execs, so
 //!     no page tables are copied), then reap zombies and forward signals until it exits;
-//!     then kill and reap everything left, report usage and the status, and exit.
+//!     then kill and reap everything left, report usage and the status, and exit. A
+//!     long-lived sandbox's init ([`crate::Spawn::agent`]) first re-executes itself small
+//!     and does this part there (`lean_init`): it would otherwise hold a copy of its
+//!     caller's address space for the sandbox's life.
 //!
 //! A sequence sandbox ([`crate::Spawn::sequence`]) does not exit after its first command:
 //! while a command runs, the init enters a fresh IPC namespace for the next; once it is over
@@ -113,6 +116,9 @@ pub struct Prepared {
     /// [`crate::proctitle::TITLE`] on the heap: `/proc/PID/cmdline` reads only anonymous
     /// memory.
     pub(crate) title: Vec<u8>,
+    /// How a single-command sandbox's init re-executes itself once its command runs
+    /// (long-lived sandboxes, [`crate::lean_init`]); `None`: it stays as cloned.
+    pub(crate) lean: Option<crate::lean_init::LeanExec>,
 }
 
 /// One command to execute: its argv and where `execve` looks for it, in order.
@@ -279,9 +285,12 @@ fn die_with_parent(p: &Prepared) -> Result<(), Fail> {
         revents: 0,
     }];
     let gone = sys::poll(&mut parent, 0).map_err(at(Step::SetDeathSignal))? > 0;
-    // SAFETY: `p.parent` is the init's copy of the supervisor's pidfd (see Descriptors in the
-    // module doc), used only by the poll above.
-    unsafe { sys::close(p.parent) };
+    // A lean init checks again after its exec (the pidfd is then among `keep_fds`).
+    if p.lean.is_none() {
+        // SAFETY: `p.parent` is the init's copy of the supervisor's pidfd (see Descriptors
+        // in the module doc), used only by the poll above.
+        unsafe { sys::close(p.parent) };
+    }
     if gone {
         // Nobody is left to report to.
         sys::exit(125)
@@ -764,7 +773,12 @@ fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<OwnedFd, Fail> {
 /// Closes every descriptor but `keep` (sorted), the Landlock ruleset and the captured
 /// sources still to be attached (by the later commands of a sequence) and `own` (lockbox's
 /// resolver sockets), so nothing of the caller's leaks into the sandbox.
-fn close_other_fds(keep: &[RawFd], ruleset: Option<RawFd>, sources: &[RawFd], own: &[RawFd]) {
+pub(crate) fn close_other_fds(
+    keep: &[RawFd],
+    ruleset: Option<RawFd>,
+    sources: &[RawFd],
+    own: &[RawFd],
+) {
     let kept = |fd: RawFd| {
         keep.contains(&fd) || ruleset == Some(fd) || sources.contains(&fd) || own.contains(&fd)
     };
@@ -805,8 +819,7 @@ fn command_entry(start: &CommandStart<'_>) -> ! {
 }
 
 /// Starts command number `step` (or takes the one [`start_next`] started) and forwards
-/// signals to it until it exits; then kills and reaps every process left (daemons
-/// included) and returns its status.
+/// signals to it until it exits ([`supervise`]), and returns its status.
 fn run_command(p: &mut Prepared, step: usize, signal_fd: BorrowedFd<'_>, start: Start) -> Record {
     let command = match start {
         Start::Started(pid) => pid,
@@ -891,6 +904,19 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: BorrowedFd<'_>, start: 
             )
         }
     }
+    // A single-command sandbox's init has nothing of its caller's left to use: it becomes a
+    // small process of its own (see `lean_init`); if the exec fails, it goes on as it is.
+    if step == 0 && p.plan.steps.is_empty() {
+        if let Some(lean) = p.lean.as_mut() {
+            crate::lean_init::exec(lean, command, signal_fd.as_raw_fd(), p.report_fd, p.parent);
+        }
+    }
+    supervise(command, signal_fd)
+}
+
+/// Forwards signals to `command` until it exits; then kills and reaps every process left
+/// (daemons included) and returns its status.
+pub(crate) fn supervise(command: libc::pid_t, signal_fd: BorrowedFd<'_>) -> Record {
     loop {
         let mut fds = [libc::pollfd {
             fd: signal_fd.as_raw_fd(),
@@ -947,9 +973,15 @@ fn finish(p: &Prepared, status: Record) -> ! {
         // the module doc), not used after; `report_fd`, which is, is skipped.
         unsafe { sys::close(fd) };
     }
+    report_end(p.report_fd, status)
+}
+
+/// Reports the usage of the sandbox's processes and the command's `status` on `report_fd`,
+/// and exits (see [`finish`]).
+pub(crate) fn report_end(report_fd: RawFd, status: Record) -> ! {
     let (cpu_us, max_rss_kb) = sys::children_usage();
-    report(p.report_fd, Record::Usage { cpu_us, max_rss_kb });
-    report(p.report_fd, status);
+    report(report_fd, Record::Usage { cpu_us, max_rss_kb });
+    report(report_fd, status);
     sys::exit(0)
 }
 

@@ -11,7 +11,8 @@
 //! How it fits together: `resolve` reads the host paths a policy names, `plan` turns them
 //! into a [`SetupPlan`] (pure data, printed by `lockbox check --explain`), `child` carries
 //! the plan out in the new namespaces without allocating, and `report` carries failures
-//! back as fixed-size records. The system calls are in `sys`, split by topic; those whose
+//! back as fixed-size records. A long-lived sandbox's init then re-executes itself small
+//! (`lean_init`: [`main_if_init`]), so that it holds none of its caller's memory. The system calls are in `sys`, split by topic; those whose
 //! safety depends on their caller (closing or replacing a descriptor, `clone` and `fork`)
 //! are `unsafe fn`, called from `child`, `spawn` and [`agent_sys`] in `unsafe` blocks
 //! that say why the call is sound. [`agent_sys`] gives the in-sandbox agent
@@ -41,6 +42,8 @@ mod dirmove;
 mod error;
 mod freeze;
 mod landlock;
+#[allow(unsafe_code)]
+mod lean_init;
 mod limits;
 mod loader;
 mod netfilter;
@@ -68,6 +71,7 @@ mod zeroed;
 pub use crate::error::SetupError;
 pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
+pub use crate::lean_init::{main_if_init, INIT_ARG};
 pub use crate::limits::{LimitMechanisms, Mechanism};
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};

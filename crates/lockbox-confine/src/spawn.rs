@@ -335,6 +335,7 @@ pub struct Spawn<'a> {
     net: NetHooks,
     own_session: bool,
     image: Option<resolve::ImageRoot>,
+    lean_init: bool,
 }
 
 /// Who the network supervisor reports to ([`Spawn::audit`]), asks ([`Spawn::ask`]) and
@@ -367,6 +368,7 @@ impl<'a> Spawn<'a> {
             net: NetHooks::default(),
             own_session: false,
             image: None,
+            lean_init: false,
         }
     }
 
@@ -395,6 +397,7 @@ impl<'a> Spawn<'a> {
             net: NetHooks::default(),
             own_session: false,
             image: None,
+            lean_init: false,
         }
     }
 
@@ -415,6 +418,7 @@ impl<'a> Spawn<'a> {
             net: NetHooks::default(),
             own_session: false,
             image: None,
+            lean_init: false,
         }
     }
 
@@ -448,6 +452,19 @@ impl<'a> Spawn<'a> {
     pub fn interceptor(mut self, interceptor: Arc<dyn netsup::Interceptor>) -> Spawn<'a> {
         self.net.interceptor = Some(interceptor);
         self
+    }
+
+    /// An agent's sandbox ([`Spawn::agent`]; ignored otherwise) whose init, once the agent
+    /// runs, re-executes the agent's executable as a small init of its own, so that it holds
+    /// none of the caller's memory for the sandbox's life (see [`crate::main_if_init`]).
+    /// Only for an executable whose `main` calls [`crate::main_if_init`] first thing
+    /// (`lockbox-agent`'s `main_if_agent` does); any other would run with [`crate::INIT_ARG`]
+    /// and the init's numbers as its arguments.
+    pub fn lean_init(self) -> Spawn<'a> {
+        Spawn {
+            lean_init: true,
+            ..self
+        }
     }
 
     /// Runs the command in a session of its own, away from the caller's terminal: no signal
@@ -653,9 +670,10 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         net,
         own_session,
         image,
+        lean_init,
     } = spawn;
-    let (argv, later, helper) = match program {
-        Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None),
+    let (argv, later, helper, lean) = match program {
+        Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None, None),
         Program::Sequence(commands) => {
             let (first, later) = commands.split_first().ok_or(SetupError::Sequence {
                 reason: "no command given",
@@ -668,7 +686,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
                     *fd = Some(dev_null()?);
                 }
             }
-            (Cow::Borrowed(first.as_slice()), later, None)
+            (Cow::Borrowed(first.as_slice()), later, None, None)
         }
         Program::Agent { exe, args } => {
             let host = agent_host(exe)?;
@@ -686,8 +704,15 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
                 ]);
             }
             argv.push(OsString::from(plan::HELPER_PATH));
+            // Once the agent runs, the init may re-execute the agent's executable as itself.
+            let lean = lean_init.then(|| {
+                crate::lean_init::LeanExec::new(
+                    exec_candidates(&argv[0], DEFAULT_PATH),
+                    argv.iter().map(|a| cstring(a.as_bytes())).collect(),
+                )
+            });
             argv.extend_from_slice(args);
-            (Cow::Owned(argv), &[][..], Some((host, loader)))
+            (Cow::Owned(argv), &[][..], Some((host, loader)), lean)
         }
     };
     let argv = &*argv;
@@ -767,10 +792,19 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         .as_ref()
         .map(|c| c.procs_fds())
         .unwrap_or_default();
+    // The init checks that we are still alive once it has armed its death signal.
+    let parent = sys::pidfd_of_self().map_err(|errno| SetupError::Supervise {
+        what: "opening the supervisor's own pidfd",
+        errno,
+    })?;
     let mut keep: Vec<RawFd> = vec![0, 1, 2, report_wr.as_raw_fd()];
     keep.extend(notify.as_ref().map(|(_, fd)| fd.as_raw_fd()));
     keep.extend(&cgroup_fds);
     keep.extend(&policy.pass_fds);
+    // A lean init checks the supervisor is alive after its exec too.
+    if lean.is_some() {
+        keep.push(parent.as_raw_fd());
+    }
     keep.sort_unstable();
     keep.dedup();
     let mut pass_fds = policy.pass_fds.clone();
@@ -792,11 +826,6 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         policy.net.own_namespace(),
         matches!(policy.net, lockbox_policy::Net::Allow(_)),
     );
-    // The init checks that we are still alive once it has armed its death signal.
-    let parent = sys::pidfd_of_self().map_err(|errno| SetupError::Supervise {
-        what: "opening the supervisor's own pidfd",
-        errno,
-    })?;
     let mut prepared = Prepared {
         title: crate::proctitle::TITLE.to_vec(),
         layout,
@@ -850,6 +879,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
                 .collect(),
         ),
         last_cap: last_cap(),
+        lean,
     };
 
     let flags = CLONE_FLAGS;

@@ -209,7 +209,7 @@ impl AgentClient {
 }
 
 pub(crate) fn gone() -> RuntimeError {
-    RuntimeError::Agent("is gone (the sandbox ended)".into())
+    RuntimeError::AgentGone
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -217,17 +217,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 async fn read_loop(inner: Arc<Inner>) {
-    let mut buf = vec![0u8; wire::MAX_RECORD];
+    let mut buf = wire::RecvBuf::default();
     loop {
         let got = inner
             .sock
-            .async_io(Interest::READABLE, |fd| wire::recv(fd.as_fd(), &mut buf))
+            .async_io(Interest::READABLE, |fd| buf.recv(fd.as_fd()))
             .await;
         let (n, fds) = match got {
             Ok(Some(x)) => x,
             Ok(None) | Err(_) => break,
         };
-        let Ok(msg) = serde_json::from_slice::<Message>(&buf[..n]) else {
+        let Ok(msg) = serde_json::from_slice::<Message>(&buf.record()[..n]) else {
             tracing::warn!("unreadable message from a sandbox agent");
             continue;
         };

@@ -11,7 +11,7 @@ use crate::streams::AuditStream;
 use crate::RuntimeError;
 use lockbox_netsup::{AuditSink, NetEvent};
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::broadcast;
 
 /// Events a sandbox keeps for [`crate::Sandbox::audit_log`].
@@ -25,14 +25,17 @@ const LIVE: usize = 1024;
 #[derive(Debug)]
 pub(crate) struct AuditLog {
     ring: Mutex<VecDeque<NetEvent>>,
-    live: broadcast::Sender<NetEvent>,
+    /// Made by the first [`AuditLog::follow`]: a broadcast channel allocates all of its
+    /// [`LIVE`] slots at once (about 400 KiB), and most sandboxes are never followed (most
+    /// have no network list at all), so every sandbox held one for nothing (issue 34).
+    live: OnceLock<broadcast::Sender<NetEvent>>,
 }
 
 impl AuditLog {
     pub fn new() -> Arc<AuditLog> {
         Arc::new(AuditLog {
             ring: Mutex::new(VecDeque::new()),
-            live: broadcast::channel(LIVE).0,
+            live: OnceLock::new(),
         })
     }
 
@@ -59,7 +62,9 @@ impl AuditLog {
         }
         ring.push_back(event.clone());
         // Sent under the ring's lock, so a new stream sees each event once (see `follow`).
-        let _ = self.live.send(event);
+        if let Some(live) = self.live.get() {
+            let _ = live.send(event);
+        }
     }
 
     /// The events kept, oldest first.
@@ -73,7 +78,9 @@ impl AuditLog {
             let ring = lock(&self.ring);
             (
                 ring.iter().cloned().collect::<Vec<_>>(),
-                self.live.subscribe(),
+                self.live
+                    .get_or_init(|| broadcast::channel(LIVE).0)
+                    .subscribe(),
             )
         };
         let live = futures_util::stream::unfold(rx, |mut rx| async move {

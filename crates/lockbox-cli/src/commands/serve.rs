@@ -158,11 +158,21 @@ pub struct ServeArgs {
     /// Entries (inodes) all snapshots together may hold; beyond, as --max-snapshot-bytes.
     #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_SNAPSHOT_ENTRIES)]
     pub max_snapshot_entries: u64,
-    /// Sandboxes kept started ahead for creations with the default policy and no workdir
-    /// (an empty `POST /v1/sandboxes` body, labels and timeouts aside): such a creation
-    /// takes one and is ready at once; the pool refills in the background. 0: none.
+    /// Sandboxes kept started ahead per pooled spec: for the default policy with no
+    /// workdir (an empty `POST /v1/sandboxes` body, labels and timeouts aside) always, and
+    /// for each other spec after its first creation (policy, network, env, cwd, image and
+    /// workdir alike; an E2B template's creations too), within --pool-max-spares. A
+    /// creation of a pooled spec takes one and is ready at once (a workdir's, if the
+    /// workdir did not change since it was armed; a workdir of more than 4096 entries is
+    /// not pooled); the pool refills in the background. 0: no pool.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub pool: u16,
+    /// The pool's ready sandboxes of all specs together at most (the default spec's
+    /// --pool always fit): a spec newly in use evicts the least recently used one's, and a
+    /// spec not created for 5 minutes is dropped. Equal to --pool: only the default spec
+    /// is pooled. [default: 4 x --pool, at least 8: room for three more specs]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=512))]
+    pub pool_max_spares: Option<u16>,
     /// A secret sandboxes may use but never read: NAME@HOST[,HOST...]=env:VAR (a variable
     /// of this server's environment) or NAME@HOST[,HOST...]=file:PATH, read once at start
     /// and kept in memory, and sent only to the HOSTs named (required: a client cannot
@@ -209,12 +219,45 @@ fn default_max_connections(nofile: Option<u64>) -> usize {
     half.clamp(1, MAX_DEFAULT_CONNECTIONS)
 }
 
+/// Descriptors the server keeps for itself besides connections: its own files and the 64
+/// refusals it may have open.
+const DESCRIPTOR_RESERVE: u64 = 32 + 64;
+
+/// Descriptors a sandbox with its default session holds in the server: 3 for the sandbox, 5
+/// for the session (measured; see docs/server.md, "Limits").
+const DESCRIPTORS_PER_SANDBOX: u64 = 3 + 5;
+
 /// Descriptors the server may need at most: its own, the connections and refusals, and
 /// per sandbox 3, 5 per session and up to 3 per process record (measured; see
 /// docs/server.md, "Limits").
 fn descriptors_needed(args: &ServeArgs, max_connections: usize) -> u64 {
     let per_sandbox = 3 + 5 * args.max_sessions as u64 + 3 * args.max_processes as u64;
-    32 + max_connections as u64 + 64 + args.max_sandboxes as u64 * per_sandbox
+    DESCRIPTOR_RESERVE + max_connections as u64 + args.max_sandboxes as u64 * per_sandbox
+}
+
+impl ServeArgs {
+    /// `--pool-max-spares`, or its default: four times `--pool` (the default spec and three
+    /// more), at least 8.
+    fn pool_max_spares(&self) -> u16 {
+        self.pool_max_spares
+            .unwrap_or_else(|| self.pool.saturating_mul(4).max(8))
+    }
+}
+
+/// The sandboxes the server runs at most: `--max-sandboxes`, or fewer when the open-files
+/// limit has room for fewer, each with its default session, besides the pool's spares
+/// (`--pool-max-spares`), the connections and the server's reserve. Beyond, a create
+/// answers 429 LIMIT_REACHED instead of the server running out of descriptors (then no
+/// connection, `/healthz` and `DELETE` included, could be accepted: issue 34). `None`: no
+/// room for even one.
+fn max_sandboxes(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) -> Option<usize> {
+    let Some(limit) = nofile else {
+        return Some(args.max_sandboxes);
+    };
+    let room = limit.saturating_sub(DESCRIPTOR_RESERVE + max_connections as u64);
+    let fit = (room / DESCRIPTORS_PER_SANDBOX).saturating_sub(u64::from(args.pool_max_spares()));
+    let fit = usize::try_from(fit).unwrap_or(usize::MAX);
+    (fit > 0).then(|| fit.min(args.max_sandboxes))
 }
 
 fn warn_if_descriptors_short(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) {
@@ -409,7 +452,28 @@ fn serve(
         }
         None => default_max_connections(nofile),
     };
-    warn_if_descriptors_short(args, max_connections, nofile);
+    let Some(max_sandboxes) = max_sandboxes(args, max_connections, nofile) else {
+        anyhow::bail!(
+            "the open-files limit ({}) leaves no room for a sandbox besides {max_connections} \
+             connections and {} pooled spares: raise it (ulimit -n) or lower \
+             --max-connections or --pool-max-spares",
+            nofile.unwrap_or_default(),
+            args.pool_max_spares()
+        );
+    };
+    if max_sandboxes < args.max_sandboxes {
+        eoutln!(
+            "lockbox: warning: the open-files limit ({}) has room for {max_sandboxes} sandboxes \
+             ({DESCRIPTORS_PER_SANDBOX} descriptors each with a session) besides \
+             {max_connections} connections and the pool's spares, not --max-sandboxes {}: \
+             creates beyond answer 429 LIMIT_REACHED; raise the hard limit (ulimit -Hn) or \
+             lower --max-connections",
+            nofile.unwrap_or_default(),
+            args.max_sandboxes
+        );
+    } else {
+        warn_if_descriptors_short(args, max_connections, nofile);
+    }
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
@@ -422,7 +486,7 @@ fn serve(
     };
     let mut runtime_config = RuntimeConfig::new(&state_dir);
     runtime_config.agent_exe = AGENT_EXE.get().and_then(|find| find());
-    runtime_config.max_sandboxes = args.max_sandboxes;
+    runtime_config.max_sandboxes = max_sandboxes;
     runtime_config.default_idle_timeout = args.idle_timeout;
     runtime_config.default_log_bytes = usize::try_from(args.log_bytes.bytes())
         .context("--log-bytes is larger than this machine's address space")?;
@@ -436,6 +500,7 @@ fn serve(
     runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());
     runtime_config.max_snapshot_entries = Some(args.max_snapshot_entries);
     runtime_config.pool_size = usize::from(args.pool);
+    runtime_config.pool_max_spares = usize::from(args.pool_max_spares());
     runtime_config.credentials = credentials;
     runtime_config.credential_files = credential_files;
     runtime_config.upstream_ca.clone_from(&args.upstream_ca);
@@ -517,7 +582,7 @@ fn serve(
             token_file.display()
         );
         eoutln!(
-            "lockbox: up to {max_connections} connections, {} per address (open-files limit {})",
+            "lockbox: up to {max_sandboxes} sandboxes, {max_connections} connections, {} per address (open-files limit {})",
             args.max_connections_per_peer.min(max_connections),
             nofile.map_or("unlimited".to_owned(), |n| n.to_string())
         );

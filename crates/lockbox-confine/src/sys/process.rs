@@ -246,22 +246,72 @@ pub fn get_rlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), Err
     Ok((limit.rlim_cur, limit.rlim_max))
 }
 
-/// A null-terminated array of C strings for `execve`, built before the clone.
+/// A null-terminated array of C strings for `execve`, built before the clone; it may end
+/// in numbers written after it (in the clone child, without allocating: [`Self::set_number`]).
 #[derive(Debug)]
 pub struct CStringArray {
     _owned: Vec<CString>,
+    /// Room for the trailing numbers, each in decimal and NUL-terminated.
+    numbers: Vec<[u8; NUMBER_ROOM]>,
     ptrs: Vec<*const libc::c_char>,
 }
+
+/// Room for an `i32` in decimal, its sign and the NUL.
+const NUMBER_ROOM: usize = 12;
 
 impl CStringArray {
     /// Builds the array; the strings are owned by it.
     pub fn new(items: Vec<CString>) -> CStringArray {
-        let mut ptrs: Vec<*const libc::c_char> = items.iter().map(|s| s.as_ptr()).collect();
+        CStringArray::with_numbers(items, 0)
+    }
+
+    /// Builds the array of `items` followed by `numbers` numbers, each `0` until
+    /// [`Self::set_number`] sets it.
+    pub fn with_numbers(items: Vec<CString>, numbers: usize) -> CStringArray {
+        let mut zero = [0u8; NUMBER_ROOM];
+        zero[0] = b'0';
+        let numbers = vec![zero; numbers];
+        let mut ptrs: Vec<*const libc::c_char> = items
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain(numbers.iter().map(|n| n.as_ptr().cast()))
+            .collect();
         ptrs.push(std::ptr::null());
         CStringArray {
             _owned: items,
+            numbers,
             ptrs,
         }
+    }
+
+    /// Sets trailing number `i` (of those [`Self::with_numbers`] made room for) to `value`.
+    /// Allocates nothing: callable in a clone child.
+    pub fn set_number(&mut self, i: usize, value: i32) {
+        let base = self._owned.len();
+        let Some(room) = self.numbers.get_mut(i) else {
+            return;
+        };
+        let mut digits = [0u8; NUMBER_ROOM];
+        let mut n = value.unsigned_abs();
+        let mut len = 0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        if value < 0 {
+            digits[len] = b'-';
+            len += 1;
+        }
+        *room = [0; NUMBER_ROOM];
+        for (k, d) in digits[..len].iter().rev().enumerate() {
+            room[k] = *d;
+        }
+        // The pointer is taken again after the write, from the array it points into.
+        self.ptrs[base + i] = room.as_ptr().cast();
     }
 
     pub(crate) fn as_ptr(&self) -> *const *const libc::c_char {
@@ -403,5 +453,35 @@ pub unsafe fn fork() -> Result<Fork, Errno> {
     match check_int(unsafe { libc::fork() })? {
         0 => Ok(Fork::Child),
         pid => Ok(Fork::Parent(pid)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The strings `execve` would get, read through the array's pointers.
+    fn read_back(a: &CStringArray) -> Vec<String> {
+        a.ptrs
+            .iter()
+            .take_while(|p| !p.is_null())
+            // SAFETY: each non-null pointer is to a NUL-terminated string the array owns.
+            .map(|&p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn numbers_set_after_the_strings_read_back_as_decimal() {
+        let mut a = CStringArray::with_numbers(vec![CString::from(c"init")], 3);
+        assert_eq!(read_back(&a), ["init", "0", "0", "0"]);
+        a.set_number(0, 7);
+        a.set_number(1, i32::MAX);
+        a.set_number(2, -1);
+        assert_eq!(read_back(&a), ["init", "7", "2147483647", "-1"]);
+        a.set_number(1, 42);
+        a.set_number(3, 5); // beyond the room made: ignored
+        assert_eq!(read_back(&a), ["init", "7", "42", "-1"]);
+        a.set_number(2, i32::MIN);
+        assert_eq!(read_back(&a)[3], "-2147483648");
     }
 }

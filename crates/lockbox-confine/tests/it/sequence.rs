@@ -159,9 +159,15 @@ fn nothing_of_a_command_is_left_for_the_next() {
     // The first command leaves a daemon, scratch files and a message queue behind.
     // Shell builtins only where processes are listed, so that none is ours.
     let list = "for f in /proc/[0-9]*/comm; do read c < $f && echo $c; done";
+    // It lists them once the daemon is past its fork (a forked shell is `sh` until it
+    // executes `setsid`): waits for that, with builtins, a bounded number of looks.
+    let started = "i=0; until [ -n \"$up\" ] || [ $i -ge 100000 ]; do i=$((i+1)); \
+                   for f in /proc/[0-9]*/comm; do read c < $f; \
+                   case $c in sleep|setsid) up=1;; esac; done; done";
     let first = format!(
         "setsid sleep 600 >/dev/null 2>&1 < /dev/null & \
-         echo left > /tmp/left && echo left > /dev/shm/left && ipcmk -Q >/dev/null && {list}"
+         echo left > /tmp/left && echo left > /dev/shm/left && ipcmk -Q >/dev/null && \
+         {started}; {list}"
     );
     let second = format!(
         "{list}; test -e /tmp/left && echo tmp-left; test -e /dev/shm/left && echo shm-left; \

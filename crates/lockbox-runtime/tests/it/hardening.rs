@@ -1,13 +1,15 @@
 //! The agent's one privilege over its commands: only it may call `openat2` (whose mode the
 //! seccomp filter cannot read). Commands it starts get `ENOSYS`, cannot reach the agent by
-//! ptrace, `/proc/PID/mem` or `pidfd_getfd`, while the files API (which resolves with
-//! `openat2`) keeps working.
+//! ptrace, `/proc/PID/mem` or `pidfd_getfd`, nor the sandbox's init, while the files API
+//! (which resolves with `openat2`) keeps working. The init, re-executed once the agent runs,
+//! carries nothing of the runtime's memory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
 use common::*;
 use futures_util::StreamExt;
 use lockbox_runtime::{ProcessCommand, ProcessSpec, WriteOptions};
+use std::os::unix::fs::MetadataExt;
 use tokio::io::AsyncReadExt;
 
 /// Tries `openat2(O_CREAT, 04755)` and every way into the agent; prints one `name=errno`
@@ -51,6 +53,14 @@ except OSError as e:
     print("fd=%d" % e.errno)
 pidfd = libc.syscall(434, pid, 0)
 print("pidfd_getfd=%d" % call(438, pidfd, 3, 0))
+# The sandbox init, re-executed once the agent runs (lean_init in lockbox-confine).
+print("init_title=%d" % (open("/proc/1/cmdline", "rb").read() == b"lockbox-init\0"))
+print("init_ptrace=%d" % call(101, 0x4206, 1, 0, 0))
+try:
+    open("/proc/1/mem", "rb").close()
+    print("init_mem=0")
+except OSError as e:
+    print("init_mem=%d" % e.errno)
 "#;
 
 fn field(text: &str, name: &str) -> i32 {
@@ -69,6 +79,9 @@ fn assert_walled(text: &str) {
     // Its descriptors (the control socket), reopened through /proc.
     assert_eq!(field(text, "fd"), libc::EACCES, "{text}");
     assert_eq!(field(text, "pidfd_getfd"), libc::EPERM, "{text}");
+    assert_eq!(field(text, "init_title"), 1, "{text}");
+    assert_eq!(field(text, "init_ptrace"), libc::EPERM, "{text}");
+    assert_eq!(field(text, "init_mem"), libc::EACCES, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,4 +177,90 @@ async fn an_allow_list_sandbox_reaches_only_the_allowed_server_and_its_agent_sti
         .unwrap();
     assert_eq!(sb.stat("/tmp/n.txt").await.unwrap().size, 3);
     rt.shutdown().await;
+}
+
+/// The init of a long-lived sandbox is a fork of the runtime's process: once the agent runs
+/// it re-executes itself small, so an idle sandbox does not hold the page tables (and a
+/// copy) of a runtime that grows with every sandbox (issue 34: page tables grew as N²).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sandboxs_init_carries_nothing_of_the_runtimes_memory() {
+    let name =
+        lockbox_testkit::test_name!("an_idle_sandboxs_init_carries_nothing_of_the_runtimes_memory");
+    also_as_nobody(&name);
+    if !in_own_process(&name) {
+        return;
+    }
+    // A runtime process with 256 MiB of its own, touched: a fork would map all of it.
+    let ballast = vec![1u8; 256 << 20];
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    assert_eq!(out(&run(&sb, "echo ok").await), "ok\n");
+    let lean = inits();
+    assert_eq!(lean.len(), 1, "one init: {lean:?}");
+    // Its executable is the agent's (bound inside the sandbox: the same file).
+    let exe = std::fs::metadata(format!("/proc/{}/exe", lean[0])).unwrap();
+    let agent = std::fs::metadata(agent_exe()).unwrap();
+    assert_eq!(
+        (exe.dev(), exe.ino()),
+        (agent.dev(), agent.ino()),
+        "the init is the agent's executable, re-executed"
+    );
+    let rss_anon_kb = status_kb(lean[0], "RssAnon");
+    assert!(
+        rss_anon_kb < 64 << 10,
+        "the init maps {rss_anon_kb} kB of anonymous memory"
+    );
+    // It is still the sandbox's init: a delete ends it and everything under it.
+    let id = sb.id().to_owned();
+    rt.delete_sandbox(&id).await.unwrap();
+    assert!(
+        inits_gone().await,
+        "the init outlived its sandbox: {:?}",
+        inits()
+    );
+    assert_eq!(host_agents(), 0, "an agent outlived its sandbox");
+    rt.shutdown().await;
+    drop(ballast);
+}
+
+/// The sandbox inits among this process's children (the runtime's spawner thread is the
+/// parent of those it cloned).
+fn inits() -> Vec<u32> {
+    let mut children = std::collections::BTreeSet::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        children.extend(
+            listed
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    children
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|n| n.trim() == "lockbox-init")
+        })
+        .collect()
+}
+
+/// Waits (up to 10 s) until no sandbox init of this process is left.
+async fn inits_gone() -> bool {
+    for _ in 0..1000 {
+        if inits().is_empty() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A `kB` field of `/proc/PID/status`.
+fn status_kb(pid: u32, name: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {status}"))
 }

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""bench/density: how one `lockbox serve` fares as it holds more and more live sandboxes
+(issue 34, item 2: memory, create rate and a warm exec as N grows).
+
+    cargo build --release -p lockbox-cli
+    python3 bench/density/bench.py [--lockbox target/release/lockbox] [--at 250,1000,2000] \
+        [--clients 8] [--execs 200]
+
+Starts the server on 127.0.0.1 with a state directory of its own (`--pool 0`: every sandbox
+is a create). --clients threads create sandboxes, each with one `exec` of `true` (so each
+holds its default shell), up to each count of --at. At each count it pauses and records: the
+create rate of the step, the server's CPU time per create in that step, the host's memory in
+use above the start (MemTotal - MemAvailable) and per sandbox, the kernel's page tables
+(PageTables in /proc/meminfo), the server's RSS, processes per sandbox, and p50/p99 of --execs
+warm execs (`true`) on random live sandboxes from --clients threads. Then it deletes every
+sandbox and checks that no process of the server's, no host mount and no sandbox directory is
+left. Prints a Markdown table. Asserts no timings. Needs the descriptors the counts take
+(about 8 per sandbox in the server: raise `ulimit -Hn` as root).
+"""
+import argparse, http.client, json, os, random, resource, subprocess, sys, tempfile, threading, time
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def meminfo():
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0])
+    return out
+
+
+def used_kib():
+    m = meminfo()
+    return m["MemTotal"] - m["MemAvailable"], m["PageTables"]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def cpu_s(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def descendants(pid):
+    children = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        children.setdefault(ppid, []).append(int(p))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Api:
+    """One keep-alive connection per thread."""
+
+    def __init__(self, addr, token):
+        self.addr, self.token, self.local = addr, token, threading.local()
+
+    def call(self, method, path, body=None):
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = self.local.conn = http.client.HTTPConnection(*self.addr, timeout=120)
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            conn.request(method, path, data, headers)
+            r = conn.getresponse()
+            raw = r.read()
+        except (OSError, http.client.HTTPException):
+            self.local.conn = None
+            raise
+        if r.status >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status} {raw[:300]!r}")
+        return json.loads(raw) if raw else None
+
+
+def in_threads(n, work):
+    errors = []
+
+    def run(i):
+        try:
+            work(i)
+        except Exception as e:  # reported after the join
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lockbox", default=os.path.join(
+        os.environ.get("CARGO_TARGET_DIR", "target"), "release", "lockbox"))
+    p.add_argument("--at", default="250,1000,2000")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--execs", type=int, default=200)
+    a = p.parse_args()
+    counts = [int(x) for x in a.at.split(",")]
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    state = tempfile.mkdtemp(prefix="lockbox-bench-density-")
+    with open("/proc/self/mountinfo") as f:
+        mounts_before = len(f.readlines())
+    base_used, base_pt = used_kib()
+    server = subprocess.Popen(
+        [a.lockbox, "serve", "--listen", "127.0.0.1:0", "--print-token", "--state-dir", state,
+         "--pool", "0", "--max-sandboxes", str(max(counts) + 16),
+         # Descriptors go to sandboxes, not to connections the benchmark does not open.
+         "--max-connections", "256"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows, ids, lock = [], [], threading.Lock()
+    try:
+        first = json.loads(server.stdout.readline())
+        host, port = first["listen"].rsplit(":", 1)
+        api = Api((host, int(port)), first["token"])
+        for target in counts:
+            t0, c0 = time.perf_counter(), cpu_s(server.pid)
+            made0 = len(ids)
+
+            def create(_):
+                while True:
+                    with lock:
+                        if len(ids) >= target:
+                            return
+                        ids.append(None)
+                        slot = len(ids) - 1
+                    sid = api.call("POST", "/v1/sandboxes", {})["id"]
+                    api.call("POST", f"/v1/sandboxes/{sid}/exec", {"command": "true"})
+                    ids[slot] = sid
+
+            in_threads(a.clients, create)
+            made = len(ids) - made0
+            rate = made / (time.perf_counter() - t0)
+            cpu_per = (cpu_s(server.pid) - c0) / max(made, 1) * 1000
+            time.sleep(2)  # let what the creates freed settle
+            used, pt = used_kib()
+            procs = len(descendants(server.pid))
+            times, tlock = [], threading.Lock()
+            per = a.execs // a.clients
+
+            def execs(i):
+                rng = random.Random(i)
+                for _ in range(per):
+                    sid = rng.choice(ids)
+                    t = time.perf_counter()
+                    api.call("POST", f"/v1/sandboxes/{sid}/exec", {"command": "true"})
+                    with tlock:
+                        times.append(time.perf_counter() - t)
+
+            in_threads(a.clients, execs)
+            times.sort()
+            pct = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1000
+            rows.append((target, rate, cpu_per, (used - base_used) / 1024, (used - base_used) / target / 1024,
+                         (pt - base_pt) / 1024, rss_kib(server.pid) / 1024, procs / target, pct(0.5), pct(0.99)))
+            print(f"at {target}: {rows[-1]}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        todo = list(ids)
+
+        def delete(_):
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    sid = todo.pop()
+                api.call("DELETE", f"/v1/sandboxes/{sid}")
+
+        in_threads(a.clients, delete)
+        deleted_s = time.perf_counter() - t0
+        time.sleep(2)
+        left = len(descendants(server.pid))
+        with open("/proc/self/mountinfo") as f:
+            mounts_left = len(f.readlines()) - mounts_before
+        dirs = os.path.join(state, "sandboxes")
+        dirs_left = len(os.listdir(dirs)) if os.path.isdir(dirs) else 0
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        subprocess.run(["rm", "-rf", state])
+    print(f"| live sandboxes | create rate (/s) | server CPU per create (ms) | host memory above start (MiB) "
+          f"| per sandbox (MiB) | page tables above start (MiB) | server RSS (MiB) | processes per sandbox "
+          f"| warm exec p50 (ms) | p99 (ms) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.0f} | {r[4]:.2f} | {r[5]:.0f} | {r[6]:.0f} | "
+              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} |")
+    print(f"\nDeleted {len(ids)} in {deleted_s:.1f} s; left after: {left} processes, "
+          f"{mounts_left} host mounts, {dirs_left} sandbox directories.")
+
+
+if __name__ == "__main__":
+    main()
