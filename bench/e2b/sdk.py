@@ -2,7 +2,9 @@
 
 - `Sandbox.create()` -> first `commands.run("true")` result, p50 over N (warm pool): <= 10 ms;
 - a `commands.run("true")` round trip in one sandbox, p50: <= 2 ms;
-- 20 concurrent `Sandbox.create()`: 100 % succeed.
+- 20 concurrent `Sandbox.create()`: 100 % succeed;
+- and where a round trip goes: an RPC that starts no process, and the start of the SDK's
+  `/bin/bash -l -c` inside the sandbox.
 
 Usage: python bench/e2b/sdk.py [LOCKBOX_BINARY] [N]   (default target/release/lockbox, 100)
 Prints one JSON line per measurement. Needs `pip install e2b==2.63.0`.
@@ -28,7 +30,9 @@ def main() -> None:
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     state = tempfile.mkdtemp(prefix="lockbox-bench-e2b-")
     proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0", "--state-dir", state, "--print-token",
-                             "--pool", "8"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             # Room for E2B's spec beside the default one: with --pool-max-spares
+                             # equal to --pool only the default spec would be pooled.
+                             "--pool", "4", "--pool-max-spares", "16"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = json.loads(proc.stdout.readline())
     url = f"http://{line['listen']}"
     os.environ.update({"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": line["token"],
@@ -47,7 +51,7 @@ def main() -> None:
             s.commands.run("true")
             create.append((time.perf_counter() - t0) * 1000)
             s.kill()
-            time.sleep(0.02)  # let the pool refill, as a steady agent loop would
+            time.sleep(0.1)  # let the pool refill (its sandboxes start in the background), as a steady agent loop would
         print(json.dumps({"measure": "create_to_first_run_ms", "n": n, "p50": statistics.median(create),
                           "p90": pct(create, 90), "min": min(create), "max": max(create)}))
         s = Sandbox.create()
@@ -57,9 +61,22 @@ def main() -> None:
             t0 = time.perf_counter()
             s.commands.run("true")
             rt.append((time.perf_counter() - t0) * 1000)
-        s.kill()
         print(json.dumps({"measure": "commands_run_round_trip_ms", "n": n * 2, "p50": statistics.median(rt),
                           "p90": pct(rt, 90), "min": min(rt), "max": max(rt)}))
+        # Where a round trip goes: an RPC that starts no process (Process/List) is the SDK,
+        # HTTP and envd's share; the SDK runs every command as `/bin/bash -l -c CMD`, whose
+        # start inside the sandbox (timed there, 50 times each) is the process's share.
+        rpc = []
+        for _ in range(n * 2):
+            t0 = time.perf_counter()
+            s.commands.list()
+            rpc.append((time.perf_counter() - t0) * 1000)
+        loop = ('for c in "/bin/true" "bash -c true" "bash -l -c true"; do s=$(date +%s%N); '
+                'for i in $(seq 50); do $c; done; e=$(date +%s%N); echo "$c=$(( (e - s) / 50000 ))"; done')
+        starts = dict(line.rsplit("=", 1) for line in s.commands.run(loop).stdout.splitlines())
+        s.kill()
+        print(json.dumps({"measure": "round_trip_breakdown_ms", "rpc_without_a_process_p50": statistics.median(rpc),
+                          "in_sandbox_start": {k: int(v) / 1000 for k, v in starts.items()}}))
         ok, errors = [], []
 
         def one() -> None:

@@ -68,6 +68,7 @@ def e2b_env(server, monkeypatch):
     need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
     url, token, _ = server
     monkeypatch.setenv("E2B_API_URL", url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", url)
     monkeypatch.setenv("E2B_API_KEY", token)
     monkeypatch.setenv("E2B_DOMAIN", "lockbox.test")
     return url, token
@@ -113,11 +114,28 @@ def test_a_failing_step_fails_the_build_and_names_it(e2b_env, layout):
     assert not e2b.Template.exists("e2b-broken")
 
 
-def test_start_commands_are_refused_clearly(e2b_env):
-    template = e2b.Template().from_image("oci:/nonexistent:v1").set_start_cmd("sleep 1000", "true")
-    with pytest.raises(e2b.BuildException) as err:
-        e2b.Template.build(template, "e2b-start")
-    assert "startCmd" in str(err.value)
+def test_a_sandbox_of_a_template_has_its_start_command_running_once_ready(e2b_env, layout):
+    start = "sh -c 'echo up > /work/started; exec busybox sleep 600'"
+    template = e2b.Template().from_image(layout).set_start_cmd(start, e2b.wait_for_file("/work/started"))
+    e2b.Template.build(template, "e2b-started")
+    sbx = e2b.Sandbox.create("e2b-started", timeout=60)
+    try:
+        # Ready when the create returns: the start command wrote its file and still runs.
+        assert sbx.files.read("/work/started") == "up\n"
+        running = [" ".join([p.cmd, *p.args]) for p in sbx.commands.list()]
+        assert any("busybox sleep 600" in c for c in running), running
+    finally:
+        sbx.kill()
+
+
+def test_a_ready_command_that_never_passes_fails_the_create_clearly(e2b_env, layout):
+    template = e2b.Template().from_image(layout).set_start_cmd("busybox sleep 600", e2b.wait_for_file("/never"))
+    e2b.Template.build(template, "e2b-never-ready")
+    # Bounded by the sandbox's timeout here (50 s at most).
+    with pytest.raises(e2b.SandboxException) as err:
+        e2b.Sandbox.create("e2b-never-ready", timeout=3)
+    assert "ready command" in str(err.value) and "the sandbox was deleted" in str(err.value)
+    assert e2b.Sandbox.list().next_items() == []
 
 
 def test_template_calls_need_the_api_key(e2b_env, monkeypatch):

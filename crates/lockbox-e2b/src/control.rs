@@ -1,10 +1,15 @@
 //! E2B's control plane (`spec/openapi.yml` of e2b-dev/E2B): create, list, info, kill,
-//! timeout, connect, refresh, health; pause/resume/fork/snapshots/network/logs/metrics
-//! answer 501 in E2B's shape. Authenticated by `X-API-Key` (the server's token).
+//! timeout, connect, refresh, health here; pause, resume, fork and snapshots in
+//! [`crate::lifecycle`]; logs and metrics in [`crate::observe`]. `PUT .../network` answers
+//! 501 in E2B's shape. Authenticated by `X-API-Key` (the server's token).
 //!
-//! Each E2B sandbox is a lockbox sandbox with the same id, created on the host's userland
-//! (template `base`) or on an image from lockbox's image store (any other template), and
-//! deleted when its end of life passes (a timer per sandbox).
+//! Each E2B sandbox is a lockbox sandbox with the same id (until it is paused and resumed:
+//! see [`crate::E2bSandbox::instance`]), created on the host's userland (template `base`),
+//! on an image from lockbox's image store, or from a snapshot (any other template), and
+//! deleted (or paused, with `autoPause`) when its end of life passes (a timer per sandbox).
+//! Every E2B sandbox sees an empty workdir ([`workdir`]) through a copy-on-write branch:
+//! lockbox snapshots (pause, fork, `create_snapshot`) are of a sandbox's branch, and keep
+//! its `/tmp` (the E2B home, [`crate::HOME`]) beside it.
 
 use crate::registry::E2bSandbox;
 use crate::{E2b, E2bError, ENVD_VERSION};
@@ -43,15 +48,26 @@ pub fn router(e2b: E2b) -> Router {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/refreshes", post(refresh))
-        .route("/sandboxes/{id}/pause", post(not_supported))
-        .route("/sandboxes/{id}/resume", post(not_supported))
-        .route("/sandboxes/{id}/fork", post(not_supported))
-        .route("/sandboxes/{id}/snapshots", post(not_supported))
-        .route("/sandboxes/{id}/network", axum::routing::put(not_supported))
-        .route("/sandboxes/{id}/logs", get(not_supported))
-        .route("/v2/sandboxes/{id}/logs", get(not_supported))
-        .route("/sandboxes/{id}/metrics", get(not_supported))
-        .route("/sandboxes/metrics", get(not_supported))
+        .route("/sandboxes/{id}/pause", post(crate::lifecycle::pause))
+        .route("/sandboxes/{id}/resume", post(crate::lifecycle::resume))
+        .route("/sandboxes/{id}/fork", post(crate::lifecycle::fork))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(crate::lifecycle::snapshot),
+        )
+        .route("/snapshots", get(crate::lifecycle::list_snapshots))
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(crate::lifecycle::delete_snapshot),
+        )
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(update_network),
+        )
+        .route("/sandboxes/{id}/logs", get(crate::observe::logs_v1))
+        .route("/v2/sandboxes/{id}/logs", get(crate::observe::logs_v2))
+        .route("/sandboxes/{id}/metrics", get(crate::observe::metrics))
+        .route("/sandboxes/metrics", get(crate::observe::metrics_of_many))
         .route_layer(axum::middleware::from_fn_with_state(
             e2b.clone(),
             require_api_key,
@@ -92,19 +108,23 @@ async fn health() -> Response {
         .into_response()
 }
 
-async fn not_supported(req: Request) -> E2bError {
-    E2bError::new(
+/// `PUT /sandboxes/{id}/network`: not supported. A lockbox sandbox's network policy is
+/// fixed when it starts: `net: none` is a network namespace of its own with no route out,
+/// and a list is enforced by a supervisor whose rules are set then. Replacing it would
+/// mean restarting the sandbox, which ends its processes: not what E2B's call does.
+async fn update_network(
+    State(e2b): State<E2b>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    known(&e2b, &id)?;
+    Err(E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} {} is not supported by lockbox's E2B API (see docs/e2b.md)",
-            req.method(),
-            req.uri().path()
-        ),
-    )
+        "PUT /sandboxes/{id}/network is not supported by lockbox: a sandbox's network policy is fixed when it starts (give `network` on create; see docs/e2b.md)",
+    ))
 }
 
 /// A JSON body, with a 400 in E2B's shape (naming what is wrong) instead of axum's text.
-struct Body<T>(T);
+pub(crate) struct Body<T>(pub T);
 
 impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
     type Rejection = E2bError;
@@ -132,6 +152,7 @@ struct NewSandbox {
     template_id: Option<String>,
     timeout: Option<i64>,
     auto_pause: Option<bool>,
+    auto_pause_memory: Option<bool>,
     #[serde(default)]
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
@@ -165,7 +186,7 @@ struct NetworkConfig {
 /// E2B's "all traffic" destination.
 const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
-fn bad(message: impl Into<String>) -> E2bError {
+pub(crate) fn bad(message: impl Into<String>) -> E2bError {
     E2bError::new(StatusCode::BAD_REQUEST, message)
 }
 
@@ -245,7 +266,7 @@ fn network_policy(
 }
 
 /// A fresh access token: 32 random bytes, hex.
-fn access_token() -> Result<String, E2bError> {
+pub(crate) fn access_token() -> Result<String, E2bError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| {
         E2bError::new(
@@ -256,10 +277,20 @@ fn access_token() -> Result<String, E2bError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// A timeout in seconds from a request: positive, at most [`MAX_TIMEOUT`].
-fn timeout_of(field: &str, seconds: Option<i64>) -> Result<Duration, E2bError> {
+/// A timeout in seconds from a request: positive, at most [`MAX_TIMEOUT`]; [`DEFAULT_TIMEOUT`]
+/// when not given.
+pub(crate) fn timeout_of(field: &str, seconds: Option<i64>) -> Result<Duration, E2bError> {
+    timeout_or(field, seconds, DEFAULT_TIMEOUT)
+}
+
+/// [`timeout_of`] with another default.
+pub(crate) fn timeout_or(
+    field: &str,
+    seconds: Option<i64>,
+    default: Duration,
+) -> Result<Duration, E2bError> {
     match seconds {
-        None => Ok(DEFAULT_TIMEOUT),
+        None => Ok(default),
         Some(s) if s < 0 => Err(bad(format!("{field}: must not be negative, got {s}"))),
         Some(s) => {
             let d = Duration::from_secs(s.unsigned_abs());
@@ -282,20 +313,21 @@ pub(crate) fn runtime_error(e: &RuntimeError) -> E2bError {
         C::LimitReached => StatusCode::TOO_MANY_REQUESTS,
         C::SetupFailed | C::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         C::PathOutsideSandbox | C::ReadOnly | C::PermissionDenied => StatusCode::FORBIDDEN,
-        C::SandboxNotRunning => StatusCode::NOT_FOUND,
+        C::SandboxNotRunning | C::SnapshotNotFound => StatusCode::NOT_FOUND,
+        C::SnapshotInUse => StatusCode::CONFLICT,
         _ => StatusCode::BAD_REQUEST,
     };
     E2bError::new(status, e.to_string())
 }
 
-fn not_found(id: &str) -> E2bError {
+pub(crate) fn not_found(id: &str) -> E2bError {
     E2bError::new(
         StatusCode::NOT_FOUND,
         format!("sandbox \"{id}\" was not found"),
     )
 }
 
-fn time(t: SystemTime) -> String {
+pub(crate) fn time(t: SystemTime) -> String {
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     lockbox_policy::time::rfc3339(
         i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
@@ -305,7 +337,7 @@ fn time(t: SystemTime) -> String {
 
 /// What E2B reports as the sandbox's resources: lockbox does not reserve CPUs or memory
 /// per sandbox, so these are the host's CPUs, the sandbox's memory limit (0: none) and 0.
-fn resources(e2b: &E2b, id: &str) -> (u64, u64) {
+pub(crate) fn resources(e2b: &E2b, id: &str) -> (u64, u64) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let memory = e2b
         .runtime
@@ -318,7 +350,7 @@ fn resources(e2b: &E2b, id: &str) -> (u64, u64) {
 }
 
 /// E2B's `Sandbox` (the answer to create and connect).
-fn created(id: &str, s: &E2bSandbox) -> Value {
+pub(crate) fn created(id: &str, s: &E2bSandbox) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": id,
@@ -334,7 +366,7 @@ fn created(id: &str, s: &E2bSandbox) -> Value {
 
 /// E2B's `ListedSandbox`, plus `SandboxDetail`'s fields.
 fn listed(e2b: &E2b, id: &str, s: &E2bSandbox) -> Value {
-    let (cpus, memory) = resources(e2b, id);
+    let (cpus, memory) = resources(e2b, s.instance_id(id));
     json!({
         "templateID": s.template,
         "sandboxID": id,
@@ -344,13 +376,49 @@ fn listed(e2b: &E2b, id: &str, s: &E2bSandbox) -> Value {
         "cpuCount": cpus,
         "memoryMB": memory,
         "diskSizeMB": 0,
-        "state": "running",
+        "state": if s.paused.is_some() { "paused" } else { "running" },
         "envdVersion": ENVD_VERSION,
         "metadata": s.metadata,
     })
 }
 
+/// The directory every E2B sandbox sees as its workdir, through a branch of its own:
+/// `STATE/e2b-workdir`, empty and never written (the sandboxes' branches are discarded
+/// when they end). It is what lets lockbox snapshot an E2B sandbox (a snapshot is of a
+/// branch, with the sandbox's `/tmp` beside it).
+pub fn workdir(e2b: &E2b) -> Result<std::path::PathBuf, E2bError> {
+    let dir = e2b.runtime.state_dir().join("e2b-workdir");
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        E2bError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("creating E2B's workdir {}: {e}", dir.display()),
+        )
+    })?;
+    Ok(dir)
+}
+
+/// The lockbox snapshot `template` names, if it names one: the id or name of a snapshot
+/// taken through E2B (the newest of a name), or the id of any lockbox snapshot.
+fn snapshot_template(e2b: &E2b, template: &str) -> Option<String> {
+    let taken = e2b.registry.snapshots();
+    if let Some(s) = taken
+        .iter()
+        .rev()
+        .find(|s| s.id == template || s.name.as_deref() == Some(template))
+    {
+        return Some(s.id.clone());
+    }
+    e2b.runtime
+        .snapshot_info(template)
+        .ok()
+        .map(|i| i.id.as_str().to_owned())
+}
+
 async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<Response, E2bError> {
+    let auto_resume = req
+        .auto_resume
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v.get("enabled") != Some(&Value::Bool(false)));
     for (field, given) in [
         ("mcp", req.mcp.as_ref().is_some_and(|v| !v.is_null())),
         (
@@ -358,10 +426,7 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
             req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()),
         ),
         ("iam", req.iam.as_ref().is_some_and(|v| !v.is_null())),
-        (
-            "autoResume",
-            req.auto_resume.as_ref().is_some_and(|v| !v.is_null()),
-        ),
+        ("autoResume", auto_resume),
     ] {
         if given {
             return Err(bad(format!(
@@ -369,42 +434,82 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
             )));
         }
     }
-    // autoPause is accepted: at its timeout a sandbox is deleted either way (lockbox
-    // does not pause), as docs/e2b.md says.
-    let _ = req.auto_pause;
+    if req.auto_pause_memory == Some(true) {
+        return Err(bad(
+            "autoPauseMemory: lockbox pauses keep a sandbox's files, not its memory (its processes end); leave it out or set mode \"filesystem\"",
+        ));
+    }
     let timeout = timeout_of("timeout", req.timeout)?;
-    let net = network_policy(req.allow_internet_access, req.network.as_ref())?;
-    let internet = !matches!(net, Net::None);
     let template = req
         .template_id
         .filter(|t| !t.trim().is_empty())
         .unwrap_or_else(|| BASE_TEMPLATE.to_owned());
     let env = req.env_vars.unwrap_or_default();
-    let mut spec = SandboxSpec::default();
-    if let Some(base) = &e2b.base_policy {
-        spec.policy = (**base).clone();
-    }
-    spec.policy.net = net;
-    spec.policy
-        .env
-        .set
-        .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    spec.policy.cwd = Some(crate::HOME.into());
-    if !HOST_TEMPLATES.contains(&template.as_str()) {
-        spec.policy.image = Some(template.clone());
-    }
-    spec.labels.insert("e2b.template".into(), template.clone());
     let token = access_token()?;
-    let info = e2b.runtime.create_sandbox(spec).await.map_err(|e| {
-        if matches!(e, RuntimeError::Image(_)) {
-            E2bError::new(
-                StatusCode::NOT_FOUND,
-                format!("template \"{template}\" was not found: {e}"),
-            )
-        } else {
-            runtime_error(&e)
+    let (info, internet) = match snapshot_template(&e2b, &template) {
+        Some(snapshot) => {
+            // A fork of the snapshot, with the policy (network, environment) of the
+            // sandbox it was taken of.
+            for (field, given) in [
+                ("envVars", !env.is_empty()),
+                ("network", req.network.is_some()),
+                ("allow_internet_access", req.allow_internet_access.is_some()),
+            ] {
+                if given {
+                    return Err(bad(format!(
+                        "{field}: a sandbox created from snapshot {template:?} has the snapshot's sandbox's settings; leave {field} out"
+                    )));
+                }
+            }
+            let made = e2b
+                .runtime
+                .fork_snapshot(&snapshot, 1)
+                .await
+                .map_err(|e| runtime_error(&e))?;
+            let info = made
+                .into_iter()
+                .next()
+                .ok_or_else(|| bad("the snapshot's fork was not made"))?;
+            let internet = info
+                .policy
+                .as_ref()
+                .is_none_or(|p| !matches!(p.net, lockbox_runtime::NetKind::None));
+            (info, internet)
         }
-    })?;
+        None => {
+            let net = network_policy(req.allow_internet_access, req.network.as_ref())?;
+            let internet = !matches!(net, Net::None);
+            let mut spec = SandboxSpec::default();
+            if let Some(base) = &e2b.base_policy {
+                spec.policy = (**base).clone();
+            }
+            spec.policy.net = net;
+            spec.policy
+                .env
+                .set
+                .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            spec.policy.cwd = Some(crate::HOME.into());
+            if !HOST_TEMPLATES.contains(&template.as_str()) {
+                spec.policy.image = Some(template.clone());
+            }
+            spec.workdir = Some(workdir(&e2b)?);
+            spec.on_exit = lockbox_runtime::OnExit::Abort;
+            spec.labels.insert("e2b.template".into(), template.clone());
+            let info = e2b.runtime.create_sandbox(spec).await.map_err(|e| {
+                if matches!(e, RuntimeError::Image(_)) {
+                    E2bError::new(
+                        StatusCode::NOT_FOUND,
+                        format!("template \"{template}\" was not found: {e}"),
+                    )
+                } else {
+                    runtime_error(&e)
+                }
+            })?;
+            // The template's start and ready commands, if it has them (else nothing).
+            crate::template_start::start(&e2b, &template, info.id.as_str(), timeout).await?;
+            (info, internet)
+        }
+    };
     let id = info.id.as_str().to_owned();
     let now = SystemTime::now();
     let sandbox = E2bSandbox {
@@ -415,20 +520,27 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
         started_at: now,
         end_at: now + timeout,
         internet,
-        end_changed: std::sync::Arc::default(),
+        auto_pause: req.auto_pause == Some(true),
+        ..E2bSandbox::default()
     };
+    sandbox.log(format!("created from template {:?}", sandbox.template));
     e2b.registry.insert(&id, sandbox.clone());
-    tokio::spawn(expire(e2b.clone(), id.clone()));
+    tokio::spawn(expire(e2b.clone(), id.clone(), 0));
     Ok((StatusCode::CREATED, Json(created(&id, &sandbox))).into_response())
 }
 
-/// Deletes sandbox `id` when its end of life passes (re-read after each wait, so a
-/// changed timeout moves it), unless it was killed first.
-pub(crate) async fn expire(e2b: E2b, id: String) {
+/// Ends sandbox `id` when its end of life passes (re-read after each wait, so a changed
+/// timeout moves it): deletes it, or pauses it if it was created with `autoPause`. Stops
+/// when the sandbox is killed or paused first, or resumed (`generation`: the resume
+/// starts a timer of its own).
+pub(crate) async fn expire(e2b: E2b, id: String, generation: u64) {
     loop {
         let Some(sandbox) = e2b.registry.get(&id) else {
             return;
         };
+        if sandbox.paused.is_some() || sandbox.generation != generation {
+            return;
+        }
         match sandbox.end_at.duration_since(SystemTime::now()) {
             Ok(left) if !left.is_zero() => {
                 tokio::select! {
@@ -439,17 +551,59 @@ pub(crate) async fn expire(e2b: E2b, id: String) {
             _ => break,
         }
     }
-    if e2b.registry.remove(&id).is_some() {
-        if let Err(e) = e2b.runtime.delete_sandbox(&id).await {
-            tracing::debug!(sandbox = %id, "deleting an expired E2B sandbox: {e}");
+    let Some(sandbox) = e2b.registry.get(&id) else {
+        return;
+    };
+    if sandbox.auto_pause {
+        match crate::lifecycle::pause_now(&e2b, &id, Some(generation)).await {
+            Ok(_) => return,
+            // Not paused (it could not be snapshotted): it ends as E2B's kill would.
+            Err(e) => tracing::warn!(sandbox = %id, "auto-pausing an E2B sandbox: {}", e.message),
         }
     }
+    let _ = remove(&e2b, &id, Some(generation)).await;
 }
 
-/// The sandbox `id` if E2B knows it and it still runs.
-fn known(e2b: &E2b, id: &str) -> Result<E2bSandbox, E2bError> {
+/// Kills E2B sandbox `id`: forgets it, deletes the lockbox sandbox serving it (unless it is
+/// paused) and the snapshots made for it (those still in use stay: a fork's source is
+/// deleted with the last sandbox that lies on it). With `generation`, only if it is still
+/// that one (an expiry that a resume overtook does nothing). `None` if E2B does not know it.
+pub(crate) async fn remove(
+    e2b: &E2b,
+    id: &str,
+    generation: Option<u64>,
+) -> Option<Result<(), RuntimeError>> {
+    let lifecycle = e2b.registry.get(id)?.lifecycle;
+    let _held = lifecycle.lock().await;
+    let current = e2b.registry.get(id)?;
+    if generation.is_some_and(|g| g != current.generation || current.paused.is_some()) {
+        return None;
+    }
+    let sandbox = e2b.registry.remove(id)?;
+    e2b.unpersist(id);
+    let deleted = match sandbox.paused {
+        Some(_) => Ok(()),
+        None => e2b
+            .runtime
+            .delete_sandbox(sandbox.instance_id(id))
+            .await
+            .map(drop),
+    };
+    for snapshot in sandbox.owned_snapshots.iter().rev() {
+        if let Err(e) = e2b.runtime.delete_snapshot(snapshot).await {
+            tracing::debug!(sandbox = %id, %snapshot, "not deleting a snapshot of an E2B sandbox: {e}");
+        }
+    }
+    Some(deleted)
+}
+
+/// The sandbox `id` if E2B knows it and it is paused or still runs.
+pub(crate) fn known(e2b: &E2b, id: &str) -> Result<E2bSandbox, E2bError> {
     let sandbox = e2b.registry.get(id).ok_or_else(|| not_found(id))?;
-    match e2b.runtime.sandbox_info(id) {
+    if sandbox.paused.is_some() {
+        return Ok(sandbox);
+    }
+    match e2b.runtime.sandbox_info(sandbox.instance_id(id)) {
         Ok(info) if info.state == lockbox_runtime::SandboxState::Running => Ok(sandbox),
         _ => {
             // Deleted under E2B (through lockbox's own API, or its init died).
@@ -466,15 +620,18 @@ async fn info(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<Json<Val
     detail["trafficAccessToken"] = json!(sandbox.access_token);
     detail["domain"] = Value::Null;
     detail["allowInternetAccess"] = json!(sandbox.internet);
+    detail["lifecycle"] = json!({
+        "onTimeout": if sandbox.auto_pause { "pause" } else { "kill" },
+        "autoResume": false,
+    });
     Ok(Json(detail))
 }
 
 async fn kill(State(e2b): State<E2b>, Path(id): Path<String>) -> Result<StatusCode, E2bError> {
-    e2b.registry.remove(&id).ok_or_else(|| not_found(&id))?;
-    match e2b.runtime.delete_sandbox(&id).await {
-        Ok(_) => Ok(StatusCode::NO_CONTENT),
-        Err(RuntimeError::SandboxNotFound { .. }) => Err(not_found(&id)),
-        Err(e) => Err(runtime_error(&e)),
+    match remove(&e2b, &id, None).await {
+        None | Some(Err(RuntimeError::SandboxNotFound { .. })) => Err(not_found(&id)),
+        Some(Ok(())) => Ok(StatusCode::NO_CONTENT),
+        Some(Err(e)) => Err(runtime_error(&e)),
     }
 }
 
@@ -502,22 +659,35 @@ async fn set_timeout(
 #[derive(Debug, Deserialize)]
 struct ConnectBody {
     timeout: Option<i64>,
+    /// `false` (the SDK's `on_resume="reboot"`) is what every lockbox resume does; `true`
+    /// or none (restore memory, E2B's default) resumes the same way: see docs/e2b.md.
+    #[allow(dead_code)]
+    memory: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/connect`: the sandbox, its end of life moved to at least
-/// `timeout` from now (never earlier).
+/// `timeout` from now (never earlier); a paused sandbox is resumed first (201).
 async fn connect(
     State(e2b): State<E2b>,
     Path(id): Path<String>,
     Body(body): Body<ConnectBody>,
-) -> Result<Json<Value>, E2bError> {
+) -> Result<Response, E2bError> {
     let timeout = timeout_of("timeout", body.timeout)?;
-    known(&e2b, &id)?;
+    if known(&e2b, &id)?.paused.is_some() {
+        match crate::lifecycle::resume_now(&e2b, &id, timeout).await {
+            Ok(sandbox) => {
+                return Ok((StatusCode::CREATED, Json(created(&id, &sandbox))).into_response())
+            }
+            // Resumed meanwhile by another call: connect to it as it runs.
+            Err(e) if e.status == StatusCode::CONFLICT => {}
+            Err(e) => return Err(e),
+        }
+    }
     let sandbox = e2b
         .registry
         .set_end(&id, |end| end.max(SystemTime::now() + timeout))
         .ok_or_else(|| not_found(&id))?;
-    Ok(Json(created(&id, &sandbox)))
+    Ok(Json(created(&id, &sandbox)).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -584,26 +754,61 @@ fn metadata_filter(text: Option<&str>) -> Vec<(String, String)> {
     .unwrap_or_default()
 }
 
+/// An RFC 3339 time with `Z` or a numeric offset: the SDK sends Python's
+/// `datetime.isoformat()`, `2026-12-02T12:14:53.802000+00:00` (`t` and `z` in lower case
+/// too, as RFC 3339 allows). A space where the `+` was is
+/// read as `+`, for clients that leave `+` unescaped in the query string.
+fn parse_time(text: &str) -> Option<std::time::SystemTime> {
+    let split = text.len().checked_sub(6)?;
+    let (local, offset) = (text.get(..split)?, text.get(split..)?.as_bytes());
+    let ahead_of_utc = match offset.first() {
+        Some(b'+' | b' ') => true,
+        Some(b'-') => false,
+        _ => return lockbox_policy::time::parse(&text.to_ascii_uppercase()),
+    };
+    let digits = |a: u8, b: u8| -> Option<u64> {
+        (a.is_ascii_digit() && b.is_ascii_digit()).then(|| u64::from((a - b'0') * 10 + (b - b'0')))
+    };
+    if offset.get(3) != Some(&b':') {
+        return None;
+    }
+    let (hours, minutes) = (digits(offset[1], offset[2])?, digits(offset[4], offset[5])?);
+    if hours > 23 || minutes > 59 {
+        return None;
+    }
+    let at = lockbox_policy::time::parse(&format!("{}Z", local.to_ascii_uppercase()))?;
+    let shift = std::time::Duration::from_secs(hours * 3600 + minutes * 60);
+    // Local time minus a positive offset is UTC.
+    if ahead_of_utc {
+        at.checked_sub(shift)
+    } else {
+        at.checked_add(shift)
+    }
+}
+
 /// The sandboxes matching `query`'s filters, with their ids, newest first (or oldest
 /// first with `order=asc`).
 fn matching(e2b: &E2b, query: &ListQuery) -> Result<Vec<(String, E2bSandbox)>, E2bError> {
+    // No state filter: running and paused ones, as E2B lists.
+    let (mut running, mut paused) = (query.state.is_none(), query.state.is_none());
     if let Some(states) = &query.state {
         for state in states.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            if state != "running" && state != "paused" {
-                return Err(bad(format!(
-                    "state: {state:?} is not a sandbox state (running, paused)"
-                )));
+            match state {
+                "running" => running = true,
+                "paused" => paused = true,
+                _ => {
+                    return Err(bad(format!(
+                        "state: {state:?} is not a sandbox state (running, paused)"
+                    )))
+                }
             }
-        }
-        if !states.split(',').any(|s| s.trim() == "running") {
-            return Ok(Vec::new());
         }
     }
     let filter = metadata_filter(query.metadata.as_deref());
     let after = match query.started_after.as_deref().filter(|t| !t.is_empty()) {
         None => None,
         Some(text) => Some(
-            lockbox_policy::time::parse(text)
+            parse_time(text)
                 .ok_or_else(|| bad(format!("startedAfter: {text:?} is not an RFC 3339 time")))?,
         ),
     };
@@ -615,10 +820,15 @@ fn matching(e2b: &E2b, query: &ListQuery) -> Result<Vec<(String, E2bSandbox)>, E
         .filter(|(_, s)| filter.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
         .filter(|(_, s)| after.is_none_or(|a| s.started_at >= a))
         .filter(|(_, s)| template.is_none_or(|t| s.template == t))
-        .filter(|(id, _)| {
-            e2b.runtime
-                .sandbox_info(id)
-                .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running)
+        .filter(|(id, s)| match s.paused {
+            Some(_) => paused,
+            None => {
+                running
+                    && e2b
+                        .runtime
+                        .sandbox_info(s.instance_id(id))
+                        .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running)
+            }
         })
         .collect();
     all.sort_by(|(a_id, a), (b_id, b)| (a.started_at, a_id).cmp(&(b.started_at, b_id)));
@@ -630,10 +840,13 @@ fn matching(e2b: &E2b, query: &ListQuery) -> Result<Vec<(String, E2bSandbox)>, E
     Ok(all)
 }
 
+/// `GET /sandboxes` (deprecated by E2B): the running sandboxes (E2B's v1 lists no paused
+/// ones), `metadata` filter.
 async fn list_v1(
     State(e2b): State<E2b>,
-    Query(query): Query<ListQuery>,
+    Query(mut query): Query<ListQuery>,
 ) -> Result<Json<Value>, E2bError> {
+    query.state = Some("running".to_owned());
     let all = matching(&e2b, &query)?;
     Ok(Json(Value::Array(
         all.iter().map(|(id, s)| listed(&e2b, id, s)).collect(),
@@ -707,6 +920,25 @@ mod tests {
             pairs,
             vec![("a b".into(), "x=y".into()), ("k".into(), "v".into())]
         );
+    }
+
+    #[test]
+    fn started_after_takes_utc_and_numeric_offsets() {
+        let utc = parse_time("2026-12-02T12:14:53.802Z");
+        assert!(utc.is_some());
+        assert_eq!(parse_time("2026-12-02T12:14:53.802000+00:00"), utc);
+        assert_eq!(parse_time("2026-12-02T12:14:53.802000 00:00"), utc);
+        assert_eq!(parse_time("2026-12-02T14:14:53.802+02:00"), utc);
+        assert_eq!(parse_time("2026-12-02T10:44:53.802-01:30"), utc);
+        assert_eq!(parse_time("2026-12-02t12:14:53.802z"), utc);
+        for bad in [
+            "",
+            "2026-12-02",
+            "2026-12-02T12:14:53+0000",
+            "2026-12-02T12:14:53+24:00",
+        ] {
+            assert_eq!(parse_time(bad), None, "{bad:?}");
+        }
     }
 
     fn allow_clone(n: &NetworkConfig) -> NetworkConfig {

@@ -40,7 +40,7 @@ fn bad(message: impl Into<String>) -> E2bError {
 /// The lockbox sandbox behind `target`.
 fn sandbox_of(e2b: &E2b, target: &Target) -> Result<Sandbox, E2bError> {
     e2b.runtime
-        .sandbox(&target.sandbox)
+        .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))
 }
 
@@ -124,7 +124,32 @@ async fn list_contexts(
     Extension(target): Extension<Target>,
 ) -> Result<Json<Value>, E2bError> {
     let sandbox = sandbox_of(&e2b, &target)?;
-    let contexts = sandbox.list_contexts().await;
+    // E2B's interpreter starts with a Python and a JavaScript context, which the SDK's
+    // callers expect to list; lockbox makes its contexts on first use, so listing is one.
+    let default = sandbox
+        .create_context(ContextOptions {
+            id: Some(ContextId::from(lockbox_runtime::DEFAULT_CONTEXT)),
+            language: Language::Python,
+            cwd: Some(crate::HOME.to_owned()),
+            env: env_of(&e2b, &target),
+        })
+        .await;
+    if let Err(e) = default {
+        if !matches!(e, RuntimeError::AlreadyExists { .. }) {
+            tracing::debug!(sandbox = %target.sandbox, "no default Python context: {e}");
+        }
+    }
+    // Without `node` in the sandbox there is no JavaScript context to list.
+    if let Err(e) = context_for(&e2b, &target, &sandbox, Language::Node).await {
+        tracing::debug!(sandbox = %target.sandbox, "no JavaScript context: {}", e.message);
+    }
+    let mut contexts = sandbox.list_contexts().await;
+    // The built-in ones first, as E2B lists them (its callers take the last one listed as
+    // the one they made).
+    contexts.sort_by_key(|c| {
+        let id = c.id.as_str();
+        !(id == lockbox_runtime::DEFAULT_CONTEXT || id.starts_with("e2b-"))
+    });
     Ok(Json(Value::Array(
         contexts.iter().map(context_json).collect(),
     )))
@@ -278,6 +303,19 @@ fn line(v: &Value) -> bytes::Bytes {
     bytes::Bytes::from(text)
 }
 
+/// Whether `target`'s lockbox sandbox still serves its E2B sandbox: not killed (which
+/// forgets the E2B sandbox before it deletes the lockbox one), paused or replaced.
+fn still_serving(e2b: &E2b, target: &Target) -> bool {
+    let serving = e2b.registry.get(&target.sandbox).is_some_and(|s| {
+        s.paused.is_none() && s.instance_id(&target.sandbox) == target.instance.as_str()
+    });
+    serving
+        && e2b
+            .runtime
+            .sandbox_info(&target.instance)
+            .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running)
+}
+
 async fn execute(
     State(e2b): State<E2b>,
     Extension(target): Extension<Target>,
@@ -302,6 +340,7 @@ async fn execute(
         (None, None) => None,
     };
     let id = context.as_ref().map(|c| c.as_str().to_owned());
+    let (e2b, target) = (e2b.clone(), target.clone());
     let stream = sandbox
         .run_code_stream(RunCodeRequest {
             code: req.code,
@@ -325,6 +364,15 @@ async fn execute(
                 vec![error_json(&e)]
             }
             CodeEvent::End(exec) => {
+                // A run its sandbox did not outlive has no end: the connection is cut, as
+                // when an E2B sandbox dies, and the SDK (finding the sandbox gone) raises
+                // its "sandbox was killed" `TimeoutException`.
+                let gone = exec.error.is_some() && !still_serving(&e2b, &target);
+                if gone {
+                    return futures_util::stream::iter(vec![Err(std::io::Error::other(
+                        "the sandbox ended during the run",
+                    ))]);
+                }
                 let mut out = Vec::new();
                 if let (Some(e), false) = (&exec.error, sent_error) {
                     out.push(error_json(e));
@@ -335,7 +383,8 @@ async fn execute(
         };
         futures_util::stream::iter(
             out.into_iter()
-                .map(|v| Ok::<_, std::convert::Infallible>(line(&v))),
+                .map(|v| Ok::<_, std::io::Error>(line(&v)))
+                .collect::<Vec<_>>(),
         )
     });
     Ok((

@@ -12,7 +12,8 @@
 //!   them and [`wrap`] routes the request by port: envd ([`envd`], port 49983: Connect RPC
 //!   `process.Process` and `filesystem.Filesystem`, REST `/files`, `/health`, `/envs`) and
 //!   the code interpreter ([`interpreter`], port 49999). Sandbox-plane requests carry the
-//!   sandbox's own access token (`X-Access-Token`), not the API key.
+//!   sandbox's own access token (`X-Access-Token`), not the API key, or are file URLs
+//!   signed with it (`download_url`/`upload_url`).
 //!
 //! An E2B sandbox **is** a lockbox sandbox with the same id; what E2B adds (metadata, end
 //! of life, access token, template) lives in the [`Registry`].
@@ -25,10 +26,14 @@
 pub mod control;
 pub mod envd;
 pub mod interpreter;
+pub mod lifecycle;
+pub mod observe;
+mod persist;
 mod registry;
+pub mod template_start;
 pub mod templates;
 
-pub use crate::registry::{E2bSandbox, Registry};
+pub use crate::registry::{E2bSandbox, E2bSnapshot, Registry};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -82,13 +87,39 @@ impl std::fmt::Debug for E2b {
 
 impl E2b {
     /// E2B over `runtime`; `api_key` is what clients send as `X-API-Key` (the server's token).
+    /// The sandboxes paused before a restart (kept in the state directory) are paused here
+    /// again; a file that cannot be read is skipped with a warning.
     pub fn new(runtime: Runtime, api_key: &str) -> E2b {
+        let registry = Registry::default();
+        let restored = persist::load(&runtime.state_dir(), |snapshot| {
+            match runtime.snapshot_info(snapshot) {
+                Ok(_) => Ok(true),
+                Err(e) if e.code() == lockbox_policy::ErrorCode::SnapshotNotFound => Ok(false),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        if !restored.is_empty() {
+            tracing::info!("{} paused E2B sandbox(es) restored", restored.len());
+        }
+        for (id, sandbox) in restored {
+            registry.insert(&id, sandbox);
+        }
         E2b {
             runtime,
             api_key: Arc::from(api_key),
-            registry: Arc::new(Registry::default()),
+            registry: Arc::new(registry),
             base_policy: None,
         }
+    }
+
+    /// Keeps sandbox `id` across restarts if it is paused (its file removed if not).
+    pub(crate) fn persist(&self, id: &str, sandbox: &E2bSandbox) {
+        persist::keep(&self.runtime.state_dir(), id, sandbox);
+    }
+
+    /// Forgets the kept file of sandbox `id` (killed or expired).
+    pub(crate) fn unpersist(&self, id: &str) {
+        persist::drop_kept(&self.runtime.state_dir(), id);
     }
 
     /// E2B sandboxes start from `policy` instead of lockbox's default one.
@@ -107,10 +138,13 @@ impl E2b {
 /// Which sandbox and port a sandbox-plane request is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    /// The sandbox's id (an E2B id is a lockbox id).
+    /// The E2B sandbox's id.
     pub sandbox: String,
     /// The port inside the sandbox ([`ENVD_PORT`], [`INTERPRETER_PORT`] or an exposed one).
     pub port: u16,
+    /// The lockbox sandbox serving it: the same id, except after a resume (set when the
+    /// request is admitted, [`E2bSandbox::instance_id`]).
+    pub instance: String,
 }
 
 /// The sandbox a request is for, from `E2b-Sandbox-Id` + `E2b-Sandbox-Port` (what the SDK
@@ -123,6 +157,7 @@ pub fn target_of(headers: &http::HeaderMap, domain: Option<&str>) -> Option<Targ
         return Some(Target {
             sandbox: sandbox.trim().to_owned(),
             port,
+            instance: sandbox.trim().to_owned(),
         });
     }
     let domain = domain?;
@@ -139,6 +174,7 @@ pub fn target_of(headers: &http::HeaderMap, domain: Option<&str>) -> Option<Targ
     Some(Target {
         sandbox: sandbox.to_owned(),
         port: port.parse().ok()?,
+        instance: sandbox.to_owned(),
     })
 }
 
@@ -194,17 +230,118 @@ pub fn sandbox_not_found(id: &str) -> E2bError {
     )
 }
 
-/// Lets a sandbox-plane request through if its sandbox is E2B's and running, and it
-/// carries the sandbox's access token as `X-Access-Token` (constant-time comparison).
-fn admit(e2b: &E2b, target: &Target, headers: &http::HeaderMap) -> Result<(), E2bError> {
+/// A signed file URL's query (the SDK's `download_url`/`upload_url` of a secured sandbox):
+/// envd's `GET`/`POST /files` with `signature` (and `signature_expiration`) instead of
+/// `X-Access-Token`.
+#[derive(Debug, PartialEq, Eq)]
+struct Signed {
+    path: String,
+    username: String,
+    signature: String,
+    expiration: Option<String>,
+    /// `read` (GET) or `write` (POST).
+    operation: &'static str,
+}
+
+impl Signed {
+    /// The signature in a `/files` request's query, if any.
+    fn of(method: &http::Method, uri: &http::Uri) -> Option<Signed> {
+        if uri.path() != "/files" {
+            return None;
+        }
+        let operation = match *method {
+            http::Method::GET => "read",
+            http::Method::POST => "write",
+            _ => return None,
+        };
+        let (mut path, mut username, mut signature, mut expiration) =
+            (String::new(), String::new(), None, None);
+        for (k, v) in form_urlencoded::parse(uri.query()?.as_bytes()) {
+            match &*k {
+                "path" => path = v.into_owned(),
+                "username" => username = v.into_owned(),
+                "signature" => signature = Some(v.into_owned()),
+                "signature_expiration" => expiration = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        Some(Signed {
+            path,
+            username,
+            signature: signature?,
+            expiration,
+            operation,
+        })
+    }
+
+    /// Whether it was made with `token` (envd's v1: `v1_` and the unpadded base64 of
+    /// SHA-256 of `path:operation:username:token[:expiration]`), in constant time.
+    fn made_with(&self, token: &str) -> bool {
+        use base64::Engine;
+        use sha2::Digest;
+        use subtle::ConstantTimeEq;
+        let mut raw = format!("{}:{}:{}:{token}", self.path, self.operation, self.username);
+        if let Some(expiration) = &self.expiration {
+            raw.push(':');
+            raw.push_str(expiration);
+        }
+        let digest = sha2::Sha256::digest(raw.as_bytes());
+        let expected = format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        );
+        expected.as_bytes().ct_eq(self.signature.as_bytes()).into()
+    }
+
+    /// Refuses a signature past its expiration (Unix seconds), as envd does.
+    fn check_expiration(&self) -> Result<(), E2bError> {
+        let Some(expiration) = &self.expiration else {
+            return Ok(());
+        };
+        let unauthorized = |m: &str| E2bError::new(http::StatusCode::UNAUTHORIZED, m);
+        let at: u64 = expiration
+            .parse()
+            .map_err(|_| unauthorized("invalid signature expiration"))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if at < now {
+            return Err(unauthorized("signature is already expired"));
+        }
+        Ok(())
+    }
+}
+
+/// The sandbox a signed `/files` URL sent without routing headers is for: the one whose
+/// access token made its signature. With `E2B_SANDBOX_URL` the SDK's signed URLs are
+/// that URL plus the query, naming no sandbox; the signature binds one.
+fn signed_target(e2b: &E2b, signed: &Signed) -> Option<Target> {
+    e2b.registry.all().into_iter().find_map(|(id, s)| {
+        let token = s.access_token.as_deref()?;
+        signed.made_with(token).then(|| Target {
+            instance: s.instance_id(&id).to_owned(),
+            sandbox: id,
+            port: ENVD_PORT,
+        })
+    })
+}
+
+/// Lets a sandbox-plane request through if its sandbox is E2B's and running (not
+/// paused), and it carries the sandbox's access token as `X-Access-Token` (constant-time
+/// comparison) or is a signed file URL made with it; sets the lockbox sandbox serving it
+/// ([`Target::instance`]).
+fn admit(e2b: &E2b, target: &mut Target, req: &Request) -> Result<(), E2bError> {
+    let headers = req.headers();
     let sandbox = e2b
         .registry
         .get(&target.sandbox)
         .ok_or_else(|| sandbox_not_found(&target.sandbox))?;
-    let running = e2b
-        .runtime
-        .sandbox_info(&target.sandbox)
-        .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running);
+    target.instance = sandbox.instance_id(&target.sandbox).to_owned();
+    let running = sandbox.paused.is_none()
+        && e2b
+            .runtime
+            .sandbox_info(&target.instance)
+            .is_ok_and(|i| i.state == lockbox_runtime::SandboxState::Running);
     if !running {
         return Err(sandbox_not_found(&target.sandbox));
     }
@@ -222,6 +359,17 @@ fn admit(e2b: &E2b, target: &Target, headers: &http::HeaderMap) -> Result<(), E2
                 .flatten()
         })
         .map(http::HeaderValue::as_bytes);
+    if given.is_none() && target.port == ENVD_PORT {
+        if let Some(signed) = Signed::of(req.method(), req.uri()) {
+            if !signed.made_with(&token) {
+                return Err(E2bError::new(
+                    http::StatusCode::UNAUTHORIZED,
+                    "invalid signature for this sandbox's file URL",
+                ));
+            }
+            return signed.check_expiration();
+        }
+    }
     match given {
         Some(given) if bool::from(token.as_bytes().ct_eq(given)) => Ok(()),
         Some(_) => Err(E2bError::new(
@@ -240,8 +388,11 @@ async fn to_sandbox_plane(
     mut req: Request,
     next: Next,
 ) -> Response {
-    match target_of(req.headers(), plane.domain.as_deref()) {
-        Some(target) => {
+    let target = target_of(req.headers(), plane.domain.as_deref()).or_else(|| {
+        Signed::of(req.method(), req.uri()).and_then(|s| signed_target(&plane.e2b, &s))
+    });
+    match target {
+        Some(mut target) => {
             let router = match target.port {
                 ENVD_PORT => plane.envd,
                 INTERPRETER_PORT => plane.interpreter,
@@ -253,8 +404,16 @@ async fn to_sandbox_plane(
                     .into_response()
                 }
             };
-            if let Err(refused) = admit(&plane.e2b, &target, req.headers()) {
+            if let Err(refused) = admit(&plane.e2b, &mut target, &req) {
                 return refused.into_response();
+            }
+            if req.headers().get("x-access-token").is_none() {
+                if let Some(signed) = Signed::of(req.method(), req.uri()) {
+                    // What the signature allows: its path alone (a multipart upload names
+                    // its files' paths itself).
+                    req.extensions_mut()
+                        .insert(envd::rest::SignedPath(signed.path));
+                }
             }
             req.extensions_mut().insert(target);
             match router.oneshot(req).await {
@@ -309,13 +468,48 @@ mod tests {
     }
 
     #[test]
+    fn a_signed_file_url_verifies_with_its_token_only_for_its_path_and_method() {
+        // What the SDK's `get_signature` makes for `a.txt`, `read`, user `user`, token
+        // `tok`, expiring at 4102444800: python3 -c 'import base64,hashlib; print("v1_" +
+        // base64.b64encode(hashlib.sha256(b"a.txt:read:user:tok:4102444800").digest())
+        // .rstrip(b"=").decode())'
+        let uri: http::Uri = "/files?path=a.txt&username=user&signature=v1_sMVu5%2F9VdN7de9etei5GkbqRY9DqmvZn92V3WI%2FhF78&signature_expiration=4102444800"
+            .parse()
+            .unwrap();
+        let signed = Signed::of(&http::Method::GET, &uri).unwrap();
+        assert_eq!(signed.path, "a.txt");
+        assert!(signed.made_with("tok"));
+        assert!(!signed.made_with("other"));
+        assert!(signed.check_expiration().is_ok());
+        let as_write = Signed::of(&http::Method::POST, &uri).unwrap();
+        assert!(!as_write.made_with("tok"));
+        let other_path: http::Uri = "/files?path=b.txt&username=user&signature=v1_sMVu5%2F9VdN7de9etei5GkbqRY9DqmvZn92V3WI%2FhF78&signature_expiration=4102444800"
+            .parse()
+            .unwrap();
+        assert!(!Signed::of(&http::Method::GET, &other_path)
+            .unwrap()
+            .made_with("tok"));
+        let expired = Signed {
+            expiration: Some("1".into()),
+            ..signed
+        };
+        assert_eq!(
+            expired.check_expiration().unwrap_err().message,
+            "signature is already expired"
+        );
+        let unsigned: http::Uri = "/files?path=a.txt".parse().unwrap();
+        assert_eq!(Signed::of(&http::Method::GET, &unsigned), None);
+    }
+
+    #[test]
     fn the_sdks_routing_headers_name_the_sandbox_and_port() {
         let h = headers(&[("E2b-Sandbox-Id", "sb-1"), ("E2b-Sandbox-Port", "49983")]);
         assert_eq!(
             target_of(&h, None),
             Some(Target {
                 sandbox: "sb-1".into(),
-                port: ENVD_PORT
+                port: ENVD_PORT,
+                instance: "sb-1".into(),
             })
         );
     }
@@ -327,7 +521,8 @@ mod tests {
             target_of(&h, Some("lockbox.test")),
             Some(Target {
                 sandbox: "sb-2".into(),
-                port: INTERPRETER_PORT
+                port: INTERPRETER_PORT,
+                instance: "sb-2".into(),
             })
         );
         assert_eq!(target_of(&h, None), None);

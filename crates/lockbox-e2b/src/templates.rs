@@ -16,8 +16,8 @@
 //!
 //! Differences from E2B (docs/e2b.md): `set_envs` values are build-time only, as in E2B:
 //! exported to the later `RUN` steps, not kept in the image; `set_user` and a step's user are recorded, not switched (an image
-//! sandbox's processes have one uid); `set_start_cmd`/`set_ready_cmd` are refused (400);
-//! `fromTemplate` takes another template built here; E2B's `base` image
+//! sandbox's processes have one uid); `set_start_cmd`/`set_ready_cmd` run as each sandbox
+//! of the template starts ([`crate::template_start`]); `fromTemplate` takes another template built here; E2B's `base` image
 //! (`e2bdev/base`) is pulled like any other reference.
 
 use crate::{E2b, E2bError};
@@ -137,7 +137,7 @@ fn random_uuid() -> Result<String, E2bError> {
 }
 
 /// A template's id: its name without a tag (E2B names are `name[:tag]`).
-fn split_name(name: &str) -> (String, Option<String>) {
+pub(crate) fn split_name(name: &str) -> (String, Option<String>) {
     match name.rsplit_once(':') {
         Some((n, tag)) if !tag.contains('/') => (n.to_owned(), Some(tag.to_owned())),
         _ => (name.to_owned(), None),
@@ -325,6 +325,8 @@ struct Plan {
     hashes: Vec<String>,
     no_cache: bool,
     notes: Vec<String>,
+    start_cmd: Option<String>,
+    ready_cmd: Option<String>,
 }
 
 fn json_array(items: &[&str]) -> String {
@@ -333,8 +335,13 @@ fn json_array(items: &[&str]) -> String {
 
 fn plan(t: &Templates, start: &StartBuild) -> Result<Plan, E2bError> {
     let bad = |m: String| E2bError::new(StatusCode::BAD_REQUEST, m);
-    if start.start_cmd.is_some() || start.ready_cmd.is_some() {
-        return Err(bad("startCmd/readyCmd: a template's start and ready commands are not supported by lockbox yet (start the process after Sandbox.create)".into()));
+    for (field, cmd) in [
+        ("startCmd", &start.start_cmd),
+        ("readyCmd", &start.ready_cmd),
+    ] {
+        if cmd.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            return Err(bad(format!("{field}: empty (leave it out)")));
+        }
     }
     if start.from_image_registry.is_some() {
         return Err(bad("fromImageRegistry: give registry credentials to lockbox serve (~/.docker/config.json or $REGISTRY_AUTH_FILE), not to the template".into()));
@@ -433,6 +440,8 @@ fn plan(t: &Templates, start: &StartBuild) -> Result<Plan, E2bError> {
         hashes,
         no_cache,
         notes,
+        start_cmd: start.start_cmd.clone(),
+        ready_cmd: start.ready_cmd.clone(),
     })
 }
 
@@ -568,27 +577,34 @@ fn run_build(
                 b.logs.push(log_entry("info", line, Some(step)))
             });
         }));
-        report
-            .map(|r| {
-                format!(
-                    "built {} as {} ({} of {} layer steps cached)",
-                    r.image.id,
-                    names.join(", "),
-                    r.cached,
-                    r.layer_steps
-                )
-            })
-            .map_err(|e| {
-                let step = match &e {
-                    lockbox_image::build::BuildError::RunFailed { line, .. }
-                    | lockbox_image::build::BuildError::Step { line, .. }
-                    | lockbox_image::build::BuildError::Sandbox { line, .. } => {
-                        plan.line_step.get(line.saturating_sub(1)).copied()
-                    }
-                    _ => None,
-                };
-                (e.to_string(), step)
-            })
+        let r = report.map_err(|e| {
+            let step = match &e {
+                lockbox_image::build::BuildError::RunFailed { line, .. }
+                | lockbox_image::build::BuildError::Step { line, .. }
+                | lockbox_image::build::BuildError::Sandbox { line, .. } => {
+                    plan.line_step.get(line.saturating_sub(1)).copied()
+                }
+                _ => None,
+            };
+            (e.to_string(), step)
+        })?;
+        // What every sandbox of the template starts with (or, rebuilt without, no longer).
+        let cmds = crate::template_start::StartCmds {
+            image: r.image.id.clone(),
+            start: plan.start_cmd.clone(),
+            ready: plan.ready_cmd.clone(),
+        };
+        let mut all = names.to_vec();
+        all.push(format!("{id}:{build_id}"));
+        crate::template_start::record(&t.e2b.runtime.state_dir(), &all, &cmds)
+            .map_err(|e| fail(format!("recording its start and ready commands: {e}")))?;
+        Ok(format!(
+            "built {} as {} ({} of {} layer steps cached)",
+            r.image.id,
+            names.join(", "),
+            r.cached,
+            r.layer_steps
+        ))
     })();
     let _ = std::fs::remove_dir_all(&context);
     result
@@ -689,6 +705,12 @@ async fn alias(
     Path(alias): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
     let (id, tag) = split_name(&alias);
+    // The templates every sandbox may use without a build (E2B's are public ones).
+    if tag.as_deref().is_none_or(|t| t == "latest")
+        && crate::control::HOST_TEMPLATES.contains(&id.as_str())
+    {
+        return Ok(Json(json!({"templateID": id, "public": true})));
+    }
     let building_or_built = t
         .lock()
         .builds

@@ -229,7 +229,11 @@ pub enum RuntimeError {
     /// The sandbox database (SQLite, in the state directory) failed.
     #[error("internal error: sandbox database: {0}")]
     Database(#[source] rusqlite::Error),
-    /// The sandbox's agent is gone (the sandbox ended) or broke its protocol.
+    /// The sandbox ended while it was listed running: its agent hung up (its processes
+    /// were killed from inside, or the sandbox died). Code `SANDBOX_NOT_RUNNING`.
+    #[error("the sandbox ended: its agent is gone")]
+    AgentGone,
+    /// The sandbox's agent broke its protocol.
     #[error("internal error: the sandbox's agent {0}")]
     Agent(String),
     /// A condition that is a bug in lockbox (no source error to keep).
@@ -246,7 +250,9 @@ impl RuntimeError {
     pub fn code(&self) -> ErrorCode {
         match self {
             RuntimeError::SandboxNotFound { .. } => ErrorCode::SandboxNotFound,
-            RuntimeError::SandboxNotRunning { .. } => ErrorCode::SandboxNotRunning,
+            RuntimeError::SandboxNotRunning { .. } | RuntimeError::AgentGone => {
+                ErrorCode::SandboxNotRunning
+            }
             RuntimeError::SessionNotFound { .. } => ErrorCode::SessionNotFound,
             RuntimeError::SessionExists { .. } => ErrorCode::AlreadyExists,
             RuntimeError::SessionTerminated { .. } => ErrorCode::SessionTerminated,

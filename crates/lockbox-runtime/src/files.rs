@@ -77,10 +77,75 @@ pub(crate) fn check_path(path: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// `statfs` magic numbers of the kernel's pseudo filesystems whose `st_size` says nothing
+/// of the content (`/proc` says 0, `/sys` says 4096 whatever an attribute holds).
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// Whether `fd`'s `stat` size cannot be trusted as its length: 0 (procfs, or an empty
+/// file, which reads the same either way) or a file on `/proc` or `/sys`.
+fn unsized_file(fd: &OwnedFd, size: u64) -> bool {
+    size == 0
+        || rustix::fs::fstatfs(fd).is_ok_and(|fs| {
+            // `f_type` is an i64 here, an i32 or u32 on some other targets.
+            #[allow(clippy::useless_conversion)]
+            let kind = i64::from(fs.f_type);
+            kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC
+        })
+}
+
+/// `[start, end)` of `range` in a file of `size` bytes (the whole file without one).
+fn span(range: Option<ByteRange>, size: u64) -> Result<(u64, u64), RuntimeError> {
+    match range {
+        None => Ok((0, size)),
+        Some(r) => {
+            let end = r.end.unwrap_or(size).min(size);
+            if r.start > end || (r.start >= size && size > 0) {
+                return Err(RuntimeError::invalid(
+                    "range",
+                    format!("{}-{:?} is outside the file's {size} bytes", r.start, r.end),
+                ));
+            }
+            Ok((r.start, end))
+        }
+    }
+}
+
+/// Reads a file without a trustworthy size to its end, as `cat` would, keeping at most
+/// `max` bytes: its length is then known before a byte is sent (a reply's length, a
+/// range). One giving more is refused, never cut silently.
+async fn read_unsized(
+    mut file: tokio::fs::File,
+    path: &str,
+    max: usize,
+) -> Result<Vec<u8>, RuntimeError> {
+    let mut data = Vec::new();
+    (&mut file)
+        .take(max as u64 + 1)
+        .read_to_end(&mut data)
+        .await
+        .map_err(RuntimeError::os("reading a file's descriptor"))?;
+    if data.len() > max {
+        return Err(RuntimeError::invalid(
+            "path",
+            format!(
+                "{path} has no size on disk (a /proc or /sys file) and gives more than \
+                 {max} bytes, the most read from such a file (as from an exec's output); \
+                 read a part of it with an exec (head -c)"
+            ),
+        ));
+    }
+    Ok(data)
+}
+
+/// Opens `path` for reading. A regular file streams from its descriptor, bounded by its
+/// size at open; a file whose size `stat` does not tell (`/proc`, `/sys`) is read to its
+/// end first, at most `max_unsized` bytes.
 pub(crate) async fn read_file(
     agent: &AgentClient,
     path: &str,
     range: Option<ByteRange>,
+    max_unsized: usize,
 ) -> Result<FileRead, RuntimeError> {
     check_path(path)?;
     let (body, fds) = call(agent, Op::Open { path: path.into() }, path, false).await?;
@@ -91,20 +156,23 @@ pub(crate) async fn read_file(
         .into_iter()
         .next()
         .ok_or_else(|| RuntimeError::Agent("sent no descriptor".into()))?;
-    let (start, end) = match range {
-        None => (0, size),
-        Some(r) => {
-            let end = r.end.unwrap_or(size).min(size);
-            if r.start > end || (r.start >= size && size > 0) {
-                return Err(RuntimeError::invalid(
-                    "range",
-                    format!("{}-{:?} is outside the file's {size} bytes", r.start, r.end),
-                ));
-            }
-            (r.start, end)
-        }
-    };
+    let no_size = unsized_file(&fd, size);
     let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
+    if no_size {
+        let mut data = read_unsized(file, path, max_unsized).await?;
+        let size = data.len() as u64;
+        let (start, end) = span(range, size)?;
+        // Both are at most `size`, a `usize`.
+        data.truncate(end as usize);
+        data.drain(..start as usize);
+        return Ok(FileRead {
+            size,
+            range: (start, end),
+            body: Box::pin(std::io::Cursor::new(data)),
+            read_whole: true,
+        });
+    }
+    let (start, end) = span(range, size)?;
     file.seek(SeekFrom::Start(start))
         .await
         .map_err(RuntimeError::os("reading a file's descriptor"))?;
@@ -112,6 +180,7 @@ pub(crate) async fn read_file(
         size,
         range: (start, end),
         body: Box::pin(file.take(end - start)),
+        read_whole: false,
     })
 }
 

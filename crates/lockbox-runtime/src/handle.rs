@@ -372,13 +372,18 @@ impl Sandbox {
         ports::connect(&self.inner, port).await
     }
 
-    /// Opens a file inside the sandbox for reading (whole, or a range).
+    /// Opens a file inside the sandbox for reading (whole, or a range). A regular file
+    /// streams, bounded by its size when opened. A file whose `stat` size is not its length
+    /// (`/proc`, `/sys`: 0 or 4096) is read to its end first, as `cat` would, keeping at most
+    /// [`RuntimeConfig::max_exec_output`](crate::RuntimeConfig::max_exec_output) bytes, so
+    /// that `size` is its real length; one giving more is `INVALID_REQUEST` on `path`.
     pub async fn read_file(
         &self,
         path: &str,
         range: Option<ByteRange>,
     ) -> Result<FileRead, RuntimeError> {
-        files::read_file(&self.live()?.agent, path, range).await
+        let max = self.inner.limits.max_exec_output;
+        files::read_file(&self.live()?.agent, path, range, max).await
     }
 
     /// Writes a file inside the sandbox atomically (temp file + rename) from a stream.
@@ -733,6 +738,7 @@ impl Sandbox {
                 state_dir: &self.inner.state_dir,
                 snapshots: store,
                 base,
+                spare: false,
             };
             let fresh = start_instance(
                 &self.inner.spec,

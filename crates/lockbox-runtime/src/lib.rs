@@ -32,7 +32,7 @@
 //! `lockbox-agent` binary instead. Either way the agent's [`PROTOCOL_VERSION`] is checked at
 //! the handshake: a mismatch is [`RuntimeError::Protocol`].
 //!
-//! Not here: HTTP and the API's JSON (`lockbox-server`, whose `wire.rs` turns these types
+//! Not here: HTTP and the API's JSON (`lockbox-server`, whose `wire` module turns these types
 //! into their wire forms: times as RFC 3339 text, durations as `*_ms`), confinement
 //! itself (`lockbox-confine`), the agent and its protocol (`lockbox-agent`), branches and
 //! the commit engine (`lockbox-cow`).

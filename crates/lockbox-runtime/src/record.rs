@@ -3,7 +3,7 @@
 //! lists the sandboxes; a fork of an old snapshot starts with its policy).
 //!
 //! This is the one serde of the runtime's own types, and it is private on purpose: it is
-//! the runtime's file format, not the API (`lockbox-server`'s `wire.rs` is that). The
+//! the runtime's file format, not the API (`lockbox-server`'s `wire` module is that). The
 //! field names are those records have always had; change them only with a reader of the
 //! old ones.
 //!

@@ -68,6 +68,7 @@ impl Runtime {
         let pool = (config.pool_size > 0).then(|| {
             crate::pool::Pool::new(
                 config.pool_size,
+                config.pool_max_spares,
                 config.state_dir.clone(),
                 snapshots.clone(),
                 agent_exe.clone(),
@@ -128,29 +129,38 @@ impl Runtime {
             }
             None => None,
         };
-        if let Some(reference) = &spec.policy.image {
-            // Pulled as `image_pull` says (default `missing`). The sandbox keeps the
-            // reference as given: its restarts (a workspace abort) and the forks of its
-            // snapshots look it up again, and an operator's ceiling sees the name.
-            let store = lockbox_image::Store::in_state_dir(&self.inner.config.state_dir)
-                .map_err(RuntimeError::Image)?;
-            store
-                .find_or_pull(
-                    reference,
-                    spec.image_pull,
-                    &lockbox_image::PullOptions::default(),
-                )
-                .await
-                .map_err(RuntimeError::Image)?;
-        }
+        let image_id = match &spec.policy.image {
+            Some(reference) => {
+                // Pulled as `image_pull` says (default `missing`). The sandbox keeps the
+                // reference as given: its restarts (a workspace abort) and the forks of its
+                // snapshots look it up again, and an operator's ceiling sees the name. The
+                // pool is asked by the image's id: a tag moved since is another key.
+                let store = lockbox_image::Store::in_state_dir(&self.inner.config.state_dir)
+                    .map_err(RuntimeError::Image)?;
+                let image = store
+                    .find_or_pull(
+                        reference,
+                        spec.image_pull,
+                        &lockbox_image::PullOptions::default(),
+                    )
+                    .await
+                    .map_err(RuntimeError::Image)?;
+                Some(image.id)
+            }
+            None => None,
+        };
         if spec.idle_timeout.is_none() {
             spec.idle_timeout = self.inner.config.default_idle_timeout;
         }
         let pool = self.inner.pool.as_ref();
-        // A spare fork comes whole: named, its /tmp restored and its sessions started.
+        // A pooled sandbox comes started, under an id of its own; a spare fork comes whole:
+        // named, its /tmp restored and its sessions started.
         let spare = match &base {
             Some(meta) => pool.and_then(|p| p.take_fork(&spec, meta)),
-            None => None,
+            None => match pool {
+                Some(p) => p.take(&spec, image_id.as_deref()).await,
+                None => None,
+            },
         };
         let made_ahead = spare.is_some();
         let (id, audit, instance) = match spare {
@@ -175,15 +185,15 @@ impl Runtime {
                     state_dir: &self.inner.config.state_dir,
                     snapshots: &self.inner.snapshots,
                     base: base.as_ref().map(|m| &m.id),
+                    spare: false,
                 };
-                // A pooled instance has no network list (the default policy): nothing to audit.
                 let audit = crate::audit::AuditLog::new();
-                let instance = match pool.and_then(|p| p.take(&spec)) {
-                    Some(inst) => inst,
-                    None => {
-                        start_instance(&spec, origin, &self.inner.agent_exe, &id, &audit).await?
-                    }
-                };
+                let instance =
+                    start_instance(&spec, origin, &self.inner.agent_exe, &id, &audit).await?;
+                if let (Some(p), None) = (pool, &base) {
+                    // A spec in recent use: kept ready from now on.
+                    p.remember(&spec, image_id.as_deref());
+                }
                 (id, audit, instance)
             }
         };
@@ -366,9 +376,18 @@ impl Runtime {
         lock(&self.inner.registry).define(more, upstream_ca);
     }
 
-    /// How many pooled sandboxes are ready now (0 without a pool).
+    /// How many pooled sandboxes are ready now, of every spec (0 without a pool).
     pub fn pool_ready(&self) -> usize {
         self.inner.pool.as_ref().map_or(0, |p| p.ready())
+    }
+
+    /// The specs the pool keeps sandboxes ready for, the default's first, with how many are
+    /// ready and how creations of each went (empty without a pool). Spare forks aside.
+    pub fn pool_stats(&self) -> Vec<PoolKeyStats> {
+        self.inner
+            .pool
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.stats())
     }
 
     /// Every snapshot, oldest first.

@@ -295,6 +295,9 @@ pub(crate) struct Origin<'a> {
     pub snapshots: &'a SnapshotStore,
     /// A snapshot to lie on (a fork or a restore), or the workdir itself.
     pub base: Option<&'a SnapshotId>,
+    /// Made ahead by the pool: its branch is recorded a spare from its creation (swept at
+    /// start-up if the runtime dies before handing it out), until the take names it.
+    pub spare: bool,
 }
 
 /// Starts a sandbox instance: branch (if a workdir; a fork of `origin.base` if given),
@@ -320,7 +323,7 @@ pub(crate) async fn start_instance(
     let interceptor = crate::credentials::start(spec, &mut policy, sink.clone())?;
     let mut branch = match &spec.workdir {
         Some(dir) => {
-            let context = branch_context(sandbox_id, spec, false);
+            let context = branch_context(sandbox_id, spec, origin.spare);
             if !dir.is_dir() {
                 return Err(RuntimeError::invalid(
                     "workdir",
@@ -590,14 +593,15 @@ async fn spawn_agent(
         .map(OwnedFd::from)
         .map_err(RuntimeError::os("opening /dev/null"))?;
     let mut running = on_spawner_thread(move || {
-        // The agent binary is bound read-only at a fixed path of the sandbox's own /dev.
-        let mut spawn = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args).stdio(
-            lockbox_confine::Stdio {
+        // The agent binary is bound read-only at a fixed path of the sandbox's own /dev; it
+        // is also the sandbox's init once the agent runs (`main_if_agent` dispatches it).
+        let mut spawn = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args)
+            .lean_init()
+            .stdio(lockbox_confine::Stdio {
                 stdin: Some(stdin),
                 stdout: None,
                 stderr: None,
-            },
-        );
+            });
         if let Some(sink) = audit {
             spawn = spawn.audit(sink);
         }

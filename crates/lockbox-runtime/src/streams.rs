@@ -99,12 +99,16 @@ pub struct PtyAttachment {
 
 /// An open file for reading.
 pub struct FileRead {
-    /// The file's whole size.
+    /// The file's whole size: its `stat` size at open, or for a `/proc` or `/sys` file
+    /// (whose `stat` size is not its length) the length it gave when read to its end.
     pub size: u64,
     /// The bytes `body` yields: `start..end` (end exclusive).
     pub range: (u64, u64),
     /// The bytes.
     pub body: Pin<Box<dyn AsyncRead + Send>>,
+    /// Whether the file was read to its end when opened (a `/proc` or `/sys` file): `body`
+    /// then yields bytes already in memory, cheap to skip, and `size` is what it gave.
+    pub read_whole: bool,
 }
 
 impl fmt::Debug for FileRead {
@@ -112,6 +116,7 @@ impl fmt::Debug for FileRead {
         f.debug_struct("FileRead")
             .field("size", &self.size)
             .field("range", &self.range)
+            .field("read_whole", &self.read_whole)
             .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,6 @@
 //! The data types of the runtime's API: ids, specs, records, events. Domain types only:
 //! durations are [`Duration`]s, times [`std::time::SystemTime`]s, byte strings [`Bytes`].
-//! Their JSON is `lockbox-server`'s `wire.rs` (an id is its text there, through `From<Id>
+//! Their JSON is `lockbox-server`'s `wire` module (an id is its text there, through `From<Id>
 //! for String`); no type here derives serde (a snapshot record writes a session id as its
 //! text, `sandbox.rs`).
 
@@ -29,6 +29,9 @@ pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 10 << 30;
 /// Default bound of the entries (inodes) of all snapshots
 /// ([`RuntimeConfig::max_snapshot_entries`]): one million.
 pub const DEFAULT_MAX_SNAPSHOT_ENTRIES: u64 = 1_000_000;
+/// Default bound of the pool's ready sandboxes, of all keys together
+/// ([`RuntimeConfig::pool_max_spares`]).
+pub const DEFAULT_POOL_MAX_SPARES: usize = 8;
 
 /// How the runtime is set up.
 #[derive(Debug, Clone)]
@@ -75,9 +78,16 @@ pub struct RuntimeConfig {
     /// How many entries (inodes) all snapshots together may hold; beyond, as
     /// [`RuntimeConfig::max_snapshot_bytes`]. `None` = no bound.
     pub max_snapshot_entries: Option<u64>,
-    /// Sandboxes kept started ahead for creations with the default policy and no workdir
-    /// (see `pool.rs`): such a creation takes one instead of starting a sandbox. 0 = none.
+    /// Sandboxes kept started ahead per pooled spec (see `pool.rs`, docs/runtime.md): for
+    /// the default policy with no workdir always, and for each other spec in recent use
+    /// (after its first creation) within [`RuntimeConfig::pool_max_spares`]. A creation of
+    /// a pooled spec takes one instead of starting a sandbox. 0 = no pool.
     pub pool_size: usize,
+    /// The pool's ready sandboxes of all specs together at most (the default spec's
+    /// `pool_size` always fit): a spec newly in use evicts the least recently used one's.
+    /// `pool_size` here pools the default spec alone. Default
+    /// [`DEFAULT_POOL_MAX_SPARES`].
+    pub pool_max_spares: usize,
     /// The credentials sandboxes may use but never read (`lockbox serve --credential`),
     /// read once by the caller: a sandbox's [`SandboxSpec::http`] rules pick from them by
     /// name. See `credentials.rs`.
@@ -107,11 +117,27 @@ impl RuntimeConfig {
             max_snapshot_bytes: Some(DEFAULT_MAX_SNAPSHOT_BYTES),
             max_snapshot_entries: Some(DEFAULT_MAX_SNAPSHOT_ENTRIES),
             pool_size: 0,
+            pool_max_spares: DEFAULT_POOL_MAX_SPARES,
             credentials: lockbox_intercept::Credentials::default(),
             credential_files: Vec::new(),
             upstream_ca: None,
         }
     }
+}
+
+/// One spec the pool keeps sandboxes ready for ([`crate::Runtime::pool_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKeyStats {
+    /// The default spec's (always kept), not one in recent use.
+    pub default: bool,
+    /// The store id of its image, if it has one.
+    pub image: Option<String>,
+    /// Sandboxes ready now.
+    pub ready: usize,
+    /// Creations that took a ready sandbox.
+    pub hits: u64,
+    /// Creations that found none ready (a spec's first creation is one).
+    pub misses: u64,
 }
 
 /// What to do with a sandbox's branch when the sandbox is deleted (or idles out, or the

@@ -2,7 +2,7 @@
 
 import os
 
-from e2b_util import need, point_sdk_at, restore, start
+from e2b_util import E2B_SDK, need, serving
 
 
 def test_the_sdk_drives_a_server_running_as_uid_65534():
@@ -10,19 +10,29 @@ def test_the_sdk_drives_a_server_running_as_uid_65534():
     try:
         from e2b import Sandbox
     except ImportError:
-        need(False, "the e2b SDK (pip install e2b==2.63.0 e2b-code-interpreter==2.11.5)")
-    import console_util
-    server = start(uid=65534)
-    saved = point_sdk_at(server.base, server.token, "2")
-    try:
+        need(False, E2B_SDK)
+    with serving(uid=65534, http_version="2"):
         sbx = Sandbox.create(metadata={"as": "nobody"})
         try:
             sbx.files.write("who.txt", "nobody")
             assert sbx.files.read("who.txt") == "nobody"
             assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sbx.sandbox_id]
+            # Pause and resume (snapshots in the server's state directory), and fork.
+            assert sbx.pause()
+            sbx.connect()
+            assert sbx.files.read("who.txt") == "nobody"
+            forks = sbx.fork(count=1)
+            try:
+                assert forks[0].files.read("who.txt") == "nobody"
+            finally:
+                forks[0].kill()
+            snap = sbx.create_snapshot()
+            other = Sandbox.create(snap.snapshot_id)
+            try:
+                assert other.files.read("who.txt") == "nobody"
+            finally:
+                other.kill()
+            assert Sandbox.delete_snapshot(snap.snapshot_id)
         finally:
             sbx.kill()
         assert not sbx.is_running()
-    finally:
-        restore(saved)
-        console_util.stop_server(server)

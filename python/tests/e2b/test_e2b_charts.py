@@ -7,7 +7,7 @@ import sys
 import tempfile
 
 import pytest
-from e2b_util import need, point_sdk_at, restore, start
+from e2b_util import need, serving
 
 
 @pytest.fixture(scope="module")
@@ -17,19 +17,14 @@ def charts_server():
         from e2b_code_interpreter import Sandbox  # noqa: F401
     except ImportError:
         need(False, "matplotlib and e2b-code-interpreter==2.11.5 in the test venv")
-    import console_util
-
     profile = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
     profile.write(f'[fs]\nread = ["{sys.prefix}"]\n'
                   f'[env]\nset = {{ PATH = "{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin", FROM_PROFILE = "1" }}\n')
     profile.close()
-    server = start("--e2b-profile", profile.name)
-    saved = point_sdk_at(server.base, server.token, "1.1")
     try:
-        yield server
+        with serving("--e2b-profile", profile.name) as server:
+            yield server
     finally:
-        restore(saved)
-        console_util.stop_server(server)
         os.unlink(profile.name)
 
 

@@ -3,19 +3,16 @@ sandbox, as E2B's own hosts do."""
 
 import httpx
 
-from e2b_util import need, point_sdk_at, restore, start
+from e2b_util import E2B_SDK, need, serving
 
 try:
     from e2b import Sandbox
 except ImportError:
-    need(False, "the e2b SDK (pip install e2b==2.63.0 e2b-code-interpreter==2.11.5)")
+    need(False, E2B_SDK)
 
 
 def test_the_sandbox_host_form_reaches_envd_under_the_configured_domain():
-    import console_util
-    server = start("--e2b-domain", "lockbox.test")
-    saved = point_sdk_at(server.base, server.token, "1.1")
-    try:
+    with serving("--e2b-domain", "lockbox.test") as server:
         sbx = Sandbox.create()
         try:
             sbx.files.write("via-host.txt", "routed")
@@ -29,6 +26,3 @@ def test_the_sandbox_host_form_reaches_envd_under_the_configured_domain():
             assert httpx.get(f"{server.base}/files", headers=other).status_code in (401, 404)
         finally:
             sbx.kill()
-    finally:
-        restore(saved)
-        console_util.stop_server(server)

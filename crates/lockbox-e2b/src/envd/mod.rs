@@ -50,9 +50,9 @@ pub struct Envd {
 /// and tag, each user's home, the polled watchers.
 #[derive(Debug, Default)]
 struct State {
-    /// Sandbox id -> lockbox process id -> what E2B started it with.
+    /// lockbox sandbox id -> lockbox process id -> what E2B started it with.
     processes: Mutex<HashMap<String, HashMap<String, process::Started>>>,
-    /// (sandbox id, user) -> home.
+    /// (lockbox sandbox id, user) -> home.
     homes: Mutex<HashMap<(String, User), String>>,
     /// Watcher id -> its events so far.
     watchers: Mutex<HashMap<String, filesystem::Watcher>>,
@@ -93,13 +93,13 @@ impl User {
 /// One call's sandbox and user.
 #[derive(Debug)]
 pub struct Ctx {
-    /// The sandbox (id = the E2B sandbox id).
+    /// The lockbox sandbox serving it (its id is the E2B id, or after a resume another).
     pub sandbox: Sandbox,
     /// Who the call runs as.
     pub user: User,
     /// The user's home inside the sandbox (`/` when it has none).
     pub home: String,
-    /// The sandbox's id.
+    /// The E2B sandbox's id.
     pub id: String,
 }
 
@@ -166,13 +166,14 @@ impl Envd {
                 ));
             }
         }
+        // The admission set the lockbox sandbox serving it (another id after a resume).
         let sandbox = self
             .e2b
             .runtime
-            .sandbox(&id)
+            .sandbox(&target.instance)
             .map_err(|e| rt_error(&id, e))?;
         let user = user_of(&head.headers)?;
-        let home = self.home(&sandbox, &id, user).await;
+        let home = self.home(&sandbox, user).await;
         Ok(Ctx {
             sandbox,
             user,
@@ -181,8 +182,8 @@ impl Envd {
         })
     }
 
-    async fn home(&self, sandbox: &Sandbox, id: &str, user: User) -> String {
-        let key = (id.to_owned(), user);
+    async fn home(&self, sandbox: &Sandbox, user: User) -> String {
+        let key = (sandbox.id().to_owned(), user);
         if let Some(home) = lock(&self.state.homes).get(&key) {
             return home.clone();
         }

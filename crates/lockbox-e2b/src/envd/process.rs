@@ -167,7 +167,7 @@ impl Envd {
             .map(|p| p.id.as_str().to_owned())
             .collect();
         let mut all = lock(&self.state.processes);
-        let ours = all.entry(ctx.id.clone()).or_default();
+        let ours = all.entry(ctx.sandbox.id().to_owned()).or_default();
         // What E2B remembers of processes that ended goes (List shows running ones only).
         ours.retain(|id, _| running.contains(id));
         ours.insert(
@@ -203,7 +203,7 @@ impl Envd {
     /// The sandbox's running processes with what E2B started them with, if it did.
     fn running(&self, ctx: &Ctx) -> Vec<(lockbox_runtime::ProcessInfo, Option<Started>)> {
         let all = lock(&self.state.processes);
-        let ours = all.get(&ctx.id);
+        let ours = all.get(ctx.sandbox.id());
         ctx.sandbox
             .list_processes()
             .into_iter()

@@ -1,6 +1,7 @@
 //! envd's REST API (`spec/envd/envd.yaml`): `GET /health`, `GET /envs`, `GET /metrics`,
 //! and files: `GET /files` (download, streamed) and `POST /files` (upload, as
-//! `multipart/form-data` or `application/octet-stream`), on the runtime's file API.
+//! `multipart/form-data` or `application/octet-stream`, either of them gzip-encoded), on
+//! the runtime's file API.
 //! Relative paths are relative to the E2B user's home ([`crate::HOME`]); `username` is
 //! accepted and ignored (every process of a lockbox sandbox runs as one user).
 
@@ -16,6 +17,7 @@ use futures_util::TryStreamExt;
 use lockbox_runtime::{RuntimeError, WriteOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::{Arc, OnceLock};
 
 /// The largest `multipart/form-data` upload (it is read whole before being written);
 /// `application/octet-stream` uploads are streamed and have no such bound.
@@ -48,7 +50,7 @@ async fn metrics(State(e2b): State<E2b>, Extension(target): Extension<Target>) -
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let usage = e2b
         .runtime
-        .sandbox_info(&target.sandbox)
+        .sandbox_info(&target.instance)
         .ok()
         .and_then(|i| i.usage);
     let mem_used = usage.as_ref().map_or(0, |u| u.rss_bytes);
@@ -109,7 +111,7 @@ async fn download(
     let path = resolve(&path);
     let sandbox = e2b
         .runtime
-        .sandbox(&target.sandbox)
+        .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
     let read = sandbox
         .read_file(&path, None)
@@ -132,24 +134,32 @@ fn entry(path: &str) -> Value {
     json!({"path": path, "name": name, "type": "file"})
 }
 
+/// The path a signed file URL was signed for: the only one its upload may write.
+#[derive(Debug, Clone)]
+pub struct SignedPath(pub String);
+
 async fn upload(
     State(e2b): State<E2b>,
     Extension(target): Extension<Target>,
+    signed: Option<Extension<SignedPath>>,
     Query(query): Query<FileQuery>,
     req: Request,
 ) -> Result<Response, E2bError> {
     let headers = req.headers().clone();
-    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
-        if encoding.as_bytes() != b"identity" {
+    let gzip = match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
+        None => false,
+        Some(e) if e.eq_ignore_ascii_case(b"identity") => false,
+        Some(e) if e.eq_ignore_ascii_case(b"gzip") => true,
+        Some(e) => {
             return Err(E2bError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(
-                    "Content-Encoding {:?}: compressed uploads are not supported (upload without gzip)",
-                    String::from_utf8_lossy(encoding.as_bytes())
+                    "Content-Encoding {:?}: not supported (gzip or identity)",
+                    String::from_utf8_lossy(e)
                 ),
-            ));
+            ))
         }
-    }
+    };
     if let Some(key) = headers
         .keys()
         .find(|k| k.as_str().starts_with("x-metadata-"))
@@ -161,7 +171,7 @@ async fn upload(
     }
     let sandbox = e2b
         .runtime
-        .sandbox(&target.sandbox)
+        .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -186,8 +196,15 @@ async fn upload(
                     ),
                 )
             })?;
+        let body = if gzip {
+            gunzip_whole(&body)?
+        } else {
+            body.to_vec()
+        };
         let parts = parse_multipart(&body, &boundary)?;
         let single = parts.len() == 1;
+        // Every part's path first: a refused one must not leave the others written.
+        let mut files = Vec::with_capacity(parts.len());
         for (filename, data) in parts {
             let path = match (&query.path, single) {
                 (Some(p), true) if !p.is_empty() => p.clone(),
@@ -199,6 +216,17 @@ async fn upload(
                 })?,
             };
             let path = resolve(&path);
+            if let Some(Extension(SignedPath(allowed))) = &signed {
+                if resolve(allowed) != path {
+                    return Err(E2bError::new(
+                        StatusCode::UNAUTHORIZED,
+                        format!("{path}: the URL's signature is for {allowed} only"),
+                    ));
+                }
+            }
+            files.push((path, data));
+        }
+        for (path, data) in files {
             let reader = std::io::Cursor::new(data);
             sandbox
                 .write_file(&path, Box::pin(reader), WriteOptions::default())
@@ -215,11 +243,21 @@ async fn upload(
             .into_body()
             .into_data_stream()
             .map_err(std::io::Error::other);
-        let reader = tokio_util::io::StreamReader::new(stream);
+        // Set when the body is not valid gzip: the client's error (400), not the server's.
+        let bad_gzip = Arc::new(OnceLock::new());
+        let reader: std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>> = if gzip {
+            let decoded = gunzip_stream(stream, bad_gzip.clone());
+            Box::pin(tokio_util::io::StreamReader::new(decoded))
+        } else {
+            Box::pin(tokio_util::io::StreamReader::new(stream))
+        };
         sandbox
-            .write_file(&path, Box::pin(reader), WriteOptions::default())
+            .write_file(&path, reader, WriteOptions::default())
             .await
-            .map_err(|e| file_error(&path, &e))?;
+            .map_err(|e| match bad_gzip.get() {
+                Some(why) => E2bError::new(StatusCode::BAD_REQUEST, format!("gzip body: {why}")),
+                None => file_error(&path, &e),
+            })?;
         written.push(entry(&path));
     }
     let mut out = HeaderMap::new();
@@ -228,6 +266,91 @@ async fn upload(
         header::HeaderValue::from_static("application/json"),
     );
     Ok((StatusCode::OK, out, Json(Value::Array(written))).into_response())
+}
+
+/// A gzip-encoded multipart body (`Content-Encoding: gzip`), decoded whole: at most
+/// [`MAX_MULTIPART`] bytes once decoded.
+fn gunzip_whole(body: &[u8]) -> Result<Vec<u8>, E2bError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .take(MAX_MULTIPART as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("gzip body: {e}")))?;
+    if out.len() > MAX_MULTIPART {
+        return Err(E2bError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a multipart upload of at most {MAX_MULTIPART} bytes once decoded"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Input fed to the gzip decoder per step: it bounds what one step's output holds in
+/// memory (deflate expands by at most ~1032 times).
+const GUNZIP_STEP: usize = 4096;
+
+/// A gzip-encoded upload body decoded as it arrives (an octet-stream upload has no size
+/// bound, so it is never held whole).
+fn gunzip_stream<S>(
+    body: S,
+    bad_gzip: Arc<OnceLock<String>>,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send
+where
+    S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + Unpin,
+{
+    use futures_util::StreamExt;
+    use std::io::Write;
+    struct State<S> {
+        body: S,
+        pending: bytes::Bytes,
+        decoder: Option<flate2::write::GzDecoder<Vec<u8>>>,
+        bad_gzip: Arc<OnceLock<String>>,
+    }
+    let state = State {
+        body,
+        pending: bytes::Bytes::new(),
+        decoder: Some(flate2::write::GzDecoder::new(Vec::new())),
+        bad_gzip,
+    };
+    futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            let decoder = st.decoder.as_mut()?;
+            if !st.pending.is_empty() {
+                let step = st.pending.split_to(st.pending.len().min(GUNZIP_STEP));
+                if let Err(e) = decoder.write_all(&step) {
+                    st.decoder = None;
+                    return Some((Err(gzip_error(e, &st.bad_gzip)), st));
+                }
+                let out = std::mem::take(decoder.get_mut());
+                if !out.is_empty() {
+                    return Some((Ok(bytes::Bytes::from(out)), st));
+                }
+                continue;
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => st.pending = chunk,
+                Some(Err(e)) => {
+                    st.decoder = None;
+                    return Some((Err(e), st));
+                }
+                None => {
+                    let mut decoder = st.decoder.take()?;
+                    // A truncated stream is an error, not a short file.
+                    let item = match decoder.try_finish() {
+                        Ok(()) => Ok(bytes::Bytes::from(std::mem::take(decoder.get_mut()))),
+                        Err(e) => Err(gzip_error(e, &st.bad_gzip)),
+                    };
+                    return Some((item, st));
+                }
+            }
+        }
+    })
+}
+
+fn gzip_error(e: std::io::Error, bad_gzip: &OnceLock<String>) -> std::io::Error {
+    let _ = bad_gzip.set(e.to_string());
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("gzip body: {e}"))
 }
 
 /// The `boundary` parameter of a multipart Content-Type.
@@ -309,6 +432,44 @@ mod tests {
             boundary_of("multipart/form-data; boundary=\"xyz\""),
             Some("xyz".into())
         );
+    }
+
+    fn gunzip_chunks(chunks: Vec<Vec<u8>>) -> std::io::Result<Vec<u8>> {
+        use futures_util::StreamExt;
+        let body = futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(std::io::Error::other)?;
+        rt.block_on(async {
+            let mut out = Vec::new();
+            let mut s = std::pin::pin!(gunzip_stream(body, Arc::new(OnceLock::new())));
+            while let Some(chunk) = s.next().await {
+                out.extend_from_slice(&chunk?);
+            }
+            Ok(out)
+        })
+    }
+
+    #[test]
+    fn a_gzip_upload_body_decodes_whatever_its_chunking_and_a_truncated_one_fails() {
+        use std::io::Write;
+        let plain: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&plain).unwrap();
+        let gz = enc.finish().unwrap();
+        assert_eq!(gunzip_chunks(vec![gz.clone()]).unwrap(), plain);
+        let small: Vec<Vec<u8>> = gz.chunks(7).map(<[u8]>::to_vec).collect();
+        assert_eq!(gunzip_chunks(small).unwrap(), plain);
+        let cut = gunzip_chunks(vec![gz[..gz.len() / 2].to_vec()]).unwrap_err();
+        assert_eq!(cut.kind(), std::io::ErrorKind::InvalidData);
+        assert!(gunzip_chunks(vec![b"not gzip at all".to_vec()]).is_err());
+        assert_eq!(gunzip_whole(&gz).unwrap(), plain);
     }
 
     #[test]

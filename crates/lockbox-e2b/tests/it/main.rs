@@ -4,6 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod control;
 mod envd;
 mod filesystem;
+mod pool;
 mod process;
+mod restart;
+mod template_start;

@@ -523,3 +523,99 @@ async fn issue_32_a_running_sandbox_cannot_change_what_was_reviewed_before_the_c
     assert!(!work.path().join("added.sh").exists());
     rt.shutdown().await;
 }
+
+/// The `Key:` names of a `/proc/PID/status`, in order (the values differ between processes).
+fn status_keys(text: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proc_and_sys_files_read_to_their_end_like_cat() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "proc_and_sys_files_read_to_their_end_like_cat"
+    ));
+    let state = scratch();
+    let mut spec = SandboxSpec::default();
+    spec.policy.fs.read.push("/sys/devices/system/cpu".into());
+    let (rt, sb) = sandbox_with(state.path(), spec).await;
+    // `stat` says 0 bytes; the content is a UUID and a newline.
+    let boot_id = "/proc/sys/kernel/random/boot_id";
+    assert_eq!(sb.stat(boot_id).await.unwrap().size, 0);
+    let read = sb.read_file(boot_id, None).await.unwrap();
+    assert_eq!(
+        (read.size, read.range, read.read_whole),
+        (37, (0, 37), true)
+    );
+    let got = read_all(&sb, boot_id, None).await;
+    assert_eq!(got.len(), 37);
+    assert_eq!(got, run(&sb, &format!("cat {boot_id}")).await.stdout);
+    // A range is taken in what the file gave; past its end is refused as for any file.
+    let part = ByteRange {
+        start: 9,
+        end: Some(13),
+    };
+    assert_eq!(read_all(&sb, boot_id, Some(part)).await, got[9..13]);
+    let past = ByteRange {
+        start: 40,
+        end: None,
+    };
+    let err = sb.read_file(boot_id, Some(past)).await.unwrap_err();
+    assert_eq!(err.code(), "INVALID_REQUEST", "{err}");
+    // `self` is the agent that opened it, not `cat`: the same fields, other values.
+    let status = read_all(&sb, "/proc/self/status", None).await;
+    assert!(status.starts_with(b"Name:\t") && status.ends_with(b"\n"));
+    let cat = run(&sb, "cat /proc/self/status").await.stdout;
+    assert_eq!(status_keys(&status), status_keys(&cat));
+    // `/sys` says 4096 whatever an attribute holds.
+    let online = "/sys/devices/system/cpu/online";
+    assert_eq!(sb.stat(online).await.unwrap().size, 4096);
+    let read = sb.read_file(online, None).await.unwrap();
+    assert!(read.read_whole && read.size < 4096, "{read:?}");
+    let got = read_all(&sb, online, None).await;
+    assert_eq!(got, run(&sb, &format!("cat {online}")).await.stdout);
+    // A regular empty file still reads as empty, and a regular file streams from its descriptor.
+    sb.write_file("/tmp/empty", body(Vec::new()), WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(read_all(&sb, "/tmp/empty", None).await, b"");
+    sb.write_file("/tmp/full", body(b"abc".to_vec()), WriteOptions::default())
+        .await
+        .unwrap();
+    let read = sb.read_file("/tmp/full", None).await.unwrap();
+    assert_eq!((read.size, read.read_whole), (3, false));
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proc_file_giving_more_than_the_bound_is_refused() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_proc_file_giving_more_than_the_bound_is_refused"
+    ));
+    let state = scratch();
+    let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
+    config.agent_exe = Some(agent_exe().to_owned());
+    config.max_exec_output = 4096;
+    let rt = lockbox_runtime::Runtime::open(config).unwrap();
+    let info = rt.create_sandbox(SandboxSpec::default()).await.unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
+    // Below the bound: read whole.
+    assert_eq!(
+        read_all(&sb, "/proc/sys/kernel/random/boot_id", None)
+            .await
+            .len(),
+        37
+    );
+    // `stat` says 0, and it gives about a kilobyte per mapping of the process reading it
+    // (dozens: more than the bound, as `wc` shows of its own): refused, never cut silently.
+    let smaps = "/proc/self/smaps";
+    assert_eq!(sb.stat(smaps).await.unwrap().size, 0);
+    let wc = out(&run(&sb, &format!("cat {smaps} | wc -c")).await);
+    assert!(wc.trim().parse::<usize>().unwrap() > 4096, "{wc}");
+    let err = sb.read_file(smaps, None).await.unwrap_err();
+    assert_eq!(err.code(), "INVALID_REQUEST", "{err}");
+    assert!(err.to_string().contains("4096 bytes"), "{err}");
+    rt.shutdown().await;
+}

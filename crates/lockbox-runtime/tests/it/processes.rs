@@ -278,6 +278,53 @@ async fn delete_leaves_no_process_behind() {
     assert_eq!(err.code(), "SANDBOX_NOT_RUNNING");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_whose_processes_killed_its_agent_answers_not_running_not_internal() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_sandbox_whose_processes_killed_its_agent_answers_not_running_not_internal"
+    ));
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    // Everything the sandbox's user may signal in its pid namespace, the agent too.
+    // The agent may die before it answers the start itself: either way is the sandbox ending.
+    if let Err(e) = sb.start_process(shell("kill -9 -1")).await {
+        assert_eq!(e.code(), "SANDBOX_NOT_RUNNING", "{e}");
+    }
+    // Every later call is the sandbox having ended, never an internal error.
+    let mut codes = Vec::new();
+    for _ in 0..500 {
+        codes = vec![
+            sb.stat("/").await.err().map(|e| e.code().to_string()),
+            sb.list("/", false, false)
+                .await
+                .err()
+                .map(|e| e.code().to_string()),
+            sb.watch("/tmp", false)
+                .await
+                .err()
+                .map(|e| e.code().to_string()),
+            sb.exec(req("true"))
+                .await
+                .err()
+                .map(|e| e.code().to_string()),
+        ];
+        if codes.iter().all(Option::is_some) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for code in &codes {
+        assert!(
+            matches!(
+                code.as_deref(),
+                Some("SANDBOX_NOT_RUNNING" | "SESSION_TERMINATED")
+            ),
+            "{codes:?}"
+        );
+    }
+    rt.shutdown().await;
+}
+
 /// Processes visible on the host running `sleep D` for one of `durations`.
 fn host_sleepers(durations: &[String]) -> usize {
     std::fs::read_dir("/proc")
