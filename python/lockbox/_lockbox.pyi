@@ -1,6 +1,7 @@
 """Type stubs of the native module ``lockbox._lockbox`` (PyO3). Use the public API in
 ``lockbox``; these functions take and return the JSON forms the Python half builds."""
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeAlias, final
 
@@ -68,8 +69,10 @@ def spawn(
     stdout: str = "null",
     stderr: str = "null",
     result_pipe: bool = False,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> Process:
-    """Starts one sandbox; stdio modes are ``"null"``, ``"pipe"`` or ``"inherit"``."""
+    """Starts one sandbox; stdio modes are ``"null"``, ``"pipe"`` or ``"inherit"``; a
+    policy's ``image`` comes from ``state_dir``'s image store (pulled when missing)."""
 
 def open_journal(url: str) -> Journal:
     """Opens a journal (``sqlite:PATH``, ``file:DIR``, ``postgres://...``)."""

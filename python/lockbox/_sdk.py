@@ -192,7 +192,14 @@ class Sandbox:
         hostname: the hostname inside.
         kill_grace: seconds between SIGTERM and SIGKILL when stopped.
         state_dir: where transactions keep their layers and records (default:
-            :func:`default_state_dir`).
+            :func:`default_state_dir`); its image store holds ``image``.
+        image: an OCI image to run on instead of the host's userland (``"busybox:1.36"``,
+            ``"oci:/srv/images/app:v1"``), in transactions (``run_transactional``,
+            ``prepare``, :class:`Gather`): found in the state directory's image store, or
+            pulled into it when missing, and held while the transaction runs; its ``Env``
+            and ``User`` apply, the workdir is mounted at its own path and stays the cwd
+            (docs/images.md, "Transactions on an image"). ``Pipeline.run()`` without a
+            transaction does not take images yet.
     """
 
     def __init__(
@@ -219,6 +226,7 @@ class Sandbox:
         hostname: str | None = None,
         kill_grace: float | None = None,
         state_dir: PathLike | None = None,
+        image: str | None = None,
     ) -> None:
         if net not in ("none", "host"):
             raise UsageError(f"net must be 'none' or 'host', not {net!r}", code="INVALID_POLICY")
@@ -249,6 +257,7 @@ class Sandbox:
         self.hostname = hostname
         self.kill_grace = kill_grace
         self.state_dir = _abs(state_dir) if state_dir is not None else None
+        self.image = image
         # Validate now, so a bad keyword fails where it was written.
         _lockbox.check_policy(json.dumps(self.policy()))
 
@@ -298,6 +307,8 @@ class Sandbox:
             policy["cwd"] = to_json(cwd)
         if self.hostname is not None:
             policy["hostname"] = self.hostname
+        if self.image is not None:
+            policy["image"] = self.image
         return policy
 
     @classmethod
@@ -618,6 +629,10 @@ class Pipeline(_Txn):
         stage's result and the last stage's stdout."""
         if not self.cmds:
             raise UsageError("a pipeline needs at least one stage")
+        if any(c.sandbox.image is not None for c in self.cmds):
+            raise UsageError("a stage on an image runs in a transaction (run_transactional(), "
+                             "prepare()) or in Sandbox.open(image=...): Pipeline.run() does not "
+                             "take images yet")
         stages = [c._spec(f"stage-{i + 1}", None) for i, c in enumerate(self.cmds)]
         text, stdout = _lockbox.run_plain(json.dumps(stages), self._stdin())
         d = json.loads(text)

@@ -65,6 +65,17 @@ pub(crate) fn setup(e: &lockbox_confine::SetupError) -> PyErr {
     make(Family::Setup, e.code(), e.to_string(), Some(125), details)
 }
 
+/// A sandbox's image that could not be found, pulled or applied: its set-up failed.
+pub(crate) fn image(e: &lockbox_image::ImageError) -> PyErr {
+    make(
+        Family::Setup,
+        e.code(),
+        e.to_string(),
+        Some(125),
+        Value::Null,
+    )
+}
+
 pub(crate) fn txn(e: &lockbox_txn::TxnError) -> PyErr {
     make(
         Family::Txn,

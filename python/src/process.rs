@@ -60,9 +60,11 @@ fn outcome_json(o: &Outcome) -> Value {
 /// Starts `argv` in a sandbox confined by `policy` (JSON). With `result_pipe`, a pipe's
 /// write end is handed to the command as descriptor `result_fd` (>= 3) and its read end
 /// is readable from Python as `Process.result_fd`; an argument `{result_fd}` is replaced
-/// by the descriptor's number.
+/// by the descriptor's number. A policy naming an `image` runs on it: found in the image
+/// store of `state_dir` (pulled when missing) and held while the process lives.
 #[pyfunction]
-#[pyo3(signature = (policy, argv, stdin="null", stdout="null", stderr="null", result_pipe=false))]
+#[pyo3(signature = (policy, argv, stdin="null", stdout="null", stderr="null", result_pipe=false, state_dir=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn(
     py: Python<'_>,
     policy: &str,
@@ -71,8 +73,31 @@ pub(crate) fn spawn(
     stdout: &str,
     stderr: &str,
     result_pipe: bool,
+    state_dir: Option<std::path::PathBuf>,
 ) -> PyResult<Process> {
     let mut policy = policy::parse(policy)?;
+    let image = match policy.image.clone() {
+        None => None,
+        Some(reference) => {
+            let state_dir = match state_dir {
+                Some(dir) => dir,
+                None => lockbox_cow::default_state_dir().ok_or_else(|| {
+                    errors::usage("no state directory for the image store: pass state_dir".into())
+                })?,
+            };
+            let taken = py.detach(|| {
+                let store = lockbox_image::Store::in_state_dir(&state_dir)?;
+                lockbox_image::ProcessImage::take(
+                    store,
+                    &reference,
+                    lockbox_image::PullPolicy::Missing,
+                    &lockbox_image::PullOptions::default(),
+                    lockbox_image::DEFAULT_MAX_STORE,
+                )
+            });
+            Some(taken.map_err(|e| errors::image(&e))?)
+        }
+    };
     let (in_child, in_py) = stream(stdin, true)?;
     let (out_child, out_py) = stream(stdout, false)?;
     let (err_child, err_py) = stream(stderr, false)?;
@@ -94,12 +119,26 @@ pub(crate) fn spawn(
             _ => a.into(),
         })
         .collect();
+    let (argv, root) = match &image {
+        None => (argv, None),
+        Some(held) => {
+            let (root, argv) = lockbox_image::apply(&held.image, &mut policy, &argv)
+                .map_err(|e| errors::image(&e))?;
+            (argv, Some(root))
+        }
+    };
     let stdio = Stdio {
         stdin: in_child,
         stdout: out_child,
         stderr: err_child,
     };
-    let spawned = py.detach(|| Spawn::command(&policy, &argv).stdio(stdio).start());
+    let spawned = py.detach(|| {
+        let spawn = Spawn::command(&policy, &argv).stdio(stdio);
+        match root {
+            Some(root) => spawn.image_root(root).start(),
+            None => spawn.start(),
+        }
+    });
     let running = spawned.map_err(|e| errors::setup(&e))?;
     let (result_watch, result_fd, result_child_fd) = match result {
         Some((r, w)) => {
@@ -128,6 +167,7 @@ pub(crate) fn spawn(
         stderr_fd: err_py.map(IntoRawFd::into_raw_fd),
         result_fd,
         result_child_fd,
+        _image: image,
     })
 }
 
@@ -161,6 +201,8 @@ pub(crate) struct Process {
     /// The descriptor number of the result pipe's write end inside the sandbox.
     #[pyo3(get)]
     result_child_fd: Option<RawFd>,
+    /// The image the sandbox runs on, held (not removable from its store) while this lives.
+    _image: Option<lockbox_image::ProcessImage>,
 }
 
 #[pymethods]

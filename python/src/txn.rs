@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use lockbox_txn::{Output, Selection, Txn, TxnOutcome, TxnSpec};
+use lockbox_image::{ImageError, ProcessImage, PullOptions, PullPolicy, Store};
+use lockbox_txn::{Output, Selection, StageImageError, Txn, TxnOutcome, TxnSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde_json::{json, Value};
@@ -33,13 +34,39 @@ pub(crate) fn check_policies(raw: &Value) -> PyResult<()> {
     Ok(())
 }
 
-/// The spec (`lockbox_txn::TxnSpec`'s JSON form, built by the Python half) as a transaction.
-fn build(spec_json: &str, stdin: Option<Vec<u8>>) -> PyResult<Txn> {
+/// The spec (`lockbox_txn::TxnSpec`'s JSON form, built by the Python half) as a
+/// transaction, with the images its stages name found in the state directory's store (pulled
+/// when missing) and held by this process until the returned holds are dropped. Blocking
+/// (a pull): call it with the GIL released.
+fn build(spec_json: &str, stdin: Option<Vec<u8>>) -> PyResult<(Txn, Vec<ProcessImage>)> {
     let bad = |e: serde_json::Error| errors::usage(format!("transaction spec: {e}"));
     let raw: Value = serde_json::from_str(spec_json).map_err(bad)?;
     check_policies(&raw)?;
     let spec: TxnSpec = serde_json::from_value(raw).map_err(bad)?;
-    spec.build(stdin).map_err(|e| errors::txn(&e))
+    let mut held = Vec::new();
+    let txn = spec
+        .build_with_images(stdin, &mut |policy, argv| {
+            let image_error = |e: ImageError| StageImageError {
+                reason: e.to_string(),
+                code: e.code(),
+                exit_code: if e.exit_code() == 2 { 2 } else { 125 },
+            };
+            let reference = policy.image.clone().unwrap_or_default();
+            let store = Store::in_state_dir(&spec.state_dir).map_err(image_error)?;
+            let image = ProcessImage::take(
+                store,
+                &reference,
+                PullPolicy::Missing,
+                &PullOptions::default(),
+                lockbox_image::DEFAULT_MAX_STORE,
+            )
+            .map_err(image_error)?;
+            let resolved = lockbox_image::apply(&image.image, policy, argv).map_err(image_error)?;
+            held.push(image);
+            Ok(resolved)
+        })
+        .map_err(|e| errors::txn(&e))?;
+    Ok((txn, held))
 }
 
 /// The JSON form of an outcome (without stdout, which travels as bytes).
@@ -101,9 +128,13 @@ pub(crate) fn run_txn(
         "dry_run" => true,
         other => return Err(errors::usage(format!("unknown mode {other:?}"))),
     };
-    let txn = build(spec, stdin)?;
-    let result = py.detach(move || if dry { txn.dry_run() } else { txn.run() });
-    let outcome = result.map_err(|e| errors::txn(&e))?;
+    let spec = spec.to_owned();
+    let result = py.detach(move || {
+        let (txn, _held) = build(&spec, stdin)?;
+        let outcome = if dry { txn.dry_run() } else { txn.run() };
+        outcome.map_err(|e| errors::txn(&e))
+    });
+    let outcome = result?;
     Ok(to_py(py, &outcome))
 }
 
@@ -115,9 +146,13 @@ pub(crate) fn prepare_txn(
     spec: &str,
     stdin: Option<Vec<u8>>,
 ) -> PyResult<PreparedTxn> {
-    let txn = build(spec, stdin)?;
-    let result = py.detach(move || txn.prepare());
-    let prepared = result.map_err(|e| errors::txn(&e))?;
+    let spec = spec.to_owned();
+    // The images are held while the stages run; the prepared layers do not need them.
+    let result = py.detach(move || {
+        let (txn, _held) = build(&spec, stdin)?;
+        txn.prepare().map_err(|e| errors::txn(&e))
+    });
+    let prepared = result?;
     Ok(PreparedTxn {
         inner: Mutex::new(Some(prepared)),
     })

@@ -614,7 +614,7 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// How `lockbox run` gets its --image (a profile's `image` too).
+/// How `lockbox run` and `lockbox txn` get an --image (a profile's `image` too).
 #[derive(Debug, Clone, Args)]
 pub struct RunImageArgs {
     /// When to pull the image: missing (only when the store lacks it), always (a tag may
@@ -629,6 +629,11 @@ pub struct RunImageArgs {
     /// Repeatable.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure_registry: Vec<String>,
+    /// Also trust the CA certificates of FILE (PEM) for registries spoken to over https,
+    /// besides the system's roots and certs.d (as `lockbox image pull --ca-cert`).
+    /// Repeatable.
+    #[arg(long = "ca-cert", value_name = "FILE")]
+    pub ca_cert: Vec<PathBuf>,
 }
 
 fn parse_pull(s: &str) -> Result<lockbox_image::PullPolicy, String> {
@@ -769,7 +774,7 @@ fn parse_dur(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
-fn parse_net_spec(s: &str) -> Result<NetSpec, String> {
+pub(crate) fn parse_net_spec(s: &str) -> Result<NetSpec, String> {
     NetSpec::parse(s).map_err(|e| e.to_string())
 }
 

@@ -13,7 +13,7 @@
 
 use crate::dockerfile::{self, Command, CopySpec, DockerfileError, Instruction, Step};
 use crate::layer_tar::{is_opaque, is_whiteout};
-use crate::{Digest, Image, ImageConfig, ImageError, PullOptions, PullPolicy, Store};
+use crate::{Digest, Image, ImageConfig, ImageError, Platform, PullOptions, PullPolicy, Store};
 use lockbox_confine::{RootUpper, Spawn, Stdio, Waited};
 use lockbox_policy::Policy;
 use sha2::Digest as _;
@@ -113,6 +113,8 @@ pub struct BuildReport {
 #[derive(Debug, Clone)]
 struct StageState {
     name: Option<String>,
+    /// The platform of its base (`FROM --platform=...`, else the host's).
+    platform: Platform,
     /// Base first.
     layers: Vec<Digest>,
     config: ImageConfig,
@@ -156,7 +158,20 @@ pub async fn build(
     let df = dockerfile::parse(&opts.dockerfile)?;
     let bdir = store.build_dir()?;
     let ignore = Ignore::load(&opts.context)?;
+    // Docker's automatic platform ARGs, usable in FROM (`FROM --platform=$BUILDPLATFORM`)
+    // and, once declared with ARG, in a stage. The build runs on the host's platform.
+    let host = Platform::host();
     let mut global = BTreeMap::new();
+    for (k, v) in [
+        ("BUILDPLATFORM", host.to_string()),
+        ("BUILDOS", host.os.clone()),
+        ("BUILDARCH", host.architecture.clone()),
+        ("TARGETPLATFORM", host.to_string()),
+        ("TARGETOS", host.os.clone()),
+        ("TARGETARCH", host.architecture.clone()),
+    ] {
+        global.insert(k.to_owned(), opts.build_args.get(k).cloned().unwrap_or(v));
+    }
     for ins in &df.global_args {
         if let Step::Arg(list) = ins.resolve(&|k| lookup(&global, k))? {
             for (k, v) in list {
@@ -174,13 +189,27 @@ pub async fn build(
     let mut scratch_n = 0;
     for stage in &df.stages {
         n += 1;
-        let Step::From { base, name, .. } = stage.from.resolve(&|k| lookup(&global, k))? else {
+        let Step::From {
+            base,
+            name,
+            platform,
+        } = stage.from.resolve(&|k| lookup(&global, k))?
+        else {
             return step_err(stage.from.line, "expected FROM");
         };
         say(&format!("STEP {n}/{total}: FROM {base}"));
         if base.is_empty() {
             return step_err(stage.from.line, "FROM: the image is empty (an unset ARG?)");
         }
+        let platform = match platform.as_deref() {
+            None => None,
+            Some(p) => Some(Platform::parse(p).map_err(|_| BuildError::Step {
+                line: stage.from.line,
+                reason: format!(
+                    "FROM --platform={p}: expected os/arch[/variant], e.g. linux/arm64"
+                ),
+            })?),
+        };
         let mut st = if let Some(prev) = stages
             .iter()
             .find(|s| s.name.as_deref() == Some(&base.to_ascii_lowercase()))
@@ -191,21 +220,21 @@ pub async fn build(
         } else if base == "scratch" {
             StageState {
                 name: None,
+                platform: platform.unwrap_or_else(|| host.clone()),
                 layers: Vec::new(),
                 config: ImageConfig::default(),
                 shell: default_shell(),
                 args: BTreeMap::new(),
             }
         } else {
-            let image = store
-                .find_or_pull(&base, PullPolicy::Missing, &opts.pull)
-                .await?;
+            let image = base_image(store, &base, platform.as_ref(), &opts.pull).await?;
             let mut layers = Vec::new();
             for l in image.layer_info.iter().rev() {
                 layers.push(Digest::parse(&l.diff_id)?);
             }
             StageState {
                 name: None,
+                platform: Platform::parse(&image.platform).unwrap_or_else(|_| host.clone()),
                 layers,
                 config: image.config.clone(),
                 shell: default_shell(),
@@ -359,6 +388,7 @@ pub async fn build(
                                 }
                                 Some(StageState {
                                     name: None,
+                                    platform: st.platform.clone(),
                                     layers,
                                     config: image.config.clone(),
                                     shell: default_shell(),
@@ -422,13 +452,46 @@ pub async fn build(
             "the image has no layers (FROM scratch with nothing added)",
         );
     }
-    let image = store.add_image(&last.config, &last.layers, &opts.tags, "build")?;
+    let image = store.add_image_for(
+        &last.platform,
+        &last.config,
+        &last.layers,
+        &opts.tags,
+        "build",
+    )?;
     drop(bdir);
     Ok(BuildReport {
         image,
         layer_steps,
         cached,
     })
+}
+
+/// A stage's base image: from the store when it is there for `platform` (any platform when
+/// none is asked for), else pulled for it (from a multi-platform image, that platform's
+/// manifest). An image that is not for `platform` is an error listing what it is for.
+async fn base_image(
+    store: &Store,
+    base: &str,
+    platform: Option<&Platform>,
+    pull: &PullOptions,
+) -> Result<Image, ImageError> {
+    let Some(want) = platform else {
+        return store.find_or_pull(base, PullPolicy::Missing, pull).await;
+    };
+    let is_for = |image: &Image| {
+        Platform::parse(&image.platform)
+            .is_ok_and(|p| want.matches(&p.os, &p.architecture, p.variant.as_deref()))
+    };
+    if let Some(image) = store.get(base)?.filter(|i| is_for(i)) {
+        return Ok(image);
+    }
+    let opts = PullOptions {
+        platform: want.clone(),
+        exact_platform: true,
+        ..pull.clone()
+    };
+    store.pull(base, &opts).await
 }
 
 fn lookup(m: &BTreeMap<String, String>, k: &str) -> Option<String> {
@@ -680,14 +743,54 @@ fn glob_parts(pat: &[String], path: &[String]) -> bool {
     }
 }
 
-/// `*` and `?` within one path component.
+/// Go's `filepath.Match` (what Docker uses for COPY sources and `.dockerignore`) within
+/// one path component: `*`, `?`, `[a-z]`, `[^...]` (or `[!...]`), `\\` escapes the next
+/// byte. A malformed class matches nothing.
 fn glob(p: &[u8], s: &[u8]) -> bool {
     match (p.first(), s.first()) {
         (None, None) => true,
         (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
         (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+        (Some(b'['), Some(&c)) => {
+            matches!(class(&p[1..], c), Some((true, rest)) if glob(rest, &s[1..]))
+        }
+        (Some(b'\\'), Some(&c)) if p.len() > 1 => p[1] == c && glob(&p[2..], &s[1..]),
         (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
         _ => false,
+    }
+}
+
+/// A `[...]` class (`p` after the `[`) against `c`: whether it matches, and the pattern
+/// after the `]`; None when the class is not closed.
+fn class(p: &[u8], c: u8) -> Option<(bool, &[u8])> {
+    fn one(p: &[u8]) -> Option<(u8, &[u8])> {
+        match p {
+            [b'\\', c, rest @ ..] | [c, rest @ ..] => Some((*c, rest)),
+            [] => None,
+        }
+    }
+    let (negated, mut p) = match p.first() {
+        Some(b'^' | b'!') => (true, &p[1..]),
+        _ => (false, p),
+    };
+    let mut hit = false;
+    let mut first = true;
+    loop {
+        if p.first() == Some(&b']') && !first {
+            return Some((hit != negated, &p[1..]));
+        }
+        first = false;
+        let (lo, rest) = one(p)?;
+        p = rest;
+        let hi = match p {
+            [b'-', next, ..] if *next != b']' => {
+                let (hi, rest) = one(&p[1..])?;
+                p = rest;
+                hi
+            }
+            _ => lo,
+        };
+        hit |= lo <= c && c <= hi;
     }
 }
 
@@ -742,12 +845,97 @@ fn context_digest(
     line: usize,
 ) -> Result<String, BuildError> {
     let mut h = sha2::Sha256::new();
-    for src in &spec.sources {
-        let parts = clean(src, line)?;
-        let p = context_source(context, &parts, src, line)?;
+    for (parts, p) in context_sources(context, ignore, spec, line)? {
         hash_tree(&p, &parts, ignore, &mut h)?;
     }
     Ok(Digest::from_hasher(h).to_string())
+}
+
+/// Whether a source is a pattern (Docker's: `*`, `?` or `[` not escaped with `\`).
+fn has_wildcard(src: &str) -> bool {
+    let mut escaped = false;
+    for c in src.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '*' | '?' | '[' => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What a directory holds, for expanding a pattern: each name and whether it is a real
+/// directory (a symlink is not: patterns are never expanded through one).
+type Lister<'a> = dyn Fn(&[String]) -> Vec<(String, bool)> + 'a;
+
+/// The paths (components) `pattern` matches, sorted; component by component, as Docker's
+/// `filepath.Match` (`*` and `?` never match `/`). Empty when nothing matches.
+fn expand(pattern: &[String], list: &Lister<'_>) -> Vec<Vec<String>> {
+    let mut found: Vec<Vec<String>> = vec![Vec::new()];
+    for (i, pat) in pattern.iter().enumerate() {
+        let last = i + 1 == pattern.len();
+        let mut next = Vec::new();
+        for dir in &found {
+            for (name, is_dir) in list(dir) {
+                if (last || is_dir) && glob(pat.as_bytes(), name.as_bytes()) {
+                    let mut p = dir.clone();
+                    p.push(name);
+                    next.push(p);
+                }
+            }
+        }
+        found = next;
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The context sources of `spec` (components and host path), each pattern expanded: one
+/// that matches nothing (or only what `.dockerignore` excludes) is an error naming it.
+fn context_sources(
+    context: &Path,
+    ignore: &Ignore,
+    spec: &CopySpec,
+    line: usize,
+) -> Result<Vec<(Vec<String>, PathBuf)>, BuildError> {
+    let mut out = Vec::new();
+    for src in &spec.sources {
+        let parts = clean(src, line)?;
+        if !has_wildcard(src) {
+            let p = context_source(context, &parts, src, line)?;
+            out.push((parts, p));
+            continue;
+        }
+        let list = |dir: &[String]| -> Vec<(String, bool)> {
+            let d = context.join(dir.join("/"));
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                return Vec::new();
+            };
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let mut rel = dir.to_vec();
+                    rel.push(name.clone());
+                    let is_dir = e.file_type().ok()?.is_dir();
+                    (!ignore.excluded(&rel)).then_some((name, is_dir))
+                })
+                .collect()
+        };
+        let matched = expand(&parts, &list);
+        if matched.is_empty() {
+            return step_err(
+                line,
+                format!("{src}: no file in the build context matches this pattern"),
+            );
+        }
+        for m in matched {
+            let p = context.join(m.join("/"));
+            out.push((m, p));
+        }
+    }
+    Ok(out)
 }
 
 fn hash_tree(
@@ -790,8 +978,11 @@ fn hash_tree(
 
 /// Where a source goes in the layer: a directory's contents into `dest`; a file to `dest`
 /// itself, or under it when `dest` ends in `/` or there are several sources.
+/// `sources`: how many there are once patterns are expanded; several need a destination
+/// that is a directory, written ending in `/` (as Docker says).
 fn dest_root(
     spec: &CopySpec,
+    sources: usize,
     workdir: &str,
     layer: &Path,
     line: usize,
@@ -802,7 +993,18 @@ fn dest_root(
         Path::new(workdir).join(&spec.dest)
     };
     let parts = clean(&abs.to_string_lossy(), line)?;
-    let into_dir = spec.dest.ends_with('/') || spec.sources.len() > 1 || spec.dest == ".";
+    let into_dir = spec.dest.ends_with('/') || spec.dest == "." || spec.dest == "..";
+    if sources > 1 && !into_dir {
+        return step_err(
+            line,
+            format!(
+                "{} {}: {sources} sources (after expanding patterns): the destination {:?} must be a directory and end with a /",
+                if spec.add { "ADD" } else { "COPY" },
+                spec.sources.join(" "),
+                spec.dest
+            ),
+        );
+    }
     Ok((layer.join(parts.join("/")), into_dir))
 }
 
@@ -814,10 +1016,9 @@ fn copy_from_context(
     layer: &Path,
     line: usize,
 ) -> Result<(), BuildError> {
-    let (dest, into_dir) = dest_root(spec, workdir, layer, line)?;
-    for src in &spec.sources {
-        let parts = clean(src, line)?;
-        let p = context_source(context, &parts, src, line)?;
+    let sources = context_sources(context, ignore, spec, line)?;
+    let (dest, into_dir) = dest_root(spec, sources.len(), workdir, layer, line)?;
+    for (parts, p) in sources {
         let md = std::fs::symlink_metadata(&p).map_err(|e| ImageError::io("read", &p, e))?;
         if md.is_dir() {
             copy_tree(&p, &dest, &parts, ignore, spec.chmod)?;
@@ -1022,12 +1223,51 @@ fn copy_from_layers(
     layer: &Path,
     line: usize,
 ) -> Result<(), BuildError> {
-    let (dest, into_dir) = dest_root(spec, workdir, layer, line)?;
+    let from = spec.from.as_deref().unwrap_or("");
+    // What the merged layers show in a directory: names not whited out, and whether each
+    // is a real directory.
+    let list = |dir: &[String]| -> Vec<(String, bool)> {
+        let mut names = BTreeSet::new();
+        for &i in &visible(layers, dir) {
+            if let Ok(rd) = std::fs::read_dir(layers[i].join(dir.join("/"))) {
+                names.extend(
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned()),
+                );
+            }
+        }
+        names
+            .into_iter()
+            .filter_map(|n| {
+                let mut rel = dir.to_vec();
+                rel.push(n.clone());
+                let top = *visible(layers, &rel).first()?;
+                let md = std::fs::symlink_metadata(layers[top].join(rel.join("/"))).ok()?;
+                Some((n, md.is_dir()))
+            })
+            .collect()
+    };
+    let mut sources = Vec::new();
     for src in &spec.sources {
         let parts = clean(src, line)?;
+        if !has_wildcard(src) {
+            sources.push((src.clone(), parts));
+            continue;
+        }
+        let matched = expand(&parts, &list);
+        if matched.is_empty() {
+            return step_err(
+                line,
+                format!("--from={from}: {src}: nothing in that stage matches this pattern"),
+            );
+        }
+        sources.extend(matched.into_iter().map(|m| (src.clone(), m)));
+    }
+    let (dest, into_dir) = dest_root(spec, sources.len(), workdir, layer, line)?;
+    for (src, parts) in sources {
         let vis = visible(layers, &parts);
         let Some(&top) = vis.first() else {
-            return step_err(line, format!("--from={}: {src}: no such file or directory in that stage (a path through a symlink is not followed)", spec.from.as_deref().unwrap_or("")));
+            return step_err(line, format!("--from={from}: {src}: no such file or directory in that stage (a path through a symlink is not followed)"));
         };
         let is_dir =
             std::fs::symlink_metadata(layers[top].join(parts.join("/"))).is_ok_and(|m| m.is_dir());
@@ -1106,6 +1346,92 @@ mod tests {
             e.to_string().contains("line 7") && e.to_string().contains("symlink"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn globs_match_as_docker_does_within_one_component() {
+        let g = |p: &str, s: &str| glob(p.as_bytes(), s.as_bytes());
+        assert!(g("*.py", "main.py") && g("*.py", ".hidden.py") && !g("*.py", "main.pyc"));
+        assert!(g("file?.txt", "file1.txt") && !g("file?.txt", "file10.txt"));
+        assert!(g("[a-c]x", "bx") && !g("[a-c]x", "dx") && g("[^a-c]x", "dx"));
+        assert!(g("[!a]", "b") && !g("[!a]", "a") && g("[]a]", "]"));
+        assert!(g("\\*", "*") && !g("\\*", "x") && !g("[a-", "a"));
+        assert!(has_wildcard("src/*.txt") && has_wildcard("a[0-9]") && !has_wildcard("a\\*b"));
+        assert!(!has_wildcard("plain/path.txt"));
+    }
+
+    #[test]
+    fn a_pattern_expands_in_the_context_sorted_and_never_through_a_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let ctx = d.path();
+        std::fs::create_dir_all(ctx.join("src/deep")).unwrap();
+        std::fs::create_dir_all(ctx.join("other")).unwrap();
+        for f in [
+            "b.py",
+            "a.py",
+            "c.txt",
+            "src/x.txt",
+            "src/y.txt",
+            "src/z.log",
+            "other/o.txt",
+        ] {
+            std::fs::write(ctx.join(f), f).unwrap();
+        }
+        std::os::unix::fs::symlink(ctx.join("src"), ctx.join("link")).unwrap();
+        let spec = |sources: &[&str]| CopySpec {
+            add: false,
+            from: None,
+            chown: None,
+            chmod: None,
+            sources: sources.iter().map(|s| s.to_string()).collect(),
+            dest: "/app/".into(),
+        };
+        let names = |sources: &[&str], ignore: &Ignore| -> Vec<String> {
+            context_sources(ctx, ignore, &spec(sources), 1)
+                .unwrap()
+                .into_iter()
+                .map(|(p, _)| p.join("/"))
+                .collect()
+        };
+        let none = Ignore::default();
+        assert_eq!(names(&["*.py"], &none), ["a.py", "b.py"]);
+        assert_eq!(
+            names(&["*/*.txt"], &none),
+            ["other/o.txt", "src/x.txt", "src/y.txt"]
+        );
+        assert_eq!(names(&["src/[xz].*"], &none), ["src/x.txt", "src/z.log"]);
+        assert_eq!(names(&["src/*.txt"], &ig("src/y.txt\n")), ["src/x.txt"]);
+        let e = context_sources(ctx, &none, &spec(&["*.rs"]), 4).unwrap_err();
+        assert!(
+            e.to_string().contains("line 4") && e.to_string().contains("*.rs"),
+            "{e}"
+        );
+        // `link` (a symlink to src) is not expanded through.
+        let e = context_sources(ctx, &none, &spec(&["link/*"]), 5).unwrap_err();
+        assert!(e.to_string().contains("link/*"), "{e}");
+    }
+
+    #[test]
+    fn several_sources_need_a_destination_ending_in_a_slash() {
+        let d = tempfile::tempdir().unwrap();
+        let mut spec = CopySpec {
+            add: false,
+            from: None,
+            chown: None,
+            chmod: None,
+            sources: vec!["*.py".into()],
+            dest: "/app".into(),
+        };
+        assert!(dest_root(&spec, 1, "/", d.path(), 3).is_ok());
+        let e = dest_root(&spec, 2, "/", d.path(), 3).unwrap_err();
+        assert!(
+            e.to_string().contains("line 3") && e.to_string().contains("end with a /"),
+            "{e}"
+        );
+        spec.dest = "/app/".into();
+        assert!(dest_root(&spec, 2, "/", d.path(), 3).unwrap().1);
+        spec.dest = ".".into();
+        assert!(dest_root(&spec, 2, "/", d.path(), 3).unwrap().1);
     }
 
     #[test]

@@ -151,6 +151,14 @@ pub enum ImageError {
         #[source]
         source: std::io::Error,
     },
+    /// A CA certificate file (`--ca-cert`, `certs.d`) that holds no usable certificate.
+    #[error("CA certificate {}: {reason}", path.display())]
+    BadCaCert {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A store record that cannot be parsed.
     #[error("image store {}: damaged record: {reason}", path.display())]
     Damaged {
@@ -172,7 +180,8 @@ impl ImageError {
             | ImageError::NotFound(_)
             | ImageError::Ambiguous { .. }
             | ImageError::BadHolder(_)
-            | ImageError::BadDigest(_) => 2,
+            | ImageError::BadDigest(_)
+            | ImageError::BadCaCert { .. } => 2,
             ImageError::Held { .. } => 5,
             ImageError::Io { .. } | ImageError::Damaged { .. } => 4,
             _ => 1,
@@ -187,7 +196,8 @@ impl ImageError {
             | ImageError::BadPlatform(_)
             | ImageError::Ambiguous { .. }
             | ImageError::BadHolder(_)
-            | ImageError::BadDigest(_) => C::BadReference,
+            | ImageError::BadDigest(_)
+            | ImageError::BadCaCert { .. } => C::BadReference,
             ImageError::NotFound(_) => C::ImageNotFound,
             ImageError::Held { .. } => C::ImageInUse,
             ImageError::NoPlatform { .. } => C::NoPlatform,

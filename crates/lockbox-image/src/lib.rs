@@ -44,7 +44,7 @@ pub use digest::Digest;
 pub use error::ImageError;
 pub use push::{PushOptions, Pushed};
 pub use reference::{Reference, Source};
-pub use sandbox::{apply, process_holder, PullPolicy, DEFAULT_PATH};
+pub use sandbox::{apply, process_holder, ProcessImage, PullPolicy, DEFAULT_PATH};
 pub use store::{BuildDir, Removed, Store, BUILT_LAYER_MEDIA_TYPE};
 pub use unpack::{remove_tree, unpack, UnpackReport, OPAQUE_XATTR};
 
@@ -217,6 +217,10 @@ impl fmt::Display for Platform {
 pub struct PullOptions {
     /// The platform to pick from an index (default: the host's).
     pub platform: Platform,
+    /// Refuse an image that is not for `platform` (a single-platform image of another one)
+    /// rather than take it (the default, as Docker does without `--platform`). Set by
+    /// `--platform` and `FROM --platform`.
+    pub exact_platform: bool,
     /// Registries that may be reached over plain http (loopback ones always may).
     pub insecure_registries: Vec<String>,
     /// The largest manifest, index, config or token answer read (default 4 MiB).
@@ -231,6 +235,37 @@ pub struct PullOptions {
     /// The credentials file (containers-auth.json / docker config.json format); default
     /// `$REGISTRY_AUTH_FILE`, else `~/.docker/config.json`.
     pub auth_file: Option<PathBuf>,
+    /// Which registry certificates are trusted besides the system's roots.
+    pub tls: Tls,
+}
+
+/// Trust for registries spoken to over https: the system's roots, plus the CA
+/// certificates given here. A registry that has any (from either list) is spoken to over
+/// https even on loopback (which is plain http otherwise), unless `--insecure-registry`
+/// names it.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// PEM files of CA certificates trusted for every registry (`--ca-cert FILE`).
+    pub ca_certs: Vec<PathBuf>,
+    /// Directories in the containers `certs.d` layout: `DIR/HOST[:PORT]/*.crt` are CA
+    /// certificates (PEM) trusted for that registry. Default: `~/.config/containers/certs.d`
+    /// (`$XDG_CONFIG_HOME`), `/etc/containers/certs.d`, `/etc/docker/certs.d`.
+    pub certs_dirs: Vec<PathBuf>,
+}
+
+impl Default for Tls {
+    fn default() -> Self {
+        let mut certs_dirs: Vec<PathBuf> = dirs::config_dir()
+            .map(|c| c.join("containers/certs.d"))
+            .into_iter()
+            .collect();
+        certs_dirs.push("/etc/containers/certs.d".into());
+        certs_dirs.push("/etc/docker/certs.d".into());
+        Tls {
+            ca_certs: Vec::new(),
+            certs_dirs,
+        }
+    }
 }
 
 /// The default bound on manifests, indexes, configs and token answers.
@@ -246,12 +281,14 @@ impl Default for PullOptions {
     fn default() -> Self {
         PullOptions {
             platform: Platform::host(),
+            exact_platform: false,
             insecure_registries: Vec::new(),
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_layer_bytes: DEFAULT_MAX_LAYER_BYTES,
             parallel: 3,
             progress: false,
             auth_file: None,
+            tls: Tls::default(),
         }
     }
 }

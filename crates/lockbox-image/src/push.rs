@@ -29,6 +29,8 @@ pub struct PushOptions {
     pub auth_file: Option<PathBuf>,
     /// A blob larger than this is sent in chunks of this size (default 16 MiB).
     pub chunk_bytes: u64,
+    /// Which registry certificates are trusted besides the system's roots.
+    pub tls: crate::Tls,
 }
 
 impl Default for PushOptions {
@@ -37,6 +39,7 @@ impl Default for PushOptions {
             insecure_registries: Vec::new(),
             auth_file: None,
             chunk_bytes: 16 << 20,
+            tls: crate::Tls::default(),
         }
     }
 }
@@ -335,6 +338,7 @@ impl Store {
             &dest_ref,
             &opts.insecure_registries,
             opts.auth_file.as_deref(),
+            &opts.tls,
         )?;
         registry.set_push();
         let mut report = Pushed {

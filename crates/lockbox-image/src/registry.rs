@@ -137,14 +137,17 @@ pub struct Registry {
 
 impl Registry {
     /// A client for `reference`'s repository. `insecure` names registries that may be
-    /// reached over plain http (loopback ones always are).
+    /// reached over plain http (loopback ones are, unless `tls` has a CA certificate for
+    /// them).
     pub fn new(
         reference: &Reference,
         insecure: &[String],
         auth_file: Option<&Path>,
+        tls: &crate::Tls,
     ) -> Result<Registry, ImageError> {
         let host = reference.api_host().to_owned();
-        let plain = is_loopback(&host)
+        let roots = trusted_roots(tls, &[&reference.registry, &host])?;
+        let plain = (is_loopback(&host) && roots.is_empty())
             || insecure
                 .iter()
                 .any(|h| h == &reference.registry || h == &host);
@@ -163,7 +166,11 @@ impl Registry {
                 attempt.follow()
             }
         });
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        for cert in roots {
+            builder = builder.add_root_certificate(cert);
+        }
+        let client = builder
             .redirect(policy)
             .connect_timeout(Duration::from_secs(30))
             .read_timeout(Duration::from_secs(120))
@@ -219,10 +226,24 @@ impl Registry {
     }
 
     fn err(&self, step: &str, reason: impl Into<String>) -> ImageError {
+        let mut reason = reason.into();
+        let trust = format!(
+            "give its CA certificate with --ca-cert FILE, or put it in \
+             ~/.config/containers/certs.d/{}/ca.crt; see docs/images.md, \"Registries\"",
+            self.host
+        );
+        if reason.contains("certificate") {
+            reason.push_str(&format!(
+                " (the registry's TLS certificate is not trusted: {trust})"
+            ));
+        } else if reason.contains("HTTP request to an HTTPS server") {
+            // A loopback registry is spoken to in plain http unless a CA is given for it.
+            reason.push_str(&format!(" (it speaks https: {trust})"));
+        }
         ImageError::Registry {
             registry: self.host.clone(),
             step: step.to_owned(),
-            reason: reason.into(),
+            reason,
         }
     }
 
@@ -570,6 +591,56 @@ pub fn parse_challenge(header: &str) -> (String, Vec<(String, String)>) {
 }
 
 /// An error and its sources on one line (reqwest's own message is only the outermost).
+/// The CA certificates `tls` trusts for a registry named `names` (as written, and its API
+/// host): every `--ca-cert` file, and the `*.crt` files of `certs.d/NAME/` directories. A
+/// file that cannot be read or holds no PEM certificate is an error naming it.
+fn trusted_roots(
+    tls: &crate::Tls,
+    names: &[&str],
+) -> Result<Vec<reqwest::Certificate>, ImageError> {
+    let mut files = tls.ca_certs.clone();
+    for dir in &tls.certs_dirs {
+        let mut seen = Vec::new();
+        for name in names {
+            if seen.contains(name) || name.is_empty() || name.contains('/') || name.starts_with('.')
+            {
+                continue;
+            }
+            seen.push(name);
+            let Ok(entries) = std::fs::read_dir(dir.join(name)) else {
+                continue;
+            };
+            let mut crts: Vec<std::path::PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+                .collect();
+            crts.sort();
+            files.extend(crts);
+        }
+    }
+    let mut roots = Vec::new();
+    for f in files {
+        let pem = std::fs::read(&f).map_err(|e| ImageError::BadCaCert {
+            path: f.clone(),
+            reason: e.to_string(),
+        })?;
+        let certs =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ImageError::BadCaCert {
+                path: f.clone(),
+                reason: chain(&e),
+            })?;
+        if certs.is_empty() {
+            return Err(ImageError::BadCaCert {
+                path: f,
+                reason: "no PEM certificate in it".into(),
+            });
+        }
+        roots.extend(certs);
+    }
+    Ok(roots)
+}
+
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();

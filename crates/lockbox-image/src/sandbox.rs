@@ -68,6 +68,67 @@ impl Store {
     }
 }
 
+/// An image this process runs sandboxes on (`lockbox run --image`, a transaction's stages,
+/// the Python SDK's): found or pulled as the pull policy says, and held by this process
+/// ([`process_holder`]) until dropped, so that no `image rm` or prune takes it meanwhile (a
+/// hold a killed process leaves ends by itself).
+#[derive(Debug)]
+pub struct ProcessImage {
+    store: Store,
+    holder: String,
+    /// The image.
+    pub image: Image,
+    /// The least recently used images the store's bound removed after a pull (ids).
+    pub pruned: Vec<String>,
+}
+
+impl ProcessImage {
+    /// The image `reference` of `store`, pulled if `pull` says so; after a pull the store is
+    /// shrunk to `max_store` bytes (0: no bound), keeping this image. Blocking: a pull runs
+    /// on an async runtime of its own, so never call this from inside one.
+    pub fn take(
+        store: Store,
+        reference: &str,
+        pull: PullPolicy,
+        opts: &PullOptions,
+        max_store: u64,
+    ) -> Result<ProcessImage, ImageError> {
+        let holder = process_holder();
+        let mut pruned = Vec::new();
+        let image = if pull == PullPolicy::Never {
+            // Nothing to pull: no async runtime to start, one lookup.
+            store.hold(reference, &holder)?
+        } else {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| ImageError::Io {
+                    step: "starting the async runtime of a pull",
+                    path: store.path().to_owned(),
+                    source,
+                })?;
+            let image = rt.block_on(store.find_or_pull(reference, pull, opts))?;
+            if max_store > 0 {
+                pruned = store.shrink_to(max_store, &[&image.id])?.images_removed;
+            }
+            store.hold(&image.id, &holder)?
+        };
+        Ok(ProcessImage {
+            store,
+            holder,
+            image,
+            pruned,
+        })
+    }
+}
+
+impl Drop for ProcessImage {
+    fn drop(&mut self) {
+        // A hold left behind (the process killed) ends by itself: it names this process.
+        let _ = self.store.release(&self.image.id, &self.holder);
+    }
+}
+
 /// The holder name of the running process (`pid-PID-STARTTIME`): a hold that
 /// [`Store::holders`](crate::Store) drops by itself once this process is gone, so a killed
 /// `lockbox run` does not keep its image from `rm` for good.

@@ -53,7 +53,12 @@ pub async fn resolve(
     let limit = opts.max_document_bytes;
     match source {
         Source::Registry(r) => {
-            let registry = Registry::new(r, &opts.insecure_registries, opts.auth_file.as_deref())?;
+            let registry = Registry::new(
+                r,
+                &opts.insecure_registries,
+                opts.auth_file.as_deref(),
+                &opts.tls,
+            )?;
             let what = r.to_string();
             let (mut bytes, mut digest) = registry
                 .manifest(&r.manifest_ref(), r.digest.as_ref(), limit)

@@ -396,6 +396,21 @@ impl Store {
                 what: format!("config of {what}"),
                 reason: e.to_string(),
             })?;
+        if opts.exact_platform
+            && !opts
+                .platform
+                .matches(&config.os, &config.architecture, config.variant.as_deref())
+        {
+            // A single-platform image of another platform than the one asked for.
+            return Err(ImageError::NoPlatform {
+                reference: what,
+                platform: opts.platform.to_string(),
+                available: match &config.variant {
+                    Some(v) => format!("{}/{}/{v}", config.os, config.architecture),
+                    None => format!("{}/{}", config.os, config.architecture),
+                },
+            });
+        }
         if config.rootfs.diff_ids.len() != resolved.layers.len() {
             return Err(ImageError::BadManifest {
                 what: what.clone(),
@@ -1252,6 +1267,18 @@ impl Store {
         names: &[String],
         source: &str,
     ) -> Result<Image, ImageError> {
+        self.add_image_for(&crate::Platform::host(), config, layers, names, source)
+    }
+
+    /// [`Store::add_image`] of an image for `platform` (a build `FROM --platform=...`).
+    pub fn add_image_for(
+        &self,
+        platform: &crate::Platform,
+        config: &ImageConfig,
+        layers: &[Digest],
+        names: &[String],
+        source: &str,
+    ) -> Result<Image, ImageError> {
         let mut normalised = Vec::new();
         for n in names {
             normalised.push(crate::reference::Source::parse(n)?.name());
@@ -1269,7 +1296,6 @@ impl Store {
                 size: meta.unpacked_bytes,
             });
         }
-        let platform = crate::Platform::host();
         let mut run = serde_json::Map::new();
         let mut put = |k: &str, v: serde_json::Value| {
             if !v.is_null() {
@@ -1289,7 +1315,7 @@ impl Store {
             .collect();
         put("ExposedPorts", serde_json::Value::Object(ports));
         put("StopSignal", serde_json::json!(config.stop_signal));
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "architecture": platform.architecture,
             "os": platform.os,
             "config": run,
@@ -1298,6 +1324,9 @@ impl Store {
                 "diff_ids": layers.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
             },
         });
+        if let Some(v) = &platform.variant {
+            doc["variant"] = serde_json::json!(v);
+        }
         let bytes = serde_json::to_vec(&doc)
             .map_err(|e| ImageError::io("encode", self.path(), std::io::Error::other(e)))?;
         let id = Digest::of(&bytes);

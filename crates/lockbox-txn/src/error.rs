@@ -85,6 +85,21 @@ pub enum TxnError {
         /// The underlying error.
         source: io::Error,
     },
+    /// A stage's image could not be resolved (not in the store, a failed pull, a bad
+    /// config).
+    #[error("{stage}: image {image:?}: {reason}")]
+    Image {
+        /// The stage (`stage 2`, `source "lint"`, `the consumer`).
+        stage: String,
+        /// The reference its policy names.
+        image: String,
+        /// The image store's message.
+        reason: String,
+        /// Its code (`IMAGE_NOT_FOUND`, ...).
+        code: ErrorCode,
+        /// Its exit code.
+        exit: u8,
+    },
     /// Another transaction holds the workdir lock (`LockPolicy::FailIfBusy`, or the wait
     /// timed out).
     #[error("workdir {} is busy: another transaction holds its lock", quoted(.workdir))]
@@ -121,6 +136,7 @@ impl TxnError {
             TxnError::CorruptRecord { .. } => ErrorCode::TxnCorruptRecord,
             TxnError::Stdio { .. } => ErrorCode::TxnStdio,
             TxnError::Busy { .. } => ErrorCode::WorkdirBusy,
+            TxnError::Image { code, .. } => *code,
             TxnError::Cow(e) => e.code(),
             TxnError::Apply { .. } => ErrorCode::TxnApply,
         }
@@ -135,6 +151,7 @@ impl TxnError {
             | TxnError::Usage { .. }
             | TxnError::WrongState { .. } => 2,
             TxnError::Busy { .. } => 5,
+            TxnError::Image { exit, .. } => *exit,
             TxnError::Cow(e) if e.exit_code() == 5 => 5,
             TxnError::Store { .. } | TxnError::Stdio { .. } => 125,
             _ => 4,

@@ -59,7 +59,7 @@ pub use crate::outcome::{stage_label, AbortReason, Marker, MergeConflict, TxnOut
 pub use crate::pipeline::Pipeline;
 pub use crate::prepared::{PreparedTxn, Selection};
 pub use crate::record::{Intent, TxnKind, TxnRecord, TxnState, RECORD_FORMAT_VERSION};
-pub use crate::spec::{StageSpec, Txn, TxnSpec};
+pub use crate::spec::{ImageResolver, StageImageError, StageSpec, Txn, TxnSpec};
 pub use crate::stage::{Stage, StageResult};
 pub use crate::store::{list, txns_dir, ListedTxn};
 pub use crate::transaction::Transaction;

@@ -25,7 +25,7 @@ use crate::TxnError;
 #[derive(Debug, Clone)]
 pub struct Pipeline {
     options: TxnOptions,
-    stages: Vec<Stage>,
+    pub(crate) stages: Vec<Stage>,
     stdin: Vec<u8>,
     stream: Option<ConflictPolicy>,
 }

@@ -13,9 +13,17 @@
 //! ```
 //!
 //! Paths use the lossless form of `lockbox_policy::name` (a string, or `{"bytes": base64}`).
+//!
+//! A stage's `policy.image` names an OCI image to run it on. This crate does not hold the
+//! image store: a front end that has one resolves images with
+//! [`TxnSpec::build_with_images`]; [`TxnSpec::build`] refuses such a stage.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use lockbox_confine::ImageRoot;
+use lockbox_policy::ErrorCode;
 
 use lockbox_policy::Policy;
 use serde::{Deserialize, Serialize};
@@ -61,22 +69,57 @@ impl StageSpec {
         }
     }
 
-    /// The stage, its policy checked (`what` names it in the error: `stage 2`).
-    fn build(&self, what: &str) -> Result<Stage, TxnError> {
+    /// The stage, its policy checked (`what` names it in the error: `stage 2`) and its image,
+    /// if any, resolved by `images`.
+    fn build(&self, what: &str, images: &mut ImageResolver<'_>) -> Result<Stage, TxnError> {
         self.policy.validate().map_err(|e| TxnError::Usage {
             reason: format!("{what}: {e}"),
         })?;
-        let stage = Stage::new(
-            self.policy.clone(),
-            self.argv.iter().map(Into::into).collect(),
-        )
-        .named(&self.name)
-        .retries(self.retries);
+        let mut policy = self.policy.clone();
+        let argv: Vec<OsString> = self.argv.iter().map(Into::into).collect();
+        let (argv, root) = match policy.image.clone() {
+            None => (argv, None),
+            Some(image) => {
+                let (root, argv) = images(&mut policy, &argv).map_err(|e| TxnError::Image {
+                    stage: what.to_owned(),
+                    image,
+                    reason: e.reason,
+                    code: e.code,
+                    exit: e.exit_code,
+                })?;
+                (argv, Some(root))
+            }
+        };
+        let mut stage = Stage::new(policy, argv)
+            .named(&self.name)
+            .retries(self.retries);
+        if let Some(root) = root {
+            stage = stage.image_root(root);
+        }
         Ok(match &self.writable {
             Some(parts) => stage.writable(parts.clone()),
             None => stage,
         })
     }
+}
+
+/// Resolves the image a stage's policy names (`policy.image`) from the front end's image
+/// store: applies the image's config to the policy (environment, working directory, user)
+/// and returns the image's root and the command to run (the stage's own, or the image's
+/// `Entrypoint` and `Cmd` when it has none). It keeps the image held (not removable) for as
+/// long as the transaction may run.
+pub type ImageResolver<'a> =
+    dyn FnMut(&mut Policy, &[OsString]) -> Result<(ImageRoot, Vec<OsString>), StageImageError> + 'a;
+
+/// Why a stage's image could not be resolved, as the image store said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageImageError {
+    /// What went wrong (the image store's message).
+    pub reason: String,
+    /// Its machine-readable code (`IMAGE_NOT_FOUND`, ...).
+    pub code: ErrorCode,
+    /// The exit code a command reports it with.
+    pub exit_code: u8,
 }
 
 /// A whole transaction. Build it, then [`TxnSpec::build`] it.
@@ -139,8 +182,24 @@ impl TxnSpec {
     }
 
     /// The transaction, ready to run; `stdin` feeds a pipeline's first stage. Every stage's
-    /// policy is checked; a spec with fields of the other kind is refused.
+    /// policy is checked; a spec with fields of the other kind is refused, and so is a stage
+    /// with an image (see [`TxnSpec::build_with_images`]).
     pub fn build(&self, stdin: Option<Vec<u8>>) -> Result<Txn, TxnError> {
+        self.build_with_images(stdin, &mut |_, _| {
+            Err(StageImageError {
+                reason: "this front end has no image store to run stages on images".into(),
+                code: ErrorCode::TxnUsage,
+                exit_code: 2,
+            })
+        })
+    }
+
+    /// [`TxnSpec::build`], with the images stages name resolved by `images`.
+    pub fn build_with_images(
+        &self,
+        stdin: Option<Vec<u8>>,
+        images: &mut ImageResolver<'_>,
+    ) -> Result<Txn, TxnError> {
         let usage = |reason: &str| TxnError::Usage {
             reason: reason.to_owned(),
         };
@@ -157,7 +216,7 @@ impl TxnSpec {
                     .lock(self.lock)
                     .select(selection);
                 for (i, s) in self.stages.iter().enumerate() {
-                    p = p.stage(s.build(&format!("stage {}", i + 1))?);
+                    p = p.stage(s.build(&format!("stage {}", i + 1), images)?);
                 }
                 if let Some(bytes) = stdin {
                     p = p.stdin(bytes);
@@ -182,10 +241,10 @@ impl TxnSpec {
                     .select(selection)
                     .conflict_policy(self.conflict);
                 for s in &self.sources {
-                    g = g.source(&s.name, s.build(&format!("source {:?}", s.name))?);
+                    g = g.source(&s.name, s.build(&format!("source {:?}", s.name), images)?);
                 }
                 if let Some(c) = &self.consumer {
-                    g = g.consumer(c.build("the consumer")?);
+                    g = g.consumer(c.build("the consumer", images)?);
                 }
                 if let Some(bound) = self.memory_bound {
                     g = g.memory_bound(bound);
@@ -314,6 +373,51 @@ mod tests {
         assert_eq!(spec.conflict, ConflictPolicy::Markers);
         assert_eq!(spec.lock, LockPolicy::Optimistic);
         assert!(matches!(spec.build(None).unwrap(), Txn::Gather(_)));
+    }
+
+    #[test]
+    fn a_stage_on_an_image_gets_the_resolvers_root_and_command_or_its_error() {
+        let mut spec = pipeline();
+        spec.stages[0].policy.image = Some("busybox".into());
+        // Without an image store: refused, naming the stage and the image.
+        let e = spec.build(None).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("stage 1: image \"busybox\""), "{e}");
+        // The resolver's config applies to the stage's policy; its root and command are
+        // the stage's.
+        let root = ImageRoot {
+            layers: vec!["/layers/a".into()],
+            ..ImageRoot::default()
+        };
+        let txn = spec
+            .build_with_images(None, &mut |policy, argv| {
+                assert_eq!(argv[2], "make");
+                policy.env.set.insert("FROM_IMAGE".into(), "1".into());
+                Ok((
+                    root.clone(),
+                    vec!["/bin/sh".into(), "-c".into(), "gmake".into()],
+                ))
+            })
+            .unwrap();
+        let Txn::Pipeline(p) = txn else {
+            panic!("not a pipeline")
+        };
+        let stage = &p.stages[0];
+        assert_eq!(stage.image_root.as_ref(), Some(&root));
+        assert_eq!(stage.argv[2], "gmake");
+        assert_eq!(stage.policy.env.set["FROM_IMAGE"], "1");
+        // A store's refusal keeps its code and exit code.
+        let e = spec
+            .build_with_images(None, &mut |_, _| {
+                Err(StageImageError {
+                    reason: "no such image".into(),
+                    code: ErrorCode::ImageNotFound,
+                    exit_code: 2,
+                })
+            })
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::ImageNotFound);
+        assert!(e.to_string().ends_with("no such image"), "{e}");
     }
 
     #[test]

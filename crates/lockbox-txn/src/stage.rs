@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockbox_confine::{Gated, SetupError, Status, Stdio, StopReason, Waited};
+use lockbox_confine::{Gated, ImageRoot, SetupError, Status, Stdio, StopReason, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 
 use crate::capture::{self, Output};
@@ -33,6 +33,9 @@ pub struct Stage {
     /// view). Enforced by mounts, Landlock and a check of the layer afterwards (see
     /// [`lockbox_policy::Overlay::writable`]).
     pub writable: Option<Vec<PathBuf>>,
+    /// The root of the image named by `policy.image` (its layers, resolved by the caller:
+    /// see [`crate::TxnSpec::build_with_images`]); `None` for the host's userland.
+    pub image_root: Option<ImageRoot>,
 }
 
 impl Stage {
@@ -44,6 +47,7 @@ impl Stage {
             argv,
             retries: 0,
             writable: None,
+            image_root: None,
         }
     }
 
@@ -74,6 +78,13 @@ impl Stage {
     /// Makes the stage's view of the workdir read-only (it may still write its own `/tmp`).
     pub fn read_only(self) -> Stage {
         self.writable(Vec::<PathBuf>::new())
+    }
+
+    /// Runs the stage on an image's root, the one `policy.image` names (resolved to its
+    /// layers by the caller, which also applied the image's config to the policy).
+    pub fn image_root(mut self, root: ImageRoot) -> Stage {
+        self.image_root = Some(root);
+        self
     }
 }
 
@@ -236,6 +247,7 @@ pub(crate) fn can_share(a: &Stage, b: &Stage) -> bool {
         ..s.policy.clone()
     };
     setup(a) == setup(b)
+        && a.image_root == b.image_root
         && a.writable.is_none()
         && b.writable.is_none()
         && lockbox_confine::sequence_unsupported(&a.policy).is_none()
@@ -263,7 +275,11 @@ pub(crate) fn arm(
     policy.fs.overlays.extend(view.map(|v| overlay(first, v)));
     let commands: Vec<Vec<std::ffi::OsString>> = stages.iter().map(|s| s.argv.clone()).collect();
     tracing::debug!(stage = %first.name, stages = commands.len(), "arming a sandbox");
-    lockbox_confine::Spawn::sequence(&policy, &commands).gated()
+    let spawn = lockbox_confine::Spawn::sequence(&policy, &commands);
+    match &first.image_root {
+        Some(root) => spawn.image_root(root.clone()).gated(),
+        None => spawn.gated(),
+    }
 }
 
 /// Lets `armed` run `stage` with `io`'s stdin (and stdout, if given; captured otherwise),

@@ -42,6 +42,12 @@ pub enum ImageCommand {
         /// Reach this registry (HOST or HOST:PORT) over plain http (repeatable).
         #[arg(long = "insecure-registry", value_name = "HOST")]
         insecure_registry: Vec<String>,
+        /// Trust the CA certificates in FILE (PEM) for the registry's https, besides the
+        /// system's roots and certs.d (~/.config/containers/certs.d/HOST[:PORT]/*.crt,
+        /// /etc/containers/certs.d, /etc/docker/certs.d); a loopback registry is then
+        /// spoken to over https too. Repeatable.
+        #[arg(long = "ca-cert", value_name = "FILE")]
+        ca_cert: Vec<std::path::PathBuf>,
         /// Refuse a layer larger than this, compressed or unpacked (a decompression bomb
         /// stops here), e.g. 512M, 8G.
         #[arg(long, value_name = "SIZE", default_value = "32G")]
@@ -129,6 +135,12 @@ pub enum ImageCommand {
         /// Reach this registry (HOST or HOST:PORT) over plain http (repeatable).
         #[arg(long = "insecure-registry", value_name = "HOST")]
         insecure_registry: Vec<String>,
+        /// Trust the CA certificates in FILE (PEM) for the registry's https, besides the
+        /// system's roots and certs.d (~/.config/containers/certs.d/HOST[:PORT]/*.crt,
+        /// /etc/containers/certs.d, /etc/docker/certs.d); a loopback registry is then
+        /// spoken to over https too. Repeatable.
+        #[arg(long = "ca-cert", value_name = "FILE")]
+        ca_cert: Vec<std::path::PathBuf>,
         /// Send a blob larger than SIZE in chunks of SIZE.
         #[arg(long, value_name = "SIZE", default_value = "16M")]
         chunk_size: lockbox_policy::ByteSize,
@@ -187,15 +199,16 @@ pub enum ImageCommand {
     /// Build an image from a Dockerfile, without a daemon or privilege.
     ///
     /// Each RUN runs in a lockbox sandbox on the layers so far (no network unless
-    /// --network host) and what it writes becomes the next layer; COPY/ADD copy from
-    /// CONTEXT (honouring .dockerignore, never following a symlink) or an earlier stage
-    /// (--from). An unchanged step is taken from the cache (CACHED). A failed RUN exits 1
-    /// with its exit code named and tags nothing; a malformed Dockerfile exits 2 naming
-    /// the line. See docs/images.md, "Building".
+    /// --net-allow or --network host) and what it writes becomes the next layer; COPY/ADD
+    /// copy from CONTEXT (wildcards, honouring .dockerignore, never following a symlink) or
+    /// an earlier stage or image (--from). An unchanged step is taken from the cache
+    /// (CACHED). A failed RUN exits 1 with its exit code named and tags nothing; a
+    /// malformed Dockerfile exits 2 naming the line. See docs/images.md, "Building".
     #[command(after_help = concat!(
         "Examples:\n",
         "  lockbox image build -t app .                       ./Dockerfile, context .\n",
         "  lockbox image build -t app:1 -f build/Dockerfile --build-arg VERSION=1.2 .\n",
+        "  lockbox image build -t app --net-allow pypi.org:443 --net-allow files.pythonhosted.org:443 .\n",
         "  lockbox image build -t app --no-cache --json .\n",
         "  lockbox run --image app                            its Entrypoint and Cmd\n",
     ))]
@@ -214,10 +227,35 @@ pub enum ImageCommand {
         /// Run every step, ignoring the cache.
         #[arg(long)]
         no_cache: bool,
-        /// The network of RUN steps: none (the default) or host.
+        /// The network of RUN steps: none (the default: loopback only) or host (the
+        /// host's network, unfiltered).
         #[arg(long, value_name = "MODE", default_value = "none")]
         network: String,
+        /// Let RUN steps reach SPEC on the host's network, everything else refused: the
+        /// allow-list of `lockbox run --net-allow`, in the same form
+        /// ([tcp://|udp://]HOST:PORT, *.example.org:443, 10.0.0.0/8:*, ...; listed names
+        /// are resolved by lockbox's resolver, others get NXDOMAIN). Repeatable.
+        #[arg(long = "net-allow", value_name = "SPEC", value_parser = crate::cli::parse_net_spec, conflicts_with = "network")]
+        net_allow: Vec<lockbox_policy::NetSpec>,
+        /// Pull base images over plain http from this registry (HOST or HOST:PORT;
+        /// repeatable), as `lockbox image pull --insecure-registry`.
+        #[arg(long = "insecure-registry", value_name = "HOST")]
+        insecure_registry: Vec<String>,
+        /// Trust the CA certificates in FILE (PEM) for the registry's https, besides the
+        /// system's roots and certs.d (~/.config/containers/certs.d/HOST[:PORT]/*.crt,
+        /// /etc/containers/certs.d, /etc/docker/certs.d); a loopback registry is then
+        /// spoken to over https too. Repeatable.
+        #[arg(long = "ca-cert", value_name = "FILE")]
+        ca_cert: Vec<std::path::PathBuf>,
     },
+}
+
+/// The registry trust of `--ca-cert FILE...` (and the default certs.d directories).
+fn tls(ca_certs: &[std::path::PathBuf]) -> lockbox_image::Tls {
+    lockbox_image::Tls {
+        ca_certs: ca_certs.to_vec(),
+        ..lockbox_image::Tls::default()
+    }
 }
 
 /// The store bound after a pull of `pulled` (`--max-store`; 0: none).
@@ -262,15 +300,18 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             insecure_registry,
             max_layer_size,
             max_store,
+            ca_cert,
         } => {
             let mut opts = PullOptions {
                 insecure_registries: insecure_registry.clone(),
+                tls: tls(ca_cert),
                 max_layer_bytes: max_layer_size.0,
                 progress: !args.json && std::io::stderr().is_terminal(),
                 ..PullOptions::default()
             };
             if let Some(p) = platform {
                 opts.platform = Platform::parse(p)?;
+                opts.exact_platform = true;
             }
             let rt = tokio::runtime::Runtime::new()
                 .map_err(|e| CliError::new(1, format!("starting the async runtime: {e}")))?;
@@ -289,7 +330,16 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             build_args,
             no_cache,
             network,
+            net_allow,
+            insecure_registry,
+            ca_cert,
         } => {
+            let pull = PullOptions {
+                progress: !args.json && std::io::stderr().is_terminal(),
+                insecure_registries: insecure_registry.clone(),
+                tls: tls(ca_cert),
+                ..PullOptions::default()
+            };
             return build(
                 &store,
                 args.json,
@@ -299,7 +349,9 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
                 build_args,
                 *no_cache,
                 network,
-            )
+                net_allow,
+                pull,
+            );
         }
         ImageCommand::Save {
             reference,
@@ -330,9 +382,11 @@ pub fn run(args: &ImageArgs) -> Result<ExitCode, CliError> {
             dest,
             insecure_registry,
             chunk_size,
+            ca_cert,
         } => {
             let opts = lockbox_image::PushOptions {
                 insecure_registries: insecure_registry.clone(),
+                tls: tls(ca_cert),
                 chunk_bytes: chunk_size.0.max(1),
                 ..lockbox_image::PushOptions::default()
             };
@@ -616,9 +670,7 @@ fn human(bytes: u64) -> String {
 /// The image of a `lockbox run` (from --image or its profile), found or pulled, held by
 /// this process until dropped, its config applied to the policy.
 pub struct RunImage {
-    store: Store,
-    id: String,
-    holder: String,
+    _held: lockbox_image::ProcessImage,
     /// The sandbox's root.
     pub root: lockbox_confine::ImageRoot,
     /// The command to run (the given one, or the image's Entrypoint and Cmd).
@@ -634,73 +686,90 @@ impl RunImage {
         how: &crate::cli::RunImageArgs,
         state: &StateArgs,
     ) -> Result<Option<RunImage>, CliError> {
-        let Some(reference) = policy.image.clone() else {
+        if policy.image.is_none() {
             return Ok(None);
-        };
+        }
         let state_dir = state
             .resolve()
             .map_err(|e| CliError::usage(super::chain(&e)))?;
-        let setup = |e: ImageError| {
-            let code = match e {
-                ImageError::BadReference { .. } | ImageError::BadPlatform(_) => 2,
-                _ => 125,
-            };
-            let error = CliError::new(code, &e);
-            match &e {
-                ImageError::NotFound(_) => error.hint(format!(
-                    "pull it first (`lockbox image pull {reference}`), or leave out --pull never"
-                )),
-                _ => error,
+        let reference = policy.image.clone().unwrap_or_default();
+        RunImage::open(policy, command, how, &state_dir).map_err(|failure| match failure {
+            RunImageFailure::Other(e) => e,
+            RunImageFailure::Image(e) => {
+                let code = match e {
+                    ImageError::BadReference { .. } | ImageError::BadPlatform(_) => 2,
+                    _ => 125,
+                };
+                let error = CliError::new(code, &e);
+                match &e {
+                    ImageError::NotFound(_) => error.hint(format!(
+                        "pull it first (`lockbox image pull {reference}`), or leave out --pull never"
+                    )),
+                    _ => error,
+                }
             }
+        })
+    }
+
+    /// [`RunImage::prepare`] in the state directory `state_dir`, the image store's own
+    /// errors kept as they are.
+    pub fn open(
+        policy: &mut lockbox_policy::Policy,
+        command: &[std::ffi::OsString],
+        how: &crate::cli::RunImageArgs,
+        state_dir: &std::path::Path,
+    ) -> Result<Option<RunImage>, RunImageFailure> {
+        let Some(reference) = policy.image.clone() else {
+            return Ok(None);
         };
-        let store = Store::in_state_dir(&state_dir).map_err(setup)?;
         let mut opts = PullOptions {
             insecure_registries: how.insecure_registry.clone(),
             progress: std::io::stderr().is_terminal(),
+            tls: tls(&how.ca_cert),
             ..PullOptions::default()
         };
         if let Some(p) = &how.platform {
-            opts.platform = Platform::parse(p).map_err(setup)?;
+            opts.platform = Platform::parse(p)?;
+            opts.exact_platform = true;
         }
-        let holder = lockbox_image::process_holder();
-        let image = if how.pull == lockbox_image::PullPolicy::Never {
-            // Nothing to pull: no async runtime to start, one lookup.
-            store.hold(&reference, &holder).map_err(setup)?
-        } else {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| CliError::new(125, format!("starting the async runtime: {e}")))?;
-            let image = rt
-                .block_on(store.find_or_pull(&reference, how.pull, &opts))
-                .map_err(setup)?;
-            let max = match std::env::var("LOCKBOX_MAX_STORE") {
-                Ok(text) => {
-                    text.parse::<lockbox_policy::ByteSize>()
-                        .map_err(|e| CliError::usage(format!("LOCKBOX_MAX_STORE: {e}")))?
-                        .0
-                }
-                Err(_) => lockbox_image::DEFAULT_MAX_STORE,
-            };
-            // A run's image is kept (it is held next); others may go.
-            bound_store(&store, max, &image.id).map_err(setup)?;
-            store.hold(&image.id, &holder).map_err(setup)?
+        let max = match std::env::var("LOCKBOX_MAX_STORE") {
+            Ok(text) => {
+                text.parse::<lockbox_policy::ByteSize>()
+                    .map_err(|e| CliError::usage(format!("LOCKBOX_MAX_STORE: {e}")))?
+                    .0
+            }
+            Err(_) => lockbox_image::DEFAULT_MAX_STORE,
         };
-        let (root, argv) = lockbox_image::apply(&image, policy, command).map_err(setup)?;
+        let store = Store::in_state_dir(state_dir)?;
+        let held = lockbox_image::ProcessImage::take(store, &reference, how.pull, &opts, max)?;
+        for id in &held.pruned {
+            eoutln!("lockbox: the store's bound ({max} bytes, LOCKBOX_MAX_STORE): removed the least recently used image {id}");
+        }
+        let (root, argv) = lockbox_image::apply(&held.image, policy, command)?;
         Ok(Some(RunImage {
-            store,
-            id: image.id,
-            holder,
+            _held: held,
             root,
             argv,
         }))
     }
 }
 
-impl Drop for RunImage {
-    fn drop(&mut self) {
-        // A hold left behind (lockbox killed) ends by itself: it names this process.
-        let _ = self.store.release(&self.id, &self.holder);
+/// Why [`RunImage::open`] failed: the image store's error, or another one (the async
+/// runtime, `LOCKBOX_MAX_STORE`) already said as the command reports it.
+pub enum RunImageFailure {
+    Image(ImageError),
+    Other(CliError),
+}
+
+impl From<ImageError> for RunImageFailure {
+    fn from(e: ImageError) -> RunImageFailure {
+        RunImageFailure::Image(e)
+    }
+}
+
+impl From<CliError> for RunImageFailure {
+    fn from(e: CliError) -> RunImageFailure {
+        RunImageFailure::Other(e)
     }
 }
 
@@ -714,6 +783,8 @@ fn build(
     build_args: &[String],
     no_cache: bool,
     network: &str,
+    net_allow: &[lockbox_policy::NetSpec],
+    pull: PullOptions,
 ) -> Result<ExitCode, CliError> {
     use lockbox_image::build::{BuildError, BuildOptions};
     let dockerfile = file.map_or_else(|| context.join("Dockerfile"), |f| f.to_owned());
@@ -736,7 +807,10 @@ fn build(
         };
         args.insert(k.to_owned(), v.to_owned());
     }
+    // The runtime's own network policy: an allow-list is enforced by lockbox's network
+    // supervisor for each RUN as for `lockbox run --net-allow`.
     let net = match network {
+        _ if !net_allow.is_empty() => lockbox_policy::Net::Allow(net_allow.to_vec()),
         "none" => lockbox_policy::Net::None,
         "host" => lockbox_policy::Net::Host,
         other => {
@@ -749,6 +823,9 @@ fn build(
         net,
         ..lockbox_policy::Policy::default()
     };
+    policy
+        .validate()
+        .map_err(|e| CliError::usage(format!("--net-allow: {e}")))?;
     for t in tags {
         lockbox_image::Source::parse(t)?;
     }
@@ -758,10 +835,7 @@ fn build(
         tags: tags.to_vec(),
         build_args: args,
         no_cache,
-        pull: PullOptions {
-            progress: !as_json && std::io::stderr().is_terminal(),
-            ..PullOptions::default()
-        },
+        pull,
         policy,
     };
     let rt = tokio::runtime::Runtime::new()

@@ -3,6 +3,7 @@
 //! under the policy given by the shared policy flags and that stage's `--stage-opts`.
 //! `--json` / `--report` give the outcome as JSON (schema in docs/transactions.md).
 
+use super::image::{RunImage, RunImageFailure};
 use super::print_error;
 use crate::cli::PolicyArgs;
 use crate::error::CliError;
@@ -11,10 +12,10 @@ use crate::output::json;
 use crate::output::{eout, eoutln, out, outln};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lockbox_policy::name::{quoted, Encoded};
-use lockbox_policy::{parse_duration, HumanDuration, Policy};
+use lockbox_policy::{parse_duration, ErrorCode, HumanDuration, Policy};
 use lockbox_txn::{
-    AbortReason, ConflictPolicy, LockPolicy, PreparedTxn, Selection, StageSpec, TxnId, TxnKind,
-    TxnRecord, TxnSpec,
+    AbortReason, ConflictPolicy, LockPolicy, PreparedTxn, Selection, StageImageError, StageSpec,
+    Txn, TxnId, TxnKind, TxnRecord, TxnSpec,
 };
 use lockbox_txn::{ListedTxn, TxnError, TxnOutcome};
 use serde_json::{json, Value};
@@ -66,6 +67,9 @@ pub struct TxnFlags {
     /// Also write the outcome as JSON to FILE (`-`: stdout, like --json).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// How stages with an --image (shared, or in their --stage-opts) get it.
+    #[command(flatten)]
+    pub image: crate::cli::RunImageArgs,
 }
 
 impl TxnFlags {
@@ -526,7 +530,8 @@ pub fn pipeline(args: &PipelineArgs) -> Result<ExitCode, CliError> {
     for (cmd, sel) in args.stages.iter().zip(&known) {
         spec.stages.push(stage_of(flags, &base, sel, cmd)?);
     }
-    exit_code(resolve(spec.build(stdin).and_then(|t| t.prepare()), flags))
+    let (txn, _held) = build(&spec, stdin, flags);
+    exit_code(resolve(txn.and_then(|t| t.prepare()), flags))
 }
 
 pub fn gather(args: &GatherArgs) -> Result<ExitCode, CliError> {
@@ -555,7 +560,47 @@ pub fn gather(args: &GatherArgs) -> Result<ExitCode, CliError> {
     if let Some(cmd) = &args.consumer {
         spec.consumer = Some(stage_of(flags, &base, "consumer", cmd)?);
     }
-    exit_code(resolve(spec.build(None).and_then(|t| t.prepare()), flags))
+    let (txn, _held) = build(&spec, None, flags);
+    exit_code(resolve(txn.and_then(|t| t.prepare()), flags))
+}
+
+/// The transaction of `spec`, with the images its stages name (`--image`, shared or in a
+/// stage's `--stage-opts`) found or pulled into the state directory's store as `lockbox run
+/// --image` does; each stays held, so that no `lockbox image rm` or prune takes it, until
+/// the returned holds are dropped after the transaction.
+fn build(
+    spec: &TxnSpec,
+    stdin: Option<Vec<u8>>,
+    flags: &TxnFlags,
+) -> (Result<Txn, TxnError>, Vec<RunImage>) {
+    let mut held = Vec::new();
+    let txn = spec.build_with_images(stdin, &mut |policy, argv| {
+        match RunImage::open(policy, argv, &flags.image, &spec.state_dir) {
+            Ok(Some(image)) => {
+                let resolved = (image.root.clone(), image.argv.clone());
+                held.push(image);
+                Ok(resolved)
+            }
+            Ok(None) => Err(StageImageError {
+                reason: "no image named".into(),
+                code: ErrorCode::TxnUsage,
+                exit_code: 2,
+            }),
+            Err(RunImageFailure::Image(e)) => Err(StageImageError {
+                reason: e.to_string(),
+                code: e.code(),
+                // A bad reference or an unknown image is the caller's; anything else is the
+                // transaction's set-up failing.
+                exit_code: if e.exit_code() == 2 { 2 } else { 125 },
+            }),
+            Err(RunImageFailure::Other(e)) => Err(StageImageError {
+                reason: e.message,
+                code: ErrorCode::TxnUsage,
+                exit_code: e.code,
+            }),
+        }
+    });
+    (txn, held)
 }
 
 /// A transaction command's exit code: 0 is success, anything else was reported with the

@@ -174,23 +174,15 @@ fn run_image_uses_the_images_userland_config_and_store() {
         let st = state.to_str().unwrap();
         let src = format!("oci:{}:v1", work.path().join("lay").display());
         let w = work.path();
+        // `lockbox run` on the image, with this state directory, and `rest`.
+        let on_image = |rest: &[&str]| {
+            let mut args = vec!["run", "--image", &src, "--state-dir", st];
+            args.extend_from_slice(rest);
+            lockbox(user, w, &args)
+        };
 
         // Not in the store and --pull never: the set-up fails (125) and says how to pull.
-        let out = lockbox(
-            user,
-            w,
-            &[
-                "run",
-                "--image",
-                &src,
-                "--pull",
-                "never",
-                "--state-dir",
-                st,
-                "--",
-                "true",
-            ],
-        );
+        let out = on_image(&["--pull", "never", "--", "true"]);
         assert_eq!(out.status.code(), Some(125), "{user:?} {}", text(&out));
         assert!(text(&out).contains("lockbox image pull"), "{}", text(&out));
 
@@ -198,21 +190,7 @@ fn run_image_uses_the_images_userland_config_and_store() {
         // inside, nothing of the host's userland.
         let script = "echo path=$PATH; echo cwd=$(pwd); echo uid=$(busybox id -u); \
                       test -e /usr/bin || echo no-host-usr; echo hi > /etc/scratch && echo wrote";
-        let out = lockbox(
-            user,
-            w,
-            &[
-                "run",
-                "--image",
-                &src,
-                "--state-dir",
-                st,
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
-        );
+        let out = on_image(&["--", "sh", "-c", script]);
         assert!(out.status.success(), "{user:?} {}", text(&out));
         let shown = String::from_utf8_lossy(&out.stdout);
         for line in ["path=/bin", "cwd=/", "uid=0", "no-host-usr", "wrote"] {
@@ -232,23 +210,14 @@ fn run_image_uses_the_images_userland_config_and_store() {
         // A --workdir is mounted into the image at its own path, is the default cwd, and is
         // committed on success.
         let proj = w.join("proj");
-        let out = lockbox(
-            user,
-            w,
-            &[
-                "run",
-                "--image",
-                &src,
-                "--state-dir",
-                st,
-                "--workdir",
-                proj.to_str().unwrap(),
-                "--",
-                "sh",
-                "-c",
-                "echo made > made.txt",
-            ],
-        );
+        let out = on_image(&[
+            "--workdir",
+            proj.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo made > made.txt",
+        ]);
         assert!(out.status.success(), "{user:?} {}", text(&out));
         assert_eq!(
             std::fs::read_to_string(proj.join("made.txt")).unwrap(),
@@ -256,7 +225,7 @@ fn run_image_uses_the_images_userland_config_and_store() {
         );
 
         // No command: the image's Cmd (sh, reading an empty stdin) runs.
-        let out = lockbox(user, w, &["run", "--image", &src, "--state-dir", st]);
+        let out = on_image(&[]);
         assert!(out.status.success(), "{user:?} {}", text(&out));
 
         // check --explain shows the image root's steps, from the store.
@@ -282,4 +251,77 @@ fn run_without_a_command_or_an_image_is_a_usage_error() {
     let out = lockbox(users()[0], work.path(), &["run"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("no command"), "{}", text(&out));
+}
+
+#[test]
+fn transaction_stages_run_on_an_image_and_commit_to_the_workdir() {
+    for user in users() {
+        let work = scratch();
+        let id = layout(&work.path().join("lay"));
+        let proj = work.path().join("proj");
+        std::fs::create_dir_all(&proj).unwrap();
+        give(work.path(), user);
+        let state = work.path().join("state");
+        let st = state.to_str().unwrap();
+        let pj = proj.to_str().unwrap();
+        let src = format!("oci:{}:v1", work.path().join("lay").display());
+        let w = work.path();
+        // `lockbox pipeline` or `gather` on the project, with this state directory, and `rest`.
+        let txn = |kind: &str, rest: &[&str]| {
+            let mut args = vec![kind, "--workdir", pj, "--state-dir", st];
+            args.extend_from_slice(rest);
+            lockbox(user, w, &args)
+        };
+
+        // Not in the store and --pull never: the stage's image is named, nothing ran.
+        let out = txn(
+            "pipeline",
+            &["--image", &src, "--pull", "never", "--stage", "echo x > x"],
+        );
+        assert_eq!(out.status.code(), Some(2), "{user:?} {}", text(&out));
+        assert!(
+            text(&out).contains("stage 1") && text(&out).contains(&src),
+            "{}",
+            text(&out)
+        );
+        assert!(!proj.join("x").exists());
+
+        // Every stage on the image (pulled on first use): its PATH, nothing of the host's
+        // userland, the workdir at its own path and the stages' cwd; both commit.
+        let out = txn(
+            "pipeline",
+            &[
+                "--image",
+                &src,
+                "--stage",
+                "echo $PATH > path; test -e /usr/bin || echo no-host-usr > host; pwd",
+                "--stage",
+                "busybox cat path host > seen; busybox cat",
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        let read = |name: &str| std::fs::read_to_string(proj.join(name)).unwrap();
+        assert_eq!(read("seen"), "/bin\nno-host-usr\n", "{user:?}");
+
+        // A gather mixing a source on the image (its --stage-opts) with one on the host.
+        let image_opts = format!("img:--image {src}");
+        let out = txn(
+            "gather",
+            &[
+                "--source",
+                "img=test -e /usr/bin || echo image > img.txt",
+                "--source",
+                "host=test -e /usr/bin && echo host > host.txt",
+                "--stage-opts",
+                &image_opts,
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert_eq!(read("img.txt"), "image\n");
+        assert_eq!(read("host.txt"), "host\n");
+
+        // The transactions' holds ended with them: the image can be removed.
+        let out = lockbox(user, w, &["image", "rm", &id, "--state-dir", st]);
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+    }
 }

@@ -225,13 +225,43 @@ struct Registry {
 
 impl Registry {
     fn start(dir: &Path) -> Registry {
+        Registry::start_with(dir, "")
+    }
+
+    /// An https one whose certificate (for IP 127.0.0.1) a CA made here signs; the CA's
+    /// certificate is `dir/pki/ca.crt`.
+    fn start_tls(dir: &Path) -> Registry {
+        let pki = dir.join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        let script = r#"set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 -days 2 -subj "/CN=lockbox test CA" $ec -keyout ca.key -out ca.crt
+openssl req -subj /CN=127.0.0.1 $ec -keyout server.key -out server.csr
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > server.ext
+openssl x509 -req -days 2 -set_serial 1 -in server.csr -CA ca.crt -CAkey ca.key -extfile server.ext -out server.crt
+chmod a+r ca.crt
+"#;
+        let out = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&pki)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let tls = format!(
+            "  tls:\n    certificate: {0}/server.crt\n    key: {0}/server.key\n",
+            pki.display()
+        );
+        Registry::start_with(dir, &tls)
+    }
+
+    fn start_with(dir: &Path, tls: &str) -> Registry {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
         let config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}/data\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}/data\nhttp:\n  addr: 127.0.0.1:{port}\n{tls}",
             dir.display()
         );
         std::fs::create_dir_all(dir).unwrap();
@@ -268,8 +298,176 @@ fn lockbox_at_home(user: common::User, dir: &Path, args: &[&str]) -> std::proces
         .args(args)
         .current_dir(dir)
         .env("HOME", dir)
+        .env("XDG_CONFIG_HOME", dir.join(".config"))
         .output()
         .unwrap()
+}
+
+#[test]
+fn an_https_registry_is_trusted_by_ca_cert_or_certs_d_and_untrusted_is_named() {
+    if !has("docker-registry") || !has("openssl") {
+        assert_ne!(
+            std::env::var("LOCKBOX_TEST_REQUIRE").as_deref(),
+            Ok("all"),
+            "docker-registry and openssl are required"
+        );
+        eprintln!("SKIP: docker-registry or openssl is not installed");
+        return;
+    }
+    let reg = scratch();
+    let registry = Registry::start_tls(&reg.path().join("registry"));
+    let host = format!("127.0.0.1:{}", registry.port);
+    for (n, user) in users().into_iter().enumerate() {
+        let work = scratch();
+        let w = work.path();
+        layout(&w.join("lay"));
+        std::fs::create_dir_all(w.join("ctx")).unwrap();
+        std::fs::create_dir_all(w.join("ctx2")).unwrap();
+        std::fs::copy(reg.path().join("registry/pki/ca.crt"), w.join("ca.crt")).unwrap();
+        std::fs::write(w.join("junk.crt"), "not a certificate\n").unwrap();
+        let dest = format!("{host}/team/app:{n}");
+        std::fs::write(
+            w.join("ctx2/Dockerfile"),
+            format!("FROM {dest}\nRUN echo more > /more.txt\n"),
+        )
+        .unwrap();
+        give(w, user);
+        let st = w.join("a");
+        let st = st.to_str().unwrap();
+        let id = build_app(user, w, st);
+
+        // --ca-cert: push over https, and build on the pushed image in another store.
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "image",
+                "push",
+                "--ca-cert",
+                "ca.crt",
+                "app",
+                &dest,
+                "--state-dir",
+                st,
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "image",
+                "build",
+                "-t",
+                "more",
+                "--ca-cert",
+                "ca.crt",
+                "--state-dir",
+                "c",
+                "ctx2",
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+
+        // Nothing says to trust it: an error naming the registry and how to trust it.
+        let out = lockbox_at_home(user, w, &["image", "pull", &dest, "--state-dir", "b"]);
+        assert_eq!(out.status.code(), Some(1), "{user:?} {}", text(&out));
+        assert!(
+            text(&out).contains(&format!("registry {host}")) && text(&out).contains("--ca-cert"),
+            "{}",
+            text(&out)
+        );
+        // `run --image` and a transaction's stages pull with the same --ca-cert.
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                &dest,
+                "--ca-cert",
+                "ca.crt",
+                "--state-dir",
+                "d",
+                "--",
+                "sh",
+                "-c",
+                "exit 0",
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        std::fs::create_dir_all(w.join("proj")).unwrap();
+        give(w, user);
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "pipeline",
+                "--workdir",
+                "proj",
+                "--image",
+                &dest,
+                "--ca-cert",
+                "ca.crt",
+                "--state-dir",
+                "e",
+                "--stage",
+                "echo on-image > out",
+            ],
+        );
+        assert!(out.status.success(), "{user:?} {}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(w.join("proj/out")).unwrap(),
+            "on-image\n"
+        );
+        // A CA file that holds no certificate: exit 2 naming it.
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "image",
+                "pull",
+                "--ca-cert",
+                "junk.crt",
+                &dest,
+                "--state-dir",
+                "b",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{user:?} {}", text(&out));
+        assert!(text(&out).contains("junk.crt"), "{}", text(&out));
+
+        // certs.d/HOST:PORT/ca.crt (the user's): pulled and run.
+        let certs = w.join(".config/containers/certs.d").join(&host);
+        std::fs::create_dir_all(&certs).unwrap();
+        std::fs::copy(w.join("ca.crt"), certs.join("ca.crt")).unwrap();
+        give(w, user);
+        let pulled = json_of(&lockbox_at_home(
+            user,
+            w,
+            &["image", "pull", &dest, "--json", "--state-dir", "b"],
+        ));
+        assert_eq!(pulled["id"], id.as_str());
+        let out = lockbox_at_home(
+            user,
+            w,
+            &[
+                "run",
+                "--image",
+                &dest,
+                "--pull",
+                "never",
+                "--state-dir",
+                "b",
+            ],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "built\n",
+            "{user:?} {}",
+            text(&out)
+        );
+    }
 }
 
 #[test]

@@ -164,9 +164,15 @@ fn a_served_image_sandboxs_root_writes_commit_to_an_image_that_runs() {
                 .await;
             assert_eq!(status, StatusCode::OK);
         });
+        // (The pool's ready sandboxes of that image keep their own.)
         let roots = state.path().join("image-roots");
         let left: Vec<_> = std::fs::read_dir(&roots)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&format!("{id}-")))
+                    .collect()
+            })
             .unwrap_or_default();
         assert!(left.is_empty(), "{left:?}");
     }

@@ -5,7 +5,8 @@
 use crate::common;
 
 use common::{
-    command_as, give, scratch, snapshot, text, users, wait_for_file, User, EQUAL_BYTES_RACER,
+    command_as, give, scratch, snapshot, text, users, wait_for_file, Scratch, User,
+    EQUAL_BYTES_RACER,
 };
 use std::path::Path;
 use std::process::Output;
@@ -25,7 +26,7 @@ fn txn_in(user: User, kind: &str, w: &str, s: &str, args: &[&str]) -> Output {
     lockbox_in(user, &all)
 }
 
-fn dirs(user: User) -> (tempfile::TempDir, String, String) {
+fn dirs(user: User) -> (Scratch, String, String) {
     let tmp = scratch();
     std::fs::create_dir(tmp.path().join("work")).unwrap();
     std::fs::create_dir(tmp.path().join("state")).unwrap();

@@ -285,6 +285,15 @@ pub struct Registry {
 
 impl Registry {
     pub fn start(user: Option<(&str, &str)>) -> Registry {
+        Registry::start_with(user, None)
+    }
+
+    /// An https one, serving `cert` (PEM, with its chain) and `key`.
+    pub fn start_tls(cert: &Path, key: &Path) -> Registry {
+        Registry::start_with(None, Some((cert, key)))
+    }
+
+    fn start_with(user: Option<(&str, &str)>, tls: Option<(&Path, &Path)>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut auth = String::new();
@@ -303,8 +312,15 @@ impl Registry {
                 file.display()
             );
         }
+        let tls = tls.map_or(String::new(), |(cert, key)| {
+            format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                cert.display(),
+                key.display()
+            )
+        });
         let config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}/data\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}/data\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls}{auth}",
             dir.path().display()
         );
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
@@ -449,4 +465,69 @@ pub fn multi_platform_layout(lay: &Path) -> (String, String) {
         {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": di, "size": index.len(), "annotations": {"org.opencontainers.image.ref.name": "multi"}}]});
     std::fs::write(lay.join("index.json"), serde_json::to_vec(&top).unwrap()).unwrap();
     (ida, idb)
+}
+
+/// A test CA and a server certificate it signs for IP 127.0.0.1, made with openssl in
+/// `dir`: (the CA's certificate, the server's certificate, the server's key), all PEM.
+pub fn test_pki(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let p = |f: &str| dir.join(format!("{name}-{f}"));
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let (ca, ca_key, crt, key, csr, ext) = (
+        p("ca.crt"),
+        p("ca.key"),
+        p("server.crt"),
+        p("server.key"),
+        p("server.csr"),
+        p("server.ext"),
+    );
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let subject = format!("/CN=lockbox test CA {name}");
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subject];
+    args.extend(ec);
+    let (ca_s, ca_key_s) = (s(&ca), s(&ca_key));
+    args.extend(["-keyout", &ca_key_s, "-out", &ca_s]);
+    openssl(&args);
+    let (csr_s, key_s, crt_s, ext_s) = (s(&csr), s(&key), s(&crt), s(&ext));
+    let mut args = vec!["req", "-subj", "/CN=127.0.0.1"];
+    args.extend(ec);
+    args.extend(["-keyout", &key_s, "-out", &csr_s]);
+    openssl(&args);
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-days",
+        "2",
+        "-set_serial",
+        "1",
+        "-in",
+        &csr_s,
+        "-CA",
+        &ca_s,
+        "-CAkey",
+        &ca_key_s,
+        "-extfile",
+        &ext_s,
+        "-out",
+        &crt_s,
+    ]);
+    (ca, crt, key)
 }

@@ -183,6 +183,35 @@ fn an_index_in_a_layout_picks_the_asked_platform() {
 }
 
 #[test]
+fn an_explicit_platform_refuses_a_single_platform_image_of_another_and_names_nothing() {
+    let t = tmp();
+    let lay = t.path().join("lay");
+    let layers = busybox_layers();
+    write_layout(&lay, "one", &layers, &config_of(&layers, &[])); // linux/amd64
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let src = format!("oci:{}:one", lay.display());
+    let arm = PullOptions {
+        platform: Platform::parse("linux/arm64").unwrap(),
+        exact_platform: true,
+        ..PullOptions::default()
+    };
+    let e = rt().block_on(store.pull(&src, &arm)).unwrap_err();
+    assert!(matches!(e, ImageError::NoPlatform { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .ends_with("no image for platform linux/arm64 (it has: linux/amd64)"),
+        "{e}"
+    );
+    assert!(store.get(&src).unwrap().is_none(), "nothing is named");
+    // Without exact_platform (no --platform given) it is taken, as Docker does.
+    let taken = PullOptions {
+        exact_platform: false,
+        ..arm
+    };
+    assert!(rt().block_on(store.pull(&src, &taken)).is_ok());
+}
+
+#[test]
 fn rm_refuses_a_held_image_naming_its_holders_until_released() {
     let t = tmp();
     busybox_layout(&t.path().join("lay"));

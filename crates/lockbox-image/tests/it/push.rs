@@ -3,7 +3,7 @@
 //! registry has are not sent again; skopeo reads what was pushed.
 
 use crate::common::*;
-use lockbox_image::{ImageConfig, ImageError, PullOptions, PushOptions, Store};
+use lockbox_image::{ImageConfig, ImageError, PullOptions, PushOptions, Store, Tls};
 use std::path::Path;
 use std::process::Command;
 
@@ -185,4 +185,78 @@ fn a_push_uses_basic_and_bearer_credentials_and_fails_clearly_without() {
         ..PullOptions::default()
     };
     assert_eq!(rt().block_on(c.pull(&dest, &pull)).unwrap().id, image.id);
+}
+
+#[test]
+fn an_https_registry_is_pushed_to_and_pulled_from_with_its_ca_and_refused_untrusted_naming_it() {
+    if !require(&["docker-registry", "openssl"]) {
+        return;
+    }
+    let t = tmp();
+    let (ca, crt, key) = test_pki(t.path(), "reg");
+    let (other_ca, _, _) = test_pki(t.path(), "other");
+    let registry = Registry::start_tls(&crt, &key);
+    let host = format!("127.0.0.1:{}", registry.port);
+    let a = Store::open(&t.path().join("a")).unwrap();
+    let image = pulled(t.path(), &a);
+    let dest = format!("{host}/tls/bb:1");
+    let trusting = |ca_certs: Vec<std::path::PathBuf>, certs_dirs: Vec<std::path::PathBuf>| Tls {
+        ca_certs,
+        certs_dirs,
+    };
+    let push = |tls: Tls| {
+        let opts = PushOptions {
+            tls,
+            ..PushOptions::default()
+        };
+        rt().block_on(a.push(&image.id, Some(&dest), &opts))
+    };
+
+    // Another CA only: https (a CA is given) and the certificate is refused, naming the
+    // registry and how to trust it.
+    let e = push(trusting(vec![other_ca.clone()], vec![])).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, ImageError::Registry { .. }), "{e:?}");
+    assert_eq!(e.exit_code(), 1);
+    assert!(
+        text.contains(&format!("registry {host}"))
+            && text.contains("not trusted")
+            && text.contains("--ca-cert"),
+        "{text}"
+    );
+    // A CA file that is no certificate: a usage error naming it.
+    let junk = t.path().join("junk.crt");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let e = push(trusting(vec![junk.clone()], vec![])).unwrap_err();
+    assert_eq!(e.exit_code(), 2, "{e}");
+    assert!(e.to_string().contains("junk.crt"), "{e}");
+
+    // --ca-cert: pushed over https.
+    let pushed = push(trusting(vec![ca.clone()], vec![])).unwrap();
+    assert!(pushed.blobs_uploaded > 0, "{pushed:?}");
+
+    // certs.d/HOST:PORT/ca.crt: pulled back into an empty store, the same image.
+    let certs_d = t.path().join("certs.d");
+    std::fs::create_dir_all(certs_d.join(&host)).unwrap();
+    std::fs::copy(&ca, certs_d.join(&host).join("ca.crt")).unwrap();
+    let b = Store::open(&t.path().join("b")).unwrap();
+    let opts = PullOptions {
+        tls: trusting(vec![], vec![certs_d]),
+        ..PullOptions::default()
+    };
+    let back = rt().block_on(b.pull(&dest, &opts)).unwrap();
+    assert_eq!(back.id, image.id);
+    assert_eq!(back.manifest.as_deref(), Some(pushed.manifest.as_str()));
+    // Without any CA for it, a loopback registry is plain http, which this one refuses.
+    let opts = PullOptions {
+        tls: trusting(vec![], vec![]),
+        ..PullOptions::default()
+    };
+    let e = rt()
+        .block_on(b.pull(&format!("{host}/tls/bb:1"), &opts))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("registry {host}")) && e.to_string().contains("--ca-cert"),
+        "{e}"
+    );
 }
