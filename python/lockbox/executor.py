@@ -179,6 +179,11 @@ class _Spec:
         output: str,
         extra_reads: list[str],
     ) -> None:
+        base = sandbox or Sandbox()
+        if base.image is not None and python is None:
+            # This process's interpreter is a host path: the image's root does not have it.
+            raise UsageError("an executor on an image needs python=, the image's interpreter "
+                             "(such as /usr/local/bin/python3)")
         self.python = os.path.abspath(python or sys.executable)
         if pickler is None:
             pickler = "cloudpickle" if self.python == os.path.abspath(sys.executable) else "pickle"
@@ -188,15 +193,18 @@ class _Spec:
             raise UsageError(f"output must be 'devnull' or 'inherit', not {output!r}")
         self.pickler = pickler
         self.output = output
-        base = sandbox or Sandbox()
         policy = base.policy()
-        policy["fs"]["read"] = list(policy["fs"]["read"]) + _interpreter_reads(self.python) + extra_reads
+        # On an image the interpreter is the image's: the host's directories of it are not
+        # granted (a grant would be mounted over the image's own path).
+        interpreter = [] if base.image is not None else _interpreter_reads(self.python)
+        policy["fs"]["read"] = list(policy["fs"]["read"]) + interpreter + extra_reads
         policy["env"]["set"] = {**policy["env"]["set"], "LOCKBOX_IN_SANDBOX": "1",
                                 "PYTHONDONTWRITEBYTECODE": "1"}
         policy.setdefault("cwd", "/tmp")
         # The executor keeps the deadline itself (per call, from when the payload is sent).
         policy.pop("timeout", None)
         self.policy = json.dumps(policy)
+        self.state_dir = base.state_dir
 
     def spawn(self) -> Any:
         """Starts one sandboxed interpreter waiting for its payload."""
@@ -204,7 +212,7 @@ class _Spec:
         return _lockbox.spawn(
             self.policy,
             [self.python, "-I", "-c", SOURCE, "{result_fd}", self.pickler, self.output],
-            "pipe", stdio, stdio, True,
+            "pipe", stdio, stdio, True, self.state_dir,
         )
 
     def dumps(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
@@ -296,6 +304,19 @@ def _wait_ready(proc: Any, timeout: float) -> bool:
             continue
 
 
+def _decode_result(status: bytes, data: bytes, trusted: bool, elapsed: float) -> ExecutionResult:
+    """The result of the runner's frame (status ``o`` or ``e``, see ``_bootstrap``)."""
+    if status == b"o":
+        try:
+            value = _loads(data, trusted)
+        except Exception as e:
+            return ExecutionResult("error", error=f"{type(e).__name__}: {e}", duration=elapsed)
+        return ExecutionResult("ok", result=value, duration=elapsed)
+    info = _PlainUnpickler(io.BytesIO(data)).load()
+    return ExecutionResult("error", error=f"{info['type']}: {info['message']}",
+                           traceback=info["traceback"], duration=elapsed)
+
+
 def _run_call(
     proc: Any,
     payload: bytes,
@@ -365,16 +386,7 @@ def _run_call(
                     return ExecutionResult("crashed", exit_code=o.get("exit_code"), signal=o.get("signal"),
                                            duration=time.monotonic() - started)
         status, data = done
-        elapsed = time.monotonic() - started
-        if status == b"o":
-            try:
-                value = _loads(data, trusted)
-            except Exception as e:
-                return ExecutionResult("error", error=f"{type(e).__name__}: {e}", duration=elapsed)
-            return ExecutionResult("ok", result=value, duration=elapsed)
-        info = _PlainUnpickler(io.BytesIO(data)).load()
-        return ExecutionResult("error", error=f"{info['type']}: {info['message']}",
-                               traceback=info["traceback"], duration=elapsed)
+        return _decode_result(status, data, trusted, time.monotonic() - started)
     finally:
         # Timeouts and crashes were stopped above, so the tree is dead when they return.
         _reaper.kill(proc, rfd)
@@ -389,8 +401,12 @@ class SandboxExecutor:
         timeout: seconds per call (``None``: no limit).
         policy: the :class:`lockbox.Sandbox` to run in (default: ``Sandbox()``: no
             network, system directories read-only); the interpreter's directories are added
-            read-only. Its ``timeout`` is ignored (use ``timeout=``).
-        python: the interpreter (default ``sys.executable``).
+            read-only. Its ``timeout`` is ignored (use ``timeout=``). A ``Sandbox(image=REF)``
+            runs the calls on that OCI image (from its ``state_dir``'s image store, pulled
+            when missing): give ``python=`` the image's interpreter; the function must be
+            importable there, or plain data pickled by value (``pickle`` by default, as for
+            any other interpreter).
+        python: the interpreter (default ``sys.executable``; required on an image).
         pickler: ``"cloudpickle"`` (default when ``python`` is this interpreter) or
             ``"pickle"`` (default for another interpreter, which may lack cloudpickle).
         max_result_bytes: larger results are an ``error``.

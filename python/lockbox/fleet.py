@@ -1,19 +1,24 @@
 """A lockbox fleet on Ray: one ``lockbox serve`` per Ray node, started, watched and restarted
-by Ray (issue 31, its first part: the node daemons).
+by Ray, and routers that serve one API for all of them (issue 31: the node daemons, the
+router, placement, and the routing part of failures).
 
 ::
 
     import ray
-    import lockbox.fleet
+    import lockbox, lockbox.fleet
 
     ray.init(address="auto")
     fleet = lockbox.fleet.up()                 # a daemon on every node, now and later
     for node in fleet.nodes():                 # {"node_id", "state", "url", "token", ...}
         print(node["node_id"][:8], node["state"], node["url"])
-    box = fleet.client(fleet.nodes()[0]["node_id"]).create()   # a lockbox.Client per node
-    lockbox.fleet.down()                       # stops every daemon and the controller
+    r = fleet.router()                         # {"name", "url", "token", "pid"}: a router actor
+    client = lockbox.Client(r["url"], r["token"])   # the unchanged client, for every node
+    box = client.create()                      # placed by power of K choices
+    print([(s["id"], s["node"]) for s in client.list()])
+    lockbox.fleet.down()                       # stops the routers, every daemon and the controller
 
-or from a shell: ``python -m lockbox.fleet up --ray ADDRESS`` (``status``, ``down``).
+or from a shell: ``python -m lockbox.fleet up --ray ADDRESS`` (``status``, ``down``, and
+``router --listen HOST:PORT`` to serve the fleet's API from this process).
 
 How it works:
 
@@ -30,10 +35,17 @@ How it works:
   outlives its daemon.
 - A node that leaves the cluster (its raylet gone) is listed ``lost`` with Ray's reason; its
   sandboxes went with it.
+- A **router** (:func:`router`, ``lockbox/_router.py``) serves lockbox's HTTP API, E2B's, MCP
+  and the console for the whole fleet with the fleet's own token (:meth:`Fleet.token`):
+  each call goes to the node that holds its sandbox, listings merge every node's (each item
+  with its ``node``), creates go to a node chosen by power of K choices over the nodes' load,
+  and placements are kept in Ray's GCS key-value store, so routers can run side by side and
+  restart without losing any. Calls to a lost node's sandboxes are answered at once (503
+  ``NODE_UNREACHABLE`` / 410 ``SANDBOX_LOST``), and listings show them ``lost``.
 
 Each node's daemon is listed with its URL and token (secrets: the fleet's namespace is only as
-private as the Ray cluster). The router that serves one API for the whole fleet, placement,
-and moving snapshots between nodes are the next parts of issue 31 (docs/fleet.md).
+private as the Ray cluster). Moving snapshots between nodes is the next part of issue 31
+(docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import ctypes
 import importlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,7 +65,7 @@ from typing import Any
 
 from .client import Client
 
-__all__ = ["Fleet", "down", "up"]
+__all__ = ["Fleet", "down", "router", "up"]
 
 CONTROLLER = "lockbox-fleet"
 DEFAULT_NAMESPACE = "lockbox"
@@ -70,6 +83,31 @@ def _need_ray() -> Any:
 
         raise UnsupportedError("lockbox.fleet needs Ray (pip install ray)", code="UNSUPPORTED")
     return _ray
+
+
+def _max_sandboxes(serve_args: list[str]) -> int:
+    """The ``--max-sandboxes`` among ``lockbox serve``'s flags (its default, 64, if absent)."""
+    for i, arg in enumerate(serve_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--max-sandboxes=") else (
+            serve_args[i + 1] if arg == "--max-sandboxes" and i + 1 < len(serve_args) else None)
+        if value is not None and value.isdigit():
+            return int(value)
+    return 64
+
+
+def _kv_namespace(namespace: str) -> bytes:
+    return f"lockbox-fleet:{namespace}".encode()
+
+
+def _fleet_token(namespace: str) -> str:
+    """The fleet's own token (what clients of its routers send), made once and kept in Ray's
+    GCS key-value store."""
+    from ray.experimental import internal_kv
+
+    _need_ray()
+    ns = _kv_namespace(namespace)
+    internal_kv._internal_kv_put(b"token", secrets.token_hex(32).encode(), False, namespace=ns)
+    return str(internal_kv._internal_kv_get(b"token", namespace=ns).decode())
 
 
 def _die_with_parent() -> None:
@@ -109,7 +147,8 @@ class _NodeDaemon:
             assert proc.stdout is not None
             line = json.loads(proc.stdout.readline() or "{}")
             self.info_ = {"node_id": self.node_id, "url": f"http://{line['listen']}", "token": line["token"],
-                          "pid": proc.pid, "state_dir": self.state_dir, "started": self.started}
+                          "pid": proc.pid, "state_dir": self.state_dir, "started": self.started,
+                          "max_sandboxes": _max_sandboxes(self._serve_args)}
         except (OSError, ValueError, KeyError) as e:
             self._error = f"{type(e).__name__}: {e}"
             self._ready.set()
@@ -162,14 +201,20 @@ class _Controller:
                         get_if_exists=True,
                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
                     ).remote(node_id, self.state_root, self.serve_args)
+                labels = {k: str(v) for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
                 try:
                     info = ray.get(self.daemons[node_id].info.remote(), timeout=5)
-                    entry = {**info, "state": "up"}
+                    entry = {**info, "state": "up", "labels": labels}
                 except Exception as e:  # a starting or restarting daemon
-                    entry = {"node_id": node_id, "state": "starting", "reason": f"{type(e).__name__}"}
+                    entry = {"node_id": node_id, "state": "starting", "reason": f"{type(e).__name__}",
+                             "labels": labels}
                 with self.lock:
                     self.listed[node_id] = entry
             time.sleep(1.0)
+
+    def where(self) -> str:
+        """The Ray node this controller runs on."""
+        return str(_need_ray().get_runtime_context().get_node_id())
 
     def nodes(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -185,6 +230,95 @@ class _Controller:
                 pass
             ray.kill(daemon, no_restart=True)
         self.daemons.clear()
+
+
+ROUTER = "lockbox-fleet-router"
+
+
+def _run_router(namespace: str, host: str, port: int, started: Any) -> None:
+    """Runs a router (in this thread, until the process ends); ``started(host, port)`` is
+    called once it listens."""
+    import asyncio
+
+    from ._router import Router, Store
+
+    ray = _need_ray()
+    controller = ray.get_actor(CONTROLLER, namespace=namespace)
+
+    def nodes() -> list[dict[str, Any]]:
+        return list(ray.get(controller.nodes.remote(), timeout=10))
+
+    async def main() -> None:
+        router = Router(nodes, _fleet_token(namespace), Store(namespace))
+        started(*(await router.start(host, port)))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class _RouterActor:
+    """A router in a detached Ray actor (restarted by Ray, on a new port when it was 0)."""
+
+    def __init__(self, namespace: str, host: str | None, port: int) -> None:
+        ray = _need_ray()
+        self.address: tuple[str, int] | None = None
+        ready = threading.Event()
+
+        def started(h: str, p: int) -> None:
+            self.address = (h, p)
+            ready.set()
+
+        bind = host or ray.util.get_node_ip_address()
+        threading.Thread(target=_run_router, args=(namespace, bind, port, started), name="lockbox-fleet-router",
+                         daemon=True).start()
+        if not ready.wait(60):
+            raise RuntimeError(f"the fleet's router did not start listening on {bind}:{port} in 60 s")
+
+    def info(self) -> dict[str, Any]:
+        assert self.address is not None
+        return {"url": f"http://{self.address[0]}:{self.address[1]}", "pid": os.getpid()}
+
+
+def router(listen: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, name: str = ROUTER,
+           node_id: str | None = None) -> dict[str, Any]:
+    """Starts a router named ``name`` (if none runs) as a detached Ray actor serving the
+    fleet's API on ``listen`` (``HOST:PORT``; default: its node's address and a free port).
+    Returns ``{"name", "url", "token", "pid"}``: clients use ``url`` with the fleet's
+    ``token`` as :class:`lockbox.Client` or E2B's SDK would use one ``lockbox serve``.
+    Several routers (other names) may run side by side; they share the placements.
+    ``node_id``: the Ray node it runs on (default: any). A router of this name that runs
+    already is returned as it is (``listen`` and ``node_id`` then change nothing)."""
+    ray = _need_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    host, port = None, 0
+    if listen:
+        h, sep, p = listen.rpartition(":")
+        if not sep or not p.isdigit():
+            raise ValueError(f"listen: HOST:PORT, not {listen!r}")
+        host, port = h.strip("[]") or None, int(p)
+    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False) if node_id else "DEFAULT"
+    actor = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)(_RouterActor).options(
+        name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
+        scheduling_strategy=strategy).remote(namespace, host, port)
+    info = dict(ray.get(actor.info.remote(), timeout=90))
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(f"r/{name}".encode(), b"1", True, namespace=_kv_namespace(namespace))
+    return {"name": name, **info, "token": _fleet_token(namespace)}
+
+
+def _stop_routers(namespace: str) -> None:
+    from ray.experimental import internal_kv
+
+    ray = _need_ray()
+    ns = _kv_namespace(namespace)
+    for key in internal_kv._internal_kv_list(b"r/", namespace=ns):
+        try:
+            ray.kill(ray.get_actor(key.decode()[2:], namespace=namespace), no_restart=True)
+        except ValueError:  # gone already
+            pass
+        internal_kv._internal_kv_del(key, namespace=ns)
+
 
 
 class Fleet:
@@ -213,6 +347,15 @@ class Fleet:
                 raise TimeoutError(f"{len(up_nodes)} of {count} fleet nodes up after {timeout} s: {self.nodes()}")
             time.sleep(0.2)
 
+    def token(self) -> str:
+        """The fleet's token: what clients of its routers send (``Authorization: Bearer``,
+        E2B's ``E2B_API_KEY``)."""
+        return _fleet_token(self.namespace)
+
+    def router(self, listen: str | None = None, *, name: str = ROUTER, node_id: str | None = None) -> dict[str, Any]:
+        """See :func:`lockbox.fleet.router`."""
+        return router(listen, namespace=self.namespace, name=name, node_id=node_id)
+
     def client(self, node_id: str) -> Client:
         """A :class:`lockbox.Client` of the node's ``lockbox serve``."""
         for n in self.nodes():
@@ -240,6 +383,7 @@ def down(namespace: str = DEFAULT_NAMESPACE) -> None:
     """Stops every daemon of the fleet (their ``lockbox serve`` deletes its sandboxes) and the
     controller."""
     ray = _need_ray()
+    _stop_routers(namespace)
     try:
         controller = ray.get_actor(CONTROLLER, namespace=namespace)
     except ValueError:
@@ -249,14 +393,21 @@ def down(namespace: str = DEFAULT_NAMESPACE) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lockbox.fleet up|status|down [--ray ADDRESS] [--namespace NS]``."""
+    """``python -m lockbox.fleet up|status|down|router [--ray ADDRESS] [--namespace NS]``."""
     p = argparse.ArgumentParser(prog="python -m lockbox.fleet", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["up", "status", "down"])
+    p.add_argument("command", choices=["up", "status", "down", "router"],
+                   help="router: serve the fleet's API on --listen, in this process, until stopped")
     p.add_argument("--ray", default="auto", help="the Ray cluster's address (default: auto)")
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     p.add_argument("--state-root", default=None, help="each node's state directories' parent")
+    p.add_argument("--listen", default="127.0.0.1:7080", help="router: HOST:PORT (port 0: a free one)")
+    p.add_argument("--print-token", action="store_true", help="router: also print the fleet's token")
     a = p.parse_args(argv)
     ray = _need_ray()
+    if a.command == "router":
+        host, sep, port = a.listen.rpartition(":")
+        if not sep or not port.isdigit():
+            p.error(f"--listen: HOST:PORT, not {a.listen!r}")
     ray.init(address=a.ray, namespace=a.namespace, log_to_driver=False)
     if a.command == "up":
         fleet = up(namespace=a.namespace, state_root=a.state_root)
@@ -264,6 +415,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fleet.wait(alive), indent=1))
     elif a.command == "status":
         print(json.dumps(Fleet(a.namespace).nodes(), indent=1))
+    elif a.command == "router":
+        def started(h: str, port_: int) -> None:
+            line = {"listen": f"{h}:{port_}"}
+            if a.print_token:
+                line["token"] = _fleet_token(a.namespace)
+            print(json.dumps(line), flush=True)
+
+        try:
+            _run_router(a.namespace, host.strip("[]"), int(port), started)
+        except KeyboardInterrupt:
+            pass
     else:
         down(a.namespace)
     return 0

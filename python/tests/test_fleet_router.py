@@ -1,0 +1,247 @@
+"""The fleet's router as an HTTP proxy, without Ray (docs/fleet.md): in front of one real
+`lockbox serve`, what the Ray tests' clients do not exercise — keep-alive connections,
+chunked uploads, `Expect: 100-continue`, malformed and oversized heads, a node that cannot be
+reached — and the placement function over many simulated nodes."""
+
+import asyncio
+import http.client
+import json
+import random
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from lockbox._router import NodeView, Router, place
+
+
+def serve(state, *flags):
+    """A `lockbox serve` (the extension's CLI), as a fleet node would run it: (process, node)."""
+    proc = subprocess.Popen([sys.executable, "-m", "lockbox._cli", "serve", "--listen", "127.0.0.1:0",
+                             "--state-dir", str(state), "--print-token", *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    line = json.loads(proc.stdout.readline())
+    return proc, {"node_id": "n" * 56, "state": "up", "url": f"http://{line['listen']}", "token": line["token"]}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    proc, info = serve(tmp_path_factory.mktemp("node"))
+    try:
+        yield info
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+ROUTERS = []
+
+
+def start_router(nodes, token="fleet-token"):
+    """A Router on a free port in a thread of its own (stopped at the end of the module);
+    returns (host, port)."""
+    ready = threading.Event()
+    where = {}
+
+    async def main():
+        router = Router(lambda: nodes, token, None)
+        where["addr"] = await router.start("127.0.0.1", 0)
+        where["loop"], where["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        ready.set()
+        await where["stop"].wait()
+        await router.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    ROUTERS.append((where, thread))
+    return where["addr"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_routers():
+    yield
+    for where, thread in ROUTERS:
+        where["loop"].call_soon_threadsafe(where["stop"].set)
+        thread.join(30)
+    ROUTERS.clear()
+
+
+@pytest.fixture(scope="module")
+def router(node):
+    return start_router([node])
+
+
+AUTH = {"Authorization": "Bearer fleet-token"}
+
+
+def test_one_keep_alive_connection_carries_many_calls(router):
+    conn = http.client.HTTPConnection(*router, timeout=60)
+    conn.request("POST", "/v1/sandboxes", body=b"{}", headers={**AUTH, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    box = json.loads(resp.read())
+    assert resp.status == 201, box
+    try:
+        for i in range(5):
+            conn.request("POST", f"/v1/sandboxes/{box['id']}/exec", body=json.dumps({"command": f"echo {i}"}),
+                         headers={**AUTH, "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert (resp.status, json.loads(resp.read())["stdout"]) == (200, f"{i}\n")
+        # A chunked upload streams through, and the file reads back whole.
+        data = bytes(range(256)) * 4096
+        conn.request("PUT", f"/v1/sandboxes/{box['id']}/files?path=/tmp/big.bin",
+                     body=iter([data[: len(data) // 2], data[len(data) // 2:]]), headers=AUTH, encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        resp.read()
+        conn.request("GET", f"/v1/sandboxes/{box['id']}/files?path=/tmp/big.bin", headers=AUTH)
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (200, data)
+        # An unknown sandbox: the node's own answer comes back, in lockbox's shape.
+        conn.request("GET", "/v1/sandboxes/sb-none", headers=AUTH)
+        resp = conn.getresponse()
+        assert (resp.status, json.loads(resp.read())["code"]) == (404, "SANDBOX_NOT_FOUND")
+    finally:
+        conn.request("DELETE", f"/v1/sandboxes/{box['id']}", headers=AUTH)
+        conn.getresponse().read()
+        conn.close()
+
+
+def raw(addr, data, *, read_until=b"\r\n\r\n"):
+    with socket.create_connection(addr, timeout=30) as s:
+        s.sendall(data)
+        got = b""
+        while read_until not in got:
+            more = s.recv(65536)
+            if not more:
+                break
+            got += more
+        return got
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(router):
+    body = b'{"labels": {"via": "expect"}}'
+    head = (b"Host: x\r\nAuthorization: Bearer fleet-token\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode())
+    with socket.create_connection(router, timeout=30) as s:
+        s.sendall(b"POST /v1/sandboxes HTTP/1.1\r\n" + head)
+        assert s.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(body)
+        got = b""
+        while b'"via"' not in got:
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 201"), got
+        sid = json.loads(got.split(b"\r\n\r\n", 1)[1])["id"]
+        s.sendall(f"DELETE /v1/sandboxes/{sid} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer fleet-token\r\n"
+                  f"Connection: close\r\n\r\n".encode())
+        while s.recv(65536):
+            pass
+    # Refused before the body is asked for: the client is not left waiting.
+    with socket.create_connection(router, timeout=30) as s:
+        s.sendall(b"POST /v1/sandboxes/sb-none/exec HTTP/1.1\r\n" + head)
+        assert s.recv(65536).startswith(b"HTTP/1.1 404")
+
+
+def test_bad_requests_get_clear_answers(router):
+    assert raw(router, b"NONSENSE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert raw(router, b"GET / HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431")
+    # Framing that two servers could read two ways (request smuggling) is refused.
+    assert raw(router, b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert raw(router, b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                       b"Content-Length: 4\r\n\r\nabcd").startswith(b"HTTP/1.1 400")
+    reply = raw(router, b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n",
+                read_until=b"}")
+    assert reply.startswith(b"HTTP/1.1 401") and b'"UNAUTHORIZED"' in reply
+    reply = raw(router, b"GET /v2/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n", read_until=b"}")
+    assert reply.startswith(b"HTTP/1.1 401") and b'"code": 401' in reply  # E2B's shape
+
+
+def test_a_node_that_cannot_be_reached_is_answered_at_once():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    addr = start_router([{"node_id": "d" * 56, "state": "up", "url": f"http://127.0.0.1:{dead}", "token": "t"}])
+    conn = http.client.HTTPConnection(*addr, timeout=30)
+    conn.request("POST", "/v1/sandboxes", body=b"{}", headers={**AUTH, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    reply = json.loads(resp.read())
+    assert resp.status == 503 and reply["code"] == "NO_NODE", reply
+
+
+def test_a_kept_alive_connection_the_node_closed_is_replaced(tmp_path):
+    import time
+
+    # The node closes idle connections after 1 s; the router keeps them for up to 4 s.
+    proc, info = serve(tmp_path, "--header-timeout", "1s")
+    try:
+        addr = start_router([info])
+        conn = http.client.HTTPConnection(*addr, timeout=60)
+        conn.request("POST", "/v1/sandboxes", body=b"{}", headers={**AUTH, "Content-Type": "application/json"})
+        sid = json.loads(conn.getresponse().read())["id"]
+        for i in range(3):
+            time.sleep(1.5)  # not a measurement: long enough for the node to close its side
+            conn.request("POST", f"/v1/sandboxes/{sid}/exec", body=json.dumps({"command": f"echo {i}"}),
+                         headers={**AUTH, "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert (resp.status, json.loads(resp.read())["stdout"]) == (200, f"{i}\n")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_power_of_k_choices_balances_and_prefers_a_node_holding_the_image():
+    rng = random.Random(7)
+    nodes = [NodeView(f"node-{i}", state="up", capacity=200) for i in range(1000)]
+    for _ in range(100_000):
+        n = place(nodes, rng=rng)
+        n.load += 1
+    loads = [n.load for n in nodes]
+    assert max(loads) <= 1.2 * min(loads), (max(loads), min(loads))
+    # A node with the image wins over equally loaded ones without it.
+    small = [NodeView(f"s{i}", state="up", capacity=10) for i in range(3)]
+    small[2].images.add("busybox:1.36")
+    assert all(place(small, image="busybox:1.36", rng=rng) is small[2] for _ in range(20))
+    # A node holding the image is looked at even when the K random nodes miss it, and wins
+    # over the emptier ones without it.
+    holder = nodes[500]
+    holder.images.add("python:3.12")
+    others = [n.load for n in nodes if n is not holder]
+    holder.load = min(others)
+    assert all(place(nodes, image="python:3.12", rng=rng, holders=[holder]) is holder for _ in range(50))
+    # ... but not once it is much fuller; and a full fleet has no choice.
+    small[2].load = 5
+    assert place(small, image="busybox:1.36", rng=rng) is not small[2]
+    for n in small:
+        n.load = 10
+    assert place(small, rng=rng) is None
+
+
+def test_a_nodes_load_counts_each_sandbox_once_whatever_a_probe_saw():
+    """The router's view of a node's load, from its probes and its own creates and deletes:
+    a probe running while a create or a delete is answered may or may not have seen it, and
+    either way the sandbox counts once (CI saw a delete counted twice hide a create, and
+    three creates land on two nodes)."""
+    v = NodeView("n", state="up")
+    v.probed_at(0.0, {"a", "b"})
+    assert v.load == 2
+    v.now_deleted("a")
+    v.now_deleted("b")
+    assert v.load == 0
+    # A probe begun before those deletes were answered, that already saw them done.
+    v.probed_at(v.deleted["a"] - 1, set())
+    assert v.load == 0
+    v.now_made(["c"])
+    assert v.load == 1, "a create after a delete counts"
+    # ... and one that did not see them done yet, but saw the create.
+    v.probed_at(v.made["c"] - 1, {"a", "b", "c"})
+    assert v.load == 1
+    v.inflight += 1
+    v.recount()
+    assert v.load == 2, "a create in flight counts"
+    v.inflight -= 1
+    # A probe begun after them all is the whole truth.
+    v.probed_at(v.made["c"] + 1, {"c", "d"})
+    assert (v.load, v.made, v.deleted) == (2, {}, {})
