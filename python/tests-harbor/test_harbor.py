@@ -20,6 +20,7 @@ import hashlib
 import http.server
 import io
 import json
+import secrets
 import os
 import shutil
 import socket
@@ -33,6 +34,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+# The `slow` task's command, unique to this run: the check that nothing of it is left must not
+# see another process on the machine (a `sleep 300` of someone else's matched `sleep 30`).
+SLOW = f"sleep 30.{secrets.randbelow(10**6):06d}"
 
 REQUIRE_ALL = os.environ.get("LOCKBOX_TEST_REQUIRE") == "all"
 
@@ -271,12 +276,12 @@ def dataset(root: Path, image: str, page_port: int) -> Path:
         [environment]
         docker_image = "{image}"
         network_mode = "no-network"
-        """, solve="""\
+        """, solve=f"""\
         mkdir -p /app
-        sleep 30
+        {SLOW}
         echo late > /app/late.txt
-        """, test="""\
-        sleep 1; test ! -e /app/late.txt && ! pgrep -f 'sleep 30' >/dev/null
+        """, test=f"""\
+        sleep 1; test ! -e /app/late.txt && ! ps -o args | grep -qx '{SLOW}'
         """)
     return tasks
 
@@ -333,7 +338,7 @@ def test_harbor_runs_four_tasks_in_lockbox_sandboxes(who: str) -> None:
         slow = results["slow"]
         assert "Timeout" in json.dumps(slow.get("exception_info")), slow.get("exception_info")
         # Every sandbox was deleted: no process of a sandbox is left, nothing held.
-        leftover = subprocess.run(["pgrep", "-f", "sleep 30"], capture_output=True, text=True)
+        leftover = subprocess.run(["pgrep", "-x", "-f", SLOW], capture_output=True, text=True)
         assert leftover.stdout == "", f"left behind: {leftover.stdout}"
     finally:
         server.shutdown()
