@@ -184,38 +184,64 @@ impl Drop for Scratch {
     }
 }
 
-/// A copy of `src` that every user can execute, shared by test runs of the same build (named
-/// by size and mtime; older builds' copies are removed after a day, so nothing piles up).
-fn executable_copy(src: &Path, name: &str) -> PathBuf {
+/// A copy of `src` every user can execute, shared by test runs of the same build: `name`
+/// in a directory named by `name`, the size and the mtime (see [`shared_file_with`]).
+pub fn executable_copy(src: &Path, name: &str) -> PathBuf {
     let md = std::fs::metadata(src).unwrap();
     let mtime = md
         .modified()
         .unwrap()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
-    let dir = std::env::temp_dir().join("lockbox-rt-bin");
-    std::fs::create_dir_all(&dir).unwrap();
-    // Made by root in the first run; uid 65534 re-runs find it ready.
-    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
-    let bin = dir.join(format!("{name}-{}-{}", md.len(), mtime.as_nanos()));
-    if !bin.exists() {
-        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        link_or_copy(src, &tmp);
-        std::fs::rename(&tmp, &bin).unwrap();
-        // Copies of older builds go after a day: one per build would pile up in /tmp, and a
-        // run of another build going on now keeps its own.
-        let prefix = format!("{name}-");
-        for old in std::fs::read_dir(&dir).unwrap().flatten() {
-            if old.path() != bin
-                && old.file_name().to_string_lossy().starts_with(&prefix)
-                && stale_copy(&old.path())
-            {
-                let _ = std::fs::remove_file(old.path());
-            }
+    let key = format!("{name}-{}-{}", md.len(), mtime.as_nanos());
+    shared_file_with(&key, name, |dst| link_or_copy(src, dst))
+}
+
+/// `contents` as a file `name` every test user can read and execute, shared by every test
+/// process of every run (named by a hash of the contents; see [`shared_file_with`]). For a
+/// test's `static`: a `TempDir` there is never dropped, so each run would leave one in /tmp.
+pub fn shared_file(name: &str, contents: &[u8]) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut hash = std::hash::DefaultHasher::new();
+    contents.hash(&mut hash);
+    shared_file_with(&format!("{name}-{:016x}", hash.finish()), name, |dst| {
+        std::fs::write(dst, contents).unwrap();
+        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+    })
+}
+
+/// `$TMPDIR/lockbox-test-bin/KEY/NAME`, made by `fill` (given the path to write) the first
+/// time, in a directory of its own so that it can go on a `PATH`; every user can enter it
+/// (the checkout may be under a directory only root can enter, and the re-runs as uid 65534
+/// find root's copy ready). Made under a temporary name and renamed into place: a test
+/// process racing another uses whichever copy won. Entries unused for a day go when a new
+/// one is made, so nothing piles up in /tmp, and runs of other builds going on at the same
+/// time keep theirs.
+fn shared_file_with(key: &str, name: &str, fill: impl FnOnce(&Path)) -> PathBuf {
+    let root = std::env::temp_dir().join("lockbox-test-bin");
+    let dir = root.join(key);
+    let file = dir.join(name);
+    if file.exists() {
+        // In use: not stale for another day (best effort: uid 65534 cannot touch root's).
+        let _ = std::fs::File::open(&dir).and_then(|d| d.set_modified(SystemTime::now()));
+        return file;
+    }
+    std::fs::create_dir_all(&root).unwrap();
+    let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
+    let tmp = root.join(format!(".{key}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fill(&tmp.join(name));
+    if std::fs::rename(&tmp, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    for old in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        if old.file_name() != key && unused_for_a_day(&old.path()) {
+            let _ = std::fs::remove_dir_all(old.path());
         }
     }
-    bin
+    file
 }
 
 /// `dst` as a hard link to `src` when they share a filesystem (test binaries are large and
@@ -231,8 +257,7 @@ fn link_or_copy(src: &Path, dst: &Path) {
     std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// Whether a copy of another build was made more than a day ago (see [`executable_copy`]).
-fn stale_copy(path: &Path) -> bool {
+fn unused_for_a_day(path: &Path) -> bool {
     std::fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .ok()

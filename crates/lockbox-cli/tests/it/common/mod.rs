@@ -35,61 +35,16 @@ pub use lockbox_testkit::sandboxes::{scratch, Scratch};
 
 /// The binary, copied where uid 65534 can execute it (the checkout may be under a
 /// directory only root can enter), as `lockbox` in a directory of its own (tests put it on
-/// PATH). One copy per build, named by size and mtime and shared by every test process;
-/// copies of older builds are removed after a day, so nothing piles up in /tmp (and test
-/// runs of other builds going on at the same time keep theirs).
+/// PATH); one copy per build, shared by every test process
+/// ([`lockbox_testkit::sandboxes::executable_copy`]).
 pub fn binary() -> &'static Path {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let src = Path::new(env!("CARGO_BIN_EXE_lockbox"));
-        let md = std::fs::metadata(src).unwrap();
-        let mtime = md
-            .modified()
-            .unwrap()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        let root = std::env::temp_dir().join("lockbox-test-bin");
-        let build = format!("{}-{}", md.len(), mtime.as_nanos());
-        let dir = root.join(&build);
-        let bin = dir.join("lockbox");
-        if !bin.exists() {
-            std::fs::create_dir_all(&root).unwrap();
-            // Made by root in the first run; uid 65534 re-runs find it ready.
-            let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
-            let tmp = root.join(format!(".{build}.{}.tmp", std::process::id()));
-            let _ = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir(&tmp).unwrap();
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
-            link_or_copy(src, &tmp.join("lockbox"));
-            // Another test process may have won the race: its copy is as good.
-            if std::fs::rename(&tmp, &dir).is_err() {
-                let _ = std::fs::remove_dir_all(&tmp);
-            }
-            for old in std::fs::read_dir(&root).unwrap().flatten() {
-                let name = old.file_name();
-                if name != build.as_str()
-                    && !name.to_string_lossy().starts_with('.')
-                    && stale_copy(&old.path())
-                {
-                    let _ = std::fs::remove_dir_all(old.path());
-                }
-            }
-        }
-        bin
+        lockbox_testkit::sandboxes::executable_copy(
+            Path::new(env!("CARGO_BIN_EXE_lockbox")),
+            "lockbox",
+        )
     })
-}
-
-/// `dst` as a hard link to `src` when they share a filesystem (debug binaries are large and
-/// CI shares its disk), else as a copy; either way executable by every user.
-fn link_or_copy(src: &Path, dst: &Path) {
-    if std::fs::hard_link(src, dst).is_ok()
-        && std::fs::metadata(dst).unwrap().permissions().mode() & 0o005 == 0o005
-    {
-        return;
-    }
-    let _ = std::fs::remove_file(dst);
-    std::fs::copy(src, dst).unwrap();
-    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 pub fn lockbox(user: User, dir: &Path, args: &[&str]) -> Output {
@@ -203,43 +158,6 @@ pub fn wait_for_file(path: &Path, child: &mut std::process::Child) {
     }
 }
 
-/// `contents` as a file `name` that every test user can read and execute, shared by every
-/// test process of every run (named by a hash of the contents, beside [`binary`]'s copies and
-/// removed like them). For a test's `static`: a `TempDir` there is never dropped, so each run
-/// would leave one in /tmp.
-pub fn shared_file(name: &str, contents: &[u8]) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    let mut hash = std::hash::DefaultHasher::new();
-    contents.hash(&mut hash);
-    let root = std::env::temp_dir().join("lockbox-test-bin");
-    let key = format!("{name}-{:016x}", hash.finish());
-    let dir = root.join(&key);
-    let file = dir.join(name);
-    if file.exists() {
-        // Still in use: not stale for another day (best effort; uid 65534 cannot).
-        let now = std::time::SystemTime::now();
-        let _ = std::fs::File::open(&dir).and_then(|d| d.set_modified(now));
-        return file;
-    }
-    std::fs::create_dir_all(&root).unwrap();
-    let _ = std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755));
-    let tmp = root.join(format!(".{key}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir(&tmp).unwrap();
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(tmp.join(name), contents).unwrap();
-    std::fs::set_permissions(tmp.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
-    // Another test process may have won the race: its file is the same.
-    if std::fs::rename(&tmp, &dir).is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    file
-}
-
-pub fn stale_copy(path: &Path) -> bool {
-    std::fs::symlink_metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age > std::time::Duration::from_secs(24 * 3600))
-}
+/// `contents` as a file `name` every test user can read and execute, shared by every test
+/// process of every run.
+pub use lockbox_testkit::sandboxes::shared_file;
