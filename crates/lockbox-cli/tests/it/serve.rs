@@ -223,30 +223,19 @@ fn files_put_get_and_range_round_trip() {
             let stat: Value = response.json().await.unwrap();
             assert_eq!(stat["size"], 100_000);
 
-            let get = |range: Option<&str>| {
-                let mut request =
-                    server.request(Method::GET, &format!("{files}?path=/tmp/deep/er/data.bin"));
-                if let Some(range) = range {
-                    request = request.header("Range", range);
-                }
-                request.send()
-            };
-            let whole = get(None).await.unwrap();
+            let data = "/tmp/deep/er/data.bin";
+            let whole = server.get_file(&id, data, None).await;
             assert_eq!(whole.status(), StatusCode::OK);
             assert_eq!(whole.bytes().await.unwrap(), content);
-
-            let part = get(Some("bytes=10-19")).await.unwrap();
-            assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
-            assert_eq!(part.headers()["content-range"], "bytes 10-19/100000");
-            assert_eq!(part.bytes().await.unwrap(), content[10..20]);
-
-            let tail = get(Some("bytes=-5")).await.unwrap();
-            assert_eq!(tail.status(), StatusCode::PARTIAL_CONTENT);
-            assert_eq!(tail.bytes().await.unwrap(), content[99_995..]);
-
-            let outside = get(Some("bytes=100000-")).await.unwrap();
-            assert_eq!(outside.status(), StatusCode::RANGE_NOT_SATISFIABLE);
-            assert_eq!(outside.headers()["content-range"], "bytes */100000");
+            let range = |r, cr, part| server.assert_file_range(&id, data, r, cr, part);
+            range("bytes=10-19", "bytes 10-19/100000", Some(&content[10..20])).await;
+            range(
+                "bytes=-5",
+                "bytes 99995-99999/100000",
+                Some(&content[99_995..]),
+            )
+            .await;
+            range("bytes=100000-", "bytes */100000", None).await;
 
             // The sandbox sees the same bytes.
             let result = server
@@ -307,14 +296,6 @@ fn proc_files_are_read_to_their_end_with_their_real_length() {
         let server = Served::start(user, state.path(), &[]);
         tokio().block_on(async {
             let id = server.sandbox(json!({})).await;
-            let files = format!("/v1/sandboxes/{id}/files");
-            let get = |path: &str, range: Option<&str>| {
-                let mut request = server.request(Method::GET, &format!("{files}?path={path}"));
-                if let Some(range) = range {
-                    request = request.header("Range", range);
-                }
-                request.send()
-            };
             let boot_id = "/proc/sys/kernel/random/boot_id";
             let cat = server
                 .exec(&id, json!({ "command": format!("cat {boot_id}") }))
@@ -322,23 +303,16 @@ fn proc_files_are_read_to_their_end_with_their_real_length() {
             let cat = cat["stdout"].as_str().unwrap().to_owned();
             assert_eq!(cat.len(), 37, "{user:?}: {cat:?}");
 
-            let whole = get(boot_id, None).await.unwrap();
+            let whole = server.get_file(&id, boot_id, None).await;
             assert_eq!(whole.status(), StatusCode::OK, "{user:?}");
             assert_eq!(whole.headers()["content-length"], "37");
             assert_eq!(whole.bytes().await.unwrap(), cat.as_bytes());
+            let range = |r, cr, part| server.assert_file_range(&id, boot_id, r, cr, part);
+            range("bytes=0-7", "bytes 0-7/37", Some(&cat.as_bytes()[..8])).await;
+            range("bytes=-1", "bytes 36-36/37", Some(b"\n")).await;
+            range("bytes=37-", "bytes */37", None).await;
 
-            let part = get(boot_id, Some("bytes=0-7")).await.unwrap();
-            assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
-            assert_eq!(part.headers()["content-range"], "bytes 0-7/37");
-            assert_eq!(part.bytes().await.unwrap(), cat.as_bytes()[..8]);
-            let tail = get(boot_id, Some("bytes=-1")).await.unwrap();
-            assert_eq!(tail.status(), StatusCode::PARTIAL_CONTENT);
-            assert_eq!(tail.bytes().await.unwrap(), "\n");
-            let outside = get(boot_id, Some("bytes=37-")).await.unwrap();
-            assert_eq!(outside.status(), StatusCode::RANGE_NOT_SATISFIABLE);
-            assert_eq!(outside.headers()["content-range"], "bytes */37");
-
-            let status = get("/proc/self/status", None).await.unwrap();
+            let status = server.get_file(&id, "/proc/self/status", None).await;
             assert_eq!(status.status(), StatusCode::OK);
             let length: usize = status.headers()["content-length"]
                 .to_str()

@@ -167,6 +167,44 @@ impl Served {
         (status, value)
     }
 
+    /// `GET files?path=PATH` of sandbox `id`, with a `Range` header when given.
+    pub async fn get_file(&self, id: &str, path: &str, range: Option<&str>) -> reqwest::Response {
+        let mut request = self.request(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/files?path={path}"),
+        );
+        if let Some(range) = range {
+            request = request.header("Range", range);
+        }
+        request.send().await.unwrap()
+    }
+
+    /// Asserts that `GET files` of `path` with `range` answers 206 with `content_range` and
+    /// `part`, or 416 (with `Content-Range: bytes */SIZE`) when `part` is `None`.
+    pub async fn assert_file_range(
+        &self,
+        id: &str,
+        path: &str,
+        range: &str,
+        content_range: &str,
+        part: Option<&[u8]>,
+    ) {
+        let response = self.get_file(id, path, Some(range)).await;
+        let expected = match part {
+            Some(_) => StatusCode::PARTIAL_CONTENT,
+            None => StatusCode::RANGE_NOT_SATISFIABLE,
+        };
+        assert_eq!(response.status(), expected, "{path} {range}");
+        assert_eq!(
+            response.headers()["content-range"],
+            content_range,
+            "{path} {range}"
+        );
+        if let Some(part) = part {
+            assert_eq!(response.bytes().await.unwrap(), part, "{path} {range}");
+        }
+    }
+
     /// Creates a sandbox; its id.
     pub async fn sandbox(&self, body: Value) -> String {
         let (status, info) = self.json(Method::POST, "/v1/sandboxes", body).await;
