@@ -46,6 +46,18 @@ def point_sdk_at(base: str, token: str, http_version: str) -> dict:
     return saved
 
 
+ENVD_PORT = "49983"
+
+
+def envd_route(sandbox_id: str, token: str | None = None) -> dict:
+    """The headers the SDK sends to reach a sandbox's envd through E2B_SANDBOX_URL (and its
+    access token, when given): for tests that speak to envd without the SDK."""
+    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": ENVD_PORT}
+    if token is not None:
+        headers["X-Access-Token"] = token
+    return headers
+
+
 def restore(saved: dict) -> None:
     for k, v in saved.items():
         if v is None:

@@ -10,10 +10,11 @@ import uuid
 
 import pytest
 
-from e2b_util import E2B_SDK, e2b_server, need  # noqa: F401 (a fixture)
+from e2b_util import E2B_SDK, e2b_server, envd_route, need  # noqa: F401 (a fixture)
 
 try:
     from e2b import AsyncSandbox, Sandbox, SandboxQuery, Template
+    from e2b_code_interpreter import Sandbox as CodeSandbox
 except ImportError:
     need(False, E2B_SDK)
 
@@ -65,17 +66,14 @@ def test_a_truncated_gzip_upload_is_refused_and_writes_nothing(e2b_server):
                        content=whole[: len(whole) // 2],
                        headers={"Content-Type": "application/octet-stream",
                                 "Content-Encoding": "gzip",
-                                "E2b-Sandbox-Id": sbx.sandbox_id,
-                                "E2b-Sandbox-Port": "49983",
-                                "X-Access-Token": sbx._envd_access_token})
+                                **envd_route(sbx.sandbox_id, sbx._envd_access_token)})
         assert 400 <= r.status_code < 500, r.text
         assert not sbx.files.exists("/tmp/cut.txt")
         r = httpx.post(f"{sbx.envd_api_url}/files", params={"path": "/tmp/br.txt"},
                        content=b"x", headers={"Content-Type": "application/octet-stream",
                                               "Content-Encoding": "br",
-                                              "E2b-Sandbox-Id": sbx.sandbox_id,
-                                              "E2b-Sandbox-Port": "49983",
-                                              "X-Access-Token": sbx._envd_access_token})
+                                              **envd_route(sbx.sandbox_id,
+                                                           sbx._envd_access_token)})
         assert r.status_code == 415, r.text
     finally:
         sbx.kill()
@@ -94,10 +92,6 @@ def test_the_async_sdk_uploads_gzip_too(e2b_server):
 
 def test_a_run_whose_sandbox_is_killed_raises_the_sdks_killed_error(e2b_server):
     from e2b import TimeoutException
-    try:
-        from e2b_code_interpreter import Sandbox as CodeSandbox
-    except ImportError:
-        need(False, E2B_SDK)
     sbx = CodeSandbox.create()
     timer = threading.Timer(1.0, sbx.kill)
     timer.start()
@@ -112,10 +106,6 @@ def test_a_run_whose_sandbox_is_killed_raises_the_sdks_killed_error(e2b_server):
 
 
 def test_a_run_whose_interpreter_dies_in_a_live_sandbox_still_ends_normally(e2b_server):
-    try:
-        from e2b_code_interpreter import Sandbox as CodeSandbox
-    except ImportError:
-        need(False, E2B_SDK)
     sbx = CodeSandbox.create()
     try:
         died = sbx.run_code("import os; os._exit(3)")
@@ -172,8 +162,7 @@ def test_signed_file_urls_work_without_routing_headers_until_they_expire(e2b_ser
             urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b"x"))
         assert as_upload.value.code == 401
         # With the routing headers, a wrong signature is refused too.
-        bad = urllib.request.Request(url[:-4] + "AAAA", headers={
-            "E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"})
+        bad = urllib.request.Request(url[:-4] + "AAAA", headers=envd_route(sbx.sandbox_id))
         with pytest.raises(urllib.error.HTTPError) as wrong:
             urllib.request.urlopen(bad)
         assert wrong.value.code == 401
@@ -184,10 +173,6 @@ def test_signed_file_urls_work_without_routing_headers_until_they_expire(e2b_ser
 
 def test_the_interpreters_python_and_javascript_contexts_are_listed_first(e2b_server):
     import shutil
-    try:
-        from e2b_code_interpreter import Sandbox as CodeSandbox
-    except ImportError:
-        need(False, E2B_SDK)
     sbx = CodeSandbox.create()
     try:
         made = sbx.create_code_context()

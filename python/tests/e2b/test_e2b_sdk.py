@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from e2b_util import E2B_SDK, e2b_server, eventually, need  # noqa: F401 (a fixture)
+from e2b_util import E2B_SDK, e2b_server, envd_route, eventually, need  # noqa: F401 (a fixture)
 
 try:
     from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
@@ -172,11 +172,11 @@ def test_sandbox_requests_need_the_sandbox_token_and_a_live_sandbox(e2b_server):
     sbx = Sandbox.create()
     try:
         url = f"{e2b_server.base}/files"
-        route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        route = envd_route(sbx.sandbox_id)
         assert httpx.get(url, params={"path": "x"}, headers=route).status_code == 401
         wrong = {**route, "X-Access-Token": "0" * 64}
         assert httpx.get(url, params={"path": "x"}, headers=wrong).status_code == 401
-        gone = {"E2b-Sandbox-Id": "sb-nosuchsandbox", "E2b-Sandbox-Port": "49983"}
+        gone = envd_route("sb-nosuchsandbox")
         r = httpx.get(f"{e2b_server.base}/health", headers=gone)
         assert r.status_code == 502 and "was not found" in r.json()["message"]
     finally:
