@@ -16,13 +16,8 @@ of the held connections were still open. Asserts no timings. Traffic goes to 127
 """
 import argparse, json, os, resource, socket, subprocess, sys, tempfile, time
 
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from procstat import rss_kib  # noqa: E402 (bench/procstat.py)
 
 
 def connect_from(source, addr):

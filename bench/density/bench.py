@@ -19,55 +19,13 @@ left. Prints a Markdown table. Asserts no timings. Needs the descriptors the cou
 """
 import argparse, http.client, json, os, random, resource, subprocess, sys, tempfile, threading, time
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def meminfo():
-    out = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            k, v = line.split(":", 1)
-            out[k] = int(v.split()[0])
-    return out
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from procstat import cpu_s, descendants, meminfo, rss_kib  # noqa: E402 (bench/procstat.py)
 
 
 def used_kib():
     m = meminfo()
     return m["MemTotal"] - m["MemAvailable"], m["PageTables"]
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def descendants(pid):
-    children = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        children.setdefault(ppid, []).append(int(p))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 class Api:
