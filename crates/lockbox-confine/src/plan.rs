@@ -405,6 +405,73 @@ struct Staged {
     etc: usize,
 }
 
+/// Attaches an image's layers under [`IMAGE_LAYERS`] for the overlay; their paths there, in
+/// order. Each attachment is an `open_tree` and a `move_mount` in the sandbox's set-up (about
+/// 50 µs), which made 30 layers 1.5 ms of a start: layers that share a grandparent (an image
+/// store's `layers/<hex>/root`) are reached through one attachment of it instead, when that
+/// keeps the overlay's options within [`SHARED_LOWERS_MAX`]. Either way only the stage sees
+/// what is attached, and the stage is gone before the command runs.
+fn attach_layers(plan: &mut SetupPlan, layers: &[PathBuf]) -> Vec<String> {
+    let attach = |plan: &mut SetupPlan, host: &Path, at: &str| {
+        plan.sources.push(Source {
+            host: cstring(host.as_os_str().as_bytes()),
+            readonly: true,
+            staged: false,
+        });
+        plan.ops.push(Op::Mkdir {
+            path: cstring(at.as_bytes()),
+            mode: 0o700,
+        });
+        plan.ops.push(Op::Attach {
+            source: plan.sources.len() - 1,
+            target: cstring(at.as_bytes()),
+        });
+    };
+    if let Some((parent, lowers)) = shared_lowers(layers) {
+        attach(plan, parent, IMAGE_LAYERS_SHARED);
+        return lowers;
+    }
+    let mut lowers = Vec::with_capacity(layers.len());
+    for (i, layer) in layers.iter().enumerate() {
+        let at = format!("{IMAGE_LAYERS}/{i}");
+        attach(plan, layer, &at);
+        lowers.push(at);
+    }
+    lowers
+}
+
+/// Where the layers' shared attachment goes.
+const IMAGE_LAYERS_SHARED: &str = ".i/s";
+
+/// The overlay's lower paths through one shared attachment stay under this many bytes (the
+/// kernel takes a page of mount options, which the upper, work and flags share).
+const SHARED_LOWERS_MAX: usize = 3072;
+
+/// The layers' common grandparent (not `/` or a top-level directory) and each layer's path
+/// under [`IMAGE_LAYERS_SHARED`], when every layer has it and the paths are ones overlayfs's
+/// option syntax takes as they are (no `:`, `,` or `\\`) and short enough.
+fn shared_lowers(layers: &[PathBuf]) -> Option<(&Path, Vec<String>)> {
+    let grandparent = layers.first()?.parent()?.parent()?;
+    if grandparent.components().count() < 3 {
+        return None;
+    }
+    let mut lowers = Vec::with_capacity(layers.len());
+    let mut length = 0;
+    for layer in layers {
+        if layer.parent()?.parent()? != grandparent {
+            return None;
+        }
+        let rel = layer.strip_prefix(grandparent).ok()?.to_str()?;
+        if rel.contains([':', ',', '\\']) || rel.split('/').any(|c| c == ".." || c == ".") {
+            return None;
+        }
+        let at = format!("{IMAGE_LAYERS_SHARED}/{rel}");
+        length += at.len() + 1;
+        lowers.push(at);
+    }
+    (length <= SHARED_LOWERS_MAX).then_some((grandparent, lowers))
+}
+
 /// An image root (issue 29): the sandbox's `/` is an overlay of the image's layers
 /// (read-only lowers, attached like a view's, never copied) with an upper layer on a
 /// tmpfs of its own, bounded like `/tmp` ([`scratch_options`]: `--max-memory`, else half
@@ -430,24 +497,7 @@ fn image_stage(
     let layers = &image.layers;
     plan.root_writable = true;
     tmpfs(plan, IMAGE_LAYERS, "mode=0700,size=4k");
-    let mut lowers = Vec::with_capacity(layers.len());
-    for (i, layer) in layers.iter().enumerate() {
-        plan.sources.push(Source {
-            host: cstring(layer.as_os_str().as_bytes()),
-            readonly: true,
-            staged: false,
-        });
-        let at = format!("{IMAGE_LAYERS}/{i}");
-        plan.ops.push(Op::Mkdir {
-            path: cstring(at.as_bytes()),
-            mode: 0o700,
-        });
-        plan.ops.push(Op::Attach {
-            source: plan.sources.len() - 1,
-            target: cstring(at.as_bytes()),
-        });
-        lowers.push(at);
-    }
+    let lowers = attach_layers(plan, layers);
     let writes = match &image.upper {
         None => {
             let inodes = resolved.scratch_inodes.max(1);
@@ -1700,6 +1750,62 @@ mod tests {
             | Op::ChangeDir { path } => Some(path),
             op => mount_target(op),
         }
+    }
+
+    /// An image root whose layers are `layers`.
+    fn image_of(layers: &[&str]) -> Resolved {
+        let mut r = image(vec![]);
+        if let Some(image) = r.image.as_mut() {
+            image.layers = layers.iter().map(PathBuf::from).collect();
+        }
+        r
+    }
+
+    #[test]
+    fn a_stores_layers_are_attached_once_through_their_shared_directory() {
+        let plan = build(&image_of(&[
+            "/state/images/layers/aa/root",
+            "/state/images/layers/bb/root",
+            "/state/images/layers/cc/root",
+        ]));
+        let layer_sources: Vec<_> = plan
+            .sources
+            .iter()
+            .filter(|s| s.readonly && !s.staged)
+            .map(|s| s.host.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(layer_sources, ["/state/images/layers"]);
+        let text = plan.to_string();
+        assert!(
+            text.contains("lowerdir=.i/s/aa/root:.i/s/bb/root:.i/s/cc/root,"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn layers_without_a_shared_directory_or_with_option_syntax_are_attached_one_by_one() {
+        for layers in [
+            // Different grandparents.
+            vec!["/state/images/layers/aa/root", "/build/tmp/up/root"],
+            // A grandparent at the top: never the host's whole tree, nor a top directory.
+            vec!["/store/top", "/store/base"],
+            // Names overlayfs's options would split.
+            vec![
+                "/state/images/layers/a:b/root",
+                "/state/images/layers/cc/root",
+            ],
+        ] {
+            let plan = build(&image_of(&layers));
+            let text = plan.to_string();
+            assert!(text.contains("lowerdir=.i/0:.i/1,"), "{layers:?}: {text}");
+        }
+        // More layers than the options' room through a shared attachment.
+        let long: Vec<String> = (0..64)
+            .map(|i| format!("/state/images/layers/{i:064}/root"))
+            .collect();
+        let long: Vec<&str> = long.iter().map(String::as_str).collect();
+        let text = build(&image_of(&long)).to_string();
+        assert!(text.contains("lowerdir=.i/0:.i/1:"), "{text}");
     }
 
     #[test]
