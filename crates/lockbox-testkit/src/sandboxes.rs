@@ -217,7 +217,7 @@ pub fn shared_file(name: &str, contents: &[u8]) -> PathBuf {
 /// process racing another uses whichever copy won. Entries unused for a day go when a new
 /// one is made, so nothing piles up in /tmp, and runs of other builds going on at the same
 /// time keep theirs.
-fn shared_file_with(key: &str, name: &str, fill: impl FnOnce(&Path)) -> PathBuf {
+pub fn shared_file_with(key: &str, name: &str, fill: impl FnOnce(&Path)) -> PathBuf {
     let root = std::env::temp_dir().join("lockbox-test-bin");
     let dir = root.join(key);
     let file = dir.join(name);
