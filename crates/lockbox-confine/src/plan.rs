@@ -412,32 +412,35 @@ struct Staged {
 /// keeps the overlay's options within [`SHARED_LOWERS_MAX`]. Either way only the stage sees
 /// what is attached, and the stage is gone before the command runs.
 fn attach_layers(plan: &mut SetupPlan, layers: &[PathBuf]) -> Vec<String> {
-    let attach = |plan: &mut SetupPlan, host: &Path, at: &str| {
-        plan.sources.push(Source {
-            host: cstring(host.as_os_str().as_bytes()),
-            readonly: true,
-            staged: false,
-        });
-        plan.ops.push(Op::Mkdir {
-            path: cstring(at.as_bytes()),
-            mode: 0o700,
-        });
-        plan.ops.push(Op::Attach {
-            source: plan.sources.len() - 1,
-            target: cstring(at.as_bytes()),
-        });
-    };
     if let Some((parent, lowers)) = shared_lowers(layers) {
-        attach(plan, parent, IMAGE_LAYERS_SHARED);
+        attach_host(plan, parent, true, IMAGE_LAYERS_SHARED);
         return lowers;
     }
     let mut lowers = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
         let at = format!("{IMAGE_LAYERS}/{i}");
-        attach(plan, layer, &at);
+        attach_host(plan, layer, true, &at);
         lowers.push(at);
     }
     lowers
+}
+
+/// Captures the host's `host` (read-only if asked) and attaches it at `at`, a new directory
+/// of the stage.
+fn attach_host(plan: &mut SetupPlan, host: &Path, readonly: bool, at: &str) {
+    plan.sources.push(Source {
+        host: cstring(host.as_os_str().as_bytes()),
+        readonly,
+        staged: false,
+    });
+    plan.ops.push(Op::Mkdir {
+        path: cstring(at.as_bytes()),
+        mode: 0o700,
+    });
+    plan.ops.push(Op::Attach {
+        source: plan.sources.len() - 1,
+        target: cstring(at.as_bytes()),
+    });
 }
 
 /// Where the layers' shared attachment goes.
@@ -519,19 +522,7 @@ fn image_stage(
         Some(upper) => {
             // On the host (an image build's next layer): their common parent is attached,
             // as a view's upper is, and the mount is `volatile` as a view's (see `overlay`).
-            plan.sources.push(Source {
-                host: cstring(upper.parent.as_os_str().as_bytes()),
-                readonly: false,
-                staged: false,
-            });
-            plan.ops.push(Op::Mkdir {
-                path: cstring(IMAGE_UPPER.as_bytes()),
-                mode: 0o700,
-            });
-            plan.ops.push(Op::Attach {
-                source: plan.sources.len() - 1,
-                target: cstring(IMAGE_UPPER.as_bytes()),
-            });
+            attach_host(plan, &upper.parent, false, IMAGE_UPPER);
             format!(
                 "upperdir={IMAGE_UPPER}/{},workdir={IMAGE_UPPER}/{},volatile",
                 upper.upper_name, upper.work_name
