@@ -202,3 +202,36 @@ impl From<lockbox_netsup::Error> for SetupError {
         }
     }
 }
+
+/// Why a running sandbox's network list was not replaced (`Running::replace_net`); the list
+/// in force stays.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetUpdateError {
+    /// The sandbox has no network supervisor: it was started without a network or with the
+    /// host's network, which are fixed for its life.
+    #[error("the sandbox was started without a network list (no network, or the host's network): its network is fixed for its life")]
+    NoSupervisor,
+    /// The host's network asked of a sandbox with its own network namespace.
+    #[error("a sandbox started with a network list keeps its own network namespace: it cannot switch to the host's network")]
+    HostNetwork,
+    /// A name of the new deny-list did not resolve.
+    #[error("resolving the new network list: {0}")]
+    Resolve(#[source] SetupError),
+    /// The supervisor refused the list.
+    #[error(transparent)]
+    Refused(#[from] lockbox_netsup::ReplaceError),
+}
+
+impl NetUpdateError {
+    /// The stable code: `NET_NAME_UNRESOLVED` for a name that did not resolve,
+    /// `NOT_SUPPORTED` for a change this sandbox cannot take.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            NetUpdateError::Resolve(e) => e.code(),
+            NetUpdateError::NoSupervisor
+            | NetUpdateError::HostNetwork
+            | NetUpdateError::Refused(_) => ErrorCode::NotSupported,
+        }
+    }
+}

@@ -68,7 +68,7 @@ mod wiped;
 #[allow(unsafe_code)]
 mod zeroed;
 
-pub use crate::error::SetupError;
+pub use crate::error::{NetUpdateError, SetupError};
 pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::lean_init::{main_if_init, INIT_ARG};

@@ -353,32 +353,11 @@ pub fn resolve_with(
     out.ptys = pty_share(Path::new("/proc/sys/kernel/pty"));
     out.net_pins = pin_names(&policy.net)?;
     out.net_rules = match &policy.net {
-        Net::Allow(specs) | Net::Deny(specs) => {
-            let kind = if matches!(policy.net, Net::Allow(_)) {
-                ListKind::Allow
-            } else {
-                ListKind::Deny
-            };
-            let rules = specs
-                .iter()
-                .flat_map(|spec| {
-                    let addrs = match &spec.host {
-                        // An allow-list's names are allowed address by address, as
-                        // lockbox's resolver answers them (netsup::dns).
-                        NetHost::Name(_) if kind == ListKind::Allow => Vec::new(),
-                        NetHost::Name(n) => out
-                            .net_pins
-                            .iter()
-                            .find(|(name, _)| name == n)
-                            .map(|(_, a)| a.clone())
-                            .unwrap_or_default(),
-                        NetHost::Subdomains(_) | NetHost::Block(_) => Vec::new(),
-                    };
-                    spec.rules(&addrs)
-                })
-                .collect();
-            Some((kind, rules))
-        }
+        Net::Allow(specs) => Some((ListKind::Allow, list_rules(ListKind::Allow, specs, &[]))),
+        Net::Deny(specs) => Some((
+            ListKind::Deny,
+            list_rules(ListKind::Deny, specs, &out.net_pins),
+        )),
         Net::None | Net::Host => None,
     };
     if let Net::Allow(specs) = &policy.net {
@@ -740,6 +719,50 @@ pub fn etc_secrets_present(etc: &Path) -> Vec<PathBuf> {
     }
     found.sort();
     found
+}
+
+/// The rules of a list's `specs`: a deny-list's names by the addresses `pins` holds for them;
+/// an allow-list's names none (lockbox's resolver allows them address by address, as it
+/// answers them: netsup's `dns`).
+fn list_rules(kind: ListKind, specs: &[NetSpec], pins: &[(String, Vec<IpAddr>)]) -> Vec<NetRule> {
+    specs
+        .iter()
+        .flat_map(|spec| {
+            let addrs = match &spec.host {
+                NetHost::Name(_) if kind == ListKind::Allow => Vec::new(),
+                NetHost::Name(n) => pins
+                    .iter()
+                    .find(|(name, _)| name == n)
+                    .map(|(_, a)| a.clone())
+                    .unwrap_or_default(),
+                NetHost::Subdomains(_) | NetHost::Block(_) => Vec::new(),
+            };
+            spec.rules(&addrs)
+        })
+        .collect()
+}
+
+/// The list a running sandbox's supervisor takes for `net` (`Running::replace_net`),
+/// resolved as at the start: a deny-list's names now, with the system resolver; an
+/// allow-list's names by lockbox's resolver as the sandbox asks. `None` for no list (no
+/// network, the host's). The specs naming hosts are the list's `names` for either kind: a
+/// deny-list's are what lockbox's resolver refuses, in a sandbox that has it.
+pub(crate) fn net_list(net: &Net) -> Result<Option<lockbox_netsup::NetList>, SetupError> {
+    let (kind, specs) = match net {
+        Net::Allow(specs) => (ListKind::Allow, specs),
+        Net::Deny(specs) => (ListKind::Deny, specs),
+        Net::None | Net::Host => return Ok(None),
+    };
+    let pins = pin_names(net)?;
+    Ok(Some(lockbox_netsup::NetList {
+        kind,
+        rules: list_rules(kind, specs, &pins),
+        names: specs
+            .iter()
+            .filter(|s| !matches!(s.host, NetHost::Block(_)))
+            .cloned()
+            .collect(),
+    }))
 }
 
 /// Resolves the hostnames of a deny-list once (the system resolver, as the caller would),

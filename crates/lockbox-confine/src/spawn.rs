@@ -7,7 +7,7 @@
 
 use crate::child::{self, Prepared};
 use crate::dirmove;
-use crate::error::{explain_clone_error, SetupError};
+use crate::error::{explain_clone_error, NetUpdateError, SetupError};
 use crate::landlock;
 use crate::limits::{self, LimitMechanisms, LimitPlan};
 use crate::netfilter;
@@ -1025,9 +1025,11 @@ fn start_net_supervisor(
         errno,
     })?;
     let rules = NetRules {
-        kind,
-        rules,
-        names: resolved.net_names.clone(),
+        list: netsup::NetList {
+            kind,
+            rules,
+            names: resolved.net_names.clone(),
+        },
         hosts_file: resolved.net_hosts_file.clone(),
         interceptor: net.interceptor,
         // Under a network list the renames (when the filter hands them over) come here: as
@@ -1122,6 +1124,34 @@ impl Running {
     /// What the sandbox's processes use now (see [`crate::tree_usage`]).
     pub fn usage(&self) -> std::io::Result<crate::TreeUsage> {
         crate::tree_usage(self.sandbox.pid)
+    }
+
+    /// Puts `net`'s list in force in the running sandbox, resolved as at the start (a
+    /// deny-list's names are resolved now; the sandbox's `/etc/hosts`, which pinned the
+    /// first list's names, is not rewritten): see [`lockbox_netsup::Supervisor::replace`]
+    /// for what changes and what stays. Only a sandbox started with a list has a supervisor
+    /// to take another. [`Net::None`] becomes an allow-list of nothing (the sandbox's own
+    /// loopback only, as without a network); [`Net::Host`] cannot be had without a restart
+    /// (the sandbox keeps its own network namespace). Returns the list now in force.
+    pub fn replace_net(&self, net: &Net) -> Result<lockbox_netsup::NetList, NetUpdateError> {
+        let supervisor = self
+            .sandbox
+            .net
+            .as_ref()
+            .ok_or(NetUpdateError::NoSupervisor)?;
+        let list = match net {
+            Net::Host => return Err(NetUpdateError::HostNetwork),
+            Net::None => lockbox_netsup::NetList {
+                kind: lockbox_policy::ListKind::Allow,
+                rules: Vec::new(),
+                names: Vec::new(),
+            },
+            Net::Allow(_) | Net::Deny(_) => resolve::net_list(net)
+                .map_err(NetUpdateError::Resolve)?
+                .ok_or(NetUpdateError::HostNetwork)?,
+        };
+        supervisor.replace(list.clone())?;
+        Ok(list)
     }
 
     /// Drops the sandbox like `drop`, but for a caller about to exit (the CLI): an init

@@ -153,12 +153,15 @@ pub(super) fn decide(
             quiet(local_or_own(stable), None)
         };
     };
-    let kind = shared.rules.kind;
-    let mut routed = route(kind, &shared.rules.rules, proto, dest);
+    // The list in force, read once: a replacement meanwhile applies from the next call.
+    let list = shared.list.get();
+    let kind = list.kind;
+    let mut routed = route(kind, &list.rules, proto, dest);
     let mut learned_from = None;
     if routed == Route::Denied && kind == ListKind::Allow {
-        // An address one of this sandbox's DNS answers gave for a listed name.
-        learned_from = shared.learned.lock().ok().and_then(|l| l.why(proto, dest));
+        // An address one of this sandbox's DNS answers gave for a listed name (forgotten
+        // when the list is replaced).
+        learned_from = shared.list.learned().why(proto, dest);
         if learned_from.is_some() {
             routed = Route::Host;
         }
@@ -178,9 +181,7 @@ pub(super) fn decide(
         }
     }
     let matching = || {
-        shared
-            .rules
-            .rules
+        list.rules
             .iter()
             .find(|r| r.matches(proto, SocketAddr::new(canonical(dest.ip()), dest.port())))
             .map_or_else(String::new, ToString::to_string)
@@ -288,9 +289,8 @@ pub(super) fn single_threaded(tid: libc::pid_t) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::NetRules;
+    use super::super::NetList;
     use super::*;
-    use std::sync::Arc;
 
     fn v4(addr: &str) -> Vec<u8> {
         let a: SocketAddr = addr.parse().unwrap();
@@ -321,25 +321,13 @@ mod tests {
 
     #[test]
     fn decisions_continue_only_sandbox_sockets_of_single_threaded_callers() {
-        let shared = Shared {
-            rules: NetRules {
-                kind: ListKind::Allow,
-                rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
-                    .unwrap()
-                    .rules(&[]),
-                names: Vec::new(),
-                hosts_file: None,
-                interceptor: None,
-                pass_on: None,
-            },
-            host_cookie: 0,
-            report: Arc::default(),
-            learned: Default::default(),
-            audit: None,
-            dns_askers: Default::default(),
-            ask: None,
-            relay: super::super::relay::Relay::new(Vec::new(), None, Arc::default(), None),
-        };
+        let shared = Shared::bare(NetList {
+            kind: ListKind::Allow,
+            rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
+                .unwrap()
+                .rules(&[]),
+            names: Vec::new(),
+        });
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {
             name: a.map(v4),
@@ -381,5 +369,41 @@ mod tests {
             let decided = decide(&shared, s, c, *stable);
             assert_eq!(name(&decided.action), *want, "case {i}");
         }
+    }
+
+    #[test]
+    fn a_replaced_list_decides_the_next_call() {
+        let shared = Shared::bare(NetList {
+            kind: ListKind::Allow,
+            rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
+                .unwrap()
+                .rules(&[]),
+            names: Vec::new(),
+        });
+        let connect = |a: &str| Call::Connect { addr: v4(a) };
+        let yes = || true;
+        let decide_tcp = |a: &str| {
+            let s = sock(libc::AF_INET, libc::SOCK_STREAM, false);
+            name(&decide(&shared, &s, &connect(a), &yes).action)
+        };
+        assert_eq!(decide_tcp("127.0.0.2:80"), "Replace");
+        assert_eq!(decide_tcp("192.0.2.1:80"), "Fail(13)");
+        shared.list.replace(NetList {
+            kind: ListKind::Deny,
+            rules: lockbox_policy::NetSpec::parse("192.0.2.1:*")
+                .unwrap()
+                .rules(&[]),
+            names: Vec::new(),
+        });
+        assert_eq!(decide_tcp("192.0.2.1:80"), "Fail(13)");
+        assert_eq!(decide_tcp("198.51.100.1:80"), "Replace");
+        // A deny-list's loopback is the sandbox's own.
+        assert_eq!(decide_tcp("127.0.0.2:80"), "Continue");
+        shared.list.replace(NetList {
+            kind: ListKind::Allow,
+            rules: Vec::new(),
+            names: Vec::new(),
+        });
+        assert_eq!(decide_tcp("198.51.100.1:80"), "Fail(13)");
     }
 }

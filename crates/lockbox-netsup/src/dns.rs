@@ -24,7 +24,7 @@ use super::ask::{self, Asking, Question, Verdict as AskVerdict};
 use super::audit::{Asker, AuditSink, Decision, EventKind, NetEvent, Protocol};
 use super::internal::{self, Internal};
 use super::Shared;
-use lockbox_policy::{canonical, normalize_name, NetRule, NetSpec};
+use lockbox_policy::{canonical, normalize_name, ListKind, NetRule, NetSpec};
 use simple_dns::rdata::{RData, A, AAAA};
 use simple_dns::{Name, Packet, PacketFlag, QTYPE, RCODE, TYPE};
 use std::collections::VecDeque;
@@ -74,6 +74,11 @@ impl Learned {
             .iter()
             .find(|(r, _, _)| r.matches(proto, dest))
             .map(|(_, spec, name)| (spec.clone(), name.clone()))
+    }
+
+    /// Forgets every rule (the list they were learned under was replaced).
+    pub(super) fn clear(&mut self) {
+        self.rules.clear();
     }
 
     fn add(&mut self, rule: NetRule, spec: &NetSpec, name: &str) {
@@ -586,23 +591,11 @@ pub(crate) fn exercise(
     resolved: Vec<IpAddr>,
     host: &[IpAddr],
 ) -> Vec<Vec<u8>> {
-    let shared = Shared {
-        rules: super::NetRules {
-            kind: lockbox_policy::ListKind::Allow,
-            rules: Vec::new(),
-            names,
-            hosts_file: None,
-            interceptor: None,
-            pass_on: None,
-        },
-        host_cookie: 0,
-        report: std::sync::Arc::default(),
-        learned: std::sync::Mutex::default(),
-        audit: None,
-        dns_askers: std::sync::Mutex::default(),
-        ask: None,
-        relay: super::relay::Relay::new(Vec::new(), None, std::sync::Arc::default(), None),
-    };
+    let shared = Shared::bare(super::NetList {
+        kind: lockbox_policy::ListKind::Allow,
+        rules: Vec::new(),
+        names,
+    });
     let mut replies = Vec::new();
     if let Verdict::Answer(reply) = classify(&shared, query) {
         replies.push(reply);
@@ -658,12 +651,15 @@ fn classify(shared: &Shared, query: &[u8]) -> Verdict {
         return refuse(RCODE::FormatError);
     };
     let asked = question.qname.to_string();
-    let listed = shared.rules.names.iter().any(|s| s.matches_name(&asked));
+    let list = shared.list.get();
+    let listed = list.answers(&asked);
     let address_query = matches!(
         question.qtype,
         QTYPE::TYPE(TYPE::A) | QTYPE::TYPE(TYPE::AAAA)
     );
-    let (name, approved) = match (normalize_name(&asked), &shared.ask) {
+    // Approvals are asked for an allow-list's unlisted names only.
+    let desk = shared.ask.as_ref().filter(|_| list.kind == ListKind::Allow);
+    let (name, approved) = match (normalize_name(&asked), desk) {
         (Some(name), _) if listed => (name, false),
         (Some(name), Some(desk)) if desk.name_approved(&name) => (name, true),
         // Asked for addresses only: other record types name nothing to connect to.
@@ -747,13 +743,22 @@ fn answer(
     };
     let want_v4 = question.qtype == QTYPE::TYPE(TYPE::A);
     let asked = question.qname.to_string();
-    let specs: Vec<&NetSpec> = shared
-        .rules
-        .names
-        .iter()
-        .filter(|s| s.matches_name(&asked))
-        .collect();
-    let allowed_address = |ip: IpAddr| shared.rules.rules.iter().any(|r| r.block.contains(ip));
+    // Read once for the filter; the learning below reads the list again under its lock.
+    let list = shared.list.get();
+    let specs: Vec<&NetSpec> = match list.kind {
+        ListKind::Allow => list
+            .names
+            .iter()
+            .filter(|s| s.matches_name(&asked))
+            .collect(),
+        ListKind::Deny => Vec::new(),
+    };
+    // Under a deny-list (a list that replaced the allow-list the sandbox started with) the
+    // resolver answers as the host's resolver would, which the sandbox would otherwise ask
+    // itself: every address but a denied one is reachable anyway, and the host's own are
+    // the sandbox's loopback (`route`), so there is nothing to rebind onto.
+    let filtered = list.kind == ListKind::Allow;
+    let allowed_address = |ip: IpAddr| list.rules.iter().any(|r| r.block.contains(ip));
     let mut answered: Vec<IpAddr> = Vec::new();
     let mut refused: Vec<(IpAddr, Internal)> = Vec::new();
     for ip in addrs.into_iter().map(canonical) {
@@ -761,7 +766,7 @@ fn answer(
             continue;
         }
         match internal::classify(ip, host) {
-            Some(kind) if !allowed_address(ip) => {
+            Some(kind) if filtered && !allowed_address(ip) => {
                 super::decide::record_rebinding(shared, &asked, ip);
                 refused.push((ip, kind));
                 continue;
@@ -797,10 +802,16 @@ fn answer(
             desk.answered(&name, &answered);
         }
     }
-    if let Ok(mut learned) = shared.learned.lock() {
-        for spec in &specs {
-            for rule in spec.rules(&answered) {
-                learned.add(rule, spec, &asked);
+    {
+        // Under the lock a replacement takes: the list read here is the one in force, and
+        // one replaced meanwhile already forgot what this would otherwise add.
+        let mut learned = shared.list.learned();
+        let now = shared.list.get();
+        if now.kind == ListKind::Allow {
+            for spec in now.names.iter().filter(|s| s.matches_name(&asked)) {
+                for rule in spec.rules(&answered) {
+                    learned.add(rule, spec, &asked);
+                }
             }
         }
     }
@@ -934,28 +945,11 @@ mod tests {
     }
 
     fn shared(specs: &[&str]) -> Shared {
-        Shared {
-            rules: super::super::NetRules {
-                kind: lockbox_policy::ListKind::Allow,
-                rules: Vec::new(),
-                names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
-                hosts_file: None,
-                interceptor: None,
-                pass_on: None,
-            },
-            host_cookie: 0,
-            report: std::sync::Arc::default(),
-            learned: std::sync::Mutex::default(),
-            audit: None,
-            dns_askers: std::sync::Mutex::default(),
-            ask: None,
-            relay: super::super::relay::Relay::new(
-                Vec::new(),
-                None,
-                std::sync::Arc::default(),
-                None,
-            ),
-        }
+        Shared::bare(super::super::NetList {
+            kind: ListKind::Allow,
+            rules: Vec::new(),
+            names: specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect(),
+        })
     }
 
     fn query(name: &str, qtype: TYPE) -> Vec<u8> {
@@ -1000,7 +994,7 @@ mod tests {
         let reply = answer(&s, &q, Ok(addrs), &host, None, None).unwrap();
         let reply = Packet::parse(&reply).unwrap();
         assert_eq!(reply.answers.len(), 1, "only the one IPv4 non-host address");
-        let learned = s.learned.lock().unwrap();
+        let learned = s.list.learned();
         let dest = |d: &str| d.parse::<SocketAddr>().unwrap();
         let allowed = |p, d: &str| learned.rules().any(|r| r.matches(p, dest(d)));
         assert!(allowed(lockbox_policy::Proto::Tcp, "198.18.0.7:443"));
@@ -1048,6 +1042,61 @@ mod tests {
             let mut buf = msg.clone();
             let _ = tcp_message(&mut buf);
         }
+    }
+
+    #[test]
+    fn replacing_the_list_forgets_learned_rules_and_a_deny_list_resolves_every_name_but_its_own() {
+        let s = shared(&["tcp://a.example.org:443"]);
+        let q = query("a.example.org", TYPE::A);
+        let addrs = vec!["198.18.0.7".parse().unwrap(), "127.0.0.1".parse().unwrap()];
+        answer(&s, &q, Ok(addrs.clone()), &[], None, None).unwrap();
+        let dest: SocketAddr = "198.18.0.7:443".parse().unwrap();
+        assert!(s
+            .list
+            .learned()
+            .why(lockbox_policy::Proto::Tcp, dest)
+            .is_some());
+
+        // Another allow-list: the old name's answer is forgotten, the old name refused.
+        let spec = |t: &str| NetSpec::parse(t).unwrap();
+        s.list.replace(crate::NetList {
+            kind: ListKind::Allow,
+            rules: Vec::new(),
+            names: vec![spec("b.example.org:443")],
+        });
+        assert!(s
+            .list
+            .learned()
+            .why(lockbox_policy::Proto::Tcp, dest)
+            .is_none());
+        let Verdict::Answer(nx) = classify(&s, &q) else {
+            panic!("a name the new list does not hold is refused");
+        };
+        assert_eq!(Packet::parse(&nx).unwrap().rcode(), RCODE::NameError);
+        assert_eq!(
+            classify(&s, &query("b.example.org", TYPE::A)),
+            Verdict::Resolve("b.example.org".into())
+        );
+
+        // A deny-list: every name but the denied ones is resolved, answered as the host
+        // answers it, and teaches nothing (a deny-list allows by address).
+        s.list.replace(crate::NetList {
+            kind: ListKind::Deny,
+            rules: Vec::new(),
+            names: vec![spec("*.denied.test:*")],
+        });
+        assert_eq!(classify(&s, &q), Verdict::Resolve("a.example.org".into()));
+        let Verdict::Answer(nx) = classify(&s, &query("x.denied.test", TYPE::A)) else {
+            panic!("a denied name is refused");
+        };
+        assert_eq!(Packet::parse(&nx).unwrap().rcode(), RCODE::NameError);
+        let reply = answer(&s, &q, Ok(addrs), &[], None, None).unwrap();
+        assert_eq!(Packet::parse(&reply).unwrap().answers.len(), 2);
+        assert!(s
+            .list
+            .learned()
+            .why(lockbox_policy::Proto::Tcp, dest)
+            .is_none());
     }
 
     #[test]

@@ -25,3 +25,22 @@ pub enum Error {
         errno: Errno,
     },
 }
+
+/// Why [`Supervisor::replace`](crate::Supervisor::replace) refused a list (the list in
+/// force stays).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplaceError {
+    /// An allow-list naming hosts, for a sandbox whose resolver is not lockbox's.
+    #[error(
+        "an allow-list naming hosts ({}) needs lockbox's resolver, which only a sandbox started with an allow-list has (this one uses the host's resolver); list addresses or CIDR blocks only",
+        names.join(", ")
+    )]
+    NoResolver {
+        /// The specs naming hosts.
+        names: Vec<String>,
+    },
+    /// The sandbox's TLS is intercepted for some names (credentials).
+    #[error("the network list of a sandbox whose TLS lockbox intercepts (credentials, --http-auth/--http-allow) is fixed when it starts")]
+    Intercepted,
+}

@@ -67,6 +67,7 @@ pub mod handover;
 mod hello;
 mod intercept;
 mod internal;
+mod list;
 mod perform;
 mod relay;
 mod serve;
@@ -96,17 +97,18 @@ pub mod fuzzing {
 pub use self::ask::{Approvals, DecideError, Question, Verdict, DEFAULT_ASK_TIMEOUT, MAX_ASKED};
 pub use self::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol, MAX_COMMAND};
 pub use self::call::parse_sockaddr;
-pub use self::error::Error;
+pub use self::error::{Error, ReplaceError};
 pub use self::first::FIRST_FLIGHT_MAX;
 pub use self::hello::{server_name as client_hello_server_name, Hello as ClientHello};
 pub use self::intercept::{
     trust_files, Intercepted, Interceptor, RelaySlot, SANDBOX_BUNDLE, TRUST_BUNDLES,
 };
+pub use self::list::NetList;
 pub use self::relay::{FIRST_FLIGHT_TIMEOUT, RELAY_SLOTS};
 
 use crate::handover::{NetHandover, NetTaken, RECORD_LEN};
 use crate::sys::{self as sysnet, Errno, Notif};
-use lockbox_policy::{ListKind, NetRule, NetSpec};
+use lockbox_policy::ListKind;
 use serde::Serialize;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -171,15 +173,12 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// The rules a supervisor enforces.
+/// The rules a supervisor enforces: its list (which [`Supervisor::replace`] may replace
+/// later) and what stays as it started.
 #[derive(Debug, Clone)]
 pub struct NetRules {
-    /// Allow- or deny-list.
-    pub kind: ListKind,
-    /// Resolved rules: an allow-list's address rules (its names are [`NetRules::names`]).
-    pub rules: Vec<NetRule>,
-    /// An allow-list's specs that name hosts, answered by lockbox's resolver.
-    pub names: Vec<NetSpec>,
+    /// The list it starts with.
+    pub list: NetList,
     /// The hosts file the resolver reads first (the test hook of `lockbox-confine`'s
     /// `LOCKBOX_NET_HOSTS_FILE`).
     pub hosts_file: Option<std::path::PathBuf>,
@@ -207,9 +206,39 @@ pub struct Supervisor {
     stop: Option<UnixStream>,
     thread: Option<JoinHandle<()>>,
     report: Arc<Mutex<NetReport>>,
+    /// The list in force, shared with the thread.
+    list: list::Current,
+    /// Whether the sandbox's resolver is lockbox's (it started with an allow-list: its
+    /// `/etc/resolv.conf` names [`DNS_ADDR`]).
+    resolver: bool,
+    /// Whether an [`Interceptor`] terminates some allowed names' TLS.
+    intercepted: bool,
 }
 
 impl Supervisor {
+    /// Puts `list` in force from the next decision on, atomically: every decision reads the
+    /// list once, so none mixes the old list and the new. What DNS answers taught under the
+    /// old list is forgotten (a name the new list does not hold is not reachable through an
+    /// earlier answer); name-allowed connections not yet past their first flight are
+    /// checked against the new list's names. Connections already established (a socket
+    /// connected on the host, a relayed connection past its first flight) stay as they are:
+    /// the supervisor decides on calls, and an established connection makes none.
+    ///
+    /// Refused (nothing changes) when the new list needs what the sandbox was not started
+    /// with: an allow-list naming hosts needs lockbox's resolver, which only a sandbox
+    /// started with an allow-list has; and a sandbox whose TLS lockbox intercepts keeps its
+    /// list (the interceptor's names were checked against it at the start).
+    pub fn replace(&self, list: NetList) -> Result<(), ReplaceError> {
+        replaceable(&list, self.resolver, self.intercepted)?;
+        self.list.replace(list);
+        Ok(())
+    }
+
+    /// The list in force.
+    pub fn list(&self) -> NetList {
+        (*self.list.get()).clone()
+    }
+
     /// Stops the thread and returns what it saw.
     pub fn finish(mut self) -> NetReport {
         self.shutdown();
@@ -229,6 +258,20 @@ impl Drop for Supervisor {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Whether `list` may replace the list of a supervisor with (`resolver`) or without
+/// lockbox's resolver, whose TLS is `intercepted` or not ([`Supervisor::replace`]).
+fn replaceable(list: &NetList, resolver: bool, intercepted: bool) -> Result<(), ReplaceError> {
+    if intercepted {
+        return Err(ReplaceError::Intercepted);
+    }
+    if list.kind == ListKind::Allow && !list.names.is_empty() && !resolver {
+        return Err(ReplaceError::NoResolver {
+            names: list.names.iter().map(ToString::to_string).collect(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks that the kernel has what the supervisor needs; names what is missing.
@@ -288,18 +331,22 @@ pub fn start(
     let (stop, stop_rx) =
         UnixStream::pair().map_err(|e| err(Errno(e.raw_os_error().unwrap_or(libc::EIO))))?;
     let report = Arc::new(Mutex::new(NetReport::default()));
+    let resolver = rules.list.kind == ListKind::Allow;
+    let intercepted = rules.interceptor.is_some();
+    let list = list::Current::new(rules.list);
     let relay = relay::Relay::new(
-        rules.names.clone(),
+        list.clone(),
         audit.clone(),
         report.clone(),
-        rules.interceptor.clone(),
+        rules.interceptor,
     );
     let shared = Shared {
         relay,
-        rules,
+        list: list.clone(),
+        hosts_file: rules.hosts_file,
+        pass_on: rules.pass_on,
         host_cookie,
         report: report.clone(),
-        learned: Mutex::default(),
         audit,
         dns_askers: Mutex::default(),
         ask,
@@ -321,9 +368,8 @@ pub fn start(
             let ask = shared.ask.clone();
             if let Some((listener, dns)) = accept_listener(&channel, &stop_rx) {
                 // Started here, so the resolver thread has this thread's capabilities.
-                let dns = dns.and_then(|(udp, tcp)| {
-                    dns::Dns::new(udp, tcp, shared.rules.hosts_file.clone())
-                });
+                let dns =
+                    dns.and_then(|(udp, tcp)| dns::Dns::new(udp, tcp, shared.hosts_file.clone()));
                 let (audit, report) = (shared.audit.clone(), shared.report.clone());
                 serve::serve(shared, listener, dns, &stop_rx);
                 if let Some(audit) = audit {
@@ -354,15 +400,21 @@ pub fn start(
         stop: Some(stop),
         thread: Some(thread),
         report,
+        list,
+        resolver,
+        intercepted,
     })
 }
 
 struct Shared {
-    rules: NetRules,
+    /// The list in force and what this sandbox's DNS answers allowed under it.
+    list: list::Current,
+    /// The hosts file the resolver reads first ([`NetRules::hosts_file`]).
+    hosts_file: Option<std::path::PathBuf>,
+    /// Calls of another supervisor that reach this one's listener.
+    pass_on: Option<PassOn>,
     host_cookie: u64,
     report: Arc<Mutex<NetReport>>,
-    /// What this sandbox's DNS answers allowed.
-    learned: Mutex<dns::Learned>,
     /// Where decisions are logged, if anywhere.
     audit: Option<AuditSink>,
     /// Sockets that asked lockbox's resolver (kept with `audit` or `ask`: the pid of a query).
@@ -371,6 +423,27 @@ struct Shared {
     ask: Option<Approvals>,
     /// Name-allowed TCP connections, whose first flight must ask for a listed name.
     relay: relay::Relay,
+}
+
+impl Shared {
+    /// A supervisor's state for `list` with nothing else (no audit, no desk, no relay
+    /// thread until used): what the resolver's fuzz entry point and the unit tests decide
+    /// with.
+    fn bare(list: NetList) -> Shared {
+        let list = list::Current::new(list);
+        let report = Arc::<Mutex<NetReport>>::default();
+        Shared {
+            relay: relay::Relay::new(list.clone(), None, report.clone(), None),
+            list,
+            hosts_file: None,
+            pass_on: None,
+            host_cookie: 0,
+            report,
+            audit: None,
+            dns_askers: Mutex::default(),
+            ask: None,
+        }
+    }
 }
 
 fn poll2(a: RawFd, b: RawFd) -> Option<(i16, i16)> {
@@ -425,4 +498,39 @@ pub fn accept_listener(
     let _ = sysnet::notif_sync_wakeup(&listener);
     sysnet::write_all(channel, &NetTaken.encode()).ok()?;
     Some((listener, dns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockbox_policy::NetSpec;
+
+    fn list(kind: ListKind, specs: &[&str]) -> NetList {
+        let specs: Vec<NetSpec> = specs.iter().map(|s| NetSpec::parse(s).unwrap()).collect();
+        NetList {
+            kind,
+            rules: specs.iter().flat_map(|s| s.rules(&[])).collect(),
+            names: specs
+                .into_iter()
+                .filter(|s| !matches!(s.host, lockbox_policy::NetHost::Block(_)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_list_naming_hosts_needs_lockboxs_resolver_and_an_intercepted_sandbox_keeps_its_list() {
+        let named = list(ListKind::Allow, &["example.org:443", "10.0.0.0/8:*"]);
+        let addresses = list(ListKind::Allow, &["10.0.0.0/8:*"]);
+        let denied = list(ListKind::Deny, &["example.org:*"]);
+        assert!(replaceable(&named, true, false).is_ok());
+        let err = replaceable(&named, false, false).unwrap_err();
+        assert!(matches!(err, ReplaceError::NoResolver { .. }));
+        assert!(err.to_string().contains("example.org:443"), "{err}");
+        assert!(replaceable(&addresses, false, false).is_ok());
+        assert!(replaceable(&denied, false, false).is_ok());
+        assert!(matches!(
+            replaceable(&addresses, true, true),
+            Err(ReplaceError::Intercepted)
+        ));
+    }
 }

@@ -34,9 +34,10 @@
 use super::audit::{AuditSink, Decision, EventKind, NetEvent, Protocol as AuditProtocol};
 use super::first::{classify, FirstFlight, Protocol, FIRST_FLIGHT_MAX};
 use super::intercept::{Intercepted, Interceptor};
+use super::list::Current;
 use super::NetReport;
 use crate::sys::Errno;
-use lockbox_policy::{NetSpec, Proto};
+use lockbox_policy::{ListKind, Proto};
 use rustix::pipe::{splice, SpliceFlags};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -93,7 +94,8 @@ pub(super) struct Relayed {
 /// What the relay thread needs of the supervisor.
 #[derive(Debug, Clone)]
 struct Context {
-    names: Vec<NetSpec>,
+    /// The list in force: a first flight is checked against its names when it arrives.
+    list: Current,
     audit: Option<AuditSink>,
     report: Arc<Mutex<NetReport>>,
     interceptor: Option<Arc<dyn Interceptor>>,
@@ -118,14 +120,14 @@ struct Running {
 
 impl Relay {
     pub(super) fn new(
-        names: Vec<NetSpec>,
+        list: Current,
         audit: Option<AuditSink>,
         report: Arc<Mutex<NetReport>>,
         interceptor: Option<Arc<dyn Interceptor>>,
     ) -> Relay {
         Relay {
             context: Context {
-                names,
+                list,
                 audit,
                 report,
                 interceptor,
@@ -592,6 +594,24 @@ impl Conn {
             Protocol::Tls => "sni",
             Protocol::Http => "host",
         };
+        let list = context.list.get();
+        if list.kind == ListKind::Deny {
+            // The allow-list this connection was allowed under was replaced by a deny-list
+            // before its first flight: names are not checked any more, as for every
+            // connection made under the new list (its address was allowed at connect).
+            let shown = name.as_deref().map(printable);
+            self.log(
+                context,
+                Some((protocol, shown)),
+                Decision::Allowed,
+                "the allow-list was replaced by a deny-list: names not checked".to_owned(),
+            );
+            let Phase::First { buf, .. } = &mut self.phase else {
+                return Step::Keep;
+            };
+            let head = std::mem::take(buf);
+            return self.begin(head);
+        }
         let Some(name) = name else {
             let why = match protocol {
                 Protocol::Tls => "no sni",
@@ -600,7 +620,7 @@ impl Conn {
             return self.refuse(context, Some((protocol, None)), why);
         };
         let port = self.to.dest.port();
-        let spec = context.names.iter().find(|s| {
+        let spec = list.names.iter().find(|s| {
             s.proto.is_none_or(|p| p == Proto::Tcp)
                 && s.ports.contains(port)
                 && s.matches_name(&name)

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 /// Runs until `stop` is closed or every process under the filter is gone.
 pub(super) fn serve(shared: Shared, listener: OwnedFd, mut dns: Option<Dns>, stop: &UnixStream) {
-    let pass_on = shared.rules.pass_on;
+    let pass_on = shared.pass_on;
     let mut calls = Calls {
         shared,
         listener,
