@@ -62,6 +62,17 @@ pub enum RuntimeError {
         /// What is not available.
         what: String,
     },
+    /// The sandbox's network list was not replaced (`Runtime::replace_network`): the
+    /// change needs what it was not started with, or a name of the new list did not
+    /// resolve. Its network is as it was.
+    #[error("sandbox {id}: network not changed: {source}")]
+    NetUpdate {
+        /// The sandbox.
+        id: crate::SandboxId,
+        /// Why.
+        #[source]
+        source: lockbox_confine::NetUpdateError,
+    },
     /// The path does not exist inside the sandbox.
     #[error("{path}: no such file or directory")]
     FileNotFound {
@@ -259,6 +270,7 @@ impl RuntimeError {
             RuntimeError::ProcessNotFound { .. } => ErrorCode::ProcessNotFound,
             RuntimeError::ProcessNotRunning { .. } => ErrorCode::ProcessNotRunning,
             RuntimeError::NotSupported { .. } => ErrorCode::NotSupported,
+            RuntimeError::NetUpdate { source, .. } => source.code(),
             RuntimeError::FileNotFound { .. } => ErrorCode::FileNotFound,
             RuntimeError::PathOutsideSandbox { .. } => ErrorCode::PathOutsideSandbox,
             RuntimeError::NotADirectory { .. } => ErrorCode::NotADirectory,

@@ -584,8 +584,9 @@ impl Sandbox {
         let sessions = inst.session_states().await;
         let sb = self.inner.clone();
         tokio::task::spawn_blocking(move || {
+            let spec = sb.spec_now();
             let context = crate::snapshots::Recorded {
-                spec: &sb.spec,
+                spec: &spec,
                 sessions: &sessions,
             };
             crate::snapshots::take(
@@ -741,7 +742,7 @@ impl Sandbox {
                 spare: false,
             };
             let fresh = start_instance(
-                &self.inner.spec,
+                &self.inner.spec_now(),
                 origin,
                 &self.inner.agent_exe,
                 &self.inner.id,

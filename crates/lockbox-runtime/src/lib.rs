@@ -49,6 +49,7 @@ mod files;
 mod gather;
 mod handle;
 mod log;
+mod network;
 mod output;
 mod pool;
 mod ports;

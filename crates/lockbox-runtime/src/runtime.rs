@@ -221,6 +221,7 @@ impl Runtime {
         };
         let grace = spec.policy.kill_grace;
         let sb = Arc::new(SandboxInner {
+            net: Mutex::new(spec.policy.net.clone()),
             id: id.clone(),
             created_at: std::time::SystemTime::now(),
             spec,

@@ -131,6 +131,16 @@ impl Instance {
             .map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
     }
 
+    /// Puts `net`'s list in force in its network supervisor (see
+    /// [`lockbox_confine::Running::replace_net`]); `None` once stopped.
+    pub fn replace_net(
+        &self,
+        net: &lockbox_policy::Net,
+    ) -> Option<Result<lockbox_netsup::NetList, lockbox_confine::NetUpdateError>> {
+        let running = lock(&self.running);
+        running.as_ref().map(|r| r.replace_net(net))
+    }
+
     /// What its processes use now (`None` once stopped or if `/proc` cannot say).
     fn usage(&self) -> Option<ResourceUse> {
         let running = lock(&self.running);
@@ -208,7 +218,11 @@ impl Drop for LogReservation {
 pub(crate) struct SandboxInner {
     pub id: SandboxId,
     pub created_at: std::time::SystemTime,
+    /// The spec it was created with. Its network may have been replaced since
+    /// (`Runtime::replace_network`): what it runs with now is [`SandboxInner::spec_now`].
     pub spec: SandboxSpec,
+    /// Its network policy now: `spec.policy.net` until replaced.
+    pub net: Mutex<lockbox_policy::Net>,
     pub state_dir: PathBuf,
     pub agent_exe: PathBuf,
     /// The runtime's snapshot store.
@@ -239,6 +253,15 @@ impl SandboxInner {
         self.spec.policy.kill_grace
     }
 
+    /// Its spec as it runs now: the created spec with the network in force. What its info
+    /// shows and what its record, its snapshots (and so its forks and resumes) and a restart
+    /// of its instance (a workspace abort, a restore) take.
+    pub fn spec_now(&self) -> SandboxSpec {
+        let mut spec = self.spec.clone();
+        spec.policy.net = lock(&self.net).clone();
+        spec
+    }
+
     pub fn info(&self, state: SandboxState, branch_action: Option<BranchAction>) -> SandboxInfo {
         let inst = self.instance();
         let sessions = inst.sessions.try_lock().map(|s| s.len()).unwrap_or(0);
@@ -254,7 +277,7 @@ impl SandboxInner {
             labels: self.spec.labels.clone(),
             sessions,
             processes,
-            policy: Some(PolicySummary::of(&self.spec)),
+            policy: Some(PolicySummary::of(&self.spec_now())),
             usage: inst.usage(),
         }
     }

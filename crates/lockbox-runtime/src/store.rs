@@ -108,6 +108,17 @@ impl Store {
             .map_err(db_error)
     }
 
+    /// Replaces the spec recorded for sandbox `id` (its network was replaced).
+    pub fn update_spec(&self, id: &str, spec: &serde_json::Value) -> Result<(), RuntimeError> {
+        self.conn()
+            .execute(
+                "UPDATE sandboxes SET spec = ?2 WHERE id = ?1",
+                params![id, spec.to_string()],
+            )
+            .map(drop)
+            .map_err(db_error)
+    }
+
     /// Forgets all `stopped` rows but the `keep` most recently created ones (rowid: the
     /// insertion order, which a millisecond `created_at` may not tell apart), and all `lost`
     /// rows but the `keep` most recent: those piled up forever, one per sandbox running when
