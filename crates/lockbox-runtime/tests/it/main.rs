@@ -12,6 +12,7 @@ mod forks;
 mod gather;
 mod hardening;
 mod image;
+mod network;
 mod pool;
 mod ports;
 mod processes;
