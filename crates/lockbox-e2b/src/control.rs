@@ -1,7 +1,7 @@
 //! E2B's control plane (`spec/openapi.yml` of e2b-dev/E2B): create, list, info, kill,
 //! timeout, connect, refresh, health here; pause, resume, fork and snapshots in
-//! [`crate::lifecycle`]; logs and metrics in [`crate::observe`]. `PUT .../network` answers
-//! 501 in E2B's shape. Authenticated by `X-API-Key` (the server's token).
+//! [`crate::lifecycle`]; logs and metrics in [`crate::observe`]. `PUT .../network` replaces
+//! a running sandbox's egress rules. Authenticated by `X-API-Key` (the server's token).
 //!
 //! Each E2B sandbox is a lockbox sandbox with the same id (until it is paused and resumed:
 //! see [`crate::E2bSandbox::instance`]), created on the host's userland (template `base`),
@@ -108,19 +108,48 @@ async fn health() -> Response {
         .into_response()
 }
 
-/// `PUT /sandboxes/{id}/network`: not supported. A lockbox sandbox's network policy is
-/// fixed when it starts: `net: none` is a network namespace of its own with no route out,
-/// and a list is enforced by a supervisor whose rules are set then. Replacing it would
-/// mean restarting the sandbox, which ends its processes: not what E2B's call does.
+/// `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`): replaces the
+/// running sandbox's egress rules, as create's `network` maps them ([`network_policy`]);
+/// a field left out is cleared (`{}`: everything allowed again, as by default). 204 once in
+/// force; 404 for an unknown sandbox; 400 naming a bad or unsupported field; 409 for a
+/// change the sandbox cannot take (started without a network list, a paused sandbox, an
+/// allow-list naming hosts in a sandbox that started with a deny-list).
 async fn update_network(
     State(e2b): State<E2b>,
     Path(id): Path<String>,
+    Body(body): Body<NetworkUpdate>,
 ) -> Result<StatusCode, E2bError> {
-    known(&e2b, &id)?;
-    Err(E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "PUT /sandboxes/{id}/network is not supported by lockbox: a sandbox's network policy is fixed when it starts (give `network` on create; see docs/e2b.md)",
-    ))
+    let sandbox = known(&e2b, &id)?;
+    let config = NetworkConfig {
+        allow_out: body.allow_out,
+        deny_out: body.deny_out,
+        rules: body.rules,
+        egress_proxy: body.egress_proxy,
+        ..NetworkConfig::default()
+    };
+    let net = network_policy(body.allow_internet_access, Some(&config), "")?;
+    // Not while it is paused, resumed or killed.
+    let _life = sandbox.lifecycle.lock().await;
+    let sandbox = known(&e2b, &id)?;
+    if sandbox.paused.is_some() {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is paused: resume it (connect) before changing its network"),
+        ));
+    }
+    let internet = !matches!(net, Net::None);
+    e2b.runtime
+        .replace_network(sandbox.instance_id(&id), net)
+        .await
+        .map_err(|e| match e.code() {
+            lockbox_policy::ErrorCode::NotSupported => {
+                E2bError::new(StatusCode::CONFLICT, e.to_string())
+            }
+            _ => runtime_error(&e),
+        })?;
+    e2b.registry.update(&id, |s| s.internet = internet);
+    sandbox.log("network replaced");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A JSON body, with a 400 in E2B's shape (naming what is wrong) instead of axum's text.
@@ -169,8 +198,21 @@ struct NewSandbox {
     auto_resume: Option<Value>,
 }
 
-/// `network` of `NewSandbox` (E2B's `SandboxNetworkConfig`).
+/// The body of `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`; its
+/// `allow_internet_access` is spelled so in E2B's spec, unlike `NewSandbox`'s fields).
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkUpdate {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    rules: Option<Value>,
+    egress_proxy: Option<Value>,
+    #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+}
+
+/// `network` of `NewSandbox` (E2B's `SandboxNetworkConfig`).
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NetworkConfig {
     allow_out: Option<Vec<String>>,
@@ -195,9 +237,13 @@ pub(crate) fn bad(message: impl Into<String>) -> E2bError {
 /// `allow_internet_access: false`; a deny-list for `denyOut`; an allow-list for
 /// `denyOut: ["0.0.0.0/0"]` plus `allowOut`. Destinations are lockbox's net specs (IP,
 /// CIDR, host name, `*.domain`, with an optional `:port`).
+///
+/// `prefix` is what the fields' names start with in errors: `network.` on create, nothing
+/// in `PUT .../network`'s body.
 fn network_policy(
     allow_internet: Option<bool>,
     network: Option<&NetworkConfig>,
+    prefix: &str,
 ) -> Result<Net, E2bError> {
     let Some(network) = network else {
         return Ok(if allow_internet == Some(false) {
@@ -207,22 +253,19 @@ fn network_policy(
         });
     };
     let unsupported = [
-        ("network.rules", network.rules.is_some()),
-        ("network.dnsServers", network.dns_servers.is_some()),
-        ("network.egressProxy", network.egress_proxy.is_some()),
+        ("rules", network.rules.is_some()),
+        ("dnsServers", network.dns_servers.is_some()),
+        ("egressProxy", network.egress_proxy.is_some()),
+        ("maskRequestHost", network.mask_request_host.is_some()),
+        ("httpsPorts", network.https_ports.is_some()),
         (
-            "network.maskRequestHost",
-            network.mask_request_host.is_some(),
-        ),
-        ("network.httpsPorts", network.https_ports.is_some()),
-        (
-            "network.allowPublicTraffic",
+            "allowPublicTraffic",
             network.allow_public_traffic == Some(false),
         ),
     ];
     if let Some((field, _)) = unsupported.iter().find(|(_, given)| *given) {
         return Err(bad(format!(
-            "{field}: not supported by lockbox's E2B API (see docs/e2b.md)"
+            "{prefix}{field}: not supported by lockbox's E2B API (see docs/e2b.md)"
         )));
     }
     let specs = |field: &str, list: &[String]| -> Result<Vec<NetSpec>, E2bError> {
@@ -235,7 +278,7 @@ fn network_policy(
                             .or_else(|_| NetSpec::parse(&format!("[{s}]:*")))
                             .map_err(|_| e)
                     })
-                    .map_err(|e| bad(format!("{field}: {s:?}: {e}")))
+                    .map_err(|e| bad(format!("{prefix}{field}: {s:?}: {e}")))
             })
             .collect()
     };
@@ -244,25 +287,25 @@ fn network_policy(
     let deny_all = deny.iter().any(|d| d == ALL_TRAFFIC);
     if allow_internet == Some(false) || deny_all {
         if deny.iter().any(|d| d != ALL_TRAFFIC) {
-            return Err(bad(
-                "network.denyOut: with all traffic denied, other entries mean nothing; list only \"0.0.0.0/0\"",
-            ));
+            return Err(bad(format!(
+                "{prefix}denyOut: with all traffic denied, other entries mean nothing; list only \"0.0.0.0/0\""
+            )));
         }
         if allow.is_empty() {
             return Ok(Net::None);
         }
-        return Ok(Net::Allow(specs("network.allowOut", allow)?));
+        return Ok(Net::Allow(specs("allowOut", allow)?));
     }
     if !allow.is_empty() && !deny.is_empty() {
-        return Err(bad(
-            "network.allowOut: exceptions to a deny-list are not supported by lockbox; deny \"0.0.0.0/0\" and list what to allow, or list only what to deny",
-        ));
+        return Err(bad(format!(
+            "{prefix}allowOut: exceptions to a deny-list are not supported by lockbox; deny \"0.0.0.0/0\" and list what to allow, or list only what to deny"
+        )));
     }
     if deny.is_empty() {
         // Everything is allowed already: allowOut alone changes nothing, as on E2B.
         return Ok(Net::Deny(Vec::new()));
     }
-    Ok(Net::Deny(specs("network.denyOut", deny)?))
+    Ok(Net::Deny(specs("denyOut", deny)?))
 }
 
 /// A fresh access token: 32 random bytes, hex.
@@ -477,7 +520,7 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
             (info, internet)
         }
         None => {
-            let net = network_policy(req.allow_internet_access, req.network.as_ref())?;
+            let net = network_policy(req.allow_internet_access, req.network.as_ref(), "network.")?;
             let internet = !matches!(net, Net::None);
             let mut spec = SandboxSpec::default();
             if let Some(base) = &e2b.base_policy {
@@ -956,8 +999,11 @@ mod tests {
 
     #[test]
     fn e2b_network_options_map_onto_lockbox_policies_or_name_the_field() {
-        assert!(matches!(network_policy(None, None), Ok(Net::Deny(d)) if d.is_empty()));
-        assert!(matches!(network_policy(Some(false), None), Ok(Net::None)));
+        assert!(matches!(network_policy(None, None, "network."), Ok(Net::Deny(d)) if d.is_empty()));
+        assert!(matches!(
+            network_policy(Some(false), None, "network."),
+            Ok(Net::None)
+        ));
         let allow = NetworkConfig {
             allow_out: Some(vec!["example.com".into()]),
             deny_out: Some(vec![ALL_TRAFFIC.into()]),
@@ -968,7 +1014,7 @@ mod tests {
             egress_proxy: None,
             https_ports: None,
         };
-        let got = network_policy(None, Some(&allow));
+        let got = network_policy(None, Some(&allow), "network.");
         assert!(
             matches!(&got, Ok(Net::Allow(a)) if a.len() == 1),
             "{:?}",
@@ -983,16 +1029,28 @@ mod tests {
             ]),
             ..allow_clone(&allow)
         };
-        assert!(matches!(network_policy(None, Some(&cidrs)), Ok(Net::Deny(d)) if d.len() == 3));
+        assert!(
+            matches!(network_policy(None, Some(&cidrs), "network."), Ok(Net::Deny(d)) if d.len() == 3)
+        );
         let mixed = NetworkConfig {
             deny_out: Some(vec!["10.0.0.0/8".into()]),
             ..allow
         };
-        let err = network_policy(None, Some(&mixed)).unwrap_err();
+        let err = network_policy(None, Some(&mixed), "network.").unwrap_err();
         assert!(
             err.message.starts_with("network.allowOut"),
             "{}",
             err.message
         );
+        // The update's body names its fields without the prefix.
+        let err = network_policy(None, Some(&mixed), "").unwrap_err();
+        assert!(err.message.starts_with("allowOut"), "{}", err.message);
+        // `{}` on update: everything allowed again; allow_internet_access false: none.
+        let empty = NetworkConfig::default();
+        assert!(matches!(network_policy(None, Some(&empty), ""), Ok(Net::Deny(d)) if d.is_empty()));
+        assert!(matches!(
+            network_policy(Some(false), Some(&empty), ""),
+            Ok(Net::None)
+        ));
     }
 }

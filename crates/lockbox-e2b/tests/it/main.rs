@@ -7,6 +7,7 @@ mod common;
 mod control;
 mod envd;
 mod filesystem;
+mod network;
 mod pool;
 mod process;
 mod restart;
