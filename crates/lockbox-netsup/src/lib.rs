@@ -35,6 +35,11 @@
 //! connection to an address it answered is allowed on the ports of the name's specs, for
 //! this sandbox only. Address rules are matched as they are; names never pin addresses.
 //!
+//! **Replacing the list.** [`Supervisor::replace`] puts another [`NetList`] in force while
+//! the sandbox runs (`list`): each decision reads the list once, what DNS answers taught is
+//! forgotten with the old list, established connections stay. Under a deny-list that
+//! replaced an allow-list, lockbox's resolver answers every name but the denied ones.
+//!
 //! **Approvals.** With an [`Approvals`] desk (`--net-ask`), an allow-list's unlisted
 //! destination or name is asked instead of refused (`ask`): the call waits, parked like
 //! the waiting calls, for a verdict, at most [`MAX_ASKED`] at once and each for the desk's
