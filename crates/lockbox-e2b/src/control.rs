@@ -123,6 +123,7 @@ async fn update_network(
     let config = NetworkConfig {
         allow_out: body.allow_out,
         deny_out: body.deny_out,
+        dns_servers: body.dns_servers,
         rules: body.rules,
         egress_proxy: body.egress_proxy,
         ..NetworkConfig::default()
@@ -205,6 +206,8 @@ struct NewSandbox {
 struct NetworkUpdate {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
+    /// Sent by newer SDKs (e2b 2.63's `dns_servers`), not in the spec's update schema yet.
+    dns_servers: Option<Vec<String>>,
     rules: Option<Value>,
     egress_proxy: Option<Value>,
     #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]

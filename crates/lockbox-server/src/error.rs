@@ -261,6 +261,7 @@ fn runtime_details(e: &RuntimeError) -> Value {
             json!({ "id": id, "reason": reason })
         }
         RuntimeError::NotSupported { id, what } => json!({ "id": id, "what": what }),
+        RuntimeError::NetUpdate { id, .. } => json!({ "id": id.as_str() }),
         RuntimeError::FileNotFound { path }
         | RuntimeError::PathOutsideSandbox { path }
         | RuntimeError::NotADirectory { path }

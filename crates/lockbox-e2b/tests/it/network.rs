@@ -163,6 +163,9 @@ async fn update_network_refusals_name_the_field_or_the_reason() {
     let (status, body) = update(&e2b, &id, json!({"egressProxy": {"address": "p:1080"}})).await;
     assert_eq!(status, 400, "{body}");
     assert!(message(&body).starts_with("egressProxy"), "{body}");
+    let (status, body) = update(&e2b, &id, json!({"dnsServers": ["1.1.1.1"]})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(message(&body).starts_with("dnsServers"), "{body}");
     // A sandbox started with a deny-list uses the host's resolver: no allow-list by name.
     let (status, body) = update(
         &e2b,

@@ -50,7 +50,7 @@ async fn replaced_allow_list_decides_the_next_connection_and_follows_into_info_a
     let port = listener.local_addr().unwrap().port();
     let server = format!("tcp://127.0.0.1:{port}");
     let work = scratch();
-    let mut spec = spec_of(allow(&[server.clone()]));
+    let mut spec = spec_of(allow(std::slice::from_ref(&server)));
     spec.workdir = Some(work.path().to_owned());
     spec.on_exit = OnExit::Abort;
     let (rt, sb) = sandbox_with(state.path(), spec).await;
