@@ -43,8 +43,9 @@ def main():
     server = subprocess.Popen(
         [a.lockbox, "serve", "--listen", "127.0.0.1:0", "--print-token", "--state-dir", state,
          "--pool", "0", "--max-connections", str(a.held + 1024),
-         # Held connections must outlive the measurement (the default closes them after 10 s).
-         "--header-timeout", "300s"],
+         # Held connections must outlive the measurement (by default half-open ones are closed
+         # after 10 s, idle kept-alive ones after 120 s).
+         "--header-timeout", "300s", "--connection-idle-timeout", "300s"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = json.loads(server.stdout.readline())

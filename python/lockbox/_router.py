@@ -69,7 +69,7 @@ POOL_MAX = 64
 """Idle connections kept per node at most."""
 POOL_IDLE = 4.0
 """Idle connections to a node are reused for this long (``lockbox serve`` closes them after
-``--header-timeout``, 10 s by default)."""
+``--connection-idle-timeout``, 120 s by default: the router closes first)."""
 
 # E2B's templates that run on the host's userland (crates/lockbox-e2b, HOST_TEMPLATES).
 _HOST_TEMPLATES = {"base", "code-interpreter-v1"}

@@ -175,7 +175,7 @@ def test_a_kept_alive_connection_the_node_closed_is_replaced(tmp_path):
     import time
 
     # The node closes idle connections after 1 s; the router keeps them for up to 4 s.
-    proc, info = serve(tmp_path, "--header-timeout", "1s")
+    proc, info = serve(tmp_path, "--connection-idle-timeout", "1s")
     try:
         addr = start_router([info])
         conn = http.client.HTTPConnection(*addr, timeout=60)

@@ -15,10 +15,18 @@
 //!   wave behind the 512-connection cap. A connection that waits for its request head
 //!   costs a task, a socket and hyper's read buffer (at most [`MAX_HEAD`]), so the cap can
 //!   be in the tens of thousands (the CLI sets it from the open-files limit).
-//! - **The header timeout** (`--header-timeout`): a connection must deliver a complete
-//!   request head within this long of being opened or of its previous response ending, or
-//!   it is closed. This ends half-sent heads (slowloris) and idle keep-alive connections
-//!   alike: a connection that carries no request costs a descriptor like any other.
+//! - **The header timeout** (`--header-timeout`): a connection must deliver its first
+//!   request head within this long of being opened, and each later head within one to two
+//!   times this long of its first byte, or it is closed. This ends half-sent heads
+//!   (slowloris).
+//! - **The idle timeout** (`--connection-idle-timeout`): a connection with no request in flight is
+//!   closed after this long (HTTP/1.1: from the end of its previous response; HTTP/2: within
+//!   one header timeout more). A connection that carries no request costs a descriptor like
+//!   any other, but a client's pool keeps connections for reuse, and when the server closes
+//!   one just as the client sends a request on it, that request fails (a reset or `EPIPE`
+//!   on a kept-alive connection, which clients such as reqwest, and with it E2B's SDK, do
+//!   not retry). So the default (120 s) is longer than common clients keep an idle
+//!   connection (reqwest, Go: 90 s): the client closes first.
 //! - **The stall timeout** (`--io-timeout`): a response the client does not read (nothing
 //!   written for this long) ends the connection, and so does a request body that delivers
 //!   nothing for this long (see [`crate::build`]). A request that is being handled
@@ -36,7 +44,7 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -74,6 +82,8 @@ pub struct Limits {
     pub max_per_peer: usize,
     /// See the module documentation.
     pub header_timeout: Duration,
+    /// See the module documentation.
+    pub idle_timeout: Duration,
     /// See the module documentation.
     pub io_timeout: Duration,
 }
@@ -121,10 +131,12 @@ pub async fn serve(
     let peer_busy = peer_busy_answer(limits.max_per_peer);
     let connections = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's header timeout runs from the end of the previous response (or the opening),
+    // so it is the idle timeout between requests; the header timeout proper is [`idle`]'s.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
+        .header_read_timeout(limits.idle_timeout)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true);
     builder
@@ -137,6 +149,7 @@ pub async fn serve(
         service: TowerToHyperService::new(router),
         stop: stop.clone(),
         header_timeout: limits.header_timeout,
+        idle_timeout: limits.idle_timeout,
         io_timeout: limits.io_timeout,
         waiting,
     });
@@ -215,6 +228,7 @@ struct Shared {
     service: TowerToHyperService<Router>,
     stop: CancellationToken,
     header_timeout: Duration,
+    idle_timeout: Duration,
     io_timeout: Duration,
     /// Shared by the server's listeners ([`Gate`]).
     waiting: Arc<Waiting>,
@@ -229,16 +243,17 @@ async fn serve_one(
     peer: PeerSlot,
     (started, evicted): (Arc<AtomicBool>, CancellationToken),
 ) {
+    let activity = Arc::new(Activity::default());
     let io = TokioIo::new(Guarded {
         stream,
         stall: shared.io_timeout,
         stalled: None,
+        activity: Arc::clone(&activity),
         _permit: permit,
         _peer: peer,
     });
     let service = shared.service.clone();
     let first = Arc::clone(&started);
-    let activity = Arc::new(Activity::default());
     let active = Arc::clone(&activity);
     let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
         first.store(true, Ordering::Relaxed);
@@ -263,12 +278,12 @@ async fn serve_one(
     let ended = tokio::select! {
         ended = conn.as_mut() => ended,
         () = evicted.cancelled() => Ok(()),
-        // No request for a header timeout: before the first one (the version preface or an
-        // HTTP/2 client's first stream never came), or an idle HTTP/2 connection: closed
-        // as hyper closes an idle HTTP/1.1 one (nothing is in flight; a graceful HTTP/2
-        // shutdown would wait for the client to answer a PING). HTTP/1.1 keep-alive
-        // idleness is hyper's header timeout.
-        () = idle(&activity, &started, shared.header_timeout) => Ok(()),
+        // No request for a header timeout before the first one (the version preface or an
+        // HTTP/2 client's first stream never came), a later HTTP/1.1 head that does not
+        // complete, or an idle HTTP/2 connection: closed as hyper closes an idle HTTP/1.1
+        // one (nothing is in flight; a graceful HTTP/2 shutdown would wait for the client
+        // to answer a PING).
+        () = idle(&activity, &started, shared.header_timeout, shared.idle_timeout) => Ok(()),
         () = shared.stop.cancelled() => {
             // Finish the request in flight, then close.
             conn.as_mut().graceful_shutdown();
@@ -294,6 +309,11 @@ struct Activity {
     in_flight: AtomicUsize,
     /// A request started since [`idle`] last looked.
     seen: AtomicBool,
+    /// Requests started so far.
+    requests: AtomicU64,
+    /// HTTP/1.1: bytes arrived while no request was in flight, and no request started
+    /// since: a request head is on its way ([`Guarded`] sets it).
+    head_begun: AtomicBool,
 }
 
 /// One request in flight on a connection; ends when dropped.
@@ -303,6 +323,8 @@ impl InFlight {
     fn start(activity: &Arc<Activity>) -> InFlight {
         activity.in_flight.fetch_add(1, Ordering::Relaxed);
         activity.seen.store(true, Ordering::Relaxed);
+        activity.requests.fetch_add(1, Ordering::Relaxed);
+        activity.head_begun.store(false, Ordering::Relaxed);
         InFlight(Arc::clone(activity))
     }
 }
@@ -313,26 +335,41 @@ impl Drop for InFlight {
     }
 }
 
-/// Resolves once the connection should close for idleness: no request started within
-/// `timeout` of its opening, or (HTTP/2) a whole `timeout` passed with no request in flight
-/// and none started. An HTTP/1.1 connection, once it made a request, is left to hyper's
-/// header timeout (which also covers the time between its requests).
-async fn idle(activity: &Activity, started: &AtomicBool, timeout: Duration) {
+/// Resolves once the connection should close: no request started within `head` of its
+/// opening; (HTTP/1.1) a request head that began to arrive and did not complete within one
+/// to two times `head`; (HTTP/2) no request in flight and none started for `idle_for` (to
+/// within `head`). An HTTP/1.1 connection idle between requests is closed by hyper, whose
+/// header timeout is `idle_for` (see [`serve`]).
+async fn idle(activity: &Activity, started: &AtomicBool, head: Duration, idle_for: Duration) {
+    let mut busy_at = tokio::time::Instant::now();
+    // The request count when a head was last seen on its way.
+    let mut head_pending: Option<u64> = None;
     loop {
-        tokio::time::sleep(timeout).await;
+        tokio::time::sleep(head).await;
         if !started.load(Ordering::Relaxed) {
             return;
         }
+        let now = tokio::time::Instant::now();
         let seen = activity.seen.swap(false, Ordering::Relaxed);
-        if activity.h2.load(Ordering::Relaxed)
-            && !seen
-            && activity.in_flight.load(Ordering::Relaxed) == 0
-        {
-            return;
+        let in_flight = activity.in_flight.load(Ordering::Relaxed);
+        if activity.h2.load(Ordering::Relaxed) {
+            if seen || in_flight > 0 {
+                busy_at = now;
+            } else if now.duration_since(busy_at) >= idle_for {
+                return;
+            }
+            continue;
         }
-        if !activity.h2.load(Ordering::Relaxed) {
-            // HTTP/1.1: hyper's header timeout takes over.
-            std::future::pending::<()>().await;
+        let requests = activity.requests.load(Ordering::Relaxed);
+        if in_flight == 0 && activity.head_begun.load(Ordering::Relaxed) {
+            // On its way at the last look too, and no request started since: a whole
+            // `head` has passed since its first byte.
+            if head_pending == Some(requests) {
+                return;
+            }
+            head_pending = Some(requests);
+        } else {
+            head_pending = None;
         }
     }
 }
@@ -542,6 +579,8 @@ struct Guarded {
     stall: Duration,
     /// Running while a write waits for the client to read.
     stalled: Option<Pin<Box<Sleep>>>,
+    /// The connection's requests: bytes read while none is in flight begin a head.
+    activity: Arc<Activity>,
     _permit: OwnedSemaphorePermit,
     _peer: PeerSlot,
 }
@@ -583,7 +622,15 @@ impl AsyncRead for Guarded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(())))
+            && buf.filled().len() > before
+            && self.activity.in_flight.load(Ordering::Relaxed) == 0
+        {
+            self.activity.head_begun.store(true, Ordering::Relaxed);
+        }
+        polled
     }
 }
 

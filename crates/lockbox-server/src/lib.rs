@@ -80,10 +80,15 @@ pub struct ServerConfig {
     /// Connections open at once from one IP address; one more is answered 503
     /// `SERVER_BUSY` (`max_connections_per_peer`) and closed. Default 128.
     pub max_connections_per_peer: usize,
-    /// How long a connection may take to send a complete request head, counted from its
-    /// opening or from the end of its previous response (so idle keep-alive connections
-    /// close after it too). Default 10 s.
+    /// How long a connection may take to send a complete request head: its first one from
+    /// its opening, a later one from its first byte (closed within one to two times this).
+    /// Default 10 s.
     pub header_timeout: Duration,
+    /// How long a connection may sit with no request in flight (a kept-alive one between
+    /// requests) before it is closed. Default 120 s: longer than clients' pools keep an
+    /// idle connection (reqwest, Go: 90 s), so that the client closes first and never sends
+    /// a request on a connection the server is closing.
+    pub connection_idle_timeout: Duration,
     /// How long a request body may deliver nothing, or a response go unread, before the
     /// connection is ended. Default 60 s.
     pub io_timeout: Duration,
@@ -127,6 +132,7 @@ impl Default for ServerConfig {
             max_connections: 512,
             max_connections_per_peer: 128,
             header_timeout: Duration::from_secs(10),
+            connection_idle_timeout: Duration::from_secs(120),
             io_timeout: Duration::from_secs(60),
             journal: None,
             ceiling: Ceiling::default(),
@@ -261,6 +267,7 @@ pub async fn serve_with_ports(
         max_connections: config.max_connections,
         max_per_peer: config.max_connections_per_peer,
         header_timeout: config.header_timeout,
+        idle_timeout: config.connection_idle_timeout,
         io_timeout: config.io_timeout,
     };
     let (ports_listener, origin) = match ports {

@@ -42,8 +42,9 @@ a server that died without stopping are listed as `lost` by the next one.
 What a client or a sandbox can make the server hold is bounded by the flags above: the soft
 open-files limit is raised to the hard one at start; at --max-connections a new connection
 replaces the oldest half-open one, or is refused at once, as is one beyond
---max-connections-per-peer from one address; a slow or idle connection is closed after
---header-timeout, a stalled body or unread response after --io-timeout; an exec's reply
+--max-connections-per-peer from one address; a slow request head is closed after
+--header-timeout, an idle connection after
+--connection-idle-timeout, a stalled body or unread response after --io-timeout; an exec's reply
 holds at most --max-exec-output of each stream (stream larger outputs with exec/stream);
 process logs share --max-log-memory.";
 
@@ -124,11 +125,16 @@ pub struct ServeArgs {
     /// proxy's address: raise it there.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: usize,
-    /// A connection must send a complete request head within this long of opening, or of
-    /// its previous response ending, or it is closed (this also closes idle keep-alive
-    /// connections).
+    /// A connection must send its first request head within this long of opening, and a
+    /// later head within one to two times this long of its first byte, or it is closed
+    /// (slow or half-sent heads).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_dur)]
     pub header_timeout: Duration,
+    /// A connection with no request in flight (kept alive between requests) is closed after
+    /// this long. Keep it above clients' own idle limit (reqwest, Go: 90 s), so that a
+    /// client never sends a request on a connection the server is closing.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_dur)]
+    pub connection_idle_timeout: Duration,
     /// A request body that sends nothing, or a response the client does not read, for this
     /// long ends the connection (408 REQUEST_TIMEOUT for the body). Requests being handled
     /// and open streams are never cut for being quiet.
@@ -512,6 +518,7 @@ fn serve(
         max_connections,
         max_connections_per_peer: args.max_connections_per_peer,
         header_timeout: args.header_timeout,
+        connection_idle_timeout: args.connection_idle_timeout,
         io_timeout: args.io_timeout,
         ceiling,
         mcp_allow_origins: args.mcp_allow_origin.clone(),

@@ -159,6 +159,63 @@ fn wait_closed(s: &mut TcpStream) {
     }
 }
 
+/// Sends `GET /healthz` on `s` and reads the whole answer (its head and its
+/// `Content-Length` body); returns the head.
+fn healthz_on(s: &mut TcpStream) -> String {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the server closed the connection: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = &text[..end];
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if got.len() >= end + 4 + length {
+                return head.to_owned();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_kept_alive_connection_outlives_the_header_timeout_but_a_slow_later_head_does_not() {
+    // The header timeout bounds a head, not the wait between requests: a client's pooled
+    // connection idle for longer than it is still served (a server closing it as the
+    // client reuses it fails that request: E2B's SDK saw EPIPE). A later head that stops
+    // half-way is still closed after one to two header timeouts, long before the idle
+    // timeout.
+    let state = state_dir(User::Current);
+    let server = Served::start(
+        User::Current,
+        state.path(),
+        &["--header-timeout", "1s", "--connection-idle-timeout", "60s"],
+    );
+    let mut kept = TcpStream::connect(server.addr()).unwrap();
+    assert!(healthz_on(&mut kept).starts_with("HTTP/1.1 200"));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(healthz_on(&mut kept).starts_with("HTTP/1.1 200"));
+    let started = Instant::now();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHo").unwrap();
+    wait_closed(&mut kept);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "a half-sent second head was closed after {took:?}, not within the header timeout's bound"
+    );
+}
+
 /// Opens a connection that sends a whole request and waits for the start of its answer
 /// (200, or 503 beyond the cap): then it has started a request, so it is never evicted
 /// (an idle keep-alive connection).
@@ -241,7 +298,7 @@ fn issue_15_slowloris_at_a_low_descriptor_limit_gets_a_clear_refusal() {
 }
 
 #[test]
-fn issue_15_half_open_and_idle_connections_close_after_the_header_timeout() {
+fn issue_15_half_open_and_idle_connections_close_after_their_timeouts() {
     let state = state_dir(User::Current);
     let server = Served::start(
         User::Current,
@@ -251,6 +308,8 @@ fn issue_15_half_open_and_idle_connections_close_after_the_header_timeout() {
             "4",
             "--header-timeout",
             "1s",
+            "--connection-idle-timeout",
+            "2s",
             "--io-timeout",
             "1s",
         ],
