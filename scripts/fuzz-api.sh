@@ -8,20 +8,22 @@
 #
 # Environment: LOCKBOX_BIN (default: build lockbox-cli), FUZZ_MAX_EXAMPLES (default 50),
 # FUZZ_VENV (default $CARGO_TARGET_DIR/fuzz-venv or target/fuzz-venv; schemathesis is
-# pip-installed there on first use).
+# pip-installed there on first use). `scripts/fuzz-api.sh --prepare` only installs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=${CARGO_TARGET_DIR:-$PWD/target}
-bin=${LOCKBOX_BIN:-}
-if [ -z "$bin" ]; then
-  cargo build -q -p lockbox-cli
-  bin=$target/debug/lockbox
-fi
 venv=${FUZZ_VENV:-$target/fuzz-venv}
 if [ ! -x "$venv/bin/schemathesis" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q 'schemathesis>=4,<5'
+fi
+# --prepare: only make the virtualenv (scripts/test.sh does while Rust builds).
+[ "${1:-}" != --prepare ] || exit 0
+bin=${LOCKBOX_BIN:-}
+if [ -z "$bin" ]; then
+  cargo build -q -p lockbox-cli
+  bin=$target/debug/lockbox
 fi
 
 work=$(mktemp -d /tmp/lockbox-fuzz.XXXXXX)

@@ -83,11 +83,40 @@ fi
 
 phase "cargo fmt --check"
 cargo fmt --all -- --check
+# cargo's target directory (CARGO_TARGET_DIR, or the workspace's).
+target_dir="$(cargo metadata --format-version 1 --no-deps | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+# While Rust builds, the Python environments download (pip waits on the network more than on
+# the CPU): the SDK's virtualenv with its packages (used from the "python SDK" phase on) and
+# schemathesis for the API fuzz test among lockbox-cli's tests (scripts/fuzz-api.sh
+# --prepare). Each is waited for before it is needed; its output is printed if it failed.
+pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
+python_env() {
+  [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
+  # matplotlib: code contexts return its figures as PNG results (python/tests/test_code.py).
+  # e2b, e2b-code-interpreter: the unmodified E2B SDK against lockbox serve (python/tests/e2b/), pinned.
+  # ruff and mypy are pinned: a new release's new rules must not turn a green tree red.
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5' 'ruff==0.17.6' 'mypy==2.4.1' 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5'
+}
+py_log="$(mktemp)"
+python_env > "$py_log" 2>&1 &
+py_pid=$!
+api_log="$(mktemp)"
+CARGO_TARGET_DIR="$target_dir" bash scripts/fuzz-api.sh --prepare > "$api_log" 2>&1 &
+api_pid=$!
+# Waits for a background preparation; on failure prints its output and stops the suite.
+wait_for() {
+  local pid=$1 log=$2 what=$3
+  if ! wait "$pid"; then
+    cat "$log" >&2
+    echo "preparing $what failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
+}
 # The in-sandbox agent (crates/lockbox-agent) is a binary of its own crate: built once here, in
 # this target directory, for the runtime's tests and the Python extension (python/build.rs),
 # which take it from $LOCKBOX_AGENT_EXE instead of a nested cargo build each (clippy and doc
 # run the extension's build script too).
-target_dir="$(cargo metadata --format-version 1 --no-deps | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
 phase "cargo build -p lockbox-agent"
 cargo build -p lockbox-agent
 export LOCKBOX_AGENT_EXE="$target_dir/debug/lockbox-agent"
@@ -109,6 +138,7 @@ print_skips() {
 # The tests wait on sandboxes, servers and child processes more than they compute: with
 # one test thread per core the cores sat idle half the time. Two per core (RUST_TEST_THREADS
 # to choose) took lockbox-cli's 219 tests from 256 s to 135 s on 2 cores (docs/testing.md).
+wait_for "$api_pid" "$api_log" "schemathesis (scripts/fuzz-api.sh --prepare)"
 phase "cargo test (${RUST_TEST_THREADS:-$(($(nproc) * 2))} test threads)"
 RUST_TEST_THREADS="${RUST_TEST_THREADS:-$(($(nproc) * 2))}" cargo test --workspace || { print_skips; exit 1; }
 # lockbox-txn's long crash torture (5,000 files, up to 500 SIGKILLed commits) is #[ignore]d
@@ -141,56 +171,67 @@ fi
 # In CI a missing dependency (Ray, PostgreSQL, root) fails the suite
 # instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
 phase "python SDK"
-pyvenv="${LOCKBOX_PY_VENV:-/tmp/lockbox-py-venv-$(id -u)-$(pwd | cksum | cut -d' ' -f1)}"
-[ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
-# matplotlib: code contexts return its figures as PNG results (python/tests/test_code.py).
-# e2b, e2b-code-interpreter: the unmodified E2B SDK against lockbox serve (python/tests/e2b/), pinned.
-# ruff and mypy are pinned: a new release's new rules must not turn a green tree red.
-"$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5' 'ruff==0.17.6' 'mypy==2.4.1' 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5'
+wait_for "$py_pid" "$py_log" "the SDK's virtualenv ($pyvenv)"
 phase "ruff, mypy --strict (python/lockbox; settings in python/pyproject.toml)"
 (cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
 rm -rf "$pyvenv/wheels"
 "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
 "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
 chmod -R a+rX "$pyvenv"
-# The extension's stub (python/lockbox/_lockbox.pyi) against what the built module defines.
-phase "stubtest lockbox._lockbox"
-(cd / && "$pyvenv/bin/python" -m mypy.stubtest lockbox._lockbox)
-"$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests
-
 # Harbor (python/tests-harbor): `harbor run` drives lockbox sandboxes through
 # lockbox.harbor:LockboxEnvironment. Harbor needs Python 3.12+, so these tests run in a venv of
 # their own, from a 3.12+ interpreter found on PATH or under pyenv. The extension is abi3: the
 # same wheel installs there. When root, the interpreter is copied where uid 65534 can run it
 # (pyenv's lives under /root), and LD_LIBRARY_PATH names the copy's libpython.
-phase "Harbor environment (python/tests-harbor)"
-py3x=""
-for cand in python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]; do
-  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-    py3x="$(command -v "$cand")"
-    break
+# They run beside the SDK's tests (they mostly wait on `harbor run` and its sandboxes): their
+# output is printed when both are done.
+harbor_tests() {
+  py3x=""
+  for cand in python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      py3x="$(command -v "$cand")"
+      break
+    fi
+  done
+  if [ -z "$py3x" ]; then
+    if [ "${LOCKBOX_TEST_REQUIRE:-}" = all ]; then
+      echo "no Python 3.12+ for Harbor's tests (python3.12 on PATH or under pyenv)" >&2
+      exit 1
+    fi
+    phase "Harbor SKIPPED: no Python 3.12+ (python3.12 on PATH or under pyenv)"
+  else
+    pyprefix="$("$py3x" -c 'import sys; print(sys.base_prefix)')"
+    pyver="$("$py3x" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    if [ "$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -r "$pyprefix/lib"; then
+      copy="/tmp/lockbox-python-$pyver"
+      [ -x "$copy/bin/python$pyver" ] || { cp -a "$pyprefix" "$copy.part" && chmod -R a+rX "$copy.part" && mv "$copy.part" "$copy"; }
+      pyprefix="$copy"
+    fi
+    export LD_LIBRARY_PATH="$pyprefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    hvenv="${pyvenv}-harbor"
+    [ -x "$hvenv/bin/python" ] || "$pyprefix/bin/python$pyver" -m venv "$hvenv"
+    "$hvenv/bin/pip" install -q --disable-pip-version-check 'harbor[e2b]==0.26.0' 'pytest>=7'
+    "$hvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
+    chmod -R a+rX "$hvenv"
+    "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor
   fi
-done
-if [ -z "$py3x" ]; then
-  if [ "${LOCKBOX_TEST_REQUIRE:-}" = all ]; then
-    echo "no Python 3.12+ for Harbor's tests (python3.12 on PATH or under pyenv)" >&2
-    exit 1
-  fi
-  phase "Harbor SKIPPED: no Python 3.12+ (python3.12 on PATH or under pyenv)"
-else
-  pyprefix="$("$py3x" -c 'import sys; print(sys.base_prefix)')"
-  pyver="$("$py3x" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-  if [ "$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -r "$pyprefix/lib"; then
-    copy="/tmp/lockbox-python-$pyver"
-    [ -x "$copy/bin/python$pyver" ] || { cp -a "$pyprefix" "$copy.part" && chmod -R a+rX "$copy.part" && mv "$copy.part" "$copy"; }
-    pyprefix="$copy"
-  fi
-  export LD_LIBRARY_PATH="$pyprefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  hvenv="${pyvenv}-harbor"
-  [ -x "$hvenv/bin/python" ] || "$pyprefix/bin/python$pyver" -m venv "$hvenv"
-  "$hvenv/bin/pip" install -q --disable-pip-version-check 'harbor[e2b]==0.26.0' 'pytest>=7'
-  "$hvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
-  chmod -R a+rX "$hvenv"
-  "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor
-fi
+}
+
+harbor_log="$(mktemp)"
+phase "Harbor environment (python/tests-harbor), started beside the SDK's tests"
+harbor_tests > "$harbor_log" 2>&1 &
+harbor_pid=$!
+# The extension's stub (python/lockbox/_lockbox.pyi) against what the built module defines.
+phase "stubtest lockbox._lockbox"
+status=0
+(cd / && "$pyvenv/bin/python" -m mypy.stubtest lockbox._lockbox) || status=$?
+phase "the SDK's tests (python/tests)"
+[ "$status" != 0 ] || "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests || status=$?
+harbor_status=0
+wait "$harbor_pid" || harbor_status=$?
+phase "Harbor environment (python/tests-harbor): its output"
+cat "$harbor_log"
+rm -f "$harbor_log"
+[ "$status" = 0 ] && [ "$harbor_status" = 0 ] || exit 1
+
 phase "done"
