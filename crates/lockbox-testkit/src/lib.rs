@@ -134,12 +134,14 @@ pub fn as_uid_65534(marker: &str) -> Command {
 
 /// A temporary directory under `/tmp` (named `prefix`...), mode 0755: uid 65534 and the
 /// sandboxes of a test can enter it. Removed when dropped.
-pub fn scratch(prefix: &str) -> tempfile::TempDir {
+/// Removed even when it holds an overlay's work directory (mode 000): see
+/// [`sandboxes::Scratch`].
+pub fn scratch(prefix: &str) -> sandboxes::Scratch {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in("/tmp")
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
+    sandboxes::Scratch(dir)
 }

@@ -160,7 +160,7 @@ pub fn scratch() -> Scratch {
 /// its branch there: overlayfs makes its work directories mode 000, which only root could
 /// remove as they are (uid 65534's runs would leave them in /tmp).
 #[derive(Debug)]
-pub struct Scratch(tempfile::TempDir);
+pub struct Scratch(pub(crate) tempfile::TempDir);
 
 impl Scratch {
     pub fn path(&self) -> &Path {

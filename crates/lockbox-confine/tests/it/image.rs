@@ -53,7 +53,7 @@ fn as_root_and_nobody(name: &str, body: impl Fn()) {
 }
 
 /// A directory of the current user's that uid 65534 (and the sandbox) can enter.
-fn scratch() -> tempfile::TempDir {
+fn scratch() -> lockbox_testkit::sandboxes::Scratch {
     lockbox_testkit::scratch("lockbox-image-test")
 }
 
