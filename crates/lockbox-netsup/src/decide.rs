@@ -315,19 +315,24 @@ mod tests {
         }
     }
 
+    /// A supervisor's state whose list allows 127.0.0.2:80 only.
+    fn allowing_127_0_0_2_port_80() -> Shared {
+        Shared::bare(NetList {
+            kind: ListKind::Allow,
+            rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
+                .unwrap()
+                .rules(&[]),
+            names: Vec::new(),
+        })
+    }
+
     fn name(a: &Action) -> String {
         format!("{a:?}")
     }
 
     #[test]
     fn decisions_continue_only_sandbox_sockets_of_single_threaded_callers() {
-        let shared = Shared::bare(NetList {
-            kind: ListKind::Allow,
-            rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
-                .unwrap()
-                .rules(&[]),
-            names: Vec::new(),
-        });
+        let shared = allowing_127_0_0_2_port_80();
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let send = |a: Option<&str>| Call::Send {
             name: a.map(v4),
@@ -373,13 +378,7 @@ mod tests {
 
     #[test]
     fn a_replaced_list_decides_the_next_call() {
-        let shared = Shared::bare(NetList {
-            kind: ListKind::Allow,
-            rules: lockbox_policy::NetSpec::parse("127.0.0.2:80")
-                .unwrap()
-                .rules(&[]),
-            names: Vec::new(),
-        });
+        let shared = allowing_127_0_0_2_port_80();
         let connect = |a: &str| Call::Connect { addr: v4(a) };
         let yes = || true;
         let decide_tcp = |a: &str| {
