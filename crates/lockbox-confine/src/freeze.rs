@@ -153,8 +153,17 @@ mod tests {
             ])
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(50));
         let root = i32::try_from(sh.id()).unwrap();
+        // A loaded machine may take a while to run the shell: wait for its subshells,
+        // not a fixed time, so that the freeze has a forking tree to catch.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while walk(root, false).unwrap().len() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the shell did not fork its loops"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let frozen = freeze_tree(root, Duration::from_secs(5)).unwrap();
         assert!(frozen.processes() >= 2, "{frozen:?}");
         let pids: Vec<i32> = walk(root, false).unwrap().iter().map(|w| w.pid).collect();
