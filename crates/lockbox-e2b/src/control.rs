@@ -1,7 +1,7 @@
 //! E2B's control plane (`spec/openapi.yml` of e2b-dev/E2B): create, list, info, kill,
 //! timeout, connect, refresh, health here; pause, resume, fork and snapshots in
-//! [`crate::lifecycle`]; logs and metrics in [`crate::observe`]. `PUT .../network` replaces
-//! a running sandbox's egress rules. Authenticated by `X-API-Key` (the server's token).
+//! [`crate::lifecycle`]; logs and metrics in [`crate::observe`]; the network options, and
+//! `PUT .../network` replacing a running sandbox's egress rules, in [`crate::network`]. Authenticated by `X-API-Key` (the server's token).
 //!
 //! Each E2B sandbox is a lockbox sandbox with the same id (until it is paused and resumed:
 //! see [`crate::E2bSandbox::instance`]), created on the host's userland (template `base`),
@@ -19,7 +19,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockbox_policy::{Net, NetSpec};
+use lockbox_policy::Net;
 use lockbox_runtime::{RuntimeError, SandboxSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -62,7 +62,7 @@ pub fn router(e2b: E2b) -> Router {
         )
         .route(
             "/sandboxes/{id}/network",
-            axum::routing::put(update_network),
+            axum::routing::put(crate::network::update_network),
         )
         .route("/sandboxes/{id}/logs", get(crate::observe::logs_v1))
         .route("/v2/sandboxes/{id}/logs", get(crate::observe::logs_v2))
@@ -108,51 +108,6 @@ async fn health() -> Response {
         .into_response()
 }
 
-/// `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`): replaces the
-/// running sandbox's egress rules, as create's `network` maps them ([`network_policy`]);
-/// a field left out is cleared (`{}`: everything allowed again, as by default). 204 once in
-/// force; 404 for an unknown sandbox; 400 naming a bad or unsupported field; 409 for a
-/// change the sandbox cannot take (started without a network list, a paused sandbox, an
-/// allow-list naming hosts in a sandbox that started with a deny-list).
-async fn update_network(
-    State(e2b): State<E2b>,
-    Path(id): Path<String>,
-    Body(body): Body<NetworkUpdate>,
-) -> Result<StatusCode, E2bError> {
-    let sandbox = known(&e2b, &id)?;
-    let config = NetworkConfig {
-        allow_out: body.allow_out,
-        deny_out: body.deny_out,
-        dns_servers: body.dns_servers,
-        rules: body.rules,
-        egress_proxy: body.egress_proxy,
-        ..NetworkConfig::default()
-    };
-    let net = network_policy(body.allow_internet_access, Some(&config), "")?;
-    // Not while it is paused, resumed or killed.
-    let _life = sandbox.lifecycle.lock().await;
-    let sandbox = known(&e2b, &id)?;
-    if sandbox.paused.is_some() {
-        return Err(E2bError::new(
-            StatusCode::CONFLICT,
-            format!("sandbox \"{id}\" is paused: resume it (connect) before changing its network"),
-        ));
-    }
-    let internet = !matches!(net, Net::None);
-    e2b.runtime
-        .replace_network(sandbox.instance_id(&id), net)
-        .await
-        .map_err(|e| match e.code() {
-            lockbox_policy::ErrorCode::NotSupported => {
-                E2bError::new(StatusCode::CONFLICT, e.to_string())
-            }
-            _ => runtime_error(&e),
-        })?;
-    e2b.registry.update(&id, |s| s.internet = internet);
-    sandbox.log("network replaced");
-    Ok(StatusCode::NO_CONTENT)
-}
-
 /// A JSON body, with a 400 in E2B's shape (naming what is wrong) instead of axum's text.
 pub(crate) struct Body<T>(pub T);
 
@@ -192,123 +147,15 @@ struct NewSandbox {
     secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
-    network: Option<NetworkConfig>,
+    network: Option<crate::network::NetworkConfig>,
     mcp: Option<Value>,
     volume_mounts: Option<Vec<Value>>,
     iam: Option<Value>,
     auto_resume: Option<Value>,
 }
 
-/// The body of `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`; its
-/// `allow_internet_access` is spelled so in E2B's spec, unlike `NewSandbox`'s fields).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NetworkUpdate {
-    allow_out: Option<Vec<String>>,
-    deny_out: Option<Vec<String>>,
-    /// Sent by newer SDKs (e2b 2.63's `dns_servers`), not in the spec's update schema yet.
-    dns_servers: Option<Vec<String>>,
-    rules: Option<Value>,
-    egress_proxy: Option<Value>,
-    #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
-    allow_internet_access: Option<bool>,
-}
-
-/// `network` of `NewSandbox` (E2B's `SandboxNetworkConfig`).
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NetworkConfig {
-    allow_out: Option<Vec<String>>,
-    deny_out: Option<Vec<String>>,
-    allow_public_traffic: Option<bool>,
-    mask_request_host: Option<String>,
-    rules: Option<Value>,
-    dns_servers: Option<Vec<String>>,
-    egress_proxy: Option<Value>,
-    https_ports: Option<Vec<u16>>,
-}
-
-/// E2B's "all traffic" destination.
-const ALL_TRAFFIC: &str = "0.0.0.0/0";
-
 pub(crate) fn bad(message: impl Into<String>) -> E2bError {
     E2bError::new(StatusCode::BAD_REQUEST, message)
-}
-
-/// The lockbox network policy of E2B's `allow_internet_access` and `network`: the
-/// internet (the host's network, not its loopback) by default; none with
-/// `allow_internet_access: false`; a deny-list for `denyOut`; an allow-list for
-/// `denyOut: ["0.0.0.0/0"]` plus `allowOut`. Destinations are lockbox's net specs (IP,
-/// CIDR, host name, `*.domain`, with an optional `:port`).
-///
-/// `prefix` is what the fields' names start with in errors: `network.` on create, nothing
-/// in `PUT .../network`'s body.
-fn network_policy(
-    allow_internet: Option<bool>,
-    network: Option<&NetworkConfig>,
-    prefix: &str,
-) -> Result<Net, E2bError> {
-    let Some(network) = network else {
-        return Ok(if allow_internet == Some(false) {
-            Net::None
-        } else {
-            Net::Deny(Vec::new())
-        });
-    };
-    let unsupported = [
-        ("rules", network.rules.is_some()),
-        ("dnsServers", network.dns_servers.is_some()),
-        ("egressProxy", network.egress_proxy.is_some()),
-        ("maskRequestHost", network.mask_request_host.is_some()),
-        ("httpsPorts", network.https_ports.is_some()),
-        (
-            "allowPublicTraffic",
-            network.allow_public_traffic == Some(false),
-        ),
-    ];
-    if let Some((field, _)) = unsupported.iter().find(|(_, given)| *given) {
-        return Err(bad(format!(
-            "{prefix}{field}: not supported by lockbox's E2B API (see docs/e2b.md)"
-        )));
-    }
-    let specs = |field: &str, list: &[String]| -> Result<Vec<NetSpec>, E2bError> {
-        list.iter()
-            .map(|s| {
-                // E2B's entries name no port (every port): lockbox's specs do ("HOST:*").
-                NetSpec::parse(s)
-                    .or_else(|e| {
-                        NetSpec::parse(&format!("{s}:*"))
-                            .or_else(|_| NetSpec::parse(&format!("[{s}]:*")))
-                            .map_err(|_| e)
-                    })
-                    .map_err(|e| bad(format!("{prefix}{field}: {s:?}: {e}")))
-            })
-            .collect()
-    };
-    let deny = network.deny_out.as_deref().unwrap_or_default();
-    let allow = network.allow_out.as_deref().unwrap_or_default();
-    let deny_all = deny.iter().any(|d| d == ALL_TRAFFIC);
-    if allow_internet == Some(false) || deny_all {
-        if deny.iter().any(|d| d != ALL_TRAFFIC) {
-            return Err(bad(format!(
-                "{prefix}denyOut: with all traffic denied, other entries mean nothing; list only \"0.0.0.0/0\""
-            )));
-        }
-        if allow.is_empty() {
-            return Ok(Net::None);
-        }
-        return Ok(Net::Allow(specs("allowOut", allow)?));
-    }
-    if !allow.is_empty() && !deny.is_empty() {
-        return Err(bad(format!(
-            "{prefix}allowOut: exceptions to a deny-list are not supported by lockbox; deny \"0.0.0.0/0\" and list what to allow, or list only what to deny"
-        )));
-    }
-    if deny.is_empty() {
-        // Everything is allowed already: allowOut alone changes nothing, as on E2B.
-        return Ok(Net::Deny(Vec::new()));
-    }
-    Ok(Net::Deny(specs("denyOut", deny)?))
 }
 
 /// A fresh access token: 32 random bytes, hex.
@@ -523,7 +370,11 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
             (info, internet)
         }
         None => {
-            let net = network_policy(req.allow_internet_access, req.network.as_ref(), "network.")?;
+            let net = crate::network::network_policy(
+                req.allow_internet_access,
+                req.network.as_ref(),
+                "network.",
+            )?;
             let internet = !matches!(net, Net::None);
             let mut spec = SandboxSpec::default();
             if let Some(base) = &e2b.base_policy {
@@ -985,75 +836,5 @@ mod tests {
         ] {
             assert_eq!(parse_time(bad), None, "{bad:?}");
         }
-    }
-
-    fn allow_clone(n: &NetworkConfig) -> NetworkConfig {
-        NetworkConfig {
-            allow_out: n.allow_out.clone(),
-            deny_out: n.deny_out.clone(),
-            allow_public_traffic: None,
-            mask_request_host: None,
-            rules: None,
-            dns_servers: None,
-            egress_proxy: None,
-            https_ports: None,
-        }
-    }
-
-    #[test]
-    fn e2b_network_options_map_onto_lockbox_policies_or_name_the_field() {
-        assert!(matches!(network_policy(None, None, "network."), Ok(Net::Deny(d)) if d.is_empty()));
-        assert!(matches!(
-            network_policy(Some(false), None, "network."),
-            Ok(Net::None)
-        ));
-        let allow = NetworkConfig {
-            allow_out: Some(vec!["example.com".into()]),
-            deny_out: Some(vec![ALL_TRAFFIC.into()]),
-            allow_public_traffic: None,
-            mask_request_host: None,
-            rules: None,
-            dns_servers: None,
-            egress_proxy: None,
-            https_ports: None,
-        };
-        let got = network_policy(None, Some(&allow), "network.");
-        assert!(
-            matches!(&got, Ok(Net::Allow(a)) if a.len() == 1),
-            "{:?}",
-            got.as_ref().err().map(|e| &e.message)
-        );
-        let cidrs = NetworkConfig {
-            allow_out: None,
-            deny_out: Some(vec![
-                "10.0.0.0/8".into(),
-                "2001:db8::/32".into(),
-                "1.2.3.4:443".into(),
-            ]),
-            ..allow_clone(&allow)
-        };
-        assert!(
-            matches!(network_policy(None, Some(&cidrs), "network."), Ok(Net::Deny(d)) if d.len() == 3)
-        );
-        let mixed = NetworkConfig {
-            deny_out: Some(vec!["10.0.0.0/8".into()]),
-            ..allow
-        };
-        let err = network_policy(None, Some(&mixed), "network.").unwrap_err();
-        assert!(
-            err.message.starts_with("network.allowOut"),
-            "{}",
-            err.message
-        );
-        // The update's body names its fields without the prefix.
-        let err = network_policy(None, Some(&mixed), "").unwrap_err();
-        assert!(err.message.starts_with("allowOut"), "{}", err.message);
-        // `{}` on update: everything allowed again; allow_internet_access false: none.
-        let empty = NetworkConfig::default();
-        assert!(matches!(network_policy(None, Some(&empty), ""), Ok(Net::Deny(d)) if d.is_empty()));
-        assert!(matches!(
-            network_policy(Some(false), Some(&empty), ""),
-            Ok(Net::None)
-        ));
     }
 }

@@ -27,6 +27,7 @@ pub mod control;
 pub mod envd;
 pub mod interpreter;
 pub mod lifecycle;
+mod network;
 pub mod observe;
 mod persist;
 mod registry;
