@@ -54,6 +54,16 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 # of a cold CI run goes).
 phase() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 phase "packages"
+# What runs in the background (downloads, the wheel's build, the crash torture) is stopped
+# with the suite when it fails early, not left running.
+stop_background() {
+  local pid
+  for pid in $(jobs -p); do
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+  done
+}
+trap stop_background EXIT
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"
@@ -76,7 +86,7 @@ if [ "$(id -u)" = 0 ] || [ -d /usr/lib/postgresql ]; then
   phase "starting PostgreSQL"
   eval "$(bash scripts/start-postgres.sh)"
   export LOCKBOX_TEST_POSTGRES_URL
-  trap 'bash scripts/start-postgres.sh --stop' EXIT
+  trap 'stop_background; bash scripts/start-postgres.sh --stop' EXIT
 else
   phase "no PostgreSQL (not root, not installed): its journal tests will say SKIP"
 fi
@@ -103,6 +113,20 @@ py_pid=$!
 api_log="$(mktemp)"
 CARGO_TARGET_DIR="$target_dir" bash scripts/fuzz-api.sh --prepare > "$api_log" 2>&1 &
 api_pid=$!
+# The Debian root of lockbox-confine's package-manager tests (tests/it/image.rs, debian_tar:
+# the same mmdebstrap command, and the same file in CARGO_TARGET_TMPDIR) downloads now too,
+# instead of holding up those tests. As root only: a user's unshare mode is left to the test.
+debian_root() {
+  local dir="$target_dir/tmp/lockbox-debian" tar="bookworm-minbase-python3-pip.tar"
+  [ "$(id -u)" = 0 ] && [ ! -e "$dir/$tar" ] || return 0
+  mkdir -p "$dir"
+  mmdebstrap --quiet --variant=minbase --mode=root --format=tar --include=python3-pip bookworm "$dir/.$tar.$$"
+  chmod 644 "$dir/.$tar.$$"
+  mv "$dir/.$tar.$$" "$dir/$tar"
+}
+debian_log="$(mktemp)"
+debian_root > "$debian_log" 2>&1 &
+debian_pid=$!
 # Waits for a background preparation; on failure prints its output and stops the suite.
 wait_for() {
   local pid=$1 log=$2 what=$3
@@ -122,8 +146,6 @@ cargo build -p lockbox-agent
 export LOCKBOX_AGENT_EXE="$target_dir/debug/lockbox-agent"
 phase "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-phase "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # Tests skipped for a missing requirement (lockbox_testkit::require!: root, a kernel feature,
 # a tool) are listed here and printed after the run; under LOCKBOX_TEST_REQUIRE=all (CI) they
 # fail instead.
@@ -135,21 +157,51 @@ print_skips() {
     sort "$LOCKBOX_TEST_SKIP_LOG"
   fi
 }
+phase "cargo test --no-run (building the tests)"
+cargo test --workspace --no-run --quiet
+# While the tests run (they wait on sandboxes and servers more than they compute), what the
+# Python SDK's tests need is made beside them, and the API docs are checked: ruff and mypy,
+# the extension built in debug mode by maturin (reusing cargo's target directory: one more
+# crate, not a release build; cargo holds its build lock only while building, and ruff and
+# mypy come first, after the tests' own check of their build) and installed into the SDK's
+# virtualenv (outside the checkout, which uid 65534 may not be able to enter) as a wheel,
+# with its dependencies (cloudpickle) as `pip install ./python` does; then `cargo doc`. The
+# extension embeds the in-sandbox agent of Sandbox.open: the one built above
+# ($LOCKBOX_AGENT_EXE).
+wait_for "$py_pid" "$py_log" "the SDK's virtualenv ($pyvenv)"
+python_build() {
+  (cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
+  rm -rf "$pyvenv/wheels"
+  "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
+  chmod -R a+rX "$pyvenv"
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+}
+phase "ruff, mypy --strict (settings in python/pyproject.toml), the SDK's wheel and cargo doc (warnings denied): started beside the tests"
+build_log="$(mktemp)"
+python_build > "$build_log" 2>&1 &
+build_pid=$!
+wait_for "$api_pid" "$api_log" "schemathesis (scripts/fuzz-api.sh --prepare)"
+wait_for "$debian_pid" "$debian_log" "the Debian root of lockbox-confine's image tests (mmdebstrap)"
 # The tests wait on sandboxes, servers and child processes more than they compute: with
 # one test thread per core the cores sat idle half the time. Two per core (RUST_TEST_THREADS
 # to choose) took lockbox-cli's 219 tests from 256 s to 135 s on 2 cores (docs/testing.md).
-wait_for "$api_pid" "$api_log" "schemathesis (scripts/fuzz-api.sh --prepare)"
 phase "cargo test (${RUST_TEST_THREADS:-$(($(nproc) * 2))} test threads)"
 RUST_TEST_THREADS="${RUST_TEST_THREADS:-$(($(nproc) * 2))}" cargo test --workspace || { print_skips; exit 1; }
+print_skips
 # lockbox-txn's long crash torture (5,000 files, up to 500 SIGKILLed commits) is #[ignore]d
 # for everyday runs; CI runs it bounded to 1 minute of trials (at least 10);
-# LOCKBOX_TXN_LONG_CRASH_SECONDS chooses another bound.
+# LOCKBOX_TXN_LONG_CRASH_SECONDS chooses another bound. It waits on its disk flushes more
+# than it computes: it runs beside the fuzzing below, its output printed after.
+torture_pid=""
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_TXN_LONG_CRASH_SECONDS:-}" ]; then
-  phase "lockbox-txn long crash torture (${LOCKBOX_TXN_LONG_CRASH_SECONDS:-60} s of trials)"
+  phase "lockbox-txn long crash torture (${LOCKBOX_TXN_LONG_CRASH_SECONDS:-60} s of trials), started beside the fuzzing"
+  torture_log="$(mktemp)"
   LOCKBOX_TXN_LONG_CRASH_SECONDS="${LOCKBOX_TXN_LONG_CRASH_SECONDS:-60}" \
-    cargo test -p lockbox-txn --test it -- --ignored --exact crash::long_crash_torture_with_more_files_and_trials
+    cargo test -p lockbox-txn --test it -- --ignored --exact crash::long_crash_torture_with_more_files_and_trials \
+    > "$torture_log" 2>&1 &
+  torture_pid=$!
 fi
-print_skips
 
 # Fuzzing, as a smoke run: every cargo-fuzz target built unoptimised (with AddressSanitizer
 # and debug assertions: its build is the phase's cost), its seeds and corpus replayed and
@@ -162,22 +214,19 @@ if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
 else
   phase "fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
 fi
-# The Python SDK (python/): a virtualenv of the system's python3 (outside the checkout, which
-# uid 65534 may not be able to enter), the extension built in debug mode by maturin (reusing
-# cargo's target directory: one more crate, not a release build) and installed as a wheel,
-# then pytest. (The extension embeds the in-sandbox agent of Sandbox.open: the one built
-# above, named by $LOCKBOX_AGENT_EXE.)
-# The wheel is installed with its dependencies (cloudpickle), as `pip install ./python` does.
-# In CI a missing dependency (Ray, PostgreSQL, root) fails the suite
-# instead of skipping. Ray runs a real local cluster (ray.init(num_cpus=2)) in its tests.
+if [ -n "$torture_pid" ]; then
+  torture_status=0
+  wait "$torture_pid" || torture_status=$?
+  phase "lockbox-txn long crash torture: its output"
+  cat "$torture_log"
+  rm -f "$torture_log"
+  [ "$torture_status" = 0 ] || exit 1
+fi
+# The Python SDK (python/), with the wheel made beside the Rust tests, then pytest. In CI a
+# missing dependency (Ray, PostgreSQL, root) fails the suite instead of skipping. Ray runs a
+# real local cluster (ray.init(num_cpus=2)) in its tests.
 phase "python SDK"
-wait_for "$py_pid" "$py_log" "the SDK's virtualenv ($pyvenv)"
-phase "ruff, mypy --strict (python/lockbox; settings in python/pyproject.toml)"
-(cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
-rm -rf "$pyvenv/wheels"
-"$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
-"$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
-chmod -R a+rX "$pyvenv"
+wait_for "$build_pid" "$build_log" "ruff, mypy, the SDK's wheel or cargo doc"
 # Harbor (python/tests-harbor): `harbor run` drives lockbox sandboxes through
 # lockbox.harbor:LockboxEnvironment. Harbor needs Python 3.12+, so these tests run in a venv of
 # their own, from a 3.12+ interpreter found on PATH or under pyenv. The extension is abi3: the

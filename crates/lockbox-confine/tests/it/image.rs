@@ -614,6 +614,8 @@ static IMAGE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The tarball of a bookworm minbase with `include`, made by mmdebstrap if it is not there
 /// yet (by the root process: uid 65534 finds the one root made before re-executing it).
+/// `scripts/test.sh` makes the `python3-pip` one ahead, while Rust builds, with the same
+/// command: keep the two alike.
 fn debian_tar(include: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lockbox-debian");
     let tar = dir.join(format!("bookworm-minbase-{include}.tar"));
