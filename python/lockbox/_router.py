@@ -23,6 +23,8 @@ them; a router that restarts reads them again.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import hmac
@@ -33,11 +35,12 @@ import secrets
 import time
 import urllib.parse
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["K", "NodeView", "Router", "place"]
+__all__ = ["Cursor", "K", "NodeView", "Router", "merge_pages", "place"]
 
 K = 3
 """Placement samples this many nodes and takes the least loaded (power of K choices)."""
@@ -65,6 +68,11 @@ SWEEP_INTERVAL = 10.0
 SMALL_BODY = 64 * 1024
 """A request body up to this size is read before it is forwarded (so the call can use a
 kept-alive connection to the node, and be sent again should that one have closed)."""
+E2B_PAGE = 100
+"""E2B's largest (and default) page of ``GET /v2/sandboxes`` (its spec's ``limit``)."""
+PAGE_ATTEMPTS = 3
+"""A page of E2B's listing is made again this many times at most when a node's listing
+changed between the two calls that find where the page ends on it."""
 POOL_MAX = 64
 """Idle connections kept per node at most."""
 POOL_IDLE = 4.0
@@ -402,6 +410,86 @@ def _made(what: str, reply: Any) -> tuple[list[str], list[str]]:
     snap = reply.get("snapshot")
     boxes = [b["id"] for b in reply.get("sandboxes") or [] if isinstance(b, dict) and isinstance(b.get("id"), str)]
     return boxes, ([snap["id"]] if isinstance(snap, dict) and isinstance(snap.get("id"), str) else [])
+
+
+_CURSOR = "fleet1."
+"""The prefix of the router's own ``nextToken`` (a node's is ``{nanos}.{id}``)."""
+
+
+@dataclass
+class Cursor:
+    """Where a walk of E2B's listing through the router stands (its ``nextToken``): the
+    ``order`` it was made for, each node's position in its own listing (``""``: from its
+    start, a node's own ``x-next-token``: after that item, ``None``: nothing more there),
+    and the ``boundary`` (``startedAt``, ``sandboxID``) of the last item listed, for the
+    nodes nothing was taken from yet."""
+
+    order: str
+    nodes: dict[str, str | None] = field(default_factory=dict)
+    boundary: tuple[str, str] | None = None
+
+    def encode(self) -> str:
+        raw = json.dumps({"order": self.order, "nodes": self.nodes, "boundary": self.boundary},
+                         separators=(",", ":"), sort_keys=True).encode()
+        return _CURSOR + base64.urlsafe_b64encode(zlib.compress(raw)).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, token: str, order: str) -> Cursor:
+        """The cursor :meth:`encode` made for ``order`` (``ValueError`` naming what is wrong
+        otherwise)."""
+        foreign = ValueError(f"{token[:40]!r} is not one this fleet's routers gave")
+        if not token.startswith(_CURSOR):
+            raise foreign
+        body = token[len(_CURSOR):]
+        try:
+            parsed = json.loads(zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))))
+        except (binascii.Error, zlib.error, ValueError):
+            raise foreign from None
+        nodes = parsed.get("nodes") if isinstance(parsed, dict) else None
+        boundary = parsed.get("boundary") if isinstance(parsed, dict) else None
+        if not isinstance(nodes, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
+                                                  for k, v in nodes.items()):
+            raise foreign
+        if boundary is not None and not (isinstance(boundary, list) and len(boundary) == 2
+                                         and all(isinstance(b, str) for b in boundary)):
+            raise foreign
+        if parsed.get("order") != order:
+            raise ValueError(f"it was made for order={parsed.get('order')}, not order={order}: keep the order "
+                             "while paging")
+        return cls(order, nodes, (boundary[0], boundary[1]) if boundary else None)
+
+
+def _page_key(item: Any) -> tuple[str, str]:
+    if not isinstance(item, dict):
+        return "", ""
+    return str(item.get("startedAt", "")), str(item.get("sandboxID", ""))
+
+
+def merge_pages(pages: dict[str, list[Any]], limit: int, *, ascending: bool) -> tuple[list[tuple[str, Any]],
+                                                                                        dict[str, int]]:
+    """Merges each node's page of E2B's listing (each in its node's own order, by start
+    time) into one of at most ``limit`` items, newest first (oldest first if ``ascending``):
+    ``(node, item)`` pairs, and how many items of each node's page were taken. Only the
+    head of each node's page is ever taken, so what is taken of a node is a prefix of its
+    page, and the next page goes on from where it ended."""
+    heads = dict.fromkeys(pages, 0)
+    out: list[tuple[str, Any]] = []
+    order = sorted(pages)
+    while len(out) < limit:
+        best: str | None = None
+        best_key = ("", "")
+        for node in order:
+            i = heads[node]
+            if i >= len(pages[node]):
+                continue
+            key = _page_key(pages[node][i])
+            if best is None or (key < best_key if ascending else key > best_key):
+                best, best_key = node, key
+        if best is None:
+            break
+        out.append((best, pages[best][heads[best]]))
+        heads[best] += 1
+    return out, heads
 
 
 class Router:
@@ -1227,7 +1315,111 @@ class Router:
 
     # -- listings ---------------------------------------------------------------------------
 
+    async def _e2b_page(self, req: _Request) -> None:
+        """``GET /v2/sandboxes``, one page of every node's listing: each node is asked for a
+        page from its position in the request's ``nextToken`` (the router's own
+        :class:`Cursor`), the pages are merged by start time (:func:`merge_pages`), and the
+        reply's ``x-next-token`` says where each node's listing goes on. A node's position
+        is its own ``x-next-token`` (a key of its listing, so a sandbox made or deleted
+        between pages neither repeats nor hides another): where the page ended within a
+        node's page, the node is asked once more for exactly the part taken, and its
+        ``x-next-token`` then names the last item taken. Of a node nothing was taken from
+        yet, what sorts before the last item listed is left out (made after the walk
+        began, as one server leaves it out)."""
+        await req.drain_body()
+        split = urllib.parse.urlsplit(req.target)
+        query = urllib.parse.parse_qs(split.query)
+
+        async def bad(message: str) -> None:
+            await req.send(400, {"code": 400, "message": message})
+
+        text = query.get("limit", [""])[0]
+        if text and not (text.isdigit() and 1 <= int(text) <= E2B_PAGE):
+            await bad(f"limit: a number from 1 to {E2B_PAGE}, got {text!r}")
+            return
+        limit = int(text) if text else E2B_PAGE
+        order = query.get("order", [""])[0] or "desc"
+        if order not in ("asc", "desc"):
+            await bad(f"order: \"asc\" or \"desc\", got {order!r}")
+            return
+        token = query.get("nextToken", [""])[0]
+        try:
+            cursor = Cursor.decode(token, order) if token else Cursor(order)
+        except ValueError as e:
+            await bad(f"nextToken: {e}")
+            return
+        ascending = order == "asc"
+        # The request's filters as the client encoded them, without its paging.
+        kept = [p for p in split.query.split("&") if p and p.split("=", 1)[0] not in ("limit", "nextToken")]
+        views = sorted((v for v in self.nodes.values()
+                        if v.routable and cursor.nodes.get(v.node_id, "") is not None), key=lambda v: v.node_id)
+
+        async def one(v: NodeView, count: int) -> tuple[int, bytes, list[Any], str | None]:
+            at = cursor.nodes.get(v.node_id) or ""
+            params = [*kept, f"limit={count}"] + ([f"nextToken={urllib.parse.quote(at, safe='')}"] if at else [])
+            try:
+                status, head, data = await self._call(v, "GET", "/v2/sandboxes?" + "&".join(params),
+                                                      headers=[("Accept", "application/json")])
+            except (OSError, HttpError, TimeoutError, asyncio.IncompleteReadError) as e:
+                if not isinstance(e, TimeoutError):
+                    v.mark_unreachable(_why(e))
+                return 0, b"", [], None
+            items = _json_or_none(data) if status == 200 else None
+            return status, data, items if isinstance(items, list) else [], head.get("x-next-token") or None
+
+        def listed_already(node: str, item: Any) -> bool:
+            if cursor.boundary is None or cursor.nodes.get(node):
+                return False
+            key = _page_key(item)
+            return key >= cursor.boundary if not ascending else key <= cursor.boundary
+
+        for _ in range(PAGE_ATTEMPTS):
+            answers = dict(zip((v.node_id for v in views), await asyncio.gather(*(one(v, limit) for v in views)),
+                               strict=True))
+            for status, data, _, _ in answers.values():
+                if status not in (0, 200):  # a bad filter: every node says the same
+                    await req.send(status, _json_or_none(data) or {"code": status, "message": "bad node reply"})
+                    return
+            asked = {n: a[2] for n, a in answers.items() if a[0] == 200}
+            fresh = {n: [i for i, item in enumerate(items) if not listed_already(n, item)] for n, items in asked.items()}
+            page, taken = merge_pages({n: [asked[n][i] for i in idx] for n, idx in fresh.items()}, limit,
+                                      ascending=ascending)
+            after = Cursor(order, {**cursor.nodes, **{n: cursor.nodes.get(n, "") for n in asked}},
+                           _page_key(page[-1][1]) if page else cursor.boundary)
+            consistent = True
+            for node, items in asked.items():
+                j = taken[node]
+                if not j:
+                    if not fresh[node]:  # all of its page was listed already: past it
+                        after.nodes[node] = answers[node][3]
+                    continue  # else nothing taken: its position stays
+                upto = fresh[node][j - 1] + 1  # the prefix of the node's page now listed
+                if upto == len(items):
+                    after.nodes[node] = answers[node][3]  # None: nothing more on this node
+                    continue
+                status, _, again, key = await one(self.nodes[node], upto)
+                if status != 200 or key is None or len(again) != upto or _page_key(again[-1]) != _page_key(
+                        items[upto - 1]):
+                    consistent = False  # the node's listing changed meanwhile: make the page again
+                    break
+                after.nodes[node] = key
+            if consistent:
+                break
+        else:
+            await req.send(503, {"code": 503, "message": "the fleet's listing kept changing while this page was "
+                                 "made: ask again"})
+            return
+        for node, item in page:
+            if isinstance(item, dict):
+                item["node"] = node
+        more = any(after.nodes.get(n) is not None for n in asked)
+        await req.send(200, [item for _, item in page],
+                       headers=[("X-Next-Token", after.encode())] if more else [])
+
     async def _list(self, req: _Request, *, e2b: bool) -> None:
+        if e2b and req.path == "/v2/sandboxes":
+            await self._e2b_page(req)
+            return
         views = sorted((v for v in self.nodes.values() if v.routable), key=lambda v: v.node_id)
         auth = [("Accept", "application/json")]
 
