@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import http
@@ -291,6 +292,10 @@ class NodeView:
         self.calls.clear()
     images: set[str] = field(default_factory=set)
     unreachable: str | None = None
+    ports_host: str = ""
+    ports_port: int = 0
+    """The node's ports listener (``lockbox serve --ports-listen``); 0: it has none."""
+    ports_domain: str = "localhost"
 
     def recount(self) -> None:
         self.load = self.inflight + len((self.probed | self.made.keys()) - self.deleted.keys())
@@ -500,8 +505,16 @@ class Router:
     must send; ``store`` keeps the placements (``None``: in memory only, for tests of the
     proxy alone)."""
 
-    def __init__(self, nodes: Callable[[], list[dict[str, Any]]], token: str, store: Store | None) -> None:
+    def __init__(self, nodes: Callable[[], list[dict[str, Any]]], token: str, store: Store | None, *,
+                 ports_domain: str = "localhost") -> None:
         self._list_nodes = nodes
+        if not all(label and label.replace("-", "").isalnum() and label.isascii()
+                   for label in ports_domain.split(".")):
+            raise ValueError(f"ports_domain: {ports_domain!r} is not a DNS name (letters, digits and '-', labels "
+                             "separated by dots)")
+        self.ports_domain = ports_domain.lower()
+        self.ports_address: tuple[str, int] | None = None
+        self.ports_server: asyncio.Server | None = None
         self.token = token.encode()
         self.store = store
         self.nodes: dict[str, NodeView] = {}
@@ -515,10 +528,19 @@ class Router:
 
     # -- running --------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        """Listens on ``host:port`` (0: a free port); returns the address bound."""
+    async def start(self, host: str, port: int, *, ports: tuple[str, int] | None = None) -> tuple[str, int]:
+        """Listens on ``host:port`` (0: a free port); returns the address bound. ``ports``:
+        also serve the sandboxes' exposed ports on their own origins there
+        (``{port}-{sandbox}.{ports_domain}:PORT``, :attr:`ports_address` once bound), as
+        ``lockbox serve --ports-listen`` does."""
         self._tasks = [asyncio.create_task(self._watch_nodes()), asyncio.create_task(self._probe())]
-        self.server = await asyncio.start_server(self._client, host, port, limit=HEAD_LIMIT)
+        self.server = await asyncio.start_server(functools.partial(self._client, handle=self._handle), host, port,
+                                                 limit=HEAD_LIMIT)
+        if ports is not None:
+            self.ports_server = await asyncio.start_server(functools.partial(self._client, handle=self._ports),
+                                                           *ports, limit=HEAD_LIMIT)
+            bound = self.ports_server.sockets[0].getsockname()
+            self.ports_address = (bound[0], bound[1])
         sock = self.server.sockets[0].getsockname()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._nodes_ready.wait(), 30)
@@ -528,8 +550,9 @@ class Router:
         """Stops listening and watching the nodes (calls in flight end as they end)."""
         for t in self._tasks:
             t.cancel()
-        if self.server is not None:
-            self.server.close()
+        for server in (self.server, self.ports_server):
+            if server is not None:
+                server.close()
         for idle in self.pool.values():
             for _, writer, _, _ in idle:
                 writer.close()
@@ -572,6 +595,9 @@ class Router:
                 if (parsed.hostname, parsed.port, n.get("token")) != (view.host, view.port, view.token):
                     view.host, view.port, view.token = parsed.hostname or "", parsed.port or 80, n["token"]
                     view.unreachable = None
+            ports = urllib.parse.urlsplit(n["ports_url"]) if n.get("ports_url") else None
+            view.ports_host, view.ports_port = (ports.hostname or "", ports.port or 80) if ports else ("", 0)
+            view.ports_domain = str(n.get("ports_domain") or "localhost")
         for node_id, view in self.nodes.items():
             if node_id not in seen:
                 view.state, view.reason = "lost", "the fleet no longer lists it"
@@ -631,12 +657,15 @@ class Router:
 
     # -- one node, buffered -----------------------------------------------------------------
 
-    async def _open(self, view: NodeView) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self, view: NodeView, *, ports: bool = False) -> tuple[asyncio.StreamReader,
+                                                                            asyncio.StreamWriter]:
+        """A connection to the node's API (or, with ``ports``, its ports listener)."""
+        host, port = (view.ports_host, view.ports_port) if ports else (view.host, view.port)
         try:
-            return await asyncio.wait_for(asyncio.open_connection(view.host, view.port, limit=HEAD_LIMIT),
-                                          CONNECT_TIMEOUT)
+            return await asyncio.wait_for(asyncio.open_connection(host, port, limit=HEAD_LIMIT), CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as e:
-            view.mark_unreachable(_why(e))
+            if not ports:  # the API down is the node down; its ports listener alone is not
+                view.mark_unreachable(_why(e))
             raise
 
     async def _call(self, view: NodeView, method: str, target: str, *, body: bytes | None = None,
@@ -659,7 +688,8 @@ class Router:
 
     # -- clients ----------------------------------------------------------------------------
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                      handle: Callable[[_Request], Awaitable[None]]) -> None:
         try:
             while True:
                 try:
@@ -683,7 +713,7 @@ class Router:
                     await writer.drain()
                     return
                 req.keep = version == "HTTP/1.1" and "close" not in head.tokens("connection")
-                await self._handle(req)
+                await handle(req)
                 if not req.keep or (not req.body_read and req.framing != 0):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, HttpError, asyncio.LimitOverrunError):
@@ -851,6 +881,78 @@ class Router:
         else:  # the API's description and the like: the same on every node
             await self._to_any(req)
 
+    # -- exposed ports on their own origins ---------------------------------------------------
+
+    def _ports_reply(self, sid: str, data: bytes) -> bytes | None:
+        """A node's ``.../ports`` reply (one port, or ``{"ports": [...]}``) with each port's
+        ``origin`` and ``open_url`` on the router's ports listener, which a client that
+        reaches only the router can use (none without one: the node's own would name a
+        listener such a client may not reach)."""
+        got = _json_or_none(data)
+        ports = got.get("ports") if isinstance(got, dict) and "ports" in got else [got]
+        if not isinstance(ports, list):
+            return None
+        for p in ports:
+            if not isinstance(p, dict) or not isinstance(p.get("port"), int):
+                continue
+            if self.ports_address is None:
+                p.pop("origin", None)
+                p.pop("open_url", None)
+                continue
+            if "origin" not in p:
+                continue  # the node has no ports listener: nothing to reach
+            origin = f"http://{p['port']}-{sid}.{self.ports_domain}:{self.ports_address[1]}"
+            p["origin"] = origin
+            if isinstance(p.get("open_url"), str):
+                node_url = urllib.parse.urlsplit(p["open_url"])
+                p["open_url"] = origin + node_url.path + (f"?{node_url.query}" if node_url.query else "")
+        return json.dumps(got).encode()
+
+    async def _ports(self, req: _Request) -> None:
+        """A request to the router's ports listener: ``Host`` names the port and the sandbox
+        (``{port}-{sandbox}.{ports_domain}``); it goes to the node's ports listener, which
+        checks the port's access (its cookie, its ``open_url`` key, or a bearer token: the
+        fleet's, which becomes the node's) as it does without a router."""
+        host = req.head.get("host") or ""
+        target = _port_target(host, self.ports_domain)
+        if target is None:
+            await req.drain_body()
+            where = f"{{port}}-{{sandbox}}.{self.ports_domain}:{self.ports_address[1] if self.ports_address else ''}"
+            await req.send(*_lockbox_error(404, "NOT_FOUND", f"host {host!r} names no port: each exposed port is "
+                                           f"served at {where}", host=host))
+            return
+        port, sid = target
+        auth = req.head.get("authorization")
+        fleet = auth is not None and self._authorized(req.head, False)
+        if auth is not None and not fleet:
+            req.keep = False
+            await req.send(*_lockbox_error(401, "UNAUTHORIZED", "the bearer token is wrong: send the fleet's token, "
+                                           "or open the port's open_url"))
+            return
+        # Without the fleet's token, an id the router does not know is not looked up on
+        # every node (as for E2B's sandbox plane).
+        view = await self._node_of(sid, "sandboxes", ask=fleet)
+        if view is None:
+            await req.drain_body()
+            await req.send(*_lockbox_error(404, "SANDBOX_NOT_FOUND", f"no fleet node has sandbox {sid}", id=sid))
+            return
+        why = view.lost_reason()
+        if why is not None or not view.ports_port:
+            await req.drain_body()
+            if why is None:
+                await req.send(*_lockbox_error(404, "NOT_FOUND", f"sandbox {sid}'s node {view.node_id[:12]} serves "
+                                               "no ports on their own origins (lockbox serve --ports-listen off)",
+                                               id=sid, node=view.node_id))
+            elif view.state != "up":
+                await req.send(*_lockbox_error(410, "SANDBOX_LOST", f"sandbox {sid} was on node {view.node_id[:12]}: "
+                                               f"{why}", id=sid, node=view.node_id, reason=why))
+            else:
+                await req.send(*_lockbox_error(503, "NODE_UNREACHABLE", f"sandbox {sid} is on node "
+                                               f"{view.node_id[:12]}: {why}", id=sid, node=view.node_id, reason=why))
+            return
+        req.head.put("Host", f"{port}-{sid}.{view.ports_domain}:{view.ports_port}")
+        await self._forward(req, view, upstream_auth=fleet, ports=True)
+
     async def _to_any(self, req: _Request, *, upstream_auth: bool = True) -> None:
         view = self._any_node()
         if view is None:
@@ -866,13 +968,15 @@ class Router:
     # -- forwarding -------------------------------------------------------------------------
 
     async def _forward(self, req: _Request, view: NodeView, *, upstream_auth: bool = True, body: bytes | None = None,
-                       on_reply: Callable[[int, bytes], Awaitable[None]] | None = None,
+                       on_reply: Callable[[int, bytes], Awaitable[bytes | None]] | None = None,
                        unreachable: Callable[[str], Awaitable[None]] | None = None,
-                       on_head: Callable[[Head], Awaitable[None]] | None = None) -> bool:
+                       on_head: Callable[[Head], Awaitable[None]] | None = None, ports: bool = False) -> bool:
         """Sends the request to ``view`` and streams its reply back. ``body``: the request's
         body, already read (else a small one is read first, a larger one streamed from the
         client). ``on_reply``: the reply is read whole and given to it before it is sent on
-        (for a 2xx). Returns ``False`` if the node could not be reached (``unreachable`` then
+        (for a 2xx), and what it returns, if anything, is sent in its place. ``ports``: to the
+        node's ports listener rather than its API (never over a kept-alive connection).
+        Returns ``False`` if the node could not be reached (``unreachable`` then
         answered the client, given the reason; by default a 503).
 
         A request whose body is in hand goes over a kept-alive connection to the node when
@@ -887,7 +991,7 @@ class Router:
             except (HttpError, asyncio.IncompleteReadError):
                 req.keep = False
                 return True
-        reusable = body is not None and not upgrade
+        reusable = body is not None and not upgrade and not ports
         head = Head(req.head.line, list(req.head.headers))
         head.remove(*(_HOP - {"upgrade"} if upgrade else _HOP))
         if upstream_auth:
@@ -903,7 +1007,7 @@ class Router:
             conn = self._pooled(view) if reusable and attempt == 0 else None
             if conn is None:
                 try:
-                    conn = await self._open(view)
+                    conn = await self._open(view, ports=ports)
                 except (OSError, TimeoutError) as e:
                     reason = _why(e)
                     if body is None:
@@ -964,7 +1068,7 @@ class Router:
                 req.keep = False
             if on_reply is not None and 200 <= status < 300 and "event-stream" not in (reply.get("content-type") or ""):
                 data = await _read_body(up_reader, framing)
-                await on_reply(status, data)
+                data = await on_reply(status, data) or data
                 reply.remove("transfer-encoding", "content-length")
                 reply.put("Content-Length", str(len(data)))
                 if not req.keep:
@@ -1109,11 +1213,17 @@ class Router:
             if status == 201 and what:
                 await self._remember(_json_or_none(data), view, what)
 
-        on_reply: Callable[[int, bytes], Awaitable[None]] | None = None
+        async def through_router(status: int, data: bytes) -> bytes | None:
+            return self._ports_reply(sid, data)
+
+        on_reply: Callable[[int, bytes], Awaitable[bytes | None]] | None = None
         if req.method == "DELETE" and len(parts) in (3, 2):  # /v1/sandboxes/ID, /sandboxes/ID
             on_reply = forgotten
         elif req.method == "POST" and what:
             on_reply = made
+        elif (flavour == "lockbox" and kind == "sandboxes" and req.method in ("GET", "POST") and len(parts) == 4
+              and parts[3] == "ports"):
+            on_reply = through_router
         await self._forward(req, view, upstream_auth=upstream_auth, on_reply=on_reply,
                             unreachable=refuse)
 
@@ -1530,6 +1640,18 @@ def _matches(view: NodeView, hint: dict[str, Any]) -> bool:
     if node and not view.node_id.startswith(node):
         return False
     return all(view.labels.get(k) == v for k, v in (hint.get("labels") or {}).items())
+
+
+def _port_target(host: str, domain: str) -> tuple[int, str] | None:
+    """The port and sandbox a ``Host`` of the router's ports listener names
+    (``{port}-{sandbox}.{domain}[:PORT]``), as ``lockbox serve``'s ports listener reads it."""
+    name, sep, tail = host.rpartition(":")
+    name = (name if sep and tail.isdigit() else host).lower()
+    label, dot, rest = name.partition(".")
+    port, dash, sid = label.partition("-")
+    if not dot or rest != domain or not dash or not sid or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return None
+    return int(port), sid
 
 
 def _why(e: BaseException) -> str:

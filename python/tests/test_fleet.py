@@ -3,6 +3,7 @@
 own state directory and port; a server that dies is restarted by Ray; a node that joins gets
 a daemon; a node that leaves is listed lost; `down` leaves no server behind."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -385,6 +386,71 @@ def test_the_console_logs_in_with_the_fleets_token_and_sees_every_node(routed):
     finally:
         for b in boxes:
             b.delete()
+
+
+def fetch(addr, path, host, headers=None):
+    """GET ``path`` from ``addr`` with ``Host: host`` (Python does not resolve *.localhost):
+    (status, headers, body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(*addr, timeout=30)
+    try:
+        conn.request("GET", path, headers={"Host": host, **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
+
+
+def answered(*args):
+    """:func:`fetch`, or ``None`` while the sandboxed server is not listening yet (502)."""
+    got = fetch(*args)
+    return got if got[0] != 502 else None
+
+
+def test_exposed_ports_origins_reach_the_port_through_the_router(routed):
+    import urllib.parse
+
+    import lockbox
+
+    _, nodes, r = routed
+    client = lockbox.Client(r["url"], r["token"], timeout=60)
+    ports_host, ports_port = r["ports_listen"].rsplit(":", 1)
+    boxes = [client.create(placement={"node": n["node_id"]}) for n in nodes]
+    try:
+        for box in boxes:
+            box.files.write("/tmp/site/hello.txt", f"hello from {box.id}\n".encode())
+            box.start_process(argv=["python3", "-m", "http.server", "8731", "--bind", "127.0.0.1",
+                                    "--directory", "/tmp/site"])
+            port = box.expose_port(8731)
+            # The origin names the router's ports listener, not the node's.
+            origin = urllib.parse.urlsplit(port["origin"])
+            assert (origin.hostname, origin.port) == (f"8731-{box.id}.localhost", int(ports_port)), port
+            assert port["open_url"].startswith(port["origin"] + "/__lockbox/open?key=")
+            assert [(p["origin"], p["open_url"]) for p in box.ports()] == [(port["origin"], port["open_url"])]
+            addr = (ports_host, int(ports_port))
+            # The fleet's token opens it (the router sends the node's own).
+            bearer = {"Authorization": f"Bearer {r['token']}"}
+            got = wait_for("the sandbox's server to answer through the router",
+                           functools.partial(answered, addr, "/hello.txt", origin.netloc, bearer), timeout=30)
+            assert (got[0], got[2]) == (200, f"hello from {box.id}\n".encode()), got
+            # A browser: no token, the open_url sets the port's cookie on the router's origin.
+            assert fetch(addr, "/hello.txt", origin.netloc)[0] == 401
+            opened = urllib.parse.urlsplit(port["open_url"])
+            status, hs, _ = fetch(addr, f"{opened.path}?{opened.query}", origin.netloc)
+            assert status == 303 and hs["Location"] == "/", (status, dict(hs))
+            cookie = hs["Set-Cookie"].split(";")[0]
+            assert cookie.startswith("lockbox_port=") and "Domain" not in hs["Set-Cookie"]
+            status, _, body = fetch(addr, "/hello.txt", origin.netloc, {"Cookie": cookie})
+            assert (status, body) == (200, f"hello from {box.id}\n".encode())
+        # A node's own token is not the fleet's; a host that names no port is not found.
+        node_bearer = {"Authorization": f"Bearer {nodes[0]['token']}"}
+        assert fetch(addr, "/hello.txt", origin.netloc, node_bearer)[0] == 401
+        status, _, body = fetch(addr, "/", f"{ports_host}:{ports_port}", bearer)
+        assert status == 404 and b"names no port" in body, body
+    finally:
+        for box in boxes:
+            box.delete()
 
 
 # -- The executor in the fleet (issue 31 item 6) -----------------------------------------------
