@@ -11,12 +11,16 @@ read whole: a create to choose its node (power of K choices over the nodes' load
 record the new sandbox's node, a listing to merge every node's. Small request bodies are read
 first and go over kept-alive connections to the node. MCP tool calls are routed by the
 sandbox or snapshot they name; the console logs in with the fleet's token (sessions of the
-router's own). Calls to a node found down are answered at once, and those in flight ended.
+router's own). Calls to a node found down are answered at once, and those in flight ended; a
+node that answers again is checked for what it still holds before calls go to it again
+(:meth:`Router._reconcile`). E2B's listing is paged across the nodes (:class:`Cursor`), and
+the sandboxes' exposed ports are served on their own origins on a listener of the router's.
 
 Placements (sandbox or snapshot id -> node) live in Ray's GCS key-value store, in the
 namespace ``lockbox-fleet:NAMESPACE``: ``c/UUID`` (a create's node, written before the create
 is forwarded), ``p/ID`` (a sandbox's or snapshot's node, once the node answered),
-``n/NODE/ID`` (the sandboxes of a node), ``s/HASH`` (console sessions). Several routers share
+``n/NODE/ID`` (the sandboxes of a node), ``g/NODE/ID`` (those a node came back without:
+see :meth:`Router._reconcile`), ``s/HASH`` (console sessions). Several routers share
 them; a router that restarts reads them again.
 """
 
@@ -284,6 +288,7 @@ class NodeView:
 
     def mark_unreachable(self, reason: str) -> None:
         self.unreachable = reason
+        self.was_down = self.was_down or f"it could not be reached ({reason})"
         self.end_calls()
 
     def end_calls(self) -> None:
@@ -292,6 +297,9 @@ class NodeView:
         self.calls.clear()
     images: set[str] = field(default_factory=set)
     unreachable: str | None = None
+    was_down: str | None = None
+    """Why the node was last down (unreachable, lost, starting, a new server), until the
+    router has checked what it still holds once it answers again (:meth:`Router._reconcile`)."""
     ports_host: str = ""
     ports_port: int = 0
     """The node's ports listener (``lockbox serve --ports-listen``); 0: it has none."""
@@ -398,7 +406,17 @@ class Store:
         got = self.get(f"p/{i}")
         if got:
             self.delete(f"n/{got['node']}/{i}")
+            self.delete(f"g/{got['node']}/{i}")
         self.delete(f"p/{i}")
+
+    def bury(self, node: str, sandboxes: Iterable[str], reason: str) -> None:
+        """Sandboxes ``node`` came back without: ``p/ID`` says so (``gone``, the reason), and
+        ``g/NODE/ID`` lists them (no longer under ``n/NODE/``, what the node holds)."""
+        value = {"node": node, "at": time.time(), "gone": reason}
+        for i in sandboxes:
+            self.put(f"p/{i}", value)
+            self.put(f"g/{node}/{i}", value)
+            self.delete(f"n/{node}/{i}")
 
 
 def _made(what: str, reply: Any) -> tuple[list[str], list[str]]:
@@ -525,6 +543,10 @@ class Router:
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nodes_ready = asyncio.Event()
+        self._probed = asyncio.Event()
+        self.gone: dict[str, tuple[str, str]] = {}
+        """Sandboxes a node came back without (id -> node, reason), as far as this router
+        knows; the store's ``g/NODE/ID`` are the fleet's."""
 
     # -- running --------------------------------------------------------------------------
 
@@ -544,6 +566,8 @@ class Router:
         sock = self.server.sockets[0].getsockname()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._nodes_ready.wait(), 30)
+        with contextlib.suppress(TimeoutError):  # each node checked once: it is routed to then
+            await asyncio.wait_for(self._probed.wait(), 30)
         return sock[0], sock[1]
 
     async def close(self) -> None:
@@ -584,23 +608,29 @@ class Router:
         seen = set()
         for n in listed:
             seen.add(n["node_id"])
-            view = self.nodes.setdefault(n["node_id"], NodeView(n["node_id"]))
+            view = self.nodes.setdefault(n["node_id"], NodeView(n["node_id"], was_down="first seen by this router"))
             if n.get("state") == "lost" and view.state != "lost":
                 view.end_calls()
             view.state, view.reason = n.get("state", "starting"), n.get("reason")
+            if view.state != "up":
+                view.was_down = view.was_down or view.lost_reason()
             view.labels = dict(n.get("labels") or {})
             view.capacity = int(n.get("max_sandboxes") or DEFAULT_MAX_SANDBOXES)
             if n.get("url"):
                 parsed = urllib.parse.urlsplit(n["url"])
                 if (parsed.hostname, parsed.port, n.get("token")) != (view.host, view.port, view.token):
+                    if view.port:  # not the first server the router sees there
+                        view.was_down = "its server restarted"
                     view.host, view.port, view.token = parsed.hostname or "", parsed.port or 80, n["token"]
-                    view.unreachable = None
+                    # Routed to once the probe has checked what it holds.
+                    view.unreachable = "a new server, not checked yet"
             ports = urllib.parse.urlsplit(n["ports_url"]) if n.get("ports_url") else None
             view.ports_host, view.ports_port = (ports.hostname or "", ports.port or 80) if ports else ("", 0)
             view.ports_domain = str(n.get("ports_domain") or "localhost")
         for node_id, view in self.nodes.items():
             if node_id not in seen:
                 view.state, view.reason = "lost", "the fleet no longer lists it"
+                view.was_down = view.was_down or view.lost_reason()
         self._nodes_ready.set()
 
     async def _probe(self) -> None:
@@ -612,6 +642,8 @@ class Router:
                                                           return_exceptions=True), strict=True):
                 if isinstance(got, Exception):
                     print(f"lockbox fleet router: probe of node {v.node_id[:12]}: {_why(got)}", flush=True)
+            if self._nodes_ready.is_set():
+                self._probed.set()
             await asyncio.sleep(PROBE_INTERVAL)
 
     async def _probe_one(self, view: NodeView) -> None:
@@ -629,6 +661,14 @@ class Router:
                 view.mark_unreachable(_why(e))
             return
         view.failures = 0
+        if view.was_down is not None:
+            try:
+                await self._reconcile(view, view.was_down)
+            except (OSError, HttpError, TimeoutError, ValueError, KeyError, TypeError,
+                    asyncio.IncompleteReadError) as e:
+                view.unreachable = f"back, but what it holds could not be listed: {_why(e)}"
+                return
+            view.was_down = None
         view.unreachable = None
         running = {b["id"] for b in boxes if isinstance(b, dict) and isinstance(b.get("id"), str)}
         view.probed_at(started, running)
@@ -643,17 +683,85 @@ class Router:
     async def _sweep(self, view: NodeView, running: set[str]) -> None:
         """Forgets the recorded sandboxes of ``view`` that two sweeps in a row found not
         running (stopped by a timeout, deleted on the node directly): what a lost node's
-        listing shows is what it ran."""
+        listing shows is what it ran. E2B's sandboxes are looked for by their E2B ids, paused
+        ones too (a resumed one runs as a lockbox sandbox of another id, a paused one as
+        none)."""
         assert self.store is not None
         try:
             recorded = {k.split("/", 2)[2] for k in await self._kv(self.store.keys, f"n/{view.node_id}/")}
             gone = recorded - running
+            if gone:
+                gone -= await self._e2b_held(view)
             for sid in gone & view.absent:
                 self.cache.pop(sid, None)
                 await self._kv(self.store.forget, sid)
             view.absent = gone - view.absent
         except Exception as e:  # the store unavailable for a moment: sweep next time
             print(f"lockbox fleet router: sweep of node {view.node_id[:12]}: {_why(e)}", flush=True)
+
+    async def _held(self, view: NodeView) -> set[str]:
+        """The sandboxes ``view``'s server holds: lockbox's, running or stopped (not those it
+        lists ``lost``: a server before it ran them), and E2B's, running or paused (a paused
+        one outlives its server, by the same id)."""
+        status, _, body = await self._call(view, "GET", "/v1/sandboxes")
+        if status != 200:
+            raise HttpError(f"GET /v1/sandboxes answered {status}")
+        return {b["id"] for b in json.loads(body)["sandboxes"]
+                if isinstance(b, dict) and isinstance(b.get("id"), str) and b.get("state") != "lost"
+                } | await self._e2b_held(view)
+
+    async def _e2b_held(self, view: NodeView) -> set[str]:
+        """The E2B ids of ``view``'s E2B sandboxes, running and paused (every page)."""
+        held: set[str] = set()
+        after = ""
+        while True:
+            status, head, body = await self._call(
+                view, "GET", f"/v2/sandboxes?limit={E2B_PAGE}" + (f"&nextToken={urllib.parse.quote(after, safe='')}"
+                                                                 if after else ""))
+            if status != 200:
+                raise HttpError(f"GET /v2/sandboxes answered {status}")
+            held |= {b["sandboxID"] for b in json.loads(body) if isinstance(b, dict)
+                     and isinstance(b.get("sandboxID"), str)}
+            after = head.get("x-next-token") or ""
+            if not after:
+                return held
+
+    async def _reconcile(self, view: NodeView, cause: str) -> None:
+        """A node answers again (after being unreachable, lost or starting, or with a new
+        server): of the sandboxes recorded on it, those it still holds are routed as before;
+        those it does not are buried (:meth:`Store.bury`): answered 410 ``SANDBOX_LOST`` and
+        listed ``lost``, with the reason, until deleted. Without a store nothing is recorded
+        per node: the node's own answers stand."""
+        if self.store is None:
+            return
+        held = await self._held(view)
+        recorded = {k.split("/", 2)[2] for k in await self._kv(self.store.keys, f"n/{view.node_id}/")}
+        gone = recorded - held
+        if not gone:
+            return
+        reason = f"node {view.node_id[:12]} came back without it ({cause})"
+        await self._kv(self.store.bury, view.node_id, sorted(gone), reason)
+        for sid in gone:
+            self.cache.pop(sid, None)
+            self.gone[sid] = (view.node_id, reason)
+        view.absent -= gone
+
+    async def _buried(self) -> dict[str, tuple[str, str]]:
+        """Every sandbox a node came back without (id -> node, reason), from the store."""
+        if self.store is None:
+            return {}
+        found = {}
+        for key in await self._kv(self.store.keys, "g/"):
+            _, node, sid = key.split("/", 2)
+            if sid not in self.gone:
+                got = await self._kv(self.store.get, key)
+                if not got:
+                    continue
+                self.gone[sid] = (node, str(got.get("gone") or "its node came back without it"))
+            found[sid] = self.gone[sid]
+        for sid in set(self.gone) - set(found):  # deleted through another router
+            del self.gone[sid]
+        return found
 
     # -- one node, buffered -----------------------------------------------------------------
 
@@ -936,14 +1044,15 @@ class Router:
             await req.drain_body()
             await req.send(*_lockbox_error(404, "SANDBOX_NOT_FOUND", f"no fleet node has sandbox {sid}", id=sid))
             return
-        why = view.lost_reason()
+        buried = self.gone.get(sid)
+        why = buried[1] if buried else view.lost_reason()
         if why is not None or not view.ports_port:
             await req.drain_body()
             if why is None:
                 await req.send(*_lockbox_error(404, "NOT_FOUND", f"sandbox {sid}'s node {view.node_id[:12]} serves "
                                                "no ports on their own origins (lockbox serve --ports-listen off)",
                                                id=sid, node=view.node_id))
-            elif view.state != "up":
+            elif buried or view.state != "up":
                 await req.send(*_lockbox_error(410, "SANDBOX_LOST", f"sandbox {sid} was on node {view.node_id[:12]}: "
                                                f"{why}", id=sid, node=view.node_id, reason=why))
             else:
@@ -1138,6 +1247,8 @@ class Router:
         if node is None and self.store is not None:
             got = await self._kv(self.store.get, f"p/{sid}")
             node = got["node"] if got else None
+            if got and got.get("gone"):
+                self.gone[sid] = (got["node"], str(got["gone"]))
         if node is None and not ask:
             return None
         if node is None:
@@ -1173,11 +1284,12 @@ class Router:
             else:
                 await req.send(*_lockbox_error(404, _NOT_FOUND[kind], f"no fleet node has {_ONE[kind]} {sid}", id=sid))
             return
-        why = view.lost_reason()
+        buried = self.gone.get(sid) if kind == "sandboxes" else None
+        why = buried[1] if buried else view.lost_reason()
 
         async def refuse(reason: str) -> None:
             await req.drain_body()
-            lost = view.state != "up"
+            lost = buried is not None or view.state != "up"
             if flavour == "e2b-plane":
                 await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found: its node "
                                      f"{view.node_id[:12]} is unavailable ({reason})"})
@@ -1194,6 +1306,10 @@ class Router:
                                                f"{view.node_id[:12]}: {reason}", id=sid, node=view.node_id,
                                                reason=reason))
 
+        deleting = req.method == "DELETE" and len(req.parts) in (2, 3) and kind == "sandboxes" and flavour != "e2b-plane"
+        if why is not None and deleting and (buried is not None or view.state == "lost"):
+            await self._delete_lost(req, sid, view, why, e2b=flavour == "e2b")
+            return
         if why is not None:
             await refuse(why)
             return
@@ -1226,6 +1342,23 @@ class Router:
             on_reply = through_router
         await self._forward(req, view, upstream_auth=upstream_auth, on_reply=on_reply,
                             unreachable=refuse)
+
+    async def _delete_lost(self, req: _Request, sid: str, view: NodeView, reason: str, *, e2b: bool) -> None:
+        """``DELETE`` of a sandbox its node came back without, or of one on a lost node: the
+        router forgets it (it is no longer listed ``lost``), and a node that answers is told
+        to forget its own record of it too."""
+        await req.drain_body()
+        self.gone.pop(sid, None)
+        self.cache.pop(sid, None)
+        if self.store is not None:
+            await self._kv(self.store.forget, sid)
+        if view.routable:  # best effort: the node may list it lost itself
+            with contextlib.suppress(OSError, HttpError, TimeoutError, asyncio.IncompleteReadError):
+                await self._call(view, "DELETE", "/v1/sandboxes/" + urllib.parse.quote(sid, safe=""))
+        if e2b:  # E2B's kill of a sandbox that was not running: the SDK's kill() says False
+            await req.send(404, {"code": 404, "message": f"sandbox \"{sid}\" was not found: {reason}"})
+        else:
+            await req.send(200, {"id": sid, "state": "lost", "node": view.node_id, "reason": reason, "labels": {}})
 
     async def _remember(self, reply: Any, view: NodeView, what: str) -> None:
         sandboxes, snapshots = _made(what, reply)
@@ -1290,9 +1423,10 @@ class Router:
             if view is None:
                 await tool_error(_NOT_FOUND[kind], f"no fleet node has {_ONE[kind]} {key}", id=key)
                 return
-            why = view.lost_reason()
+            buried = self.gone.get(key) if kind == "sandboxes" else None
+            why = buried[1] if buried else view.lost_reason()
             if why is not None:
-                await tool_error("SANDBOX_LOST" if view.state != "up" else "NODE_UNREACHABLE",
+                await tool_error("SANDBOX_LOST" if buried or view.state != "up" else "NODE_UNREACHABLE",
                                  f"{_ONE[kind]} {key} is on node {view.node_id[:12]}: {why}", id=key,
                                  node=view.node_id, reason=why)
                 return
@@ -1570,6 +1704,14 @@ class Router:
                     sid = k.split("/", 2)[2]
                     merged.append({"id": sid, "state": "lost", "node": v.node_id, "reason": v.lost_reason(),
                                    "labels": {}})
+            # Those a node came back without: lost, with why (the node may list them lost
+            # itself, its earlier server's; the router's reason says more).
+            listed = {i["id"]: i for i in merged if isinstance(i, dict) and isinstance(i.get("id"), str)}
+            for sid, (node, reason) in (await self._buried()).items():
+                if sid in listed:
+                    listed[sid].update(state="lost", reason=reason)
+                else:
+                    merged.append({"id": sid, "state": "lost", "node": node, "reason": reason, "labels": {}})
         if e2b:
             merged.sort(key=lambda s: s.get("startedAt", "") if isinstance(s, dict) else "",
                         reverse=query.get("order", ["desc"])[0] != "asc")

@@ -696,6 +696,98 @@ def test_a_fleet_pool_needs_an_up_fleet(routed):
         RaySandboxPool(1, fleet="no-such-fleet")
 
 
+def e2b_through(monkeypatch, r):
+    """The E2B SDK pointed at the router ``r``."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    for k in ("E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_DEBUG"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("E2B_API_URL", r["url"])
+    monkeypatch.setenv("E2B_SANDBOX_URL", r["url"])
+    monkeypatch.setenv("E2B_API_KEY", r["token"])
+    return Sandbox
+
+
+def answer_of(box):
+    """``None`` if a call to ``box`` works, else its ``ServerError``."""
+    from lockbox.errors import ServerError
+
+    try:
+        box.exec("true")
+    except ServerError as e:
+        return e
+    return None
+
+
+def test_a_node_that_comes_back_routes_what_it_holds_and_answers_what_it_lost(routed, monkeypatch, tmp_path):
+    """Issue 31: a node's server that stops answering, then answers again, is routed to as
+    before; one that restarted (on the same state directory) keeps its snapshots and paused
+    E2B sandboxes, and the sandboxes it came back without are answered and listed lost, with
+    why, until deleted."""
+    fleet, _, r = routed
+    client = client_for(routed)
+    Sandbox = e2b_through(monkeypatch, r)
+    paused = Sandbox.create(metadata={"via": "comeback"}, timeout=600)
+    made = []
+    try:
+        paused.files.write("/tmp/kept.txt", "kept across the restart")
+        target = node_of(client.list(), paused.sandbox_id)
+        assert paused.pause()
+        work = tmp_path / "work"
+        work.mkdir()
+        box = client.create(placement={"node": target}, workdir=str(work))
+        made.append(box)
+        box.files.write("/tmp/f.txt", b"before")
+        snap = box.snapshot(include_tmp=True)
+        node = next(n for n in fleet.nodes() if n["node_id"] == target)
+
+        # The node's server stops answering (SIGSTOP), then answers again.
+        os.kill(node["pid"], signal.SIGSTOP)
+        try:
+            err = wait_for("calls to the frozen node to be refused", lambda: answer_of(box), timeout=30)
+            assert (err.status, err.code, err.details["node"]) == (503, "NODE_UNREACHABLE", target), err
+        finally:
+            os.kill(node["pid"], signal.SIGCONT)
+        wait_for("the node's sandbox to be routed to again", lambda: answer_of(box) is None, timeout=30)
+        assert box.files.read("/tmp/f.txt") == b"before"
+        assert {s["id"]: s["state"] for s in client.list()}[box.id] == "running"
+
+        # Its server killed: Ray starts another on the same state directory, which holds the
+        # snapshot and the paused E2B sandbox, not the sandbox that ran.
+        os.kill(node["pid"], signal.SIGKILL)
+        err = wait_for("the sandbox the node came back without to be answered lost", lambda: (
+            lambda e: e if e is not None and "came back without it" in e.details.get("reason", "") else None)(
+                answer_of(box)), timeout=90)
+        back = time.monotonic()
+        assert (err.status, err.code, err.details["node"]) == (410, "SANDBOX_LOST", target), err
+        assert "its server restarted" in err.details["reason"]
+        listed = {s["id"]: s for s in client.list()}
+        assert (listed[box.id]["state"], listed[box.id]["node"]) == ("lost", target), listed[box.id]
+        assert listed[box.id]["reason"] == err.details["reason"]
+        forked = client.fork(snap)
+        made.extend(forked)
+        assert forked[0].files.read("/tmp/f.txt") == b"before"
+        assert node_of(client.list(), forked[0].id) == target
+        # Deleting it forgets the router's record: what remains is the node's own (its new
+        # server lists its predecessor's sandboxes lost, as without a router).
+        assert box.delete()["state"] == "lost"
+        made.remove(box)
+        assert not [s for s in client.list() if s["id"] == box.id and "came back" in (s.get("reason") or "")]
+        # The paused E2B sandbox outlived the server and resumes under its id (a lockbox
+        # sandbox of another id serves it), and stays routed to after the router's sweeps of
+        # what the node runs (two, 10 s apart: not a measurement).
+        resumed = Sandbox.connect(paused.sandbox_id)
+        assert resumed.files.read("/tmp/kept.txt") == "kept across the restart"
+        time.sleep(max(0.0, 22 - (time.monotonic() - back)))
+        assert resumed.commands.run("echo resumed").stdout == "resumed\n"
+    finally:
+        for b in made:
+            b.delete()
+        paused.kill()
+
+
 # Last: it removes a node of the cluster.
 def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed, cluster):
     import ray
@@ -741,6 +833,21 @@ def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed,
     lost = wait_for("the lost node's sandboxes to be listed lost", lambda: [
         s for s in client.list() if s["id"] in {b.id for b in boxes} and s["state"] == "lost"], timeout=10)
     assert len(lost) == 2 and all(s["node"] == victim.node_id and s["reason"] for s in lost), lost
+    # Once Ray lists the node lost (until then it might come back with it: 503, or 410
+    # while its daemon looks to be restarting), deleting one of its sandboxes forgets it.
+    def delete_lost():
+        try:
+            return boxes[0].delete()
+        except ServerError as e:
+            assert (e.status, e.code) in ((503, "NODE_UNREACHABLE"), (410, "SANDBOX_LOST")), e
+            return None
+
+    assert wait_for("a lost node's sandbox to be deleted", delete_lost, timeout=90)["state"] == "lost"
+    listed = {s["id"]: s["state"] for s in client.list()}
+    assert boxes[0].id not in listed and listed[boxes[1].id] == "lost", listed
+    with pytest.raises(ServerError) as e:
+        boxes[0].exec("true")
+    assert (e.value.status, e.value.code) == (404, "SANDBOX_NOT_FOUND")
     # The others keep working, and creates go elsewhere.
     for b in survivors:
         assert b.exec("true").exit_code == 0
