@@ -69,6 +69,9 @@ PROBE_INTERVAL = 1.0
 NODES_INTERVAL = 0.5
 DEFAULT_MAX_SANDBOXES = 64
 SESSION_SECONDS = 12 * 3600
+FIRST_SEEN = "first seen by this router"
+"""Why a node is checked before the router routes to it (:attr:`NodeView.was_down`) when the
+router has only just started."""
 SWEEP_INTERVAL = 10.0
 SMALL_BODY = 64 * 1024
 """A request body up to this size is read before it is forwarded (so the call can use a
@@ -298,8 +301,9 @@ class NodeView:
     images: set[str] = field(default_factory=set)
     unreachable: str | None = None
     was_down: str | None = None
-    """Why the node was last down (unreachable, lost, starting, a new server), until the
-    router has checked what it still holds once it answers again (:meth:`Router._reconcile`)."""
+    """Why the node was last down (unreachable, lost, starting, a new server; or
+    :data:`FIRST_SEEN`), until the router has checked what it still holds once it answers
+    again (:meth:`Router._reconcile`): not routed to meanwhile."""
     ports_host: str = ""
     ports_port: int = 0
     """The node's ports listener (``lockbox serve --ports-listen``); 0: it has none."""
@@ -327,7 +331,7 @@ class NodeView:
 
     @property
     def routable(self) -> bool:
-        return self.state == "up" and self.unreachable is None
+        return self.state == "up" and self.unreachable is None and self.was_down is None
 
     def lost_reason(self) -> str | None:
         """Why calls to this node's sandboxes fail now, or ``None``."""
@@ -337,6 +341,8 @@ class NodeView:
             return f"the node's server is {self.state}" + (f" ({self.reason})" if self.reason else "")
         if self.unreachable:
             return f"the node's server cannot be reached: {self.unreachable}"
+        if self.was_down is not None:
+            return f"the node answers again; the router is checking what it still holds ({self.was_down})"
         return None
 
 
@@ -608,7 +614,7 @@ class Router:
         seen = set()
         for n in listed:
             seen.add(n["node_id"])
-            view = self.nodes.setdefault(n["node_id"], NodeView(n["node_id"], was_down="first seen by this router"))
+            view = self.nodes.setdefault(n["node_id"], NodeView(n["node_id"], was_down=FIRST_SEEN))
             if n.get("state") == "lost" and view.state != "lost":
                 view.end_calls()
             view.state, view.reason = n.get("state", "starting"), n.get("reason")
@@ -622,8 +628,7 @@ class Router:
                     if view.port:  # not the first server the router sees there
                         view.was_down = "its server restarted"
                     view.host, view.port, view.token = parsed.hostname or "", parsed.port or 80, n["token"]
-                    # Routed to once the probe has checked what it holds.
-                    view.unreachable = "a new server, not checked yet"
+                    view.unreachable = None  # routed to once a probe has checked what it holds (was_down)
             ports = urllib.parse.urlsplit(n["ports_url"]) if n.get("ports_url") else None
             view.ports_host, view.ports_port = (ports.hostname or "", ports.port or 80) if ports else ("", 0)
             view.ports_domain = str(n.get("ports_domain") or "localhost")
@@ -739,7 +744,8 @@ class Router:
         gone = recorded - held
         if not gone:
             return
-        reason = f"node {view.node_id[:12]} came back without it ({cause})"
+        reason = (f"node {view.node_id[:12]} did not hold it when a router started" if cause == FIRST_SEEN
+                  else f"node {view.node_id[:12]} came back without it ({cause})")
         await self._kv(self.store.bury, view.node_id, sorted(gone), reason)
         for sid in gone:
             self.cache.pop(sid, None)

@@ -414,7 +414,7 @@ def up(address: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, state_
 
 def down(namespace: str = DEFAULT_NAMESPACE) -> None:
     """Stops every daemon of the fleet (their ``lockbox serve`` deletes its sandboxes) and the
-    controller."""
+    controller, and forgets where the sandboxes were."""
     ray = _need_ray()
     _stop_routers(namespace)
     try:
@@ -423,6 +423,20 @@ def down(namespace: str = DEFAULT_NAMESPACE) -> None:
         return
     ray.get(controller.stop.remote(), timeout=60)
     ray.kill(controller, no_restart=True)
+    _forget_placements(namespace)
+
+
+def _forget_placements(namespace: str) -> None:
+    """Removes the routers' records of where each sandbox and snapshot is (``p/``, ``n/``,
+    ``g/``, ``c/``): the sandboxes went with their servers, and a router of the next ``up``
+    finds a snapshot again by asking every node. The fleet's token and the console's
+    sessions stay."""
+    from ray.experimental import internal_kv
+
+    ns = _kv_namespace(namespace)
+    for prefix in (b"p/", b"n/", b"g/", b"c/"):
+        for key in internal_kv._internal_kv_list(prefix, namespace=ns):
+            internal_kv._internal_kv_del(key, namespace=ns)
 
 
 def main(argv: list[str] | None = None) -> int:
