@@ -727,9 +727,10 @@ class Router:
                 raise HttpError(f"GET /v2/sandboxes answered {status}")
             held |= {b["sandboxID"] for b in json.loads(body) if isinstance(b, dict)
                      and isinstance(b.get("sandboxID"), str)}
-            after = head.get("x-next-token") or ""
-            if not after:
+            token = head.get("x-next-token") or ""
+            if not token or token == after:  # the last page (a node that repeats itself: no loop)
                 return held
+            after = token
 
     async def _reconcile(self, view: NodeView, cause: str) -> None:
         """A node answers again (after being unreachable, lost or starting, or with a new
@@ -1296,13 +1297,12 @@ class Router:
         async def refuse(reason: str) -> None:
             await req.drain_body()
             lost = buried is not None or view.state != "up"
+            why = reason if buried else f"its node {view.node_id[:12]} is unavailable ({reason})"
             if flavour == "e2b-plane":
-                await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found: its node "
-                                     f"{view.node_id[:12]} is unavailable ({reason})"})
+                await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found: {why}"})
             elif flavour == "e2b":
                 await req.send(404 if lost else 503, {"code": 404 if lost else 503, "message":
-                                                      f"sandbox \"{sid}\" was not found: its node {view.node_id[:12]} "
-                                                      f"is unavailable ({reason})"})
+                                                      f"sandbox \"{sid}\" was not found: {why}"})
             elif lost:
                 await req.send(*_lockbox_error(410, "SANDBOX_LOST" if kind == "sandboxes" else "NODE_LOST",
                                                f"{_ONE[kind]} {sid} was on node {view.node_id[:12]}: {reason}",
@@ -1569,13 +1569,8 @@ class Router:
         """``GET /v2/sandboxes``, one page of every node's listing: each node is asked for a
         page from its position in the request's ``nextToken`` (the router's own
         :class:`Cursor`), the pages are merged by start time (:func:`merge_pages`), and the
-        reply's ``x-next-token`` says where each node's listing goes on. A node's position
-        is its own ``x-next-token`` (a key of its listing, so a sandbox made or deleted
-        between pages neither repeats nor hides another): where the page ended within a
-        node's page, the node is asked once more for exactly the part taken, and its
-        ``x-next-token`` then names the last item taken. Of a node nothing was taken from
-        yet, what sorts before the last item listed is left out (made after the walk
-        began, as one server leaves it out)."""
+        reply's ``x-next-token`` says where each node's listing goes on
+        (:meth:`_e2b_page_once`)."""
         await req.drain_body()
         split = urllib.parse.urlsplit(req.target)
         query = urllib.parse.parse_qs(split.query)
@@ -1587,7 +1582,6 @@ class Router:
         if text and not (text.isdigit() and 1 <= int(text) <= E2B_PAGE):
             await bad(f"limit: a number from 1 to {E2B_PAGE}, got {text!r}")
             return
-        limit = int(text) if text else E2B_PAGE
         order = query.get("order", [""])[0] or "desc"
         if order not in ("asc", "desc"):
             await bad(f"order: \"asc\" or \"desc\", got {order!r}")
@@ -1598,9 +1592,35 @@ class Router:
         except ValueError as e:
             await bad(f"nextToken: {e}")
             return
-        ascending = order == "asc"
         # The request's filters as the client encoded them, without its paging.
         kept = [p for p in split.query.split("&") if p and p.split("=", 1)[0] not in ("limit", "nextToken")]
+        for _ in range(PAGE_ATTEMPTS):
+            made = await self._e2b_page_once(cursor, kept, int(text) if text else E2B_PAGE)
+            if isinstance(made, tuple):
+                await req.send(*made)
+                return
+            if made is not None:
+                for node, item in made.items:
+                    if isinstance(item, dict):
+                        item["node"] = node
+                await req.send(200, [item for _, item in made.items],
+                               headers=[("X-Next-Token", made.after.encode())] if made.more else [])
+                return
+        await req.send(503, {"code": 503, "message": "the fleet's listing kept changing while this page was made: "
+                             "ask again"})
+
+    async def _e2b_page_once(self, cursor: Cursor, kept: list[str], limit: int) -> _Page | tuple[int, Any] | None:
+        """One try at a page of E2B's listing from ``cursor``: a :class:`_Page`;
+        ``(status, body)`` for a node's refusal (a bad filter: every node says the same);
+        ``None`` if a node's listing changed while the page was made (try again).
+
+        A node's position is its own ``x-next-token`` (a key of its listing, so a sandbox
+        made or deleted between pages neither repeats nor hides another): where the page
+        ends within a node's page, the node is asked once more for exactly the part taken,
+        and its ``x-next-token`` then names the last item taken. Of a node nothing was taken
+        from yet, what sorts before the last item listed is left out (made after the walk
+        began, as one server leaves it out)."""
+        ascending = cursor.order == "asc"
         views = sorted((v for v in self.nodes.values()
                         if v.routable and cursor.nodes.get(v.node_id, "") is not None), key=lambda v: v.node_id)
 
@@ -1613,7 +1633,7 @@ class Router:
             except (OSError, HttpError, TimeoutError, asyncio.IncompleteReadError) as e:
                 if not isinstance(e, TimeoutError):
                     v.mark_unreachable(_why(e))
-                return 0, b"", [], None
+                return 0, b"", [], None  # left out of this page; its position stays
             items = _json_or_none(data) if status == 200 else None
             return status, data, items if isinstance(items, list) else [], head.get("x-next-token") or None
 
@@ -1623,48 +1643,33 @@ class Router:
             key = _page_key(item)
             return key >= cursor.boundary if not ascending else key <= cursor.boundary
 
-        for _ in range(PAGE_ATTEMPTS):
-            answers = dict(zip((v.node_id for v in views), await asyncio.gather(*(one(v, limit) for v in views)),
-                               strict=True))
-            for status, data, _, _ in answers.values():
-                if status not in (0, 200):  # a bad filter: every node says the same
-                    await req.send(status, _json_or_none(data) or {"code": status, "message": "bad node reply"})
-                    return
-            asked = {n: a[2] for n, a in answers.items() if a[0] == 200}
-            fresh = {n: [i for i, item in enumerate(items) if not listed_already(n, item)] for n, items in asked.items()}
-            page, taken = merge_pages({n: [asked[n][i] for i in idx] for n, idx in fresh.items()}, limit,
-                                      ascending=ascending)
-            after = Cursor(order, {**cursor.nodes, **{n: cursor.nodes.get(n, "") for n in asked}},
-                           _page_key(page[-1][1]) if page else cursor.boundary)
-            consistent = True
-            for node, items in asked.items():
-                j = taken[node]
-                if not j:
-                    if not fresh[node]:  # all of its page was listed already: past it
-                        after.nodes[node] = answers[node][3]
-                    continue  # else nothing taken: its position stays
-                upto = fresh[node][j - 1] + 1  # the prefix of the node's page now listed
-                if upto == len(items):
-                    after.nodes[node] = answers[node][3]  # None: nothing more on this node
-                    continue
-                status, _, again, key = await one(self.nodes[node], upto)
-                if status != 200 or key is None or len(again) != upto or _page_key(again[-1]) != _page_key(
-                        items[upto - 1]):
-                    consistent = False  # the node's listing changed meanwhile: make the page again
-                    break
-                after.nodes[node] = key
-            if consistent:
-                break
-        else:
-            await req.send(503, {"code": 503, "message": "the fleet's listing kept changing while this page was "
-                                 "made: ask again"})
-            return
-        for node, item in page:
-            if isinstance(item, dict):
-                item["node"] = node
-        more = any(after.nodes.get(n) is not None for n in asked)
-        await req.send(200, [item for _, item in page],
-                       headers=[("X-Next-Token", after.encode())] if more else [])
+        answers = dict(zip((v.node_id for v in views), await asyncio.gather(*(one(v, limit) for v in views)),
+                           strict=True))
+        for status, data, _, _ in answers.values():
+            if status not in (0, 200):
+                return status, _json_or_none(data) or {"code": status, "message": "bad node reply"}
+        asked = {n: a[2] for n, a in answers.items() if a[0] == 200}
+        fresh = {n: [i for i, item in enumerate(items) if not listed_already(n, item)] for n, items in asked.items()}
+        page, taken = merge_pages({n: [asked[n][i] for i in idx] for n, idx in fresh.items()}, limit,
+                                  ascending=ascending)
+        after = Cursor(cursor.order, {**cursor.nodes, **{n: cursor.nodes.get(n, "") for n in asked}},
+                       _page_key(page[-1][1]) if page else cursor.boundary)
+        for node, items in asked.items():
+            j = taken[node]
+            if not j:
+                if not fresh[node]:  # all of its page was listed already: past it
+                    after.nodes[node] = answers[node][3]
+                continue  # else nothing taken: its position stays
+            upto = fresh[node][j - 1] + 1  # the prefix of the node's page now listed
+            if upto == len(items):
+                after.nodes[node] = answers[node][3]  # None: nothing more on this node
+                continue
+            status, _, again, key = await one(self.nodes[node], upto)
+            if status != 200 or key is None or len(again) != upto or _page_key(again[-1]) != _page_key(
+                    items[upto - 1]):
+                return None
+            after.nodes[node] = key
+        return _Page(page, after, any(after.nodes.get(n) is not None for n in asked))
 
     async def _list(self, req: _Request, *, e2b: bool) -> None:
         if e2b and req.path == "/v2/sandboxes":
@@ -1839,6 +1844,16 @@ async def _pipe(cr: asyncio.StreamReader, cw: asyncio.StreamWriter, ur: asyncio.
 @dataclass
 class _Placing:
     reached: bool = False
+
+
+@dataclass
+class _Page:
+    """A page of E2B's listing through the router: its ``(node, item)`` pairs, where the walk
+    goes on, and whether any node has more."""
+
+    items: list[tuple[str, Any]]
+    after: Cursor
+    more: bool
 
 
 class _Request:

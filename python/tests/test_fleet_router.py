@@ -334,3 +334,25 @@ def test_the_e2b_sdks_paginator_walks_every_nodes_sandboxes_once_in_order(three_
     finally:
         for s in made:
             s.kill()
+
+
+def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
+    from lockbox._router import Cursor, merge_pages
+
+    def box(at, sid):
+        return {"startedAt": f"2026-12-03T10:00:0{at}.000Z", "sandboxID": sid}
+
+    pages = {"b": [box(9, "b9"), box(5, "b5"), box(1, "b1")], "a": [box(8, "a8"), box(7, "a7")], "c": []}
+    page, taken = merge_pages(pages, 4, ascending=False)
+    assert [item["sandboxID"] for _, item in page] == ["b9", "a8", "a7", "b5"]
+    assert [node for node, _ in page] == ["b", "a", "a", "b"] and taken == {"a": 2, "b": 2, "c": 0}
+    ascending = {n: list(reversed(items)) for n, items in pages.items()}
+    page, taken = merge_pages(ascending, 2, ascending=True)
+    assert [item["sandboxID"] for _, item in page] == ["b1", "b5"] and taken == {"a": 0, "b": 2, "c": 0}
+    # The token round-trips, and says what is wrong with one it did not make.
+    c = Cursor("desc", {"a" * 56: "0001.sb-1", "b" * 56: None, "c" * 56: ""}, ("2026-12-03T10:00:05.000Z", "b5"))
+    assert Cursor.decode(c.encode(), "desc") == c
+    for token, order, why in ((c.encode(), "asc", "order=desc"), ("0001.sb-1", "desc", "not one"),
+                              ("fleet1.!!!", "desc", "not one")):
+        with pytest.raises(ValueError, match=why):
+            Cursor.decode(token, order)
