@@ -642,12 +642,13 @@ class Router:
         """Each up node's load (its running sandboxes) and images, every second; a node that
         does not answer is unreachable until it does."""
         while True:
+            listed = self._nodes_ready.is_set()  # this round sees the fleet's listing
             views = [v for v in self.nodes.values() if v.state == "up"]
             for v, got in zip(views, await asyncio.gather(*(self._probe_one(v) for v in views),
                                                           return_exceptions=True), strict=True):
                 if isinstance(got, Exception):
                     print(f"lockbox fleet router: probe of node {v.node_id[:12]}: {_why(got)}", flush=True)
-            if self._nodes_ready.is_set():
+            if listed:
                 self._probed.set()
             await asyncio.sleep(PROBE_INTERVAL)
 
