@@ -11,19 +11,26 @@ read whole: a create to choose its node (power of K choices over the nodes' load
 record the new sandbox's node, a listing to merge every node's. Small request bodies are read
 first and go over kept-alive connections to the node. MCP tool calls are routed by the
 sandbox or snapshot they name; the console logs in with the fleet's token (sessions of the
-router's own). Calls to a node found down are answered at once, and those in flight ended.
+router's own). Calls to a node found down are answered at once, and those in flight ended; a
+node that answers again is checked for what it still holds before calls go to it again
+(:meth:`Router._reconcile`). E2B's listing is paged across the nodes (:class:`Cursor`), and
+the sandboxes' exposed ports are served on their own origins on a listener of the router's.
 
 Placements (sandbox or snapshot id -> node) live in Ray's GCS key-value store, in the
 namespace ``lockbox-fleet:NAMESPACE``: ``c/UUID`` (a create's node, written before the create
 is forwarded), ``p/ID`` (a sandbox's or snapshot's node, once the node answered),
-``n/NODE/ID`` (the sandboxes of a node), ``s/HASH`` (console sessions). Several routers share
+``n/NODE/ID`` (the sandboxes of a node), ``g/NODE/ID`` (those a node came back without:
+see :meth:`Router._reconcile`), ``s/HASH`` (console sessions). Several routers share
 them; a router that restarts reads them again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import http
@@ -33,11 +40,12 @@ import secrets
 import time
 import urllib.parse
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["K", "NodeView", "Router", "place"]
+__all__ = ["Cursor", "K", "NodeView", "Router", "merge_pages", "place"]
 
 K = 3
 """Placement samples this many nodes and takes the least loaded (power of K choices)."""
@@ -61,10 +69,18 @@ PROBE_INTERVAL = 1.0
 NODES_INTERVAL = 0.5
 DEFAULT_MAX_SANDBOXES = 64
 SESSION_SECONDS = 12 * 3600
+FIRST_SEEN = "first seen by this router"
+"""Why a node is checked before the router routes to it (:attr:`NodeView.was_down`) when the
+router has only just started."""
 SWEEP_INTERVAL = 10.0
 SMALL_BODY = 64 * 1024
 """A request body up to this size is read before it is forwarded (so the call can use a
 kept-alive connection to the node, and be sent again should that one have closed)."""
+E2B_PAGE = 100
+"""E2B's largest (and default) page of ``GET /v2/sandboxes`` (its spec's ``limit``)."""
+PAGE_ATTEMPTS = 3
+"""A page of E2B's listing is made again this many times at most when a node's listing
+changed between the two calls that find where the page ends on it."""
 POOL_MAX = 64
 """Idle connections kept per node at most."""
 POOL_IDLE = 4.0
@@ -275,6 +291,7 @@ class NodeView:
 
     def mark_unreachable(self, reason: str) -> None:
         self.unreachable = reason
+        self.was_down = self.was_down or f"it could not be reached ({reason})"
         self.end_calls()
 
     def end_calls(self) -> None:
@@ -283,6 +300,14 @@ class NodeView:
         self.calls.clear()
     images: set[str] = field(default_factory=set)
     unreachable: str | None = None
+    was_down: str | None = None
+    """Why the node was last down (unreachable, lost, starting, a new server; or
+    :data:`FIRST_SEEN`), until the router has checked what it still holds once it answers
+    again (:meth:`Router._reconcile`): not routed to meanwhile."""
+    ports_host: str = ""
+    ports_port: int = 0
+    """The node's ports listener (``lockbox serve --ports-listen``); 0: it has none."""
+    ports_domain: str = "localhost"
 
     def recount(self) -> None:
         self.load = self.inflight + len((self.probed | self.made.keys()) - self.deleted.keys())
@@ -306,7 +331,7 @@ class NodeView:
 
     @property
     def routable(self) -> bool:
-        return self.state == "up" and self.unreachable is None
+        return self.state == "up" and self.unreachable is None and self.was_down is None
 
     def lost_reason(self) -> str | None:
         """Why calls to this node's sandboxes fail now, or ``None``."""
@@ -316,6 +341,8 @@ class NodeView:
             return f"the node's server is {self.state}" + (f" ({self.reason})" if self.reason else "")
         if self.unreachable:
             return f"the node's server cannot be reached: {self.unreachable}"
+        if self.was_down is not None:
+            return f"the node answers again; the router is checking what it still holds ({self.was_down})"
         return None
 
 
@@ -385,7 +412,17 @@ class Store:
         got = self.get(f"p/{i}")
         if got:
             self.delete(f"n/{got['node']}/{i}")
+            self.delete(f"g/{got['node']}/{i}")
         self.delete(f"p/{i}")
+
+    def bury(self, node: str, sandboxes: Iterable[str], reason: str) -> None:
+        """Sandboxes ``node`` came back without: ``p/ID`` says so (``gone``, the reason), and
+        ``g/NODE/ID`` lists them (no longer under ``n/NODE/``, what the node holds)."""
+        value = {"node": node, "at": time.time(), "gone": reason}
+        for i in sandboxes:
+            self.put(f"p/{i}", value)
+            self.put(f"g/{node}/{i}", value)
+            self.delete(f"n/{node}/{i}")
 
 
 def _made(what: str, reply: Any) -> tuple[list[str], list[str]]:
@@ -404,6 +441,86 @@ def _made(what: str, reply: Any) -> tuple[list[str], list[str]]:
     return boxes, ([snap["id"]] if isinstance(snap, dict) and isinstance(snap.get("id"), str) else [])
 
 
+_CURSOR = "fleet1."
+"""The prefix of the router's own ``nextToken`` (a node's is ``{nanos}.{id}``)."""
+
+
+@dataclass
+class Cursor:
+    """Where a walk of E2B's listing through the router stands (its ``nextToken``): the
+    ``order`` it was made for, each node's position in its own listing (``""``: from its
+    start, a node's own ``x-next-token``: after that item, ``None``: nothing more there),
+    and the ``boundary`` (``startedAt``, ``sandboxID``) of the last item listed, for the
+    nodes nothing was taken from yet."""
+
+    order: str
+    nodes: dict[str, str | None] = field(default_factory=dict)
+    boundary: tuple[str, str] | None = None
+
+    def encode(self) -> str:
+        raw = json.dumps({"order": self.order, "nodes": self.nodes, "boundary": self.boundary},
+                         separators=(",", ":"), sort_keys=True).encode()
+        return _CURSOR + base64.urlsafe_b64encode(zlib.compress(raw)).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, token: str, order: str) -> Cursor:
+        """The cursor :meth:`encode` made for ``order`` (``ValueError`` naming what is wrong
+        otherwise)."""
+        foreign = ValueError(f"{token[:40]!r} is not one this fleet's routers gave")
+        if not token.startswith(_CURSOR):
+            raise foreign
+        body = token[len(_CURSOR):]
+        try:
+            parsed = json.loads(zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))))
+        except (binascii.Error, zlib.error, ValueError):
+            raise foreign from None
+        nodes = parsed.get("nodes") if isinstance(parsed, dict) else None
+        boundary = parsed.get("boundary") if isinstance(parsed, dict) else None
+        if not isinstance(nodes, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
+                                                  for k, v in nodes.items()):
+            raise foreign
+        if boundary is not None and not (isinstance(boundary, list) and len(boundary) == 2
+                                         and all(isinstance(b, str) for b in boundary)):
+            raise foreign
+        if parsed.get("order") != order:
+            raise ValueError(f"it was made for order={parsed.get('order')}, not order={order}: keep the order "
+                             "while paging")
+        return cls(order, nodes, (boundary[0], boundary[1]) if boundary else None)
+
+
+def _page_key(item: Any) -> tuple[str, str]:
+    if not isinstance(item, dict):
+        return "", ""
+    return str(item.get("startedAt", "")), str(item.get("sandboxID", ""))
+
+
+def merge_pages(pages: dict[str, list[Any]], limit: int, *, ascending: bool) -> tuple[list[tuple[str, Any]],
+                                                                                        dict[str, int]]:
+    """Merges each node's page of E2B's listing (each in its node's own order, by start
+    time) into one of at most ``limit`` items, newest first (oldest first if ``ascending``):
+    ``(node, item)`` pairs, and how many items of each node's page were taken. Only the
+    head of each node's page is ever taken, so what is taken of a node is a prefix of its
+    page, and the next page goes on from where it ended."""
+    heads = dict.fromkeys(pages, 0)
+    out: list[tuple[str, Any]] = []
+    order = sorted(pages)
+    while len(out) < limit:
+        best: str | None = None
+        best_key = ("", "")
+        for node in order:
+            i = heads[node]
+            if i >= len(pages[node]):
+                continue
+            key = _page_key(pages[node][i])
+            if best is None or (key < best_key if ascending else key > best_key):
+                best, best_key = node, key
+        if best is None:
+            break
+        out.append((best, pages[best][heads[best]]))
+        heads[best] += 1
+    return out, heads
+
+
 class Router:
     """Serves lockbox's HTTP API (and E2B's) for every node of a fleet.
 
@@ -412,8 +529,16 @@ class Router:
     must send; ``store`` keeps the placements (``None``: in memory only, for tests of the
     proxy alone)."""
 
-    def __init__(self, nodes: Callable[[], list[dict[str, Any]]], token: str, store: Store | None) -> None:
+    def __init__(self, nodes: Callable[[], list[dict[str, Any]]], token: str, store: Store | None, *,
+                 ports_domain: str = "localhost") -> None:
         self._list_nodes = nodes
+        if not all(label and label.replace("-", "").isalnum() and label.isascii()
+                   for label in ports_domain.split(".")):
+            raise ValueError(f"ports_domain: {ports_domain!r} is not a DNS name (letters, digits and '-', labels "
+                             "separated by dots)")
+        self.ports_domain = ports_domain.lower()
+        self.ports_address: tuple[str, int] | None = None
+        self.ports_server: asyncio.Server | None = None
         self.token = token.encode()
         self.store = store
         self.nodes: dict[str, NodeView] = {}
@@ -424,24 +549,40 @@ class Router:
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nodes_ready = asyncio.Event()
+        self._probed = asyncio.Event()
+        self.gone: dict[str, tuple[str, str]] = {}
+        """Sandboxes a node came back without (id -> node, reason), as far as this router
+        knows; the store's ``g/NODE/ID`` are the fleet's."""
 
     # -- running --------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        """Listens on ``host:port`` (0: a free port); returns the address bound."""
+    async def start(self, host: str, port: int, *, ports: tuple[str, int] | None = None) -> tuple[str, int]:
+        """Listens on ``host:port`` (0: a free port); returns the address bound. ``ports``:
+        also serve the sandboxes' exposed ports on their own origins there
+        (``{port}-{sandbox}.{ports_domain}:PORT``, :attr:`ports_address` once bound), as
+        ``lockbox serve --ports-listen`` does."""
         self._tasks = [asyncio.create_task(self._watch_nodes()), asyncio.create_task(self._probe())]
-        self.server = await asyncio.start_server(self._client, host, port, limit=HEAD_LIMIT)
+        self.server = await asyncio.start_server(functools.partial(self._client, handle=self._handle), host, port,
+                                                 limit=HEAD_LIMIT)
+        if ports is not None:
+            self.ports_server = await asyncio.start_server(functools.partial(self._client, handle=self._ports),
+                                                           *ports, limit=HEAD_LIMIT)
+            bound = self.ports_server.sockets[0].getsockname()
+            self.ports_address = (bound[0], bound[1])
         sock = self.server.sockets[0].getsockname()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._nodes_ready.wait(), 30)
+        with contextlib.suppress(TimeoutError):  # each node checked once: it is routed to then
+            await asyncio.wait_for(self._probed.wait(), 30)
         return sock[0], sock[1]
 
     async def close(self) -> None:
         """Stops listening and watching the nodes (calls in flight end as they end)."""
         for t in self._tasks:
             t.cancel()
-        if self.server is not None:
-            self.server.close()
+        for server in (self.server, self.ports_server):
+            if server is not None:
+                server.close()
         for idle in self.pool.values():
             for _, writer, _, _ in idle:
                 writer.close()
@@ -473,31 +614,42 @@ class Router:
         seen = set()
         for n in listed:
             seen.add(n["node_id"])
-            view = self.nodes.setdefault(n["node_id"], NodeView(n["node_id"]))
+            view = self.nodes.setdefault(n["node_id"], NodeView(n["node_id"], was_down=FIRST_SEEN))
             if n.get("state") == "lost" and view.state != "lost":
                 view.end_calls()
             view.state, view.reason = n.get("state", "starting"), n.get("reason")
+            if view.state != "up":
+                view.was_down = view.was_down or view.lost_reason()
             view.labels = dict(n.get("labels") or {})
             view.capacity = int(n.get("max_sandboxes") or DEFAULT_MAX_SANDBOXES)
             if n.get("url"):
                 parsed = urllib.parse.urlsplit(n["url"])
                 if (parsed.hostname, parsed.port, n.get("token")) != (view.host, view.port, view.token):
+                    if view.port:  # not the first server the router sees there
+                        view.was_down = "its server restarted"
                     view.host, view.port, view.token = parsed.hostname or "", parsed.port or 80, n["token"]
-                    view.unreachable = None
+                    view.unreachable = None  # routed to once a probe has checked what it holds (was_down)
+            ports = urllib.parse.urlsplit(n["ports_url"]) if n.get("ports_url") else None
+            view.ports_host, view.ports_port = (ports.hostname or "", ports.port or 80) if ports else ("", 0)
+            view.ports_domain = str(n.get("ports_domain") or "localhost")
         for node_id, view in self.nodes.items():
             if node_id not in seen:
                 view.state, view.reason = "lost", "the fleet no longer lists it"
+                view.was_down = view.was_down or view.lost_reason()
         self._nodes_ready.set()
 
     async def _probe(self) -> None:
         """Each up node's load (its running sandboxes) and images, every second; a node that
         does not answer is unreachable until it does."""
         while True:
+            listed = self._nodes_ready.is_set()  # this round sees the fleet's listing
             views = [v for v in self.nodes.values() if v.state == "up"]
             for v, got in zip(views, await asyncio.gather(*(self._probe_one(v) for v in views),
                                                           return_exceptions=True), strict=True):
                 if isinstance(got, Exception):
                     print(f"lockbox fleet router: probe of node {v.node_id[:12]}: {_why(got)}", flush=True)
+            if listed:
+                self._probed.set()
             await asyncio.sleep(PROBE_INTERVAL)
 
     async def _probe_one(self, view: NodeView) -> None:
@@ -515,6 +667,14 @@ class Router:
                 view.mark_unreachable(_why(e))
             return
         view.failures = 0
+        if view.was_down is not None:
+            try:
+                await self._reconcile(view, view.was_down)
+            except (OSError, HttpError, TimeoutError, ValueError, KeyError, TypeError,
+                    asyncio.IncompleteReadError) as e:
+                view.unreachable = f"back, but what it holds could not be listed: {_why(e)}"
+                return
+            view.was_down = None
         view.unreachable = None
         running = {b["id"] for b in boxes if isinstance(b, dict) and isinstance(b.get("id"), str)}
         view.probed_at(started, running)
@@ -529,11 +689,15 @@ class Router:
     async def _sweep(self, view: NodeView, running: set[str]) -> None:
         """Forgets the recorded sandboxes of ``view`` that two sweeps in a row found not
         running (stopped by a timeout, deleted on the node directly): what a lost node's
-        listing shows is what it ran."""
+        listing shows is what it ran. E2B's sandboxes are looked for by their E2B ids, paused
+        ones too (a resumed one runs as a lockbox sandbox of another id, a paused one as
+        none)."""
         assert self.store is not None
         try:
             recorded = {k.split("/", 2)[2] for k in await self._kv(self.store.keys, f"n/{view.node_id}/")}
             gone = recorded - running
+            if gone:
+                gone -= await self._e2b_held(view)
             for sid in gone & view.absent:
                 self.cache.pop(sid, None)
                 await self._kv(self.store.forget, sid)
@@ -541,14 +705,83 @@ class Router:
         except Exception as e:  # the store unavailable for a moment: sweep next time
             print(f"lockbox fleet router: sweep of node {view.node_id[:12]}: {_why(e)}", flush=True)
 
+    async def _held(self, view: NodeView) -> set[str]:
+        """The sandboxes ``view``'s server holds: lockbox's, running or stopped (not those it
+        lists ``lost``: a server before it ran them), and E2B's, running or paused (a paused
+        one outlives its server, by the same id)."""
+        status, _, body = await self._call(view, "GET", "/v1/sandboxes")
+        if status != 200:
+            raise HttpError(f"GET /v1/sandboxes answered {status}")
+        return {b["id"] for b in json.loads(body)["sandboxes"]
+                if isinstance(b, dict) and isinstance(b.get("id"), str) and b.get("state") != "lost"
+                } | await self._e2b_held(view)
+
+    async def _e2b_held(self, view: NodeView) -> set[str]:
+        """The E2B ids of ``view``'s E2B sandboxes, running and paused (every page)."""
+        held: set[str] = set()
+        after = ""
+        while True:
+            status, head, body = await self._call(
+                view, "GET", f"/v2/sandboxes?limit={E2B_PAGE}" + (f"&nextToken={urllib.parse.quote(after, safe='')}"
+                                                                 if after else ""))
+            if status != 200:
+                raise HttpError(f"GET /v2/sandboxes answered {status}")
+            held |= {b["sandboxID"] for b in json.loads(body) if isinstance(b, dict)
+                     and isinstance(b.get("sandboxID"), str)}
+            token = head.get("x-next-token") or ""
+            if not token or token == after:  # the last page (a node that repeats itself: no loop)
+                return held
+            after = token
+
+    async def _reconcile(self, view: NodeView, cause: str) -> None:
+        """A node answers again (after being unreachable, lost or starting, or with a new
+        server): of the sandboxes recorded on it, those it still holds are routed as before;
+        those it does not are buried (:meth:`Store.bury`): answered 410 ``SANDBOX_LOST`` and
+        listed ``lost``, with the reason, until deleted. Without a store nothing is recorded
+        per node: the node's own answers stand."""
+        if self.store is None:
+            return
+        held = await self._held(view)
+        recorded = {k.split("/", 2)[2] for k in await self._kv(self.store.keys, f"n/{view.node_id}/")}
+        gone = recorded - held
+        if not gone:
+            return
+        reason = (f"node {view.node_id[:12]} did not hold it when a router started" if cause == FIRST_SEEN
+                  else f"node {view.node_id[:12]} came back without it ({cause})")
+        await self._kv(self.store.bury, view.node_id, sorted(gone), reason)
+        for sid in gone:
+            self.cache.pop(sid, None)
+            self.gone[sid] = (view.node_id, reason)
+        view.absent -= gone
+
+    async def _buried(self) -> dict[str, tuple[str, str]]:
+        """Every sandbox a node came back without (id -> node, reason), from the store."""
+        if self.store is None:
+            return {}
+        found = {}
+        for key in await self._kv(self.store.keys, "g/"):
+            _, node, sid = key.split("/", 2)
+            if sid not in self.gone:
+                got = await self._kv(self.store.get, key)
+                if not got:
+                    continue
+                self.gone[sid] = (node, str(got.get("gone") or "its node came back without it"))
+            found[sid] = self.gone[sid]
+        for sid in set(self.gone) - set(found):  # deleted through another router
+            del self.gone[sid]
+        return found
+
     # -- one node, buffered -----------------------------------------------------------------
 
-    async def _open(self, view: NodeView) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self, view: NodeView, *, ports: bool = False) -> tuple[asyncio.StreamReader,
+                                                                            asyncio.StreamWriter]:
+        """A connection to the node's API (or, with ``ports``, its ports listener)."""
+        host, port = (view.ports_host, view.ports_port) if ports else (view.host, view.port)
         try:
-            return await asyncio.wait_for(asyncio.open_connection(view.host, view.port, limit=HEAD_LIMIT),
-                                          CONNECT_TIMEOUT)
+            return await asyncio.wait_for(asyncio.open_connection(host, port, limit=HEAD_LIMIT), CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as e:
-            view.mark_unreachable(_why(e))
+            if not ports:  # the API down is the node down; its ports listener alone is not
+                view.mark_unreachable(_why(e))
             raise
 
     async def _call(self, view: NodeView, method: str, target: str, *, body: bytes | None = None,
@@ -571,7 +804,8 @@ class Router:
 
     # -- clients ----------------------------------------------------------------------------
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                      handle: Callable[[_Request], Awaitable[None]]) -> None:
         try:
             while True:
                 try:
@@ -595,7 +829,7 @@ class Router:
                     await writer.drain()
                     return
                 req.keep = version == "HTTP/1.1" and "close" not in head.tokens("connection")
-                await self._handle(req)
+                await handle(req)
                 if not req.keep or (not req.body_read and req.framing != 0):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, HttpError, asyncio.LimitOverrunError):
@@ -763,6 +997,79 @@ class Router:
         else:  # the API's description and the like: the same on every node
             await self._to_any(req)
 
+    # -- exposed ports on their own origins ---------------------------------------------------
+
+    def _ports_reply(self, sid: str, data: bytes) -> bytes | None:
+        """A node's ``.../ports`` reply (one port, or ``{"ports": [...]}``) with each port's
+        ``origin`` and ``open_url`` on the router's ports listener, which a client that
+        reaches only the router can use (none without one: the node's own would name a
+        listener such a client may not reach)."""
+        got = _json_or_none(data)
+        ports = got.get("ports") if isinstance(got, dict) and "ports" in got else [got]
+        if not isinstance(ports, list):
+            return None
+        for p in ports:
+            if not isinstance(p, dict) or not isinstance(p.get("port"), int):
+                continue
+            if self.ports_address is None:
+                p.pop("origin", None)
+                p.pop("open_url", None)
+                continue
+            if "origin" not in p:
+                continue  # the node has no ports listener: nothing to reach
+            origin = f"http://{p['port']}-{sid}.{self.ports_domain}:{self.ports_address[1]}"
+            p["origin"] = origin
+            if isinstance(p.get("open_url"), str):
+                node_url = urllib.parse.urlsplit(p["open_url"])
+                p["open_url"] = origin + node_url.path + (f"?{node_url.query}" if node_url.query else "")
+        return json.dumps(got).encode()
+
+    async def _ports(self, req: _Request) -> None:
+        """A request to the router's ports listener: ``Host`` names the port and the sandbox
+        (``{port}-{sandbox}.{ports_domain}``); it goes to the node's ports listener, which
+        checks the port's access (its cookie, its ``open_url`` key, or a bearer token: the
+        fleet's, which becomes the node's) as it does without a router."""
+        host = req.head.get("host") or ""
+        target = _port_target(host, self.ports_domain)
+        if target is None:
+            await req.drain_body()
+            where = f"{{port}}-{{sandbox}}.{self.ports_domain}:{self.ports_address[1] if self.ports_address else ''}"
+            await req.send(*_lockbox_error(404, "NOT_FOUND", f"host {host!r} names no port: each exposed port is "
+                                           f"served at {where}", host=host))
+            return
+        port, sid = target
+        auth = req.head.get("authorization")
+        fleet = auth is not None and self._authorized(req.head, False)
+        if auth is not None and not fleet:
+            req.keep = False
+            await req.send(*_lockbox_error(401, "UNAUTHORIZED", "the bearer token is wrong: send the fleet's token, "
+                                           "or open the port's open_url"))
+            return
+        # Without the fleet's token, an id the router does not know is not looked up on
+        # every node (as for E2B's sandbox plane).
+        view = await self._node_of(sid, "sandboxes", ask=fleet)
+        if view is None:
+            await req.drain_body()
+            await req.send(*_lockbox_error(404, "SANDBOX_NOT_FOUND", f"no fleet node has sandbox {sid}", id=sid))
+            return
+        buried = self.gone.get(sid)
+        why = buried[1] if buried else view.lost_reason()
+        if why is not None or not view.ports_port:
+            await req.drain_body()
+            if why is None:
+                await req.send(*_lockbox_error(404, "NOT_FOUND", f"sandbox {sid}'s node {view.node_id[:12]} serves "
+                                               "no ports on their own origins (lockbox serve --ports-listen off)",
+                                               id=sid, node=view.node_id))
+            elif buried or view.state != "up":
+                await req.send(*_lockbox_error(410, "SANDBOX_LOST", f"sandbox {sid} was on node {view.node_id[:12]}: "
+                                               f"{why}", id=sid, node=view.node_id, reason=why))
+            else:
+                await req.send(*_lockbox_error(503, "NODE_UNREACHABLE", f"sandbox {sid} is on node "
+                                               f"{view.node_id[:12]}: {why}", id=sid, node=view.node_id, reason=why))
+            return
+        req.head.put("Host", f"{port}-{sid}.{view.ports_domain}:{view.ports_port}")
+        await self._forward(req, view, upstream_auth=fleet, ports=True)
+
     async def _to_any(self, req: _Request, *, upstream_auth: bool = True) -> None:
         view = self._any_node()
         if view is None:
@@ -778,13 +1085,15 @@ class Router:
     # -- forwarding -------------------------------------------------------------------------
 
     async def _forward(self, req: _Request, view: NodeView, *, upstream_auth: bool = True, body: bytes | None = None,
-                       on_reply: Callable[[int, bytes], Awaitable[None]] | None = None,
+                       on_reply: Callable[[int, bytes], Awaitable[bytes | None]] | None = None,
                        unreachable: Callable[[str], Awaitable[None]] | None = None,
-                       on_head: Callable[[Head], Awaitable[None]] | None = None) -> bool:
+                       on_head: Callable[[Head], Awaitable[None]] | None = None, ports: bool = False) -> bool:
         """Sends the request to ``view`` and streams its reply back. ``body``: the request's
         body, already read (else a small one is read first, a larger one streamed from the
         client). ``on_reply``: the reply is read whole and given to it before it is sent on
-        (for a 2xx). Returns ``False`` if the node could not be reached (``unreachable`` then
+        (for a 2xx), and what it returns, if anything, is sent in its place. ``ports``: to the
+        node's ports listener rather than its API (never over a kept-alive connection).
+        Returns ``False`` if the node could not be reached (``unreachable`` then
         answered the client, given the reason; by default a 503).
 
         A request whose body is in hand goes over a kept-alive connection to the node when
@@ -799,7 +1108,7 @@ class Router:
             except (HttpError, asyncio.IncompleteReadError):
                 req.keep = False
                 return True
-        reusable = body is not None and not upgrade
+        reusable = body is not None and not upgrade and not ports
         head = Head(req.head.line, list(req.head.headers))
         head.remove(*(_HOP - {"upgrade"} if upgrade else _HOP))
         if upstream_auth:
@@ -815,7 +1124,7 @@ class Router:
             conn = self._pooled(view) if reusable and attempt == 0 else None
             if conn is None:
                 try:
-                    conn = await self._open(view)
+                    conn = await self._open(view, ports=ports)
                 except (OSError, TimeoutError) as e:
                     reason = _why(e)
                     if body is None:
@@ -876,7 +1185,7 @@ class Router:
                 req.keep = False
             if on_reply is not None and 200 <= status < 300 and "event-stream" not in (reply.get("content-type") or ""):
                 data = await _read_body(up_reader, framing)
-                await on_reply(status, data)
+                data = await on_reply(status, data) or data
                 reply.remove("transfer-encoding", "content-length")
                 reply.put("Content-Length", str(len(data)))
                 if not req.keep:
@@ -946,6 +1255,8 @@ class Router:
         if node is None and self.store is not None:
             got = await self._kv(self.store.get, f"p/{sid}")
             node = got["node"] if got else None
+            if got and got.get("gone"):
+                self.gone[sid] = (got["node"], str(got["gone"]))
         if node is None and not ask:
             return None
         if node is None:
@@ -981,18 +1292,18 @@ class Router:
             else:
                 await req.send(*_lockbox_error(404, _NOT_FOUND[kind], f"no fleet node has {_ONE[kind]} {sid}", id=sid))
             return
-        why = view.lost_reason()
+        buried = self.gone.get(sid) if kind == "sandboxes" else None
+        why = buried[1] if buried else view.lost_reason()
 
         async def refuse(reason: str) -> None:
             await req.drain_body()
-            lost = view.state != "up"
+            lost = buried is not None or view.state != "up"
+            why = reason if buried else f"its node {view.node_id[:12]} is unavailable ({reason})"
             if flavour == "e2b-plane":
-                await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found: its node "
-                                     f"{view.node_id[:12]} is unavailable ({reason})"})
+                await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found: {why}"})
             elif flavour == "e2b":
                 await req.send(404 if lost else 503, {"code": 404 if lost else 503, "message":
-                                                      f"sandbox \"{sid}\" was not found: its node {view.node_id[:12]} "
-                                                      f"is unavailable ({reason})"})
+                                                      f"sandbox \"{sid}\" was not found: {why}"})
             elif lost:
                 await req.send(*_lockbox_error(410, "SANDBOX_LOST" if kind == "sandboxes" else "NODE_LOST",
                                                f"{_ONE[kind]} {sid} was on node {view.node_id[:12]}: {reason}",
@@ -1002,6 +1313,10 @@ class Router:
                                                f"{view.node_id[:12]}: {reason}", id=sid, node=view.node_id,
                                                reason=reason))
 
+        deleting = req.method == "DELETE" and len(req.parts) in (2, 3) and kind == "sandboxes" and flavour != "e2b-plane"
+        if why is not None and deleting and (buried is not None or view.state == "lost"):
+            await self._delete_lost(req, sid, view, why, e2b=flavour == "e2b")
+            return
         if why is not None:
             await refuse(why)
             return
@@ -1021,13 +1336,36 @@ class Router:
             if status == 201 and what:
                 await self._remember(_json_or_none(data), view, what)
 
-        on_reply: Callable[[int, bytes], Awaitable[None]] | None = None
+        async def through_router(status: int, data: bytes) -> bytes | None:
+            return self._ports_reply(sid, data)
+
+        on_reply: Callable[[int, bytes], Awaitable[bytes | None]] | None = None
         if req.method == "DELETE" and len(parts) in (3, 2):  # /v1/sandboxes/ID, /sandboxes/ID
             on_reply = forgotten
         elif req.method == "POST" and what:
             on_reply = made
+        elif (flavour == "lockbox" and kind == "sandboxes" and req.method in ("GET", "POST") and len(parts) == 4
+              and parts[3] == "ports"):
+            on_reply = through_router
         await self._forward(req, view, upstream_auth=upstream_auth, on_reply=on_reply,
                             unreachable=refuse)
+
+    async def _delete_lost(self, req: _Request, sid: str, view: NodeView, reason: str, *, e2b: bool) -> None:
+        """``DELETE`` of a sandbox its node came back without, or of one on a lost node: the
+        router forgets it (it is no longer listed ``lost``), and a node that answers is told
+        to forget its own record of it too."""
+        await req.drain_body()
+        self.gone.pop(sid, None)
+        self.cache.pop(sid, None)
+        if self.store is not None:
+            await self._kv(self.store.forget, sid)
+        if view.routable:  # best effort: the node may list it lost itself
+            with contextlib.suppress(OSError, HttpError, TimeoutError, asyncio.IncompleteReadError):
+                await self._call(view, "DELETE", "/v1/sandboxes/" + urllib.parse.quote(sid, safe=""))
+        if e2b:  # E2B's kill of a sandbox that was not running: the SDK's kill() says False
+            await req.send(404, {"code": 404, "message": f"sandbox \"{sid}\" was not found: {reason}"})
+        else:
+            await req.send(200, {"id": sid, "state": "lost", "node": view.node_id, "reason": reason, "labels": {}})
 
     async def _remember(self, reply: Any, view: NodeView, what: str) -> None:
         sandboxes, snapshots = _made(what, reply)
@@ -1092,9 +1430,10 @@ class Router:
             if view is None:
                 await tool_error(_NOT_FOUND[kind], f"no fleet node has {_ONE[kind]} {key}", id=key)
                 return
-            why = view.lost_reason()
+            buried = self.gone.get(key) if kind == "sandboxes" else None
+            why = buried[1] if buried else view.lost_reason()
             if why is not None:
-                await tool_error("SANDBOX_LOST" if view.state != "up" else "NODE_UNREACHABLE",
+                await tool_error("SANDBOX_LOST" if buried or view.state != "up" else "NODE_UNREACHABLE",
                                  f"{_ONE[kind]} {key} is on node {view.node_id[:12]}: {why}", id=key,
                                  node=view.node_id, reason=why)
                 return
@@ -1227,7 +1566,116 @@ class Router:
 
     # -- listings ---------------------------------------------------------------------------
 
+    async def _e2b_page(self, req: _Request) -> None:
+        """``GET /v2/sandboxes``, one page of every node's listing: each node is asked for a
+        page from its position in the request's ``nextToken`` (the router's own
+        :class:`Cursor`), the pages are merged by start time (:func:`merge_pages`), and the
+        reply's ``x-next-token`` says where each node's listing goes on
+        (:meth:`_e2b_page_once`)."""
+        await req.drain_body()
+        split = urllib.parse.urlsplit(req.target)
+        query = urllib.parse.parse_qs(split.query)
+
+        async def bad(message: str) -> None:
+            await req.send(400, {"code": 400, "message": message})
+
+        text = query.get("limit", [""])[0]
+        if text and not (text.isdigit() and 1 <= int(text) <= E2B_PAGE):
+            await bad(f"limit: a number from 1 to {E2B_PAGE}, got {text!r}")
+            return
+        order = query.get("order", [""])[0] or "desc"
+        if order not in ("asc", "desc"):
+            await bad(f"order: \"asc\" or \"desc\", got {order!r}")
+            return
+        token = query.get("nextToken", [""])[0]
+        try:
+            cursor = Cursor.decode(token, order) if token else Cursor(order)
+        except ValueError as e:
+            await bad(f"nextToken: {e}")
+            return
+        # The request's filters as the client encoded them, without its paging.
+        kept = [p for p in split.query.split("&") if p and p.split("=", 1)[0] not in ("limit", "nextToken")]
+        for _ in range(PAGE_ATTEMPTS):
+            made = await self._e2b_page_once(cursor, kept, int(text) if text else E2B_PAGE)
+            if isinstance(made, tuple):
+                await req.send(*made)
+                return
+            if made is not None:
+                for node, item in made.items:
+                    if isinstance(item, dict):
+                        item["node"] = node
+                await req.send(200, [item for _, item in made.items],
+                               headers=[("X-Next-Token", made.after.encode())] if made.more else [])
+                return
+        await req.send(503, {"code": 503, "message": "the fleet's listing kept changing while this page was made: "
+                             "ask again"})
+
+    async def _e2b_page_once(self, cursor: Cursor, kept: list[str], limit: int) -> _Page | tuple[int, Any] | None:
+        """One try at a page of E2B's listing from ``cursor``: a :class:`_Page`;
+        ``(status, body)`` for a node's refusal (a bad filter: every node says the same);
+        ``None`` if a node's listing changed while the page was made (try again).
+
+        A node's position is its own ``x-next-token`` (a key of its listing, so a sandbox
+        made or deleted between pages neither repeats nor hides another): where the page
+        ends within a node's page, the node is asked once more for exactly the part taken,
+        and its ``x-next-token`` then names the last item taken. Of a node nothing was taken
+        from yet, what sorts before the last item listed is left out (made after the walk
+        began, as one server leaves it out)."""
+        ascending = cursor.order == "asc"
+        views = sorted((v for v in self.nodes.values()
+                        if v.routable and cursor.nodes.get(v.node_id, "") is not None), key=lambda v: v.node_id)
+
+        async def one(v: NodeView, count: int) -> tuple[int, bytes, list[Any], str | None]:
+            at = cursor.nodes.get(v.node_id) or ""
+            params = [*kept, f"limit={count}"] + ([f"nextToken={urllib.parse.quote(at, safe='')}"] if at else [])
+            try:
+                status, head, data = await self._call(v, "GET", "/v2/sandboxes?" + "&".join(params),
+                                                      headers=[("Accept", "application/json")])
+            except (OSError, HttpError, TimeoutError, asyncio.IncompleteReadError) as e:
+                if not isinstance(e, TimeoutError):
+                    v.mark_unreachable(_why(e))
+                return 0, b"", [], None  # left out of this page; its position stays
+            items = _json_or_none(data) if status == 200 else None
+            return status, data, items if isinstance(items, list) else [], head.get("x-next-token") or None
+
+        def listed_already(node: str, item: Any) -> bool:
+            if cursor.boundary is None or cursor.nodes.get(node):
+                return False
+            key = _page_key(item)
+            return key >= cursor.boundary if not ascending else key <= cursor.boundary
+
+        answers = dict(zip((v.node_id for v in views), await asyncio.gather(*(one(v, limit) for v in views)),
+                           strict=True))
+        for status, data, _, _ in answers.values():
+            if status not in (0, 200):
+                return status, _json_or_none(data) or {"code": status, "message": "bad node reply"}
+        asked = {n: a[2] for n, a in answers.items() if a[0] == 200}
+        fresh = {n: [i for i, item in enumerate(items) if not listed_already(n, item)] for n, items in asked.items()}
+        page, taken = merge_pages({n: [asked[n][i] for i in idx] for n, idx in fresh.items()}, limit,
+                                  ascending=ascending)
+        after = Cursor(cursor.order, {**cursor.nodes, **{n: cursor.nodes.get(n, "") for n in asked}},
+                       _page_key(page[-1][1]) if page else cursor.boundary)
+        for node, items in asked.items():
+            j = taken[node]
+            if not j:
+                if not fresh[node]:  # all of its page was listed already: past it
+                    after.nodes[node] = answers[node][3]
+                continue  # else nothing taken: its position stays
+            upto = fresh[node][j - 1] + 1  # the prefix of the node's page now listed
+            if upto == len(items):
+                after.nodes[node] = answers[node][3]  # None: nothing more on this node
+                continue
+            status, _, again, key = await one(self.nodes[node], upto)
+            if status != 200 or key is None or len(again) != upto or _page_key(again[-1]) != _page_key(
+                    items[upto - 1]):
+                return None
+            after.nodes[node] = key
+        return _Page(page, after, any(after.nodes.get(n) is not None for n in asked))
+
     async def _list(self, req: _Request, *, e2b: bool) -> None:
+        if e2b and req.path == "/v2/sandboxes":
+            await self._e2b_page(req)
+            return
         views = sorted((v for v in self.nodes.values() if v.routable), key=lambda v: v.node_id)
         auth = [("Accept", "application/json")]
 
@@ -1268,6 +1716,14 @@ class Router:
                     sid = k.split("/", 2)[2]
                     merged.append({"id": sid, "state": "lost", "node": v.node_id, "reason": v.lost_reason(),
                                    "labels": {}})
+            # Those a node came back without: lost, with why (the node may list them lost
+            # itself, its earlier server's; the router's reason says more).
+            listed = {i["id"]: i for i in merged if isinstance(i, dict) and isinstance(i.get("id"), str)}
+            for sid, (node, reason) in (await self._buried()).items():
+                if sid in listed:
+                    listed[sid].update(state="lost", reason=reason)
+                else:
+                    merged.append({"id": sid, "state": "lost", "node": node, "reason": reason, "labels": {}})
         if e2b:
             merged.sort(key=lambda s: s.get("startedAt", "") if isinstance(s, dict) else "",
                         reverse=query.get("order", ["desc"])[0] != "asc")
@@ -1340,6 +1796,18 @@ def _matches(view: NodeView, hint: dict[str, Any]) -> bool:
     return all(view.labels.get(k) == v for k, v in (hint.get("labels") or {}).items())
 
 
+def _port_target(host: str, domain: str) -> tuple[int, str] | None:
+    """The port and sandbox a ``Host`` of the router's ports listener names
+    (``{port}-{sandbox}.{domain}[:PORT]``), as ``lockbox serve``'s ports listener reads it."""
+    name, sep, tail = host.rpartition(":")
+    name = (name if sep and tail.isdigit() else host).lower()
+    label, dot, rest = name.partition(".")
+    port, dash, sid = label.partition("-")
+    if not dot or rest != domain or not dash or not sid or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return None
+    return int(port), sid
+
+
 def _why(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "no answer in time"
@@ -1377,6 +1845,16 @@ async def _pipe(cr: asyncio.StreamReader, cw: asyncio.StreamWriter, ur: asyncio.
 @dataclass
 class _Placing:
     reached: bool = False
+
+
+@dataclass
+class _Page:
+    """A page of E2B's listing through the router: its ``(node, item)`` pairs, where the walk
+    goes on, and whether any node has more."""
+
+    items: list[tuple[str, Any]]
+    after: Cursor
+    more: bool
 
 
 class _Request:

@@ -11,7 +11,7 @@ router, placement, and the routing part of failures).
     fleet = lockbox.fleet.up()                 # a daemon on every node, now and later
     for node in fleet.nodes():                 # {"node_id", "state", "url", "token", ...}
         print(node["node_id"][:8], node["state"], node["url"])
-    r = fleet.router()                         # {"name", "url", "token", "pid"}: a router actor
+    r = fleet.router()                         # {"name", "url", "ports_listen", "token", "pid"}: a router actor
     client = lockbox.Client(r["url"], r["token"])   # the unchanged client, for every node
     box = client.create()                      # placed by power of K choices
     print([(s["id"], s["node"]) for s in client.list()])
@@ -149,6 +149,8 @@ class _NodeDaemon:
             self.info_ = {"node_id": self.node_id, "url": f"http://{line['listen']}", "token": line["token"],
                           "pid": proc.pid, "state_dir": self.state_dir, "started": self.started,
                           "max_sandboxes": _max_sandboxes(self._serve_args)}
+            if line.get("ports_listen"):  # absent with --ports-listen off
+                self.info_.update(ports_url=f"http://{line['ports_listen']}", ports_domain=line.get("ports_domain"))
         except (OSError, ValueError, KeyError) as e:
             self._error = f"{type(e).__name__}: {e}"
             self._ready.set()
@@ -235,9 +237,11 @@ class _Controller:
 ROUTER = "lockbox-fleet-router"
 
 
-def _run_router(namespace: str, host: str, port: int, started: Any) -> None:
-    """Runs a router (in this thread, until the process ends); ``started(host, port)`` is
-    called once it listens."""
+def _run_router(namespace: str, host: str, port: int, started: Any, ports: tuple[str, int] | None = None,
+                ports_domain: str = "localhost") -> None:
+    """Runs a router (in this thread, until the process ends); ``started(host, port,
+    ports_address)`` is called once it listens. ``ports``: where it serves the sandboxes'
+    exposed ports on their own origins (``None``: nowhere)."""
     import asyncio
 
     from ._router import Router, Store
@@ -249,8 +253,8 @@ def _run_router(namespace: str, host: str, port: int, started: Any) -> None:
         return list(ray.get(controller.nodes.remote(), timeout=10))
 
     async def main() -> None:
-        router = Router(nodes, _fleet_token(namespace), Store(namespace))
-        started(*(await router.start(host, port)))
+        router = Router(nodes, _fleet_token(namespace), Store(namespace), ports_domain=ports_domain)
+        started(*(await router.start(host, port, ports=ports)), router.ports_address)
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -259,47 +263,73 @@ def _run_router(namespace: str, host: str, port: int, started: Any) -> None:
 class _RouterActor:
     """A router in a detached Ray actor (restarted by Ray, on a new port when it was 0)."""
 
-    def __init__(self, namespace: str, host: str | None, port: int) -> None:
+    def __init__(self, namespace: str, host: str | None, port: int, ports_listen: str | None,
+                 ports_domain: str) -> None:
         ray = _need_ray()
         self.address: tuple[str, int] | None = None
+        self.ports_address: tuple[str, int] | None = None
         ready = threading.Event()
 
-        def started(h: str, p: int) -> None:
-            self.address = (h, p)
+        def started(h: str, p: int, ports_address: tuple[str, int] | None) -> None:
+            self.address, self.ports_address = (h, p), ports_address
             ready.set()
 
         bind = host or ray.util.get_node_ip_address()
-        threading.Thread(target=_run_router, args=(namespace, bind, port, started), name="lockbox-fleet-router",
-                         daemon=True).start()
+        ports = _ports_listen(ports_listen, bind)
+        threading.Thread(target=_run_router, args=(namespace, bind, port, started, ports, ports_domain),
+                         name="lockbox-fleet-router", daemon=True).start()
         if not ready.wait(60):
             raise RuntimeError(f"the fleet's router did not start listening on {bind}:{port} in 60 s")
 
     def info(self) -> dict[str, Any]:
         assert self.address is not None
-        return {"url": f"http://{self.address[0]}:{self.address[1]}", "pid": os.getpid()}
+        info: dict[str, Any] = {"url": f"http://{self.address[0]}:{self.address[1]}", "pid": os.getpid()}
+        if self.ports_address is not None:
+            info["ports_listen"] = f"{self.ports_address[0]}:{self.ports_address[1]}"
+        return info
+
+
+def _host_port(text: str, what: str) -> tuple[str | None, int]:
+    h, sep, p = text.rpartition(":")
+    if not sep or not p.isdigit():
+        raise ValueError(f"{what}: HOST:PORT, not {text!r}")
+    return h.strip("[]") or None, int(p)
+
+
+def _ports_listen(ports_listen: str | None, host: str) -> tuple[str, int] | None:
+    """Where a router serves exposed ports: ``None`` (the router's host, a free port),
+    ``"off"`` (nowhere) or ``HOST:PORT``."""
+    if ports_listen == "off":
+        return None
+    if ports_listen is None:
+        return host, 0
+    h, p = _host_port(ports_listen, "ports_listen")
+    return h or host, p
 
 
 def router(listen: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, name: str = ROUTER,
-           node_id: str | None = None) -> dict[str, Any]:
+           node_id: str | None = None, ports_listen: str | None = None, ports_domain: str = "localhost"
+           ) -> dict[str, Any]:
     """Starts a router named ``name`` (if none runs) as a detached Ray actor serving the
     fleet's API on ``listen`` (``HOST:PORT``; default: its node's address and a free port).
     Returns ``{"name", "url", "token", "pid"}``: clients use ``url`` with the fleet's
     ``token`` as :class:`lockbox.Client` or E2B's SDK would use one ``lockbox serve``.
     Several routers (other names) may run side by side; they share the placements.
-    ``node_id``: the Ray node it runs on (default: any). A router of this name that runs
-    already is returned as it is (``listen`` and ``node_id`` then change nothing)."""
+    ``node_id``: the Ray node it runs on (default: any). ``ports_listen`` (``HOST:PORT``,
+    ``"off"``; default: the router's host, a free port) is where it serves the sandboxes'
+    exposed ports on their own origins, ``{port}-{sandbox}.{ports_domain}:PORT`` (the
+    ``origin`` and ``open_url`` of ``.../ports`` replies through it; ``ports_listen`` in
+    the result). A router of this name that runs already is returned as it is (the other
+    arguments then change nothing)."""
     ray = _need_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    host, port = None, 0
-    if listen:
-        h, sep, p = listen.rpartition(":")
-        if not sep or not p.isdigit():
-            raise ValueError(f"listen: HOST:PORT, not {listen!r}")
-        host, port = h.strip("[]") or None, int(p)
+    host, port = _host_port(listen, "listen") if listen else (None, 0)
+    if ports_listen not in (None, "off"):
+        _host_port(ports_listen, "ports_listen")
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False) if node_id else "DEFAULT"
     actor = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)(_RouterActor).options(
         name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
-        scheduling_strategy=strategy).remote(namespace, host, port)
+        scheduling_strategy=strategy).remote(namespace, host, port, ports_listen, ports_domain)
     info = dict(ray.get(actor.info.remote(), timeout=90))
     from ray.experimental import internal_kv
 
@@ -331,8 +361,9 @@ class Fleet:
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node the fleet has seen: ``node_id``, ``state`` (``up``, ``starting``,
-        ``lost``), and for an ``up`` one its ``url``, ``token``, ``pid``, ``state_dir``;
-        ``reason`` for the others."""
+        ``lost``), and for an ``up`` one its ``url``, ``token``, ``pid``, ``state_dir``
+        (and ``ports_url``, ``ports_domain``: its ports listener, unless
+        ``--ports-listen off``); ``reason`` for the others."""
         return list(_need_ray().get(self._controller.nodes.remote(), timeout=30))
 
     def wait(self, count: int, timeout: float = 120.0) -> list[dict[str, Any]]:
@@ -352,9 +383,11 @@ class Fleet:
         E2B's ``E2B_API_KEY``)."""
         return _fleet_token(self.namespace)
 
-    def router(self, listen: str | None = None, *, name: str = ROUTER, node_id: str | None = None) -> dict[str, Any]:
+    def router(self, listen: str | None = None, *, name: str = ROUTER, node_id: str | None = None,
+               ports_listen: str | None = None, ports_domain: str = "localhost") -> dict[str, Any]:
         """See :func:`lockbox.fleet.router`."""
-        return router(listen, namespace=self.namespace, name=name, node_id=node_id)
+        return router(listen, namespace=self.namespace, name=name, node_id=node_id, ports_listen=ports_listen,
+                      ports_domain=ports_domain)
 
     def client(self, node_id: str) -> Client:
         """A :class:`lockbox.Client` of the node's ``lockbox serve``."""
@@ -381,7 +414,7 @@ def up(address: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, state_
 
 def down(namespace: str = DEFAULT_NAMESPACE) -> None:
     """Stops every daemon of the fleet (their ``lockbox serve`` deletes its sandboxes) and the
-    controller."""
+    controller, and forgets where the sandboxes were."""
     ray = _need_ray()
     _stop_routers(namespace)
     try:
@@ -390,6 +423,20 @@ def down(namespace: str = DEFAULT_NAMESPACE) -> None:
         return
     ray.get(controller.stop.remote(), timeout=60)
     ray.kill(controller, no_restart=True)
+    _forget_placements(namespace)
+
+
+def _forget_placements(namespace: str) -> None:
+    """Removes the routers' records of where each sandbox and snapshot is (``p/``, ``n/``,
+    ``g/``, ``c/``): the sandboxes went with their servers, and a router of the next ``up``
+    finds a snapshot again by asking every node. The fleet's token and the console's
+    sessions stay."""
+    from ray.experimental import internal_kv
+
+    ns = _kv_namespace(namespace)
+    for prefix in (b"p/", b"n/", b"g/", b"c/"):
+        for key in internal_kv._internal_kv_list(prefix, namespace=ns):
+            internal_kv._internal_kv_del(key, namespace=ns)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,12 +449,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-root", default=None, help="each node's state directories' parent")
     p.add_argument("--listen", default="127.0.0.1:7080", help="router: HOST:PORT (port 0: a free one)")
     p.add_argument("--print-token", action="store_true", help="router: also print the fleet's token")
+    p.add_argument("--ports-listen", default=None,
+                   help="router: HOST:PORT or off, where exposed ports are served on their own origins "
+                        "(default: the --listen host, a free port)")
+    p.add_argument("--ports-domain", default="localhost",
+                   help="router: the exposed ports' host names are {port}-{sandbox}.DOMAIN (default: localhost)")
     a = p.parse_args(argv)
     ray = _need_ray()
     if a.command == "router":
         host, sep, port = a.listen.rpartition(":")
         if not sep or not port.isdigit():
             p.error(f"--listen: HOST:PORT, not {a.listen!r}")
+        try:
+            ports = _ports_listen(a.ports_listen, host.strip("[]"))
+        except ValueError as e:
+            p.error(f"--{e}".replace("_", "-", 1))
     ray.init(address=a.ray, namespace=a.namespace, log_to_driver=False)
     if a.command == "up":
         fleet = up(namespace=a.namespace, state_root=a.state_root)
@@ -416,14 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     elif a.command == "status":
         print(json.dumps(Fleet(a.namespace).nodes(), indent=1))
     elif a.command == "router":
-        def started(h: str, port_: int) -> None:
+        def started(h: str, port_: int, ports_address: tuple[str, int] | None) -> None:
             line = {"listen": f"{h}:{port_}"}
+            if ports_address is not None:
+                line["ports_listen"] = f"{ports_address[0]}:{ports_address[1]}"
             if a.print_token:
                 line["token"] = _fleet_token(a.namespace)
             print(json.dumps(line), flush=True)
 
         try:
-            _run_router(a.namespace, host.strip("[]"), int(port), started)
+            _run_router(a.namespace, host.strip("[]"), int(port), started, ports, a.ports_domain)
         except KeyboardInterrupt:
             pass
     else:

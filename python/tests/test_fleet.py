@@ -3,6 +3,7 @@
 own state directory and port; a server that dies is restarted by Ray; a node that joins gets
 a daemon; a node that leaves is listed lost; `down` leaves no server behind."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -387,6 +388,71 @@ def test_the_console_logs_in_with_the_fleets_token_and_sees_every_node(routed):
             b.delete()
 
 
+def fetch(addr, path, host, headers=None):
+    """GET ``path`` from ``addr`` with ``Host: host`` (Python does not resolve *.localhost):
+    (status, headers, body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(*addr, timeout=30)
+    try:
+        conn.request("GET", path, headers={"Host": host, **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
+
+
+def answered(*args):
+    """:func:`fetch`, or ``None`` while the sandboxed server is not listening yet (502)."""
+    got = fetch(*args)
+    return got if got[0] != 502 else None
+
+
+def test_exposed_ports_origins_reach_the_port_through_the_router(routed):
+    import urllib.parse
+
+    import lockbox
+
+    _, nodes, r = routed
+    client = lockbox.Client(r["url"], r["token"], timeout=60)
+    ports_host, ports_port = r["ports_listen"].rsplit(":", 1)
+    boxes = [client.create(placement={"node": n["node_id"]}) for n in nodes]
+    try:
+        for box in boxes:
+            box.files.write("/tmp/site/hello.txt", f"hello from {box.id}\n".encode())
+            box.start_process(argv=["python3", "-m", "http.server", "8731", "--bind", "127.0.0.1",
+                                    "--directory", "/tmp/site"])
+            port = box.expose_port(8731)
+            # The origin names the router's ports listener, not the node's.
+            origin = urllib.parse.urlsplit(port["origin"])
+            assert (origin.hostname, origin.port) == (f"8731-{box.id}.localhost", int(ports_port)), port
+            assert port["open_url"].startswith(port["origin"] + "/__lockbox/open?key=")
+            assert [(p["origin"], p["open_url"]) for p in box.ports()] == [(port["origin"], port["open_url"])]
+            addr = (ports_host, int(ports_port))
+            # The fleet's token opens it (the router sends the node's own).
+            bearer = {"Authorization": f"Bearer {r['token']}"}
+            got = wait_for("the sandbox's server to answer through the router",
+                           functools.partial(answered, addr, "/hello.txt", origin.netloc, bearer), timeout=30)
+            assert (got[0], got[2]) == (200, f"hello from {box.id}\n".encode()), got
+            # A browser: no token, the open_url sets the port's cookie on the router's origin.
+            assert fetch(addr, "/hello.txt", origin.netloc)[0] == 401
+            opened = urllib.parse.urlsplit(port["open_url"])
+            status, hs, _ = fetch(addr, f"{opened.path}?{opened.query}", origin.netloc)
+            assert status == 303 and hs["Location"] == "/", (status, dict(hs))
+            cookie = hs["Set-Cookie"].split(";")[0]
+            assert cookie.startswith("lockbox_port=") and "Domain" not in hs["Set-Cookie"]
+            status, _, body = fetch(addr, "/hello.txt", origin.netloc, {"Cookie": cookie})
+            assert (status, body) == (200, f"hello from {box.id}\n".encode())
+        # A node's own token is not the fleet's; a host that names no port is not found.
+        node_bearer = {"Authorization": f"Bearer {nodes[0]['token']}"}
+        assert fetch(addr, "/hello.txt", origin.netloc, node_bearer)[0] == 401
+        status, _, body = fetch(addr, "/", f"{ports_host}:{ports_port}", bearer)
+        assert status == 404 and b"names no port" in body, body
+    finally:
+        for box in boxes:
+            box.delete()
+
+
 # -- The executor in the fleet (issue 31 item 6) -----------------------------------------------
 
 
@@ -630,6 +696,98 @@ def test_a_fleet_pool_needs_an_up_fleet(routed):
         RaySandboxPool(1, fleet="no-such-fleet")
 
 
+def e2b_through(monkeypatch, r):
+    """The E2B SDK pointed at the router ``r``."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    for k in ("E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_DEBUG"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("E2B_API_URL", r["url"])
+    monkeypatch.setenv("E2B_SANDBOX_URL", r["url"])
+    monkeypatch.setenv("E2B_API_KEY", r["token"])
+    return Sandbox
+
+
+def answer_of(box):
+    """``None`` if a call to ``box`` works, else its ``ServerError``."""
+    from lockbox.errors import ServerError
+
+    try:
+        box.exec("true")
+    except ServerError as e:
+        return e
+    return None
+
+
+def test_a_node_that_comes_back_routes_what_it_holds_and_answers_what_it_lost(routed, monkeypatch, tmp_path):
+    """Issue 31: a node's server that stops answering, then answers again, is routed to as
+    before; one that restarted (on the same state directory) keeps its snapshots and paused
+    E2B sandboxes, and the sandboxes it came back without are answered and listed lost, with
+    why, until deleted."""
+    fleet, _, r = routed
+    client = client_for(routed)
+    Sandbox = e2b_through(monkeypatch, r)
+    paused = Sandbox.create(metadata={"via": "comeback"}, timeout=600)
+    made = []
+    try:
+        paused.files.write("/tmp/kept.txt", "kept across the restart")
+        target = node_of(client.list(), paused.sandbox_id)
+        assert paused.pause()
+        work = tmp_path / "work"
+        work.mkdir()
+        box = client.create(placement={"node": target}, workdir=str(work))
+        made.append(box)
+        box.files.write("/tmp/f.txt", b"before")
+        snap = box.snapshot(include_tmp=True)
+        node = next(n for n in fleet.nodes() if n["node_id"] == target)
+
+        # The node's server stops answering (SIGSTOP), then answers again.
+        os.kill(node["pid"], signal.SIGSTOP)
+        try:
+            err = wait_for("calls to the frozen node to be refused", lambda: answer_of(box), timeout=30)
+            assert (err.status, err.code, err.details["node"]) == (503, "NODE_UNREACHABLE", target), err
+        finally:
+            os.kill(node["pid"], signal.SIGCONT)
+        wait_for("the node's sandbox to be routed to again", lambda: answer_of(box) is None, timeout=30)
+        assert box.files.read("/tmp/f.txt") == b"before"
+        assert {s["id"]: s["state"] for s in client.list()}[box.id] == "running"
+
+        # Its server killed: Ray starts another on the same state directory, which holds the
+        # snapshot and the paused E2B sandbox, not the sandbox that ran.
+        os.kill(node["pid"], signal.SIGKILL)
+        err = wait_for("the sandbox the node came back without to be answered lost", lambda: (
+            lambda e: e if e is not None and "came back without it" in e.details.get("reason", "") else None)(
+                answer_of(box)), timeout=90)
+        back = time.monotonic()
+        assert (err.status, err.code, err.details["node"]) == (410, "SANDBOX_LOST", target), err
+        assert "its server restarted" in err.details["reason"]
+        listed = {s["id"]: s for s in client.list()}
+        assert (listed[box.id]["state"], listed[box.id]["node"]) == ("lost", target), listed[box.id]
+        assert listed[box.id]["reason"] == err.details["reason"]
+        forked = client.fork(snap)
+        made.extend(forked)
+        assert forked[0].files.read("/tmp/f.txt") == b"before"
+        assert node_of(client.list(), forked[0].id) == target
+        # Deleting it forgets the router's record: what remains is the node's own (its new
+        # server lists its predecessor's sandboxes lost, as without a router).
+        assert box.delete()["state"] == "lost"
+        made.remove(box)
+        assert not [s for s in client.list() if s["id"] == box.id and "came back" in (s.get("reason") or "")]
+        # The paused E2B sandbox outlived the server and resumes under its id (a lockbox
+        # sandbox of another id serves it), and stays routed to after the router's sweeps of
+        # what the node runs (two, 10 s apart: not a measurement).
+        resumed = Sandbox.connect(paused.sandbox_id)
+        assert resumed.files.read("/tmp/kept.txt") == "kept across the restart"
+        time.sleep(max(0.0, 22 - (time.monotonic() - back)))
+        assert resumed.commands.run("echo resumed").stdout == "resumed\n"
+    finally:
+        for b in made:
+            b.delete()
+        paused.kill()
+
+
 # Last: it removes a node of the cluster.
 def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed, cluster):
     import ray
@@ -675,6 +833,21 @@ def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed,
     lost = wait_for("the lost node's sandboxes to be listed lost", lambda: [
         s for s in client.list() if s["id"] in {b.id for b in boxes} and s["state"] == "lost"], timeout=10)
     assert len(lost) == 2 and all(s["node"] == victim.node_id and s["reason"] for s in lost), lost
+    # Once Ray lists the node lost (until then it might come back with it: 503, or 410
+    # while its daemon looks to be restarting), deleting one of its sandboxes forgets it.
+    def delete_lost():
+        try:
+            return boxes[0].delete()
+        except ServerError as e:
+            assert (e.status, e.code) in ((503, "NODE_UNREACHABLE"), (410, "SANDBOX_LOST")), e
+            return None
+
+    assert wait_for("a lost node's sandbox to be deleted", delete_lost, timeout=90)["state"] == "lost"
+    listed = {s["id"]: s["state"] for s in client.list()}
+    assert boxes[0].id not in listed and listed[boxes[1].id] == "lost", listed
+    with pytest.raises(ServerError) as e:
+        boxes[0].exec("true")
+    assert (e.value.status, e.value.code) == (404, "SANDBOX_NOT_FOUND")
     # The others keep working, and creates go elsewhere.
     for b in survivors:
         assert b.exec("true").exit_code == 0

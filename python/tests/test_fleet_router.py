@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 
 import pytest
 
@@ -245,3 +246,113 @@ def test_a_nodes_load_counts_each_sandbox_once_whatever_a_probe_saw():
     # A probe begun after them all is the whole truth.
     v.probed_at(v.made["c"] + 1, {"c", "d"})
     assert (v.load, v.made, v.deleted) == (2, {}, {})
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory):
+    """Three `lockbox serve`s, as three fleet nodes (ids a..., b..., c...)."""
+    procs, infos = [], []
+    try:
+        for name in "abc":
+            proc, info = serve(tmp_path_factory.mktemp(f"node-{name}"))
+            procs.append(proc)
+            infos.append({**info, "node_id": name * 56})
+        yield infos
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+
+
+def e2b_env(monkeypatch, addr):
+    for k in ("E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_DEBUG"):
+        monkeypatch.delenv(k, raising=False)
+    url = f"http://{addr[0]}:{addr[1]}"
+    monkeypatch.setenv("E2B_API_URL", url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", url)
+    monkeypatch.setenv("E2B_API_KEY", "fleet-token")
+
+
+def test_the_e2b_sdks_paginator_walks_every_nodes_sandboxes_once_in_order(three_nodes, monkeypatch):
+    try:
+        from e2b import Sandbox, SandboxQuery
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    addr = start_router(three_nodes)
+    e2b_env(monkeypatch, addr)
+    tag = {"paging": str(random.random())}
+    made = [Sandbox.create(metadata=tag, timeout=120) for _ in range(7)]
+    try:
+        # Spread over the three nodes: each node's own server holds some.
+        held = {}
+        for n in three_nodes:
+            conn = http.client.HTTPConnection(n["url"].removeprefix("http://"), timeout=30)
+            conn.request("GET", "/v2/sandboxes?limit=100", headers={"Authorization": f"Bearer {n['token']}"})
+            held[n["node_id"]] = {s["sandboxID"] for s in json.loads(conn.getresponse().read())}
+        assert sum(1 for ids in held.values() if ids & {s.sandbox_id for s in made}) >= 2, held
+
+        for order in ("desc", "asc"):
+            pages = []
+            paginator = Sandbox.list(query=SandboxQuery(metadata=tag), limit=2, order=order)
+            while paginator.has_next:
+                pages.append(paginator.next_items())
+            walked = [s for page in pages for s in page]
+            ids = [s.sandbox_id for s in walked]
+            # Every sandbox once, pages of at most 2, by start time.
+            assert sorted(ids) == sorted(s.sandbox_id for s in made), (order, ids)
+            assert all(1 <= len(p) <= 2 for p in pages) and len(pages) == 4, [len(p) for p in pages]
+            starts = [s.started_at for s in walked]
+            assert starts == sorted(starts, reverse=order == "desc"), starts
+
+        # A sandbox made and one deleted between two pages: the walk neither repeats nor
+        # skips any of the others.
+        paginator = Sandbox.list(query=SandboxQuery(metadata=tag), limit=3)
+        first = [s.sandbox_id for s in paginator.next_items()]
+        made[-1].kill()
+        late = Sandbox.create(metadata=tag, timeout=120)
+        made[-1] = late
+        rest = []
+        while paginator.has_next:
+            rest.extend(s.sandbox_id for s in paginator.next_items())
+        assert len(set(first + rest)) == len(first + rest), (first, rest)
+        assert late.sandbox_id not in rest  # newer than where the walk stood (newest first)
+        assert set(first + rest) >= {s.sandbox_id for s in made[:-2]}
+
+        # A token the router did not make, or used with another order, is a clear 400.
+        paginator = Sandbox.list(query=SandboxQuery(metadata=tag), limit=2)
+        paginator.next_items()
+        token = urllib.parse.quote(paginator._next_token, safe="")
+        conn = http.client.HTTPConnection(*addr, timeout=30)
+        for query in ("nextToken=0000.sb-x", f"nextToken={token}&order=asc", "limit=0", "limit=101"):
+            conn.request("GET", f"/v2/sandboxes?{query}", headers={"X-API-Key": "fleet-token"})
+            resp = conn.getresponse()
+            reply = json.loads(resp.read())
+            assert resp.status == 400 and reply["code"] == 400, (query, reply)
+    finally:
+        for s in made:
+            s.kill()
+
+
+def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
+    from lockbox._router import Cursor, merge_pages
+
+    def box(at, sid):
+        return {"startedAt": f"2026-12-03T10:00:0{at}.000Z", "sandboxID": sid}
+
+    pages = {"b": [box(9, "b9"), box(5, "b5"), box(1, "b1")], "a": [box(8, "a8"), box(7, "a7")], "c": []}
+    page, taken = merge_pages(pages, 4, ascending=False)
+    assert [item["sandboxID"] for _, item in page] == ["b9", "a8", "a7", "b5"]
+    assert [node for node, _ in page] == ["b", "a", "a", "b"] and taken == {"a": 2, "b": 2, "c": 0}
+    ascending = {n: list(reversed(items)) for n, items in pages.items()}
+    page, taken = merge_pages(ascending, 2, ascending=True)
+    assert [item["sandboxID"] for _, item in page] == ["b1", "b5"] and taken == {"a": 0, "b": 2, "c": 0}
+    # The token round-trips, and says what is wrong with one it did not make.
+    c = Cursor("desc", {"a" * 56: "0001.sb-1", "b" * 56: None, "c" * 56: ""}, ("2026-12-03T10:00:05.000Z", "b5"))
+    assert Cursor.decode(c.encode(), "desc") == c
+    for token, order, why in ((c.encode(), "asc", "order=desc"), ("0001.sb-1", "desc", "not one"),
+                              ("fleet1.!!!", "desc", "not one")):
+        with pytest.raises(ValueError, match=why):
+            Cursor.decode(token, order)
