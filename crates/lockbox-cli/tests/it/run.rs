@@ -554,7 +554,16 @@ fn sigterm_to_lockbox_stops_the_whole_sandbox() {
             .current_dir(dir.path())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        // Once the sandbox runs (a loaded machine may take longer than any fixed wait): a
+        // TERM before lockbox set its handlers would test nothing of the sandbox.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while host_processes_with(&marker).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{user:?}: the sandbox never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()
