@@ -1485,7 +1485,9 @@ class Router:
                 ("Host", f"{target.host}:{target.port}"), ("Authorization", f"Bearer {target.token}"),
                 ("Content-Type", "application/vnd.oci.image.layout.v1+tar"), *length,
                 ("Connection", "close")]).encode())
-            try:
+
+            async def send_body() -> None:
+                assert dst_w is not None
                 if framing is None:  # until the source closes: sent on in chunks
                     while data := await src_r.read(CHUNK):
                         dst_w.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -1494,17 +1496,34 @@ class Router:
                 else:
                     await _copy_body(src_r, dst_w, framing)
                 await dst_w.drain()
-            except (HttpError, asyncio.IncompleteReadError) as e:
-                # The source's stream was cut: the target gets no end of body, and refuses it.
-                dst_w.close()
-                raise refused(source, e) from None
-            except OSError:
-                pass  # the target stopped reading (it refused the artifact): its answer says why
-            try:
+
+            async def read_answer() -> tuple[int, bytes]:
                 reply, got = await _response_head(dst_r)
-                data = await _read_body(dst_r, _framing(reply, request=False, method="PUT", status=got))
-            except (OSError, HttpError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
-                raise refused(target, e) from None
+                return got, await _read_body(dst_r, _framing(reply, request=False, method="PUT", status=got))
+
+            # The target's answer is read while the body goes: a target that refuses the
+            # artifact early (its manifest's digest, a missing parent) answers before it has
+            # read it all, and closes.
+            sending, answering = asyncio.create_task(send_body()), asyncio.create_task(read_answer())
+            try:
+                await asyncio.wait({sending, answering}, return_when=asyncio.FIRST_COMPLETED)
+                if sending.done() and not answering.done():
+                    cut = sending.exception()
+                    if isinstance(cut, (HttpError, asyncio.IncompleteReadError)):
+                        # The source's stream was cut: the target gets no end of body, and
+                        # refuses it.
+                        dst_w.close()
+                        raise refused(source, cut)
+                try:
+                    got, data = await answering
+                except (OSError, HttpError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                    raise refused(target, e) from None
+            finally:
+                for t in (sending, answering):
+                    if not t.done():
+                        t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sending
             if got not in (200, 201):
                 answer = _json_or_none(data)
                 if isinstance(answer, dict) and isinstance(answer.get("message"), str):
