@@ -24,7 +24,7 @@ use crate::{Runtime, RuntimeError};
 
 /// The `artifactType` of a snapshot's artifact.
 pub const SNAPSHOT_ARTIFACT_TYPE: &str = "application/vnd.lockbox.snapshot.v1";
-/// The media type of its config (the snapshot's record, [`Record`]).
+/// The media type of its config (the snapshot's record).
 pub const SNAPSHOT_CONFIG_TYPE: &str = "application/vnd.lockbox.snapshot.config.v1+json";
 /// The name of the snapshot's layer in the artifact.
 const LAYER: &str = "layer";
