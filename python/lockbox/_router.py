@@ -16,8 +16,14 @@ router's own). Calls to a node found down are answered at once, and those in fli
 Placements (sandbox or snapshot id -> node) live in Ray's GCS key-value store, in the
 namespace ``lockbox-fleet:NAMESPACE``: ``c/UUID`` (a create's node, written before the create
 is forwarded), ``p/ID`` (a sandbox's or snapshot's node, once the node answered),
-``n/NODE/ID`` (the sandboxes of a node), ``s/HASH`` (console sessions). Several routers share
-them; a router that restarts reads them again.
+``n/NODE/ID`` (the sandboxes of a node), ``h/SNAPSHOT/NODE`` (a snapshot copied to another
+node), ``s/HASH`` (console sessions). Several routers share them; a router that restarts reads
+them again.
+
+A fork (or create, or restore) of a snapshot on a node that lacks it first copies it there:
+the snapshot's OCI artifact streams from a node that has it (``GET .../artifact``) into the
+target (``PUT .../artifact?digest=``), which checks it against its digest (docs/fleet.md,
+"Snapshots on other nodes").
 """
 
 from __future__ import annotations
