@@ -115,6 +115,26 @@ impl Runtime {
             Err(lockbox_cow::CowError::SnapshotNotFound { .. }) => {}
             Err(e) => return Err(RuntimeError::Branch(e)),
         }
+        let limits = lockbox_cow::SnapshotLimits {
+            max_bytes: self.inner.config.max_snapshot_bytes,
+            max_entries: self.inner.config.max_snapshot_entries,
+        };
+        // The stream is bounded by the room the store has left (a layer's tar stream is never
+        // larger than what its entries cost on disk, plus the documents): an artifact beyond
+        // it stops there instead of filling the disk before the publish would refuse it.
+        let room = match limits.max_bytes {
+            Some(max) => {
+                let used = store.usage().map_err(RuntimeError::Branch)?.bytes;
+                Some(max.saturating_sub(used).saturating_add(ARTIFACT_SLACK))
+            }
+            None => None,
+        };
+        let beyond = std::cell::Cell::new(false);
+        let input = Bounded {
+            inner: input,
+            left: room,
+            beyond: &beyond,
+        };
         let mut sink = Incoming {
             incoming: store.incoming(&id).map_err(RuntimeError::Branch)?,
             store,
@@ -130,6 +150,13 @@ impl Runtime {
             &mut sink,
         )
         .map_err(|r| match r {
+            _ if beyond.get() => crate::snapshots::limit_error(
+                lockbox_cow::CowError::SnapshotLimit {
+                    limit: lockbox_cow::SnapshotLimit::Bytes,
+                    path: store.dir().join(".new"),
+                },
+                limits,
+            ),
             Refusal::Artifact(source) => RuntimeError::SnapshotTransfer {
                 id: id.to_string(),
                 source,
@@ -140,10 +167,6 @@ impl Runtime {
             return Err(RuntimeError::internal(
                 "an artifact received without its config",
             ));
-        };
-        let limits = lockbox_cow::SnapshotLimits {
-            max_bytes: self.inner.config.max_snapshot_bytes,
-            max_entries: self.inner.config.max_snapshot_entries,
         };
         let published = sink
             .incoming
@@ -220,6 +243,40 @@ fn export(
         id,
         _held: held,
     })
+}
+
+/// What an artifact may hold beyond its trees' cost: the manifest, config and index (4 MiB
+/// each at most) and the tar framing.
+const ARTIFACT_SLACK: u64 = 16 * 1024 * 1024;
+
+/// A reader that fails past `left` bytes, and says so in `beyond`.
+struct Bounded<'a, R> {
+    inner: R,
+    left: Option<u64>,
+    beyond: &'a std::cell::Cell<bool>,
+}
+
+impl<R: Read> Read for Bounded<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(left) = self.left else {
+            return self.inner.read(buf);
+        };
+        if left == 0 {
+            // One byte more than the bound: the stream goes on past it.
+            let mut probe = [0u8; 1];
+            if self.inner.read(&mut probe)? == 0 {
+                return Ok(0);
+            }
+            self.beyond.set(true);
+            return Err(std::io::Error::other(
+                "the artifact is larger than the room this store's snapshots have left",
+            ));
+        }
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left = Some(left - n as u64);
+        Ok(n)
+    }
 }
 
 /// A hold on a snapshot, released when dropped.

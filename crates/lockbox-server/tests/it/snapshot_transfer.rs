@@ -23,7 +23,12 @@ struct Server {
 
 impl Server {
     async fn start(state: PathBuf) -> Server {
-        let runtime = Runtime::open(RuntimeConfig::new(&state)).unwrap();
+        Server::start_with(RuntimeConfig::new(&state)).await
+    }
+
+    async fn start_with(config: RuntimeConfig) -> Server {
+        let state = config.state_dir.clone();
+        let runtime = Runtime::open(config).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(lockbox_server::serve(
@@ -389,4 +394,40 @@ async fn a_snapshot_over_the_state_directorys_e2b_workdir_gets_the_receivers() {
         b.state.join("e2b-workdir").to_str().unwrap()
     );
     assert!(b.state.join("e2b-workdir").is_dir());
+}
+
+/// A server takes in no more than its snapshots have room for: an artifact beyond the room
+/// stops there (before it fills the disk) with 429 `LIMIT_REACHED`, leaving nothing.
+#[tokio::test]
+async fn an_artifact_beyond_the_snapshot_room_is_refused_before_it_fills_the_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Server::start(tmp.path().join("a")).await;
+    let mut config = RuntimeConfig::new(tmp.path().join("b"));
+    config.max_snapshot_bytes = Some(1024 * 1024);
+    let b = Server::start_with(config).await;
+    let wd = tmp.path().join("wd");
+    std::fs::create_dir(&wd).unwrap();
+    let big = tmp.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    std::fs::write(big.join("data"), vec![b'x'; 24 * 1024 * 1024]).unwrap();
+    let id = capture(&a.state, &big, &wd, None, None);
+    let (artifact, digest) = a.export(&id).await;
+    let (status, body) = b.import(&id, &digest, artifact).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["code"], "LIMIT_REACHED", "{body}");
+    assert!(
+        body["details"]["what"]
+            .as_str()
+            .unwrap()
+            .contains("max_snapshot_bytes"),
+        "{body}"
+    );
+    b.nothing_unfinished();
+    // A small one fits.
+    let small = capture(&a.state, &upper(tmp.path()), &wd, None, None);
+    let (artifact, digest) = a.export(&small).await;
+    assert_eq!(
+        b.import(&small, &digest, artifact).await.0,
+        StatusCode::CREATED
+    );
 }
