@@ -357,14 +357,20 @@ class Client:
         it)."""
         self._request("DELETE", f"/v1/snapshots/{id}")
 
-    def fork(self, snapshot: str | Mapping[str, Any], count: int = 1) -> list[RemoteSandbox]:
+    def fork(self, snapshot: str | Mapping[str, Any], count: int = 1, *,
+             placement: Mapping[str, Any] | None = None) -> list[RemoteSandbox]:
         """Creates ``count`` sandboxes from a snapshot (an id, or the dict
         :meth:`RemoteSandbox.snapshot` returned), with the policy of the sandbox it was taken
         of: each sees exactly the snapshot's files and writes to its own layer, which it
         commits on its own (committing one makes a sibling's commit of the same paths a
-        ``CONFLICT`` unless forced). All or none."""
+        ``CONFLICT`` unless forced). All or none. ``placement`` (a fleet's router only,
+        ``{"node", "labels"}`` as for :meth:`create`): the node to fork on, to which the
+        router copies the snapshot first if it was taken elsewhere (docs/fleet.md)."""
         sid = _snapshot_id(snapshot)
-        r = self._request("POST", f"/v1/snapshots/{sid}/fork", body={"count": count})
+        body: dict[str, Any] = {"count": count}
+        if placement is not None:
+            body["placement"] = dict(placement)
+        r = self._request("POST", f"/v1/snapshots/{sid}/fork", body=body)
         return [self._sandbox_of(info) for info in r["sandboxes"]]
 
     def commit_together(self, sandboxes: Sequence[RemoteSandbox | AsyncSandbox | str], *,

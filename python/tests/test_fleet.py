@@ -788,18 +788,108 @@ def test_a_node_that_comes_back_routes_what_it_holds_and_answers_what_it_lost(ro
         paused.kill()
 
 
+def test_a_fork_of_a_snapshot_taken_on_one_node_runs_on_another(routed, tmp_path):
+    """Issue 31 item 4: a snapshot taken on node A forks on node B (a placement hint): the
+    router copies it there first, as an OCI artifact B checks against its digest, and B
+    forks from its own copy, which the next forks there use again. A create from the
+    snapshot and a restore to it on other nodes copy it the same way."""
+    fleet, nodes, r = routed
+    client = client_for(routed)
+    a, b, c = (n["node_id"] for n in nodes)
+    auth = {"Authorization": f"Bearer {r['token']}"}
+    wd = tmp_path / "work"
+    wd.mkdir()
+    (wd / "base.txt").write_text("from the workdir\n")
+    (wd / "gone.txt").write_text("deleted in the sandbox\n")
+    # Their branches go when they are deleted: a kept branch would keep using the snapshot.
+    box = client.create(workdir=str(wd), placement={"node": a}, on_exit="abort")
+    made = []
+    try:
+        done = box.exec("echo made on A > made.txt && mkdir -p deep/er && echo y > deep/er/y && rm gone.txt"
+                        " && echo kept > /tmp/kept && cd deep && export FROM=A")
+        assert done.exit_code == 0, done
+        snap = box.snapshot("portable", include_tmp=True)
+        sid = snap["id"]
+        assert {s["node"] for s in client.snapshots() if s["id"] == sid} == {a}
+        check = (f"cat {wd}/made.txt {wd}/deep/er/y {wd}/base.txt; test -e {wd}/gone.txt || echo no gone.txt;"
+                 " cat /tmp/kept; pwd; echo $FROM")
+        expected = f"made on A\ny\nfrom the workdir\nno gone.txt\nkept\n{wd}/deep\nA\n"
+
+        def fork_on(node):
+            status, hs, reply = http_call(r["url"] + f"/v1/snapshots/{sid}/fork", "POST",
+                                          {"count": 1, "placement": {"node": node[:12]}}, auth)
+            assert status == 201, reply
+            made.extend(client.sandbox(s["id"]) for s in reply["sandboxes"])
+            return made[-1], hs.get("Lockbox-Snapshot-Copy")
+
+        # The first fork on B copies the snapshot there; B then has it under the same id.
+        fork, copy = fork_on(b)
+        assert copy == "copied"
+        assert node_of(client.list(), fork.id) == b
+        out = fork.exec(check)
+        assert (out.exit_code, out.stdout) == (0, expected), out
+        on_b = fleet.client(b).snapshot(sid)
+        assert (on_b["id"], on_b["name"], on_b["workdir"]) == (sid, "portable", str(wd))
+        # The next ones use B's copy: nothing moves again.
+        fork, copy = fork_on(b)
+        assert copy == "cached" and fork.exec(check).stdout == expected
+        forks = client.fork(snap, placement={"node": b[:12]})
+        made.extend(forks)
+        assert node_of(client.list(), forks[0].id) == b
+        # Without a hint a fork stays on the snapshot's own node.
+        status, hs, reply = http_call(r["url"] + f"/v1/snapshots/{sid}/fork", "POST", {"count": 1}, auth)
+        assert status == 201 and hs.get("Lockbox-Snapshot-Copy") == "home", reply
+        made.append(client.sandbox(reply["sandboxes"][0]["id"]))
+        assert node_of(client.list(), made[-1].id) == a
+
+        # A create from the snapshot on C, and a restore of a sandbox of C to it.
+        on_c = client.create(from_snapshot=snap, placement={"node": c[:12]}, on_exit="abort")
+        made.append(on_c)
+        assert node_of(client.list(), on_c.id) == c and on_c.exec(check).stdout == expected
+        other = client.create(workdir=str(wd), placement={"node": c}, on_exit="abort")
+        made.append(other)
+        assert other.exec("echo changed > made.txt").exit_code == 0
+        other.restore(snap)
+        assert other.exec(f"cat {wd}/made.txt").stdout == "made on A\n"
+        assert {s["node"] for s in client.snapshots() if s["id"] == sid} == {a, b, c}
+
+        # A bad hint is refused, and an unknown snapshot is not found.
+        status, _, reply = http_call(r["url"] + f"/v1/snapshots/{sid}/fork", "POST",
+                                     {"placement": {"rack": "a"}}, auth)
+        assert (status, reply["code"], reply["details"]["field"]) == (400, "INVALID_REQUEST", "placement.rack")
+        status, _, reply = http_call(r["url"] + "/v1/snapshots/s-none/fork", "POST",
+                                     {"placement": {"node": b}}, auth)
+        assert (status, reply["code"]) == (404, "SNAPSHOT_NOT_FOUND"), reply
+    finally:
+        for m in made:
+            m.delete()
+        box.delete()
+    # Deleted through the router: its copies go too.
+    client.delete_snapshot(sid)
+    for n in (a, b, c):
+        assert sid not in {s["id"] for s in fleet.client(n).snapshots()}, n
+
+
 # Last: it removes a node of the cluster.
-def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed, cluster):
+def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed, cluster, tmp_path):
     import ray
 
     from lockbox.errors import ServerError
 
     c, _ = cluster
-    fleet, _, _ = routed
+    fleet, nodes, _ = routed
     client = client_for(routed)
     controller_node = ray.get(fleet._controller.where.remote(), timeout=30)
     victim = next(n for n in c.worker_nodes if n.node_id != controller_node)
     boxes = [client.create(placement={"node": victim.node_id}) for _ in range(2)]
+    # Two snapshots taken on the node about to go; one of them copied to another node.
+    wd = tmp_path / "work"
+    wd.mkdir()
+    source = client.create(workdir=str(wd), placement={"node": victim.node_id})
+    assert source.exec("echo survives > kept.txt").exit_code == 0
+    copied, alone = source.snapshot("copied"), source.snapshot("alone")
+    keeper = next(n["node_id"] for n in nodes if n["node_id"] not in (victim.node_id, controller_node))
+    client.fork(copied, placement={"node": keeper})[0].delete()
     survivors = [client.create() for _ in range(2)]
     survivors = [b for b in survivors if node_of(client.list(), b.id) != victim.node_id]
     # A call in flight when the node goes: it ends with an error, it does not hang.
@@ -855,6 +945,14 @@ def test_a_lost_nodes_sandboxes_answer_a_clear_error_and_are_listed_lost(routed,
     try:
         listing = client.list()
         assert victim.node_id not in {node_of(listing, b.id) for b in fresh}
+        # A snapshot of the lost node forks from its copy; one without a copy is lost with it.
+        fresh += client.fork(copied)
+        assert node_of(client.list(), fresh[-1].id) == keeper
+        assert fresh[-1].exec(f"cat {wd}/kept.txt").stdout == "survives\n"
+        with pytest.raises(ServerError) as e:
+            client.fork(alone)
+        assert (e.value.status, e.value.code) in ((410, "SNAPSHOT_LOST"), (503, "NODE_UNREACHABLE")), e.value
+        assert e.value.details["node"] == victim.node_id and e.value.details["reason"], e.value.details
     finally:
         for b in fresh + survivors:
             b.delete()

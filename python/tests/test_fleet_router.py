@@ -193,6 +193,135 @@ def test_a_kept_alive_connection_the_node_closed_is_replaced(tmp_path):
         proc.wait(30)
 
 
+def call(node, method, path, body=None):
+    """One request straight to a node with its own token: (status, headers, body bytes)."""
+    host, port = node["url"][len("http://"):].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                     headers={"Authorization": f"Bearer {node['token']}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def holder_of(snapshot, artifact, digest, mode):
+    """A node that says it holds `snapshot` and sends `artifact` for it: tampered, or cut
+    in the middle of its body (the connection closed without the body's end). (url, stop)."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path.startswith("/v1/sandboxes"):
+                self.reply(200, {"sandboxes": []})
+            elif self.path == f"/v1/snapshots/{snapshot}":
+                self.reply(200, {"id": snapshot, "parent": None})
+            elif self.path == f"/v1/snapshots/{snapshot}/artifact":
+                self.send_response(200)
+                self.send_header("Docker-Content-Digest", digest)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                body = artifact[: len(artifact) // 2] if mode == "cut" else artifact
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(body), body))
+                if mode == "cut":
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.reply(404, {"code": "NOT_FOUND", "message": self.path, "details": {}})
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server.shutdown
+
+
+def test_a_tampered_or_cut_snapshot_copy_is_refused_and_leaves_nothing_on_the_target(tmp_path):
+    """A snapshot copied between nodes through the router (docs/fleet.md, "Snapshots on other
+    nodes") is checked by the node it goes to: from a node that sends it tampered, the fork
+    is 422 BAD_ARTIFACT naming both nodes; cut in the middle, 503 naming the node that cut
+    it; either way the target keeps nothing and lists no snapshot. From an honest node, the
+    fork runs on the target over the snapshot's files."""
+    work = tmp_path / "work"
+    work.mkdir()
+    a_proc, a = serve(tmp_path / "a")
+    b_proc, b = serve(tmp_path / "b")
+    b["node_id"] = "b" * 56
+    try:
+        status, _, raw_box = call(a, "POST", "/v1/sandboxes", {"workdir": str(work), "on_exit": "abort"})
+        assert status == 201, raw_box
+        box = json.loads(raw_box)["id"]
+        assert call(a, "POST", f"/v1/sandboxes/{box}/exec", {"command": "echo secret-content > f.txt"})[0] == 200
+        status, _, raw_snap = call(a, "POST", f"/v1/sandboxes/{box}/snapshots", {})
+        snap = json.loads(raw_snap)["id"]
+        status, headers, artifact = call(a, "GET", f"/v1/snapshots/{snap}/artifact")
+        assert status == 200
+        digest = headers["docker-content-digest"]
+        at = artifact.index(b"secret-content")
+        tampered = artifact[:at] + b"S" + artifact[at + 1:]
+
+        for mode, body, expected in [("tampered", tampered, (422, "BAD_ARTIFACT")),
+                                     ("cut", artifact, (503, "NODE_UNREACHABLE"))]:
+            url, stop = holder_of(snap, body, digest, mode)
+            holder = {"node_id": "e" * 56, "state": "up", "url": url, "token": "t"}
+            addr = start_router([holder, b])
+            try:
+                conn = http.client.HTTPConnection(*addr, timeout=60)
+                conn.request("POST", f"/v1/snapshots/{snap}/fork",
+                             body=json.dumps({"placement": {"node": "b"}}),
+                             headers={**AUTH, "Content-Type": "application/json"})
+                resp = conn.getresponse()
+                got = json.loads(resp.read())
+                assert (resp.status, got["code"]) == expected, (mode, got)
+                if mode == "tampered":
+                    assert got["details"]["reason"] == "digest_mismatch", got
+                    assert (got["details"]["from"], got["details"]["to"]) == ("e" * 56, "b" * 56), got
+                    assert "digest mismatch" in got["message"], got
+                else:
+                    assert got["details"]["node"] == "e" * 56, got
+            finally:
+                stop()
+            # Nothing half-made on the target (its import ends when its body does).
+            for _ in range(100):
+                if not list((tmp_path / "b" / "snapshots" / ".new").iterdir()):
+                    break
+                threading.Event().wait(0.1)
+            assert not list((tmp_path / "b" / "snapshots" / ".new").iterdir()), mode
+            assert json.loads(call(b, "GET", "/v1/snapshots")[2])["snapshots"] == [], mode
+
+        # From the node that has it, the fork runs on the target over the snapshot's files.
+        a["node_id"] = "a" * 56
+        addr = start_router([a, b])
+        conn = http.client.HTTPConnection(*addr, timeout=60)
+        conn.request("POST", f"/v1/snapshots/{snap}/fork", body=json.dumps({"placement": {"node": "b"}}),
+                     headers={**AUTH, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        forks = json.loads(resp.read())
+        assert (resp.status, resp.getheader("Lockbox-Snapshot-Copy")) == (201, "copied"), forks
+        fork = forks["sandboxes"][0]["id"]
+        status, _, ran = call(b, "POST", f"/v1/sandboxes/{fork}/exec", {"command": f"cat {work}/f.txt"})
+        assert (status, json.loads(ran)["stdout"]) == (200, "secret-content\n")
+    finally:
+        for proc in (a_proc, b_proc):
+            proc.terminate()
+            proc.wait(30)
+
+
 def test_power_of_k_choices_balances_and_prefers_a_node_holding_the_image():
     rng = random.Random(7)
     nodes = [NodeView(f"node-{i}", state="up", capacity=200) for i in range(1000)]

@@ -235,6 +235,10 @@ codes! {
         QuestionNotFound = "QUESTION_NOT_FOUND",
         /// The approval question was decided already.
         QuestionDecided = "QUESTION_DECIDED",
+        /// A snapshot's artifact (moved from another node) whose manifest or a blob is not
+        /// the one its digest names, or that is malformed or cut short: nothing of it was
+        /// kept (`details.reason`: `digest_mismatch`, `size_mismatch` or `malformed`).
+        BadArtifact = "BAD_ARTIFACT",
         InvalidRequest = "INVALID_REQUEST",
         LimitReached = "LIMIT_REACHED",
         SetupFailed = "SETUP_FAILED",

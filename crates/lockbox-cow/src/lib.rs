@@ -80,8 +80,9 @@ pub use crate::meta::{crc32, BranchMeta, BranchState, Rebased, Timestamp, META_F
 pub use crate::review::{BadDigest, ContentDigest, Review, Reviewed, ReviewedChange, ReviewedPath};
 pub use crate::select::{select_hunks, HunkChoice, Selection};
 pub use crate::snapshot::{
-    is_spare, process_hold, NewSnapshot, SnapshotId, SnapshotLimit, SnapshotLimits, SnapshotMeta,
-    SnapshotStore, SnapshotUsage, MAX_DEPTH, SNAPSHOT_FORMAT_VERSION, SPARE,
+    is_spare, process_hold, IncomingSnapshot, NewSnapshot, Received, SnapshotId, SnapshotLimit,
+    SnapshotLimits, SnapshotMeta, SnapshotStore, SnapshotUsage, MAX_DEPTH, SNAPSHOT_FORMAT_VERSION,
+    SPARE,
 };
 pub use crate::staged::{
     apply_staged, discard_staging, stage_upper, stage_upper_rebased, staging_exists, staging_keys,

@@ -423,6 +423,39 @@ impl SnapshotStore {
         made
     }
 
+    /// Starts receiving snapshot `id` from elsewhere (another node's copy of it): its
+    /// layer and kept trees are made by the caller in the directories the
+    /// [`IncomingSnapshot`] gives, under `.new/` (swept like a half-made capture if this
+    /// process dies), and published by [`IncomingSnapshot::publish`]; dropped unpublished,
+    /// it is removed.
+    pub fn incoming(&self, id: &SnapshotId) -> Result<IncomingSnapshot, CowError> {
+        let aside = self.dir.join(UNFINISHED).join(format!(
+            "{}-{}-{}",
+            std::process::id(),
+            next_incoming(),
+            id
+        ));
+        let mk = |p: &Path| {
+            DirBuilder::new()
+                .mode(0o700)
+                .create(p)
+                .map_err(|source| CowError::Snapshot {
+                    path: p.to_owned(),
+                    source,
+                })
+        };
+        mk(&aside)?;
+        let incoming = IncomingSnapshot {
+            store: self.clone(),
+            id: id.clone(),
+            aside,
+            published: false,
+        };
+        mk(&incoming.aside.join(LAYER))?;
+        mk(&incoming.aside.join(USERS))?;
+        Ok(incoming)
+    }
+
     /// The record of snapshot `id`.
     pub fn get(&self, id: &SnapshotId) -> Result<SnapshotMeta, CowError> {
         let path = self.dir.join(id.as_str()).join(META);
@@ -730,6 +763,173 @@ impl SnapshotStore {
             .map_err(|e| err(e.into()))?;
         Ok(file)
     }
+}
+
+/// A snapshot being received ([`SnapshotStore::incoming`]).
+#[derive(Debug)]
+pub struct IncomingSnapshot {
+    store: SnapshotStore,
+    id: SnapshotId,
+    aside: PathBuf,
+    published: bool,
+}
+
+/// What [`IncomingSnapshot::publish`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received {
+    /// The snapshot is new to this store.
+    Published(SnapshotMeta),
+    /// The store had it already (another receive of it finished first): the one it has.
+    AlreadyHad(SnapshotMeta),
+}
+
+impl IncomingSnapshot {
+    /// The (empty) directory its layer is made in.
+    pub fn layer_dir(&self) -> PathBuf {
+        self.aside.join(LAYER)
+    }
+
+    /// A new (empty) directory for the tree kept under `name` ([`NewSnapshot::scratch`]).
+    pub fn scratch_dir(&self, name: &str) -> Result<PathBuf, CowError> {
+        check_id(name).map_err(|reason| CowError::InvalidSnapshotId {
+            id: name.to_owned(),
+            reason,
+        })?;
+        let kept = self.aside.join(SCRATCH);
+        for dir in [kept.clone(), kept.join(name)] {
+            match DirBuilder::new().mode(0o700).create(&dir) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir == kept => {}
+                r => r.map_err(|source| CowError::Snapshot {
+                    path: dir.clone(),
+                    source,
+                })?,
+            }
+        }
+        Ok(kept.join(name))
+    }
+
+    /// Publishes the snapshot with the record `meta` (its id must be this one's; `bytes`
+    /// and `entries` are counted here, as this store's disk holds them), under the
+    /// `limits` of the store. Its parent, if it names one, must be in the store. A store
+    /// that has the snapshot already keeps its own ([`Received::AlreadyHad`]).
+    pub fn publish(
+        mut self,
+        mut meta: SnapshotMeta,
+        layer_mode: u32,
+        limits: SnapshotLimits,
+    ) -> Result<Received, CowError> {
+        if meta.id != self.id || meta.format_version != SNAPSHOT_FORMAT_VERSION {
+            return Err(CowError::Snapshot {
+                path: self.aside.join(META),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "a record of snapshot {} format {} for snapshot {} (this lockbox reads format {SNAPSHOT_FORMAT_VERSION})",
+                        meta.id, meta.format_version, self.id
+                    ),
+                ),
+            });
+        }
+        let err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| CowError::Snapshot { path, source }
+        };
+        let layer = self.layer_dir();
+        fs::set_permissions(
+            &layer,
+            std::os::unix::fs::PermissionsExt::from_mode(layer_mode & 0o7777),
+        )
+        .map_err(err(&layer))?;
+        let (bytes, entries) = tally_tree(&self.aside)?;
+        meta.bytes = bytes;
+        meta.entries = entries;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| CowError::Snapshot {
+            path: self.aside.join(META),
+            source: io::Error::other(e),
+        })?;
+        fs::write(self.aside.join(META), json).map_err(err(&self.aside.join(META)))?;
+        let sync =
+            File::open(&self.aside).and_then(|f| rustix::fs::syncfs(&f).map_err(io::Error::from));
+        sync.map_err(err(&self.aside))?;
+        let _lock = self.store.lock()?;
+        match self.store.get(&self.id) {
+            Ok(had) => return Ok(Received::AlreadyHad(had)),
+            Err(CowError::SnapshotNotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(parent) = &meta.parent {
+            self.store.get(parent)?;
+        }
+        let used = self.store.usage()?;
+        for (limit, max, used, this) in [
+            (SnapshotLimit::Bytes, limits.max_bytes, used.bytes, bytes),
+            (
+                SnapshotLimit::Entries,
+                limits.max_entries,
+                used.entries,
+                entries,
+            ),
+        ] {
+            if max.is_some_and(|m| used.saturating_add(this) > m) {
+                return Err(CowError::SnapshotLimit {
+                    limit,
+                    path: self.aside.clone(),
+                });
+            }
+        }
+        let dst = self.store.dir.join(self.id.as_str());
+        fs::rename(&self.aside, &dst).map_err(err(&dst))?;
+        self.published = true;
+        fsync_dir(&self.store.dir).map_err(err(&self.store.dir))?;
+        Ok(Received::Published(meta))
+    }
+}
+
+impl Drop for IncomingSnapshot {
+    fn drop(&mut self) {
+        if !self.published {
+            if let Some(name) = self.aside.file_name() {
+                let _ = remove_entry(&self.store.dir.join(UNFINISHED), name);
+            }
+        }
+    }
+}
+
+/// What the entries under `root` cost a snapshot, and how many there are (`root` itself
+/// not counted), as [`crate::entry_cost`] counts them. Nothing is followed.
+fn tally_tree(root: &Path) -> Result<(u64, u64), CowError> {
+    let mut bytes = 0u64;
+    let mut entries = 0u64;
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        let err = |source| CowError::Snapshot {
+            path: dir.clone(),
+            source,
+        };
+        for entry in fs::read_dir(&dir).map_err(err)? {
+            let path = entry.map_err(err)?.path();
+            let st = rustix::fs::lstat(&path).map_err(|e| CowError::Snapshot {
+                path: path.clone(),
+                source: e.into(),
+            })?;
+            // The holds directory is the store's, not the snapshot's.
+            if path.parent() == Some(root) && path.file_name() == Some(OsStr::new(USERS)) {
+                continue;
+            }
+            bytes = bytes.saturating_add(crate::entry_cost(&st));
+            entries += 1;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                dirs.push(path);
+            }
+        }
+    }
+    Ok((bytes, entries))
+}
+
+/// A counter that keeps two receives of one snapshot in this process apart.
+fn next_incoming() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Removes `parent/name`, a whole tree, never following a symlink.

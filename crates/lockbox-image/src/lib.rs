@@ -25,6 +25,7 @@
 //! `rootfs.diff_ids`. See docs/images.md.
 
 mod archive;
+pub mod artifact;
 pub mod build;
 mod digest;
 pub mod dockerfile;

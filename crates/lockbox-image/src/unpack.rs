@@ -250,14 +250,19 @@ impl Unpacker<'_> {
                 return Err(self.hostile(&raw, "a whiteout of no name, `.` or `..`"));
             }
             self.clear(&parent, hidden, &raw, false)?;
-            return rustix::fs::mknodat(
+            rustix::fs::mknodat(
                 &parent,
                 hidden,
                 FileType::CharacterDevice,
                 Mode::empty(),
                 rustix::fs::makedev(0, 0),
             )
-            .map_err(|e| self.io("make a whiteout (character device 0:0)", &rel, e));
+            .map_err(|e| self.io("make a whiteout (character device 0:0)", &rel, e))?;
+            // Its time, as for every entry: the layer written again as a tar stream is
+            // then the same (a snapshot moved between nodes keeps its digest).
+            let _ =
+                rustix::fs::utimensat(&parent, hidden, &times(mtime), AtFlags::SYMLINK_NOFOLLOW);
+            return Ok(());
         }
         let parent = self.dir(&raw, parents)?;
         match kind {

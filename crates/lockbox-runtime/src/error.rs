@@ -250,6 +250,18 @@ pub enum RuntimeError {
     /// A condition that is a bug in lockbox (no source error to keep).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A snapshot could not be sent to or received from another state directory (a fleet
+    /// node): its artifact's manifest or a blob is not the one its digest names, or it is
+    /// malformed or cut short (`BAD_ARTIFACT`); or it could not be written (`INTERNAL`).
+    /// Nothing of it was published.
+    #[error("snapshot {id}: moving it between nodes: {source}")]
+    SnapshotTransfer {
+        /// The snapshot.
+        id: String,
+        /// What failed.
+        #[source]
+        source: lockbox_image::ImageError,
+    },
     /// The sandbox's image (`policy.image`) could not be found, pulled, held or applied;
     /// its code is the image error's (`IMAGE_NOT_FOUND`, `BAD_REFERENCE`, ...).
     #[error("image: {0}")]
@@ -284,6 +296,11 @@ impl RuntimeError {
             RuntimeError::SetupFailed(_) | RuntimeError::Setup(_) => ErrorCode::SetupFailed,
             RuntimeError::Branch(e) => e.code(),
             RuntimeError::Image(e) => e.code(),
+            RuntimeError::SnapshotTransfer {
+                source: lockbox_image::ImageError::Io { .. },
+                ..
+            } => ErrorCode::Internal,
+            RuntimeError::SnapshotTransfer { .. } => ErrorCode::BadArtifact,
             RuntimeError::Conflict { .. } | RuntimeError::MergeConflicts { .. } => {
                 ErrorCode::Conflict
             }

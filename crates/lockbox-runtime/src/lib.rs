@@ -52,6 +52,7 @@ mod log;
 mod network;
 mod output;
 mod pool;
+mod portable;
 mod ports;
 mod process;
 mod record;
@@ -73,6 +74,9 @@ pub use crate::contexts::{
 pub use crate::error::RuntimeError;
 pub use crate::gather::{Contribution, GatherConflict, GatherOptions, GatherOutcome};
 pub use crate::handle::Sandbox;
+pub use crate::portable::{
+    ImportedSnapshot, SnapshotExport, SNAPSHOT_ARTIFACT_TYPE, SNAPSHOT_CONFIG_TYPE,
+};
 pub use crate::ports::{check_port, MAX_EXPOSED_PORTS, MAX_FORWARDED_CONNECTIONS};
 pub use crate::runtime::Runtime;
 pub use crate::snapshots::{DiffTarget, MAX_SNAPSHOT_NAME};

@@ -172,7 +172,7 @@ pub(crate) fn take(
 
 /// A snapshot refused by one of the `limits`, as `LIMIT_REACHED` naming the setting;
 /// other errors as they are.
-fn limit_error(e: CowError, limits: SnapshotLimits) -> RuntimeError {
+pub(crate) fn limit_error(e: CowError, limits: SnapshotLimits) -> RuntimeError {
     let CowError::SnapshotLimit { limit, .. } = e else {
         return RuntimeError::Branch(e);
     };

@@ -133,6 +133,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::StateWorkdirOverlap
         | C::NoPlatform
         | C::UnsupportedOverlay => StatusCode::UNPROCESSABLE_ENTITY,
+        // A body that is no usable artifact: its content, not its syntax, is wrong.
+        C::BadArtifact => StatusCode::UNPROCESSABLE_ENTITY,
         C::LimitReached => StatusCode::TOO_MANY_REQUESTS,
         C::ServerBusy | C::StorageWorkerGone | C::TxnOutcomeLookup => {
             StatusCode::SERVICE_UNAVAILABLE
@@ -278,6 +280,15 @@ fn runtime_details(e: &RuntimeError) -> Value {
         }
         RuntimeError::Setup(e) => json!({ "cause": e.code(), "hint": e.hint() }),
         RuntimeError::Image(_) => json!({ "field": "image" }),
+        RuntimeError::SnapshotTransfer { id, source } => {
+            let reason = match source {
+                lockbox_image::ImageError::DigestMismatch { .. } => "digest_mismatch",
+                lockbox_image::ImageError::SizeMismatch { .. } => "size_mismatch",
+                lockbox_image::ImageError::Io { .. } => "io",
+                _ => "malformed",
+            };
+            json!({ "id": id, "reason": reason })
+        }
         RuntimeError::Branch(lockbox_runtime::CowError::BadHunk { path, index, count }) => {
             json!({ "path": lockbox_policy::name::Encoded(path), "index": index, "count": count })
         }

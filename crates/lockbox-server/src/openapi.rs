@@ -114,6 +114,8 @@ pub const MAX_LOG_BYTES: u64 = 1 << 30;
         crate::routes::snapshots::fork_sandbox,
         crate::routes::snapshots::fork,
         crate::routes::snapshots::diff,
+        crate::routes::snapshots::export,
+        crate::routes::snapshots::import,
         crate::routes::snapshots::list,
         crate::routes::snapshots::show,
         crate::routes::snapshots::delete,

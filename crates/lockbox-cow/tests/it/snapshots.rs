@@ -411,6 +411,100 @@ fn a_crash_leaves_no_half_made_snapshot_and_the_next_open_sweeps_it() {
     assert_eq!(store.get(&kept.id).unwrap().entries, 1);
 }
 
+/// A snapshot received from another store (a fleet's other node) is published under its own
+/// id only with its parent here; one dropped unpublished leaves nothing, and one whose
+/// receiver was killed is swept by the next open; a second receive of it keeps the first.
+#[test]
+fn a_received_snapshot_is_published_whole_or_leaves_nothing() {
+    let s = Scratch::new();
+    let store = SnapshotStore::open(&s.state).unwrap();
+    let unfinished = || std::fs::read_dir(store.dir().join(".new")).unwrap().count();
+    let id = SnapshotId::parse("s-moved").unwrap();
+    let meta = |id: &SnapshotId, parent: Option<&str>| lockbox_cow::SnapshotMeta {
+        format_version: lockbox_cow::SNAPSHOT_FORMAT_VERSION,
+        id: id.clone(),
+        name: Some("moved".into()),
+        parent: parent.map(|p| SnapshotId::parse(p).unwrap()),
+        workdir: s.wd.clone(),
+        base_ctime: Timestamp { secs: 1, nanos: 0 },
+        created: Timestamp { secs: 2, nanos: 0 },
+        bytes: 0,
+        entries: 0,
+        context: serde_json::json!({}),
+    };
+    let fill = |incoming: &lockbox_cow::IncomingSnapshot| {
+        std::fs::create_dir(incoming.layer_dir().join("d")).unwrap();
+        std::fs::write(incoming.layer_dir().join("d/f"), "moved").unwrap();
+        std::fs::write(incoming.scratch_dir("tmp").unwrap().join("t"), "tmp").unwrap();
+    };
+    let limits = lockbox_cow::SnapshotLimits::default();
+
+    // Dropped unpublished (its artifact refused): nothing left.
+    let incoming = store.incoming(&id).unwrap();
+    fill(&incoming);
+    assert_eq!(unfinished(), 1);
+    drop(incoming);
+    assert_eq!(unfinished(), 0);
+    // Its parent is not here: refused, nothing left.
+    let incoming = store.incoming(&id).unwrap();
+    fill(&incoming);
+    let e = incoming
+        .publish(meta(&id, Some("s-absent")), 0o755, limits)
+        .unwrap_err();
+    assert!(
+        matches!(e, CowError::SnapshotNotFound { ref id } if id == "s-absent"),
+        "{e}"
+    );
+    assert_eq!(unfinished(), 0);
+    assert!(store.list().unwrap().is_empty());
+    // Beyond the store's bound: refused, nothing left.
+    let incoming = store.incoming(&id).unwrap();
+    fill(&incoming);
+    let tight = lockbox_cow::SnapshotLimits {
+        max_entries: Some(2),
+        ..limits
+    };
+    let e = incoming.publish(meta(&id, None), 0o755, tight).unwrap_err();
+    assert!(matches!(e, CowError::SnapshotLimit { .. }), "{e}");
+    assert_eq!(unfinished(), 0);
+
+    let incoming = store.incoming(&id).unwrap();
+    fill(&incoming);
+    let got = incoming.publish(meta(&id, None), 0o751, limits).unwrap();
+    let lockbox_cow::Received::Published(published) = got else {
+        panic!("{got:?}");
+    };
+    // layer, layer/d, layer/d/f, scratch, scratch/tmp, scratch/tmp/t
+    assert_eq!(published.entries, 6);
+    assert_eq!(store.get(&id).unwrap(), published);
+    let layer = &store.layers(&id).unwrap()[0];
+    assert_eq!(std::fs::read_to_string(layer.join("d/f")).unwrap(), "moved");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(layer).unwrap().permissions())
+            & 0o7777,
+        0o751
+    );
+    assert_eq!(
+        std::fs::read_to_string(store.scratch(&id, "tmp").unwrap().join("t")).unwrap(),
+        "tmp"
+    );
+    // Received again (two copies raced): the store keeps its own.
+    let incoming = store.incoming(&id).unwrap();
+    let again = incoming.publish(meta(&id, None), 0o700, limits).unwrap();
+    assert_eq!(again, lockbox_cow::Received::AlreadyHad(published));
+    assert_eq!(unfinished(), 0);
+
+    // A receiver killed midway (its pid is gone): the next open sweeps what it made.
+    let dead = store
+        .dir()
+        .join(".new")
+        .join(format!("{}-0-s-other", i32::MAX));
+    std::fs::create_dir_all(dead.join("layer/deep")).unwrap();
+    let store = SnapshotStore::open(&s.state).unwrap();
+    assert!(!dead.exists());
+    assert_eq!(store.list().unwrap().len(), 1);
+}
+
 #[test]
 fn snapshot_tests_pass_as_uid_65534() {
     if std::env::var_os("LOCKBOX_SNAPSHOT_AS_NOBODY").is_some() {
@@ -427,6 +521,7 @@ fn snapshot_tests_pass_as_uid_65534() {
                 "a_snapshot_in_use",
                 "a_crash",
                 "a_fork_commits",
+                "a_received_snapshot_is_published_whole_or_leaves_nothing",
             ]
             .map(|f| lockbox_testkit::test_name!(f)),
         )

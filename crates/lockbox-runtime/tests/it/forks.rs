@@ -535,3 +535,114 @@ async fn tmp_kept_when_asked_comes_back_in_forks_and_restores_and_follows_no_lin
     );
     rt.shutdown().await;
 }
+
+/// A snapshot moved to another state directory (a fleet's other node: docs/fleet.md) as its
+/// artifact: its parent first, then it; forks there see exactly what forks of it see here,
+/// the kept `/tmp` included, and the recorded session starts in its cwd. A tampered
+/// artifact is refused with `BAD_ARTIFACT` and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_moved_to_another_state_directory_forks_there_to_the_same_files() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_snapshot_moved_to_another_state_directory_forks_there_to_the_same_files"
+    ));
+    let (state_a, state_b, work) = (scratch(), scratch(), scratch());
+    let w = work.path();
+    std::fs::create_dir_all(w.join("src/deep")).unwrap();
+    std::fs::write(w.join("README"), "readme").unwrap();
+    std::fs::write(w.join("src/a.rs"), "a0").unwrap();
+    std::fs::write(w.join("src/deep/c.rs"), "c0").unwrap();
+    let (rt_a, root) = sandbox_with(state_a.path(), workdir_spec(w)).await;
+    let mut m1 = files_seen(&root).await;
+    apply(
+        &root,
+        &mut m1,
+        &[
+            Op::Write("src/a.rs", "a1"),
+            Op::Remove("src/deep"),
+            Op::Write("new/one.txt", "one"),
+        ],
+    )
+    .await;
+    run(&root, "echo kept > /tmp/kept").await;
+    let in_src = |command: &str| lockbox_runtime::ExecRequest {
+        session: Some("work".into()),
+        ..req(command)
+    };
+    root.create_session(lockbox_runtime::SessionOptions {
+        id: Some("work".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = root
+        .exec(in_src("cd src && export WHERE=there"))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let s1 = root
+        .snapshot_with(lockbox_runtime::SnapshotOptions {
+            name: Some("level1".into()),
+            include_tmp: true,
+        })
+        .await
+        .unwrap();
+    let f1 = fork_one(&rt_a, &s1.id).await;
+    let mut m2 = m1.clone();
+    apply(
+        &f1,
+        &mut m2,
+        &[Op::Remove("README"), Op::Write("f1.txt", "f1")],
+    )
+    .await;
+    let s2 = f1.snapshot(Some("level2".into())).await.unwrap();
+    assert_eq!(s2.parent.as_ref(), Some(&s1.id));
+
+    let rt_b = runtime(state_b.path()).await;
+    let moved = |id: &str| {
+        let rt_a = rt_a.clone();
+        let id = id.to_owned();
+        async move {
+            let export = rt_a.export_snapshot(&id).await.unwrap();
+            let artifact = export.write_to(Vec::new()).unwrap();
+            (export.digest().to_owned(), artifact)
+        }
+    };
+    let (d2, a2) = moved(&s2.id).await;
+    // Its parent is not there yet: refused before its layer is read.
+    let e = rt_b.import_snapshot(&s2.id, &d2, &a2[..]).unwrap_err();
+    assert_eq!(e.code(), lockbox_policy::ErrorCode::InvalidRequest, "{e}");
+    assert!(e.to_string().contains(s1.id.as_str()), "{e}");
+    let (d1, a1) = moved(&s1.id).await;
+    let mut tampered = a1.clone();
+    let at = tampered.windows(3).position(|w| w == b"one").unwrap();
+    tampered[at] = b'0';
+    let e = rt_b
+        .import_snapshot(&s1.id, &d1, &tampered[..])
+        .unwrap_err();
+    assert_eq!(e.code(), lockbox_policy::ErrorCode::BadArtifact, "{e}");
+    assert!(rt_b.list_snapshots().unwrap().is_empty());
+    let unfinished = std::fs::read_dir(state_b.path().join("snapshots/.new"))
+        .unwrap()
+        .count();
+    assert_eq!(unfinished, 0);
+
+    let got = rt_b.import_snapshot(&s1.id, &d1, &a1[..]).unwrap();
+    assert!(got.received && got.info.id == s1.id && got.info.name.as_deref() == Some("level1"));
+    let got = rt_b.import_snapshot(&s2.id, &d2, &a2[..]).unwrap();
+    assert!(got.received && got.info.parent.as_ref() == Some(&s1.id));
+    assert!(!rt_b.import_snapshot(&s2.id, &d2, &a2[..]).unwrap().received);
+
+    // Forks on B see what forks on A see.
+    let on_b1 = fork_one(&rt_b, &s1.id).await;
+    assert_eq!(files_seen(&on_b1).await, m1);
+    let r = on_b1
+        .exec(in_src("cat /tmp/kept; pwd; echo $WHERE"))
+        .await
+        .unwrap();
+    assert_eq!(out(&r), format!("kept\n{}/src\nthere\n", w.display()));
+    let on_b2 = fork_one(&rt_b, &s2.id).await;
+    assert_eq!(files_seen(&on_b2).await, m2);
+    assert_eq!(files_seen(&fork_one(&rt_a, &s2.id).await).await, m2);
+    rt_a.shutdown().await;
+    rt_b.shutdown().await;
+}

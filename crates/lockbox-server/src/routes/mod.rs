@@ -114,6 +114,10 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{sandbox}/fork"), post(snapshots::fork_sandbox))
         .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
         .route("/v1/snapshots/{id}/diff", get(snapshots::diff))
+        .route(
+            "/v1/snapshots/{id}/artifact",
+            get(snapshots::export).put(snapshots::import),
+        )
         .route("/v1/snapshots", get(snapshots::list))
         .route(
             "/v1/snapshots/{id}",

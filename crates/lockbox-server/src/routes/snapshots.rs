@@ -9,11 +9,17 @@ use crate::wire::{
     SnapshotInfo, SnapshotRequest,
 };
 use crate::AppState;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[utoipa::path(
     post,
@@ -206,4 +212,181 @@ pub async fn fork_sandbox(
             snapshot: SnapshotInfo::from(snapshot),
         }),
     ))
+}
+
+/// The media type of a snapshot's artifact: an OCI image layout in a tar stream.
+const ARTIFACT_TAR: &str = "application/vnd.oci.image.layout.v1+tar";
+
+#[utoipa::path(
+    get,
+    path = "/v1/snapshots/{id}/artifact",
+    operation_id = "export_snapshot",
+    summary = "The snapshot as an OCI artifact, to move it to another node (operator only)",
+    description = "An OCI image layout in a tar stream, its manifest first: the snapshot's record as the config, its layer and kept /tmp as layer tar streams. `Docker-Content-Digest` is the manifest's sha256, what `PUT .../artifact?digest=` checks. The snapshot's workdir does not move (docs/fleet.md). 403 FORBIDDEN for a scoped token",
+    params(crate::openapi::SnapshotPath),
+    responses((status = 200, description = "the artifact, streamed", content((crate::openapi::Binary = "application/vnd.oci.image.layout.v1+tar")),
+        headers(("Docker-Content-Digest" = String, description = "the artifact's digest (its manifest's sha256)"))))
+)]
+pub async fn export(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    operator_only(&who)?;
+    let export = app.runtime.export_snapshot(&id).await?;
+    let digest = export.digest().to_owned();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    // The layer is read as the artifact is written, off the async workers; a failure
+    // midway ends the stream without its last chunk, which the receiver refuses.
+    tokio::task::spawn_blocking(move || {
+        let out = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let sent = export
+            .write_to(out)
+            .map_err(|e| e.to_string())
+            .and_then(|mut out| out.flush().map_err(|e| e.to_string()));
+        if let Err(e) = sent {
+            tracing::warn!(snapshot = %id, "sending a snapshot's artifact: {e}");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ARTIFACT_TAR));
+    if let Ok(v) = HeaderValue::from_str(&digest) {
+        h.insert("docker-content-digest", v);
+    }
+    Ok(response)
+}
+
+#[utoipa::path(
+    put,
+    path = "/v1/snapshots/{id}/artifact",
+    operation_id = "import_snapshot",
+    summary = "Receive a snapshot another node exported (operator only)",
+    description = "The body is `GET .../artifact`'s stream; `digest` is its `Docker-Content-Digest`. The manifest is checked against it before anything else is read, then every blob against the manifest as it streams in; nothing is kept unless all match. A snapshot with a parent needs that parent here first. 201 received, 200 this node had it already (nothing read). 400 INVALID_REQUEST for a missing or malformed `digest`, an artifact of another snapshot, a missing parent (`parent`) or workdir (`workdir`); 502 DIGEST_MISMATCH for a tampered or cut blob, 502 BAD_IMAGE for a malformed artifact; 403 FORBIDDEN for a scoped token",
+    params(crate::openapi::SnapshotPath, crate::wire::ArtifactQuery),
+    request_body(content((crate::openapi::Binary = "application/vnd.oci.image.layout.v1+tar"))),
+    responses(
+        (status = 201, description = "received", body = crate::wire::SnapshotInfo),
+        (status = 200, description = "this node had it already", body = crate::wire::SnapshotInfo)
+    )
+)]
+pub async fn import(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<crate::wire::ArtifactQuery>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    operator_only(&who)?;
+    lockbox_image::Digest::parse(&query.digest)
+        .map_err(|e| ApiError::invalid("digest", e.to_string()))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    let stalled = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&stalled);
+    let mut body = req.into_body().into_data_stream();
+    // The body is pumped into the blocking reader; it stops when the reader is gone (the
+    // import refused or done).
+    tokio::spawn(async move {
+        while let Some(chunk) = body.next().await {
+            let item = chunk.map_err(|e| {
+                if crate::extract::body_stalled(&e) {
+                    seen.store(true, Ordering::Relaxed);
+                }
+                std::io::Error::other(e)
+            });
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    let runtime = app.runtime.clone();
+    let imported = tokio::task::spawn_blocking(move || {
+        let input = ChannelReader {
+            rx,
+            cur: Bytes::new(),
+        };
+        runtime.import_snapshot(&id, &query.digest, input)
+    })
+    .await
+    .map_err(|e| ApiError::from(lockbox_runtime::RuntimeError::from(e)))?;
+    match imported {
+        Err(_) if stalled.load(Ordering::Relaxed) => Err(ApiError::body_stalled()),
+        Err(e) => Err(e.into()),
+        Ok(got) => Ok((
+            if got.received {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            Json(SnapshotInfo::from(got.info)),
+        )),
+    }
+}
+
+/// Moving snapshots between nodes is the operator's (the fleet router's): an imported
+/// snapshot's record carries the spec its forks start with.
+fn operator_only(who: &Principal) -> Result<(), ApiError> {
+    if who.scope().is_some() {
+        return Err(crate::sessions::forbidden(
+            "snapshots move between nodes with the operator's token, not a scoped token's",
+        ));
+    }
+    Ok(())
+}
+
+const CHUNK: usize = 64 * 1024;
+
+/// A writer whose bytes go to a channel in chunks (blocking sends: a blocking thread's).
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client is gone"))
+    }
+}
+
+/// A reader of the chunks a channel brings (blocking receives: a blocking thread's).
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+    cur: Bytes,
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(chunk) => self.cur = chunk?,
+            }
+        }
+        let n = out.len().min(self.cur.len());
+        out[..n].copy_from_slice(&self.cur[..n]);
+        bytes::Buf::advance(&mut self.cur, n);
+        Ok(n)
+    }
 }

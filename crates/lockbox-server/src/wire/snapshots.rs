@@ -122,6 +122,16 @@ impl SnapshotDiffQuery {
     }
 }
 
+/// `PUT /v1/snapshots/{id}/artifact`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ArtifactQuery {
+    /// The artifact's digest (`sha256:` and 64 hex digits): the `Docker-Content-Digest`
+    /// its export answered with.
+    pub digest: String,
+}
+
 /// `GET /v1/snapshots`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SnapshotList {

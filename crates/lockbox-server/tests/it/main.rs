@@ -5,3 +5,4 @@
 mod branches;
 mod console;
 mod http;
+mod snapshot_transfer;
