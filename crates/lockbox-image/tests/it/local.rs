@@ -318,12 +318,14 @@ fn open_removes_a_killed_pulls_leftovers_but_not_a_live_ones() {
         std::fs::create_dir_all(tmpd.join(d).join("layer-x/root")).unwrap();
     }
     std::fs::write(tmpd.join("dead.lock"), b"").unwrap();
-    // A live pull: its lock is held by a running process.
+    // A live pull: its lock is held by a running process. `touch` runs without descriptor 9:
+    // it may still be exiting when the test sees the file, and would hold the lock a moment
+    // after the holder is killed.
     let ready = t.path().join("ready");
     let mut holder = Command::new("sh")
         .args([
             "-c",
-            "exec 9>\"$0\" && flock 9 && touch \"$1\" && exec sleep 600",
+            "exec 9>\"$0\" && flock 9 && touch \"$1\" 9>&- && exec sleep 600",
         ])
         .arg(tmpd.join("live.lock"))
         .arg(&ready)
