@@ -433,7 +433,8 @@ class Store:
 
 def _made(what: str, reply: Any) -> tuple[list[str], list[str]]:
     """The sandboxes and snapshots a reply says were made: ``create`` (a sandbox, lockbox's
-    ``id`` or E2B's ``sandboxID``), ``snapshot`` (a snapshot's ``id``), ``fork`` (its
+    ``id`` or E2B's ``sandboxID``), ``snapshot`` (a snapshot's ``id``), ``e2b-snapshot``
+    (E2B's ``snapshotID``), ``fork`` (its
     ``sandboxes``, and the ``snapshot`` it took, if any)."""
     if not isinstance(reply, dict):
         return [], []
@@ -442,6 +443,8 @@ def _made(what: str, reply: Any) -> tuple[list[str], list[str]]:
         return ([sid] if isinstance(sid, str) else []), []
     if what == "snapshot":
         return [], ([reply["id"]] if isinstance(reply.get("id"), str) else [])
+    if what == "e2b-snapshot":
+        return [], ([reply["snapshotID"]] if isinstance(reply.get("snapshotID"), str) else [])
     snap = reply.get("snapshot")
     boxes = [b["id"] for b in reply.get("sandboxes") or [] if isinstance(b, dict) and isinstance(b.get("id"), str)]
     return boxes, ([snap["id"]] if isinstance(snap, dict) and isinstance(snap.get("id"), str) else [])
@@ -462,16 +465,18 @@ class Cursor:
     order: str
     nodes: dict[str, str | None] = field(default_factory=dict)
     boundary: tuple[str, str] | None = None
+    listing: str = "/v2/sandboxes"
+    """The path of the listing walked (:attr:`E2bListing.path`)."""
 
     def encode(self) -> str:
-        raw = json.dumps({"order": self.order, "nodes": self.nodes, "boundary": self.boundary},
-                         separators=(",", ":"), sort_keys=True).encode()
+        raw = json.dumps({"order": self.order, "nodes": self.nodes, "boundary": self.boundary,
+                          "listing": self.listing}, separators=(",", ":"), sort_keys=True).encode()
         return _CURSOR + base64.urlsafe_b64encode(zlib.compress(raw)).decode().rstrip("=")
 
     @classmethod
-    def decode(cls, token: str, order: str) -> Cursor:
-        """The cursor :meth:`encode` made for ``order`` (``ValueError`` naming what is wrong
-        otherwise)."""
+    def decode(cls, token: str, order: str, listing: str = "/v2/sandboxes") -> Cursor:
+        """The cursor :meth:`encode` made for ``order`` of ``listing`` (``ValueError`` naming
+        what is wrong otherwise)."""
         foreign = ValueError(f"{token[:40]!r} is not one this fleet's routers gave")
         if not token.startswith(_CURSOR):
             raise foreign
@@ -488,10 +493,13 @@ class Cursor:
         if boundary is not None and not (isinstance(boundary, list) and len(boundary) == 2
                                          and all(isinstance(b, str) for b in boundary)):
             raise foreign
+        made_for = parsed.get("listing", "/v2/sandboxes")
+        if made_for != listing:
+            raise ValueError(f"it was made for GET {made_for}, not GET {listing}")
         if parsed.get("order") != order:
             raise ValueError(f"it was made for order={parsed.get('order')}, not order={order}: keep the order "
                              "while paging")
-        return cls(order, nodes, (boundary[0], boundary[1]) if boundary else None)
+        return cls(order, nodes, (boundary[0], boundary[1]) if boundary else None, listing)
 
 
 def _page_key(item: Any) -> tuple[str, str]:
@@ -500,13 +508,40 @@ def _page_key(item: Any) -> tuple[str, str]:
     return str(item.get("startedAt", "")), str(item.get("sandboxID", ""))
 
 
-def merge_pages(pages: dict[str, list[Any]], limit: int, *, ascending: bool) -> tuple[list[tuple[str, Any]],
-                                                                                        dict[str, int]]:
-    """Merges each node's page of E2B's listing (each in its node's own order, by start
-    time) into one of at most ``limit`` items, newest first (oldest first if ``ascending``):
-    ``(node, item)`` pairs, and how many items of each node's page were taken. Only the
-    head of each node's page is ever taken, so what is taken of a node is a prefix of its
-    page, and the next page goes on from where it ended."""
+def _no_key(item: Any) -> tuple[str, str]:
+    return "", ""
+
+
+def _snapshot_key(item: Any) -> tuple[str, str]:
+    return "", str(item.get("snapshotID", "")) if isinstance(item, dict) else ""
+
+
+@dataclass(frozen=True)
+class E2bListing:
+    """One of E2B's paged listings, as the router walks it across the nodes: its ``path``,
+    the ``key`` that names an item (and, ``by_start_time``, orders each node's listing:
+    the pages are merged by it and ``order`` applies; otherwise the fleet's listing is each
+    node's in turn, by node id)."""
+
+    path: str
+    key: Callable[[Any], tuple[str, str]]
+    by_start_time: bool
+
+
+SANDBOX_LISTING = E2bListing("/v2/sandboxes", _page_key, by_start_time=True)
+SNAPSHOT_LISTING = E2bListing("/snapshots", _snapshot_key, by_start_time=False)
+"""E2B's ``GET /snapshots``: a snapshot says nothing of when it was taken (``snapshotID``,
+``names``), and each node lists its own in the order they were taken."""
+
+
+def merge_pages(pages: dict[str, list[Any]], limit: int, *, ascending: bool,
+                key: Callable[[Any], tuple[str, str]] = _page_key) -> tuple[list[tuple[str, Any]], dict[str, int]]:
+    """Merges each node's page of E2B's listing (each in its node's own order, by ``key``:
+    start time) into one of at most ``limit`` items, newest first (oldest first if
+    ``ascending``): ``(node, item)`` pairs, and how many items of each node's page were
+    taken. Only the head of each node's page is ever taken, so what is taken of a node is a
+    prefix of its page, and the next page goes on from where it ended. Ties go to the node
+    whose id sorts first (so a constant ``key``, ascending, lists node after node)."""
     heads = dict.fromkeys(pages, 0)
     out: list[tuple[str, Any]] = []
     order = sorted(pages)
@@ -517,9 +552,9 @@ def merge_pages(pages: dict[str, list[Any]], limit: int, *, ascending: bool) -> 
             i = heads[node]
             if i >= len(pages[node]):
                 continue
-            key = _page_key(pages[node][i])
-            if best is None or (key < best_key if ascending else key > best_key):
-                best, best_key = node, key
+            item_key = key(pages[node][i])
+            if best is None or (item_key < best_key if ascending else item_key > best_key):
+                best, best_key = node, item_key
         if best is None:
             break
         out.append((best, pages[best][heads[best]]))
@@ -947,7 +982,7 @@ class Router:
                                  # last probe saw them, with this router's creates and deletes since.
                                  "load": {n.node_id: n.load for n in self.nodes.values()}})
             return
-        e2b = path.startswith(("/sandboxes", "/v2/", "/v3/", "/templates")) or path == "/health"
+        e2b = path.startswith(("/sandboxes", "/v2/", "/v3/", "/templates")) or path in ("/health", "/snapshots")
         if path == "/health":
             await req.drain_body()
             await req.send(200, {"message": "Health check successful"})
@@ -986,6 +1021,13 @@ class Router:
             await self._fork_snapshot(req, urllib.parse.unquote(parts[2]))
         elif req.method == "GET" and path in _LISTS:
             await self._list(req, e2b=e2b)
+        elif req.method == "GET" and path == SNAPSHOT_LISTING.path:
+            await self._e2b_page(req, SNAPSHOT_LISTING)
+        elif req.method == "DELETE" and len(parts) == 2 and parts[0] == "templates" and _is_snapshot_id(
+                urllib.parse.unquote(parts[1])):
+            # E2B's Sandbox.delete_snapshot: a snapshot goes to its node (an image template
+            # would be refused there: 501, as below).
+            await self._by_id(req, urllib.parse.unquote(parts[1]), "snapshots", flavour="e2b")
         elif parts[:1] == ["v1"] and len(parts) >= 3 and parts[1] in _BY_ID:
             await self._by_id(req, urllib.parse.unquote(parts[2]), parts[1], flavour="lockbox")
         elif parts[:2] == ["v1", "journal"] and len(parts) >= 4 and parts[2] == "runs":
@@ -1299,7 +1341,7 @@ class Router:
             if flavour == "e2b-plane":
                 await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found"})
             elif flavour == "e2b":
-                await req.send(404, {"code": 404, "message": f"sandbox \"{sid}\" was not found"})
+                await req.send(404, {"code": 404, "message": f"{_ONE[kind]} \"{sid}\" was not found"})
             else:
                 await req.send(*_lockbox_error(404, _NOT_FOUND[kind], f"no fleet node has {_ONE[kind]} {sid}", id=sid))
             return
@@ -1314,7 +1356,7 @@ class Router:
                 await req.send(502, {"code": 502, "message": f"The sandbox {sid} was not found: {why}"})
             elif flavour == "e2b":
                 await req.send(404 if lost else 503, {"code": 404 if lost else 503, "message":
-                                                      f"sandbox \"{sid}\" was not found: {why}"})
+                                                      f"{_ONE[kind]} \"{sid}\" was not found: {why}"})
             elif lost:
                 await req.send(*_lockbox_error(410, {"sandboxes": "SANDBOX_LOST", "snapshots": "SNAPSHOT_LOST"}.get(
                                                kind, "NODE_LOST"),
@@ -1334,7 +1376,7 @@ class Router:
             return
 
         async def forgotten(status: int, data: bytes) -> None:
-            if 200 <= status < 300:
+            if 200 <= status < 300 and kind == "sandboxes":
                 view.now_deleted(sid)
             self.cache.pop(sid, None)
             if self.store is not None:
@@ -1343,6 +1385,8 @@ class Router:
         parts = req.parts
         what = ("snapshot" if parts[-1] == "snapshots" and kind == "sandboxes" else "fork"
                 if parts[-1] == "fork" else None) if flavour == "lockbox" and len(parts) == 4 else None
+        if flavour == "e2b" and parts[2:] == ["snapshots"]:  # E2B's create_snapshot
+            what = "e2b-snapshot"
 
         async def made(status: int, data: bytes) -> None:
             if status == 201 and what:
@@ -1373,9 +1417,20 @@ class Router:
                 if copy is None:
                     return
                 on_head = _copy_header(copy)
-        elif flavour == "lockbox" and kind == "snapshots" and req.method == "DELETE" and len(parts) == 3:
-            await self._delete_snapshot(req, sid, view)
-            return
+        elif kind == "snapshots" and req.method == "DELETE" and len(parts) in (2, 3):
+            # Its copies on other nodes first (a copy in use there is refused, 409); then
+            # its own node: E2B's DELETE /templates/ID is forwarded (the node answers it in
+            # E2B's terms), lockbox's made here.
+            try:
+                await self._delete_copies(sid, view)
+            except _Refused as r:
+                await req.drain_body()
+                await req.send(r.status, {"code": r.status, "message": r.body.get("message", "")}
+                               if flavour == "e2b" and isinstance(r.body, dict) else r.body)
+                return
+            if flavour == "lockbox":
+                await self._delete_snapshot(req, sid, view)
+                return
         await self._forward(req, view, upstream_auth=upstream_auth, on_reply=on_reply,
                             unreachable=refuse, body=body, on_head=on_head)
 
@@ -1886,29 +1941,36 @@ class Router:
                 target.calls.discard(dst_w)
                 dst_w.close()
 
-    async def _delete_snapshot(self, req: _Request, sid: str, home: NodeView) -> None:
-        """``DELETE /v1/snapshots/{id}``: on its node and on every node it was copied to
-        (each copy first: a copy in use there is refused, 409, and the rest kept)."""
-        await req.drain_body()
+    async def _delete_copies(self, sid: str, home: NodeView) -> None:
+        """Deletes snapshot ``sid`` on every up node it was copied to (not ``home``, its
+        own); ``_Refused`` with a node's refusal (a copy in use there: 409), the rest kept."""
         holders = await self._holders(sid)
-        order = [self.nodes[h] for h in holders[1:] if h in self.nodes and self.nodes[h].routable] + [home]
-        for view in order:
-            try:
-                status, _, data = await self._snapshot_call(view, "DELETE", sid)
-            except _Refused as r:
-                await req.send(r.status, r.body)
-                return
-            if status not in (204, 404):
-                answer = _json_or_none(data)
-                if isinstance(answer, dict) and isinstance(answer.get("details"), dict):
-                    answer["details"]["node"] = view.node_id
-                await req.send(status, answer if isinstance(answer, dict) else {
-                    "code": "INTERNAL", "message": f"node {view.node_id[:12]} answered {status}", "details": {}})
-                return
-            if view is not home:
-                self.copies.get(sid, set()).discard(view.node_id)
-                if self.store is not None:
-                    await self._kv(self.store.delete, f"h/{sid}/{view.node_id}")
+        for view in [self.nodes[h] for h in holders[1:] if h in self.nodes and self.nodes[h].routable]:
+            await self._delete_on(view, sid)
+            self.copies.get(sid, set()).discard(view.node_id)
+            if self.store is not None:
+                await self._kv(self.store.delete, f"h/{sid}/{view.node_id}")
+
+    async def _delete_on(self, view: NodeView, sid: str) -> None:
+        """``DELETE /v1/snapshots/{sid}`` on ``view`` (gone already is fine); ``_Refused``
+        with its refusal, naming the node."""
+        status, _, data = await self._snapshot_call(view, "DELETE", sid)
+        if status not in (204, 404):
+            answer = _json_or_none(data)
+            if isinstance(answer, dict) and isinstance(answer.get("details"), dict):
+                answer["details"]["node"] = view.node_id
+            raise _Refused(status, answer if isinstance(answer, dict) else {
+                "code": "INTERNAL", "message": f"node {view.node_id[:12]} answered {status}", "details": {}})
+
+    async def _delete_snapshot(self, req: _Request, sid: str, home: NodeView) -> None:
+        """``DELETE /v1/snapshots/{id}`` on its own node, once its copies are gone
+        (:meth:`_delete_copies`)."""
+        await req.drain_body()
+        try:
+            await self._delete_on(home, sid)
+        except _Refused as r:
+            await req.send(r.status, r.body)
+            return
         self.cache.pop(sid, None)
         if self.store is not None:
             await self._kv(self.store.forget, sid)
@@ -1916,12 +1978,12 @@ class Router:
 
     # -- listings ---------------------------------------------------------------------------
 
-    async def _e2b_page(self, req: _Request) -> None:
-        """``GET /v2/sandboxes``, one page of every node's listing: each node is asked for a
-        page from its position in the request's ``nextToken`` (the router's own
-        :class:`Cursor`), the pages are merged by start time (:func:`merge_pages`), and the
-        reply's ``x-next-token`` says where each node's listing goes on
-        (:meth:`_e2b_page_once`)."""
+    async def _e2b_page(self, req: _Request, listing: E2bListing) -> None:
+        """``GET /v2/sandboxes`` or ``GET /snapshots``, one page of every node's listing:
+        each node is asked for a page from its position in the request's ``nextToken`` (the
+        router's own :class:`Cursor`), the pages are merged (:func:`merge_pages`: by start
+        time, or node after node), and the reply's ``x-next-token`` says where each node's
+        listing goes on (:meth:`_e2b_page_once`)."""
         await req.drain_body()
         split = urllib.parse.urlsplit(req.target)
         query = urllib.parse.parse_qs(split.query)
@@ -1933,20 +1995,22 @@ class Router:
         if text and not (text.isdigit() and 1 <= int(text) <= E2B_PAGE):
             await bad(f"limit: a number from 1 to {E2B_PAGE}, got {text!r}")
             return
-        order = query.get("order", [""])[0] or "desc"
+        # A listing not by start time has one order: each node's, node after node.
+        order = (query.get("order", [""])[0] or "desc") if listing.by_start_time else "asc"
         if order not in ("asc", "desc"):
             await bad(f"order: \"asc\" or \"desc\", got {order!r}")
             return
         token = query.get("nextToken", [""])[0]
         try:
-            cursor = Cursor.decode(token, order) if token else Cursor(order)
+            cursor = (Cursor.decode(token, order, listing.path) if token
+                      else Cursor(order, listing=listing.path))
         except ValueError as e:
             await bad(f"nextToken: {e}")
             return
         # The request's filters as the client encoded them, without its paging.
         kept = [p for p in split.query.split("&") if p and p.split("=", 1)[0] not in ("limit", "nextToken")]
         for _ in range(PAGE_ATTEMPTS):
-            made = await self._e2b_page_once(cursor, kept, int(text) if text else E2B_PAGE)
+            made = await self._e2b_page_once(listing, cursor, kept, int(text) if text else E2B_PAGE)
             if isinstance(made, tuple):
                 await req.send(*made)
                 return
@@ -1960,8 +2024,9 @@ class Router:
         await req.send(503, {"code": 503, "message": "the fleet's listing kept changing while this page was made: "
                              "ask again"})
 
-    async def _e2b_page_once(self, cursor: Cursor, kept: list[str], limit: int) -> _Page | tuple[int, Any] | None:
-        """One try at a page of E2B's listing from ``cursor``: a :class:`_Page`;
+    async def _e2b_page_once(self, listing: E2bListing, cursor: Cursor, kept: list[str],
+                             limit: int) -> _Page | tuple[int, Any] | None:
+        """One try at a page of E2B's ``listing`` from ``cursor``: a :class:`_Page`;
         ``(status, body)`` for a node's refusal (a bad filter: every node says the same);
         ``None`` if a node's listing changed while the page was made (try again).
 
@@ -1970,7 +2035,8 @@ class Router:
         ends within a node's page, the node is asked once more for exactly the part taken,
         and its ``x-next-token`` then names the last item taken. Of a node nothing was taken
         from yet, what sorts before the last item listed is left out (made after the walk
-        began, as one server leaves it out)."""
+        began, as one server leaves it out; a listing not by start time has no such
+        boundary: what a node adds goes at the end of its own listing)."""
         ascending = cursor.order == "asc"
         views = sorted((v for v in self.nodes.values()
                         if v.routable and cursor.nodes.get(v.node_id, "") is not None), key=lambda v: v.node_id)
@@ -1979,7 +2045,7 @@ class Router:
             at = cursor.nodes.get(v.node_id) or ""
             params = [*kept, f"limit={count}"] + ([f"nextToken={urllib.parse.quote(at, safe='')}"] if at else [])
             try:
-                status, head, data = await self._call(v, "GET", "/v2/sandboxes?" + "&".join(params),
+                status, head, data = await self._call(v, "GET", f"{listing.path}?" + "&".join(params),
                                                       headers=[("Accept", "application/json")])
             except (OSError, HttpError, TimeoutError, asyncio.IncompleteReadError) as e:
                 if not isinstance(e, TimeoutError):
@@ -1991,7 +2057,7 @@ class Router:
         def listed_already(node: str, item: Any) -> bool:
             if cursor.boundary is None or cursor.nodes.get(node):
                 return False
-            key = _page_key(item)
+            key = listing.key(item)
             return key >= cursor.boundary if not ascending else key <= cursor.boundary
 
         answers = dict(zip((v.node_id for v in views), await asyncio.gather(*(one(v, limit) for v in views)),
@@ -2002,9 +2068,10 @@ class Router:
         asked = {n: a[2] for n, a in answers.items() if a[0] == 200}
         fresh = {n: [i for i, item in enumerate(items) if not listed_already(n, item)] for n, items in asked.items()}
         page, taken = merge_pages({n: [asked[n][i] for i in idx] for n, idx in fresh.items()}, limit,
-                                  ascending=ascending)
-        after = Cursor(cursor.order, {**cursor.nodes, **{n: cursor.nodes.get(n, "") for n in asked}},
-                       _page_key(page[-1][1]) if page else cursor.boundary)
+                                  ascending=ascending, key=listing.key if listing.by_start_time else _no_key)
+        boundary = (listing.key(page[-1][1]) if page else cursor.boundary) if listing.by_start_time else None
+        after = Cursor(cursor.order, {**cursor.nodes, **{n: cursor.nodes.get(n, "") for n in asked}}, boundary,
+                       listing.path)
         for node, items in asked.items():
             j = taken[node]
             if not j:
@@ -2016,15 +2083,15 @@ class Router:
                 after.nodes[node] = answers[node][3]  # None: nothing more on this node
                 continue
             status, _, again, key = await one(self.nodes[node], upto)
-            if status != 200 or key is None or len(again) != upto or _page_key(again[-1]) != _page_key(
+            if status != 200 or key is None or len(again) != upto or listing.key(again[-1]) != listing.key(
                     items[upto - 1]):
                 return None
             after.nodes[node] = key
         return _Page(page, after, any(after.nodes.get(n) is not None for n in asked))
 
     async def _list(self, req: _Request, *, e2b: bool) -> None:
-        if e2b and req.path == "/v2/sandboxes":
-            await self._e2b_page(req)
+        if e2b and req.path == SANDBOX_LISTING.path:
+            await self._e2b_page(req, SANDBOX_LISTING)
             return
         views = sorted((v for v in self.nodes.values() if v.routable), key=lambda v: v.node_id)
         auth = [("Accept", "application/json")]
@@ -2103,6 +2170,14 @@ def _drop_cookies(head: Head, names: Sequence[str]) -> None:
     head.remove("cookie")
     if kept:
         head.put("Cookie", "; ".join(kept))
+
+
+def _is_snapshot_id(text: str) -> bool:
+    """Whether ``text`` can be a snapshot's id (1-64 of ``[A-Za-z0-9._-]``, not starting with
+    ``.``: lockbox-cow's ``check_id``); an E2B template's name with a tag or a namespace
+    cannot."""
+    return 0 < len(text) <= 64 and not text.startswith(".") and text.isascii() and all(
+        c.isalnum() or c in "._-" for c in text)
 
 
 def _json_or_none(data: bytes) -> Any:
