@@ -7,7 +7,7 @@ affinity against random placement on a skewed workload).
         [--repeats 7] [--images 2000] [--zipf 0.8,1.1,1.5] [--creates 200000] [--fill 0.5] \
         [--seed 1] [--profile]
 
-Imports the router's real `place` and `NodeView` from python/lockbox/_router.py, by path (the
+Imports the router's real `place` and `NodeView` from python/lockbox/_router/placement.py, by path (the
 module needs only the standard library, so neither Ray nor the built extension is needed).
 The simulated fleet: --nodes nodes with capacities of 32, 64, 128 or 200 sandboxes (the
 default `--max-sandboxes` is 64), loads drawn between empty and 90 % full, and each node
@@ -43,7 +43,8 @@ import sys
 import time
 from collections import deque
 
-ROUTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "lockbox", "_router.py")
+ROUTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "lockbox", "_router",
+                      "placement.py")
 
 
 def load_router():

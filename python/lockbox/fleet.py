@@ -35,7 +35,7 @@ How it works:
   outlives its daemon.
 - A node that leaves the cluster (its raylet gone) is listed ``lost`` with Ray's reason; its
   sandboxes went with it.
-- A **router** (:func:`router`, ``lockbox/_router.py``) serves lockbox's HTTP API, E2B's, MCP
+- A **router** (:func:`router`, ``lockbox/_router/``) serves lockbox's HTTP API, E2B's, MCP
   and the console for the whole fleet with the fleet's own token (:meth:`Fleet.token`):
   each call goes to the node that holds its sandbox, listings merge every node's (each item
   with its ``node``), creates go to a node chosen by power of K choices over the nodes' load,

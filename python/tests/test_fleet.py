@@ -235,6 +235,17 @@ def test_the_e2b_sdk_works_through_the_router(routed, monkeypatch):
         assert {s.sandbox_id for s in sbxs} <= listed
         listing = lockbox.Client(r["url"], r["token"]).list()
         assert len({node_of(listing, s.sandbox_id) for s in sbxs}) == 3
+        # A snapshot on each node: E2B's listing through the router names each once, page
+        # by page, and each is deleted on its node.
+        snaps = [s.create_snapshot().snapshot_id for s in sbxs]
+        paginator, walked = Sandbox.list_snapshots(limit=2), []
+        while paginator.has_next:
+            walked += [s.snapshot_id for s in paginator.next_items()]
+        assert sorted(i for i in walked if i in snaps) == sorted(snaps), walked
+        assert len(walked) == len(set(walked)), walked
+        for i in snaps:
+            assert Sandbox.delete_snapshot(i), i
+        assert not set(snaps) & {s.snapshot_id for s in Sandbox.list_snapshots().next_items()}
     finally:
         for s in sbxs:
             assert s.kill()

@@ -465,6 +465,76 @@ def test_the_e2b_sdks_paginator_walks_every_nodes_sandboxes_once_in_order(three_
             s.kill()
 
 
+def test_the_e2b_sdk_lists_every_nodes_snapshots_once_and_deletes_them_on_their_node(three_nodes, monkeypatch):
+    """E2B's GET /snapshots through the router (docs/fleet.md): the SDK's paginator walks the
+    snapshots of every node once each, node after node, the filters pass to each node, and
+    Sandbox.delete_snapshot (DELETE /templates/ID) reaches the snapshot's node, from a router
+    that saw it made and from one that did not."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    addr = start_router(three_nodes)
+    e2b_env(monkeypatch, addr)
+    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
+    try:
+        snaps = {s.create_snapshot(name=f"routed-{i}-{j}").snapshot_id: s.sandbox_id
+                 for i, s in enumerate(boxes) for j in range(2)}
+        held = {}
+        for n in three_nodes:
+            conn = http.client.HTTPConnection(n["url"].removeprefix("http://"), timeout=30)
+            conn.request("GET", "/snapshots", headers={"X-API-Key": n["token"]})
+            held[n["node_id"]] = {s["snapshotID"] for s in json.loads(conn.getresponse().read())}
+        assert sum(1 for ids in held.values() if ids & set(snaps)) >= 2, held
+
+        pages = []
+        paginator = Sandbox.list_snapshots(limit=2)
+        while paginator.has_next:
+            pages.append([s.snapshot_id for s in paginator.next_items()])
+        walked = [i for page in pages for i in page]
+        assert len(walked) == len(set(walked)) and set(walked) >= set(snaps), pages
+        assert all(1 <= len(p) <= 2 for p in pages), pages
+        # Node after node, by node id, each in its own order.
+        node_of = {i: n for n, ids in held.items() for i in ids}
+        assert [node_of[i] for i in walked] == sorted(node_of[i] for i in walked), walked
+
+        first = boxes[0].sandbox_id
+        by_box = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=first, limit=1).next_items()]
+        assert by_box and set(by_box) <= {i for i, b in snaps.items() if b == first}, by_box
+        named = Sandbox.list_snapshots(name="routed-2-1").next_items()
+        assert [s.names for s in named] == [["routed-2-1"]], named
+
+        # A token of the sandboxes' listing, or one the router did not make, is a clear 400.
+        sandboxes = Sandbox.list(limit=1)
+        sandboxes.next_items()
+        conn = http.client.HTTPConnection(*addr, timeout=30)
+        for token in (sandboxes._next_token, "3"):
+            conn.request("GET", f"/snapshots?nextToken={urllib.parse.quote(token, safe='')}",
+                         headers={"X-API-Key": "fleet-token"})
+            resp = conn.getresponse()
+            reply = json.loads(resp.read())
+            assert resp.status == 400 and "nextToken" in reply["message"], reply
+
+        # Deleted on its node, through this router and through one that never saw it made.
+        ids = sorted(snaps)
+        assert Sandbox.delete_snapshot(ids[0])
+        assert not Sandbox.delete_snapshot(ids[0])
+        e2b_env(monkeypatch, start_router(three_nodes))
+        for i in ids[1:]:
+            assert Sandbox.delete_snapshot(i), i
+        left = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        assert not set(left) & set(snaps), left
+        # A template that is no snapshot is still not deleted through the router.
+        conn.request("DELETE", "/templates/my-team%2Fapp:v1", headers={"X-API-Key": "fleet-token"})
+        resp = conn.getresponse()
+        assert (resp.status, json.loads(resp.read())["code"]) == (501, 501)
+    finally:
+        for s in boxes:
+            s.kill()
+
+
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
     from lockbox._router import Cursor, merge_pages
 

@@ -1,0 +1,114 @@
+"""Creates through the router: a new sandbox placed on a node (:func:`place`, a hint, the
+snapshot it starts from), the intent recorded before it is sent, and the new id's node once
+the node answered; a node that cannot be reached is left out and the next choice taken."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from .placement import NodeView, bad_hint, eligible_nodes, holding, place
+from .snapshot_copies import SnapshotCopies, copy_header
+from .wire import Request, json_or_none, lockbox_error
+
+# E2B's templates that run on the host's userland (crates/lockbox-e2b, HOST_TEMPLATES).
+HOST_TEMPLATES = {"base", "code-interpreter-v1"}
+
+
+@dataclass
+class Placing:
+    reached: bool = False
+
+
+
+class Creates(SnapshotCopies):
+    """Places and records new sandboxes."""
+
+    @contextlib.asynccontextmanager
+    async def _placing(self, view: NodeView, image: str | None) -> AsyncIterator[Placing]:
+        """A create sent to ``view``: recorded in the store before it is sent (``c/UUID``,
+        removed once the node answered and the new ids were recorded), and counted in the
+        node's load meanwhile."""
+        intent = f"c/{uuid.uuid4()}"
+        if self.store is not None:
+            await self._kv(self.store.put, intent, {"node": view.node_id, "at": time.time(), "image": image})
+        view.inflight += 1
+        view.recount()
+        placing = Placing()
+        try:
+            yield placing
+        finally:
+            view.inflight -= 1
+            view.recount()
+            if self.store is not None:
+                await self._kv(self.store.delete, intent)
+
+    async def _create(self, req: Request, *, e2b: bool) -> None:
+        body = await req.read_body_or_refuse()
+        if body is None:
+            return
+        parsed = json_or_none(body) if body.strip() else {}
+        hint: dict[str, Any] = {}
+        image: str | None = None
+        if isinstance(parsed, dict):
+            if not e2b and "placement" in parsed:
+                hint = parsed.pop("placement") or {}
+                problem = bad_hint(hint)
+                if problem:
+                    await req.send(*lockbox_error(400, "INVALID_REQUEST", problem[1], field=problem[0]))
+                    return
+                body = json.dumps(parsed).encode()
+            image = parsed.get("templateID") if e2b else parsed.get("image")
+            if not isinstance(image, str) or (e2b and image in HOST_TEMPLATES):
+                image = None
+        snapshot = parsed.get("from_snapshot") if isinstance(parsed, dict) and not e2b else None
+        if isinstance(snapshot, str) and snapshot:
+            # A sandbox of a snapshot: on a node that has it, or one it is copied to.
+            view = await self._snapshot_target(req, snapshot, hint, 1)
+            if view is None:
+                return
+            copy = await self._snapshot_on(req, snapshot, view)
+            if copy is None:
+                return
+
+            async def remembered(status: int, data: bytes, view: NodeView = view) -> None:
+                await self._remember(json_or_none(data), view, "create")
+
+            async with self._placing(view, image) as placing:
+                placing.reached = await self._forward(req, view, body=body, on_reply=remembered,
+                                                      on_head=copy_header(copy))
+            return
+        eligible = eligible_nodes(self.nodes.values(), hint)
+        if not eligible:
+            known = {v.node_id: v.lost_reason() or "up" for v in self.nodes.values()}
+            msg = "no fleet node is up" if not hint else f"no up fleet node matches the placement {json.dumps(hint)}"
+            if e2b:
+                await req.send(503, {"code": 503, "message": msg})
+            else:
+                await req.send(*lockbox_error(503, "NO_NODE", msg, placement=hint, nodes=known))
+            return
+        while eligible:
+            view = place(eligible, image=image, rng=self.rng, holders=holding(eligible, image)) or min(
+                eligible, key=lambda v: v.load / max(v.capacity, 1))
+            async def recorded(status: int, data: bytes, view: NodeView = view) -> None:
+                await self._remember(json_or_none(data), view, "create")
+
+            async def no_answer(reason: str) -> None:
+                return None
+
+            async with self._placing(view, image) as placing:
+                placing.reached = await self._forward(req, view, body=body, on_reply=recorded,
+                                                      unreachable=no_answer)
+            if placing.reached:
+                return
+            eligible.remove(view)  # the next choice, among the others
+        message = "no fleet node could be reached for the create"
+        if e2b:
+            await req.send(503, {"code": 503, "message": message})
+        else:
+            await req.send(*lockbox_error(503, "NO_NODE", message))

@@ -1,0 +1,177 @@
+"""The fleet's router as one object: :class:`Router` listens, reads each client's requests
+and sends each where it goes (:meth:`Router._handle`, the table of routes); the parts it
+combines each own one concept (see ``lockbox._router``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import urllib.parse
+from collections.abc import Awaitable, Callable
+
+from .by_id import ById
+from .console import ConsoleLogin, drop_cookies
+from .forwarding import BY_ID
+from .listings import MERGED_LISTS, SNAPSHOT_LISTING, Listings
+from .mcp import McpCalls
+from .node_watch import NodeWatch
+from .snapshot_copies import is_snapshot_id
+from .wire import HEAD_LIMIT, HEADER_TIMEOUT, Head, HttpError, Request, encode_reply, lockbox_error
+
+
+class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
+    """Serves lockbox's HTTP API (and E2B's) for every node of a fleet.
+
+    ``nodes`` is called (in a thread) every :data:`NODES_INTERVAL` seconds and returns the
+    fleet's listing (``lockbox.fleet.Fleet.nodes``); ``token`` is the fleet's token clients
+    must send; ``store`` keeps the placements (``None``: in memory only, for tests of the
+    proxy alone)."""
+
+    async def start(self, host: str, port: int, *, ports: tuple[str, int] | None = None) -> tuple[str, int]:
+        """Listens on ``host:port`` (0: a free port); returns the address bound. ``ports``:
+        also serve the sandboxes' exposed ports on their own origins there
+        (``{port}-{sandbox}.{ports_domain}:PORT``, :attr:`ports_address` once bound), as
+        ``lockbox serve --ports-listen`` does."""
+        self._tasks = [asyncio.create_task(self._watch_nodes()), asyncio.create_task(self._probe())]
+        self.server = await asyncio.start_server(functools.partial(self._client, handle=self._handle), host, port,
+                                                 limit=HEAD_LIMIT)
+        if ports is not None:
+            self.ports_server = await asyncio.start_server(functools.partial(self._client, handle=self._ports),
+                                                           *ports, limit=HEAD_LIMIT)
+            bound = self.ports_server.sockets[0].getsockname()
+            self.ports_address = (bound[0], bound[1])
+        sock = self.server.sockets[0].getsockname()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._nodes_ready.wait(), 30)
+        with contextlib.suppress(TimeoutError):  # each node checked once: it is routed to then
+            await asyncio.wait_for(self._probed.wait(), 30)
+        return sock[0], sock[1]
+
+    async def close(self) -> None:
+        """Stops listening and watching the nodes (calls in flight end as they end)."""
+        for t in self._tasks:
+            t.cancel()
+        for server in (self.server, self.ports_server):
+            if server is not None:
+                server.close()
+        for idle in self.pool.values():
+            for _, writer, _, _ in idle:
+                writer.close()
+        self.pool.clear()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                      handle: Callable[[Request], Awaitable[None]]) -> None:
+        try:
+            while True:
+                try:
+                    raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT)
+                except asyncio.LimitOverrunError:
+                    writer.write(encode_reply(431, {"code": "INVALID_REQUEST", "message": "request head over 64 KiB",
+                                              "details": {}}, close=True))
+                    await writer.drain()
+                    return
+                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                    return
+                try:
+                    head = Head.parse(raw)
+                    method, target, version = head.line.split(" ")
+                    if not version.startswith("HTTP/1."):
+                        raise HttpError(f"{version} is not HTTP/1.x")
+                    req = Request(method, target, head, reader, writer)
+                except (HttpError, ValueError) as e:
+                    writer.write(encode_reply(400, {"code": "INVALID_REQUEST", "message": f"bad request head: {e}",
+                                              "details": {}}, close=True))
+                    await writer.drain()
+                    return
+                req.keep = version == "HTTP/1.1" and "close" not in head.tokens("connection")
+                await handle(req)
+                if not req.keep or (not req.body_read and req.framing != 0):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, HttpError, asyncio.LimitOverrunError):
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _handle(self, req: Request) -> None:
+        path = req.path
+        if req.head.get("e2b-sandbox-id") is not None:  # E2B's sandbox plane: the sandbox's own token
+            sid = (req.head.get("e2b-sandbox-id") or "").strip()
+            await self._by_id(req, sid, "sandboxes", flavour="e2b-plane", upstream_auth=False)
+            return
+        if path == "/healthz":
+            await req.drain_body()
+            await req.send(200, {"status": "ok", "fleet": True,
+                                 "nodes": {n.node_id: n.state for n in self.nodes.values()},
+                                 # What placement weighs: each node's running sandboxes as its
+                                 # last probe saw them, with this router's creates and deletes since.
+                                 "load": {n.node_id: n.load for n in self.nodes.values()}})
+            return
+        e2b = path.startswith(("/sandboxes", "/v2/", "/v3/", "/templates")) or path in ("/health", "/snapshots")
+        if path == "/health":
+            await req.drain_body()
+            await req.send(200, {"message": "Health check successful"})
+            return
+        if path in ("/ui/login", "/ui/logout", "/ui/session"):
+            await self._console(req)
+            return
+        if path == "/" or path == "/ui" or path.startswith("/ui/"):  # the console's files: no token
+            await self._to_any(req, upstream_auth=False)
+            return
+        if not self._authorized(req.head, e2b):
+            # The console's cookie opens lockbox's /v1 API only (as on one server).
+            cookie = not e2b and not req.head.get("authorization") and path.startswith("/v1/")
+            got = await self._session(req.head) if cookie else None
+            refusal = self._cookie_refusal(req, got[1]) if got else None
+            if got and refusal:
+                req.keep = False
+                await req.send(*lockbox_error(403, "FORBIDDEN", f"console session: {refusal}"))
+                return
+            if got is None:
+                req.keep = False  # its body is not read
+                if e2b:
+                    await req.send(401, {"code": 401, "message": "Invalid API key: send the fleet's token as "
+                                         "X-API-Key (E2B_API_KEY)"})
+                else:
+                    await req.send(*lockbox_error(401, "UNAUTHORIZED", "missing or wrong bearer token: send the "
+                                                   "fleet's token (lockbox.fleet.Fleet.token)"))
+                return
+            # The console's cookie stands for the fleet's token: nodes get their own token.
+            req.head.remove("x-csrf-token")
+            drop_cookies(req.head, ("lockbox_session", "lockbox_csrf"))
+        parts = [p for p in path.split("/") if p]
+        if req.method == "POST" and path in ("/v1/sandboxes", "/sandboxes", "/v2/sandboxes"):
+            await self._create(req, e2b=e2b)
+        elif req.method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "snapshots"] and parts[3] == "fork":
+            await self._fork_snapshot(req, urllib.parse.unquote(parts[2]))
+        elif req.method == "GET" and path in MERGED_LISTS:
+            await self._list(req, e2b=e2b)
+        elif req.method == "GET" and path == SNAPSHOT_LISTING.path:
+            await self._e2b_page(req, SNAPSHOT_LISTING)
+        elif req.method == "DELETE" and len(parts) == 2 and parts[0] == "templates" and is_snapshot_id(
+                urllib.parse.unquote(parts[1])):
+            # E2B's Sandbox.delete_snapshot: a snapshot goes to its node (an image template
+            # would be refused there: 501, as below).
+            await self._by_id(req, urllib.parse.unquote(parts[1]), "snapshots", flavour="e2b")
+        elif parts[:1] == ["v1"] and len(parts) >= 3 and parts[1] in BY_ID:
+            await self._by_id(req, urllib.parse.unquote(parts[2]), parts[1], flavour="lockbox")
+        elif parts[:2] == ["v1", "journal"] and len(parts) >= 4 and parts[2] == "runs":
+            await self._by_id(req, urllib.parse.unquote(parts[3]), "runs", flavour="lockbox")
+        elif e2b and "sandboxes" in parts[:2] and len(parts) >= parts.index("sandboxes") + 2:
+            sid = urllib.parse.unquote(parts[parts.index("sandboxes") + 1])
+            await self._by_id(req, sid, "sandboxes", flavour="e2b")
+        elif req.method == "POST" and path == "/v1/transactions":
+            await self._transaction(req)
+        elif path == "/mcp" and req.method == "POST":
+            await self._mcp(req)
+        elif path.startswith("/v1/tokens") or path.startswith(("/v3/templates", "/v2/templates", "/templates")):
+            await req.drain_body()
+            what = "E2B templates" if e2b else "scoped tokens"
+            message = f"{what} are not served by the fleet's router yet: use a node's own server (docs/fleet.md)"
+            if e2b:
+                await req.send(501, {"code": 501, "message": message})
+            else:
+                await req.send(*lockbox_error(501, "NOT_SUPPORTED", message, what=path))
+        else:  # the API's description and the like: the same on every node
+            await self._to_any(req)
