@@ -65,6 +65,8 @@ status=0
 # sandboxed server's, and an exposed port nothing listens on is 502 PORT_NOT_LISTENING by
 # design, which not_a_server_error would count as a failure. Exposing, listing and
 # unexposing ports are fuzzed; the proxy is tested end to end (lockbox-cli/tests/it/serve_ports.rs).
+# Media types schemathesis needs told how to send (the snapshot artifact's tar stream).
+SCHEMATHESIS_HOOKS="$PWD/scripts/fuzz-api-hooks.py" \
 "$venv/bin/schemathesis" run "$work/openapi.json" --url "http://$listen" \
   -H "Authorization: Bearer $token" \
   --exclude-path-regex '^/v1/sandboxes/\{id\}/ports/\{port\}/' \
