@@ -1,7 +1,8 @@
 //! E2B's control plane (`spec/openapi.yml` of e2b-dev/E2B): create, list, info, kill,
 //! timeout, connect, refresh, health here; pause, resume, fork and snapshots in
 //! [`crate::lifecycle`]; logs and metrics in [`crate::observe`]; the network options, and
-//! `PUT .../network` replacing a running sandbox's egress rules, in [`crate::network`]. Authenticated by `X-API-Key` (the server's token).
+//! `PUT .../network` replacing a running sandbox's egress rules, in the `network` module.
+//! Authenticated by `X-API-Key` (the server's token).
 //!
 //! Each E2B sandbox is a lockbox sandbox with the same id (until it is paused and resumed:
 //! see [`crate::E2bSandbox::instance`]), created on the host's userland (template `base`),
