@@ -304,18 +304,9 @@ impl SnapshotStore {
         let aside = unfinished.join(&aside_name);
         let made = (|| {
             let layer = aside.join(LAYER);
-            let mk = |p: &Path| {
-                DirBuilder::new()
-                    .mode(0o700)
-                    .create(p)
-                    .map_err(|source| CowError::Snapshot {
-                        path: p.to_owned(),
-                        source,
-                    })
-            };
-            mk(&aside)?;
-            mk(&layer)?;
-            mk(&aside.join(USERS))?;
+            private_dir(&aside)?;
+            private_dir(&layer)?;
+            private_dir(&aside.join(USERS))?;
             let used = self.usage()?;
             let room = |max: Option<u64>, used: u64| max.map(|m| m.saturating_sub(used));
             let mut tally = crate::layers::Tally::within((
@@ -330,9 +321,9 @@ impl SnapshotStore {
                 })?;
                 let kept = aside.join(SCRATCH);
                 if !kept.exists() {
-                    mk(&kept)?;
+                    private_dir(&kept)?;
                 }
-                mk(&kept.join(name))?;
+                private_dir(&kept.join(name))?;
                 crate::layers::copy_tree_counted(tree, &kept.join(name), &mut tally)?;
             }
             // The layer's root carries the view's root attributes, as the upper's does.
@@ -435,24 +426,15 @@ impl SnapshotStore {
             next_incoming(),
             id
         ));
-        let mk = |p: &Path| {
-            DirBuilder::new()
-                .mode(0o700)
-                .create(p)
-                .map_err(|source| CowError::Snapshot {
-                    path: p.to_owned(),
-                    source,
-                })
-        };
-        mk(&aside)?;
+        private_dir(&aside)?;
         let incoming = IncomingSnapshot {
             store: self.clone(),
             id: id.clone(),
             aside,
             published: false,
         };
-        mk(&incoming.aside.join(LAYER))?;
-        mk(&incoming.aside.join(USERS))?;
+        private_dir(&incoming.aside.join(LAYER))?;
+        private_dir(&incoming.aside.join(USERS))?;
         Ok(incoming)
     }
 
@@ -950,4 +932,16 @@ fn now() -> Timestamp {
         secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i64::from(d.subsec_nanos()),
     }
+}
+
+/// Makes the directory `p`, readable by its owner only (a snapshot's parts before they are
+/// published).
+fn private_dir(p: &Path) -> Result<(), CowError> {
+    DirBuilder::new()
+        .mode(0o700)
+        .create(p)
+        .map_err(|source| CowError::Snapshot {
+            path: p.to_owned(),
+            source,
+        })
 }
