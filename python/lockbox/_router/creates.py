@@ -69,12 +69,10 @@ class Creates(SnapshotCopies):
         snapshot = parsed.get("from_snapshot") if isinstance(parsed, dict) and not e2b else None
         if isinstance(snapshot, str) and snapshot:
             # A sandbox of a snapshot: on a node that has it, or one it is copied to.
-            view = await self._snapshot_target(req, snapshot, hint, 1)
-            if view is None:
+            placed = await self._place_from_snapshot(req, snapshot, hint, 1)
+            if placed is None:
                 return
-            copy = await self._snapshot_on(req, snapshot, view)
-            if copy is None:
-                return
+            view, copy = placed
 
             async def remembered(status: int, data: bytes, view: NodeView = view) -> None:
                 await self._remember(json_or_none(data), view, "create")

@@ -79,12 +79,10 @@ class SnapshotCopies(ForwardingRouter):
             body = json.dumps(parsed).encode()
         count = parsed.get("count", 1) if isinstance(parsed, dict) else 1
         count = count if isinstance(count, int) and count > 0 else 1
-        view = await self._snapshot_target(req, sid, hint, count)
-        if view is None:
+        placed = await self._place_from_snapshot(req, sid, hint, count)
+        if placed is None:
             return
-        copy = await self._snapshot_on(req, sid, view)
-        if copy is None:
-            return
+        view, copy = placed
 
         async def made(status: int, data: bytes, view: NodeView = view) -> None:
             if status == 201:
@@ -103,6 +101,19 @@ class SnapshotCopies(ForwardingRouter):
         if self.store is not None:
             copies |= {k.rsplit("/", 1)[1] for k in await self._kv(self.store.keys, f"h/{sid}/")}
         return ([home] if home else []) + sorted(copies - {home})
+
+    async def _place_from_snapshot(self, req: Request, sid: str, hint: dict[str, Any],
+                                   count: int) -> tuple[NodeView, str] | None:
+        """The node ``count`` sandboxes of snapshot ``sid`` go to (:meth:`_snapshot_target`),
+        with the snapshot there (:meth:`_snapshot_on`): the node and how it got the snapshot.
+        ``None`` once the client has been answered."""
+        view = await self._snapshot_target(req, sid, hint, count)
+        if view is None:
+            return None
+        copy = await self._snapshot_on(req, sid, view)
+        if copy is None:
+            return None
+        return view, copy
 
     async def _snapshot_target(self, req: Request, sid: str, hint: dict[str, Any], count: int) -> NodeView | None:
         """The node a sandbox of snapshot ``sid`` goes to: one the hint names (a holder of
