@@ -535,6 +535,52 @@ def test_the_e2b_sdk_lists_every_nodes_snapshots_once_and_deletes_them_on_their_
             s.kill()
 
 
+def held_by(node, path="/v2/sandboxes?limit=100", key="sandboxID"):
+    """The ids a node's own server lists (E2B's listing by default)."""
+    status, _, data = call(node, "GET", path)
+    assert status == 200, data
+    items = json.loads(data)
+    return {s[key] for s in (items if isinstance(items, list) else items[path.split("?")[0].rsplit("/", 1)[1]])}
+
+
+def test_an_e2b_create_from_a_snapshot_of_another_node_copies_it_there(three_nodes, monkeypatch):
+    """E2B's Sandbox.create(template=SNAPSHOT_ID) through the router, placed on a node that
+    does not hold the snapshot (its own node is full), copies the snapshot there first, as
+    lockbox's from_snapshot does (docs/fleet.md, "Snapshots on other nodes"): the sandbox
+    runs on node B with the snapshot's files; the next create finds B's copy; deleting the
+    snapshot removes both."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    a, b, _ = three_nodes
+    e2b_env(monkeypatch, start_router([a]))  # the snapshot is taken on node A
+    box = Sandbox.create(timeout=120)
+    made = []
+    try:
+        box.files.write("marker.txt", "written on A")
+        snap = box.create_snapshot().snapshot_id
+        assert snap not in held_by(b, "/snapshots", "snapshotID")
+        # A router to which A is full (its one sandbox: the snapshot's): the create goes to B.
+        e2b_env(monkeypatch, start_router([{**a, "max_sandboxes": 1}, b]))
+        for _ in range(2):
+            made.append(Sandbox.create(template=snap, timeout=120))
+            assert made[-1].sandbox_id in held_by(b), "placed on B, not on the full A"
+            assert made[-1].files.read("marker.txt") == "written on A"
+        assert snap in held_by(b, "/v1/snapshots", "id")  # copied once, under the same id
+        for s in made:
+            s.kill()
+        made.clear()
+        assert Sandbox.delete_snapshot(snap)  # B's copy first, then A's own
+        assert snap not in held_by(a, "/v1/snapshots", "id") | held_by(b, "/v1/snapshots", "id")
+    finally:
+        for s in made:
+            s.kill()
+        box.kill()
+
+
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
     from lockbox._router import Cursor, merge_pages
 
