@@ -40,14 +40,14 @@ def node(tmp_path_factory):
 ROUTERS = []
 
 
-def start_router(nodes, token="fleet-token"):
-    """A Router on a free port in a thread of its own (stopped at the end of the module);
-    returns (host, port)."""
+def start_router(nodes, token="fleet-token", **options):
+    """A Router (``options``: its keyword arguments) on a free port in a thread of its own
+    (stopped at the end of the module); returns (host, port)."""
     ready = threading.Event()
     where = {}
 
     async def main():
-        router = Router(lambda: nodes, token, None)
+        router = Router(lambda: nodes, token, None, **options)
         where["addr"] = await router.start("127.0.0.1", 0)
         where["loop"], where["stop"] = asyncio.get_running_loop(), asyncio.Event()
         ready.set()
@@ -579,6 +579,67 @@ def test_an_e2b_create_from_a_snapshot_of_another_node_copies_it_there(three_nod
         for s in made:
             s.kill()
         box.kill()
+
+
+def test_e2b_host_form_reaches_the_sandboxs_node(three_nodes, monkeypatch):
+    """E2B's sandbox plane by its host form, {port}-{sandboxID}.{domain} (what the SDK names
+    with E2B_DOMAIN and no E2B_SANDBOX_URL, and what its signed file URLs carry), through a
+    router started with that domain: each request reaches the node of the sandbox it names,
+    read as lockbox serve --e2b-domain reads it (docs/e2b.md), with E2B's answers for an
+    unknown sandbox or a closed port; a host outside the domain is an API request."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    addr = start_router(three_nodes, e2b_domain="Fleet.Test.")
+    e2b_env(monkeypatch, addr)
+    monkeypatch.setenv("E2B_DOMAIN", "fleet.test")
+    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
+    try:
+        assert len({next(n["node_id"] for n in three_nodes if s.sandbox_id in held_by(n)) for s in boxes}) >= 2
+
+        def plane(host, target, headers=()):
+            conn = http.client.HTTPConnection(*addr, timeout=60)
+            conn.request("GET", target, headers={"Host": host, **dict(headers)})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+
+        for s in boxes:
+            s.files.write("where.txt", s.sandbox_id)
+            host = s.get_host(49983)
+            assert host == f"49983-{s.sandbox_id}.fleet.test"
+            token = {"X-Access-Token": s._envd_access_token}
+            assert plane(f"{host}:443", "/files?path=where.txt", token) == (200, s.sandbox_id.encode())
+            # A signed URL names its sandbox by host alone: no header, no token.
+            signed = urllib.parse.urlsplit(s.download_url("where.txt", use_signature_expiration=60))
+            assert plane(host, f"{signed.path}?{signed.query}") == (200, s.sandbox_id.encode())
+            status, body = plane(host, "/files?path=where.txt", {"X-Access-Token": "wrong"})
+            assert status == 401 and json.loads(body)["code"] == 401, body
+            status, body = plane(f"8080-{s.sandbox_id}.fleet.test", "/")  # the node answers: no such port
+            assert (status, json.loads(body)["message"]) == (502, "The sandbox is running but port is not open: "
+                                                                  "port 8080"), body
+        status, body = plane("49983-sb-nowhere.fleet.test", "/files?path=x")
+        assert (status, json.loads(body)) == (502, {"code": 502, "message": "The sandbox sb-nowhere was not found"})
+        # Not the host form: the API, which wants the fleet's token.
+        for host in ("49983-x.other.test", "api-x.fleet.test", "fleet.test"):
+            status, body = plane(host, "/v1/sandboxes")
+            assert (status, json.loads(body)["code"]) == (401, "UNAUTHORIZED"), (host, body)
+    finally:
+        for s in boxes:
+            s.kill()
+
+
+def test_e2b_host_form_is_read_as_lockbox_serve_reads_it():
+    from lockbox._router.router import e2b_host_target
+
+    assert e2b_host_target("49999-sb-2.lockbox.test:3000", "lockbox.test") == (49999, "sb-2")
+    assert e2b_host_target("49983-sb-2.lockbox.test:", "lockbox.test") == (49983, "sb-2")
+    assert e2b_host_target("+80-sb.lockbox.test", "lockbox.test") == (80, "sb")
+    for host in ("49999-sb-2.other.test", "127.0.0.1:3000", "lockbox.test", "x.lockbox.test", "65536-sb.lockbox.test",
+                 "1_0-sb.lockbox.test", " 80-sb.lockbox.test", "49983-sb.LOCKBOX.TEST"):
+        assert e2b_host_target(host, "lockbox.test") is None, host
 
 
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
@@ -96,6 +97,13 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
 
     async def _handle(self, req: Request) -> None:
         path = req.path
+        plane = e2b_host_target(req.head.get("host") or "", self.e2b_domain) if (
+            self.e2b_domain and req.head.get("e2b-sandbox-id") is None) else None
+        if plane is not None:
+            # E2B's host form names the sandbox and port: the node is told in the SDK's
+            # headers (it needs no --e2b-domain of its own).
+            req.head.put("E2b-Sandbox-Id", plane[1])
+            req.head.put("E2b-Sandbox-Port", str(plane[0]))
         if req.head.get("e2b-sandbox-id") is not None:  # E2B's sandbox plane: the sandbox's own token
             sid = (req.head.get("e2b-sandbox-id") or "").strip()
             await self._by_id(req, sid, "sandboxes", flavour="e2b-plane", upstream_auth=False)
@@ -175,3 +183,20 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
                 await req.send(*lockbox_error(501, "NOT_SUPPORTED", message, what=path))
         else:  # the API's description and the like: the same on every node
             await self._to_any(req)
+
+
+def e2b_host_target(host: str, domain: str) -> tuple[int, str] | None:
+    """The port and E2B sandbox a ``Host`` of E2B's form ``{port}-{sandboxID}.{domain}[:PORT]``
+    names, read as ``lockbox serve --e2b-domain`` reads it (crates/lockbox-e2b, ``target_of``):
+    a trailing ``:digits`` dropped, then ``.{domain}`` (exactly) and the label before it split
+    at its first ``-`` into a port (0-65535) and the sandbox (the rest). ``None``: not that
+    form (the request is then an API request, as on one server)."""
+    name, sep, tail = host.rpartition(":")
+    if sep and all(c in "0123456789" for c in tail):
+        host = name
+    if not host.endswith("." + domain):
+        return None
+    port, dash, sandbox = host[: -len(domain) - 1].partition("-")
+    if not dash or not re.fullmatch(r"\+?[0-9]+", port) or int(port) > 65535:
+        return None
+    return int(port), sandbox
