@@ -434,12 +434,13 @@ def down(namespace: str = DEFAULT_NAMESPACE) -> None:
 def _forget_placements(namespace: str) -> None:
     """Removes the routers' records of where each sandbox and snapshot is (``p/``, ``n/``,
     ``g/``, ``c/``): the sandboxes went with their servers, and a router of the next ``up``
-    finds a snapshot again by asking every node. The fleet's token and the console's
-    sessions stay."""
+    finds a snapshot again by asking every node. The scoped tokens minted through the routers
+    (``t/``, ``k/``) go too: they lived in the servers' memory. The fleet's token and the
+    console's sessions stay."""
     from ray.experimental import internal_kv
 
     ns = _kv_namespace(namespace)
-    for prefix in (b"p/", b"n/", b"g/", b"c/"):
+    for prefix in (b"p/", b"n/", b"g/", b"c/", b"t/", b"k/"):
         for key in internal_kv._internal_kv_list(prefix, namespace=ns):
             internal_kv._internal_kv_del(key, namespace=ns)
 

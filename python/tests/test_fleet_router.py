@@ -642,6 +642,59 @@ def test_e2b_host_form_is_read_as_lockbox_serve_reads_it():
         assert e2b_host_target(host, "lockbox.test") is None, host
 
 
+def routed(addr, method, path, body=None, headers=AUTH):
+    """One request through the router: (status, parsed JSON body or None)."""
+    conn = http.client.HTTPConnection(*addr, timeout=60)
+    conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                 headers={"Content-Type": "application/json", **headers})
+    resp = conn.getresponse()
+    data = resp.read()
+    return resp.status, json.loads(data) if data else None
+
+
+def test_a_scoped_token_minted_through_the_router_works_on_its_node(three_nodes):
+    """POST /v1/tokens through the router (docs/fleet.md, "Scoped tokens"): minted on the node
+    the placement hint names, handed out as a secret of the router's own; with it, creates,
+    execs and listings reach that node, which keeps the token to its scope (the operator's
+    sandbox there is not its to see, the operator's routes are 403); the node does not take
+    the router's secret; revoked through the router, it is refused."""
+    a, b, _ = three_nodes
+    addr = start_router(three_nodes)
+    status, minted = routed(addr, "POST", "/v1/tokens", {"placement": {"node": "b"}})
+    assert status == 201 and minted["node"] == b["node_id"] and minted["token"].startswith("lbfs_"), minted
+    scoped = {"Authorization": f"Bearer {minted['token']}"}
+    status, theirs = routed(addr, "POST", "/v1/sandboxes", {"placement": {"node": "b"}})
+    assert status == 201, theirs
+    made = [theirs["id"]]
+    try:
+        status, box = routed(addr, "POST", "/v1/sandboxes", {}, scoped)
+        assert status == 201, box
+        made.append(box["id"])
+        assert box["id"] in held_by(b, "/v1/sandboxes", "id")
+        status, ran = routed(addr, "POST", f"/v1/sandboxes/{box['id']}/exec", {"command": "echo scoped"}, scoped)
+        assert (status, ran["stdout"]) == (200, "scoped\n"), ran
+        status, listed = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert status == 200 and [s["id"] for s in listed["sandboxes"]] == [box["id"]], listed
+        status, refused = routed(addr, "GET", f"/v1/sandboxes/{theirs['id']}", None, scoped)
+        assert (status, refused["code"]) == (404, "SANDBOX_NOT_FOUND"), refused
+        status, refused = routed(addr, "POST", "/v1/tokens", {}, scoped)
+        assert (status, refused["code"]) == (403, "FORBIDDEN"), refused
+        assert call({**b, "token": minted["token"]}, "GET", "/v1/sandboxes")[0] == 401  # the node's is another
+        status, refused = routed(addr, "GET", "/v2/sandboxes", None, {"X-API-Key": minted["token"]})
+        assert (status, refused["code"]) == (401, 401), refused  # not an E2B key, as on one server
+        status, revoked = routed(addr, "DELETE", f"/v1/tokens/{minted['id']}")
+        assert status == 200 and revoked["revoked"], revoked
+        status, refused = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert (status, refused["code"]) == (401, "UNAUTHORIZED"), refused
+        status, refused = routed(addr, "DELETE", f"/v1/tokens/{minted['id']}")
+        assert (status, refused["code"]) == (404, "TOKEN_NOT_FOUND"), refused
+        status, refused = routed(addr, "POST", "/v1/tokens", {"placement": {"node": "z"}})
+        assert (status, refused["code"]) == (503, "NO_NODE"), refused
+    finally:
+        for sid in made:
+            routed(addr, "DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
     from lockbox._router import Cursor, merge_pages
 

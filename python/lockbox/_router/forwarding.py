@@ -81,6 +81,9 @@ class ForwardingRouter:
         """Snapshot id -> the nodes this router copied it to (also in the store, ``h/ID/NODE``)."""
         self._copying: dict[tuple[str, str], asyncio.Lock] = {}
         self.sessions: dict[str, tuple[str, float]] = {}
+        self.scoped: dict[str, dict[str, Any]] = {}
+        """Scoped tokens minted through this router or looked up in the store (the hash of
+        the router's secret -> ``{"id", "node", "secret"}``); the store's ``t/HASH``."""
         self.pool: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float, int]]] = {}
         self.rng = random.Random()
         self.server: asyncio.Server | None = None

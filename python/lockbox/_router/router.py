@@ -18,10 +18,11 @@ from .listings import MERGED_LISTS, SNAPSHOT_LISTING, Listings
 from .mcp import McpCalls
 from .node_watch import NodeWatch
 from .snapshot_copies import is_snapshot_id
+from .tokens import ScopedTokens
 from .wire import HEAD_LIMIT, HEADER_TIMEOUT, Head, HttpError, Request, encode_reply, lockbox_error
 
 
-class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
+class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
     """Serves lockbox's HTTP API (and E2B's) for every node of a fleet.
 
     ``nodes`` is called (in a thread) every :data:`NODES_INTERVAL` seconds and returns the
@@ -128,6 +129,12 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
             await self._to_any(req, upstream_auth=False)
             return
         if not self._authorized(req.head, e2b):
+            # A scoped token the routers minted: everything to its node (not E2B's API,
+            # which takes no scoped token on one server either).
+            scoped = None if e2b else await self._scoped_entry(req.head)
+            if scoped is not None:
+                await self._as_scoped(req, scoped)
+                return
             # The console's cookie opens lockbox's /v1 API only (as on one server).
             cookie = not e2b and not req.head.get("authorization") and path.startswith("/v1/")
             got = await self._session(req.head) if cookie else None
@@ -173,14 +180,14 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
             await self._transaction(req)
         elif path == "/mcp" and req.method == "POST":
             await self._mcp(req)
-        elif path.startswith("/v1/tokens") or path.startswith(("/v3/templates", "/v2/templates", "/templates")):
+        elif req.method == "POST" and path == "/v1/tokens":
+            await self._mint(req)
+        elif req.method == "DELETE" and len(parts) == 3 and parts[:2] == ["v1", "tokens"]:
+            await self._revoke(req, urllib.parse.unquote(parts[2]))
+        elif path.startswith(("/v3/templates", "/v2/templates", "/templates")):
             await req.drain_body()
-            what = "E2B templates" if e2b else "scoped tokens"
-            message = f"{what} are not served by the fleet's router yet: use a node's own server (docs/fleet.md)"
-            if e2b:
-                await req.send(501, {"code": 501, "message": message})
-            else:
-                await req.send(*lockbox_error(501, "NOT_SUPPORTED", message, what=path))
+            await req.send(501, {"code": 501, "message": "E2B templates are not served by the fleet's router yet: "
+                                 "use a node's own server (docs/fleet.md)"})
         else:  # the API's description and the like: the same on every node
             await self._to_any(req)
 
