@@ -581,6 +581,38 @@ def test_an_e2b_create_from_a_snapshot_of_another_node_copies_it_there(three_nod
         box.kill()
 
 
+def test_an_e2b_create_from_a_snapshot_whose_node_is_down_is_refused_in_e2bs_shape(tmp_path, monkeypatch):
+    """The router's own refusal of an E2B create from a snapshot (its only node gone) comes in
+    E2B's error shape, {"code", "message"}, which the SDK raises by status."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    a_proc, a = serve(tmp_path / "a")
+    b_proc, b = serve(tmp_path / "b")
+    a["node_id"], b["node_id"] = "a" * 56, "b" * 56
+    try:
+        addr = start_router([a, b])
+        e2b_env(monkeypatch, addr)
+        box = Sandbox.create(template="base", timeout=120)
+        assert box.sandbox_id in held_by(a) or box.sandbox_id in held_by(b)
+        home, other = (a_proc, b) if box.sandbox_id in held_by(a) else (b_proc, a)
+        snap = box.create_snapshot().snapshot_id  # recorded by the router with its node
+        home.terminate()
+        home.wait(30)
+        status, body = routed(addr, "POST", "/sandboxes", {"templateID": snap, "timeout": 60},
+                              {"X-API-Key": "fleet-token"})
+        assert status == 503 and set(body) == {"code", "message"} and body["code"] == 503, body
+        assert snap in body["message"] or "cannot be reached" in body["message"], body
+        assert snap not in held_by(other, "/snapshots", "snapshotID")
+    finally:
+        for proc in (a_proc, b_proc):
+            proc.terminate()
+            proc.wait(30)
+
+
 def test_e2b_host_form_reaches_the_sandboxs_node(three_nodes, monkeypatch):
     """E2B's sandbox plane by its host form, {port}-{sandboxID}.{domain} (what the SDK names
     with E2B_DOMAIN and no E2B_SANDBOX_URL, and what its signed file URLs carry), through a
