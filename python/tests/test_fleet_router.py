@@ -727,6 +727,40 @@ def test_a_scoped_token_minted_through_the_router_works_on_its_node(three_nodes)
             routed(addr, "DELETE", f"/v1/sandboxes/{sid}")
 
 
+def test_a_scoped_token_ends_with_its_nodes_server_and_is_still_revoked(tmp_path):
+    """A node's scoped tokens live in its server's memory: once the server restarted, the
+    token is the new server's 401 through the router, and revoking it through the router
+    still succeeds (the routers forget it), after which the router itself refuses it."""
+    import time
+
+    proc, node = serve(tmp_path / "n")
+    node["node_id"] = "t" * 56
+    addr = start_router([node])
+    try:
+        status, minted = routed(addr, "POST", "/v1/tokens", {})
+        assert status == 201 and minted["node"] == node["node_id"], minted
+        scoped = {"Authorization": f"Bearer {minted['token']}"}
+        assert routed(addr, "GET", "/v1/sandboxes", None, scoped)[0] == 200
+        proc.terminate()
+        proc.wait(30)
+        proc, fresh = serve(tmp_path / "n")  # the same state directory: the same operator token
+        node.update(url=fresh["url"], token=fresh["token"])  # what the fleet's listing would say
+        deadline = time.monotonic() + 60
+        while (made := routed(addr, "POST", "/v1/sandboxes", {}))[0] != 201:  # until the router routes to it
+            assert time.monotonic() < deadline, f"the router never took the new server: {made}"
+            threading.Event().wait(0.2)
+        assert routed(addr, "DELETE", f"/v1/sandboxes/{made[1]['id']}")[0] == 200
+        status, refused = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert (status, refused["code"]) == (401, "UNAUTHORIZED"), refused  # the new server's
+        status, revoked = routed(addr, "DELETE", f"/v1/tokens/{minted['id']}")
+        assert status == 200 and revoked["revoked"], revoked
+        status, refused = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert (status, refused["code"]) == (401, "UNAUTHORIZED") and "fleet" in refused["message"], refused
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
     from lockbox._router import Cursor, merge_pages
 

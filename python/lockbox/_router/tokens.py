@@ -13,15 +13,17 @@ node)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import secrets
 import time
+import urllib.parse
 from typing import Any
 
 from .forwarding import ForwardingRouter
 from .placement import NodeView, bad_hint, eligible_nodes, place
-from .wire import Head, Request, json_or_none, lockbox_error
+from .wire import Head, HttpError, Request, describe_error, json_or_none, lockbox_error
 
 PREFIX = "lbfs_"
 """Begins every scoped token the routers hand out (to tell it from the fleet's token in logs
@@ -104,19 +106,24 @@ class ScopedTokens(ForwardingRouter):
             await req.send(*lockbox_error(404, "TOKEN_NOT_FOUND", f"no scoped token {token_id} was minted through "
                                            "the fleet's routers", id=token_id))
             return
+        await req.drain_body()
         view = self.nodes.get(entry["node"])
-
-        async def forgotten(status: int, data: bytes) -> None:
-            await self._forget_token(key, token_id)
-
-        if view is None or not view.routable:
-            # The node's tokens end with its server: one that cannot be reached keeps it
-            # only until it restarts; the routers stop taking it now.
-            await req.drain_body()
-            await self._forget_token(key, token_id)
-            await req.send(200, {"revoked": True, "node": entry["node"]})
-            return
-        await self._forward(req, view, on_reply=forgotten)
+        if view is not None and view.routable:
+            try:
+                status, _, data = await self._call(view, "DELETE", "/v1/tokens/" + urllib.parse.quote(
+                    str(entry["id"]), safe=""))
+            except (OSError, HttpError, TimeoutError, asyncio.IncompleteReadError) as e:
+                status, data = 0, describe_error(e).encode()
+            # 404: its server restarted since, and the token went with it.
+            if status not in (0, 200, 404):
+                answer = json_or_none(data)
+                await req.send(status, answer if isinstance(answer, dict) else {
+                    "code": "INTERNAL", "message": f"node {view.node_id[:12]} answered {status}", "details": {}})
+                return
+        # A node that cannot be reached keeps the token only until its server restarts (a
+        # node's tokens live in its memory); the routers stop taking it now.
+        await self._forget_token(key, token_id)
+        await req.send(200, {"revoked": True, "node": entry["node"]})
 
     async def _forget_token(self, key: str, token_id: str) -> None:
         self.scoped.pop(key, None)
