@@ -238,10 +238,11 @@ ROUTER = "lockbox-fleet-router"
 
 
 def _run_router(namespace: str, host: str, port: int, started: Any, ports: tuple[str, int] | None = None,
-                ports_domain: str = "localhost") -> None:
+                ports_domain: str = "localhost", e2b_domain: str | None = None) -> None:
     """Runs a router (in this thread, until the process ends); ``started(host, port,
     ports_address)`` is called once it listens. ``ports``: where it serves the sandboxes'
-    exposed ports on their own origins (``None``: nowhere)."""
+    exposed ports on their own origins (``None``: nowhere). ``e2b_domain``: E2B's sandbox
+    host form (``{port}-{sandboxID}.{e2b_domain}``)."""
     import asyncio
 
     from ._router import Router, Store
@@ -253,7 +254,8 @@ def _run_router(namespace: str, host: str, port: int, started: Any, ports: tuple
         return list(ray.get(controller.nodes.remote(), timeout=10))
 
     async def main() -> None:
-        router = Router(nodes, _fleet_token(namespace), Store(namespace), ports_domain=ports_domain)
+        router = Router(nodes, _fleet_token(namespace), Store(namespace), ports_domain=ports_domain,
+                        e2b_domain=e2b_domain)
         started(*(await router.start(host, port, ports=ports)), router.ports_address)
         await asyncio.Event().wait()
 
@@ -264,7 +266,7 @@ class _RouterActor:
     """A router in a detached Ray actor (restarted by Ray, on a new port when it was 0)."""
 
     def __init__(self, namespace: str, host: str | None, port: int, ports_listen: str | None,
-                 ports_domain: str) -> None:
+                 ports_domain: str, e2b_domain: str | None = None) -> None:
         ray = _need_ray()
         self.address: tuple[str, int] | None = None
         self.ports_address: tuple[str, int] | None = None
@@ -276,7 +278,7 @@ class _RouterActor:
 
         bind = host or ray.util.get_node_ip_address()
         ports = _ports_listen(ports_listen, bind)
-        threading.Thread(target=_run_router, args=(namespace, bind, port, started, ports, ports_domain),
+        threading.Thread(target=_run_router, args=(namespace, bind, port, started, ports, ports_domain, e2b_domain),
                          name="lockbox-fleet-router", daemon=True).start()
         if not ready.wait(60):
             raise RuntimeError(f"the fleet's router did not start listening on {bind}:{port} in 60 s")
@@ -308,8 +310,8 @@ def _ports_listen(ports_listen: str | None, host: str) -> tuple[str, int] | None
 
 
 def router(listen: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, name: str = ROUTER,
-           node_id: str | None = None, ports_listen: str | None = None, ports_domain: str = "localhost"
-           ) -> dict[str, Any]:
+           node_id: str | None = None, ports_listen: str | None = None, ports_domain: str = "localhost",
+           e2b_domain: str | None = None) -> dict[str, Any]:
     """Starts a router named ``name`` (if none runs) as a detached Ray actor serving the
     fleet's API on ``listen`` (``HOST:PORT``; default: its node's address and a free port).
     Returns ``{"name", "url", "token", "pid"}``: clients use ``url`` with the fleet's
@@ -319,8 +321,10 @@ def router(listen: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, nam
     ``"off"``; default: the router's host, a free port) is where it serves the sandboxes'
     exposed ports on their own origins, ``{port}-{sandbox}.{ports_domain}:PORT`` (the
     ``origin`` and ``open_url`` of ``.../ports`` replies through it; ``ports_listen`` in
-    the result). A router of this name that runs already is returned as it is (the other
-    arguments then change nothing)."""
+    the result). ``e2b_domain``: E2B's sandbox plane is also routed by its host form,
+    ``{port}-{sandboxID}.{e2b_domain}`` (what the E2B SDK uses with ``E2B_DOMAIN`` and no
+    ``E2B_SANDBOX_URL``), as ``lockbox serve --e2b-domain`` does. A router of this name that
+    runs already is returned as it is (the other arguments then change nothing)."""
     ray = _need_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     host, port = _host_port(listen, "listen") if listen else (None, 0)
@@ -329,7 +333,7 @@ def router(listen: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, nam
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False) if node_id else "DEFAULT"
     actor = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)(_RouterActor).options(
         name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
-        scheduling_strategy=strategy).remote(namespace, host, port, ports_listen, ports_domain)
+        scheduling_strategy=strategy).remote(namespace, host, port, ports_listen, ports_domain, e2b_domain)
     info = dict(ray.get(actor.info.remote(), timeout=90))
     from ray.experimental import internal_kv
 
@@ -384,10 +388,11 @@ class Fleet:
         return _fleet_token(self.namespace)
 
     def router(self, listen: str | None = None, *, name: str = ROUTER, node_id: str | None = None,
-               ports_listen: str | None = None, ports_domain: str = "localhost") -> dict[str, Any]:
+               ports_listen: str | None = None, ports_domain: str = "localhost",
+               e2b_domain: str | None = None) -> dict[str, Any]:
         """See :func:`lockbox.fleet.router`."""
         return router(listen, namespace=self.namespace, name=name, node_id=node_id, ports_listen=ports_listen,
-                      ports_domain=ports_domain)
+                      ports_domain=ports_domain, e2b_domain=e2b_domain)
 
     def client(self, node_id: str) -> Client:
         """A :class:`lockbox.Client` of the node's ``lockbox serve``."""
@@ -429,12 +434,13 @@ def down(namespace: str = DEFAULT_NAMESPACE) -> None:
 def _forget_placements(namespace: str) -> None:
     """Removes the routers' records of where each sandbox and snapshot is (``p/``, ``n/``,
     ``g/``, ``c/``): the sandboxes went with their servers, and a router of the next ``up``
-    finds a snapshot again by asking every node. The fleet's token and the console's
-    sessions stay."""
+    finds a snapshot again by asking every node. The scoped tokens minted through the routers
+    (``t/``, ``k/``) go too: they lived in the servers' memory. The fleet's token and the
+    console's sessions stay."""
     from ray.experimental import internal_kv
 
     ns = _kv_namespace(namespace)
-    for prefix in (b"p/", b"n/", b"g/", b"c/"):
+    for prefix in (b"p/", b"n/", b"g/", b"c/", b"t/", b"k/"):
         for key in internal_kv._internal_kv_list(prefix, namespace=ns):
             internal_kv._internal_kv_del(key, namespace=ns)
 
@@ -454,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the --listen host, a free port)")
     p.add_argument("--ports-domain", default="localhost",
                    help="router: the exposed ports' host names are {port}-{sandbox}.DOMAIN (default: localhost)")
+    p.add_argument("--e2b-domain", default=None,
+                   help="router: also route E2B's sandbox plane by its host form {port}-{sandboxID}.DOMAIN "
+                        "(E2B_DOMAIN without E2B_SANDBOX_URL), as lockbox serve --e2b-domain")
     a = p.parse_args(argv)
     ray = _need_ray()
     if a.command == "router":
@@ -481,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(line), flush=True)
 
         try:
-            _run_router(a.namespace, host.strip("[]"), int(port), started, ports, a.ports_domain)
+            _run_router(a.namespace, host.strip("[]"), int(port), started, ports, a.ports_domain, a.e2b_domain)
         except KeyboardInterrupt:
             pass
     else:

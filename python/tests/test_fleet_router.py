@@ -40,14 +40,14 @@ def node(tmp_path_factory):
 ROUTERS = []
 
 
-def start_router(nodes, token="fleet-token"):
-    """A Router on a free port in a thread of its own (stopped at the end of the module);
-    returns (host, port)."""
+def start_router(nodes, token="fleet-token", **options):
+    """A Router (``options``: its keyword arguments) on a free port in a thread of its own
+    (stopped at the end of the module); returns (host, port)."""
     ready = threading.Event()
     where = {}
 
     async def main():
-        router = Router(lambda: nodes, token, None)
+        router = Router(lambda: nodes, token, None, **options)
         where["addr"] = await router.start("127.0.0.1", 0)
         where["loop"], where["stop"] = asyncio.get_running_loop(), asyncio.Event()
         ready.set()
@@ -533,6 +533,232 @@ def test_the_e2b_sdk_lists_every_nodes_snapshots_once_and_deletes_them_on_their_
     finally:
         for s in boxes:
             s.kill()
+
+
+def held_by(node, path="/v2/sandboxes?limit=100", key="sandboxID"):
+    """The ids a node's own server lists (E2B's listing by default)."""
+    status, _, data = call(node, "GET", path)
+    assert status == 200, data
+    items = json.loads(data)
+    return {s[key] for s in (items if isinstance(items, list) else items[path.split("?")[0].rsplit("/", 1)[1]])}
+
+
+def test_an_e2b_create_from_a_snapshot_of_another_node_copies_it_there(three_nodes, monkeypatch):
+    """E2B's Sandbox.create(template=SNAPSHOT_ID) through the router, placed on a node that
+    does not hold the snapshot (its own node is full), copies the snapshot there first, as
+    lockbox's from_snapshot does (docs/fleet.md, "Snapshots on other nodes"): the sandbox
+    runs on node B with the snapshot's files; the next create finds B's copy; deleting the
+    snapshot removes both."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    a, b, _ = three_nodes
+    e2b_env(monkeypatch, start_router([a]))  # the snapshot is taken on node A
+    box = Sandbox.create(timeout=120)
+    made = []
+    try:
+        box.files.write("marker.txt", "written on A")
+        snap = box.create_snapshot().snapshot_id
+        assert snap not in held_by(b, "/snapshots", "snapshotID")
+        # A router to which A is full (its one sandbox: the snapshot's): the create goes to B.
+        e2b_env(monkeypatch, start_router([{**a, "max_sandboxes": 1}, b]))
+        for _ in range(2):
+            made.append(Sandbox.create(template=snap, timeout=120))
+            assert made[-1].sandbox_id in held_by(b), "placed on B, not on the full A"
+            assert made[-1].files.read("marker.txt") == "written on A"
+        assert snap in held_by(b, "/v1/snapshots", "id")  # copied once, under the same id
+        for s in made:
+            s.kill()
+        made.clear()
+        assert Sandbox.delete_snapshot(snap)  # B's copy first, then A's own
+        assert snap not in held_by(a, "/v1/snapshots", "id") | held_by(b, "/v1/snapshots", "id")
+    finally:
+        for s in made:
+            s.kill()
+        box.kill()
+
+
+def test_an_e2b_create_from_a_snapshot_whose_node_is_down_is_refused_in_e2bs_shape(tmp_path, monkeypatch):
+    """The router's own refusal of an E2B create from a snapshot (its only node gone) comes in
+    E2B's error shape, {"code", "message"}, which the SDK raises by status."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    a_proc, a = serve(tmp_path / "a")
+    b_proc, b = serve(tmp_path / "b")
+    a["node_id"], b["node_id"] = "a" * 56, "b" * 56
+    try:
+        addr = start_router([a, b])
+        e2b_env(monkeypatch, addr)
+        box = Sandbox.create(template="base", timeout=120)
+        assert box.sandbox_id in held_by(a) or box.sandbox_id in held_by(b)
+        home, other = (a_proc, b) if box.sandbox_id in held_by(a) else (b_proc, a)
+        snap = box.create_snapshot().snapshot_id  # recorded by the router with its node
+        home.terminate()
+        home.wait(30)
+        status, body = routed(addr, "POST", "/sandboxes", {"templateID": snap, "timeout": 60},
+                              {"X-API-Key": "fleet-token"})
+        assert status == 503 and set(body) == {"code", "message"} and body["code"] == 503, body
+        assert snap in body["message"] or "cannot be reached" in body["message"], body
+        assert snap not in held_by(other, "/snapshots", "snapshotID")
+    finally:
+        for proc in (a_proc, b_proc):
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_e2b_host_form_reaches_the_sandboxs_node(three_nodes, monkeypatch):
+    """E2B's sandbox plane by its host form, {port}-{sandboxID}.{domain} (what the SDK names
+    with E2B_DOMAIN and no E2B_SANDBOX_URL, and what its signed file URLs carry), through a
+    router started with that domain: each request reaches the node of the sandbox it names,
+    read as lockbox serve --e2b-domain reads it (docs/e2b.md), with E2B's answers for an
+    unknown sandbox or a closed port; a host outside the domain is an API request."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        from conftest import need
+
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    addr = start_router(three_nodes, e2b_domain="Fleet.Test.")
+    e2b_env(monkeypatch, addr)
+    monkeypatch.setenv("E2B_DOMAIN", "fleet.test")
+    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
+    try:
+        assert len({next(n["node_id"] for n in three_nodes if s.sandbox_id in held_by(n)) for s in boxes}) >= 2
+
+        def plane(host, target, headers=()):
+            conn = http.client.HTTPConnection(*addr, timeout=60)
+            conn.request("GET", target, headers={"Host": host, **dict(headers)})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+
+        for s in boxes:
+            s.files.write("where.txt", s.sandbox_id)
+            host = s.get_host(49983)
+            assert host == f"49983-{s.sandbox_id}.fleet.test"
+            token = {"X-Access-Token": s._envd_access_token}
+            assert plane(f"{host}:443", "/files?path=where.txt", token) == (200, s.sandbox_id.encode())
+            # A signed URL names its sandbox by host alone: no header, no token.
+            signed = urllib.parse.urlsplit(s.download_url("where.txt", use_signature_expiration=60))
+            assert plane(host, f"{signed.path}?{signed.query}") == (200, s.sandbox_id.encode())
+            status, body = plane(host, "/files?path=where.txt", {"X-Access-Token": "wrong"})
+            assert status == 401 and json.loads(body)["code"] == 401, body
+            status, body = plane(f"8080-{s.sandbox_id}.fleet.test", "/")  # the node answers: no such port
+            assert (status, json.loads(body)["message"]) == (502, "The sandbox is running but port is not open: "
+                                                                  "port 8080"), body
+        status, body = plane("49983-sb-nowhere.fleet.test", "/files?path=x")
+        assert (status, json.loads(body)) == (502, {"code": 502, "message": "The sandbox sb-nowhere was not found"})
+        # Not the host form: the API, which wants the fleet's token.
+        for host in ("49983-x.other.test", "api-x.fleet.test", "fleet.test"):
+            status, body = plane(host, "/v1/sandboxes")
+            assert (status, json.loads(body)["code"]) == (401, "UNAUTHORIZED"), (host, body)
+    finally:
+        for s in boxes:
+            s.kill()
+
+
+def test_e2b_host_form_is_read_as_lockbox_serve_reads_it():
+    from lockbox._router.router import e2b_host_target
+
+    assert e2b_host_target("49999-sb-2.lockbox.test:3000", "lockbox.test") == (49999, "sb-2")
+    assert e2b_host_target("49983-sb-2.lockbox.test:", "lockbox.test") == (49983, "sb-2")
+    assert e2b_host_target("+80-sb.lockbox.test", "lockbox.test") == (80, "sb")
+    for host in ("49999-sb-2.other.test", "127.0.0.1:3000", "lockbox.test", "x.lockbox.test", "65536-sb.lockbox.test",
+                 "1_0-sb.lockbox.test", " 80-sb.lockbox.test", "49983-sb.LOCKBOX.TEST"):
+        assert e2b_host_target(host, "lockbox.test") is None, host
+
+
+def routed(addr, method, path, body=None, headers=AUTH):
+    """One request through the router: (status, parsed JSON body or None)."""
+    conn = http.client.HTTPConnection(*addr, timeout=60)
+    conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                 headers={"Content-Type": "application/json", **headers})
+    resp = conn.getresponse()
+    data = resp.read()
+    return resp.status, json.loads(data) if data else None
+
+
+def test_a_scoped_token_minted_through_the_router_works_on_its_node(three_nodes):
+    """POST /v1/tokens through the router (docs/fleet.md, "Scoped tokens"): minted on the node
+    the placement hint names, handed out as a secret of the router's own; with it, creates,
+    execs and listings reach that node, which keeps the token to its scope (the operator's
+    sandbox there is not its to see, the operator's routes are 403); the node does not take
+    the router's secret; revoked through the router, it is refused."""
+    a, b, _ = three_nodes
+    addr = start_router(three_nodes)
+    status, minted = routed(addr, "POST", "/v1/tokens", {"placement": {"node": "b"}})
+    assert status == 201 and minted["node"] == b["node_id"] and minted["token"].startswith("lbfs_"), minted
+    scoped = {"Authorization": f"Bearer {minted['token']}"}
+    status, theirs = routed(addr, "POST", "/v1/sandboxes", {"placement": {"node": "b"}})
+    assert status == 201, theirs
+    made = [theirs["id"]]
+    try:
+        status, box = routed(addr, "POST", "/v1/sandboxes", {}, scoped)
+        assert status == 201, box
+        made.append(box["id"])
+        assert box["id"] in held_by(b, "/v1/sandboxes", "id")
+        status, ran = routed(addr, "POST", f"/v1/sandboxes/{box['id']}/exec", {"command": "echo scoped"}, scoped)
+        assert (status, ran["stdout"]) == (200, "scoped\n"), ran
+        status, listed = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert status == 200 and [s["id"] for s in listed["sandboxes"]] == [box["id"]], listed
+        status, refused = routed(addr, "GET", f"/v1/sandboxes/{theirs['id']}", None, scoped)
+        assert (status, refused["code"]) == (404, "SANDBOX_NOT_FOUND"), refused
+        status, refused = routed(addr, "POST", "/v1/tokens", {}, scoped)
+        assert (status, refused["code"]) == (403, "FORBIDDEN"), refused
+        assert call({**b, "token": minted["token"]}, "GET", "/v1/sandboxes")[0] == 401  # the node's is another
+        status, refused = routed(addr, "GET", "/v2/sandboxes", None, {"X-API-Key": minted["token"]})
+        assert (status, refused["code"]) == (401, 401), refused  # not an E2B key, as on one server
+        status, revoked = routed(addr, "DELETE", f"/v1/tokens/{minted['id']}")
+        assert status == 200 and revoked["revoked"], revoked
+        status, refused = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert (status, refused["code"]) == (401, "UNAUTHORIZED"), refused
+        status, refused = routed(addr, "DELETE", f"/v1/tokens/{minted['id']}")
+        assert (status, refused["code"]) == (404, "TOKEN_NOT_FOUND"), refused
+        status, refused = routed(addr, "POST", "/v1/tokens", {"placement": {"node": "z"}})
+        assert (status, refused["code"]) == (503, "NO_NODE"), refused
+    finally:
+        for sid in made:
+            routed(addr, "DELETE", f"/v1/sandboxes/{sid}")
+
+
+def test_a_scoped_token_ends_with_its_nodes_server_and_is_still_revoked(tmp_path):
+    """A node's scoped tokens live in its server's memory: once the server restarted, the
+    token is the new server's 401 through the router, and revoking it through the router
+    still succeeds (the routers forget it), after which the router itself refuses it."""
+    import time
+
+    proc, node = serve(tmp_path / "n")
+    node["node_id"] = "t" * 56
+    addr = start_router([node])
+    try:
+        status, minted = routed(addr, "POST", "/v1/tokens", {})
+        assert status == 201 and minted["node"] == node["node_id"], minted
+        scoped = {"Authorization": f"Bearer {minted['token']}"}
+        assert routed(addr, "GET", "/v1/sandboxes", None, scoped)[0] == 200
+        proc.terminate()
+        proc.wait(30)
+        proc, fresh = serve(tmp_path / "n")  # the same state directory: the same operator token
+        node.update(url=fresh["url"], token=fresh["token"])  # what the fleet's listing would say
+        deadline = time.monotonic() + 60
+        while (made := routed(addr, "POST", "/v1/sandboxes", {}))[0] != 201:  # until the router routes to it
+            assert time.monotonic() < deadline, f"the router never took the new server: {made}"
+            threading.Event().wait(0.2)
+        assert routed(addr, "DELETE", f"/v1/sandboxes/{made[1]['id']}")[0] == 200
+        status, refused = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert (status, refused["code"]) == (401, "UNAUTHORIZED"), refused  # the new server's
+        status, revoked = routed(addr, "DELETE", f"/v1/tokens/{minted['id']}")
+        assert status == 200 and revoked["revoked"], revoked
+        status, refused = routed(addr, "GET", "/v1/sandboxes", None, scoped)
+        assert (status, refused["code"]) == (401, "UNAUTHORIZED") and "fleet" in refused["message"], refused
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():

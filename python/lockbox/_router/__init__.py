@@ -27,7 +27,8 @@ call to one node):
   :func:`merge_pages`);
 - ``ports``: exposed ports on their own origins;
 - ``console``: the console's login with the fleet's token;
-- ``mcp``: MCP's tool calls.
+- ``mcp``: MCP's tool calls;
+- ``tokens``: scoped tokens, each bound to one node.
 
 Not here: starting routers and nodes (``lockbox.fleet``), anything a node's server decides.
 
@@ -36,7 +37,8 @@ namespace ``lockbox-fleet:NAMESPACE``: ``c/UUID`` (a create's node, written befo
 is forwarded), ``p/ID`` (a sandbox's or snapshot's node, once the node answered),
 ``n/NODE/ID`` (the sandboxes of a node), ``g/NODE/ID`` (those a node came back without:
 see :meth:`Router._reconcile`), ``h/SNAPSHOT/NODE`` (a snapshot copied to another node),
-``s/HASH`` (console sessions). Several routers share them; a router that restarts reads them
+``s/HASH`` (console sessions), ``t/HASH`` and ``k/TOKEN_ID`` (scoped tokens: see
+``tokens``). Several routers share them; a router that restarts reads them
 again.
 """
 

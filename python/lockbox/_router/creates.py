@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,11 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .placement import NodeView, bad_hint, eligible_nodes, holding, place
-from .snapshot_copies import SnapshotCopies, copy_header
-from .wire import Request, json_or_none, lockbox_error
+from .snapshot_copies import SnapshotCopies, copy_header, is_snapshot_id
+from .wire import Request, e2b_error, json_or_none, lockbox_error
 
 # E2B's templates that run on the host's userland (crates/lockbox-e2b, HOST_TEMPLATES).
 HOST_TEMPLATES = {"base", "code-interpreter-v1"}
+GENERATED_SNAPSHOT_ID = re.compile(r"s[0-9a-f]+-[0-9a-f]+-[0-9a-f]+")
+"""The ids lockbox gives snapshots (lockbox-cow's ``SnapshotId::generate``; a copy keeps its
+id): an E2B template of this shape that the router does not know is looked for on every node,
+any other is taken for an image without asking them (a create on an image pays no round of
+questions)."""
 
 
 @dataclass
@@ -48,6 +54,17 @@ class Creates(SnapshotCopies):
             if self.store is not None:
                 await self._kv(self.store.delete, intent)
 
+    async def _snapshot_template(self, template: str) -> bool:
+        """Whether E2B's ``templateID`` names a snapshot of the fleet (lockbox-e2b takes a
+        snapshot's id as a template: ``Sandbox.create(template=snapshot_id)``): one this
+        router or the store knows, or one of a snapshot id's shape that a node has (every
+        node asked; the answer recorded). A snapshot's *name* is not looked for: the node the
+        create is placed on resolves it, as before."""
+        if not is_snapshot_id(template):
+            return False
+        ask = GENERATED_SNAPSHOT_ID.fullmatch(template) is not None
+        return await self._node_of(template, "snapshots", ask=ask) is not None
+
     async def _create(self, req: Request, *, e2b: bool) -> None:
         body = await req.read_body_or_refuse()
         if body is None:
@@ -67,6 +84,11 @@ class Creates(SnapshotCopies):
             if not isinstance(image, str) or (e2b and image in HOST_TEMPLATES):
                 image = None
         snapshot = parsed.get("from_snapshot") if isinstance(parsed, dict) and not e2b else None
+        if e2b and image is not None and await self._snapshot_template(image):
+            # E2B's Sandbox.create(template=SNAPSHOT_ID): as lockbox's from_snapshot, and
+            # the router's own refusals in E2B's shape.
+            snapshot, image = image, None
+            req.error_shape = e2b_error
         if isinstance(snapshot, str) and snapshot:
             # A sandbox of a snapshot: on a node that has it, or one it is copied to.
             placed = await self._place_from_snapshot(req, snapshot, hint, 1)

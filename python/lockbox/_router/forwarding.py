@@ -51,17 +51,26 @@ ONE = {"sandboxes": "sandbox", "snapshots": "snapshot", "branches": "branch", "t
        "runs": "run"}
 
 
+def dns_name(name: str, what: str) -> str:
+    """``name`` lowercased, if it is a DNS name; ``ValueError`` naming ``what`` if not."""
+    if not all(label and label.replace("-", "").isalnum() and label.isascii() for label in name.split(".")):
+        raise ValueError(f"{what}: {name!r} is not a DNS name (letters, digits and '-', labels separated by dots)")
+    return name.lower()
+
+
 class ForwardingRouter:
     """The state every part of the router shares, and its calls to one node."""
 
     def __init__(self, nodes: Callable[[], list[dict[str, Any]]], token: str, store: Store | None, *,
-                 ports_domain: str = "localhost") -> None:
+                 ports_domain: str = "localhost", e2b_domain: str | None = None) -> None:
         self._list_nodes = nodes
-        if not all(label and label.replace("-", "").isalnum() and label.isascii()
-                   for label in ports_domain.split(".")):
-            raise ValueError(f"ports_domain: {ports_domain!r} is not a DNS name (letters, digits and '-', labels "
-                             "separated by dots)")
-        self.ports_domain = ports_domain.lower()
+        self.ports_domain = dns_name(ports_domain, "ports_domain")
+        # As lockbox serve --e2b-domain: trimmed of spaces and dots, lowercased; empty is none.
+        e2b_domain = (e2b_domain or "").strip().strip(".")
+        self.e2b_domain = dns_name(e2b_domain, "e2b_domain") if e2b_domain else None
+        """E2B's sandbox host form, ``{port}-{sandboxID}.{e2b_domain}`` (``E2B_DOMAIN``
+        without ``E2B_SANDBOX_URL``); ``None``: E2B's sandbox plane is routed by the SDK's
+        ``E2b-Sandbox-Id`` header only."""
         self.ports_address: tuple[str, int] | None = None
         self.ports_server: asyncio.Server | None = None
         self.token = token.encode()
@@ -72,6 +81,9 @@ class ForwardingRouter:
         """Snapshot id -> the nodes this router copied it to (also in the store, ``h/ID/NODE``)."""
         self._copying: dict[tuple[str, str], asyncio.Lock] = {}
         self.sessions: dict[str, tuple[str, float]] = {}
+        self.scoped: dict[str, dict[str, Any]] = {}
+        """Scoped tokens minted through this router or looked up in the store (the hash of
+        the router's secret -> ``{"id", "node", "secret"}``); the store's ``t/HASH``."""
         self.pool: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float, int]]] = {}
         self.rng = random.Random()
         self.server: asyncio.Server | None = None

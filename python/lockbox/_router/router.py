@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
@@ -17,10 +18,11 @@ from .listings import MERGED_LISTS, SNAPSHOT_LISTING, Listings
 from .mcp import McpCalls
 from .node_watch import NodeWatch
 from .snapshot_copies import is_snapshot_id
+from .tokens import ScopedTokens
 from .wire import HEAD_LIMIT, HEADER_TIMEOUT, Head, HttpError, Request, encode_reply, lockbox_error
 
 
-class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
+class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
     """Serves lockbox's HTTP API (and E2B's) for every node of a fleet.
 
     ``nodes`` is called (in a thread) every :data:`NODES_INTERVAL` seconds and returns the
@@ -96,6 +98,13 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
 
     async def _handle(self, req: Request) -> None:
         path = req.path
+        plane = e2b_host_target(req.head.get("host") or "", self.e2b_domain) if (
+            self.e2b_domain and req.head.get("e2b-sandbox-id") is None) else None
+        if plane is not None:
+            # E2B's host form names the sandbox and port: the node is told in the SDK's
+            # headers (it needs no --e2b-domain of its own).
+            req.head.put("E2b-Sandbox-Id", plane[1])
+            req.head.put("E2b-Sandbox-Port", str(plane[0]))
         if req.head.get("e2b-sandbox-id") is not None:  # E2B's sandbox plane: the sandbox's own token
             sid = (req.head.get("e2b-sandbox-id") or "").strip()
             await self._by_id(req, sid, "sandboxes", flavour="e2b-plane", upstream_auth=False)
@@ -120,6 +129,12 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
             await self._to_any(req, upstream_auth=False)
             return
         if not self._authorized(req.head, e2b):
+            # A scoped token the routers minted: everything to its node (not E2B's API,
+            # which takes no scoped token on one server either).
+            scoped = None if e2b else await self._scoped_entry(req.head)
+            if scoped is not None:
+                await self._as_scoped(req, scoped)
+                return
             # The console's cookie opens lockbox's /v1 API only (as on one server).
             cookie = not e2b and not req.head.get("authorization") and path.startswith("/v1/")
             got = await self._session(req.head) if cookie else None
@@ -165,13 +180,30 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin):
             await self._transaction(req)
         elif path == "/mcp" and req.method == "POST":
             await self._mcp(req)
-        elif path.startswith("/v1/tokens") or path.startswith(("/v3/templates", "/v2/templates", "/templates")):
+        elif req.method == "POST" and path == "/v1/tokens":
+            await self._mint(req)
+        elif req.method == "DELETE" and len(parts) == 3 and parts[:2] == ["v1", "tokens"]:
+            await self._revoke(req, urllib.parse.unquote(parts[2]))
+        elif path.startswith(("/v3/templates", "/v2/templates", "/templates")):
             await req.drain_body()
-            what = "E2B templates" if e2b else "scoped tokens"
-            message = f"{what} are not served by the fleet's router yet: use a node's own server (docs/fleet.md)"
-            if e2b:
-                await req.send(501, {"code": 501, "message": message})
-            else:
-                await req.send(*lockbox_error(501, "NOT_SUPPORTED", message, what=path))
+            await req.send(501, {"code": 501, "message": "E2B templates are not served by the fleet's router yet: "
+                                 "use a node's own server (docs/fleet.md)"})
         else:  # the API's description and the like: the same on every node
             await self._to_any(req)
+
+
+def e2b_host_target(host: str, domain: str) -> tuple[int, str] | None:
+    """The port and E2B sandbox a ``Host`` of E2B's form ``{port}-{sandboxID}.{domain}[:PORT]``
+    names, read as ``lockbox serve --e2b-domain`` reads it (crates/lockbox-e2b, ``target_of``):
+    a trailing ``:digits`` dropped, then ``.{domain}`` (exactly) and the label before it split
+    at its first ``-`` into a port (0-65535) and the sandbox (the rest). ``None``: not that
+    form (the request is then an API request, as on one server)."""
+    name, sep, tail = host.rpartition(":")
+    if sep and all(c in "0123456789" for c in tail):
+        host = name
+    if not host.endswith("." + domain):
+        return None
+    port, dash, sandbox = host[: -len(domain) - 1].partition("-")
+    if not dash or not re.fullmatch(r"\+?[0-9]+", port) or int(port) > 65535:
+        return None
+    return int(port), sandbox

@@ -10,7 +10,7 @@ import contextlib
 import http
 import json
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +206,12 @@ def lockbox_error(status: int, code: str, message: str, **details: Any) -> tuple
     return status, {"code": code, "message": message, "details": details}
 
 
+def e2b_error(status: int, error: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A lockbox error in E2B's shape (``{"code": status, "message"}``), which the E2B SDKs
+    raise by status."""
+    return status, {"code": status, "message": str(error.get("message", ""))}
+
+
 def json_or_none(data: bytes) -> Any:
     try:
         return json.loads(data)
@@ -233,6 +239,10 @@ class Request:
         self.keep = True
         self.answered = False
         self.body_read = False
+        self.error_shape: Callable[[int, dict[str, Any]], tuple[int, Any]] | None = None
+        """How the router's own errors (lockbox's ``{code, message, details}``, ``code`` a
+        string) are answered on this request, when its protocol has another shape (E2B's,
+        MCP's); ``None``: as they are. Nodes' replies pass unchanged."""
 
     @property
     def expects_continue(self) -> bool:
@@ -274,5 +284,8 @@ class Request:
 
     async def send(self, status: int, body: Any, *, headers: Sequence[tuple[str, str]] = ()) -> None:
         self.answered = True
+        if (self.error_shape is not None and status >= 400 and isinstance(body, dict)
+                and isinstance(body.get("code"), str)):
+            status, body = self.error_shape(status, body)
         self.writer.write(encode_reply(status, body, close=not self.keep, headers=headers))
         await self.writer.drain()
