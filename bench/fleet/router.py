@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""bench/fleet/router.py: what the fleet's router adds to a call (issue 31, "Measure": a warm
+`exec` through the router at most 0.3 ms p50 above the same call to its node; 1,000 creates
+over 3 nodes with the busiest node holding at most 1.2x the least busy, and a create through
+the router at most 1.5 ms above a direct one).
+
+    cargo build --release -p lockbox-cli -p lockbox-agent
+    python3 bench/fleet/router.py [--lockbox target/release/lockbox] [--nodes 3] \\
+        [--calls 300] [--repeats 5] [--creates 1000] [--pool 0] [--parts exec,creates] \\
+        [--profile-router]
+
+Starts --nodes real `lockbox serve` on 127.0.0.1, each with a state directory of its own
+(`--max-sandboxes` above what the run makes, `--pool` 0 by default: every create starts a
+sandbox), and the router in a process of its own (`lockbox._router.Router` in front of them,
+placements in memory, no Ray: the package is loaded by path from python/lockbox/_router, so
+neither Ray nor the built extension is needed; it needs only the standard library). The
+client is a small raw HTTP/1.1 client on kept-alive connections with TCP_NODELAY, one to the
+router and one to each node, the same code for both paths.
+
+1. Warm exec (part `exec`): one sandbox, made through the router; --repeats rounds of
+   --calls pairs of `POST /v1/sandboxes/ID/exec {"command": "true"}`, one straight to its
+   node (the node's token) and one through the router (the fleet's token), the order of the
+   two alternating from pair to pair, so the machine's noise hits both paths alike. After 50
+   pairs of warm-up. Prints p50, p90, p99, min and max of each path over every call, the
+   difference of the p50s, the same per round (its spread), and the router's CPU time per
+   routed call (the router's process, its probes of the nodes included: one per node a
+   second).
+2. Creates (part `creates`): --creates creates through the router (`POST /v1/sandboxes`,
+   kept), each paired with a create straight to a node (the nodes in turn; deleted at once,
+   the delete not timed), the order alternating. Prints where the router's sandboxes are
+   (each node's own listing), the busiest node's count over the least busy one's, and the
+   create latency of both paths (p50, p90, p99) with the difference of the p50s.
+
+At the end every sandbox is deleted on its node, the router and the nodes are stopped, and
+what is left is counted (sandboxes, processes). --profile-router runs the router under
+cProfile and prints its top entries (the profile's own cost slows the router: use it to see
+where the time goes, not for the numbers above).
+
+Prints Markdown tables. Asserts no timings.
+
+(Internal: `--serve-router FILE` is the router's process: it reads the nodes as JSON on
+stdin, prints its address, and runs until its stdin closes.)
+"""
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from procstat import cpu_s, descendants  # noqa: E402 (bench/procstat.py)
+
+ROUTER_PACKAGE = os.path.join(HERE, "..", "..", "python", "lockbox", "_router")
+FLEET_TOKEN = "bench-fleet-token"
+EXEC_BODY = {"command": "true"}
+
+
+def load_router_package():
+    """`lockbox._router`, loaded by path under another name (its modules import one another
+    relatively and need only the standard library: `lockbox/__init__.py`, which loads the
+    extension, is not run)."""
+    spec = importlib.util.spec_from_file_location("lockbox_router_bench", os.path.join(ROUTER_PACKAGE, "__init__.py"),
+                                                  submodule_search_locations=[ROUTER_PACKAGE])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def serve_router(profile_to):
+    """The router's process: nodes (JSON) on stdin, its address (JSON) on stdout, until
+    stdin closes."""
+    nodes = json.loads(sys.stdin.readline())
+    router_mod = load_router_package()
+    prof = None
+    if profile_to:
+        import cProfile
+        prof = cProfile.Profile()
+
+    async def main():
+        router = router_mod.Router(lambda: nodes, FLEET_TOKEN, None)
+        host, port = await router.start("127.0.0.1", 0)
+        print(json.dumps({"listen": f"{host}:{port}", "pid": os.getpid()}), flush=True)
+        if prof is not None:
+            prof.enable()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
+        if prof is not None:
+            prof.disable()
+        await router.close()
+
+    asyncio.run(main())
+    if prof is not None:
+        prof.dump_stats(profile_to)
+
+
+class Conn:
+    """One kept-alive HTTP/1.1 connection with TCP_NODELAY: about as little client as there
+    can be, so that its own cost weighs little beside what is measured (both paths use it)."""
+
+    def __init__(self, addr, token):
+        self.addr, self.token = addr, token
+        self.sock, self.buf = None, b""
+
+    def encode(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.addr[0]}:{self.addr[1]}\r\n"
+                f"Authorization: Bearer {self.token}\r\n")
+        if body is not None:
+            head += "Content-Type: application/json\r\n"
+        return (head + f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+    def send(self, raw):
+        """Sends an encoded request; returns (status, body bytes)."""
+        if self.sock is None:
+            self.sock = socket.create_connection(self.addr, timeout=120)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.buf = b""
+        self.sock.sendall(raw)
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        self.buf = rest
+        if "content-length" in headers:
+            n = int(headers["content-length"])
+            while len(self.buf) < n:
+                self._more()
+            body, self.buf = self.buf[:n], self.buf[n:]
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            body = self._chunked()
+        else:
+            body = self.buf
+            while True:
+                try:
+                    self._more()
+                except ConnectionError:
+                    break
+            body, self.buf = self.buf, b""
+        if "close" in headers.get("connection", "").lower():
+            self.close()
+        return status, body
+
+    def call(self, method, path, body=None, expect=(200,)):
+        status, data = self.send(self.encode(method, path, body))
+        if status not in expect:
+            raise RuntimeError(f"{method} {path} on {self.addr}: {status} {data[:300]!r}")
+        return json.loads(data) if data else None
+
+    def _more(self):
+        more = self.sock.recv(65536)
+        if not more:
+            raise ConnectionError("the server closed the connection")
+        self.buf += more
+
+    def _chunked(self):
+        parts = []
+        while True:
+            while b"\r\n" not in self.buf:
+                self._more()
+            line, _, self.buf = self.buf.partition(b"\r\n")
+            size = int(line.split(b";")[0], 16)
+            while len(self.buf) < size + 2:
+                self._more()
+            parts.append(self.buf[:size])
+            self.buf = self.buf[size + 2:]
+            if size == 0:
+                return b"".join(parts)
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+
+
+def pct(sorted_ms, q):
+    return sorted_ms[min(len(sorted_ms) - 1, round(q * (len(sorted_ms) - 1)))]
+
+
+def summary(ns):
+    ms = sorted(x / 1e6 for x in ns)
+    return {"n": len(ms), "p50": pct(ms, 0.5), "p90": pct(ms, 0.9), "p99": pct(ms, 0.99), "min": ms[0], "max": ms[-1]}
+
+
+def timed(conn, raw):
+    t0 = time.perf_counter_ns()
+    status, data = conn.send(raw)
+    return time.perf_counter_ns() - t0, status, data
+
+
+def start_node(lockbox, state, index, args):
+    proc = subprocess.Popen([lockbox, "serve", "--listen", "127.0.0.1:0", "--state-dir", state, "--print-token",
+                             "--max-sandboxes", str(args.max_sandboxes), "--pool", str(args.pool)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = json.loads(proc.stdout.readline())
+    host, port = line["listen"].rsplit(":", 1)
+    # A node id as Ray's are (56 hex digits), its first characters naming the node.
+    return proc, {"node_id": f"{index:02x}" + os.urandom(27).hex(), "state": "up",
+                  "url": f"http://{line['listen']}", "token": line["token"], "max_sandboxes": args.max_sandboxes,
+                  "addr": (host, int(port))}
+
+
+def bench_exec(args, router, nodes, router_pid):
+    box = router.call("POST", "/v1/sandboxes", {"labels": {"bench": "exec"}}, expect=(201,))
+    sid = box["id"]
+    home = next(n for n in nodes if n["conn"].send(n["conn"].encode("GET", f"/v1/sandboxes/{sid}"))[0] == 200)
+    direct_raw = home["conn"].encode("POST", f"/v1/sandboxes/{sid}/exec", EXEC_BODY)
+    routed_raw = router.encode("POST", f"/v1/sandboxes/{sid}/exec", EXEC_BODY)
+    paths = {"direct": (home["conn"], direct_raw), "routed": (router, routed_raw)}
+
+    def pair(i, into):
+        for name in (("direct", "routed") if i % 2 == 0 else ("routed", "direct")):
+            conn, raw = paths[name]
+            ns, status, data = timed(conn, raw)
+            if status != 200 or json.loads(data).get("exit_code") != 0:
+                raise RuntimeError(f"exec {name}: {status} {data[:300]!r}")
+            if into is not None:
+                into[name].append(ns)
+
+    for i in range(50):
+        pair(i, None)
+    rounds = []
+    cpu0 = cpu_s(router_pid)
+    t0 = time.monotonic()
+    for _ in range(args.repeats):
+        got = {"direct": [], "routed": []}
+        for i in range(args.calls):
+            pair(i, got)
+        rounds.append(got)
+    wall = time.monotonic() - t0
+    cpu = cpu_s(router_pid) - cpu0
+    routed_calls = args.calls * args.repeats
+    everything = {name: [x for r in rounds for x in r[name]] for name in ("direct", "routed")}
+    stats = {name: summary(v) for name, v in everything.items()}
+    per_round = [(summary(r["direct"])["p50"], summary(r["routed"])["p50"]) for r in rounds]
+
+    print(f"Warm exec of `true` on one sandbox (node {home['node_id'][:8]}): {args.repeats} rounds of "
+          f"{args.calls} pairs, direct and routed alternating (after 50 pairs of warm-up)")
+    print()
+    print("| path | calls | p50 (ms) | p90 (ms) | p99 (ms) | min (ms) | max (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, label in (("direct", "straight to the node"), ("routed", "through the router")):
+        s = stats[name]
+        print(f"| {label} | {s['n']} | {s['p50']:.3f} | {s['p90']:.3f} | {s['p99']:.3f} | {s['min']:.3f} | "
+              f"{s['max']:.3f} |")
+    diff = stats["routed"]["p50"] - stats["direct"]["p50"]
+    print(f"| **routed − direct** | | **{diff:.3f}** | {stats['routed']['p90'] - stats['direct']['p90']:.3f} | "
+          f"{stats['routed']['p99'] - stats['direct']['p99']:.3f} | | |")
+    print()
+    print("| round | direct p50 (ms) | routed p50 (ms) | routed − direct (ms) |")
+    print("|---:|---:|---:|---:|")
+    for i, (d, r) in enumerate(per_round, 1):
+        print(f"| {i} | {d:.3f} | {r:.3f} | {r - d:.3f} |")
+    diffs = [r - d for d, r in per_round]
+    print(f"| min–max | | | {min(diffs):.3f}–{max(diffs):.3f} (median {statistics.median(diffs):.3f}) |")
+    print()
+    print(f"The router's CPU time over those rounds: {cpu * 1e3:.0f} ms for {routed_calls} routed calls in "
+          f"{wall:.1f} s, {cpu / routed_calls * 1e6:.0f} µs a call (its probes included: "
+          f"{len(nodes)} a second, about {len(nodes) * wall:.0f} in all)")
+    print()
+    router.call("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def bench_creates(args, router, nodes):
+    made, routed, direct = [], [], []
+    create_routed = router.encode("POST", "/v1/sandboxes", {"labels": {"bench": "routed"}})
+    for i in range(args.creates):
+        node = nodes[i % len(nodes)]
+        for which in (("routed", "direct") if i % 2 == 0 else ("direct", "routed")):
+            if which == "routed":
+                ns, status, data = timed(router, create_routed)
+                if status != 201:
+                    raise RuntimeError(f"create {i} through the router: {status} {data[:300]!r}")
+                routed.append(ns)
+                made.append(json.loads(data)["id"])
+            else:
+                conn = node["conn"]
+                ns, status, data = timed(conn, conn.encode("POST", "/v1/sandboxes", {"labels": {"bench": "direct"}}))
+                if status != 201:
+                    raise RuntimeError(f"create {i} on node {node['node_id'][:8]}: {status} {data[:300]!r}")
+                direct.append(ns)
+                conn.call("DELETE", f"/v1/sandboxes/{json.loads(data)['id']}")
+    counts = {}
+    for n in nodes:
+        listed = n["conn"].call("GET", "/v1/sandboxes?state=running")["sandboxes"]
+        counts[n["node_id"]] = sum(1 for s in listed if (s.get("labels") or {}).get("bench") == "routed")
+    print(f"{args.creates} creates through the router over {len(nodes)} nodes (`--pool {args.pool}`), each paired "
+          "with a create straight to a node (deleted at once), the order alternating")
+    print()
+    print("| node | the router's sandboxes on it |")
+    print("|---|---:|")
+    for node_id, c in counts.items():
+        print(f"| {node_id[:8]} | {c} |")
+    lo, hi = min(counts.values()), max(counts.values())
+    ratio = f"{hi / lo:.3f}" if lo else "inf"
+    print(f"| busiest / least busy | {ratio} ({hi} / {lo}; {sum(counts.values())} of {len(made)} listed) |")
+    print()
+    d, r = summary(direct), summary(routed)
+    print("| create | n | p50 (ms) | p90 (ms) | p99 (ms) | min (ms) | max (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, s in (("straight to a node", d), ("through the router", r)):
+        print(f"| {label} | {s['n']} | {s['p50']:.3f} | {s['p90']:.3f} | {s['p99']:.3f} | {s['min']:.3f} | "
+              f"{s['max']:.3f} |")
+    print(f"| **routed − direct** | | **{r['p50'] - d['p50']:.3f}** | {r['p90'] - d['p90']:.3f} | "
+          f"{r['p99'] - d['p99']:.3f} | | |")
+    print()
+    # The p50 difference over each tenth of the run: how it moves as the nodes fill.
+    tenth = max(1, args.creates // 10)
+    spans = [(summary(routed[k:k + tenth])["p50"] - summary(direct[k:k + tenth])["p50"])
+             for k in range(0, args.creates - tenth + 1, tenth)]
+    print("routed − direct p50 per tenth of the creates (ms): " + ", ".join(f"{x:.2f}" for x in spans))
+    print()
+
+
+def delete_everything(nodes):
+    """Deletes every sandbox on every node (one thread per node); returns what is left."""
+    def one(n):
+        conn = Conn(n["addr"], n["token"])
+        try:
+            for s in conn.call("GET", "/v1/sandboxes?state=running")["sandboxes"]:
+                conn.call("DELETE", f"/v1/sandboxes/{s['id']}", expect=(200, 404))
+            n["left"] = len(conn.call("GET", "/v1/sandboxes?state=running")["sandboxes"])
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(n.get("left", -1) for n in nodes)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    p.add_argument("--lockbox", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release",
+                                                      "lockbox"), help="the lockbox binary (a release build)")
+    p.add_argument("--nodes", type=int, default=3, help="`lockbox serve` processes behind the router")
+    p.add_argument("--calls", type=int, default=300, help="exec pairs (direct + routed) per round")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of --calls pairs")
+    p.add_argument("--creates", type=int, default=1000, help="creates through the router (each paired with a direct one)")
+    p.add_argument("--pool", type=int, default=0, help="each node's `lockbox serve --pool` (0: every create starts one)")
+    p.add_argument("--max-sandboxes", type=int, default=0,
+                   help="each node's --max-sandboxes (default: room for every create on one node)")
+    p.add_argument("--parts", default="exec,creates", help="which parts to run, comma-separated: exec, creates")
+    p.add_argument("--profile-router", action="store_true", help="run the router under cProfile; print its top entries")
+    p.add_argument("--serve-router", metavar="PROFILE", nargs="?", const="", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_router is not None:
+        serve_router(args.serve_router)
+        return
+    args.max_sandboxes = args.max_sandboxes or args.creates + 16
+    parts = set(args.parts.split(","))
+    lockbox = os.path.abspath(args.lockbox)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.nodes} nodes ({lockbox}), "
+          f"load average {os.getloadavg()[0]:.2f} at the start")
+    print()
+    procs, nodes = [], []
+    router_proc = None
+    profile = None
+    with tempfile.TemporaryDirectory(prefix="lockbox-bench-fleet-") as tmp:
+        try:
+            for i in range(args.nodes):
+                state = os.path.join(tmp, f"node{i}")
+                proc, node = start_node(lockbox, state, i, args)
+                procs.append(proc)
+                nodes.append(node)
+            profile = os.path.join(tmp, "router.prof") if args.profile_router else None
+            router_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-router", profile or ""],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            listing = [{k: v for k, v in n.items() if k != "addr"} for n in nodes]
+            router_proc.stdin.write(json.dumps(listing) + "\n")
+            router_proc.stdin.flush()
+            started = json.loads(router_proc.stdout.readline())
+            host, port = started["listen"].rsplit(":", 1)
+            router = Conn((host, int(port)), FLEET_TOKEN)
+            for n in nodes:
+                n["conn"] = Conn(n["addr"], n["token"])
+            if "exec" in parts:
+                bench_exec(args, router, nodes, started["pid"])
+            if "creates" in parts:
+                bench_creates(args, router, nodes)
+            router.close()
+        finally:
+            for n in nodes:
+                if "conn" in n:
+                    n["conn"].close()
+            left = delete_everything(nodes) if nodes else 0
+            if router_proc is not None:
+                router_proc.stdin.close()
+                router_proc.wait(60)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(60)
+            stray = descendants(os.getpid())
+            print(f"Cleanup: {left} sandboxes left running before the nodes stopped; {len(stray)} processes left "
+                  f"after ({args.nodes} nodes and the router stopped); load average {os.getloadavg()[0]:.2f} at the end")
+        if profile and os.path.exists(profile):
+            import pstats
+            print()
+            print("cProfile of the router (its whole run after start):")
+            pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
