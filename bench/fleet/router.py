@@ -56,30 +56,30 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from procstat import cpu_s, descendants  # noqa: E402 (bench/procstat.py)
+from procstat import TICK, descendants  # noqa: E402 (bench/procstat.py)
 
 ROUTER_PACKAGE = os.path.join(HERE, "..", "..", "python", "lockbox", "_router")
 FLEET_TOKEN = "bench-fleet-token"
 EXEC_BODY = {"command": "true"}
 
 
-def load_router_package():
+def load_router_package(package):
     """`lockbox._router`, loaded by path under another name (its modules import one another
     relatively and need only the standard library: `lockbox/__init__.py`, which loads the
     extension, is not run)."""
-    spec = importlib.util.spec_from_file_location("lockbox_router_bench", os.path.join(ROUTER_PACKAGE, "__init__.py"),
-                                                  submodule_search_locations=[ROUTER_PACKAGE])
+    spec = importlib.util.spec_from_file_location("lockbox_router_bench", os.path.join(package, "__init__.py"),
+                                                  submodule_search_locations=[package])
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-def serve_router(profile_to):
+def serve_router(profile_to, package):
     """The router's process: nodes (JSON) on stdin, its address (JSON) on stdout, until
     stdin closes."""
     nodes = json.loads(sys.stdin.readline())
-    router_mod = load_router_package()
+    router_mod = load_router_package(package)
     prof = None
     if profile_to:
         import cProfile
@@ -185,6 +185,13 @@ class Conn:
         self.sock = None
 
 
+def user_sys(pid):
+    """A process's user and system CPU seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
 def pct(sorted_ms, q):
     return sorted_ms[min(len(sorted_ms) - 1, round(q * (len(sorted_ms) - 1)))]
 
@@ -232,7 +239,7 @@ def bench_exec(args, router, nodes, router_pid):
     for i in range(50):
         pair(i, None)
     rounds = []
-    cpu0 = cpu_s(router_pid)
+    user0, sys0 = user_sys(router_pid)
     t0 = time.monotonic()
     for _ in range(args.repeats):
         got = {"direct": [], "routed": []}
@@ -240,7 +247,8 @@ def bench_exec(args, router, nodes, router_pid):
             pair(i, got)
         rounds.append(got)
     wall = time.monotonic() - t0
-    cpu = cpu_s(router_pid) - cpu0
+    user1, sys1 = user_sys(router_pid)
+    user, system = user1 - user0, sys1 - sys0
     routed_calls = args.calls * args.repeats
     everything = {name: [x for r in rounds for x in r[name]] for name in ("direct", "routed")}
     stats = {name: summary(v) for name, v in everything.items()}
@@ -266,9 +274,11 @@ def bench_exec(args, router, nodes, router_pid):
     diffs = [r - d for d, r in per_round]
     print(f"| min–max | | | {min(diffs):.3f}–{max(diffs):.3f} (median {statistics.median(diffs):.3f}) |")
     print()
-    print(f"The router's CPU time over those rounds: {cpu * 1e3:.0f} ms for {routed_calls} routed calls in "
-          f"{wall:.1f} s, {cpu / routed_calls * 1e6:.0f} µs a call (its probes included: "
-          f"{len(nodes)} a second, about {len(nodes) * wall:.0f} in all)")
+    print(f"The router's CPU time over those rounds: {(user + system) * 1e3:.0f} ms for {routed_calls} routed calls "
+          f"in {wall:.1f} s, {(user + system) / routed_calls * 1e6:.0f} µs a call: {user / routed_calls * 1e6:.0f} "
+          f"µs user, {system / routed_calls * 1e6:.0f} µs system (sending on the loopback runs the receiver's side "
+          f"of TCP too); its probes of the nodes included ({len(nodes)} a second, about {len(nodes) * wall:.0f} "
+          "in all)")
     print()
     router.call("DELETE", f"/v1/sandboxes/{sid}")
 
@@ -358,15 +368,19 @@ def main():
                    help="each node's --max-sandboxes (default: room for every create on one node)")
     p.add_argument("--parts", default="exec,creates", help="which parts to run, comma-separated: exec, creates")
     p.add_argument("--profile-router", action="store_true", help="run the router under cProfile; print its top entries")
+    p.add_argument("--router-package", default=os.path.normpath(ROUTER_PACKAGE),
+                   help="the router's package directory (default: this tree's python/lockbox/_router; another "
+                        "checkout's to measure its router)")
     p.add_argument("--serve-router", metavar="PROFILE", nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_router is not None:
-        serve_router(args.serve_router)
+        serve_router(args.serve_router, args.router_package)
         return
     args.max_sandboxes = args.max_sandboxes or args.creates + 16
     parts = set(args.parts.split(","))
     lockbox = os.path.abspath(args.lockbox)
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.nodes} nodes ({lockbox}), "
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.nodes} nodes ({lockbox}), router "
+          f"{os.path.abspath(args.router_package)}, "
           f"load average {os.getloadavg()[0]:.2f} at the start")
     print()
     procs, nodes = [], []
@@ -380,7 +394,8 @@ def main():
                 procs.append(proc)
                 nodes.append(node)
             profile = os.path.join(tmp, "router.prof") if args.profile_router else None
-            router_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-router", profile or ""],
+            router_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-router", profile or "",
+                                            "--router-package", os.path.abspath(args.router_package)],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             listing = [{k: v for k, v in n.items() if k != "addr"} for n in nodes]
             router_proc.stdin.write(json.dumps(listing) + "\n")
