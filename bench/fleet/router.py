@@ -264,15 +264,15 @@ def bench_exec(args, router, nodes, router_pid):
         print(f"| {label} | {s['n']} | {s['p50']:.3f} | {s['p90']:.3f} | {s['p99']:.3f} | {s['min']:.3f} | "
               f"{s['max']:.3f} |")
     diff = stats["routed"]["p50"] - stats["direct"]["p50"]
-    print(f"| **routed − direct** | | **{diff:.3f}** | {stats['routed']['p90'] - stats['direct']['p90']:.3f} | "
+    print(f"| **routed - direct** | | **{diff:.3f}** | {stats['routed']['p90'] - stats['direct']['p90']:.3f} | "
           f"{stats['routed']['p99'] - stats['direct']['p99']:.3f} | | |")
     print()
-    print("| round | direct p50 (ms) | routed p50 (ms) | routed − direct (ms) |")
+    print("| round | direct p50 (ms) | routed p50 (ms) | routed - direct (ms) |")
     print("|---:|---:|---:|---:|")
     for i, (d, r) in enumerate(per_round, 1):
         print(f"| {i} | {d:.3f} | {r:.3f} | {r - d:.3f} |")
     diffs = [r - d for d, r in per_round]
-    print(f"| min–max | | | {min(diffs):.3f}–{max(diffs):.3f} (median {statistics.median(diffs):.3f}) |")
+    print(f"| min-max | | | {min(diffs):.3f}-{max(diffs):.3f} (median {statistics.median(diffs):.3f}) |")
     print()
     print(f"The router's CPU time over those rounds: {(user + system) * 1e3:.0f} ms for {routed_calls} routed calls "
           f"in {wall:.1f} s, {(user + system) / routed_calls * 1e6:.0f} µs a call: {user / routed_calls * 1e6:.0f} "
@@ -323,14 +323,14 @@ def bench_creates(args, router, nodes):
     for label, s in (("straight to a node", d), ("through the router", r)):
         print(f"| {label} | {s['n']} | {s['p50']:.3f} | {s['p90']:.3f} | {s['p99']:.3f} | {s['min']:.3f} | "
               f"{s['max']:.3f} |")
-    print(f"| **routed − direct** | | **{r['p50'] - d['p50']:.3f}** | {r['p90'] - d['p90']:.3f} | "
+    print(f"| **routed - direct** | | **{r['p50'] - d['p50']:.3f}** | {r['p90'] - d['p90']:.3f} | "
           f"{r['p99'] - d['p99']:.3f} | | |")
     print()
     # The p50 difference over each tenth of the run: how it moves as the nodes fill.
     tenth = max(1, args.creates // 10)
     spans = [(summary(routed[k:k + tenth])["p50"] - summary(direct[k:k + tenth])["p50"])
              for k in range(0, args.creates - tenth + 1, tenth)]
-    print("routed − direct p50 per tenth of the creates (ms): " + ", ".join(f"{x:.2f}" for x in spans))
+    print("routed - direct p50 per tenth of the creates (ms): " + ", ".join(f"{x:.2f}" for x in spans))
     print()
 
 
