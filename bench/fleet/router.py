@@ -219,17 +219,21 @@ def start_node(lockbox, state, index, args):
                   "addr": (host, int(port))}
 
 
-def bench_exec(args, router, nodes, router_pid):
+def bench_exec(args, routers, nodes):
+    """Part 1. ``routers``: (name, Conn, pid) of each router measured, this tree's first."""
+    _, router, _ = routers[0]
     box = router.call("POST", "/v1/sandboxes", {"labels": {"bench": "exec"}}, expect=(201,))
     sid = box["id"]
     home = next(n for n in nodes if n["conn"].send(n["conn"].encode("GET", f"/v1/sandboxes/{sid}"))[0] == 200)
-    direct_raw = home["conn"].encode("POST", f"/v1/sandboxes/{sid}/exec", EXEC_BODY)
-    routed_raw = router.encode("POST", f"/v1/sandboxes/{sid}/exec", EXEC_BODY)
-    paths = {"direct": (home["conn"], direct_raw), "routed": (router, routed_raw)}
+    target = f"/v1/sandboxes/{sid}/exec"
+    paths = [("direct", home["conn"], home["conn"].encode("POST", target, EXEC_BODY))]
+    paths += [(name, conn, conn.encode("POST", target, EXEC_BODY)) for name, conn, _ in routers]
+    names = [name for name, _, _ in paths]
 
-    def pair(i, into):
-        for name in (("direct", "routed") if i % 2 == 0 else ("routed", "direct")):
-            conn, raw = paths[name]
+    def turn(i, into):
+        """One call on every path, the order rotating from turn to turn (with two paths: alternating)."""
+        k = i % len(paths)
+        for name, conn, raw in paths[k:] + paths[:k]:
             ns, status, data = timed(conn, raw)
             if status != 200 or json.loads(data).get("exit_code") != 0:
                 raise RuntimeError(f"exec {name}: {status} {data[:300]!r}")
@@ -237,48 +241,58 @@ def bench_exec(args, router, nodes, router_pid):
                 into[name].append(ns)
 
     for i in range(50):
-        pair(i, None)
+        turn(i, None)
     rounds = []
-    user0, sys0 = user_sys(router_pid)
+    cpu0 = [user_sys(pid) for _, _, pid in routers]
     t0 = time.monotonic()
     for _ in range(args.repeats):
-        got = {"direct": [], "routed": []}
+        got = {name: [] for name in names}
         for i in range(args.calls):
-            pair(i, got)
+            turn(i, got)
         rounds.append(got)
     wall = time.monotonic() - t0
-    user1, sys1 = user_sys(router_pid)
-    user, system = user1 - user0, sys1 - sys0
+    cpu1 = [user_sys(pid) for _, _, pid in routers]
     routed_calls = args.calls * args.repeats
-    everything = {name: [x for r in rounds for x in r[name]] for name in ("direct", "routed")}
-    stats = {name: summary(v) for name, v in everything.items()}
-    per_round = [(summary(r["direct"])["p50"], summary(r["routed"])["p50"]) for r in rounds]
+    stats = {name: summary([x for r in rounds for x in r[name]]) for name in names}
+    labels = {"direct": "straight to the node", "routed": "through the router",
+              "baseline": f"through the baseline router ({args.baseline_router})"}
 
     print(f"Warm exec of `true` on one sandbox (node {home['node_id'][:8]}): {args.repeats} rounds of "
-          f"{args.calls} pairs, direct and routed alternating (after 50 pairs of warm-up)")
+          f"{args.calls} turns, each turn one call on each path ({', '.join(names)}), the order rotating from turn "
+          "to turn (after 50 turns of warm-up)")
     print()
     print("| path | calls | p50 (ms) | p90 (ms) | p99 (ms) | min (ms) | max (ms) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, label in (("direct", "straight to the node"), ("routed", "through the router")):
+    d = stats["direct"]
+    for name in names:
         s = stats[name]
-        print(f"| {label} | {s['n']} | {s['p50']:.3f} | {s['p90']:.3f} | {s['p99']:.3f} | {s['min']:.3f} | "
+        print(f"| {labels[name]} | {s['n']} | {s['p50']:.3f} | {s['p90']:.3f} | {s['p99']:.3f} | {s['min']:.3f} | "
               f"{s['max']:.3f} |")
-    diff = stats["routed"]["p50"] - stats["direct"]["p50"]
-    print(f"| **routed - direct** | | **{diff:.3f}** | {stats['routed']['p90'] - stats['direct']['p90']:.3f} | "
-          f"{stats['routed']['p99'] - stats['direct']['p99']:.3f} | | |")
+    for name in names[1:]:
+        s = stats[name]
+        print(f"| **{name} - direct** | | **{s['p50'] - d['p50']:.3f}** | {s['p90'] - d['p90']:.3f} | "
+              f"{s['p99'] - d['p99']:.3f} | {s['min'] - d['min']:.3f} | |")
     print()
-    print("| round | direct p50 (ms) | routed p50 (ms) | routed - direct (ms) |")
-    print("|---:|---:|---:|---:|")
-    for i, (d, r) in enumerate(per_round, 1):
-        print(f"| {i} | {d:.3f} | {r:.3f} | {r - d:.3f} |")
-    diffs = [r - d for d, r in per_round]
-    print(f"| min-max | | | {min(diffs):.3f}-{max(diffs):.3f} (median {statistics.median(diffs):.3f}) |")
+    print("| round | " + " | ".join(f"{name} p50 (ms)" for name in names) + " | "
+          + " | ".join(f"{name} - direct (ms)" for name in names[1:]) + " |")
+    print("|---:|" + "---:|" * (2 * len(names) - 1))
+    diffs = {name: [] for name in names[1:]}
+    for i, r in enumerate(rounds, 1):
+        p50 = {name: summary(r[name])["p50"] for name in names}
+        for name in names[1:]:
+            diffs[name].append(p50[name] - p50["direct"])
+        print(f"| {i} | " + " | ".join(f"{p50[name]:.3f}" for name in names) + " | "
+              + " | ".join(f"{p50[name] - p50['direct']:.3f}" for name in names[1:]) + " |")
+    print("| min-max (median) |" + " |" * len(names) + " "
+          + " | ".join(f"{min(v):.3f}-{max(v):.3f} ({statistics.median(v):.3f})" for v in diffs.values()) + " |")
     print()
-    print(f"The router's CPU time over those rounds: {(user + system) * 1e3:.0f} ms for {routed_calls} routed calls "
-          f"in {wall:.1f} s, {(user + system) / routed_calls * 1e6:.0f} µs a call: {user / routed_calls * 1e6:.0f} "
-          f"µs user, {system / routed_calls * 1e6:.0f} µs system (sending on the loopback runs the receiver's side "
-          f"of TCP too); its probes of the nodes included ({len(nodes)} a second, about {len(nodes) * wall:.0f} "
-          "in all)")
+    for (name, _, _), (u0, s0), (u1, s1) in zip(routers, cpu0, cpu1, strict=True):
+        user, system = u1 - u0, s1 - s0
+        print(f"CPU time of the {name} router's process over those rounds: {(user + system) * 1e3:.0f} ms for "
+              f"{routed_calls} calls in {wall:.1f} s, {(user + system) / routed_calls * 1e6:.0f} µs a call "
+              f"({user / routed_calls * 1e6:.0f} µs user, {system / routed_calls * 1e6:.0f} µs system: sending on "
+              f"the loopback runs the receiver's side of TCP too), its probes of the nodes included ({len(nodes)} "
+              f"a second, about {len(nodes) * wall:.0f} in all)")
     print()
     router.call("DELETE", f"/v1/sandboxes/{sid}")
 
@@ -371,6 +385,9 @@ def main():
     p.add_argument("--router-package", default=os.path.normpath(ROUTER_PACKAGE),
                    help="the router's package directory (default: this tree's python/lockbox/_router; another "
                         "checkout's to measure its router)")
+    p.add_argument("--baseline-router", metavar="DIR",
+                   help="also a second router running the package in DIR (another checkout's python/lockbox/_router), "
+                        "measured in the same turns of the exec part: before and after a change to the router")
     p.add_argument("--serve-router", metavar="PROFILE", nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_router is not None:
@@ -380,11 +397,11 @@ def main():
     parts = set(args.parts.split(","))
     lockbox = os.path.abspath(args.lockbox)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.nodes} nodes ({lockbox}), router "
-          f"{os.path.abspath(args.router_package)}, "
-          f"load average {os.getloadavg()[0]:.2f} at the start")
+          f"{os.path.abspath(args.router_package)}"
+          + (f", baseline router {os.path.abspath(args.baseline_router)}" if args.baseline_router else "")
+          + f", load average {os.getloadavg()[0]:.2f} at the start")
     print()
-    procs, nodes = [], []
-    router_proc = None
+    procs, nodes, routers = [], [], []
     profile = None
     with tempfile.TemporaryDirectory(prefix="lockbox-bench-fleet-") as tmp:
         try:
@@ -394,37 +411,44 @@ def main():
                 procs.append(proc)
                 nodes.append(node)
             profile = os.path.join(tmp, "router.prof") if args.profile_router else None
-            router_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-router", profile or "",
-                                            "--router-package", os.path.abspath(args.router_package)],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             listing = [{k: v for k, v in n.items() if k != "addr"} for n in nodes]
-            router_proc.stdin.write(json.dumps(listing) + "\n")
-            router_proc.stdin.flush()
-            started = json.loads(router_proc.stdout.readline())
-            host, port = started["listen"].rsplit(":", 1)
-            router = Conn((host, int(port)), FLEET_TOKEN)
+            packages = [("routed", args.router_package, profile)]
+            if args.baseline_router:
+                packages.append(("baseline", args.baseline_router, None))
+            for name, package, prof in packages:
+                proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-router", prof or "",
+                                         "--router-package", os.path.abspath(package)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                procs.append(proc)
+                proc.stdin.write(json.dumps(listing) + "\n")
+                proc.stdin.flush()
+                started = json.loads(proc.stdout.readline())
+                host, port = started["listen"].rsplit(":", 1)
+                routers.append((name, Conn((host, int(port)), FLEET_TOKEN), started["pid"], proc))
             for n in nodes:
                 n["conn"] = Conn(n["addr"], n["token"])
             if "exec" in parts:
-                bench_exec(args, router, nodes, started["pid"])
+                bench_exec(args, [r[:3] for r in routers], nodes)
             if "creates" in parts:
-                bench_creates(args, router, nodes)
-            router.close()
+                bench_creates(args, routers[0][1], nodes)
         finally:
             for n in nodes:
                 if "conn" in n:
                     n["conn"].close()
             left = delete_everything(nodes) if nodes else 0
-            if router_proc is not None:
-                router_proc.stdin.close()
-                router_proc.wait(60)
+            for _, conn, _, proc in routers:  # a router stops when its stdin closes
+                conn.close()
+                proc.stdin.close()
+                proc.wait(60)
             for proc in procs:
-                proc.terminate()
+                if proc.poll() is None:
+                    proc.terminate()
             for proc in procs:
                 proc.wait(60)
             stray = descendants(os.getpid())
             print(f"Cleanup: {left} sandboxes left running before the nodes stopped; {len(stray)} processes left "
-                  f"after ({args.nodes} nodes and the router stopped); load average {os.getloadavg()[0]:.2f} at the end")
+                  f"after ({args.nodes} nodes and {len(routers)} router(s) stopped); load average "
+                  f"{os.getloadavg()[0]:.2f} at the end")
         if profile and os.path.exists(profile):
             import pstats
             print()
