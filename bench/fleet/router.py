@@ -388,6 +388,8 @@ def main():
     p.add_argument("--baseline-router", metavar="DIR",
                    help="also a second router running the package in DIR (another checkout's python/lockbox/_router), "
                         "measured in the same turns of the exec part: before and after a change to the router")
+    p.add_argument("--router-python", default=sys.executable,
+                   help="the interpreter the routers run on (default: this one; a fleet's is its Ray virtualenv's)")
     p.add_argument("--serve-router", metavar="PROFILE", nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_router is not None:
@@ -396,7 +398,9 @@ def main():
     args.max_sandboxes = args.max_sandboxes or args.creates + 16
     parts = set(args.parts.split(","))
     lockbox = os.path.abspath(args.lockbox)
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.nodes} nodes ({lockbox}), router "
+    router_python = subprocess.run([args.router_python, "-c", "import sys; print(sys.version.split()[0])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    print(f"python {sys.version.split()[0]} (routers: {args.router_python}, {router_python}), {os.cpu_count()} cores, {args.nodes} nodes ({lockbox}), router "
           f"{os.path.abspath(args.router_package)}"
           + (f", baseline router {os.path.abspath(args.baseline_router)}" if args.baseline_router else "")
           + f", load average {os.getloadavg()[0]:.2f} at the start")
@@ -416,7 +420,7 @@ def main():
             if args.baseline_router:
                 packages.append(("baseline", args.baseline_router, None))
             for name, package, prof in packages:
-                proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-router", prof or "",
+                proc = subprocess.Popen([args.router_python, os.path.abspath(__file__), "--serve-router", prof or "",
                                          "--router-package", os.path.abspath(package)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                 procs.append(proc)
