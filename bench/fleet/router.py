@@ -7,7 +7,7 @@ the router at most 1.5 ms above a direct one).
     cargo build --release -p lockbox-cli -p lockbox-agent
     python3 bench/fleet/router.py [--lockbox target/release/lockbox] [--nodes 3] \\
         [--calls 300] [--repeats 5] [--creates 1000] [--pool 0] [--parts exec,creates] \\
-        [--profile-router]
+        [--baseline-router DIR] [--router-python PYTHON] [--profile-router]
 
 Starts --nodes real `lockbox serve` on 127.0.0.1, each with a state directory of its own
 (`--max-sandboxes` above what the run makes, `--pool` 0 by default: every create starts a
@@ -18,13 +18,17 @@ client is a small raw HTTP/1.1 client on kept-alive connections with TCP_NODELAY
 router and one to each node, the same code for both paths.
 
 1. Warm exec (part `exec`): one sandbox, made through the router; --repeats rounds of
-   --calls pairs of `POST /v1/sandboxes/ID/exec {"command": "true"}`, one straight to its
+   --calls turns, each one `POST /v1/sandboxes/ID/exec {"command": "true"}` straight to its
    node (the node's token) and one through the router (the fleet's token), the order of the
-   two alternating from pair to pair, so the machine's noise hits both paths alike. After 50
-   pairs of warm-up. Prints p50, p90, p99, min and max of each path over every call, the
+   two alternating from turn to turn, so the machine's noise hits both paths alike. After 50
+   turns of warm-up. Prints p50, p90, p99, min and max of each path over every call, the
    difference of the p50s, the same per round (its spread), and the router's CPU time per
    routed call (the router's process, its probes of the nodes included: one per node a
-   second).
+   second). With --baseline-router DIR a second router runs another checkout's package
+   (`/tmp/main/python/lockbox/_router` after `git archive COMMIT python/lockbox/_router |
+   tar -x -C /tmp/main`) and takes a third call in each turn, the order rotating over the
+   three: a change to the router measured under the same noise. --router-python runs the
+   routers on another interpreter (a fleet's router runs on its Ray virtualenv's).
 2. Creates (part `creates`): --creates creates through the router (`POST /v1/sandboxes`,
    kept), each paired with a create straight to a node (the nodes in turn; deleted at once,
    the delete not timed), the order alternating. Prints where the router's sandboxes are
