@@ -67,7 +67,10 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
         try:
             while True:
                 try:
-                    raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for runs the read in a task of
+                    # its own, two more turns of the event loop on every request (docs/benchmarks.md).
+                    async with asyncio.timeout(HEADER_TIMEOUT):
+                        raw = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
                     writer.write(encode_reply(431, {"code": "INVALID_REQUEST", "message": "request head over 64 KiB",
                                               "details": {}}, close=True))
@@ -155,7 +158,7 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
             # The console's cookie stands for the fleet's token: nodes get their own token.
             req.head.remove("x-csrf-token")
             drop_cookies(req.head, ("lockbox_session", "lockbox_csrf"))
-        parts = [p for p in path.split("/") if p]
+        parts = req.parts
         if req.method == "POST" and path in ("/v1/sandboxes", "/sandboxes", "/v2/sandboxes"):
             await self._create(req, e2b=e2b)
         elif req.method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "snapshots"] and parts[3] == "fork":

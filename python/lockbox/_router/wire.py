@@ -65,7 +65,8 @@ class Head:
         return ("\r\n".join([self.line, *(f"{k}: {v}" for k, v in self.headers)]) + "\r\n\r\n").encode("latin-1")
 
     def tokens(self, name: str) -> set[str]:
-        return {t.strip().lower() for k, v in self.headers if k.lower() == name.lower() for t in v.split(",")}
+        name = name.lower()
+        return {t.strip().lower() for k, v in self.headers if k.lower() == name for t in v.split(",")}
 
 
 def body_framing(head: Head, *, request: bool, method: str = "GET", status: int = 200) -> int | None:
