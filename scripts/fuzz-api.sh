@@ -14,8 +14,21 @@ cd "$(dirname "$0")/.."
 
 target=${CARGO_TARGET_DIR:-$PWD/target}
 venv=${FUZZ_VENV:-$target/fuzz-venv}
+# CPython before 3.11.8 and 3.12.2 shares the AST constructor's recursion counter between
+# threads (gh-106905): two schemathesis workers (threads) building strategies at once can end a
+# run with "AST constructor recursion depth mismatch", the tool's error, not the server's. The
+# virtualenv is made from an interpreter with the fix where one is found (on PATH or under
+# pyenv); with an older one, schemathesis runs one worker.
+has_ast_fix='import sys; v = sys.version_info[:3]; sys.exit(not (v >= (3, 12, 2) or (3, 11, 8) <= v < (3, 12)))'
 if [ ! -x "$venv/bin/schemathesis" ]; then
-  python3 -m venv "$venv"
+  py=python3
+  for cand in python3 python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$has_ast_fix" 2>/dev/null; then
+      py="$cand"
+      break
+    fi
+  done
+  "$py" -m venv "$venv"
   "$venv/bin/pip" install -q 'schemathesis>=4,<5'
 fi
 # --prepare: only make the virtualenv (scripts/test.sh does while Rust builds).
@@ -66,6 +79,8 @@ status=0
 # design, which not_a_server_error would count as a failure. Exposing, listing and
 # unexposing ports are fuzzed; the proxy is tested end to end (lockbox-cli/tests/it/serve_ports.rs).
 # Media types schemathesis needs told how to send (the snapshot artifact's tar stream).
+workers=1
+"$venv/bin/python" -c "$has_ast_fix" && workers=2
 SCHEMATHESIS_HOOKS="$PWD/scripts/fuzz-api-hooks.py" \
 "$venv/bin/schemathesis" run "$work/openapi.json" --url "http://$listen" \
   -H "Authorization: Bearer $token" \
@@ -73,7 +88,7 @@ SCHEMATHESIS_HOOKS="$PWD/scripts/fuzz-api-hooks.py" \
   --checks "${FUZZ_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance}" \
   --max-examples "${FUZZ_MAX_EXAMPLES:-50}" \
   --request-timeout 60 \
-  --workers 2 \
+  --workers "$workers" \
   --seed 1 \
   --no-color || status=$?
 if ! kill -0 "$server" 2>/dev/null; then

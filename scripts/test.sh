@@ -159,39 +159,10 @@ print_skips() {
 }
 phase "cargo test --no-run (building the tests)"
 cargo test --workspace --no-run --quiet
-# While the tests run (they wait on sandboxes and servers more than they compute), what the
-# Python SDK's tests need is made beside them, and the API docs are checked: ruff and mypy,
-# the extension built in debug mode by maturin (reusing cargo's target directory: one more
-# crate, not a release build; cargo holds its build lock only while building, and ruff and
-# mypy come first, after the tests' own check of their build) and installed into the SDK's
-# virtualenv (outside the checkout, which uid 65534 may not be able to enter) as a wheel,
-# with its dependencies (cloudpickle) as `pip install ./python` does; then `cargo doc`. The
-# extension embeds the in-sandbox agent of Sandbox.open: the one built above
-# ($LOCKBOX_AGENT_EXE).
-wait_for "$py_pid" "$py_log" "the SDK's virtualenv ($pyvenv)"
-python_build() {
-  (cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
-  rm -rf "$pyvenv/wheels"
-  "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
-  "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
-  chmod -R a+rX "$pyvenv"
-  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-}
-phase "ruff, mypy --strict (settings in python/pyproject.toml), the SDK's wheel and cargo doc (warnings denied): started beside the tests"
-build_log="$(mktemp)"
-python_build > "$build_log" 2>&1 &
-build_pid=$!
-wait_for "$api_pid" "$api_log" "schemathesis (scripts/fuzz-api.sh --prepare)"
-wait_for "$debian_pid" "$debian_log" "the Debian root of lockbox-confine's image tests (mmdebstrap)"
-# The tests wait on sandboxes, servers and child processes more than they compute: with
-# one test thread per core the cores sat idle half the time. Two per core (RUST_TEST_THREADS
-# to choose) took lockbox-cli's 219 tests from 256 s to 135 s on 2 cores (docs/testing.md).
-phase "cargo test (${RUST_TEST_THREADS:-$(($(nproc) * 2))} test threads)"
-RUST_TEST_THREADS="${RUST_TEST_THREADS:-$(($(nproc) * 2))}" cargo test --workspace || { print_skips; exit 1; }
-print_skips
-# The crash torture and the fuzzing below run beside the Python SDK's tests, which wait on
-# sandboxes, servers and Ray more than they compute: each job's output is printed once all
-# are done (background_done).
+# From here on the jobs run side by side, because the tests wait on sandboxes, servers, Ray
+# and child processes more than they compute (vmstat: one job at a time left the 2 cores
+# idle for minutes); each background job's output is printed when it is done
+# (background_done), and the suite fails if any failed.
 background_failed=0
 background_done() {
   local pid=$1 log=$2 what=$3 status=0
@@ -204,24 +175,58 @@ background_done() {
     background_failed=1
   fi
 }
-# lockbox-txn's long crash torture (5,000 files, up to 500 SIGKILLed commits) is #[ignore]d
-# for everyday runs; CI runs it bounded to 1 minute of trials (at least 10);
-# LOCKBOX_TXN_LONG_CRASH_SECONDS chooses another bound.
+wait_for "$api_pid" "$api_log" "schemathesis (scripts/fuzz-api.sh --prepare)"
+wait_for "$debian_pid" "$debian_log" "the Debian root of lockbox-confine's image tests (mmdebstrap)"
+# 1. The Rust tests. Two test threads per core (RUST_TEST_THREADS to choose) took
+# lockbox-cli's 219 tests from 256 s to 135 s on 2 cores (docs/testing.md); lockbox-cli's
+# tests run beside the other crates' (scripts/run-rust-tests.sh says why).
+phase "cargo test: the tests built above, in two lanes (${RUST_TEST_THREADS:-$(($(nproc) * 2))} test threads each), started in the background"
+rust_log="$(mktemp)"
+bash scripts/run-rust-tests.sh > "$rust_log" 2>&1 &
+rust_pid=$!
+# 2. What the Python SDK's tests need, beside them: ruff and mypy, the extension built in
+# debug mode by maturin (reusing cargo's target directory: one more crate, not a release
+# build) and installed into the SDK's virtualenv (outside the checkout, which uid 65534 may
+# not be able to enter) as a wheel, with its dependencies (cloudpickle) as `pip install
+# ./python` does. The extension embeds the in-sandbox agent of Sandbox.open: the one built
+# above ($LOCKBOX_AGENT_EXE).
+wait_for "$py_pid" "$py_log" "the SDK's virtualenv ($pyvenv)"
+python_wheel() {
+  (cd python && "$pyvenv/bin/ruff" check lockbox && "$pyvenv/bin/mypy")
+  rm -rf "$pyvenv/wheels"
+  "$pyvenv/bin/maturin" build -q --profile dev -i "$pyvenv/bin/python" -m python/Cargo.toml -o "$pyvenv/wheels"
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
+  chmod -R a+rX "$pyvenv"
+}
+phase "ruff, mypy --strict (settings in python/pyproject.toml) and the SDK's wheel"
+wheel_log="$(mktemp)"
+python_wheel > "$wheel_log" 2>&1 || { cat "$wheel_log" >&2; echo "ruff, mypy or the SDK's wheel failed" >&2; exit 1; }
+rm -f "$wheel_log"
+# 3. The API docs, warnings denied (cargo holds its build lock only while building).
+doc_log="$(mktemp)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet > "$doc_log" 2>&1 &
+doc_pid=$!
+# 4. lockbox-txn's long crash torture (5,000 files, up to 500 SIGKILLed commits) is
+# #[ignore]d for everyday runs; CI runs it bounded to 1 minute of trials (at least 10);
+# LOCKBOX_TXN_LONG_CRASH_SECONDS chooses another bound. Its test binary is the one built
+# above, run directly (`cargo test -p lockbox-txn` would resolve features for that crate alone
+# and rebuild 29 crates).
 torture_pid=""
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_TXN_LONG_CRASH_SECONDS:-}" ]; then
   phase "lockbox-txn long crash torture (${LOCKBOX_TXN_LONG_CRASH_SECONDS:-60} s of trials), started in the background"
   torture_log="$(mktemp)"
-  LOCKBOX_TXN_LONG_CRASH_SECONDS="${LOCKBOX_TXN_LONG_CRASH_SECONDS:-60}" \
-    cargo test -p lockbox-txn --test it -- --ignored --exact crash::long_crash_torture_with_more_files_and_trials \
+  txn_it="$(bash scripts/run-rust-tests.sh --list | awk -F'\t' '$3 == "lockbox-txn: tests/it/main.rs" { print $2 }')"
+  [ -x "$txn_it" ] || { echo "lockbox-txn's test binary (tests/it/main.rs) is not among cargo's test binaries" >&2; exit 1; }
+  (cd crates/lockbox-txn && LOCKBOX_TXN_LONG_CRASH_SECONDS="${LOCKBOX_TXN_LONG_CRASH_SECONDS:-60}" \
+    env --default-signal "$txn_it" --ignored --exact crash::long_crash_torture_with_more_files_and_trials) \
     > "$torture_log" 2>&1 &
   torture_pid=$!
 fi
-
-# Fuzzing, as a smoke run: every cargo-fuzz target built unoptimised (with AddressSanitizer
-# and debug assertions: its build is the phase's cost), its seeds and corpus replayed and
-# mutated for 10 s (11 targets, one per core: 1 min on 2 cores). Campaigns are run by hand
-# with optimised builds (docs/fuzzing.md). Outside CI it is skipped unless
-# LOCKBOX_FUZZ_SECONDS is set.
+# 5. Fuzzing, as a smoke run: every cargo-fuzz target built unoptimised (with
+# AddressSanitizer and debug assertions: its build is the phase's cost), its seeds and corpus
+# replayed and mutated for 10 s (11 targets, one per core). Campaigns are run by hand with
+# optimised builds (docs/fuzzing.md). Outside CI it is skipped unless LOCKBOX_FUZZ_SECONDS is
+# set.
 fuzz_pid=""
 if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
   phase "fuzzing (scripts/fuzz.sh ${LOCKBOX_FUZZ_SECONDS:-10}, ${LOCKBOX_FUZZ_PROFILE:-dev} build), started in the background"
@@ -231,19 +236,11 @@ if [ "${CI:-}" = true ] || [ -n "${LOCKBOX_FUZZ_SECONDS:-}" ]; then
 else
   phase "fuzzing SKIPPED (not CI): run scripts/fuzz.sh [SECONDS], or set LOCKBOX_FUZZ_SECONDS"
 fi
-# The Python SDK (python/), with the wheel made beside the Rust tests, then pytest, beside
-# the crash torture and the fuzzing (vmstat: its tests left the 2 cores about half idle). In CI a
-# missing dependency (Ray, PostgreSQL, root) fails the suite instead of skipping. Ray runs a
-# real local cluster (ray.init(num_cpus=2)) in its tests.
-phase "python SDK"
-wait_for "$build_pid" "$build_log" "ruff, mypy, the SDK's wheel or cargo doc"
-# Harbor (python/tests-harbor): `harbor run` drives lockbox sandboxes through
+# 6. Harbor (python/tests-harbor): `harbor run` drives lockbox sandboxes through
 # lockbox.harbor:LockboxEnvironment. Harbor needs Python 3.12+, so these tests run in a venv of
 # their own, from a 3.12+ interpreter found on PATH or under pyenv. The extension is abi3: the
 # same wheel installs there. When root, the interpreter is copied where uid 65534 can run it
 # (pyenv's lives under /root), and LD_LIBRARY_PATH names the copy's libpython.
-# They run beside the SDK's tests (they mostly wait on `harbor run` and its sandboxes): their
-# output is printed when both are done.
 harbor_tests() {
   py3x=""
   for cand in python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3.1[2-9]; do
@@ -272,27 +269,30 @@ harbor_tests() {
     "$hvenv/bin/pip" install -q --disable-pip-version-check 'harbor[e2b]==0.26.0' 'pytest>=7'
     "$hvenv/bin/pip" install -q --disable-pip-version-check --force-reinstall "$pyvenv"/wheels/lockbox-*.whl
     chmod -R a+rX "$hvenv"
-    "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor
+    # A background job ignores SIGINT, which its sandboxes would inherit: defaults first.
+    env --default-signal "$hvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests-harbor
   fi
 }
-
 harbor_log="$(mktemp)"
-phase "Harbor environment (python/tests-harbor), started beside the SDK's tests"
+phase "Harbor environment (python/tests-harbor), started in the background"
 harbor_tests > "$harbor_log" 2>&1 &
 harbor_pid=$!
-# The extension's stub (python/lockbox/_lockbox.pyi) against what the built module defines.
+# 7. The Python SDK's own tests (python/), in the foreground. In CI a missing dependency
+# (Ray, PostgreSQL, root) fails the suite instead of skipping. Ray runs a real local cluster
+# (ray.init(num_cpus=2)) in its tests. First the extension's stub
+# (python/lockbox/_lockbox.pyi) against what the built module defines.
 phase "stubtest lockbox._lockbox"
 status=0
 (cd / && "$pyvenv/bin/python" -m mypy.stubtest lockbox._lockbox) || status=$?
+# --durations: the slowest tests are named at the end (where CI's time goes: docs/testing.md).
 phase "the SDK's tests (python/tests)"
-[ "$status" != 0 ] || "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests || status=$?
-harbor_status=0
-wait "$harbor_pid" || harbor_status=$?
-phase "Harbor environment (python/tests-harbor): its output"
-cat "$harbor_log"
-rm -f "$harbor_log"
+[ "$status" != 0 ] || "$pyvenv/bin/python" -m pytest -q -rs --durations=15 -p no:cacheprovider python/tests || status=$?
+background_done "$rust_pid" "$rust_log" "cargo test (scripts/run-rust-tests.sh)"
+print_skips
+background_done "$doc_pid" "$doc_log" "cargo doc"
+background_done "$harbor_pid" "$harbor_log" "Harbor environment (python/tests-harbor)"
 [ -z "$torture_pid" ] || background_done "$torture_pid" "$torture_log" "lockbox-txn long crash torture"
 [ -z "$fuzz_pid" ] || background_done "$fuzz_pid" "$fuzz_log" "fuzzing"
-[ "$status" = 0 ] && [ "$harbor_status" = 0 ] && [ "$background_failed" = 0 ] || exit 1
+[ "$status" = 0 ] && [ "$background_failed" = 0 ] || exit 1
 
 phase "done"
