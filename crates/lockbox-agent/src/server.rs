@@ -190,16 +190,18 @@ impl Agent {
         })
     }
 
-    /// A shim reported (or died): reap it and tell the runtime.
+    /// A shim reported (or died): tell the runtime and reap it.
     fn finish_child(&mut self, index: usize) {
         let child = self.children.swap_remove(index);
         let mut record = [0u8; 8];
-        let got = read_full(child.report.as_fd(), &mut record);
-        let status = rustix::process::waitpid(
-            rustix::process::Pid::from_raw(child.shim),
-            rustix::process::WaitOptions::empty(),
-        );
-        let (code, signal) = if got {
+        let reap = || {
+            rustix::process::waitpid(
+                rustix::process::Pid::from_raw(child.shim),
+                rustix::process::WaitOptions::empty(),
+            )
+        };
+        let reported = read_full(child.report.as_fd(), &mut record);
+        let (code, signal) = if reported {
             let code = i32::from_le_bytes([record[0], record[1], record[2], record[3]]);
             let signal = i32::from_le_bytes([record[4], record[5], record[6], record[7]]);
             (
@@ -208,6 +210,7 @@ impl Agent {
             )
         } else {
             // The shim itself was killed: its command's tree may be alive; end it.
+            let status = reap();
             tree::kill_tree(child.shim, child.main, false, Duration::from_secs(5));
             let sig = status
                 .ok()
@@ -224,6 +227,12 @@ impl Agent {
             },
             &[],
         );
+        // A shim that reported exits right after: reaped once the runtime was told, so
+        // that its exit (the teardown of a copy of the agent's address space) does not
+        // delay the message (issue 30).
+        if reported {
+            let _ = reap();
+        }
     }
 
     fn handle(&mut self, op: Op) -> (Result<Body, AgentError>, Vec<OwnedFd>) {

@@ -73,15 +73,7 @@ fn setup_and_wait(shim: &Shim<'_>, mut fds: CommandFds) -> Result<(), ()> {
     let _ = fds.release_slots();
     let status = wait_for(main);
     // The command is done: nothing it started outlives it.
-    let me = rustix::process::getpid().as_raw_nonzero().get();
-    loop {
-        tree::kill_tree(me, 0, false, Duration::from_secs(5));
-        match rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
-            Ok(Some(_)) => continue,
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            Err(_) => break, // ECHILD: nothing left
-        }
-    }
+    end_leftovers();
     let (code, signal) = match status {
         Some(s) => (
             s.exit_status().unwrap_or(-1),
@@ -94,6 +86,33 @@ fn setup_and_wait(shim: &Shim<'_>, mut fds: CommandFds) -> Result<(), ()> {
     record[4..].copy_from_slice(&signal.to_le_bytes());
     let _ = agent_sys::write_all(fds.report(), &record);
     Ok(())
+}
+
+/// Kills and reaps whatever the command left behind, until the shim has no child.
+///
+/// The shim's children are asked first: with none left (the usual case: the command
+/// started nothing that outlived it) there is nothing to walk `/proc` for, because every
+/// descendant of the shim descends from a child of it. Orphans reparent to the shim (a
+/// subreaper) before their parent's exit can be reaped, so after `main` was reaped its
+/// survivors are already children here (`PR_SET_CHILD_SUBREAPER` in prctl(2)). Issue 30:
+/// the walk reads every `/proc/PID/stat` of the sandbox, on every command's exit.
+fn end_leftovers() {
+    use rustix::process::{wait, WaitOptions};
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    loop {
+        match wait(WaitOptions::NOHANG) {
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(_) => return, // ECHILD: nothing left
+        }
+        // Something is alive below the shim: kill it all, then reap.
+        tree::kill_tree(me, 0, false, Duration::from_secs(5));
+        match wait(WaitOptions::NOHANG) {
+            Ok(Some(_)) => {}
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+            Err(_) => return,
+        }
+    }
 }
 
 /// Reaps children until `main` has ended; returns its status.

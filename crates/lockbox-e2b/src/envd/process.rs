@@ -159,17 +159,17 @@ impl Envd {
             .start_process(spec)
             .await
             .map_err(|e| rt_error(&ctx.id, e))?;
-        let running: std::collections::HashSet<String> = ctx
-            .sandbox
-            .list_processes()
-            .into_iter()
-            .filter(|p| p.state == ProcessState::Running)
-            .map(|p| p.id.as_str().to_owned())
-            .collect();
         let mut all = lock(&self.state.processes);
         let ours = all.entry(ctx.sandbox.id().to_owned()).or_default();
         // What E2B remembers of processes that ended goes (List shows running ones only).
-        ours.retain(|id, _| running.contains(id));
+        // Each remembered one is looked up by id: listing all the sandbox's processes,
+        // exited ones included (kept up to `max_processes`), cost every start time in
+        // proportion to how many commands had run before it (issue 30).
+        ours.retain(|id, _| {
+            ctx.sandbox
+                .process(id)
+                .is_ok_and(|p| p.state == ProcessState::Running)
+        });
         ours.insert(
             info.id.as_str().to_owned(),
             Started {

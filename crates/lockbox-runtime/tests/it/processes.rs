@@ -79,6 +79,38 @@ async fn kill_leaves_nothing_of_the_tree_alive() {
     rt.shutdown().await;
 }
 
+/// Issue 30: a command's exit ends what it left running (the shim walks `/proc` only when
+/// it still has children), and a command that left nothing ends with its own status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_30_a_command_that_exits_leaves_nothing_of_its_tree_running() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "issue_30_a_command_that_exits_leaves_nothing_of_its_tree_running"
+    ));
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    // A child, a double-forked orphan and a setsid daemon, all ignoring SIGTERM; the
+    // command waits until they run, then exits 7 on its own.
+    let p = sb
+        .start_process(shell(
+            "trap '' TERM; sleep 321 & (sleep 322 &); setsid sh -c 'trap \"\" TERM; exec sleep 323' & \
+             while [ \"$(ps -eo args= | grep -c '^sleep 32[123]$')\" != 3 ]; do sleep 0.01; done; exit 7",
+        ))
+        .await
+        .unwrap();
+    let info = wait_exit(&sb, &p.id).await;
+    assert_eq!(info.state, ProcessState::Exited);
+    assert_eq!(info.exit_code, Some(7));
+    let after = run(&sb, "ps -eo args= | grep -c '^sleep 32[123]$' || true").await;
+    assert_eq!(out(&after), "0\n", "nothing of the tree survives its exit");
+    // And the common case: nothing left behind, the status as it was.
+    let q = sb
+        .start_process(argv(&["/bin/sh", "-c", "exit 3"]))
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&sb, &q.id).await.exit_code, Some(3));
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_resume_exactly_by_cursor_and_keep_exit_code() {
     let state = scratch();
