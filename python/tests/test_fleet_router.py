@@ -792,7 +792,7 @@ def test_issue_31_an_mcp_fork_of_another_nodes_snapshot_copies_it_into_that_node
     a["node_id"], b["node_id"] = "a" * 56, "b" * 56
     try:
         on_a = start_router([a])
-        box = mcp_tool(on_a, "create_sandbox", workdir=str(wd))["structuredContent"]
+        box = mcp_tool(on_a, "create_sandbox", workdir=str(wd), on_exit="abort")["structuredContent"]
         wrote = mcp_tool(on_a, "write_file", sandbox_id=box["id"], path=str(wd / "marker.txt"),
                          content="written on A")
         assert not wrote["isError"], wrote
@@ -813,9 +813,20 @@ def test_issue_31_an_mcp_fork_of_another_nodes_snapshot_copies_it_into_that_node
         # B's copy is the agent's there: a restore of its fork to it runs on B.
         restored = mcp_tool(router, "restore", sandbox_id=fork, snapshot_id=snap)
         assert not restored["isError"], restored
+        # Deleted through the router: B's copy first, refused while the fork uses it (the
+        # original kept), then both.
+        refused = mcp_tool(router, "delete_snapshot", snapshot_id=snap)
+        assert refused["structuredContent"]["code"] == "SNAPSHOT_IN_USE", refused
+        assert refused["structuredContent"]["details"]["node"] == b["node_id"], refused
+        assert snap in held_by(a, "/v1/snapshots", "id")
+        assert not mcp_tool(router, "delete_sandbox", sandbox_id=fork)["isError"]
+        deleted = mcp_tool(router, "delete_snapshot", snapshot_id=snap)
+        assert not deleted["isError"], deleted
+        assert snap not in held_by(a, "/v1/snapshots", "id") | held_by(b, "/v1/snapshots", "id")
 
         # Taken through REST: not the agent's on A, so not through the router either.
-        for name, args in (("fork", {}), ("restore", {"sandbox_id": fork})):
+        other = mcp_tool(on_a, "create_sandbox", workdir=str(wd))["structuredContent"]["id"]
+        for name, args in (("fork", {}), ("restore", {"sandbox_id": other}), ("delete_snapshot", {})):
             refused = mcp_tool(router, name, snapshot_id=rest["id"], **args)
             assert refused["isError"], (name, refused)
             assert refused["structuredContent"]["code"] == "SNAPSHOT_NOT_FOUND", (name, refused)

@@ -15,7 +15,7 @@ from typing import Any
 from .creates import Creates
 from .forwarding import NOT_FOUND, ONE
 from .placement import NodeView, holding, place
-from .snapshot_copies import copy_header
+from .snapshot_copies import Refused, copy_header
 from .wire import Head, HttpError, Request, describe_error, json_or_none
 
 
@@ -91,6 +91,15 @@ class McpCalls(Creates):
                 if copy is None:
                     return
                 on_head = copy_header(copy)
+            elif name == "delete_snapshot" and snap and await self._mcp_scope_has(view, snap):
+                # The agent's on its own node: its copies on other nodes go first, as
+                # DELETE /v1/snapshots/{id} through the router (one in use there: refused,
+                # the rest kept); then the node's own delete answers the call.
+                try:
+                    await self._delete_copies(snap, view)
+                except Refused as r:
+                    await req.send(r.status, r.body)
+                    return
         else:
             up = [v for v in self.nodes.values() if v.routable]
             image = args.get("image") if name == "create_sandbox" and isinstance(args.get("image"), str) else None
@@ -113,6 +122,10 @@ class McpCalls(Creates):
                 self.cache.pop(sid, None)
                 if self.store is not None:
                     await self._kv(self.store.forget, sid)
+            elif name == "delete_snapshot" and snap and isinstance(result, dict) and not result.get("isError"):
+                self.cache.pop(snap, None)
+                if self.store is not None:
+                    await self._kv(self.store.forget, snap)
 
         if name == "create_sandbox":
             async with self._placing(chosen, args.get("image") if isinstance(args.get("image"), str) else None) as p:
