@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -759,6 +760,99 @@ def test_a_scoped_token_ends_with_its_nodes_server_and_is_still_revoked(tmp_path
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def mcp_tool(addr, name, **arguments):
+    """One MCP tool call through the router (stateless JSON-RPC over HTTP): its result."""
+    status, reply = routed(addr, "POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                                  "params": {"name": name, "arguments": arguments}},
+                           {**AUTH, "Accept": "application/json, text/event-stream"})
+    assert status == 200 and reply["id"] == 1, reply
+    return reply["result"]
+
+
+def mcp_scope_of(node):
+    """The snapshot ids a node's own /mcp lists (its MCP scope)."""
+    status, _, data = call(node, "POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                                  "params": {"name": "list_snapshots", "arguments": {}}})
+    assert status == 200, data
+    return {s["id"] for s in json.loads(data)["result"]["structuredContent"]["snapshots"]}
+
+
+def test_issue_31_an_mcp_fork_of_another_nodes_snapshot_copies_it_into_that_nodes_mcp_scope(tmp_path):
+    """MCP's fork through a router to which the snapshot's node is full runs on another node
+    (docs/fleet.md, "MCP's fork and restore"): a snapshot taken through MCP on node A is
+    copied to B into B's MCP scope, and B forks it with A's files; a snapshot taken on A
+    through REST (not in A's MCP scope) is refused as A's /mcp refuses it, SNAPSHOT_NOT_FOUND,
+    and is not copied: an agent gets no more through the router than through one node."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    a_proc, a = serve(tmp_path / "a", "--allow-workdir", str(wd))
+    b_proc, b = serve(tmp_path / "b", "--allow-workdir", str(wd))
+    a["node_id"], b["node_id"] = "a" * 56, "b" * 56
+    try:
+        on_a = start_router([a])
+        box = mcp_tool(on_a, "create_sandbox", workdir=str(wd), on_exit="abort")["structuredContent"]
+        wrote = mcp_tool(on_a, "write_file", sandbox_id=box["id"], path=str(wd / "marker.txt"),
+                         content="written on A")
+        assert not wrote["isError"], wrote
+        snap = mcp_tool(on_a, "snapshot", sandbox_id=box["id"])["structuredContent"]["id"]
+        status, rest = routed(on_a, "POST", f"/v1/sandboxes/{box['id']}/snapshots", {})
+        assert status == 201, rest
+        assert mcp_scope_of(a) == {snap} and mcp_scope_of(b) == set()
+
+        # A router to which A is full (its one sandbox): the fork goes to B.
+        router = start_router([{**a, "max_sandboxes": 1}, b])
+        forked = mcp_tool(router, "fork", snapshot_id=snap)
+        assert not forked["isError"], forked
+        fork = forked["structuredContent"]["sandboxes"][0]["id"]
+        assert fork in held_by(b, "/v1/sandboxes", "id")
+        assert snap in mcp_scope_of(b) and snap in held_by(b, "/v1/snapshots", "id")
+        ran = mcp_tool(router, "exec", sandbox_id=fork, command=f"cat {wd}/marker.txt")
+        assert ran["structuredContent"]["stdout"] == "written on A", ran
+        # B's copy is the agent's there: a restore of its fork to it runs on B.
+        restored = mcp_tool(router, "restore", sandbox_id=fork, snapshot_id=snap)
+        assert not restored["isError"], restored
+        # Deleted through the router: B's copy first, refused while the fork uses it (the
+        # original kept), then both.
+        refused = mcp_tool(router, "delete_snapshot", snapshot_id=snap)
+        assert refused["structuredContent"]["code"] == "SNAPSHOT_IN_USE", refused
+        assert refused["structuredContent"]["details"]["node"] == b["node_id"], refused
+        assert snap in held_by(a, "/v1/snapshots", "id")
+        assert not mcp_tool(router, "delete_sandbox", sandbox_id=fork)["isError"]
+        deleted = mcp_tool(router, "delete_snapshot", snapshot_id=snap)
+        assert not deleted["isError"], deleted
+        assert snap not in held_by(a, "/v1/snapshots", "id") | held_by(b, "/v1/snapshots", "id")
+
+        # Taken through REST: not the agent's on A, so not through the router either.
+        other = mcp_tool(on_a, "create_sandbox", workdir=str(wd))["structuredContent"]["id"]
+        for name, args in (("fork", {}), ("restore", {"sandbox_id": other}), ("delete_snapshot", {})):
+            refused = mcp_tool(router, name, snapshot_id=rest["id"], **args)
+            assert refused["isError"], (name, refused)
+            assert refused["structuredContent"]["code"] == "SNAPSHOT_NOT_FOUND", (name, refused)
+        assert rest["id"] not in held_by(b, "/v1/snapshots", "id") | mcp_scope_of(b)
+
+        # A's node lost (as Ray would list it): a snapshot only A had is SNAPSHOT_LOST over
+        # MCP, as over REST through the router (not SANDBOX_LOST).
+        nodes = [dict(a), dict(b)]
+        watching = start_router(nodes)
+        assert mcp_tool(watching, "delete_snapshot", snapshot_id="s-unknown")["structuredContent"]["code"] == \
+            "SNAPSHOT_NOT_FOUND"
+        refused = mcp_tool(watching, "fork", snapshot_id=rest["id"])  # its node learned, A still up
+        assert refused["structuredContent"]["code"] == "SNAPSHOT_NOT_FOUND", refused
+        nodes[0].update(state="lost", reason="its raylet is gone")
+        deadline = time.monotonic() + 60
+        while (lost := mcp_tool(watching, "delete_snapshot", snapshot_id=rest["id"]))["structuredContent"][
+                "code"] != "SNAPSHOT_LOST":
+            assert time.monotonic() < deadline, f"the router never saw A lost: {lost}"
+            threading.Event().wait(0.2)
+        assert lost["isError"] and lost["structuredContent"]["details"]["node"] == a["node_id"], lost
+        refused = mcp_tool(watching, "fork", snapshot_id=rest["id"])
+        assert refused["structuredContent"]["code"] == "SNAPSHOT_LOST", refused
+    finally:
+        for proc in (a_proc, b_proc):
+            proc.terminate()
+            proc.wait(30)
 
 
 def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():

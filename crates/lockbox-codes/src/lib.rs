@@ -67,6 +67,9 @@ pub enum Family {
     Server,
     /// OCI images: references, registries, the image store (`lockbox-image`).
     Image,
+    /// A fleet's router (`python/lockbox/_router`, docs/fleet.md): the node that holds what a
+    /// request names cannot take it, or no node can.
+    Fleet,
 }
 
 impl Family {
@@ -81,6 +84,7 @@ impl Family {
             Family::Runtime => "runtime",
             Family::Server => "server",
             Family::Image => "image",
+            Family::Fleet => "fleet",
         }
     }
 }
@@ -284,6 +288,23 @@ codes! {
         BadImage = "BAD_IMAGE",
         /// The image store could not be read or written.
         ImageStore = "IMAGE_STORE",
+    }
+    Fleet {
+        /// The node that holds the sandbox, snapshot or scoped token cannot be reached now
+        /// (its server down or restarting, frozen, being checked after it came back);
+        /// `details.node` and `details.reason` say which and why. It may come back: retry.
+        NodeUnreachable = "NODE_UNREACHABLE",
+        /// No node is up to take the request (or none the `placement` hint names, or every
+        /// one is full).
+        NoNode = "NO_NODE",
+        /// The sandbox's node was lost, or came back without it (`details.reason`); listed
+        /// `lost` until deleted.
+        SandboxLost = "SANDBOX_LOST",
+        /// Every node that held the snapshot (its own and those it was copied to) is lost.
+        SnapshotLost = "SNAPSHOT_LOST",
+        /// The node of what the request names (a branch, a transaction, a run, a scoped
+        /// token) is lost, and it with it.
+        NodeLost = "NODE_LOST",
     }
 }
 

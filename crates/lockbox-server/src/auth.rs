@@ -258,7 +258,9 @@ pub async fn require_auth(State(app): State<AppState>, mut req: Request, next: N
 
 /// What a scoped token may reach: `/mcp`, the API document, creating and listing sandboxes
 /// and snapshots, and the routes of the sandboxes and snapshots its scope made (another's
-/// is `*_NOT_FOUND`, as if it did not exist). Answering approval questions, branches,
+/// is `*_NOT_FOUND`, as if it did not exist). Answering approval questions, moving
+/// snapshots between nodes (`.../artifact`, whatever the id: its record carries the spec
+/// forks start with, and `Lockbox-Snapshot-Scope` adds to an MCP scope), branches,
 /// transactions, the journal and tokens are the operator's (403 `FORBIDDEN`): an agent that
 /// could approve its own sandbox's destinations, commit any branch or mint tokens would
 /// step over its ceiling.
@@ -269,6 +271,9 @@ fn agent_allowed(method: &Method, path: &str, scope: &Scope) -> Result<(), ApiEr
         ["v1", "sandboxes", _, "approvals", _] if method == Method::POST => Err(
             sessions::forbidden("approval questions are answered by the operator, not by a scoped token"),
         ),
+        ["v1", "snapshots", _, "artifact"] => Err(sessions::forbidden(
+            "snapshots move between nodes with the operator's token, not a scoped token's",
+        )),
         ["v1", "sandboxes", id, ..] => scope.sandbox(id),
         ["v1", "snapshots", id, ..] => scope.snapshot(id),
         _ => Err(sessions::forbidden(format!(

@@ -139,6 +139,10 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         C::ServerBusy | C::StorageWorkerGone | C::TxnOutcomeLookup => {
             StatusCode::SERVICE_UNAVAILABLE
         }
+        // A fleet router's own: a node that may come back, or none to take it.
+        C::NodeUnreachable | C::NoNode => StatusCode::SERVICE_UNAVAILABLE,
+        // ... and what went with a lost node.
+        C::SandboxLost | C::SnapshotLost | C::NodeLost => StatusCode::GONE,
         // lockbox or the host failed: the cause goes to the operator's log.
         C::Internal
         | C::SuperviseFailed

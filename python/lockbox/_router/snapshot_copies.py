@@ -44,6 +44,11 @@ COPY_HEADER = "Lockbox-Snapshot-Copy"
 (the snapshot's own node), ``cached`` (a copy made there before) or ``copied`` (now)."""
 
 
+SCOPE_HEADER = "Lockbox-Snapshot-Scope"
+"""Sent with ``PUT .../artifact`` when a copy is made for an MCP ``fork`` or ``restore``:
+``mcp`` puts it in the target's MCP scope (docs/fleet.md, "MCP's fork and restore")."""
+
+
 def copy_header(copy: str) -> Callable[[Head], Awaitable[None]]:
     async def put(head: Head) -> None:
         head.put(COPY_HEADER, copy)
@@ -168,24 +173,29 @@ class SnapshotCopies(ForwardingRouter):
                                            f"cannot be reached now: {reason}", id=sid,
                                            node=home.node_id if home else None, reason=reason, nodes=reasons))
 
-    async def _snapshot_on(self, req: Request, sid: str, target: NodeView) -> str | None:
+    async def _snapshot_on(self, req: Request, sid: str, target: NodeView, *, scope: str | None = None,
+                           sources: Sequence[str] | None = None) -> str | None:
         """Makes sure ``target`` has snapshot ``sid`` (and the snapshots it lies on):
         ``"home"`` (taken there), ``"cached"`` (copied there before), ``"copied"`` (now, from
         a node that has it: each snapshot's artifact streamed from that node's ``GET
         .../artifact`` into ``target``'s ``PUT .../artifact?digest=``, which checks it).
-        ``None`` once the client was answered with why not."""
+        ``scope`` (``"mcp"``): ``sid`` is put in that scope of ``target`` too, even where it
+        is (sent with ``Lockbox-Snapshot-Scope``, which a node that has it takes without
+        reading the artifact); ``sources``: the only nodes to copy from (else every node
+        that has it). ``None`` once the client was answered with why not."""
         if await self._node_of(sid, "snapshots") is None:
             await req.send(*lockbox_error(404, "SNAPSHOT_NOT_FOUND", f"no fleet node has snapshot {sid}", id=sid))
             return None
         holders = await self._holders(sid)
-        if holders and holders[0] == target.node_id:
+        if holders and holders[0] == target.node_id and scope is None:
             return "home"
         # One copy of a snapshot to a node at a time: a second fork waits, then finds it cached.
         key = (sid, target.node_id)
         lock = self._copying.setdefault(key, asyncio.Lock())
         try:
             async with lock:
-                return await self._copy_snapshot(sid, target, holders)
+                copy = await self._copy_snapshot(sid, target, holders if sources is None else sources, scope)
+                return "home" if holders and holders[0] == target.node_id else copy
         except Refused as r:
             await req.send(r.status, r.body)
             return None
@@ -193,9 +203,10 @@ class SnapshotCopies(ForwardingRouter):
             if not lock.locked():
                 self._copying.pop(key, None)
 
-    async def _copy_snapshot(self, sid: str, target: NodeView, holders: Sequence[str]) -> str:
+    async def _copy_snapshot(self, sid: str, target: NodeView, holders: Sequence[str],
+                             scope: str | None = None) -> str:
         status, _, _ = await self._snapshot_call(target, "GET", sid)
-        if status == 200:
+        if status == 200 and scope is None:
             await self._copied(sid, target)
             return "cached"
         sources = [self.nodes[h] for h in holders if h in self.nodes and self.nodes[h].routable]
@@ -211,6 +222,10 @@ class SnapshotCopies(ForwardingRouter):
                 id=sid, node=home.node_id if home else None, reason=home.lost_reason() if home else None,
                 nodes=reasons))
         source = sources[0]
+        if status == 200:  # there already: only the scope is asked for (nothing is read)
+            await self._stream_snapshot(sid, source, target, scope=scope)
+            await self._copied(sid, target)
+            return "cached"
         # The snapshots it lies on, nearest first, down to one the target has.
         chain = [sid]
         info = await self._snapshot_info(source, sid)
@@ -222,7 +237,7 @@ class SnapshotCopies(ForwardingRouter):
             chain.append(parent)
             parent = (await self._snapshot_info(source, parent)).get("parent")
         for one in reversed(chain):
-            await self._stream_snapshot(one, source, target)
+            await self._stream_snapshot(one, source, target, scope=scope if one == sid else None)
         await self._copied(sid, target)
         return "copied"
 
@@ -247,10 +262,12 @@ class SnapshotCopies(ForwardingRouter):
                 "details": {}})
         return got
 
-    async def _stream_snapshot(self, sid: str, source: NodeView, target: NodeView) -> None:
+    async def _stream_snapshot(self, sid: str, source: NodeView, target: NodeView, *,
+                               scope: str | None = None) -> None:
         """Streams snapshot ``sid``'s artifact from ``source`` into ``target``, chunk by
         chunk (the router holds one chunk at a time): ``target`` checks it against the
-        digest ``source`` named it by, and keeps nothing unless it matches."""
+        digest ``source`` named it by, and keeps nothing unless it matches. ``scope``:
+        sent as ``Lockbox-Snapshot-Scope``."""
         path = "/v1/snapshots/" + urllib.parse.quote(sid, safe="") + "/artifact"
 
         def refused(node: NodeView, e: BaseException) -> Refused:
@@ -290,7 +307,7 @@ class SnapshotCopies(ForwardingRouter):
             dst_w.write(Head(f"PUT {path}?digest={urllib.parse.quote(digest, safe=':')} HTTP/1.1", [
                 ("Host", f"{target.host}:{target.port}"), ("Authorization", f"Bearer {target.token}"),
                 ("Content-Type", "application/vnd.oci.image.layout.v1+tar"), *length,
-                ("Connection", "close")]).encode())
+                *([(SCOPE_HEADER, scope)] if scope else []), ("Connection", "close")]).encode())
 
             async def send_body() -> None:
                 assert dst_w is not None

@@ -269,8 +269,8 @@ pub async fn export(
     path = "/v1/snapshots/{id}/artifact",
     operation_id = "import_snapshot",
     summary = "Receive a snapshot another node exported (operator only)",
-    description = "The body is `GET .../artifact`'s stream; `digest` is its `Docker-Content-Digest`. The manifest is checked against it before anything else is read, then every blob against the manifest as it streams in; nothing is kept unless all match. A snapshot with a parent needs that parent here first. 201 received, 200 this node had it already (nothing read). 400 INVALID_REQUEST for a missing or malformed `digest`, an artifact of another snapshot, a missing parent (`parent`) or workdir (`workdir`); 502 DIGEST_MISMATCH for a tampered or cut blob, 502 BAD_IMAGE for a malformed artifact; 403 FORBIDDEN for a scoped token",
-    params(crate::openapi::SnapshotPath, crate::wire::ArtifactQuery),
+    description = "The body is `GET .../artifact`'s stream; `digest` is its `Docker-Content-Digest`. The manifest is checked against it before anything else is read, then every blob against the manifest as it streams in; nothing is kept unless all match. A snapshot with a parent needs that parent here first. 201 received, 200 this node had it already (nothing read). `Lockbox-Snapshot-Scope: mcp` also puts the snapshot (received or had) in this node's MCP scope, so `/mcp`'s fork and restore tools see it. 400 INVALID_REQUEST for a missing or malformed `digest`, an artifact of another snapshot, a missing parent (`parent`) or workdir (`workdir`), a `Lockbox-Snapshot-Scope` other than `mcp` (`field` names the header); 502 DIGEST_MISMATCH for a tampered or cut blob, 502 BAD_IMAGE for a malformed artifact; 403 FORBIDDEN for a scoped token",
+    params(crate::openapi::SnapshotPath, crate::wire::ArtifactQuery, crate::wire::ArtifactHeaders),
     request_body(content((crate::openapi::Binary = "application/vnd.oci.image.layout.v1+tar"))),
     responses(
         (status = 201, description = "received", body = crate::wire::SnapshotInfo),
@@ -285,6 +285,7 @@ pub async fn import(
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
     operator_only(&who)?;
+    let headers = crate::wire::ArtifactHeaders::from_headers(req.headers())?;
     lockbox_image::Digest::parse(&query.digest)
         .map_err(|e| ApiError::invalid("digest", e.to_string()))?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
@@ -320,14 +321,21 @@ pub async fn import(
     match imported {
         Err(_) if stalled.load(Ordering::Relaxed) => Err(ApiError::body_stalled()),
         Err(e) => Err(e.into()),
-        Ok(got) => Ok((
-            if got.received {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            },
-            Json(SnapshotInfo::from(got.info)),
-        )),
+        Ok(got) => {
+            match headers.scope {
+                // Operator only (above): an agent cannot widen its own or another's scope.
+                Some(crate::wire::SnapshotScope::Mcp) => app.mcp.adopt_snapshot(&got.info.id),
+                None => {}
+            }
+            Ok((
+                if got.received {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                Json(SnapshotInfo::from(got.info)),
+            ))
+        }
     }
 }
 

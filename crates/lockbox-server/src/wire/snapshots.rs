@@ -132,6 +132,53 @@ pub struct ArtifactQuery {
     pub digest: String,
 }
 
+/// The header of `PUT /v1/snapshots/{id}/artifact` that puts the received snapshot in a
+/// scope of this node's agents besides its store.
+pub const SNAPSHOT_SCOPE_HEADER: &str = "lockbox-snapshot-scope";
+
+/// `PUT /v1/snapshots/{id}/artifact`'s headers, read once at the edge
+/// ([`ArtifactHeaders::from_headers`]).
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct ArtifactHeaders {
+    /// `mcp`: the snapshot joins this node's MCP scope (what `/mcp` reaches with the
+    /// operator's token), so its `fork` and `restore` tools see it, as if it had been taken
+    /// through this node's `/mcp`; a fleet router sets it when it copies a snapshot that
+    /// is in the source node's MCP scope (docs/fleet.md). Given again for a snapshot this
+    /// node has, it joins the scope all the same. Any other value: 400 `INVALID_REQUEST`.
+    #[param(rename = "Lockbox-Snapshot-Scope", value_type = Option<String>, pattern = "^mcp$")]
+    pub scope: Option<SnapshotScope>,
+}
+
+/// A scope a received snapshot joins (`Lockbox-Snapshot-Scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotScope {
+    /// The node's MCP scope (`AppState::mcp`).
+    Mcp,
+}
+
+impl ArtifactHeaders {
+    /// The one conversion of the request's headers: a `Lockbox-Snapshot-Scope` that is not
+    /// `mcp` (or not text) is 400 `INVALID_REQUEST` naming the header.
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> Result<ArtifactHeaders, ApiError> {
+        let Some(value) = headers.get(SNAPSHOT_SCOPE_HEADER) else {
+            return Ok(ArtifactHeaders::default());
+        };
+        match value.to_str() {
+            Ok("mcp") => Ok(ArtifactHeaders {
+                scope: Some(SnapshotScope::Mcp),
+            }),
+            _ => Err(ApiError::invalid(
+                "Lockbox-Snapshot-Scope",
+                format!(
+                    "Lockbox-Snapshot-Scope: {:?} is not a scope (the one there is: mcp)",
+                    String::from_utf8_lossy(value.as_bytes())
+                ),
+            )),
+        }
+    }
+}
+
 /// `GET /v1/snapshots`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SnapshotList {

@@ -431,3 +431,146 @@ async fn an_artifact_beyond_the_snapshot_room_is_refused_before_it_fills_the_dis
         StatusCode::CREATED
     );
 }
+
+impl Server {
+    /// The ids `/mcp`'s `list_snapshots` answers with the operator's token (the node's MCP
+    /// scope).
+    async fn mcp_snapshots(&self) -> Vec<String> {
+        let r = self
+            .request(Method::POST, "/mcp")
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "list_snapshots", "arguments": {}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let reply: Value = r.json().await.unwrap();
+        let listed = reply["result"]["structuredContent"]["snapshots"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{reply}"));
+        listed
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// `PUT .../artifact` with `Lockbox-Snapshot-Scope: scope` and `token`.
+    async fn import_scoped(
+        &self,
+        id: &str,
+        digest: &str,
+        body: Vec<u8>,
+        scope: &str,
+        token: &str,
+    ) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .put(format!(
+                "{}/v1/snapshots/{id}/artifact?digest={digest}",
+                self.base
+            ))
+            .bearer_auth(token)
+            .header("Lockbox-Snapshot-Scope", scope)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json().await.unwrap())
+    }
+}
+
+/// Issue 31: a copy the fleet router makes for an MCP `fork` or `restore` joins the
+/// receiving node's MCP scope (`Lockbox-Snapshot-Scope: mcp`), operator only; a copy without
+/// the header stays out of it, as any snapshot not taken through that node's `/mcp`.
+#[tokio::test]
+async fn issue_31_an_imported_copy_joins_the_mcp_scope_only_when_the_operator_asks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = two_servers(tmp.path()).await;
+    let wd = tmp.path().join("wd");
+    std::fs::create_dir(&wd).unwrap();
+    let plain = capture(&a.state, &upper(tmp.path()), &wd, None, None);
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let scoped = capture(&a.state, &upper(&other), &wd, None, None);
+
+    // Without the header: received, not the agent's.
+    let (artifact, digest) = a.export(&plain).await;
+    let (status, body) = b.import(&plain, &digest, artifact.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(!b.mcp_snapshots().await.contains(&plain));
+
+    // A scoped token may not move snapshots, with or without the scope: 403 whatever the
+    // id (none of this is its own, and another's would be 404 elsewhere).
+    let r = b
+        .request(Method::POST, "/v1/tokens")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let minted: Value = r.json().await.unwrap();
+    let agent = minted["token"].as_str().unwrap();
+    let (scoped_artifact, scoped_digest) = a.export(&scoped).await;
+    let (status, body) = b
+        .import_scoped(
+            &scoped,
+            &scoped_digest,
+            scoped_artifact.clone(),
+            "mcp",
+            agent,
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("FORBIDDEN")),
+        "{body}"
+    );
+    let r = b
+        .client
+        .get(format!("{}/v1/snapshots/{plain}/artifact", b.base))
+        .bearer_auth(agent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+    // Any other value: 400 naming the header, nothing received.
+    for bad in ["MCP", "token", ""] {
+        let (status, body) = b
+            .import_scoped(&scoped, &scoped_digest, scoped_artifact.clone(), bad, TOKEN)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}: {body}");
+        assert_eq!(body["code"], "INVALID_REQUEST", "{bad:?}: {body}");
+        assert_eq!(body["details"]["field"], "Lockbox-Snapshot-Scope", "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("Lockbox-Snapshot-Scope"),
+            "{body}"
+        );
+    }
+    let (status, _) = b.get(&format!("/v1/snapshots/{scoped}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // With it: received and in /mcp's scope.
+    let (status, body) = b
+        .import_scoped(&scoped, &scoped_digest, scoped_artifact, "mcp", TOKEN)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(b.mcp_snapshots().await, vec![scoped.clone()]);
+    // A copy the node had already joins it too (nothing read again).
+    let (status, body) = b
+        .import_scoped(&plain, &digest, artifact, "mcp", TOKEN)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut seen = b.mcp_snapshots().await;
+    seen.sort();
+    let mut both = vec![plain, scoped];
+    both.sort();
+    assert_eq!(seen, both);
+    // The sending node's scope is its own: nothing taken through its /mcp.
+    assert!(a.mcp_snapshots().await.is_empty());
+    b.nothing_unfinished();
+}
