@@ -11,9 +11,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-from .placement import NodeView, bad_hint, eligible_nodes, holding, place
+from .placement import NodeView, eligible_nodes, holding, place
 from .snapshot_copies import SnapshotCopies, copy_header, is_snapshot_id
 from .wire import Request, e2b_error, json_or_none, lockbox_error
 
@@ -66,20 +65,12 @@ class Creates(SnapshotCopies):
         return await self._node_of(template, "snapshots", ask=ask) is not None
 
     async def _create(self, req: Request, *, e2b: bool) -> None:
-        body = await req.read_body_or_refuse()
-        if body is None:
+        read = await self._body_and_hint(req, hints=not e2b)
+        if read is None:
             return
-        parsed = json_or_none(body) if body.strip() else {}
-        hint: dict[str, Any] = {}
+        body, parsed, hint = read
         image: str | None = None
         if isinstance(parsed, dict):
-            if not e2b and "placement" in parsed:
-                hint = parsed.pop("placement") or {}
-                problem = bad_hint(hint)
-                if problem:
-                    await req.send(*lockbox_error(400, "INVALID_REQUEST", problem[1], field=problem[0]))
-                    return
-                body = json.dumps(parsed).encode()
             image = parsed.get("templateID") if e2b else parsed.get("image")
             if not isinstance(image, str) or (e2b and image in HOST_TEMPLATES):
                 image = None

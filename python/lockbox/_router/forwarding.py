@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 import functools
 import hmac
+import json
 import random
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from .placement import NodeView
+from .placement import NodeView, bad_hint
 from .store import Store, made_ids
 from .wire import (
     HEAD_LIMIT,
@@ -26,6 +27,7 @@ from .wire import (
     body_framing,
     copy_body,
     describe_error,
+    json_or_none,
     lockbox_error,
     pipe_both_ways,
     read_body,
@@ -107,6 +109,25 @@ class ForwardingRouter:
         self.gone: dict[str, tuple[str, str]] = {}
         """Sandboxes a node came back without (id -> node, reason), as far as this router
         knows; the store's ``g/NODE/ID`` are the fleet's."""
+
+    async def _body_and_hint(self, req: Request, *, hints: bool = True,
+                             ) -> tuple[bytes, Any, dict[str, Any]] | None:
+        """A create-like request's body read whole, its JSON (``{}`` when empty, ``None`` when
+        not JSON) and, with ``hints``, its ``placement`` hint taken out (the body then goes on
+        without it); ``None`` once a body too large or a bad hint has been answered."""
+        body = await req.read_body_or_refuse()
+        if body is None:
+            return None
+        parsed = json_or_none(body) if body.strip() else {}
+        hint: dict[str, Any] = {}
+        if hints and isinstance(parsed, dict) and "placement" in parsed:
+            hint = parsed.pop("placement") or {}
+            problem = bad_hint(hint)
+            if problem:
+                await req.send(*lockbox_error(400, "INVALID_REQUEST", problem[1], field=problem[0]))
+                return None
+            body = json.dumps(parsed).encode()
+        return body, parsed, hint
 
     async def _kv(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .forwarding import ForwardingRouter
-from .placement import NodeView, bad_hint, eligible_nodes, place
+from .placement import NodeView, eligible_nodes, place
 from .wire import (
     CHUNK,
     Head,
@@ -70,18 +70,10 @@ class SnapshotCopies(ForwardingRouter):
     async def _fork_snapshot(self, req: Request, sid: str) -> None:
         """``POST /v1/snapshots/{id}/fork``: on the snapshot's node, or (a ``placement``
         hint naming others, its node full or gone) on a node it is copied to first."""
-        body = await req.read_body_or_refuse()
-        if body is None:
+        read = await self._body_and_hint(req)
+        if read is None:
             return
-        parsed = json_or_none(body) if body.strip() else {}
-        hint: dict[str, Any] = {}
-        if isinstance(parsed, dict) and "placement" in parsed:
-            hint = parsed.pop("placement") or {}
-            problem = bad_hint(hint)
-            if problem:
-                await req.send(*lockbox_error(400, "INVALID_REQUEST", problem[1], field=problem[0]))
-                return
-            body = json.dumps(parsed).encode()
+        body, parsed, hint = read
         count = parsed.get("count", 1) if isinstance(parsed, dict) else 1
         count = count if isinstance(count, int) and count > 0 else 1
         placed = await self._place_from_snapshot(req, sid, hint, count)

@@ -22,7 +22,7 @@ import urllib.parse
 from typing import Any
 
 from .forwarding import ForwardingRouter
-from .placement import NodeView, bad_hint, eligible_nodes, place
+from .placement import NodeView, eligible_nodes, place
 from .wire import Head, HttpError, Request, describe_error, json_or_none, lockbox_error
 
 PREFIX = "lbfs_"
@@ -57,18 +57,10 @@ class ScopedTokens(ForwardingRouter):
         """``POST /v1/tokens`` (the fleet's token): minted on a node placed as a create is
         (a ``placement`` hint narrows it), answered with the router's own secret for it and
         the ``node`` it is bound to."""
-        body = await req.read_body_or_refuse()
-        if body is None:
+        read = await self._body_and_hint(req)
+        if read is None:
             return
-        parsed = json_or_none(body) if body.strip() else {}
-        hint: dict[str, Any] = {}
-        if isinstance(parsed, dict) and "placement" in parsed:
-            hint = parsed.pop("placement") or {}
-            problem = bad_hint(hint)
-            if problem:
-                await req.send(*lockbox_error(400, "INVALID_REQUEST", problem[1], field=problem[0]))
-                return
-            body = json.dumps(parsed).encode()
+        body, _, hint = read
         eligible = eligible_nodes(self.nodes.values(), hint)
         view = place(eligible, rng=self.rng) or (eligible[0] if eligible else None)
         if view is None:
