@@ -394,7 +394,18 @@ fn issue_15_a_stalled_body_is_408_and_an_unread_response_is_cut() {
         server.token
     );
     unread.write_all(get.as_bytes()).unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    // Not reading until the server has let go of its end (how long its writes take to fill
+    // the buffers and then stall for --io-timeout depends on the machine's load): a client
+    // that read after a fixed wait could read all 64 MiB from a server that was merely slow.
+    let server_end = (unread.peer_addr().unwrap(), unread.local_addr().unwrap());
+    let waited = Instant::now();
+    while tcp_state(server_end) == Some(TCP_ESTABLISHED) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "the server kept sending to a client that did not read for 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     unread
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
@@ -413,6 +424,28 @@ fn issue_15_a_stalled_body_is_408_and_an_unread_response_is_cut() {
         received < 64 * MIB,
         "the server kept sending to a client that did not read ({received} bytes)"
     );
+}
+
+/// `/proc/net/tcp`'s state of an IPv4 connection from its local end (ESTABLISHED: 1).
+const TCP_ESTABLISHED: u8 = 1;
+
+/// The state of the TCP connection whose local end is `local` and remote end `remote`, from
+/// `/proc/net/tcp` (this network namespace's); `None` once the kernel has forgotten it.
+fn tcp_state((local, remote): (std::net::SocketAddr, std::net::SocketAddr)) -> Option<u8> {
+    let hex = |a: std::net::SocketAddr| match a {
+        std::net::SocketAddr::V4(a) => {
+            let [x, y, z, w] = a.ip().octets();
+            format!("{w:02X}{z:02X}{y:02X}{x:02X}:{:04X}", a.port())
+        }
+        std::net::SocketAddr::V6(_) => panic!("an IPv4 address was expected: {a}"),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let mut fields = line.split_whitespace().skip(1);
+        let (l, r, st) = (fields.next()?, fields.next()?, fields.next()?);
+        (l == local && r == remote).then(|| u8::from_str_radix(st, 16).ok())?
+    })
 }
 
 #[test]
