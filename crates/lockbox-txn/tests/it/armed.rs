@@ -25,7 +25,9 @@ fn live_children() -> Vec<String> {
 }
 
 fn assert_no_children_soon() {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The whole process's children: other tests of this binary run beside these with
+    // sandboxes of their own, which a loaded machine keeps alive for longer than 10 s.
+    let deadline = Instant::now() + Duration::from_secs(90);
     while !live_children().is_empty() {
         assert!(
             Instant::now() < deadline,
