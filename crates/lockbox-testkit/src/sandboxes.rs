@@ -308,10 +308,10 @@ pub fn also_as_nobody(name: &str) {
     assert_passed(&out, "as uid 65534");
 }
 
-/// For a test that counts its process's sandbox agents ([`host_agents`]), which the other
-/// tests of the same test binary, running beside it, would change: returns `true` in a
-/// process of the test's own (made here, or its re-run as uid 65534), where its body runs.
-/// Anywhere else it runs the test `name` (a [`crate::test_name!`]) in such a process,
+/// For a test that counts its process's sandbox agents ([`host_agents`]) or children, which
+/// the other tests of the same test binary, running beside it, would change: returns `true`
+/// in a process of the test's own (made here, or its re-run as uid 65534), where its body
+/// runs. Anywhere else it runs the test `name` (a [`crate::test_name!`]) in such a process,
 /// asserts it passed, and returns `false`: the caller returns.
 pub fn in_own_process(name: &str) -> bool {
     if std::env::var_os(OWN_PROCESS_VAR).is_some() || std::env::var_os(NOBODY_VAR).is_some() {

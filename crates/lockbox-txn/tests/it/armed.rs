@@ -1,6 +1,8 @@
 //! Armed stage sandboxes (a pipeline starts the next stages' sandboxes while one runs):
-//! nothing of them outlives the pipeline, whatever happens to it. Alone in its test
-//! binary, so that this process's children are only the pipeline's.
+//! nothing of them outlives the pipeline, whatever happens to it. Each test checks that
+//! its process has no live child left, so it runs in a process of its own (the test binary
+//! run again for that one test: [`in_own_process`]), where the process's children are only
+//! its pipeline's, not those of the other tests of the binary running beside it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
@@ -8,6 +10,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{dirs, stage, tree_hash};
+use lockbox_testkit::sandboxes::in_own_process;
 use lockbox_txn::{AbortReason, Pipeline};
 
 /// Live (not zombie) children of this process, over all its threads.
@@ -24,10 +27,10 @@ fn live_children() -> Vec<String> {
     kids
 }
 
+/// Waits (up to 10 s) until this process has no live child. Only in a process of the
+/// test's own ([`in_own_process`]): the whole process's children are counted.
 fn assert_no_children_soon() {
-    // The whole process's children: other tests of this binary run beside these with
-    // sandboxes of their own, which a loaded machine keeps alive for longer than 10 s.
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !live_children().is_empty() {
         assert!(
             Instant::now() < deadline,
@@ -40,6 +43,11 @@ fn assert_no_children_soon() {
 
 #[test]
 fn a_failed_stage_kills_the_sandboxes_armed_after_it_and_they_run_nothing() {
+    if !in_own_process(&lockbox_testkit::test_name!(
+        "a_failed_stage_kills_the_sandboxes_armed_after_it_and_they_run_nothing"
+    )) {
+        return;
+    }
     let (_tmp, state, work) = dirs();
     std::fs::write(work.join("keep"), "keep").unwrap();
     let before = tree_hash(&work);
@@ -68,6 +76,11 @@ fn a_failed_stage_kills_the_sandboxes_armed_after_it_and_they_run_nothing() {
 
 #[test]
 fn a_successful_pipeline_leaves_no_sandbox_behind() {
+    if !in_own_process(&lockbox_testkit::test_name!(
+        "a_successful_pipeline_leaves_no_sandbox_behind"
+    )) {
+        return;
+    }
     let (_tmp, state, work) = dirs();
     let outcome = Pipeline::new(&state, &work)
         .stage(stage(&work, "echo one > one"))
