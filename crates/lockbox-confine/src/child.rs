@@ -46,6 +46,12 @@
 //! fresh scratch; the views stay) and forks its process; and so on until the last command,
 //! after which it exits as above. The Landlock ruleset is kept for all the commands.
 //!
+//! A pre-armed sandbox ([`crate::Spawn::armed`]) does not know its command at the clone:
+//! once set up, the init forks its command child at once, which confines itself as a
+//! sequence's later command does and waits for the go; the go brings the stdio and a sealed
+//! memfd with argv, environment and exec candidates, which the child maps and executes
+//! (`armed`). The init then supervises it as any command.
+//!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
 //! starts a session of its own if asked ([`crate::Spawn::own_session`]), changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
 //! installs seccomp (last, so the filter need not allow setup) and executes the command.
@@ -119,6 +125,10 @@ pub struct Prepared {
     /// How a single-command sandbox's init re-executes itself once its command runs
     /// (long-lived sandboxes, [`crate::lean_init`]); `None`: it stays as cloned.
     pub(crate) lean: Option<crate::lean_init::LeanExec>,
+    /// A pre-armed sandbox ([`crate::Spawn::armed`]): its command child confines itself and
+    /// waits for a go that brings the command; this is its room for pointers into it (see
+    /// `armed`). `None`: the command is in `commands`.
+    pub(crate) armed: Option<Vec<*const libc::c_char>>,
 }
 
 /// One command to execute: its argv and where `execve` looks for it, in order.
@@ -231,7 +241,13 @@ pub fn init_main(p: &mut Prepared) -> ! {
         Err(fail) => fail_exit(p, fail),
     };
     let mut step = 0;
-    let mut start = Start::Spawn(ruleset);
+    let mut start = match p.armed.is_some() {
+        false => Start::Spawn(ruleset),
+        true => match start_armed(p, ruleset) {
+            Ok(pid) => Start::Started(pid),
+            Err(fail) => fail_exit(p, fail),
+        },
+    };
     loop {
         let status = run_command(p, step, signal_fd.as_fd(), start);
         if step == p.plan.steps.len() {
@@ -589,6 +605,90 @@ fn start_next(
     }
 }
 
+/// Forks the command child of a pre-armed sandbox, which confines itself and waits for the
+/// go that brings its command ([`armed_main`]).
+fn start_armed(p: &mut Prepared, ruleset: Option<RawFd>) -> Result<libc::pid_t, Fail> {
+    // A raw clone, as in `start_next`.
+    // SAFETY: the child runs `armed_main`, which, like everything here, makes only
+    // async-signal-safe calls and ends in `execve` or `_exit`.
+    let forked = unsafe { sys::clone3_fork(0) }.map_err(at(Step::ForkCommand))?;
+    match forked {
+        sys::Forked::Child => armed_main(p, ruleset),
+        sys::Forked::Parent { pid, pidfd } => {
+            drop(pidfd);
+            if let Some(fd) = ruleset {
+                // SAFETY: the command child has its own copy; a single-command sandbox's
+                // init does not use it again.
+                unsafe { sys::close(fd) };
+            }
+            Ok(pid)
+        }
+    }
+}
+
+/// The command child of a pre-armed sandbox: confined as a sequence's later command is
+/// ([`preforked_main`]), it waits for the go, which brings its stdio and its command (argv,
+/// environment, exec candidates: see `armed`), and executes it.
+fn armed_main(p: &mut Prepared, ruleset: Option<RawFd>) -> ! {
+    command_basics(p);
+    drop_privileges(p);
+    if let Some((filter, fd)) = &p.net {
+        if let Err((step, e)) = hand_over_net_filter(filter, *fd, p.helper.dns_fds()) {
+            command_fail(p, step, e, 0);
+        }
+    }
+    if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
+        command_fail(p, Step::SeccompFilter, e, 0);
+    }
+    if let Some(fd) = ruleset {
+        if let Err(e) = sys::landlock_restrict_self(fd) {
+            command_fail(p, Step::LandlockRestrict, e, 0);
+        }
+        // SAFETY: this command child's copy of the ruleset, not used after
+        // `landlock_restrict_self`.
+        unsafe { sys::close(fd) };
+    }
+    if let Err(e) = sys::chdir(&p.plan.cwd) {
+        command_fail(p, Step::Chdir, e, 0);
+    }
+    let payload = match await_go(p.report_fd) {
+        Ok(Some(fd)) => fd,
+        // A go without a command.
+        Ok(None) => command_fail(p, Step::Exec, Errno(libc::EPROTO), 0),
+        // The supervisor gave up on the sandbox.
+        Err(Errno(libc::ECANCELED)) => sys::exit(125),
+        Err(e) => command_fail(p, Step::RedirectStdio, e, 0),
+    };
+    let bytes = match sys::map_sealed(payload) {
+        Ok(bytes) => bytes,
+        Err(e) => command_fail(p, Step::Exec, e, 0),
+    };
+    // SAFETY: the payload was received by `await_go` for us alone and is mapped above; the
+    // mapping outlives the descriptor.
+    unsafe { sys::close(payload) };
+    let Some(room) = p.armed.as_mut() else {
+        command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
+    };
+    let Some(at) = crate::armed::decode(bytes, room) else {
+        command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
+    };
+    let mut error = Errno(libc::ENOENT);
+    for i in 0..at.candidates {
+        // SAFETY: `decode` pointed every slot used here into `bytes`, which stays mapped
+        // until the exec: the candidates are C strings, argv and the environment
+        // NULL-terminated arrays of them.
+        let e =
+            unsafe { sys::execve_raw(room[i], room[at.argv..].as_ptr(), room[at.env..].as_ptr()) };
+        if e.0 != libc::ENOENT && e.0 != libc::ENOTDIR {
+            error = e;
+            if e.0 != libc::EACCES {
+                command_fail(p, Step::Exec, e, i);
+            }
+        }
+    }
+    command_fail(p, Step::Exec, error, 0)
+}
+
 fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errno> {
     match op {
         Op::Mkdir { path, mode } => {
@@ -676,7 +776,15 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
             apply(mount, source_fds, report_fd)
         }
         Op::Rmdir { path } => sys::rmdir(path),
-        Op::Gate => await_go(report_fd),
+        Op::Gate => match await_go(report_fd)? {
+            None => Ok(()),
+            Some(fd) => {
+                // A command only a pre-armed sandbox takes: refused.
+                // SAFETY: received by `await_go` for us alone, not used after.
+                unsafe { sys::close(fd) };
+                Err(Errno(libc::EPROTO))
+            }
+        },
         Op::Capture { path, source } => {
             let Some(slot) = source_fds.get_mut(*source) else {
                 return Err(Errno(libc::EBADF));
@@ -691,9 +799,10 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
 }
 
 /// Blocks until the supervisor says go on the report socket. The go ([`Go`]) carries the
-/// command's new stdio: the descriptors sent along replace 0, 1, 2 where it says so. The
-/// supervisor closing its end (it gave up on this sandbox) cancels.
-fn await_go(report_fd: RawFd) -> Result<(), Errno> {
+/// command's new stdio: the descriptors sent along replace 0, 1, 2 where it says so; and,
+/// for a pre-armed sandbox, the command, whose descriptor is returned. The supervisor
+/// closing its end (it gave up on this sandbox) cancels.
+fn await_go(report_fd: RawFd) -> Result<Option<RawFd>, Errno> {
     let mut buf = [0u8; RECORD_LEN];
     let mut fds = [-1; sys::MAX_FDS];
     let (len, count) = loop {
@@ -718,12 +827,25 @@ fn await_go(report_fd: RawFd) -> Result<(), Errno> {
             result = result.and(unsafe { sys::dup2(fd, target) });
         }
     }
-    for &fd in &fds[..count] {
+    // The command's descriptor is the one after the stdio's, if the go says it is there.
+    let command = go
+        .filter(|go| go.command)
+        .and_then(|_| received.next().copied());
+    for &fd in fds[..count].iter().filter(|&&fd| Some(fd) != command) {
         // SAFETY: the descriptors received above are ours alone (recvmsg made them), copied
-        // where they go, and not used after.
+        // where they go, and not used after (the command's is kept for the caller).
         unsafe { sys::close(fd) };
     }
-    result
+    match (result, command) {
+        (Ok(()), command) => Ok(command),
+        (Err(e), command) => {
+            if let Some(fd) = command {
+                // SAFETY: received above, not handed out on this error.
+                unsafe { sys::close(fd) };
+            }
+            Err(e)
+        }
+    }
 }
 
 fn set_readonly(path: &CStr, recursive: bool) -> Result<(), Errno> {
@@ -1161,7 +1283,13 @@ fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
         command_fail(p, Step::Chdir, e, 0);
     }
     match await_go(p.report_fd) {
-        Ok(()) => {}
+        Ok(None) => {}
+        Ok(Some(fd)) => {
+            // A command only a pre-armed sandbox takes: refused (its descriptor goes).
+            // SAFETY: received by `await_go` for us alone, not used after.
+            unsafe { sys::close(fd) };
+            command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
+        }
         // The supervisor gave up on the sandbox.
         Err(Errno(libc::ECANCELED)) => sys::exit(125),
         Err(e) => command_fail(p, Step::RedirectStdio, e, 0),

@@ -35,6 +35,7 @@
 
 #[allow(unsafe_code)]
 pub mod agent_sys;
+mod armed;
 mod bpf;
 #[allow(unsafe_code)]
 mod child;
@@ -68,6 +69,7 @@ mod wiped;
 #[allow(unsafe_code)]
 mod zeroed;
 
+pub use crate::armed::ArmedCommand;
 pub use crate::error::{NetUpdateError, SetupError};
 pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
@@ -87,8 +89,8 @@ pub use crate::seccomp::{
 };
 pub use crate::signals::{ReceivedSignal, Signals};
 pub use crate::spawn::{
-    namespaces, run, sequence_unsupported, Enforcement, Gated, Held, NetEnforcement, Outcome,
-    Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,
+    armed_unsupported, namespaces, run, sequence_unsupported, Armed, Enforcement, Gated, Held,
+    NetEnforcement, Outcome, Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 pub use crate::usage::{tree_usage, TreeUsage};
 pub use crate::wiped::{wipe, WipedOnFork};

@@ -195,6 +195,9 @@ const _: () = assert!(RECORD_LEN == lockbox_netsup::handover::RECORD_LEN);
 pub struct Go {
     /// Whether a descriptor sent along replaces descriptor 0, 1, 2.
     pub stdio: [bool; 3],
+    /// Whether the last descriptor sent along is the command of a pre-armed sandbox (see
+    /// `armed`).
+    pub command: bool,
 }
 
 impl Go {
@@ -204,18 +207,20 @@ impl Go {
             .stdio
             .iter()
             .enumerate()
-            .fold(0u32, |mask, (i, given)| mask | u32::from(*given) << i);
+            .fold(0u32, |mask, (i, given)| mask | u32::from(*given) << i)
+            | u32::from(self.command) << 3;
         encode_words([KIND_GO, mask, 0, 0])
     }
 
     /// Decodes the wire form; `None` for garbage. Allocation-free: the child reads it.
     pub fn decode(bytes: &[u8; RECORD_LEN]) -> Option<Go> {
         let word = |i| decode_word(bytes, i);
-        if word(0) != KIND_GO || word(1) > 0b111 {
+        if word(0) != KIND_GO || word(1) > 0b1111 {
             return None;
         }
         Some(Go {
             stdio: [0, 1, 2].map(|i| word(1) & (1 << i) != 0),
+            command: word(1) & (1 << 3) != 0,
         })
     }
 }
@@ -300,9 +305,10 @@ mod tests {
 
     #[test]
     fn every_go_round_trips_and_is_no_report() {
-        for mask in 0..8u8 {
+        for mask in 0..16u8 {
             let go = Go {
                 stdio: [0, 1, 2].map(|i| mask & (1 << i) != 0),
+                command: mask & 8 != 0,
             };
             assert_eq!(Go::decode(&go.encode()), Some(go));
             assert_eq!(Record::decode(&go.encode()), None);

@@ -336,6 +336,7 @@ pub struct Spawn<'a> {
     own_session: bool,
     image: Option<resolve::ImageRoot>,
     lean_init: bool,
+    caller_cwd: Option<&'a Path>,
 }
 
 /// Who the network supervisor reports to ([`Spawn::audit`]), asks ([`Spawn::ask`]) and
@@ -356,6 +357,8 @@ enum Program<'a> {
     Sequence(&'a [Vec<OsString>]),
     /// The host executable `exe`, bound into the sandbox, with arguments `args`.
     Agent { exe: &'a Path, args: &'a [OsString] },
+    /// A command given at the go ([`Spawn::armed`]).
+    Armed,
 }
 
 impl<'a> Spawn<'a> {
@@ -369,6 +372,7 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            caller_cwd: None,
         }
     }
 
@@ -398,6 +402,7 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            caller_cwd: None,
         }
     }
 
@@ -419,6 +424,38 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            caller_cwd: None,
+        }
+    }
+
+    /// A sandbox built and confined up to its command, which it learns only at its go
+    /// ([`Armed::release`]): a pre-armed start. Everything a direct start does before the
+    /// exec is done ahead — namespaces, the root, the views, Landlock, seccomp, the
+    /// directory — by the init and a command child that waits for the go; the go brings
+    /// the stdio and the command ([`crate::ArmedCommand`]: argv, environment), and the wait is
+    /// then only an `execve`. Its stdio until then is `/dev/null`, and it names no
+    /// terminal inside (a caller whose stdio is a terminal starts directly). Not for
+    /// policies that [`armed_unsupported`] names.
+    pub fn armed(policy: &'a Policy) -> Spawn<'a> {
+        Spawn {
+            policy,
+            program: Program::Armed,
+            stdio: Stdio::default(),
+            net: NetHooks::default(),
+            own_session: false,
+            image: None,
+            lean_init: false,
+            caller_cwd: None,
+        }
+    }
+
+    /// Resolves the policy as if the caller's current directory were `dir`: the default
+    /// working directory inside when it is visible there (a helper that arms sandboxes for
+    /// other processes, see [`Spawn::armed`]).
+    pub fn caller_cwd(self, dir: &'a Path) -> Spawn<'a> {
+        Spawn {
+            caller_cwd: Some(dir),
+            ..self
         }
     }
 
@@ -547,6 +584,81 @@ impl<'a> Spawn<'a> {
             cpu_before: 0,
         }))
     }
+
+    /// Starts a [`Spawn::armed`] sandbox, which waits for [`Armed::release`]. Refuses any
+    /// other program.
+    pub fn arm(self) -> Result<Armed, SetupError> {
+        if !matches!(self.program, Program::Armed) {
+            return Err(SetupError::Sequence {
+                reason: "only a sandbox made with Spawn::armed is armed",
+            });
+        }
+        if let Some(reason) = armed_unsupported(self.policy) {
+            return Err(SetupError::Sequence { reason });
+        }
+        let (sandbox, _) = launch(self, Start::Armed)?;
+        Ok(Armed(Gated {
+            sandbox,
+            step: 0,
+            cpu_before: 0,
+        }))
+    }
+}
+
+/// Why `policy` cannot be pre-armed ([`Spawn::armed`]), if so: what a direct start sets up
+/// per command with the caller — a network list (its supervisor reports to the caller),
+/// passed descriptors, copy-on-write views and bounded layers (their upper layers are the
+/// caller's branch).
+pub fn armed_unsupported(policy: &Policy) -> Option<&'static str> {
+    if matches!(policy.net, Net::Allow(_) | Net::Deny(_)) {
+        return Some("a network allow- or deny-list has a supervisor of the caller's");
+    }
+    if !policy.pass_fds.is_empty() {
+        return Some("passed descriptors are the caller's");
+    }
+    if !policy.fs.overlays.is_empty() {
+        return Some("copy-on-write views are set up per run");
+    }
+    if policy.image.is_some() {
+        return Some("an image root is prepared per run");
+    }
+    None
+}
+
+/// A sandbox started with [`Spawn::arm`], waiting for its command. Dropping it kills the
+/// waiting sandbox.
+#[derive(Debug)]
+pub struct Armed(Gated);
+
+impl Armed {
+    /// The pid of the waiting sandbox's init, as seen by the caller.
+    pub fn pid(&self) -> libc::pid_t {
+        self.0.pid()
+    }
+
+    /// Whether the sandbox has ended while waiting (its set-up failed, or it was killed):
+    /// a release would only report that.
+    pub fn ended(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: self.0.sandbox.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        sys::poll(&mut fds, 0).is_ok_and(|n| n > 0)
+    }
+
+    /// Lets the sandbox run `command` with `stdio` (a descriptor not given stays
+    /// `/dev/null`). The returned [`Running`] measures its wall time from now; a set-up
+    /// failure, or a command that cannot be executed, is reported by [`Running::wait`] as a
+    /// direct start reports it.
+    pub fn release(
+        mut self,
+        stdio: Stdio,
+        command: &crate::ArmedCommand,
+    ) -> Result<Running, SetupError> {
+        self.0.sandbox.programs = vec![command.program().to_owned()];
+        self.0.go(stdio, Some(command.fd()))
+    }
 }
 
 /// How [`launch`] starts the sandbox.
@@ -558,6 +670,8 @@ enum Start {
     Gated,
     /// Waiting at its gate for a go that keeps its stdio ([`Spawn::held`]).
     Held,
+    /// Confined, waiting for a go that brings the command ([`Spawn::arm`]).
+    Armed,
 }
 
 /// A sandbox started with [`Spawn::held`], waiting before its views are mounted. Dropping it
@@ -590,11 +704,22 @@ impl Gated {
     /// [`Running`] measures its wall time from now. A sandbox that failed while waiting
     /// reports that failure from [`Running::wait`].
     pub fn release(self, stdio: Stdio) -> Result<Running, SetupError> {
+        self.go(stdio, None)
+    }
+
+    /// Sends the go with `stdio` and, to a pre-armed sandbox, its `command`.
+    fn go(self, stdio: Stdio, command: Option<BorrowedFd<'_>>) -> Result<Running, SetupError> {
         let given = [&stdio.stdin, &stdio.stdout, &stdio.stderr];
         let go = Go {
             stdio: given.map(Option::is_some),
+            command: command.is_some(),
         };
-        let fds: Vec<BorrowedFd<'_>> = given.into_iter().flatten().map(|fd| fd.as_fd()).collect();
+        let fds: Vec<BorrowedFd<'_>> = given
+            .into_iter()
+            .flatten()
+            .map(|fd| fd.as_fd())
+            .chain(command)
+            .collect();
         match sys::send_with_fds(self.sandbox.report.as_fd(), &go.encode(), &fds) {
             // The init is gone: `wait` tells why.
             Ok(()) | Err(Errno(libc::EPIPE | libc::ECONNRESET)) => {}
@@ -662,7 +787,7 @@ pub fn sequence_unsupported(policy: &Policy) -> Option<&'static str> {
 /// Starts the sandbox of `program`; `start`: whether its first command waits for a go. Returns
 /// it with the time of the clone.
 fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupError> {
-    let gated = start != Start::Now;
+    let gated = matches!(start, Start::Gated | Start::Held);
     let Spawn {
         policy,
         program,
@@ -671,6 +796,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         own_session,
         image,
         lean_init,
+        caller_cwd,
     } = spawn;
     let (argv, later, helper, lean) = match program {
         Program::Command(argv) => (Cow::Borrowed(argv), &[][..], None, None),
@@ -714,14 +840,24 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
             argv.extend_from_slice(args);
             (Cow::Owned(argv), &[][..], Some((host, loader)), lean)
         }
+        Program::Armed => {
+            for fd in [&mut stdio.stdin, &mut stdio.stdout, &mut stdio.stderr] {
+                *fd = Some(dev_null()?);
+            }
+            (Cow::Owned(Vec::new()), &[][..], None, None)
+        }
     };
+    let armed = matches!(program, Program::Armed);
     let argv = &*argv;
     policy.validate()?;
     let (stdio_fds, stdio_held) = stdio.prepare()?;
-    if argv.is_empty() || later.iter().any(Vec::is_empty) {
+    if (argv.is_empty() && !armed) || later.iter().any(Vec::is_empty) {
         return Err(no_command());
     }
-    let caller_cwd = std::env::current_dir().ok();
+    let caller_cwd = match caller_cwd {
+        Some(dir) => Some(dir.to_owned()),
+        None => std::env::current_dir().ok(),
+    };
     if image.is_some() {
         overlay_userxattr()?;
     }
@@ -739,7 +875,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     // the server's stdout and stderr from its children (naming the server's terminal would
     // hand it to them), and a gated sandbox gets its stdio only at the release (a held one
     // keeps what it starts with).
-    if !agent && start != Start::Gated {
+    if !agent && !matches!(start, Start::Gated | Start::Armed) {
         resolved.terminal = resolve::terminal(&stdio_fds);
     }
     for overlay in &resolved.overlays {
@@ -870,6 +1006,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         stdio: stdio_fds,
         own_session,
         commands: std::iter::once(argv)
+            .filter(|_| !armed)
             .chain(later.iter().map(Vec::as_slice))
             .map(|argv| command(argv, path_var))
             .collect::<Result<_, _>>()?,
@@ -880,6 +1017,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         ),
         last_cap: last_cap(),
         lean,
+        armed: armed.then(|| vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2]),
     };
 
     let flags = CLONE_FLAGS;
@@ -975,7 +1113,7 @@ fn clear_volatile_mark(upper: Option<&resolve::ResolvedUpper>) -> Result<(), Set
     }
 }
 
-fn no_command() -> SetupError {
+pub(crate) fn no_command() -> SetupError {
     SetupError::Path {
         path: "".into(),
         what: "running",
@@ -1521,7 +1659,7 @@ pub fn namespaces(net: &Net) -> Vec<&'static str> {
 }
 
 /// Where `execve` looks for `program`, in order (as execvp does with `PATH`).
-fn exec_candidates(program: &OsStr, path_var: &str) -> Vec<CString> {
+pub(crate) fn exec_candidates(program: &OsStr, path_var: &str) -> Vec<CString> {
     if program.as_bytes().contains(&b'/') {
         return vec![cstring(program.as_bytes())];
     }

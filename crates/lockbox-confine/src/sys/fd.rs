@@ -123,3 +123,42 @@ pub fn open_at(dir: RawFd, path: &CStr, flags: libc::c_int) -> Result<RawFd, Err
     // SAFETY: `path` is a live C string.
     check_int(unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC) })
 }
+
+/// Maps all of `fd`, a memfd sealed against writes and size changes (else `EPERM`: its
+/// bytes could change under the reader), read-only and private; the mapping stays until
+/// the process execs or exits (the command child's use). Allocation-free.
+pub fn map_sealed(fd: RawFd) -> Result<&'static [u8], Errno> {
+    let needed = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
+    // SAFETY: F_GET_SEALS takes no argument and touches no memory of ours.
+    let seals = check_int(unsafe { libc::fcntl(fd, libc::F_GET_SEALS) })?;
+    if seals & needed != needed {
+        return Err(Errno(libc::EPERM));
+    }
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is writable room for one `stat`.
+    check_int(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let len =
+        usize::try_from(unsafe { st.assume_init() }.st_size).map_err(|_| Errno(libc::EINVAL))?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: a fresh private read-only mapping of `len` bytes of `fd`, at an address the
+    // kernel picks: it aliases nothing of ours.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            fd,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(Errno::last());
+    }
+    // SAFETY: the mapping is `len` readable bytes, never unmapped (see above); the file is
+    // sealed against writes and size changes (checked above), so the bytes stay as they are.
+    Ok(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) })
+}

@@ -327,6 +327,23 @@ pub fn execve(path: &CStr, argv: &CStringArray, envp: &CStringArray) -> Errno {
     Errno::last()
 }
 
+/// `execve(path, argv, envp)` with raw arrays (a pre-armed command's, see `armed`); returns
+/// only on failure.
+///
+/// # Safety
+///
+/// `path` is a live C string; `argv` and `envp` are NULL-terminated arrays of pointers to
+/// live C strings.
+pub unsafe fn execve_raw(
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> Errno {
+    // SAFETY: as the caller promises.
+    unsafe { libc::execve(path, argv, envp) };
+    Errno::last()
+}
+
 /// `_exit(code)`: leaves without running destructors or atexit handlers (which may lock).
 pub fn exit(code: i32) -> ! {
     // SAFETY: _exit never returns and is async-signal-safe.

@@ -18,8 +18,9 @@ pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
     .map_err(errno)
 }
 
-/// The most descriptors one message carries (a command's stdin, stdout and stderr).
-pub const MAX_FDS: usize = 3;
+/// The most descriptors one message carries (a command's stdin, stdout and stderr, and a
+/// pre-armed sandbox's command).
+pub const MAX_FDS: usize = 4;
 
 /// Room for one `SCM_RIGHTS` control message with up to [`MAX_FDS`] descriptors, on the
 /// stack (the child may not allocate).

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod armed;
 mod gate;
 mod image;
 mod overlay;
