@@ -9,6 +9,10 @@ Jobs (the same for each tool):
   workdir-none   a copy-on-write view of a directory, nothing written (nothing to commit)
   workdir-write  the same, writing one file, committed to the directory when the command ends
 
+With --pre-armed, lockbox's plain job also runs handed over to a pre-arm helper started for
+the run (`lockbox pre-arm`, docs/pre-arm.md) as "NAME-prearmed"; the other lockbox rows then
+pass --no-pre-arm, so they stay direct starts. Every command's stdin is /dev/null.
+
 As root the runner takes SCHED_FIFO priority 50 (inherited by every command): on a machine
 where other jobs run, they then delay none of the tools; --no-fifo measures without it.
 
@@ -21,6 +25,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +34,7 @@ READS = ["-r", "/usr", "-r", "/lib", "-r", "/lib64", "-r", "/bin", "-r", "/etc"]
 WRITE = "echo x > f"
 
 
-def commands(lockboxes, sandlock, dirs):
+def commands(lockboxes, sandlock, dirs, prearmed):
     bwrap = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     sl = [sandlock, "run", *READS]
 
@@ -41,10 +46,15 @@ def commands(lockboxes, sandlock, dirs):
         ("plain", "bwrap", [*bwrap, "/bin/true"]),
         ("plain", "sandlock", [*sl, "--", "/bin/true"]),
     ]
-    cmds += [("plain", name, [lb, "run", "--", "/bin/true"]) for name, lb in lockboxes]
+    direct = ["--no-pre-arm"] if prearmed else []
+    cmds += [("plain", name, [lb, "run", *direct, "--", "/bin/true"]) for name, lb in lockboxes]
+    if prearmed:
+        cmds += [("plain", f"{name}-prearmed", [lb, "run", "--", "/bin/true"])
+                 for name, lb in lockboxes]
     cmds.append(("workdir-none", "sandlock", [*sl_cow(dirs["sl-none"]), "--", "/bin/true"]))
     cmds += [
-        ("workdir-none", name, [lb, "run", "--workdir", dirs[f"{name}-none"], "--", "/bin/true"])
+        ("workdir-none", name,
+         [lb, "run", *direct, "--workdir", dirs[f"{name}-none"], "--", "/bin/true"])
         for name, lb in lockboxes
     ]
     cmds.append(
@@ -54,17 +64,27 @@ def commands(lockboxes, sandlock, dirs):
         (
             "workdir-write",
             name,
-            [lb, "run", "--workdir", dirs[f"{name}-write"], "--", "/bin/sh", "-c", WRITE],
+            [lb, "run", *direct, "--workdir", dirs[f"{name}-write"], "--", "/bin/sh", "-c", WRITE],
         )
         for name, lb in lockboxes
     ]
     return cmds
 
 
-def run_once(argv, devnull):
+def _prearm_env(tool, lockboxes, scratch):
+    """The environment of a pre-armed row's command (its helper's directory), else None."""
+    for name, _ in lockboxes:
+        if tool == f"{name}-prearmed":
+            return dict(os.environ, LOCKBOX_PRE_ARM_DIR=os.path.join(scratch, f"pre-arm-{name}"))
+    return None
+
+
+def run_once(argv, devnull, env=None):
     t0 = time.perf_counter_ns()
-    pid = os.posix_spawn(argv[0] if "/" in argv[0] else shutil.which(argv[0]), argv, os.environ,
-                         file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 1),
+    pid = os.posix_spawn(argv[0] if "/" in argv[0] else shutil.which(argv[0]), argv,
+                         env if env is not None else os.environ,
+                         file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
+                                       (os.POSIX_SPAWN_DUP2, devnull, 1),
                                        (os.POSIX_SPAWN_DUP2, devnull, 2)])
     _, status = os.waitpid(pid, 0)
     elapsed = time.perf_counter_ns() - t0
@@ -91,6 +111,8 @@ def main():
     ap.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
     ap.add_argument("--jobs", default="plain,workdir-none,workdir-write",
                     help="comma-separated jobs to run (default: all three)")
+    ap.add_argument("--pre-armed", action="store_true",
+                    help="also run the plain job through a pre-arm helper (lockbox pre-arm)")
     ap.add_argument("--no-fifo", action="store_true",
                     help="do not run under SCHED_FIFO (by default, as root, the runner and every "
                     "command it starts take real-time priority 50, so that other jobs on the "
@@ -114,22 +136,43 @@ def main():
             f.write("a\n")
         dirs[name] = d
     jobs = args.jobs.split(",")
-    cmds = [c for c in commands(lockboxes, args.sandlock, dirs) if c[0] in jobs]
+    cmds = [c for c in commands(lockboxes, args.sandlock, dirs, args.pre_armed) if c[0] in jobs]
+    if args.pre_armed:
+        # One helper per binary, in directories of this run's; stopped at the end.
+        for name, lb in lockboxes:
+            d = os.path.join(scratch, f"pre-arm-{name}")
+            os.mkdir(d, 0o700)
+            env = dict(os.environ, LOCKBOX_PRE_ARM_DIR=d)
+            subprocess.run([lb, "pre-arm", "start", "--idle", "10m"], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+        cmds = [(job, tool, argv, _prearm_env(tool, lockboxes, scratch)) for job, tool, argv in cmds]
+    else:
+        cmds = [(job, tool, argv, None) for job, tool, argv in cmds]
     if not any(c[0] == "plain" and c[1] == "true" for c in cmds):
         sys.exit("--jobs must include plain (its /bin/true is the baseline)")
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    samples = {(job, tool): [] for job, tool, _ in cmds}
+    devnull = os.open(os.devnull, os.O_RDWR)
+    samples = {(job, tool): [] for job, tool, _, _ in cmds}
     try:
         for r in range(args.warmup + args.rounds):
-            for job, tool, argv in cmds:
-                ms = run_once(argv, devnull)
+            for job, tool, argv, env in cmds:
+                ms = run_once(argv, devnull, env)
                 if r >= args.warmup:
                     samples[(job, tool)].append(ms)
+        if args.pre_armed:
+            for name, lb in lockboxes:
+                env = _prearm_env(f"{name}-prearmed", lockboxes, scratch)
+                status = subprocess.run([lb, "pre-arm", "status", "--json"], env=env,
+                                        capture_output=True, text=True).stdout
+                print(f"{name} helper: {status.strip()}", file=sys.stderr)
         for name in [f"{n}-write" for n in names] if "workdir-write" in jobs else []:
             with open(os.path.join(dirs[name], "f")) as f:
                 if f.read() != "x\n":
                     sys.exit(f"{name}: the written file was not committed")
     finally:
+        if args.pre_armed:
+            for name, lb in lockboxes:
+                subprocess.run([lb, "pre-arm", "stop"], stdout=subprocess.DEVNULL,
+                               env=_prearm_env(f"{name}-prearmed", lockboxes, scratch))
         shutil.rmtree(scratch, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -146,10 +189,13 @@ def main():
     print()
     print("| ratio | value | target |")
     print("|---|---:|---:|")
-    for name, _ in lockboxes:
+    for name, _ in lockboxes + ([(f"{n}-prearmed", lb) for n, lb in lockboxes]
+                                if args.pre_armed else []):
         plain = above[("plain", name)]
         print(f"| plain: {name} / bwrap, above /bin/true | {plain / above[('plain', 'bwrap')]:.2f}x | <= 0.6x |")
         print(f"| plain: {name} / sandlock, above /bin/true | {plain / above[('plain', 'sandlock')]:.2f}x | |")
+        if name.endswith("-prearmed"):
+            continue
         if "workdir-none" in jobs:
             none = med[("workdir-none", name)]
             print(f"| workdir-none: {name} - {name} plain | {none - med[('plain', name)]:+.2f} ms | <= +1.5 ms |")

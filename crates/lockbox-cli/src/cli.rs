@@ -53,6 +53,19 @@ Exit codes of `lockbox run`:
     };
 }
 
+const PRE_ARM_EXAMPLES: &str = "\
+Examples:
+  lockbox pre-arm start                 start the helper (returns once it listens)
+  lockbox run -- python3 -c 'print(1)'  the first run of a policy starts directly...
+  lockbox run -- python3 -c 'print(2)'  ...the next ones in a spare
+  lockbox pre-arm status --json         pid, socket, spares per policy, runs handed over
+  lockbox pre-arm stop
+  LOCKBOX_PRE_ARM=0 lockbox run -- true never use the helper (or: --no-pre-arm)
+
+Exit codes: 0 done; 1 no helper runs (status), or it could not be started; 2 usage.
+The socket is in $LOCKBOX_PRE_ARM_DIR, else $XDG_RUNTIME_DIR/lockbox, else
+/tmp/lockbox-UID (a directory of the user's, mode 0700). See docs/pre-arm.md.";
+
 /// Run untrusted code confined, without privilege.
 #[derive(Debug, Parser)]
 #[command(
@@ -231,6 +244,18 @@ Examples:
     /// Serve sandboxes as MCP tools over stdio, for agents: create, exec, run_code, files,
     /// changes, diff, commit, abort, snapshot, fork, restore.
     Mcp(crate::commands::mcp::McpArgs),
+    /// Keep sandboxes set up ahead for `lockbox run`: start, stop or show this user's
+    /// pre-arm helper.
+    ///
+    /// The helper (a `lockbox` process of the user's, no privilege) keeps a few sandboxes
+    /// per policy in recent use with namespaces, root, Landlock and seccomp in place,
+    /// waiting for a command. A `lockbox run` of such a policy hands its command, stdio and
+    /// environment over and pays only for the command's exec; exit codes, signals,
+    /// --timeout, limits, --report and messages are those of a direct start. A run with a
+    /// terminal, --workdir, --image, a network list or a credential starts directly, as
+    /// does a policy with no spare yet. The helper exits after --idle without a run.
+    #[command(after_help = PRE_ARM_EXAMPLES)]
+    PreArm(crate::commands::pre_arm::PreArmArgs),
     /// Print a shell completion script on stdout.
     #[command(after_help = COMPLETIONS_EXAMPLES)]
     Completions {
@@ -608,6 +633,16 @@ pub struct RunArgs {
     pub upstream_ca: Option<PathBuf>,
     #[command(flatten)]
     pub image: RunImageArgs,
+    /// Start this user's pre-arm helper if none runs (in the background; this run starts
+    /// directly): it keeps sandboxes set up ahead for the policies in recent use, and later
+    /// runs of those policies start in one (`"pre_armed": true` in the report). Same as
+    /// LOCKBOX_PRE_ARM=1. Runs with a terminal, --workdir, --image, a network list or a
+    /// credential always start directly. See `lockbox pre-arm --help`, docs/pre-arm.md.
+    #[arg(long, conflicts_with = "no_pre_arm")]
+    pub pre_arm: bool,
+    /// Start directly even when a pre-arm helper runs (same as LOCKBOX_PRE_ARM=0).
+    #[arg(long)]
+    pub no_pre_arm: bool,
     /// The command and its arguments (after `--`). With --image it may be left out: the
     /// image's Entrypoint and Cmd run.
     #[arg(last = true, value_name = "CMD")]
@@ -770,7 +805,7 @@ fn parse_disk_size(s: &str) -> Result<ByteSize, String> {
     }
 }
 
-fn parse_dur(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_dur(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 

@@ -10,6 +10,9 @@ mod cli;
 mod commands;
 mod error;
 mod output;
+mod prearm;
+
+pub use crate::prearm::enable as enable_pre_arm;
 
 use clap::Parser;
 use std::ffi::OsString;
@@ -58,6 +61,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         cli::Command::Mcp(args) => commands::mcp::run(&args),
         cli::Command::Journal(journal) => commands::journal::run(&journal),
         cli::Command::Image(args) => commands::image::run(&args),
+        cli::Command::PreArm(args) => commands::pre_arm::run(&args),
         cli::Command::Completions { shell } => commands::help::completions(shell),
         cli::Command::Man { dir } => commands::help::man(dir.as_deref()),
     };

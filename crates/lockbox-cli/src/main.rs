@@ -9,6 +9,8 @@ static ALLOC: lockbox_confine::ZeroOnFree = lockbox_confine::ZeroOnFree;
 fn main() -> std::process::ExitCode {
     // A long-lived sandbox's agent is this binary re-executed inside it (lockbox-runtime).
     lockbox_agent::main_if_agent();
+    // `lockbox run` may hand its command to a pre-armed sandbox of this executable's helper.
+    lockbox_cli::enable_pre_arm();
     let code = lockbox_cli::main(std::env::args_os().collect());
     std::process::ExitCode::from(code.0)
 }

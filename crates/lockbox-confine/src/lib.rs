@@ -87,7 +87,9 @@ pub use crate::seccomp::{
     denied as denied_syscalls, Allowed, Denied, RefusedFamily, When, ID_NO_OPS,
     REFUSED_FAMILIES as REFUSED_SOCKET_FAMILIES, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,
 };
-pub use crate::signals::{ReceivedSignal, Signals};
+pub use crate::signals::{
+    ignored_signals, unignore_signals, ReceivedSignal, Signals, INHERITED_IGNORES,
+};
 pub use crate::spawn::{
     armed_unsupported, namespaces, run, sequence_unsupported, Armed, Enforcement, Gated, Held,
     NetEnforcement, Outcome, Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,

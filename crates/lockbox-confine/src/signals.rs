@@ -59,3 +59,33 @@ impl Drop for Signals {
         let _ = sys::sigprocmask(libc::SIG_SETMASK, &self.previous);
     }
 }
+
+/// The signals whose "ignore" disposition a sandboxed command inherits through `execve`
+/// and a shell's job control sets: a background job's `SIGINT` and `SIGQUIT`, `nohup`'s
+/// `SIGHUP`, and the others a supervisor forwards.
+pub const INHERITED_IGNORES: [i32; 6] = [
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGHUP,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// Which of [`INHERITED_IGNORES`] this process ignores: a command it starts directly
+/// ignores them too.
+pub fn ignored_signals() -> Vec<i32> {
+    INHERITED_IGNORES
+        .into_iter()
+        .filter(|&sig| sys::is_ignored(sig))
+        .collect()
+}
+
+/// Sets each of [`INHERITED_IGNORES`] this process ignores back to its default: a process
+/// that starts sandboxes for others (the pre-arm helper) does not pass on whatever its own
+/// starter ignored.
+pub fn unignore_signals() {
+    for sig in INHERITED_IGNORES {
+        sys::unignore(sig);
+    }
+}

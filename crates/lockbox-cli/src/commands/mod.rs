@@ -13,6 +13,7 @@ pub mod help;
 pub mod image;
 pub mod journal;
 pub mod mcp;
+pub mod pre_arm;
 pub mod run;
 pub mod serve;
 pub mod snapshot;

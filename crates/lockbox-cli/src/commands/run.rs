@@ -5,6 +5,7 @@ use crate::cli::RunArgs;
 use crate::error::ExitCode;
 use crate::error::{exit, CliError};
 use crate::output::{eoutln, outln};
+use crate::prearm::wire::{EndStatus, Ended};
 use lockbox_confine::{Outcome, Running, Signals, Status, StopReason, Waited};
 use lockbox_policy::name::quoted;
 use lockbox_policy::{Net, Policy};
@@ -76,6 +77,16 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     )?;
     let mut workspace = workdir::begin(&args.workspace, &mut policy, command)
         .map_err(|e| CliError::new(125, super::chain(&e)))?;
+    // A pre-armed start where the run needs nothing of this process's at the start.
+    let plain = image.is_none()
+        && audit.is_none()
+        && ask.is_none()
+        && interceptor.is_none()
+        && workspace.is_none();
+    let handover = match plain {
+        true => crate::prearm::client::connect(args, &policy)?,
+        false => None,
+    };
     // With --net-ask the command is in a session of its own: the terminal's signals reach
     // lockbox alone, which forwards them, and its size changes go to the sandbox's terminal.
     let mut blocked = FORWARDED.to_vec();
@@ -91,6 +102,24 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
             return Err(CliError::new(125, e));
         }
     };
+    if let Some(handover) = handover {
+        use crate::prearm::client::Handed;
+        match handover.run(&policy, command, &signals) {
+            Ok(Handed::Direct) => {}
+            Ok(Handed::Ran(ended, started_in)) => {
+                std::mem::forget(signals);
+                explain_outcome(&ended, &policy, command);
+                if ended.exit_code != 0 && policy.cwd.is_none() {
+                    explain_cwd(Some(&started_in), command);
+                }
+                return conclude(args, &ended, None);
+            }
+            Err(e) => {
+                std::mem::forget(signals);
+                return Err(e);
+            }
+        }
+    }
     let mut started_in = None;
     let (audit_log, sink) = audit.unzip();
     let mut spawn = lockbox_confine::Spawn::command(&policy, command);
@@ -151,33 +180,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, CliError> {
     }
     match result {
         Ok(outcome) => {
-            explain_outcome(&outcome, &policy, command);
-            if outcome.exit_code() != 0 && policy.cwd.is_none() {
+            let ended = Ended::of(&outcome);
+            explain_outcome(&ended, &policy, command);
+            if ended.exit_code != 0 && policy.cwd.is_none() {
                 explain_cwd(started_in.as_deref(), command);
             }
             let to_report = args.report.is_some() || args.json;
             let finished = workspace.map(|w| w.finish(&args.workspace, &outcome, to_report));
-            if to_report {
-                let report = report(&outcome, finished.as_ref().map(|f| &f.report));
-                let to_stdout = args.json || args.report.as_deref() == Some(Path::new("-"));
-                if to_stdout {
-                    outln!("{}", crate::output::json(&report, false));
-                }
-                if let Some(path) = args.report.as_deref().filter(|p| *p != Path::new("-")) {
-                    let text = crate::output::json(&report, true) + "\n";
-                    if let Err(e) = std::fs::write(path, text) {
-                        print_error(
-                            &format!("writing report {}: {}", quoted(path), super::os_error(&e)),
-                            None,
-                        );
-                    }
-                }
-            }
-            Ok(exit(
-                finished
-                    .and_then(|f| f.exit_code)
-                    .unwrap_or_else(|| outcome.exit_code()),
-            ))
+            conclude(args, &ended, finished)
         }
         Err(e) => {
             if let Some(w) = workspace {
@@ -227,7 +237,43 @@ fn supervise(
     }
 }
 
-fn explain_outcome(outcome: &Outcome, policy: &Policy, command: &[std::ffi::OsString]) {
+/// Writes the report (`--report`, `--json`) with the branch's part from `finished`, and gives
+/// the exit code: the branch's, else the outcome's.
+fn conclude(
+    args: &RunArgs,
+    ended: &Ended,
+    finished: Option<workdir::Finished>,
+) -> Result<ExitCode, CliError> {
+    if args.report.is_some() || args.json {
+        let mut report = ended.report.clone();
+        if let Some(map) = report.as_object_mut() {
+            map.insert("pre_armed".into(), ended.pre_armed.into());
+            if let Some(serde_json::Value::Object(extra)) = finished.as_ref().map(|f| &f.report) {
+                map.extend(extra.clone());
+            }
+        }
+        let to_stdout = args.json || args.report.as_deref() == Some(Path::new("-"));
+        if to_stdout {
+            outln!("{}", crate::output::json(&report, false));
+        }
+        if let Some(path) = args.report.as_deref().filter(|p| *p != Path::new("-")) {
+            let text = crate::output::json(&report, true) + "\n";
+            if let Err(e) = std::fs::write(path, text) {
+                print_error(
+                    &format!("writing report {}: {}", quoted(path), super::os_error(&e)),
+                    None,
+                );
+            }
+        }
+    }
+    Ok(exit(
+        finished
+            .and_then(|f| f.exit_code)
+            .unwrap_or(ended.exit_code),
+    ))
+}
+
+fn explain_outcome(outcome: &Ended, policy: &Policy, command: &[std::ffi::OsString]) {
     let Some(program) = command.first().map(quoted) else {
         return;
     };
@@ -245,7 +291,7 @@ fn explain_outcome(outcome: &Outcome, policy: &Policy, command: &[std::ffi::OsSt
             .map(|m| m.to_string())
             .unwrap_or_default();
         eoutln!("lockbox: the sandbox exceeded its memory limit ({limit}) and was killed");
-    } else if let Status::ExecFailed(errno) = outcome.status {
+    } else if let EndStatus::ExecFailed(errno) = outcome.status {
         let why = std::io::Error::from_raw_os_error(errno);
         if errno == libc::ENOENT {
             eoutln!("lockbox: {program}: command not found inside the sandbox");
@@ -277,15 +323,15 @@ fn explain_cwd(started_in: Option<&Path>, argv: &[std::ffi::OsString]) {
     }
 }
 
-/// The JSON report of `--report`/`--json` (schema in docs/cli.md); `extra` is the
-/// branch's part.
-fn report(outcome: &Outcome, extra: Option<&serde_json::Value>) -> serde_json::Value {
+/// The JSON report of `--report`/`--json` (fields in README.md and docs/pre-arm.md), without a branch's
+/// part.
+pub(crate) fn report(outcome: &Outcome) -> serde_json::Value {
     let (signal, code) = match outcome.status {
         Status::Signaled(sig) => (Some(sig), None),
         Status::Exited(code) => (None, Some(code)),
         Status::ExecFailed(_) => (None, None),
     };
-    let mut report = serde_json::json!({
+    serde_json::json!({
         "exit_code": outcome.exit_code(),
         "command_exit_code": code,
         "signal": signal,
@@ -297,9 +343,5 @@ fn report(outcome: &Outcome, extra: Option<&serde_json::Value>) -> serde_json::V
         "peak_memory_source": outcome.peak_memory.map(|(_, s)| s),
         "enforcement": outcome.enforcement,
         "network": outcome.net,
-    });
-    if let (Some(map), Some(serde_json::Value::Object(extra))) = (report.as_object_mut(), extra) {
-        map.extend(extra.clone());
-    }
-    report
+    })
 }

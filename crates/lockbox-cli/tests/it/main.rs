@@ -20,6 +20,7 @@ mod names;
 mod net;
 mod net_credentials;
 mod net_names;
+mod pre_arm;
 mod run;
 mod serve;
 mod serve_approvals;

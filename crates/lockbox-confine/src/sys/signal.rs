@@ -57,6 +57,23 @@ pub fn reset_runtime_signals() {
     }
 }
 
+/// Whether `sig`'s disposition is "ignore" (`SIG_IGN`), which survives `execve`.
+pub fn is_ignored(sig: libc::c_int) -> bool {
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::uninit();
+    // SAFETY: a null new action only reads the current one into `old`, writable room for it.
+    let rc = unsafe { libc::sigaction(sig, std::ptr::null(), old.as_mut_ptr()) };
+    // SAFETY: sigaction succeeded, so it filled `old`.
+    rc == 0 && unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN
+}
+
+/// Sets an ignored `sig` back to its default action (a handler is left alone).
+pub fn unignore(sig: libc::c_int) {
+    if is_ignored(sig) {
+        // SAFETY: setting SIG_DFL is always valid.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
 /// `signalfd(-1, set, SFD_CLOEXEC)`.
 pub fn signalfd(set: &SigSet) -> Result<OwnedFd, Errno> {
     // SAFETY: `set` is a valid sigset_t.

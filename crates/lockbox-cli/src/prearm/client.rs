@@ -1,0 +1,275 @@
+//! `lockbox run`'s side of a pre-armed start: whether this run may be handed to the helper
+//! ([`connect`]), and the handover ([`Handover::run`]).
+//!
+//! A run is handed over only where the result is the same as a direct start's: a policy
+//! that needs nothing of the caller's at the start ([`lockbox_confine::armed_unsupported`];
+//! no `--workdir`, image, audit log, question or credential), no terminal on the stdio
+//! (a direct start names it inside the sandbox), all three stdio descriptors open, and no
+//! inherited ignored signal (a direct start passes it on). Anything else starts directly,
+//! as does a run whose policy has no spare yet (the helper arms some for next time).
+//!
+//! A handed-over command is not in the caller's process group: what the caller's
+//! controlling terminal sends (Ctrl-C, Ctrl-\, a hang-up) reaches `lockbox run` alone,
+//! which forwards it to the command, as it forwards any signal sent to it; Ctrl-Z pauses
+//! the sandbox's processes before `lockbox run` stops, and they resume when it is
+//! continued (`fg`, `bg`).
+
+use super::wire::{self, Ended, Reply, Request, RunRequest};
+use crate::cli::RunArgs;
+use crate::error::CliError;
+use lockbox_confine::{ArmedCommand, Signals};
+use lockbox_policy::Policy;
+use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A connection to the helper for one run.
+#[derive(Debug)]
+pub(crate) struct Handover {
+    conn: OwnedFd,
+}
+
+/// How long `lockbox run` waits for the helper's first answer (it answers at once: a
+/// spare is taken from a map and let go).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The helper to hand this run to, if it may be handed over and a helper runs. With
+/// `--pre-arm` (or `LOCKBOX_PRE_ARM=1`) a helper is started when none runs; this run then
+/// starts directly.
+pub(crate) fn connect(args: &RunArgs, policy: &Policy) -> Result<Option<Handover>, CliError> {
+    let switch = super::env_switch().map_err(CliError::usage)?;
+    if args.no_pre_arm || switch == Some(false) || !super::enabled() {
+        return Ok(None);
+    }
+    let wanted = args.pre_arm || switch == Some(true);
+    if lockbox_confine::armed_unsupported(policy).is_some() || !plain_caller() {
+        if wanted {
+            start_if_missing();
+        }
+        return Ok(None);
+    }
+    let Ok(dir) = super::socket_dir() else {
+        return Ok(None);
+    };
+    match dial(&super::socket_path(&dir)) {
+        Some(conn) => Ok(Some(Handover { conn })),
+        None => {
+            if wanted {
+                start_if_missing();
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// No terminal on the stdio, stdio open, nothing ignored.
+fn plain_caller() -> bool {
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    let open = stdio.iter().all(|fd| rustix::io::fcntl_getfd(fd).is_ok());
+    let terminal = stdio.iter().any(rustix::termios::isatty);
+    open && !terminal && lockbox_confine::ignored_signals().is_empty()
+}
+
+/// A connection to the helper at `socket`, if one answers there as this user.
+fn dial(socket: &Path) -> Option<OwnedFd> {
+    let fd = net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    net::connect(&fd, &SocketAddrUnix::new(socket).ok()?).ok()?;
+    let cred = net::sockopt::socket_peercred(&fd).ok()?;
+    (cred.uid == rustix::process::getuid()).then_some(fd)
+}
+
+/// A connection to the helper whose socket is in `dir`, if one answers.
+pub(crate) fn dial_helper(dir: &Path) -> Option<OwnedFd> {
+    dial(&super::socket_path(dir))
+}
+
+/// Starts a helper in the background unless one answers; does not wait for it.
+pub(crate) fn start_if_missing() {
+    let Ok(dir) = super::socket_dir() else {
+        return;
+    };
+    if dial(&super::socket_path(&dir)).is_some() {
+        return;
+    }
+    let _ = spawn_helper(&dir, &[]);
+}
+
+/// Starts `lockbox pre-arm start --foreground` detached (its own session, stdio
+/// `/dev/null`), with `extra` flags.
+pub(crate) fn spawn_helper(dir: &Path, extra: &[OsString]) -> std::io::Result<std::process::Child> {
+    let exe = std::env::current_exe()?;
+    std::process::Command::new(exe)
+        .args(["pre-arm", "start", "--foreground"])
+        .args(extra)
+        .env("LOCKBOX_PRE_ARM_DIR", dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+}
+
+/// What a handed-over run came to.
+pub(crate) enum Handed {
+    /// It ran: how it ended, and where it started.
+    Ran(Ended, PathBuf),
+    /// No spare (or no way to hand it over): nothing ran; start directly.
+    Direct,
+}
+
+impl Handover {
+    /// Hands `command` over with this process's stdio and environment, then forwards
+    /// `signals` until the helper reports the end.
+    pub(crate) fn run(
+        self,
+        policy: &Policy,
+        command: &[OsString],
+        signals: &Signals,
+    ) -> Result<Handed, CliError> {
+        let env = policy.env.build(|k| std::env::var(k).ok());
+        let Ok(armed) = ArmedCommand::new(command, &env) else {
+            return Ok(Handed::Direct);
+        };
+        let Ok(cwd) = std::env::current_dir() else {
+            return Ok(Handed::Direct);
+        };
+        let request = Request::Run(Box::new(RunRequest {
+            policy: policy.clone(),
+            cwd,
+            program: armed.program().to_owned(),
+        }));
+        let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+        let fds: [BorrowedFd<'_>; 4] = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), armed.fd()];
+        // Not sent: the helper has nothing of this run.
+        if wire::send(self.conn.as_fd(), &request, &fds).is_err() {
+            return Ok(Handed::Direct);
+        }
+        drop(armed);
+        // Job control: Ctrl-Z pauses the sandbox before this process stops; continuing
+        // this process resumes it.
+        // Kept blocked until the process exits, as `lockbox run` keeps its other signals.
+        let job = std::mem::ManuallyDrop::new(
+            Signals::block(&[libc::SIGTSTP, libc::SIGCONT]).map_err(|e| CliError::new(125, e))?,
+        );
+        let started_in = match self.answer()? {
+            Reply::Miss(_) => return Ok(Handed::Direct),
+            Reply::Started { cwd } => cwd,
+            Reply::Failed { message, hint } => return Err(setup_failed(message, hint)),
+            _ => return Err(gone("starting the command")),
+        };
+        loop {
+            let mut fds = [
+                rustix::event::PollFd::new(&self.conn, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(signals, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&*job, rustix::event::PollFlags::IN),
+            ];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    return Err(CliError::new(
+                        125,
+                        format!("waiting for the pre-arm helper: {e}"),
+                    ))
+                }
+            }
+            let signalled = !fds[1].revents().is_empty();
+            let answered = !fds[0].revents().is_empty();
+            if !fds[2].revents().is_empty() {
+                self.job_control(&job);
+            }
+            if signalled {
+                // The terminal's signals too: the command is not in its foreground group.
+                while let Some(sig) = signals.next() {
+                    let request = match sig.signal {
+                        libc::SIGTERM => Request::Terminate,
+                        other => Request::Signal(other),
+                    };
+                    let _ = wire::send(self.conn.as_fd(), &request, &[]);
+                }
+            }
+            if answered {
+                return match wire::recv::<Reply>(self.conn.as_fd()) {
+                    Ok(Some((Reply::Ended(ended), _))) => Ok(Handed::Ran(ended, started_in)),
+                    Ok(Some((Reply::Failed { message, hint }, _))) => {
+                        Err(setup_failed(message, hint))
+                    }
+                    _ => Err(gone("running the command")),
+                };
+            }
+        }
+    }
+
+    /// Ctrl-Z (the terminal's SIGTSTP): the sandbox pauses, then this process stops, as
+    /// the default action would have it; SIGCONT resumes the sandbox. A SIGTSTP sent by a
+    /// process stops only this process, as it would a direct start's `lockbox run`.
+    fn job_control(&self, job: &Signals) {
+        while let Some(sig) = job.next() {
+            match sig.signal {
+                libc::SIGTSTP => {
+                    if sig.from_terminal {
+                        let _ = wire::send(self.conn.as_fd(), &Request::Suspend, &[]);
+                    }
+                    let _ = rustix::process::kill_process(
+                        rustix::process::getpid(),
+                        rustix::process::Signal::STOP,
+                    );
+                }
+                libc::SIGCONT => {
+                    let _ = wire::send(self.conn.as_fd(), &Request::Resume, &[]);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The helper's first answer, within [`ANSWER_TIMEOUT`].
+    fn answer(&self) -> Result<Reply, CliError> {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.conn,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec {
+            tv_sec: ANSWER_TIMEOUT.as_secs() as i64,
+            tv_nsec: 0,
+        };
+        loop {
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Ok(0) => return Err(gone("starting the command (no answer within 10 s)")),
+                _ => break,
+            }
+        }
+        match wire::recv::<Reply>(self.conn.as_fd()) {
+            Ok(Some((reply, _))) => Ok(reply),
+            _ => Err(gone("starting the command")),
+        }
+    }
+}
+
+fn setup_failed(message: String, hint: Option<String>) -> CliError {
+    let error = CliError::new(125, message);
+    match hint {
+        Some(h) => error.hint(h),
+        None => error,
+    }
+}
+
+/// The helper went away with the run in its hands: whether the command ran is unknown, so
+/// it is not started again.
+fn gone(while_doing: &str) -> CliError {
+    CliError::new(
+        125,
+        format!(
+            "the pre-arm helper ended while {while_doing}; the sandbox ended with it (not started again)"
+        ),
+    )
+    .hint("lockbox pre-arm status; LOCKBOX_PRE_ARM=0 or --no-pre-arm starts every run directly")
+}
