@@ -117,6 +117,8 @@ pub(crate) fn serve(opts: Options) -> Result<bool, String> {
     let _ = rustix::process::setsid();
     lockbox_confine::unignore_signals();
     let dir = super::socket_dir()?;
+    // Holding the starter's directory would keep its filesystem busy for the helper's life.
+    let _ = std::env::set_current_dir("/");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -237,6 +239,7 @@ fn serve_connection(state: &State, conn: OwnedFd) {
     let Ok(Some((request, fds))) = wire::recv::<Request>(conn.as_fd()) else {
         return;
     };
+    tracing::debug!("pre-arm: request");
     let reply = match request {
         Request::Run(run) => {
             state.touch();
@@ -326,8 +329,13 @@ fn take_spare(state: &State, key: &Key, policy: &Policy) -> Result<Armed, String
         }
     }
     drop(entries);
-    state.arm_later(key.clone());
-    found.ok_or_else(|| "no spare for this policy yet".to_owned())
+    match found {
+        Some(spare) => Ok(spare),
+        None => {
+            state.arm_later(key.clone());
+            Err("no spare for this policy yet".to_owned())
+        }
+    }
 }
 
 fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>) {
@@ -344,6 +352,20 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
         Err(why) => return miss(why),
     };
     state.handed_over.fetch_add(1, Ordering::SeqCst);
+    run_in(conn, &run, armed, [stdin, stdout, stderr], command);
+    // The replacement is made once this run is over: the armer's fork of this process
+    // would hold its memory map (and a core) while the run is starting.
+    state.arm_later(key);
+}
+
+/// Releases `armed` with the caller's stdio and command, supervises it and reports.
+fn run_in(
+    conn: &OwnedFd,
+    run: &RunRequest,
+    armed: Armed,
+    [stdin, stdout, stderr]: [OwnedFd; 3],
+    command: OwnedFd,
+) {
     let command = ArmedCommand::from_fd(command, run.program.clone());
     let stdio = Stdio {
         stdin: Some(stdin),
@@ -354,6 +376,7 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
         Ok(running) => running,
         Err(e) => return failed(conn, &e),
     };
+    tracing::debug!("pre-arm: released");
     drop(command);
     let started = Reply::Started {
         cwd: running.cwd().to_owned(),
@@ -365,11 +388,13 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
     }
     match supervise(&mut running, &run.policy, conn) {
         Ok(Some(outcome)) => {
+            tracing::debug!("pre-arm: ended");
             let ended = Ended {
                 pre_armed: true,
                 ..Ended::of(&outcome)
             };
             let _ = wire::send(conn.as_fd(), &Reply::Ended(ended), &[]);
+            tracing::debug!("pre-arm: reported");
         }
         Ok(None) => {}
         Err(e) => failed(conn, &e),

@@ -49,6 +49,8 @@ pub(crate) fn socket_dir() -> Result<PathBuf, String> {
         (_, Some(run)) if Path::new(&run).is_absolute() => Path::new(&run).join("lockbox"),
         _ => PathBuf::from(format!("/tmp/lockbox-{uid}")),
     };
+    // Absolute: the helper leaves its starter's directory.
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

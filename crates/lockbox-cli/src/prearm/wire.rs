@@ -10,8 +10,10 @@ use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
-/// The largest record either side sends (a policy is a few KiB).
-pub(crate) const MAX_RECORD: usize = 256 * 1024;
+/// The largest record either side sends (a policy is a few KiB). Below glibc's threshold
+/// for a mapping of its own: a receive buffer then takes no `mmap`, which would wait for
+/// the helper's memory map while its armer forks it.
+pub(crate) const MAX_RECORD: usize = 64 * 1024;
 
 /// The most descriptors a record carries: stdin, stdout, stderr and the command.
 const MAX_FDS: usize = 4;
