@@ -33,7 +33,8 @@ pub struct ArmedCommand {
 impl ArmedCommand {
     /// `argv` with environment `env` (`NAME=value` each). The program is looked up along
     /// `env`'s `PATH` (else the default `PATH`) as a direct start does. Fails for an empty
-    /// argv, a NUL inside a string, or a command above [`MAX_STRINGS`] or [`MAX_BYTES`].
+    /// argv, a NUL inside a string, or a command above `MAX_STRINGS` strings or `MAX_BYTES`
+    /// bytes (16 Ki and 4 MiB).
     pub fn new(argv: &[OsString], env: &[(String, String)]) -> Result<ArmedCommand, SetupError> {
         let program = argv.first().ok_or_else(crate::spawn::no_command)?;
         let path_var = env

@@ -55,6 +55,7 @@ mod proctitle;
 mod quotas;
 mod report;
 mod resolve;
+mod sched;
 mod seccomp;
 mod signals;
 #[allow(unsafe_code)]
@@ -83,6 +84,7 @@ pub use crate::resolve::{
     resolve, resolve_with, Access, ImageRoot, Resolved, ResolvedImage, ResolvedOverlay,
     ResolvedUpper, RootUpper, MAX_IMAGE_LAYERS,
 };
+pub use crate::sched::{scheduling, Scheduling};
 pub use crate::seccomp::{
     denied as denied_syscalls, Allowed, Denied, RefusedFamily, When, ID_NO_OPS,
     REFUSED_FAMILIES as REFUSED_SOCKET_FAMILIES, REVIEWED_ALLOWED as REVIEWED_ALLOWED_SYSCALLS,

@@ -4,8 +4,9 @@
 //! A run is handed over only where the result is the same as a direct start's: a policy
 //! that needs nothing of the caller's at the start ([`lockbox_confine::armed_unsupported`];
 //! no `--workdir`, image, audit log, question or credential), no terminal on the stdio
-//! (a direct start names it inside the sandbox), all three stdio descriptors open, and no
-//! inherited ignored signal (a direct start passes it on). Anything else starts directly,
+//! (a direct start names it inside the sandbox), all three stdio descriptors open, no
+//! inherited ignored signal (a direct start passes it on), and the helper's scheduling (the
+//! helper checks: a command inherits its starter's nice value). Anything else starts directly,
 //! as does a run whose policy has no spare yet (the helper arms some for next time).
 //!
 //! A handed-over command is not in the caller's process group: what the caller's
@@ -145,6 +146,7 @@ impl Handover {
             policy: policy.clone(),
             cwd,
             program: armed.program().to_owned(),
+            scheduling: lockbox_confine::scheduling(),
         }));
         let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
         let fds: [BorrowedFd<'_>; 4] = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), armed.fd()];

@@ -12,7 +12,7 @@
 //! changed), and the helper exits after `idle` without a request.
 
 use super::wire::{self, Ended, PolicyStatus, Reply, Request, RunRequest, StatusReport};
-use lockbox_confine::{Armed, ArmedCommand, Running, Spawn, Stdio, StopReason, Waited};
+use lockbox_confine::{Armed, ArmedCommand, Running, Scheduling, Spawn, Stdio, StopReason, Waited};
 use lockbox_policy::Policy;
 use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use std::collections::{HashMap, VecDeque};
@@ -54,7 +54,8 @@ type Key = (String, PathBuf);
 struct Entry {
     policy: Policy,
     cwd: PathBuf,
-    spares: VecDeque<(Armed, Instant)>,
+    /// Each spare, when it was made, and the scheduling it inherited from the armer.
+    spares: VecDeque<(Armed, Instant, Scheduling)>,
     last_used: Instant,
     /// Why arming this policy failed, if it did: it is not tried again (a run starts
     /// directly and says why).
@@ -294,9 +295,14 @@ fn summary(policy: &Policy) -> String {
     }
 }
 
-/// Takes a live, fresh spare of `key`'s policy, if there is one; asks the armer for more
-/// either way.
-fn take_spare(state: &State, key: &Key, policy: &Policy) -> Result<Armed, String> {
+/// Takes a live, fresh spare of `key`'s policy made with the caller's `scheduling`, if
+/// there is one; asks the armer for more when there is none.
+fn take_spare(
+    state: &State,
+    key: &Key,
+    policy: &Policy,
+    scheduling: Scheduling,
+) -> Result<Armed, String> {
     let mut entries = state.entries();
     if !entries.contains_key(key) && entries.len() >= state.opts.policies {
         // Room for this policy: the least recently used one goes, with its spares.
@@ -320,7 +326,14 @@ fn take_spare(state: &State, key: &Key, policy: &Policy) -> Result<Armed, String
         return Err(format!("this policy cannot be armed: {why}"));
     }
     let mut found = None;
-    while let Some((spare, made)) = entry.spares.pop_front() {
+    while let Some((spare, made, inherited)) = entry.spares.pop_front() {
+        // Its command would run with the helper's priority, not the caller's: leave it.
+        if inherited != scheduling {
+            entry.spares.push_front((spare, made, inherited));
+            return Err(format!(
+                "the caller's scheduling ({scheduling:?}) is not the helper's ({inherited:?})"
+            ));
+        }
         // An ended spare only has its failure to tell; an old one may have resolved a host
         // that has changed since.
         if !spare.ended() && made.elapsed() < MAX_AGE {
@@ -347,7 +360,7 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
         return miss("a run takes four descriptors".into());
     };
     let (key, armed_policy) = key_of(&run.policy, &run.cwd);
-    let armed = match take_spare(state, &key, &armed_policy) {
+    let armed = match take_spare(state, &key, &armed_policy, run.scheduling) {
         Ok(armed) => armed,
         Err(why) => return miss(why),
     };
@@ -488,7 +501,11 @@ fn fill(state: &State, key: &Key) {
             return;
         };
         match made {
-            Ok(armed) => entry.spares.push_back((armed, Instant::now())),
+            Ok(armed) => {
+                entry
+                    .spares
+                    .push_back((armed, Instant::now(), lockbox_confine::scheduling()))
+            }
             Err(e) => {
                 tracing::info!("pre-arm: cannot arm a policy: {e}");
                 entry.broken = Some(e.to_string());
@@ -508,7 +525,7 @@ fn refresh(state: &State) {
         for entry in entries.values_mut() {
             entry
                 .spares
-                .retain(|(spare, made)| !spare.ended() && made.elapsed() < MAX_AGE);
+                .retain(|(spare, made, _)| !spare.ended() && made.elapsed() < MAX_AGE);
         }
         entries.keys().cloned().collect()
     };

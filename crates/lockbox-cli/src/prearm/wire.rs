@@ -48,6 +48,9 @@ pub(crate) struct RunRequest {
     pub cwd: PathBuf,
     /// The program (argv\[0\]), for messages.
     pub program: String,
+    /// The caller's scheduling, which a direct start's command would inherit: a spare made
+    /// with another is not used.
+    pub scheduling: lockbox_confine::Scheduling,
 }
 
 /// What the helper answers.

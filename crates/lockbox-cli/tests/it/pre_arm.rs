@@ -411,27 +411,51 @@ fn runs_that_need_the_caller_at_the_start_or_opt_out_start_directly() {
             ],
             None,
         );
-        // An ignored SIGINT (a shell's background job) is passed on by a direct start.
-        let cmd = helper.command(&plain);
-        let mut shell = Command::new("sh");
-        shell
-            .arg("-c")
-            .arg("trap '' INT; exec \"$@\"")
-            .arg("sh")
-            .arg(cmd.get_program())
-            .args(cmd.get_args());
-        for (k, v) in cmd.get_envs() {
-            match v {
-                Some(v) => shell.env(k, v),
-                None => shell.env_remove(k),
-            };
+        // An ignored SIGINT (a shell's background job) is passed on by a direct start, and so
+        // is a lower priority (nice): a spare's command would have the helper's.
+        helper.warm(&["run", "--json", "--", "sh", "-c", "echo $(nice)"]);
+        for (prefix, script) in [
+            (&["sh", "-c", "trap '' INT; exec \"$@\"", "sh"][..], "sh"),
+            (&["nice", "-n", "5"][..], "nice"),
+        ] {
+            let cmd = helper.command(&["run", "--json", "--", "sh", "-c", "echo $(nice)"]);
+            let mut wrapped = Command::new(prefix[0]);
+            wrapped
+                .args(&prefix[1..])
+                .arg(cmd.get_program())
+                .args(cmd.get_args())
+                .current_dir("/");
+            for (k, v) in cmd.get_envs() {
+                match v {
+                    Some(v) => wrapped.env(k, v),
+                    None => wrapped.env_remove(k),
+                };
+            }
+            if let User::Nobody = user {
+                use std::os::unix::process::CommandExt;
+                wrapped.uid(65534).gid(65534);
+            }
+            let out = wrapped.stdin(Stdio::null()).output().unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{user:?} {script} {}",
+                text(&out)
+            );
+            assert_eq!(
+                report(&out)["pre_armed"],
+                false,
+                "{user:?} {script} {}",
+                text(&out)
+            );
+            if script == "nice" {
+                assert!(
+                    text(&out).contains("\n5\n") || text(&out).contains(": 5\n"),
+                    "{}",
+                    text(&out)
+                );
+            }
         }
-        if let User::Nobody = user {
-            use std::os::unix::process::CommandExt;
-            shell.uid(65534).gid(65534);
-        }
-        let out = shell.stdin(Stdio::null()).output().unwrap();
-        assert_eq!(report(&out)["pre_armed"], false, "{user:?} {}", text(&out));
         // A terminal on stdin.
         let (master, slave) = openpty();
         let out = helper.command(&plain).stdin(slave).output().unwrap();

@@ -344,6 +344,26 @@ pub unsafe fn execve_raw(
     Errno::last()
 }
 
+/// The calling thread's scheduling policy, real-time priority and nice value (0s where the
+/// kernel does not say).
+pub fn scheduling() -> crate::sched::Scheduling {
+    // SAFETY: sched_getscheduler(0) reads the calling thread's policy; no memory is passed.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    let mut param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is writable room for one sched_param.
+    let _ = unsafe { libc::sched_getparam(0, &mut param) };
+    // getpriority may return -1 as a value: errno tells, cleared first.
+    // SAFETY: __errno_location is the calling thread's errno.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: getpriority takes no memory.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    crate::sched::Scheduling {
+        policy: policy.max(0) & !libc::SCHED_RESET_ON_FORK,
+        priority: param.sched_priority,
+        nice: if Errno::last().0 == 0 { nice } else { 0 },
+    }
+}
+
 /// `_exit(code)`: leaves without running destructors or atexit handlers (which may lock).
 pub fn exit(code: i32) -> ! {
     // SAFETY: _exit never returns and is async-signal-safe.
