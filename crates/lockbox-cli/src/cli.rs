@@ -252,8 +252,8 @@ Examples:
     /// waiting for a command. A `lockbox run` of such a policy hands its command, stdio and
     /// environment over and pays only for the command's exec; exit codes, signals,
     /// --timeout, limits, --report and messages are those of a direct start. A run with a
-    /// terminal, --workdir, --image, a network list or a credential starts directly, as
-    /// does a policy with no spare yet. The helper exits after --idle without a run.
+    /// terminal on its stdio, --workdir, --image, a network list or a credential starts
+    /// directly, as does a policy with no spare yet. The helper exits after --idle without a run.
     #[command(after_help = PRE_ARM_EXAMPLES)]
     PreArm(crate::commands::pre_arm::PreArmArgs),
     /// Print a shell completion script on stdout.
@@ -636,8 +636,9 @@ pub struct RunArgs {
     /// Start this user's pre-arm helper if none runs (in the background; this run starts
     /// directly): it keeps sandboxes set up ahead for the policies in recent use, and later
     /// runs of those policies start in one (`"pre_armed": true` in the report). Same as
-    /// LOCKBOX_PRE_ARM=1. Runs with a terminal, --workdir, --image, a network list or a
-    /// credential always start directly. See `lockbox pre-arm --help`, docs/pre-arm.md.
+    /// LOCKBOX_PRE_ARM=1. Runs with a terminal on their stdio, --workdir, --image, a network
+    /// list or a credential always start directly. See `lockbox pre-arm --help`,
+    /// docs/pre-arm.md.
     #[arg(long, conflicts_with = "no_pre_arm")]
     pub pre_arm: bool,
     /// Start directly even when a pre-arm helper runs (same as LOCKBOX_PRE_ARM=0).
