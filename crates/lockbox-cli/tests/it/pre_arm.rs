@@ -631,7 +631,18 @@ fn the_terminals_ctrl_z_pauses_a_pre_armed_sandbox_and_ctrl_c_reaches_its_comman
                 .ok()
                 .and_then(|s| s.rsplit(") ").next().and_then(|r| r.chars().next()))
         };
-        let sleeping = sleeper().expect("the command's sleep");
+        // The marker's shell may not have started its `sleep` yet.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let sleeping = loop {
+            if let Some(pid) = sleeper() {
+                break pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{user:?}: the command's sleep never ran"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
         // Ctrl-Z: the sandbox's processes stop (lockbox stops too; nothing continues it
         // but us, as a shell's `fg` would).
         keys.write_all(b"\x1a").unwrap();

@@ -53,7 +53,12 @@ except OSError as e:
     print("fd=%d" % e.errno)
 pidfd = libc.syscall(434, pid, 0)
 print("pidfd_getfd=%d" % call(438, pidfd, 3, 0))
-# The sandbox init, re-executed once the agent runs (lean_init in lockbox-confine).
+# The sandbox init, re-executed once the agent runs (lean_init in lockbox-confine): beside
+# the first answers of the agent, not before them: a loaded machine may show it a moment later.
+import time
+deadline = time.monotonic() + 10
+while open("/proc/1/cmdline", "rb").read() != b"lockbox-init\0" and time.monotonic() < deadline:
+    time.sleep(0.01)
 print("init_title=%d" % (open("/proc/1/cmdline", "rb").read() == b"lockbox-init\0"))
 print("init_ptrace=%d" % call(101, 0x4206, 1, 0, 0))
 try:
