@@ -554,7 +554,7 @@ fn a_helper_of_another_build_or_in_an_open_directory_is_never_used() {
             use std::os::unix::process::CommandExt;
             start.uid(65534).gid(65534);
         }
-        let out = start.output().unwrap();
+        let out = output_of_fresh_copy(&mut start);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         for _ in 0..5 {
             let out = helper.lockbox(&["run", "--json", "--", "true"]);
@@ -567,7 +567,7 @@ fn a_helper_of_another_build_or_in_an_open_directory_is_never_used() {
             use std::os::unix::process::CommandExt;
             stop.uid(65534).gid(65534);
         }
-        stop.output().unwrap();
+        output_of_fresh_copy(&mut stop);
         // A socket directory others may enter is refused (and runs start directly).
         std::fs::set_permissions(&helper.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let out = helper.lockbox(&["pre-arm", "start"]);
@@ -675,6 +675,22 @@ fn the_terminals_ctrl_z_pauses_a_pre_armed_sandbox_and_ctrl_c_reaches_its_comman
             serde_json::from_str(written.lines().last().unwrap_or("")).unwrap_or_default();
         assert_eq!(report["exit_code"], 3, "{user:?} {status} {written}");
         assert_eq!(report["pre_armed"], true, "{user:?} {written}");
+    }
+}
+
+/// Runs `cmd`, an executable this process has just written: a child another thread of
+/// the test forked meanwhile may still hold it open for writing until it executes, and the
+/// kernel then refuses to execute it (`ETXTBSY`) for a moment.
+fn output_of_fresh_copy(cmd: &mut Command) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                assert!(Instant::now() < deadline, "{e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other.unwrap(),
+        }
     }
 }
 
