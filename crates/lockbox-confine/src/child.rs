@@ -630,27 +630,7 @@ fn start_armed(p: &mut Prepared, ruleset: Option<RawFd>) -> Result<libc::pid_t, 
 /// ([`preforked_main`]), it waits for the go, which brings its stdio and its command (argv,
 /// environment, exec candidates: see `armed`), and executes it.
 fn armed_main(p: &mut Prepared, ruleset: Option<RawFd>) -> ! {
-    command_basics(p);
-    drop_privileges(p);
-    if let Some((filter, fd)) = &p.net {
-        if let Err((step, e)) = hand_over_net_filter(filter, *fd, p.helper.dns_fds()) {
-            command_fail(p, step, e, 0);
-        }
-    }
-    if let Err(e) = sys::seccomp_set_filter(&p.seccomp) {
-        command_fail(p, Step::SeccompFilter, e, 0);
-    }
-    if let Some(fd) = ruleset {
-        if let Err(e) = sys::landlock_restrict_self(fd) {
-            command_fail(p, Step::LandlockRestrict, e, 0);
-        }
-        // SAFETY: this command child's copy of the ruleset, not used after
-        // `landlock_restrict_self`.
-        unsafe { sys::close(fd) };
-    }
-    if let Err(e) = sys::chdir(&p.plan.cwd) {
-        command_fail(p, Step::Chdir, e, 0);
-    }
+    confine_before_go(p, ruleset);
     let payload = match await_go(p.report_fd) {
         Ok(Some(fd)) => fd,
         // A go without a command.
@@ -1261,6 +1241,28 @@ fn command_main(p: &Prepared, command: &Command, ruleset: Option<RawFd>) -> ! {
 /// the supervisor's go with its stdio, executes. (Sequences have no network list and no
 /// passed descriptors; the filter they may hand over is the rename supervisor's.)
 fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
+    confine_before_go(p, ruleset);
+    match await_go(p.report_fd) {
+        Ok(None) => {}
+        Ok(Some(fd)) => {
+            // A command only a pre-armed sandbox takes: refused (its descriptor goes).
+            // SAFETY: received by `await_go` for us alone, not used after.
+            unsafe { sys::close(fd) };
+            command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
+        }
+        // The supervisor gave up on the sandbox.
+        Err(Errno(libc::ECANCELED)) => sys::exit(125),
+        Err(e) => command_fail(p, Step::RedirectStdio, e, 0),
+    }
+    match p.commands.get(step) {
+        Some(command) => execute(p, command),
+        None => command_fail(p, Step::Exec, Errno(libc::ENOENT), 0),
+    }
+}
+
+/// What a command forked ahead of its go does first (a sequence's later command, a
+/// pre-armed sandbox's): confines itself fully and enters its directory.
+fn confine_before_go(p: &Prepared, ruleset: Option<RawFd>) {
     command_basics(p);
     drop_privileges(p);
     if let Some((filter, fd)) = &p.net {
@@ -1281,22 +1283,6 @@ fn preforked_main(p: &Prepared, step: usize, ruleset: Option<RawFd>) -> ! {
     }
     if let Err(e) = sys::chdir(&p.plan.cwd) {
         command_fail(p, Step::Chdir, e, 0);
-    }
-    match await_go(p.report_fd) {
-        Ok(None) => {}
-        Ok(Some(fd)) => {
-            // A command only a pre-armed sandbox takes: refused (its descriptor goes).
-            // SAFETY: received by `await_go` for us alone, not used after.
-            unsafe { sys::close(fd) };
-            command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
-        }
-        // The supervisor gave up on the sandbox.
-        Err(Errno(libc::ECANCELED)) => sys::exit(125),
-        Err(e) => command_fail(p, Step::RedirectStdio, e, 0),
-    }
-    match p.commands.get(step) {
-        Some(command) => execute(p, command),
-        None => command_fail(p, Step::Exec, Errno(libc::ENOENT), 0),
     }
 }
 
