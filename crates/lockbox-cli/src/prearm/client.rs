@@ -24,17 +24,12 @@ use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// A connection to the helper for one run.
 #[derive(Debug)]
 pub(crate) struct Handover {
     conn: OwnedFd,
 }
-
-/// How long `lockbox run` waits for the helper's first answer (it answers at once: a
-/// spare is taken from a map and let go).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The helper to hand this run to, if it may be handed over and a helper runs. With
 /// `--pre-arm` (or `LOCKBOX_PRE_ARM=1`) a helper is started when none runs; this run then
@@ -128,7 +123,7 @@ pub(crate) enum Handed {
 
 impl Handover {
     /// Hands `command` over with this process's stdio and environment, then forwards
-    /// `signals` until the helper reports the end.
+    /// `signals` until the helper reports the end (or a miss: nothing ran).
     pub(crate) fn run(
         self,
         policy: &Policy,
@@ -150,28 +145,35 @@ impl Handover {
         }));
         let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
         let fds: [BorrowedFd<'_>; 4] = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), armed.fd()];
+        // Job control: Ctrl-Z pauses the sandbox before this process stops; continuing
+        // this process resumes it. Blocked before the command can start (a Ctrl-Z typed once
+        // it runs must pause it), and until the process exits, as `lockbox run` keeps its
+        // other signals, unless nothing ran: then whatever came is delivered as usual.
+        let job =
+            Signals::block(&[libc::SIGTSTP, libc::SIGCONT]).map_err(|e| CliError::new(125, e))?;
         // Not sent: the helper has nothing of this run.
         if wire::send(self.conn.as_fd(), &request, &fds).is_err() {
             return Ok(Handed::Direct);
         }
         drop(armed);
-        // Job control: Ctrl-Z pauses the sandbox before this process stops; continuing
-        // this process resumes it.
-        // Kept blocked until the process exits, as `lockbox run` keeps its other signals.
-        let job = std::mem::ManuallyDrop::new(
-            Signals::block(&[libc::SIGTSTP, libc::SIGCONT]).map_err(|e| CliError::new(125, e))?,
-        );
-        let started_in = match self.answer()? {
-            Reply::Miss(_) => return Ok(Handed::Direct),
-            Reply::Started { cwd } => cwd,
-            Reply::Failed { message, hint } => return Err(setup_failed(message, hint)),
-            _ => return Err(gone("starting the command")),
-        };
+        let handed = self.forward_until_answered(signals, &job);
+        if !matches!(handed, Ok(Handed::Direct)) {
+            std::mem::forget(job);
+        }
+        handed
+    }
+
+    /// Forwards `signals` and `job`'s until the helper answers.
+    fn forward_until_answered(&self, signals: &Signals, job: &Signals) -> Result<Handed, CliError> {
+        // The helper says nothing while the command runs, so a signal is forwarded before it
+        // is known whether there was a spare: on a miss it is raised again, for the direct
+        // start that follows (it stays pending: it is blocked).
+        let mut forwarded = Vec::new();
         loop {
             let mut fds = [
                 rustix::event::PollFd::new(&self.conn, rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(signals, rustix::event::PollFlags::IN),
-                rustix::event::PollFd::new(&*job, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(job, rustix::event::PollFlags::IN),
             ];
             match rustix::event::poll(&mut fds, None) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -185,7 +187,7 @@ impl Handover {
             let signalled = !fds[1].revents().is_empty();
             let answered = !fds[0].revents().is_empty();
             if !fds[2].revents().is_empty() {
-                self.job_control(&job);
+                self.job_control(job);
             }
             if signalled {
                 // The terminal's signals too: the command is not in its foreground group.
@@ -195,15 +197,23 @@ impl Handover {
                         other => Request::Signal(other),
                     };
                     let _ = wire::send(self.conn.as_fd(), &request, &[]);
+                    // Pending, a signal is one bit: raising each kind once again is enough.
+                    if !forwarded.contains(&sig.signal) {
+                        forwarded.push(sig.signal);
+                    }
                 }
             }
             if answered {
                 return match wire::recv::<Reply>(self.conn.as_fd()) {
-                    Ok(Some((Reply::Ended(ended), _))) => Ok(Handed::Ran(ended, started_in)),
+                    Ok(Some((Reply::Ran { ended, cwd }, _))) => Ok(Handed::Ran(ended, cwd)),
+                    Ok(Some((Reply::Miss(_), _))) => {
+                        raise_again(&forwarded);
+                        Ok(Handed::Direct)
+                    }
                     Ok(Some((Reply::Failed { message, hint }, _))) => {
                         Err(setup_failed(message, hint))
                     }
-                    _ => Err(gone("running the command")),
+                    _ => Err(gone()),
                 };
             }
         }
@@ -231,29 +241,6 @@ impl Handover {
             }
         }
     }
-
-    /// The helper's first answer, within [`ANSWER_TIMEOUT`].
-    fn answer(&self) -> Result<Reply, CliError> {
-        let mut fds = [rustix::event::PollFd::new(
-            &self.conn,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::event::Timespec {
-            tv_sec: ANSWER_TIMEOUT.as_secs() as i64,
-            tv_nsec: 0,
-        };
-        loop {
-            match rustix::event::poll(&mut fds, Some(&timeout)) {
-                Err(rustix::io::Errno::INTR) => continue,
-                Ok(0) => return Err(gone("starting the command (no answer within 10 s)")),
-                _ => break,
-            }
-        }
-        match wire::recv::<Reply>(self.conn.as_fd()) {
-            Ok(Some((reply, _))) => Ok(reply),
-            _ => Err(gone("starting the command")),
-        }
-    }
 }
 
 fn setup_failed(message: String, hint: Option<String>) -> CliError {
@@ -264,14 +251,22 @@ fn setup_failed(message: String, hint: Option<String>) -> CliError {
     }
 }
 
+/// Sends `signals` to this process again: they are blocked, so they wait for the direct
+/// start that follows a miss.
+fn raise_again(signals: &[i32]) {
+    for &sig in signals {
+        if let Some(sig) = rustix::process::Signal::from_named_raw(sig) {
+            let _ = rustix::process::kill_process(rustix::process::getpid(), sig);
+        }
+    }
+}
+
 /// The helper went away with the run in its hands: whether the command ran is unknown, so
 /// it is not started again.
-fn gone(while_doing: &str) -> CliError {
+fn gone() -> CliError {
     CliError::new(
         125,
-        format!(
-            "the pre-arm helper ended while {while_doing}; the sandbox ended with it (not started again)"
-        ),
+        "the pre-arm helper ended while it had the run; the sandbox ended with it (not started again)",
     )
     .hint("lockbox pre-arm status; LOCKBOX_PRE_ARM=0 or --no-pre-arm starts every run directly")
 }

@@ -391,14 +391,8 @@ fn run_in(
     };
     tracing::debug!("pre-arm: released");
     drop(command);
-    let started = Reply::Started {
-        cwd: running.cwd().to_owned(),
-    };
-    if wire::send(conn.as_fd(), &started, &[]).is_err() {
-        // The caller is gone: so is the run, as a direct start dies with its lockbox.
-        let _ = running.stop(Duration::ZERO, StopReason::Requested);
-        return;
-    }
+    // Nothing is said as the command starts (the caller would wake for it while the command
+    // starts): the end says where it started. A caller gone meanwhile ends the run.
     match supervise(&mut running, &run.policy, conn) {
         Ok(Some(outcome)) => {
             tracing::debug!("pre-arm: ended");
@@ -406,7 +400,8 @@ fn run_in(
                 pre_armed: true,
                 ..Ended::of(&outcome)
             };
-            let _ = wire::send(conn.as_fd(), &Reply::Ended(ended), &[]);
+            let cwd = running.cwd().to_owned();
+            let _ = wire::send(conn.as_fd(), &Reply::Ran { ended, cwd }, &[]);
             tracing::debug!("pre-arm: reported");
         }
         Ok(None) => {}

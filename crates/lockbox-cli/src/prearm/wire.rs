@@ -59,12 +59,12 @@ pub(crate) struct RunRequest {
 pub(crate) enum Reply {
     /// No spare for this policy (one is being armed): start directly. Nothing ran.
     Miss(String),
-    /// The command was released in a spare; it started in this directory.
-    Started {
+    /// The command ran in a spare, starting in `cwd`, and its sandbox has ended. (Nothing is
+    /// said when it starts: a short run's caller would wake for it while the command starts.)
+    Ran {
+        ended: Ended,
         cwd: PathBuf,
     },
-    /// The sandbox ended.
-    Ended(Ended),
     /// The sandbox could not be set up, as a direct start would say it.
     Failed {
         message: String,
