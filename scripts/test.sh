@@ -164,16 +164,29 @@ cargo test --workspace --no-run --quiet
 # idle for minutes); each background job's output is printed when it is done
 # (background_done), and the suite fails if any failed.
 background_failed=0
+# The start of each failed Rust test's output (its panic message), gathered from the
+# background logs and printed last: a long run's log is often read from its end.
+digest="$(mktemp)"
+failure_digest() {
+  awk -v what="$2" '
+    /^---- .* stdout ----$/ { on = 1; n = 0; trace = 0; print "== " what ": " $0; next }
+    on && (/^---- .* ----$/ || /^failures:$/) { on = 0 }
+    on && /^stack backtrace:$/ { trace = 1 }
+    on && trace { if (/^note: /) trace = 0; next }
+    on && n < 40 { print; n++ }
+  ' "$1" >> "$digest"
+}
 background_done() {
   local pid=$1 log=$2 what=$3 status=0
   wait "$pid" || status=$?
   phase "$what: its output"
   cat "$log"
-  rm -f "$log"
   if [ "$status" != 0 ]; then
+    failure_digest "$log" "$what"
     echo "$what failed (exit $status)" >&2
     background_failed=1
   fi
+  rm -f "$log"
 }
 wait_for "$api_pid" "$api_log" "schemathesis (scripts/fuzz-api.sh --prepare)"
 wait_for "$debian_pid" "$debian_log" "the Debian root of lockbox-confine's image tests (mmdebstrap)"
@@ -293,6 +306,14 @@ background_done "$doc_pid" "$doc_log" "cargo doc"
 background_done "$harbor_pid" "$harbor_log" "Harbor environment (python/tests-harbor)"
 [ -z "$torture_pid" ] || background_done "$torture_pid" "$torture_log" "lockbox-txn long crash torture"
 [ -z "$fuzz_pid" ] || background_done "$fuzz_pid" "$fuzz_log" "fuzzing"
-[ "$status" = 0 ] && [ "$background_failed" = 0 ] || exit 1
+if [ "$status" != 0 ] || [ "$background_failed" != 0 ]; then
+  if [ -s "$digest" ]; then
+    phase "failed tests, in short (the first lines of each one's output above)"
+    head -n 300 "$digest"
+  fi
+  rm -f "$digest"
+  exit 1
+fi
+rm -f "$digest"
 
 phase "done"
