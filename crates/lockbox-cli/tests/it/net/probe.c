@@ -49,7 +49,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/filter.h>
+#include <linux/sockios.h>
 #include <linux/seccomp.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -216,6 +218,29 @@ static int listener(void) {
     return 0;
 }
 
+/* Bytes a TCP socket has sent that its peer has not yet acknowledged. */
+static int in_flight(int fd) {
+    int queued = 0, unsent = 0;
+    if (ioctl(fd, SIOCOUTQ, &queued) < 0 || ioctl(fd, SIOCOUTQNSD, &unsent) < 0) return 0;
+    return queued - unsent;
+}
+
+/* Fills a connected TCP socket's buffers until a send would block, and stays so. The
+ * first EAGAIN is not enough: on a loaded machine the loopback's acknowledgements of the
+ * last bytes sent arrive later (softirqs deferred), and each frees room again (seen once
+ * in CI). So it waits until nothing is in flight (5 s at most) and fills again, until a
+ * fill with nothing in flight finds no room. Returns 0, or -1 on an error but EAGAIN. */
+static int fill(int fd) {
+    static char chunk[1 << 16];
+    for (;;) {
+        int sent = 0;
+        while (send(fd, chunk, sizeof chunk, MSG_DONTWAIT) > 0) sent = 1;
+        if (errno != EAGAIN) return -1;
+        if (!sent && in_flight(fd) == 0) return 0;
+        for (int i = 0; i < 5000 && in_flight(fd) > 0; i++) usleep(1000);
+    }
+}
+
 static int flood(int n, const char *host, int port) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     struct sockaddr_in b = a;
@@ -227,9 +252,7 @@ static int flood(int n, const char *host, int port) {
     getsockname(l, (void *)&a, &len);
     int full = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(full, (void *)&a, len) < 0) return fail();
-    static char chunk[1 << 16];
-    while (send(full, chunk, sizeof chunk, MSG_DONTWAIT) > 0) {}
-    if (errno != EAGAIN) return fail();
+    if (fill(full) < 0) return fail();
     /* A listener whose accept queue is full: further connects stay in SYN_SENT. */
     int l2 = socket(AF_INET, SOCK_STREAM, 0);
     if (bind(l2, (void *)&b, len) < 0 || listen(l2, 0) < 0) return fail();
@@ -419,7 +442,7 @@ static int sndtimeo(void) {
     int full = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(full, (void *)&a, sizeof a) < 0) return fail();
     static char chunk[1 << 16];
-    while (send(full, chunk, sizeof chunk, MSG_DONTWAIT) > 0) {}
+    if (fill(full) < 0) return fail();
     struct timeval tv = {0, 200000};
     setsockopt(full, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     pthread_t t;
@@ -438,7 +461,7 @@ static int starve(int n, const char *host, int port) {
     int full = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(full, (void *)&a, sizeof a) < 0) return fail();
     static char chunk[1 << 16];
-    while (send(full, chunk, sizeof chunk, MSG_DONTWAIT) > 0) {}
+    if (fill(full) < 0) return fail();
     pid_t *children = calloc(n, sizeof *children);
     for (int i = 0; i < n; i++) {
         int p[2];
