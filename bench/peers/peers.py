@@ -11,7 +11,10 @@ Jobs (the same for each tool):
 
 With --pre-armed, lockbox's plain job also runs handed over to a pre-arm helper started for
 the run (`lockbox pre-arm`, docs/pre-arm.md) as "NAME-prearmed"; the other lockbox rows then
-pass --no-pre-arm, so they stay direct starts. Every command's stdin is /dev/null.
+pass --no-pre-arm, so they stay direct starts. Every command's stdin is /dev/null. After
+each pre-armed run the runner pauses SETTLE_S, untimed: the helper then arms the used
+spare's replacement (a fork and a sandbox set-up, about 3 ms of CPU), which would otherwise
+land on whichever row comes next -- in a fixed order, always the same one.
 
 As root the runner takes SCHED_FIFO priority 50 (inherited by every command): on a machine
 where other jobs run, they then delay none of the tools; --no-fifo measures without it.
@@ -32,6 +35,7 @@ import time
 
 READS = ["-r", "/usr", "-r", "/lib", "-r", "/lib64", "-r", "/bin", "-r", "/etc"]
 WRITE = "echo x > f"
+SETTLE_S = 0.03
 
 
 def commands(lockboxes, sandlock, dirs, prearmed):
@@ -158,6 +162,8 @@ def main():
                 ms = run_once(argv, devnull, env)
                 if r >= args.warmup:
                     samples[(job, tool)].append(ms)
+                if tool.endswith("-prearmed"):
+                    time.sleep(SETTLE_S)
         if args.pre_armed:
             for name, lb in lockboxes:
                 env = _prearm_env(f"{name}-prearmed", lockboxes, scratch)
