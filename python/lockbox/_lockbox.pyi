@@ -17,6 +17,7 @@ __all__ = [
     "cli_main",
     "default_state_dir",
     "duration_ms",
+    "enable_pre_arm",
     "error_codes",
     "net_spec_error",
     "open_journal",
@@ -47,6 +48,10 @@ def prepare_txn(spec: str, stdin: bytes | None = None) -> PreparedTxn:
 def cli_main(argv: list[str]) -> NoReturn:
     """Runs the `lockbox` command with `argv` and exits the process with its status."""
     ...
+
+def enable_pre_arm(launcher: list[str]) -> None:
+    """Lets this process use (and start) a pre-arm helper of this build; `launcher` runs
+    the wheel's `lockbox` command."""
 
 def error_codes() -> list[tuple[str, str]]:
     """Every error code lockbox has, with its family (policy, setup, cow, txn, journal, runtime, server)."""

@@ -7,6 +7,7 @@ import abc
 import contextlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
@@ -38,6 +39,17 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
+
+
+def _pre_arm_launcher() -> list[str]:
+    """The command that starts this SDK's pre-arm helper: this interpreter running the
+    wheel's ``lockbox`` from this package (docs/pre-arm.md, "From the Python SDK")."""
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from lockbox._cli import main; main()"
+    return [sys.executable, "-c", code, parent] if sys.executable else []
+
+
+_lockbox.enable_pre_arm(_pre_arm_launcher())
 
 
 def default_state_dir() -> str:

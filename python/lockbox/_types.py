@@ -142,6 +142,8 @@ class StageResult:
     stdout_len: int = 0
     setup_error: str | None = None
     attempts: int = 1
+    #: It ran in a sandbox the pre-arm helper had set up beforehand (docs/pre-arm.md).
+    pre_armed: bool = False
 
     @property
     def succeeded(self) -> bool:
@@ -210,6 +212,7 @@ def _stage(d: dict[str, Any]) -> StageResult:
         stdout_len=d.get("stdout_len", 0),
         setup_error=d.get("setup_error"),
         attempts=d.get("attempts", 1),
+        pre_armed=d.get("pre_armed", False),
     )
 
 

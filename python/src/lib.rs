@@ -39,6 +39,7 @@ mod txn;
 fn _lockbox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::enable_pre_arm, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     m.add_function(wrap_pyfunction!(policy::check_policy, m)?)?;
     m.add_function(wrap_pyfunction!(policy::net_spec_error, m)?)?;

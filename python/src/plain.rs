@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
 
 use lockbox_confine::{Running, Spawn, Status, Stdio, StopReason, Waited};
@@ -63,6 +63,9 @@ pub(crate) fn run_plain(
     let specs: Vec<StageSpec> = serde_json::from_value(raw).map_err(bad)?;
     if specs.is_empty() {
         return Err(errors::usage("a pipeline needs at least one stage".into()));
+    }
+    if let [only] = specs.as_slice() {
+        return run_one(py, only, stdin.unwrap_or_default());
     }
     let built: Vec<_> = specs.iter().map(|s| (&s.policy, s)).collect();
     let (stdin_r, stdin_w) = pipe()?;
@@ -138,6 +141,82 @@ pub(crate) fn run_plain(
         })
         .collect();
     let json = json!({ "stages": stages }).to_string();
+    Ok((json, PyBytes::new(py, &stdout).unbind()))
+}
+
+/// A pipeline of one command: handed over to a pre-armed sandbox of this build's pre-arm
+/// helper when one answers for its policy (docs/pre-arm.md, "From the Python SDK"), else
+/// started directly. The same result either way, but for `pre_armed`.
+fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String, Py<PyBytes>)> {
+    let (stdin_r, stdin_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let argv: Vec<std::ffi::OsString> = spec.argv.iter().map(Into::into).collect();
+    let ((mut result, said), stdout, stderr) = py.detach(move || {
+        std::thread::scope(|scope| {
+            let feeder = scope.spawn(move || {
+                // A command that exits without reading its stdin is not an error.
+                let _ = File::from(stdin_w).write_all(&stdin);
+            });
+            let out = scope.spawn(move || drain(out_r));
+            let err = scope.spawn(move || drain(err_r));
+            let t0 = Instant::now();
+            let stdio = [stdin_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+            let handed = lockbox_cli::pre_armed_run(&spec.policy, &argv, stdio);
+            let result = match handed {
+                Ok(Some(end)) => {
+                    // The helper had its own copies: the readers see the end once ours go.
+                    drop((stdin_r, out_w, err_w));
+                    let said = end
+                        .exec_failed
+                        .map(|errno| exec_failed(spec, errno))
+                        .unwrap_or_default();
+                    let result = json!({
+                        "exit_code": end.exit_code,
+                        "signal": end.signal,
+                        "timed_out": end.timed_out,
+                        "duration": t0.elapsed().as_secs_f64(),
+                        "setup_error": null,
+                        "pre_armed": true,
+                    });
+                    (result, said)
+                }
+                Ok(None) => {
+                    let stdio = Stdio {
+                        stdin: Some(stdin_r),
+                        stdout: Some(out_w),
+                        stderr: Some(err_w),
+                    };
+                    let (running, setup_error) =
+                        match Spawn::command(&spec.policy, &argv).stdio(stdio).start() {
+                            Ok(r) => (Some(r), None),
+                            Err(e) => (None, Some(e.to_string())),
+                        };
+                    let mut started = Started {
+                        running,
+                        started: t0,
+                        timeout: spec.policy.timeout,
+                        grace: spec.policy.kill_grace,
+                        setup_error,
+                    };
+                    finish(&mut started, spec)
+                }
+                Err(message) => {
+                    drop((stdin_r, out_w, err_w));
+                    let result = json!({ "exit_code": 125, "signal": null, "timed_out": false,
+                        "duration": t0.elapsed().as_secs_f64(), "setup_error": message });
+                    (result, String::new())
+                }
+            };
+            let _ = feeder.join();
+            let stdout = out.join().unwrap_or_default();
+            let stderr = err.join().unwrap_or_default();
+            (result, stdout, stderr)
+        })
+    });
+    result["name"] = json!(spec.name);
+    result["stderr"] = json!(format!("{said}{}", String::from_utf8_lossy(&stderr)));
+    let json = json!({ "stages": [result] }).to_string();
     Ok((json, PyBytes::new(py, &stdout).unbind()))
 }
 

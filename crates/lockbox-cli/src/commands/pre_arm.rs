@@ -68,7 +68,7 @@ fn start_helper(args: &StartArgs) -> Result<ExitCode, CliError> {
     if !crate::prearm::enabled() {
         return Err(CliError::new(
             1,
-            "the pre-arm helper runs from the lockbox executable only (not from the Python wheel's script)",
+            "the pre-arm helper runs from the lockbox executable or the Python wheel's lockbox command only (this program links lockbox without saying how to start its helper)",
         ));
     }
     let opts = Options {

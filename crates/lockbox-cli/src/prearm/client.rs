@@ -15,7 +15,7 @@
 //! the sandbox's processes before `lockbox run` stops, and they resume when it is
 //! continued (`fg`, `bg`).
 
-use super::wire::{self, Ended, Reply, Request, RunRequest};
+use super::wire::{self, EndStatus, Ended, Reply, Request, RunRequest};
 use crate::cli::RunArgs;
 use crate::error::CliError;
 use lockbox_confine::{ArmedCommand, Signals};
@@ -102,8 +102,12 @@ pub(crate) fn start_if_missing() {
 /// Starts `lockbox pre-arm start --foreground` detached (its own session, stdio
 /// `/dev/null`), with `extra` flags.
 pub(crate) fn spawn_helper(dir: &Path, extra: &[OsString]) -> std::io::Result<std::process::Child> {
-    let exe = std::env::current_exe()?;
-    std::process::Command::new(exe)
+    let launcher = super::launcher()?;
+    let Some((program, args)) = launcher.split_first() else {
+        return Err(std::io::Error::other("no command starts the helper"));
+    };
+    std::process::Command::new(program)
+        .args(args)
         .args(["pre-arm", "start", "--foreground"])
         .args(extra)
         .env("LOCKBOX_PRE_ARM_DIR", dir)
@@ -269,4 +273,92 @@ fn gone() -> CliError {
         "the pre-arm helper ended while it had the run; the sandbox ended with it (not started again)",
     )
     .hint("lockbox pre-arm status; LOCKBOX_PRE_ARM=0 or --no-pre-arm starts every run directly")
+}
+
+/// How a run the Python SDK handed over ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreArmedEnd {
+    /// The exit code `lockbox run` would exit with (124 on a timeout, 128+N on signal N,
+    /// 127/126 for a program that could not be executed).
+    pub exit_code: i32,
+    /// The signal that ended the command, if one did.
+    pub signal: Option<i32>,
+    /// The `execve` error of a program that could not be executed.
+    pub exec_failed: Option<i32>,
+    /// The policy's timeout stopped it.
+    pub timed_out: bool,
+}
+
+/// For a program that starts sandboxes itself (the Python SDK's plain runs): hands
+/// `command` over to this build's helper with `stdio`, and waits for its end. `Ok(None)`:
+/// nothing ran (no helper, no spare, a policy or caller a spare cannot serve, or
+/// `LOCKBOX_PRE_ARM=0`): start directly. `Err`: the sandbox could not be set up, or the
+/// helper ended with the run (not to be started again), as the message says.
+///
+/// As with `lockbox run`: a helper answers only where its start gives what a direct one
+/// would; with `LOCKBOX_PRE_ARM=1` one is started in the background when none answers (this
+/// run then starts directly). The caller's signals are not forwarded: the SDK waits for a
+/// direct start's command without forwarding any either.
+pub fn hand_over(
+    policy: &Policy,
+    command: &[OsString],
+    stdio: [BorrowedFd<'_>; 3],
+) -> Result<Option<PreArmedEnd>, String> {
+    let switch = super::env_switch()?;
+    if switch == Some(false) || !super::enabled() {
+        return Ok(None);
+    }
+    let wanted = switch == Some(true);
+    let terminal = stdio.iter().any(rustix::termios::isatty);
+    if lockbox_confine::armed_unsupported(policy).is_some()
+        || terminal
+        || !lockbox_confine::ignored_signals().is_empty()
+    {
+        if wanted {
+            start_if_missing();
+        }
+        return Ok(None);
+    }
+    let Ok(dir) = super::socket_dir() else {
+        return Ok(None);
+    };
+    let Some(conn) = dial(&super::socket_path(&dir)) else {
+        if wanted {
+            start_if_missing();
+        }
+        return Ok(None);
+    };
+    let env = policy.env.build(|k| std::env::var(k).ok());
+    let (Ok(armed), Ok(cwd)) = (ArmedCommand::new(command, &env), std::env::current_dir()) else {
+        return Ok(None);
+    };
+    let request = Request::Run(Box::new(RunRequest {
+        policy: policy.clone(),
+        cwd,
+        program: armed.program().to_owned(),
+        scheduling: lockbox_confine::scheduling(),
+    }));
+    let [stdin, stdout, stderr] = stdio;
+    if wire::send(conn.as_fd(), &request, &[stdin, stdout, stderr, armed.fd()]).is_err() {
+        return Ok(None);
+    }
+    drop(armed);
+    let gone = || gone().message;
+    match wire::recv::<Reply>(conn.as_fd()) {
+        Ok(Some((Reply::Ran { ended, .. }, _))) => Ok(Some(PreArmedEnd {
+            exit_code: ended.exit_code,
+            signal: match ended.status {
+                EndStatus::Signaled(sig) => Some(sig),
+                _ => None,
+            },
+            exec_failed: match ended.status {
+                EndStatus::ExecFailed(errno) => Some(errno),
+                _ => None,
+            },
+            timed_out: ended.timed_out,
+        })),
+        Ok(Some((Reply::Miss(_), _))) => Ok(None),
+        Ok(Some((Reply::Failed { message, .. }, _))) => Err(message),
+        _ => Err(gone()),
+    }
 }
