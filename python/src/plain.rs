@@ -40,6 +40,48 @@ fn drain(from: OwnedFd) -> Vec<u8> {
     }
 }
 
+/// Reads `a` and `b` to their ends in this one thread, keeping the first [`KEEP`] bytes of
+/// each (a run of one command: one thread for its two outputs, not two).
+fn drain_two(a: OwnedFd, b: OwnedFd) -> (Vec<u8>, Vec<u8>) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut open = [Some(a), Some(b)];
+    let mut kept = [Vec::new(), Vec::new()];
+    let mut buf = vec![0u8; 64 * 1024];
+    while open.iter().any(Option::is_some) {
+        let polled: Vec<usize> = (0..2).filter(|&i| open[i].is_some()).collect();
+        let mut fds: Vec<PollFd<'_>> = open
+            .iter()
+            .flatten()
+            .map(|fd| PollFd::new(fd, PollFlags::IN))
+            .collect();
+        match poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => break,
+        }
+        let ready: Vec<usize> = polled
+            .into_iter()
+            .zip(&fds)
+            .filter(|(_, fd)| !fd.revents().is_empty())
+            .map(|(i, _)| i)
+            .collect();
+        drop(fds);
+        for i in ready {
+            let Some(fd) = &open[i] else { continue };
+            match rustix::io::read(fd, &mut buf) {
+                Ok(0) => open[i] = None,
+                Ok(n) => {
+                    let room = KEEP.saturating_sub(kept[i].len());
+                    kept[i].extend_from_slice(&buf[..n.min(room)]);
+                }
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                Err(_) => open[i] = None,
+            }
+        }
+    }
+    let [a, b] = kept;
+    (a, b)
+}
+
 struct Started {
     running: Option<Running>,
     started: Instant,
@@ -154,12 +196,14 @@ fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String
     let argv: Vec<std::ffi::OsString> = spec.argv.iter().map(Into::into).collect();
     let ((mut result, said), stdout, stderr) = py.detach(move || {
         std::thread::scope(|scope| {
-            let feeder = scope.spawn(move || {
-                // A command that exits without reading its stdin is not an error.
-                let _ = File::from(stdin_w).write_all(&stdin);
+            // Nothing to feed (the usual case): the command reads the end at once.
+            let feeder = (!stdin.is_empty()).then(|| {
+                scope.spawn(move || {
+                    // A command that exits without reading its stdin is not an error.
+                    let _ = File::from(stdin_w).write_all(&stdin);
+                })
             });
-            let out = scope.spawn(move || drain(out_r));
-            let err = scope.spawn(move || drain(err_r));
+            let outputs = scope.spawn(move || drain_two(out_r, err_r));
             let t0 = Instant::now();
             let stdio = [stdin_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
             let handed = lockbox_cli::pre_armed_run(&spec.policy, &argv, stdio);
@@ -208,9 +252,10 @@ fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String
                     (result, String::new())
                 }
             };
-            let _ = feeder.join();
-            let stdout = out.join().unwrap_or_default();
-            let stderr = err.join().unwrap_or_default();
+            if let Some(feeder) = feeder {
+                let _ = feeder.join();
+            }
+            let (stdout, stderr) = outputs.join().unwrap_or_default();
             (result, stdout, stderr)
         })
     });

@@ -52,6 +52,9 @@ try:
         (plain, ["nosuchprog"], None),
         (plain, ["sh", "-c", "kill -9 $$"], None),
         (timed, ["sleep", "5"], None),
+        # More than a pipe holds, on both outputs, and through stdin.
+        (plain, ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; head -c 200000 /dev/zero | tr '\\0' b >&2"], None),
+        (plain, ["cat"], b"x" * 300000),
     ]
     results = []
     for box, argv, stdin in cases:
@@ -89,7 +92,7 @@ def _run_as(prefix: list[str], uid: int) -> None:
             assert armed.pop("pre_armed") is True, (armed, direct)
             assert direct.pop("pre_armed") is False, (armed, direct)
             assert armed == direct
-        (out, fed, missing, killed, slow) = (p[0] for p in pairs)
+        (out, fed, missing, killed, slow, big, big_fed) = (p[0] for p in pairs)
         assert out == {"code": 3, "out": f"out\n{uid}\n", "err": "err\n", "signal": None,
                        "timed_out": False, "setup_error": None}
         assert fed["out"] == "fed through stdin"
@@ -97,6 +100,8 @@ def _run_as(prefix: list[str], uid: int) -> None:
         assert missing["err"].startswith("lockbox: nosuchprog: command not found inside the sandbox")
         assert (killed["code"], killed["signal"]) == (137, 9)
         assert (slow["code"], slow["timed_out"]) == (124, True)
+        assert (big["out"], big["err"]) == ("a" * 300000, "b" * 200000)
+        assert big_fed["out"] == "x" * 300000
         # The helper ended with `pre-arm stop` (the script waited): its socket went with it.
         assert [n for n in os.listdir(helper_dir) if n.endswith(".sock")] == []
     finally:
