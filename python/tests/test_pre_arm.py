@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
 from conftest import need
 
 SCRIPT = r"""
@@ -110,6 +111,15 @@ def _run_as(prefix: list[str], uid: int) -> None:
 
 def test_a_plain_run_handed_to_the_pre_arm_helper_ends_as_a_direct_start_does():
     _run_as([], os.geteuid())
+
+
+def test_a_lockbox_pre_arm_value_neither_on_nor_off_is_a_usage_error(monkeypatch):
+    from lockbox import Sandbox
+    from lockbox.errors import UsageError
+
+    monkeypatch.setenv("LOCKBOX_PRE_ARM", "maybe")
+    with pytest.raises(UsageError, match=r"LOCKBOX_PRE_ARM=maybe: expected 1 \(pre-arm\) or 0"):
+        Sandbox().cmd(["true"]).run()
 
 
 def test_pre_armed_runs_work_as_uid_65534():

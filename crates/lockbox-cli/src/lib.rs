@@ -12,7 +12,9 @@ mod error;
 mod output;
 mod prearm;
 
-pub use crate::prearm::client::{hand_over as pre_armed_run, PreArmedEnd};
+pub use crate::prearm::client::{
+    check_switch as check_pre_arm_switch, hand_over as pre_armed_run, PreArmedEnd,
+};
 pub use crate::prearm::enable as enable_pre_arm;
 pub use crate::prearm::enable_in_extension as enable_pre_arm_in_extension;
 

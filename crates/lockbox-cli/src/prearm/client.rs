@@ -275,6 +275,12 @@ fn gone() -> CliError {
     .hint("lockbox pre-arm status; LOCKBOX_PRE_ARM=0 or --no-pre-arm starts every run directly")
 }
 
+/// Whether `LOCKBOX_PRE_ARM` says on, off or nothing: another value is a usage error, which
+/// the SDK raises before it runs anything (as `lockbox run` exits 2).
+pub fn check_switch() -> Result<(), String> {
+    super::env_switch().map(|_| ())
+}
+
 /// How a run the Python SDK handed over ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PreArmedEnd {
