@@ -106,6 +106,8 @@ pub(crate) fn run_plain(
     if specs.is_empty() {
         return Err(errors::usage("a pipeline needs at least one stage".into()));
     }
+    // Checked for every plain run, handed over or not, as `lockbox run` checks it.
+    lockbox_cli::check_pre_arm_switch().map_err(errors::usage)?;
     if let [only] = specs.as_slice() {
         return run_one(py, only, stdin.unwrap_or_default());
     }
@@ -190,7 +192,6 @@ pub(crate) fn run_plain(
 /// helper when one answers for its policy (docs/pre-arm.md, "From the Python SDK"), else
 /// started directly. The same result either way, but for `pre_armed`.
 fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String, Py<PyBytes>)> {
-    lockbox_cli::check_pre_arm_switch().map_err(errors::usage)?;
     let (stdin_r, stdin_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
