@@ -113,6 +113,46 @@ def test_a_plain_run_handed_to_the_pre_arm_helper_ends_as_a_direct_start_does():
     _run_as([], os.geteuid())
 
 
+FIRST_USE = r"""
+import json, os, subprocess, sys, time
+from lockbox import Sandbox
+
+os.environ["LOCKBOX_PRE_ARM"] = "1"
+cli = [sys.executable, "-m", "lockbox._cli", "pre-arm"]
+Sandbox().cmd(["true"]).run()  # no helper: starts directly, and starts one, a child of ours
+deadline = time.monotonic() + 30
+while True:
+    out = subprocess.run(cli + ["status", "--json"], capture_output=True, text=True).stdout
+    status = json.loads(out) if out else {}
+    if status.get("running"):
+        break
+    assert time.monotonic() < deadline, "no helper was started"
+    time.sleep(0.05)
+helper = status["pid"]
+with open(f"/proc/{helper}/stat") as f:
+    assert int(f.read().rsplit(") ", 1)[1].split()[1]) == os.getpid()
+subprocess.run(cli + ["stop"], stdout=subprocess.DEVNULL)
+deadline = time.monotonic() + 10
+while os.path.exists(f"/proc/{helper}"):  # a zombie would stay
+    assert time.monotonic() < deadline, open(f"/proc/{helper}/status").read()[:120]
+    time.sleep(0.05)
+print("reaped")
+"""
+
+
+def test_a_helper_started_on_first_use_is_reaped_when_it_ends():
+    root = tempfile.mkdtemp(prefix="lockbox-pre-arm-")
+    try:
+        helper_dir = os.path.join(root, "pre-arm")
+        os.mkdir(helper_dir, 0o700)
+        env = dict(os.environ, LOCKBOX_PRE_ARM_DIR=helper_dir)
+        res = subprocess.run([sys.executable, "-c", FIRST_USE], capture_output=True, text=True,
+                             cwd=root, env=env, timeout=120)
+        assert (res.returncode, res.stdout.strip()) == (0, "reaped"), res.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_a_lockbox_pre_arm_value_neither_on_nor_off_is_a_usage_error(monkeypatch):
     from lockbox import Sandbox
     from lockbox.errors import UsageError

@@ -96,7 +96,13 @@ pub(crate) fn start_if_missing() {
     if dial(&super::socket_path(&dir)).is_some() {
         return;
     }
-    let _ = spawn_helper(&dir, &[]);
+    if let Ok(mut child) = spawn_helper(&dir, &[]) {
+        // The helper is this process's child while this process lives: in a long-lived one
+        // (a program using the SDK) its end, when idle, must not leave a zombie behind.
+        let _ = std::thread::Builder::new()
+            .name("pre-arm reaper".into())
+            .spawn(move || child.wait());
+    }
 }
 
 /// Starts `lockbox pre-arm start --foreground` detached (its own session, stdio
