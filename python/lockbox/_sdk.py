@@ -41,12 +41,25 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 
 
+#: The pre-arm helper's program: the extension module alone, loaded from its file without
+#: the rest of this package, then the wheel's ``lockbox`` command. Its spares are forks of it,
+#: and each command's ``execve`` tears that copy down: the smaller, the sooner the command
+#: runs (docs/benchmarks.md, "Pre-armed starts"). ``sys.orig_argv`` holds this code itself,
+#: for the helper's own launcher.
+_PRE_ARM_HELPER = (
+    "import importlib.util as u, sys; path = sys.argv.pop(1); "
+    "spec = u.spec_from_file_location('lockbox._lockbox', path); "
+    "m = u.module_from_spec(spec); spec.loader.exec_module(m); "
+    "m.enable_pre_arm([sys.executable, '-c', sys.orig_argv[2], path]); m.cli_main(sys.argv)"
+)
+
+
 def _pre_arm_launcher() -> list[str]:
     """The command that starts this SDK's pre-arm helper: this interpreter running the
-    wheel's ``lockbox`` from this package (docs/pre-arm.md, "From the Python SDK")."""
-    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from lockbox._cli import main; main()"
-    return [sys.executable, "-c", code, parent] if sys.executable else []
+    wheel's ``lockbox`` from this package's extension (docs/pre-arm.md, "From the Python
+    SDK")."""
+    module = getattr(_lockbox, "__file__", None)
+    return [sys.executable, "-c", _PRE_ARM_HELPER, module] if sys.executable and module else []
 
 
 _lockbox.enable_pre_arm(_pre_arm_launcher())
