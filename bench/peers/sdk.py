@@ -33,23 +33,11 @@ import tempfile
 import time
 
 from lockbox import Sandbox
+from peers import run_once  # bench/peers/peers.py: one posix_spawn + waitpid, timed
 
 SETTLE_S = 0.03
 BWRAP = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
          "/bin/true"]
-
-
-def spawn(argv, devnull):
-    t0 = time.perf_counter_ns()
-    pid = os.posix_spawn(argv[0], argv, os.environ,
-                         file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
-                                       (os.POSIX_SPAWN_DUP2, devnull, 1),
-                                       (os.POSIX_SPAWN_DUP2, devnull, 2)])
-    _, status = os.waitpid(pid, 0)
-    elapsed = time.perf_counter_ns() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"failed (status {status}): {' '.join(argv)}")
-    return elapsed / 1e6
 
 
 def sdk(box, switch, want_pre_armed):
@@ -93,8 +81,8 @@ def main():
     devnull = os.open(os.devnull, os.O_RDWR)
     box = Sandbox()
     rows = {
-        "true": lambda: spawn(["/bin/true"], devnull),
-        "bwrap": lambda: spawn([bwrap, *BWRAP[1:]], devnull),
+        "true": lambda: run_once(["/bin/true"], devnull),
+        "bwrap": lambda: run_once([bwrap, *BWRAP[1:]], devnull),
         "sdk-direct": lambda: sdk(box, "0", False),
         "sdk-prearmed": lambda: sdk(box, "1", True),
     }
@@ -116,10 +104,11 @@ def main():
                         continue
                 if r >= args.warmup:
                     samples[name].append(ms)
-        status = subprocess.run(cli + ["status", "--json"], capture_output=True, text=True).stdout
+        status = subprocess.run(cli + ["status", "--json"], capture_output=True, text=True,
+                                check=False).stdout
         print(f"helper: {status.strip()}", file=sys.stderr)
     finally:
-        subprocess.run(cli + ["stop"], stdout=subprocess.DEVNULL)
+        subprocess.run(cli + ["stop"], stdout=subprocess.DEVNULL, check=False)
         shutil.rmtree(scratch, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in samples.items()}

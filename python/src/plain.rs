@@ -2,12 +2,14 @@
 //! stdout feeding stage N+1's stdin like a shell pipeline, each under its own policy; writes
 //! go wherever each policy lets them (no layers, no commit).
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lockbox_confine::{Running, Spawn, Status, Stdio, StopReason, Waited};
+use lockbox_policy::Policy;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde_json::{json, Value};
@@ -85,8 +87,8 @@ fn drain_two(a: OwnedFd, b: OwnedFd) -> (Vec<u8>, Vec<u8>) {
 struct Started {
     running: Option<Running>,
     started: Instant,
-    timeout: Option<std::time::Duration>,
-    grace: std::time::Duration,
+    timeout: Option<Duration>,
+    grace: Duration,
     setup_error: Option<String>,
 }
 
@@ -125,19 +127,8 @@ pub(crate) fn run_plain(
             stdout: Some(out_w),
             stderr: Some(err_w),
         };
-        let argv: Vec<std::ffi::OsString> = spec.argv.iter().map(Into::into).collect();
-        let t0 = Instant::now();
-        let (running, setup_error) = match Spawn::command(policy, &argv).stdio(stdio).start() {
-            Ok(r) => (Some(r), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        started.push(Started {
-            running,
-            started: t0,
-            timeout: policy.timeout,
-            grace: policy.kill_grace,
-            setup_error,
-        });
+        let argv: Vec<OsString> = spec.argv.iter().map(Into::into).collect();
+        started.push(start(policy, &argv, stdio, Instant::now()));
         stderr_readers.push(err_r);
         if i + 1 == built.len() {
             last_out = Some(out_r);
@@ -195,7 +186,7 @@ fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String
     let (stdin_r, stdin_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let argv: Vec<std::ffi::OsString> = spec.argv.iter().map(Into::into).collect();
+    let argv: Vec<OsString> = spec.argv.iter().map(Into::into).collect();
     let ((mut result, said), stdout, stderr) = py.detach(move || {
         std::thread::scope(|scope| {
             // Nothing to feed (the usual case): the command reads the end at once.
@@ -233,25 +224,11 @@ fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String
                         stdout: Some(out_w),
                         stderr: Some(err_w),
                     };
-                    let (running, setup_error) =
-                        match Spawn::command(&spec.policy, &argv).stdio(stdio).start() {
-                            Ok(r) => (Some(r), None),
-                            Err(e) => (None, Some(e.to_string())),
-                        };
-                    let mut started = Started {
-                        running,
-                        started: t0,
-                        timeout: spec.policy.timeout,
-                        grace: spec.policy.kill_grace,
-                        setup_error,
-                    };
-                    finish(&mut started, spec)
+                    finish(&mut start(&spec.policy, &argv, stdio, t0), spec)
                 }
                 Err(message) => {
                     drop((stdin_r, out_w, err_w));
-                    let result = json!({ "exit_code": 125, "signal": null, "timed_out": false,
-                        "duration": t0.elapsed().as_secs_f64(), "setup_error": message });
-                    (result, String::new())
+                    (not_started(message, t0.elapsed()), String::new())
                 }
             };
             if let Some(feeder) = feeder {
@@ -267,14 +244,34 @@ fn run_one(py: Python<'_>, spec: &StageSpec, stdin: Vec<u8>) -> PyResult<(String
     Ok((json, PyBytes::new(py, &stdout).unbind()))
 }
 
+/// Starts one stage directly (`started` is when its clock starts).
+fn start(policy: &Policy, argv: &[OsString], stdio: Stdio, started: Instant) -> Started {
+    let (running, setup_error) = match Spawn::command(policy, argv).stdio(stdio).start() {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    Started {
+        running,
+        started,
+        timeout: policy.timeout,
+        grace: policy.kill_grace,
+        setup_error,
+    }
+}
+
+/// A stage's result when its sandbox could not be set up (exit 125, as `lockbox run`).
+fn not_started(message: String, duration: Duration) -> Value {
+    json!({ "exit_code": 125, "signal": null, "timed_out": false,
+        "duration": duration.as_secs_f64(), "setup_error": message })
+}
+
 /// Waits for one stage until its own deadline, stopping it then: its result, and what
 /// lockbox says on its stderr (as `lockbox run` does: a program that could not be run is
 /// exit 127 or 126 and names itself, not an empty stderr).
 fn finish(s: &mut Started, spec: &StageSpec) -> (Value, String) {
     let Some(running) = s.running.as_mut() else {
-        let result = json!({ "exit_code": 125, "signal": null, "timed_out": false,
-            "duration": 0.0, "setup_error": s.setup_error });
-        return (result, String::new());
+        let message = s.setup_error.clone().unwrap_or_default();
+        return (not_started(message, Duration::ZERO), String::new());
     };
     let deadline = s.timeout.map(|t| s.started + t);
     let waited = match running.wait(deadline, None) {
@@ -298,11 +295,10 @@ fn finish(s: &mut Started, spec: &StageSpec) -> (Value, String) {
             });
             (result, said)
         }
-        Err(e) => {
-            let result = json!({ "exit_code": 125, "signal": null, "timed_out": false,
-                "duration": s.started.elapsed().as_secs_f64(), "setup_error": e.to_string() });
-            (result, String::new())
-        }
+        Err(e) => (
+            not_started(e.to_string(), s.started.elapsed()),
+            String::new(),
+        ),
     }
 }
 

@@ -140,19 +140,9 @@ impl Handover {
         command: &[OsString],
         signals: &Signals,
     ) -> Result<Handed, CliError> {
-        let env = policy.env.build(|k| std::env::var(k).ok());
-        let Ok(armed) = ArmedCommand::new(command, &env) else {
+        let Some((request, armed)) = run_request(policy, command) else {
             return Ok(Handed::Direct);
         };
-        let Ok(cwd) = std::env::current_dir() else {
-            return Ok(Handed::Direct);
-        };
-        let request = Request::Run(Box::new(RunRequest {
-            policy: policy.clone(),
-            cwd,
-            program: armed.program().to_owned(),
-            scheduling: lockbox_confine::scheduling(),
-        }));
         let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
         let fds: [BorrowedFd<'_>; 4] = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), armed.fd()];
         // Job control: Ctrl-Z pauses the sandbox before this process stops; continuing
@@ -253,6 +243,22 @@ impl Handover {
     }
 }
 
+/// The request to run `command` under `policy` in this process's directory, and the sealed
+/// command it carries (with the environment built from this process's, as a direct start
+/// builds it); `None` if either cannot be made (the run then starts directly).
+fn run_request(policy: &Policy, command: &[OsString]) -> Option<(Request, ArmedCommand)> {
+    let env = policy.env.build(|k| std::env::var(k).ok());
+    let armed = ArmedCommand::new(command, &env).ok()?;
+    let cwd = std::env::current_dir().ok()?;
+    let request = Request::Run(Box::new(RunRequest {
+        policy: policy.clone(),
+        cwd,
+        program: armed.program().to_owned(),
+        scheduling: lockbox_confine::scheduling(),
+    }));
+    Some((request, armed))
+}
+
 fn setup_failed(message: String, hint: Option<String>) -> CliError {
     let error = CliError::new(125, message);
     match hint {
@@ -340,16 +346,9 @@ pub fn hand_over(
         }
         return Ok(None);
     };
-    let env = policy.env.build(|k| std::env::var(k).ok());
-    let (Ok(armed), Ok(cwd)) = (ArmedCommand::new(command, &env), std::env::current_dir()) else {
+    let Some((request, armed)) = run_request(policy, command) else {
         return Ok(None);
     };
-    let request = Request::Run(Box::new(RunRequest {
-        policy: policy.clone(),
-        cwd,
-        program: armed.program().to_owned(),
-        scheduling: lockbox_confine::scheduling(),
-    }));
     let [stdin, stdout, stderr] = stdio;
     if wire::send(conn.as_fd(), &request, &[stdin, stdout, stderr, armed.fd()]).is_err() {
         return Ok(None);

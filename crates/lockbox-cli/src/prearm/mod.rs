@@ -1,8 +1,8 @@
 //! Pre-armed starts for `lockbox run` and the Python SDK's plain runs (issue 34): a per-user
 //! helper process keeps a few sandboxes set up and confined for the policies in recent use
 //! ([`lockbox_confine::Spawn::armed`]), and hands one over, with the caller's stdio and
-//! command, to a `lockbox run` (or an SDK run) whose policy has a spare. The run then pays only for the
-//! `execve` of its command, not for namespaces, a root, Landlock and seccomp.
+//! command, to a `lockbox run` (or an SDK run) whose policy has a spare. The run then pays
+//! only for the `execve` of its command, not for namespaces, a root, Landlock and seccomp.
 //!
 //! - [`client`]: `lockbox run`'s side — whether a run may be handed over, the request, the
 //!   forwarding of signals, the outcome — and the SDK's ([`client::hand_over`]).
