@@ -162,6 +162,16 @@ def test_a_lockbox_pre_arm_value_neither_on_nor_off_is_a_usage_error(monkeypatch
         Sandbox().cmd(["true"]).run()
 
 
+def test_a_plain_run_whose_sandbox_cannot_be_set_up_says_why(monkeypatch):
+    from lockbox import Sandbox
+
+    monkeypatch.setenv("LOCKBOX_PRE_ARM", "0")
+    stage = Sandbox(cwd="/nonexistent/dir").cmd(["true"]).run().stages[0]
+    assert (stage.exit_code, stage.pre_armed) == (125, False)
+    assert stage.setup_error is not None
+    assert stage.setup_error.startswith("changing to the working directory /nonexistent/dir")
+
+
 def test_pre_armed_runs_work_as_uid_65534():
     need(os.geteuid() == 0, "root (the test re-runs as uid 65534)")
     need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
