@@ -9,10 +9,25 @@ pub use lockbox_testkit::sandboxes::{
 };
 use std::path::Path;
 
+/// A runtime over `state`. A test that opens a second runtime on a state directory after
+/// dropping the first may find its lock still held for a moment: the lock is an `flock` on
+/// an open file, and a sandbox another test of this process forks meanwhile holds a copy
+/// of every descriptor until it executes (seen once in CI). So "in use" is retried (10 s).
 pub async fn runtime(state: &Path) -> Runtime {
-    let mut config = RuntimeConfig::new(state);
-    config.agent_exe = Some(agent_exe().to_owned());
-    Runtime::open(config).unwrap()
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut config = RuntimeConfig::new(state);
+        config.agent_exe = Some(agent_exe().to_owned());
+        match Runtime::open(config) {
+            Err(e)
+                if e.to_string().contains("in use by another")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            other => return other.unwrap(),
+        }
+    }
 }
 
 /// A runtime and a running sandbox with the default policy.
