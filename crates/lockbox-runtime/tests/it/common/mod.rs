@@ -10,9 +10,10 @@ pub use lockbox_testkit::sandboxes::{
 use std::path::Path;
 
 /// A runtime over `state`. A test that opens a second runtime on a state directory after
-/// dropping the first may find its lock still held for a moment: the lock is an `flock` on
-/// an open file, and a sandbox another test of this process forks meanwhile holds a copy
-/// of every descriptor until it executes (seen once in CI). So "in use" is retried (10 s).
+/// dropping the first found its lock still held once in CI. The lock is an `flock` on an
+/// open file: a copy of its descriptor in a sandbox another test of this process forked
+/// meanwhile (until it executes), or a task of the first runtime not yet ended, would hold
+/// it a moment longer; which one it was is not known. So "in use" is retried (10 s).
 pub async fn runtime(state: &Path) -> Runtime {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
