@@ -138,9 +138,10 @@ wait_for() {
   rm -f "$log"
 }
 # The in-sandbox agent (crates/lockbox-agent) is a binary of its own crate: built once here, in
-# this target directory, for the runtime's tests and the Python extension (python/build.rs),
-# which take it from $LOCKBOX_AGENT_EXE instead of a nested cargo build each (clippy and doc
-# run the extension's build script too).
+# this target directory, for the runtime's tests and for lockbox-cli, which embeds it
+# (crates/lockbox-cli/build.rs), as the Python extension does through it: they take it from
+# $LOCKBOX_AGENT_EXE instead of a nested cargo build each (clippy and doc run the build
+# script too).
 phase "cargo build -p lockbox-agent"
 cargo build -p lockbox-agent
 export LOCKBOX_AGENT_EXE="$target_dir/debug/lockbox-agent"

@@ -2,22 +2,13 @@
 //! extension, so `pip install ./python` alone gives the whole command.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 
 use pyo3::prelude::*;
-
-/// The agent `lockbox serve` starts in each sandbox: this process is python, not lockbox, so
-/// the embedded agent is written to the default state directory (as `Sandbox.open` does).
-fn agent() -> Option<PathBuf> {
-    let state = lockbox_cow::default_state_dir()?;
-    crate::local::install_agent(&state).ok()
-}
 
 /// Runs `lockbox` with `argv` and ends the process with its exit status: the command owns the
 /// process (signals, stdio) as the binary would, and nothing of Python runs after it.
 #[pyfunction]
 pub(crate) fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> PyResult<()> {
-    lockbox_cli::set_agent_exe(agent);
     let code = py.detach(move || lockbox_cli::main(argv));
     std::process::exit(i32::from(code.0))
 }

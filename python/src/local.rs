@@ -3,11 +3,9 @@
 //! process, without a socket. The Python half (`lockbox/local.py`) is `lockbox.Client` with
 //! this transport, so local and remote sandboxes share every method, type and error.
 //!
-//! The runtime's in-sandbox agent must be an executable that dispatches to
-//! `lockbox_agent::main_if_agent`; Python's is not, so the `lockbox-agent` binary built by
-//! `build.rs` is embedded here and written into the state directory on first use.
+//! The runtime's in-sandbox agent is the `lockbox-agent` binary `lockbox_cli` embeds, written
+//! into the state directory on first use (`lockbox_cli::install_agent`).
 
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -21,9 +19,6 @@ use pyo3::types::PyBytes;
 use tower::ServiceExt;
 
 use crate::errors;
-
-/// The agent executable (`crates/lockbox-agent`), built by `build.rs`.
-static AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lockbox-agent"));
 
 /// Default state directories tried (`BASE/0`, `BASE/1`, ...) before giving up.
 const SLOTS: u32 = 64;
@@ -57,29 +52,6 @@ fn runtime_error(e: &lockbox_runtime::RuntimeError) -> PyErr {
     )
 }
 
-/// Writes the embedded agent to `STATE/agent/lockbox-agent-VERSION-HASH` (atomically, mode
-/// 0755) unless an identical file is there; returns its path.
-pub(crate) fn install_agent(state_dir: &Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    AGENT.hash(&mut hasher);
-    let dir = state_dir.join("agent");
-    let path = dir.join(format!(
-        "lockbox-agent-{}-{:016x}",
-        env!("CARGO_PKG_VERSION"),
-        hasher.finish()
-    ));
-    if std::fs::read(&path).is_ok_and(|bytes| bytes == AGENT) {
-        return Ok(path);
-    }
-    std::fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!(".lockbox-agent.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, AGENT)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
-}
-
 /// Whether another runtime holds `STATE/runtime.lock` (the runtime's own lock, probed and
 /// released at once; a race with another opener only makes `Runtime::open` fail).
 fn held_elsewhere(state_dir: &Path) -> bool {
@@ -99,7 +71,7 @@ async fn open_runtime(state_dir: &Path, agent_exe: Option<&Path>) -> PyResult<Ru
     })?;
     let agent = match agent_exe {
         Some(p) => p.to_owned(),
-        None => install_agent(state_dir).map_err(|e| {
+        None => lockbox_cli::install_agent(state_dir).map_err(|e| {
             setup_error(format!(
                 "writing the sandbox agent into {}: {e} (set agent_exe= or LOCKBOX_AGENT to an \
                  executable `lockbox` binary instead)",

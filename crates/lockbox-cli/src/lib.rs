@@ -6,12 +6,14 @@
 // Every print goes through `output`'s macros: the std ones panic on a closed pipe.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+mod agent;
 mod cli;
 mod commands;
 mod error;
 mod output;
 mod prearm;
 
+pub use crate::agent::install_agent;
 pub use crate::prearm::client::{
     check_switch as check_pre_arm_switch, hand_over as pre_armed_run, PreArmedEnd,
 };
@@ -20,7 +22,6 @@ pub use crate::prearm::enable_in_extension as enable_pre_arm_in_extension;
 
 use clap::Parser;
 use std::ffi::OsString;
-use std::path::PathBuf;
 
 pub use crate::error::ExitCode;
 
@@ -74,11 +75,4 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         ExitCode::from(e.code)
     });
     output::finish(code)
-}
-
-/// Where `lockbox serve` finds the agent it starts in each sandbox, for a host whose own
-/// executable is not lockbox (the Python wheel: its process is python). Called only when a
-/// server starts; by default `serve` re-executes its own executable. Set it before [`main`].
-pub fn set_agent_exe(find: fn() -> Option<PathBuf>) {
-    commands::serve::AGENT_EXE.get_or_init(|| find);
 }

@@ -7,7 +7,8 @@
 static ALLOC: lockbox_confine::ZeroOnFree = lockbox_confine::ZeroOnFree;
 
 fn main() -> std::process::ExitCode {
-    // A long-lived sandbox's agent is this binary re-executed inside it (lockbox-runtime).
+    // A long-lived sandbox's agent is the agent lockbox embeds (src/agent.rs), or this binary
+    // re-executed inside it when the state directory is mounted noexec.
     lockbox_agent::main_if_agent();
     // `lockbox run` may hand its command to a pre-armed sandbox of this executable's helper.
     lockbox_cli::enable_pre_arm();

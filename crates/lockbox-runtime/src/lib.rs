@@ -23,14 +23,15 @@
 //! - `store`: sandbox metadata in SQLite; `record`: a spec's JSON on disk (the one serde of
 //!   the runtime's own types, private).
 //!
-//! Which executable is the agent ([`RuntimeConfig::agent_exe`]): by default the current
-//! executable, re-executed, whose `main` must call [`main_if_agent`] first thing. The default
-//! stays the dispatch function, not a path to `lockbox-agent`'s binary, because that keeps
-//! `lockbox serve` a single installed file (no second binary to find, version or keep in
-//! step with the runtime); hosts that cannot dispatch (the runtime's own tests and
-//! benchmarks, the Python extension inside an interpreter, embedders) set `agent_exe` to the
-//! `lockbox-agent` binary instead. Either way the agent's [`PROTOCOL_VERSION`] is checked at
-//! the handshake: a mismatch is [`RuntimeError::Protocol`].
+//! Which executable is the agent ([`RuntimeConfig::agent_exe`]): a binary whose `main` calls
+//! [`main_if_agent`] first thing, re-executed in each sandbox as its agent and its init. The
+//! `lockbox-agent` crate's binary is one, and what every host here sets: the `lockbox` CLI
+//! and the Python SDK embed it (`lockbox_cli::install_agent` writes it into the state
+//! directory), the runtime's tests and benchmarks take it from their target directory. Being
+//! small matters: each of a sandbox's processes that executes it relocates its data, about
+//! 12 KB for the agent against 330 KB for the whole CLI. Unset, the current executable is
+//! re-executed (for an embedder whose `main` dispatches). Either way the agent's
+//! [`PROTOCOL_VERSION`] is checked at the handshake: a mismatch is [`RuntimeError::Protocol`].
 //!
 //! Not here: HTTP and the API's JSON (`lockbox-server`, whose `wire` module turns these types
 //! into their wire forms: times as RFC 3339 text, durations as `*_ms`), confinement

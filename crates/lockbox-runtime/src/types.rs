@@ -65,9 +65,9 @@ pub struct RuntimeConfig {
     /// store for review either way).
     pub keep_stopped: usize,
     /// The executable run as the in-sandbox agent with `__lockbox_agent` as its first argument
-    /// (see [`lockbox_agent`]): typically `lockbox-agent`'s binary. `None` = the current
-    /// executable, which must then dispatch to [`lockbox_agent::main_if_agent`] first thing
-    /// in `main` (as `lockbox` does).
+    /// (see [`lockbox_agent`]): typically `lockbox-agent`'s binary (the `lockbox` CLI embeds
+    /// one and writes it into its state directory). `None` = the current executable, which
+    /// must then dispatch to [`lockbox_agent::main_if_agent`] first thing in `main`.
     pub agent_exe: Option<PathBuf>,
     /// What all snapshots together may cost on disk, in bytes: every entry's blocks (a
     /// directory at least 4 KiB) plus 512 bytes of inode ([`lockbox_cow::entry_cost`]). A

@@ -76,7 +76,7 @@ fn serve(args: &McpArgs, ceiling: lockbox_policy::Ceiling) -> anyhow::Result<()>
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
     let mut config = RuntimeConfig::new(&state_dir);
-    config.agent_exe = super::serve::AGENT_EXE.get().and_then(|find| find());
+    config.agent_exe = crate::agent::for_runtime(&state_dir)?;
     config.max_sandboxes = args.max_sandboxes;
     config.default_idle_timeout = args.idle_timeout;
     // An exec result shows at most this much of each stream; holding more is waste.

@@ -48,11 +48,6 @@ replaces the oldest half-open one, or is refused at once, as is one beyond
 holds at most --max-exec-output of each stream (stream larger outputs with exec/stream);
 process logs share --max-log-memory.";
 
-/// Finds the agent to start in each sandbox when this process is not lockbox itself (set by
-/// [`crate::set_agent_exe`]); unset, the runtime re-executes the current executable.
-pub(crate) static AGENT_EXE: std::sync::OnceLock<fn() -> Option<PathBuf>> =
-    std::sync::OnceLock::new();
-
 /// Flags of `lockbox serve`.
 #[derive(Debug, Args)]
 #[command(after_help = ABOUT)]
@@ -491,7 +486,7 @@ fn serve(
         None => Token::load_or_create(&state_dir)?,
     };
     let mut runtime_config = RuntimeConfig::new(&state_dir);
-    runtime_config.agent_exe = AGENT_EXE.get().and_then(|find| find());
+    runtime_config.agent_exe = crate::agent::for_runtime(&state_dir)?;
     runtime_config.max_sandboxes = max_sandboxes;
     runtime_config.default_idle_timeout = args.idle_timeout;
     runtime_config.default_log_bytes = usize::try_from(args.log_bytes.bytes())

@@ -1145,3 +1145,83 @@ fn issue_32_an_internal_error_is_logged_without_lockbox_log() {
         "the cause, with its path, on stderr: {logged:?}"
     );
 }
+
+/// The file (device, inode) each of the server's descendants executes.
+fn executables(server: &Served) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    server
+        .descendants()
+        .into_iter()
+        .filter_map(|pid| std::fs::metadata(format!("/proc/{pid}/exe")).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect()
+}
+
+fn file_id(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.dev(), m.ino())
+}
+
+#[test]
+fn sandboxes_run_the_small_agent_written_into_the_state_directory() {
+    for user in users() {
+        let state = state_dir(user);
+        let server = Served::start(user, state.path(), &[]);
+        let agents: Vec<_> = std::fs::read_dir(state.path().join("agent"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(agents.len(), 1, "{user:?}: {agents:?}");
+        let agent = &agents[0];
+        assert!(
+            std::fs::metadata(agent).unwrap().len() * 4
+                < std::fs::metadata(common::binary()).unwrap().len(),
+            "the agent is a small binary of its own, not a copy of lockbox"
+        );
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let result = server.exec(&id, json!({ "command": "echo hi" })).await;
+            assert_eq!(result["stdout"], "hi\n", "{user:?} {result}");
+        });
+        let run = executables(&server);
+        // The init, the agent and its session's shim; then the shell.
+        let agent_run = run.iter().filter(|f| **f == file_id(agent)).count();
+        assert!(agent_run >= 3, "{user:?}: {agent_run} of {run:?}");
+        assert!(
+            !run.contains(&file_id(common::binary())),
+            "{user:?}: {run:?}"
+        );
+    }
+}
+
+#[test]
+fn a_server_whose_state_directory_is_noexec_runs_lockbox_itself_as_the_agent_and_says_so() {
+    for user in users() {
+        let state = state_dir(user);
+        let (server, stderr) = Served::start_on_noexec_state(user, state.path());
+        let mut stderr = BufReader::new(stderr);
+        let mut said = String::new();
+        while !said.contains("lockbox: serving") {
+            assert_ne!(stderr.read_line(&mut said).unwrap(), 0, "{said}");
+        }
+        assert!(
+            said.contains(&format!(
+                "{} is on a noexec file system: sandboxes run lockbox itself as their agent",
+                state.path().display()
+            )),
+            "{user:?}: {said}"
+        );
+        tokio().block_on(async {
+            let id = server.sandbox(json!({})).await;
+            let result = server.exec(&id, json!({ "command": "echo hi" })).await;
+            assert_eq!(result["stdout"], "hi\n", "{user:?} {result}");
+        });
+        let run = executables(&server);
+        let lockbox_run = run
+            .iter()
+            .filter(|f| **f == file_id(common::binary()))
+            .count();
+        assert!(lockbox_run >= 3, "{user:?}: {lockbox_run} of {run:?}");
+    }
+}

@@ -96,6 +96,58 @@ impl Served {
         (served, stderr)
     }
 
+    /// As [`Served::start_with_stderr`], in a user and mount namespace of its own whose
+    /// `state` is a fresh tmpfs mounted `noexec`.
+    pub fn start_on_noexec_state(user: User, state: &Path) -> (Served, std::process::ChildStderr) {
+        let mut command = Command::new("unshare");
+        command
+            .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+            .arg(r#"mount -t tmpfs -o noexec,mode=0700 noexec-state "$NOEXEC_STATE" && exec "$0" "$@""#)
+            .arg(crate::common::binary())
+            .env("NOEXEC_STATE", state)
+            .stderr(Stdio::piped())
+            .env_remove("LOCKBOX_LOG");
+        if let User::Nobody = user {
+            command.uid(65534).gid(65534);
+        }
+        let mut served = Served::spawn(command, "127.0.0.1:0", state, &[]);
+        let stderr = served.child.stderr.take().unwrap();
+        (served, stderr)
+    }
+
+    /// Every live descendant of the server (its sandboxes' processes).
+    pub fn descendants(&self) -> Vec<u32> {
+        let mut parents = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // The fields after the command name, which may hold spaces and parentheses.
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+            {
+                parents.push((pid, ppid));
+            }
+        }
+        let mut out = Vec::new();
+        let mut todo = vec![self.child.id()];
+        while let Some(parent) = todo.pop() {
+            for &(pid, _) in parents.iter().filter(|(_, ppid)| *ppid == parent) {
+                out.push(pid);
+                todo.push(pid);
+            }
+        }
+        out
+    }
+
     fn spawn(mut command: Command, listen: &str, state: &Path, extra: &[&str]) -> Served {
         let command = command
             .args(["serve", "--listen", listen, "--print-token", "--state-dir"])
