@@ -131,7 +131,7 @@ pub fn prepare(limits: &Limits, cgroup_root: &Path) -> Result<LimitPlan, SetupEr
         plan.mechanisms.file_size = Some(Mechanism::Rlimit);
     }
     let uid = crate::sys::ids().0;
-    let host = quotas::HostQuotas::read(Path::new("/proc"));
+    let host = quotas::HostQuotas::read();
     let share = quotas::prepare(&host, uid, limits.processes.is_some());
     plan.rlimits.extend(share.rlimits);
     plan.user_sysctls = share.sysctls;

@@ -74,20 +74,33 @@ const SYSCTLS: [&str; 2] = ["max_inotify_instances", "max_inotify_watches"];
 const SYSCTL_DIR: &str = "/proc/sys/user";
 
 impl HostQuotas {
-    /// Reads the caller's limits: rlimits of this process and `proc`/sys/user (the caller's
-    /// user namespace's, which bound the sandbox's too).
-    pub(crate) fn read(proc: &Path) -> HostQuotas {
+    /// Reads the caller's limits: rlimits of this process and `/proc/sys/user` (the caller's
+    /// user namespace's, which bound the sandbox's too). The two sysctl files are opened once
+    /// per process and read again at each call: a path lookup under `/proc/sys/user` walks
+    /// one entry per user namespace on the host, and every live sandbox has one, so under
+    /// `lockbox serve` each create got slower the more sandboxes the server held (issue 34).
+    pub(crate) fn read() -> HostQuotas {
+        static FILES: std::sync::OnceLock<[Option<std::fs::File>; 2]> = std::sync::OnceLock::new();
+        let files = FILES.get_or_init(|| {
+            SYSCTLS.map(|name| std::fs::File::open(Path::new(SYSCTL_DIR).join(name)).ok())
+        });
         let mut host = HostQuotas::default();
         for (slot, resource) in host.rlimits.iter_mut().zip(RLIMITS) {
             *slot = soft_rlimit(resource);
         }
-        for (slot, name) in host.sysctls.iter_mut().zip(SYSCTLS) {
-            *slot = std::fs::read_to_string(proc.join("sys/user").join(name))
-                .ok()
-                .and_then(|v| v.trim().parse().ok());
+        for (slot, file) in host.sysctls.iter_mut().zip(files) {
+            *slot = file.as_ref().and_then(read_number);
         }
         host
     }
+}
+
+/// The number a sysctl file holds now (read from its start, whatever was read before).
+fn read_number(file: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 32];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(buf.get(..n)?).ok()?.trim().parse().ok()
 }
 
 fn soft_rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
@@ -151,6 +164,21 @@ mod tests {
         HostQuotas {
             rlimits: [Some(96_365), Some(96_365), Some(819_200), None],
             sysctls: [Some(128), Some(192_536)],
+        }
+    }
+
+    #[test]
+    fn host_quotas_are_the_sysctls_now_however_often_they_are_read() {
+        let now = |name: &str| {
+            std::fs::read_to_string(Path::new(SYSCTL_DIR).join(name))
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let expected = SYSCTLS.map(now);
+        assert!(expected.iter().all(Option::is_some), "{expected:?}");
+        // The second read goes through the files the first one opened.
+        for _ in 0..2 {
+            assert_eq!(HostQuotas::read().sysctls, expected);
         }
     }
 
