@@ -125,6 +125,17 @@ impl SetupError {
                 Some("the working directory must be inside a granted path; grant it with -r/-w or pick one with --cwd".into())
             }
             SetupError::FeatureMissing { .. } => Some("run `lockbox check` to see what this kernel supports".into()),
+            SetupError::Clone(Errno(libc::EAGAIN))
+            | SetupError::Step {
+                code: Step::Helper,
+                errno: Errno(libc::EAGAIN),
+                ..
+            } => Some(
+                "no more processes: this user's RLIMIT_NPROC (ulimit -u, unless root) or the \
+                 kernel's pid_max or threads-max is reached; stop sandboxes or processes, or \
+                 raise the limit"
+                    .into(),
+            ),
             _ => None,
         }
     }

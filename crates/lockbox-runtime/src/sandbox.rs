@@ -660,19 +660,21 @@ async fn spawn_agent(
         },
         other => {
             // The agent never answered: the sandbox failed to set up. Its report says why.
+            // A set-up step's own error keeps its code and hint (out of processes, say).
             let why = tokio::task::spawn_blocking(move || {
                 match running.wait(Some(Instant::now() + Duration::from_secs(5)), None) {
-                    Err(e) => e.to_string(),
-                    Ok(lockbox_confine::Waited::Exited(o)) => {
-                        format!("the sandbox agent exited with status {}", o.exit_code())
-                    }
-                    Ok(_) => "the sandbox agent did not answer".to_owned(),
+                    Err(e) => RuntimeError::Setup(e),
+                    Ok(lockbox_confine::Waited::Exited(o)) => RuntimeError::SetupFailed(format!(
+                        "the sandbox agent exited with status {}",
+                        o.exit_code()
+                    )),
+                    Ok(_) => RuntimeError::SetupFailed("the sandbox agent did not answer".into()),
                 }
             })
             .await
-            .unwrap_or_else(|e| e.to_string());
+            .unwrap_or_else(|e| RuntimeError::SetupFailed(e.to_string()));
             tracing::debug!(?other, "agent handshake failed");
-            Err(RuntimeError::SetupFailed(why))
+            Err(why)
         }
     }
 }

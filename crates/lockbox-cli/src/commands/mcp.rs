@@ -81,10 +81,7 @@ fn serve(args: &McpArgs, ceiling: lockbox_policy::Ceiling) -> anyhow::Result<()>
     config.default_idle_timeout = args.idle_timeout;
     // An exec result shows at most this much of each stream; holding more is waste.
     config.max_exec_output = lockbox_server::mcp::MAX_OUTPUT;
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let tokio = super::long_running_runtime()?;
     let result = tokio.block_on(async {
         let stop = stop_signal().context("installing SIGTERM/SIGINT handlers")?;
         let runtime = Runtime::open(config)

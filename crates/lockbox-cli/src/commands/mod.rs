@@ -20,6 +20,26 @@ pub mod snapshot;
 pub mod txn;
 pub mod workdir;
 
+/// The async runtime of `serve` and `mcp`. Its blocking pool keeps the threads it has started
+/// (idle for up to a year, not tokio's 10 s) and starts one at once: tokio panics when it
+/// cannot start a blocking thread while it has none, which is what happens once the process
+/// ids run out (RLIMIT_NPROC, pid_max: an idle sandbox holds 4); the server would then die
+/// at its next file call or stop, leaving its sandboxes behind. With a thread kept, the work
+/// waits for it instead.
+pub fn long_running_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    const YEAR: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(YEAR)
+        .build()
+        .context("starting the async runtime")?;
+    runtime
+        .block_on(runtime.spawn_blocking(|| ()))
+        .context("starting the async runtime's blocking pool")?;
+    Ok(runtime)
+}
+
 /// Prints `lockbox: <error>` and its hint on stderr, as every command does.
 pub fn print_error(error: &dyn std::fmt::Display, hint: Option<String>) {
     eoutln!("lockbox: {error}");

@@ -272,6 +272,62 @@ fn warn_if_descriptors_short(args: &ServeArgs, max_connections: usize, nofile: O
     }
 }
 
+/// Processes (and threads) an idle sandbox holds once its default shell runs: its init, its
+/// agent, the session's shim and the shell (docs/server.md, "Limits").
+const PROCESSES_PER_SANDBOX: u64 = 4;
+
+/// How many idle sandboxes the process ids leave room for, at [`PROCESSES_PER_SANDBOX`] each,
+/// and what bounds them: `kernel.pid_max` or `kernel.threads-max` less the tasks that run
+/// now (`/proc/loadavg`), or for a user other than root its `RLIMIT_NPROC` (which counts the
+/// processes of every sandbox, all in user namespaces of this user). `None` when unknown.
+fn sandboxes_processes_allow() -> Option<(u64, String)> {
+    let number =
+        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let loadavg = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let running: u64 = loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split_once('/')?
+        .1
+        .parse()
+        .ok()?;
+    let (pid_max, threads_max) = (
+        number("/proc/sys/kernel/pid_max")?,
+        number("/proc/sys/kernel/threads-max")?,
+    );
+    let mut bound = if pid_max <= threads_max {
+        (
+            pid_max.saturating_sub(running),
+            format!("kernel.pid_max ({pid_max}) with {running} tasks running"),
+        )
+    } else {
+        (
+            threads_max.saturating_sub(running),
+            format!("kernel.threads-max ({threads_max}) with {running} tasks running"),
+        )
+    };
+    if !rustix::process::geteuid().is_root() {
+        let nproc = rustix::process::getrlimit(rustix::process::Resource::Nproc).current;
+        if let Some(nproc) = nproc.filter(|&n| n < bound.0) {
+            bound = (nproc, format!("RLIMIT_NPROC ({nproc}, ulimit -u)"));
+        }
+    }
+    Some((bound.0 / PROCESSES_PER_SANDBOX, bound.1))
+}
+
+fn warn_if_processes_short(max_sandboxes: usize) {
+    let Some((fit, bound)) = sandboxes_processes_allow() else {
+        return;
+    };
+    if fit < max_sandboxes as u64 {
+        eoutln!(
+            "lockbox: warning: {bound} leaves room for about {fit} idle sandboxes \
+             ({PROCESSES_PER_SANDBOX} processes each once their shell runs), not {max_sandboxes}: \
+             beyond, creates and commands fail to start their processes"
+        );
+    }
+}
+
 /// Raises the soft limit on open descriptors to the hard one (connections, sessions'
 /// pipes and sandboxes all hold descriptors); the soft limit now in force (`None`: no
 /// limit). Sandboxes inherit it unless their policy sets `max_open_files`.
@@ -475,6 +531,7 @@ fn serve(
     } else {
         warn_if_descriptors_short(args, max_connections, nofile);
     }
+    warn_if_processes_short(max_sandboxes);
     let state_dir = args.state.resolve()?;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
@@ -525,10 +582,7 @@ fn serve(
         e2b_policy,
         ..ServerConfig::default()
     };
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let tokio = super::long_running_runtime()?;
     tokio.block_on(async {
         // Handlers first: a signal that arrives right after the address is printed must
         // stop the server cleanly, not kill it with the default action.

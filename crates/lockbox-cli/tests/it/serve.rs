@@ -1225,3 +1225,72 @@ fn a_server_whose_state_directory_is_noexec_runs_lockbox_itself_as_the_agent_and
         assert!(lockbox_run >= 3, "{user:?}: {lockbox_run} of {run:?}");
     }
 }
+
+#[test]
+fn out_of_processes_a_create_fails_with_a_hint_and_the_server_stays_up_and_stops_cleanly() {
+    lockbox_testkit::require!(
+        rustix::process::geteuid().is_root(),
+        "needs root to run the server as a uid of its own"
+    );
+    use std::os::unix::process::CommandExt;
+    // RLIMIT_NPROC counts every process of the user on the host: a uid no other test uses.
+    const UID: u32 = 64_731;
+    let dir = common::scratch();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let state = dir.path().join("state");
+    let stderr_path = dir.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let mut command = std::process::Command::new("prlimit");
+    command
+        .arg("--nproc=48")
+        .arg(common::binary())
+        .uid(UID)
+        .gid(UID)
+        .stderr(stderr)
+        .env_remove("LOCKBOX_LOG");
+    let mut server = Served::start_from(command, &state, &["--pool", "0"]);
+    let said = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(
+        said.contains("RLIMIT_NPROC (48, ulimit -u) leaves room for about 12 idle sandboxes"),
+        "{said}"
+    );
+    tokio().block_on(async {
+        let mut refused = None;
+        for _ in 0..40 {
+            let (status, created) = server.json(Method::POST, "/v1/sandboxes", json!({})).await;
+            if !status.is_success() {
+                refused = Some((status, created));
+                break;
+            }
+            let id = created["id"].as_str().unwrap();
+            // Its shell, as an agent's first command starts it; it may be the one refused.
+            let _ = server
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    json!({ "command": "true" }),
+                )
+                .await;
+        }
+        let (status, error) = refused.expect("48 processes cannot hold 40 sandboxes");
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+        assert_eq!(error["code"], "SETUP_FAILED", "{error}");
+        assert!(
+            error["details"]["hint"]
+                .as_str()
+                .is_some_and(|h| h.starts_with("no more processes: this user's RLIMIT_NPROC")),
+            "{error}"
+        );
+        let (status, _) = server.json(Method::GET, "/healthz", json!(null)).await;
+        assert_eq!(status, StatusCode::OK);
+    });
+    server.signal("TERM");
+    assert_eq!(server.wait(), Some(0));
+    let said = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(!said.contains("panicked"), "{said}");
+    let left = std::process::Command::new("pgrep")
+        .args(["-u", &UID.to_string()])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "left: {left:?}");
+}

@@ -115,6 +115,12 @@ impl Served {
         (served, stderr)
     }
 
+    /// As [`Served::start`], run by `command` (which runs the binary with the arguments it
+    /// is given, as `prlimit ... BINARY` does).
+    pub fn start_from(command: Command, state: &Path, extra: &[&str]) -> Served {
+        Served::spawn(command, "127.0.0.1:0", state, extra)
+    }
+
     /// Every live descendant of the server (its sandboxes' processes).
     pub fn descendants(&self) -> Vec<u32> {
         let mut parents = Vec::new();
