@@ -27,9 +27,10 @@ of the fleet, round robin, and runs its calls in *that node's* ``lockbox serve``
 spawning sandboxes in the actor's process: the server's limits (``--max-sandboxes``...),
 its token's ceiling and its listings apply to them, so one fleet holds a job's function
 calls and its long-lived sandboxes. Each call gets a fresh sandbox of the server (the
-actor keeps ``per_actor`` created ahead, labelled ``lockbox-pool``), which runs the same
-runner as the local pool (``lockbox._bootstrap``: the payload on stdin, the framed result
-on a descriptor, here the exec's stdout) and is deleted after the call; a call that times
+actor keeps ``per_actor`` created ahead, labelled ``lockbox-pool``, each with the runner of
+the local pool, ``lockbox._bootstrap``, already started as a process of the sandbox: the
+payload goes to its stdin, the framed result to a file of the sandbox read once it ends)
+and is deleted after the call; a call that times
 out ends with its sandbox deleted, so nothing of it keeps running. ``close`` deletes every
 sandbox of the pool on the daemons.
 """
@@ -108,9 +109,16 @@ def _create_fields(spec: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+# Where the warm interpreter of a fleet sandbox writes its framed result (its descriptor 3):
+# a file the actor reads once the interpreter has exited, so a result's size is bounded by
+# max_result_bytes, not by a process log the server would have to reserve.
+_RESULT = "/dev/shm/.lockbox-result"
+
+
 class _FleetWorker:
     """The actor of a fleet pool, pinned to a node: runs each call in a fresh sandbox of that
-    node's ``lockbox serve`` (a warm one: ``per_actor`` are created ahead)."""
+    node's ``lockbox serve``, whose interpreter is already running (``per_actor`` sandboxes
+    are created ahead, each with the runner started as a process waiting for its payload)."""
 
     def __init__(self, namespace: str, node_id: str, kw: dict[str, Any], per_actor: int, pool_id: str) -> None:
         from .executor import _Spec
@@ -124,13 +132,11 @@ class _FleetWorker:
                      output=kw.get("output", "devnull"),
                      extra_reads=[os.path.abspath(p) for p in kw.get("extra_reads") or []])
         self.fields = _create_fields(spec) | {"labels": {"lockbox-pool": pool_id}}
-        # The runner of the local pool, its result descriptor (3) being the exec's stdout;
-        # with output="inherit" what the function prints goes to the exec's stderr.
+        # The runner of the local pool; its result descriptor (3) is a file read after it ends.
         from ._bootstrap import SOURCE
 
-        redirect = "3>&1 1>&2" if spec.output == "inherit" else "3>&1"
-        self.command = (f"{shlex.quote(spec.python)} -I -c {shlex.quote(SOURCE)} 3 {spec.pickler} "
-                        f"{spec.output} {redirect}")
+        self.command = (f"exec {shlex.quote(spec.python)} -I -c {shlex.quote(SOURCE)} 3 {spec.pickler} "
+                        f"{spec.output} 3>{_RESULT}")
         self.output = spec.output
         self.per_actor = max(1, per_actor)
         self._client: Any = None
@@ -149,19 +155,28 @@ class _FleetWorker:
             from .fleet import Fleet
 
             client = Fleet(self.namespace).client(self.node_id)
-            # The server bounds the call itself; the connection waits a little longer.
+            # The call's own timeout is the actor's (it deletes the sandbox); the connection
+            # waits a little longer.
             client.timeout = 7 * 86400.0 if self.timeout is None else self.timeout + 60.0
             self._client = client
         return self._client
 
-    def _create(self) -> Any:
+    def _create(self) -> tuple[Any, Any]:
+        """A new sandbox, and its interpreter started, waiting for a payload on stdin."""
         try:
             box = self.client().create(**self.fields)
         except ServerError as e:
             if e.code != "UNREACHABLE":
                 raise
             box = self.client(fresh=True).create(**self.fields)
-        return box
+        try:
+            # Its log holds what the interpreter prints outside the call (and, with
+            # output="inherit", what the call prints: the last MiB of it).
+            proc = box.start_process(command=self.command, stdin=True, log_bytes=1 << 20)
+        except BaseException:
+            self._delete(box)
+            raise
+        return box, proc
 
     def _refill(self) -> None:
         def one() -> None:
@@ -174,7 +189,7 @@ class _FleetWorker:
 
         self._pending = [f for f in self._pending if not f.done()] + [self._creator.submit(one)]
 
-    def _take(self) -> Any:
+    def _take(self) -> tuple[Any, Any]:
         got = self._ready.get()
         if isinstance(got, Exception):
             got = self._create()
@@ -188,10 +203,10 @@ class _FleetWorker:
 
     def run(self, payload: bytes) -> ExecutionResult:
         started = time.monotonic()
-        r = None
+        box = proc = None
         for attempt in range(2):
             try:
-                box = self._take() if attempt == 0 else self._create()
+                box, proc = self._take() if attempt == 0 else self._create()
             except Exception as e:
                 # Refused (e.g. beyond the server's ceiling or --max-sandboxes: an error), or
                 # no server (the node's daemon restarting): nothing ran.
@@ -202,9 +217,11 @@ class _FleetWorker:
             if attempt == 0:
                 self._refill()
             try:
-                r = box.exec(self.command, stdin=payload, timeout=self.timeout)
+                proc.write(payload, close=True)
                 break
             except ServerError as e:
+                if e.code == "PROCESS_NOT_RUNNING":
+                    break  # the interpreter ended before the call: its end says why
                 self._delete(box)
                 if attempt == 0 and _stale(e):
                     # A warm sandbox that is gone (its daemon restarted, or the server's
@@ -218,40 +235,76 @@ class _FleetWorker:
             except Exception as e:  # the connection broke mid-call
                 self._delete(box)
                 return ExecutionResult("crashed", error=f"{type(e).__name__}: {e}", duration=time.monotonic() - started)
-        if r is None:  # not reached: the loop answers or breaks with a reply
-            return ExecutionResult("crashed", error="no reply from the node's lockbox serve")
+        if box is None or proc is None:  # not reached: the loop answers or breaks with both
+            return ExecutionResult("crashed", error="no sandbox from the node's lockbox serve")
+        # Past the timeout the sandbox is deleted, which ends the interpreter and the stream
+        # below: nothing of the call keeps running once it has timed out.
+        expired = threading.Event()
+        timer = None
+        if self.timeout is not None:
+            def expire() -> None:
+                expired.set()
+                self._delete(box)
+
+            timer = threading.Timer(max(0.0, self.timeout - (time.monotonic() - started)), expire)
+            timer.daemon = True
+            timer.start()
+        said = bytearray()
+        try:
+            for event in proc.follow(since=0):
+                if event.event in ("stdout", "stderr"):
+                    if self.output == "inherit":
+                        sys.stderr.buffer.write(event.bytes)
+                        sys.stderr.flush()
+                    else:
+                        said += event.bytes
+                        del said[:-4096]
+                elif event.event == "eof":
+                    break
+            end = proc.info() if not expired.is_set() else None
+            frame = b""
+            if end is not None and end.get("exit_code") == 0:
+                # "R", a status byte and the length come before the result: a file larger
+                # than that and max_result_bytes is not read at all.
+                if box.files.stat(_RESULT).get("size", 0) > 10 + self.max_result:
+                    self._reaper.submit(self._delete, box)
+                    return ExecutionResult("error", duration=time.monotonic() - started,
+                                           error=f"ResultTooLarge: the result exceeds max_result_bytes={self.max_result}")
+                frame = box.files.read(_RESULT)
+        except Exception as e:
+            if not expired.is_set():
+                self._delete(box)
+                return ExecutionResult("crashed", error=f"{type(e).__name__}: {e}",
+                                       duration=time.monotonic() - started)
+            end = None
+        finally:
+            if timer is not None:
+                timer.cancel()
+                if expired.is_set():
+                    timer.join()  # the sandbox is deleted before the answer
         elapsed = time.monotonic() - started
-        if r.timed_out:
-            # Deleted before answering: nothing of the call runs on once it timed out.
-            self._delete(box)
+        if expired.is_set() or end is None:
             return ExecutionResult("timeout", duration=elapsed)
         self._reaper.submit(self._delete, box)
-        if self.output == "inherit" and r.stderr_bytes:
-            sys.stderr.buffer.write(r.stderr_bytes)
-            sys.stderr.flush()
-        return self._result(r, elapsed)
+        return self._result(frame, end.get("exit_code"), end.get("signal"), bytes(said), elapsed)
 
-    def _result(self, r: Any, elapsed: float) -> ExecutionResult:
+    def _result(self, frame: bytes, exit_code: int | None, signal: int | None, said: bytes,
+                elapsed: float) -> ExecutionResult:
         from .executor import _decode_result
 
-        buf = r.stdout_bytes[1:] if r.stdout_bytes[:1] == b"R" else b""
-        too_large = ExecutionResult("error", duration=elapsed,
-                                    error=f"ResultTooLarge: the result exceeds max_result_bytes={self.max_result}")
+        buf = frame[1:] if frame[:1] == b"R" else b""
         if len(buf) >= 9:
             (n,) = struct.unpack(">Q", buf[1:9])
             if n > self.max_result:
-                return too_large
+                return ExecutionResult("error", duration=elapsed,
+                                       error=f"ResultTooLarge: the result exceeds max_result_bytes={self.max_result}")
             if len(buf) >= 9 + n:
                 return _decode_result(buf[:1], buf[9:9 + n], self.trusted, elapsed)
-        if r.stdout_truncated:
-            too_large.error = "ResultTooLarge: the result exceeds the server's --max-exec-output"
-            return too_large
-        # Died without a result; bash reports signal N as 128 + N. What the interpreter said
-        # on stderr before it (e.g. it could not start) is kept in ``error``.
-        code = r.exit_code
-        said = r.stderr.strip()[-2000:] if self.output == "devnull" else ""
-        return ExecutionResult("crashed", exit_code=None if code > 128 else code,
-                               signal=code - 128 if code > 128 else None, error=said or None, duration=elapsed)
+        # Died without a result. What the interpreter said on stderr before it (e.g. it could
+        # not start) is kept in ``error``.
+        text = said.decode("utf-8", "replace").strip()[-2000:]
+        return ExecutionResult("crashed", exit_code=None if signal else exit_code, signal=signal,
+                               error=text or None, duration=elapsed)
 
     def wait_ready(self) -> bool:
         """Blocks until the actor's sandboxes are created and its used ones deleted."""
@@ -268,7 +321,7 @@ class _FleetWorker:
             except queue.Empty:
                 break
             if not isinstance(got, Exception):
-                self._reaper.submit(self._delete, got)
+                self._reaper.submit(self._delete, got[0])
         self._reaper.shutdown(wait=True)
         return True
 
