@@ -109,6 +109,10 @@ def _create_fields(spec: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+# How often (seconds) a fleet pool looks at most at the fleet's nodes, when it takes an actor
+# for a call (RaySandboxPool._placed).
+_LOOK_EVERY = 2.0
+
 # Where the warm interpreter of a fleet sandbox writes its framed result (its descriptor 3):
 # a file the actor reads once the interpreter has exited, so a result's size is bounded by
 # max_result_bytes, not by a process log the server would have to reserve.
@@ -364,7 +368,9 @@ class RaySandboxPool:
         fleet: run the calls in the node daemons of a fleet (:mod:`lockbox.fleet`): ``True``
             for the fleet of the default namespace (``"lockbox"``), a namespace, or a
             :class:`~lockbox.fleet.Fleet`. Actors are pinned to the fleet's ``up`` nodes,
-            round robin. Default: sandboxes spawned by the actor itself.
+            round robin; one whose node leaves the fleet moves to the node holding the
+            fewest of the pool's actors, and so does one whose node holds two more than
+            that one (a node that joined), checked when an actor is taken for a call. Default: sandboxes spawned by the actor itself.
         Other keyword arguments (``timeout``, ``policy``, ``max_result_bytes``, ...) are
         those of :class:`~lockbox.executor.SandboxExecutor`; ``python`` defaults to the
         actor's interpreter.
@@ -395,6 +401,7 @@ class RaySandboxPool:
         self._nodes: list[str] = []
         # The node each fleet actor is pinned to (its replacement goes to the same one).
         self._node_of: dict[Any, str] = {}
+        self._next_look = time.monotonic() + _LOOK_EVERY
         # A fleet actor only waits on its node's server, whose own limits bound the calls.
         options = {"num_cpus": 0.5 if self._namespace is None else 0} | (actor_options or {})
         if self._namespace is not None:
@@ -425,18 +432,69 @@ class RaySandboxPool:
         actor = self._remote.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(self._namespace, node_id, self._kw, self._per_actor, self._pool_id)
-        self._node_of[actor] = node_id
+        with self._lock:
+            self._node_of[actor] = node_id
         return actor
 
+    def _up_nodes(self) -> list[str] | None:
+        """The fleet's nodes that are up now (``None``: the fleet could not say)."""
+        try:
+            up = [n["node_id"] for n in self._fleet.nodes() if n["state"] == "up"]
+        except Exception:  # the controller is restarting: keep things as they are
+            return None
+        self._nodes += [n for n in up if n not in self._nodes]  # swept at close too
+        return up
+
+    def _least_busy(self, up: list[str]) -> str:
+        """The up node that holds the fewest of the pool's actors."""
+        with self._lock:
+            held = list(self._node_of.values())
+        return min(up, key=held.count)
+
     def _replace(self, actor: Any) -> Any:
-        return self._new_actor(self._node_of.pop(actor, None))
+        """A new actor for one that died or hung: on its node if that is still up, else on
+        the up node with the fewest of the pool's actors."""
+        with self._lock:
+            node = self._node_of.pop(actor, None)
+        if self._namespace is not None:
+            up = self._up_nodes()
+            if up and node not in up:
+                node = self._least_busy(up)
+        return self._new_actor(node)
+
+    def _placed(self, actor: Any) -> Any:
+        """The actor to run the next call: ``actor``, or, once the fleet's nodes changed, one
+        made in its place on a better node. Looked at every ``_LOOK_EVERY`` seconds at most:
+        an actor whose node is no longer up moves to the up node holding the fewest of the
+        pool's actors, and so does one whose node holds two more than that node (a node
+        that joined the fleet after the pool was made)."""
+        if self._namespace is None or time.monotonic() < self._next_look:
+            return actor
+        self._next_look = time.monotonic() + _LOOK_EVERY
+        up = self._up_nodes()
+        if not up:
+            return actor
+        node = self._node_of.get(actor)
+        target = self._least_busy(up)
+        with self._lock:
+            held = list(self._node_of.values())
+        if node in up and held.count(node) < held.count(target) + 2:
+            return actor
+        ray = _require_ray()
+        if node in up:
+            # Its warm sandboxes are deleted before it goes; a lost node's went with it.
+            ray.wait([actor.close.remote()], timeout=30)
+        ray.kill(actor, no_restart=True)
+        with self._lock:
+            self._node_of.pop(actor, None)
+        return self._new_actor(target)
 
     def secure_execute(self, fn: Any, *args: Any, **kwargs: Any) -> ExecutionResult:
         """Runs ``fn(*args, **kwargs)`` on a free actor, in a lockbox sandbox there (with
         ``fleet``: in its node's ``lockbox serve``)."""
         ray = _require_ray()
         payload = self._local.payload(fn, *args, **kwargs)
-        actor = self._idle.get()
+        actor = self._placed(self._idle.get())
         wait = None if self.timeout is None else self.timeout + self.actor_grace
         try:
             result = ray.get(actor.run.remote(payload), timeout=wait)

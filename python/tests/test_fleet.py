@@ -697,6 +697,47 @@ def test_a_fleet_pool_goes_on_in_a_restarted_daemon(routed):
     wait_for("the router to reach the restarted server", placed, timeout=60)
 
 
+def test_a_fleet_pools_actors_move_to_a_node_that_joins_and_off_a_node_that_leaves(routed, cluster):
+    from lockbox.ray import RaySandboxPool
+
+    c, _ = cluster
+    fleet, nodes, _ = routed
+    with RaySandboxPool(4, fleet=fleet, timeout=60) as pool:
+        pool.wait_ready()
+        held = sorted(pool._node_of.values())
+        assert sorted(set(held)) == sorted(n["node_id"] for n in nodes), held  # 2, 1, 1
+        extra = c.add_node(num_cpus=1)
+        try:
+            wait_for("the joined node to be up in the fleet", lambda: [
+                n for n in fleet.nodes() if n["node_id"] == extra.node_id and n["state"] == "up"])
+
+            def spread_to(node):
+                assert pool.secure_execute(sum, [1, 2]).unwrap() == 3
+                return node in pool._node_of.values()
+
+            # Calls go on while the pool looks at the fleet (every 2 s at most).
+            wait_for("an actor to move to the joined node", lambda: spread_to(extra.node_id), timeout=60)
+            assert sorted(set(pool._node_of.values())) == sorted([*(n["node_id"] for n in nodes), extra.node_id])
+            on_extra = [sid for sid, (node, _) in pool_sandboxes(fleet, pool).items() if node == extra.node_id]
+            assert on_extra, "the moved actor's warm sandbox is on the joined node's server"
+        finally:
+            c.remove_node(extra)
+        wait_for("the removed node to be listed lost", lambda: [
+            n for n in fleet.nodes() if n["node_id"] == extra.node_id and n["state"] == "lost"])
+
+        def moved_off():
+            # A call may land on the actor of the lost node (crashed, or a timeout): the pool
+            # replaces it on an up node; the calls after it run.
+            pool.secure_execute(sum, [1, 2])
+            return extra.node_id not in pool._node_of.values()
+
+        wait_for("the lost node's actor to move", moved_off, timeout=120)
+        results = [pool.secure_execute(sum, [i, 1]).unwrap() for i in range(8)]
+        assert results == [i + 1 for i in range(8)]
+        assert sorted(set(pool._node_of.values())) == sorted(n["node_id"] for n in nodes)
+    assert not pool_sandboxes(fleet, pool)
+
+
 def test_a_fleet_pool_needs_an_up_fleet(routed):
     from lockbox.errors import UsageError
     from lockbox.ray import RaySandboxPool
