@@ -445,10 +445,11 @@ class RaySandboxPool:
         self._nodes += [n for n in up if n not in self._nodes]  # swept at close too
         return up
 
-    def _held(self) -> list[str]:
-        """The node of each of the pool's actors."""
+    def _least_busy(self, up: list[str]) -> str:
+        """The up node that holds the fewest of the pool's actors."""
         with self._lock:
-            return list(self._node_of.values())
+            held = list(self._node_of.values())
+        return min(up, key=held.count)
 
     def _replace(self, actor: Any) -> Any:
         """A new actor for one that died or hung: on its node if that is still up, else on
@@ -458,7 +459,7 @@ class RaySandboxPool:
         if self._namespace is not None:
             up = self._up_nodes()
             if up and node not in up:
-                node = min(up, key=self._held().count)
+                node = self._least_busy(up)
         return self._new_actor(node)
 
     def _placed(self, actor: Any) -> Any:
@@ -474,8 +475,9 @@ class RaySandboxPool:
         if not up:
             return actor
         node = self._node_of.get(actor)
-        held = self._held()
-        target = min(up, key=held.count)
+        target = self._least_busy(up)
+        with self._lock:
+            held = list(self._node_of.values())
         if node in up and held.count(node) < held.count(target) + 2:
             return actor
         ray = _require_ray()
