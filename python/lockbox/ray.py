@@ -445,11 +445,10 @@ class RaySandboxPool:
         self._nodes += [n for n in up if n not in self._nodes]  # swept at close too
         return up
 
-    def _least_busy(self, up: list[str]) -> str:
-        """The up node that holds the fewest of the pool's actors."""
+    def _held(self) -> list[str]:
+        """The node of each of the pool's actors."""
         with self._lock:
-            held = list(self._node_of.values())
-        return min(up, key=held.count)
+            return list(self._node_of.values())
 
     def _replace(self, actor: Any) -> Any:
         """A new actor for one that died or hung: on its node if that is still up, else on
@@ -459,7 +458,7 @@ class RaySandboxPool:
         if self._namespace is not None:
             up = self._up_nodes()
             if up and node not in up:
-                node = self._least_busy(up)
+                node = min(up, key=self._held().count)
         return self._new_actor(node)
 
     def _placed(self, actor: Any) -> Any:
@@ -475,9 +474,8 @@ class RaySandboxPool:
         if not up:
             return actor
         node = self._node_of.get(actor)
-        target = self._least_busy(up)
-        with self._lock:
-            held = list(self._node_of.values())
+        held = self._held()
+        target = min(up, key=held.count)
         if node in up and held.count(node) < held.count(target) + 2:
             return actor
         ray = _require_ray()

@@ -165,12 +165,7 @@ pub fn fork_command<F>(slots: Vec<OwnedFd>, report: OwnedFd, run: F) -> Result<i
 where
     F: FnOnce(CommandFds) -> Infallible,
 {
-    let threads = std::fs::read_dir("/proc/self/task")
-        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?
-        .count();
-    if threads != 1 {
-        return Err(Errno(libc::EBUSY));
-    }
+    single_threaded()?;
     // SAFETY: the process has one thread (checked just above; only this thread could start
     // another, and it does not in between), so the child inherits no lock held by another
     // thread and may run ordinary Rust code.
@@ -190,6 +185,18 @@ where
             std::mem::forget(result);
             exit(127)
         }
+    }
+}
+
+/// `Ok` if the calling process has one thread, `EBUSY` if it has more.
+pub(crate) fn single_threaded() -> Result<(), Errno> {
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?
+        .count();
+    if threads == 1 {
+        Ok(())
+    } else {
+        Err(Errno(libc::EBUSY))
     }
 }
 

@@ -159,12 +159,7 @@ pub fn main_if_init() {
 /// table, holds and uses none, and ends before this returns; no other thread exists (checked)
 /// whose descriptors this thread would stop seeing.
 fn shrink_descriptor_table() -> Result<(), Errno> {
-    let threads = std::fs::read_dir("/proc/self/task")
-        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?
-        .count();
-    if threads != 1 {
-        return Err(Errno(libc::EBUSY));
-    }
+    crate::agent_sys::single_threaded()?;
     let (done, wait) = std::sync::mpsc::channel::<()>();
     let helper = std::thread::Builder::new()
         .stack_size(64 * 1024)
