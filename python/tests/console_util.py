@@ -202,15 +202,22 @@ def fetch(driver, path: str, method: str = "GET", body=None, csrf: bool = True) 
         """, path, method, body, csrf)
 
 
-def network_statuses(driver, url_part: str) -> list[int]:
-    """HTTP statuses of the responses whose URL contains `url_part`, from the performance log
-    (needs `chrome(performance_log=True)`)."""
+def network_statuses(driver, url_part: str, method: str | None = None,
+                     methods: dict | None = None) -> list[int]:
+    """HTTP statuses of the responses whose URL contains `url_part` (and, with `method`, whose
+    request used that method), from the performance log (needs `chrome(performance_log=True)`).
+    Each read drains the log, so a request and its response can fall in different reads: pass
+    the same `methods` dict to every call to carry what was seen of the requests."""
+    methods = {} if methods is None else methods
     out = []
     for entry in driver.get_log("performance"):
         msg = json.loads(entry["message"])["message"]
-        if msg.get("method") == "Network.responseReceived":
-            resp = msg["params"]["response"]
-            if url_part in resp["url"]:
+        params = msg.get("params", {})
+        if msg.get("method") == "Network.requestWillBeSent":
+            methods[params["requestId"]] = params["request"]["method"]
+        elif msg.get("method") == "Network.responseReceived":
+            resp = params["response"]
+            if url_part in resp["url"] and method in (None, methods.get(params["requestId"])):
                 out.append(resp["status"])
     return out
 
