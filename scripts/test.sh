@@ -104,8 +104,9 @@ python_env() {
   [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
   # matplotlib: code contexts return its figures as PNG results (python/tests/test_code.py).
   # e2b, e2b-code-interpreter: the unmodified E2B SDK against lockbox serve (python/tests/e2b/), pinned.
+  # psycopg: a fleet router's placements in PostgreSQL (python/tests/test_fleet_dns.py).
   # ruff and mypy are pinned: a new release's new rules must not turn a green tree red.
-  "$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5' 'ruff==0.17.6' 'mypy==2.4.1' 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5'
+  "$pyvenv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'ray>=2' 'selenium>=4.20,<5' 'mcp>=2,<3' 'matplotlib>=3.5' 'ruff==0.17.6' 'mypy==2.4.1' 'e2b==2.63.0' 'e2b-code-interpreter==2.11.5' 'psycopg[binary]>=3.1,<4'
 }
 py_log="$(mktemp)"
 python_env > "$py_log" 2>&1 &

@@ -243,9 +243,7 @@ def _run_router(namespace: str, host: str, port: int, started: Any, ports: tuple
     ports_address)`` is called once it listens. ``ports``: where it serves the sandboxes'
     exposed ports on their own origins (``None``: nowhere). ``e2b_domain``: E2B's sandbox
     host form (``{port}-{sandboxID}.{e2b_domain}``)."""
-    import asyncio
-
-    from ._router import Router, Store
+    from ._router import RayStore
 
     ray = _need_ray()
     controller = ray.get_actor(CONTROLLER, namespace=namespace)
@@ -253,9 +251,19 @@ def _run_router(namespace: str, host: str, port: int, started: Any, ports: tuple
     def nodes() -> list[dict[str, Any]]:
         return list(ray.get(controller.nodes.remote(), timeout=10))
 
+    _serve_router(nodes, _fleet_token(namespace), RayStore(namespace), host, port, started, ports, ports_domain,
+                  e2b_domain)
+
+
+def _serve_router(nodes: Any, token: str, store: Any, host: str, port: int, started: Any,
+                  ports: tuple[str, int] | None, ports_domain: str, e2b_domain: str | None) -> None:
+    """Serves a router over ``nodes`` (a listing function) until the process ends."""
+    import asyncio
+
+    from ._router import Router
+
     async def main() -> None:
-        router = Router(nodes, _fleet_token(namespace), Store(namespace), ports_domain=ports_domain,
-                        e2b_domain=e2b_domain)
+        router = Router(nodes, token, store, ports_domain=ports_domain, e2b_domain=e2b_domain)
         started(*(await router.start(host, port, ports=ports)), router.ports_address)
         await asyncio.Event().wait()
 
@@ -446,7 +454,8 @@ def _forget_placements(namespace: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lockbox.fleet up|status|down|router [--ray ADDRESS] [--namespace NS]``."""
+    """``python -m lockbox.fleet up|status|down|router [--ray ADDRESS] [--namespace NS]``, or
+    ``router --nodes-dns NAME:PORT --token-file FILE`` (no Ray: Kubernetes)."""
     p = argparse.ArgumentParser(prog="python -m lockbox.fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["up", "status", "down", "router"],
                    help="router: serve the fleet's API on --listen, in this process, until stopped")
@@ -463,8 +472,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--e2b-domain", default=None,
                    help="router: also route E2B's sandbox plane by its host form {port}-{sandboxID}.DOMAIN "
                         "(E2B_DOMAIN without E2B_SANDBOX_URL), as lockbox serve --e2b-domain")
+    k = p.add_argument_group("a router without Ray (Kubernetes: docs/fleet.md)")
+    k.add_argument("--nodes-dns", metavar="NAME:PORT", default=None,
+                   help="router: the nodes are every address NAME resolves to, each serving on PORT "
+                        "(a headless Service: lockbox.lockbox.svc.cluster.local:7070); no Ray")
+    k.add_argument("--token-file", default=None,
+                   help="with --nodes-dns: the token clients of the router send (required)")
+    k.add_argument("--node-token-file", default=None,
+                   help="with --nodes-dns: the nodes' token (default: the --token-file's)")
+    k.add_argument("--node-capacity", type=int, default=64,
+                   help="with --nodes-dns: each node's --max-sandboxes (default: 64)")
+    k.add_argument("--node-ports-port", type=int, default=None,
+                   help="with --nodes-dns: the port of the nodes' --ports-listen (default: none; exposed ports "
+                        "then go through the API's .../ports/{port}/ only)")
+    k.add_argument("--node-ports-domain", default="localhost",
+                   help="with --nodes-dns: the nodes' --ports-domain (default: localhost)")
+    k.add_argument("--store", default=os.environ.get("LOCKBOX_FLEET_STORE"),
+                   help="with --nodes-dns: postgres://USER[:PASSWORD]@HOST:PORT/DB, where routers keep the "
+                        "placements they share (default: $LOCKBOX_FLEET_STORE, else this router's memory: "
+                        "one router only)")
     a = p.parse_args(argv)
-    ray = _need_ray()
     if a.command == "router":
         host, sep, port = a.listen.rpartition(":")
         if not sep or not port.isdigit():
@@ -473,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
             ports = _ports_listen(a.ports_listen, host.strip("[]"))
         except ValueError as e:
             p.error(f"--{e}".replace("_", "-", 1))
+        if a.nodes_dns is not None:
+            return _dns_router(p, a, host.strip("[]"), int(port), ports)
+    elif a.nodes_dns is not None:
+        p.error("--nodes-dns: only with the router command")
+    ray = _need_ray()
     ray.init(address=a.ray, namespace=a.namespace, log_to_driver=False)
     if a.command == "up":
         fleet = up(namespace=a.namespace, state_root=a.state_root)
@@ -482,12 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(Fleet(a.namespace).nodes(), indent=1))
     elif a.command == "router":
         def started(h: str, port_: int, ports_address: tuple[str, int] | None) -> None:
-            line = {"listen": f"{h}:{port_}"}
-            if ports_address is not None:
-                line["ports_listen"] = f"{ports_address[0]}:{ports_address[1]}"
-            if a.print_token:
-                line["token"] = _fleet_token(a.namespace)
-            print(json.dumps(line), flush=True)
+            _print_listening(h, port_, ports_address, _fleet_token(a.namespace) if a.print_token else None)
 
         try:
             _run_router(a.namespace, host.strip("[]"), int(port), started, ports, a.ports_domain, a.e2b_domain)
@@ -495,6 +522,67 @@ def main(argv: list[str] | None = None) -> int:
             pass
     else:
         down(a.namespace)
+    return 0
+
+
+def _print_listening(host: str, port: int, ports_address: tuple[str, int] | None, token: str | None) -> None:
+    line = {"listen": f"{host}:{port}"}
+    if ports_address is not None:
+        line["ports_listen"] = f"{ports_address[0]}:{ports_address[1]}"
+    if token is not None:
+        line["token"] = token
+    print(json.dumps(line), flush=True)
+
+
+def _read_token(p: argparse.ArgumentParser, option: str, path: str) -> str:
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as e:
+        p.error(f"{option} {path}: {e.strerror or e}")
+    if len(token) < 16:
+        p.error(f"{option} {path}: a token of at least 16 characters, not {len(token)}")
+    return token
+
+
+def _dns_router(p: argparse.ArgumentParser, a: argparse.Namespace, host: str, port: int,
+                ports: tuple[str, int] | None) -> int:
+    """``router --nodes-dns NAME:PORT``: a router whose nodes are what NAME resolves to."""
+    from ._router import DnsNodes, PgStore, StoreUnavailable
+
+    name, sep, node_port = a.nodes_dns.rpartition(":")
+    if not sep or not name or not node_port.isdigit():
+        p.error(f"--nodes-dns: NAME:PORT, not {a.nodes_dns!r}")
+    if a.token_file is None:
+        p.error("--nodes-dns needs --token-file (the token clients of the router send)")
+    token = _read_token(p, "--token-file", a.token_file)
+    node_token = _read_token(p, "--node-token-file", a.node_token_file) if a.node_token_file else token
+    try:
+        nodes = DnsNodes(name.strip("[]"), int(node_port), node_token, capacity=a.node_capacity,
+                         ports_port=a.node_ports_port, ports_domain=a.node_ports_domain)
+    except ValueError as e:
+        p.error(f"--{e}".replace("_", "-", 1))
+    store = None
+    if a.store:
+        if not a.store.startswith(("postgres://", "postgresql://")):
+            p.error(f"--store: a postgres:// URL, not {a.store.split(':', 1)[0]}:...")
+        try:
+            store = PgStore(a.store, a.namespace)
+        except (RuntimeError, StoreUnavailable) as e:
+            print(f"lockbox fleet router: --store: {e}", file=sys.stderr, flush=True)
+            return 1
+    else:
+        print("lockbox fleet router: placements kept in this router's memory (no --store): run one router only",
+              file=sys.stderr, flush=True)
+
+    def started(h: str, port_: int, ports_address: tuple[str, int] | None) -> None:
+        _print_listening(h, port_, ports_address, token if a.print_token else None)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a pod's stop: exit at once, nothing to flush
+    try:
+        _serve_router(nodes, token, store, host, port, started, ports, a.ports_domain, a.e2b_domain)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

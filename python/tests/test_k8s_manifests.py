@@ -51,7 +51,7 @@ def objects(kind):
 # What the manifests use, as an API server's discovery lists it: group/version -> kinds.
 RESOURCES = {
     "v1": [("Namespace", "namespaces", False), ("Service", "services", True), ("Secret", "secrets", True)],
-    "apps/v1": [("DaemonSet", "daemonsets", True)],
+    "apps/v1": [("DaemonSet", "daemonsets", True), ("Deployment", "deployments", True)],
     "networking.k8s.io/v1": [("NetworkPolicy", "networkpolicies", True)],
 }
 
@@ -219,8 +219,7 @@ def test_the_headless_service_and_network_policy_select_the_node_pods():
     ds, spec = pod_spec()
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    (svc,) = objects("Service")
-    assert svc["spec"]["clusterIP"] == "None"
+    (svc,) = [s for s in objects("Service") if s["spec"].get("clusterIP") == "None"]
     assert svc["spec"]["selector"].items() <= labels.items()
     (c,) = spec["containers"]
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= {p["name"] for p in c["ports"]}
@@ -228,6 +227,45 @@ def test_the_headless_service_and_network_policy_select_the_node_pods():
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert all(o["metadata"]["namespace"] == ds["metadata"]["namespace"] for o in (svc, policy))
+
+
+def test_the_router_finds_the_nodes_through_the_headless_service_and_may_reach_them():
+    """deploy/kubernetes/router.yaml: `python -m lockbox.fleet router --nodes-dns` on the
+    headless Service's name and port, labelled so the nodes' NetworkPolicy lets it in, with
+    both tokens from Secrets and its store's URL from one, and no privilege at all."""
+    ds, _ = pod_spec()
+    (router,) = objects("Deployment")
+    spec = router["spec"]["template"]["spec"]
+    labels = router["spec"]["template"]["metadata"]["labels"]
+    assert router["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert router["spec"]["replicas"] >= 2  # they share the placements in PostgreSQL
+    (policy,) = objects("NetworkPolicy")
+    (allowed,) = policy["spec"]["ingress"][0]["from"]
+    assert allowed["podSelector"]["matchLabels"].items() <= labels.items()
+    (c,) = spec["containers"]
+    assert c["command"][-3:] == ["-m", "lockbox.fleet", "router"]
+    args = dict(a.split("=", 1) for a in c["args"] if a.startswith("--") and "=" in a)
+    (headless,) = [s for s in objects("Service") if s["spec"].get("clusterIP") == "None"]
+    name, port = args["--nodes-dns"].rsplit(":", 1)
+    assert name.split(".")[:2] == [headless["metadata"]["name"], headless["metadata"]["namespace"]]
+    assert int(port) in {p["port"] for p in headless["spec"]["ports"]}
+    node_args = dict(a.split("=", 1) for a in ds["spec"]["template"]["spec"]["containers"][0]["args"] if "=" in a)
+    assert args["--node-capacity"] == node_args["--max-sandboxes"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    for option, secret in (("--token-file", "lockbox-router-token"), ("--node-token-file", "lockbox-token")):
+        assert secrets[mounts[os.path.dirname(args[option])]] == secret, option
+    (store,) = [e for e in c["env"] if e["name"] == "LOCKBOX_FLEET_STORE"]
+    assert store["valueFrom"]["secretKeyRef"]["name"] == "lockbox-router-store"
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"] is True and spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/healthz"
+    (front,) = [s for s in objects("Service") if s["metadata"]["name"] == "lockbox-router"]
+    assert front["spec"]["selector"].items() <= labels.items()
 
 
 # -- lockbox under the shipped seccomp profile ---------------------------------------------

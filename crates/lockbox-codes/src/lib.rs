@@ -305,6 +305,9 @@ codes! {
         /// The node of what the request names (a branch, a transaction, a run, a scoped
         /// token) is lost, and it with it.
         NodeLost = "NODE_LOST",
+        /// The store that keeps the fleet's placements (Ray's GCS, PostgreSQL) did not
+        /// answer; nothing was sent to a node. Retry.
+        StoreUnavailable = "STORE_UNAVAILABLE",
     }
 }
 

@@ -140,7 +140,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
             StatusCode::SERVICE_UNAVAILABLE
         }
         // A fleet router's own: a node that may come back, or none to take it.
-        C::NodeUnreachable | C::NoNode => StatusCode::SERVICE_UNAVAILABLE,
+        C::NodeUnreachable | C::NoNode | C::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         // ... and what went with a lost node.
         C::SandboxLost | C::SnapshotLost | C::NodeLost => StatusCode::GONE,
         // lockbox or the host failed: the cause goes to the operator's log.

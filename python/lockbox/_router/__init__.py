@@ -17,7 +17,8 @@ call to one node):
 - ``wire``: HTTP/1.1 heads, body framing, the router's replies, a client's request;
 - ``placement``: :class:`NodeView` and :func:`place` (standard library only: the placement
   benchmark loads it by path);
-- ``store``: :class:`Store`, placements in Ray's GCS;
+- ``store``: :class:`Store`, the placements, over Ray's GCS (:class:`RayStore`) or
+  PostgreSQL (``pg_store``: :class:`PgStore`);
 - ``node_watch``: the fleet's listing, probes, and a node that comes back checked for what it
   still holds (:meth:`Router._reconcile`);
 - ``by_id``: calls on one sandbox, snapshot, branch, transaction or run;
@@ -30,10 +31,14 @@ call to one node):
 - ``mcp``: MCP's tool calls;
 - ``tokens``: scoped tokens, each bound to one node.
 
+- ``dns_nodes``: :class:`DnsNodes`, the fleet's nodes from a DNS name (Kubernetes), for a
+  router without Ray.
+
 Not here: starting routers and nodes (``lockbox.fleet``), anything a node's server decides.
 
 Placements (sandbox or snapshot id -> node) live in Ray's GCS key-value store, in the
-namespace ``lockbox-fleet:NAMESPACE``: ``c/UUID`` (a create's node, written before the create
+namespace ``lockbox-fleet:NAMESPACE`` (or, for routers without Ray, in PostgreSQL's table
+``lockbox_fleet_placements`` under that namespace): ``c/UUID`` (a create's node, written before the create
 is forwarded), ``p/ID`` (a sandbox's or snapshot's node, once the node answered),
 ``n/NODE/ID`` (the sandboxes of a node), ``g/NODE/ID`` (those a node came back without:
 see :meth:`Router._reconcile`), ``h/SNAPSHOT/NODE`` (a snapshot copied to another node),
@@ -42,9 +47,12 @@ see :meth:`Router._reconcile`), ``h/SNAPSHOT/NODE`` (a snapshot copied to anothe
 again.
 """
 
+from .dns_nodes import DnsNodes
 from .listings import Cursor, E2bListing, merge_pages
+from .pg_store import PgStore
 from .placement import K, NodeView, place
 from .router import Router
-from .store import Store
+from .store import RayStore, Store, StoreUnavailable
 
-__all__ = ["Cursor", "E2bListing", "K", "NodeView", "Router", "Store", "merge_pages", "place"]
+__all__ = ["Cursor", "DnsNodes", "E2bListing", "K", "NodeView", "PgStore", "RayStore", "Router", "Store", "StoreUnavailable",
+           "merge_pages", "place"]

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .placement import NodeView, bad_hint
-from .store import Store, made_ids
+from .store import Store, StoreUnavailable, made_ids
 from .wire import (
     HEAD_LIMIT,
     HOP_HEADERS,
@@ -130,7 +130,24 @@ class ForwardingRouter:
         return body, parsed, hint
 
     async def _kv(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
+        """A call to the placement store, in a thread; whatever it fails with is
+        :class:`StoreUnavailable` (answered 503 ``STORE_UNAVAILABLE``)."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StoreUnavailable:
+            raise
+        except Exception as e:
+            raise StoreUnavailable(f"the placement store: {type(e).__name__}: {e}") from e
+
+    async def _record(self, node: str, sandboxes: list[str], snapshots: list[str]) -> None:
+        """Ids a node made, recorded once it answered: a store that does not answer then does
+        not turn the node's answer into an error (this router keeps them in its cache, and
+        another finds them by asking every node)."""
+        try:
+            await self._kv(self.store.record, node, sandboxes, snapshots)  # type: ignore[union-attr]
+        except StoreUnavailable as e:
+            print(f"lockbox fleet router: not recorded ({', '.join(sandboxes + snapshots)} on node {node[:12]}): {e}",
+                  flush=True)
 
     def _authorized(self, head: Head, e2b: bool) -> bool:
         auth = head.get("authorization") or ""
@@ -381,7 +398,7 @@ class ForwardingRouter:
                 return None
             node = found[0].node_id
             if self.store is not None:
-                await self._kv(self.store.record, node, *(([sid], []) if kind == "sandboxes" else ([], [sid])))
+                await self._record(node, *(([sid], []) if kind == "sandboxes" else ([], [sid])))
         self.cache[sid] = node
         # Not setdefault: its default, a NodeView, would be built on every call.
         view = self.nodes.get(node)
@@ -395,7 +412,7 @@ class ForwardingRouter:
         for i in sandboxes + snapshots:
             self.cache[i] = view.node_id
         if (sandboxes or snapshots) and self.store is not None:
-            await self._kv(self.store.record, view.node_id, sandboxes, snapshots)
+            await self._record(view.node_id, sandboxes, snapshots)
 
     async def _buried(self) -> dict[str, tuple[str, str]]:
         """Every sandbox a node came back without (id -> node, reason), from the store."""

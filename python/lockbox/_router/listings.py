@@ -194,10 +194,13 @@ class Listings(ForwardingRouter):
                 merged.append(item)
         down = [v for v in self.nodes.values() if v.lost_reason() is not None]
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(req.target).query)
-        if req.path == "/v1/sandboxes" and self.store is not None and query.get("state", ["lost"])[0] == "lost":
+        if req.path == "/v1/sandboxes" and query.get("state", ["lost"])[0] == "lost":
             for v in down:
-                for k in await self._kv(self.store.keys, f"n/{v.node_id}/"):
-                    sid = k.split("/", 2)[2]
+                # What the store recorded on the node (every router's creates), or without a
+                # store what this router last knew it held.
+                held = ([k.split("/", 2)[2] for k in await self._kv(self.store.keys, f"n/{v.node_id}/")]
+                        if self.store is not None else sorted(v.held()))
+                for sid in held:
                     merged.append({"id": sid, "state": "lost", "node": v.node_id, "reason": v.lost_reason(),
                                    "labels": {}})
             # Those a node came back without: lost, with why (the node may list them lost

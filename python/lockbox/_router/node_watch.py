@@ -15,7 +15,7 @@ from typing import Any
 from .forwarding import ForwardingRouter
 from .listings import E2B_PAGE
 from .placement import DEFAULT_MAX_SANDBOXES, FIRST_SEEN, NodeView
-from .wire import HttpError, describe_error
+from .wire import HttpError, describe_error, json_or_none
 
 PROBE_INTERVAL = 1.0
 NODES_INTERVAL = 0.5
@@ -89,6 +89,15 @@ class NodeWatch(ForwardingRouter):
     async def _probe_one(self, view: NodeView) -> None:
         started = time.monotonic()
         try:
+            # The server's instance first: one that restarted at the same address with the
+            # same token (a pod's container restarted) held none of what it held before.
+            status, _, body = await self._call(view, "GET", "/healthz", timeout=2.0)
+            health = json_or_none(body) if status == 200 else None
+            instance = health.get("instance") if isinstance(health, dict) else None
+            if isinstance(instance, str):  # (an older server tells none)
+                if view.instance is not None and instance != view.instance:
+                    view.was_down = view.was_down or "its server restarted"
+                view.instance = instance
             status, _, body = await self._call(view, "GET", "/v1/sandboxes?state=running", timeout=2.0)
             if status != 200:
                 raise HttpError(f"GET /v1/sandboxes answered {status}")

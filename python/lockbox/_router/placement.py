@@ -77,9 +77,16 @@ class NodeView:
     ports_port: int = 0
     """The node's ports listener (``lockbox serve --ports-listen``); 0: it has none."""
     ports_domain: str = "localhost"
+    instance: str | None = None
+    """The node's server process as its ``/healthz`` last told (a new one: it restarted)."""
+
+    def held(self) -> set[str]:
+        """The node's sandboxes as this router knows them: those running at the last probe,
+        with those it made since and without those it deleted since."""
+        return (self.probed | self.made.keys()) - self.deleted.keys()
 
     def recount(self) -> None:
-        self.load = self.inflight + len((self.probed | self.made.keys()) - self.deleted.keys())
+        self.load = self.inflight + len(self.held())
 
     def probed_at(self, started: float, running: set[str]) -> None:
         """A probe that began at ``started`` found ``running``: what this router made or

@@ -18,6 +18,7 @@ from .listings import MERGED_LISTS, SNAPSHOT_LISTING, Listings
 from .mcp import McpCalls
 from .node_watch import NodeWatch
 from .snapshot_copies import is_snapshot_id
+from .store import StoreUnavailable
 from .tokens import ScopedTokens
 from .wire import HEAD_LIMIT, HEADER_TIMEOUT, Head, HttpError, Request, encode_reply, lockbox_error
 
@@ -90,7 +91,15 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
                     await writer.drain()
                     return
                 req.keep = version == "HTTP/1.1" and "close" not in head.tokens("connection")
-                await handle(req)
+                try:
+                    await handle(req)
+                except StoreUnavailable as e:
+                    # Nothing was sent to a node on a placement the store could not keep.
+                    print(f"lockbox fleet router: {req.method} {req.path}: {e}", flush=True)
+                    if not req.answered:
+                        req.keep = False
+                        await req.send(*lockbox_error(503, "STORE_UNAVAILABLE", str(e)))
+                    return
                 if not req.keep or (not req.body_read and req.framing != 0):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, HttpError, asyncio.LimitOverrunError):

@@ -1,6 +1,7 @@
-"""Placements in Ray's GCS key-value store (:class:`Store`: the keys are listed in
-``lockbox._router``'s docstring), and what a node's reply says was made (:func:`made_ids`),
-which is what gets recorded."""
+"""Placements (the keys are listed in ``lockbox._router``'s docstring) over a key-value
+store: :class:`Store` records, forgets and buries them; :class:`RayStore` keeps them in Ray's
+GCS, ``pg_store.PgStore`` in PostgreSQL (routers without Ray). And what a node's reply says
+was made (:func:`made_ids`), which is what gets recorded."""
 
 from __future__ import annotations
 
@@ -10,27 +11,25 @@ from collections.abc import Iterable
 from typing import Any
 
 
+class StoreUnavailable(Exception):
+    """The placement store did not answer (the router answers 503 ``STORE_UNAVAILABLE``)."""
+
+
 class Store:
-    """Placements in Ray's GCS key-value store (blocking calls: run them in a thread)."""
-
-    def __init__(self, namespace: str) -> None:
-        from ray.experimental import internal_kv
-
-        self.kv = internal_kv
-        self.ns = f"lockbox-fleet:{namespace}".encode()
+    """What the router records, over four calls a key-value store gives (``get``, ``put``,
+    ``delete``, ``keys`` by prefix). Blocking calls: the router runs them in a thread."""
 
     def get(self, key: str) -> dict[str, Any] | None:
-        raw = self.kv._internal_kv_get(key.encode(), namespace=self.ns)
-        return json.loads(raw) if raw else None
+        raise NotImplementedError
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        self.kv._internal_kv_put(key.encode(), json.dumps(value).encode(), True, namespace=self.ns)
+        raise NotImplementedError
 
     def delete(self, key: str) -> None:
-        self.kv._internal_kv_del(key.encode(), namespace=self.ns)
+        raise NotImplementedError
 
     def keys(self, prefix: str) -> list[str]:
-        return [k.decode() for k in self.kv._internal_kv_list(prefix.encode(), namespace=self.ns)]
+        raise NotImplementedError
 
     def record(self, node: str, sandboxes: Iterable[str], snapshots: Iterable[str] = ()) -> None:
         """Ids made on ``node``; sandboxes also under ``n/NODE/`` (what a lost node held)."""
@@ -56,6 +55,29 @@ class Store:
             self.put(f"p/{i}", value)
             self.put(f"g/{node}/{i}", value)
             self.delete(f"n/{node}/{i}")
+
+
+class RayStore(Store):
+    """Placements in Ray's GCS key-value store, namespace ``lockbox-fleet:NAMESPACE``."""
+
+    def __init__(self, namespace: str) -> None:
+        from ray.experimental import internal_kv
+
+        self.kv = internal_kv
+        self.ns = f"lockbox-fleet:{namespace}".encode()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        raw = self.kv._internal_kv_get(key.encode(), namespace=self.ns)
+        return json.loads(raw) if raw else None
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        self.kv._internal_kv_put(key.encode(), json.dumps(value).encode(), True, namespace=self.ns)
+
+    def delete(self, key: str) -> None:
+        self.kv._internal_kv_del(key.encode(), namespace=self.ns)
+
+    def keys(self, prefix: str) -> list[str]:
+        return [k.decode() for k in self.kv._internal_kv_list(prefix.encode(), namespace=self.ns)]
 
 
 def made_ids(what: str, reply: Any) -> tuple[list[str], list[str]]:

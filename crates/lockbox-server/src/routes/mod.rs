@@ -156,6 +156,18 @@ fn console() -> Router<AppState> {
         .route_layer(axum::middleware::from_fn(console::security_headers))
 }
 
+/// This server process's instance id: its pid and the time it first answered `/healthz`
+/// (no randomness needed: two processes never share both).
+fn instance() -> &'static str {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{:x}-{now:x}", std::process::id())
+    })
+}
+
 #[utoipa::path(
     get,
     path = "/healthz",
@@ -166,6 +178,7 @@ fn console() -> Router<AppState> {
 )]
 pub(crate) async fn healthz() -> impl IntoResponse {
     Json(crate::wire::Health {
+        instance: instance(),
         status: "ok",
         version: env!("CARGO_PKG_VERSION"),
     })

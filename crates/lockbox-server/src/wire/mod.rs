@@ -108,6 +108,9 @@ pub fn ms(d: Duration) -> u64 {
 /// `GET /healthz`. In the order of their names, as before.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
+    /// Differs for every start of the server process: a fleet's router tells a node whose
+    /// server restarted (same address, same token) by it.
+    pub instance: &'static str,
     /// `ok`.
     pub status: &'static str,
     /// The server's version.
