@@ -80,7 +80,7 @@ pub fn router(e2b: E2b) -> Router {
 
 /// Lets a request through only with the server's token as `X-API-Key` (or as a bearer
 /// token, which E2B's API also takes); 401 in E2B's shape otherwise.
-async fn require_api_key(State(e2b): State<E2b>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_api_key(State(e2b): State<E2b>, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let key = headers
         .get("x-api-key")

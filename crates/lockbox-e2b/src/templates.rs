@@ -22,9 +22,8 @@
 
 use crate::{E2b, E2bError};
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -80,9 +79,11 @@ impl Templates {
 /// The template routes. Every route but the upload URL needs the API key.
 pub fn router(e2b: E2b) -> Router {
     let state = Templates {
-        e2b,
+        e2b: e2b.clone(),
         inner: Arc::default(),
     };
+    // The same check as the control plane's (X-API-Key, or a bearer token: a fleet's router
+    // sends the node's token as one).
     let authed = Router::new()
         .route("/v3/templates", post(request_build))
         .route("/templates/{id}/files/{hash}", get(file_link))
@@ -91,24 +92,13 @@ pub fn router(e2b: E2b) -> Router {
         .route("/templates/aliases/{alias}", get(alias))
         .route("/templates/{id}/tags", get(tags))
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
+            e2b,
+            crate::control::require_api_key,
         ));
     Router::new()
         .route("/templates/{id}/files/{hash}/{token}", put(upload))
         .merge(authed)
         .with_state(state)
-}
-
-async fn require_api_key(State(t): State<Templates>, req: Request, next: Next) -> Response {
-    let ok = req
-        .headers()
-        .get("x-api-key")
-        .is_some_and(|k| t.e2b.api_key_matches(k.as_bytes()));
-    if !ok {
-        return E2bError::new(StatusCode::UNAUTHORIZED, "Invalid API key").into_response();
-    }
-    next.run(req).await
 }
 
 fn random_hex(bytes: usize) -> Result<String, E2bError> {
