@@ -6,6 +6,7 @@ reached — and the placement function over many simulated nodes."""
 import asyncio
 import http.client
 import json
+import os
 import random
 import socket
 import subprocess
@@ -15,8 +16,14 @@ import time
 import urllib.parse
 
 import pytest
+from conftest import need
 
 from lockbox._router import NodeView, Router, place
+
+try:
+    import e2b
+except ImportError:
+    e2b = None
 
 
 def serve(state, *flags):
@@ -875,3 +882,82 @@ def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
                               ("fleet1.!!!", "desc", "not one")):
         with pytest.raises(ValueError, match=why):
             Cursor.decode(token, order)
+
+
+def test_an_e2b_template_built_through_the_router_runs_its_sandboxes_on_its_node(tmp_path, monkeypatch):
+    """E2B's `Template.build` through a router (docs/fleet.md, "E2B templates"): the build,
+    its file uploads (to the one-time URL, through the router) and its status go to one
+    node, and `Sandbox.create(template)` goes there too, from this router and from one that
+    never saw the build; a name no node built does not exist; with the template's node gone,
+    a create is the router's 503 naming it."""
+    need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
+    need(os.path.exists("/bin/busybox") and os.path.exists("/bin/bash-static"),
+         "busybox-static and bash-static (Debian packages) for the image")
+    from test_image import busybox_layout
+
+    layout = busybox_layout(str(tmp_path / "layout"))
+    procs, nodes = {}, []
+    for name in ("a", "b"):
+        proc, info = serve(tmp_path / name)
+        info["node_id"] = name * 56
+        procs[name] = proc
+        nodes.append(info)
+    try:
+        first = start_router(nodes)
+        url = f"http://{first[0]}:{first[1]}"
+        for key, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", "fleet-token"),
+                           ("E2B_DOMAIN", "lockbox.test")):
+            monkeypatch.setenv(key, value)
+        ctx = tmp_path / "ctx"
+        (ctx / "app").mkdir(parents=True)
+        (ctx / "app" / "main.sh").write_text("echo from-copy\n")
+        template = (e2b.Template(file_context_path=str(ctx)).from_image(layout).copy("app", "/opt/app")
+                    .run_cmd("sh /opt/app/main.sh > /work/built.txt"))
+        info = e2b.Template.build(template, "fleet-demo:v1")
+        assert info.template_id == "fleet-demo"
+        assert e2b.Template.exists("fleet-demo") and not e2b.Template.exists("fleet-never-built")
+        built = [n for n in nodes if call(n, "GET", "/templates/aliases/fleet-demo")[0] == 200]
+        assert len(built) == 1, [call(n, "GET", "/templates/aliases/fleet-demo")[0] for n in nodes]
+        home = built[0]["node_id"]
+
+        boxes = [e2b.Sandbox.create("fleet-demo:v1") for _ in range(3)]
+        # A second router, which saw no build and has no store, asks the nodes.
+        second = start_router(nodes)
+        monkeypatch.setenv("E2B_API_URL", f"http://{second[0]}:{second[1]}")
+        monkeypatch.setenv("E2B_SANDBOX_URL", f"http://{second[0]}:{second[1]}")
+        boxes.append(e2b.Sandbox.create("fleet-demo:v1"))
+        listed = {s["id"]: s["node"] for s in json.loads(raw_get(second, "/v1/sandboxes"))["sandboxes"]}
+        for box in boxes:
+            assert listed[box.sandbox_id] == home, (listed, home)
+            assert box.commands.run("cat /work/built.txt").stdout == "from-copy\n"
+            box.kill()
+
+        # Its node gone: creates of it are refused, naming the node, not sent elsewhere.
+        other = next(n for n in nodes if n["node_id"] != home)
+        victim = procs[home[0]]
+        victim.terminate()
+        victim.wait(30)
+        deadline = time.monotonic() + 20  # a bound on the wait, not a measurement
+        while True:
+            with pytest.raises(Exception) as refused:  # noqa: B017 (E2B: ServiceBusyException, a 503)
+                e2b.Sandbox.create("fleet-demo:v1")
+            if "built on node" in str(refused.value) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert f"built on node {home[:12]} only" in str(refused.value), str(refused.value)
+        assert call(other, "GET", "/v1/sandboxes")[2].count(b'"id"') == 0
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(30)
+
+
+def raw_get(addr, path):
+    conn = http.client.HTTPConnection(*addr, timeout=60)
+    try:
+        conn.request("GET", path, headers=AUTH)
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return resp.read()
+    finally:
+        conn.close()

@@ -24,6 +24,7 @@ call to one node):
 - ``by_id``: calls on one sandbox, snapshot, branch, transaction or run;
 - ``creates``: placing and recording new sandboxes;
 - ``snapshot_copies``: snapshots forked on other nodes, copied there first;
+- ``templates``: E2B's template builds, on the template's node (its sandboxes too);
 - ``listings``: merged listings, E2B's paged across the nodes (:class:`Cursor`,
   :func:`merge_pages`);
 - ``ports``: exposed ports on their own origins;

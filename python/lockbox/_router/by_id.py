@@ -20,10 +20,12 @@ from .wire import Head, HttpError, Request, json_or_none, lockbox_error
 class ById(SnapshotCopies, ExposedPorts):
     """Routes calls by the id they name."""
 
-    async def _by_id(self, req: Request, sid: str, kind: str, *, flavour: str, upstream_auth: bool = True) -> None:
+    async def _by_id(self, req: Request, sid: str, kind: str, *, flavour: str, upstream_auth: bool = True,
+                     ask: bool = True) -> None:
         # E2B's sandbox plane is not authenticated by the fleet's token (the node checks the
-        # sandbox's own): it does not get to make the router ask every node.
-        view = await self._node_of(sid, kind, ask=flavour != "e2b-plane")
+        # sandbox's own): it does not get to make the router ask every node (nor, with
+        # ``ask`` false, does a template's upload URL).
+        view = await self._node_of(sid, kind, ask=ask and flavour != "e2b-plane")
         if view is None:
             await req.drain_body()
             if flavour == "e2b-plane":
@@ -84,7 +86,7 @@ class ById(SnapshotCopies, ExposedPorts):
             return self._ports_reply(sid, data)
 
         on_reply: Callable[[int, bytes], Awaitable[bytes | None]] | None = None
-        if req.method == "DELETE" and len(parts) in (3, 2):  # /v1/sandboxes/ID, /sandboxes/ID
+        if req.method == "DELETE" and len(parts) in (3, 2) and kind != "templates":  # /v1/sandboxes/ID, /sandboxes/ID
             on_reply = forgotten
         elif req.method == "POST" and what:
             on_reply = made

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .placement import NodeView, eligible_nodes, holding, place
 from .snapshot_copies import SnapshotCopies, copy_header, is_snapshot_id
+from .templates import E2bTemplates
 from .wire import Request, e2b_error, json_or_none, lockbox_error
 
 # E2B's templates that run on the host's userland (crates/lockbox-e2b, HOST_TEMPLATES).
@@ -31,7 +32,7 @@ class Placing:
 
 
 
-class Creates(SnapshotCopies):
+class Creates(SnapshotCopies, E2bTemplates):
     """Places and records new sandboxes."""
 
     @contextlib.asynccontextmanager
@@ -95,6 +96,21 @@ class Creates(SnapshotCopies):
                                                       on_head=copy_header(copy))
             return
         eligible = eligible_nodes(self.nodes.values(), hint)
+        # A template built on a node (E2B's Template.build, through a router or not) is an
+        # image of that node's only: its sandboxes go there. E2B's creates ask the nodes about
+        # a name the router does not know; lockbox's `image` ones do not (a registry image).
+        home = await self._template_node(image, ask=e2b) if image is not None else None
+        if home is not None:
+            if not home.routable or (hint and home not in eligible):
+                why = home.lost_reason() or f"the placement {json.dumps(hint)} names another node"
+                msg = (f"template {image} was built on node {home.node_id[:12]} only (templates are not copied "
+                       f"between nodes): {why}")
+                if e2b:
+                    await req.send(503, {"code": 503, "message": msg})
+                else:
+                    await req.send(*lockbox_error(503, "NO_NODE", msg, node=home.node_id, image=image))
+                return
+            eligible = [home]
         if not eligible:
             known = {v.node_id: v.lost_reason() or "up" for v in self.nodes.values()}
             msg = "no fleet node is up" if not hint else f"no up fleet node matches the placement {json.dumps(hint)}"

@@ -47,11 +47,11 @@ POOL_IDLE = 4.0
 # The kinds of ids a call may name (a path's collection): where a node answers for one, the
 # error code of an unknown one, and its name in messages.
 BY_ID = {"sandboxes": "/v1/sandboxes/", "snapshots": "/v1/snapshots/", "branches": "/v1/branches/",
-         "transactions": "/v1/transactions/", "runs": "/v1/journal/runs/"}
+         "transactions": "/v1/transactions/", "runs": "/v1/journal/runs/", "templates": "/templates/aliases/"}
 NOT_FOUND = {"sandboxes": "SANDBOX_NOT_FOUND", "snapshots": "SNAPSHOT_NOT_FOUND", "branches": "BRANCH_NOT_FOUND",
              "transactions": "TXN_NOT_FOUND", "runs": "RUN_NOT_FOUND"}
 ONE = {"sandboxes": "sandbox", "snapshots": "snapshot", "branches": "branch", "transactions": "transaction",
-       "runs": "run"}
+       "runs": "run", "templates": "template"}
 
 
 def dns_name(name: str, what: str) -> str:
@@ -102,6 +102,8 @@ class ForwardingRouter:
         the router's secret -> ``{"id", "node", "secret"}``); the store's ``t/HASH``."""
         self.pool: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float, int]]] = {}
         self.rng = random.Random()
+        self.template_misses: dict[str, float] = {}
+        """Names no node knew as a template, with when they were asked about (``templates``)."""
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nodes_ready = asyncio.Event()

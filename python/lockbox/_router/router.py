@@ -13,12 +13,14 @@ from collections.abc import Awaitable, Callable
 
 from .by_id import ById
 from .console import ConsoleLogin, drop_cookies
+from .creates import HOST_TEMPLATES
 from .forwarding import BY_ID
 from .listings import MERGED_LISTS, SNAPSHOT_LISTING, Listings
 from .mcp import McpCalls
 from .node_watch import NodeWatch
 from .snapshot_copies import is_snapshot_id
 from .store import StoreUnavailable
+from .templates import template_id
 from .tokens import ScopedTokens
 from .wire import HEAD_LIMIT, HEADER_TIMEOUT, Head, HttpError, Request, encode_reply, lockbox_error
 
@@ -121,6 +123,12 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
             sid = (req.head.get("e2b-sandbox-id") or "").strip()
             await self._by_id(req, sid, "sandboxes", flavour="e2b-plane", upstream_auth=False)
             return
+        if req.method == "PUT" and len(req.parts) == 5 and req.parts[0] == "templates" and req.parts[2] == "files":
+            # The E2B SDK's upload of a template's files, to the one-time URL the template's
+            # node gave (no API key: that node checks the URL's token).
+            await self._by_id(req, template_id(urllib.parse.unquote(req.parts[1])), "templates", flavour="e2b",
+                              upstream_auth=False, ask=False)
+            return
         if path == "/healthz":
             await req.drain_body()
             await req.send(200, {"status": "ok", "fleet": True,
@@ -196,10 +204,19 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
             await self._mint(req)
         elif req.method == "DELETE" and len(parts) == 3 and parts[:2] == ["v1", "tokens"]:
             await self._revoke(req, urllib.parse.unquote(parts[2]))
-        elif path.startswith(("/v3/templates", "/v2/templates", "/templates")):
-            await req.drain_body()
-            await req.send(501, {"code": 501, "message": "E2B templates are not served by the fleet's router yet: "
-                                 "use a node's own server (docs/fleet.md)"})
+        elif req.method == "DELETE" and len(parts) == 2 and parts[0] == "templates":
+            await self._to_any(req)  # a template that is no snapshot: every node answers 501 alike
+        elif req.method == "POST" and path == "/v3/templates":
+            await self._request_build(req)
+        elif len(parts) == 3 and parts[:2] == ["templates", "aliases"] and template_id(
+                urllib.parse.unquote(parts[2])) in HOST_TEMPLATES:
+            await self._to_any(req)  # every node has them
+        elif len(parts) == 3 and parts[:2] == ["templates", "aliases"]:
+            await self._by_id(req, template_id(urllib.parse.unquote(parts[2])), "templates", flavour="e2b")
+        elif (parts[:1] == ["templates"] and len(parts) >= 2) or (parts[:2] == ["v2", "templates"] and len(parts) >= 3):
+            # A template's files, build, status and tags: on the node that builds it.
+            tid = urllib.parse.unquote(parts[1] if parts[0] == "templates" else parts[2])
+            await self._by_id(req, template_id(tid), "templates", flavour="e2b")
         else:  # the API's description and the like: the same on every node
             await self._to_any(req)
 
