@@ -15,9 +15,11 @@ already holding a few of the images.
 
 1. Decisions/s: --decisions calls of `place(eligible, image=..., rng=...)` on that fleet,
    images drawn from the skewed workload below. Variants: with an image (affinity looked
-   at), without one (plain power of 3), and the router's whole step as `Router._create`
-   takes it: `eligible_nodes` (the routable nodes; no placement hint) and `holding` (those
-   that hold the image) made anew, then `place` with the image and its holders (--step-decisions per repeat). Repeats are
+   at), without one (plain power of 3), the router's whole step as `Router._create` takes
+   it without a placement hint (`place` over its list of nodes, with the image's holders from
+   the index its probes keep), and with a hint (`eligible_nodes`, the routable nodes the hint
+   names, and `holding`, those that hold the image, made anew per create: --step-decisions
+   per repeat). Repeats are
    interleaved (A, B, C, A, B, C, ...) so a change in the machine's load hits every variant;
    median, min and max.
 2. Image pulls: --creates creates whose images follow a Zipf law (each exponent of --zipf,
@@ -93,8 +95,16 @@ def decisions_per_second(router, nodes, images, variant, seed):
     elif variant == "plain":
         for _ in images:
             place(nodes, rng=rng)
-    else:  # as Router._create: the eligible nodes, then place
-        hint = {}
+    elif variant == "step":  # as Router._create without a hint: its node list and holders index, kept up to date
+        index = {}
+        for v in nodes:
+            for img in v.images:
+                index.setdefault(img, []).append(v)
+        t0 = time.perf_counter()
+        for img in images:
+            place(nodes, image=img, rng=rng, holders=index.get(img, ()))
+    else:  # as Router._create with a placement hint: the eligible nodes and holders made anew
+        hint = {"labels": {}}
         for img in images:
             eligible = eligible_nodes(nodes, hint)
             place(eligible, image=img, rng=rng, holders=holding(eligible, img))
@@ -145,7 +155,7 @@ def main():
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--decisions", type=int, default=100_000)
     p.add_argument("--step-decisions", type=int, default=5000,
-                   help="decisions per repeat of the router's whole step (it is far slower)")
+                   help="decisions per repeat of the step with a placement hint (it is far slower)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--zipf", default="0.8,1.1,1.5", help="Zipf exponents, comma-separated (the first also drives part 1)")
@@ -164,11 +174,12 @@ def main():
           f"{a.repeats} repeats interleaved; router K={router.K}, IMAGE_AFFINITY={router.IMAGE_AFFINITY}")
     print()
     variants = (("image", "`place` with an image (affinity)"), ("plain", "`place`, no image (power of 3 alone)"),
-                ("step", "the router's step: eligible list + `place` with an image"))
+                ("step", "the router's whole step (no hint: node list + holders index + `place`)"),
+                ("hinted", "the router's step with a placement hint (eligible list made per create)"))
     rates = {v: [] for v, _ in variants}
     for r in range(a.repeats):
         for v, _ in variants:
-            some = images[: a.step_decisions] if v == "step" else images
+            some = images[: a.step_decisions] if v == "hinted" else images
             rates[v].append(decisions_per_second(router, nodes, some, v, a.seed + r))
     print(f"| over {a.nodes} nodes | decisions/s median | min | max | µs/decision (median) |")
     print("|---|---:|---:|---:|---:|")
@@ -180,7 +191,7 @@ def main():
     if a.profile:
         import cProfile
         import pstats
-        for variant, count in (("image", 20000), ("step", 2000)):
+        for variant, count in (("image", 20000), ("step", 20000), ("hinted", 2000)):
             count = min(count, len(images))
             prof = cProfile.Profile()
             prof.enable()

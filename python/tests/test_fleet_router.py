@@ -355,6 +355,32 @@ def test_power_of_k_choices_balances_and_prefers_a_node_holding_the_image():
     for n in small:
         n.load = 10
     assert place(small, rng=rng) is None
+    # A node that cannot take calls (its server unreachable, being checked, lost) is never
+    # chosen, even when the sample drew it and it is the emptiest.
+    for n in small:
+        n.load = 0
+    small[0].unreachable = "connection refused"
+    small[1].was_down = "its server restarted"
+    assert all(place(small, rng=rng) is small[2] for _ in range(20))
+    small[2].state = "lost"
+    assert place(small, rng=rng) is None
+
+
+def test_placement_samples_distinct_nodes_uniformly():
+    """`place` samples K distinct nodes (all of them when there are no more), each as likely
+    as any other: drawn one by one rather than by random.sample, which costs more."""
+    from lockbox._router.placement import _indices
+
+    rng = random.Random(3)
+    for n in range(0, 12):
+        for k in range(1, 5):
+            got = _indices(rng, n, k)
+            assert len(got) == min(n, k) and len(set(got)) == len(got) and all(0 <= i < n for i in got), (n, k, got)
+    counts = [0] * 10
+    for _ in range(30_000):
+        for i in _indices(rng, 10, 3):
+            counts[i] += 1
+    assert max(counts) < 1.1 * min(counts), counts  # 9,000 each expected
 
 
 def test_a_nodes_load_counts_each_sandbox_once_whatever_a_probe_saw():

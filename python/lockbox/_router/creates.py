@@ -54,6 +54,19 @@ class Creates(SnapshotCopies, E2bTemplates):
             if self.store is not None:
                 await self._kv(self.store.delete, intent)
 
+    async def _create_on(self, req: Request, view: NodeView, body: bytes, image: str | None) -> bool:
+        """Sends the create to ``view`` and records what it made; ``False`` if the node
+        could not be reached (nothing was answered: the caller tries another)."""
+        async def recorded(status: int, data: bytes) -> None:
+            await self._remember(json_or_none(data), view, "create")
+
+        async def no_answer(reason: str) -> None:
+            return None
+
+        async with self._placing(view, image) as placing:
+            placing.reached = await self._forward(req, view, body=body, on_reply=recorded, unreachable=no_answer)
+        return placing.reached
+
     async def _snapshot_template(self, template: str) -> bool:
         """Whether E2B's ``templateID`` names a snapshot of the fleet (lockbox-e2b takes a
         snapshot's id as a template: ``Sandbox.create(template=snapshot_id)``): one this
@@ -95,11 +108,20 @@ class Creates(SnapshotCopies, E2bTemplates):
                 placing.reached = await self._forward(req, view, body=body, on_reply=remembered,
                                                       on_head=copy_header(copy))
             return
-        eligible = eligible_nodes(self.nodes.values(), hint)
         # A template built on a node (E2B's Template.build, through a router or not) is an
         # image of that node's only: its sandboxes go there. E2B's creates ask the nodes about
         # a name the router does not know; lockbox's `image` ones do not (a registry image).
         home = await self._template_node(image, ask=e2b) if image is not None else None
+        tried: list[NodeView] = []
+        if home is None and not hint:
+            # The common create, in O(K): a sample of every node (`place` leaves out those
+            # that cannot take it) and of the image's holders, as the probes listed them.
+            first = place(self._node_list(), image=image, rng=self.rng, holders=self.holders.get(image or "", ()))
+            if first is not None:
+                if await self._create_on(req, first, body, image):
+                    return
+                tried.append(first)  # unreachable: the next choice, among the others
+        eligible = [v for v in eligible_nodes(self.nodes.values(), hint) if v not in tried]
         if home is not None:
             if not home.routable or (hint and home not in eligible):
                 why = home.lost_reason() or f"the placement {json.dumps(hint)} names another node"
@@ -122,16 +144,7 @@ class Creates(SnapshotCopies, E2bTemplates):
         while eligible:
             view = place(eligible, image=image, rng=self.rng, holders=holding(eligible, image)) or min(
                 eligible, key=lambda v: v.load / max(v.capacity, 1))
-            async def recorded(status: int, data: bytes, view: NodeView = view) -> None:
-                await self._remember(json_or_none(data), view, "create")
-
-            async def no_answer(reason: str) -> None:
-                return None
-
-            async with self._placing(view, image) as placing:
-                placing.reached = await self._forward(req, view, body=body, on_reply=recorded,
-                                                      unreachable=no_answer)
-            if placing.reached:
+            if await self._create_on(req, view, body, image):
                 return
             eligible.remove(view)  # the next choice, among the others
         message = "no fleet node could be reached for the create"

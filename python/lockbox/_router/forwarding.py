@@ -102,6 +102,9 @@ class ForwardingRouter:
         the router's secret -> ``{"id", "node", "secret"}``); the store's ``t/HASH``."""
         self.pool: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float, int]]] = {}
         self.rng = random.Random()
+        self.holders: dict[str, list[NodeView]] = {}
+        """Image -> the nodes whose probes listed a sandbox of it (placement's affinity)."""
+        self._listed: list[NodeView] = []
         self.template_misses: dict[str, float] = {}
         """Names no node knew as a template, with when they were asked about (``templates``)."""
         self.server: asyncio.Server | None = None
@@ -130,6 +133,13 @@ class ForwardingRouter:
                 return None
             body = json.dumps(parsed).encode()
         return body, parsed, hint
+
+    def _node_list(self) -> list[NodeView]:
+        """Every node the router knows, as a list (made again only when one is added: the
+        router forgets none)."""
+        if len(self._listed) != len(self.nodes):
+            self._listed = list(self.nodes.values())
+        return self._listed
 
     async def _kv(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A call to the placement store, in a thread; whatever it fails with is

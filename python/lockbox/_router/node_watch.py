@@ -123,8 +123,9 @@ class NodeWatch(ForwardingRouter):
         view.probed_at(started, running)
         for b in boxes:
             image = (b.get("policy") or {}).get("image")
-            if image:
+            if image and image not in view.images:
                 view.images.add(image)
+                self.holders.setdefault(image, []).append(view)
         if self.store is not None and started - view.swept >= SWEEP_INTERVAL:
             view.swept = started
             await self._sweep(view, running)

@@ -131,12 +131,12 @@ def place(nodes: Sequence[NodeView], *, image: str | None = None, rng: random.Ra
     rng = rng or random.Random()
 
     def free(n: NodeView) -> bool:
-        return n.load < n.capacity
+        return n.load < n.capacity and n.routable
 
     # Indices, not a copy of a list of every node: a decision costs O(k), not O(nodes).
-    sample = [nodes[i] for i in rng.sample(range(len(nodes)), min(k, len(nodes)))]
+    sample = [nodes[i] for i in _indices(rng, len(nodes), k)]
     if image and holders:
-        sample += [holders[i] for i in rng.sample(range(len(holders)), min(HOLDERS, len(holders)))]
+        sample += [holders[i] for i in _indices(rng, len(holders), HOLDERS)]
     sample = [n for n in sample if free(n)]
     if not sample:  # the sample was full: look at every node
         room = [n for n in nodes if free(n)]
@@ -151,6 +151,21 @@ def place(nodes: Sequence[NodeView], *, image: str | None = None, rng: random.Ra
         return (s, rng.random())
 
     return min(sample, key=score)
+
+
+def _indices(rng: random.Random, n: int, k: int) -> list[int]:
+    """``min(k, n)`` distinct indices below ``n``, at random: every one when ``n <= k``,
+    else drawn one by one (a draw that repeats is drawn again; ``random.sample`` costs
+    several times more for the few of a decision)."""
+    if n <= k:
+        return list(range(n))
+    rand = rng.random
+    picked: list[int] = []
+    while len(picked) < k:
+        i = int(rand() * n)
+        if i not in picked:
+            picked.append(i)
+    return picked
 
 
 def eligible_nodes(nodes: Iterable[NodeView], hint: dict[str, Any]) -> list[NodeView]:
