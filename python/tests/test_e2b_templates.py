@@ -142,3 +142,62 @@ def test_template_calls_need_the_api_key(e2b_env, monkeypatch):
     monkeypatch.setenv("E2B_API_KEY", "wrong")
     with pytest.raises(e2b.AuthenticationException):
         e2b.Template.build(e2b.Template().from_image("oci:/x:v1").run_cmd("true"), "e2b-denied")
+
+
+def test_a_built_template_moves_to_another_name_through_its_archive_and_starts_the_same(e2b_env, layout):
+    """`GET /templates/{id}/archive` and `PUT /templates/{id}/archive?digest=` (what a fleet's
+    router copies a template with, docs/e2b.md "Templates"): the archive names its digest,
+    carries the start command, and loads back under another name with the same image id; a
+    body that is not the digest's, a bad digest and a missing template are refused, and
+    nothing is kept of them; both need the API key."""
+    import http.client
+    import urllib.parse
+
+    url, token = e2b_env
+    start = "sh -c 'echo up > /work/started; exec busybox sleep 600'"
+    template = e2b.Template().from_image(layout).run_cmd("echo moved > /work/moved.txt").set_start_cmd(
+        start, e2b.wait_for_file("/work/started"))
+    e2b.Template.build(template, "e2b-mover:v2")
+    parsed = urllib.parse.urlsplit(url)
+
+    def call(method, path, body=None, key=token):
+        conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+        try:
+            conn.request(method, path, body=body, headers={"X-API-Key": key} if key else {})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    status, headers, archive = call("GET", "/templates/e2b-mover/archive?tag=v2")
+    assert status == 200 and int(headers["content-length"]) == len(archive), headers
+    digest = headers["docker-content-digest"]
+    import hashlib
+    assert digest == "sha256:" + hashlib.sha256(archive).hexdigest()  # noqa: S324
+    assert "lockbox-template-start" in headers
+    assert call("GET", "/templates/e2b-mover/archive?tag=v2", key="wrong")[0] == 401
+    assert call("GET", "/templates/e2b-nothing/archive")[0] == 404
+
+    # Refused, and nothing kept: a cut body, a bad digest, no key.
+    cut = call("PUT", f"/templates/e2b-moved/archive?tag=v1&digest={digest}", archive[: len(archive) // 2])
+    assert cut[0] == 422 and b"tampered or cut" in cut[2], cut
+    # (Refused before the body is read: a small one, so the refusal is read, not a broken pipe.)
+    assert call("PUT", "/templates/e2b-moved/archive?tag=v1&digest=sha256:12", b"x")[0] == 400
+    assert call("PUT", f"/templates/e2b-moved/archive?tag=v1&digest={digest}", b"x", key=None)[0] == 401
+    assert not e2b.Template.exists("e2b-moved:v1")
+
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+    conn.request("PUT", f"/templates/e2b-moved/archive?tag=v1&digest={digest}", body=archive,
+                 headers={"X-API-Key": token, "Lockbox-Template-Start": headers["lockbox-template-start"]})
+    resp = conn.getresponse()
+    moved = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 201, moved
+    assert moved["name"] == "e2b-moved:v1" and moved["image"].startswith("sha256:")
+    assert e2b.Template.exists("e2b-moved:v1")
+    sbx = e2b.Sandbox.create("e2b-moved:v1", timeout=60)
+    try:
+        assert sbx.files.read("/work/moved.txt") == "moved\n"
+        assert sbx.files.read("/work/started") == "up\n"  # its start command came along
+    finally:
+        sbx.kill()

@@ -910,12 +910,13 @@ def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
             Cursor.decode(token, order)
 
 
-def test_an_e2b_template_built_through_the_router_runs_its_sandboxes_on_its_node(tmp_path, monkeypatch):
+def test_an_e2b_template_built_through_the_router_runs_where_it_is_or_is_copied_first(tmp_path, monkeypatch):
     """E2B's `Template.build` through a router (docs/fleet.md, "E2B templates"): the build,
     its file uploads (to the one-time URL, through the router) and its status go to one
-    node, and `Sandbox.create(template)` goes there too, from this router and from one that
-    never saw the build; a name no node built does not exist; with the template's node gone,
-    a create is the router's 503 naming it."""
+    node; `Sandbox.create(template)` goes there while it has room, then to the other node,
+    which the template (image and start command) is copied to first, and then to whichever
+    of the two has room, also once the builder is gone; a router that never saw the build
+    finds it; a name no node built does not exist; a tampered copy is refused."""
     need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
     need(os.path.exists("/bin/busybox") and os.path.exists("/bin/bash-static"),
          "busybox-static and bash-static (Debian packages) for the image")
@@ -924,10 +925,11 @@ def test_an_e2b_template_built_through_the_router_runs_its_sandboxes_on_its_node
     layout = busybox_layout(str(tmp_path / "layout"))
     procs, nodes = {}, []
     for name in ("a", "b"):
-        proc, info = serve(tmp_path / name)
-        info["node_id"] = name * 56
+        proc, info = serve(tmp_path / name, "--max-sandboxes", "2")
+        info.update(node_id=name * 56, max_sandboxes=2)
         procs[name] = proc
         nodes.append(info)
+    boxes = []
     try:
         first = start_router(nodes)
         url = f"http://{first[0]}:{first[1]}"
@@ -938,40 +940,70 @@ def test_an_e2b_template_built_through_the_router_runs_its_sandboxes_on_its_node
         (ctx / "app").mkdir(parents=True)
         (ctx / "app" / "main.sh").write_text("echo from-copy\n")
         template = (e2b.Template(file_context_path=str(ctx)).from_image(layout).copy("app", "/opt/app")
-                    .run_cmd("sh /opt/app/main.sh > /work/built.txt"))
+                    .run_cmd("sh /opt/app/main.sh > /work/built.txt")
+                    .set_start_cmd("sh -c 'echo up > /work/started; exec busybox sleep 600'",
+                                   e2b.wait_for_file("/work/started")))
         info = e2b.Template.build(template, "fleet-demo:v1")
         assert info.template_id == "fleet-demo"
         assert e2b.Template.exists("fleet-demo") and not e2b.Template.exists("fleet-never-built")
         built = [n for n in nodes if call(n, "GET", "/templates/aliases/fleet-demo")[0] == 200]
         assert len(built) == 1, [call(n, "GET", "/templates/aliases/fleet-demo")[0] for n in nodes]
-        home = built[0]["node_id"]
+        home = built[0]
+        other = next(n for n in nodes if n is not home)
 
-        boxes = [e2b.Sandbox.create("fleet-demo:v1") for _ in range(3)]
-        # A second router, which saw no build and has no store, asks the nodes.
+        def node_of(box):
+            listed = json.loads(raw_get(first, "/v1/sandboxes"))["sandboxes"]
+            return {s["id"]: s["node"] for s in listed}[box.sandbox_id]
+
+        def made_here(box):
+            r = box.commands.run("cat /work/built.txt /work/started")
+            assert (r.exit_code, r.stdout) == (0, "from-copy\nup\n"), r
+
+        # The builder while it has room (two), then the other node, copied to first.
+        for _ in range(2):
+            boxes.append(e2b.Sandbox.create("fleet-demo:v1"))
+            assert node_of(boxes[-1]) == home["node_id"]
+        assert call(other, "GET", "/templates/fleet-demo/archive?tag=v1")[0] == 404
+        boxes.append(e2b.Sandbox.create("fleet-demo:v1"))
+        assert node_of(boxes[-1]) == other["node_id"]
+        for box in boxes:
+            made_here(box)
+        status, headers, archive = call(other, "GET", "/templates/fleet-demo/archive?tag=v1")
+        assert status == 200 and headers["docker-content-digest"].startswith("sha256:")
+        # A router that never saw the build (no store) asks the nodes, and finds room on the copy's.
         second = start_router(nodes)
         monkeypatch.setenv("E2B_API_URL", f"http://{second[0]}:{second[1]}")
         monkeypatch.setenv("E2B_SANDBOX_URL", f"http://{second[0]}:{second[1]}")
         boxes.append(e2b.Sandbox.create("fleet-demo:v1"))
-        listed = {s["id"]: s["node"] for s in json.loads(raw_get(second, "/v1/sandboxes"))["sandboxes"]}
-        for box in boxes:
-            assert listed[box.sandbox_id] == home, (listed, home)
-            assert box.commands.run("cat /work/built.txt").stdout == "from-copy\n"
-            box.kill()
+        assert node_of(boxes[-1]) == other["node_id"]
+        made_here(boxes[-1])
 
-        # Its node gone: creates of it are refused, naming the node, not sent elsewhere.
-        other = next(n for n in nodes if n["node_id"] != home)
-        victim = procs[home[0]]
-        victim.terminate()
-        victim.wait(30)
+        # The builder gone: the copy's node takes the template's sandboxes as it has room.
+        boxes[-1].kill()
+        procs[home["node_id"][0]].terminate()
+        procs[home["node_id"][0]].wait(30)
         deadline = time.monotonic() + 20  # a bound on the wait, not a measurement
         while True:
-            with pytest.raises(Exception) as refused:  # noqa: B017 (E2B: ServiceBusyException, a 503)
-                e2b.Sandbox.create("fleet-demo:v1")
-            if "built on node" in str(refused.value) or time.monotonic() > deadline:
+            try:
+                again = e2b.Sandbox.create("fleet-demo:v1")
                 break
-            time.sleep(0.2)
-        assert f"built on node {home[:12]} only" in str(refused.value), str(refused.value)
-        assert call(other, "GET", "/v1/sandboxes")[2].count(b'"id"') == 0
+            except Exception:  # noqa: BLE001 (503 while the router still routes to the builder)
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert node_of(again) == other["node_id"]
+        made_here(again)
+        again.kill()
+
+        # A copy whose bytes are not the digest's is refused, and nothing is kept.
+        tampered = archive[:-1] + bytes([archive[-1] ^ 1])
+        digest = headers["docker-content-digest"]
+        conn = http.client.HTTPConnection(*other["url"][len("http://"):].rsplit(":", 1), timeout=60)
+        conn.request("PUT", f"/templates/fleet-tampered/archive?tag=v1&digest={digest}", body=tampered,
+                     headers={"X-API-Key": other["token"]})
+        resp = conn.getresponse()
+        assert resp.status == 422 and "tampered or cut" in json.loads(resp.read())["message"]
+        conn.close()
+        assert call(other, "GET", "/templates/aliases/fleet-tampered")[0] == 404
     finally:
         for proc in procs.values():
             proc.terminate()

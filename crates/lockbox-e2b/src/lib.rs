@@ -31,6 +31,7 @@ mod network;
 pub mod observe;
 mod persist;
 mod registry;
+mod template_copies;
 pub mod template_start;
 pub mod templates;
 

@@ -67,6 +67,11 @@ pub fn record(state_dir: &Path, names: &[String], cmds: &StartCmds) -> std::io::
     Ok(())
 }
 
+/// The recorded start commands of `name` (`id:tag`) as their file holds them (JSON), if any.
+pub(crate) fn raw(state_dir: &Path, name: &str) -> Option<Vec<u8>> {
+    std::fs::read(file(state_dir, name)).ok()
+}
+
 /// What template `template` (`id[:tag]`) starts with and the image's working directory,
 /// if it was built here with a start or ready command and its tag still names that image.
 fn lookup(e2b: &E2b, template: &str) -> Option<(StartCmds, Option<String>)> {

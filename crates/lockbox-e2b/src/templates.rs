@@ -92,16 +92,28 @@ pub fn router(e2b: E2b) -> Router {
         .route("/templates/aliases/{alias}", get(alias))
         .route("/templates/{id}/tags", get(tags))
         .layer(axum::middleware::from_fn_with_state(
-            e2b,
+            e2b.clone(),
             crate::control::require_api_key,
         ));
+    // A built template carried to another server (a fleet's router copies it).
+    let copies = Router::new()
+        .route(
+            "/templates/{id}/archive",
+            get(crate::template_copies::export).put(crate::template_copies::import),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            e2b.clone(),
+            crate::control::require_api_key,
+        ))
+        .with_state(e2b.clone());
     Router::new()
         .route("/templates/{id}/files/{hash}/{token}", put(upload))
         .merge(authed)
         .with_state(state)
+        .merge(copies)
 }
 
-fn random_hex(bytes: usize) -> Result<String, E2bError> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String, E2bError> {
     let mut buf = vec![0u8; bytes];
     getrandom::fill(&mut buf).map_err(|e| {
         E2bError::new(
@@ -134,7 +146,7 @@ pub(crate) fn split_name(name: &str) -> (String, Option<String>) {
     }
 }
 
-fn check_name(field: &str, name: &str) -> Result<(), E2bError> {
+pub(crate) fn check_name(field: &str, name: &str) -> Result<(), E2bError> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name

@@ -790,6 +790,17 @@ impl Store {
         Ok(None)
     }
 
+    /// Names image `id` (an image id, as [`Image::id`] gives it) `name` as well (normalised
+    /// as references are), moving `name` off any image it named before.
+    pub fn tag(&self, id: &str, name: &str) -> Result<(), ImageError> {
+        let digest = Digest::parse(id).map_err(|_| ImageError::NotFound(id.to_owned()))?;
+        if self.read_record(&digest)?.is_none() {
+            return Err(ImageError::NotFound(id.to_owned()));
+        }
+        let name = crate::reference::Source::parse(name)?.name();
+        self.set_refs(&[name], &digest)
+    }
+
     /// The image `reference_or_id` names, if it is in the store.
     pub fn get(&self, reference_or_id: &str) -> Result<Option<Image>, ImageError> {
         match self.resolve(reference_or_id)? {

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from .placement import NodeView, eligible_nodes, holding, place
-from .snapshot_copies import SnapshotCopies, copy_header, is_snapshot_id
+from .snapshot_copies import copy_header, is_snapshot_id
 from .templates import E2bTemplates
 from .wire import Request, e2b_error, json_or_none, lockbox_error
 
@@ -32,7 +32,7 @@ class Placing:
 
 
 
-class Creates(SnapshotCopies, E2bTemplates):
+class Creates(E2bTemplates):
     """Places and records new sandboxes."""
 
     @contextlib.asynccontextmanager
@@ -122,17 +122,11 @@ class Creates(SnapshotCopies, E2bTemplates):
                     return
                 tried.append(first)  # unreachable: the next choice, among the others
         eligible = [v for v in eligible_nodes(self.nodes.values(), hint) if v not in tried]
-        if home is not None:
-            if not home.routable or (hint and home not in eligible):
-                why = home.lost_reason() or f"the placement {json.dumps(hint)} names another node"
-                msg = (f"template {image} was built on node {home.node_id[:12]} only (templates are not copied "
-                       f"between nodes): {why}")
-                if e2b:
-                    await req.send(503, {"code": 503, "message": msg})
-                else:
-                    await req.send(*lockbox_error(503, "NO_NODE", msg, node=home.node_id, image=image))
+        if home is not None and image is not None:
+            target = await self._template_target(req, image, home, hint, e2b)
+            if target is None:
                 return
-            eligible = [home]
+            eligible = [target]
         if not eligible:
             known = {v.node_id: v.lost_reason() or "up" for v in self.nodes.values()}
             msg = "no fleet node is up" if not hint else f"no up fleet node matches the placement {json.dumps(hint)}"

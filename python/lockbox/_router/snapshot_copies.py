@@ -256,16 +256,28 @@ class SnapshotCopies(ForwardingRouter):
 
     async def _stream_snapshot(self, sid: str, source: NodeView, target: NodeView, *,
                                scope: str | None = None) -> None:
-        """Streams snapshot ``sid``'s artifact from ``source`` into ``target``, chunk by
-        chunk (the router holds one chunk at a time): ``target`` checks it against the
-        digest ``source`` named it by, and keeps nothing unless it matches. ``scope``:
-        sent as ``Lockbox-Snapshot-Scope``."""
+        """Streams snapshot ``sid``'s artifact from ``source`` into ``target``
+        (:meth:`_stream_artifact`). ``scope``: sent as ``Lockbox-Snapshot-Scope``."""
         path = "/v1/snapshots/" + urllib.parse.quote(sid, safe="") + "/artifact"
+        await self._stream_artifact(f"snapshot {sid}", source, target, path, path,
+                                    content_type="application/vnd.oci.image.layout.v1+tar",
+                                    headers=[(SCOPE_HEADER, scope)] if scope else [])
+
+    async def _stream_artifact(self, what: str, source: NodeView, target: NodeView, get_path: str, put_path: str,
+                               *, content_type: str, headers: Sequence[tuple[str, str]] = (),
+                               passed: Sequence[str] = ()) -> None:
+        """Streams ``GET get_path`` of ``source`` into ``PUT put_path`` (with ``digest=``,
+        the digest ``source`` named it by) of ``target``, chunk by chunk (the router holds
+        one chunk at a time): ``target`` checks it against that digest, and keeps nothing
+        unless it matches. ``headers``: sent to ``target`` too; ``passed``: headers of
+        ``source``'s reply sent on to ``target``. ``Refused`` (naming both nodes) when it
+        fails; ``what`` names the thing in messages."""
+        path = get_path
 
         def refused(node: NodeView, e: BaseException) -> Refused:
-            return Refused(*lockbox_error(503, "NODE_UNREACHABLE", f"copying snapshot {sid} from node "
+            return Refused(*lockbox_error(503, "NODE_UNREACHABLE", f"copying {what} from node "
                                             f"{source.node_id[:12]} to node {target.node_id[:12]}: node "
-                                            f"{node.node_id[:12]}: {describe_error(e)}", id=sid, node=node.node_id,
+                                            f"{node.node_id[:12]}: {describe_error(e)}", node=node.node_id,
                                             reason=describe_error(e)))
 
         try:
@@ -296,10 +308,11 @@ class SnapshotCopies(ForwardingRouter):
             target.calls.add(dst_w)
             length = [("Content-Length", str(framing))] if framing is not None and framing >= 0 else [
                 ("Transfer-Encoding", "chunked")]
-            dst_w.write(Head(f"PUT {path}?digest={urllib.parse.quote(digest, safe=':')} HTTP/1.1", [
+            sep = "&" if "?" in put_path else "?"
+            kept = [(name, value) for name in passed if (value := head.get(name)) is not None]
+            dst_w.write(Head(f"PUT {put_path}{sep}digest={urllib.parse.quote(digest, safe=':')} HTTP/1.1", [
                 ("Host", f"{target.host}:{target.port}"), ("Authorization", f"Bearer {target.token}"),
-                ("Content-Type", "application/vnd.oci.image.layout.v1+tar"), *length,
-                *([(SCOPE_HEADER, scope)] if scope else []), ("Connection", "close")]).encode())
+                ("Content-Type", content_type), *length, *headers, *kept, ("Connection", "close")]).encode())
 
             async def send_body() -> None:
                 assert dst_w is not None
@@ -342,7 +355,7 @@ class SnapshotCopies(ForwardingRouter):
             if got not in (200, 201):
                 answer = json_or_none(data)
                 if isinstance(answer, dict) and isinstance(answer.get("message"), str):
-                    answer["message"] = (f"copying snapshot {sid} from node {source.node_id[:12]} to node "
+                    answer["message"] = (f"copying {what} from node {source.node_id[:12]} to node "
                                          f"{target.node_id[:12]}: {answer['message']}")
                     details = answer.get("details")
                     answer["details"] = {**(details if isinstance(details, dict) else {}),
