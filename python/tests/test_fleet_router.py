@@ -913,8 +913,9 @@ def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
 def test_an_e2b_template_built_through_the_router_runs_where_it_is_or_is_copied_first(tmp_path, monkeypatch):
     """E2B's `Template.build` through a router (docs/fleet.md, "E2B templates"): the build,
     its file uploads (to the one-time URL, through the router) and its status go to one
-    node; `Sandbox.create(template)` goes there while it has room, then to the other node,
-    which the template (image and start command) is copied to first, and then to whichever
+    node; `Sandbox.create(template)` goes there while it has room; a template built from it
+    on the other node has it copied there first; then creates go to the other node, which
+    has the template (image and start command), and then to whichever
     of the two has room, also once the builder is gone; a router that never saw the build
     finds it; a name no node built does not exist; a tampered copy is refused."""
     need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
@@ -959,11 +960,20 @@ def test_an_e2b_template_built_through_the_router_runs_where_it_is_or_is_copied_
             r = box.commands.run("cat /work/built.txt /work/started")
             assert (r.exit_code, r.stdout) == (0, "from-copy\nup\n"), r
 
-        # The builder while it has room (two), then the other node, copied to first.
+        # The builder while it has room (two).
         for _ in range(2):
             boxes.append(e2b.Sandbox.create("fleet-demo:v1"))
             assert node_of(boxes[-1]) == home["node_id"]
         assert call(other, "GET", "/templates/fleet-demo/archive?tag=v1")[0] == 404
+        # A template built from it goes to the least loaded node, the other one: its base is
+        # copied there first.
+        derived = e2b.Template().from_template("fleet-demo:v1").run_cmd("echo derived > /work/derived.txt")
+        e2b.Template.build(derived, "fleet-derived")
+        assert call(other, "GET", "/templates/aliases/fleet-derived")[0] == 200
+        assert call(other, "GET", "/templates/fleet-demo/archive?tag=v1")[0] == 200
+        with e2b.Sandbox.create("fleet-derived") as box:
+            assert box.commands.run("cat /work/built.txt /work/derived.txt").stdout == "from-copy\nderived\n"
+        # The builder full: the other node, which has a copy now.
         boxes.append(e2b.Sandbox.create("fleet-demo:v1"))
         assert node_of(boxes[-1]) == other["node_id"]
         for box in boxes:

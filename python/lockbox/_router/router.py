@@ -208,6 +208,8 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
             await self._to_any(req)  # a template that is no snapshot: every node answers 501 alike
         elif req.method == "POST" and path == "/v3/templates":
             await self._request_build(req)
+        elif req.method == "POST" and len(parts) == 5 and parts[:2] == ["v2", "templates"] and parts[3] == "builds":
+            await self._start_build(req, template_id(urllib.parse.unquote(parts[2])))
         elif len(parts) == 3 and parts[:2] == ["templates", "aliases"] and template_id(
                 urllib.parse.unquote(parts[2])) in HOST_TEMPLATES:
             await self._to_any(req)  # every node has them

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from .placement import NodeView, eligible_nodes, place
 from .snapshot_copies import Refused, SnapshotCopies
-from .wire import Request, json_or_none, lockbox_error
+from .wire import Request, e2b_error, json_or_none, lockbox_error
 
 TEMPLATE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 """The template ids the nodes are asked about when the router does not know them (lockbox-e2b's
@@ -92,6 +92,44 @@ class E2bTemplates(SnapshotCopies):
                     await self._record(chosen.node_id, [], [tid])
 
         await self._forward(req, view, body=body, on_reply=built)
+
+    async def _start_build(self, req: Request, tid: str) -> None:
+        """``POST /v2/templates/{id}/builds/{build}``: to the template's node; a build
+        ``fromTemplate`` another template that node does not have copies that one there
+        first (a template's base is an image of the node's own store)."""
+        body = await req.read_body_or_refuse()
+        if body is None:
+            return
+        req.error_shape = e2b_error
+        view = await self._template_node(tid, ask=True)
+        if view is None:
+            await req.send(404, {"code": 404, "message": f"template \"{tid}\" was not found"})
+            return
+        if not view.routable:
+            await req.send(503, {"code": 503, "message": f"template {tid} is on node {view.node_id[:12]}, which "
+                                 f"cannot take calls now: {view.lost_reason()}"})
+            return
+        parsed = json_or_none(body)
+        base = parsed.get("fromTemplate") if isinstance(parsed, dict) else None
+        if isinstance(base, str) and base:
+            bid, btag = split_template(base)
+            home = await self._template_node(bid, ask=True)
+            name = f"{bid}:{btag}"
+            if home is not None and home is not view and view.node_id not in await self._template_copies(name):
+                copies = await self._template_copies(name)
+                sources = [v for v in [home, *(self.nodes[n] for n in sorted(copies) if n in self.nodes)]
+                           if v.routable]
+                if not sources:
+                    await req.send(503, {"code": 503, "message": f"template {name}, the build's base, is on node "
+                                         f"{home.node_id[:12]}, which cannot take calls now: {home.lost_reason()}"})
+                    return
+                try:
+                    await self._copy_template(name, sources, view)
+                except Refused as r:
+                    message = r.body.get("message") if isinstance(r.body, dict) else None
+                    await req.send(r.status, {"code": r.status, "message": str(message or f"copying {name} failed")})
+                    return
+        await self._forward(req, view, body=body)
 
     async def _template_copies(self, name: str) -> set[str]:
         """The nodes template ``name`` (``id:tag``) was copied to."""
