@@ -9,3 +9,5 @@ as "Serialization not possible" and fails the run).
 import schemathesis
 
 schemathesis.serializer.alias("application/vnd.oci.image.layout.v1+tar", "application/octet-stream")
+# An image's archive (`GET`/`PUT /v1/images/archive`) is a tar stream too.
+schemathesis.serializer.alias("application/x-tar", "application/octet-stream")

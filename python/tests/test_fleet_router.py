@@ -1029,3 +1029,104 @@ def raw_get(addr, path):
         return resp.read()
     finally:
         conn.close()
+
+
+def router_call(addr, method, path, body=None):
+    conn = http.client.HTTPConnection(*addr, timeout=120)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                     headers={**AUTH, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+def test_an_image_committed_on_one_node_runs_where_it_is_or_is_copied_first(tmp_path):
+    """`POST .../commit-image` through a router (docs/fleet.md, "Images a node made"): creates
+    naming the new image go to that node while it has room, then to another, which the image
+    is copied to first (`GET` and `PUT /v1/images/archive`, digest checked); a tampered
+    archive is refused there and nothing is kept; a scoped token may not move images."""
+    need(os.path.exists("/bin/busybox") and os.path.exists("/bin/bash-static"),
+         "busybox-static and bash-static (Debian packages) for the image")
+    from test_image import busybox_layout
+
+    layout = busybox_layout(str(tmp_path / "layout"))
+    procs, nodes = {}, []
+    for name in ("a", "b"):
+        proc, info = serve(tmp_path / name, "--max-sandboxes", "2")
+        info.update(node_id=name * 56, max_sandboxes=2)
+        procs[name] = proc
+        nodes.append(info)
+    try:
+        router = start_router(nodes)
+        status, box = router_call(router, "POST", "/v1/sandboxes", {"image": layout})
+        assert status == 201, box
+        assert router_call(router, "POST", f"/v1/sandboxes/{box['id']}/exec",
+                           {"command": "echo committed > /etc/fleet.txt"})[0] == 200
+        status, image = router_call(router, "POST", f"/v1/sandboxes/{box['id']}/commit-image", {"tags": ["fleet-app:1"]})
+        assert status == 201 and "docker.io/library/fleet-app:1" in image["references"], image
+        listed = {s["id"]: s["node"] for s in router_call(router, "GET", "/v1/sandboxes")[1]["sandboxes"]}
+        home = next(n for n in nodes if n["node_id"] == listed[box["id"]])
+        other = next(n for n in nodes if n is not home)
+        assert call(other, "GET", "/v1/images/archive?reference=fleet-app:1")[0] == 404
+
+        made = []
+        for _ in range(2):  # the committing node has room for one more; then the other, copied to
+            status, got = router_call(router, "POST", "/v1/sandboxes", {"image": "fleet-app:1"})
+            assert status == 201, got
+            made.append(got["id"])
+        listed = {s["id"]: s["node"] for s in router_call(router, "GET", "/v1/sandboxes")[1]["sandboxes"]}
+        assert [listed[i] for i in made] == [home["node_id"], other["node_id"]], listed
+        for sid in made:
+            status, ran = router_call(router, "POST", f"/v1/sandboxes/{sid}/exec", {"command": "cat /etc/fleet.txt"})
+            assert (status, ran["stdout"]) == (200, "committed\n"), ran
+
+        # The archive pair on its own: the digest is the bytes', a tampered body is refused
+        # and nothing is kept, the digest is needed, and a scoped token may not move images.
+        status, headers, archive = call(other, "GET", "/v1/images/archive?reference=fleet-app:1")
+        assert status == 200 and headers["docker-content-digest"].startswith("sha256:")
+        import hashlib
+        assert headers["docker-content-digest"] == "sha256:" + hashlib.sha256(archive).hexdigest()  # noqa: S324
+        host, port = other["url"][len("http://"):].rsplit(":", 1)
+
+        def put(reference, body, digest, token=other["token"]):
+            conn = http.client.HTTPConnection(host, int(port), timeout=120)
+            try:
+                query = f"reference={reference}" + (f"&digest={digest}" if digest else "")
+                conn.request("PUT", f"/v1/images/archive?{query}", body=body, headers={"Authorization": f"Bearer {token}"})
+                resp = conn.getresponse()
+                return resp.status, json.loads(resp.read() or b"null")
+            finally:
+                conn.close()
+
+        tampered = archive[:-1] + bytes([archive[-1] ^ 1])
+        status, err = put("fleet-tampered:1", tampered, headers["docker-content-digest"])
+        assert (status, err["code"]) == (502, "DIGEST_MISMATCH"), err
+        assert call(other, "GET", "/v1/images/archive?reference=fleet-tampered:1")[0] == 404
+        status, err = put("fleet-tampered:1", b"x", None)
+        assert (status, err["code"], err["details"].get("field")) == (400, "INVALID_REQUEST", "digest"), err
+        status, _, minted = call(other, "POST", "/v1/tokens", {})
+        assert status == 201, minted
+        scoped = json.loads(minted)["token"]
+        status, err = put("fleet-scoped:1", b"x", headers["docker-content-digest"], token=scoped)
+        assert (status, err["code"]) == (403, "FORBIDDEN"), err
+        status, again = put("fleet-moved:1", archive, headers["docker-content-digest"])
+        assert status == 201 and again["id"] == image["id"], again
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_image_names_are_normalised_as_the_store_records_them():
+    from lockbox._router.image_copies import normalized_reference
+
+    assert normalized_reference("app:2") == "docker.io/library/app:2"
+    assert normalized_reference("app") == "docker.io/library/app:latest"
+    assert normalized_reference("team/app") == "docker.io/team/app:latest"
+    assert normalized_reference("registry.example:5000/team/app:3") == "registry.example:5000/team/app:3"
+    assert normalized_reference("localhost/app") == "localhost/app:latest"
+    assert normalized_reference("app@sha256:" + "0" * 64) == "docker.io/library/app@sha256:" + "0" * 64
+    assert normalized_reference("oci:/srv/layout:v1") is None
+    assert normalized_reference("") is None

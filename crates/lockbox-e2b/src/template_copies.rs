@@ -18,13 +18,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
-use std::io::{Read, Seek};
 use std::path::{Path as FsPath, PathBuf};
-use tokio::io::AsyncWriteExt;
 
 /// The largest archive a server takes.
 const MAX_ARCHIVE: u64 = 64 << 30;
@@ -68,11 +64,11 @@ pub(crate) async fn export(
     let name = template_name(&id, q.tag.as_deref())?;
     let state_dir = e2b.runtime.state_dir();
     let dir = scratch(&e2b);
-    let (file, size, digest, start) =
-        tokio::task::spawn_blocking(move || save(&state_dir, &dir, &name))
-            .await
-            .map_err(|e| internal("saving the template")(e.to_string()))??;
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    let (out, start) = tokio::task::spawn_blocking(move || save(&state_dir, &dir, &name))
+        .await
+        .map_err(|e| internal("saving the template")(e.to_string()))??;
+    let (size, digest) = (out.size, out.digest);
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(out.file));
     let mut resp = Body::from_stream(stream).into_response();
     let headers = resp.headers_mut();
     headers.insert(
@@ -92,56 +88,23 @@ pub(crate) async fn export(
     Ok(resp)
 }
 
-/// A template's archive, open and unlinked, with its size, its digest (`sha256:HEX`) and
-/// the template's start commands (JSON).
-type Saved = (std::fs::File, u64, String, Option<Vec<u8>>);
-
-/// The archive of `name`, written under `dir` and unlinked once open (nothing is left
-/// behind whatever happens to the reply).
-fn save(state_dir: &FsPath, dir: &FsPath, name: &str) -> Result<Saved, E2bError> {
+/// The archive of `name` (open and unlinked: [`lockbox_image::Store::export_for_transfer`])
+/// and the template's start commands (JSON).
+fn save(
+    state_dir: &FsPath,
+    dir: &FsPath,
+    name: &str,
+) -> Result<(lockbox_image::Outgoing, Option<Vec<u8>>), E2bError> {
     let store = lockbox_image::Store::in_state_dir(state_dir)
         .map_err(|e| internal("the image store")(e.to_string()))?;
-    match store.get(name) {
-        Ok(Some(_)) => {}
-        Ok(None) => {
-            return Err(E2bError::new(
-                StatusCode::NOT_FOUND,
-                format!("template {name} is not built on this server"),
-            ))
-        }
-        Err(e) => return Err(internal("the image store")(e.to_string())),
-    }
-    std::fs::create_dir_all(dir).map_err(|e| internal("the archives' directory")(e.to_string()))?;
-    let path = dir.join(format!(".export-{}.tar", random_hex(8)?));
-    let saved = store.save(name, lockbox_image::ArchiveFormat::OciArchive, &path);
-    let opened = saved
-        .map_err(|e| internal("saving the template")(e.to_string()))
-        .and_then(|_| {
-            std::fs::File::open(&path).map_err(|e| internal("the archive")(e.to_string()))
-        });
-    let _ = std::fs::remove_file(&path);
-    let mut file = opened?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| internal("reading the archive")(e.to_string()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        size += n as u64;
-    }
-    file.rewind()
-        .map_err(|e| internal("reading the archive")(e.to_string()))?;
-    let digest = format!("sha256:{}", hex(&hasher.finalize()));
-    Ok((file, size, digest, template_start::raw(state_dir, name)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let out = store.export_for_transfer(name, dir).map_err(|e| match e {
+        lockbox_image::ImageError::NotFound(_) => E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {name} is not built on this server"),
+        ),
+        e => internal("saving the template")(e.to_string()),
+    })?;
+    Ok((out, template_start::raw(state_dir, name)))
 }
 
 /// `PUT /templates/{id}/archive?tag=T&digest=sha256:HEX`: 201 `{templateID, name, image}`.
@@ -154,13 +117,12 @@ pub(crate) async fn import(
 ) -> Result<Response, E2bError> {
     let name = template_name(&id, q.tag.as_deref())?;
     let want = q.digest.unwrap_or_default();
-    let hex_part = want.strip_prefix("sha256:").unwrap_or("");
-    if hex_part.len() != 64 || !hex_part.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let Some(hex_part) = lockbox_image::sha256_hex(&want) else {
         return Err(E2bError::new(
             StatusCode::BAD_REQUEST,
             "digest: the archive's digest, sha256:<64 hex digits>, is required",
         ));
-    }
+    };
     let start = match headers.get(START_HEADER) {
         None => StartCmds::default(),
         Some(v) => base64::engine::general_purpose::STANDARD
@@ -195,38 +157,18 @@ pub(crate) async fn import(
 
 /// The body into `path`, checked against the sha256 `want` (hex).
 async fn receive(body: Body, path: &FsPath, want: &str) -> Result<(), E2bError> {
-    let io = internal("storing the archive");
-    let mut file = tokio::fs::File::create(path)
+    use lockbox_image::ReceiveError as R;
+    lockbox_image::receive(body.into_data_stream(), path, want, MAX_ARCHIVE)
         .await
-        .map_err(|e| io(e.to_string()))?;
-    let mut stream = body.into_data_stream();
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            E2bError::new(StatusCode::BAD_REQUEST, format!("reading the archive: {e}"))
-        })?;
-        size += chunk.len() as u64;
-        if size > MAX_ARCHIVE {
-            return Err(E2bError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the archive is larger than {MAX_ARCHIVE} bytes"),
-            ));
-        }
-        hasher.update(&chunk);
-        file.write_all(&chunk)
-            .await
-            .map_err(|e| io(e.to_string()))?;
-    }
-    file.flush().await.map_err(|e| io(e.to_string()))?;
-    let got = hex(&hasher.finalize());
-    if !got.eq_ignore_ascii_case(want) {
-        return Err(E2bError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("the archive's digest is sha256:{got}, not sha256:{want} (tampered or cut): nothing was stored"),
-        ));
-    }
-    Ok(())
+        .map_err(|e| {
+            let status = match e {
+                R::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                R::Mismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                R::Stream(_) => StatusCode::BAD_REQUEST,
+                R::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            E2bError::new(status, format!("{e}: nothing was stored"))
+        })
 }
 
 /// Loads the archive into the image store, names it `name`, records its start commands;

@@ -38,6 +38,7 @@ pub mod registry;
 mod sandbox;
 mod source;
 mod store;
+mod transfer;
 mod unpack;
 
 pub use archive::{archive_format, ArchiveFormat, Saved};
@@ -47,6 +48,7 @@ pub use push::{PushOptions, Pushed};
 pub use reference::{Reference, Source};
 pub use sandbox::{apply, process_holder, ProcessImage, PullPolicy, DEFAULT_PATH};
 pub use store::{BuildDir, Removed, Store, BUILT_LAYER_MEDIA_TYPE};
+pub use transfer::{receive, sha256_hex, Outgoing, ReceiveError};
 pub use unpack::{remove_tree, unpack, UnpackReport, OPAQUE_XATTR};
 
 use serde::{Deserialize, Serialize};

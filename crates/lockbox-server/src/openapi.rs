@@ -110,6 +110,8 @@ pub const MAX_LOG_BYTES: u64 = 1 << 30;
         crate::routes::ports::proxy_path,
         crate::routes::snapshots::take,
         crate::routes::images::commit,
+        crate::routes::images::export_archive,
+        crate::routes::images::import_archive,
         crate::routes::snapshots::restore,
         crate::routes::snapshots::fork_sandbox,
         crate::routes::snapshots::fork,

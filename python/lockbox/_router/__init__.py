@@ -24,7 +24,9 @@ call to one node):
 - ``by_id``: calls on one sandbox, snapshot, branch, transaction or run;
 - ``creates``: placing and recording new sandboxes;
 - ``snapshot_copies``: snapshots forked on other nodes, copied there first;
-- ``templates``: E2B's template builds, on the template's node (its sandboxes too);
+- ``templates``: E2B's template builds, on the template's node;
+- ``image_copies``: creates of an image one node made (a template, a committed image), where
+  it is or where it is copied first;
 - ``listings``: merged listings, E2B's paged across the nodes (:class:`Cursor`,
   :func:`merge_pages`);
 - ``ports``: exposed ports on their own origins;
@@ -44,7 +46,8 @@ is forwarded), ``p/ID`` (a sandbox's or snapshot's node, once the node answered)
 ``n/NODE/ID`` (the sandboxes of a node), ``g/NODE/ID`` (those a node came back without:
 see :meth:`Router._reconcile`), ``h/SNAPSHOT/NODE`` (a snapshot copied to another node),
 ``s/HASH`` (console sessions), ``t/HASH`` and ``k/TOKEN_ID`` (scoped tokens: see
-``tokens``). Several routers share them; a router that restarts reads them
+``tokens``), ``im/REFERENCE`` (an image a sandbox committed on a node), ``tc/TEMPLATE/NODE``
+and ``ic/REFERENCE/NODE`` (a template or image copied to another node). Several routers share them; a router that restarts reads them
 again.
 """
 

@@ -11,13 +11,14 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 
 from .forwarding import NOT_FOUND, ONE
+from .image_copies import ImageCopies
 from .placement import NodeView
 from .ports import ExposedPorts
-from .snapshot_copies import Refused, SnapshotCopies, copy_header
+from .snapshot_copies import Refused, copy_header
 from .wire import Head, HttpError, Request, json_or_none, lockbox_error
 
 
-class ById(SnapshotCopies, ExposedPorts):
+class ById(ImageCopies, ExposedPorts):
     """Routes calls by the id they name."""
 
     async def _by_id(self, req: Request, sid: str, kind: str, *, flavour: str, upstream_auth: bool = True,
@@ -82,6 +83,12 @@ class ById(SnapshotCopies, ExposedPorts):
             if status == 201 and what:
                 await self._remember(json_or_none(data), view, what)
 
+        async def committed(status: int, data: bytes) -> None:
+            got = json_or_none(data)
+            refs = got.get("references") if isinstance(got, dict) else None
+            if status == 201 and isinstance(refs, list):
+                await self._made_images(view.node_id, [r for r in refs if isinstance(r, str)])
+
         async def through_router(status: int, data: bytes) -> bytes | None:
             return self._ports_reply(sid, data)
 
@@ -90,6 +97,8 @@ class ById(SnapshotCopies, ExposedPorts):
             on_reply = forgotten
         elif req.method == "POST" and what:
             on_reply = made
+        elif flavour == "lockbox" and kind == "sandboxes" and req.method == "POST" and parts[3:] == ["commit-image"]:
+            on_reply = committed
         elif (flavour == "lockbox" and kind == "sandboxes" and req.method in ("GET", "POST") and len(parts) == 4
               and parts[3] == "ports"):
             on_reply = through_router

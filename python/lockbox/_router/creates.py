@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from .image_copies import Movable
 from .placement import NodeView, eligible_nodes, holding, place
 from .snapshot_copies import copy_header, is_snapshot_id
 from .templates import E2bTemplates
@@ -108,10 +109,15 @@ class Creates(E2bTemplates):
                 placing.reached = await self._forward(req, view, body=body, on_reply=remembered,
                                                       on_head=copy_header(copy))
             return
-        # A template built on a node (E2B's Template.build, through a router or not) is an
-        # image of that node's only: its sandboxes go there. E2B's creates ask the nodes about
-        # a name the router does not know; lockbox's `image` ones do not (a registry image).
+        # A template built on a node (E2B's Template.build, through a router or not), or an
+        # image a sandbox committed there, is in that node's store only: its sandboxes go
+        # where it is, or where it is copied first. E2B's creates ask the nodes about a
+        # template the router does not know; lockbox's `image` ones do not (a registry image).
         home = await self._template_node(image, ask=e2b) if image is not None else None
+        movable = Movable.template(image) if home is not None and image is not None else None
+        if home is None and image is not None:  # an image a sandbox committed on a node
+            made = await self._image_home(image)
+            movable, home = made if made is not None else (None, None)
         tried: list[NodeView] = []
         if home is None and not hint:
             # The common create, in O(K): a sample of every node (`place` leaves out those
@@ -122,8 +128,8 @@ class Creates(E2bTemplates):
                     return
                 tried.append(first)  # unreachable: the next choice, among the others
         eligible = [v for v in eligible_nodes(self.nodes.values(), hint) if v not in tried]
-        if home is not None and image is not None:
-            target = await self._template_target(req, image, home, hint, e2b)
+        if home is not None and movable is not None:
+            target = await self._target_for(req, movable, home, hint, e2b)
             if target is None:
                 return
             eligible = [target]

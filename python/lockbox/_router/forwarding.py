@@ -106,8 +106,10 @@ class ForwardingRouter:
         """Image -> the nodes whose probes listed a sandbox of it (placement's affinity)."""
         self._listed: list[NodeView] = []
         self.template_misses: dict[str, float] = {}
-        self.template_copies: dict[str, set[str]] = {}
-        """Template name (``id:tag``) -> the nodes this router copied it to (``templates``)."""
+        self.image_copies: dict[str, set[str]] = {}
+        """``tc:TEMPLATE`` or ``ic:REFERENCE`` -> the nodes this router copied it to (``image_copies``)."""
+        self.image_homes: dict[str, str] = {}
+        """Image reference -> the node a sandbox committed it on (``image_copies``)."""
         """Names no node knew as a template, with when they were asked about (``templates``)."""
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -225,3 +225,68 @@ fn skopeo_reads_the_oci_archive_lockbox_writes() {
         assert_eq!(sha(&out.stdout), image.id, "{name}");
     }
 }
+
+/// What a fleet's router does between two nodes: `export_for_transfer` on one store, the
+/// bytes through `receive` (checked against the digest), `import_transfer` on the other,
+/// which names the image as asked with the same id, and leaves nothing behind of the
+/// export. A body that is not the digest's is refused.
+#[test]
+fn an_image_moves_between_stores_by_its_digest_and_keeps_its_id() {
+    let t = tmp();
+    let a = Store::open(&t.path().join("a")).unwrap();
+    let b = Store::open(&t.path().join("b")).unwrap();
+    let image = built(t.path(), &a, "app:1");
+    let scratch = t.path().join("scratch");
+    let mut out = a.export_for_transfer("app:1", &scratch).unwrap();
+    assert_eq!(
+        std::fs::read_dir(&scratch).unwrap().count(),
+        0,
+        "the export is unlinked once open"
+    );
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut out.file, &mut bytes).unwrap();
+    assert_eq!(bytes.len() as u64, out.size);
+    let want = lockbox_image::sha256_hex(&out.digest).unwrap().to_owned();
+    let rt = rt();
+    let file = t.path().join("in.tar");
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(4096).map(|c| Ok(c.to_vec())).collect();
+    rt.block_on(lockbox_image::receive(
+        futures_util::stream::iter(chunks),
+        &file,
+        &want,
+        1 << 30,
+    ))
+    .unwrap();
+    let moved = rt.block_on(b.import_transfer(&file, "moved:2")).unwrap();
+    assert_eq!(moved.id, image.id);
+    assert!(b.get("moved:2").unwrap().is_some());
+
+    let mut tampered = bytes.clone();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    let refused = rt.block_on(lockbox_image::receive(
+        futures_util::stream::iter(vec![Ok::<_, std::io::Error>(tampered)]),
+        &t.path().join("bad.tar"),
+        &want,
+        1 << 30,
+    ));
+    assert!(
+        matches!(refused, Err(lockbox_image::ReceiveError::Mismatch { .. })),
+        "{refused:?}"
+    );
+    let too_big = rt.block_on(lockbox_image::receive(
+        futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes)]),
+        &t.path().join("big.tar"),
+        &want,
+        100,
+    ));
+    assert!(
+        matches!(too_big, Err(lockbox_image::ReceiveError::TooLarge(100))),
+        "{too_big:?}"
+    );
+    assert!(matches!(
+        a.export_for_transfer("nothing:1", &scratch),
+        Err(ImageError::NotFound(_))
+    ));
+}

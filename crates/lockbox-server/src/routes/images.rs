@@ -1,15 +1,18 @@
 //! Images made from sandboxes: `POST /v1/sandboxes/{id}/commit-image` (what `lockbox image
-//! commit` calls).
+//! commit` calls); and an image carried to another server, `GET` and `PUT
+//! /v1/images/archive` (what a fleet's router copies images between nodes with).
 
 use crate::error::ApiError;
-use crate::extract::{ApiJson, ApiPath};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::scope::Principal;
 use crate::AppState;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
+use lockbox_policy::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 /// The body of `POST /v1/sandboxes/{id}/commit-image`.
@@ -71,4 +74,157 @@ pub async fn commit(
             layers: image.layers.len(),
         }),
     ))
+}
+
+/// The largest image archive `PUT /v1/images/archive` takes.
+const MAX_ARCHIVE: u64 = 64 << 30;
+
+/// `GET` and `PUT /v1/images/archive`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ImageArchiveQuery {
+    /// The image's name in the server's store (`app:2`, `registry.example/team/app:2`).
+    pub reference: String,
+    /// `PUT` only, and needed there: the archive's digest (`sha256:` and 64 hex digits), the
+    /// `Docker-Content-Digest` its export answered with.
+    pub digest: Option<String>,
+}
+
+/// What `PUT /v1/images/archive` stored.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ImportedImage {
+    /// The image's id (its config's digest): the same as on the server it came from.
+    pub id: String,
+    /// Its names in this server's store, `reference` among them.
+    pub references: Vec<String>,
+}
+
+fn operator_only(who: &Principal) -> Result<(), ApiError> {
+    if who.scope().is_some() {
+        return Err(crate::sessions::forbidden(
+            "images move between servers with the operator's token, not a scoped token's",
+        ));
+    }
+    Ok(())
+}
+
+fn image_error(e: lockbox_image::ImageError) -> ApiError {
+    lockbox_runtime::RuntimeError::Image(e).into()
+}
+
+fn scratch(app: &AppState) -> std::path::PathBuf {
+    app.runtime.state_dir().join("image-transfers")
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/images/archive",
+    operation_id = "export_image",
+    summary = "An image of the server's store as an OCI archive, to move it to another server (operator only)",
+    description = "The image `reference` names, as an OCI archive (what `lockbox image save` writes); `Docker-Content-Digest` is the archive's sha256, what `PUT /v1/images/archive?digest=` checks. A fleet's router copies images committed or built on one node to another with it (docs/fleet.md). 404 IMAGE_NOT_FOUND, 400 BAD_REFERENCE for a malformed name; 403 FORBIDDEN for a scoped token",
+    params(ImageArchiveQuery),
+    responses((status = 200, description = "the archive, streamed", content((crate::openapi::Binary = "application/x-tar")),
+        headers(("Docker-Content-Digest" = String, description = "the archive's sha256"))))
+)]
+pub async fn export_archive(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ImageArchiveQuery>,
+) -> Result<Response, ApiError> {
+    operator_only(&who)?;
+    if q.digest.is_some() {
+        return Err(ApiError::invalid("digest", "digest: only for PUT"));
+    }
+    lockbox_image::Source::parse(&q.reference).map_err(image_error)?;
+    let state_dir = app.runtime.state_dir();
+    let dir = scratch(&app);
+    let reference = q.reference;
+    let out = tokio::task::spawn_blocking(move || {
+        lockbox_image::Store::in_state_dir(&state_dir)?.export_for_transfer(&reference, &dir)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::Internal, format!("saving the image: {e}")))?
+    .map_err(image_error)?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(out.file));
+    let mut response = Body::from_stream(stream).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.size));
+    if let Ok(v) = HeaderValue::from_str(&out.digest) {
+        h.insert("docker-content-digest", v);
+    }
+    Ok(response)
+}
+
+#[utoipa::path(
+    put,
+    path = "/v1/images/archive",
+    operation_id = "import_image",
+    summary = "Store an image another server exported (operator only)",
+    description = "The body is `GET /v1/images/archive`'s; `digest` its `Docker-Content-Digest`. The body is checked against the digest before anything is loaded; the image keeps its id and is named `reference` (moved off any image that name had). 201 the image. 400 INVALID_REQUEST for a missing or malformed `digest` (field `digest`), BAD_REFERENCE for a malformed name; 502 DIGEST_MISMATCH for a tampered or cut body, BAD_IMAGE for one that is no image archive (nothing is kept of either); 413 PAYLOAD_TOO_LARGE past 64 GiB; 403 FORBIDDEN for a scoped token",
+    params(ImageArchiveQuery),
+    request_body(content((crate::openapi::Binary = "application/x-tar"))),
+    responses((status = 201, description = "stored", body = ImportedImage))
+)]
+pub async fn import_archive(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ImageArchiveQuery>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    operator_only(&who)?;
+    let digest = q.digest.unwrap_or_default();
+    let Some(want) = lockbox_image::sha256_hex(&digest) else {
+        return Err(ApiError::invalid(
+            "digest",
+            "digest: the archive's Docker-Content-Digest, sha256: and 64 hex digits",
+        ));
+    };
+    lockbox_image::Source::parse(&q.reference).map_err(image_error)?;
+    let dir = scratch(&app);
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{}: {e}", dir.display())))?;
+    let mut suffix = [0u8; 8];
+    getrandom::fill(&mut suffix)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("random generator: {e}")))?;
+    let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!(".import-{name}.tar"));
+    let received =
+        lockbox_image::receive(req.into_body().into_data_stream(), &path, want, MAX_ARCHIVE).await;
+    let stored = match received {
+        Ok(()) => {
+            let store = lockbox_image::Store::in_state_dir(&app.runtime.state_dir())
+                .map_err(image_error)?;
+            store
+                .import_transfer(&path, &q.reference)
+                .await
+                .map_err(image_error)
+        }
+        Err(e) => Err(receive_error(e)),
+    };
+    let _ = tokio::fs::remove_file(&path).await;
+    let image = stored?;
+    Ok((
+        StatusCode::CREATED,
+        Json(ImportedImage {
+            id: image.id,
+            references: image.references,
+        }),
+    ))
+}
+
+fn receive_error(e: lockbox_image::ReceiveError) -> ApiError {
+    use lockbox_image::ReceiveError as R;
+    let code = match &e {
+        R::TooLarge(_) => ErrorCode::PayloadTooLarge,
+        R::Mismatch { .. } => ErrorCode::DigestMismatch,
+        R::Stream(_) => ErrorCode::InvalidRequest,
+        R::Io(_) => ErrorCode::Internal,
+    };
+    ApiError::new(code, format!("{e}: nothing was stored"))
 }

@@ -110,6 +110,10 @@ pub fn router() -> Router<AppState> {
         )
         .route(&format!("{sandbox}/snapshots"), post(snapshots::take))
         .route(&format!("{sandbox}/commit-image"), post(images::commit))
+        .route(
+            "/v1/images/archive",
+            get(images::export_archive).put(images::import_archive),
+        )
         .route(&format!("{sandbox}/restore"), post(snapshots::restore))
         .route(&format!("{sandbox}/fork"), post(snapshots::fork_sandbox))
         .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
