@@ -14,27 +14,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 from conftest import need
 
+from console_util import wait_for
+
 NAME = "lockbox-nodes.test"
 NODES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
-
-
-def wait_for(what, fn, timeout=20):
-    # A bound on how long to wait, not a timing measurement.
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def free_port():
@@ -156,8 +145,8 @@ def test_a_router_finds_its_nodes_by_dns_spreads_creates_and_follows_nodes_that_
         gone = NODES[2]
         away = [sid for sid, n in placed.items() if n.startswith(gone + ":")]
         write_hosts(f["hosts"], NODES[:2])
-        lost = wait_for("the node that left DNS to be listed lost", lambda: all(
-            node_of(router.url, f["token"], sid)["state"] == "lost" for sid in away))
+        lost = wait_for(lambda: all(node_of(router.url, f["token"], sid)["state"] == "lost" for sid in away),
+                        20, "the node that left DNS to be listed lost")
         assert lost
         status, err = call(router.url, f["token"], "POST", f"/v1/sandboxes/{away[0]}/exec", {"command": "true"})
         assert status in (410, 503) and err["code"] in ("SANDBOX_LOST", "NODE_UNREACHABLE"), err
@@ -166,9 +155,9 @@ def test_a_router_finds_its_nodes_by_dns_spreads_creates_and_follows_nodes_that_
             assert status == 201 and not node_of(router.url, f["token"], box["id"])["node"].startswith(gone + ":")
         # Back in the answer (ready again), still holding its sandboxes: they run again.
         write_hosts(f["hosts"], NODES)
-        wait_for("the node back in DNS to route its sandboxes again", lambda: call(
-            router.url, f["token"], "POST", f"/v1/sandboxes/{away[0]}/exec", {"command": "echo back"})[1].get(
-                "stdout") == "back\n")
+        wait_for(lambda: call(router.url, f["token"], "POST", f"/v1/sandboxes/{away[0]}/exec",
+                              {"command": "echo back"})[1].get("stdout") == "back\n",
+                 20, "the node back in DNS to route its sandboxes again")
         assert node_of(router.url, f["token"], away[1])["state"] == "running"
         # Every node's token is refused at the router: clients send the router's.
         status, err = call(router.url, "not-the-token", "GET", "/v1/sandboxes")
@@ -272,7 +261,7 @@ def test_routers_without_ray_share_their_placements_in_postgresql_and_a_store_ou
             return answers[-1][0] == 410
 
         try:
-            wait_for("the sandbox to be answered lost", answered_lost)
+            wait_for(answered_lost, 20, "the sandbox to be answered lost")
         except AssertionError:
             raise AssertionError(answers[-3:]) from None
     finally:

@@ -910,15 +910,9 @@ def test_merged_pages_take_a_prefix_of_each_nodes_page_by_start_time():
             Cursor.decode(token, order)
 
 
-def test_an_e2b_template_built_through_the_router_runs_where_it_is_or_is_copied_first(tmp_path, monkeypatch):
-    """E2B's `Template.build` through a router (docs/fleet.md, "E2B templates"): the build,
-    its file uploads (to the one-time URL, through the router) and its status go to one
-    node; `Sandbox.create(template)` goes there while it has room; a template built from it
-    on the other node has it copied there first; then creates go to the other node, which
-    has the template (image and start command), and then to whichever
-    of the two has room, also once the builder is gone; a router that never saw the build
-    finds it; a name no node built does not exist; a tampered copy is refused."""
-    need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
+def small_nodes_and_image(tmp_path):
+    """Two real nodes of two sandboxes each (`a...`, `b...`) and the busybox OCI layout's
+    reference: (layout, {letter: process}, [node])."""
     need(os.path.exists("/bin/busybox") and os.path.exists("/bin/bash-static"),
          "busybox-static and bash-static (Debian packages) for the image")
     from test_image import busybox_layout
@@ -930,6 +924,19 @@ def test_an_e2b_template_built_through_the_router_runs_where_it_is_or_is_copied_
         info.update(node_id=name * 56, max_sandboxes=2)
         procs[name] = proc
         nodes.append(info)
+    return layout, procs, nodes
+
+
+def test_an_e2b_template_built_through_the_router_runs_where_it_is_or_is_copied_first(tmp_path, monkeypatch):
+    """E2B's `Template.build` through a router (docs/fleet.md, "E2B templates"): the build,
+    its file uploads (to the one-time URL, through the router) and its status go to one
+    node; `Sandbox.create(template)` goes there while it has room; a template built from it
+    on the other node has it copied there first; then creates go to the other node, which
+    has the template (image and start command), and then to whichever
+    of the two has room, also once the builder is gone; a router that never saw the build
+    finds it; a name no node built does not exist; a tampered copy is refused."""
+    need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
+    layout, procs, nodes = small_nodes_and_image(tmp_path)
     boxes = []
     try:
         first = start_router(nodes)
@@ -1047,17 +1054,7 @@ def test_an_image_committed_on_one_node_runs_where_it_is_or_is_copied_first(tmp_
     naming the new image go to that node while it has room, then to another, which the image
     is copied to first (`GET` and `PUT /v1/images/archive`, digest checked); a tampered
     archive is refused there and nothing is kept; a scoped token may not move images."""
-    need(os.path.exists("/bin/busybox") and os.path.exists("/bin/bash-static"),
-         "busybox-static and bash-static (Debian packages) for the image")
-    from test_image import busybox_layout
-
-    layout = busybox_layout(str(tmp_path / "layout"))
-    procs, nodes = {}, []
-    for name in ("a", "b"):
-        proc, info = serve(tmp_path / name, "--max-sandboxes", "2")
-        info.update(node_id=name * 56, max_sandboxes=2)
-        procs[name] = proc
-        nodes.append(info)
+    layout, procs, nodes = small_nodes_and_image(tmp_path)
     try:
         router = start_router(nodes)
         status, box = router_call(router, "POST", "/v1/sandboxes", {"image": layout})
