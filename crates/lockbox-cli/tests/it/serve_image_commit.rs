@@ -233,3 +233,86 @@ fn image_pull_on_create_says_when_the_server_pulls() {
         });
     }
 }
+
+/// `GET` and `PUT /v1/images/archive` (what a fleet's router copies images with): an image
+/// committed on one server goes to another by its archive, checked against its digest, keeps
+/// its id there and runs under the name it was given; a tampered body and a missing digest
+/// are refused and leave nothing. As the current user and (as root) as uid 65534.
+#[test]
+fn a_committed_image_moves_to_another_server_by_its_archive_and_runs_there() {
+    for user in users() {
+        let tmp = scratch();
+        layout(&tmp.path().join("lay"));
+        give(tmp.path(), user);
+        let (sa, sb) = (state_dir(user), state_dir(user));
+        let a = Served::start(user, sa.path(), &[]);
+        let b = Served::start(user, sb.path(), &[]);
+        let image = format!("oci:{}:v1", tmp.path().join("lay").display());
+        tokio().block_on(async {
+            let id = a.sandbox(json!({ "image": image })).await;
+            let ran = a
+                .exec(&id, json!({ "command": "echo moved > /work/m.txt" }))
+                .await;
+            assert_eq!(ran["exit_code"], 0, "{user:?} {ran}");
+            let (status, made) = a
+                .json(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/commit-image"),
+                    json!({ "tags": ["app:3"] }),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{made}");
+
+            let sent = a
+                .request(Method::GET, "/v1/images/archive?reference=app:3")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(sent.status(), StatusCode::OK);
+            let digest = sent.headers()["docker-content-digest"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let archive = sent.bytes().await.unwrap().to_vec();
+            let put = |reference: &str, digest: Option<&str>, body: Vec<u8>| {
+                let query = match digest {
+                    Some(d) => format!("reference={reference}&digest={d}"),
+                    None => format!("reference={reference}"),
+                };
+                b.request(Method::PUT, &format!("/v1/images/archive?{query}"))
+                    .body(body)
+                    .send()
+            };
+
+            let mut tampered = archive.clone();
+            let last = tampered.len() - 1;
+            tampered[last] ^= 1;
+            let refused = put("bad:1", Some(&digest), tampered).await.unwrap();
+            assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+            let error: Value = refused.json().await.unwrap();
+            assert_eq!(error["code"], "DIGEST_MISMATCH", "{error}");
+            let refused = put("bad:1", None, b"x".to_vec()).await.unwrap();
+            assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+            let kept = b
+                .request(Method::GET, "/v1/images/archive?reference=bad:1")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                kept.status(),
+                StatusCode::NOT_FOUND,
+                "nothing of them is kept"
+            );
+
+            let stored = put("moved:1", Some(&digest), archive).await.unwrap();
+            assert_eq!(stored.status(), StatusCode::CREATED);
+            let stored: Value = stored.json().await.unwrap();
+            assert_eq!(stored["id"], made["id"], "{stored} {made}");
+            let there = b.sandbox(json!({ "image": "moved:1" })).await;
+            let ran = b
+                .exec(&there, json!({ "command": "cat /work/m.txt" }))
+                .await;
+            assert_eq!(ran["stdout"], "moved\n", "{user:?} {ran}");
+        });
+    }
+}
