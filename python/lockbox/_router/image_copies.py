@@ -92,6 +92,11 @@ class ImageCopies(SnapshotCopies):
             nodes |= {k[len(prefix):] for k in await self._kv(self.store.keys, prefix)}
         return nodes
 
+    async def _holders_of(self, m: Movable, home: NodeView) -> list[NodeView]:
+        """The nodes that have ``m``: ``home``, which made it, then those it was copied to."""
+        copies = await self._copies_of(m)
+        return [home] + [self.nodes[n] for n in sorted(copies) if n in self.nodes and n != home.node_id]
+
     async def _image_home(self, image: str) -> tuple[Movable, NodeView] | None:
         """The node that made image ``image`` (a sandbox's ``commit-image`` through a
         router: this router's cache, else the store), if any."""
@@ -123,8 +128,7 @@ class ImageCopies(SnapshotCopies):
         a copy) and room, the least loaded; else a node placed by load that it is copied to
         first. ``None`` once the client was answered (no node can take it, or the copy
         failed)."""
-        copies = await self._copies_of(m)
-        holders = [home] + [self.nodes[n] for n in sorted(copies) if n in self.nodes and n != home.node_id]
+        holders = await self._holders_of(m, home)
         allowed = eligible_nodes(self.nodes.values(), hint) if hint else None
 
         def fits(v: NodeView) -> bool:

@@ -5,6 +5,7 @@ was made (:func:`made_ids`), which is what gets recorded."""
 
 from __future__ import annotations
 
+import abc
 import json
 import time
 from collections.abc import Iterable
@@ -15,21 +16,26 @@ class StoreUnavailable(Exception):
     """The placement store did not answer (the router answers 503 ``STORE_UNAVAILABLE``)."""
 
 
-class Store:
+class Store(abc.ABC):
     """What the router records, over four calls a key-value store gives (``get``, ``put``,
-    ``delete``, ``keys`` by prefix). Blocking calls: the router runs them in a thread."""
+    ``delete``, ``keys`` by prefix), which each backend (:class:`RayStore`, ``PgStore``)
+    defines. Blocking calls: the router runs them in a thread."""
 
+    @abc.abstractmethod
     def get(self, key: str) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """The value at ``key``, if any."""
 
+    @abc.abstractmethod
     def put(self, key: str, value: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Sets ``key`` to ``value``."""
 
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
-        raise NotImplementedError
+        """Removes ``key`` (none is fine)."""
 
+    @abc.abstractmethod
     def keys(self, prefix: str) -> list[str]:
-        raise NotImplementedError
+        """Every key that starts with ``prefix``."""
 
     def record(self, node: str, sandboxes: Iterable[str], snapshots: Iterable[str] = ()) -> None:
         """Ids made on ``node``; sandboxes also under ``n/NODE/`` (what a lost node held)."""

@@ -108,10 +108,9 @@ class E2bTemplates(ImageCopies):
             home = await self._template_node(bid, ask=True)
             name = f"{bid}:{btag}"
             movable = Movable.template(name)
-            if home is not None and home is not view and view.node_id not in await self._copies_of(movable):
-                copies = await self._copies_of(movable)
-                sources = [v for v in [home, *(self.nodes[n] for n in sorted(copies) if n in self.nodes)]
-                           if v.routable]
+            holders = await self._holders_of(movable, home) if home is not None else []
+            if home is not None and view not in holders:
+                sources = [v for v in holders if v.routable]
                 if not sources:
                     await req.send(503, {"code": 503, "message": f"template {name}, the build's base, is on node "
                                          f"{home.node_id[:12]}, which cannot take calls now: {home.lost_reason()}"})
