@@ -83,7 +83,9 @@ pub fn main_if_agent() {
     let fd = args
         .next()
         .and_then(|s| s.to_str()?.parse::<i32>().ok())
-        .and_then(lockbox_confine::agent_sys::inherited_fd);
+        // Moved to a low number, the original closed: the shims and commands forked from
+        // here then get small descriptor tables (`take_inherited_fd`).
+        .and_then(lockbox_confine::agent_sys::take_inherited_fd);
     let code = match fd {
         Some(fd) => server::run(fd),
         None => {

@@ -70,6 +70,24 @@ pub fn inherited_fd(fd: RawFd) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(copy) })
 }
 
+/// [`inherited_fd`], with `fd` itself closed: the descriptor named on the command line of
+/// a process that has just started (the agent's socket), which nothing in it owns yet.
+/// Call it first thing, before anything else in the process may hold `fd`.
+///
+/// Why: a descriptor table is sized at each fork to the highest descriptor open in the
+/// parent, and never shrinks, not at `close` nor at `execve`. The agent's socket comes with
+/// the number its creator gave it, and `lockbox serve` holds several per sandbox (about
+/// 16,000 at 2,000 sandboxes), so while it stayed open every shim the agent forked, and
+/// every command under it, got a table that large (128 KB each at 2,000 sandboxes; issue 34).
+pub fn take_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+    let copy = inherited_fd(fd)?;
+    // SAFETY: `fd` was inherited at the exec that started this process and, by this
+    // function's contract, nothing in the process owns it; `copy` refers to the same file
+    // and is what the caller uses from now on.
+    unsafe { sys::close(fd) };
+    Some(copy)
+}
+
 /// Writes all of `data` to `fd` (retrying on `EINTR`).
 pub fn write_all(fd: BorrowedFd<'_>, data: &[u8]) -> Result<(), Errno> {
     sys::write_all(fd.as_raw_fd(), data)

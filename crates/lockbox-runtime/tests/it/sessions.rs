@@ -394,3 +394,41 @@ async fn buffered_output_keeps_the_first_bytes_and_says_it_was_cut() {
     assert!(!small.stdout_truncated);
     rt.shutdown().await;
 }
+
+/// A session's shell and the shim above it get small descriptor tables however many
+/// descriptors the process holding the sandbox has open (`lockbox serve` holds several per
+/// sandbox): a table is sized at each fork to the parent's highest open descriptor and
+/// never shrinks, so the agent's socket, numbered as in its creator, made every process the
+/// agent forked carry a table that large (issue 34: 128 KB each at 2,000 sandboxes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_gets_a_small_descriptor_table_when_its_creator_holds_thousands() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_shell_gets_a_small_descriptor_table_when_its_creator_holds_thousands"
+    ));
+    // Room for them (the soft limit is often 1,024), in this test process only.
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(4096);
+    limit.current = Some(hard.min(4096));
+    setrlimit(Resource::Nofile, limit).unwrap();
+    let held = 2000.min(hard.min(4096) as usize - 200);
+    let state = scratch();
+    // The agent's socket is made while these are open: its number is above them all.
+    let fillers: Vec<std::fs::File> = (0..held)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let (rt, sb) = sandbox(state.path()).await;
+    drop(fillers);
+    let r = run(&sb, "grep -h FDSize /proc/$$/status /proc/$PPID/status").await;
+    let sizes: Vec<u32> = out(&r)
+        .lines()
+        .map(|l| l.trim_start_matches("FDSize:").trim().parse().unwrap())
+        .collect();
+    assert_eq!(sizes.len(), 2, "{r:?}");
+    // bash keeps its script at descriptor 255: 256 slots, against 2,048 before.
+    assert!(
+        sizes.iter().all(|&n| n <= 256),
+        "FDSize of shell, shim: {sizes:?} ({held} held)"
+    );
+    rt.shutdown().await;
+}
