@@ -18,7 +18,8 @@ pub struct PreArmArgs {
 pub enum Action {
     /// Start the helper in the background, unless one runs; returns once it listens.
     Start(StartArgs),
-    /// Ask the helper to end: its spares go; runs in progress finish first.
+    /// End the helper: no run is handed to it from now on, its spares go, and it exits once
+    /// its runs in progress have; returns when it has (or after 10 s, saying so).
     Stop {
         /// Print the result as JSON.
         #[arg(long)]
@@ -169,20 +170,56 @@ fn ask_status(dir: &std::path::Path) -> Option<wire::StatusReport> {
     }
 }
 
+/// How long `stop` waits for the helper to exit (its runs in progress finish first).
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
 fn stop(json: bool) -> Result<ExitCode, CliError> {
     let dir = dir()?;
+    let pid = ask_status(&dir).map(|report| report.pid);
     let stopped = matches!(ask(&dir, &Request::Shutdown), Some(Reply::Stopping));
+    // Returning only once it is gone: a `start` right after then starts a new helper, where
+    // it would otherwise find the old one still answering while it winds down.
+    let exited = stopped && pid.is_some_and(|pid| exited_within(pid, STOP_WAIT));
     if json {
         outln!(
             "{}",
-            crate::output::json(&serde_json::json!({ "stopped": stopped }), false)
+            crate::output::json(
+                &serde_json::json!({ "stopped": stopped, "exited": exited, "pid": pid }),
+                false
+            )
         );
+    } else if exited {
+        outln!("pre-arm helper stopped");
     } else if stopped {
-        outln!("pre-arm helper stopping");
+        outln!(
+            "pre-arm helper stopping: it ends once its runs in progress have (no new run is handed to it)"
+        );
     } else {
         outln!("no pre-arm helper runs");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether process `pid` has ended within `wait` (gone, or a zombie: the helper is no
+/// child of ours, and whoever inherited it may reap it late).
+fn exited_within(pid: u32, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        let ended = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the command name's closing parenthesis.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => true,
+        };
+        if ended {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn status(json: bool) -> Result<ExitCode, CliError> {

@@ -359,6 +359,10 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
     let Ok::<[OwnedFd; 4], _>([stdin, stdout, stderr, command]) = fds.try_into() else {
         return miss("a run takes four descriptors".into());
     };
+    // Asked to stop: the caller starts directly, as with no helper.
+    if state.shutdown.load(Ordering::SeqCst) {
+        return miss("the helper is stopping".into());
+    }
     let (key, armed_policy) = key_of(&run.policy, &run.cwd);
     let armed = match take_spare(state, &key, &armed_policy, run.scheduling) {
         Ok(armed) => armed,

@@ -36,7 +36,8 @@ pub(crate) enum Request {
     Resume,
     /// The helper's state.
     Status,
-    /// End the helper: its spares go, runs in progress finish first.
+    /// End the helper: no run is handed to it from now on, its spares go, runs in progress
+    /// finish first.
     Shutdown,
 }
 

@@ -491,6 +491,40 @@ fn openpty() -> (std::fs::File, std::fs::File) {
 }
 
 #[test]
+fn stop_returns_once_the_helper_is_gone_and_a_start_right_after_starts_a_new_one() {
+    for user in users() {
+        let mut helper = Helper::start(user, &[]);
+        let first = helper.pid.unwrap();
+        helper.warm(&["run", "--json", "--", "true"]);
+        let out = helper.lockbox(&["pre-arm", "stop", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["stopped"], true, "{}", text(&out));
+        assert_eq!(json["exited"], true, "{}", text(&out));
+        assert_eq!(json["pid"], first, "{}", text(&out));
+        assert!(!alive(first), "{user:?}: the helper outlived its stop");
+        // Before, this found the old helper still answering and called it started.
+        let out = helper.lockbox(&["pre-arm", "start", "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["started"], true, "{}", text(&out));
+        let second = json["pid"].as_u64().unwrap() as u32;
+        helper.pid = Some(second);
+        assert_ne!(second, first, "{user:?}");
+        assert!(alive(second), "{user:?}");
+        let out = helper.lockbox(&["pre-arm", "stop"]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "pre-arm helper stopped",
+            "{}",
+            text(&out)
+        );
+        let out = helper.lockbox(&["pre-arm", "stop", "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["stopped"], false, "{}", text(&out));
+    }
+}
+
+#[test]
 fn pre_arm_on_first_use_starts_a_helper_and_it_exits_when_idle() {
     for user in users() {
         let mut helper = Helper::dir_only(user);
