@@ -117,6 +117,22 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
+def _node_serve_args(serve_args: list[str], resources: dict[str, Any]) -> list[str]:
+    """A node's ``lockbox serve`` flags: ``serve_args``, plus ``--max-sandboxes N`` when the
+    node has a ``lockbox`` Ray resource of N and the flags set none. Ray takes a node's custom
+    resources only when the node starts (``ray start --resources '{"lockbox": 200}'``), so
+    lockbox cannot advertise its capacity to Ray; it takes Ray's instead, and the number a
+    Ray job schedules against (``resources={"lockbox": 1}``) is the node's capacity in the
+    fleet."""
+    if any(a == "--max-sandboxes" or a.startswith("--max-sandboxes=") for a in serve_args):
+        return serve_args
+    try:
+        capacity = int(resources.get("lockbox", 0))
+    except (TypeError, ValueError):
+        return serve_args
+    return [*serve_args, "--max-sandboxes", str(capacity)] if capacity >= 1 else serve_args
+
+
 class _NodeDaemon:
     """One node's ``lockbox serve`` (a Ray actor pinned to the node)."""
 
@@ -202,7 +218,8 @@ class _Controller:
                         name=f"lockbox-node-{node_id}", namespace=self.namespace, lifetime="detached",
                         get_if_exists=True,
                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-                    ).remote(node_id, self.state_root, self.serve_args)
+                    ).remote(node_id, self.state_root,
+                             _node_serve_args(self.serve_args, node.get("Resources") or {}))
                 labels = {k: str(v) for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
                 try:
                     info = ray.get(self.daemons[node_id].info.remote(), timeout=5)

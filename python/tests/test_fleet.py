@@ -88,11 +88,15 @@ def test_one_server_per_node_restarted_joined_and_lost_with_its_node(cluster):
     with fleet.client(victim["node_id"]).create() as box:
         assert box.exec("true").exit_code == 0
 
-    # A node that joins the cluster joins the fleet.
-    extra = c.add_node(num_cpus=1)
+    # A node that joins the cluster joins the fleet, its `lockbox` Ray resource its capacity.
+    extra = c.add_node(num_cpus=1, resources={"lockbox": 5})
     nodes = fleet.wait(4)
     joined = [n for n in nodes if n["node_id"] == extra.node_id]
     assert joined, nodes
+    assert joined[0]["max_sandboxes"] == 5, joined
+    with open(f"/proc/{joined[0]['pid']}/cmdline", "rb") as f:
+        assert b"--max-sandboxes\x005\x00" in f.read()
+    assert all(n["max_sandboxes"] == 64 for n in nodes if n["node_id"] != extra.node_id), nodes
 
     # A node that leaves is listed lost with a reason; the others keep working.
     c.remove_node(extra)
