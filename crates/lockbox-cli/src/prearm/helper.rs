@@ -228,6 +228,22 @@ fn accept_loop(state: &Arc<State>, listener: &OwnedFd) {
     }
 }
 
+/// Wakes the accepting thread from its poll (a connection it takes and drops), so that it
+/// sees `shutdown` now rather than within its poll's second: `pre-arm stop` waits for the end.
+fn wake_accepting(socket: &std::path::Path) {
+    if let (Ok(fd), Ok(addr)) = (
+        net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        ),
+        SocketAddrUnix::new(socket),
+    ) {
+        let _ = net::connect(&fd, &addr);
+    }
+}
+
 /// The (device, inode) of the socket file at `path`.
 fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -252,6 +268,7 @@ fn serve_connection(state: &State, conn: OwnedFd) {
         Request::Status => Reply::Status(status(state)),
         Request::Shutdown => {
             state.shutdown.store(true, Ordering::SeqCst);
+            wake_accepting(&state.socket);
             Reply::Stopping
         }
         Request::Signal(_) | Request::Terminate | Request::Suspend | Request::Resume => {
