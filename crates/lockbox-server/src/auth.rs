@@ -272,7 +272,7 @@ fn agent_allowed(method: &Method, path: &str, scope: &Scope) -> Result<(), ApiEr
             sessions::forbidden("approval questions are answered by the operator, not by a scoped token"),
         ),
         ["v1", "snapshots", _, "artifact"] => Err(sessions::forbidden(
-            "snapshots move between nodes with the operator's token, not a scoped token's",
+            "snapshots move between servers with the operator's token, not a scoped token's",
         )),
         ["v1", "sandboxes", id, ..] => scope.sandbox(id),
         ["v1", "snapshots", id, ..] => scope.snapshot(id),

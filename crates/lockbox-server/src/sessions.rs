@@ -42,9 +42,9 @@ impl std::fmt::Debug for Sessions {
     }
 }
 
-/// 32 random bytes, hex.
-fn random_secret() -> Result<String, ApiError> {
-    let mut bytes = [0u8; 32];
+/// `N` random bytes, hex.
+pub(crate) fn random_hex<const N: usize>() -> Result<String, ApiError> {
+    let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes)
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("random generator: {e}")))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
@@ -61,7 +61,7 @@ impl Sessions {
 
     /// A new session: its id and its CSRF value.
     pub fn create(&self) -> Result<(String, String), ApiError> {
-        let (id, csrf) = (random_secret()?, random_secret()?);
+        let (id, csrf) = (random_hex::<32>()?, random_hex::<32>()?);
         let now = Instant::now();
         let mut all = self.lock();
         all.retain(|s| now.duration_since(s.last_used) < IDLE_EXPIRY);
@@ -150,6 +150,18 @@ pub fn check_same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
 /// `FORBIDDEN` with `message`.
 pub fn forbidden(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::Forbidden, message)
+}
+
+/// 403 for a scoped token on a route that moves `what` (snapshots, images) between servers:
+/// that is the operator's (a fleet router's) work, and what is imported (a snapshot's record
+/// with the spec its forks start with, an image under a name) is trusted as the operator's.
+pub(crate) fn operator_only(who: &crate::scope::Principal, what: &str) -> Result<(), ApiError> {
+    match who.scope() {
+        Some(_) => Err(forbidden(format!(
+            "{what} move between servers with the operator's token, not a scoped token's"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `Set-Cookie` values that start a session.

@@ -100,15 +100,6 @@ pub struct ImportedImage {
     pub references: Vec<String>,
 }
 
-fn operator_only(who: &Principal) -> Result<(), ApiError> {
-    if who.scope().is_some() {
-        return Err(crate::sessions::forbidden(
-            "images move between servers with the operator's token, not a scoped token's",
-        ));
-    }
-    Ok(())
-}
-
 fn image_error(e: lockbox_image::ImageError) -> ApiError {
     lockbox_runtime::RuntimeError::Image(e).into()
 }
@@ -132,7 +123,7 @@ pub async fn export_archive(
     Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<ImageArchiveQuery>,
 ) -> Result<Response, ApiError> {
-    operator_only(&who)?;
+    crate::sessions::operator_only(&who, "images")?;
     if q.digest.is_some() {
         return Err(ApiError::invalid("digest", "digest: only for PUT"));
     }
@@ -176,7 +167,7 @@ pub async fn import_archive(
     ApiQuery(q): ApiQuery<ImageArchiveQuery>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    operator_only(&who)?;
+    crate::sessions::operator_only(&who, "images")?;
     let digest = q.digest.unwrap_or_default();
     let Some(want) = lockbox_image::sha256_hex(&digest) else {
         return Err(ApiError::invalid(
@@ -189,10 +180,7 @@ pub async fn import_archive(
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{}: {e}", dir.display())))?;
-    let mut suffix = [0u8; 8];
-    getrandom::fill(&mut suffix)
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("random generator: {e}")))?;
-    let name: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    let name = crate::sessions::random_hex::<8>()?;
     let path = dir.join(format!(".import-{name}.tar"));
     let received =
         lockbox_image::receive(req.into_body().into_data_stream(), &path, want, MAX_ARCHIVE).await;

@@ -232,7 +232,7 @@ pub async fn export(
     Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    operator_only(&who)?;
+    crate::sessions::operator_only(&who, "snapshots")?;
     let export = app.runtime.export_snapshot(&id).await?;
     let digest = export.digest().to_owned();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
@@ -284,7 +284,7 @@ pub async fn import(
     ApiQuery(query): ApiQuery<crate::wire::ArtifactQuery>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    operator_only(&who)?;
+    crate::sessions::operator_only(&who, "snapshots")?;
     let headers = crate::wire::ArtifactHeaders::from_headers(req.headers())?;
     lockbox_image::Digest::parse(&query.digest)
         .map_err(|e| ApiError::invalid("digest", e.to_string()))?;
@@ -337,17 +337,6 @@ pub async fn import(
             ))
         }
     }
-}
-
-/// Moving snapshots between nodes is the operator's (the fleet router's): an imported
-/// snapshot's record carries the spec its forks start with.
-fn operator_only(who: &Principal) -> Result<(), ApiError> {
-    if who.scope().is_some() {
-        return Err(crate::sessions::forbidden(
-            "snapshots move between nodes with the operator's token, not a scoped token's",
-        ));
-    }
-    Ok(())
 }
 
 const CHUNK: usize = 64 * 1024;
