@@ -384,6 +384,21 @@ fn issue_15_a_stalled_body_is_408_and_an_unread_response_is_cut() {
     let mut answer = [0u8; 12];
     stalled.read_exact(&mut answer).unwrap();
     assert_eq!(&answer, b"HTTP/1.1 408");
+    // The same for an image archive's upload, which streams its body to a file.
+    let mut stalled = TcpStream::connect(server.addr()).unwrap();
+    let head = format!(
+        "PUT /v1/images/archive?reference=app:1&digest=sha256:{} HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {}\r\nContent-Type: application/x-tar\r\n\
+         Content-Length: 100\r\n\r\n0123456789",
+        "0".repeat(64),
+        server.token
+    );
+    stalled.write_all(head.as_bytes()).unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stalled.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 408");
 
     // A download the client does not read: the socket buffers fill, the server's writes
     // wait, and after --io-timeout it gives up the connection instead of holding it.
