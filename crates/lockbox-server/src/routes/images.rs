@@ -12,6 +12,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
+use futures_util::TryStreamExt;
 use lockbox_policy::ErrorCode;
 use serde::{Deserialize, Serialize};
 
@@ -182,9 +183,18 @@ pub async fn import_archive(
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{}: {e}", dir.display())))?;
     let name = crate::sessions::random_hex::<8>()?;
     let path = dir.join(format!(".import-{name}.tar"));
-    let received =
-        lockbox_image::receive(req.into_body().into_data_stream(), &path, want, MAX_ARCHIVE).await;
+    // A body that stops arriving (`--io-timeout`) is 408, as on the other uploads.
+    let stalled = std::sync::atomic::AtomicBool::new(false);
+    let body = req.into_body().into_data_stream().inspect_err(|e| {
+        if crate::extract::body_stalled(e) {
+            stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let received = lockbox_image::receive(body, &path, want, MAX_ARCHIVE).await;
     let stored = match received {
+        Err(_) if stalled.load(std::sync::atomic::Ordering::Relaxed) => {
+            Err(ApiError::body_stalled())
+        }
         Ok(()) => {
             let store = lockbox_image::Store::in_state_dir(&app.runtime.state_dir())
                 .map_err(image_error)?;
