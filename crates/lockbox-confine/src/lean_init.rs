@@ -25,7 +25,7 @@
 //! If the exec fails (the executable is gone, say), the init goes on as it was cloned:
 //! only the memory saving is lost.
 
-use crate::sys::{self, CStringArray, Errno};
+use crate::sys::{self, CStringArray};
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
@@ -78,7 +78,8 @@ pub(crate) fn exec(
     crate::child::close_other_fds(&keep, None, &[], &[]);
     // The lean init gets what it keeps at the lowest numbers free (the originals, numbered
     // as in the caller, close at the exec), so that its descriptor table can be made small
-    // there ([`shrink_descriptor_table`]). If the exec fails, the init goes on with the originals.
+    // there (`agent_sys::shrink_descriptor_table`). If the exec fails, the init goes on with
+    // the originals.
     let mut passed = [signal_fd, report_fd, parent];
     for fd in passed.iter_mut() {
         match sys::dup_above(*fd, 3) {
@@ -131,7 +132,7 @@ pub fn main_if_init() {
     };
     show_title();
     // Its table was its caller's, as large as the caller's highest descriptor.
-    let _ = shrink_descriptor_table();
+    let _ = crate::agent_sys::shrink_descriptor_table();
     // Copies of the descriptors named: whoever might own the originals in this process
     // keeps them (they close when it exits).
     let (Some(signal_fd), Some(report_fd), Some(parent)) = (
@@ -143,34 +144,6 @@ pub fn main_if_init() {
         std::process::exit(2);
     };
     run(command, &signal_fd, &report_fd, parent)
-}
-
-/// Gives the calling process a descriptor table sized to the descriptors it has open (64
-/// slots when all are below 64), if it has one thread (checked: `EBUSY` otherwise).
-///
-/// Why: a table never shrinks by itself, not at `close` nor at `execve`, and the init's is a
-/// copy of its caller's, as large as the caller's highest descriptor: under `lockbox serve`,
-/// whose table grows by 8 slots per sandbox it holds, 64 KB at 1,000 sandboxes.
-/// `unshare(CLONE_FILES)` copies the table, at the size of the highest descriptor open, only
-/// when another task shares it: a thread shares it for the call, and leaves with the old one.
-///
-/// Why it is sound: the calling thread gets a copy with every descriptor at its number and on
-/// its file, so every descriptor it holds stays valid; the helper thread, left with the old
-/// table, holds and uses none, and ends before this returns; no other thread exists (checked)
-/// whose descriptors this thread would stop seeing.
-fn shrink_descriptor_table() -> Result<(), Errno> {
-    crate::agent_sys::single_threaded()?;
-    let (done, wait) = std::sync::mpsc::channel::<()>();
-    let helper = std::thread::Builder::new()
-        .stack_size(64 * 1024)
-        .spawn(move || {
-            let _ = wait.recv();
-        })
-        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EAGAIN)))?;
-    let unshared = sys::unshare(libc::CLONE_FILES);
-    drop(done);
-    let _ = helper.join();
-    unshared
 }
 
 /// Shows the init as the cloned one did (`child::hide_command_line`): `lockbox-init` in
@@ -215,15 +188,4 @@ fn run(command: libc::pid_t, signal_fd: &OwnedFd, report_fd: &OwnedFd, parent: O
         let _ = rustix::stdio::dup2_stderr(&null);
     }
     crate::child::report_end(report_fd.as_raw_fd(), status)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_descriptor_table_is_not_shrunk_beside_other_threads() {
-        // libtest runs this on a thread of its own: the process has at least two.
-        assert_eq!(shrink_descriptor_table(), Err(Errno(libc::EBUSY)));
-    }
 }

@@ -395,15 +395,16 @@ async fn buffered_output_keeps_the_first_bytes_and_says_it_was_cut() {
     rt.shutdown().await;
 }
 
-/// A session's shell and the shim above it get small descriptor tables however many
-/// descriptors the process holding the sandbox has open (`lockbox serve` holds several per
-/// sandbox): a table is sized at each fork to the parent's highest open descriptor and
-/// never shrinks, so the agent's socket, numbered as in its creator, made every process the
-/// agent forked carry a table that large (issue 34: 128 KB each at 2,000 sandboxes).
+/// The agent, a session's shell and the shim between them get small descriptor tables
+/// however many descriptors the process holding the sandbox has open (`lockbox serve` holds
+/// several per sandbox): a table is sized at each fork to the parent's highest open
+/// descriptor and never shrinks, so the agent (a fork of the init, itself a clone of the
+/// server) and, through its socket numbered as in its creator, every process it forked
+/// carried a table that large (issue 34: 128 KB each at 2,000 sandboxes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shell_gets_a_small_descriptor_table_when_its_creator_holds_thousands() {
+async fn the_agent_and_its_shells_get_small_descriptor_tables_when_their_creator_holds_thousands() {
     also_as_nobody(&lockbox_testkit::test_name!(
-        "a_shell_gets_a_small_descriptor_table_when_its_creator_holds_thousands"
+        "the_agent_and_its_shells_get_small_descriptor_tables_when_their_creator_holds_thousands"
     ));
     // Room for them (the soft limit is often 1,024), in this test process only.
     use rustix::process::{getrlimit, setrlimit, Resource};
@@ -419,16 +420,22 @@ async fn a_shell_gets_a_small_descriptor_table_when_its_creator_holds_thousands(
         .collect();
     let (rt, sb) = sandbox(state.path()).await;
     drop(fillers);
-    let r = run(&sb, "grep -h FDSize /proc/$$/status /proc/$PPID/status").await;
+    // The shell, its shim, and the shim's parent: the agent.
+    let r = run(
+        &sb,
+        "agent=$(awk '/^PPid/{print $2}' /proc/$PPID/status); \
+         grep -h FDSize /proc/$$/status /proc/$PPID/status /proc/$agent/status",
+    )
+    .await;
     let sizes: Vec<u32> = out(&r)
         .lines()
         .map(|l| l.trim_start_matches("FDSize:").trim().parse().unwrap())
         .collect();
-    assert_eq!(sizes.len(), 2, "{r:?}");
+    assert_eq!(sizes.len(), 3, "{r:?}");
     // bash keeps its script at descriptor 255: 256 slots, against 2,048 before.
     assert!(
         sizes.iter().all(|&n| n <= 256),
-        "FDSize of shell, shim: {sizes:?} ({held} held)"
+        "FDSize of shell, shim, agent: {sizes:?} ({held} held)"
     );
     rt.shutdown().await;
 }
