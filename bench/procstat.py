@@ -53,3 +53,15 @@ def descendants(pid):
             out.append(c)
             todo.append(c)
     return out
+
+
+def fd_slots(pid):
+    """The size of `pid`'s descriptor table (`FDSize`: slots, 8 bytes each), 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("FDSize:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

@@ -11,8 +11,9 @@ is a create). --clients threads create sandboxes, each with one `exec` of `true`
 holds its default shell), up to each count of --at. At each count it pauses and records: the
 create rate of the step, the server's CPU time per create in that step, the host's memory in
 use above the start (MemTotal - MemAvailable) and per sandbox, the kernel's page tables
-(PageTables in /proc/meminfo), the server's RSS, processes per sandbox, and p50/p99 of --execs
-warm execs (`true`) on random live sandboxes from --clients threads. Then it deletes every
+(PageTables in /proc/meminfo), the server's RSS, processes per sandbox, p50/p99 of --execs
+warm execs (`true`) on random live sandboxes from --clients threads, and the largest
+descriptor table (`FDSize`) of any sandbox process against the server's own. Then it deletes every
 sandbox and checks that no process of the server's, no host mount and no sandbox directory is
 left. Prints a Markdown table. Asserts no timings. Needs the descriptors the counts take
 (about 8 per sandbox in the server: raise `ulimit -Hn` as root).
@@ -20,7 +21,7 @@ left. Prints a Markdown table. Asserts no timings. Needs the descriptors the cou
 import argparse, http.client, json, os, random, resource, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from procstat import cpu_s, descendants, meminfo, rss_kib  # noqa: E402 (bench/procstat.py)
+from procstat import cpu_s, descendants, fd_slots, meminfo, rss_kib  # noqa: E402 (bench/procstat.py)
 
 
 def used_kib():
@@ -119,7 +120,10 @@ def main():
             cpu_per = (cpu_s(server.pid) - c0) / max(made, 1) * 1000
             time.sleep(2)  # let what the creates freed settle
             used, pt = used_kib()
-            procs = len(descendants(server.pid))
+            procs = descendants(server.pid)
+            # What grew with N before: a sandbox process's table copied from the server's.
+            slots = max((fd_slots(p) for p in procs), default=0)
+            procs = len(procs)
             times, tlock = [], threading.Lock()
             per = a.execs // a.clients
 
@@ -136,7 +140,8 @@ def main():
             times.sort()
             pct = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1000
             rows.append((target, rate, cpu_per, (used - base_used) / 1024, (used - base_used) / target / 1024,
-                         (pt - base_pt) / 1024, rss_kib(server.pid) / 1024, procs / target, pct(0.5), pct(0.99)))
+                         (pt - base_pt) / 1024, rss_kib(server.pid) / 1024, procs / target, pct(0.5), pct(0.99),
+                         slots, fd_slots(server.pid)))
             print(f"at {target}: {rows[-1]}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         todo = list(ids)
@@ -166,11 +171,11 @@ def main():
         subprocess.run(["rm", "-rf", state])
     print(f"| live sandboxes | create rate (/s) | server CPU per create (ms) | host memory above start (MiB) "
           f"| per sandbox (MiB) | page tables above start (MiB) | server RSS (MiB) | processes per sandbox "
-          f"| warm exec p50 (ms) | p99 (ms) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"| warm exec p50 (ms) | p99 (ms) | largest table in a sandbox (slots) | server's table (slots) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.0f} | {r[4]:.2f} | {r[5]:.0f} | {r[6]:.0f} | "
-              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} |")
+              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} | {r[11]} |")
     print(f"\nDeleted {len(ids)} in {deleted_s:.1f} s; left after: {left} processes, "
           f"{mounts_left} host mounts, {dirs_left} sandbox directories.")
 
