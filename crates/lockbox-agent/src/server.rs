@@ -35,6 +35,19 @@ struct Agent {
     watches: Watches,
 }
 
+/// The agent's exit code once a message to the runtime could not be sent: 0 when the
+/// runtime has hung up (its end of the socket is gone), else 1, with the reason on stderr
+/// (the server's log), so that "the sandbox agent exited with status 1" has a cause to go
+/// with it.
+fn send_failed(e: &std::io::Error) -> i32 {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, NotConnected};
+    if matches!(e.kind(), BrokenPipe | ConnectionReset | NotConnected) {
+        return 0;
+    }
+    eprintln!("lockbox agent: sending to lockbox: {e}");
+    1
+}
+
 /// Serves the runtime on `ctl` until it hangs up; then kills everything it started.
 pub(crate) fn run(ctl: OwnedFd) -> i32 {
     // The agent's filter allows openat2, its commands' filters do not: a command that could
@@ -85,8 +98,10 @@ impl Agent {
             for id in ready.watches {
                 self.watches.read(id);
             }
-            if self.watches.has_queued() && self.watches.flush(self.ctl.as_fd()).is_err() {
-                return 0;
+            if self.watches.has_queued() {
+                if let Err(e) = self.watches.flush(self.ctl.as_fd()) {
+                    return send_failed(&e);
+                }
             }
             if !ready.ctl {
                 continue;
@@ -117,8 +132,8 @@ impl Agent {
                             Vec::new(),
                         ),
                     };
-                    if self.send(&Message::Reply(reply.0), &reply.1).is_err() {
-                        return 0;
+                    if let Err(e) = self.send(&Message::Reply(reply.0), &reply.1) {
+                        return send_failed(&e);
                     }
                 }
                 Err(e)
@@ -559,12 +574,21 @@ fn request_id(data: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
-mod request_id_tests {
-    use super::request_id;
+mod tests {
+    use super::{request_id, send_failed};
 
     #[test]
     fn a_request_with_an_unknown_operation_keeps_its_id() {
         assert_eq!(request_id(br#"{"id": 42, "op": {"Teleport": {}}}"#), 42);
         assert_eq!(request_id(b"not json"), 0);
+    }
+
+    #[test]
+    fn a_send_fails_quietly_only_when_lockbox_hung_up() {
+        let errno = |n| std::io::Error::from_raw_os_error(n);
+        assert_eq!(send_failed(&errno(libc::EPIPE)), 0);
+        assert_eq!(send_failed(&errno(libc::ECONNRESET)), 0);
+        // A network list's supervisor refusing the call is a failure, said on stderr.
+        assert_eq!(send_failed(&errno(libc::EACCES)), 1);
     }
 }
