@@ -1116,6 +1116,49 @@ def test_an_image_committed_on_one_node_runs_where_it_is_or_is_copied_first(tmp_
             proc.wait(30)
 
 
+def test_an_image_built_on_a_nodes_machine_outside_any_server_is_found_and_copied(tmp_path):
+    """`lockbox image build` into a node's store, with no server involved (docs/fleet.md,
+    "Images a node made"): no router knows the image, so a create naming it asks the nodes
+    (`HEAD /v1/images/archive`), goes to the one that has it while it has room, then to the
+    other, which it is copied to first; a name no node has is answered by a node as before."""
+    layout, procs, nodes = small_nodes_and_image(tmp_path)
+    try:
+        context = tmp_path / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text(f"FROM {layout}\nRUN echo built here > /etc/fleet.txt\n")
+        built = subprocess.run([sys.executable, "-m", "lockbox._cli", "image", "build", "--state-dir",
+                                str(tmp_path / "b"), "--tag", "local-app:1", str(context)],
+                               capture_output=True, text=True, timeout=300)
+        assert built.returncode == 0, built.stderr
+        holder, other = nodes[1], nodes[0]
+        status, head, _ = call(holder, "HEAD", "/v1/images/archive?reference=local-app:1")
+        assert (status, head.get("lockbox-image-source")) == (200, "build"), head
+        assert call(other, "HEAD", "/v1/images/archive?reference=local-app:1")[0] == 404
+        assert call(other, "HEAD", "/v1/images/archive?reference=Not%20An%20Image")[0] == 400
+
+        router = start_router(nodes)
+        made = []
+        for _ in range(3):  # the holder has room for two; then the other, copied to
+            status, got = router_call(router, "POST", "/v1/sandboxes", {"image": "local-app:1"})
+            assert status == 201, got
+            made.append(got["id"])
+        listed = {s["id"]: s["node"] for s in router_call(router, "GET", "/v1/sandboxes")[1]["sandboxes"]}
+        assert [listed[i] for i in made] == [holder["node_id"]] * 2 + [other["node_id"]], listed
+        for sid in made:
+            status, ran = router_call(router, "POST", f"/v1/sandboxes/{sid}/exec", {"command": "cat /etc/fleet.txt"})
+            assert (status, ran["stdout"]) == (200, "built here\n"), ran
+        for sid in made:
+            assert router_call(router, "DELETE", f"/v1/sandboxes/{sid}")[0] == 200
+
+        # A name no node has: placed as any create, and the node's own answer comes back.
+        status, err = router_call(router, "POST", "/v1/sandboxes", {"image": "oci:/nonexistent/layout"})
+        assert status >= 400 and status != 503, err
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(30)
+
+
 def test_image_names_are_normalised_as_the_store_records_them():
     from lockbox._router.image_copies import normalized_reference
 

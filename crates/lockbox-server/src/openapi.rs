@@ -111,6 +111,7 @@ pub const MAX_LOG_BYTES: u64 = 1 << 30;
         crate::routes::snapshots::take,
         crate::routes::images::commit,
         crate::routes::images::export_archive,
+        crate::routes::images::has_image,
         crate::routes::images::import_archive,
         crate::routes::snapshots::restore,
         crate::routes::snapshots::fork_sandbox,
@@ -183,6 +184,18 @@ impl Modify for Common {
                                 "Error",
                             )))),
                         )
+                        .build();
+                    op.responses
+                        .responses
+                        .entry(range.into())
+                        .or_insert(RefOr::T(error));
+                }
+            }
+            // A HEAD's answers have no body: the status alone says what went wrong.
+            if let Some(op) = item.head.as_mut() {
+                for range in ["4XX", "5XX"] {
+                    let error = ResponseBuilder::new()
+                        .description("error (the status; no body to a HEAD)")
                         .build();
                     op.responses
                         .responses
@@ -627,8 +640,13 @@ mod tests {
         for (method, path) in operations() {
             let op = &doc["paths"][&path][method.to_ascii_lowercase()];
             for range in ["4XX", "5XX"] {
+                let error = &op["responses"][range];
+                if method == "HEAD" {
+                    assert!(error["description"].is_string(), "{method} {path} {range}");
+                    continue;
+                }
                 assert_eq!(
-                    op["responses"][range]["content"]["application/json"]["schema"]["$ref"],
+                    error["content"]["application/json"]["schema"]["$ref"],
                     "#/components/schemas/Error",
                     "{method} {path} {range}"
                 );

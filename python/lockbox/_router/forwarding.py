@@ -106,11 +106,15 @@ class ForwardingRouter:
         """Image -> the nodes whose probes listed a sandbox of it (placement's affinity)."""
         self._listed: list[NodeView] = []
         self.template_misses: dict[str, float] = {}
+        """Names no node knew as a template, with when they were asked about (``templates``)."""
         self.image_copies: dict[str, set[str]] = {}
         """``tc:TEMPLATE`` or ``ic:REFERENCE`` -> the nodes this router copied it to (``image_copies``)."""
         self.image_homes: dict[str, str] = {}
-        """Image reference -> the node a sandbox committed it on (``image_copies``)."""
-        """Names no node knew as a template, with when they were asked about (``templates``)."""
+        """Image reference -> the node a sandbox committed it on, or whose store had it from
+        outside a registry (``image_copies``)."""
+        self.not_held: dict[str, float] = {}
+        """Image references no node's store had from outside a registry -> until when
+        (``time.monotonic``) that answer stands (``image_copies``)."""
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nodes_ready = asyncio.Event()

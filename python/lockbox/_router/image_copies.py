@@ -16,7 +16,11 @@ from dataclasses import dataclass
 
 from .placement import NodeView, eligible_nodes, place
 from .snapshot_copies import Refused, SnapshotCopies
-from .wire import Request, lockbox_error
+from .wire import HttpError, Request, lockbox_error
+
+NOT_HELD_FOR = 10.0
+"""Seconds a router takes an image no node's store had from outside a registry for one each
+node pulls (:meth:`ImageCopies._local_holder`)."""
 
 
 def split_template(name: str) -> tuple[str, str]:
@@ -99,7 +103,10 @@ class ImageCopies(SnapshotCopies):
 
     async def _image_home(self, image: str) -> tuple[Movable, NodeView] | None:
         """The node that made image ``image`` (a sandbox's ``commit-image`` through a
-        router: this router's cache, else the store), if any."""
+        router: this router's cache, else the store), if any; else, for an image no sandbox
+        of the fleet runs, a node whose store has it from anywhere but a registry (built with
+        ``lockbox image build`` or loaded on its machine, outside any server), which the
+        nodes are asked about (:meth:`_local_holder`)."""
         reference = normalized_reference(image)
         if reference is None:
             return None
@@ -108,7 +115,38 @@ class ImageCopies(SnapshotCopies):
             got = await self._kv(self.store.get, f"im/{urllib.parse.quote(reference, safe='')}")
             node = got["node"] if got else None
         view = self.nodes.get(node) if node else None
+        if view is None and not self.holders.get(image):
+            view = await self._local_holder(reference)
         return (Movable.image(reference), view) if view is not None else None
+
+    async def _local_holder(self, reference: str) -> NodeView | None:
+        """The least loaded up node whose store has image ``reference`` not from a registry
+        (``HEAD /v1/images/archive``: its ``Lockbox-Image-Source`` is then not the image's
+        own name), recorded as the node that made it; ``None`` if none has (an image each
+        node pulls from its registry, as before). A name no node has is not asked about again
+        for :data:`NOT_HELD_FOR` seconds: a burst of creates of a new registry image pays
+        one round of questions."""
+        now = time.monotonic()
+        if self.not_held.get(reference, 0.0) > now:
+            return None
+        views = [v for v in self.nodes.values() if v.routable]
+        path = f"/v1/images/archive?reference={urllib.parse.quote(reference, safe='')}"
+
+        async def ask(v: NodeView) -> bool:
+            try:
+                status, head, _ = await self._call(v, "HEAD", path, timeout=2.0)
+            except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, HttpError):
+                return False
+            return status == 200 and head.get("lockbox-image-source") not in (None, reference)
+
+        answers = await asyncio.gather(*(ask(v) for v in views))
+        holders = [v for v, has in zip(views, answers, strict=True) if has]
+        if not holders:
+            self.not_held[reference] = now + NOT_HELD_FOR
+            return None
+        home = min(holders, key=lambda v: v.load / max(v.capacity, 1))
+        await self._made_images(home.node_id, [reference])
+        return home
 
     async def _made_images(self, node: str, references: Sequence[str]) -> None:
         """Images ``node`` made (a commit's ``references``): their creates go there, or

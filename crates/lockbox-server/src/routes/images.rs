@@ -80,7 +80,7 @@ pub async fn commit(
 /// The largest image archive `PUT /v1/images/archive` takes.
 const MAX_ARCHIVE: u64 = 64 << 30;
 
-/// `GET` and `PUT /v1/images/archive`.
+/// `GET`, `HEAD` and `PUT /v1/images/archive`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -148,6 +148,51 @@ pub async fn export_archive(
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.size));
     if let Ok(v) = HeaderValue::from_str(&out.digest) {
         h.insert("docker-content-digest", v);
+    }
+    Ok(response)
+}
+
+#[utoipa::path(
+    head,
+    path = "/v1/images/archive",
+    operation_id = "has_image",
+    summary = "Whether the server's store has an image, without exporting it (operator only)",
+    description = "200 when the store has the image `reference` names: `Lockbox-Image-Id` is its id, `Lockbox-Image-Source` where it came from (its registry name when pulled from one; `build`, an archive or a layout otherwise). 404 when it does not, 400 for a malformed name, 403 for a scoped token; no body. A fleet's router asks its nodes this about an image none of its sandboxes runs (docs/fleet.md)",
+    params(ImageArchiveQuery),
+    responses((status = 200, description = "the store has it",
+        headers(("Lockbox-Image-Id" = String, description = "the image's id"),
+                ("Lockbox-Image-Source" = String, description = "where the store got it"))))
+)]
+pub async fn has_image(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ImageArchiveQuery>,
+) -> Result<Response, ApiError> {
+    crate::sessions::operator_only(&who, "images")?;
+    if q.digest.is_some() {
+        return Err(ApiError::invalid("digest", "digest: only for PUT"));
+    }
+    lockbox_image::Source::parse(&q.reference).map_err(image_error)?;
+    let state_dir = app.runtime.state_dir();
+    let reference = q.reference;
+    let found = tokio::task::spawn_blocking(move || {
+        lockbox_image::Store::in_state_dir(&state_dir)?.get(&reference)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::Internal, format!("looking the image up: {e}")))?
+    .map_err(image_error)?;
+    let Some(image) = found else {
+        return Ok(StatusCode::NOT_FOUND.into_response());
+    };
+    let mut response = StatusCode::OK.into_response();
+    let h = response.headers_mut();
+    for (name, value) in [
+        ("lockbox-image-id", &image.id),
+        ("lockbox-image-source", &image.source),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
     }
     Ok(response)
 }

@@ -112,7 +112,9 @@ pub fn router() -> Router<AppState> {
         .route(&format!("{sandbox}/commit-image"), post(images::commit))
         .route(
             "/v1/images/archive",
-            get(images::export_archive).put(images::import_archive),
+            get(images::export_archive)
+                .head(images::has_image)
+                .put(images::import_archive),
         )
         .route(&format!("{sandbox}/restore"), post(snapshots::restore))
         .route(&format!("{sandbox}/fork"), post(snapshots::fork_sandbox))
