@@ -109,6 +109,32 @@ fn scratch(app: &AppState) -> std::path::PathBuf {
     app.runtime.state_dir().join("image-transfers")
 }
 
+/// What GET and HEAD `/v1/images/archive` share: an operator's call naming an image
+/// (no `digest`, which is PUT's), and `work` run on the store off the async threads.
+async fn with_archived_image<T: Send + 'static>(
+    app: &AppState,
+    who: &Principal,
+    q: ImageArchiveQuery,
+    doing: &'static str,
+    work: impl FnOnce(&lockbox_image::Store, &str) -> Result<T, lockbox_image::ImageError>
+        + Send
+        + 'static,
+) -> Result<T, ApiError> {
+    crate::sessions::operator_only(who, "images")?;
+    if q.digest.is_some() {
+        return Err(ApiError::invalid("digest", "digest: only for PUT"));
+    }
+    lockbox_image::Source::parse(&q.reference).map_err(image_error)?;
+    let state_dir = app.runtime.state_dir();
+    let reference = q.reference;
+    tokio::task::spawn_blocking(move || {
+        work(&lockbox_image::Store::in_state_dir(&state_dir)?, &reference)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::Internal, format!("{doing}: {e}")))?
+    .map_err(image_error)
+}
+
 #[utoipa::path(
     get,
     path = "/v1/images/archive",
@@ -124,20 +150,15 @@ pub async fn export_archive(
     Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<ImageArchiveQuery>,
 ) -> Result<Response, ApiError> {
-    crate::sessions::operator_only(&who, "images")?;
-    if q.digest.is_some() {
-        return Err(ApiError::invalid("digest", "digest: only for PUT"));
-    }
-    lockbox_image::Source::parse(&q.reference).map_err(image_error)?;
-    let state_dir = app.runtime.state_dir();
     let dir = scratch(&app);
-    let reference = q.reference;
-    let out = tokio::task::spawn_blocking(move || {
-        lockbox_image::Store::in_state_dir(&state_dir)?.export_for_transfer(&reference, &dir)
-    })
-    .await
-    .map_err(|e| ApiError::new(ErrorCode::Internal, format!("saving the image: {e}")))?
-    .map_err(image_error)?;
+    let out = with_archived_image(
+        &app,
+        &who,
+        q,
+        "saving the image",
+        move |store, reference| store.export_for_transfer(reference, &dir),
+    )
+    .await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(out.file));
     let mut response = Body::from_stream(stream).into_response();
     let h = response.headers_mut();
@@ -168,19 +189,10 @@ pub async fn has_image(
     Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<ImageArchiveQuery>,
 ) -> Result<Response, ApiError> {
-    crate::sessions::operator_only(&who, "images")?;
-    if q.digest.is_some() {
-        return Err(ApiError::invalid("digest", "digest: only for PUT"));
-    }
-    lockbox_image::Source::parse(&q.reference).map_err(image_error)?;
-    let state_dir = app.runtime.state_dir();
-    let reference = q.reference;
-    let found = tokio::task::spawn_blocking(move || {
-        lockbox_image::Store::in_state_dir(&state_dir)?.get(&reference)
+    let found = with_archived_image(&app, &who, q, "looking the image up", |store, reference| {
+        store.get(reference)
     })
-    .await
-    .map_err(|e| ApiError::new(ErrorCode::Internal, format!("looking the image up: {e}")))?
-    .map_err(image_error)?;
+    .await?;
     let Some(image) = found else {
         return Ok(StatusCode::NOT_FOUND.into_response());
     };
