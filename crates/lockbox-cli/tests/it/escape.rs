@@ -814,6 +814,9 @@ fn names_checks_see_what_reached_the_outside_and_missing_audit_reasons() {
     dns.send_to(query, (ip.as_str(), 53)).unwrap();
     dns.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let _ = dns.recv(&mut [0; 512]);
+    // The check must see both, however loaded the machine: wait for their log lines.
+    net.wait_for_line("http other.test");
+    net.wait_for_line("dns-udp other.test");
     let mut problems = Vec::new();
     net.check(
         &["dns-udp allowed.test".into()],

@@ -180,6 +180,20 @@ impl NamesNet {
         &self.secret
     }
 
+    /// Waits (10 s at most) until the services have logged `line`: a service may answer
+    /// before it writes its log line.
+    pub fn wait_for_line(&self, line: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let path = self.private.path().join("outside.log");
+        while std::time::Instant::now() < deadline {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            if log.lines().any(|l| l == line) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Checks what reached the outside during this run: every line of the services' log
     /// must start with one of `allowed` (what the attack's policy lets out, as its control
     /// steps do) and every line of `seen` must be there.
