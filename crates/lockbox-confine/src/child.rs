@@ -13,8 +13,7 @@
 //! 1. join the limit cgroups (v1), through descriptors the parent opened;
 //! 2. write `setgroups`, `uid_map`, `gid_map`: the caller's ids map to themselves (to 0 in
 //!    an image sandbox); then
-//!    start a helper process for the slow kernel work, done alongside steps 3 to 7: when
-//!    the host's root is mapped, the namespace's own per-user limits (`quotas`), and the
+//!    start a helper process for the slow kernel work, done alongside steps 3 to 7: the
 //!    sandbox's network namespace (see [`start_helper`]);
 //! 3. enter a new cgroup namespace (after joining, so the sandbox sees its cgroup as `/`);
 //! 4. make every mount private, so nothing we do propagates to the host;
@@ -23,6 +22,8 @@
 //! 6. mount the stage (a tmpfs) over `/tmp` and build the root on it ([`SetupPlan::ops`])
 //!    up to `Op::EnterRoot` (for an image root: the image's overlay, and lockbox's `/dev`,
 //!    `/proc` and `/etc` files captured to be attached inside it, see `plan::image_stage`);
+//!    the namespace's own per-user limits (`quotas`) are written through the new `/proc`
+//!    (`Op::LimitUserQuotas`);
 //! 7. `pivot_root` into the stage (an image root: into the image's overlay);
 //! 8. set the hostname; wait for the helper and enter the network namespace it made; detach
 //!    the old root (unmounting waits for an RCU grace period, which lasts while the helper
@@ -122,6 +123,9 @@ pub struct Prepared {
     /// [`crate::proctitle::TITLE`] on the heap: `/proc/PID/cmdline` reads only anonymous
     /// memory.
     pub(crate) title: Vec<u8>,
+    /// (path, value) of the user namespace's own limits of per-user quotas (see `quotas`),
+    /// written at `Op::LimitUserQuotas`.
+    pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     /// How a single-command sandbox's init re-executes itself once its command runs
     /// (long-lived sandboxes, [`crate::lean_init`]); `None`: it stays as cloned.
     pub(crate) lean: Option<crate::lean_init::LeanExec>,
@@ -153,8 +157,6 @@ pub(crate) const FORWARDED: [libc::c_int; 7] = [
 /// they share.
 #[derive(Debug, Default)]
 pub(crate) struct Alongside {
-    /// (path, value) of the user namespace's own limits of per-user quotas (see `quotas`).
-    pub(crate) user_sysctls: Vec<(CString, Vec<u8>)>,
     /// Make the sandbox's own network namespace, with loopback up.
     pub(crate) netns: bool,
     /// In it, bind the sockets of lockbox's resolver ([`lockbox_netsup::DNS_ADDR`]:53), which the
@@ -174,10 +176,9 @@ pub(crate) struct Alongside {
 }
 
 impl Alongside {
-    /// The helper's job: write `user_sysctls`, make a network namespace if `netns`.
-    pub(crate) fn new(user_sysctls: Vec<(CString, Vec<u8>)>, netns: bool, dns: bool) -> Alongside {
+    /// The helper's job: make a network namespace if `netns`.
+    pub(crate) fn new(netns: bool, dns: bool) -> Alongside {
         Alongside {
-            user_sysctls,
             netns,
             dns: netns && dns,
             dns_fds: [AtomicI32::new(-1), AtomicI32::new(-1)],
@@ -195,7 +196,7 @@ impl Alongside {
 
     /// Whether there is anything to do (no helper is started otherwise).
     pub(crate) fn needed(&self) -> bool {
-        self.netns || !self.user_sysctls.is_empty()
+        self.netns
     }
 }
 
@@ -324,7 +325,7 @@ fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
     close_other_fds(&p.keep_fds, None, &[], &[]);
     join_cgroups(p)?; // 1
     map_ids(p)?; // 2
-    let helper = start_helper(p)?; // per-user quotas and the network namespace, until step 8
+    let helper = start_helper(p)?; // the network namespace, until step 8
     if p.new_cgroup_ns {
         sys::unshare(libc::CLONE_NEWCGROUP).map_err(at(Step::UnshareCgroup))?; // 3
     }
@@ -359,15 +360,12 @@ fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
     Ok((signal_fd, ruleset))
 }
 
-/// Starts a helper process for the set-up's slow kernel work, if there is any: writing the
-/// user namespace's own limits of per-user quotas (each `/proc/sys/user` lookup walks every
-/// namespace's entry of that name) and making the sandbox's network namespace with loopback
-/// up (the kernel registers the namespace's devices and sysctls: ~0.5 ms, as long as the
+/// Starts a helper process for the set-up's slow kernel work, if there is any: making the
+/// sandbox's network namespace with loopback up (the kernel registers the namespace's devices and sysctls: ~0.5 ms, as long as the
 /// whole root). It runs on another CPU while the init builds the root: it shares the init's
 /// memory and descriptor table, leaves a descriptor of the network namespace (or what
 /// failed) in [`Alongside`] and exits; [`join_helper`] waits for it and enters the
-/// namespace. It is the sandbox's pid 2, so the command comes after it. It starts once the
-/// ids are mapped: the quota files can only be written then.
+/// namespace. It is the sandbox's pid 2, so the command comes after it.
 fn start_helper(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
     if !p.helper.needed() {
         return Ok(None);
@@ -400,20 +398,7 @@ fn helper_main(job: &Alongside) -> ! {
 }
 
 fn helper_work(job: &Alongside) -> Result<(), Fail> {
-    // Written in the sandbox's user namespace (the kernel picks the writer's), so that the
-    // caller keeps the rest of its per-user quotas. Needs CAP_SYS_RESOURCE there, which the
-    // helper holds until the init drops its capabilities, whoever the caller is.
     let proc_fd = job.proc_fd.load(Ordering::Relaxed);
-    for (i, (path, value)) in job.user_sysctls.iter().enumerate() {
-        let in_proc = under_proc(path).ok_or(Errno(libc::EINVAL));
-        let fd = in_proc
-            .and_then(|rel| sys::open_at(proc_fd, rel, libc::O_WRONLY))
-            .map_err(at_index(Step::LimitUserQuota, i))?;
-        let written = sys::write_all(fd, value);
-        // SAFETY: `fd` was opened just above by this helper and is not used after.
-        unsafe { sys::close(fd) };
-        written.map_err(at_index(Step::LimitUserQuota, i))?;
-    }
     if job.netns {
         sys::unshare(libc::CLONE_NEWNET).map_err(at(Step::NetNamespace))?;
         sys::loopback_up().map_err(at(Step::LoopbackUp))?;
@@ -429,6 +414,38 @@ fn helper_work(job: &Alongside) -> Result<(), Fail> {
         job.netns_fd.store(fd, Ordering::Release);
     }
     Ok(())
+}
+
+/// Writes the user namespace's own limits of per-user quotas through the procfs mounted at
+/// `proc` (relative to the current directory). Written in the sandbox's user namespace
+/// (the kernel picks the writer's), so that the caller keeps the rest of its per-user
+/// quotas; needs CAP_SYS_RESOURCE there, which the init holds until step 11, whoever the
+/// caller is.
+fn limit_user_quotas(proc: &CStr, sysctls: &[(CString, Vec<u8>)]) -> Result<(), Fail> {
+    if sysctls.is_empty() {
+        return Ok(());
+    }
+    let proc_fd =
+        sys::open(proc, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::LimitUserQuota))?;
+    let mut result = Ok(());
+    for (i, (path, value)) in sysctls.iter().enumerate() {
+        let written = under_proc(path)
+            .ok_or(Errno(libc::EINVAL))
+            .and_then(|rel| sys::open_at(proc_fd, rel, libc::O_WRONLY))
+            .and_then(|fd| {
+                let written = sys::write_all(fd, value);
+                // SAFETY: `fd` was opened just above and is not used after.
+                unsafe { sys::close(fd) };
+                written
+            });
+        if let Err(e) = written {
+            result = Err(at_index(Step::LimitUserQuota, i)(e));
+            break;
+        }
+    }
+    // SAFETY: `proc_fd` was opened above and is not used after.
+    unsafe { sys::close(proc_fd) };
+    result
 }
 
 /// `path` relative to `/proc/`, if it is below it.
@@ -545,7 +562,10 @@ fn mount_stage() -> Result<(), Fail> {
 /// directory: the stage before `pivot_root`, the same tree as `/` after it.
 fn apply_ops(p: &mut Prepared, from: usize, to: usize) -> Result<(), Fail> {
     for i in from..to {
-        apply(&p.plan.ops[i], &mut p.source_fds, p.report_fd).map_err(at_index(Step::Mount, i))?;
+        match &p.plan.ops[i] {
+            Op::LimitUserQuotas { proc } => limit_user_quotas(proc, &p.user_sysctls)?,
+            op => apply(op, &mut p.source_fds, p.report_fd).map_err(at_index(Step::Mount, i))?,
+        }
     }
     Ok(())
 }
@@ -756,6 +776,8 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
             apply(mount, source_fds, report_fd)
         }
         Op::Rmdir { path } => sys::rmdir(path),
+        // Carried out by `apply_ops`, which has the values; no later step has one.
+        Op::LimitUserQuotas { .. } => Err(Errno(libc::EINVAL)),
         Op::Gate => match await_go(report_fd)? {
             None => Ok(()),
             Some(fd) => {

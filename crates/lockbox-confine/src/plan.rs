@@ -100,6 +100,13 @@ pub enum Op {
     Rmdir {
         path: CString,
     },
+    /// Write the user namespace's own limits of per-user quotas (see `quotas`) through the
+    /// procfs just mounted at `proc`. A fresh procfs holds only this namespace's entries;
+    /// the host's `/proc` holds one per live user namespace, and a lookup there walks them
+    /// all, so each create got slower the more sandboxes lived (issue 34).
+    LimitUserQuotas {
+        proc: CString,
+    },
     /// Wait for the supervisor's go (and the stdin it may carry) before going on: see
     /// [`crate::Spawn::gated`].
     Gate,
@@ -1096,6 +1103,10 @@ fn proc(plan: &mut SetupPlan) {
         flags: NOSUID_NODEV | libc::MS_NOEXEC,
         data: cstring(b""),
     });
+    // Before `sys` is made read-only below.
+    plan.ops.push(Op::LimitUserQuotas {
+        proc: cstring(b"proc"),
+    });
     for name in PROC_READONLY {
         plan.ops.push(Op::CoverReadonly {
             path: cstring(format!("proc/{name}").as_bytes()),
@@ -1244,6 +1255,11 @@ impl fmt::Display for Op {
                 )
             }
             Op::Rmdir { path } => write!(f, "remove {}", p(path)),
+            Op::LimitUserQuotas { proc } => write!(
+                f,
+                "limit the sandbox's per-user quotas through {}/sys/user",
+                p(proc)
+            ),
             Op::Gate => write!(f, "wait for the go of lockbox"),
             Op::Capture { path, source } => write!(
                 f,

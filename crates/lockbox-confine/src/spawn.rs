@@ -958,7 +958,6 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     };
     let layout = crate::proctitle::Layout::of_self()?;
     let helper_job = child::Alongside::new(
-        limits.user_sysctls.clone(),
         policy.net.own_namespace(),
         matches!(policy.net, lockbox_policy::Net::Allow(_)),
     );
@@ -1016,6 +1015,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
                 .collect(),
         ),
         last_cap: last_cap(),
+        user_sysctls: limits.user_sysctls.clone(),
         lean,
         armed: armed.then(|| vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2]),
     };
