@@ -48,6 +48,8 @@ mod lean_init;
 mod limits;
 mod loader;
 mod netfilter;
+#[allow(unsafe_code)]
+mod own_table;
 mod plan;
 mod probe;
 pub mod proc_stat;
@@ -76,6 +78,7 @@ pub use crate::freeze::{freeze_tree, Frozen};
 pub use crate::landlock::RuleAccess;
 pub use crate::lean_init::{main_if_init, INIT_ARG};
 pub use crate::limits::{LimitMechanisms, Mechanism};
+pub use crate::own_table::reserve as reserve_spawn_slots;
 pub use crate::plan::{Op, SetupPlan, StepPlan};
 pub use crate::probe::{probe, Feature, KernelSupport};
 pub use crate::proctitle::TITLE as INIT_TITLE;

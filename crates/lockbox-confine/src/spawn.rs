@@ -1020,15 +1020,38 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         armed: armed.then(|| vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2]),
     };
 
-    let flags = CLONE_FLAGS;
+    // What the init uses of ours: moved through the reserved slots when this process has
+    // them, so that the clone need not copy our whole descriptor table (`own_table`).
+    let mut needed = prepared.keep_fds.clone();
+    needed.extend(prepared.stdio.iter().filter(|&&fd| fd >= 0));
+    needed.push(prepared.parent);
+    let lease = crate::own_table::lease(&needed);
+    let flags = match &lease {
+        Some(_) => CLONE_FLAGS | libc::CLONE_FILES as u64,
+        None => CLONE_FLAGS,
+    };
+    let (lease, adopt) = lease.unzip();
     let started = Instant::now();
     tracing::debug!(flags, "clone3 into new namespaces");
     // SAFETY: the child runs `child::init_main`, which makes only async-signal-safe calls
-    // (nothing there allocates, locks or logs) and ends in `execve` or `_exit`.
+    // (nothing there allocates, locks or logs) and ends in `execve` or `_exit`. With
+    // CLONE_FILES its first act is to take a table of its own (`own_table::adopt`), before
+    // it opens, closes or duplicates anything.
     match unsafe { sys::clone3_fork(flags) } {
         Err(errno) => Err(explain_clone_error(errno)),
-        Ok(Forked::Child) => child::init_main(&mut prepared),
+        Ok(Forked::Child) => {
+            if let Some(adopt) = &adopt {
+                if crate::own_table::adopt(adopt).is_err() {
+                    // Nothing can be reported yet: the report pipe may not be in place.
+                    sys::exit(125)
+                }
+            }
+            child::init_main(&mut prepared)
+        }
         Ok(Forked::Parent { pid, pidfd }) => {
+            if let Some(lease) = lease {
+                lease.release(pidfd.as_fd());
+            }
             // The init has its own copies now.
             drop((report_wr, stdio_held, notify, parent));
             let mut limits = limits;

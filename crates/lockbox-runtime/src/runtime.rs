@@ -42,6 +42,12 @@ impl Runtime {
     /// Opens the state directory; sandboxes a previous runtime left running become `Lost`
     /// (their branches are kept).
     pub fn open(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        // Each sandbox's init is then cloned without a copy of this process's descriptor
+        // table, which grows with every sandbox it holds. Best effort: without the slots a
+        // create costs more the more sandboxes live, as it did.
+        if let Err(e) = lockbox_confine::reserve_spawn_slots() {
+            tracing::warn!("reserving descriptor slots for spawning: {e}");
+        }
         std::fs::create_dir_all(&config.state_dir).map_err(|e| {
             RuntimeError::SetupFailed(format!(
                 "creating the state directory {}: {e}",

@@ -47,6 +47,49 @@ pub unsafe fn dup2(old: RawFd, new: RawFd) -> Result<(), Errno> {
     check_int(unsafe { libc::dup2(old, new) }).map(drop)
 }
 
+/// `dup3(old, new, flags)`: `new` becomes a copy of `old`, close-on-exec if `flags` says
+/// `O_CLOEXEC`.
+///
+/// # Safety
+///
+/// As [`dup2`].
+pub unsafe fn dup3(old: RawFd, new: RawFd, flags: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: descriptor numbers only, no pointers; the caller owns `new`.
+    check_int(unsafe { libc::dup3(old, new, flags) }).map(drop)
+}
+
+/// Whether `fd` is close-on-exec.
+pub fn is_cloexec(fd: RawFd) -> Result<bool, Errno> {
+    // SAFETY: fcntl on a descriptor number; no pointers.
+    let flags = check_int(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    Ok(flags & libc::FD_CLOEXEC != 0)
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd_nonblocking() -> Result<std::os::fd::OwnedFd, Errno> {
+    rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )
+    .map_err(errno)
+}
+
+/// `close_range(first, ~0, CLOSE_RANGE_UNSHARE)`: the caller gets a descriptor table of its
+/// own holding only the descriptors below `first` (Linux 5.9; `EINVAL` before). Closes only
+/// in the new table, so nothing the other sharers own is touched.
+pub fn close_range_unshare(first: u32) -> Result<(), Errno> {
+    // SAFETY: no pointer arguments; what is closed is this caller's new copy.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_UNSHARE,
+        )
+    };
+    check(rc).map(drop)
+}
+
 /// `close(2)`, ignoring errors (there is nothing useful to do about them).
 ///
 /// # Safety

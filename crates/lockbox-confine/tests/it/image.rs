@@ -10,47 +10,11 @@
 //! as a user's unpacked image belongs to that user.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::{as_root_and_nobody, AS_NOBODY};
 use lockbox_confine::{ImageRoot, Spawn, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-
-/// Set in the re-executed test process (which must not re-execute again).
-const AS_NOBODY: &str = "LOCKBOX_IMAGE_TEST_AS_NOBODY";
-
-/// Runs `body` as the caller and, as root, again as uid 65534 in a copy of this test
-/// process running only test `name`.
-fn as_root_and_nobody(name: &str, body: impl Fn()) {
-    if std::env::var_os(AS_NOBODY).is_some() {
-        assert_eq!(rustix::process::getuid().as_raw(), 65534);
-        return body();
-    }
-    body();
-    if !rustix::process::getuid().is_root() {
-        return;
-    }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            &lockbox_testkit::test_name!(name),
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(AS_NOBODY, "1")
-        .current_dir("/")
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "as uid 65534:\n{text}");
-    assert!(
-        text.contains("1 passed"),
-        "as uid 65534, the test did not run:\n{text}"
-    );
-}
 
 /// A directory of the current user's that uid 65534 (and the sandbox) can enter.
 fn scratch() -> lockbox_testkit::sandboxes::Scratch {

@@ -6,5 +6,44 @@ mod armed;
 mod gate;
 mod image;
 mod overlay;
+mod own_table;
 mod sequence;
 mod stdio;
+
+use std::os::unix::process::CommandExt;
+
+/// Set in the re-executed test process (which must not re-execute again).
+pub const AS_NOBODY: &str = "LOCKBOX_CONFINE_TEST_AS_NOBODY";
+
+/// Runs `body` as the caller and, as root, again as uid 65534 in a copy of this test
+/// process running only test `name`.
+pub fn as_root_and_nobody(name: &str, body: impl Fn()) {
+    if std::env::var_os(AS_NOBODY).is_some() {
+        assert_eq!(rustix::process::getuid().as_raw(), 65534);
+        return body();
+    }
+    body();
+    if !rustix::process::getuid().is_root() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            &lockbox_testkit::test_name!(name),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(AS_NOBODY, "1")
+        .current_dir("/")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "as uid 65534:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "as uid 65534, the test did not run:\n{text}"
+    );
+}
