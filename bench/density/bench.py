@@ -4,7 +4,7 @@
 
     cargo build --release -p lockbox-cli
     python3 bench/density/bench.py [--lockbox target/release/lockbox] [--at 250,1000,2000] \
-        [--clients 8] [--execs 200]
+        [--clients 8] [--execs 200] [--perf-record FILE]
 
 Starts the server on 127.0.0.1 with a state directory of its own (`--pool 0`: every sandbox
 is a create). --clients threads create sandboxes, each with one `exec` of `true` (so each
@@ -15,10 +15,13 @@ use above the start (MemTotal - MemAvailable) and per sandbox, the kernel's page
 warm execs (`true`) on random live sandboxes from --clients threads, and the largest
 descriptor table (`FDSize`) of any sandbox process against the server's own. Then it deletes every
 sandbox and checks that no process of the server's, no host mount and no sandbox directory is
-left. Prints a Markdown table. Asserts no timings. Needs the descriptors the counts take
+left. Prints a Markdown table. Asserts no timings. --perf-record FILE records the whole
+machine with `perf record -a -g` while the last step's sandboxes are created (`--at
+1800,2000 --perf-record out.data`: 200 creates with 1,800 live; `perf report -i out.data
+--children --sort sym` then says where their kernel time went). Needs the descriptors the counts take
 (about 8 per sandbox in the server: raise `ulimit -Hn` as root).
 """
-import argparse, http.client, json, os, random, resource, subprocess, sys, tempfile, threading, time
+import argparse, http.client, json, os, random, resource, signal, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from procstat import cpu_s, descendants, fd_slots, meminfo, rss_kib  # noqa: E402 (bench/procstat.py)
@@ -80,6 +83,9 @@ def main():
     p.add_argument("--at", default="250,1000,2000")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--execs", type=int, default=200)
+    p.add_argument("--perf-record", metavar="FILE",
+                   help="record `perf record -a -g -F 999` of the whole machine into FILE "
+                        "during the last step's creates (where their kernel time goes)")
     a = p.parse_args()
     counts = [int(x) for x in a.at.split(",")]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -100,6 +106,11 @@ def main():
         host, port = first["listen"].rsplit(":", 1)
         api = Api((host, int(port)), first["token"])
         for target in counts:
+            perf = None
+            if a.perf_record and target == counts[-1]:
+                perf = subprocess.Popen(["perf", "record", "-a", "-g", "-F", "999", "-o", a.perf_record],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1)  # perf is recording before the first create
             t0, c0 = time.perf_counter(), cpu_s(server.pid)
             made0 = len(ids)
 
@@ -118,6 +129,9 @@ def main():
             made = len(ids) - made0
             rate = made / (time.perf_counter() - t0)
             cpu_per = (cpu_s(server.pid) - c0) / max(made, 1) * 1000
+            if perf is not None:
+                perf.send_signal(signal.SIGINT)
+                perf.wait()
             time.sleep(2)  # let what the creates freed settle
             used, pt = used_kib()
             procs = descendants(server.pid)
