@@ -10,7 +10,7 @@
 //! as a user's unpacked image belongs to that user.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::{as_root_and_nobody, AS_NOBODY};
+use crate::AS_NOBODY;
 use lockbox_confine::{ImageRoot, Spawn, Stdio, Waited};
 use lockbox_policy::{Overlay, OverlayUpper, Policy};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -114,7 +114,7 @@ fn image_policy() -> Policy {
 
 #[test]
 fn busybox_runs_from_the_image_root_and_the_hosts_userland_is_not_there() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "busybox_runs_from_the_image_root_and_the_hosts_userland_is_not_there",
         || {
             let dir = scratch();
@@ -133,7 +133,7 @@ fn busybox_runs_from_the_image_root_and_the_hosts_userland_is_not_there() {
 
 #[test]
 fn a_whiteout_deletes_and_an_opaque_directory_hides_the_lower_layers() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "a_whiteout_deletes_and_an_opaque_directory_hides_the_lower_layers",
         || {
             let dir = scratch();
@@ -152,7 +152,7 @@ fn a_whiteout_deletes_and_an_opaque_directory_hides_the_lower_layers() {
 
 #[test]
 fn writes_to_the_image_root_succeed_and_vanish_with_the_sandbox() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "writes_to_the_image_root_succeed_and_vanish_with_the_sandbox",
         || {
             let dir = scratch();
@@ -178,7 +178,7 @@ fn writes_to_the_image_root_succeed_and_vanish_with_the_sandbox() {
 
 #[test]
 fn the_caller_is_root_of_the_image_and_chown_succeeds_as_a_no_op() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "the_caller_is_root_of_the_image_and_chown_succeeds_as_a_no_op",
         || {
             let dir = scratch();
@@ -200,7 +200,7 @@ fn the_caller_is_root_of_the_image_and_chown_succeeds_as_a_no_op() {
 
 #[test]
 fn an_images_user_is_presented_as_the_callers_only_ids() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "an_images_user_is_presented_as_the_callers_only_ids",
         || {
             let dir = scratch();
@@ -225,7 +225,7 @@ fn an_images_user_is_presented_as_the_callers_only_ids() {
 
 #[test]
 fn grants_are_mounted_into_the_image_root_and_read_only_ones_stay_read_only() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "grants_are_mounted_into_the_image_root_and_read_only_ones_stay_read_only",
         || {
             let dir = scratch();
@@ -258,7 +258,7 @@ fn grants_are_mounted_into_the_image_root_and_read_only_ones_stay_read_only() {
 
 #[test]
 fn lockbox_provides_dev_proc_tmp_and_its_etc_files_in_the_image_root() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "lockbox_provides_dev_proc_tmp_and_its_etc_files_in_the_image_root",
         || {
             let dir = scratch();
@@ -288,7 +288,7 @@ fn lockbox_provides_dev_proc_tmp_and_its_etc_files_in_the_image_root() {
 
 #[test]
 fn the_command_can_start_in_a_directory_of_the_image() {
-    as_root_and_nobody("the_command_can_start_in_a_directory_of_the_image", || {
+    as_root_and_nobody!("the_command_can_start_in_a_directory_of_the_image", || {
         let dir = scratch();
         let layers = layers(dir.path());
         let mut policy = image_policy();
@@ -301,7 +301,7 @@ fn the_command_can_start_in_a_directory_of_the_image() {
 
 #[test]
 fn a_copy_on_write_workdir_works_inside_an_image_root() {
-    as_root_and_nobody("a_copy_on_write_workdir_works_inside_an_image_root", || {
+    as_root_and_nobody!("a_copy_on_write_workdir_works_inside_an_image_root", || {
         let dir = scratch();
         let layers = layers(dir.path());
         let work = dir.path().join("project");
@@ -346,7 +346,7 @@ fn a_copy_on_write_workdir_works_inside_an_image_root() {
 
 #[test]
 fn a_bounded_workdir_layer_is_handed_over_from_an_image_root() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "a_bounded_workdir_layer_is_handed_over_from_an_image_root",
         || {
             let dir = scratch();
@@ -419,7 +419,7 @@ fn an_image_reference_without_its_layers_is_refused() {
 
 #[test]
 fn the_commands_of_a_sequence_share_the_image_roots_writes_and_get_fresh_scratch() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "the_commands_of_a_sequence_share_the_image_roots_writes_and_get_fresh_scratch",
         || {
             let dir = scratch();
@@ -464,7 +464,7 @@ fn the_commands_of_a_sequence_share_the_image_roots_writes_and_get_fresh_scratch
 
 #[test]
 fn writes_kept_on_the_host_are_the_next_layer_of_the_image() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "writes_kept_on_the_host_are_the_next_layer_of_the_image",
         || {
             let dir = scratch();
@@ -523,7 +523,7 @@ fn explain_shows_how_an_image_root_is_built() {
 
 #[test]
 fn setuid_modes_work_in_a_private_image_root_and_are_refused_when_a_host_dir_is_writable() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "setuid_modes_work_in_a_private_image_root_and_are_refused_when_a_host_dir_is_writable",
         || {
             let dir = scratch();
@@ -777,7 +777,7 @@ fn write_packages_index(repo: &Path) {
 
 #[test]
 fn apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image() {
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "apt_get_installs_from_a_local_repository_in_an_unmodified_debian_image",
         || {
             let layer = debian_layer(WITH_PIP);
@@ -864,7 +864,7 @@ with zipfile.ZipFile(sys.argv[1] + "/lockbox_hello-1.0-py3-none-any.whl", "w") a
 
 #[test]
 fn pip_installs_a_local_wheel_in_a_debian_image() {
-    as_root_and_nobody("pip_installs_a_local_wheel_in_a_debian_image", || {
+    as_root_and_nobody!("pip_installs_a_local_wheel_in_a_debian_image", || {
         let layer = debian_layer(WITH_PIP);
         let dir = scratch();
         let wheels = dir.path().join("wheels");
@@ -932,7 +932,7 @@ fn npm_installs_a_local_tarball_globally_in_a_debian_image() {
         );
         return;
     }
-    as_root_and_nobody(
+    as_root_and_nobody!(
         "npm_installs_a_local_tarball_globally_in_a_debian_image",
         || {
             let layer = debian_layer(WITH_NPM);

@@ -2,6 +2,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// `as_root_and_nobody!("test_fn", || ...)`: [`root_and_nobody`] for test `test_fn` of the
+/// calling module.
+macro_rules! as_root_and_nobody {
+    ($name:expr, $body:expr $(,)?) => {
+        $crate::root_and_nobody(&lockbox_testkit::test_name!($name), $body)
+    };
+}
+
 mod armed;
 mod gate;
 mod image;
@@ -16,8 +24,8 @@ use std::os::unix::process::CommandExt;
 pub const AS_NOBODY: &str = "LOCKBOX_CONFINE_TEST_AS_NOBODY";
 
 /// Runs `body` as the caller and, as root, again as uid 65534 in a copy of this test
-/// process running only test `name`.
-pub fn as_root_and_nobody(name: &str, body: impl Fn()) {
+/// process running only test `name` (as libtest names it: `as_root_and_nobody!` gives it).
+pub fn root_and_nobody(name: &str, body: impl Fn()) {
     if std::env::var_os(AS_NOBODY).is_some() {
         assert_eq!(rustix::process::getuid().as_raw(), 65534);
         return body();
@@ -27,12 +35,7 @@ pub fn as_root_and_nobody(name: &str, body: impl Fn()) {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            &lockbox_testkit::test_name!(name),
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(AS_NOBODY, "1")
         .current_dir("/")
         .uid(65534)

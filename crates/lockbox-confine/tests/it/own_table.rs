@@ -3,7 +3,6 @@
 //! init is cloned sharing the caller's table and takes a table of its own holding only what
 //! it is given, instead of a copy of all of them to close one by one.
 
-use crate::as_root_and_nobody;
 use lockbox_confine::{Spawn, Stdio, Waited};
 use lockbox_policy::Policy;
 use std::fs::File;
@@ -63,11 +62,13 @@ fn run_passing(given: i32, script: &str) -> String {
 
 #[test]
 fn a_caller_holding_thousands_of_descriptors_passes_only_what_it_gives_and_keeps_its_table() {
-    as_root_and_nobody(
-        "own_table::a_caller_holding_thousands_of_descriptors_passes_only_what_it_gives_and_keeps_its_table",
+    as_root_and_nobody!(
+        "a_caller_holding_thousands_of_descriptors_passes_only_what_it_gives_and_keeps_its_table",
         || {
             lockbox_confine::reserve_spawn_slots().unwrap();
-            let held: Vec<File> = (0..3000).map(|_| File::open("/dev/null").unwrap()).collect();
+            let held: Vec<File> = (0..3000)
+                .map(|_| File::open("/dev/null").unwrap())
+                .collect();
             // Made after the 3,000: numbered above them, as a busy server's new ones are.
             let (given, writer) = rustix::pipe::pipe().unwrap();
             let fd = given.as_raw_fd();
@@ -88,7 +89,8 @@ fn a_caller_holding_thousands_of_descriptors_passes_only_what_it_gives_and_keeps
                 for _ in 0..4 {
                     s.spawn(|| {
                         for _ in 0..3 {
-                            let out = run_passing(fd, &format!("test -e /proc/self/fd/{fd} && echo ok"));
+                            let out =
+                                run_passing(fd, &format!("test -e /proc/self/fd/{fd} && echo ok"));
                             assert_eq!(out, "ok\n");
                         }
                     });
