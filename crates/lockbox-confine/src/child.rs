@@ -361,8 +361,8 @@ fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
 }
 
 /// Starts a helper process for the set-up's slow kernel work, if there is any: making the
-/// sandbox's network namespace with loopback up (the kernel registers the namespace's devices and sysctls: ~0.5 ms, as long as the
-/// whole root). It runs on another CPU while the init builds the root: it shares the init's
+/// sandbox's network namespace with loopback up (the kernel registers the namespace's
+/// devices and sysctls: ~0.5 ms, as long as the whole root). It runs on another CPU while the init builds the root: it shares the init's
 /// memory and descriptor table, leaves a descriptor of the network namespace (or what
 /// failed) in [`Alongside`] and exits; [`join_helper`] waits for it and enters the
 /// namespace. It is the sandbox's pid 2, so the command comes after it.

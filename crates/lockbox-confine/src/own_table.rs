@@ -113,19 +113,21 @@ pub(crate) fn lease(needed: &[RawFd]) -> Option<(Lease, Adopt)> {
     let guard = reserved();
     let reserved = guard.as_ref()?;
     let bound = reserved.bound;
-    let above: Vec<RawFd> = needed
+    let mut above: Vec<RawFd> = needed
         .iter()
         .copied()
         .filter(|&fd| fd >= 0 && fd as u32 >= bound)
         .collect();
+    above.sort_unstable();
+    above.dedup();
     if above.len() > SLOTS {
         return None;
     }
     let done = reserved.done.as_raw_fd();
+    let slots: Vec<RawFd> = reserved.slots.iter().map(AsRawFd::as_raw_fd).collect();
     let mut lease = Lease { guard, used: 0 };
     let mut moves = Vec::with_capacity(above.len());
-    for fd in above {
-        let slot = lease.slot(lease.used)?;
+    for (fd, slot) in above.into_iter().zip(slots) {
         let cloexec = sys::is_cloexec(fd).ok()?;
         // SAFETY: `slot` is one of the reserved descriptors, which only this module uses and
         // which the lease holds; it is put back on /dev/null when the lease ends.
@@ -137,11 +139,6 @@ pub(crate) fn lease(needed: &[RawFd]) -> Option<(Lease, Adopt)> {
 }
 
 impl Lease {
-    fn slot(&self, i: usize) -> Option<RawFd> {
-        let reserved = self.guard.as_ref()?;
-        reserved.slots.get(i).map(AsRawFd::as_raw_fd)
-    }
-
     /// After the clone: waits until the init `pidfd` names has its own table (or is dead;
     /// killed if neither happens within 10 s), then frees the slots.
     pub(crate) fn release(self, init: BorrowedFd<'_>) {
