@@ -414,12 +414,13 @@ where
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    let call = call_of(&req);
+    let mut envelopes = Envelopes {
+        body: req.into_body().into_data_stream(),
+        buf: BytesMut::new(),
+    };
     let opened = async {
-        let call = call_of(&req)?;
-        let mut envelopes = Envelopes {
-            body: req.into_body().into_data_stream(),
-            buf: BytesMut::new(),
-        };
+        let call = call?;
         let payload = envelopes.next().await?.ok_or_else(|| {
             ConnectError::new(Code::InvalidArgument, "the request carries no message")
         })?;
@@ -430,21 +431,70 @@ where
         let events = with_deadline(timeout, handler(msg, call)).await?;
         Ok::<_, ConnectError>((events, every, deadline))
     };
-    let (events, every, deadline) = match opened.await {
+    let opened = opened.await;
+    let rest = RequestEnd::read(envelopes);
+    let (events, every, deadline) = match opened {
         Ok(v) => v,
         Err(e) => {
-            return stream_response(codec, futures_util::stream::iter([end_of_stream(Some(&e))]))
+            let end = async move {
+                rest.reached().await;
+                end_of_stream(Some(&e))
+            };
+            return stream_response(codec, futures_util::stream::once(end));
         }
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    tokio::spawn(pump(events, codec, tx, keepalive, every, deadline));
+    tokio::spawn(pump(events, codec, tx, keepalive, every, deadline, rest));
     let frames =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
     stream_response(codec, frames)
 }
 
+/// How long a server stream's last frame waits for the end of its request body
+/// ([`RequestEnd`]).
+const REQUEST_END_WAIT: Duration = Duration::from_secs(2);
+
+/// The end of a server stream's request body, read beside the response.
+///
+/// The request is one message, but a client may end its body (a chunked body's last
+/// chunk) after the server has answered, as the E2B SDK does under load. An HTTP/1.1
+/// connection whose request body was not read to its end cannot carry another request, so
+/// hyper closes it after the response, with no `Connection: close` the client could see:
+/// the client's pool reuses it and its next call fails ("connection closed before message
+/// completed"). So the rest of the body is read (and dropped) while the response runs, and
+/// the response's last frame waits for its end, for at most [`REQUEST_END_WAIT`]. Beyond
+/// [`MAX_MESSAGE`] bytes it stops reading: such a connection is closed.
+struct RequestEnd(tokio::task::JoinHandle<()>);
+
+impl RequestEnd {
+    fn read(envelopes: Envelopes) -> RequestEnd {
+        let mut body = envelopes.body;
+        RequestEnd(tokio::spawn(async move {
+            let mut read = 0;
+            while let Some(Ok(chunk)) = body.next().await {
+                read += chunk.len();
+                if read > MAX_MESSAGE {
+                    break;
+                }
+            }
+        }))
+    }
+
+    /// Once the body has ended (or the wait is over).
+    async fn reached(mut self) {
+        let _ = tokio::time::timeout(REQUEST_END_WAIT, &mut self.0).await;
+    }
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        // The response ended early (the client went away): nothing waits for the body.
+        self.0.abort();
+    }
+}
+
 /// Sends `events` framed into `tx` until they end, fail, the deadline passes or the
-/// client goes away (`tx` closed).
+/// client goes away (`tx` closed); the last frame once the request body has ended.
 async fn pump<Res: Msg>(
     mut events: Events<Res>,
     codec: Codec,
@@ -452,6 +502,7 @@ async fn pump<Res: Msg>(
     keepalive: impl Fn() -> Res,
     every: Option<Duration>,
     deadline: Option<tokio::time::Instant>,
+    rest: RequestEnd,
 ) {
     let far = Duration::from_secs(365 * 24 * 3600);
     let deadline_at = deadline.unwrap_or_else(|| tokio::time::Instant::now() + far);
@@ -479,6 +530,7 @@ async fn pump<Res: Msg>(
             },
         }
     };
+    rest.reached().await;
     let _ = tx.send(end_of_stream(end.as_ref())).await;
 }
 

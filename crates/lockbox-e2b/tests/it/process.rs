@@ -7,6 +7,7 @@ use crate::envd::*;
 use lockbox_e2b::envd::proto;
 use prost::Message;
 use serde_json::json;
+use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_streams_its_pid_stdout_stderr_and_exit_code() {
@@ -535,4 +536,78 @@ async fn a_command_whose_sandbox_is_killed_ends_unavailable_without_an_exit() {
     let message = err["message"].as_str().unwrap();
     assert!(!message.contains("was not found"), "{message}");
     s.stop().await;
+}
+
+/// A server stream whose request body ends after the server has answered (a chunked body's
+/// last chunk sent late, as the E2B SDK's client does under load) leaves its HTTP/1.1
+/// connection usable: hyper closes a connection whose request body was not read to its
+/// end, without a `Connection: close` the client could see, and the SDK's next call on the
+/// pooled connection failed ("connection closed before message completed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_request_ends_late_leaves_its_connection_usable() {
+    also_as_nobody("process::a_stream_whose_request_ends_late_leaves_its_connection_usable");
+    use tokio::io::AsyncWriteExt;
+    let s = Served::start().await;
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let message = frame(
+        0,
+        json!({"process": bash("true"), "stdin": false})
+            .to_string()
+            .as_bytes(),
+    );
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: {addr}\r\nE2b-Sandbox-Id: {}\r\n\
+         E2b-Sandbox-Port: 49983\r\nConnect-Protocol-Version: 1\r\n\
+         Content-Type: application/connect+json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        s.sb.id(),
+        message.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&message).await.unwrap();
+    conn.write_all(b"\r\n").await.unwrap();
+    // `true` has ended by now, and its stream could have too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    conn.write_all(b"0\r\n\r\n").await.unwrap();
+    let response = read_until_ends(&mut conn, b"\r\n0\r\n\r\n").await;
+    assert!(
+        response.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
+    assert!(
+        !String::from_utf8_lossy(&response)
+            .to_lowercase()
+            .contains("connection: close"),
+        "the response does not end the connection"
+    );
+    // The same connection serves the next request.
+    let health = format!(
+        "GET /health HTTP/1.1\r\nHost: {addr}\r\nE2b-Sandbox-Id: {}\r\n\
+         E2b-Sandbox-Port: 49983\r\n\r\n",
+        s.sb.id()
+    );
+    let wrote = conn.write_all(health.as_bytes()).await;
+    let next = read_until_ends(&mut conn, b"\r\n\r\n").await;
+    assert!(
+        wrote.is_ok() && next.starts_with(b"HTTP/1.1 204"),
+        "the server closed the connection: {wrote:?}, {:?}",
+        String::from_utf8_lossy(&next)
+    );
+    s.stop().await;
+}
+
+/// Bytes read off `conn` until they end with `end` (or the connection ends, or 10 s pass).
+async fn read_until_ends(conn: &mut tokio::net::TcpStream, end: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !got.ends_with(end) {
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    got
 }
