@@ -144,10 +144,24 @@ impl Policy {
         work: PathBuf,
         max_size: Option<ByteSize>,
     ) {
+        self.mount_copy_on_write_at(workdir, workdir, layers, upper, work, max_size);
+    }
+
+    /// [`Policy::mount_copy_on_write`], with the sandbox seeing the view at `at` (an
+    /// absolute path inside the sandbox) instead of at the workdir's own path.
+    pub fn mount_copy_on_write_at(
+        &mut self,
+        at: &std::path::Path,
+        workdir: &std::path::Path,
+        layers: &[PathBuf],
+        upper: PathBuf,
+        work: PathBuf,
+        max_size: Option<ByteSize>,
+    ) {
         let mut lowers = layers.to_vec();
         lowers.push(workdir.to_owned());
         self.fs.overlays.push(Overlay {
-            target: workdir.to_owned(),
+            target: at.to_owned(),
             lowers,
             upper: Some(OverlayUpper {
                 upper,
@@ -156,7 +170,7 @@ impl Policy {
             }),
             writable: None,
         });
-        self.cwd.get_or_insert_with(|| workdir.to_owned());
+        self.cwd.get_or_insert_with(|| at.to_owned());
     }
 
     /// Checks the policy for values no sandbox can honour. Pure: no filesystem access.

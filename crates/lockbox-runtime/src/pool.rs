@@ -146,6 +146,7 @@ fn key_of(spec: &SandboxSpec, image_id: Option<&str>) -> SandboxSpec {
         policy,
         // Canonical (the caller resolved it): one directory, one key.
         workdir: spec.workdir.clone(),
+        workdir_at: spec.workdir_at.clone(),
         net_ask: spec.net_ask,
         http: spec.http.clone(),
         credentials: spec.credentials.clone(),
@@ -765,11 +766,12 @@ fn newer(meta: &std::fs::Metadata, base: Timestamp) -> bool {
 }
 
 /// Whether a sandbox (or fork) armed with `armed` can be handed out for `wanted`: the same
-/// sandbox (policy, workdir, approvals, interception rules and their credentials), whatever
+/// sandbox (policy, workdir and where it is seen, approvals, interception rules and their credentials), whatever
 /// its labels, `on_exit` and idle timeout, which are the taker's.
 fn fits(armed: &SandboxSpec, wanted: &SandboxSpec) -> bool {
     armed.policy == wanted.policy
         && armed.workdir == wanted.workdir
+        && armed.workdir_at == wanted.workdir_at
         && armed.net_ask == wanted.net_ask
         && armed.http == wanted.http
         && armed.credentials == wanted.credentials

@@ -32,6 +32,12 @@ struct SpecRecord {
         with = "lockbox_policy::name::json::option"
     )]
     workdir: Option<PathBuf>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "lockbox_policy::name::json::option"
+    )]
+    workdir_at: Option<PathBuf>,
     #[serde(default)]
     on_exit: OnExitRecord,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,6 +71,7 @@ pub(crate) fn spec_json(spec: &SandboxSpec) -> serde_json::Value {
     let record = SpecRecord {
         policy: spec.policy.clone(),
         workdir: spec.workdir.clone(),
+        workdir_at: spec.workdir_at.clone(),
         on_exit: match spec.on_exit {
             OnExit::Keep => OnExitRecord::Keep,
             OnExit::Commit => OnExitRecord::Commit,
@@ -105,6 +112,7 @@ pub(crate) fn spec_from_json(value: serde_json::Value) -> Option<SandboxSpec> {
     Some(SandboxSpec {
         policy: r.policy,
         workdir: r.workdir,
+        workdir_at: r.workdir_at,
         on_exit: match r.on_exit {
             OnExitRecord::Keep => OnExit::Keep,
             OnExitRecord::Commit => OnExit::Commit,

@@ -127,6 +127,7 @@ impl Runtime {
                 .map_err(|e| RuntimeError::invalid("workdir", format!("{}: {e}", w.display())))?;
             spec.workdir = Some(abs);
         }
+        check_workdir_at(&spec)?;
         let base = match &spec.from_snapshot {
             Some(s) => {
                 let meta = self.inner.snapshots.get(s).map_err(RuntimeError::Branch)?;
@@ -597,5 +598,57 @@ fn finish_branch(mut b: lockbox_cow::Branch, on_exit: OnExit) -> BranchAction {
             let _ = b.keep();
             BranchAction::Kept
         }
+    }
+}
+
+/// `workdir_at` is an absolute path other than `/`, without `..`, and comes with a
+/// workdir (or a snapshot's).
+fn check_workdir_at(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+    let Some(at) = &spec.workdir_at else {
+        return Ok(());
+    };
+    use std::path::Component;
+    let plain = at
+        .components()
+        .skip(1)
+        .all(|c| matches!(c, Component::Normal(_)));
+    if !at.is_absolute() || at.parent().is_none() || !plain {
+        return Err(RuntimeError::invalid(
+            "workdir_at",
+            format!(
+                "{}: an absolute path inside the sandbox, not /, without ..",
+                at.display()
+            ),
+        ));
+    }
+    if spec.workdir.is_none() && spec.from_snapshot.is_none() {
+        return Err(RuntimeError::invalid(
+            "workdir_at",
+            "where the sandbox sees its workdir: give a workdir",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workdir_at_must_be_a_plain_absolute_path_beside_a_workdir() {
+        let at = |at: &str, workdir: bool| SandboxSpec {
+            workdir: workdir.then(|| PathBuf::from("/srv/w")),
+            workdir_at: Some(at.into()),
+            ..SandboxSpec::default()
+        };
+        assert!(check_workdir_at(&at("/home/user", true)).is_ok());
+        for bad in ["home/user", "/", "/home/../etc"] {
+            let e = check_workdir_at(&at(bad, true)).unwrap_err().to_string();
+            assert!(e.contains("workdir_at") && e.contains(bad), "{bad}: {e}");
+        }
+        let e = check_workdir_at(&at("/home/user", false))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give a workdir"), "{e}");
     }
 }

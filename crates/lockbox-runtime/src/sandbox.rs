@@ -358,7 +358,8 @@ pub(crate) async fn start_instance(
                 Some(id) => fork_branch(origin, id, dir, sandbox_id, context),
             }
             .map_err(RuntimeError::Branch)?;
-            policy.mount_copy_on_write(
+            policy.mount_copy_on_write_at(
+                spec.workdir_at.as_deref().unwrap_or(branch.workdir()),
                 branch.workdir(),
                 branch.layers(),
                 branch.upper_dir(),

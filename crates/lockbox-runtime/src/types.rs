@@ -163,6 +163,9 @@ pub struct SandboxSpec {
     pub image_pull: lockbox_image::PullPolicy,
     /// A host directory seen through a copy-on-write branch (the sandbox's working directory).
     pub workdir: Option<PathBuf>,
+    /// Where the sandbox sees its workdir (an absolute path inside it), if not at the
+    /// workdir's own path: E2B's sandboxes see theirs as their home, `/home/user`.
+    pub workdir_at: Option<PathBuf>,
     /// What happens to the branch at the end.
     pub on_exit: OnExit,
     /// Delete the sandbox after this long without API calls.
