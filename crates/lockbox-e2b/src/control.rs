@@ -276,10 +276,11 @@ fn listed(e2b: &E2b, id: &str, s: &E2bSandbox) -> Value {
     })
 }
 
-/// The directory every E2B sandbox sees as its workdir, through a branch of its own:
+/// The directory behind every E2B sandbox's workdir, through a branch of its own:
 /// `STATE/e2b-workdir`, empty and never written (the sandboxes' branches are discarded
 /// when they end). It is what lets lockbox snapshot an E2B sandbox (a snapshot is of a
-/// branch, with the sandbox's `/tmp` beside it).
+/// branch, with the sandbox's `/tmp` beside it). A sandbox on the host's userland sees it
+/// as `/home/user`, one on an image at this path.
 pub fn workdir(e2b: &E2b) -> Result<std::path::PathBuf, E2bError> {
     let dir = e2b.runtime.state_dir().join("e2b-workdir");
     std::fs::create_dir_all(&dir).map_err(|e| {
@@ -386,11 +387,17 @@ async fn create(State(e2b): State<E2b>, Body(req): Body<NewSandbox>) -> Result<R
                 .env
                 .set
                 .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
-            spec.policy.cwd = Some(crate::HOME.into());
-            if !HOST_TEMPLATES.contains(&template.as_str()) {
-                spec.policy.image = Some(template.clone());
-            }
             spec.workdir = Some(workdir(&e2b)?);
+            if HOST_TEMPLATES.contains(&template.as_str()) {
+                // The host's userland has no `/home/user`: the sandbox's workdir is its home,
+                // where E2B's is, and a pause or a snapshot keeps it.
+                let home = crate::envd::User::User.home();
+                spec.workdir_at = Some(home.into());
+                spec.policy.cwd = Some(home.into());
+            } else {
+                spec.policy.image = Some(template.clone());
+                spec.policy.cwd = Some(crate::HOME.into());
+            }
             spec.on_exit = lockbox_runtime::OnExit::Abort;
             spec.labels.insert("e2b.template".into(), template.clone());
             let info = e2b.runtime.create_sandbox(spec).await.map_err(|e| {

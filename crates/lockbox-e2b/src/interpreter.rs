@@ -103,12 +103,20 @@ async fn create_context(
         .create_context(ContextOptions {
             id: None,
             language,
-            cwd: Some(req.cwd.unwrap_or_else(|| crate::HOME.to_owned())),
+            cwd: Some(match req.cwd {
+                Some(cwd) => cwd,
+                None => home(&sandbox).await,
+            }),
             env: env_of(&e2b, &target),
         })
         .await
         .map_err(|e| runtime_error(&e))?;
     Ok(Json(context_json(&info)))
+}
+
+/// Where contexts start unless told: the default user's home, as E2B's interpreter does.
+async fn home(sandbox: &Sandbox) -> String {
+    crate::envd::home_of(sandbox, crate::envd::User::User).await
 }
 
 /// The sandbox's `envVars`, for its interpreters.
@@ -130,7 +138,7 @@ async fn list_contexts(
         .create_context(ContextOptions {
             id: Some(ContextId::from(lockbox_runtime::DEFAULT_CONTEXT)),
             language: Language::Python,
-            cwd: Some(crate::HOME.to_owned()),
+            cwd: Some(home(&sandbox).await),
             env: env_of(&e2b, &target),
         })
         .await;
@@ -243,7 +251,7 @@ async fn context_for(
             .create_context(ContextOptions {
                 id: Some(ContextId::from(id.as_str())),
                 language,
-                cwd: Some(crate::HOME.to_owned()),
+                cwd: Some(home(sandbox).await),
                 env: env_of(e2b, target),
             })
             .await;

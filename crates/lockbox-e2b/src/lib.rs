@@ -63,9 +63,10 @@ pub const ENVD_VERSION: &str = "0.6.4";
 /// The `clientID` of every sandbox (E2B's is the cluster node; lockbox has one).
 pub const CLIENT_ID: &str = "lockbox";
 
-/// The E2B user's home inside a sandbox: relative paths of files and the default working
-/// directory of processes are resolved against it. E2B's is `/home/user`; a lockbox
-/// sandbox's private writable directory is `/tmp` (HOME there too), see docs/e2b.md.
+/// The E2B user's home inside a sandbox on an image without `/home/user` (E2B's home):
+/// relative paths of files and the default working directory of processes are resolved
+/// against it. A lockbox sandbox's private writable directory is `/tmp` (HOME there too).
+/// A sandbox on the host's userland has `/home/user` (its workdir), see docs/e2b.md.
 pub const HOME: &str = "/tmp";
 
 /// What every E2B handler gets: the runtime, the API key and the E2B-side registry.

@@ -71,6 +71,25 @@ def test_a_paused_sandbox_keeps_its_files_not_its_processes_and_connect_resumes_
     assert not Sandbox.kill(sid)
 
 
+def test_home_user_is_the_users_home_and_survives_a_pause(e2b_server):
+    # E2B's own SDK tests and agents write under /home/user: the host's userland has no such
+    # directory, so a base sandbox sees its workdir there (docs/e2b.md).
+    sbx = Sandbox.create()
+    try:
+        r = sbx.commands.run('pwd; echo "$HOME"; ls -ld /home/user | cut -c1')
+        assert r.stdout == "/home/user\n/home/user\nd\n"
+        info = sbx.files.write("/home/user/main.py", "print('hi')\n")
+        assert info.path == "/home/user/main.py"
+        assert [e.path for e in sbx.files.list(".")] == ["/home/user/main.py"]
+        assert sbx.commands.run("python3 main.py").stdout == "hi\n"
+        assert sbx.pause() is True
+        sbx.connect()
+        assert sbx.files.read("main.py") == "print('hi')\n"
+        assert sbx.commands.run("cat ~/main.py", user="user").stdout == "print('hi')\n"
+    finally:
+        sbx.kill()
+
+
 def test_a_paused_sandbox_can_be_killed(e2b_server):
     sbx = Sandbox.create()
     sbx.pause()

@@ -81,6 +81,15 @@ impl User {
         }
     }
 
+    /// The user called `name` (`""`: the default user).
+    pub fn named(name: &str) -> Option<User> {
+        match name {
+            "root" => Some(User::Root),
+            "user" | "" => Some(User::User),
+            _ => None,
+        }
+    }
+
     /// The user's own home (used when the sandbox has it).
     pub fn home(self) -> &'static str {
         match self {
@@ -187,16 +196,7 @@ impl Envd {
         if let Some(home) = lock(&self.state.homes).get(&key) {
             return home.clone();
         }
-        let mut home = "/".to_owned();
-        // The user's home, else lockbox's default HOME (`/tmp`, writable in every sandbox).
-        for candidate in [user.home(), "/tmp"] {
-            if let Ok(st) = sandbox.stat(candidate).await {
-                if st.kind == lockbox_runtime::FileKind::Dir {
-                    home = candidate.to_owned();
-                    break;
-                }
-            }
-        }
+        let home = home_of(sandbox, user).await;
         lock(&self.state.homes).insert(key, home.clone());
         home
     }
@@ -205,6 +205,20 @@ impl Envd {
     pub fn sandbox_env(&self, id: &str) -> HashMap<String, String> {
         self.e2b.registry.get(id).map(|s| s.env).unwrap_or_default()
     }
+}
+
+/// `user`'s home in `sandbox`: their own when the sandbox has it (`/home/user` is a host
+/// template's workdir), else lockbox's default HOME (`/tmp`, writable in every sandbox),
+/// else `/`.
+pub async fn home_of(sandbox: &Sandbox, user: User) -> String {
+    for candidate in [user.home(), crate::HOME] {
+        if let Ok(st) = sandbox.stat(candidate).await {
+            if st.kind == lockbox_runtime::FileKind::Dir {
+                return candidate.to_owned();
+            }
+        }
+    }
+    "/".to_owned()
 }
 
 /// The call's user, from `Authorization: Basic base64("NAME:")`.
@@ -228,14 +242,12 @@ fn user_of(headers: &http::HeaderMap) -> Result<User, ConnectError> {
         .map_err(|_| bad())?;
     let decoded = String::from_utf8(decoded).map_err(|_| bad())?;
     let name = decoded.split(':').next().unwrap_or("");
-    match name {
-        "root" => Ok(User::Root),
-        "user" | "" => Ok(User::User),
-        other => Err(ConnectError::new(
-            Code::InvalidArgument,
-            format!("user {other:?} does not exist: lockbox sandboxes have users root and user"),
-        )),
-    }
+    User::named(name).ok_or_else(|| ConnectError::new(Code::InvalidArgument, no_such_user(name)))
+}
+
+/// The error for a user name other than `root` and `user`.
+pub fn no_such_user(name: &str) -> String {
+    format!("user {name:?} does not exist: lockbox sandboxes have users root and user")
 }
 
 /// A runtime error as the Connect code the SDK turns into the matching exception.

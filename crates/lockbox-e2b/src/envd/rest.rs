@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::TryStreamExt;
-use lockbox_runtime::{RuntimeError, WriteOptions};
+use lockbox_runtime::{RuntimeError, Sandbox, WriteOptions};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
@@ -71,18 +71,27 @@ async fn metrics(State(e2b): State<E2b>, Extension(target): Extension<Target>) -
 #[derive(Debug, Deserialize)]
 struct FileQuery {
     path: Option<String>,
-    #[allow(dead_code)]
     username: Option<String>,
 }
 
-/// `path` inside the sandbox: absolute as given, else under the home directory.
-pub fn resolve(path: &str) -> String {
+impl FileQuery {
+    /// The home of the user the query names, in `sandbox`: what relative paths are below.
+    async fn home(&self, sandbox: &Sandbox) -> Result<String, E2bError> {
+        let name = self.username.as_deref().unwrap_or("");
+        let user = super::User::named(name)
+            .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, super::no_such_user(name)))?;
+        Ok(super::home_of(sandbox, user).await)
+    }
+}
+
+/// `path` inside the sandbox: absolute as given, else under `home`.
+pub fn resolve(home: &str, path: &str) -> String {
     if path.starts_with('/') {
         path.to_owned()
     } else if path.is_empty() || path == "." {
-        crate::HOME.to_owned()
+        home.to_owned()
     } else {
-        format!("{}/{}", crate::HOME, path.trim_start_matches("./"))
+        format!("{home}/{}", path.trim_start_matches("./"))
     }
 }
 
@@ -105,14 +114,14 @@ async fn download(
     Extension(target): Extension<Target>,
     Query(query): Query<FileQuery>,
 ) -> Result<Response, E2bError> {
-    let Some(path) = query.path.filter(|p| !p.is_empty()) else {
+    let Some(path) = query.path.as_deref().filter(|p| !p.is_empty()) else {
         return Err(E2bError::new(StatusCode::BAD_REQUEST, "path: required"));
     };
-    let path = resolve(&path);
     let sandbox = e2b
         .runtime
         .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
+    let path = resolve(&query.home(&sandbox).await?, path);
     let read = sandbox
         .read_file(&path, None)
         .await
@@ -173,6 +182,7 @@ async fn upload(
         .runtime
         .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
+    let home = query.home(&sandbox).await?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -215,9 +225,9 @@ async fn upload(
                     )
                 })?,
             };
-            let path = resolve(&path);
+            let path = resolve(&home, &path);
             if let Some(Extension(SignedPath(allowed))) = &signed {
-                if resolve(allowed) != path {
+                if resolve(&home, allowed) != path {
                     return Err(E2bError::new(
                         StatusCode::UNAUTHORIZED,
                         format!("{path}: the URL's signature is for {allowed} only"),
@@ -238,7 +248,7 @@ async fn upload(
         let Some(path) = query.path.filter(|p| !p.is_empty()) else {
             return Err(E2bError::new(StatusCode::BAD_REQUEST, "path: required"));
         };
-        let path = resolve(&path);
+        let path = resolve(&home, &path);
         let stream = req
             .into_body()
             .into_data_stream()
@@ -474,7 +484,9 @@ mod tests {
 
     #[test]
     fn relative_paths_are_under_the_home_directory() {
-        assert_eq!(resolve("a.txt"), format!("{}/a.txt", crate::HOME));
-        assert_eq!(resolve("/etc/x"), "/etc/x");
+        assert_eq!(resolve("/home/user", "a.txt"), "/home/user/a.txt");
+        assert_eq!(resolve("/home/user", "./a.txt"), "/home/user/a.txt");
+        assert_eq!(resolve("/tmp", "."), "/tmp");
+        assert_eq!(resolve("/home/user", "/etc/x"), "/etc/x");
     }
 }

@@ -2,7 +2,7 @@
 //! processes, connect resumes under the same id, fork copies a running sandbox, a snapshot
 //! is a template.
 
-use crate::common::{also_as_nobody, run, runtime, scratch};
+use crate::common::{also_as_nobody, out, run, runtime, scratch};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -134,6 +134,33 @@ impl Drop for Plane {
     }
 }
 
+/// E2B's user works in `/home/user`: on the host's userland (which has no such directory)
+/// the sandbox's workdir is seen there, so it exists, is writable, is where commands start
+/// and relative paths lead, and the server's state directory behind it is not visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_template_sandbox_works_in_home_user() {
+    also_as_nobody("control::a_host_template_sandbox_works_in_home_user");
+    let state = scratch();
+    let e2b = Plane::start(state.path()).await;
+    let (sb, id) = e2b.create(json!({})).await;
+    let behind = state.path().join("e2b-workdir");
+    let script = format!(
+        "pwd; printf made > made.txt; cat /home/user/made.txt; echo; test -e {} && echo visible || echo hidden",
+        behind.display()
+    );
+    let r = run(&e2b.rt.sandbox(&id).unwrap(), &script).await;
+    assert_eq!(r.exit_code, 0, "{}", out(&r));
+    assert_eq!(out(&r), "/home/user\nmade\nhidden\n");
+    assert_eq!(e2b.read(&sb, "made.txt").await, (200, "made".to_owned()));
+    assert_eq!(
+        e2b.read(&sb, "/home/user/made.txt").await,
+        (200, "made".to_owned())
+    );
+    // Nothing reached the directory behind it: the sandbox's branch holds it.
+    assert_eq!(std::fs::read_dir(&behind).unwrap().count(), 0);
+    e2b.rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_sandbox_keeps_its_files_and_resumes_under_its_id() {
     also_as_nobody("control::a_paused_sandbox_keeps_its_files_and_resumes_under_its_id");
@@ -141,7 +168,11 @@ async fn a_paused_sandbox_keeps_its_files_and_resumes_under_its_id() {
     let e2b = Plane::start(state.path()).await;
     let (sb, id) = e2b.create(json!({})).await;
     // A file in the home, written from inside.
-    run(&e2b.rt.sandbox(&id).unwrap(), "printf kept > /tmp/kept.txt").await;
+    run(
+        &e2b.rt.sandbox(&id).unwrap(),
+        "printf kept > /home/user/kept.txt; printf kept > /tmp/kept.txt",
+    )
+    .await;
 
     assert_eq!(e2b.on(&id, "pause", json!({})).await.0, 204);
     assert_eq!(e2b.on(&id, "pause", json!({})).await.0, 409);
@@ -157,7 +188,12 @@ async fn a_paused_sandbox_keeps_its_files_and_resumes_under_its_id() {
     let (status, resumed) = e2b.post(&connect, json!({"timeout": 60})).await;
     assert_eq!(status, 201, "{resumed}");
     assert_eq!(resumed["sandboxID"], id.as_str());
+    // Its home (the workdir, where relative paths lead) and its /tmp.
     assert_eq!(e2b.read(&sb, "kept.txt").await, (200, "kept".to_owned()));
+    assert_eq!(
+        e2b.read(&sb, "/tmp/kept.txt").await,
+        (200, "kept".to_owned())
+    );
     // Connecting to it now that it runs is a plain connect.
     assert_eq!(e2b.post(&connect, json!({"timeout": 60})).await.0, 200);
     assert_eq!(e2b.on(&id, "resume", json!({})).await.0, 409);
@@ -186,7 +222,11 @@ async fn forks_and_snapshots_start_from_the_sandboxs_files() {
     let state = scratch();
     let e2b = Plane::start(state.path()).await;
     let (_, id) = e2b.create(json!({})).await;
-    run(&e2b.rt.sandbox(&id).unwrap(), "printf source > /tmp/f.txt").await;
+    run(
+        &e2b.rt.sandbox(&id).unwrap(),
+        "printf source > /home/user/f.txt",
+    )
+    .await;
 
     let (status, forks) = e2b
         .on(&id, "fork", json!({"count": 2, "timeout": 60}))

@@ -55,7 +55,11 @@ async fn a_paused_sandbox_survives_a_server_restart_until_it_is_killed() {
             "envVars": {"GREETING": "hello"},
         }))
         .await;
-    run(&e2b.rt.sandbox(&id).unwrap(), "printf kept > /tmp/kept.txt").await;
+    run(
+        &e2b.rt.sandbox(&id).unwrap(),
+        "printf kept > /home/user/kept.txt; printf kept > /tmp/kept.txt",
+    )
+    .await;
     // A running sandbox is not kept: it dies with the server.
     let (_, running) = e2b.create(json!({})).await;
     assert_eq!(e2b.on(&id, "pause", json!({})).await.0, 204);
