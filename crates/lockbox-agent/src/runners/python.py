@@ -153,7 +153,33 @@ def _show(*args, **kwargs):
     _flush_figures()
 
 
-_ns = {"__name__": "__main__", "__builtins__": __builtins__, "display": display}
+def _lockbox_system(cmd):
+    """IPython's `!cmd`: runs `cmd` in the user's shell (`$SHELL`, else /bin/sh), its output
+    on the run's stdout and stderr."""
+    import subprocess
+    sys.stdout.flush()
+    sys.stderr.flush()
+    subprocess.call(cmd, shell=True, executable=os.environ.get("SHELL") or None)
+
+
+def _shell_escapes(code):
+    """`code` with IPython's `!cmd` lines as calls of `_lockbox_system` (line for line, so
+    tracebacks keep their numbers); None if it has none."""
+    lines = code.splitlines(True)
+    changed = False
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if stripped.startswith("!"):
+            body = stripped.rstrip("\r\n")
+            end = stripped[len(body):]
+            indent = line[: len(line) - len(stripped)]
+            lines[i] = "%s_lockbox_system(%r)%s" % (indent, body[1:], end)
+            changed = True
+    return "".join(lines) if changed else None
+
+
+_ns = {"__name__": "__main__", "__builtins__": __builtins__, "display": display,
+       "_lockbox_system": _lockbox_system}
 
 
 def _error(e):
@@ -180,8 +206,17 @@ def _run(code):
     try:
         tree = ast.parse(code, name, "exec")
     except SyntaxError as e:
-        _send({"error": _error(e)})
-        return
+        # Not Python: maybe IPython's shell escapes (`!pip install ...`), which only code
+        # that does not parse can hold outside a string. The error is then the rest's.
+        escaped = _shell_escapes(code)
+        if escaped is None:
+            _send({"error": _error(e)})
+            return
+        try:
+            tree = ast.parse(escaped, name, "exec")
+        except SyntaxError as e2:
+            _send({"error": _error(e2)})
+            return
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)

@@ -82,6 +82,35 @@ async fn an_exception_comes_back_with_name_value_and_traceback() {
     assert_eq!(syntax.name, "SyntaxError");
 }
 
+/// IPython's shell escapes, as E2B's interpreter users write them (`!pip install ...`):
+/// a line starting with `!` runs in the shell, between the Python lines around it; valid
+/// Python (a `!` line inside a string) is left alone, and code that is not Python either
+/// way reports its own syntax error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_starting_with_a_bang_runs_in_the_shell() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_line_starting_with_a_bang_runs_in_the_shell"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let e = run(
+        &sb,
+        "print('py')\n!echo sh-$((1+1)); echo err >&2\nx = 5\nx",
+    )
+    .await;
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(e.logs.stdout.concat(), "py\nsh-2\n");
+    assert_eq!(e.logs.stderr.concat(), "err\n");
+    assert_eq!(text(&e).as_deref(), Some("5"));
+    let e = run(&sb, "if True:\n    !exit 3\nx + 1").await;
+    assert_eq!(text(&e).as_deref(), Some("6"), "{e:?}");
+    let e = run(&sb, "s = \"\"\"\n!not a command\n\"\"\"\ns.strip()").await;
+    assert_eq!(text(&e).as_deref(), Some("'!not a command'"), "{e:?}");
+    let syntax = run(&sb, "!echo fine\ndef (").await.error.unwrap();
+    assert_eq!(syntax.name, "SyntaxError");
+    assert!(syntax.traceback.contains("line 2"), "{}", syntax.traceback);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rich_results_come_as_mime_bundles() {
     also_as_nobody(&lockbox_testkit::test_name!(
