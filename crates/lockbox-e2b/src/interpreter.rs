@@ -348,6 +348,15 @@ async fn execute(
         (None, None) => None,
     };
     let id = context.as_ref().map(|c| c.as_str().to_owned());
+    // E2B's `execution_count`: this run's number in its context (which counts its runs
+    // since it was made; a restart makes it anew).
+    let ran = sandbox
+        .list_contexts()
+        .await
+        .into_iter()
+        .find(|c| c.id.as_str() == id.as_deref().unwrap_or(lockbox_runtime::DEFAULT_CONTEXT))
+        .map_or(0, |c| c.runs);
+    let count = ran + 1;
     let (e2b, target) = (e2b.clone(), target.clone());
     let stream = sandbox
         .run_code_stream(RunCodeRequest {
@@ -385,6 +394,7 @@ async fn execute(
                 if let (Some(e), false) = (&exec.error, sent_error) {
                     out.push(error_json(e));
                 }
+                out.push(json!({"type": "number_of_executions", "execution_count": count}));
                 out.push(json!({"type": "end_of_execution"}));
                 out
             }

@@ -151,6 +151,10 @@ def test_the_code_interpreter_runs_python_and_bash_with_results_and_errors(e2b_s
         assert first.text == "42"
         again = sbx.run_code("x * 2")  # the default context keeps its variables
         assert again.text == "80"
+        assert (first.execution_count, again.execution_count) == (1, 2)
+        # IPython's shell escapes, in the user's home (E2B's).
+        shelled = sbx.run_code("!pwd\nx")
+        assert (shelled.logs.stdout, shelled.text) == (["/home/user\n"], "40")
         failed = sbx.run_code("1 / 0")
         assert failed.error is not None and failed.error.name == "ZeroDivisionError"
         shell = sbx.run_code("echo from-bash", language="bash")
@@ -160,7 +164,9 @@ def test_the_code_interpreter_runs_python_and_bash_with_results_and_errors(e2b_s
         sbx.run_code("y = 1", context=ctx)
         assert sbx.run_code("y", context=ctx).text == "1"
         sbx.restart_code_context(ctx)
-        assert sbx.run_code("y", context=ctx).error.name == "NameError"
+        restarted = sbx.run_code("y", context=ctx)
+        assert restarted.error.name == "NameError"
+        assert restarted.execution_count == 1  # a restarted context counts afresh
         sbx.remove_code_context(ctx)
         assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
     finally:
