@@ -70,13 +70,15 @@ pub(crate) struct NetworkUpdate {
     allow_internet_access: Option<bool>,
 }
 
-/// `network` of `NewSandbox` (E2B's `SandboxNetworkConfig`).
+/// `network` of `NewSandbox` (E2B's `SandboxNetworkConfig`). `allowPublicTraffic` is
+/// accepted either way and not read: a lockbox sandbox's ports never take public traffic
+/// (the interpreter's needs the sandbox's token, exposed ports the server's or a port's own
+/// key), which is what `false` asks for.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct NetworkConfig {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
-    allow_public_traffic: Option<bool>,
     mask_request_host: Option<String>,
     rules: Option<Value>,
     dns_servers: Option<Vec<String>>,
@@ -113,10 +115,6 @@ pub(crate) fn network_policy(
         ("egressProxy", network.egress_proxy.is_some()),
         ("maskRequestHost", network.mask_request_host.is_some()),
         ("httpsPorts", network.https_ports.is_some()),
-        (
-            "allowPublicTraffic",
-            network.allow_public_traffic == Some(false),
-        ),
     ];
     if let Some((field, _)) = unsupported.iter().find(|(_, given)| *given) {
         return Err(bad(format!(

@@ -189,6 +189,26 @@ def test_sandbox_requests_need_the_sandbox_token_and_a_live_sandbox(e2b_server):
         sbx.kill()
 
 
+def test_no_public_traffic_is_accepted_and_the_interpreter_needs_the_traffic_token(e2b_server):
+    # What allowPublicTraffic=False asks for is what every lockbox sandbox does already.
+    import httpx
+    try:
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+    except ImportError:
+        need(False, "e2b-code-interpreter==2.11.5")
+    sbx = CodeSandbox.create(secure=True, network={"allow_public_traffic": False})
+    try:
+        assert sbx.run_code("x = 1; x").text == "1"
+        assert sbx.traffic_access_token
+        route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}
+        url = f"{e2b_server.base}/contexts"
+        assert httpx.get(url, headers=route).status_code == 401
+        token = {**route, "E2B-Traffic-Access-Token": sbx.traffic_access_token}
+        assert httpx.get(url, headers=token).status_code == 200
+    finally:
+        sbx.kill()
+
+
 def test_unsupported_calls_are_clear_errors_not_server_errors(e2b_server):
     sbx = Sandbox.create(allow_internet_access=False)
     try:
