@@ -697,6 +697,40 @@ def test_e2b_host_form_reaches_the_sandboxs_node(three_nodes, monkeypatch):
             s.kill()
 
 
+def test_e2b_signed_file_urls_through_e2b_sandbox_url_reach_their_sandbox(three_nodes, monkeypatch):
+    """A signed file URL the SDK makes with E2B_SANDBOX_URL pointing at the router names no
+    sandbox (only its signature binds one): the router finds the node whose sandbox signed
+    it, and the download or upload happens there; a URL no sandbox signed is E2B's 401."""
+    try:
+        from e2b import Sandbox
+    except ImportError:
+        need(False, "the e2b SDK (pip install e2b==2.63.0)")
+    import httpx
+    addr = start_router(three_nodes)
+    e2b_env(monkeypatch, addr)
+    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
+    try:
+        assert len({next(n["node_id"] for n in three_nodes if s.sandbox_id in held_by(n)) for s in boxes}) >= 2
+        for s in boxes:
+            s.files.write("mine.txt", s.sandbox_id)
+            down = s.download_url("mine.txt", use_signature_expiration=60)
+            assert down.startswith(f"http://{addr[0]}:{addr[1]}/files?"), down
+            got = httpx.get(down)
+            assert (got.status_code, got.text) == (200, s.sandbox_id), got.text
+            up = s.upload_url("up.txt", use_signature_expiration=60)
+            sent = httpx.post(up, files={"file": ("up.txt", b"uploaded " + s.sandbox_id.encode())})
+            assert sent.status_code == 200, sent.text
+            assert s.files.read("up.txt") == f"uploaded {s.sandbox_id}"
+        # Another sandbox's signature for this path, or a forged one: no sandbox signed it.
+        parts = urllib.parse.urlsplit(boxes[0].download_url("mine.txt", use_signature_expiration=60))
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        forged = httpx.get(f"http://{addr[0]}:{addr[1]}/files", params={**query, "signature": "v1_forged"})
+        assert forged.status_code == 401 and forged.json()["code"] == 401, forged.text
+    finally:
+        for s in boxes:
+            s.kill()
+
+
 def test_e2b_host_form_is_read_as_lockbox_serve_reads_it():
     from lockbox._router.router import e2b_host_target
 

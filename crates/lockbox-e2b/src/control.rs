@@ -69,6 +69,7 @@ pub fn router(e2b: E2b) -> Router {
         .route("/v2/sandboxes/{id}/logs", get(crate::observe::logs_v2))
         .route("/sandboxes/{id}/metrics", get(crate::observe::metrics))
         .route("/sandboxes/metrics", get(crate::observe::metrics_of_many))
+        .route("/lockbox/signed-url-sandbox", get(signed_url_sandbox))
         .route_layer(axum::middleware::from_fn_with_state(
             e2b.clone(),
             require_api_key,
@@ -98,6 +99,39 @@ pub(crate) async fn require_api_key(State(e2b): State<E2b>, req: Request, next: 
             "Missing API key: send the lockbox server's token as X-API-Key (E2B_API_KEY)",
         )
         .into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SignedUrl {
+    /// The signed request's method: `GET` (a download) or `POST` (an upload).
+    method: String,
+    /// The signed URL's path and query (`/files?path=...&signature=...`).
+    url: String,
+}
+
+/// `GET /lockbox/signed-url-sandbox?method=GET&url=/files?...` (lockbox's, not E2B's): which
+/// of this server's E2B sandboxes signed that file URL, `{"sandboxID"}`, or 404. A signed
+/// URL made for `E2B_SANDBOX_URL` names no sandbox (one server finds it by the signature),
+/// so a fleet's router asks each node before it forwards one. Only whether the signature
+/// is a sandbox's is answered: its expiration and path are checked by the sandbox plane
+/// when the URL itself is used.
+async fn signed_url_sandbox(
+    State(e2b): State<E2b>,
+    Query(q): Query<SignedUrl>,
+) -> Result<Json<Value>, E2bError> {
+    let method = http::Method::from_bytes(q.method.as_bytes())
+        .map_err(|_| bad(format!("method: {:?} is not an HTTP method", q.method)))?;
+    let uri: http::Uri = q
+        .url
+        .parse()
+        .map_err(|e| bad(format!("url: {:?}: {e}", q.url)))?;
+    match crate::signed_url_sandbox(&e2b, &method, &uri) {
+        Some(id) => Ok(Json(json!({"sandboxID": id}))),
+        None => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            "no sandbox of this server signed that URL",
+        )),
     }
 }
 

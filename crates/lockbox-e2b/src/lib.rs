@@ -329,6 +329,18 @@ fn signed_target(e2b: &E2b, signed: &Signed) -> Option<Target> {
     })
 }
 
+/// The E2B sandbox (its id) whose access token signed the `/files` URL `uri` for `method`
+/// (`GET`: a download, `POST`: an upload), whatever its expiration: see
+/// `control::signed_url_sandbox`.
+pub(crate) fn signed_url_sandbox(
+    e2b: &E2b,
+    method: &http::Method,
+    uri: &http::Uri,
+) -> Option<String> {
+    let signed = Signed::of(method, uri)?;
+    signed_target(e2b, &signed).map(|t| t.sandbox)
+}
+
 /// Lets a sandbox-plane request through if its sandbox is E2B's and running (not
 /// paused), and it carries the sandbox's access token as `X-Access-Token` (constant-time
 /// comparison) or is a signed file URL made with it; sets the lockbox sandbox serving it

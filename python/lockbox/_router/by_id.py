@@ -21,6 +21,31 @@ from .wire import Head, HttpError, Request, json_or_none, lockbox_error
 class ById(ImageCopies, ExposedPorts):
     """Routes calls by the id they name."""
 
+    async def _signed_url_sandbox(self, req: Request) -> str | None:
+        """The sandbox a signed file URL without routing headers is for: made for
+        ``E2B_SANDBOX_URL``, it names none, and the node whose sandbox's access token signed
+        it says which (``GET /lockbox/signed-url-sandbox``; the node checks the signature
+        again, with its expiry and path, when it gets the URL itself). Every node is asked at
+        once, by at most ``forwarding.SIGNED_LOOKUPS`` lookups at a time."""
+        probe = "/lockbox/signed-url-sandbox?" + urllib.parse.urlencode({"method": req.method, "url": req.target})
+
+        async def asked(v: NodeView) -> tuple[str, NodeView] | None:
+            try:
+                status, _, body = await self._call(v, "GET", probe, timeout=3.0)
+            except (OSError, HttpError, TimeoutError, asyncio.IncompleteReadError):
+                return None
+            reply = json_or_none(body) if status == 200 else None
+            sid = reply.get("sandboxID") if isinstance(reply, dict) else None
+            return (sid, v) if isinstance(sid, str) else None
+
+        async with self.signed_lookups:
+            found = [f for f in await asyncio.gather(*(asked(v) for v in self.nodes.values() if v.routable)) if f]
+        if not found:
+            return None
+        sid, view = found[0]
+        self.cache[sid] = view.node_id
+        return sid
+
     async def _by_id(self, req: Request, sid: str, kind: str, *, flavour: str, upstream_auth: bool = True,
                      ask: bool = True) -> None:
         # E2B's sandbox plane is not authenticated by the fleet's token (the node checks the

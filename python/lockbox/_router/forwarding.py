@@ -36,6 +36,9 @@ from .wire import (
 
 CONNECT_TIMEOUT = 3.0
 CALL_TIMEOUT = 5.0
+SIGNED_LOOKUPS = 8
+"""Signed file URLs looked up at once (each asks every node, and comes without the fleet's
+token)."""
 SMALL_BODY = 64 * 1024
 """A request body up to this size is read before it is forwarded (so the call can use a
 kept-alive connection to the node, and be sent again should that one have closed)."""
@@ -122,6 +125,9 @@ class ForwardingRouter:
         self.gone: dict[str, tuple[str, str]] = {}
         """Sandboxes a node came back without (id -> node, reason), as far as this router
         knows; the store's ``g/NODE/ID`` are the fleet's."""
+        self.signed_lookups = asyncio.Semaphore(SIGNED_LOOKUPS)
+        """Signed file URLs being looked up at once (``ById._signed_url_sandbox``): they come
+        without the fleet's token, and each asks every node."""
 
     async def _body_and_hint(self, req: Request, *, hints: bool = True,
                              ) -> tuple[bytes, Any, dict[str, Any]] | None:

@@ -119,6 +119,18 @@ class Router(Listings, NodeWatch, ById, McpCalls, ConsoleLogin, ScopedTokens):
             # headers (it needs no --e2b-domain of its own).
             req.head.put("E2b-Sandbox-Id", plane[1])
             req.head.put("E2b-Sandbox-Port", str(plane[0]))
+        if req.head.get("e2b-sandbox-id") is None and plane is None and req.path == "/files" and \
+                req.method in ("GET", "POST") and "signature" in urllib.parse.parse_qs(
+                    urllib.parse.urlsplit(req.target).query):
+            # A signed file URL made for E2B_SANDBOX_URL names no sandbox: its signature does.
+            sid = await self._signed_url_sandbox(req)
+            if sid is None:
+                await req.drain_body()
+                await req.send(401, {"code": 401, "message": "invalid signature: no sandbox of the fleet "
+                                                             "signed this file URL"})
+                return
+            req.head.put("E2b-Sandbox-Id", sid)
+            req.head.put("E2b-Sandbox-Port", "49983")
         if req.head.get("e2b-sandbox-id") is not None:  # E2B's sandbox plane: the sandbox's own token
             sid = (req.head.get("e2b-sandbox-id") or "").strip()
             await self._by_id(req, sid, "sandboxes", flavour="e2b-plane", upstream_auth=False)

@@ -275,3 +275,65 @@ async fn snapshots_made_for_pauses_and_forks_go_with_the_last_sandbox_on_them() 
     assert!(e2b.rt.list_snapshots().unwrap().is_empty());
     e2b.rt.shutdown().await;
 }
+
+/// What a fleet's router asks each node about a signed file URL that names no sandbox
+/// (made for `E2B_SANDBOX_URL`): which of its sandboxes' tokens signed it, for that
+/// operation; only with the server's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_says_which_of_its_sandboxes_signed_a_file_url() {
+    use base64::Engine;
+    use sha2::Digest;
+    also_as_nobody("control::a_node_says_which_of_its_sandboxes_signed_a_file_url");
+    let state = scratch();
+    let e2b = Plane::start(state.path()).await;
+    let (sb, id) = e2b.create(json!({})).await;
+    let token = sb["envdAccessToken"].as_str().unwrap();
+    let digest = sha2::Sha256::digest(format!("a b.txt:read:user:{token}:4102444800"));
+    let signature = format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    );
+    let url: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("path", "a b.txt")
+        .append_pair("username", "user")
+        .append_pair("signature", &signature)
+        .append_pair("signature_expiration", "4102444800")
+        .finish();
+    let ask = |method: &str, url: &str| {
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("method", method)
+            .append_pair("url", url)
+            .finish();
+        format!("/lockbox/signed-url-sandbox?{query}")
+    };
+    let signed = format!("/files?{url}");
+    let (status, found) = e2b
+        .call(Method::GET, &ask("GET", &signed), json!(null))
+        .await;
+    assert_eq!((status, &found["sandboxID"]), (200, &json!(id)), "{found}");
+    // Signed for reading, not for writing; not signed at all.
+    let (status, _) = e2b
+        .call(Method::GET, &ask("POST", &signed), json!(null))
+        .await;
+    assert_eq!(status, 404);
+    let forged = signed.replace("signature=v1_", "signature=v1_x");
+    assert_eq!(
+        e2b.call(Method::GET, &ask("GET", &forged), json!(null))
+            .await
+            .0,
+        404
+    );
+    let (status, bad) = e2b
+        .call(Method::GET, &ask("G E T", &signed), json!(null))
+        .await;
+    assert_eq!(status, 400, "{bad}");
+    // Not without the server's token.
+    let anonymous = e2b
+        .client
+        .get(format!("{}{}", e2b.base, ask("GET", &signed)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    e2b.rt.shutdown().await;
+}
