@@ -689,6 +689,44 @@ fn armed_main(p: &mut Prepared, ruleset: Option<RawFd>) -> ! {
     command_fail(p, Step::Exec, error, 0)
 }
 
+/// [`Op::OwnBootId`]: a random version 4 UUID, formatted as the kernel's `boot_id` (on the
+/// stack: nothing is allocated after the clone), bound over `path` from `scratch`.
+fn own_boot_id(scratch: &std::ffi::CStr, path: &std::ffi::CStr) -> Result<(), Errno> {
+    match sys::open(path, libc::O_PATH, 0) {
+        Err(Errno(libc::ENOENT)) => return Ok(()),
+        Err(e) => return Err(e),
+        // SAFETY: `fd` was opened just above, only to see whether `path` exists.
+        Ok(fd) => unsafe { sys::close(fd) },
+    }
+    let mut raw = [0u8; 16];
+    sys::random_bytes(&mut raw)?;
+    raw[6] = (raw[6] & 0x0f) | 0x40;
+    raw[8] = (raw[8] & 0x3f) | 0x80;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 37];
+    let mut at = 0;
+    for (i, byte) in raw.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            text[at] = b'-';
+            at += 1;
+        }
+        text[at] = HEX[usize::from(byte >> 4)];
+        text[at + 1] = HEX[usize::from(byte & 0x0f)];
+        at += 2;
+    }
+    text[at] = b'\n';
+    sys::write_file(scratch, &text, 0o444)?;
+    let covered = sys::open_tree_clone(scratch).and_then(|fd| {
+        let moved = sys::move_mount_to(fd, path);
+        // SAFETY: `fd` was opened above and is not used after.
+        unsafe { sys::close(fd) };
+        moved
+    });
+    // The bind keeps the file; its name goes either way.
+    let removed = sys::unlink(scratch);
+    covered.and(removed)
+}
+
 fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errno> {
     match op {
         Op::Mkdir { path, mode } => {
@@ -749,6 +787,7 @@ fn apply(op: &Op, source_fds: &mut [RawFd], report_fd: RawFd) -> Result<(), Errn
                 result
             }
         },
+        Op::OwnBootId { scratch, path } => own_boot_id(scratch, path),
         Op::CoverWith { with, path } => {
             match sys::open(path, libc::O_PATH, 0) {
                 Err(Errno(libc::ENOENT)) => return Ok(()),

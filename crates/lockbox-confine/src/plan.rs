@@ -100,6 +100,16 @@ pub enum Op {
     Rmdir {
         path: CString,
     },
+    /// Give the sandbox a boot id of its own: a fresh random one (a version 4 UUID, as the
+    /// kernel's) written to `scratch`, bound over `path` (`/proc`'s
+    /// `sys/kernel/random/boot_id`, if it exists), and `scratch` removed. Every sandbox start
+    /// is a boot for what runs inside (an E2B resume starts its processes afresh: E2B's
+    /// tests compare boot ids across a pause), and the host's boot id, the same for every
+    /// sandbox on it, stays the host's.
+    OwnBootId {
+        scratch: CString,
+        path: CString,
+    },
     /// Write the user namespace's own limits of per-user quotas (see `quotas`) through the
     /// procfs just mounted at `proc`. A fresh procfs holds only this namespace's entries;
     /// the host's `/proc` holds one per live user namespace, and a lookup there walks them
@@ -1119,6 +1129,12 @@ fn proc(plan: &mut SetupPlan) {
             path: cstring(format!("proc/{name}").as_bytes()),
         });
     }
+    // `/dev/shm` (a fresh tmpfs, built before `/proc`; `/dev` itself is read-only by now)
+    // holds the file for a moment.
+    plan.ops.push(Op::OwnBootId {
+        scratch: cstring(b"dev/shm/.lockbox-boot_id"),
+        path: cstring(b"proc/sys/kernel/random/boot_id"),
+    });
     plan.rules.push(Rule {
         path: cstring(b"/proc"),
         access: RuleAccess::Read,
@@ -1260,6 +1276,9 @@ impl fmt::Display for Op {
                 "limit the sandbox's per-user quotas through {}/sys/user",
                 p(proc)
             ),
+            Op::OwnBootId { path, .. } => {
+                write!(f, "give the sandbox a fresh boot id at {}", p(path))
+            }
             Op::Gate => write!(f, "wait for the go of lockbox"),
             Op::Capture { path, source } => write!(
                 f,

@@ -1,5 +1,5 @@
-//! Files and directories of the root being built: mkdir, chmod, rmdir, whiteouts, symlinks,
-//! small writes and `chdir`.
+//! Files and directories of the root being built: mkdir, chmod, rmdir, unlink, whiteouts,
+//! symlinks, small writes, random bytes and `chdir`.
 
 use super::fd::{close, open, write_all};
 use super::{check, check_int, Errno};
@@ -24,6 +24,29 @@ pub fn chmod(path: &CStr, mode: libc::mode_t) -> Result<(), Errno> {
 pub fn rmdir(path: &CStr) -> Result<(), Errno> {
     // SAFETY: `path` is a live C string.
     check_int(unsafe { libc::rmdir(path.as_ptr()) }).map(drop)
+}
+
+/// `unlink(path)`.
+pub fn unlink(path: &CStr) -> Result<(), Errno> {
+    // SAFETY: `path` is a live C string.
+    check_int(unsafe { libc::unlink(path.as_ptr()) }).map(drop)
+}
+
+/// Fills `buf` from the kernel's random source (`getrandom(2)`, which may return fewer bytes
+/// than asked only for requests above 256 bytes or when interrupted: retried).
+pub fn random_bytes(buf: &mut [u8]) -> Result<(), Errno> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: `rest` is a live, writable buffer of `rest.len()` bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match check(n as libc::c_long) {
+            Ok(n) => filled += usize::try_from(n).map_err(|_| Errno(libc::EINVAL))?,
+            Err(Errno(libc::EINTR)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Creates an overlayfs whiteout (a 0/0 character device; unprivileged since Linux 5.8).

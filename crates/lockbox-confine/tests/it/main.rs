@@ -11,6 +11,7 @@ macro_rules! as_root_and_nobody {
 }
 
 mod armed;
+mod boot_id;
 mod gate;
 mod image;
 mod overlay;
