@@ -74,13 +74,42 @@ struct FileQuery {
     username: Option<String>,
 }
 
-impl FileQuery {
-    /// The home of the user the query names, in `sandbox`: what relative paths are below.
-    async fn home(&self, sandbox: &Sandbox) -> Result<String, E2bError> {
-        let name = self.username.as_deref().unwrap_or("");
-        let user = super::User::named(name)
-            .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, super::no_such_user(name)))?;
-        Ok(super::home_of(sandbox, user).await)
+/// Paths of one request in its sandbox: relative ones below the home of the user the query
+/// names, looked up (one `stat` in the sandbox) only if a path needs it.
+struct Paths<'a> {
+    sandbox: &'a Sandbox,
+    username: Option<&'a str>,
+    home: Option<String>,
+}
+
+impl<'a> Paths<'a> {
+    fn new(sandbox: &'a Sandbox, query: &'a FileQuery) -> Paths<'a> {
+        let username = query.username.as_deref();
+        Paths {
+            sandbox,
+            username,
+            home: None,
+        }
+    }
+
+    /// `path` inside the sandbox (see [`resolve`]).
+    async fn resolve(&mut self, path: &str) -> Result<String, E2bError> {
+        if path.starts_with('/') {
+            return Ok(path.to_owned());
+        }
+        let home = match &self.home {
+            Some(home) => home.clone(),
+            None => {
+                let name = self.username.unwrap_or("");
+                let user = super::User::named(name).ok_or_else(|| {
+                    E2bError::new(StatusCode::BAD_REQUEST, super::no_such_user(name))
+                })?;
+                let home = super::home_of(self.sandbox, user).await;
+                self.home = Some(home.clone());
+                home
+            }
+        };
+        Ok(resolve(&home, path))
     }
 }
 
@@ -121,7 +150,7 @@ async fn download(
         .runtime
         .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
-    let path = resolve(&query.home(&sandbox).await?, path);
+    let path = Paths::new(&sandbox, &query).resolve(path).await?;
     let read = sandbox
         .read_file(&path, None)
         .await
@@ -182,7 +211,7 @@ async fn upload(
         .runtime
         .sandbox(&target.instance)
         .map_err(|_| crate::sandbox_not_found(&target.sandbox))?;
-    let home = query.home(&sandbox).await?;
+    let mut paths = Paths::new(&sandbox, &query);
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -225,9 +254,9 @@ async fn upload(
                     )
                 })?,
             };
-            let path = resolve(&home, &path);
+            let path = paths.resolve(&path).await?;
             if let Some(Extension(SignedPath(allowed))) = &signed {
-                if resolve(&home, allowed) != path {
+                if paths.resolve(allowed).await? != path {
                     return Err(E2bError::new(
                         StatusCode::UNAUTHORIZED,
                         format!("{path}: the URL's signature is for {allowed} only"),
@@ -245,10 +274,10 @@ async fn upload(
             written.push(entry(&path));
         }
     } else {
-        let Some(path) = query.path.filter(|p| !p.is_empty()) else {
+        let Some(path) = query.path.as_deref().filter(|p| !p.is_empty()) else {
             return Err(E2bError::new(StatusCode::BAD_REQUEST, "path: required"));
         };
-        let path = resolve(&home, &path);
+        let path = paths.resolve(path).await?;
         let stream = req
             .into_body()
             .into_data_stream()
