@@ -541,28 +541,27 @@ async fn proc_and_sys_files_read_to_their_end_like_cat() {
     let mut spec = SandboxSpec::default();
     spec.policy.fs.read.push("/sys/devices/system/cpu".into());
     let (rt, sb) = sandbox_with(state.path(), spec).await;
-    // `stat` says 0 bytes; the content is a UUID and a newline.
-    let boot_id = "/proc/sys/kernel/random/boot_id";
-    assert_eq!(sb.stat(boot_id).await.unwrap().size, 0);
-    let read = sb.read_file(boot_id, None).await.unwrap();
-    assert_eq!(
-        (read.size, read.range, read.read_whole),
-        (37, (0, 37), true)
-    );
-    let got = read_all(&sb, boot_id, None).await;
-    assert_eq!(got.len(), 37);
-    assert_eq!(got, run(&sb, &format!("cat {boot_id}")).await.stdout);
+    // `stat` says 0 bytes; the content is the kernel's name and a newline.
+    let ostype = "/proc/sys/kernel/ostype";
+    assert_eq!(sb.stat(ostype).await.unwrap().size, 0);
+    let cat = run(&sb, &format!("cat {ostype}")).await.stdout;
+    let n = cat.len() as u64;
+    assert!(n >= 3 && cat.ends_with(b"\n"), "{cat:?}");
+    let read = sb.read_file(ostype, None).await.unwrap();
+    assert_eq!((read.size, read.range, read.read_whole), (n, (0, n), true));
+    let got = read_all(&sb, ostype, None).await;
+    assert_eq!(got, cat);
     // A range is taken in what the file gave; past its end is refused as for any file.
     let part = ByteRange {
-        start: 9,
-        end: Some(13),
+        start: 1,
+        end: Some(2),
     };
-    assert_eq!(read_all(&sb, boot_id, Some(part)).await, got[9..13]);
+    assert_eq!(read_all(&sb, ostype, Some(part)).await, got[1..2]);
     let past = ByteRange {
-        start: 40,
+        start: n + 3,
         end: None,
     };
-    let err = sb.read_file(boot_id, Some(past)).await.unwrap_err();
+    let err = sb.read_file(ostype, Some(past)).await.unwrap_err();
     assert_eq!(err.code(), "INVALID_REQUEST", "{err}");
     // `self` is the agent that opened it, not `cat`: the same fields, other values.
     let status = read_all(&sb, "/proc/self/status", None).await;
