@@ -341,13 +341,17 @@ impl Context {
         }
     }
 
-    /// Runs `code`; `emit` sees output and results as they come (not the final `End`).
+    /// Runs `code`; `emit` sees output and results as they come (not the final `End`). With
+    /// `watched`, the channel a stream of the run is read from: once its reader is gone (the
+    /// client gave up), the run is interrupted as at its timeout, so that the context's next
+    /// run does not wait for it.
     pub async fn run(
         &self,
         code: &str,
         timeout: Duration,
         max_output: usize,
         emit: &mut (dyn FnMut(CodeEvent) + Send),
+        watched: Option<&tokio::sync::mpsc::UnboundedSender<CodeEvent>>,
     ) -> Result<Execution, RuntimeError> {
         let mut slot = self.runner.lock().await;
         let started = Instant::now();
@@ -380,7 +384,7 @@ impl Context {
             }
         };
         self.runs.fetch_add(1, Ordering::Relaxed);
-        let kept = self.drive(&runner, code, timeout, &mut c).await;
+        let kept = self.drive(&runner, code, timeout, &mut c, watched).await;
         if kept {
             *slot = Some(runner);
         } else {
@@ -396,7 +400,14 @@ impl Context {
     }
 
     /// One run on `r`; false when the interpreter is gone after it.
-    async fn drive(&self, r: &Runner, code: &str, timeout: Duration, c: &mut Collect<'_>) -> bool {
+    async fn drive(
+        &self,
+        r: &Runner,
+        code: &str,
+        timeout: Duration,
+        c: &mut Collect<'_>,
+        watched: Option<&tokio::sync::mpsc::UnboundedSender<CodeEvent>>,
+    ) -> bool {
         let request = wire::encode_request(code);
         let mut sent = 0;
         let mut events: Vec<u8> = Vec::new();
@@ -456,6 +467,12 @@ impl Context {
                     if state == Read::Eof {
                         return self.died(r, c).await;
                     }
+                }
+                () = reader_gone(watched), if phase == Phase::Running => {
+                    // Nobody reads the run any more: interrupt it now, as at its timeout.
+                    phase = Phase::Interrupted;
+                    deadline = tokio::time::Instant::now() + CONTEXT_INTERRUPT_GRACE;
+                    let _ = self.agent.call(Op::Signal { pid: r.pid, signal: libc::SIGINT, spare_main: false }).await;
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     match phase {
@@ -632,6 +649,14 @@ pub(crate) fn check_id(id: &str) -> Result<(), RuntimeError> {
             "id",
             "a context id is 1 to 64 characters of A-Z a-z 0-9 _ . -",
         ))
+    }
+}
+
+/// Once the reader of `watched` is gone (never without one).
+async fn reader_gone(watched: Option<&tokio::sync::mpsc::UnboundedSender<CodeEvent>>) {
+    match watched {
+        Some(tx) => tx.closed().await,
+        None => std::future::pending().await,
     }
 }
 

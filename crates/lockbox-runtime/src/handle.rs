@@ -288,7 +288,7 @@ impl Sandbox {
         let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
         let task = tokio::spawn(async move {
             let mut ignore = |_: CodeEvent| {};
-            ctx.run(&req.code, timeout, max, &mut ignore).await
+            ctx.run(&req.code, timeout, max, &mut ignore, None).await
         });
         task.await.map_err(RuntimeError::Task)?
     }
@@ -314,7 +314,7 @@ impl Sandbox {
                 }
                 let _ = events.send(e);
             };
-            match ctx.run(&req.code, timeout, max, &mut emit).await {
+            match ctx.run(&req.code, timeout, max, &mut emit, Some(&tx)).await {
                 Ok(exec) => {
                     let _ = tx.send(CodeEvent::End(Box::new(exec)));
                 }

@@ -210,6 +210,36 @@ async fn a_crashing_interpreter_is_reported_and_restarted_on_the_next_run() {
     assert_eq!(text(&after).as_deref(), Some("42"));
 }
 
+/// A client that gives up on a streamed run (drops its stream: an HTTP client's timeout)
+/// does not leave the context busy until the run's own timeout: the run is interrupted
+/// (SIGINT, as at a timeout), the interpreter and its variables stay, and the next run
+/// starts at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_reader_goes_away_is_interrupted_and_the_context_goes_on() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_run_whose_reader_goes_away_is_interrupted_and_the_context_goes_on"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    run(&sb, "import time\nkept = 41").await;
+    let mut stream = sb
+        .run_code_stream(code("print('sleeping')\ntime.sleep(300)", None))
+        .await
+        .unwrap();
+    let first = stream.next().await;
+    assert!(
+        matches!(&first, Some(CodeEvent::Stdout { text }) if text == "sleeping\n"),
+        "{first:?}"
+    );
+    drop(stream);
+    let next = tokio::time::timeout(Duration::from_secs(60), run(&sb, "kept + 1"))
+        .await
+        .expect("the next run waited for the abandoned one");
+    assert!(next.error.is_none(), "{next:?}");
+    assert_eq!(text(&next).as_deref(), Some("42"), "{next:?}");
+    assert!(!next.state_lost, "{next:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdout_is_streamed_before_the_run_ends() {
     also_as_nobody(&lockbox_testkit::test_name!(
