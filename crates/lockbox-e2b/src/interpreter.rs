@@ -133,18 +133,26 @@ async fn list_contexts(
 ) -> Result<Json<Value>, E2bError> {
     let sandbox = sandbox_of(&e2b, &target)?;
     // E2B's interpreter starts with a Python and a JavaScript context, which the SDK's
-    // callers expect to list; lockbox makes its contexts on first use, so listing is one.
-    let default = sandbox
-        .create_context(ContextOptions {
-            id: Some(ContextId::from(lockbox_runtime::DEFAULT_CONTEXT)),
-            language: Language::Python,
-            cwd: Some(home(&sandbox).await),
-            env: env_of(&e2b, &target),
-        })
-        .await;
-    if let Err(e) = default {
-        if !matches!(e, RuntimeError::AlreadyExists { .. }) {
-            tracing::debug!(sandbox = %target.sandbox, "no default Python context: {e}");
+    // callers expect to list; lockbox makes its contexts on first use, so listing is one
+    // (the home looked up only then, not at every listing).
+    let has_default = sandbox
+        .list_contexts()
+        .await
+        .iter()
+        .any(|c| c.id.as_str() == lockbox_runtime::DEFAULT_CONTEXT);
+    if !has_default {
+        let default = sandbox
+            .create_context(ContextOptions {
+                id: Some(ContextId::from(lockbox_runtime::DEFAULT_CONTEXT)),
+                language: Language::Python,
+                cwd: Some(home(&sandbox).await),
+                env: env_of(&e2b, &target),
+            })
+            .await;
+        if let Err(e) = default {
+            if !matches!(e, RuntimeError::AlreadyExists { .. }) {
+                tracing::debug!(sandbox = %target.sandbox, "no default Python context: {e}");
+            }
         }
     }
     // Without `node` in the sandbox there is no JavaScript context to list.
