@@ -437,6 +437,25 @@ def e2b_env(monkeypatch, addr):
     monkeypatch.setenv("E2B_API_KEY", "fleet-token")
 
 
+def spread_sandboxes(three_nodes, monkeypatch, **router_options):
+    """Three E2B sandboxes made by the unmodified SDK through a router of ``three_nodes``
+    (started with ``router_options``), on at least two nodes: the router's address and the
+    sandboxes. Skips without the SDK."""
+    need(e2b is not None, "the e2b SDK (pip install e2b==2.63.0)")
+    addr = start_router(three_nodes, **router_options)
+    e2b_env(monkeypatch, addr)
+    if "e2b_domain" in router_options:
+        monkeypatch.setenv("E2B_DOMAIN", router_options["e2b_domain"].strip(".").lower())
+    boxes = [e2b.Sandbox.create(timeout=120) for _ in range(3)]
+    try:
+        assert len({next(n["node_id"] for n in three_nodes if s.sandbox_id in held_by(n)) for s in boxes}) >= 2
+    except BaseException:
+        for s in boxes:
+            s.kill()
+        raise
+    return addr, boxes
+
+
 def test_the_e2b_sdks_paginator_walks_every_nodes_sandboxes_once_in_order(three_nodes, monkeypatch):
     try:
         from e2b import Sandbox, SandboxQuery
@@ -504,15 +523,8 @@ def test_the_e2b_sdk_lists_every_nodes_snapshots_once_and_deletes_them_on_their_
     snapshots of every node once each, node after node, the filters pass to each node, and
     Sandbox.delete_snapshot (DELETE /templates/ID) reaches the snapshot's node, from a router
     that saw it made and from one that did not."""
-    try:
-        from e2b import Sandbox
-    except ImportError:
-        from conftest import need
-
-        need(False, "the e2b SDK (pip install e2b==2.63.0)")
-    addr = start_router(three_nodes)
-    e2b_env(monkeypatch, addr)
-    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
+    addr, boxes = spread_sandboxes(three_nodes, monkeypatch)
+    Sandbox = e2b.Sandbox
     try:
         snaps = {s.create_snapshot(name=f"routed-{i}-{j}").snapshot_id: s.sandbox_id
                  for i, s in enumerate(boxes) for j in range(2)}
@@ -653,19 +665,8 @@ def test_e2b_host_form_reaches_the_sandboxs_node(three_nodes, monkeypatch):
     router started with that domain: each request reaches the node of the sandbox it names,
     read as lockbox serve --e2b-domain reads it (docs/e2b.md), with E2B's answers for an
     unknown sandbox or a closed port; a host outside the domain is an API request."""
+    addr, boxes = spread_sandboxes(three_nodes, monkeypatch, e2b_domain="Fleet.Test.")
     try:
-        from e2b import Sandbox
-    except ImportError:
-        from conftest import need
-
-        need(False, "the e2b SDK (pip install e2b==2.63.0)")
-    addr = start_router(three_nodes, e2b_domain="Fleet.Test.")
-    e2b_env(monkeypatch, addr)
-    monkeypatch.setenv("E2B_DOMAIN", "fleet.test")
-    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
-    try:
-        assert len({next(n["node_id"] for n in three_nodes if s.sandbox_id in held_by(n)) for s in boxes}) >= 2
-
         def plane(host, target, headers=()):
             conn = http.client.HTTPConnection(*addr, timeout=60)
             conn.request("GET", target, headers={"Host": host, **dict(headers)})
@@ -701,16 +702,9 @@ def test_e2b_signed_file_urls_through_e2b_sandbox_url_reach_their_sandbox(three_
     """A signed file URL the SDK makes with E2B_SANDBOX_URL pointing at the router names no
     sandbox (only its signature binds one): the router finds the node whose sandbox signed
     it, and the download or upload happens there; a URL no sandbox signed is E2B's 401."""
-    try:
-        from e2b import Sandbox
-    except ImportError:
-        need(False, "the e2b SDK (pip install e2b==2.63.0)")
     import httpx
-    addr = start_router(three_nodes)
-    e2b_env(monkeypatch, addr)
-    boxes = [Sandbox.create(timeout=120) for _ in range(3)]
+    addr, boxes = spread_sandboxes(three_nodes, monkeypatch)
     try:
-        assert len({next(n["node_id"] for n in three_nodes if s.sandbox_id in held_by(n)) for s in boxes}) >= 2
         for s in boxes:
             s.files.write("mine.txt", s.sandbox_id)
             down = s.download_url("mine.txt", use_signature_expiration=60)
