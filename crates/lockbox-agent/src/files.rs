@@ -156,16 +156,72 @@ impl Roots {
     }
 }
 
-/// Opens a regular file for reading: (file, size).
-pub(crate) fn open_read(roots: &Roots, path: &str) -> Result<(OwnedFd, u64), Errno> {
+/// A regular file opened for reading.
+pub(crate) struct Opened {
+    pub file: OwnedFd,
+    /// Its size at open, or the bytes copied.
+    pub size: u64,
+    /// `file` is a copy made here (see [`open_read`]).
+    pub copied: bool,
+}
+
+/// `statfs` magic numbers of the kernel's pseudo filesystems whose `st_size` says nothing
+/// of the content (`/proc` says 0, `/sys` says 4096 whatever an attribute holds).
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// Whether `fd`'s `stat` size cannot be trusted as its length: 0 (procfs, or an empty
+/// file, which reads the same either way) or a file on `/proc` or `/sys`.
+fn unsized_file(fd: &OwnedFd, size: u64) -> bool {
+    size == 0
+        || rustix::fs::fstatfs(fd).is_ok_and(|fs| {
+            // `f_type` is an i64 here, an i32 or u32 on some other targets.
+            #[allow(clippy::useless_conversion)]
+            let kind = i64::from(fs.f_type);
+            kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC
+        })
+}
+
+/// Opens a regular file for reading. A file whose `stat` size is not its length (`/proc`,
+/// `/sys`, or 0) is read here to its end, at most `max_unsized + 1` bytes (the caller
+/// refuses more), into a memfd sent in its place: what such a file shows can depend on the
+/// task that reads it (a `/proc/sys/kernel/hostname` read by the server shows the host's
+/// name, not the sandbox's), so only a process inside the sandbox reads it.
+pub(crate) fn open_read(roots: &Roots, path: &str, max_unsized: u64) -> Result<Opened, Errno> {
     let t = roots.target(path)?;
     let fd = t.open(&t.comps, OFlags::RDONLY | OFlags::NONBLOCK)?;
     let st = fstat(&fd)?;
     match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => Ok((fd, st.st_size as u64)),
-        FileType::Directory => Err(Errno::ISDIR),
-        _ => Err(Errno::INVAL),
+        FileType::RegularFile => {}
+        FileType::Directory => return Err(Errno::ISDIR),
+        _ => return Err(Errno::INVAL),
     }
+    let size = st.st_size as u64;
+    if !unsized_file(&fd, size) {
+        return Ok(Opened {
+            file: fd,
+            size,
+            copied: false,
+        });
+    }
+    let copy = rustix::fs::memfd_create("lockbox-read", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut from = std::fs::File::from(fd);
+    let mut to = std::fs::File::from(copy);
+    let copied = std::io::copy(
+        &mut std::io::Read::take(&mut from, max_unsized.saturating_add(1)),
+        &mut to,
+    )
+    .map_err(io_errno)?;
+    rustix::fs::seek(&to, rustix::fs::SeekFrom::Start(0))?;
+    Ok(Opened {
+        file: to.into(),
+        size: copied,
+        copied: true,
+    })
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_io_error(&e).unwrap_or(Errno::IO)
 }
 
 /// A write in progress: the temporary file's directory and names.

@@ -52,10 +52,14 @@ pub enum Op {
         /// Leave the command itself alone (a session's shell).
         spare_main: bool,
     },
-    /// Opens a regular file for reading; replies [`Body::Opened`] with the descriptor.
+    /// Opens a regular file for reading; replies [`Body::Opened`] with the descriptor, or
+    /// with a copy of what a file without a size (`/proc`, `/sys`) gave when read here.
     Open {
         /// Path inside the sandbox (absolute, or relative to the working directory).
         path: String,
+        /// The most bytes the caller takes from a file without a size: one more is copied,
+        /// so that it can tell a file giving more.
+        max_unsized: u64,
     },
     /// Creates a temporary file beside `path` for an atomic write; replies
     /// [`Body::WriteStarted`] with its descriptor. Finish with [`Op::WriteEnd`].
@@ -217,8 +221,11 @@ pub enum Body {
     },
     /// A file opened for reading.
     Opened {
-        /// Its size.
+        /// Its size, or the bytes copied.
         size: u64,
+        /// The descriptor is a copy of a file without a size, read inside the sandbox.
+        #[serde(default)]
+        copied: bool,
     },
     /// A temporary file for [`Op::WriteBegin`].
     WriteStarted {

@@ -288,10 +288,18 @@ impl Agent {
                     None => (Ok(Body::Done), Vec::new()),
                 }
             }
-            Op::Open { path } => match files::open_read(&self.roots, &path) {
-                Ok((fd, size)) => (Ok(Body::Opened { size }), vec![fd]),
-                Err(e) => (Err(fail(e, &path)), Vec::new()),
-            },
+            Op::Open { path, max_unsized } => {
+                match files::open_read(&self.roots, &path, max_unsized) {
+                    Ok(o) => (
+                        Ok(Body::Opened {
+                            size: o.size,
+                            copied: o.copied,
+                        }),
+                        vec![o.file],
+                    ),
+                    Err(e) => (Err(fail(e, &path)), Vec::new()),
+                }
+            }
             Op::WriteBegin {
                 path,
                 mode,

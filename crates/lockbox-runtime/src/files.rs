@@ -77,23 +77,6 @@ pub(crate) fn check_path(path: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// `statfs` magic numbers of the kernel's pseudo filesystems whose `st_size` says nothing
-/// of the content (`/proc` says 0, `/sys` says 4096 whatever an attribute holds).
-const PROC_SUPER_MAGIC: i64 = 0x9fa0;
-const SYSFS_MAGIC: i64 = 0x6265_6572;
-
-/// Whether `fd`'s `stat` size cannot be trusted as its length: 0 (procfs, or an empty
-/// file, which reads the same either way) or a file on `/proc` or `/sys`.
-fn unsized_file(fd: &OwnedFd, size: u64) -> bool {
-    size == 0
-        || rustix::fs::fstatfs(fd).is_ok_and(|fs| {
-            // `f_type` is an i64 here, an i32 or u32 on some other targets.
-            #[allow(clippy::useless_conversion)]
-            let kind = i64::from(fs.f_type);
-            kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC
-        })
-}
-
 /// `[start, end)` of `range` in a file of `size` bytes (the whole file without one).
 fn span(range: Option<ByteRange>, size: u64) -> Result<(u64, u64), RuntimeError> {
     match range {
@@ -140,7 +123,8 @@ async fn read_unsized(
 
 /// Opens `path` for reading. A regular file streams from its descriptor, bounded by its
 /// size at open; a file whose size `stat` does not tell (`/proc`, `/sys`) is read to its
-/// end first, at most `max_unsized` bytes.
+/// end first, at most `max_unsized` bytes, by the agent (what such a file shows can
+/// depend on the task reading it: the sandbox's hostname, not the host's).
 pub(crate) async fn read_file(
     agent: &AgentClient,
     path: &str,
@@ -148,17 +132,20 @@ pub(crate) async fn read_file(
     max_unsized: usize,
 ) -> Result<FileRead, RuntimeError> {
     check_path(path)?;
-    let (body, fds) = call(agent, Op::Open { path: path.into() }, path, false).await?;
-    let Body::Opened { size } = body else {
+    let op = Op::Open {
+        path: path.into(),
+        max_unsized: max_unsized as u64,
+    };
+    let (body, fds) = call(agent, op, path, false).await?;
+    let Body::Opened { size, copied } = body else {
         return Err(body.unexpected("opened").into());
     };
     let fd = fds
         .into_iter()
         .next()
         .ok_or_else(|| RuntimeError::Agent("sent no descriptor".into()))?;
-    let no_size = unsized_file(&fd, size);
     let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
-    if no_size {
+    if copied {
         let mut data = read_unsized(file, path, max_unsized).await?;
         let size = data.len() as u64;
         let (start, end) = span(range, size)?;

@@ -589,6 +589,31 @@ async fn proc_and_sys_files_read_to_their_end_like_cat() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proc_sys_file_reads_as_the_sandbox_sees_it_not_as_the_server_does() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_proc_sys_file_reads_as_the_sandbox_sees_it_not_as_the_server_does"
+    ));
+    let state = scratch();
+    let mut spec = SandboxSpec::default();
+    // A name the host cannot have by chance: the server, reading the file itself, used to
+    // see its own UTS namespace (the host's name) where `cat` inside saw this one.
+    let host = std::fs::read("/proc/sys/kernel/hostname").unwrap();
+    spec.policy.hostname = if host == b"files-api-ns\n" {
+        "files-api-ns-2".into()
+    } else {
+        "files-api-ns".into()
+    };
+    let (rt, sb) = sandbox_with(state.path(), spec.clone()).await;
+    let path = "/proc/sys/kernel/hostname";
+    let want = format!("{}\n", spec.policy.hostname).into_bytes();
+    assert_eq!(run(&sb, &format!("cat {path}")).await.stdout, want);
+    assert_eq!(read_all(&sb, path, None).await, want);
+    let read = sb.read_file(path, None).await.unwrap();
+    assert_eq!((read.size, read.read_whole), (want.len() as u64, true));
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proc_file_giving_more_than_the_bound_is_refused() {
     also_as_nobody(&lockbox_testkit::test_name!(
         "a_proc_file_giving_more_than_the_bound_is_refused"
