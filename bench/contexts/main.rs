@@ -48,6 +48,7 @@ fn code(c: &str, context: &str) -> RunCodeRequest {
         code: c.into(),
         context: Some(context.into()),
         timeout: None,
+        env: Vec::new(),
     }
 }
 

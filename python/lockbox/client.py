@@ -664,16 +664,17 @@ class RemoteSandbox:
         self.client._request("DELETE", self._p(f"/contexts/{urllib.parse.quote(cid, safe='')}"))
 
     def run_code(self, code: str, context: Context | str | None = None, *, timeout: float | None = None,
-                 on_stdout: Any = None, on_stderr: Any = None, on_result: Any = None,
-                 on_error: Any = None) -> Execution:
+                 env: dict[str, str] | None = None, on_stdout: Any = None, on_stderr: Any = None,
+                 on_result: Any = None, on_error: Any = None) -> Execution:
         """Runs ``code`` in a context (the sandbox's ``default`` Python context when none is
         given) and returns its :class:`~lockbox.code.Execution`. ``timeout`` (seconds)
         interrupts the code (``KeyboardInterrupt``, state kept; killed after 2 s more, state
-        lost). The callbacks get output text, :class:`~lockbox.code.Result` s and the error
-        as they come (the run is streamed then)."""
+        lost). ``env`` sets variables for this run only (they get their earlier values back
+        when it ends). The callbacks get output text, :class:`~lockbox.code.Result` s and the
+        error as they come (the run is streamed then)."""
         cid = context.id if isinstance(context, Context) else (context or "default")
         path = self._p(f"/contexts/{urllib.parse.quote(cid, safe='')}/run")
-        body = _drop_none({"code": code, "timeout_ms": _ms(timeout)})
+        body = _drop_none({"code": code, "timeout_ms": _ms(timeout), "env": env or None})
         if not (on_stdout or on_stderr or on_result or on_error):
             return _execution(self.client._request("POST", path, body=body))
         final: Execution | None = None

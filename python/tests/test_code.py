@@ -124,6 +124,19 @@ def test_a_bash_context_keeps_cwd_and_variables_and_contexts_are_deleted(open_bo
         assert e.value.status == 400 and e.value.details.get("field") == "language"
 
 
+def test_a_runs_env_holds_for_that_run_only(open_box):
+    with open_box() as box:
+        ctx = box.create_context("python", env={"MODE": "fast"})
+        run = box.run_code("import os; (os.environ['MODE'], os.environ['EXTRA'])", ctx,
+                           env={"MODE": "slow", "EXTRA": "1"})
+        assert run.text == "('slow', '1')"
+        after = box.run_code("(os.environ['MODE'], os.environ.get('EXTRA'))", ctx)
+        assert after.text == "('fast', None)"
+        with pytest.raises(ServerError) as e:
+            box.run_code("1", ctx, env={"1BAD": "x"})
+        assert e.value.status == 400 and e.value.details.get("field") == "env"
+
+
 NOBODY = r"""
 import json, sys
 from lockbox import Sandbox

@@ -7,7 +7,8 @@
 //! under a subreaper shim, as the sandbox's user, inside every wall of the sandbox. Their
 //! descriptors ([`Io::Runner`]): 0 `/dev/null`, 1 and 2 the user code's stdout and stderr
 //! (pipes read by the runtime as they fill, so output streams), 3 events (runner → runtime),
-//! 4 requests (runtime → runner). A request is `<length>\n<code>`; an event is
+//! 4 requests (runtime → runner). A request is `<length>\n<code>`, after an environment
+//! frame when the run sets variables of its own (see [`encode_request`]); an event is
 //! `<length>\n<json>` of a [`RunnerEvent`]; lengths are decimal byte counts, so that a bash
 //! script can read them. Each run ends with [`RunnerEvent::Done`], written after the code's
 //! output was flushed to fds 1 and 2.
@@ -136,9 +137,21 @@ pub enum RunnerEvent {
     },
 }
 
-/// A request frame for a runner: `<length>\n<code>`.
-pub fn encode_request(code: &str) -> Vec<u8> {
-    let mut out = format!("{}\n", code.len()).into_bytes();
+/// A request for a runner: `<length>\n<code>`, after `env <count>\n` and `count` frames
+/// `<length>\nNAME=VALUE` when `env` is not empty. The runner sets those variables for
+/// this run only, and gives each its earlier value (or none) back when the run ends.
+pub fn encode_request(code: &str, env: &[(String, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if !env.is_empty() {
+        out.extend_from_slice(format!("env {}\n", env.len()).as_bytes());
+        for (name, value) in env {
+            out.extend_from_slice(format!("{}\n", name.len() + 1 + value.len()).as_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.push(b'=');
+            out.extend_from_slice(value.as_bytes());
+        }
+    }
+    out.extend_from_slice(format!("{}\n", code.len()).as_bytes());
     out.extend_from_slice(code.as_bytes());
     out
 }

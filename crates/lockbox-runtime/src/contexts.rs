@@ -348,6 +348,7 @@ impl Context {
     pub async fn run(
         &self,
         code: &str,
+        env: &[(String, String)],
         timeout: Duration,
         max_output: usize,
         emit: &mut (dyn FnMut(CodeEvent) + Send),
@@ -384,7 +385,10 @@ impl Context {
             }
         };
         self.runs.fetch_add(1, Ordering::Relaxed);
-        let kept = self.drive(&runner, code, timeout, &mut c, watched).await;
+        let request = wire::encode_request(code, env);
+        let kept = self
+            .drive(&runner, &request, timeout, &mut c, watched)
+            .await;
         if kept {
             *slot = Some(runner);
         } else {
@@ -403,12 +407,11 @@ impl Context {
     async fn drive(
         &self,
         r: &Runner,
-        code: &str,
+        request: &[u8],
         timeout: Duration,
         c: &mut Collect<'_>,
         watched: Option<&tokio::sync::mpsc::UnboundedSender<CodeEvent>>,
     ) -> bool {
-        let request = wire::encode_request(code);
         let mut sent = 0;
         let mut events: Vec<u8> = Vec::new();
         let (mut out_open, mut err_open) = (true, true);

@@ -283,12 +283,14 @@ impl Sandbox {
     /// interpreter are reported in `error`, not as `Err`. The run goes on to its end even
     /// if this future is dropped.
     pub async fn run_code(&self, req: RunCodeRequest) -> Result<Execution, RuntimeError> {
+        check_run_env(&req.env)?;
         let ctx = self.live()?.context(req.context.as_deref()).await?;
         let max = self.inner.limits.max_exec_output;
         let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
         let task = tokio::spawn(async move {
             let mut ignore = |_: CodeEvent| {};
-            ctx.run(&req.code, timeout, max, &mut ignore, None).await
+            ctx.run(&req.code, &req.env, timeout, max, &mut ignore, None)
+                .await
         });
         task.await.map_err(RuntimeError::Task)?
     }
@@ -298,6 +300,7 @@ impl Sandbox {
     /// consumer: events are queued, output text up to [`RuntimeConfig::max_exec_output`]
     /// bytes per run (beyond it, only the final execution's `truncated` says more came).
     pub async fn run_code_stream(&self, req: RunCodeRequest) -> Result<CodeStream, RuntimeError> {
+        check_run_env(&req.env)?;
         let ctx = self.live()?.context(req.context.as_deref()).await?;
         let max = self.inner.limits.max_exec_output;
         let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
@@ -314,7 +317,8 @@ impl Sandbox {
                 }
                 let _ = events.send(e);
             };
-            match ctx.run(&req.code, timeout, max, &mut emit, Some(&tx)).await {
+            let run = ctx.run(&req.code, &req.env, timeout, max, &mut emit, Some(&tx));
+            match run.await {
                 Ok(exec) => {
                     let _ = tx.send(CodeEvent::End(Box::new(exec)));
                 }
@@ -777,4 +781,29 @@ fn tokio_stream_from_broadcast(
         }
     })
     .boxed()
+}
+
+/// A run's own variables ([`RunCodeRequest::env`]): names every runner can set (bash's
+/// included), values without NUL bytes (no environment can hold one).
+fn check_run_env(env: &[(String, String)]) -> Result<(), RuntimeError> {
+    for (name, value) in env {
+        let mut chars = name.chars();
+        let plain = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain {
+            return Err(RuntimeError::invalid(
+                "env",
+                format!("{name:?} is not a variable name (letters, digits and '_', not starting with a digit)"),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(RuntimeError::invalid(
+                "env",
+                format!("{name}: a value cannot hold a NUL byte"),
+            ));
+        }
+    }
+    Ok(())
 }

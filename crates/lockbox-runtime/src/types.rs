@@ -1051,6 +1051,10 @@ pub struct RunCodeRequest {
     /// [`crate::CONTEXT_INTERRUPT_GRACE`], kill and restart the interpreter). Default
     /// [`crate::DEFAULT_RUN_TIMEOUT`].
     pub timeout: Option<Duration>,
+    /// Environment variables for this run only: set in the interpreter before the code
+    /// runs (and so inherited by what it starts), given their earlier values (or unset)
+    /// when it ends. Names are `[A-Za-z_][A-Za-z0-9_]*`; values hold no NUL byte.
+    pub env: Vec<(String, String)>,
 }
 
 pub use lockbox_agent::contexts::{DisplayData, ExecError, Language};

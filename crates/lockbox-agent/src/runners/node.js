@@ -1,9 +1,10 @@
 // The Node.js runner of lockbox code contexts (embedded in the agent, run as `node -e`).
-// Requests on fd 4: "<length>\n<code>"; events on fd 3: "<length>\n<json>" ({"result": ...},
-// {"error": ...}, {"done": ...}), as the Python runner. Code runs in one vm context, so
-// globals, `var`, `let`, `const` and functions stay for the next run; the value of the last
-// expression is the main result (util.inspect as text/plain). SIGINT interrupts a run
-// (breakOnSigint) and is ignored between runs.
+// Requests on fd 4: "<length>\n<code>", after "env <count>\n" and count "<length>\nNAME=VALUE"
+// for a run's own variables (set for the run, given their earlier values back after it);
+// events on fd 3: "<length>\n<json>" ({"result": ...}, {"error": ...}, {"done": ...}), as the
+// Python runner. Code runs in one vm context, so globals, `var`, `let`, `const` and functions
+// stay for the next run; the value of the last expression is the main result (util.inspect
+// as text/plain). SIGINT interrupts a run (breakOnSigint) and is ignored between runs.
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
@@ -31,15 +32,18 @@ function readInto(buf, off, n) {
   }
 }
 
-function readRequest() {
+function readLine() {
   const one = Buffer.alloc(1);
   let line = "";
   for (;;) {
     if (readInto(one, 0, 1) === 0) return null;
     const c = one.toString("latin1");
-    if (c === "\n") break;
+    if (c === "\n") return line;
     line += c;
   }
+}
+
+function readFrame(line) {
   const n = parseInt(line, 10);
   const buf = Buffer.alloc(n);
   let off = 0;
@@ -49,6 +53,27 @@ function readRequest() {
     off += got;
   }
   return buf.toString("utf8");
+}
+
+// [env, code], or null at the end: the run's own variables ("env N" and N frames
+// "NAME=VALUE") come before its code.
+function readRequest() {
+  let line = readLine();
+  if (line === null) return null;
+  const env = [];
+  if (line.startsWith("env ")) {
+    for (let i = parseInt(line.slice(4), 10); i > 0; i--) {
+      const l = readLine();
+      const entry = l === null ? null : readFrame(l);
+      if (entry === null) return null;
+      const eq = entry.indexOf("=");
+      env.push([entry.slice(0, eq), entry.slice(eq + 1)]);
+    }
+    line = readLine();
+    if (line === null) return null;
+  }
+  const code = readFrame(line);
+  return code === null ? null : [env, code];
 }
 
 const sandbox = { require, console, process, Buffer, setTimeout, clearTimeout, setInterval,
@@ -73,8 +98,11 @@ function bundle(value) {
 }
 
 for (;;) {
-  const code = readRequest();
-  if (code === null) break;
+  const request = readRequest();
+  if (request === null) break;
+  const [env, code] = request;
+  const saved = env.map(([k]) => [k, Object.prototype.hasOwnProperty.call(process.env, k) ? process.env[k] : undefined]);
+  for (const [k, v] of env) process.env[k] = v;
   count += 1;
   try {
     const value = vm.runInContext(code, context, { filename: `<cell ${count}>`, breakOnSigint: true });
@@ -88,6 +116,12 @@ for (;;) {
     const end = lines.findIndex((l) => /node:vm|\[eval\]|sigintHandlersWrap/.test(l));
     const traceback = (end < 0 ? lines : lines.slice(0, end)).join("\n");
     send({ error: { name, value, traceback } });
+  } finally {
+    // Backwards, so that a name given twice gets its value from before the run.
+    for (const [k, v] of saved.reverse()) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
   }
   send({ done: { exit_code: null } });
 }

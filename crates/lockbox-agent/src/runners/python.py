@@ -1,5 +1,7 @@
 # The Python runner of lockbox code contexts (embedded in the agent, run as `python3 -c`).
-# Requests on fd 4: "<length>\n<code>". Events on fd 3: "<length>\n<json>", one of
+# Requests on fd 4: "<length>\n<code>", after "env <count>\n" and count "<length>\nNAME=VALUE"
+# for a run's own variables (set for the run, given their earlier values back after it).
+# Events on fd 3: "<length>\n<json>", one of
 # {"result": {"data": {mime: value}, "is_main_result": bool}}, {"error": {name, value,
 # traceback}}, {"done": {"exit_code": null}}. User output goes to fds 1 and 2 as it is written.
 import ast, base64, json, linecache, os, signal, sys, traceback
@@ -43,15 +45,41 @@ def _read_exact(n):
     return b"".join(parts)
 
 
-def _read_request():
+def _read_line():
     line = b""
     while not line.endswith(b"\n"):
         c = _REQ.read(1)
         if not c:
             return None
         line += c
+    return line[:-1]
+
+
+def _read_frame(line):
     body = _read_exact(int(line))
     return None if body is None else body.decode("utf-8", "replace")
+
+
+def _read_request():
+    """(env, code), or None at the end: the run's own variables ("env N" and N frames
+    "NAME=VALUE") come before its code."""
+    line = _read_line()
+    if line is None:
+        return None
+    env = []
+    if line.startswith(b"env "):
+        for _ in range(int(line[4:])):
+            entry_line = _read_line()
+            entry = None if entry_line is None else _read_frame(entry_line)
+            if entry is None:
+                return None
+            name, _, value = entry.partition("=")
+            env.append((name, value))
+        line = _read_line()
+        if line is None:
+            return None
+    code = _read_frame(line)
+    return None if code is None else (env, code)
 
 
 _MIME = {
@@ -243,10 +271,22 @@ def _run(code):
 
 def _main():
     while True:
-        code = _read_request()
-        if code is None:
+        request = _read_request()
+        if request is None:
             return
-        _run(code)
+        env, code = request
+        saved = [(k, os.environ.get(k)) for k, _ in env]
+        for k, v in env:
+            os.environ[k] = v
+        try:
+            _run(code)
+        finally:
+            # Backwards, so that a name given twice gets its value from before the run.
+            for k, old in reversed(saved):
+                if old is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = old
         try:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -14,6 +14,7 @@ fn code(c: &str, context: Option<&str>) -> RunCodeRequest {
         code: c.into(),
         context: context.map(Into::into),
         timeout: None,
+        env: Vec::new(),
     }
 }
 
@@ -353,6 +354,103 @@ async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
     assert!(e.timed_out && !e.state_lost, "{e:?}");
     assert_eq!(e.error.unwrap().name, "KeyboardInterrupt");
     assert_eq!(text(&r("n").await.unwrap()).as_deref(), Some("40"));
+}
+
+/// A run's own variables, in context `id` of `language` whose own environment has
+/// `KEPT=ctx`: `first` sees them (and what it starts does), `after` sees what was there before.
+async fn check_run_env(
+    sb: &Sandbox,
+    language: Language,
+    first: &str,
+    after: &str,
+) -> (String, String) {
+    let id = language.as_str();
+    sb.create_context(ContextOptions {
+        id: Some(id.into()),
+        language,
+        env: [("KEPT".to_owned(), "ctx".to_owned())].into(),
+        ..ContextOptions::default()
+    })
+    .await
+    .unwrap();
+    let mut req = code(first, Some(id));
+    req.env = vec![
+        ("FOO".into(), "bar".into()),
+        ("KEPT".into(), "run".into()),
+        ("ODD".into(), "a b\nc=d é".into()),
+    ];
+    let e = sb.run_code(req).await.unwrap();
+    assert!(e.error.is_none(), "{language:?}: {e:?}");
+    let seen = text(&e).unwrap_or_else(|| e.logs.stdout.concat());
+    let e = sb.run_code(code(after, Some(id))).await.unwrap();
+    assert!(e.error.is_none(), "{language:?}: {e:?}");
+    (seen, text(&e).unwrap_or_else(|| e.logs.stdout.concat()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_own_variables_are_set_for_that_run_only() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_runs_own_variables_are_set_for_that_run_only"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let (seen, after) = check_run_env(
+        &sb,
+        Language::Python,
+        "import os, subprocess\n\
+         (os.environ['FOO'], os.environ['KEPT'], os.environ['ODD'],\n \
+         subprocess.run(['sh', '-c', 'printf %s \"$FOO\"'], capture_output=True, text=True).stdout)",
+        "(os.environ.get('FOO', 'default'), os.environ['KEPT'])",
+    )
+    .await;
+    assert_eq!(seen, "('bar', 'run', 'a b\\nc=d é', 'bar')");
+    assert_eq!(after, "('default', 'ctx')");
+
+    let (seen, after) = check_run_env(
+        &sb,
+        Language::Bash,
+        "LOCAL=mine; echo \"$FOO|$KEPT|$ODD\"; sh -c 'echo \"$FOO\"'",
+        "echo \"${FOO:-default}|$KEPT\"",
+    )
+    .await;
+    assert_eq!(seen, "bar|run|a b\nc=d é\nbar\n");
+    assert_eq!(after, "default|ctx\n");
+    // A shell variable that was not exported is given back unexported; an interrupted run
+    // gives its variables back too.
+    let mut req = code("sleep 100", Some("bash"));
+    req.env = vec![("LOCAL".into(), "run".into()), ("FOO".into(), "x".into())];
+    req.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(req).await.unwrap();
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    let e = sb
+        .run_code(code(
+            "declare -p LOCAL; echo \"${FOO-unset}\"",
+            Some("bash"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(e.logs.stdout.concat(), "declare -- LOCAL=\"mine\"\nunset\n");
+
+    if std::path::Path::new("/usr/bin/node").exists() {
+        let (seen, after) = check_run_env(
+            &sb,
+            Language::Node,
+            "[process.env.FOO, process.env.KEPT, process.env.ODD].join('|')",
+            "(process.env.FOO || 'default') + '|' + process.env.KEPT",
+        )
+        .await;
+        assert_eq!(seen, "'bar|run|a b\\nc=d é'");
+        assert_eq!(after, "'default|ctx'");
+    }
+
+    // Names every runner can set, values an environment can hold.
+    for (name, value) in [("1X", "a"), ("A-B", "a"), ("", "a"), ("A", "a\0b")] {
+        let mut req = code("1", None);
+        req.env = vec![(name.into(), value.into())];
+        let err = sb.run_code(req).await.unwrap_err();
+        assert_eq!(err.code().as_str(), "INVALID_REQUEST", "{name:?}: {err}");
+        assert!(err.to_string().contains("env"), "{err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

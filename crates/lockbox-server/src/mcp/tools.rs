@@ -726,6 +726,7 @@ fn run_code(mut args: Map<String, Value>) -> Result<ToolCall, ApiError> {
     let request = wire::RunCode {
         code: a.code,
         timeout_ms: Some(a.timeout_ms.unwrap_or(DEFAULT_EXEC_TIMEOUT_MS)),
+        env: Default::default(),
     }
     .into_request(context)?;
     let language = a.language.unwrap_or_else(|| "python".into());

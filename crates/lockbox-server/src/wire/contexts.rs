@@ -112,6 +112,10 @@ pub struct RunCode {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub timeout_ms: Option<u64>,
+    /// Variables for this run only: set in the interpreter before the code runs (and so
+    /// seen by what it starts), given their earlier values back (or unset) when it ends.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 impl RunCode {
@@ -131,6 +135,7 @@ impl RunCode {
             code: self.code,
             context: Some(context.into()),
             timeout: self.timeout_ms.map(std::time::Duration::from_millis),
+            env: self.env.into_iter().collect(),
         })
     }
 }
