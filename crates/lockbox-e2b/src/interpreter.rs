@@ -20,7 +20,7 @@ use lockbox_runtime::{
 };
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 /// The code interpreter's routes.
 pub fn router(e2b: E2b) -> Router {
@@ -234,7 +234,7 @@ struct ExecuteBody {
     code: String,
     context_id: Option<String>,
     language: Option<String>,
-    env_vars: Option<HashMap<String, String>>,
+    env_vars: Option<BTreeMap<String, String>>,
 }
 
 /// The context a run without `context_id` uses for `language`: lockbox's `default`
@@ -301,6 +301,12 @@ fn result_json(d: &DisplayData) -> Value {
         };
         out.insert(key.to_owned(), value.clone());
     }
+    // E2B's interpreter gives a text in single quotes (a string's repr: `'x'`) without them.
+    if let Some(Value::String(text)) = out.get_mut("text") {
+        if text.len() >= 2 && text.starts_with('\'') && text.ends_with('\'') {
+            *text = text[1..text.len() - 1].to_owned();
+        }
+    }
     out.insert("type".into(), json!("result"));
     out.insert("is_main_result".into(), json!(d.is_main_result));
     if !extra.is_empty() {
@@ -338,11 +344,6 @@ async fn execute(
     body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
     let req: ExecuteBody = body_json(&body)?;
-    if req.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(bad(
-            "env_vars: per-run environment variables are not supported (give them to the sandbox's envs or the context)",
-        ));
-    }
     if req.context_id.is_some() && req.language.is_some() {
         return Err(bad("context_id and language: give one of them"));
     }
@@ -371,6 +372,7 @@ async fn execute(
             code: req.code,
             context,
             timeout: None,
+            env: req.env_vars.unwrap_or_default().into_iter().collect(),
         })
         .await
         .map_err(|e| context_error(id.as_deref().unwrap_or("default"), &e))?;
@@ -439,6 +441,24 @@ mod tests {
         assert_eq!(v["png"], "iVBOR");
         assert_eq!(v["is_main_result"], true);
         assert_eq!(v["extra"]["application/x-other"], "x");
+    }
+
+    #[test]
+    fn a_text_in_single_quotes_comes_without_them_as_from_e2bs_interpreter() {
+        let text = |plain: &str| {
+            let data = [("text/plain".to_owned(), json!(plain))].into();
+            let is_main_result = true;
+            result_json(&DisplayData {
+                data,
+                is_main_result,
+            })["text"]
+                .clone()
+        };
+        assert_eq!(text("'supertest'"), "supertest");
+        assert_eq!(text("'a' + 'b'"), "a' + 'b");
+        assert_eq!(text("\"it's\""), "\"it's\"");
+        assert_eq!(text("'"), "'");
+        assert_eq!(text("42"), "42");
     }
 
     #[test]

@@ -368,7 +368,7 @@ def test_the_code_interpreter_starts_afresh_after_a_pause(e2b_server):
         sbx.connect()
         # Its variables were memory (gone); its files are kept.
         assert sbx.run_code("x").error.name == "NameError"
-        assert sbx.run_code("open('/tmp/code.txt').read()").text == "'file'"
+        assert sbx.run_code("open('/tmp/code.txt').read()").text == "file"  # E2B's text of a string: without its quotes
     finally:
         sbx.kill()
 

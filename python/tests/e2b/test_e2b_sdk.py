@@ -173,6 +173,29 @@ def test_the_code_interpreter_runs_python_and_bash_with_results_and_errors(e2b_s
         sbx.kill()
 
 
+def test_run_code_envs_hold_for_that_run_only_over_the_sandboxs_envs(e2b_server):
+    # E2B's code interpreter: run_code(envs=...) overrides the sandbox's envs for one run.
+    try:
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+    except ImportError:
+        need(False, "e2b-code-interpreter==2.11.5")
+    sbx = CodeSandbox.create(envs={"TEST_ENV_VAR": "supertest"})
+    try:
+        for language, read in [
+            ("python", "import os; (os.getenv('TEST_ENV_VAR'), os.getenv('FOO', 'default'))"),
+            ("bash", 'echo "$TEST_ENV_VAR ${FOO:-default}"'),
+            ("javascript", "`${process.env.TEST_ENV_VAR} ${process.env.FOO || 'default'}`"),
+        ]:
+            run = sbx.run_code(read, language=language, envs={"TEST_ENV_VAR": "overwrite", "FOO": "bar"})
+            after = sbx.run_code(read, language=language)
+            assert run.error is None and after.error is None, (language, run.error, after.error)
+            seen = [r.text or "".join(r.logs.stdout) for r in (run, after)]
+            assert "overwrite" in seen[0] and "bar" in seen[0], (language, seen)
+            assert "supertest" in seen[1] and "default" in seen[1], (language, seen)
+    finally:
+        sbx.kill()
+
+
 def test_sandbox_requests_need_the_sandbox_token_and_a_live_sandbox(e2b_server):
     import httpx
     sbx = Sandbox.create()
