@@ -52,6 +52,14 @@ pub enum Op {
         /// Leave the command itself alone (a session's shell).
         spare_main: bool,
     },
+    /// Copies of the runtime's ends of a session's pipes ([`Io::Session`], which the agent
+    /// keeps while the shell lives), in the order [`Op::Spawn`] gave them; replies
+    /// [`Body::Done`]. The runtime closes its own while the session is idle, so that a
+    /// sandbox's idle sessions hold no descriptors in the runtime.
+    SessionPipes {
+        /// The shell's pid.
+        pid: i32,
+    },
     /// Opens a regular file for reading; replies [`Body::Opened`] with the descriptor, or
     /// with a copy of what a file without a size (`/proc`, `/sys`) gave when read here.
     Open {

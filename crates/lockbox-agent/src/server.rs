@@ -22,6 +22,8 @@ struct Child {
     shim: i32,
     main: i32,
     report: OwnedFd,
+    /// A session's runtime ends of its pipes (see [`Op::SessionPipes`]); empty otherwise.
+    session_pipes: Vec<OwnedFd>,
 }
 
 struct Agent {
@@ -288,6 +290,23 @@ impl Agent {
                     None => (Ok(Body::Done), Vec::new()),
                 }
             }
+            Op::SessionPipes { pid } => {
+                let copies = self
+                    .children
+                    .iter()
+                    .find(|c| c.main == pid && !c.session_pipes.is_empty())
+                    .map(|c| {
+                        c.session_pipes
+                            .iter()
+                            .map(OwnedFd::try_clone)
+                            .collect::<Result<Vec<_>, _>>()
+                    });
+                match copies {
+                    Some(Ok(fds)) => (Ok(Body::Done), fds),
+                    Some(Err(_)) => (Err(fail(Errno::MFILE, "session pipes")), Vec::new()),
+                    None => (Err(fail(Errno::SRCH, "session pipes")), Vec::new()),
+                }
+            }
             Op::Open { path, max_unsized } => {
                 match files::open_read(&self.roots, &path, max_unsized) {
                     Ok(o) => (
@@ -481,6 +500,15 @@ impl Agent {
                 }
             }
         }
+        // Made before the fork: once the command runs, nothing may fail.
+        let session_pipes = match spec.io {
+            Io::Session => back
+                .iter()
+                .map(OwnedFd::try_clone)
+                .collect::<Result<_, _>>()
+                .map_err(|_| err(Errno::MFILE, "dup"))?,
+            _ => Vec::new(),
+        };
         let (report_r, report_w) = pipe()?;
         let shim = Shim {
             argv: &spec.argv,
@@ -511,6 +539,7 @@ impl Agent {
                     shim,
                     main,
                     report: report_r,
+                    session_pipes,
                 });
                 Ok((main, back))
             }

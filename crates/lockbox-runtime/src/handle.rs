@@ -787,12 +787,7 @@ fn tokio_stream_from_broadcast(
 /// included), values without NUL bytes (no environment can hold one).
 fn check_run_env(env: &[(String, String)]) -> Result<(), RuntimeError> {
     for (name, value) in env {
-        let mut chars = name.chars();
-        let plain = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !plain {
+        if !crate::util::valid_env_name(name) {
             return Err(RuntimeError::invalid(
                 "env",
                 format!("{name:?} is not a variable name (letters, digits and '_', not starting with a digit)"),

@@ -447,7 +447,7 @@ impl Pool {
         };
         if let Err(e) = spare
             .instance
-            .start_spare_default(key.policy.kill_grace)
+            .start_spare_default(key.policy.kill_grace, &self.limits.held_pipes)
             .await
         {
             self.discard(spare);

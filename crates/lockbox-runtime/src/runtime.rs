@@ -29,6 +29,7 @@ pub(crate) struct RuntimeInner {
     pub(crate) starting: AtomicU64,
     /// What all process logs may reserve together.
     pub(crate) log_budget: Arc<sandbox::LogBudget>,
+    pub(crate) held_pipes: Arc<crate::session::HeldPipes>,
     /// The snapshots of the state directory.
     pub(crate) snapshots: lockbox_cow::SnapshotStore,
     /// Sandboxes started ahead (`RuntimeConfig::pool_size` > 0).
@@ -71,6 +72,7 @@ impl Runtime {
         sandbox::release_stale_image_holds(&config.state_dir);
         store.prune_ended(config.keep_stopped)?;
         let log_budget = sandbox::LogBudget::new(config.max_log_memory);
+        let held_pipes = crate::session::HeldPipes::new(config.max_held_sessions);
         let pool = (config.pool_size > 0).then(|| {
             crate::pool::Pool::new(
                 config.pool_size,
@@ -78,7 +80,7 @@ impl Runtime {
                 config.state_dir.clone(),
                 snapshots.clone(),
                 agent_exe.clone(),
-                limits(&config, &log_budget, Duration::ZERO),
+                limits(&config, &log_budget, &held_pipes, Duration::ZERO),
             )
         });
         if let Some(pool) = &pool {
@@ -93,6 +95,7 @@ impl Runtime {
                 sandboxes: Mutex::new(HashMap::new()),
                 starting: AtomicU64::new(0),
                 log_budget,
+                held_pipes,
                 snapshots,
                 registry: Mutex::new(crate::credentials::Registry::of(&config)),
                 config,
@@ -235,7 +238,12 @@ impl Runtime {
             state_dir: self.inner.config.state_dir.clone(),
             agent_exe: self.inner.agent_exe.clone(),
             snapshots: self.inner.snapshots.clone(),
-            limits: limits(&self.inner.config, &self.inner.log_budget, grace),
+            limits: limits(
+                &self.inner.config,
+                &self.inner.log_budget,
+                &self.inner.held_pipes,
+                grace,
+            ),
             instance: Mutex::new(Arc::new(instance)),
             next_process: AtomicU64::new(1),
             last_used: Mutex::new(Instant::now()),
@@ -528,6 +536,7 @@ fn recorded_rules_error(e: RuntimeError, id: &lockbox_cow::SnapshotId) -> Runtim
 pub(crate) fn limits(
     config: &RuntimeConfig,
     log_budget: &Arc<sandbox::LogBudget>,
+    held_pipes: &Arc<crate::session::HeldPipes>,
     grace: Duration,
 ) -> sandbox::Limits {
     sandbox::Limits {
@@ -537,6 +546,7 @@ pub(crate) fn limits(
         max_sessions: config.max_sessions,
         max_processes: config.max_processes,
         log_budget: Arc::clone(log_budget),
+        held_pipes: Arc::clone(held_pipes),
         snapshots: lockbox_cow::SnapshotLimits {
             max_bytes: config.max_snapshot_bytes,
             max_entries: config.max_snapshot_entries,

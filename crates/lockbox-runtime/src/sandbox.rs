@@ -159,6 +159,8 @@ pub(crate) struct Limits {
     pub max_processes: usize,
     /// Shared by every sandbox of the runtime.
     pub log_budget: Arc<LogBudget>,
+    /// The sessions whose pipes stay open between commands; shared by every sandbox.
+    pub held_pipes: Arc<crate::session::HeldPipes>,
     /// All snapshots' bytes and entries at most (`RuntimeConfig::max_snapshot_bytes`,
     /// `max_snapshot_entries`).
     pub snapshots: lockbox_cow::SnapshotLimits,
@@ -738,13 +740,18 @@ impl Instance {
     }
 
     /// Starts the default session's shell ahead ([`Instance::spare_default`]).
-    pub async fn start_spare_default(&self, grace: Duration) -> Result<(), RuntimeError> {
+    pub async fn start_spare_default(
+        &self,
+        grace: Duration,
+        held: &Arc<crate::session::HeldPipes>,
+    ) -> Result<(), RuntimeError> {
         let s = Session::start(
             &self.agent,
             DEFAULT_SESSION.into(),
             None,
             &BTreeMap::new(),
             grace,
+            held,
         )
         .await?;
         *lock(&self.spare_default) = Some(Arc::new(s));
@@ -799,7 +806,15 @@ impl Instance {
             }
         };
         let s = Arc::new(
-            Session::start(&self.agent, id.into(), opts.cwd.clone(), &opts.env, grace).await?,
+            Session::start(
+                &self.agent,
+                id.into(),
+                opts.cwd.clone(),
+                &opts.env,
+                grace,
+                &limits.held_pipes,
+            )
+            .await?,
         );
         sessions.insert(id.into(), (s.clone(), opts));
         Ok(s)
@@ -869,7 +884,15 @@ impl Instance {
             None => check_sessions(sessions.len(), limits)?,
         }
         let s = Arc::new(
-            Session::start(&self.agent, id.clone(), opts.cwd.clone(), &opts.env, grace).await?,
+            Session::start(
+                &self.agent,
+                id.clone(),
+                opts.cwd.clone(),
+                &opts.env,
+                grace,
+                &limits.held_pipes,
+            )
+            .await?,
         );
         let info = s.info();
         sessions.insert(id, (s, opts));

@@ -22,6 +22,7 @@ use lockbox_agent::{Body, Io, Op, SpawnSpec};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
@@ -74,6 +75,65 @@ struct Pipes {
     status_buf: Vec<u8>,
 }
 
+/// A session's pipes in the runtime: `None` while idle beyond [`HeldPipes`]' bound (the
+/// agent keeps its copies, asked for again by the next command).
+type PipesSlot = tokio::sync::Mutex<Option<Pipes>>;
+
+/// The sessions whose pipes the runtime keeps open between commands: the
+/// `max` used last. An idle session holds five descriptors here; thousands of sandboxes
+/// with a shell each would run the server out of them (issue 34), so beyond the bound the
+/// least recently used session's are closed and asked for again from its agent (one round
+/// trip) by its next command.
+#[derive(Debug)]
+pub(crate) struct HeldPipes {
+    max: usize,
+    inner: std::sync::Mutex<HeldInner>,
+}
+
+#[derive(Debug, Default)]
+struct HeldInner {
+    clock: u64,
+    /// Last use → the session's pipes.
+    by_use: BTreeMap<u64, Weak<PipesSlot>>,
+}
+
+impl HeldPipes {
+    pub fn new(max: usize) -> Arc<HeldPipes> {
+        Arc::new(HeldPipes {
+            max,
+            inner: std::sync::Mutex::new(HeldInner::default()),
+        })
+    }
+
+    /// Records that `slot` (last used at `*stamp`, 0 for never) was used now; then closes
+    /// the pipes of the least recently used sessions beyond the bound, those not in use.
+    fn used(&self, slot: &Arc<PipesSlot>, stamp: &AtomicU64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.by_use.remove(&stamp.load(Ordering::Relaxed));
+        inner.clock += 1;
+        let now = inner.clock;
+        inner.by_use.insert(now, Arc::downgrade(slot));
+        stamp.store(now, Ordering::Relaxed);
+        while inner.by_use.len() > self.max {
+            let Some((_, oldest)) = inner.by_use.pop_first() else {
+                break;
+            };
+            // One running a command puts itself back when it ends.
+            if let Some(pipes) = oldest.upgrade() {
+                if let Ok(mut held) = pipes.try_lock() {
+                    *held = None;
+                }
+            }
+        }
+    }
+
+    /// Forgets a session that is gone.
+    fn forget(&self, stamp: &AtomicU64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.by_use.remove(&stamp.load(Ordering::Relaxed));
+    }
+}
+
 /// One session. Commands are serialised by the async mutex around its pipes.
 #[derive(Debug)]
 pub(crate) struct Session {
@@ -82,7 +142,10 @@ pub(crate) struct Session {
     pub pid: i32,
     pub created_at: std::time::SystemTime,
     agent: AgentClient,
-    pipes: tokio::sync::Mutex<Pipes>,
+    pipes: Arc<PipesSlot>,
+    held: Arc<HeldPipes>,
+    /// Its last use in `held`.
+    used_at: AtomicU64,
     busy: AtomicBool,
     dead: AtomicBool,
     next: AtomicU64,
@@ -93,6 +156,32 @@ fn nonblocking(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, RuntimeError> {
     crate::util::async_fd(fd)
 }
 
+impl Pipes {
+    /// The pipes from the agent's descriptors, in [`Op::Spawn`]'s order.
+    fn of(fds: Vec<OwnedFd>) -> Result<Pipes, RuntimeError> {
+        let mut fds = fds.into_iter();
+        let mut next = || {
+            fds.next()
+                .ok_or_else(|| RuntimeError::Agent("sent too few descriptors".into()))
+                .and_then(nonblocking)
+        };
+        Ok(Pipes {
+            stdout: next()?,
+            stderr: next()?,
+            status: next()?,
+            data: next()?,
+            script: next()?,
+            status_buf: Vec::new(),
+        })
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.held.forget(&self.used_at);
+    }
+}
+
 impl Session {
     /// Starts the shell and sends it the protocol's functions.
     pub async fn start(
@@ -101,6 +190,7 @@ impl Session {
         cwd: Option<String>,
         env: &BTreeMap<String, String>,
         grace: Duration,
+        held: &Arc<HeldPipes>,
     ) -> Result<Session, RuntimeError> {
         let spec = SpawnSpec {
             argv: ["bash", "--norc", "--noprofile", "/proc/self/fd/5"]
@@ -122,32 +212,23 @@ impl Session {
                 )))
             }
         };
-        let mut fds = fds.into_iter();
-        let mut next = || {
-            fds.next()
-                .ok_or_else(|| RuntimeError::Agent("sent too few descriptors".into()))
-                .and_then(nonblocking)
-        };
-        let pipes = Pipes {
-            stdout: next()?,
-            stderr: next()?,
-            status: next()?,
-            data: next()?,
-            script: next()?,
-            status_buf: Vec::new(),
-        };
+        let pipes = Pipes::of(fds)?;
         write_all(&pipes.script, PRELUDE.as_bytes()).await?;
-        Ok(Session {
+        let session = Session {
             id,
             pid,
             created_at: std::time::SystemTime::now(),
             agent: agent.clone(),
-            pipes: tokio::sync::Mutex::new(pipes),
+            pipes: Arc::new(tokio::sync::Mutex::new(Some(pipes))),
+            held: Arc::clone(held),
+            used_at: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             next: AtomicU64::new(1),
             grace,
-        })
+        };
+        held.used(&session.pipes, &session.used_at);
+        Ok(session)
     }
 
     pub fn info(&self) -> SessionInfo {
@@ -200,19 +281,44 @@ impl Session {
     /// Runs one command, its output into `sink`.
     pub async fn exec(&self, req: &ExecRequest, sink: &mut Sink) -> Result<ExecExit, RuntimeError> {
         let line = build_line(self.next.fetch_add(1, Ordering::Relaxed), req)?;
-        let mut pipes = self.pipes.lock().await;
+        let mut slot = self.pipes.lock().await;
         if self.is_dead() {
             return Err(self.terminated("the shell has exited"));
         }
         self.busy.store(true, Ordering::Relaxed);
-        let result = self.run(&mut pipes, &line, req, sink).await;
+        let result = match self.take_pipes(&mut slot).await {
+            Ok(pipes) => self.run(pipes, &line, req, sink).await,
+            Err(e) => Err(e),
+        };
         self.busy.store(false, Ordering::Relaxed);
         if result.is_err() || self.dead.load(Ordering::Relaxed) {
             self.dead.store(true, Ordering::Relaxed);
-            drop(pipes);
+            *slot = None;
+            drop(slot);
             self.kill().await;
+        } else {
+            drop(slot);
+            self.held.used(&self.pipes, &self.used_at);
         }
         result
+    }
+
+    /// The session's pipes, asked for again from the agent if they were closed here.
+    async fn take_pipes<'a>(
+        &self,
+        slot: &'a mut Option<Pipes>,
+    ) -> Result<&'a mut Pipes, RuntimeError> {
+        if slot.is_none() {
+            let (result, fds) = self.agent.call(Op::SessionPipes { pid: self.pid }).await?;
+            match result {
+                Ok(Body::Done) => {}
+                Ok(other) => return Err(other.unexpected("done").into()),
+                Err(e) => return Err(self.terminated(&e.message)),
+            }
+            *slot = Some(Pipes::of(fds)?);
+        }
+        slot.as_mut()
+            .ok_or_else(|| RuntimeError::Agent("a session without pipes".into()))
     }
 
     async fn run(
@@ -502,4 +608,39 @@ enum Escalation {
     Terminated,
     /// Killed: if the shell has not printed the status soon after, the session is given up.
     Killed,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn slot() -> Arc<PipesSlot> {
+        let fds = (0..5)
+            .map(|_| rustix::pipe::pipe().unwrap().0)
+            .collect::<Vec<_>>();
+        Arc::new(tokio::sync::Mutex::new(Some(Pipes::of(fds).unwrap())))
+    }
+
+    #[tokio::test]
+    async fn the_least_recently_used_idle_sessions_beyond_the_bound_close_their_pipes() {
+        let held = HeldPipes::new(2);
+        let slots: Vec<_> = (0..4).map(|_| slot()).collect();
+        let stamps: Vec<_> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        let open = |i: usize| slots[i].try_lock().unwrap().is_some();
+        held.used(&slots[0], &stamps[0]);
+        held.used(&slots[1], &stamps[1]);
+        held.used(&slots[0], &stamps[0]); // 0 again: 1 is now the oldest
+        held.used(&slots[2], &stamps[2]);
+        assert_eq!((open(0), open(1), open(2)), (true, false, true));
+        // One running a command (its lock taken) keeps its pipes, and leaves the bound.
+        let busy = slots[0].lock().await;
+        held.used(&slots[3], &stamps[3]);
+        drop(busy);
+        assert_eq!((open(0), open(2), open(3)), (true, true, true));
+        // A session gone leaves no entry that would push out a live one.
+        held.forget(&stamps[3]);
+        held.used(&slots[0], &stamps[0]);
+        assert_eq!((open(0), open(2)), (true, true));
+    }
 }

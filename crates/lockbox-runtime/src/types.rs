@@ -17,6 +17,8 @@ pub const DEFAULT_MAX_SANDBOXES: usize = 64;
 pub const DEFAULT_MAX_EXEC_OUTPUT: usize = 16 << 20;
 /// Default maximum number of sessions of one sandbox.
 pub const DEFAULT_MAX_SESSIONS: usize = 16;
+/// Default number of sessions whose pipes stay open between commands (2,560 descriptors).
+pub const DEFAULT_MAX_HELD_SESSIONS: usize = 512;
 /// Default maximum number of process records (running or exited) of one sandbox.
 pub const DEFAULT_MAX_PROCESSES: usize = 64;
 /// Default bound of all process logs of a runtime together.
@@ -47,8 +49,14 @@ pub struct RuntimeConfig {
     /// it reads only as fast as its receiver takes events.
     pub max_exec_output: usize,
     /// Sessions of one sandbox at most (live or terminated, until deleted); more is
-    /// `LIMIT_REACHED`. Each holds a shell and five descriptors in the runtime.
+    /// `LIMIT_REACHED`. Each holds a shell, and five descriptors in the runtime while it
+    /// runs a command or is among the [`RuntimeConfig::max_held_sessions`] used last.
     pub max_sessions: usize,
+    /// Sessions, of all sandboxes together, whose pipes (five descriptors each) stay open in
+    /// the runtime between commands: those used last. Another session's are asked for again
+    /// from its sandbox's agent by its next command (one round trip), so that thousands of
+    /// sandboxes with a shell each do not hold five descriptors each.
+    pub max_held_sessions: usize,
     /// Processes one sandbox keeps at most, running or exited. Starting one more forgets
     /// the oldest exited one (and its log); when all are running it is `LIMIT_REACHED`.
     pub max_processes: usize,
@@ -109,6 +117,7 @@ impl RuntimeConfig {
             default_log_bytes: DEFAULT_LOG_BYTES,
             max_exec_output: DEFAULT_MAX_EXEC_OUTPUT,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_held_sessions: DEFAULT_MAX_HELD_SESSIONS,
             max_processes: DEFAULT_MAX_PROCESSES,
             max_log_memory: DEFAULT_MAX_LOG_MEMORY,
             default_idle_timeout: None,

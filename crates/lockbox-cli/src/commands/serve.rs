@@ -143,6 +143,12 @@ pub struct ServeArgs {
     /// Sessions of one sandbox at most; more answers 429 LIMIT_REACHED.
     #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_SESSIONS)]
     pub max_sessions: usize,
+    /// Sessions, of all sandboxes together, whose pipes (5 open files each) stay open
+    /// between commands: those used last. Another idle session holds none; its next command
+    /// asks the sandbox's agent for them again (one round trip) [default: 512, or fewer
+    /// when the open-files limit is low: at most a quarter of what the connections leave]
+    #[arg(long, value_name = "N")]
+    pub held_sessions: Option<usize>,
     /// Processes one sandbox keeps, running or exited; starting one more forgets the
     /// oldest exited one, or answers 429 LIMIT_REACHED when all are running.
     #[arg(long, value_name = "N", default_value_t = lockbox_runtime::DEFAULT_MAX_PROCESSES)]
@@ -224,16 +230,41 @@ fn default_max_connections(nofile: Option<u64>) -> usize {
 /// refusals it may have open.
 const DESCRIPTOR_RESERVE: u64 = 32 + 64;
 
-/// Descriptors a sandbox with its default session holds in the server: 3 for the sandbox, 5
-/// for the session (measured; see docs/server.md, "Limits").
-const DESCRIPTORS_PER_SANDBOX: u64 = 3 + 5;
+/// Descriptors a sandbox holds in the server: its init's pidfd, its report socket and its
+/// agent's socket (measured; see docs/server.md, "Limits"). Its idle sessions hold none
+/// beyond `--held-sessions`.
+const DESCRIPTORS_PER_SANDBOX: u64 = 3;
 
-/// Descriptors the server may need at most: its own, the connections and refusals, and
-/// per sandbox 3, 5 per session and up to 3 per process record (measured; see
-/// docs/server.md, "Limits").
-fn descriptors_needed(args: &ServeArgs, max_connections: usize) -> u64 {
-    let per_sandbox = 3 + 5 * args.max_sessions as u64 + 3 * args.max_processes as u64;
-    DESCRIPTOR_RESERVE + max_connections as u64 + args.max_sandboxes as u64 * per_sandbox
+/// Descriptors of one session's pipes while they are open in the server.
+const DESCRIPTORS_PER_SESSION: u64 = 5;
+
+/// `--held-sessions`, or its default: 512, or a quarter of the descriptors the
+/// connections and the server's reserve leave, if fewer.
+fn held_sessions(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) -> usize {
+    args.held_sessions.unwrap_or_else(|| {
+        let room = nofile.map_or(u64::MAX, |limit| {
+            limit.saturating_sub(DESCRIPTOR_RESERVE + max_connections as u64)
+        });
+        let fit = usize::try_from(room / 4 / DESCRIPTORS_PER_SESSION).unwrap_or(usize::MAX);
+        fit.min(lockbox_runtime::DEFAULT_MAX_HELD_SESSIONS)
+    })
+}
+
+/// Descriptors the sessions used last keep open (`held` of them). A session running a
+/// command beyond them holds its five for the command's time, on a connection of its own.
+fn session_descriptors(held: usize) -> u64 {
+    DESCRIPTORS_PER_SESSION * held as u64
+}
+
+/// Descriptors the server may need at most: its own, the connections and refusals, the
+/// sessions' pipes open at once, and per sandbox 3 and up to 3 per process record
+/// (measured; see docs/server.md, "Limits").
+fn descriptors_needed(args: &ServeArgs, max_connections: usize, held: usize) -> u64 {
+    let per_sandbox = DESCRIPTORS_PER_SANDBOX + 3 * args.max_processes as u64;
+    DESCRIPTOR_RESERVE
+        + max_connections as u64
+        + session_descriptors(held)
+        + args.max_sandboxes as u64 * per_sandbox
 }
 
 impl ServeArgs {
@@ -246,23 +277,34 @@ impl ServeArgs {
 }
 
 /// The sandboxes the server runs at most: `--max-sandboxes`, or fewer when the open-files
-/// limit has room for fewer, each with its default session, besides the pool's spares
-/// (`--pool-max-spares`), the connections and the server's reserve. Beyond, a create
+/// limit has room for fewer, besides the pool's spares (`--pool-max-spares`), the
+/// connections, the sessions whose pipes stay open and the server's reserve. Beyond, a create
 /// answers 429 LIMIT_REACHED instead of the server running out of descriptors (then no
 /// connection, `/healthz` and `DELETE` included, could be accepted: issue 34). `None`: no
 /// room for even one.
-fn max_sandboxes(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) -> Option<usize> {
+fn max_sandboxes(
+    args: &ServeArgs,
+    max_connections: usize,
+    held: usize,
+    nofile: Option<u64>,
+) -> Option<usize> {
     let Some(limit) = nofile else {
         return Some(args.max_sandboxes);
     };
-    let room = limit.saturating_sub(DESCRIPTOR_RESERVE + max_connections as u64);
+    let room = limit
+        .saturating_sub(DESCRIPTOR_RESERVE + max_connections as u64 + session_descriptors(held));
     let fit = (room / DESCRIPTORS_PER_SANDBOX).saturating_sub(u64::from(args.pool_max_spares()));
     let fit = usize::try_from(fit).unwrap_or(usize::MAX);
     (fit > 0).then(|| fit.min(args.max_sandboxes))
 }
 
-fn warn_if_descriptors_short(args: &ServeArgs, max_connections: usize, nofile: Option<u64>) {
-    let needed = descriptors_needed(args, max_connections);
+fn warn_if_descriptors_short(
+    args: &ServeArgs,
+    max_connections: usize,
+    held: usize,
+    nofile: Option<u64>,
+) {
+    let needed = descriptors_needed(args, max_connections, held);
     if let Some(limit) = nofile.filter(|&limit| limit < needed) {
         eoutln!(
             "lockbox: warning: with these limits the server may need {needed} open files but \
@@ -509,27 +551,31 @@ fn serve(
         }
         None => default_max_connections(nofile),
     };
-    let Some(max_sandboxes) = max_sandboxes(args, max_connections, nofile) else {
+    let held = held_sessions(args, max_connections, nofile);
+    let Some(max_sandboxes) = max_sandboxes(args, max_connections, held, nofile) else {
         anyhow::bail!(
             "the open-files limit ({}) leaves no room for a sandbox besides {max_connections} \
-             connections and {} pooled spares: raise it (ulimit -n) or lower \
-             --max-connections or --pool-max-spares",
+             connections, {} pooled spares and the pipes of {} sessions: raise it (ulimit -n) \
+             or lower --max-connections, --pool-max-spares or --held-sessions",
             nofile.unwrap_or_default(),
-            args.pool_max_spares()
+            args.pool_max_spares(),
+            held
         );
     };
     if max_sandboxes < args.max_sandboxes {
         eoutln!(
             "lockbox: warning: the open-files limit ({}) has room for {max_sandboxes} sandboxes \
-             ({DESCRIPTORS_PER_SANDBOX} descriptors each with a session) besides \
-             {max_connections} connections and the pool's spares, not --max-sandboxes {}: \
+             ({DESCRIPTORS_PER_SANDBOX} descriptors each) besides {max_connections} \
+             connections, the pool's spares and the pipes of {} sessions (--held-sessions), \
+             not --max-sandboxes {}: \
              creates beyond answer 429 LIMIT_REACHED; raise the hard limit (ulimit -Hn) or \
-             lower --max-connections",
+             lower --max-connections or --held-sessions",
             nofile.unwrap_or_default(),
+            held,
             args.max_sandboxes
         );
     } else {
-        warn_if_descriptors_short(args, max_connections, nofile);
+        warn_if_descriptors_short(args, max_connections, held, nofile);
     }
     warn_if_processes_short(max_sandboxes);
     let state_dir = args.state.resolve()?;
@@ -553,6 +599,7 @@ fn serve(
     runtime_config.max_log_memory = usize::try_from(args.max_log_memory.bytes())
         .context("--max-log-memory is larger than this machine's address space")?;
     runtime_config.max_sessions = args.max_sessions;
+    runtime_config.max_held_sessions = held;
     runtime_config.max_processes = args.max_processes;
     runtime_config.keep_stopped = args.keep_stopped;
     runtime_config.max_snapshot_bytes = Some(args.max_snapshot_bytes.bytes());

@@ -439,3 +439,79 @@ async fn the_agent_and_its_shells_get_small_descriptor_tables_when_their_creator
     );
     rt.shutdown().await;
 }
+
+/// The pipes of this process (its sessions' ends, among others).
+fn own_pipes() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("pipe:"))
+        })
+        .count()
+}
+
+/// Issue 34: every idle session held five descriptors in the runtime, so a server with
+/// thousands of sandboxes ran out of them. Beyond `max_held_sessions` (those used last),
+/// an idle session's are closed and its next command asks its agent for them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_beyond_the_bound_hold_no_pipes_and_keep_their_state() {
+    let name = lockbox_testkit::test_name!(
+        "idle_sessions_beyond_the_bound_hold_no_pipes_and_keep_their_state"
+    );
+    also_as_nobody(&name);
+    if !in_own_process(&name) {
+        return;
+    }
+    let state = scratch();
+    let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
+    config.agent_exe = Some(agent_exe().to_owned());
+    config.max_held_sessions = 2;
+    let rt = lockbox_runtime::Runtime::open(config).unwrap();
+    let info = rt
+        .create_sandbox(lockbox_runtime::SandboxSpec::default())
+        .await
+        .unwrap();
+    let sb = rt.sandbox(&info.id).unwrap();
+    let before = own_pipes();
+    let in_session = |n: usize, command: String| {
+        let mut r = req(&command);
+        r.session = Some(format!("s{n}").as_str().into());
+        r
+    };
+    for n in 0..6 {
+        let opts = lockbox_runtime::SessionOptions {
+            id: Some(format!("s{n}").as_str().into()),
+            ..Default::default()
+        };
+        sb.create_session(opts).await.unwrap();
+        let r = sb
+            .exec(in_session(
+                n,
+                format!("mkdir -p /tmp/d{n} && cd /tmp/d{n} && X={n}"),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(r.exit_code, 0, "{r:?}");
+    }
+    // Two sessions' five pipes each, not six sessions'.
+    assert_eq!(own_pipes() - before, 2 * 5);
+    for round in 0..3 {
+        for n in (0..6).rev() {
+            let mut r = in_session(n, "echo \"$X $PWD\"; cat".into());
+            r.stdin = Some(format!("round {round}\n").into_bytes().into());
+            let got = sb.exec(r).await.unwrap();
+            assert_eq!(out(&got), format!("{n} /tmp/d{n}\nround {round}\n"));
+        }
+        assert_eq!(own_pipes() - before, 2 * 5);
+    }
+    // A session whose shell died while its pipes were closed here says so, as any.
+    let got = sb.exec(in_session(5, "kill -9 $$".into())).await;
+    assert!(got.is_err(), "{got:?}");
+    let fresh = sb
+        .exec(in_session(5, "echo ${X-fresh}".into()))
+        .await
+        .unwrap();
+    assert_eq!(out(&fresh), "fresh\n");
+    rt.shutdown().await;
+}
