@@ -175,6 +175,18 @@ def test_directories_are_made_listed_by_depth_renamed_and_removed(e2b_sandbox):
     fs.remove(top)  # removing what is gone is not an error
 
 
+def test_a_tilde_path_is_the_users_home_in_reads_writes_and_listings(e2b_sandbox):
+    # files.write/read go through envd's REST /files, list and remove through its RPCs:
+    # `~` is the home in both, as in envd.
+    home = home_of(e2b_sandbox)
+    e2b_sandbox.files.write("~/tilde.txt", "t")
+    assert e2b_sandbox.commands.run(f"cat {home}/tilde.txt").stdout == "t"
+    assert e2b_sandbox.files.read("~/tilde.txt") == "t"
+    assert "tilde.txt" in {e.name for e in e2b_sandbox.files.list("~")}
+    e2b_sandbox.files.remove("~/tilde.txt")
+    assert not e2b_sandbox.files.exists(f"{home}/tilde.txt")
+
+
 def test_info_describes_files_directories_and_symlinks(e2b_sandbox):
     fs = e2b_sandbox.files
     e2b_sandbox.commands.run("mkdir -p info && printf test > info/f.txt && ln -s f.txt info/link")

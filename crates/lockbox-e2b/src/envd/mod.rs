@@ -113,23 +113,32 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// `path` inside the sandbox: as given when absolute, else below the user's home
-    /// (`~` and `~/...` name the home too, as in envd).
+    /// `path` inside the sandbox (see [`resolve`]).
     pub fn resolve(&self, path: &str) -> String {
-        let path = if path == "~" {
-            ""
-        } else {
-            path.strip_prefix("~/").unwrap_or(path)
-        };
-        if path.starts_with('/') {
-            path.to_owned()
-        } else if path.is_empty() {
-            self.home.clone()
-        } else if self.home.ends_with('/') {
-            format!("{}{path}", self.home)
-        } else {
-            format!("{}/{path}", self.home)
-        }
+        resolve(&self.home, path)
+    }
+}
+
+/// `path` inside the sandbox as envd reads it, in its RPCs and its REST `/files` alike:
+/// as given when absolute, else below the user's `home`; `~` and `~/...` name the home,
+/// and so do `` and `.` (`./` is dropped).
+pub fn resolve(home: &str, path: &str) -> String {
+    let below = if path == "~" {
+        ""
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        rest.trim_start_matches('/')
+    } else if path.starts_with('/') {
+        return path.to_owned();
+    } else {
+        path
+    };
+    let below = below.trim_start_matches("./");
+    if below.is_empty() || below == "." {
+        home.to_owned()
+    } else if home.ends_with('/') {
+        format!("{home}{below}")
+    } else {
+        format!("{home}/{below}")
     }
 }
 

@@ -92,7 +92,7 @@ impl<'a> Paths<'a> {
         }
     }
 
-    /// `path` inside the sandbox (see [`resolve`]).
+    /// `path` inside the sandbox (see [`super::resolve`]).
     async fn resolve(&mut self, path: &str) -> Result<String, E2bError> {
         if path.starts_with('/') {
             return Ok(path.to_owned());
@@ -109,18 +109,7 @@ impl<'a> Paths<'a> {
                 home
             }
         };
-        Ok(resolve(&home, path))
-    }
-}
-
-/// `path` inside the sandbox: absolute as given, else under `home`.
-pub fn resolve(home: &str, path: &str) -> String {
-    if path.starts_with('/') {
-        path.to_owned()
-    } else if path.is_empty() || path == "." {
-        home.to_owned()
-    } else {
-        format!("{home}/{}", path.trim_start_matches("./"))
+        Ok(super::resolve(&home, path))
     }
 }
 
@@ -512,10 +501,18 @@ mod tests {
     }
 
     #[test]
-    fn relative_paths_are_under_the_home_directory() {
+    fn relative_paths_and_the_tilde_are_under_the_home_directory_as_in_the_rpcs() {
+        use super::super::resolve;
         assert_eq!(resolve("/home/user", "a.txt"), "/home/user/a.txt");
         assert_eq!(resolve("/home/user", "./a.txt"), "/home/user/a.txt");
         assert_eq!(resolve("/tmp", "."), "/tmp");
+        assert_eq!(resolve("/tmp", ""), "/tmp");
         assert_eq!(resolve("/home/user", "/etc/x"), "/etc/x");
+        assert_eq!(resolve("/home/user", "~"), "/home/user");
+        assert_eq!(resolve("/home/user", "~/a/b"), "/home/user/a/b");
+        assert_eq!(resolve("/home/user", "~//etc"), "/home/user/etc");
+        assert_eq!(resolve("/", "a"), "/a");
+        assert_eq!(resolve("/", "~/a"), "/a");
+        assert_eq!(resolve("/home/user", "~user"), "/home/user/~user");
     }
 }
