@@ -73,7 +73,13 @@ impl Language {
                 "-c".into(),
                 BASH_RUNNER.into(),
             ],
-            Language::Node => vec!["node".into(), "-e".into(), NODE_RUNNER.into()],
+            // --expose-internals: for the REPL's rewrite of top-level await (see node.js).
+            Language::Node => vec![
+                "node".into(),
+                "--expose-internals".into(),
+                "-e".into(),
+                NODE_RUNNER.into(),
+            ],
         }
     }
 }

@@ -2,6 +2,7 @@
 
 import asyncio
 import io
+import shutil
 import uuid
 
 import pytest
@@ -159,6 +160,12 @@ def test_the_code_interpreter_runs_python_and_bash_with_results_and_errors(e2b_s
         assert failed.error is not None and failed.error.name == "ZeroDivisionError"
         shell = sbx.run_code("echo from-bash", language="bash")
         assert "".join(shell.logs.stdout) == "from-bash\n"
+        if shutil.which("node"):  # E2B's JavaScript: top-level await and ESM imports
+            awaited = sbx.run_code("await Promise.resolve('Hello World!')", language="js")
+            assert awaited.text == "Hello World!", awaited
+            imported = sbx.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)",
+                                    language="js")
+            assert imported.logs.stdout == ["function\n"], imported
         ctx = sbx.create_code_context(language="python")
         assert ctx.id in {c.id for c in sbx.list_code_contexts()}
         sbx.run_code("y = 1", context=ctx)

@@ -356,6 +356,64 @@ async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
     assert_eq!(text(&r("n").await.unwrap()).as_deref(), Some("40"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_context_awaits_at_the_top_level_and_imports_as_a_module_would() {
+    lockbox_testkit::require!(
+        std::path::Path::new("/usr/bin/node").exists(),
+        "no /usr/bin/node"
+    );
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_node_context_awaits_at_the_top_level_and_imports_as_a_module_would"
+    ));
+    let state = scratch();
+    let (_rt, sb) = sandbox(state.path()).await;
+    let opts = ContextOptions {
+        id: Some("js".into()),
+        language: Language::Node,
+        ..ContextOptions::default()
+    };
+    sb.create_context(opts).await.unwrap();
+    let r = |c: &str| sb.run_code(code(c, Some("js")));
+    // The awaited value is the result, and what the run declared stays for the next one.
+    let e = r("const greeting = await Promise.resolve('Hello World!')\ngreeting.length")
+        .await
+        .unwrap();
+    assert_eq!(text(&e).as_deref(), Some("12"), "{e:?}");
+    let e = r("await new Promise((ok) => setTimeout(() => ok(greeting + '!'), 20))")
+        .await
+        .unwrap();
+    assert_eq!(text(&e).as_deref(), Some("'Hello World!!'"), "{e:?}");
+    // A rejection is the run's error.
+    let err = r("await Promise.reject(new RangeError('no'))")
+        .await
+        .unwrap()
+        .error
+        .unwrap();
+    assert_eq!(
+        (err.name.as_str(), err.value.as_str()),
+        ("RangeError", "no")
+    );
+    // Static imports become requires.
+    let e = r("import { readFileSync as read } from 'fs'\nimport * as path from 'path'\nimport util from 'util'\nconsole.log(typeof read, path.sep, typeof util.inspect)")
+        .await
+        .unwrap();
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(e.logs.stdout.concat(), "function / function\n");
+    // An await that never ends is interrupted at the timeout; the context lives on.
+    let mut hang = code("await new Promise(() => {})", Some("js"));
+    hang.timeout = Some(Duration::from_millis(300));
+    let e = sb.run_code(hang).await.unwrap();
+    assert!(e.timed_out && !e.state_lost, "{e:?}");
+    assert_eq!(e.error.unwrap().name, "KeyboardInterrupt");
+    assert_eq!(
+        text(&r("greeting").await.unwrap()).as_deref(),
+        Some("'Hello World!'")
+    );
+    // A syntax error stays one.
+    let err = r("await (1 +* 2)").await.unwrap().error.unwrap();
+    assert_eq!(err.name, "SyntaxError");
+}
+
 /// A run's own variables, in context `id` of `language` whose own environment has
 /// `KEPT=ctx`: `first` sees them (and what it starts does), `after` sees what was there before.
 async fn check_run_env(
