@@ -295,6 +295,7 @@ impl Session {
             self.dead.store(true, Ordering::Relaxed);
             *slot = None;
             drop(slot);
+            self.held.forget(&self.used_at);
             self.kill().await;
         } else {
             drop(slot);
