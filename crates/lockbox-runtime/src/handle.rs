@@ -283,7 +283,7 @@ impl Sandbox {
     /// interpreter are reported in `error`, not as `Err`. The run goes on to its end even
     /// if this future is dropped.
     pub async fn run_code(&self, req: RunCodeRequest) -> Result<Execution, RuntimeError> {
-        check_run_env(&req.env)?;
+        crate::util::check_env(req.env.iter().map(|(k, v)| (k, v)))?;
         let ctx = self.live()?.context(req.context.as_deref()).await?;
         let max = self.inner.limits.max_exec_output;
         let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
@@ -300,7 +300,7 @@ impl Sandbox {
     /// consumer: events are queued, output text up to [`RuntimeConfig::max_exec_output`]
     /// bytes per run (beyond it, only the final execution's `truncated` says more came).
     pub async fn run_code_stream(&self, req: RunCodeRequest) -> Result<CodeStream, RuntimeError> {
-        check_run_env(&req.env)?;
+        crate::util::check_env(req.env.iter().map(|(k, v)| (k, v)))?;
         let ctx = self.live()?.context(req.context.as_deref()).await?;
         let max = self.inner.limits.max_exec_output;
         let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
@@ -781,24 +781,4 @@ fn tokio_stream_from_broadcast(
         }
     })
     .boxed()
-}
-
-/// A run's own variables ([`RunCodeRequest::env`]): names every runner can set (bash's
-/// included), values without NUL bytes (no environment can hold one).
-fn check_run_env(env: &[(String, String)]) -> Result<(), RuntimeError> {
-    for (name, value) in env {
-        if !crate::util::valid_env_name(name) {
-            return Err(RuntimeError::invalid(
-                "env",
-                format!("{name:?} is not a variable name (letters, digits and '_', not starting with a digit)"),
-            ));
-        }
-        if value.contains('\0') {
-            return Err(RuntimeError::invalid(
-                "env",
-                format!("{name}: a value cannot hold a NUL byte"),
-            ));
-        }
-    }
-    Ok(())
 }

@@ -780,6 +780,18 @@ impl Instance {
             }
     }
 
+    /// Starts a session's shell with `opts`' cwd and variables.
+    async fn start_session(
+        &self,
+        id: SessionId,
+        opts: &SessionOptions,
+        limits: &Limits,
+    ) -> Result<Arc<Session>, RuntimeError> {
+        let (cwd, env, grace) = (opts.cwd.clone(), &opts.env, limits.grace);
+        let session = Session::start(&self.agent, id, cwd, env, grace, &limits.held_pipes);
+        Ok(Arc::new(session.await?))
+    }
+
     /// A session by id; the default session (and a terminated session) is created on use.
     pub async fn session(
         &self,
@@ -787,7 +799,6 @@ impl Instance {
         limits: &Limits,
     ) -> Result<Arc<Session>, RuntimeError> {
         let id = id.unwrap_or(DEFAULT_SESSION);
-        let grace = limits.grace;
         let mut sessions = self.sessions.lock().await;
         let opts = match sessions.get(id) {
             Some((s, _)) if !s.is_dead() => return Ok(s.clone()),
@@ -805,17 +816,7 @@ impl Instance {
                 return Err(RuntimeError::SessionNotFound { id: id.to_owned() });
             }
         };
-        let s = Arc::new(
-            Session::start(
-                &self.agent,
-                id.into(),
-                opts.cwd.clone(),
-                &opts.env,
-                grace,
-                &limits.held_pipes,
-            )
-            .await?,
-        );
+        let s = self.start_session(id.into(), &opts, limits).await?;
         sessions.insert(id.into(), (s.clone(), opts));
         Ok(s)
     }
@@ -856,7 +857,6 @@ impl Instance {
         opts: SessionOptions,
         limits: &Limits,
     ) -> Result<SessionInfo, RuntimeError> {
-        let grace = limits.grace;
         let id = match &opts.id {
             Some(id) if !crate::util::valid_id(id) => {
                 return Err(RuntimeError::invalid(
@@ -883,17 +883,7 @@ impl Instance {
             Some(_) => {} // a terminated one is replaced
             None => check_sessions(sessions.len(), limits)?,
         }
-        let s = Arc::new(
-            Session::start(
-                &self.agent,
-                id.clone(),
-                opts.cwd.clone(),
-                &opts.env,
-                grace,
-                &limits.held_pipes,
-            )
-            .await?,
-        );
+        let s = self.start_session(id.clone(), &opts, limits).await?;
         let info = s.info();
         sessions.insert(id, (s, opts));
         Ok(info)

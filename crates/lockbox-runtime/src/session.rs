@@ -576,19 +576,8 @@ fn build_line(id: u64, req: &ExecRequest) -> Result<(u64, String), RuntimeError>
         return Err(RuntimeError::invalid("cwd", "contains a NUL byte"));
     }
     line.push_str(&ansi_c_quote(cwd.as_bytes()));
+    crate::util::check_env(&req.env)?;
     for (k, v) in &req.env {
-        if !crate::util::valid_env_name(k) {
-            return Err(RuntimeError::invalid(
-                "env",
-                format!("{k:?} is not a valid variable name"),
-            ));
-        }
-        if v.contains('\0') {
-            return Err(RuntimeError::invalid(
-                "env",
-                format!("{k}: contains a NUL byte"),
-            ));
-        }
         line.push(' ');
         line.push_str(k);
         line.push(' ');

@@ -48,6 +48,28 @@ pub(crate) fn valid_env_name(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// Variables for a shell or an interpreter: names bash can set (`[A-Za-z_][A-Za-z0-9_]*`),
+/// values without a NUL byte (no environment can hold one); else `INVALID_REQUEST` on `env`.
+pub(crate) fn check_env<'a>(
+    vars: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), crate::RuntimeError> {
+    for (name, value) in vars {
+        if !valid_env_name(name) {
+            return Err(crate::RuntimeError::invalid(
+                "env",
+                format!("{name:?} is not a valid variable name"),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(crate::RuntimeError::invalid(
+                "env",
+                format!("{name}: contains a NUL byte"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Registers `fd` with tokio's reactor.
 #[allow(deprecated)] // `AsyncFd::new` is sound for `OwnedFd`: the AsyncFd owns the descriptor.
 pub(crate) fn async_fd(

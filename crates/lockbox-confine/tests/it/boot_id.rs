@@ -2,34 +2,12 @@
 //! the host's, and no trace of how it got there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lockbox_confine::{Spawn, Stdio, Waited};
 use lockbox_policy::Policy;
-use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 
 /// What a sandbox's `cat boot_id; ls -a /dev /dev/shm` prints: the boot id, and the names.
 fn seen_inside() -> (String, Vec<String>) {
-    let (mut out_r, out_w) = UnixStream::pair().unwrap();
-    let argv = [
-        "sh".into(),
-        "-c".into(),
-        "cat /proc/sys/kernel/random/boot_id && ls -a /dev /dev/shm".into(),
-    ];
-    let mut running = Spawn::command(&Policy::default(), &argv)
-        .stdio(Stdio {
-            stdin: None,
-            stdout: Some(OwnedFd::from(out_w)),
-            stderr: None,
-        })
-        .start()
-        .unwrap();
-    let mut out = String::new();
-    out_r.read_to_string(&mut out).unwrap();
-    match running.wait(None, None).unwrap() {
-        Waited::Exited(o) => assert_eq!(o.exit_code(), 0, "{out}"),
-        other => panic!("{other:?}"),
-    }
+    let script = "cat /proc/sys/kernel/random/boot_id && ls -a /dev /dev/shm";
+    let out = crate::stdout_of(&Policy::default(), script);
     let mut lines = out.lines().map(str::to_owned);
     let id = lines.next().unwrap_or_default();
     (id, lines.collect())

@@ -19,7 +19,36 @@ mod own_table;
 mod sequence;
 mod stdio;
 
+use std::io::Read;
 use std::os::unix::process::CommandExt;
+
+/// Runs `sh -c script` in a sandbox of `policy`, stdout to a pipe; its output, once the
+/// sandbox exited 0.
+pub fn stdout_of(policy: &lockbox_policy::Policy, script: &str) -> String {
+    let (mut out_r, out_w) = std::os::unix::net::UnixStream::pair().unwrap();
+    let argv = ["sh".into(), "-c".into(), script.into()];
+    let mut running = lockbox_confine::Spawn::command(policy, &argv)
+        .stdio(lockbox_confine::Stdio {
+            stdin: None,
+            stdout: Some(std::os::fd::OwnedFd::from(out_w)),
+            stderr: None,
+        })
+        .start()
+        .unwrap();
+    // A descriptor left holding our end would keep the pipe open: fail, do not hang.
+    out_r
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut out = String::new();
+    out_r
+        .read_to_string(&mut out)
+        .expect("the command's output never ended");
+    match running.wait(None, None).unwrap() {
+        lockbox_confine::Waited::Exited(o) => assert_eq!(o.exit_code(), 0, "{out}"),
+        other => panic!("{other:?}"),
+    }
+    out
+}
 
 /// Set in the re-executed test process (which must not re-execute again).
 pub const AS_NOBODY: &str = "LOCKBOX_CONFINE_TEST_AS_NOBODY";

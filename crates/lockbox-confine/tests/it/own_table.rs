@@ -3,12 +3,9 @@
 //! init is cloned sharing the caller's table and takes a table of its own holding only what
 //! it is given, instead of a copy of all of them to close one by one.
 
-use lockbox_confine::{Spawn, Stdio, Waited};
 use lockbox_policy::Policy;
 use std::fs::File;
-use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::AsRawFd;
 
 /// The descriptors of this process that name `target` (`pipe:[N]`, say).
 fn naming(target: &str) -> Vec<i32> {
@@ -26,38 +23,13 @@ fn naming(target: &str) -> Vec<i32> {
     found
 }
 
-fn wait_code(mut running: lockbox_confine::Running) -> i32 {
-    match running.wait(None, None).unwrap() {
-        Waited::Exited(o) => o.exit_code(),
-        other => panic!("{other:?}"),
-    }
-}
-
 /// Runs `script` with `given` passed (at its number) and stdout to a pipe; its output.
 fn run_passing(given: i32, script: &str) -> String {
-    let (mut out_r, out_w) = UnixStream::pair().unwrap();
     let policy = Policy {
         pass_fds: vec![given],
         ..Policy::default()
     };
-    let running = Spawn::command(&policy, &["sh".into(), "-c".into(), script.into()])
-        .stdio(Stdio {
-            stdin: None,
-            stdout: Some(OwnedFd::from(out_w)),
-            stderr: None,
-        })
-        .start()
-        .unwrap();
-    // A slot left holding our end would keep the pipe open: fail, do not hang.
-    out_r
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .unwrap();
-    let mut out = String::new();
-    out_r
-        .read_to_string(&mut out)
-        .expect("the command's output never ended");
-    assert_eq!(wait_code(running), 0, "{out}");
-    out
+    crate::stdout_of(&policy, script)
 }
 
 #[test]

@@ -31,6 +31,20 @@ fn text(e: &Execution) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Makes context `id` of `language` in `sb`, with `env` as its variables.
+async fn new_context(sb: &Sandbox, id: &str, language: Language, env: &[(&str, &str)]) {
+    let opts = ContextOptions {
+        id: Some(id.into()),
+        language,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..ContextOptions::default()
+    };
+    assert_eq!(sb.create_context(opts).await.unwrap().language, language);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_context_keeps_its_variables_across_100_runs() {
     also_as_nobody(&lockbox_testkit::test_name!(
@@ -329,15 +343,7 @@ async fn a_node_context_keeps_its_bindings_and_is_interrupted_at_its_timeout() {
     ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
-    let opts = ContextOptions {
-        id: Some("js".into()),
-        language: Language::Node,
-        ..ContextOptions::default()
-    };
-    assert_eq!(
-        sb.create_context(opts).await.unwrap().language,
-        Language::Node
-    );
+    new_context(&sb, "js", Language::Node, &[]).await;
     let r = |c: &str| sb.run_code(code(c, Some("js")));
     r("let n = 40; function add(a, b) { return a + b }")
         .await
@@ -367,12 +373,7 @@ async fn a_node_context_awaits_at_the_top_level_and_imports_as_a_module_would() 
     ));
     let state = scratch();
     let (_rt, sb) = sandbox(state.path()).await;
-    let opts = ContextOptions {
-        id: Some("js".into()),
-        language: Language::Node,
-        ..ContextOptions::default()
-    };
-    sb.create_context(opts).await.unwrap();
+    new_context(&sb, "js", Language::Node, &[]).await;
     let r = |c: &str| sb.run_code(code(c, Some("js")));
     // The awaited value is the result, and what the run declared stays for the next one.
     let e = r("const greeting = await Promise.resolve('Hello World!')\ngreeting.length")
@@ -423,14 +424,7 @@ async fn check_run_env(
     after: &str,
 ) -> (String, String) {
     let id = language.as_str();
-    sb.create_context(ContextOptions {
-        id: Some(id.into()),
-        language,
-        env: [("KEPT".to_owned(), "ctx".to_owned())].into(),
-        ..ContextOptions::default()
-    })
-    .await
-    .unwrap();
+    new_context(sb, id, language, &[("KEPT", "ctx")]).await;
     let mut req = code(first, Some(id));
     req.env = vec![
         ("FOO".into(), "bar".into()),

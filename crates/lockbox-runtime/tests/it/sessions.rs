@@ -464,10 +464,7 @@ async fn idle_sessions_beyond_the_bound_hold_no_pipes_and_keep_their_state() {
         return;
     }
     let state = scratch();
-    let mut config = lockbox_runtime::RuntimeConfig::new(state.path());
-    config.agent_exe = Some(agent_exe().to_owned());
-    config.max_held_sessions = 2;
-    let rt = lockbox_runtime::Runtime::open(config).unwrap();
+    let rt = runtime_with(state.path(), |c| c.max_held_sessions = 2).await;
     let info = rt
         .create_sandbox(lockbox_runtime::SandboxSpec::default())
         .await

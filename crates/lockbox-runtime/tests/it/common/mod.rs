@@ -15,11 +15,17 @@ use std::path::Path;
 /// meanwhile (until it executes), or a task of the first runtime not yet ended, would hold
 /// it a moment longer; which one it was is not known. So "in use" is retried (10 s).
 pub async fn runtime(state: &Path) -> Runtime {
+    runtime_with(state, |_| {}).await
+}
+
+/// [`runtime`] with `config` changing its configuration first.
+pub async fn runtime_with(state: &Path, config: impl Fn(&mut RuntimeConfig)) -> Runtime {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let mut config = RuntimeConfig::new(state);
-        config.agent_exe = Some(agent_exe().to_owned());
-        match Runtime::open(config) {
+        let mut c = RuntimeConfig::new(state);
+        c.agent_exe = Some(agent_exe().to_owned());
+        config(&mut c);
+        match Runtime::open(c) {
             Err(e)
                 if e.to_string().contains("in use by another")
                     && std::time::Instant::now() < deadline =>
