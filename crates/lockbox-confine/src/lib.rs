@@ -97,7 +97,7 @@ pub use crate::signals::{
 };
 pub use crate::spawn::{
     armed_unsupported, namespaces, run, sequence_unsupported, Armed, Enforcement, Gated, Held,
-    NetEnforcement, Outcome, Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,
+    NetEnforcement, Outcome, Parked, Running, Spawn, Status, Stdio, StopReason, UpperMount, Waited,
 };
 pub use crate::usage::{tree_usage, TreeUsage};
 pub use crate::wiped::{wipe, WipedOnFork};

@@ -188,6 +188,13 @@ pub struct Running {
     run: Run,
 }
 
+/// A long-lived sandbox whose command's outcome nobody will read ([`Running::park`]): it
+/// holds no descriptor of the caller's. Dropping it kills everything in the sandbox.
+#[derive(Debug)]
+pub struct Parked {
+    sandbox: Sandbox,
+}
+
 /// A started sandbox waiting for its go ([`Spawn::gated`], [`Running::next`]). Dropping it
 /// kills the waiting sandbox.
 #[derive(Debug)]
@@ -212,8 +219,10 @@ pub enum StopReason {
 #[derive(Debug)]
 struct Sandbox {
     pid: libc::pid_t,
-    pidfd: OwnedFd,
-    report: OwnedFd,
+    /// `None` once parked ([`Running::park`]); [`Sandbox::pidfd`] opens it again.
+    pidfd: Option<OwnedFd>,
+    /// `None` once parked: nothing is read from the init any more.
+    report: Option<OwnedFd>,
     plan: SetupPlan,
     /// Each command's program, for messages (one per command of a sequence).
     programs: Vec<String>,
@@ -639,8 +648,11 @@ impl Armed {
     /// Whether the sandbox has ended while waiting (its set-up failed, or it was killed):
     /// a release would only report that.
     pub fn ended(&self) -> bool {
+        let Some(pidfd) = &self.0.sandbox.pidfd else {
+            return true;
+        };
         let mut fds = [libc::pollfd {
-            fd: self.0.sandbox.pidfd.as_raw_fd(),
+            fd: pidfd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }];
@@ -720,7 +732,11 @@ impl Gated {
             .map(|fd| fd.as_fd())
             .chain(command)
             .collect();
-        match sys::send_with_fds(self.sandbox.report.as_fd(), &go.encode(), &fds) {
+        let sent = match &self.sandbox.report {
+            Some(report) => sys::send_with_fds(report.as_fd(), &go.encode(), &fds),
+            None => Err(Errno(libc::EPIPE)),
+        };
+        match sent {
             // The init is gone: `wait` tells why.
             Ok(()) | Err(Errno(libc::EPIPE | libc::ECONNRESET)) => {}
             Err(errno) => {
@@ -1060,8 +1076,8 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
             }
             let sandbox = Sandbox {
                 pid,
-                pidfd,
-                report: report_rd,
+                pidfd: Some(pidfd),
+                report: Some(report_rd),
                 plan: prepared.plan,
                 programs: std::iter::once(argv)
                     .chain(later.iter().map(Vec::as_slice))
@@ -1279,40 +1295,33 @@ impl Running {
     /// Pauses every process of the sandbox until the result is dropped (see
     /// [`crate::freeze_tree`]).
     pub fn freeze(&self, timeout: std::time::Duration) -> std::io::Result<crate::Frozen> {
-        crate::freeze_tree(self.sandbox.pid, timeout)
+        self.sandbox.freeze(timeout)
     }
 
     /// What the sandbox's processes use now (see [`crate::tree_usage`]).
     pub fn usage(&self) -> std::io::Result<crate::TreeUsage> {
-        crate::tree_usage(self.sandbox.pid)
+        self.sandbox.usage()
     }
 
-    /// Puts `net`'s list in force in the running sandbox, resolved as at the start (a
-    /// deny-list's names are resolved now; the sandbox's `/etc/hosts`, which pinned the
-    /// first list's names, is not rewritten): see [`lockbox_netsup::Supervisor::replace`]
-    /// for what changes and what stays. Only a sandbox started with a list has a supervisor
-    /// to take another. [`Net::None`] becomes an allow-list of nothing (the sandbox's own
-    /// loopback only, as without a network); [`Net::Host`] cannot be had without a restart
-    /// (the sandbox keeps its own network namespace). Returns the list now in force.
+    /// Puts `net`'s list in force in the running sandbox (see [`Parked::replace_net`]).
     pub fn replace_net(&self, net: &Net) -> Result<lockbox_netsup::NetList, NetUpdateError> {
-        let supervisor = self
-            .sandbox
-            .net
-            .as_ref()
-            .ok_or(NetUpdateError::NoSupervisor)?;
-        let list = match net {
-            Net::Host => return Err(NetUpdateError::HostNetwork),
-            Net::None => lockbox_netsup::NetList {
-                kind: lockbox_policy::ListKind::Allow,
-                rules: Vec::new(),
-                names: Vec::new(),
-            },
-            Net::Allow(_) | Net::Deny(_) => resolve::net_list(net)
-                .map_err(NetUpdateError::Resolve)?
-                .ok_or(NetUpdateError::HostNetwork)?,
-        };
-        supervisor.replace(list.clone())?;
-        Ok(list)
+        self.sandbox.replace_net(net)
+    }
+
+    /// Lets go of the two descriptors that follow the command to its outcome, the init's
+    /// pidfd and its report socket, for a long-lived sandbox whose outcome nobody reads: a
+    /// server holding thousands of sandboxes would otherwise spend two of its descriptors
+    /// on each (issue 34). What the init reports from now on is lost; stopping the sandbox
+    /// ([`Parked::stop`], or dropping it) still kills every process in it and reaps the
+    /// init.
+    pub fn park(self) -> Parked {
+        let Running {
+            mut sandbox,
+            run: _,
+        } = self;
+        sandbox.pidfd = None;
+        sandbox.report = None;
+        Parked { sandbox }
     }
 
     /// Drops the sandbox like `drop`, but for a caller about to exit (the CLI): an init
@@ -1349,7 +1358,10 @@ impl Running {
         // dying) and drained, only the pidfd can tell us more. Polling the report past that
         // spun a core through the kernel's teardown of the namespaces (issue 21: ~7 ms of
         // CPU per stopped sandbox, taken from the next sandbox's start on a small machine).
-        let mut report_open = true;
+        let mut report_open = self.sandbox.report.is_some();
+        if self.sandbox.pidfd.is_none() {
+            self.sandbox.pidfd = Some(self.sandbox.open_pidfd()?);
+        }
         loop {
             let timeout = match deadline {
                 None => None,
@@ -1363,18 +1375,18 @@ impl Running {
                 }
             };
             let sandbox = &self.sandbox;
+            let Some(pidfd) = sandbox.pidfd.as_ref().map(AsFd::as_fd) else {
+                return Err(SetupError::InitDied("its pidfd is gone".into()));
+            };
+            let report = sandbox.report.as_ref().map(AsFd::as_fd);
             let mut fds = [
-                PollFd::new(&sandbox.pidfd, PollFlags::IN),
-                // Once hung up, the report's slot watches the pidfd again.
+                PollFd::from_borrowed_fd(pidfd, PollFlags::IN),
+                // Once hung up (or never held: parked), the report's slot watches the pidfd.
                 PollFd::from_borrowed_fd(
-                    if report_open {
-                        sandbox.report.as_fd()
-                    } else {
-                        sandbox.pidfd.as_fd()
-                    },
+                    report.filter(|_| report_open).unwrap_or(pidfd),
                     PollFlags::IN,
                 ),
-                PollFd::from_borrowed_fd(extra.unwrap_or(sandbox.pidfd.as_fd()), PollFlags::IN),
+                PollFd::from_borrowed_fd(extra.unwrap_or(pidfd), PollFlags::IN),
             ];
             let fds = &mut fds[..if extra.is_some() { 3 } else { 2 }];
             match rustix::event::poll(fds, timeout.as_ref()) {
@@ -1392,7 +1404,7 @@ impl Running {
                 (ready(0), report_open && ready(1), ready(2));
             let hung_up = fds[1].revents().intersects(PollFlags::HUP | PollFlags::ERR);
             if reported {
-                self.run.read_records(self.sandbox.report.as_fd());
+                self.run.read_records(self.sandbox.report.as_ref());
                 // The init reports the status only after reaping every process, so the
                 // sandbox (or the command of a sequence) is over; its namespaces are torn
                 // down while we go on. With cgroups we wait for that, to read their
@@ -1413,7 +1425,7 @@ impl Running {
                     })?;
                 self.sandbox.reaped = true;
                 // The init has exited, so the socket is at EOF after whatever it wrote.
-                self.run.read_records(self.sandbox.report.as_fd());
+                self.run.read_records(self.sandbox.report.as_ref());
                 let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
                 self.run.usage.get_or_insert((
                     tv(usage.ru_utime) + tv(usage.ru_stime),
@@ -1541,9 +1553,57 @@ impl Running {
     }
 }
 
+impl Parked {
+    /// The pid of the sandbox's init, as seen by the caller. It cannot name another process
+    /// while this value lives: the init is the caller's child, reaped only by it.
+    pub fn pid(&self) -> libc::pid_t {
+        self.sandbox.pid
+    }
+
+    /// Pauses every process of the sandbox until the result is dropped (see
+    /// [`crate::freeze_tree`]).
+    pub fn freeze(&self, timeout: std::time::Duration) -> std::io::Result<crate::Frozen> {
+        self.sandbox.freeze(timeout)
+    }
+
+    /// What the sandbox's processes use now (see [`crate::tree_usage`]).
+    pub fn usage(&self) -> std::io::Result<crate::TreeUsage> {
+        self.sandbox.usage()
+    }
+
+    /// Puts `net`'s list in force in the running sandbox, resolved as at the start (a
+    /// deny-list's names are resolved now; the sandbox's `/etc/hosts`, which pinned the
+    /// first list's names, is not rewritten): see [`lockbox_netsup::Supervisor::replace`]
+    /// for what changes and what stays. Only a sandbox started with a list has a supervisor
+    /// to take another. [`Net::None`] becomes an allow-list of nothing (the sandbox's own
+    /// loopback only, as without a network); [`Net::Host`] cannot be had without a restart
+    /// (the sandbox keeps its own network namespace). Returns the list now in force.
+    pub fn replace_net(&self, net: &Net) -> Result<lockbox_netsup::NetList, NetUpdateError> {
+        self.sandbox.replace_net(net)
+    }
+
+    /// Stops the sandbox as [`Running::stop`] does — SIGTERM to every process in it,
+    /// SIGKILL after `grace` — and reaps its init. There is no outcome to tell: the init's
+    /// report went unread.
+    pub fn stop(self, grace: Duration) -> Result<(), SetupError> {
+        let mut running = Running {
+            run: Run::new(0, Instant::now(), 0, 0),
+            sandbox: self.sandbox,
+        };
+        match running.stop(grace, StopReason::Requested) {
+            // Without its report, an init that exited by itself reads as one that died.
+            Ok(_) | Err(SetupError::InitDied(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl Run {
     /// Reads the records the sandbox has sent so far, up to this command's status.
-    fn read_records(&mut self, report: BorrowedFd<'_>) {
+    fn read_records(&mut self, report: Option<&OwnedFd>) {
+        let Some(report) = report.map(AsFd::as_fd) else {
+            return;
+        };
         let mut buf = [0u8; RECORD_LEN];
         while let Ok((RECORD_LEN, fd)) = sys::recv_with_fd(report, &mut buf) {
             match Record::decode(&buf) {
@@ -1573,11 +1633,57 @@ impl Run {
 }
 
 impl Sandbox {
+    fn freeze(&self, timeout: std::time::Duration) -> std::io::Result<crate::Frozen> {
+        crate::freeze_tree(self.pid, timeout)
+    }
+
+    fn usage(&self) -> std::io::Result<crate::TreeUsage> {
+        crate::tree_usage(self.pid)
+    }
+
+    fn replace_net(&self, net: &Net) -> Result<lockbox_netsup::NetList, NetUpdateError> {
+        let supervisor = self.net.as_ref().ok_or(NetUpdateError::NoSupervisor)?;
+        let list = match net {
+            Net::Host => return Err(NetUpdateError::HostNetwork),
+            Net::None => lockbox_netsup::NetList {
+                kind: lockbox_policy::ListKind::Allow,
+                rules: Vec::new(),
+                names: Vec::new(),
+            },
+            Net::Allow(_) | Net::Deny(_) => resolve::net_list(net)
+                .map_err(NetUpdateError::Resolve)?
+                .ok_or(NetUpdateError::HostNetwork)?,
+        };
+        supervisor.replace(list.clone())?;
+        Ok(list)
+    }
+
     fn signal(&self, sig: libc::c_int) -> Result<(), SetupError> {
-        sys::pidfd_send_signal(self.pidfd.as_fd(), sig).map_err(|errno| SetupError::Supervise {
+        let opened;
+        let pidfd = match &self.pidfd {
+            Some(fd) => fd.as_fd(),
+            None => {
+                opened = self.open_pidfd()?;
+                opened.as_fd()
+            }
+        };
+        sys::pidfd_send_signal(pidfd, sig).map_err(|errno| SetupError::Supervise {
             what: "signalling the sandbox",
             errno,
         })
+    }
+
+    /// A new pidfd of the init (parked, it holds none). Opening it by pid is safe while the
+    /// init is not reaped: it is this process's child, reaped only here, so its pid (a
+    /// zombie's, at worst) cannot name another process.
+    fn open_pidfd(&self) -> Result<OwnedFd, SetupError> {
+        let pid = rustix::process::Pid::from_raw(self.pid).filter(|_| !self.reaped);
+        pid.ok_or(rustix::io::Errno::SRCH)
+            .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()))
+            .map_err(|e| SetupError::Supervise {
+                what: "opening the sandbox init's pidfd",
+                errno: Errno(e.raw_os_error()),
+            })
     }
 
     /// How many processes of the sandbox the OOM killer has killed so far (cgroup only).

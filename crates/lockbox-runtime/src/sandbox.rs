@@ -30,7 +30,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub(crate) struct Instance {
     pub agent: AgentClient,
-    running: Mutex<Option<lockbox_confine::Running>>,
+    running: Mutex<Option<lockbox_confine::Parked>>,
     pub branch: Mutex<Option<Branch>>,
     pub sessions: tokio::sync::Mutex<HashMap<SessionId, (Arc<Session>, SessionOptions)>>,
     pub processes: Mutex<BTreeMap<ProcessId, Arc<Process>>>,
@@ -132,7 +132,7 @@ impl Instance {
     }
 
     /// Puts `net`'s list in force in its network supervisor (see
-    /// [`lockbox_confine::Running::replace_net`]); `None` once stopped.
+    /// [`lockbox_confine::Parked::replace_net`]); `None` once stopped.
     pub fn replace_net(
         &self,
         net: &lockbox_policy::Net,
@@ -601,7 +601,7 @@ async fn spawn_agent(
     audit: Option<lockbox_netsup::AuditSink>,
     ask: Option<lockbox_netsup::Approvals>,
     interceptor: Option<Arc<lockbox_intercept::Interceptor>>,
-) -> Result<(lockbox_confine::Running, AgentClient), RuntimeError> {
+) -> Result<(lockbox_confine::Parked, AgentClient), RuntimeError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
@@ -651,7 +651,9 @@ async fn spawn_agent(
     let agent = AgentClient::new(ours)?;
     match agent.call(Op::Hello).await {
         Ok((Ok(body), _)) => match lockbox_agent::check_hello(body) {
-            Ok(_) => Ok((running, agent)),
+            // Nothing reads the agent's outcome: its pidfd and report socket go, so that a
+            // server holding thousands of sandboxes spends one descriptor on each (issue 34).
+            Ok(_) => Ok((running.park(), agent)),
             Err(e) => {
                 // An agent that answers, but not as this runtime speaks: end its sandbox.
                 let _ = tokio::task::spawn_blocking(move || {
@@ -730,11 +732,8 @@ impl Instance {
     /// Kills everything in the instance (its init kills every process of the sandbox).
     pub async fn stop(&self, grace: Duration) {
         let running = lock(&self.running).take();
-        if let Some(mut running) = running {
-            let _ = tokio::task::spawn_blocking(move || {
-                running.stop(grace, lockbox_confine::StopReason::Requested)
-            })
-            .await;
+        if let Some(running) = running {
+            let _ = tokio::task::spawn_blocking(move || running.stop(grace)).await;
         }
         self.agent.closed().await;
     }

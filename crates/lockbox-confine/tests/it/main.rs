@@ -16,6 +16,7 @@ mod gate;
 mod image;
 mod overlay;
 mod own_table;
+mod parked;
 mod sequence;
 mod stdio;
 
