@@ -19,9 +19,14 @@ use crate::{tree, wire, PROTOCOL_VERSION};
 
 /// A command the agent started.
 struct Child {
+    /// Its shim, or the command itself when it runs in place of one (`shim == main`).
     shim: i32,
     main: i32,
+    /// The shim's report (its command's pid, then its status); in place, the command's
+    /// pidfd. Either polls readable when the command has ended.
     report: OwnedFd,
+    /// Runs in place of a shim (see [`crate::shim::Shim::in_place`]).
+    in_place: bool,
     /// A session's runtime ends of its pipes (see [`Op::SessionPipes`]); empty otherwise.
     session_pipes: Vec<OwnedFd>,
 }
@@ -35,6 +40,8 @@ struct Agent {
     writes: HashMap<u64, PendingWrite>,
     next_token: u64,
     watches: Watches,
+    /// Sessions' shells run in place of a shim (this kernel has `pidfd_open`).
+    shells_in_place: bool,
 }
 
 /// The agent's exit code once a message to the runtime could not be sent: 0 when the
@@ -60,6 +67,15 @@ pub(crate) fn run(ctl: OwnedFd) -> i32 {
         eprintln!("lockbox agent: making the agent non-dumpable: {e}");
         return 1;
     }
+    // Orphans of a shell run in place of a shim come here when it ends, to be ended too
+    // (`Agent::end_orphans`), rather than to the init, out of reach.
+    if let Err(e) = agent_sys::set_child_subreaper() {
+        eprintln!("lockbox agent: becoming a subreaper: {e}");
+        return 1;
+    }
+    let me = rustix::process::getpid();
+    let shells_in_place =
+        rustix::process::pidfd_open(me, rustix::process::PidfdFlags::empty()).is_ok();
     let roots = match Roots::open() {
         Ok(r) => r,
         Err(e) => {
@@ -75,6 +91,7 @@ pub(crate) fn run(ctl: OwnedFd) -> i32 {
         writes: HashMap::new(),
         next_token: 1,
         watches: Watches::default(),
+        shells_in_place,
     };
     let code = agent.serve();
     for c in &agent.children {
@@ -207,9 +224,13 @@ impl Agent {
         })
     }
 
-    /// A shim reported (or died): tell the runtime and reap it.
+    /// A shim reported (or died), or a command run in place ended: tell the runtime and
+    /// reap it.
     fn finish_child(&mut self, index: usize) {
         let child = self.children.swap_remove(index);
+        if child.in_place {
+            return self.finish_in_place(child);
+        }
         let mut record = [0u8; 8];
         let reap = || {
             rustix::process::waitpid(
@@ -226,9 +247,11 @@ impl Agent {
                 (signal != 0).then_some(signal),
             )
         } else {
-            // The shim itself was killed: its command's tree may be alive; end it.
+            // The shim itself was killed: its command's tree may be alive, and the orphans
+            // of its children came here; end them.
             let status = reap();
             tree::kill_tree(child.shim, child.main, false, Duration::from_secs(5));
+            self.end_orphans();
             let sig = status
                 .ok()
                 .flatten()
@@ -249,6 +272,56 @@ impl Agent {
         // delay the message (issue 30).
         if reported {
             let _ = reap();
+        }
+    }
+
+    /// A command run in place of a shim ended (its pidfd polled readable): reap it, end
+    /// whatever it left behind (its orphans came here), and tell the runtime.
+    fn finish_in_place(&mut self, child: Child) {
+        let status = rustix::process::waitpid(
+            rustix::process::Pid::from_raw(child.main),
+            rustix::process::WaitOptions::empty(),
+        );
+        self.end_orphans();
+        let status = status.ok().flatten().map(|(_, s)| s);
+        let signal = status.and_then(|s| s.terminating_signal());
+        let code = status
+            .and_then(|s| s.exit_status())
+            .filter(|_| signal.is_none());
+        let signal = signal.or(code.is_none().then_some(libc::SIGKILL));
+        let _ = self.send(
+            &Message::Exit {
+                pid: child.main,
+                code,
+                signal,
+            },
+            &[],
+        );
+    }
+
+    /// Kills and reaps every child of the agent that it did not start: the orphans of a
+    /// command that ended without a shim to keep them (the agent is a subreaper). Killing
+    /// one orphans its own children to the agent in turn, so this goes on until none is
+    /// left.
+    fn end_orphans(&self) {
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        for _ in 0..100 {
+            let orphans: Vec<i32> = tree::children(me)
+                .into_iter()
+                .filter(|&pid| !self.children.iter().any(|c| c.shim == pid))
+                .collect();
+            if orphans.is_empty() {
+                return;
+            }
+            for &pid in &orphans {
+                tree::kill_tree(pid, pid, false, Duration::from_secs(5));
+            }
+            for pid in orphans {
+                let _ = rustix::process::waitpid(
+                    rustix::process::Pid::from_raw(pid),
+                    rustix::process::WaitOptions::empty(),
+                );
+            }
         }
     }
 
@@ -510,6 +583,9 @@ impl Agent {
             _ => Vec::new(),
         };
         let (report_r, report_w) = pipe()?;
+        // A session's shell lives as long as its session, idle mostly: it runs in place of
+        // its shim, one process fewer per sandbox (see `shim`).
+        let in_place = self.shells_in_place && matches!(spec.io, Io::Session);
         let shim = Shim {
             argv: &spec.argv,
             cwd: spec.cwd.as_deref(),
@@ -517,9 +593,46 @@ impl Agent {
             env: &spec.env,
             controlling_tty: tty,
             filter: &self.command_filter,
+            in_place,
         };
         match agent_sys::fork_command(slots, report_w, |fds| shim::run(shim, fds)) {
             Err(e) => Err(err(Errno::from_raw_os_error(e.0), "fork")),
+            Ok(pid) if in_place => {
+                let reap = || {
+                    let _ = rustix::process::waitpid(
+                        rustix::process::Pid::from_raw(pid),
+                        rustix::process::WaitOptions::empty(),
+                    );
+                };
+                // End of file: it executed (the report closed on exec); else its errno.
+                let mut first = [0u8; 4];
+                if read_full(report_r.as_fd(), &mut first) {
+                    reap();
+                    let errno = Errno::from_raw_os_error(-i32::from_le_bytes(first));
+                    return Err(err(errno, &format!("starting {:?}", spec.argv[0])));
+                }
+                let pidfd = rustix::process::Pid::from_raw(pid)
+                    .ok_or(Errno::SRCH)
+                    .and_then(|p| {
+                        rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+                    });
+                let pidfd = match pidfd {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        let _ = agent_sys::kill(pid, libc::SIGKILL);
+                        reap();
+                        return Err(err(e, "pidfd_open"));
+                    }
+                };
+                self.children.push(Child {
+                    shim: pid,
+                    main: pid,
+                    report: pidfd,
+                    in_place,
+                    session_pipes,
+                });
+                Ok((pid, back))
+            }
             Ok(shim) => {
                 let mut first = [0u8; 4];
                 let main = if read_full(report_r.as_fd(), &mut first) {
@@ -539,6 +652,7 @@ impl Agent {
                     shim,
                     main,
                     report: report_r,
+                    in_place,
                     session_pipes,
                 });
                 Ok((main, back))

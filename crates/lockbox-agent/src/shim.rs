@@ -3,6 +3,14 @@
 //! the command left behind and reports its status. Because it is a subreaper, orphans of the
 //! command (double forks, `setsid` daemons) reparent to it and stay findable as its
 //! descendants, which is what makes whole-tree kill work.
+//!
+//! A session's shell needs no shim beside it: it *becomes* the shim ([`Shim::in_place`]).
+//! The forked child does the shim's set-up (filter, session, subreaper) and executes the
+//! shell in place, which keeps being a subreaper (`PR_SET_CHILD_SUBREAPER` holds across
+//! `execve`), so the orphans of its commands stay its descendants. The agent follows it
+//! with a pidfd and ends what it leaves behind (`Agent::end_orphans`). An idle sandbox then
+//! holds three processes — init, agent, shell — not four: 10,000 sandboxes fit under the
+//! default `pid_max` of 32,768 (issue 34).
 
 use std::io::Write;
 use std::process::Command;
@@ -22,6 +30,9 @@ pub(crate) struct Shim<'a> {
     pub controlling_tty: bool,
     /// Stacked on the shim (and so on the command) before anything else.
     pub filter: &'a CommandFilter,
+    /// Execute the command in place of the shim: nothing goes on the report if it starts
+    /// (the report closes on exec), only the errno if it cannot.
+    pub in_place: bool,
 }
 
 /// Runs the shim in the forked child. Never returns.
@@ -53,6 +64,19 @@ fn setup_and_wait(shim: &Shim<'_>, mut fds: CommandFds) -> Result<(), ()> {
     cmd.envs(shim.env.iter().map(|(k, v)| (k, v)));
     if let Some(cwd) = shim.cwd {
         cmd.current_dir(cwd);
+    }
+    if shim.in_place {
+        use std::os::unix::process::CommandExt;
+        // Returns only if the command could not be executed.
+        let e = cmd.exec();
+        let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+        let _ = agent_sys::write_all(fds.report(), &(-errno).to_le_bytes());
+        let _ = writeln!(
+            std::io::stderr(),
+            "lockbox: cannot run {:?}: {e}",
+            shim.argv[0]
+        );
+        return Err(());
     }
     let child = match cmd.spawn() {
         Ok(child) => child,

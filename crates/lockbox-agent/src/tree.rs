@@ -39,10 +39,31 @@ pub fn descendants(root: i32) -> Vec<i32> {
     out
 }
 
+/// The live processes of a command's tree: every descendant of its shim, and the command
+/// itself when it runs in place of a shim (`shim == main`: see `shim::Shim::in_place`).
+fn members(shim: i32, main: i32) -> Vec<i32> {
+    let mut pids = descendants(shim);
+    if shim == main && ProcStat::read(main).is_ok_and(|s| !s.is_zombie()) {
+        pids.insert(0, main);
+    }
+    pids
+}
+
+/// Children of `parent`, zombies included (to be reaped).
+pub fn children(parent: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|&pid| ProcStat::read(pid).is_ok_and(|s| s.ppid == parent))
+        .collect()
+}
+
 /// Sends `signal` to `main` (unless `spare_main`) and every live descendant of `shim`
 /// except `main`... i.e. to the whole tree below the shim.
 pub fn signal_tree(shim: i32, main: i32, signal: i32, spare_main: bool) {
-    for pid in descendants(shim) {
+    for pid in members(shim, main) {
         if spare_main && pid == main {
             continue;
         }
@@ -55,7 +76,7 @@ pub fn signal_tree(shim: i32, main: i32, signal: i32, spare_main: bool) {
 pub fn kill_tree(shim: i32, main: i32, spare_main: bool, limit: Duration) -> bool {
     let end = Instant::now() + limit;
     loop {
-        let alive: Vec<i32> = descendants(shim)
+        let alive: Vec<i32> = members(shim, main)
             .into_iter()
             .filter(|&p| !(spare_main && p == main))
             .collect();

@@ -230,10 +230,10 @@ fn default_max_connections(nofile: Option<u64>) -> usize {
 /// refusals it may have open.
 const DESCRIPTOR_RESERVE: u64 = 32 + 64;
 
-/// Descriptors a sandbox holds in the server: its init's pidfd, its report socket and its
-/// agent's socket (measured; see docs/server.md, "Limits"). Its idle sessions hold none
-/// beyond `--held-sessions`.
-const DESCRIPTORS_PER_SANDBOX: u64 = 3;
+/// Descriptors a sandbox holds in the server: its agent's socket (measured; see
+/// docs/server.md, "Limits"). Its init is parked (no pidfd, no report socket), and its idle
+/// sessions hold none beyond `--held-sessions`.
+const DESCRIPTORS_PER_SANDBOX: u64 = 1;
 
 /// Descriptors of one session's pipes while they are open in the server.
 const DESCRIPTORS_PER_SESSION: u64 = 5;
@@ -257,7 +257,7 @@ fn session_descriptors(held: usize) -> u64 {
 }
 
 /// Descriptors the server may need at most: its own, the connections and refusals, the
-/// sessions' pipes open at once, and per sandbox 3 and up to 3 per process record
+/// sessions' pipes open at once, and per sandbox 1 and up to 3 per process record
 /// (measured; see docs/server.md, "Limits").
 fn descriptors_needed(args: &ServeArgs, max_connections: usize, held: usize) -> u64 {
     let per_sandbox = DESCRIPTORS_PER_SANDBOX + 3 * args.max_processes as u64;
@@ -315,8 +315,8 @@ fn warn_if_descriptors_short(
 }
 
 /// Processes (and threads) an idle sandbox holds once its default shell runs: its init, its
-/// agent, the session's shim and the shell (docs/server.md, "Limits").
-const PROCESSES_PER_SANDBOX: u64 = 4;
+/// agent and the shell, which runs in place of its shim (docs/server.md, "Limits").
+const PROCESSES_PER_SANDBOX: u64 = 3;
 
 /// How many idle sandboxes the process ids leave room for, at [`PROCESSES_PER_SANDBOX`] each,
 /// and what bounds them: `kernel.pid_max` or `kernel.threads-max` less the tasks that run
@@ -565,7 +565,7 @@ fn serve(
     if max_sandboxes < args.max_sandboxes {
         eoutln!(
             "lockbox: warning: the open-files limit ({}) has room for {max_sandboxes} sandboxes \
-             ({DESCRIPTORS_PER_SANDBOX} descriptors each) besides {max_connections} \
+             (a descriptor each: its agent's socket) besides {max_connections} \
              connections, the pool's spares and the pipes of {} sessions (--held-sessions), \
              not --max-sandboxes {}: \
              creates beyond answer 429 LIMIT_REACHED; raise the hard limit (ulimit -Hn) or \

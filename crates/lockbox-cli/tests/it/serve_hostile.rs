@@ -912,8 +912,9 @@ fn issue_34_sandboxes_stop_at_what_the_descriptor_limit_has_room_for_and_the_ser
         let state = state_dir(user);
         // 256 descriptors: 128 for connections, 96 kept for the server, 5 for the pipes of
         // the one session kept open between commands (a quarter of the 32 left, 5 each),
-        // room for 9 sandboxes of 3 descriptors, no pool. Each runs a command in its shell,
-        // whose pipes are asked for again when another's were kept.
+        // room for 27 sandboxes of 1 descriptor (their agents' sockets), no pool. Each runs
+        // a command in its shell, whose pipes are asked for again when another's were
+        // kept.
         let server = Served::start_with_fd_limit(
             user,
             state.path(),
@@ -922,7 +923,7 @@ fn issue_34_sandboxes_stop_at_what_the_descriptor_limit_has_room_for_and_the_ser
         );
         tokio().block_on(async {
             let mut ids = Vec::new();
-            for _ in 0..9 {
+            for _ in 0..27 {
                 let id = server.sandbox(json!({})).await;
                 let r = server.exec(&id, json!({ "command": "echo up" })).await;
                 assert_eq!(r["stdout"], "up\n", "{user:?} {r}");
@@ -936,7 +937,7 @@ fn issue_34_sandboxes_stop_at_what_the_descriptor_limit_has_room_for_and_the_ser
             let (status, body) = server.json(Method::POST, "/v1/sandboxes", json!({})).await;
             assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{user:?} {body}");
             assert_eq!(body["code"], "LIMIT_REACHED", "{body}");
-            assert_eq!(body["details"]["limit"], 9, "{body}");
+            assert_eq!(body["details"]["limit"], 27, "{body}");
             let health = server
                 .request(Method::GET, "/healthz")
                 .send()

@@ -420,11 +420,11 @@ async fn the_agent_and_its_shells_get_small_descriptor_tables_when_their_creator
         .collect();
     let (rt, sb) = sandbox(state.path()).await;
     drop(fillers);
-    // The shell, its shim, and the shim's parent: the agent.
+    // The shell, its parent (the agent) and the agent's parent (the sandbox's init).
     let r = run(
         &sb,
-        "agent=$(awk '/^PPid/{print $2}' /proc/$PPID/status); \
-         grep -h FDSize /proc/$$/status /proc/$PPID/status /proc/$agent/status",
+        "init=$(awk '/^PPid/{print $2}' /proc/$PPID/status); \
+         grep -h FDSize /proc/$$/status /proc/$PPID/status /proc/$init/status",
     )
     .await;
     let sizes: Vec<u32> = out(&r)
@@ -435,7 +435,7 @@ async fn the_agent_and_its_shells_get_small_descriptor_tables_when_their_creator
     // bash keeps its script at descriptor 255: 256 slots, against 2,048 before.
     assert!(
         sizes.iter().all(|&n| n <= 256),
-        "FDSize of shell, shim, agent: {sizes:?} ({held} held)"
+        "FDSize of shell, agent, init: {sizes:?} ({held} held)"
     );
     rt.shutdown().await;
 }
@@ -510,5 +510,112 @@ async fn idle_sessions_beyond_the_bound_hold_no_pipes_and_keep_their_state() {
         .await
         .unwrap();
     assert_eq!(out(&fresh), "fresh\n");
+    rt.shutdown().await;
+}
+
+/// Descriptors of this process other than pipes (the sessions' pipes are bounded apart:
+/// see the test above).
+fn own_descriptors_but_pipes() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| !t.to_string_lossy().starts_with("pipe:"))
+        })
+        .count()
+}
+
+/// Processes below this one, found by their parents in `/proc`.
+fn own_descendants() -> usize {
+    let me = std::process::id() as i32;
+    let mut parents = std::collections::HashMap::<i32, Vec<i32>>::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = lockbox_confine::proc_stat::ProcStat::read(pid) {
+            parents.entry(stat.ppid).or_default().push(pid);
+        }
+    }
+    let (mut count, mut queue) = (0, vec![me]);
+    while let Some(p) = queue.pop() {
+        for &child in parents.get(&p).into_iter().flatten() {
+            count += 1;
+            queue.push(child);
+        }
+    }
+    count
+}
+
+/// Issue 34: an idle sandbox held three descriptors in the runtime (its init's pidfd, its
+/// report socket, its agent's socket) and four processes (init, agent, the default shell's
+/// shim, the shell): 10,000 of them passed both a hard limit of 20,000 open files and the
+/// default `pid_max` of 32,768. Now its init is parked and its shell runs in place of the
+/// shim: one descriptor, three processes. And a shell that exits still takes what it
+/// started with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sandbox_holds_one_descriptor_in_the_runtime_and_three_processes() {
+    let name = lockbox_testkit::test_name!(
+        "an_idle_sandbox_holds_one_descriptor_in_the_runtime_and_three_processes"
+    );
+    also_as_nobody(&name);
+    if !in_own_process(&name) {
+        return;
+    }
+    let state = scratch();
+    let rt = runtime(state.path()).await;
+    let start = || async {
+        let info = rt
+            .create_sandbox(lockbox_runtime::SandboxSpec::default())
+            .await
+            .unwrap();
+        let sb = rt.sandbox(&info.id).unwrap();
+        let r = sb.exec(req("echo $$ $PPID")).await.unwrap();
+        (sb, out(&r))
+    };
+    // What the runtime opens once for all (its first sandbox's) is not counted.
+    let (first, _) = start().await;
+    let (descriptors, processes) = (own_descriptors_but_pipes(), own_descendants());
+    let mut sandboxes = Vec::new();
+    for _ in 0..4 {
+        sandboxes.push(start().await);
+    }
+    assert_eq!(own_descriptors_but_pipes() - descriptors, 4);
+    assert_eq!(own_descendants() - processes, 4 * 3);
+    // The shell is the agent's child, no shim between them.
+    let (sb, pids) = &sandboxes[0];
+    let agent = sb
+        .exec(req("awk '/^PPid/{print $2}' /proc/$PPID/status"))
+        .await
+        .unwrap();
+    let (shell, parent) = pids.trim().split_once(' ').unwrap();
+    assert_eq!(
+        out(&agent),
+        "1\n",
+        "the shell {shell}'s parent {parent} is not the agent"
+    );
+
+    // A shell that exits: what it left running (a daemon in its own session, a job) ends.
+    let ended = first
+        .exec(req("setsid sleep 300 & sleep 301 & exit 7"))
+        .await
+        .unwrap();
+    assert_eq!(ended.exit_code, 7);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left = first
+            .exec(req("ps -eo comm= | grep -c '^sleep$' || true"))
+            .await
+            .unwrap();
+        if out(&left) == "0\n" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "left: {left:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     rt.shutdown().await;
 }
