@@ -12,14 +12,15 @@ holds its default shell), up to each count of --at. At each count it pauses and 
 create rate of the step, the server's CPU time per create in that step, the host's memory in
 use above the start (MemTotal - MemAvailable) and per sandbox, the kernel's page tables
 (PageTables in /proc/meminfo), the server's RSS, processes per sandbox, p50/p99 of --execs
-warm execs (`true`) on random live sandboxes from --clients threads, and the largest
-descriptor table (`FDSize`) of any sandbox process against the server's own. Then it deletes every
-sandbox and checks that no process of the server's, no host mount and no sandbox directory is
-left. Prints a Markdown table. Asserts no timings. --perf-record FILE records the whole
+warm execs (`true`) on random live sandboxes from --clients threads, the descriptors the server
+has open, and the largest descriptor table (`FDSize`) of any sandbox process against the server's
+own. Then it deletes every sandbox and checks that no process of the server's, no host mount, no
+sandbox directory and no descriptor of the server's above its start is left. Prints a Markdown table. Asserts no timings. --perf-record FILE records the whole
 machine with `perf record -a -g` while the last step's sandboxes are created (`--at
 1800,2000 --perf-record out.data`: 200 creates with 1,800 live; `perf report -i out.data
---children --sort sym` then says where their kernel time went). Needs the descriptors the counts take
-(about 8 per sandbox in the server: raise `ulimit -Hn` as root).
+--children --sort sym` then says where their kernel time went). Needs the descriptors and process
+ids the counts take (1 descriptor per sandbox in the server besides 2,560 for the sessions' pipes
+it keeps; 3 processes per sandbox: raise `ulimit -Hn` and `kernel.pid_max` as root if short).
 """
 import argparse, http.client, json, os, random, resource, signal, subprocess, sys, tempfile, threading, time
 
@@ -56,6 +57,23 @@ class Api:
         if r.status >= 300:
             raise RuntimeError(f"{method} {path}: {r.status} {raw[:300]!r}")
         return json.loads(raw) if raw else None
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def fd_kinds(pid):
+    """What the open descriptors of `pid` are, counted by kind (`socket`, `pipe`, a path)."""
+    kinds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        kind = target.split(":[")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
 
 
 def in_threads(n, work):
@@ -105,6 +123,7 @@ def main():
         first = json.loads(server.stdout.readline())
         host, port = first["listen"].rsplit(":", 1)
         api = Api((host, int(port)), first["token"])
+        fds_before, kinds_before = open_fds(server.pid), fd_kinds(server.pid)
         for target in counts:
             perf = None
             if a.perf_record and target == counts[-1]:
@@ -155,7 +174,7 @@ def main():
             pct = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1000
             rows.append((target, rate, cpu_per, (used - base_used) / 1024, (used - base_used) / target / 1024,
                          (pt - base_pt) / 1024, rss_kib(server.pid) / 1024, procs / target, pct(0.5), pct(0.99),
-                         slots, fd_slots(server.pid)))
+                         slots, fd_slots(server.pid), open_fds(server.pid)))
             print(f"at {target}: {rows[-1]}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         todo = list(ids)
@@ -176,6 +195,9 @@ def main():
             mounts_left = len(f.readlines()) - mounts_before
         dirs = os.path.join(state, "sandboxes")
         dirs_left = len(os.listdir(dirs)) if os.path.isdir(dirs) else 0
+        fds_left = open_fds(server.pid) - fds_before
+        kinds_after = fd_kinds(server.pid)
+        grown = {k: n - kinds_before.get(k, 0) for k, n in kinds_after.items() if n != kinds_before.get(k, 0)}
     finally:
         server.terminate()
         try:
@@ -185,13 +207,15 @@ def main():
         subprocess.run(["rm", "-rf", state])
     print(f"| live sandboxes | create rate (/s) | server CPU per create (ms) | host memory above start (MiB) "
           f"| per sandbox (MiB) | page tables above start (MiB) | server RSS (MiB) | processes per sandbox "
-          f"| warm exec p50 (ms) | p99 (ms) | largest table in a sandbox (slots) | server's table (slots) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"| warm exec p50 (ms) | p99 (ms) | largest table in a sandbox (slots) | server's table (slots) "
+          f"| server's open descriptors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.0f} | {r[4]:.2f} | {r[5]:.0f} | {r[6]:.0f} | "
-              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} | {r[11]} |")
+              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} | {r[11]} | {r[12]} |")
     print(f"\nDeleted {len(ids)} in {deleted_s:.1f} s; left after: {left} processes, "
-          f"{mounts_left} host mounts, {dirs_left} sandbox directories.")
+          f"{mounts_left} host mounts, {dirs_left} sandbox directories, {fds_left} server "
+          f"descriptors above its start ({fds_before}){': ' + str(grown) if grown else ''}.")
 
 
 if __name__ == "__main__":

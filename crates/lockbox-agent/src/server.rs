@@ -302,10 +302,11 @@ impl Agent {
     /// Kills and reaps every child of the agent that it did not start: the orphans of a
     /// command that ended without a shim to keep them (the agent is a subreaper). Killing
     /// one orphans its own children to the agent in turn, so this goes on until none is
-    /// left.
+    /// left, or (a process stuck in the kernel) a few rounds have not sufficed: the agent
+    /// must not hang on one; the init ends it with the sandbox.
     fn end_orphans(&self) {
         let me = rustix::process::getpid().as_raw_nonzero().get();
-        for _ in 0..100 {
+        for _ in 0..10 {
             let orphans: Vec<i32> = tree::children(me)
                 .into_iter()
                 .filter(|&pid| !self.children.iter().any(|c| c.shim == pid))
@@ -316,10 +317,11 @@ impl Agent {
             for &pid in &orphans {
                 tree::kill_tree(pid, pid, false, Duration::from_secs(5));
             }
+            // Each is a zombie now (`kill_tree` returns once none of the tree is alive).
             for pid in orphans {
                 let _ = rustix::process::waitpid(
                     rustix::process::Pid::from_raw(pid),
-                    rustix::process::WaitOptions::empty(),
+                    rustix::process::WaitOptions::NOHANG,
                 );
             }
         }
