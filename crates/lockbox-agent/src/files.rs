@@ -8,13 +8,14 @@
 
 use rustix::fs::{
     fstat, mkdirat, openat2, readlinkat, renameat_with, statat, unlinkat, AtFlags, Dir, FileType,
-    Mode, OFlags, RenameFlags, ResolveFlags, Stat,
+    Mode, OFlags, RenameFlags, ResolveFlags, Stat, XattrFlags,
 };
 use rustix::io::Errno;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::proto::EntryStat;
+use std::collections::BTreeMap;
 
 /// The two starting points of resolution.
 pub(crate) struct Roots {
@@ -238,8 +239,12 @@ pub(crate) fn write_begin(
     path: &str,
     mode: u32,
     create_parents: bool,
+    xattrs: &BTreeMap<String, String>,
     token: u64,
 ) -> Result<(OwnedFd, PendingWrite), Errno> {
+    if xattrs.keys().any(|name| !name.starts_with(USER_XATTRS)) {
+        return Err(Errno::INVAL);
+    }
     let t = roots.target(path)?;
     let (dir, name) = t.parent(create_parents)?;
     if let Ok(st) = statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -256,7 +261,15 @@ pub(crate) fn write_begin(
         Mode::from_raw_mode(mode & 0o7777),
     )?;
     // The umask narrowed the mode; set exactly what was asked.
-    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o7777))?;
+    let set = rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o7777)).and_then(|()| {
+        xattrs.iter().try_for_each(|(name, value)| {
+            rustix::fs::fsetxattr(&file, name.as_str(), value.as_bytes(), XattrFlags::empty())
+        })
+    });
+    if let Err(e) = set {
+        let _ = unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+        return Err(e);
+    }
     let pending = PendingWrite {
         dir,
         tmp,
@@ -461,6 +474,10 @@ fn entry(dir: &impl AsFd, name: &str, path: String, st: &Stat) -> EntryStat {
         .then(|| readlinkat(dir, name, Vec::new()).ok())
         .flatten()
         .map(|t| t.to_string_lossy().into_owned());
+    let xattrs = match ft {
+        FileType::RegularFile | FileType::Directory => user_xattrs(dir, name),
+        _ => BTreeMap::new(),
+    };
     EntryStat {
         path,
         kind: kind.to_owned(),
@@ -469,5 +486,46 @@ fn entry(dir: &impl AsFd, name: &str, path: String, st: &Stat) -> EntryStat {
         mtime: st.st_mtime,
         mtime_nsec: st.st_mtime_nsec as u32,
         target,
+        xattrs,
     }
+}
+
+/// The namespace of the extended attributes the agent reads and writes: those a process
+/// without capabilities may set (xattr(7)).
+const USER_XATTRS: &str = "user.";
+
+/// The `user.` extended attributes of `name` in `dir` (`""`: `dir` itself) whose values
+/// are UTF-8. Read through a descriptor of the entry (opened without following a symlink
+/// swapped in since its stat); none if it cannot be opened (no read permission).
+fn user_xattrs(dir: &impl AsFd, name: &str) -> BTreeMap<String, String> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let Ok(fd) = rustix::fs::openat(
+        dir,
+        if name.is_empty() { "." } else { name },
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return BTreeMap::new();
+    };
+    let mut names = vec![0u8; 4096];
+    let Ok(n) = rustix::fs::flistxattr(&fd, &mut names[..]) else {
+        return BTreeMap::new();
+    };
+    let mut out = BTreeMap::new();
+    let mut value = vec![0u8; 4096];
+    for xname in names[..n].split(|&b| b == 0) {
+        let Ok(xname) = std::str::from_utf8(xname) else {
+            continue;
+        };
+        if !xname.starts_with(USER_XATTRS) {
+            continue;
+        }
+        // A value larger than 4 KiB is not metadata to show in a listing.
+        if let Ok(len) = rustix::fs::fgetxattr(&fd, xname, &mut value[..]) {
+            if let Ok(v) = std::str::from_utf8(&value[..len]) {
+                out.insert(xname.to_owned(), v.to_owned());
+            }
+        }
+    }
+    out
 }

@@ -11,11 +11,12 @@
 //! relies on it should.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use crate::ProtocolError;
 
 /// The version of this protocol, sent in [`Body::Hello`].
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A request to the agent. Replies carry the same `id`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +79,10 @@ pub enum Op {
         mode: u32,
         /// Create missing parent directories.
         create_parents: bool,
+        /// Extended attributes set on the temporary file (names in the `user.` namespace),
+        /// so that the file has them from the moment it is in place.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        xattrs: BTreeMap<String, String>,
     },
     /// Renames the temporary file over its path (`commit`) or removes it; replies
     /// [`Body::Stat`] (or [`Body::Done`]).
@@ -287,6 +292,10 @@ pub struct EntryStat {
     pub mtime_nsec: u32,
     /// A symlink's target.
     pub target: Option<String>,
+    /// A regular file's or directory's extended attributes in the `user.` namespace whose
+    /// values are UTF-8 (names in full: `user.e2b.author`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// What the agent sends: replies, and exits of spawned commands.

@@ -398,10 +398,11 @@ impl Agent {
                 path,
                 mode,
                 create_parents,
+                xattrs,
             } => {
                 let token = self.next_token;
                 self.next_token += 1;
-                match files::write_begin(&self.roots, &path, mode, create_parents, token) {
+                match files::write_begin(&self.roots, &path, mode, create_parents, &xattrs, token) {
                     Ok((fd, pending)) => {
                         self.writes.insert(token, pending);
                         (Ok(Body::WriteStarted { token }), vec![fd])

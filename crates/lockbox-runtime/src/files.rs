@@ -35,6 +35,10 @@ pub(crate) fn map_error(e: AgentError, path: &str, writing: bool) -> RuntimeErro
             format!("{path}: too many symlinks, or a /proc magic link"),
         ),
         libc::EINVAL => RuntimeError::invalid("path", format!("{path}: {}", e.message)),
+        libc::EOPNOTSUPP => RuntimeError::invalid(
+            "xattrs",
+            format!("{path}: its file system keeps no user extended attributes"),
+        ),
         _ => RuntimeError::Agent(format!("failed: {}", e.message)),
     }
 }
@@ -52,6 +56,7 @@ fn stat_of(e: EntryStat) -> FileStat {
         mode: e.mode,
         modified: lockbox_policy::time::from_unix(e.mtime, e.mtime_nsec),
         target: e.target,
+        xattrs: e.xattrs,
     }
 }
 
@@ -65,6 +70,27 @@ async fn call(
     result
         .map(|b| (b, fds))
         .map_err(|e| map_error(e, path, writing))
+}
+
+/// Longest name and value of an extended attribute (xattr(7): `XATTR_NAME_MAX`, and a
+/// value's limit on most file systems).
+const XATTR_NAME_MAX: usize = 255;
+const XATTR_VALUE_MAX: usize = 4096;
+
+fn check_xattrs(xattrs: &std::collections::BTreeMap<String, String>) -> Result<(), RuntimeError> {
+    for (name, value) in xattrs {
+        let bad = |why: &str| RuntimeError::invalid("xattrs", format!("{name:?}: {why}"));
+        if !name.starts_with("user.") || name.len() == "user.".len() {
+            return Err(bad("names are in the user. namespace (user.KEY)"));
+        }
+        if name.len() > XATTR_NAME_MAX || name.contains('\0') {
+            return Err(bad("a name is at most 255 bytes, without NUL"));
+        }
+        if value.len() > XATTR_VALUE_MAX || value.contains('\0') {
+            return Err(bad("a value is at most 4,096 bytes, without NUL"));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn check_path(path: &str) -> Result<(), RuntimeError> {
@@ -187,10 +213,12 @@ pub(crate) async fn write_file(
             "permission bits are at most 0o7777",
         ));
     }
+    check_xattrs(&opts.xattrs)?;
     let op = Op::WriteBegin {
         path: path.into(),
         mode: opts.mode,
         create_parents: opts.create_parents,
+        xattrs: opts.xattrs,
     };
     let (result, fds) = agent.call(op).await?;
     let b = result.map_err(|e| match e.errno {

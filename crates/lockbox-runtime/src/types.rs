@@ -818,12 +818,16 @@ pub struct ByteRange {
 }
 
 /// How to write a file.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WriteOptions {
     /// Permission bits of the new file (default 0o644).
     pub mode: u32,
     /// Create missing parent directories (0o755).
     pub create_parents: bool,
+    /// Extended attributes the new file has from the moment it is in place: names in the
+    /// `user.` namespace (`user.e2b.author`), values without NUL. A file it replaces goes
+    /// with its own. A file system without user extended attributes refuses them.
+    pub xattrs: BTreeMap<String, String>,
 }
 
 impl Default for WriteOptions {
@@ -831,6 +835,7 @@ impl Default for WriteOptions {
         WriteOptions {
             mode: default_mode(),
             create_parents: true,
+            xattrs: BTreeMap::new(),
         }
     }
 }
@@ -867,6 +872,9 @@ pub struct FileStat {
     pub modified: SystemTime,
     /// For a symlink, its target.
     pub target: Option<String>,
+    /// A regular file's or directory's extended attributes in the `user.` namespace whose
+    /// values are UTF-8, by full name (`user.e2b.author`); those the sandbox may read.
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// Which changes a commit takes (paths relative to the workdir; a directory covers its

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from e2b_util import e2b_server, need  # noqa: F401 (a fixture)
+from e2b_util import e2b_server, envd_route, need  # noqa: F401 (a fixture)
 
 try:
     from e2b import (
@@ -204,6 +204,45 @@ def test_info_describes_files_directories_and_symlinks(e2b_sandbox):
         fs.rename("info/missing", "info/other")
     with pytest.raises(Exception, match="depth should be at least 1"):
         fs.list("info", depth=-1)
+
+
+def test_file_metadata_is_kept_as_xattrs_and_shown_by_info_list_and_rename(e2b_sandbox):
+    # E2B keeps a file's metadata as its `user.e2b.*` extended attributes: set by an upload's
+    # X-Metadata-* headers (both upload forms) or by code in the sandbox.
+    fs = e2b_sandbox.files
+    meta = {"author": "mish", "purpose": "upload"}
+    assert fs.write("m/a.txt", "a", metadata=meta).metadata == meta
+    assert fs.write("m/b.txt", "b", metadata=meta, use_octet_stream=True).metadata == meta
+    assert fs.get_info("m/b.txt").metadata == meta
+    listed = {e.name: e.metadata for e in fs.list("m")}
+    assert listed == {"a.txt": meta, "b.txt": meta}
+    assert fs.rename("m/a.txt", "m/c.txt").metadata == meta
+    # Written over without metadata: the old file's goes with it.
+    assert fs.write("m/c.txt", "again").metadata is None
+    assert fs.get_info("m/c.txt").metadata is None
+    path = fs.get_info("m/c.txt").path
+    e2b_sandbox.commands.run(
+        f"python3 -c \"import os; os.setxattr('{path}', 'user.e2b.k', b'v')\"")
+    assert fs.get_info("m/c.txt").metadata == {"k": "v"}
+
+
+def test_metadata_the_sdk_would_refuse_is_refused_by_the_server_too(e2b_sandbox):
+    import httpx
+    url = f"{e2b_sandbox.envd_api_url}/files"
+    route = envd_route(e2b_sandbox.sandbox_id, e2b_sandbox._envd_access_token)
+    for value in ["caf\u00e9".encode(), b"tab\there"]:
+        r = httpx.post(url, params={"path": "/tmp/meta.txt"}, content=b"x",
+                       headers=[("Content-Type", "application/octet-stream"),
+                                ("X-Metadata-Good", value),
+                                *route.items()])
+        assert r.status_code == 400, r.text
+        assert "x-metadata-good" in r.text
+    assert not e2b_sandbox.files.exists("/tmp/meta.txt")
+    r = httpx.post(url, params={"path": "/tmp/meta.txt"}, content=b"x",
+                   headers={"Content-Type": "application/octet-stream",
+                            "X-Metadata-Good": "fine", **route})
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["metadata"] == {"good": "fine"}
 
 
 def test_a_watched_directory_reports_creates_writes_and_removes(e2b_sandbox):

@@ -112,7 +112,7 @@ fn entry(ctx: &Ctx, st: &FileStat) -> EntryInfo {
             nanos: i32::try_from(modified.subsec_nanos()).unwrap_or_default(),
         }),
         symlink_target: st.target.clone(),
-        metadata: Default::default(),
+        metadata: super::metadata(&st.xattrs),
         is_symlink: st.kind == FileKind::Symlink,
     }
 }

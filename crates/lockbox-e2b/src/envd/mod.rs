@@ -119,6 +119,22 @@ impl Ctx {
     }
 }
 
+/// Where E2B keeps a file's metadata: its extended attributes in this namespace, one per
+/// key (`user.e2b.author`), whoever set them (an upload's `X-Metadata-*` headers, or code in
+/// the sandbox).
+pub const METADATA_XATTRS: &str = "user.e2b.";
+
+/// A file's E2B metadata: its [`METADATA_XATTRS`] attributes, by key.
+pub fn metadata(xattrs: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
+    xattrs
+        .iter()
+        .filter_map(|(name, value)| {
+            let key = name.strip_prefix(METADATA_XATTRS)?;
+            (!key.is_empty()).then(|| (key.to_owned(), value.clone()))
+        })
+        .collect()
+}
+
 /// `path` inside the sandbox as envd reads it, in its RPCs and its REST `/files` alike:
 /// as given when absolute, else below the user's `home`; `~` and `~/...` name the home,
 /// and so do `` and `.` (`./` is dropped).

@@ -155,10 +155,44 @@ async fn download(
         .into_response())
 }
 
-/// envd's `EntryInfo` of a written file.
-fn entry(path: &str) -> Value {
+/// envd's `EntryInfo` of a written file, with its metadata (none: no field).
+fn entry(path: &str, st: &lockbox_runtime::FileStat) -> Value {
     let name = path.rsplit('/').next().unwrap_or(path);
-    json!({"path": path, "name": name, "type": "file"})
+    let mut info = json!({"path": path, "name": name, "type": "file"});
+    let metadata = super::metadata(&st.xattrs);
+    if !metadata.is_empty() {
+        info["metadata"] = json!(metadata);
+    }
+    info
+}
+
+/// The prefix of the upload headers that carry a file's metadata, one per key.
+const METADATA_HEADERS: &str = "x-metadata-";
+
+/// An upload's metadata (`X-Metadata-KEY: VALUE`) as the extended attributes that keep it
+/// ([`super::METADATA_XATTRS`]`KEY`): keys lowercased (header names are), values printable
+/// US-ASCII, as E2B's SDKs check before sending. Anything else is refused before a byte is
+/// written.
+fn metadata_xattrs(
+    headers: &HeaderMap,
+) -> Result<std::collections::BTreeMap<String, String>, E2bError> {
+    let mut xattrs = std::collections::BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADERS) else {
+            continue;
+        };
+        let bad = |why: &str| E2bError::new(StatusCode::BAD_REQUEST, format!("{name}: {why}"));
+        if key.is_empty() {
+            return Err(bad("an empty metadata key"));
+        }
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| bad("a metadata value is printable US-ASCII"))?;
+        xattrs.insert(format!("{}{key}", super::METADATA_XATTRS), value.to_owned());
+    }
+    Ok(xattrs)
 }
 
 /// The path a signed file URL was signed for: the only one its upload may write.
@@ -187,15 +221,12 @@ async fn upload(
             ))
         }
     };
-    if let Some(key) = headers
-        .keys()
-        .find(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return Err(E2bError::new(
-            StatusCode::BAD_REQUEST,
-            format!("{key}: file metadata is not supported"),
-        ));
-    }
+    // The same metadata goes on every file of the upload; a file it replaces takes its own
+    // with it (none given: none left).
+    let options = WriteOptions {
+        xattrs: metadata_xattrs(&headers)?,
+        ..WriteOptions::default()
+    };
     let sandbox = e2b
         .runtime
         .sandbox(&target.instance)
@@ -256,11 +287,11 @@ async fn upload(
         }
         for (path, data) in files {
             let reader = std::io::Cursor::new(data);
-            sandbox
-                .write_file(&path, Box::pin(reader), WriteOptions::default())
+            let st = sandbox
+                .write_file(&path, Box::pin(reader), options.clone())
                 .await
                 .map_err(|e| file_error(&path, &e))?;
-            written.push(entry(&path));
+            written.push(entry(&path, &st));
         }
     } else {
         let Some(path) = query.path.as_deref().filter(|p| !p.is_empty()) else {
@@ -279,14 +310,14 @@ async fn upload(
         } else {
             Box::pin(tokio_util::io::StreamReader::new(stream))
         };
-        sandbox
-            .write_file(&path, reader, WriteOptions::default())
+        let st = sandbox
+            .write_file(&path, reader, options)
             .await
             .map_err(|e| match bad_gzip.get() {
                 Some(why) => E2bError::new(StatusCode::BAD_REQUEST, format!("gzip body: {why}")),
                 None => file_error(&path, &e),
             })?;
-        written.push(entry(&path));
+        written.push(entry(&path, &st));
     }
     let mut out = HeaderMap::new();
     out.insert(

@@ -150,6 +150,7 @@ async fn stat_list_mkdir_rename_remove() {
         WriteOptions {
             mode: 0o600,
             create_parents: false,
+            ..WriteOptions::default()
         },
     )
     .await
@@ -641,5 +642,80 @@ async fn a_proc_file_giving_more_than_the_bound_is_refused() {
     let err = sb.read_file(smaps, None).await.unwrap_err();
     assert_eq!(err.code(), "INVALID_REQUEST", "{err}");
     assert!(err.to_string().contains("4096 bytes"), "{err}");
+    rt.shutdown().await;
+}
+
+/// A write's `user.` extended attributes are on the file from the moment it is in place,
+/// and stat and list show them, set by the API or by code in the sandbox; a file written
+/// over without them has none (the old file's went with it). Names outside `user.` and
+/// values with NUL are refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_user_xattrs_are_written_with_it_and_shown_by_stat_and_list() {
+    also_as_nobody(&lockbox_testkit::test_name!(
+        "a_files_user_xattrs_are_written_with_it_and_shown_by_stat_and_list"
+    ));
+    let state = scratch();
+    let (rt, sb) = sandbox(state.path()).await;
+    let tagged = |pairs: &[(&str, &str)]| WriteOptions {
+        xattrs: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..WriteOptions::default()
+    };
+    let want: std::collections::BTreeMap<String, String> = [("user.e2b.author", "mish")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let st = sb
+        .write_file(
+            "/tmp/x/f",
+            body(b"one".to_vec()),
+            tagged(&[("user.e2b.author", "mish")]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.xattrs, want);
+    assert_eq!(sb.stat("/tmp/x/f").await.unwrap().xattrs, want);
+    let listed = sb.list("/tmp/x", false, false).await.unwrap();
+    assert_eq!(listed[0].xattrs, want);
+    // Written over without them: none left.
+    let st = sb
+        .write_file("/tmp/x/f", body(b"two".to_vec()), WriteOptions::default())
+        .await
+        .unwrap();
+    assert!(st.xattrs.is_empty(), "{st:?}");
+    // Set by code in the sandbox, on a directory too.
+    let r = sb
+        .exec(req(
+            "python3 -c \"import os; os.setxattr('/tmp/x/f', 'user.e2b.k', b'v'); \
+             os.setxattr('/tmp/x', 'user.tag', b'dir')\"",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_eq!(
+        sb.stat("/tmp/x/f").await.unwrap().xattrs.get("user.e2b.k"),
+        Some(&"v".to_owned())
+    );
+    assert_eq!(
+        sb.stat("/tmp/x").await.unwrap().xattrs.get("user.tag"),
+        Some(&"dir".to_owned())
+    );
+    for bad in [
+        tagged(&[("trusted.x", "v")]),
+        tagged(&[("user.", "v")]),
+        tagged(&[("user.k", "a\0b")]),
+    ] {
+        let e = sb
+            .write_file("/tmp/x/g", body(b"x".to_vec()), bad)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_REQUEST", "{e}");
+    }
+    assert_eq!(
+        sb.stat("/tmp/x/g").await.unwrap_err().code(),
+        "FILE_NOT_FOUND"
+    );
     rt.shutdown().await;
 }

@@ -84,6 +84,7 @@ pub async fn run(runtime: &Runtime, scope: &Scope, call: ToolCall) -> Result<Val
             let options = WriteOptions {
                 mode: mode.unwrap_or(WriteOptions::default().mode),
                 create_parents: true,
+                ..WriteOptions::default()
             };
             let body = Box::pin(std::io::Cursor::new(data));
             json_result(&FileInfo::from(

@@ -173,6 +173,7 @@ pub async fn put(
     let options = WriteOptions {
         mode: mode.unwrap_or(WriteOptions::default().mode),
         create_parents: true,
+        ..WriteOptions::default()
     };
     let written = sandbox
         .write_file(&query.path, Box::pin(StreamReader::new(stream)), options)
