@@ -40,6 +40,12 @@
 //!     and does this part there (`lean_init`): it would otherwise hold a copy of its
 //!     caller's address space for the sandbox's life.
 //!
+//! Such an init is not even a fork: it shares its caller's memory until that exec
+//! ([`init_entry_shared`], [`Prepared::shares_caller_memory`]), the caller's thread
+//! suspended meanwhile, so that no page tables are copied. It then skips what would change
+//! the caller's memory map, which is the caller's own: the wipe of step 0 and the
+//! non-dumpability of step 11 (the lean init does both for itself).
+//!
 //! A sequence sandbox ([`crate::Spawn::sequence`]) does not exit after its first command:
 //! while a command runs, the init enters a fresh IPC namespace for the next; once it is over
 //! (and everything it left is killed and reaped), the init replaces the stdio by
@@ -129,6 +135,10 @@ pub struct Prepared {
     /// How a single-command sandbox's init re-executes itself once its command runs
     /// (long-lived sandboxes, [`crate::lean_init`]); `None`: it stays as cloned.
     pub(crate) lean: Option<crate::lean_init::LeanExec>,
+    /// The init shares its caller's memory until it executes its lean self (cloned by
+    /// [`init_entry_shared`] rather than forked): it leaves what the memory map carries
+    /// (the caller's command line, its dumpability) alone, and ends if that exec fails.
+    pub(crate) shares_caller_memory: bool,
     /// A pre-armed sandbox ([`crate::Spawn::armed`]): its command child confines itself and
     /// waits for a go that brings the command; this is its room for pointers into it (see
     /// `armed`). `None`: the command is in `commands`.
@@ -263,6 +273,28 @@ pub fn init_main(p: &mut Prepared) -> ! {
             Err(fail) => fail_exit(p, fail),
         };
     }
+}
+
+/// The init of [`init_main`], cloned sharing its caller's memory (`sys::spawn_vfork_into`).
+pub(crate) struct SharedInit {
+    /// The caller's, suspended until the init executes or exits.
+    pub(crate) prepared: *mut Prepared,
+    pub(crate) adopt: Option<crate::own_table::Adopt>,
+}
+
+/// Entry of an init cloned with `CLONE_VM | CLONE_VFORK` (the caller's thread suspended
+/// until it executes its lean self, with every signal blocked): the caller's signal
+/// handlers go first (they would run in its memory), then as [`init_main`].
+pub(crate) fn init_entry_shared(start: &SharedInit) -> ! {
+    sys::reset_signal_handlers();
+    if let Some(adopt) = &start.adopt {
+        if crate::own_table::adopt(adopt).is_err() {
+            sys::exit(125)
+        }
+    }
+    // SAFETY: the caller made `prepared` from its `&mut Prepared` and does not touch it
+    // until we have exec'd or exited (CLONE_VFORK suspends it): ours alone meanwhile.
+    init_main(unsafe { &mut *start.prepared })
 }
 
 /// How [`run_command`] gets its command going.
@@ -503,11 +535,16 @@ fn redirect_stdio(p: &Prepared) -> Result<(), Fail> {
 /// in our copy of the caller's memory, with the title at the start of the first, then,
 /// where the kernel allows, points `/proc/1/cmdline` at the title alone.
 fn hide_command_line(p: &Prepared) -> Result<(), Fail> {
-    sys::wipe_exec_strings(&p.layout, &p.title);
     let name = CStr::from_bytes_with_nul(&p.title)
         .map_err(|_| Errno(libc::EINVAL))
         .map_err(at(Step::HideCommandLine))?;
     sys::set_name(name).map_err(at(Step::HideCommandLine))?;
+    // The caller's memory itself: nothing of it is ours to change, and the exec of the
+    // lean init (before anything but the agent runs in the sandbox) replaces both areas.
+    if p.shares_caller_memory {
+        return Ok(());
+    }
+    sys::wipe_exec_strings(&p.layout, &p.title);
     // Cosmetic (the NUL padding goes): kernels without CONFIG_CHECKPOINT_RESTORE refuse it,
     // and the wipe above already removed everything of the caller's.
     // SAFETY: `with_title` keeps `start_brk`, and `brk` is the current break: the heap stays
@@ -921,7 +958,11 @@ fn landlock_ruleset(p: &Prepared, rules: &[crate::plan::Rule]) -> Result<Option<
 }
 
 fn harden_init(p: &Prepared, ruleset: Option<RawFd>) -> Result<OwnedFd, Fail> {
-    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
+    // Dumpability belongs to the memory map: sharing the caller's, the init would make the
+    // caller non-dumpable. The lean init makes itself so first thing after its exec.
+    if !p.shares_caller_memory {
+        sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::SetDumpable))?;
+    }
     // The resolver's sockets stay until the command hands them to the supervisor.
     let (udp, tcp) = p.helper.dns_fds();
     close_other_fds(&p.keep_fds, ruleset, &p.source_fds, &[udp, tcp]);
@@ -1071,7 +1112,20 @@ fn run_command(p: &mut Prepared, step: usize, signal_fd: BorrowedFd<'_>, start: 
     // small process of its own (see `lean_init`); if the exec fails, it goes on as it is.
     if step == 0 && p.plan.steps.is_empty() {
         if let Some(lean) = p.lean.as_mut() {
-            crate::lean_init::exec(lean, command, signal_fd.as_raw_fd(), p.report_fd, p.parent);
+            let errno =
+                crate::lean_init::exec(lean, command, signal_fd.as_raw_fd(), p.report_fd, p.parent);
+            // Sharing the caller's memory (its thread suspended until we exec), the init
+            // cannot go on as it is: it ends the sandbox (the command with it) instead.
+            if p.shares_caller_memory {
+                fail_exit(
+                    p,
+                    Fail {
+                        step: Step::LeanExec,
+                        errno,
+                        index: 0,
+                    },
+                )
+            }
         }
     }
     supervise(command, signal_fd)
@@ -1180,6 +1234,10 @@ fn hand_over_net_filter(
         dns_udp,
         dns_tcp,
     };
+    // Dumpable while the supervisor takes the listener (with pidfd_getfd), then as before:
+    // not dumpable as a forked init's copy, and as the caller is when this child shares
+    // the caller's memory (dumpability belongs to the memory map).
+    let was = sys::prctl(libc::PR_GET_DUMPABLE, 0).unwrap_or(0);
     let handed = sys::prctl(libc::PR_SET_DUMPABLE, 1)
         .and_then(|_| sys::write_all(fd, &handover.encode()))
         .and_then(|()| {
@@ -1189,7 +1247,7 @@ fn hand_over_net_filter(
                 _ => Err(Errno(libc::ECONNRESET)),
             }
         });
-    let _ = sys::prctl(libc::PR_SET_DUMPABLE, 0);
+    let _ = sys::prctl(libc::PR_SET_DUMPABLE, was as libc::c_ulong);
     // SAFETY: `listener` was made above; the supervisor has taken its own copy (or failed to)
     // and this process does not use it again.
     unsafe { sys::close(listener) };

@@ -22,8 +22,10 @@
 //! thing. Between the exec and that, the command cannot trace the init: Landlock confines
 //! ptrace to the command's own domain, which the init is not in.
 //!
-//! If the exec fails (the executable is gone, say), the init goes on as it was cloned:
-//! only the memory saving is lost.
+//! If the exec fails (the executable is gone, say), a forked init goes on as it was cloned:
+//! only the memory saving is lost. An init that shares its caller's memory until this exec
+//! (`Prepared::shares_caller_memory`, the usual case) cannot: it reports the failure and
+//! ends the sandbox.
 
 use crate::sys::{self, CStringArray};
 use std::ffi::{CString, OsStr};
@@ -63,15 +65,15 @@ impl LeanExec {
 
 /// In the init, once `command` runs: closes every descriptor but the sandbox's stdio,
 /// `signal_fd`, `report_fd` and `parent` (the supervisor's pidfd), and executes the lean
-/// init with their numbers. Returns only if that failed (the init then goes on as it is).
-/// Allocates nothing (see `child`).
+/// init with their numbers. Returns only if that failed, with why (a forked init then goes
+/// on as it is). Allocates nothing (see `child`).
 pub(crate) fn exec(
     lean: &mut LeanExec,
     command: libc::pid_t,
     signal_fd: RawFd,
     report_fd: RawFd,
     parent: RawFd,
-) {
+) -> sys::Errno {
     let mut keep = [0, 1, 2, signal_fd, report_fd, parent];
     keep.sort_unstable();
     // What else is open (the cgroup descriptors the init joined with) is done with.
@@ -93,11 +95,11 @@ pub(crate) fn exec(
             Ok(low) => {
                 // SAFETY: `low` is the copy just made here, which nothing else knows of.
                 unsafe { sys::close(low) };
-                if sys::clear_cloexec(*fd).is_err() {
-                    return;
+                if let Err(e) = sys::clear_cloexec(*fd) {
+                    return e;
                 }
             }
-            Err(_) => return,
+            Err(e) => return e,
         }
     }
     let [signal_fd, report_fd, parent] = passed;
@@ -107,9 +109,14 @@ pub(crate) fn exec(
     {
         lean.argv.set_number(i, n);
     }
+    let mut error = sys::Errno(libc::ENOENT);
     for candidate in &lean.exec_candidates {
-        let _ = sys::execve(candidate, &lean.argv, &lean.envp);
+        let e = sys::execve(candidate, &lean.argv, &lean.envp);
+        if e.0 != libc::ENOENT && e.0 != libc::ENOTDIR {
+            error = e;
+        }
     }
+    error
 }
 
 /// If `argv[1]` is [`INIT_ARG`], this process is a sandbox's re-executed init: it forwards

@@ -84,10 +84,11 @@ pub enum Step {
     Helper,
     DnsSockets,
     NewSession,
+    LeanExec,
 }
 
 impl Step {
-    const ALL: [Step; 37] = [
+    const ALL: [Step; 38] = [
         Step::JoinCgroup,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -125,6 +126,7 @@ impl Step {
         Step::Helper,
         Step::DnsSockets,
         Step::NewSession,
+        Step::LeanExec,
     ];
 
     pub(crate) fn from_code(code: u32) -> Option<Step> {
@@ -171,6 +173,7 @@ impl Step {
             Step::LimitUserQuota => "limiting the sandbox's share of a per-user quota:",
             Step::HideCommandLine => "hiding the caller's command line from the sandbox",
             Step::NewSession => "starting the command's session on its terminal",
+            Step::LeanExec => "re-executing the sandbox's init small (its agent's executable)",
         }
     }
 }

@@ -80,7 +80,36 @@ pub unsafe fn spawn_vfork<T>(
 ) -> Result<libc::pid_t, Errno> {
     // SAFETY: the caller keeps the promises above; we are suspended until the child has
     // exec'd or exited, so `stack` and `arg` outlive its use of them.
-    unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_VFORK) }
+    unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_VFORK, None) }
+}
+
+/// [`spawn_vfork`] into new namespaces: `run(arg)` in a child cloned with `flags` (the
+/// namespaces, `CLONE_FILES` maybe) and `CLONE_VM | CLONE_VFORK | CLONE_PIDFD`, on `stack`,
+/// while we are suspended until it calls `execve` or exits. Returns its pid and pidfd.
+/// A sandbox's init that will execute a small program of its own is cloned so: a fork
+/// would copy our page tables, only for the `execve` to tear them down.
+///
+/// # Safety
+///
+/// As [`spawn_vfork`]. Besides, what the child changes of the state its memory carries is
+/// ours too: it changes none of it (no `PR_SET_DUMPABLE`, no `PR_SET_MM`, nothing written
+/// into our argument or environment strings), and it runs no signal handler of ours (block
+/// every signal in the calling thread around this call; the child resets the handlers with
+/// [`reset_signal_handlers`] before it unblocks any).
+pub unsafe fn spawn_vfork_into<T>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+    flags: libc::c_int,
+) -> Result<(libc::pid_t, OwnedFd), Errno> {
+    let mut pidfd: libc::c_int = -1;
+    let flags = flags | libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD;
+    // SAFETY: the caller keeps the promises above; we are suspended until the child has
+    // exec'd or exited, so `stack` and `arg` outlive its use of them; `pidfd` outlives
+    // the call.
+    let pid = unsafe { clone_on(stack, run, arg, flags, Some(&mut pidfd)) }?;
+    // SAFETY: CLONE_PIDFD made this descriptor for us just now; nothing else owns it.
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
 }
 
 /// Runs `run(arg)` in a child that shares our memory and descriptor table, on `stack`,
@@ -102,21 +131,23 @@ pub unsafe fn spawn_alongside<T: Sync>(
     arg: &T,
 ) -> Result<libc::pid_t, Errno> {
     // SAFETY: the caller keeps the promises above.
-    unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_FILES) }
+    unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_FILES, None) }
 }
 
 /// `clone(flags | SIGCHLD)` of a child that runs `run(arg)` on `stack`. The child finds
 /// `run` and `arg` at the top of its own stack (ours may have moved on by the time it runs
-/// unless `CLONE_VFORK` suspends us).
+/// unless `CLONE_VFORK` suspends us). With `CLONE_PIDFD` in `flags`, the pidfd is written
+/// to `pidfd`.
 ///
 /// # Safety
 ///
-/// As [`spawn_vfork`] or [`spawn_alongside`], according to `flags`.
+/// As [`spawn_vfork`], [`spawn_vfork_into`] or [`spawn_alongside`], according to `flags`.
 unsafe fn clone_on<T>(
     stack: &mut [u8],
     run: fn(&T) -> !,
     arg: &T,
     flags: libc::c_int,
+    pidfd: Option<&mut libc::c_int>,
 ) -> Result<libc::pid_t, Errno> {
     struct Start<'a, T> {
         run: fn(&T) -> !,
@@ -137,14 +168,17 @@ unsafe fn clone_on<T>(
     let start_at = (top - slot) as *mut Start<'_, T>;
     // SAFETY: `start_at` is 16-aligned and inside `stack`, which is live and writable.
     unsafe { start_at.write(Start { run, arg }) };
+    let pidfd = pidfd.map_or(ptr::null_mut(), |fd| fd as *mut libc::c_int);
     // SAFETY: the child runs on `stack` below its `Start`, which the caller keeps alive
-    // (and `arg` with it) until the child has exited or exec'd.
+    // (and `arg` with it) until the child has exited or exec'd. `pidfd` (the parent_tid
+    // argument, which only CLONE_PIDFD writes) is null or outlives the call.
     let rc = unsafe {
         libc::clone(
             entry::<T>,
             start_at as *mut libc::c_void,
             flags | libc::SIGCHLD,
             start_at as *mut libc::c_void,
+            pidfd,
         )
     };
     check_int(rc)
@@ -154,7 +188,8 @@ unsafe fn clone_on<T>(
 /// that change no memory of ours: any other option is `EINVAL` here (`PR_SET_MM` has
 /// [`set_mm_map`], `PR_SET_NAME` [`set_name`]).
 pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> Result<libc::c_int, Errno> {
-    const PLAIN: [libc::c_int; 7] = [
+    const PLAIN: [libc::c_int; 8] = [
+        libc::PR_GET_DUMPABLE,
         libc::PR_SET_DUMPABLE,
         libc::PR_SET_CHILD_SUBREAPER,
         libc::PR_SET_PDEATHSIG,

@@ -32,6 +32,16 @@ impl SigSet {
     pub fn empty() -> SigSet {
         SigSet::of(&[])
     }
+
+    /// Every signal (the kernel never blocks `SIGKILL` and `SIGSTOP`; glibc leaves its own
+    /// two out when the set is used as a mask).
+    pub fn full() -> SigSet {
+        // SAFETY: sigset_t is plain data; sigfillset initialises it.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t.
+        unsafe { libc::sigfillset(&mut set) };
+        SigSet(set)
+    }
 }
 
 /// `sigprocmask(how, set)`; returns the previous mask.
@@ -54,6 +64,29 @@ pub fn reset_runtime_signals() {
     for sig in [libc::SIGPIPE, libc::SIGXFSZ] {
         // SAFETY: setting SIG_DFL is always valid.
         unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// Sets every signal that has a handler back to its default action (ignored ones stay
+/// ignored). A child that shares its parent's memory but not its handlers (`CLONE_VM`
+/// without `CLONE_SIGHAND`) calls it before it unblocks any signal: a handler of the
+/// parent's would run in the parent's memory. Async-signal-safe.
+pub fn reset_signal_handlers() {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        let mut old = std::mem::MaybeUninit::<libc::sigaction>::uninit();
+        // SAFETY: a null new action only reads the current one into `old`.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), old.as_mut_ptr()) } != 0 {
+            continue;
+        }
+        // SAFETY: sigaction succeeded, so it filled `old`.
+        let handler = unsafe { old.assume_init() }.sa_sigaction;
+        if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
+            // SAFETY: setting SIG_DFL is always valid.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
     }
 }
 
