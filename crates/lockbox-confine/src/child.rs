@@ -320,7 +320,7 @@ fn fail_exit(p: &Prepared, fail: Fail) -> ! {
 /// Arms `PR_SET_PDEATHSIG(SIGKILL)`: when the supervisor dies, the kernel kills the init,
 /// and with it (pid 1 of the sandbox's pid namespace) every process of the sandbox. It
 /// fires when the *thread* that cloned us exits, so long-lived sandboxes are cloned from a
-/// thread that lives as long as its process (the runtime's spawner thread).
+/// thread that lives as long as its process (one of the runtime's spawner threads).
 ///
 /// A supervisor that died between the clone and the prctl armed nothing (prctl(2)), so its
 /// pidfd, readable once every thread of it is gone, is checked after: the usual `getppid()`

@@ -684,11 +684,14 @@ async fn spawn_agent(
     }
 }
 
-/// Runs `f` on the runtime's spawner thread, which lives as long as the process.
+/// Runs `f` on one of the runtime's spawner threads, which live as long as the process.
 ///
 /// The sandbox init has `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it
 /// exits; tokio's blocking threads exit after 10 s idle, which would kill every sandbox
-/// they had started. So all sandboxes are started from one thread that never exits.
+/// they had started. So all sandboxes are started from threads that never exit. There is
+/// one per core (2 to 16): a long-lived sandbox's init shares its caller's memory until it
+/// has set up and executes its lean self, and its spawner waits until then (lockbox-confine's
+/// `clone_sharing_memory`), so one thread would set up one sandbox at a time.
 async fn on_spawner_thread<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, RuntimeError> {
@@ -704,21 +707,38 @@ async fn on_spawner_thread<T: Send + 'static>(
             Some(s) => s.clone(),
             None => {
                 let (s, jobs) = std::sync::mpsc::channel::<Job>();
-                std::thread::Builder::new()
-                    .name("lockbox-spawner".into())
-                    .spawn(move || {
-                        while let Ok(job) = jobs.recv() {
-                            job();
+                let jobs = Arc::new(Mutex::new(jobs));
+                let threads =
+                    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 16));
+                let mut started = Ok(());
+                for i in 0..threads {
+                    let jobs = Arc::clone(&jobs);
+                    let spawned = std::thread::Builder::new()
+                        .name("lockbox-spawner".into())
+                        .spawn(move || loop {
+                            // The lock is held while waiting for a job, not while running it.
+                            let next = lock(&jobs).recv();
+                            match next {
+                                Ok(job) => job(),
+                                Err(_) => break,
+                            }
+                        });
+                    // Fewer threads than cores only start fewer sandboxes at once.
+                    if let Err(e) = spawned {
+                        if i == 0 {
+                            started = Err(e);
                         }
-                    })
-                    .map_err(RuntimeError::os("starting the sandbox spawner thread"))?;
+                        break;
+                    }
+                }
+                started.map_err(RuntimeError::os("starting the sandbox spawner threads"))?;
                 *spawner = Some(s.clone());
                 s
             }
         };
         sender
             .send(job)
-            .map_err(|_| RuntimeError::internal("the sandbox spawner thread is gone"))?;
+            .map_err(|_| RuntimeError::internal("the sandbox spawner threads are gone"))?;
     }
     rx.await
         .map_err(|_| RuntimeError::internal("the sandbox spawner thread failed"))

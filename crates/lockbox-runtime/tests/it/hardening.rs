@@ -308,8 +308,6 @@ fn thread_minor_faults() -> u64 {
     after.split(' ').nth(7).unwrap().parse().unwrap()
 }
 
-/// The sandbox inits among this process's children (the runtime's spawner thread is the
-/// parent of those it cloned).
 /// A sandbox's init has a descriptor table sized to what it holds, not to its runtime's: it
 /// is cloned from the runtime's process, whose table grows by 8 slots with every sandbox a
 /// server holds, and kept that copy (issue 34: 64 KB at 1,000 sandboxes, so memory per
@@ -369,6 +367,8 @@ fn fd_size(pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no FDSize in {status}"))
 }
 
+/// The sandbox inits among this process's children (the runtime's spawner threads are the
+/// parents of those they cloned).
 fn inits() -> Vec<u32> {
     let mut children = std::collections::BTreeSet::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
