@@ -1,7 +1,7 @@
 //! A long-lived sandbox's init, re-executed small once its command runs.
 //!
-//! The init is a fork of its caller (`clone3` without `CLONE_VM`): it starts with a copy of
-//! the caller's address space, and the kernel's page tables for it. Under `lockbox serve`
+//! A forked init (`clone3` without `CLONE_VM`) starts with a copy of the caller's address
+//! space, and the kernel's page tables for it. Under `lockbox serve`
 //! that is the whole server, which grows with every sandbox it holds, so each new
 //! sandbox's init carried more: the page tables of N sandboxes grew as N² (issue 34: 3.9 GB
 //! of page tables at 2,250 sandboxes). Once a single-command sandbox's command is running,
@@ -12,7 +12,10 @@
 //! executes that same executable with [`INIT_ARG`], the command's pid and the descriptors it
 //! still needs ([`exec`]), and goes on there ([`main_if_init`]): an idle sandbox then costs
 //! what its own processes use. Its caller's
-//! memory (credentials included: see `wiped`, `zeroed`) is gone with the exec, too.
+//! memory (credentials included: see `wiped`, `zeroed`) is gone with the exec, too. Such an
+//! init is no longer forked at all: it shares its caller's memory until this exec, the
+//! caller's thread suspended (`spawn::clone_sharing_memory`), so that no page tables are
+//! copied only to be torn down here.
 //!
 //! What carries over `execve`: the pid (so the supervisor's pidfd, the branch's record of
 //! the init and the sandbox's pid 1 stay as they were), the namespaces and cgroups, the

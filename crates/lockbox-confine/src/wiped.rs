@@ -5,7 +5,9 @@
 //! would be in it (issue 32). Non-dumpability closes `/proc/1/mem` to the command, but the
 //! copy would still be there, one kernel bug from the command. Pages advised
 //! `MADV_WIPEONFORK` (Linux 4.14) are zero-filled in every child of a fork; `MADV_DONTDUMP`
-//! keeps them out of core dumps.
+//! keeps them out of core dumps. (A long-lived sandbox's init is not forked: it shares the
+//! caller's memory, these pages as they are, until it executes its lean self, which it does
+//! before its caller hands the sandbox any work; see `lean_init`.)
 
 use std::io;
 

@@ -1,7 +1,8 @@
 //! [`ZeroOnFree`]: the global allocator of the processes that hold credentials.
 //!
-//! A sandbox's init is a fork of its caller (`clone3` without `CLONE_VM`) and starts with a
-//! copy of all of its memory, the allocator's free blocks included. Under `lockbox serve`
+//! A sandbox's init that is forked (`clone3` without `CLONE_VM`: a single command's, and any
+//! where the kernel refuses `lean_init`'s shared clone) starts with a copy of all of its
+//! caller's memory, the allocator's free blocks included. Under `lockbox serve`
 //! a request's credential header is built, encoded and encrypted in ordinary heap buffers
 //! (hyper's and rustls's, beyond lockbox's reach: only the registry's value lives in
 //! [`crate::WipedOnFork`] pages); freed, they kept their bytes, and a sandbox started after
