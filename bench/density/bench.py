@@ -15,7 +15,8 @@ use above the start (MemTotal - MemAvailable) and per sandbox, the kernel's page
 warm execs (`true`) on random live sandboxes from --clients threads, the descriptors the server
 has open, and the largest descriptor table (`FDSize`) of any sandbox process against the server's
 own. Then it deletes every sandbox and checks that no process of the server's, no host mount, no
-sandbox directory and no descriptor of the server's above its start is left. Prints a Markdown table. Asserts no timings. --perf-record FILE records the whole
+sandbox directory and no descriptor of the server's above its start is left. Prints a Markdown table,
+then the host's CPUs, load at the start and whether it runs DAMON. Asserts no timings. --perf-record FILE records the whole
 machine with `perf record -a -g` while the last step's sandboxes are created (`--at
 1800,2000 --perf-record out.data`: 200 creates with 1,800 live; `perf report -i out.data
 --children --sort sym` then says where their kernel time went). Needs the descriptors and process
@@ -108,6 +109,8 @@ def main():
     counts = [int(x) for x in a.at.split(",")]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with open("/proc/loadavg") as f:
+        load_start = " ".join(f.read().split()[:3])
     state = tempfile.mkdtemp(prefix="lockbox-bench-density-")
     with open("/proc/self/mountinfo") as f:
         mounts_before = len(f.readlines())
@@ -216,6 +219,22 @@ def main():
     print(f"\nDeleted {len(ids)} in {deleted_s:.1f} s; left after: {left} processes, "
           f"{mounts_left} host mounts, {dirs_left} sandbox directories, {fds_left} server "
           f"descriptors above its start ({fds_before}){': ' + str(grown) if grown else ''}.")
+    print(f"Host: {os.cpu_count()} CPUs, load average {load_start} at the start; {damon()}.")
+
+
+def damon():
+    """Whether the host runs DAMON, whose reverse-map walks grow with the processes that map
+    the same files (docs/benchmarks.md: 40% of the CPU at 10,000 sandboxes on one VM)."""
+    try:
+        with open("/sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds") as f:
+            n = int(f.read())
+        on = 0
+        for i in range(n):
+            with open(f"/sys/kernel/mm/damon/admin/kdamonds/{i}/state") as f:
+                on += f.read().strip() == "on"
+        return f"DAMON: {on} of {n} kdamonds on"
+    except (OSError, ValueError):
+        return "DAMON: no sysfs interface"
 
 
 if __name__ == "__main__":
