@@ -69,25 +69,13 @@ fn setup_and_wait(shim: &Shim<'_>, mut fds: CommandFds) -> Result<(), ()> {
         use std::os::unix::process::CommandExt;
         // Returns only if the command could not be executed.
         let e = cmd.exec();
-        let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
-        let _ = agent_sys::write_all(fds.report(), &(-errno).to_le_bytes());
-        let _ = writeln!(
-            std::io::stderr(),
-            "lockbox: cannot run {:?}: {e}",
-            shim.argv[0]
-        );
+        cannot_run(&fds, &shim.argv[0], &e);
         return Err(());
     }
     let child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
-            let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
-            let _ = agent_sys::write_all(fds.report(), &(-errno).to_le_bytes());
-            let _ = writeln!(
-                std::io::stderr(),
-                "lockbox: cannot run {:?}: {e}",
-                shim.argv[0]
-            );
+            cannot_run(&fds, &shim.argv[0], &e);
             return Err(());
         }
     };
@@ -110,6 +98,14 @@ fn setup_and_wait(shim: &Shim<'_>, mut fds: CommandFds) -> Result<(), ()> {
     record[4..].copy_from_slice(&signal.to_le_bytes());
     let _ = agent_sys::write_all(fds.report(), &record);
     Ok(())
+}
+
+/// Tells the agent (the errno on the report) and the command's stderr that `program` could
+/// not be started.
+fn cannot_run(fds: &CommandFds, program: &str, e: &std::io::Error) {
+    let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+    let _ = agent_sys::write_all(fds.report(), &(-errno).to_le_bytes());
+    let _ = writeln!(std::io::stderr(), "lockbox: cannot run {program:?}: {e}");
 }
 
 /// Kills and reaps whatever the command left behind, until the shim has no child.

@@ -87,6 +87,39 @@ pub fn requirement(met: bool, why: &str) -> bool {
     false
 }
 
+/// Every descendant of process `root` (zombies included), found by their parents in `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // The fields after the command name, which may hold spaces and parentheses.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+        {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(parent) = todo.pop() {
+        for &(pid, _) in parents.iter().filter(|(_, ppid)| *ppid == parent) {
+            out.push(pid);
+            todo.push(pid);
+        }
+    }
+    out
+}
+
 /// Whether the process runs as root (many tests also run as uid 65534 then).
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()

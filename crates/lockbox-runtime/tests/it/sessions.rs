@@ -525,30 +525,9 @@ fn own_descriptors_but_pipes() -> usize {
         .count()
 }
 
-/// Processes below this one, found by their parents in `/proc`.
+/// Processes below this one.
 fn own_descendants() -> usize {
-    let me = std::process::id() as i32;
-    let mut parents = std::collections::HashMap::<i32, Vec<i32>>::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(stat) = lockbox_confine::proc_stat::ProcStat::read(pid) {
-            parents.entry(stat.ppid).or_default().push(pid);
-        }
-    }
-    let (mut count, mut queue) = (0, vec![me]);
-    while let Some(p) = queue.pop() {
-        for &child in parents.get(&p).into_iter().flatten() {
-            count += 1;
-            queue.push(child);
-        }
-    }
-    count
+    lockbox_testkit::descendants(std::process::id()).len()
 }
 
 /// Issue 34: an idle sandbox held three descriptors in the runtime (its init's pidfd, its

@@ -123,35 +123,7 @@ impl Served {
 
     /// Every live descendant of the server (its sandboxes' processes).
     pub fn descendants(&self) -> Vec<u32> {
-        let mut parents = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            // The fields after the command name, which may hold spaces and parentheses.
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            if let Some(ppid) = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-            {
-                parents.push((pid, ppid));
-            }
-        }
-        let mut out = Vec::new();
-        let mut todo = vec![self.child.id()];
-        while let Some(parent) = todo.pop() {
-            for &(pid, _) in parents.iter().filter(|(_, ppid)| *ppid == parent) {
-                out.push(pid);
-                todo.push(pid);
-            }
-        }
-        out
+        lockbox_testkit::descendants(self.child.id())
     }
 
     fn spawn(mut command: Command, listen: &str, state: &Path, extra: &[&str]) -> Served {
