@@ -387,8 +387,16 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
     };
     state.handed_over.fetch_add(1, Ordering::SeqCst);
     run_in(conn, &run, armed, [stdin, stdout, stderr], command);
-    // The replacement is made once this run is over: the armer's fork of this process
-    // would hold its memory map (and a core) while the run is starting.
+    // The replacement is made once this run is over and its caller has taken the answer
+    // and gone (or after a moment): making it forks this process and builds a sandbox, a
+    // core's work for 2-3 ms, which would otherwise hold up the caller's end on a small
+    // machine (and, made at once, the start: the fork holds this process's memory map).
+    let mut gone = [rustix::event::PollFd::new(conn, rustix::event::PollFlags::IN)];
+    let moment = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    let _ = rustix::event::poll(&mut gone, Some(&moment));
     state.arm_later(key);
 }
 
