@@ -221,11 +221,31 @@ fn accept_loop(state: &Arc<State>, listener: &OwnedFd) {
             Ok(cred) if cred.uid == me => {}
             _ => continue,
         }
+        // A run's request is usually there as the connection is: its spare is released
+        // here, a wake-up sooner than by a thread started for it; the thread supervises.
+        let first = wire::try_recv::<Request>(conn.as_fd()).ok().flatten();
+        let started = match first {
+            Some((Request::Run(run), fds)) => match begin_run(state, &conn, *run, fds) {
+                Some(started) => Work::Supervise(Box::new(started)),
+                None => continue,
+            },
+            other => Work::Serve(other),
+        };
         let state = Arc::clone(state);
         let _ = std::thread::Builder::new()
             .name("pre-armed run".into())
-            .spawn(move || serve_connection(&state, conn));
+            .spawn(move || match started {
+                Work::Supervise(started) => finish_run(&state, &conn, *started),
+                Work::Serve(first) => serve_connection(&state, conn, first),
+            });
     }
+}
+
+/// What a connection's thread does: supervise a run the accepting thread started, or serve
+/// the connection from its first request (received already, or to come).
+enum Work {
+    Supervise(Box<Started>),
+    Serve(Option<(Request, Vec<OwnedFd>)>),
 }
 
 /// Wakes the accepting thread from its poll (a connection it takes and drops), so that it
@@ -252,17 +272,17 @@ fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
-fn serve_connection(state: &State, conn: OwnedFd) {
-    let Ok(Some((request, fds))) = wire::recv::<Request>(conn.as_fd()) else {
+fn serve_connection(state: &State, conn: OwnedFd, first: Option<(Request, Vec<OwnedFd>)>) {
+    let Some((request, fds)) = first.or_else(|| wire::recv::<Request>(conn.as_fd()).ok().flatten())
+    else {
         return;
     };
     tracing::debug!("pre-arm: request");
     let reply = match request {
         Request::Run(run) => {
-            state.touch();
-            state.running.fetch_add(1, Ordering::SeqCst);
-            handle_run(state, &conn, *run, fds);
-            state.running.fetch_sub(1, Ordering::SeqCst);
+            if let Some(started) = begin_run(state, &conn, *run, fds) {
+                finish_run(state, &conn, started);
+            }
             return;
         }
         Request::Status => Reply::Status(status(state)),
@@ -368,10 +388,22 @@ fn take_spare(
     }
 }
 
-fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>) {
+/// A run whose spare was released: supervised by [`finish_run`].
+struct Started {
+    running: Running,
+    run: RunRequest,
+    key: Key,
+}
+
+/// Takes a spare for `run` and releases it with the caller's stdio and command; answers
+/// the caller itself when there is none (a miss) or it fails. Counted as running until
+/// [`finish_run`].
+fn begin_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>) -> Option<Started> {
+    state.touch();
     let miss = |why: String| {
         state.misses.fetch_add(1, Ordering::SeqCst);
         let _ = wire::send(conn.as_fd(), &Reply::Miss(why), &[]);
+        None
     };
     let Ok::<[OwnedFd; 4], _>([stdin, stdout, stderr, command]) = fds.try_into() else {
         return miss("a run takes four descriptors".into());
@@ -386,40 +418,34 @@ fn handle_run(state: &State, conn: &OwnedFd, run: RunRequest, fds: Vec<OwnedFd>)
         Err(why) => return miss(why),
     };
     state.handed_over.fetch_add(1, Ordering::SeqCst);
-    run_in(conn, &run, armed, [stdin, stdout, stderr], command);
-    // The replacement is made once this run is over and its caller has taken the answer
-    // and gone (or after a moment): making it forks this process and builds a sandbox, a
-    // core's work for 2-3 ms, which would otherwise hold up the caller's end on a small
-    // machine (and, made at once, the start: the fork holds this process's memory map).
-    let mut gone = [rustix::event::PollFd::new(conn, rustix::event::PollFlags::IN)];
-    let moment = rustix::event::Timespec {
-        tv_sec: 0,
-        tv_nsec: 100_000_000,
-    };
-    let _ = rustix::event::poll(&mut gone, Some(&moment));
-    state.arm_later(key);
-}
-
-/// Releases `armed` with the caller's stdio and command, supervises it and reports.
-fn run_in(
-    conn: &OwnedFd,
-    run: &RunRequest,
-    armed: Armed,
-    [stdin, stdout, stderr]: [OwnedFd; 3],
-    command: OwnedFd,
-) {
     let command = ArmedCommand::from_fd(command, run.program.clone());
     let stdio = Stdio {
         stdin: Some(stdin),
         stdout: Some(stdout),
         stderr: Some(stderr),
     };
-    let mut running = match armed.release(stdio, &command) {
+    let released = armed.release(stdio, &command);
+    // Whether it started or not, the spare was used: another is made after this run.
+    let running = match released {
         Ok(running) => running,
-        Err(e) => return failed(conn, &e),
+        Err(e) => {
+            failed(conn, &e);
+            state.arm_later(key);
+            return None;
+        }
     };
     tracing::debug!("pre-arm: released");
-    drop(command);
+    state.running.fetch_add(1, Ordering::SeqCst);
+    Some(Started { running, run, key })
+}
+
+/// Supervises a started run to its end, answers, and has the used spare made again.
+fn finish_run(state: &State, conn: &OwnedFd, started: Started) {
+    let Started {
+        mut running,
+        run,
+        key,
+    } = started;
     // Nothing is said as the command starts (the caller would wake for it while the command
     // starts): the end says where it started. A caller gone meanwhile ends the run.
     match supervise(&mut running, &run.policy, conn) {
@@ -436,6 +462,22 @@ fn run_in(
         Ok(None) => {}
         Err(e) => failed(conn, &e),
     }
+    drop(running);
+    // The replacement is made once this run is over and its caller has taken the answer
+    // and gone (or after a moment): making it forks this process and builds a sandbox, a
+    // core's work for 2-3 ms, which would otherwise hold up the caller's end on a small
+    // machine (and, made at once, the start: the fork holds this process's memory map).
+    let mut gone = [rustix::event::PollFd::new(
+        conn,
+        rustix::event::PollFlags::IN,
+    )];
+    let moment = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    let _ = rustix::event::poll(&mut gone, Some(&moment));
+    state.arm_later(key);
+    state.running.fetch_sub(1, Ordering::SeqCst);
 }
 
 fn failed(conn: &OwnedFd, e: &lockbox_confine::SetupError) {

@@ -168,16 +168,28 @@ pub(crate) fn send<T: Serialize>(
 pub(crate) fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> std::io::Result<Option<(T, Vec<OwnedFd>)>> {
+    recv_with(sock, net::RecvFlags::CMSG_CLOEXEC)
+}
+
+/// [`recv`], but an error (`WouldBlock`) rather than a wait when nothing has come yet.
+pub(crate) fn try_recv<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<Option<(T, Vec<OwnedFd>)>> {
+    recv_with(
+        sock,
+        net::RecvFlags::CMSG_CLOEXEC | net::RecvFlags::DONTWAIT,
+    )
+}
+
+fn recv_with<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+    flags: net::RecvFlags,
+) -> std::io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut buf = vec![0u8; MAX_RECORD];
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = loop {
-        match net::recvmsg(
-            sock,
-            &mut [IoSliceMut::new(&mut buf)],
-            &mut control,
-            net::RecvFlags::CMSG_CLOEXEC,
-        ) {
+        match net::recvmsg(sock, &mut [IoSliceMut::new(&mut buf)], &mut control, flags) {
             Err(rustix::io::Errno::INTR) => continue,
             other => break other?,
         }
