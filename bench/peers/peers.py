@@ -16,6 +16,12 @@ each pre-armed run the runner pauses SETTLE_S, untimed: the helper then arms the
 spare's replacement (a fork and a sandbox set-up, about 3 ms of CPU), which would otherwise
 land on whichever row comes next -- in a fixed order, always the same one.
 
+With --idle, the runner pauses SETTLE_S after every row and shuffles the rows' order each
+round: every start then begins on an idle machine, as an agent's next command does after
+its model has thought (a start made of several processes waking each other pays for each
+wake-up from idle), and no row inherits another's leftovers (a namespace's teardown, which
+the kernel finishes in the background).
+
 As root the runner takes SCHED_FIFO priority 50 (inherited by every command): on a machine
 where other jobs run, they then delay none of the tools; --no-fifo measures without it.
 
@@ -26,6 +32,7 @@ process), which is what the ratios compare.
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -117,6 +124,8 @@ def main():
                     help="comma-separated jobs to run (default: all three)")
     ap.add_argument("--pre-armed", action="store_true",
                     help="also run the plain job through a pre-arm helper (lockbox pre-arm)")
+    ap.add_argument("--idle", action="store_true",
+                    help="pause after every row and shuffle the rows each round (see above)")
     ap.add_argument("--no-fifo", action="store_true",
                     help="do not run under SCHED_FIFO (by default, as root, the runner and every "
                     "command it starts take real-time priority 50, so that other jobs on the "
@@ -158,11 +167,13 @@ def main():
     samples = {(job, tool): [] for job, tool, _, _ in cmds}
     try:
         for r in range(args.warmup + args.rounds):
+            if args.idle:
+                random.shuffle(cmds)
             for job, tool, argv, env in cmds:
                 ms = run_once(argv, devnull, env)
                 if r >= args.warmup:
                     samples[(job, tool)].append(ms)
-                if tool.endswith("-prearmed"):
+                if args.idle or tool.endswith("-prearmed"):
                     time.sleep(SETTLE_S)
         if args.pre_armed:
             for name, lb in lockboxes:
@@ -184,7 +195,9 @@ def main():
     med = {k: statistics.median(v) for k, v in samples.items()}
     true = med[("plain", "true")]
     print(f"{args.rounds} interleaved rounds after {args.warmup} warm-up rounds; "
-          f"{'SCHED_FIFO' if fifo else 'normal priority'}; load average {os.getloadavg()[0]:.2f}")
+          f"{'SCHED_FIFO' if fifo else 'normal priority'}"
+          f"{'; idle between rows, shuffled' if args.idle else ''}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     print()
     print("| job | tool | median (ms) | p95 (ms) | above /bin/true (ms) |")
     print("|---|---|---:|---:|---:|")
