@@ -185,7 +185,17 @@ fn recv_with<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
     flags: net::RecvFlags,
 ) -> std::io::Result<Option<(T, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_RECORD];
+    // The record's length first (a peek, nothing taken): a buffer of that size, not of
+    // the largest record's, is one page to zero and fault in rather than sixteen — at the
+    // end of a pre-armed run, in the `lockbox run` the caller waits for.
+    let peek = net::RecvFlags::PEEK | net::RecvFlags::TRUNC | (flags & net::RecvFlags::DONTWAIT);
+    let len = loop {
+        match net::recv(sock, &mut [] as &mut [u8], peek) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => break other?.1,
+        }
+    };
+    let mut buf = vec![0u8; len.clamp(1, MAX_RECORD)];
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = loop {
