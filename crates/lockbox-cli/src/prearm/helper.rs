@@ -223,7 +223,12 @@ fn accept_loop(state: &Arc<State>, listener: &OwnedFd) {
         }
         // A run's request is usually there as the connection is: its spare is released
         // here, a wake-up sooner than by a thread started for it; the thread supervises.
-        let first = wire::try_recv::<Request>(conn.as_fd()).ok().flatten();
+        let first = match wire::try_recv::<Request>(conn.as_fd()) {
+            Ok(Some(first)) => Some(first),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            // Closed already, or not a request of ours.
+            Ok(None) | Err(_) => continue,
+        };
         let started = match first {
             Some((Request::Run(run), fds)) => match begin_run(state, &conn, *run, fds) {
                 Some(started) => Work::Supervise(Box::new(started)),

@@ -773,3 +773,31 @@ fn lockbox_in(script: &std::process::Child) -> u32 {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A connection whose first record is no request of ours is closed at once (no thread
+/// waits on it), and the helper goes on serving.
+#[test]
+fn a_connection_that_sends_no_request_of_ours_is_closed_and_the_helper_goes_on() {
+    use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketType};
+    let helper = Helper::start(User::Current, &[]);
+    let socket = std::fs::read_dir(&helper.dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "sock"))
+        .expect("the helper's socket");
+    let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+    rustix::net::connect(&fd, &SocketAddrUnix::new(&socket).unwrap()).unwrap();
+    rustix::net::send(&fd, b"not a request", SendFlags::empty()).unwrap();
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(10)),
+    )
+    .unwrap();
+    let mut buf = [0u8; 64];
+    let got = rustix::net::recv(&fd, &mut buf[..], RecvFlags::empty());
+    assert!(matches!(got, Ok((0, _))), "not closed: {got:?}");
+    let out = helper.lockbox(&["pre-arm", "status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
