@@ -25,15 +25,24 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-/// A connection to the helper for one run.
+/// A run that may be handed to the helper whose socket is at `socket`.
 #[derive(Debug)]
 pub(crate) struct Handover {
+    socket: PathBuf,
+    /// `--pre-arm` or `LOCKBOX_PRE_ARM=1`: start a helper if none answers.
+    wanted: bool,
+}
+
+/// A connection to the helper for one run.
+#[derive(Debug)]
+struct Connection {
     conn: OwnedFd,
 }
 
-/// The helper to hand this run to, if it may be handed over and a helper runs. With
+/// Whether this run may be handed over, and to which helper's socket: one is there. With
 /// `--pre-arm` (or `LOCKBOX_PRE_ARM=1`) a helper is started when none runs; this run then
-/// starts directly.
+/// starts directly. Connecting waits for [`Handover::run`], which has its request ready by
+/// then (see [`dial_and_send`]).
 pub(crate) fn connect(args: &RunArgs, policy: &Policy) -> Result<Option<Handover>, CliError> {
     let switch = super::env_switch().map_err(CliError::usage)?;
     if args.no_pre_arm || switch == Some(false) || !super::enabled() {
@@ -49,15 +58,14 @@ pub(crate) fn connect(args: &RunArgs, policy: &Policy) -> Result<Option<Handover
     let Ok(dir) = super::socket_dir() else {
         return Ok(None);
     };
-    match dial(&super::socket_path(&dir)) {
-        Some(conn) => Ok(Some(Handover { conn })),
-        None => {
-            if wanted {
-                start_if_missing();
-            }
-            Ok(None)
+    let socket = super::socket_path(&dir);
+    if std::fs::symlink_metadata(&socket).is_err() {
+        if wanted {
+            start_if_missing();
         }
+        return Ok(None);
     }
+    Ok(Some(Handover { socket, wanted }))
 }
 
 /// No terminal on the stdio, stdio open, nothing ignored.
@@ -81,6 +89,19 @@ fn dial(socket: &Path) -> Option<OwnedFd> {
     net::connect(&fd, &SocketAddrUnix::new(socket).ok()?).ok()?;
     let cred = net::sockopt::socket_peercred(&fd).ok()?;
     (cred.uid == rustix::process::getuid()).then_some(fd)
+}
+
+/// Connects to the helper at `socket` and sends it `request` (encoded) with `fds`. `None`:
+/// no helper answers there as this user, or the request could not be sent; the helper has
+/// nothing of this run.
+///
+/// The request is ready before the connection is made, so that it is there when the helper
+/// wakes for the connection: the helper's accepting thread then releases the spare itself
+/// (a thread started for a connection whose request had not come yet was a wake-up more).
+fn dial_and_send(socket: &Path, request: &[u8], fds: &[BorrowedFd<'_>]) -> Option<OwnedFd> {
+    let conn = dial(socket)?;
+    wire::send_encoded(conn.as_fd(), request, fds).ok()?;
+    Some(conn)
 }
 
 /// A connection to the helper whose socket is in `dir`, if one answers.
@@ -143,6 +164,9 @@ impl Handover {
         let Some((request, armed)) = run_request(policy, command) else {
             return Ok(Handed::Direct);
         };
+        let Ok(request) = wire::encode(&request) else {
+            return Ok(Handed::Direct);
+        };
         let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
         let fds: [BorrowedFd<'_>; 4] = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), armed.fd()];
         // Job control: Ctrl-Z pauses the sandbox before this process stops; continuing
@@ -151,18 +175,22 @@ impl Handover {
         // other signals, unless nothing ran: then whatever came is delivered as usual.
         let job =
             Signals::block(&[libc::SIGTSTP, libc::SIGCONT]).map_err(|e| CliError::new(125, e))?;
-        // Not sent: the helper has nothing of this run.
-        if wire::send(self.conn.as_fd(), &request, &fds).is_err() {
+        let Some(conn) = dial_and_send(&self.socket, &request, &fds) else {
+            if self.wanted {
+                start_if_missing();
+            }
             return Ok(Handed::Direct);
-        }
+        };
         drop(armed);
-        let handed = self.forward_until_answered(signals, &job);
+        let handed = Connection { conn }.forward_until_answered(signals, &job);
         if !matches!(handed, Ok(Handed::Direct)) {
             std::mem::forget(job);
         }
         handed
     }
+}
 
+impl Connection {
     /// Forwards `signals` and `job`'s until the helper answers.
     fn forward_until_answered(&self, signals: &Signals, job: &Signals) -> Result<Handed, CliError> {
         // The helper says nothing while the command runs, so a signal is forwarded before it
@@ -340,19 +368,20 @@ pub fn hand_over(
     let Ok(dir) = super::socket_dir() else {
         return Ok(None);
     };
-    let Some(conn) = dial(&super::socket_path(&dir)) else {
+    let Some((request, armed)) = run_request(policy, command) else {
+        return Ok(None);
+    };
+    let Ok(request) = wire::encode(&request) else {
+        return Ok(None);
+    };
+    let [stdin, stdout, stderr] = stdio;
+    let fds = [stdin, stdout, stderr, armed.fd()];
+    let Some(conn) = dial_and_send(&super::socket_path(&dir), &request, &fds) else {
         if wanted {
             start_if_missing();
         }
         return Ok(None);
     };
-    let Some((request, armed)) = run_request(policy, command) else {
-        return Ok(None);
-    };
-    let [stdin, stdout, stderr] = stdio;
-    if wire::send(conn.as_fd(), &request, &[stdin, stdout, stderr, armed.fd()]).is_err() {
-        return Ok(None);
-    }
     drop(armed);
     let gone = || gone().message;
     match wire::recv::<Reply>(conn.as_fd()) {

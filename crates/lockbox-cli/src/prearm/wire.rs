@@ -146,10 +146,24 @@ pub(crate) fn send<T: Serialize>(
     message: &T,
     fds: &[BorrowedFd<'_>],
 ) -> std::io::Result<()> {
+    send_encoded(sock, &encode(message)?, fds)
+}
+
+/// `message` as it goes on the wire; an error for one above [`MAX_RECORD`].
+pub(crate) fn encode<T: Serialize>(message: &T) -> std::io::Result<Vec<u8>> {
     let bytes = serde_json::to_vec(message).map_err(std::io::Error::other)?;
     if bytes.len() > MAX_RECORD {
         return Err(std::io::Error::other("message too large"));
     }
+    Ok(bytes)
+}
+
+/// Sends a message [`encode`]d before, with `fds` attached.
+pub(crate) fn send_encoded(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<()> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(net::SendAncillaryMessage::ScmRights(fds)) {
@@ -157,7 +171,7 @@ pub(crate) fn send<T: Serialize>(
     }
     net::sendmsg(
         sock,
-        &[IoSlice::new(&bytes)],
+        &[IoSlice::new(bytes)],
         &mut control,
         net::SendFlags::NOSIGNAL,
     )?;
