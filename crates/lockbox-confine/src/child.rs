@@ -143,6 +143,14 @@ pub struct Prepared {
     /// waits for a go that brings the command; this is its room for pointers into it (see
     /// `armed`). `None`: the command is in `commands`.
     pub(crate) armed: Option<Vec<*const libc::c_char>>,
+    /// Once it has reported the command's end, the init waits for the supervisor to close
+    /// the report socket before it exits (a pre-armed sandbox without cgroups, whose
+    /// supervisor does not wait for the init's end). Its exit tears the namespaces down,
+    /// 0.2 ms or more of a core; a report wakes the supervisor "sync", on the reporting
+    /// init's own core, which that teardown would hold while the supervisor waits (on a
+    /// small machine, the handed-over run's caller waits with it). The supervisor closes it
+    /// once its caller has the answer.
+    pub(crate) linger: bool,
 }
 
 /// One command to execute: its argv and where `execve` looks for it, in order.
@@ -1190,15 +1198,25 @@ fn finish(p: &Prepared, status: Record) -> ! {
         // the module doc), not used after; `report_fd`, which is, is skipped.
         unsafe { sys::close(fd) };
     }
-    report_end(p.report_fd, status)
+    report_end(p.report_fd, status, p.linger)
 }
 
 /// Reports the usage of the sandbox's processes and the command's `status` on `report_fd`,
-/// and exits (see [`finish`]).
-pub(crate) fn report_end(report_fd: RawFd, status: Record) -> ! {
+/// and exits (see [`finish`]) — with `linger`, once the supervisor has closed its end of
+/// `report_fd` ([`Prepared::linger`]).
+pub(crate) fn report_end(report_fd: RawFd, status: Record, linger: bool) -> ! {
     let (cpu_us, max_rss_kb) = sys::children_usage();
     report(report_fd, Record::Usage { cpu_us, max_rss_kb });
     report(report_fd, status);
+    if linger {
+        let mut end = [libc::pollfd {
+            fd: report_fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        }];
+        // Any other error: exit now, as without `linger`.
+        while let Err(Errno(libc::EINTR)) = sys::poll(&mut end, -1) {}
+    }
     sys::exit(0)
 }
 

@@ -197,5 +197,5 @@ fn run(command: libc::pid_t, signal_fd: &OwnedFd, report_fd: &OwnedFd, parent: O
         let _ = rustix::stdio::dup2_stdout(&null);
         let _ = rustix::stdio::dup2_stderr(&null);
     }
-    crate::child::report_end(report_fd.as_raw_fd(), status)
+    crate::child::report_end(report_fd.as_raw_fd(), status, false)
 }

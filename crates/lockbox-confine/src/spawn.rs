@@ -1040,6 +1040,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         shares_caller_memory: lean.is_some() && !gated && !armed && later.is_empty(),
         lean,
         armed: armed.then(|| vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2]),
+        linger: armed && limits.cgroups.is_none(),
     };
 
     // What the init uses of ours: moved through the reserved slots when this process has
@@ -1820,6 +1821,9 @@ impl Drop for Sandbox {
         if self.reaped {
             return;
         }
+        // An init that lingers after its report (a pre-armed sandbox's) exits once this
+        // is closed.
+        self.report = None;
         // Gated, running, or between two commands of a sequence (waiting for a go that
         // will not come). Killing pid 1 of the namespace kills every process in it.
         if !self.exiting {

@@ -467,11 +467,12 @@ fn finish_run(state: &State, conn: &OwnedFd, started: Started) {
         Ok(None) => {}
         Err(e) => failed(conn, &e),
     }
-    drop(running);
-    // The replacement is made once this run is over and its caller has taken the answer
-    // and gone (or after a moment): making it forks this process and builds a sandbox, a
-    // core's work for 2-3 ms, which would otherwise hold up the caller's end on a small
-    // machine (and, made at once, the start: the fork holds this process's memory map).
+    // The used sandbox goes (its init waits for that to exit and tear its namespaces
+    // down: `Prepared::linger` in lockbox-confine), and the replacement is made, once this
+    // run is over and its caller has taken the answer and gone (or after a moment): the
+    // teardown and the replacement's fork and set-up are a core's work for 2-3 ms, which
+    // would otherwise hold up the caller's end on a small machine (and, made at once, the
+    // start: the fork holds this process's memory map).
     let mut gone = [rustix::event::PollFd::new(
         conn,
         rustix::event::PollFlags::IN,
@@ -481,6 +482,7 @@ fn finish_run(state: &State, conn: &OwnedFd, started: Started) {
         tv_nsec: 100_000_000,
     };
     let _ = rustix::event::poll(&mut gone, Some(&moment));
+    drop(running);
     state.arm_later(key);
     state.running.fetch_sub(1, Ordering::SeqCst);
 }

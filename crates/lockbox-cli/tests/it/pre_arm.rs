@@ -801,3 +801,48 @@ fn a_connection_that_sends_no_request_of_ours_is_closed_and_the_helper_goes_on()
     let out = helper.lockbox(&["pre-arm", "status", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// The sandboxes' inits the helper `pid` holds: its children named `lockbox-init`.
+fn inits_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            ppid(child) == pid
+                && std::fs::read_to_string(format!("/proc/{child}/comm"))
+                    .is_ok_and(|c| c.trim() == "lockbox-init")
+        })
+        .collect()
+}
+
+/// A used spare's init waits, after its report, for the helper to let it go (its
+/// namespaces' teardown then does not hold up the caller's end): once the caller has the
+/// answer, it goes; nothing of the run stays.
+#[test]
+fn a_used_spare_is_gone_once_its_caller_has_the_answer() {
+    for user in users() {
+        let helper = Helper::start(user, &[]);
+        let pid = helper.pid.expect("the helper's pid");
+        let args = ["run", "--json", "--", "true"];
+        helper.warm(&args);
+        // The spares there are now (the armer may still be making one).
+        std::thread::sleep(Duration::from_millis(500));
+        let before = inits_of(pid);
+        assert!(!before.is_empty(), "{user:?}: no spare");
+        let out = helper.lockbox(&args);
+        assert_eq!(report(&out)["pre_armed"], true, "{user:?} {}", text(&out));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = inits_of(pid);
+            if before.iter().any(|init| !left.contains(init)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{user:?}: the used spare still runs: {before:?} -> {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
