@@ -182,9 +182,14 @@ impl Handover {
             return Ok(Handed::Direct);
         };
         drop(armed);
-        let handed = Connection { conn }.forward_until_answered(signals, &job);
+        let connection = Connection { conn };
+        let handed = connection.forward_until_answered(signals, &job);
         if !matches!(handed, Ok(Handed::Direct)) {
             std::mem::forget(job);
+            // Open until this process exits: its closing tells the helper to let the used
+            // sandbox go and arm another, work that would take a core from this process's
+            // end on a small machine.
+            std::mem::forget(connection);
         }
         handed
     }
