@@ -1397,6 +1397,21 @@ impl Running {
         self.sandbox.reap_in_background = false;
     }
 
+    /// Drops the sandbox like `drop`, but waits on this thread for its init to be gone
+    /// (reaped) instead of starting a thread to reap it: for a caller with a thread of its
+    /// own for the sandbox, and nothing else to do (the pre-arm helper's).
+    pub fn drop_and_reap(mut self) {
+        let sandbox = &mut self.sandbox;
+        // A pre-armed init waits for this to close before it exits (`Prepared::linger`).
+        sandbox.report = None;
+        if !sandbox.reaped && !sandbox.exiting {
+            let _ = sandbox.signal(libc::SIGKILL);
+        }
+        if !sandbox.reaped && sys::wait4(sandbox.pid).is_ok() {
+            sandbox.reaped = true;
+        }
+    }
+
     /// The directory the command starts in, inside the sandbox.
     pub fn cwd(&self) -> &Path {
         Path::new(OsStr::from_bytes(self.sandbox.plan.cwd.as_bytes()))

@@ -482,8 +482,8 @@ fn finish_run(state: &State, conn: &OwnedFd, started: Started) {
         tv_nsec: 100_000_000,
     };
     let _ = rustix::event::poll(&mut gone, Some(&moment));
-    drop(running);
     state.arm_later(key);
+    running.drop_and_reap();
     state.running.fetch_sub(1, Ordering::SeqCst);
 }
 
