@@ -57,7 +57,8 @@
 //! once set up, the init forks its command child at once, which confines itself as a
 //! sequence's later command does and waits for the go; the go brings the stdio and a sealed
 //! memfd with argv, environment and exec candidates, which the child maps and executes
-//! (`armed`). The init then supervises it as any command.
+//! (`armed`). The init then supervises it as any command; after its report, it waits for
+//! the supervisor to close the report socket before it exits ([`Prepared::linger`]).
 //!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
 //! starts a session of its own if asked ([`crate::Spawn::own_session`]), changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
