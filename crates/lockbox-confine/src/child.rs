@@ -54,11 +54,13 @@
 //! after which it exits as above. The Landlock ruleset is kept for all the commands.
 //!
 //! A pre-armed sandbox ([`crate::Spawn::armed`]) does not know its command at the clone:
-//! once set up, the init forks its command child at once, which confines itself as a
-//! sequence's later command does and waits for the go; the go brings the stdio and a sealed
-//! memfd with argv, environment and exec candidates, which the child maps and executes
-//! (`armed`). The init then supervises it as any command; after its report, it waits for
-//! the supervisor to close the report socket before it exits ([`Prepared::linger`]).
+//! once set up, the init starts its command child at once, sharing its memory (vfork-style:
+//! the init is suspended until the child execs), which confines itself as a sequence's
+//! later command does and waits for the go; the go brings the stdio and a sealed memfd with
+//! argv, environment and exec candidates, which the child reads into room made for it
+//! before the clone ([`ArmedRoom`]) and executes (`armed`). The init then supervises it as
+//! any command; after its report, it waits for the supervisor to close the report socket
+//! before it exits ([`Prepared::linger`]).
 //!
 //! **The command child** resets signals, sets rlimits, hands over passed descriptors,
 //! starts a session of its own if asked ([`crate::Spawn::own_session`]), changes directory, sets `no_new_privs`, drops all capabilities, enforces Landlock,
@@ -141,9 +143,9 @@ pub struct Prepared {
     /// (the caller's command line, its dumpability) alone, and ends if that exec fails.
     pub(crate) shares_caller_memory: bool,
     /// A pre-armed sandbox ([`crate::Spawn::armed`]): its command child confines itself and
-    /// waits for a go that brings the command; this is its room for pointers into it (see
-    /// `armed`). `None`: the command is in `commands`.
-    pub(crate) armed: Option<Vec<*const libc::c_char>>,
+    /// waits for a go that brings the command; this is its room for the command and
+    /// pointers into it (see `armed`). `None`: the command is in `commands`.
+    pub(crate) armed: Option<ArmedRoom>,
     /// Once it has reported the command's end, the init waits for the supervisor to close
     /// the report socket before it exits (a pre-armed sandbox without cgroups, whose
     /// supervisor does not wait for the init's end). Its exit tears the namespaces down,
@@ -152,6 +154,18 @@ pub struct Prepared {
     /// small machine, the handed-over run's caller waits with it). The supervisor closes it
     /// once its caller has the answer.
     pub(crate) linger: bool,
+}
+
+/// Where the command child of a pre-armed sandbox puts the command the go brings: made
+/// before the clone (the child may not allocate), in the init's memory, which the child
+/// shares until its `execve`. Untouched pages cost nothing (`bytes` is a mapping of its
+/// own: an allocator's reused memory would be zeroed at every arming).
+#[derive(Debug)]
+pub struct ArmedRoom {
+    /// The command's bytes ([`crate::armed::MAX_BYTES`] at most).
+    pub(crate) bytes: sys::AnonMap,
+    /// Pointers into `bytes`: exec candidates, argv, environment.
+    pub(crate) pointers: Vec<*const libc::c_char>,
 }
 
 /// One command to execute: its argv and where `execve` looks for it, in order.
@@ -671,25 +685,49 @@ fn start_next(
     }
 }
 
-/// Forks the command child of a pre-armed sandbox, which confines itself and waits for the
-/// go that brings its command ([`armed_main`]).
+/// Starts the command child of a pre-armed sandbox, which confines itself and waits for the
+/// go that brings its command ([`armed_main`]), and returns its pid once it has executed
+/// it (or exited).
+///
+/// The child shares the init's memory until its `execve` (`CLONE_VM | CLONE_VFORK`, as a
+/// direct start's command child): a fork's copy of the init's address space — the
+/// caller's, a few MB — would be torn down by that `execve`, between the go and the
+/// command, while the caller waits. The init is suspended meanwhile; until the go it has
+/// nothing to do but die with its supervisor (`SIGKILL` reaches it while suspended), and a
+/// child that fails or is killed before its exec resumes it.
 fn start_armed(p: &mut Prepared, ruleset: Option<RawFd>) -> Result<libc::pid_t, Fail> {
-    // A raw clone, as in `start_next`.
-    // SAFETY: the child runs `armed_main`, which, like everything here, makes only
-    // async-signal-safe calls and ends in `execve` or `_exit`.
-    let forked = unsafe { sys::clone3_fork(0) }.map_err(at(Step::ForkCommand))?;
-    match forked {
-        sys::Forked::Child => armed_main(p, ruleset),
-        sys::Forked::Parent { pid, pidfd } => {
-            drop(pidfd);
-            if let Some(fd) = ruleset {
-                // SAFETY: the command child has its own copy; a single-command sandbox's
-                // init does not use it again.
-                unsafe { sys::close(fd) };
-            }
-            Ok(pid)
-        }
+    let mut stack = std::mem::take(&mut p.command_stack);
+    let start = ArmedStart {
+        prepared: p,
+        ruleset,
+    };
+    // SAFETY: `armed_entry` runs `armed_main`, which makes only async-signal-safe calls (no
+    // allocation, no lock), writes nothing of ours but its own stack, errno and the room
+    // kept for it (`Prepared::armed`, which the init does not use), fits in `COMMAND_STACK`
+    // and ends in `execve` or `exit`; we are suspended until then, so `stack` and `start`
+    // outlive its use of them.
+    let spawned = unsafe { sys::spawn_vfork(&mut stack, armed_entry, &start) };
+    p.command_stack = stack;
+    if let Some(fd) = ruleset {
+        // SAFETY: the command child had its own copy; a single-command sandbox's init does
+        // not use it again.
+        unsafe { sys::close(fd) };
     }
+    spawned.map_err(at(Step::ForkCommand))
+}
+
+/// What the command child of a pre-armed sandbox needs: the init's [`Prepared`] (the
+/// init is suspended while the child uses it) and its Landlock ruleset.
+struct ArmedStart {
+    prepared: *mut Prepared,
+    ruleset: Option<RawFd>,
+}
+
+fn armed_entry(start: &ArmedStart) -> ! {
+    // SAFETY: `prepared` is the init's, which is suspended until this child executes or
+    // exits (`start_armed`): nothing else uses it meanwhile.
+    let p = unsafe { &mut *start.prepared };
+    armed_main(p, start.ruleset)
 }
 
 /// The command child of a pre-armed sandbox: confined as a sequence's later command is
@@ -705,26 +743,32 @@ fn armed_main(p: &mut Prepared, ruleset: Option<RawFd>) -> ! {
         Err(Errno(libc::ECANCELED)) => sys::exit(125),
         Err(e) => command_fail(p, Step::RedirectStdio, e, 0),
     };
-    let bytes = match sys::map_sealed(payload) {
-        Ok(bytes) => bytes,
-        Err(e) => command_fail(p, Step::Exec, e, 0),
-    };
-    // SAFETY: the payload was received by `await_go` for us alone and is mapped above; the
-    // mapping outlives the descriptor.
-    unsafe { sys::close(payload) };
     let Some(room) = p.armed.as_mut() else {
         command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
     };
-    let Some(at) = crate::armed::decode(bytes, room) else {
+    let read = sys::read_sealed(payload, room.bytes.as_mut_slice());
+    // SAFETY: the payload was received by `await_go` for us alone and is read above.
+    unsafe { sys::close(payload) };
+    let len = match read {
+        Ok(len) => len,
+        Err(e) => command_fail(p, Step::Exec, e, 0),
+    };
+    let ArmedRoom { pointers, bytes } = room;
+    let Some(at) = crate::armed::decode(&bytes.as_mut_slice()[..len], pointers) else {
         command_fail(p, Step::Exec, Errno(libc::EPROTO), 0)
     };
     let mut error = Errno(libc::ENOENT);
     for i in 0..at.candidates {
-        // SAFETY: `decode` pointed every slot used here into `bytes`, which stays mapped
+        // SAFETY: `decode` pointed every slot used here into `bytes`, which stays as it is
         // until the exec: the candidates are C strings, argv and the environment
         // NULL-terminated arrays of them.
-        let e =
-            unsafe { sys::execve_raw(room[i], room[at.argv..].as_ptr(), room[at.env..].as_ptr()) };
+        let e = unsafe {
+            sys::execve_raw(
+                pointers[i],
+                pointers[at.argv..].as_ptr(),
+                pointers[at.env..].as_ptr(),
+            )
+        };
         if e.0 != libc::ENOENT && e.0 != libc::ENOTDIR {
             error = e;
             if e.0 != libc::EACCES {

@@ -1039,7 +1039,18 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         // no go to wait for (which would hold the caller's thread).
         shares_caller_memory: lean.is_some() && !gated && !armed && later.is_empty(),
         lean,
-        armed: armed.then(|| vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2]),
+        armed: match armed {
+            true => Some(child::ArmedRoom {
+                bytes: sys::AnonMap::new(crate::armed::MAX_BYTES).map_err(|errno| {
+                    SetupError::Supervise {
+                        what: "reserving room for a pre-armed command",
+                        errno,
+                    }
+                })?,
+                pointers: vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2],
+            }),
+            false => None,
+        },
         linger: armed && limits.cgroups.is_none(),
     };
 

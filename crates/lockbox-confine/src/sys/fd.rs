@@ -167,10 +167,10 @@ pub fn open_at(dir: RawFd, path: &CStr, flags: libc::c_int) -> Result<RawFd, Err
     check_int(unsafe { libc::openat(dir, path.as_ptr(), flags | libc::O_CLOEXEC) })
 }
 
-/// Maps all of `fd`, a memfd sealed against writes and size changes (else `EPERM`: its
-/// bytes could change under the reader), read-only and private; the mapping stays until
-/// the process execs or exits (the command child's use). Allocation-free.
-pub fn map_sealed(fd: RawFd) -> Result<&'static [u8], Errno> {
+/// Reads all of `fd`, a memfd sealed against writes and size changes (else `EPERM`: its
+/// bytes could change under the reader), into `buf`; returns how many bytes it holds
+/// (`E2BIG` if more than `buf` takes). Allocation-free.
+pub fn read_sealed(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
     let needed = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
     // SAFETY: F_GET_SEALS takes no argument and touches no memory of ours.
     let seals = check_int(unsafe { libc::fcntl(fd, libc::F_GET_SEALS) })?;
@@ -183,25 +183,73 @@ pub fn map_sealed(fd: RawFd) -> Result<&'static [u8], Errno> {
     // SAFETY: fstat succeeded, so it filled `st`.
     let len =
         usize::try_from(unsafe { st.assume_init() }.st_size).map_err(|_| Errno(libc::EINVAL))?;
-    if len == 0 {
-        return Ok(&[]);
+    let buf = buf.get_mut(..len).ok_or(Errno(libc::E2BIG))?;
+    let mut done = 0;
+    while done < len {
+        let rest = &mut buf[done..];
+        // SAFETY: `rest` is writable room for `rest.len()` bytes.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                rest.as_mut_ptr().cast(),
+                rest.len(),
+                done as libc::off_t,
+            )
+        };
+        match n {
+            0 => return Err(Errno(libc::EIO)),
+            n if n > 0 => done += n as usize,
+            _ => match Errno::last() {
+                Errno(libc::EINTR) => {}
+                e => return Err(e),
+            },
+        }
     }
-    // SAFETY: a fresh private read-only mapping of `len` bytes of `fd`, at an address the
-    // kernel picks: it aliases nothing of ours.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+    Ok(len)
+}
+
+/// Fresh anonymous memory of its own mapping (`mmap`, unmapped when dropped): zero pages
+/// that cost nothing until written, whatever the allocator holds. Room made before a
+/// clone for a child that may not allocate.
+#[derive(Debug)]
+pub struct AnonMap {
+    addr: *mut u8,
+    len: usize,
+}
+
+impl AnonMap {
+    /// `len` (> 0) bytes, readable and writable, not reserved against overcommit.
+    pub fn new(len: usize) -> Result<AnonMap, Errno> {
+        // SAFETY: a fresh private anonymous mapping at an address the kernel picks: it
+        // aliases nothing of ours.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        Ok(AnonMap {
+            addr: addr.cast(),
             len,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE,
-            fd,
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(Errno::last());
+        })
     }
-    // SAFETY: the mapping is `len` readable bytes, never unmapped (see above); the file is
-    // sealed against writes and size changes (checked above), so the bytes stay as they are.
-    Ok(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) })
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` readable and writable bytes, ours alone until drop.
+        unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+    }
+}
+
+impl Drop for AnonMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `new`, not used after this.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
 }

@@ -169,3 +169,27 @@ fn policies_with_per_run_setup_are_not_armed() {
         .arm()
         .is_err());
 }
+
+#[test]
+fn a_command_larger_than_its_room_is_refused_inside() {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let policy = Policy::default();
+    let armed = Spawn::armed(&policy).arm().unwrap();
+    // Sealed, but more bytes than any command `ArmedCommand::new` makes.
+    let fd = rustix::fs::memfd_create(c"large", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .unwrap();
+    let file = std::fs::File::from(fd);
+    // `ArmedCommand`'s bound: 4 MiB.
+    file.set_len((4 << 20) + 1).unwrap();
+    rustix::fs::fcntl_add_seals(
+        &file,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )
+    .unwrap();
+    let large = ArmedCommand::from_fd(OwnedFd::from(file), "true".into());
+    let mut running = armed.release(Stdio::default(), &large).unwrap();
+    let Waited::Exited(outcome) = running.wait(None, None).unwrap() else {
+        panic!("no outcome")
+    };
+    assert_eq!(outcome.status, Status::ExecFailed(libc::E2BIG));
+}
