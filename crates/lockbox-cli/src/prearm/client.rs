@@ -373,6 +373,14 @@ pub fn hand_over(
     let Ok(dir) = super::socket_dir() else {
         return Ok(None);
     };
+    let socket = super::socket_path(&dir);
+    // No helper: nothing to make a request for.
+    if std::fs::symlink_metadata(&socket).is_err() {
+        if wanted {
+            start_if_missing();
+        }
+        return Ok(None);
+    }
     let Some((request, armed)) = run_request(policy, command) else {
         return Ok(None);
     };
@@ -381,7 +389,7 @@ pub fn hand_over(
     };
     let [stdin, stdout, stderr] = stdio;
     let fds = [stdin, stdout, stderr, armed.fd()];
-    let Some(conn) = dial_and_send(&super::socket_path(&dir), &request, &fds) else {
+    let Some(conn) = dial_and_send(&socket, &request, &fds) else {
         if wanted {
             start_if_missing();
         }
