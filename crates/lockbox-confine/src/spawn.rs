@@ -1039,8 +1039,8 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         // no go to wait for (which would hold the caller's thread).
         shares_caller_memory: lean.is_some() && !gated && !armed && later.is_empty(),
         lean,
-        armed: match armed {
-            true => Some(child::ArmedRoom {
+        armed: if armed {
+            Some(child::ArmedRoom {
                 bytes: sys::AnonMap::new(crate::armed::MAX_BYTES).map_err(|errno| {
                     SetupError::Supervise {
                         what: "reserving room for a pre-armed command",
@@ -1048,8 +1048,9 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
                     }
                 })?,
                 pointers: vec![std::ptr::null(); crate::armed::MAX_STRINGS + 2],
-            }),
-            false => None,
+            })
+        } else {
+            None
         },
         linger: armed && limits.cgroups.is_none(),
     };
@@ -1413,12 +1414,11 @@ impl Running {
     /// own for the sandbox, and nothing else to do (the pre-arm helper's).
     pub fn drop_and_reap(mut self) {
         let sandbox = &mut self.sandbox;
-        // A pre-armed init waits for this to close before it exits (`Prepared::linger`).
-        sandbox.report = None;
-        if !sandbox.reaped && !sandbox.exiting {
-            let _ = sandbox.signal(libc::SIGKILL);
+        if sandbox.reaped {
+            return;
         }
-        if !sandbox.reaped && sys::wait4(sandbox.pid).is_ok() {
+        sandbox.let_go();
+        if sys::wait4(sandbox.pid).is_ok() {
             sandbox.reaped = true;
         }
     }
@@ -1842,19 +1842,26 @@ impl Sandbox {
     }
 }
 
+impl Sandbox {
+    /// Ends an unreaped sandbox without waiting for it: closes the report socket (an init
+    /// that lingers after its report, a pre-armed sandbox's, exits once it is closed) and
+    /// kills one that is not exiting by itself — gated, running, or between two commands
+    /// of a sequence (waiting for a go that will not come). Killing pid 1 of the namespace
+    /// kills every process in it.
+    fn let_go(&mut self) {
+        self.report = None;
+        if !self.exiting {
+            let _ = self.signal(libc::SIGKILL);
+        }
+    }
+}
+
 impl Drop for Sandbox {
     fn drop(&mut self) {
         if self.reaped {
             return;
         }
-        // An init that lingers after its report (a pre-armed sandbox's) exits once this
-        // is closed.
-        self.report = None;
-        // Gated, running, or between two commands of a sequence (waiting for a go that
-        // will not come). Killing pid 1 of the namespace kills every process in it.
-        if !self.exiting {
-            let _ = self.signal(libc::SIGKILL);
-        }
+        self.let_go();
         if sys::try_reap(self.pid) || !self.reap_in_background {
             return;
         }

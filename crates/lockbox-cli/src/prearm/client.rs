@@ -55,17 +55,20 @@ pub(crate) fn connect(args: &RunArgs, policy: &Policy) -> Result<Option<Handover
         }
         return Ok(None);
     }
-    let Ok(dir) = super::socket_dir() else {
-        return Ok(None);
-    };
-    let socket = super::socket_path(&dir);
+    Ok(helper_socket(wanted).map(|socket| Handover { socket, wanted }))
+}
+
+/// The helper's socket, if one is there (a look, no connection yet); when none is and
+/// `wanted`, a helper is started for later runs.
+fn helper_socket(wanted: bool) -> Option<PathBuf> {
+    let socket = super::socket_path(&super::socket_dir().ok()?);
     if std::fs::symlink_metadata(&socket).is_err() {
         if wanted {
             start_if_missing();
         }
-        return Ok(None);
+        return None;
     }
-    Ok(Some(Handover { socket, wanted }))
+    Some(socket)
 }
 
 /// No terminal on the stdio, stdio open, nothing ignored.
@@ -370,17 +373,10 @@ pub fn hand_over(
         }
         return Ok(None);
     }
-    let Ok(dir) = super::socket_dir() else {
+    // No helper: nothing to make a request for.
+    let Some(socket) = helper_socket(wanted) else {
         return Ok(None);
     };
-    let socket = super::socket_path(&dir);
-    // No helper: nothing to make a request for.
-    if std::fs::symlink_metadata(&socket).is_err() {
-        if wanted {
-            start_if_missing();
-        }
-        return Ok(None);
-    }
     let Some((request, armed)) = run_request(policy, command) else {
         return Ok(None);
     };
