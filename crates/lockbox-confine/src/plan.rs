@@ -683,6 +683,118 @@ pub fn build_sequence(resolved: &Resolved, later: usize) -> SetupPlan {
     plan
 }
 
+/// A plan split for a root template (`crate::template`): what is built once and then
+/// shared, read-only, by every sandbox whose mount namespace is a copy of the template's,
+/// and what each sandbox mounts afresh in its copy. Copying a namespace shares the
+/// filesystems mounted in it, so everything a sandbox may write, or that shows its own
+/// processes, is its own: `/proc`, the scratch tmpfs mounts (`/tmp` unless granted,
+/// `/dev/shm`) and the terminals' `devpts`, with what lies inside them.
+#[derive(Debug, Clone)]
+pub struct TemplateSplit {
+    /// Built once: the plan less the sandbox's own mounts, with a bare `/proc` kept (a
+    /// user namespace may mount a procfs only where one is already fully visible).
+    pub shared: SetupPlan,
+    /// Indices into the whole plan's ops of what each sandbox carries out in its copy, in
+    /// order, from `/` (the paths are the stage's, which are the root's).
+    pub instance: Vec<usize>,
+}
+
+/// The stage-relative path an op creates, writes or mounts at, if any.
+fn op_path(op: &Op) -> Option<&CString> {
+    match op {
+        Op::Mkdir { path, .. }
+        | Op::Touch { path }
+        | Op::Symlink { path, .. }
+        | Op::WriteFile { path, .. }
+        | Op::Whiteout { path }
+        | Op::SetReadonly { path }
+        | Op::Umount { path }
+        | Op::Rmdir { path }
+        | Op::OwnBootId { path, .. } => Some(path),
+        Op::LimitUserQuotas { proc } => Some(proc),
+        op => mount_target(op),
+    }
+}
+
+impl SetupPlan {
+    /// Splits the plan for a root template, or `None` where a template cannot serve it:
+    /// an image root (writable), copy-on-write views (an upper directory per run), gates
+    /// and sequences, or a mount of a kind not known to be safe to share.
+    pub fn template_split(&self) -> Option<TemplateSplit> {
+        if self.root_writable
+            || !self.overlays.is_empty()
+            || self.views_from.is_some()
+            || !self.steps.is_empty()
+        {
+            return None;
+        }
+        let root_at = self.ops.iter().position(|op| matches!(op, Op::EnterRoot))?;
+        let own: Vec<&CString> = self
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Mount { target, fstype, .. }
+                    if matches!(fstype.as_bytes(), b"proc" | b"devpts") =>
+                {
+                    Some(target)
+                }
+                _ => None,
+            })
+            .chain(self.scratch.iter().filter_map(mount_target))
+            .collect();
+        let mut shared = Vec::with_capacity(self.ops.len());
+        let mut instance = Vec::new();
+        for (i, op) in self.ops.iter().enumerate() {
+            match op {
+                Op::Gate
+                | Op::HandOver { .. }
+                | Op::Renew { .. }
+                | Op::Capture { .. }
+                | Op::ChangeDir { .. } => return None,
+                Op::Mount { fstype, flags, .. } => match fstype.as_bytes() {
+                    b"tmpfs" | b"proc" | b"devpts" => {}
+                    b"overlay" if flags & libc::MS_RDONLY != 0 => {}
+                    _ => return None,
+                },
+                _ => {}
+            }
+            if i > root_at && !matches!(op, Op::Umount { .. } | Op::Rmdir { .. }) {
+                return None;
+            }
+            let Some(path) = op_path(op) else {
+                shared.push(op.clone());
+                continue;
+            };
+            let is_own_mount = own.contains(&path) && mount_target(op) == Some(path);
+            let below_own = own.iter().any(|dir| at_or_below(path, dir) && path != *dir);
+            if is_own_mount {
+                instance.push(i);
+                if matches!(op, Op::Mount { fstype, .. } if fstype.as_bytes() == b"proc") {
+                    shared.push(op.clone());
+                }
+            } else if below_own || matches!(op, Op::LimitUserQuotas { .. }) {
+                if matches!(op, Op::Attach { .. }) || i > root_at {
+                    // A host tree inside a sandbox's own mount: it cannot be captured from
+                    // the template's copy, which no longer sees the host.
+                    return None;
+                }
+                instance.push(i);
+            } else if own.contains(&path) && !matches!(op, Op::Mkdir { .. }) {
+                return None;
+            } else {
+                shared.push(op.clone());
+            }
+        }
+        Some(TemplateSplit {
+            shared: SetupPlan {
+                ops: shared,
+                ..self.clone()
+            },
+            instance,
+        })
+    }
+}
+
 /// Where an op mounts something, if it does.
 fn mount_target(op: &Op) -> Option<&CString> {
     match op {
@@ -1917,5 +2029,83 @@ mod tests {
         );
         let text = plan.to_string();
         assert!(text.contains("mount overlay read-only on /etc"), "{text}");
+    }
+
+    fn mounts_of(ops: &[&Op], fstype: &[u8], target: &[u8]) -> usize {
+        ops.iter()
+            .filter(|op| matches!(op, Op::Mount { fstype: f, target: t, .. } if f.as_bytes() == fstype && t.as_bytes() == target))
+            .count()
+    }
+
+    #[test]
+    fn a_template_shares_the_read_only_root_and_leaves_each_sandbox_its_own_mounts() {
+        let mut r = resolved(vec![grant("/usr", Access::ReadOnly)]);
+        r.etc_hidden = Some(vec!["shadow".into()]);
+        let plan = build(&r);
+        let split = plan.template_split().expect("a plain root has a template");
+        let instance: Vec<&Op> = split.instance.iter().map(|&i| &plan.ops[i]).collect();
+        let shared: Vec<&Op> = split.shared.ops.iter().collect();
+        // Each sandbox's own: /proc and all within it, scratch, terminals.
+        for (fstype, target) in [
+            (&b"proc"[..], &b"proc"[..]),
+            (b"tmpfs", b"tmp"),
+            (b"tmpfs", b"dev/shm"),
+            (b"devpts", b"dev/pts"),
+        ] {
+            assert_eq!(mounts_of(&instance, fstype, target), 1, "{instance:#?}");
+        }
+        assert!(instance
+            .iter()
+            .any(|op| matches!(op, Op::LimitUserQuotas { .. })));
+        assert!(instance.iter().any(|op| matches!(op, Op::OwnBootId { .. })));
+        assert!(instance.iter().any(
+            |op| matches!(op, Op::CoverWith { path, .. } if path.as_bytes() == b"proc/kcore")
+        ));
+        // The template: a bare /proc (so that a sandbox may mount its own), nothing
+        // written through it, no scratch, no terminals; the rest of the root.
+        assert_eq!(mounts_of(&shared, b"proc", b"proc"), 1);
+        assert_eq!(mounts_of(&shared, b"tmpfs", b"tmp"), 0);
+        assert_eq!(mounts_of(&shared, b"tmpfs", b"dev/shm"), 0);
+        assert_eq!(mounts_of(&shared, b"devpts", b"dev/pts"), 0);
+        assert!(!shared.iter().any(|op| matches!(
+            op,
+            Op::LimitUserQuotas { .. } | Op::OwnBootId { .. } | Op::CoverWith { .. }
+        ) || op_path(op)
+            .is_some_and(|p| p.as_bytes().starts_with(b"proc/"))));
+        assert!(shared.iter().any(|op| matches!(op, Op::EnterRoot)));
+        assert_eq!(mounts_of(&shared, b"tmpfs", b"dev"), 1);
+        assert!(attach_targets(&split.shared).contains(&"usr".to_owned()));
+        // Nothing of the sandbox's own comes after the root is entered.
+        let root_at = plan.ops.iter().position(|op| matches!(op, Op::EnterRoot));
+        assert!(split.instance.iter().all(|&i| Some(i) < root_at));
+    }
+
+    #[test]
+    fn views_images_and_sequences_get_no_template() {
+        let mut r = resolved(vec![grant("/usr", Access::ReadOnly)]);
+        r.overlays.push(step_view(0, &["/w"]));
+        assert!(build(&r).template_split().is_none());
+        let r = resolved(vec![grant("/usr", Access::ReadOnly)]);
+        assert!(build_sequence(&r, 1).template_split().is_none());
+        let mut gated = build(&r);
+        gated.insert_gate();
+        assert!(gated.template_split().is_none());
+        let mut writable = build(&r);
+        writable.root_writable = true;
+        assert!(writable.template_split().is_none());
+    }
+
+    #[test]
+    fn a_host_tree_granted_inside_scratch_gets_no_template() {
+        let r = resolved(vec![
+            grant("/usr", Access::ReadOnly),
+            grant("/tmp/x", Access::ReadWrite),
+        ]);
+        let plan = build(&r);
+        assert!(
+            attach_targets(&plan).contains(&"tmp/x".to_owned()),
+            "{plan}"
+        );
+        assert!(plan.template_split().is_none());
     }
 }
