@@ -87,7 +87,7 @@ use crate::plan::{Op, SetupPlan};
 use crate::report::{Go, NetHandover, NetTaken, Record, Step, RECORD_LEN};
 use crate::sys::{self, CStringArray, Errno, SigSet};
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// Everything the init and the command child need, computed before the clone.
@@ -154,6 +154,24 @@ pub struct Prepared {
     /// small machine, the handed-over run's caller waits with it). The supervisor closes it
     /// once its caller has the answer.
     pub(crate) linger: bool,
+    /// The root is a copy of a template's (`crate::template`): the init is cloned into it
+    /// by a go-between ([`go_between`]) and mounts only the sandbox's own filesystems.
+    pub(crate) template: Option<FromTemplate>,
+}
+
+/// What an init whose root is a copy of a template's needs (see `crate::template`).
+#[derive(Debug)]
+pub(crate) struct FromTemplate {
+    /// The template's user and mount namespaces, which the go-between joins before the
+    /// clone, so that the init's are a child of the one and a copy of the other.
+    pub(crate) user_ns: RawFd,
+    pub(crate) mount_ns: RawFd,
+    /// The host's `/proc` (`O_PATH`): until the init mounts its own, the copy's `/proc` is
+    /// the template's, which does not show the init. Closed once the set-up helper has it.
+    pub(crate) host_proc: RawFd,
+    /// What the init carries out in its copy, from `/`: indices into the plan's ops
+    /// ([`crate::plan::TemplateSplit::instance`]).
+    pub(crate) instance: Vec<usize>,
 }
 
 /// Where the command child of a pre-armed sandbox puts the command the go brings: made
@@ -320,6 +338,153 @@ pub(crate) fn init_entry_shared(start: &SharedInit) -> ! {
     init_main(unsafe { &mut *start.prepared })
 }
 
+/// What the first process of a root template needs (see `crate::template`).
+#[derive(Debug)]
+pub(crate) struct TemplateBuild {
+    /// The template's part of the plan ([`crate::plan::TemplateSplit::shared`]).
+    pub(crate) plan: SetupPlan,
+    /// Scratch space for captured source descriptors, one slot per plan source.
+    pub(crate) source_fds: Vec<RawFd>,
+    pub(crate) uid_map: Vec<u8>,
+    pub(crate) gid_map: Vec<u8>,
+    /// Where it reports: `Record::Exited(0)` once the root is built, or what failed.
+    pub(crate) report_fd: RawFd,
+}
+
+/// Where the first process of a root template finds its [`TemplateBuild`]: the
+/// supervisor's, whose memory it shares, left alone by the supervisor until it is reaped.
+pub(crate) struct TemplateStart {
+    pub(crate) build: *mut TemplateBuild,
+}
+
+/// The first process of a root template, cloned into new user, mount and pid namespaces
+/// sharing the supervisor's memory (every signal blocked, never unblocked): builds the
+/// template's root as an init builds a sandbox's (steps 2 and 4 to 9, the shared part of
+/// the plan, `/` made read-only), reports, and waits for the supervisor, which keeps the
+/// namespaces, to kill it. It dies with the supervisor's thread. Like the init, it neither
+/// allocates nor locks, and writes only its stack and the `TemplateBuild`.
+pub(crate) fn template_main(start: &TemplateStart) -> ! {
+    // SAFETY: the supervisor leaves `build` alone until it has reaped us (see `TemplateStart`).
+    let t = unsafe { &mut *start.build };
+    let record = match build_template(t) {
+        Ok(()) => Record::Exited(0),
+        Err(fail) => Record::Failed {
+            step: fail.step,
+            errno: fail.errno.0,
+            index: fail.index,
+        },
+    };
+    report(t.report_fd, record);
+    loop {
+        sys::pause();
+    }
+}
+
+fn build_template(t: &mut TemplateBuild) -> Result<(), Fail> {
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(at(Step::SetDeathSignal))?;
+    sys::write_file(c"/proc/self/setgroups", b"deny", 0).map_err(at(Step::WriteSetgroups))?;
+    sys::write_file(c"/proc/self/uid_map", &t.uid_map, 0).map_err(at(Step::WriteUidMap))?;
+    sys::write_file(c"/proc/self/gid_map", &t.gid_map, 0).map_err(at(Step::WriteGidMap))?;
+    sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(at(Step::MakeMountsPrivate))?;
+    capture(&t.plan, &mut t.source_fds)?;
+    let root_at = t
+        .plan
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::EnterRoot))
+        .unwrap_or(t.plan.ops.len());
+    mount_stage()?;
+    for (i, op) in t.plan.ops.iter().enumerate() {
+        if i == root_at {
+            sys::pivot_root_here().map_err(at(Step::PivotRoot))?;
+            detach_old_root()?;
+            continue;
+        }
+        apply(op, &mut t.source_fds, t.report_fd).map_err(at_index(Step::Mount, i))?;
+    }
+    set_readonly(c"/", false).map_err(at(Step::RemountRootReadonly))
+}
+
+/// What the go-between of a sandbox whose root is a template's copy needs: the init's
+/// start, and room for what the clone gave (read by the supervisor once it has exited).
+pub(crate) struct GoBetween {
+    pub(crate) user_ns: RawFd,
+    pub(crate) mount_ns: RawFd,
+    /// Namespace flags for the init's clone (`CLONE_FILES` maybe), `CLONE_PARENT` added.
+    pub(crate) flags: u64,
+    /// The init shares the caller's memory (`Prepared::shares_caller_memory`): cloned on
+    /// `init_stack` with `init`, which the caller keeps alive; else forked.
+    pub(crate) shared: Option<(*mut u8, usize)>,
+    pub(crate) init: SharedInit,
+    pub(crate) pid: AtomicI32,
+    pub(crate) pidfd: AtomicI32,
+    pub(crate) errno: AtomicI32,
+}
+
+/// The go-between ([`GoBetween`]), cloned sharing the supervisor's memory and descriptor
+/// table (the supervisor suspended until it exits): joins the template's user and mount
+/// namespaces, which a multi-threaded supervisor cannot, and clones the init from there
+/// as the supervisor's own child (`CLONE_PARENT`), into namespaces that are a child of the
+/// template's user namespace and a copy of its mount namespace: the copy's root is the
+/// template's, entered without `pivot_root` (whose `chroot_fs_refs` visits every task of
+/// the host). Its pid and pidfd, or what failed, are left in `g`.
+pub(crate) fn go_between(g: &GoBetween) -> ! {
+    let cloned = sys::setns(g.user_ns, libc::CLONE_NEWUSER)
+        .and_then(|()| sys::setns(g.mount_ns, libc::CLONE_NEWNS))
+        .and_then(|()| {
+            let flags = g.flags | libc::CLONE_PARENT as u64;
+            match g.shared {
+                Some((stack, len)) => {
+                    // SAFETY: the supervisor made `stack` for the init and, suspended until we
+                    // exit, leaves it alone; we are suspended in turn until the init has
+                    // exec'd or exited. The rest as in the supervisor's
+                    // `clone_sharing_memory`, whose promises hold for us: we share its
+                    // memory and have every signal blocked.
+                    let stack = unsafe { std::slice::from_raw_parts_mut(stack, len) };
+                    // SAFETY: as above.
+                    unsafe {
+                        sys::spawn_vfork_into(
+                            stack,
+                            init_entry_shared,
+                            &g.init,
+                            flags as libc::c_int,
+                        )
+                    }
+                    .map(|(pid, pidfd)| (pid, pidfd.into_raw_fd()))
+                }
+                None => {
+                    // SAFETY: the child runs `init_main`, as a forked init does (see the
+                    // supervisor's `launch`).
+                    match unsafe { sys::clone3_fork(flags) }? {
+                        sys::Forked::Child => {
+                            if let Some(adopt) = &g.init.adopt {
+                                if crate::own_table::adopt(adopt).is_err() {
+                                    sys::exit(125)
+                                }
+                            }
+                            // SAFETY: the child's own copy of the supervisor's `prepared`.
+                            init_main(unsafe { &mut *g.init.prepared })
+                        }
+                        sys::Forked::Parent { pid, pidfd } => Ok((pid, pidfd.into_raw_fd())),
+                    }
+                }
+            }
+        });
+    match cloned {
+        Ok((pid, pidfd)) => {
+            g.pid.store(pid, Ordering::Relaxed);
+            g.pidfd.store(pidfd, Ordering::Release);
+            sys::exit(0)
+        }
+        Err(errno) => {
+            g.errno.store(errno.0, Ordering::Release);
+            sys::exit(1)
+        }
+    }
+}
+
 /// How [`run_command`] gets its command going.
 enum Start {
     /// Spawn it (vfork), confined by this Landlock ruleset.
@@ -371,6 +536,9 @@ fn die_with_parent(p: &Prepared) -> Result<(), Fail> {
 }
 
 fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
+    if p.template.is_some() {
+        return setup_from_template(p);
+    }
     redirect_stdio(p)?; // 0
     hide_command_line(p)?;
 
@@ -415,6 +583,43 @@ fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
     Ok((signal_fd, ruleset))
 }
 
+/// [`setup`] of a sandbox whose root is a copy of a template's, already read-only and
+/// entered (the go-between cloned the init into it): steps 3 to 9 are the sandbox's own
+/// mounts alone ([`FromTemplate::instance`]). Ids and the helper go through the host's
+/// `/proc`, the copy's being the template's until the sandbox's own is mounted.
+fn setup_from_template(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
+    let Some(host_proc) = p.template.as_ref().map(|t| t.host_proc) else {
+        return Err(at(Step::MakeMountsPrivate)(Errno(libc::EINVAL)));
+    };
+    redirect_stdio(p)?; // 0
+    hide_command_line(p)?;
+    close_other_fds(&p.keep_fds, None, &[], &[host_proc]);
+    join_cgroups(p)?; // 1
+    map_ids_at(p, host_proc)?; // 2
+    let helper = start_helper(p)?;
+    // SAFETY: `host_proc` is the init's (its caller's copy, see Descriptors in the module
+    // doc); the helper has its own descriptor of it, and nothing here uses it again.
+    unsafe { sys::close(host_proc) };
+    if p.new_cgroup_ns {
+        sys::unshare(libc::CLONE_NEWCGROUP).map_err(at(Step::UnshareCgroup))?; // 3
+    }
+    let instance = p
+        .template
+        .as_mut()
+        .map(|t| std::mem::take(&mut t.instance))
+        .unwrap_or_default();
+    for &i in &instance {
+        apply_ops(p, i, i + 1)?; // 6
+    }
+    sys::sethostname(&p.hostname).map_err(at(Step::SetHostname))?; // 8
+    if let Some(helper) = helper {
+        join_helper(p, helper)?;
+    }
+    let ruleset = landlock_ruleset(p, &p.plan.rules)?; // 10
+    let signal_fd = harden_init(p, ruleset)?; // 11
+    Ok((signal_fd, ruleset))
+}
+
 /// Starts a helper process for the set-up's slow kernel work, if there is any: making the
 /// sandbox's network namespace with loopback up (the kernel registers the namespace's
 /// devices and sysctls: ~0.5 ms, as long as the whole root). It runs on another CPU while the init builds the root: it shares the init's
@@ -426,8 +631,11 @@ fn start_helper(p: &mut Prepared) -> Result<Option<libc::pid_t>, Fail> {
         return Ok(None);
     }
     p.helper.netns_fd.store(-1, Ordering::Relaxed);
-    let proc_fd =
-        sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(at(Step::Helper))?;
+    let proc_fd = match &p.template {
+        Some(t) => sys::open_at(t.host_proc, c".", libc::O_PATH | libc::O_DIRECTORY),
+        None => sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0),
+    }
+    .map_err(at(Step::Helper))?;
     p.helper.proc_fd.store(proc_fd, Ordering::Relaxed);
     // SAFETY: `helper_main` makes only async-signal-safe calls, writes only its own stack and
     // the atomics of `p.helper`, closes only what it opened, and ends in `exit`, well within
@@ -592,13 +800,31 @@ fn map_ids(p: &Prepared) -> Result<(), Fail> {
     sys::write_file(c"/proc/self/gid_map", &p.gid_map, 0).map_err(at(Step::WriteGidMap))
 }
 
+/// [`map_ids`] through `proc`, a descriptor of the host's `/proc`.
+fn map_ids_at(p: &Prepared, proc: RawFd) -> Result<(), Fail> {
+    let write = |name: &CStr, data: &[u8], step: Step| {
+        let fd = sys::open_at(proc, name, libc::O_WRONLY).map_err(at(step))?;
+        let written = sys::write_all(fd, data).map_err(at(step));
+        // SAFETY: `fd` was opened just above and is not used after.
+        unsafe { sys::close(fd) };
+        written
+    };
+    write(c"self/setgroups", b"deny", Step::WriteSetgroups)?;
+    write(c"self/uid_map", &p.uid_map, Step::WriteUidMap)?;
+    write(c"self/gid_map", &p.gid_map, Step::WriteGidMap)
+}
+
 fn capture_sources(p: &mut Prepared) -> Result<(), Fail> {
-    for (i, source) in p.plan.sources.iter().enumerate() {
+    capture(&p.plan, &mut p.source_fds)
+}
+
+fn capture(plan: &SetupPlan, source_fds: &mut [RawFd]) -> Result<(), Fail> {
+    for (i, source) in plan.sources.iter().enumerate() {
         if source.staged {
             continue; // an `Op::Capture` takes it from the stage
         }
         let fd = sys::open_tree_clone(&source.host).map_err(at_index(Step::CaptureSource, i))?;
-        p.source_fds[i] = fd;
+        source_fds[i] = fd;
         if source.readonly {
             sys::mount_set_readonly(fd, true).map_err(at_index(Step::CaptureSource, i))?;
         }

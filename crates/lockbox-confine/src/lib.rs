@@ -66,6 +66,8 @@ mod spawn;
 mod sys;
 #[allow(unsafe_code)]
 mod sysnet;
+#[allow(unsafe_code)]
+mod template;
 mod usage;
 #[allow(unsafe_code)]
 mod wiped;

@@ -23,9 +23,11 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::FromRawFd;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::AtomicI32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +39,8 @@ const HELPER_STACK: usize = 64 * 1024;
 /// Stack of an init that shares its caller's memory until its lean exec
 /// (`clone_sharing_memory`); pages it does not touch cost nothing.
 const INIT_STACK: usize = 1024 * 1024;
+/// Stack of the go-between that clones an init into a copy of a root template.
+const GO_BETWEEN_STACK: usize = 64 * 1024;
 
 /// What confines a running sandbox, for reports and `lockbox check`.
 #[derive(Debug, Clone, Serialize)]
@@ -348,6 +352,7 @@ pub struct Spawn<'a> {
     own_session: bool,
     image: Option<resolve::ImageRoot>,
     lean_init: bool,
+    root_template: bool,
     caller_cwd: Option<&'a Path>,
 }
 
@@ -384,6 +389,7 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            root_template: false,
             caller_cwd: None,
         }
     }
@@ -414,6 +420,7 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            root_template: false,
             caller_cwd: None,
         }
     }
@@ -436,6 +443,7 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            root_template: false,
             caller_cwd: None,
         }
     }
@@ -457,6 +465,7 @@ impl<'a> Spawn<'a> {
             own_session: false,
             image: None,
             lean_init: false,
+            root_template: false,
             caller_cwd: None,
         }
     }
@@ -512,6 +521,19 @@ impl<'a> Spawn<'a> {
     pub fn lean_init(self) -> Spawn<'a> {
         Spawn {
             lean_init: true,
+            ..self
+        }
+    }
+
+    /// Copies the sandbox's root from a template built once per plan in this process,
+    /// instead of building it (see the `template` module): for a process that starts many
+    /// sandboxes of one policy (the server). A root the template cannot serve (an image
+    /// root, copy-on-write views, a gated or pre-armed sandbox, a sequence) is built as
+    /// before, as is every root when `LOCKBOX_ROOT_TEMPLATES=0` is set. The template's
+    /// namespaces stay for the process's life.
+    pub fn root_template(self) -> Spawn<'a> {
+        Spawn {
+            root_template: true,
             ..self
         }
     }
@@ -815,6 +837,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
         own_session,
         image,
         lean_init,
+        root_template,
         caller_cwd,
     } = spawn;
     let (argv, later, helper, lean) = match program {
@@ -1053,6 +1076,11 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
             None
         },
         linger: armed && limits.cgroups.is_none(),
+        template: None,
+    };
+    let template = match root_template && !gated && !armed && later.is_empty() {
+        true => use_template(&mut prepared, uid, gid),
+        false => None,
     };
 
     // What the init uses of ours: moved through the reserved slots when this process has
@@ -1060,6 +1088,7 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     let mut needed = prepared.keep_fds.clone();
     needed.extend(prepared.stdio.iter().filter(|&&fd| fd >= 0));
     needed.push(prepared.parent);
+    needed.extend(template.as_ref().map(|t| t.host_proc.as_raw_fd()));
     let lease = crate::own_table::lease(&needed);
     let flags = match &lease {
         Some(_) => CLONE_FLAGS | libc::CLONE_FILES as u64,
@@ -1067,7 +1096,29 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
     };
     let (lease, adopt) = lease.unzip();
     let started = Instant::now();
-    let cloned = if prepared.shares_caller_memory {
+    let (from_template, adopt) = match &template {
+        Some(using) => {
+            let (cloned, adopt) = clone_from_template(&mut prepared, adopt, flags);
+            match cloned {
+                Ok(forked) => (Some(Ok(forked)), adopt),
+                Err(errno) => {
+                    tracing::warn!(
+                        errno = errno.0,
+                        "cloning into a root template's copy failed: building roots from now on"
+                    );
+                    crate::template::give_up();
+                    prepared.template = None;
+                    (prepared.uid_map, prepared.gid_map) = using.maps.clone();
+                    (None, adopt)
+                }
+            }
+        }
+        None => (None, adopt),
+    };
+    drop(template);
+    let cloned = if let Some(cloned) = from_template {
+        cloned.map(|forked| (forked, None))
+    } else if prepared.shares_caller_memory {
         clone_sharing_memory(&mut prepared, adopt, flags)
     } else {
         tracing::debug!(flags, "clone3 into new namespaces");
@@ -1172,6 +1223,138 @@ fn clone_sharing_memory(
             // SAFETY: as in `launch`.
             unsafe { sys::clone3_fork(flags) }.map(|forked| (forked, adopt))
         }
+    }
+}
+
+/// What [`launch`] keeps of a root template until the clone.
+struct TemplateUse {
+    /// Held for its namespaces, which the go-between joins.
+    _template: Arc<crate::template::Template>,
+    /// The host's `/proc`, for the init (`child::FromTemplate::host_proc`).
+    host_proc: OwnedFd,
+    /// The ids' maps to ours, for building the root instead.
+    maps: (Vec<u8>, Vec<u8>),
+}
+
+/// Makes `prepared` a sandbox whose root is copied from its plan's template, if the plan
+/// has one (`template::for_plan`) and templates are on: the sandbox's ids then map to the
+/// template's, which map to ours.
+fn use_template(
+    prepared: &mut child::Prepared,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+) -> Option<TemplateUse> {
+    if !crate::template::enabled() {
+        return None;
+    }
+    let template = crate::template::for_plan(&prepared.plan, &prepared.uid_map, &prepared.gid_map)?;
+    let host_proc = match sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY, 0) {
+        // SAFETY: just opened, ours alone.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        Err(errno) => {
+            tracing::warn!(errno = errno.0, "opening /proc: building the root");
+            return None;
+        }
+    };
+    let maps = (
+        std::mem::replace(
+            &mut prepared.uid_map,
+            format!("{uid} {uid} 1\n").into_bytes(),
+        ),
+        std::mem::replace(
+            &mut prepared.gid_map,
+            format!("{gid} {gid} 1\n").into_bytes(),
+        ),
+    );
+    prepared.template = Some(child::FromTemplate {
+        user_ns: template.user_ns(),
+        mount_ns: template.mount_ns(),
+        host_proc: host_proc.as_raw_fd(),
+        instance: template.instance.clone(),
+    });
+    Some(TemplateUse {
+        _template: template,
+        host_proc,
+        maps,
+    })
+}
+
+/// Clones the init into a copy of its template's root (`Prepared::template`), through a
+/// go-between that shares our memory and descriptor table (`child::go_between`), every
+/// signal blocked in this thread meanwhile (as in [`clone_sharing_memory`]). The init is
+/// our child (`CLONE_PARENT`), cloned sharing our memory as `clone_sharing_memory` would
+/// if `prepared.shares_caller_memory`, else forked. Gives `adopt` back if nothing used
+/// it (for building the root instead).
+fn clone_from_template(
+    prepared: &mut child::Prepared,
+    adopt: Option<crate::own_table::Adopt>,
+    flags: u64,
+) -> (Result<Forked, sys::Errno>, Option<crate::own_table::Adopt>) {
+    let Some((user_ns, mount_ns)) = prepared.template.as_ref().map(|t| (t.user_ns, t.mount_ns))
+    else {
+        return (Err(sys::Errno(libc::EINVAL)), adopt);
+    };
+    let mut init_stack = match prepared.shares_caller_memory {
+        true => vec![0u8; INIT_STACK],
+        false => Vec::new(),
+    };
+    let mut stack = vec![0u8; GO_BETWEEN_STACK];
+    let between = child::GoBetween {
+        user_ns,
+        mount_ns,
+        flags,
+        shared: prepared
+            .shares_caller_memory
+            .then_some((init_stack.as_mut_ptr(), init_stack.len())),
+        init: child::SharedInit {
+            prepared: prepared as *mut child::Prepared,
+            adopt,
+        },
+        pid: AtomicI32::new(-1),
+        pidfd: AtomicI32::new(-1),
+        errno: AtomicI32::new(0),
+    };
+    let all = sys::SigSet::full();
+    let saved = match sys::sigprocmask(libc::SIG_SETMASK, &all) {
+        Ok(saved) => saved,
+        Err(errno) => return (Err(errno), between.init.adopt),
+    };
+    tracing::debug!(flags, "clone into a copy of a root template");
+    // SAFETY: the go-between runs `child::go_between` on `stack`: only async-signal-safe
+    // calls, no allocation; it writes nothing of ours but the atomics of `between` (and,
+    // through the init it may fork or clone, what `launch`'s clones may), closes nothing of
+    // ours and ends in `exit`. We are suspended until it exits, every signal blocked, so
+    // `stack`, `init_stack`, `between` and `prepared` outlive its use of them.
+    let spawned =
+        unsafe { sys::spawn_vfork_sharing_table(&mut stack, child::go_between, &between) };
+    let _ = sys::sigprocmask(libc::SIG_SETMASK, &saved);
+    drop(init_stack);
+    let child::GoBetween {
+        pid,
+        pidfd,
+        errno,
+        init,
+        ..
+    } = between;
+    let go_between = match spawned {
+        Ok(go_between) => go_between,
+        Err(errno) => return (Err(errno), init.adopt),
+    };
+    // It has exited (or we would still be suspended); a process that reaps every child
+    // may have reaped it already.
+    let _ = sys::wait4(go_between);
+    match (errno.into_inner(), pid.into_inner(), pidfd.into_inner()) {
+        (0, pid, pidfd) if pid > 0 && pidfd >= 0 => (
+            Ok(Forked::Parent {
+                pid,
+                // SAFETY: the init's clone made it in the table we share with the
+                // go-between, for us alone.
+                pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+            }),
+            None,
+        ),
+        (0, _, _) => (Err(sys::Errno(libc::ECHILD)), init.adopt),
+        (errno, _, _) => (Err(sys::Errno(errno)), init.adopt),
     }
 }
 

@@ -37,7 +37,12 @@ pub unsafe fn clone3_fork(flags: u64) -> Result<Forked, Errno> {
         pidfd: &mut pidfd as *mut libc::c_int as u64,
         child_tid: 0,
         parent_tid: 0,
-        exit_signal: libc::SIGCHLD as u64,
+        // With CLONE_PARENT the child's parent is ours, and so is its exit signal: clone3
+        // refuses one given.
+        exit_signal: match flags & libc::CLONE_PARENT as u64 {
+            0 => libc::SIGCHLD as u64,
+            _ => 0,
+        },
         stack: 0,
         stack_size: 0,
         tls: 0,
@@ -81,6 +86,61 @@ pub unsafe fn spawn_vfork<T>(
     // SAFETY: the caller keeps the promises above; we are suspended until the child has
     // exec'd or exited, so `stack` and `arg` outlive its use of them.
     unsafe { clone_on(stack, run, arg, libc::CLONE_VM | libc::CLONE_VFORK, None) }
+}
+
+/// [`spawn_vfork`] with our descriptor table shared too (`CLONE_FILES`): what the child
+/// opens, or a pidfd its own clone makes, is ours. Returns the child's pid.
+///
+/// # Safety
+///
+/// As [`spawn_vfork`]; besides, the child closes nothing of ours.
+pub unsafe fn spawn_vfork_sharing_table<T>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+) -> Result<libc::pid_t, Errno> {
+    // SAFETY: the caller keeps the promises above; we are suspended until the child has
+    // exec'd or exited, so `stack` and `arg` outlive its use of them.
+    unsafe {
+        clone_on(
+            stack,
+            run,
+            arg,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_FILES,
+            None,
+        )
+    }
+}
+
+/// Runs `run(arg)` in a child cloned with `flags` (new namespaces) and `CLONE_VM`, on
+/// `stack`, in parallel with us: it shares our memory, so nothing of ours is copied or
+/// write-protected, as a fork would. Returns its pid and pidfd; reap it with [`wait4`]
+/// before `stack` or `arg` go away.
+///
+/// # Safety
+///
+/// As [`spawn_alongside`], except that the child has a descriptor table of its own (a
+/// copy), and that it may write what `arg` points to, which the caller leaves alone until
+/// the child is reaped. Block every signal in the calling thread around this call and
+/// never unblock any in the child: it would run our handlers in our memory.
+pub unsafe fn spawn_sharing_memory_into<T>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+    flags: libc::c_int,
+) -> Result<(libc::pid_t, OwnedFd), Errno> {
+    let mut pidfd: libc::c_int = -1;
+    let flags = flags | libc::CLONE_VM | libc::CLONE_PIDFD;
+    // SAFETY: the caller keeps the promises above; `pidfd` outlives the call.
+    let pid = unsafe { clone_on(stack, run, arg, flags, Some(&mut pidfd)) }?;
+    // SAFETY: CLONE_PIDFD made this descriptor for us just now; nothing else owns it.
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+/// `pause(2)`: sleeps until a signal comes.
+pub fn pause() {
+    // SAFETY: no arguments.
+    unsafe { libc::pause() };
 }
 
 /// [`spawn_vfork`] into new namespaces: `run(arg)` in a child cloned with `flags` (the

@@ -19,6 +19,7 @@ mod own_table;
 mod parked;
 mod sequence;
 mod stdio;
+mod template;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -26,9 +27,18 @@ use std::os::unix::process::CommandExt;
 /// Runs `sh -c script` in a sandbox of `policy`, stdout to a pipe; its output, once the
 /// sandbox exited 0.
 pub fn stdout_of(policy: &lockbox_policy::Policy, script: &str) -> String {
+    stdout_of_spawn(policy, script, |spawn| spawn)
+}
+
+/// [`stdout_of`], the spawn first passed through `with`.
+pub fn stdout_of_spawn(
+    policy: &lockbox_policy::Policy,
+    script: &str,
+    with: impl for<'a> FnOnce(lockbox_confine::Spawn<'a>) -> lockbox_confine::Spawn<'a>,
+) -> String {
     let (mut out_r, out_w) = std::os::unix::net::UnixStream::pair().unwrap();
     let argv = ["sh".into(), "-c".into(), script.into()];
-    let mut running = lockbox_confine::Spawn::command(policy, &argv)
+    let mut running = with(lockbox_confine::Spawn::command(policy, &argv))
         .stdio(lockbox_confine::Stdio {
             stdin: None,
             stdout: Some(std::os::fd::OwnedFd::from(out_w)),
