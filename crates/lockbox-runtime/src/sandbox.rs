@@ -621,8 +621,11 @@ async fn spawn_agent(
     let mut running = on_spawner_thread(move || {
         // The agent binary is bound read-only at a fixed path of the sandbox's own /dev; it
         // is also the sandbox's init once the agent runs (`main_if_agent` dispatches it).
+        // Roots are copied from a template built once per policy (`root_template`): a
+        // server starting thousands of sandboxes walks no host-wide task list per start.
         let mut spawn = lockbox_confine::Spawn::agent(&policy, &agent_exe, &args)
             .lean_init()
+            .root_template()
             .stdio(lockbox_confine::Stdio {
                 stdin: Some(stdin),
                 stdout: None,
