@@ -19,7 +19,7 @@
 //! each sandbox still limits its own (`Op::LimitUserQuotas`), and counts there are also
 //! charged to every parent.
 //!
-//! `LOCKBOX_ROOT_TEMPLATES=0` in the environment turns templates off (every sandbox builds
+//! `LOCKBOX_ROOT_TEMPLATES=0` (or `off`, `false`, `no`) in the environment turns templates off (every sandbox builds
 //! its root as before); a template that cannot be built is logged once and its plan's
 //! sandboxes build their own.
 
@@ -33,8 +33,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Templates kept per process; past this, a new plan's template is used for one sandbox
-/// and dropped.
+/// Templates kept per process; past this, a new plan's sandboxes build their own root.
 const MAX_TEMPLATES: usize = 16;
 
 /// Stack of a template's first process (as a sandbox init's).
@@ -70,14 +69,16 @@ fn cache() -> &'static Cache {
 /// denying `setns`, say): from then on, this process builds every root.
 static GIVEN_UP: AtomicBool = AtomicBool::new(false);
 
-/// Whether templates are on: `LOCKBOX_ROOT_TEMPLATES` is anything but `0`, `off` or
-/// `false`, and no go-between has failed ([`give_up`]).
+/// Whether templates are on: `LOCKBOX_ROOT_TEMPLATES` is unset or anything but `0`,
+/// `off`, `false` or `no`, and no go-between has failed ([`give_up`]).
 pub(crate) fn enabled() -> bool {
     !GIVEN_UP.load(Ordering::Relaxed)
-        && !matches!(
-            std::env::var("LOCKBOX_ROOT_TEMPLATES").as_deref(),
-            Ok("0" | "off" | "false")
-        )
+        && switched_on(std::env::var("LOCKBOX_ROOT_TEMPLATES").ok().as_deref())
+}
+
+/// What a value of `LOCKBOX_ROOT_TEMPLATES` says (unset: on).
+fn switched_on(value: Option<&str>) -> bool {
+    !matches!(value.map(str::trim), Some("0" | "off" | "false" | "no"))
 }
 
 /// Turns templates off for this process's life (see [`GIVEN_UP`]).
@@ -102,6 +103,10 @@ pub(crate) fn for_plan(plan: &SetupPlan, uid_map: &[u8], gid_map: &[u8]) -> Opti
     if let Some(known) = templates.get(&key) {
         return known.clone();
     }
+    if templates.len() >= MAX_TEMPLATES {
+        // A template used once costs more than the root it saves.
+        return None;
+    }
     let built = match build(split, uid_map, gid_map) {
         Ok(t) => Some(Arc::new(t)),
         Err(why) => {
@@ -109,9 +114,7 @@ pub(crate) fn for_plan(plan: &SetupPlan, uid_map: &[u8], gid_map: &[u8]) -> Opti
             None
         }
     };
-    if templates.len() < MAX_TEMPLATES {
-        templates.insert(key, built.clone());
-    }
+    templates.insert(key, built.clone());
     built
 }
 
@@ -175,4 +178,19 @@ fn build(split: TemplateSplit, uid_map: &[u8], gid_map: &[u8]) -> Result<Templat
     let _ = sys::wait4(pid);
     drop((stack, first));
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_are_on_unless_switched_off() {
+        for on in [None, Some("1"), Some("on"), Some("yes"), Some("")] {
+            assert!(switched_on(on), "{on:?}");
+        }
+        for off in ["0", "off", "false", "no", " 0\n"] {
+            assert!(!switched_on(Some(off)), "{off:?}");
+        }
+    }
 }
