@@ -420,7 +420,10 @@ pub(crate) struct GoBetween {
     pub(crate) init: SharedInit,
     pub(crate) pid: AtomicI32,
     pub(crate) pidfd: AtomicI32,
-    pub(crate) errno: AtomicI32,
+    /// What joining the template's namespaces failed with (0: nothing).
+    pub(crate) join_errno: AtomicI32,
+    /// What the init's clone failed with (0: nothing).
+    pub(crate) clone_errno: AtomicI32,
 }
 
 /// The go-between ([`GoBetween`]), cloned sharing the supervisor's memory and descriptor
@@ -431,47 +434,13 @@ pub(crate) struct GoBetween {
 /// template's, entered without `pivot_root` (whose `chroot_fs_refs` visits every task of
 /// the host). Its pid and pidfd, or what failed, are left in `g`.
 pub(crate) fn go_between(g: &GoBetween) -> ! {
-    let cloned = sys::setns(g.user_ns, libc::CLONE_NEWUSER)
-        .and_then(|()| sys::setns(g.mount_ns, libc::CLONE_NEWNS))
-        .and_then(|()| {
-            let flags = g.flags | libc::CLONE_PARENT as u64;
-            match g.shared {
-                Some((stack, len)) => {
-                    // SAFETY: the supervisor made `stack` for the init and, suspended until we
-                    // exit, leaves it alone; we are suspended in turn until the init has
-                    // exec'd or exited. The rest as in the supervisor's
-                    // `clone_sharing_memory`, whose promises hold for us: we share its
-                    // memory and have every signal blocked.
-                    let stack = unsafe { std::slice::from_raw_parts_mut(stack, len) };
-                    // SAFETY: as above.
-                    unsafe {
-                        sys::spawn_vfork_into(
-                            stack,
-                            init_entry_shared,
-                            &g.init,
-                            flags as libc::c_int,
-                        )
-                    }
-                    .map(|(pid, pidfd)| (pid, pidfd.into_raw_fd()))
-                }
-                None => {
-                    // SAFETY: the child runs `init_main`, as a forked init does (see the
-                    // supervisor's `launch`).
-                    match unsafe { sys::clone3_fork(flags) }? {
-                        sys::Forked::Child => {
-                            if let Some(adopt) = &g.init.adopt {
-                                if crate::own_table::adopt(adopt).is_err() {
-                                    sys::exit(125)
-                                }
-                            }
-                            // SAFETY: the child's own copy of the supervisor's `prepared`.
-                            init_main(unsafe { &mut *g.init.prepared })
-                        }
-                        sys::Forked::Parent { pid, pidfd } => Ok((pid, pidfd.into_raw_fd())),
-                    }
-                }
-            }
-        });
+    let joined = sys::setns(g.user_ns, libc::CLONE_NEWUSER)
+        .and_then(|()| sys::setns(g.mount_ns, libc::CLONE_NEWNS));
+    if let Err(errno) = joined {
+        g.join_errno.store(errno.0, Ordering::Release);
+        sys::exit(1)
+    }
+    let cloned = clone_init(g);
     match cloned {
         Ok((pid, pidfd)) => {
             g.pid.store(pid, Ordering::Relaxed);
@@ -479,8 +448,44 @@ pub(crate) fn go_between(g: &GoBetween) -> ! {
             sys::exit(0)
         }
         Err(errno) => {
-            g.errno.store(errno.0, Ordering::Release);
+            g.clone_errno.store(errno.0, Ordering::Release);
             sys::exit(1)
+        }
+    }
+}
+
+/// The go-between's clone of the init (see [`go_between`]): its pid and pidfd.
+fn clone_init(g: &GoBetween) -> Result<(libc::pid_t, RawFd), Errno> {
+    let flags = g.flags | libc::CLONE_PARENT as u64;
+    match g.shared {
+        Some((stack, len)) => {
+            // SAFETY: the supervisor made `stack` for the init and, suspended until we
+            // exit, leaves it alone; we are suspended in turn until the init has
+            // exec'd or exited. The rest as in the supervisor's
+            // `clone_sharing_memory`, whose promises hold for us: we share its
+            // memory and have every signal blocked.
+            let stack = unsafe { std::slice::from_raw_parts_mut(stack, len) };
+            // SAFETY: as above.
+            unsafe {
+                sys::spawn_vfork_into(stack, init_entry_shared, &g.init, flags as libc::c_int)
+            }
+            .map(|(pid, pidfd)| (pid, pidfd.into_raw_fd()))
+        }
+        None => {
+            // SAFETY: the child runs `init_main`, as a forked init does (see the
+            // supervisor's `launch`).
+            match unsafe { sys::clone3_fork(flags) }? {
+                sys::Forked::Child => {
+                    if let Some(adopt) = &g.init.adopt {
+                        if crate::own_table::adopt(adopt).is_err() {
+                            sys::exit(125)
+                        }
+                    }
+                    // SAFETY: the child's own copy of the supervisor's `prepared`.
+                    init_main(unsafe { &mut *g.init.prepared })
+                }
+                sys::Forked::Parent { pid, pidfd } => Ok((pid, pidfd.into_raw_fd())),
+            }
         }
     }
 }

@@ -1101,7 +1101,8 @@ fn launch(spawn: Spawn<'_>, start: Start) -> Result<(Sandbox, Instant), SetupErr
             let (cloned, adopt) = clone_from_template(&mut prepared, adopt, flags);
             match cloned {
                 Ok(forked) => (Some(Ok(forked)), adopt),
-                Err(errno) => {
+                Err(TemplateError::Clone(errno)) => (Some(Err(errno)), adopt),
+                Err(Unused(errno)) => {
                     tracing::warn!(
                         errno = errno.0,
                         "cloning into a root template's copy failed: building roots from now on"
@@ -1289,10 +1290,13 @@ fn clone_from_template(
     prepared: &mut child::Prepared,
     adopt: Option<crate::own_table::Adopt>,
     flags: u64,
-) -> (Result<Forked, sys::Errno>, Option<crate::own_table::Adopt>) {
+) -> (
+    Result<Forked, TemplateError>,
+    Option<crate::own_table::Adopt>,
+) {
     let Some((user_ns, mount_ns)) = prepared.template.as_ref().map(|t| (t.user_ns, t.mount_ns))
     else {
-        return (Err(sys::Errno(libc::EINVAL)), adopt);
+        return (Err(Unused(sys::Errno(libc::EINVAL))), adopt);
     };
     let mut init_stack = match prepared.shares_caller_memory {
         true => vec![0u8; INIT_STACK],
@@ -1312,12 +1316,13 @@ fn clone_from_template(
         },
         pid: AtomicI32::new(-1),
         pidfd: AtomicI32::new(-1),
-        errno: AtomicI32::new(0),
+        join_errno: AtomicI32::new(0),
+        clone_errno: AtomicI32::new(0),
     };
     let all = sys::SigSet::full();
     let saved = match sys::sigprocmask(libc::SIG_SETMASK, &all) {
         Ok(saved) => saved,
-        Err(errno) => return (Err(errno), between.init.adopt),
+        Err(errno) => return (Err(Unused(errno)), between.init.adopt),
     };
     tracing::debug!(flags, "clone into a copy of a root template");
     // SAFETY: the go-between runs `child::go_between` on `stack`: only async-signal-safe
@@ -1332,19 +1337,21 @@ fn clone_from_template(
     let child::GoBetween {
         pid,
         pidfd,
-        errno,
+        join_errno,
+        clone_errno,
         init,
         ..
     } = between;
     let go_between = match spawned {
         Ok(go_between) => go_between,
-        Err(errno) => return (Err(errno), init.adopt),
+        Err(errno) => return (Err(Unused(errno)), init.adopt),
     };
     // It has exited (or we would still be suspended); a process that reaps every child
     // may have reaped it already.
     let _ = sys::wait4(go_between);
-    match (errno.into_inner(), pid.into_inner(), pidfd.into_inner()) {
-        (0, pid, pidfd) if pid > 0 && pidfd >= 0 => (
+    let (pid, pidfd) = (pid.into_inner(), pidfd.into_inner());
+    match (join_errno.into_inner(), clone_errno.into_inner()) {
+        (0, 0) if pid > 0 && pidfd >= 0 => (
             Ok(Forked::Parent {
                 pid,
                 // SAFETY: the init's clone made it in the table we share with the
@@ -1353,10 +1360,24 @@ fn clone_from_template(
             }),
             None,
         ),
-        (0, _, _) => (Err(sys::Errno(libc::ECHILD)), init.adopt),
-        (errno, _, _) => (Err(sys::Errno(errno)), init.adopt),
+        (0, 0) => (Err(Unused(sys::Errno(libc::ECHILD))), init.adopt),
+        // Out of processes, memory or namespaces: so would a root built here be.
+        (0, errno @ (libc::EAGAIN | libc::ENOMEM | libc::ENOSPC | libc::EUSERS)) => {
+            (Err(TemplateError::Clone(sys::Errno(errno))), init.adopt)
+        }
+        (0, errno) | (errno, _) => (Err(Unused(sys::Errno(errno))), init.adopt),
     }
 }
+
+/// Why [`clone_from_template`] made no init.
+enum TemplateError {
+    /// The template could not be used (its namespaces not joined, the clone refused): the
+    /// root is built instead, and templates are off from then on.
+    Unused(sys::Errno),
+    /// The init's clone failed as any would here (out of processes, say).
+    Clone(sys::Errno),
+}
+use TemplateError::Unused;
 
 /// Refuses an image root on a kernel whose overlayfs lacks `userxattr` (Linux 5.11): an
 /// unprivileged overlay mount takes no other kind of xattr, and the layers' opaque

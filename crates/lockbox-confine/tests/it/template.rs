@@ -25,7 +25,12 @@ fn a_root_copied_from_a_template_is_the_root_a_sandbox_builds_for_itself() {
                  touch /x 2>/dev/null && echo root-writable; \
                  echo 1 > /proc/sys/kernel/ns_last_pid 2>/dev/null && echo proc-sys-writable; \
                  echo x > /tmp/x && echo x > /dev/shm/x && cat /tmp/x /dev/shm/x; \
-                 test -e /etc/shadow && echo shadow; cat /proc/kcore 2>/dev/null | wc -c"
+                 test -e /etc/shadow && echo shadow; cat /proc/kcore 2>/dev/null | wc -c; \
+                 ls /proc/self/fd | tr '\\n' ' '; echo; \
+                 umount /proc 2>/dev/null && echo unmounted; \
+                 umount -l /tmp 2>/dev/null && echo unmounted; \
+                 mount -o remount,rw / 2>/dev/null && echo remounted; \
+                 cat /proc/self/status | grep -E '^(Cap(Eff|Prm|Bnd)|NoNewPrivs|Seccomp):'"
             );
             let built = crate::stdout_of(&Policy::default(), &script);
             let copied = templated(&script);
@@ -40,6 +45,11 @@ fn a_root_copied_from_a_template_is_the_root_a_sandbox_builds_for_itself() {
                 "built:\n{built}\ncopied:\n{copied}"
             );
             assert!(!copied.contains("writable"), "{copied}");
+            assert!(!copied.contains("mounted"), "{copied}");
+            // Only what `ls` itself opened besides stdio: the host's /proc the init wrote its
+            // ids through is gone.
+            assert!(copied.contains("\n0 1 2 3 \n"), "{copied}");
+            assert!(copied.contains("CapEff:\t0000000000000000"), "{copied}");
             assert!(!copied.contains("shadow"), "{copied}");
             assert!(copied.contains("x\nx\n0\n"), "{copied}");
         }
