@@ -18,4 +18,5 @@ mod ports;
 mod processes;
 mod sessions;
 mod snapshots;
+mod templates;
 mod watch;
