@@ -681,8 +681,14 @@ fn the_terminals_ctrl_z_pauses_a_pre_armed_sandbox_and_ctrl_c_reaches_its_comman
         // but us, as a shell's `fg` would).
         keys.write_all(b"\x1a").unwrap();
         let lockbox_pid = lockbox_in(&child.0);
+        let script_pid = child.0.id();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while state(sleeping) != Some('T') || state(lockbox_pid) != Some('T') {
+        // `script` stops itself once it sees its child stop: a continue sent before that
+        // would leave it stopped for good, and its child unreaped.
+        while state(sleeping) != Some('T')
+            || state(lockbox_pid) != Some('T')
+            || state(script_pid) != Some('T')
+        {
             assert!(
                 Instant::now() < deadline,
                 "{user:?}: not paused: {:?}",
@@ -703,7 +709,14 @@ fn the_terminals_ctrl_z_pauses_a_pre_armed_sandbox_and_ctrl_c_reaches_its_comman
         }
         // Ctrl-C: the command's trap runs.
         keys.write_all(b"\x03").unwrap();
-        let status = child.0.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "{user:?}: the run never ended");
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let written = std::fs::read_to_string(&report_file).unwrap();
         let report: serde_json::Value =
             serde_json::from_str(written.lines().last().unwrap_or("")).unwrap_or_default();
