@@ -699,7 +699,7 @@ pub struct TemplateSplit {
     pub instance: Vec<usize>,
 }
 
-/// The stage-relative path an op creates, writes or mounts at, if any.
+/// The stage-relative path an op works on (creates, writes, mounts at, enters), if any.
 fn op_path(op: &Op) -> Option<&CString> {
     match op {
         Op::Mkdir { path, .. }
@@ -710,6 +710,8 @@ fn op_path(op: &Op) -> Option<&CString> {
         | Op::SetReadonly { path }
         | Op::Umount { path }
         | Op::Rmdir { path }
+        | Op::Capture { path, .. }
+        | Op::ChangeDir { path }
         | Op::OwnBootId { path, .. } => Some(path),
         Op::LimitUserQuotas { proc } => Some(proc),
         op => mount_target(op),
@@ -1871,23 +1873,6 @@ mod tests {
             ("hosts".into(), b"127.0.0.1 localhost\n".to_vec()),
         ];
         r
-    }
-
-    /// The path an op works on, if any.
-    fn op_path(op: &Op) -> Option<&CString> {
-        match op {
-            Op::Mkdir { path, .. }
-            | Op::Touch { path }
-            | Op::Symlink { path, .. }
-            | Op::WriteFile { path, .. }
-            | Op::Whiteout { path }
-            | Op::SetReadonly { path }
-            | Op::Umount { path }
-            | Op::Rmdir { path }
-            | Op::Capture { path, .. }
-            | Op::ChangeDir { path } => Some(path),
-            op => mount_target(op),
-        }
     }
 
     /// An image root whose layers are `layers`.

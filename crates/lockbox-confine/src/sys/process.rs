@@ -129,12 +129,8 @@ pub unsafe fn spawn_sharing_memory_into<T>(
     arg: &T,
     flags: libc::c_int,
 ) -> Result<(libc::pid_t, OwnedFd), Errno> {
-    let mut pidfd: libc::c_int = -1;
-    let flags = flags | libc::CLONE_VM | libc::CLONE_PIDFD;
-    // SAFETY: the caller keeps the promises above; `pidfd` outlives the call.
-    let pid = unsafe { clone_on(stack, run, arg, flags, Some(&mut pidfd)) }?;
-    // SAFETY: CLONE_PIDFD made this descriptor for us just now; nothing else owns it.
-    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    // SAFETY: the caller keeps the promises above.
+    unsafe { clone_with_pidfd(stack, run, arg, flags | libc::CLONE_VM) }
 }
 
 /// `pause(2)`: sleeps until a signal comes.
@@ -162,12 +158,25 @@ pub unsafe fn spawn_vfork_into<T>(
     arg: &T,
     flags: libc::c_int,
 ) -> Result<(libc::pid_t, OwnedFd), Errno> {
-    let mut pidfd: libc::c_int = -1;
-    let flags = flags | libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD;
     // SAFETY: the caller keeps the promises above; we are suspended until the child has
-    // exec'd or exited, so `stack` and `arg` outlive its use of them; `pidfd` outlives
-    // the call.
-    let pid = unsafe { clone_on(stack, run, arg, flags, Some(&mut pidfd)) }?;
+    // exec'd or exited, so `stack` and `arg` outlive its use of them.
+    unsafe { clone_with_pidfd(stack, run, arg, flags | libc::CLONE_VM | libc::CLONE_VFORK) }
+}
+
+/// [`clone_on`] with `CLONE_PIDFD`: the child's pid and pidfd.
+///
+/// # Safety
+///
+/// As [`clone_on`].
+unsafe fn clone_with_pidfd<T>(
+    stack: &mut [u8],
+    run: fn(&T) -> !,
+    arg: &T,
+    flags: libc::c_int,
+) -> Result<(libc::pid_t, OwnedFd), Errno> {
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: the caller keeps the promises of `clone_on`; `pidfd` outlives the call.
+    let pid = unsafe { clone_on(stack, run, arg, flags | libc::CLONE_PIDFD, Some(&mut pidfd)) }?;
     // SAFETY: CLONE_PIDFD made this descriptor for us just now; nothing else owns it.
     Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
 }
