@@ -389,12 +389,7 @@ fn build_template(t: &mut TemplateBuild) -> Result<(), Fail> {
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(at(Step::MakeMountsPrivate))?;
     capture(&t.plan, &mut t.source_fds)?;
-    let root_at = t
-        .plan
-        .ops
-        .iter()
-        .position(|op| matches!(op, Op::EnterRoot))
-        .unwrap_or(t.plan.ops.len());
+    let root_at = t.plan.enter_root_at().unwrap_or(t.plan.ops.len());
     mount_stage()?;
     for (i, op) in t.plan.ops.iter().enumerate() {
         if i == root_at {
@@ -563,12 +558,7 @@ fn setup(p: &mut Prepared) -> Result<(OwnedFd, Option<RawFd>), Fail> {
 
     // The root is built on the stage up to `Op::EnterRoot`; the rest, views included (a
     // gated sandbox waits at `Op::Gate` among them), inside it.
-    let root_at = p
-        .plan
-        .ops
-        .iter()
-        .position(|op| matches!(op, Op::EnterRoot))
-        .unwrap_or(p.plan.ops.len());
+    let root_at = p.plan.enter_root_at().unwrap_or(p.plan.ops.len());
     mount_stage()?; // 6
     apply_ops(p, 0, root_at)?;
     sys::pivot_root_here().map_err(at(Step::PivotRoot))?; // 7

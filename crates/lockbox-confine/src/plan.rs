@@ -719,6 +719,12 @@ fn op_path(op: &Op) -> Option<&CString> {
 }
 
 impl SetupPlan {
+    /// Where [`Op::EnterRoot`] is: the ops before it build the root on the stage, those
+    /// after it run inside.
+    pub(crate) fn enter_root_at(&self) -> Option<usize> {
+        self.ops.iter().position(|op| matches!(op, Op::EnterRoot))
+    }
+
     /// Splits the plan for a root template, or `None` where a template cannot serve it:
     /// an image root (writable), copy-on-write views (an upper directory per run), gates
     /// and sequences, or a mount of a kind not known to be safe to share.
@@ -730,7 +736,7 @@ impl SetupPlan {
         {
             return None;
         }
-        let root_at = self.ops.iter().position(|op| matches!(op, Op::EnterRoot))?;
+        let root_at = self.enter_root_at()?;
         let own: Vec<&CString> = self
             .ops
             .iter()
