@@ -1257,32 +1257,39 @@ pub(crate) fn close_other_fds(
     sources: &[RawFd],
     own: &[RawFd],
 ) {
-    let kept = |fd: RawFd| {
-        keep.contains(&fd) || ruleset == Some(fd) || sources.contains(&fd) || own.contains(&fd)
+    let kept = || {
+        keep.iter()
+            .chain(ruleset.iter())
+            .chain(sources.iter())
+            .chain(own.iter())
+            .copied()
     };
-    let highest = keep
-        .iter()
-        .chain(ruleset.iter())
-        .chain(sources.iter())
-        .chain(own.iter())
-        .copied()
-        .max()
-        .unwrap_or(-1);
-    // Close the gaps between kept descriptors, without allocating.
-    let mut next: u32 = 0;
-    for fd in 0..=highest {
-        if kept(fd) {
-            if fd as u32 > next {
-                // SAFETY: every descriptor not kept is the init's (see Descriptors in the
-                // module doc), and the init uses no descriptor but those its callers list as
-                // kept.
-                unsafe { sys::close_range(next, fd as u32 - 1) };
-            }
-            next = fd as u32 + 1;
-        }
+    for (first, last) in gaps(kept) {
+        // SAFETY: every descriptor not kept is the init's (see Descriptors in the module
+        // doc), and the init uses no descriptor but those its callers list as kept.
+        unsafe { sys::close_range(first, last) };
     }
-    // SAFETY: as above.
-    unsafe { sys::close_range(next, u32::MAX) };
+}
+
+/// The ranges of descriptors that are not among `kept()` (any order, repeats and negatives
+/// allowed), in order, the last up to `u32::MAX`; without allocating. It visits the kept
+/// descriptors, not every number up to the highest: under a busy server the init holds its
+/// caller's numbers, about 12,600 with 10,000 sandboxes live.
+fn gaps<I: Iterator<Item = RawFd>>(kept: impl Fn() -> I) -> impl Iterator<Item = (u32, u32)> {
+    let mut next = Some(0u32);
+    std::iter::from_fn(move || loop {
+        let from = next?;
+        let fd = kept()
+            .filter_map(|fd| u32::try_from(fd).ok())
+            .filter(|&fd| fd >= from)
+            .min();
+        next = fd.and_then(|fd| fd.checked_add(1));
+        match fd {
+            None => return Some((from, u32::MAX)),
+            Some(fd) if fd > from => return Some((from, fd - 1)),
+            Some(_) => {}
+        }
+    })
 }
 
 /// What the command child needs.
@@ -1702,4 +1709,36 @@ fn execute(p: &Prepared, command: &Command) -> ! {
         }
     }
     command_fail(p, Step::Exec, error, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gaps;
+    use proptest::prelude::*;
+
+    #[test]
+    fn gaps_close_everything_around_the_kept_descriptors() {
+        let kept = [12_600, 0, 2, 1, 12_601, -1, 2];
+        let ranges: Vec<_> = gaps(|| kept.iter().copied()).collect();
+        assert_eq!(
+            ranges,
+            [(3, 12_599), (12_602, u32::MAX)],
+            "stdio and the two high descriptors stay; all else is closed"
+        );
+        assert_eq!(gaps(|| [].into_iter()).collect::<Vec<_>>(), [(0, u32::MAX)]);
+    }
+
+    proptest! {
+        #[test]
+        fn gaps_cover_exactly_what_is_not_kept(kept in proptest::collection::vec(-2i32..300, 0..12)) {
+            let ranges: Vec<_> = gaps(|| kept.iter().copied()).collect();
+            let closed = |fd: u32| ranges.iter().any(|&(a, b)| a <= fd && fd <= b);
+            for fd in 0..400u32 {
+                let is_kept = kept.contains(&(fd as i32));
+                prop_assert_eq!(closed(fd), !is_kept, "descriptor {}", fd);
+            }
+            prop_assert!(ranges.windows(2).all(|w| w[0].1 < w[1].0), "in order, apart: {:?}", ranges);
+            prop_assert_eq!(ranges.last().map(|r| r.1), Some(u32::MAX));
+        }
+    }
 }
