@@ -70,14 +70,34 @@ pub(crate) fn check_env<'a>(
     Ok(())
 }
 
-/// Registers `fd` with tokio's reactor.
+/// Registers `fd` with tokio's reactor, at a number from [`HELD_FROM`] up ([`held_high`]).
 #[allow(deprecated)] // `AsyncFd::new` is sound for `OwnedFd`: the AsyncFd owns the descriptor.
 pub(crate) fn async_fd(
     fd: std::os::fd::OwnedFd,
 ) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, crate::RuntimeError> {
+    let fd = held_high(fd);
     rustix::io::ioctl_fionbio(&fd, true)
         .map_err(crate::RuntimeError::os("a non-blocking descriptor"))?;
     tokio::io::unix::AsyncFd::new(fd).map_err(crate::RuntimeError::os("registering a descriptor"))
+}
+
+/// Where the descriptors the runtime holds (agents' sockets, sessions' pipes: one or more
+/// per live sandbox) are numbered from.
+pub(crate) const HELD_FROM: i32 = 1024;
+
+/// `fd` at the lowest free number from [`HELD_FROM`] up, or as it is if it is there already
+/// or the open-files limit leaves no room. The numbers below stay for what lives briefly: the
+/// descriptors a start hands to a new sandbox's init, which holds them at their numbers here
+/// until it executes its lean self. A descriptor table is as large as its highest number, and
+/// the init's close sweeps walk every slot of it: with 10,000 sandboxes held at the lowest
+/// numbers, each start paid for about 16,000 slots (issue 34, docs/benchmarks.md).
+pub(crate) fn held_high(fd: std::os::fd::OwnedFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::AsRawFd;
+    if fd.as_raw_fd() >= HELD_FROM {
+        return fd;
+    }
+    // EINVAL when the soft limit is at most HELD_FROM, EMFILE when it is full above it.
+    rustix::io::fcntl_dupfd_cloexec(&fd, HELD_FROM).unwrap_or(fd)
 }
 
 /// Most bytes one wakeup reads from an output pipe or PTY. A writer faster than its reader
@@ -136,6 +156,53 @@ pub(crate) fn read_pending(fd: impl AsFd, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_descriptors_are_numbered_above_the_ones_a_start_hands_over() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        use std::io::{Read, Write};
+        use std::os::fd::{AsRawFd, OwnedFd};
+        // Room above HELD_FROM if the hard limit allows (this process's limit alone).
+        let limit = getrlimit(Resource::Nofile);
+        let hard = limit.maximum.unwrap_or(u64::MAX);
+        if limit.current.unwrap_or(u64::MAX) <= HELD_FROM as u64 {
+            let raised = Rlimit {
+                current: Some(hard.min(4096)),
+                maximum: limit.maximum,
+            };
+            setrlimit(Resource::Nofile, raised).expect("raising the soft open-files limit");
+        }
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let low = OwnedFd::from(ours);
+        assert!(
+            low.as_raw_fd() < HELD_FROM,
+            "a fresh test process numbers low"
+        );
+        let held = held_high(low);
+        if hard > HELD_FROM as u64 {
+            assert!(
+                held.as_raw_fd() >= HELD_FROM,
+                "moved up: {}",
+                held.as_raw_fd()
+            );
+        } else {
+            assert!(
+                held.as_raw_fd() < HELD_FROM,
+                "no room above: left where it was"
+            );
+        }
+        // Still the same socket.
+        let mut held = std::os::unix::net::UnixStream::from(held);
+        held.write_all(b"x").expect("write");
+        let mut byte = [0u8; 1];
+        theirs.read_exact(&mut byte).expect("read");
+        assert_eq!(&byte, b"x");
+        let again = held_high(OwnedFd::from(held));
+        assert!(
+            hard <= HELD_FROM as u64 || again.as_raw_fd() >= HELD_FROM,
+            "stays up"
+        );
+    }
 
     #[test]
     fn quoting_keeps_every_byte_on_one_line() {
