@@ -36,6 +36,15 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def name_and_ticks(pid):
+    """The process's name and its user plus system CPU time in clock ticks (all threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    name = text[text.index("(") + 1:text.rindex(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    return name, int(fields[11]) + int(fields[12])
+
+
 def descendants(pid):
     """Every live descendant of `pid` (children, their children, ...)."""
     children = {}

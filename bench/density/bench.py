@@ -13,8 +13,9 @@ create rate of the step, the server's CPU time per create in that step, the host
 use above the start (MemTotal - MemAvailable) and per sandbox, the kernel's page tables
 (PageTables in /proc/meminfo), the server's RSS, processes per sandbox, p50/p99 of --execs
 warm execs (`true`) on random live sandboxes from --clients threads, the descriptors the server
-has open, and the largest descriptor table (`FDSize`) of any sandbox process against the server's
-own. Then it deletes every sandbox and checks that no process of the server's, no host mount, no
+has open, the largest descriptor table (`FDSize`) of any sandbox process against the server's
+own, and the CPU time the host's other processes (outside the server's tree and the
+benchmark's) spent during the step's creates, in all and the busiest of them, per create. Then it deletes every sandbox and checks that no process of the server's, no host mount, no
 sandbox directory and no descriptor of the server's above its start is left (besides the
 root template's two namespaces, held for the server's life; `LOCKBOX_ROOT_TEMPLATES=0` in the
 environment runs the server without templates). Prints a Markdown table,
@@ -28,7 +29,7 @@ it keeps; 3 processes per sandbox: raise `ulimit -Hn` and `kernel.pid_max` as ro
 import argparse, http.client, json, os, random, resource, signal, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from procstat import cpu_s, descendants, fd_slots, meminfo, rss_kib  # noqa: E402 (bench/procstat.py)
+from procstat import TICK, cpu_s, descendants, fd_slots, meminfo, name_and_ticks, rss_kib  # noqa: E402 (bench/procstat.py)
 
 
 def used_kib():
@@ -60,6 +61,36 @@ class Api:
         if r.status >= 300:
             raise RuntimeError(f"{method} {path}: {r.status} {raw[:300]!r}")
         return json.loads(raw) if raw else None
+
+
+def others(server_pid):
+    """pid -> (name, CPU ticks) of every process outside the server's tree and this
+    benchmark's (its client threads, perf): the host's own, such as its DAMON thread or a
+    VM agent that walks every process (docs/benchmarks.md)."""
+    mine = set(descendants(server_pid)) | set(descendants(os.getpid())) | {server_pid, os.getpid()}
+    out = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) not in mine:
+            try:
+                out[int(p)] = name_and_ticks(p)
+            except OSError:
+                pass
+    return out
+
+
+def others_spent(before):
+    """(total ms, (name, ms) of the busiest) the processes of `before` spent since."""
+    spent = []
+    for pid, (name, ticks) in before.items():
+        try:
+            now_name, now = name_and_ticks(pid)
+        except OSError:
+            continue
+        if now_name == name:
+            spent.append(((now - ticks) * 1000 / TICK, name))
+    total = sum(ms for ms, _ in spent)
+    top = max(spent, default=(0, "-"))
+    return total, (top[1], top[0])
 
 
 def open_fds(pid):
@@ -139,6 +170,7 @@ def main():
                                          "-o", a.perf_record],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1)  # perf is recording before the first create
+            host0 = others(server.pid)
             t0, c0 = time.perf_counter(), cpu_s(server.pid)
             made0 = len(ids)
 
@@ -157,6 +189,7 @@ def main():
             made = len(ids) - made0
             rate = made / (time.perf_counter() - t0)
             cpu_per = (cpu_s(server.pid) - c0) / max(made, 1) * 1000
+            host_ms, (busiest, busiest_ms) = others_spent(host0)
             if perf is not None:
                 perf.send_signal(signal.SIGINT)
                 perf.wait()
@@ -183,7 +216,8 @@ def main():
             pct = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1000
             rows.append((target, rate, cpu_per, (used - base_used) / 1024, (used - base_used) / target / 1024,
                          (pt - base_pt) / 1024, rss_kib(server.pid) / 1024, procs / target, pct(0.5), pct(0.99),
-                         slots, fd_slots(server.pid), open_fds(server.pid)))
+                         slots, fd_slots(server.pid), open_fds(server.pid),
+                         host_ms / max(made, 1), f"{busiest} {busiest_ms / max(made, 1):.1f}"))
             print(f"at {target}: {rows[-1]}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         todo = list(ids)
@@ -221,11 +255,11 @@ def main():
     print(f"| live sandboxes | create rate (/s) | server CPU per create (ms) | host memory above start (MiB) "
           f"| per sandbox (MiB) | page tables above start (MiB) | server RSS (MiB) | processes per sandbox "
           f"| warm exec p50 (ms) | p99 (ms) | largest table in a sandbox (slots) | server's table (slots) "
-          f"| server's open descriptors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"| server's open descriptors | other processes' CPU per create (ms) | the busiest of them (ms per create) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.0f} | {r[4]:.2f} | {r[5]:.0f} | {r[6]:.0f} | "
-              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} | {r[11]} | {r[12]} |")
+              f"{r[7]:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} | {r[11]} | {r[12]} | {r[13]:.1f} | {r[14]} |")
     print(f"\nDeleted {len(ids)} in {deleted_s:.1f} s; left after: {left} processes, "
           f"{mounts_left} host mounts, {dirs_left} sandbox directories, {fds_left} server "
           f"descriptors above its start ({fds_before}){': ' + str(grown) if grown else ''}, "
