@@ -11,7 +11,11 @@ Jobs (the same for each tool):
 
 With --pre-armed, lockbox's plain job also runs handed over to a pre-arm helper started for
 the run (`lockbox pre-arm`, docs/pre-arm.md) as "NAME-prearmed"; the other lockbox rows then
-pass --no-pre-arm, so they stay direct starts. Every command's stdin is /dev/null. After
+pass --no-pre-arm, so they stay direct starts. With workdir-write, two more rows then say
+what a pre-armed --workdir run (not built: docs/benchmarks.md) could not go below: the same
+command pre-armed without a workdir ("NAME-prearmed-no-workdir", writing in its own /tmp) and
+the six fsyncs of a commit of one file, made by the runner itself ("six-fsyncs"); the
+"floor" ratio adds the two. Every command's stdin is /dev/null. After
 each pre-armed run the runner pauses SETTLE_S, untimed: the helper then arms the used
 spare's replacement (a fork and a sandbox set-up, about 3 ms of CPU), which would otherwise
 land on whichever row comes next -- in a fixed order, always the same one.
@@ -62,6 +66,12 @@ def commands(lockboxes, sandlock, dirs, prearmed):
     if prearmed:
         cmds += [("plain", f"{name}-prearmed", [lb, "run", "--", "/bin/true"])
                  for name, lb in lockboxes]
+        # What a pre-armed --workdir run could not go below (docs/benchmarks.md): the same
+        # command pre-armed without a workdir (it writes in its own /tmp), and the six
+        # fsyncs of a commit of one file on this disk.
+        cmds += [("workdir-write", f"{name}-prearmed-no-workdir",
+                  [lb, "run", "--", "/bin/sh", "-c", "echo x > /tmp/f"]) for name, lb in lockboxes]
+        cmds.append(("workdir-write", "six-fsyncs", lambda: six_fsyncs(dirs["fsyncs"])))
     cmds.append(("workdir-none", "sandlock", [*sl_cow(dirs["sl-none"]), "--", "/bin/true"]))
     cmds += [
         ("workdir-none", name,
@@ -82,10 +92,51 @@ def commands(lockboxes, sandlock, dirs, prearmed):
     return cmds
 
 
+def six_fsyncs(d):
+    """The durable steps of `lockbox run --workdir`'s commit of one new file, as `strace -f`
+    shows them, timed here without a process start: the commit record (file, then its
+    directory), the file's data, its rename into the workdir and that directory, and the
+    branch's removal (its parent directory); six fsyncs in all. Milliseconds."""
+    t0 = time.perf_counter_ns()
+    branches, branch, workdir = d, os.path.join(d, "branch"), os.path.join(d, "workdir")
+    for sub in (branch, workdir):
+        os.makedirs(sub, exist_ok=True)
+
+    def fsync_path(path, flags=os.O_RDONLY):
+        fd = os.open(path, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_synced(path, data):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    write_synced(os.path.join(branch, ".meta.tmp"), b'{"state": "committing"}\n')
+    os.rename(os.path.join(branch, ".meta.tmp"), os.path.join(branch, "meta.json"))
+    fsync_path(branch)
+    write_synced(os.path.join(branch, "staged"), b"x\n")
+    fsync_path(branch)
+    os.rename(os.path.join(branch, "staged"), os.path.join(workdir, "f"))
+    fsync_path(workdir)
+    gone = os.path.join(branches, "gone")
+    os.rename(branch, gone)
+    fsync_path(branches)
+    elapsed = time.perf_counter_ns() - t0
+    shutil.rmtree(gone)
+    os.unlink(os.path.join(workdir, "f"))
+    return elapsed / 1e6
+
+
 def _prearm_env(tool, lockboxes, scratch):
     """The environment of a pre-armed row's command (its helper's directory), else None."""
     for name, _ in lockboxes:
-        if tool == f"{name}-prearmed":
+        if tool.startswith(f"{name}-prearmed"):
             return dict(os.environ, LOCKBOX_PRE_ARM_DIR=os.path.join(scratch, f"pre-arm-{name}"))
     return None
 
@@ -148,6 +199,8 @@ def main():
         with open(os.path.join(d, "a"), "w") as f:
             f.write("a\n")
         dirs[name] = d
+    dirs["fsyncs"] = os.path.join(scratch, "fsyncs")
+    os.mkdir(dirs["fsyncs"])
     jobs = args.jobs.split(",")
     cmds = [c for c in commands(lockboxes, args.sandlock, dirs, args.pre_armed) if c[0] in jobs]
     if args.pre_armed:
@@ -170,10 +223,10 @@ def main():
             if args.idle:
                 random.shuffle(cmds)
             for job, tool, argv, env in cmds:
-                ms = run_once(argv, devnull, env)
+                ms = argv() if callable(argv) else run_once(argv, devnull, env)
                 if r >= args.warmup:
                     samples[(job, tool)].append(ms)
-                if args.idle or tool.endswith("-prearmed"):
+                if args.idle or "-prearmed" in tool:
                     time.sleep(SETTLE_S)
         if args.pre_armed:
             for name, lb in lockboxes:
@@ -215,6 +268,10 @@ def main():
         print(f"| plain: {name} / bwrap, above /bin/true | {plain / above[('plain', 'bwrap')]:.2f}x | {target} |")
         print(f"| plain: {name} / sandlock, above /bin/true | {plain / above[('plain', 'sandlock')]:.2f}x | |")
         if name.endswith("-prearmed"):
+            if "workdir-write" in jobs:
+                floor = med[("workdir-write", f"{name}-no-workdir")] + med[("workdir-write", "six-fsyncs")]
+                print(f"| workdir-write floor: {name}-no-workdir + six-fsyncs / sandlock | "
+                      f"{floor / med[('workdir-write', 'sandlock')]:.2f}x | (<= 0.5x needed) |")
             continue
         if "workdir-none" in jobs:
             none = med[("workdir-none", name)]
