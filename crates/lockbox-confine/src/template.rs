@@ -19,9 +19,9 @@
 //! each sandbox still limits its own (`Op::LimitUserQuotas`), and counts there are also
 //! charged to every parent.
 //!
-//! `LOCKBOX_ROOT_TEMPLATES=0` (or `off`, `false`, `no`) in the environment turns templates off (every sandbox builds
-//! its root as before); a template that cannot be built is logged once and its plan's
-//! sandboxes build their own.
+//! `LOCKBOX_ROOT_TEMPLATES=0` (or `off`, `false`, `no`) in the environment turns templates
+//! off (every sandbox builds its root as before); a template that cannot be built is logged
+//! once and its plan's sandboxes build their own.
 
 use crate::child::{self, TemplateBuild, TemplateStart};
 use crate::plan::{SetupPlan, TemplateSplit};
